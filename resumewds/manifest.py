@@ -1,0 +1,310 @@
+"""Shard descriptions and the versioned manifest format.
+
+A manifest is a JSON file that lists a data set's shards in order, with what
+is needed to verify them and to read any sample by seeking::
+
+    {
+      "format": "resumewds.manifest",
+      "version": 1,
+      "created": "2026-11-29T21:50:00Z",
+      "shards": [
+        {
+          "url": "shard-000000.tar",      # relative to the manifest when possible
+          "size": 10485760,               # bytes
+          "xxh3_64": "9f2c1e0a5b7d3c11",  # hex digest of the whole file
+          "samples": 1000,                # number of samples
+          "offsets": [0, 10752, ...]      # samples+1 ints: sample i is bytes
+        }                                 #   [offsets[i], offsets[i+1])
+      ]
+    }
+
+Sample ``i``'s byte range starts at its first header block (including any
+pax/GNU long-name header) and ends after its last member's padding, so a
+reader can ``pread`` just that range.  Entries that the grouping skips
+(directories, top-level ``__*__`` files) fall inside the following sample's
+range and are skipped again when it is read.  ``offsets[-1]`` is the offset of
+the end-of-archive marker.
+
+Version history:
+    1: first version.
+
+Example:
+    >>> m = Manifest([ShardInfo(url="/d/a.tar", size=3072, xxh3_64=None,
+    ...                          samples=1, offsets=[0, 2048])])
+    >>> m.total_samples
+    1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import time
+import urllib.parse
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import xxhash
+
+from .errors import SourceError
+
+FORMAT = "resumewds.manifest"
+VERSION = 1
+
+
+@dataclass
+class ShardInfo:
+    """One shard: where it is, and (once indexed) what it holds.
+
+    Attributes:
+        url: absolute URL or local path (``pipe:`` commands included).
+        size: size in bytes, or None if not known yet.
+        xxh3_64: expected hex digest, or None if not known.
+        samples: number of samples, or None before indexing.
+        offsets: ``samples + 1`` byte offsets, or None before indexing.
+        trusted: False for a ``pipe:`` URL that came from a remote manifest.
+    """
+
+    url: str
+    size: Optional[int] = None
+    xxh3_64: Optional[str] = None
+    samples: Optional[int] = None
+    offsets: Optional[Sequence[int]] = None
+    trusted: bool = True
+
+    @property
+    def name(self) -> str:
+        """Basename of the URL, as printed by ``resumewds cat``."""
+        return shard_basename(self.url)
+
+    @property
+    def indexed(self) -> bool:
+        return self.samples is not None and self.offsets is not None
+
+    def sample_range(self, i: int) -> "tuple[int, int]":
+        """Byte range ``(start, end)`` of sample ``i`` in this shard."""
+        assert self.offsets is not None
+        return int(self.offsets[i]), int(self.offsets[i + 1])
+
+    def __getstate__(self) -> Dict[str, Any]:
+        d = dict(self.__dict__)
+        return d
+
+
+def shard_basename(url: str) -> str:
+    """The last path component of a shard URL (query strings removed).
+
+    Example:
+        >>> shard_basename("http://h/x/shard-01.tar?sig=1")
+        'shard-01.tar'
+        >>> shard_basename("pipe:curl -s http://h/a/b.tar")
+        'b.tar'
+    """
+    u = url
+    if u.startswith("pipe:"):
+        toks = u[5:].split()
+        u = toks[-1] if toks else u
+    parsed = urllib.parse.urlparse(u)
+    path = parsed.path if parsed.scheme in ("http", "https", "file") else u
+    return posixpath.basename(path.rstrip("/")) or u
+
+
+class Manifest:
+    """An ordered list of shards plus prefix sums of their sample counts.
+
+    Args:
+        shards: the shards, in manifest order.
+        source: where the manifest came from (for messages), if anywhere.
+
+    Example:
+        >>> m = Manifest([ShardInfo("a.tar", samples=2, offsets=[0, 10, 20]),
+        ...               ShardInfo("b.tar", samples=3, offsets=[0, 1, 2, 3])])
+        >>> m.total_samples, m.locate(3)
+        (5, (1, 1))
+    """
+
+    def __init__(self, shards: List[ShardInfo], source: Optional[str] = None):
+        self.shards = shards
+        self.source = source
+        self._starts: Optional[array] = None
+
+    # ---- arithmetic -----------------------------------------------------
+    @property
+    def indexed(self) -> bool:
+        return all(s.indexed for s in self.shards)
+
+    @property
+    def counts(self) -> List[int]:
+        return [int(s.samples or 0) for s in self.shards]
+
+    @property
+    def starts(self) -> array:
+        """``starts[i]`` is the global index of shard i's first sample."""
+        if self._starts is None:
+            a = array("q", [0])
+            t = 0
+            for s in self.shards:
+                if s.samples is None:
+                    raise SourceError(f"{s.url}: shard is not indexed")
+                t += int(s.samples)
+                a.append(t)
+            self._starts = a
+        return self._starts
+
+    @property
+    def total_samples(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, index: int) -> "tuple[int, int]":
+        """Map a manifest-order sample index to ``(shard_index, sample_in_shard)``."""
+        import bisect
+
+        starts = self.starts
+        k = bisect.bisect_right(starts, index) - 1
+        return k, index - int(starts[k])
+
+    def digest(self) -> str:
+        """A hash of what the manifest says (urls' basenames, sizes, counts).
+
+        Used by the journal to refuse resuming on different data.  Absolute
+        locations are left out so that a data set moved to another directory
+        or mirror still matches.
+        """
+        h = xxhash.xxh3_64()
+        for s in self.shards:
+            h.update(f"{s.name}\0{s.size}\0{s.xxh3_64}\0{s.samples}\n".encode())
+        return h.hexdigest()
+
+    # ---- (de)serialisation ---------------------------------------------
+    def to_json(self, base: Optional[str] = None) -> Dict[str, Any]:
+        """The manifest as a JSON-able dict; urls made relative to ``base``."""
+        out = []
+        for s in self.shards:
+            url = s.url
+            if base is not None:
+                url = _relative_url(url, base)
+            d: Dict[str, Any] = {"url": url, "size": s.size, "xxh3_64": s.xxh3_64,
+                                 "samples": s.samples}
+            if s.offsets is not None:
+                d["offsets"] = [int(x) for x in s.offsets]
+            out.append(d)
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "shards": out,
+        }
+
+    def save(self, path: str) -> None:
+        """Write the manifest atomically to ``path`` (urls relative to it)."""
+        base = os.path.dirname(os.path.abspath(path))
+        data = json.dumps(self.to_json(base=base), separators=(",", ":"))
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def from_json(cls, data: Any, location: str, trusted: bool = True) -> "Manifest":
+        """Parse a manifest dict; relative urls resolve against ``location``.
+
+        Args:
+            data: the parsed JSON.
+            location: URL or path of the manifest file itself.
+            trusted: whether ``pipe:`` urls in it may run (False for a manifest
+                fetched over the network, unless the user allows it).
+
+        Raises:
+            SourceError: wrong format, newer version, or malformed entries.
+        """
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise SourceError(f"{location}: not a resumewds manifest (format field is missing or wrong)")
+        version = data.get("version")
+        if not isinstance(version, int) or version > VERSION:
+            raise SourceError(f"{location}: manifest version {version!r} is newer than this resumewds "
+                              f"understands (max {VERSION}); upgrade resumewds")
+        shards = data.get("shards")
+        if not isinstance(shards, list):
+            raise SourceError(f"{location}: 'shards' must be a list")
+        out: List[ShardInfo] = []
+        for i, d in enumerate(shards):
+            if not isinstance(d, dict) or not isinstance(d.get("url"), str):
+                raise SourceError(f"{location}: shard #{i} has no url")
+            url = resolve_url(d["url"], location)
+            offsets = d.get("offsets")
+            samples = d.get("samples")
+            if offsets is not None:
+                if samples is None or len(offsets) != samples + 1:
+                    raise SourceError(f"{location}: shard {d['url']}: offsets has {len(offsets)} entries, "
+                                      f"expected samples+1 = {None if samples is None else samples + 1}")
+                offsets = array("q", offsets)
+            out.append(ShardInfo(url=url, size=d.get("size"), xxh3_64=d.get("xxh3_64"),
+                                 samples=samples, offsets=offsets,
+                                 trusted=trusted or not url.startswith("pipe:")))
+        return cls(out, source=location)
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith(("http://", "https://"))
+
+
+def resolve_url(url: str, location: str) -> str:
+    """Resolve a manifest entry against the manifest's own location.
+
+    Example:
+        >>> resolve_url("a.tar", "http://h/d/manifest.json")
+        'http://h/d/a.tar'
+        >>> resolve_url("a.tar", "/data/manifest.json")
+        '/data/a.tar'
+    """
+    if url.startswith("pipe:") or "://" in url or os.path.isabs(url):
+        return url
+    if is_remote(location):
+        return urllib.parse.urljoin(location, url)
+    loc = location[7:] if location.startswith("file://") else location
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(loc)), url))
+
+
+def _relative_url(url: str, base: str) -> str:
+    if url.startswith("pipe:") or "://" in url:
+        return url
+    try:
+        rel = os.path.relpath(os.path.abspath(url), base)
+    except ValueError:
+        return url
+    return rel
+
+
+def parse_manifest_bytes(raw: bytes, location: str, trusted: bool = True) -> Manifest:
+    """Parse manifest JSON bytes, with a clear error for bad JSON."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise SourceError(f"{location}: manifest is not valid JSON: {exc}") from exc
+    return Manifest.from_json(data, location, trusted=trusted)
+
+
+def load_manifest(path: str) -> Manifest:
+    """Read a local manifest.json.
+
+    Raises:
+        SourceError: the file is missing, not JSON, or not a manifest.
+    """
+    p = path[7:] if path.startswith("file://") else path
+    try:
+        with open(p, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read manifest: {exc.strerror or exc}") from exc
+    return parse_manifest_bytes(raw, p)
+
+
+def concat(manifests: Iterable[Manifest]) -> Manifest:
+    shards: List[ShardInfo] = []
+    for m in manifests:
+        shards.extend(m.shards)
+    return Manifest(shards)
