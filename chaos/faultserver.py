@@ -1,0 +1,558 @@
+"""A static-file HTTP server that injects faults, for tests and chaos runs.
+
+It serves the files under a root directory with Range support (206,
+Content-Range, ETag, Last-Modified, If-Range) and, per request, may inject a
+fault chosen by a seeded RNG.  The RNG of a request is keyed on
+``(seed, path, n)`` where ``n`` counts the requests for that path, so thread
+interleaving between different paths does not change which requests are hit.
+
+Fault kinds:
+
+    reset           send part of the body, then close with SO_LINGER 0 (RST)
+    500, 503, 429   error status (503 and 429 carry Retry-After)
+    truncate        Content-Length says N, send fewer bytes, close
+    truncate_nolen  no Content-Length, close early (at a sample boundary when a
+                    manifest with offsets was given)
+    flip_data       flip one byte inside a tar member's data
+    flip_header     flip one byte inside a tar header block
+    stall           send part of the body, then sleep ``stall_seconds``
+    down            close every connection for ``down_seconds`` from now
+
+Profiles: ``"reset=0.1,500=0.05,stall=0.02"`` gives per-request rates;
+``"mixed:0.1"`` hits 10% of requests with one of the transport faults
+(reset, 500, 503, 429, truncate, truncate_nolen, stall); both forms combine:
+``"mixed:0.1,flip_data=0.01"``.  Integrity faults (flip_*) and ``down`` are
+only used when named.  A dict ``{"reset": 0.1}`` works too.  Tests can also
+script the next faults of one path exactly with :meth:`FaultServer.script`.
+
+Run it::
+
+    python -m chaos.faultserver ROOT --port 8000 --faults "mixed:0.1" --seed 1
+
+Example:
+    >>> import tempfile
+    >>> with FaultServer(tempfile.mkdtemp()) as srv:
+    ...     srv.url.startswith("http://127.0.0.1:")
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import email.utils
+import http.server
+import json
+import os
+import posixpath
+import random
+import signal
+import socket
+import struct
+import sys
+import tarfile
+import threading
+import time
+import urllib.parse
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+TRANSPORT_FAULTS = ("reset", "500", "503", "429", "truncate", "truncate_nolen", "stall")
+ALL_FAULTS = TRANSPORT_FAULTS + ("flip_data", "flip_header", "down")
+
+
+def parse_faults(faults: Union[str, Dict[str, float], None]) -> Tuple[float, Dict[str, float]]:
+    """Parse a fault profile into ``(mixed_rate, {kind: rate})``.
+
+    Example:
+        >>> parse_faults("mixed:0.1,reset=0.05")
+        (0.1, {'reset': 0.05})
+    """
+    mixed = 0.0
+    rates: Dict[str, float] = {}
+    if not faults:
+        return mixed, rates
+    items = faults.items() if isinstance(faults, dict) else None
+    if items is None:
+        pairs: List[Tuple[str, float]] = []
+        for part in str(faults).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if part.startswith("mixed:"):
+                pairs.append(("mixed", float(part[6:])))
+            elif "=" in part:
+                k, v = part.split("=", 1)
+                pairs.append((k.strip(), float(v)))
+            else:
+                raise ValueError(f"bad fault spec {part!r}: use kind=rate or mixed:rate")
+        items = pairs
+    for k, v in items:
+        v = float(v)
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"fault rate for {k!r} must be in [0, 1], got {v}")
+        if k == "mixed":
+            mixed = v
+        elif k in ALL_FAULTS:
+            rates[k] = v
+        else:
+            raise ValueError(f"unknown fault kind {k!r}; known: mixed, {', '.join(ALL_FAULTS)}")
+    return mixed, rates
+
+
+class _Layout:
+    """Byte regions of a tar file: header blocks, member data, sample starts."""
+
+    def __init__(self, headers: List[Tuple[int, int]], data: List[Tuple[int, int]], boundaries: List[int]):
+        self.headers = headers
+        self.data = data
+        self.boundaries = boundaries
+
+
+def _tar_layout(path: str) -> _Layout:
+    headers: List[Tuple[int, int]] = []
+    data: List[Tuple[int, int]] = []
+    try:
+        with tarfile.open(path, "r:") as tf:
+            for m in tf:
+                headers.append((m.offset, m.offset_data))
+                if m.isfile() and m.size > 0:
+                    data.append((m.offset_data, m.offset_data + m.size))
+    except (tarfile.TarError, OSError):
+        pass
+    return _Layout(headers, data, [])
+
+
+class FaultServer:
+    """Serve ``root_dir`` over HTTP on 127.0.0.1 with injected faults.
+
+    Args:
+        root_dir: directory whose files are served.
+        host: address to bind (loopback only makes sense).
+        port: 0 picks a free port.
+        faults: a profile string or dict (see the module docstring).
+        seed: RNG seed; same seed + same per-path request order = same faults.
+        max_faults_per_path: stop injecting into a path after this many faults,
+            so that a bounded retry budget always succeeds.
+        stall_seconds: how long ``stall`` sleeps (longer than the client's read
+            timeout).
+        retry_after: the Retry-After value of 429/503 responses.
+        down_seconds: the window a ``down`` fault opens.
+        manifest: optional resumewds manifest.json, to cut ``truncate_nolen``
+            at sample boundaries.
+        bytes_per_second: throttle every body (None = as fast as possible).
+
+    Counters (read them, or :meth:`reset_counters`): ``bytes_sent``,
+    ``bytes_by_path``, ``requests`` (per path), ``faults`` (per kind).
+    """
+
+    def __init__(self, root_dir: str, host: str = "127.0.0.1", port: int = 0,
+                 faults: Union[str, Dict[str, float], None] = "", seed: int = 0,
+                 max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
+                 retry_after: float = 1, down_seconds: float = 1.0, manifest: Optional[str] = None,
+                 bytes_per_second: Optional[float] = None):
+        self.root_dir = os.path.abspath(root_dir)
+        self.host = host
+        self.port = port
+        self.seed = seed
+        self.max_faults_per_path = max_faults_per_path
+        self.stall_seconds = stall_seconds
+        self.retry_after = retry_after
+        self.down_seconds = down_seconds
+        self.bytes_per_second = bytes_per_second
+        self.mixed, self.rates = parse_faults(faults)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._down_until = 0.0
+        self._scripts: Dict[str, collections.deque] = {}
+        self._layouts: Dict[Tuple[str, int, int], _Layout] = {}
+        self._boundaries: Dict[str, List[int]] = {}
+        if manifest:
+            self._load_manifest(manifest)
+        self.reset_counters()
+        self._httpd: Optional[http.server.ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- configuration ---------------------------------------------------
+    def set_faults(self, faults: Union[str, Dict[str, float], None]) -> None:
+        """Replace the fault profile."""
+        mixed, rates = parse_faults(faults)
+        with self._lock:
+            self.mixed, self.rates = mixed, rates
+
+    def set_down(self, seconds: float) -> None:
+        """Close every connection for the next ``seconds``."""
+        with self._lock:
+            self._down_until = time.monotonic() + seconds
+
+    def script(self, path: str, kinds: Sequence[Optional[str]]) -> None:
+        """Force the next requests of ``path`` (e.g. "/a.tar") to these faults.
+
+        ``None`` means no fault; ``"reset@0.9"`` / ``"truncate@0.5"`` / ... cut
+        the body at that fraction.  Scripted faults come before the profile.
+        """
+        if not path.startswith("/"):
+            path = "/" + path
+        for k in kinds:
+            if k is not None and k.split("@")[0] not in ALL_FAULTS:
+                raise ValueError(f"unknown fault kind {k!r}")
+        with self._lock:
+            self._scripts.setdefault(path, collections.deque()).extend(kinds)
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self.bytes_sent = 0
+            self.bytes_by_path: Dict[str, int] = collections.Counter()
+            self.requests: Dict[str, int] = collections.Counter()
+            self.faults: Dict[str, int] = collections.Counter()
+            self._faults_by_path: Dict[str, int] = collections.Counter()
+            self._seen: Dict[str, int] = collections.Counter()
+
+    def _load_manifest(self, manifest: str) -> None:
+        with open(manifest, "rb") as f:
+            data = json.load(f)
+        for s in data.get("shards", []):
+            offs = s.get("offsets")
+            if offs:
+                name = posixpath.basename(urllib.parse.urlparse(s["url"]).path or s["url"])
+                self._boundaries[name] = [int(x) for x in offs]
+
+    # ---- lifecycle ---------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+    def start(self) -> "FaultServer":
+        handler = type("Handler", (_Handler,), {"fs": self})
+        httpd = _QuietServer((self.host, self.port), handler)
+        self.port = httpd.server_address[1]
+        self._httpd = httpd
+        self._stopping.clear()
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"faultserver:{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> "FaultServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- decisions ---------------------------------------------------------
+    def _decide(self, path: str) -> Tuple[Optional[str], random.Random]:
+        with self._lock:
+            n = self._seen[path]
+            self._seen[path] += 1
+            self.requests[path] += 1
+            rng = random.Random(f"{self.seed}:{path}:{n}")
+            if time.monotonic() < self._down_until:
+                self.faults["down"] += 1
+                return "down", rng
+            script = self._scripts.get(path)
+            if script:
+                kind = script.popleft()
+                if kind is not None:
+                    self.faults[kind.split("@")[0]] += 1
+                    self._faults_by_path[path] += 1
+                return kind, rng
+            if self.max_faults_per_path is not None and self._faults_by_path[path] >= self.max_faults_per_path:
+                return None, rng
+            kind: Optional[str] = None
+            u = rng.random()
+            acc = 0.0
+            for k in sorted(self.rates):
+                acc += self.rates[k]
+                if u < acc:
+                    kind = k
+                    break
+            if kind is None and self.mixed and rng.random() < self.mixed:
+                kind = rng.choice(TRANSPORT_FAULTS)
+            if kind is not None:
+                self.faults[kind] += 1
+                self._faults_by_path[path] += 1
+                if kind == "down":
+                    self._down_until = time.monotonic() + self.down_seconds
+            return kind, rng
+
+    def _count(self, path: str, n: int) -> None:
+        with self._lock:
+            self.bytes_sent += n
+            self.bytes_by_path[path] += n
+
+    def _layout(self, fs_path: str, st: os.stat_result) -> _Layout:
+        key = (fs_path, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            lay = self._layouts.get(key)
+        if lay is None:
+            lay = _tar_layout(fs_path)
+            lay.boundaries = self._boundaries.get(os.path.basename(fs_path), [])
+            with self._lock:
+                self._layouts[key] = lay
+        return lay
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request, client_address) -> None:  # no tracebacks on resets
+        pass
+
+
+def _http_date(ts: float) -> str:
+    return email.utils.formatdate(ts, usegmt=True)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    fs: FaultServer
+    protocol_version = "HTTP/1.1"
+    server_version = "faultserver/1"
+
+    def log_message(self, format: str, *args) -> None:  # quiet
+        pass
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    # ---- helpers -------------------------------------------------------------
+    def _abort(self) -> None:
+        """Close the connection with an RST."""
+        try:
+            self.wfile.flush()
+        except OSError:
+            pass
+        try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        try:
+            self.connection.close()
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def _status_only(self, code: int, retry_after: Optional[float] = None) -> None:
+        body = f"{code} injected fault\n".encode()
+        self.send_response(code)
+        if retry_after is not None:
+            self.send_header("Retry-After", f"{retry_after:g}")
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _resolve(self) -> Tuple[str, Optional[str]]:
+        raw = urllib.parse.urlparse(self.path).path
+        path = posixpath.normpath(urllib.parse.unquote(raw))
+        if not path.startswith("/"):
+            path = "/" + path
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
+        fs_path = os.path.join(self.fs.root_dir, *parts)
+        if not os.path.isfile(fs_path):
+            return path, None
+        return path, fs_path
+
+    def _serve(self, head: bool) -> None:
+        fs = self.fs
+        path, fs_path = self._resolve()
+        kind, rng = fs._decide(path)
+        frac: Optional[float] = None
+        if kind is not None and "@" in kind:
+            kind, f = kind.split("@", 1)
+            frac = float(f)
+        if kind == "down":
+            self._abort()
+            return
+        if kind == "500":
+            self._status_only(500)
+            return
+        if kind in ("503", "429"):
+            self._status_only(int(kind), fs.retry_after)
+            return
+        if fs_path is None:
+            self._status_only(404)
+            return
+        st = os.stat(fs_path)
+        size = st.st_size
+        etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+        last_mod = _http_date(st.st_mtime)
+        start, end = 0, size  # [start, end)
+        partial = False
+        rng_hdr = self.headers.get("Range")
+        if rng_hdr:
+            if_range = self.headers.get("If-Range")
+            honour = if_range is None or if_range.strip() in (etag, last_mod)
+            parsed = _parse_range(rng_hdr, size) if honour else None
+            if parsed == "unsatisfiable":
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if parsed is not None:
+                start, end = parsed
+                partial = True
+        length = end - start
+        cut = end
+        if kind in ("reset", "truncate", "stall", "truncate_nolen") and length > 0:
+            f = frac if frac is not None else rng.uniform(0.1, 0.9)
+            cut = start + max(0, min(length - 1, int(length * f)))
+            if kind == "truncate_nolen" and frac is None:
+                bounds = [b for b in fs._layout(fs_path, st).boundaries if start < b < end]
+                if bounds:
+                    cut = rng.choice(bounds)
+        flip_at: Optional[int] = None
+        if kind in ("flip_data", "flip_header"):
+            lay = fs._layout(fs_path, st)
+            regions = lay.data if kind == "flip_data" else [(h, h + 512) for h, _ in lay.headers]
+            regions = [(a, b) for a, b in regions if a < end and b > start]
+            if regions:
+                a, b = rng.choice(regions)
+                flip_at = rng.randrange(max(a, start), min(b, end))
+            elif length > 0:
+                flip_at = rng.randrange(start, end)
+
+        self.send_response(206 if partial else 200)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag)
+        self.send_header("Last-Modified", last_mod)
+        self.send_header("Content-Type", "application/x-tar")
+        if partial:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        if kind == "truncate_nolen":
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        else:
+            self.send_header("Content-Length", str(length))
+        self.end_headers()
+        if head:
+            return
+        sent = self._send_body(fs_path, path, start, cut, flip_at)
+        if sent < cut - start:
+            self._abort()  # client went away or server stopping
+            return
+        if kind == "reset" and cut < end:
+            self._abort()
+        elif kind == "stall" and cut < end:
+            fs._stopping.wait(fs.stall_seconds)
+            self._abort()
+        elif kind in ("truncate", "truncate_nolen") and cut < end:
+            try:
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self.close_connection = True
+
+    def _send_body(self, fs_path: str, path: str, start: int, stop: int, flip_at: Optional[int]) -> int:
+        fs = self.fs
+        sent = 0
+        chunk = 64 * 1024
+        bps = fs.bytes_per_second
+        if bps:
+            chunk = max(1, min(chunk, int(bps / 20)))
+        t0 = time.monotonic()
+        with open(fs_path, "rb") as f:
+            f.seek(start)
+            pos = start
+            while pos < stop:
+                if fs._stopping.is_set():
+                    break
+                data = f.read(min(chunk, stop - pos))
+                if not data:
+                    break
+                if flip_at is not None and pos <= flip_at < pos + len(data):
+                    b = bytearray(data)
+                    b[flip_at - pos] ^= 0xFF
+                    data = bytes(b)
+                fs._count(path, len(data))  # before the write, so a client that is done sees it counted
+                try:
+                    self.wfile.write(data)
+                except OSError:
+                    break
+                pos += len(data)
+                sent += len(data)
+                if bps:
+                    ahead = sent / bps - (time.monotonic() - t0)
+                    if ahead > 0:
+                        fs._stopping.wait(ahead)
+        return sent
+
+
+def _parse_range(header: str, size: int):
+    """``(start, end)`` for a single ``bytes=`` range, "unsatisfiable", or None."""
+    h = header.strip()
+    if not h.startswith("bytes=") or "," in h:
+        return None
+    spec = h[6:].strip()
+    a, _, b = spec.partition("-")
+    try:
+        if a == "":
+            n = int(b)
+            if n <= 0:
+                return "unsatisfiable"
+            return max(0, size - n), size
+        start = int(a)
+        end = int(b) + 1 if b else size
+    except ValueError:
+        return None
+    if start >= size:
+        return "unsatisfiable"
+    return start, min(end, size)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m chaos.faultserver ROOT [--port N] [--faults P] [--seed S]``."""
+    p = argparse.ArgumentParser(prog="python -m chaos.faultserver",
+                                description="Serve ROOT over HTTP with injected faults.")
+    p.add_argument("root")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--faults", default="", help='e.g. "reset=0.1,500=0.05" or "mixed:0.1"')
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-faults-per-path", type=int, default=None)
+    p.add_argument("--stall-seconds", type=float, default=5.0)
+    p.add_argument("--retry-after", type=float, default=1)
+    p.add_argument("--manifest", default=None, help="manifest.json, to cut at sample boundaries")
+    p.add_argument("--bytes-per-second", type=float, default=None)
+    a = p.parse_args(argv)
+    srv = FaultServer(a.root, host=a.host, port=a.port, faults=a.faults, seed=a.seed,
+                      max_faults_per_path=a.max_faults_per_path, stall_seconds=a.stall_seconds,
+                      retry_after=a.retry_after, manifest=a.manifest, bytes_per_second=a.bytes_per_second)
+    srv.start()
+    print(srv.url, flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+        print(json.dumps({"bytes_sent": srv.bytes_sent, "requests": dict(srv.requests),
+                          "faults": dict(srv.faults)}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

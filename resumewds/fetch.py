@@ -1,0 +1,685 @@
+"""Fetch shards from http(s)://, file://, local paths and ``pipe:`` commands.
+
+One *attempt* downloads what is missing of a shard into a ``.partial`` file;
+a tenacity ``Retrying`` loop repeats attempts that failed with a
+:class:`~resumewds.errors.TransientFetchError`.  Every foreign exception
+(requests', urllib3's, ``OSError``, ``subprocess``') is turned into one of
+ours in exactly one place, :func:`_translate`.
+
+Range resume (http/https only)::
+
+    partial has N > 0 bytes and a validator in <partial>.etag
+        -> GET  Range: bytes=N-   If-Range: <ETag or Last-Modified>
+           206 (Content-Range starts at N)  append
+           200 (file changed, or server ignores Range)  restart from zero
+           416 (bytes */N)  the partial is already complete
+    otherwise
+        -> GET (no Range), truncate, save the response's validator
+
+``file://``, plain paths and ``pipe:CMD`` always restart from zero.
+
+Classification:
+
+    transient   connection refused/reset, connect and read timeouts (a stalled
+                body is a read timeout), 5xx, 429, 503 (honouring Retry-After),
+                a body shorter than Content-Length / Content-Range /
+                ``expected_size``, a ``pipe:`` command exiting non-zero
+    permanent   401, 403, 404, 410 and other 4xx, unknown scheme, missing local
+                file
+    CacheError  the destination cannot be written (read-only, disk full)
+
+Environment overrides (read by :meth:`FetchConfig.from_env`, which
+:class:`~resumewds.cache.ShardStore` uses when it is given no config):
+
+    RESUMEWDS_FETCH_ATTEMPTS         attempts per shard (int)
+    RESUMEWDS_FETCH_DEADLINE         seconds per shard, all attempts (float)
+    RESUMEWDS_FETCH_CONNECT_TIMEOUT  seconds (float)
+    RESUMEWDS_FETCH_READ_TIMEOUT     seconds between two body reads (float)
+    RESUMEWDS_FETCH_BACKOFF_INITIAL  first backoff in seconds (float)
+    RESUMEWDS_FETCH_BACKOFF_MAX      backoff cap in seconds (float)
+
+Example:
+    >>> cfg = FetchConfig(attempts=3, sleep=no_sleep)
+    >>> cfg.attempts
+    3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import errno
+import http.client
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+import requests
+import urllib3.exceptions
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from .errors import (
+    CacheError,
+    FetchError,
+    PermanentFetchError,
+    ResumeWDSError,
+    TransientFetchError,
+)
+
+EventFn = Callable[..., None]
+
+def no_sleep(seconds: float) -> None:
+    """A ``sleep`` that does not wait (for tests; module level so it pickles)."""
+
+
+@dataclass
+class FetchConfig:
+    """How hard to try when fetching one shard.
+
+    Attributes:
+        connect_timeout: seconds to establish a connection.
+        read_timeout: seconds to wait for the next bytes of a response; a
+            stalled body fails with a (transient) read timeout.
+        attempts: attempts per shard, the first one included.
+        deadline: seconds per shard over all attempts (checked between them).
+        backoff_initial: first wait between attempts, doubled each time, plus
+            up to ``backoff_initial`` of jitter.
+        backoff_max: cap on one wait (a server's Retry-After may exceed it).
+        chunk_size: bytes per read/write.
+        sleep: how to wait; injectable so tests do not wait.  Must be a
+            module-level function so that the config pickles.
+    """
+
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    attempts: int = 8
+    deadline: float = 600.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    chunk_size: int = 1 << 20
+    sleep: Callable[[float], None] = time.sleep
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"FetchConfig.attempts must be >= 1, got {self.attempts}")
+        if self.chunk_size < 1:
+            raise ValueError(f"FetchConfig.chunk_size must be >= 1, got {self.chunk_size}")
+
+    _ENV = {
+        "attempts": ("RESUMEWDS_FETCH_ATTEMPTS", int),
+        "deadline": ("RESUMEWDS_FETCH_DEADLINE", float),
+        "connect_timeout": ("RESUMEWDS_FETCH_CONNECT_TIMEOUT", float),
+        "read_timeout": ("RESUMEWDS_FETCH_READ_TIMEOUT", float),
+        "backoff_initial": ("RESUMEWDS_FETCH_BACKOFF_INITIAL", float),
+        "backoff_max": ("RESUMEWDS_FETCH_BACKOFF_MAX", float),
+    }
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "FetchConfig":
+        """Defaults, then ``RESUMEWDS_FETCH_*`` variables, then ``overrides``.
+
+        Raises:
+            ValueError: a variable is set but is not a number.
+        """
+        kw: Dict[str, Any] = {}
+        for field, (var, conv) in cls._ENV.items():
+            raw = os.environ.get(var)
+            if raw not in (None, ""):
+                try:
+                    kw[field] = conv(raw)
+                except ValueError as exc:
+                    raise ValueError(f"{var}={raw!r} is not a valid {conv.__name__}") from exc
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclass
+class FetchResult:
+    """What one :func:`fetch_to_file` call did.
+
+    Attributes:
+        url: the source.
+        path: the file written (``partial_path``).
+        size: the file's final size.
+        bytes: bytes received by this call (all attempts).
+        resumed_from: bytes already in the file when the call began and kept.
+        seconds: wall time of the call.
+        attempts: attempts made.
+    """
+
+    url: str
+    path: str
+    size: int
+    bytes: int
+    resumed_from: int
+    seconds: float
+    attempts: int
+
+
+# ---------------------------------------------------------------------------
+# error translation: the one place where foreign exceptions become ours
+# ---------------------------------------------------------------------------
+class _SinkError(Exception):
+    """An OSError while writing the destination (not the source's fault)."""
+
+    def __init__(self, exc: OSError, path: str):
+        super().__init__(str(exc))
+        self.exc = exc
+        self.path = path
+
+
+_SINK_PROBLEMS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EFBIG: "file too large",
+    errno.ELOOP: "refusing to follow a symlink",
+}
+
+
+def _translate(exc: BaseException, url: str) -> ResumeWDSError:
+    """Map a foreign exception met while fetching ``url`` to one of ours.
+
+    The caller raises the result ``from exc``.
+    """
+    if isinstance(exc, ResumeWDSError):
+        return exc
+    if isinstance(exc, _SinkError):
+        inner = exc.exc
+        problem = _SINK_PROBLEMS.get(inner.errno or 0, inner.strerror or str(inner))
+        return CacheError(f"{os.path.dirname(exc.path) or '.'}: cannot write {os.path.basename(exc.path)}"
+                          f" while fetching {url}: {problem}")
+    if isinstance(exc, requests.exceptions.InvalidURL) or isinstance(exc, requests.exceptions.MissingSchema) \
+            or isinstance(exc, requests.exceptions.InvalidSchema):
+        return PermanentFetchError(f"{url}: invalid URL: {exc}", url)
+    if isinstance(exc, (requests.exceptions.ConnectTimeout,)):
+        return TransientFetchError(f"{url}: connect timeout: {exc}", url)
+    if isinstance(exc, (requests.exceptions.ReadTimeout, socket.timeout, TimeoutError,
+                        urllib3.exceptions.ReadTimeoutError)):
+        return TransientFetchError(f"{url}: read timeout (stalled): {exc}", url)
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        # requests wraps read timeouts met while streaming a body here too
+        inner = exc.args[0] if exc.args else None
+        if isinstance(inner, urllib3.exceptions.ReadTimeoutError):
+            return TransientFetchError(f"{url}: read timeout (stalled): {exc}", url)
+        return TransientFetchError(f"{url}: connection error: {exc}", url)
+    if isinstance(exc, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError,
+                        urllib3.exceptions.HTTPError, http.client.HTTPException)):
+        return TransientFetchError(f"{url}: broken response body: {exc}", url)
+    if isinstance(exc, requests.exceptions.RequestException):
+        return TransientFetchError(f"{url}: request failed: {exc}", url)
+    if isinstance(exc, FileNotFoundError):
+        return PermanentFetchError(f"{url}: no such file: {exc.filename or url}", url)
+    if isinstance(exc, (IsADirectoryError, NotADirectoryError, PermissionError)):
+        return PermanentFetchError(f"{url}: cannot read: {exc.strerror or exc}", url)
+    if isinstance(exc, (ConnectionError, socket.error)):  # resets, refused, broken pipe
+        return TransientFetchError(f"{url}: connection error: {exc}", url)
+    if isinstance(exc, subprocess.SubprocessError):
+        return TransientFetchError(f"{url}: command failed: {exc}", url)
+    return FetchError(f"{url}: unexpected {type(exc).__name__}: {exc}", url)
+
+
+def _status_error(url: str, resp: requests.Response) -> FetchError:
+    """The error for a non-success HTTP status."""
+    code = resp.status_code
+    reason = resp.reason or ""
+    if code == 429 or code >= 500:
+        ra = parse_retry_after(resp.headers.get("Retry-After"))
+        extra = f" (Retry-After {ra:g}s)" if ra is not None else ""
+        return TransientFetchError(f"{url}: HTTP {code} {reason}{extra}", url, code, retry_after=ra)
+    return PermanentFetchError(f"{url}: HTTP {code} {reason}", url, code)
+
+
+def parse_retry_after(value: Optional[str]) -> Optional[float]:
+    """Seconds from a Retry-After header (delta-seconds or HTTP date).
+
+    Example:
+        >>> parse_retry_after("3")
+        3.0
+        >>> parse_retry_after(None) is None
+        True
+    """
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+# ---------------------------------------------------------------------------
+# retry policy
+# ---------------------------------------------------------------------------
+class _WaitHonouringRetryAfter:
+    """Exponential jitter, but at least the server's Retry-After."""
+
+    def __init__(self, base: Callable[[RetryCallState], float]):
+        self.base = base
+
+    def __call__(self, rs: RetryCallState) -> float:
+        wait = float(self.base(rs))
+        exc = rs.outcome.exception() if rs.outcome is not None else None
+        ra = getattr(exc, "retry_after", None)
+        return max(wait, float(ra)) if ra is not None else wait
+
+
+def _retrying(config: FetchConfig, url: str, on_event: Optional[EventFn]) -> Retrying:
+    def before_sleep(rs: RetryCallState) -> None:
+        if on_event is not None:
+            exc = rs.outcome.exception() if rs.outcome is not None else None
+            wait = rs.next_action.sleep if rs.next_action is not None else 0.0
+            on_event("retry", url, attempt=rs.attempt_number, error=str(exc), wait=wait)
+
+    base = wait_exponential_jitter(initial=config.backoff_initial, max=config.backoff_max,
+                                   jitter=config.backoff_initial)
+    return Retrying(
+        retry=retry_if_exception_type(TransientFetchError),
+        stop=stop_after_attempt(config.attempts) | stop_after_delay(config.deadline),
+        wait=_WaitHonouringRetryAfter(base),
+        sleep=config.sleep,
+        reraise=True,
+        before_sleep=before_sleep,
+    )
+
+
+# ---------------------------------------------------------------------------
+# sources
+# ---------------------------------------------------------------------------
+def scheme_of(url: str) -> str:
+    """``http``, ``https``, ``file``, ``pipe`` or ``local``; else the raw scheme.
+
+    Example:
+        >>> scheme_of("/data/a.tar"), scheme_of("pipe:cat a.tar"), scheme_of("s3://b/a.tar")
+        ('local', 'pipe', 's3')
+    """
+    if url.startswith("pipe:"):
+        return "pipe"
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", url)
+    if not m:
+        return "local"
+    return m.group(1).lower()
+
+
+def local_path(url: str) -> str:
+    """The filesystem path of a ``file://`` URL or plain path."""
+    if url.startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlparse(url).path)
+    return url
+
+
+def is_remote_url(url: str) -> bool:
+    """True for sources that must be downloaded (http, https, pipe:)."""
+    return scheme_of(url) in ("http", "https", "pipe")
+
+
+def new_session() -> requests.Session:
+    """A requests Session for fetching shards."""
+    s = requests.Session()
+    s.headers["Accept-Encoding"] = "identity"  # byte counts must be the file's
+    s.headers["User-Agent"] = "resumewds"
+    return s
+
+
+_ETAG_SUFFIX = ".etag"
+_NET_CHUNK = 64 * 1024
+
+
+def _read_validator(partial_path: str) -> Optional[str]:
+    try:
+        with open(partial_path + _ETAG_SUFFIX, "r") as f:
+            v = f.read().strip()
+        return v or None
+    except OSError:
+        return None
+
+
+def _write_validator(partial_path: str, value: Optional[str]) -> None:
+    side = partial_path + _ETAG_SUFFIX
+    if value is None:
+        _remove_quietly(side)
+        return
+    try:
+        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+    except OSError as exc:
+        raise _SinkError(exc, side) from exc
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _open_sink(path: str, append: bool):
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    flags |= os.O_APPEND if append else os.O_TRUNC
+    try:
+        fd = os.open(path, flags, 0o666)
+        return os.fdopen(fd, "ab" if append else "wb", buffering=0)
+    except OSError as exc:
+        raise _SinkError(exc, path) from exc
+
+
+def _write(f, data: bytes, path: str) -> None:
+    try:
+        f.write(data)
+    except OSError as exc:
+        raise _SinkError(exc, path) from exc
+
+
+def _size_of(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
+_CONTENT_RANGE_UNSAT = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$")
+
+
+class _Attempt:
+    """State shared by the attempts of one fetch_to_file call."""
+
+    def __init__(self, url: str, path: str, expected_size: Optional[int], config: FetchConfig,
+                 session: Optional[requests.Session]):
+        self.url = url
+        self.path = path
+        self.expected_size = expected_size
+        self.config = config
+        self.session = session
+        self.received = 0
+        self.attempts = 0
+
+    # -- http ---------------------------------------------------------------
+    def http(self) -> None:
+        cfg = self.config
+        have = _size_of(self.path)
+        validator = _read_validator(self.path) if have else None
+        if have and (validator is None or (self.expected_size is not None and have > self.expected_size)):
+            have = 0  # cannot prove the bytes belong to the current file: restart
+        headers = {}
+        if have:
+            headers["Range"] = f"bytes={have}-"
+            headers["If-Range"] = validator
+        if self.session is None:
+            self.session = new_session()
+        resp = self.session.get(self.url, headers=headers, stream=True,
+                                timeout=(cfg.connect_timeout, cfg.read_timeout), allow_redirects=True)
+        with resp:
+            code = resp.status_code
+            if code == 416 and have:
+                m = _CONTENT_RANGE_UNSAT.match(resp.headers.get("Content-Range", ""))
+                if m and int(m.group(1)) == have:
+                    return  # the partial is already complete
+                _remove_quietly(self.path + _ETAG_SUFFIX)
+                raise TransientFetchError(f"{self.url}: HTTP 416 for a resume at byte {have}; restarting",
+                                          self.url, 416)
+            if code == 206 and have:
+                m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+                if not m or int(m.group(1)) != have:
+                    _remove_quietly(self.path + _ETAG_SUFFIX)
+                    raise TransientFetchError(f"{self.url}: HTTP 206 with unexpected Content-Range "
+                                              f"{resp.headers.get('Content-Range')!r} for byte {have}; restarting",
+                                              self.url, 206)
+                start, end_incl = int(m.group(1)), int(m.group(2))
+                want_total: Optional[int] = end_incl + 1
+                append = True
+            elif code == 200:
+                start, append = 0, False
+                want_total = None
+                cl = resp.headers.get("Content-Length")
+                if cl is not None and cl.isdigit():
+                    want_total = int(cl)
+                # the validator goes first: a crash mid-body leaves a resumable pair
+                etag = resp.headers.get("ETag")
+                if etag and etag.startswith("W/"):
+                    etag = None  # If-Range needs a strong validator
+                # truncate before recording the validator so the pair always agrees
+                _open_sink(self.path, append=False).close()
+                _write_validator(self.path, etag or resp.headers.get("Last-Modified"))
+            else:
+                raise _status_error(self.url, resp)
+            raw = resp.raw
+            # we check lengths ourselves; urllib3's check would drop the bytes of a short last read
+            raw.enforce_content_length = False
+            net_chunk = min(cfg.chunk_size, _NET_CHUNK)  # small reads: a reset loses little
+            with _open_sink(self.path, append=append) as f:
+                while True:
+                    chunk = raw.read(net_chunk, decode_content=False)
+                    if not chunk:
+                        break
+                    _write(f, chunk, self.path)
+                    self.received += len(chunk)
+        size = _size_of(self.path)
+        if want_total is not None and size < want_total:
+            raise TransientFetchError(f"{self.url}: short body: got {size - start} of {want_total - start} bytes",
+                                      self.url, code)
+        self._check_expected(size)
+
+    def _check_expected(self, size: int) -> None:
+        if self.expected_size is not None and size < self.expected_size:
+            raise TransientFetchError(f"{self.url}: short body: file has {size} of the expected "
+                                      f"{self.expected_size} bytes", self.url)
+
+    # -- file:// and plain paths ---------------------------------------------
+    def local(self) -> None:
+        src = local_path(self.url)
+        with open(src, "rb") as fin, _open_sink(self.path, append=False) as fout:
+            while True:
+                chunk = fin.read(self.config.chunk_size)
+                if not chunk:
+                    break
+                _write(fout, chunk, self.path)
+                self.received += len(chunk)
+        _remove_quietly(self.path + _ETAG_SUFFIX)
+        self._check_expected(_size_of(self.path))
+
+    # -- pipe:CMD ----------------------------------------------------------
+    def pipe(self) -> None:
+        cmd = self.url[len("pipe:"):]
+        _remove_quietly(self.path + _ETAG_SUFFIX)
+        with tempfile.TemporaryFile() as err, _open_sink(self.path, append=False) as fout:
+            proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
+            try:
+                assert proc.stdout is not None
+                while True:
+                    chunk = proc.stdout.read(self.config.chunk_size)
+                    if not chunk:
+                        break
+                    _write(fout, chunk, self.path)
+                    self.received += len(chunk)
+                rc = proc.wait()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
+            if rc != 0:
+                err.seek(0, os.SEEK_END)
+                n = err.tell()
+                err.seek(max(0, n - 2000))
+                tail = err.read().decode("utf-8", "replace").strip()
+                raise TransientFetchError(f"{self.url}: command exited with status {rc}: {tail}", self.url)
+        self._check_expected(_size_of(self.path))
+
+
+def _run_attempt(state: _Attempt, kind: str) -> None:
+    state.attempts += 1
+    try:
+        getattr(state, kind)()
+    except ResumeWDSError:
+        raise
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
+            OSError, subprocess.SubprocessError, _SinkError) as exc:
+        raise _translate(exc, state.url) from exc
+
+
+def _kind_for(url: str) -> str:
+    scheme = scheme_of(url)
+    if scheme in ("http", "https"):
+        return "http"
+    if scheme in ("file", "local"):
+        return "local"
+    if scheme == "pipe":
+        return "pipe"
+    raise PermanentFetchError(f"{url}: unsupported URL scheme {scheme!r} (use http, https, file, a path or pipe:)",
+                              url)
+
+
+def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] = None,
+                  config: Optional[FetchConfig] = None, on_event: Optional[EventFn] = None,
+                  session: Optional[requests.Session] = None) -> FetchResult:
+    """Download ``url`` into ``partial_path``, resuming what is already there.
+
+    Args:
+        url: http(s)://, file://, a local path, or ``pipe:CMD``.
+        partial_path: destination; bytes already in it are kept when the server
+            proves (If-Range) that they belong to the same file.  The validator
+            lives in ``partial_path + ".etag"``.
+        expected_size: size the finished file must reach, if known.
+        config: retry and timeout policy (default :class:`FetchConfig`).
+        on_event: ``on_event(kind, url, **detail)`` for ``fetch_start``,
+            ``fetch_done`` and ``retry``.
+        session: a requests Session to use (one is created if None).
+
+    Returns:
+        A :class:`FetchResult`.  The file is flushed, not fsynced.
+
+    Raises:
+        TransientFetchError: still failing after the retry budget.
+        PermanentFetchError: a status or source that retrying will not fix.
+        CacheError: ``partial_path`` cannot be written.
+    """
+    cfg = config or FetchConfig()
+    kind = _kind_for(url)
+    t0 = time.monotonic()
+    resumed_from = _size_of(partial_path) if kind == "http" and _read_validator(partial_path) else 0
+    if on_event is not None:
+        on_event("fetch_start", url, resumed_from=resumed_from)
+    state = _Attempt(url, partial_path, expected_size, cfg, session)
+    own_session = session is None
+    try:
+        _retrying(cfg, url, on_event)(_run_attempt, state, kind)
+    finally:
+        if own_session and state.session is not None:
+            state.session.close()
+    size = _size_of(partial_path)
+    kept = max(0, size - state.received)
+    seconds = time.monotonic() - t0
+    if on_event is not None:
+        on_event("fetch_done", url, bytes=state.received, seconds=seconds, resumed_from=kept)
+    return FetchResult(url=url, path=partial_path, size=size, bytes=state.received, resumed_from=kept,
+                       seconds=seconds, attempts=state.attempts)
+
+
+class _BytesAttempt:
+    def __init__(self, url: str, config: FetchConfig, session: Optional[requests.Session]):
+        self.url = url
+        self.config = config
+        self.session = session
+        self.attempts = 0
+
+    def http(self) -> bytes:
+        cfg = self.config
+        if self.session is None:
+            self.session = new_session()
+        resp = self.session.get(self.url, timeout=(cfg.connect_timeout, cfg.read_timeout), stream=True)
+        with resp:
+            if resp.status_code != 200:
+                raise _status_error(self.url, resp)
+            data = b"".join(resp.iter_content(chunk_size=cfg.chunk_size))
+            cl = resp.headers.get("Content-Length")
+            if cl is not None and cl.isdigit() and len(data) < int(cl):
+                raise TransientFetchError(f"{self.url}: short body: got {len(data)} of {cl} bytes", self.url, 200)
+        return data
+
+    def local(self) -> bytes:
+        with open(local_path(self.url), "rb") as f:
+            return f.read()
+
+    def pipe(self) -> bytes:
+        proc = subprocess.run(self.url[len("pipe:"):], shell=True, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if proc.returncode != 0:
+            tail = proc.stderr[-2000:].decode("utf-8", "replace").strip()
+            raise TransientFetchError(f"{self.url}: command exited with status {proc.returncode}: {tail}", self.url)
+        return proc.stdout
+
+
+def _run_bytes_attempt(state: _BytesAttempt, kind: str) -> bytes:
+    state.attempts += 1
+    try:
+        return getattr(state, kind)()
+    except ResumeWDSError:
+        raise
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
+            OSError, subprocess.SubprocessError) as exc:
+        raise _translate(exc, state.url) from exc
+
+
+def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Optional[EventFn] = None,
+                session: Optional[requests.Session] = None) -> bytes:
+    """Fetch a small object (e.g. a remote manifest.json) into memory.
+
+    Same sources, classification and retry policy as :func:`fetch_to_file`,
+    without Range resume.
+
+    Raises:
+        TransientFetchError, PermanentFetchError: as for :func:`fetch_to_file`.
+    """
+    cfg = config or FetchConfig()
+    kind = _kind_for(url)
+    state = _BytesAttempt(url, cfg, session)
+    try:
+        return _retrying(cfg, url, on_event)(_run_bytes_attempt, state, kind)
+    finally:
+        if session is None and state.session is not None:
+            state.session.close()
+
+
+def copy_config(config: FetchConfig, **changes: Any) -> FetchConfig:
+    """A copy of ``config`` with some fields changed."""
+    return dataclasses.replace(config, **changes)
+
+
+__all__ = [
+    "FetchConfig",
+    "FetchResult",
+    "copy_config",
+    "fetch_bytes",
+    "fetch_to_file",
+    "is_remote_url",
+    "local_path",
+    "new_session",
+    "no_sleep",
+    "parse_retry_after",
+    "scheme_of",
+]
