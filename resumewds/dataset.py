@@ -1,0 +1,435 @@
+"""WebDataset: the composition of source, cache, plan, tar reading and stages.
+
+A :class:`WebDataset` is a *definition*: sources, seed, shuffle settings and a
+list of stages.  It produces batches for any ``(epoch, start position,
+layout, worker)`` by computing which global positions those are
+(:mod:`resumewds.plan`), reading exactly those samples' byte ranges from
+local or cached shards (:mod:`resumewds.tario`, :mod:`resumewds.cache`), and
+running the stages.  It never reads a sample it does not deliver, so resuming
+at position ``n`` costs the same for any ``n``.
+
+It does not import torch; :class:`resumewds.loader.WebLoader` wraps it in a
+DataLoader.  Iterating a WebDataset directly yields samples of epoch 0 (or
+of ``ds.epoch``) in order, in this process.
+
+Example:
+    >>> ds = (WebDataset("data/shard-{000000..000003}.tar", seed=7, shuffle=True)  # doctest: +SKIP
+    ...       .decode("pil").to_tuple("jpg;png", "cls"))
+    >>> img, cls = next(iter(ds))                                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from . import tario
+from .errors import (ChecksumMismatch, FetchError, IntegrityError, ResumeWDSError,
+                     ShardFormatError, SourceError)
+from .manifest import Manifest, ShardInfo
+from .pipeline import (Decoder, MapDict, MapTuple, Rename, Select, ToTuple, default_collate,
+                       list_collate)
+from .plan import Layout, Plan, worker_steps
+from .sources import Source, resolve_sources
+
+log = logging.getLogger("resumewds")
+
+ON_ERROR = ("raise", "skip")
+
+
+def index_manifest(manifest: Manifest, store: Any = None,
+                   progress: Optional[Callable[[int], None]] = None,
+                   on_event: Optional[Callable[..., None]] = None) -> Manifest:
+    """Index every shard of ``manifest`` that is not indexed yet (in place).
+
+    Remote shards are fetched into the cache first.  A shard whose manifest
+    checksum or size disagrees with its bytes raises ChecksumMismatch.
+
+    Args:
+        manifest: the manifest to complete.
+        store: a :class:`resumewds.cache.ShardStore` (default: a new one).
+        progress: called with 1 after each shard.
+
+    Returns:
+        The same manifest, now indexed.
+    """
+    todo = [s for s in manifest.shards if not s.indexed]
+    if not todo:
+        return manifest
+    if store is None:
+        from .cache import ShardStore
+
+        store = ShardStore(on_event=on_event)
+    for s in todo:
+        path = store.ensure(s)
+        t0 = time.perf_counter()
+        idx = tario.scan_file(path, s.url)
+        if s.size is not None and s.size != idx.size:
+            raise ChecksumMismatch(s.url, str(s.size), str(idx.size), what="size")
+        if s.xxh3_64 is not None and s.xxh3_64 != idx.xxh3_64:
+            raise ChecksumMismatch(s.url, s.xxh3_64, idx.xxh3_64)
+        s.size, s.xxh3_64, s.samples, s.offsets = idx.size, idx.xxh3_64, idx.samples, idx.offsets
+        log.debug("indexed %s: %d samples, %d bytes in %.3fs", s.url, idx.samples, idx.size,
+                  time.perf_counter() - t0)
+        if progress:
+            progress(1)
+    manifest._starts = None
+    return manifest
+
+
+class _ShardReader:
+    """Per-process open shards: pinned cache leases and file descriptors (LRU)."""
+
+    def __init__(self, store: Any, limit: int):
+        self.store = store
+        self.limit = max(2, limit)
+        self.open: "OrderedDict[int, Tuple[Any, int]]" = OrderedDict()
+
+    def fd(self, idx: int, shard: ShardInfo) -> int:
+        hit = self.open.get(idx)
+        if hit is not None:
+            self.open.move_to_end(idx)
+            return hit[1]
+        lease = self.store.acquire(shard)
+        try:
+            fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            lease.close()
+            raise
+        self.open[idx] = (lease, fd)
+        while len(self.open) > self.limit:
+            _, (old_lease, old_fd) = self.open.popitem(last=False)
+            os.close(old_fd)
+            old_lease.close()
+        return fd
+
+    def close(self) -> None:
+        while self.open:
+            _, (lease, fd) = self.open.popitem()
+            try:
+                os.close(fd)
+            finally:
+                lease.close()
+
+
+class WebDataset:
+    """A resumable, deterministic WebDataset.
+
+    Args:
+        urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json,
+            or a list of them, or a :class:`~resumewds.manifest.Manifest`.
+        seed: seed of the order (same seed, same order on any machine).
+        shuffle: False: manifest order; True / ``"window"``: shard order
+            permuted per epoch and samples shuffled within windows of
+            ``shuffle_window`` shards; ``"shards"``: shard order only.
+        shuffle_window: shards per shuffle window.
+        cache_dir, cache_size, verify: passed to the shard cache
+            (:class:`resumewds.cache.ShardStore`).
+        fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
+        on_error: ``"raise"`` (default) stops at a shard that cannot be
+            fetched or verified; ``"skip"`` skips its samples, records it as
+            failed and reports it in stats and the journal.
+        allow_pickle: let decoders unpickle (pkl/pyd): off by default.
+        allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
+            the network.
+        prefetch: how many upcoming shards to download in the background.
+
+    Example:
+        >>> ds = WebDataset(["a.tar", "b.tar"], seed=3).decode().to_tuple("txt", "cls")  # doctest: +SKIP
+    """
+
+    def __init__(self, urls: Source, *, seed: int = 0, shuffle: Union[bool, str] = False,
+                 shuffle_window: int = 8, cache_dir: Optional[str] = None,
+                 cache_size: Union[int, str, None] = None, verify: str = "once",
+                 fetch: Any = None, on_error: str = "raise", allow_pickle: bool = False,
+                 allow_remote_pipe: bool = False, prefetch: int = 4):
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if verify not in ("once", "always", "never"):
+            raise ValueError(f"verify must be 'once', 'always' or 'never', got {verify!r}")
+        self.urls = urls
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.shuffle_window = int(shuffle_window)
+        self.cache_dir = cache_dir
+        self.cache_size = cache_size
+        self.verify = verify
+        self.fetch = fetch
+        self.on_error = on_error
+        self.allow_pickle = allow_pickle
+        self.allow_remote_pipe = allow_remote_pipe
+        self.prefetch_depth = int(prefetch)
+        self.stages: List[Callable[[Any], Any]] = []
+        self.batch_stages: List[Callable[[Any], Any]] = []
+        self.batch_size: Optional[int] = None
+        self.collate_fn: Optional[Callable[[List[Any]], Any]] = None
+        self.epoch = 0
+        self._manifest: Optional[Manifest] = None
+        self._plan: Optional[Plan] = None
+        self._store: Any = None
+        self._reader: Optional[_ShardReader] = None
+        self._events: List[Dict[str, Any]] = []
+        self._failed: Dict[int, str] = {}
+        Plan([1], seed, shuffle, shuffle_window)  # validate shuffle settings early
+
+    # ---- fluent stages (WebDataset's API) -------------------------------
+    def _add(self, fn: Callable[[Any], Any]) -> "WebDataset":
+        (self.batch_stages if self.batch_size is not None else self.stages).append(fn)
+        return self
+
+    def decode(self, *handlers: Union[str, Callable[[str, bytes], Any]],
+               allow_pickle: Optional[bool] = None) -> "WebDataset":
+        """Decode members: image specs ("pil", "rgb8", "torchrgb"...) and/or callables."""
+        ap = self.allow_pickle if allow_pickle is None else allow_pickle
+        return self._add(Decoder(handlers, allow_pickle=ap))
+
+    def to_tuple(self, *specs: str) -> "WebDataset":
+        """Turn samples into tuples: ``to_tuple("jpg;png", "cls")``."""
+        return self._add(ToTuple(*specs))
+
+    def map(self, fn: Callable[[Any], Any]) -> "WebDataset":
+        """Apply ``fn`` to each sample (or each batch, after ``batched``)."""
+        return self._add(fn)
+
+    def map_dict(self, **fns: Callable[[Any], Any]) -> "WebDataset":
+        """Apply functions to named fields of dict samples."""
+        return self._add(MapDict(**fns))
+
+    def map_tuple(self, *fns: Optional[Callable[[Any], Any]]) -> "WebDataset":
+        """Apply functions to the fields of tuple samples, by position."""
+        return self._add(MapTuple(*fns))
+
+    def select(self, predicate: Callable[[Any], bool]) -> "WebDataset":
+        """Keep only samples for which ``predicate`` is true.
+
+        Filtering happens inside a batch: the batch of positions
+        ``[k*B, (k+1)*B)`` keeps its survivors, so batches may be smaller, and
+        resume stays exact.
+        """
+        if self.batch_size is not None:
+            raise ValueError("select() must come before batched()")
+        return self._add(Select(predicate))
+
+    def rename(self, keep: bool = False, **kw: str) -> "WebDataset":
+        """Rename fields: ``rename(image="jpg;png", label="cls")``."""
+        return self._add(Rename(keep=keep, **kw))
+
+    def batched(self, batch_size: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collate,
+                partial: bool = True) -> "WebDataset":
+        """Batch samples; later stages apply to batches.
+
+        ``partial`` is accepted for WebDataset compatibility; the final short
+        batch of an epoch is governed by the loader's ``remainder`` policy.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.collate_fn = collation_fn if collation_fn is not None else list_collate
+        return self
+
+    # ---- state shared with the loader ----------------------------------
+    @property
+    def manifest(self) -> Manifest:
+        """The resolved, indexed manifest (resolving and indexing on first use)."""
+        if self._manifest is None:
+            m = resolve_sources(self.urls, fetch_config=self.fetch,
+                                allow_remote_pipe=self.allow_remote_pipe)
+            if not m.indexed:
+                index_manifest(m, self.store, on_event=self._on_event)
+            self._manifest = m
+        return self._manifest
+
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None:
+            self._plan = Plan(self.manifest.counts, self.seed, self.shuffle, self.shuffle_window)
+        return self._plan
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            from .cache import ShardStore
+
+            self._store = ShardStore(cache_dir=self.cache_dir, cache_size=self.cache_size,
+                                     verify=self.verify, fetch=self.fetch, on_event=self._on_event)
+        return self._store
+
+    def config(self) -> Dict[str, Any]:
+        """What the delivered order depends on (checked on resume)."""
+        d = {"manifest": self.manifest.digest(), "samples": self.manifest.total_samples,
+             "shards": len(self.manifest.shards)}
+        d.update(self.plan.describe())
+        return d
+
+    def _on_event(self, kind: str, url: str = "", **detail: Any) -> None:
+        ev = {"kind": kind, "url": url, "ts": time.time()}
+        ev.update(detail)
+        self._events.append(ev)
+        if kind in ("retry", "repair", "verify_fail", "skip", "fail", "evict"):
+            log.info("%s %s %s", kind, url, {k: v for k, v in detail.items()})
+        else:
+            log.debug("%s %s %s", kind, url, {k: v for k, v in detail.items()})
+
+    def take_events(self) -> List[Dict[str, Any]]:
+        ev, self._events = self._events, []
+        return ev
+
+    def __getstate__(self) -> Dict[str, Any]:
+        self.manifest  # index before pickling so workers never re-index
+        d = dict(self.__dict__)
+        d["_store"] = None
+        d["_reader"] = None
+        d["_events"] = []
+        d["_plan"] = None
+        return d
+
+    # ---- reading ---------------------------------------------------------
+    def _read(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
+        """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
+        if shard_idx in self._failed:
+            return None
+        shard = self.manifest.shards[shard_idx]
+        if self._reader is None:
+            self._reader = _ShardReader(self.store, self.shuffle_window + 2)
+        try:
+            fd = self._reader.fd(shard_idx, shard)
+            start, end = shard.sample_range(j)
+            sample = tario.read_sample(fd, start, end, shard.url)
+        except (FetchError, IntegrityError, ShardFormatError) as exc:
+            if self.on_error == "skip":
+                self._failed[shard_idx] = str(exc)
+                self._on_event("skip", shard.url, error=str(exc))
+                log.warning("skipping shard %s: %s", shard.url, exc)
+                return None
+            raise
+        sample["__url__"] = shard.url
+        return sample
+
+    def _apply(self, stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
+        for st in stages:
+            x = st(x)
+            if x is None:
+                return None
+        return x
+
+    def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
+                   num_workers: int = 1, collate: bool = True
+                   ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+        """Yield ``(step, batch, meta)`` for this worker's steps of an epoch.
+
+        Args:
+            epoch: the epoch.
+            start: global position to start from.
+            layout: batch size, world size, rank, remainder policy.
+            worker, num_workers: this DataLoader worker's share (round-robin
+                over steps).
+            collate: collate samples with the batch's collate function; if
+                False the batch is the list of samples.
+
+        ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
+        ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
+        per shard index), ``t_read`` and ``t_stages`` (seconds), ``events``.
+        """
+        ep = self.plan.epoch(epoch)
+        total = len(ep)
+        nsteps = layout.num_steps(total, start)
+        shards = self.manifest.shards
+        collate_fn = self.collate_fn or default_collate
+        last_window = -1
+        for k in worker_steps(nsteps, worker, num_workers):
+            slots = layout.slots(total, start, k)
+            meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
+                                    "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
+                                    "positions": []}
+            t_read = t_stages = 0.0
+            out: List[Any] = []
+            if slots:
+                w = ep.window_of(slots[0][0])
+                if w != last_window and self.prefetch_depth > 0:
+                    last_window = w
+                    nxt = ep.window_starts[min(w + 1, len(ep.window_starts) - 1)]
+                    upcoming = [shards[i] for i in ep.shards_from(nxt, self.prefetch_depth)]
+                    if upcoming:
+                        try:
+                            self.store.prefetch(upcoming)
+                        except ResumeWDSError:
+                            pass  # surfaces again when the shard is read
+            for pos, pad in slots:
+                t0 = time.perf_counter()
+                si, j = ep.sample_at(pos)
+                sample = self._read(si, j)
+                t1 = time.perf_counter()
+                t_read += t1 - t0
+                if sample is None:
+                    meta["skipped"] += 1
+                    continue
+                meta["bytes"] += sum(len(v) for k2, v in sample.items() if not k2.startswith("__"))
+                sample["__epoch__"] = epoch
+                sample["__index__"] = pos
+                sample["__shard__"] = shards[si].name
+                if pad:
+                    sample["__pad__"] = True
+                    meta["pads"] += 1
+                else:
+                    meta["shards"][si] = meta["shards"].get(si, 0) + 1
+                x = self._apply(self.stages, sample)
+                t_stages += time.perf_counter() - t1
+                if x is None:
+                    meta["filtered"] += 1
+                    continue
+                out.append(x)
+                meta["positions"].append(pos)
+                meta["samples"] += 1
+            t2 = time.perf_counter()
+            batch: Any = out
+            if collate and out:
+                batch = collate_fn(out)
+                batch = self._apply(self.batch_stages, batch)
+            t_stages += time.perf_counter() - t2
+            meta["t_read"] = t_read
+            meta["t_stages"] = t_stages
+            meta["events"] = self.take_events()
+            if shards and self._failed:
+                meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
+            yield k, batch, meta
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the samples of epoch ``self.epoch`` in order, in this process."""
+        layout = Layout(batch_size=64)
+        for _, batch, _ in self.iter_steps(self.epoch, 0, layout, collate=False):
+            yield from batch
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._store is not None and hasattr(self._store, "close"):
+            self._store.close()
+
+
+def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = None,
+                   progress: Optional[Callable[[int], None]] = None) -> Manifest:
+    """Index shards and (optionally) write a manifest.json.
+
+    Args:
+        urls: paths, patterns, URLs (anything :class:`WebDataset` accepts).
+        output: where to write the manifest (urls relative to it), or None.
+        store: shard cache for remote shards (default: a new ShardStore).
+        progress: called with 1 after each shard is indexed.
+
+    Returns:
+        The indexed :class:`~resumewds.manifest.Manifest`.
+
+    Example:
+        >>> m = build_manifest("data/shard-{000000..000031}.tar", "data/manifest.json")  # doctest: +SKIP
+        >>> m.total_samples                                                            # doctest: +SKIP
+        32000
+    """
+    m = resolve_sources(urls)
+    index_manifest(m, store, progress=progress)
+    if output is not None:
+        m.save(output)
+    return m

@@ -1,0 +1,449 @@
+"""WebLoader: torch's DataLoader with an exact, layout-independent resume.
+
+The main process owns the position.  Workers produce whole steps (the step
+numbers are a pure function of the position, see :mod:`resumewds.plan`);
+the DataLoader returns them round-robin, which is the global order; the
+loader checks every step number it receives, so an out-of-order delivery is
+an error, not a silent divergence.  ``state_dict()`` is therefore just
+``{epoch, position}`` plus the configuration it must agree with, and it loads
+into a loader with any ``num_workers`` or world size.
+
+Example:
+    >>> import resumewds as rw                                         # doctest: +SKIP
+    >>> ds = rw.WebDataset("d/shard-{0000..0031}.tar", seed=7, shuffle=True)
+    >>> loader = rw.WebLoader(ds.decode().to_tuple("txt", "cls"), batch_size=64, num_workers=2)
+    >>> for step, (txt, cls) in enumerate(loader): ...
+    >>> state = loader.state_dict()
+    >>> fresh = rw.WebLoader(<same dataset>, batch_size=64, num_workers=0)
+    >>> fresh.load_state_dict(state)   # yields exactly what `loader` would have
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .dataset import WebDataset
+from .errors import JournalError, StateError
+from .pipeline import default_collate, list_collate
+from .plan import Layout
+from .stats import Stats, setup_logging
+
+log = logging.getLogger("resumewds")
+
+STATE_FORMAT = "resumewds.loader"
+STATE_VERSION = 1
+_ORDER_KEYS = ("manifest", "seed", "shuffle", "shuffle_window", "samples")
+_UNSET: Any = object()
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
+    """Rank and world size: explicit arguments, else torch.distributed, else env.
+
+    Example:
+        >>> world_from_env(1, 4)
+        (1, 4)
+    """
+    r, w = rank, world_size
+    if r is None or w is None:
+        dr = dw = None
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dr, dw = dist.get_rank(), dist.get_world_size()
+        except Exception:  # pragma: no cover - torch without distributed
+            pass
+        if dr is None:
+            env_r, env_w = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+            dr = int(env_r) if env_r is not None else 0
+            dw = int(env_w) if env_w is not None else 1
+        r = dr if r is None else r
+        w = dw if w is None else w
+    return int(r), int(w)
+
+
+class _EpochSource(IterableDataset):
+    """What each DataLoader worker iterates: its round-robin share of steps."""
+
+    def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
+                 positions: bool):
+        self.ds = ds
+        self.epoch = epoch
+        self.start = start
+        self.layout = layout
+        self.collate = collate
+        self.positions = positions
+
+    def __iter__(self) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+        info = get_worker_info()
+        w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        try:
+            for k, batch, meta in self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
+                                                     collate=self.collate):
+                yield k, batch, meta
+        finally:
+            if info is not None:
+                self.ds.close()
+
+
+class WebLoader:
+    """A resumable loader over a :class:`~resumewds.dataset.WebDataset`.
+
+    Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's
+    last batch is handed out, ``loader.epoch`` advances and the position
+    returns to 0.
+
+    Args:
+        dataset: the WebDataset.
+        batch_size: samples per batch per rank; None yields single samples.
+            If the dataset was ``.batched(n)``, leave this None (or n).
+        num_workers: DataLoader worker processes (any number; resume works
+            across different counts).
+        collate_fn: how to collate a batch (default: torch's default_collate).
+        rank, world_size: override torch.distributed / RANK / WORLD_SIZE.
+        remainder: the final short step of an epoch: ``"keep"``, ``"pad"`` or
+            ``"drop"`` (see :mod:`resumewds.plan`).  Every rank always yields
+            the same number of batches.
+        journal: path of a SQLite journal (see :mod:`resumewds.journal`);
+            ``commit(step)`` records positions there.
+        resume: with a journal: True resumes at the latest complete commit,
+            an int resumes at that step's commit, False starts fresh (and
+            refuses a journal that already holds commits).
+        verbose: log fetches, retries, repairs, evictions and resumes (also
+            ``RESUMEWDS_VERBOSE=1``).
+        chunk_size: samples per worker task when ``batch_size`` is None.
+        **dataloader_kwargs: passed to torch's DataLoader (pin_memory,
+            timeout, prefetch_factor, multiprocessing_context, ...).
+
+    Example:
+        >>> loader = WebLoader(ds, batch_size=64, num_workers=2,     # doctest: +SKIP
+        ...                    journal="run.db", resume=True)
+        >>> for step, batch in enumerate(loader, start=loader.steps_done):
+        ...     train(batch); loader.commit(step)
+    """
+
+    def __init__(self, dataset: WebDataset, batch_size: Optional[int] = _UNSET, num_workers: int = 0, *,
+                 collate_fn: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 remainder: str = "keep", journal: Optional[str] = None,
+                 resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
+                 journal_sync: str = "NORMAL", **dataloader_kwargs: Any):
+        if not isinstance(dataset, WebDataset):
+            raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
+        for bad in ("shuffle", "sampler", "batch_sampler"):
+            if dataloader_kwargs.get(bad):
+                raise ValueError(f"{bad}= is not supported: the order comes from the dataset's seed "
+                                 "and shuffle settings")
+            dataloader_kwargs.pop(bad, None)
+        if dataloader_kwargs.pop("drop_last", False):
+            remainder = "drop"
+        setup_logging(verbose)
+        self.dataset = dataset
+        if dataset.batch_size is not None:
+            if batch_size not in (_UNSET, None, dataset.batch_size):
+                raise ValueError(f"dataset is batched({dataset.batch_size}) but WebLoader got "
+                                 f"batch_size={batch_size}")
+            self.batch_size: Optional[int] = dataset.batch_size
+            self._collate = True
+            self._collate_fn = dataset.collate_fn
+        else:
+            self.batch_size = 1 if batch_size is _UNSET else batch_size
+            self._collate = self.batch_size is not None
+            self._collate_fn = collate_fn
+            if self._collate:
+                dataset.collate_fn = collate_fn or default_collate
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
+        self.num_workers = int(num_workers)
+        self.rank, self.world_size = world_from_env(rank, world_size)
+        self.layout = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank, remainder)
+        self.remainder = remainder
+        self.dataloader_kwargs = dataloader_kwargs
+        self.epoch = 0
+        self.position = 0
+        self.samples_total = 0
+        self.steps_done = 0
+        self.stats_ = Stats()
+        self._consumed: Dict[Tuple[int, int], int] = {}
+        self._events: List[Dict[str, Any]] = []
+        self._shard_updates: List[Dict[str, Any]] = []
+        self._last_stats_commit = 0.0
+        self.journal_path = journal
+        self.journal: Any = None
+        # resolve + index in the main process, once, before any worker starts
+        self.config = dataset.config()
+        self._absorb(dataset.take_events())
+        if journal is not None:
+            self._open_journal(journal, resume, journal_sync)
+
+    # ---- journal ----------------------------------------------------------
+    def _journal_config(self) -> Dict[str, Any]:
+        cfg = dict(self.config)
+        cfg.update(batch_size=self.batch_size, world_size=self.world_size,
+                   num_workers=self.num_workers, remainder=self.remainder)
+        return cfg
+
+    def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
+        from .journal import Journal, resolve_resume
+
+        point = None
+        if resume is not False:
+            point = resolve_resume(path, None if resume is True else int(resume))
+        j = Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync)
+        try:
+            j.check_config(self._journal_config(),
+                           compatible_keys=("batch_size", "world_size", "num_workers", "rank"))
+            if point is None:
+                if j.latest_commit() is not None and resume is False:
+                    raise JournalError(f"{path}: journal already holds commits; pass resume=True to "
+                                       "continue that run, or use a new journal path")
+            else:
+                self.epoch = int(point["epoch"])
+                self.position = int(point["position"])
+                self.steps_done = int(point["step"]) + 1
+                self.samples_total = int(point.get("samples_total") or 0) if point.get("world_size", 1) == \
+                    self.world_size else 0
+                detail = {"step": point["step"], "epoch": self.epoch, "position": self.position,
+                          "world_size": self.world_size, "num_workers": self.num_workers}
+                if point.get("skipped_incomplete"):
+                    detail["skipped_incomplete"] = point["skipped_incomplete"]
+                j.record_events([dict(kind="resume", **detail)])
+                log.info("resuming %s at step %s: epoch %d, position %d", path, point["step"],
+                         self.epoch, self.position)
+        except BaseException:
+            j.close()
+            raise
+        self.journal = j
+
+    def commit(self, step: int, stats: Optional[bool] = None) -> None:
+        """Record atomically, in the journal, the position after ``step``.
+
+        Call it after the training step that consumed the last batch (and,
+        ideally, right after saving the model checkpoint for that step).  A
+        commit that returned survives kill -9.
+
+        Args:
+            step: the training step (any increasing int; ``resume=S`` finds it).
+            stats: include a stats snapshot (default: at most every 5 s).
+        """
+        if self.journal is None:
+            raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
+        now = time.time()
+        if stats is None:
+            stats = now - self._last_stats_commit >= 5.0
+        snap = None
+        if stats:
+            snap = self.stats()
+            self._last_stats_commit = now
+        self._flush_journal()
+        consumed = {}
+        shards = self.dataset.manifest.shards
+        for (si, ep), n in self._consumed.items():
+            consumed[(shards[si].url, ep)] = (n, int(shards[si].samples or 0))
+        self.journal.commit(step, epoch=self.epoch, position=self.position, consumed=consumed,
+                            world_size=self.world_size, batch_size=self.batch_size,
+                            samples_total=self.samples_total, stats=snap)
+        self._consumed.clear()
+        self.steps_done = step + 1
+
+    def _flush_journal(self) -> None:
+        if self.journal is None:
+            return
+        if self._events:
+            self.journal.record_events(self._events)
+            self._events = []
+        if self._shard_updates:
+            self.journal.update_shards(self._shard_updates)
+            self._shard_updates = []
+
+    _STATE_OF = {"fetch_start": "downloading", "fetch_done": "downloaded", "verify_ok": "verified",
+                 "verify_fail": "corrupt", "skip": "failed", "fail": "failed"}
+
+    def _absorb(self, events: List[Dict[str, Any]]) -> None:
+        if not events:
+            return
+        self.stats_.events(events)
+        keep = [e for e in events if e.get("kind") not in ("cache_hit", "verify_ok", "fetch_start")]
+        self._events.extend(keep)
+        for e in events:
+            st = self._STATE_OF.get(e.get("kind", ""))
+            if st and e.get("url"):
+                u: Dict[str, Any] = {"url": e["url"], "state": st}
+                if e["kind"] == "fetch_done":
+                    u["bytes"] = e.get("bytes")
+                    u["+attempts"] = 1
+                if e["kind"] in ("skip", "fail", "verify_fail"):
+                    u["last_error"] = str(e.get("error") or e.get("actual") or "")
+                self._shard_updates.append(u)
+            elif e.get("kind") == "retry" and e.get("url"):
+                self._shard_updates.append({"url": e["url"], "+retries": 1,
+                                            "last_error": str(e.get("error", ""))})
+            elif e.get("kind") == "repair" and e.get("url"):
+                self._shard_updates.append({"url": e["url"], "+repairs": 1})
+        if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
+            del self._events[:-1000]
+        if len(self._shard_updates) > 10000:
+            del self._shard_updates[:-1000]
+
+    # ---- state --------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """The loader's position: load it into any loader over the same data.
+
+        Returns:
+            ``{"format", "version", "epoch", "position", "samples_total",
+            "steps_done", "config", "batch_size", "world_size"}``.
+        """
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
+                "position": self.position, "samples_total": self.samples_total,
+                "steps_done": self.steps_done, "config": dict(self.config),
+                "batch_size": self.batch_size, "world_size": self.world_size}
+
+    get_state = state_dict
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue from ``state`` (from any num_workers / world size).
+
+        Raises:
+            StateError: the state is not a resumewds state, is newer than
+                this version, or was taken on different data or order settings.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise StateError("not a resumewds loader state (missing format field)")
+        if int(state.get("version", 0)) > STATE_VERSION:
+            raise StateError(f"loader state version {state.get('version')} is newer than this resumewds")
+        cfg = state.get("config", {})
+        diffs = [f"{k}: state has {cfg.get(k)!r}, loader has {self.config.get(k)!r}"
+                 for k in _ORDER_KEYS if cfg.get(k) != self.config.get(k)]
+        if diffs:
+            raise StateError("loader state does not match this dataset: " + "; ".join(diffs))
+        epoch, pos = int(state["epoch"]), int(state["position"])
+        if not 0 <= pos <= int(self.config["samples"]):
+            raise StateError(f"position {pos} outside an epoch of {self.config['samples']} samples")
+        self.epoch, self.position = epoch, pos
+        self.samples_total = int(state.get("samples_total", 0))
+        self.steps_done = int(state.get("steps_done", 0))
+        self._absorb([{"kind": "resume", "epoch": epoch, "position": pos, "ts": time.time()}])
+
+    set_state = load_state_dict
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters and rates aggregated over all workers (see README, "Stats")."""
+        s = self.stats_.snapshot()
+        s.update(epoch=self.epoch, position=self.position, samples_total=self.samples_total,
+                 rank=self.rank, world_size=self.world_size, num_workers=self.num_workers)
+        return s
+
+    def to_tensorboard(self, writer: Any, step: Optional[int] = None, prefix: str = "data/") -> None:
+        """Write the numeric stats to a TensorBoard ``SummaryWriter``."""
+        s = self.stats()
+        for k, v in s.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                writer.add_scalar(prefix + k, v, step if step is not None else self.steps_done)
+        for w, n in s["per_worker_samples"].items():
+            writer.add_scalar(f"{prefix}worker{w}_samples", n, step if step is not None else self.steps_done)
+
+    # ---- iteration ----------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches left in the current epoch (from the current position)."""
+        total = int(self.config["samples"])
+        n = self.layout.num_steps(total, self.position)
+        if self.batch_size is None:
+            return max(0, total - self.position) if self.world_size == 1 else n * self.layout.batch_size
+        return n
+
+    def _end_epoch(self) -> None:
+        self.epoch += 1
+        self.position = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        ds = self.dataset
+        epoch, start = self.epoch, self.position
+        total = len(ds.plan.epoch(epoch))
+        layout = self.layout
+        nsteps = layout.num_steps(total, start)
+        if nsteps == 0:
+            self._end_epoch()
+            return
+        src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
+                           positions=not self._collate)
+        kw = dict(self.dataloader_kwargs)
+        if self.num_workers == 0:
+            for k in ("prefetch_factor", "persistent_workers"):
+                kw.pop(k, None)
+        dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
+        expected = 0
+        it = iter(dl)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    k, batch, meta = next(it)
+                except StopIteration:
+                    break
+                wait = time.perf_counter() - t0
+                if k != expected:
+                    raise StateError(f"step {k} arrived where step {expected} was expected "
+                                     "(DataLoader order broken)")
+                expected += 1
+                self.stats_.update(meta, wait)
+                self._absorb(meta.get("events") or [])
+                for si, n in meta.get("shards", {}).items():
+                    self._consumed[(si, epoch)] = self._consumed.get((si, epoch), 0) + n
+                last = k + 1 >= nsteps
+                if self._collate:
+                    self.samples_total += int(meta.get("samples", 0))
+                    self.position = layout.position_after(total, start, k)
+                    if last:
+                        self._end_epoch()
+                    if meta.get("samples", 0):
+                        yield batch
+                    continue
+                # unbatched: hand out samples one by one, positions per sample
+                n = len(batch)
+                for i, sample in enumerate(batch):
+                    self.samples_total += 1
+                    if i + 1 == n:
+                        self.position = layout.position_after(total, start, k)
+                        if last:
+                            self._end_epoch()
+                    elif self.world_size == 1 and isinstance(sample, dict) and "__index__" in sample:
+                        self.position = int(sample["__index__"]) + 1
+                    elif self.world_size == 1:
+                        self.position = self._unbatched_pos(meta, i)
+                    yield sample
+                if n == 0:
+                    self.position = layout.position_after(total, start, k)
+                    if last:
+                        self._end_epoch()
+        finally:
+            del it
+        if self.epoch == epoch and self.position >= total:
+            self._end_epoch()
+
+    @staticmethod
+    def _unbatched_pos(meta: Dict[str, Any], i: int) -> int:
+        return int(meta["positions"][i]) + 1
+
+    def close(self) -> None:
+        """Flush pending journal events and close the journal."""
+        if self.journal is not None:
+            try:
+                self._flush_journal()
+            finally:
+                self.journal.close()
+                self.journal = None
+
+    def __enter__(self) -> "WebLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

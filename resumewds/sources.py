@@ -1,0 +1,172 @@
+"""Turn what the user passes (paths, URLs, brace patterns, manifests) into a Manifest.
+
+Accepted sources, alone or in a list:
+
+* local paths (relative ones are made absolute) and ``file://`` URLs;
+* ``http://`` and ``https://`` URLs;
+* ``pipe:CMD`` (WebDataset's convention: CMD writes the shard to stdout);
+* brace patterns, expanded like the shell: ``shard-{000000..000031}.tar``,
+  ``{train,val}-0.tar``;
+* a ``manifest.json`` (local or http), whose relative urls resolve against
+  the manifest's own location.  ``pipe:`` urls in a manifest fetched over the
+  network are refused unless ``allow_remote_pipe=True``: a remote file must
+  not be able to run commands here.
+
+Example:
+    >>> expand_braces("s-{00..02}.tar")
+    ['s-00.tar', 's-01.tar', 's-02.tar']
+    >>> expand_braces("{a,b}{1..2}")
+    ['a1', 'a2', 'b1', 'b2']
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterable, List, Optional, Sequence, Union
+
+from .errors import SourceError, UnsafeSourceError
+from .manifest import Manifest, ShardInfo, concat, is_remote, load_manifest, parse_manifest_bytes
+
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], Manifest]
+
+
+def _find_group(s: str) -> Optional[tuple]:
+    depth = 0
+    start = -1
+    for i, c in enumerate(s):
+        if c == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif c == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                return start, i
+    return None
+
+
+def _split_top(body: str) -> List[str]:
+    parts, depth, cur = [], 0, []
+    for c in body:
+        if c == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        cur.append(c)
+    parts.append("".join(cur))
+    return parts
+
+
+def expand_braces(pattern: str) -> List[str]:
+    """Expand shell-style brace patterns (numeric ranges keep zero padding).
+
+    Raises:
+        SourceError: an unbalanced or empty brace group.
+    """
+    if pattern.count("{") != pattern.count("}"):
+        raise SourceError(f"{pattern}: unbalanced braces in shard pattern")
+    g = _find_group(pattern)
+    if g is None:
+        return [pattern]
+    a, b = g
+    head, body, tail = pattern[:a], pattern[a + 1:b], pattern[b + 1:]
+    m = _RANGE.match(body)
+    if m:
+        lo_s, hi_s = m.group(1), m.group(2)
+        lo, hi = int(lo_s), int(hi_s)
+        width = max(len(lo_s), len(hi_s)) if (lo_s.startswith("0") or hi_s.startswith("0")) else 0
+        step = 1 if hi >= lo else -1
+        alts = [str(v).zfill(width) for v in range(lo, hi + step, step)]
+    else:
+        alts = _split_top(body)
+        if len(alts) < 2:
+            # "{x}" is not a group in the shell either; keep it literally
+            return [head + "{" + x + "}" + t for x in expand_braces(body) for t in expand_braces(tail)]
+    out: List[str] = []
+    for alt in alts:
+        out.extend(expand_braces(head + alt + tail))
+    return out
+
+
+def _normalise(url: str) -> str:
+    if url.startswith("pipe:") or is_remote(url):
+        return url
+    if url.startswith("file://"):
+        url = url[7:]
+    if "://" in url:
+        scheme = url.split("://", 1)[0]
+        raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
+                          "(use a local path, file://, http(s):// or pipe:)")
+    return os.path.abspath(os.path.expanduser(url))
+
+
+def _is_manifest(url: str) -> bool:
+    base = url.split("?", 1)[0]
+    return base.endswith(".json")
+
+
+def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool) -> Manifest:
+    from .fetch import FetchConfig, fetch_bytes  # local import: keeps start-up light
+
+    raw = fetch_bytes(url, fetch_config or FetchConfig())
+    m = parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)
+    return m
+
+
+def resolve_sources(src: Source, *, fetch_config: Any = None,
+                    allow_remote_pipe: bool = False) -> Manifest:
+    """Resolve any accepted source into one :class:`Manifest`.
+
+    Shards from plain paths and patterns are not indexed yet (see
+    :func:`resumewds.dataset.index_manifest`).
+
+    Raises:
+        SourceError: an empty source list, bad pattern or scheme, bad manifest.
+        UnsafeSourceError: (later, at fetch time) a ``pipe:`` url from a
+            remote manifest.
+    """
+    if isinstance(src, Manifest):
+        return src
+    if isinstance(src, (str, os.PathLike)):
+        items: Iterable = [os.fspath(src)]
+    else:
+        items = [os.fspath(x) for x in src]
+    parts: List[Manifest] = []
+    loose: List[ShardInfo] = []
+
+    def flush() -> None:
+        if loose:
+            parts.append(Manifest(list(loose)))
+            loose.clear()
+
+    for item in items:
+        if not isinstance(item, str) or not item:
+            raise SourceError(f"{item!r}: not a shard URL or path")
+        urls = [item] if item.startswith("pipe:") else expand_braces(item)
+        for url in urls:
+            if _is_manifest(url) and not url.startswith("pipe:"):
+                flush()
+                if is_remote(url):
+                    parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe))
+                else:
+                    parts.append(load_manifest(_normalise(url)))
+            else:
+                loose.append(ShardInfo(url=_normalise(url)))
+    flush()
+    m = concat(parts)
+    if not m.shards:
+        raise SourceError(f"{src!r}: no shards")
+    for s in m.shards:
+        if s.url.startswith("pipe:") and not s.trusted:
+            raise UnsafeSourceError(
+                f"{s.url}: pipe: url comes from a manifest fetched over the network "
+                f"({parts and parts[0].source}); it would run a shell command here. "
+                "Pass allow_remote_pipe=True (--allow-remote-pipe) if you trust it")
+    return m

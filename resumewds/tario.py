@@ -1,0 +1,494 @@
+"""A fast, strict tar framer and WebDataset's sample grouping.
+
+Why not :mod:`tarfile`: it is slow for many small members (about 9k samples/s
+here), and its stream mode stops quietly at a bad header, which turns a
+corrupt shard into a silently short one.  This reader:
+
+* checks every header checksum (unsigned and signed sums, as POSIX allows);
+* understands ustar (name + prefix), GNU long names (``L``/``K``) and pax
+  extended headers (``x``: ``path`` and ``size``; ``g`` is skipped);
+* requires the end-of-archive marker (a zero block) before the end of the
+  data, so a shard cut at a member boundary is an error, not a short shard;
+* never returns a partial member or sample: problems raise
+  :class:`~resumewds.errors.ShardFormatError` with the shard and byte offset.
+
+Grouping follows WebDataset exactly: the key is the path up to the first dot
+of the basename (directory included), the extension is the rest, lowercased;
+only consecutive members with the same key form a sample; non-regular entries,
+names without an extension and top-level ``__*__`` files are skipped; a
+repeated extension in one sample is an error.
+
+Two ways in:
+
+* :func:`scan_file` walks a whole local shard once (memory-mapped), and
+  returns its size, xxh3_64 and the byte range of every sample: the index.
+* :func:`read_sample` reads one sample given its byte range, with one
+  ``pread``; this is how the loader seeks.
+
+Example:
+    >>> import io, tarfile
+    >>> buf = io.BytesIO()
+    >>> with tarfile.open(fileobj=buf, mode="w") as t:
+    ...     for name, data in [("a.txt", b"hi"), ("a.cls", b"1")]:
+    ...         ti = tarfile.TarInfo(name); ti.size = len(data)
+    ...         t.addfile(ti, io.BytesIO(data))
+    >>> [(s["__key__"], sorted(k for k in s if not k.startswith("__")))
+    ...  for s in iter_samples_bytes(buf.getvalue(), "mem.tar")]
+    [('a', ['cls', 'txt'])]
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import xxhash
+
+from .errors import ShardFormatError
+
+BLOCK = 512
+_ZERO = bytes(BLOCK)
+_KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META_RE = re.compile(r"__[^/]*__($|/)")
+_SIGNED = struct.Struct("148b8x356b")
+_REGULAR = (b"0", b"\0", b"7")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
+
+
+@dataclass
+class Member:
+    """One regular file in a tar archive.
+
+    Attributes:
+        name: full path inside the archive (after pax / GNU long names).
+        header: offset of the member's first header block (extended headers
+            included), relative to the buffer the member was parsed from.
+        data: offset of the member's data.
+        size: data size in bytes.
+        end: offset just past the member's padded data.
+    """
+
+    name: str
+    header: int
+    data: int
+    size: int
+    end: int
+
+
+def split_key(name: str) -> Tuple[Optional[str], Optional[str]]:
+    """WebDataset's key/extension split (extension not yet lowercased).
+
+    Example:
+        >>> split_key("dir/x.y/abc.seg.PNG")
+        ('dir/x.y/abc', 'seg.PNG')
+        >>> split_key("README")
+        (None, None)
+    """
+    m = _KEY_RE.match(name)
+    if not m:
+        return None, None
+    return m.group(1), m.group(2)
+
+
+def _octal(field: bytes, shard: str, off: int, what: str) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for huge values
+        v = int.from_bytes(field[1:], "big")
+        if field[0] & 0x40:
+            v -= 1 << (8 * (len(field) - 1) + 6)
+        return v
+    s = field.split(b"\0", 1)[0].strip()
+    if not s:
+        return 0
+    try:
+        return int(s, 8)
+    except ValueError:
+        raise ShardFormatError(shard, off, f"bad {what} field {field!r} in tar header") from None
+
+
+def _check_header(blk: bytes, shard: str, off: int) -> None:
+    stored = _octal(blk[148:156], shard, off, "checksum")
+    unsigned = sum(blk) - sum(blk[148:156]) + 256
+    if stored == unsigned:
+        return
+    signed = sum(_SIGNED.unpack(blk)) + 256
+    if stored == signed:
+        return
+    if off == 0:
+        if blk[:2] == _GZIP_MAGIC:
+            raise ShardFormatError(shard, off, "compressed tar (gzip) is not supported: "
+                                   "shards must be plain tar so samples can be read by seeking")
+        raise ShardFormatError(shard, off, "not a tar archive (bad header checksum)")
+    raise ShardFormatError(shard, off, f"bad tar header checksum (stored {stored}, computed {unsigned})")
+
+
+def _pax_records(data: bytes, shard: str, off: int) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        if data[pos:pos + 1] == b"\0":
+            break
+        sp = data.find(b" ", pos)
+        if sp < 0:
+            raise ShardFormatError(shard, off, "malformed pax extended header")
+        try:
+            length = int(data[pos:sp])
+        except ValueError:
+            raise ShardFormatError(shard, off, "malformed pax record length") from None
+        if length <= 0 or pos + length > len(data):
+            raise ShardFormatError(shard, off, "malformed pax record length")
+        rec = data[sp + 1:pos + length]
+        if not rec.endswith(b"\n") or b"=" not in rec:
+            raise ShardFormatError(shard, off, "malformed pax record")
+        k, v = rec[:-1].split(b"=", 1)
+        out[k.decode("utf-8", "surrogateescape")] = v.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] = None,
+                 base: int = 0, archive_end: bool = True) -> Iterator[Member]:
+    """Yield the regular-file members in ``buf[start:end]``.
+
+    Args:
+        buf: the bytes (a whole archive, or one sample's range).
+        shard: name used in error messages.
+        start: offset of the first header in ``buf``.
+        end: offset to stop at (default: end of ``buf``).
+        base: added to offsets in error messages (the range's offset in the
+            shard) so that errors name the absolute byte.
+        archive_end: require an end-of-archive zero block before ``end``
+            (True for a whole archive; False for a sample range, which must
+            end exactly at a member boundary).
+
+    Raises:
+        ShardFormatError: bad checksum, truncated header or member, missing
+            end-of-archive marker, malformed extended header.
+    """
+    n = len(buf) if end is None else end
+    off = start
+    long_name: Optional[str] = None
+    pax: Dict[str, str] = {}
+    chain_start: Optional[int] = None
+    while True:
+        if off >= n:
+            if archive_end:
+                raise ShardFormatError(shard, base + off, "missing end-of-archive marker "
+                                       "(archive truncated at a member boundary?)")
+            if chain_start is not None:
+                raise ShardFormatError(shard, base + off, "extended header without a following member")
+            return
+        if off + BLOCK > n:
+            raise ShardFormatError(shard, base + off, f"truncated tar header ({n - off} of {BLOCK} bytes)")
+        blk = bytes(buf[off:off + BLOCK])
+        if blk == _ZERO:
+            if not archive_end:
+                raise ShardFormatError(shard, base + off, "end-of-archive marker inside a sample range "
+                                       "(manifest does not match the shard?)")
+            return
+        _check_header(blk, shard, base + off)
+        if chain_start is None:
+            chain_start = off
+        size = _octal(blk[124:136], shard, base + off, "size")
+        flag = blk[156:157]
+        if "size" in pax:
+            try:
+                size = int(pax["size"])
+            except ValueError:
+                raise ShardFormatError(shard, base + off, "bad pax size") from None
+        data = off + BLOCK
+        nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
+        if size < 0 or nxt > n:
+            raise ShardFormatError(shard, base + off,
+                                   f"truncated member: needs {nxt - data} bytes of data, "
+                                   f"{max(0, n - data)} present")
+        if flag in (b"L", b"K", b"x", b"g"):
+            payload = bytes(buf[data:data + size])
+            if flag == b"L":
+                long_name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            elif flag == b"x":
+                pax.update(_pax_records(payload, shard, base + off))
+            off = nxt
+            continue
+        if "path" in pax:
+            name = pax["path"]
+        elif long_name is not None:
+            name = long_name
+        else:
+            name = blk[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            if blk[257:263] == b"ustar\x00":
+                prefix = blk[345:500].split(b"\0", 1)[0]
+                if prefix:
+                    name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+        if flag in _REGULAR:
+            yield Member(name, chain_start, data, size, nxt)
+        off = nxt
+        long_name = None
+        pax = {}
+        chain_start = None
+
+
+def _group(members: Iterator[Member], shard: str, base: int = 0
+           ) -> Iterator[Tuple[str, List[Tuple[str, Member]]]]:
+    """Group members into (key, [(ext, member)]) exactly as WebDataset does."""
+    key: Optional[str] = None
+    cur: List[Tuple[str, Member]] = []
+    seen: set = set()
+    for m in members:
+        name = m.name
+        if "/" not in name and name.startswith("__") and name.endswith("__"):
+            continue
+        if _META_RE.match(name):
+            continue
+        k, ext = split_key(name)
+        if k is None:
+            continue
+        ext = ext.lower()  # type: ignore[union-attr]
+        if k != key:
+            if key is not None:
+                yield key, cur
+            key, cur, seen = k, [], set()
+        if ext in seen:
+            raise ShardFormatError(shard, base + m.header,
+                                   f"duplicate extension {ext!r} in sample {k!r} ({name})")
+        seen.add(ext)
+        cur.append((ext, m))
+    if key is not None:
+        yield key, cur
+
+
+@dataclass
+class ShardIndex:
+    """What :func:`scan_file` learns about one shard.
+
+    Attributes:
+        size: file size in bytes.
+        xxh3_64: hex digest of the whole file.
+        offsets: ``samples + 1`` ints; sample i is ``[offsets[i], offsets[i+1])``.
+        keys: each sample's ``__key__``.
+    """
+
+    size: int
+    xxh3_64: str
+    offsets: List[int]
+    keys: List[str]
+
+    @property
+    def samples(self) -> int:
+        return len(self.keys)
+
+
+def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
+    """Index an archive held in ``buf``: (offsets, keys, end_of_data).
+
+    Raises:
+        ShardFormatError: on any malformation.
+    """
+    starts: List[int] = []
+    keys: List[str] = []
+    members = iter_members(buf, shard)
+    last_end = 0
+    for key, group in _group(members, shard):
+        starts.append(group[0][1].header)
+        keys.append(key)
+        last_end = group[-1][1].end
+    # The end-of-archive marker's offset closes the last sample's range; find
+    # it by walking past any trailing skipped entries (already validated).
+    end = last_end
+    while end + BLOCK <= len(buf) and bytes(buf[end:end + BLOCK]) != _ZERO:
+        blk = bytes(buf[end:end + BLOCK])
+        size = _octal(blk[124:136], shard, end, "size")
+        end += BLOCK + ((size + BLOCK - 1) // BLOCK) * BLOCK
+    if not starts:
+        return [end], keys, end
+    return starts + [end], keys, end
+
+
+def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
+    """Index a local shard: size, xxh3_64 and each sample's byte range.
+
+    Args:
+        path: local file.
+        shard: name for error messages (default: ``path``).
+
+    Returns:
+        A :class:`ShardIndex`.
+
+    Raises:
+        ShardFormatError: the file is not a well-formed tar archive.
+        OSError: the file cannot be read.
+
+    Example:
+        >>> idx = scan_file("data/shard-000000.tar")  # doctest: +SKIP
+        >>> idx.samples, idx.offsets[:2]              # doctest: +SKIP
+        (1000, [0, 23552])
+    """
+    name = shard or path
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise ShardFormatError(name, 0, "empty file (not a tar archive)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            offsets, keys, _ = scan_buffer(mm, name)
+            digest = xxhash.xxh3_64_hexdigest(mm)
+    return ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=keys)
+
+
+def _fast_checksum_ok(blk: bytes) -> bool:
+    # Headers are mostly NUL padding: summing the fields with their trailing
+    # NULs stripped is exact (NULs add nothing) and cheaper than sum(blk).
+    try:
+        stored = int(blk[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return False
+    z = b"\0"
+    return stored == (sum(blk[:100].rstrip(z)) + sum(blk[100:148]) + blk[156]
+                      + sum(blk[157:257].rstrip(z)) + sum(blk[257:345].rstrip(z))
+                      + sum(blk[345:].rstrip(z)) + 256)
+
+
+def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
+                 end: Optional[int] = None) -> Dict[str, Any]:
+    """Parse one sample's byte range ``buf[start:end]`` (``base`` = its offset in the shard).
+
+    Plain ustar/GNU members take a fast path; anything else (pax or GNU
+    long-name headers, skipped entries, a checksum that needs the signed
+    sum) goes through :func:`iter_members`, which handles every case.
+
+    Returns:
+        ``{"__key__": key, ext: bytes, ...}`` (``__url__`` is added by the
+        caller).
+
+    Raises:
+        ShardFormatError: malformed headers, or the range does not hold
+            exactly one sample (a stale manifest).
+    """
+    n = len(buf) if end is None else end
+    off = start
+    key: Optional[str] = None
+    sample: Dict[str, Any] = {}
+    match = _KEY_RE.match
+    while off < n:
+        if off + BLOCK > n:
+            break
+        blk = bytes(buf[off:off + BLOCK])
+        flag = blk[156:157]
+        if flag not in (b"0", b"\0") or blk[257:263] == b"ustar\x00" and blk[345] != 0 \
+                or not _fast_checksum_ok(blk):
+            return _parse_sample_slow(buf, shard, base, start, n)
+        sz = blk[124:136]
+        if sz[0] & 0x80:
+            return _parse_sample_slow(buf, shard, base, start, n)
+        size = int(sz.split(b"\0", 1)[0].strip() or b"0", 8)
+        data = off + BLOCK
+        nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
+        if nxt > n:
+            return _parse_sample_slow(buf, shard, base, start, n)
+        name = blk[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        m = match(name)
+        if m is None or name.startswith("__") or _META_RE.match(name):
+            return _parse_sample_slow(buf, shard, base, start, n)
+        k, ext = m.group(1), m.group(2).lower()
+        if key is None:
+            key = k
+        elif k != key or ext in sample:
+            return _parse_sample_slow(buf, shard, base, start, n)
+        sample[ext] = bytes(buf[data:data + size])
+        off = nxt
+    if key is None or off != n:
+        return _parse_sample_slow(buf, shard, base, start, n)
+    sample["__key__"] = key
+    return sample
+
+
+def _parse_sample_slow(buf: Buffer, shard: str, base: int, start: int, end: int) -> Dict[str, Any]:
+    groups = list(_group(iter_members(buf, shard, start=start, end=end, base=base - start,
+                                      archive_end=False), shard, base - start))
+    if len(groups) != 1:
+        raise ShardFormatError(shard, base, f"byte range [{base}, {base + end - start}) holds "
+                               f"{len(groups)} samples, expected 1 (manifest does not match the shard)")
+    key, members = groups[0]
+    sample: Dict[str, Any] = {"__key__": key}
+    for ext, m in members:
+        sample[ext] = bytes(buf[m.data:m.data + m.size])
+    return sample
+
+
+def read_sample(fd: int, start: int, end: int, shard: str) -> Dict[str, Any]:
+    """Read and parse the sample at byte range ``[start, end)`` of an open file.
+
+    Raises:
+        ShardFormatError: short read (file shorter than the manifest says)
+            or malformed sample.
+    """
+    buf = os.pread(fd, end - start, start)
+    if len(buf) != end - start:
+        raise ShardFormatError(shard, start + len(buf), f"file ends at byte {start + len(buf)} but the "
+                               f"manifest says sample data reaches byte {end}")
+    return parse_sample(buf, shard, base=start)
+
+
+def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: str
+                 ) -> List[Dict[str, Any]]:
+    """Read samples ``first..last`` (inclusive, contiguous) with one ``pread``.
+
+    Raises:
+        ShardFormatError: as :func:`read_sample`.
+    """
+    lo, hi = int(offsets[first]), int(offsets[last + 1])
+    buf = os.pread(fd, hi - lo, lo)
+    if len(buf) != hi - lo:
+        raise ShardFormatError(shard, lo + len(buf), f"file ends at byte {lo + len(buf)} but the "
+                               f"manifest says sample data reaches byte {hi}")
+    out = []
+    for j in range(first, last + 1):
+        a, b = int(offsets[j]) - lo, int(offsets[j + 1]) - lo
+        out.append(parse_sample(buf, shard, base=lo + a, start=a, end=b))
+    return out
+
+
+def iter_samples_bytes(data: Buffer, shard: str) -> Iterator[Dict[str, Any]]:
+    """Stream the samples of a whole archive held in memory (or an mmap).
+
+    The archive is validated as it goes; a malformation raises before any
+    sample of the bad region is yielded (a sample is yielded only once the
+    next sample, or the end-of-archive marker, proves it complete).
+    """
+    for key, members in _group(iter_members(data, shard), shard):
+        sample: Dict[str, Any] = {"__key__": key, "__url__": shard}
+        for ext, m in members:
+            sample[ext] = bytes(data[m.data:m.data + m.size])
+        yield sample
+
+
+def iter_samples_file(path: str, shard: Optional[str] = None) -> Iterator[Dict[str, Any]]:
+    """Stream the samples of a local archive (memory-mapped)."""
+    name = shard or path
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise ShardFormatError(name, 0, "empty file (not a tar archive)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            yield from iter_samples_bytes(mm, name)
+
+
+def sample_digest(sample: Dict[str, Any]) -> str:
+    """The ``resumewds cat`` digest: xxh3_64 of member bytes in extension order.
+
+    Only raw members count (keys not starting with ``__``); they are
+    concatenated in ascending order of extension name.
+
+    Example:
+        >>> sample_digest({"__key__": "a", "txt": b"hi", "cls": b"1"}) == \\
+        ...     xxhash.xxh3_64_hexdigest(b"1hi")
+        True
+    """
+    h = xxhash.xxh3_64()
+    for ext in sorted(k for k in sample if not k.startswith("__")):
+        v = sample[ext]
+        h.update(v if isinstance(v, (bytes, bytearray, memoryview)) else str(v).encode())
+    return h.hexdigest()
