@@ -18,10 +18,12 @@ Shard states (``SHARD_STATES``; ``TRANSITIONS`` lists the allowed moves)::
 
     pending -> downloading -> downloaded -> verified
                    |             |            |
-                   |             +-> corrupt -+  (failed verification;
-                   |                 |           back to downloading on repair)
-                   +-----------------+-> failed  (retries exhausted / skipped)
+                   +-------------+------------+-> corrupt   (failed verification;
+                                                  |          downloading on repair)
+    any state ------------------------------------+-> failed (retries exhausted,
+                                                             skipped, unreadable)
 
+    A file already in the cache goes pending -> verified (or -> corrupt);
     verified -> pending when the cache evicts it; failed -> downloading when a
     later run retries it.  A move outside ``TRANSITIONS`` is still applied (the
     reporter saw it happen; the journal is a record, not an authority) and an
@@ -81,6 +83,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -199,10 +202,10 @@ def _meta_get(conn: sqlite3.Connection, key: str) -> Optional[str]:
 SHARD_STATES = ("pending", "downloading", "downloaded", "verified", "corrupt", "failed")
 
 TRANSITIONS: Dict[str, frozenset] = {
-    "pending": frozenset({"downloading", "downloaded", "verified", "failed"}),
+    "pending": frozenset({"downloading", "downloaded", "verified", "corrupt", "failed"}),
     "downloading": frozenset({"downloaded", "verified", "corrupt", "failed", "pending"}),
-    "downloaded": frozenset({"verified", "corrupt", "downloading", "failed"}),
-    "verified": frozenset({"pending", "downloading", "corrupt"}),
+    "downloaded": frozenset({"verified", "corrupt", "downloading", "failed", "pending"}),
+    "verified": frozenset({"pending", "downloading", "corrupt", "failed"}),
     "corrupt": frozenset({"downloading", "failed", "pending"}),
     "failed": frozenset({"downloading", "pending"}),
 }
@@ -402,6 +405,7 @@ class Journal:
         self._lock_fd: Optional[int] = None
         self._conn: Optional[sqlite3.Connection] = None
         self._max_step: Optional[int] = None
+        self._mutex = threading.RLock()
         try:
             if readonly:
                 self._open_readonly()
@@ -418,7 +422,10 @@ class Journal:
 
     def _connect(self, uri: str) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0)
+            # check_same_thread off: a checkpoint thread may commit; self._mutex
+            # serialises our own use of the connection.
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0,
+                                   check_same_thread=False)
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
         conn.row_factory = sqlite3.Row
@@ -491,6 +498,11 @@ class Journal:
             conn.execute("PRAGMA busy_timeout = 10000")
             self._check_integrity(conn)
             self.schema_version = self._check_schema(conn)
+            if self.schema_version == 0 and conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+                    f"AND name != '{_MIGRATIONS_TABLE}'").fetchone():
+                raise self._err("not a resumewds journal (a SQLite database with other "
+                                "tables); refusing to add tables to it")
             if marker and _meta_get(conn, "run_id") is None:
                 raise self._err(
                     f"journal was truncated or replaced: lock file {lock_file} records "
@@ -539,6 +551,10 @@ class Journal:
     # ---- life cycle ----------------------------------------------------
     def close(self) -> None:
         """Close the database and release the lock (idempotent)."""
+        with self._mutex:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -568,6 +584,10 @@ class Journal:
 
     # ---- transactions --------------------------------------------------
     def _transaction(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
+        with self._mutex:
+            return self._transaction_locked(body)
+
+    def _transaction_locked(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         conn = self._writable()
         try:
             conn.execute("BEGIN")
@@ -670,7 +690,8 @@ class Journal:
         Each update is ``{"url": ..., <column>: value, "+<counter>": n}``;
         columns are ``name, state, bytes, xxh3_64, attempts, retries, repairs,
         last_error, cache_path``; counters (``attempts, retries, repairs,
-        bytes``) may be incremented with a ``+`` prefix.  An unknown url is
+        bytes``) may be incremented with a ``+`` prefix; an optional ``ts``
+        sets ``updated`` (default: now).  An unknown url is
         inserted as ``pending`` first (``name`` defaults to its basename).
         A state change outside ``TRANSITIONS`` is applied and an
         ``invalid_transition`` event is recorded with it.
@@ -776,30 +797,32 @@ class Journal:
         Raises:
             JournalError: the write failed (disk full, I/O error...).
         """
-        conn = self._writable()
         ts = time.time()
-        row = (step, epoch, position, self.rank,
-               self.world_size if world_size is None else world_size,
+        step = int(step)
+        row = (step, int(epoch), int(position), self.rank,
+               self.world_size if world_size is None else int(world_size),
                batch_size, ts, samples_total, None if stats is None else _json(stats))
-        max_step = self._max_step
-        try:
-            conn.execute("BEGIN")
+        with self._mutex:
+            conn = self._writable()
+            max_step = self._max_step
             try:
-                if max_step is not None and step <= max_step:
-                    self._rewind(conn, step, max_step, ts)
-                conn.execute(_SQL_COMMIT_INSERT, row)
-                if consumed:
-                    for (url, ep), (delta, total) in consumed.items():
-                        conn.execute(_SQL_CONSUME, (url, ep, delta, total,
-                                                    int(total is not None and delta >= total), ts))
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise self._err(f"commit of step {step} failed", exc) from exc
-        self._max_step = step
+                conn.execute("BEGIN")
+                try:
+                    if max_step is not None and step <= max_step:
+                        self._rewind(conn, step, max_step, ts)
+                    conn.execute(_SQL_COMMIT_INSERT, row)
+                    if consumed:
+                        for (url, ep), (delta, total) in consumed.items():
+                            conn.execute(_SQL_CONSUME, (url, ep, delta, total,
+                                                        int(total is not None and delta >= total), ts))
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._err(f"commit of step {step} failed", exc) from exc
+            self._max_step = step
 
     def _rewind(self, conn: sqlite3.Connection, step: int, max_step: int, ts: float) -> None:
         prev = conn.execute("SELECT epoch, position FROM commits WHERE step = ?", (step,)).fetchone()
@@ -810,13 +833,15 @@ class Journal:
 
     def latest_commit(self) -> Optional[Dict[str, Any]]:
         """The newest commit of this rank as a dict (``stats`` parsed), or None."""
-        return _commit_row(self.conn.execute(
-            "SELECT * FROM commits ORDER BY step DESC LIMIT 1").fetchone())
+        with self._mutex:
+            return _commit_row(self.conn.execute(
+                "SELECT * FROM commits ORDER BY step DESC LIMIT 1").fetchone())
 
     def commit_at(self, step: int) -> Optional[Dict[str, Any]]:
         """This rank's commit of ``step``, or None."""
-        return _commit_row(self.conn.execute(
-            "SELECT * FROM commits WHERE step = ?", (step,)).fetchone())
+        with self._mutex:
+            return _commit_row(self.conn.execute(
+                "SELECT * FROM commits WHERE step = ?", (step,)).fetchone())
 
 
 def _loads(text: Optional[str]) -> Any:
@@ -832,10 +857,10 @@ def _uri_path(path: str) -> str:
 # Whole-run readers
 # ---------------------------------------------------------------------------
 
-def _open_run(path: str) -> Tuple[Dict[int, Journal], List[int]]:
-    """Read-only journals of every rank file that exists, and the ranks whose
-    file is missing but marked by a lock file.  Missing rank 0 with any
-    trace of the run left is a JournalError."""
+def _open_run(path: str) -> Dict[int, Journal]:
+    """Read-only journals of every rank file that exists, by rank ({} when
+    the run has no files at all).  A missing rank 0 with any trace of the
+    run left (its lock file's run id, other rank files) is a JournalError."""
     files = _rank_files(path)
     if not os.path.exists(path):
         if _read_lock_info(_lock_path(path)).get("run_id"):
@@ -843,7 +868,7 @@ def _open_run(path: str) -> Tuple[Dict[int, Journal], List[int]]:
         if len(files) > 1:
             raise JournalError(f"{path}: rank 0 journal is missing but rank files exist "
                                f"({', '.join(p for _, p in files[1:])})")
-        return {}, []
+        return {}
     journals: Dict[int, Journal] = {}
     try:
         for r, p in files:
@@ -853,7 +878,7 @@ def _open_run(path: str) -> Tuple[Dict[int, Journal], List[int]]:
         for j in journals.values():
             j.close()
         raise
-    return journals, []
+    return journals
 
 
 def _close_all(journals: Dict[int, Journal]) -> None:
@@ -896,10 +921,11 @@ def resolve_resume(path: str, step: Optional[int] = None) -> Optional[Dict[str, 
     Returns:
         None when the run has no journal at all, or no commit yet (start from
         the beginning); otherwise ``{"step", "epoch", "position",
-        "world_size", "batch_size", "ts", "samples_total": [per rank],
-        "run_id", "skipped_incomplete": [{"step", "missing_ranks",
-        "disagreeing_ranks"}, ...] (newer steps passed over, newest first, at
-        most 20), "skipped_incomplete_count"}``.
+        "world_size", "batch_size", "ts", "samples_total" (rank 0's),
+        "samples_total_per_rank" ([rank 0, ..., rank W-1]), "run_id",
+        "skipped_incomplete": [{"step", "missing_ranks", "disagreeing_ranks"},
+        ...] (newer steps passed over, newest first, at most 20),
+        "skipped_incomplete_count"}``.
 
     Raises:
         JournalError: rank 0's journal is missing while its lock file or other
@@ -908,7 +934,7 @@ def resolve_resume(path: str, step: Optional[int] = None) -> Optional[Dict[str, 
             the ranks that lack it or disagree), or commits exist but none is
             complete.
     """
-    journals, _ = _open_run(path)
+    journals = _open_run(path)
     if not journals:
         return None
     try:
@@ -970,7 +996,7 @@ def _resume_dict(journals: Dict[int, Journal], ref: Dict[str, Any], world: int,
                                        for r in range(1, world)]
     return {"step": ref["step"], "epoch": ref["epoch"], "position": ref["position"],
             "world_size": world, "batch_size": ref["batch_size"], "ts": ref["ts"],
-            "samples_total": totals, "run_id": run_id,
+            "samples_total": totals[0], "samples_total_per_rank": totals, "run_id": run_id,
             "skipped_incomplete": skipped, "skipped_incomplete_count": n_skipped}
 
 
@@ -1017,7 +1043,7 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
     Raises:
         JournalError: there is no journal at ``path``, or a file is unreadable.
     """
-    journals, _ = _open_run(path)
+    journals = _open_run(path)
     if not journals:
         raise JournalError(f"{path}: no journal here")
     try:
@@ -1054,8 +1080,10 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
                 if prev is None:
                     shards[row["url"]] = dict(row)
                     continue
-                summed = {k: (prev.get(k) or 0) + (row.get(k) or 0)
-                          for k in ("attempts", "retries", "repairs")}
+                summed: Dict[str, Any] = {k: (prev.get(k) or 0) + (row.get(k) or 0)
+                                          for k in ("attempts", "retries", "repairs")}
+                seen = [x for x in (prev.get("first_seen"), row.get("first_seen")) if x is not None]
+                summed["first_seen"] = min(seen) if seen else None
                 if (row.get("updated") or 0) > (prev.get("updated") or 0):
                     prev.update(row)
                 prev.update(summed)

@@ -440,7 +440,7 @@ def test_resolve_resume_latest_complete(path):
     _fill(path, rank=1, world_size=2, steps=range(1, 5))
     res = resolve_resume(path)
     assert (res["step"], res["epoch"], res["position"], res["world_size"]) == (4, 0, 32, 2)
-    assert res["samples_total"] == [16, 16]
+    assert res["samples_total"] == 16 and res["samples_total_per_rank"] == [16, 16]
     assert res["skipped_incomplete"] == [{"step": 5, "missing_ranks": [1], "disagreeing_ranks": []}]
     assert resolve_resume(path, step=2)["position"] == 16
     with pytest.raises(JournalIncompleteCommit, match=r"step 5 .*missing on rank\(s\) 1"):
@@ -580,3 +580,29 @@ def test_status_empty_journal(path):
     st = status(path)
     assert st["latest"] is None and st["resume"] is None and st["stats"] is None
     assert "no commit yet" in format_status(st)
+
+
+def test_foreign_database_refused(path):
+    db = sqlite_utils.Database(path)
+    db["users"].insert({"id": 1})
+    db.close()
+    with pytest.raises(JournalError, match="not a resumewds journal"):
+        Journal(path)
+    with pytest.raises(JournalError, match="not a resumewds journal"):
+        Journal(path, readonly=True)
+    assert sqlite_utils.Database(path).table_names() == ["users"]
+
+
+def test_commits_from_another_thread(path):
+    import threading
+
+    with Journal(path) as j:
+        def work(base):
+            for s in range(50):
+                j.record_events([{"kind": "tick", "n": base + s}])
+        t = threading.Thread(target=work, args=(1000,))
+        t.start()
+        for s in range(1, 51):
+            j.commit(s, epoch=0, position=s)
+        t.join()
+        assert j.latest_commit()["step"] == 50 and len(j.events("tick")) == 50
