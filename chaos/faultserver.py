@@ -17,6 +17,7 @@ Fault kinds:
     flip_header     flip one byte inside a tar header block
     stall           send part of the body, then sleep ``stall_seconds``
     down            close every connection for ``down_seconds`` from now
+    401, 403, 404, 410  a permanent error status
 
 Profiles: ``"reset=0.1,500=0.05,stall=0.02"`` gives per-request rates;
 ``"mixed:0.1"`` hits 10% of requests with one of the transport faults
@@ -57,7 +58,8 @@ import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 TRANSPORT_FAULTS = ("reset", "500", "503", "429", "truncate", "truncate_nolen", "stall")
-ALL_FAULTS = TRANSPORT_FAULTS + ("flip_data", "flip_header", "down")
+STATUS_FAULTS = ("401", "403", "404", "410")
+ALL_FAULTS = TRANSPORT_FAULTS + ("flip_data", "flip_header", "down") + STATUS_FAULTS
 
 
 def parse_faults(faults: Union[str, Dict[str, float], None]) -> Tuple[float, Dict[str, float]]:
@@ -267,7 +269,7 @@ class FaultServer:
                 return kind, rng
             if self.max_faults_per_path is not None and self._faults_by_path[path] >= self.max_faults_per_path:
                 return None, rng
-            kind: Optional[str] = None
+            kind = None
             u = rng.random()
             acc = 0.0
             for k in sorted(self.rates):
@@ -382,8 +384,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if kind == "down":
             self._abort()
             return
-        if kind == "500":
-            self._status_only(500)
+        if kind == "500" or kind in STATUS_FAULTS:
+            self._status_only(int(kind))
             return
         if kind in ("503", "429"):
             self._status_only(int(kind), fs.retry_after)

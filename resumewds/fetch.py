@@ -50,6 +50,7 @@ import dataclasses
 import email.utils
 import errno
 import http.client
+import inspect
 import os
 import re
 import socket
@@ -286,6 +287,11 @@ class _WaitHonouringRetryAfter:
         return max(wait, float(ra)) if ra is not None else wait
 
 
+# tenacity 9 renamed wait_exponential_jitter's ``initial`` to ``multiplier``
+_JITTER_START = ("multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters
+                 else "initial")
+
+
 def _retrying(config: FetchConfig, url: str, on_event: Optional[EventFn]) -> Retrying:
     def before_sleep(rs: RetryCallState) -> None:
         if on_event is not None:
@@ -293,7 +299,7 @@ def _retrying(config: FetchConfig, url: str, on_event: Optional[EventFn]) -> Ret
             wait = rs.next_action.sleep if rs.next_action is not None else 0.0
             on_event("retry", url, attempt=rs.attempt_number, error=str(exc), wait=wait)
 
-    base = wait_exponential_jitter(initial=config.backoff_initial, max=config.backoff_max,
+    base = wait_exponential_jitter(**{_JITTER_START: config.backoff_initial}, max=config.backoff_max,
                                    jitter=config.backoff_initial)
     return Retrying(
         retry=retry_if_exception_type(TransientFetchError),

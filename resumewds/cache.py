@@ -1,0 +1,788 @@
+"""ShardStore: a verified, self-repairing, size-bounded cache of remote shards.
+
+Local shards (plain paths, ``file://``) are read where they are and only
+verified.  Remote shards (http, https, ``pipe:``) are downloaded once into::
+
+    <cache_dir>/shards/<xxh3_64(url)>-<basename>           the shard
+    <cache_dir>/shards/<xxh3_64(url)>-<basename>.partial   while downloading
+    <cache_dir>/shards/<xxh3_64(url)>-<basename>.partial.etag  its If-Range validator
+    <cache_dir>/shards/<xxh3_64(url)>-<basename>.meta      JSON: url, size, xxh3_64,
+                                                          mtime_ns, last_used
+    <cache_dir>/shards/<xxh3_64(url)>-<basename>.lock      flock target (never deleted)
+    <cache_dir>/verified/<key>                             "local file verified" marks
+
+An entry's life, with the lock held at each step::
+
+    MISSING --(EX: fetch .partial, fsync, verify, os.replace, write .meta)--> CACHED
+    CACHED  --(SH: verify per policy; pinned while a reader holds it)------> CACHED
+    CACHED  --(EX: verification failed: remove, fetch again)--------------> CACHED / error
+    CACHED  --(EX, non-blocking, by the evictor: LRU over cache_size)------> MISSING
+
+A data file is only ever trusted together with a ``.meta`` written after it,
+so a process killed at any instant leaves either a resumable ``.partial`` or
+an entry without meta, which is re-verified (when a checksum is known) or
+fetched again.  Locks are ``fcntl.flock`` locks: they vanish with the process
+that held them, so a killed process never blocks the others.
+
+Verify policies: ``"once"`` hashes at download and again whenever the file's
+size or mtime changed since its meta was written (for local files: once per
+(path, size, mtime), remembered in memory and under ``cache_dir/verified``);
+``"always"`` hashes at every acquire; ``"never"`` only compares sizes.
+
+Environment: ``RESUMEWDS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/resumewds`` or
+``~/.cache/resumewds``), ``RESUMEWDS_CACHE_SIZE`` (e.g. ``20GB``), and the
+``RESUMEWDS_FETCH_*`` variables of :mod:`resumewds.fetch`.
+
+Example:
+    >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)
+    (1610612736, 20000000000, 512)
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import fcntl
+import json
+import os
+import re
+import stat
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import xxhash
+
+from .errors import (
+    CacheError,
+    ChecksumMismatch,
+    PermanentFetchError,
+    ResumeWDSError,
+    UnsafeSourceError,
+)
+from .fetch import FetchConfig, fetch_to_file, is_remote_url, local_path, new_session
+from .manifest import ShardInfo, shard_basename
+
+EventFn = Callable[..., None]
+ProgressFn = Callable[[int], None]
+
+VERIFY_POLICIES = ("once", "always", "never")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_HASH_CHUNK = 1 << 20
+_SIDE_SUFFIXES = (".partial", ".etag", ".meta", ".lock", ".tmp")
+
+_UNITS = {"": 1, "b": 1,
+          "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4, "p": 1024 ** 5,
+          "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4, "pib": 1024 ** 5,
+          "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4, "pb": 1000 ** 5}
+
+
+def parse_size(s: Union[int, float, str]) -> int:
+    """Parse a byte count: ``1234``, ``"500MiB"``, ``"20GB"``, ``"1.5G"``.
+
+    ``KB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` and the bare
+    letters ``K/M/G/T`` powers of 1024.
+
+    Raises:
+        ValueError: not a size.
+
+    Example:
+        >>> parse_size("500MiB"), parse_size("1.5G"), parse_size("2kb")
+        (524288000, 1610612736, 2000)
+    """
+    if isinstance(s, bool):
+        raise ValueError(f"not a size: {s!r}")
+    if isinstance(s, (int, float)):
+        if s < 0:
+            raise ValueError(f"size must be >= 0, got {s}")
+        return int(s)
+    m = re.match(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$", str(s))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {s!r} (examples: 1048576, 500MiB, 20GB, 1.5G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def default_cache_dir() -> str:
+    """``$RESUMEWDS_CACHE_DIR``, else ``$XDG_CACHE_HOME/resumewds``, else ``~/.cache/resumewds``."""
+    env = os.environ.get("RESUMEWDS_CACHE_DIR")
+    if env:
+        return env
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "resumewds")
+
+
+def _problem(exc: OSError) -> str:
+    names = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+             errno.EROFS: "read-only file system", errno.EACCES: "permission denied (not writable?)",
+             errno.EPERM: "operation not permitted", errno.ELOOP: "is a symlink, refusing to follow it",
+             errno.ENOTDIR: "a path component is not a directory"}
+    return names.get(exc.errno or 0, exc.strerror or str(exc))
+
+
+def _cache_error(exc: OSError, where: str, doing: str) -> CacheError:
+    return CacheError(f"{where}: cannot {doing}: {_problem(exc)}")
+
+
+class LocalShard:
+    """A shard available as a local file, pinned until :meth:`close`.
+
+    Attributes:
+        path: the file to read (with ``os.pread``).
+        shard: the :class:`ShardInfo` it is for.
+        cached: True when ``path`` is inside the cache.
+    """
+
+    def __init__(self, path: str, shard: ShardInfo, lock_fd: Optional[int] = None, cached: bool = False):
+        self.path = path
+        self.shard = shard
+        self.cached = cached
+        self._lock_fd = lock_fd
+
+    @property
+    def pinned(self) -> bool:
+        return self._lock_fd is not None
+
+    def close(self) -> None:
+        """Release the pin (the entry may be evicted afterwards)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)  # closing the descriptor drops its flock
+            except OSError:
+                pass
+
+    def __enter__(self) -> "LocalShard":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LocalShard({self.path!r}, pinned={self.pinned})"
+
+
+class ShardStore:
+    """Give readers a verified local file for each shard.
+
+    Args:
+        cache_dir: where remote shards are kept (see :func:`default_cache_dir`).
+        cache_size: byte budget (int or "20GB"); default ``$RESUMEWDS_CACHE_SIZE``
+            or unlimited.  Shards being read may exceed it, nothing else does.
+        verify: "once", "always" or "never" (see the module docstring).
+        fetch: retry/timeout policy; default ``FetchConfig.from_env()``.
+        on_event: ``on_event(kind, url, **detail)``; kinds ``cache_hit``,
+            ``cache_miss``, ``verify_ok``, ``verify_fail``, ``repair``,
+            ``evict``, ``fetch_start``, ``fetch_done``, ``retry``.
+        max_repairs: how many failed verifications of one shard are fetched
+            again before giving up with ChecksumMismatch.
+
+    Attributes:
+        counters: events seen by kind, plus ``bytes_fetched`` and ``bytes_evicted``.
+    """
+
+    def __init__(self, cache_dir: Optional[str] = None, cache_size: Union[int, str, None] = None,
+                 verify: str = "once", fetch: Optional[FetchConfig] = None,
+                 on_event: Optional[EventFn] = None, max_repairs: int = 3):
+        if verify not in VERIFY_POLICIES:
+            raise ValueError(f"verify must be one of {VERIFY_POLICIES}, got {verify!r}")
+        if max_repairs < 0:
+            raise ValueError(f"max_repairs must be >= 0, got {max_repairs}")
+        if cache_size is None:
+            cache_size = os.environ.get("RESUMEWDS_CACHE_SIZE") or None
+        self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir or default_cache_dir()))
+        self.cache_size: Optional[int] = None if cache_size is None else parse_size(cache_size)
+        self.verify = verify
+        self.fetch = fetch if fetch is not None else FetchConfig.from_env()
+        self.on_event = on_event
+        self.max_repairs = max_repairs
+        self.counters: Dict[str, int] = collections.Counter()
+        self._verified_local: set = set()
+        self._init_runtime()
+
+    # ---- pickling -------------------------------------------------------------
+    def _init_runtime(self) -> None:
+        self._tl = threading.local()
+        self._mu = threading.Lock()
+        self._pf_cond = threading.Condition()
+        self._pf_queue: collections.deque = collections.deque()
+        self._pf_done: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+        self._pf_current: Optional[str] = None
+        self._pf_thread: Optional[threading.Thread] = None
+        self._pf_stop = False
+        self._dirs_ready = False
+
+    def __getstate__(self) -> Dict[str, Any]:
+        d = dict(self.__dict__)
+        for k in ("_tl", "_mu", "_pf_cond", "_pf_queue", "_pf_done", "_pf_current", "_pf_thread",
+                  "_pf_stop", "_dirs_ready"):
+            d.pop(k, None)
+        d["counters"] = collections.Counter()
+        return d
+
+    def __setstate__(self, d: Dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._init_runtime()
+
+    # ---- events -----------------------------------------------------------------
+    def _emit(self, kind: str, url: str, **detail: Any) -> None:
+        with self._mu:
+            self.counters[kind] += 1
+            if kind == "fetch_done":
+                self.counters["bytes_fetched"] += int(detail.get("bytes", 0))
+            elif kind == "evict":
+                self.counters["bytes_evicted"] += int(detail.get("bytes", 0))
+        if self.on_event is not None:
+            self.on_event(kind, url, **detail)
+
+    def _session(self):
+        s = getattr(self._tl, "session", None)
+        if s is None:
+            s = self._tl.session = new_session()
+        return s
+
+    # ---- paths and safe file primitives ------------------------------------------
+    @property
+    def shards_dir(self) -> str:
+        return os.path.join(self.cache_dir, "shards")
+
+    def entry_path(self, url: str) -> str:
+        """Where the cached copy of ``url`` lives (whether or not it exists)."""
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", shard_basename(url))[-100:].lstrip(".") or "shard"
+        return os.path.join(self.shards_dir, f"{xxhash.xxh3_64(url.encode()).hexdigest()}-{name}")
+
+    def _ensure_dirs(self) -> None:
+        if self._dirs_ready:
+            return
+        for d in (self.cache_dir, self.shards_dir):
+            try:
+                os.makedirs(d, exist_ok=True)
+            except OSError as exc:
+                raise _cache_error(exc, self.cache_dir, "create the cache directory") from exc
+        try:
+            st = os.lstat(self.shards_dir)
+        except OSError as exc:
+            raise _cache_error(exc, self.shards_dir, "stat") from exc
+        if stat.S_ISLNK(st.st_mode):
+            raise CacheError(f"{self.shards_dir}: is a symlink; refusing to use it as the shard cache")
+        if not os.access(self.shards_dir, os.W_OK | os.X_OK):
+            raise CacheError(f"{self.shards_dir}: cache directory is not writable (read-only?)")
+        self._dirs_ready = True
+
+    @staticmethod
+    def _lstat(path: str) -> Optional[os.stat_result]:
+        """lstat that refuses symlinks; None if missing."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _cache_error(exc, path, "stat") from exc
+        if stat.S_ISLNK(st.st_mode):
+            raise CacheError(f"{path}: is a symlink inside the cache directory; refusing to use it")
+        if not stat.S_ISREG(st.st_mode):
+            raise CacheError(f"{path}: is not a regular file; refusing to use it")
+        return st
+
+    @staticmethod
+    def _open(path: str, flags: int, doing: str) -> int:
+        try:
+            return os.open(path, flags | _NOFOLLOW, 0o666)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CacheError(f"{path}: is a symlink inside the cache directory; refusing to use it") from exc
+            raise _cache_error(exc, os.path.dirname(path), f"{doing} {os.path.basename(path)}") from exc
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _cache_error(exc, path, "remove") from exc
+
+    def _lock_fd(self, base: str) -> int:
+        return self._open(base + ".lock", os.O_RDWR | os.O_CREAT, "open lock file")
+
+    def _hash(self, path: str, progress: Optional[ProgressFn] = None) -> Tuple[int, str]:
+        h = xxhash.xxh3_64()
+        n = 0
+        fd = self._open(path, os.O_RDONLY, "read")
+        try:
+            while True:
+                try:
+                    b = os.read(fd, _HASH_CHUNK)
+                except OSError as exc:
+                    raise _cache_error(exc, path, "read") from exc
+                if not b:
+                    break
+                h.update(b)
+                n += len(b)
+                if progress is not None:
+                    progress(len(b))
+        finally:
+            os.close(fd)
+        return n, h.hexdigest()
+
+    def _read_meta(self, base: str) -> Optional[Dict[str, Any]]:
+        path = base + ".meta"
+        try:
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CacheError(f"{path}: is a symlink inside the cache directory; refusing to use it") from exc
+            return None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                meta = json.loads(f.read())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(meta, dict) or not isinstance(meta.get("url"), str) \
+                or not isinstance(meta.get("size"), int) or not isinstance(meta.get("mtime_ns"), int):
+            return None
+        return meta
+
+    def _write_meta(self, base: str, url: str, xxh: Optional[str]) -> None:
+        st = self._lstat(base)
+        if st is None:
+            raise CacheError(f"{base}: vanished before its meta was written")
+        meta = {"url": url, "size": st.st_size, "xxh3_64": xxh, "mtime_ns": st.st_mtime_ns,
+                "last_used": time.time()}
+        tmp = f"{base}.meta.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = self._open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "write")
+        try:
+            os.write(fd, json.dumps(meta).encode())
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            self._remove(tmp)
+            raise _cache_error(exc, os.path.dirname(base), "write meta") from exc
+        os.close(fd)
+        try:
+            os.replace(tmp, base + ".meta")
+        except OSError as exc:
+            self._remove(tmp)
+            raise _cache_error(exc, os.path.dirname(base), "publish meta") from exc
+
+    def _fsync_dir(self, d: str) -> None:
+        try:
+            fd = os.open(d, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _touch(path: str) -> None:
+        """Record a use: set atime to now, keep mtime (meta compares it)."""
+        try:
+            st = os.lstat(path)
+            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns), follow_symlinks=False)
+        except OSError:
+            pass
+
+    # ---- public API ---------------------------------------------------------------
+    def acquire(self, shard: ShardInfo) -> LocalShard:
+        """A verified local file for ``shard``, pinned until closed.
+
+        Use as a context manager: ``with store.acquire(shard) as ls: os.pread(...)``.
+
+        Raises:
+            PermanentFetchError / TransientFetchError: it could not be fetched.
+            ChecksumMismatch: a local file is corrupt, or a download stayed corrupt
+                after ``max_repairs`` new fetches.
+            CacheError: the cache directory is unusable.
+        """
+        return self._acquire(shard, pin=True)
+
+    def ensure(self, shard: ShardInfo) -> str:
+        """Like :meth:`acquire` but unpinned; returns the path."""
+        ls = self._acquire(shard, pin=False)
+        return ls.path
+
+    def _acquire(self, shard: ShardInfo, pin: bool, policy: Optional[str] = None,
+                 progress: Optional[ProgressFn] = None) -> LocalShard:
+        policy = policy or self.verify
+        if not is_remote_url(shard.url):
+            if "://" in shard.url and not shard.url.startswith("file://"):
+                raise PermanentFetchError(f"{shard.url}: unsupported URL scheme", shard.url)
+            return LocalShard(self._check_local(shard, policy, progress), shard)
+        if shard.url.startswith("pipe:") and not shard.trusted:
+            raise UnsafeSourceError(f"{shard.url}: refusing to run a pipe: command from an untrusted manifest")
+        return self._acquire_remote(shard, pin, policy, progress)
+
+    # ---- local shards -----------------------------------------------------------------
+    def _check_local(self, shard: ShardInfo, policy: str, progress: Optional[ProgressFn]) -> str:
+        path = local_path(shard.url)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError as exc:
+            raise PermanentFetchError(f"{path}: no such file", shard.url) from exc
+        except OSError as exc:
+            raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
+        if shard.size is not None and st.st_size != shard.size:
+            self._emit("verify_fail", shard.url, expected=str(shard.size), actual=str(st.st_size))
+            raise ChecksumMismatch(path, str(shard.size), str(st.st_size), what="size")
+        if shard.xxh3_64 is None or policy == "never":
+            return path
+        key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0"
+                             f"{shard.xxh3_64.lower()}".encode()).hexdigest()
+        marker = os.path.join(self.cache_dir, "verified", key)
+        if policy == "once" and (key in self._verified_local or os.path.exists(marker)):
+            self._verified_local.add(key)
+            return path
+        try:
+            with open(path, "rb") as f:
+                h = xxhash.xxh3_64()
+                while True:
+                    b = f.read(_HASH_CHUNK)
+                    if not b:
+                        break
+                    h.update(b)
+                    if progress is not None:
+                        progress(len(b))
+        except OSError as exc:
+            raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
+        actual = h.hexdigest()
+        if actual != shard.xxh3_64.lower():
+            self._emit("verify_fail", shard.url, expected=shard.xxh3_64, actual=actual)
+            raise ChecksumMismatch(path, shard.xxh3_64, actual)
+        self._emit("verify_ok", shard.url)
+        self._verified_local.add(key)
+        try:  # best effort: a read-only cache dir falls back to memory
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o666))
+        except OSError:
+            pass
+        return path
+
+    # ---- remote shards ------------------------------------------------------------------
+    def _check_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
+                     known_bad: Optional[Tuple[int, int]] = None) -> Tuple[str, Optional[Tuple[int, int]]]:
+        """Classify the cached entry: ("ok"|"missing"|"nometa"|"corrupt", stat key).
+
+        Read-only: safe under a shared lock.
+        """
+        st = self._lstat(base)
+        if st is None:
+            return "missing", None
+        skey = (st.st_size, st.st_mtime_ns)
+        if known_bad == skey:
+            return "corrupt", skey
+        meta = self._read_meta(base)
+        if meta is None or meta.get("url") != shard.url:
+            return "nometa", skey
+        if shard.size is not None and st.st_size != shard.size:
+            self._emit("verify_fail", shard.url, expected=str(shard.size), actual=str(st.st_size))
+            return "corrupt", skey
+        if policy == "never":
+            return "ok", skey
+        expected = (shard.xxh3_64 or meta.get("xxh3_64") or "").lower() or None
+        changed = (st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"]
+                   or (shard.xxh3_64 is not None and (meta.get("xxh3_64") or "").lower() != expected))
+        if expected is None or not (changed or policy == "always"):
+            return "ok", skey
+        _, actual = self._hash(base, progress)
+        if actual != expected:
+            self._emit("verify_fail", shard.url, expected=expected, actual=actual)
+            return "corrupt", skey
+        self._emit("verify_ok", shard.url)
+        if changed:
+            self._write_meta(base, shard.url, expected)
+        return "ok", skey
+
+    def _acquire_remote(self, shard: ShardInfo, pin: bool, policy: str,
+                        progress: Optional[ProgressFn]) -> LocalShard:
+        self._ensure_dirs()
+        base = self.entry_path(shard.url)
+        for _ in range(10):
+            fd = self._lock_fd(base)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                state, skey = self._check_entry(shard, base, policy, progress)
+                if state == "ok":
+                    self._emit("cache_hit", shard.url)
+                else:
+                    # flock conversion is not atomic; everything is re-checked under EX
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    self._fill(shard, base, policy, progress, skey if state == "corrupt" else None)
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                    # an evictor may have slipped in during the downgrade
+                    if self._lstat(base) is None or self._read_meta(base) is None:
+                        os.close(fd)
+                        continue
+                self._touch(base)
+                if pin:
+                    return LocalShard(base, shard, fd, cached=True)
+                os.close(fd)
+                return LocalShard(base, shard, None, cached=True)
+            except BaseException:
+                os.close(fd)
+                raise
+        raise CacheError(f"{self.shards_dir}: {shard.url} keeps being evicted right after it is fetched; "
+                         f"cache_size={self.cache_size} is too small for the shards in use")
+
+    def _fill(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
+              known_bad: Optional[Tuple[int, int]]) -> None:
+        """Under the exclusive lock: make ``base`` a verified entry."""
+        url = shard.url
+        repairs = 0
+        state, skey = self._check_entry(shard, base, policy, progress, known_bad)
+        if state == "ok":
+            self._emit("cache_hit", url)
+            return
+        if state == "nometa":
+            # killed between publish and meta: adopt it if a known checksum proves it
+            if shard.xxh3_64 is not None:
+                size, actual = self._hash(base, progress)
+                if actual == shard.xxh3_64.lower() and (shard.size is None or size == shard.size):
+                    self._emit("verify_ok", url)
+                    self._write_meta(base, url, actual)
+                    self._emit("cache_hit", url)
+                    return
+            self._remove(base)
+        elif state == "corrupt":
+            repairs += 1
+            self._remove(base + ".meta")
+            self._remove(base)
+            if repairs > self.max_repairs:
+                raise ChecksumMismatch(url, shard.xxh3_64 or str(shard.size), "corrupt cached copy")
+            self._emit("repair", url, attempt=repairs)
+        self._emit("cache_miss", url)
+        partial = base + ".partial"
+        while True:
+            if self._lstat(partial) is None:
+                self._remove(partial + ".etag")
+            fetch_to_file(url, partial, expected_size=shard.size, config=self.fetch,
+                          on_event=self._emit, session=self._session())
+            fd = self._open(partial, os.O_RDONLY, "open")
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise _cache_error(exc, self.shards_dir, "fsync the download") from exc
+            finally:
+                os.close(fd)
+            bad: Optional[Tuple[str, str, str]] = None
+            actual: Optional[str] = shard.xxh3_64
+            size = self._lstat(partial).st_size  # type: ignore[union-attr]
+            if shard.size is not None and size != shard.size:
+                bad = (str(shard.size), str(size), "size")
+            elif policy != "never" or shard.xxh3_64 is None:
+                _, actual = self._hash(partial, progress)
+                if shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
+                    bad = (shard.xxh3_64, actual, "xxh3_64")
+            if bad is None:
+                break
+            self._emit("verify_fail", url, expected=bad[0], actual=bad[1])
+            self._remove(partial)
+            self._remove(partial + ".etag")
+            repairs += 1
+            if repairs > self.max_repairs:
+                raise ChecksumMismatch(url, bad[0], bad[1], what=bad[2])
+            self._emit("repair", url, attempt=repairs)
+        if shard.xxh3_64 is not None:
+            self._emit("verify_ok", url)
+        try:
+            os.replace(partial, base)
+        except OSError as exc:
+            raise _cache_error(exc, self.shards_dir, "publish the download") from exc
+        self._remove(partial + ".etag")
+        self._write_meta(base, url, actual)
+        self._fsync_dir(self.shards_dir)
+        self._evict()
+
+    # ---- eviction --------------------------------------------------------------------------
+    def cached_bytes(self) -> int:
+        """Bytes in the cache (entries and partial downloads)."""
+        return sum(size for _, size, _, _ in self._scan())
+
+    def _scan(self) -> List[Tuple[str, int, int, bool]]:
+        """``(base, size, last_used_ns, is_partial)`` for entries and partials."""
+        out = []
+        try:
+            names = os.listdir(self.shards_dir)
+        except FileNotFoundError:
+            return out
+        except OSError as exc:
+            raise _cache_error(exc, self.shards_dir, "list") from exc
+        for name in names:
+            partial = name.endswith(".partial")
+            if not partial and name.endswith(_SIDE_SUFFIXES):
+                continue
+            path = os.path.join(self.shards_dir, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            base = path[: -len(".partial")] if partial else path
+            out.append((base, st.st_size, max(st.st_atime_ns, st.st_mtime_ns) if partial else st.st_atime_ns,
+                        partial))
+        return out
+
+    def _evict(self) -> None:
+        if self.cache_size is None:
+            return
+        entries = self._scan()
+        total = sum(e[1] for e in entries)
+        if total <= self.cache_size:
+            return
+        for base, size, _, partial in sorted(entries, key=lambda e: e[2]):
+            if total <= self.cache_size:
+                break
+            try:
+                fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # pinned by a reader or being downloaded
+                url = base if partial else self._url_of(base)
+                if partial:
+                    self._remove(base + ".partial")
+                    self._remove(base + ".partial.etag")
+                else:
+                    self._remove(base + ".meta")
+                    self._remove(base)
+                total -= size
+                self._emit("evict", url, bytes=size, path=base)
+            finally:
+                os.close(fd)
+
+    def _url_of(self, base: str) -> str:
+        try:
+            meta = self._read_meta(base)
+        except CacheError:
+            meta = None
+        return meta["url"] if meta else base
+
+    # ---- prefetch --------------------------------------------------------------------------
+    def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2) -> None:
+        """Download the next ``depth`` remote shards in a background thread.
+
+        Replaces any earlier wish list.  Errors are swallowed here; they show up
+        again when the shard is acquired.
+        """
+        wanted = [s for s in shards if is_remote_url(s.url)][: max(0, depth)]
+        with self._pf_cond:
+            self._pf_queue = collections.deque(
+                s for s in wanted if s.url not in self._pf_done and s.url != self._pf_current)
+            if self._pf_queue and (self._pf_thread is None or not self._pf_thread.is_alive()):
+                self._pf_stop = False
+                self._pf_thread = threading.Thread(target=self._pf_loop, name="resumewds-prefetch", daemon=True)
+                self._pf_thread.start()
+            self._pf_cond.notify_all()
+
+    def _pf_loop(self) -> None:
+        while True:
+            with self._pf_cond:
+                while not self._pf_queue and not self._pf_stop:
+                    self._pf_cond.wait()
+                if self._pf_stop:
+                    return
+                shard = self._pf_queue.popleft()
+                self._pf_current = shard.url
+            try:
+                self._acquire(shard, pin=False)
+            except Exception:
+                with self._mu:
+                    self.counters["prefetch_error"] += 1
+            finally:
+                with self._pf_cond:
+                    self._pf_current = None
+                    self._pf_done[shard.url] = None
+                    while len(self._pf_done) > 1024:
+                        self._pf_done.popitem(last=False)
+
+    def close(self) -> None:
+        """Stop the prefetch thread and drop this thread's HTTP session."""
+        with self._pf_cond:
+            self._pf_stop = True
+            self._pf_queue.clear()
+            self._pf_cond.notify_all()
+        t = self._pf_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+        self._pf_thread = None
+        s = getattr(self._tl, "session", None)
+        if s is not None:
+            s.close()
+            self._tl.session = None
+
+    def __enter__(self) -> "ShardStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- CLI helpers -------------------------------------------------------------------------
+    def verify_all(self, shards: Sequence[ShardInfo],
+                   progress: Optional[ProgressFn] = None) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
+        """Hash every shard now (policy "always"), for ``resumewds verify``.
+
+        Local shards are hashed in place; remote shards are checked in the
+        cache, and fetched (and repaired) when missing or corrupt.
+
+        Args:
+            shards: the manifest's shards.
+            progress: called with the number of bytes hashed, as they are.
+
+        Returns:
+            ``[(shard, ok, error)]`` in input order; ``error`` is the
+            ResumeWDSError (or None).
+        """
+        out: List[Tuple[ShardInfo, bool, Optional[BaseException]]] = []
+        for s in shards:
+            try:
+                if is_remote_url(s.url):
+                    self._acquire(s, pin=False, policy="always", progress=progress)
+                else:
+                    self._check_local(s, "always", progress)
+                out.append((s, True, None))
+            except ResumeWDSError as exc:
+                out.append((s, False, exc))
+        return out
+
+    def prefetch_all(self, shards: Sequence[ShardInfo],
+                     progress: Optional[ProgressFn] = None) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
+        """Download every remote shard into the cache, for ``resumewds prefetch``.
+
+        Local shards are skipped (reported ok).  With a ``cache_size`` smaller
+        than the data set, early shards are evicted by later ones.
+
+        Args:
+            shards: the manifest's shards.
+            progress: called with each shard's size once it is in the cache.
+
+        Returns:
+            ``[(shard, ok, error)]`` in input order.
+        """
+        out: List[Tuple[ShardInfo, bool, Optional[BaseException]]] = []
+        for s in shards:
+            try:
+                if is_remote_url(s.url):
+                    path = self.ensure(s)
+                    if progress is not None:
+                        try:
+                            progress(os.path.getsize(path))
+                        except OSError:
+                            pass
+                out.append((s, True, None))
+            except ResumeWDSError as exc:
+                out.append((s, False, exc))
+        return out
+
+
+__all__ = ["LocalShard", "ShardStore", "VERIFY_POLICIES", "default_cache_dir", "parse_size"]
