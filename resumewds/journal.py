@@ -527,12 +527,16 @@ class Journal:
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
         # Written only now that the journal holds the run id durably, so the
-        # marker never points at a journal that was never written.
+        # marker never points at a journal that was never written; write then
+        # trim, so a kill in between never leaves an empty marker.
         payload = json.dumps({"pid": os.getpid(), "run_id": self.run_id, "rank": self.rank,
                               "journal": os.path.abspath(self.path)}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, payload, 0)
-        os.fsync(fd)
+        try:
+            os.pwrite(fd, payload, 0)
+            os.ftruncate(fd, len(payload))
+            os.fsync(fd)
+        except OSError as exc:
+            raise self._err(f"cannot write lock file {lock_file}", exc) from exc
 
     def _db(self) -> sqlite_utils.Database:
         return sqlite_utils.Database(self.conn, execute_plugins=False)
