@@ -606,3 +606,12 @@ def test_commits_from_another_thread(path):
             j.commit(s, epoch=0, position=s)
         t.join()
         assert j.latest_commit()["step"] == 50 and len(j.events("tick")) == 50
+
+
+def test_readonly_reads_older_schema_without_migrating(path, monkeypatch):
+    _fill(path, steps=[1, 2])
+    _patch_v2(monkeypatch)
+    st = status(path)
+    assert st["schema_version"] == 1 and st["latest"]["step"] == 2
+    assert resolve_resume(path)["step"] == 2
+    assert _schema_version(path) == 1  # readers never migrate
