@@ -1,0 +1,505 @@
+"""Tests for resumewds.cache.ShardStore against a live 127.0.0.1 fault server."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from chaos.faultserver import FaultServer
+from http_fixtures import (  # noqa: F401  (fixtures)
+    Recorder,
+    _loopback_only,
+    digest,
+    fast_config,
+    make_blob,
+    make_tar,
+    served,
+    shard_for,
+)
+from resumewds.cache import ShardStore, default_cache_dir, parse_size
+from resumewds.errors import CacheError, ChecksumMismatch, PermanentFetchError, TransientFetchError, UnsafeSourceError
+from resumewds.fetch import fetch_to_file
+from resumewds.manifest import ShardInfo
+
+KB = 1024
+FORK = multiprocessing.get_context("fork")
+
+
+def store_for(tmp_path, **kw) -> ShardStore:
+    kw.setdefault("fetch", fast_config())
+    return ShardStore(cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_remote_miss_then_hit(served, tmp_path):
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    shard = shard_for(srv.url + "a.tar", data)
+    rec = Recorder()
+    st = store_for(tmp_path, on_event=rec)
+    with st.acquire(shard) as ls:
+        assert ls.pinned and ls.cached and read(ls.path) == data
+        assert ls.path.startswith(st.shards_dir)
+    assert not ls.pinned
+    with st.acquire(shard) as ls2:
+        assert read(ls2.path) == data
+    assert srv.requests["/a.tar"] == 1
+    kinds = [k for k, _, _ in rec.events]
+    assert kinds == ["cache_miss", "fetch_start", "fetch_done", "verify_ok", "cache_hit"]
+    assert st.counters["cache_hit"] == 1 and st.counters["bytes_fetched"] == len(data)
+    meta = __import__("json").load(open(ls.path + ".meta"))
+    assert meta["url"] == shard.url and meta["xxh3_64"] == digest(data) and meta["size"] == len(data)
+
+
+def test_unknown_checksum_is_recorded_at_first_download(served, tmp_path):
+    root, srv = served
+    data = make_blob(os.path.join(root, "a.tar"), 20 * KB)
+    shard = ShardInfo(url=srv.url + "a.tar")
+    st = store_for(tmp_path)
+    path = st.ensure(shard)
+    meta = __import__("json").load(open(path + ".meta"))
+    assert meta["xxh3_64"] == digest(data)
+    # later corruption that changes the mtime is caught against the recorded digest
+    with open(path, "r+b") as f:
+        f.write(b"\0")
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert read(st.ensure(shard)) == data
+    assert st.counters["repair"] == 1 and srv.requests["/a.tar"] == 2
+
+
+def test_same_basename_different_urls_do_not_collide(served, tmp_path):
+    root, srv = served
+    os.makedirs(os.path.join(root, "x"))
+    os.makedirs(os.path.join(root, "y"))
+    a = make_blob(os.path.join(root, "x", "s.tar"), 5 * KB, seed=1)
+    b = make_blob(os.path.join(root, "y", "s.tar"), 5 * KB, seed=2)
+    st = store_for(tmp_path)
+    pa = st.ensure(shard_for(srv.url + "x/s.tar", a))
+    pb = st.ensure(shard_for(srv.url + "y/s.tar", b))
+    assert pa != pb and read(pa) == a and read(pb) == b
+    assert os.path.basename(pa).endswith("-s.tar")
+
+
+def test_transient_faults_through_the_store(served, tmp_path):
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"), samples=20)
+    srv.script("/a.tar", ["reset", "500", "truncate@0.7", "429"])
+    rec = Recorder()
+    st = store_for(tmp_path, on_event=rec)
+    assert read(st.ensure(shard_for(srv.url + "a.tar", data))) == data
+    assert len(rec.kinds("retry")) == 4
+
+
+def test_local_shards_are_used_in_place_and_verified_once(tmp_path):
+    src = str(tmp_path / "a.tar")
+    data = make_tar(src)
+    st = store_for(tmp_path)
+    shard = shard_for(src, data)
+    for _ in range(3):
+        with st.acquire(shard) as ls:
+            assert ls.path == src and not ls.pinned
+    assert st.counters["verify_ok"] == 1
+    with st.acquire(ShardInfo(url="file://" + src, size=len(data), xxh3_64=digest(data))) as ls:
+        assert ls.path == src
+    # "once" holds across processes through the sidecar under cache_dir
+    st2 = pickle.loads(pickle.dumps(store_for(tmp_path)))
+    st2.ensure(shard)
+    assert st2.counters["verify_ok"] == 0
+    # "always" hashes every time
+    st3 = store_for(tmp_path, verify="always")
+    st3.ensure(shard)
+    st3.ensure(shard)
+    assert st3.counters["verify_ok"] == 2
+
+
+def test_corrupt_local_shard_is_not_repairable(tmp_path):
+    src = str(tmp_path / "a.tar")
+    data = make_tar(src)
+    with open(src, "r+b") as f:
+        f.seek(700)
+        f.write(b"X")
+    st = store_for(tmp_path)
+    with pytest.raises(ChecksumMismatch) as ei:
+        st.acquire(shard_for(src, data))
+    assert src in str(ei.value)
+    with pytest.raises(ChecksumMismatch, match="size"):
+        st.acquire(ShardInfo(url=src, size=len(data) + 1))
+    assert store_for(tmp_path, verify="never").ensure(shard_for(src, data)) == src
+    with pytest.raises(PermanentFetchError, match="missing.tar"):
+        st.acquire(ShardInfo(url=str(tmp_path / "missing.tar")))
+
+
+def test_local_verify_falls_back_to_memory_when_cache_dir_unusable(tmp_path):
+    src = str(tmp_path / "a.tar")
+    data = make_tar(src)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    st = ShardStore(cache_dir=str(blocker / "cache"), fetch=fast_config())
+    st.ensure(shard_for(src, data))
+    st.ensure(shard_for(src, data))
+    assert st.counters["verify_ok"] == 1
+
+
+def _corrupt_keep_mtime(path: str) -> None:
+    s = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(s.st_size // 2)
+        b = f.read(1)
+        f.seek(s.st_size // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(path, ns=(s.st_atime_ns, s.st_mtime_ns))
+
+
+def test_verify_policies_on_cached_entries(served, tmp_path):
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    shard = shard_for(srv.url + "a.tar", data)
+    # never: a same-size corruption with the mtime restored goes unnoticed (by design)
+    st = store_for(tmp_path / "n", verify="never")
+    p = st.ensure(shard)
+    _corrupt_keep_mtime(p)
+    assert read(st.ensure(shard)) != data
+    # once: unnoticed unless size/mtime changed ...
+    st = store_for(tmp_path / "o", verify="once")
+    p = st.ensure(shard)
+    _corrupt_keep_mtime(p)
+    assert read(st.ensure(shard)) != data
+    # ... and a changed mtime triggers a re-verify and a repair
+    os.utime(p, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert read(st.ensure(shard)) == data and st.counters["repair"] == 1
+    # always: caught every time
+    rec = Recorder()
+    st = store_for(tmp_path / "a", verify="always", on_event=rec)
+    p = st.ensure(shard)
+    _corrupt_keep_mtime(p)
+    with st.acquire(shard) as ls:
+        assert read(ls.path) == data
+    kinds = [k for k, _, _ in rec.events]
+    assert kinds.count("verify_fail") == 1 and kinds.count("repair") == 1
+    assert rec.kinds("verify_fail")[0]["expected"] == digest(data)
+    with pytest.raises(ValueError):
+        ShardStore(verify="sometimes")
+
+
+def test_download_that_stays_corrupt_fails_after_max_repairs(served, tmp_path):
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    srv.set_faults("flip_data=1.0")
+    shard = shard_for(srv.url + "a.tar", data)
+    st = store_for(tmp_path, max_repairs=2)
+    with pytest.raises(ChecksumMismatch) as ei:
+        st.acquire(shard)
+    assert shard.url in str(ei.value)
+    assert srv.requests["/a.tar"] == 3
+    assert st.counters["repair"] == 2 and st.counters["verify_fail"] == 3
+    assert not os.path.exists(st.entry_path(shard.url))
+    srv.set_faults("")
+    srv.script("/a.tar", ["flip_header"])  # one bad download, then a good one
+    with st.acquire(shard) as ls:
+        assert read(ls.path) == data
+
+
+def test_missing_meta_is_adopted_or_refetched(served, tmp_path):
+    root, srv = served
+    data = make_blob(os.path.join(root, "a.tar"), 30 * KB)
+    st = store_for(tmp_path)
+    known = shard_for(srv.url + "a.tar", data)
+    p = st.ensure(known)
+    os.unlink(p + ".meta")  # as if killed between publish and meta
+    assert read(st.ensure(known)) == data and srv.requests["/a.tar"] == 1  # proven by checksum
+    with open(p + ".meta", "w") as f:
+        f.write("{not json")
+    assert read(st.ensure(ShardInfo(url=known.url))) == data
+    assert srv.requests["/a.tar"] == 2  # nothing to prove it with: fetched again
+
+
+def test_leftover_partial_is_resumed(served, tmp_path):
+    root, srv = served
+    size = 512 * KB
+    data = make_blob(os.path.join(root, "a.tar"), size)
+    shard = shard_for(srv.url + "a.tar", data)
+    st = store_for(tmp_path)
+    os.makedirs(st.shards_dir)
+    partial = st.entry_path(shard.url) + ".partial"
+    srv.script("/a.tar", ["truncate@0.5"])
+    with pytest.raises(TransientFetchError):
+        fetch_to_file(shard.url, partial, expected_size=size, config=fast_config(attempts=1))
+    srv.reset_counters()
+    assert read(st.ensure(shard)) == data
+    assert srv.bytes_sent == size - size // 2
+    assert not os.path.exists(partial) and not os.path.exists(partial + ".etag")
+
+
+def _download_forever(cache_dir: str, url: str, size: int, dig: str) -> None:
+    st = ShardStore(cache_dir=cache_dir, fetch=fast_config(read_timeout=5))
+    st.ensure(ShardInfo(url=url, size=size, xxh3_64=dig))
+
+
+def test_sigkill_mid_download_then_next_acquire_is_correct(tmp_path):
+    root = tmp_path / "srv"
+    root.mkdir()
+    size = 1024 * KB
+    data = make_blob(str(root / "a.tar"), size)
+    with FaultServer(str(root), bytes_per_second=2 * 1024 * KB) as srv:
+        shard = shard_for(srv.url + "a.tar", data)
+        cache = str(tmp_path / "cache")
+        proc = FORK.Process(target=_download_forever, args=(cache, shard.url, size, shard.xxh3_64))
+        proc.start()
+        st = ShardStore(cache_dir=cache, fetch=fast_config())
+        partial = st.entry_path(shard.url) + ".partial"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if os.path.exists(partial) and os.path.getsize(partial) > 200 * KB:
+                break
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        kept = os.path.getsize(partial)
+        assert 0 < kept < size and not os.path.exists(st.entry_path(shard.url))
+        srv.bytes_per_second = None
+        with st.acquire(shard) as ls:
+            assert read(ls.path) == data
+        assert srv.bytes_sent < size + (size - kept) // 2 + 256 * KB  # resumed, not restarted
+
+
+def test_lru_eviction_respects_cache_size(served, tmp_path):
+    root, srv = served
+    blobs = {n: make_blob(os.path.join(root, f"{n}.tar"), 100 * KB, seed=i) for i, n in enumerate("abcd")}
+    shards = {n: shard_for(srv.url + f"{n}.tar", d) for n, d in blobs.items()}
+    rec = Recorder()
+    st = store_for(tmp_path, cache_size=int(250 * KB), on_event=rec)
+    st.ensure(shards["a"])
+    time.sleep(0.01)
+    st.ensure(shards["b"])
+    time.sleep(0.01)
+    st.ensure(shards["a"])  # a is now more recent than b
+    time.sleep(0.01)
+    st.ensure(shards["c"])
+    assert [e[1] for e in rec.events if e[0] == "evict"] == [shards["b"].url]
+    assert rec.kinds("evict")[0]["bytes"] == 100 * KB
+    assert st.cached_bytes() <= 250 * KB
+    assert os.path.exists(st.entry_path(shards["a"].url))
+    assert not os.path.exists(st.entry_path(shards["b"].url))
+    assert not os.path.exists(st.entry_path(shards["b"].url) + ".meta")
+    assert st.counters["evict"] == 1 and st.counters["bytes_evicted"] == 100 * KB
+    assert parse_size("250KiB") == 250 * KB
+
+
+def test_pinned_entries_are_never_evicted(served, tmp_path):
+    root, srv = served
+    blobs = {n: make_blob(os.path.join(root, f"{n}.tar"), 100 * KB, seed=i) for i, n in enumerate("abc")}
+    shards = {n: shard_for(srv.url + f"{n}.tar", d) for n, d in blobs.items()}
+    st = store_for(tmp_path, cache_size=100 * KB)
+    la = st.acquire(shards["a"])
+    lb = st.acquire(shards["b"])  # over budget, but a is being read
+    assert read(la.path) == blobs["a"] and read(lb.path) == blobs["b"]
+    assert st.counters["evict"] == 0 and st.cached_bytes() == 200 * KB
+    la.close()
+    with st.acquire(shards["c"]) as lc:  # a is free now; b is still pinned
+        assert read(lc.path) == blobs["c"]
+        assert not os.path.exists(la.path) and os.path.exists(lb.path)
+    lb.close()
+    # a pin from another process counts too
+    other = store_for(tmp_path, cache_size=100 * KB)
+    with other.acquire(shards["c"]):
+        st.ensure(shards["a"])
+        assert os.path.exists(st.entry_path(shards["c"].url))
+
+
+def _acquire_and_report(cache_dir: str, url: str, size: int, dig: str, barrier, q) -> None:
+    st = ShardStore(cache_dir=cache_dir, fetch=fast_config(read_timeout=5))
+    barrier.wait()
+    with st.acquire(ShardInfo(url=url, size=size, xxh3_64=dig)) as ls:
+        q.put(digest(read(ls.path)))
+
+
+def test_two_processes_download_once(tmp_path):
+    root = tmp_path / "srv"
+    root.mkdir()
+    data = make_blob(str(root / "a.tar"), 256 * KB)
+    with FaultServer(str(root), bytes_per_second=1024 * KB) as srv:
+        url = srv.url + "a.tar"
+        barrier = FORK.Barrier(2)
+        q = FORK.Queue()
+        procs = [FORK.Process(target=_acquire_and_report,
+                              args=(str(tmp_path / "cache"), url, len(data), digest(data), barrier, q))
+                 for _ in range(2)]
+        for p in procs:
+            p.start()
+        results = [q.get(timeout=30) for _ in procs]
+        for p in procs:
+            p.join(timeout=30)
+            assert p.exitcode == 0
+        assert results == [digest(data)] * 2
+        assert srv.requests["/a.tar"] == 1
+
+
+def _hold_lock_until_killed(lock_path: str, ready) -> None:
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ready.set()
+    time.sleep(60)
+
+
+def test_stale_lock_of_a_killed_process_does_not_block(served, tmp_path):
+    root, srv = served
+    data = make_blob(os.path.join(root, "a.tar"), 10 * KB)
+    shard = shard_for(srv.url + "a.tar", data)
+    st = store_for(tmp_path)
+    os.makedirs(st.shards_dir)
+    ready = FORK.Event()
+    proc = FORK.Process(target=_hold_lock_until_killed, args=(st.entry_path(shard.url) + ".lock", ready))
+    proc.start()
+    assert ready.wait(10)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    t0 = time.monotonic()
+    assert read(st.ensure(shard)) == data
+    assert time.monotonic() - t0 < 5
+
+
+def test_symlink_planted_in_cache_is_refused(served, tmp_path):
+    root, srv = served
+    data = make_blob(os.path.join(root, "a.tar"), 10 * KB)
+    shard = shard_for(srv.url + "a.tar", data)
+    st = store_for(tmp_path)
+    os.makedirs(st.shards_dir)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    entry = st.entry_path(shard.url)
+    os.symlink(victim, entry)
+    with pytest.raises(CacheError) as ei:
+        st.ensure(shard)
+    assert entry in str(ei.value) and "symlink" in str(ei.value)
+    os.unlink(entry)
+    os.symlink(victim, entry + ".partial")
+    with pytest.raises(CacheError, match="symlink"):
+        st.ensure(shard)
+    assert victim.read_bytes() == b"precious"
+    os.unlink(entry + ".partial")
+    os.unlink(entry + ".lock")
+    os.symlink(victim, entry + ".lock")
+    with pytest.raises(CacheError, match="symlink"):
+        st.ensure(shard)
+
+
+_READONLY_SCRIPT = textwrap.dedent("""
+    import os, sys
+    from resumewds.cache import ShardStore
+    from resumewds.errors import CacheError
+    from resumewds.manifest import ShardInfo
+    if os.geteuid() == 0:  # root ignores permissions: become nobody (after the imports)
+        os.setgid(65534); os.setuid(65534)
+    st = ShardStore(cache_dir=sys.argv[1])
+    try:
+        st.ensure(ShardInfo(url="http://127.0.0.1:9/a.tar"))
+    except CacheError as exc:
+        print("CacheError:", exc)
+""")
+
+
+def test_read_only_cache_dir_is_a_cache_error(tmp_path):
+    import tempfile
+
+    cache = tempfile.mkdtemp(prefix="resumewds-ro-", dir="/tmp")
+    try:
+        os.chmod(cache, 0o555)
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out = subprocess.run([sys.executable, "-c", _READONLY_SCRIPT, os.path.join(cache, "c")], env=env,
+                             capture_output=True, text=True, timeout=60, cwd="/")
+        if "CacheError:" not in out.stdout and os.geteuid() == 0 and "Permission denied" in out.stderr:
+            pytest.skip(f"cannot drop privileges to test a read-only dir: {out.stderr[-200:]}")
+        assert "CacheError:" in out.stdout, out.stderr
+        assert cache in out.stdout and "permission denied" in out.stdout
+    finally:
+        os.chmod(cache, 0o755)
+        os.rmdir(cache)
+
+
+def test_prefetch_downloads_in_background_and_swallows_errors(served, tmp_path):
+    root, srv = served
+    blobs = {n: make_blob(os.path.join(root, f"{n}.tar"), 50 * KB, seed=i) for i, n in enumerate("ab")}
+    shards = [shard_for(srv.url + f"{n}.tar", d) for n, d in blobs.items()]
+    missing = ShardInfo(url=srv.url + "missing.tar")
+    st = store_for(tmp_path)
+    try:
+        st.prefetch([missing] + shards, depth=3)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+                os.path.exists(st.entry_path(s.url) + ".meta") for s in shards):
+            time.sleep(0.01)
+        for s in shards:
+            with st.acquire(s) as ls:
+                assert read(ls.path) == blobs[s.url[-5]]
+        assert st.counters["cache_hit"] >= 2 and st.counters["prefetch_error"] == 1
+        with pytest.raises(PermanentFetchError, match="404"):
+            st.acquire(missing)
+        clone = pickle.loads(pickle.dumps(st))  # threads and sessions are dropped
+        assert read(clone.ensure(shards[0])) == blobs["a"]
+    finally:
+        st.close()
+    assert st._pf_thread is None
+
+
+def test_pipe_shards_are_cached_and_untrusted_ones_refused(tmp_path):
+    src = str(tmp_path / "a.tar")
+    data = make_tar(src)
+    st = store_for(tmp_path)
+    shard = shard_for(f"pipe:cat {src}", data)
+    with st.acquire(shard) as ls:
+        assert read(ls.path) == data and ls.cached
+    with pytest.raises(UnsafeSourceError):
+        st.acquire(ShardInfo(url=f"pipe:cat {src}", trusted=False))
+
+
+def test_verify_all_and_prefetch_all(served, tmp_path):
+    root, srv = served
+    good_local = str(tmp_path / "good.tar")
+    gd = make_tar(good_local, seed=1)
+    bad_local = str(tmp_path / "bad.tar")
+    bd = make_tar(bad_local, seed=2)
+    _corrupt_keep_mtime(bad_local)
+    rd = make_tar(os.path.join(root, "r.tar"), seed=3)
+    shards = [shard_for(good_local, gd), shard_for(bad_local, bd), shard_for(srv.url + "r.tar", rd),
+              ShardInfo(url=srv.url + "missing.tar")]
+    st = store_for(tmp_path)
+    seen = []
+    pre = st.prefetch_all(shards, progress=seen.append)
+    assert [ok for _, ok, _ in pre] == [True, True, True, False]
+    assert seen == [len(rd)]
+    seen.clear()
+    res = st.verify_all(shards, progress=seen.append)
+    assert [ok for _, ok, _ in res] == [True, False, True, False]
+    assert isinstance(res[1][2], ChecksumMismatch) and isinstance(res[3][2], PermanentFetchError)
+    assert sum(seen) >= len(gd) + len(bd) + len(rd)
+    assert srv.requests["/r.tar"] == 1
+
+
+def test_parse_size_and_defaults(monkeypatch, tmp_path):
+    assert parse_size("20GB") == 20 * 10**9
+    assert parse_size("500MiB") == 500 * 2**20
+    assert parse_size("1.5G") == int(1.5 * 2**30)
+    assert parse_size(" 7 ") == 7 and parse_size(10) == 10
+    for bad in ("", "lots", "5XB", "-1", True):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    monkeypatch.setenv("RESUMEWDS_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("RESUMEWDS_CACHE_SIZE", "1MiB")
+    st = ShardStore()
+    assert st.cache_dir == str(tmp_path / "c") and st.cache_size == 2**20
+    monkeypatch.delenv("RESUMEWDS_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == str(tmp_path / "xdg" / "resumewds")
