@@ -218,6 +218,91 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
 
 
 @cli.command()
+@click.argument("journal", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (fields in `resumewds.journal.status`).")
+def status(journal: str, as_json: bool) -> None:
+    """Show a run's progress from its journal (all ranks' files together).
+
+    Epoch and position, per-shard states, retries, repairs, failures, last
+    errors and recent throughput.
+
+    \b
+    Example:
+        resumewds status run.db
+        resumewds status run.db --json | jq .latest
+    """
+    from .journal import format_status, status as journal_status
+
+    st = journal_status(journal)
+    if as_json:
+        click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
+    else:
+        click.echo(format_status(st))
+
+
+def _store_and_shards(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
+                      allow_remote_pipe: bool) -> Any:
+    from .cache import ShardStore
+    from .sources import resolve_sources
+
+    m = resolve_sources(list(sources), allow_remote_pipe=allow_remote_pipe)
+    return ShardStore(cache_dir=cache_dir, cache_size=cache_size, verify="always"), m
+
+
+def _report_results(results: Any, verb: str) -> None:
+    bad = [(s, e) for s, ok, e in results if not ok]
+    for s, e in bad:
+        click.echo(f"FAILED {s.url}: {e}", err=True)
+    click.echo(f"{verb}: {len(results) - len(bad)} ok, {len(bad)} failed", err=True)
+    if bad:
+        raise SystemExit(1)
+
+
+@cli.command()
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR).")
+@click.option("--cache-size", default=None, help='Cache size limit, e.g. "20GB".')
+@click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+def verify(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
+           allow_remote_pipe: bool, progress: Optional[bool]) -> None:
+    """Check every shard against the manifest's size and xxh3_64.
+
+    Local shards are hashed in place; remote shards are checked in the
+    cache, and fetched or repaired when missing or corrupt.  Exits 1 if any
+    shard fails.
+
+    \b
+    Example:
+        resumewds verify data/manifest.json
+    """
+    store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
+    with _progress(sum(s.size or 0 for s in m.shards), "verifying", progress) as bar:
+        results = store.verify_all(m.shards, progress=bar.update)
+    _report_results(results, "verify")
+
+
+@cli.command()
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR).")
+@click.option("--cache-size", default=None, help='Cache size limit, e.g. "20GB".')
+@click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+def prefetch(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
+             allow_remote_pipe: bool, progress: Optional[bool]) -> None:
+    """Download every remote shard into the cache, verified, ahead of a run.
+
+    \b
+    Example:
+        resumewds prefetch http://host/data/manifest.json --cache-dir /scratch/cache
+    """
+    store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
+    with _progress(sum(s.size or 0 for s in m.shards), "prefetching", progress) as bar:
+        results = store.prefetch_all(m.shards, progress=bar.update)
+    _report_results(results, "prefetch")
+
+
+@cli.command()
 @click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
               help="Where to write the demo shards (default: a temporary directory).")
 @click.option("--shards", type=int, default=16, show_default=True)

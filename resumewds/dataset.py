@@ -354,7 +354,7 @@ class WebDataset:
                     upcoming = [shards[i] for i in ep.shards_from(nxt, self.prefetch_depth)]
                     if upcoming:
                         try:
-                            self.store.prefetch(upcoming)
+                            self.store.prefetch(upcoming, depth=len(upcoming))
                         except ResumeWDSError:
                             pass  # surfaces again when the shard is read
             for pos, pad in slots:

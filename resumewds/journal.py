@@ -272,6 +272,26 @@ def shard_updates_from_events(events: Iterable[Dict[str, Any]]) -> List[Dict[str
 # Paths
 # ---------------------------------------------------------------------------
 
+# A flock belongs to the open file description, which fork() shares: a
+# DataLoader worker forked while the journal is open would keep the lock alive
+# after its parent was killed (until the worker notices, seconds later), and
+# the rerun would be refused.  Children close their copies at once.
+_CHILD_CLOSE: set = set()
+
+
+def _close_lock_fds_in_child() -> None:
+    for fd in list(_CHILD_CLOSE):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _CHILD_CLOSE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_lock_fds_in_child)
+
+
 def rank_journal_path(path: str, rank: int) -> str:
     """The journal file of ``rank``: ``path`` itself for rank 0, else
     ``<stem>.rank<r><suffix>``.
@@ -488,6 +508,7 @@ class Journal:
                                 f"(lock {lock_file})") from exc
             raise self._err(f"cannot lock {lock_file}", exc) from exc
         self._lock_fd = fd
+        _CHILD_CLOSE.add(fd)
         info = _read_lock_info(lock_file)
         marker = info.get("run_id")
         existed = os.path.exists(self.path)
@@ -566,6 +587,7 @@ class Journal:
                 pass
             self._conn = None
         if self._lock_fd is not None:
+            _CHILD_CLOSE.discard(self._lock_fd)
             try:
                 os.close(self._lock_fd)  # closing the descriptor drops the flock
             except OSError:

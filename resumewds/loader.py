@@ -210,8 +210,14 @@ class WebLoader:
                 self.epoch = int(point["epoch"])
                 self.position = int(point["position"])
                 self.steps_done = int(point["step"]) + 1
-                self.samples_total = int(point.get("samples_total") or 0) if point.get("world_size", 1) == \
-                    self.world_size else 0
+                per_rank = point.get("samples_total_per_rank") or []
+                mine = per_rank[self.rank] if self.rank < len(per_rank) else None
+                if point.get("world_size", 1) == self.world_size and mine is not None:
+                    self.samples_total = int(mine)
+                elif self.world_size == 1:
+                    self.samples_total = int(point.get("samples_total") or 0)
+                else:
+                    self.samples_total = 0
                 detail = {"step": point["step"], "epoch": self.epoch, "position": self.position,
                           "world_size": self.world_size, "num_workers": self.num_workers}
                 if point.get("skipped_incomplete"):
