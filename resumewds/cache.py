@@ -49,6 +49,7 @@ import re
 import stat
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import xxhash
@@ -121,6 +122,20 @@ def _problem(exc: OSError) -> str:
 
 def _cache_error(exc: OSError, where: str, doing: str) -> CacheError:
     return CacheError(f"{where}: cannot {doing}: {_problem(exc)}")
+
+
+# A forked DataLoader worker inherits the store as it is: locks possibly held by
+# the prefetch thread, and the parent's HTTP connections.  Give the child fresh ones.
+_LIVE_STORES: "weakref.WeakSet[ShardStore]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_LIVE_STORES):
+        store._init_runtime()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class LocalShard:
@@ -201,6 +216,7 @@ class ShardStore:
         self.counters: Dict[str, int] = collections.Counter()
         self._verified_local: set = set()
         self._init_runtime()
+        _LIVE_STORES.add(self)
 
     # ---- pickling -------------------------------------------------------------
     def _init_runtime(self) -> None:
@@ -225,6 +241,7 @@ class ShardStore:
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._init_runtime()
+        _LIVE_STORES.add(self)
 
     # ---- events -----------------------------------------------------------------
     def _emit(self, kind: str, url: str, **detail: Any) -> None:

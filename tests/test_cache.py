@@ -503,3 +503,53 @@ def test_parse_size_and_defaults(monkeypatch, tmp_path):
     monkeypatch.delenv("RESUMEWDS_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_dir() == str(tmp_path / "xdg" / "resumewds")
+
+
+def _download_with_tiny_fsize(cache_dir: str, url: str, q) -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * KB, 64 * KB))
+    st = ShardStore(cache_dir=cache_dir, fetch=fast_config())
+    try:
+        st.ensure(ShardInfo(url=url))
+        q.put("no error")
+    except CacheError as exc:
+        q.put(f"CacheError: {exc}")
+    except Exception as exc:  # pragma: no cover - reported to the parent
+        q.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_disk_full_mid_download_is_a_cache_error_and_keeps_the_partial(served, tmp_path):
+    root, srv = served
+    make_blob(os.path.join(root, "a.tar"), 200 * KB)
+    q = FORK.Queue()
+    cache = str(tmp_path / "cache")
+    proc = FORK.Process(target=_download_with_tiny_fsize, args=(cache, srv.url + "a.tar", q))
+    proc.start()
+    msg = q.get(timeout=30)
+    proc.join(timeout=30)
+    assert msg.startswith("CacheError:") and "file too large" in msg
+    assert os.path.join(cache, "shards") in msg
+    st = store_for(tmp_path)
+    partial = st.entry_path(srv.url + "a.tar") + ".partial"
+    assert os.path.getsize(partial) == 64 * KB  # kept for a later resume
+    assert srv.requests["/a.tar"] == 1  # not retried: a full disk is not the server's fault
+
+
+def test_store_in_a_forked_child_gets_fresh_runtime(served, tmp_path):
+    root, srv = served
+    data = make_blob(os.path.join(root, "a.tar"), 20 * KB)
+    st = store_for(tmp_path)
+    st.ensure(shard_for(srv.url + "a.tar", data))
+    parent_session = st._session()
+    q = FORK.Queue()
+
+    def child():
+        q.put((st._session() is not parent_session, digest(read(st.ensure(shard_for(srv.url + "a.tar", data))))))
+
+    p = FORK.Process(target=child)
+    p.start()
+    fresh, dig = q.get(timeout=30)
+    p.join(timeout=30)
+    assert fresh and dig == digest(data)

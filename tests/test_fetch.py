@@ -126,6 +126,11 @@ def test_range_resume_costs_only_the_rest(served, tmp_path):
     assert srv.bytes_sent == size - kept  # only the missing 10%
     assert res.resumed_from == kept and res.bytes == size - kept
     assert rec.kinds("fetch_start")[0]["resumed_from"] == kept
+    # a partial that is already complete costs one 416 and no body
+    srv.reset_counters()
+    again = fetch_to_file(url, out, expected_size=size, config=fast_config())
+    assert again.bytes == 0 and srv.bytes_sent == 0 and srv.requests["/a.tar"] == 1
+    assert open(out, "rb").read() == data
 
 
 def test_mid_body_cut_within_one_call_is_resumed(served, tmp_path):
