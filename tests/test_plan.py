@@ -1,0 +1,184 @@
+"""Tests for resumewds.plan: the pure order and the world layout (hypothesis)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import List
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from resumewds.plan import ORDERS, REMAINDERS, Layout, Plan, mix, permutation, worker_steps
+
+counts_st = st.lists(st.integers(0, 30), min_size=1, max_size=12)
+
+
+def order(plan: Plan, epoch: int) -> List[tuple]:
+    ep = plan.epoch(epoch)
+    return [ep.sample_at(i) for i in range(len(ep))]
+
+
+def all_pairs(counts: List[int]) -> List[tuple]:
+    return [(s, j) for s, c in enumerate(counts) for j in range(c)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=counts_st, seed=st.integers(0, 2**64 - 1), window=st.integers(1, 6),
+       epoch=st.integers(0, 1000), algo=st.sampled_from([True, "window", "shards", False, "none"]))
+def test_every_epoch_is_a_permutation(counts, seed, window, epoch, algo):
+    plan = Plan(counts, seed=seed, shuffle=algo, window=window)
+    seq = order(plan, epoch)
+    assert len(seq) == plan.total == sum(counts)
+    assert sorted(seq) == all_pairs(counts)
+    ep = plan.epoch(epoch)
+    with pytest.raises(IndexError):
+        ep.sample_at(len(ep))
+    with pytest.raises(IndexError):
+        ep.sample_at(-1)
+    # random access agrees with sequential access (cache eviction included)
+    for i in reversed(range(0, len(seq), 7)):
+        assert ep.sample_at(i) == seq[i]
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=counts_st, seed=st.integers(0, 2**32), window=st.integers(1, 6),
+       epoch=st.integers(0, 50))
+def test_windows_hold_their_shards_and_shards_mode_keeps_sample_order(counts, seed, window, epoch):
+    plan = Plan(counts, seed=seed, shuffle=True, window=window)
+    ep = plan.epoch(epoch)
+    for i in range(len(ep)):
+        s, _ = ep.sample_at(i)
+        assert s in ep.window_shards(ep.window_of(i))
+    seq = order(Plan(counts, seed=seed, shuffle="shards"), epoch)
+    for s in range(len(counts)):
+        assert [j for (t, j) in seq if t == s] == list(range(counts[s]))
+    # shards stay contiguous in "shards" mode
+    firsts = [t for k, (t, _) in enumerate(seq) if k == 0 or seq[k - 1][0] != t]
+    assert len(firsts) == len(set(firsts))
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(5, 30), min_size=3, max_size=10), seed=st.integers(0, 2**32),
+       window=st.integers(1, 4), epoch=st.integers(0, 100))
+def test_epochs_and_seeds_differ(counts, seed, window, epoch):
+    plan = Plan(counts, seed=seed, shuffle=True, window=window)
+    assert order(plan, epoch) != order(plan, epoch + 1)
+    assert order(plan, epoch) != order(Plan(counts, seed=seed + 1, shuffle=True, window=window), epoch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=counts_st, seed=st.integers(0, 2**32), epoch=st.integers(0, 100))
+def test_no_shuffle_is_manifest_order(counts, seed, epoch):
+    assert order(Plan(counts, seed=seed, shuffle=False), epoch) == all_pairs(counts)
+    assert order(Plan(counts, seed=seed, shuffle="none"), epoch) == all_pairs(counts)
+
+
+@settings(max_examples=40, deadline=None)
+@given(counts=counts_st, seed=st.integers(0, 2**64 - 1), window=st.integers(1, 6),
+       epoch=st.integers(0, 1000))
+def test_deterministic_across_instances(counts, seed, window, epoch):
+    a = Plan(counts, seed=seed, shuffle=True, window=window)
+    b = Plan(counts, seed=seed, shuffle=True, window=window)
+    for e in (epoch, epoch + 1, epoch):  # the epoch cache must not change anything
+        assert order(a, e) == order(b, e)
+
+
+def test_pinned_orders():
+    """Known values: a change of algorithm that silently changes the order
+    every existing run and journal depends on must fail here."""
+    p = Plan([3, 2, 4], seed=7, shuffle=True, window=2)
+    assert order(p, 0) == [(0, 2), (0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (2, 3), (2, 1), (2, 2)]
+    assert order(p, 1) == [(0, 1), (0, 2), (0, 0), (1, 1), (1, 0), (2, 1), (2, 3), (2, 0), (2, 2)]
+    p = Plan([3, 2, 4], seed=7, shuffle="shards")
+    assert order(p, 0) == [(1, 0), (1, 1), (0, 0), (0, 1), (0, 2), (2, 0), (2, 1), (2, 2), (2, 3)]
+    assert mix(1, 2) == 571542372673154031
+    assert permutation(10, 5) == [9, 0, 8, 1, 4, 3, 5, 2, 6, 7]
+
+
+def test_plan_argument_validation():
+    with pytest.raises(ValueError):
+        Plan([1], shuffle="bogus")
+    with pytest.raises(ValueError):
+        Plan([1], window=0)
+    assert set(ORDERS) == {"window", "shards", "none"}
+    assert Plan([1, 2], seed=3, shuffle=True, window=4).describe() == \
+        {"seed": 3, "shuffle": "window", "shuffle_window": 4}
+    assert Plan([1], shuffle="shards").describe()["shuffle_window"] is None
+
+
+def test_shards_from():
+    ep = Plan([3, 2, 4, 1], seed=1, shuffle=True, window=2).epoch(0)
+    need = ep.shards_from(0, 10)
+    assert sorted(need) == [0, 1, 2, 3]
+    assert need[:2] == ep.window_shards(0)
+    assert ep.shards_from(len(ep), 3) == []
+
+
+# ---------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(total=st.integers(1, 80), batch=st.integers(1, 9), world=st.integers(1, 4),
+       remainder=st.sampled_from(REMAINDERS), data=st.data())
+def test_layout_covers_each_position_once(total, batch, world, remainder, data):
+    start = data.draw(st.integers(0, total), label="start")
+    layouts = [Layout(batch, world, r, remainder) for r in range(world)]
+    nsteps = layouts[0].num_steps(total, start)
+    assert all(lay.num_steps(total, start) == nsteps for lay in layouts)
+    real = Counter()
+    step_size = batch * world
+    for k in range(nsteps):
+        per_rank = [lay.slots(total, start, k) for lay in layouts]
+        for r, slots in enumerate(per_rank):
+            assert slots, f"rank {r} has an empty batch at step {k}"  # same number of batches
+            assert len(slots) <= batch
+            for pos, pad in slots:
+                assert 0 <= pos < total
+                if pad:
+                    assert remainder in ("keep", "pad") and k == nsteps - 1
+                else:
+                    real[pos] += 1
+        # positions of a step are consecutive, rank by rank
+        flat_real = [p for slots in per_rank for p, pad in slots if not pad]
+        assert flat_real == sorted(flat_real)
+        if remainder == "pad" or (k < nsteps - 1):
+            assert all(len(s) == batch for s in per_rank)
+        # the position after step k is where step k+1 starts (or the end)
+        after = layouts[0].position_after(total, start, k)
+        assert after == (total if k == nsteps - 1 else start + (k + 1) * step_size)
+    covered = sorted(real)
+    assert all(v == 1 for v in real.values())
+    if remainder == "drop":
+        full = (total - start) // step_size
+        assert covered == list(range(start, start + full * step_size))
+    else:
+        assert covered == list(range(start, total))
+    assert layouts[0].slots(total, start, nsteps) == []
+
+
+def test_layout_pads_are_flagged_examples():
+    # keep: 2 samples left for 4 ranks -> ranks 2, 3 get one pad each
+    got = [Layout(3, 4, r, "keep").slots(14, 12, 0) for r in range(4)]
+    assert got == [[(12, False)], [(13, False)], [(0, True)], [(1, True)]]
+    # pad: fill the last step from the start of the epoch
+    got = [Layout(2, 2, r, "pad").slots(5, 4, 0) for r in range(2)]
+    assert got == [[(4, False), (0, True)], [(1, True), (2, True)]]
+    # keep, enough left: contiguous parts whose sizes differ by at most one
+    got = [Layout(4, 3, r, "keep").slots(12 + 7, 12, 0) for r in range(3)]
+    assert [[p for p, _ in s] for s in got] == [[12, 13, 14], [15, 16], [17, 18]]
+    assert Layout(4, 3, 0, "drop").num_steps(19, 12) == 0
+
+
+def test_layout_validation_and_worker_steps():
+    with pytest.raises(ValueError):
+        Layout(0)
+    with pytest.raises(ValueError):
+        Layout(1, world_size=2, rank=2)
+    with pytest.raises(ValueError):
+        Layout(1, remainder="odd")
+    assert list(worker_steps(7, 1, 3)) == [1, 4]
+    assert list(worker_steps(3, 0, 0)) == [0, 1, 2]
+    parts = [list(worker_steps(11, w, 4)) for w in range(4)]
+    assert sorted(x for p in parts for x in p) == list(range(11))
