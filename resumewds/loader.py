@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .dataset import WebDataset
-from .errors import JournalError, StateError
+from .errors import JournalError, ResumeWDSError, StateError
 from .pipeline import default_collate, list_collate
 from .plan import Layout
 from .stats import Stats, setup_logging
@@ -46,8 +46,29 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _env_int(*names: str) -> Optional[int]:
+    """The first of the environment variables ``names`` that is set, as an int."""
+    for name in names:
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip() != "":
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+    return None
+
+
 def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
     """Rank and world size: explicit arguments, else torch.distributed, else env.
+
+    Each explicit argument overrides on its own.  Without an initialized
+    process group the environment is read: ``RANK`` / ``WORLD_SIZE`` (set by
+    torchrun), else ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (launchers that set
+    only the per-node variables, i.e. a single node); neither means (0, 1).
+
+    Raises:
+        ValueError: an environment variable is not an integer, or the result
+            is not a valid rank in a world of that size.
 
     Example:
         >>> world_from_env(1, 4)
@@ -64,12 +85,18 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
         except Exception:  # pragma: no cover - torch without distributed
             pass
         if dr is None:
-            env_r, env_w = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-            dr = int(env_r) if env_r is not None else 0
-            dw = int(env_w) if env_w is not None else 1
+            # a rank without a world size would silently read rank 0's share
+            dr = _env_int("RANK", "LOCAL_RANK")
+            dw = _env_int("WORLD_SIZE", "LOCAL_WORLD_SIZE")
+            dr = 0 if dr is None else dr
+            dw = 1 if dw is None else dw
         r = dr if r is None else r
         w = dw if w is None else w
-    return int(r), int(w)
+    r, w = int(r), int(w)
+    if w < 1 or not 0 <= r < w:
+        raise ValueError(f"rank {r} is not in a world of size {w} (explicit arguments, "
+                         "torch.distributed, then RANK/WORLD_SIZE or LOCAL_RANK/LOCAL_WORLD_SIZE)")
+    return r, w
 
 
 class _EpochSource(IterableDataset):
@@ -197,7 +224,8 @@ class WebLoader:
 
         point = None
         if resume is not False:
-            point = resolve_resume(path, None if resume is True else int(resume))
+            point = self._resolve_together(path, None if resume is True else int(resume),
+                                           resolve_resume)
         j = Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync)
         try:
             j.check_config(self._journal_config(),
@@ -229,6 +257,59 @@ class WebLoader:
             j.close()
             raise
         self.journal = j
+
+    def _process_group(self) -> Any:
+        """torch.distributed, when its default group is exactly this loader's world."""
+        if self.world_size < 2:
+            return None
+        try:
+            import torch.distributed as dist
+
+            if (dist.is_available() and dist.is_initialized()
+                    and (dist.get_rank(), dist.get_world_size()) == (self.rank, self.world_size)):
+                return dist
+        except Exception:  # pragma: no cover - torch without distributed
+            pass
+        return None
+
+    def _resolve_together(self, path: str, step: Optional[int], resolve: Any
+                          ) -> Optional[Dict[str, Any]]:
+        """``resolve(path, step)`` on every rank before any rank opens its journal.
+
+        Without this, a fast rank creates its journal file while a slow rank
+        is still reading the run's files to find the resume point, and the
+        slow rank sees a half-started run.  With a process group, the ranks
+        exchange their answers (which also waits for every rank to finish
+        reading) and refuse to start on different resume points.  Without one
+        (ranks started by hand), the caller must start the ranks' loaders
+        after the previous run has stopped.
+        """
+        point: Optional[Dict[str, Any]] = None
+        err: Optional[BaseException] = None
+        try:
+            point = resolve(path, step)
+        except ResumeWDSError as exc:
+            err = exc
+        dist = self._process_group()
+        if dist is None:
+            if err is not None:
+                raise err
+            return point
+        mine = (None if point is None else (point["step"], point["epoch"], point["position"]),
+                None if err is None else f"{type(err).__name__}: {err}")
+        got: List[Any] = [None] * self.world_size
+        dist.all_gather_object(got, mine)
+        if err is not None:
+            raise err
+        failed = [(r, e) for r, (_, e) in enumerate(got) if e is not None]
+        if failed:
+            r, e = failed[0]
+            raise JournalError(f"{path}: rank {r} could not find the resume point: {e}")
+        points = {p for p, _ in got}
+        if len(points) > 1:
+            raise JournalError(f"{path}: ranks found different resume points "
+                               f"{[p for p, _ in got]} (step, epoch, position)")
+        return point
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
         """Record atomically, in the journal, the position after ``step``.
