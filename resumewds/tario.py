@@ -111,8 +111,20 @@ def _octal(field: bytes, shard: str, off: int, what: str) -> int:
         raise ShardFormatError(shard, off, f"bad {what} field {field!r} in tar header") from None
 
 
+def _not_a_tar(head: bytes, shard: str) -> ShardFormatError:
+    if head[:2] == _GZIP_MAGIC:
+        return ShardFormatError(shard, 0, "compressed tar (gzip) is not supported: "
+                                "shards must be plain tar so samples can be read by seeking")
+    return ShardFormatError(shard, 0, "not a tar archive (bad header checksum)")
+
+
 def _check_header(blk: bytes, shard: str, off: int) -> None:
-    stored = _octal(blk[148:156], shard, off, "checksum")
+    try:
+        stored = _octal(blk[148:156], shard, off, "checksum")
+    except ShardFormatError:
+        if off == 0:
+            raise _not_a_tar(blk, shard) from None
+        raise
     unsigned = sum(blk) - sum(blk[148:156]) + 256
     if stored == unsigned:
         return
@@ -120,10 +132,7 @@ def _check_header(blk: bytes, shard: str, off: int) -> None:
     if stored == signed:
         return
     if off == 0:
-        if blk[:2] == _GZIP_MAGIC:
-            raise ShardFormatError(shard, off, "compressed tar (gzip) is not supported: "
-                                   "shards must be plain tar so samples can be read by seeking")
-        raise ShardFormatError(shard, off, "not a tar archive (bad header checksum)")
+        raise _not_a_tar(blk, shard)
     raise ShardFormatError(shard, off, f"bad tar header checksum (stored {stored}, computed {unsigned})")
 
 
@@ -184,12 +193,16 @@ def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] 
                 raise ShardFormatError(shard, base + off, "extended header without a following member")
             return
         if off + BLOCK > n:
+            if base + off == 0 and bytes(buf[:2]) == _GZIP_MAGIC:
+                raise _not_a_tar(bytes(buf[:2]), shard)
             raise ShardFormatError(shard, base + off, f"truncated tar header ({n - off} of {BLOCK} bytes)")
         blk = bytes(buf[off:off + BLOCK])
         if blk == _ZERO:
             if not archive_end:
                 raise ShardFormatError(shard, base + off, "end-of-archive marker inside a sample range "
                                        "(manifest does not match the shard?)")
+            if chain_start is not None:
+                raise ShardFormatError(shard, base + off, "extended header without a following member")
             return
         _check_header(blk, shard, base + off)
         if chain_start is None:
