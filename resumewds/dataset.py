@@ -34,6 +34,7 @@ from .pipeline import (Decoder, MapDict, MapTuple, Rename, Select, ToTuple, defa
                        list_collate)
 from .plan import Layout, Plan, worker_steps
 from .sources import Source, resolve_sources
+from .stats import event_record
 
 log = logging.getLogger("resumewds")
 
@@ -87,13 +88,18 @@ class _ShardReader:
         self.store = store
         self.limit = max(2, limit)
         self.open: "OrderedDict[int, Tuple[Any, int]]" = OrderedDict()
+        self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
 
     def fd(self, idx: int, shard: ShardInfo) -> int:
         hit = self.open.get(idx)
         if hit is not None:
             self.open.move_to_end(idx)
             return hit[1]
-        lease = self.store.acquire(shard)
+        t0 = time.perf_counter()
+        try:
+            lease = self.store.acquire(shard)
+        finally:
+            self.wait += time.perf_counter() - t0
         try:
             fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
@@ -265,13 +271,7 @@ class WebDataset:
         return d
 
     def _on_event(self, kind: str, url: str = "", **detail: Any) -> None:
-        ev = {"kind": kind, "url": url, "ts": time.time()}
-        ev.update(detail)
-        self._events.append(ev)
-        if kind in ("retry", "repair", "verify_fail", "skip", "fail", "evict"):
-            log.info("%s %s %s", kind, url, {k: v for k, v in detail.items()})
-        else:
-            log.debug("%s %s %s", kind, url, {k: v for k, v in detail.items()})
+        self._events.append(event_record(kind, url, detail))  # logs it, once, here
 
     def take_events(self) -> List[Dict[str, Any]]:
         ev, self._events = self._events, []
@@ -331,7 +331,8 @@ class WebDataset:
 
         ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
         ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
-        per shard index), ``t_read`` and ``t_stages`` (seconds), ``events``.
+        per shard index), ``t_read``, ``t_stages`` and ``t_fetch_wait``
+        (seconds), ``events``.
         """
         ep = self.plan.epoch(epoch)
         total = len(ep)
@@ -357,6 +358,9 @@ class WebDataset:
                             self.store.prefetch(upcoming, depth=len(upcoming))
                         except ResumeWDSError:
                             pass  # surfaces again when the shard is read
+            # With padding in a step, every sample carries __pad__ (True/False)
+            # so that collation keeps the flag for the whole batch.
+            any_pad = any(p for _, p in slots)
             for pos, pad in slots:
                 t0 = time.perf_counter()
                 si, j = ep.sample_at(pos)
@@ -370,8 +374,9 @@ class WebDataset:
                 sample["__epoch__"] = epoch
                 sample["__index__"] = pos
                 sample["__shard__"] = shards[si].name
+                if any_pad:
+                    sample["__pad__"] = bool(pad)
                 if pad:
-                    sample["__pad__"] = True
                     meta["pads"] += 1
                 else:
                     meta["shards"][si] = meta["shards"].get(si, 0) + 1
@@ -391,6 +396,8 @@ class WebDataset:
             t_stages += time.perf_counter() - t2
             meta["t_read"] = t_read
             meta["t_stages"] = t_stages
+            if self._reader is not None:
+                meta["t_fetch_wait"], self._reader.wait = self._reader.wait, 0.0
             meta["events"] = self.take_events()
             if shards and self._failed:
                 meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
