@@ -11,7 +11,10 @@ given data and, for every batch, appends one JSON line to
 then all-reduces the batch size (as DDP's gradient all-reduce would; it
 also keeps the ranks in lock step and fails fast if they disagree on the
 number of batches) and, with ``--journal``, commits the step.  At the end it
-writes ``OUT/<tag>.rank<r>.done`` with the loader's stats.
+writes ``OUT/<tag>.rank<r>.done`` with the loader's stats.  With
+``--expect-error``, a JournalError from ``WebLoader()`` (e.g. ``--resume-step``
+of a step that not every rank committed) is written to
+``OUT/<tag>.rank<r>.error`` instead of failing the launch.
 
 Several remainder policies can run one after another in one launch
 (``--remainders keep,pad,drop``), each with its own journal, to pay for
@@ -52,13 +55,21 @@ def run(args: argparse.Namespace, remainder: str, journal: str | None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     ds = rw.WebDataset(args.data, seed=args.seed, shuffle=args.shuffle,
                        shuffle_window=args.window)
-    loader = rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=collate,
-                          remainder=remainder, journal=journal,
-                          resume=bool(args.resume) if journal else False)
+    resume = args.resume_step if args.resume_step is not None else bool(args.resume)
+    tag = args.tag if len(args.remainders.split(",")) == 1 else f"{args.tag}-{remainder}"
+    try:
+        loader = rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers,
+                              collate_fn=collate, remainder=remainder, journal=journal,
+                              resume=resume if journal else False)
+    except rw.JournalError as exc:
+        if not args.expect_error:
+            raise
+        with open(os.path.join(args.out, f"{tag}.rank{rank}.error"), "w") as f:
+            json.dump({"type": type(exc).__name__, "message": str(exc)}, f)
+        return
     if (loader.rank, loader.world_size) != (rank, world):
         raise SystemExit(f"loader sees rank {loader.rank}/{loader.world_size}, "
                          f"torch.distributed says {rank}/{world}")
-    tag = args.tag if len(args.remainders.split(",")) == 1 else f"{args.tag}-{remainder}"
     out_path = os.path.join(args.out, f"{tag}.rank{rank}.jsonl")
     step = loader.steps_done
     pads_seen = 0
@@ -102,6 +113,9 @@ def main() -> None:
     p.add_argument("--tag", default="run")
     p.add_argument("--journal", default=None, help="journal path ({remainder} is substituted)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--resume-step", type=int, default=None, help="resume=STEP instead of True")
+    p.add_argument("--expect-error", action="store_true",
+                   help="a JournalError from WebLoader() is written to OUT/<tag>.rank<r>.error")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--remainders", default="keep")
