@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -29,10 +30,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .dataset import WebDataset
-from .errors import JournalError, StateError
+from .errors import JournalError, ResumeWDSError, StateError
 from .pipeline import default_collate, list_collate
 from .plan import Layout
-from .stats import Stats, setup_logging
+from .stats import Stats, flat_scalars, setup_logging, worker_logging
 
 log = logging.getLogger("resumewds")
 
@@ -99,6 +100,28 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
     return r, w
 
 
+def _die_with_parent() -> None:
+    """Make this DataLoader worker die with its parent (Linux).
+
+    When the main process is SIGKILLed, torch's workers notice only while idle,
+    and a worker blocked flushing its result queue (whose read end the other
+    workers still hold) never exits: it would keep cache pins and memory
+    forever.  PR_SET_PDEATHSIG has the kernel kill it instead.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal as _signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(_signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # pragma: no cover - exotic libc
+        return
+    if os.getppid() == 1:  # parent already gone before prctl took effect
+        os._exit(1)
+
+
 class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
@@ -110,10 +133,15 @@ class _EpochSource(IterableDataset):
         self.layout = layout
         self.collate = collate
         self.positions = positions
+        self.log_level = logging.getLogger("resumewds").level  # for spawned workers
 
     def __iter__(self) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
         info = get_worker_info()
         w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            _die_with_parent()
+        if info is not None:
+            worker_logging(self.log_level)
         try:
             for k, batch, meta in self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
                                                      collate=self.collate):
@@ -416,25 +444,31 @@ class WebLoader:
         self.epoch, self.position = epoch, pos
         self.samples_total = int(state.get("samples_total", 0))
         self.steps_done = int(state.get("steps_done", 0))
+        log.info("resuming from a state dict: epoch %d, position %d", epoch, pos)
         self._absorb([{"kind": "resume", "epoch": epoch, "position": pos, "ts": time.time()}])
 
     set_state = load_state_dict
 
     def stats(self) -> Dict[str, Any]:
-        """Counters and rates aggregated over all workers (see README, "Stats")."""
+        """Counters and rates aggregated over all workers (fields: :mod:`resumewds.stats`)."""
         s = self.stats_.snapshot()
         s.update(epoch=self.epoch, position=self.position, samples_total=self.samples_total,
                  rank=self.rank, world_size=self.world_size, num_workers=self.num_workers)
         return s
 
     def to_tensorboard(self, writer: Any, step: Optional[int] = None, prefix: str = "data/") -> None:
-        """Write the numeric stats to a TensorBoard ``SummaryWriter``."""
-        s = self.stats()
-        for k, v in s.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                writer.add_scalar(prefix + k, v, step if step is not None else self.steps_done)
-        for w, n in s["per_worker_samples"].items():
-            writer.add_scalar(f"{prefix}worker{w}_samples", n, step if step is not None else self.steps_done)
+        """Write the numeric stats to a TensorBoard ``SummaryWriter`` (or anything
+        with ``add_scalar(tag, value, step)``): ``data/samples_per_s``,
+        ``data/worker0/samples``, ... (see :func:`resumewds.stats.flat_scalars`).
+
+        Args:
+            writer: e.g. ``torch.utils.tensorboard.SummaryWriter(logdir)``.
+            step: the global step (default: ``steps_done``).
+            prefix: tag prefix.
+        """
+        step = step if step is not None else self.steps_done
+        for k, v in flat_scalars(self.stats()).items():
+            writer.add_scalar(prefix + k, v, step)
 
     # ---- iteration ----------------------------------------------------------
     def __len__(self) -> int:
@@ -446,6 +480,10 @@ class WebLoader:
         return n
 
     def _end_epoch(self) -> None:
+        failed = self.stats_.failed
+        if failed:
+            log.warning("epoch %d ended with %d shard(s) skipped after errors (on_error='skip'): %s",
+                        self.epoch, len(failed), "; ".join(f"{u}: {e}" for u, e in sorted(failed.items())))
         self.epoch += 1
         self.position = 0
 
@@ -474,7 +512,15 @@ class WebLoader:
                     k, batch, meta = next(it)
                 except StopIteration:
                     break
+                except RuntimeError as exc:
+                    # torch reports a worker killed by a signal (OOM killer, kill -9)
+                    # as a bare RuntimeError; make it one of ours, with what to do
+                    if "DataLoader worker" not in str(exc):
+                        raise
+                    raise ResumeWDSError(f"{exc} (killed, or out of memory?); progress up to the "
+                                         "last commit is intact: rerun to continue") from exc
                 wait = time.perf_counter() - t0
+                self.stats_.observe_queue(it)
                 if k != expected:
                     raise StateError(f"step {k} arrived where step {expected} was expected "
                                      "(DataLoader order broken)")
