@@ -1,0 +1,386 @@
+"""How the design holds at 1,000 ranks and 100,000 shards: a simulation.
+
+Nothing here needs 1,000 machines or 10^9 samples.  The plan is pure
+arithmetic over sample counts (:class:`resumewds.plan.Plan`), so the global
+order, the per-rank split, the cache traffic of a node and the cost of a
+failure can be computed exactly for the full-size layout; the only I/O
+measured is the journal, on this machine's disk.
+
+Measured (time: wall clock without tracing; memory: tracemalloc peak and
+what stays allocated, in a second, traced run):
+
+1. ``Plan(counts)`` for 100,000 shards x 10,000 samples.
+2. ``plan.epoch(0)``: the shard permutation and the window starts.
+3. One rank's first steps: ``Layout.slots`` + ``EpochPlan.sample_at``; and,
+   from the window sequence each DataLoader worker walks, the window
+   permutations a worker computes per epoch (its CPU cost for the plan).
+4. Manifest memory per process: shard records without offsets, offsets of
+   every shard loaded at once (array of int64, and the JSON text), vs only
+   the shards a reader has open.
+5. Journal: ``Journal.commit`` rate of one rank file (NORMAL and FULL sync),
+   with N processes committing to their own files at once, and
+   ``resolve_resume`` over many rank files.
+6. Cache traffic of one node (``--ranks-per-node`` ranks sharing a cache):
+   shards it must fetch vs the samples it uses.
+7. What a node failure costs: steps replayed, samples re-read, shards a
+   replacement node fetches before its first step.
+
+Run::
+
+    python bench/scale_sim.py                 # full size, ~1 minute
+    python bench/scale_sim.py --quick         # small, a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import tracemalloc
+from array import array
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from resumewds.manifest import ShardInfo  # noqa: E402
+from resumewds.plan import Layout, Plan, permutation, worker_steps  # noqa: E402
+
+MB = 1 << 20
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows: List[Tuple[str, str, str, str]] = []
+
+    def add(self, what: str, value: str, seconds: Optional[float] = None,
+            memory: Optional[str] = None) -> None:
+        t = "" if seconds is None else (f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s")
+        self.rows.append((what, value, t, memory or ""))
+        print(f"  {what}: {value}  {t}  {memory or ''}", file=sys.stderr, flush=True)
+
+    def section(self, title: str) -> None:
+        self.rows.append((f"**{title}**", "", "", ""))
+
+    def markdown(self) -> str:
+        head = ("what", "value", "time", "memory (peak / kept)")
+        w = [max(len(r[i]) for r in self.rows + [head]) for i in range(4)]
+        line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
+        return "\n".join([line(head), "|" + "|".join("-" * (x + 2) for x in w) + "|"]
+                         + [line(r) for r in self.rows])
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def measure(fn: Callable[[], Any], trace: bool = True) -> Tuple[Any, float, str]:
+    """(result, seconds, "peak / kept" memory).  Timed untraced, then traced."""
+    gc.collect()
+    t0 = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - t0
+    mem = ""
+    if trace:
+        del result
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        cur, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        mem = f"{fmt_bytes(peak - base)} / {fmt_bytes(cur - base)}"
+    return result, seconds, mem
+
+
+# ---------------------------------------------------------------------------
+# 3. the plan CPU a DataLoader worker spends per epoch
+# ---------------------------------------------------------------------------
+
+def worker_window_misses(ep: Any, layout: Layout, total: int, worker: int, workers: int,
+                         steps: int, cache: int = 4) -> Tuple[int, int]:
+    """(window permutations computed, steps produced) by one worker over its
+    first ``steps`` steps, replaying EpochPlan's FIFO window cache."""
+    held: List[int] = []
+    misses = done = 0
+    for k in worker_steps(layout.num_steps(total, 0), worker, workers):
+        if done >= steps:
+            break
+        slots = layout.slots(total, 0, k)
+        for w in sorted({ep.window_of(slots[0][0]), ep.window_of(slots[-1][0])}):
+            if w not in held:
+                misses += 1
+                held.append(w)
+                if len(held) > cache:
+                    held.pop(0)
+        done += 1
+    return misses, done
+
+
+# ---------------------------------------------------------------------------
+# 5. journal
+# ---------------------------------------------------------------------------
+
+def _commit_loop(path: str, seconds: float, sync: str, rank: int, q: Any) -> None:
+    from resumewds.journal import Journal
+
+    j = Journal(path, rank=rank, world_size=max(1, rank + 1), synchronous=sync)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        consumed = {(f"shard-{(n + i) % 100000:06d}.tar", 0): (4, 10000) for i in range(8)}
+        j.commit(n, epoch=0, position=(n + 1) * 32000, consumed=consumed, world_size=rank + 1,
+                 batch_size=32, samples_total=(n + 1) * 32)
+        n += 1
+    elapsed = time.perf_counter() - t0
+    j.close()
+    q.put(n / elapsed)
+
+
+def commit_rate(d: str, seconds: float, sync: str, procs: int) -> List[float]:
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_commit_loop, args=(os.path.join(d, f"{sync}-{procs}.db"), seconds, sync, r, q))
+          for r in range(procs)]
+    for p in ps:
+        p.start()
+    rates = [q.get() for _ in ps]
+    for p in ps:
+        p.join()
+    return rates
+
+
+def make_rank_files(path: str, ranks: int, steps: int) -> None:
+    """A run of ``ranks`` rank files with ``steps`` commits each (rank R-1 lacks the last)."""
+    from resumewds.journal import Journal
+
+    for r in range(ranks):
+        with Journal(path, rank=r, world_size=ranks) as j:
+            for s in range(steps - (1 if r == ranks - 1 else 0)):
+                j.commit(s, epoch=0, position=(s + 1) * 32 * ranks, world_size=ranks, batch_size=32,
+                         samples_total=(s + 1) * 32)
+
+
+# ---------------------------------------------------------------------------
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shards", type=int, default=100_000)
+    p.add_argument("--samples", type=int, default=10_000, help="samples per shard")
+    p.add_argument("--ranks", type=int, default=1000)
+    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--window", type=int, default=8, help="shuffle window (shards)")
+    p.add_argument("--workers", type=int, default=4, help="DataLoader workers per rank")
+    p.add_argument("--steps", type=int, default=10, help="steps of one rank to compute")
+    p.add_argument("--sample-bytes", type=int, default=100_000, help="mean sample size, for traffic")
+    p.add_argument("--step-seconds", type=float, default=0.5, help="assumed training step time")
+    p.add_argument("--journal-seconds", type=float, default=2.0)
+    p.add_argument("--journal-ranks", type=int, default=None,
+                   help="rank files for the resolve_resume timing (default: --ranks)")
+    p.add_argument("--quick", action="store_true", help="1,000 shards x 1,000 samples, 64 ranks")
+    p.add_argument("--json", default=None, help="also write the figures here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.shards, args.samples, args.ranks, args.journal_seconds = 1000, 1000, 64, 0.5
+    jranks = args.journal_ranks or args.ranks
+    S, n, R, B, W = args.shards, args.samples, args.ranks, args.batch, args.window
+    total = S * n
+    figures: Dict[str, Any] = {"shards": S, "samples_per_shard": n, "ranks": R, "batch": B,
+                               "window": W, "workers": args.workers}
+    t = Table()
+    print(f"# {S:,} shards x {n:,} samples = {total:,} samples; {R:,} ranks x batch {B} "
+          f"(step = {B * R:,} samples); window {W} shards; {args.workers} workers/rank",
+          file=sys.stderr)
+
+    # 1-2. the plan -------------------------------------------------------
+    t.section("plan (every process builds it; pure arithmetic)")
+    counts = [n] * S
+    plan, sec, mem = measure(lambda: Plan(counts, seed=7, shuffle=True, window=W))
+    t.add("Plan(counts)", f"{S:,} shards", sec, mem)
+    figures["plan_s"] = sec
+
+    def epoch0() -> Any:
+        plan._epochs.clear()
+        return plan.epoch(0)
+
+    ep, sec, mem = measure(epoch0)
+    t.add("epoch(0): shard permutation + window starts", f"{len(ep.window_starts) - 1:,} windows",
+          sec, mem)
+    figures["epoch_s"] = sec
+    assert len(ep) == total
+
+    # 3. one rank's first steps ------------------------------------------
+    layout = Layout(B, R, R // 2, "keep")
+    steps_per_epoch = layout.num_steps(total, 0)
+
+    def rank_steps() -> List[Tuple[int, int]]:
+        ep._cache.clear()
+        out = []
+        for k in range(args.steps):
+            out.extend(ep.sample_at(pos) for pos, _ in layout.slots(total, 0, k))
+        return out
+
+    got, sec, mem = measure(rank_steps)
+    windows = len({ep.window_of(pos) for k in range(args.steps) for pos, _ in layout.slots(total, 0, k)})
+    t.add(f"rank {R // 2}: slots + sample_at of its first {args.steps} steps",
+          f"{len(got)} samples from {len({s for s, _ in got})} shards, {windows} windows",
+          sec, mem)
+    _, t_perm, mem = measure(lambda: permutation(W * n, 12345))
+    t.add("one window permutation (the unit of plan CPU)", f"{W * n:,} samples", t_perm, mem)
+    misses, done = worker_window_misses(ep, layout, total, 0, args.workers, 400)
+    per_step = misses / max(1, done)
+    worker_steps_epoch = steps_per_epoch / args.workers
+    cpu_epoch = per_step * worker_steps_epoch * t_perm
+    t.add("window permutations per worker step (FIFO cache of 4)",
+          f"{per_step:.2f} -> {per_step * t_perm * 1e3:.0f} ms per batch per worker; "
+          f"{cpu_epoch:,.0f} CPU-s per worker per epoch of {steps_per_epoch:,} steps")
+    figures.update(sample_at_steps_s=sec, window_perm_s=t_perm, perms_per_worker_step=per_step,
+                   plan_cpu_per_worker_epoch_s=cpu_epoch, steps_per_epoch=steps_per_epoch)
+    del got
+
+    # 4. manifest memory ---------------------------------------------------
+    t.section("manifest in memory, per process (rank or worker)")
+
+    def records() -> List[ShardInfo]:
+        return [ShardInfo(url=f"https://data.example.com/ds/train/shard-{i:06d}.tar",
+                          size=n * args.sample_bytes, xxh3_64=f"{i * 2654435761 % (1 << 64):016x}",
+                          samples=n) for i in range(S)]
+
+    _, sec, mem = measure(records)
+    t.add(f"{S:,} shard records without offsets", "url, size, xxh3_64, samples", sec, mem)
+    offs = array("q", range(0, (n + 1) * args.sample_bytes, args.sample_bytes))
+    per_shard_arr = offs.itemsize * len(offs)
+    big = [x + 10_000_000_000 for x in offs]  # offsets of a 100 GB-ish file: 11 digits
+    per_shard_json = len(json.dumps(big))
+    tracemalloc.start()
+    b0 = tracemalloc.get_traced_memory()[0]
+    parsed = json.loads(json.dumps(big))
+    per_shard_list = tracemalloc.get_traced_memory()[0] - b0
+    tracemalloc.stop()
+    del parsed, big
+    all_arr, all_json, all_list = S * per_shard_arr, S * per_shard_json, S * per_shard_list
+    t.add("offsets of all shards, array('q') (what load_manifest keeps)",
+          f"{fmt_bytes(all_arr)} per process ({fmt_bytes(per_shard_arr)} per shard)")
+    t.add("  ... as JSON text in manifest.json", f"{fmt_bytes(all_json)} file")
+    t.add("  ... as Python ints while json.load parses it", f"{fmt_bytes(all_list)} transient")
+    open_shards = W + 2
+    procs_per_rank = 1 + args.workers
+    t.add(f"offsets loaded lazily for the open shards ({open_shards} per reader)",
+          f"{fmt_bytes(open_shards * per_shard_arr)} per process, "
+          f"{fmt_bytes(open_shards * per_shard_arr * procs_per_rank * args.ranks_per_node)} per node")
+    t.add("  vs all at once, per node",
+          f"{fmt_bytes(all_arr * procs_per_rank * args.ranks_per_node)} "
+          f"({procs_per_rank} processes x {args.ranks_per_node} ranks)")
+    figures.update(offsets_all_bytes=all_arr, offsets_json_bytes=all_json,
+                   offsets_parse_bytes=all_list, offsets_lazy_bytes=open_shards * per_shard_arr)
+
+    # 5. journal -------------------------------------------------------------
+    t.section("journal (one SQLite file per rank, measured on this disk)")
+    d = tempfile.mkdtemp(prefix="rw-scale-")
+    try:
+        for sync in ("NORMAL", "FULL"):
+            rate = commit_rate(d, args.journal_seconds, sync, 1)[0]
+            t.add(f"commits/s, one rank, synchronous={sync}", f"{rate:,.0f}")
+            figures[f"commits_per_s_{sync.lower()}"] = rate
+        procs = max(2, os.cpu_count() or 2)
+        rates = commit_rate(d, args.journal_seconds, "NORMAL", procs)
+        t.add(f"commits/s, {procs} ranks at once on one disk (NORMAL)",
+              f"{sum(rates):,.0f} total, {min(rates):,.0f}-{max(rates):,.0f} per rank")
+        need = R / args.step_seconds
+        t.add(f"needed at {R:,} ranks, a commit every step of {args.step_seconds} s",
+              f"{need:,.0f} commits/s in total, {1 / args.step_seconds:.0f}/s per rank file")
+        figures.update(commits_per_s_concurrent=sum(rates), concurrent_procs=procs,
+                       commits_needed_per_s=need)
+        jpath = os.path.join(d, "run", "run.db")
+        os.makedirs(os.path.dirname(jpath))
+        _, sec, _ = measure(lambda: make_rank_files(jpath, jranks, 3), trace=False)
+        t.add(f"create {jranks:,} rank files (3 commits each)", "", sec)
+        from resumewds.journal import resolve_resume, status
+
+        point, sec, mem = measure(lambda: resolve_resume(jpath), trace=True)
+        assert point["step"] == 1 and point["skipped_incomplete"][0]["missing_ranks"] == [jranks - 1]
+        t.add(f"resolve_resume over {jranks:,} rank files (newest step incomplete)",
+              f"step {point['step']}", sec, mem)
+        figures["resolve_resume_s"] = sec
+        t.add("  done by rank 0 only, answer broadcast (WebLoader under torch.distributed)",
+              f"{jranks:,} file opens per restart; every rank on its own would be "
+              f"{jranks * jranks:,} opens, {sec * jranks:,.0f} s of reads on shared storage")
+        _, sec, _ = measure(lambda: status(jpath), trace=False)
+        t.add(f"resumewds status over {jranks:,} rank files", "", sec)
+        figures["status_s"] = sec
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+    # 6. cache traffic per node --------------------------------------------
+    t.section(f"cache traffic of one node ({args.ranks_per_node} ranks share one cache)")
+    node = range(0, args.ranks_per_node)
+    n_windows = 8
+    end = ep.window_starts[n_windows]
+    k_end = (end - 1) // (B * R) + 1
+    ep._cache.clear()
+    touched: Dict[int, int] = {}
+    used = 0
+    t0 = time.perf_counter()
+    for k in range(k_end):
+        for r in node:
+            for pos, _ in layout.slots(total, 0, k, rank=r):
+                if pos >= end:
+                    continue
+                s, _ = ep.sample_at(pos)
+                touched[s] = touched.get(s, 0) + 1
+                used += 1
+    sec = time.perf_counter() - t0
+    in_windows = n_windows * W
+    frac_shards = len(touched) / in_windows
+    shard_bytes = n * args.sample_bytes
+    t.add(f"first {n_windows} windows ({k_end} steps): shards the node reads",
+          f"{len(touched)} of {in_windows} ({frac_shards:.0%}); uses {used:,} of their "
+          f"{len(touched) * n:,} samples ({used / max(1, len(touched) * n):.2%})", sec)
+    per_node_epoch = frac_shards * S * shard_bytes
+    dataset = S * shard_bytes
+    t.add("whole-shard fetches per node per epoch", f"{fmt_bytes(per_node_epoch)} "
+          f"(data set {fmt_bytes(dataset)}; {R // args.ranks_per_node} nodes fetch "
+          f"{fmt_bytes(per_node_epoch * R / args.ranks_per_node)} in total)")
+    t.add("samples a node actually delivers per epoch",
+          f"{fmt_bytes(dataset * args.ranks_per_node / R)} (what ranged reads would fetch)")
+    t.add("each shard is fetched once per node (flock)",
+          f"not once per rank: saves {args.ranks_per_node}x")
+    figures.update(node_shard_fraction=frac_shards, node_bytes_per_epoch=per_node_epoch,
+                   node_used_fraction=used / max(1, len(touched) * n), dataset_bytes=dataset)
+
+    # 7. node failure --------------------------------------------------------
+    t.section("a node failure (the whole job restarts from the newest complete commit)")
+    for every in (1, 10, 100):
+        t.add(f"commit every {every} step(s)",
+              f"<= {every} steps replayed: {every * B * R:,} samples over all ranks, "
+              f"{every * B} per rank, {every * args.step_seconds:g} s of training")
+    t.add("replacement node, cold cache, before its first step",
+          f"the current window + prefetch: <= {W + 4} shards = {fmt_bytes((W + 4) * shard_bytes)}")
+    t.add("other nodes", "keep their caches; resume reads only the committed position")
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t.add("max RSS of this simulation", fmt_bytes(rss))
+    figures["max_rss_bytes"] = rss
+    print()
+    print(t.markdown())
+    print()
+    print("command: python bench/scale_sim.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
