@@ -122,6 +122,40 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def _worker_error(exc: BaseException) -> Optional[ResumeWDSError]:
+    """One of our errors, with a one-line message, for what torch raised from a worker.
+
+    torch re-raises a worker's exception as ``type(msg)`` with the worker's
+    traceback inside ``msg`` (or as RuntimeError when the type cannot be built
+    from one string), and reports a worker killed by a signal as a bare
+    RuntimeError.  None: not a worker failure (re-raise as is).
+    """
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and "DataLoader worker" in text and (
+            "exited unexpectedly" in text or "killed by signal" in text):
+        return ResumeWDSError(f"{text.strip()} (killed, or out of memory?); progress up to the last "
+                              "commit is intact: rerun to continue")
+    if not (text.startswith("Caught ") and "in DataLoader worker process" in text):
+        return None
+    where = text.split("\n", 1)[0][len("Caught "):].split(" ", 1)[-1].rstrip(".")
+    last = text.rstrip().rsplit("\n", 1)[-1]
+    name, _, msg = last.partition(": ")
+    if not name.startswith("resumewds."):
+        return None
+    from . import errors
+
+    cls = getattr(errors, name.rsplit(".", 1)[-1], None)
+    if not (isinstance(cls, type) and issubclass(cls, ResumeWDSError)):
+        return None
+    for c in cls.__mro__:  # ChecksumMismatch needs 3 args: fall back to IntegrityError
+        if isinstance(c, type) and issubclass(c, ResumeWDSError):
+            try:
+                return c(f"{msg} ({where})")
+            except TypeError:
+                continue
+    return None
+
+
 class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
@@ -258,6 +292,10 @@ class WebLoader:
         try:
             j.check_config(self._journal_config(),
                            compatible_keys=("batch_size", "world_size", "num_workers", "rank"))
+            remote = [{"url": sh.url} for sh in self.dataset.manifest.shards
+                      if sh.url.startswith(("http://", "https://", "pipe:"))]
+            if remote and j.latest_commit() is None:
+                j.update_shards(remote)  # every remote shard starts as 'pending'
             if point is None:
                 if j.latest_commit() is not None and resume is False:
                     raise JournalError(f"{path}: journal already holds commits; pass resume=True to "
@@ -378,30 +416,16 @@ class WebLoader:
             self.journal.update_shards(self._shard_updates)
             self._shard_updates = []
 
-    _STATE_OF = {"fetch_start": "downloading", "fetch_done": "downloaded", "verify_ok": "verified",
-                 "verify_fail": "corrupt", "skip": "failed", "fail": "failed"}
-
     def _absorb(self, events: List[Dict[str, Any]]) -> None:
         if not events:
             return
         self.stats_.events(events)
-        keep = [e for e in events if e.get("kind") not in ("cache_hit", "verify_ok", "fetch_start")]
-        self._events.extend(keep)
-        for e in events:
-            st = self._STATE_OF.get(e.get("kind", ""))
-            if st and e.get("url"):
-                u: Dict[str, Any] = {"url": e["url"], "state": st}
-                if e["kind"] == "fetch_done":
-                    u["bytes"] = e.get("bytes")
-                    u["+attempts"] = 1
-                if e["kind"] in ("skip", "fail", "verify_fail"):
-                    u["last_error"] = str(e.get("error") or e.get("actual") or "")
-                self._shard_updates.append(u)
-            elif e.get("kind") == "retry" and e.get("url"):
-                self._shard_updates.append({"url": e["url"], "+retries": 1,
-                                            "last_error": str(e.get("error", ""))})
-            elif e.get("kind") == "repair" and e.get("url"):
-                self._shard_updates.append({"url": e["url"], "+repairs": 1})
+        if self.journal_path is None:
+            return
+        from .journal import shard_updates_from_events
+
+        self._events.extend(e for e in events if e.get("kind") not in ("cache_hit", "verify_ok", "fetch_start"))
+        self._shard_updates.extend(shard_updates_from_events(events))
         if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
             del self._events[:-1000]
         if len(self._shard_updates) > 10000:
@@ -512,13 +536,11 @@ class WebLoader:
                     k, batch, meta = next(it)
                 except StopIteration:
                     break
-                except RuntimeError as exc:
-                    # torch reports a worker killed by a signal (OOM killer, kill -9)
-                    # as a bare RuntimeError; make it one of ours, with what to do
-                    if "DataLoader worker" not in str(exc):
+                except Exception as exc:
+                    mapped = _worker_error(exc)
+                    if mapped is None:
                         raise
-                    raise ResumeWDSError(f"{exc} (killed, or out of memory?); progress up to the "
-                                         "last commit is intact: rerun to continue") from exc
+                    raise mapped from None
                 wait = time.perf_counter() - t0
                 self.stats_.observe_queue(it)
                 if k != expected:
