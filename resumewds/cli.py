@@ -240,6 +240,27 @@ def status(journal: str, as_json: bool) -> None:
         click.echo(format_status(st))
 
 
+@cli.command()
+@click.argument("journal", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default="report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write.")
+def report(journal: str, output: str) -> None:
+    """Write one self-contained HTML page about a run (all ranks' files).
+
+    Throughput, cache hit rate, retries/repairs/faults over time, shard
+    states and a summary.  plotly.js is embedded: the page works offline.
+    Needs plotly (pip install 'resumewds[report]').
+
+    \b
+    Example:
+        resumewds report run.db -o report.html
+    """
+    from .report import write_report
+
+    write_report(journal, output)
+    click.echo(f"wrote {output}", err=True)
+
+
 def _store_and_shards(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
                       allow_remote_pipe: bool) -> Any:
     from .cache import ShardStore

@@ -1,0 +1,645 @@
+"""``resumewds report``: one self-contained HTML page about a run.
+
+The page reads every rank file of a journal (:func:`resumewds.journal.run_journal_paths`)
+and shows:
+
+- a summary header: run id, epoch and position, samples delivered, shard
+  states, retries / repairs / failures / evictions / resumes, throughput,
+  cache hit rate, the resume point;
+- throughput over time (samples/s per rank, from the commits' ``ts`` and
+  ``samples_total``; dots: the loader's own ``recent_samples_per_s`` from
+  the stats snapshots; dashed lines: resumes);
+- cache hit rate over time (from the stats snapshots' ``cache_hits`` and
+  ``cache_misses``, per interval and cumulative);
+- a timeline of retries, repairs, verification failures, skips, failures,
+  evictions and resumes (the journal's events; hover for url and error);
+- a map of the shards, one square per shard, coloured by state (hover for
+  bytes, attempts, retries, repairs, last error and consumption);
+- the latest errors.
+
+plotly.js is embedded in the page (no CDN): it renders offline, from a file,
+years later.  plotly (the Python package) is imported only here, only when a
+report is made; without it :func:`write_report` raises ``ReportError``
+telling the user to ``pip install 'resumewds[report]'``.
+
+Big runs stay small: at most ``MAX_POINTS`` throughput points per rank
+(commits are strided) and ``MAX_EVENTS`` events per kind (the newest).
+
+Example:
+    >>> write_report("run.db", "report.html")        # doctest: +SKIP
+    'report.html'
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import math
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from .errors import ResumeWDSError
+
+MAX_POINTS = 2000
+MAX_EVENTS = 5000
+
+#: event kinds on the timeline, in display order (top to bottom), with colours
+TIMELINE_KINDS: Dict[str, str] = {
+    "resume": "#6c5ce7",
+    "retry": "#f0a202",
+    "verify_fail": "#e17055",
+    "repair": "#0984e3",
+    "skip": "#d63031",
+    "fail": "#b71c1c",
+    "evict": "#636e72",
+    "rewind": "#00b894",
+    "config_change": "#00cec9",
+    "invalid_transition": "#a29bfe",
+}
+
+STATE_COLORS: Dict[str, str] = {
+    "verified": "#2e9e5b",
+    "downloaded": "#74b9ff",
+    "downloading": "#0984e3",
+    "pending": "#b2bec3",
+    "corrupt": "#f0a202",
+    "failed": "#d63031",
+    "not tracked": "#dfe6e9",
+}
+
+
+class ReportError(ResumeWDSError):
+    """The report cannot be made (plotly missing, nothing to report)."""
+
+
+def _require_plotly() -> Any:
+    try:
+        import plotly.graph_objects as go
+        import plotly.offline  # noqa: F401
+    except ImportError as exc:
+        raise ReportError("resumewds report needs plotly: pip install 'resumewds[report]' "
+                          "(or: pip install plotly)") from exc
+    return go
+
+
+# ---------------------------------------------------------------------------
+# Reading the journal (all ranks)
+# ---------------------------------------------------------------------------
+
+def _rows(j: Any, sql: str, args: Tuple = ()) -> List[Dict[str, Any]]:
+    return [dict(r) for r in j.conn.execute(sql, args)]
+
+
+def _strided(rows: List[Dict[str, Any]], limit: int) -> List[Dict[str, Any]]:
+    if len(rows) <= limit:
+        return rows
+    stride = math.ceil(len(rows) / limit)
+    out = rows[::stride]
+    if out[-1] is not rows[-1]:
+        out.append(rows[-1])
+    return out
+
+
+def load_run(path: str) -> Dict[str, Any]:
+    """Everything the report draws, as plain data (JSON-able).
+
+    Returns:
+        ``{"status": journal.status(path), "commits": {rank: [...]},
+        "events": [...], "consumption": {url: {samples, total}},
+        "downloads": {count, bytes, seconds}, "evicted": {url: n},
+        "latest_stats": rank 0's newest stats snapshot or None}``; commits
+        carry ``step, epoch, position, ts, samples_total, stats`` (parsed),
+        events ``ts, rank, kind, url, detail`` (parsed).  Downloads and
+        evictions are summed over every rank and every loader of the run.
+
+    Raises:
+        JournalError: no journal at ``path``, or an unreadable file.
+    """
+    from .journal import _close_all, _open_run, status
+
+    st = status(path)
+    journals = _open_run(path)
+    try:
+        commits: Dict[int, List[Dict[str, Any]]] = {}
+        events: List[Dict[str, Any]] = []
+        consumption: Dict[str, Dict[str, Any]] = {}
+        downloads = {"count": 0, "bytes": 0, "seconds": 0.0}
+        evicted: Dict[str, int] = {}
+        latest_epoch = (st.get("latest") or {}).get("epoch")
+        for r, j in sorted(journals.items()):
+            rows = _rows(j, "SELECT step, epoch, position, ts, samples_total, stats "
+                            "FROM commits ORDER BY ts, step")
+            snaps = [row for row in rows if row["stats"]]
+            rows = _strided(rows, MAX_POINTS)
+            keep = {id(x) for x in rows}
+            rows += [s for s in _strided(snaps, MAX_POINTS) if id(s) not in keep]
+            rows.sort(key=lambda x: (x["ts"], x["step"]))
+            for row in rows:
+                row["stats"] = json.loads(row["stats"]) if row["stats"] else None
+            commits[r] = rows
+            for kind in TIMELINE_KINDS:
+                for row in _rows(j, "SELECT ts, kind, url, detail FROM events WHERE kind = ? "
+                                    "ORDER BY id DESC LIMIT ?", (kind, MAX_EVENTS)):
+                    row["rank"] = r
+                    row["detail"] = json.loads(row["detail"]) if row["detail"] else {}
+                    events.append(row)
+            row = j.conn.execute(
+                "SELECT count(*), sum(json_extract(detail, '$.bytes')), "
+                "sum(json_extract(detail, '$.seconds')) FROM events WHERE kind = 'fetch_done'").fetchone()
+            downloads["count"] += row[0] or 0
+            downloads["bytes"] += row[1] or 0
+            downloads["seconds"] += row[2] or 0.0
+            for url, n in j.conn.execute("SELECT url, count(*) FROM events WHERE kind = 'evict' "
+                                         "GROUP BY url"):
+                evicted[url] = evicted.get(url, 0) + n
+            if latest_epoch is not None:
+                for row in j.consumption(latest_epoch):
+                    c = consumption.setdefault(row["url"], {"samples": 0, "total": row["total"]})
+                    c["samples"] += row["samples"] or 0
+                    c["total"] = row["total"] if row["total"] is not None else c["total"]
+        events.sort(key=lambda e: e["ts"] or 0)
+        snaps = [c for c in commits.get(0, []) if c.get("stats")]
+        return {"status": st, "commits": commits, "events": events, "consumption": consumption,
+                "downloads": downloads, "evicted": evicted,
+                "latest_stats": snaps[-1]["stats"] if snaps else None}
+    finally:
+        _close_all(journals)
+
+
+# ---------------------------------------------------------------------------
+# Series (pure: data in, lists out)
+# ---------------------------------------------------------------------------
+
+def throughput_series(commits: List[Dict[str, Any]], min_dt: float = 0.0
+                      ) -> Tuple[List[float], List[float]]:
+    """``(ts, samples/s)`` between commits of one rank at least ``min_dt`` apart.
+
+    Each point is the rate since the previous point (so ``min_dt`` smooths
+    a commit-per-step run).  A commit whose ``samples_total`` went down (a
+    fresh loader without a journal) starts over.
+
+    Example:
+        >>> throughput_series([{"ts": 0, "samples_total": 0}, {"ts": 2, "samples_total": 10}])
+        ([2], [5.0])
+    """
+    xs: List[float] = []
+    ys: List[float] = []
+    prev = None
+    for c in commits:
+        if c.get("samples_total") is None:
+            continue
+        if prev is not None:
+            dt = c["ts"] - prev["ts"]
+            dn = c["samples_total"] - prev["samples_total"]
+            if dn < 0:
+                prev = c
+                continue
+            if dt <= 0 or dt < min_dt:
+                continue
+            xs.append(c["ts"])
+            ys.append(dn / dt)
+        prev = c
+    return xs, ys
+
+
+def hit_rate_series(commits: List[Dict[str, Any]]
+                    ) -> Tuple[List[float], List[Optional[float]], List[Optional[float]]]:
+    """``(ts, interval hit rate, cumulative hit rate)`` from stats snapshots.
+
+    The cumulative rate restarts with each loader (its counters start at 0);
+    an interval without shard opens has rate None (a gap).
+
+    Example:
+        >>> snaps = [{"ts": 1, "stats": {"cache_hits": 0, "cache_misses": 2}},
+        ...          {"ts": 2, "stats": {"cache_hits": 6, "cache_misses": 2}}]
+        >>> hit_rate_series(snaps)
+        ([1, 2], [0.0, 1.0], [0.0, 0.75])
+    """
+    xs: List[float] = []
+    interval: List[Optional[float]] = []
+    cumulative: List[Optional[float]] = []
+    ph = pm = 0
+    for c in commits:
+        s = c.get("stats")
+        if not s or "cache_hits" not in s:
+            continue
+        h, m = int(s.get("cache_hits") or 0), int(s.get("cache_misses") or 0)
+        if h < ph or m < pm:  # a new loader: its counters restarted
+            ph = pm = 0
+        dh, dm = h - ph, m - pm
+        xs.append(c["ts"])
+        interval.append(dh / (dh + dm) if dh + dm else None)
+        cumulative.append(h / (h + m) if h + m else None)
+        ph, pm = h, m
+    return xs, interval, cumulative
+
+
+# ---------------------------------------------------------------------------
+# Figures
+# ---------------------------------------------------------------------------
+
+def _dt(ts: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ts)
+
+
+_BASE_LAYOUT = dict(template="plotly_white", height=340, margin=dict(l=60, r=20, t=10, b=40),
+                    font=dict(family="-apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif",
+                              size=12),
+                    legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+                    hovermode="closest")
+
+
+def _time_range(data: Dict[str, Any]) -> Optional[Tuple[float, float]]:
+    ts = [c["ts"] for cs in data["commits"].values() for c in cs]
+    ts += [e["ts"] for e in data["events"] if e.get("ts")]
+    if not ts:
+        return None
+    lo, hi = min(ts), max(ts)
+    pad = max(0.5, (hi - lo) * 0.02)
+    return lo - pad, hi + pad
+
+
+def _shared_x(fig: Any, data: Dict[str, Any]) -> None:
+    """Every time chart spans the whole run, so they line up by eye."""
+    rng = _time_range(data)
+    if rng is not None:
+        fig.update_xaxes(range=[_dt(rng[0]), _dt(rng[1])], type="date")
+
+
+_PALETTE = ["#0984e3", "#e17055", "#00b894", "#6c5ce7", "#fdcb6e", "#636e72"]
+
+
+def _throughput_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
+    fig = go.Figure()
+    rng = _time_range(data)
+    min_dt = (rng[1] - rng[0]) / 150 if rng else 0.0
+    palette = _PALETTE
+    any_points = False
+    for i, (r, commits) in enumerate(sorted(data["commits"].items())):
+        color = palette[i % len(palette)]
+        xs, ys = throughput_series(commits, min_dt)
+        if xs:
+            any_points = True
+            fig.add_trace(go.Scatter(x=[_dt(x) for x in xs], y=ys, mode="lines", name=f"rank {r}",
+                                     line=dict(color=color, width=2),
+                                     fill="tozeroy" if i == 0 else "none",
+                                     fillcolor="rgba(9,132,227,0.08)",
+                                     hovertemplate="%{y:,.0f} samples/s<br>%{x}<extra>rank " + str(r)
+                                     + "</extra>"))
+        snaps = [(c["ts"], c["stats"].get("recent_samples_per_s")) for c in commits
+                 if c.get("stats") and c["stats"].get("recent_samples_per_s") is not None]
+        if snaps:
+            any_points = True
+            fig.add_trace(go.Scatter(x=[_dt(t) for t, _ in snaps], y=[v for _, v in snaps],
+                                     mode="markers", name=f"rank {r} loader estimate",
+                                     marker=dict(color=color, size=6, symbol="circle-open"),
+                                     hovertemplate="%{y:,.0f} samples/s (loader, recent window)"
+                                     "<extra></extra>"))
+    if not any_points:
+        return None
+    for e in data["events"]:
+        if e["kind"] == "resume" and e.get("ts"):
+            fig.add_vline(x=_dt(e["ts"]).isoformat(), line=dict(color=TIMELINE_KINDS["resume"],
+                                                                dash="dash", width=1))
+    fig.update_layout(**_BASE_LAYOUT)
+    fig.update_yaxes(title_text="samples / s", rangemode="tozero")
+    _shared_x(fig, data)
+    return fig
+
+
+def _hit_rate_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
+    fig = go.Figure()
+    any_points = False
+    for i, (r, commits) in enumerate(sorted(data["commits"].items())):
+        color = "#2e9e5b" if len(data["commits"]) == 1 else _PALETTE[i % len(_PALETTE)]
+        xs, interval, cumulative = hit_rate_series(commits)
+        if not any(v is not None for v in cumulative):
+            continue
+        any_points = True
+        x = [_dt(t) for t in xs]
+        fig.add_trace(go.Scatter(x=x, y=interval, mode="lines+markers", name=f"rank {r} per interval",
+                                 line=dict(width=2, color=color), connectgaps=False,
+                                 hovertemplate="%{y:.0%} of shard opens hit<extra></extra>"))
+        fig.add_trace(go.Scatter(x=x, y=cumulative, mode="lines", name=f"rank {r} cumulative",
+                                 line=dict(width=1.5, dash="dot", color=color), opacity=0.6,
+                                 hovertemplate="%{y:.0%} since loader start<extra></extra>"))
+    if not any_points:
+        return None
+    fig.update_layout(**_BASE_LAYOUT)
+    fig.update_yaxes(title_text="cache hit rate", tickformat=".0%", range=[-0.03, 1.03])
+    _shared_x(fig, data)
+    return fig
+
+
+def _event_text(e: Dict[str, Any]) -> str:
+    d = e.get("detail") or {}
+    parts = [f"<b>{html.escape(e['kind'])}</b> rank {e['rank']}"]
+    if e.get("url"):
+        parts.append(html.escape(str(e["url"])))
+    for k in ("attempt", "error", "expected", "actual", "bytes", "wait", "step", "epoch", "position"):
+        if d.get(k) not in (None, ""):
+            v = str(d[k])
+            parts.append(f"{k}: {html.escape(v[:160])}")
+    return "<br>".join(parts)
+
+
+def _timeline_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
+    by_kind: Dict[str, List[Dict[str, Any]]] = {}
+    for e in data["events"]:
+        if e.get("ts"):
+            by_kind.setdefault(e["kind"], []).append(e)
+    if not by_kind:
+        return None
+    fig = go.Figure()
+    order = [k for k in TIMELINE_KINDS if k in by_kind]
+    for k in order:
+        evs = by_kind[k]
+        fig.add_trace(go.Scatter(
+            x=[_dt(e["ts"]) for e in evs], y=[k] * len(evs), mode="markers", name=f"{k} ({len(evs)})",
+            marker=dict(color=TIMELINE_KINDS[k], size=11, symbol="line-ns-open", line=dict(width=2)),
+            text=[_event_text(e) for e in evs], hovertemplate="%{text}<br>%{x}<extra></extra>"))
+    fig.update_layout(**dict(_BASE_LAYOUT, height=max(180, 70 + 38 * len(order)), showlegend=False))
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), showgrid=True)
+    _shared_x(fig, data)
+    return fig
+
+
+def _shard_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
+    shards = {s["url"]: dict(s) for s in data["status"]["shards"]["list"]}
+    for url in data["consumption"]:
+        shards.setdefault(url, {"url": url, "name": os.path.basename(url), "state": "not tracked"})
+    if not shards:
+        return None
+    items = sorted(shards.values(), key=lambda s: s["url"])
+    n = len(items)
+    cols = max(1, min(n, math.ceil(math.sqrt(n * 4))))
+    rows = math.ceil(n / cols)
+    fig = go.Figure()
+    states = [s for s in STATE_COLORS if any(x["state"] == s for x in items)]
+    states += sorted({x["state"] for x in items} - set(states))
+    cons = data["consumption"]
+    for state in states:
+        xs, ys, texts, outline = [], [], [], []
+        for i, s in enumerate(items):
+            if s["state"] != state:
+                continue
+            xs.append(i % cols)
+            ys.append(i // cols)
+            ev = data.get("evicted", {}).get(s["url"], 0)
+            outline.append(2 if (s.get("retries") or s.get("repairs")) else 0)
+            c = cons.get(s["url"])
+            lines = [f"<b>{html.escape(str(s.get('name') or os.path.basename(s['url'])))}</b>",
+                     f"state: {html.escape(state)}"]
+            for k in ("bytes", "attempts", "retries", "repairs"):
+                if s.get(k) is not None:
+                    lines.append(f"{k}: {s[k]:,}" if isinstance(s[k], int) else f"{k}: {s[k]}")
+            if ev:
+                lines.append(f"evicted: {ev} time(s)")
+            if c is not None:
+                lines.append(f"consumed: {c['samples']}/{c['total'] if c['total'] is not None else '?'}")
+            if s.get("last_error"):
+                lines.append("last error: " + html.escape(str(s["last_error"])[:160]))
+            texts.append("<br>".join(lines))
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="markers", name=f"{state} ({len(xs)})", text=texts,
+            hovertemplate="%{text}<extra></extra>",
+            marker=dict(symbol="square", color=STATE_COLORS.get(state, "#6c5ce7"),
+                        size=max(6, min(28, int(640 / max(cols, rows * 2)))),
+                        line=dict(width=outline, color="#2d3436"))))
+    height = max(160, min(600, 80 + rows * max(8, min(34, int(640 / max(cols, rows * 2))) + 4)))
+    fig.update_layout(**dict(_BASE_LAYOUT, height=height, showlegend=True))
+    fig.update_xaxes(visible=False, range=[-1, cols])
+    fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x", scaleratio=1)
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------
+
+_CSS = """
+:root { --fg:#2d3436; --muted:#636e72; --card:#fff; --bg:#f4f6f8; --line:#e3e8ec; }
+* { box-sizing: border-box; }
+body { margin:0; font-family:-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
+       color:var(--fg); background:var(--bg); }
+header { background:#1e272e; color:#fff; padding:22px 32px 18px; }
+header h1 { margin:0 0 4px; font-size:22px; font-weight:600; }
+header .sub { color:#b2bec3; font-size:13px; }
+header .sub code { color:#dfe6e9; }
+main { max-width:1280px; margin:0 auto; padding:20px 24px 40px; }
+.kpis { display:grid; grid-template-columns:repeat(auto-fill,minmax(170px,1fr)); gap:12px;
+        margin-bottom:18px; }
+.kpi { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:12px 14px; }
+.kpi .label { font-size:11px; text-transform:uppercase; letter-spacing:.06em; color:var(--muted); }
+.kpi .value { font-size:22px; font-weight:600; margin-top:4px; }
+.kpi .note { font-size:12px; color:var(--muted); margin-top:2px; }
+.kpi.bad .value { color:#d63031; } .kpi.warn .value { color:#e17055; } .kpi.good .value { color:#2e9e5b; }
+.bar { height:6px; background:var(--line); border-radius:3px; margin-top:8px; overflow:hidden; }
+.bar > div { height:100%; background:#0984e3; }
+.chips { display:flex; flex-wrap:wrap; gap:6px; margin-top:6px; }
+.chip { font-size:12px; padding:2px 8px; border-radius:10px; color:#fff; }
+.grid { display:grid; grid-template-columns:1fr 1fr; gap:16px; }
+@media (max-width: 1000px) { .grid { grid-template-columns:1fr; } }
+.card { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:14px 16px;
+        min-width:0; }
+.card.wide { grid-column:1 / -1; }
+.card h2 { font-size:15px; margin:0 0 2px; font-weight:600; }
+.card .caption { font-size:12px; color:var(--muted); margin-bottom:6px; }
+.empty { color:var(--muted); font-size:13px; padding:40px 0; text-align:center; }
+table { border-collapse:collapse; width:100%; font-size:12px; }
+th, td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line); vertical-align:top; }
+th { color:var(--muted); font-weight:600; }
+td.err { font-family:ui-monospace,Menlo,Consolas,monospace; word-break:break-all; }
+footer { color:var(--muted); font-size:12px; text-align:center; padding:10px; }
+"""
+
+
+def _fmt_num(x: Optional[float], digits: int = 0) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def _fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "–"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000.0
+    return str(n)
+
+
+def _fmt_duration(s: Optional[float]) -> str:
+    if s is None:
+        return "–"
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h {m:02d}m" if h else (f"{m}m {sec:02d}s" if m else f"{sec}s")
+
+
+def _kpi(label: str, value: str, note: str = "", cls: str = "", extra: str = "") -> str:
+    return (f'<div class="kpi {cls}"><div class="label">{html.escape(label)}</div>'
+            f'<div class="value">{html.escape(value)}</div>'
+            + (f'<div class="note">{html.escape(note)}</div>' if note else "") + extra + "</div>")
+
+
+def _summary(data: Dict[str, Any]) -> Tuple[str, str]:
+    st = data["status"]
+    latest = st.get("latest") or {}
+    cfg = st.get("config") or {}
+    counts = st.get("counts") or {}
+    stats = data.get("latest_stats") or {}
+    dl = data.get("downloads") or {}
+    all_commits = [c for cs in data["commits"].values() for c in cs]
+    t0 = min((c["ts"] for c in all_commits), default=None)
+    t1 = max((c["ts"] for c in all_commits), default=None)
+    samples = sum((r.get("samples_total") or 0) for r in st.get("ranks", []))
+    epoch_n = cfg.get("samples")
+    pos = latest.get("position")
+    frac = (pos / epoch_n) if pos is not None and epoch_n else None
+    resumes = sum(1 for e in data["events"] if e["kind"] == "resume")
+    tp = (st.get("throughput") or {}).get("samples_per_s")
+    hit = stats.get("cache_hit_rate")
+    sh = st.get("shards") or {}
+    bad = (counts.get("failures") or 0) + (counts.get("skips") or 0)
+
+    chips = "".join(f'<span class="chip" style="background:{STATE_COLORS.get(k, "#6c5ce7")}">'
+                    f'{html.escape(k)} {v}</span>' for k, v in (sh.get("counts") or {}).items() if v)
+    bar = (f'<div class="bar"><div style="width:{100 * frac:.1f}%"></div></div>'
+           if frac is not None else "")
+    res = st.get("resume")
+    if res is not None:
+        resume_txt, resume_note, resume_cls = f"step {res['step']}", f"epoch {res['epoch']}, position {res['position']}", "good"
+    elif st.get("resume_error"):
+        resume_txt, resume_note, resume_cls = "not possible", st["resume_error"][:80], "bad"
+    else:
+        resume_txt, resume_note, resume_cls = "from start", "no commit yet", ""
+    kpis = [
+        _kpi("epoch · position", f"{latest.get('epoch', '–')} · {_fmt_num(pos)}",
+             f"of {_fmt_num(epoch_n)} samples per epoch" + (f" ({frac:.0%})" if frac is not None else ""),
+             extra=bar),
+        _kpi("step", _fmt_num(latest.get("step")), f"{st['ranks'][0]['commits'] if st.get('ranks') else 0} commits"
+             + f", world size {latest.get('world_size', cfg.get('world_size', '–'))}"),
+        _kpi("samples delivered", _fmt_num(samples), f"over {_fmt_duration(t1 - t0) if t0 is not None else '–'}"),
+        _kpi("throughput", f"{_fmt_num(tp)} /s" if tp is not None else "–", "samples/s, recent commits"),
+        _kpi("cache hit rate", f"{hit:.0%}" if hit is not None else "–",
+             f"{stats.get('cache_hits', 0)} hits, {stats.get('cache_misses', 0)} misses (latest loader)"
+             if hit is not None else ("no remote shard opened" if stats else "no stats snapshot yet"),
+             "good" if hit is not None and hit >= 0.9 else ""),
+        _kpi("downloaded", _fmt_bytes(dl.get("bytes") or 0),
+             f"{dl.get('count', 0)} downloads"
+             + (f", {_fmt_bytes(dl['bytes'] / dl['seconds'])}/s" if dl.get("seconds") else "")),
+        _kpi("retries", _fmt_num(counts.get("retries", 0)), "failed fetch attempts retried",
+             "warn" if counts.get("retries") else ""),
+        _kpi("repairs", _fmt_num(counts.get("repairs", 0)),
+             f"{counts.get('verify_failures', 0)} verification failures", "warn" if counts.get("repairs") else ""),
+        _kpi("failed / skipped", f"{counts.get('failures', 0)} / {counts.get('skips', 0)}", "shards",
+             "bad" if bad else "good"),
+        _kpi("evictions", _fmt_num(counts.get("evictions", 0)), "cache entries removed"),
+        _kpi("resumes", _fmt_num(resumes), "restarts from a commit"),
+        _kpi("resume point", resume_txt, resume_note, resume_cls),
+        _kpi("shards", _fmt_num(sh.get("total", 0)), "", extra=f'<div class="chips">{chips}</div>'),
+    ]
+    when = (f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(t0))} → "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(t1))}" if t0 is not None else "no commits yet")
+    sub = (f"run <code>{html.escape(str(st.get('run_id')))}</code> · journal "
+           f"<code>{html.escape(str(st.get('path')))}</code> · {len(st.get('ranks', []))} rank file(s) · "
+           f"{html.escape(when)}")
+    return sub, '<section class="kpis">' + "".join(kpis) + "</section>"
+
+
+def _errors_table(data: Dict[str, Any]) -> str:
+    errs = data["status"].get("last_errors") or []
+    if not errs:
+        return '<div class="empty">No errors recorded.</div>'
+    rows = []
+    for e in errs:
+        d = e.get("detail") or {}
+        msg = d.get("error") or d.get("actual") or (json.dumps(d) if d else "")
+        ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"])) if e.get("ts") else "–"
+        rows.append(f"<tr><td>{ts}</td><td>{e['rank']}</td><td>{html.escape(e['kind'])}</td>"
+                    f"<td>{html.escape(str(e.get('url') or '–'))}</td>"
+                    f'<td class="err">{html.escape(str(msg)[:300])}</td></tr>')
+    return ("<table><thead><tr><th>time</th><th>rank</th><th>kind</th><th>url</th><th>error</th>"
+            "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+#: (id, title, caption, figure builder, wide)
+_CHARTS = [
+    ("throughput", "Throughput", "Samples per second between commits (line, per rank); circles: "
+     "the loader's own recent-window estimate; dashed: resumes.", _throughput_fig, True),
+    ("cache", "Cache hit rate", "Share of shard opens served from the verified cache, per interval "
+     "between stats snapshots and since the loader started.", _hit_rate_fig, False),
+    ("events", "Retries, repairs and faults", "Each tick is one journal event; hover for url and "
+     "error.", _timeline_fig, False),
+    ("shards", "Shards", "One square per shard, coloured by state; outlined: retried or repaired. "
+     "Hover for details.", _shard_fig, True),
+]
+
+
+def render_report(data: Dict[str, Any]) -> str:
+    """The HTML page for ``load_run(...)`` data (plotly.js inline)."""
+    go = _require_plotly()
+    import plotly.offline
+
+    sub, kpis = _summary(data)
+    cards = []
+    for cid, title, caption, build, wide in _CHARTS:
+        fig = build(go, data)
+        if fig is None:
+            body = '<div class="empty">Nothing recorded yet.</div>'
+        else:
+            body = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{cid}",
+                               config={"displaylogo": False, "responsive": True})
+        cards.append(f'<section class="card{" wide" if wide else ""}" id="card-{cid}"><h2>{title}</h2>'
+                     f'<div class="caption">{html.escape(caption)}</div>{body}</section>')
+    cards.append('<section class="card wide" id="card-errors"><h2>Latest errors</h2>'
+                 '<div class="caption">Newest first, all ranks.</div>' + _errors_table(data) + "</section>")
+    st = data["status"]
+    title = f"resumewds run {st.get('run_id') or ''}".strip()
+    # "</script" cannot occur in plotly.min.js, but make sure
+    js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
+    generated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.get("generated") or time.time()))
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}"
+        f"</title><style>{_CSS}</style><script type=\"text/javascript\">{js}</script></head><body>"
+        f"<header><h1>resumewds run report</h1><div class=\"sub\">{sub}</div></header><main>{kpis}"
+        f"<div class=\"grid\">{''.join(cards)}</div></main>"
+        f"<footer>generated {generated} by resumewds report · self-contained, works offline</footer>"
+        "</body></html>\n")
+
+
+def write_report(journal: str, output: str) -> str:
+    """Write the report of the run whose journal is ``journal`` to ``output``.
+
+    The file is written to ``output + ".tmp"`` and renamed, so a reader never
+    sees half a page.
+
+    Args:
+        journal: the run's journal path (rank 0's file; other ranks' files
+            next to it are read too).
+        output: the HTML file to write.
+
+    Returns:
+        ``output``.
+
+    Raises:
+        ReportError: plotly is not installed.
+        JournalError: no journal at ``journal``, or an unreadable file.
+    """
+    _require_plotly()
+    page = render_report(load_run(journal))
+    tmp = output + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(page)
+    os.replace(tmp, output)
+    return output
+
+
+__all__ = ["ReportError", "hit_rate_series", "load_run", "render_report", "throughput_series",
+           "write_report"]
