@@ -70,8 +70,12 @@ def cli() -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Where to write manifest.json (urls are stored relative to it).")
 @click.option("--cache-dir", default=None, help="Cache for remote shards.")
+@click.option("--offsets", type=click.Choice(["auto", "inline", "file"]), default="auto", show_default=True,
+              help="Sample offsets inline in the JSON, or in a memory-mapped side file "
+                   "(auto: a side file above 1,000,000 samples).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
-def index(sources: List[str], output: str, cache_dir: Optional[str], progress: Optional[bool]) -> None:
+def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: str,
+          progress: Optional[bool]) -> None:
     """Index shards: sizes, xxh3_64, sample counts and sample byte ranges.
 
     \b
@@ -86,7 +90,7 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], progress: O
     n = len(resolve_sources(list(sources)).shards)
     store = ShardStore(cache_dir=cache_dir)
     with _progress(n, "indexing", progress) as bar:
-        m = build_manifest(list(sources), output, store=store, progress=bar.update)
+        m = build_manifest(list(sources), output, store=store, progress=bar.update, offsets=offsets)
     click.echo(f"{output}: {len(m.shards)} shards, {m.total_samples} samples, "
                f"{sum(s.size or 0 for s in m.shards)} bytes", err=True)
 

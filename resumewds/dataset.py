@@ -242,7 +242,7 @@ class WebDataset:
         """The resolved, indexed manifest (resolving and indexing on first use)."""
         if self._manifest is None:
             m = resolve_sources(self.urls, fetch_config=self.fetch,
-                                allow_remote_pipe=self.allow_remote_pipe)
+                                allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
             if not m.indexed:
                 index_manifest(m, self.store, on_event=self._on_event)
             self._manifest = m
@@ -418,7 +418,7 @@ class WebDataset:
 
 
 def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = None,
-                   progress: Optional[Callable[[int], None]] = None) -> Manifest:
+                   progress: Optional[Callable[[int], None]] = None, offsets: str = "auto") -> Manifest:
     """Index shards and (optionally) write a manifest.json.
 
     Args:
@@ -426,6 +426,9 @@ def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = N
         output: where to write the manifest (urls relative to it), or None.
         store: shard cache for remote shards (default: a new ShardStore).
         progress: called with 1 after each shard is indexed.
+        offsets: ``"inline"`` (offsets in the JSON), ``"file"`` (a binary
+            side file, memory-mapped by readers: for very large data sets),
+            or ``"auto"``: a side file above 1,000,000 samples.
 
     Returns:
         The indexed :class:`~resumewds.manifest.Manifest`.
@@ -438,5 +441,7 @@ def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = N
     m = resolve_sources(urls)
     index_manifest(m, store, progress=progress)
     if output is not None:
-        m.save(output)
+        if offsets == "auto":
+            offsets = "file" if m.total_samples > 1_000_000 else "inline"
+        m.save(output, offsets=offsets)
     return m

@@ -26,7 +26,8 @@ import re
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
 from .errors import SourceError, UnsafeSourceError
-from .manifest import Manifest, ShardInfo, concat, is_remote, load_manifest, parse_manifest_bytes
+from .manifest import (LazyOffsets, Manifest, ShardInfo, concat, is_remote, load_manifest,
+                       parse_manifest_bytes)
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -112,16 +113,26 @@ def _is_manifest(url: str) -> bool:
     return base.endswith(".json")
 
 
-def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool) -> Manifest:
+def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
+                     cache_dir: Optional[str] = None) -> Manifest:
     from .fetch import FetchConfig, fetch_bytes  # local import: keeps start-up light
 
     raw = fetch_bytes(url, fetch_config or FetchConfig())
     m = parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)
+    sides = {id(s.offsets.file): s.offsets.file for s in m.shards if isinstance(s.offsets, LazyOffsets)}
+    if sides:
+        # a version-2 manifest's offsets file comes through the verified cache
+        from .cache import ShardStore
+
+        store = ShardStore(cache_dir=cache_dir, fetch=fetch_config)
+        for side in sides.values():
+            if is_remote(side.path):
+                side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64))
     return m
 
 
 def resolve_sources(src: Source, *, fetch_config: Any = None,
-                    allow_remote_pipe: bool = False) -> Manifest:
+                    allow_remote_pipe: bool = False, cache_dir: Optional[str] = None) -> Manifest:
     """Resolve any accepted source into one :class:`Manifest`.
 
     Shards from plain paths and patterns are not indexed yet (see
@@ -154,7 +165,7 @@ def resolve_sources(src: Source, *, fetch_config: Any = None,
             if _is_manifest(url) and not url.startswith("pipe:"):
                 flush()
                 if is_remote(url):
-                    parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe))
+                    parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe, cache_dir))
                 else:
                     parts.append(load_manifest(_normalise(url)))
             else:

@@ -1,0 +1,93 @@
+"""Manifest format: version 1 (inline offsets) and version 2 (offsets side file)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from click.testing import CliRunner
+
+import resumewds as rw
+from chaos.faultserver import FaultServer
+from resumewds.cli import cli
+from resumewds.errors import ChecksumMismatch, SourceError
+from resumewds.manifest import LazyOffsets, load_manifest
+from resumewds.synth import write_shards
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    monkeypatch.setenv("RESUMEWDS_CACHE_DIR", str(tmp_path / "cache"))
+    d = tmp_path / "data"
+    write_shards(str(d), shards=4, samples=23, size_range=(100, 900), seed=1)
+    return d
+
+
+def _cat(*args):
+    res = CliRunner().invoke(cli, ["cat", *args], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+def test_offsets_file_equals_inline(data):
+    pattern = str(data / "shard-{000000..000003}.tar")
+    rw.build_manifest(pattern, str(data / "v1.json"), offsets="inline")
+    rw.build_manifest(pattern, str(data / "v2.json"), offsets="file")
+    v1 = json.loads((data / "v1.json").read_text())
+    v2 = json.loads((data / "v2.json").read_text())
+    assert v1["version"] == 1 and "offsets" in v1["shards"][0]
+    assert v2["version"] == 2 and v2["offsets_file"] == "v2.json.offsets"
+    assert "offsets" not in v2["shards"][0] and v2["shards"][1]["offsets_at"] == 24
+    m1, m2 = load_manifest(str(data / "v1.json")), load_manifest(str(data / "v2.json"))
+    assert isinstance(m2.shards[0].offsets, LazyOffsets)
+    for a, b in zip(m1.shards, m2.shards):
+        assert list(a.offsets) == list(b.offsets)
+    assert m1.digest() == m2.digest()
+    # pickles as (file path, start, count): workers map the file themselves
+    again = pickle.loads(pickle.dumps(m2.shards[2]))
+    assert list(again.offsets) == list(m2.shards[2].offsets)
+    out1 = _cat(str(data / "v1.json"), "--seed", "3", "--shuffle", "--epochs", "2")
+    out2 = _cat(str(data / "v2.json"), "--seed", "3", "--shuffle", "--epochs", "2", "--workers", "2")
+    assert out1 == out2 and len(out1.splitlines()) == 2 * 4 * 23
+
+
+def test_cli_index_offsets_option(data):
+    res = CliRunner().invoke(cli, ["index", *sorted(str(p) for p in data.glob("*.tar")),
+                                   "-o", str(data / "m.json"), "--offsets", "file"])
+    assert res.exit_code == 0, res.output
+    assert (data / "m.json.offsets").stat().st_size == 8 * 4 * 24
+
+
+def test_missing_offsets_file_is_a_clear_error(data):
+    rw.build_manifest(str(data / "shard-{000000..000003}.tar"), str(data / "v2.json"), offsets="file")
+    (data / "v2.json.offsets").unlink()
+    res = CliRunner().invoke(cli, ["cat", str(data / "v2.json")])
+    assert res.exit_code != 0
+    assert "v2.json.offsets" in res.output
+
+
+def test_newer_version_refused(data):
+    rw.build_manifest(str(data / "shard-{000000..000003}.tar"), str(data / "m.json"))
+    doc = json.loads((data / "m.json").read_text())
+    doc["version"] = 99
+    (data / "m.json").write_text(json.dumps(doc))
+    with pytest.raises(SourceError, match="newer"):
+        load_manifest(str(data / "m.json"))
+
+
+def test_remote_v2_manifest_offsets_come_verified_through_the_cache(data, tmp_path):
+    rw.build_manifest(str(data / "shard-{000000..000003}.tar"), str(data / "v2.json"), offsets="file")
+    local = _cat(str(data / "v2.json"), "--seed", "5", "--shuffle")
+    with FaultServer(str(data), faults="mixed:0.2", seed=4, max_faults_per_path=2, stall_seconds=1.0,
+                     retry_after=0) as srv:
+        remote = _cat(srv.url + "v2.json", "--seed", "5", "--shuffle", "--timeout", "0.5",
+                      "--cache-dir", str(tmp_path / "c2"))
+    assert remote == local
+    # a tampered side file fails its checksum instead of feeding wrong offsets
+    raw = bytearray((data / "v2.json.offsets").read_bytes())
+    raw[9] ^= 0xFF
+    (data / "v2.json.offsets").write_bytes(bytes(raw))
+    with FaultServer(str(data), faults="", seed=0) as srv:
+        with pytest.raises(ChecksumMismatch, match="v2.json.offsets"):
+            rw.WebDataset(srv.url + "v2.json", cache_dir=str(tmp_path / "c3")).manifest
