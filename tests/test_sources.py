@@ -74,7 +74,7 @@ def test_build_manifest_round_trip(shards, tmp_path):
     out = str(tmp_path / "data" / "manifest.json")
     m = rw.build_manifest(shards, out)
     raw = json.load(open(out))
-    assert raw["format"] == FORMAT and raw["version"] == VERSION
+    assert raw["format"] == FORMAT and raw["version"] == 1  # inline offsets: version 1 (readable by older readers)
     assert [s["url"] for s in raw["shards"]] == [os.path.basename(p) for p in shards]  # relative
     loaded = load_manifest(out)
     assert loaded.indexed and loaded.total_samples == 5 * 37
@@ -149,7 +149,7 @@ def test_pipe_urls_from_remote_manifest_are_refused(tmp_path):
     # what resolve_sources does for a remote manifest: refuse untrusted pipes
     from resumewds import sources as srcmod
 
-    def fake_remote(url, fetch_config, allow_remote_pipe):
+    def fake_remote(url, fetch_config, allow_remote_pipe, cache_dir=None):
         return parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)
 
     mp = pytest.MonkeyPatch()
