@@ -170,7 +170,7 @@ class Table:
         if target_text is None:
             target_text = "-" if target is None else (f">= {target:g}x" if higher_is_better else f"<= {target:g}x")
         self.rows.append((metric, fmt.format(ours) + unit, "-" if peer is None else fmt.format(peer) + unit,
-                          "-" if ratio is None else f"{ratio:.2f}x", target_text,
+                          "-" if ratio is None else f"{ratio:.3f}x", target_text,
                           "info" if ok is None else ("PASS" if ok else "FAIL")))
         if ok is False:
             self.failed += 1

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     # of the requests is a meaningful number of faults per pass
     shards, samples = (6, 250) if args.quick else (24, 700)
     fshards, fsamples = (24, 40) if args.quick else (48, 100)
-    repeats = args.repeats or (2 if args.quick else 3)
+    repeats = args.repeats or (2 if args.quick else 5)
     fault_seeds = 3
     table = C.Table("bench_fetch (issue 3)" + (" --quick" if args.quick else ""))
     with C.workdir(args, "fetch") as d:
@@ -88,18 +88,22 @@ def main(argv=None) -> int:
                 os.makedirs(scratch, exist_ok=True)
 
             # ---- 1. fetch throughput ------------------------------------------
-            def rw_fetch() -> int:
+            # (deleting the previous pass's files is not timed: freeing ~GB of
+            # page cache is slow and noisy, and not part of either side's work)
+            def rw_fetch():
                 clean()
-                with ShardStore(cache_dir=fresh_dir("cache"), fetch=FetchConfig()) as st:
-                    res = st.prefetch_all(remote.shards)
+                cache_dir = fresh_dir("cache")
+                with C.Clock() as clock:
+                    with ShardStore(cache_dir=cache_dir, fetch=FetchConfig()) as st:
+                        res = st.prefetch_all(remote.shards)
                 assert all(ok for _, ok, _ in res), res
-                return total_bytes
+                return clock.result(total_bytes)
 
-            def requests_fetch() -> int:
+            def requests_fetch():
                 clean()
                 out = fresh_dir("raw")
                 n = 0
-                with requests.Session() as s:
+                with C.Clock() as clock, requests.Session() as s:
                     for sh, name in zip(remote.shards, names):
                         with s.get(sh.url, stream=True, timeout=30) as r:
                             r.raise_for_status()
@@ -107,7 +111,7 @@ def main(argv=None) -> int:
                                 for chunk in r.iter_content(1 << 20):
                                     f.write(chunk)
                                     n += len(chunk)
-                return n
+                return clock.result(n)
 
             print(f"# 1. fetch {shards} shards ({total_bytes / 1e6:.0f} MB), {repeats} repeats", flush=True)
             runs = C.interleave({"rw_fetch": rw_fetch, "requests": requests_fetch}, repeats)
@@ -160,9 +164,12 @@ def main(argv=None) -> int:
                 ds.close()
                 return n
 
-            def rw_cold() -> int:
+            def rw_cold():
                 clean()
-                return rw_pass(fresh_dir("cold"))
+                cache_dir = fresh_dir("cold")
+                with C.Clock() as clock:
+                    n = rw_pass(cache_dir)
+                return clock.result(n)
 
             def rw_warm() -> int:
                 return rw_pass(warm_cache)

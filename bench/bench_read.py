@@ -100,7 +100,7 @@ def decode(args, d: str, table: C.Table) -> None:
     import resumewds as rw
 
     shards, samples = (4, 150) if args.quick else (8, 400)
-    repeats = args.repeats or (2 if args.quick else 3)
+    repeats = args.repeats or (2 if args.quick else 4)
     _, pattern, manifest = C.make_shards(os.path.join(d, "jpg"), shards, samples, images=True, image_side=256)
     cache = os.path.join(d, "cache")
     total = shards * samples
