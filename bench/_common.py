@@ -146,6 +146,12 @@ def median_time(runs: Runs) -> float:
     return statistics.median(r[0] for r in runs)
 
 
+def paired_ratio(a: Runs, b: Runs) -> float:
+    """Median over rounds of rate(a) / rate(b), each round's a and b adjacent in time
+    (slow drifts in the machine's load cancel out)."""
+    return statistics.median((x[1] / x[0]) / (y[1] / y[0]) for x, y in zip(a, b))
+
+
 def cpu_per_item_us(runs: Runs) -> float:
     """Median CPU microseconds per item."""
     return statistics.median(r[2] / r[1] * 1e6 for r in runs)

@@ -76,6 +76,8 @@ def main(argv=None) -> int:
         table.add("loop samples/s: commit(step) every batch vs no journal (best)", C.best_rate(j),
                   C.best_rate(n), target=0.98)
         table.add("loop samples/s: same, median of repeats", C.median_rate(j), C.median_rate(n))
+        table.add("loop: median of per-round paired ratios", C.median_rate(j), C.median_rate(n),
+                  ratio=C.paired_ratio(j, n))
         cj, cn = C.cpu_per_item_us(j), C.cpu_per_item_us(n)
         table.add("loop CPU us/sample (ratio = peer/ours)", cj, cn, ratio=cn / cj, fmt="{:,.2f}")
         table.add("loop samples/s: journal_sync=FULL vs no journal (best)", C.best_rate(runs["journal_full"]),

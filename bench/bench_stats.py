@@ -34,7 +34,7 @@ def main(argv=None) -> int:
 
     print(C.machine_note())
     shards, samples = (8, 500) if args.quick else (16, 1000)
-    repeats = args.repeats or (4 if args.quick else 7)
+    repeats = args.repeats or (8 if args.quick else 11)
     table = C.Table("bench_stats (issue 6)" + (" --quick" if args.quick else ""))
     real_update = stats_mod.Stats.update
     # newer loaders also sample the DataLoader queue depth once per batch: part of stats too
@@ -90,6 +90,8 @@ def main(argv=None) -> int:
             table.add(f"loop samples/s ({label}): stats on vs update no-op (best)", C.best_rate(on),
                       C.best_rate(off), target=0.99)
             table.add(f"loop samples/s ({label}): same, median", C.median_rate(on), C.median_rate(off))
+            table.add(f"loop ({label}): median of per-round paired ratios", C.median_rate(on), C.median_rate(off),
+                      ratio=C.paired_ratio(on, off))
             c_on, c_off = C.cpu_per_item_us(on), C.cpu_per_item_us(off)
             table.add(f"loop CPU us/sample ({label}) (ratio = peer/ours)", c_on, c_off, ratio=c_off / c_on,
                       fmt="{:,.2f}")
