@@ -340,6 +340,8 @@ class WebDataset:
         shards = self.manifest.shards
         collate_fn = self.collate_fn or default_collate
         last_window = -1
+        sample_at, read, stages = ep.sample_at, self._read, self.stages
+        names: Dict[int, str] = {}
         for k in worker_steps(nsteps, worker, num_workers):
             slots = layout.slots(total, start, k)
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
@@ -361,33 +363,50 @@ class WebDataset:
             # With padding in a step, every sample carries __pad__ (True/False)
             # so that collation keeps the flag for the whole batch.
             any_pad = any(p for _, p in slots)
+            per_shard = meta["shards"]
+            positions = meta["positions"]
+            nbytes = skipped = filtered = pads = 0
+            t0 = time.perf_counter()
             for pos, pad in slots:
-                t0 = time.perf_counter()
-                si, j = ep.sample_at(pos)
-                sample = self._read(si, j)
+                si, j = sample_at(pos)
+                sample = read(si, j)
                 t1 = time.perf_counter()
                 t_read += t1 - t0
                 if sample is None:
-                    meta["skipped"] += 1
+                    skipped += 1
+                    t0 = t1
                     continue
-                meta["bytes"] += sum(len(v) for k2, v in sample.items() if not k2.startswith("__"))
+                # members only: __key__ and __url__ are the only dunder keys so far
+                nbytes += sum(map(len, sample.values())) - len(sample["__key__"]) - len(sample["__url__"])
                 sample["__epoch__"] = epoch
                 sample["__index__"] = pos
-                sample["__shard__"] = shards[si].name
+                name = names.get(si)
+                if name is None:
+                    name = names[si] = shards[si].name
+                sample["__shard__"] = name
                 if any_pad:
                     sample["__pad__"] = bool(pad)
                 if pad:
-                    meta["pads"] += 1
+                    pads += 1
                 else:
-                    meta["shards"][si] = meta["shards"].get(si, 0) + 1
-                x = self._apply(self.stages, sample)
-                t_stages += time.perf_counter() - t1
+                    per_shard[si] = per_shard.get(si, 0) + 1
+                x = sample
+                for st in stages:
+                    x = st(x)
+                    if x is None:
+                        break
+                t0 = time.perf_counter()
+                t_stages += t0 - t1
                 if x is None:
-                    meta["filtered"] += 1
+                    filtered += 1
                     continue
                 out.append(x)
-                meta["positions"].append(pos)
-                meta["samples"] += 1
+                positions.append(pos)
+            meta["samples"] = len(out)
+            meta["bytes"] = nbytes
+            meta["skipped"] = skipped
+            meta["filtered"] = filtered
+            meta["pads"] = pads
             t2 = time.perf_counter()
             batch: Any = out
             if collate and out:

@@ -337,7 +337,8 @@ def _lock_path(file: str) -> str:
 
 def _read_lock_info(lock_file: str) -> Dict[str, Any]:
     try:
-        with open(lock_file, "r") as f:
+        fd = os.open(lock_file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "r") as f:
             text = f.read()
     except OSError:
         return {}
@@ -494,9 +495,17 @@ class Journal:
         d = os.path.dirname(self.path)
         if d and not os.path.isdir(d):
             raise self._err(f"directory {d} does not exist")
+        for f in (self.path, lock_file, self.path + "-wal", self.path + "-shm"):
+            if os.path.islink(f):
+                raise self._err(f"{f} is a symbolic link; refusing to follow it "
+                                "(a journal never writes through links)")
         try:
-            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise self._err(f"lock file {lock_file} is a symbolic link; refusing to follow it",
+                                exc) from exc
             raise self._err(f"cannot open lock file {lock_file}", exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
