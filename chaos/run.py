@@ -1,0 +1,826 @@
+"""``python -m chaos run``: a matrix of faults against real ``resumewds`` processes.
+
+Every scenario runs ``resumewds cat`` (or ``examples/train.py``) as a
+subprocess, usually with ``--workers 2``, and compares every delivered line
+(``SHARD<TAB>KEY<TAB>DIGEST``) with the source data: the digest of each
+sample read straight from the local shards, and the order of an
+uninterrupted local run.  One table comes out:
+
+    fault | runs | faults injected | samples expected | delivered | lost |
+    repeated | corrupt delivered | clear-error exits | verdict
+
+A scenario expects one of:
+
+``exact``     every run exits 0 and the output equals the local output.
+``error``     every run exits non-zero by itself, with an ``Error:`` line and
+              no traceback, within its time bound; what it printed before is
+              a correct prefix of the local output.
+``either``    each run is ``exact`` or ``error``.
+``resume``    runs with a journal are killed or fail, are rerun, and the
+              committed output concatenated over the reruns equals the local
+              output exactly.
+
+The verdict is FAIL on any lost, repeated, corrupt or reordered sample, a
+run past its bound (a hang), or an exit that is not the expected kind; SKIP
+(with the reason) when the environment cannot inject the fault (tmpfs mounts
+need root).  Exit status 1 on any FAIL.
+
+Run::
+
+    python -m chaos run --quick            # < 2 minutes
+    python -m chaos run                    # more cycles
+    python -m chaos run --soak 30          # repeat the matrix with new seeds for 30 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from chaos import diskfaults
+from chaos.crash import (Dataset, Harness, Proc, Tally, cat_cmd, child_env, committed_samples, compare,
+                         make_dataset, reap_orphans, run)
+from chaos.faultserver import FaultServer
+
+BOUND = 60.0  # seconds a single run may take before it counts as hung
+
+
+@dataclasses.dataclass
+class Row:
+    fault: str
+    expect: str
+    runs: int = 0
+    faults: int = 0
+    tally: Tally = dataclasses.field(default_factory=Tally)
+    clear_errors: int = 0
+    bad_exits: List[str] = dataclasses.field(default_factory=list)
+    hung: int = 0
+    skip: Optional[str] = None
+    note: str = ""
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        if self.skip:
+            return "SKIP"
+        if self.hung or self.bad_exits or not self.tally.ok:
+            return "FAIL"
+        return "PASS"
+
+
+class Suite:
+    """Data, reference outputs and servers shared by the scenarios."""
+
+    def __init__(self, work: str, seed: int, quick: bool):
+        self.work = work
+        self.seed = seed
+        self.quick = quick
+        self.data = make_dataset(os.path.join(work, "data"), shards=6, samples=60, size_range=(1000, 12000),
+                                 seed=seed)
+        ref = run(cat_cmd(self.data.manifest, workers=0, epochs=1), bound=120)
+        if ref.rc != 0:
+            raise RuntimeError(f"reference run failed: {ref.err[-2000:]}")
+        self.ref = ref.lines
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def tmp(self, name: str) -> str:
+        with self._lock:
+            self._n += 1
+            d = os.path.join(self.work, f"{self._n:03d}-{name}")
+        os.makedirs(d)
+        return d
+
+    def server(self, faults: str = "", **kw) -> FaultServer:
+        kw.setdefault("seed", self.seed)
+        kw.setdefault("stall_seconds", 3.0)
+        kw.setdefault("retry_after", 0.2)
+        kw.setdefault("manifest", self.data.manifest)
+        srv = FaultServer(self.data.root, faults=faults, **kw).start()
+        srv.script("/manifest.json", [None] * 1000)  # faults hit shards, not the manifest
+        return srv
+
+    def judge(self, row: Row, p: Proc, expect: Optional[str] = None) -> None:
+        """Count one run into ``row``."""
+        expect = expect or row.expect
+        row.runs += 1
+        if p.hung:
+            row.hung += 1
+            row.bad_exits.append(f"hung > {BOUND:.0f}s")
+            return
+        got = p.lines
+        ok_exact = p.rc == 0
+        if p.clear_error:
+            row.clear_errors += 1
+        if expect == "exact" or (expect == "either" and ok_exact):
+            row.tally.add(compare(self.ref, got, self.data.digests))
+            if not ok_exact:
+                row.bad_exits.append(f"exit {p.rc}: {_last_line(p.err)}")
+        else:  # an error is expected (or allowed): what was printed must be a correct prefix
+            row.tally.add(compare(self.ref[:len(got)], got, self.data.digests))
+            if ok_exact and expect == "error":
+                row.bad_exits.append("exit 0 where an error was expected")
+            elif not ok_exact and not p.clear_error:
+                row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+        if not row.note and p.rc and p.clear_error:
+            row.note = _last_line(p.err)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:160]
+
+
+# ---------------------------------------------------------------------------
+# scenarios: each takes the suite and returns a Row
+# ---------------------------------------------------------------------------
+def net(name: str, faults: str, *, max_per_path: int = 2, runs: int = 1, down: float = 0.0,
+        no_manifest: bool = False, expect: str = "exact", **srv_kw) -> Callable[[Suite], Row]:
+    def scenario(s: Suite) -> Row:
+        row = Row(name, expect)
+        for i in range(runs):
+            srv = s.server(faults, max_faults_per_path=max_per_path, seed=s.seed * 100 + i, **srv_kw)
+            try:
+                d = s.tmp("net")
+                if no_manifest:
+                    names = sorted(os.path.basename(p) for p in _shard_paths(s.data))
+                    src = srv.url + "{" + ",".join(names) + "}"
+                    srv.script("/" + names[0], [])
+                else:
+                    src = srv.url + "manifest.json"
+                if down:
+                    srv.set_down(down)
+                p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
+                s.judge(row, p)
+                row.faults += sum(srv.faults.values())
+            finally:
+                srv.stop()
+        return row
+    return _labelled(name, scenario)
+
+
+def _shard_paths(data: Dataset) -> List[str]:
+    return sorted(os.path.join(data.root, n) for n in os.listdir(data.root) if n.endswith(".tar"))
+
+
+def crash_cycles(kills: int, target: str) -> Callable[[Suite], Row]:
+    def scenario(s: Suite) -> Row:
+        row = Row(f"SIGKILL x{kills}, {target} (download/commit/mid-batch, 2 workers)", "resume")
+        h = Harness(s.tmp(f"crash-{target}"), seed=s.seed, shards=6, samples=80)
+        try:
+            rng = random.Random(f"{s.seed}:{target}")
+            rep = h.crash_cat(kills, rng, bound=BOUND) if target == "cat" else h.crash_train(kills, rng, bound=BOUND)
+        finally:
+            h.close()
+        row.runs, row.faults, row.tally, row.hung = rep.runs, rep.kills, rep.tally, rep.hung
+        row.bad_exits = list(rep.errors)
+        if rep.loss_mismatch:
+            row.bad_exits.append(f"{rep.loss_mismatch} steps with a different loss after resume")
+        row.note = f"{rep.kills_in_download} kills mid-download, {rep.kills_main_only} main-only"
+        if target == "train":
+            row.note += f", {rep.resumed_same_sample} resumes checked at the same sample"
+        return row
+    return _labelled(f"crash_{target}", scenario)
+
+
+def _children(pid: int) -> List[int]:
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == str(pid):
+                        kids.append(int(d))
+            except (OSError, IndexError):
+                pass
+    return kids
+
+
+def kill_worker(s: Suite) -> Row:
+    """SIGKILL one DataLoader worker: a clear error within the bound, then a rerun completes exactly."""
+    row = Row("SIGKILL of one DataLoader worker, then rerun", "resume")
+    srv = s.server(bytes_per_second=1.5e6)
+    d = s.tmp("killworker")
+    journal = os.path.join(d, "run.db")
+    cmd = cat_cmd(srv.url + "manifest.json", journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1)
+    killed: List[int] = []
+
+    def killer(p) -> None:
+        def go() -> None:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 20 and p.poll() is None:
+                kids = _children(p.pid)
+                if len(kids) >= 2:
+                    time.sleep(0.6)
+                    os.kill(kids[0], signal.SIGKILL)
+                    killed.append(kids[0])
+                    return
+                time.sleep(0.02)
+        threading.Thread(target=go, daemon=True).start()
+
+    kept: List[str] = []
+    try:
+        for attempt in range(3):
+            before = committed_samples(journal)
+            p = run(cmd, bound=30.0, on_start=killer if attempt == 0 else None)
+            row.runs += 1
+            after = committed_samples(journal)
+            kept.extend(p.lines[: after - before])
+            if p.hung:
+                row.hung += 1
+                row.bad_exits.append("hung after a worker was killed")
+                break
+            if attempt == 0:
+                if p.rc == 0:
+                    row.note = "worker killed after it finished; run completed"
+                elif p.clear_error and "worker" in p.err:
+                    row.clear_errors += 1
+                    row.note = f"exit {p.rc} after {p.seconds:.1f}s: {_last_line(p.err)[:90]}"
+                else:
+                    row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+            if p.rc == 0:
+                break
+        row.faults = len(killed)
+        row.tally.add(compare(s.ref, kept, s.data.digests))
+    finally:
+        srv.stop()
+    return row
+
+
+def tmpfs_full(s: Suite) -> Row:
+    """ENOSPC mid-download: the cache on a tmpfs smaller than the data."""
+    row = Row("cache on a full tmpfs (ENOSPC mid-download)", "error")
+    d = s.tmp("enospc")
+    mnt = os.path.join(d, "mnt")
+    total = sum(os.path.getsize(p) for p in _shard_paths(s.data))
+    srv = s.server()
+    try:
+        with diskfaults.tmpfs(mnt, f"{max(64, total // 3 // 1024)}k"):
+            p = run(cat_cmd(srv.url + "manifest.json", cache_dir=os.path.join(mnt, "cache"), epochs=1), bound=BOUND)
+            s.judge(row, p)
+            row.faults = 1
+            if p.rc and "space" not in p.err:
+                row.bad_exits.append(f"error does not say the disk is full: {_last_line(p.err)}")
+    except diskfaults.MountUnavailable as exc:
+        row.skip = str(exc)
+    finally:
+        srv.stop()
+    return row
+
+
+def readonly_cache(s: Suite) -> Row:
+    row = Row("read-only cache directory", "error")
+    d = s.tmp("rocache")
+    mnt = os.path.join(d, "mnt")
+    srv = s.server()
+    try:
+        with diskfaults.tmpfs(mnt, "4m", readonly=True):
+            p = run(cat_cmd(srv.url + "manifest.json", cache_dir=mnt, epochs=1), bound=BOUND)
+            s.judge(row, p)
+            row.faults = 1
+    except diskfaults.MountUnavailable as exc:
+        row.skip = str(exc)
+    finally:
+        srv.stop()
+    return row
+
+
+def cache_damage_between(kills: int) -> Callable[[Suite], Row]:
+    def scenario(s: Suite) -> Row:
+        row = Row("cache corrupted/truncated/deleted between runs (+kills)", "resume")
+        h = Harness(s.tmp("damage"), seed=s.seed, shards=6, samples=80)
+        injected = [0]
+
+        def between(cache: str, rng: random.Random) -> int:
+            n = diskfaults.damage_cache(cache, rng, count=3)
+            injected[0] += n
+            return n
+        try:
+            rep = h.crash_cat(kills, random.Random(f"{s.seed}:damage"), bound=BOUND, between=between)
+        finally:
+            h.close()
+        row.runs, row.tally, row.hung, row.bad_exits = rep.runs, rep.tally, rep.hung, list(rep.errors)
+        row.faults = injected[0] + rep.kills
+        row.note = f"{injected[0]} damaged files, {rep.kills} kills"
+        return row
+    return _labelled("cache_damage_between", scenario)
+
+
+def cache_damage_during(s: Suite) -> Row:
+    """Files deleted, truncated or replaced by a corrupt copy while a run reads them:
+    each run ends exactly or with a clear error; reruns with the journal finish exactly."""
+    row = Row("cache damaged during runs (delete/truncate/replace)", "resume")
+    srv = s.server(bytes_per_second=4e6)
+    d = s.tmp("during")
+    cache = os.path.join(d, "cache")
+    journal = os.path.join(d, "run.db")
+    cmd = cat_cmd(srv.url + "manifest.json", journal=journal, cache_dir=cache, epochs=2, commit_every=5)
+    ref2 = s.ref + s.ref  # epochs=2 with the same seed: epoch 1 is reshuffled, compare by multiset below
+    rng = random.Random(f"{s.seed}:during")
+    stop = threading.Event()
+    count = [0]
+
+    def vandal() -> None:
+        while not stop.wait(rng.uniform(0.05, 0.3)):
+            for path in diskfaults.cache_entries(cache)[:1]:
+                kind = rng.choice(["delete", "truncate", "replace"])
+                try:
+                    if kind == "delete":
+                        os.unlink(path)
+                    elif kind == "truncate":
+                        os.truncate(path, rng.randrange(max(1, os.path.getsize(path))))
+                    else:
+                        with open(path, "rb") as f:
+                            b = bytearray(f.read())
+                        if b:
+                            b[rng.randrange(len(b))] ^= 0xFF
+                        with open(path + ".vandal", "wb") as f:
+                            f.write(b)
+                        os.replace(path + ".vandal", path)
+                    count[0] += 1
+                except OSError:
+                    pass
+
+    kept: List[str] = []
+    full: Optional[List[str]] = None
+    t = threading.Thread(target=vandal, daemon=True)
+    t.start()
+    try:
+        for attempt in range(12):
+            if attempt >= 8:
+                stop.set()
+            before = committed_samples(journal)
+            p = run(cmd, bound=BOUND)
+            row.runs += 1
+            after = committed_samples(journal)
+            kept.extend(p.lines[: after - before])
+            if p.hung:
+                row.hung += 1
+                row.bad_exits.append("hung")
+                break
+            if p.rc == 0:
+                break
+            if p.clear_error:
+                row.clear_errors += 1
+            else:
+                row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+                break
+        stop.set()
+        t.join(5)
+        full = run(cat_cmd(s.data.manifest, epochs=2, workers=0), bound=BOUND).lines
+        row.tally.add(compare(full, kept, s.data.digests))
+        row.faults = count[0]
+        row.note = f"{count[0]} files damaged under running readers"
+    finally:
+        stop.set()
+        srv.stop()
+    del ref2
+    return row
+
+
+def stale_partials(s: Suite) -> Row:
+    """Garbage .partial files whose .etag matches the server, and leftover .lock files."""
+    row = Row("stale partials (garbage + valid ETag) and lock files", "exact")
+    srv = s.server()
+    try:
+        d = s.tmp("stale")
+        cache = os.path.join(d, "cache")
+        rng = random.Random(s.seed)
+        paths = _shard_paths(s.data)
+        urls = [srv.url + os.path.basename(p) for p in paths]
+        row.faults = diskfaults.plant_stale(cache, urls, rng)
+        from resumewds.cache import ShardStore
+
+        store = ShardStore(cache_dir=cache)
+        for url, path in zip(urls, paths):
+            with open(store.entry_path(url) + ".partial.etag", "w") as f:
+                f.write(diskfaults.server_etag(path))
+        p = run(cat_cmd(srv.url + "manifest.json", cache_dir=cache, epochs=1), bound=BOUND)
+        s.judge(row, p)
+    finally:
+        srv.stop()
+    return row
+
+
+def journal_dir_full(s: Suite) -> Row:
+    """The journal's filesystem fills up: a clear error; after space is freed a rerun continues exactly."""
+    row = Row("journal directory full, then space freed", "resume")
+    d = s.tmp("jfull")
+    mnt = os.path.join(d, "mnt")
+    journal = os.path.join(mnt, "run.db")
+    cmd = cat_cmd(s.data.manifest, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1,
+                  commit_every=3)
+    try:
+        with diskfaults.tmpfs(mnt, "1m"):
+            filler = diskfaults.fill(mnt, leave=60 * 1024)
+            kept: List[str] = []
+            for attempt in range(2):
+                before = committed_samples(journal) if os.path.exists(journal) else 0
+                p = run(cmd, bound=BOUND)
+                row.runs += 1
+                after = committed_samples(journal) if os.path.exists(journal) else 0
+                kept.extend(p.lines[: after - before])
+                if attempt == 0:
+                    row.faults = 1
+                    if p.rc == 0:
+                        row.note = "journal fit in the space left"
+                    elif p.clear_error:
+                        row.clear_errors += 1
+                        row.note = _last_line(p.err)[:100]
+                    else:
+                        row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+                    os.unlink(filler)
+                elif p.rc != 0:
+                    row.bad_exits.append(f"rerun failed: {_last_line(p.err)}")
+                if p.hung:
+                    row.hung += 1
+            row.tally.add(compare(s.ref, kept, s.data.digests))
+    except diskfaults.MountUnavailable as exc:
+        row.skip = str(exc)
+    return row
+
+
+def fuzz_rows(cases: int) -> Callable[[Suite], Row]:
+    def scenario(s: Suite) -> Row:
+        from chaos.fuzz import fuzz_tar_reader
+
+        r = fuzz_tar_reader(cases=cases, seed=s.seed, bound=2.0)
+        row = Row(f"fuzzed tar shards -> tar reader ({cases} cases)", "either")
+        row.runs = r.cases
+        row.faults = r.cases
+        row.clear_errors = r.format_errors
+        row.bad_exits = [m for m, _ in r.failures]
+        row.note = f"{r.data} parsed, {r.format_errors} ShardFormatError, slowest {r.slowest * 1000:.0f} ms"
+        return row
+    return _labelled("fuzz_rows", scenario)
+
+
+def malformed_through_cat(s: Suite) -> Row:
+    """A few fuzzed shards placed among good ones, read by ``resumewds cat``."""
+    from hypothesis import HealthCheck, given, seed as hseed, settings
+
+    from chaos.fuzz import mutated_shards
+
+    row = Row("malformed shard among good ones -> resumewds cat", "either")
+    cases: List[bytes] = []
+
+    @hseed(s.seed)
+    @settings(max_examples=4 if s.quick else 12, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(mutated_shards())
+    def collect(b: bytes) -> None:
+        cases.append(b)
+
+    collect()
+    for i, b in enumerate(cases[-(4 if s.quick else 12):]):
+        d = s.tmp("malformed")
+        good = _shard_paths(s.data)[:2]
+        for g in good:
+            shutil.copy(g, d)
+        bad = os.path.join(d, "zz-bad.tar")
+        with open(bad, "wb") as f:
+            f.write(b)
+        p = run([sys.executable, "-m", "resumewds", "cat", *sorted([*(os.path.join(d, os.path.basename(g)) for g in good), bad]),
+                 "--workers", "2", "--cache-dir", os.path.join(d, "cache")], bound=BOUND)
+        row.runs += 1
+        row.faults += 1
+        if p.hung:
+            row.hung += 1
+        elif p.rc != 0 and not p.clear_error:
+            row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+        elif p.rc != 0:
+            row.clear_errors += 1
+        # lines for the good shards must be the true samples
+        good_lines = [ln for ln in p.lines if not ln.startswith("zz-bad.tar")]
+        row.tally.add(compare(good_lines, good_lines, s.data.digests))
+        row.tally.delivered += len(p.lines) - len(good_lines)
+    return row
+
+
+def _edited_manifest(s: Suite, d: str, edit: Callable[[dict], None]) -> str:
+    with open(s.data.manifest) as f:
+        m = json.load(f)
+    edit(m)
+    for sh in m["shards"]:
+        sh["url"] = "http://placeholder/" + os.path.basename(sh["url"])
+    path = os.path.join(d, "manifest.json")
+    with open(path, "w") as f:
+        json.dump(m, f)
+    return path
+
+
+def bad_manifest(kind: str) -> Callable[[Suite], Row]:
+    row_names = {"checksum": "manifest with a wrong checksum", "size": "manifest with a wrong size",
+                 "missing": "missing shard (404)"}
+
+    def scenario(s: Suite) -> Row:
+        row = Row(row_names[kind], "error")
+        srv = s.server()
+        try:
+            d = s.tmp("badmanifest")
+
+            def edit(m: dict) -> None:
+                sh = m["shards"][len(m["shards"]) // 2]
+                if kind == "checksum":
+                    sh["xxh3_64"] = "0123456789abcdef"
+                elif kind == "size":
+                    sh["size"] = int(sh["size"]) + 512
+                else:
+                    sh["url"] = "no-such-shard.tar"
+            path = _edited_manifest(s, d, edit)
+            with open(path) as f:
+                text = f.read().replace("http://placeholder/", srv.url)
+            with open(path, "w") as f:
+                f.write(text)
+            p = run(cat_cmd(path, cache_dir=os.path.join(d, "cache"), epochs=1, workers=2,
+                            extra=["--shuffle-mode", "none"]), bound=BOUND)
+            ref_none = run(cat_cmd(s.data.manifest, workers=0, epochs=1, extra=["--shuffle-mode", "none"]),
+                           bound=BOUND).lines
+            row.runs += 1
+            row.faults = 1
+            if p.hung:
+                row.hung += 1
+            elif p.rc == 0:
+                row.bad_exits.append("exit 0 with a bad manifest")
+            elif p.clear_error:
+                row.clear_errors += 1
+                row.note = _last_line(p.err)[:100]
+            else:
+                row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+            row.tally.add(compare(ref_none[:len(p.lines)], p.lines, s.data.digests))
+        finally:
+            srv.stop()
+        return row
+    return _labelled(row_names[kind], scenario)
+
+
+def journal_damage(kind: str) -> Callable[[Suite], Row]:
+    names = {"delete": "journal deleted between runs", "delete_all": "journal + lock file deleted",
+             "truncate": "journal truncated to 0 bytes", "truncate_half": "journal truncated to half",
+             "header": "journal header overwritten", "pages": "journal pages overwritten with junk"}
+
+    def scenario(s: Suite) -> Row:
+        row = Row(names[kind], "error")
+        d = s.tmp("jdamage")
+        journal = os.path.join(d, "run.db")
+        cmd = cat_cmd(s.data.manifest, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1,
+                      commit_every=10, workers=0, extra=["--limit", "100"])
+        first = run(cmd, bound=BOUND)
+        if first.rc != 0:
+            row.bad_exits.append(f"first run failed: {_last_line(first.err)}")
+            return row
+        size = os.path.getsize(journal)
+        rng = random.Random(s.seed)
+        if kind == "delete":
+            os.unlink(journal)
+        elif kind == "delete_all":
+            for suffix in ("", "-wal", "-shm", ".lock"):
+                if os.path.exists(journal + suffix):
+                    os.unlink(journal + suffix)
+            row.expect = "fresh"
+        elif kind == "truncate":
+            os.truncate(journal, 0)
+        elif kind == "truncate_half":
+            os.truncate(journal, size // 2)
+        elif kind == "header":
+            with open(journal, "r+b") as f:
+                f.write(rng.randbytes(100))
+        else:
+            with open(journal, "r+b") as f:
+                for _ in range(3):
+                    page = rng.randrange(1, max(2, size // 4096))
+                    f.seek(page * 4096)
+                    f.write(rng.randbytes(4096))
+        cmd2 = cat_cmd(s.data.manifest, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1,
+                       commit_every=10, workers=0)
+        p = run(cmd2, bound=BOUND)
+        row.runs = 2
+        row.faults = 1
+        if kind == "delete_all":
+            # nothing is left to say a run existed: starting fresh is the only honest outcome
+            s.judge(row, p, "exact")
+            row.note = "no trace left: starts fresh (documented)"
+            return row
+        if p.rc == 0:
+            row.bad_exits.append(f"silent restart: exit 0 after printing {len(p.lines)} lines")
+        elif p.clear_error and "journal" in p.err.lower():
+            row.clear_errors += 1
+            row.note = _last_line(p.err)[:100]
+        else:
+            row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+        row.tally.add(compare(s.ref[100:100 + len(p.lines)], p.lines, s.data.digests))
+        return row
+    return _labelled(names[kind], scenario)
+
+
+def journal_two_writers(s: Suite) -> Row:
+    row = Row("two processes open one journal (same rank)", "resume")
+    srv = s.server(bytes_per_second=2e5)
+    d = s.tmp("twowriters")
+    journal = os.path.join(d, "run.db")
+    cmd = cat_cmd(srv.url + "manifest.json", journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1)
+    second: List[Proc] = []
+
+    def start_second(p) -> None:
+        def go() -> None:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 20 and p.poll() is None:
+                if os.path.exists(journal + ".lock") and os.path.getsize(journal + ".lock") > 0:
+                    second.append(run(cmd, bound=30.0))
+                    return
+                time.sleep(0.02)
+        th = threading.Thread(target=go, daemon=True)
+        th.start()
+        threads.append(th)
+
+    threads: List[threading.Thread] = []
+    try:
+        first = run(cmd, bound=BOUND, on_start=start_second)
+        for th in threads:
+            th.join(40)
+        row.runs = 1 + len(second)
+        row.faults = len(second)
+        s.judge(row, first, "exact")
+        if not second:
+            row.bad_exits.append("second process was never started")
+        else:
+            q = second[0]
+            if q.rc != 0 and q.clear_error and "in use" in q.err:
+                row.clear_errors += 1
+                row.note = _last_line(q.err)[:100]
+            else:
+                row.bad_exits.append(f"second writer not refused clearly: exit {q.rc}: {_last_line(q.err)}")
+            if q.lines:
+                row.bad_exits.append(f"second writer printed {len(q.lines)} lines")
+    finally:
+        srv.stop()
+    return row
+
+
+def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
+    kills = 4 if quick else 12
+    return [
+        net("reset mid-body", "reset=0.6"),
+        net("HTTP 500", "500=0.6"),
+        net("HTTP 503 + Retry-After", "503=0.6"),
+        net("HTTP 429 + Retry-After", "429=0.6"),
+        net("truncated body (Content-Length)", "truncate=0.6"),
+        net("truncated, no Content-Length, at sample boundary", "truncate_nolen=0.6"),
+        net("truncated at sample boundary, no manifest", "truncate_nolen=0.6", no_manifest=True, expect="either"),
+        net("flipped byte in member data (repaired)", "flip_data=0.6"),
+        net("flipped byte in a tar header (repaired)", "flip_header=0.6"),
+        net("stall past the read timeout", "stall=0.3", max_per_path=1),
+        net("server down 3s, then back", "", down=3.0),
+        net("mixed transport faults, 30%/request", "mixed:0.3", max_per_path=3, runs=1 if quick else 3),
+        crash_cycles(kills, "cat"),
+        crash_cycles(max(3, kills // 2), "train"),
+        kill_worker,
+        tmpfs_full,
+        readonly_cache,
+        cache_damage_between(3 if quick else 8),
+        cache_damage_during,
+        stale_partials,
+        journal_dir_full,
+        fuzz_rows(300 if quick else 3000),
+        malformed_through_cat,
+        bad_manifest("checksum"),
+        bad_manifest("size"),
+        bad_manifest("missing"),
+        journal_damage("delete"),
+        journal_damage("truncate"),
+        journal_damage("truncate_half"),
+        journal_damage("header"),
+        journal_damage("pages"),
+        journal_damage("delete_all"),
+        journal_two_writers,
+    ]
+
+
+HEADER = ("fault", "runs", "faults injected", "samples expected", "delivered", "lost", "repeated",
+          "corrupt delivered", "clear-error exits", "verdict")
+
+
+def format_table(rows: Sequence[Row], notes: bool = True) -> str:
+    cells = [HEADER]
+    for r in rows:
+        t = r.tally
+        v = r.verdict + (f" ({r.skip})" if r.skip else "")
+        if r.tally.misordered:
+            v += " (order differs)"
+        cells.append((r.fault, str(r.runs), str(r.faults), str(t.expected), str(t.delivered), str(t.lost),
+                      str(t.repeated), str(t.corrupt), str(r.clear_errors), v))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    out = ["| " + " | ".join(c[i].ljust(widths[i]) for i in range(len(HEADER))) + " |" for c in cells]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    if notes:
+        extra = [f"- {r.fault}: {r.note}" for r in rows if r.note]
+        bad = [f"- {r.fault}: " + "; ".join(r.bad_exits[:3]) for r in rows if r.bad_exits]
+        if extra:
+            out += ["", "Notes:"] + extra
+        if bad:
+            out += ["", "Failures:"] + bad
+    return "\n".join(out)
+
+
+def run_matrix(seed: int, quick: bool, work: Optional[str] = None, only: Optional[Sequence[str]] = None,
+               jobs: int = 3, progress: bool = True) -> List[Row]:
+    """Run the matrix; return its rows (in matrix order)."""
+    own = work is None
+    work = work or tempfile.mkdtemp(prefix="resumewds-chaos-")
+    try:
+        suite = Suite(work, seed, quick)
+        scenarios = matrix(quick)
+        if only:
+            scenarios = [sc for sc in scenarios
+                         if any(o in _name_of(sc, suite) or o in getattr(sc, "__name__", "") for o in only)]
+        rows: List[Optional[Row]] = [None] * len(scenarios)
+
+        def one(i: int) -> None:
+            t0 = time.monotonic()
+            try:
+                r = scenarios[i](suite)
+            except Exception as exc:  # a harness bug is a failure, not a crash of the table
+                r = Row(_name_of(scenarios[i], suite), "exact")
+                r.bad_exits.append(f"harness error {type(exc).__name__}: {exc}")
+            r.seconds = time.monotonic() - t0
+            rows[i] = r
+            if progress:
+                print(f"  [{r.seconds:5.1f}s] {r.verdict:4} {r.fault}", file=sys.stderr, flush=True)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:
+            list(ex.map(one, range(len(scenarios))))
+        return [r for r in rows if r is not None]
+    finally:
+        reap_orphans()
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _name_of(sc: Callable, suite: Suite) -> str:
+    return getattr(sc, "label", None) or getattr(sc, "__name__", "?")
+
+
+def _labelled(label: str, fn: Callable[[Suite], Row]) -> Callable[[Suite], Row]:
+    fn.label = label  # type: ignore[attr-defined]
+    return fn
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m chaos run", description=__doc__.split("\n\n")[0])
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="The short matrix (under ~2 minutes).")
+    g.add_argument("--soak", type=float, metavar="MINUTES", help="Repeat the matrix with new seeds.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=3, help="Scenarios run at once.")
+    p.add_argument("--only", action="append", help="Run scenarios whose name contains this (repeatable).")
+    a = p.parse_args(argv)
+    t0 = time.monotonic()
+    rows: List[Row] = []
+    if a.soak:
+        seed = a.seed
+        while time.monotonic() - t0 < a.soak * 60:
+            rows.extend(run_matrix(seed, False, only=a.only, jobs=a.jobs))
+            seed += 1
+        rows = _merge(rows)
+    else:
+        rows = run_matrix(a.seed, a.quick, only=a.only, jobs=a.jobs)
+    print(format_table(rows))
+    failed = [r for r in rows if r.verdict == "FAIL"]
+    mode = "quick" if a.quick else (f"soak {a.soak:g} min" if a.soak else "full")
+    print(f"\nchaos run ({mode}, seed {a.seed}): {len(rows)} scenarios, "
+          f"{sum(r.verdict == 'PASS' for r in rows)} pass, {len(failed)} fail, "
+          f"{sum(r.verdict == 'SKIP' for r in rows)} skipped, {time.monotonic() - t0:.0f}s")
+    return 1 if failed else 0
+
+
+def _merge(rows: List[Row]) -> List[Row]:
+    by: Dict[str, Row] = {}
+    for r in rows:
+        m = by.get(r.fault)
+        if m is None:
+            by[r.fault] = r
+            continue
+        m.runs += r.runs
+        m.faults += r.faults
+        m.tally.add(r.tally)
+        m.clear_errors += r.clear_errors
+        m.bad_exits += r.bad_exits
+        m.hung += r.hung
+        m.skip = m.skip or r.skip
+    return list(by.values())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

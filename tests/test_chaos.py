@@ -1,0 +1,80 @@
+"""CI subset of ``python -m chaos run`` (about a minute): asserts the table's verdicts.
+
+The full matrix: ``python -m chaos run --quick`` (about 2.5 minutes), or
+``--soak MINUTES``.  Rows that need tmpfs mounts SKIP (with the reason) when
+mounting is not possible; a SKIP is accepted here, a FAIL never is.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos.run import Row, format_table, run_matrix
+
+# scenario names (or function names) that run here; all others run in `python -m chaos run`
+SUBSET = [
+    "reset mid-body", "HTTP 503", "HTTP 429", "truncated, no Content-Length", "flipped byte in member data",
+    "flipped byte in a tar header", "stall past", "mixed transport", "kill_worker", "readonly_cache",
+    "tmpfs_full", "stale_partials", "fuzz_rows", "manifest with a wrong checksum", "missing shard",
+    "journal deleted", "journal truncated to half", "journal pages", "journal_two_writers",
+]
+
+KNOWN_BUGS = {
+    # see the chaos report: a journal whose creation failed (disk full) is refused forever
+    "journal directory full, then space freed",
+    # see the chaos report: readers' pins + a repairer's exclusive lock deadlock when a
+    # cached file is deleted/truncated while two workers read it
+    "cache damaged during runs (delete/truncate/replace)",
+}
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    rs = run_matrix(seed=0, quick=True, work=str(tmp_path_factory.mktemp("chaos")), only=SUBSET, jobs=3,
+                    progress=False)
+    print("\n" + format_table(rs))
+    return rs
+
+
+def test_subset_ran(rows):
+    assert len(rows) >= 15
+
+
+def test_no_failures(rows):
+    bad = [r for r in rows if r.verdict == "FAIL" and r.fault not in KNOWN_BUGS]
+    assert not bad, format_table(bad)
+
+
+def test_no_sample_lost_repeated_or_corrupt(rows):
+    for r in rows:
+        t = r.tally
+        assert (t.lost, t.repeated, t.corrupt, t.misordered) == (0, 0, 0, 0), r.fault
+
+
+def test_errors_are_clear_and_bounded(rows):
+    for r in rows:
+        assert r.hung == 0, r.fault
+        if r.expect == "error" and r.verdict != "SKIP":
+            assert r.clear_errors >= 1 and not r.bad_exits, (r.fault, r.bad_exits)
+
+
+def test_network_faults_were_injected(rows):
+    net = [r for r in rows if r.fault.startswith(("reset", "HTTP", "truncated", "flipped", "stall", "mixed"))]
+    assert net and all(r.faults > 0 for r in net)
+
+
+def test_row_verdicts():
+    r = Row("x", "exact")
+    assert r.verdict == "PASS"
+    r.tally.lost = 1
+    assert r.verdict == "FAIL"
+    r.skip = "no mount"
+    assert r.verdict == "SKIP"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="known bugs, see KNOWN_BUGS")
+def test_known_bug_rows(tmp_path):
+    rs = run_matrix(seed=0, quick=True, work=str(tmp_path), only=["journal_dir_full", "cache_damage_during"],
+                    progress=False)
+    assert all(r.verdict != "FAIL" for r in rs), format_table(rs)
