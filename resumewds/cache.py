@@ -8,7 +8,8 @@ verified.  Remote shards (http, https, ``pipe:``) are downloaded once into::
     <cache_dir>/shards/<xxh3_64(url)>-<basename>.partial.etag  its If-Range validator
     <cache_dir>/shards/<xxh3_64(url)>-<basename>.meta      JSON: url, size, xxh3_64,
                                                           mtime_ns, last_used
-    <cache_dir>/shards/<xxh3_64(url)>-<basename>.lock      flock target (never deleted)
+    <cache_dir>/shards/<xxh3_64(url)>-<basename>.lock      pin lock: readers LOCK_SH, evictor LOCK_EX|NB
+    <cache_dir>/shards/<xxh3_64(url)>-<basename>.dl        download lock: one downloader at a time
     <cache_dir>/verified/<key>                             "local file verified" marks
 
 An entry's life, with the lock held at each step::
@@ -70,7 +71,7 @@ ProgressFn = Callable[[int], None]
 VERIFY_POLICIES = ("once", "always", "never")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _HASH_CHUNK = 1 << 20
-_SIDE_SUFFIXES = (".partial", ".etag", ".meta", ".lock", ".tmp")
+_SIDE_SUFFIXES = (".partial", ".etag", ".meta", ".lock", ".dl", ".tmp")
 
 _UNITS = {"": 1, "b": 1,
           "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4, "p": 1024 ** 5,
@@ -321,6 +322,14 @@ class ShardStore:
         except OSError as exc:
             raise _cache_error(exc, path, "remove") from exc
 
+    def _signature(self, base: str) -> Optional[Tuple[int, int, int, int]]:
+        """Identity of an entry and its meta: changes when anyone (re)publishes it."""
+        st = self._lstat(base)
+        mt = self._lstat(base + ".meta")
+        if st is None:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size, mt.st_mtime_ns if mt is not None else 0)
+
     def _lock_fd(self, base: str) -> int:
         return self._open(base + ".lock", os.O_RDWR | os.O_CREAT, "open lock file")
 
@@ -521,32 +530,39 @@ class ShardStore:
                         progress: Optional[ProgressFn]) -> LocalShard:
         self._ensure_dirs()
         base = self.entry_path(shard.url)
-        for _ in range(10):
-            fd = self._lock_fd(base)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                state, skey = self._check_entry(shard, base, policy, progress)
-                if state == "ok":
-                    self._emit("cache_hit", shard.url)
-                else:
-                    # flock conversion is not atomic; everything is re-checked under EX
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                    self._fill(shard, base, policy, progress, skey if state == "corrupt" else None)
-                    fcntl.flock(fd, fcntl.LOCK_SH)
-                    # an evictor may have slipped in during the downgrade
-                    if self._lstat(base) is None or self._read_meta(base) is None:
-                        os.close(fd)
-                        continue
-                self._touch(base)
-                if pin:
-                    return LocalShard(base, shard, fd, cached=True)
-                os.close(fd)
-                return LocalShard(base, shard, None, cached=True)
-            except BaseException:
-                os.close(fd)
-                raise
-        raise CacheError(f"{self.shards_dir}: {shard.url} keeps being evicted right after it is fetched; "
-                         f"cache_size={self.cache_size} is too small for the shards in use")
+        # Two locks per entry.  ``.lock`` pins: readers hold it shared for as
+        # long as they read, the evictor needs it exclusive.  ``.dl`` admits
+        # one downloader at a time.  A reader never upgrades its pin (an
+        # upgrade waits for every other reader's pin, and a reader that pins
+        # a shard and then idles would block it forever).
+        fd = self._lock_fd(base)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            before = self._signature(base)
+            state, skey = self._check_entry(shard, base, policy, progress)
+            if state == "ok":
+                self._emit("cache_hit", shard.url)
+            else:
+                dl = self._open(base + ".dl", os.O_RDWR | os.O_CREAT, "open download lock")
+                try:
+                    fcntl.flock(dl, fcntl.LOCK_EX)
+                    # another process may have filled (or repaired) it meanwhile
+                    if self._signature(base) != before:
+                        state, skey = self._check_entry(shard, base, policy, progress)
+                    if state == "ok":
+                        self._emit("cache_hit", shard.url)
+                    else:
+                        self._fill(shard, base, policy, progress, skey if state == "corrupt" else None)
+                finally:
+                    os.close(dl)  # drops the download lock
+            self._touch(base)
+            if pin:
+                return LocalShard(base, shard, fd, cached=True)
+            os.close(fd)
+            return LocalShard(base, shard, None, cached=True)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _fill(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
               known_bad: Optional[Tuple[int, int]]) -> None:
