@@ -528,6 +528,13 @@ class Journal:
             conn.execute("PRAGMA busy_timeout = 10000")
             self._check_integrity(conn)
             self.schema_version = self._check_schema(conn)
+            if self.schema_version == 0 and _never_initialised(self.path):
+                # a creation that failed part-way (e.g. disk full) left empty
+                # tables of ours: clear them so the migrations start clean
+                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                            "AND name NOT LIKE 'sqlite_%'").fetchall():
+                    conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+                conn.commit()
             if self.schema_version == 0 and conn.execute(
                     "SELECT 1 FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
                     f"AND name != '{_MIGRATIONS_TABLE}'").fetchone():
@@ -908,12 +915,39 @@ def _open_run(path: str) -> Dict[int, Journal]:
     try:
         for r, p in files:
             if os.path.exists(p):
+                if _never_initialised(p):
+                    continue  # created, then the disk filled before the schema: nothing committed
                 journals[r] = Journal(path, rank=r, readonly=True)
     except BaseException:
         for j in journals.values():
             j.close()
         raise
     return journals
+
+
+def _never_initialised(file: str) -> bool:
+    """True for a journal file that holds no table at all and whose lock file
+    names no run: a creation that failed (say, on a full disk) before the
+    schema was written.  Nothing was ever committed to it, so a rerun may
+    start fresh; the writer creates the schema in it."""
+    if _read_lock_info(_lock_path(file)).get("run_id"):
+        return False
+    ours = {"_meta", "config", "shards", "consumption", "events", "commits", _MIGRATIONS_TABLE}
+    try:
+        conn = sqlite3.connect(f"file:{_uri_path(file)}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+            if not tables <= ours:
+                return False
+            if "_meta" in tables and _meta_get(conn, "schema_version"):
+                return False
+            return "commits" not in tables or \
+                conn.execute("SELECT count(*) FROM commits").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
 
 
 def _close_all(journals: Dict[int, Journal]) -> None:

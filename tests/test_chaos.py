@@ -17,16 +17,8 @@ SUBSET = [
     "flipped byte in a tar header", "stall past", "mixed transport", "kill_worker", "readonly_cache",
     "tmpfs_full", "stale_partials", "fuzz_rows", "manifest with a wrong checksum", "missing shard",
     "journal deleted", "journal truncated to half", "journal pages", "journal_two_writers",
+    "journal_dir_full", "cache_damage_during",
 ]
-
-KNOWN_BUGS = {
-    # see the chaos report: a journal whose creation failed (disk full) is refused forever
-    "journal directory full, then space freed",
-    # see the chaos report: readers' pins + a repairer's exclusive lock deadlock when a
-    # cached file is deleted/truncated while two workers read it
-    "cache damaged during runs (delete/truncate/replace)",
-}
-
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
@@ -41,7 +33,7 @@ def test_subset_ran(rows):
 
 
 def test_no_failures(rows):
-    bad = [r for r in rows if r.verdict == "FAIL" and r.fault not in KNOWN_BUGS]
+    bad = [r for r in rows if r.verdict == "FAIL"]
     assert not bad, format_table(bad)
 
 
@@ -70,11 +62,3 @@ def test_row_verdicts():
     assert r.verdict == "FAIL"
     r.skip = "no mount"
     assert r.verdict == "SKIP"
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known bugs, see KNOWN_BUGS")
-def test_known_bug_rows(tmp_path):
-    rs = run_matrix(seed=0, quick=True, work=str(tmp_path), only=["journal_dir_full", "cache_damage_during"],
-                    progress=False)
-    assert all(r.verdict != "FAIL" for r in rs), format_table(rs)
