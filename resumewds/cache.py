@@ -682,7 +682,8 @@ class ShardStore:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
                     continue  # pinned by a reader or being downloaded
-                url = base if partial else self._url_of(base)
+                # a partial download has no meta yet; its .etag sidecar may name the url
+                url = self._url_of(base)
                 if partial:
                     self._remove(base + ".partial")
                     self._remove(base + ".partial.etag")
@@ -699,7 +700,9 @@ class ShardStore:
             meta = self._read_meta(base)
         except CacheError:
             meta = None
-        return meta["url"] if meta else base
+        # unknown (a partial download has no meta yet): events then carry only
+        # the path, so the journal does not invent a shard row for a file name
+        return meta["url"] if meta else ""
 
     # ---- prefetch --------------------------------------------------------------------------
     def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2) -> None:

@@ -587,13 +587,17 @@ class WebLoader:
         return int(meta["positions"][i]) + 1
 
     def close(self) -> None:
-        """Flush pending journal events and close the journal."""
-        if self.journal is not None:
-            try:
-                self._flush_journal()
-            finally:
-                self.journal.close()
-                self.journal = None
+        """Flush pending journal events, close the journal, and release the
+        shards this process holds open (num_workers=0 reads in this process)."""
+        try:
+            if self.journal is not None:
+                try:
+                    self._flush_journal()
+                finally:
+                    self.journal.close()
+                    self.journal = None
+        finally:
+            self.dataset.close()
 
     def __enter__(self) -> "WebLoader":
         return self
