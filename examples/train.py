@@ -141,6 +141,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--port", type=int, default=8711, help="Port for --serve (fixed, so a rerun "
                    "uses the same URLs).")
     p.add_argument("--bytes-per-second", type=float, default=None, help="Throttle --serve.")
+    p.add_argument("--faults", default="mixed:0.1",
+                   help="Fault profile of the --serve fault server (resets, 5xx, 429, truncation, stalls; "
+                        "'' for none). Faults are retried and repaired: training sees the same samples.")
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--samples", type=int, default=64, help="Samples per shard.")
     p.add_argument("--epochs", type=int, default=2)
@@ -165,7 +168,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if a.serve:
             from chaos.faultserver import FaultServer
 
-            server = FaultServer(os.path.join(work, "data"), port=a.port,
+            server = FaultServer(os.path.join(work, "data"), port=a.port, faults=a.faults, seed=a.seed,
+                                 max_faults_per_path=3, stall_seconds=2.0, retry_after=0,
                                  bytes_per_second=a.bytes_per_second).start()
             # DataLoader workers are forked from here: they must not keep the listening
             # socket open, or a rerun after kill -9 finds the port taken by orphans
@@ -173,7 +177,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.register_at_fork(after_in_child=listener.close)
             source = server.url + "manifest.json"
 
+    from resumewds.fetch import FetchConfig
+
     ds = (rw.WebDataset(source, seed=a.seed, shuffle=True, shuffle_window=4,
+                        fetch=FetchConfig(read_timeout=1.0, backoff_initial=0.05, backoff_max=0.5),
                         cache_dir=os.path.join(work, "cache"))
           .decode("torchrgb").map(to_example))
     resume_step = pick_resume(journal, ckpt_dir)
