@@ -382,8 +382,9 @@ class ShardStore:
         tmp = f"{base}.meta.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = self._open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "write")
         try:
+            # no fsync: a meta lost to a power cut reads as missing, and an entry
+            # without meta is re-verified (or refetched), never trusted
             os.write(fd, json.dumps(meta).encode())
-            os.fsync(fd)
         except OSError as exc:
             os.close(fd)
             self._remove(tmp)
@@ -630,7 +631,8 @@ class ShardStore:
             raise _cache_error(exc, self.shards_dir, "publish the download") from exc
         self._remove(partial + ".etag")
         self._write_meta(base, url, actual)
-        self._fsync_dir(self.shards_dir)
+        # The data was fsynced before the rename; the directory is not: after a
+        # power cut the newest entries may be missing and are fetched again.
         self._evict()
 
     # ---- eviction --------------------------------------------------------------------------
