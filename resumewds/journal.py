@@ -126,12 +126,21 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
         pk="step", not_null={"epoch", "position", "rank", "world_size", "ts"})
 
 
+def _m002_commit_consumed(db: sqlite_utils.Database) -> None:
+    """Version 2: each commit row carries its own consumption deltas (JSON),
+    so the hot path writes one row; the ``consumption`` table is brought up to
+    date every few commits and on open (``_meta.consumption_through``)."""
+    db.execute("ALTER TABLE commits ADD COLUMN consumed TEXT")
+
+
 # (version, name, function); version k's function leaves the schema at k.
 # Append only: never edit or reorder a released step.
 _MIGRATIONS: List[Tuple[int, str, Callable[[sqlite_utils.Database], None]]] = [
     (1, "m001_initial", _m001_initial),
+    (2, "m002_commit_consumed", _m002_commit_consumed),
 ]
-JOURNAL_SCHEMA_VERSION: int = 1
+JOURNAL_SCHEMA_VERSION: int = 2
+CONSUMPTION_EVERY = 32  # commits between materialisations of the consumption table
 
 
 def _set_schema_version(db: sqlite_utils.Database, version: int) -> None:
@@ -364,7 +373,8 @@ _SYNC_MODES = ("NORMAL", "FULL", "EXTRA")
 
 _SQL_COMMIT_INSERT = (
     "INSERT INTO commits (step, epoch, position, rank, world_size, batch_size, ts, "
-    "samples_total, stats) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    "samples_total, stats, consumed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_SQL_THROUGH = "INSERT OR REPLACE INTO _meta (key, value) VALUES ('consumption_through', ?)"
 _SQL_CONSUME = (
     "INSERT INTO consumption (url, epoch, samples, total, complete, updated) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (url, epoch) DO UPDATE SET "
@@ -426,6 +436,8 @@ class Journal:
         self._lock_fd: Optional[int] = None
         self._conn: Optional[sqlite3.Connection] = None
         self._max_step: Optional[int] = None
+        self._pending: Dict[Tuple[str, int], Tuple[int, Optional[int]]] = {}
+        self._since = 0
         self._mutex = threading.RLock()
         try:
             if readonly:
@@ -561,6 +573,7 @@ class Journal:
             self.run_id = _meta_get(conn, "run_id")
             row = conn.execute("SELECT max(step) FROM commits").fetchone()
             self._max_step = row[0]
+            self._catch_up_consumption(conn)
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
         # Written only now that the journal holds the run id durably, so the
@@ -591,9 +604,16 @@ class Journal:
 
     # ---- life cycle ----------------------------------------------------
     def close(self) -> None:
-        """Close the database and release the lock (idempotent)."""
+        """Bring consumption up to date, close the database and release the
+        lock (idempotent)."""
         with self._mutex:
-            self._close_locked()
+            try:
+                if self._conn is not None and not self.readonly and self._pending:
+                    self.flush_consumption()
+            except JournalError:
+                pass  # the deltas are in the commit rows; the next open folds them in
+            finally:
+                self._close_locked()
 
     def _close_locked(self) -> None:
         if self._conn is not None:
@@ -804,19 +824,41 @@ class Journal:
         return rows[::-1]
 
     def consumption(self, epoch: Optional[int] = None) -> List[Dict[str, Any]]:
-        """Consumption rows (this rank), optionally of one epoch."""
-        if epoch is None:
-            cur = self.conn.execute("SELECT * FROM consumption ORDER BY epoch, url")
-        else:
-            cur = self.conn.execute("SELECT * FROM consumption WHERE epoch = ? ORDER BY url",
-                                    (epoch,))
-        return [dict(r) for r in cur]
+        """Consumption rows (this rank), optionally of one epoch.
+
+        Up to date with the latest commit: the table plus the deltas carried
+        by commits not yet folded into it (schema version 2).
+        """
+        with self._mutex:
+            conn = self.conn
+            if epoch is None:
+                cur = conn.execute("SELECT * FROM consumption ORDER BY epoch, url")
+            else:
+                cur = conn.execute("SELECT * FROM consumption WHERE epoch = ? ORDER BY url", (epoch,))
+            rows = {(r["url"], r["epoch"]): dict(r) for r in cur}
+            if self.schema_version < 2:
+                return list(rows.values())
+            through = _meta_get(conn, "consumption_through")
+            lo = int(through) if through is not None and through.lstrip("-").isdigit() else -(1 << 62)
+            for (text,) in conn.execute("SELECT consumed FROM commits WHERE step > ? AND consumed IS NOT NULL "
+                                        "ORDER BY step", (lo,)):
+                for url, ep, delta, total in json.loads(text):
+                    if epoch is not None and ep != epoch:
+                        continue
+                    r = rows.setdefault((url, ep), {"url": url, "epoch": ep, "samples": 0, "total": total,
+                                                    "complete": 0, "updated": None})
+                    r["samples"] += int(delta)
+                    if total is not None:
+                        r["total"] = total
+                    r["complete"] = int(r["total"] is not None and r["samples"] >= r["total"])
+            return sorted(rows.values(), key=lambda r: (r["epoch"], r["url"]))
 
     # ---- commits -------------------------------------------------------
     def commit(self, step: int, *, epoch: int, position: int,
                consumed: Optional[Dict[Tuple[str, int], Tuple[int, Optional[int]]]] = None,
                world_size: Optional[int] = None, batch_size: Optional[int] = None,
-               samples_total: Optional[int] = None, stats: Optional[Dict[str, Any]] = None) -> None:
+               samples_total: Optional[int] = None, stats: Optional[Dict[str, Any]] = None,
+               materialize: bool = False) -> None:
         """Record that ``step`` was reached, in one transaction.
 
         Args:
@@ -830,6 +872,10 @@ class Journal:
             batch_size: per-rank batch size, recorded for resume checks.
             samples_total: cumulative samples delivered by this rank.
             stats: optional JSON-able snapshot (``loader.stats()``).
+            materialize: also bring the ``consumption`` table up to date in
+                this transaction (otherwise done every ``CONSUMPTION_EVERY``
+                commits; the deltas are in the commit row either way, so a
+                crash loses nothing: the next open folds them in).
 
         A step at or below the newest committed one means the run was resumed
         from an earlier step: the commits from that step on (the abandoned
@@ -841,9 +887,13 @@ class Journal:
         """
         ts = time.time()
         step = int(step)
+        deltas = None
+        if consumed:
+            deltas = json.dumps([[u, e, d, t] for (u, e), (d, t) in consumed.items()],
+                                separators=(",", ":"))
         row = (step, int(epoch), int(position), self.rank,
                self.world_size if world_size is None else int(world_size),
-               batch_size, ts, samples_total, None if stats is None else _json(stats))
+               batch_size, ts, samples_total, None if stats is None else _json(stats), deltas)
         with self._mutex:
             conn = self._writable()
             max_step = self._max_step
@@ -854,17 +904,72 @@ class Journal:
                         self._rewind(conn, step, max_step, ts)
                     conn.execute(_SQL_COMMIT_INSERT, row)
                     if consumed:
-                        for (url, ep), (delta, total) in consumed.items():
-                            conn.execute(_SQL_CONSUME, (url, ep, delta, total,
-                                                        int(total is not None and delta >= total), ts))
+                        for key, (delta, total) in consumed.items():
+                            d0, _ = self._pending.get(key, (0, None))
+                            self._pending[key] = (d0 + delta, total)
+                    self._since += 1
+                    if self._since >= CONSUMPTION_EVERY or materialize:
+                        self._materialize(conn, step, ts)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    self._pending.clear()  # rebuilt from the commit rows on the next open
+                    raise
+            except sqlite3.Error as exc:
+                raise self._err(f"commit of step {step} failed", exc) from exc
+            self._max_step = step
+
+    def _materialize(self, conn: sqlite3.Connection, step: int, ts: float) -> None:
+        """Add the pending consumption deltas to ``consumption`` (inside the
+        caller's transaction) and record that commits up to ``step`` are in."""
+        for (url, ep), (delta, total) in self._pending.items():
+            conn.execute(_SQL_CONSUME, (url, ep, delta, total,
+                                        int(total is not None and delta >= total), ts))
+        conn.execute(_SQL_THROUGH, (str(step),))
+        self._pending.clear()
+        self._since = 0
+
+    def _catch_up_consumption(self, conn: sqlite3.Connection) -> None:
+        """On open: fold in the deltas of commits after ``consumption_through``
+        (a crash between materialisations loses nothing)."""
+        if self.schema_version < 2:
+            return
+        through = _meta_get(conn, "consumption_through")
+        lo = int(through) if through is not None and through.lstrip("-").isdigit() else -(1 << 62)
+        rows = conn.execute("SELECT step, consumed FROM commits WHERE step > ? AND consumed IS NOT NULL "
+                            "ORDER BY step", (lo,)).fetchall()
+        if not rows:
+            return
+        for _, text in rows:
+            for url, ep, delta, total in json.loads(text):
+                d0, _ = self._pending.get((url, ep), (0, None))
+                self._pending[(url, ep)] = (d0 + int(delta), total)
+        conn.execute("BEGIN")
+        try:
+            self._materialize(conn, int(rows[-1][0]), time.time())
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def flush_consumption(self) -> None:
+        """Bring the ``consumption`` table up to date now (at epoch end, close)."""
+        with self._mutex:
+            if not self._pending or self._max_step is None:
+                return
+            conn = self._writable()
+            try:
+                conn.execute("BEGIN")
+                try:
+                    self._materialize(conn, self._max_step, time.time())
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
-                raise self._err(f"commit of step {step} failed", exc) from exc
-            self._max_step = step
+                raise self._err("consumption update failed", exc) from exc
 
     def _rewind(self, conn: sqlite3.Connection, step: int, max_step: int, ts: float) -> None:
         prev = conn.execute("SELECT epoch, position FROM commits WHERE step = ?", (step,)).fetchone()

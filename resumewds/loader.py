@@ -266,6 +266,7 @@ class WebLoader:
         self._events: List[Dict[str, Any]] = []
         self._shard_updates: List[Dict[str, Any]] = []
         self._last_stats_commit = 0.0
+        self._last_commit_epoch: Optional[int] = None
         self.journal_path = journal
         self.journal: Any = None
         # resolve + index in the main process, once, before any worker starts
@@ -400,9 +401,13 @@ class WebLoader:
         shards = self.dataset.manifest.shards
         for (si, ep), n in self._consumed.items():
             consumed[(shards[si].url, ep)] = (n, int(shards[si].samples or 0))
+        # the consumption table is folded in every few commits, and at once
+        # when an epoch ended (its shards are then complete)
+        epoch_done = self._last_commit_epoch is not None and self.epoch != self._last_commit_epoch
         self.journal.commit(step, epoch=self.epoch, position=self.position, consumed=consumed,
                             world_size=self.world_size, batch_size=self.batch_size,
-                            samples_total=self.samples_total, stats=snap)
+                            samples_total=self.samples_total, stats=snap, materialize=epoch_done)
+        self._last_commit_epoch = self.epoch
         self._consumed.clear()
         self.steps_done = step + 1
 

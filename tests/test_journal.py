@@ -237,9 +237,12 @@ def _v2(db):
     db["events"].create_index(["url"])
 
 
+NEXT = JOURNAL_SCHEMA_VERSION + 1  # a future schema version, simulated by a test migration
+
+
 def _patch_v2(monkeypatch):
-    monkeypatch.setattr(jmod, "_MIGRATIONS", jmod._MIGRATIONS + [(2, "m002_test_note", _v2)])
-    monkeypatch.setattr(jmod, "JOURNAL_SCHEMA_VERSION", 2)
+    monkeypatch.setattr(jmod, "_MIGRATIONS", jmod._MIGRATIONS + [(NEXT, "m999_test_note", _v2)])
+    monkeypatch.setattr(jmod, "JOURNAL_SCHEMA_VERSION", NEXT)
 
 
 def _schema_version(path):
@@ -255,17 +258,17 @@ def test_migrates_older_schema(path, monkeypatch):
     with Journal(path) as j:
         j.check_config(CONF)
         run_id = j.run_id
-    assert _schema_version(path) == JOURNAL_SCHEMA_VERSION == 1
+    assert _schema_version(path) == JOURNAL_SCHEMA_VERSION
     _patch_v2(monkeypatch)
     with Journal(path) as j:
-        assert j.schema_version == 2 and j.run_id == run_id
+        assert j.schema_version == NEXT and j.run_id == run_id
         assert j.latest_commit()["step"] == 2 and j.config() == CONF
         assert "note" in j.latest_commit()
         j.commit(3, epoch=0, position=12)
-    assert _schema_version(path) == 2
+    assert _schema_version(path) == NEXT
     db = sqlite_utils.Database(path)
     assert [r["name"] for r in db.query("SELECT name FROM _sqlite_migrations ORDER BY id")] == \
-           ["m001_initial", "m002_test_note"]
+           [name for _, name, _ in jmod._MIGRATIONS]  # (patched: ends with m999_test_note)
     db.close()
 
 
@@ -282,7 +285,7 @@ def test_migrations_without_sqlite_utils_migrations(path, monkeypatch):
     monkeypatch.undo()
     _patch_v2(monkeypatch)
     with Journal(path) as j:  # real Migrations sees both as applied
-        assert j.latest_commit()["step"] == 1 and j.schema_version == 2
+        assert j.latest_commit()["step"] == 1 and j.schema_version == NEXT
 
 
 def test_newer_schema_refused(path, monkeypatch):
@@ -292,7 +295,7 @@ def test_newer_schema_refused(path, monkeypatch):
     for ro in (False, True):
         with pytest.raises(JournalError, match="newer") as ei:
             Journal(path, readonly=ro)
-        assert path in str(ei.value) and "m002_test_note" in str(ei.value)
+        assert path in str(ei.value) and "m999_test_note" in str(ei.value)
     # the lock was released on failure: a newer build can still open it
     with monkeypatch.context() as m:
         _patch_v2(m)
@@ -612,6 +615,52 @@ def test_readonly_reads_older_schema_without_migrating(path, monkeypatch):
     _fill(path, steps=[1, 2])
     _patch_v2(monkeypatch)
     st = status(path)
-    assert st["schema_version"] == 1 and st["latest"]["step"] == 2
+    assert st["schema_version"] == JOURNAL_SCHEMA_VERSION and st["latest"]["step"] == 2
     assert resolve_resume(path)["step"] == 2
-    assert _schema_version(path) == 1  # readers never migrate
+    assert _schema_version(path) == JOURNAL_SCHEMA_VERSION  # readers never migrate
+
+
+def test_real_v1_journal_migrates_to_v2_and_consumption_stays_exact(path, monkeypatch):
+    """A journal written by schema version 1 (consumption written per commit)
+    opens under version 2 (deltas in the commit rows, folded in periodically)."""
+    with monkeypatch.context() as m:
+        m.setattr(jmod, "_MIGRATIONS", jmod._MIGRATIONS[:1])
+        m.setattr(jmod, "JOURNAL_SCHEMA_VERSION", 1)
+        with Journal(path):
+            pass
+    conn = sqlite3.connect(path)  # what version 1 wrote for a commit: the row + a consumption row
+    conn.execute("INSERT INTO commits (step, epoch, position, rank, world_size, ts) VALUES (1, 0, 4, 0, 1, 0)")
+    conn.execute("INSERT INTO consumption (url, epoch, samples, total, complete) VALUES ('a.tar', 0, 4, 1000, 0)")
+    conn.commit()
+    conn.close()
+    assert _schema_version(path) == 1
+    with Journal(path) as j:
+        assert j.schema_version == JOURNAL_SCHEMA_VERSION >= 2
+        for step in range(2, 2 + 3 * jmod.CONSUMPTION_EVERY):
+            j.commit(step, epoch=0, position=step, consumed={("a.tar", 0): (1, 1000)})
+        n = 4 + 3 * jmod.CONSUMPTION_EVERY
+        assert {r["url"]: r["samples"] for r in j.consumption(0)} == {"a.tar": n}
+
+
+def test_consumption_survives_a_crash_between_materialisations(path):
+    """Deltas live in the commit rows: a process killed before the table was
+    brought up to date loses nothing (the next open folds them in)."""
+    code = f"""
+import os
+from resumewds.journal import Journal
+j = Journal({path!r})
+for step in range(1, 11):
+    j.commit(step, epoch=0, position=step, consumed={{("a.tar", 0): (1, 10)}})
+os._exit(0)   # no close(): as if killed
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT count(*) FROM consumption").fetchone()[0] == 0  # not yet folded in
+    conn.close()
+    with Journal(path, readonly=True) as r:   # readers see it already
+        assert [(x["samples"], x["complete"]) for x in r.consumption(0)] == [(10, 1)]
+    with Journal(path) as j:                  # and the writer folds it in on open
+        pass
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT samples, complete FROM consumption").fetchall() == [(10, 1)]
+    conn.close()
