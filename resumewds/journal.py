@@ -86,7 +86,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import sqlite_utils
 
@@ -838,19 +838,15 @@ class Journal:
             rows = {(r["url"], r["epoch"]): dict(r) for r in cur}
             if self.schema_version < 2:
                 return list(rows.values())
-            through = _meta_get(conn, "consumption_through")
-            lo = int(through) if through is not None and through.lstrip("-").isdigit() else -(1 << 62)
-            for (text,) in conn.execute("SELECT consumed FROM commits WHERE step > ? AND consumed IS NOT NULL "
-                                        "ORDER BY step", (lo,)):
-                for url, ep, delta, total in json.loads(text):
-                    if epoch is not None and ep != epoch:
-                        continue
-                    r = rows.setdefault((url, ep), {"url": url, "epoch": ep, "samples": 0, "total": total,
-                                                    "complete": 0, "updated": None})
-                    r["samples"] += int(delta)
-                    if total is not None:
-                        r["total"] = total
-                    r["complete"] = int(r["total"] is not None and r["samples"] >= r["total"])
+            for _, url, ep, delta, total in _unfolded_deltas(conn):
+                if epoch is not None and ep != epoch:
+                    continue
+                r = rows.setdefault((url, ep), {"url": url, "epoch": ep, "samples": 0, "total": total,
+                                                "complete": 0, "updated": None})
+                r["samples"] += delta
+                if total is not None:
+                    r["total"] = total
+                r["complete"] = int(r["total"] is not None and r["samples"] >= r["total"])
             return sorted(rows.values(), key=lambda r: (r["epoch"], r["url"]))
 
     # ---- commits -------------------------------------------------------
@@ -935,41 +931,21 @@ class Journal:
         (a crash between materialisations loses nothing)."""
         if self.schema_version < 2:
             return
-        through = _meta_get(conn, "consumption_through")
-        lo = int(through) if through is not None and through.lstrip("-").isdigit() else -(1 << 62)
-        rows = conn.execute("SELECT step, consumed FROM commits WHERE step > ? AND consumed IS NOT NULL "
-                            "ORDER BY step", (lo,)).fetchall()
-        if not rows:
-            return
-        for _, text in rows:
-            for url, ep, delta, total in json.loads(text):
-                d0, _ = self._pending.get((url, ep), (0, None))
-                self._pending[(url, ep)] = (d0 + int(delta), total)
-        conn.execute("BEGIN")
-        try:
-            self._materialize(conn, int(rows[-1][0]), time.time())
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        last = None
+        for step, url, ep, delta, total in _unfolded_deltas(conn):
+            d0, _ = self._pending.get((url, ep), (0, None))
+            self._pending[(url, ep)] = (d0 + delta, total)
+            last = step
+        if last is not None:
+            self._transaction_locked(lambda c: self._materialize(c, last, time.time()))
 
     def flush_consumption(self) -> None:
         """Bring the ``consumption`` table up to date now (at epoch end, close)."""
         with self._mutex:
             if not self._pending or self._max_step is None:
                 return
-            conn = self._writable()
-            try:
-                conn.execute("BEGIN")
-                try:
-                    self._materialize(conn, self._max_step, time.time())
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise self._err("consumption update failed", exc) from exc
+            step = self._max_step
+            self._transaction_locked(lambda conn: self._materialize(conn, step, time.time()))
 
     def _rewind(self, conn: sqlite3.Connection, step: int, max_step: int, ts: float) -> None:
         prev = conn.execute("SELECT epoch, position FROM commits WHERE step = ?", (step,)).fetchone()
@@ -1028,6 +1004,17 @@ def _open_run(path: str) -> Dict[int, Journal]:
             j.close()
         raise
     return journals
+
+
+def _unfolded_deltas(conn: sqlite3.Connection) -> Iterator[Tuple[int, str, int, int, Optional[int]]]:
+    """``(step, url, epoch, delta, total)`` of commits not yet folded into the
+    consumption table (after ``_meta.consumption_through``), in step order."""
+    through = _meta_get(conn, "consumption_through")
+    lo = int(through) if through is not None and through.lstrip("-").isdigit() else -(1 << 62)
+    for step, text in conn.execute("SELECT step, consumed FROM commits WHERE step > ? "
+                                   "AND consumed IS NOT NULL ORDER BY step", (lo,)).fetchall():
+        for url, ep, delta, total in json.loads(text):
+            yield int(step), url, int(ep), int(delta), total
 
 
 def _never_initialised(file: str) -> bool:

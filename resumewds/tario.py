@@ -385,9 +385,9 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
             exactly one sample (a stale manifest).
     """
     n = len(buf) if end is None else end
-    if start < 0 or n > len(buf):
-        # a range outside the buffer: keep the historical behaviour exactly
-        return _parse_sample_unchecked(buf, shard, base, start, n)
+    if start < 0 or n > len(buf) or start > n:
+        raise ShardFormatError(shard, base, f"sample range [{start}, {n}) lies outside the "
+                               f"{len(buf)} bytes read (manifest does not match the shard)")
     off = start
     key: Optional[str] = None
     sample: Dict[str, Any] = {}
@@ -430,46 +430,6 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
         elif k != key or ext in sample:
             return _parse_sample_slow(buf, shard, base, start, n)
         sample[ext] = buf[data:data + size] if plain else bytes(buf[data:data + size])
-        off = nxt
-    if key is None or off != n:
-        return _parse_sample_slow(buf, shard, base, start, n)
-    sample["__key__"] = key
-    return sample
-
-
-def _parse_sample_unchecked(buf: Buffer, shard: str, base: int, start: int, n: int) -> Dict[str, Any]:
-    # The pre-optimisation parse_sample, kept verbatim for ranges that reach
-    # outside ``buf`` (short blocks), so such calls behave exactly as before.
-    off = start
-    key: Optional[str] = None
-    sample: Dict[str, Any] = {}
-    match = _KEY_RE.match
-    while off < n:
-        if off + BLOCK > n:
-            break
-        blk = bytes(buf[off:off + BLOCK])
-        flag = blk[156:157]
-        if flag not in (b"0", b"\0") or blk[257:263] == b"ustar\x00" and blk[345] != 0 \
-                or not _fast_checksum_ok(blk):
-            return _parse_sample_slow(buf, shard, base, start, n)
-        sz = blk[124:136]
-        if sz[0] & 0x80:
-            return _parse_sample_slow(buf, shard, base, start, n)
-        size = int(sz.split(b"\0", 1)[0].strip() or b"0", 8)
-        data = off + BLOCK
-        nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
-        if nxt > n:
-            return _parse_sample_slow(buf, shard, base, start, n)
-        name = blk[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        m = match(name)
-        if m is None or name.startswith("__") or _META_RE.match(name):
-            return _parse_sample_slow(buf, shard, base, start, n)
-        k, ext = m.group(1), m.group(2).lower()
-        if key is None:
-            key = k
-        elif k != key or ext in sample:
-            return _parse_sample_slow(buf, shard, base, start, n)
-        sample[ext] = bytes(buf[data:data + size])
         off = nxt
     if key is None or off != n:
         return _parse_sample_slow(buf, shard, base, start, n)
