@@ -793,8 +793,8 @@ class ShardStore:
                 out.append((s, False, exc))
         return out
 
-    def prefetch_all(self, shards: Sequence[ShardInfo],
-                     progress: Optional[ProgressFn] = None) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
+    def prefetch_all(self, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
+                     parallel: int = 2) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
         """Download every remote shard into the cache, for ``resumewds prefetch``.
 
         Local shards are skipped (reported ok).  With a ``cache_size`` smaller
@@ -803,24 +803,37 @@ class ShardStore:
         Args:
             shards: the manifest's shards.
             progress: called with each shard's size once it is in the cache.
+            parallel: shards in flight at once (threads; each has its own
+                HTTP session).  Two keep the network busy while the other
+                shard is fsynced and hashed.
 
         Returns:
             ``[(shard, ok, error)]`` in input order.
         """
-        out: List[Tuple[ShardInfo, bool, Optional[BaseException]]] = []
-        for s in shards:
+        import concurrent.futures
+
+        report_lock = threading.Lock()
+
+        def one(s: ShardInfo) -> Tuple[ShardInfo, bool, Optional[BaseException]]:
             try:
                 if is_remote_url(s.url):
                     path = self.ensure(s)
                     if progress is not None:
                         try:
-                            progress(os.path.getsize(path))
+                            size = os.path.getsize(path)
                         except OSError:
-                            pass
-                out.append((s, True, None))
+                            size = 0
+                        with report_lock:
+                            progress(size)
+                return (s, True, None)
             except ResumeWDSError as exc:
-                out.append((s, False, exc))
-        return out
+                return (s, False, exc)
+
+        if parallel <= 1 or len(shards) <= 1:
+            return [one(s) for s in shards]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=parallel,
+                                                   thread_name_prefix="resumewds-prefetch-all") as ex:
+            return list(ex.map(one, shards))
 
 
 __all__ = ["LocalShard", "ShardStore", "VERIFY_POLICIES", "default_cache_dir", "parse_size"]

@@ -553,3 +553,20 @@ def test_store_in_a_forked_child_gets_fresh_runtime(served, tmp_path):
     fresh, dig = q.get(timeout=30)
     p.join(timeout=30)
     assert fresh and dig == digest(data)
+
+
+def test_prefetch_all_in_parallel_keeps_order_and_fetches_each_shard_once(served, tmp_path):
+    root, srv = served
+    datas = [make_tar(os.path.join(root, f"p{i}.tar"), seed=10 + i) for i in range(6)]
+    shards = [shard_for(srv.url + f"p{i}.tar", d) for i, d in enumerate(datas)]
+    shards.append(shards[2])  # the same shard twice: still one download
+    st = store_for(tmp_path)
+    seen = []
+    res = st.prefetch_all(shards, progress=seen.append, parallel=3)
+    assert [s.url for s, _, _ in res] == [s.url for s in shards]
+    assert all(ok for _, ok, _ in res)
+    assert sorted(seen) == sorted([len(d) for d in datas] + [len(datas[2])])
+    for i, d in enumerate(datas):
+        assert srv.requests[f"/p{i}.tar"] == 1
+        with open(st.ensure(shards[i]), "rb") as f:
+            assert f.read() == d
