@@ -396,18 +396,6 @@ class ShardStore:
             self._remove(tmp)
             raise _cache_error(exc, os.path.dirname(base), "publish meta") from exc
 
-    def _fsync_dir(self, d: str) -> None:
-        try:
-            fd = os.open(d, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
     @staticmethod
     def _touch(path: str) -> None:
         """Record a use: set atime to now, keep mtime (meta compares it)."""

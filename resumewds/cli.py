@@ -274,6 +274,31 @@ def _store_and_shards(sources: List[str], cache_dir: Optional[str], cache_size: 
     return ShardStore(cache_dir=cache_dir, cache_size=cache_size, verify="always"), m
 
 
+def _cache_pass_options(f: Callable) -> Callable:
+    """The arguments shared by ``verify`` and ``prefetch``."""
+    opts = [
+        click.argument("sources", nargs=-1, required=True),
+        click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR)."),
+        click.option("--cache-size", default=None, help='Cache size limit, e.g. "20GB".'),
+        click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
+        click.option("--progress/--no-progress", default=None,
+                     help="Progress bar (default: when stderr is a terminal)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
+                allow_remote_pipe: bool, progress: Optional[bool], verb: str) -> None:
+    """Run ``verify_all`` or ``prefetch_all`` over the sources with a byte progress bar."""
+    store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
+    run = store.verify_all if verb == "verify" else store.prefetch_all
+    with _progress(sum(s.size or 0 for s in m.shards), verb + "ing", progress) as bar:
+        results = run(m.shards, progress=bar.update)
+    _report_results(results, verb)
+
+
 def _report_results(results: Any, verb: str) -> None:
     bad = [(s, e) for s, ok, e in results if not ok]
     for s, e in bad:
@@ -284,11 +309,7 @@ def _report_results(results: Any, verb: str) -> None:
 
 
 @cli.command()
-@click.argument("sources", nargs=-1, required=True)
-@click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR).")
-@click.option("--cache-size", default=None, help='Cache size limit, e.g. "20GB".')
-@click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@_cache_pass_options
 def verify(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
            allow_remote_pipe: bool, progress: Optional[bool]) -> None:
     """Check every shard against the manifest's size and xxh3_64.
@@ -301,18 +322,11 @@ def verify(sources: List[str], cache_dir: Optional[str], cache_size: Optional[st
     Example:
         resumewds verify data/manifest.json
     """
-    store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
-    with _progress(sum(s.size or 0 for s in m.shards), "verifying", progress) as bar:
-        results = store.verify_all(m.shards, progress=bar.update)
-    _report_results(results, "verify")
+    _cache_pass(sources, cache_dir, cache_size, allow_remote_pipe, progress, "verify")
 
 
 @cli.command()
-@click.argument("sources", nargs=-1, required=True)
-@click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR).")
-@click.option("--cache-size", default=None, help='Cache size limit, e.g. "20GB".')
-@click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@_cache_pass_options
 def prefetch(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
              allow_remote_pipe: bool, progress: Optional[bool]) -> None:
     """Download every remote shard into the cache, verified, ahead of a run.
@@ -321,10 +335,7 @@ def prefetch(sources: List[str], cache_dir: Optional[str], cache_size: Optional[
     Example:
         resumewds prefetch http://host/data/manifest.json --cache-dir /scratch/cache
     """
-    store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
-    with _progress(sum(s.size or 0 for s in m.shards), "prefetching", progress) as bar:
-        results = store.prefetch_all(m.shards, progress=bar.update)
-    _report_results(results, "prefetch")
+    _cache_pass(sources, cache_dir, cache_size, allow_remote_pipe, progress, "prefetch")
 
 
 @cli.command()

@@ -159,14 +159,12 @@ def _worker_error(exc: BaseException) -> Optional[ResumeWDSError]:
 class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
-    def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
-                 positions: bool):
+    def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool):
         self.ds = ds
         self.epoch = epoch
         self.start = start
         self.layout = layout
         self.collate = collate
-        self.positions = positions
         self.log_level = logging.getLogger("resumewds").level  # for spawned workers
 
     def __iter__(self) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
@@ -525,8 +523,7 @@ class WebLoader:
         if nsteps == 0:
             self._end_epoch()
             return
-        src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
-                           positions=not self._collate)
+        src = _EpochSource(ds, epoch, start, layout, collate=self._collate)
         kw = dict(self.dataloader_kwargs)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
@@ -567,16 +564,16 @@ class WebLoader:
                     continue
                 # unbatched: hand out samples one by one, positions per sample
                 n = len(batch)
+                positions = meta["positions"]
                 for i, sample in enumerate(batch):
                     self.samples_total += 1
                     if i + 1 == n:
                         self.position = layout.position_after(total, start, k)
                         if last:
                             self._end_epoch()
-                    elif self.world_size == 1 and isinstance(sample, dict) and "__index__" in sample:
-                        self.position = int(sample["__index__"]) + 1
                     elif self.world_size == 1:
-                        self.position = self._unbatched_pos(meta, i)
+                        # one rank: positions are contiguous, so a sample is a position
+                        self.position = positions[i] + 1
                     yield sample
                 if n == 0:
                     self.position = layout.position_after(total, start, k)
@@ -586,10 +583,6 @@ class WebLoader:
             del it
         if self.epoch == epoch and self.position >= total:
             self._end_epoch()
-
-    @staticmethod
-    def _unbatched_pos(meta: Dict[str, Any], i: int) -> int:
-        return int(meta["positions"][i]) + 1
 
     def close(self) -> None:
         """Flush pending journal events, close the journal, and release the

@@ -58,7 +58,7 @@ import posixpath
 import time
 import urllib.parse
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import xxhash
@@ -171,10 +171,6 @@ class ShardInfo:
         """Byte range ``(start, end)`` of sample ``i`` in this shard."""
         assert self.offsets is not None
         return int(self.offsets[i]), int(self.offsets[i + 1])
-
-    def __getstate__(self) -> Dict[str, Any]:
-        d = dict(self.__dict__)
-        return d
 
 
 def shard_basename(url: str) -> str:
