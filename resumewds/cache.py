@@ -7,14 +7,15 @@ verified.  Remote shards (http, https, ``pipe:``) are downloaded once into::
     <cache_dir>/shards/<xxh3_64(url)>-<basename>.partial   while downloading
     <cache_dir>/shards/<xxh3_64(url)>-<basename>.partial.etag  its If-Range validator
     <cache_dir>/shards/<xxh3_64(url)>-<basename>.meta      JSON: url, size, xxh3_64,
-                                                          mtime_ns, last_used
+                                                          mtime_ns, last_used, synced, boot
     <cache_dir>/shards/<xxh3_64(url)>-<basename>.lock      pin lock: readers LOCK_SH, evictor LOCK_EX|NB
     <cache_dir>/shards/<xxh3_64(url)>-<basename>.dl        download lock: one downloader at a time
     <cache_dir>/verified/<key>                             "local file verified" marks
 
 An entry's life, with the lock held at each step::
 
-    MISSING --(EX: fetch .partial, fsync, verify, os.replace, write .meta)--> CACHED
+    MISSING --(EX: fetch .partial (hashed as it is written), [fsync], verify,
+               os.replace, write .meta)-----------------------------------> CACHED
     CACHED  --(SH: verify per policy; pinned while a reader holds it)------> CACHED
     CACHED  --(EX: verification failed: remove, fetch again)--------------> CACHED / error
     CACHED  --(EX, non-blocking, by the evictor: LRU over cache_size)------> MISSING
@@ -25,13 +26,26 @@ an entry without meta, which is re-verified (when a checksum is known) or
 fetched again.  Locks are ``fcntl.flock`` locks: they vanish with the process
 that held them, so a killed process never blocks the others.
 
+Durability (``sync``): a download is verified from the bytes as they are
+written.  With ``sync="fsync"`` it is also fsynced before it is published.
+With ``sync="boot"`` (the default, ``"auto"``, wherever the kernel gives a
+boot id) it is not: its meta records ``synced: false`` and this boot's id.
+Unsynced bytes survive anything but a kernel crash or a power cut, and those
+end the boot; so an unsynced entry is trusted as verified within the boot that
+wrote it, and is hashed again (whatever the verify policy) the first time it
+is used in a later boot; a partial download from an earlier boot is not
+resumed.  A crash can therefore never make the cache serve bytes that were
+not verified, and a download does not wait for the disk.  Where there is no
+boot id (not Linux), ``"auto"`` means ``"fsync"``.
+
 Verify policies: ``"once"`` hashes at download and again whenever the file's
 size or mtime changed since its meta was written (for local files: once per
 (path, size, mtime), remembered in memory and under ``cache_dir/verified``);
 ``"always"`` hashes at every acquire; ``"never"`` only compares sizes.
 
 Environment: ``RESUMEWDS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/resumewds`` or
-``~/.cache/resumewds``), ``RESUMEWDS_CACHE_SIZE`` (e.g. ``20GB``), and the
+``~/.cache/resumewds``), ``RESUMEWDS_CACHE_SIZE`` (e.g. ``20GB``),
+``RESUMEWDS_CACHE_SYNC`` (``auto``, ``fsync`` or ``boot``), and the
 ``RESUMEWDS_FETCH_*`` variables of :mod:`resumewds.fetch`.
 
 Example:
@@ -62,13 +76,14 @@ from .errors import (
     ResumeWDSError,
     UnsafeSourceError,
 )
-from .fetch import FetchConfig, fetch_to_file, is_remote_url, local_path, new_session
+from .fetch import FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
 from .manifest import ShardInfo, shard_basename
 
 EventFn = Callable[..., None]
 ProgressFn = Callable[[int], None]
 
 VERIFY_POLICIES = ("once", "always", "never")
+SYNC_MODES = ("auto", "fsync", "boot")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _HASH_CHUNK = 1 << 20
 _SIDE_SUFFIXES = (".partial", ".etag", ".meta", ".lock", ".dl", ".tmp")
@@ -194,6 +209,9 @@ class ShardStore:
             ``evict``, ``fetch_start``, ``fetch_done``, ``retry``.
         max_repairs: how many failed verifications of one shard are fetched
             again before giving up with ChecksumMismatch.
+        sync: "auto" (default, or ``$RESUMEWDS_CACHE_SYNC``), "fsync" or
+            "boot": how a download is made safe against a crash of the
+            machine (see the module docstring).
 
     Attributes:
         counters: events seen by kind, plus ``bytes_fetched`` and ``bytes_evicted``.
@@ -201,9 +219,15 @@ class ShardStore:
 
     def __init__(self, cache_dir: Optional[str] = None, cache_size: Union[int, str, None] = None,
                  verify: str = "once", fetch: Optional[FetchConfig] = None,
-                 on_event: Optional[EventFn] = None, max_repairs: int = 3):
+                 on_event: Optional[EventFn] = None, max_repairs: int = 3, sync: Optional[str] = None):
         if verify not in VERIFY_POLICIES:
             raise ValueError(f"verify must be one of {VERIFY_POLICIES}, got {verify!r}")
+        sync = sync or os.environ.get("RESUMEWDS_CACHE_SYNC") or "auto"
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync (or RESUMEWDS_CACHE_SYNC) must be one of {SYNC_MODES}, got {sync!r}")
+        if sync == "boot" and boot_id() is None:
+            raise ValueError('sync="boot" needs a kernel boot id (/proc/sys/kernel/random/boot_id); '
+                             'use "fsync" or "auto"')
         if max_repairs < 0:
             raise ValueError(f"max_repairs must be >= 0, got {max_repairs}")
         if cache_size is None:
@@ -214,6 +238,7 @@ class ShardStore:
         self.fetch = fetch if fetch is not None else FetchConfig.from_env()
         self.on_event = on_event
         self.max_repairs = max_repairs
+        self.sync = "fsync" if sync == "fsync" or boot_id() is None else "boot"
         self.counters: Dict[str, int] = collections.Counter()
         self._verified_local: set = set()
         self._init_runtime()
@@ -330,6 +355,19 @@ class ShardStore:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size, mt.st_mtime_ns if mt is not None else 0)
 
+    def _make_durable(self, path: str) -> bool:
+        """fsync ``path`` if this store syncs; True if it did (see ``sync``)."""
+        if self.sync != "fsync":
+            return False
+        fd = self._open(path, os.O_RDONLY, "open")
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise _cache_error(exc, os.path.dirname(path), "fsync the download") from exc
+        finally:
+            os.close(fd)
+        return True
+
     def _lock_fd(self, base: str) -> int:
         return self._open(base + ".lock", os.O_RDWR | os.O_CREAT, "open lock file")
 
@@ -373,17 +411,17 @@ class ShardStore:
             return None
         return meta
 
-    def _write_meta(self, base: str, url: str, xxh: Optional[str]) -> None:
+    def _write_meta(self, base: str, url: str, xxh: Optional[str], synced: bool) -> None:
         st = self._lstat(base)
         if st is None:
             raise CacheError(f"{base}: vanished before its meta was written")
         meta = {"url": url, "size": st.st_size, "xxh3_64": xxh, "mtime_ns": st.st_mtime_ns,
-                "last_used": time.time()}
+                "last_used": time.time(), "synced": synced, "boot": boot_id()}
         tmp = f"{base}.meta.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = self._open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "write")
         try:
-            # no fsync: a meta lost to a power cut reads as missing, and an entry
-            # without meta is re-verified (or refetched), never trusted
+            # no fsync: a meta lost to a machine crash reads as missing, and an
+            # entry without meta is re-verified (or refetched), never trusted
             os.write(fd, json.dumps(meta).encode())
         except OSError as exc:
             os.close(fd)
@@ -499,10 +537,15 @@ class ShardStore:
         if shard.size is not None and st.st_size != shard.size:
             self._emit("verify_fail", shard.url, expected=str(shard.size), actual=str(st.st_size))
             return "corrupt", skey
-        if policy == "never":
-            return "ok", skey
         expected = (shard.xxh3_64 or meta.get("xxh3_64") or "").lower() or None
-        changed = (st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"]
+        # written without fsync in an earlier boot: the crash that ended that
+        # boot may have eaten bytes, whatever the policy says
+        stale = meta.get("synced", True) is not True and meta.get("boot") != boot_id()
+        if stale and expected is None:
+            return "nometa", skey  # nothing to check it against: fetch it again
+        if policy == "never" and not stale:
+            return "ok", skey
+        changed = (stale or st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"]
                    or (shard.xxh3_64 is not None and (meta.get("xxh3_64") or "").lower() != expected))
         if expected is None or not (changed or policy == "always"):
             return "ok", skey
@@ -512,7 +555,8 @@ class ShardStore:
             return "corrupt", skey
         self._emit("verify_ok", shard.url)
         if changed:
-            self._write_meta(base, shard.url, expected)
+            # read back from disk after a reboot: those bytes are durable now
+            self._write_meta(base, shard.url, expected, synced=stale or meta.get("synced", True) is True)
         return "ok", skey
 
     def _acquire_remote(self, shard: ShardInfo, pin: bool, policy: str,
@@ -568,7 +612,7 @@ class ShardStore:
                 size, actual = self._hash(base, progress)
                 if actual == shard.xxh3_64.lower() and (shard.size is None or size == shard.size):
                     self._emit("verify_ok", url)
-                    self._write_meta(base, url, actual)
+                    self._write_meta(base, url, actual, synced=self._make_durable(base))
                     self._emit("cache_hit", url)
                     return
             self._remove(base)
@@ -584,24 +628,18 @@ class ShardStore:
         while True:
             if self._lstat(partial) is None:
                 self._remove(partial + ".etag")
-            fetch_to_file(url, partial, expected_size=shard.size, config=self.fetch,
-                          on_event=self._emit, session=self._session())
-            fd = self._open(partial, os.O_RDONLY, "open")
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise _cache_error(exc, self.shards_dir, "fsync the download") from exc
-            finally:
-                os.close(fd)
+            # hashed from the bytes as they were written: no read-back
+            res = fetch_to_file(url, partial, expected_size=shard.size, config=self.fetch,
+                                on_event=self._emit, session=self._session())
+            synced = self._make_durable(partial)
+            if progress is not None:
+                progress(res.size)
             bad: Optional[Tuple[str, str, str]] = None
-            actual: Optional[str] = shard.xxh3_64
-            size = self._lstat(partial).st_size  # type: ignore[union-attr]
-            if shard.size is not None and size != shard.size:
-                bad = (str(shard.size), str(size), "size")
-            elif policy != "never" or shard.xxh3_64 is None:
-                _, actual = self._hash(partial, progress)
-                if shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
-                    bad = (shard.xxh3_64, actual, "xxh3_64")
+            actual = res.xxh3_64
+            if shard.size is not None and res.size != shard.size:
+                bad = (str(shard.size), str(res.size), "size")
+            elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
+                bad = (shard.xxh3_64, actual, "xxh3_64")
             if bad is None:
                 break
             self._emit("verify_fail", url, expected=bad[0], actual=bad[1])
@@ -618,9 +656,10 @@ class ShardStore:
         except OSError as exc:
             raise _cache_error(exc, self.shards_dir, "publish the download") from exc
         self._remove(partial + ".etag")
-        self._write_meta(base, url, actual)
-        # The data was fsynced before the rename; the directory is not: after a
-        # power cut the newest entries may be missing and are fetched again.
+        self._write_meta(base, url, actual, synced=synced)
+        # With sync="fsync" the data was fsynced before the rename; the
+        # directory is not: after a power cut the newest entries may be
+        # missing and are fetched again.
         self._evict()
 
     # ---- eviction --------------------------------------------------------------------------
@@ -824,4 +863,4 @@ class ShardStore:
             return list(ex.map(one, shards))
 
 
-__all__ = ["LocalShard", "ShardStore", "VERIFY_POLICIES", "default_cache_dir", "parse_size"]
+__all__ = ["LocalShard", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES", "default_cache_dir", "parse_size"]

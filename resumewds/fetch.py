@@ -51,6 +51,7 @@ import email.utils
 import errno
 import http.client
 import inspect
+import json
 import os
 import re
 import socket
@@ -63,6 +64,7 @@ from typing import Any, Callable, Dict, Optional
 
 import requests
 import urllib3.exceptions
+import xxhash
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -159,6 +161,9 @@ class FetchResult:
         resumed_from: bytes already in the file when the call began and kept.
         seconds: wall time of the call.
         attempts: attempts made.
+        xxh3_64: hex xxh3_64 of the whole file, computed from the bytes as
+            they were written (bytes kept from an earlier call are hashed from
+            disk), so that a caller need not read the file back to verify it.
     """
 
     url: str
@@ -168,6 +173,7 @@ class FetchResult:
     resumed_from: int
     seconds: float
     attempts: int
+    xxh3_64: str = ""
 
 
 # ---------------------------------------------------------------------------
@@ -350,16 +356,60 @@ def new_session() -> requests.Session:
 
 
 _ETAG_SUFFIX = ".etag"
-_NET_CHUNK = 64 * 1024
+_NET_BUF = 256 * 1024  # bytes per socket read: big enough to be cheap, small enough that a reset loses little
+_HASH_BUF = 1 << 20
+
+
+def boot_id() -> Optional[str]:
+    """This boot's id (Linux), or None where the kernel does not say.
+
+    Bytes written without an fsync can only be lost by a kernel crash or a
+    power cut, and both end the boot; data written in *this* boot and still
+    readable is therefore as good as it was when it was written.
+
+    Example:
+        >>> b = boot_id()
+        >>> b is None or len(b) > 0
+        True
+    """
+    global _BOOT_ID
+    if _BOOT_ID is _UNSET:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "r") as f:
+                _BOOT_ID = f.read().strip() or None
+        except OSError:
+            _BOOT_ID = None
+    return _BOOT_ID  # type: ignore[return-value]
+
+
+_UNSET = object()
+_BOOT_ID: object = _UNSET
 
 
 def _read_validator(partial_path: str) -> Optional[str]:
+    """The partial's validator, or None when its bytes cannot be trusted.
+
+    The sidecar is ``{"validator": V, "boot": B}``.  A partial written in an
+    earlier boot may have lost unsynced bytes to the crash that ended it, so
+    it is not resumed.  (A plain-text sidecar from an older version is
+    accepted as it is.)
+    """
     try:
         with open(partial_path + _ETAG_SUFFIX, "r") as f:
-            v = f.read().strip()
-        return v or None
+            raw = f.read().strip()
     except OSError:
         return None
+    if raw.startswith("{"):
+        try:
+            d = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(d, dict) or not isinstance(d.get("validator"), str):
+            return None
+        if d.get("boot") != boot_id():
+            return None
+        return d["validator"] or None
+    return raw or None
 
 
 def _write_validator(partial_path: str, value: Optional[str]) -> None:
@@ -370,7 +420,7 @@ def _write_validator(partial_path: str, value: Optional[str]) -> None:
     try:
         fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o666)
         with os.fdopen(fd, "w") as f:
-            f.write(value)
+            f.write(json.dumps({"validator": value, "boot": boot_id()}))
     except OSError as exc:
         raise _SinkError(exc, side) from exc
 
@@ -382,21 +432,74 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-def _open_sink(path: str, append: bool):
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    flags |= os.O_APPEND if append else os.O_TRUNC
-    try:
-        fd = os.open(path, flags, 0o666)
-        return os.fdopen(fd, "ab" if append else "wb", buffering=0)
-    except OSError as exc:
-        raise _SinkError(exc, path) from exc
+class _Sink:
+    """The partial file, open for writing, and the xxh3_64 of its bytes."""
+
+    def __init__(self, state: "_Attempt", append: bool):
+        self.state = state
+        self.path = state.path
+        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        flags |= os.O_APPEND if append else os.O_TRUNC
+        try:
+            self.fd = os.open(self.path, flags, 0o666)
+        except OSError as exc:
+            raise _SinkError(exc, self.path) from exc
+        try:
+            if append:
+                state.hash_prefix()
+            else:
+                state.hasher.reset()
+                state.hashed = 0
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def put(self, data: memoryview) -> None:
+        """Write all of ``data`` (a short write is continued, an error raised)."""
+        n = len(data)
+        done = 0
+        try:
+            while done < n:
+                done += os.write(self.fd, data[done:])
+        except OSError as exc:
+            # what did reach the file is kept (and hashed) for a later resume
+            self._account(data[:done])
+            raise _SinkError(exc, self.path) from exc
+        self._account(data)
+
+    def _account(self, data: memoryview) -> None:
+        st = self.state
+        st.hasher.update(data)
+        st.hashed += len(data)
+        st.received += len(data)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> "_Sink":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
-def _write(f, data: bytes, path: str) -> None:
-    try:
-        f.write(data)
-    except OSError as exc:
-        raise _SinkError(exc, path) from exc
+def _body_reader(raw: Any) -> Callable[[memoryview], int]:
+    """``readinto(buf) -> n`` for a response body, 0 at its end.
+
+    Reads the undecoded body straight into our buffer through urllib3's
+    underlying ``http.client`` response (chunked framing is undone there);
+    falls back to ``raw.read`` (one copy more) if that is not available.
+    """
+    fp = getattr(raw, "_fp", None)
+    if isinstance(fp, http.client.HTTPResponse):
+        return fp.readinto
+
+    def readinto(buf: memoryview) -> int:
+        data = raw.read(len(buf), decode_content=False)
+        buf[: len(data)] = data
+        return len(data)
+
+    return readinto
 
 
 def _size_of(path: str) -> int:
@@ -411,7 +514,12 @@ _CONTENT_RANGE_UNSAT = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$")
 
 
 class _Attempt:
-    """State shared by the attempts of one fetch_to_file call."""
+    """State shared by the attempts of one fetch_to_file call.
+
+    ``hasher`` holds the xxh3_64 of the first ``hashed`` bytes of the partial
+    file, updated as bytes are written, so the finished file need not be read
+    back to be verified.
+    """
 
     def __init__(self, url: str, path: str, expected_size: Optional[int], config: FetchConfig,
                  session: Optional[requests.Session]):
@@ -422,6 +530,50 @@ class _Attempt:
         self.session = session
         self.received = 0
         self.attempts = 0
+        self.hasher = xxhash.xxh3_64()
+        self.hashed = -1  # unknown until the file is opened
+        self._buf: Optional[memoryview] = None
+
+    def buffer(self) -> memoryview:
+        if self._buf is None:
+            self._buf = memoryview(bytearray(min(self.config.chunk_size, _NET_BUF)))
+        return self._buf
+
+    def hash_prefix(self) -> None:
+        """Make ``hasher`` cover the bytes already in the file."""
+        have = _size_of(self.path)
+        if self.hashed == have:
+            return
+        self.hasher.reset()
+        self.hashed = 0
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            raise _SinkError(exc, self.path) from exc
+        try:
+            while True:
+                b = os.read(fd, _HASH_BUF)
+                if not b:
+                    break
+                self.hasher.update(b)
+                self.hashed += len(b)
+        except OSError as exc:
+            raise _SinkError(exc, self.path) from exc
+        finally:
+            os.close(fd)
+
+    def digest(self) -> str:
+        """xxh3_64 of the whole file."""
+        self.hash_prefix()
+        return self.hasher.hexdigest()
+
+    def _copy(self, readinto: Callable[[memoryview], int], sink: _Sink) -> None:
+        buf = self.buffer()
+        while True:
+            n = readinto(buf)
+            if not n:
+                return
+            sink.put(buf[:n])
 
     # -- http ---------------------------------------------------------------
     def http(self) -> None:
@@ -468,21 +620,15 @@ class _Attempt:
                 if etag and etag.startswith("W/"):
                     etag = None  # If-Range needs a strong validator
                 # truncate before recording the validator so the pair always agrees
-                _open_sink(self.path, append=False).close()
+                _Sink(self, append=False).close()
                 _write_validator(self.path, etag or resp.headers.get("Last-Modified"))
             else:
                 raise _status_error(self.url, resp)
             raw = resp.raw
             # we check lengths ourselves; urllib3's check would drop the bytes of a short last read
             raw.enforce_content_length = False
-            net_chunk = min(cfg.chunk_size, _NET_CHUNK)  # small reads: a reset loses little
-            with _open_sink(self.path, append=append) as f:
-                while True:
-                    chunk = raw.read(net_chunk, decode_content=False)
-                    if not chunk:
-                        break
-                    _write(f, chunk, self.path)
-                    self.received += len(chunk)
+            with _Sink(self, append=append) as sink:
+                self._copy(_body_reader(raw), sink)
         size = _size_of(self.path)
         if want_total is not None and size < want_total:
             raise TransientFetchError(f"{self.url}: short body: got {size - start} of {want_total - start} bytes",
@@ -497,13 +643,8 @@ class _Attempt:
     # -- file:// and plain paths ---------------------------------------------
     def local(self) -> None:
         src = local_path(self.url)
-        with open(src, "rb") as fin, _open_sink(self.path, append=False) as fout:
-            while True:
-                chunk = fin.read(self.config.chunk_size)
-                if not chunk:
-                    break
-                _write(fout, chunk, self.path)
-                self.received += len(chunk)
+        with open(src, "rb", buffering=0) as fin, _Sink(self, append=False) as sink:
+            self._copy(fin.readinto, sink)
         _remove_quietly(self.path + _ETAG_SUFFIX)
         self._check_expected(_size_of(self.path))
 
@@ -511,16 +652,11 @@ class _Attempt:
     def pipe(self) -> None:
         cmd = self.url[len("pipe:"):]
         _remove_quietly(self.path + _ETAG_SUFFIX)
-        with tempfile.TemporaryFile() as err, _open_sink(self.path, append=False) as fout:
+        with tempfile.TemporaryFile() as err, _Sink(self, append=False) as sink:
             proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
             try:
                 assert proc.stdout is not None
-                while True:
-                    chunk = proc.stdout.read(self.config.chunk_size)
-                    if not chunk:
-                        break
-                    _write(fout, chunk, self.path)
-                    self.received += len(chunk)
+                self._copy(proc.stdout.readinto, sink)
                 rc = proc.wait()
             finally:
                 if proc.poll() is None:
@@ -577,7 +713,8 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
         session: a requests Session to use (one is created if None).
 
     Returns:
-        A :class:`FetchResult`.  The file is flushed, not fsynced.
+        A :class:`FetchResult` (with the file's xxh3_64).  The file is
+        written, not fsynced.
 
     Raises:
         TransientFetchError: still failing after the retry budget.
@@ -603,7 +740,7 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
     if on_event is not None:
         on_event("fetch_done", url, bytes=state.received, seconds=seconds, resumed_from=kept)
     return FetchResult(url=url, path=partial_path, size=size, bytes=state.received, resumed_from=kept,
-                       seconds=seconds, attempts=state.attempts)
+                       seconds=seconds, attempts=state.attempts, xxh3_64=state.digest())
 
 
 class _BytesAttempt:
@@ -679,6 +816,7 @@ def copy_config(config: FetchConfig, **changes: Any) -> FetchConfig:
 __all__ = [
     "FetchConfig",
     "FetchResult",
+    "boot_id",
     "copy_config",
     "fetch_bytes",
     "fetch_to_file",

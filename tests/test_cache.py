@@ -570,3 +570,98 @@ def test_prefetch_all_in_parallel_keeps_order_and_fetches_each_shard_once(served
         assert srv.requests[f"/p{i}.tar"] == 1
         with open(st.ensure(shards[i]), "rb") as f:
             assert f.read() == d
+
+
+def _meta(path: str) -> dict:
+    return __import__("json").load(open(path + ".meta"))
+
+
+def _corrupt_keeping_stat(path: str) -> None:
+    """Flip bytes without changing size or mtime (what a lost page looks like)."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00" * 64)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("verify", ["once", "never"])
+def test_unsynced_entry_is_rehashed_after_a_reboot(served, tmp_path, monkeypatch, verify):
+    """sync="boot": a download is not fsynced, so an entry from an earlier boot
+    is hashed again at first use, whatever the policy, and repaired if the
+    crash ate bytes; within the boot that wrote it, it is trusted."""
+    import resumewds.fetch as F
+
+    root, srv = served
+    datas = [make_tar(os.path.join(root, f"{n}.tar"), seed=i) for i, n in enumerate("ab")]
+    shards = [shard_for(srv.url + f"{n}.tar", d) for n, d in zip("ab", datas)]
+    rec = Recorder()
+    st = store_for(tmp_path, verify=verify, sync="boot", on_event=rec)
+    paths = [st.ensure(s) for s in shards]
+    for p in paths:
+        assert _meta(p)["synced"] is False and _meta(p)["boot"] == F.boot_id()
+    _corrupt_keeping_stat(paths[0])
+    # same boot, same size and mtime: trusted (as the policies document)
+    rec.events.clear()
+    st.ensure(shards[1])
+    assert rec.kinds("verify_ok") == [] and srv.requests["/b.tar"] == 1
+    # after a reboot: both are hashed; the damaged one is fetched again
+    monkeypatch.setattr(F, "_BOOT_ID", "another-boot")
+    assert read(st.ensure(shards[0])) == datas[0] and srv.requests["/a.tar"] == 2
+    assert read(st.ensure(shards[1])) == datas[1] and srv.requests["/b.tar"] == 1
+    assert len(rec.kinds("verify_fail")) == 1 and st.counters["repair"] == 1
+    # the survivor was read back from disk in the new boot: durable, not hashed again
+    assert _meta(paths[1])["synced"] is True
+    rec.events.clear()
+    st.ensure(shards[1])
+    assert rec.kinds("verify_ok") == [] and rec.kinds("verify_fail") == []
+
+
+def test_unsynced_entry_without_a_checksum_is_refetched_after_a_reboot(served, tmp_path, monkeypatch):
+    import resumewds.fetch as F
+
+    root, srv = served
+    data = make_blob(os.path.join(root, "a.tar"), 20 * KB)
+    shard = ShardInfo(url=srv.url + "a.tar")
+    st = store_for(tmp_path, sync="boot")
+    path = st.ensure(shard)
+    meta = _meta(path)
+    meta["xxh3_64"] = None  # an entry whose digest was never recorded
+    open(path + ".meta", "w").write(__import__("json").dumps(meta))
+    monkeypatch.setattr(F, "_BOOT_ID", "another-boot")
+    assert read(st.ensure(shard)) == data and srv.requests["/a.tar"] == 2
+
+
+def test_sync_fsync_syncs_every_download_and_no_download_is_read_back(served, tmp_path, monkeypatch):
+    root, srv = served
+    datas = [make_tar(os.path.join(root, f"{n}.tar"), seed=i) for i, n in enumerate("ab")]
+    shards = [shard_for(srv.url + f"{n}.tar", d) for n, d in zip("ab", datas)]
+    synced: list = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                 real_fsync(fd))[1])
+    hashed: list = []
+    real_hash = ShardStore._hash
+    monkeypatch.setattr(ShardStore, "_hash", lambda self, p, progress=None: (hashed.append(p),
+                                                                            real_hash(self, p, progress))[1])
+    st = store_for(tmp_path, sync="fsync")
+    for s, d in zip(shards, datas):
+        path = st.ensure(s)
+        assert read(path) == d and _meta(path)["synced"] is True
+    assert [os.path.basename(p) for p in synced] == [os.path.basename(st.entry_path(s.url)) + ".partial"
+                                                     for s in shards]
+    assert hashed == []  # verified from the bytes as they were written
+    synced.clear()
+    boot = store_for(tmp_path / "b", sync="boot")
+    assert read(boot.ensure(shards[0])) == datas[0] and synced == [] and hashed == []
+
+
+def test_sync_mode_from_env_and_bad_values(monkeypatch, tmp_path):
+    monkeypatch.setenv("RESUMEWDS_CACHE_SYNC", "fsync")
+    assert store_for(tmp_path).sync == "fsync"
+    monkeypatch.setenv("RESUMEWDS_CACHE_SYNC", "sometimes")
+    with pytest.raises(ValueError, match="RESUMEWDS_CACHE_SYNC"):
+        store_for(tmp_path)
+    monkeypatch.delenv("RESUMEWDS_CACHE_SYNC")
+    assert store_for(tmp_path).sync == "boot"  # Linux has a boot id
+    assert store_for(tmp_path, sync="fsync").sync == "fsync"

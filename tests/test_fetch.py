@@ -21,6 +21,7 @@ from chaos.faultserver import FaultServer, parse_faults
 from http_fixtures import (  # noqa: F401  (fixtures)
     Recorder,
     _loopback_only,
+    digest,
     fast_config,
     make_blob,
     make_tar,
@@ -420,3 +421,55 @@ def test_runs_as_a_program(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_result_digest_is_the_files_hash_across_cuts_and_resumes(served, tmp_path):
+    """The digest is computed from the bytes as they are written, and still
+    covers bytes kept from an earlier call (hashed from disk) and bytes kept
+    from a cut attempt within the call."""
+    root, srv = served
+    size = 1024 * KB + 123
+    data = make_blob(os.path.join(root, "a.tar"), size)
+    url = srv.url + "a.tar"
+    out = str(tmp_path / "p")
+    res = fetch_to_file(url, out, expected_size=size, config=fast_config())
+    assert res.xxh3_64 == digest(data)
+    # a cut within one call, resumed by the same call
+    srv.script("/a.tar", ["truncate@0.3", "reset"])
+    res = fetch_to_file(url, str(tmp_path / "q"), expected_size=size, config=fast_config())
+    assert res.xxh3_64 == digest(data) and res.attempts == 3
+    # bytes kept from an earlier call
+    srv.script("/a.tar", ["truncate@0.6"])
+    with pytest.raises(TransientFetchError):
+        fetch_to_file(url, str(tmp_path / "r"), expected_size=size, config=fast_config(attempts=1))
+    res = fetch_to_file(url, str(tmp_path / "r"), expected_size=size, config=fast_config())
+    assert res.resumed_from == int(size * 0.6) and res.xxh3_64 == digest(data)
+    # local files and pipe: commands are hashed the same way
+    assert fetch_to_file(os.path.join(root, "a.tar"), str(tmp_path / "l")).xxh3_64 == digest(data)
+    src = os.path.join(root, "a.tar")
+    assert fetch_to_file(f"pipe:cat {src}", str(tmp_path / "c")).xxh3_64 == digest(data)
+
+
+def test_partial_from_an_earlier_boot_is_not_resumed(served, tmp_path, monkeypatch):
+    """Unsynced bytes of a partial may have been lost to the crash that ended
+    the boot, so only a partial written in this boot is resumed."""
+    import resumewds.fetch as F
+
+    root, srv = served
+    size = 256 * KB
+    data = make_blob(os.path.join(root, "a.tar"), size)
+    url = srv.url + "a.tar"
+    out = str(tmp_path / "p")
+    srv.script("/a.tar", ["truncate@0.5"])
+    with pytest.raises(TransientFetchError):
+        fetch_to_file(url, out, expected_size=size, config=fast_config(attempts=1))
+    side = __import__("json").load(open(out + ".etag"))
+    assert side["boot"] == F.boot_id() and side["validator"]
+    # the machine "reboots", and the kept half is garbage now
+    monkeypatch.setattr(F, "_BOOT_ID", "another-boot")
+    with open(out, "r+b") as f:
+        f.write(b"\xff" * 1000)
+    srv.reset_counters()
+    res = fetch_to_file(url, out, expected_size=size, config=fast_config())
+    assert srv.bytes_sent == size and res.resumed_from == 0
+    assert open(out, "rb").read() == data and res.xxh3_64 == digest(data)
