@@ -212,6 +212,7 @@ class ShardStore:
         sync: "auto" (default, or ``$RESUMEWDS_CACHE_SYNC``), "fsync" or
             "boot": how a download is made safe against a crash of the
             machine (see the module docstring).
+        prefetch_threads: shards :meth:`prefetch` downloads at once.
 
     Attributes:
         counters: events seen by kind, plus ``bytes_fetched`` and ``bytes_evicted``.
@@ -219,7 +220,8 @@ class ShardStore:
 
     def __init__(self, cache_dir: Optional[str] = None, cache_size: Union[int, str, None] = None,
                  verify: str = "once", fetch: Optional[FetchConfig] = None,
-                 on_event: Optional[EventFn] = None, max_repairs: int = 3, sync: Optional[str] = None):
+                 on_event: Optional[EventFn] = None, max_repairs: int = 3, sync: Optional[str] = None,
+                 prefetch_threads: int = 2):
         if verify not in VERIFY_POLICIES:
             raise ValueError(f"verify must be one of {VERIFY_POLICIES}, got {verify!r}")
         sync = sync or os.environ.get("RESUMEWDS_CACHE_SYNC") or "auto"
@@ -239,6 +241,9 @@ class ShardStore:
         self.on_event = on_event
         self.max_repairs = max_repairs
         self.sync = "fsync" if sync == "fsync" or boot_id() is None else "boot"
+        if prefetch_threads < 1:
+            raise ValueError(f"prefetch_threads must be >= 1, got {prefetch_threads}")
+        self.prefetch_threads = int(prefetch_threads)
         self.counters: Dict[str, int] = collections.Counter()
         self._verified_local: set = set()
         self._init_runtime()
@@ -250,15 +255,14 @@ class ShardStore:
         self._mu = threading.Lock()
         self._pf_cond = threading.Condition()
         self._pf_queue: collections.deque = collections.deque()
-        self._pf_done: "collections.OrderedDict[str, None]" = collections.OrderedDict()
-        self._pf_current: Optional[str] = None
-        self._pf_thread: Optional[threading.Thread] = None
+        self._pf_current: set = set()
+        self._pf_threads: List[threading.Thread] = []
         self._pf_stop = False
         self._dirs_ready = False
 
     def __getstate__(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
-        for k in ("_tl", "_mu", "_pf_cond", "_pf_queue", "_pf_done", "_pf_current", "_pf_thread",
+        for k in ("_tl", "_mu", "_pf_cond", "_pf_queue", "_pf_current", "_pf_threads",
                   "_pf_stop", "_dirs_ready"):
             d.pop(k, None)
         d["counters"] = collections.Counter()
@@ -735,20 +739,29 @@ class ShardStore:
 
     # ---- prefetch --------------------------------------------------------------------------
     def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2) -> None:
-        """Download the next ``depth`` remote shards in a background thread.
+        """Download the next ``depth`` remote shards in background threads.
 
-        Replaces any earlier wish list.  Errors are swallowed here; they show up
-        again when the shard is acquired.
+        Up to ``prefetch_threads`` shards download at once, each over its own
+        connection.  Replaces any earlier wish list; shards already cached or
+        being downloaded are left out.  Errors are swallowed here; they show
+        up again when the shard is acquired.
         """
         wanted = [s for s in shards if is_remote_url(s.url)][: max(0, depth)]
         with self._pf_cond:
             self._pf_queue = collections.deque(
-                s for s in wanted if s.url not in self._pf_done and s.url != self._pf_current)
-            if self._pf_queue and (self._pf_thread is None or not self._pf_thread.is_alive()):
+                s for s in wanted if s.url not in self._pf_current and not self._looks_cached(s.url))
+            if self._pf_queue:
                 self._pf_stop = False
-                self._pf_thread = threading.Thread(target=self._pf_loop, name="resumewds-prefetch", daemon=True)
-                self._pf_thread.start()
+                self._pf_threads = [t for t in self._pf_threads if t.is_alive()]
+                while len(self._pf_threads) < min(self.prefetch_threads, len(self._pf_queue)):
+                    t = threading.Thread(target=self._pf_loop, name="resumewds-prefetch", daemon=True)
+                    t.start()
+                    self._pf_threads.append(t)
             self._pf_cond.notify_all()
+
+    def _looks_cached(self, url: str) -> bool:
+        """A cheap hint (one stat): the entry has been published."""
+        return self._lstat(self.entry_path(url) + ".meta") is not None
 
     def _pf_loop(self) -> None:
         while True:
@@ -758,7 +771,7 @@ class ShardStore:
                 if self._pf_stop:
                     return
                 shard = self._pf_queue.popleft()
-                self._pf_current = shard.url
+                self._pf_current.add(shard.url)
             try:
                 self._acquire(shard, pin=False)
             except Exception:
@@ -766,21 +779,18 @@ class ShardStore:
                     self.counters["prefetch_error"] += 1
             finally:
                 with self._pf_cond:
-                    self._pf_current = None
-                    self._pf_done[shard.url] = None
-                    while len(self._pf_done) > 1024:
-                        self._pf_done.popitem(last=False)
+                    self._pf_current.discard(shard.url)
 
     def close(self) -> None:
-        """Stop the prefetch thread and drop this thread's HTTP session."""
+        """Stop the prefetch threads and drop this thread's HTTP session."""
         with self._pf_cond:
             self._pf_stop = True
             self._pf_queue.clear()
             self._pf_cond.notify_all()
-        t = self._pf_thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=5)
-        self._pf_thread = None
+            threads, self._pf_threads = self._pf_threads, []
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
         s = getattr(self._tl, "session", None)
         if s is not None:
             s.close()

@@ -38,6 +38,8 @@ from .stats import event_record
 
 log = logging.getLogger("resumewds")
 
+_RUN_BYTES = 4 << 20  # most bytes read with one pread when samples are consecutive
+
 ON_ERROR = ("raise", "skip")
 
 
@@ -308,6 +310,43 @@ class WebDataset:
         sample["__url__"] = shard.url
         return sample
 
+    def _run_length(self, where: Sequence[Tuple[int, int]], i: int) -> int:
+        """How many of ``where[i:]`` are consecutive samples of one shard,
+        within :data:`_RUN_BYTES` (one sample at least)."""
+        si, j = where[i]
+        offsets = self.manifest.shards[si].offsets
+        if offsets is None:
+            return 1
+        run, n = 1, len(where)
+        limit = int(offsets[j]) + _RUN_BYTES
+        while i + run < n and where[i + run] == (si, j + run) and int(offsets[j + run + 1]) <= limit:
+            run += 1
+        return run
+
+    def _read_run(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
+        """Samples ``j .. j+count-1`` of one shard with one ``pread``.
+
+        Same results, errors and skips as ``count`` calls of :meth:`_read`
+        (on a malformed sample it falls back to them, so the samples before
+        the bad one are delivered exactly as they would be one by one).
+        """
+        if count == 1 or shard_idx in self._failed:
+            return [self._read(shard_idx, j + i) for i in range(count)]
+        shard = self.manifest.shards[shard_idx]
+        if self._reader is None:
+            self._reader = _ShardReader(self.store, self.shuffle_window + 2)
+        try:
+            fd = self._reader.fd(shard_idx, shard)
+            assert shard.offsets is not None
+            samples: List[Optional[Dict[str, Any]]] = list(
+                tario.read_samples(fd, shard.offsets, j, j + count - 1, shard.url))
+        except (FetchError, IntegrityError, ShardFormatError):
+            return [self._read(shard_idx, j + i) for i in range(count)]
+        url = shard.url
+        for sample in samples:
+            sample["__url__"] = url  # type: ignore[index]
+        return samples
+
     def _apply(self, stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
         for st in stages:
             x = st(x)
@@ -367,9 +406,18 @@ class WebDataset:
             positions = meta["positions"]
             nbytes = skipped = filtered = pads = 0
             t0 = time.perf_counter()
-            for pos, pad in slots:
-                si, j = sample_at(pos)
-                sample = read(si, j)
+            # consecutive samples of one shard (the rule unshuffled) are read
+            # with one pread: fewer syscalls, and fewer GIL hand-offs to the
+            # prefetch threads
+            where = [sample_at(pos) for pos, _ in slots]
+            ahead: List[Optional[Dict[str, Any]]] = []
+            for i, (pos, pad) in enumerate(slots):
+                si, j = where[i]
+                if not ahead:
+                    run = self._run_length(where, i)
+                    ahead = self._read_run(si, j, run) if run > 1 else [read(si, j)]
+                    ahead.reverse()
+                sample = ahead.pop()
                 t1 = time.perf_counter()
                 t_read += t1 - t0
                 if sample is None:

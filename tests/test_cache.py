@@ -451,7 +451,7 @@ def test_prefetch_downloads_in_background_and_swallows_errors(served, tmp_path):
         assert read(clone.ensure(shards[0])) == blobs["a"]
     finally:
         st.close()
-    assert st._pf_thread is None
+    assert st._pf_threads == []
 
 
 def test_pipe_shards_are_cached_and_untrusted_ones_refused(tmp_path):

@@ -117,13 +117,19 @@ def test_resume_property(data, seed, window, batch, w1, w2, frac):
 
 def test_resume_reads_only_what_it_delivers(data, monkeypatch):
     calls = {"n": 0}
-    real = tario.read_sample
+    real_one, real_run = tario.read_sample, tario.read_samples
 
-    def counting(*a, **kw):
+    def counting_one(*a, **kw):
         calls["n"] += 1
-        return real(*a, **kw)
+        return real_one(*a, **kw)
 
-    monkeypatch.setattr(tario, "read_sample", counting)
+    def counting_run(*a, **kw):  # consecutive samples are read with one pread
+        out = real_run(*a, **kw)
+        calls["n"] += len(out)
+        return out
+
+    monkeypatch.setattr(tario, "read_sample", counting_one)
+    monkeypatch.setattr(tario, "read_samples", counting_run)
     ref = reference(data, 7, 2, 8)
     for n in (3, 20, 40):
         first = rw.WebLoader(dataset(data), batch_size=8)
