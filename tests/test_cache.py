@@ -665,3 +665,35 @@ def test_sync_mode_from_env_and_bad_values(monkeypatch, tmp_path):
     monkeypatch.delenv("RESUMEWDS_CACHE_SYNC")
     assert store_for(tmp_path).sync == "boot"  # Linux has a boot id
     assert store_for(tmp_path, sync="fsync").sync == "fsync"
+
+
+def test_prefetch_runs_in_parallel_and_fetches_an_evicted_shard_again(tmp_path):
+    root = tmp_path / "srv"
+    root.mkdir()
+    blobs = {n: make_blob(str(root / f"{n}.tar"), 64 * KB, seed=i) for i, n in enumerate("abc")}
+    # a slow server (0.25 s a shard): both downloads start before either ends
+    with FaultServer(str(root), bytes_per_second=256 * KB) as srv:
+        shards = [shard_for(srv.url + f"{n}.tar", d) for n, d in blobs.items()]
+        rec = Recorder()
+        st = store_for(tmp_path, prefetch_threads=2, on_event=rec)
+        try:
+            t0 = time.monotonic()
+            st.prefetch(shards[:2], depth=2)
+            while not all(os.path.exists(st.entry_path(s.url) + ".meta") for s in shards[:2]):
+                assert time.monotonic() - t0 < 10
+                time.sleep(0.005)
+            order = [k for k, _, _ in rec.events if k in ("fetch_start", "fetch_done")]
+            assert order[:2] == ["fetch_start", "fetch_start"], order
+            # evicted, then wanted again: prefetched again
+            os.remove(st.entry_path(shards[0].url) + ".meta")
+            os.remove(st.entry_path(shards[0].url))
+            srv.bytes_per_second = None
+            st.prefetch(shards, depth=3)
+            while not all(os.path.exists(st.entry_path(s.url) + ".meta") for s in shards):
+                assert time.monotonic() - t0 < 10
+                time.sleep(0.005)
+            assert srv.requests["/a.tar"] == 2 and srv.requests["/b.tar"] == 1 and srv.requests["/c.tar"] == 1
+        finally:
+            st.close()
+    with pytest.raises(ValueError, match="prefetch_threads"):
+        store_for(tmp_path, prefetch_threads=0)

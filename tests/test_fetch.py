@@ -534,3 +534,25 @@ def test_chunked_bodies_and_the_direct_read_path(tmp_path):
                 break
             got += n
         assert got == 10 * KB
+
+
+def test_session_reads_proxy_settings_once_per_origin(monkeypatch):
+    from resumewds.fetch import new_session
+
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "skip.invalid")
+    calls = []
+    real = requests.utils.get_environ_proxies
+    monkeypatch.setattr(requests.sessions, "get_environ_proxies",
+                        lambda *a, **kw: (calls.append(a[0]), real(*a, **kw))[1])
+    s = new_session()
+    want = requests.Session().merge_environment_settings("http://host.invalid/a.tar", {}, True, None, None)
+    calls.clear()
+    for name in ("a.tar", "b.tar", "c.tar"):
+        got = s.merge_environment_settings(f"http://host.invalid/{name}", {}, True, None, None)
+        assert got == want and got["proxies"]["http"] == "http://127.0.0.1:9"
+    assert len(calls) == 1  # once for the origin, not once per request
+    assert s.merge_environment_settings("http://skip.invalid/a.tar", {}, True, None, None)["proxies"] == {}
+    got["proxies"]["http"] = "changed"  # callers may mutate what they get
+    assert s.merge_environment_settings("http://host.invalid/d.tar", {}, True, None, None)["proxies"]["http"] \
+        == "http://127.0.0.1:9"
