@@ -403,10 +403,17 @@ def stale_partials(s: Suite) -> Row:
         row.faults = diskfaults.plant_stale(cache, urls, rng)
         from resumewds.cache import ShardStore
 
+        from resumewds.fetch import boot_id
+
         store = ShardStore(cache_dir=cache)
-        for url, path in zip(urls, paths):
+        for i, (url, path) in enumerate(zip(urls, paths)):
+            # the sidecar as this version writes it (this boot's id: trusted),
+            # and in the older plain-text form
+            side = diskfaults.server_etag(path)
+            if i % 2 == 0:
+                side = json.dumps({"validator": side, "boot": boot_id()})
             with open(store.entry_path(url) + ".partial.etag", "w") as f:
-                f.write(diskfaults.server_etag(path))
+                f.write(side)
         p = run(cat_cmd(srv.url + "manifest.json", cache_dir=cache, epochs=1), bound=BOUND)
         s.judge(row, p)
     finally:

@@ -54,6 +54,8 @@ import inspect
 import json
 import os
 import re
+import select
+import signal
 import socket
 import subprocess
 import tempfile
@@ -706,20 +708,43 @@ class _Attempt:
 
     # -- pipe:CMD ----------------------------------------------------------
     def pipe(self) -> None:
+        """Run the command (in its own process group) and keep its stdout.
+
+        A command that writes nothing for ``read_timeout`` seconds, or does
+        not exit that long after closing its stdout, is stalled: its whole
+        process group is killed and the attempt fails (transient).
+        """
         cmd = self.url[len("pipe:"):]
+        timeout = self.config.read_timeout
         _remove_quietly(self.path + _ETAG_SUFFIX)
         with tempfile.TemporaryFile() as err, _Sink(self, append=False) as sink:
-            proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
             try:
                 assert proc.stdout is not None
-                self._copy(proc.stdout.readinto, sink)
-                rc = proc.wait()
+                fd = proc.stdout.fileno()
+                poller = select.poll()
+                poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+                buf = self.buffer()
+                while True:
+                    if not poller.poll(max(1, int(timeout * 1000))):
+                        # someone in the group still holds the pipe open: kill the group
+                        _kill_group(proc, reap=False)
+                        raise TransientFetchError(f"{self.url}: command wrote nothing for {timeout:g}s "
+                                                  f"(stalled); killed it", self.url)
+                    n = os.readv(fd, [buf])
+                    if not n:
+                        break
+                    sink.put(buf[:n])
+                try:
+                    rc = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    raise TransientFetchError(f"{self.url}: command closed its output but did not exit within "
+                                              f"{timeout:g}s; killed it", self.url) from None
             finally:
                 if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                if proc.stdout is not None:
-                    proc.stdout.close()
+                    _kill_group(proc)
+                proc.stdout.close()  # type: ignore[union-attr]
             if rc != 0:
                 err.seek(0, os.SEEK_END)
                 n = err.tell()
@@ -727,6 +752,20 @@ class _Attempt:
                 tail = err.read().decode("utf-8", "replace").strip()
                 raise TransientFetchError(f"{self.url}: command exited with status {rc}: {tail}", self.url)
         self._check_expected(_size_of(self.path))
+
+
+def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:
+    """SIGKILL a ``pipe:`` command's process group (and reap the command).
+
+    Only called while a member is known to be alive (the command itself, or
+    whoever holds its stdout open), so the group id cannot have been reused.
+    """
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if reap:
+        proc.wait()
 
 
 def _run_attempt(state: _Attempt, kind: str) -> None:

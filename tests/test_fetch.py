@@ -556,3 +556,21 @@ def test_session_reads_proxy_settings_once_per_origin(monkeypatch):
     got["proxies"]["http"] = "changed"  # callers may mutate what they get
     assert s.merge_environment_settings("http://host.invalid/d.tar", {}, True, None, None)["proxies"]["http"] \
         == "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize("cmd", ["sleep {S}", "printf abc; sleep {S}", "(sleep {S} &) ; printf abc"])
+def test_a_stalled_pipe_command_is_killed_and_retried(tmp_path, cmd):
+    """A pipe: command gets the read timeout an http body gets: no output for
+    read_timeout seconds (or a pipe held open by a leftover child) is a
+    transient failure, and the command's whole process group is killed."""
+    secs = f"{900 + os.getpid() % 97}.{abs(hash(cmd)) % 1000:03d}"  # names this test's sleeps
+    rec = Recorder()
+    t0 = time.monotonic()
+    with pytest.raises(TransientFetchError, match="stalled|did not exit"):
+        fetch_to_file("pipe:" + cmd.format(S=secs), str(tmp_path / "p"),
+                      config=fast_config(attempts=2, read_timeout=0.3), on_event=rec)
+    assert time.monotonic() - t0 < 10
+    assert len(rec.kinds("retry")) == 1
+    time.sleep(0.2)
+    left = subprocess.run(["pgrep", "-f", f"sleep {secs}"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes of the command survived: {left}"
