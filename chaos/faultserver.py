@@ -205,6 +205,7 @@ class FaultServer:
             self.bytes_sent = 0
             self.bytes_by_path: Dict[str, int] = collections.Counter()
             self.requests: Dict[str, int] = collections.Counter()
+            self.request_log: List[str] = []  # paths in the order requests arrived
             self.faults: Dict[str, int] = collections.Counter()
             self._faults_by_path: Dict[str, int] = collections.Counter()
             self._seen: Dict[str, int] = collections.Counter()
@@ -256,6 +257,7 @@ class FaultServer:
             n = self._seen[path]
             self._seen[path] += 1
             self.requests[path] += 1
+            self.request_log.append(path)
             rng = random.Random(f"{self.seed}:{path}:{n}")
             if time.monotonic() < self._down_until:
                 self.faults["down"] += 1

@@ -392,8 +392,12 @@ class WebDataset:
                 w = ep.window_of(slots[0][0])
                 if w != last_window and self.prefetch_depth > 0:
                     last_window = w
-                    nxt = ep.window_starts[min(w + 1, len(ep.window_starts) - 1)]
-                    upcoming = [shards[i] for i in ep.shards_from(nxt, self.prefetch_depth)]
+                    # this window's shards (a shuffled window touches all of
+                    # them at once) and then ``prefetch`` shards beyond it;
+                    # cached ones are left out by the store
+                    here = ep.window_shards(w)
+                    upcoming = [shards[i] for i in ep.shards_from(ep.window_starts[w],
+                                                                  len(here) + self.prefetch_depth)]
                     if upcoming:
                         try:
                             self.store.prefetch(upcoming, depth=len(upcoming))

@@ -121,3 +121,20 @@ def test_python_m_resumewds_cat_over_http_subprocess(data, tmp_path):
                                 text=True, env=env, timeout=120)
     assert remote.returncode == 0, remote.stderr
     assert remote.stdout == local.stdout
+
+
+def test_a_shuffled_window_is_fetched_in_parallel_before_the_next(data, tmp_path):
+    """A shuffled window touches all its shards at once: its shards are the
+    first ones prefetched (beside the reader's own), not the next window's."""
+    write_shards(str(data), shards=8, samples=40, size_range=(2000, 4000), seed=5, prefix="big")
+    rw.build_manifest(str(data / "big-{000000..000007}.tar"), str(data / "big.json"))
+    with FaultServer(str(data), bytes_per_second=400_000) as srv:  # ~0.3 s a shard
+        ds = rw.WebDataset(srv.url + "big.json", shuffle=True, seed=1, shuffle_window=4, prefetch=2,
+                           cache_dir=str(tmp_path / "c"))
+        window0 = {os.path.basename(ds.manifest.shards[i].url) for i in ds.plan.epoch(0).window_shards(0)}
+        got = [s["__key__"] for s in rw.WebLoader(ds, batch_size=None, num_workers=0)]
+        ds.close()
+        shards = [p.lstrip("/") for p in srv.request_log if p.endswith(".tar")]
+    assert len(got) == 8 * 40 and len(set(got)) == 8 * 40
+    assert set(shards[:3]) <= window0, (shards, window0)
+    assert sorted(shards) == sorted(set(shards))  # each shard fetched once
