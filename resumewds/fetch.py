@@ -23,7 +23,9 @@ Classification:
     transient   connection refused/reset, connect and read timeouts (a stalled
                 body is a read timeout), 5xx, 429, 503 (honouring Retry-After),
                 a body shorter than Content-Length / Content-Range /
-                ``expected_size``, a ``pipe:`` command exiting non-zero
+                ``expected_size``, a ``pipe:`` command exiting non-zero or
+                writing nothing for ``read_timeout`` seconds (its process
+                group is killed)
     permanent   401, 403, 404, 410 and other 4xx, unknown scheme, missing local
                 file
     CacheError  the destination cannot be written (read-only, disk full)
