@@ -150,3 +150,52 @@ def server_etag(path: str) -> str:
     """The ETag the fault server sends for a file (so planted partials look resumable)."""
     st = os.stat(path)
     return f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+
+
+def simulate_reboot(cache_dir: str, rng: random.Random, count: int = 2) -> int:
+    """Leave the cache as a machine crash might, seen from the next boot.
+
+    Every unsynced entry's meta and every partial's sidecar is rewritten to
+    name another boot (what they look like after a reboot), and ``count``
+    unsynced entries get bytes zeroed in place with their size and mtime kept
+    (pages the crash never wrote back: nothing in the file's stat shows it).
+    Returns the number of damaged entries.
+    """
+    import json as _json
+
+    for side in glob.glob(os.path.join(cache_dir, "shards", "*.partial.etag")):
+        try:
+            with open(side) as f:
+                d = _json.loads(f.read())
+            if isinstance(d, dict):
+                d["boot"] = "the-boot-before"
+                with open(side, "w") as f:
+                    f.write(_json.dumps(d))
+        except (OSError, ValueError):
+            continue
+    unsynced = []
+    for path in cache_entries(cache_dir):
+        try:
+            with open(path + ".meta") as f:
+                meta = _json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        if meta.get("synced") is False:
+            meta["boot"] = "the-boot-before"
+            with open(path + ".meta", "w") as f:
+                f.write(_json.dumps(meta))
+            unsynced.append(path)
+    rng.shuffle(unsynced)
+    n = 0
+    for path in unsynced[:count]:
+        st = os.stat(path)
+        if st.st_size < 2:
+            continue
+        off = rng.randrange(st.st_size // 2)
+        with open(path, "r+b") as f:
+            f.seek(off)
+            f.write(b"\0" * min(4096, st.st_size - off))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        n += 1
+    return n
+

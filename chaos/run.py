@@ -421,6 +421,28 @@ def stale_partials(s: Suite) -> Row:
     return row
 
 
+def reboot(s: Suite) -> Row:
+    """A machine crash: unsynced cache entries (sync="boot", the default) from
+    the previous boot, some with zeroed pages under an unchanged size and
+    mtime.  ``verify="once"`` alone would trust them; the boot id makes the
+    next run hash them again (and fetch the damaged ones anew)."""
+    row = Row("machine crash: unsynced cache pages lost (size/mtime kept)", "exact")
+    srv = s.server()
+    try:
+        d = s.tmp("reboot")
+        cache = os.path.join(d, "cache")
+        url = srv.url + "manifest.json"
+        first = run(cat_cmd(url, cache_dir=cache, epochs=1), bound=BOUND)
+        s.judge(row, first)
+        row.faults = diskfaults.simulate_reboot(cache, random.Random(s.seed), count=3)
+        p = run(cat_cmd(url, cache_dir=cache, epochs=1), bound=BOUND)
+        s.judge(row, p)
+        row.note = f"{row.faults} entries with zeroed pages under unchanged stat, rerun after the 'reboot'"
+    finally:
+        srv.stop()
+    return row
+
+
 def journal_dir_full(s: Suite) -> Row:
     """The journal's filesystem fills up: a clear error; after space is freed a rerun continues exactly."""
     row = Row("journal directory full, then space freed", "resume")
@@ -699,6 +721,7 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         cache_damage_between(3 if quick else 8),
         cache_damage_during,
         stale_partials,
+        reboot,
         journal_dir_full,
         fuzz_rows(300 if quick else 3000),
         malformed_through_cat,

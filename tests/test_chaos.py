@@ -15,7 +15,7 @@ from chaos.run import Row, format_table, run_matrix
 SUBSET = [
     "reset mid-body", "HTTP 503", "HTTP 429", "truncated, no Content-Length", "flipped byte in member data",
     "flipped byte in a tar header", "stall past", "mixed transport", "kill_worker", "readonly_cache",
-    "tmpfs_full", "stale_partials", "fuzz_rows", "manifest with a wrong checksum", "missing shard",
+    "tmpfs_full", "stale_partials", "reboot", "fuzz_rows", "manifest with a wrong checksum", "missing shard",
     "journal deleted", "journal truncated to half", "journal pages", "journal_two_writers",
     "journal_dir_full", "cache_damage_during",
 ]
