@@ -206,6 +206,7 @@ class FaultServer:
             self.bytes_by_path: Dict[str, int] = collections.Counter()
             self.requests: Dict[str, int] = collections.Counter()
             self.request_log: List[str] = []  # paths in the order requests arrived
+            self.connections = 0  # TCP connections accepted
             self.faults: Dict[str, int] = collections.Counter()
             self._faults_by_path: Dict[str, int] = collections.Counter()
             self._seen: Dict[str, int] = collections.Counter()
@@ -324,6 +325,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # quiet
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.fs._lock:
+            self.fs.connections += 1
 
     def finish(self) -> None:
         try:

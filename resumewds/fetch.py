@@ -517,44 +517,55 @@ class _Sink:
         self.close()
 
 
-def _body_reader(raw: Any) -> Callable[[memoryview], int]:
-    """``readinto(buf) -> n`` for a response body, 0 at its end.
+class _Body:
+    """Reads a response body into our buffer: ``readinto(buf) -> n``, 0 at
+    its end, returning what one socket read gives (bytes reach the partial
+    file as they arrive, so a kill loses almost nothing).
 
-    Reads the undecoded body straight into our buffer, returning what one
-    socket read gives (so bytes reach the partial file as they arrive, and a
-    kill loses almost nothing).  With a Content-Length this reads the socket
-    under urllib3's ``http.client`` response directly; chunked and
-    close-delimited bodies go through ``http.client``'s ``read1``; anything
-    else falls back to ``raw.read``.
+    With a Content-Length the socket under urllib3's ``http.client``
+    response is read directly, and a body read to its end hands the
+    connection back to the pool (:meth:`finish`), so the next shard from the
+    same server skips the TCP (and TLS) handshake and slow start.  Chunked
+    and close-delimited bodies go through ``http.client``'s ``read1``;
+    anything else falls back to ``raw.read`` (one copy more).
     """
-    fp = getattr(raw, "_fp", None)
-    if isinstance(fp, http.client.HTTPResponse):
-        sock_file = getattr(fp, "fp", None)
-        if not fp.chunked and isinstance(fp.length, int) and hasattr(sock_file, "readinto1"):
-            left = [fp.length]
 
-            def readinto_sized(buf: memoryview) -> int:
-                if left[0] <= 0:
-                    return 0
-                n = sock_file.readinto1(buf if left[0] >= len(buf) else buf[: left[0]])
-                left[0] -= n
-                return n
+    def __init__(self, raw: Any):
+        self.raw = raw
+        self.left: Optional[int] = None
+        self.kind = "raw"
+        fp = getattr(raw, "_fp", None)
+        if isinstance(fp, http.client.HTTPResponse):
+            self.fp = fp
+            self.sock_file = getattr(fp, "fp", None)
+            if not fp.chunked and isinstance(fp.length, int) and hasattr(self.sock_file, "readinto1"):
+                self.kind, self.left = "sized", fp.length
+            else:
+                self.kind = "read1"
 
-            return readinto_sized
-
-        def readinto_read1(buf: memoryview) -> int:
-            data = fp.read1(len(buf))
-            buf[: len(data)] = data
-            return len(data)
-
-        return readinto_read1
-
-    def readinto(buf: memoryview) -> int:
-        data = raw.read(len(buf), decode_content=False)
+    def readinto(self, buf: memoryview) -> int:
+        if self.kind == "sized":
+            left = self.left or 0
+            if left <= 0:
+                return 0
+            n = self.sock_file.readinto1(buf if left >= len(buf) else buf[:left])
+            self.left = left - n
+            return n
+        if self.kind == "read1":
+            data = self.fp.read1(len(buf))
+        else:
+            data = self.raw.read(len(buf), decode_content=False)
         buf[: len(data)] = data
         return len(data)
 
-    return readinto
+    def finish(self) -> None:
+        """After a complete sized body: mark http.client's response done (as
+        its own reads would have) and return the connection to the pool."""
+        if self.kind != "sized" or self.left != 0:
+            return
+        self.fp.length = 0
+        self.fp.close()
+        self.raw.release_conn()
 
 
 def _size_of(path: str) -> int:
@@ -626,7 +637,7 @@ class _Attempt:
         self.hash_prefix()
         return self.hasher.hexdigest()
 
-    def _copy(self, readinto: Callable[[memoryview], int], sink: _Sink) -> None:
+    def _copy(self, readinto: Callable[[memoryview], int], sink: "_Sink") -> None:
         buf = self.buffer()
         while True:
             n = readinto(buf)
@@ -688,7 +699,9 @@ class _Attempt:
                 raw = resp.raw
                 # we check lengths ourselves; urllib3's check would drop the bytes of a short last read
                 raw.enforce_content_length = False
-                self._copy(_body_reader(raw), sink)
+                body = _Body(raw)
+                self._copy(body.readinto, sink)
+                body.finish()
         size = _size_of(self.path)
         if want_total is not None and size < want_total:
             raise TransientFetchError(f"{self.url}: short body: got {size - start} of {want_total - start} bytes",

@@ -524,16 +524,37 @@ def test_chunked_bodies_and_the_direct_read_path(tmp_path):
     root.mkdir()
     make_blob(str(root / "b.tar"), 10 * KB)
     with FaultServer(str(root)) as srv, requests.get(srv.url + "b.tar", stream=True) as r:
-        reader = F._body_reader(r.raw)
-        assert reader.__name__ == "readinto_sized"
+        body = F._Body(r.raw)
+        assert body.kind == "sized"
         buf = memoryview(bytearray(64 * KB))
         got = 0
         while True:
-            n = reader(buf)
+            n = body.readinto(buf)
             if not n:
                 break
             got += n
         assert got == 10 * KB
+
+
+def test_connections_are_reused_across_shards_but_not_after_a_cut(served, tmp_path):
+    """A body read to its end gives the connection back to the pool: one TCP
+    (and TLS) handshake for many shards.  A cut body's connection is closed."""
+    from resumewds.fetch import new_session
+
+    root, srv = served
+    datas = [make_blob(os.path.join(root, f"{i}.tar"), 300 * KB, seed=i) for i in range(5)]
+    with new_session() as s:
+        for i, d in enumerate(datas):
+            res = fetch_to_file(srv.url + f"{i}.tar", str(tmp_path / f"p{i}"), config=fast_config(), session=s)
+            assert res.xxh3_64 == digest(d)
+        assert srv.connections == 1
+        srv.script("/0.tar", ["truncate@0.5"])
+        res = fetch_to_file(srv.url + "0.tar", str(tmp_path / "q"), config=fast_config(), session=s)
+        assert res.xxh3_64 == digest(datas[0]) and res.attempts == 2
+        # the cut came on the pooled connection, which is then dropped; the retry opens a new one
+        assert srv.connections == 2
+        fetch_to_file(srv.url + "1.tar", str(tmp_path / "r"), config=fast_config(), session=s)
+        assert srv.connections == 2  # and that one is reused again
 
 
 def test_session_reads_proxy_settings_once_per_origin(monkeypatch):
