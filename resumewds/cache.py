@@ -764,6 +764,15 @@ class ShardStore:
         return self._lstat(self.entry_path(url) + ".meta") is not None
 
     def _pf_loop(self) -> None:
+        try:
+            self._pf_work()
+        finally:
+            s = getattr(self._tl, "session", None)  # this thread's pooled connections
+            if s is not None:
+                s.close()
+                self._tl.session = None
+
+    def _pf_work(self) -> None:
         while True:
             with self._pf_cond:
                 while not self._pf_queue and not self._pf_stop:
