@@ -301,14 +301,18 @@ class WebDataset:
             start, end = shard.sample_range(j)
             sample = tario.read_sample(fd, start, end, shard.url)
         except (FetchError, IntegrityError, ShardFormatError) as exc:
-            if self.on_error == "skip":
-                self._failed[shard_idx] = str(exc)
-                self._on_event("skip", shard.url, error=str(exc))
-                log.warning("skipping shard %s: %s", shard.url, exc)
-                return None
-            raise
+            self._shard_failed(shard_idx, shard, exc)
+            return None
         sample["__url__"] = shard.url
         return sample
+
+    def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
+        """``on_error``: re-raise ``exc``, or record the shard as skipped."""
+        if self.on_error != "skip":
+            raise exc
+        self._failed[shard_idx] = str(exc)
+        self._on_event("skip", shard.url, error=str(exc))
+        log.warning("skipping shard %s: %s", shard.url, exc)
 
     def _run_length(self, where: Sequence[Tuple[int, int]], i: int) -> int:
         """How many of ``where[i:]`` are consecutive samples of one shard,
@@ -326,9 +330,11 @@ class WebDataset:
     def _read_run(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
         """Samples ``j .. j+count-1`` of one shard with one ``pread``.
 
-        Same results, errors and skips as ``count`` calls of :meth:`_read`
-        (on a malformed sample it falls back to them, so the samples before
-        the bad one are delivered exactly as they would be one by one).
+        Same results, errors and skips as ``count`` calls of :meth:`_read`:
+        a shard that cannot be fetched fails (or is skipped) once, and on a
+        malformed sample it falls back to one-by-one reads of the open file,
+        so the samples before the bad one are delivered exactly as they would
+        be one by one.
         """
         if count == 1 or shard_idx in self._failed:
             return [self._read(shard_idx, j + i) for i in range(count)]
@@ -337,10 +343,14 @@ class WebDataset:
             self._reader = _ShardReader(self.store, self.shuffle_window + 2)
         try:
             fd = self._reader.fd(shard_idx, shard)
+        except (FetchError, IntegrityError, ShardFormatError) as exc:
+            self._shard_failed(shard_idx, shard, exc)  # never a second fetch
+            return [None] * count
+        try:
             assert shard.offsets is not None
             samples: List[Optional[Dict[str, Any]]] = list(
                 tario.read_samples(fd, shard.offsets, j, j + count - 1, shard.url))
-        except (FetchError, IntegrityError, ShardFormatError):
+        except ShardFormatError:
             return [self._read(shard_idx, j + i) for i in range(count)]
         url = shard.url
         for sample in samples:

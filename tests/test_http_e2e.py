@@ -138,3 +138,25 @@ def test_a_shuffled_window_is_fetched_in_parallel_before_the_next(data, tmp_path
     assert len(got) == 8 * 40 and len(set(got)) == 8 * 40
     assert set(shards[:3]) <= window0, (shards, window0)
     assert sorted(shards) == sorted(set(shards))  # each shard fetched once
+
+
+def test_a_shard_that_cannot_be_fetched_is_tried_once_per_read_of_a_run(data, tmp_path):
+    """Unshuffled samples are read in runs; a shard whose fetch fails costs one
+    retry budget, not one per sample of the run (on_error skip and raise)."""
+    from resumewds.errors import TransientFetchError
+    from resumewds.fetch import FetchConfig, no_sleep
+
+    cfg = FetchConfig(attempts=2, backoff_initial=0.001, backoff_max=0.001, sleep=no_sleep)
+    for on_error in ("skip", "raise"):
+        with FaultServer(str(data)) as srv:
+            srv.script("/shard-000002.tar", ["503"] * 50)
+            ds = rw.WebDataset(srv.url + "manifest.json", fetch=cfg, prefetch=0, on_error=on_error,
+                               cache_dir=str(tmp_path / on_error))
+            if on_error == "skip":
+                keys = [s["__key__"] for s in rw.WebLoader(ds, batch_size=None, num_workers=0)]
+                assert len(keys) == 5 * 40 and ds._failed.keys() == {2}
+            else:
+                with pytest.raises(TransientFetchError, match="503"):
+                    list(rw.WebLoader(ds, batch_size=None, num_workers=0))
+            ds.close()
+            assert srv.requests["/shard-000002.tar"] == 2, on_error
