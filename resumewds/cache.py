@@ -553,7 +553,15 @@ class ShardStore:
                    or (shard.xxh3_64 is not None and (meta.get("xxh3_64") or "").lower() != expected))
         if expected is None or not (changed or policy == "always"):
             return "ok", skey
-        _, actual = self._hash(base, progress)
+        try:
+            _, actual = self._hash(base, progress)
+        except CacheError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                # removed meanwhile by another process repairing it (repairs
+                # hold the download lock, not our pin): look again under the
+                # download lock, where the repair is finished
+                return "missing", None
+            raise
         if actual != expected:
             self._emit("verify_fail", shard.url, expected=expected, actual=actual)
             return "corrupt", skey

@@ -697,3 +697,29 @@ def test_prefetch_runs_in_parallel_and_fetches_an_evicted_shard_again(tmp_path):
             st.close()
     with pytest.raises(ValueError, match="prefetch_threads"):
         store_for(tmp_path, prefetch_threads=0)
+
+
+def test_entry_removed_by_a_repairer_while_being_hashed_is_looked_at_again(served, tmp_path, monkeypatch):
+    """Repairs hold the download lock, not the readers' pins, so an entry can
+    vanish between a reader's stat and its hash (after a reboot every process
+    hashes the same stale entries at once).  That reader looks again under
+    the download lock instead of failing with "No such file"."""
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    shard = shard_for(srv.url + "a.tar", data)
+    st = store_for(tmp_path, verify="always")
+    path = st.ensure(shard)
+    real_hash = ShardStore._hash
+    calls = []
+
+    def racing_hash(self, p, progress=None):
+        if not calls:  # the other process removes it for repair just now
+            os.remove(p + ".meta")
+            os.remove(p)
+        calls.append(p)
+        return real_hash(self, p, progress)
+
+    monkeypatch.setattr(ShardStore, "_hash", racing_hash)
+    with st.acquire(shard) as ls:
+        assert read(ls.path) == data
+    assert srv.requests["/a.tar"] == 2 and read(path) == data
