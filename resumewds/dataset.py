@@ -27,7 +27,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import tario
-from .errors import (ChecksumMismatch, FetchError, IntegrityError, ResumeWDSError,
+from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, ResumeWDSError,
                      ShardFormatError, SourceError)
 from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, MapDict, MapTuple, Rename, Select, ToTuple, default_collate,
@@ -99,14 +99,24 @@ class _ShardReader:
             return hit[1]
         t0 = time.perf_counter()
         try:
-            lease = self.store.acquire(shard)
+            for attempt in range(3):
+                lease = self.store.acquire(shard)
+                try:
+                    fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    break
+                except FileNotFoundError as exc:
+                    # removed after it was verified (damaged from outside and
+                    # repaired by another process): acquire it again
+                    lease.close()
+                    if attempt == 2:
+                        raise CacheError(f"{lease.path}: removed again and again between being "
+                                         f"verified and opened ({shard.url})") from exc
+                except OSError as exc:
+                    lease.close()
+                    raise CacheError(f"{lease.path}: cannot open the verified copy of {shard.url}: "
+                                     f"{exc.strerror or exc}") from exc
         finally:
             self.wait += time.perf_counter() - t0
-        try:
-            fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            lease.close()
-            raise
         self.open[idx] = (lease, fd)
         while len(self.open) > self.limit:
             _, (old_lease, old_fd) = self.open.popitem(last=False)

@@ -723,3 +723,41 @@ def test_entry_removed_by_a_repairer_while_being_hashed_is_looked_at_again(serve
     with st.acquire(shard) as ls:
         assert read(ls.path) == data
     assert srv.requests["/a.tar"] == 2 and read(path) == data
+
+
+def test_reader_acquires_again_when_a_verified_entry_vanishes_before_it_is_opened(served, tmp_path, monkeypatch):
+    from resumewds.dataset import _ShardReader
+
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    shard = shard_for(srv.url + "a.tar", data)
+    st = store_for(tmp_path)
+    real_acquire = ShardStore.acquire
+    seen = []
+
+    def acquire_then_lose_it(self, s):
+        lease = real_acquire(self, s)
+        if not seen:  # damaged from outside and removed by a repairer, just now
+            os.remove(lease.path + ".meta")
+            os.remove(lease.path)
+        seen.append(lease.path)
+        return lease
+
+    monkeypatch.setattr(ShardStore, "acquire", acquire_then_lose_it)
+    reader = _ShardReader(st, 4)
+    fd = reader.fd(0, shard)
+    assert os.pread(fd, len(data), 0) == data and len(seen) == 2 and srv.requests["/a.tar"] == 2
+    reader.close()
+    # a copy that can never be opened is a CacheError naming it, not an OSError
+    seen.clear()
+    monkeypatch.setattr(ShardStore, "acquire", lambda self, s: (seen.append(1), real_acquire(self, s))[1])
+    entry, real_open = st.entry_path(shard.url), os.open
+
+    def refuse_entry(path, *a, **k):
+        if path == entry:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", refuse_entry)
+    with pytest.raises(CacheError, match="cannot open the verified copy"):
+        _ShardReader(st, 4).fd(0, shard)
