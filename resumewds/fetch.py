@@ -366,7 +366,10 @@ class _Session(requests.Session):
             return super().merge_environment_settings(url, proxies, stream, verify, cert)
         p = urllib.parse.urlsplit(url)
         key = (p.scheme, p.netloc, stream, verify, cert)
-        hit = self._env_cache.get(key)
+        try:
+            hit = self._env_cache.get(key)
+        except TypeError:  # an unhashable verify/cert: no caching
+            return super().merge_environment_settings(url, proxies, stream, verify, cert)
         if hit is None:
             hit = super().merge_environment_settings(url, proxies, stream, verify, cert)
             if len(self._env_cache) > 256:
