@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import random
 import subprocess
@@ -161,29 +162,27 @@ def simulate_reboot(cache_dir: str, rng: random.Random, count: int = 2) -> int:
     (pages the crash never wrote back: nothing in the file's stat shows it).
     Returns the number of damaged entries.
     """
-    import json as _json
-
     for side in glob.glob(os.path.join(cache_dir, "shards", "*.partial.etag")):
         try:
             with open(side) as f:
-                d = _json.loads(f.read())
+                d = json.loads(f.read())
             if isinstance(d, dict):
                 d["boot"] = "the-boot-before"
                 with open(side, "w") as f:
-                    f.write(_json.dumps(d))
+                    f.write(json.dumps(d))
         except (OSError, ValueError):
             continue
     unsynced = []
     for path in cache_entries(cache_dir):
         try:
             with open(path + ".meta") as f:
-                meta = _json.loads(f.read())
+                meta = json.loads(f.read())
         except (OSError, ValueError):
             continue
         if meta.get("synced") is False:
             meta["boot"] = "the-boot-before"
             with open(path + ".meta", "w") as f:
-                f.write(_json.dumps(meta))
+                f.write(json.dumps(meta))
             unsynced.append(path)
     rng.shuffle(unsynced)
     n = 0

@@ -304,10 +304,8 @@ class WebDataset:
         if shard_idx in self._failed:
             return None
         shard = self.manifest.shards[shard_idx]
-        if self._reader is None:
-            self._reader = _ShardReader(self.store, self.shuffle_window + 2)
         try:
-            fd = self._reader.fd(shard_idx, shard)
+            fd = self._shard_reader().fd(shard_idx, shard)
             start, end = shard.sample_range(j)
             sample = tario.read_sample(fd, start, end, shard.url)
         except (FetchError, IntegrityError, ShardFormatError) as exc:
@@ -315,6 +313,12 @@ class WebDataset:
             return None
         sample["__url__"] = shard.url
         return sample
+
+    def _shard_reader(self) -> "_ShardReader":
+        """This process's open shards (created on first use)."""
+        if self._reader is None:
+            self._reader = _ShardReader(self.store, self.shuffle_window + 2)
+        return self._reader
 
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
         """``on_error``: re-raise ``exc``, or record the shard as skipped."""
@@ -328,10 +332,13 @@ class WebDataset:
         """How many of ``where[i:]`` are consecutive samples of one shard,
         within :data:`_RUN_BYTES` (one sample at least)."""
         si, j = where[i]
+        n = len(where)
+        if i + 1 >= n or where[i + 1] != (si, j + 1):
+            return 1  # the rule when shuffled: no offsets touched
         offsets = self.manifest.shards[si].offsets
         if offsets is None:
             return 1
-        run, n = 1, len(where)
+        run = 1
         limit = int(offsets[j]) + _RUN_BYTES
         while i + run < n and where[i + run] == (si, j + run) and int(offsets[j + run + 1]) <= limit:
             run += 1
@@ -349,10 +356,8 @@ class WebDataset:
         if count == 1 or shard_idx in self._failed:
             return [self._read(shard_idx, j + i) for i in range(count)]
         shard = self.manifest.shards[shard_idx]
-        if self._reader is None:
-            self._reader = _ShardReader(self.store, self.shuffle_window + 2)
         try:
-            fd = self._reader.fd(shard_idx, shard)
+            fd = self._shard_reader().fd(shard_idx, shard)
         except (FetchError, IntegrityError, ShardFormatError) as exc:
             self._shard_failed(shard_idx, shard, exc)  # never a second fetch
             return [None] * count
