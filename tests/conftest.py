@@ -1,9 +1,14 @@
-"""Shared fixtures: tiny shards in ``tmp_path`` and an isolated shard cache.
+"""Shared fixtures: tiny shards in ``tmp_path``, an isolated shard cache, a live server.
 
-Nothing here is autouse: test modules that read shards through
-:class:`resumewds.WebDataset` ask for ``cache_dir`` (directly, through
-``shards``, or with ``pytestmark = pytest.mark.usefixtures("cache_dir")``),
-so tests of other modules keep their own view of the environment.
+Only ``_loopback_only`` is autouse (test traffic never goes through a proxy).
+Test modules that read shards through :class:`resumewds.WebDataset` ask for
+``cache_dir`` (directly, through ``shards``, or with
+``pytestmark = pytest.mark.usefixtures("cache_dir")``), so tests of other
+modules keep their own view of the environment. ``served`` runs a
+:class:`chaos.faultserver.FaultServer` on 127.0.0.1. Helpers that are not
+fixtures (``make_tar``, ``fast_config``, ``Recorder``...) are in
+``tests/http_fixtures.py``. ``chaos`` and the repository root are importable
+through pytest's ``pythonpath`` setting (pyproject.toml), not a path hack.
 """
 
 from __future__ import annotations
@@ -16,7 +21,12 @@ from typing import Callable, Dict, Iterable, List, Tuple
 
 import pytest
 
+from chaos.faultserver import FaultServer
 from resumewds.synth import write_shards
+
+# A script run by tests/test_distributed.py under torchrun, not a test module
+# (it would otherwise be imported by --doctest-modules collection).
+collect_ignore = ["dist_driver.py"]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,6 +34,27 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # under a second; 37 samples per shard so batches never divide shards evenly.
 N_SHARDS = 5
 N_SAMPLES = 37
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only(monkeypatch):
+    """Never route test traffic through a proxy."""
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def served(tmp_path):
+    """``(root, server)`` with a FaultServer on 127.0.0.1 over ``tmp_path/srv``."""
+    root = tmp_path / "srv"
+    root.mkdir()
+    srv = FaultServer(str(root), stall_seconds=2.0, retry_after=0)
+    srv.start()
+    try:
+        yield str(root), srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
-"""Shared helpers for the fetch and cache tests: tiny shards and a live server.
+"""Shared helpers (not fixtures) for the fetch and cache tests.
 
-Everything talks to 127.0.0.1 only.
+The fixtures (``served``: a live server on 127.0.0.1; ``_loopback_only``)
+are in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -8,12 +9,10 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from typing import Callable, List
+from typing import List
 
-import pytest
 import xxhash
 
-from chaos.faultserver import FaultServer
 from resumewds.fetch import FetchConfig, no_sleep
 from resumewds.manifest import ShardInfo
 
@@ -70,22 +69,12 @@ def fast_config(**kw) -> FetchConfig:
     return FetchConfig(**base)
 
 
-@pytest.fixture(autouse=True)
-def _loopback_only(monkeypatch):
-    """Never route test traffic through a proxy."""
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+_MOVED = ("_loopback_only", "served")
 
 
-@pytest.fixture
-def served(tmp_path):
-    """``(root, server)`` with a FaultServer on 127.0.0.1 over ``tmp_path/srv``."""
-    root = tmp_path / "srv"
-    root.mkdir()
-    srv = FaultServer(str(root), stall_seconds=2.0, retry_after=0)
-    srv.start()
-    try:
-        yield str(root), srv
-    finally:
-        srv.stop()
+def __getattr__(name: str):
+    # The fixtures moved to tests/conftest.py: pytest finds them without an import.
+    if name in _MOVED:
+        raise ImportError(f"http_fixtures.{name} is a fixture in tests/conftest.py now: "
+                          "drop it from the import, pytest provides it")
+    raise AttributeError(name)

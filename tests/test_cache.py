@@ -15,14 +15,12 @@ import time
 import pytest
 
 from chaos.faultserver import FaultServer
-from http_fixtures import (  # noqa: F401  (fixtures)
+from http_fixtures import (
     Recorder,
-    _loopback_only,
     digest,
     fast_config,
     make_blob,
     make_tar,
-    served,
     shard_for,
 )
 from resumewds.cache import ShardStore, default_cache_dir, parse_size

@@ -18,14 +18,12 @@ import requests
 import urllib3
 
 from chaos.faultserver import FaultServer, parse_faults
-from http_fixtures import (  # noqa: F401  (fixtures)
+from http_fixtures import (
     Recorder,
-    _loopback_only,
     digest,
     fast_config,
     make_blob,
     make_tar,
-    served,
 )
 from resumewds.errors import (
     CacheError,

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from chaos.faultserver import FaultServer
-from http_fixtures import _loopback_only, fast_config  # noqa: F401  (fixture)
+from http_fixtures import fast_config
 from resumewds.cli import cli
 from resumewds.dataset import WebDataset, build_manifest
 from resumewds.journal import Journal

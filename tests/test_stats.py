@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from chaos.faultserver import FaultServer
 from conftest import N_SAMPLES, N_SHARDS, PY, raw_samples, subprocess_env
-from http_fixtures import _loopback_only, fast_config  # noqa: F401  (fixture)
+from http_fixtures import fast_config
 from resumewds.cli import _NoBar, _progress, cli
 from resumewds.dataset import WebDataset, build_manifest
 from resumewds.loader import WebLoader

@@ -1,0 +1,69 @@
+"""Runs the package's docstring examples (``--doctest-modules`` in pyproject.toml).
+
+Every doctest in ``resumewds/`` runs in a fresh temporary directory holding
+small generated data, so an example reads like real use and really executes:
+
+* ``data/shard-000000.tar`` ... ``data/shard-000003.tar``: 4 shards x 8
+  samples of ``.jpg`` (16x16), ``.cls`` and ``.txt``, written by
+  :func:`resumewds.synth.write_shards` with seed 0;
+* ``data/manifest.json``: their manifest (``resumewds index``);
+* an empty shard cache (``RESUMEWDS_CACHE_DIR``), and no rank variables;
+* ``rw`` is ``resumewds`` in every example's namespace.
+
+The tests' own fixtures are in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+# Modules whose examples are not runnable yet: they are being rewritten on
+# other branches. Delete a line once that module's examples run.
+collect_ignore = [
+    "resumewds/loader.py",  # `<same dataset>` placeholders; the loader split owns it
+]
+
+DOCTEST_SHARDS = 4
+DOCTEST_SAMPLES = 8
+
+
+@pytest.fixture(scope="session")
+def _doctest_data(tmp_path_factory) -> str:
+    from resumewds.dataset import build_manifest
+    from resumewds.synth import write_shards
+
+    root = tmp_path_factory.mktemp("doctest-data")
+    data = root / "data"
+    write_shards(str(data), shards=DOCTEST_SHARDS, samples=DOCTEST_SAMPLES, images=True, image_side=16)
+    old = os.environ.get("RESUMEWDS_CACHE_DIR")
+    os.environ["RESUMEWDS_CACHE_DIR"] = str(root / "index-cache")
+    try:
+        build_manifest(str(data / f"shard-{{000000..{DOCTEST_SHARDS - 1:06d}}}.tar"), str(data / "manifest.json"))
+    finally:
+        if old is None:
+            del os.environ["RESUMEWDS_CACHE_DIR"]
+        else:
+            os.environ["RESUMEWDS_CACHE_DIR"] = old
+    return str(data)
+
+
+@pytest.fixture(autouse=True)
+def _doctest_workdir(request):
+    """For doctest items only: cwd = a fresh dir with ``data/``; an empty cache."""
+    if type(request.node).__name__ != "DoctestItem":
+        return
+    import resumewds
+
+    tmp_path = request.getfixturevalue("tmp_path")
+    monkeypatch = request.getfixturevalue("monkeypatch")
+
+    shutil.copytree(request.getfixturevalue("_doctest_data"), tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RESUMEWDS_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("RESUMEWDS_CACHE_SIZE", "RESUMEWDS_VERBOSE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    request.getfixturevalue("doctest_namespace")["rw"] = resumewds
