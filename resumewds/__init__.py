@@ -1,12 +1,23 @@
 """resumewds: crash-safe, exactly-resumable WebDataset loading for PyTorch.
 
-Public names (torch is imported only when WebLoader is first used):
+The public names are in ``__all__``; torch is imported only when
+``WebLoader`` is first used.
 
 Example:
     >>> import resumewds as rw
-    >>> ds = rw.WebDataset("data/shard-{000000..000031}.tar", seed=7, shuffle=True)  # doctest: +SKIP
-    >>> loader = rw.WebLoader(ds.decode("pil").to_tuple("jpg;png", "cls"),           # doctest: +SKIP
-    ...                       batch_size=64, num_workers=2, journal="run.db", resume=True)
+    >>> ds = rw.WebDataset("data/shard-{000000..000003}.tar", seed=7, shuffle=True)
+    >>> loader = rw.WebLoader(ds.decode("rgb8").to_tuple("jpg;png", "cls"),
+    ...                       batch_size=8, num_workers=2, journal="run.db", resume=True)
+    >>> for step, (images, labels) in enumerate(loader, start=loader.steps_done):
+    ...     loader.commit(step)         # after your own checkpoint of step `step`
+    >>> tuple(images.shape), loader.steps_done
+    ((8, 16, 16, 3), 4)
+    >>> loader.close()                  # or a new process: the journal has one writer
+    >>> again = rw.WebLoader(ds.decode("rgb8").to_tuple("jpg;png", "cls"),
+    ...                      batch_size=8, journal="run.db", resume=True)
+    >>> again.epoch, again.position     # a rerun continues after the last commit
+    (1, 0)
+    >>> again.close()
 """
 
 from __future__ import annotations

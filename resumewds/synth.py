@@ -1,7 +1,8 @@
 """Generate small, reproducible WebDataset shards (for the demo, tests, benches).
 
 Example:
-    >>> paths = write_shards("/tmp/d", shards=2, samples=3)   # doctest: +SKIP
+    >>> write_shards("d", shards=2, samples=3)
+    ['d/shard-000000.tar', 'd/shard-000001.tar']
 """
 
 from __future__ import annotations
@@ -33,7 +34,27 @@ def write_shards(directory: str, shards: int = 4, samples: int = 100,
     """Write ``shards`` tar files of ``samples`` samples each; return their paths.
 
     Each sample has ``.bin`` (random bytes, length in ``size_range``; or
-    ``.jpg`` if ``images``), ``.cls`` (an int) and ``.txt``.
+    ``.jpg`` if ``images``), ``.cls`` (an int) and ``.txt``. The same
+    arguments always give the same bytes.
+
+    Args:
+        directory: where to write (created if missing).
+        shards: number of shards, named ``{prefix}-000000.tar`` and up.
+        samples: samples per shard, keyed ``s{shard:06d}_{sample:06d}``.
+        size_range: inclusive length range of each ``.bin`` payload.
+        seed: seed of the generator.
+        images: write a JPEG (``.jpg``, needs numpy and pillow) instead of ``.bin``.
+        image_side: the JPEG's width and height.
+        prefix: the shards' file name prefix.
+        fmt: the tarfile format (``tarfile.USTAR_FORMAT``, ``GNU_FORMAT``, ``PAX_FORMAT``).
+
+    Returns:
+        The shards' paths, in order.
+
+    Example:
+        >>> paths = write_shards("d", shards=1, samples=2, images=True, image_side=8)
+        >>> import tarfile; tarfile.open(paths[0]).getnames()
+        ['s000000_000000.jpg', 's000000_000000.cls', 's000000_000000.txt', 's000000_000001.jpg', 's000000_000001.cls', 's000000_000001.txt']
     """
     os.makedirs(directory, exist_ok=True)
     rng = random.Random(seed)

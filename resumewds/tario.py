@@ -337,9 +337,9 @@ def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
         OSError: the file cannot be read.
 
     Example:
-        >>> idx = scan_file("data/shard-000000.tar")  # doctest: +SKIP
-        >>> idx.samples, idx.offsets[:2]              # doctest: +SKIP
-        (1000, [0, 23552])
+        >>> idx = scan_file("data/shard-000000.tar")
+        >>> idx.samples, idx.offsets[:2], idx.keys[0]
+        (8, [0, 3584], 's000000_000000')
     """
     name = shard or path
     with open(path, "rb") as f:
