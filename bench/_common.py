@@ -93,7 +93,7 @@ def timed(fn: Callable[[], int]) -> Tuple[float, int, float]:
 class Clock:
     """For fns that time only their hot loop: ``with Clock() as c: ...; return c.result(n)``."""
 
-    def __enter__(self) -> "Clock":
+    def __enter__(self) -> Clock:
         self.c0 = cpu_seconds()
         self.t0 = time.perf_counter()
         return self
@@ -228,7 +228,7 @@ class ServerProc:
         self.url = ""
         self.stats: Dict[str, object] = {}
 
-    def start(self) -> "ServerProc":
+    def start(self) -> ServerProc:
         import subprocess
 
         cmd = [sys.executable, "-m", "chaos.faultserver", self.root, "--port", "0"]
@@ -265,7 +265,7 @@ class ServerProc:
                 continue
         self.proc = None
 
-    def __enter__(self) -> "ServerProc":
+    def __enter__(self) -> ServerProc:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -35,7 +35,7 @@ import sys
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+import _common as C
 
 
 def main(argv=None) -> int:
@@ -215,8 +215,8 @@ def main(argv=None) -> int:
                     with C.ServerProc(fault_dir, faults="mixed:0.1" if faulty else "", seed=100 + i,
                                       stall_seconds=1.0, retry_after=0.01) as fs:
                         url_i = fs.url.rstrip("/") + "/manifest.json"
-                        t, n, _ = C.timed(lambda: rw_pass(fresh_dir("f"), shuffle=True, seed=7, fetch=cfg,
-                                                          keys=keys, url=url_i))
+                        t, n, _ = C.timed(lambda keys=keys, url_i=url_i: rw_pass(fresh_dir("f"), shuffle=True, seed=7,
+                                                                                  fetch=cfg, keys=keys, url=url_i))
                     identical &= keys == ref_keys
                     faults = fs.stats.get("faults", {})
                     nreq = sum(fs.stats.get("requests", {}).values())

@@ -28,7 +28,7 @@ import sys
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+import _common as C
 
 
 def plain(args, d: str, table: C.Table) -> None:
@@ -109,7 +109,7 @@ def decode(args, d: str, table: C.Table) -> None:
         def run() -> int:
             ds = rw.WebDataset(manifest, cache_dir=cache).decode("rgb8").to_tuple("jpg", "cls")
             n = 0
-            for img, cls in rw.WebLoader(ds, batch_size=64, num_workers=nw):
+            for _img, cls in rw.WebLoader(ds, batch_size=64, num_workers=nw):
                 n += len(cls)
             return n
         return run
@@ -118,7 +118,7 @@ def decode(args, d: str, table: C.Table) -> None:
         def run() -> int:
             ds = wds.WebDataset(pattern, shardshuffle=False).decode("rgb8").to_tuple("jpg", "cls").batched(64)
             n = 0
-            for img, cls in wds.WebLoader(ds, batch_size=None, num_workers=nw):
+            for _img, cls in wds.WebLoader(ds, batch_size=None, num_workers=nw):
                 n += len(cls)
             return n
         return run

@@ -3,9 +3,9 @@
 1. A/B: ``rw.WebLoader(batch_size=64, num_workers=0)`` and
    ``rw.WebLoader(batch_size=None, num_workers=0)`` loops with stats on, vs
    the same loops with ``Stats.update`` (and ``Stats.observe_queue``, where
-   the loader has it) monkeypatched to a no-op (within this process only).  Target: cost <= 1% (ratio >= 0.99), best of interleaved
-   repeats; medians and CPU time per sample are reported too.  A 1% effect
-   is close to this machine's noise floor, so:
+   the loader has it) monkeypatched to a no-op (within this process only).
+   Target: cost <= 1% (ratio >= 0.99), best of interleaved repeats; medians
+   and CPU time per sample are reported too.  A 1% effect is close to this machine's noise floor, so:
 2. direct: ``Stats.update`` timed on the real ``meta`` dicts the loop
    produced, times the number of batches, as a fraction of the loop's time.
    Target <= 1%.  Also, for information, the per-sample instrumentation in
@@ -23,7 +23,7 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+import _common as C
 
 
 def main(argv=None) -> int:
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             label = "batch 64" if bs else "batch_size=None"
             print(f"# 1. loop {label}, {shards * samples} samples, stats on vs Stats.update no-op, "
                   f"{repeats} interleaved repeats", flush=True)
-            runs = C.interleave({"stats_on": lambda: loop(True, bs), "stats_noop": lambda: loop(False, bs)},
+            runs = C.interleave({"stats_on": lambda bs=bs: loop(True, bs), "stats_noop": lambda bs=bs: loop(False, bs)},
                                 repeats)
             on, off = runs["stats_on"], runs["stats_noop"]
             table.add(f"loop samples/s ({label}): stats on vs update no-op (best)", C.best_rate(on),

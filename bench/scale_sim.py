@@ -73,7 +73,7 @@ class Table:
     def markdown(self) -> str:
         head = ("what", "value", "time", "memory (peak / kept)")
         w = [max(len(r[i]) for r in self.rows + [head]) for i in range(4)]
-        line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
+        line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"
         return "\n".join([line(head), "|" + "|".join("-" * (x + 2) for x in w) + "|"]
                          + [line(r) for r in self.rows])
 
@@ -332,7 +332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     # 6. cache traffic per node --------------------------------------------
     t.section(f"cache traffic of one node ({args.ranks_per_node} ranks share one cache)")
-    node = range(0, args.ranks_per_node)
+    node = range(args.ranks_per_node)
     n_windows = 8
     end = ep.window_starts[n_windows]
     k_end = (end - 1) // (B * R) + 1

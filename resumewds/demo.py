@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import click
 
@@ -56,7 +56,7 @@ def run_demo(directory: Optional[str] = None, shards: int = 16, samples: int = 2
         m = rw.build_manifest(os.path.join(data, f"shard-{{000000..{shards - 1:06d}}}.tar"), manifest)
         _say(f"   indexed: {len(m.shards)} shards, {m.total_samples} samples -> {manifest}")
 
-        def loader(workers: int) -> "rw.WebLoader":
+        def loader(workers: int) -> rw.WebLoader:
             ds = rw.WebDataset(manifest, seed=seed, shuffle=True, shuffle_window=4)
             return rw.WebLoader(ds, batch_size=64, num_workers=workers, collate_fn=_collate)
 

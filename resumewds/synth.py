@@ -11,7 +11,7 @@ import io
 import os
 import random
 import tarfile
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 
 def _jpeg(rng: random.Random, side: int) -> bytes:
@@ -53,8 +53,10 @@ def write_shards(directory: str, shards: int = 4, samples: int = 100,
 
     Example:
         >>> paths = write_shards("d", shards=1, samples=2, images=True, image_side=8)
-        >>> import tarfile; tarfile.open(paths[0]).getnames()
-        ['s000000_000000.jpg', 's000000_000000.cls', 's000000_000000.txt', 's000000_000001.jpg', 's000000_000001.cls', 's000000_000001.txt']
+        >>> import tarfile
+        >>> tarfile.open(paths[0]).getnames()  # doctest: +NORMALIZE_WHITESPACE
+        ['s000000_000000.jpg', 's000000_000000.cls', 's000000_000000.txt',
+         's000000_000001.jpg', 's000000_000001.cls', 's000000_000001.txt']
     """
     os.makedirs(directory, exist_ok=True)
     rng = random.Random(seed)

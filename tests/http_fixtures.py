@@ -7,7 +7,6 @@ are in ``tests/conftest.py``.
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 from typing import List
 

@@ -71,7 +71,7 @@ def generated_blocks(text: str) -> Iterator[Tuple[str, str]]:
 
 
 def regenerate(text: str) -> str:
-    def sub(m: "re.Match[str]") -> str:
+    def sub(m: re.Match[str]) -> str:
         name = m.group(2)
         if name not in GENERATORS:
             raise KeyError(f"no generator for the block {name!r}")

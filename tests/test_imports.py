@@ -1,4 +1,4 @@
-"""Import hygiene and the public surface.
+"""Import hygiene, the public surface and the packaging metadata.
 
 torch stays out of the modules that do not need it (fetch, cache, journal,
 plan, tar reading, CLI start-up); every public name resolves and documents
@@ -7,11 +7,21 @@ itself with an example.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import os
+import re
 import subprocess
 import sys
 
+import pytest
+
 import resumewds
+
+try:
+    import tomllib  # Python 3.11+
+except ImportError:  # pragma: no cover
+    tomllib = None
 
 LIGHT = ["resumewds", "resumewds.cli", "resumewds.fetch", "resumewds.cache", "resumewds.journal",
          "resumewds.plan", "resumewds.tario", "resumewds.manifest", "resumewds.sources",
@@ -44,3 +54,76 @@ def test_public_names_resolve_sorted_and_documented():
             assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
     for name in ("WebDataset", "WebLoader", "Plan", "Manifest", "build_manifest"):
         assert "Example" in (getattr(resumewds, name).__doc__ or ""), name
+
+
+# -- packaging: one version, every imported dependency declared ----------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# import name -> distribution name, where they differ
+DIST_OF = {"PIL": "pillow", "sqlite_utils": "sqlite-utils", "yaml": "pyyaml"}
+
+
+def _pyproject() -> dict:
+    if tomllib is None:
+        pytest.skip("tomllib needs Python 3.11")
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _dist(req: str) -> str:
+    return re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].strip().lower().replace("_", "-")
+
+
+def test_version_has_one_source():
+    project = _pyproject()["project"]
+    assert "version" not in project and "version" in project.get("dynamic", [])
+    attr = _pyproject()["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert attr == "resumewds.__version__"
+    assert re.fullmatch(r"\d+\.\d+\.\d+([a-z]+\d+)?", resumewds.__version__)
+
+
+def test_every_imported_third_party_module_is_declared():
+    project = _pyproject()["project"]
+    declared = {_dist(r) for r in project["dependencies"]}
+    for reqs in project.get("optional-dependencies", {}).values():
+        declared |= {_dist(r) for r in reqs}
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) or None
+    if stdlib is None:  # pragma: no cover
+        pytest.skip("sys.stdlib_module_names needs Python 3.10")
+    missing = {}
+    for root, _, files in os.walk(os.path.join(REPO, "resumewds")):
+        for n in files:
+            if not n.endswith(".py"):
+                continue
+            path = os.path.join(root, n)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    tops = [a.name.split(".")[0] for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    tops = [node.module.split(".")[0]]
+                else:
+                    continue
+                for top in tops:
+                    if top in stdlib or top == "resumewds":
+                        continue
+                    if DIST_OF.get(top, top).lower().replace("_", "-") not in declared:
+                        missing.setdefault(top, os.path.relpath(path, REPO))
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_package_is_typed_and_licensed():
+    assert os.path.exists(os.path.join(REPO, "resumewds", "py.typed"))
+    assert "py.typed" in _pyproject()["tool"]["setuptools"]["package-data"]["resumewds"]
+    with open(os.path.join(REPO, "LICENSE"), encoding="utf-8") as f:
+        assert "Apache License" in f.read(2000)
+    assert _pyproject()["project"]["license"] == {"text": "Apache-2.0"}
+
+
+def test_chaos_imports_as_a_package():
+    # pyproject's pythonpath puts the repository root on sys.path: no hack in the tests
+    import chaos.faultserver
+
+    assert os.path.dirname(os.path.dirname(chaos.faultserver.__file__)) == REPO
