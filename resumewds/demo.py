@@ -40,6 +40,11 @@ def _collate(samples: list) -> dict:
 
 def run_demo(directory: Optional[str] = None, shards: int = 16, samples: int = 250,
              seed: int = 7) -> bool:
+    """Run the demo in ``directory`` (a temporary one by default); True if every sequence matched."""
+    import warnings
+
+    # The demo needs no numpy (`pip install -e .`); torch says so on import, which is noise here.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import resumewds as rw
     from resumewds.synth import write_shards
 
