@@ -248,6 +248,9 @@ class ShardStore:
         self._pf_cond = threading.Condition()
         self._pf_queue: collections.deque = collections.deque()
         self._pf_current: set = set()
+        self._pf_keep: set = set()
+        self._pf_fit = threading.Lock()
+        self._pf_reserved: Dict[str, int] = {}
         self._pf_threads: List[threading.Thread] = []
         self._pf_stop = False
         self._dirs_ready = False
@@ -256,7 +259,8 @@ class ShardStore:
 
     def __getstate__(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
-        for k in ("_tl", "_mu", "_pf_cond", "_pf_queue", "_pf_current", "_pf_threads",
+        for k in ("_tl", "_mu", "_pf_cond", "_pf_queue", "_pf_current", "_pf_keep", "_pf_fit",
+                  "_pf_reserved", "_pf_threads",
                   "_pf_stop", "_dirs_ready", "_budgets", "_window_warned"):
             d.pop(k, None)
         d["counters"] = collections.Counter()
@@ -795,9 +799,10 @@ class ShardStore:
                         partial))
         return out
 
-    def _evict(self, reserve: int = 0) -> int:
-        """Evict least recently used entries not in use until the cache plus
-        ``reserve`` bytes fits ``cache_size``; return the bytes left."""
+    def _evict(self, reserve: int = 0, keep: Optional[set] = None) -> int:
+        """Evict least recently used entries not in use (nor in ``keep``, a
+        set of entry paths) until the cache plus ``reserve`` bytes fits
+        ``cache_size``; return the bytes left."""
         if self.cache_size is None:
             return 0
         entries = self._scan()
@@ -807,6 +812,8 @@ class ShardStore:
         for base, size, _, partial in sorted(entries, key=lambda e: e[2]):
             if total + reserve <= self.cache_size:
                 break
+            if keep and base in keep:
+                continue
             try:
                 fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666)
             except OSError:
@@ -869,6 +876,7 @@ class ShardStore:
                             _mb(self.cache_size), self.cache_size, len(head), _mb(need), need)
         wanted = [s for s in shards if is_remote_url(s.url)][: max(0, depth)]
         with self._pf_cond:
+            self._pf_keep = {self.entry_path(s.url) for s in wanted}
             self._pf_queue = collections.deque(
                 s for s in wanted if s.url not in self._pf_current and not self._looks_cached(s.url))
             if self._pf_queue:
@@ -881,12 +889,30 @@ class ShardStore:
             self._pf_cond.notify_all()
 
     def _fits(self, shard: ShardInfo) -> bool:
-        """Whether prefetching ``shard`` stays within ``cache_size``."""
+        """Whether prefetching ``shard`` stays within ``cache_size``; if so,
+        its size is reserved until :meth:`_unreserve` (prefetch threads
+        running at once must not each count the same free space)."""
         if self.cache_size is None or self._looks_cached(shard.url):
             return True
         need = shard.size or 0
-        left = self._evict(reserve=need)
-        return left + need <= self.cache_size and (need or left < self.cache_size)
+        with self._pf_fit:
+            with self._pf_cond:
+                keep = set(self._pf_keep)
+            # make room from what was read, never from what prefetch fetched for later
+            total = self._evict(reserve=need + sum(self._pf_reserved.values()), keep=keep)
+            for base in self._pf_reserved:  # counted by their full size, not as partials
+                for p in (base, base + ".partial"):
+                    st = self._lstat(p)
+                    total -= st.st_size if st is not None else 0
+            used = total + sum(self._pf_reserved.values())
+            if used + need > self.cache_size or (not need and used >= self.cache_size):
+                return False
+            self._pf_reserved[self.entry_path(shard.url)] = need
+            return True
+
+    def _unreserve(self, shard: ShardInfo) -> None:
+        with self._pf_fit:
+            self._pf_reserved.pop(self.entry_path(shard.url), None)
 
     def _looks_cached(self, url: str) -> bool:
         """A cheap hint (one stat): the entry has been published."""
@@ -912,7 +938,10 @@ class ShardStore:
                 self._pf_current.add(shard.url)
             try:
                 if self._fits(shard):
-                    self._acquire(shard, pin=False, reader=False)
+                    try:
+                        self._acquire(shard, pin=False, reader=False)
+                    finally:
+                        self._unreserve(shard)
                 else:
                     with self._mu:
                         self.counters["prefetch_over_budget"] += 1
