@@ -117,7 +117,12 @@ def _is_manifest(url: str) -> bool:
 
 
 def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
-    """Manifest fetches log their retries like shard fetches (``RESUMEWDS_VERBOSE=1``)."""
+    """Manifest fetches log their retries like shard fetches (``RESUMEWDS_VERBOSE=1``).
+
+    Only retries: a manifest's download is not a shard's (stats and the
+    journal count shards)."""
+    if kind != "retry":
+        return
     from .stats import event_record, setup_logging
 
     setup_logging()
