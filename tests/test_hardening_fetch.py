@@ -456,3 +456,32 @@ def test_fetch_config_validates_every_field():
                 dict(max_redirects=-1), dict(rate_window=0)):
         with pytest.raises(ValueError):
             FetchConfig(**bad)
+
+
+def test_a_dataset_read_ends_within_cache_size(tmp_path, caplog):
+    """End to end through WebDataset: in order, then with a window too big for the budget."""
+    import resumewds as rw
+    from resumewds.synth import write_shards
+
+    root = tmp_path / "srv"
+    paths = write_shards(str(root), shards=8, samples=20, size_range=(2000, 4000), seed=3)
+    sizes = [os.path.getsize(p) for p in paths]
+    budget = int(max(sizes) * 3.5)
+    names = ",".join(os.path.basename(p) for p in paths)
+    with FaultServer(str(root)) as srv:
+        ds = rw.WebDataset(srv.url + "{" + names + "}", cache_dir=str(tmp_path / "c"), cache_size=budget,
+                           fetch=fast_config())
+        n = sum(1 for _ in ds)
+        store = ds.store
+        assert n == 160 and store.cached_bytes() <= budget
+        ds.close()
+        assert store.cached_bytes() <= budget
+        with caplog.at_level(logging.WARNING, logger="resumewds"):
+            ds = rw.WebDataset(srv.url + "{" + names + "}", cache_dir=str(tmp_path / "c2"), cache_size=budget,
+                               fetch=fast_config(), shuffle=True, shuffle_window=8, seed=1)
+            assert sum(1 for _ in ds) == 160
+            store = ds.store
+            ds.close()
+        assert store.cached_bytes() <= budget
+    warns = [r.getMessage() for r in caplog.records if "cannot hold one shuffle window" in r.getMessage()]
+    assert len(warns) == 1 and "8 shards" in warns[0]
