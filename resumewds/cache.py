@@ -642,8 +642,10 @@ class ShardStore:
                     os.close(dl)  # drops the download lock
             self._touch(base)
             if pin:
+                with self._pf_cond:
+                    self._pf_keep.discard(base)  # read now: no longer kept for later
                 return LocalShard(base, shard, fd, cached=True,
-                                  on_release=self._evict if self.cache_size is not None else None)
+                                  on_release=self._evict_on_release if self.cache_size is not None else None)
             os.close(fd)
             return LocalShard(base, shard, None, cached=True)
         except BaseException:
@@ -758,11 +760,11 @@ class ShardStore:
         self._evict()
 
     @staticmethod
-    def _not_a_complete_tar(path: str, url: str) -> Optional[ShardFormatError]:
+    def _not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
         from . import tario  # local: the framer is only needed for unchecksummed shards
 
         try:
-            tario.scan_file(path, f"download of {url}")
+            tario.scan_file(path, f"{what} {url}" if what else url)
         except ShardFormatError as exc:
             return exc
         except OSError as exc:
@@ -836,6 +838,13 @@ class ShardStore:
             finally:
                 os.close(fd)
         return total
+
+    def _evict_on_release(self) -> None:
+        """A pin was released: what is no longer in use may go, except what
+        prefetch fetched for later."""
+        with self._pf_cond:
+            keep = set(self._pf_keep)
+        self._evict(keep=keep)
 
     def _url_of(self, base: str) -> str:
         try:
@@ -962,6 +971,13 @@ class ShardStore:
         for t in threads:
             if t is not threading.current_thread():
                 t.join(timeout=5)
+        with self._pf_cond:
+            self._pf_keep = set()
+        if self.cache_size is not None:
+            try:
+                self._evict()  # nothing is wanted for later any more
+            except ResumeWDSError:
+                pass
         s = getattr(self._tl, "session", None)
         if s is not None:
             s.close()
@@ -993,7 +1009,16 @@ class ShardStore:
         for s in shards:
             try:
                 if is_remote_url(s.url):
-                    self._acquire(s, pin=False, policy="always", progress=progress)
+                    ls = self._acquire(s, pin=False, policy="always", progress=progress)
+                    if s.xxh3_64 is None:
+                        # nothing to compare with: the cached copy must at least be a
+                        # complete tar (one stored by an older version may be an error page)
+                        bad = self._not_a_complete_tar(ls.path, s.url, what="cached copy of")
+                        if bad is not None:
+                            self._emit("verify_fail", s.url, expected="a complete tar", actual=str(bad))
+                            self._remove(ls.path + ".meta")
+                            self._remove(ls.path)
+                            self._acquire(s, pin=False, policy="always", progress=progress)  # fetched again
                 else:
                     self._check_local(s, "always", progress)
                 out.append((s, True, None))

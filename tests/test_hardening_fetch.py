@@ -485,3 +485,23 @@ def test_a_dataset_read_ends_within_cache_size(tmp_path, caplog):
         assert store.cached_bytes() <= budget
     warns = [r.getMessage() for r in caplog.records if "cannot hold one shuffle window" in r.getMessage()]
     assert len(warns) == 1 and "8 shards" in warns[0]
+
+
+def test_verify_replaces_a_poisoned_cached_copy_without_checksum(served, tmp_path):
+    """An entry stored by an older version (an error page kept as the shard) is
+    found by ``verify`` and fetched again from the healthy server."""
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    shard = ShardInfo(url=srv.url + "a.tar")
+    rec = Recorder()
+    st = ShardStore(cache_dir=str(tmp_path / "cache"), fetch=fast_config(), on_event=rec)
+    st._ensure_dirs()
+    base = st.entry_path(shard.url)
+    page = b"<html><body>502 Bad Gateway</body></html>\n"
+    with open(base, "wb") as f:
+        f.write(page)
+    st._write_meta(base, shard.url, digest(page), synced=True)
+    assert read(st.ensure(shard)) == page  # what the old cache served
+    [(_, ok, err)] = st.verify_all([shard])
+    assert ok and err is None and read(base) == data
+    assert "cached copy of" in rec.kinds("verify_fail")[0]["actual"]
