@@ -43,10 +43,27 @@ size or mtime changed since its meta was written (for local files: once per
 (path, size, mtime), remembered in memory and under ``cache_dir/verified``);
 ``"always"`` hashes at every acquire; ``"never"`` only compares sizes.
 
-Environment: ``RESUMEWDS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/resumewds`` or
-``~/.cache/resumewds``), ``RESUMEWDS_CACHE_SIZE`` (e.g. ``20GB``),
-``RESUMEWDS_CACHE_SYNC`` (``auto``, ``fsync`` or ``boot``), and the
-``RESUMEWDS_FETCH_*`` variables of :mod:`resumewds.fetch`.
+Budget: ``cache_size`` is a limit.  Before a download, entries not in use
+are evicted (least recently used first) to make room for it; when a reader
+releases a shard, what exceeds the budget goes; prefetch only fetches a shard
+that fits (and never evicts what it fetched for later); the only excess is
+shards pinned by readers at that moment.  When one shuffle window alone does
+not fit, a warning says so once, with the numbers.
+
+Downloads without a known checksum are checked to be complete tars (the
+framer of :mod:`resumewds.tario` scans them) before they are published, so
+one bad response (an error page) is never kept as the shard; a corrupt
+download is a failed attempt of the shard's fetch budget
+(:class:`resumewds.fetch.FetchBudget`), shared by the prefetch thread and
+the reader.
+
+Environment (read through :mod:`resumewds.config`, which lists every
+variable): ``RESUMEWDS_CACHE_DIR`` / ``WDS_CACHE`` (default
+``$XDG_CACHE_HOME/resumewds`` or ``~/.cache/resumewds``),
+``RESUMEWDS_CACHE_SIZE`` / ``WDS_CACHE_SIZE`` (e.g. ``20GB``),
+``RESUMEWDS_CACHE_SYNC`` (``auto``, ``fsync`` or ``boot``),
+``RESUMEWDS_VERBOSE_CACHE`` / ``WDS_VERBOSE_CACHE``, and the
+``RESUMEWDS_FETCH_*`` variables.
 
 Example:
     >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)
@@ -192,7 +209,8 @@ class ShardStore:
     Args:
         cache_dir: where remote shards are kept (see :func:`default_cache_dir`).
         cache_size: byte budget (int or "20GB"); default ``$RESUMEWDS_CACHE_SIZE``
-            or unlimited.  Shards being read may exceed it, nothing else does.
+            (or ``$WDS_CACHE_SIZE``), else unlimited.  Shards being read may
+            exceed it, nothing else does.
         verify: "once", "always" or "never" (see the module docstring).
         fetch: retry/timeout policy; default ``FetchConfig.from_env()``.
         on_event: ``on_event(kind, url, **detail)``; kinds ``cache_hit``,
