@@ -150,6 +150,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _first_worker() -> bool:
+    """False in a DataLoader worker other than worker 0 (so that a warning
+    every worker would give is given once).  Never imports torch."""
+    data = sys.modules.get("torch.utils.data")
+    get = getattr(data, "get_worker_info", None)
+    if get is None:
+        return True
+    try:
+        info = get()
+    except Exception:  # noqa: BLE001 (a torch we do not know: warn)
+        return True
+    return info is None or getattr(info, "id", 0) == 0
+
+
 class LocalShard:
     """A shard available as a local file, pinned until :meth:`close`.
 
@@ -892,7 +906,7 @@ class ShardStore:
                 (read at the same time); if their sizes add up to more than
                 ``cache_size``, a warning says so, once.
         """
-        if window and self.cache_size is not None and not self._window_warned:
+        if window and self.cache_size is not None and not self._window_warned and _first_worker():
             head = list(shards[:window])
             need = sum(s.size or 0 for s in head)
             if need > self.cache_size:
