@@ -19,6 +19,19 @@ Fault kinds:
     down            close every connection for ``down_seconds`` from now
     401, 403, 404, 410  a permanent error status
 
+Fetch-hardening kinds (only used when named):
+
+    retry_after_huge  429 with ``Retry-After: 86400``
+    retry_after_date  503 with Retry-After as an HTTP date a day ahead
+    trickle         send the body one byte every ``trickle_seconds``
+    gzip            200 with the file gzip-compressed, ``Content-Encoding: gzip``
+    html200         200 with an HTML error page (``Content-Type: text/html``)
+    redirect_loop   302 to the same URL, for ever
+
+``honour_if_range=False`` makes the server ignore If-Range (it serves the
+requested range of the file as it is now, with the current ETag), like the
+servers that spliced two versions of a changed file.
+
 Profiles: ``"reset=0.1,500=0.05,stall=0.02"`` gives per-request rates;
 ``"mixed:0.1"`` hits 10% of requests with one of the transport faults
 (reset, 500, 503, 429, truncate, truncate_nolen, stall); both forms combine:
@@ -59,7 +72,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 TRANSPORT_FAULTS = ("reset", "500", "503", "429", "truncate", "truncate_nolen", "stall")
 STATUS_FAULTS = ("401", "403", "404", "410")
-ALL_FAULTS = TRANSPORT_FAULTS + ("flip_data", "flip_header", "down") + STATUS_FAULTS
+HARDENING_FAULTS = ("retry_after_huge", "retry_after_date", "trickle", "gzip", "html200", "redirect_loop")
+ALL_FAULTS = TRANSPORT_FAULTS + ("flip_data", "flip_header", "down") + STATUS_FAULTS + HARDENING_FAULTS
 
 
 def parse_faults(faults: Union[str, Dict[str, float], None]) -> Tuple[float, Dict[str, float]]:
@@ -142,6 +156,8 @@ class FaultServer:
         manifest: optional resumewds manifest.json, to cut ``truncate_nolen``
             at sample boundaries.
         bytes_per_second: throttle every body (None = as fast as possible).
+        trickle_seconds: the pause between two bytes of a ``trickle`` body.
+        honour_if_range: False: ignore If-Range (serve the range anyway).
 
     Counters (read them, or :meth:`reset_counters`): ``bytes_sent``,
     ``bytes_by_path``, ``requests`` (per path), ``faults`` (per kind).
@@ -151,7 +167,8 @@ class FaultServer:
                  faults: Union[str, Dict[str, float], None] = "", seed: int = 0,
                  max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
                  retry_after: float = 1, down_seconds: float = 1.0, manifest: Optional[str] = None,
-                 bytes_per_second: Optional[float] = None):
+                 bytes_per_second: Optional[float] = None, trickle_seconds: float = 0.5,
+                 honour_if_range: bool = True):
         self.root_dir = os.path.abspath(root_dir)
         self.host = host
         self.port = port
@@ -161,6 +178,8 @@ class FaultServer:
         self.retry_after = retry_after
         self.down_seconds = down_seconds
         self.bytes_per_second = bytes_per_second
+        self.trickle_seconds = trickle_seconds
+        self.honour_if_range = honour_if_range
         self.mixed, self.rates = parse_faults(faults)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -360,11 +379,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             pass
         self.close_connection = True
 
-    def _status_only(self, code: int, retry_after: Optional[float] = None) -> None:
+    def _status_only(self, code: int, retry_after: Union[float, str, None] = None) -> None:
         body = f"{code} injected fault\n".encode()
         self.send_response(code)
         if retry_after is not None:
-            self.send_header("Retry-After", f"{retry_after:g}")
+            self.send_header("Retry-After", retry_after if isinstance(retry_after, str) else f"{retry_after:g}")
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -398,6 +417,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if kind in ("503", "429"):
             self._status_only(int(kind), fs.retry_after)
             return
+        if kind == "retry_after_huge":
+            self._status_only(429, 86400)
+            return
+        if kind == "retry_after_date":
+            self._status_only(503, _http_date(time.time() + 86400))
+            return
+        if kind == "redirect_loop":
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if kind == "html200":
+            body = (b"<!DOCTYPE html>\n<html><head><title>503 Service Unavailable</title></head>"
+                    b"<body><h1>Try again later</h1></body></html>\n")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+            return
         if fs_path is None:
             self._status_only(404)
             return
@@ -410,7 +451,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         rng_hdr = self.headers.get("Range")
         if rng_hdr:
             if_range = self.headers.get("If-Range")
-            honour = if_range is None or if_range.strip() in (etag, last_mod)
+            honour = if_range is None or if_range.strip() in (etag, last_mod) or not fs.honour_if_range
             parsed = _parse_range(rng_hdr, size) if honour else None
             if parsed == "unsatisfiable":
                 self.send_response(416)
@@ -441,6 +482,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             elif length > 0:
                 flip_at = rng.randrange(start, end)
 
+        if kind == "gzip" and not partial:
+            import gzip
+
+            with open(fs_path, "rb") as f:
+                body = gzip.compress(f.read(), mtime=0)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("ETag", etag)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+            return
         self.send_response(206 if partial else 200)
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", etag)
@@ -456,7 +511,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if head:
             return
-        sent = self._send_body(fs_path, path, start, cut, flip_at)
+        sent = self._send_body(fs_path, path, start, cut, flip_at, trickle=kind == "trickle")
         if sent < cut - start:
             self._abort()  # client went away or server stopping
             return
@@ -473,11 +528,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 pass
             self.close_connection = True
 
-    def _send_body(self, fs_path: str, path: str, start: int, stop: int, flip_at: Optional[int]) -> int:
+    def _send_body(self, fs_path: str, path: str, start: int, stop: int, flip_at: Optional[int],
+                   trickle: bool = False) -> int:
         fs = self.fs
         sent = 0
         chunk = 64 * 1024
         bps = fs.bytes_per_second
+        if trickle:
+            chunk, bps = 1, 1.0 / max(1e-3, fs.trickle_seconds)
         if bps:
             chunk = max(1, min(chunk, int(bps / 20)))
         t0 = time.monotonic()
@@ -497,6 +555,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 fs._count(path, len(data))  # before the write, so a client that is done sees it counted
                 try:
                     self.wfile.write(data)
+                    if trickle:
+                        self.wfile.flush()
                 except OSError:
                     break
                 pos += len(data)

@@ -698,6 +698,88 @@ def journal_two_writers(s: Suite) -> Row:
     return row
 
 
+# ---------------------------------------------------------------------------
+# fetch hardening (issue 12: bounded waits, one budget, clear errors)
+# ---------------------------------------------------------------------------
+def hardening(name: str, faults: str, *, expect: str, max_per_path: int = 1, no_manifest: bool = False,
+              env: Optional[Dict[str, str]] = None, workers: int = 2, within: float = BOUND,
+              says: str = "", max_requests: Optional[int] = None, **srv_kw) -> Callable[[Suite], Row]:
+    """A fetch fault that must end (``within`` s) as ``expect``; an error must
+    say ``says``; no shard may get more than ``max_requests`` requests."""
+    def scenario(s: Suite) -> Row:
+        row = Row(name, expect)
+        srv = s.server(faults, max_faults_per_path=max_per_path, **srv_kw)
+        try:
+            d = s.tmp("hard")
+            if no_manifest:
+                names = sorted(os.path.basename(p) for p in _shard_paths(s.data))
+                src = srv.url + "{" + ",".join(names) + "}"
+            else:
+                src = srv.url + "manifest.json"
+            p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1, workers=workers),
+                    env=child_env(**(env or {})), bound=BOUND)
+            s.judge(row, p)
+            row.faults += sum(srv.faults.values())
+            if not p.hung and p.seconds > within:
+                row.bad_exits.append(f"took {p.seconds:.0f}s (bound {within:.0f}s)")
+            if says and p.rc and says not in p.err:
+                row.bad_exits.append(f"error does not say {says!r}: {_last_line(p.err)}")
+            if max_requests is not None:
+                worst = max((n for path, n in srv.requests.items() if path.endswith(".tar")), default=0)
+                if worst > max_requests:
+                    row.bad_exits.append(f"a shard got {worst} requests (budget {max_requests})")
+        finally:
+            srv.stop()
+        return row
+    return _labelled(name, scenario)
+
+
+def remote_manifest_names_local_file(s: Suite) -> Row:
+    row = Row("remote manifest names a local file", "error")
+    d = s.tmp("remotelocal")
+    with open(s.data.manifest) as f:
+        m = json.load(f)
+    m["shards"][1]["url"] = _shard_paths(s.data)[1]  # an absolute local path
+    with open(os.path.join(d, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    for name in os.listdir(s.data.root):
+        if name.endswith(".tar"):
+            shutil.copy(os.path.join(s.data.root, name), d)
+    srv = FaultServer(d, seed=s.seed).start()
+    try:
+        p = run(cat_cmd(srv.url + "manifest.json", cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
+        s.judge(row, p)
+        row.faults = 1
+        if p.rc and "local file" not in p.err:
+            row.bad_exits.append(f"error does not name the local file: {_last_line(p.err)}")
+    finally:
+        srv.stop()
+    return row
+
+
+def hardening_rows() -> List[Callable[[Suite], Row]]:
+    slow = {"RESUMEWDS_FETCH_MIN_RATE": "2000", "RESUMEWDS_FETCH_RATE_WINDOW": "1"}
+    return [
+        hardening("Retry-After 86400s (429)", "retry_after_huge=1.0", expect="error", within=20,
+                  says="beyond what is left"),
+        hardening("Retry-After as an HTTP date a day ahead (503)", "retry_after_date=1.0", expect="error",
+                  within=20, says="beyond what is left"),
+        hardening("body trickles 1 byte/0.5s (min rate)", "trickle=1.0", expect="exact", env=slow,
+                  trickle_seconds=0.5),
+        hardening("gzip Content-Encoding", "gzip=1.0", expect="error", within=20, says="gzip-encoded"),
+        hardening("HTML 200 error page, no manifest", "html200=1.0", expect="error", no_manifest=True,
+                  within=20, says="HTML page"),
+        hardening("redirect loop", "redirect_loop=1.0", expect="error", max_per_path=100000, within=20,
+                  says="redirect"),
+        hardening("dead shard: one budget for prefetch + reader", "500=1.0", expect="error",
+                  max_per_path=100000, workers=0, env={"RESUMEWDS_FETCH_ATTEMPTS": "4"}, max_requests=4),
+        hardening("server ignores If-Range, truncated bodies", "truncate=0.6", expect="exact", max_per_path=2,
+                  honour_if_range=False),
+        _labelled("remote manifest names a local file", remote_manifest_names_local_file),
+    ]
+# --------------------------------------------------------------------------- end of fetch hardening
+
+
 def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
     kills = 4 if quick else 12
     return [
@@ -735,7 +817,7 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         journal_damage("pages"),
         journal_damage("delete_all"),
         journal_two_writers,
-    ]
+    ] + hardening_rows()  # fetch hardening (issue 12)
 
 
 HEADER = ("fault", "runs", "faults injected", "samples expected", "delivered", "lost", "repeated",

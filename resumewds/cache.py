@@ -43,10 +43,27 @@ size or mtime changed since its meta was written (for local files: once per
 (path, size, mtime), remembered in memory and under ``cache_dir/verified``);
 ``"always"`` hashes at every acquire; ``"never"`` only compares sizes.
 
-Environment: ``RESUMEWDS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/resumewds`` or
-``~/.cache/resumewds``), ``RESUMEWDS_CACHE_SIZE`` (e.g. ``20GB``),
-``RESUMEWDS_CACHE_SYNC`` (``auto``, ``fsync`` or ``boot``), and the
-``RESUMEWDS_FETCH_*`` variables of :mod:`resumewds.fetch`.
+Budget: ``cache_size`` is a limit.  Before a download, entries not in use
+are evicted (least recently used first) to make room for it; when a reader
+releases a shard, what exceeds the budget goes; prefetch only fetches a shard
+that fits (and never evicts what it fetched for later); the only excess is
+shards pinned by readers at that moment.  When one shuffle window alone does
+not fit, a warning says so once, with the numbers.
+
+Downloads without a known checksum are checked to be complete tars (the
+framer of :mod:`resumewds.tario` scans them) before they are published, so
+one bad response (an error page) is never kept as the shard; a corrupt
+download is a failed attempt of the shard's fetch budget
+(:class:`resumewds.fetch.FetchBudget`), shared by the prefetch thread and
+the reader.
+
+Environment (read through :mod:`resumewds.config`, which lists every
+variable): ``RESUMEWDS_CACHE_DIR`` / ``WDS_CACHE`` (default
+``$XDG_CACHE_HOME/resumewds`` or ``~/.cache/resumewds``),
+``RESUMEWDS_CACHE_SIZE`` / ``WDS_CACHE_SIZE`` (e.g. ``20GB``),
+``RESUMEWDS_CACHE_SYNC`` (``auto``, ``fsync`` or ``boot``),
+``RESUMEWDS_VERBOSE_CACHE`` / ``WDS_VERBOSE_CACHE``, and the
+``RESUMEWDS_FETCH_*`` variables.
 
 Example:
     >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)
@@ -59,9 +76,11 @@ import collections
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import stat
+import sys
 import threading
 import time
 import weakref
@@ -69,15 +88,21 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import xxhash
 
+from . import config as _config
+from .config import parse_size
 from .errors import (
     CacheError,
     ChecksumMismatch,
     PermanentFetchError,
     ResumeWDSError,
+    ShardFormatError,
+    TransientFetchError,
     UnsafeSourceError,
 )
-from .fetch import FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
+from .fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
 from .manifest import ShardInfo, shard_basename
+
+log = logging.getLogger("resumewds.cache")
 
 EventFn = Callable[..., None]
 ProgressFn = Callable[[int], None]
@@ -87,45 +112,16 @@ SYNC_MODES = ("auto", "fsync", "boot")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _HASH_CHUNK = 1 << 20
 _SIDE_SUFFIXES = (".partial", ".etag", ".meta", ".lock", ".dl", ".tmp")
-
-_UNITS = {"": 1, "b": 1,
-          "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4, "p": 1024 ** 5,
-          "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4, "pib": 1024 ** 5,
-          "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4, "pb": 1000 ** 5}
-
-
-def parse_size(s: Union[int, float, str]) -> int:
-    """Parse a byte count: ``1234``, ``"500MiB"``, ``"20GB"``, ``"1.5G"``.
-
-    ``KB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` and the bare
-    letters ``K/M/G/T`` powers of 1024.
-
-    Raises:
-        ValueError: not a size.
-
-    Example:
-        >>> parse_size("500MiB"), parse_size("1.5G"), parse_size("2kb")
-        (524288000, 1610612736, 2000)
-    """
-    if isinstance(s, bool):
-        raise ValueError(f"not a size: {s!r}")
-    if isinstance(s, (int, float)):
-        if s < 0:
-            raise ValueError(f"size must be >= 0, got {s}")
-        return int(s)
-    m = re.match(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$", str(s))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {s!r} (examples: 1048576, 500MiB, 20GB, 1.5G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
+_VERBOSE_KINDS = ("cache_miss", "fetch_done", "repair", "verify_fail", "evict")
 
 def default_cache_dir() -> str:
-    """``$RESUMEWDS_CACHE_DIR``, else ``$XDG_CACHE_HOME/resumewds``, else ``~/.cache/resumewds``."""
-    env = os.environ.get("RESUMEWDS_CACHE_DIR")
-    if env:
-        return env
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "resumewds")
+    """``$RESUMEWDS_CACHE_DIR``, else ``$WDS_CACHE``, else ``$XDG_CACHE_HOME/resumewds``,
+    else ``~/.cache/resumewds`` (see :func:`resumewds.config.cache_dir`)."""
+    return _config.cache_dir()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 def _problem(exc: OSError) -> str:
@@ -154,6 +150,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _first_worker() -> bool:
+    """False in a DataLoader worker other than worker 0 (so that a warning
+    every worker would give is given once).  Never imports torch."""
+    data = sys.modules.get("torch.utils.data")
+    get = getattr(data, "get_worker_info", None)
+    if get is None:
+        return True
+    try:
+        info = get()
+    except Exception:  # noqa: BLE001 (a torch we do not know: warn)
+        return True
+    return info is None or getattr(info, "id", 0) == 0
+
+
 class LocalShard:
     """A shard available as a local file, pinned until :meth:`close`.
 
@@ -163,24 +173,36 @@ class LocalShard:
         cached: True when ``path`` is inside the cache.
     """
 
-    def __init__(self, path: str, shard: ShardInfo, lock_fd: Optional[int] = None, cached: bool = False):
+    def __init__(self, path: str, shard: ShardInfo, lock_fd: Optional[int] = None, cached: bool = False,
+                 on_release: Optional[Callable[[], None]] = None):
         self.path = path
         self.shard = shard
         self.cached = cached
         self._lock_fd = lock_fd
+        self._on_release = on_release
 
     @property
     def pinned(self) -> bool:
         return self._lock_fd is not None
 
     def close(self) -> None:
-        """Release the pin (the entry may be evicted afterwards)."""
+        """Release the pin (the entry may be evicted afterwards, and the
+        store evicts what its ``cache_size`` no longer holds)."""
+        self._release(hook=True)
+
+    def _release(self, hook: bool) -> None:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             try:
                 os.close(fd)  # closing the descriptor drops its flock
             except OSError:
                 pass
+            fn, self._on_release = self._on_release, None
+            if fn is not None and hook:
+                try:
+                    fn()  # the store evicts what its budget no longer holds
+                except (ResumeWDSError, OSError):
+                    pass
 
     def __enter__(self) -> "LocalShard":
         return self
@@ -189,7 +211,7 @@ class LocalShard:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        self._release(hook=False)  # no eviction from a garbage collector's arbitrary moment
 
     def __repr__(self) -> str:
         return f"LocalShard({self.path!r}, pinned={self.pinned})"
@@ -201,14 +223,17 @@ class ShardStore:
     Args:
         cache_dir: where remote shards are kept (see :func:`default_cache_dir`).
         cache_size: byte budget (int or "20GB"); default ``$RESUMEWDS_CACHE_SIZE``
-            or unlimited.  Shards being read may exceed it, nothing else does.
+            (or ``$WDS_CACHE_SIZE``), else unlimited.  Shards being read may
+            exceed it, nothing else does.
         verify: "once", "always" or "never" (see the module docstring).
         fetch: retry/timeout policy; default ``FetchConfig.from_env()``.
         on_event: ``on_event(kind, url, **detail)``; kinds ``cache_hit``,
             ``cache_miss``, ``verify_ok``, ``verify_fail``, ``repair``,
             ``evict``, ``fetch_start``, ``fetch_done``, ``retry``.
-        max_repairs: how many failed verifications of one shard are fetched
-            again before giving up with ChecksumMismatch.
+        max_repairs: an extra cap on how many failed verifications of one
+            shard are fetched again before giving up with ChecksumMismatch;
+            None (the default): only the fetch budget decides, as a corrupt
+            download counts as a failed attempt of it.
         sync: "auto" (default, or ``$RESUMEWDS_CACHE_SYNC``), "fsync" or
             "boot": how a download is made safe against a crash of the
             machine (see the module docstring).
@@ -220,22 +245,21 @@ class ShardStore:
 
     def __init__(self, cache_dir: Optional[str] = None, cache_size: Union[int, str, None] = None,
                  verify: str = "once", fetch: Optional[FetchConfig] = None,
-                 on_event: Optional[EventFn] = None, max_repairs: int = 3, sync: Optional[str] = None,
-                 prefetch_threads: int = 2):
+                 on_event: Optional[EventFn] = None, max_repairs: Optional[int] = None,
+                 sync: Optional[str] = None, prefetch_threads: int = 2):
         if verify not in VERIFY_POLICIES:
             raise ValueError(f"verify must be one of {VERIFY_POLICIES}, got {verify!r}")
-        sync = sync or os.environ.get("RESUMEWDS_CACHE_SYNC") or "auto"
+        sync = _config.cache_sync(sync)
         if sync not in SYNC_MODES:
             raise ValueError(f"sync (or RESUMEWDS_CACHE_SYNC) must be one of {SYNC_MODES}, got {sync!r}")
         if sync == "boot" and boot_id() is None:
             raise ValueError('sync="boot" needs a kernel boot id (/proc/sys/kernel/random/boot_id); '
                              'use "fsync" or "auto"')
-        if max_repairs < 0:
+        if max_repairs is not None and max_repairs < 0:
             raise ValueError(f"max_repairs must be >= 0, got {max_repairs}")
-        if cache_size is None:
-            cache_size = os.environ.get("RESUMEWDS_CACHE_SIZE") or None
-        self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir or default_cache_dir()))
-        self.cache_size: Optional[int] = None if cache_size is None else parse_size(cache_size)
+        self.cache_dir = os.path.abspath(os.path.expanduser(_config.cache_dir(cache_dir)))
+        self.cache_size: Optional[int] = _config.cache_size(cache_size)
+        self.verbose_cache = _config.verbose_cache()
         self.verify = verify
         self.fetch = fetch if fetch is not None else FetchConfig.from_env()
         self.on_event = on_event
@@ -256,14 +280,20 @@ class ShardStore:
         self._pf_cond = threading.Condition()
         self._pf_queue: collections.deque = collections.deque()
         self._pf_current: set = set()
+        self._pf_keep: set = set()
+        self._pf_fit = threading.Lock()
+        self._pf_reserved: Dict[str, int] = {}
         self._pf_threads: List[threading.Thread] = []
         self._pf_stop = False
         self._dirs_ready = False
+        self._budgets: Dict[str, FetchBudget] = {}
+        self._window_warned = False
 
     def __getstate__(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
-        for k in ("_tl", "_mu", "_pf_cond", "_pf_queue", "_pf_current", "_pf_threads",
-                  "_pf_stop", "_dirs_ready"):
+        for k in ("_tl", "_mu", "_pf_cond", "_pf_queue", "_pf_current", "_pf_keep", "_pf_fit",
+                  "_pf_reserved", "_pf_threads",
+                  "_pf_stop", "_dirs_ready", "_budgets", "_window_warned"):
             d.pop(k, None)
         d["counters"] = collections.Counter()
         return d
@@ -281,8 +311,33 @@ class ShardStore:
                 self.counters["bytes_fetched"] += int(detail.get("bytes", 0))
             elif kind == "evict":
                 self.counters["bytes_evicted"] += int(detail.get("bytes", 0))
+        if self.verbose_cache and kind in _VERBOSE_KINDS:
+            print(f"[cache] {kind} {url or detail.get('path', '')}"
+                  + (f" ({detail['bytes']} bytes)" if "bytes" in detail else ""), file=sys.stderr, flush=True)
         if self.on_event is not None:
             self.on_event(kind, url, **detail)
+
+    # ---- the fetch budget of one read of one shard ------------------------------
+    def _budget_for(self, url: str) -> FetchBudget:
+        """The budget this read of ``url`` draws from: the one a prefetch (or
+        a concurrent reader) of this process started, if it is still live or
+        failed recently, else a fresh one."""
+        with self._mu:
+            b = self._budgets.get(url)
+            now = time.monotonic()
+            if b is None or (b.done_at is not None and now - b.done_at > self.fetch.deadline):
+                b = self._budgets[url] = FetchBudget(self.fetch)
+            return b
+
+    def _budget_done(self, url: str, budget: FetchBudget, ok: bool, reader: bool) -> None:
+        """A success, or a failure a reader has seen, ends the budget; a
+        prefetch's failure keeps it for the reader to meet (at once)."""
+        with self._mu:
+            if ok or reader:
+                if self._budgets.get(url) is budget:
+                    del self._budgets[url]
+            else:
+                budget.done_at = time.monotonic()
 
     def _session(self):
         s = getattr(self._tl, "session", None)
@@ -455,19 +510,28 @@ class ShardStore:
 
         Raises:
             PermanentFetchError / TransientFetchError: it could not be fetched.
-            ChecksumMismatch: a local file is corrupt, or a download stayed corrupt
-                after ``max_repairs`` new fetches.
+            ChecksumMismatch: a local file is corrupt, or downloads stayed corrupt
+                until the fetch budget was spent.
+            ShardFormatError: a shard with no known checksum kept arriving as
+                something that is not a complete tar.
             CacheError: the cache directory is unusable.
         """
         return self._acquire(shard, pin=True)
 
-    def ensure(self, shard: ShardInfo) -> str:
-        """Like :meth:`acquire` but unpinned; returns the path."""
-        ls = self._acquire(shard, pin=False)
+    def ensure(self, shard: ShardInfo, tar: bool = True) -> str:
+        """Like :meth:`acquire` but unpinned; returns the path.
+
+        Args:
+            shard: what to fetch.
+            tar: the object is a tar shard (checked to be a complete tar
+                before it is published when its checksum is unknown); False
+                for other files (a manifest's offsets file).
+        """
+        ls = self._acquire(shard, pin=False, tar=tar)
         return ls.path
 
     def _acquire(self, shard: ShardInfo, pin: bool, policy: Optional[str] = None,
-                 progress: Optional[ProgressFn] = None) -> LocalShard:
+                 progress: Optional[ProgressFn] = None, tar: bool = True, reader: bool = True) -> LocalShard:
         policy = policy or self.verify
         if not is_remote_url(shard.url):
             if "://" in shard.url and not shard.url.startswith("file://"):
@@ -475,7 +539,14 @@ class ShardStore:
             return LocalShard(self._check_local(shard, policy, progress), shard)
         if shard.url.startswith("pipe:") and not shard.trusted:
             raise UnsafeSourceError(f"{shard.url}: refusing to run a pipe: command from an untrusted manifest")
-        return self._acquire_remote(shard, pin, policy, progress)
+        budget = self._budget_for(shard.url)
+        ok = False
+        try:
+            ls = self._acquire_remote(shard, pin, policy, progress, budget, tar)
+            ok = True
+            return ls
+        finally:
+            self._budget_done(shard.url, budget, ok, reader)
 
     # ---- local shards -----------------------------------------------------------------
     def _check_local(self, shard: ShardInfo, policy: str, progress: Optional[ProgressFn]) -> str:
@@ -571,8 +642,8 @@ class ShardStore:
             self._write_meta(base, shard.url, expected, synced=stale or meta.get("synced", True) is True)
         return "ok", skey
 
-    def _acquire_remote(self, shard: ShardInfo, pin: bool, policy: str,
-                        progress: Optional[ProgressFn]) -> LocalShard:
+    def _acquire_remote(self, shard: ShardInfo, pin: bool, policy: str, progress: Optional[ProgressFn],
+                        budget: FetchBudget, tar: bool) -> LocalShard:
         self._ensure_dirs()
         base = self.entry_path(shard.url)
         # Two locks per entry.  ``.lock`` pins: readers hold it shared for as
@@ -590,28 +661,60 @@ class ShardStore:
             else:
                 dl = self._open(base + ".dl", os.O_RDWR | os.O_CREAT, "open download lock")
                 try:
-                    fcntl.flock(dl, fcntl.LOCK_EX)
+                    self._lock_download(dl, shard.url, budget)
                     # another process may have filled (or repaired) it meanwhile
                     if self._signature(base) != before:
                         state, skey = self._check_entry(shard, base, policy, progress)
                     if state == "ok":
                         self._emit("cache_hit", shard.url)
                     else:
-                        self._fill(shard, base, policy, progress, skey if state == "corrupt" else None)
+                        self._fill(shard, base, policy, progress, skey if state == "corrupt" else None,
+                                   budget, tar)
                 finally:
                     os.close(dl)  # drops the download lock
             self._touch(base)
             if pin:
-                return LocalShard(base, shard, fd, cached=True)
+                with self._pf_cond:
+                    self._pf_keep.discard(base)  # read now: no longer kept for later
+                return LocalShard(base, shard, fd, cached=True,
+                                  on_release=self._evict_on_release if self.cache_size is not None else None)
             os.close(fd)
             return LocalShard(base, shard, None, cached=True)
         except BaseException:
             os.close(fd)
             raise
 
+    @staticmethod
+    def _lock_download(dl: int, url: str, budget: FetchBudget) -> None:
+        """Take the download lock, waiting for another downloader (a prefetch
+        thread, another process) no longer than what is left of the budget."""
+        try:
+            fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        t0 = time.monotonic()
+        pause = 0.005
+        while True:
+            left = budget.remaining()
+            if left <= 0:
+                raise TransientFetchError(
+                    f"{url}: waited {time.monotonic() - t0:.1f}s for another download of this shard (a prefetch "
+                    f"thread or another process) and reached the fetch deadline of {budget.config.deadline:g}s "
+                    f"(RESUMEWDS_FETCH_DEADLINE)", url)
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.1)
+            try:
+                fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                continue
+
     def _fill(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
-              known_bad: Optional[Tuple[int, int]]) -> None:
+              known_bad: Optional[Tuple[int, int]], budget: Optional[FetchBudget] = None,
+              tar: bool = True) -> None:
         """Under the exclusive lock: make ``base`` a verified entry."""
+        budget = budget or FetchBudget(self.fetch)
         url = shard.url
         repairs = 0
         state, skey = self._check_entry(shard, base, policy, progress, known_bad)
@@ -632,34 +735,48 @@ class ShardStore:
             repairs += 1
             self._remove(base + ".meta")
             self._remove(base)
-            if repairs > self.max_repairs:
-                raise ChecksumMismatch(url, shard.xxh3_64 or str(shard.size), "corrupt cached copy")
+            if self.max_repairs is not None and repairs > self.max_repairs:
+                raise ChecksumMismatch(f"cached copy of {url} ({base})", shard.xxh3_64 or str(shard.size),
+                                       "a corrupt cached copy")
             self._emit("repair", url, attempt=repairs)
         self._emit("cache_miss", url)
         partial = base + ".partial"
         while True:
             if self._lstat(partial) is None:
                 self._remove(partial + ".etag")
+            # the download is about to add up to shard.size bytes: make room first
+            self._evict(reserve=shard.size or 0)
             # hashed from the bytes as they were written: no read-back
             res = fetch_to_file(url, partial, expected_size=shard.size, config=self.fetch,
-                                on_event=self._emit, session=self._session())
+                                on_event=self._emit, session=self._session(), budget=budget)
             synced = self._make_durable(partial)
             if progress is not None:
                 progress(res.size)
             bad: Optional[Tuple[str, str, str]] = None
+            failure: Optional[ResumeWDSError] = None
             actual = res.xxh3_64
             if shard.size is not None and res.size != shard.size:
                 bad = (str(shard.size), str(res.size), "size")
             elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
                 bad = (shard.xxh3_64, actual, "xxh3_64")
+            elif shard.xxh3_64 is None and tar:
+                # nothing to check it against: at least it must be a complete
+                # tar, or one bad response (an error page) would be kept for good
+                failure = self._not_a_complete_tar(partial, url)
+                if failure is not None:
+                    bad = ("a complete tar", str(failure), "format")
             if bad is None:
                 break
             self._emit("verify_fail", url, expected=bad[0], actual=bad[1])
             self._remove(partial)
             self._remove(partial + ".etag")
             repairs += 1
-            if repairs > self.max_repairs:
-                raise ChecksumMismatch(url, bad[0], bad[1], what=bad[2])
+            if failure is None:
+                failure = ChecksumMismatch(f"download of {url}", bad[0], bad[1], what=bad[2])
+            budget.last_error = failure
+            # a corrupt download was a failed attempt of the same budget
+            if budget.exhausted or (self.max_repairs is not None and repairs > self.max_repairs):
+                raise failure
             self._emit("repair", url, attempt=repairs)
         if shard.xxh3_64 is not None:
             self._emit("verify_ok", url)
@@ -673,6 +790,18 @@ class ShardStore:
         # directory is not: after a power cut the newest entries may be
         # missing and are fetched again.
         self._evict()
+
+    @staticmethod
+    def _not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
+        from . import tario  # local: the framer is only needed for unchecksummed shards
+
+        try:
+            tario.scan_file(path, f"{what} {url}" if what else url)
+        except ShardFormatError as exc:
+            return exc
+        except OSError as exc:
+            raise _cache_error(exc, path, "read back the download") from exc
+        return None
 
     # ---- eviction --------------------------------------------------------------------------
     def cached_bytes(self) -> int:
@@ -704,16 +833,21 @@ class ShardStore:
                         partial))
         return out
 
-    def _evict(self) -> None:
+    def _evict(self, reserve: int = 0, keep: Optional[set] = None) -> int:
+        """Evict least recently used entries not in use (nor in ``keep``, a
+        set of entry paths) until the cache plus ``reserve`` bytes fits
+        ``cache_size``; return the bytes left."""
         if self.cache_size is None:
-            return
+            return 0
         entries = self._scan()
         total = sum(e[1] for e in entries)
-        if total <= self.cache_size:
-            return
+        if total + reserve <= self.cache_size:
+            return total
         for base, size, _, partial in sorted(entries, key=lambda e: e[2]):
-            if total <= self.cache_size:
+            if total + reserve <= self.cache_size:
                 break
+            if keep and base in keep:
+                continue
             try:
                 fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666)
             except OSError:
@@ -735,6 +869,14 @@ class ShardStore:
                 self._emit("evict", url, bytes=size, path=base)
             finally:
                 os.close(fd)
+        return total
+
+    def _evict_on_release(self) -> None:
+        """A pin was released: what is no longer in use may go, except what
+        prefetch fetched for later."""
+        with self._pf_cond:
+            keep = set(self._pf_keep)
+        self._evict(keep=keep)
 
     def _url_of(self, base: str) -> str:
         try:
@@ -746,16 +888,36 @@ class ShardStore:
         return meta["url"] if meta else ""
 
     # ---- prefetch --------------------------------------------------------------------------
-    def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2) -> None:
+    def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2, window: int = 0) -> None:
         """Download the next ``depth`` remote shards in background threads.
 
         Up to ``prefetch_threads`` shards download at once, each over its own
         connection.  Replaces any earlier wish list; shards already cached or
-        being downloaded are left out.  Errors are swallowed here; they show
-        up again when the shard is acquired.
+        being downloaded are left out.  With a ``cache_size``, a shard is
+        only prefetched when it fits in the budget (after evicting entries
+        not in use); the reader fetches the others when it gets to them.
+        Errors are swallowed here; they show up again, at once (the prefetch
+        spent the shard's fetch budget), when the shard is acquired.
+
+        Args:
+            shards: the upcoming shards, in the order they will be read.
+            depth: how many of them to fetch ahead.
+            window: how many of the first ``shards`` are one shuffle window
+                (read at the same time); if their sizes add up to more than
+                ``cache_size``, a warning says so, once.
         """
+        if window and self.cache_size is not None and not self._window_warned and _first_worker():
+            head = list(shards[:window])
+            need = sum(s.size or 0 for s in head)
+            if need > self.cache_size:
+                self._window_warned = True
+                log.warning("cache_size %s (%d bytes) cannot hold one shuffle window: %d shards of %s "
+                            "(%d bytes) are read at once; shards will be evicted and fetched again. Raise "
+                            "--cache-size / RESUMEWDS_CACHE_SIZE or lower --shuffle-window",
+                            _mb(self.cache_size), self.cache_size, len(head), _mb(need), need)
         wanted = [s for s in shards if is_remote_url(s.url)][: max(0, depth)]
         with self._pf_cond:
+            self._pf_keep = {self.entry_path(s.url) for s in wanted}
             self._pf_queue = collections.deque(
                 s for s in wanted if s.url not in self._pf_current and not self._looks_cached(s.url))
             if self._pf_queue:
@@ -766,6 +928,32 @@ class ShardStore:
                     t.start()
                     self._pf_threads.append(t)
             self._pf_cond.notify_all()
+
+    def _fits(self, shard: ShardInfo) -> bool:
+        """Whether prefetching ``shard`` stays within ``cache_size``; if so,
+        its size is reserved until :meth:`_unreserve` (prefetch threads
+        running at once must not each count the same free space)."""
+        if self.cache_size is None or self._looks_cached(shard.url):
+            return True
+        need = shard.size or 0
+        with self._pf_fit:
+            with self._pf_cond:
+                keep = set(self._pf_keep)
+            # make room from what was read, never from what prefetch fetched for later
+            total = self._evict(reserve=need + sum(self._pf_reserved.values()), keep=keep)
+            for base in self._pf_reserved:  # counted by their full size, not as partials
+                for p in (base, base + ".partial"):
+                    st = self._lstat(p)
+                    total -= st.st_size if st is not None else 0
+            used = total + sum(self._pf_reserved.values())
+            if used + need > self.cache_size or (not need and used >= self.cache_size):
+                return False
+            self._pf_reserved[self.entry_path(shard.url)] = need
+            return True
+
+    def _unreserve(self, shard: ShardInfo) -> None:
+        with self._pf_fit:
+            self._pf_reserved.pop(self.entry_path(shard.url), None)
 
     def _looks_cached(self, url: str) -> bool:
         """A cheap hint (one stat): the entry has been published."""
@@ -790,7 +978,14 @@ class ShardStore:
                 shard = self._pf_queue.popleft()
                 self._pf_current.add(shard.url)
             try:
-                self._acquire(shard, pin=False)
+                if self._fits(shard):
+                    try:
+                        self._acquire(shard, pin=False, reader=False)
+                    finally:
+                        self._unreserve(shard)
+                else:
+                    with self._mu:
+                        self.counters["prefetch_over_budget"] += 1
             except Exception:
                 with self._mu:
                     self.counters["prefetch_error"] += 1
@@ -808,6 +1003,13 @@ class ShardStore:
         for t in threads:
             if t is not threading.current_thread():
                 t.join(timeout=5)
+        with self._pf_cond:
+            self._pf_keep = set()
+        if self.cache_size is not None:
+            try:
+                self._evict()  # nothing is wanted for later any more
+            except ResumeWDSError:
+                pass
         s = getattr(self._tl, "session", None)
         if s is not None:
             s.close()
@@ -839,7 +1041,16 @@ class ShardStore:
         for s in shards:
             try:
                 if is_remote_url(s.url):
-                    self._acquire(s, pin=False, policy="always", progress=progress)
+                    ls = self._acquire(s, pin=False, policy="always", progress=progress)
+                    if s.xxh3_64 is None:
+                        # nothing to compare with: the cached copy must at least be a
+                        # complete tar (one stored by an older version may be an error page)
+                        bad = self._not_a_complete_tar(ls.path, s.url, what="cached copy of")
+                        if bad is not None:
+                            self._emit("verify_fail", s.url, expected="a complete tar", actual=str(bad))
+                            self._remove(ls.path + ".meta")
+                            self._remove(ls.path)
+                            self._acquire(s, pin=False, policy="always", progress=progress)  # fetched again
                 else:
                     self._check_local(s, "always", progress)
                 out.append((s, True, None))

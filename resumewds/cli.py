@@ -134,11 +134,14 @@ def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle
     from .dataset import WebDataset
     from .fetch import FetchConfig
 
-    fc = FetchConfig()
-    if timeout is not None:
-        fc.read_timeout = timeout
-    if attempts is not None:
-        fc.attempts = attempts
+    if attempts is not None and attempts < 1:
+        raise click.BadParameter(f"must be >= 1, got {attempts}", param_hint="--attempts")
+    if timeout is not None and not timeout > 0:
+        raise click.BadParameter(f"must be > 0, got {timeout}", param_hint="--timeout")
+    try:  # defaults, then RESUMEWDS_FETCH_*, then the flags
+        fc = FetchConfig.from_env(read_timeout=timeout, attempts=attempts)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     mode: Any = shuffle_mode or shuffle or False
     src: Any = list(sources) if len(sources) > 1 else sources[0]
     return WebDataset(src, seed=seed, shuffle=mode, shuffle_window=shuffle_window, cache_dir=cache_dir,

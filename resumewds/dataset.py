@@ -317,7 +317,9 @@ class WebDataset:
     def _shard_reader(self) -> "_ShardReader":
         """This process's open shards (created on first use)."""
         if self._reader is None:
-            self._reader = _ShardReader(self.store, self.shuffle_window + 2)
+            # a shuffled window reads its shards at once; in order, two are enough
+            # (fewer pins: the cache_size budget holds better)
+            self._reader = _ShardReader(self.store, self.shuffle_window + 2 if self.plan.algo == "window" else 2)
         return self._reader
 
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
@@ -425,7 +427,7 @@ class WebDataset:
                                                                   len(here) + self.prefetch_depth)]
                     if upcoming:
                         try:
-                            self.store.prefetch(upcoming, depth=len(upcoming))
+                            self.store.prefetch(upcoming, depth=len(upcoming), window=len(here))
                         except ResumeWDSError:
                             pass  # surfaces again when the shard is read
             # With padding in a step, every sample carries __pad__ (True/False)

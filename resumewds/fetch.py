@@ -10,7 +10,8 @@ Range resume (http/https only)::
 
     partial has N > 0 bytes and a validator in <partial>.etag
         -> GET  Range: bytes=N-   If-Range: <ETag or Last-Modified>
-           206 (Content-Range starts at N)  append
+           206 (Content-Range starts at N, same validator)  append
+           206 with another validator (server ignored If-Range)  start over
            200 (file changed, or server ignores Range)  restart from zero
            416 (bytes */N)  the partial is already complete
     otherwise
@@ -18,27 +19,32 @@ Range resume (http/https only)::
 
 ``file://``, plain paths and ``pipe:CMD`` always restart from zero.
 
+Budget: the attempts of one shard for one read draw from one
+:class:`FetchBudget` (``attempts`` and ``deadline``), shared by the prefetch
+thread and the reader.  The deadline bounds everything: waits between
+attempts (a Retry-After past it ends the fetch at once), each attempt's
+timeouts, and the body itself (checked after every read, with a minimum
+transfer rate, so a trickle ends too).
+
 Classification:
 
     transient   connection refused/reset, connect and read timeouts (a stalled
-                body is a read timeout), 5xx, 429, 503 (honouring Retry-After),
-                a body shorter than Content-Length / Content-Range /
-                ``expected_size``, a ``pipe:`` command exiting non-zero or
-                writing nothing for ``read_timeout`` seconds (its process
-                group is killed)
-    permanent   401, 403, 404, 410 and other 4xx, unknown scheme, missing local
-                file
+                body is a read timeout), a body slower than ``min_rate``, 5xx,
+                429, 503 (honouring Retry-After up to the deadline), a body
+                shorter than Content-Length / Content-Range /
+                ``expected_size``, a 206 of another version, a ``pipe:``
+                command exiting non-zero or writing nothing for
+                ``read_timeout`` seconds (its process group is killed)
+    permanent   401, 403, 404, 410 and other 4xx, more than ``max_redirects``
+                redirects (a loop), a Content-Encoding other than identity, an
+                HTML page where a shard was expected, an object larger than
+                ``max_bytes``, unknown scheme, missing local file
     CacheError  the destination cannot be written (read-only, disk full)
 
-Environment overrides (read by :meth:`FetchConfig.from_env`, which
-:class:`~resumewds.cache.ShardStore` uses when it is given no config):
-
-    RESUMEWDS_FETCH_ATTEMPTS         attempts per shard (int)
-    RESUMEWDS_FETCH_DEADLINE         seconds per shard, all attempts (float)
-    RESUMEWDS_FETCH_CONNECT_TIMEOUT  seconds (float)
-    RESUMEWDS_FETCH_READ_TIMEOUT     seconds between two body reads (float)
-    RESUMEWDS_FETCH_BACKOFF_INITIAL  first backoff in seconds (float)
-    RESUMEWDS_FETCH_BACKOFF_MAX      backoff cap in seconds (float)
+Environment: every ``RESUMEWDS_FETCH_*`` variable (and ``GOPEN_VERBOSE``) is
+read by :meth:`FetchConfig.from_env` through :mod:`resumewds.config`, which
+lists them; :class:`~resumewds.cache.ShardStore`, the CLI and remote manifest
+fetches all use it.
 
 Example:
     >>> cfg = FetchConfig(attempts=3, sleep=no_sleep)
@@ -60,6 +66,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -70,14 +77,7 @@ from typing import Any, Callable, Dict, Optional
 import requests
 import urllib3.exceptions
 import xxhash
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
 
 from .errors import (
     CacheError,
@@ -97,16 +97,31 @@ def no_sleep(seconds: float) -> None:
 class FetchConfig:
     """How hard to try when fetching one shard.
 
+    Build it with :meth:`from_env` to honour ``RESUMEWDS_FETCH_*`` (defaults,
+    then the environment, then your keywords; see :mod:`resumewds.config`).
+
     Attributes:
         connect_timeout: seconds to establish a connection.
         read_timeout: seconds to wait for the next bytes of a response; a
             stalled body fails with a (transient) read timeout.
-        attempts: attempts per shard, the first one included.
-        deadline: seconds per shard over all attempts (checked between them).
+        attempts: attempts per shard and read, the first one included.  A
+            download that arrives corrupt counts as a failed attempt.
+        deadline: seconds per shard and read over all attempts and waits;
+            also enforced inside an attempt, and a server's Retry-After that
+            goes past it ends the fetch at once.
         backoff_initial: first wait between attempts, doubled each time, plus
             up to ``backoff_initial`` of jitter.
-        backoff_max: cap on one wait (a server's Retry-After may exceed it).
+        backoff_max: cap on one wait (a server's Retry-After may exceed it,
+            never the deadline).
         chunk_size: bytes per read/write.
+        min_rate: bytes per second a body (or a ``pipe:`` command's output)
+            must keep up over ``rate_window`` seconds; a slower one (a
+            trickle) fails the attempt (transient).  0 disables it.
+        rate_window: seconds over which ``min_rate`` is measured.
+        max_redirects: redirects followed before a URL fails (permanent: a
+            redirect loop does not heal by retrying).
+        log_opens: one stderr line per source opened and closed, with url
+            and byte count (``GOPEN_VERBOSE=1``, as webdataset's gopen).
         sleep: how to wait; injectable so tests do not wait.  Must be a
             module-level function so that the config pickles.
     """
@@ -119,39 +134,98 @@ class FetchConfig:
     backoff_max: float = 30.0
     chunk_size: int = 1 << 20
     sleep: Callable[[float], None] = time.sleep
+    min_rate: float = 1024.0
+    rate_window: float = 30.0
+    max_redirects: int = 10
+    log_opens: bool = False
 
     def __post_init__(self) -> None:
-        if self.attempts < 1:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
             raise ValueError(f"FetchConfig.attempts must be >= 1, got {self.attempts}")
         if self.chunk_size < 1:
             raise ValueError(f"FetchConfig.chunk_size must be >= 1, got {self.chunk_size}")
-
-    _ENV = {
-        "attempts": ("RESUMEWDS_FETCH_ATTEMPTS", int),
-        "deadline": ("RESUMEWDS_FETCH_DEADLINE", float),
-        "connect_timeout": ("RESUMEWDS_FETCH_CONNECT_TIMEOUT", float),
-        "read_timeout": ("RESUMEWDS_FETCH_READ_TIMEOUT", float),
-        "backoff_initial": ("RESUMEWDS_FETCH_BACKOFF_INITIAL", float),
-        "backoff_max": ("RESUMEWDS_FETCH_BACKOFF_MAX", float),
-    }
+        for name in ("connect_timeout", "read_timeout", "deadline", "rate_window"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise ValueError(f"FetchConfig.{name} must be > 0, got {v}")
+        for name in ("backoff_initial", "backoff_max", "min_rate", "max_redirects"):
+            v = getattr(self, name)
+            if not v >= 0:
+                raise ValueError(f"FetchConfig.{name} must be >= 0, got {v}")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "FetchConfig":
         """Defaults, then ``RESUMEWDS_FETCH_*`` variables, then ``overrides``.
 
+        ``None`` overrides are ignored (an unset CLI flag).
+
         Raises:
-            ValueError: a variable is set but is not a number.
+            ValueError: a variable or override is not a valid value.
+
+        Example:
+            >>> FetchConfig.from_env(attempts=2).attempts
+            2
         """
-        kw: Dict[str, Any] = {}
-        for field, (var, conv) in cls._ENV.items():
-            raw = os.environ.get(var)
-            if raw not in (None, ""):
-                try:
-                    kw[field] = conv(raw)
-                except ValueError as exc:
-                    raise ValueError(f"{var}={raw!r} is not a valid {conv.__name__}") from exc
-        kw.update(overrides)
-        return cls(**kw)
+        from . import config
+
+        return cls(**config.fetch_settings(**{k: v for k, v in overrides.items() if v is not None}))
+
+
+class FetchBudget:
+    """The attempts and the time one read of one shard may spend, shared.
+
+    The prefetch thread and the reader that later wants the same shard draw
+    from one budget, so a dead server costs one ``deadline`` (or one run of
+    ``attempts``), not two.  Waiting for another thread's download of the
+    shard spends the same deadline.
+
+    Attributes:
+        attempts_left: attempts not yet made.
+        deadline_at: ``time.monotonic()`` past which nothing more is tried.
+        last_error: the error of the last attempt that failed, if any.
+
+    Example:
+        >>> b = FetchBudget(FetchConfig(attempts=2, deadline=5))
+        >>> b.take(), b.take(), b.take()
+        (True, True, False)
+    """
+
+    def __init__(self, config: FetchConfig):
+        self.config = config
+        self.attempts_left = int(config.attempts)
+        self.started = time.monotonic()
+        self.deadline_at = self.started + float(config.deadline)
+        self.last_error: Optional[BaseException] = None
+        self.done_at: Optional[float] = None
+        self._lock = threading.Lock()
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (0 when past it)."""
+        return max(0.0, self.deadline_at - time.monotonic())
+
+    def take(self) -> bool:
+        """Use one attempt; False when none (or no time) is left."""
+        with self._lock:
+            if self.attempts_left <= 0 or self.remaining() <= 0:
+                return False
+            self.attempts_left -= 1
+            return True
+
+    @property
+    def exhausted(self) -> bool:
+        return self.attempts_left <= 0 or self.remaining() <= 0
+
+    def exhausted_error(self, url: str) -> ResumeWDSError:
+        """The error to raise when nothing is left (the last failure, if known:
+        a fetch error, or the mismatch of a corrupt download)."""
+        if isinstance(self.last_error, ResumeWDSError):
+            return self.last_error
+        used = time.monotonic() - self.started
+        if self.attempts_left <= 0:
+            return TransientFetchError(f"{url}: all {self.config.attempts} fetch attempts used "
+                                       f"(RESUMEWDS_FETCH_ATTEMPTS)", url)
+        return TransientFetchError(f"{url}: fetch deadline of {self.config.deadline:g}s reached after "
+                                   f"{used:.1f}s (RESUMEWDS_FETCH_DEADLINE)", url)
 
 
 @dataclass
@@ -219,6 +293,9 @@ def _translate(exc: BaseException, url: str) -> ResumeWDSError:
     if isinstance(exc, requests.exceptions.InvalidURL) or isinstance(exc, requests.exceptions.MissingSchema) \
             or isinstance(exc, requests.exceptions.InvalidSchema):
         return PermanentFetchError(f"{url}: invalid URL: {exc}", url)
+    if isinstance(exc, requests.exceptions.TooManyRedirects):
+        return PermanentFetchError(f"{url}: too many redirects (a redirect loop?; more than "
+                                   f"RESUMEWDS_FETCH_MAX_REDIRECTS are not followed): {exc}", url)
     if isinstance(exc, (requests.exceptions.ConnectTimeout,)):
         return TransientFetchError(f"{url}: connect timeout: {exc}", url)
     if isinstance(exc, (requests.exceptions.ReadTimeout, socket.timeout, TimeoutError,
@@ -286,16 +363,42 @@ def parse_retry_after(value: Optional[str]) -> Optional[float]:
 # retry policy
 # ---------------------------------------------------------------------------
 class _WaitHonouringRetryAfter:
-    """Exponential jitter, but at least the server's Retry-After."""
+    """Exponential jitter, but at least the server's Retry-After, and never
+    past the budget's deadline."""
 
-    def __init__(self, base: Callable[[RetryCallState], float]):
+    def __init__(self, base: Callable[[RetryCallState], float], budget: FetchBudget):
         self.base = base
+        self.budget = budget
 
     def __call__(self, rs: RetryCallState) -> float:
         wait = float(self.base(rs))
         exc = rs.outcome.exception() if rs.outcome is not None else None
         ra = getattr(exc, "retry_after", None)
-        return max(wait, float(ra)) if ra is not None else wait
+        if ra is not None:
+            wait = max(wait, float(ra))
+        return min(wait, self.budget.remaining())
+
+
+class _StopWhenBudgetSpent:
+    """Stop when the shared budget has no attempt or time left, or when the
+    server's Retry-After reaches past the deadline (waiting for it would
+    leave no time to try again: give up now, and say why)."""
+
+    def __init__(self, budget: FetchBudget):
+        self.budget = budget
+        self.reason: Optional[str] = None
+
+    def __call__(self, rs: RetryCallState) -> bool:
+        b = self.budget
+        if b.attempts_left <= 0 or b.remaining() <= 0:
+            return True
+        exc = rs.outcome.exception() if rs.outcome is not None else None
+        ra = getattr(exc, "retry_after", None)
+        if ra is not None and ra >= b.remaining():
+            self.reason = (f"the server asks to retry after {ra:g}s, beyond what is left of the "
+                           f"{b.config.deadline:g}s fetch deadline ({b.remaining():.1f}s); giving up")
+            return True
+        return False
 
 
 # tenacity 9 renamed wait_exponential_jitter's ``initial`` to ``multiplier``
@@ -303,7 +406,9 @@ _JITTER_START = ("multiplier" if "multiplier" in inspect.signature(wait_exponent
                  else "initial")
 
 
-def _retrying(config: FetchConfig, url: str, on_event: Optional[EventFn]) -> Retrying:
+def _retry(config: FetchConfig, url: str, on_event: Optional[EventFn], budget: FetchBudget,
+           fn: Callable[..., Any], *args: Any) -> Any:
+    """Call ``fn(*args)`` until it succeeds or ``budget`` is spent."""
     def before_sleep(rs: RetryCallState) -> None:
         if on_event is not None:
             exc = rs.outcome.exception() if rs.outcome is not None else None
@@ -312,14 +417,27 @@ def _retrying(config: FetchConfig, url: str, on_event: Optional[EventFn]) -> Ret
 
     base = wait_exponential_jitter(**{_JITTER_START: config.backoff_initial}, max=config.backoff_max,
                                    jitter=config.backoff_initial)
-    return Retrying(
+    stop = _StopWhenBudgetSpent(budget)
+    retrying = Retrying(
         retry=retry_if_exception_type(TransientFetchError),
-        stop=stop_after_attempt(config.attempts) | stop_after_delay(config.deadline),
-        wait=_WaitHonouringRetryAfter(base),
+        stop=stop,
+        wait=_WaitHonouringRetryAfter(base, budget),
         sleep=config.sleep,
         reraise=True,
         before_sleep=before_sleep,
     )
+    try:
+        return retrying(fn, *args)
+    except TransientFetchError as exc:
+        if stop.reason:
+            err = TransientFetchError(f"{exc}: {stop.reason}", url, exc.status, retry_after=exc.retry_after)
+            budget.last_error = err
+            raise err from exc
+        budget.last_error = exc
+        raise
+    except FetchError as exc:
+        budget.last_error = exc
+        raise
 
 
 # ---------------------------------------------------------------------------
@@ -582,6 +700,51 @@ _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 _CONTENT_RANGE_UNSAT = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$")
 
 
+class _Pace:
+    """Bounds one attempt in time: the fetch deadline, and a minimum rate.
+
+    ``tick(n)`` after every read: past the budget's deadline, or slower than
+    ``min_rate`` bytes/s over ``rate_window`` seconds (a body that trickles,
+    which no per-read timeout ever catches), the attempt fails (transient).
+    """
+
+    def __init__(self, url: str, config: FetchConfig, budget: FetchBudget, what: str = "body"):
+        self.url = url
+        self.config = config
+        self.budget = budget
+        self.what = what
+        self.n = 0
+        self.mark_t = time.monotonic()
+        self.mark_n = 0
+
+    def tick(self, n: int) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now >= self.budget.deadline_at:
+            raise TransientFetchError(f"{self.url}: fetch deadline of {self.config.deadline:g}s reached while "
+                                      f"receiving the {self.what} ({self.n} bytes this attempt)", self.url)
+        span = now - self.mark_t
+        if self.config.min_rate and span >= self.config.rate_window:
+            got = self.n - self.mark_n
+            if got < self.config.min_rate * span:
+                raise TransientFetchError(
+                    f"{self.url}: {self.what} too slow: {got} bytes in {span:.1f}s, below the minimum of "
+                    f"{self.config.min_rate:g} bytes/s (RESUMEWDS_FETCH_MIN_RATE); giving up on this attempt",
+                    self.url)
+            self.mark_t, self.mark_n = now, self.n
+
+    def timeout(self, t: float) -> float:
+        """``t``, shortened to what is left of the deadline (at least 10 ms)."""
+        return max(0.01, min(t, self.budget.remaining()))
+
+
+_HTML_STARTS = (b"<!doctype html", b"<html", b"<head", b"<body", b"<?xml")
+
+
+def _looks_like_html(head: bytes) -> bool:
+    return head[:512].lstrip().lower().startswith(_HTML_STARTS)
+
+
 class _Attempt:
     """State shared by the attempts of one fetch_to_file call.
 
@@ -591,12 +754,14 @@ class _Attempt:
     """
 
     def __init__(self, url: str, path: str, expected_size: Optional[int], config: FetchConfig,
-                 session: Optional[requests.Session]):
+                 session: Optional[requests.Session], budget: FetchBudget, max_bytes: Optional[int] = None):
         self.url = url
         self.path = path
         self.expected_size = expected_size
         self.config = config
         self.session = session
+        self.budget = budget
+        self.max_bytes = max_bytes
         self.received = 0
         self.attempts = 0
         self.hasher = xxhash.xxh3_64()
@@ -640,29 +805,47 @@ class _Attempt:
         self.hash_prefix()
         return self.hasher.hexdigest()
 
-    def _copy(self, readinto: Callable[[memoryview], int], sink: "_Sink") -> None:
+    def _too_big(self, n: int) -> PermanentFetchError:
+        return PermanentFetchError(f"{self.url}: larger than the {self.max_bytes} bytes accepted "
+                                   f"({n} bytes; RESUMEWDS_MANIFEST_MAX_BYTES)", self.url)
+
+    def _put(self, sink: "_Sink", data: memoryview, pace: _Pace) -> None:
+        sink.put(data)
+        if self.max_bytes is not None and pace.n + len(data) > self.max_bytes:
+            raise self._too_big(pace.n + len(data))
+        pace.tick(len(data))
+
+    def _copy(self, readinto: Callable[[memoryview], int], sink: "_Sink", pace: _Pace,
+              sniff: bool = False) -> None:
         buf = self.buffer()
         while True:
             n = readinto(buf)
             if not n:
                 return
-            sink.put(buf[:n])
+            if sniff:
+                sniff = False
+                if _looks_like_html(bytes(buf[:n])):
+                    raise _HtmlBody(bytes(buf[:min(n, 200)]))
+            self._put(sink, buf[:n], pace)
 
     # -- http ---------------------------------------------------------------
     def http(self) -> None:
         cfg = self.config
+        pace = _Pace(self.url, cfg, self.budget)
         have = _size_of(self.path)
         validator = _read_validator(self.path) if have else None
         if have and (validator is None or (self.expected_size is not None and have > self.expected_size)):
             have = 0  # cannot prove the bytes belong to the current file: restart
-        headers = {}
+        headers = {"Accept-Encoding": "identity"}  # byte counts must be the file's, whatever the session
         if have:
             headers["Range"] = f"bytes={have}-"
-            headers["If-Range"] = validator
+            headers["If-Range"] = validator  # type: ignore[assignment]
         if self.session is None:
             self.session = new_session()
+        self.session.max_redirects = cfg.max_redirects
         resp = self.session.get(self.url, headers=headers, stream=True,
-                                timeout=(cfg.connect_timeout, cfg.read_timeout), allow_redirects=True)
+                                timeout=(pace.timeout(cfg.connect_timeout), pace.timeout(cfg.read_timeout)),
+                                allow_redirects=True)
         etag: Optional[str] = None
         with resp:
             code = resp.status_code
@@ -680,6 +863,17 @@ class _Attempt:
                     raise TransientFetchError(f"{self.url}: HTTP 206 with unexpected Content-Range "
                                               f"{resp.headers.get('Content-Range')!r} for byte {have}; restarting",
                                               self.url, 206)
+                # a server that ignores If-Range sends the range of whatever
+                # the file is now: the rest must come from the same version
+                got = resp.headers.get("ETag") if validator.startswith(('"', "W/")) \
+                    else resp.headers.get("Last-Modified")  # type: ignore[union-attr]
+                if got != validator:
+                    _remove_quietly(self.path + _ETAG_SUFFIX)
+                    _remove_quietly(self.path)
+                    raise TransientFetchError(f"{self.url}: the file changed on the server during the download "
+                                              f"(HTTP 206 with validator {got!r}, the partial download was of "
+                                              f"{validator!r}; the server ignored If-Range); starting over",
+                                              self.url, 206)
                 start, end_incl = int(m.group(1)), int(m.group(2))
                 want_total: Optional[int] = end_incl + 1
                 append = True
@@ -689,22 +883,39 @@ class _Attempt:
                 cl = resp.headers.get("Content-Length")
                 if cl is not None and cl.isdigit():
                     want_total = int(cl)
+                    if self.max_bytes is not None and want_total > self.max_bytes:
+                        raise self._too_big(want_total)
                 # the validator goes first: a crash mid-body leaves a resumable pair
                 etag = resp.headers.get("ETag")
                 if etag and etag.startswith("W/"):
                     etag = None  # If-Range needs a strong validator
             else:
                 raise _status_error(self.url, resp)
-            with _Sink(self, append=append) as sink:
-                if not append:
-                    # emptied before the validator is recorded, so the pair always agrees
-                    _write_validator(self.path, etag or resp.headers.get("Last-Modified"))
-                raw = resp.raw
-                # we check lengths ourselves; urllib3's check would drop the bytes of a short last read
-                raw.enforce_content_length = False
-                body = _Body(raw)
-                self._copy(body.readinto, sink)
-                body.finish()
+            enc = (resp.headers.get("Content-Encoding") or "").strip().lower()
+            if enc not in ("", "identity"):
+                raise PermanentFetchError(
+                    f"{self.url}: the server sent a {enc}-encoded body (Content-Encoding: {enc}) although "
+                    f"resumewds asks for identity; its bytes are not the file's. Serve the file as it is "
+                    f"(no compression on the fly)", self.url, code)
+            try:
+                with _Sink(self, append=append) as sink:
+                    if not append:
+                        # emptied before the validator is recorded, so the pair always agrees
+                        _write_validator(self.path, etag or resp.headers.get("Last-Modified"))
+                    raw = resp.raw
+                    # we check lengths ourselves; urllib3's check would drop the bytes of a short last read
+                    raw.enforce_content_length = False
+                    body = _Body(raw)
+                    self._copy(body.readinto, sink, pace, sniff=not append)
+                    body.finish()
+            except _HtmlBody as html:
+                _remove_quietly(self.path + _ETAG_SUFFIX)
+                _remove_quietly(self.path)
+                ctype = resp.headers.get("Content-Type") or "none"
+                snippet = " ".join(html.head.decode("utf-8", "replace").split())[:80]
+                raise PermanentFetchError(f"{self.url}: HTTP {code} but the body is an HTML page, not a shard "
+                                          f"(Content-Type: {ctype}; it begins {snippet!r})", self.url, code) \
+                    from None
         size = _size_of(self.path)
         if want_total is not None and size < want_total:
             raise TransientFetchError(f"{self.url}: short body: got {size - start} of {want_total - start} bytes",
@@ -719,8 +930,9 @@ class _Attempt:
     # -- file:// and plain paths ---------------------------------------------
     def local(self) -> None:
         src = local_path(self.url)
+        pace = _Pace(self.url, self.config, self.budget, what="file")
         with open(src, "rb", buffering=0) as fin, _Sink(self, append=False) as sink:
-            self._copy(fin.readinto, sink)
+            self._copy(fin.readinto, sink, pace)
         _remove_quietly(self.path + _ETAG_SUFFIX)
         self._check_expected(_size_of(self.path))
 
@@ -728,16 +940,18 @@ class _Attempt:
     def pipe(self) -> None:
         """Run the command (in its own process group) and keep its stdout.
 
-        A command that writes nothing for ``read_timeout`` seconds, or does
-        not exit that long after closing its stdout, is stalled: its whole
-        process group is killed and the attempt fails (transient).
+        A command that writes nothing for ``read_timeout`` seconds, writes
+        slower than ``min_rate``, runs past the fetch deadline, or does not
+        exit ``read_timeout`` seconds after closing its stdout, is stalled:
+        its whole process group is killed and the attempt fails (transient).
+        The command gets SIGKILL if this process dies (PR_SET_PDEATHSIG).
         """
         cmd = self.url[len("pipe:"):]
+        pace = _Pace(self.url, self.config, self.budget, what="command's output")
         timeout = self.config.read_timeout
         _remove_quietly(self.path + _ETAG_SUFFIX)
         with tempfile.TemporaryFile() as err, _Sink(self, append=False) as sink:
-            proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = _popen(cmd, stdout=subprocess.PIPE, stderr=err)
             try:
                 assert proc.stdout is not None
                 fd = proc.stdout.fileno()
@@ -745,17 +959,25 @@ class _Attempt:
                 poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
                 buf = self.buffer()
                 while True:
-                    if not poller.poll(max(1, int(timeout * 1000))):
+                    wait = pace.timeout(timeout)
+                    if not poller.poll(max(1, int(wait * 1000))):
                         # someone in the group still holds the pipe open: kill the group
                         _kill_group(proc, reap=False)
+                        if self.budget.remaining() <= 0:
+                            raise TransientFetchError(f"{self.url}: fetch deadline of {self.config.deadline:g}s "
+                                                      f"reached while the command ran; killed it", self.url)
                         raise TransientFetchError(f"{self.url}: command wrote nothing for {timeout:g}s "
                                                   f"(stalled); killed it", self.url)
                     n = os.readv(fd, [buf])
                     if not n:
                         break
-                    sink.put(buf[:n])
+                    try:
+                        self._put(sink, buf[:n], pace)
+                    except TransientFetchError as exc:
+                        _kill_group(proc, reap=False)
+                        raise TransientFetchError(f"{exc}; killed it", self.url) from None
                 try:
-                    rc = proc.wait(timeout=timeout)
+                    rc = proc.wait(timeout=pace.timeout(timeout))
                 except subprocess.TimeoutExpired:
                     raise TransientFetchError(f"{self.url}: command closed its output but did not exit within "
                                               f"{timeout:g}s; killed it", self.url) from None
@@ -764,12 +986,58 @@ class _Attempt:
                     _kill_group(proc)
                 proc.stdout.close()  # type: ignore[union-attr]
             if rc != 0:
-                err.seek(0, os.SEEK_END)
-                n = err.tell()
-                err.seek(max(0, n - 2000))
-                tail = err.read().decode("utf-8", "replace").strip()
-                raise TransientFetchError(f"{self.url}: command exited with status {rc}: {tail}", self.url)
+                raise TransientFetchError(f"{self.url}: {_exit_message(rc, err)}", self.url)
         self._check_expected(_size_of(self.path))
+
+
+class _HtmlBody(Exception):
+    def __init__(self, head: bytes):
+        super().__init__("html")
+        self.head = head
+
+
+def _exit_message(rc: int, err: Any) -> str:
+    """``command exited with status N: <stderr tail>`` (or says stderr was empty)."""
+    err.seek(0, os.SEEK_END)
+    n = err.tell()
+    err.seek(max(0, n - 2000))
+    tail = err.read().decode("utf-8", "replace").strip()
+    what = f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+    return f"command {what}: {tail}" if tail else f"command {what} (stderr was empty)"
+
+
+_PR_SET_PDEATHSIG = 1
+_LIBC: Any = None
+
+
+def _die_with_parent_fn() -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` making the child get SIGKILL when we die (Linux), else None."""
+    global _LIBC
+    if not os.path.exists("/proc/self"):
+        return None
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+            _LIBC.prctl  # noqa: B018  (raises if missing)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if not _LIBC:
+        return None
+    prctl, parent = _LIBC.prctl, os.getpid()
+
+    def fn() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # died before prctl took effect
+            os._exit(137)
+    return fn
+
+
+def _popen(cmd: str, **kw: Any) -> subprocess.Popen:
+    """Start a ``pipe:`` command: a shell in its own process group, that dies with us."""
+    return subprocess.Popen(cmd, shell=True, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent_fn(), **kw)
 
 
 def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:
@@ -787,14 +1055,19 @@ def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:
 
 
 def _run_attempt(state: _Attempt, kind: str) -> None:
+    if not state.budget.take():
+        raise state.budget.exhausted_error(state.url)
     state.attempts += 1
     try:
         getattr(state, kind)()
-    except ResumeWDSError:
+    except ResumeWDSError as exc:
+        state.budget.last_error = exc
         raise
     except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
             OSError, subprocess.SubprocessError, _SinkError) as exc:
-        raise _translate(exc, state.url) from exc
+        err = _translate(exc, state.url)
+        state.budget.last_error = err
+        raise err from exc
 
 
 def _kind_for(url: str) -> str:
@@ -809,41 +1082,62 @@ def _kind_for(url: str) -> str:
                               url)
 
 
+def _gopen_log(url: str, what: str) -> None:
+    print(f"[gopen] {url} {what}", file=sys.stderr, flush=True)
+
+
 def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] = None,
                   config: Optional[FetchConfig] = None, on_event: Optional[EventFn] = None,
-                  session: Optional[requests.Session] = None) -> FetchResult:
+                  session: Optional[requests.Session] = None, budget: Optional[FetchBudget] = None,
+                  max_bytes: Optional[int] = None) -> FetchResult:
     """Download ``url`` into ``partial_path``, resuming what is already there.
 
     Args:
         url: http(s)://, file://, a local path, or ``pipe:CMD``.
         partial_path: destination; bytes already in it are kept when the server
-            proves (If-Range) that they belong to the same file.  The validator
-            lives in ``partial_path + ".etag"``.
+            proves (If-Range, and the validator of the 206) that they belong
+            to the same file.  The validator lives in ``partial_path + ".etag"``.
         expected_size: size the finished file must reach, if known.
-        config: retry and timeout policy (default :class:`FetchConfig`).
+        config: retry and timeout policy (default :meth:`FetchConfig.from_env`).
         on_event: ``on_event(kind, url, **detail)`` for ``fetch_start``,
             ``fetch_done`` and ``retry``.
         session: a requests Session to use (one is created if None).
+        budget: the attempts and deadline to draw from, shared with others
+            fetching the same shard for the same read (a fresh one if None).
+        max_bytes: refuse (permanently) a source larger than this.
 
     Returns:
         A :class:`FetchResult` (with the file's xxh3_64).  The file is
         written, not fsynced.
 
     Raises:
-        TransientFetchError: still failing after the retry budget.
-        PermanentFetchError: a status or source that retrying will not fix.
+        TransientFetchError: still failing when the budget is spent.
+        PermanentFetchError: a status or source that retrying will not fix
+            (4xx, a redirect loop, an HTML page or an encoded body for a
+            shard, more than ``max_bytes``).
         CacheError: ``partial_path`` cannot be written.
+
+    Example:
+        >>> fetch_to_file("/data/a.tar", "/tmp/a.partial").size  # doctest: +SKIP
+        10240
     """
-    cfg = config or FetchConfig()
+    cfg = config or FetchConfig.from_env()
     kind = _kind_for(url)
+    budget = budget or FetchBudget(cfg)
     t0 = time.monotonic()
     resumed_from = _size_of(partial_path) if kind == "http" and _read_validator(partial_path) else 0
     if on_event is not None:
         on_event("fetch_start", url, resumed_from=resumed_from)
-    state = _Attempt(url, partial_path, expected_size, cfg, session)
+    if cfg.log_opens:
+        _gopen_log(url, "open" + (f" from byte {resumed_from}" if resumed_from else ""))
+    state = _Attempt(url, partial_path, expected_size, cfg, session, budget, max_bytes)
     own_session = session is None
     try:
-        _retrying(cfg, url, on_event)(_run_attempt, state, kind)
+        _retry(cfg, url, on_event, budget, _run_attempt, state, kind)
+    except BaseException as exc:
+        if cfg.log_opens:
+            _gopen_log(url, f"failed after {state.received} bytes: {exc}")
+        raise
     finally:
         if own_session and state.session is not None:
             state.session.close()
@@ -852,73 +1146,44 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
     seconds = time.monotonic() - t0
     if on_event is not None:
         on_event("fetch_done", url, bytes=state.received, seconds=seconds, resumed_from=kept)
+    if cfg.log_opens:
+        _gopen_log(url, f"closed: {state.received} bytes in {seconds:.2f}s")
     return FetchResult(url=url, path=partial_path, size=size, bytes=state.received, resumed_from=kept,
                        seconds=seconds, attempts=state.attempts, xxh3_64=state.digest())
 
 
-class _BytesAttempt:
-    def __init__(self, url: str, config: FetchConfig, session: Optional[requests.Session]):
-        self.url = url
-        self.config = config
-        self.session = session
-        self.attempts = 0
-
-    def http(self) -> bytes:
-        cfg = self.config
-        if self.session is None:
-            self.session = new_session()
-        resp = self.session.get(self.url, timeout=(cfg.connect_timeout, cfg.read_timeout), stream=True)
-        with resp:
-            if resp.status_code != 200:
-                raise _status_error(self.url, resp)
-            data = b"".join(resp.iter_content(chunk_size=cfg.chunk_size))
-            cl = resp.headers.get("Content-Length")
-            if cl is not None and cl.isdigit() and len(data) < int(cl):
-                raise TransientFetchError(f"{self.url}: short body: got {len(data)} of {cl} bytes", self.url, 200)
-        return data
-
-    def local(self) -> bytes:
-        with open(local_path(self.url), "rb") as f:
-            return f.read()
-
-    def pipe(self) -> bytes:
-        proc = subprocess.run(self.url[len("pipe:"):], shell=True, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if proc.returncode != 0:
-            tail = proc.stderr[-2000:].decode("utf-8", "replace").strip()
-            raise TransientFetchError(f"{self.url}: command exited with status {proc.returncode}: {tail}", self.url)
-        return proc.stdout
-
-
-def _run_bytes_attempt(state: _BytesAttempt, kind: str) -> bytes:
-    state.attempts += 1
-    try:
-        return getattr(state, kind)()
-    except ResumeWDSError:
-        raise
-    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
-            OSError, subprocess.SubprocessError) as exc:
-        raise _translate(exc, state.url) from exc
-
-
 def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Optional[EventFn] = None,
-                session: Optional[requests.Session] = None) -> bytes:
+                session: Optional[requests.Session] = None, max_bytes: Optional[int] = None) -> bytes:
     """Fetch a small object (e.g. a remote manifest.json) into memory.
 
-    Same sources, classification and retry policy as :func:`fetch_to_file`,
-    without Range resume.
+    The same code as :func:`fetch_to_file` (sources, classification, retry
+    budget, stall and rate limits, Range resume within the call), through a
+    temporary file.
+
+    Args:
+        url: as for :func:`fetch_to_file`.
+        config: default :meth:`FetchConfig.from_env`.
+        on_event: receives ``retry`` (and ``fetch_start``/``fetch_done``).
+        session: a requests Session to use.
+        max_bytes: refuse (permanently) anything larger.
 
     Raises:
         TransientFetchError, PermanentFetchError: as for :func:`fetch_to_file`.
+
+    Example:
+        >>> fetch_bytes("http://127.0.0.1:8000/manifest.json")  # doctest: +SKIP
+        b'{"format": ...'
     """
-    cfg = config or FetchConfig()
-    kind = _kind_for(url)
-    state = _BytesAttempt(url, cfg, session)
-    try:
-        return _retrying(cfg, url, on_event)(_run_bytes_attempt, state, kind)
-    finally:
-        if session is None and state.session is not None:
-            state.session.close()
+    with tempfile.TemporaryDirectory(prefix="resumewds-") as d:
+        path = os.path.join(d, "object.partial")
+        try:
+            fetch_to_file(url, path, config=config, on_event=on_event, session=session, max_bytes=max_bytes)
+            with open(path, "rb") as f:
+                return f.read()
+        except CacheError as exc:
+            raise CacheError(f"{url}: cannot buffer the download in {d}: {exc}") from exc
+        except OSError as exc:
+            raise CacheError(f"{url}: cannot read back the download from {d}: {exc}") from exc
 
 
 def copy_config(config: FetchConfig, **changes: Any) -> FetchConfig:
@@ -927,6 +1192,7 @@ def copy_config(config: FetchConfig, **changes: Any) -> FetchConfig:
 
 
 __all__ = [
+    "FetchBudget",
     "FetchConfig",
     "FetchResult",
     "boot_id",

@@ -10,7 +10,10 @@ Accepted sources, alone or in a list:
 * a ``manifest.json`` (local or http), whose relative urls resolve against
   the manifest's own location.  ``pipe:`` urls in a manifest fetched over the
   network are refused unless ``allow_remote_pipe=True``: a remote file must
-  not be able to run commands here.
+  not be able to run commands here; nor may it name local files (absolute
+  paths, ``file://``) unless ``allow_remote_local`` (or
+  ``RESUMEWDS_ALLOW_REMOTE_LOCAL=1``, or ``allow_remote_pipe``) says so.  A
+  remote manifest larger than ``RESUMEWDS_MANIFEST_MAX_BYTES`` is refused.
 
 Example:
     >>> expand_braces("s-{00..02}.tar")
@@ -113,35 +116,77 @@ def _is_manifest(url: str) -> bool:
     return base.endswith(".json")
 
 
+def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
+    """Manifest fetches log their retries like shard fetches (``RESUMEWDS_VERBOSE=1``).
+
+    Only retries: a manifest's download is not a shard's (stats and the
+    journal count shards)."""
+    if kind != "retry":
+        return
+    from .stats import event_record, setup_logging
+
+    setup_logging()
+    event_record(kind, url, detail)
+
+
+def _is_local(url: str) -> bool:
+    return not (url.startswith("pipe:") or "://" in url) or url.startswith("file://")
+
+
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
-                     cache_dir: Optional[str] = None) -> Manifest:
+                     cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None) -> Manifest:
+    from . import config
     from .fetch import FetchConfig, fetch_bytes  # local import: keeps start-up light
 
-    raw = fetch_bytes(url, fetch_config or FetchConfig())
+    cfg = fetch_config or FetchConfig.from_env()
+    raw = fetch_bytes(url, cfg, on_event=_log_manifest_event, max_bytes=config.manifest_max_bytes())
     m = parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)
-    sides = {id(s.offsets.file): s.offsets.file for s in m.shards if isinstance(s.offsets, LazyOffsets)}
-    if sides:
+    # a remote file must not make us read (or reveal the size of) local files
+    if not (allow_remote_pipe or config.allow_remote_local(allow_remote_local)):
+        sides = [s.offsets.file.path for s in m.shards if isinstance(s.offsets, LazyOffsets)]
+        for local in [s.url for s in m.shards] + sides:
+            if _is_local(local):
+                raise UnsafeSourceError(
+                    f"{url}: manifest fetched over the network names a local file ({local}); refusing to read "
+                    "local files for a remote manifest. Set RESUMEWDS_ALLOW_REMOTE_LOCAL=1 (or pass "
+                    "allow_remote_pipe=True / --allow-remote-pipe) if you trust it")
+    sides_by_id = {id(s.offsets.file): s.offsets.file for s in m.shards if isinstance(s.offsets, LazyOffsets)}
+    if sides_by_id:
         # a version-2 manifest's offsets file comes through the verified cache
         from .cache import ShardStore
 
-        store = ShardStore(cache_dir=cache_dir, fetch=fetch_config)
-        for side in sides.values():
+        store = ShardStore(cache_dir=cache_dir, fetch=cfg)
+        for side in sides_by_id.values():
             if is_remote(side.path):
-                side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64))
+                side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64),
+                                         tar=False)
     return m
 
 
-def resolve_sources(src: Source, *, fetch_config: Any = None,
-                    allow_remote_pipe: bool = False, cache_dir: Optional[str] = None) -> Manifest:
+def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe: bool = False,
+                    cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None) -> Manifest:
     """Resolve any accepted source into one :class:`Manifest`.
 
     Shards from plain paths and patterns are not indexed yet (see
     :func:`resumewds.dataset.index_manifest`).
 
+    Args:
+        src: what the user passed.
+        fetch_config: for remote manifests (default ``FetchConfig.from_env()``).
+        allow_remote_pipe: trust remote manifests: their ``pipe:`` urls may
+            run, and they may name local files.
+        cache_dir: where a remote manifest's offsets file is cached.
+        allow_remote_local: let remote manifests name local files (absolute
+            paths, ``file://``); default ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
+
     Raises:
         SourceError: an empty source list, bad pattern or scheme, bad manifest.
-        UnsafeSourceError: (later, at fetch time) a ``pipe:`` url from a
-            remote manifest.
+        UnsafeSourceError: a ``pipe:`` url, or a local file, named by a
+            manifest fetched over the network, without the user's leave.
+
+    Example:
+        >>> len(resolve_sources(["/d/a-{0..2}.tar"]).shards)
+        3
     """
     if isinstance(src, Manifest):
         return src
@@ -165,7 +210,8 @@ def resolve_sources(src: Source, *, fetch_config: Any = None,
             if _is_manifest(url) and not url.startswith("pipe:"):
                 flush()
                 if is_remote(url):
-                    parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe, cache_dir))
+                    parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe, cache_dir,
+                                                  allow_remote_local))
                 else:
                     parts.append(load_manifest(_normalise(url)))
             else:

@@ -64,7 +64,7 @@ def test_remote_miss_then_hit(served, tmp_path):
 
 def test_unknown_checksum_is_recorded_at_first_download(served, tmp_path):
     root, srv = served
-    data = make_blob(os.path.join(root, "a.tar"), 20 * KB)
+    data = make_tar(os.path.join(root, "a.tar"), payload=2 * KB)  # no checksum: it must be a tar
     shard = ShardInfo(url=srv.url + "a.tar")
     st = store_for(tmp_path)
     path = st.ensure(shard)
@@ -212,7 +212,7 @@ def test_download_that_stays_corrupt_fails_after_max_repairs(served, tmp_path):
 
 def test_missing_meta_is_adopted_or_refetched(served, tmp_path):
     root, srv = served
-    data = make_blob(os.path.join(root, "a.tar"), 30 * KB)
+    data = make_tar(os.path.join(root, "a.tar"), payload=3 * KB)
     st = store_for(tmp_path)
     known = shard_for(srv.url + "a.tar", data)
     p = st.ensure(known)
@@ -619,7 +619,7 @@ def test_unsynced_entry_without_a_checksum_is_refetched_after_a_reboot(served, t
     import resumewds.fetch as F
 
     root, srv = served
-    data = make_blob(os.path.join(root, "a.tar"), 20 * KB)
+    data = make_tar(os.path.join(root, "a.tar"), payload=2 * KB)
     shard = ShardInfo(url=srv.url + "a.tar")
     st = store_for(tmp_path, sync="boot")
     path = st.ensure(shard)

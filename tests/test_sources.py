@@ -146,21 +146,17 @@ def test_pipe_urls_from_remote_manifest_are_refused(tmp_path):
     remote = parse_manifest_bytes(raw, "http://127.0.0.1:9/d/manifest.json", trusted=False)
     assert remote.shards[1].url == "http://127.0.0.1:9/d/b.tar"
     assert not remote.shards[0].trusted and remote.shards[1].trusted
-    # what resolve_sources does for a remote manifest: refuse untrusted pipes
-    from resumewds import sources as srcmod
+    # a real remote manifest: untrusted pipes are refused
+    from chaos.faultserver import FaultServer
 
-    def fake_remote(url, fetch_config, allow_remote_pipe, cache_dir=None):
-        return parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)
-
-    mp = pytest.MonkeyPatch()
-    try:
-        mp.setattr(srcmod, "_remote_manifest", fake_remote)
+    srv_root = tmp_path / "srv"
+    srv_root.mkdir()
+    (srv_root / "manifest.json").write_bytes(raw)
+    with FaultServer(str(srv_root)) as srv:
         with pytest.raises(UnsafeSourceError):
-            resolve_sources("http://127.0.0.1:9/d/manifest.json")
-        ok = resolve_sources("http://127.0.0.1:9/d/manifest.json", allow_remote_pipe=True)
+            resolve_sources(srv.url + "manifest.json")
+        ok = resolve_sources(srv.url + "manifest.json", allow_remote_pipe=True)
         assert ok.shards[0].url.startswith("pipe:")
-    finally:
-        mp.undo()
     # a local manifest is trusted
     p = tmp_path / "local.json"
     p.write_bytes(raw)
