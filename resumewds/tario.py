@@ -254,6 +254,9 @@ def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] 
         if off + BLOCK > n:
             if base + off == 0 and bytes(buf[:2]) == _GZIP_MAGIC:
                 raise _not_a_tar(bytes(buf[:2]), shard)
+            if base + off == 0 and archive_end:
+                raise ShardFormatError(shard, 0, f"not a tar archive ({n} bytes, shorter than one "
+                                       f"{BLOCK}-byte tar header)")
             raise ShardFormatError(shard, base + off, f"truncated tar header ({n - off} of {BLOCK} bytes)")
         blk = bytes(buf[off:off + BLOCK])
         if blk == _ZERO:
@@ -502,18 +505,33 @@ def _parse_sample_slow(buf: Buffer, shard: str, base: int, start: int, end: int)
     return sample
 
 
-def read_sample(fd: int, start: int, end: int, shard: str) -> Dict[str, Any]:
-    """Read and parse the sample at byte range ``[start, end)`` of an open file.
-
-    Raises:
-        ShardFormatError: short read (file shorter than the manifest says)
-            or malformed sample.
-    """
+def _pread_range(fd: int, start: int, end: int, shard: str) -> bytes:
+    """``pread`` of ``[start, end)``, checked against the file's real size
+    first: the range comes from a manifest, and ``os.pread`` allocates the
+    whole length before reading (a bad offset of 10^12 was a MemoryError,
+    2^64 an OverflowError)."""
+    if not (0 <= start <= end):
+        raise ShardFormatError(shard, max(0, start), f"bad sample range [{start}, {end}) "
+                               "(manifest does not match the shard)")
+    size = os.fstat(fd).st_size
+    if end > size:
+        raise ShardFormatError(shard, size, f"file ends at byte {size} but the "
+                               f"manifest says sample data reaches byte {end}")
     buf = os.pread(fd, end - start, start)
     if len(buf) != end - start:
         raise ShardFormatError(shard, start + len(buf), f"file ends at byte {start + len(buf)} but the "
                                f"manifest says sample data reaches byte {end}")
-    return parse_sample(buf, shard, base=start)
+    return buf
+
+
+def read_sample(fd: int, start: int, end: int, shard: str) -> Dict[str, Any]:
+    """Read and parse the sample at byte range ``[start, end)`` of an open file.
+
+    Raises:
+        ShardFormatError: a range that is backwards or past the end of the
+            file (the manifest does not match it), or a malformed sample.
+    """
+    return parse_sample(_pread_range(fd, start, end, shard), shard, base=start)
 
 
 def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: str
@@ -524,10 +542,7 @@ def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: 
         ShardFormatError: as :func:`read_sample`.
     """
     lo, hi = int(offsets[first]), int(offsets[last + 1])
-    buf = os.pread(fd, hi - lo, lo)
-    if len(buf) != hi - lo:
-        raise ShardFormatError(shard, lo + len(buf), f"file ends at byte {lo + len(buf)} but the "
-                               f"manifest says sample data reaches byte {hi}")
+    buf = _pread_range(fd, lo, hi, shard)
     out = []
     for j in range(first, last + 1):
         a, b = int(offsets[j]) - lo, int(offsets[j + 1]) - lo
