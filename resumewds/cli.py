@@ -608,13 +608,27 @@ def status(journal: str, as_json: bool) -> None:
         resumewds status run.db
         resumewds status run.db --json | jq .latest
     """
-    from .journal import format_status, status as journal_status
-
-    st = journal_status(journal)
+    st = _full_status(journal)
     if as_json:
         click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
     else:
+        from .journal import format_status
+
         click.echo(format_status(st))
+        if st.get("consumption", {}).get("complete"):
+            click.echo(f"complete: epoch {st['consumption']['epoch']} was delivered in full "
+                       f"({st['consumption']['samples']} samples)")
+
+
+def _full_status(journal: str) -> Dict[str, Any]:
+    """``journal.status()`` completed for display (local shards, finished epochs, evictions)."""
+    from . import journal as J
+    from .report import complete_status
+
+    st = J.status(journal)
+    if st.get("run_id") is None and st.get("latest") is None:
+        return st
+    return complete_status(st, J.read_consumption(journal), J.read_event_totals(journal))
 
 
 @cli.command()
