@@ -112,12 +112,18 @@ def _octal(field: bytes, shard: str, off: int, what: str) -> int:
         if field[0] == 0xFF:
             v -= 1 << (8 * (len(field) - 1))
         return v
-    s = field.split(b"\0", 1)[0].strip(b" ")
-    if not s:
-        return 0
-    if s.translate(None, _OCTAL_DIGITS):
+    v = _plain_octal(field)
+    if v < 0:
         raise ShardFormatError(shard, off, f"bad {what} field {field!r} in tar header")
-    return int(s, 8)
+    return v
+
+
+def _plain_octal(field: bytes) -> int:
+    """An octal field's value, or -1 when it is not octal digits (NUL/space padded)."""
+    s = field.split(b"\0", 1)[0].strip(b" ")
+    if s.translate(None, _OCTAL_DIGITS):
+        return -1
+    return int(s, 8) if s else 0
 
 
 def entry_size(blk: bytes, pax: Dict[str, str], shard: str, off: int, avail: int) -> int:
@@ -420,7 +426,6 @@ def _fast_checksum_ok(blk: bytes) -> bool:
 
 
 _NUL = b"\0"
-_NO_PAX: Dict[str, str] = {}
 _USTAR = b"ustar\x00"
 
 
@@ -467,12 +472,15 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
             return _parse_sample_slow(buf, shard, base, start, n)
         if stored != sum(blk.translate(None, _NUL)) - sum(chk) + 256:
             return _parse_sample_slow(buf, shard, base, start, n)
-        data = off + BLOCK
-        try:
-            size = entry_size(blk, _NO_PAX, shard, base + off - start, n - data)
-        except ShardFormatError:  # the slow path raises it with the full context
+        # the octal branch of entry_size, inlined (base-256 and pax sizes
+        # take the slow path, which calls entry_size itself)
+        if blk[124] & 0x80:
             return _parse_sample_slow(buf, shard, base, start, n)
+        size = _plain_octal(blk[124:136])
+        data = off + BLOCK
         nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
+        if size < 0 or nxt > n:  # the slow path raises it with the full context
+            return _parse_sample_slow(buf, shard, base, start, n)
         name = blk[:100].split(_NUL, 1)[0].decode("utf-8", "surrogateescape")
         # (_META_RE only matches names starting with "__", already excluded)
         m = None if name.startswith("__") else match(name)
@@ -505,6 +513,9 @@ def _parse_sample_slow(buf: Buffer, shard: str, base: int, start: int, end: int)
     return sample
 
 
+_CHECKED_PREAD = 64 << 20  # ranges above this are checked against the file size before pread
+
+
 def _pread_range(fd: int, start: int, end: int, shard: str) -> bytes:
     """``pread`` of ``[start, end)``, checked against the file's real size
     first: the range comes from a manifest, and ``os.pread`` allocates the
@@ -513,10 +524,11 @@ def _pread_range(fd: int, start: int, end: int, shard: str) -> bytes:
     if not (0 <= start <= end):
         raise ShardFormatError(shard, max(0, start), f"bad sample range [{start}, {end}) "
                                "(manifest does not match the shard)")
-    size = os.fstat(fd).st_size
-    if end > size:
-        raise ShardFormatError(shard, size, f"file ends at byte {size} but the "
-                               f"manifest says sample data reaches byte {end}")
+    if end - start > _CHECKED_PREAD:  # a small range costs no fstat: a short read is caught below
+        size = os.fstat(fd).st_size
+        if end > size:
+            raise ShardFormatError(shard, size, f"file ends at byte {size} but the "
+                                   f"manifest says sample data reaches byte {end}")
     buf = os.pread(fd, end - start, start)
     if len(buf) != end - start:
         raise ShardFormatError(shard, start + len(buf), f"file ends at byte {start + len(buf)} but the "
