@@ -28,14 +28,13 @@ to see the traceback of an unexpected error.
 
 from __future__ import annotations
 
-import errno
 import glob
 import json
 import os
 import re
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 

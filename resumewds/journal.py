@@ -1478,3 +1478,6 @@ def read_consumption(path: str) -> Dict[int, Dict[str, Dict[str, Any]]]:
         return out
     finally:
         _close_all(journals)
+
+
+__all__ += ["read_commits", "read_consumption", "read_event_totals", "read_events"]

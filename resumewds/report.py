@@ -716,5 +716,5 @@ def write_report(journal: str, output: str) -> str:
     return output
 
 
-__all__ = ["ReportError", "hit_rate_series", "load_run", "render_report", "throughput_series",
-           "write_report"]
+__all__ = ["ReportError", "complete_status", "hit_rate_series", "load_run", "render_report",
+           "throughput_series", "write_report"]

@@ -8,7 +8,7 @@ import gzip
 import json
 import os
 import subprocess
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import pytest
 
