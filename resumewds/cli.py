@@ -487,7 +487,10 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
     SHARD is the basename of the shard's URL, KEY the sample's __key__,
     DIGEST the xxh3_64 of the sample's member bytes concatenated in
     ascending order of extension name.  Two runs deliver the same samples in
-    the same order exactly when their outputs are equal.
+    the same order exactly when their outputs are equal.  In SHARD and KEY,
+    backslash, TAB, newline, CR and NUL are printed as \\\\, \\t, \\n,
+    \\r, \\0, and a byte of a name that is not UTF-8 as \\xHH; plain
+    names are unchanged.
 
     \b
     Example:
@@ -551,8 +554,11 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
 def _nothing_left(loader: Any, journal: Optional[str], epochs: int, limit: Optional[int], n: int) -> bool:
     """Say so (on stderr) when a resumed run has nothing left to print."""
     if limit is not None and n >= limit:
-        where = f" (journal {journal} holds {n} delivered samples)" if journal else ""
-        click.echo(f"resumewds: --limit {limit} already reached{where}; nothing to print", err=True)
+        if journal and n:
+            click.echo(f"resumewds: --limit {limit} already reached (journal {journal} holds {n} delivered "
+                       "samples); nothing to print (raise --limit to continue)", err=True)
+        else:
+            click.echo(f"resumewds: --limit {limit}: nothing to print", err=True)
         return True
     if loader.epoch >= epochs:
         click.echo(f"resumewds: all {epochs} epoch(s) were already delivered ({n} samples, journal "
@@ -771,8 +777,8 @@ def prefetch(sources: List[str], cache_dir: Optional[str], cache_size: Optional[
 @cli.command()
 @click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
               help="Where to write the demo shards (default: a temporary directory).")
-@click.option("--shards", type=int, default=16, show_default=True)
-@click.option("--samples", type=int, default=250, show_default=True, help="Samples per shard.")
+@click.option("--shards", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--samples", type=click.IntRange(min=1), default=250, show_default=True, help="Samples per shard.")
 def demo(directory: Optional[str], shards: int, samples: int) -> None:
     """Generate shards, index them, shuffle, interrupt, resume, and compare.
 
