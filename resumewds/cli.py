@@ -213,14 +213,16 @@ def check_sources(sources: Sequence[str]) -> None:
         click.ClickException: naming the source and what to do instead.
     """
     for src in sources:
-        for path in _local_candidates(src):
+        for i, path in enumerate(_local_candidates(src)):
+            if i >= 1000:  # a brace pattern of a million shards: the rest is checked when read
+                break
             if os.path.isdir(path):
                 hint = [p for p in sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))]
                 raise click.ClickException(
                     f"{path}: is a directory, not a shard or manifest; pass its shards "
                     f"({os.path.join(path, '*.tar')}" + (f", {len(hint)} files" if hint else "")
                     + ") or a manifest.json")
-            if not os.path.exists(path) and _GLOB_CHARS.search(path):
+            if _GLOB_CHARS.search(path) and not os.path.exists(path):
                 hits = sorted(glob.glob(path))
                 if hits:
                     raise click.ClickException(

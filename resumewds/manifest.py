@@ -100,6 +100,15 @@ class OffsetsFile:
     def __len__(self) -> int:
         return len(self._map())
 
+    def entries_on_disk(self) -> Optional[int]:
+        """How many int64 the file holds, without mapping it (None: not a local file yet)."""
+        if "://" in self.path:
+            return None
+        try:
+            return os.path.getsize(self.path) // 8
+        except OSError:
+            return None
+
     def slice(self, start: int, count: int, size: Optional[int] = None,
               where: Optional[str] = None) -> "LazyOffsets":
         return LazyOffsets(self, start, count, size=size, where=where)
@@ -489,6 +498,9 @@ def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile],
             raise SourceError(f"{where}: offsets_at needs 'offsets_file' and 'samples'")
         if not _is_int(at) or not 0 <= at <= MAX_OFFSET // 8:
             raise SourceError(f"{where}: 'offsets_at' must be a non-negative integer, got {_show(at)}")
+        entries = side.entries_on_disk()
+        if entries is not None and at + samples + 1 > entries:
+            raise SourceError(f"{where}: needs offsets {at}..{at + samples} but {side.path} holds {entries}")
         offsets = side.slice(at, samples + 1, size=size, where=where)
     elif offsets is not None:
         if samples is None:

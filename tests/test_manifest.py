@@ -159,8 +159,12 @@ def test_side_file_slices_are_validated_on_first_use(data, tmp_path):
     assert list(m.shards[0].offsets)[:2] == [0, m.shards[0].offsets[1]]
     with pytest.raises(SourceError, match=r"shard shard-000001.tar: offsets\[6\] is negative"):
         m.shards[1].offsets[0]
-    m = _v2(data, tmp_path, edit_doc=lambda d: d["shards"][3].__setitem__("offsets_at", 90))
-    with pytest.raises(SourceError, match="needs offsets 90..113 but .* holds 96"):
+    with pytest.raises(SourceError, match="shard-000003.tar: needs offsets 90..113 but .* holds 96"):
+        _v2(data, tmp_path, edit_doc=lambda d: d["shards"][3].__setitem__("offsets_at", 90))
+    m = _v2(data, tmp_path)  # a side file that shrinks after the load is caught on first use
+    raw = (data / "v2.json.offsets").read_bytes()
+    (data / "v2.json.offsets").write_bytes(raw[:8 * 80])
+    with pytest.raises(SourceError, match="needs offsets 72..95 but .* holds 80"):
         m.shards[3].offsets[0]
     with pytest.raises(SourceError, match="'offsets_at' must be a non-negative integer"):
         _v2(data, tmp_path, edit_doc=lambda d: d["shards"][0].__setitem__("offsets_at", 1.5))
