@@ -3,7 +3,15 @@
 Each case starts from a valid WebDataset shard (ustar, GNU long names or
 pax, chosen by hypothesis) and applies a few mutations: flipped bytes,
 truncation, inserted or deleted bytes, header fields rewritten (size, type
-flag, checksum, name), blocks duplicated or zeroed.  The result goes through
+flag, checksum, name), blocks duplicated or zeroed.  A second family
+(:func:`size_attack_shards`) targets the sizes the framer advances by: after
+the last sample, between samples or in place of one, it plants entries
+whose size comes from a pax ``size`` record (``0``, negative, huge, not a
+number) and/or a header size field in GNU base-256 (negative, huge) or in
+octal that Python's ``int`` would take but tar does not (``-1``, ``1_0``),
+all with valid checksums so the size is parsed (issue 12: a pax ``size=0``
+then a negative base-256 size after the last sample looped forever in
+``index`` and ``cat``).  The result goes through
 every entry point of :mod:`resumewds.tario` (``scan_buffer``,
 ``iter_samples_bytes``, ``scan_file`` and, when the scan succeeds,
 ``read_sample`` of every indexed sample).  Every case must end in data or a
@@ -19,6 +27,9 @@ Example:
     >>> r = fuzz_tar_reader(cases=20, seed=0)
     >>> r.cases, r.failures
     (20, [])
+    >>> t = crafted_size_tar()          # the issue-12 shard: must end, and read like tarfile
+    >>> [k for k in (s["__key__"] for s in tario.iter_samples_bytes(t, "c.tar"))]
+    ['s0000', 's0001', 's0002']
 """
 
 from __future__ import annotations
@@ -80,6 +91,103 @@ def _octal(v: int, width: int) -> bytes:
     return digits.encode().ljust(width, b"\0")
 
 
+def base256(v: int, width: int = 12) -> bytes:
+    """A GNU base-256 numeric field (0x80 marks positive, 0xff negative)."""
+    if v >= 0:
+        return b"\x80" + v.to_bytes(width - 1, "big")
+    return b"\xff" + (v + (1 << (8 * (width - 1)))).to_bytes(width - 1, "big")
+
+
+def raw_header(name: bytes, size_field: bytes, typeflag: bytes = b"0") -> bytes:
+    """One ustar header block with any raw size field and a valid checksum."""
+    b = bytearray(512)
+    b[0:len(name[:100])] = name[:100]
+    b[100:108] = b"0000644\0"
+    b[108:116] = b"0000000\0"
+    b[116:124] = b"0000000\0"
+    b[124:136] = size_field[:12].ljust(12, b"\0")
+    b[136:148] = b"14644000000\0"
+    b[156:157] = typeflag
+    b[257:263] = b"ustar\0"
+    b[263:265] = b"00"
+    b[148:156] = b" " * 8
+    b[148:156] = f"{sum(b):06o}\0 ".encode()
+    return bytes(b)
+
+
+def pax_block(records: Sequence[Tuple[str, str]]) -> bytes:
+    """A pax extended header (typeflag ``x``) holding ``records``, padded."""
+    body = b""
+    for k, v in records:
+        rec = f" {k}={v}\n".encode()
+        n = len(rec) + 1
+        while len(str(n)) + len(rec) != n:
+            n = len(str(n)) + len(rec)
+        body += str(n).encode() + rec
+    return raw_header(b"././@PaxHeader", _octal(len(body), 12), b"x") + body + bytes(-len(body) % 512)
+
+
+def crafted_size_tar(samples: int = 3, pax_size: Optional[str] = "0",
+                     size_field: Optional[bytes] = None, typeflag: bytes = b"5",
+                     where: str = "after") -> bytes:
+    """A valid shard plus one entry whose size is an attack.
+
+    The default is the shard of issue 12: after the last sample, a pax
+    header ``size=0`` and then a directory entry whose header size is -1 in
+    GNU base-256 (the pax record wins: tarfile reads it as 3 samples).
+
+    Args:
+        samples: samples in the base shard.
+        pax_size: the pax ``size`` record, or None for no pax header.
+        size_field: the entry's raw 12-byte size field (default base-256 -1).
+        typeflag: the entry's type (``5`` directory, ``0`` regular...).
+        where: ``"after"`` the last sample, ``"between"`` samples 0 and 1,
+            or ``"first"``.
+    """
+    base = base_shard(samples, tarfile.USTAR_FORMAT, False, 0)
+    # the members' end: strip the end-of-archive zeros, keep block alignment
+    body = base.rstrip(b"\0")
+    body += bytes(-len(body) % 512)
+    ents = []
+    if pax_size is not None:
+        ents.append(pax_block([("size", pax_size)]))
+    ents.append(raw_header(b"zz-crafted" if typeflag == b"5" else b"zz-crafted.bin",
+                           base256(-1) if size_field is None else size_field, typeflag))
+    entry = b"".join(ents)
+    if where == "after" or samples == 0:
+        out = body + entry
+    else:
+        heads = [h for h in range(0, len(body), 512) if body[h + 257:h + 263] == b"ustar\0"
+                 and body[h + 156:h + 157] in (b"0", b"\0")]
+        cut = 0 if where == "first" else heads[min(2, len(heads) - 1)]  # 2 members per sample
+        out = body[:cut] + entry + body[cut:]
+    return out + bytes(1024)
+
+
+_SIZE_VALUES = ["0", "-1", "-512", "7", "1_0", " 5", "+3", "x", "", "99999999999999999999", str(2 ** 63),
+                "0x10"]
+
+
+@st.composite
+def size_attack_shards(draw: Any) -> bytes:
+    """Valid shards with one entry whose size (pax and/or header field) is hostile."""
+    pax = draw(st.one_of(st.none(), st.sampled_from(_SIZE_VALUES),
+                         st.integers(-(2 ** 70), 2 ** 70).map(str)))
+    field = draw(st.one_of(
+        st.integers(-(2 ** 87), 2 ** 87 - 1).map(base256),
+        st.sampled_from([b"-1", b"-0000001\0", b"1_0", b"+17", b" 1 2", b"\xc0" + bytes(11),
+                         b"\xbf" * 12, b"77777777777\0", b"00000001000\0"]),
+        st.integers(0, 8 ** 11 - 1).map(lambda v: _octal(v, 12))))
+    return crafted_size_tar(samples=draw(st.integers(0, 3)), pax_size=pax, size_field=field,
+                            typeflag=draw(st.sampled_from([b"5", b"0", b"2", b"g"])),
+                            where=draw(st.sampled_from(["after", "between", "first"])))
+
+
+def fuzz_inputs() -> Any:
+    """Every shard family the fuzzer draws from."""
+    return st.one_of(mutated_shards(), size_attack_shards())
+
+
 @st.composite
 def mutated_shards(draw: Any) -> bytes:
     fmt = draw(st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]))
@@ -121,12 +229,21 @@ def mutated_shards(draw: Any) -> bytes:
     return bytes(data)
 
 
+def _check_index(offsets: Sequence[int], keys: Sequence[str], n: int) -> None:
+    """An index the framer returns must be usable: monotonic, inside the data."""
+    if len(offsets) != len(keys) + 1:
+        raise AssertionError(f"{len(offsets)} offsets for {len(keys)} samples")
+    if any(b < a for a, b in zip(offsets, offsets[1:])) or offsets[0] < 0 or offsets[-1] > n:
+        raise AssertionError(f"offsets not monotonic inside [0, {n}]: {list(offsets)[:8]}...")
+
+
 def check_case(data: bytes, tmpdir: str) -> str:
     """Feed one shard to every reader; return "data" or "format" (raise anything else)."""
     name = "fuzz.tar"
     outcome = "data"
     try:
         offsets, keys, end = tario.scan_buffer(data, name)
+        _check_index(offsets, keys, len(data))
     except ShardFormatError:
         outcome = "format"
         offsets = None
@@ -166,7 +283,7 @@ def fuzz_tar_reader(cases: int = 500, seed: int = 0, bound: float = 2.0) -> Fuzz
     @hseed(seed)
     @settings(max_examples=cases, database=None, deadline=None, derandomize=False,
               suppress_health_check=list(HealthCheck), )
-    @given(mutated_shards())
+    @given(fuzz_inputs())
     def one(data: bytes) -> None:
         res.cases += 1
         t0 = time.monotonic()

@@ -780,6 +780,203 @@ def hardening_rows() -> List[Callable[[Suite], Row]]:
 # --------------------------------------------------------------------------- end of fetch hardening
 
 
+# ---------------------------------------------------------------------------
+# input hardening (issue 12: items 3, 7, 12, 17, 18): hostile tar sizes, bad
+# manifests, bad CLI input, stdout on a full disk.  A clear error here is
+# strict: exit > 0, no traceback, and the LAST stderr line is ``Error: ...``
+# naming the thing (the shard, file, option or variable).
+# ---------------------------------------------------------------------------
+
+def _strict_error(p: Proc, *words: str) -> bool:
+    lines = [ln for ln in p.err.splitlines() if ln.strip()]
+    return (not p.hung and p.rc is not None and p.rc > 0 and "Traceback" not in p.err and bool(lines)
+            and lines[-1].startswith("Error: ") and all(w in lines[-1] for w in words))
+
+
+def _cli(*args: str) -> List[str]:
+    return [sys.executable, "-m", "resumewds", *args]
+
+
+def crafted_tar_sizes(s: Suite) -> Row:
+    """The issue's shard (pax size=0, then a negative base-256 size after the
+    last sample) and hypothesis-drawn size attacks, among good shards, through
+    ``index`` and ``cat --workers 2``: each ends (data or a clear error)."""
+    from hypothesis import HealthCheck, given, seed as hseed, settings
+
+    from chaos.fuzz import crafted_size_tar, size_attack_shards
+
+    row = Row("crafted tar sizes (pax size=0, negative base-256) -> index, cat", "either")
+    cases: List[bytes] = [crafted_size_tar()]
+
+    @hseed(s.seed)
+    @settings(max_examples=4 if s.quick else 16, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(size_attack_shards())
+    def collect(b: bytes) -> None:
+        cases.append(b)
+
+    collect()
+    for i, b in enumerate(cases[:1 + (4 if s.quick else 16)]):
+        d = s.tmp("crafted")
+        good = [shutil.copy(g, d) for g in _shard_paths(s.data)[:2]]
+        bad = os.path.join(d, "zz-crafted.tar")
+        with open(bad, "wb") as f:
+            f.write(b)
+        for cmd in (_cli("index", *good, bad, "-o", os.path.join(d, "m.json")),
+                    _cli("cat", *good, bad, "--workers", "2", "--cache-dir", os.path.join(d, "cache"))):
+            p = run(cmd, bound=BOUND)
+            row.runs += 1
+            row.faults += 1
+            if p.hung:
+                row.hung += 1
+                row.bad_exits.append(f"case {i}: {cmd[3]} hung")
+            elif p.rc != 0 and not _strict_error(p, "zz-crafted.tar"):
+                row.bad_exits.append(f"case {i}: {cmd[3]} unclear exit {p.rc}: {_last_line(p.err)}")
+            elif p.rc != 0:
+                row.clear_errors += 1
+            if cmd[3] == "cat":
+                good_lines = [ln for ln in p.lines if not ln.startswith("zz-crafted.tar")]
+                row.tally.add(compare(good_lines, good_lines, s.data.digests))
+                row.tally.delivered += len(p.lines) - len(good_lines)
+                if i == 0 and (p.rc != 0 or len(p.lines) - len(good_lines) != 3):
+                    row.bad_exits.append(f"the issue's shard: exit {p.rc}, "
+                                         f"{len(p.lines) - len(good_lines)} of its 3 samples")
+    row.note = f"{len(cases)} shards; issue shard reads as its 3 samples (as tarfile does)"
+    return row
+
+
+_MANIFEST_EDITS: Dict[str, Tuple[Callable[[dict], None], str]] = {
+    "negative offset": (lambda sh: sh["offsets"].__setitem__(1, -5), "negative"),
+    "backwards offsets": (lambda sh: sh["offsets"].__setitem__(1, sh["offsets"][2] + 512), "backwards"),
+    "float offset": (lambda sh: sh["offsets"].__setitem__(1, float(sh["offsets"][1])), "not an integer"),
+    "offset 10^12": (lambda sh: sh["offsets"].__setitem__(-1, 10 ** 12), "past the shard's size"),
+    "offset 2^64": (lambda sh: sh["offsets"].__setitem__(-1, 2 ** 64), "past the shard's size"),
+    "samples \"10\"": (lambda sh: sh.__setitem__("samples", str(sh["samples"])), "'samples'"),
+    "index ends at 10^11, no size": (lambda sh: (sh.pop("size"), sh.pop("xxh3_64"),
+                                                 sh["offsets"].__setitem__(-1, 10 ** 11)), "file ends at byte"),
+}
+
+
+def malformed_manifest_input(s: Suite) -> Row:
+    """Each malformed manifest through ``cat --workers 2``: a one-line error
+    naming the manifest and shard; nothing wrong printed before it."""
+    row = Row("malformed manifest (offsets negative/backwards/float/huge, samples str)", "error")
+    ref_none = run(cat_cmd(s.data.manifest, workers=0, epochs=1, extra=["--shuffle-mode", "none"]),
+                   bound=BOUND).lines
+    for name, (edit, words) in _MANIFEST_EDITS.items():
+        d = s.tmp("manifest-input")
+        with open(s.data.manifest) as f:
+            m = json.load(f)
+        for sh in m["shards"]:
+            sh["url"] = os.path.join(s.data.root, os.path.basename(sh["url"]))
+        edit(m["shards"][2])
+        path = os.path.join(d, "manifest.json")
+        with open(path, "w") as f:
+            json.dump(m, f)
+        p = run(cat_cmd(path, workers=2, epochs=1, cache_dir=os.path.join(d, "cache"),
+                        extra=["--shuffle-mode", "none"]), bound=BOUND)
+        row.runs += 1
+        row.faults += 1
+        shard = os.path.basename(m["shards"][2]["url"])
+        if p.hung:
+            row.hung += 1
+        elif _strict_error(p, shard, words):
+            row.clear_errors += 1
+        else:
+            row.bad_exits.append(f"{name}: exit {p.rc}: {_last_line(p.err)}")
+        row.tally.add(compare(ref_none[:len(p.lines)], p.lines, s.data.digests))
+    row.note = f"{len(_MANIFEST_EDITS)} kinds"
+    return row
+
+
+def bad_cli_input(s: Suite) -> Row:
+    """Bad arguments and environment: each one line naming what is wrong."""
+    row = Row("bad CLI input (dir, glob, duplicates, sizes, workers, window, -o, env)", "error")
+    d = s.tmp("cli-input")
+    m, root = s.data.manifest, s.data.root
+    cases: List[Tuple[List[str], Dict[str, str], Tuple[str, ...]]] = [
+        (["cat", root], {}, (root, "is a directory")),
+        (["index", root, "-o", os.path.join(d, "x.json")], {}, (root, "is a directory")),
+        (["cat", os.path.join(root, "shard-*.tar")], {}, ("not expanded",)),
+        (["cat", m, m], {}, ("twice",)),
+        (["cat", m, "--cache-size", "abc"], {}, ("--cache-size",)),
+        (["cat", m, "--cache-size", "-5GB"], {}, ("--cache-size",)),
+        (["cat", m], {"RESUMEWDS_CACHE_SIZE": "abc"}, ("RESUMEWDS_CACHE_SIZE",)),
+        (["cat", m, "--workers", "-1"], {}, ("--workers",)),
+        (["cat", m, "--shuffle-window", "0"], {}, ("--shuffle-window",)),
+        (["index", m, "-o", "/nonexistent/dir/x"], {}, ("/nonexistent/dir",)),
+        (["report", os.path.join(d, "none.db"), "-o", "/nonexistent/dir/x"], {}, ("/nonexistent/dir",)),
+    ]
+    junk = os.path.join(d, "junk")
+    os.makedirs(os.path.join(junk, "dir.tar"))
+    open(os.path.join(junk, "empty.tar"), "wb").close()
+    with open(os.path.join(junk, "text.tar"), "w") as f:
+        f.write("not a tar\n" * 100)
+    import gzip
+
+    with open(_shard_paths(s.data)[0], "rb") as f, open(os.path.join(junk, "gz.tar"), "wb") as g:
+        g.write(gzip.compress(f.read()))
+    for name in ("empty.tar", "text.tar", "gz.tar"):
+        cases.append((["verify", os.path.join(junk, name)], {}, ()))
+    for args, env, words in cases:
+        p = run(_cli(*args), env=child_env(**env), bound=BOUND)
+        row.runs += 1
+        row.faults += 1
+        verify_failed = args[0] == "verify" and p.rc == 1 and "0 ok, 1 failed" in p.err and "Traceback" not in p.err
+        if p.hung:
+            row.hung += 1
+        elif _strict_error(p, *words) or verify_failed:
+            row.clear_errors += 1
+        else:
+            row.bad_exits.append(f"{' '.join(args[:2])}: exit {p.rc}: {_last_line(p.err)}")
+    row.note = f"{len(cases)} inputs"
+    return row
+
+
+def stdout_full_with_journal(s: Suite) -> Row:
+    """``cat --journal > /dev/full``: one-line error, nothing unprinted is
+    committed, and the rerun delivers everything exactly once."""
+    row = Row("stdout on a full disk (/dev/full) with --journal", "resume")
+    if not os.path.exists("/dev/full"):
+        row.skip = "no /dev/full"
+        return row
+    d = s.tmp("devfull")
+    j = os.path.join(d, "run.db")
+    import subprocess
+
+    with open("/dev/full", "w") as full:
+        t0 = time.monotonic()
+        try:
+            q = subprocess.run(cat_cmd(s.data.manifest, journal=j, workers=2, epochs=1), stdout=full,
+                               stderr=subprocess.PIPE, text=True, env=child_env(), timeout=BOUND)
+            p = Proc(q.returncode, False, False, time.monotonic() - t0, "", q.stderr)
+        except subprocess.TimeoutExpired:
+            p = Proc(None, False, True, BOUND, "", "")
+    row.runs += 1
+    row.faults += 1
+    if p.hung:
+        row.hung += 1
+    elif _strict_error(p, "stdout", "No space left"):
+        row.clear_errors += 1
+        row.note = _last_line(p.err)[:100]
+    else:
+        row.bad_exits.append(f"exit {p.rc}: {_last_line(p.err)}")
+    again = run(cat_cmd(s.data.manifest, journal=j, workers=2, epochs=1), bound=BOUND)
+    row.runs += 1
+    if again.rc != 0:
+        row.bad_exits.append(f"rerun exit {again.rc}: {_last_line(again.err)}")
+    row.tally.add(compare(s.ref, again.lines, s.data.digests))
+    return row
+
+
+def input_hardening_rows() -> List[Callable[[Suite], Row]]:
+    return [crafted_tar_sizes, malformed_manifest_input, bad_cli_input, stdout_full_with_journal]
+
+# ---------------------------------------------------------------------------
+# end of input hardening
+# ---------------------------------------------------------------------------
+
+
 def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
     kills = 4 if quick else 12
     return [
@@ -817,6 +1014,7 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         journal_damage("pages"),
         journal_damage("delete_all"),
         journal_two_writers,
+        *input_hardening_rows(),  # input hardening
     ] + hardening_rows()  # fetch hardening (issue 12)
 
 

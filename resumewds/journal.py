@@ -1383,3 +1383,101 @@ __all__ = [
     "shard_updates_from_events",
     "status",
 ]
+
+
+# ---------------------------------------------------------------------------
+# Public read functions for reports (issue 11: ``report`` no longer reaches
+# into private methods or tables with raw SQL).  Self-contained block (H2).
+# ---------------------------------------------------------------------------
+
+def read_commits(path: str) -> Dict[int, List[Dict[str, Any]]]:
+    """Every rank's commits, oldest first: ``{rank: [{step, epoch, position,
+    ts, samples_total, stats}]}`` (``stats`` parsed, or None).
+
+    Example:
+        >>> read_commits("run.db")[0][-1]["step"]      # doctest: +SKIP
+        160
+    """
+    journals = _open_run(path)
+    try:
+        out: Dict[int, List[Dict[str, Any]]] = {}
+        for r, j in sorted(journals.items()):
+            rows = [dict(x) for x in j.conn.execute(
+                "SELECT step, epoch, position, ts, samples_total, stats FROM commits ORDER BY ts, step")]
+            for x in rows:
+                x["stats"] = json.loads(x["stats"]) if x["stats"] else None
+            out[r] = rows
+        return out
+    finally:
+        _close_all(journals)
+
+
+def read_events(path: str, kinds: Sequence[str], limit_per_kind: int = 5000) -> List[Dict[str, Any]]:
+    """The newest ``limit_per_kind`` events of each kind, every rank, oldest
+    first: ``[{ts, rank, kind, url, detail}]`` (``detail`` parsed)."""
+    journals = _open_run(path)
+    try:
+        out: List[Dict[str, Any]] = []
+        for r, j in sorted(journals.items()):
+            for kind in kinds:
+                for x in j.conn.execute("SELECT ts, kind, url, detail FROM events WHERE kind = ? "
+                                        "ORDER BY id DESC LIMIT ?", (kind, int(limit_per_kind))):
+                    e = dict(x)
+                    e["rank"] = r
+                    e["detail"] = json.loads(e["detail"]) if e["detail"] else {}
+                    out.append(e)
+        out.sort(key=lambda e: e["ts"] or 0)
+        return out
+    finally:
+        _close_all(journals)
+
+
+def read_event_totals(path: str) -> Dict[str, Any]:
+    """Totals over every rank and loader of the run: ``{"downloads": {count,
+    bytes, seconds}, "evicted": {url: n}, "last_evict": {url: ts},
+    "last_fetch": {url: ts}}``."""
+    journals = _open_run(path)
+    try:
+        downloads = {"count": 0, "bytes": 0, "seconds": 0.0}
+        evicted: Dict[str, int] = {}
+        last_evict: Dict[str, float] = {}
+        last_fetch: Dict[str, float] = {}
+        for j in journals.values():
+            row = j.conn.execute(
+                "SELECT count(*), sum(json_extract(detail, '$.bytes')), "
+                "sum(json_extract(detail, '$.seconds')) FROM events WHERE kind = 'fetch_done'").fetchone()
+            downloads["count"] += row[0] or 0
+            downloads["bytes"] += row[1] or 0
+            downloads["seconds"] += row[2] or 0.0
+            for url, n, ts in j.conn.execute("SELECT url, count(*), max(ts) FROM events WHERE kind = 'evict' "
+                                             "GROUP BY url"):
+                evicted[url] = evicted.get(url, 0) + n
+                last_evict[url] = max(ts or 0, last_evict.get(url, 0))
+            for url, ts in j.conn.execute("SELECT url, max(ts) FROM events WHERE kind IN "
+                                          "('fetch_done', 'cache_hit', 'verify_ok') GROUP BY url"):
+                last_fetch[url] = max(ts or 0, last_fetch.get(url, 0))
+        return {"downloads": downloads, "evicted": evicted, "last_evict": last_evict,
+                "last_fetch": last_fetch}
+    finally:
+        _close_all(journals)
+
+
+def read_consumption(path: str) -> Dict[int, Dict[str, Dict[str, Any]]]:
+    """Samples consumed per epoch and shard, summed over ranks, up to the
+    latest commit: ``{epoch: {url: {"samples": n, "total": t}}}``."""
+    journals = _open_run(path)
+    try:
+        out: Dict[int, Dict[str, Dict[str, Any]]] = {}
+        for j in journals.values():
+            for row in j.consumption():
+                c = out.setdefault(int(row["epoch"]), {}).setdefault(
+                    row["url"], {"samples": 0, "total": row["total"]})
+                c["samples"] += row["samples"] or 0
+                if row["total"] is not None:
+                    c["total"] = row["total"]
+        return out
+    finally:
+        _close_all(journals)
+
+
+__all__ += ["read_commits", "read_consumption", "read_event_totals", "read_events"]

@@ -100,42 +100,75 @@ class OffsetsFile:
     def __len__(self) -> int:
         return len(self._map())
 
-    def slice(self, start: int, count: int) -> "LazyOffsets":
-        return LazyOffsets(self, start, count)
+    def entries_on_disk(self) -> Optional[int]:
+        """How many int64 the file holds, without mapping it (None: not a local file yet)."""
+        if "://" in self.path:
+            return None
+        try:
+            return os.path.getsize(self.path) // 8
+        except OSError:
+            return None
+
+    def slice(self, start: int, count: int, size: Optional[int] = None,
+              where: Optional[str] = None) -> "LazyOffsets":
+        return LazyOffsets(self, start, count, size=size, where=where)
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"path": self.path, "size": self.size, "xxh3_64": self.xxh3_64, "_mm": None, "_view": None}
 
 
-
-
 class LazyOffsets(Sequence[int]):
-    """One shard's offsets, read from an :class:`OffsetsFile` when indexed."""
+    """One shard's offsets, read from an :class:`OffsetsFile` when indexed.
 
-    __slots__ = ("file", "start", "count")
+    The slice is validated on first use in each process, as inline offsets
+    are on load (:func:`validate_offsets`): it must lie inside the file, and
+    its values must be non-negative, non-decreasing and within the shard's
+    size.  ``len()`` is the number of offsets (``samples + 1``); ``count()``
+    is :class:`Sequence`'s method (an int attribute used to shadow it; the
+    length is also ``.length``).
+    """
 
-    def __init__(self, file: OffsetsFile, start: int, count: int):
+    __slots__ = ("file", "start", "length", "size", "where", "_ok")
+
+    def __init__(self, file: OffsetsFile, start: int, count: int, size: Optional[int] = None,
+                 where: Optional[str] = None):
         self.file = file
         self.start = start
-        self.count = count
+        self.length = count
+        self.size = size
+        self.where = where
+        self._ok = False
 
     def __len__(self) -> int:
-        return self.count
+        return self.length
+
+    def _validate(self) -> Any:
+        view = self.file._map()
+        where = self.where or f"{self.file.path}: offsets at {self.start}"
+        if self.start + self.length > len(view):
+            raise SourceError(f"{where}: needs offsets {self.start}..{self.start + self.length - 1} but "
+                              f"{self.file.path} holds {len(view)}")
+        validate_offsets(view[self.start:self.start + self.length].tolist(), self.length - 1, self.size, where)
+        self._ok = True
+        return view
 
     def __getitem__(self, i: Any) -> Any:
+        view = self.file._map() if self._ok else self._validate()
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.count))]
+            return [view[self.start + j] for j in range(*i.indices(self.length))]
         if i < 0:
-            i += self.count
-        if not 0 <= i < self.count:
+            i += self.length
+        if not 0 <= i < self.length:
             raise IndexError(i)
-        return self.file._map()[self.start + i]
+        return view[self.start + i]
 
     def __getstate__(self) -> Any:
-        return (self.file, self.start, self.count)
+        return (self.file, self.start, self.length, self.size, self.where)
 
     def __setstate__(self, st: Any) -> None:
-        self.file, self.start, self.count = st
+        self.file, self.start, self.length = st[:3]
+        self.size, self.where = (st[3], st[4]) if len(st) > 3 else (None, None)
+        self._ok = False
 
 
 @dataclass
@@ -354,7 +387,9 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise SourceError(f"{location}: not a resumewds manifest (format field is missing or wrong)")
         version = data.get("version")
-        if not isinstance(version, int) or version > VERSION:
+        if not _is_int(version) or version < 1:
+            raise SourceError(f"{location}: manifest 'version' must be a positive integer, got {_show(version)}")
+        if version > VERSION:
             raise SourceError(f"{location}: manifest version {version!r} is newer than this resumewds "
                               f"understands (max {VERSION}); upgrade resumewds")
         shards = data.get("shards")
@@ -365,29 +400,114 @@ class Manifest:
             if not isinstance(data["offsets_file"], str):
                 raise SourceError(f"{location}: 'offsets_file' must be a string")
             side = OffsetsFile(resolve_url(data["offsets_file"], location))
-            side.size = data.get("offsets_size")
-            side.xxh3_64 = data.get("offsets_xxh3_64")
+        if side is not None:
+            side.size = _opt_int(data.get("offsets_size"), location, "'offsets_size'")
+            side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
         out: List[ShardInfo] = []
         for i, d in enumerate(shards):
-            if not isinstance(d, dict) or not isinstance(d.get("url"), str):
-                raise SourceError(f"{location}: shard #{i} has no url")
-            url = resolve_url(d["url"], location)
-            offsets = d.get("offsets")
-            samples = d.get("samples")
-            if offsets is None and d.get("offsets_at") is not None:
-                if side is None or not isinstance(d["offsets_at"], int) or samples is None:
-                    raise SourceError(f"{location}: shard {d['url']}: offsets_at needs 'offsets_file' "
-                                      "and 'samples'")
-                offsets = side.slice(d["offsets_at"], samples + 1)
-            elif offsets is not None:
-                if samples is None or len(offsets) != samples + 1:
-                    raise SourceError(f"{location}: shard {d['url']}: offsets has {len(offsets)} entries, "
-                                      f"expected samples+1 = {None if samples is None else samples + 1}")
-                offsets = array("q", offsets)
-            out.append(ShardInfo(url=url, size=d.get("size"), xxh3_64=d.get("xxh3_64"),
-                                 samples=samples, offsets=offsets,
-                                 trusted=trusted or not url.startswith("pipe:")))
+            out.append(_shard_from_json(d, i, location, side, trusted))
         return cls(out, source=location)
+
+
+#: the largest offset or size a manifest may hold (int64, as in the side file)
+MAX_OFFSET = (1 << 63) - 1
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_int(v: Any, where: str, what: str) -> Optional[int]:
+    if v is None:
+        return None
+    if not _is_int(v) or not 0 <= v <= MAX_OFFSET:
+        raise SourceError(f"{where}: {what} must be a non-negative integer, got {_show(v)}")
+    return v
+
+
+def _opt_hex(v: Any, where: str, what: str) -> Optional[str]:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > 64 or v.strip("0123456789abcdefABCDEF"):
+        raise SourceError(f"{where}: {what} must be a hex digest string, got {_show(v)}")
+    return v
+
+
+def _show(v: Any) -> str:
+    r = json.dumps(v) if isinstance(v, (str, int, float, bool, type(None))) else type(v).__name__
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], where: str) -> array:
+    """Check one shard's inline offsets; return them as an int64 array.
+
+    A manifest is input: its offsets decide how many bytes a reader asks
+    for, so they are checked before anything is allocated from them.
+
+    Args:
+        offsets: the manifest's list (``samples + 1`` entries).
+        samples: the shard's sample count (validated).
+        size: the shard's size in bytes, if known.
+        where: ``"<manifest>: shard <url>"`` for messages.
+
+    Raises:
+        SourceError: not a list of ``samples + 1`` integers, negative,
+            going backwards, or past the shard's size.
+
+    Example:
+        >>> list(validate_offsets([0, 1024, 2048], 2, 3072, "m.json: shard a.tar"))
+        [0, 1024, 2048]
+        >>> validate_offsets([0, 2048, 1024], 2, None, "m.json: shard a.tar")
+        Traceback (most recent call last):
+        ...
+        resumewds.errors.SourceError: m.json: shard a.tar: offsets go backwards at entry 2 (1024 after 2048)
+    """
+    if not isinstance(offsets, list):
+        raise SourceError(f"{where}: 'offsets' must be a list of integers, got {_show(offsets)}")
+    if len(offsets) != samples + 1:
+        raise SourceError(f"{where}: offsets has {len(offsets)} entries, expected samples+1 = {samples + 1}")
+    prev = 0
+    for j, v in enumerate(offsets):
+        if not _is_int(v):
+            raise SourceError(f"{where}: offsets[{j}] is {_show(v)}, not an integer")
+        if v < 0:
+            raise SourceError(f"{where}: offsets[{j}] is negative ({v})")
+        if v < prev:
+            raise SourceError(f"{where}: offsets go backwards at entry {j} ({v} after {prev})")
+        prev = v
+    if size is not None and prev > size:
+        raise SourceError(f"{where}: offsets reach byte {prev}, past the shard's size ({size} bytes)")
+    if prev > MAX_OFFSET:
+        raise SourceError(f"{where}: offsets reach byte {prev}, beyond what any file can hold")
+    return array("q", offsets)
+
+
+def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile], trusted: bool) -> ShardInfo:
+    """One validated ``shards[i]`` entry."""
+    if not isinstance(d, dict) or not isinstance(d.get("url"), str) or not d["url"]:
+        raise SourceError(f"{location}: shard #{i} has no url")
+    where = f"{location}: shard {d['url']}"
+    url = resolve_url(d["url"], location)
+    size = _opt_int(d.get("size"), where, "'size'")
+    samples = _opt_int(d.get("samples"), where, "'samples'")
+    xxh = _opt_hex(d.get("xxh3_64"), where, "'xxh3_64'")
+    offsets: Optional[Sequence[int]] = d.get("offsets")
+    if offsets is None and d.get("offsets_at") is not None:
+        at = d["offsets_at"]
+        if side is None or samples is None:
+            raise SourceError(f"{where}: offsets_at needs 'offsets_file' and 'samples'")
+        if not _is_int(at) or not 0 <= at <= MAX_OFFSET // 8:
+            raise SourceError(f"{where}: 'offsets_at' must be a non-negative integer, got {_show(at)}")
+        entries = side.entries_on_disk()
+        if entries is not None and at + samples + 1 > entries:
+            raise SourceError(f"{where}: needs offsets {at}..{at + samples} but {side.path} holds {entries}")
+        offsets = side.slice(at, samples + 1, size=size, where=where)
+    elif offsets is not None:
+        if samples is None:
+            raise SourceError(f"{where}: 'offsets' without 'samples'")
+        offsets = validate_offsets(offsets, samples, size, where)
+    return ShardInfo(url=url, size=size, xxh3_64=xxh, samples=samples, offsets=offsets,
+                     trusted=trusted or not url.startswith("pipe:"))
 
 
 def is_remote(url: str) -> bool:

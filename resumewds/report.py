@@ -38,7 +38,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .errors import ResumeWDSError
 
@@ -66,6 +66,8 @@ STATE_COLORS: Dict[str, str] = {
     "pending": "#b2bec3",
     "corrupt": "#f0a202",
     "failed": "#d63031",
+    "read": "#55a87a",
+    "evicted": "#8395a7",
     "not tracked": "#dfe6e9",
 }
 
@@ -88,10 +90,6 @@ def _require_plotly() -> Any:
 # Reading the journal (all ranks)
 # ---------------------------------------------------------------------------
 
-def _rows(j: Any, sql: str, args: Tuple = ()) -> List[Dict[str, Any]]:
-    return [dict(r) for r in j.conn.execute(sql, args)]
-
-
 def _strided(rows: List[Dict[str, Any]], limit: int) -> List[Dict[str, Any]]:
     if len(rows) <= limit:
         return rows
@@ -105,92 +103,158 @@ def _strided(rows: List[Dict[str, Any]], limit: int) -> List[Dict[str, Any]]:
 def load_run(path: str) -> Dict[str, Any]:
     """Everything the report draws, as plain data (JSON-able).
 
+    Reads the journal only through its public functions
+    (:func:`~resumewds.journal.status`, ``read_commits``, ``read_events``,
+    ``read_event_totals``, ``read_consumption``).
+
     Returns:
-        ``{"status": journal.status(path), "commits": {rank: [...]},
-        "events": [...], "consumption": {url: {samples, total}},
-        "downloads": {count, bytes, seconds}, "evicted": {url: n},
-        "latest_stats": rank 0's newest stats snapshot or None}``; commits
-        carry ``step, epoch, position, ts, samples_total, stats`` (parsed),
-        events ``ts, rank, kind, url, detail`` (parsed).  Downloads and
-        evictions are summed over every rank and every loader of the run.
+        ``{"status": journal.status(path) completed by :func:`complete_status`,
+        "commits": {rank: [...]}, "events": [...], "consumption": {url:
+        {samples, total}}, "downloads": {count, bytes, seconds}, "evicted":
+        {url: n}, "latest_stats": rank 0's newest stats snapshot or None}``;
+        commits carry ``step, epoch, position, ts, samples_total, stats``
+        (parsed), events ``ts, rank, kind, url, detail`` (parsed).
+        ``consumption`` is the epoch shown (the latest one with any
+        consumption: a finished run shows its last epoch, not the empty next
+        one).  Downloads and evictions are summed over every rank and every
+        loader of the run.
 
     Raises:
         JournalError: no journal at ``path``, or an unreadable file.
     """
-    from .journal import _close_all, _open_run, status
+    from . import journal as J
 
-    st = status(path)
-    journals = _open_run(path)
-    try:
-        commits: Dict[int, List[Dict[str, Any]]] = {}
-        events: List[Dict[str, Any]] = []
-        consumption: Dict[str, Dict[str, Any]] = {}
-        downloads = {"count": 0, "bytes": 0, "seconds": 0.0}
-        evicted: Dict[str, int] = {}
-        latest_epoch = (st.get("latest") or {}).get("epoch")
-        for r, j in sorted(journals.items()):
-            rows = _rows(j, "SELECT step, epoch, position, ts, samples_total, stats "
-                            "FROM commits ORDER BY ts, step")
-            snaps = [row for row in rows if row["stats"]]
-            rows = _strided(rows, MAX_POINTS)
-            keep = {id(x) for x in rows}
-            rows += [s for s in _strided(snaps, MAX_POINTS) if id(s) not in keep]
-            rows.sort(key=lambda x: (x["ts"], x["step"]))
-            for row in rows:
-                row["stats"] = json.loads(row["stats"]) if row["stats"] else None
-            commits[r] = rows
-            for kind in TIMELINE_KINDS:
-                for row in _rows(j, "SELECT ts, kind, url, detail FROM events WHERE kind = ? "
-                                    "ORDER BY id DESC LIMIT ?", (kind, MAX_EVENTS)):
-                    row["rank"] = r
-                    row["detail"] = json.loads(row["detail"]) if row["detail"] else {}
-                    events.append(row)
-            row = j.conn.execute(
-                "SELECT count(*), sum(json_extract(detail, '$.bytes')), "
-                "sum(json_extract(detail, '$.seconds')) FROM events WHERE kind = 'fetch_done'").fetchone()
-            downloads["count"] += row[0] or 0
-            downloads["bytes"] += row[1] or 0
-            downloads["seconds"] += row[2] or 0.0
-            for url, n in j.conn.execute("SELECT url, count(*) FROM events WHERE kind = 'evict' "
-                                         "GROUP BY url"):
-                evicted[url] = evicted.get(url, 0) + n
-            if latest_epoch is not None:
-                for row in j.consumption(latest_epoch):
-                    c = consumption.setdefault(row["url"], {"samples": 0, "total": row["total"]})
-                    c["samples"] += row["samples"] or 0
-                    c["total"] = row["total"] if row["total"] is not None else c["total"]
-        events.sort(key=lambda e: e["ts"] or 0)
-        snaps = [c for c in commits.get(0, []) if c.get("stats")]
-        return {"status": st, "commits": commits, "events": events, "consumption": consumption,
-                "downloads": downloads, "evicted": evicted,
-                "latest_stats": snaps[-1]["stats"] if snaps else None}
-    finally:
-        _close_all(journals)
+    st = J.status(path)
+    totals = J.read_event_totals(path)
+    by_epoch = J.read_consumption(path)
+    st = complete_status(st, by_epoch, totals)
+    commits: Dict[int, List[Dict[str, Any]]] = {}
+    for r, rows in J.read_commits(path).items():
+        snaps = [row for row in rows if row["stats"]]
+        kept = _strided(rows, MAX_POINTS)
+        keep = {id(x) for x in kept}
+        kept = kept + [x for x in _strided(snaps, MAX_POINTS) if id(x) not in keep]
+        kept.sort(key=lambda x: (x["ts"], x["step"]))
+        commits[r] = kept
+    events = J.read_events(path, list(TIMELINE_KINDS), MAX_EVENTS)
+    shown = st.get("consumption", {}).get("epoch")
+    consumption = by_epoch.get(shown, {}) if shown is not None else {}
+    snaps0 = [c for c in commits.get(0, []) if c.get("stats")]
+    return {"status": st, "commits": commits, "events": events, "consumption": consumption,
+            "downloads": totals["downloads"], "evicted": totals["evicted"],
+            "latest_stats": snaps0[-1]["stats"] if snaps0 else None}
+
+
+def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, Any]]],
+                    totals: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Fill in what :func:`resumewds.journal.status` leaves out, for ``status`` and ``report``.
+
+    * Shards read from local files have no cache state: they are counted as
+      ``read`` (from the journal's consumption of every epoch) instead of the
+      run showing "shards 0".  ``shards.total`` is at least the run's
+      configured shard count.
+    * A shard the cache evicted is ``evicted``, not ``pending``.
+    * A run whose latest commit is at position 0 of epoch e > 0 has
+      finished epoch e - 1: ``complete_epochs`` says so, and ``consumption``
+      shows that epoch (not the empty next one) with ``complete: True``.
+
+    Args:
+        st: a ``status()`` dict (changed in place and returned).
+        by_epoch: :func:`resumewds.journal.read_consumption` of the run.
+        totals: :func:`resumewds.journal.read_event_totals` of the run.
+
+    Example:
+        >>> st = {"shards": {"total": 0, "counts": {}, "list": []}, "config": {"shards": 1},
+        ...       "latest": {"epoch": 1, "position": 0}, "consumption": {"epoch": 1}}
+        >>> st = complete_status(st, {0: {"/d/a.tar": {"samples": 5, "total": 5}}})
+        >>> st["shards"]["counts"], st["complete_epochs"], st["consumption"]["shards_complete"]
+        ({'read': 1}, 1, 1)
+    """
+    totals = totals or {}
+    sh = st.setdefault("shards", {"total": 0, "counts": {}, "list": []})
+    listed = {x["url"]: x for x in sh.get("list") or []}
+    evicted = totals.get("evicted") or {}
+    last_evict = totals.get("last_evict") or {}
+    last_fetch = totals.get("last_fetch") or {}
+    for url, x in listed.items():
+        if x.get("state") == "pending" and evicted.get(url) and \
+                last_evict.get(url, 0) >= last_fetch.get(url, 0):
+            x["state"] = "evicted"
+            x["evictions"] = evicted[url]
+    consumed: Dict[str, int] = {}
+    for rows in by_epoch.values():
+        for url, c in rows.items():
+            consumed[url] = consumed.get(url, 0) + int(c.get("samples") or 0)
+    for url, n in sorted(consumed.items()):
+        if url not in listed and n > 0:
+            listed[url] = {"url": url, "name": os.path.basename(url), "state": "read",
+                           "note": "local shard (read in place, not cached)"}
+    counts: Dict[str, int] = {}
+    for x in listed.values():
+        counts[x["state"]] = counts.get(x["state"], 0) + 1
+    ordered = {k: counts[k] for k in STATE_COLORS if k in counts}
+    ordered.update({k: v for k, v in counts.items() if k not in ordered})
+    sh["counts"] = {k: v for k, v in ordered.items() if v} if listed else (sh.get("counts") or {})
+    sh["list"] = sorted(listed.values(), key=lambda x: x["url"])
+    cfg_shards = (st.get("config") or {}).get("shards")
+    sh["total"] = max(len(listed), int(cfg_shards or 0), int(sh.get("total") or 0))
+    latest = st.get("latest") or {}
+    done = None
+    if latest.get("position") == 0 and (latest.get("epoch") or 0) > 0:
+        done = int(latest["epoch"])
+    st["complete_epochs"] = done if done is not None else int(latest.get("epoch") or 0)
+    cons = st.get("consumption") or {}
+    shown = cons.get("epoch")
+    if done is not None and not by_epoch.get(shown) and by_epoch.get(done - 1):
+        rows = by_epoch[done - 1]
+        st["consumption"] = {
+            "epoch": done - 1, "samples": sum(int(c.get("samples") or 0) for c in rows.values()),
+            "shards_started": sum(1 for c in rows.values() if c.get("samples")),
+            "shards_complete": sum(1 for c in rows.values()
+                                   if c.get("total") is not None and c["samples"] >= c["total"]),
+            "complete": True}
+    return st
 
 
 # ---------------------------------------------------------------------------
 # Series (pure: data in, lists out)
 # ---------------------------------------------------------------------------
 
-def throughput_series(commits: List[Dict[str, Any]], min_dt: float = 0.0
-                      ) -> Tuple[List[float], List[float]]:
+def throughput_series(commits: List[Dict[str, Any]], min_dt: float = 0.0, breaks: Sequence[float] = ()
+                      ) -> Tuple[List[float], List[Optional[float]]]:
     """``(ts, samples/s)`` between commits of one rank at least ``min_dt`` apart.
 
     Each point is the rate since the previous point (so ``min_dt`` smooths
     a commit-per-step run).  A commit whose ``samples_total`` went down (a
-    fresh loader without a journal) starts over.
+    fresh loader without a journal) starts over.  A resume (a time in
+    ``breaks``) between two commits is downtime, not slow progress: no rate
+    is drawn across it; a ``None`` point (a gap in the line) is put there.
 
     Example:
         >>> throughput_series([{"ts": 0, "samples_total": 0}, {"ts": 2, "samples_total": 10}])
         ([2], [5.0])
+        >>> throughput_series([{"ts": 0, "samples_total": 0}, {"ts": 1, "samples_total": 10},
+        ...                    {"ts": 60, "samples_total": 12}, {"ts": 61, "samples_total": 22}],
+        ...                   breaks=[59.5])
+        ([1, 59.5, 61], [10.0, None, 10.0])
     """
+    import bisect
+
+    cuts = sorted(breaks)
     xs: List[float] = []
-    ys: List[float] = []
+    ys: List[Optional[float]] = []
     prev = None
     for c in commits:
         if c.get("samples_total") is None:
             continue
         if prev is not None:
+            k = bisect.bisect_right(cuts, prev["ts"])
+            if k < len(cuts) and cuts[k] <= c["ts"]:  # a resume lies between: a gap
+                if ys and ys[-1] is not None:
+                    xs.append(cuts[k])
+                    ys.append(None)
+                prev = c
+                continue
             dt = c["ts"] - prev["ts"]
             dn = c["samples_total"] - prev["samples_total"]
             if dn < 0:
@@ -279,10 +343,13 @@ def _throughput_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
     any_points = False
     for i, (r, commits) in enumerate(sorted(data["commits"].items())):
         color = palette[i % len(palette)]
-        xs, ys = throughput_series(commits, min_dt)
+        resumes = [e["ts"] for e in data["events"] if e["kind"] == "resume" and e.get("rank") == r
+                   and e.get("ts")]
+        xs, ys = throughput_series(commits, min_dt, breaks=resumes)
         if xs:
             any_points = True
             fig.add_trace(go.Scatter(x=[_dt(x) for x in xs], y=ys, mode="lines", name=f"rank {r}",
+                                     connectgaps=False,
                                      line=dict(color=color, width=2),
                                      fill="tozeroy" if i == 0 else "none",
                                      fillcolor="rgba(9,132,227,0.08)",
@@ -518,10 +585,18 @@ def _summary(data: Dict[str, Any]) -> Tuple[str, str]:
         resume_txt, resume_note, resume_cls = "not possible", st["resume_error"][:80], "bad"
     else:
         resume_txt, resume_note, resume_cls = "from start", "no commit yet", ""
+    finished = pos == 0 and (latest.get("epoch") or 0) > 0
+    if finished:  # position 0 of epoch e: epoch e - 1 was delivered in full
+        bar = '<div class="bar"><div style="width:100%"></div></div>'
+        epoch_kpi = _kpi("epoch · position", f"epoch {latest['epoch'] - 1} complete",
+                         f"all {_fmt_num(epoch_n)} samples delivered; a rerun with more epochs continues "
+                         f"at epoch {latest['epoch']}", "good", extra=bar)
+    else:
+        epoch_kpi = _kpi("epoch · position", f"{latest.get('epoch', '–')} · {_fmt_num(pos)}",
+                         f"of {_fmt_num(epoch_n)} samples per epoch"
+                         + (f" ({frac:.0%})" if frac is not None else ""), extra=bar)
     kpis = [
-        _kpi("epoch · position", f"{latest.get('epoch', '–')} · {_fmt_num(pos)}",
-             f"of {_fmt_num(epoch_n)} samples per epoch" + (f" ({frac:.0%})" if frac is not None else ""),
-             extra=bar),
+        epoch_kpi,
         _kpi("step", _fmt_num(latest.get("step")), f"{st['ranks'][0]['commits'] if st.get('ranks') else 0} commits"
              + f", world size {latest.get('world_size', cfg.get('world_size', '–'))}"),
         _kpi("samples delivered", _fmt_num(samples), f"over {_fmt_duration(t1 - t0) if t0 is not None else '–'}"),
@@ -641,5 +716,5 @@ def write_report(journal: str, output: str) -> str:
     return output
 
 
-__all__ = ["ReportError", "hit_rate_series", "load_run", "render_report", "throughput_series",
-           "write_report"]
+__all__ = ["ReportError", "complete_status", "hit_rate_series", "load_run", "render_report",
+           "throughput_series", "write_report"]

@@ -44,7 +44,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
 import xxhash
 
@@ -96,19 +96,78 @@ def split_key(name: str) -> Tuple[Optional[str], Optional[str]]:
     return m.group(1), m.group(2)
 
 
+_OCTAL_DIGITS = b"01234567"
+
+
 def _octal(field: bytes, shard: str, off: int, what: str) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256 for huge values
+    """A numeric header field: octal digits (NUL/space padded) or GNU base-256.
+
+    Strict on purpose: ``int(..., 8)`` alone would also take a sign,
+    underscores and inner spaces ("-1", "1_0"), which no tar writer emits.
+    """
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for huge values (0x80: +, 0xff: -)
+        if field[0] not in (0x80, 0xFF):
+            raise ShardFormatError(shard, off, f"bad {what} field {field!r} in tar header")
         v = int.from_bytes(field[1:], "big")
-        if field[0] & 0x40:
-            v -= 1 << (8 * (len(field) - 1) + 6)
+        if field[0] == 0xFF:
+            v -= 1 << (8 * (len(field) - 1))
         return v
-    s = field.split(b"\0", 1)[0].strip()
-    if not s:
-        return 0
-    try:
-        return int(s, 8)
-    except ValueError:
-        raise ShardFormatError(shard, off, f"bad {what} field {field!r} in tar header") from None
+    v = _plain_octal(field)
+    if v < 0:
+        raise ShardFormatError(shard, off, f"bad {what} field {field!r} in tar header")
+    return v
+
+
+def _plain_octal(field: bytes) -> int:
+    """An octal field's value, or -1 when it is not octal digits (NUL/space padded)."""
+    s = field.split(b"\0", 1)[0].strip(b" ")
+    if s.translate(None, _OCTAL_DIGITS):
+        return -1
+    return int(s, 8) if s else 0
+
+
+def entry_size(blk: bytes, pax: Dict[str, str], shard: str, off: int, avail: int) -> int:
+    """The data size of the tar entry whose header block is ``blk``: the one
+    validated place every size the framer uses comes from.
+
+    The size is the pax ``size`` record when there is one, else the header's
+    size field (octal or GNU base-256).  It must be a non-negative integer
+    whose padded data fits in the ``avail`` bytes that follow the header, so
+    a caller can advance by it without ever going backwards or past the end.
+
+    Args:
+        blk: the 512-byte header (checksum already checked).
+        pax: the pending pax records for this entry (may be empty).
+        shard: name for error messages.
+        off: absolute offset of the header, for error messages.
+        avail: bytes available after the header block.
+
+    Returns:
+        The size in bytes (``padded(size) <= avail``).
+
+    Raises:
+        ShardFormatError: the size is not an integer, negative, or larger
+            than what follows.
+
+    Example:
+        >>> blk = bytearray(512); blk[124:136] = b"00000000012 "
+        >>> entry_size(bytes(blk), {}, "x.tar", 0, 512)
+        10
+    """
+    if "size" in pax:
+        v = pax["size"]
+        if not v.isascii() or not v.isdigit():
+            raise ShardFormatError(shard, off, f"bad pax size {v[:40]!r} (not a non-negative integer)")
+        size = int(v)
+    else:
+        size = _octal(blk[124:136], shard, off, "size")
+    if size < 0:
+        raise ShardFormatError(shard, off, f"negative member size {size} in tar header")
+    padded = ((size + BLOCK - 1) // BLOCK) * BLOCK
+    if padded > avail:
+        raise ShardFormatError(shard, off, f"truncated member: needs {padded} bytes of data, "
+                               f"{max(0, avail)} present")
+    return size
 
 
 def _not_a_tar(head: bytes, shard: str) -> ShardFormatError:
@@ -161,7 +220,7 @@ def _pax_records(data: bytes, shard: str, off: int) -> Dict[str, str]:
 
 
 def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] = None,
-                 base: int = 0, archive_end: bool = True) -> Iterator[Member]:
+                 base: int = 0, archive_end: bool = True) -> Generator[Member, None, Optional[int]]:
     """Yield the regular-file members in ``buf[start:end]``.
 
     Args:
@@ -177,7 +236,13 @@ def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] 
 
     Raises:
         ShardFormatError: bad checksum, truncated header or member, missing
-            end-of-archive marker, malformed extended header.
+            end-of-archive marker, malformed extended header, a size that
+            is not a non-negative integer fitting in the data (every size
+            comes from :func:`entry_size`).
+
+    Returns:
+        (as the generator's return value) the offset of the end-of-archive
+        marker when ``archive_end`` is True, else None.
     """
     n = len(buf) if end is None else end
     off = start
@@ -195,6 +260,9 @@ def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] 
         if off + BLOCK > n:
             if base + off == 0 and bytes(buf[:2]) == _GZIP_MAGIC:
                 raise _not_a_tar(bytes(buf[:2]), shard)
+            if base + off == 0 and archive_end:
+                raise ShardFormatError(shard, 0, f"not a tar archive ({n} bytes, shorter than one "
+                                       f"{BLOCK}-byte tar header)")
             raise ShardFormatError(shard, base + off, f"truncated tar header ({n - off} of {BLOCK} bytes)")
         blk = bytes(buf[off:off + BLOCK])
         if blk == _ZERO:
@@ -203,23 +271,14 @@ def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] 
                                        "(manifest does not match the shard?)")
             if chain_start is not None:
                 raise ShardFormatError(shard, base + off, "extended header without a following member")
-            return
+            return off
         _check_header(blk, shard, base + off)
         if chain_start is None:
             chain_start = off
-        size = _octal(blk[124:136], shard, base + off, "size")
         flag = blk[156:157]
-        if "size" in pax:
-            try:
-                size = int(pax["size"])
-            except ValueError:
-                raise ShardFormatError(shard, base + off, "bad pax size") from None
         data = off + BLOCK
+        size = entry_size(blk, pax, shard, base + off, n - data)
         nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
-        if size < 0 or nxt > n:
-            raise ShardFormatError(shard, base + off,
-                                   f"truncated member: needs {nxt - data} bytes of data, "
-                                   f"{max(0, n - data)} present")
         if flag in (b"L", b"K", b"x", b"g"):
             payload = bytes(buf[data:data + size])
             if flag == b"L":
@@ -304,19 +363,21 @@ def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
     """
     starts: List[int] = []
     keys: List[str] = []
-    members = iter_members(buf, shard)
+    eoa: List[int] = []
+
+    def walk() -> Iterator[Member]:
+        eoa.append((yield from iter_members(buf, shard)))
+
+    members = walk()
     last_end = 0
     for key, group in _group(members, shard):
         starts.append(group[0][1].header)
         keys.append(key)
         last_end = group[-1][1].end
-    # The end-of-archive marker's offset closes the last sample's range; find
-    # it by walking past any trailing skipped entries (already validated).
-    end = last_end
-    while end + BLOCK <= len(buf) and bytes(buf[end:end + BLOCK]) != _ZERO:
-        blk = bytes(buf[end:end + BLOCK])
-        size = _octal(blk[124:136], shard, end, "size")
-        end += BLOCK + ((size + BLOCK - 1) // BLOCK) * BLOCK
+    # The end-of-archive marker's offset closes the last sample's range (past
+    # any trailing skipped entries): iter_members returns it, found by the
+    # same validated walk that framed every member.
+    end = eoa[0] if eoa else last_end
     if not starts:
         return [end], keys, end
     return starts + [end], keys, end
@@ -411,12 +472,14 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
             return _parse_sample_slow(buf, shard, base, start, n)
         if stored != sum(blk.translate(None, _NUL)) - sum(chk) + 256:
             return _parse_sample_slow(buf, shard, base, start, n)
+        # the octal branch of entry_size, inlined (base-256 and pax sizes
+        # take the slow path, which calls entry_size itself)
         if blk[124] & 0x80:
             return _parse_sample_slow(buf, shard, base, start, n)
-        size = int(blk[124:136].split(_NUL, 1)[0].strip() or b"0", 8)
+        size = _plain_octal(blk[124:136])
         data = off + BLOCK
         nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
-        if nxt > n:
+        if size < 0 or nxt > n:  # the slow path raises it with the full context
             return _parse_sample_slow(buf, shard, base, start, n)
         name = blk[:100].split(_NUL, 1)[0].decode("utf-8", "surrogateescape")
         # (_META_RE only matches names starting with "__", already excluded)
@@ -450,18 +513,37 @@ def _parse_sample_slow(buf: Buffer, shard: str, base: int, start: int, end: int)
     return sample
 
 
-def read_sample(fd: int, start: int, end: int, shard: str) -> Dict[str, Any]:
-    """Read and parse the sample at byte range ``[start, end)`` of an open file.
+_CHECKED_PREAD = 64 << 20  # ranges above this are checked against the file size before pread
 
-    Raises:
-        ShardFormatError: short read (file shorter than the manifest says)
-            or malformed sample.
-    """
+
+def _pread_range(fd: int, start: int, end: int, shard: str) -> bytes:
+    """``pread`` of ``[start, end)``, checked against the file's real size
+    first: the range comes from a manifest, and ``os.pread`` allocates the
+    whole length before reading (a bad offset of 10^12 was a MemoryError,
+    2^64 an OverflowError)."""
+    if not (0 <= start <= end):
+        raise ShardFormatError(shard, max(0, start), f"bad sample range [{start}, {end}) "
+                               "(manifest does not match the shard)")
+    if end - start > _CHECKED_PREAD:  # a small range costs no fstat: a short read is caught below
+        size = os.fstat(fd).st_size
+        if end > size:
+            raise ShardFormatError(shard, size, f"file ends at byte {size} but the "
+                                   f"manifest says sample data reaches byte {end}")
     buf = os.pread(fd, end - start, start)
     if len(buf) != end - start:
         raise ShardFormatError(shard, start + len(buf), f"file ends at byte {start + len(buf)} but the "
                                f"manifest says sample data reaches byte {end}")
-    return parse_sample(buf, shard, base=start)
+    return buf
+
+
+def read_sample(fd: int, start: int, end: int, shard: str) -> Dict[str, Any]:
+    """Read and parse the sample at byte range ``[start, end)`` of an open file.
+
+    Raises:
+        ShardFormatError: a range that is backwards or past the end of the
+            file (the manifest does not match it), or a malformed sample.
+    """
+    return parse_sample(_pread_range(fd, start, end, shard), shard, base=start)
 
 
 def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: str
@@ -472,10 +554,7 @@ def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: 
         ShardFormatError: as :func:`read_sample`.
     """
     lo, hi = int(offsets[first]), int(offsets[last + 1])
-    buf = os.pread(fd, hi - lo, lo)
-    if len(buf) != hi - lo:
-        raise ShardFormatError(shard, lo + len(buf), f"file ends at byte {lo + len(buf)} but the "
-                               f"manifest says sample data reaches byte {hi}")
+    buf = _pread_range(fd, lo, hi, shard)
     out = []
     for j in range(first, last + 1):
         a, b = int(offsets[j]) - lo, int(offsets[j + 1]) - lo

@@ -3,6 +3,7 @@ contract, checked here against an independent computation."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -121,3 +122,85 @@ def test_every_command_has_help():
         assert res.exit_code == 0, name
         assert "Usage:" in res.output and "Example" in res.output, name
         assert cmd.help and cmd.help.strip(), name
+
+
+# ---------------------------------------------------------------------------
+# issue 12, item 12: SHARD and KEY are escaped; plain keys are byte-identical
+# ---------------------------------------------------------------------------
+
+from resumewds.cli import _Bar, escape_field, unescape_field  # noqa: E402
+
+NASTY_KEYS = ["tab\there", "new\nline", "back\\slash", "cr\rx", "plain-key_01", "sp ace"]
+
+
+def _nasty_shard(path: str) -> List[str]:
+    """A shard whose keys hold TAB, newline, CR, backslash, and a non-UTF-8 byte."""
+    keys = list(NASTY_KEYS)
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tf:
+        for k in keys + ["caf\xe9"]:
+            for ext, data in (("txt", k.encode("latin-1")), ("cls", b"1")):
+                ti = tarfile.TarInfo(f"{k}.{ext}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    # tario decodes names as UTF-8 with surrogateescape: latin-1 é is byte 0xe9
+    return keys + [b"caf\xe9".decode("utf-8", "surrogateescape")]
+
+
+def test_escaping_round_trips_and_keeps_plain_keys():
+    for k in NASTY_KEYS + ["a\0b", "x\udc80y", "\\x41", "ünï/çode", ""]:
+        e = escape_field(k)
+        assert unescape_field(e) == k
+        assert not any(c in e for c in "\t\n\r\0")
+        e.encode("utf-8")  # always printable as UTF-8
+    for plain in ("plain-key_01", "dir/x.y/sample-000123", "ünï/çode", "sp ace"):
+        assert escape_field(plain) is plain
+    assert escape_field("a\tb\\c\0\n\r") == "a\\tb\\\\c\\0\\n\\r"
+    with pytest.raises(ValueError):
+        unescape_field("bad\\q")
+
+
+def test_cat_escapes_keys_so_every_line_has_three_fields(tmp_path):
+    path = str(tmp_path / "nasty-keys.tar")
+    keys = _nasty_shard(path)
+    p = subprocess.run([PY, "-m", "resumewds", "cat", path], capture_output=True, env=subprocess_env(),
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.decode("utf-8").split("\n")
+    assert lines[-1] == ""
+    lines = lines[:-1]
+    assert len(lines) == len(keys)
+    fields = [ln.split("\t") for ln in lines]
+    assert all(len(f) == 3 for f in fields)
+    assert [unescape_field(f[1]) for f in fields] == keys
+    assert fields[4][1] == "plain-key_01" and fields[5][1] == "sp ace"   # byte-identical
+    assert fields[6][1] == "caf\\xe9" and fields[2][1] == "back\\\\slash"
+    digests = [f[2] for f in fields]
+    expected = [xxhash.xxh3_64_hexdigest(b"1" + k.encode()) for k in keys[:-1]]  # cls then txt
+    assert digests[:-1] == expected
+
+
+def test_progress_redraws_are_rate_limited():
+    """One redraw per sample was 2.75 MB of terminal output for 40k samples."""
+    t = [0.0]
+    out = io.StringIO()
+    with _Bar(40_000, "cat", "samples", file=out, clock=lambda: t[0]) as bar:
+        for _ in range(40_000):
+            t[0] += 0.0001  # 10k samples/s for 4 s
+            bar.update(1)
+    assert bar.redraws <= 4 * 10 + 3
+    assert len(out.getvalue()) < 10_000
+    last = out.getvalue().rstrip("\n").split("\r")[-1]
+    assert "40,000/40,000 samples" in last and "samples/s" in last and "100%" in last
+    out = io.StringIO()
+    with _Bar(3_000_000, "verifying", "bytes", file=out, clock=lambda: t[0]) as bar:
+        t[0] += 1.0
+        bar.update(1_500_000)
+    assert "1.5 MB/3.0 MB" in out.getvalue() and "MB/s" in out.getvalue() and "eta" in out.getvalue()
+
+
+def test_cat_progress_output_is_bounded(shards):
+    p = subprocess.run([PY, "-m", "resumewds", "cat", *shards, "--progress", "--epochs", "3"],
+                       capture_output=True, env=subprocess_env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count(b"\n") == 3 * 185
+    assert p.stderr.count(b"\r") < 60  # 555 samples: not one redraw each

@@ -91,3 +91,91 @@ def test_remote_v2_manifest_offsets_come_verified_through_the_cache(data, tmp_pa
     with FaultServer(str(data), faults="", seed=0) as srv:
         with pytest.raises(ChecksumMismatch, match="v2.json.offsets"):
             rw.WebDataset(srv.url + "v2.json", cache_dir=str(tmp_path / "c3")).manifest
+
+
+# ---------------------------------------------------------------------------
+# issue 12, item 17: a manifest is validated on load, before any allocation
+# ---------------------------------------------------------------------------
+
+from array import array  # noqa: E402
+
+from resumewds.manifest import Manifest, validate_offsets  # noqa: E402
+
+
+def _doc(**shard):
+    base = {"url": "a.tar", "size": 4096, "xxh3_64": "0123456789abcdef", "samples": 2,
+            "offsets": [0, 1024, 2048]}
+    base.update(shard)
+    return {"format": "resumewds.manifest", "version": 1, "shards": [base]}
+
+
+@pytest.mark.parametrize("shard,words", [
+    ({"offsets": [0, -1024, 2048]}, "offsets[1] is negative"),
+    ({"offsets": [0, 2048, 1024]}, "offsets go backwards at entry 2"),
+    ({"offsets": [0, 1024.0, 2048]}, "offsets[1] is 1024.0, not an integer"),
+    ({"offsets": [0, True, 2048]}, "offsets[1] is true, not an integer"),
+    ({"offsets": [0, 1024, 10 ** 12]}, "past the shard's size (4096 bytes)"),
+    ({"offsets": [0, 1024, 2 ** 64], "size": None}, "beyond what any file can hold"),
+    ({"offsets": [0, 1024]}, "offsets has 2 entries, expected samples+1 = 3"),
+    ({"offsets": "0 1024 2048"}, "'offsets' must be a list"),
+    ({"samples": "2"}, "'samples' must be a non-negative integer, got \"2\""),
+    ({"samples": -1, "offsets": None}, "'samples' must be a non-negative integer"),
+    ({"size": 4096.5}, "'size' must be a non-negative integer"),
+    ({"size": 2 ** 64}, "'size' must be a non-negative integer"),
+    ({"xxh3_64": "not-hex"}, "'xxh3_64' must be a hex digest"),
+    ({"offsets": None, "offsets_at": 0}, "offsets_at needs 'offsets_file'"),
+    ({"url": ""}, "shard #0 has no url"),
+])
+def test_bad_entries_are_refused(shard, words):
+    with pytest.raises(SourceError) as ei:
+        Manifest.from_json(_doc(**shard), "/d/m.json")
+    assert words in str(ei.value) and str(ei.value).startswith("/d/m.json: ")
+
+
+def test_good_entries_still_load():
+    m = Manifest.from_json(_doc(), "/d/m.json")
+    assert isinstance(m.shards[0].offsets, array) and list(m.shards[0].offsets) == [0, 1024, 2048]
+    m = Manifest.from_json(_doc(size=None, xxh3_64=None, samples=None, offsets=None), "/d/m.json")
+    assert not m.indexed
+    assert list(validate_offsets([0, 0, 5], 2, 5, "w")) == [0, 0, 5]  # empty samples are fine
+
+
+def _v2(data, tmp_path, edit_side=None, edit_doc=None):
+    rw.build_manifest(str(data / "shard-{000000..000003}.tar"), str(data / "v2.json"), offsets="file")
+    doc = json.loads((data / "v2.json").read_text())
+    if edit_doc:
+        edit_doc(doc)
+    (data / "v2.json").write_text(json.dumps(doc))
+    if edit_side:
+        a = array("q")
+        a.frombytes((data / "v2.json.offsets").read_bytes())
+        edit_side(a)
+        (data / "v2.json.offsets").write_bytes(a.tobytes())
+    return load_manifest(str(data / "v2.json"))
+
+
+def test_side_file_slices_are_validated_on_first_use(data, tmp_path):
+    m = _v2(data, tmp_path, edit_side=lambda a: a.__setitem__(30, -7))  # shard 1 (offsets_at 24)
+    assert list(m.shards[0].offsets)[:2] == [0, m.shards[0].offsets[1]]
+    with pytest.raises(SourceError, match=r"shard shard-000001.tar: offsets\[6\] is negative"):
+        m.shards[1].offsets[0]
+    with pytest.raises(SourceError, match="shard-000003.tar: needs offsets 90..113 but .* holds 96"):
+        _v2(data, tmp_path, edit_doc=lambda d: d["shards"][3].__setitem__("offsets_at", 90))
+    m = _v2(data, tmp_path)  # a side file that shrinks after the load is caught on first use
+    raw = (data / "v2.json.offsets").read_bytes()
+    (data / "v2.json.offsets").write_bytes(raw[:8 * 80])
+    with pytest.raises(SourceError, match="needs offsets 72..95 but .* holds 80"):
+        m.shards[3].offsets[0]
+    with pytest.raises(SourceError, match="'offsets_at' must be a non-negative integer"):
+        _v2(data, tmp_path, edit_doc=lambda d: d["shards"][0].__setitem__("offsets_at", 1.5))
+
+
+def test_lazy_offsets_count_is_the_sequence_method(data, tmp_path):
+    m = _v2(data, tmp_path)
+    off = m.shards[1].offsets
+    assert isinstance(off, LazyOffsets)
+    assert len(off) == off.length == 24
+    assert off.count(off[3]) == 1 and off.count(-1) == 0  # Sequence.count(), not an int attribute
+    assert off.index(off[5]) == 5
+    again = pickle.loads(pickle.dumps(off))
+    assert list(again) == list(off) and again.where == off.where

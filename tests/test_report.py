@@ -161,3 +161,113 @@ def test_series_arithmetic():
              {"ts": 3, "stats": {"cache_hits": 0, "cache_misses": 1}},       # a new loader
              {"ts": 4, "stats": None}]
     assert hit_rate_series(snaps) == ([1, 2, 3], [0.5, None, 0.0], [0.5, 0.5, 0.0])
+
+
+# ---------------------------------------------------------------------------
+# issue 12 "Also" + issue 11: local shards, finished runs, downtime gaps,
+# evicted shards; report reads the journal only through public functions
+# ---------------------------------------------------------------------------
+
+def _cat_journal(*args):
+    r = CliRunner().invoke(cli, ["cat", *args])
+    assert r.exit_code == 0, (r.output, r.exception)
+    return r.stdout.splitlines()
+
+
+def _status_text(journal):
+    r = CliRunner().invoke(cli, ["status", journal])
+    assert r.exit_code == 0, r.output
+    return r.stdout
+
+
+def test_local_shards_and_a_finished_run(shards, tmp_path):
+    """5 local shards (no manifest, no checksums) read to the end of epoch 0.
+
+    Before: "shards 0", the shard map "Nothing recorded yet", and "epoch 1 ·
+    0 (0%)" for a run that had finished.
+    """
+    journal = str(tmp_path / "local.db")
+    assert len(_cat_journal(*shards)) == 185  # verified once: the cache's markers say so from now on
+    assert len(_cat_journal(*shards, "--journal", journal, "--commit-every", "20")) == 185
+    data = load_run(journal)
+    st = data["status"]
+    assert st["shards"]["total"] == 5 and st["shards"]["counts"] == {"read": 5}
+    assert st["complete_epochs"] == 1
+    assert st["consumption"] == {"epoch": 0, "samples": 185, "shards_started": 5, "shards_complete": 5,
+                                 "complete": True}
+    text = _status_text(journal)
+    assert "shards   5: read 5" in text and "epoch 0: 5/5 shards done, 185 samples" in text
+    assert "complete: epoch 0 was delivered in full" in text
+    page = render_report(data)
+    shards_card = page.split('id="card-shards"', 1)[1].split("</section>", 1)[0]
+    assert "Nothing recorded yet" not in shards_card and "read (5)" in shards_card
+    assert "epoch 0 complete" in page and "(0%)" not in page
+
+
+def test_report_leaves_a_gap_over_the_downtime(shards, tmp_path):
+    """A run killed (here: stopped) and resumed 2 s later: no rate is drawn across the pause."""
+    import time
+
+    journal = str(tmp_path / "gap.db")
+    assert len(_cat_journal(*shards, "--journal", journal, "--commit-every", "10", "--limit", "90")) == 90
+    time.sleep(2.0)
+    assert len(_cat_journal(*shards, "--journal", journal, "--commit-every", "10")) == 95
+    data = load_run(journal)
+    resumes = [e["ts"] for e in data["events"] if e["kind"] == "resume"]
+    assert len(resumes) == 1
+    commits = data["commits"][0]
+    xs, ys = throughput_series(commits, breaks=resumes)
+    assert None in ys and xs[ys.index(None)] == resumes[0]
+    before = max(c["ts"] for c in commits if c["ts"] < resumes[0])
+    after = min(c["ts"] for c in commits if c["ts"] > resumes[0])
+    assert after - before >= 2.0
+    # no point is the rate over an interval containing the pause
+    for x, y in zip(xs, ys):
+        if y is not None:
+            assert not (x == after), "a rate was drawn across the downtime"
+    assert throughput_series(commits)[1][0] is not None  # without breaks: the old line across
+
+
+def test_evicted_shards_are_not_pending(tmp_path):
+    """The journal's shard row goes back to ``pending`` on an eviction; the
+    report and status call it ``evicted`` (a shard fetched again after its
+    eviction is what it is now, ``verified``)."""
+    from resumewds.journal import shard_updates_from_events
+
+    path = str(tmp_path / "ev.db")
+    a, b, c = ("http://h/a.tar", "http://h/b.tar", "http://h/c.tar")
+    evs = [{"kind": "fetch_start", "url": u, "ts": t} for u, t in ((a, 1), (b, 2), (c, 3))]
+    evs += [{"kind": "fetch_done", "url": u, "ts": t + 0.5, "bytes": 10} for u, t in ((a, 1), (b, 2), (c, 3))]
+    evs += [{"kind": "verify_ok", "url": u, "ts": t + 0.6} for u, t in ((a, 1), (b, 2), (c, 3))]
+    evs += [{"kind": "evict", "url": a, "ts": 5, "bytes": 10}, {"kind": "evict", "url": c, "ts": 6, "bytes": 10},
+            {"kind": "fetch_start", "url": c, "ts": 7}, {"kind": "fetch_done", "url": c, "ts": 7.5},
+            {"kind": "verify_ok", "url": c, "ts": 7.6}]
+    evs.sort(key=lambda e: e["ts"])
+    with Journal(path) as j:
+        j.check_config({"seed": 1, "samples": 30, "shards": 3})
+        j.record_events(evs)
+        j.update_shards(shard_updates_from_events(evs))
+        assert j.shard(a)["state"] == "pending"  # what the journal itself says
+    data = load_run(path)
+    states = {s["url"]: s["state"] for s in data["status"]["shards"]["list"]}
+    assert states == {a: "evicted", b: "verified", c: "verified"}
+    assert data["status"]["shards"]["counts"] == {"verified": 2, "evicted": 1}
+    assert "evicted 1" in _status_text(path)
+    assert "evicted (1)" in render_report(data)
+
+
+def test_report_uses_only_public_journal_functions():
+    import inspect
+
+    import resumewds.report as report
+
+    src = inspect.getsource(report)
+    for private in ("_open_run", "_close_all", "conn.execute", "SELECT ", "._db("):
+        assert private not in src, private
+
+
+def test_series_gap_at_a_resume():
+    commits = [{"ts": 0, "samples_total": 0}, {"ts": 1, "samples_total": 10},
+               {"ts": 100, "samples_total": 12}, {"ts": 101, "samples_total": 22}]
+    assert throughput_series(commits) == ([1, 100, 101], [10.0, 2 / 99, 10.0])
+    assert throughput_series(commits, breaks=[99.0]) == ([1, 99.0, 101], [10.0, None, 10.0])

@@ -8,6 +8,7 @@ import io
 import os
 import random
 import subprocess
+import sys
 import tarfile
 from typing import Any, Dict, List, Tuple
 
@@ -464,3 +465,83 @@ def test_dangling_extended_header_before_end_marker(tmp_path):
     fix_checksum(data, last)
     eof = list(iter_members(GOOD, "x"))[-1].end
     check_error(write(tmp_path, "dangling.tar", bytes(data)), eof, "extended header")
+
+
+# ---------------------------------------------------------------------------
+# issue 12, item 3: every size the framer uses comes from one validated place
+# (tario.entry_size); a crafted size can neither loop nor move backwards.
+# ---------------------------------------------------------------------------
+
+from chaos.fuzz import base256, crafted_size_tar, fuzz_tar_reader, raw_header, size_attack_shards  # noqa: E402
+from resumewds.tario import entry_size  # noqa: E402
+
+
+def test_crafted_pax_zero_then_negative_base256_size_after_last_sample(tmp_path):
+    """The shard of the issue: pax size=0, then a base-256 size of -1.
+
+    Before, the scan's trailing walk took the header's -1 (ignoring the
+    pax record) and went backwards forever; now the pax record wins, as in
+    tarfile, and the shard reads as its 3 samples.
+    """
+    data = crafted_size_tar()
+    path = write(tmp_path, "crafted.tar", data)
+    expected = [m.name for m in tarfile.open(path).getmembers() if m.isfile()]
+    offsets, keys, end = scan_buffer(data, "crafted.tar")
+    assert keys == ["s0000", "s0001", "s0002"] and len(expected) == 6
+    assert offsets == sorted(offsets) and end == len(data) - 1024
+    assert [k for k, _ in via_ranges(path)] == keys
+    for argv in (["index", path, "-o", str(tmp_path / "m.json")], ["cat", path]):
+        p = subprocess.run([sys.executable, "-m", "resumewds", *argv], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+        assert p.returncode == 0, p.stderr
+    assert p.stdout.count("\n") == 3
+
+
+@pytest.mark.parametrize("field,words", [
+    (base256(-1), "negative member size"),
+    (base256(-(2 ** 80)), "negative member size"),
+    (base256(2 ** 80), "truncated member"),
+    (b"-1", "bad size field"),
+    (b"1_0", "bad size field"),
+    (b"+17", "bad size field"),
+    (b"\xc0" + bytes(11), "bad size field"),
+])
+def test_hostile_header_size_is_an_error(tmp_path, field, words):
+    for where in ("after", "between", "first"):
+        data = crafted_size_tar(pax_size=None, size_field=field, typeflag=b"0", where=where)
+        path = write(tmp_path, f"bad-{where}.tar", data)
+        errs = errors_of(path)
+        assert errs and all(words in str(e) for e in errs), (where, [str(e) for e in errs])
+
+
+@pytest.mark.parametrize("pax", ["-5", "x", "1_0", " 5", "0x10", str(2 ** 70)])
+def test_hostile_pax_size_is_an_error(tmp_path, pax):
+    data = crafted_size_tar(pax_size=pax, size_field=b"00000000000\0", typeflag=b"0")
+    errs = errors_of(write(tmp_path, "pax.tar", data))
+    assert errs and all("pax size" in str(e) or "truncated member" in str(e) for e in errs)
+
+
+def test_fast_path_never_takes_a_signed_octal_size():
+    """parse_sample's fast path used int(field, 8), which takes "-1"."""
+    blk = raw_header(b"k.txt", b"-1", b"0")
+    with pytest.raises(ShardFormatError, match="bad size field"):
+        parse_sample(blk + bytes(BLOCK), "m", start=0, end=2 * BLOCK)
+    with pytest.raises(ShardFormatError, match="negative"):
+        entry_size(raw_header(b"k.txt", base256(-3)), {}, "m", 0, 10 ** 6)
+    assert entry_size(raw_header(b"k.txt", base256(513)), {}, "m", 0, 1024) == 513
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(size_attack_shards())
+def test_fuzz_size_attacks_end_in_data_or_format_error(data):
+    try:
+        offsets, keys, end = scan_buffer(data, "f")
+    except ShardFormatError:
+        return
+    assert offsets == sorted(offsets) and 0 <= offsets[0] and offsets[-1] == end <= len(data)
+    read_all_ways(data)
+
+
+def test_fuzzer_includes_the_size_family():
+    r = fuzz_tar_reader(cases=80, seed=3, bound=5.0)
+    assert r.cases == 80 and r.failures == []
