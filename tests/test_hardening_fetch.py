@@ -23,12 +23,10 @@ from click.testing import CliRunner
 from chaos.faultserver import FaultServer
 from http_fixtures import (  # noqa: F401  (fixtures)
     Recorder,
-    _loopback_only,
     digest,
     fast_config,
     make_blob,
     make_tar,
-    served,
     shard_for,
 )
 from resumewds.cache import ShardStore
