@@ -969,8 +969,46 @@ def stdout_full_with_journal(s: Suite) -> Row:
     return row
 
 
+def escaped_keys(s: Suite) -> Row:
+    """Keys with TAB, newline, CR, backslash and a non-UTF-8 byte through
+    ``cat --workers 2``: every line has three fields and unescapes to the
+    key tarfile reads; plain keys are printed byte-identical."""
+    import io
+    import tarfile
+
+    from resumewds.cli import unescape_field
+
+    row = Row("keys with TAB/newline/CR/backslash/non-UTF-8 -> cat line format", "exact")
+    d = s.tmp("keys")
+    path = os.path.join(d, "keys.tar")
+    names = ["tab\there", "new\nline", "cr\rx", "back\\slash", "plain-0001", "caf\xe9"]
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tf:
+        for k in names:
+            for ext, data in (("txt", k.encode("latin-1")), ("cls", b"1")):
+                ti = tarfile.TarInfo(f"{k}.{ext}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    want = [k.encode("latin-1").decode("utf-8", "surrogateescape") for k in names]
+    p = run(_cli("cat", path, "--workers", "2", "--cache-dir", os.path.join(d, "cache")), bound=BOUND)
+    row.runs = row.faults = 1
+    row.tally.expected = len(want)
+    if p.hung:
+        row.hung += 1
+        return row
+    fields = [ln.split("\t") for ln in p.lines]
+    row.tally.delivered = len(fields)
+    if p.rc != 0:
+        row.bad_exits.append(f"exit {p.rc}: {_last_line(p.err)}")
+    elif len(fields) != len(want) or any(len(f) != 3 for f in fields):
+        row.bad_exits.append(f"{len(fields)} lines for {len(want)} samples, or a line without 3 fields")
+    elif [unescape_field(f[1]) for f in fields] != want or fields[4][1] != "plain-0001":
+        row.tally.corrupt = sum(unescape_field(f[1]) != k for f, k in zip(fields, want))
+    row.note = "escaped: " + ", ".join(f[1] for f in fields[:4]) if fields else ""
+    return row
+
+
 def input_hardening_rows() -> List[Callable[[Suite], Row]]:
-    return [crafted_tar_sizes, malformed_manifest_input, bad_cli_input, stdout_full_with_journal]
+    return [crafted_tar_sizes, malformed_manifest_input, bad_cli_input, stdout_full_with_journal, escaped_keys]
 
 # ---------------------------------------------------------------------------
 # end of input hardening

@@ -547,6 +547,8 @@ def parse_manifest_bytes(raw: bytes, location: str, trusted: bool = True) -> Man
         data = json.loads(raw)
     except ValueError as exc:
         raise SourceError(f"{location}: manifest is not valid JSON: {exc}") from exc
+    except RecursionError:  # "[[[[..." nested past the interpreter's limit
+        raise SourceError(f"{location}: manifest is not valid JSON: nested too deeply") from None
     return Manifest.from_json(data, location, trusted=trusted)
 
 

@@ -268,27 +268,40 @@ def throughput_series(commits: List[Dict[str, Any]], min_dt: float = 0.0, breaks
     return xs, ys
 
 
-def hit_rate_series(commits: List[Dict[str, Any]]
+def hit_rate_series(commits: List[Dict[str, Any]], breaks: Sequence[float] = ()
                     ) -> Tuple[List[float], List[Optional[float]], List[Optional[float]]]:
     """``(ts, interval hit rate, cumulative hit rate)`` from stats snapshots.
 
     The cumulative rate restarts with each loader (its counters start at 0);
-    an interval without shard opens has rate None (a gap).
+    an interval without shard opens has rate None (a gap).  A resume (a
+    time in ``breaks``) between two snapshots is a gap in both lines.
 
     Example:
         >>> snaps = [{"ts": 1, "stats": {"cache_hits": 0, "cache_misses": 2}},
         ...          {"ts": 2, "stats": {"cache_hits": 6, "cache_misses": 2}}]
         >>> hit_rate_series(snaps)
         ([1, 2], [0.0, 1.0], [0.0, 0.75])
+        >>> hit_rate_series(snaps, breaks=[1.5])
+        ([1, 1.5, 2], [0.0, None, 1.0], [0.0, None, 0.75])
     """
+    import bisect
+
+    cuts = sorted(breaks)
     xs: List[float] = []
     interval: List[Optional[float]] = []
     cumulative: List[Optional[float]] = []
     ph = pm = 0
+    prev_ts: Optional[float] = None
     for c in commits:
         s = c.get("stats")
         if not s or "cache_hits" not in s:
             continue
+        if prev_ts is not None:
+            k = bisect.bisect_right(cuts, prev_ts)
+            if k < len(cuts) and cuts[k] <= c["ts"]:
+                xs.append(cuts[k])
+                interval.append(None)
+                cumulative.append(None)
         h, m = int(s.get("cache_hits") or 0), int(s.get("cache_misses") or 0)
         if h < ph or m < pm:  # a new loader: its counters restarted
             ph = pm = 0
@@ -297,6 +310,7 @@ def hit_rate_series(commits: List[Dict[str, Any]]
         interval.append(dh / (dh + dm) if dh + dm else None)
         cumulative.append(h / (h + m) if h + m else None)
         ph, pm = h, m
+        prev_ts = c["ts"]
     return xs, interval, cumulative
 
 
@@ -381,7 +395,9 @@ def _hit_rate_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
     any_points = False
     for i, (r, commits) in enumerate(sorted(data["commits"].items())):
         color = "#2e9e5b" if len(data["commits"]) == 1 else _PALETTE[i % len(_PALETTE)]
-        xs, interval, cumulative = hit_rate_series(commits)
+        resumes = [e["ts"] for e in data["events"] if e["kind"] == "resume" and e.get("rank") == r
+                   and e.get("ts")]
+        xs, interval, cumulative = hit_rate_series(commits, breaks=resumes)
         if not any(v is not None for v in cumulative):
             continue
         any_points = True
@@ -390,7 +406,7 @@ def _hit_rate_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
                                  line=dict(width=2, color=color), connectgaps=False,
                                  hovertemplate="%{y:.0%} of shard opens hit<extra></extra>"))
         fig.add_trace(go.Scatter(x=x, y=cumulative, mode="lines", name=f"rank {r} cumulative",
-                                 line=dict(width=1.5, dash="dot", color=color), opacity=0.6,
+                                 line=dict(width=1.5, dash="dot", color=color), opacity=0.6, connectgaps=False,
                                  hovertemplate="%{y:.0%} since loader start<extra></extra>"))
     if not any_points:
         return None

@@ -179,3 +179,17 @@ def test_lazy_offsets_count_is_the_sequence_method(data, tmp_path):
     assert off.index(off[5]) == 5
     again = pickle.loads(pickle.dumps(off))
     assert list(again) == list(off) and again.where == off.where
+
+
+@pytest.mark.parametrize("raw,words", [
+    (b"[" * 100_000, "nested too deeply"),
+    (b'{"format": "resumewds.manifest", "version": 1, "shards": [{"url": "a.tar", "samples": NaN}]}',
+     "'samples' must be a non-negative integer"),
+    (b"\xff\xfe{", "not valid JSON"),
+    (b'{"format": "resumewds.manifest", "version": true, "shards": []}', "'version' must be a positive integer"),
+])
+def test_hostile_json_is_a_source_error(raw, words):
+    from resumewds.manifest import parse_manifest_bytes
+
+    with pytest.raises(SourceError, match=words):
+        parse_manifest_bytes(raw, "/d/m.json")

@@ -271,3 +271,10 @@ def test_series_gap_at_a_resume():
                {"ts": 100, "samples_total": 12}, {"ts": 101, "samples_total": 22}]
     assert throughput_series(commits) == ([1, 100, 101], [10.0, 2 / 99, 10.0])
     assert throughput_series(commits, breaks=[99.0]) == ([1, 99.0, 101], [10.0, None, 10.0])
+
+
+def test_hit_rate_gap_at_a_resume():
+    snaps = [{"ts": 1, "stats": {"cache_hits": 0, "cache_misses": 2}},
+             {"ts": 50, "stats": {"cache_hits": 3, "cache_misses": 1}}]  # a new loader after a resume at 40
+    assert hit_rate_series(snaps) == ([1, 50], [0.0, 0.75], [0.0, 0.75])
+    assert hit_rate_series(snaps, breaks=[40.0]) == ([1, 40.0, 50], [0.0, None, 0.75], [0.0, None, 0.75])
