@@ -505,3 +505,24 @@ def test_verify_replaces_a_poisoned_cached_copy_without_checksum(served, tmp_pat
     [(_, ok, err)] = st.verify_all([shard])
     assert ok and err is None and read(base) == data
     assert "cached copy of" in rec.kinds("verify_fail")[0]["actual"]
+
+
+def test_cat_with_workers_warns_once_and_ends_within_cache_size(tmp_path):
+    from resumewds.synth import write_shards
+
+    root = tmp_path / "srv"
+    paths = write_shards(str(root), shards=6, samples=10, size_range=(2000, 4000), seed=5)
+    budget = int(max(os.path.getsize(p) for p in paths) * 2.5)
+    env = dict(os.environ, PYTHONPATH=REPO, NO_PROXY="127.0.0.1", RESUMEWDS_FETCH_BACKOFF_INITIAL="0.01")
+    for k in ("HTTP_PROXY", "http_proxy", "RESUMEWDS_CACHE_SIZE", "RESUMEWDS_VERBOSE"):
+        env.pop(k, None)
+    with FaultServer(str(root)) as srv:
+        src = srv.url + "shard-{000000..000005}.tar"
+        p = subprocess.run([sys.executable, "-m", "resumewds", "cat", src, "--cache-dir", str(tmp_path / "c"),
+                            "--cache-size", str(budget), "--shuffle", "--shuffle-window", "6", "--workers", "2"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.splitlines()) == 60
+    assert p.stderr.count("cannot hold one shuffle window") == 1, p.stderr
+    st = ShardStore(cache_dir=str(tmp_path / "c"), cache_size=budget)
+    assert st.cached_bytes() <= budget
