@@ -865,8 +865,8 @@ class _Attempt:
                                               self.url, 206)
                 # a server that ignores If-Range sends the range of whatever
                 # the file is now: the rest must come from the same version
-                got = resp.headers.get("ETag") if validator.startswith(('"', "W/")) \
-                    else resp.headers.get("Last-Modified")  # type: ignore[union-attr]
+                got = resp.headers.get("ETag") if (validator or "").startswith(('"', "W/")) \
+                    else resp.headers.get("Last-Modified")
                 if got != validator:
                     _remove_quietly(self.path + _ETAG_SUFFIX)
                     _remove_quietly(self.path)

@@ -447,7 +447,7 @@ def test_a_window_that_cannot_fit_is_said_once_with_numbers(served, tmp_path, ca
         st.prefetch(shards, depth=0, window=4)
     warns = [r.getMessage() for r in caplog.records if "shuffle window" in r.getMessage()]
     assert len(warns) == 1
-    assert f"({2 * size} bytes)" in warns[0] and f"4 shards" in warns[0] and f"({4 * size} bytes)" in warns[0]
+    assert f"({2 * size} bytes)" in warns[0] and "4 shards" in warns[0] and f"({4 * size} bytes)" in warns[0]
     st.close()
 
 
@@ -526,3 +526,34 @@ def test_cat_with_workers_warns_once_and_ends_within_cache_size(tmp_path):
     assert p.stderr.count("cannot hold one shuffle window") == 1, p.stderr
     st = ShardStore(cache_dir=str(tmp_path / "c"), cache_size=budget)
     assert st.cached_bytes() <= budget
+
+
+def test_identity_is_asked_for_whatever_the_session(tmp_path):
+    import http.server
+
+    import requests
+
+    seen: list = []
+    body = make_tar(str(tmp_path / "a.tar"))
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(self.headers.get("Accept-Encoding"))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with requests.Session() as plain:  # a caller's session: gzip, deflate by default
+            fetch_to_file(f"http://127.0.0.1:{httpd.server_address[1]}/a.tar", str(tmp_path / "p"),
+                          config=fast_config(), session=plain)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert seen == ["identity"] and read(str(tmp_path / "p")) == body
