@@ -557,3 +557,30 @@ def test_identity_is_asked_for_whatever_the_session(tmp_path):
         httpd.shutdown()
         httpd.server_close()
     assert seen == ["identity"] and read(str(tmp_path / "p")) == body
+
+
+def test_a_steady_body_is_let_finish_past_the_deadline(served, tmp_path):
+    root, srv = served
+    data = make_blob(os.path.join(root, "a.tar"), 48 * KB)
+    srv.bytes_per_second = 24 * KB  # about 2 s: longer than the deadline, faster than the minimum rate
+    cfg = fast_config(deadline=0.5, min_rate=2000, rate_window=0.3, read_timeout=5)
+    res = fetch_to_file(srv.url + "a.tar", str(tmp_path / "p"), config=cfg)
+    assert res.attempts == 1 and read(str(tmp_path / "p")) == data
+
+
+def test_reader_waits_past_its_deadline_only_while_the_other_download_progresses(served, tmp_path):
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"), payload=6 * KB)
+    shard = shard_for(srv.url + "a.tar", data)
+    srv.bytes_per_second = len(data) / 2.0  # the prefetch takes about 2 s
+    st = ShardStore(cache_dir=str(tmp_path / "cache"),
+                    fetch=fast_config(deadline=0.5, min_rate=2000, rate_window=0.3, read_timeout=5))
+    st.prefetch([shard], depth=1)
+    for _ in range(200):  # until the prefetch holds the download lock
+        if os.path.exists(st.entry_path(shard.url) + ".partial"):
+            break
+        time.sleep(0.01)
+    with st.acquire(shard) as ls:
+        assert read(ls.path) == data
+    assert srv.requests["/a.tar"] == 1  # the reader waited for the prefetch, it did not fetch again
+    st.close()
