@@ -30,7 +30,9 @@ Fetch-hardening kinds (only used when named):
 
 ``honour_if_range=False`` makes the server ignore If-Range (it serves the
 requested range of the file as it is now, with the current ETag), like the
-servers that spliced two versions of a changed file.
+servers that spliced two versions of a changed file; with
+``range_variant=".v2"`` every Range request is served from ``<file>.v2``, as
+if the file had been replaced between two requests.
 
 Profiles: ``"reset=0.1,500=0.05,stall=0.02"`` gives per-request rates;
 ``"mixed:0.1"`` hits 10% of requests with one of the transport faults
@@ -158,6 +160,9 @@ class FaultServer:
         bytes_per_second: throttle every body (None = as fast as possible).
         trickle_seconds: the pause between two bytes of a ``trickle`` body.
         honour_if_range: False: ignore If-Range (serve the range anyway).
+        range_variant: a suffix: a Range request for ``X`` is served from
+            ``X + range_variant`` when that file exists (the file "changed"
+            since the first request), with that file's ETag.
 
     Counters (read them, or :meth:`reset_counters`): ``bytes_sent``,
     ``bytes_by_path``, ``requests`` (per path), ``faults`` (per kind).
@@ -168,7 +173,7 @@ class FaultServer:
                  max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
                  retry_after: float = 1, down_seconds: float = 1.0, manifest: Optional[str] = None,
                  bytes_per_second: Optional[float] = None, trickle_seconds: float = 0.5,
-                 honour_if_range: bool = True):
+                 honour_if_range: bool = True, range_variant: Optional[str] = None):
         self.root_dir = os.path.abspath(root_dir)
         self.host = host
         self.port = port
@@ -180,6 +185,7 @@ class FaultServer:
         self.bytes_per_second = bytes_per_second
         self.trickle_seconds = trickle_seconds
         self.honour_if_range = honour_if_range
+        self.range_variant = range_variant
         self.mixed, self.rates = parse_faults(faults)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -442,6 +448,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if fs_path is None:
             self._status_only(404)
             return
+        if fs.range_variant and self.headers.get("Range") and os.path.isfile(fs_path + fs.range_variant):
+            fs_path += fs.range_variant  # the file "changed" since the first request
         st = os.stat(fs_path)
         size = st.st_size
         etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'

@@ -757,6 +757,29 @@ def remote_manifest_names_local_file(s: Suite) -> Row:
     return row
 
 
+def changed_file_ignoring_if_range(s: Suite) -> Row:
+    """No manifest; a cut download is resumed from a server that ignores
+    If-Range while the file was replaced: the 206 is of the new version."""
+    row = Row("file replaced mid-download, If-Range ignored, no manifest", "exact")
+    d = s.tmp("splice")
+    v2 = make_dataset(os.path.join(d, "v2"), shards=6, samples=60, size_range=(1000, 12000), seed=s.seed + 977)
+    root = os.path.join(d, "srv")
+    shutil.copytree(s.data.root, root)
+    for p in _shard_paths(v2):
+        shutil.copy(p, os.path.join(root, os.path.basename(p) + ".v2"))
+    srv = FaultServer(root, faults="truncate=1.0", seed=s.seed, max_faults_per_path=1, honour_if_range=False,
+                      range_variant=".v2").start()
+    try:
+        names = sorted(os.path.basename(p) for p in _shard_paths(s.data))
+        p = run(cat_cmd(srv.url + "{" + ",".join(names) + "}", cache_dir=os.path.join(d, "cache"), epochs=1),
+                bound=BOUND)
+        s.judge(row, p)
+        row.faults += sum(srv.faults.values())
+    finally:
+        srv.stop()
+    return row
+
+
 def hardening_rows() -> List[Callable[[Suite], Row]]:
     slow = {"RESUMEWDS_FETCH_MIN_RATE": "2000", "RESUMEWDS_FETCH_RATE_WINDOW": "1"}
     return [
@@ -776,6 +799,7 @@ def hardening_rows() -> List[Callable[[Suite], Row]]:
         hardening("server ignores If-Range, truncated bodies", "truncate=0.6", expect="exact", max_per_path=2,
                   honour_if_range=False),
         _labelled("remote manifest names a local file", remote_manifest_names_local_file),
+        _labelled("file replaced mid-download, If-Range ignored, no manifest", changed_file_ignoring_if_range),
     ]
 # --------------------------------------------------------------------------- end of fetch hardening
 

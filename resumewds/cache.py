@@ -661,7 +661,7 @@ class ShardStore:
             else:
                 dl = self._open(base + ".dl", os.O_RDWR | os.O_CREAT, "open download lock")
                 try:
-                    self._lock_download(dl, shard.url, budget)
+                    self._lock_download(dl, shard.url, budget, base)
                     # another process may have filled (or repaired) it meanwhile
                     if self._signature(base) != before:
                         state, skey = self._check_entry(shard, base, policy, progress)
@@ -684,24 +684,37 @@ class ShardStore:
             os.close(fd)
             raise
 
-    @staticmethod
-    def _lock_download(dl: int, url: str, budget: FetchBudget) -> None:
+    def _lock_download(self, dl: int, url: str, budget: FetchBudget, base: str) -> None:
         """Take the download lock, waiting for another downloader (a prefetch
-        thread, another process) no longer than what is left of the budget."""
+        thread, another process) no longer than what is left of the budget;
+        past it, only while that download is seen to progress at the minimum
+        rate (its ``.partial`` grows), as a download of our own would be let
+        finish."""
         try:
             fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             pass
+        cfg = budget.config
         t0 = time.monotonic()
         pause = 0.005
+        mark: Optional[Tuple[float, int]] = None
         while True:
             left = budget.remaining()
             if left <= 0:
-                raise TransientFetchError(
-                    f"{url}: waited {time.monotonic() - t0:.1f}s for another download of this shard (a prefetch "
-                    f"thread or another process) and reached the fetch deadline of {budget.config.deadline:g}s "
-                    f"(RESUMEWDS_FETCH_DEADLINE)", url)
+                now = time.monotonic()
+                st = self._lstat(base + ".partial")
+                size = st.st_size if st is not None else -1
+                if mark is None and cfg.min_rate and size >= 0:
+                    mark = (now, size)  # the other download is under way: is it progressing?
+                elif mark is None or now - mark[0] >= cfg.rate_window:
+                    if mark is None or size < 0 or size - mark[1] < cfg.min_rate * (now - mark[0]):
+                        raise TransientFetchError(
+                            f"{url}: waited {now - t0:.1f}s for another download of this shard (a prefetch thread "
+                            f"or another process) and reached the fetch deadline of {cfg.deadline:g}s "
+                            f"(RESUMEWDS_FETCH_DEADLINE)", url)
+                    mark = (now, size)
+                left = cfg.rate_window
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.1)
             try:

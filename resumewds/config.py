@@ -14,35 +14,35 @@ variable (or argument) and what is wrong.  Nothing else in resumewds reads
 the config objects built from them (:class:`resumewds.fetch.FetchConfig`).
 An empty variable counts as unset.
 
-============================== ============================= ================= ===========================================
-Variable                       webdataset alias              Default           Meaning
-============================== ============================= ================= ===========================================
-RESUMEWDS_CACHE_DIR            WDS_CACHE                     $XDG_CACHE_HOME/  shard cache directory
-                                                             resumewds
-RESUMEWDS_CACHE_SIZE           WDS_CACHE_SIZE                unlimited         cache budget: bytes or "20GB", "500MiB"
-RESUMEWDS_CACHE_SYNC                                         auto              auto, fsync or boot (see resumewds.cache)
-RESUMEWDS_VERBOSE_CACHE        WDS_VERBOSE_CACHE             0                 1: one stderr line per download/eviction
-RESUMEWDS_VERBOSE                                            0                 1/info: log fetches, retries, repairs;
-                                                                               2/debug: everything
-RESUMEWDS_SEED                 WDS_SEED                      0                 default seed of the order
-RESUMEWDS_GOPEN_VERBOSE        GOPEN_VERBOSE                 0                 1: one stderr line per source opened and
-                                                                               closed, with url and byte count
-RESUMEWDS_FETCH_ATTEMPTS                                     8                 attempts per shard and read (>= 1)
-RESUMEWDS_FETCH_DEADLINE                                     600               seconds per shard and read, all attempts
-                                                                               and waits included
-RESUMEWDS_FETCH_CONNECT_TIMEOUT                              10                seconds to connect
-RESUMEWDS_FETCH_READ_TIMEOUT                                 30                seconds between two reads of a body (or a
-                                                                               pipe: command's output)
-RESUMEWDS_FETCH_MIN_RATE                                     1024              bytes/s a body must keep up over
-                                                                               RATE_WINDOW (0: no minimum)
-RESUMEWDS_FETCH_RATE_WINDOW                                  30                seconds over which MIN_RATE is measured
-RESUMEWDS_FETCH_BACKOFF_INITIAL                              0.5               first wait between attempts (seconds)
-RESUMEWDS_FETCH_BACKOFF_MAX                                  30                longest wait between attempts (seconds)
-RESUMEWDS_FETCH_MAX_REDIRECTS                                10                redirects before a URL fails (permanent)
-RESUMEWDS_MANIFEST_MAX_BYTES                                 256MiB            largest remote manifest accepted
-RESUMEWDS_ALLOW_REMOTE_LOCAL                                 0                 1: a manifest fetched over the network may
-                                                                               name local files (absolute paths, file://)
-============================== ============================= ================= ===========================================
+============================== ================== ================= ===========================================
+Variable                       webdataset alias   Default           Meaning
+============================== ================== ================= ===========================================
+RESUMEWDS_CACHE_DIR            WDS_CACHE          $XDG_CACHE_HOME/  shard cache directory
+                                                  resumewds
+RESUMEWDS_CACHE_SIZE           WDS_CACHE_SIZE     unlimited         cache budget: bytes or "20GB", "500MiB"
+RESUMEWDS_CACHE_SYNC                              auto              auto, fsync or boot (see resumewds.cache)
+RESUMEWDS_VERBOSE_CACHE        WDS_VERBOSE_CACHE  0                 1: one stderr line per download/eviction
+RESUMEWDS_VERBOSE                                 0                 1/info: log fetches, retries, repairs;
+                                                                    2/debug: everything
+RESUMEWDS_SEED                 WDS_SEED           0                 default seed of the order
+RESUMEWDS_GOPEN_VERBOSE        GOPEN_VERBOSE      0                 1: one stderr line per source opened and
+                                                                    closed, with url and byte count
+RESUMEWDS_FETCH_ATTEMPTS                          8                 attempts per shard and read (>= 1)
+RESUMEWDS_FETCH_DEADLINE                          600               seconds per shard and read, all attempts
+                                                                    and waits included
+RESUMEWDS_FETCH_CONNECT_TIMEOUT                   10                seconds to connect
+RESUMEWDS_FETCH_READ_TIMEOUT                      30                seconds between two reads of a body (or a
+                                                                    pipe: command's output)
+RESUMEWDS_FETCH_MIN_RATE                          1024              bytes/s a body must keep up over
+                                                                    RATE_WINDOW (0: no minimum)
+RESUMEWDS_FETCH_RATE_WINDOW                       30                seconds over which MIN_RATE is measured
+RESUMEWDS_FETCH_BACKOFF_INITIAL                   0.5               first wait between attempts (seconds)
+RESUMEWDS_FETCH_BACKOFF_MAX                       30                longest wait between attempts (seconds)
+RESUMEWDS_FETCH_MAX_REDIRECTS                     10                redirects before a URL fails (permanent)
+RESUMEWDS_MANIFEST_MAX_BYTES                      256MiB            largest remote manifest accepted
+RESUMEWDS_ALLOW_REMOTE_LOCAL                      0                 1: a manifest fetched over the network may
+                                                                    name local files (absolute paths, file://)
+============================== ================== ================= ===========================================
 
 Example:
     >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)

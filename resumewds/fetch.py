@@ -106,9 +106,11 @@ class FetchConfig:
             stalled body fails with a (transient) read timeout.
         attempts: attempts per shard and read, the first one included.  A
             download that arrives corrupt counts as a failed attempt.
-        deadline: seconds per shard and read over all attempts and waits;
-            also enforced inside an attempt, and a server's Retry-After that
-            goes past it ends the fetch at once.
+        deadline: seconds per shard and read over all attempts and waits
+            (a server's Retry-After that goes past it ends the fetch at once;
+            no attempt starts after it, and the timeouts of one are cut to
+            it).  A body still arriving at ``min_rate`` or faster is let
+            finish; with ``min_rate=0`` the deadline also ends a body.
         backoff_initial: first wait between attempts, doubled each time, plus
             up to ``backoff_initial`` of jitter.
         backoff_max: cap on one wait (a server's Retry-After may exceed it,
@@ -701,11 +703,13 @@ _CONTENT_RANGE_UNSAT = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$")
 
 
 class _Pace:
-    """Bounds one attempt in time: the fetch deadline, and a minimum rate.
+    """Bounds one attempt in time: a minimum rate, or the fetch deadline.
 
-    ``tick(n)`` after every read: past the budget's deadline, or slower than
-    ``min_rate`` bytes/s over ``rate_window`` seconds (a body that trickles,
-    which no per-read timeout ever catches), the attempt fails (transient).
+    ``tick(n)`` after every read: slower than ``min_rate`` bytes/s over
+    ``rate_window`` seconds (a body that trickles, which no per-read timeout
+    ever catches), the attempt fails (transient).  A body that keeps the
+    minimum rate is let finish even past the deadline (a large shard on a
+    slow link is not a failure); with ``min_rate=0`` the deadline ends it.
     """
 
     def __init__(self, url: str, config: FetchConfig, budget: FetchBudget, what: str = "body"):
@@ -720,7 +724,7 @@ class _Pace:
     def tick(self, n: int) -> None:
         self.n += n
         now = time.monotonic()
-        if now >= self.budget.deadline_at:
+        if now >= self.budget.deadline_at and not self.config.min_rate:
             raise TransientFetchError(f"{self.url}: fetch deadline of {self.config.deadline:g}s reached while "
                                       f"receiving the {self.what} ({self.n} bytes this attempt)", self.url)
         span = now - self.mark_t
@@ -736,6 +740,11 @@ class _Pace:
     def timeout(self, t: float) -> float:
         """``t``, shortened to what is left of the deadline (at least 10 ms)."""
         return max(0.01, min(t, self.budget.remaining()))
+
+    def body_timeout(self, t: float) -> float:
+        """The wait for the next bytes of a body: ``t``, or with no minimum
+        rate (then the deadline is the body's only bound) what is left of it."""
+        return t if self.config.min_rate else self.timeout(t)
 
 
 _HTML_STARTS = (b"<!doctype html", b"<html", b"<head", b"<body", b"<?xml")
@@ -865,8 +874,8 @@ class _Attempt:
                                               self.url, 206)
                 # a server that ignores If-Range sends the range of whatever
                 # the file is now: the rest must come from the same version
-                got = resp.headers.get("ETag") if validator.startswith(('"', "W/")) \
-                    else resp.headers.get("Last-Modified")  # type: ignore[union-attr]
+                got = resp.headers.get("ETag") if (validator or "").startswith(('"', "W/")) \
+                    else resp.headers.get("Last-Modified")
                 if got != validator:
                     _remove_quietly(self.path + _ETAG_SUFFIX)
                     _remove_quietly(self.path)
@@ -959,11 +968,11 @@ class _Attempt:
                 poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
                 buf = self.buffer()
                 while True:
-                    wait = pace.timeout(timeout)
+                    wait = pace.body_timeout(timeout)
                     if not poller.poll(max(1, int(wait * 1000))):
                         # someone in the group still holds the pipe open: kill the group
                         _kill_group(proc, reap=False)
-                        if self.budget.remaining() <= 0:
+                        if wait < timeout:
                             raise TransientFetchError(f"{self.url}: fetch deadline of {self.config.deadline:g}s "
                                                       f"reached while the command ran; killed it", self.url)
                         raise TransientFetchError(f"{self.url}: command wrote nothing for {timeout:g}s "
@@ -977,7 +986,7 @@ class _Attempt:
                         _kill_group(proc, reap=False)
                         raise TransientFetchError(f"{exc}; killed it", self.url) from None
                 try:
-                    rc = proc.wait(timeout=pace.timeout(timeout))
+                    rc = proc.wait(timeout=pace.body_timeout(timeout))
                 except subprocess.TimeoutExpired:
                     raise TransientFetchError(f"{self.url}: command closed its output but did not exit within "
                                               f"{timeout:g}s; killed it", self.url) from None

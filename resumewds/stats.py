@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 from typing import Any, Deque, Dict, Iterable, Optional, Tuple
@@ -309,12 +308,9 @@ def event_record(kind: str, url: str, detail: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _level_from(verbose: bool) -> Optional[int]:
-    env = os.environ.get("RESUMEWDS_VERBOSE", "").strip().lower()
-    if env in ("2", "debug"):
-        return logging.DEBUG
-    if verbose or env in ("1", "true", "yes", "info"):
-        return logging.INFO
-    return None
+    from .config import verbose_level  # RESUMEWDS_VERBOSE is read (and checked) there
+
+    return {2: logging.DEBUG, 1: logging.INFO}.get(verbose_level(verbose))
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -113,8 +113,20 @@ def test_docstring_table_lists_every_variable():
         assert re.search(rf"^RESUMEWDS_[A-Z_]+\s+{alias}\s", doc, re.M), alias
 
 
-def test_no_other_module_reads_resumewds_fetch_or_cache_variables():
+def test_no_other_module_reads_resumewds_variables():
     here = os.path.dirname(config.__file__)
-    for name in ("fetch.py", "cache.py", "sources.py"):
-        src = open(os.path.join(here, name)).read()
-        assert "os.environ.get(\"RESUMEWDS" not in src and "os.environ[\"RESUMEWDS" not in src, name
+    reads = re.compile(r"(environ(\.get\(|\[)|getenv\()\s*[\"'](RESUMEWDS_|WDS_|GOPEN_)")
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py") and name != "config.py":
+            with open(os.path.join(here, name)) as f:
+                assert not reads.search(f.read()), f"{name} reads a setting from the environment itself"
+
+
+def test_verbose_is_read_through_config(monkeypatch):
+    from resumewds.stats import _level_from
+
+    monkeypatch.setenv("RESUMEWDS_VERBOSE", "2")
+    assert _level_from(False) == 10
+    monkeypatch.setenv("RESUMEWDS_VERBOSE", "loud")
+    with pytest.raises(ValueError, match="RESUMEWDS_VERBOSE"):
+        _level_from(False)

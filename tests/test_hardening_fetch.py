@@ -445,7 +445,7 @@ def test_a_window_that_cannot_fit_is_said_once_with_numbers(served, tmp_path, ca
         st.prefetch(shards, depth=0, window=4)
     warns = [r.getMessage() for r in caplog.records if "shuffle window" in r.getMessage()]
     assert len(warns) == 1
-    assert f"({2 * size} bytes)" in warns[0] and f"4 shards" in warns[0] and f"({4 * size} bytes)" in warns[0]
+    assert f"({2 * size} bytes)" in warns[0] and "4 shards" in warns[0] and f"({4 * size} bytes)" in warns[0]
     st.close()
 
 
@@ -503,3 +503,82 @@ def test_verify_replaces_a_poisoned_cached_copy_without_checksum(served, tmp_pat
     [(_, ok, err)] = st.verify_all([shard])
     assert ok and err is None and read(base) == data
     assert "cached copy of" in rec.kinds("verify_fail")[0]["actual"]
+
+
+def test_cat_with_workers_warns_once_and_ends_within_cache_size(tmp_path):
+    from resumewds.synth import write_shards
+
+    root = tmp_path / "srv"
+    paths = write_shards(str(root), shards=6, samples=10, size_range=(2000, 4000), seed=5)
+    budget = int(max(os.path.getsize(p) for p in paths) * 2.5)
+    env = dict(os.environ, PYTHONPATH=REPO, NO_PROXY="127.0.0.1", RESUMEWDS_FETCH_BACKOFF_INITIAL="0.01")
+    for k in ("HTTP_PROXY", "http_proxy", "RESUMEWDS_CACHE_SIZE", "RESUMEWDS_VERBOSE"):
+        env.pop(k, None)
+    with FaultServer(str(root)) as srv:
+        src = srv.url + "shard-{000000..000005}.tar"
+        p = subprocess.run([sys.executable, "-m", "resumewds", "cat", src, "--cache-dir", str(tmp_path / "c"),
+                            "--cache-size", str(budget), "--shuffle", "--shuffle-window", "6", "--workers", "2"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.splitlines()) == 60
+    assert p.stderr.count("cannot hold one shuffle window") == 1, p.stderr
+    st = ShardStore(cache_dir=str(tmp_path / "c"), cache_size=budget)
+    assert st.cached_bytes() <= budget
+
+
+def test_identity_is_asked_for_whatever_the_session(tmp_path):
+    import http.server
+
+    import requests
+
+    seen: list = []
+    body = make_tar(str(tmp_path / "a.tar"))
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(self.headers.get("Accept-Encoding"))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with requests.Session() as plain:  # a caller's session: gzip, deflate by default
+            fetch_to_file(f"http://127.0.0.1:{httpd.server_address[1]}/a.tar", str(tmp_path / "p"),
+                          config=fast_config(), session=plain)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert seen == ["identity"] and read(str(tmp_path / "p")) == body
+
+
+def test_a_steady_body_is_let_finish_past_the_deadline(served, tmp_path):
+    root, srv = served
+    data = make_blob(os.path.join(root, "a.tar"), 48 * KB)
+    srv.bytes_per_second = 24 * KB  # about 2 s: longer than the deadline, faster than the minimum rate
+    cfg = fast_config(deadline=0.5, min_rate=2000, rate_window=0.3, read_timeout=5)
+    res = fetch_to_file(srv.url + "a.tar", str(tmp_path / "p"), config=cfg)
+    assert res.attempts == 1 and read(str(tmp_path / "p")) == data
+
+
+def test_reader_waits_past_its_deadline_only_while_the_other_download_progresses(served, tmp_path):
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"), payload=6 * KB)
+    shard = shard_for(srv.url + "a.tar", data)
+    srv.bytes_per_second = len(data) / 2.0  # the prefetch takes about 2 s
+    st = ShardStore(cache_dir=str(tmp_path / "cache"),
+                    fetch=fast_config(deadline=0.5, min_rate=2000, rate_window=0.3, read_timeout=5))
+    st.prefetch([shard], depth=1)
+    for _ in range(200):  # until the prefetch holds the download lock
+        if os.path.exists(st.entry_path(shard.url) + ".partial"):
+            break
+        time.sleep(0.01)
+    with st.acquire(shard) as ls:
+        assert read(ls.path) == data
+    assert srv.requests["/a.tar"] == 1  # the reader waited for the prefetch, it did not fetch again
+    st.close()
