@@ -249,6 +249,9 @@ class WebLoader:
         j = Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync)
         try:
             stored = j.config()
+            if not stored and point is not None and self.rank != 0:  # a rank new to the run
+                with Journal(path, rank=0, readonly=True) as j0:
+                    stored = j0.config()
             if stored and dataset_auto(self.dataset):  # a resume keeps the run's partitions
                 self.dataset.use_partitions(resolve_partitions(None, self.world.nodes, stored))
                 self.config = self.dataset.config()

@@ -223,6 +223,11 @@ def test_journal_records_partitions_and_refuses_a_change(tmp_path, make_shards):
     ld = rw.WebLoader(ds, batch_size=2, rank=0, world_size=1, journal=jp, resume=True)
     assert ld.dataset.plan.partitions == 2 and ld.position == 4
     ld.close()
+    # resumed on 3 nodes: a rank new to the run (no journal file of its own) keeps them too
+    ds = rw.WebDataset(paths, seed=1, shuffle=True, shuffle_window=2)
+    ld = rw.WebLoader(ds, batch_size=2, rank=2, world_size=3, nodes=3, journal=jp, resume=True)
+    assert ld.dataset.plan.partitions == 2 and ld.layout.nodes == 3
+    ld.close()
     ds = rw.WebDataset(paths, seed=1, shuffle=True, shuffle_window=2, partitions=1)
     with pytest.raises(rw.JournalConfigMismatch, match="partitions"):
         rw.WebLoader(ds, batch_size=2, rank=0, world_size=1, journal=jp, resume=True)
