@@ -330,7 +330,8 @@ class WebDataset:
     def _shard_reader(self) -> "_ShardReader":
         """This process's open shards (created on first use)."""
         if self._reader is None:
-            self._reader = _ShardReader(self.store, self.shuffle_window + 2)
+            # a rank reads one window per partition of its node at a time
+            self._reader = _ShardReader(self.store, self.shuffle_window * min(self.plan_partitions, 8) + 2)
         return self._reader
 
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:

@@ -278,7 +278,8 @@ class WebLoader:
                 else:
                     self.samples_total = 0
                 detail = {"step": point["step"], "epoch": self.epoch, "position": self.position,
-                          "world_size": self.world_size, "num_workers": self.num_workers}
+                          "world_size": self.world_size, "num_workers": self.num_workers,
+                          "nodes": self.world.nodes, "partitions": self.dataset.plan_partitions}
                 if point.get("skipped_incomplete"):
                     detail["skipped_incomplete"] = point["skipped_incomplete"]
                 j.record_events([dict(kind="resume", **detail)])

@@ -231,7 +231,10 @@ def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *
     dist = _process_group() if env is None else None
     if dist is not None and dist.get_world_size() == w and dist.get_rank() == r:
         keys: "list[Any]" = [None] * w
-        dist.all_gather_object(keys, node_key())
+        try:
+            dist.all_gather_object(keys, node_key())
+        except Exception as exc:  # e.g. NCCL without a device set: locality only is lost
+            return _fallback(r, w, f"all_gather_object failed: {exc}".splitlines()[0])
         node, n, why = nodes_from_keys([str(k) for k in keys], r)
         if why:
             return _fallback(r, w, why)
