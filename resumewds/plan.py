@@ -46,9 +46,11 @@ still covers the same contiguous positions, and a node whose count divides
 is handled by the ``remainder`` policy:
 
 * ``"keep"`` (default): the leftover ``m`` samples are split into
-  ``world_size`` contiguous parts whose sizes differ by at most one; if
-  ``m < world_size`` the ranks that would get nothing get one *padding*
-  sample each, so that every rank yields the same number of batches.
+  ``world_size`` parts whose sizes differ by at most one (contiguous with
+  one node; with nodes, each node splits its own positions among its
+  ranks); the ranks that would get nothing get one *padding* sample each
+  (from the start of the epoch, from their node's positions), so that every
+  rank yields the same number of batches.
 * ``"pad"``: the last step is filled to full size with samples from the
   start of the epoch's sequence, marked as padding.
 * ``"drop"``: the leftover samples are not delivered this epoch.

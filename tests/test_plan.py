@@ -292,6 +292,9 @@ def test_node_layout_covers_each_position_once_with_equal_batches(total, batch, 
         assert sorted(step_real) == flat_pos
         if remainder == "pad" or k < nsteps - 1:
             assert all(len(s) == batch for s in per_rank)
+        elif remainder == "keep":  # the short step: sizes differ by at most one
+            sizes = [len(s) for s in per_rank]
+            assert max(sizes) - min(sizes) <= 1
     assert all(v == 1 for v in real.values())
     if nodes == 1:
         assert [lay.slots(total, start, k) for lay in layouts for k in range(nsteps)] == \

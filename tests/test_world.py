@@ -231,3 +231,41 @@ def test_journal_records_partitions_and_refuses_a_change(tmp_path, make_shards):
     ds = rw.WebDataset(paths, seed=1, shuffle=True, shuffle_window=2, partitions=1)
     with pytest.raises(rw.JournalConfigMismatch, match="partitions"):
         rw.WebLoader(ds, batch_size=2, rank=0, world_size=1, journal=jp, resume=True)
+
+
+_PG = """
+import os, sys, json
+import torch.distributed as dist
+from resumewds.world import detect_world
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=int(sys.argv[3]))
+w = detect_world()
+print(json.dumps([w.rank, w.world_size, w.node, w.nodes, w.source]))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("caches,want", [(["a", "a", "b", "b"], [0, 0, 1, 1]),
+                                         (["a", "a", "a", "a"], [0, 0, 0, 0])])
+def test_nodes_from_a_real_process_group(tmp_path, caches, want):
+    """4 gloo processes without torchrun's variables: ranks that share a cache
+    directory (here: per process RESUMEWDS_CACHE_DIR) are one node."""
+    pytest.importorskip("torch.distributed")
+    import json
+    import os
+
+    env = subprocess_env()
+    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"):
+        env.pop(v, None)
+    env["OMP_NUM_THREADS"] = "1"
+    init = f"file://{tmp_path / 'pg'}"
+    procs = [subprocess.Popen([sys.executable, "-c", _PG, init, str(r), "4"],
+                              env={**env, "RESUMEWDS_CACHE_DIR": str(tmp_path / caches[r])},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    nodes = len(set(caches))
+    assert [g[2] for g in got] == want
+    assert {g[3] for g in got} == {nodes}
+    assert {g[4] for g in got} == {"torch.distributed"}
