@@ -421,12 +421,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     shard_bytes = n * args.sample_bytes
     dataset = S * shard_bytes
     egress: Dict[str, Any] = {}
-    node_counts = [1, 2, 4, R // per_node] if not args.quick else [1, 2, 4, R // per_node]
+    node_counts = [1, 2, 4, R // per_node]
     for N in sorted(set(node_counts)):
         if N < 1 or R % per_node:
             continue
-        pl = Plan(counts, seed=7, shuffle=True, window=W, partitions=N)
-        epN, sec, _ = measure(lambda: (pl._epochs.clear(), pl.epoch(0))[1], trace=False)
+        epN, sec, _ = measure(lambda: Plan(counts, seed=7, shuffle=True, window=W, partitions=N).epoch(0),
+                              trace=False)
         sets = node_shard_sets(epN, N)
         share = dataset / N
         ratios = [len(x) * shard_bytes / share for x in sets]
@@ -440,19 +440,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             chk, seen = check_node_reads(epN, total, B, N, per_node, node, sets[node], steps)
             how = f"{len(steps)} steps"
         t.add(f"{N} node(s) x {per_node} ranks: bytes fetched per node per epoch / (data set / nodes)",
-              f"max {max(ratios):.3f}, mean {sum(ratios) / N:.3f} ({fmt_bytes(max(len(x) for x in sets) * shard_bytes)} "
+              f"max {max(ratios):.3f}, mean {sum(ratios) / N:.3f} "
+              f"({fmt_bytes(max(len(x) for x in sets) * shard_bytes)} "
               f"per node; {fmt_bytes(sum(len(x) for x in sets) * shard_bytes)} for the job); "
               f"node {node}: {chk:,} samples of {how} checked, all from its {len(sets[node]):,} shards",
               sec, None)
         egress[str(N)] = {"max_ratio": max(ratios), "mean_ratio": sum(ratios) / N,
                           "node_bytes": max(len(x) for x in sets) * shard_bytes}
         if N == R // per_node:
-            old = Plan(counts, seed=7, shuffle=True, window=W)  # one partition
             t.add(f"  {N} nodes with partitions=1 (one order over all shards, as before)",
                   f"every node reads all {S:,} shards: {fmt_bytes(dataset)} per node, "
                   f"ratio {N:.0f}; {fmt_bytes(dataset * N)} for the job")
-            del old
-        del epN, sets, pl
+        del epN, sets
+    # uneven shards: partitions are cut by samples, so a cut splits a shard
+    # that both neighbours then fetch whole
+    Nmax = R // per_node
+    uneven = [n // 2 + (i * 2654435761) % (n + 1) for i in range(S)]  # n/2 .. 3n/2 samples
+    epU = Plan(uneven, seed=7, shuffle=True, window=W, partitions=Nmax).epoch(0)
+    setsU = node_shard_sets(epU, Nmax)
+    shareU = sum(uneven) * args.sample_bytes / Nmax
+    ratiosU = [sum(uneven[x] for x in st) * args.sample_bytes / shareU for st in setsU]
+    t.add(f"{Nmax} nodes, shards of {n // 2:,}-{n + n // 2:,} samples (bytes proportional)",
+          f"bytes per node / share: max {max(ratiosU):.4f}, mean {sum(ratiosU) / Nmax:.4f} "
+          f"(a cut splits at most one shard)")
+    egress["uneven_max_ratio"] = max(ratiosU)
+    del epU, setsU
     figures["node_egress"] = egress
     t.add("with a cache that holds a node's share",
           "partitions are fixed for the run: after epoch 0 a node fetches nothing (epoch 1: 0 bytes)")

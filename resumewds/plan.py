@@ -73,7 +73,7 @@ import bisect
 import struct
 from array import array
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import xxhash
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 import pytest
@@ -251,7 +250,6 @@ def test_nodes_from_a_real_process_group(tmp_path, caches, want):
     directory (here: per process RESUMEWDS_CACHE_DIR) are one node."""
     pytest.importorskip("torch.distributed")
     import json
-    import os
 
     env = subprocess_env()
     for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"):
