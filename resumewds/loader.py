@@ -48,7 +48,7 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def dataset_auto(ds: WebDataset) -> bool:
+def _auto_partitions(ds: WebDataset) -> bool:
     return getattr(ds, "partitions", 1) is None
 
 
@@ -252,7 +252,7 @@ class WebLoader:
             if not stored and point is not None and self.rank != 0:  # a rank new to the run
                 with Journal(path, rank=0, readonly=True) as j0:
                     stored = j0.config()
-            if stored and dataset_auto(self.dataset):  # a resume keeps the run's partitions
+            if stored and _auto_partitions(self.dataset):  # a resume keeps the run's partitions
                 self.dataset.use_partitions(resolve_partitions(None, self.world.nodes, stored))
                 self.config = self.dataset.config()
             j.check_config(self._journal_config(),
@@ -428,7 +428,7 @@ class WebLoader:
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"loader state version {state.get('version')} is newer than this resumewds")
         cfg = state.get("config", {})
-        if dataset_auto(self.dataset):  # adopt the state's partitions
+        if _auto_partitions(self.dataset):  # adopt the state's partitions
             self.dataset.use_partitions(int(cfg.get("partitions") or 1))
             self.config = self.dataset.config()
         diffs = [f"{k}: state has {cfg.get(k)!r}, loader has {self.config.get(k)!r}"
