@@ -32,7 +32,7 @@ from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, R
 from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, MapDict, MapTuple, Rename, Select, ToTuple, default_collate,
                        list_collate)
-from .plan import Layout, Plan, worker_steps
+from .plan import Layout, Plan, check_partitions, worker_steps
 from .sources import Source, resolve_sources
 from .stats import event_record
 
@@ -196,7 +196,7 @@ class WebDataset:
         self._events: List[Dict[str, Any]] = []
         self._failed: Dict[int, str] = {}
         self.partitions = partitions  # requested; None: resolved by the loader
-        self.plan_partitions = int(partitions or 1)
+        self.plan_partitions = 1 if partitions is None else check_partitions(partitions)
         Plan([1], seed, shuffle, shuffle_window, self.plan_partitions)  # validate settings early
 
     # ---- fluent stages (WebDataset's API) -------------------------------

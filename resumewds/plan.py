@@ -70,6 +70,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import operator
 import struct
 from array import array
 from dataclasses import dataclass
@@ -404,6 +405,22 @@ ORDERS: Dict[str, OrderFn] = {
 }
 
 
+def check_partitions(value: Any) -> int:
+    """``value`` as a partition count, or a ValueError naming it.
+
+    Example:
+        >>> check_partitions(4)
+        4
+    """
+    try:
+        n = operator.index(value)  # ints, numpy ints; not floats or strings
+    except TypeError:
+        n = 0
+    if isinstance(value, bool) or n < 1:
+        raise ValueError(f"partitions must be an integer >= 1 (or None: one per node), got {value!r}")
+    return n
+
+
 class Plan:
     """All epochs of a data set's delivered order.
 
@@ -442,8 +459,7 @@ class Plan:
             raise ValueError(f"unknown shuffle {shuffle!r}; choose one of {sorted(ORDERS)}")
         if int(window) < 1:
             raise ValueError(f"shuffle window must be at least 1 shard, got {window}")
-        if isinstance(partitions, bool) or int(partitions) < 1:
-            raise ValueError(f"partitions must be an integer >= 1, got {partitions!r}")
+        partitions = check_partitions(partitions)
         self.counts = list(int(c) for c in counts)
         self.seed = int(seed)
         self.algo = str(shuffle)

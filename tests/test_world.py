@@ -267,3 +267,9 @@ def test_nodes_from_a_real_process_group(tmp_path, caches, want):
     assert [g[2] for g in got] == want
     assert {g[3] for g in got} == {nodes}
     assert {g[4] for g in got} == {"torch.distributed"}
+
+
+def test_bad_partitions_are_refused(shards):
+    for bad in (0, -2, True, "3", 2.0):
+        with pytest.raises(ValueError, match="partitions must be an integer"):
+            rw.WebDataset(shards, partitions=bad)
