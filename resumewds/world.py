@@ -13,7 +13,9 @@ Where the answer comes from, first match wins:
    ``RANK`` / ``WORLD_SIZE`` (else ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``: one
    node);
 3. nodes from torchrun's ``LOCAL_WORLD_SIZE`` (ranks per node), checked
-   against ``GROUP_RANK`` or ``NODE_RANK`` and ``LOCAL_RANK`` when they are set;
+   against ``GROUP_WORLD_SIZE``, ``GROUP_RANK`` or ``NODE_RANK`` and
+   ``LOCAL_RANK`` when they are set (other launchers that set
+   ``LOCAL_WORLD_SIZE`` must give every node the same number of ranks);
 4. without those variables, under ``torch.distributed``: one all-gather of
    ``hostname:RESUMEWDS_CACHE_DIR`` groups the ranks that share a cache;
 5. else one node.
@@ -221,6 +223,12 @@ def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *
     if lw is not None and env_world == w and env_rank in (None, r):
         if lw < 1 or w % lw:
             return _fallback(r, w, f"LOCAL_WORLD_SIZE={lw} does not divide WORLD_SIZE={w}")
+        # torchrun's node count: with nodes of different sizes every rank must
+        # see the mismatch (a node that did not would lay out positions alone)
+        gw = _env_int("GROUP_WORLD_SIZE", env=e)
+        if gw is not None and gw * lw != w:
+            return _fallback(r, w, f"GROUP_WORLD_SIZE={gw} nodes x LOCAL_WORLD_SIZE={lw} is not "
+                                   f"WORLD_SIZE={w} (nodes of different sizes)")
         node, local = divmod(r, lw)
         group = _env_int("GROUP_RANK", "NODE_RANK", env=e)
         lr = _env_int("LOCAL_RANK", env=e)

@@ -62,6 +62,12 @@ def test_ranks_not_node_major_fall_back_to_one_node(caplog):
     assert (w.nodes, w.node) == (1, 0) and w.source.startswith("fallback")
     assert "one node" in caplog.text
     assert detect_world(env={**TORCHRUN, "LOCAL_WORLD_SIZE": "3"}).nodes == 1
+    # torchrun with nodes of 2 and 6 ranks: both kinds of node fall back, consistently
+    small = {"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+             "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2"}
+    big = {**small, "RANK": "7", "LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "6", "GROUP_RANK": "1"}
+    assert detect_world(env=small).nodes == detect_world(env=big).nodes == 1
+    assert detect_world(env={**TORCHRUN, "GROUP_WORLD_SIZE": "2"}).nodes == 2
 
 
 def test_nodes_from_keys():
