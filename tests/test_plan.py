@@ -322,3 +322,29 @@ def test_a_node_reads_only_its_partitions(shards, samples, nodes, mult, batch, s
         allowed = {s for q in range(n, parts, nodes) for s in ep.partition_shards(q)}
         assert got <= allowed
         assert len(got) <= -(-shards // nodes) + 2 * mult
+
+
+@settings(max_examples=120, deadline=None)
+@given(counts=st.lists(st.integers(0, 25), min_size=1, max_size=10), parts=st.integers(1, 6),
+       seed=st.integers(0, 2**32), data=st.data())
+def test_elastic_schedule_continues_exactly(counts, parts, seed, data):
+    """Runs that change batch size, node count and ranks per node at step
+    boundaries (resumes from the committed position) deliver the epoch's
+    sequence exactly once, in order, with the run's partitions."""
+    ep = Plan(counts, seed=seed, shuffle=True, window=2, partitions=parts).epoch(3)
+    total = len(ep)
+    pos, got = 0, []
+    while pos < total:
+        batch = data.draw(st.integers(1, 4), label="batch")
+        nodes = data.draw(st.integers(1, 3), label="nodes")
+        per = data.draw(st.integers(1, 3), label="ranks per node")
+        lays = [Layout(batch, nodes * per, r, "keep", nodes=nodes) for r in range(nodes * per)]
+        n = lays[0].num_steps(total, pos)
+        run = data.draw(st.integers(1, n), label="steps before the next change")
+        for k in range(run):
+            step = sorted(p for lay in lays for p, pad in lay.slots(total, pos, k) if not pad)
+            got.extend(step)
+        pos = lays[0].position_after(total, pos, run - 1)
+    assert got == list(range(total))
+    assert [ep.sample_at(p) for p in got] == order(Plan(counts, seed=seed, shuffle=True, window=2,
+                                                        partitions=parts), 3)
