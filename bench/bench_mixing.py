@@ -23,7 +23,9 @@ Three orders over the same shards (same sample counts):
   stage that expands a shard into its samples in order, as the tar reader
   does, then shuffle(1000)), one DataLoader worker per rank;
 * **uniform**: a uniform random permutation of all samples, cut into rank
-  batches by the same layout.
+  batches by the same layout;
+* **P=8xnodes** (information, no target): resumewds with 8 partitions per
+  node, where a rank's consecutive positions cycle through 8 partitions.
 
 Targets, per node count: resumewds at least as well mixed as webdataset on
 every figure (``|corr|`` also passes when it is within the noise of a random
@@ -81,8 +83,9 @@ def figures(streams: Sequence[np.ndarray]) -> Dict[str, float]:
             "shards_per_rank": float(np.mean(shards_per_rank)) if shards_per_rank else 0.0}
 
 
-def ours(counts: List[int], nodes: int, per_node: int, seed: int, window: int) -> List[np.ndarray]:
-    plan = Plan(counts, seed=seed, shuffle=True, window=window, partitions=nodes)
+def ours(counts: List[int], nodes: int, per_node: int, seed: int, window: int,
+         partitions: Optional[int] = None) -> List[np.ndarray]:
+    plan = Plan(counts, seed=seed, shuffle=True, window=window, partitions=partitions or nodes)
     ep = plan.epoch(0)
     total, world = len(ep), nodes * per_node
     out = []
@@ -165,13 +168,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         t0 = time.perf_counter()
         f = {"resumewds": figures(ours(counts, nodes, per_node, args.seed, args.window)),
              "webdataset": figures(webdataset_streams(counts, nodes, per_node, args.seed)),
-             "uniform": figures(uniform(counts, nodes, per_node, args.seed))}
+             "uniform": figures(uniform(counts, nodes, per_node, args.seed)),
+             # info: more partitions than nodes (an elastic-friendly count)
+             "P=8xnodes": figures(ours(counts, nodes, per_node, args.seed, args.window, 8 * nodes))}
         o, w = f["resumewds"], f["webdataset"]
         noise = 2 / math.sqrt(max(1.0, o["shards_per_rank"]))
         checks = {"adjacent": o["adjacent"] <= w["adjacent"],
                   "distinct": o["distinct"] >= w["distinct"],
                   "corr": o["corr"] <= max(w["corr"], noise)}
-        for name in ("resumewds", "webdataset", "uniform"):
+        for name in ("resumewds", "webdataset", "uniform", "P=8xnodes"):
             x = f[name]
             line = f"{nodes:>5} {name:<11} {x['adjacent']:>9.4f} {x['distinct']:>9.2f} {x['corr']:>7.3f}"
             if name == "resumewds":
