@@ -20,8 +20,13 @@ what stays allocated, in a second, traced run):
 5. Journal: ``Journal.commit`` rate of one rank file (NORMAL and FULL sync),
    with N processes committing to their own files at once, and
    ``resolve_resume`` over many rank files.
-6. Cache traffic of one node (``--ranks-per-node`` ranks sharing a cache):
-   shards it must fetch vs the samples it uses.
+6. Cache traffic of one node (``--ranks-per-node`` ranks sharing a cache)
+   with one partition: shards it must fetch vs the samples it uses; and,
+   with the node-local plan (partitions = nodes), the bytes each node
+   fetches per epoch / its share for 1, 2, 4 and all nodes (checked against
+   ``Layout.slots`` + ``sample_at`` of a node's ranks), and what an elastic
+   change of the node count costs (per-epoch ratio at the new count, and
+   the one-time refetch with warm caches on the surviving nodes).
 7. What a node failure costs: steps replayed, samples re-read, shards a
    replacement node fetches before its first step.
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import multiprocessing as mp
 import os
 import resource
@@ -126,6 +132,46 @@ def worker_window_misses(ep: Any, layout: Layout, total: int, worker: int, worke
                     held.pop(0)
         done += 1
     return misses, done
+
+
+# ---------------------------------------------------------------------------
+# 6b. the node-local plan: per-node egress and the cost of an elastic change
+# ---------------------------------------------------------------------------
+
+def node_shard_sets(ep: Any, nodes: int) -> List[set]:
+    """The shards each node's ranks read in an epoch.
+
+    Node n's ranks deliver the positions ``p % nodes == n`` (Layout with
+    ``nodes``), and position p is in partition ``p % P``: node n reads the
+    partitions ``q % gcd(nodes, P) == n % gcd(nodes, P)``.  Checked against
+    the real ``Layout.slots`` + ``sample_at`` by :func:`check_node_reads`.
+    """
+    P = ep.partitions
+    g = math.gcd(nodes, P)
+    per_class = [set() for _ in range(g)]
+    for q in range(P):
+        per_class[q % g].update(ep.partition_shards(q))
+    return [per_class[n % g] for n in range(nodes)]
+
+
+def check_node_reads(ep: Any, total: int, batch: int, nodes: int, per_node: int, node: int,
+                     allowed: set, steps: Optional[Sequence[int]] = None) -> Tuple[int, int]:
+    """(samples checked, shards seen) of ``node``'s ranks at ``steps`` (all
+    steps if None): every sample must come from ``allowed``."""
+    world = nodes * per_node
+    seen: set = set()
+    checked = 0
+    lays = [Layout(batch, world, node * per_node + lr, "keep", nodes=nodes) for lr in range(per_node)]
+    n_steps = lays[0].num_steps(total, 0)
+    for k in (range(n_steps) if steps is None else steps):
+        for lay in lays:
+            for pos, _ in lay.slots(total, 0, k):
+                s, _ = ep.sample_at(pos)
+                if s not in allowed:
+                    raise AssertionError(f"node {node} of {nodes} read shard {s} outside its partitions")
+                seen.add(s)
+                checked += 1
+    return checked, len(seen)
 
 
 # ---------------------------------------------------------------------------
@@ -331,7 +377,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shutil.rmtree(d, ignore_errors=True)
 
     # 6. cache traffic per node --------------------------------------------
-    t.section(f"cache traffic of one node ({args.ranks_per_node} ranks share one cache)")
+    t.section(f"partitions=1 (one order over all shards): cache traffic of one node "
+              f"({args.ranks_per_node} ranks share one cache)")
     node = range(args.ranks_per_node)
     n_windows = 8
     end = ep.window_starts[n_windows]
@@ -366,6 +413,87 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"not once per rank: saves {args.ranks_per_node}x")
     figures.update(node_shard_fraction=frac_shards, node_bytes_per_epoch=per_node_epoch,
                    node_used_fraction=used / max(1, len(touched) * n), dataset_bytes=dataset)
+
+    # 6b. node-local plan ---------------------------------------------------
+    per_node = args.ranks_per_node
+    t.section(f"node-local plan (partitions = nodes, the default): per-node egress per epoch, "
+              f"{per_node} ranks per node")
+    shard_bytes = n * args.sample_bytes
+    dataset = S * shard_bytes
+    egress: Dict[str, Any] = {}
+    node_counts = [1, 2, 4, R // per_node]
+    for N in sorted(set(node_counts)):
+        if N < 1 or R % per_node:
+            continue
+        epN, sec, _ = measure(lambda: Plan(counts, seed=7, shuffle=True, window=W, partitions=N).epoch(0),
+                              trace=False)
+        sets = node_shard_sets(epN, N)
+        share = dataset / N
+        ratios = [len(x) * shard_bytes / share for x in sets]
+        node = N // 2
+        if args.quick:
+            chk, seen = check_node_reads(epN, total, B, N, per_node, node, sets[node])
+            how = "every step"
+        else:
+            ks = Layout(B, N * per_node, 0, "keep", nodes=N).num_steps(total, 0)
+            steps = sorted({(i * 7919) % ks for i in range(200)})
+            chk, seen = check_node_reads(epN, total, B, N, per_node, node, sets[node], steps)
+            how = f"{len(steps)} steps"
+        t.add(f"{N} node(s) x {per_node} ranks: bytes fetched per node per epoch / (data set / nodes)",
+              f"max {max(ratios):.3f}, mean {sum(ratios) / N:.3f} "
+              f"({fmt_bytes(max(len(x) for x in sets) * shard_bytes)} "
+              f"per node; {fmt_bytes(sum(len(x) for x in sets) * shard_bytes)} for the job); "
+              f"node {node}: {chk:,} samples of {how} checked, all from its {len(sets[node]):,} shards",
+              sec, None)
+        egress[str(N)] = {"max_ratio": max(ratios), "mean_ratio": sum(ratios) / N,
+                          "node_bytes": max(len(x) for x in sets) * shard_bytes}
+        if N == R // per_node:
+            t.add(f"  {N} nodes with partitions=1 (one order over all shards, as before)",
+                  f"every node reads all {S:,} shards: {fmt_bytes(dataset)} per node, "
+                  f"ratio {N:.0f}; {fmt_bytes(dataset * N)} for the job")
+        del epN, sets
+    # uneven shards: partitions are cut by samples, so a cut splits a shard
+    # that both neighbours then fetch whole
+    Nmax = R // per_node
+    uneven = [n // 2 + (i * 2654435761) % (n + 1) for i in range(S)]  # n/2 .. 3n/2 samples
+    epU = Plan(uneven, seed=7, shuffle=True, window=W, partitions=Nmax).epoch(0)
+    setsU = node_shard_sets(epU, Nmax)
+    shareU = sum(uneven) * args.sample_bytes / Nmax
+    ratiosU = [sum(uneven[x] for x in st) * args.sample_bytes / shareU for st in setsU]
+    t.add(f"{Nmax} nodes, shards of {n // 2:,}-{n + n // 2:,} samples (bytes proportional)",
+          f"bytes per node / share: max {max(ratiosU):.4f}, mean {sum(ratiosU) / Nmax:.4f} "
+          f"(a cut splits at most one shard)")
+    egress["uneven_max_ratio"] = max(ratiosU)
+    del epU, setsU
+    figures["node_egress"] = egress
+    t.add("with a cache that holds a node's share",
+          "partitions are fixed for the run: after epoch 0 a node fetches nothing (epoch 1: 0 bytes)")
+
+    t.section("elastic change: a resume at another node count keeps the run's partitions")
+    elastic = []
+    n1 = R // per_node
+    scen = [(n1, n1, 2 * n1), (n1, n1, max(1, n1 // 5)), (n1, n1, max(1, (n1 * 4) // 5)),
+            (n1, 8 * n1, (n1 * 4) // 5), (n1, 8 * n1, 2 * n1)]
+    for N1, P, N2 in scen:
+        if N2 < 1 or P < 1:
+            continue
+        pl = Plan(counts, seed=7, shuffle=True, window=W, partitions=P)
+        e0 = pl.epoch(0)
+        before, after = node_shard_sets(e0, N1), node_shard_sets(e0, N2)
+        share2 = dataset / N2
+        extra = [len(after[k] - (before[k] if k < N1 else set())) * shard_bytes for k in range(N2)]
+        steady = max(len(x) for x in after) * shard_bytes / share2
+        row = {"from_nodes": N1, "partitions": P, "to_nodes": N2, "steady_ratio": steady,
+               "one_time_bytes": sum(extra), "one_time_max_node_share": max(extra) / share2}
+        elastic.append(row)
+        t.add(f"{N1} -> {N2} nodes, partitions {P}",
+              f"per epoch at {N2}: {steady:.2f} x share"
+              + (" (locality kept)" if steady <= 1.1 else f" (gcd({N2}, {P}) = {math.gcd(N2, P)}: "
+                 "no locality for the rest of the run)")
+              + f"; one-time refetch with warm caches on surviving nodes: {fmt_bytes(sum(extra))} "
+              f"({sum(extra) / dataset:.2f} x the data set; max {max(extra) / share2:.2f} x a node share)")
+        del pl, e0, before, after
+    figures["elastic"] = elastic
 
     # 7. node failure --------------------------------------------------------
     t.section("a node failure (the whole job restarts from the newest complete commit)")

@@ -32,6 +32,7 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
 from .manifest import Manifest, ShardInfo, load_manifest
 from .plan import Layout, Plan
 from .tario import sample_digest, scan_file
+from .world import World, detect_world
 
 __version__ = "0.1.0"
 
@@ -57,7 +58,9 @@ __all__ = [
     "UnsafeSourceError",
     "WebDataset",
     "WebLoader",
+    "World",
     "build_manifest",
+    "detect_world",
     "index_manifest",
     "load_manifest",
     "sample_digest",

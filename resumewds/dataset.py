@@ -32,7 +32,7 @@ from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, R
 from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, MapDict, MapTuple, Rename, Select, ToTuple, default_collate,
                        list_collate)
-from .plan import Layout, Plan, worker_steps
+from .plan import Layout, Plan, check_partitions, worker_steps
 from .sources import Source, resolve_sources
 from .stats import event_record
 
@@ -154,6 +154,9 @@ class WebDataset:
         allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
             the network.
         prefetch: how many upcoming shards to download in the background.
+        partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
+            None: the number of nodes at the run's start (a resume keeps the
+            run's recorded count); 1: one order over all shards.
 
     Example:
         >>> ds = WebDataset(["a.tar", "b.tar"], seed=3).decode().to_tuple("txt", "cls")  # doctest: +SKIP
@@ -163,7 +166,8 @@ class WebDataset:
                  shuffle_window: int = 8, cache_dir: Optional[str] = None,
                  cache_size: Union[int, str, None] = None, verify: str = "once",
                  fetch: Any = None, on_error: str = "raise", allow_pickle: bool = False,
-                 allow_remote_pipe: bool = False, prefetch: int = 4):
+                 allow_remote_pipe: bool = False, prefetch: int = 4,
+                 partitions: Optional[int] = None):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if verify not in ("once", "always", "never"):
@@ -191,7 +195,9 @@ class WebDataset:
         self._reader: Optional[_ShardReader] = None
         self._events: List[Dict[str, Any]] = []
         self._failed: Dict[int, str] = {}
-        Plan([1], seed, shuffle, shuffle_window)  # validate shuffle settings early
+        self.partitions = partitions  # requested; None: resolved by the loader
+        self.plan_partitions = 1 if partitions is None else check_partitions(partitions)
+        Plan([1], seed, shuffle, shuffle_window, self.plan_partitions)  # validate settings early
 
     # ---- fluent stages (WebDataset's API) -------------------------------
     def _add(self, fn: Callable[[Any], Any]) -> "WebDataset":
@@ -263,8 +269,15 @@ class WebDataset:
     @property
     def plan(self) -> Plan:
         if self._plan is None:
-            self._plan = Plan(self.manifest.counts, self.seed, self.shuffle, self.shuffle_window)
+            self._plan = Plan(self.manifest.counts, self.seed, self.shuffle, self.shuffle_window,
+                              self.plan_partitions)
         return self._plan
+
+    def use_partitions(self, n: int) -> None:
+        """Set the partition count the plan uses (the loader resolves None)."""
+        if int(n) != self.plan_partitions:
+            self.plan_partitions = int(n)
+            self._plan = None
 
     @property
     def store(self) -> Any:
@@ -317,9 +330,11 @@ class WebDataset:
     def _shard_reader(self) -> "_ShardReader":
         """This process's open shards (created on first use)."""
         if self._reader is None:
-            # a shuffled window reads its shards at once; in order, two are enough
-            # (fewer pins: the cache_size budget holds better)
-            self._reader = _ShardReader(self.store, self.shuffle_window + 2 if self.plan.algo == "window" else 2)
+            # a shuffled window reads its shards at once (one window per
+            # partition of this rank's node); in order, two are enough (fewer
+            # pins: the cache_size budget holds better)
+            per_window = self.shuffle_window if self.plan.algo == "window" else 1
+            self._reader = _ShardReader(self.store, per_window * min(self.plan_partitions, 8) + 2)
         return self._reader
 
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
@@ -423,7 +438,7 @@ class WebDataset:
                     # them at once) and then ``prefetch`` shards beyond it;
                     # cached ones are left out by the store
                     here = ep.window_shards(w)
-                    upcoming = [shards[i] for i in ep.shards_from(ep.window_starts[w],
+                    upcoming = [shards[i] for i in ep.shards_from(slots[0][0],
                                                                   len(here) + self.prefetch_depth)]
                     if upcoming:
                         try:

@@ -33,13 +33,14 @@ from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError
 from .pipeline import default_collate, list_collate
 from .plan import Layout
+from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 from .stats import Stats, flat_scalars, setup_logging, worker_logging
 
 log = logging.getLogger("resumewds")
 
 STATE_FORMAT = "resumewds.loader"
 STATE_VERSION = 1
-_ORDER_KEYS = ("manifest", "seed", "shuffle", "shuffle_window", "samples")
+_ORDER_KEYS = ("manifest", "seed", "shuffle", "shuffle_window", "samples", "partitions")
 _UNSET: Any = object()
 
 
@@ -47,57 +48,8 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def _env_int(*names: str) -> Optional[int]:
-    """The first of the environment variables ``names`` that is set, as an int."""
-    for name in names:
-        raw = os.environ.get(name)
-        if raw is not None and raw.strip() != "":
-            try:
-                return int(raw)
-            except ValueError:
-                raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-    return None
-
-
-def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
-    """Rank and world size: explicit arguments, else torch.distributed, else env.
-
-    Each explicit argument overrides on its own.  Without an initialized
-    process group the environment is read: ``RANK`` / ``WORLD_SIZE`` (set by
-    torchrun), else ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (launchers that set
-    only the per-node variables, i.e. a single node); neither means (0, 1).
-
-    Raises:
-        ValueError: an environment variable is not an integer, or the result
-            is not a valid rank in a world of that size.
-
-    Example:
-        >>> world_from_env(1, 4)
-        (1, 4)
-    """
-    r, w = rank, world_size
-    if r is None or w is None:
-        dr = dw = None
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                dr, dw = dist.get_rank(), dist.get_world_size()
-        except Exception:  # pragma: no cover - torch without distributed
-            pass
-        if dr is None:
-            # a rank without a world size would silently read rank 0's share
-            dr = _env_int("RANK", "LOCAL_RANK")
-            dw = _env_int("WORLD_SIZE", "LOCAL_WORLD_SIZE")
-            dr = 0 if dr is None else dr
-            dw = 1 if dw is None else dw
-        r = dr if r is None else r
-        w = dw if w is None else w
-    r, w = int(r), int(w)
-    if w < 1 or not 0 <= r < w:
-        raise ValueError(f"rank {r} is not in a world of size {w} (explicit arguments, "
-                         "torch.distributed, then RANK/WORLD_SIZE or LOCAL_RANK/LOCAL_WORLD_SIZE)")
-    return r, w
+def _auto_partitions(ds: WebDataset) -> bool:
+    return getattr(ds, "partitions", 1) is None
 
 
 def _die_with_parent() -> None:
@@ -198,6 +150,9 @@ class WebLoader:
             across different counts).
         collate_fn: how to collate a batch (default: torch's default_collate).
         rank, world_size: override torch.distributed / RANK / WORLD_SIZE.
+        nodes: groups of ranks that share a cache (default: from torchrun's
+            LOCAL_WORLD_SIZE, see :mod:`resumewds.world`); each node reads its
+            own partitions of the data set.
         remainder: the final short step of an epoch: ``"keep"``, ``"pad"`` or
             ``"drop"`` (see :mod:`resumewds.plan`).  Every rank always yields
             the same number of batches.
@@ -223,7 +178,8 @@ class WebLoader:
                  collate_fn: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None,
                  remainder: str = "keep", journal: Optional[str] = None,
                  resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
-                 journal_sync: str = "NORMAL", **dataloader_kwargs: Any):
+                 journal_sync: str = "NORMAL", nodes: Optional[int] = None,
+                 **dataloader_kwargs: Any):
         if not isinstance(dataset, WebDataset):
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
         for bad in ("shuffle", "sampler", "batch_sampler"):
@@ -251,8 +207,11 @@ class WebLoader:
         if self.batch_size is not None and int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
-        self.rank, self.world_size = world_from_env(rank, world_size)
-        self.layout = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank, remainder)
+        self.world = detect_world(rank, world_size, nodes=nodes)
+        self.rank, self.world_size = self.world.rank, self.world.world_size
+        self.layout = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank, remainder,
+                             nodes=self.world.nodes)
+        dataset.use_partitions(resolve_partitions(dataset.partitions, self.world.nodes))
         self.remainder = remainder
         self.dataloader_kwargs = dataloader_kwargs
         self.epoch = 0
@@ -289,6 +248,13 @@ class WebLoader:
                                            resolve_resume)
         j = Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync)
         try:
+            stored = j.config()
+            if not stored and point is not None and self.rank != 0:  # a rank new to the run
+                with Journal(path, rank=0, readonly=True) as j0:
+                    stored = j0.config()
+            if stored and _auto_partitions(self.dataset):  # a resume keeps the run's partitions
+                self.dataset.use_partitions(resolve_partitions(None, self.world.nodes, stored))
+                self.config = self.dataset.config()
             j.check_config(self._journal_config(),
                            compatible_keys=("batch_size", "world_size", "num_workers", "rank"))
             remote = [{"url": sh.url} for sh in self.dataset.manifest.shards
@@ -312,7 +278,8 @@ class WebLoader:
                 else:
                     self.samples_total = 0
                 detail = {"step": point["step"], "epoch": self.epoch, "position": self.position,
-                          "world_size": self.world_size, "num_workers": self.num_workers}
+                          "world_size": self.world_size, "num_workers": self.num_workers,
+                          "nodes": self.world.nodes, "partitions": self.dataset.plan_partitions}
                 if point.get("skipped_incomplete"):
                     detail["skipped_incomplete"] = point["skipped_incomplete"]
                 j.record_events([dict(kind="resume", **detail)])
@@ -461,6 +428,9 @@ class WebLoader:
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"loader state version {state.get('version')} is newer than this resumewds")
         cfg = state.get("config", {})
+        if _auto_partitions(self.dataset):  # adopt the state's partitions
+            self.dataset.use_partitions(int(cfg.get("partitions") or 1))
+            self.config = self.dataset.config()
         diffs = [f"{k}: state has {cfg.get(k)!r}, loader has {self.config.get(k)!r}"
                  for k in _ORDER_KEYS if cfg.get(k) != self.config.get(k)]
         if diffs:

@@ -20,6 +20,16 @@ the manifest:
    samples of an 80,000-sample window pays for 32, not 80,000.
 4. The epoch sequence is the windows one after another.
 
+**Partitions (node-local plan).**  With ``partitions=P`` > 1 the shards, in
+a seed-only permutation (manifest order without shuffle), are cut once for
+the whole run into P runs of equal sample counts (``c`` or ``c + 1``; a shard
+that straddles a cut is split into two pieces).  Each epoch orders every
+partition on its own exactly as above (its pieces permuted by the epoch's
+shard hash, windows, Feistel), and position ``p`` is sample ``p // P`` of
+partition ``p % P``: the epoch sequence is the round-robin interleave of the
+partitions (as MosaicML Streaming interleaves its canonical nodes).  With
+``P = 1`` it is the sequence above, unchanged.
+
 With ``shuffle=False`` the sequence is manifest order.  The ``"shards"``
 algorithm permutes shards but keeps each shard's samples in order (fully
 sequential reads).  Algorithms are plain callables registered in
@@ -28,13 +38,19 @@ sequential reads).  Algorithms are plain callables registered in
 **Positions and the world layout.**  A *position* ``p`` is how many samples of
 the epoch sequence have been delivered over all ranks.  From a start position
 ``p0`` a *step* covers ``batch_size * world_size`` positions, and rank ``r``
-takes the r-th ``batch_size`` slice.  The final, short step is handled by the
-``remainder`` policy:
+takes the r-th ``batch_size`` slice.  With ``nodes`` (groups of ranks that
+share a cache, ranks numbered node-major) node ``n`` takes the step's
+positions ``p % nodes == n`` and its local ranks slices of those: the step
+still covers the same contiguous positions, and a node whose count divides
+``partitions`` reads only its own partitions' shards.  The final, short step
+is handled by the ``remainder`` policy:
 
 * ``"keep"`` (default): the leftover ``m`` samples are split into
-  ``world_size`` contiguous parts whose sizes differ by at most one; if
-  ``m < world_size`` the ranks that would get nothing get one *padding*
-  sample each, so that every rank yields the same number of batches.
+  ``world_size`` parts whose sizes differ by at most one (contiguous with
+  one node; with nodes, each node splits its own positions among its
+  ranks); the ranks that would get nothing get one *padding* sample each
+  (from the start of the epoch, from their node's positions), so that every
+  rank yields the same number of batches.
 * ``"pad"``: the last step is filled to full size with samples from the
   start of the epoch's sequence, marked as padding.
 * ``"drop"``: the leftover samples are not delivered this epoch.
@@ -54,15 +70,17 @@ Example:
 from __future__ import annotations
 
 import bisect
+import operator
 import struct
 from array import array
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import xxhash
 
 _TAG_SHARDS = 0x5348415244  # "SHARD"
 _TAG_WINDOW = 0x57494E444F57  # "WINDOW"
+_TAG_PARTS = 0x5041525453  # "PARTS"
 _MASK = (1 << 64) - 1
 
 
@@ -139,74 +157,159 @@ class FeistelPermutation:
                 return x
 
 
+Segment = Tuple[int, int, int]  # (shard index, first sample in the shard, samples)
+
+
 class EpochPlan:
     """The sample sequence of one epoch, with random access.
 
-    ``sample_at(i)`` returns ``(shard_index, sample_in_shard)`` of the i-th
+    ``sample_at(p)`` returns ``(shard_index, sample_in_shard)`` of the p-th
     delivered sample.  Within a window the permutation is evaluated per
     position (:class:`FeistelPermutation`), so any position costs O(1).
+
+    The epoch is ``partitions`` sequences (see :class:`Plan`) laid out one
+    after the other in *local* order (partition 0's windows, then partition
+    1's, ...; ``window_starts`` is in local indices); position ``p`` is local
+    index ``part_start(p % P) + p // P``.  With one partition, local index and
+    position are the same.
+
+    Args:
+        counts: samples per shard.
+        shard_order: the shards, in epoch order (one partition); ignored when
+            ``parts`` is given.
+        window: segments (shards, or pieces of shards) per window.
+        window_key: the Feistel key of the epoch; None keeps the samples of a
+            window in order.
+        parts: the partitions' segments ``(shard, first sample, count)`` in
+            epoch order; partition q must hold ``c + 1`` samples for
+            ``q < total % P`` and ``c = total // P`` otherwise.
     """
 
-    def __init__(self, counts: Sequence[int], shard_order: Sequence[int], window: int,
-                 window_key: Optional[int]):
+    def __init__(self, counts: Sequence[int], shard_order: Optional[Sequence[int]], window: int,
+                 window_key: Optional[int], *, parts: Optional[Sequence[Sequence[Segment]]] = None):
         self.counts = counts
-        self.shard_order = list(shard_order)
         self.window = max(1, int(window))
         self.window_key = window_key  # None: samples keep shard order
-        nw = (len(self.shard_order) + self.window - 1) // self.window
-        starts = array("q", [0])
+        if parts is None:
+            parts = [[(int(s), 0, int(counts[s])) for s in (shard_order or [])]]
+        self.partitions = len(parts)
+        seg_shard, seg_first, seg_count = array("q"), array("q"), array("q")
+        win_seg, starts, part_win = array("q", [0]), array("q", [0]), array("q", [0])
         t = 0
-        for w in range(nw):
-            for s in self.shard_order[w * self.window:(w + 1) * self.window]:
-                t += int(counts[s])
-            starts.append(t)
-        self.window_starts = starts
+        for segs in parts:
+            for k in range(0, len(segs), self.window):
+                for s, f, n in segs[k:k + self.window]:
+                    seg_shard.append(s)
+                    seg_first.append(f)
+                    seg_count.append(n)
+                    t += n
+                win_seg.append(len(seg_shard))
+                starts.append(t)
+            part_win.append(len(starts) - 1)
+        self.seg_shard, self.seg_first, self.seg_count = seg_shard, seg_first, seg_count
+        self.win_seg, self.window_starts, self.part_win = win_seg, starts, part_win
         self.total = t
-        self._cache: Dict[int, Tuple[List[int], array, Any]] = {}
+        self._c, self._rem = divmod(t, self.partitions)
+        for q in range(self.partitions):
+            got = starts[part_win[q + 1]] - starts[part_win[q]]
+            if got != self._c + (1 if q < self._rem else 0):
+                raise ValueError(f"partition {q} holds {got} samples; an epoch of {t} samples in "
+                                 f"{self.partitions} partitions needs {self._c} or {self._c + 1}")
+        self._cache: Dict[int, Tuple[int, array, Any]] = {}
 
     def __len__(self) -> int:
         return self.total
 
-    def _window(self, w: int) -> Tuple[List[int], array, Any]:
+    # ---- positions <-> local indices -------------------------------------
+    def local(self, p: int) -> int:
+        """The local index of position ``p``: partition ``p % P``, its sample ``p // P``."""
+        P = self.partitions
+        if P == 1:
+            return p
+        q = p % P
+        return q * self._c + min(q, self._rem) + p // P
+
+    def position(self, t: int) -> int:
+        """The position of local index ``t`` (inverse of :meth:`local`)."""
+        P, c, rem = self.partitions, self._c, self._rem
+        if P == 1:
+            return t
+        big = rem * (c + 1)
+        if t < big:
+            q, i = divmod(t, c + 1)
+        else:
+            q, i = divmod(t - big, c)
+            q += rem
+        return i * P + q
+
+    def partition_of_window(self, w: int) -> int:
+        return bisect.bisect_right(self.part_win, w) - 1
+
+    # ---- windows ----------------------------------------------------------
+    def _window(self, w: int) -> Tuple[int, array, Any]:
         hit = self._cache.get(w)
         if hit is not None:
             return hit
-        shards = self.shard_order[w * self.window:(w + 1) * self.window]
+        s0, s1 = self.win_seg[w], self.win_seg[w + 1]
         starts = array("q", [0])
-        for s in shards:
-            starts.append(starts[-1] + int(self.counts[s]))
+        for k in range(s0, s1):
+            starts.append(starts[-1] + self.seg_count[k])
         m = starts[-1]
         perm: Any = range(m) if self.window_key is None else FeistelPermutation(m, mix(self.window_key, w))
-        if len(self._cache) >= 4:
+        if len(self._cache) >= 4 * self.partitions:
             self._cache.pop(next(iter(self._cache)))
-        self._cache[w] = (shards, starts, perm)
+        self._cache[w] = (s0, starts, perm)
         return self._cache[w]
 
-    def window_of(self, i: int) -> int:
-        """The window index holding position ``i``."""
-        return bisect.bisect_right(self.window_starts, i) - 1
+    def window_of(self, p: int) -> int:
+        """The window holding position ``p``."""
+        return bisect.bisect_right(self.window_starts, self.local(p)) - 1
 
     def window_shards(self, w: int) -> List[int]:
-        """Shard indices of window ``w`` (in permuted order)."""
-        return self.shard_order[w * self.window:(w + 1) * self.window]
-
-    def sample_at(self, i: int) -> Tuple[int, int]:
-        """``(shard_index, sample_in_shard)`` of position ``i`` of this epoch."""
-        if not 0 <= i < self.total:
-            raise IndexError(f"position {i} outside epoch of {self.total} samples")
-        w = bisect.bisect_right(self.window_starts, i) - 1
-        shards, starts, perm = self._window(w)
-        j = perm[i - self.window_starts[w]]
-        k = bisect.bisect_right(starts, j) - 1
-        return shards[k], j - starts[k]
-
-    def shards_from(self, i: int, count: int) -> List[int]:
-        """Up to ``count`` distinct shards needed from position ``i`` on."""
+        """Shard indices of window ``w`` (in epoch order)."""
         out: List[int] = []
-        if i >= self.total:
+        for k in range(self.win_seg[w], self.win_seg[w + 1]):
+            s = self.seg_shard[k]
+            if s not in out:
+                out.append(s)
+        return out
+
+    @property
+    def shard_order(self) -> List[int]:
+        """The shards in local epoch order (each once)."""
+        seen: Dict[int, None] = {}
+        for s in self.seg_shard:
+            seen.setdefault(s, None)
+        return list(seen)
+
+    def partition_shards(self, q: int) -> List[int]:
+        """The shards (or pieces of them) partition ``q`` reads this epoch."""
+        out: Dict[int, None] = {}
+        for k in range(self.win_seg[self.part_win[q]], self.win_seg[self.part_win[q + 1]]):
+            if self.seg_count[k]:
+                out.setdefault(self.seg_shard[k], None)
+        return list(out)
+
+    def sample_at(self, p: int) -> Tuple[int, int]:
+        """``(shard_index, sample_in_shard)`` of position ``p`` of this epoch."""
+        if not 0 <= p < self.total:
+            raise IndexError(f"position {p} outside epoch of {self.total} samples")
+        t = self.local(p)
+        w = bisect.bisect_right(self.window_starts, t) - 1
+        s0, starts, perm = self._window(w)
+        j = perm[t - self.window_starts[w]]
+        k = bisect.bisect_right(starts, j) - 1
+        return self.seg_shard[s0 + k], self.seg_first[s0 + k] + j - starts[k]
+
+    def shards_from(self, p: int, count: int) -> List[int]:
+        """Up to ``count`` distinct shards the partition of position ``p`` needs
+        from the window holding ``p`` on (what to prefetch)."""
+        out: List[int] = []
+        if p >= self.total:
             return out
-        w = self.window_of(i)
-        while len(out) < count and w * self.window < len(self.shard_order):
+        w = self.window_of(p)
+        end = self.part_win[self.partition_of_window(w) + 1]
+        while len(out) < count and w < end:
             for s in self.window_shards(w):
                 if s not in out:
                     out.append(s)
@@ -214,24 +317,85 @@ class EpochPlan:
         return out[:count]
 
 
-OrderFn = Callable[[Sequence[int], int, int, int], EpochPlan]
+def cut_partitions(counts: Sequence[int], order: Sequence[int], partitions: int) -> List[List[Segment]]:
+    """Cut the shards, in ``order``, into ``partitions`` runs of equal sample counts.
+
+    Partition q gets ``c + 1`` samples for ``q < total % P``, else ``c``
+    (``c = total // P``); a shard that straddles a cut is split into two
+    segments, one per side (so each partition boundary splits at most one
+    shard).  Empty shards stay with the partition they fall in.
+
+    Example:
+        >>> cut_partitions([3, 3, 3], [0, 1, 2], 2)
+        [[(0, 0, 3), (1, 0, 2)], [(1, 2, 1), (2, 0, 3)]]
+    """
+    P = int(partitions)
+    total = sum(int(counts[s]) for s in order)
+    c, rem = divmod(total, P)
+    parts: List[List[Segment]] = [[] for _ in range(P)]
+    q, cap = 0, c + (1 if rem else 0)
+    for s in order:
+        n, f = int(counts[s]), 0
+        while cap == 0 and q < P - 1:
+            q += 1
+            cap = c + (1 if q < rem else 0)
+        if n == 0:
+            parts[q].append((int(s), 0, 0))
+            continue
+        while n > 0:
+            while cap == 0 and q < P - 1:
+                q += 1
+                cap = c + (1 if q < rem else 0)
+            take = min(n, cap)
+            parts[q].append((int(s), f, take))
+            f += take
+            n -= take
+            cap -= take
+    return parts
 
 
-def window_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
-    """Permute shards per epoch, shuffle samples within windows of shards."""
-    order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
-    return EpochPlan(counts, order, window, mix(seed, epoch, _TAG_WINDOW))
+def _epoch_sorted(parts: List[List[Segment]], key: int) -> List[List[Segment]]:
+    """Each partition's segments sorted by a keyed hash of their shard index
+    (the order :func:`permutation` gives whole shards)."""
+    h = xxhash.xxh3_64_intdigest
+    pk = struct.Struct("<Q").pack
+    return [sorted(part, key=lambda seg: (h(pk(seg[0]), key), seg[0])) for part in parts]
 
 
-def shard_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
+OrderFn = Callable[..., EpochPlan]
+
+
+def window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                 partitions: int = 1) -> EpochPlan:
+    """Permute shards per epoch, shuffle samples within windows of shards.
+
+    With partitions, the shards are cut into partitions once for the run
+    (after a seed-only permutation) and permuted per epoch within each."""
+    if partitions == 1:
+        order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
+        return EpochPlan(counts, order, window, mix(seed, epoch, _TAG_WINDOW))
+    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
+    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
+                     parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
+
+
+def shard_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                partitions: int = 1) -> EpochPlan:
     """Permute shards per epoch; samples stay in order inside each shard."""
-    order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
-    return EpochPlan(counts, order, 1, None)
+    if partitions == 1:
+        order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
+        return EpochPlan(counts, order, 1, None)
+    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
+    return EpochPlan(counts, None, 1, None, parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
 
 
-def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
-    """No shuffling: manifest order every epoch."""
-    return EpochPlan(counts, range(len(counts)), 1, None)
+def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                   partitions: int = 1) -> EpochPlan:
+    """No shuffling: manifest order every epoch (with partitions: the
+    round-robin interleave of ``partitions`` contiguous runs of it)."""
+    if partitions == 1:
+        return EpochPlan(counts, range(len(counts)), 1, None)
+    return EpochPlan(counts, None, 1, None, parts=cut_partitions(counts, range(len(counts)), partitions))
 
 
 ORDERS: Dict[str, OrderFn] = {
@@ -239,6 +403,22 @@ ORDERS: Dict[str, OrderFn] = {
     "shards": shard_order,
     "none": manifest_order,
 }
+
+
+def check_partitions(value: Any) -> int:
+    """``value`` as a partition count, or a ValueError naming it.
+
+    Example:
+        >>> check_partitions(4)
+        4
+    """
+    try:
+        n = operator.index(value)  # ints, numpy ints; not floats or strings
+    except TypeError:
+        n = 0
+    if isinstance(value, bool) or n < 1:
+        raise ValueError(f"partitions must be an integer >= 1 (or None: one per node), got {value!r}")
+    return n
 
 
 class Plan:
@@ -250,15 +430,27 @@ class Plan:
         shuffle: False for manifest order; True (or ``"window"``) for the
             windowed shuffle; ``"shards"`` to shuffle shard order only.
         window: shards per shuffle window (``"window"`` order only).
+        partitions: how many node-local partitions the epoch is cut into
+            (1: one sequence over all shards, the order of earlier versions).
+            The shards are cut once for the run into ``partitions`` runs of
+            equal sample counts; each epoch orders each partition on its own
+            (shards permuted, windows, Feistel) and position ``p`` is sample
+            ``p // P`` of partition ``p % P``.  A node whose ranks take the
+            positions ``p % nodes == node`` (:class:`Layout` with ``nodes``)
+            then reads only its own partitions when ``nodes`` divides
+            ``partitions``.
 
     Example:
         >>> p = Plan([2, 2], seed=1)
         >>> sorted(p.epoch(0).sample_at(i) for i in range(4))
         [(0, 0), (0, 1), (1, 0), (1, 1)]
+        >>> q = Plan([4, 4, 4, 4], seed=1, partitions=2).epoch(0)
+        >>> sorted({q.sample_at(p)[0] for p in range(0, 16, 2)}) == sorted(q.partition_shards(0))
+        True
     """
 
     def __init__(self, counts: Sequence[int], seed: int = 0, shuffle: "bool | str" = True,
-                 window: int = 8):
+                 window: int = 8, partitions: int = 1):
         if shuffle is True:
             shuffle = "window"
         elif shuffle is False or shuffle is None:
@@ -267,10 +459,12 @@ class Plan:
             raise ValueError(f"unknown shuffle {shuffle!r}; choose one of {sorted(ORDERS)}")
         if int(window) < 1:
             raise ValueError(f"shuffle window must be at least 1 shard, got {window}")
+        partitions = check_partitions(partitions)
         self.counts = list(int(c) for c in counts)
         self.seed = int(seed)
         self.algo = str(shuffle)
         self.window = int(window)
+        self.partitions = int(partitions)
         self._epochs: Dict[int, EpochPlan] = {}
 
     @property
@@ -280,16 +474,26 @@ class Plan:
     def epoch(self, e: int) -> EpochPlan:
         ep = self._epochs.get(e)
         if ep is None:
-            ep = ORDERS[self.algo](self.counts, self.seed, e, self.window)
+            fn = ORDERS[self.algo]
+            if self.partitions == 1:
+                ep = fn(self.counts, self.seed, e, self.window)
+            else:
+                ep = fn(self.counts, self.seed, e, self.window, partitions=self.partitions)
             if len(self._epochs) >= 2:
                 self._epochs.pop(next(iter(self._epochs)))
             self._epochs[e] = ep
         return ep
 
     def describe(self) -> Dict[str, object]:
-        """The settings the order depends on (for the journal's config check)."""
-        return {"seed": self.seed, "shuffle": self.algo,
-                "shuffle_window": self.window if self.algo == "window" else None}
+        """The settings the order depends on (for the journal's config check).
+
+        ``partitions`` appears only when it is not 1, so that journals and
+        states of earlier versions (one partition) still match."""
+        d: Dict[str, object] = {"seed": self.seed, "shuffle": self.algo,
+                                "shuffle_window": self.window if self.algo == "window" else None}
+        if self.partitions != 1:
+            d["partitions"] = self.partitions
+        return d
 
 
 # ---------------------------------------------------------------------------
@@ -303,17 +507,30 @@ REMAINDERS = ("keep", "pad", "drop")
 class Layout:
     """How an epoch's sequence is cut into steps and split across ranks.
 
+    A step is always a contiguous range of ``batch_size * world_size``
+    positions, whatever the layout.  With ``nodes`` > 1 the ranks are grouped
+    node-major (ranks ``n*L .. n*L+L-1`` are node ``n``, ``L = world_size //
+    nodes``): node ``n`` takes the step's positions ``p % nodes == n`` (exactly
+    ``batch_size * L`` of a full step) and its local rank ``l`` the l-th
+    ``batch_size`` of them.  With one node that is the r-th contiguous slice.
+
     Attributes:
         batch_size: samples per rank per step.
         world_size: number of ranks.
         rank: this rank.
         remainder: ``"keep"``, ``"pad"`` or ``"drop"`` (see module docs).
+        nodes: groups of ranks that share a cache (must divide world_size).
+
+    Example:
+        >>> [Layout(2, 4, r, nodes=2).slots(100, 0, 0) for r in (0, 2)]
+        [[(0, False), (2, False)], [(1, False), (3, False)]]
     """
 
     batch_size: int
     world_size: int = 1
     rank: int = 0
     remainder: str = "keep"
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -322,10 +539,17 @@ class Layout:
             raise ValueError(f"rank {self.rank} is not in a world of size {self.world_size}")
         if self.remainder not in REMAINDERS:
             raise ValueError(f"remainder must be one of {REMAINDERS}, got {self.remainder!r}")
+        if self.nodes < 1 or self.world_size % self.nodes:
+            raise ValueError(f"{self.nodes} nodes cannot split a world of {self.world_size} ranks "
+                             "evenly")
 
     @property
     def step_size(self) -> int:
         return self.batch_size * self.world_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nodes
 
     def num_steps(self, total: int, start: int) -> int:
         """Steps from position ``start`` to the end of an epoch of ``total``."""
@@ -348,33 +572,38 @@ class Layout:
         """Positions rank ``rank`` delivers at ``step``: ``[(position, is_pad)]``.
 
         Padding slots carry a real position to read (a sample from the start
-        of the epoch) and ``is_pad=True``.
+        of the epoch, of the rank's node when there are nodes) and
+        ``is_pad=True``.
         """
         r = self.rank if rank is None else rank
-        b, R = self.batch_size, self.world_size
+        b, N = self.batch_size, self.nodes
+        L = self.world_size // N
+        n, lr = divmod(r, L)
         s0 = start + step * self.step_size
         left = total - s0
         if left <= 0:
             return []
+        f = s0 + (n - s0) % N  # the node's first position of the step
         if left >= self.step_size:
-            return [(s0 + r * b + j, False) for j in range(b)]
+            return [(f + N * (lr * b + j), False) for j in range(b)]
         # the final, short step
         if self.remainder == "drop":
             return []
         if self.remainder == "pad":
             out = []
             for j in range(b):
-                g = s0 + r * b + j
+                g = f + N * (lr * b + j)
                 out.append((g, False) if g < total else ((g - total) % total, True))
             return out
-        q, extra = divmod(left, R)
+        mine = max(0, (total - f + N - 1) // N)  # the node's positions in [s0, total)
+        q, extra = divmod(mine, L)
         if q == 0:
-            if r < left:
-                return [(s0 + r, False)]
-            return [((r - left) % total, True)]
-        lo = s0 + r * q + min(r, extra)
-        size = q + (1 if r < extra else 0)
-        return [(lo + j, False) for j in range(size)]
+            if lr < mine:
+                return [(f + N * lr, False)]
+            return [((n + N * (lr - mine)) % total, True)]
+        lo = lr * q + min(lr, extra)
+        size = q + (1 if lr < extra else 0)
+        return [(f + N * (lo + j), False) for j in range(size)]
 
 
 def worker_steps(num_steps: int, worker: int, num_workers: int) -> range:

@@ -5,7 +5,7 @@ joins a gloo process group, builds a :class:`resumewds.WebLoader` over the
 given data and, for every batch, appends one JSON line to
 ``OUT/<tag>.rank<r>.jsonl``::
 
-    {"rank", "world", "workers", "remainder", "step", "epoch",
+    {"rank", "world", "workers", "node", "nodes", "partitions", "remainder", "step", "epoch",
      "idx": [global positions], "keys": [...], "pads": [bools], "pads_stat"}
 
 then all-reduces the batch size (as DDP's gradient all-reduce would; it
@@ -54,7 +54,7 @@ def collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
 def run(args: argparse.Namespace, remainder: str, journal: str | None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     ds = rw.WebDataset(args.data, seed=args.seed, shuffle=args.shuffle,
-                       shuffle_window=args.window)
+                       shuffle_window=args.window, partitions=args.partitions)
     resume = args.resume_step if args.resume_step is not None else bool(args.resume)
     tag = args.tag if len(args.remainders.split(",")) == 1 else f"{args.tag}-{remainder}"
     try:
@@ -81,6 +81,8 @@ def run(args: argparse.Namespace, remainder: str, journal: str | None) -> None:
                     raise SystemExit(f"batch spans epochs {sorted(epochs)}")
                 pads_seen += sum(batch["pads"])
                 line = {"rank": rank, "world": world, "workers": args.workers,
+                        "node": loader.world.node, "nodes": loader.world.nodes,
+                        "partitions": loader.dataset.plan.partitions,
                         "remainder": remainder, "step": step, "epoch": epochs.pop(),
                         "idx": batch["idx"], "keys": batch["keys"], "pads": batch["pads"],
                         "pads_stat": loader.stats().get("pads")}
@@ -124,6 +126,8 @@ def main() -> None:
     p.add_argument("--shuffle", default="window")
     p.add_argument("--window", type=int, default=2)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--partitions", type=int, default=None,
+                   help="WebDataset(partitions=); default: the number of nodes (or the run's)")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -78,10 +78,12 @@ def child_env(cache_dir: str) -> Dict[str, str]:
 class Job:
     """One torchrun launch, its output in ``log`` (stdout and stderr)."""
 
-    def __init__(self, nproc: int, script: str, args: Sequence[str], cache_dir: str, log: str):
+    def __init__(self, nproc: int, script: str, args: Sequence[str], cache_dir: str, log: str,
+                 nnodes: int = 1, node_rank: int = 0, master_port: Optional[int] = None):
         self.log = log
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--master_addr=127.0.0.1", f"--master_port={free_port()}", script, *args]
+        nodes = [f"--nnodes={nnodes}", f"--node_rank={node_rank}"] if nnodes > 1 else []
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *nodes,
+               "--master_addr=127.0.0.1", f"--master_port={master_port or free_port()}", script, *args]
         self._out = open(log, "ab")
         # own session: the test can kill the whole tree, and nothing else
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO,
@@ -128,15 +130,22 @@ class Job:
         torchrun's process group would leave the ranks running: freeze the
         tree (SIGSTOP), then SIGKILL every process of it.
         """
-        procs = [self.proc.pid] + self.descendants()
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for p in procs + [q for q in self.descendants() if q not in procs]:
-                try:
-                    os.kill(p, sig)
-                except ProcessLookupError:
-                    pass
-        self.proc.wait(30)
-        self._out.close()
+        kill_all([self])
+
+
+def kill_all(jobs: Sequence["Job"]) -> None:
+    """Freeze every process of every job (SIGSTOP), then SIGKILL them all:
+    several torchrun invocations (nodes) fail at the same instant."""
+    procs = [p for j in jobs for p in [j.proc.pid] + j.descendants()]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in procs + [q for j in jobs for q in j.descendants() if q not in procs]:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+    for j in jobs:
+        j.proc.wait(30)
+        j._out.close()
 
 
 def wait_for(pred, timeout: float, what: str, job: Optional[Job] = None) -> None:
@@ -168,9 +177,11 @@ def key_of(plan: Plan, epoch: int, pos: int) -> str:
 
 
 def delivered(lines: Dict[int, List[dict]], first_step: Optional[int] = None,
-              last_step: Optional[int] = None) -> List[Tuple[int, int, str]]:
+              last_step: Optional[int] = None, by_position: bool = False) -> List[Tuple[int, int, str]]:
     """Non-padding ``(epoch, position, key)`` in global order: by step, then
-    rank slices in rank order.  Asserts every rank logged every step."""
+    rank slices in rank order (``by_position``: the step's samples sorted by
+    position, for multi-node layouts, where a node's ranks take every
+    ``nodes``-th position of a step).  Asserts every rank logged every step."""
     by_step: Dict[int, Dict[int, dict]] = {}
     for r, ls in lines.items():
         for ln in ls:
@@ -181,10 +192,12 @@ def delivered(lines: Dict[int, List[dict]], first_step: Optional[int] = None,
         if (first_step is not None and k < first_step) or (last_step is not None and k > last_step):
             continue
         assert sorted(by_step[k]) == ranks, f"step {k} logged by ranks {sorted(by_step[k])}, not {ranks}"
+        step = []
         for r in ranks:
             ln = by_step[k][r]
-            seq.extend((ln["epoch"], i, key) for i, key, pad in zip(ln["idx"], ln["keys"], ln["pads"])
-                       if not pad)
+            step.extend((ln["epoch"], i, key) for i, key, pad in zip(ln["idx"], ln["keys"], ln["pads"])
+                        if not pad)
+        seq.extend(sorted(step) if by_position else step)
     return seq
 
 

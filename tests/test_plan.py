@@ -184,3 +184,167 @@ def test_layout_validation_and_worker_steps():
     assert list(worker_steps(3, 0, 0)) == [0, 1, 2]
     parts = [list(worker_steps(11, w, 4)) for w in range(4)]
     assert sorted(x for p in parts for x in p) == list(range(11))
+
+
+# ---------------------------------------------------------------------------
+# partitions (node-local plan) and node layouts
+# ---------------------------------------------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(counts=counts_st, seed=st.integers(0, 2**64 - 1), window=st.integers(1, 6),
+       epoch=st.integers(0, 1000), parts=st.integers(1, 7),
+       algo=st.sampled_from(["window", "shards", "none"]))
+def test_partitioned_epochs_are_permutations_and_partitions_are_fixed(counts, seed, window, epoch,
+                                                                      parts, algo):
+    plan = Plan(counts, seed=seed, shuffle=algo, window=window, partitions=parts)
+    seq = order(plan, epoch)
+    assert sorted(seq) == all_pairs(counts)
+    ep = plan.epoch(epoch)
+    for i in reversed(range(0, len(seq), 5)):
+        assert ep.sample_at(i) == seq[i]
+        assert ep.position(ep.local(i)) == i
+    # partition q holds the positions p % P == q, and the same samples every epoch
+    nxt = order(plan, epoch + 1)
+    for q in range(parts):
+        mine = {seq[p] for p in range(q, len(seq), parts)}
+        assert mine == {nxt[p] for p in range(q, len(nxt), parts)}
+        assert {s for s, _ in mine} <= set(ep.partition_shards(q))
+        # a position's window belongs to its partition
+        for p in range(q, len(seq), parts):
+            assert ep.partition_of_window(ep.window_of(p)) == q
+            assert seq[p][0] in ep.window_shards(ep.window_of(p))
+    if algo == "none":
+        c, rem = divmod(len(seq), parts)
+        runs = [all_pairs(counts)[q * c + min(q, rem):(q + 1) * c + min(q + 1, rem)] for q in range(parts)]
+        assert [seq[p] for p in range(0, len(seq), parts)] == runs[0]
+
+
+def test_one_partition_is_the_unpartitioned_order():
+    for algo in ("window", "shards", "none"):
+        for counts in ([3, 0, 5, 2, 7], [10000] * 20):
+            a = Plan(counts, seed=11, shuffle=algo, window=3)
+            b = Plan(counts, seed=11, shuffle=algo, window=3, partitions=1)
+            assert order(a, 4) == order(b, 4)
+
+
+def test_cut_partitions_splits_at_most_one_shard_per_boundary():
+    from resumewds.plan import cut_partitions
+
+    counts = [7, 0, 3, 9, 1, 4]
+    parts = cut_partitions(counts, [3, 1, 0, 5, 2, 4], 4)
+    assert [sum(n for _, _, n in p) for p in parts] == [6, 6, 6, 6]
+    pieces = Counter(s for p in parts for s, _, n in p if n)
+    assert sum(v - 1 for v in pieces.values()) <= 3
+    for s in range(len(counts)):  # each shard's pieces cover it exactly once
+        got = sorted((f, n) for p in parts for t, f, n in p if t == s and n)
+        pos = 0
+        for f, n in got:
+            assert f == pos
+            pos += n
+        assert pos == counts[s]
+    assert cut_partitions([2], [0], 3) == [[(0, 0, 1)], [(0, 1, 1)], []]
+
+
+def test_pinned_partitioned_order():
+    """Known values of the two-partition order (see test_pinned_orders)."""
+    p = Plan([3, 2, 4], seed=7, shuffle=True, window=2, partitions=2)
+    assert order(p, 0) == [(1, 0), (1, 1), (2, 0), (0, 0), (2, 1), (0, 2), (2, 2), (0, 1), (2, 3)]
+    assert p.describe() == {"seed": 7, "shuffle": "window", "shuffle_window": 2, "partitions": 2}
+    with pytest.raises(ValueError, match="partitions"):
+        Plan([1], partitions=0)
+
+
+def test_shards_from_stays_in_its_partition():
+    ep = Plan([5] * 12, seed=3, shuffle=True, window=2, partitions=3).epoch(1)
+    for p in range(3):
+        need = ep.shards_from(p, 100)
+        assert set(need) == set(ep.partition_shards(p % 3))
+        assert need[:2] == ep.window_shards(ep.window_of(p))
+
+
+@settings(max_examples=300, deadline=None)
+@given(total=st.integers(1, 90), batch=st.integers(1, 6), nodes=st.integers(1, 4),
+       per_node=st.integers(1, 3), remainder=st.sampled_from(REMAINDERS), data=st.data())
+def test_node_layout_covers_each_position_once_with_equal_batches(total, batch, nodes, per_node,
+                                                                  remainder, data):
+    world = nodes * per_node
+    start = data.draw(st.integers(0, total), label="start")
+    layouts = [Layout(batch, world, r, remainder, nodes=nodes) for r in range(world)]
+    flat = Layout(batch, world, 0, remainder)
+    nsteps = flat.num_steps(total, start)
+    real = Counter()
+    for k in range(nsteps):
+        per_rank = [lay.slots(total, start, k) for lay in layouts]
+        step_real = []
+        for r, slots in enumerate(per_rank):
+            assert slots and len(slots) <= batch
+            n = r // per_node
+            for pos, pad in slots:
+                assert 0 <= pos < total
+                if not pad:
+                    real[pos] += 1
+                    step_real.append(pos)
+                    assert pos % nodes == n  # the node's own positions
+                elif remainder == "keep":
+                    assert pos % nodes == n or total < world  # no wrap-around
+        # the same set of positions per step as without nodes: a contiguous range
+        flat_pos = sorted(p for r in range(world) for p, pad in flat.slots(total, start, k, r) if not pad)
+        assert sorted(step_real) == flat_pos
+        if remainder == "pad" or k < nsteps - 1:
+            assert all(len(s) == batch for s in per_rank)
+        elif remainder == "keep":  # the short step: sizes differ by at most one
+            sizes = [len(s) for s in per_rank]
+            assert max(sizes) - min(sizes) <= 1
+    assert all(v == 1 for v in real.values())
+    if nodes == 1:
+        assert [lay.slots(total, start, k) for lay in layouts for k in range(nsteps)] == \
+            [flat.slots(total, start, k, r) for r in range(world) for k in range(nsteps)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(shards=st.integers(8, 40), samples=st.integers(1, 30), nodes=st.sampled_from([1, 2, 3, 4]),
+       mult=st.integers(1, 3), batch=st.integers(1, 5), seed=st.integers(0, 2**32))
+def test_a_node_reads_only_its_partitions(shards, samples, nodes, mult, batch, seed):
+    """nodes | partitions: the shards a node's ranks touch are its partitions'
+    shards, at most ~1/nodes of the data plus one split shard per boundary."""
+    parts = nodes * mult
+    counts = [samples] * shards
+    plan = Plan(counts, seed=seed, shuffle=True, window=3, partitions=parts)
+    ep = plan.epoch(2)
+    total, L = len(ep), 2
+    touched = {n: set() for n in range(nodes)}
+    for r in range(nodes * L):
+        lay = Layout(batch, nodes * L, r, "keep", nodes=nodes)
+        for k in range(lay.num_steps(total, 0)):
+            for pos, pad in lay.slots(total, 0, k):
+                touched[r // L].add(ep.sample_at(pos)[0])
+    for n, got in touched.items():
+        allowed = {s for q in range(n, parts, nodes) for s in ep.partition_shards(q)}
+        assert got <= allowed
+        assert len(got) <= -(-shards // nodes) + 2 * mult
+
+
+@settings(max_examples=120, deadline=None)
+@given(counts=st.lists(st.integers(0, 25), min_size=1, max_size=10), parts=st.integers(1, 6),
+       seed=st.integers(0, 2**32), data=st.data())
+def test_elastic_schedule_continues_exactly(counts, parts, seed, data):
+    """Runs that change batch size, node count and ranks per node at step
+    boundaries (resumes from the committed position) deliver the epoch's
+    sequence exactly once, in order, with the run's partitions."""
+    ep = Plan(counts, seed=seed, shuffle=True, window=2, partitions=parts).epoch(3)
+    total = len(ep)
+    pos, got = 0, []
+    while pos < total:
+        batch = data.draw(st.integers(1, 4), label="batch")
+        nodes = data.draw(st.integers(1, 3), label="nodes")
+        per = data.draw(st.integers(1, 3), label="ranks per node")
+        lays = [Layout(batch, nodes * per, r, "keep", nodes=nodes) for r in range(nodes * per)]
+        n = lays[0].num_steps(total, pos)
+        run = data.draw(st.integers(1, n), label="steps before the next change")
+        for k in range(run):
+            step = sorted(p for lay in lays for p, pad in lay.slots(total, pos, k) if not pad)
+            got.extend(step)
+        pos = lays[0].position_after(total, pos, run - 1)
+    assert got == list(range(total))
+    assert [ep.sample_at(p) for p in got] == order(Plan(counts, seed=seed, shuffle=True, window=2,
+                                                        partitions=parts), 3)
