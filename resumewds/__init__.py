@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import utils
+from .autodecode import (Continue, Decoder, DecodingError, gzfilter, handle_extension, imagehandler,
+                         torch_audio, torch_loads, torch_video)
 from .dataset import WebDataset, build_manifest, index_manifest
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit,
@@ -27,7 +30,10 @@ __version__ = "0.1.0"
 __all__ = [
     "CacheError",
     "ChecksumMismatch",
+    "Continue",
     "DecodeError",
+    "Decoder",
+    "DecodingError",
     "FetchError",
     "IntegrityError",
     "JournalConfigMismatch",
@@ -47,10 +53,17 @@ __all__ = [
     "WebDataset",
     "WebLoader",
     "build_manifest",
+    "gzfilter",
+    "handle_extension",
+    "imagehandler",
     "index_manifest",
     "load_manifest",
     "sample_digest",
     "scan_file",
+    "torch_audio",
+    "torch_loads",
+    "torch_video",
+    "utils",
 ]
 
 
