@@ -16,6 +16,7 @@ from typing import Any
 from . import utils
 from .autodecode import (Continue, Decoder, DecodingError, gzfilter, handle_extension, imagehandler,
                          torch_audio, torch_loads, torch_video)
+from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 from .dataset import WebDataset, build_manifest, index_manifest
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit,
@@ -46,8 +47,10 @@ __all__ = [
     "ResumeWDSError",
     "ShardFormatError",
     "ShardInfo",
+    "ShardWriter",
     "SourceError",
     "StateError",
+    "TarWriter",
     "TransientFetchError",
     "UnsafeSourceError",
     "WebDataset",
@@ -58,9 +61,11 @@ __all__ = [
     "imagehandler",
     "index_manifest",
     "load_manifest",
+    "numpy_dumps",
     "sample_digest",
     "scan_file",
     "torch_audio",
+    "torch_dumps",
     "torch_loads",
     "torch_video",
     "utils",
