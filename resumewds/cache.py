@@ -459,7 +459,9 @@ class ShardStore:
                 after ``max_repairs`` new fetches.
             CacheError: the cache directory is unusable.
         """
-        return self._acquire(shard, pin=True)
+        from .compressed import open_view  # .tar.gz/.tar.zst: its decompressed copy (H4b, issue 13)
+
+        return open_view(self, self._acquire(shard, pin=True))
 
     def ensure(self, shard: ShardInfo) -> str:
         """Like :meth:`acquire` but unpinned; returns the path."""
