@@ -27,6 +27,7 @@ from .filters import (batched, decode, extract_keys, getfirst, info, log_keys, m
 from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
                        warn_and_stop)
 from .manifest import Manifest, ShardInfo, load_manifest
+from .multi import MultiLoader
 from .plan import Layout, Plan
 from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
                          split_by_node, split_by_worker)
@@ -51,6 +52,7 @@ __all__ = [
     "JournalIncompleteCommit",
     "Layout",
     "Manifest",
+    "MultiLoader",
     "PermanentFetchError",
     "Plan",
     "ResampledShards",
