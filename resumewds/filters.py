@@ -570,3 +570,60 @@ def log_keys(logfile: Optional[str] = None) -> Stage:
 
 
 _ = builtins  # map/slice shadow builtins here on purpose (webdataset's names)
+
+
+# ---- webdataset's generator forms (``_map(data, f)`` ...), for code and tests that call them ----
+
+def _shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: Any = None,
+             seed: Optional[int] = None, handler: Any = None) -> Iterator[Any]:
+    return ShuffleStage(bufsize, initial, rng, seed, handler)(data)
+
+
+def _select(data: Iterable[Any], predicate: Callable[[Any], bool]) -> Iterator[Any]:
+    return select(predicate)(data)
+
+
+def _map(data: Iterable[Any], f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> Iterator[Any]:
+    return map(f, handler=handler)(data)
+
+
+def _rename(data: Iterable[Any], handler: ExnHandler = reraise_exception, keep: bool = True, **kw: str) -> Iterator[Any]:
+    return rename(handler=handler, keep=keep, **kw)(data)
+
+
+def _map_dict(data: Iterable[Any], handler: ExnHandler = reraise_exception, **kw: Any) -> Iterator[Any]:
+    return map_dict(handler=handler, **kw)(data)
+
+
+def _to_tuple(data: Iterable[Any], *args: str, handler: ExnHandler = reraise_exception,
+              missing_is_error: bool = True, none_is_error: Optional[bool] = None) -> Iterator[Any]:
+    return to_tuple(*args, handler=handler, missing_is_error=missing_is_error, none_is_error=none_is_error)(data)
+
+
+def _map_tuple(data: Iterable[Any], *args: Any, handler: ExnHandler = reraise_exception) -> Iterator[Any]:
+    return map_tuple(*args, handler=handler)(data)
+
+
+def _batched(data: Iterable[Any], batchsize: int = 20, collation_fn: Any = default_collation_fn,
+             partial: bool = True) -> Iterator[Any]:
+    return BatchedStage(batchsize, collation_fn, partial)(data)
+
+
+def _decode(data: Iterable[Any], *args: Any, handler: ExnHandler = reraise_exception, **kw: Any) -> Iterator[Any]:
+    return decode(*args, handler=handler, **kw)(data)
+
+
+def _extract_keys(source: Iterable[Any], *patterns: Any, duplicate_is_error: bool = True,
+                  ignore_missing: bool = False) -> Iterator[Any]:
+    return extract_keys(*patterns, duplicate_is_error=duplicate_is_error, ignore_missing=ignore_missing)(source)
+
+
+def _rename_keys(source: Iterable[Any], *args: Any, keep_unselected: bool = False, must_match: bool = True,
+                 duplicate_is_error: bool = True, **kw: str) -> Iterator[Any]:
+    return rename_keys(*args, keep_unselected=keep_unselected, must_match=must_match,
+                       duplicate_is_error=duplicate_is_error, **kw)(source)
+
+
+def _xdecode(source: Iterable[Any], *args: Any, must_decode: bool = True,
+             defaults: Sequence[Any] = default_decoders, **kw: Any) -> Iterator[Any]:
+    return xdecode(*args, must_decode=must_decode, defaults=defaults, **kw)(source)

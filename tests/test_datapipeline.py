@@ -209,3 +209,14 @@ def test_stage_factories_work_on_plain_iterators():
         list(wds.map_dict(b=str)(iter(xs)))
     assert list(wds.map_dict(b=str, handler=wds.ignore_and_continue)(iter(xs))) == []
     assert list(wds.map(lambda x: 1 / 0, handler=wds.ignore_and_stop)(iter(xs))) == []
+
+
+def test_webdatasets_generator_forms():
+    from resumewds import filters as f
+
+    xs = [{"__key__": str(i), "a": i} for i in range(6)]
+    assert [x["a"] for x in f._map(iter(xs), lambda x: {"a": x["a"] + 1})] == [1, 2, 3, 4, 5, 6]
+    assert [len(b["a"]) for b in f._batched(iter(xs), 4)] == [4, 2]
+    assert list(f._to_tuple(iter(xs[:2]), "__key__ a")) == [("0", 0), ("1", 1)]
+    assert sorted(x["a"] for x in f._shuffle(iter(xs), 3, seed=1)) == list(range(6))
+    assert list(f._extract_keys(iter(xs[:1]), "a")) == [(0,)]
