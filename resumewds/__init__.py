@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import filters, shardlists, tariterators, utils
+from . import filters, shardlists, tariterators, tenbin, utils
 from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilter, handle_extension,
                          imagehandler, torch_audio, torch_loads, torch_video)
+
 from .dataset import WebDataset, build_manifest, index_manifest
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit,
@@ -108,6 +109,7 @@ __all__ = [
     "tarfile_samples",
     "tarfile_to_samples",
     "tariterators",
+    "tenbin",
     "to_tuple",
     "torch_audio",
     "torch_dumps",

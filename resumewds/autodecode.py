@@ -181,45 +181,11 @@ def cbor_loads(data: bytes) -> Any:
         return cbor.loads(data)
 
 
-_TENBIN_MAGIC = b"~TenBin~"
-_TENBIN_TYPES = {"f2": "float16", "f4": "float32", "f8": "float64", "i1": "int8", "i2": "int16",
-                 "i4": "int32", "i8": "int64", "u1": "uint8", "u2": "uint16", "u4": "uint32",
-                 "u8": "uint64"}
-
-
 def tenbin_loads(data: bytes) -> List[Any]:
-    """webdataset's tenbin format (``.ten``): a list of numpy arrays.
+    """webdataset's tenbin format (``.ten``): a list of numpy arrays (see :mod:`resumewds.tenbin`)."""
+    from .tenbin import decode_buffer
 
-    The buffer is chunks of ``magic (8 bytes) | length (int64) | bytes padded
-    to 64``; arrays are a header chunk (dtype, info, ndim, dims as int64)
-    followed by a data chunk.
-    """
-    import struct
-
-    import numpy as np
-
-    chunks = []
-    off, total = 0, len(data)
-    while off < total:
-        if data[off:off + 8] != _TENBIN_MAGIC:
-            raise ValueError("magic bytes mismatch")
-        (n,) = struct.unpack("<q", data[off + 8:off + 16])
-        off += 16
-        chunks.append(data[off:off + n])
-        off += 64 * ((n + 63) // 64)
-    out = []
-    for header, body in zip(chunks[::2], chunks[1::2]):
-        h = np.frombuffer(header, dtype="<i8")
-        code = struct.pack("<q", int(h[0])).decode("ascii").strip("\0")
-        if code not in _TENBIN_TYPES:
-            raise ValueError(f"unsupported array type {code!r}")
-        rank = int(h[2])
-        shape = tuple(int(x) for x in h[3:3 + rank])
-        count = 1
-        for s in shape:
-            count *= s
-        out.append(np.frombuffer(body, dtype=_TENBIN_TYPES[code], count=count).reshape(shape))
-    return out
+    return decode_buffer(data)
 
 
 def _text(data: bytes) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -29,15 +30,38 @@ from .sources import expand_braces
 from .splitters import single_node_only, split_by_node, split_by_worker
 
 __all__ = ["ResampledShardList", "ResampledShards", "SimpleShardList", "expand_source", "expand_urls",
-           "non_empty", "resampled", "shardspec", "single_node_only", "split_by_node",
+           "envsubst", "non_empty", "resampled", "shardspec", "single_node_only", "split_by_node",
            "split_by_worker"]
 
 
+def envsubst(s: str) -> str:
+    """Replace ``${NAME}`` with the environment variable ``WDS_NAME`` (webdataset's rule).
+
+    Raises:
+        ValueError: ``WDS_NAME`` is not set.
+    """
+    def look(m: "re.Match[str]") -> str:
+        key = "WDS_" + m.group(1)
+        if key not in os.environ:
+            raise ValueError(f"{s}: missing environment variable {key}")
+        return os.environ[key]
+
+    return re.sub(r"\$\{(\w+)\}", look, s)
+
+
 def expand_urls(urls: str) -> List[str]:
-    """Expand ``::``-joined brace patterns into a list of urls (webdataset's rules)."""
+    """Expand ``::``-joined brace patterns (and ``${NAME}`` from ``WDS_NAME``) into a list of urls.
+
+    Example:
+        >>> expand_urls("a-{0..1}.tar::b.tar")
+        ['a-0.tar', 'a-1.tar', 'b.tar']
+    """
     out: List[str] = []
     for part in urls.split("::"):
-        part = os.path.expanduser(os.path.expandvars(part))
+        for _ in range(10):
+            last, part = part, envsubst(part)
+            if part == last:
+                break
         if part:
             out.extend(expand_braces(part))
     return out
@@ -127,16 +151,23 @@ class ResampledShards:
 ResampledShardList = ResampledShards
 
 
-def resampled(src: Any = None, n: int = sys.maxsize) -> Any:
-    """Stage: draw ``n`` items with replacement from everything ``src`` yields."""
-    def run(it: Any) -> Iterator[Any]:
-        items = list(it)
-        rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-        for _ in range(n):
-            yield rng.choice(items)
-    if src is None:
-        return run
-    return run(src)
+def _resampled(src: Any, n: int = sys.maxsize) -> Iterator[Any]:
+    items = list(src)
+    rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+    for _ in range(n):
+        yield rng.choice(items)
+
+
+def resampled(n: int = sys.maxsize) -> Any:
+    """Stage: draw ``n`` items with replacement from everything the previous stage yields.
+
+    Example:
+        >>> len(list(resampled(5)(iter(["a.tar", "b.tar"]))))
+        5
+    """
+    from .filters import _Generic
+
+    return _Generic("resampled", _resampled, n)
 
 
 def non_empty(src: Any) -> Iterator[Any]:

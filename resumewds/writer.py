@@ -128,30 +128,11 @@ def numpy_npz_dumps(data: Dict[str, Any]) -> bytes:
     return out.getvalue()
 
 
-_TENBIN_CODES = {"float16": "f2", "float32": "f4", "float64": "f8", "int8": "i1", "int16": "i2",
-                 "int32": "i4", "int64": "i8", "uint8": "u1", "uint16": "u2", "uint64": "u8"}
-
-
 def tenbin_dumps(x: Any) -> bytes:
     """A numpy array, or a list of them, in webdataset's tenbin format (``.ten``)."""
-    import struct
+    from .tenbin import encode_buffer
 
-    import numpy as np
-
-    arrays = x if isinstance(x, list) else [x]
-    chunks: List[bytes] = []
-    for a in arrays:
-        a = np.asarray(a)
-        code = _TENBIN_CODES.get(a.dtype.name)
-        if code is None or a.ndim >= 10:
-            raise ValueError(f"tenbin cannot encode dtype {a.dtype.name} / {a.ndim} dimensions")
-        header = [struct.unpack("<q", code.encode("ascii").ljust(8, b"\0"))[0], 0, a.ndim, *a.shape]
-        chunks += [np.array(header, dtype="<i8").tobytes(), np.ascontiguousarray(a).tobytes()]
-    out = bytearray()
-    for c in chunks:
-        out += b"~TenBin~" + struct.pack("<q", len(c)) + c
-        out += bytes(-len(c) % 64)
-    return bytes(out)
+    return encode_buffer(x if isinstance(x, list) else [x])
 
 
 def cbor_dumps(x: Any) -> bytes:
