@@ -114,12 +114,14 @@ class _Compiled:
         self.per_batch: List[filters.SampleStage] = []
         self.tail: List[Any] = []
         self.generic = False
+        self.opaque: Any = None  # the first stage the plan cannot see through
 
 
 def _compile(stages: List[Any]) -> _Compiled:
     c = _Compiled()
     if not stages or not isinstance(stages[0], (SimpleShardList, ResampledShards)):
         c.generic = True
+        c.opaque = stages[0] if stages else None
         return c
     c.source = stages[0]
     c.resampled = isinstance(stages[0], ResampledShards)
@@ -146,6 +148,7 @@ def _compile(stages: List[Any]) -> _Compiled:
         pass
     else:
         c.generic = True
+        c.opaque = st if st is not None else "(no tarfile_to_samples stage)"
         return c
     i += 1
     # sample-level stages
@@ -210,7 +213,7 @@ class DataPipeline(WebDataset, IterableDataset):
         self._warned = False
         if c.generic:
             WebDataset.__init__(self, [], seed=0)
-            self._warn(stages[0] if stages else None, whole=True)
+            self._warn(c.opaque, whole=True)
             self._state: Dict[str, Any] = {"epoch": 0, "position": 0, "skip": 0}
             return
         if seed is None:

@@ -220,3 +220,9 @@ def test_webdatasets_generator_forms():
     assert list(f._to_tuple(iter(xs[:2]), "__key__ a")) == [("0", 0), ("1", 1)]
     assert sorted(x["a"] for x in f._shuffle(iter(xs), 3, seed=1)) == list(range(6))
     assert list(f._extract_keys(iter(xs[:1]), "a")) == [(0,)]
+
+
+def test_url_only_pipeline_yields_url_dicts_and_names_the_reason(shards):
+    with pytest.warns(UserWarning, match="resampled"):
+        p = DataPipeline(wds.SimpleShardList(shards), wds.split_by_worker, wds.resampled(7))
+    assert len(list(p)) == 7 and all(set(d) == {"url"} for d in p)

@@ -105,3 +105,11 @@ def test_worker_error_is_raised_in_the_main_process(shards):
 
     with pytest.raises(KeyError):
         list(MultiLoader(rw.WebDataset(shards).map(bad), workers=2))
+
+
+def test_over_an_exact_datapipeline(shards):
+    def make():
+        return rw.DataPipeline(rw.SimpleShardList(shards), rw.tarfile_to_samples(), rw.shuffle(40),
+                               rw.to_tuple("__key__"), rw.batched(6, collation_fn=None), seed=9)
+
+    assert list(MultiLoader(make(), workers=3)) == list(make())
