@@ -24,22 +24,40 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import filters, shardlists, tariterators, tenbin, utils
+from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilter, handle_extension,
+                         imagehandler, torch_audio, torch_loads, torch_video)
+
 from .dataset import WebDataset, build_manifest, index_manifest
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit,
                      PermanentFetchError, ResumeWDSError, ShardFormatError, SourceError, StateError,
                      TransientFetchError, UnsafeSourceError)
+from .filters import (batched, decode, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
+                      pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple,
+                      unbatched, unlisted, xdecode)
+from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
+                       warn_and_stop)
 from .manifest import Manifest, ShardInfo, load_manifest
+from .multi import MultiLoader
 from .plan import Layout, Plan
+from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
+                         split_by_node, split_by_worker)
+from .tariterators import tarfile_samples, tarfile_to_samples
 from .tario import sample_digest, scan_file
 from .world import World, detect_world
+from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CacheError",
     "ChecksumMismatch",
+    "Continue",
+    "DataPipeline",
     "DecodeError",
+    "Decoder",
+    "DecodingError",
     "FetchError",
     "IntegrityError",
     "JournalConfigMismatch",
@@ -47,24 +65,76 @@ __all__ = [
     "JournalIncompleteCommit",
     "Layout",
     "Manifest",
+    "MultiLoader",
     "PermanentFetchError",
     "Plan",
+    "ResampledShards",
     "ResumeWDSError",
     "ShardFormatError",
     "ShardInfo",
+    "ShardWriter",
+    "SimpleShardList",
     "SourceError",
     "StateError",
+    "TarWriter",
     "TransientFetchError",
     "UnsafeSourceError",
     "WebDataset",
     "WebLoader",
     "World",
+    "basichandlers",
+    "batched",
     "build_manifest",
+    "decode",
     "detect_world",
+    "extract_keys",
+    "filters",
+    "getfirst",
+    "gzfilter",
+    "handle_extension",
+    "ignore_and_continue",
+    "ignore_and_stop",
+    "imagehandler",
     "index_manifest",
+    "info",
     "load_manifest",
+    "log_keys",
+    "map",
+    "map_dict",
+    "map_tuple",
+    "non_empty",
+    "numpy_dumps",
+    "pipelinefilter",
+    "rename",
+    "rename_keys",
+    "reraise_exception",
+    "resampled",
+    "rsample",
     "sample_digest",
     "scan_file",
+    "select",
+    "shardlists",
+    "shardspec",
+    "shuffle",
+    "single_node_only",
+    "slice",
+    "split_by_node",
+    "split_by_worker",
+    "tarfile_samples",
+    "tarfile_to_samples",
+    "tariterators",
+    "tenbin",
+    "to_tuple",
+    "torch_audio",
+    "torch_dumps",
+    "torch_loads",
+    "torch_video",
+    "unbatched",
+    "unlisted",
+    "utils",
+    "warn_and_continue",
+    "warn_and_stop",
+    "xdecode",
 ]
 
 
@@ -74,4 +144,8 @@ def __getattr__(name: str) -> Any:
         from .loader import WebLoader
 
         return WebLoader
+    if name == "DataPipeline":  # a torch IterableDataset: imports torch
+        from .datapipeline import DataPipeline
+
+        return DataPipeline
     raise AttributeError(f"module 'resumewds' has no attribute {name!r}")

@@ -516,7 +516,9 @@ class ShardStore:
                 something that is not a complete tar.
             CacheError: the cache directory is unusable.
         """
-        return self._acquire(shard, pin=True)
+        from .compressed import open_view  # .tar.gz/.tar.zst: its decompressed copy (H4b, issue 13)
+
+        return open_view(self, self._acquire(shard, pin=True))
 
     def ensure(self, shard: ShardInfo, tar: bool = True) -> str:
         """Like :meth:`acquire` but unpinned; returns the path.

@@ -272,3 +272,6 @@ def default_collate(samples: List[Any]) -> Any:
 def list_collate(samples: List[Any]) -> List[Any]:
     """No collation: the batch is the list of samples."""
     return list(samples)
+
+
+from .autodecode import Decoder, decode_image  # noqa: E402,F401,F811  (H4b: webdataset-compatible decoders replace the ones above)

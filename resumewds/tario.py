@@ -407,6 +407,11 @@ def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise ShardFormatError(name, 0, "empty file (not a tar archive)")
+        head = f.read(4)
+        if head[:2] == _GZIP_MAGIC or head == b"\x28\xb5\x2f\xfd":  # gzip / zstd (H4b, issue 13)
+            from .compressed import scan_compressed
+
+            return scan_compressed(path, name)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             offsets, keys, _ = scan_buffer(mm, name)
             digest = xxhash.xxh3_64_hexdigest(mm)

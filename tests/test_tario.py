@@ -291,7 +291,13 @@ def test_gzip_is_named(tmp_path):
     for i, tar in enumerate([GOOD, big]):  # compresses to < 512 bytes, and to > 512 bytes
         gz = gzip.compress(tar, mtime=0)
         assert (len(gz) < BLOCK) == (i == 0)
-        check_error(write(tmp_path, f"x{i}.tar.gz", gz), 0, "gzip")
+        p = write(tmp_path, f"x{i}.tar.gz", gz)
+        # issue 13: scan_file indexes a compressed shard (compressed size and
+        # checksum, offsets of the tar stream); the in-place readers name it
+        idx = scan_file(p)
+        assert idx.size == len(gz) and idx.offsets == scan_buffer(tar, "t")[0]
+        with pytest.raises(ShardFormatError, match="gzip"):
+            list(iter_samples_file(p))
 
 
 def test_truncated_header(tmp_path):

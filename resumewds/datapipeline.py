@@ -1,0 +1,474 @@
+"""``DataPipeline``: webdataset's composable API, compiled into the deterministic plan.
+
+::
+
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList(urls),          # or wds.ResampledShards(urls)
+        wds.split_by_node, wds.split_by_worker,
+        wds.tarfile_to_samples(handler=wds.warn_and_continue),
+        wds.shuffle(1000),
+        wds.decode("torchrgb"), wds.to_tuple("jpg;png", "cls"), wds.map(augment),
+        wds.batched(64),
+    )
+
+A DataPipeline reads its stages and, when it can see through them, *compiles*
+them into a :class:`resumewds.WebDataset` (it is one): the shard list and
+its seed, the splitters (mapped onto the plan's rank/worker layout), the
+shard-level and sample-level ``shuffle`` (the plan's seeded shuffles),
+``tarfile_to_samples`` (seeking reads from the verified cache; its handler
+picks skip or raise for a bad shard), the per-sample stages and
+``batched``.  Such a pipeline resumes exactly: ``state_dict()`` /
+``load_state_dict()`` when iterated directly, or through
+``resumewds.WebLoader(pipeline, ...)`` with any number of workers.
+
+Recognised: ``SimpleShardList``, ``ResampledShards``, ``split_by_node``,
+``split_by_worker``, ``single_node_only``, ``shuffle`` (before
+``tarfile_to_samples``: shard order; after: samples), ``tarfile_to_samples``
+/ ``tarfile_samples``, ``decode``, ``map``, ``map_dict``, ``map_tuple``,
+``to_tuple``, ``select``, ``rename``, ``rename_keys``, ``extract_keys``,
+``xdecode`` and ``batched`` (then per-batch ``map``/``map_tuple``...).
+
+Anything else (your own generator, ``unbatched``, ``slice``, ``rsample``...)
+still runs, on the stream of what the compiled part delivers, with every
+stage after it.  Then the pipeline is no longer exactly resumable: it warns
+once when built, ``pipeline.exact`` is False and ``state_dict()["exact"]``
+says so (a resume then restarts that stream at the saved position of the
+compiled part, which is exact only if your stage keeps no state).  A
+pipeline whose source or url-level stages are not recognised runs entirely
+as webdataset does (no plan, no state).
+
+Semantics that differ from webdataset, on purpose: ``shuffle(n)`` is the
+plan's seeded shuffle (not a buffer fed in arrival order), so the same seed
+gives the same order on every run; ``ResampledShards`` shuffles the shard
+order per epoch and goes on forever instead of drawing with replacement;
+``split_by_node`` / ``split_by_worker`` split the global sample sequence,
+not the shard list (so any number of nodes and workers works, with nothing
+seen twice).
+
+Example:
+    >>> pipeline = DataPipeline(SimpleShardList("data/shard-{000000..000003}.tar"),  # doctest: +SKIP
+    ...                         tarfile_to_samples(), shuffle(1000), decode(), to_tuple("txt cls"))
+    >>> it = iter(pipeline); first = next(it); state = pipeline.state_dict()     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import math
+import sys
+import warnings
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from . import filters, tariterators
+from .dataset import WebDataset
+from .errors import ResumeWDSError, StateError
+from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
+from .plan import Layout, Plan
+from .shardlists import ResampledShards, SimpleShardList
+from .splitters import worker_info
+
+__all__ = ["DataPipeline"]
+
+STATE_FORMAT = "resumewds.datapipeline"
+STATE_VERSION = 1
+_CHUNK = 64  # positions per step when the pipeline is not batched
+_SPLITTERS = ("split_by_node", "split_by_worker", "single_node_only")
+_PER_SAMPLE = ("decode", "map", "map_dict", "map_tuple", "to_tuple", "select", "rename", "rename_keys",
+               "extract_keys", "xdecode")
+_PER_BATCH = ("map", "map_dict", "map_tuple", "to_tuple", "decode", "rename")
+
+
+def _splitter_name(stage: Any) -> Optional[str]:
+    name = getattr(stage, "__name__", None)
+    mod = getattr(stage, "__module__", "") or ""
+    if name in _SPLITTERS and mod.startswith("resumewds"):
+        return name
+    return None
+
+
+def _ctor_params() -> set:
+    try:
+        return set(inspect.signature(WebDataset.__init__).parameters)
+    except (TypeError, ValueError):  # pragma: no cover
+        return set()
+
+
+class _Compiled:
+    """What the stages say, for the plan (filled by :func:`_compile`)."""
+
+    def __init__(self) -> None:
+        self.source: Any = None
+        self.resampled = False
+        self.shard_shuffle: Optional[filters.ShuffleStage] = None
+        self.sample_shuffle: Optional[filters.ShuffleStage] = None
+        self.node_split = False
+        self.worker_split = False
+        self.single_node = False
+        self.handler: Any = reraise_exception
+        self.per_sample: List[filters.SampleStage] = []
+        self.batch: Optional[filters.BatchedStage] = None
+        self.per_batch: List[filters.SampleStage] = []
+        self.tail: List[Any] = []
+        self.generic = False
+        self.opaque: Any = None  # the first stage the plan cannot see through
+
+
+def _compile(stages: List[Any]) -> _Compiled:
+    c = _Compiled()
+    if not stages or not isinstance(stages[0], (SimpleShardList, ResampledShards)):
+        c.generic = True
+        c.opaque = stages[0] if stages else None
+        return c
+    c.source = stages[0]
+    c.resampled = isinstance(stages[0], ResampledShards)
+    i = 1
+    # url-level stages
+    while i < len(stages):
+        st = stages[i]
+        name = _splitter_name(st)
+        if name == "split_by_node":
+            c.node_split = True
+        elif name == "split_by_worker":
+            c.worker_split = True
+        elif name == "single_node_only":
+            c.single_node = True
+        elif isinstance(st, filters.ShuffleStage) and c.shard_shuffle is None:
+            c.shard_shuffle = st
+        else:
+            break
+        i += 1
+    st = stages[i] if i < len(stages) else None
+    if isinstance(st, tariterators.TarfileToSamples) and st.select_files is None and st.rename_files is None:
+        c.handler = st.handler
+    elif st is tariterators.tarfile_samples:
+        pass
+    else:
+        c.generic = True
+        c.opaque = st if st is not None else "(no tarfile_to_samples stage)"
+        return c
+    i += 1
+    # sample-level stages
+    for j in range(i, len(stages)):
+        st = stages[j]
+        if c.batch is None:
+            if isinstance(st, filters.SampleStage) and st.name in _PER_SAMPLE:
+                c.per_sample.append(st)
+                continue
+            if isinstance(st, filters.ShuffleStage) and c.sample_shuffle is None and not c.per_sample:
+                c.sample_shuffle = st
+                continue
+            if isinstance(st, filters.ShuffleStage) and c.sample_shuffle is None:
+                # a buffer shuffle after per-sample stages reorders the same
+                # samples: the plan's shuffle before them gives the same set
+                c.sample_shuffle = st
+                continue
+            if isinstance(st, filters.BatchedStage):
+                c.batch = st
+                continue
+        elif isinstance(st, filters.SampleStage) and st.name in _PER_BATCH:
+            c.per_batch.append(st)
+            continue
+        c.tail = list(stages[j:])
+        break
+    return c
+
+
+class DataPipeline(WebDataset, IterableDataset):
+    """webdataset's ``DataPipeline(*stages)``, compiled into the plan when possible.
+
+    Args:
+        *stages: the stages (None skipped, lists spliced in), source first.
+        seed: seed of the plan (default: the shuffle stage's ``seed=``, else
+            the shard list's, else 0).
+        **kw: passed to :class:`resumewds.WebDataset` when compiled
+            (``cache_dir``, ``cache_size``, ``verify``, ``allow_pickle``...).
+
+    Attributes:
+        exact: True when every stage was compiled (resume is exact).
+
+    Example:
+        >>> p = DataPipeline(SimpleShardList(["a.tar"]), tarfile_to_samples(), to_tuple("txt"))  # doctest: +SKIP
+        >>> p.exact                                                                               # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, *args: Any, seed: Optional[int] = None, **kw: Any):
+        stages: List[Any] = []
+        for a in args:
+            if a is None:
+                continue
+            if isinstance(a, list):
+                stages.extend(a)
+            else:
+                stages.append(a)
+        self.pipeline = stages
+        self.repetitions = 1
+        self.nsamples = -1
+        self._c = _compile(stages)
+        c = self._c
+        self._warned = False
+        if c.generic:
+            WebDataset.__init__(self, [], seed=0)
+            self._warn(c.opaque, whole=True)
+            self._state: Dict[str, Any] = {"epoch": 0, "position": 0, "skip": 0}
+            return
+        if seed is None:
+            seed = next((s.seed for s in (c.sample_shuffle, c.shard_shuffle) if s is not None and
+                         isinstance(s.seed, int)), None)
+        if seed is None:
+            src_seed = getattr(c.source, "seed", None)
+            seed = src_seed if isinstance(src_seed, int) and not isinstance(src_seed, bool) else 0
+        shuffled = c.shard_shuffle is not None or c.resampled or (
+            isinstance(c.source, SimpleShardList) and c.source.seed is not None)
+        params = _ctor_params()
+        h = c.handler
+        extra: Dict[str, Any] = {}
+        if "handler" in params:
+            extra["handler"] = h
+        else:
+            kw.setdefault("on_error", "raise" if h is reraise_exception else "skip")
+        self._native_shuffle = callable(getattr(WebDataset, "shuffle", None))
+        mode: Any = "shards" if shuffled else False
+        if c.sample_shuffle is not None and not self._native_shuffle:
+            mode = True
+        WebDataset.__init__(self, list(c.source.urls), seed=int(seed), shuffle=mode, **extra, **kw)
+        self._bufsize: Optional[int] = None
+        if c.sample_shuffle is not None:
+            if self._native_shuffle:
+                WebDataset.shuffle(self, c.sample_shuffle.bufsize, initial=c.sample_shuffle.initial)  # type: ignore[attr-defined]
+            else:
+                self._bufsize = c.sample_shuffle.bufsize
+        for st in c.per_sample:
+            WebDataset.map(self, st.fn)
+        if c.batch is not None:
+            WebDataset.batched(self, c.batch.batchsize, collation_fn=c.batch.collation_fn,
+                               partial=c.batch.partial)
+            for st in c.per_batch:
+                WebDataset.map(self, st.fn)
+        if c.resampled:
+            self.repetitions = sys.maxsize
+        if c.tail:
+            self._warn(c.tail[0], whole=False)
+        self._state = {"epoch": 0, "position": 0, "skip": 0}
+
+    # ---- what is exact ----------------------------------------------------------
+    @property
+    def exact(self) -> bool:
+        """True when the whole pipeline is compiled into the plan (exact resume)."""
+        return not self._c.generic and not self._c.tail
+
+    def _warn(self, stage: Any, whole: bool) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        what = "the pipeline runs as in webdataset (no plan)" if whole else \
+            "it and the stages after it run on the stream"
+        warnings.warn(f"DataPipeline: resumewds cannot see through stage {stage!r}: {what}; "
+                      "a resume from state_dict() is not exact (state_dict()['exact'] is False)",
+                      stacklevel=3)
+
+    # ---- the plan -----------------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None and getattr(self, "_bufsize", None):
+            m = self.manifest
+            avg = max(1.0, m.total_samples / max(1, len(m.shards)))
+            self.shuffle_window = max(2, min(len(m.shards), math.ceil(self._bufsize / avg) + 1))  # type: ignore[operator]
+        return WebDataset.plan.fget(self)  # type: ignore[attr-defined]
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if self._c.generic:
+            d = dict(self.__dict__)
+            d["_store"] = d["_reader"] = d["_plan"] = None
+            d["_events"] = []
+            return d
+        return WebDataset.__getstate__(self)
+
+    def iter_steps(self, *args: Any, **kw: Any) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+        """The compiled part's steps (what :class:`resumewds.WebLoader` runs).
+
+        Raises:
+            ResumeWDSError: the pipeline has stages the plan cannot run.
+        """
+        if not self.exact:
+            raise ResumeWDSError("this DataPipeline has stages resumewds cannot compile "
+                                 f"({self._c.tail[0] if self._c.tail else self.pipeline[0]!r}): "
+                                 "iterate it directly or in a torch DataLoader instead of WebLoader")
+        return WebDataset.iter_steps(self, *args, **kw)
+
+    def _layout(self) -> Layout:
+        rank, world = 0, 1
+        if self._c.node_split or self._c.single_node:
+            r, w, _, _ = worker_info()
+            if self._c.single_node and w > 1:
+                raise ValueError("input pipeline needs to be reconfigured for multinode training")
+            if self._c.node_split:
+                rank, world = r, w
+        if self.batch_size is not None:
+            b = self._c.batch
+            return Layout(self.batch_size, world, rank, "keep" if (b is None or b.partial) else "drop")
+        return Layout(_CHUNK, world, rank, "keep")
+
+    # ---- iteration -----------------------------------------------------------------
+    def _compiled_stream(self) -> Iterator[Any]:
+        """Compiled outputs from the saved state on, epoch after epoch; updates the state."""
+        worker, nw = 0, 1
+        info = get_worker_info()
+        if info is not None and self._c.worker_split:
+            worker, nw = info.id, info.num_workers
+        layout = self._layout()
+        batched = self.batch_size is not None
+        st = self._state
+        reps = 0
+        while reps < self.repetitions:
+            reps += 1
+            epoch, start, skip = st["epoch"], st["position"], st["skip"]
+            total = len(self.plan.epoch(epoch))
+            delivered = 0
+            try:
+                for k, batch, _meta in WebDataset.iter_steps(self, epoch, start, layout, worker, nw,
+                                                             collate=batched):
+                    items = ([batch] if _meta["samples"] else []) if batched else batch
+                    st["position"] = start + k * layout.step_size
+                    for n, x in enumerate(items):
+                        if n < skip:
+                            continue
+                        st["skip"] = n + 1
+                        delivered += 1
+                        yield x
+                    skip = 0
+                    st["position"], st["skip"] = layout.position_after(total, start, k), 0
+            except filters.StopPipeline:
+                return
+            st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0
+            if delivered == 0 and start == 0:
+                return
+
+    def _generic_stream(self) -> Iterator[Any]:
+        def invoke(f: Any, *a: Any) -> Any:
+            if not a and (isinstance(f, IterableDataset) or hasattr(f, "__iter__")):
+                return iter(f)
+            if isinstance(f, list):
+                return iter(f)
+            if callable(f):
+                return f(*a)
+            raise ValueError(f"{f!r}: not a valid pipeline stage")
+
+        for _ in range(self.repetitions):
+            src = invoke(self.pipeline[0])
+            for f in self.pipeline[1:]:
+                src = invoke(f, src)
+            count = 0
+            for x in src:
+                yield x
+                count += 1
+            if count == 0:
+                break
+
+    def iterator(self) -> Iterator[Any]:
+        """All repetitions (webdataset's name)."""
+        if self._c.generic:
+            return self._generic_stream()
+        src: Any = self._compiled_stream()
+        for f in self._c.tail:
+            src = f(src)
+        return src
+
+    def __iter__(self) -> Iterator[Any]:
+        it = self.iterator()
+        if self.repetitions != 1 and self.nsamples > 0:
+            return itertools.islice(it, self.nsamples)
+        return it
+
+    # ---- state ----------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Where direct iteration is: ``{"epoch", "position", "skip", "exact", "config"...}``.
+
+        ``exact`` is False when a stage runs outside the plan (see the module docs).
+        """
+        d: Dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION, "exact": self.exact}
+        d.update(self._state)
+        if not self._c.generic:
+            d["config"] = self.config()
+            d["step_size"] = self._layout().step_size
+        return d
+
+    get_state = state_dict
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue direct iteration from ``state`` (taken from the same pipeline definition).
+
+        Raises:
+            StateError: not a DataPipeline state, or another data set / order.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise StateError("not a resumewds DataPipeline state (missing format field)")
+        if int(state.get("version", 0)) > STATE_VERSION:
+            raise StateError(f"DataPipeline state version {state.get('version')} is newer than this resumewds")
+        if not self._c.generic:
+            mine = self.config()
+            theirs = state.get("config") or {}
+            diffs = [k for k in mine if theirs.get(k) != mine.get(k)]
+            if diffs:
+                raise StateError("DataPipeline state was taken on other data or order settings: "
+                                 + ", ".join(f"{k} ({theirs.get(k)!r} vs {mine.get(k)!r})" for k in diffs))
+            if state.get("step_size") not in (None, self._layout().step_size):
+                raise StateError(f"DataPipeline state has step size {state.get('step_size')}, "
+                                 f"this pipeline {self._layout().step_size}")
+        self._state = {"epoch": int(state["epoch"]), "position": int(state["position"]),
+                       "skip": int(state.get("skip", 0))}
+
+    set_state = load_state_dict
+
+    # ---- webdataset's DataPipeline methods -------------------------------------------
+    def stage(self, i: int) -> Any:
+        """Stage ``i`` as given."""
+        return self.pipeline[i]
+
+    def append(self, f: Any) -> None:
+        """Add a stage at the end (rebuilds the compiled form)."""
+        self.__init__(*(self.pipeline + [f]), seed=self.seed)  # type: ignore[misc]
+
+    def compose(self, *args: Any) -> "DataPipeline":
+        """A copy with ``args`` appended."""
+        out = copy.copy(self)
+        out.__init__(*(self.pipeline + list(args)), seed=self.seed)  # type: ignore[misc]
+        return out
+
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> "DataPipeline":
+        """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, going on across epochs."""
+        self.repetitions = sys.maxsize
+        self.nsamples = max(nsamples, nbatches)
+        return self
+
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> "DataPipeline":
+        """Repeat ``nepochs`` epochs (forever if -1), at most ``nbatches`` items."""
+        self.repetitions = nepochs if nepochs > 0 else sys.maxsize
+        self.nsamples = nbatches
+        return self
+
+    def with_length(self, n: int, silent: bool = False) -> "DataPipeline":
+        """Give the pipeline a ``__len__`` of ``n`` (it does not change the epoch)."""
+        if not silent:
+            warnings.warn(".with_length() only sets the value of __len__ for compatibility with some "
+                          "training environments. It does not change the number of samples in an epoch.")
+        self.size = n
+        self.__class__ = type(type(self).__name__ + "_Length", (type(self),), {"__len__": lambda s: s.size})
+        return self
+
+    def close(self) -> None:
+        """Close open shards and the stages that have ``close``."""
+        for st in self.pipeline:
+            if hasattr(st, "close") and st is not self:
+                try:
+                    st.close()
+                except Exception:
+                    pass
+        WebDataset.close(self)
+
+    def __repr__(self) -> str:
+        return f"DataPipeline({', '.join(repr(s) for s in self.pipeline)}, exact={self.exact})"

@@ -1,0 +1,629 @@
+"""Pipeline stages with webdataset's names and semantics, for :class:`resumewds.DataPipeline`.
+
+Each factory (``shuffle(1000)``, ``decode("rgb8")``, ``to_tuple("jpg cls")``,
+``map(f)``, ``batched(64)``...) returns a stage: a callable that takes an
+iterator and returns one, exactly as webdataset 1.0.2's stages do, so they
+also work in a generic pipeline or by hand (``list(map(f)(iter(xs)))``).
+
+Inside a :class:`~resumewds.DataPipeline` the per-sample stages (``decode``,
+``map``, ``map_dict``, ``map_tuple``, ``to_tuple``, ``select``,
+``rename``, ``rename_keys``, ``extract_keys``, ``xdecode``), ``shuffle``
+and ``batched`` are *recognised*: they are compiled into the deterministic
+plan (a sample-level ``shuffle(n)`` becomes the plan's seeded window
+shuffle, a shard-level one the shard order shuffle), which resumes exactly.
+Other stages (``unbatched``, ``slice``, ``rsample``, ``info``, your own
+generators) run as given, on the stream.
+
+``handler=`` follows webdataset: ``handler(exn)`` True skips the sample
+(counted as filtered), False stops the iteration, or it re-raises.
+
+Example:
+    >>> list(map(lambda x: x * 2)(iter([1, 2, 3])))
+    [2, 4, 6]
+    >>> list(batched(2, collation_fn=None)(iter(range(5))))
+    [[0, 1], [2, 3], [4]]
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import itertools
+import os
+import random
+import re
+import sys
+import time
+from fnmatch import fnmatch
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+from . import autodecode
+from .handlers import reraise_exception
+
+__all__ = ["Stage", "SampleStage", "batched", "decode", "default_collation_fn", "extract_keys",
+           "getfirst", "info", "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter",
+           "rename", "rename_keys", "rsample", "select", "shuffle", "slice", "to_tuple",
+           "unbatched", "unlisted", "xdecode"]
+
+ExnHandler = Callable[[BaseException], bool]
+
+
+class StopPipeline(Exception):
+    """Raised by a per-sample stage whose handler asked to stop."""
+
+
+class Stage:
+    """A stage: ``stage(iterator) -> iterator``.  ``name`` says what it is."""
+
+    name = "stage"
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+class SampleStage(Stage):
+    """A stage that maps each item on its own: ``fn(x) -> y`` or None to drop ``x``.
+
+    ``fn`` raises :class:`StopPipeline` when the handler says stop.
+    """
+
+    def __init__(self, name: str, fn: Callable[[Any], Any]):
+        self.name = name
+        self.fn = fn
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        fn = self.fn
+        for x in src:
+            try:
+                y = fn(x)
+            except StopPipeline:
+                return
+            if y is not None:
+                yield y
+
+
+class _Guard:
+    """``fn`` under a webdataset exception handler (picklable)."""
+
+    def __init__(self, fn: Callable[[Any], Any], handler: ExnHandler):
+        self.fn = fn
+        self.handler = handler
+
+    def __call__(self, x: Any) -> Any:
+        try:
+            return self.fn(x)
+        except StopPipeline:
+            raise
+        except Exception as exn:
+            if self.handler(exn):
+                return None
+            raise StopPipeline() from exn
+
+
+def _stage(name: str, fn: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
+    return SampleStage(name, fn if handler is reraise_exception else _Guard(fn, handler))
+
+
+class _Generic(Stage):
+    def __init__(self, name: str, f: Callable[..., Iterator[Any]], *args: Any, **kw: Any):
+        self.name, self.f, self.args, self.kw = name, f, args, kw
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.f(iter(src), *self.args, **self.kw)
+
+
+def pipelinefilter(f: Callable[..., Iterator[Any]]) -> Callable[..., Stage]:
+    """Turn ``f(src, *args, **kw)`` into a stage factory ``f(*args, **kw)(src)`` (webdataset's helper)."""
+    def factory(*args: Any, **kw: Any) -> Stage:
+        return _Generic(getattr(f, "__name__", "stage"), f, *args, **kw)
+    factory.__name__ = getattr(f, "__name__", "stage")
+    factory.__doc__ = f.__doc__
+    return factory
+
+
+def getfirst(a: Dict[str, Any], keys: Any, default: Any = None, missing_is_error: bool = True) -> Any:
+    """The value of the first of ``keys`` (``"jpg;png"`` or a list) present in ``a``.
+
+    Raises:
+        ValueError: none is present and ``missing_is_error``.
+    """
+    if isinstance(keys, str):
+        keys = keys.split(";")
+    for k in keys:
+        if k in a:
+            return a[k]
+    if missing_is_error:
+        raise ValueError(f"didn't find {keys} in {list(a.keys())}")
+    return default
+
+
+# ---- per-sample stages ------------------------------------------------------------
+
+class _Map:
+    def __init__(self, f: Callable[[Any], Any]):
+        self.f = f
+
+    def __call__(self, sample: Any) -> Any:
+        result = self.f(sample)
+        if isinstance(sample, dict) and isinstance(result, dict):
+            result["__key__"] = sample.get("__key__")
+        return result
+
+
+def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:  # noqa: A001
+    """Stage: ``f(sample)``; None drops the sample; a dict result keeps ``__key__``."""
+    return _stage("map", _Map(f), handler)
+
+
+class _MapDict:
+    def __init__(self, kw: Dict[str, Callable[[Any], Any]]):
+        if not kw:
+            raise ValueError("map_dict needs at least one field=function")
+        for k, f in kw.items():
+            if not callable(f):
+                raise TypeError(f"map_dict: {k}={f!r} is not callable")
+        self.kw = kw
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        for k, f in self.kw.items():
+            sample[k] = f(sample[k])
+        return sample
+
+
+def map_dict(handler: ExnHandler = reraise_exception, **kw: Callable[[Any], Any]) -> SampleStage:
+    """Stage: apply functions to named fields (a missing field is a KeyError)."""
+    return _stage("map_dict", _MapDict(kw), handler)
+
+
+class _MapTuple:
+    def __init__(self, fns: Sequence[Optional[Callable[[Any], Any]]]):
+        self.fns = [f if f is not None else (lambda x: x) for f in fns]
+
+    def __call__(self, sample: Any) -> Any:
+        s = list(sample)
+        for i in range(min(len(self.fns), len(s))):
+            s[i] = self.fns[i](s[i])
+        return tuple(s)
+
+
+def map_tuple(*args: Optional[Callable[[Any], Any]], handler: ExnHandler = reraise_exception) -> SampleStage:
+    """Stage: apply functions to tuple fields by position (None keeps a field)."""
+    return _stage("map_tuple", _MapTuple(args), handler)
+
+
+class _ToTuple:
+    def __init__(self, args: Sequence[str], missing_is_error: bool, none_is_error: Optional[bool]):
+        if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
+            args = args[0].split()
+        self.args = list(args)
+        self.missing_is_error = missing_is_error
+        self.none_is_error = missing_is_error if none_is_error is None else none_is_error
+
+    def __call__(self, sample: Dict[str, Any]) -> tuple:
+        result = tuple(getfirst(sample, f, missing_is_error=self.missing_is_error) for f in self.args)
+        if self.none_is_error and any(x is None for x in result):
+            raise ValueError(f"to_tuple {self.args} got {sample.keys()}")
+        return result
+
+
+def to_tuple(*args: str, handler: ExnHandler = reraise_exception, missing_is_error: bool = True,
+             none_is_error: Optional[bool] = None) -> SampleStage:
+    """Stage: dict samples to tuples: ``to_tuple("jpg;png", "cls")`` or ``to_tuple("jpg;png cls")``."""
+    return _stage("to_tuple", _ToTuple(args, missing_is_error, none_is_error), handler)
+
+
+class _Select:
+    def __init__(self, predicate: Callable[[Any], bool]):
+        self.predicate = predicate
+
+    def __call__(self, sample: Any) -> Any:
+        return sample if self.predicate(sample) else None
+
+
+def select(predicate: Callable[[Any], bool]) -> SampleStage:
+    """Stage: keep the samples for which ``predicate`` is true."""
+    return SampleStage("select", _Select(predicate))
+
+
+class _Rename:
+    def __init__(self, keep: bool, kw: Dict[str, Any]):
+        self.keep = keep
+        self.kw = kw
+        self.replaced = {x for v in kw.values() for x in (v.split(";") if isinstance(v, str) else v)}
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        if not self.keep:
+            return {k: getfirst(sample, v, missing_is_error=True) for k, v in self.kw.items()}
+        result = {k: v for k, v in sample.items() if k not in self.replaced}
+        result.update({k: getfirst(sample, v, missing_is_error=True) for k, v in self.kw.items()})
+        return result
+
+
+def rename(handler: ExnHandler = reraise_exception, keep: bool = True, **kw: str) -> SampleStage:
+    """Stage: ``rename(image="jpg;png", label="cls")``; ``keep=False`` keeps only the new fields."""
+    return _stage("rename", _Rename(keep, kw), handler)
+
+
+class _RenameKeys:
+    def __init__(self, args: Sequence[Any], kw: Dict[str, str], keep_unselected: bool, must_match: bool,
+                 duplicate_is_error: bool):
+        self.renamings = [(p, o) for o, p in args] + [(p, o) for o, p in kw.items()]
+        self.keep_unselected, self.must_match, self.dup = keep_unselected, must_match, duplicate_is_error
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        new: Dict[str, Any] = {}
+        matched = {p: False for p, _ in self.renamings}
+        for path, value in sample.items():
+            fname = re.sub(r".*/", "", path)
+            name = None
+            for pattern, out in self.renamings[::-1]:
+                if fnmatch(fname.lower(), pattern):
+                    matched[pattern] = True
+                    name = out
+                    break
+            if name is None:
+                if self.keep_unselected:
+                    new[path] = value
+                continue
+            if name in new:
+                if self.dup:
+                    raise ValueError(f"Duplicate value in sample {sample.keys()} after rename.")
+                continue
+            new[name] = value
+        if self.must_match and not all(matched.values()):
+            raise ValueError(f"Not all patterns ({matched}) matched sample keys ({sample.keys()}).")
+        return new
+
+
+def rename_keys(*args: Any, keep_unselected: bool = False, must_match: bool = True,
+                duplicate_is_error: bool = True, **kw: str) -> SampleStage:
+    """Stage: rename fields by glob patterns (``rename_keys(image="*.jpg")``)."""
+    return SampleStage("rename_keys", _RenameKeys(args, kw, keep_unselected, must_match, duplicate_is_error))
+
+
+class _ExtractKeys:
+    def __init__(self, patterns: Sequence[Any], duplicate_is_error: bool, ignore_missing: bool):
+        self.patterns = [p.split(";") if isinstance(p, str) else p for p in patterns]
+        self.dup, self.ignore_missing = duplicate_is_error, ignore_missing
+
+    def __call__(self, sample: Dict[str, Any]) -> tuple:
+        out = []
+        for pattern in self.patterns:
+            m = [x for x in sample if any(fnmatch("." + x, p) or fnmatch(x, p) for p in pattern)]
+            if not m:
+                if self.ignore_missing:
+                    continue
+                raise ValueError(f"Cannot find {pattern} in sample keys {sample.keys()}.")
+            if len(m) > 1 and self.dup:
+                raise ValueError(f"Multiple sample keys {sample.keys()} match {pattern}.")
+            out.append(sample[m[0]])
+        return tuple(out)
+
+
+def extract_keys(*patterns: Any, duplicate_is_error: bool = True, ignore_missing: bool = False) -> SampleStage:
+    """Stage: a tuple of the fields matching each glob pattern."""
+    return SampleStage("extract_keys", _ExtractKeys(patterns, duplicate_is_error, ignore_missing))
+
+
+def decode(*args: Any, handler: ExnHandler = reraise_exception, **kw: Any) -> SampleStage:
+    """Stage: :class:`resumewds.autodecode.Decoder` over image specs and handlers.
+
+    ``kw``: ``pre``, ``post``, ``only``, ``partial``, ``allow_pickle``.
+    """
+    handlers = [autodecode.imagehandler(x) if isinstance(x, str) else x for x in args]
+    return _stage("decode", autodecode.Decoder(handlers, **kw), handler)
+
+
+def _decode_bin(stream: Any) -> bytes:
+    return stream.read()
+
+
+def _decode_text(stream: Any) -> str:
+    return stream.read().decode("utf-8")
+
+
+def _decode_pickle(stream: Any) -> Any:
+    return autodecode.unpickle_loads(stream.read())
+
+
+default_decoders = [("*.bin", _decode_bin), ("*.txt", _decode_text), ("*.pyd", _decode_pickle)]
+
+
+class _XDecode:
+    def __init__(self, args: Sequence[Any], must_decode: bool, defaults: Sequence[Any], kw: Dict[str, Any]):
+        self.decoders = list(defaults) + list(args) + [("*." + k, v) for k, v in kw.items()]
+        self.must_decode = must_decode
+
+    def _find(self, path: str) -> Any:
+        fname = re.sub(r".*/", "", path)
+        if fname.startswith("__"):
+            return lambda x: x
+        for pattern, fun in self.decoders[::-1]:
+            if fnmatch(fname.lower(), pattern) or fnmatch("." + fname.lower(), pattern):
+                return fun
+        return None
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        new: Dict[str, Any] = {}
+        for path, data in sample.items():
+            if path.startswith("__"):
+                new[path] = data
+                continue
+            dec = self._find(path)
+            if dec is False:
+                new[path] = data
+            elif dec is None:
+                if self.must_decode:
+                    raise ValueError(f"No decoder found for {path}.")
+                new[path] = data
+            else:
+                new[path] = dec(io.BytesIO(data) if isinstance(data, bytes) else data)
+        return new
+
+
+def xdecode(*args: Any, must_decode: bool = True, defaults: Sequence[Any] = default_decoders,
+            **kw: Callable[[Any], Any]) -> SampleStage:
+    """Stage: decode fields by glob pattern with stream decoders (``xdecode(png=imread)``)."""
+    return SampleStage("xdecode", _XDecode(args, must_decode, defaults, kw))
+
+
+# ---- stream stages -------------------------------------------------------------------
+
+def _pick(buf: List[Any], rng: random.Random) -> Any:
+    k = rng.randint(0, len(buf) - 1)
+    x = buf[k]
+    buf[k] = buf[-1]
+    buf.pop()
+    return x
+
+
+class ShuffleStage(Stage):
+    """``shuffle(bufsize, initial)``: a buffer shuffle on a stream; the plan's seeded shuffle in a DataPipeline."""
+
+    name = "shuffle"
+
+    def __init__(self, bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
+                 seed: Optional[int] = None, handler: Any = None):
+        if seed is not None and rng is not None:
+            raise ValueError("shuffle: give rng or seed, not both")
+        self.bufsize, self.initial, self.rng, self.seed = int(bufsize), int(initial), rng, seed
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        data = iter(src)
+        rng = self.rng or random.Random(self.seed if self.seed is not None
+                                        else int((os.getpid() + time.time()) * 1e9))
+        initial = min(self.initial, self.bufsize)
+        buf: List[Any] = []
+        for x in data:
+            buf.append(x)
+            if len(buf) < self.bufsize:
+                try:
+                    buf.append(next(data))
+                except StopIteration:
+                    pass
+            if len(buf) >= initial:
+                yield _pick(buf, rng)
+        while buf:
+            yield _pick(buf, rng)
+
+
+def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
+            seed: Optional[int] = None, handler: Any = None) -> ShuffleStage:
+    """Stage: shuffle with a buffer of ``bufsize`` (see :class:`ShuffleStage`)."""
+    return ShuffleStage(bufsize, initial, rng, seed, handler)
+
+
+def _combine(b: List[Any], combine_tensors: bool, combine_scalars: bool) -> Any:
+    import numpy as np
+
+    if isinstance(b[0], (int, float)):
+        return np.array(list(b)) if combine_scalars else b
+    if type(b[0]).__module__.startswith("torch") and type(b[0]).__name__ == "Tensor":
+        if combine_tensors:
+            import torch
+
+            if len({x.shape for x in b}) != 1:
+                raise ValueError(f"all shapes must be equal in collation, got {set(x.shape for x in b)}")
+            return torch.stack(list(b))
+        return b
+    if isinstance(b[0], np.ndarray):
+        if combine_tensors:
+            if len({x.shape for x in b}) != 1:
+                raise ValueError(f"all shapes must be equal in collation, got {set(x.shape for x in b)}")
+            return np.array(list(b))
+        return b
+    return list(b)
+
+
+def default_collation_fn(samples: List[Any], combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
+    """webdataset's collation: columns of tuples/dicts; numbers -> numpy, tensors/arrays stacked."""
+    rows = [x if isinstance(x, dict) else dict(enumerate(x)) for x in samples]
+    keys = set(rows[0])
+    for row in rows[1:]:
+        if set(row) != keys:
+            raise ValueError("keys don't match in different samples")
+    result = {k: _combine([row[k] for row in rows], combine_tensors, combine_scalars) for k in keys}
+    if isinstance(samples[0], (list, tuple)):
+        return tuple(result[i] for i in range(len(result)))
+    return result
+
+
+class BatchedStage(Stage):
+    """``batched(n)``: lists of ``n`` samples, collated."""
+
+    name = "batched"
+
+    def __init__(self, batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
+                 partial: bool = True):
+        if int(batchsize) < 1:
+            raise ValueError(f"batchsize must be >= 1, got {batchsize}")
+        self.batchsize, self.collation_fn, self.partial = int(batchsize), collation_fn, partial
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        batch: List[Any] = []
+        for x in src:
+            if len(batch) >= self.batchsize:
+                yield self.collation_fn(batch) if self.collation_fn is not None else batch
+                batch = []
+            batch.append(x)
+        if batch and (len(batch) == self.batchsize or self.partial):
+            yield self.collation_fn(batch) if self.collation_fn is not None else batch
+
+
+def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
+            partial: bool = True) -> BatchedStage:
+    """Stage: batch samples (``partial=False`` drops a short last batch)."""
+    return BatchedStage(batchsize, collation_fn, partial)
+
+
+def _unbatched(data: Iterator[Any]) -> Iterator[Any]:
+    for sample in data:
+        if isinstance(sample, (list, tuple)):
+            for i in range(len(sample[0])):
+                yield tuple(x[i] for x in sample)
+        elif isinstance(sample, dict):
+            lengths = {len(v) for v in sample.values()}
+            if len(lengths) != 1:
+                raise ValueError(f"unbatched: fields of different lengths {lengths}")
+            for i in range(lengths.pop()):
+                yield {k: v[i] for k, v in sample.items()}
+        else:
+            raise ValueError(f"unknown sample type: {type(sample)}")
+
+
+def unbatched() -> Stage:
+    """Stage: split batches back into samples."""
+    return _Generic("unbatched", _unbatched)
+
+
+def _unlisted(data: Iterator[Any]) -> Iterator[Any]:
+    for batch in data:
+        yield from batch
+
+
+def unlisted() -> Stage:
+    """Stage: flatten lists of samples."""
+    return _Generic("unlisted", _unlisted)
+
+
+def _rsample(data: Iterator[Any], p: float = 0.5) -> Iterator[Any]:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"rsample: p must be in [0, 1], got {p}")
+    for x in data:
+        if random.uniform(0.0, 1.0) < p:
+            yield x
+
+
+def rsample(p: float = 0.5) -> Stage:
+    """Stage: keep each sample with probability ``p`` (random: not exactly resumable)."""
+    return _Generic("rsample", _rsample, p)
+
+
+def slice(*args: Any) -> Stage:  # noqa: A001
+    """Stage: ``itertools.islice`` of the stream."""
+    return _Generic("slice", itertools.islice, *args)
+
+
+def _info(data: Iterator[Any], fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50,
+          stream: Any = None, name: str = "") -> Iterator[Any]:
+    stream = stream or sys.stderr
+    for i, sample in enumerate(data):
+        if i < n or (every > 0 and (i + 1) % every == 0):
+            if fmt is None:
+                print("---", name, file=stream)
+                for k, v in sample.items():
+                    print(k, repr(v)[:width], file=stream)
+            else:
+                print(fmt.format(**sample), file=stream)
+        yield sample
+
+
+def info(fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50, stream: Any = None,
+         name: str = "") -> Stage:
+    """Stage: print the first ``n`` samples (to stderr)."""
+    return _Generic("info", _info, fmt, n, every, width, stream, name)
+
+
+def _log_keys(data: Iterator[Any], logfile: Optional[str] = None) -> Iterator[Any]:
+    if not logfile:
+        yield from data
+        return
+    import fcntl
+
+    with open(logfile, "a") as f:
+        for i, sample in enumerate(data):
+            line = f"{i}\t{sample.get('__worker__')}\t{sample.get('__rank__')}\t{sample.get('__key__')}\n"
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                f.write(line)
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            yield sample
+
+
+def log_keys(logfile: Optional[str] = None) -> Stage:
+    """Stage: append ``index, worker, rank, key`` of each sample to ``logfile``."""
+    return _Generic("log_keys", _log_keys, logfile)
+
+
+_ = builtins  # map/slice shadow builtins here on purpose (webdataset's names)
+
+
+# ---- webdataset's generator forms (``_map(data, f)`` ...), for code and tests that call them ----
+
+def _shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: Any = None,
+             seed: Optional[int] = None, handler: Any = None) -> Iterator[Any]:
+    return ShuffleStage(bufsize, initial, rng, seed, handler)(data)
+
+
+def _select(data: Iterable[Any], predicate: Callable[[Any], bool]) -> Iterator[Any]:
+    return select(predicate)(data)
+
+
+def _map(data: Iterable[Any], f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> Iterator[Any]:
+    return map(f, handler=handler)(data)
+
+
+def _rename(data: Iterable[Any], handler: ExnHandler = reraise_exception, keep: bool = True, **kw: str) -> Iterator[Any]:
+    return rename(handler=handler, keep=keep, **kw)(data)
+
+
+def _map_dict(data: Iterable[Any], handler: ExnHandler = reraise_exception, **kw: Any) -> Iterator[Any]:
+    return map_dict(handler=handler, **kw)(data)
+
+
+def _to_tuple(data: Iterable[Any], *args: str, handler: ExnHandler = reraise_exception,
+              missing_is_error: bool = True, none_is_error: Optional[bool] = None) -> Iterator[Any]:
+    return to_tuple(*args, handler=handler, missing_is_error=missing_is_error, none_is_error=none_is_error)(data)
+
+
+def _map_tuple(data: Iterable[Any], *args: Any, handler: ExnHandler = reraise_exception) -> Iterator[Any]:
+    return map_tuple(*args, handler=handler)(data)
+
+
+def _batched(data: Iterable[Any], batchsize: int = 20, collation_fn: Any = default_collation_fn,
+             partial: bool = True) -> Iterator[Any]:
+    return BatchedStage(batchsize, collation_fn, partial)(data)
+
+
+def _decode(data: Iterable[Any], *args: Any, handler: ExnHandler = reraise_exception, **kw: Any) -> Iterator[Any]:
+    return decode(*args, handler=handler, **kw)(data)
+
+
+def _extract_keys(source: Iterable[Any], *patterns: Any, duplicate_is_error: bool = True,
+                  ignore_missing: bool = False) -> Iterator[Any]:
+    return extract_keys(*patterns, duplicate_is_error=duplicate_is_error, ignore_missing=ignore_missing)(source)
+
+
+def _rename_keys(source: Iterable[Any], *args: Any, keep_unselected: bool = False, must_match: bool = True,
+                 duplicate_is_error: bool = True, **kw: str) -> Iterator[Any]:
+    return rename_keys(*args, keep_unselected=keep_unselected, must_match=must_match,
+                       duplicate_is_error=duplicate_is_error, **kw)(source)
+
+
+def _xdecode(source: Iterable[Any], *args: Any, must_decode: bool = True,
+             defaults: Sequence[Any] = default_decoders, **kw: Any) -> Iterator[Any]:
+    return xdecode(*args, must_decode=must_decode, defaults=defaults, **kw)(source)

@@ -1,0 +1,253 @@
+"""Streaming tar stages with webdataset's names: ``tarfile_to_samples`` and its parts.
+
+These run a shard list through ``url_opener`` -> ``tar_file_expander`` ->
+``group_by_keys`` as webdataset 1.0.2 does (one pass over each stream,
+``.tar.gz`` included), for generic pipelines.  Inside a
+:class:`resumewds.DataPipeline` whose earlier stages are all recognised,
+``tarfile_to_samples(handler=...)`` is not run this way: it is compiled
+into the plan, which reads each sample by seeking in the verified cache
+(exact resume); ``handler`` then decides what a bad shard does (skip or
+raise), as in ``WebDataset(handler=...)``.
+
+Grouping is :mod:`resumewds.tario`'s (byte-compatible with webdataset's):
+the key is the path up to the first dot of the basename, extensions are
+lower-cased, a repeated extension in one sample is a ``ValueError``.
+
+Example:
+    >>> import io, tarfile
+    >>> buf = io.BytesIO()
+    >>> with tarfile.open(fileobj=buf, mode="w") as t:
+    ...     for name, data in [("a.txt", b"hi"), ("a.cls", b"1")]:
+    ...         ti = tarfile.TarInfo(name); ti.size = len(data)
+    ...         t.addfile(ti, io.BytesIO(data))
+    >>> _ = buf.seek(0)
+    >>> [sorted(s) for s in tarfile_samples([{"url": "mem", "stream": buf}])]
+    [['__key__', '__url__', 'cls', 'txt']]
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tarfile
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+
+from .handlers import reraise_exception
+from .tario import split_key
+
+__all__ = ["base_plus_ext", "group_by_keys", "tar_file_expander", "tar_file_iterator",
+           "tarfile_samples", "tarfile_to_samples", "url_opener", "valid_sample"]
+
+ExnHandler = Callable[[BaseException], bool]
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+def base_plus_ext(path: str) -> Tuple[Optional[str], Optional[str]]:
+    """``(key, extension)`` of a member name, or ``(None, None)``.
+
+    Example:
+        >>> base_plus_ext("dir/a.seg.png")
+        ('dir/a', 'seg.png')
+    """
+    return split_key(path)
+
+
+def valid_sample(sample: Optional[Dict[str, Any]]) -> bool:
+    """A non-empty dict sample with at least one member (not only dunder keys)."""
+    return (sample is not None and isinstance(sample, dict) and len(sample) > 0
+            and not sample.get("__bad__", False))
+
+
+class _PipeStream:
+    """A ``pipe:`` command's stdout; a non-zero exit status is an error at EOF."""
+
+    def __init__(self, cmd: str):
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE)
+        self.stdout = self.proc.stdout
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.stdout.read(n)  # type: ignore[union-attr]
+        if not b or (n is not None and n < 0):
+            rc = self.proc.wait()
+            if rc != 0:
+                raise OSError(f"pipe:{self.cmd}: exit status {rc}")
+        return b
+
+    def close(self) -> None:
+        self.stdout.close()  # type: ignore[union-attr]
+        self.proc.wait()
+
+
+def open_url(url: str) -> Any:
+    """A readable binary stream for a local path, ``file:`` url, ``pipe:`` command or http(s) url."""
+    if url.startswith("pipe:"):
+        return _PipeStream(url[5:])
+    if url.startswith(("http://", "https://")):
+        import requests
+
+        r = requests.get(url, stream=True, timeout=60)
+        if r.status_code >= 400:
+            raise FileNotFoundError(f"{url}: HTTP {r.status_code}")
+        r.raw.decode_content = True
+        return r.raw
+    if url == "-":
+        import sys
+
+        return sys.stdin.buffer
+    path = url[7:] if url.startswith("file://") else url[5:] if url.startswith("file:") else url
+    return open(path, "rb")
+
+
+def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
+               **kw: Any) -> Iterator[Dict[str, Any]]:
+    """Add an open ``stream`` to each ``{"url": ...}`` dict."""
+    for sample in data:
+        url = sample["url"]
+        try:
+            sample.update(stream=open_url(url))
+            yield sample
+        except Exception as exn:
+            exn.args = exn.args + (url,)
+            if handler(exn):
+                continue
+            break
+
+
+def tar_file_iterator(fileobj: Any, skip_meta: Optional[str] = r"__[^/]*__($|/)",
+                      handler: ExnHandler = reraise_exception,
+                      select_files: Optional[Callable[[str], bool]] = None,
+                      rename_files: Optional[Callable[[str], str]] = None) -> Iterator[Dict[str, Any]]:
+    """Yield ``{"fname", "data"}`` for each regular member of a tar stream (gzip detected)."""
+    stream = tarfile.open(fileobj=fileobj, mode="r|*")
+    meta = re.compile(skip_meta) if skip_meta is not None else None
+    for tarinfo in stream:
+        fname = tarinfo.name
+        try:
+            if not tarinfo.isreg() or fname is None:
+                continue
+            if "/" not in fname and fname.startswith("__") and fname.endswith("__"):
+                continue
+            if meta is not None and meta.match(fname):
+                continue
+            if rename_files:
+                fname = rename_files(fname)
+            if select_files is not None and not select_files(fname):
+                continue
+            data = stream.extractfile(tarinfo).read()  # type: ignore[union-attr]
+            yield {"fname": fname, "data": data}
+            stream.members = []
+        except Exception as exn:
+            if exn.args:
+                exn.args = (f"{exn.args[0]} @ {fileobj}",) + exn.args[1:]
+            if handler(exn):
+                continue
+            break
+
+
+def tar_file_expander(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
+                      select_files: Optional[Callable[[str], bool]] = None,
+                      rename_files: Optional[Callable[[str], str]] = None,
+                      eof_value: Optional[Any] = {}) -> Iterator[Dict[str, Any]]:
+    """The members of every opened stream, then ``eof_value`` after each shard."""
+    for source in data:
+        url = source["url"]
+        try:
+            for sample in tar_file_iterator(source["stream"], handler=handler, select_files=select_files,
+                                            rename_files=rename_files):
+                sample["__url__"] = url
+                if source.get("local_path") is not None:
+                    sample["__local_path__"] = source["local_path"]
+                yield sample
+            if eof_value is not None:
+                yield eof_value
+        except Exception as exn:
+            exn.args = exn.args + (source.get("stream"), url)
+            if handler(exn):
+                continue
+            break
+        finally:
+            close = getattr(source.get("stream"), "close", None)
+            if close is not None:
+                close()
+
+
+def group_by_keys(data: Iterable[Dict[str, Any]], keys: Callable[[str], Tuple[Optional[str], Optional[str]]] = base_plus_ext,
+                  lcase: bool = True, suffixes: Optional[Any] = None,
+                  handler: ExnHandler = reraise_exception) -> Iterator[Dict[str, Any]]:
+    """Group consecutive members with the same key into samples.
+
+    Raises:
+        ValueError: a repeated extension within one sample.
+    """
+    current: Optional[Dict[str, Any]] = None
+    for filesample in data:
+        try:
+            if not filesample:  # end of a shard: never join samples across shards
+                if valid_sample(current):
+                    yield current  # type: ignore[misc]
+                current = None
+                continue
+            fname, value = filesample["fname"], filesample["data"]
+            prefix, suffix = keys(fname)
+            if prefix is None:
+                continue
+            if lcase:
+                suffix = suffix.lower()  # type: ignore[union-attr]
+            if current is None or prefix != current["__key__"]:
+                if valid_sample(current):
+                    yield current  # type: ignore[misc]
+                current = {"__key__": prefix, "__url__": filesample["__url__"]}
+                if "__local_path__" in filesample:
+                    current["__local_path__"] = filesample["__local_path__"]
+            if suffix in current:
+                raise ValueError(f"{fname}: duplicate file name in tar file {suffix} {current.keys()}")
+            if suffixes is None or suffix in suffixes:
+                current[suffix] = value
+        except Exception as exn:
+            exn.args = exn.args + (filesample.get("stream"), filesample.get("url"))
+            if handler(exn):
+                continue
+            break
+    if valid_sample(current):
+        yield current  # type: ignore[misc]
+
+
+def tarfile_samples(src: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
+                    select_files: Optional[Callable[[str], bool]] = None,
+                    rename_files: Optional[Callable[[str], str]] = None) -> Iterator[Dict[str, Any]]:
+    """Samples from a stream of ``{"url": ...}`` dicts (opened, expanded, grouped)."""
+    streams = url_opener(src, handler=handler)
+    files = tar_file_expander(streams, handler=handler, select_files=select_files, rename_files=rename_files)
+    return group_by_keys(files, handler=handler)
+
+
+class TarfileToSamples:
+    """The stage ``tarfile_to_samples(handler=...)`` returns (recognised by DataPipeline)."""
+
+    def __init__(self, handler: ExnHandler = reraise_exception,
+                 select_files: Optional[Callable[[str], bool]] = None,
+                 rename_files: Optional[Callable[[str], str]] = None):
+        self.handler = handler
+        self.select_files = select_files
+        self.rename_files = rename_files
+
+    def __call__(self, src: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        return tarfile_samples(src, handler=self.handler, select_files=self.select_files,
+                               rename_files=self.rename_files)
+
+    def __repr__(self) -> str:
+        return f"tarfile_to_samples(handler={getattr(self.handler, '__name__', self.handler)})"
+
+
+def tarfile_to_samples(handler: ExnHandler = reraise_exception,
+                       select_files: Optional[Callable[[str], bool]] = None,
+                       rename_files: Optional[Callable[[str], str]] = None) -> TarfileToSamples:
+    """Stage: shard urls in, samples out (see the module docs).
+
+    Example:
+        >>> stage = tarfile_to_samples()
+        >>> stage  # doctest: +ELLIPSIS
+        tarfile_to_samples(handler=reraise_exception)
+    """
+    return TarfileToSamples(handler, select_files, rename_files)
