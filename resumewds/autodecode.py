@@ -170,15 +170,10 @@ def msgpack_loads(data: bytes) -> Any:
 
 
 def cbor_loads(data: bytes) -> Any:
-    """A CBOR value (``cbor2``, or webdataset's ``cbor``)."""
-    try:
-        import cbor2
+    """A CBOR value (``cbor2``, from the ``formats`` extra; webdataset reads the same bytes with ``cbor``)."""
+    import cbor2
 
-        return cbor2.loads(data)
-    except ImportError:
-        import cbor  # type: ignore
-
-        return cbor.loads(data)
+    return cbor2.loads(data)
 
 
 def tenbin_loads(data: bytes) -> List[Any]:

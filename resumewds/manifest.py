@@ -413,6 +413,16 @@ class Manifest:
 MAX_OFFSET = (1 << 63) - 1
 
 
+#: names of compressed shards (resumewds.compressed): their ``size`` is the
+#: compressed file's, their offsets are positions in the decompressed tar
+COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd")
+
+
+def _tar_size_bound(url: str, size: Optional[int]) -> Optional[int]:
+    """The bound for a shard's offsets: its size, unless it is a compressed shard."""
+    return None if url.lower().endswith(COMPRESSED_SUFFIXES) else size
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -501,11 +511,11 @@ def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile],
         entries = side.entries_on_disk()
         if entries is not None and at + samples + 1 > entries:
             raise SourceError(f"{where}: needs offsets {at}..{at + samples} but {side.path} holds {entries}")
-        offsets = side.slice(at, samples + 1, size=size, where=where)
+        offsets = side.slice(at, samples + 1, size=_tar_size_bound(url, size), where=where)
     elif offsets is not None:
         if samples is None:
             raise SourceError(f"{where}: 'offsets' without 'samples'")
-        offsets = validate_offsets(offsets, samples, size, where)
+        offsets = validate_offsets(offsets, samples, _tar_size_bound(url, size), where)
     return ShardInfo(url=url, size=size, xxh3_64=xxh, samples=samples, offsets=offsets,
                      trusted=trusted or not url.startswith("pipe:"))
 

@@ -137,14 +137,9 @@ def tenbin_dumps(x: Any) -> bytes:
 
 def cbor_dumps(x: Any) -> bytes:
     """CBOR bytes (``cbor2``, or webdataset's ``cbor``)."""
-    try:
-        import cbor2
+    import cbor2
 
-        return cbor2.dumps(x)
-    except ImportError:
-        import cbor  # type: ignore
-
-        return cbor.dumps(x)
+    return cbor2.dumps(x)
 
 
 def mp_dumps(x: Any) -> bytes:

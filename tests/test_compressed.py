@@ -10,7 +10,6 @@ import webdataset as real_wds
 import xxhash
 
 import resumewds as rw
-from http_fixtures import served  # noqa: F401  (fixture)
 from resumewds import compressed, tario
 from resumewds.errors import ChecksumMismatch, ShardFormatError
 
