@@ -46,7 +46,9 @@ Locking:
     the journal exists, so a journal that was deleted while its lock file
     stayed is reported ("journal was deleted") instead of silently starting
     a fresh run.  Delete the lock file too to really start over.  Read-only
-    opens (``status``, ``resolve_resume``) take no lock.
+    opens (``status``, ``resolve_resume``) take no lock.  A resuming writer
+    reads its resume point only once it holds the lock (``after_lock``), so
+    two runs started together never resume from the same commit.
 
 Cost:
     ``commit`` is the hot path: raw ``sqlite3`` statements (cached by the
@@ -410,6 +412,11 @@ class Journal:
         readonly: open ``mode=ro`` without taking the lock (for ``status``).
         synchronous: ``"NORMAL"`` (survives process crash) or ``"FULL"``
             (survives power loss too; one fsync per transaction).
+        after_lock: called once the writer holds the lock, before the file
+            is opened or created; its result is ``self.after_lock_result``.
+            The loader reads the run's resume point here, so that two runs
+            started together can never both resume from the same point: the
+            second one is refused at the lock before it reads anything.
 
     Raises:
         JournalError: the file is corrupt, truncated, not a database, has a
@@ -420,7 +427,8 @@ class Journal:
     """
 
     def __init__(self, path: str, *, rank: int = 0, world_size: int = 1,
-                 readonly: bool = False, synchronous: str = "NORMAL"):
+                 readonly: bool = False, synchronous: str = "NORMAL",
+                 after_lock: Optional[Callable[[], Any]] = None):
         sync = str(synchronous).upper()
         if sync not in _SYNC_MODES:
             raise ValueError(f"synchronous must be one of {_SYNC_MODES}, got {synchronous!r}")
@@ -439,6 +447,8 @@ class Journal:
         self._pending: Dict[Tuple[str, int], Tuple[int, Optional[int]]] = {}
         self._since = 0
         self._mutex = threading.RLock()
+        self._after_lock = after_lock
+        self.after_lock_result: Any = None
         try:
             if readonly:
                 self._open_readonly()
@@ -530,6 +540,8 @@ class Journal:
             raise self._err(f"cannot lock {lock_file}", exc) from exc
         self._lock_fd = fd
         _CHILD_CLOSE.add(fd)
+        if self._after_lock is not None:
+            self.after_lock_result = self._after_lock()  # under the lock, before any file
         info = _read_lock_info(lock_file)
         marker = info.get("run_id")
         existed = os.path.exists(self.path)

@@ -281,13 +281,30 @@ class WebLoader:
         return cfg
 
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
-        from .journal import Journal, resolve_resume
+        from . import journal as _journal
 
-        point = None
-        if resume is not False:
-            point = self._resolve_together(path, None if resume is True else int(resume),
-                                           resolve_resume)
-        j = Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync)
+        step = None if resume is True else int(resume)
+        resolved: Dict[str, Any] = {}
+
+        def find_point() -> Optional[Dict[str, Any]]:
+            # runs under this rank's journal lock (item: two runs started
+            # together must not both read the same resume point)
+            resolved["done"] = True
+            return self._resolve_together(path, step, _journal.resolve_resume)
+
+        try:
+            j = _journal.Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync,
+                                 after_lock=None if resume is False else find_point)
+        except BaseException:
+            if resume is not False and not resolved and self._process_group() is not None:
+                # the lock failed on this rank: still take part in rank 0's
+                # broadcast, so the other ranks are not left waiting for it
+                try:
+                    self._resolve_together(path, step, _journal.resolve_resume)
+                except Exception:
+                    pass
+            raise
+        point = j.after_lock_result
         try:
             j.check_config(self._journal_config(),
                            compatible_keys=("batch_size", "world_size", "num_workers", "rank"))
