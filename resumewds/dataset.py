@@ -395,7 +395,8 @@ class WebDataset:
 
         ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
         ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
-        per shard index), ``t_read``, ``t_stages`` and ``t_fetch_wait``
+        per shard index), ``positions`` and ``slot_index`` (per delivered
+        sample: its epoch position and its index in the step's slots), ``t_read``, ``t_stages`` and ``t_fetch_wait``
         (seconds), ``events``.
         """
         ep = self.plan.epoch(epoch)
@@ -410,7 +411,7 @@ class WebDataset:
             slots = layout.slots(total, start, k)
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
                                     "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
-                                    "positions": []}
+                                    "positions": [], "slot_index": []}
             t_read = t_stages = 0.0
             out: List[Any] = []
             if slots:
@@ -433,6 +434,7 @@ class WebDataset:
             any_pad = any(p for _, p in slots)
             per_shard = meta["shards"]
             positions = meta["positions"]
+            slot_index = meta["slot_index"]
             nbytes = skipped = filtered = pads = 0
             t0 = time.perf_counter()
             # consecutive samples of one shard (the rule unshuffled) are read
@@ -479,6 +481,7 @@ class WebDataset:
                     continue
                 out.append(x)
                 positions.append(pos)
+                slot_index.append(i)
             meta["samples"] = len(out)
             meta["bytes"] = nbytes
             meta["skipped"] = skipped

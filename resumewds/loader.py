@@ -156,6 +156,58 @@ def _worker_error(exc: BaseException) -> Optional[ResumeWDSError]:
     return None
 
 
+class _SampleLayout:
+    """The chunk layout of ``batch_size=None`` on one rank: a grid fixed to the epoch.
+
+    With one rank and no batches the position moves sample by sample, so a
+    resume can start in the middle of a chunk.  The tail of the epoch must
+    not be worked out from that position (it would move with it): here it is
+    a property of the epoch alone.
+
+    * ``"keep"``: every sample, in chunks of ``batch_size`` from ``start``.
+    * ``"drop"``: the last ``total % batch_size`` positions of the epoch are
+      not delivered, whatever the start.
+    * ``"pad"``: the epoch is followed by ``(-total) % batch_size`` padding
+      samples (copies of positions 0, 1, ... marked ``__pad__``).  While they
+      are handed out the position counts on past ``total`` (``total + i``
+      after ``i`` pads), so a resume inside the padding delivers exactly the
+      pads that are left; the epoch ends after the last one.
+
+    Duck-types :class:`resumewds.plan.Layout` (``num_steps``, ``slots``,
+    ``position_after``), which is what ``WebDataset.iter_steps`` uses.
+    """
+
+    def __init__(self, base: Layout):
+        self.batch_size = base.batch_size
+        self.world_size = 1
+        self.rank = 0
+        self.remainder = base.remainder
+        self.step_size = base.batch_size
+
+    def end(self, total: int) -> int:
+        """The position after the last sample this layout delivers in an epoch."""
+        b = self.batch_size
+        if self.remainder == "drop":
+            return total - total % b
+        if self.remainder == "pad" and total:
+            return total + (-total) % b
+        return total
+
+    def num_steps(self, total: int, start: int) -> int:
+        left = self.end(total) - start
+        return 0 if left <= 0 else -(-left // self.batch_size)
+
+    def position_after(self, total: int, start: int, step: int) -> int:
+        p = start + (step + 1) * self.batch_size
+        return total if p >= self.end(total) else p
+
+    def slots(self, total: int, start: int, step: int, rank: Optional[int] = None
+              ) -> List[Tuple[int, bool]]:
+        s0 = start + step * self.batch_size
+        stop = min(s0 + self.batch_size, self.end(total))
+        return [(g, False) if g < total else ((g - total) % total, True) for g in range(s0, stop)]
+
+
 class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
@@ -252,7 +304,10 @@ class WebLoader:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
         self.rank, self.world_size = world_from_env(rank, world_size)
-        self.layout = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank, remainder)
+        self.layout: Any = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank,
+                                  remainder)
+        if self.batch_size is None and self.world_size == 1:
+            self.layout = _SampleLayout(self.layout)
         self.remainder = remainder
         self.dataloader_kwargs = dataloader_kwargs
         self.epoch = 0
@@ -483,7 +538,10 @@ class WebLoader:
         if diffs:
             raise StateError("loader state does not match this dataset: " + "; ".join(diffs))
         epoch, pos = int(state["epoch"]), int(state["position"])
-        if not 0 <= pos <= int(self.config["samples"]):
+        total = int(self.config["samples"])
+        # past ``total``: inside the padding of batch_size=None, remainder="pad"
+        limit = self.layout.end(total) if isinstance(self.layout, _SampleLayout) else total
+        if not 0 <= pos <= max(total, limit):
             raise StateError(f"position {pos} outside an epoch of {self.config['samples']} samples")
         self.epoch, self.position = epoch, pos
         self.samples_total = int(state.get("samples_total", 0))
@@ -520,7 +578,9 @@ class WebLoader:
         total = int(self.config["samples"])
         n = self.layout.num_steps(total, self.position)
         if self.batch_size is None:
-            return max(0, total - self.position) if self.world_size == 1 else n * self.layout.batch_size
+            if self.world_size == 1:
+                return max(0, self.layout.end(total) - self.position)
+            return n * self.layout.batch_size
         return n
 
     def _end_epoch(self) -> None:
@@ -581,7 +641,8 @@ class WebLoader:
                     continue
                 # unbatched: hand out samples one by one, positions per sample
                 n = len(batch)
-                positions = meta["positions"]
+                s0 = start + k * layout.step_size
+                slot_of = meta.get("slot_index") or []
                 for i, sample in enumerate(batch):
                     self.samples_total += 1
                     if i + 1 == n:
@@ -589,8 +650,9 @@ class WebLoader:
                         if last:
                             self._end_epoch()
                     elif self.world_size == 1:
-                        # one rank: positions are contiguous, so a sample is a position
-                        self.position = positions[i] + 1
+                        # one rank: the grid is contiguous, so a slot is a position
+                        # (past ``total`` inside the padding, see _SampleLayout)
+                        self.position = s0 + slot_of[i] + 1
                     yield sample
                 if n == 0:
                     self.position = layout.position_after(total, start, k)

@@ -82,3 +82,102 @@ def test_two_runs_started_together_never_resume_from_the_same_point(make_shards,
     # whatever the interleaving: never a sample twice
     assert len(delivered) == len(set(delivered)), results
     assert any("refused" in r for r in results) or len(delivered) == 40, results
+
+
+# ---------------------------------------------------------------------------
+# item 8: batch_size=None with remainder="drop" / "pad"
+# ---------------------------------------------------------------------------
+
+EPOCHS = 2
+CHUNK = 16  # 5 x 37 = 185 samples: 185 % 16 = 9 dropped, 7 pads
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> List[str]:
+    from resumewds.synth import write_shards
+
+    root = tmp_path_factory.mktemp("exactly_once")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RESUMEWDS_CACHE_DIR", str(root / "cache"))
+        for var in ("RESUMEWDS_CACHE_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            mp.delenv(var, raising=False)
+        yield write_shards(str(root / "data"), shards=5, samples=37, size_range=(10, 100))
+
+
+def _unbatched(data, remainder: str, workers: int, **kw: Any) -> rw.WebLoader:
+    ds = rw.WebDataset(data, seed=3, shuffle=True, shuffle_window=2)
+    return rw.WebLoader(ds, batch_size=None, num_workers=workers, remainder=remainder,
+                        chunk_size=CHUNK, **kw)
+
+
+def _take(loader: rw.WebLoader, n: Optional[int] = None, commit: bool = False) -> List[tuple]:
+    """(epoch, key, is_pad) of each sample until EPOCHS are done or n samples."""
+    out: List[tuple] = []
+    while loader.epoch < EPOCHS:
+        for s in loader:
+            out.append((s["__epoch__"], s["__key__"], bool(s.get("__pad__", False))))
+            if commit:
+                loader.commit(loader.steps_done)
+            if n is not None and len(out) >= n:
+                return out
+    return out
+
+
+_SEQ: dict = {}
+
+
+def _reference(data, remainder: str) -> List[tuple]:
+    if remainder not in _SEQ:
+        _SEQ[remainder] = _take(_unbatched(data, remainder, 0))
+    return _SEQ[remainder]
+
+
+def test_unbatched_drop_and_pad_reference_shape(data):
+    drop, pad, keep = (_reference(data, r) for r in ("drop", "pad", "keep"))
+    assert len(keep) == 2 * 185
+    assert len(drop) == 2 * (185 - 185 % CHUNK)
+    assert len(pad) == 2 * (185 + (-185) % CHUNK)
+    assert sum(p for _, _, p in pad) == 2 * ((-185) % CHUNK)
+    assert [x for x in pad if not x[2]] == keep
+    # drop: each epoch loses its last 9 samples, exactly those
+    assert drop == [x for i, x in enumerate(keep) if i % 185 < 185 - 185 % CHUNK]
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_unbatched_resume_at_every_point_is_exact(data, remainder):
+    ref = _reference(data, remainder)
+    bad = []
+    for n in range(1, len(ref), 3):
+        first = _unbatched(data, remainder, 0)
+        head = _take(first, n)
+        second = _unbatched(data, remainder, 0)
+        second.load_state_dict(first.state_dict())
+        if head + _take(second) != ref:
+            bad.append(n)
+    assert not bad, f"{len(bad)} resume points of {len(range(1, len(ref), 3))} differ: {bad[:10]}"
+
+
+@pytest.mark.parametrize("remainder,w1,w2,n", [
+    ("drop", 2, 0, 170), ("drop", 0, 2, 176), ("drop", 2, 3, 200),
+    ("pad", 2, 0, 186), ("pad", 0, 2, 190), ("pad", 3, 2, 380),
+])
+def test_unbatched_resume_with_workers_is_exact(data, remainder, w1, w2, n):
+    ref = _reference(data, remainder)
+    first = _unbatched(data, remainder, w1)
+    head = _take(first, n)
+    second = _unbatched(data, remainder, w2)
+    second.load_state_dict(first.state_dict())
+    assert head + _take(second) == ref
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_unbatched_resume_through_the_journal_is_exact(data, tmp_path, remainder):
+    ref = _reference(data, remainder)
+    for n in (5, 176, 183, 190, 365):
+        journal = str(tmp_path / f"{remainder}-{n}.db")
+        first = _unbatched(data, remainder, 0, journal=journal)
+        head = _take(first, n, commit=True)
+        first.close()  # as a kill would: the journal holds the last commit
+        second = _unbatched(data, remainder, 2, journal=journal, resume=True)
+        assert head + _take(second, commit=True) == ref, n
+        second.close()
