@@ -25,9 +25,11 @@ from .tario import sample_digest, scan_file
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchInfo",
     "CacheError",
     "ChecksumMismatch",
     "DecodeError",
+    "EmptyBatch",
     "FetchError",
     "IntegrityError",
     "JournalConfigMismatch",
@@ -56,8 +58,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # WebLoader imports torch; keep `import resumewds` light for the CLI.
-    if name == "WebLoader":
-        from .loader import WebLoader
+    if name in ("WebLoader", "EmptyBatch", "BatchInfo"):
+        from . import loader
 
-        return WebLoader
+        return getattr(loader, name)
     raise AttributeError(f"module 'resumewds' has no attribute {name!r}")

@@ -395,8 +395,10 @@ class WebDataset:
 
         ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
         ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
-        per shard index), ``positions`` and ``slot_index`` (per delivered
-        sample: its epoch position and its index in the step's slots), ``t_read``, ``t_stages`` and ``t_fetch_wait``
+        per shard index), ``positions``, ``slot_index`` and ``pad_flags``
+        (per delivered sample: its epoch position, its index in the step's
+        slots, whether it is padding), ``batch_dropped`` (a batch stage
+        returned None), ``t_read``, ``t_stages`` and ``t_fetch_wait``
         (seconds), ``events``.
         """
         ep = self.plan.epoch(epoch)
@@ -411,7 +413,7 @@ class WebDataset:
             slots = layout.slots(total, start, k)
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
                                     "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
-                                    "positions": [], "slot_index": []}
+                                    "positions": [], "slot_index": [], "pad_flags": []}
             t_read = t_stages = 0.0
             out: List[Any] = []
             if slots:
@@ -435,6 +437,7 @@ class WebDataset:
             per_shard = meta["shards"]
             positions = meta["positions"]
             slot_index = meta["slot_index"]
+            pad_flags = meta["pad_flags"]
             nbytes = skipped = filtered = pads = 0
             t0 = time.perf_counter()
             # consecutive samples of one shard (the rule unshuffled) are read
@@ -482,6 +485,7 @@ class WebDataset:
                 out.append(x)
                 positions.append(pos)
                 slot_index.append(i)
+                pad_flags.append(bool(pad))
             meta["samples"] = len(out)
             meta["bytes"] = nbytes
             meta["skipped"] = skipped
@@ -492,6 +496,14 @@ class WebDataset:
             if collate and out:
                 batch = collate_fn(out)
                 batch = self._apply(self.batch_stages, batch)
+                if batch is None:
+                    # a batch stage returned None: the batch is dropped, as a
+                    # sample stage's None drops a sample (counted as filtered);
+                    # the loader hands out an EmptyBatch for the step
+                    meta["filtered"] += len(out)
+                    meta["samples"] = 0
+                    meta["batch_dropped"] = True
+                    batch = []
             t_stages += time.perf_counter() - t2
             meta["t_read"] = t_read
             meta["t_stages"] = t_stages

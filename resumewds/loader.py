@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -154,6 +154,70 @@ def _worker_error(exc: BaseException) -> Optional[ResumeWDSError]:
             except TypeError:
                 continue
     return None
+
+
+class BatchInfo(NamedTuple):
+    """What the loader knows about the batch it handed out last (``loader.batch_info``).
+
+    ``pads`` survives any stage: after ``to_tuple`` the samples lose their
+    ``__pad__`` key, this does not.  Mask the loss with it, e.g.
+    ``keep = ~torch.tensor(loader.batch_info.pads)``.
+
+    Attributes:
+        epoch: the epoch of the batch.
+        step: the step's index from where this ``iter(loader)`` started.
+        samples: samples in the batch (padding included).
+        pads: per sample, whether it is padding (``remainder`` "pad"/"keep").
+        skipped: samples of the step lost to shards skipped (``on_error="skip"``).
+        filtered: samples of the step removed by ``select``, a stage
+            returning None, or a batch stage returning None.
+        empty: the step lost every sample: the batch is an :class:`EmptyBatch`.
+    """
+
+    epoch: int
+    step: int
+    samples: int
+    pads: Tuple[bool, ...]
+    skipped: int
+    filtered: int
+    empty: bool
+
+
+class EmptyBatch(list):
+    """The batch of a step that lost all its samples (filtered or skipped).
+
+    Every rank yields exactly one batch per step, whatever ``select``,
+    stages returning None and ``on_error="skip"`` remove, so that ranks of a
+    DDP job stay in lock step (a rank that yielded nothing would leave the
+    others waiting in the gradient all-reduce).  When a rank's share of a
+    step is empty it gets this instead: an empty, falsy ``list`` with the
+    step's ``info`` (:class:`BatchInfo`).  It is counted in the
+    ``empty_batches`` stat.  A DDP loop must still take part in the
+    all-reduce, for instance with a zero loss::
+
+        for batch in loader:
+            if isinstance(batch, rw.EmptyBatch):
+                loss = sum(p.sum() for p in model.parameters()) * 0.0
+            else:
+                loss = criterion(model(batch[0]), batch[1])
+            loss.backward(); opt.step(); loader.commit(step)
+
+    Example:
+        >>> b = EmptyBatch(BatchInfo(0, 3, 0, (), 0, 4, True))
+        >>> (len(b), bool(b), b.info.filtered)
+        (0, False, 4)
+    """
+
+    def __init__(self, info: BatchInfo):
+        super().__init__()
+        self.info = info
+
+    def __repr__(self) -> str:
+        return (f"EmptyBatch(epoch={self.info.epoch}, step={self.info.step}, "
+                f"skipped={self.info.skipped}, filtered={self.info.filtered})")
+
+    def __reduce__(self) -> Any:
+        return (EmptyBatch, (self.info,))
 
 
 class _SampleLayout:
@@ -322,6 +386,8 @@ class WebLoader:
         self._last_commit_epoch: Optional[int] = None
         self.journal_path = journal
         self.journal: Any = None
+        #: the last batch handed out (see :class:`BatchInfo`), None before the first
+        self.batch_info: Optional[BatchInfo] = None
         # resolve + index in the main process, once, before any worker starts
         self.config = dataset.config()
         self._absorb(dataset.take_events())
@@ -631,13 +697,17 @@ class WebLoader:
                 for si, n in meta.get("shards", {}).items():
                     self._consumed[(si, epoch)] = self._consumed.get((si, epoch), 0) + n
                 last = k + 1 >= nsteps
+                n = int(meta.get("samples", 0))
+                info = BatchInfo(epoch, k, n, tuple(meta.get("pad_flags") or ()),
+                                 int(meta.get("skipped", 0)), int(meta.get("filtered", 0)), n == 0)
+                self.batch_info = info
                 if self._collate:
-                    self.samples_total += int(meta.get("samples", 0))
+                    self.samples_total += n
                     self.position = layout.position_after(total, start, k)
                     if last:
                         self._end_epoch()
-                    if meta.get("samples", 0):
-                        yield batch
+                    # one batch per step on every rank, even when nothing is left
+                    yield batch if n else EmptyBatch(info)
                     continue
                 # unbatched: hand out samples one by one, positions per sample
                 n = len(batch)

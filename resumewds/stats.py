@@ -16,7 +16,9 @@ since the loader was created, summed over its DataLoader workers:
 - ``bytes``: member bytes of the delivered samples (before decoding).
 - ``pads``, ``skipped_samples``, ``filtered``: padded copies
   (``remainder="pad"``), samples of skipped shards, samples dropped by
-  ``select``.
+  ``select`` (or a stage / batch stage returning None).
+- ``empty_batches``: steps whose batch lost every sample; the loader handed
+  out an :class:`resumewds.loader.EmptyBatch` for each (batched loaders).
 - ``elapsed``: seconds since the loader was created.
 - ``samples_per_s``: ``samples / elapsed``.
 - ``recent_samples_per_s``: samples/s over the last ``window`` seconds of
@@ -90,7 +92,7 @@ EVENT_COUNTERS = {
 }
 
 #: every integer counter, present (0) in a snapshot even before it moves
-COUNTERS = ("samples", "batches", "bytes", "pads", "skipped_samples", "filtered",
+COUNTERS = ("samples", "batches", "bytes", "pads", "skipped_samples", "filtered", "empty_batches",
             "shards_downloaded", "bytes_fetched", "cache_hits", "cache_misses",
             "prefetch_fetches", "retries", "repairs", "evictions", "bytes_evicted",
             "verifications", "verify_failures", "failures")
@@ -130,6 +132,8 @@ class Stats:
         t_stages = meta.get("t_stages", 0.0)
         c["samples"] += n
         c["batches"] += 1
+        if n == 0:
+            c["empty_batches"] += 1
         c["bytes"] += meta.get("bytes", 0)
         c["pads"] += meta.get("pads", 0)
         c["skipped_samples"] += meta.get("skipped", 0)

@@ -181,3 +181,52 @@ def test_unbatched_resume_through_the_journal_is_exact(data, tmp_path, remainder
         second = _unbatched(data, remainder, 2, journal=journal, resume=True)
         assert head + _take(second, commit=True) == ref, n
         second.close()
+
+
+# ---------------------------------------------------------------------------
+# item 9 (one process): padding stays visible after to_tuple; empty steps
+# ---------------------------------------------------------------------------
+
+def test_padding_is_visible_after_to_tuple(data):
+    ds = rw.WebDataset(data, seed=3).decode().to_tuple("cls", "txt")
+    loader = rw.WebLoader(ds, batch_size=16, remainder="pad")
+    pads = []
+    for batch in loader:
+        assert len(loader.batch_info.pads) == len(batch[0])
+        pads.extend(loader.batch_info.pads)
+    assert sum(pads) == (-185) % 16 == loader.stats()["pads"]
+    assert pads[-1] is True and pads[0] is False
+
+
+def test_a_step_that_loses_every_sample_yields_an_empty_batch(data):
+    ds = rw.WebDataset(data, seed=3).select(lambda s: not 32 <= s["__index__"] < 48)
+    loader = rw.WebLoader(ds, batch_size=8, collate_fn=lambda s: [x["__key__"] for x in s])
+    batches = list(loader)
+    assert len(batches) == -(-185 // 8)
+    empties = [i for i, b in enumerate(batches) if isinstance(b, rw.EmptyBatch)]
+    assert empties == [4, 5]
+    b = batches[4]
+    assert not b and b.info.filtered == 8 and b.info.empty and b.info.epoch == 0
+    assert loader.stats()["empty_batches"] == 2
+    assert loader.stats()["filtered"] == 16
+
+
+# ---------------------------------------------------------------------------
+# item 13: a batch stage returning None drops the batch, as a sample stage's
+# None drops the sample: both are counted as filtered, the step stays
+# ---------------------------------------------------------------------------
+
+def test_batch_stage_none_drops_the_batch_like_a_sample_none(data):
+    def drop_third(batch):
+        return None if "000002" in batch[0][0] else batch
+
+    ds = rw.WebDataset(data, seed=3).to_tuple("__key__").batched(8).map(drop_third)
+    loader = rw.WebLoader(ds, num_workers=2)
+    batches = list(loader)
+    assert len(batches) == -(-185 // 8)
+    assert None not in batches
+    dropped = [b for b in batches if isinstance(b, rw.EmptyBatch)]
+    assert dropped and all(b.info.filtered > 0 and b.info.samples == 0 for b in dropped)
+    st = loader.stats()
+    assert st["empty_batches"] == len(dropped)
+    assert st["filtered"] == sum(b.info.filtered for b in dropped)
