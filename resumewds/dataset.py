@@ -148,8 +148,12 @@ class WebDataset:
             (:class:`resumewds.cache.ShardStore`).
         fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
         on_error: ``"raise"`` (default) stops at a shard that cannot be
-            fetched or verified; ``"skip"`` skips its samples, records it as
-            failed and reports it in stats and the journal.
+            fetched or verified (recording it as failed); ``"skip"`` skips its
+            samples, records it as failed and reports it in stats and the
+            journal.  A skipped shard is skipped for the rest of the epoch
+            (by each process that reads it) and tried again in the next
+            epoch, whatever ``num_workers``; once it delivers samples again
+            the journal no longer calls it failed.
         allow_pickle: let decoders unpickle (pkl/pyd): off by default.
         allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
             the network.
@@ -405,6 +409,11 @@ class WebDataset:
         total = len(ep)
         nsteps = layout.num_steps(total, start)
         shards = self.manifest.shards
+        # on_error="skip": a shard that failed is skipped for the rest of this
+        # iteration by the process that saw it fail, and tried again by the
+        # next one (the next epoch, or a resume), with 0 workers as with N
+        # (workers get a fresh copy of the dataset per iteration anyway)
+        self._failed = {}
         collate_fn = self.collate_fn or default_collate
         last_window = -1
         sample_at, read, stages = ep.sample_at, self._read, self.stages

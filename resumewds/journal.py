@@ -25,7 +25,9 @@ Shard states (``SHARD_STATES``; ``TRANSITIONS`` lists the allowed moves)::
 
     A file already in the cache goes pending -> verified (or -> corrupt);
     verified -> pending when the cache evicts it; failed -> downloading when a
-    later run retries it.  A move outside ``TRANSITIONS`` is still applied (the
+    later run retries it; failed -> verified (a ``recovered`` event) when a
+    shard that failed delivers samples again (a local shard, or one the
+    cache already held).  A move outside ``TRANSITIONS`` is still applied (the
     reporter saw it happen; the journal is a record, not an authority) and an
     ``invalid_transition`` event is written next to it, so a bookkeeping slip
     never stops a training run.
@@ -218,7 +220,7 @@ TRANSITIONS: Dict[str, frozenset] = {
     "downloaded": frozenset({"verified", "corrupt", "downloading", "failed", "pending"}),
     "verified": frozenset({"pending", "downloading", "corrupt", "failed"}),
     "corrupt": frozenset({"downloading", "failed", "pending"}),
-    "failed": frozenset({"downloading", "pending"}),
+    "failed": frozenset({"downloading", "pending", "verified"}),
 }
 
 _SHARD_COLUMNS = ("name", "state", "bytes", "xxh3_64", "attempts", "retries", "repairs",
@@ -237,6 +239,7 @@ _EVENT_SHARD_EFFECT: Dict[str, Tuple[Optional[str], Optional[str]]] = {
     "cache_hit": ("verified", None),
     "skip": ("failed", None),
     "fail": ("failed", None),
+    "recovered": ("verified", None),
 }
 
 ERROR_EVENT_KINDS = ("retry", "verify_fail", "skip", "fail", "invalid_transition")
@@ -817,6 +820,10 @@ class Journal:
 
         if prepared:
             self._transaction(body)
+
+    def shards_in_state(self, state: str) -> List[str]:
+        """The urls of the shards now in ``state`` (one of ``SHARD_STATES``)."""
+        return [r[0] for r in self.conn.execute("SELECT url FROM shards WHERE state = ?", (state,))]
 
     def shard(self, url: str) -> Optional[Dict[str, Any]]:
         """One shard's row, or None."""

@@ -33,7 +33,7 @@ from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError
 from .pipeline import default_collate, list_collate
 from .plan import Layout
-from .stats import Stats, flat_scalars, setup_logging, worker_logging
+from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
 
 log = logging.getLogger("resumewds")
 
@@ -388,6 +388,7 @@ class WebLoader:
         self.journal: Any = None
         #: the last batch handed out (see :class:`BatchInfo`), None before the first
         self.batch_info: Optional[BatchInfo] = None
+        self._failed_urls: set = set()  # recorded failed; a read clears it (``recovered``)
         # resolve + index in the main process, once, before any worker starts
         self.config = dataset.config()
         self._absorb(dataset.take_events())
@@ -456,6 +457,7 @@ class WebLoader:
                 j.record_events([dict(kind="resume", **detail)])
                 log.info("resuming %s at step %s: epoch %d, position %d", path, point["step"],
                          self.epoch, self.position)
+            self._failed_urls.update(j.shards_in_state("failed"))
         except BaseException:
             j.close()
             raise
@@ -561,6 +563,9 @@ class WebLoader:
         if not events:
             return
         self.stats_.events(events)
+        for e in events:
+            if e.get("kind") in ("skip", "fail") and e.get("url"):
+                self._failed_urls.add(e["url"])
         if self.journal_path is None:
             return
         from .journal import shard_updates_from_events
@@ -571,6 +576,12 @@ class WebLoader:
             del self._events[:-1000]
         if len(self._shard_updates) > 10000:
             del self._shard_updates[:-1000]
+
+    def _recovered(self, url: str) -> None:
+        """A shard recorded as failed delivered samples: it is not failed any more."""
+        if url in self._failed_urls:
+            self._failed_urls.discard(url)
+            self._absorb([event_record("recovered", url, {})])
 
     # ---- state --------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -696,6 +707,10 @@ class WebLoader:
                 self._absorb(meta.get("events") or [])
                 for si, n in meta.get("shards", {}).items():
                     self._consumed[(si, epoch)] = self._consumed.get((si, epoch), 0) + n
+                    if self._failed_urls and n:
+                        url = ds.manifest.shards[si].url
+                        if url not in (meta.get("failed") or ()):  # not failed again in this worker
+                            self._recovered(url)
                 last = k + 1 >= nsteps
                 n = int(meta.get("samples", 0))
                 info = BatchInfo(epoch, k, n, tuple(meta.get("pad_flags") or ()),

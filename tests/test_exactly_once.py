@@ -230,3 +230,42 @@ def test_batch_stage_none_drops_the_batch_like_a_sample_none(data):
     st = loader.stats()
     assert st["empty_batches"] == len(dropped)
     assert st["filtered"] == sum(b.info.filtered for b in dropped)
+
+
+# ---------------------------------------------------------------------------
+# item 10: on_error="skip" follows one rule for any worker count; status
+# stops calling a shard failed once it was read
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipped_shard_is_retried_next_epoch_with_any_worker_count(make_shards, tmp_path, workers):
+    paths = make_shards(shards=4, samples=10)
+    manifest = str(tmp_path / "m.json")
+    rw.build_manifest(paths, manifest)
+    hidden = paths[1] + ".away"
+    os.rename(paths[1], hidden)  # epoch 0: shard 1 is missing
+    journal = str(tmp_path / f"run{workers}.db")
+    ds = rw.WebDataset(manifest, seed=2, shuffle=True, on_error="skip")
+    loader = rw.WebLoader(ds, batch_size=5, num_workers=workers, journal=journal,
+                          collate_fn=lambda s: [(x["__epoch__"], x["__key__"]) for x in s])
+    seen = []
+    step = 0
+    for batch in loader:
+        seen.extend(batch)
+        loader.commit(step)
+        step += 1
+    assert len(seen) == 30
+    from resumewds.journal import status
+
+    row = {s["url"]: s for s in status(journal)["shards"]["list"]}
+    assert row[paths[1]]["state"] == "failed"
+    os.rename(hidden, paths[1])  # back before epoch 1: tried again, read
+    for batch in loader:
+        seen.extend(batch)
+        loader.commit(step)
+        step += 1
+    loader.close()
+    assert len([k for e, k in seen if e == 1]) == 40
+    row = {s["url"]: s for s in status(journal)["shards"]["list"]}
+    assert row[paths[1]]["state"] == "verified"
+    assert status(journal)["shards"]["counts"]["failed"] == 0
