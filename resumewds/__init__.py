@@ -15,9 +15,9 @@ from typing import Any
 
 from .dataset import WebDataset, build_manifest, index_manifest
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
-                     JournalConfigMismatch, JournalError, JournalIncompleteCommit,
-                     PermanentFetchError, ResumeWDSError, ShardFormatError, SourceError, StateError,
-                     TransientFetchError, UnsafeSourceError)
+                     JournalConfigMismatch, JournalError, JournalIncompleteCommit, MissingKeyError,
+                     PermanentFetchError, ResumeWDSError, ShardFormatError, ShardNotFoundError,
+                     SourceError, StateError, TransientFetchError, UnsafeSourceError)
 from .manifest import Manifest, ShardInfo, load_manifest
 from .plan import Layout, Plan
 from .tario import sample_digest, scan_file
@@ -37,11 +37,13 @@ __all__ = [
     "JournalIncompleteCommit",
     "Layout",
     "Manifest",
+    "MissingKeyError",
     "PermanentFetchError",
     "Plan",
     "ResumeWDSError",
     "ShardFormatError",
     "ShardInfo",
+    "ShardNotFoundError",
     "SourceError",
     "StateError",
     "TransientFetchError",

@@ -74,6 +74,7 @@ from .errors import (
     ChecksumMismatch,
     PermanentFetchError,
     ResumeWDSError,
+    ShardNotFoundError,
     UnsafeSourceError,
 )
 from .fetch import FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
@@ -483,7 +484,7 @@ class ShardStore:
         try:
             st = os.stat(path)
         except FileNotFoundError as exc:
-            raise PermanentFetchError(f"{path}: no such file", shard.url) from exc
+            raise ShardNotFoundError(f"{path}: no such file", shard.url) from exc
         except OSError as exc:
             raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
         if shard.size is not None and st.st_size != shard.size:

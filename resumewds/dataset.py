@@ -325,8 +325,11 @@ class WebDataset:
         return self._reader
 
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
-        """``on_error``: re-raise ``exc``, or record the shard as skipped."""
+        """``on_error``: record the shard as failed and re-raise ``exc``, or
+        record it as skipped."""
         if self.on_error != "skip":
+            # the loader takes this event with the error, to the journal and stats
+            self._on_event("fail", shard.url, error=str(exc))
             raise exc
         self._failed[shard_idx] = str(exc)
         self._on_event("skip", shard.url, error=str(exc))
@@ -384,7 +387,8 @@ class WebDataset:
         return x
 
     def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
-                   num_workers: int = 1, collate: bool = True
+                   num_workers: int = 1, collate: bool = True,
+                   collate_fn: Optional[Callable[[List[Any]], Any]] = None
                    ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
         """Yield ``(step, batch, meta)`` for this worker's steps of an epoch.
 
@@ -396,6 +400,8 @@ class WebDataset:
                 over steps).
             collate: collate samples with the batch's collate function; if
                 False the batch is the list of samples.
+            collate_fn: the collate function (default: the one of
+                ``batched()``, else torch-free ``default_collate``).
 
         ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
         ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
@@ -414,7 +420,7 @@ class WebDataset:
         # next one (the next epoch, or a resume), with 0 workers as with N
         # (workers get a fresh copy of the dataset per iteration anyway)
         self._failed = {}
-        collate_fn = self.collate_fn or default_collate
+        collate_fn = collate_fn or self.collate_fn or default_collate
         last_window = -1
         sample_at, read, stages = ep.sample_at, self._read, self.stages
         names: Dict[int, str] = {}

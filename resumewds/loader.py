@@ -122,38 +122,29 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker_error(exc: BaseException) -> Optional[ResumeWDSError]:
-    """One of our errors, with a one-line message, for what torch raised from a worker.
-
-    torch re-raises a worker's exception as ``type(msg)`` with the worker's
-    traceback inside ``msg`` (or as RuntimeError when the type cannot be built
-    from one string), and reports a worker killed by a signal as a bare
-    RuntimeError.  None: not a worker failure (re-raise as is).
-    """
+def _worker_died(exc: BaseException) -> Optional[ResumeWDSError]:
+    """Our error for torch's "DataLoader worker ... exited unexpectedly"
+    (a worker killed by a signal or the OOM killer); None for anything else."""
     text = str(exc)
     if isinstance(exc, RuntimeError) and "DataLoader worker" in text and (
             "exited unexpectedly" in text or "killed by signal" in text):
         return ResumeWDSError(f"{text.strip()} (killed, or out of memory?); progress up to the last "
                               "commit is intact: rerun to continue")
-    if not (text.startswith("Caught ") and "in DataLoader worker process" in text):
-        return None
-    where = text.split("\n", 1)[0][len("Caught "):].split(" ", 1)[-1].rstrip(".")
-    last = text.rstrip().rsplit("\n", 1)[-1]
-    name, _, msg = last.partition(": ")
-    if not name.startswith("resumewds."):
-        return None
-    from . import errors
-
-    cls = getattr(errors, name.rsplit(".", 1)[-1], None)
-    if not (isinstance(cls, type) and issubclass(cls, ResumeWDSError)):
-        return None
-    for c in cls.__mro__:  # ChecksumMismatch needs 3 args: fall back to IntegrityError
-        if isinstance(c, type) and issubclass(c, ResumeWDSError):
-            try:
-                return c(f"{msg} ({where})")
-            except TypeError:
-                continue
     return None
+
+
+class _WorkerFailure:
+    """One of our errors, raised in a DataLoader worker, on its way to the main process.
+
+    The worker yields it in place of its next step instead of raising, so
+    the exception object itself is pickled through the result queue: the
+    main process re-raises it with its type and fields (``url``, ``status``,
+    ...), where torch would rebuild ``type(traceback_text)``.
+    """
+
+    def __init__(self, exc: ResumeWDSError, worker: int):
+        self.exc = exc
+        self.worker = worker
 
 
 class BatchInfo(NamedTuple):
@@ -275,8 +266,10 @@ class _SampleLayout:
 class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
-    def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool):
+    def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
+                 collate_fn: Any = None):
         self.ds = ds
+        self.collate_fn = collate_fn
         self.epoch = epoch
         self.start = start
         self.layout = layout
@@ -292,8 +285,13 @@ class _EpochSource(IterableDataset):
             worker_logging(self.log_level)
         try:
             for k, batch, meta in self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
-                                                     collate=self.collate):
+                                                     collate=self.collate, collate_fn=self.collate_fn):
                 yield k, batch, meta
+        except ResumeWDSError as exc:
+            if info is None:
+                raise  # in the main process already
+            # the shard's "fail" event travels with the error (journal, stats)
+            yield -1, _WorkerFailure(exc, w), {"events": self.ds.take_events()}
         finally:
             if info is not None:
                 self.ds.close()
@@ -361,9 +359,8 @@ class WebLoader:
         else:
             self.batch_size = 1 if batch_size is _UNSET else batch_size
             self._collate = self.batch_size is not None
-            self._collate_fn = collate_fn
-            if self._collate:
-                dataset.collate_fn = collate_fn or default_collate
+            # handed to the workers with each epoch; the dataset is not modified
+            self._collate_fn = (collate_fn or default_collate) if self._collate else None
         if self.batch_size is not None and int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
@@ -577,6 +574,15 @@ class WebLoader:
         if len(self._shard_updates) > 10000:
             del self._shard_updates[:-1000]
 
+    def _failed_now(self, exc: BaseException, events: List[Dict[str, Any]]) -> None:
+        """An error ends the iteration: record its events (the shard's ``fail``)
+        in stats and, at once, in the journal, before the error propagates."""
+        try:
+            self._absorb(events)
+            self._flush_journal()
+        except Exception as err:  # never hide the original error
+            log.warning("could not record the failure in the journal: %s", err)
+
     def _recovered(self, url: str) -> None:
         """A shard recorded as failed delivered samples: it is not failed any more."""
         if url in self._failed_urls:
@@ -677,7 +683,8 @@ class WebLoader:
         if nsteps == 0:
             self._end_epoch()
             return
-        src = _EpochSource(ds, epoch, start, layout, collate=self._collate)
+        src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
+                           collate_fn=self._collate_fn)
         kw = dict(self.dataloader_kwargs)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
@@ -692,11 +699,20 @@ class WebLoader:
                     k, batch, meta = next(it)
                 except StopIteration:
                     break
+                except ResumeWDSError as exc:  # num_workers=0: raised here, in this process
+                    self._failed_now(exc, ds.take_events())
+                    raise
                 except Exception as exc:
-                    mapped = _worker_error(exc)
+                    mapped = _worker_died(exc)
                     if mapped is None:
                         raise
                     raise mapped from None
+                if isinstance(batch, _WorkerFailure):
+                    exc = batch.exc
+                    self._failed_now(exc, meta.get("events") or [])
+                    if hasattr(exc, "add_note"):  # Python 3.11+
+                        exc.add_note(f"(raised in DataLoader worker {batch.worker})")
+                    raise exc
                 wait = time.perf_counter() - t0
                 self.stats_.observe_queue(it)
                 if k != expected:
