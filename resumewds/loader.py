@@ -487,7 +487,7 @@ class WebLoader:
         run).  Without a process group (ranks started by hand) every rank
         resolves on its own; start them after the previous run has stopped.
         """
-        from . import errors
+        import pickle
 
         dist = self._process_group()
         if dist is None:
@@ -496,19 +496,22 @@ class WebLoader:
         err: Optional[BaseException] = None
         if self.rank == 0:
             try:
-                payload[0] = (resolve(path, step), None, None)
+                payload[0] = (resolve(path, step), None)
             except Exception as exc:  # the other ranks must not wait for a broadcast forever
                 err = exc
-                payload[0] = (None, type(exc).__name__, str(exc))
+                try:  # our errors pickle with their type and fields
+                    pickle.dumps(exc)
+                    payload[0] = (None, exc)
+                except Exception:
+                    payload[0] = (None, JournalError(str(exc)))
         dist.broadcast_object_list(payload, src=0)
         if err is not None:
             raise err
-        point, kind, msg = payload[0]
-        if kind is not None:
-            cls = getattr(errors, kind, None)
-            if not (isinstance(cls, type) and issubclass(cls, JournalError)):
-                cls = JournalError
-            raise cls(f"{msg} (found by rank 0)")
+        point, exc = payload[0]
+        if exc is not None:
+            if isinstance(exc, ResumeWDSError) and exc.args:  # same type, same fields
+                exc.args = (f"{exc.args[0]} (found by rank 0)",)
+            raise exc
         return point
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
