@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from . import tario
 from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, ResumeWDSError,
                      ShardFormatError, SourceError)
+from .events import EventKind
 from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, MapDict, MapTuple, Rename, Select, ToTuple, default_collate,
                        list_collate)
@@ -329,10 +330,10 @@ class WebDataset:
         record it as skipped."""
         if self.on_error != "skip":
             # the loader takes this event with the error, to the journal and stats
-            self._on_event("fail", shard.url, error=str(exc))
+            self._on_event(EventKind.FAIL, shard.url, error=str(exc))
             raise exc
         self._failed[shard_idx] = str(exc)
-        self._on_event("skip", shard.url, error=str(exc))
+        self._on_event(EventKind.SKIP, shard.url, error=str(exc))
         log.warning("skipping shard %s: %s", shard.url, exc)
 
     def _run_length(self, where: Sequence[Tuple[int, int]], i: int) -> int:

@@ -95,6 +95,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import sqlite_utils
 
 from .errors import JournalConfigMismatch, JournalError, JournalIncompleteCommit
+from .events import EventKind, error_kinds, shard_effects
 from .manifest import shard_basename
 
 # ---------------------------------------------------------------------------
@@ -227,30 +228,17 @@ _SHARD_COLUMNS = ("name", "state", "bytes", "xxh3_64", "attempts", "retries", "r
                   "last_error", "cache_path")
 _COUNTER_COLUMNS = ("attempts", "retries", "repairs", "bytes")
 
-# cache/fetch event kind -> (new state or None, counter to bump or None)
-_EVENT_SHARD_EFFECT: Dict[str, Tuple[Optional[str], Optional[str]]] = {
-    "fetch_start": ("downloading", "attempts"),
-    "fetch_done": ("downloaded", None),
-    "retry": (None, "retries"),
-    "verify_ok": ("verified", None),
-    "verify_fail": ("corrupt", None),
-    "repair": ("downloading", "repairs"),
-    "evict": ("pending", None),
-    "cache_hit": ("verified", None),
-    "skip": ("failed", None),
-    "fail": ("failed", None),
-    "recovered": ("verified", None),
-}
+# event kind -> (new state or None, counter to bump or None): from resumewds.events.EVENTS
+_EVENT_SHARD_EFFECT: Dict[str, Tuple[Optional[str], Optional[str]]] = shard_effects()
 
-ERROR_EVENT_KINDS = ("retry", "verify_fail", "skip", "fail", "invalid_transition")
+ERROR_EVENT_KINDS = error_kinds()
 
 
 def shard_updates_from_events(events: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Translate cache/fetch events into ``Journal.update_shards`` updates.
 
-    Follows the event callback contract in docs/ARCHITECTURE.md (``fetch_start``,
-    ``fetch_done``, ``retry``, ``verify_ok``, ``verify_fail``, ``repair``,
-    ``evict``, ``cache_hit``, ``skip``, ``fail``); other kinds are ignored.
+    The effect of each kind is its ``shard_state`` / ``shard_counter`` in
+    :data:`resumewds.events.EVENTS`; other kinds are ignored.
 
     Example:
         >>> shard_updates_from_events([{"kind": "retry", "url": "a.tar", "error": "reset"}])
@@ -268,9 +256,9 @@ def shard_updates_from_events(events: Iterable[Dict[str, Any]]) -> List[Dict[str
             upd["state"] = state
         if counter is not None:
             upd["+" + counter] = 1
-        if ev.get("kind") == "fetch_done" and isinstance(ev.get("bytes"), int):
+        if ev.get("kind") == EventKind.FETCH_DONE and isinstance(ev.get("bytes"), int):
             upd["bytes"] = ev["bytes"]
-        if ev.get("kind") == "verify_fail":
+        if ev.get("kind") == EventKind.VERIFY_FAIL:
             upd["last_error"] = (f"verification failed: expected {ev.get('expected')}, "
                                  f"got {ev.get('actual')}")
         elif ev.get("error") is not None:
@@ -733,7 +721,7 @@ class Journal:
                                  "VALUES (?, ?, ?)", (k, new[k], now))
                 else:
                     conn.execute("DELETE FROM config WHERE key = ?", (k,))
-                conn.execute(_SQL_EVENT, (now, "config_change", None, _json(
+                conn.execute(_SQL_EVENT, (now, EventKind.CONFIG_CHANGE.value, None, _json(
                     {"key": k, "old": _loads(old.get(k)), "new": _loads(new.get(k))})))
             return differ
 
@@ -812,7 +800,7 @@ class Journal:
                     conn.execute("INSERT INTO shards (url, name, state, first_seen, updated) "
                                  "VALUES (?, ?, 'pending', ?, ?)", (url, shard_basename(url), ts, ts))
                 if state is not None and state != old and state not in TRANSITIONS.get(old, ()):
-                    conn.execute(_SQL_EVENT, (ts, "invalid_transition", url,
+                    conn.execute(_SQL_EVENT, (ts, EventKind.INVALID_TRANSITION.value, url,
                                               _json({"from": old, "to": state})))
                 if sets:
                     conn.execute(f"UPDATE shards SET {', '.join(sets)}, updated = ? WHERE url = ?",
@@ -969,7 +957,7 @@ class Journal:
     def _rewind(self, conn: sqlite3.Connection, step: int, max_step: int, ts: float) -> None:
         prev = conn.execute("SELECT epoch, position FROM commits WHERE step = ?", (step,)).fetchone()
         n = conn.execute("DELETE FROM commits WHERE step >= ?", (step,)).rowcount
-        conn.execute(_SQL_EVENT, (ts, "rewind", None, _json({
+        conn.execute(_SQL_EVENT, (ts, EventKind.REWIND.value, None, _json({
             "step": step, "dropped": n, "dropped_upto": max_step,
             "replaced": None if prev is None else {"epoch": prev[0], "position": prev[1]}})))
 
@@ -1285,10 +1273,11 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
                 errors.append({"ts": row["ts"], "rank": r, "kind": row["kind"],
                                "url": row["url"], "detail": _loads(row["detail"])})
         errors.sort(key=lambda e: e["ts"] or 0, reverse=True)
-        out["counts"] = {name: by_kind.get(kind, 0) for name, kind in (
-            ("retries", "retry"), ("repairs", "repair"), ("failures", "fail"), ("skips", "skip"),
-            ("evictions", "evict"), ("verify_failures", "verify_fail"),
-            ("config_changes", "config_change"), ("rewinds", "rewind"))}
+        K = EventKind
+        out["counts"] = {name: by_kind.get(kind.value, 0) for name, kind in (
+            ("retries", K.RETRY), ("repairs", K.REPAIR), ("failures", K.FAIL), ("skips", K.SKIP),
+            ("evictions", K.EVICT), ("verify_failures", K.VERIFY_FAIL),
+            ("config_changes", K.CONFIG_CHANGE), ("rewinds", K.REWIND))}
         out["events_by_kind"] = dict(sorted(by_kind.items()))
         out["last_errors"] = errors[:last_errors]
 

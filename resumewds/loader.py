@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError
+from .events import EventKind, unjournaled_kinds
 from .pipeline import default_collate, list_collate
 from .plan import Layout
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
@@ -41,6 +42,7 @@ STATE_FORMAT = "resumewds.loader"
 STATE_VERSION = 1
 _ORDER_KEYS = ("manifest", "seed", "shuffle", "shuffle_window", "samples")
 _UNSET: Any = object()
+_UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
 
 
 def _identity(x: Any) -> Any:
@@ -451,7 +453,7 @@ class WebLoader:
                           "world_size": self.world_size, "num_workers": self.num_workers}
                 if point.get("skipped_incomplete"):
                     detail["skipped_incomplete"] = point["skipped_incomplete"]
-                j.record_events([dict(kind="resume", **detail)])
+                j.record_events([dict(kind=EventKind.RESUME.value, **detail)])
                 log.info("resuming %s at step %s: epoch %d, position %d", path, point["step"],
                          self.epoch, self.position)
             self._failed_urls.update(j.shards_in_state("failed"))
@@ -564,13 +566,13 @@ class WebLoader:
             return
         self.stats_.events(events)
         for e in events:
-            if e.get("kind") in ("skip", "fail") and e.get("url"):
+            if e.get("kind") in (EventKind.SKIP, EventKind.FAIL) and e.get("url"):
                 self._failed_urls.add(e["url"])
         if self.journal_path is None:
             return
         from .journal import shard_updates_from_events
 
-        self._events.extend(e for e in events if e.get("kind") not in ("cache_hit", "verify_ok", "fetch_start"))
+        self._events.extend(e for e in events if e.get("kind") not in _UNJOURNALED)
         self._shard_updates.extend(shard_updates_from_events(events))
         if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
             del self._events[:-1000]
@@ -590,7 +592,7 @@ class WebLoader:
         """A shard recorded as failed delivered samples: it is not failed any more."""
         if url in self._failed_urls:
             self._failed_urls.discard(url)
-            self._absorb([event_record("recovered", url, {})])
+            self._absorb([event_record(EventKind.RECOVERED, url, {})])
 
     # ---- state --------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -633,7 +635,8 @@ class WebLoader:
         self.samples_total = int(state.get("samples_total", 0))
         self.steps_done = int(state.get("steps_done", 0))
         log.info("resuming from a state dict: epoch %d, position %d", epoch, pos)
-        self._absorb([{"kind": "resume", "epoch": epoch, "position": pos, "ts": time.time()}])
+        self._absorb([{"kind": EventKind.RESUME.value, "epoch": epoch, "position": pos,
+                       "ts": time.time()}])
 
     set_state = load_state_dict
 
