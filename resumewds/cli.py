@@ -182,7 +182,8 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         raise click.BadParameter("must be >= 1", param_hint="--commit-every")
     ds = _make_dataset(list(sources), **dsopts)
     loader = WebLoader(ds, batch_size=None, num_workers=workers, chunk_size=chunk, rank=rank,
-                       world_size=world_size, journal=journal, resume=journal is not None)
+                       world_size=world_size, journal=journal, resume=journal is not None,
+                       preempt=journal is not None)  # SIGTERM: stop, commit what was printed, exit 143
     out = sys.stdout
     n = loader.samples_total
     since = 0
@@ -191,7 +192,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
     try:
         with bar:
             bar.update(n)
-            while loader.epoch < epochs and (limit is None or n < limit):
+            while loader.epoch < epochs and (limit is None or n < limit) and not loader.preempted:
                 for sample in loader:
                     out.write(cat_line(sample) + "\n")
                     n += 1
@@ -206,6 +207,10 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         out.flush()
         if journal is not None and since:
             loader.commit(n)
+        if loader.preempted:
+            click.echo(f"resumewds: stopped by signal {loader.preempt_signal} after {n} samples; "
+                       f"committed to {journal}: rerun to continue", err=True)
+            sys.exit(143)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -133,6 +133,18 @@ def _worker_died(exc: BaseException) -> Optional[ResumeWDSError]:
         return ResumeWDSError(f"{text.strip()} (killed, or out of memory?); progress up to the last "
                               "commit is intact: rerun to continue")
     return None
+
+
+def _preempt_signals(preempt: Union[bool, Sequence[int]]) -> Tuple[int, ...]:
+    import signal
+
+    if preempt is False or preempt is None:
+        return ()
+    if preempt is True:
+        return (signal.SIGTERM, signal.SIGUSR1)
+    if isinstance(preempt, int):
+        return (int(preempt),)
+    return tuple(int(s) for s in preempt)
 
 
 class _WorkerFailure:
@@ -269,9 +281,10 @@ class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
     def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
-                 collate_fn: Any = None):
+                 collate_fn: Any = None, ignore_signals: Sequence[int] = ()):
         self.ds = ds
         self.collate_fn = collate_fn
+        self.ignore_signals = tuple(ignore_signals)
         self.epoch = epoch
         self.start = start
         self.layout = layout
@@ -283,6 +296,11 @@ class _EpochSource(IterableDataset):
         w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
             _die_with_parent()
+            if self.ignore_signals:
+                import signal
+
+                for sig in self.ignore_signals:  # the main process stops and shuts us down
+                    signal.signal(sig, signal.SIG_IGN)
         if info is not None:
             worker_logging(self.log_level)
         try:
@@ -325,6 +343,18 @@ class WebLoader:
         verbose: log fetches, retries, repairs, evictions and resumes (also
             ``RESUMEWDS_VERBOSE=1``).
         chunk_size: samples per worker task when ``batch_size`` is None.
+        preempt: stop at the next step boundary on a signal (preemption by
+            Slurm, Kubernetes, spot instances: SIGTERM, then SIGKILL after a
+            grace period).  False (default): signals keep their handlers;
+            True: SIGTERM and SIGUSR1; or a list of signals.  On the first
+            such signal ``loader.preempted`` becomes True and the current
+            ``for batch in loader`` ends before its next batch (with
+            ``batch_size=None``, at the end of the current chunk), so the
+            loop body that is running finishes its step; checkpoint,
+            ``commit`` and exit (143 is the usual code for SIGTERM).  A
+            second signal runs the previous handler (the default: die).
+            DataLoader workers ignore these signals: the main process shuts
+            them down.  See :meth:`request_stop` and ``examples/train.py``.
         **dataloader_kwargs: passed to torch's DataLoader (pin_memory,
             timeout, prefetch_factor, multiprocessing_context, ...).
 
@@ -339,7 +369,8 @@ class WebLoader:
                  collate_fn: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None,
                  remainder: str = "keep", journal: Optional[str] = None,
                  resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
-                 journal_sync: str = "NORMAL", **dataloader_kwargs: Any):
+                 journal_sync: str = "NORMAL", preempt: Union[bool, Sequence[int]] = False,
+                 **dataloader_kwargs: Any):
         if not isinstance(dataset, WebDataset):
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
         for bad in ("shuffle", "sampler", "batch_sampler"):
@@ -388,11 +419,65 @@ class WebLoader:
         #: the last batch handed out (see :class:`BatchInfo`), None before the first
         self.batch_info: Optional[BatchInfo] = None
         self._failed_urls: set = set()  # recorded failed; a read clears it (``recovered``)
+        #: True once a preemption signal arrived (or :meth:`request_stop` was called)
+        self.preempted = False
+        #: the signal number that set ``preempted`` (None: none, or request_stop)
+        self.preempt_signal: Optional[int] = None
+        self._old_handlers: Dict[int, Any] = {}
+        self._preempt_signals = _preempt_signals(preempt)
         # resolve + index in the main process, once, before any worker starts
         self.config = dataset.config()
         self._absorb(dataset.take_events())
         if journal is not None:
             self._open_journal(journal, resume, journal_sync)
+        self._install_preemption()
+
+    # ---- preemption ---------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop at the next step boundary, as a preemption signal would.
+
+        Safe to call from a signal handler or another thread.  The current
+        ``for batch in loader`` ends before its next batch; ``preempted`` is
+        True.  Iterating again clears nothing: call :meth:`clear_stop` to
+        continue in this process.
+        """
+        self.preempted = True
+
+    def clear_stop(self) -> None:
+        """Forget a stop request (``preempted`` back to False)."""
+        self.preempted = False
+        self.preempt_signal = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.preempted and self.preempt_signal == signum:
+            # the second one: the previous handler (the default ends the process)
+            self._restore_handlers()
+            os.kill(os.getpid(), signum)
+            return
+        self.preempt_signal = signum  # nothing else here: no locks, no I/O in a signal handler
+        self.preempted = True
+
+    def _install_preemption(self) -> None:
+        import signal
+        import threading
+
+        if not self._preempt_signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("WebLoader(preempt=...) installs signal handlers: create the loader in "
+                             "the main thread, or call loader.request_stop() from your own handler")
+        for sig in self._preempt_signals:
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        import signal
+
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+            except (ValueError, OSError):  # not the main thread any more
+                pass
+        self._old_handlers = {}
 
     # ---- journal ----------------------------------------------------------
     def _journal_config(self) -> Dict[str, Any]:
@@ -684,13 +769,15 @@ class WebLoader:
         ds = self.dataset
         epoch, start = self.epoch, self.position
         total = len(ds.plan.epoch(epoch))
+        if self.preempted:
+            return
         layout = self.layout
         nsteps = layout.num_steps(total, start)
         if nsteps == 0:
             self._end_epoch()
             return
         src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
-                           collate_fn=self._collate_fn)
+                           collate_fn=self._collate_fn, ignore_signals=self._preempt_signals)
         kw = dict(self.dataloader_kwargs)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
@@ -719,6 +806,13 @@ class WebLoader:
                     if hasattr(exc, "add_note"):  # Python 3.11+
                         exc.add_note(f"(raised in DataLoader worker {batch.worker})")
                     raise exc
+                if self.preempted:
+                    # a step boundary: this batch is not handed out, the position
+                    # stays after the last one that was
+                    self._absorb(meta.get("events") or [])
+                    log.info("stopping at a step boundary (signal %s): epoch %d, position %d",
+                             self.preempt_signal, self.epoch, self.position)
+                    return
                 wait = time.perf_counter() - t0
                 self.stats_.observe_queue(it)
                 if k != expected:
@@ -771,8 +865,10 @@ class WebLoader:
             self._end_epoch()
 
     def close(self) -> None:
-        """Flush pending journal events, close the journal, and release the
-        shards this process holds open (num_workers=0 reads in this process)."""
+        """Flush pending journal events, close the journal, release the
+        shards this process holds open (num_workers=0 reads in this process)
+        and restore the signal handlers ``preempt`` replaced."""
+        self._restore_handlers()
         try:
             if self.journal is not None:
                 try:
