@@ -269,3 +269,66 @@ def test_skipped_shard_is_retried_next_epoch_with_any_worker_count(make_shards, 
     row = {s["url"]: s for s in status(journal)["shards"]["list"]}
     assert row[paths[1]]["state"] == "verified"
     assert status(journal)["shards"]["counts"]["failed"] == 0
+
+
+# ---------------------------------------------------------------------------
+# item 8 with a real SIGKILL: batch_size=None, remainder="drop"/"pad", journal
+# ---------------------------------------------------------------------------
+
+_KILLED = textwrap.dedent("""
+    import json, sys
+    import resumewds as rw
+    data, journal, remainder, workers = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ds = rw.WebDataset(data, seed=3, shuffle=True, shuffle_window=2)
+    loader = rw.WebLoader(ds, batch_size=None, num_workers=workers, remainder=remainder, chunk_size=16,
+                          journal=journal, resume=True)
+    n = loader.steps_done
+    while loader.epoch < 2:
+        for s in loader:
+            sys.stdout.write(f"{s['__epoch__']} {s['__key__']} {int(bool(s.get('__pad__')))}\\n")
+            sys.stdout.flush()
+            loader.commit(n)
+            n += 1
+    loader.close()
+""")
+
+
+@pytest.mark.parametrize("remainder,workers", [("drop", 2), ("pad", 0)])
+def test_unbatched_sigkill_through_the_journal_is_exact(data, tmp_path, remainder, workers):
+    import random
+    import signal
+
+    from resumewds.journal import resolve_resume
+
+    ref = [f"{e} {k} {int(p)}" for e, k, p in _reference(data, remainder)]
+    journal = str(tmp_path / "run.db")
+    env = _env()
+    env["RESUMEWDS_CACHE_DIR"] = os.environ.get("RESUMEWDS_CACHE_DIR", str(tmp_path / "cache"))
+    rng = random.Random(remainder)
+    got: List[str] = []
+    for attempt in range(8):
+        before = resolve_resume(journal)
+        done_before = 0 if before is None else before["step"] + 1
+        p = subprocess.Popen([sys.executable, "-c", _KILLED, json.dumps(data), journal, remainder,
+                              str(workers)], env=env, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+        lines: List[str] = []
+        target = rng.randrange(20, 200) if attempt < 3 else None
+        while True:
+            line = p.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip("\n"))
+            if target is not None and len(lines) >= target:
+                os.killpg(p.pid, signal.SIGKILL)
+                lines += p.stdout.read().splitlines()  # printed before the kill
+                break
+        p.wait(timeout=60)
+        after = resolve_resume(journal)
+        committed = (0 if after is None else after["step"] + 1) - done_before
+        assert committed <= len(lines)  # printed (flushed) before committed
+        got += lines[:committed]
+        if target is None:
+            assert p.returncode == 0
+            break
+    assert got == ref
