@@ -334,7 +334,10 @@ class WebLoader:
         rank, world_size: override torch.distributed / RANK / WORLD_SIZE.
         remainder: the final short step of an epoch: ``"keep"``, ``"pad"`` or
             ``"drop"`` (see :mod:`resumewds.plan`).  Every rank always yields
-            the same number of batches.
+            the same number of batches.  With ``batch_size=None`` on one
+            rank the chunks lie on a grid fixed to the epoch, so the dropped
+            tail (``"drop"``) and the padding (``"pad"``) are the same for
+            any resume position (see :class:`_SampleLayout`).
         journal: path of a SQLite journal (see :mod:`resumewds.journal`);
             ``commit(step)`` records positions there.
         resume: with a journal: True resumes at the latest complete commit,
@@ -357,6 +360,24 @@ class WebLoader:
             them down.  See :meth:`request_stop` and ``examples/train.py``.
         **dataloader_kwargs: passed to torch's DataLoader (pin_memory,
             timeout, prefetch_factor, multiprocessing_context, ...).
+
+    Batches that lose samples (batched loaders): a sample stage that returns
+    None, ``select``, and ``on_error="skip"`` remove samples from their
+    batch (counted as ``filtered`` / ``skipped_samples``); a batch stage
+    (``.batched(n).map(f)``) that returns None removes the whole batch, in
+    the same way (counted as ``filtered``).  A step whose batch lost every
+    sample still yields one batch on every rank: an :class:`EmptyBatch`
+    (empty, falsy, with ``.info``; counted as ``empty_batches``), so DDP
+    ranks stay in lock step.  ``loader.batch_info`` describes the last
+    batch, including its pad mask, which ``to_tuple`` cannot carry.  With
+    ``batch_size=None`` samples are yielded one by one and nothing is
+    yielded for a removed sample.
+
+    Errors: a shard that fails under ``on_error="raise"`` is recorded as
+    ``failed`` in the journal (a ``fail`` event, the ``failures`` stat)
+    before the error propagates; an error raised in a DataLoader worker
+    reaches the caller as the same exception object (type and fields), not
+    torch's re-wrapped traceback text.
 
     Example:
         >>> loader = WebLoader(ds, batch_size=64, num_workers=2,     # doctest: +SKIP
@@ -419,6 +440,7 @@ class WebLoader:
         #: the last batch handed out (see :class:`BatchInfo`), None before the first
         self.batch_info: Optional[BatchInfo] = None
         self._failed_urls: set = set()  # recorded failed; a read clears it (``recovered``)
+        self._epoch_failed: Dict[str, str] = {}  # skipped this epoch: the end-of-epoch warning
         #: True once a preemption signal arrived (or :meth:`request_stop` was called)
         self.preempted = False
         #: the signal number that set ``preempted`` (None: none, or request_stop)
@@ -653,6 +675,7 @@ class WebLoader:
         for e in events:
             if e.get("kind") in (EventKind.SKIP, EventKind.FAIL) and e.get("url"):
                 self._failed_urls.add(e["url"])
+                self._epoch_failed[e["url"]] = str(e.get("error", ""))
         if self.journal_path is None:
             return
         from .journal import shard_updates_from_events
@@ -758,7 +781,7 @@ class WebLoader:
         return n
 
     def _end_epoch(self) -> None:
-        failed = self.stats_.failed
+        failed, self._epoch_failed = self._epoch_failed, {}
         if failed:
             log.warning("epoch %d ended with %d shard(s) skipped after errors (on_error='skip'): %s",
                         self.epoch, len(failed), "; ".join(f"{u}: {e}" for u, e in sorted(failed.items())))
