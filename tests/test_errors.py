@@ -169,3 +169,35 @@ def test_our_errors_are_what_webdataset_raises(case, bad_inputs, monkeypatch):
     assert isinstance(ours, errors.ResumeWDSError), repr(ours)
     assert isinstance(ours, type(theirs)), f"{case}: ours {type(ours).__mro__}, theirs {type(theirs)}"
     assert "\n" not in str(ours)
+
+
+class _Raise:
+    """A map stage that raises ``errors.<name>`` with its fields (picklable for spawn)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, sample):
+        raise getattr(errors, self.name)(f"{self.name} in a stage", **FIELDS.get(self.name, {}))
+
+
+@pytest.mark.parametrize("name", errors.__all__)
+def test_every_error_crosses_a_real_dataloader_worker(name, make_shards):
+    paths = make_shards(shards=1, samples=4)
+    loader = rw.WebLoader(rw.WebDataset(paths).map(_Raise(name)), batch_size=2, num_workers=1)
+    cls = getattr(errors, name)
+    with pytest.raises(cls) as info:
+        list(loader)
+    exc = info.value
+    assert type(exc) is cls and str(exc) == f"{name} in a stage"
+    for k, v in FIELDS.get(name, {}).items():
+        assert getattr(exc, k) == v
+    assert any("DataLoader worker 0" in n for n in getattr(exc, "__notes__", ["DataLoader worker 0"]))
+    loader.close()
+
+
+def test_the_loader_leaves_the_dataset_collate_fn_alone(make_shards):
+    ds = rw.WebDataset(make_shards(shards=1, samples=4))
+    loader = rw.WebLoader(ds, batch_size=2, collate_fn=lambda s: len(s))
+    assert list(loader) == [2, 2]
+    assert ds.collate_fn is None
