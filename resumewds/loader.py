@@ -147,6 +147,54 @@ def _preempt_signals(preempt: Union[bool, Sequence[int]]) -> Tuple[int, ...]:
     return tuple(int(s) for s in preempt)
 
 
+def _worker_signals(signals: Sequence[int], stopping: Any) -> None:
+    """In a worker: outlive the preemption signals the main process handles.
+
+    A scheduler that signals the whole process group must not kill the
+    workers before the main process reaches its step boundary (torch would
+    then raise "worker exited unexpectedly" anywhere in the training step).
+    But torch (and multiprocessing at exit) stop workers with SIGTERM too:
+    once the main process has flagged ``stopping`` a SIGTERM ends the worker.
+    """
+    import signal
+
+    def on_term(signum: int, frame: Any) -> None:
+        if stopping is None or stopping.value:
+            os._exit(0)  # being shut down: leave quietly (a signal death would be reported)
+
+    for sig in signals:
+        if sig == signal.SIGTERM:
+            signal.signal(sig, on_term)
+        else:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+_LIVE_FLAGS: List[Any] = []  # flags of iterations still running (set at exit, see below)
+
+
+def _set_live_flags() -> None:
+    # runs before multiprocessing's own exit handler (registered earlier, so
+    # called later), which terminates daemonic workers and joins them
+    for flag in _LIVE_FLAGS:
+        flag.value = 1
+
+
+def _stop_flag() -> Any:
+    """A flag in shared memory, set when the loader shuts its workers down."""
+    try:
+        import atexit
+        import multiprocessing
+
+        flag = multiprocessing.RawValue("b", 0)
+    except Exception:  # pragma: no cover - no shared memory: workers die with SIGTERM
+        return None
+    if not _LIVE_FLAGS:
+        atexit.unregister(_set_live_flags)
+        atexit.register(_set_live_flags)
+    _LIVE_FLAGS.append(flag)
+    return flag
+
+
 class _WorkerFailure:
     """One of our errors, raised in a DataLoader worker, on its way to the main process.
 
@@ -281,10 +329,12 @@ class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
     def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
-                 collate_fn: Any = None, ignore_signals: Sequence[int] = ()):
+                 collate_fn: Any = None, ignore_signals: Sequence[int] = (),
+                 stopping: Any = None):
         self.ds = ds
         self.collate_fn = collate_fn
         self.ignore_signals = tuple(ignore_signals)
+        self.stopping = stopping  # shared flag: the main process is shutting the workers down
         self.epoch = epoch
         self.start = start
         self.layout = layout
@@ -297,10 +347,7 @@ class _EpochSource(IterableDataset):
         if info is not None:
             _die_with_parent()
             if self.ignore_signals:
-                import signal
-
-                for sig in self.ignore_signals:  # the main process stops and shuts us down
-                    signal.signal(sig, signal.SIG_IGN)
+                _worker_signals(self.ignore_signals, self.stopping)
         if info is not None:
             worker_logging(self.log_level)
         try:
@@ -799,8 +846,10 @@ class WebLoader:
         if nsteps == 0:
             self._end_epoch()
             return
+        stopping = _stop_flag() if self._preempt_signals and self.num_workers else None
         src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
-                           collate_fn=self._collate_fn, ignore_signals=self._preempt_signals)
+                           collate_fn=self._collate_fn, ignore_signals=self._preempt_signals,
+                           stopping=stopping)
         kw = dict(self.dataloader_kwargs)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
@@ -883,6 +932,10 @@ class WebLoader:
                     if last:
                         self._end_epoch()
         finally:
+            if stopping is not None:
+                stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker
+                if stopping in _LIVE_FLAGS:
+                    _LIVE_FLAGS.remove(stopping)
             del it
         if self.epoch == epoch and self.position >= total:
             self._end_epoch()

@@ -27,9 +27,9 @@ def _env(cache_dir: str) -> dict:
     return env
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers,group", [(0, False), (2, False), (2, True)])
 def test_cat_journal_sigterm_commits_what_it_printed_and_exits_143(make_shards, tmp_path, cache_dir,
-                                                                   workers):
+                                                                   workers, group):
     paths = make_shards(shards=10, samples=300, size_range=(10, 20))
     manifest = str(tmp_path / "m.json")
     rw.build_manifest(paths, manifest)
@@ -42,10 +42,13 @@ def test_cat_journal_sigterm_commits_what_it_printed_and_exits_143(make_shards, 
     journal = str(tmp_path / "run.db")
     cmd = base + ["--journal", journal, "--commit-every", "100000"]  # only the SIGTERM commits
     p = subprocess.Popen(cmd, env=_env(cache_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, start_new_session=True)
     head = [p.stdout.readline() for _ in range(500)]  # it is blocked on the full pipe by now
     time.sleep(0.2)
-    p.send_signal(signal.SIGTERM)
+    if group:  # as Slurm does: the workers get it too, and must outlive it
+        os.killpg(p.pid, signal.SIGTERM)
+    else:
+        p.send_signal(signal.SIGTERM)
     rest = p.stdout.read()
     err = p.stderr.read()
     assert p.wait(timeout=60) == 143, err
@@ -117,3 +120,22 @@ def test_request_stop_ends_iteration_at_a_step_boundary(make_shards):
                          collate_fn=lambda s: [x["__key__"] for x in s])
     assert got + rest == list(fresh)
     assert state["position"] == 12
+
+
+_LIVE = """
+import sys, resumewds as rw
+loader = rw.WebLoader(rw.WebDataset(sys.argv[1:]), batch_size=2, num_workers=2, preempt=True)
+it = iter(loader)
+next(it)
+print("bye", flush=True)
+"""
+
+
+def test_exit_with_a_live_iterator_does_not_hang(make_shards, cache_dir):
+    """Workers outlive SIGTERM only until the loader stops them: multiprocessing's
+    exit handler (SIGTERM, then join) must still end them."""
+    paths = make_shards(shards=2, samples=200)
+    p = subprocess.run([sys.executable, "-c", _LIVE, *paths], env=_env(cache_dir), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout == "bye\n", p.stderr
+    assert "Traceback" not in p.stderr and "killed by signal" not in p.stderr, p.stderr
