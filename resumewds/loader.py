@@ -663,11 +663,11 @@ class WebLoader:
         dist.broadcast_object_list(payload, src=0)
         if err is not None:
             raise err
-        point, exc = payload[0]
-        if exc is not None:
-            if isinstance(exc, ResumeWDSError) and exc.args:  # same type, same fields
-                exc.args = (f"{exc.args[0]} (found by rank 0)",)
-            raise exc
+        point, found = payload[0]
+        if found is not None:
+            if isinstance(found, ResumeWDSError) and found.args:  # same type, same fields
+                found.args = (f"{found.args[0]} (found by rank 0)",)
+            raise found
         return point
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
@@ -873,11 +873,11 @@ class WebLoader:
                         raise
                     raise mapped from None
                 if isinstance(batch, _WorkerFailure):
-                    exc = batch.exc
-                    self._failed_now(exc, meta.get("events") or [])
-                    if hasattr(exc, "add_note"):  # Python 3.11+
-                        exc.add_note(f"(raised in DataLoader worker {batch.worker})")
-                    raise exc
+                    failure = batch.exc
+                    self._failed_now(failure, meta.get("events") or [])
+                    if hasattr(failure, "add_note"):  # Python 3.11+
+                        failure.add_note(f"(raised in DataLoader worker {batch.worker})")
+                    raise failure
                 if self.preempted:
                     # a step boundary: this batch is not handed out, the position
                     # stays after the last one that was
