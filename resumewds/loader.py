@@ -484,8 +484,12 @@ class WebLoader:
         self._last_commit_epoch: Optional[int] = None
         self.journal_path = journal
         self.journal: Any = None
-        #: the last batch handed out (see :class:`BatchInfo`), None before the first
+        #: the last batch handed out (see :class:`BatchInfo`), None before the first;
+        #: with ``batch_size=None``, the chunk the last sample came from
         self.batch_info: Optional[BatchInfo] = None
+        #: with ``batch_size=None``: whether the sample just yielded is padding
+        #: (visible even after ``to_tuple``, which drops ``__pad__``)
+        self.sample_is_pad = False
         self._failed_urls: set = set()  # recorded failed; a read clears it (``recovered``)
         self._epoch_failed: Dict[str, str] = {}  # skipped this epoch: the end-of-epoch warning
         #: True once a preemption signal arrived (or :meth:`request_stop` was called)
@@ -916,7 +920,9 @@ class WebLoader:
                 n = len(batch)
                 s0 = start + k * layout.step_size
                 slot_of = meta.get("slot_index") or []
+                pad_of = info.pads
                 for i, sample in enumerate(batch):
+                    self.sample_is_pad = bool(pad_of[i]) if i < len(pad_of) else False
                     self.samples_total += 1
                     if i + 1 == n:
                         self.position = layout.position_after(total, start, k)
