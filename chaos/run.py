@@ -1077,7 +1077,160 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         journal_damage("delete_all"),
         journal_two_writers,
         *input_hardening_rows(),  # input hardening
+        *exactly_once_rows(quick),  # exactly-once hardening block (above)
     ] + hardening_rows()  # fetch hardening (issue 12)
+
+
+# ---------------------------------------------------------------------------
+# exactly-once hardening (issue 12 items 8-11, 20, the "fail" event)
+# ---------------------------------------------------------------------------
+def _start(cmd: Sequence[str]) -> Tuple["subprocess.Popen", object, object]:
+    import subprocess
+
+    fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    p = subprocess.Popen(list(cmd), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=child_env(),
+                         start_new_session=True)
+    return p, fo, fe
+
+
+def _finish(p, fo, fe, t0: float, bound: float) -> Proc:
+    import subprocess
+
+    hung = False
+    try:
+        p.wait(max(0.1, bound - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        hung = True
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    fo.seek(0)
+    fe.seek(0)
+    return Proc(rc=p.returncode, killed=False, hung=hung, seconds=time.monotonic() - t0,
+                out=fo.read().decode(errors="replace"), err=fe.read().decode(errors="replace"))
+
+
+def sigterm_cycles(n: int) -> Callable[[Suite], Row]:
+    """SIGTERM to the whole process group of ``cat --journal`` (as Slurm sends it), rerun."""
+    def scenario(s: Suite) -> Row:
+        row = Row(f"SIGTERM x{n} to cat --journal (exit 143, commit, rerun)", "resume")
+        srv = s.server(bytes_per_second=4e5)
+        d = s.tmp("sigterm")
+        journal = os.path.join(d, "run.db")
+        cmd = cat_cmd(srv.url + "manifest.json", journal=journal, cache_dir=os.path.join(d, "cache"),
+                      epochs=1, commit_every=100000)
+        rng = random.Random(f"{s.seed}:sigterm")
+        out: List[str] = []
+        try:
+            for i in range(n + 6):
+                t0 = time.monotonic()
+                p, fo, fe = _start(cmd)
+                if i < n:
+                    # once it delivers (a SIGTERM before the loader exists kills
+                    # it, as it would any program: nothing is committed then)
+                    while p.poll() is None and os.fstat(fo.fileno()).st_size == 0 \
+                            and time.monotonic() - t0 < BOUND:
+                        time.sleep(0.02)
+                    time.sleep(rng.uniform(0.0, 0.5))
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGTERM)
+                        row.faults += 1
+                q = _finish(p, fo, fe, t0, BOUND)
+                row.runs += 1
+                out += q.lines
+                if q.hung:
+                    row.hung += 1
+                    break
+                if q.rc == 0 or (q.rc == -signal.SIGTERM and len(out) == len(s.ref)):
+                    break  # (-15: the signal came after the last commit and close)
+                if q.rc == 143 and "stopped by signal 15" in _last_line(q.err):
+                    row.clear_errors += 1
+                    row.note = _last_line(q.err)[:100]
+                else:
+                    row.bad_exits.append(f"exit {q.rc}: {_last_line(q.err)}")
+                    break
+            row.tally.add(compare(s.ref, out, s.data.digests))
+        finally:
+            srv.stop()
+        return row
+    return _labelled("sigterm_cycles", scenario)
+
+
+def journal_started_together(s: Suite) -> Row:
+    """Two ``cat --journal`` started at the same moment: one resumes, the other is refused."""
+    row = Row("two runs started together on one journal", "resume")
+    d = s.tmp("together")
+    journal = os.path.join(d, "run.db")
+    first = cat_cmd(s.data.manifest, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1,
+                    commit_every=10, workers=0, extra=["--limit", "100"])
+    q = run(first, bound=BOUND)
+    row.runs += 1
+    out = list(q.lines)
+    cmd = cat_cmd(s.data.manifest, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1,
+                  commit_every=10, workers=0)
+    t0 = time.monotonic()
+    started = [_start(cmd) for _ in range(2)]
+    procs = [_finish(p, fo, fe, t0, BOUND) for p, fo, fe in started]
+    row.runs += 2
+    row.faults = 1
+    for q in procs:
+        if q.hung:
+            row.hung += 1
+        elif q.rc == 0:
+            out += q.lines
+        elif q.clear_error and "in use" in q.err:
+            row.clear_errors += 1
+            row.note = _last_line(q.err)[:100]
+            if q.lines:
+                row.bad_exits.append(f"refused run printed {len(q.lines)} lines")
+        else:
+            row.bad_exits.append(f"exit {q.rc}: {_last_line(q.err)}")
+    if sum(1 for q in procs if q.rc == 0) != 1:
+        row.bad_exits.append(f"{sum(1 for q in procs if q.rc == 0)} of 2 concurrent runs finished")
+    row.tally.add(compare(s.ref, out, s.data.digests))
+    return row
+
+
+def fail_is_journaled(s: Suite) -> Row:
+    """on_error=raise: the missing shard is 'failed' in the journal and counted as a failure."""
+    row = Row("shard fails under on_error=raise: journaled as failed", "error")
+    d = s.tmp("failjournal")
+    with open(s.data.manifest) as f:
+        m = json.load(f)
+    root = os.path.dirname(os.path.abspath(s.data.manifest))
+    for sh in m["shards"]:
+        sh["url"] = os.path.join(root, os.path.basename(sh["url"]))
+    gone = m["shards"][2]["url"] + ".missing"
+    m["shards"][2]["url"] = gone
+    path = os.path.join(d, "manifest.json")
+    with open(path, "w") as f:
+        json.dump(m, f)
+    journal = os.path.join(d, "run.db")
+    p = run(cat_cmd(path, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1, workers=2,
+                    extra=["--shuffle-mode", "none"]), bound=BOUND)
+    row.runs, row.faults = 1, 1
+    ref_none = run(cat_cmd(s.data.manifest, workers=0, epochs=1, extra=["--shuffle-mode", "none"]),
+                   bound=BOUND).lines
+    if p.hung:
+        row.hung += 1
+    elif p.rc == 0:
+        row.bad_exits.append("exit 0 with a missing shard")
+    elif p.clear_error:
+        row.clear_errors += 1
+        from resumewds.journal import status
+
+        st = status(journal)
+        state = {x["url"]: x["state"] for x in st["shards"]["list"]}.get(gone)
+        if state != "failed" or st["counts"]["failures"] != 1:
+            row.bad_exits.append(f"journal: shard state {state}, failures {st['counts']['failures']}")
+        row.note = f"journal: {state}, failures {st['counts']['failures']}"
+    else:
+        row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+    row.tally.add(compare(ref_none[:len(p.lines)], p.lines, s.data.digests))
+    return row
+
+
+def exactly_once_rows(quick: bool) -> List[Callable[[Suite], Row]]:
+    return [sigterm_cycles(3 if quick else 8), journal_started_together, fail_is_journaled]
 
 
 HEADER = ("fault", "runs", "faults injected", "samples expected", "delivered", "lost", "repeated",

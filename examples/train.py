@@ -23,6 +23,14 @@ uninterrupted one (chaos/crash.py does).  A resumed run first prints::
 
     resume step 15 epoch 0 position 256 checkpoint ckpt-000015.pt
 
+Preemption (Slurm, Kubernetes, spot instances send SIGTERM, then SIGKILL after
+a grace period): the loader is created with ``preempt=True``, so SIGTERM (or
+SIGUSR1) makes ``for batch in loader`` end at the next step boundary; the loop
+then checkpoints and commits the last finished step at once, prints
+``preempted at step S (signal 15): checkpoint and commit written`` and exits
+143.  The rerun continues at the next step, exactly as after a kill -9, minus
+the steps since the last commit.
+
 Examples:
     python examples/train.py --work /tmp/t --serve            # generates data, serves it
     kill -9 <pid>; python examples/train.py --work /tmp/t --serve   # continues
@@ -185,7 +193,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           .decode("torchrgb").map(to_example))
     resume_step = pick_resume(journal, ckpt_dir)
     loader = rw.WebLoader(ds, batch_size=a.batch_size, num_workers=a.workers, journal=journal,
-                          resume=False if resume_step is None else resume_step)
+                          resume=False if resume_step is None else resume_step,
+                          preempt=True)  # SIGTERM/SIGUSR1: stop at the next step boundary
 
     torch.manual_seed(a.seed)
     model = Net()
@@ -217,6 +226,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                     time.sleep(a.step_delay)
                 if (step + 1) % a.commit_every == 0:
                     commit(out, ckpt_dir, step, model, opt, loader)
+            if loader.preempted:
+                # within the grace period: checkpoint + commit the last finished step
+                if step >= 0 and checkpoints(ckpt_dir)[:1] != [step]:
+                    commit(out, ckpt_dir, step, model, opt, loader)
+                out.write(f"preempted at step {step} (signal {loader.preempt_signal}): "
+                          "checkpoint and commit written\n")
+                out.flush()
+                return 143
         if checkpoints(ckpt_dir)[:1] != [step] and step >= 0:
             commit(out, ckpt_dir, step, model, opt, loader)
         out.write(f"done step {step}\n")

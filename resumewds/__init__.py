@@ -30,9 +30,9 @@ from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilt
 
 from .dataset import WebDataset, build_manifest, index_manifest
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
-                     JournalConfigMismatch, JournalError, JournalIncompleteCommit,
-                     PermanentFetchError, ResumeWDSError, ShardFormatError, SourceError, StateError,
-                     TransientFetchError, UnsafeSourceError)
+                     JournalConfigMismatch, JournalError, JournalIncompleteCommit, MissingKeyError,
+                     PermanentFetchError, ResumeWDSError, ShardFormatError, ShardNotFoundError,
+                     SourceError, StateError, TransientFetchError, UnsafeSourceError)
 from .filters import (batched, decode, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
                       pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple,
                       unbatched, unlisted, xdecode)
@@ -51,6 +51,7 @@ from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchInfo",
     "CacheError",
     "ChecksumMismatch",
     "Continue",
@@ -58,6 +59,7 @@ __all__ = [
     "DecodeError",
     "Decoder",
     "DecodingError",
+    "EmptyBatch",
     "FetchError",
     "IntegrityError",
     "JournalConfigMismatch",
@@ -65,6 +67,7 @@ __all__ = [
     "JournalIncompleteCommit",
     "Layout",
     "Manifest",
+    "MissingKeyError",
     "MultiLoader",
     "PermanentFetchError",
     "Plan",
@@ -72,6 +75,7 @@ __all__ = [
     "ResumeWDSError",
     "ShardFormatError",
     "ShardInfo",
+    "ShardNotFoundError",
     "ShardWriter",
     "SimpleShardList",
     "SourceError",
@@ -140,10 +144,10 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # WebLoader imports torch; keep `import resumewds` light for the CLI.
-    if name == "WebLoader":
-        from .loader import WebLoader
+    if name in ("WebLoader", "EmptyBatch", "BatchInfo"):
+        from . import loader
 
-        return WebLoader
+        return getattr(loader, name)
     if name == "DataPipeline":  # a torch IterableDataset: imports torch
         from .datapipeline import DataPipeline
 

@@ -97,6 +97,7 @@ from .errors import (
     ResumeWDSError,
     ShardFormatError,
     TransientFetchError,
+    ShardNotFoundError,
     UnsafeSourceError,
 )
 from .fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
@@ -556,7 +557,7 @@ class ShardStore:
         try:
             st = os.stat(path)
         except FileNotFoundError as exc:
-            raise PermanentFetchError(f"{path}: no such file", shard.url) from exc
+            raise ShardNotFoundError(f"{path}: no such file", shard.url) from exc
         except OSError as exc:
             raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
         if shard.size is not None and st.st_size != shard.size:

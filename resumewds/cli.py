@@ -510,7 +510,8 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         click.echo("resumewds: --epochs 0: nothing to print", err=True)
         return
     loader = WebLoader(ds, batch_size=None, num_workers=workers, chunk_size=chunk, rank=rank,
-                       world_size=world_size, journal=journal, resume=journal is not None)
+                       world_size=world_size, journal=journal, resume=journal is not None,
+                       preempt=journal is not None)  # SIGTERM: stop, commit what was printed, exit 143
     out = sys.stdout
     n = loader.samples_total
     since = 0
@@ -522,7 +523,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
     bar = _progress(total, "cat", progress if progress else False, initial=n)
     try:
         with bar:
-            while loader.epoch < epochs and (limit is None or n < limit):
+            while loader.epoch < epochs and (limit is None or n < limit) and not loader.preempted:
                 for sample in loader:
                     _write(out, cat_line(sample) + "\n")
                     n += 1
@@ -537,6 +538,10 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         _flush(out)
         if journal is not None and since:
             loader.commit(n)
+        if loader.preempted:
+            click.echo(f"resumewds: stopped by signal {loader.preempt_signal} after {n} samples; "
+                       f"committed to {journal}: rerun to continue", err=True)
+            sys.exit(143)
     except BrokenPipeError:
         _detach_stdout()
         sys.exit(1)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from . import tario
 from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, ResumeWDSError,
                      ShardFormatError, SourceError)
+from .events import EventKind
 from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, MapDict, MapTuple, Rename, Select, ToTuple, default_collate,
                        list_collate)
@@ -148,8 +149,12 @@ class WebDataset:
             (:class:`resumewds.cache.ShardStore`).
         fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
         on_error: ``"raise"`` (default) stops at a shard that cannot be
-            fetched or verified; ``"skip"`` skips its samples, records it as
-            failed and reports it in stats and the journal.
+            fetched or verified (recording it as failed); ``"skip"`` skips its
+            samples, records it as failed and reports it in stats and the
+            journal.  A skipped shard is skipped for the rest of the epoch
+            (by each process that reads it) and tried again in the next
+            epoch, whatever ``num_workers``; once it delivers samples again
+            the journal no longer calls it failed.
         allow_pickle: let decoders unpickle (pkl/pyd): off by default.
         allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
             the network.
@@ -338,11 +343,14 @@ class WebDataset:
         return self._reader
 
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
-        """``on_error``: re-raise ``exc``, or record the shard as skipped."""
+        """``on_error``: record the shard as failed and re-raise ``exc``, or
+        record it as skipped."""
         if self.on_error != "skip":
+            # the loader takes this event with the error, to the journal and stats
+            self._on_event(EventKind.FAIL, shard.url, error=str(exc))
             raise exc
         self._failed[shard_idx] = str(exc)
-        self._on_event("skip", shard.url, error=str(exc))
+        self._on_event(EventKind.SKIP, shard.url, error=str(exc))
         log.warning("skipping shard %s: %s", shard.url, exc)
 
     def _run_length(self, where: Sequence[Tuple[int, int]], i: int) -> int:
@@ -397,7 +405,8 @@ class WebDataset:
         return x
 
     def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
-                   num_workers: int = 1, collate: bool = True
+                   num_workers: int = 1, collate: bool = True,
+                   collate_fn: Optional[Callable[[List[Any]], Any]] = None
                    ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
         """Yield ``(step, batch, meta)`` for this worker's steps of an epoch.
 
@@ -409,17 +418,27 @@ class WebDataset:
                 over steps).
             collate: collate samples with the batch's collate function; if
                 False the batch is the list of samples.
+            collate_fn: the collate function (default: the one of
+                ``batched()``, else torch-free ``default_collate``).
 
         ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
         ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
-        per shard index), ``t_read``, ``t_stages`` and ``t_fetch_wait``
+        per shard index), ``positions``, ``slot_index`` and ``pad_flags``
+        (per delivered sample: its epoch position, its index in the step's
+        slots, whether it is padding), ``batch_dropped`` (a batch stage
+        returned None), ``t_read``, ``t_stages`` and ``t_fetch_wait``
         (seconds), ``events``.
         """
         ep = self.plan.epoch(epoch)
         total = len(ep)
         nsteps = layout.num_steps(total, start)
         shards = self.manifest.shards
-        collate_fn = self.collate_fn or default_collate
+        # on_error="skip": a shard that failed is skipped for the rest of this
+        # iteration by the process that saw it fail, and tried again by the
+        # next one (the next epoch, or a resume), with 0 workers as with N
+        # (workers get a fresh copy of the dataset per iteration anyway)
+        self._failed = {}
+        collate_fn = collate_fn or self.collate_fn or default_collate
         last_window = -1
         sample_at, read, stages = ep.sample_at, self._read, self.stages
         names: Dict[int, str] = {}
@@ -427,7 +446,7 @@ class WebDataset:
             slots = layout.slots(total, start, k)
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
                                     "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
-                                    "positions": []}
+                                    "positions": [], "slot_index": [], "pad_flags": []}
             t_read = t_stages = 0.0
             out: List[Any] = []
             if slots:
@@ -450,6 +469,8 @@ class WebDataset:
             any_pad = any(p for _, p in slots)
             per_shard = meta["shards"]
             positions = meta["positions"]
+            slot_index = meta["slot_index"]
+            pad_flags = meta["pad_flags"]
             nbytes = skipped = filtered = pads = 0
             t0 = time.perf_counter()
             # consecutive samples of one shard (the rule unshuffled) are read
@@ -496,6 +517,8 @@ class WebDataset:
                     continue
                 out.append(x)
                 positions.append(pos)
+                slot_index.append(i)
+                pad_flags.append(bool(pad))
             meta["samples"] = len(out)
             meta["bytes"] = nbytes
             meta["skipped"] = skipped
@@ -506,6 +529,14 @@ class WebDataset:
             if collate and out:
                 batch = collate_fn(out)
                 batch = self._apply(self.batch_stages, batch)
+                if batch is None:
+                    # a batch stage returned None: the batch is dropped, as a
+                    # sample stage's None drops a sample (counted as filtered);
+                    # the loader hands out an EmptyBatch for the step
+                    meta["filtered"] += len(out)
+                    meta["samples"] = 0
+                    meta["batch_dropped"] = True
+                    batch = []
             t_stages += time.perf_counter() - t2
             meta["t_read"] = t_read
             meta["t_stages"] = t_stages

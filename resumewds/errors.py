@@ -5,21 +5,39 @@ Every failure the library reports is one of these; foreign exceptions
 boundary that meets them, with ``raise Ours(msg) from exc``.  Callers can
 decide what is transient by type alone::
 
-    ResumeWDSError
-    ├── SourceError               bad URL, pattern, manifest or scheme
+    ResumeWDSError                               also a subclass of (webdataset 1.0.2)
+    ├── SourceError               bad URL, pattern, manifest or scheme    ValueError
     │   └── UnsafeSourceError     pipe: from an untrusted manifest, pickles off
-    ├── FetchError
+    ├── FetchError                                                        OSError
     │   ├── TransientFetchError   timeouts, resets, 5xx, 429, short body
     │   └── PermanentFetchError   401/403/404, unknown scheme, missing file
-    ├── CacheError                cache dir unusable (read-only, full, symlink)
-    ├── IntegrityError
+    │       └── ShardNotFoundError  a local shard file does not exist     FileNotFoundError
+    ├── CacheError                cache dir unusable (read-only, full)    OSError
+    ├── IntegrityError                                                    ValueError
     │   └── ChecksumMismatch      size or xxh3_64 differs from the manifest
-    ├── ShardFormatError          not a tar, truncated, bad checksum, no EOF
-    ├── DecodeError               a stage could not decode a sample
-    ├── StateError                a loader state that does not fit this loader
+    ├── ShardFormatError          not a tar, truncated, bad checksum,     tarfile.ReadError,
+    │                             no EOF, a repeated extension            ValueError
+    ├── DecodeError               a stage could not decode a sample       ValueError
+    │   └── MissingKeyError       a sample lacks a field a stage needs    KeyError
+    ├── StateError                a loader state that does not fit        ValueError
     └── JournalError              unreadable, schema too new, locked
         ├── JournalConfigMismatch resume with an incompatible configuration
         └── JournalIncompleteCommit a step that not every rank committed
+
+The second column is what webdataset 1.0.2 raises in the same situation
+(checked against the real package in ``tests/test_errors.py``), so code
+written for webdataset keeps catching what it caught: ``tarfile.ReadError``
+for a file that is not a tar or is truncated, ``ValueError`` for a repeated
+extension or a missing ``to_tuple`` field, ``OSError`` for a failed fetch,
+``FileNotFoundError`` for a missing file, ``KeyError`` for ``map_dict`` on
+a missing field.
+
+Every class is *message-first*: ``Cls(message, *, field=value, ...)``, with
+the fields as attributes, so that every error pickles (``args`` is just the
+message; the fields travel in ``__dict__``) and crosses a DataLoader worker
+boundary with its type and fields intact.  The older positional forms
+``ChecksumMismatch(url, expected, actual)`` and
+``ShardFormatError(shard, offset, problem)`` are still accepted.
 
 Example:
     >>> from resumewds.errors import ShardFormatError, ResumeWDSError
@@ -29,14 +47,28 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional
+import errno as _errno
+import tarfile
+from typing import Any, Optional
 
 
 class ResumeWDSError(Exception):
-    """Base class of every error raised by resumewds."""
+    """Base class of every error raised by resumewds.
+
+    Message-first: ``str(exc)`` is the one-line message, ``exc.args`` is
+    ``(message,)``; subclasses add keyword fields as attributes.
+    """
+
+    def __init__(self, msg: str = "", **fields: Any):
+        super().__init__(msg)
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+    def __str__(self) -> str:  # KeyError and OSError bases format args their own way
+        return str(self.args[0]) if self.args else ""
 
 
-class SourceError(ResumeWDSError):
+class SourceError(ResumeWDSError, ValueError):
     """A shard source (URL, pattern, manifest) is malformed or unusable."""
 
 
@@ -44,7 +76,7 @@ class UnsafeSourceError(SourceError):
     """A source would run code or commands the user did not allow."""
 
 
-class FetchError(ResumeWDSError):
+class FetchError(ResumeWDSError, OSError):
     """A shard could not be fetched.
 
     Attributes:
@@ -52,70 +84,99 @@ class FetchError(ResumeWDSError):
         status: the HTTP status, if there was one.
     """
 
-    def __init__(self, msg: str, url: str = "", status: Optional[int] = None):
-        super().__init__(msg)
-        self.url = url
-        self.status = status
+    def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None, **fields: Any):
+        super().__init__(msg, url=url, status=status, **fields)
 
 
 class TransientFetchError(FetchError):
     """A failure that may go away on retry (timeout, reset, 5xx, short body)."""
 
-    def __init__(self, msg: str, url: str = "", status: Optional[int] = None,
-                 retry_after: Optional[float] = None):
-        super().__init__(msg, url, status)
-        self.retry_after = retry_after
+    def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None,
+                 retry_after: Optional[float] = None, **fields: Any):
+        super().__init__(msg, url, status, retry_after=retry_after, **fields)
 
 
 class PermanentFetchError(FetchError):
     """A failure that retrying will not fix (404, 403, unknown scheme)."""
 
 
-class CacheError(ResumeWDSError):
+class ShardNotFoundError(PermanentFetchError, FileNotFoundError):
+    """A local shard file does not exist (webdataset: ``FileNotFoundError``,
+    with ``errno`` ENOENT)."""
+
+    def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None, **fields: Any):
+        super().__init__(msg, url, status, **fields)
+        self.errno = _errno.ENOENT
+
+
+class CacheError(ResumeWDSError, OSError):
     """The shard cache cannot be used (read-only, full, unsafe path)."""
 
 
-class IntegrityError(ResumeWDSError):
+class IntegrityError(ResumeWDSError, ValueError):
     """Bytes do not match what the manifest promises."""
 
 
 class ChecksumMismatch(IntegrityError):
     """Size or xxh3_64 digest of a shard differs from the expected value.
 
+    ``ChecksumMismatch(message, url=, expected=, actual=, what=)``, or the
+    older ``ChecksumMismatch(url, expected, actual, what=)`` which writes
+    the message.
+
     Attributes:
         url: the shard.
         expected: expected digest or size (as text).
         actual: what was found.
+        what: ``"xxh3_64"`` or ``"size"``.
     """
 
-    def __init__(self, url: str, expected: str, actual: str, what: str = "xxh3_64"):
-        super().__init__(f"{url}: {what} mismatch: expected {expected}, got {actual}")
-        self.url = url
-        self.expected = expected
-        self.actual = actual
-        self.what = what
+    def __init__(self, msg: str = "", *positional: str, url: Optional[str] = None,
+                 expected: Optional[str] = None, actual: Optional[str] = None,
+                 what: str = "xxh3_64", **fields: Any):
+        if positional:  # the older (url, expected, actual) form
+            expected, actual = positional[0], positional[1] if len(positional) > 1 else None
+            url = msg if url is None else url
+            msg = f"{url}: {what} mismatch: expected {expected}, got {actual}"
+        super().__init__(msg, url=url or "", expected=expected, actual=actual, what=what, **fields)
 
 
-class ShardFormatError(ResumeWDSError):
+class ShardFormatError(ResumeWDSError, tarfile.ReadError, ValueError):
     """A shard is not a well-formed tar archive.
+
+    ``ShardFormatError(message, shard=, offset=, problem=)``, or the older
+    ``ShardFormatError(shard, offset, problem)`` which writes the message.
 
     Attributes:
         shard: the shard's URL or path.
         offset: byte offset where the problem was found.
+        problem: what is wrong there.
     """
 
-    def __init__(self, shard: str, offset: int, problem: str):
-        super().__init__(f"{shard}: at byte {offset}: {problem}")
-        self.shard = shard
-        self.offset = offset
-        self.problem = problem
+    def __init__(self, msg: str = "", *positional: Any, shard: Optional[str] = None,
+                 offset: Optional[int] = None, problem: Optional[str] = None, **fields: Any):
+        if positional:  # the older (shard, offset, problem) form
+            offset, problem = positional[0], positional[1] if len(positional) > 1 else ""
+            shard = msg if shard is None else shard
+            msg = f"{shard}: at byte {offset}: {problem}"
+        super().__init__(msg, shard=shard or "", offset=offset, problem=problem or "", **fields)
 
 
-class DecodeError(ResumeWDSError):
-    """A decoder failed on a sample member."""
+class DecodeError(ResumeWDSError, ValueError):
+    """A decoder or stage failed on a sample (webdataset: ``ValueError``
+    for a missing ``to_tuple`` field)."""
 
 
-class StateError(ResumeWDSError):
+class MissingKeyError(DecodeError, KeyError):
+    """A sample lacks a field a stage needs (webdataset: ``KeyError`` from
+    ``map_dict``).
+
+    Attributes:
+        key: the missing field.
+    """
+
+
+class StateError(ResumeWDSError, ValueError):
     """A loader state dict that does not fit the loader it is loaded into."""
 
 
@@ -140,9 +201,11 @@ __all__ = [
     "JournalConfigMismatch",
     "JournalError",
     "JournalIncompleteCommit",
+    "MissingKeyError",
     "PermanentFetchError",
     "ResumeWDSError",
     "ShardFormatError",
+    "ShardNotFoundError",
     "SourceError",
     "StateError",
     "TransientFetchError",

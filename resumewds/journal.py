@@ -25,7 +25,9 @@ Shard states (``SHARD_STATES``; ``TRANSITIONS`` lists the allowed moves)::
 
     A file already in the cache goes pending -> verified (or -> corrupt);
     verified -> pending when the cache evicts it; failed -> downloading when a
-    later run retries it.  A move outside ``TRANSITIONS`` is still applied (the
+    later run retries it; failed -> verified (a ``recovered`` event) when a
+    shard that failed delivers samples again (a local shard, or one the
+    cache already held).  A move outside ``TRANSITIONS`` is still applied (the
     reporter saw it happen; the journal is a record, not an authority) and an
     ``invalid_transition`` event is written next to it, so a bookkeeping slip
     never stops a training run.
@@ -46,7 +48,9 @@ Locking:
     the journal exists, so a journal that was deleted while its lock file
     stayed is reported ("journal was deleted") instead of silently starting
     a fresh run.  Delete the lock file too to really start over.  Read-only
-    opens (``status``, ``resolve_resume``) take no lock.
+    opens (``status``, ``resolve_resume``) take no lock.  A resuming writer
+    reads its resume point only once it holds the lock (``after_lock``), so
+    two runs started together never resume from the same commit.
 
 Cost:
     ``commit`` is the hot path: raw ``sqlite3`` statements (cached by the
@@ -91,6 +95,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import sqlite_utils
 
 from .errors import JournalConfigMismatch, JournalError, JournalIncompleteCommit
+from .events import EventKind, error_kinds, shard_effects
 from .manifest import shard_basename
 
 # ---------------------------------------------------------------------------
@@ -216,36 +221,24 @@ TRANSITIONS: Dict[str, frozenset] = {
     "downloaded": frozenset({"verified", "corrupt", "downloading", "failed", "pending"}),
     "verified": frozenset({"pending", "downloading", "corrupt", "failed"}),
     "corrupt": frozenset({"downloading", "failed", "pending"}),
-    "failed": frozenset({"downloading", "pending"}),
+    "failed": frozenset({"downloading", "pending", "verified"}),
 }
 
 _SHARD_COLUMNS = ("name", "state", "bytes", "xxh3_64", "attempts", "retries", "repairs",
                   "last_error", "cache_path")
 _COUNTER_COLUMNS = ("attempts", "retries", "repairs", "bytes")
 
-# cache/fetch event kind -> (new state or None, counter to bump or None)
-_EVENT_SHARD_EFFECT: Dict[str, Tuple[Optional[str], Optional[str]]] = {
-    "fetch_start": ("downloading", "attempts"),
-    "fetch_done": ("downloaded", None),
-    "retry": (None, "retries"),
-    "verify_ok": ("verified", None),
-    "verify_fail": ("corrupt", None),
-    "repair": ("downloading", "repairs"),
-    "evict": ("pending", None),
-    "cache_hit": ("verified", None),
-    "skip": ("failed", None),
-    "fail": ("failed", None),
-}
+# event kind -> (new state or None, counter to bump or None): from resumewds.events.EVENTS
+_EVENT_SHARD_EFFECT: Dict[str, Tuple[Optional[str], Optional[str]]] = shard_effects()
 
-ERROR_EVENT_KINDS = ("retry", "verify_fail", "skip", "fail", "invalid_transition")
+ERROR_EVENT_KINDS = error_kinds()
 
 
 def shard_updates_from_events(events: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Translate cache/fetch events into ``Journal.update_shards`` updates.
 
-    Follows the event callback contract in docs/ARCHITECTURE.md (``fetch_start``,
-    ``fetch_done``, ``retry``, ``verify_ok``, ``verify_fail``, ``repair``,
-    ``evict``, ``cache_hit``, ``skip``, ``fail``); other kinds are ignored.
+    The effect of each kind is its ``shard_state`` / ``shard_counter`` in
+    :data:`resumewds.events.EVENTS`; other kinds are ignored.
 
     Example:
         >>> shard_updates_from_events([{"kind": "retry", "url": "a.tar", "error": "reset"}])
@@ -263,9 +256,9 @@ def shard_updates_from_events(events: Iterable[Dict[str, Any]]) -> List[Dict[str
             upd["state"] = state
         if counter is not None:
             upd["+" + counter] = 1
-        if ev.get("kind") == "fetch_done" and isinstance(ev.get("bytes"), int):
+        if ev.get("kind") == EventKind.FETCH_DONE and isinstance(ev.get("bytes"), int):
             upd["bytes"] = ev["bytes"]
-        if ev.get("kind") == "verify_fail":
+        if ev.get("kind") == EventKind.VERIFY_FAIL:
             upd["last_error"] = (f"verification failed: expected {ev.get('expected')}, "
                                  f"got {ev.get('actual')}")
         elif ev.get("error") is not None:
@@ -410,6 +403,11 @@ class Journal:
         readonly: open ``mode=ro`` without taking the lock (for ``status``).
         synchronous: ``"NORMAL"`` (survives process crash) or ``"FULL"``
             (survives power loss too; one fsync per transaction).
+        after_lock: called once the writer holds the lock, before the file
+            is opened or created; its result is ``self.after_lock_result``.
+            The loader reads the run's resume point here, so that two runs
+            started together can never both resume from the same point: the
+            second one is refused at the lock before it reads anything.
 
     Raises:
         JournalError: the file is corrupt, truncated, not a database, has a
@@ -420,7 +418,8 @@ class Journal:
     """
 
     def __init__(self, path: str, *, rank: int = 0, world_size: int = 1,
-                 readonly: bool = False, synchronous: str = "NORMAL"):
+                 readonly: bool = False, synchronous: str = "NORMAL",
+                 after_lock: Optional[Callable[[], Any]] = None):
         sync = str(synchronous).upper()
         if sync not in _SYNC_MODES:
             raise ValueError(f"synchronous must be one of {_SYNC_MODES}, got {synchronous!r}")
@@ -439,6 +438,8 @@ class Journal:
         self._pending: Dict[Tuple[str, int], Tuple[int, Optional[int]]] = {}
         self._since = 0
         self._mutex = threading.RLock()
+        self._after_lock = after_lock
+        self.after_lock_result: Any = None
         try:
             if readonly:
                 self._open_readonly()
@@ -530,6 +531,8 @@ class Journal:
             raise self._err(f"cannot lock {lock_file}", exc) from exc
         self._lock_fd = fd
         _CHILD_CLOSE.add(fd)
+        if self._after_lock is not None:
+            self.after_lock_result = self._after_lock()  # under the lock, before any file
         info = _read_lock_info(lock_file)
         marker = info.get("run_id")
         existed = os.path.exists(self.path)
@@ -718,7 +721,7 @@ class Journal:
                                  "VALUES (?, ?, ?)", (k, new[k], now))
                 else:
                     conn.execute("DELETE FROM config WHERE key = ?", (k,))
-                conn.execute(_SQL_EVENT, (now, "config_change", None, _json(
+                conn.execute(_SQL_EVENT, (now, EventKind.CONFIG_CHANGE.value, None, _json(
                     {"key": k, "old": _loads(old.get(k)), "new": _loads(new.get(k))})))
             return differ
 
@@ -797,7 +800,7 @@ class Journal:
                     conn.execute("INSERT INTO shards (url, name, state, first_seen, updated) "
                                  "VALUES (?, ?, 'pending', ?, ?)", (url, shard_basename(url), ts, ts))
                 if state is not None and state != old and state not in TRANSITIONS.get(old, ()):
-                    conn.execute(_SQL_EVENT, (ts, "invalid_transition", url,
+                    conn.execute(_SQL_EVENT, (ts, EventKind.INVALID_TRANSITION.value, url,
                                               _json({"from": old, "to": state})))
                 if sets:
                     conn.execute(f"UPDATE shards SET {', '.join(sets)}, updated = ? WHERE url = ?",
@@ -805,6 +808,10 @@ class Journal:
 
         if prepared:
             self._transaction(body)
+
+    def shards_in_state(self, state: str) -> List[str]:
+        """The urls of the shards now in ``state`` (one of ``SHARD_STATES``)."""
+        return [r[0] for r in self.conn.execute("SELECT url FROM shards WHERE state = ?", (state,))]
 
     def shard(self, url: str) -> Optional[Dict[str, Any]]:
         """One shard's row, or None."""
@@ -950,7 +957,7 @@ class Journal:
     def _rewind(self, conn: sqlite3.Connection, step: int, max_step: int, ts: float) -> None:
         prev = conn.execute("SELECT epoch, position FROM commits WHERE step = ?", (step,)).fetchone()
         n = conn.execute("DELETE FROM commits WHERE step >= ?", (step,)).rowcount
-        conn.execute(_SQL_EVENT, (ts, "rewind", None, _json({
+        conn.execute(_SQL_EVENT, (ts, EventKind.REWIND.value, None, _json({
             "step": step, "dropped": n, "dropped_upto": max_step,
             "replaced": None if prev is None else {"epoch": prev[0], "position": prev[1]}})))
 
@@ -1266,10 +1273,11 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
                 errors.append({"ts": row["ts"], "rank": r, "kind": row["kind"],
                                "url": row["url"], "detail": _loads(row["detail"])})
         errors.sort(key=lambda e: e["ts"] or 0, reverse=True)
-        out["counts"] = {name: by_kind.get(kind, 0) for name, kind in (
-            ("retries", "retry"), ("repairs", "repair"), ("failures", "fail"), ("skips", "skip"),
-            ("evictions", "evict"), ("verify_failures", "verify_fail"),
-            ("config_changes", "config_change"), ("rewinds", "rewind"))}
+        K = EventKind
+        out["counts"] = {name: by_kind.get(kind.value, 0) for name, kind in (
+            ("retries", K.RETRY), ("repairs", K.REPAIR), ("failures", K.FAIL), ("skips", K.SKIP),
+            ("evictions", K.EVICT), ("verify_failures", K.VERIFY_FAIL),
+            ("config_changes", K.CONFIG_CHANGE), ("rewinds", K.REWIND))}
         out["events_by_kind"] = dict(sorted(by_kind.items()))
         out["last_errors"] = errors[:last_errors]
 

@@ -24,17 +24,18 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError
+from .events import EventKind, unjournaled_kinds
 from .pipeline import default_collate, list_collate
 from .plan import Layout
 from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
-from .stats import Stats, flat_scalars, setup_logging, worker_logging
+from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
 
 log = logging.getLogger("resumewds")
 
@@ -42,6 +43,7 @@ STATE_FORMAT = "resumewds.loader"
 STATE_VERSION = 1
 _ORDER_KEYS = ("manifest", "seed", "shuffle", "shuffle_window", "samples", "partitions")
 _UNSET: Any = object()
+_UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
 
 
 def _identity(x: Any) -> Any:
@@ -74,45 +76,217 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker_error(exc: BaseException) -> Optional[ResumeWDSError]:
-    """One of our errors, with a one-line message, for what torch raised from a worker.
-
-    torch re-raises a worker's exception as ``type(msg)`` with the worker's
-    traceback inside ``msg`` (or as RuntimeError when the type cannot be built
-    from one string), and reports a worker killed by a signal as a bare
-    RuntimeError.  None: not a worker failure (re-raise as is).
-    """
+def _worker_died(exc: BaseException) -> Optional[ResumeWDSError]:
+    """Our error for torch's "DataLoader worker ... exited unexpectedly"
+    (a worker killed by a signal or the OOM killer); None for anything else."""
     text = str(exc)
     if isinstance(exc, RuntimeError) and "DataLoader worker" in text and (
             "exited unexpectedly" in text or "killed by signal" in text):
         return ResumeWDSError(f"{text.strip()} (killed, or out of memory?); progress up to the last "
                               "commit is intact: rerun to continue")
-    if not (text.startswith("Caught ") and "in DataLoader worker process" in text):
-        return None
-    where = text.split("\n", 1)[0][len("Caught "):].split(" ", 1)[-1].rstrip(".")
-    last = text.rstrip().rsplit("\n", 1)[-1]
-    name, _, msg = last.partition(": ")
-    if not name.startswith("resumewds."):
-        return None
-    from . import errors
-
-    cls = getattr(errors, name.rsplit(".", 1)[-1], None)
-    if not (isinstance(cls, type) and issubclass(cls, ResumeWDSError)):
-        return None
-    for c in cls.__mro__:  # ChecksumMismatch needs 3 args: fall back to IntegrityError
-        if isinstance(c, type) and issubclass(c, ResumeWDSError):
-            try:
-                return c(f"{msg} ({where})")
-            except TypeError:
-                continue
     return None
+
+
+def _preempt_signals(preempt: Union[bool, Sequence[int]]) -> Tuple[int, ...]:
+    import signal
+
+    if preempt is False or preempt is None:
+        return ()
+    if preempt is True:
+        return (signal.SIGTERM, signal.SIGUSR1)
+    if isinstance(preempt, int):
+        return (int(preempt),)
+    return tuple(int(s) for s in preempt)
+
+
+def _worker_signals(signals: Sequence[int], stopping: Any) -> None:
+    """In a worker: outlive the preemption signals the main process handles.
+
+    A scheduler that signals the whole process group must not kill the
+    workers before the main process reaches its step boundary (torch would
+    then raise "worker exited unexpectedly" anywhere in the training step).
+    But torch (and multiprocessing at exit) stop workers with SIGTERM too:
+    once the main process has flagged ``stopping`` a SIGTERM ends the worker.
+    """
+    import signal
+
+    def on_term(signum: int, frame: Any) -> None:
+        if stopping is None or stopping.value:
+            os._exit(0)  # being shut down: leave quietly (a signal death would be reported)
+
+    for sig in signals:
+        if sig == signal.SIGTERM:
+            signal.signal(sig, on_term)
+        else:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+_LIVE_FLAGS: List[Any] = []  # flags of iterations still running (set at exit, see below)
+
+
+def _set_live_flags() -> None:
+    # runs before multiprocessing's own exit handler (registered earlier, so
+    # called later), which terminates daemonic workers and joins them
+    for flag in _LIVE_FLAGS:
+        flag.value = 1
+
+
+def _stop_flag() -> Any:
+    """A flag in shared memory, set when the loader shuts its workers down."""
+    try:
+        import atexit
+        import multiprocessing
+
+        flag = multiprocessing.RawValue("b", 0)
+    except Exception:  # pragma: no cover - no shared memory: workers die with SIGTERM
+        return None
+    if not _LIVE_FLAGS:
+        atexit.unregister(_set_live_flags)
+        atexit.register(_set_live_flags)
+    _LIVE_FLAGS.append(flag)
+    return flag
+
+
+class _WorkerFailure:
+    """One of our errors, raised in a DataLoader worker, on its way to the main process.
+
+    The worker yields it in place of its next step instead of raising, so
+    the exception object itself is pickled through the result queue: the
+    main process re-raises it with its type and fields (``url``, ``status``,
+    ...), where torch would rebuild ``type(traceback_text)``.
+    """
+
+    def __init__(self, exc: ResumeWDSError, worker: int):
+        self.exc = exc
+        self.worker = worker
+
+
+class BatchInfo(NamedTuple):
+    """What the loader knows about the batch it handed out last (``loader.batch_info``).
+
+    ``pads`` survives any stage: after ``to_tuple`` the samples lose their
+    ``__pad__`` key, this does not.  Mask the loss with it, e.g.
+    ``keep = ~torch.tensor(loader.batch_info.pads)``.
+
+    Attributes:
+        epoch: the epoch of the batch.
+        step: the step's index from where this ``iter(loader)`` started.
+        samples: samples in the batch (padding included).
+        pads: per sample, whether it is padding (``remainder`` "pad"/"keep").
+        skipped: samples of the step lost to shards skipped (``on_error="skip"``).
+        filtered: samples of the step removed by ``select``, a stage
+            returning None, or a batch stage returning None.
+        empty: the step lost every sample: the batch is an :class:`EmptyBatch`.
+    """
+
+    epoch: int
+    step: int
+    samples: int
+    pads: Tuple[bool, ...]
+    skipped: int
+    filtered: int
+    empty: bool
+
+
+class EmptyBatch(list):
+    """The batch of a step that lost all its samples (filtered or skipped).
+
+    Every rank yields exactly one batch per step, whatever ``select``,
+    stages returning None and ``on_error="skip"`` remove, so that ranks of a
+    DDP job stay in lock step (a rank that yielded nothing would leave the
+    others waiting in the gradient all-reduce).  When a rank's share of a
+    step is empty it gets this instead: an empty, falsy ``list`` with the
+    step's ``info`` (:class:`BatchInfo`).  It is counted in the
+    ``empty_batches`` stat.  A DDP loop must still take part in the
+    all-reduce, for instance with a zero loss::
+
+        for batch in loader:
+            if isinstance(batch, rw.EmptyBatch):
+                loss = sum(p.sum() for p in model.parameters()) * 0.0
+            else:
+                loss = criterion(model(batch[0]), batch[1])
+            loss.backward(); opt.step(); loader.commit(step)
+
+    Example:
+        >>> b = EmptyBatch(BatchInfo(0, 3, 0, (), 0, 4, True))
+        >>> (len(b), bool(b), b.info.filtered)
+        (0, False, 4)
+    """
+
+    def __init__(self, info: BatchInfo):
+        super().__init__()
+        self.info = info
+
+    def __repr__(self) -> str:
+        return (f"EmptyBatch(epoch={self.info.epoch}, step={self.info.step}, "
+                f"skipped={self.info.skipped}, filtered={self.info.filtered})")
+
+    def __reduce__(self) -> Any:
+        return (EmptyBatch, (self.info,))
+
+
+class _SampleLayout:
+    """The chunk layout of ``batch_size=None`` on one rank: a grid fixed to the epoch.
+
+    With one rank and no batches the position moves sample by sample, so a
+    resume can start in the middle of a chunk.  The tail of the epoch must
+    not be worked out from that position (it would move with it): here it is
+    a property of the epoch alone.
+
+    * ``"keep"``: every sample, in chunks of ``batch_size`` from ``start``.
+    * ``"drop"``: the last ``total % batch_size`` positions of the epoch are
+      not delivered, whatever the start.
+    * ``"pad"``: the epoch is followed by ``(-total) % batch_size`` padding
+      samples (copies of positions 0, 1, ... marked ``__pad__``).  While they
+      are handed out the position counts on past ``total`` (``total + i``
+      after ``i`` pads), so a resume inside the padding delivers exactly the
+      pads that are left; the epoch ends after the last one.
+
+    Duck-types :class:`resumewds.plan.Layout` (``num_steps``, ``slots``,
+    ``position_after``), which is what ``WebDataset.iter_steps`` uses.
+    """
+
+    def __init__(self, base: Layout):
+        self.batch_size = base.batch_size
+        self.world_size = 1
+        self.rank = 0
+        self.remainder = base.remainder
+        self.step_size = base.batch_size
+
+    def end(self, total: int) -> int:
+        """The position after the last sample this layout delivers in an epoch."""
+        b = self.batch_size
+        if self.remainder == "drop":
+            return total - total % b
+        if self.remainder == "pad" and total:
+            return total + (-total) % b
+        return total
+
+    def num_steps(self, total: int, start: int) -> int:
+        left = self.end(total) - start
+        return 0 if left <= 0 else -(-left // self.batch_size)
+
+    def position_after(self, total: int, start: int, step: int) -> int:
+        p = start + (step + 1) * self.batch_size
+        return total if p >= self.end(total) else p
+
+    def slots(self, total: int, start: int, step: int, rank: Optional[int] = None
+              ) -> List[Tuple[int, bool]]:
+        s0 = start + step * self.batch_size
+        stop = min(s0 + self.batch_size, self.end(total))
+        return [(g, False) if g < total else ((g - total) % total, True) for g in range(s0, stop)]
 
 
 class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
-    def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool):
+    def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
+                 collate_fn: Any = None, ignore_signals: Sequence[int] = (),
+                 stopping: Any = None):
         self.ds = ds
+        self.collate_fn = collate_fn
+        self.ignore_signals = tuple(ignore_signals)
+        self.stopping = stopping  # shared flag: the main process is shutting the workers down
         self.epoch = epoch
         self.start = start
         self.layout = layout
@@ -124,12 +298,19 @@ class _EpochSource(IterableDataset):
         w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
             _die_with_parent()
+            if self.ignore_signals:
+                _worker_signals(self.ignore_signals, self.stopping)
         if info is not None:
             worker_logging(self.log_level)
         try:
             for k, batch, meta in self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
-                                                     collate=self.collate):
+                                                     collate=self.collate, collate_fn=self.collate_fn):
                 yield k, batch, meta
+        except ResumeWDSError as exc:
+            if info is None:
+                raise  # in the main process already
+            # the shard's "fail" event travels with the error (journal, stats)
+            yield -1, _WorkerFailure(exc, w), {"events": self.ds.take_events()}
         finally:
             if info is not None:
                 self.ds.close()
@@ -155,7 +336,10 @@ class WebLoader:
             own partitions of the data set.
         remainder: the final short step of an epoch: ``"keep"``, ``"pad"`` or
             ``"drop"`` (see :mod:`resumewds.plan`).  Every rank always yields
-            the same number of batches.
+            the same number of batches.  With ``batch_size=None`` on one
+            rank the chunks lie on a grid fixed to the epoch, so the dropped
+            tail (``"drop"``) and the padding (``"pad"``) are the same for
+            any resume position (see :class:`_SampleLayout`).
         journal: path of a SQLite journal (see :mod:`resumewds.journal`);
             ``commit(step)`` records positions there.
         resume: with a journal: True resumes at the latest complete commit,
@@ -164,8 +348,38 @@ class WebLoader:
         verbose: log fetches, retries, repairs, evictions and resumes (also
             ``RESUMEWDS_VERBOSE=1``).
         chunk_size: samples per worker task when ``batch_size`` is None.
+        preempt: stop at the next step boundary on a signal (preemption by
+            Slurm, Kubernetes, spot instances: SIGTERM, then SIGKILL after a
+            grace period).  False (default): signals keep their handlers;
+            True: SIGTERM and SIGUSR1; or a list of signals.  On the first
+            such signal ``loader.preempted`` becomes True and the current
+            ``for batch in loader`` ends before its next batch (with
+            ``batch_size=None``, at the end of the current chunk), so the
+            loop body that is running finishes its step; checkpoint,
+            ``commit`` and exit (143 is the usual code for SIGTERM).  A
+            second signal runs the previous handler (the default: die).
+            DataLoader workers ignore these signals: the main process shuts
+            them down.  See :meth:`request_stop` and ``examples/train.py``.
         **dataloader_kwargs: passed to torch's DataLoader (pin_memory,
             timeout, prefetch_factor, multiprocessing_context, ...).
+
+    Batches that lose samples (batched loaders): a sample stage that returns
+    None, ``select``, and ``on_error="skip"`` remove samples from their
+    batch (counted as ``filtered`` / ``skipped_samples``); a batch stage
+    (``.batched(n).map(f)``) that returns None removes the whole batch, in
+    the same way (counted as ``filtered``).  A step whose batch lost every
+    sample still yields one batch on every rank: an :class:`EmptyBatch`
+    (empty, falsy, with ``.info``; counted as ``empty_batches``), so DDP
+    ranks stay in lock step.  ``loader.batch_info`` describes the last
+    batch, including its pad mask, which ``to_tuple`` cannot carry.  With
+    ``batch_size=None`` samples are yielded one by one and nothing is
+    yielded for a removed sample.
+
+    Errors: a shard that fails under ``on_error="raise"`` is recorded as
+    ``failed`` in the journal (a ``fail`` event, the ``failures`` stat)
+    before the error propagates; an error raised in a DataLoader worker
+    reaches the caller as the same exception object (type and fields), not
+    torch's re-wrapped traceback text.
 
     Example:
         >>> loader = WebLoader(ds, batch_size=64, num_workers=2,     # doctest: +SKIP
@@ -179,6 +393,7 @@ class WebLoader:
                  remainder: str = "keep", journal: Optional[str] = None,
                  resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
                  journal_sync: str = "NORMAL", nodes: Optional[int] = None,
+                 preempt: Union[bool, Sequence[int]] = False,
                  **dataloader_kwargs: Any):
         if not isinstance(dataset, WebDataset):
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
@@ -201,16 +416,17 @@ class WebLoader:
         else:
             self.batch_size = 1 if batch_size is _UNSET else batch_size
             self._collate = self.batch_size is not None
-            self._collate_fn = collate_fn
-            if self._collate:
-                dataset.collate_fn = collate_fn or default_collate
+            # handed to the workers with each epoch; the dataset is not modified
+            self._collate_fn = (collate_fn or default_collate) if self._collate else None
         if self.batch_size is not None and int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
         self.world = detect_world(rank, world_size, nodes=nodes)
         self.rank, self.world_size = self.world.rank, self.world.world_size
-        self.layout = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank, remainder,
-                             nodes=self.world.nodes)
+        self.layout: Any = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank, remainder,
+                                  nodes=self.world.nodes)
+        if self.batch_size is None and self.world_size == 1:
+            self.layout = _SampleLayout(self.layout)
         dataset.use_partitions(resolve_partitions(dataset.partitions, self.world.nodes))
         self.remainder = remainder
         self.dataloader_kwargs = dataloader_kwargs
@@ -226,11 +442,73 @@ class WebLoader:
         self._last_commit_epoch: Optional[int] = None
         self.journal_path = journal
         self.journal: Any = None
+        #: the last batch handed out (see :class:`BatchInfo`), None before the first;
+        #: with ``batch_size=None``, the chunk the last sample came from
+        self.batch_info: Optional[BatchInfo] = None
+        #: with ``batch_size=None``: whether the sample just yielded is padding
+        #: (visible even after ``to_tuple``, which drops ``__pad__``)
+        self.sample_is_pad = False
+        self._failed_urls: set = set()  # recorded failed; a read clears it (``recovered``)
+        self._epoch_failed: Dict[str, str] = {}  # skipped this epoch: the end-of-epoch warning
+        #: True once a preemption signal arrived (or :meth:`request_stop` was called)
+        self.preempted = False
+        #: the signal number that set ``preempted`` (None: none, or request_stop)
+        self.preempt_signal: Optional[int] = None
+        self._old_handlers: Dict[int, Any] = {}
+        self._preempt_signals = _preempt_signals(preempt)
         # resolve + index in the main process, once, before any worker starts
         self.config = dataset.config()
         self._absorb(dataset.take_events())
         if journal is not None:
             self._open_journal(journal, resume, journal_sync)
+        self._install_preemption()
+
+    # ---- preemption ---------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop at the next step boundary, as a preemption signal would.
+
+        Safe to call from a signal handler or another thread.  The current
+        ``for batch in loader`` ends before its next batch; ``preempted`` is
+        True.  Iterating again clears nothing: call :meth:`clear_stop` to
+        continue in this process.
+        """
+        self.preempted = True
+
+    def clear_stop(self) -> None:
+        """Forget a stop request (``preempted`` back to False)."""
+        self.preempted = False
+        self.preempt_signal = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.preempted and self.preempt_signal == signum:
+            # the second one: the previous handler (the default ends the process)
+            self._restore_handlers()
+            os.kill(os.getpid(), signum)
+            return
+        self.preempt_signal = signum  # nothing else here: no locks, no I/O in a signal handler
+        self.preempted = True
+
+    def _install_preemption(self) -> None:
+        import signal
+        import threading
+
+        if not self._preempt_signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("WebLoader(preempt=...) installs signal handlers: create the loader in "
+                             "the main thread, or call loader.request_stop() from your own handler")
+        for sig in self._preempt_signals:
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        import signal
+
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+            except (ValueError, OSError):  # not the main thread any more
+                pass
+        self._old_handlers = {}
 
     # ---- journal ----------------------------------------------------------
     def _journal_config(self) -> Dict[str, Any]:
@@ -240,13 +518,30 @@ class WebLoader:
         return cfg
 
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
-        from .journal import Journal, resolve_resume
+        from . import journal as _journal
 
-        point = None
-        if resume is not False:
-            point = self._resolve_together(path, None if resume is True else int(resume),
-                                           resolve_resume)
-        j = Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync)
+        step = None if resume is True else int(resume)
+        resolved: Dict[str, Any] = {}
+
+        def find_point() -> Optional[Dict[str, Any]]:
+            # runs under this rank's journal lock (item: two runs started
+            # together must not both read the same resume point)
+            resolved["done"] = True
+            return self._resolve_together(path, step, _journal.resolve_resume)
+
+        try:
+            j = _journal.Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync,
+                                 after_lock=None if resume is False else find_point)
+        except BaseException:
+            if resume is not False and not resolved and self._process_group() is not None:
+                # the lock failed on this rank: still take part in rank 0's
+                # broadcast, so the other ranks are not left waiting for it
+                try:
+                    self._resolve_together(path, step, _journal.resolve_resume)
+                except Exception:
+                    pass
+            raise
+        point = j.after_lock_result
         try:
             stored = j.config()
             if not stored and point is not None and self.rank != 0:  # a rank new to the run
@@ -282,9 +577,10 @@ class WebLoader:
                           "nodes": self.world.nodes, "partitions": self.dataset.plan_partitions}
                 if point.get("skipped_incomplete"):
                     detail["skipped_incomplete"] = point["skipped_incomplete"]
-                j.record_events([dict(kind="resume", **detail)])
+                j.record_events([dict(kind=EventKind.RESUME.value, **detail)])
                 log.info("resuming %s at step %s: epoch %d, position %d", path, point["step"],
                          self.epoch, self.position)
+            self._failed_urls.update(j.shards_in_state("failed"))
         except BaseException:
             j.close()
             raise
@@ -317,7 +613,7 @@ class WebLoader:
         run).  Without a process group (ranks started by hand) every rank
         resolves on its own; start them after the previous run has stopped.
         """
-        from . import errors
+        import pickle
 
         dist = self._process_group()
         if dist is None:
@@ -326,19 +622,22 @@ class WebLoader:
         err: Optional[BaseException] = None
         if self.rank == 0:
             try:
-                payload[0] = (resolve(path, step), None, None)
+                payload[0] = (resolve(path, step), None)
             except Exception as exc:  # the other ranks must not wait for a broadcast forever
                 err = exc
-                payload[0] = (None, type(exc).__name__, str(exc))
+                try:  # our errors pickle with their type and fields
+                    pickle.dumps(exc)
+                    payload[0] = (None, exc)
+                except Exception:
+                    payload[0] = (None, JournalError(str(exc)))
         dist.broadcast_object_list(payload, src=0)
         if err is not None:
             raise err
-        point, kind, msg = payload[0]
-        if kind is not None:
-            cls = getattr(errors, kind, None)
-            if not (isinstance(cls, type) and issubclass(cls, JournalError)):
-                cls = JournalError
-            raise cls(f"{msg} (found by rank 0)")
+        point, found = payload[0]
+        if found is not None:
+            if isinstance(found, ResumeWDSError) and found.args:  # same type, same fields
+                found.args = (f"{found.args[0]} (found by rank 0)",)
+            raise found
         return point
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
@@ -390,16 +689,35 @@ class WebLoader:
         if not events:
             return
         self.stats_.events(events)
+        for e in events:
+            if e.get("kind") in (EventKind.SKIP, EventKind.FAIL) and e.get("url"):
+                self._failed_urls.add(e["url"])
+                self._epoch_failed[e["url"]] = str(e.get("error", ""))
         if self.journal_path is None:
             return
         from .journal import shard_updates_from_events
 
-        self._events.extend(e for e in events if e.get("kind") not in ("cache_hit", "verify_ok", "fetch_start"))
+        self._events.extend(e for e in events if e.get("kind") not in _UNJOURNALED)
         self._shard_updates.extend(shard_updates_from_events(events))
         if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
             del self._events[:-1000]
         if len(self._shard_updates) > 10000:
             del self._shard_updates[:-1000]
+
+    def _failed_now(self, exc: BaseException, events: List[Dict[str, Any]]) -> None:
+        """An error ends the iteration: record its events (the shard's ``fail``)
+        in stats and, at once, in the journal, before the error propagates."""
+        try:
+            self._absorb(events)
+            self._flush_journal()
+        except Exception as err:  # never hide the original error
+            log.warning("could not record the failure in the journal: %s", err)
+
+    def _recovered(self, url: str) -> None:
+        """A shard recorded as failed delivered samples: it is not failed any more."""
+        if url in self._failed_urls:
+            self._failed_urls.discard(url)
+            self._absorb([event_record(EventKind.RECOVERED, url, {})])
 
     # ---- state --------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -436,13 +754,17 @@ class WebLoader:
         if diffs:
             raise StateError("loader state does not match this dataset: " + "; ".join(diffs))
         epoch, pos = int(state["epoch"]), int(state["position"])
-        if not 0 <= pos <= int(self.config["samples"]):
+        total = int(self.config["samples"])
+        # past ``total``: inside the padding of batch_size=None, remainder="pad"
+        limit = self.layout.end(total) if isinstance(self.layout, _SampleLayout) else total
+        if not 0 <= pos <= max(total, limit):
             raise StateError(f"position {pos} outside an epoch of {self.config['samples']} samples")
         self.epoch, self.position = epoch, pos
         self.samples_total = int(state.get("samples_total", 0))
         self.steps_done = int(state.get("steps_done", 0))
         log.info("resuming from a state dict: epoch %d, position %d", epoch, pos)
-        self._absorb([{"kind": "resume", "epoch": epoch, "position": pos, "ts": time.time()}])
+        self._absorb([{"kind": EventKind.RESUME.value, "epoch": epoch, "position": pos,
+                       "ts": time.time()}])
 
     set_state = load_state_dict
 
@@ -473,11 +795,13 @@ class WebLoader:
         total = int(self.config["samples"])
         n = self.layout.num_steps(total, self.position)
         if self.batch_size is None:
-            return max(0, total - self.position) if self.world_size == 1 else n * self.layout.batch_size
+            if self.world_size == 1:
+                return max(0, self.layout.end(total) - self.position)
+            return n * self.layout.batch_size
         return n
 
     def _end_epoch(self) -> None:
-        failed = self.stats_.failed
+        failed, self._epoch_failed = self._epoch_failed, {}
         if failed:
             log.warning("epoch %d ended with %d shard(s) skipped after errors (on_error='skip'): %s",
                         self.epoch, len(failed), "; ".join(f"{u}: {e}" for u, e in sorted(failed.items())))
@@ -488,12 +812,17 @@ class WebLoader:
         ds = self.dataset
         epoch, start = self.epoch, self.position
         total = len(ds.plan.epoch(epoch))
+        if self.preempted:
+            return
         layout = self.layout
         nsteps = layout.num_steps(total, start)
         if nsteps == 0:
             self._end_epoch()
             return
-        src = _EpochSource(ds, epoch, start, layout, collate=self._collate)
+        stopping = _stop_flag() if self._preempt_signals and self.num_workers else None
+        src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
+                           collate_fn=self._collate_fn, ignore_signals=self._preempt_signals,
+                           stopping=stopping)
         kw = dict(self.dataloader_kwargs)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
@@ -508,11 +837,27 @@ class WebLoader:
                     k, batch, meta = next(it)
                 except StopIteration:
                     break
+                except ResumeWDSError as exc:  # num_workers=0: raised here, in this process
+                    self._failed_now(exc, ds.take_events())
+                    raise
                 except Exception as exc:
-                    mapped = _worker_error(exc)
+                    mapped = _worker_died(exc)
                     if mapped is None:
                         raise
                     raise mapped from None
+                if isinstance(batch, _WorkerFailure):
+                    failure = batch.exc
+                    self._failed_now(failure, meta.get("events") or [])
+                    if hasattr(failure, "add_note"):  # Python 3.11+
+                        failure.add_note(f"(raised in DataLoader worker {batch.worker})")
+                    raise failure
+                if self.preempted:
+                    # a step boundary: this batch is not handed out, the position
+                    # stays after the last one that was
+                    self._absorb(meta.get("events") or [])
+                    log.info("stopping at a step boundary (signal %s): epoch %d, position %d",
+                             self.preempt_signal, self.epoch, self.position)
+                    return
                 wait = time.perf_counter() - t0
                 self.stats_.observe_queue(it)
                 if k != expected:
@@ -523,40 +868,58 @@ class WebLoader:
                 self._absorb(meta.get("events") or [])
                 for si, n in meta.get("shards", {}).items():
                     self._consumed[(si, epoch)] = self._consumed.get((si, epoch), 0) + n
+                    if self._failed_urls and n:
+                        url = ds.manifest.shards[si].url
+                        if url not in (meta.get("failed") or ()):  # not failed again in this worker
+                            self._recovered(url)
                 last = k + 1 >= nsteps
+                n = int(meta.get("samples", 0))
+                info = BatchInfo(epoch, k, n, tuple(meta.get("pad_flags") or ()),
+                                 int(meta.get("skipped", 0)), int(meta.get("filtered", 0)), n == 0)
+                self.batch_info = info
                 if self._collate:
-                    self.samples_total += int(meta.get("samples", 0))
+                    self.samples_total += n
                     self.position = layout.position_after(total, start, k)
                     if last:
                         self._end_epoch()
-                    if meta.get("samples", 0):
-                        yield batch
+                    # one batch per step on every rank, even when nothing is left
+                    yield batch if n else EmptyBatch(info)
                     continue
                 # unbatched: hand out samples one by one, positions per sample
                 n = len(batch)
-                positions = meta["positions"]
+                s0 = start + k * layout.step_size
+                slot_of = meta.get("slot_index") or []
+                pad_of = info.pads
                 for i, sample in enumerate(batch):
+                    self.sample_is_pad = bool(pad_of[i]) if i < len(pad_of) else False
                     self.samples_total += 1
                     if i + 1 == n:
                         self.position = layout.position_after(total, start, k)
                         if last:
                             self._end_epoch()
                     elif self.world_size == 1:
-                        # one rank: positions are contiguous, so a sample is a position
-                        self.position = positions[i] + 1
+                        # one rank: the grid is contiguous, so a slot is a position
+                        # (past ``total`` inside the padding, see _SampleLayout)
+                        self.position = s0 + slot_of[i] + 1
                     yield sample
                 if n == 0:
                     self.position = layout.position_after(total, start, k)
                     if last:
                         self._end_epoch()
         finally:
+            if stopping is not None:
+                stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker
+                if stopping in _LIVE_FLAGS:
+                    _LIVE_FLAGS.remove(stopping)
             del it
         if self.epoch == epoch and self.position >= total:
             self._end_epoch()
 
     def close(self) -> None:
-        """Flush pending journal events, close the journal, and release the
-        shards this process holds open (num_workers=0 reads in this process)."""
+        """Flush pending journal events, close the journal, release the
+        shards this process holds open (num_workers=0 reads in this process)
+        and restore the signal handlers ``preempt`` replaced."""
+        self._restore_handlers()
         try:
             if self.journal is not None:
                 try:

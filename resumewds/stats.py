@@ -16,7 +16,9 @@ since the loader was created, summed over its DataLoader workers:
 - ``bytes``: member bytes of the delivered samples (before decoding).
 - ``pads``, ``skipped_samples``, ``filtered``: padded copies
   (``remainder="pad"``), samples of skipped shards, samples dropped by
-  ``select``.
+  ``select`` (or a stage / batch stage returning None).
+- ``empty_batches``: steps whose batch lost every sample; the loader handed
+  out an :class:`resumewds.loader.EmptyBatch` for each (batched loaders).
 - ``elapsed``: seconds since the loader was created.
 - ``samples_per_s``: ``samples / elapsed``.
 - ``recent_samples_per_s``: samples/s over the last ``window`` seconds of
@@ -73,23 +75,15 @@ import threading
 import time
 from typing import Any, Deque, Dict, Iterable, Optional, Tuple
 
+from .events import EventKind, info_kinds, level_of, stats_counters
+
 log = logging.getLogger("resumewds")
 
-#: event kind -> counter it increments (reader events; see ``events``)
-EVENT_COUNTERS = {
-    "fetch_done": "shards_downloaded",
-    "retry": "retries",
-    "repair": "repairs",
-    "evict": "evictions",
-    "cache_hit": "cache_hits",
-    "cache_miss": "cache_misses",
-    "verify_fail": "verify_failures",
-    "verify_ok": "verifications",
-    "fail": "failures",
-}
+#: event kind -> counter it increments (derived from :data:`resumewds.events.EVENTS`)
+EVENT_COUNTERS = stats_counters()
 
 #: every integer counter, present (0) in a snapshot even before it moves
-COUNTERS = ("samples", "batches", "bytes", "pads", "skipped_samples", "filtered",
+COUNTERS = ("samples", "batches", "bytes", "pads", "skipped_samples", "filtered", "empty_batches",
             "shards_downloaded", "bytes_fetched", "cache_hits", "cache_misses",
             "prefetch_fetches", "retries", "repairs", "evictions", "bytes_evicted",
             "verifications", "verify_failures", "failures")
@@ -129,6 +123,8 @@ class Stats:
         t_stages = meta.get("t_stages", 0.0)
         c["samples"] += n
         c["batches"] += 1
+        if n == 0:
+            c["empty_batches"] += 1
         c["bytes"] += meta.get("bytes", 0)
         c["pads"] += meta.get("pads", 0)
         c["skipped_samples"] += meta.get("skipped", 0)
@@ -160,17 +156,17 @@ class Stats:
         c = self.c
         for ev in events:
             kind = ev.get("kind", "")
-            if kind == "fetch_done":
+            if kind == EventKind.FETCH_DONE:
                 c["bytes_fetched"] += ev.get("bytes", 0) or 0
                 c["t_fetch"] += ev.get("seconds", 0.0) or 0.0
-            elif kind == "evict":
+            elif kind == EventKind.EVICT:
                 c["bytes_evicted"] += ev.get("bytes", 0) or 0
-            elif kind in ("cache_hit", "cache_miss") and ev.get("prefetch"):
+            elif kind in (EventKind.CACHE_HIT, EventKind.CACHE_MISS) and ev.get("prefetch"):
                 # the prefetch thread's opens are not reads; its downloads are
-                if kind == "cache_miss":
+                if kind == EventKind.CACHE_MISS:
                     c["prefetch_fetches"] += 1
                 continue
-            elif kind == "skip" and ev.get("url"):
+            elif kind == EventKind.SKIP and ev.get("url"):
                 self.failed[ev["url"]] = str(ev.get("error", ""))
             name = EVENT_COUNTERS.get(kind)
             if name:
@@ -262,46 +258,47 @@ def _mb_per_s(nbytes: float, seconds: float) -> str:
 
 
 def _describe(kind: str, url: str, d: Dict[str, Any]) -> str:
-    if kind == "fetch_done":
+    if kind == EventKind.FETCH_DONE:
         b, s = d.get("bytes") or 0, d.get("seconds") or 0.0
         resumed = f", resumed at byte {d['resumed_from']}" if d.get("resumed_from") else ""
         return f"fetched {url}: {b} bytes in {s:.3f}s ({_mb_per_s(b, s)}{resumed})"
-    if kind == "retry":
+    if kind == EventKind.RETRY:
         return (f"retry {url}: attempt {d.get('attempt')} failed ({d.get('error')}); "
                 f"next in {float(d.get('wait') or 0):.2f}s")
-    if kind == "verify_ok":
+    if kind == EventKind.VERIFY_OK:
         return f"verified {url}"
-    if kind == "verify_fail":
+    if kind == EventKind.VERIFY_FAIL:
         return f"verification failed {url}: expected {d.get('expected')}, got {d.get('actual')}"
-    if kind == "repair":
+    if kind == EventKind.REPAIR:
         return f"repairing {url} (attempt {d.get('attempt')})"
-    if kind == "evict":
+    if kind == EventKind.EVICT:
         return f"evicted {url} ({d.get('bytes')} bytes)"
-    if kind in ("skip", "fail"):
+    if kind in (EventKind.SKIP, EventKind.FAIL):
         return f"{kind} {url}: {d.get('error')}"
-    if kind == "fetch_start":
+    if kind == EventKind.FETCH_START:
         return f"fetching {url}" + (f" from byte {d['resumed_from']}" if d.get("resumed_from") else "")
     extra = {k: v for k, v in d.items() if k not in ("kind", "url", "ts")}
     return f"{kind} {url} {extra}" if extra else f"{kind} {url}"
 
 
-#: logged at INFO (``RESUMEWDS_VERBOSE=1``); everything else at DEBUG
-INFO_EVENTS = frozenset(("fetch_done", "retry", "verify_ok", "verify_fail", "repair", "evict",
-                         "fail", "resume"))
+#: logged at INFO (``RESUMEWDS_VERBOSE=1``); everything else at DEBUG (from the events table)
+INFO_EVENTS = info_kinds()
 
 
 def event_record(kind: str, url: str, detail: Dict[str, Any]) -> Dict[str, Any]:
     """Build the event dict a worker attaches to its batch, and log it.
 
-    Events from the prefetch thread get ``prefetch=True`` (see
-    ``cache_hits``).  Logged once, here, in the process where the event
-    happened.
+    ``kind`` is an :class:`resumewds.events.EventKind` (or its string);
+    the record holds its plain string value.  Events from the prefetch
+    thread get ``prefetch=True`` (see ``cache_hits``).  Logged once, here,
+    in the process where the event happened.
     """
+    kind = str(getattr(kind, "value", kind))
     ev: Dict[str, Any] = {"kind": kind, "url": url, "ts": time.time()}
     ev.update(detail)
     if threading.current_thread().name == PREFETCH_THREAD:
         ev["prefetch"] = True
-    level = logging.INFO if kind in INFO_EVENTS else logging.DEBUG
+    level = level_of(kind)
     if log.isEnabledFor(level):
         log.log(level, "%s", _describe(kind, url, detail))
     return ev

@@ -1,0 +1,164 @@
+"""The event protocol: every event kind, and what each consumer does with it.
+
+Events flow one way::
+
+    fetch / cache  --on_event(kind, url, **detail)-->  WebDataset (in the worker)
+        --> batch meta["events"] --> WebLoader (main process)
+        --> Stats (counters), Journal (events table, shard states), log, report
+
+A producer names a kind with :class:`EventKind`; an event *record* is a
+plain dict ``{"kind": str, "url": str, "ts": float, **detail}`` (the kind
+is stored as its plain string value, so records are JSON and SQLite as
+they always were).  ``EventKind`` is a ``str`` enum: ``EventKind.SKIP ==
+"skip"``, so code comparing with string literals keeps working.
+
+What each kind does is written once, in :data:`EVENTS`; consumers derive
+their tables from it (:func:`stats_counters`, :func:`shard_effects`,
+:func:`info_kinds`, :func:`error_kinds`, :func:`timeline_kinds`,
+:func:`unjournaled_kinds`) instead of keeping string lists of their own.
+``tests/test_events.py`` checks that every kind is produced somewhere in
+the package and has at least one consumer.
+
+Example:
+    >>> EventKind.SKIP == "skip", EVENTS[EventKind.SKIP].shard_state
+    (True, 'failed')
+    >>> stats_counters()["retry"]
+    'retries'
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+from typing import Dict, FrozenSet, List, Optional, Tuple
+
+
+class EventKind(str, Enum):
+    """Every event kind resumewds records (value: the string in records and the journal)."""
+
+    FETCH_START = "fetch_start"      # fetch: a download attempt starts
+    FETCH_DONE = "fetch_done"        # fetch: a download completed (bytes, seconds)
+    RETRY = "retry"                  # fetch: a failed attempt will be retried
+    VERIFY_OK = "verify_ok"          # cache: a checksum / size check passed
+    VERIFY_FAIL = "verify_fail"      # cache: a check failed (expected, actual)
+    REPAIR = "repair"                # cache: a corrupt copy is fetched again
+    EVICT = "evict"                  # cache: an entry was removed for cache_size
+    CACHE_HIT = "cache_hit"          # cache: a reader found the shard verified
+    CACHE_MISS = "cache_miss"        # cache: a reader had to download it
+    SKIP = "skip"                    # dataset: on_error="skip" skips a shard
+    FAIL = "fail"                    # dataset: on_error="raise" gives up on a shard
+    RECOVERED = "recovered"          # loader: a shard recorded as failed was read again
+    RESUME = "resume"                # loader: a run resumed (journal or state dict)
+    CONFIG_CHANGE = "config_change"  # journal: a compatible setting changed on resume
+    REWIND = "rewind"                # journal: resumed at an older step than the newest
+    INVALID_TRANSITION = "invalid_transition"  # journal: a shard state move outside TRANSITIONS
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """What one kind means to each consumer.
+
+    Attributes:
+        producer: the module that emits it (documentation; checked by the test).
+        counter: the :class:`resumewds.stats.Stats` counter it increments, or None.
+        shard_state: the journal shard state it moves the shard to, or None.
+        shard_counter: the journal ``shards`` column it increments, or None.
+        level: the log level :func:`resumewds.stats.event_record` logs it at.
+        lane: its row on the report's timeline (0 = top), or None.
+        error: listed among ``status``' ``last_errors``.
+        journaled: written to the journal's ``events`` table (False for the
+            per-open chatter: hits, passed checks, starts; their effect on the
+            shard row is still applied).
+    """
+
+    producer: str
+    counter: Optional[str] = None
+    shard_state: Optional[str] = None
+    shard_counter: Optional[str] = None
+    level: int = logging.DEBUG
+    lane: Optional[int] = None
+    error: bool = False
+    journaled: bool = True
+
+
+K = EventKind
+INFO = logging.INFO
+
+#: the one table: kind -> what stats, journal, log and report do with it
+EVENTS: Dict[EventKind, EventSpec] = {
+    K.FETCH_START: EventSpec("fetch", shard_state="downloading", shard_counter="attempts",
+                             journaled=False),
+    K.FETCH_DONE: EventSpec("fetch", counter="shards_downloaded", shard_state="downloaded", level=INFO),
+    K.RETRY: EventSpec("fetch", counter="retries", shard_counter="retries", level=INFO, lane=1,
+                       error=True),
+    K.VERIFY_OK: EventSpec("cache", counter="verifications", shard_state="verified", level=INFO,
+                           journaled=False),
+    K.VERIFY_FAIL: EventSpec("cache", counter="verify_failures", shard_state="corrupt", level=INFO,
+                             lane=2, error=True),
+    K.REPAIR: EventSpec("cache", counter="repairs", shard_state="downloading", shard_counter="repairs",
+                        level=INFO, lane=3),
+    K.EVICT: EventSpec("cache", counter="evictions", shard_state="pending", level=INFO, lane=6),
+    K.CACHE_HIT: EventSpec("cache", counter="cache_hits", shard_state="verified", journaled=False),
+    K.CACHE_MISS: EventSpec("cache", counter="cache_misses"),
+    # skip: Stats keeps {url: error} (shards_skipped); the dataset logs the warning itself
+    K.SKIP: EventSpec("dataset", shard_state="failed", lane=4, error=True),
+    K.FAIL: EventSpec("dataset", counter="failures", shard_state="failed", level=INFO, lane=5,
+                      error=True),
+    K.RECOVERED: EventSpec("loader", shard_state="verified", level=INFO),
+    K.RESUME: EventSpec("loader", level=INFO, lane=0),
+    K.CONFIG_CHANGE: EventSpec("journal", lane=8),
+    K.REWIND: EventSpec("journal", lane=7),
+    K.INVALID_TRANSITION: EventSpec("journal", lane=9, error=True),
+}
+
+
+def _kinds(pred) -> Tuple[str, ...]:  # type: ignore[no-untyped-def]
+    return tuple(k.value for k, s in EVENTS.items() if pred(s))
+
+
+def stats_counters() -> Dict[str, str]:
+    """``{kind: Stats counter}`` for the kinds that increment one."""
+    return {k.value: s.counter for k, s in EVENTS.items() if s.counter}
+
+
+def shard_effects() -> Dict[str, Tuple[Optional[str], Optional[str]]]:
+    """``{kind: (new shard state or None, shards column to increment or None)}``."""
+    return {k.value: (s.shard_state, s.shard_counter) for k, s in EVENTS.items()
+            if s.shard_state or s.shard_counter}
+
+
+def info_kinds() -> FrozenSet[str]:
+    """Kinds logged at INFO or above (``RESUMEWDS_VERBOSE=1``)."""
+    return frozenset(_kinds(lambda s: s.level >= logging.INFO))
+
+
+def error_kinds() -> Tuple[str, ...]:
+    """Kinds listed as errors by ``status`` (``last_errors``)."""
+    return _kinds(lambda s: s.error)
+
+
+def unjournaled_kinds() -> FrozenSet[str]:
+    """Kinds the loader does not write to the journal's events table."""
+    return frozenset(_kinds(lambda s: not s.journaled))
+
+
+def timeline_kinds() -> List[str]:
+    """Kinds on the report's timeline, top to bottom."""
+    return [k.value for k, s in sorted(((k, s) for k, s in EVENTS.items() if s.lane is not None),
+                                       key=lambda ks: ks[1].lane)]  # type: ignore[arg-type,return-value]
+
+
+def level_of(kind: str) -> int:
+    """The log level of ``kind`` (DEBUG for a kind not in the table)."""
+    try:
+        return EVENTS[EventKind(kind)].level
+    except ValueError:
+        return logging.DEBUG
+
+
+__all__ = ["EVENTS", "EventKind", "EventSpec", "error_kinds", "info_kinds", "level_of",
+           "shard_effects", "stats_counters", "timeline_kinds", "unjournaled_kinds"]
