@@ -584,3 +584,20 @@ def test_reader_waits_past_its_deadline_only_while_the_other_download_progresses
         assert read(ls.path) == data
     assert srv.requests["/a.tar"] == 1  # the reader waited for the prefetch, it did not fetch again
     st.close()
+
+
+def test_a_retry_after_past_the_deadline_spends_the_shared_budget(served, tmp_path):
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    shard = shard_for(srv.url + "a.tar", data)
+    srv.script("/a.tar", ["retry_after_huge"])  # then healthy: but the server said "not before a day"
+    st = ShardStore(cache_dir=str(tmp_path / "cache"), fetch=fast_config())
+    st.prefetch([shard], depth=1)
+    for _ in range(400):
+        if st.counters["prefetch_error"]:
+            break
+        time.sleep(0.01)
+    with pytest.raises(TransientFetchError, match="beyond what is left"):
+        st.acquire(shard)
+    assert srv.requests["/a.tar"] == 1
+    st.close()
