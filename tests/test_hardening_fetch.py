@@ -601,3 +601,11 @@ def test_a_retry_after_past_the_deadline_spends_the_shared_budget(served, tmp_pa
         st.acquire(shard)
     assert srv.requests["/a.tar"] == 1
     st.close()
+
+
+def test_fetch_bytes_pipe_has_the_stall_timeout_too(tmp_path):
+    """fetch_bytes goes through the same attempt code as fetch_to_file."""
+    cfg = fast_config(read_timeout=0.5, attempts=1)
+    done, res = _in_thread(lambda: fetch_bytes("pipe:sleep 30", cfg), bound=15)
+    assert done and isinstance(res, TransientFetchError) and "stalled" in str(res)
+    assert fetch_bytes("pipe:printf abc", cfg) == b"abc"
