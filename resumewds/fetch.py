@@ -434,6 +434,7 @@ def _retry(config: FetchConfig, url: str, on_event: Optional[EventFn], budget: F
         if stop.reason:
             err = TransientFetchError(f"{exc}: {stop.reason}", url, exc.status, retry_after=exc.retry_after)
             budget.last_error = err
+            budget.attempts_left = 0  # the server said not before the deadline: nobody may ask sooner
             raise err from exc
         budget.last_error = exc
         raise

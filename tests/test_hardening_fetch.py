@@ -582,3 +582,28 @@ def test_reader_waits_past_its_deadline_only_while_the_other_download_progresses
         assert read(ls.path) == data
     assert srv.requests["/a.tar"] == 1  # the reader waited for the prefetch, it did not fetch again
     st.close()
+
+
+def test_a_retry_after_past_the_deadline_spends_the_shared_budget(served, tmp_path):
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    shard = shard_for(srv.url + "a.tar", data)
+    srv.script("/a.tar", ["retry_after_huge"])  # then healthy: but the server said "not before a day"
+    st = ShardStore(cache_dir=str(tmp_path / "cache"), fetch=fast_config())
+    st.prefetch([shard], depth=1)
+    for _ in range(400):
+        if st.counters["prefetch_error"]:
+            break
+        time.sleep(0.01)
+    with pytest.raises(TransientFetchError, match="beyond what is left"):
+        st.acquire(shard)
+    assert srv.requests["/a.tar"] == 1
+    st.close()
+
+
+def test_fetch_bytes_pipe_has_the_stall_timeout_too(tmp_path):
+    """fetch_bytes goes through the same attempt code as fetch_to_file."""
+    cfg = fast_config(read_timeout=0.5, attempts=1)
+    done, res = _in_thread(lambda: fetch_bytes("pipe:sleep 30", cfg), bound=15)
+    assert done and isinstance(res, TransientFetchError) and "stalled" in str(res)
+    assert fetch_bytes("pipe:printf abc", cfg) == b"abc"
