@@ -20,6 +20,7 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
                      TransientFetchError, UnsafeSourceError)
 from .manifest import Manifest, ShardInfo, load_manifest
 from .plan import Layout, Plan
+from .s3 import S3Options
 from .tario import sample_digest, scan_file
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "PermanentFetchError",
     "Plan",
     "ResumeWDSError",
+    "S3Options",
     "ShardFormatError",
     "ShardInfo",
     "SourceError",

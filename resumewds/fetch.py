@@ -109,6 +109,8 @@ class FetchConfig:
         chunk_size: bytes per read/write.
         sleep: how to wait; injectable so tests do not wait.  Must be a
             module-level function so that the config pickles.
+        s3: a :class:`resumewds.s3.S3Options` (endpoint, region, ...) for
+            ``s3://`` urls; None: from the environment.
     """
 
     connect_timeout: float = 10.0
@@ -119,6 +121,7 @@ class FetchConfig:
     backoff_max: float = 30.0
     chunk_size: int = 1 << 20
     sleep: Callable[[float], None] = time.sleep
+    s3: Any = None
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -348,8 +351,8 @@ def local_path(url: str) -> str:
 
 
 def is_remote_url(url: str) -> bool:
-    """True for sources that must be downloaded (http, https, pipe:)."""
-    return scheme_of(url) in ("http", "https", "pipe")
+    """True for sources that must be downloaded (http, https, s3, pipe:)."""
+    return scheme_of(url) in ("http", "https", "s3", "pipe")
 
 
 class _Session(requests.Session):
@@ -805,8 +808,8 @@ def _kind_for(url: str) -> str:
         return "local"
     if scheme == "pipe":
         return "pipe"
-    raise PermanentFetchError(f"{url}: unsupported URL scheme {scheme!r} (use http, https, file, a path or pipe:)",
-                              url)
+    raise PermanentFetchError(f"{url}: unsupported URL scheme {scheme!r} (use http, https, s3, file, a path or "
+                              "pipe:)", url)
 
 
 def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] = None,
@@ -835,6 +838,9 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
         CacheError: ``partial_path`` cannot be written.
     """
     cfg = config or FetchConfig()
+    if scheme_of(url) == "s3":  # resumewds/s3.py (boto3 is imported there, on first use)
+        from .s3 import s3_fetch_to_file
+        return s3_fetch_to_file(url, partial_path, expected_size=expected_size, config=cfg, on_event=on_event)
     kind = _kind_for(url)
     t0 = time.monotonic()
     resumed_from = _size_of(partial_path) if kind == "http" and _read_validator(partial_path) else 0
@@ -912,6 +918,9 @@ def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Opt
         TransientFetchError, PermanentFetchError: as for :func:`fetch_to_file`.
     """
     cfg = config or FetchConfig()
+    if scheme_of(url) == "s3":  # resumewds/s3.py
+        from .s3 import s3_fetch_bytes
+        return s3_fetch_bytes(url, cfg, on_event=on_event)
     kind = _kind_for(url)
     state = _BytesAttempt(url, cfg, session)
     try:

@@ -3,7 +3,7 @@
 Accepted sources, alone or in a list:
 
 * local paths (relative ones are made absolute) and ``file://`` URLs;
-* ``http://`` and ``https://`` URLs;
+* ``http://``, ``https://`` and ``s3://`` URLs (s3: :mod:`resumewds.s3`);
 * ``pipe:CMD`` (WebDataset's convention: CMD writes the shard to stdout);
 * brace patterns, expanded like the shell: ``shard-{000000..000031}.tar``,
   ``{train,val}-0.tar``;
@@ -104,7 +104,7 @@ def _normalise(url: str) -> str:
     if "://" in url:
         scheme = url.split("://", 1)[0]
         raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
-                          "(use a local path, file://, http(s):// or pipe:)")
+                          "(use a local path, file://, http(s)://, s3:// or pipe:)")
     return os.path.abspath(os.path.expanduser(url))
 
 
