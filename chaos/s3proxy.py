@@ -44,6 +44,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -108,15 +109,17 @@ class S3FaultProxy:
         seed: RNG seed.
         max_faults_per_path: stop injecting into a path after this many faults.
         stall_seconds: how long ``stall`` keeps silent.
+        bytes_per_second: throttle every object body (None: as fast as possible).
 
     Counters: ``requests`` (GETs per path), ``faults`` (per kind),
-    ``bytes_sent`` / ``bytes_by_path`` (object bytes sent to clients),
-    ``request_log`` ((method, path, range header) in arrival order).
+    ``bytes_sent`` / ``bytes_by_path`` (object bytes of 2xx answers sent to clients),
+    ``request_log`` ((method, path, Range, If-Match) in arrival order).
     """
 
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0,
                  faults: Union[str, Dict[str, float], None] = "", seed: int = 0,
-                 max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0):
+                 max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
+                 bytes_per_second: Optional[float] = None):
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -127,6 +130,7 @@ class S3FaultProxy:
         self.seed = seed
         self.max_faults_per_path = max_faults_per_path
         self.stall_seconds = stall_seconds
+        self.bytes_per_second = bytes_per_second
         self.mixed, self.rates = parse_s3_faults(faults)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -157,7 +161,8 @@ class S3FaultProxy:
             self.bytes_sent = 0
             self.bytes_by_path: Dict[str, int] = collections.Counter()
             self.requests: Dict[str, int] = collections.Counter()
-            self.request_log: List[Tuple[str, str, Optional[str]]] = []
+            # (method, path, Range, If-Match) in arrival order
+            self.request_log: List[Tuple[str, str, Optional[str], Optional[str]]] = []
             self.faults: Dict[str, int] = collections.Counter()
             self._faults_by_path: Dict[str, int] = collections.Counter()
             self._seen: Dict[str, int] = collections.Counter()
@@ -310,7 +315,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         px = self.px
         path = urllib.parse.urlsplit(self.path).path
         with px._lock:
-            px.request_log.append((method, path, self.headers.get("Range")))
+            px.request_log.append((method, path, self.headers.get("Range"), self.headers.get("If-Match")))
         body = self._read_request_body() if method in ("PUT", "POST") else b""
         is_object = method == "GET" and path.count("/") >= 2 and not path.endswith("/")
         kind: Optional[str] = None
@@ -356,9 +361,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if method == "HEAD":
             return
         pos = 0
+        step = 64 * 1024
+        bps = px.bytes_per_second if is_object else None
+        if bps:
+            step = max(1, min(step, int(bps / 20)))
+        t0 = time.monotonic()
         while pos < cut:
-            chunk = data[pos:min(cut, pos + 64 * 1024)]
-            if is_object:
+            if px._stopping.is_set():
+                self._abort()
+                return
+            chunk = data[pos:min(cut, pos + step)]
+            if is_object and status < 300:  # object bytes, not error documents
                 px._count(path, len(chunk))
             try:
                 self.wfile.write(chunk)
@@ -366,6 +379,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             pos += len(chunk)
+            if bps:
+                ahead = pos / bps - (time.monotonic() - t0)
+                if ahead > 0:
+                    px._stopping.wait(ahead)
         if cut < len(data):
             if kind == "stall":
                 try:
@@ -384,9 +401,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-faults-per-path", type=int, default=None)
     ap.add_argument("--stall-seconds", type=float, default=5.0)
+    ap.add_argument("--bytes-per-second", type=float, default=None)
     args = ap.parse_args(argv)
     px = S3FaultProxy(args.upstream, port=args.port, faults=args.faults, seed=args.seed,
-                      max_faults_per_path=args.max_faults_per_path, stall_seconds=args.stall_seconds).start()
+                      max_faults_per_path=args.max_faults_per_path, stall_seconds=args.stall_seconds,
+                      bytes_per_second=args.bytes_per_second).start()
     print(px.url, flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
