@@ -178,6 +178,28 @@ def parse_s3_url(url: str) -> Tuple[str, str]:
     return m.group(1), m.group(2)
 
 
+_HINTS = {
+    "gs": "; for Google Cloud Storage use s3://BUCKET/KEY with AWS_ENDPOINT_URL=https://storage.googleapis.com "
+          "and an HMAC key as AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (pip install 'resumewds[s3]')",
+    "az": "; for Azure Blob Storage use s3:// through an S3-compatible gateway (AWS_ENDPOINT_URL), or "
+          "'pipe:az storage blob download --account-name A -c C -n KEY -f /dev/stdout'",
+}
+for _alias in ("gcs",):
+    _HINTS[_alias] = _HINTS["gs"]
+for _alias in ("azure", "abfs", "abfss", "wasb", "wasbs", "adl"):
+    _HINTS[_alias] = _HINTS["az"]
+
+
+def scheme_hint(scheme: str) -> str:
+    """How a user of another object store connects (appended to an unsupported-scheme error).
+
+    Example:
+        >>> "storage.googleapis.com" in scheme_hint("gs"), scheme_hint("ftp")
+        (True, '')
+    """
+    return _HINTS.get(scheme.lower(), "")
+
+
 # ---------------------------------------------------------------------------
 # clients: one per (process, options, timeouts), shared by threads (boto3
 # clients are thread-safe, their creation is not)
@@ -522,5 +544,6 @@ __all__ = [
     "resolve_options",
     "s3_fetch_bytes",
     "s3_fetch_to_file",
+    "scheme_hint",
     "translate_s3_error",
 ]

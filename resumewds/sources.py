@@ -103,8 +103,10 @@ def _normalise(url: str) -> str:
         url = url[7:]
     if "://" in url:
         scheme = url.split("://", 1)[0]
+        from .s3 import scheme_hint  # how other object stores connect (gs://, azure)
+
         raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
-                          "(use a local path, file://, http(s)://, s3:// or pipe:)")
+                          "(use a local path, file://, http(s)://, s3:// or pipe:)" + scheme_hint(scheme))
     return os.path.abspath(os.path.expanduser(url))
 
 

@@ -300,8 +300,10 @@ def test_manifest_in_a_bucket_resolves_relative_urls(moto, bucket, data):
     m = resolve_sources(f"s3://{bucket}/data/manifest.json", fetch_config=cfg())
     assert [s.url for s in m.shards] == [f"s3://{bucket}/data/shard-{i:06d}.tar" for i in range(5)]
     assert m.indexed and m.digest() == resolve_sources(data.manifest).digest()
-    with pytest.raises(SourceError, match="gs://"):
+    with pytest.raises(SourceError, match="gs://bkt/a.tar: unsupported URL scheme.*storage.googleapis.com"):
         resolve_sources("gs://bkt/a.tar")
+    with pytest.raises(SourceError, match="S3-compatible gateway"):
+        resolve_sources("az://container/a.tar")
 
 
 def test_cat_over_s3_prints_what_it_prints_over_local_files(moto, bucket, data, proxy, cache_dir):
@@ -462,3 +464,41 @@ def test_cat_survives_sigkill_mid_run(moto, bucket, data, proxy, tmp_path):
     assert kept == want  # nothing lost, nothing twice, same order
     # the download killed in the first run was resumed (Range + If-Match), not restarted
     assert any(r[2] and r[2] != "bytes=0-" and r[3] for r in proxy.request_log)
+
+
+def test_index_of_s3_shards_then_cat_of_that_manifest(moto, bucket, data, proxy, cache_dir, tmp_path):
+    upload(moto, bucket, data.root)
+    out = str(tmp_path / "s3-manifest.json")
+    res = CliRunner().invoke(cli, ["index", f"s3://{bucket}/data/shard-{{000000..000004}}.tar", "-o", out])
+    assert res.exit_code == 0, res.output
+    import json
+
+    with open(out) as f:
+        doc = json.load(f)
+    assert [s["url"] for s in doc["shards"]] == [f"s3://{bucket}/data/shard-{i:06d}.tar" for i in range(5)]
+    with open(data.manifest) as f:
+        local = json.load(f)
+    assert [(s["size"], s["xxh3_64"], s["samples"]) for s in doc["shards"]] == \
+        [(s["size"], s["xxh3_64"], s["samples"]) for s in local["shards"]]
+    assert cat(out, *CAT_ARGS) == cat(data.manifest, *CAT_ARGS)
+
+
+def test_explicit_endpoint_reaches_dataloader_workers(moto, bucket, data, proxy, cache_dir, monkeypatch):
+    """FetchConfig(s3=S3Options(...)) pickles into worker processes and beats AWS_ENDPOINT_URL."""
+    import pickle
+
+    from resumewds import WebDataset, WebLoader
+    from resumewds.cli import cat_line
+
+    upload(moto, bucket, data.root)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing there
+    fc = cfg(s3=S3Options(endpoint_url=proxy.url, addressing_style="path"))
+    assert pickle.loads(pickle.dumps(fc)).s3 == fc.s3
+    ds = WebDataset(f"s3://{bucket}/data/manifest.json", seed=7, shuffle=True, shuffle_window=3, fetch=fc)
+    loader = WebLoader(ds, batch_size=None, num_workers=2)
+    try:
+        got = [cat_line(s) for s in loader]
+    finally:
+        loader.close()
+    assert got == cat(data.manifest, *CAT_ARGS)[: data.samples]
+    assert sum(n for p, n in proxy.bytes_by_path.items() if p.endswith(".tar")) > 0
