@@ -394,6 +394,19 @@ class _S3Attempt(_Attempt):
     def _get(self, **kw: Any) -> Any:
         return client_for(self.url, self.config).get_object(Bucket=self.bucket, Key=self.key, **kw)
 
+    def _complete(self, have: int, validator: str) -> bool:
+        """After a 416 for ``bytes=have-``: is the partial the whole, unchanged object?"""
+        import botocore.exceptions as bx
+
+        try:
+            head = client_for(self.url, self.config).head_object(Bucket=self.bucket, Key=self.key,
+                                                                 IfMatch=validator)
+        except bx.ClientError as exc:
+            if _client_error_parts(exc)[1] == 412:
+                return False  # replaced meanwhile
+            raise
+        return int(head.get("ContentLength", -1)) == have
+
     def s3(self) -> None:
         import botocore.exceptions as bx
 
@@ -410,13 +423,9 @@ class _S3Attempt(_Attempt):
                 if status == 412 or code == "PreconditionFailed":
                     have = 0  # the object was replaced since the partial began: start over
                 elif status == 416 or code == "InvalidRange":
-                    head = client_for(self.url, self.config).head_object(Bucket=self.bucket, Key=self.key,
-                                                                         IfMatch=validator)
-                    if int(head.get("ContentLength", -1)) == have:
+                    if self._complete(have, validator):
                         return  # the partial is already complete
-                    _remove_quietly(self.path + _ETAG_SUFFIX)
-                    raise TransientFetchError(f"{self.url}: S3 InvalidRange for a resume at byte {have}; "
-                                              "restarting", self.url, 416) from exc
+                    have = 0
                 else:
                     raise
         if resp is None:
