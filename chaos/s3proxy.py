@@ -70,10 +70,10 @@ def parse_s3_faults(faults: Union[str, Dict[str, float], None]) -> Tuple[float, 
     rates: Dict[str, float] = {}
     if not faults:
         return mixed, rates
+    items: List[Tuple[str, float]] = []
     if isinstance(faults, dict):
-        items = list(faults.items())
+        items = [(k, float(v)) for k, v in faults.items()]
     else:
-        items = []
         for part in str(faults).split(","):
             part = part.strip()
             if not part:
@@ -81,12 +81,11 @@ def parse_s3_faults(faults: Union[str, Dict[str, float], None]) -> Tuple[float, 
             if part.startswith("mixed:"):
                 items.append(("mixed", float(part[6:])))
             elif "=" in part:
-                k, v = part.split("=", 1)
-                items.append((k.strip(), float(v)))
+                name, rate = part.split("=", 1)
+                items.append((name.strip(), float(rate)))
             else:
                 raise ValueError(f"bad fault spec {part!r}: use kind=rate or mixed:rate")
     for k, v in items:
-        v = float(v)
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"fault rate for {k!r} must be in [0, 1], got {v}")
         if k == "mixed":
@@ -346,8 +345,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             conn.close()
         cut = len(data)
         if kind in ("reset", "stall") and data:
-            f = frac if frac is not None else rng.uniform(0.1, 0.9)
-            cut = max(0, min(len(data) - 1, int(len(data) * f)))
+            at = frac if frac is not None else rng.uniform(0.1, 0.9)
+            cut = max(0, min(len(data) - 1, int(len(data) * at)))
         self.send_response(status, reason)
         for k, v in out_headers:
             if k.lower() != "content-length":

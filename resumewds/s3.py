@@ -62,8 +62,12 @@ from typing import Any, Dict, Optional, Tuple
 import urllib3.exceptions
 
 from .errors import FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError
-# fetch.py's partial-file machinery, shared so that both transports keep one contract
+
+# fetch.py's partial-file machinery (sidecar validator, hashing writer, body
+# reader, retry policy, error map), shared so that both transports keep one contract
 from .fetch import (
+    _CONTENT_RANGE,
+    _ETAG_SUFFIX,
     EventFn,
     FetchConfig,
     FetchResult,
@@ -72,13 +76,11 @@ from .fetch import (
     _read_validator,
     _remove_quietly,
     _retrying,
-    _SinkError,
     _Sink,
+    _SinkError,
     _size_of,
     _translate,
     _write_validator,
-    _CONTENT_RANGE,
-    _ETAG_SUFFIX,
 )
 
 _ADDRESSING = ("auto", "path", "virtual")
@@ -220,7 +222,7 @@ if hasattr(os, "register_at_fork"):
 
 def _import_boto(url: str) -> Any:
     try:
-        import boto3  # noqa: F401  (the optional extra)
+        import boto3  # the optional extra
         import botocore  # noqa: F401
     except ImportError as exc:
         raise PermanentFetchError(f"{url}: s3:// urls need boto3: pip install 'resumewds[s3]' ({exc})",
@@ -246,13 +248,13 @@ def client_for(url: str, config: FetchConfig) -> Any:
     import botocore.config
     import botocore.exceptions
 
-    kw: Dict[str, Any] = dict(
-        connect_timeout=config.connect_timeout,
-        read_timeout=config.read_timeout,
-        retries={"total_max_attempts": 1, "mode": "standard"},  # one retry policy: ours
-        s3={"addressing_style": opts.addressing_style},
-        user_agent_extra="resumewds",
-    )
+    kw: Dict[str, Any] = {
+        "connect_timeout": config.connect_timeout,
+        "read_timeout": config.read_timeout,
+        "retries": {"total_max_attempts": 1, "mode": "standard"},  # one retry policy: ours
+        "s3": {"addressing_style": opts.addressing_style},
+        "user_agent_extra": "resumewds",
+    }
     if opts.anonymous:
         kw["signature_version"] = botocore.UNSIGNED
     params = botocore.config.Config.OPTION_DEFAULTS if hasattr(botocore.config.Config, "OPTION_DEFAULTS") else {}
@@ -394,7 +396,7 @@ class _S3Attempt(_Attempt):
     def _get(self, **kw: Any) -> Any:
         return client_for(self.url, self.config).get_object(Bucket=self.bucket, Key=self.key, **kw)
 
-    def _complete(self, have: int, validator: str) -> bool:
+    def _complete(self, have: int, validator: Optional[str]) -> bool:
         """After a 416 for ``bytes=have-``: is the partial the whole, unchanged object?"""
         import botocore.exceptions as bx
 

@@ -15,7 +15,7 @@ import random
 import subprocess
 import sys
 import uuid
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import pytest
 from click.testing import CliRunner
@@ -112,9 +112,9 @@ def upload(moto: str, bucket: str, root: str, prefix: str = "data/") -> Dict[str
     return out
 
 
-def cfg(**kw) -> FetchConfig:
-    base = dict(connect_timeout=2.0, read_timeout=0.5, attempts=6, deadline=60.0, backoff_initial=0.01,
-                backoff_max=0.05, sleep=no_sleep)
+def cfg(**kw: Any) -> FetchConfig:
+    base: Dict[str, Any] = {"connect_timeout": 2.0, "read_timeout": 0.5, "attempts": 6, "deadline": 60.0,
+                            "backoff_initial": 0.01, "backoff_max": 0.05, "sleep": no_sleep}
     base.update(kw)
     return FetchConfig(**base)
 
