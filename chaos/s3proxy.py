@@ -109,6 +109,8 @@ class S3FaultProxy:
         max_faults_per_path: stop injecting into a path after this many faults.
         stall_seconds: how long ``stall`` keeps silent.
         bytes_per_second: throttle every object body (None: as fast as possible).
+        retry_after: a Retry-After header on ``slowdown`` and ``503`` answers
+            (None: none, as S3 itself sends).
 
     Counters: ``requests`` (GETs per path), ``faults`` (per kind),
     ``bytes_sent`` / ``bytes_by_path`` (object bytes of 2xx answers sent to clients),
@@ -118,7 +120,7 @@ class S3FaultProxy:
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0,
                  faults: Union[str, Dict[str, float], None] = "", seed: int = 0,
                  max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
-                 bytes_per_second: Optional[float] = None):
+                 bytes_per_second: Optional[float] = None, retry_after: Optional[float] = None):
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -130,6 +132,7 @@ class S3FaultProxy:
         self.max_faults_per_path = max_faults_per_path
         self.stall_seconds = stall_seconds
         self.bytes_per_second = bytes_per_second
+        self.retry_after = retry_after
         self.mixed, self.rates = parse_s3_faults(faults)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -305,6 +308,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{msg}</Message>'
                 f"<Resource>{key}</Resource><RequestId>s3proxy</RequestId></Error>").encode()
         self.send_response(status)
+        if status == 503 and self.px.retry_after is not None:
+            self.send_header("Retry-After", f"{self.px.retry_after:g}")
         self.send_header("Content-Type", "application/xml")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -179,6 +179,16 @@ def test_client_retries_are_off_one_request_per_attempt(moto, bucket, proxy, tmp
     assert c.meta.config.retries["total_max_attempts"] == 1
 
 
+def test_retry_after_of_a_throttled_answer_is_honoured(moto, bucket, proxy, tmp_path):
+    direct(moto).put_object(Bucket=bucket, Key="r.bin", Body=b"r" * 100)
+    proxy.retry_after = 0.4
+    proxy.script(f"/{bucket}/r.bin", ["slowdown", "503"])
+    waits: List[float] = []
+    res = fetch_to_file(f"s3://{bucket}/r.bin", str(tmp_path / "p"), config=cfg(sleep=waits.append))
+    assert res.attempts == 3 and len(waits) == 2
+    assert all(w >= 0.4 for w in waits)  # above backoff_max (0.05): the server's word wins
+
+
 def test_replaced_object_restarts_from_zero(moto, bucket, proxy, tmp_path):
     old = random.Random(2).randbytes(200_000)
     new = random.Random(3).randbytes(150_000)
