@@ -35,7 +35,8 @@ Settings (defaults, then environment, then ``FetchConfig(s3=S3Options(...))``):
                        and ~/.aws/{credentials,config}, SSO, web identity,
                        container and instance roles
     endpoint_url       RESUMEWDS_S3_ENDPOINT_URL, else AWS_ENDPOINT_URL_S3,
-                       else AWS_ENDPOINT_URL (MinIO, R2, GCS interoperability)
+                       else AWS_ENDPOINT_URL (MinIO, R2, GCS interoperability);
+                       AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true ignores the AWS_ ones
     region             AWS_REGION, else AWS_DEFAULT_REGION (else boto3's default)
     profile            AWS_PROFILE (read by boto3)
     addressing_style   RESUMEWDS_S3_ADDRESSING_STYLE: auto (default), path, virtual
@@ -131,8 +132,9 @@ class S3Options:
                 has a value it cannot have.
         """
         env = os.environ
-        endpoint = (env.get("RESUMEWDS_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")
-                    or env.get("AWS_ENDPOINT_URL") or None)
+        endpoint = env.get("RESUMEWDS_S3_ENDPOINT_URL") or None
+        if endpoint is None and (env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") or "").lower() not in ("1", "true"):
+            endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
         region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
         style = (env.get("RESUMEWDS_S3_ADDRESSING_STYLE") or "auto").strip().lower()
         if style not in _ADDRESSING:

@@ -276,6 +276,9 @@ def test_endpoint_precedence_and_explicit_option(moto, bucket, proxy, tmp_path, 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:10")
     assert resolve_options().endpoint_url == "http://127.0.0.1:10"
+    monkeypatch.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    assert resolve_options().endpoint_url is None
+    monkeypatch.delenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
     monkeypatch.setenv("RESUMEWDS_S3_ENDPOINT_URL", "http://127.0.0.1:11")
     assert resolve_options().endpoint_url == "http://127.0.0.1:11"
     explicit = cfg(s3=S3Options(endpoint_url=proxy.url, addressing_style="path"))
