@@ -179,6 +179,16 @@ def test_client_retries_are_off_one_request_per_attempt(moto, bucket, proxy, tmp
     assert c.meta.config.retries["total_max_attempts"] == 1
 
 
+def test_fetch_bytes_retries_stalls_resets_and_throttling(moto, bucket, proxy):
+    doc = random.Random(7).randbytes(120_000)
+    direct(moto).put_object(Bucket=bucket, Key="m.json", Body=doc)
+    proxy.script(f"/{bucket}/m.json", ["stall@0.5", "reset@0.5", "slowdown", None])
+    ev = Events()
+    assert fetch_bytes(f"s3://{bucket}/m.json", cfg(), on_event=ev) == doc
+    errors = [d["error"] for k, d in ev.seen if k == "retry"]
+    assert len(errors) == 3 and "read timeout" in errors[0] and "SlowDown" in errors[2], errors
+
+
 def test_retry_after_of_a_throttled_answer_is_honoured(moto, bucket, proxy, tmp_path):
     direct(moto).put_object(Bucket=bucket, Key="r.bin", Body=b"r" * 100)
     proxy.retry_after = 0.4
