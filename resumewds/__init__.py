@@ -20,7 +20,6 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
                      TransientFetchError, UnsafeSourceError)
 from .manifest import Manifest, ShardInfo, load_manifest
 from .plan import Layout, Plan
-from .s3 import S3Options
 from .tario import sample_digest, scan_file
 
 __version__ = "0.1.0"
@@ -62,4 +61,8 @@ def __getattr__(name: str) -> Any:
         from .loader import WebLoader
 
         return WebLoader
+    if name == "S3Options":  # s3:// settings; resumewds.s3 leans on fetch's internals, load it on use
+        from .s3 import S3Options
+
+        return S3Options
     raise AttributeError(f"module 'resumewds' has no attribute {name!r}")
