@@ -113,6 +113,7 @@ class S3FaultProxy:
             (None: none, as S3 itself sends).
 
     Counters: ``requests`` (GETs per path), ``faults`` (per kind),
+    ``connections`` (TCP connections accepted),
     ``bytes_sent`` / ``bytes_by_path`` (object bytes of 2xx answers sent to clients),
     ``request_log`` ((method, path, Range, If-Match) in arrival order).
     """
@@ -166,6 +167,7 @@ class S3FaultProxy:
             # (method, path, Range, If-Match) in arrival order
             self.request_log: List[Tuple[str, str, Optional[str], Optional[str]]] = []
             self.faults: Dict[str, int] = collections.Counter()
+            self.connections = 0
             self._faults_by_path: Dict[str, int] = collections.Counter()
             self._seen: Dict[str, int] = collections.Counter()
 
@@ -252,6 +254,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # quiet
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.px._lock:
+            self.px.connections += 1
 
     def finish(self) -> None:
         try:

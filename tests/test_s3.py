@@ -167,6 +167,21 @@ def test_every_fault_kind_is_retried_and_a_cut_body_resumes_under_if_match(moto,
     assert proxy.bytes_by_path[path] < 1.5 * len(blob)  # resumed, not downloaded again
 
 
+def test_a_body_read_to_its_end_returns_its_connection_to_the_pool(moto, bucket, proxy, tmp_path):
+    s3 = direct(moto)
+    for i in range(4):
+        s3.put_object(Bucket=bucket, Key=f"p{i}.bin", Body=random.Random(i).randbytes(100_000))
+    c = cfg(connect_timeout=1.8)  # a client of its own
+    proxy.reset_counters()
+    for i in range(4):
+        fetch_to_file(f"s3://{bucket}/p{i}.bin", str(tmp_path / f"p{i}"), config=c)
+    assert proxy.connections == 1  # one handshake for four objects
+    proxy.script(f"/{bucket}/p0.bin", ["reset@0.5"])
+    os.unlink(str(tmp_path / "p0"))
+    fetch_to_file(f"s3://{bucket}/p0.bin", str(tmp_path / "p0"), config=c)
+    assert proxy.connections == 2  # a cut body's connection is dropped, the next one is new
+
+
 def test_client_retries_are_off_one_request_per_attempt(moto, bucket, proxy, tmp_path):
     direct(moto).put_object(Bucket=bucket, Key="a.tar", Body=b"x" * 1000)
     path = f"/{bucket}/a.tar"
