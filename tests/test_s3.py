@@ -555,3 +555,13 @@ def test_explicit_endpoint_reaches_dataloader_workers(moto, bucket, data, proxy,
         loader.close()
     assert got == cat(data.manifest, *CAT_ARGS)[: data.samples]
     assert sum(n for p, n in proxy.bytes_by_path.items() if p.endswith(".tar")) > 0
+
+
+def test_without_boto3_an_s3_url_is_a_one_line_error(tmp_path):
+    code = ("import sys\nsys.modules['boto3'] = None  # as if the [s3] extra were not installed\n"
+            "from resumewds.cli import main\nmain(['cat', 's3://bkt/data/manifest.json'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=child_env(RESUMEWDS_CACHE_DIR=str(tmp_path / "cache")))
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert "s3://bkt/data/manifest.json" in out.stderr and "pip install 'resumewds[s3]'" in out.stderr
