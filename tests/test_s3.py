@@ -565,3 +565,14 @@ def test_without_boto3_an_s3_url_is_a_one_line_error(tmp_path):
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     assert "s3://bkt/data/manifest.json" in out.stderr and "pip install 'resumewds[s3]'" in out.stderr
+
+
+def test_prefetch_fills_the_cache_ahead_of_a_run(moto, bucket, data, proxy, cache_dir):
+    upload(moto, bucket, data.root)
+    url = f"s3://{bucket}/data/manifest.json"
+    res = CliRunner().invoke(cli, ["prefetch", url, "--no-progress"])
+    assert res.exit_code == 0, res.output
+    shard_bytes = sum(n for p, n in proxy.bytes_by_path.items() if p.endswith(".tar"))
+    assert shard_bytes == sum(os.path.getsize(os.path.join(data.root, f"shard-{i:06d}.tar")) for i in range(5))
+    assert cat(url, *CAT_ARGS) == cat(data.manifest, *CAT_ARGS)
+    assert sum(n for p, n in proxy.bytes_by_path.items() if p.endswith(".tar")) == shard_bytes
