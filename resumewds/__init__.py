@@ -49,6 +49,7 @@ __all__ = [
     "PermanentFetchError",
     "Plan",
     "ResumeWDSError",
+    "S3Options",
     "ShardFormatError",
     "ShardInfo",
     "SourceError",
@@ -71,4 +72,8 @@ def __getattr__(name: str) -> Any:
         from .loader import WebLoader
 
         return WebLoader
+    if name == "S3Options":  # s3:// settings; resumewds.s3 leans on fetch's internals, load it on use
+        from .s3 import S3Options
+
+        return S3Options
     raise AttributeError(f"module 'resumewds' has no attribute {name!r}")
