@@ -5,8 +5,17 @@ The same contract as :mod:`resumewds.fetch`'s http path, through boto3
 
 * one retry policy, ours (tenacity, :class:`~resumewds.fetch.FetchConfig`):
   botocore's own retries are off (``total_max_attempts=1``);
+* the shared :class:`~resumewds.fetch.FetchBudget` (``attempts`` and
+  ``deadline`` of one read of one shard, shared by the prefetch thread and the
+  reader; a corrupt download counts against it, in the cache);
 * ``connect_timeout`` / ``read_timeout`` from the FetchConfig (a stalled body
-  is a read timeout), ``deadline`` over all attempts;
+  is a read timeout), both shortened to what is left of the deadline; the
+  deadline and the minimum transfer rate (``min_rate`` over ``rate_window``:
+  a trickling body fails the attempt) are checked after every read; a
+  Retry-After beyond the deadline ends the fetch at once;
+* ``max_bytes`` (remote manifests), an HTML page where an object was
+  expected (a wrong endpoint: a web console) is permanent, ``GOPEN_VERBOSE``
+  logs each open;
 * ranged resume of a partial download, guarded by the object's ETag::
 
       partial has N > 0 bytes and the object's ETag in <partial>.etag
@@ -28,7 +37,12 @@ The same contract as :mod:`resumewds.fetch`'s http path, through boto3
                            ServiceUnavailable, any 5xx or 429, connection
                            resets, connect/read timeouts, a short body
 
-Settings (defaults, then environment, then ``FetchConfig(s3=S3Options(...))``):
+A stored ``Content-Encoding`` is object metadata: S3 serves the stored bytes
+as they are (no decoding on the fly), so unlike http it is not refused; the
+size and checksum of the manifest still guard the bytes.
+
+Settings (defaults, then environment, then ``FetchConfig(s3=S3Options(...))``;
+the environment is read by :func:`resumewds.config.s3_settings`):
 
     credentials        boto3's standard chain: AWS_ACCESS_KEY_ID /
                        AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE
@@ -62,6 +76,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import urllib3.exceptions
 
+from .config import S3_ADDRESSING
 from .errors import FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError
 
 # fetch.py's partial-file machinery (sidecar validator, hashing writer, body
@@ -70,13 +85,17 @@ from .fetch import (
     _CONTENT_RANGE,
     _ETAG_SUFFIX,
     EventFn,
+    FetchBudget,
     FetchConfig,
     FetchResult,
     _Attempt,
     _Body,
+    _gopen_log,
+    _HtmlBody,
+    _Pace,
     _read_validator,
     _remove_quietly,
-    _retrying,
+    _retry,
     _Sink,
     _SinkError,
     _size_of,
@@ -84,7 +103,7 @@ from .fetch import (
     _write_validator,
 )
 
-_ADDRESSING = ("auto", "path", "virtual")
+_ADDRESSING = S3_ADDRESSING
 
 
 @dataclass(frozen=True)
@@ -131,19 +150,9 @@ class S3Options:
             ValueError: RESUMEWDS_S3_ADDRESSING_STYLE or RESUMEWDS_S3_ANONYMOUS
                 has a value it cannot have.
         """
-        env = os.environ
-        endpoint = env.get("RESUMEWDS_S3_ENDPOINT_URL") or None
-        if endpoint is None and (env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") or "").lower() not in ("1", "true"):
-            endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
-        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
-        style = (env.get("RESUMEWDS_S3_ADDRESSING_STYLE") or "auto").strip().lower()
-        if style not in _ADDRESSING:
-            raise ValueError(f"RESUMEWDS_S3_ADDRESSING_STYLE={style!r} is not one of {', '.join(_ADDRESSING)}")
-        anon_raw = (env.get("RESUMEWDS_S3_ANONYMOUS") or "").strip().lower()
-        if anon_raw not in ("", "0", "1", "true", "false", "yes", "no"):
-            raise ValueError(f"RESUMEWDS_S3_ANONYMOUS={anon_raw!r} is not 0 or 1")
-        return cls(endpoint_url=endpoint, region=region, profile=env.get("AWS_PROFILE") or None,
-                   addressing_style=style, anonymous=anon_raw in ("1", "true", "yes"))
+        from . import config
+
+        return cls(**config.s3_settings())
 
 
 def resolve_options(config: Optional[FetchConfig] = None) -> S3Options:
@@ -232,16 +241,18 @@ def _import_boto(url: str) -> Any:
     return boto3
 
 
-def client_for(url: str, config: FetchConfig) -> Any:
+def client_for(url: str, config: FetchConfig, timeouts: Optional[Tuple[float, float]] = None) -> Any:
     """The boto3 S3 client this process uses for ``config`` (created once).
 
-    Its own retries are off and its timeouts are ``config``'s.
+    Its own retries are off and its timeouts are ``config``'s (or
+    ``timeouts``: ``(connect, read)``, shorter ones near a fetch deadline).
 
     Raises:
         PermanentFetchError: boto3 is missing, or the endpoint is malformed.
     """
     opts = resolve_options(config)
-    key = (os.getpid(), opts, float(config.connect_timeout), float(config.read_timeout))
+    connect, read = timeouts or (config.connect_timeout, config.read_timeout)
+    key = (os.getpid(), opts, float(connect), float(read))
     client = _CLIENTS.get(key)
     if client is not None:
         return client
@@ -251,8 +262,8 @@ def client_for(url: str, config: FetchConfig) -> Any:
     import botocore.exceptions
 
     kw: Dict[str, Any] = {
-        "connect_timeout": config.connect_timeout,
-        "read_timeout": config.read_timeout,
+        "connect_timeout": connect,
+        "read_timeout": read,
         "retries": {"total_max_attempts": 1, "mode": "standard"},  # one retry policy: ours
         "s3": {"addressing_style": opts.addressing_style},
         "user_agent_extra": "resumewds",
@@ -363,16 +374,23 @@ def translate_s3_error(exc: BaseException, url: str) -> ResumeWDSError:
     return _translate(exc, url)
 
 
-def _run(fn: Any, state: Any) -> Any:
+def _run(state: "_S3Attempt") -> None:
+    """One attempt, drawn from the shared budget; every foreign error mapped."""
+    budget = state.budget
+    if not budget.take():
+        raise budget.exhausted_error(state.url)
     state.attempts += 1
     try:
-        return fn()
-    except ResumeWDSError:
+        state.s3()
+    except ResumeWDSError as exc:
+        budget.last_error = exc
         raise
     except Exception as exc:  # botocore's, urllib3's, OSError, our sink's: all mapped, none leaks
-        if _is_mapped(exc):
-            raise translate_s3_error(exc, state.url) from exc
-        raise
+        if not _is_mapped(exc):
+            raise
+        err = translate_s3_error(exc, state.url)
+        budget.last_error = err
+        raise err from exc
 
 
 def _is_mapped(exc: BaseException) -> bool:
@@ -385,26 +403,45 @@ def _is_mapped(exc: BaseException) -> bool:
     return isinstance(exc, (bx.BotoCoreError, bx.ClientError))
 
 
+_MIN_TIMEOUT = 0.125
+
+
+def _near_deadline(t: float, left: float) -> float:
+    """``t``, or when less than that is left of the deadline, the largest power
+    of two (>= 1/8 s) not above what is left: a few clients, not one per call."""
+    if left >= t:
+        return float(t)
+    v = _MIN_TIMEOUT
+    while v * 2 <= left:
+        v *= 2
+    return v
+
+
 # ---------------------------------------------------------------------------
 # the transport
 # ---------------------------------------------------------------------------
 class _S3Attempt(_Attempt):
-    """fetch.py's attempt state (partial file, hasher, counters), over S3."""
+    """fetch.py's attempt state (partial file, hasher, counters, budget), over S3."""
 
-    def __init__(self, url: str, path: str, expected_size: Optional[int], config: FetchConfig):
-        super().__init__(url, path, expected_size, config, None)
+    def __init__(self, url: str, path: str, expected_size: Optional[int], config: FetchConfig,
+                 budget: FetchBudget, max_bytes: Optional[int] = None):
+        super().__init__(url, path, expected_size, config, None, budget, max_bytes)
         self.bucket, self.key = parse_s3_url(url)
 
+    def _client(self) -> Any:
+        left = self.budget.remaining()
+        return client_for(self.url, self.config, (_near_deadline(self.config.connect_timeout, left),
+                                                  _near_deadline(self.config.read_timeout, left)))
+
     def _get(self, **kw: Any) -> Any:
-        return client_for(self.url, self.config).get_object(Bucket=self.bucket, Key=self.key, **kw)
+        return self._client().get_object(Bucket=self.bucket, Key=self.key, **kw)
 
     def _complete(self, have: int, validator: Optional[str]) -> bool:
         """After a 416 for ``bytes=have-``: is the partial the whole, unchanged object?"""
         import botocore.exceptions as bx
 
         try:
-            head = client_for(self.url, self.config).head_object(Bucket=self.bucket, Key=self.key,
-                                                                 IfMatch=validator)
+            head = self._client().head_object(Bucket=self.bucket, Key=self.key, IfMatch=validator)
         except bx.ClientError as exc:
             if _client_error_parts(exc)[1] == 412:
                 return False  # replaced meanwhile
@@ -414,6 +451,7 @@ class _S3Attempt(_Attempt):
     def s3(self) -> None:
         import botocore.exceptions as bx
 
+        pace = _Pace(self.url, self.config, self.budget)
         have = _size_of(self.path)
         validator = _read_validator(self.path) if have else None
         if have and (validator is None or (self.expected_size is not None and have > self.expected_size)):
@@ -456,17 +494,29 @@ class _S3Attempt(_Attempt):
             else:
                 raise TransientFetchError(f"{self.url}: S3 GetObject answered HTTP {status}", self.url, status)
             want_total = start + length
-            with _Sink(self, append=append) as sink:
-                if not append:
-                    # emptied before the validator is recorded, so the pair always agrees
-                    _write_validator(self.path, etag)
-                if raw is not None:
-                    raw.enforce_content_length = False  # we check lengths ourselves
-                    reader = _Body(raw)
-                    self._copy(reader.readinto, sink)
-                    reader.finish()
-                else:  # pragma: no cover - a botocore without _raw_stream
-                    self._copy(lambda buf: _read_into(body, buf), sink)
+            if self.max_bytes is not None and want_total > self.max_bytes:
+                raise self._too_big(want_total)
+            try:
+                with _Sink(self, append=append) as sink:
+                    if not append:
+                        # emptied before the validator is recorded, so the pair always agrees
+                        _write_validator(self.path, etag)
+                    if raw is not None:
+                        raw.enforce_content_length = False  # we check lengths ourselves
+                        reader = _Body(raw)
+                        self._copy(reader.readinto, sink, pace, sniff=not append)
+                        reader.finish()
+                    else:  # pragma: no cover - a botocore without _raw_stream
+                        self._copy(lambda buf: _read_into(body, buf), sink, pace, sniff=not append)
+            except _HtmlBody as html:
+                _remove_quietly(self.path + _ETAG_SUFFIX)
+                _remove_quietly(self.path)
+                ctype = (resp.get("ContentType") or "none")
+                snippet = " ".join(html.head.decode("utf-8", "replace").split())[:80]
+                raise PermanentFetchError(f"{self.url}: S3 GetObject answered HTTP {status} but the body is an "
+                                          f"HTML page, not the object (Content-Type: {ctype}; it begins "
+                                          f"{snippet!r}); is the endpoint an S3 API endpoint?", self.url,
+                                          status) from None
         finally:
             body.close()
         size = _size_of(self.path)
@@ -474,18 +524,6 @@ class _S3Attempt(_Attempt):
             raise TransientFetchError(f"{self.url}: short body: got {size - start} of {want_total - start} bytes",
                                       self.url, status)
         self._check_expected(size)
-
-    def s3_bytes(self) -> bytes:
-        resp = self._get()
-        body = resp["Body"]
-        try:
-            data = body.read()
-        finally:
-            body.close()
-        length = resp.get("ContentLength")
-        if length is not None and len(data) < int(length):
-            raise TransientFetchError(f"{self.url}: short body: got {len(data)} of {length} bytes", self.url)
-        return data
 
 
 def _read_into(body: Any, buf: memoryview) -> int:  # pragma: no cover - fallback
@@ -495,7 +533,8 @@ def _read_into(body: Any, buf: memoryview) -> int:  # pragma: no cover - fallbac
 
 
 def s3_fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] = None,
-                     config: Optional[FetchConfig] = None, on_event: Optional[EventFn] = None) -> FetchResult:
+                     config: Optional[FetchConfig] = None, on_event: Optional[EventFn] = None,
+                     budget: Optional[FetchBudget] = None, max_bytes: Optional[int] = None) -> FetchResult:
     """:func:`resumewds.fetch.fetch_to_file` for an ``s3://`` url.
 
     Args:
@@ -503,16 +542,21 @@ def s3_fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int
         partial_path: destination; bytes already in it are kept when the
             object's ETag (in ``partial_path + ".etag"``) still matches.
         expected_size: size the finished file must reach, if known.
-        config: retry, timeout and S3 settings.
+        config: retry, timeout and S3 settings (default
+            :meth:`FetchConfig.from_env`).
         on_event: ``on_event(kind, url, **detail)`` for ``fetch_start``,
             ``fetch_done`` and ``retry``.
+        budget: the attempts and deadline to draw from, shared with others
+            fetching the same shard for the same read (a fresh one if None).
+        max_bytes: refuse (permanently) an object larger than this.
 
     Returns:
         A :class:`~resumewds.fetch.FetchResult` with the file's xxh3_64.
 
     Raises:
-        TransientFetchError: still failing after the retry budget.
-        PermanentFetchError: NoSuchKey, AccessDenied, no credentials, ...
+        TransientFetchError: still failing when the budget is spent.
+        PermanentFetchError: NoSuchKey, AccessDenied, no credentials, an HTML
+            page, more than ``max_bytes``, ...
         CacheError: ``partial_path`` cannot be written.
 
     Example:
@@ -521,31 +565,43 @@ def s3_fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int
         resumewds.errors.PermanentFetchError: s3://b: not an s3 object url (expected s3://BUCKET/KEY)
     """
     cfg = config or FetchConfig.from_env()
-    state = _S3Attempt(url, partial_path, expected_size, cfg)
+    budget = budget or FetchBudget(cfg)
+    state = _S3Attempt(url, partial_path, expected_size, cfg, budget, max_bytes)
     t0 = time.monotonic()
     resumed_from = _size_of(partial_path) if _read_validator(partial_path) else 0
     if on_event is not None:
         on_event("fetch_start", url, resumed_from=resumed_from)
-    _retrying(cfg, url, on_event)(_run, state.s3, state)
+    if cfg.log_opens:
+        _gopen_log(url, "open" + (f" from byte {resumed_from}" if resumed_from else ""))
+    try:
+        _retry(cfg, url, on_event, budget, _run, state)
+    except BaseException as exc:
+        if cfg.log_opens:
+            _gopen_log(url, f"failed after {state.received} bytes: {exc}")
+        raise
     size = _size_of(partial_path)
     kept = max(0, size - state.received)
     seconds = time.monotonic() - t0
     if on_event is not None:
         on_event("fetch_done", url, bytes=state.received, seconds=seconds, resumed_from=kept)
+    if cfg.log_opens:
+        _gopen_log(url, f"closed: {state.received} bytes in {seconds:.2f}s")
     return FetchResult(url=url, path=partial_path, size=size, bytes=state.received, resumed_from=kept,
                        seconds=seconds, attempts=state.attempts, xxh3_64=state.digest())
 
 
 def s3_fetch_bytes(url: str, config: Optional[FetchConfig] = None, *,
-                   on_event: Optional[EventFn] = None) -> bytes:
+                   on_event: Optional[EventFn] = None, max_bytes: Optional[int] = None) -> bytes:
     """:func:`resumewds.fetch.fetch_bytes` for an ``s3://`` url (a manifest).
+
+    The same path as every other object (through a temporary file).
 
     Raises:
         TransientFetchError, PermanentFetchError: as for :func:`s3_fetch_to_file`.
     """
-    cfg = config or FetchConfig.from_env()
-    state = _S3Attempt(url, "", None, cfg)
-    return _retrying(cfg, url, on_event)(_run, state.s3_bytes, state)
+    from .fetch import fetch_bytes
+
+    return fetch_bytes(url, config, on_event=on_event, max_bytes=max_bytes)
 
 
 __all__ = [
