@@ -16,6 +16,9 @@ Fault kinds (GET only; path-style urls ``/bucket/key``):
     stall      the real status and headers, part of the body, then silence
                for ``stall_seconds`` (longer than the client's read timeout)
     403        403 ``AccessDenied`` (permanent)
+    trickle    the real answer, its body at ``trickle_bytes_per_second``
+               (every read arrives in time: only a minimum transfer rate
+               catches it); not part of ``mixed``
 
 ``reset@0.5`` / ``stall@0.9`` cut the body at that fraction.  Profiles:
 ``"slowdown=0.1,reset=0.05"``, ``"mixed:0.2"`` (one of slowdown, 500, 503,
@@ -49,7 +52,7 @@ import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 TRANSPORT_FAULTS = ("slowdown", "500", "503", "reset", "stall")
-ALL_FAULTS = TRANSPORT_FAULTS + ("403",)
+ALL_FAULTS = TRANSPORT_FAULTS + ("403", "trickle")
 _ERRORS = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -111,6 +114,7 @@ class S3FaultProxy:
         bytes_per_second: throttle every object body (None: as fast as possible).
         retry_after: a Retry-After header on ``slowdown`` and ``503`` answers
             (None: none, as S3 itself sends).
+        trickle_bytes_per_second: the body rate of a ``trickle`` fault.
 
     Counters: ``requests`` (GETs per path), ``faults`` (per kind),
     ``connections`` (TCP connections accepted),
@@ -121,7 +125,8 @@ class S3FaultProxy:
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0,
                  faults: Union[str, Dict[str, float], None] = "", seed: int = 0,
                  max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
-                 bytes_per_second: Optional[float] = None, retry_after: Optional[float] = None):
+                 bytes_per_second: Optional[float] = None, retry_after: Optional[float] = None,
+                 trickle_bytes_per_second: float = 200.0):
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -134,6 +139,7 @@ class S3FaultProxy:
         self.stall_seconds = stall_seconds
         self.bytes_per_second = bytes_per_second
         self.retry_after = retry_after
+        self.trickle_bytes_per_second = trickle_bytes_per_second
         self.mixed, self.rates = parse_s3_faults(faults)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -374,6 +380,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pos = 0
         step = 64 * 1024
         bps = px.bytes_per_second if is_object else None
+        if kind == "trickle":
+            bps = px.trickle_bytes_per_second
         if bps:
             step = max(1, min(step, int(bps / 20)))
         t0 = time.monotonic()
