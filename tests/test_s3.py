@@ -576,3 +576,163 @@ def test_prefetch_fills_the_cache_ahead_of_a_run(moto, bucket, data, proxy, cach
     assert shard_bytes == sum(os.path.getsize(os.path.join(data.root, f"shard-{i:06d}.tar")) for i in range(5))
     assert cat(url, *CAT_ARGS) == cat(data.manifest, *CAT_ARGS)
     assert sum(n for p, n in proxy.bytes_by_path.items() if p.endswith(".tar")) == shard_bytes
+
+
+# ---------------------------------------------------------------------------
+# the fetch hardening holds for s3 too: one shared budget, the deadline inside
+# an attempt and over Retry-After, a minimum rate, max_bytes, HTML pages,
+# corrupt and incomplete downloads spending the budget, GOPEN_VERBOSE
+# ---------------------------------------------------------------------------
+def _in_thread(fn, bound: float):
+    """Run ``fn`` in a thread; (finished, result or exception) after at most ``bound`` s."""
+    import threading
+
+    box: dict = {}
+
+    def go():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+            box["error"] = exc
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(bound)
+    return (not t.is_alive()), box.get("error", box.get("value"))
+
+
+def test_trickling_body_fails_the_attempt_and_is_retried(moto, bucket, proxy, tmp_path):
+    blob = random.Random(8).randbytes(60_000)
+    direct(moto).put_object(Bucket=bucket, Key="t.bin", Body=blob)
+    path = f"/{bucket}/t.bin"
+    proxy.trickle_bytes_per_second = 400  # every read arrives well within read_timeout
+    proxy.script(path, ["trickle", None])
+    ev = Events()
+    c = cfg(read_timeout=5.0, min_rate=20_000, rate_window=0.5)
+    done, res = _in_thread(lambda: fetch_to_file(f"s3://{bucket}/t.bin", str(tmp_path / "p"), config=c,
+                                                 on_event=ev), 60)
+    assert done and not isinstance(res, BaseException), res  # a trickle alone would take 150 s
+    with open(str(tmp_path / "p"), "rb") as f:
+        assert f.read() == blob
+    errors = [d["error"] for k, d in ev.seen if k == "retry"]
+    assert len(errors) == 1 and "too slow" in errors[0] and "RESUMEWDS_FETCH_MIN_RATE" in errors[0], errors
+
+
+def test_retry_after_past_the_deadline_gives_up_at_once(moto, bucket, proxy, tmp_path):
+    direct(moto).put_object(Bucket=bucket, Key="ra.bin", Body=b"r" * 100)
+    path = f"/{bucket}/ra.bin"
+    proxy.retry_after = 3600
+    proxy.script(path, ["slowdown"] * 5)
+    waits: List[float] = []
+    with pytest.raises(TransientFetchError, match=r"SlowDown.*retry after 3600s, beyond what is left of the 30s"):
+        fetch_to_file(f"s3://{bucket}/ra.bin", str(tmp_path / "p"), config=cfg(deadline=30.0, sleep=waits.append))
+    assert proxy.requests[path] == 1 and waits == []  # no wait, no second attempt
+
+
+def test_the_deadline_holds_inside_one_attempt(moto, bucket, tmp_path):
+    blob = random.Random(9).randbytes(200_000)
+    direct(moto).put_object(Bucket=bucket, Key="s.bin", Body=blob)
+    with S3FaultProxy(moto, stall_seconds=60.0) as px:
+        px.script(f"/{bucket}/s.bin", ["stall@0.5"] * 10)
+        c = cfg(read_timeout=30.0, deadline=1.5, s3=S3Options(endpoint_url=px.url))
+        done, res = _in_thread(lambda: fetch_to_file(f"s3://{bucket}/s.bin", str(tmp_path / "p"), config=c), 20)
+        # without the deadline inside the attempt: the 30 s read timeout, then a 60 s stall
+        assert done and isinstance(res, TransientFetchError), res
+        assert px.requests[f"/{bucket}/s.bin"] == 1
+
+
+def test_prefetch_and_reader_share_one_budget(moto, bucket, proxy, tmp_path, data):
+    from resumewds.cache import ShardStore
+    from resumewds.manifest import ShardInfo
+
+    import time
+
+    with open(os.path.join(data.root, "shard-000000.tar"), "rb") as f:
+        raw = f.read()
+    direct(moto).put_object(Bucket=bucket, Key="b.tar", Body=raw)
+    path = f"/{bucket}/b.tar"
+    proxy.script(path, ["500"] * 100)
+    import xxhash
+
+    shard = ShardInfo(url=f"s3://{bucket}/b.tar", size=len(raw), xxh3_64=xxhash.xxh3_64_hexdigest(raw))
+    st = ShardStore(cache_dir=str(tmp_path / "cache"), fetch=cfg(attempts=3))
+    try:
+        st.prefetch([shard], depth=1)
+        for _ in range(1000):
+            if st.counters["prefetch_error"]:
+                break
+            time.sleep(0.01)
+        assert st.counters["prefetch_error"] == 1
+        with pytest.raises(TransientFetchError, match="InternalError"):
+            st.acquire(shard)
+        assert proxy.requests[path] == 3  # not 3 by the prefetch + 3 by the reader
+        proxy._scripts.clear()  # the next read has a budget of its own
+        with st.acquire(shard) as ls:
+            with open(ls.path, "rb") as f:
+                assert f.read() == raw
+    finally:
+        st.close()
+
+
+def test_corrupt_and_incomplete_downloads_spend_the_budget(moto, bucket, proxy, tmp_path, data):
+    from resumewds.cache import ShardStore
+    from resumewds.errors import ChecksumMismatch, ShardFormatError
+    from resumewds.manifest import ShardInfo
+
+    import xxhash
+
+    with open(os.path.join(data.root, "shard-000001.tar"), "rb") as f:
+        raw = f.read()
+    bad = bytearray(raw)
+    bad[700] ^= 0xFF
+    s3 = direct(moto)
+    s3.put_object(Bucket=bucket, Key="c.tar", Body=bytes(bad))
+    st = ShardStore(cache_dir=str(tmp_path / "cache"), fetch=cfg(attempts=4))
+    shard = ShardInfo(url=f"s3://{bucket}/c.tar", size=len(raw), xxh3_64=xxhash.xxh3_64_hexdigest(raw))
+    with pytest.raises(ChecksumMismatch):
+        st.ensure(shard)
+    assert proxy.requests[f"/{bucket}/c.tar"] == 4  # the fetch budget decides
+    # no checksum known: the download must be a complete tar (cut inside a member)
+    s3.put_object(Bucket=bucket, Key="u.tar", Body=raw[: len(raw) // 2 + 100])
+    with pytest.raises(ShardFormatError, match=f"download of s3://{bucket}/u.tar"):
+        st.ensure(ShardInfo(url=f"s3://{bucket}/u.tar"))
+    assert proxy.requests[f"/{bucket}/u.tar"] == 4
+    assert not os.path.exists(st.entry_path(f"s3://{bucket}/u.tar"))
+    s3.put_object(Bucket=bucket, Key="u.tar", Body=raw)
+    with open(st.ensure(ShardInfo(url=f"s3://{bucket}/u.tar")), "rb") as f:
+        assert f.read() == raw
+    st.close()
+
+
+def test_max_bytes_html_pages_and_gopen_verbose(moto, bucket, proxy, tmp_path, capfd):
+    s3 = direct(moto)
+    s3.put_object(Bucket=bucket, Key="big.json", Body=b"{" + b" " * 5000 + b"}")
+    with pytest.raises(PermanentFetchError, match=r"big.json: larger than the 1000 bytes accepted"):
+        fetch_bytes(f"s3://{bucket}/big.json", cfg(), max_bytes=1000)
+    assert proxy.requests[f"/{bucket}/big.json"] == 1
+    s3.put_object(Bucket=bucket, Key="page.tar", Body=b"<!DOCTYPE html><html><body>MinIO Console</body></html>",
+                  ContentType="text/html")
+    with pytest.raises(PermanentFetchError, match=r"page.tar: .*HTML page.*text/html.*S3 API endpoint"):
+        fetch_to_file(f"s3://{bucket}/page.tar", str(tmp_path / "p"), config=cfg())
+    assert proxy.requests[f"/{bucket}/page.tar"] == 1 and not os.path.exists(str(tmp_path / "p"))
+    s3.put_object(Bucket=bucket, Key="v.bin", Body=b"v" * 1234)
+    capfd.readouterr()
+    fetch_to_file(f"s3://{bucket}/v.bin", str(tmp_path / "v"), config=cfg(log_opens=True))
+    err = capfd.readouterr().err
+    assert f"[gopen] s3://{bucket}/v.bin open" in err and f"[gopen] s3://{bucket}/v.bin closed: 1234 bytes" in err
+
+
+def test_s3_settings_are_read_by_config(monkeypatch):
+    from resumewds import config
+
+    assert "RESUMEWDS_S3_ENDPOINT_URL" in config.all_variables()
+    monkeypatch.setenv("RESUMEWDS_S3_ANONYMOUS", "perhaps")
+    with pytest.raises(ValueError, match="RESUMEWDS_S3_ANONYMOUS"):
+        S3Options.from_env()
+    monkeypatch.setenv("RESUMEWDS_S3_ANONYMOUS", "1")
+    monkeypatch.setenv("RESUMEWDS_S3_ADDRESSING_STYLE", " Path ")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    o = S3Options.from_env()
+    assert (o.anonymous, o.addressing_style, o.region) == (True, "path", "eu-west-3")
+    src = open(os.path.join(os.path.dirname(config.__file__), "s3.py")).read()
+    assert "os.environ" not in src and "getenv(" not in src  # config is the one place
