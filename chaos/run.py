@@ -47,7 +47,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from chaos import diskfaults
 from chaos.crash import (Dataset, Harness, Proc, Tally, cat_cmd, child_env, committed_samples, compare,
@@ -1069,9 +1069,13 @@ def _s3_ready(row: Row) -> bool:
 
 
 def s3_net(name: str, faults: str, *, max_per_path: int = 2, kills: int = 0,
-           expect: str = "exact") -> Callable[[Suite], Row]:
+           expect: str = "exact", env: Optional[Dict[str, str]] = None, workers: int = 2,
+           within: float = BOUND, says: str = "", max_requests: Optional[int] = None,
+           **proxy_kw: Any) -> Callable[[Suite], Row]:
     """``cat s3://bucket/data/manifest.json`` through the fault proxy (faults hit shards);
-    with ``kills``, runs with a journal are SIGKILLed ``kills`` times and rerun."""
+    with ``kills``, runs with a journal are SIGKILLed ``kills`` times and rerun.  Without:
+    the run must end within ``within`` s, an error must say ``says``, and no shard may
+    get more than ``max_requests`` GETs (the fetch hardening's checks)."""
     def scenario(s: Suite) -> Row:
         from chaos.s3proxy import S3FaultProxy
 
@@ -1081,15 +1085,24 @@ def s3_net(name: str, faults: str, *, max_per_path: int = 2, kills: int = 0,
         endpoint = _s3_endpoint()
         bucket = _s3_bucket(s, endpoint, "k" if kills else "n")
         px = S3FaultProxy(endpoint, faults=faults, seed=s.seed, max_faults_per_path=max_per_path,
-                          stall_seconds=3.0, bytes_per_second=1.5e6 if kills else None).start()
+                          stall_seconds=3.0, bytes_per_second=1.5e6 if kills else None, **proxy_kw).start()
         px.script(f"/{bucket}/data/manifest.json", [None] * 1000)
         try:
             d = s.tmp("s3")
-            env = child_env(AWS_ENDPOINT_URL=px.url, **_S3_CREDS)
+            env_ = child_env(AWS_ENDPOINT_URL=px.url, **_S3_CREDS, **(env or {}))
             src = f"s3://{bucket}/data/manifest.json"
             if not kills:
-                s.judge(row, run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1), env=env,
-                                 bound=BOUND))
+                p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1, workers=workers), env=env_,
+                        bound=BOUND)
+                s.judge(row, p)
+                if not p.hung and p.seconds > within:
+                    row.bad_exits.append(f"took {p.seconds:.0f}s (bound {within:.0f}s)")
+                if says and p.rc and says not in p.err:
+                    row.bad_exits.append(f"error does not say {says!r}: {_last_line(p.err)}")
+                if max_requests is not None:
+                    worst = max((n for path, n in px.requests.items() if path.endswith(".tar")), default=0)
+                    if worst > max_requests:
+                        row.bad_exits.append(f"a shard got {worst} GETs (budget {max_requests})")
             else:
                 journal = os.path.join(d, "run.db")
                 cmd = cat_cmd(src, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1)
@@ -1099,7 +1112,7 @@ def s3_net(name: str, faults: str, *, max_per_path: int = 2, kills: int = 0,
                 while True:
                     before = committed_samples(journal)
                     kill_at = rng.uniform(1.0, 5.0) if made < kills else None
-                    p = run(cmd, env=env, kill_after=kill_at, bound=BOUND, cache_dir=os.path.join(d, "cache"))
+                    p = run(cmd, env=env_, kill_after=kill_at, bound=BOUND, cache_dir=os.path.join(d, "cache"))
                     row.runs += 1
                     after = committed_samples(journal)
                     kept.extend(p.lines[: max(0, after - before)])
@@ -1163,6 +1176,14 @@ def s3_rows(quick: bool) -> List[Callable[[Suite], Row]]:
         s3_net(f"s3: SIGKILL x{2 if quick else 6} of cat --journal (mixed faults)", "mixed:0.1", max_per_path=1,
                kills=2 if quick else 6),
         _labelled("s3: object missing from the bucket (NoSuchKey)", s3_missing_object),
+        # the fetch hardening, over s3
+        s3_net("s3: body trickles at 200 B/s (min rate)", "trickle=1.0", max_per_path=1,
+               env={"RESUMEWDS_FETCH_MIN_RATE": "2000", "RESUMEWDS_FETCH_RATE_WINDOW": "1"},
+               trickle_bytes_per_second=200.0),
+        s3_net("s3: SlowDown with Retry-After 86400s", "slowdown=1.0", max_per_path=100000, expect="error",
+               within=20, says="beyond what is left", max_requests=6, retry_after=86400),
+        s3_net("s3: dead object: one budget for prefetch + reader", "500=1.0", max_per_path=100000,
+               expect="error", workers=0, env={"RESUMEWDS_FETCH_ATTEMPTS": "4"}, max_requests=4),
     ]
 
 
