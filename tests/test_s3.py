@@ -638,7 +638,8 @@ def test_the_deadline_holds_inside_one_attempt(moto, bucket, tmp_path):
         done, res = _in_thread(lambda: fetch_to_file(f"s3://{bucket}/s.bin", str(tmp_path / "p"), config=c), 20)
         # without the deadline inside the attempt: the 30 s read timeout, then a 60 s stall
         assert done and isinstance(res, TransientFetchError), res
-        assert px.requests[f"/{bucket}/s.bin"] == 1
+        # each attempt's timeouts are cut to what is left (a second, shorter attempt may fit)
+        assert 1 <= px.requests[f"/{bucket}/s.bin"] <= 4
 
 
 def test_prefetch_and_reader_share_one_budget(moto, bucket, proxy, tmp_path, data):
