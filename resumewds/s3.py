@@ -10,9 +10,10 @@ The same contract as :mod:`resumewds.fetch`'s http path, through boto3
   reader; a corrupt download counts against it, in the cache);
 * ``connect_timeout`` / ``read_timeout`` from the FetchConfig (a stalled body
   is a read timeout), both shortened to what is left of the deadline; the
-  deadline and the minimum transfer rate (``min_rate`` over ``rate_window``:
-  a trickling body fails the attempt) are checked after every read; a
-  Retry-After beyond the deadline ends the fetch at once;
+  body goes through fetch's own pacing (``_Pace``: the deadline inside an
+  attempt and the minimum transfer rate, ``min_rate`` over ``rate_window``,
+  checked after every read, as for http); a Retry-After beyond the deadline
+  ends the fetch at once;
 * ``max_bytes`` (remote manifests), an HTML page where an object was
   expected (a wrong endpoint: a web console) is permanent, ``GOPEN_VERBOSE``
   logs each open;
