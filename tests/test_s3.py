@@ -737,3 +737,29 @@ def test_s3_settings_are_read_by_config(monkeypatch):
     assert (o.anonymous, o.addressing_style, o.region) == (True, "path", "eu-west-3")
     src = open(os.path.join(os.path.dirname(config.__file__), "s3.py")).read()
     assert "os.environ" not in src and "getenv(" not in src  # config is the one place
+
+
+def test_verify_replaces_an_incomplete_cached_copy_without_checksum(moto, bucket, proxy, tmp_path, data):
+    """The cache's tar check of unchecksummed copies applies to s3:// entries too."""
+    from resumewds.cache import ShardStore
+    from resumewds.manifest import ShardInfo
+
+    import xxhash
+
+    with open(os.path.join(data.root, "shard-000002.tar"), "rb") as f:
+        raw = f.read()
+    direct(moto).put_object(Bucket=bucket, Key="v.tar", Body=raw)
+    shard = ShardInfo(url=f"s3://{bucket}/v.tar")
+    st = ShardStore(cache_dir=str(tmp_path / "cache"), fetch=cfg())
+    st._ensure_dirs()
+    base = st.entry_path(shard.url)
+    cut = raw[: len(raw) // 2 + 100]  # kept by an older version: not a complete tar
+    with open(base, "wb") as f:
+        f.write(cut)
+    st._write_meta(base, shard.url, xxhash.xxh3_64_hexdigest(cut), synced=True)
+    [(_, ok, err)] = st.verify_all([shard])
+    assert ok and err is None
+    with open(base, "rb") as f:
+        assert f.read() == raw
+    assert proxy.requests[f"/{bucket}/v.tar"] == 1
+    st.close()
