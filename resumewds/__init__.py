@@ -73,6 +73,7 @@ __all__ = [
     "Plan",
     "ResampledShards",
     "ResumeWDSError",
+    "S3Options",
     "ShardFormatError",
     "ShardInfo",
     "ShardNotFoundError",
@@ -152,4 +153,8 @@ def __getattr__(name: str) -> Any:
         from .datapipeline import DataPipeline
 
         return DataPipeline
+    if name == "S3Options":  # s3:// settings; resumewds.s3 leans on fetch's internals, load it on use
+        from .s3 import S3Options
+
+        return S3Options
     raise AttributeError(f"module 'resumewds' has no attribute {name!r}")

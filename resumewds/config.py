@@ -14,7 +14,6 @@ variable (or argument) and what is wrong.  Nothing else in resumewds reads
 the config objects built from them (:class:`resumewds.fetch.FetchConfig`).
 An empty variable counts as unset.
 
-============================== ================== ================= ===========================================
 Variable                       webdataset alias   Default           Meaning
 ============================== ================== ================= ===========================================
 RESUMEWDS_CACHE_DIR            WDS_CACHE          $XDG_CACHE_HOME/  shard cache directory
@@ -43,6 +42,46 @@ RESUMEWDS_MANIFEST_MAX_BYTES                      256MiB            largest remo
 RESUMEWDS_ALLOW_REMOTE_LOCAL                      0                 1: a manifest fetched over the network may
                                                                     name local files (absolute paths, file://)
 ============================== ================== ================= ===========================================
+=======
+============================== ============================= ================= ===========================================
+Variable                       webdataset alias              Default           Meaning
+============================== ============================= ================= ===========================================
+RESUMEWDS_CACHE_DIR            WDS_CACHE                     $XDG_CACHE_HOME/  shard cache directory
+                                                             resumewds
+RESUMEWDS_CACHE_SIZE           WDS_CACHE_SIZE                unlimited         cache budget: bytes or "20GB", "500MiB"
+RESUMEWDS_CACHE_SYNC                                         auto              auto, fsync or boot (see resumewds.cache)
+RESUMEWDS_VERBOSE_CACHE        WDS_VERBOSE_CACHE             0                 1: one stderr line per download/eviction
+RESUMEWDS_VERBOSE                                            0                 1/info: log fetches, retries, repairs;
+                                                                               2/debug: everything
+RESUMEWDS_SEED                 WDS_SEED                      0                 default seed of the order
+RESUMEWDS_GOPEN_VERBOSE        GOPEN_VERBOSE                 0                 1: one stderr line per source opened and
+                                                                               closed, with url and byte count
+RESUMEWDS_FETCH_ATTEMPTS                                     8                 attempts per shard and read (>= 1)
+RESUMEWDS_FETCH_DEADLINE                                     600               seconds per shard and read, all attempts
+                                                                               and waits included
+RESUMEWDS_FETCH_CONNECT_TIMEOUT                              10                seconds to connect
+RESUMEWDS_FETCH_READ_TIMEOUT                                 30                seconds between two reads of a body (or a
+                                                                               pipe: command's output)
+RESUMEWDS_FETCH_MIN_RATE                                     1024              bytes/s a body must keep up over
+                                                                               RATE_WINDOW (0: no minimum)
+RESUMEWDS_FETCH_RATE_WINDOW                                  30                seconds over which MIN_RATE is measured
+RESUMEWDS_FETCH_BACKOFF_INITIAL                              0.5               first wait between attempts (seconds)
+RESUMEWDS_FETCH_BACKOFF_MAX                                  30                longest wait between attempts (seconds)
+RESUMEWDS_FETCH_MAX_REDIRECTS                                10                redirects before a URL fails (permanent)
+RESUMEWDS_MANIFEST_MAX_BYTES                                 256MiB            largest remote manifest accepted
+RESUMEWDS_ALLOW_REMOTE_LOCAL                                 0                 1: a manifest fetched over the network may
+                                                                               name local files (absolute paths, file://)
+RESUMEWDS_S3_ENDPOINT_URL      AWS_ENDPOINT_URL_S3,          boto3's           s3:// endpoint (MinIO, R2, GCS interop)
+                               AWS_ENDPOINT_URL
+RESUMEWDS_S3_ADDRESSING_STYLE                                auto              s3:// addressing: auto, path or virtual
+RESUMEWDS_S3_ANONYMOUS                                       0                 1: unsigned s3:// requests (public buckets)
+============================== ============================= ================= ===========================================
+
+For ``s3://`` (:func:`s3_settings`) the standard AWS variables are read here
+too: ``AWS_ENDPOINT_URL_S3`` then ``AWS_ENDPOINT_URL`` (unless
+``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true, as boto3 does), ``AWS_REGION``
+then ``AWS_DEFAULT_REGION``, and ``AWS_PROFILE``; credentials are left to
+boto3's standard chain.
 
 Example:
     >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)
@@ -135,6 +174,9 @@ class Var:
     check: Optional[Callable[[Any], Optional[str]]] = None
 
 
+#: the addressing styles of an S3 client
+S3_ADDRESSING = ("auto", "path", "virtual")
+
 #: FetchConfig field -> variable
 FETCH_VARS: Dict[str, Var] = {
     "attempts": Var("RESUMEWDS_FETCH_ATTEMPTS", _int, 8, check=_at_least_one),
@@ -163,6 +205,10 @@ VARS: Dict[str, Var] = {
     "seed": Var("RESUMEWDS_SEED", _int, 0, alias="WDS_SEED"),
     "manifest_max_bytes": Var("RESUMEWDS_MANIFEST_MAX_BYTES", parse_size, 256 << 20, check=_at_least_one),
     "allow_remote_local": Var("RESUMEWDS_ALLOW_REMOTE_LOCAL", _bool, False),
+    "s3_endpoint_url": Var("RESUMEWDS_S3_ENDPOINT_URL", lambda r: r.strip(), None),
+    "s3_addressing_style": Var("RESUMEWDS_S3_ADDRESSING_STYLE", lambda r: r.strip().lower(), "auto",
+                               check=lambda v: None if v in S3_ADDRESSING else "must be auto, path or virtual"),
+    "s3_anonymous": Var("RESUMEWDS_S3_ANONYMOUS", _bool, False),
 }
 
 
@@ -278,6 +324,40 @@ def allow_remote_local(explicit: Optional[bool] = None) -> bool:
     return bool(value("allow_remote_local", explicit))
 
 
+def _env(name: str) -> Optional[str]:
+    raw = os.environ.get(name)
+    return raw.strip() if raw is not None and raw.strip() != "" else None
+
+
+def s3_settings() -> Dict[str, Any]:
+    """The :class:`resumewds.s3.S3Options` fields the environment gives.
+
+    ``endpoint_url``: ``RESUMEWDS_S3_ENDPOINT_URL``, else (unless
+    ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true) ``AWS_ENDPOINT_URL_S3``,
+    else ``AWS_ENDPOINT_URL``; ``region``: ``AWS_REGION``, else
+    ``AWS_DEFAULT_REGION``; ``profile``: ``AWS_PROFILE``.
+
+    Raises:
+        ValueError: ``RESUMEWDS_S3_ADDRESSING_STYLE`` or
+            ``RESUMEWDS_S3_ANONYMOUS`` has a value it cannot have (the
+            message names the variable).
+
+    Example:
+        >>> sorted(s3_settings())
+        ['addressing_style', 'anonymous', 'endpoint_url', 'profile', 'region']
+    """
+    endpoint = value("s3_endpoint_url") or None
+    if endpoint is None and (_env("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") or "").lower() not in ("1", "true"):
+        endpoint = _env("AWS_ENDPOINT_URL_S3") or _env("AWS_ENDPOINT_URL")
+    return {
+        "endpoint_url": endpoint,
+        "region": _env("AWS_REGION") or _env("AWS_DEFAULT_REGION"),
+        "profile": _env("AWS_PROFILE"),
+        "addressing_style": value("s3_addressing_style"),
+        "anonymous": bool(value("s3_anonymous")),
+    }
+
+
 def all_variables() -> Dict[str, Var]:
     """Every variable this module reads, by variable name (for docs and tests)."""
     out = {v.name: v for v in FETCH_VARS.values()}
@@ -287,6 +367,7 @@ def all_variables() -> Dict[str, Var]:
 
 __all__ = [
     "FETCH_VARS",
+    "S3_ADDRESSING",
     "VARS",
     "Var",
     "all_variables",
@@ -297,6 +378,7 @@ __all__ = [
     "fetch_settings",
     "manifest_max_bytes",
     "parse_size",
+    "s3_settings",
     "seed",
     "value",
     "verbose_cache",

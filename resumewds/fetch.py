@@ -126,6 +126,8 @@ class FetchConfig:
             and byte count (``GOPEN_VERBOSE=1``, as webdataset's gopen).
         sleep: how to wait; injectable so tests do not wait.  Must be a
             module-level function so that the config pickles.
+        s3: a :class:`resumewds.s3.S3Options` (endpoint, region, ...) for
+            ``s3://`` urls; None: from the environment.
     """
 
     connect_timeout: float = 10.0
@@ -140,6 +142,7 @@ class FetchConfig:
     rate_window: float = 30.0
     max_redirects: int = 10
     log_opens: bool = False
+    s3: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
@@ -469,8 +472,8 @@ def local_path(url: str) -> str:
 
 
 def is_remote_url(url: str) -> bool:
-    """True for sources that must be downloaded (http, https, pipe:)."""
-    return scheme_of(url) in ("http", "https", "pipe")
+    """True for sources that must be downloaded (http, https, s3, pipe:)."""
+    return scheme_of(url) in ("http", "https", "s3", "pipe")
 
 
 class _Session(requests.Session):
@@ -1088,8 +1091,8 @@ def _kind_for(url: str) -> str:
         return "local"
     if scheme == "pipe":
         return "pipe"
-    raise PermanentFetchError(f"{url}: unsupported URL scheme {scheme!r} (use http, https, file, a path or pipe:)",
-                              url)
+    raise PermanentFetchError(f"{url}: unsupported URL scheme {scheme!r} (use http, https, s3, file, a path or "
+                              "pipe:)", url)
 
 
 def _gopen_log(url: str, what: str) -> None:
@@ -1103,7 +1106,7 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
     """Download ``url`` into ``partial_path``, resuming what is already there.
 
     Args:
-        url: http(s)://, file://, a local path, or ``pipe:CMD``.
+        url: http(s)://, s3:// (:mod:`resumewds.s3`), file://, a local path, or ``pipe:CMD``.
         partial_path: destination; bytes already in it are kept when the server
             proves (If-Range, and the validator of the 206) that they belong
             to the same file.  The validator lives in ``partial_path + ".etag"``.
@@ -1132,6 +1135,10 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
         10240
     """
     cfg = config or FetchConfig.from_env()
+    if scheme_of(url) == "s3":  # resumewds/s3.py (boto3 is imported there, on first use)
+        from .s3 import s3_fetch_to_file
+        return s3_fetch_to_file(url, partial_path, expected_size=expected_size, config=cfg, on_event=on_event,
+                                budget=budget, max_bytes=max_bytes)
     kind = _kind_for(url)
     budget = budget or FetchBudget(cfg)
     t0 = time.monotonic()

@@ -553,7 +553,7 @@ class WebLoader:
             j.check_config(self._journal_config(),
                            compatible_keys=("batch_size", "world_size", "num_workers", "rank"))
             remote = [{"url": sh.url} for sh in self.dataset.manifest.shards
-                      if sh.url.startswith(("http://", "https://", "pipe:"))]
+                      if sh.url.startswith(("http://", "https://", "s3://", "pipe:"))]
             if remote and j.latest_commit() is None:
                 j.update_shards(remote)  # every remote shard starts as 'pending'
             if point is None:

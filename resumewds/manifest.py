@@ -521,7 +521,7 @@ def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile],
 
 
 def is_remote(url: str) -> bool:
-    return url.startswith(("http://", "https://"))
+    return url.startswith(("http://", "https://", "s3://"))
 
 
 def resolve_url(url: str, location: str) -> str:
@@ -532,9 +532,13 @@ def resolve_url(url: str, location: str) -> str:
         'http://h/d/a.tar'
         >>> resolve_url("a.tar", "/data/manifest.json")
         '/data/a.tar'
+        >>> resolve_url("a.tar", "s3://bucket/d/manifest.json")
+        's3://bucket/d/a.tar'
     """
     if url.startswith("pipe:") or "://" in url or os.path.isabs(url):
         return url
+    if location.startswith("s3://"):  # urljoin does not join s3: join as http, bucket as host
+        return "s3://" + urllib.parse.urljoin("http://" + location[5:], url)[7:]
     if is_remote(location):
         return urllib.parse.urljoin(location, url)
     loc = location[7:] if location.startswith("file://") else location

@@ -99,7 +99,7 @@ def test_cat_errors_are_click_errors(tmp_path, cache_dir):
     res = CliRunner().invoke(cli, ["cat", str(bad)])
     assert res.exit_code == 1
     assert "Error:" in res.output and str(bad) in res.output and "at byte 0" in res.output
-    res = CliRunner().invoke(cli, ["cat", "s3://bucket/a.tar"])
+    res = CliRunner().invoke(cli, ["cat", "gs://bucket/a.tar"])
     assert res.exit_code == 1 and "scheme" in res.output
 
 

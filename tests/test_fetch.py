@@ -87,8 +87,8 @@ def test_missing_remote_file_is_404(served, tmp_path):
 
 
 def test_unknown_scheme_and_missing_local_file(tmp_path):
-    with pytest.raises(PermanentFetchError, match="s3://b/a.tar"):
-        fetch_to_file("s3://b/a.tar", str(tmp_path / "p"), config=fast_config())
+    with pytest.raises(PermanentFetchError, match="gs://b/a.tar"):
+        fetch_to_file("gs://b/a.tar", str(tmp_path / "p"), config=fast_config())
     missing = str(tmp_path / "missing.tar")
     with pytest.raises(PermanentFetchError, match="missing.tar"):
         fetch_to_file(missing, str(tmp_path / "p"), config=fast_config())

@@ -56,7 +56,7 @@ def test_resolve_paths_patterns_and_lists(shards, tmp_path):
     assert resolve_sources("pipe:cat /x/y.tar").shards[0].name == "y.tar"
 
 
-@pytest.mark.parametrize("bad", ["s3://bucket/a.tar", "ftp://h/a.tar", "gs://b/{0..1}.tar"])
+@pytest.mark.parametrize("bad", ["az://bucket/a.tar", "ftp://h/a.tar", "gs://b/{0..1}.tar"])
 def test_bad_scheme(bad):
     with pytest.raises(SourceError) as ei:
         resolve_sources(bad)
