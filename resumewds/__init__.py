@@ -30,6 +30,8 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
                      PermanentFetchError, ResumeWDSError, ShardFormatError, SourceError, StateError,
                      TransientFetchError, UnsafeSourceError)
 from .manifest import Manifest, ShardInfo, load_manifest
+from .mixdataset import MixedDataset, RandomMix
+from .mixture import MixPlan
 from .plan import Layout, Plan
 from .tario import sample_digest, scan_file
 
@@ -46,7 +48,10 @@ __all__ = [
     "JournalIncompleteCommit",
     "Layout",
     "Manifest",
+    "MixPlan",
+    "MixedDataset",
     "PermanentFetchError",
+    "RandomMix",
     "Plan",
     "ResumeWDSError",
     "ShardFormatError",

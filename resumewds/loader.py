@@ -224,7 +224,7 @@ class WebLoader:
                  remainder: str = "keep", journal: Optional[str] = None,
                  resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
                  journal_sync: str = "NORMAL", **dataloader_kwargs: Any):
-        if not isinstance(dataset, WebDataset):
+        if not (isinstance(dataset, WebDataset) or hasattr(dataset, "iter_steps")):  # or a MixedDataset
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
         for bad in ("shuffle", "sampler", "batch_sampler"):
             if dataloader_kwargs.get(bad):
@@ -289,8 +289,11 @@ class WebLoader:
                                            resolve_resume)
         j = Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync)
         try:
+            # a dataset may declare keys that can change here (a mixture's new phase)
+            evolves = getattr(self.dataset, "compatible_config", None)
+            extra = tuple(evolves(j.config(), point)) if evolves is not None else ()
             j.check_config(self._journal_config(),
-                           compatible_keys=("batch_size", "world_size", "num_workers", "rank"))
+                           compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
             remote = [{"url": sh.url} for sh in self.dataset.manifest.shards
                       if sh.url.startswith(("http://", "https://", "pipe:"))]
             if remote and j.latest_commit() is None:
@@ -481,6 +484,9 @@ class WebLoader:
         s = self.stats_.snapshot()
         s.update(epoch=self.epoch, position=self.position, samples_total=self.samples_total,
                  rank=self.rank, world_size=self.world_size, num_workers=self.num_workers)
+        mixture = getattr(self.dataset, "mixture_stats", None)  # a MixedDataset: per-source proportions
+        if mixture is not None:
+            s["mixture"] = mixture(self.epoch, self.position)
         return s
 
     def to_tensorboard(self, writer: Any, step: Optional[int] = None, prefix: str = "data/") -> None:
