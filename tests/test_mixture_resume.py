@@ -280,6 +280,11 @@ def test_curriculum_script_survives_kill9_over_http(tmp_path, faults):
         assert len(want) == 40
 
         env_b = dict(env, RESUMEWDS_CACHE_DIR=str(tmp_path / "cache-run"))
+        srv.reset_counters()
+        for path, kinds in (("/web/shard-000003.tar", ["reset", "503", None]),
+                            ("/code/shard-000001.tar", ["500", "truncate", None]),
+                            ("/web/shard-000000.tar", ["stall", None])):
+            srv.script(path, kinds)
         rnd = random.Random(7)
         committed: List[str] = []
         kills = 0
@@ -314,6 +319,7 @@ def test_curriculum_script_survives_kill9_over_http(tmp_path, faults):
                 break
             assert p.returncode == -signal.SIGKILL, err[-2000:]
         assert kills == 5
+        assert sum(srv.faults.values()) >= 5, dict(srv.faults)  # the 5 scripted ones at least
         # a killed run's last line(s) may be printed but not committed: the next run
         # restarts at its first uncommitted step and reprints it (trimmed above)
         assert committed == want
