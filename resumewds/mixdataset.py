@@ -247,7 +247,12 @@ class MixedDataset:
         """
         mp = self.mixplan
         d = mp.describe()
-        return {"manifest": self.manifest.digest(), "samples": mp.epoch_size,
+        # "manifest" (also checked by load_state_dict) covers the sources, the
+        # interleave seed, the epoch size and the first phase's weights; later
+        # phases are only in mixture_phases (the journal checks them)
+        h = xxhash.xxh3_64(self.manifest.digest().encode())
+        h.update(repr((self._sources_config(), self.seed, mp.epoch_size, d["phases"][0])).encode())
+        return {"manifest": h.hexdigest(), "samples": mp.epoch_size,
                 "shards": len(self.manifest.shards), "seed": self.seed, "shuffle": "mixture",
                 "shuffle_window": None, "mixture_sources": self._sources_config(),
                 "mixture_phases": d["phases"]}

@@ -323,3 +323,21 @@ def test_curriculum_script_survives_kill9_over_http(tmp_path, faults):
         # a killed run's last line(s) may be printed but not committed: the next run
         # restarts at its first uncommitted step and reprints it (trimmed above)
         assert committed == want
+
+
+def test_state_dict_refuses_other_sources_or_first_weights(data_root):
+    mk = Mix(data_root, 2, [1, 1], epoch_size=30)
+    ld = rw.WebLoader(mk(), batch_size=4, collate_fn=_collate)
+    next(iter(ld))
+    state = ld.state_dict()
+    ld.close()
+    for other in (Mix(data_root, 2, [1, 2], epoch_size=30), Mix(data_root, 3, [1, 1, 0], epoch_size=30),
+                  Mix(data_root, 2, [1, 1], epoch_size=30, seed=4)):
+        fresh = rw.WebLoader(other(), batch_size=4, collate_fn=_collate)
+        with pytest.raises(rw.StateError, match="manifest"):
+            fresh.load_state_dict(state)
+        fresh.close()
+    same = rw.WebLoader(mk(), batch_size=4, num_workers=2, collate_fn=_collate)
+    same.load_state_dict(state)
+    assert same.position == 4
+    same.close()
