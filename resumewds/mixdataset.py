@@ -13,11 +13,16 @@ journal="run.db", resume=True)`` resumes exactly at any worker count and
 world size.
 
 Example:
-    >>> import resumewds as rw                                              # doctest: +SKIP
-    >>> web = rw.WebDataset("web/shard-{0000..0099}.tar", seed=1, shuffle=True).decode()
-    >>> code = rw.WebDataset("code/shard-{0000..0009}.tar", seed=2, shuffle=True).decode()
-    >>> mixed = rw.MixedDataset([web, code], weights=[0.8, 0.2], seed=7).with_epoch(100_000)
-    >>> loader = rw.WebLoader(mixed, batch_size=64, num_workers=4, journal="run.db", resume=True)
+    >>> web = rw.WebDataset("data/shard-{000000..000002}.tar", seed=1, shuffle=True)
+    >>> code = rw.WebDataset("data/shard-000003.tar", seed=2)
+    >>> mixed = rw.MixedDataset([web, code], weights=[0.75, 0.25], names=["web", "code"],
+    ...                         seed=7).with_epoch(16)
+    >>> "".join(s["__source__"][0] for s in mixed)
+    'cwwwcwwwcwwwcwww'
+    >>> loader = rw.WebLoader(mixed, batch_size=4, num_workers=2, journal="run.db")
+    >>> [len(b["__key__"]) for b in loader], loader.stats()["mixture"]["sources"][1]["delivered"]
+    ([4, 4, 4, 4], 4)
+    >>> loader.close()
 """
 
 from __future__ import annotations
@@ -120,9 +125,10 @@ class MixedDataset:
     (without resampling).
 
     Example:
-        >>> mixed = MixedDataset([web, code], weights=[3, 1], seed=0)   # doctest: +SKIP
-        >>> next(iter(mixed))["__source__"]                              # doctest: +SKIP
-        'web'
+        >>> web, code = rw.WebDataset("data/shard-{000000..000002}.tar"), rw.WebDataset("data/shard-000003.tar")
+        >>> mixed = MixedDataset([web, code], weights=[3, 1], names=["web", "code"])
+        >>> mixed.mixplan.epoch_size, [s["__source__"] for s in mixed].count("code")
+        (32, 8)
     """
 
     def __init__(self, datasets: Sequence[Any], weights: Optional[Sequence[Optional[float]]] = None, *,
@@ -167,7 +173,7 @@ class MixedDataset:
         self._manifest: Optional[_MixManifest] = None
 
     # ---- fluent -------------------------------------------------------------
-    def with_epoch(self, n: int) -> "MixedDataset":
+    def with_epoch(self, n: int) -> MixedDataset:
         """An epoch of ``n`` samples (positions) over the endless sources."""
         if int(n) < 1:
             raise ValueError(f"with_epoch needs n >= 1, got {n}")
@@ -175,20 +181,20 @@ class MixedDataset:
         self._mix = None
         return self
 
-    def add_phase(self, at: int, weights: Weights) -> "MixedDataset":
+    def add_phase(self, at: int, weights: Weights) -> MixedDataset:
         """From global position ``at`` on, mix with ``weights`` (a curriculum step)."""
-        self.phases.append((int(at), weights))
+        self.phases.append((int(at), dict(weights) if isinstance(weights, dict) else list(weights)))
         self._mix = None
-        self.mixplan  # validate now
+        _ = self.mixplan  # validate now
         return self
 
-    def map(self, fn: Callable[[Any], Any]) -> "MixedDataset":
+    def map(self, fn: Callable[[Any], Any]) -> MixedDataset:
         """Apply ``fn`` to each mixed sample (after the source's own stages)."""
         (self.batch_stages if self.batch_size is not None else self.stages).append(fn)
         return self
 
     def batched(self, batch_size: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collate,
-                partial: bool = True) -> "MixedDataset":
+                partial: bool = True) -> MixedDataset:
         """Batch the mixed samples (the loader's ``remainder`` rules the last batch)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -313,7 +319,7 @@ class MixedDataset:
         return out
 
     def __getstate__(self) -> Dict[str, Any]:
-        self.manifest  # every source indexed before workers start
+        _ = self.manifest  # every source indexed before workers start
         d = dict(self.__dict__)
         d["_mix"] = None
         d["_streams"] = None
@@ -454,7 +460,9 @@ def RandomMix(datasets: Sequence[Any], probs: Optional[Sequence[float]] = None,
     stopped.  The interleave seed is the first dataset's seed.
 
     Example:
-        >>> mix = RandomMix([a, b], probs=[0.5, 0.5])                  # doctest: +SKIP
+        >>> a, b = rw.WebDataset("data/shard-{000000..000002}.tar"), rw.WebDataset("data/shard-000003.tar")
+        >>> len(list(RandomMix([a, b], probs=[0.5, 0.5])))  # b (8 samples) runs out after 16
+        16
     """
     datasets = list(datasets)
     seed = int(getattr(datasets[0], "seed", 0)) if datasets else 0

@@ -223,24 +223,24 @@ class MixPlan:
                 raise ValueError(f"mixture: {name} has {len(lst)} entries for {k} sources")
         absolute: List[Optional[Fraction]] = []
         for i in range(k):
-            given = [n for n, v in (("weight", weights[i]), ("repeat", repeat[i]), ("choose", choose[i]))
-                     if v is not None]
+            wi, ri, ci = weights[i], repeat[i], choose[i]
+            given = [n for n, v in (("weight", wi), ("repeat", ri), ("choose", ci)) if v is not None]
             if len(given) > 1:
                 raise ValueError(f"mixture source {i}: give one of weight, repeat, choose (got {given})")
-            if repeat[i] is not None:
-                if float(repeat[i]) < 0:
-                    raise ValueError(f"mixture source {i}: repeat={repeat[i]!r} is negative")
-                absolute.append(Fraction(repeat[i]).limit_denominator(10**6) * self.sizes[i])
-            elif choose[i] is not None:
-                if int(choose[i]) < 0:
-                    raise ValueError(f"mixture source {i}: choose={choose[i]!r} is negative")
-                absolute.append(Fraction(int(choose[i])))
-            elif weights[i] is None:
+            if ri is not None:
+                if float(ri) < 0:
+                    raise ValueError(f"mixture source {i}: repeat={ri!r} is negative")
+                absolute.append(Fraction(ri).limit_denominator(10**6) * self.sizes[i])
+            elif ci is not None:
+                if int(ci) < 0:
+                    raise ValueError(f"mixture source {i}: choose={ci!r} is negative")
+                absolute.append(Fraction(int(ci)))
+            elif wi is None:
                 absolute.append(Fraction(self.sizes[i]))
             else:
                 absolute.append(None)
         fixed = sum((a for a in absolute if a is not None), Fraction(0))
-        rel = [Fraction(w).limit_denominator(10**9) if a is None else Fraction(0)
+        rel = [Fraction(w).limit_denominator(10**9) if a is None and w is not None else Fraction(0)
                for w, a in zip(weights, absolute)]
         if any(r < 0 for r in rel):
             raise ValueError(f"mixture weights {weights!r}: a weight is negative")
@@ -362,7 +362,7 @@ class MixPlan:
 # One source's endless stream.
 # ---------------------------------------------------------------------------
 
-def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: "bool | str" = True,
+def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool | str = True,
                     window: int = 8) -> Tuple[EpochPlan, List[int]]:
     """One epoch of shards drawn *with replacement* (webdataset's ``resampled=True``).
 
@@ -421,7 +421,7 @@ class SourceStream:
         [(0, 0), (0, 1), (1, 0), (1, 1), (0, 0)]
     """
 
-    def __init__(self, counts: Sequence[int], seed: int = 0, shuffle: "bool | str" = True,
+    def __init__(self, counts: Sequence[int], seed: int = 0, shuffle: bool | str = True,
                  window: int = 8, resampled: bool = False):
         self.counts = [int(c) for c in counts]
         self.total = sum(self.counts)

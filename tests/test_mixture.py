@@ -14,14 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resumewds.mixture import (MixPlan, SourceStream, Splitter, integer_weights, resampled_epoch)
+from resumewds.mixture import MixPlan, SourceStream, Splitter, integer_weights, resampled_epoch
 
 sizes_st = st.lists(st.integers(1, 5000), min_size=2, max_size=5)
 
 
 def _walk(mp: MixPlan, n: int, start: int = 0):
     """Per-source counts after each position, checking q is the running count."""
-    k = len(mp.sizes)
     c = list(mp.delivered_global(start))
     for g in range(start, start + n):
         src, q = mp.locate_global(g)

@@ -12,7 +12,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
@@ -20,10 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import resumewds as rw
+from conftest import REPO, subprocess_env
 from resumewds.errors import JournalConfigMismatch
 from resumewds.synth import write_shards
-
-from conftest import REPO, subprocess_env
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -162,7 +160,7 @@ def test_resampled_mixture_draws_shards_with_replacement(data_root):
     # one resampled epoch of the 200-sample source: 10 shard draws with replacement
     assert len(big) == 200 and len(set(big)) < 200 and len({s for s, _ in big}) < 10
     plain = _reference(Mix(data_root, 5, [1, 1, 1, 1, 4], epoch_size=400), 1)
-    assert len(set((x[3], x[4]) for x in plain.values() if x[2] == "s4")) == 200
+    assert len({(x[3], x[4]) for x in plain.values() if x[2] == "s4"}) == 200
     assert [x[2] for x in plain.values()] == [x[2] for x in ref.values()]  # same interleave
 
 
