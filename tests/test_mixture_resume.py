@@ -339,3 +339,26 @@ def test_state_dict_refuses_other_sources_or_first_weights(data_root):
     same.load_state_dict(state)
     assert same.position == 4
     same.close()
+
+
+def test_status_shows_the_mixture_from_the_journal_alone(data_root, tmp_path):
+    from resumewds.journal import status
+    from resumewds.mixdataset import format_mixture, mixture_status
+
+    mk = Mix(data_root, 3, [1, 1, 0], phases=[(24, {2: 1.0, 0: 1.0})], epoch_size=80)
+    j = str(tmp_path / "st.db")
+    ld = rw.WebLoader(mk(), batch_size=4, num_workers=0, collate_fn=_collate, journal=j)
+    for step, _ in enumerate(ld):
+        ld.commit(step)
+        if step == 11:
+            break
+    live = ld.stats()["mixture"]
+    ld.close()
+    st = status(j)
+    assert st["config"]["mixture_phases"] == [[0, [1, 1, 0]], [24, [1, 0, 1]]]
+    got = mixture_status(st["config"], st["latest"]["epoch"], st["latest"]["position"])
+    assert got == live and got["phase"] == 1 and got["global_position"] == 48
+    assert [s["delivered"] for s in got["sources"]] == [24, 12, 12]
+    text = format_mixture(got)
+    assert "s2  12 samples (0.250), requested 0.500" in text
+    assert mixture_status({"samples": 10}, 0, 0) is None
