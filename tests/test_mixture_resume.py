@@ -70,8 +70,8 @@ class Mix:
         return rw.MixedDataset(ds, **kw)
 
 
-def _run(mk: Mix, batch: int, workers: int, world: int, epochs: int, state: Optional[dict] = None,
-         steps: Optional[int] = None) -> Tuple[Dict[Tuple[int, int], Tuple], List[Tuple], dict]:
+def _run(mk: Mix, batch: Optional[int], workers: int, world: int, epochs: int, state: Optional[dict] = None,
+         steps: Optional[int] = None, remainder: str = "keep") -> Tuple[Dict[Tuple[int, int], Tuple], List[Tuple], dict]:
     """Run every rank of a world (one after another, in this process).
 
     Returns the delivered samples by (epoch, index), the padding samples, and
@@ -82,14 +82,14 @@ def _run(mk: Mix, batch: int, workers: int, world: int, epochs: int, state: Opti
     final = None
     for r in range(world):
         ld = rw.WebLoader(mk(), batch_size=batch, num_workers=workers, rank=r, world_size=world,
-                          collate_fn=_collate)
+                          collate_fn=_collate, remainder=remainder)
         if state is not None:
             ld.load_state_dict(state)
         n = 0
         try:
             while ld.epoch < epochs and (steps is None or n < steps):
                 for b in ld:
-                    for x in b:
+                    for x in (b if batch is not None else [_ident(b)]):
                         if x[5]:
                             pads.append(x)
                             continue
@@ -138,19 +138,30 @@ def test_resume_at_any_step_any_workers_any_world(data_root, k, data):
     batch = data.draw(st.integers(1, 9))
     w1, w2 = data.draw(st.sampled_from([(1, 1), (1, 2), (2, 3), (3, 1)]))
     nw1, nw2 = data.draw(st.sampled_from([(0, 2), (2, 0), (1, 3), (0, 0)]))
+    rem = data.draw(st.sampled_from(["keep", "pad"]))
     mk = Mix(data_root, k, weights, resampled=resampled, epoch_size=data.draw(st.integers(20, 70)))
     epochs = 2
     ref = _reference(mk, epochs)
     total = mk().mixplan.epoch_size * epochs
     stop = data.draw(st.integers(1, max(1, total // (batch * w1) - 1)))
-    first, pads1, state = _run(mk, batch, nw1, w1, epochs, steps=stop)
-    rest, pads2, _ = _run(mk, batch, nw2, w2, epochs, state=state)
+    first, pads1, state = _run(mk, batch, nw1, w1, epochs, steps=stop, remainder=rem)
+    rest, pads2, _ = _run(mk, batch, nw2, w2, epochs, state=state, remainder=rem)
     assert not set(first) & set(rest), "a position delivered before and after the resume"
     both = dict(first)
     both.update(rest)
     assert both == ref
     for p in pads1 + pads2:  # padding: a real sample of its epoch's start, flagged
         assert p[1] < batch * max(w1, w2)
+
+
+def test_unbatched_loader_yields_the_mixture_sample_by_sample(data_root):
+    mk = Mix(data_root, 4, [1, 5, 2, 2], resampled=True, epoch_size=45)
+    ref = _reference(mk, 2)
+    got, pads, _ = _run(mk, None, 2, 1, 2)
+    assert got == ref and not pads
+    first, _, state = _run(mk, None, 0, 1, 2, steps=50)
+    rest, _, _ = _run(mk, None, 3, 1, 2, state=state)
+    assert len(first) == 50 and {**first, **rest} == ref and not set(first) & set(rest)
 
 
 def test_resampled_mixture_draws_shards_with_replacement(data_root):
