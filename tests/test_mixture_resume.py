@@ -71,7 +71,8 @@ class Mix:
 
 
 def _run(mk: Mix, batch: Optional[int], workers: int, world: int, epochs: int, state: Optional[dict] = None,
-         steps: Optional[int] = None, remainder: str = "keep") -> Tuple[Dict[Tuple[int, int], Tuple], List[Tuple], dict]:
+         steps: Optional[int] = None, remainder: str = "keep"
+         ) -> Tuple[Dict[Tuple[int, int], Tuple], List[Tuple], dict]:
     """Run every rank of a world (one after another, in this process).
 
     Returns the delivered samples by (epoch, index), the padding samples, and
