@@ -327,6 +327,7 @@ class MixedDataset:
         offsets = man.offsets
         collate_fn = self.collate_fn or default_collate
         mine = list(worker_steps(nsteps, worker, num_workers))
+        stages_of = [list(ds.stages) + self.stages for ds in self.datasets]
 
         def where_of(k: int) -> List[Tuple[int, int, int, int, bool]]:
             out = []
@@ -386,7 +387,7 @@ class MixedDataset:
                     per_shard[g] = per_shard.get(g, 0) + 1
                     per_src[src] = per_src.get(src, 0) + 1
                 x: Any = sample
-                for st in list(ds.stages) + self.stages:
+                for st in stages_of[src]:
                     x = st(x)
                     if x is None:
                         break
