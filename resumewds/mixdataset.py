@@ -118,6 +118,9 @@ class MixedDataset:
             an existing journal is a recorded, explicit change; any other
             change of sources or weights is refused (JournalConfigMismatch).
         names: a name per source (stats and samples' ``__source__``).
+        block: > 1 shuffles positions within blocks of that many (a random-
+            looking source pattern, bound ``3d + B w (1-w)``; see
+            :class:`~resumewds.mixture.MixPlan`).
 
     Sources are endless: each continues its own deterministic stream
     (epochs of its own order, or resampled draws) across mixed epochs, so
@@ -137,7 +140,7 @@ class MixedDataset:
                  resampled: Union[bool, Sequence[bool], None] = None,
                  epoch_size: Optional[int] = None, seed: int = 0,
                  phases: Optional[Sequence[Tuple[int, Weights]]] = None,
-                 names: Optional[Sequence[str]] = None):
+                 names: Optional[Sequence[str]] = None, block: int = 1):
         self.datasets = list(datasets)
         if not self.datasets:
             raise ValueError("MixedDataset needs at least one dataset")
@@ -162,6 +165,7 @@ class MixedDataset:
         self.choose = list(choose) if choose is not None else None
         self.epoch_size = epoch_size
         self.seed = int(seed)
+        self.block = int(block)
         self.phases = [(int(a), dict(w) if isinstance(w, dict) else list(w)) for a, w in (phases or [])]
         self.stages: List[Callable[[Any], Any]] = []
         self.batch_stages: List[Callable[[Any], Any]] = []
@@ -208,7 +212,8 @@ class MixedDataset:
         if self._mix is None:
             sizes = [ds.manifest.total_samples for ds in self.datasets]
             self._mix = MixPlan(sizes, self.weights, repeat=self.repeat, choose=self.choose,
-                                epoch_size=self.epoch_size, seed=self.seed, phases=self.phases)
+                                epoch_size=self.epoch_size, seed=self.seed, phases=self.phases,
+                                block=self.block)
         return self._mix
 
     @property
@@ -257,11 +262,11 @@ class MixedDataset:
         # interleave seed, the epoch size and the first phase's weights; later
         # phases are only in mixture_phases (the journal checks them)
         h = xxhash.xxh3_64(self.manifest.digest().encode())
-        h.update(repr((self._sources_config(), self.seed, mp.epoch_size, d["phases"][0])).encode())
+        h.update(repr((self._sources_config(), self.seed, mp.epoch_size, d["phases"][0], mp.block)).encode())
         return {"manifest": h.hexdigest(), "samples": mp.epoch_size,
                 "shards": len(self.manifest.shards), "seed": self.seed, "shuffle": "mixture",
                 "shuffle_window": None, "mixture_sources": self._sources_config(),
-                "mixture_phases": d["phases"]}
+                "mixture_phases": d["phases"], "mixture_block": mp.block}
 
     def compatible_config(self, old: Dict[str, Any], point: Optional[Dict[str, Any]]) -> Tuple[str, ...]:
         """Config keys that may differ from the journal's ``old`` config at this resume.
@@ -477,7 +482,7 @@ def _proportions(mp: MixPlan, names: Sequence[str], epoch: int, position: int) -
         w = mp.phase_weights[p]
         for i in range(len(want)):
             want[i] += (end - start) * w[i] / sum(w)
-    bounds = mp.bounds(ph)
+    bounds = mp.prefix_bounds(ph)
     return {"phase": ph, "global_position": g, "sources": [
         {"name": names[i], "delivered": got[i], "delivered_fraction": got[i] / tot if tot else 0.0,
          "requested_fraction": req[i], "expected": want[i], "deviation": got[i] - want[i],
@@ -504,7 +509,7 @@ def mixture_status(config: Dict[str, Any], epoch: int, position: int) -> Optiona
         return None
     mp = MixPlan([int(s["samples"]) for s in srcs], weights=list(phases[0][1]),
                  epoch_size=int(config["samples"]), seed=int(config.get("seed") or 0),
-                 phases=[(int(a), list(w)) for a, w in phases[1:]])
+                 phases=[(int(a), list(w)) for a, w in phases[1:]], block=int(config.get("mixture_block") or 1))
     return _proportions(mp, [str(s["name"]) for s in srcs], int(epoch), int(position))
 
 
@@ -524,7 +529,7 @@ def format_mixture(mx: Dict[str, Any]) -> str:
     for s in mx["sources"]:
         lines.append(f"  {s['name']:<{width}}  {s['delivered']} samples ({s['delivered_fraction']:.3f}), "
                      f"requested {s['requested_fraction']:.3f}, deviation {s['deviation']:+.2f} "
-                     f"(bound < {max(1, s['bound'])})")
+                     f"(bound < {max(1.0, s['bound']):g})")
     return "\n".join(lines)
 
 

@@ -58,11 +58,12 @@ from fractions import Fraction
 from math import gcd
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from .plan import EpochPlan, Plan, mix
+from .plan import EpochPlan, FeistelPermutation, Plan, mix
 
 _TAG_MIX = 0x4D4958  # "MIX"
 _TAG_RESAMPLE = 0x5245534D  # "RESM"
 _TAG_RWINDOW = 0x5257494E  # "RWIN"
+_TAG_BLOCK = 0x424C4F43  # "BLOC"
 
 Weights = Union[Sequence[float], Dict[int, float]]
 
@@ -192,6 +193,12 @@ class MixPlan:
         phases: later phases as ``[(global_position, weights), ...]``;
             ``weights`` is a list (one per source) or a dict ``{index: w}``
             (missing sources: 0).  Positions must increase and be > 0.
+        block: 1 (default): the source pattern is the plain low-discrepancy
+            sequence (1:1 alternates).  ``B > 1``: positions are also
+            shuffled within blocks of ``B`` (a keyed Feistel permutation per
+            block), so the pattern looks random, with the deterministic bound
+            :meth:`prefix_bounds`; a phase then starts at the next block
+            boundary at or after its position.
 
     Per-source options: a source with ``repeat`` or ``choose`` has that
     absolute count per epoch; the other sources share the rest of the epoch
@@ -207,8 +214,11 @@ class MixPlan:
                  repeat: Optional[Sequence[Optional[float]]] = None,
                  choose: Optional[Sequence[Optional[int]]] = None,
                  epoch_size: Optional[int] = None, seed: int = 0,
-                 phases: Optional[Sequence[Tuple[int, Weights]]] = None):
+                 phases: Optional[Sequence[Tuple[int, Weights]]] = None, block: int = 1):
         self.sizes = [int(s) for s in sizes]
+        if int(block) < 1:
+            raise ValueError(f"mixture block must be >= 1, got {block}")
+        self.block = int(block)
         k = len(self.sizes)
         if k == 0:
             raise ValueError("a mixture needs at least one source")
@@ -272,10 +282,11 @@ class MixPlan:
         w0 = integer_weights(share)
         self.phase_starts: List[int] = [0]
         self.phase_weights: List[List[int]] = [w0]
+        self._splitters: Dict[int, Splitter] = {}
+        self._perms: Dict[Tuple[int, int], FeistelPermutation] = {}
+        self._bases: List[List[int]] = []
         for at, w in phases or []:
             self._add_phase(int(at), w)
-        self._splitters: Dict[int, Splitter] = {}
-        self._bases: List[List[int]] = []
 
     def _norm(self, w: Weights) -> List[int]:
         k = len(self.sizes)
@@ -294,6 +305,8 @@ class MixPlan:
         if at <= self.phase_starts[-1]:
             raise ValueError(f"mixture phase at position {at} must come after the one at "
                              f"{self.phase_starts[-1]} (phases are in increasing global positions)")
+        prev, b = self.phase_starts[-1], self.block
+        at = prev + -(-(at - prev) // b) * b  # with blocks: from the next block boundary on
         self.phase_starts.append(at)
         self.phase_weights.append(self._norm(w))
         self._bases = []
@@ -306,12 +319,39 @@ class MixPlan:
                                                     mix(self.seed, _TAG_MIX, phase))
         return sp
 
+    def _perm(self, phase: int, b: int) -> FeistelPermutation:
+        key = (phase, b)
+        p = self._perms.get(key)
+        if p is None:
+            if len(self._perms) >= 8:
+                self._perms.pop(next(iter(self._perms)))
+            p = self._perms[key] = FeistelPermutation(self.block, mix(self.seed, _TAG_BLOCK, phase, b))
+        return p
+
+    def _phase_locate(self, phase: int, j: int) -> Tuple[int, int]:
+        sp = self.splitter(phase)
+        if self.block == 1:
+            return sp.locate(j)
+        b, t = divmod(j, self.block)
+        return sp.locate(b * self.block + self._perm(phase, b)[t])
+
+    def _phase_counts(self, phase: int, j: int) -> List[int]:
+        sp = self.splitter(phase)
+        if self.block == 1:
+            return sp.counts(j)
+        b, t = divmod(j, self.block)
+        c = sp.counts(b * self.block)
+        perm = self._perm(phase, b)
+        for u in range(t):
+            c[sp.locate(b * self.block + perm[u])[0]] += 1
+        return c
+
     def _base(self, phase: int) -> List[int]:
         """Per-source stream index at the start of ``phase``."""
         if not self._bases:
             bases = [[0] * len(self.sizes)]
             for p in range(1, len(self.phase_starts)):
-                c = self.splitter(p - 1).counts(self.phase_starts[p] - self.phase_starts[p - 1])
+                c = self._phase_counts(p - 1, self.phase_starts[p] - self.phase_starts[p - 1])
                 bases.append([a + b for a, b in zip(bases[-1], c)])
             self._bases = bases
         return self._bases[phase]
@@ -324,7 +364,7 @@ class MixPlan:
         if g < 0:
             raise IndexError(f"negative mixture position {g}")
         ph = self.phase_of(g)
-        src, idx = self.splitter(ph).locate(g - self.phase_starts[ph])
+        src, idx = self._phase_locate(ph, g - self.phase_starts[ph])
         return src, self._base(ph)[src] + idx
 
     def locate(self, epoch: int, position: int) -> Tuple[int, int]:
@@ -334,7 +374,7 @@ class MixPlan:
     def delivered_global(self, g: int) -> List[int]:
         """Per-source counts of positions ``0 .. g-1`` (all phases)."""
         ph = self.phase_of(max(0, g))
-        c = self.splitter(ph).counts(max(0, g) - self.phase_starts[ph])
+        c = self._phase_counts(ph, max(0, g) - self.phase_starts[ph])
         return [a + b for a, b in zip(self._base(ph), c)]
 
     def delivered(self, epoch: int, position: int) -> List[int]:
@@ -352,9 +392,23 @@ class MixPlan:
         sp = self.splitter(phase)
         return [sp.bound(i) for i in range(len(self.sizes))]
 
+    def prefix_bounds(self, phase: int = 0) -> List[float]:
+        """Per source, the bound on ``|c_i(n) - n w_i|`` over any prefix of a phase.
+
+        ``d_i`` without blocks; with ``block=B`` (positions shuffled within
+        blocks of ``B``) ``3 d_i + B w_i (1 - w_i)``: exact Bresenham counts at
+        every block boundary, a permuted block in between.
+        """
+        d = self.bounds(phase)
+        if self.block == 1:
+            return [float(x) for x in d]
+        w = self.phase_weights[phase]
+        t = sum(w)
+        return [3 * d[i] + self.block * (w[i] / t) * (1 - w[i] / t) for i in range(len(d))]
+
     def describe(self) -> Dict[str, Any]:
         """What the mixing depends on (journal config)."""
-        return {"epoch_size": self.epoch_size, "seed": self.seed,
+        return {"epoch_size": self.epoch_size, "seed": self.seed, "block": self.block,
                 "phases": [[s, w] for s, w in zip(self.phase_starts, self.phase_weights)]}
 
 

@@ -203,3 +203,44 @@ def test_resampling_repeats_shards_within_an_epoch():
     assert len(draws) == 50 and len(set(draws)) < 45  # ~ 1 - 1/e distinct, not all
     _, other = resampled_epoch(counts, 1, 1, True, 8)
     assert draws != other
+
+
+# ---- block jitter: a random-looking pattern, still a deterministic bound ----------------
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=sizes_st, data=st.data(), seed=st.integers(0, 2**32), block=st.integers(2, 96))
+def test_blocks_keep_a_deterministic_bound_and_every_stream_exact(sizes, data, seed, block):
+    k = len(sizes)
+    w0 = data.draw(st.lists(st.integers(1, 20), min_size=k, max_size=k))
+    w1 = data.draw(st.lists(st.integers(0, 20), min_size=k, max_size=k).filter(any))
+    at = data.draw(st.integers(1, 1500))
+    mp = MixPlan(sizes, w0, seed=seed, block=block, phases=[(at, w1)])
+    at = mp.phase_starts[1]
+    assert at % block == 0  # snapped to the next block boundary
+    wn = [x / sum(mp.phase_weights[0]) for x in mp.phase_weights[0]]
+    pb = mp.prefix_bounds(0)
+    seen = [set() for _ in range(k)]
+    c = [0] * k
+    for g in range(at + 1500):
+        src, q = mp.locate_global(g)
+        assert q not in seen[src]
+        seen[src].add(q)
+        c[src] += 1
+        if g + 1 <= at:
+            for i in range(k):
+                assert abs(c[i] - (g + 1) * wn[i]) < pb[i] + 1e-9
+        if (g + 1) % block == 0 or g + 1 == at:  # exact at block boundaries: a prefix of each stream
+            assert all(s == set(range(n)) for s, n in zip(seen, c))
+            assert mp.delivered_global(g + 1) == c
+    assert mp.delivered_global(at + 700) == [sum(1 for g in range(at + 700) if mp.locate_global(g)[0] == i)
+                                            for i in range(k)]
+
+
+def test_blocks_break_the_regular_pattern():
+    plain = MixPlan([100, 100], [1, 1], seed=1)
+    jit = MixPlan([100, 100], [1, 1], seed=1, block=32)
+    p = [plain.locate_global(g)[0] for g in range(64)]
+    j = [jit.locate_global(g)[0] for g in range(64)]
+    runs = sum(1 for a, b in zip(j, j[1:]) if a == b)
+    assert sum(1 for a, b in zip(p, p[1:]) if a == b) == 0 and runs > 10
+    assert j.count(0) == 32  # still exact per block

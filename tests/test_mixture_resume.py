@@ -140,7 +140,8 @@ def test_resume_at_any_step_any_workers_any_world(data_root, k, data):
     w1, w2 = data.draw(st.sampled_from([(1, 1), (1, 2), (2, 3), (3, 1)]))
     nw1, nw2 = data.draw(st.sampled_from([(0, 2), (2, 0), (1, 3), (0, 0)]))
     rem = data.draw(st.sampled_from(["keep", "pad"]))
-    mk = Mix(data_root, k, weights, resampled=resampled, epoch_size=data.draw(st.integers(20, 70)))
+    mk = Mix(data_root, k, weights, resampled=resampled, epoch_size=data.draw(st.integers(20, 70)),
+             block=data.draw(st.sampled_from([1, 1, 16])))
     epochs = 2
     ref = _reference(mk, epochs)
     total = mk().mixplan.epoch_size * epochs
