@@ -279,9 +279,9 @@ def test_curriculum_script_survives_kill9_over_http(tmp_path, faults):
         srv.set_faults(faults)
         urls = [f"{srv.url}/web/shard-{{000000..000005}}.tar", f"{srv.url}/code/shard-{{000000..000001}}.tar"]
 
-        def cmd(work: str) -> List[str]:
+        def cmd(work: str, workers: int = 2) -> List[str]:
             return [sys.executable, script, "--work", work, "--source", urls[0], "--source", urls[1],
-                    "--steps", "40", "--phase-step", "20", "--batch-size", "8", "--workers", "2"]
+                    "--steps", "40", "--phase-step", "20", "--batch-size", "8", "--workers", str(workers)]
 
         env_a = dict(env, RESUMEWDS_CACHE_DIR=str(tmp_path / "cache-ref"))
         ref = subprocess.run(cmd(str(tmp_path / "ref")), env=env_a, capture_output=True, text=True,
@@ -300,7 +300,9 @@ def test_curriculum_script_survives_kill9_over_http(tmp_path, faults):
         committed: List[str] = []
         kills = 0
         for attempt in range(12):
-            p = subprocess.Popen(cmd(str(tmp_path / "run")), env=env_b, stdout=subprocess.PIPE,
+            # each restart with another worker count than the reference run's 2
+            workers = [0, 3, 1, 0, 3, 1][attempt % 6]
+            p = subprocess.Popen(cmd(str(tmp_path / "run"), workers), env=env_b, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
             target = rnd.randint(2, 9)
             seen: List[str] = []
