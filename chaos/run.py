@@ -1400,6 +1400,36 @@ def s3_rows(quick: bool) -> List[Callable[[Suite], Row]]:
     ]
 
 
+# ---- mixtures (issue 16, engineer H8) -------------------------------------------------
+# A two-source, two-phase curriculum (examples/curriculum.py) over a faulty http server,
+# killed with SIGKILL and restarted with 0/3/1 workers: see chaos/mixcrash.py.
+
+def mixture_kills(kills: int) -> Callable[[Suite], Row]:
+    def scenario(s: Suite) -> Row:
+        import collections
+
+        from chaos.mixcrash import campaign
+
+        row = Row(f"SIGKILL x{kills}, two-source curriculum over http (0/3/1 workers)", "resume")
+        rep = campaign(s.tmp("mixture"), kills, random.Random(f"{s.seed}:mixture"))
+        want, got = collections.Counter(rep.expected), collections.Counter(rep.committed)
+        row.runs, row.faults = rep.runs, rep.kills + sum(rep.faults.values())
+        row.tally = Tally(expected=len(rep.expected), delivered=len(rep.committed),
+                          lost=sum((want - got).values()), repeated=sum((got - want).values()),
+                          misordered=int(want == got and rep.committed != rep.expected))
+        row.bad_exits = list(rep.errors)
+        row.note = f"{rep.kills} kills, faults {rep.faults}; lines are steps (samples, phase, loss)"
+        return row
+    return _labelled("mixture_kills", scenario)
+
+
+_matrix_without_mixtures = matrix
+
+
+def matrix(quick: bool) -> List[Callable[[Suite], Row]]:  # the matrix above, with the mixture rows
+    return _matrix_without_mixtures(quick) + [mixture_kills(3 if quick else 8)]
+
+
 HEADER = ("fault", "runs", "faults injected", "samples expected", "delivered", "lost", "repeated",
           "corrupt delivered", "clear-error exits", "verdict")
 

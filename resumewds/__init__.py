@@ -40,6 +40,8 @@ from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, 
                        warn_and_stop)
 from .manifest import Manifest, ShardInfo, load_manifest
 from .multi import MultiLoader
+from .mixdataset import MixedDataset, RandomMix
+from .mixture import MixPlan
 from .plan import Layout, Plan
 from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
                          split_by_node, split_by_worker)
@@ -68,9 +70,12 @@ __all__ = [
     "Layout",
     "Manifest",
     "MissingKeyError",
+    "MixPlan",
+    "MixedDataset",
     "MultiLoader",
     "PermanentFetchError",
     "Plan",
+    "RandomMix",
     "ResampledShards",
     "ResumeWDSError",
     "S3Options",

@@ -395,7 +395,7 @@ class WebLoader:
                  journal_sync: str = "NORMAL", nodes: Optional[int] = None,
                  preempt: Union[bool, Sequence[int]] = False,
                  **dataloader_kwargs: Any):
-        if not isinstance(dataset, WebDataset):
+        if not (isinstance(dataset, WebDataset) or hasattr(dataset, "iter_steps")):  # or a MixedDataset
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
         for bad in ("shuffle", "sampler", "batch_sampler"):
             if dataloader_kwargs.get(bad):
@@ -550,8 +550,11 @@ class WebLoader:
             if stored and _auto_partitions(self.dataset):  # a resume keeps the run's partitions
                 self.dataset.use_partitions(resolve_partitions(None, self.world.nodes, stored))
                 self.config = self.dataset.config()
+            # a dataset may declare keys that can change here (a mixture's new phase)
+            evolves = getattr(self.dataset, "compatible_config", None)
+            extra = tuple(evolves(j.config(), point)) if evolves is not None else ()
             j.check_config(self._journal_config(),
-                           compatible_keys=("batch_size", "world_size", "num_workers", "rank"))
+                           compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
             remote = [{"url": sh.url} for sh in self.dataset.manifest.shards
                       if sh.url.startswith(("http://", "https://", "s3://", "pipe:"))]
             if remote and j.latest_commit() is None:
@@ -773,6 +776,9 @@ class WebLoader:
         s = self.stats_.snapshot()
         s.update(epoch=self.epoch, position=self.position, samples_total=self.samples_total,
                  rank=self.rank, world_size=self.world_size, num_workers=self.num_workers)
+        mixture = getattr(self.dataset, "mixture_stats", None)  # a MixedDataset: per-source proportions
+        if mixture is not None:
+            s["mixture"] = mixture(self.epoch, self.position)
         return s
 
     def to_tensorboard(self, writer: Any, step: Optional[int] = None, prefix: str = "data/") -> None:

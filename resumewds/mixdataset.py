@@ -1,0 +1,559 @@
+"""MixedDataset / RandomMix: several WebDatasets mixed by weight, exactly resumable.
+
+A :class:`MixedDataset` composes :class:`~resumewds.dataset.WebDataset`
+objects.  Each keeps its own manifest, cache, verification, ``on_error``
+policy and stages; the mixture decides only *which source* feeds each
+position (:class:`~resumewds.mixture.MixPlan`, a pure function of seed and
+position) and which sample of that source's endless stream it is
+(:class:`~resumewds.mixture.SourceStream`).  It speaks the interface
+:class:`~resumewds.loader.WebLoader` uses (``iter_steps``, ``config``,
+``take_events``, ``manifest``, ``plan``, ``batch_size``/``collate_fn``), so
+``WebLoader(RandomMix([a, b], [0.7, 0.3]), batch_size=32, num_workers=4,
+journal="run.db", resume=True)`` resumes exactly at any worker count and
+world size.
+
+Example:
+    >>> web = rw.WebDataset("data/shard-{000000..000002}.tar", seed=1, shuffle=True)
+    >>> code = rw.WebDataset("data/shard-000003.tar", seed=2)
+    >>> mixed = rw.MixedDataset([web, code], weights=[0.75, 0.25], names=["web", "code"],
+    ...                         seed=7).with_epoch(16)
+    >>> "".join(s["__source__"][0] for s in mixed)
+    'cwwwcwwwcwwwcwww'
+    >>> loader = rw.WebLoader(mixed, batch_size=4, num_workers=2, journal="run.db")
+    >>> [len(b["__key__"]) for b in loader], loader.stats()["mixture"]["sources"][1]["delivered"]
+    ([4, 4, 4, 4], 4)
+    >>> loader.close()
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import xxhash
+
+from .errors import ResumeWDSError
+from .manifest import ShardInfo
+from .mixture import MixPlan, SourceStream, Weights
+from .pipeline import default_collate, list_collate
+from .plan import Layout, worker_steps
+
+
+class _MixManifest:
+    """The sources' shards as one list (global shard index = offset + local index)."""
+
+    def __init__(self, manifests: Sequence[Any]):
+        self.parts = list(manifests)
+        self.offsets: List[int] = []
+        self.shards: List[ShardInfo] = []
+        for m in self.parts:
+            self.offsets.append(len(self.shards))
+            self.shards.extend(m.shards)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(m.total_samples for m in self.parts)
+
+    @property
+    def counts(self) -> List[int]:
+        return [int(s.samples or 0) for s in self.shards]
+
+    @property
+    def indexed(self) -> bool:
+        return all(m.indexed for m in self.parts)
+
+    def digest(self) -> str:
+        h = xxhash.xxh3_64()
+        for m in self.parts:
+            h.update((m.digest() + "\n").encode())
+        return h.hexdigest()
+
+
+class _MixEpoch:
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _MixPlanView:
+    """What the loader reads of ``dataset.plan``: ``len(plan.epoch(e))``."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def epoch(self, e: int) -> _MixEpoch:
+        return _MixEpoch(self.n)
+
+
+def _source_name(ds: Any, i: int) -> str:
+    urls = getattr(ds, "urls", None)
+    if isinstance(urls, str):
+        return urls
+    return f"source{i}"
+
+
+class MixedDataset:
+    """Several WebDatasets mixed by weight into one exactly-resumable stream.
+
+    Args:
+        datasets: the sources (each a :class:`~resumewds.dataset.WebDataset`,
+            not ``batched``: the mixture batches).
+        weights: relative weights (any scale); None: see ``repeat``/``choose``
+            (a source with neither counts once per epoch: ``choose=size``).
+        repeat: per source, times its size per epoch (Streaming's ``repeat``).
+        choose: per source, samples per epoch (Streaming's ``choose``).
+        resampled: per source (or one bool for all): draw its shards with
+            replacement (webdataset's ``resampled=True``).  Default: the
+            source's own ``resampled`` attribute, else False.
+        epoch_size: positions per epoch (also ``.with_epoch(n)``); default:
+            the sum of the per-source counts (one pass over every source
+            when only weights are given).
+        seed: seed of the interleave.
+        phases: curriculum: ``[(global_position, weights), ...]`` with
+            ``global_position = epoch * epoch_size + position`` (for a
+            step-based change: ``step * batch_size * world_size``; see
+            :func:`at_step`).  Adding a phase at or after the resume point of
+            an existing journal is a recorded, explicit change; any other
+            change of sources or weights is refused (JournalConfigMismatch).
+        names: a name per source (stats and samples' ``__source__``).
+        block: > 1 shuffles positions within blocks of that many (a random-
+            looking source pattern, bound ``3d + B w (1-w)``; see
+            :class:`~resumewds.mixture.MixPlan`).
+
+    Sources are endless: each continues its own deterministic stream
+    (epochs of its own order, or resampled draws) across mixed epochs, so
+    every sample of a source is delivered once before any is delivered twice
+    (without resampling).
+
+    Example:
+        >>> web, code = rw.WebDataset("data/shard-{000000..000002}.tar"), rw.WebDataset("data/shard-000003.tar")
+        >>> mixed = MixedDataset([web, code], weights=[3, 1], names=["web", "code"])
+        >>> mixed.mixplan.epoch_size, [s["__source__"] for s in mixed].count("code")
+        (32, 8)
+    """
+
+    def __init__(self, datasets: Sequence[Any], weights: Optional[Sequence[Optional[float]]] = None, *,
+                 repeat: Optional[Sequence[Optional[float]]] = None,
+                 choose: Optional[Sequence[Optional[int]]] = None,
+                 resampled: Union[bool, Sequence[bool], None] = None,
+                 epoch_size: Optional[int] = None, seed: int = 0,
+                 phases: Optional[Sequence[Tuple[int, Weights]]] = None,
+                 names: Optional[Sequence[str]] = None, block: int = 1):
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise ValueError("MixedDataset needs at least one dataset")
+        for i, ds in enumerate(self.datasets):
+            if not hasattr(ds, "_read") or not hasattr(ds, "manifest"):
+                raise TypeError(f"mixture source {i} is a {type(ds).__name__}, not a resumewds.WebDataset")
+            if getattr(ds, "batch_size", None) is not None:
+                raise ValueError(f"mixture source {i} is batched(); batch the mixture instead")
+        k = len(self.datasets)
+        if isinstance(resampled, bool):
+            resampled = [resampled] * k
+        elif resampled is None:
+            resampled = [bool(getattr(ds, "resampled", False)) for ds in self.datasets]
+        self.resampled = [bool(r) for r in resampled]
+        if len(self.resampled) != k:
+            raise ValueError(f"resampled has {len(self.resampled)} entries for {k} sources")
+        self.names = list(names) if names is not None else [_source_name(d, i) for i, d in enumerate(self.datasets)]
+        if len(self.names) != k:
+            raise ValueError(f"names has {len(self.names)} entries for {k} sources")
+        self.weights = list(weights) if weights is not None else None
+        self.repeat = list(repeat) if repeat is not None else None
+        self.choose = list(choose) if choose is not None else None
+        self.epoch_size = epoch_size
+        self.seed = int(seed)
+        self.block = int(block)
+        self.phases = [(int(a), dict(w) if isinstance(w, dict) else list(w)) for a, w in (phases or [])]
+        self.stages: List[Callable[[Any], Any]] = []
+        self.batch_stages: List[Callable[[Any], Any]] = []
+        self.batch_size: Optional[int] = None
+        self.collate_fn: Optional[Callable[[List[Any]], Any]] = None
+        self.epoch = 0
+        self._mix: Optional[MixPlan] = None
+        self._streams: Optional[List[SourceStream]] = None
+        self._manifest: Optional[_MixManifest] = None
+
+    # ---- fluent -------------------------------------------------------------
+    def with_epoch(self, n: int) -> MixedDataset:
+        """An epoch of ``n`` samples (positions) over the endless sources."""
+        if int(n) < 1:
+            raise ValueError(f"with_epoch needs n >= 1, got {n}")
+        self.epoch_size = int(n)
+        self._mix = None
+        return self
+
+    def add_phase(self, at: int, weights: Weights) -> MixedDataset:
+        """From global position ``at`` on, mix with ``weights`` (a curriculum step)."""
+        self.phases.append((int(at), dict(weights) if isinstance(weights, dict) else list(weights)))
+        self._mix = None
+        _ = self.mixplan  # validate now
+        return self
+
+    def map(self, fn: Callable[[Any], Any]) -> MixedDataset:
+        """Apply ``fn`` to each mixed sample (after the source's own stages)."""
+        (self.batch_stages if self.batch_size is not None else self.stages).append(fn)
+        return self
+
+    def batched(self, batch_size: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collate,
+                partial: bool = True) -> MixedDataset:
+        """Batch the mixed samples (the loader's ``remainder`` rules the last batch)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.collate_fn = collation_fn if collation_fn is not None else list_collate
+        return self
+
+    # ---- plan ---------------------------------------------------------------
+    @property
+    def mixplan(self) -> MixPlan:
+        if self._mix is None:
+            sizes = [ds.manifest.total_samples for ds in self.datasets]
+            self._mix = MixPlan(sizes, self.weights, repeat=self.repeat, choose=self.choose,
+                                epoch_size=self.epoch_size, seed=self.seed, phases=self.phases,
+                                block=self.block)
+        return self._mix
+
+    @property
+    def streams(self) -> List[SourceStream]:
+        if self._streams is None:
+            self._streams = [SourceStream(ds.manifest.counts, ds.seed, ds.shuffle, ds.shuffle_window,
+                                          resampled=r)
+                             for ds, r in zip(self.datasets, self.resampled)]
+        return self._streams
+
+    @property
+    def manifest(self) -> _MixManifest:
+        if self._manifest is None:
+            self._manifest = _MixManifest([ds.manifest for ds in self.datasets])
+        return self._manifest
+
+    @property
+    def plan(self) -> _MixPlanView:
+        return _MixPlanView(self.mixplan.epoch_size)
+
+    def locate(self, epoch: int, position: int) -> Tuple[int, int, int]:
+        """``(source, shard index in that source, sample in shard)`` of a position."""
+        src, q = self.mixplan.locate(epoch, position)
+        shard, j = self.streams[src].at(q)
+        return src, shard, j
+
+    # ---- loader interface ---------------------------------------------------
+    def _sources_config(self) -> List[Dict[str, Any]]:
+        out = []
+        for i, (ds, st) in enumerate(zip(self.datasets, self.streams)):
+            d = {"name": self.names[i], "manifest": ds.manifest.digest(),
+                 "samples": ds.manifest.total_samples}
+            d.update(st.describe())
+            out.append(d)
+        return out
+
+    # ---- node partitions (resumewds.world): not applied to mixtures yet ---
+    #: a mixture reads every source with one partition: each node fetches the
+    #: sources' whole data (node-local mixtures are future work, see docs/MIXTURES.md)
+    partitions: Optional[int] = 1
+
+    @property
+    def plan_partitions(self) -> int:
+        """The partition count of the mixed order: always 1 for now."""
+        return 1
+
+    def use_partitions(self, partitions: int) -> None:
+        """Accept the loader's partition count; a mixture has exactly one."""
+        if int(partitions) != 1:
+            raise ValueError(f"a MixedDataset has one partition (node-local mixtures are not supported "
+                             f"yet), got partitions={partitions}")
+
+    def config(self) -> Dict[str, Any]:
+        """What the delivered order depends on (the journal's config check).
+
+        ``mixture_phases`` may grow at a resume (an explicit curriculum step,
+        see :meth:`compatible_config`); everything else must stay equal.
+        """
+        mp = self.mixplan
+        d = mp.describe()
+        # "manifest" (also checked by load_state_dict) covers the sources, the
+        # interleave seed, the epoch size and the first phase's weights; later
+        # phases are only in mixture_phases (the journal checks them)
+        h = xxhash.xxh3_64(self.manifest.digest().encode())
+        h.update(repr((self._sources_config(), self.seed, mp.epoch_size, d["phases"][0], mp.block)).encode())
+        return {"manifest": h.hexdigest(), "samples": mp.epoch_size,
+                "shards": len(self.manifest.shards), "seed": self.seed, "shuffle": "mixture",
+                "shuffle_window": None, "mixture_sources": self._sources_config(),
+                "mixture_phases": d["phases"], "mixture_block": mp.block}
+
+    def compatible_config(self, old: Dict[str, Any], point: Optional[Dict[str, Any]]) -> Tuple[str, ...]:
+        """Config keys that may differ from the journal's ``old`` config at this resume.
+
+        A phase list that keeps every old phase and only adds phases that
+        start at or after the resume point (``point``: the journal's commit
+        being resumed) is a declared curriculum change: ``mixture_phases``
+        is then compatible (the journal records old and new values in a
+        ``config_change`` event).  Anything else (other weights for a past
+        phase, a phase before the resume point, other sources) is not.
+        """
+        if not old or "mixture_phases" not in old:
+            return ()
+        new = self.config()
+        oldp, newp = old["mixture_phases"], new["mixture_phases"]
+        if oldp == newp or len(newp) <= len(oldp) or newp[:len(oldp)] != oldp:
+            return ()
+        g = 0
+        if point is not None:
+            g = int(point["epoch"]) * int(new["samples"]) + int(point["position"])
+        if any(int(s) < g for s, _ in newp[len(oldp):]):
+            return ()
+        return ("mixture_phases",)
+
+    def mixture_stats(self, epoch: int, position: int) -> Dict[str, Any]:
+        """Delivered vs requested proportions, exact, for the whole run so far.
+
+        A pure function of the position (over all ranks), so it holds after
+        any number of resumes.
+        """
+        return _proportions(self.mixplan, self.names, epoch, position)
+
+    def take_events(self) -> List[Dict[str, Any]]:
+        out: List[Dict[str, Any]] = []
+        for ds in self.datasets:
+            out.extend(ds.take_events())
+        return out
+
+    def __getstate__(self) -> Dict[str, Any]:
+        _ = self.manifest  # every source indexed before workers start
+        d = dict(self.__dict__)
+        d["_mix"] = None
+        d["_streams"] = None
+        return d
+
+    def close(self) -> None:
+        for ds in self.datasets:
+            ds.close()
+
+    # ---- reading ------------------------------------------------------------
+    def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
+                   num_workers: int = 1, collate: bool = True
+                   ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+        """Yield ``(step, batch, meta)`` for this worker's steps, as WebDataset does.
+
+        ``meta`` also has ``sources``: samples per source index.
+        """
+        mp = self.mixplan
+        streams = self.streams
+        total = mp.epoch_size
+        nsteps = layout.num_steps(total, start)
+        man = self.manifest
+        offsets = man.offsets
+        collate_fn = self.collate_fn or default_collate
+        mine = list(worker_steps(nsteps, worker, num_workers))
+        stages_of = [list(ds.stages) + self.stages for ds in self.datasets]
+
+        def where_of(k: int) -> List[Tuple[int, int, int, int, bool]]:
+            out = []
+            for pos, pad in layout.slots(total, start, k):
+                src, q = mp.locate(epoch, pos)
+                shard, j = streams[src].at(q)
+                out.append((pos, src, shard, j, pad))
+            return out
+
+        nxt: Optional[List[Tuple[int, int, int, int, bool]]] = where_of(mine[0]) if mine else None
+        for n, k in enumerate(mine):
+            where = nxt or []
+            nxt = where_of(mine[n + 1]) if n + 1 < len(mine) else None
+            # fetch this step's and the next step's shards in the background
+            want: Dict[int, List[int]] = {}
+            for lst in (where, nxt or []):
+                for _, src, shard, _, _ in lst:
+                    if shard not in want.setdefault(src, []):
+                        want[src].append(shard)
+            for src, idxs in want.items():
+                ds = self.datasets[src]
+                if ds.prefetch_depth > 0:
+                    todo = [ds.manifest.shards[s] for s in idxs if s not in ds._failed]
+                    try:
+                        if todo:
+                            ds.store.prefetch(todo, depth=len(todo))
+                    except ResumeWDSError:
+                        pass  # surfaces again when the shard is read
+            meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
+                                    "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
+                                    "positions": [], "sources": {}}
+            any_pad = any(w[4] for w in where)
+            per_shard, per_src, positions = meta["shards"], meta["sources"], meta["positions"]
+            out: List[Any] = []
+            t_read = t_stages = wait = 0.0
+            nbytes = skipped = filtered = pads = 0
+            for pos, src, shard, j, pad in where:
+                ds = self.datasets[src]
+                t0 = time.perf_counter()
+                sample = ds._read(shard, j)
+                t1 = time.perf_counter()
+                t_read += t1 - t0
+                if sample is None:
+                    skipped += 1
+                    continue
+                nbytes += sum(len(v) for kk, v in sample.items() if not kk.startswith("__"))
+                sample["__epoch__"] = epoch
+                sample["__index__"] = pos
+                sample["__shard__"] = ds.manifest.shards[shard].name
+                sample["__source__"] = self.names[src]
+                if any_pad:
+                    sample["__pad__"] = bool(pad)
+                if pad:
+                    pads += 1
+                else:
+                    g = offsets[src] + shard
+                    per_shard[g] = per_shard.get(g, 0) + 1
+                    per_src[src] = per_src.get(src, 0) + 1
+                x: Any = sample
+                for st in stages_of[src]:
+                    x = st(x)
+                    if x is None:
+                        break
+                t_stages += time.perf_counter() - t1
+                if x is None:
+                    filtered += 1
+                    continue
+                out.append(x)
+                positions.append(pos)
+            meta.update(samples=len(out), bytes=nbytes, skipped=skipped, filtered=filtered, pads=pads)
+            t2 = time.perf_counter()
+            batch: Any = out
+            if collate and out:
+                batch = collate_fn(out)
+                for st in self.batch_stages:
+                    batch = st(batch)
+                    if batch is None:
+                        break
+            t_stages += time.perf_counter() - t2
+            meta["t_read"] = t_read
+            meta["t_stages"] = t_stages
+            for ds in self.datasets:
+                r = ds._reader
+                if r is not None:
+                    wait += r.wait
+                    r.wait = 0.0
+            meta["t_fetch_wait"] = wait
+            meta["events"] = self.take_events()
+            failed = {ds.manifest.shards[i].url: e for ds in self.datasets for i, e in ds._failed.items()}
+            if failed:
+                meta["failed"] = failed
+            yield k, batch, meta
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the samples of epoch ``self.epoch`` in order, in this process."""
+        layout = Layout(batch_size=64)
+        for _, batch, _ in self.iter_steps(self.epoch, 0, layout, collate=False):
+            yield from batch
+
+
+def RandomMix(datasets: Sequence[Any], probs: Optional[Sequence[float]] = None,
+              longest: bool = False) -> MixedDataset:
+    """webdataset's ``RandomMix(datasets, probs=None, longest=False)``, deterministic.
+
+    ``probs`` (default: equal) are the weights.  ``longest=False`` (as
+    webdataset: stop when the first source runs out): an epoch is as long as
+    the weights allow without repeating any source's sample,
+    ``min_i(size_i / p_i)`` positions.  ``longest=True`` (every source runs
+    to its end): every sample of every source once per epoch, interleaved
+    evenly (the probabilities are then the sizes' ratios, where webdataset
+    keeps ``probs`` until a source runs out and then renormalises).  Sources
+    are endless streams, so a later epoch continues each source where it
+    stopped.  The interleave seed is the first dataset's seed.
+
+    Example:
+        >>> a, b = rw.WebDataset("data/shard-{000000..000002}.tar"), rw.WebDataset("data/shard-000003.tar")
+        >>> len(list(RandomMix([a, b], probs=[0.5, 0.5])))  # b (8 samples) runs out after 16
+        16
+    """
+    datasets = list(datasets)
+    seed = int(getattr(datasets[0], "seed", 0)) if datasets else 0
+    if longest:
+        return MixedDataset(datasets, None, seed=seed)
+    if probs is None:
+        probs = [1.0] * len(datasets)
+    probs = [float(p) for p in probs]
+    if len(probs) != len(datasets):
+        raise ValueError(f"RandomMix: {len(probs)} probs for {len(datasets)} datasets")
+    tot = sum(probs)
+    if tot <= 0 or any(p < 0 for p in probs):
+        raise ValueError(f"RandomMix: probs {probs} must be >= 0 with a positive sum")
+    sizes = [ds.manifest.total_samples for ds in datasets]
+    n = min(int(s * tot / p) for s, p in zip(sizes, probs) if p > 0)
+    return MixedDataset(datasets, probs, epoch_size=max(1, n), seed=seed)
+
+
+def _proportions(mp: MixPlan, names: Sequence[str], epoch: int, position: int) -> Dict[str, Any]:
+    g = epoch * mp.epoch_size + position
+    got = mp.delivered_global(g)
+    tot = sum(got)
+    req = mp.requested(g)
+    ph = mp.phase_of(g)
+    # what was asked for over the run: the weights of each phase for its span
+    want = [0.0] * len(got)
+    for p, start in enumerate(mp.phase_starts[:ph + 1]):
+        end = mp.phase_starts[p + 1] if p + 1 <= ph else g
+        w = mp.phase_weights[p]
+        for i in range(len(want)):
+            want[i] += (end - start) * w[i] / sum(w)
+    bounds = mp.prefix_bounds(ph)
+    return {"phase": ph, "global_position": g, "sources": [
+        {"name": names[i], "delivered": got[i], "delivered_fraction": got[i] / tot if tot else 0.0,
+         "requested_fraction": req[i], "expected": want[i], "deviation": got[i] - want[i],
+         "bound": bounds[i]}
+        for i in range(len(got))]}
+
+
+def mixture_status(config: Dict[str, Any], epoch: int, position: int) -> Optional[Dict[str, Any]]:
+    """Delivered vs requested proportions from a journal's stored config and a commit.
+
+    The mixture is a pure function of its config, so ``resumewds status`` and
+    the report can show exact per-source counts without the data: pass
+    ``status(path)["config"]`` and the latest commit's epoch and position.
+    None when the run is not a mixture.
+
+    Example:
+        >>> cfg = {"mixture_sources": [{"name": "a", "samples": 10}, {"name": "b", "samples": 5}],
+        ...        "mixture_phases": [[0, [3, 1]]], "samples": 40, "seed": 0}
+        >>> [s["delivered"] for s in mixture_status(cfg, 0, 8)["sources"]]
+        [6, 2]
+    """
+    srcs, phases = config.get("mixture_sources"), config.get("mixture_phases")
+    if not srcs or not phases:
+        return None
+    mp = MixPlan([int(s["samples"]) for s in srcs], weights=list(phases[0][1]),
+                 epoch_size=int(config["samples"]), seed=int(config.get("seed") or 0),
+                 phases=[(int(a), list(w)) for a, w in phases[1:]], block=int(config.get("mixture_block") or 1))
+    return _proportions(mp, [str(s["name"]) for s in srcs], int(epoch), int(position))
+
+
+def format_mixture(mx: Dict[str, Any]) -> str:
+    """One line per source: ``name delivered (fraction) requested r, deviation d (bound b)``.
+
+    Example:
+        >>> cfg = {"mixture_sources": [{"name": "a", "samples": 10}, {"name": "b", "samples": 5}],
+        ...        "mixture_phases": [[0, [3, 1]]], "samples": 40, "seed": 0}
+        >>> print(format_mixture(mixture_status(cfg, 0, 8)))
+        mixture phase 0 at position 8:
+          a  6 samples (0.750), requested 0.750, deviation +0.00 (bound < 1)
+          b  2 samples (0.250), requested 0.250, deviation +0.00 (bound < 1)
+    """
+    width = max(len(s["name"]) for s in mx["sources"])
+    lines = [f"mixture phase {mx['phase']} at position {mx['global_position']}:"]
+    for s in mx["sources"]:
+        lines.append(f"  {s['name']:<{width}}  {s['delivered']} samples ({s['delivered_fraction']:.3f}), "
+                     f"requested {s['requested_fraction']:.3f}, deviation {s['deviation']:+.2f} "
+                     f"(bound < {max(1.0, s['bound']):g})")
+    return "\n".join(lines)
+
+
+def at_step(step: int, batch_size: int, world_size: int = 1) -> int:
+    """The global position of training step ``step`` (for ``phases``).
+
+    Example:
+        >>> at_step(1000, 32, 8)
+        256000
+    """
+    return int(step) * int(batch_size) * int(world_size)
