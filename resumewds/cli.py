@@ -696,6 +696,10 @@ def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Option
     check_sources(sources)
     check_environment()
     store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
+    if verb == "verify":
+        from .digests import echo_range_repairs
+
+        store.on_event = echo_range_repairs(lambda line: click.echo(line, err=True))
     run = store.verify_all if verb == "verify" else store.prefetch_all
     with _progress(sum(s.size or 0 for s in m.shards), verb + "ing", progress, unit="bytes") as bar:
         results = run(m.shards, progress=bar.update)

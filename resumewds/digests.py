@@ -44,7 +44,7 @@ import xxhash
 from .errors import SourceError
 
 __all__ = ["BadSample", "DigestsFile", "LazyDigests", "add_sample_digests", "bad_samples", "check_results",
-           "decode_inline", "encode_inline", "file_sample_digests", "sample_digests"]
+           "decode_inline", "echo_range_repairs", "encode_inline", "file_sample_digests", "sample_digests"]
 
 #: hex digits per sample in the inline form
 HEX = 16
@@ -375,3 +375,17 @@ def check_results(store: Any, results: List[Any], echo: Any) -> List[Any]:
                                               f"xxh3_64 digests")
         out.append((s, ok, e))
     return out
+
+
+def echo_range_repairs(echo: Any) -> Any:
+    """An ``on_event`` for :class:`~resumewds.cache.ShardStore` that names, via
+    ``echo``, each sample of a cached copy that failed its digest and was
+    re-fetched by range (``resumewds verify`` of remote shards)."""
+    def on_event(kind: str, url: str, **d: Any) -> None:
+        if kind == "range_repair":
+            echo(f"BAD SAMPLE {url}: sample {d['sample']} (key {d['key']}, bytes {d['start']}-{d['end']}) "
+                 f"in the cached copy: re-fetching its byte range")
+        elif kind == "range_repair_done":
+            echo(f"repaired {url}: {d['samples']} samples, {d['bytes']} bytes fetched in {d['ranges']} ranges")
+
+    return on_event

@@ -256,7 +256,7 @@ def repair_entry(store: Any, shard: Any, base: str, budget: Any) -> bool:
     """
     if shard.sample_digests is None or not shard.indexed:
         return False
-    tmp = base + ".repair"
+    tmp = base + ".repair.tmp"  # ".tmp": not an entry to the cache's scan; a leftover is overwritten here
     try:
         import shutil
 

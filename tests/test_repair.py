@@ -177,3 +177,27 @@ def test_server_that_ignores_range_falls_back(big, tmp_path):
     assert _hash(again) == shard.xxh3_64
     assert rec.kinds("range_repair") and not rec.kinds("range_repair_done")  # tried, fell back
     assert _NoRange.sent >= shard.size
+
+
+def test_cli_verify_names_and_repairs_remote_samples(big, tmp_path):
+    from click.testing import CliRunner
+
+    from resumewds.cli import cli
+
+    cache = str(tmp_path / "cache")
+    with FaultServer(str(big)) as srv:
+        url = srv.url.rstrip("/") + "/manifest.json"
+        res = CliRunner().invoke(cli, ["verify", url, "--cache-dir", cache, "--no-progress"])
+        assert res.exit_code == 0, res.stderr
+        m = load_manifest(str(big / "manifest.json"))
+        shard = m.shards[0]
+        entry = ShardStore(cache_dir=cache).entry_path(srv.url.rstrip("/") + "/" + os.path.basename(shard.url))
+        a, b = shard.sample_range(42)
+        _flip(entry, a + 3000)
+        srv.reset_counters()
+        res = CliRunner().invoke(cli, ["verify", url, "--cache-dir", cache, "--no-progress"])
+        sent = srv.bytes_sent - srv.bytes_by_path.get("/manifest.json", 0)
+    assert res.exit_code == 0, res.stderr
+    assert f"sample 42 (key s0042, bytes {a}-{b}) in the cached copy" in res.stderr
+    assert "repaired " in res.stderr and "verify: 1 ok, 0 failed" in res.stderr
+    assert _hash(entry) == shard.xxh3_64 and sent <= 0.01 * shard.size
