@@ -195,7 +195,7 @@ def entry_to_json(shard: Any, d: Dict[str, Any], at: Optional[int]) -> None:
         d["digests_at"] = at
 
 
-def write_side_file(path: str, shards: Sequence[Any]) -> "tuple[int, str]":
+def write_side_file(path: str, shards: Sequence[Any]) -> tuple[int, str]:
     """Write every shard's digests (in order) to ``path`` atomically: (size, xxh3_64)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     h = xxhash.xxh3_64()

@@ -136,9 +136,9 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
                     raise TransientFetchError(f"{url}: short range body: got {n} of {end - start} bytes "
                                               f"(range {start}-{end - 1})", url, 206)
                 return b"".join(chunks)
-        except (FetchError,):
+        except FetchError:
             raise
-        except Exception as exc:  # noqa: BLE001 - mapped at this boundary, as fetch.py does
+        except Exception as exc:
             raise F._translate(exc, url) from exc
         finally:
             if session is None and "sess" in locals():
@@ -220,7 +220,7 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
                 # whole-shard fetch reports what is still wrong
                 return None
             result.bytes_fetched += len(data)
-            for i, bad in enumerate(bads):  # each fetched sample must match its digest before use
+            for bad in bads:  # each fetched sample must match its digest before use
                 if a <= bad.start and bad.end <= z:
                     got = xxhash.xxh3_64_intdigest(memoryview(data)[bad.start - a:bad.end - a])
                     if got != int(shard.sample_digests[bad.index]):
