@@ -191,3 +191,22 @@ def test_verify_checks_digests_without_whole_checksum(data):
 def test_bad_samples_none_when_intact(data):
     m = load_manifest(_index(data))
     assert all(dg.bad_samples(s.url, s) == [] for s in m.shards)
+
+
+def test_remote_side_file_comes_through_the_cache(data, tmp_path):
+    from chaos.faultserver import FaultServer
+    from resumewds.errors import UnsafeSourceError
+    from resumewds.sources import resolve_sources
+
+    local = load_manifest(_index(data, "--offsets", "file"))
+    with FaultServer(str(data)) as srv:
+        m = resolve_sources(srv.url.rstrip("/") + "/m.json", cache_dir=str(tmp_path / "c"))
+        assert isinstance(m.shards[0].sample_digests, dg.LazyDigests)
+        assert not m.shards[0].sample_digests.file.path.startswith("http")  # the cached copy
+        assert [list(s.sample_digests) for s in m.shards] == [list(s.sample_digests) for s in local.shards]
+        doc = json.loads((data / "m.json").read_text())
+        doc["digests_file"] = str(data / "m.json.digests")  # a local path in a remote manifest
+        (data / "evil.json").write_text(json.dumps(doc))
+        with pytest.raises(UnsafeSourceError) as ei:
+            resolve_sources(srv.url.rstrip("/") + "/evil.json", cache_dir=str(tmp_path / "c"))
+        assert "m.json.digests" in str(ei.value)
