@@ -157,7 +157,8 @@ def _hash_file(path: str) -> str:
 
 
 def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, session: Any = None,
-                on_event: Any = None, max_fraction: float = MAX_FRACTION) -> Optional[RangeRepair]:
+                on_event: Any = None, max_fraction: float = MAX_FRACTION,
+                before_fetch: Any = None) -> Optional[RangeRepair]:
     """Repair the local copy ``path`` of the remote ``shard`` in place, by range.
 
     Args:
@@ -171,6 +172,7 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
             bad sample (index, key, start, end).
         max_fraction: repair by range only when at most this fraction of
             the shard fails.
+        before_fetch: called once the ranges are known, before any is fetched.
 
     Returns:
         A :class:`RangeRepair` (``ok`` True when the file now passes), or
@@ -204,6 +206,8 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
         return None
     ranges = coalesce(wanted)
     result = RangeRepair(ok=False, samples=bads, ranges=ranges)
+    if before_fetch is not None:
+        before_fetch()
     for b in bads:
         if on_event is not None:
             on_event("range_repair", shard.url, sample=b.index, key=b.key, start=b.start, end=b.end)
@@ -237,9 +241,15 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
 
 # ---- the hooks of resumewds.cache.ShardStore._fill ------------------------------------
 
-def _run(store: Any, shard: Any, path: str, budget: Any) -> Optional[RangeRepair]:
+def _run(store: Any, shard: Any, path: str, budget: Any, download: bool) -> Optional[RangeRepair]:
+    def before_fetch() -> None:
+        # the journal's shard states: (downloaded ->) corrupt -> downloading -> verified
+        if download:
+            store._emit("verify_fail", shard.url, expected=shard.xxh3_64, actual="a corrupt download")
+        store._emit("repair", shard.url, attempt=1, ranged=True)
+
     r = repair_file(path, shard, config=store.fetch, budget=budget, session=store._session(),
-                    on_event=store._emit)
+                    on_event=store._emit, before_fetch=before_fetch)
     if r is not None:
         store._emit("range_repair_done", shard.url, bytes=r.bytes_fetched, samples=len(r.samples),
                     ranges=len(r.ranges))
@@ -262,7 +272,7 @@ def repair_entry(store: Any, shard: Any, base: str, budget: Any) -> bool:
         import shutil
 
         shutil.copyfile(base, tmp)
-        r = _run(store, shard, tmp, budget)
+        r = _run(store, shard, tmp, budget, download=False)
         if r is None:
             return False
         os.replace(tmp, base)
@@ -286,7 +296,7 @@ def repair_download(store: Any, shard: Any, partial: str, budget: Any) -> Option
     """
     if shard.sample_digests is None or not shard.indexed:
         return None
-    r = _run(store, shard, partial, budget)
+    r = _run(store, shard, partial, budget, download=True)
     return r.xxh3_64 if r is not None else None
 
 

@@ -227,3 +227,28 @@ def test_ranged_read_fetches_and_verifies_only_those_samples(big, tmp_path):
     shard.sample_digests = None
     with pytest.raises(ValueError):
         read_samples_by_range(shard, 0, 0, config=fast_config())
+
+
+def _states_valid(rec):
+    """Replay the events through the journal's shard-state table: no invalid move."""
+    from resumewds.journal import _EVENT_SHARD_EFFECT, TRANSITIONS
+
+    state, bad = "pending", []
+    for kind, _, _ in rec.events:
+        new = _EVENT_SHARD_EFFECT.get(kind, (None, None))[0]
+        if new is not None and new != state:
+            if new not in TRANSITIONS[state]:
+                bad.append((state, new, kind))
+            state = new
+    return state, bad
+
+
+def test_range_repairs_keep_the_journal_states_valid(big, tmp_path):
+    with FaultServer(str(big)) as srv:
+        shard, st, rec = _setup(big, tmp_path, srv)
+        srv.script("/" + os.path.basename(shard.url), ["flip_data"])
+        path = st.ensure(shard)  # corrupt download, repaired by range
+        _flip(path, shard.sample_range(9)[0] + 900)
+        st.ensure(shard)  # corrupt entry, repaired by range
+    assert _states_valid(rec) == ("verified", [])
+    assert st.counters["repair"] == 2 and st.counters["range_repair_done"] == 2
