@@ -18,7 +18,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHES = ["read", "fetch", "journal", "stats"]
+BENCHES = ["read", "fetch", "journal", "stats", "repair"]
 
 
 def main(argv=None) -> int:

@@ -806,6 +806,51 @@ def hardening_rows() -> List[Callable[[Suite], Row]]:
 
 
 # ---------------------------------------------------------------------------
+# sample digests (issue 15): a download that fails its whole-shard check is
+# repaired by re-fetching only the failing samples' byte ranges
+# ---------------------------------------------------------------------------
+def flipped_byte_repaired_by_range(faults: str, label: str, max_per_path: int) -> Callable[[Suite], Row]:
+    def scenario(s: Suite) -> Row:
+        import resumewds as rw
+
+        row = Row(label, "exact")
+        d = s.tmp("digests")
+        root = os.path.join(d, "srv")
+        shutil.copytree(s.data.root, root)
+        paths = sorted(os.path.join(root, os.path.basename(p)) for p in _shard_paths(s.data))
+        rw.build_manifest(paths, os.path.join(root, "manifest.json"), digests=True)  # version 3
+        total = sum(os.path.getsize(p) for p in paths)
+        srv = FaultServer(root, faults=faults, seed=s.seed, max_faults_per_path=max_per_path,
+                          manifest=os.path.join(root, "manifest.json")).start()
+        srv.script("/manifest.json", [None] * 1000)
+        try:
+            p = run(cat_cmd(srv.url + "manifest.json", cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
+            s.judge(row, p)
+            row.faults += sum(srv.faults.values())
+            sent = srv.bytes_sent - srv.bytes_by_path.get("/manifest.json", 0)
+            row.note = f"sent {sent} bytes for {total} bytes of shards ({sent / total:.2f}x)"
+            if srv.faults.get("flip_data", 0) < len(paths):
+                row.bad_exits.append(f"only {srv.faults.get('flip_data', 0)} of {len(paths)} downloads flipped")
+            # a whole-shard refetch of every flipped download would send >= 2x
+            if sent >= 1.5 * total and max_per_path == 1:
+                row.bad_exits.append(f"repairs were not by range: {row.note}")
+        finally:
+            srv.stop()
+        return row
+
+    return _labelled(label, scenario)
+
+
+def sample_digest_rows() -> List[Callable[[Suite], Row]]:
+    return [
+        flipped_byte_repaired_by_range("flip_data=1.0", "flipped byte repaired by range", 1),
+        flipped_byte_repaired_by_range("flip_data=0.5,reset=0.3,truncate=0.2",
+                                       "flipped bytes + resets during ranged reads", 3),
+    ]
+# --------------------------------------------------------------------------- end of sample digests
+
+
+# ---------------------------------------------------------------------------
 # input hardening (issue 12: items 3, 7, 12, 17, 18): hostile tar sizes, bad
 # manifests, bad CLI input, stdout on a full disk.  A clear error here is
 # strict: exit > 0, no traceback, and the LAST stderr line is ``Error: ...``
@@ -1080,7 +1125,7 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         *input_hardening_rows(),  # input hardening
         *exactly_once_rows(quick),  # exactly-once hardening block (below)
         *s3_rows(quick),  # the s3 block below
-    ] + hardening_rows()  # fetch hardening (issue 12)
+    ] + hardening_rows() + sample_digest_rows()  # fetch hardening (issue 12); sample digests (issue 15)
 
 
 # ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilt
                          imagehandler, torch_audio, torch_loads, torch_video)
 
 from .dataset import WebDataset, build_manifest, index_manifest
+from .digests import BadSample, add_sample_digests, bad_samples
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit, MissingKeyError,
                      PermanentFetchError, ResumeWDSError, ShardFormatError, ShardNotFoundError,
@@ -53,6 +54,7 @@ from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 __version__ = "0.1.0"
 
 __all__ = [
+    "BadSample",
     "BatchInfo",
     "CacheError",
     "ChecksumMismatch",
@@ -92,6 +94,8 @@ __all__ = [
     "WebDataset",
     "WebLoader",
     "World",
+    "add_sample_digests",
+    "bad_samples",
     "basichandlers",
     "batched",
     "build_manifest",

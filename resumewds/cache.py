@@ -749,6 +749,12 @@ class ShardStore:
             self._remove(base)
         elif state == "corrupt":
             repairs += 1
+            from .repair import repair_entry  # issue 15: re-fetch only the samples that fail
+
+            if (self.max_repairs is None or repairs <= self.max_repairs) and \
+                    repair_entry(self, shard, base, budget):
+                self._emit("cache_hit", url)
+                return
             self._remove(base + ".meta")
             self._remove(base)
             if self.max_repairs is not None and repairs > self.max_repairs:
@@ -775,6 +781,11 @@ class ShardStore:
                 bad = (str(shard.size), str(res.size), "size")
             elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
                 bad = (shard.xxh3_64, actual, "xxh3_64")
+                from .repair import repair_download  # issue 15: re-fetch only the samples that fail
+
+                fixed = repair_download(self, shard, partial, budget)
+                if fixed is not None:
+                    actual, bad = fixed, None
             elif shard.xxh3_64 is None and tar:
                 # nothing to check it against: at least it must be a complete
                 # tar, or one bad response (an error page) would be kept for good

@@ -313,8 +313,11 @@ def cli() -> None:
 @click.option("--offsets", type=click.Choice(["auto", "inline", "file"]), default="auto", show_default=True,
               help="Sample offsets inline in the JSON, or in a memory-mapped side file "
                    "(auto: a side file above 1,000,000 samples).")
+@click.option("--digests/--no-digests", default=True, show_default=True,
+              help="Record each sample's xxh3_64 (manifest version 3); --no-digests writes "
+                   "version 1/2 for older readers.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
-def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: str,
+def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: str, digests: bool,
           progress: Optional[bool]) -> None:
     """Index shards: sizes, xxh3_64, sample counts and sample byte ranges.
 
@@ -335,7 +338,7 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: st
     n = len(resolved.shards)
     store = ShardStore(cache_dir=cache_dir)
     with _progress(n, "indexing", progress, unit="shards") as bar:
-        m = build_manifest(resolved, output, store=store, progress=bar.update, offsets=offsets)
+        m = build_manifest(resolved, output, store=store, progress=bar.update, offsets=offsets, digests=digests)
     click.echo(f"{output}: {len(m.shards)} shards, {m.total_samples} samples, "
                f"{sum(s.size or 0 for s in m.shards)} bytes", err=True)
 
@@ -698,11 +701,18 @@ def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Option
     check_sources(sources)
     check_environment()
     store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
+    if verb == "verify":
+        from .digests import echo_range_repairs
+
+        store.on_event = echo_range_repairs(lambda line: click.echo(line, err=True))
     run = store.verify_all if verb == "verify" else store.prefetch_all
     with _progress(sum(s.size or 0 for s in m.shards), verb + "ing", progress, unit="bytes") as bar:
         results = run(m.shards, progress=bar.update)
     if verb == "verify":
         results = [(s, ok, e) if not ok else (s, *check_structure(store, s)) for s, ok, e in results]
+        from .digests import check_results
+
+        results = check_results(store, results, lambda line: click.echo(line, err=True))
     _report_results(results, verb)
 
 

@@ -562,7 +562,8 @@ class WebDataset:
 
 
 def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = None,
-                   progress: Optional[Callable[[int], None]] = None, offsets: str = "auto") -> Manifest:
+                   progress: Optional[Callable[[int], None]] = None, offsets: str = "auto",
+                   digests: bool = False) -> Manifest:
     """Index shards and (optionally) write a manifest.json.
 
     Args:
@@ -573,6 +574,8 @@ def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = N
         offsets: ``"inline"`` (offsets in the JSON), ``"file"`` (a binary
             side file, memory-mapped by readers: for very large data sets),
             or ``"auto"``: a side file above 1,000,000 samples.
+        digests: also record each sample's xxh3_64 (manifest version 3,
+            :mod:`resumewds.digests`; ``resumewds index`` does by default).
 
     Returns:
         The indexed :class:`~resumewds.manifest.Manifest`.
@@ -584,6 +587,10 @@ def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = N
     """
     m = resolve_sources(urls)
     index_manifest(m, store, progress=progress)
+    if digests:
+        from .digests import add_sample_digests
+
+        add_sample_digests(m, store)
     if output is not None:
         if offsets == "auto":
             offsets = "file" if m.total_samples > 1_000_000 else "inline"

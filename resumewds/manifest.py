@@ -39,9 +39,15 @@ on first use, so every process of a node shares one copy in the page cache
 and a worker touches only the pages of the shards it reads (a 10^9-sample
 data set costs 8 GB of file, not 8 GB of Python memory per process).
 
+Version 3 adds per-sample xxh3_64 digests (``sample_xxh3_64`` inline, or
+``digests_file`` / ``digests_at`` beside the offsets file); the format is
+described in :mod:`resumewds.digests`.  A manifest without sample digests is
+still written as version 1 or 2.
+
 Version history:
     1: first version (offsets inline).
     2: optional ``offsets_file`` / ``offsets_at``; inline offsets still valid.
+    3: optional per-sample digests (``sample_xxh3_64`` or ``digests_at``).
 
 Example:
     >>> m = Manifest([ShardInfo(url="/d/a.tar", size=3072, xxh3_64=None,
@@ -66,7 +72,7 @@ import xxhash
 from .errors import SourceError
 
 FORMAT = "resumewds.manifest"
-VERSION = 2
+VERSION = 3
 
 
 class OffsetsFile:
@@ -182,6 +188,8 @@ class ShardInfo:
         samples: number of samples, or None before indexing.
         offsets: ``samples + 1`` byte offsets, or None before indexing.
         trusted: False for a ``pipe:`` URL that came from a remote manifest.
+        sample_digests: ``samples`` xxh3_64 ints, one per sample's byte
+            range (manifest version 3), or None.
     """
 
     url: str
@@ -190,6 +198,7 @@ class ShardInfo:
     samples: Optional[int] = None
     offsets: Optional[Sequence[int]] = None
     trusted: bool = True
+    sample_digests: Optional[Sequence[int]] = None
 
     @property
     def name(self) -> str:
@@ -292,15 +301,20 @@ class Manifest:
 
     # ---- (de)serialisation ---------------------------------------------
     def to_json(self, base: Optional[str] = None, offsets_file: Optional[str] = None,
-                side_digest: Optional["tuple[int, str]"] = None) -> Dict[str, Any]:
+                side_digest: Optional["tuple[int, str]"] = None, with_digests: bool = True,
+                digests_side: Optional["tuple[int, str]"] = None) -> Dict[str, Any]:
         """The manifest as a JSON-able dict; urls made relative to ``base``.
 
         With ``offsets_file`` (a name relative to the manifest), offsets are
         not inlined: each shard gets ``offsets_at`` into that file, which
-        :meth:`save` writes.
+        :meth:`save` writes.  Sample digests (``with_digests``) make it
+        version 3: inline, or in ``<manifest>.digests`` with an offsets file.
         """
+        from . import digests as _dg
+
         out = []
         at = 0
+        dat: Optional[int] = 0 if offsets_file is not None else None
         for s in self.shards:
             url = s.url
             if base is not None:
@@ -313,26 +327,39 @@ class Manifest:
                     at += len(s.offsets)
                 else:
                     d["offsets"] = [int(x) for x in s.offsets]
+            if with_digests and s.sample_digests is not None:
+                _dg.entry_to_json(s, d, dat)
+                if dat is not None:
+                    dat += len(s.sample_digests)
             out.append(d)
+        has_digests = with_digests and any(s.sample_digests is not None for s in self.shards)
         doc: Dict[str, Any] = {
             "format": FORMAT,
-            "version": VERSION if offsets_file is not None else 1,
+            "version": 3 if has_digests else 2 if offsets_file is not None else 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         if offsets_file is not None:
             doc["offsets_file"] = offsets_file
             if side_digest is not None:
                 doc["offsets_size"], doc["offsets_xxh3_64"] = side_digest
+            if has_digests:
+                doc["digests_file"] = offsets_file[:-len(".offsets")] + ".digests" \
+                    if offsets_file.endswith(".offsets") else offsets_file + ".digests"
+                if digests_side is not None:
+                    doc["digests_size"], doc["digests_xxh3_64"] = digests_side
         doc["shards"] = out
         return doc
 
-    def save(self, path: str, offsets: str = "inline") -> None:
+    def save(self, path: str, offsets: str = "inline", digests: bool = True) -> None:
         """Write the manifest atomically to ``path`` (urls relative to it).
 
         Args:
             path: the manifest file.
             offsets: ``"inline"`` (version 1, offsets in the JSON) or
                 ``"file"`` (version 2, offsets in ``<path>.offsets``).
+            digests: write the shards' sample digests, if they have any
+                (version 3; with ``"file"`` in ``<path>.digests``); False
+                writes version 1 or 2 for older readers.
         """
         if offsets not in ("inline", "file"):
             raise ValueError(f"offsets must be 'inline' or 'file', got {offsets!r}")
@@ -362,7 +389,13 @@ class Manifest:
             os.replace(tmp_side, side_path)
         else:
             side_digest = None
-        data = json.dumps(self.to_json(base=base, offsets_file=side, side_digest=side_digest),
+        digests_side = None
+        if side is not None and digests and any(s.sample_digests is not None for s in self.shards):
+            from .digests import write_side_file
+
+            digests_side = write_side_file(os.path.join(base, os.path.basename(path) + ".digests"), self.shards)
+        data = json.dumps(self.to_json(base=base, offsets_file=side, side_digest=side_digest,
+                                       with_digests=digests, digests_side=digests_side),
                           separators=(",", ":"))
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
@@ -403,9 +436,16 @@ class Manifest:
         if side is not None:
             side.size = _opt_int(data.get("offsets_size"), location, "'offsets_size'")
             side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
+        from . import digests as _dg
+
+        dside = _dg.side_file_from_json(data, location, resolve_url) if version >= 3 else None
         out: List[ShardInfo] = []
         for i, d in enumerate(shards):
-            out.append(_shard_from_json(d, i, location, side, trusted))
+            info = _shard_from_json(d, i, location, side, trusted)
+            if version >= 3 and isinstance(d, dict):
+                info.sample_digests = _dg.entry_from_json(d, f"{location}: shard {d['url']}", info.samples,
+                                                          version, dside)
+            out.append(info)
         return cls(out, source=location)
 
 

@@ -334,11 +334,13 @@ class MixedDataset:
 
     # ---- reading ------------------------------------------------------------
     def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
-                   num_workers: int = 1, collate: bool = True
+                   num_workers: int = 1, collate: bool = True,
+                   collate_fn: Optional[Callable[[List[Any]], Any]] = None
                    ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
         """Yield ``(step, batch, meta)`` for this worker's steps, as WebDataset does.
 
-        ``meta`` also has ``sources``: samples per source index.
+        ``collate_fn`` overrides the mixture's own (the loader passes its
+        ``collate_fn=``).  ``meta`` also has ``sources``: samples per source index.
         """
         mp = self.mixplan
         streams = self.streams
@@ -346,7 +348,7 @@ class MixedDataset:
         nsteps = layout.num_steps(total, start)
         man = self.manifest
         offsets = man.offsets
-        collate_fn = self.collate_fn or default_collate
+        collate_fn = collate_fn or self.collate_fn or default_collate
         mine = list(worker_steps(nsteps, worker, num_workers))
         stages_of = [list(ds.stages) + self.stages for ds in self.datasets]
 
@@ -379,13 +381,14 @@ class MixedDataset:
                         pass  # surfaces again when the shard is read
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
                                     "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
-                                    "positions": [], "sources": {}}
+                                    "positions": [], "slot_index": [], "pad_flags": [], "sources": {}}
             any_pad = any(w[4] for w in where)
             per_shard, per_src, positions = meta["shards"], meta["sources"], meta["positions"]
+            slot_index, pad_flags = meta["slot_index"], meta["pad_flags"]
             out: List[Any] = []
             t_read = t_stages = wait = 0.0
             nbytes = skipped = filtered = pads = 0
-            for pos, src, shard, j, pad in where:
+            for i, (pos, src, shard, j, pad) in enumerate(where):
                 ds = self.datasets[src]
                 t0 = time.perf_counter()
                 sample = ds._read(shard, j)
@@ -418,6 +421,8 @@ class MixedDataset:
                     continue
                 out.append(x)
                 positions.append(pos)
+                slot_index.append(i)  # the slot in the step (the loader's per-sample positions)
+                pad_flags.append(bool(pad))
             meta.update(samples=len(out), bytes=nbytes, skipped=skipped, filtered=filtered, pads=pads)
             t2 = time.perf_counter()
             batch: Any = out

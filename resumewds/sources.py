@@ -28,6 +28,7 @@ import os
 import re
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
+from .digests import LazyDigests
 from .errors import SourceError, UnsafeSourceError
 from .manifest import (LazyOffsets, Manifest, ShardInfo, concat, is_remote, load_manifest,
                        parse_manifest_bytes)
@@ -146,6 +147,7 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
     # a remote file must not make us read (or reveal the size of) local files
     if not (allow_remote_pipe or config.allow_remote_local(allow_remote_local)):
         sides = [s.offsets.file.path for s in m.shards if isinstance(s.offsets, LazyOffsets)]
+        sides += [s.sample_digests.file.path for s in m.shards if isinstance(s.sample_digests, LazyDigests)]
         for local in [s.url for s in m.shards] + sides:
             if _is_local(local):
                 raise UnsafeSourceError(
@@ -153,6 +155,8 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
                     "local files for a remote manifest. Set RESUMEWDS_ALLOW_REMOTE_LOCAL=1 (or pass "
                     "allow_remote_pipe=True / --allow-remote-pipe) if you trust it")
     sides_by_id = {id(s.offsets.file): s.offsets.file for s in m.shards if isinstance(s.offsets, LazyOffsets)}
+    sides_by_id.update({id(s.sample_digests.file): s.sample_digests.file for s in m.shards
+                        if isinstance(s.sample_digests, LazyDigests)})  # version 3's digests file
     if sides_by_id:
         # a version-2 manifest's offsets file comes through the verified cache
         from .cache import ShardStore

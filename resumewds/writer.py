@@ -219,6 +219,34 @@ def make_encoder(spec: Union[bool, None, Dict[str, Callable[[Any], bytes]], Call
 
 # ---- the output stream ---------------------------------------------------------
 
+class _DigestTap:
+    """Wraps the tar stream's file object: hashes each sample's uncompressed
+    bytes (:mod:`resumewds.digests`) as tarfile writes them."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.h: Any = None
+        self.digests: List[int] = []
+
+    def start(self) -> None:
+        """A new sample starts at the current offset."""
+        self.end()
+        self.h = xxhash.xxh3_64()
+
+    def end(self) -> None:
+        if self.h is not None:
+            self.digests.append(self.h.intdigest())
+            self.h = None
+
+    def write(self, b: Any) -> Any:
+        if self.h is not None:
+            self.h.update(b)
+        return self.inner.write(b)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class _Tee:
     """File-like sink that counts and hashes what goes through to ``out``."""
 
@@ -353,6 +381,11 @@ class TarWriter:
         self._tee = _Tee(fileobj)
         self.stream = fileobj
         self.tarstream = tarfile.open(fileobj=self._tee, mode=tarmode)  # type: ignore[arg-type]
+        # per-sample digests of uncompressed shards (compressed ones get none)
+        self._tap: Optional[_DigestTap] = None
+        if tarmode == "w|":
+            self._tap = _DigestTap(self.tarstream.fileobj)
+            self.tarstream.fileobj = self._tap  # type: ignore[assignment]
         self.user, self.group, self.mode, self.compress = user, group, mode, compress
         self.offsets: List[int] = []
         self._key: Optional[str] = None
@@ -439,6 +472,8 @@ class TarWriter:
             ti.mode, ti.uname, ti.gname = self.mode, self.user, self.group
             if new:
                 self.offsets.append(self.tarstream.offset)
+                if self._tap is not None:
+                    self._tap.start()
             self.tarstream.addfile(ti, io.BytesIO(v))
             total += ti.size
         self._plan_commit(names)
@@ -461,11 +496,14 @@ class TarWriter:
             return
         self._closed = True
         end = self.tarstream.offset
+        if self._tap is not None:
+            self._tap.end()
         self.tarstream.close()
         offsets = self.offsets + [end]
         self.shard_info = ShardInfo(url=self.path or self.url or "stream", size=self._tee.nbytes,
                                     xxh3_64=self._tee.h.hexdigest(), samples=len(self.offsets),
-                                    offsets=offsets)
+                                    offsets=offsets,
+                                    sample_digests=self._tap.digests if self._tap is not None else None)
         f = self.own_fileobj
         if f is not None:
             self.own_fileobj = None

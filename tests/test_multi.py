@@ -53,21 +53,34 @@ def test_state_resumes_exactly_with_another_worker_count(shards):
     assert head + rest == ref
 
 
+def _slow_tail(s):
+    # the last step (positions 128.., worker 2 of 3) is slow, so that worker is
+    # certainly still working when it is killed
+    time.sleep(0.03 if s["__index__"] >= 128 else 0.0)
+    return s
+
+
+def _ds_slow_tail(shards):
+    return rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=3).map(_slow_tail).decode() \
+        .to_tuple("__key__", "cls")
+
+
 def test_sigkill_of_a_worker_raises_instead_of_hanging_and_resume_is_exact(shards):
-    ref = list(MultiLoader(_ds(shards, slow=True), workers=2))
-    ml = MultiLoader(_ds(shards, slow=True), workers=3, poll_interval=0.1)
+    ref = list(MultiLoader(_ds_slow_tail(shards), workers=2))
+    ml = MultiLoader(_ds_slow_tail(shards), workers=3, poll_interval=0.1)
     got = []
     t0 = time.monotonic()
     with pytest.raises(ResumeWDSError, match=r"worker \d .*died \(killed by signal 9\)"):
         for x in ml:
             got.append(x)
             if len(got) == 40:
-                victim = ml.pids[1].pid
-                os.kill(victim, signal.SIGKILL)
+                victim = ml.pids[2]
+                assert victim.is_alive()
+                os.kill(victim.pid, signal.SIGKILL)
     assert time.monotonic() - t0 < 60
     assert got == ref[:len(got)] and 40 <= len(got) < len(ref)
     assert all(not p.is_alive() for p in ml.pids) if ml.pids else True
-    again = MultiLoader(_ds(shards, slow=True), workers=2)
+    again = MultiLoader(_ds_slow_tail(shards), workers=2)
     again.load_state_dict(ml.state_dict())
     assert got + list(again) == ref
 
