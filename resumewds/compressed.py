@@ -142,7 +142,12 @@ def scan_compressed(path: str, shard: Optional[str] = None, kind: Optional[str] 
         if usize == 0:
             raise ShardFormatError(name, 0, f"{kind} data decompresses to nothing (not a tar archive)")
         with mmap.mmap(tmp.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            offsets, keys, _ = tario.scan_buffer(mm, name)
+            try:
+                offsets, keys, _ = tario.scan_buffer(mm, name)
+            except ShardFormatError as exc:  # say where the offset is: in the decompressed stream
+                where = exc.offset if exc.offset is not None else 0
+                raise ShardFormatError(name, where, f"{kind}-compressed, but the decompressed data is not a "
+                                       f"well-formed tar archive (at byte {where} of it: {exc.problem})") from exc
     return tario.ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=keys)
 
 

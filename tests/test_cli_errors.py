@@ -232,7 +232,8 @@ def test_verify_refuses_non_shards(data, tmp_path):
     (d / "text.tar").write_text("hello, I am not a tar file\n" * 40)
     with open(data["shards"][0], "rb") as f:
         good = f.read()
-    (d / "gz.tar").write_bytes(gzip.compress(good))
+    # a gzip file that is not a gzipped tar (a gzipped tar is a compressed shard: ok, below)
+    (d / "gz.tar").write_bytes(gzip.compress(b"hello, I am gzipped text\n" * 40))
     (d / "cut.tar").write_bytes(good[:len(good) // 2])
     (d / "dir.tar").mkdir()
     words = {"empty.tar": "empty file", "text.tar": "not a tar", "gz.tar": "gzip", "cut.tar": "",
@@ -256,6 +257,9 @@ def test_verify_refuses_non_shards(data, tmp_path):
     assert rc == 0 and "1 ok, 0 failed" in err
     rc, _, err = run_cli("verify", data["manifest"])
     assert rc == 0 and "3 ok, 0 failed" in err
+    (d / "good.tar.gz").write_bytes(gzip.compress(good))
+    rc, _, err = run_cli("verify", str(d / "good.tar.gz"))
+    assert rc == 0 and "1 ok, 0 failed" in err, err
 
 
 def test_verify_checks_a_shard_against_the_manifest_index(data):
