@@ -126,7 +126,9 @@ def torch_loads(data: bytes) -> Any:
     _security_check("torch.loads is not allowed for security reasons when enforce_security is set.")
     import torch
 
-    weights_only = os.environ.get("WDS_PYTORCH_WEIGHTS_ONLY", "0") == "1"
+    from . import config
+
+    weights_only = bool(config.value("pytorch_weights_only"))
     return torch.load(io.BytesIO(data), weights_only=weights_only, map_location="cpu")
 
 

@@ -166,7 +166,13 @@ class _Group(click.Group):
         except ResumeWDSError as exc:
             raise click.ClickException(str(exc)) from exc
         except (OSError, ValueError, OverflowError, MemoryError) as exc:
-            if os.environ.get("RESUMEWDS_DEBUG") == "1":
+            from . import config
+
+            try:
+                debug = bool(config.value("debug"))
+            except ValueError:
+                debug = False
+            if debug:
                 raise
             raise click.ClickException(_describe_error(exc)) from exc
 
@@ -266,17 +272,13 @@ def check_environment() -> None:
     Raises:
         click.ClickException: ``NAME=value: problem``.
     """
-    raw = os.environ.get("RESUMEWDS_CACHE_SIZE")
-    if raw not in (None, ""):
-        from .cache import parse_size
+    from . import config
 
+    for setting in list(config.VARS) + list(config.FETCH_VARS):
         try:
-            parse_size(raw)
+            config.value(setting)
         except (ValueError, ResumeWDSError) as exc:
-            raise click.ClickException(f"RESUMEWDS_CACHE_SIZE={raw!r}: {exc}") from None
-    sync = os.environ.get("RESUMEWDS_CACHE_SYNC")
-    if sync not in (None, "", "auto", "fsync", "boot"):
-        raise click.ClickException(f"RESUMEWDS_CACHE_SYNC={sync!r}: must be auto, fsync or boot")
+            raise click.ClickException(str(exc)) from None
 
 
 def refuse_duplicate_shards(manifest: Any) -> None:

@@ -14,35 +14,6 @@ variable (or argument) and what is wrong.  Nothing else in resumewds reads
 the config objects built from them (:class:`resumewds.fetch.FetchConfig`).
 An empty variable counts as unset.
 
-Variable                       webdataset alias   Default           Meaning
-============================== ================== ================= ===========================================
-RESUMEWDS_CACHE_DIR            WDS_CACHE          $XDG_CACHE_HOME/  shard cache directory
-                                                  resumewds
-RESUMEWDS_CACHE_SIZE           WDS_CACHE_SIZE     unlimited         cache budget: bytes or "20GB", "500MiB"
-RESUMEWDS_CACHE_SYNC                              auto              auto, fsync or boot (see resumewds.cache)
-RESUMEWDS_VERBOSE_CACHE        WDS_VERBOSE_CACHE  0                 1: one stderr line per download/eviction
-RESUMEWDS_VERBOSE                                 0                 1/info: log fetches, retries, repairs;
-                                                                    2/debug: everything
-RESUMEWDS_SEED                 WDS_SEED           0                 default seed of the order
-RESUMEWDS_GOPEN_VERBOSE        GOPEN_VERBOSE      0                 1: one stderr line per source opened and
-                                                                    closed, with url and byte count
-RESUMEWDS_FETCH_ATTEMPTS                          8                 attempts per shard and read (>= 1)
-RESUMEWDS_FETCH_DEADLINE                          600               seconds per shard and read, all attempts
-                                                                    and waits included
-RESUMEWDS_FETCH_CONNECT_TIMEOUT                   10                seconds to connect
-RESUMEWDS_FETCH_READ_TIMEOUT                      30                seconds between two reads of a body (or a
-                                                                    pipe: command's output)
-RESUMEWDS_FETCH_MIN_RATE                          1024              bytes/s a body must keep up over
-                                                                    RATE_WINDOW (0: no minimum)
-RESUMEWDS_FETCH_RATE_WINDOW                       30                seconds over which MIN_RATE is measured
-RESUMEWDS_FETCH_BACKOFF_INITIAL                   0.5               first wait between attempts (seconds)
-RESUMEWDS_FETCH_BACKOFF_MAX                       30                longest wait between attempts (seconds)
-RESUMEWDS_FETCH_MAX_REDIRECTS                     10                redirects before a URL fails (permanent)
-RESUMEWDS_MANIFEST_MAX_BYTES                      256MiB            largest remote manifest accepted
-RESUMEWDS_ALLOW_REMOTE_LOCAL                      0                 1: a manifest fetched over the network may
-                                                                    name local files (absolute paths, file://)
-============================== ================== ================= ===========================================
-=======
 ============================== ============================= ================= ===========================================
 Variable                       webdataset alias              Default           Meaning
 ============================== ============================= ================= ===========================================
@@ -71,6 +42,12 @@ RESUMEWDS_FETCH_MAX_REDIRECTS                                10                r
 RESUMEWDS_MANIFEST_MAX_BYTES                                 256MiB            largest remote manifest accepted
 RESUMEWDS_ALLOW_REMOTE_LOCAL                                 0                 1: a manifest fetched over the network may
                                                                                name local files (absolute paths, file://)
+RESUMEWDS_DEBUG                                              0                 1: the CLI shows tracebacks instead of
+                                                                               one-line errors
+RESUMEWDS_SECURE               WDS_SECURE                    0                 1: refuse pickle-based members (pkl, pyd,
+                                                                               pth) even with allow_pickle=True
+RESUMEWDS_PYTORCH_WEIGHTS_ONLY WDS_PYTORCH_WEIGHTS_ONLY      0                 1: torch.load of .pth members with
+                                                                               weights_only=True (webdataset's torch_loads)
 RESUMEWDS_S3_ENDPOINT_URL      AWS_ENDPOINT_URL_S3,          boto3's           s3:// endpoint (MinIO, R2, GCS interop)
                                AWS_ENDPOINT_URL
 RESUMEWDS_S3_ADDRESSING_STYLE                                auto              s3:// addressing: auto, path or virtual
@@ -205,6 +182,10 @@ VARS: Dict[str, Var] = {
     "seed": Var("RESUMEWDS_SEED", _int, 0, alias="WDS_SEED"),
     "manifest_max_bytes": Var("RESUMEWDS_MANIFEST_MAX_BYTES", parse_size, 256 << 20, check=_at_least_one),
     "allow_remote_local": Var("RESUMEWDS_ALLOW_REMOTE_LOCAL", _bool, False),
+    "debug": Var("RESUMEWDS_DEBUG", _bool, False),
+    # webdataset's own switches for pickle-based members (resumewds.utils, resumewds.autodecode)
+    "secure": Var("RESUMEWDS_SECURE", _bool, False, alias="WDS_SECURE"),
+    "pytorch_weights_only": Var("RESUMEWDS_PYTORCH_WEIGHTS_ONLY", _bool, False, alias="WDS_PYTORCH_WEIGHTS_ONLY"),
     "s3_endpoint_url": Var("RESUMEWDS_S3_ENDPOINT_URL", lambda r: r.strip(), None),
     "s3_addressing_style": Var("RESUMEWDS_S3_ADDRESSING_STYLE", lambda r: r.strip().lower(), "auto",
                                check=lambda v: None if v in S3_ADDRESSING else "must be auto, path or virtual"),

@@ -338,8 +338,9 @@ class WebDataset:
             # a shuffled window reads its shards at once (one window per
             # partition of this rank's node); in order, two are enough (fewer
             # pins: the cache_size budget holds better)
-            per_window = self.shuffle_window if self.plan.algo == "window" else 1
-            self._reader = _ShardReader(self.store, per_window * min(self.plan_partitions, 8) + 2)
+            parts = min(self.plan_partitions, 8)
+            windowed = str(self.plan.algo).endswith("window")
+            self._reader = _ShardReader(self.store, self.shuffle_window * parts + 2 if windowed else parts + 1)
         return self._reader
 
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:

@@ -1199,6 +1199,8 @@ def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Opt
                 return f.read()
         except CacheError as exc:
             raise CacheError(f"{url}: cannot buffer the download in {d}: {exc}") from exc
+        except FetchError:
+            raise  # an OSError too (webdataset's type for fetch failures), but not a local one
         except OSError as exc:
             raise CacheError(f"{url}: cannot read back the download from {d}: {exc}") from exc
 

@@ -545,7 +545,7 @@ class WebLoader:
         try:
             stored = j.config()
             if not stored and point is not None and self.rank != 0:  # a rank new to the run
-                with Journal(path, rank=0, readonly=True) as j0:
+                with _journal.Journal(path, rank=0, readonly=True) as j0:
                     stored = j0.config()
             if stored and _auto_partitions(self.dataset):  # a resume keeps the run's partitions
                 self.dataset.use_partitions(resolve_partitions(None, self.world.nodes, stored))

@@ -101,11 +101,12 @@ def open_url(url: str) -> Any:
 
 def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
                **kw: Any) -> Iterator[Dict[str, Any]]:
-    """Add an open ``stream`` to each ``{"url": ...}`` dict."""
+    """Add an open ``stream`` to each ``{"url": ...}`` dict (one already given is kept)."""
     for sample in data:
         url = sample["url"]
         try:
-            sample.update(stream=open_url(url))
+            if sample.get("stream") is None:
+                sample.update(stream=open_url(url))
             yield sample
         except Exception as exn:
             exn.args = exn.args + (url,)

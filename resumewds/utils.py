@@ -15,6 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import os
+from . import config
 
-enforce_security: bool = bool(int(os.environ.get("WDS_SECURE", "0") or "0"))
+enforce_security: bool = bool(config.value("secure"))

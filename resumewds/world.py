@@ -151,7 +151,9 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
 
 def node_key() -> str:
     """What identifies a shared cache: ``hostname:RESUMEWDS_CACHE_DIR``."""
-    return f"{socket.gethostname()}:{os.environ.get('RESUMEWDS_CACHE_DIR', '')}"
+    from . import config
+
+    return f"{socket.gethostname()}:{os.path.realpath(config.cache_dir())}"
 
 
 def nodes_from_keys(keys: "list[str]", rank: int) -> Tuple[int, int, str]:
