@@ -48,7 +48,7 @@ def _errors_tree() -> str:
 
     doc = inspect.getdoc(resumewds.errors) or ""
     lines = doc.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.strip() == "ResumeWDSError")
+    start = next(i for i, ln in enumerate(lines) if ln.strip().split("  ")[0] == "ResumeWDSError")
     tree: List[str] = []
     for ln in lines[start:]:
         if not ln.strip():

@@ -359,7 +359,7 @@ def test_progress_bar_shows_on_a_terminal(shards, tmp_path):
         os.close(master)
     assert p.returncode == 0
     text = out.decode(errors="replace")
-    assert "indexing  [" in text and f"{N_SHARDS}/{N_SHARDS}" in text and "#" * 36 + "]" in text
+    assert "indexing [" in text and f"{N_SHARDS}/{N_SHARDS}" in text and "#" * 24 + "]" in text
 
 
 # ---- TensorBoard ------------------------------------------------------------------------------
