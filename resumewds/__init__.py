@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .compat import MockDataset
 from .dataset import WebDataset, build_manifest, index_manifest
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit,
@@ -20,6 +21,10 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
                      TransientFetchError, UnsafeSourceError)
 from .manifest import Manifest, ShardInfo, load_manifest
 from .plan import Layout, Plan
+from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
+                       warn_and_stop)
+from .pipeline import default_collation_fn
+from .splitters import single_node_only, split_by_node, split_by_worker
 from .tario import sample_digest, scan_file
 
 __version__ = "0.1.0"
@@ -35,6 +40,7 @@ __all__ = [
     "JournalIncompleteCommit",
     "Layout",
     "Manifest",
+    "MockDataset",
     "PermanentFetchError",
     "Plan",
     "ResumeWDSError",
@@ -47,10 +53,19 @@ __all__ = [
     "WebDataset",
     "WebLoader",
     "build_manifest",
+    "default_collation_fn",
+    "ignore_and_continue",
+    "ignore_and_stop",
     "index_manifest",
     "load_manifest",
+    "reraise_exception",
     "sample_digest",
     "scan_file",
+    "single_node_only",
+    "split_by_node",
+    "split_by_worker",
+    "warn_and_continue",
+    "warn_and_stop",
 ]
 
 

@@ -586,9 +586,29 @@ class WebDataset:
             m = resolve_sources(self.urls, fetch_config=self.fetch,
                                 allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
             if not m.indexed:
-                index_manifest(m, self.store, on_event=self._on_event)
+                if self.handler is None:
+                    index_manifest(m, self.store, on_event=self._on_event)
+                else:
+                    self._index_with_handler(m)
             self._manifest = m
         return self._manifest
+
+    def _index_with_handler(self, m: Manifest) -> None:
+        """Index shard by shard; one that cannot be fetched or indexed goes to the
+        ``handler`` (webdataset's), and if it does not re-raise, the shard is
+        recorded as skipped and contributes no samples."""
+        for s in m.shards:
+            if s.indexed:
+                continue
+            try:
+                index_manifest(Manifest([s]), self.store, on_event=self._on_event)
+            except (FetchError, IntegrityError, ShardFormatError, CacheError) as exc:
+                self.handler(exc)
+                s.samples, s.offsets = 0, [0]
+                self._index_skipped = True
+                self._on_event("skip", s.url, error=str(exc))
+                log.warning("skipping shard %s: %s", s.url, exc)
+        m._starts = None
 
     @property
     def plan(self) -> Plan:
@@ -970,7 +990,7 @@ class WebDataset:
         """One epoch of this share from the clean point in ``st``; updates ``st``."""
         epoch = st["epoch"]
         ep = self.plan.epoch(epoch)
-        if self.empty_check and len(ep) == 0:
+        if self.empty_check and len(ep) == 0 and not getattr(self, "_index_skipped", False):
             raise ValueError("No samples found in dataset (an epoch of 0 samples); "
                              "turn this check off with empty_check=False")
         stream = self._stream_stages()
