@@ -48,6 +48,15 @@ DATASET_STATE = "resumewds.dataset"
 _KNOWN_STREAM = ("unbatched", "unlisted", "slice", "rsample", "log_keys")
 
 
+class _NoPadLayout(Layout):
+    """The split of direct iteration: like WebLoader's, but a share that would get a
+    padding sample (fewer leftover samples than workers) gets nothing, as in webdataset."""
+
+    def slots(self, total: int, start: int, step: int, rank: Optional[int] = None
+              ) -> List[Tuple[int, bool]]:
+        return [s for s in super().slots(total, start, step, rank) if not s[1]]
+
+
 class _KeepShards:
     """A custom node/worker splitter's choice of shards, as a per-sample filter."""
 
@@ -926,7 +935,7 @@ class WebDataset:
         rank, world, worker, nworkers, custom = self._split()
         V = world * nworkers
         chunk = self.batch_size or (64 if V == 1 else 1)
-        layout = Layout(batch_size=chunk, world_size=V, rank=rank + world * worker)
+        layout = _NoPadLayout(batch_size=chunk, world_size=V, rank=rank + world * worker)
         lay = [V, rank + world * worker, chunk]
         if self._pending is not None:
             st = dict(self._pending)

@@ -298,6 +298,18 @@ def summary(outcomes: Dict[str, str]) -> Tuple[int, int, int, List[str]]:
     return len(passed), len(eligible), len(excluded), failing
 
 
+FLOOR_FILE = os.path.join(HERE, "floor.txt")
+
+
+def recorded_floor() -> int:
+    """The number of eligible tests recorded as passing (``floor.txt``)."""
+    try:
+        with open(FLOOR_FILE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--real", action="store_true", help="run against the real webdataset")
