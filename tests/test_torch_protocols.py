@@ -156,3 +156,34 @@ def test_webloader_repeat_and_unbatched(shards):
     ds = wds.WebDataset(shards[:1], shardshuffle=False).decode().to_tuple("cls")
     assert sum(len(b[0]) for b in wds.WebLoader(ds, num_workers=2, batch_size=3).repeat(nepochs=2)) == 74
     assert sum(1 for _ in wds.WebLoader(ds, num_workers=2, batch_size=3).unbatched()) == 37
+
+
+def test_handler_skips_under_webloader_reach_stats_and_journal(shards, tmp_path):
+    def boom(s):
+        if s["__index__"] % 7 == 3:
+            raise ValueError("bad sample")
+        return s
+
+    def make(workers, **kw):
+        ds = wds.WebDataset(shards[:2], shardshuffle=True, seed=1).map(boom, handler=wds.ignore_and_continue)
+        return wds.WebLoader(ds.to_tuple("__key__"), batch_size=8, num_workers=workers, **kw)
+
+    ref = [k for b in make(0) for k in b[0]]
+    assert len(ref) == 74 - len([i for i in range(74) if i % 7 == 3])
+    a = make(2, journal=str(tmp_path / "run.db"))
+    got = []
+    for step, b in enumerate(a):
+        got += b[0]
+        a.commit(step)
+        if step == 4:
+            break
+    a.close()
+    b = make(1, journal=str(tmp_path / "run.db"), resume=True)
+    got += [k for x in b for k in x[0]]
+    b.close()
+    assert got == ref
+    from resumewds.journal import Journal
+
+    with Journal(str(tmp_path / "run.db")) as j:
+        kinds = [e["kind"] for e in j.events()]
+    assert kinds.count("sample_skip") >= 5
