@@ -34,7 +34,7 @@ from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, ExtractKeys, Handled, HandlerStop, Map, MapDict, MapTuple, Rename,
                        RenameKeys, Select, SelectFiles, Stage, ToTuple, default_collate,
                        default_collation_fn, list_collate)
-from .splitters import node_info, single_node_only, split_by_node, split_by_worker, worker_info
+from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 from .plan import Layout, Plan, mix, worker_steps
 from .sources import Source, resolve_sources
 from .stats import event_record
@@ -327,9 +327,9 @@ class WebDataset:
         self.nodesplitter = nodesplitter
         self.workersplitter = workersplitter
         self.empty_check = empty_check
-        self.pipeline: List[Stage] = []
+        self._spec: List[Stage] = []
         if select_files is not None or rename_files is not None:
-            self.pipeline.append(Stage("sample", "select_files", SelectFiles(select_files, rename_files)))
+            self._spec.append(Stage("sample", "select_files", SelectFiles(select_files, rename_files)))
         # iteration mode: once / repeat / with_epoch (webdataset's repetitions, nsamples)
         self._mode = "forever" if (self.resampled or repeat) else "once"
         self._nepochs = -1
@@ -350,11 +350,15 @@ class WebDataset:
         Plan([1], self.seed, shuffle, self.shuffle_window)  # validate shuffle settings early
 
     # ---- fluent stages (webdataset's API) -------------------------------
+    #: fluent stages return a copy (webdataset's compose); a subclass that builds
+    #: itself with them (resumewds.DataPipeline) sets this True to append in place
+    _mutable_fluent = False
+
     def _compile(self) -> None:
         """Split the stages: the per-sample prefix (run where the sample is read), the
         ``.shuffle(n)`` compiled into the plan, one ``.batched`` and the maps after it
         (what WebLoader runs), and the stream stages after that."""
-        p = self.pipeline
+        p = self._spec
         i, stages, buffer, initial = 0, [], 0, None
         while i < len(p) and p[i].kind in ("sample", "shuffle"):
             if p[i].kind == "shuffle":
@@ -382,20 +386,23 @@ class WebDataset:
         self._plan = None
 
     def compose(self, *stages: Any) -> "WebDataset":
-        """A copy with more stages: a :class:`~resumewds.pipeline.Stage`, or (webdataset's
+        """A copy with more stages: a :class:`~resumewds._spec.Stage`, or (webdataset's
         ``compose(f)``) a generator function ``f(iterator) -> iterator``, run over
         each worker's stream; an opaque generator replays an epoch from its start on resume."""
-        ds = copy.copy(self)
-        ds.pipeline = list(self.pipeline)
-        ds._events = []
-        ds._cursor = None
-        ds._pending = None
+        if self._mutable_fluent:
+            ds = self  # a subclass building itself stage by stage (DataPipeline)
+        else:
+            ds = copy.copy(self)
+            ds._spec = list(self._spec)
+            ds._events = []
+            ds._cursor = None
+            ds._pending = None
         for st in stages:
             if not isinstance(st, Stage):
                 if not callable(st):
                     raise TypeError(f"compose() needs callables, got {st!r}")
                 st = Stage("stream", getattr(st, "__name__", "compose"), st)
-            ds.pipeline.append(st)
+            ds._spec.append(st)
         ds._compile()
         return ds
 
@@ -659,7 +666,7 @@ class WebDataset:
             ValueError: a stage WebLoader cannot run (anything after ``.batched``
                 and its maps: ``unbatched``, ``slice``, ``rsample``, ``compose``...).
         """
-        rest = self.pipeline[self._loader_from:]
+        rest = self._spec[self._loader_from:]
         if rest:
             raise ValueError(
                 f"WebLoader runs a dataset's per-sample stages, .shuffle(n) and one .batched(n) with "
@@ -904,10 +911,11 @@ class WebDataset:
         rank, world = 0, 1
         ns = self.nodesplitter
         kind = "split_by_node" if ns is _UNSET else (None if ns is None else _builtin_splitter(ns))
+        info = worker_info()
         if kind == "split_by_node":
-            rank, world = node_info()
+            rank, world = info[0], info[1]
         elif kind == "single_node_only":
-            if node_info()[1] > 1:
+            if info[1] > 1:
                 raise ValueError("input pipeline needs to be reconfigured for multinode training "
                                  "(nodesplitter=single_node_only with WORLD_SIZE > 1)")
         elif ns is not None:
@@ -916,7 +924,7 @@ class WebDataset:
         ws = self.workersplitter
         kind = "split_by_worker" if ws is _UNSET else (None if ws is None else _builtin_splitter(ws))
         if kind == "split_by_worker":
-            worker, nworkers = worker_info()
+            worker, nworkers = info[2], info[3]
         elif ws is not None and kind is None:
             custom.append(ws)
         return rank, world, worker, nworkers, custom
@@ -925,7 +933,7 @@ class WebDataset:
         return {"epoch": int(epoch), "step": 0, "skip": 0, "counts": [], "served": 0, "first": int(epoch)}
 
     def _stream_stages(self) -> List[Stage]:
-        return self.pipeline[self._stream_from:]
+        return self._spec[self._stream_from:]
 
     def __iter__(self) -> Iterator[Any]:
         """Iterate as webdataset does: this process's share (rank and DataLoader worker,
@@ -1096,7 +1104,7 @@ class WebDataset:
             d = dict(self.plan.describe())
         except ResumeWDSError:
             raise
-        d["stages"] = [s.name for s in self.pipeline]
+        d["stages"] = [s.name for s in self._spec]
         return d
 
     def close(self) -> None:

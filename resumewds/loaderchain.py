@@ -111,11 +111,11 @@ class LoaderPipeline:
             return base
         ds = base.dataset
         if ds.batch_size is not None:
-            if ds.pipeline[ds._stream_from + 1:]:
+            if ds._spec[ds._stream_from + 1:]:
                 raise ValueError("WebLoader(...).unbatched(): the dataset has stages after .batched(); "
                                  "re-mixing needs its batches to be plain consecutive samples")
             ds = ds.compose()
-            ds.pipeline = ds.pipeline[:ds._stream_from]
+            ds._spec = ds._spec[:ds._stream_from]
             ds.collate_fn = None
             ds._compile()
         if self._shuffle:

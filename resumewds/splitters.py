@@ -28,7 +28,7 @@ import sys
 from itertools import islice
 from typing import Any, Iterable, Iterator, Tuple
 
-__all__ = ["pytorch_worker_info", "single_node_only", "split_by_node", "split_by_worker"]
+__all__ = ["pytorch_worker_info", "single_node_only", "split_by_node", "split_by_worker", "worker_info"]
 
 
 def _env_int(*names: str) -> Any:
@@ -64,13 +64,9 @@ def node_info(group: Any = None) -> Tuple[int, int]:
     return rank, world
 
 
-def worker_info() -> Tuple[int, int]:
-    """``(worker, num_workers)`` of this DataLoader worker; ``(0, 1)`` outside one.
-
-    Example:
-        >>> worker_info()
-        (0, 1)
-    """
+def _torch_worker() -> Tuple[int, int]:
+    if os.environ.get("WORKER", "").strip() and os.environ.get("NUM_WORKERS", "").strip():
+        return int(os.environ["WORKER"]), int(os.environ["NUM_WORKERS"])  # webdataset's override
     data = sys.modules.get("torch.utils.data")
     if data is not None:
         info = data.get_worker_info()
@@ -79,16 +75,21 @@ def worker_info() -> Tuple[int, int]:
     return 0, 1
 
 
-def pytorch_worker_info(group: Any = None) -> Tuple[int, int, int, int]:
-    """``(rank, world_size, worker, num_workers)``, like ``webdataset.utils.pytorch_worker_info``.
+def worker_info(group: Any = None) -> Tuple[int, int, int, int]:
+    """``(rank, world_size, worker, num_workers)`` of this process; the worker is
+    ``(0, 1)`` outside a DataLoader worker (``WORKER`` / ``NUM_WORKERS`` override it,
+    as in webdataset).
 
     Example:
-        >>> pytorch_worker_info()[2:]
+        >>> worker_info()[2:]
         (0, 1)
     """
     rank, world = node_info(group)
-    worker, nworkers = worker_info()
+    worker, nworkers = _torch_worker()
     return rank, world, worker, nworkers
+
+
+pytorch_worker_info = worker_info  # webdataset.utils' name
 
 
 def split_by_node(src: Iterable[Any], group: Any = None) -> Iterator[Any]:
@@ -129,7 +130,7 @@ def split_by_worker(src: Iterable[Any]) -> Iterator[Any]:
         >>> list(split_by_worker([1, 2, 3]))
         [1, 2, 3]
     """
-    worker, nworkers = worker_info()
+    _, _, worker, nworkers = worker_info()
     if nworkers > 1:
         yield from islice(src, worker, None, nworkers)
     else:
