@@ -386,9 +386,14 @@ class WebDataset:
         self._plan = None
 
     def compose(self, *stages: Any) -> "WebDataset":
-        """A copy with more stages: a :class:`~resumewds._spec.Stage`, or (webdataset's
+        """A copy with more stages: a :class:`~resumewds.pipeline.Stage`, or (webdataset's
         ``compose(f)``) a generator function ``f(iterator) -> iterator``, run over
         each worker's stream; an opaque generator replays an epoch from its start on resume."""
+        return WebDataset._with_stages(self, *stages)
+
+    def _with_stages(self, *stages: Any) -> "WebDataset":
+        """``compose`` itself (the fluent methods call this, so a subclass may override
+        ``compose`` with webdataset's DataPipeline signature)."""
         if self._mutable_fluent:
             ds = self  # a subclass building itself stage by stage (DataPipeline)
         else:
@@ -411,7 +416,7 @@ class WebDataset:
 
         if handler is not None and handler is not reraise_exception:
             fn = Handled(fn, handler, name)
-        return self.compose(Stage("sample", name, fn))
+        return WebDataset._with_stages(self, Stage("sample", name, fn))
 
     def decode(self, *handlers: Union[str, Callable[[str, bytes], Any]],
                allow_pickle: Optional[bool] = None, handler: Any = None, only: Any = None,
@@ -482,7 +487,8 @@ class WebDataset:
         """webdataset's ``xdecode`` (decoders chosen by glob patterns on the key)."""
         from . import filters  # H4b's module: webdataset's xdecode
 
-        return self.compose(Stage("sample", "xdecode", _StreamAsSample(filters.xdecode(*args, **kw))))
+        return WebDataset._with_stages(
+            self, Stage("sample", "xdecode", _StreamAsSample(filters.xdecode(*args, **kw))))
 
     def shuffle(self, size: int, initial: int = 100, **kw: Any) -> "WebDataset":
         """Shuffle, exactly resumable and without a buffer of samples.
@@ -497,7 +503,7 @@ class WebDataset:
         """
         if size < 1:
             return self
-        return self.compose(Stage("shuffle", "shuffle", n=int(size), initial=int(initial)))
+        return WebDataset._with_stages(self, Stage("shuffle", "shuffle", n=int(size), initial=int(initial)))
 
     def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
                 partial: bool = True) -> "WebDataset":
@@ -510,7 +516,7 @@ class WebDataset:
         """
         if batchsize < 1:
             raise ValueError(f"batch_size must be >= 1, got {batchsize}")
-        return self.compose(Stage("batched", "batched", n=int(batchsize), collation_fn=collation_fn,
+        return WebDataset._with_stages(self, Stage("batched", "batched", n=int(batchsize), collation_fn=collation_fn,
                                   partial=bool(partial)))
 
     def listed(self, batchsize: int, partial: bool = True) -> "WebDataset":
@@ -519,25 +525,25 @@ class WebDataset:
 
     def unbatched(self) -> "WebDataset":
         """Split collated batches back into samples."""
-        return self.compose(Stage("stream", "unbatched"))
+        return WebDataset._with_stages(self, Stage("stream", "unbatched"))
 
     def unlisted(self) -> "WebDataset":
         """Split lists (from ``listed``) back into items."""
-        return self.compose(Stage("stream", "unlisted"))
+        return WebDataset._with_stages(self, Stage("stream", "unlisted"))
 
     def slice(self, *args: Optional[int]) -> "WebDataset":
         """``itertools.islice`` over each worker's stream of an epoch."""
-        return self.compose(Stage("stream", "slice", args=args))
+        return WebDataset._with_stages(self, Stage("stream", "slice", args=args))
 
     def rsample(self, p: float = 0.5) -> "WebDataset":
         """Keep each item with probability ``p`` (deterministic per seed, epoch and count)."""
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"rsample: p must be in [0, 1], got {p}")
-        return self.compose(Stage("stream", "rsample", p=float(p)))
+        return WebDataset._with_stages(self, Stage("stream", "rsample", p=float(p)))
 
     def log_keys(self, logfile: Optional[str] = None) -> "WebDataset":
         """Append ``index, worker, rank, key`` lines to ``logfile`` (None: off)."""
-        return self.compose(Stage("stream", "log_keys", logfile=logfile))
+        return WebDataset._with_stages(self, Stage("stream", "log_keys", logfile=logfile))
 
     def mcached(self) -> "WebDataset":
         """Not supported: samples are read by position, never kept in memory."""

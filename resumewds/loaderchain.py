@@ -114,7 +114,7 @@ class LoaderPipeline:
             if ds._spec[ds._stream_from + 1:]:
                 raise ValueError("WebLoader(...).unbatched(): the dataset has stages after .batched(); "
                                  "re-mixing needs its batches to be plain consecutive samples")
-            ds = ds.compose()
+            ds = type(ds)._with_stages(ds)
             ds._spec = ds._spec[:ds._stream_from]
             ds.collate_fn = None
             ds._compile()
