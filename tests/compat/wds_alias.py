@@ -12,10 +12,25 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import pkgutil
 import sys
 
 import resumewds
+
+
+class _ThisTree(importlib.abc.MetaPathFinder):
+    """``resumewds.X`` only from the resumewds package under test (an editable install's
+    finder would otherwise fill in modules missing from this tree from another checkout)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if not fullname.startswith("resumewds."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, list(resumewds.__path__))
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {fullname!r} in {resumewds.__path__[0]}",
+                                      name=fullname)
+        return spec
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -28,6 +43,7 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
 
 def _install() -> None:
+    sys.meta_path.insert(0, _ThisTree())
     sys.modules["webdataset"] = resumewds
     for info in pkgutil.iter_modules(resumewds.__path__):
         if info.name.startswith("_") or info.name in ("__main__",):
