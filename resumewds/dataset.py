@@ -351,7 +351,7 @@ class WebDataset:
 
     # ---- fluent stages (webdataset's API) -------------------------------
     #: fluent stages return a copy (webdataset's compose); a subclass that builds
-    #: itself with them (resumewds.DataPipeline) sets this True to append in place
+    #: itself with them sets this True (or overrides compose()) to append in place
     _mutable_fluent = False
 
     def _compile(self) -> None:
@@ -394,8 +394,10 @@ class WebDataset:
     def _with_stages(self, *stages: Any) -> "WebDataset":
         """``compose`` itself (the fluent methods call this, so a subclass may override
         ``compose`` with webdataset's DataPipeline signature)."""
-        if self._mutable_fluent:
-            ds = self  # a subclass building itself stage by stage (DataPipeline)
+        if self._mutable_fluent or type(self).compose is not WebDataset.compose:
+            # a subclass building itself stage by stage: resumewds.DataPipeline (whose
+            # compose() is webdataset's DataPipeline.compose)
+            ds = self
         else:
             ds = copy.copy(self)
             ds._spec = list(self._spec)
