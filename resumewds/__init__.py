@@ -27,7 +27,7 @@ from typing import Any
 from . import filters, shardlists, tariterators, tenbin, utils
 from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilter, handle_extension,
                          imagehandler, torch_audio, torch_loads, torch_video)
-
+from .compat import MockDataset
 from .dataset import WebDataset, build_manifest, index_manifest
 from .digests import BadSample, add_sample_digests, bad_samples
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
@@ -47,6 +47,7 @@ from .plan import Layout, Plan
 from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
                          split_by_node, split_by_worker)
 from .tariterators import tarfile_samples, tarfile_to_samples
+from .pipeline import default_collation_fn
 from .tario import sample_digest, scan_file
 from .world import World, detect_world
 from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
@@ -74,6 +75,7 @@ __all__ = [
     "MissingKeyError",
     "MixPlan",
     "MixedDataset",
+    "MockDataset",
     "MultiLoader",
     "PermanentFetchError",
     "Plan",
@@ -100,6 +102,7 @@ __all__ = [
     "batched",
     "build_manifest",
     "decode",
+    "default_collation_fn",
     "detect_world",
     "extract_keys",
     "filters",

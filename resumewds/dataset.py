@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -28,12 +29,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from . import tario
 from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, ResumeWDSError,
-                     ShardFormatError, SourceError)
+                     ShardFormatError, SourceError, StateError)
 from .events import EventKind
 from .manifest import Manifest, ShardInfo
-from .pipeline import (Decoder, MapDict, MapTuple, Rename, Select, ToTuple, default_collate,
-                       list_collate)
-from .plan import Layout, Plan, check_partitions, worker_steps
+from .pipeline import (Decoder, ExtractKeys, Handled, HandlerStop, Map, MapDict, MapTuple, Rename,
+                       RenameKeys, Select, SelectFiles, Stage, ToTuple, default_collate,
+                       default_collation_fn, list_collate)
+from .plan import Layout, Plan, check_partitions, mix, worker_steps
+from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 from .sources import Source, resolve_sources
 from .stats import event_record
 
@@ -42,6 +45,52 @@ log = logging.getLogger("resumewds")
 _RUN_BYTES = 4 << 20  # most bytes read with one pread when samples are consecutive
 
 ON_ERROR = ("raise", "skip")
+DATASET_STATE = "resumewds.dataset"
+_KNOWN_STREAM = ("unbatched", "unlisted", "slice", "rsample", "log_keys")
+
+
+class _NoPadLayout(Layout):
+    """The split of direct iteration: like WebLoader's, but a share that would get a
+    padding sample (fewer leftover samples than workers) gets nothing, as in webdataset."""
+
+    def slots(self, total: int, start: int, step: int, rank: Optional[int] = None
+              ) -> List[Tuple[int, bool]]:
+        return [s for s in super().slots(total, start, step, rank) if not s[1]]
+
+
+class _KeepShards:
+    """A custom node/worker splitter's choice of shards, as a per-sample filter."""
+
+    def __init__(self, urls: frozenset):
+        self.urls = urls
+
+    def __call__(self, sample: Any) -> Any:
+        return sample if sample.get("__url__") in self.urls else None
+
+
+class _OnlyDecoder:
+    """``decode(only=...)`` for a Decoder without ``only``: decode just those fields."""
+
+    def __init__(self, decoder: Any, only: Any):
+        self.decoder = decoder
+        self.only = {only} if isinstance(only, str) else set(only)
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        part = {k: v for k, v in sample.items() if k.startswith("__") or k in self.only
+                or k.rsplit(".", 1)[-1] in self.only}
+        out = dict(sample)
+        out.update(self.decoder(part))
+        return out
+
+
+class _StreamAsSample:
+    """A one-to-one webdataset filter (``f(iterator) -> iterator``) run on one item."""
+
+    def __init__(self, f: Callable[[Iterator[Any]], Iterator[Any]]):
+        self.f = f
+
+    def __call__(self, item: Any) -> Any:
+        return next(iter(self.f(iter([item]))), None)
 
 
 def index_manifest(manifest: Manifest, store: Any = None,
@@ -134,16 +183,62 @@ class _ShardReader:
                 lease.close()
 
 
+_UNSET: Any = object()
+_BUILTIN_NAMES = ("split_by_node", "split_by_worker", "single_node_only")
+
+
+def _builtin_splitter(f: Any) -> Optional[str]:
+    """The name of a built-in splitter (ours, or webdataset's own), else None."""
+    if f is split_by_node or f is split_by_worker or f is single_node_only:
+        return f.__name__
+    name, mod = getattr(f, "__name__", None), getattr(f, "__module__", "") or ""
+    if name in _BUILTIN_NAMES and mod.split(".")[0] in ("webdataset", "resumewds"):
+        return name
+    return None
+
+
+def _wds_urls(urls: Any) -> Any:
+    """webdataset's URL forms: ``a::b`` joined patterns, ``file:/abs/path``."""
+    def one(u: Any) -> List[Any]:
+        if not isinstance(u, str) or u.startswith("pipe:"):
+            return [u]
+        out = []
+        for part in (u.split("::") if "::" in u else [u]):
+            if part.startswith("file:") and not part.startswith("file://"):
+                part = part[len("file:"):]
+            out.append(part)
+        return out
+
+    if isinstance(urls, (str, os.PathLike)):
+        parts = one(os.fspath(urls))
+        return parts[0] if len(parts) == 1 else parts
+    if isinstance(urls, (list, tuple)):
+        return [p for u in urls for p in one(os.fspath(u) if isinstance(u, os.PathLike) else u)]
+    return urls
+
+
 class WebDataset:
-    """A resumable, deterministic WebDataset.
+    """A resumable, deterministic WebDataset; also webdataset 1.0.2's ``WebDataset``.
+
+    ``import resumewds as wds`` runs webdataset code unchanged: the
+    constructor takes webdataset's arguments and every fluent stage
+    (docs/COMPAT.md lists the exact semantics and differences).  It is a
+    ``torch.utils.data.IterableDataset`` (registered when torch is imported,
+    so ``import resumewds`` stays torch-free): a plain torch ``DataLoader``
+    works, each worker taking its own share of the sample sequence, and
+    ``state_dict()`` / ``load_state_dict()`` speak torchdata's
+    ``StatefulDataLoader`` protocol.
 
     Args:
         urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json,
-            or a list of them, or a :class:`~resumewds.manifest.Manifest`.
-        seed: seed of the order (same seed, same order on any machine).
+            or a list of them, or a :class:`~resumewds.manifest.Manifest`;
+            also webdataset's ``"a.tar::b-{0..3}.tar"`` and ``file:/abs/path``.
+        seed: seed of the order (same seed, same order on any machine);
+            None: ``WDS_SEED`` if set, else 0.
         shuffle: False: manifest order; True / ``"window"``: shard order
             permuted per epoch and samples shuffled within windows of
             ``shuffle_window`` shards; ``"shards"``: shard order only.
+            Default: ``"shards"`` if ``shardshuffle`` is set, else False.
         shuffle_window: shards per shuffle window.
         cache_dir, cache_size, verify: passed to the shard cache
             (:class:`resumewds.cache.ShardStore`).
@@ -162,38 +257,97 @@ class WebDataset:
         partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
             None: the number of nodes at the run's start (a resume keeps the
             run's recorded count); 1: one order over all shards.
+        handler: webdataset's handler for shard and sample (tar) errors:
+            ``reraise_exception`` (default, ``on_error="raise"``); a handler
+            returning True skips the shard like ``on_error="skip"``; False
+            stops the iteration.
+        resampled: draw each epoch's shards with replacement (deterministic:
+            a pure function of seed, epoch and position); iteration goes on
+            over epochs (use ``.with_epoch(n)``).
+        shardshuffle: webdataset's shard shuffle: True or N > 0 permutes the
+            shard order per epoch (``shuffle="shards"``); False/None/0: manifest order.
+        detshuffle: accepted; our shuffles are always deterministic.
+        nodesplitter, workersplitter: ``split_by_node``, ``split_by_worker``,
+            ``single_node_only`` (ours or webdataset's) map onto the rank /
+            worker split of the sample sequence; None: no split (every rank /
+            worker sees everything, as in webdataset); a user callable gets
+            the shard list (``{"url": ...}`` dicts) and keeps what it yields.
+        select_files, rename_files: webdataset's member filters (by
+            ``"<key>.<ext>"`` name).
+        empty_check: raise ValueError when an epoch has no samples at all.
+        url_to_name, cache_size semantics, verbose, mode: accepted for
+            compatibility (our cache names entries by URL digest).
 
     Example:
         >>> ds = WebDataset(["a.tar", "b.tar"], seed=3).decode().to_tuple("txt", "cls")  # doctest: +SKIP
+        >>> ds = (WebDataset("shards-{000..099}.tar", shardshuffle=100)            # doctest: +SKIP
+        ...       .shuffle(1000).decode("pil").to_tuple("jpg;png", "cls").batched(64))
     """
 
-    def __init__(self, urls: Source, *, seed: int = 0, shuffle: Union[bool, str] = False,
-                 shuffle_window: int = 8, cache_dir: Optional[str] = None,
-                 cache_size: Union[int, str, None] = None, verify: str = "once",
-                 fetch: Any = None, on_error: str = "raise", allow_pickle: bool = False,
-                 allow_remote_pipe: bool = False, prefetch: int = 4,
+    def __init__(self, urls: Source, handler: Any = None, mode: Optional[str] = None,
+                 resampled: bool = False, repeat: bool = False, shardshuffle: Any = None,
+                 cache_size: Union[int, str, None] = None, cache_dir: Optional[str] = None,
+                 url_to_name: Any = None, detshuffle: bool = False, nodesplitter: Any = _UNSET,
+                 workersplitter: Any = _UNSET, select_files: Optional[Callable[[str], bool]] = None,
+                 rename_files: Optional[Callable[[str], str]] = None, empty_check: bool = True,
+                 verbose: bool = False, seed: Optional[int] = None, *,
+                 shuffle: Union[bool, str, None] = None, shuffle_window: Optional[int] = None,
+                 verify: str = "once", fetch: Any = None, on_error: str = "raise",
+                 allow_pickle: bool = False, allow_remote_pipe: bool = False, prefetch: int = 4,
                  partitions: Optional[int] = None):
+        from .handlers import reraise_exception
+
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if verify not in ("once", "always", "never"):
             raise ValueError(f"verify must be 'once', 'always' or 'never', got {verify!r}")
-        self.urls = urls
+        if handler is not None and not callable(handler):
+            raise TypeError(f"handler= must be callable, got {handler!r}")
+        if handler is reraise_exception:
+            handler = None
+        if handler is not None:
+            on_error = "skip"  # a skipped shard is recorded exactly like on_error="skip"
+        if seed is None:
+            env = os.environ.get("WDS_SEED", "").strip()
+            seed = int(env) if env else 0
+        if cache_size is not None and not isinstance(cache_size, str) and int(cache_size) < 0:
+            cache_size = None  # webdataset's -1: unlimited
+        self.urls = _wds_urls(urls)
         self.seed = int(seed)
-        self.shuffle = shuffle
-        self.shuffle_window = int(shuffle_window)
+        self._shuffle_arg = shuffle
+        if shuffle is None:
+            shuffle = "shards" if (shardshuffle not in (None, False, 0) and not resampled) else False
+        self._shuffle = shuffle  # (not .shuffle: that is the fluent stage)
+        self._window_arg = shuffle_window
+        self.shuffle_window = int(shuffle_window if shuffle_window is not None else 8)
         self.cache_dir = cache_dir
         self.cache_size = cache_size
         self.verify = verify
         self.fetch = fetch
         self.on_error = on_error
+        self.handler = handler
         self.allow_pickle = allow_pickle
         self.allow_remote_pipe = allow_remote_pipe
         self.prefetch_depth = int(prefetch)
-        self.stages: List[Callable[[Any], Any]] = []
-        self.batch_stages: List[Callable[[Any], Any]] = []
-        self.batch_size: Optional[int] = None
-        self.collate_fn: Optional[Callable[[List[Any]], Any]] = None
+        self.resampled = bool(resampled or mode == "resampled")
+        self.shardshuffle = shardshuffle
+        self.detshuffle = detshuffle
+        self.url_to_name = url_to_name
+        self.nodesplitter = nodesplitter
+        self.workersplitter = workersplitter
+        self.empty_check = empty_check
+        self._spec: List[Stage] = []
+        if select_files is not None or rename_files is not None:
+            self._spec.append(Stage("sample", "select_files", SelectFiles(select_files, rename_files)))
+        # iteration mode: once / repeat / with_epoch (webdataset's repetitions, nsamples)
+        self._mode = "forever" if (self.resampled or repeat) else "once"
+        self._nepochs = -1
+        self._limit = -1
+        self._length: Optional[int] = None
         self.epoch = 0
+        self._cursor: Optional[Dict[str, Any]] = None
+        self._pending: Optional[Dict[str, Any]] = None
+        self._warned_opaque = False
         self._manifest: Optional[Manifest] = None
         self._plan: Optional[Plan] = None
         self._store: Any = None
@@ -202,62 +356,262 @@ class WebDataset:
         self._failed: Dict[int, str] = {}
         self.partitions = partitions  # requested; None: resolved by the loader
         self.plan_partitions = 1 if partitions is None else check_partitions(partitions)
-        Plan([1], seed, shuffle, shuffle_window, self.plan_partitions)  # validate settings early
+        self.collate_fn: Optional[Callable[[List[Any]], Any]] = None
+        self._compile()
+        Plan([1], self.seed, shuffle, self.shuffle_window, self.plan_partitions)  # validate settings early
 
-    # ---- fluent stages (WebDataset's API) -------------------------------
-    def _add(self, fn: Callable[[Any], Any]) -> "WebDataset":
-        (self.batch_stages if self.batch_size is not None else self.stages).append(fn)
-        return self
+    # ---- fluent stages (webdataset's API) -------------------------------
+    #: fluent stages return a copy (webdataset's compose); a subclass that builds
+    #: itself with them sets this True (or overrides compose()) to append in place
+    _mutable_fluent = False
+
+    def _compile(self) -> None:
+        """Split the stages: the per-sample prefix (run where the sample is read), the
+        ``.shuffle(n)`` compiled into the plan, one ``.batched`` and the maps after it
+        (what WebLoader runs), and the stream stages after that."""
+        p = self._spec
+        i, stages, buffer, initial = 0, [], 0, None
+        while i < len(p) and p[i].kind in ("sample", "shuffle"):
+            if p[i].kind == "shuffle":
+                buffer = max(buffer, int(p[i].args["n"]))
+            else:
+                stages.append(p[i].fn)
+            i += 1
+        self.stages = stages
+        self._buffer = buffer
+        self._stream_from = i
+        self.batch_size = None
+        self.batch_stages = []
+        collate = self.collate_fn
+        if i < len(p) and p[i].kind == "batched":
+            self.batch_size = int(p[i].args["n"])
+            collate = p[i].args["collation_fn"] or list_collate
+            j = i + 1
+            while j < len(p) and p[j].kind == "sample" and p[j].name != "select":
+                self.batch_stages.append(p[j].fn)
+                j += 1
+            self._loader_from = j
+        else:
+            self._loader_from = i
+        self.collate_fn = collate
+        self._plan = None
+
+    def compose(self, *stages: Any) -> "WebDataset":
+        """A copy with more stages: a :class:`~resumewds.pipeline.Stage`, or (webdataset's
+        ``compose(f)``) a generator function ``f(iterator) -> iterator``, run over
+        each worker's stream; an opaque generator replays an epoch from its start on resume."""
+        return WebDataset._with_stages(self, *stages)
+
+    def _with_stages(self, *stages: Any) -> "WebDataset":
+        """``compose`` itself (the fluent methods call this, so a subclass may override
+        ``compose`` with webdataset's DataPipeline signature)."""
+        if self._mutable_fluent or type(self).compose is not WebDataset.compose:
+            # a subclass building itself stage by stage: resumewds.DataPipeline (whose
+            # compose() is webdataset's DataPipeline.compose)
+            ds = self
+        else:
+            ds = copy.copy(self)
+            ds._spec = list(self._spec)
+            ds._events = []
+            ds._cursor = None
+            ds._pending = None
+        for st in stages:
+            if not isinstance(st, Stage):
+                if not callable(st):
+                    raise TypeError(f"compose() needs callables, got {st!r}")
+                st = Stage("stream", getattr(st, "__name__", "compose"), st)
+            ds._spec.append(st)
+        ds._compile()
+        return ds
+
+    def _sample(self, name: str, fn: Callable[[Any], Any], handler: Any = None) -> "WebDataset":
+        from .handlers import reraise_exception
+
+        if handler is not None and handler is not reraise_exception:
+            fn = Handled(fn, handler, name)
+        return WebDataset._with_stages(self, Stage("sample", name, fn))
 
     def decode(self, *handlers: Union[str, Callable[[str, bytes], Any]],
-               allow_pickle: Optional[bool] = None) -> "WebDataset":
-        """Decode members: image specs ("pil", "rgb8", "torchrgb"...) and/or callables."""
+               allow_pickle: Optional[bool] = None, handler: Any = None, only: Any = None,
+               partial: bool = False, pre: Any = None, post: Any = None) -> "WebDataset":
+        """Decode members: image specs ("pil", "rgb8", "torchrgb"...) and/or callables
+        ``(key, data) -> value or None``; ``only=`` limits decoding to those extensions,
+        ``handler=`` handles a decoding error (skip / stop)."""
         ap = self.allow_pickle if allow_pickle is None else allow_pickle
-        return self._add(Decoder(handlers, allow_pickle=ap))
+        import inspect
 
-    def to_tuple(self, *specs: str) -> "WebDataset":
-        """Turn samples into tuples: ``to_tuple("jpg;png", "cls")``."""
-        return self._add(ToTuple(*specs))
+        params = inspect.signature(Decoder).parameters
+        kw: Dict[str, Any] = {}
+        for name, value, default in (("only", only, None), ("partial", partial, False),
+                                     ("pre", pre, None), ("post", post, None)):
+            if name in params:
+                kw[name] = value
+            elif value is not default and name != "only":
+                raise TypeError(f"decode({name}=...) is not supported by this Decoder")
+        dec = Decoder(handlers, allow_pickle=ap, **kw)
+        fn: Callable[[Any], Any] = dec
+        if only is not None and "only" not in params:
+            fn = _OnlyDecoder(dec, only)
+        return self._sample("decode", fn, handler)
 
-    def map(self, fn: Callable[[Any], Any]) -> "WebDataset":
-        """Apply ``fn`` to each sample (or each batch, after ``batched``)."""
-        return self._add(fn)
+    def to_tuple(self, *specs: str, missing_is_error: bool = True, none_is_error: Optional[bool] = None,
+                 handler: Any = None) -> "WebDataset":
+        """Turn samples into tuples: ``to_tuple("jpg;png", "cls")`` or ``to_tuple("jpg;png cls")``."""
+        return self._sample("to_tuple", ToTuple(*specs, missing_is_error=missing_is_error,
+                                                none_is_error=none_is_error), handler)
 
-    def map_dict(self, **fns: Callable[[Any], Any]) -> "WebDataset":
-        """Apply functions to named fields of dict samples."""
-        return self._add(MapDict(**fns))
+    def map(self, fn: Callable[[Any], Any], handler: Any = None) -> "WebDataset":
+        """Apply ``fn`` to each item (a sample, or a batch after ``batched``); a None
+        result drops it; ``handler=`` decides about an exception (skip or stop)."""
+        return self._sample("map", Map(fn), handler)
 
-    def map_tuple(self, *fns: Optional[Callable[[Any], Any]]) -> "WebDataset":
+    def map_dict(self, handler: Any = None, **fns: Callable[[Any], Any]) -> "WebDataset":
+        """Apply functions to named fields of dict samples (a missing field: KeyError)."""
+        return self._sample("map_dict", MapDict(**fns), handler)
+
+    def map_tuple(self, *fns: Optional[Callable[[Any], Any]], handler: Any = None) -> "WebDataset":
         """Apply functions to the fields of tuple samples, by position."""
-        return self._add(MapTuple(*fns))
+        return self._sample("map_tuple", MapTuple(*fns), handler)
 
-    def select(self, predicate: Callable[[Any], bool]) -> "WebDataset":
-        """Keep only samples for which ``predicate`` is true.
+    def select(self, predicate: Callable[[Any], bool], **kw: Any) -> "WebDataset":
+        """Keep only the items for which ``predicate`` is true.
 
-        Filtering happens inside a batch: the batch of positions
-        ``[k*B, (k+1)*B)`` keeps its survivors, so batches may be smaller, and
-        resume stays exact.
+        Under WebLoader, filtering happens inside a batch: the batch of
+        positions ``[k*B, (k+1)*B)`` keeps its survivors, so batches may be
+        smaller, and resume stays exact.  Iterated directly, ``.batched(n)``
+        fills each batch from the filtered stream, as webdataset does.
         """
-        if self.batch_size is not None:
-            raise ValueError("select() must come before batched()")
-        return self._add(Select(predicate))
+        return self._sample("select", Select(predicate))
 
-    def rename(self, keep: bool = False, **kw: str) -> "WebDataset":
-        """Rename fields: ``rename(image="jpg;png", label="cls")``."""
-        return self._add(Rename(keep=keep, **kw))
+    def rename(self, keep: bool = True, handler: Any = None, **kw: str) -> "WebDataset":
+        """Rename fields: ``rename(image="jpg;png", label="cls")`` (webdataset's ``keep``)."""
+        return self._sample("rename", Rename(keep=keep, **kw), handler)
 
-    def batched(self, batch_size: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collate,
+    def rename_keys(self, *args: Any, **kw: Any) -> "WebDataset":
+        """webdataset's ``rename_keys``: rename fields by glob patterns."""
+        opts = {k: kw.pop(k) for k in ("keep_unselected", "must_match", "duplicate_is_error") if k in kw}
+        return self._sample("rename_keys", RenameKeys(*args, **opts, **kw))
+
+    def extract_keys(self, *patterns: Any, **kw: Any) -> "WebDataset":
+        """webdataset's ``extract_keys``: a tuple of the fields matching glob patterns."""
+        return self._sample("extract_keys", ExtractKeys(*patterns, **kw))
+
+    def xdecode(self, *args: Any, **kw: Any) -> "WebDataset":
+        """webdataset's ``xdecode`` (decoders chosen by glob patterns on the key)."""
+        from . import filters  # H4b's module: webdataset's xdecode
+
+        return WebDataset._with_stages(
+            self, Stage("sample", "xdecode", _StreamAsSample(filters.xdecode(*args, **kw))))
+
+    def shuffle(self, size: int, initial: int = 100, **kw: Any) -> "WebDataset":
+        """Shuffle, exactly resumable and without a buffer of samples.
+
+        Before any ``batched`` / ``slice`` / ... stage, ``.shuffle(n)`` is
+        compiled into the plan: samples are shuffled uniformly within windows
+        of whole shards holding at least ``3 * n`` samples (on average), so
+        the mixing is at least that of webdataset's buffer of ``n`` (whose
+        effective span is about ``2n``), and a resume recomputes any position
+        in O(1).  After such a stage it is webdataset's buffer shuffle, with
+        every pick a hash of (seed, epoch, count).  ``size < 1``: no shuffle.
+        """
+        if size < 1:
+            return self
+        return WebDataset._with_stages(self, Stage("shuffle", "shuffle", n=int(size), initial=int(initial)))
+
+    def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
                 partial: bool = True) -> "WebDataset":
-        """Batch samples; later stages apply to batches.
+        """Batch items; later stages apply to batches.
 
-        ``partial`` is accepted for WebDataset compatibility; the final short
-        batch of an epoch is governed by the loader's ``remainder`` policy.
+        The default collation is webdataset's (numbers -> numpy array, tensors
+        and arrays stacked, anything else a list); ``collation_fn=None``
+        gives lists.  Iterated directly, ``partial=False`` drops a short last
+        batch; under WebLoader the loader's ``remainder`` decides.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size = int(batch_size)
-        self.collate_fn = collation_fn if collation_fn is not None else list_collate
+        if batchsize < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batchsize}")
+        return WebDataset._with_stages(self, Stage("batched", "batched", n=int(batchsize), collation_fn=collation_fn,
+                                  partial=bool(partial)))
+
+    def listed(self, batchsize: int, partial: bool = True) -> "WebDataset":
+        """Lists of ``batchsize`` items, without collation."""
+        return self.batched(batchsize, collation_fn=None, partial=partial)
+
+    def unbatched(self) -> "WebDataset":
+        """Split collated batches back into samples."""
+        return WebDataset._with_stages(self, Stage("stream", "unbatched"))
+
+    def unlisted(self) -> "WebDataset":
+        """Split lists (from ``listed``) back into items."""
+        return WebDataset._with_stages(self, Stage("stream", "unlisted"))
+
+    def slice(self, *args: Optional[int]) -> "WebDataset":
+        """``itertools.islice`` over each worker's stream of an epoch."""
+        return WebDataset._with_stages(self, Stage("stream", "slice", args=args))
+
+    def rsample(self, p: float = 0.5) -> "WebDataset":
+        """Keep each item with probability ``p`` (deterministic per seed, epoch and count)."""
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"rsample: p must be in [0, 1], got {p}")
+        return WebDataset._with_stages(self, Stage("stream", "rsample", p=float(p)))
+
+    def log_keys(self, logfile: Optional[str] = None) -> "WebDataset":
+        """Append ``index, worker, rank, key`` lines to ``logfile`` (None: off)."""
+        return WebDataset._with_stages(self, Stage("stream", "log_keys", logfile=logfile))
+
+    def mcached(self) -> "WebDataset":
+        """Not supported: samples are read by position, never kept in memory."""
+        raise NotImplementedError("mcached() is not supported by resumewds: the page cache and the "
+                                  "verified shard cache already keep reads cheap")
+
+    def lmdb_cached(self, *args: Any, **kw: Any) -> "WebDataset":
+        """Not supported (see docs/COMPAT.md)."""
+        raise NotImplementedError("lmdb_cached() is not supported by resumewds")
+
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> "WebDataset":
+        """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
+        if nepochs > 0:
+            self._mode, self._nepochs = ("once" if nepochs == 1 and nbatches < 1 else "repeat"), int(nepochs)
+        else:
+            self._mode, self._nepochs = "forever", -1
+        self._limit = int(nbatches)
         return self
+
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> "WebDataset":
+        """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing the
+        stream over epochs (the next ``iter()`` goes on where this one stopped)."""
+        self._mode, self._nepochs, self._limit = "forever", -1, int(max(nsamples, nbatches))
+        return self
+
+    def with_length(self, n: int, silent: bool = False) -> "WebDataset":
+        """Give the dataset a ``__len__`` of ``n`` (it does not change an epoch)."""
+        if not silent:
+            import warnings
+
+            warnings.warn(".with_length() only sets the value of __len__ for compatibility with "
+                          "some training environments. It does not change the number of samples "
+                          "in an epoch.", stacklevel=2)
+        self._length = int(n)
+        return self
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError("WebDataset has no len(); use .with_length(n)")
+        return self._length
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __enter__(self) -> "WebDataset":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next ``iter()`` at the beginning of ``epoch`` (like a DistributedSampler)."""
+        self.epoch = int(epoch)
+        self._cursor = None
+        self._pending = None
 
     # ---- state shared with the loader ----------------------------------
     @property
@@ -267,15 +621,35 @@ class WebDataset:
             m = resolve_sources(self.urls, fetch_config=self.fetch,
                                 allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
             if not m.indexed:
-                index_manifest(m, self.store, on_event=self._on_event)
+                if self.handler is None:
+                    index_manifest(m, self.store, on_event=self._on_event)
+                else:
+                    self._index_with_handler(m)
             self._manifest = m
         return self._manifest
+
+    def _index_with_handler(self, m: Manifest) -> None:
+        """Index shard by shard; one that cannot be fetched or indexed goes to the
+        ``handler`` (webdataset's), and if it does not re-raise, the shard is
+        recorded as skipped and contributes no samples."""
+        for s in m.shards:
+            if s.indexed:
+                continue
+            try:
+                index_manifest(Manifest([s]), self.store, on_event=self._on_event)
+            except (FetchError, IntegrityError, ShardFormatError, CacheError) as exc:
+                self.handler(exc)
+                s.samples, s.offsets = 0, [0]
+                self._index_skipped = True
+                self._on_event("skip", s.url, error=str(exc))
+                log.warning("skipping shard %s: %s", s.url, exc)
+        m._starts = None
 
     @property
     def plan(self) -> Plan:
         if self._plan is None:
-            self._plan = Plan(self.manifest.counts, self.seed, self.shuffle, self.shuffle_window,
-                              self.plan_partitions)
+            algo, window = self._order()
+            self._plan = Plan(self.manifest.counts, self.seed, algo, window, self.plan_partitions)
         return self._plan
 
     def use_partitions(self, n: int) -> None:
@@ -283,6 +657,23 @@ class WebDataset:
         if int(n) != self.plan_partitions:
             self.plan_partitions = int(n)
             self._plan = None
+
+    def _order(self) -> Tuple[Union[bool, str], int]:
+        """The plan's order and window: ``shuffle``, plus ``.shuffle(n)`` (windows of
+        whole shards holding about ``3n`` samples) and ``resampled``."""
+        base = self._shuffle
+        base = "window" if base is True else ("none" if base in (False, None) else base)
+        window = self.shuffle_window if base == "window" else 1
+        if self._buffer:
+            m = self.manifest
+            mean = max(1.0, m.total_samples / max(1, len(m.shards)))
+            window = max(window, min(256, -(-3 * self._buffer // int(mean))))
+            base = {"none": "manifest_window", "shards": "window"}.get(str(base), base)
+        if self.resampled:
+            base = "resampled_window" if base in ("window", "manifest_window") else "resampled"
+        if str(base).endswith("window"):
+            self.shuffle_window = window  # the reader keeps a window of shards open
+        return base, window
 
     @property
     def store(self) -> Any:
@@ -294,7 +685,19 @@ class WebDataset:
         return self._store
 
     def config(self) -> Dict[str, Any]:
-        """What the delivered order depends on (checked on resume)."""
+        """What the delivered order depends on (checked on resume).
+
+        Raises:
+            ValueError: a stage WebLoader cannot run (anything after ``.batched``
+                and its maps: ``unbatched``, ``slice``, ``rsample``, ``compose``...).
+        """
+        rest = self._spec[self._loader_from:]
+        if rest:
+            raise ValueError(
+                f"WebLoader runs a dataset's per-sample stages, .shuffle(n) and one .batched(n) with "
+                f"the maps after it, not {', '.join('.' + st.name + '()' for st in rest)}: use the "
+                "WebLoader's own .unbatched()/.shuffle()/.batched()/.with_epoch(), or iterate the "
+                "dataset with a torch DataLoader / torchdata StatefulDataLoader")
         d = {"manifest": self.manifest.digest(), "samples": self.manifest.total_samples,
              "shards": len(self.manifest.shards)}
         d.update(self.plan.describe())
@@ -304,6 +707,11 @@ class WebDataset:
         self._events.append(event_record(kind, url, detail))  # logs it, once, here
 
     def take_events(self) -> List[Dict[str, Any]]:
+        from . import pipeline
+
+        if pipeline.SKIPPED:  # items a stage's handler skipped in this process
+            self._events.extend(pipeline.SKIPPED)
+            pipeline.SKIPPED.clear()
         ev, self._events = self._events, []
         return ev
 
@@ -350,6 +758,10 @@ class WebDataset:
             # the loader takes this event with the error, to the journal and stats
             self._on_event(EventKind.FAIL, shard.url, error=str(exc))
             raise exc
+        if self.handler is not None and not self.handler(exc):  # webdataset handler: stop
+            self._failed[shard_idx] = str(exc)
+            self._on_event("skip", shard.url, error=str(exc))
+            raise HandlerStop(str(exc)) from exc
         self._failed[shard_idx] = str(exc)
         self._on_event(EventKind.SKIP, shard.url, error=str(exc))
         log.warning("skipping shard %s: %s", shard.url, exc)
@@ -548,11 +960,208 @@ class WebDataset:
                 meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
             yield k, batch, meta
 
+    # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----
+    def _split(self) -> Tuple[int, int, int, int, List[Any]]:
+        """``(rank, world, worker, num_workers, custom splitters)`` for this process."""
+        custom: List[Any] = []
+        rank, world = 0, 1
+        ns = self.nodesplitter
+        kind = "split_by_node" if ns is _UNSET else (None if ns is None else _builtin_splitter(ns))
+        info = worker_info()
+        if kind == "split_by_node":
+            rank, world = info[0], info[1]
+        elif kind == "single_node_only":
+            if info[1] > 1:
+                raise ValueError("input pipeline needs to be reconfigured for multinode training "
+                                 "(nodesplitter=single_node_only with WORLD_SIZE > 1)")
+        elif ns is not None:
+            custom.append(ns)
+        worker, nworkers = 0, 1
+        ws = self.workersplitter
+        kind = "split_by_worker" if ws is _UNSET else (None if ws is None else _builtin_splitter(ws))
+        if kind == "split_by_worker":
+            worker, nworkers = info[2], info[3]
+        elif ws is not None and kind is None:
+            custom.append(ws)
+        return rank, world, worker, nworkers, custom
+
+    def _fresh(self, epoch: int) -> Dict[str, Any]:
+        return {"epoch": int(epoch), "step": 0, "skip": 0, "counts": [], "served": 0, "first": int(epoch)}
+
+    def _stream_stages(self) -> List[Stage]:
+        return self._spec[self._stream_from:]
+
     def __iter__(self) -> Iterator[Any]:
-        """Yield the samples of epoch ``self.epoch`` in order, in this process."""
-        layout = Layout(batch_size=64)
-        for _, batch, _ in self.iter_steps(self.epoch, 0, layout, collate=False):
-            yield from batch
+        """Iterate as webdataset does: this process's share (rank and DataLoader worker,
+        see ``nodesplitter`` / ``workersplitter``) of epoch ``self.epoch``, through every
+        stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
+        moment resumes exactly after the last item yielded."""
+        rank, world, worker, nworkers, custom = self._split()
+        V = world * nworkers
+        chunk = self.batch_size or (64 if V == 1 else 1)
+        layout = _NoPadLayout(batch_size=chunk, world_size=V, rank=rank + world * worker)
+        lay = [V, rank + world * worker, chunk]
+        if self._pending is not None:
+            st = dict(self._pending)
+            self._pending = None
+            if st.get("layout") not in (None, lay):
+                raise StateError(f"dataset state was taken with (virtual world, rank, chunk) = "
+                                 f"{st.get('layout')}, this iterator has {lay}: resume with the same "
+                                 "world size and num_workers (or use WebLoader, which resumes "
+                                 "under any layout)")
+            st["served"] = st.get("served", 0)
+        elif self._mode != "once" and self._cursor is not None:
+            st = dict(self._cursor, served=0, first=self._cursor["epoch"])
+        else:
+            st = self._fresh(self.epoch)
+        st["layout"] = lay
+        saved_stages = self.stages
+        if custom:
+            urls = [{"url": s.url} for s in self.manifest.shards]
+            for f in custom:
+                urls = list(f(iter(urls)))
+            kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
+            self.stages = [_KeepShards(kept)] + list(saved_stages)
+        if any(s.kind == "stream" and s.name not in _KNOWN_STREAM for s in self._stream_stages()) \
+                and not self._warned_opaque:
+            self._warned_opaque = True
+            log.warning("a compose() stage is opaque to resumewds: a resume replays its epoch "
+                        "from the start (still exact if the stage is deterministic)")
+        try:
+            yield from self._iterate(st, layout)
+        finally:
+            self.stages = saved_stages
+
+    def _iterate(self, st: Dict[str, Any], layout: Layout) -> Iterator[Any]:
+        limit = self._limit if self._mode != "once" else -1
+        nepochs = {"once": 1, "repeat": self._nepochs}.get(self._mode, -1)
+        self._cursor = st
+        empty = 0
+        while True:
+            if limit > 0 and st["served"] >= limit:
+                return  # the epoch goes on in the next iter()
+            if nepochs > 0 and st["epoch"] >= st["first"] + nepochs:
+                break
+            produced = 0
+            for item in self._epoch_items(st, layout):
+                produced += 1
+                yield item
+                if limit > 0 and st["served"] >= limit:
+                    return
+            nxt = self._fresh(st["epoch"] + 1)
+            nxt.update(served=st["served"], first=st["first"], layout=st["layout"])
+            st.clear()
+            st.update(nxt)
+            if self._mode == "once":
+                self.epoch = st["epoch"]
+            empty = 0 if produced else empty + 1
+            if empty and nepochs < 0:
+                return  # an epoch gave nothing: do not loop forever (webdataset's rule)
+        self.epoch = st["epoch"]
+
+    def _epoch_items(self, st: Dict[str, Any], layout: Layout) -> Iterator[Any]:
+        """One epoch of this share from the clean point in ``st``; updates ``st``."""
+        epoch = st["epoch"]
+        ep = self.plan.epoch(epoch)
+        if self.empty_check and len(ep) == 0 and not getattr(self, "_index_skipped", False):
+            raise ValueError("No samples found in dataset (an epoch of 0 samples); "
+                             "turn this check off with empty_check=False")
+        stream = self._stream_stages()
+        runners = [s.runner(mix(self.seed, epoch, 0x5354, i)) for i, s in enumerate(stream)]
+        for r, c in zip(runners, st.get("counts") or []):
+            r.count = int(c)
+        skip = int(st.get("skip", 0))
+        state = {"step": int(st["step"])}
+
+        def source() -> Iterator[Any]:
+            j = state["step"]
+            start = j * layout.step_size
+            url_index: Dict[str, int] = {}
+            local = self.cache_dir is not None
+            for k, batch, meta in self.iter_steps(epoch, start, layout, 0, 1, collate=False):
+                self._absorb_meta(meta)
+                step = j + k
+                if all(r.buffered == 0 for r in runners):
+                    st["step"], st["skip"] = step, 0
+                    st["counts"] = [r.count for r in runners]
+                for sample in batch:
+                    if isinstance(sample, dict):
+                        if sample.get("__pad__"):
+                            continue
+                        if local and "__url__" in sample:
+                            sample["__local_path__"] = self._local_path(sample["__url__"], url_index)
+                    yield sample
+            if all(r.buffered == 0 for r in runners):
+                st["step"], st["skip"] = layout.num_steps(len(ep), 0), 0
+                st["counts"] = [r.count for r in runners]
+
+        it: Iterator[Any] = source()
+        for r in runners:
+            it = r.run(it)
+        try:
+            for item in it:
+                if skip:
+                    skip -= 1
+                    continue
+                st["skip"] += 1
+                st["served"] += 1
+                yield item
+        except HandlerStop:
+            return
+
+    def _absorb_meta(self, meta: Dict[str, Any]) -> None:
+        """Keep what a step reports for ``take_events`` (direct iteration has no loader)."""
+        ev = meta.get("events")
+        if ev:
+            self._events.extend(e for e in ev if e.get("kind") in ("skip", "fail", "sample_skip"))
+            del self._events[:-1000]
+
+    def _local_path(self, url: str, index: Dict[str, int]) -> Optional[str]:
+        if not index:
+            index.update({s.url: i for i, s in enumerate(self.manifest.shards)})
+        si = index.get(url)
+        hit = self._reader.open.get(si) if (self._reader is not None and si is not None) else None
+        return getattr(hit[0], "path", None) if hit else None
+
+    # ---- state (torchdata StatefulDataLoader protocol) -------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Where this process's iteration is: resume exactly after the last item yielded.
+
+        Inside a torch DataLoader worker this is that worker's state, which is
+        what torchdata's ``StatefulDataLoader`` collects and hands back to
+        :meth:`load_state_dict` in the same worker.  No sample data: epoch, the
+        last clean step, how many items to skip after it, stage counters.
+        """
+        cur = self._cursor if self._cursor is not None else self._fresh(self.epoch)
+        out = {k: v for k, v in cur.items() if not k.startswith("_")}
+        out["counts"] = list(out.get("counts") or [])
+        out.update(format=DATASET_STATE, version=1, order=self._order_key())
+        return out
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """The next ``iter()`` continues exactly after the state's last item.
+
+        Raises:
+            StateError: not a dataset state, or taken with another order.
+        """
+        if not isinstance(state, dict) or state.get("format") != DATASET_STATE:
+            raise StateError("not a resumewds dataset state (missing format field)")
+        if state.get("order") != self._order_key():
+            raise StateError(f"dataset state was taken with order {state.get('order')}, "
+                             f"this dataset has {self._order_key()}")
+        self._pending = {k: v for k, v in state.items() if k not in ("format", "version", "order")}
+        self.epoch = int(state["epoch"])
+
+    get_state = state_dict
+    set_state = load_state_dict
+
+    def _order_key(self) -> Dict[str, Any]:
+        try:
+            d = dict(self.plan.describe())
+        except ResumeWDSError:
+            raise
+        d["stages"] = [s.name for s in self._spec]
+        return d
 
     def close(self) -> None:
         if self._reader is not None:
@@ -597,3 +1206,8 @@ def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = N
             offsets = "file" if m.total_samples > 1_000_000 else "inline"
         m.save(output, offsets=offsets)
     return m
+
+
+from ._torchreg import register_iterable_dataset  # noqa: E402
+
+register_iterable_dataset(WebDataset)

@@ -941,3 +941,37 @@ class WebLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    # ---- webdataset's WebLoader fluent methods (issue 13; resumewds/loaderchain.py) ----
+    def unbatched(self) -> Any:
+        """Single samples: ``loader.unbatched().shuffle(n).batched(m)`` re-mixes exactly
+        (see :mod:`resumewds.loaderchain`)."""
+        from .loaderchain import LoaderPipeline
+
+        return LoaderPipeline(self).unbatched()
+
+    def shuffle(self, size: int, **kw: Any) -> Any:
+        """The dataset's ``.shuffle(size)``, in the plan (see :mod:`resumewds.loaderchain`)."""
+        from .loaderchain import LoaderPipeline
+
+        return LoaderPipeline(self).shuffle(size, **kw)
+
+    def batched(self, batchsize: int, collation_fn: Any = _UNSET, partial: bool = True) -> Any:
+        """Batches of ``batchsize`` consecutive positions (see :mod:`resumewds.loaderchain`)."""
+        from .loaderchain import LoaderPipeline
+        from .pipeline import default_collation_fn
+
+        fn = default_collation_fn if collation_fn is _UNSET else collation_fn
+        return LoaderPipeline(self).batched(batchsize, collation_fn=fn, partial=partial)
+
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> Any:
+        """``max(nsamples, nbatches)`` items per ``iter()``, continuing over epochs."""
+        from .loaderchain import LoaderPipeline
+
+        return LoaderPipeline(self).with_epoch(nsamples, nbatches)
+
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> Any:
+        """``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
+        from .loaderchain import LoaderPipeline
+
+        return LoaderPipeline(self).repeat(nepochs, nbatches)

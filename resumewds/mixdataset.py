@@ -219,9 +219,11 @@ class MixedDataset:
     @property
     def streams(self) -> List[SourceStream]:
         if self._streams is None:
-            self._streams = [SourceStream(ds.manifest.counts, ds.seed, ds.shuffle, ds.shuffle_window,
-                                          resampled=r)
-                             for ds, r in zip(self.datasets, self.resampled)]
+            # each source's own order (its shuffle settings, a .shuffle(n) compiled into
+            # the plan: WebDataset._order), repeated or resampled by the mixture
+            orders = [ds._order() for ds in self.datasets]
+            self._streams = [SourceStream(ds.manifest.counts, ds.seed, algo, window, resampled=r)
+                             for ds, (algo, window), r in zip(self.datasets, orders, self.resampled)]
         return self._streams
 
     @property

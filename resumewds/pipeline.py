@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import DecodeError, UnsafeSourceError
@@ -182,73 +183,113 @@ class Decoder:
         return out
 
 
-class ToTuple:
-    """Pick fields into a tuple; ``"jpg;png"`` takes the first present."""
+class FieldError(DecodeError, ValueError):
+    """A field a stage needs is missing (``to_tuple``, ``rename``): also a ``ValueError``,
+    which is what webdataset raises there."""
 
-    def __init__(self, *specs: str, missing_is_error: bool = True):
+
+def getfirst(sample: Dict[str, Any], keys: Union[str, Sequence[str]], default: Any = None,
+             missing_is_error: bool = True) -> Any:
+    """The value of the first of ``keys`` (``"jpg;png"`` or a list) present in ``sample``.
+
+    Raises:
+        FieldError: none is present and ``missing_is_error``.
+
+    Example:
+        >>> getfirst({"png": 1}, "jpg;png")
+        1
+    """
+    alts = keys.split(";") if isinstance(keys, str) else list(keys)
+    for a in alts:
+        if a in sample:
+            return sample[a]
+    if missing_is_error:
+        raise FieldError(f"{sample.get('__url__')}: sample {sample.get('__key__')} has none of "
+                         f"{';'.join(alts)} (it has {sorted(k for k in sample if not k.startswith('__'))})")
+    return default
+
+
+class ToTuple:
+    """Pick fields into a tuple; ``"jpg;png"`` takes the first present.
+
+    As in webdataset, a single argument with spaces is split:
+    ``ToTuple("jpg;png cls")`` is ``ToTuple("jpg;png", "cls")``.  A missing
+    field raises :class:`FieldError` (a ``ValueError``) unless
+    ``missing_is_error=False``, which gives None; ``none_is_error`` (default:
+    ``missing_is_error``) also refuses fields whose value is None.
+    """
+
+    def __init__(self, *specs: str, missing_is_error: bool = True,
+                 none_is_error: Optional[bool] = None):
+        if len(specs) == 1 and isinstance(specs[0], str) and " " in specs[0]:
+            specs = tuple(specs[0].split())
         self.specs = [s.split(";") for s in specs]
         self.missing_is_error = missing_is_error
+        self.none_is_error = missing_is_error if none_is_error is None else none_is_error
 
     def __call__(self, sample: Dict[str, Any]) -> Tuple[Any, ...]:
-        out = []
-        for alts in self.specs:
-            for a in alts:
-                if a in sample:
-                    out.append(sample[a])
-                    break
-            else:
-                if self.missing_is_error:
-                    raise DecodeError(f"{sample.get('__url__')}: sample {sample.get('__key__')} has none of "
-                                      f"{';'.join(alts)} (it has {sorted(k for k in sample if not k.startswith('__'))})")
-                out.append(None)
-        return tuple(out)
+        out = tuple(getfirst(sample, alts, missing_is_error=self.missing_is_error) for alts in self.specs)
+        if self.none_is_error and any(x is None for x in out):
+            raise FieldError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: to_tuple "
+                             f"{[';'.join(a) for a in self.specs]} got a None field")
+        return out
 
 
 class MapDict:
+    """Apply functions to named fields; a missing field is a ``KeyError`` (as in webdataset)."""
+
     def __init__(self, **fns: Callable[[Any], Any]):
+        for k, f in fns.items():
+            if not callable(f):
+                raise TypeError(f"map_dict: {k}= is not callable: {f!r}")
         self.fns = fns
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         out = dict(sample)
         for k, f in self.fns.items():
-            if k in out:
-                out[k] = f(out[k])
+            out[k] = f(out[k])
         return out
 
 
 class MapTuple:
+    """Apply functions to tuple fields by position (None: unchanged).
+
+    As in webdataset, the first ``min(len(fns), len(sample))`` fields are
+    mapped and the rest are kept.
+    """
+
     def __init__(self, *fns: Optional[Callable[[Any], Any]]):
         self.fns = fns
 
     def __call__(self, t: Tuple[Any, ...]) -> Tuple[Any, ...]:
-        if len(t) != len(self.fns):
-            raise DecodeError(f"map_tuple got {len(self.fns)} functions for a tuple of {len(t)}")
-        return tuple(x if f is None else f(x) for f, x in zip(self.fns, t))
+        if not isinstance(t, (list, tuple)):
+            raise DecodeError(f"map_tuple needs tuple samples, got {type(t).__name__}")
+        out = list(t)
+        for i, f in enumerate(self.fns[:len(out)]):
+            if f is not None:
+                out[i] = f(out[i])
+        return tuple(out)
 
 
 class Rename:
-    """``rename(image="jpg;png", label="cls")``: new names from the first present old one."""
+    """``rename(image="jpg;png", label="cls")``: new names from the first present old one.
 
-    def __init__(self, keep: bool = False, **kw: str):
-        self.map = {new: old.split(";") for new, old in kw.items()}
+    webdataset's semantics: by default (``keep=True``) the renamed source
+    fields are dropped and every other field is kept; ``keep=False`` keeps
+    only the new fields.  A missing source is a :class:`FieldError`.
+    """
+
+    def __init__(self, keep: bool = True, **kw: str):
+        self.map = {new: (old.split(";") if isinstance(old, str) else list(old)) for new, old in kw.items()}
         self.keep = keep
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        out = dict(sample)
-        used = set()
-        for new, alts in self.map.items():
-            for a in alts:
-                if a in sample:
-                    out[new] = sample[a]
-                    used.add(a)
-                    break
-            else:
-                raise DecodeError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: "
-                                  f"rename: none of {';'.join(alts)} present")
+        new = {k: getfirst(sample, alts) for k, alts in self.map.items()}
         if not self.keep:
-            for a in used:
-                if a not in self.map:
-                    out.pop(a, None)
+            return new
+        replaced = {a for alts in self.map.values() for a in alts}
+        out = {k: v for k, v in sample.items() if k not in replaced}
+        out.update(new)
         return out
 
 
@@ -260,6 +301,439 @@ class Select:
 
     def __call__(self, sample: Any) -> Any:
         return sample if self.predicate(sample) else None
+
+
+class Map:
+    """webdataset's ``map``: ``f(sample)``; None drops the sample; a dict result of a
+    dict sample gets the sample's ``__key__``."""
+
+    def __init__(self, f: Callable[[Any], Any]):
+        self.f = f
+
+    def __call__(self, sample: Any) -> Any:
+        result = self.f(sample)
+        if isinstance(sample, dict) and isinstance(result, dict):
+            result["__key__"] = sample.get("__key__")
+        return result
+
+
+class ExtractKeys:
+    """webdataset's ``extract_keys``: a tuple of the values whose keys match glob patterns."""
+
+    def __init__(self, *patterns: Union[str, Sequence[str]], duplicate_is_error: bool = True,
+                 ignore_missing: bool = False):
+        self.patterns = [p.split(";") if isinstance(p, str) else list(p) for p in patterns]
+        self.duplicate_is_error = duplicate_is_error
+        self.ignore_missing = ignore_missing
+
+    def __call__(self, sample: Dict[str, Any]) -> Tuple[Any, ...]:
+        from fnmatch import fnmatch
+
+        out = []
+        for pats in self.patterns:
+            matches = [k for k in sample if any(fnmatch("." + k, p) or fnmatch(k, p) for p in pats)]
+            if not matches:
+                if self.ignore_missing:
+                    continue
+                raise FieldError(f"Cannot find {pats} in sample keys {list(sample)}.")
+            if len(matches) > 1 and self.duplicate_is_error:
+                raise FieldError(f"Multiple sample keys {list(sample)} match {pats}.")
+            out.append(sample[matches[0]])
+        return tuple(out)
+
+
+class RenameKeys:
+    """webdataset's ``rename_keys``: rename by glob patterns on the key's basename."""
+
+    def __init__(self, *args: Tuple[str, str], keep_unselected: bool = False, must_match: bool = True,
+                 duplicate_is_error: bool = True, **kw: str):
+        self.renamings = [(pat, out) for out, pat in args] + [(pat, out) for out, pat in kw.items()]
+        self.keep_unselected = keep_unselected
+        self.must_match = must_match
+        self.duplicate_is_error = duplicate_is_error
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        import re
+        from fnmatch import fnmatch
+
+        new: Dict[str, Any] = {}
+        matched = {p: False for p, _ in self.renamings}
+        for path, value in sample.items():
+            fname = re.sub(r".*/", "", path)
+            name = None
+            for pat, out in self.renamings[::-1]:
+                if fnmatch(fname.lower(), pat):
+                    matched[pat] = True
+                    name = out
+                    break
+            if name is None:
+                if self.keep_unselected:
+                    new[path] = value
+                continue
+            if name in new:
+                if self.duplicate_is_error:
+                    raise FieldError(f"Duplicate value in sample {list(sample)} after rename.")
+                continue
+            new[name] = value
+        if self.must_match and not all(matched.values()):
+            raise FieldError(f"Not all patterns ({matched}) matched sample keys ({list(sample)}).")
+        return new
+
+
+class SelectFiles:
+    """The ``select_files=`` / ``rename_files=`` arguments of WebDataset, on a read sample.
+
+    ``select_files(name)`` and ``rename_files(name)`` get each member's name
+    ``"<key>.<extension>"``; a renamed member keeps the sample it was read in
+    (resumewds groups members when it indexes a shard).
+    """
+
+    def __init__(self, select_files: Optional[Callable[[str], bool]] = None,
+                 rename_files: Optional[Callable[[str], str]] = None):
+        self.select_files = select_files
+        self.rename_files = rename_files
+
+    def __call__(self, sample: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        key = sample.get("__key__", "")
+        out: Dict[str, Any] = {}
+        for k, v in sample.items():
+            if k.startswith("__"):
+                out[k] = v
+                continue
+            name = f"{key}.{k}"
+            if self.select_files is not None and not self.select_files(name):
+                continue
+            if self.rename_files is not None:
+                name = self.rename_files(name)
+                base = name.rsplit("/", 1)[-1]
+                k = base.split(".", 1)[1] if "." in base else base
+            out[k] = v
+        if not any(not k.startswith("__") for k in out):
+            return None
+        return out
+
+
+# ---- handlers: the handler= argument of stages ------------------------------
+class HandlerStop(Exception):
+    """Raised (and caught by the dataset) when a handler returns False: stop iterating."""
+
+
+#: samples skipped by a handler in this process, drained into the dataset's events
+SKIPPED: List[Dict[str, Any]] = []
+
+
+def record_skip(item: Any, exc: BaseException, where: str) -> None:
+    """Record an item a handler skipped (as an event ``sample_skip``: stats, journal)."""
+    url = key = None
+    if isinstance(item, dict):
+        url, key = item.get("__url__"), item.get("__key__")
+    from .stats import event_record
+
+    SKIPPED.append(event_record("sample_skip", str(url or ""), {
+        "key": key, "stage": where, "error": f"{type(exc).__name__}: {exc}"}))
+    del SKIPPED[:-10000]
+
+
+class Handled:
+    """Run ``fn`` under a webdataset ``handler``: re-raise, skip (True) or stop (False)."""
+
+    def __init__(self, fn: Callable[[Any], Any], handler: Callable[[BaseException], bool],
+                 name: str = "map"):
+        self.fn = fn
+        self.handler = handler
+        self.name = name
+
+    def __call__(self, item: Any) -> Any:
+        try:
+            return self.fn(item)
+        except HandlerStop:
+            raise
+        except Exception as exc:
+            if self.handler(exc):
+                record_skip(item, exc, self.name)
+                return None
+            record_skip(item, exc, self.name)
+            raise HandlerStop(str(exc)) from exc
+
+
+# ---- webdataset's default collation ----------------------------------------
+def _combine(b: List[Any], combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
+    first = b[0]
+    if isinstance(first, (int, float)):
+        if combine_scalars:
+            import numpy as np
+
+            return np.array(list(b))
+        return list(b)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(first, torch.Tensor):
+        if combine_tensors:
+            shapes = {x.shape for x in b}
+            if len(shapes) != 1:
+                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
+            return torch.stack(list(b))
+        return list(b)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(first, np.ndarray):
+        if combine_tensors:
+            shapes = {x.shape for x in b}
+            if len(shapes) != 1:
+                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
+            return np.array(list(b))
+        return list(b)
+    return list(b)
+
+
+def default_collation_fn(samples: List[Any], combine_tensors: bool = True,
+                         combine_scalars: bool = True) -> Any:
+    """webdataset's default collation (``.batched(n)``): per field, numbers become a numpy
+    array, tensors are stacked, numpy arrays are stacked, anything else becomes a list.
+
+    Example:
+        >>> default_collation_fn([(1, "a"), (2, "b")])[1]
+        ['a', 'b']
+    """
+    rows = [x if isinstance(x, dict) else dict(enumerate(x)) for x in samples]
+    keys = set(rows[0])
+    for row in rows[1:]:
+        if set(row) != keys:
+            raise ValueError("keys don't match in different samples")
+    result = {k: _combine([row[k] for row in rows], combine_tensors, combine_scalars) for k in keys}
+    if isinstance(samples[0], (list, tuple)):
+        return tuple(result[i] for i in range(1 + max(result)))
+    return result
+
+
+# ---- stream stages -------------------------------------------------------------
+# Stages that change how many items flow (batched, unbatched, slice, a shuffle
+# buffer placed after batching, rsample, arbitrary generators) run over the
+# stream of one worker's share of an epoch.  Each runner reports how many
+# items it holds (``buffered``) and how many it has taken in (``count``); the
+# dataset records a *clean point* whenever every runner is empty, and a state
+# is "replay from that clean point, skip k outputs": exact, and it stores no
+# sample bytes.  Every random choice is a hash of (seed, epoch, stage, count).
+
+class Runner:
+    """One stream stage's run over one epoch (see above)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.buffered = 0
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class _MapRunner(Runner):
+    def __init__(self, fn: Callable[[Any], Any]):
+        super().__init__()
+        self.fn = fn
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:
+        fn = self.fn
+        for x in src:
+            self.count += 1
+            y = fn(x)
+            if y is not None:
+                yield y
+
+
+class _BatchRunner(Runner):
+    def __init__(self, n: int, collation_fn: Optional[Callable[[List[Any]], Any]], partial: bool):
+        super().__init__()
+        self.n, self.collation_fn, self.partial = n, collation_fn, partial
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:
+        batch: List[Any] = []
+        for x in src:
+            self.count += 1
+            batch.append(x)
+            self.buffered = len(batch)
+            if len(batch) >= self.n:
+                out, batch = batch, []
+                self.buffered = 0
+                yield self.collation_fn(out) if self.collation_fn is not None else out
+        self.buffered = 0
+        if batch and (len(batch) == self.n or self.partial):
+            yield self.collation_fn(batch) if self.collation_fn is not None else batch
+
+
+class _UnbatchRunner(Runner):
+    def __init__(self, listed: bool):
+        super().__init__()
+        self.listed = listed
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:
+        for b in src:
+            self.count += 1
+            if self.listed:
+                if not isinstance(b, list):
+                    raise ValueError(f"unlisted() needs lists, got {type(b).__name__}")
+                items: Sequence[Any] = b
+            elif isinstance(b, (list, tuple)):
+                items = [tuple(x[i] for x in b) for i in range(len(b[0]))] if len(b) else []
+            elif isinstance(b, dict):
+                lengths = {len(v) for v in b.values()}
+                if len(lengths) != 1:
+                    raise ValueError(f"unbatched(): fields of different lengths {sorted(lengths)}")
+                n = lengths.pop()
+                items = [{k: v[i] for k, v in b.items()} for i in range(n)]
+            else:
+                raise ValueError(f"unknown sample type: {type(b)}")
+            for i, x in enumerate(items):
+                self.buffered = len(items) - i - 1
+                yield x
+            self.buffered = 0
+
+
+class _SliceRunner(Runner):
+    def __init__(self, *args: Optional[int]):
+        super().__init__()
+        sl = slice(*args)
+        self.start, self.stop, self.step = sl.start or 0, sl.stop, sl.step or 1
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:
+        for x in src:
+            i = self.count
+            self.count += 1
+            if self.stop is not None and i >= self.stop:
+                return
+            if i >= self.start and (i - self.start) % self.step == 0:
+                yield x
+
+
+def _unit(key: int, i: int) -> float:
+    import xxhash
+
+    return xxhash.xxh3_64_intdigest(i.to_bytes(8, "little"), key & ((1 << 64) - 1)) / float(1 << 64)
+
+
+class _RSampleRunner(Runner):
+    def __init__(self, p: float, key: int):
+        super().__init__()
+        self.p, self.key = p, key
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:
+        for x in src:
+            i = self.count
+            self.count += 1
+            if _unit(self.key, i) < self.p:
+                yield x
+
+
+class _ShuffleRunner(Runner):
+    """A buffer shuffle (webdataset's algorithm) whose picks are hashes of the count."""
+
+    def __init__(self, size: int, initial: int, key: int):
+        super().__init__()
+        self.size, self.initial, self.key = size, min(initial, size), key
+
+    def _pick(self, buf: List[Any]) -> Any:
+        k = int(_unit(self.key, self.picks) * len(buf))
+        self.picks += 1
+        buf[k], buf[-1] = buf[-1], buf[k]
+        out = buf.pop()
+        self.buffered = len(buf)
+        return out
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:
+        buf: List[Any] = []
+        self.picks = self.count  # a clean point has an empty buffer: every input was picked
+        src = iter(src)
+        for x in src:
+            self.count += 1
+            buf.append(x)
+            if len(buf) < self.size:
+                try:
+                    buf.append(next(src))  # fill the buffer twice as fast (webdataset)
+                    self.count += 1
+                except StopIteration:
+                    pass
+            self.buffered = len(buf)
+            if len(buf) >= self.initial:
+                yield self._pick(buf)
+        while buf:
+            yield self._pick(buf)
+        self.buffered = 0
+
+
+class _OpaqueRunner(Runner):
+    """A user generator ``f(iterator) -> iterator`` (``compose``): never known to be empty,
+    so a state replays the epoch from its start (still exact if ``f`` is deterministic)."""
+
+    def __init__(self, f: Callable[[Iterator[Any]], Iterator[Any]]):
+        super().__init__()
+        self.f = f
+        self.buffered = 1
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:
+        def counted() -> Iterator[Any]:
+            for x in src:
+                self.count += 1
+                yield x
+
+        return iter(self.f(counted()))
+
+
+class _LogKeysRunner(Runner):
+    def __init__(self, logfile: Optional[str]):
+        super().__init__()
+        self.logfile = logfile
+
+    def run(self, src: Iterator[Any]) -> Iterator[Any]:
+        if not self.logfile:
+            yield from src
+            return
+        import fcntl
+
+        with open(self.logfile, "a") as stream:
+            for x in src:
+                i = self.count
+                self.count += 1
+                get = x.get if isinstance(x, dict) else (lambda k: None)
+                line = f"{i}\t{get('__worker__')}\t{get('__rank__')}\t{get('__key__')}\n"
+                fcntl.flock(stream.fileno(), fcntl.LOCK_EX)
+                try:
+                    stream.write(line)
+                    stream.flush()
+                finally:
+                    fcntl.flock(stream.fileno(), fcntl.LOCK_UN)
+                yield x
+
+
+class Stage:
+    """One fluent stage of a :class:`resumewds.WebDataset` (a picklable description).
+
+    ``kind`` is ``"sample"`` (a function of one item, None drops it),
+    ``"shuffle"`` (``.shuffle(n)``), ``"batched"`` or ``"stream"``.
+    """
+
+    def __init__(self, kind: str, name: str, fn: Any = None, **args: Any):
+        self.kind, self.name, self.fn, self.args = kind, name, fn, args
+
+    def __repr__(self) -> str:
+        return f"Stage({self.name})"
+
+    def runner(self, key: int) -> Runner:
+        """A fresh runner of this stage for one epoch (``key``: its random stream)."""
+        a = self.args
+        if self.kind == "sample":
+            return _MapRunner(self.fn)
+        if self.kind == "batched":
+            return _BatchRunner(a["n"], a["collation_fn"], a["partial"])
+        if self.kind == "shuffle":
+            return _ShuffleRunner(a["n"], a["initial"], key)
+        if self.name == "unbatched":
+            return _UnbatchRunner(False)
+        if self.name == "unlisted":
+            return _UnbatchRunner(True)
+        if self.name == "slice":
+            return _SliceRunner(*a["args"])
+        if self.name == "rsample":
+            return _RSampleRunner(a["p"], key)
+        if self.name == "log_keys":
+            return _LogKeysRunner(a["logfile"])
+        return _OpaqueRunner(self.fn)
 
 
 def default_collate(samples: List[Any]) -> Any:

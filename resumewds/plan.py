@@ -398,10 +398,51 @@ def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int,
     return EpochPlan(counts, None, 1, None, parts=cut_partitions(counts, range(len(counts)), partitions))
 
 
+# ---- orders for the WebDataset drop-in (issue 13) ---------------------------
+# ``.shuffle(n)`` on a WebDataset is compiled into a windowed order (samples
+# shuffled within windows of whole shards, see resumewds.dataset), and
+# ``resampled=True`` draws each epoch's shards with replacement.  Both are pure
+# functions of (seed, epoch, position), like every order here.
+_TAG_RESAMPLE = 0x524553414D50  # "RESAMP"
+
+
+def manifest_window_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
+    """Shards in manifest order; samples shuffled within windows of ``window`` shards."""
+    return EpochPlan(counts, range(len(counts)), window, mix(seed, epoch, _TAG_WINDOW))
+
+
+def resampled_shards(n: int, seed: int, epoch: int) -> List[int]:
+    """Epoch ``epoch``'s ``n`` shard draws, with replacement (webdataset's ``resampled=True``).
+
+    Example:
+        >>> d = resampled_shards(4, seed=1, epoch=0)
+        >>> len(d) == 4 and all(0 <= s < 4 for s in d) and d == resampled_shards(4, 1, 0)
+        True
+    """
+    key = mix(seed, epoch, _TAG_RESAMPLE)
+    pk = struct.Struct("<Q").pack
+    h = xxhash.xxh3_64_intdigest
+    return [h(pk(i), key) % n for i in range(n)] if n else []
+
+
+def resampled_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
+    """Shards drawn with replacement per epoch; samples of each draw in shard order."""
+    return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), 1, None)
+
+
+def resampled_window_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
+    """Shards drawn with replacement per epoch; samples shuffled within windows of draws."""
+    return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), window,
+                     mix(seed, epoch, _TAG_WINDOW))
+
+
 ORDERS: Dict[str, OrderFn] = {
     "window": window_order,
     "shards": shard_order,
     "none": manifest_order,
+    "manifest_window": manifest_window_order,
+    "resampled": resampled_order,
+    "resampled_window": resampled_window_order,
 }
 
 
@@ -490,7 +531,7 @@ class Plan:
         ``partitions`` appears only when it is not 1, so that journals and
         states of earlier versions (one partition) still match."""
         d: Dict[str, object] = {"seed": self.seed, "shuffle": self.algo,
-                                "shuffle_window": self.window if self.algo == "window" else None}
+                                "shuffle_window": self.window if self.algo.endswith("window") else None}
         if self.partitions != 1:
             d["partitions"] = self.partitions
         return d

@@ -1,0 +1,59 @@
+"""pytest plugin: make ``import webdataset`` import resumewds, with no way back to the real one.
+
+Loaded with ``-p wds_alias`` by tests/compat/harness.py.  At start-up,
+``sys.modules["webdataset"]`` becomes the resumewds package and every
+``resumewds.X`` module is also ``webdataset.X``; a meta-path finder placed
+first refuses any other ``webdataset.*`` name, so a test that needs a module
+resumewds does not have fails with ModuleNotFoundError instead of silently
+using the real webdataset.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import pkgutil
+import sys
+
+import resumewds
+
+
+class _ThisTree(importlib.abc.MetaPathFinder):
+    """``resumewds.X`` only from the resumewds package under test (an editable install's
+    finder would otherwise fill in modules missing from this tree from another checkout)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if not fullname.startswith("resumewds."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, list(resumewds.__path__))
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {fullname!r} in {resumewds.__path__[0]}",
+                                      name=fullname)
+        return spec
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "webdataset" or fullname.startswith("webdataset."):
+            raise ModuleNotFoundError(f"No module named {fullname!r} (resumewds alias: "
+                                      f"resumewds has no {fullname.replace('webdataset', 'resumewds', 1)!r})",
+                                      name=fullname)
+        return None
+
+
+def _install() -> None:
+    sys.meta_path.insert(0, _ThisTree())
+    sys.modules["webdataset"] = resumewds
+    for info in pkgutil.iter_modules(resumewds.__path__):
+        if info.name.startswith("_") or info.name in ("__main__",):
+            continue
+        try:
+            mod = importlib.import_module(f"resumewds.{info.name}")
+        except Exception:  # pragma: no cover - optional dependency missing
+            continue
+        sys.modules[f"webdataset.{info.name}"] = mod
+    sys.meta_path.insert(0, _Refuse())
+
+
+_install()
