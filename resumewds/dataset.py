@@ -307,9 +307,10 @@ class WebDataset:
             handler = None
         if handler is not None:
             on_error = "skip"  # a skipped shard is recorded exactly like on_error="skip"
-        if seed is None:
-            env = os.environ.get("WDS_SEED", "").strip()
-            seed = int(env) if env else 0
+        if seed is None:  # RESUMEWDS_SEED, else webdataset's WDS_SEED, else 0
+            from . import config
+
+            seed = config.value("seed")
         if cache_size is not None and not isinstance(cache_size, str) and int(cache_size) < 0:
             cache_size = None  # webdataset's -1: unlimited
         self.urls = _wds_urls(urls)

@@ -56,4 +56,8 @@ def _install() -> None:
     sys.meta_path.insert(0, _Refuse())
 
 
-_install()
+def pytest_configure(config) -> None:  # noqa: ARG001
+    """Install the alias when loaded as a plugin (``-p wds_alias``, the compat suite's
+    subprocess), never merely on import: importing this module (``--doctest-modules``
+    collecting tests/) must not turn ``webdataset`` into resumewds in the test process."""
+    _install()
