@@ -175,3 +175,24 @@ def test_a_broken_mixture_config_is_one_line_not_a_traceback(two_sources, tmp_pa
     assert "Traceback" not in r.stderr + r.stdout
     bad = [x for x in r.stdout.splitlines() if x.startswith("mixture")]
     assert len(bad) == 1 and "cannot be evaluated" in bad[0], r.stdout
+
+
+def test_status_of_a_two_rank_run_counts_every_rank(two_sources, tmp_path):
+    """World size 2 (each rank its own loader and journal file): the counts are over both ranks."""
+    j = str(tmp_path / "w2.db")
+    live = []
+    for rank in range(2):
+        ld = rw.WebLoader(_mixed(two_sources, phases=[(28, [1, 3])]), batch_size=4, num_workers=rank,
+                          rank=rank, world_size=2, collate_fn=_collate, journal=j)
+        for step, _ in enumerate(ld):
+            ld.commit(step)
+            if step == 4:
+                break
+        live.append(ld.stats()["mixture"])
+        ld.close()
+    assert live[0] == live[1] and live[0]["global_position"] == 40
+    r = _cli("status", j)
+    assert r.returncode == 0, r.stderr
+    assert "rank 1:" in r.stdout
+    _assert_printed_equals(_parse(r.stdout), live[0])
+    assert sum(s["delivered"] for s in live[0]["sources"]) == 40
