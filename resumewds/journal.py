@@ -1327,7 +1327,13 @@ def _rate(j: Journal, window: int) -> Tuple[Optional[float], Optional[float], Op
 
 
 def format_status(st: Dict[str, Any]) -> str:
-    """Human-readable text of a ``status()`` dict, for ``resumewds status``."""
+    """Human-readable text of a ``status()`` dict, for ``resumewds status``.
+
+    A mixture run's dict (completed by :func:`resumewds.report.complete_status`)
+    also has ``mixture``: one line per source (delivered samples and fraction
+    against the current phase's weight), after the phase index and position.
+    Any other run's text has no mixture line.
+    """
     lines = [f"journal  {st['path']}  (run {st.get('run_id')}, schema v{st.get('schema_version')})"]
     latest = st.get("latest")
     if latest is None:
@@ -1359,6 +1365,12 @@ def format_status(st: Dict[str, Any]) -> str:
     if cons.get("epoch") is not None:
         lines.append(f"epoch {cons['epoch']}: {cons['shards_complete']}/{cons['shards_started']} "
                      f"shards done, {cons['samples']} samples")
+    if st.get("mixture"):  # a mixture run (report.complete_status): one line per source
+        from .mixdataset import format_mixture
+
+        lines.extend(format_mixture(st["mixture"]).splitlines())
+    elif st.get("mixture_error"):
+        lines.append(f"mixture  {st['mixture_error']}")
     c = st.get("counts") or {}
     lines.append("events   " + ", ".join(f"{k} {v}" for k, v in c.items()))
     errs = st.get("last_errors") or []

@@ -203,6 +203,7 @@ def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, 
     if latest.get("position") == 0 and (latest.get("epoch") or 0) > 0:
         done = int(latest["epoch"])
     st["complete_epochs"] = done if done is not None else int(latest.get("epoch") or 0)
+    _add_mixture(st)
     cons = st.get("consumption") or {}
     shown = cons.get("epoch")
     if done is not None and not by_epoch.get(shown) and by_epoch.get(done - 1):
@@ -214,6 +215,30 @@ def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, 
                                    if c.get("total") is not None and c["samples"] >= c["total"]),
             "complete": True}
     return st
+
+
+def _add_mixture(st: Dict[str, Any]) -> None:
+    """``st["mixture"]``: per-source delivered vs requested, for a mixture run only.
+
+    Computed from the journal's config and the latest commit alone
+    (:func:`resumewds.mixdataset.mixture_status`), so it equals the live
+    ``loader.stats()["mixture"]`` at that commit.  A run that is not a mixture
+    gets no key (its status is unchanged); a mixture config that cannot be
+    evaluated gets ``st["mixture_error"]``, a one-line reason.
+    """
+    cfg = st.get("config") or {}
+    if not cfg.get("mixture_sources"):
+        return
+    latest = st.get("latest") or {}
+    from .mixdataset import mixture_status
+
+    try:
+        mx = mixture_status(cfg, int(latest.get("epoch") or 0), int(latest.get("position") or 0))
+    except (ArithmeticError, KeyError, TypeError, ValueError) as exc:
+        st["mixture_error"] = f"the journal's mixture config cannot be evaluated: {type(exc).__name__}: {exc}"
+        return
+    if mx is not None:
+        st["mixture"] = mx
 
 
 # ---------------------------------------------------------------------------
@@ -659,6 +684,26 @@ def _errors_table(data: Dict[str, Any]) -> str:
             "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
+def _mixture_table(data: Dict[str, Any]) -> str:
+    """The per-source table of a mixture run ("" for any other run)."""
+    st = data["status"]
+    if st.get("mixture_error"):
+        return f'<div class="empty err">{html.escape(st["mixture_error"])}</div>'
+    mx = st.get("mixture")
+    if not mx:
+        return ""
+    rows = []
+    for s in mx["sources"]:
+        rows.append(f"<tr><td>{html.escape(str(s['name']))}</td><td>{s['delivered']:,}</td>"
+                    f"<td>{s['delivered_fraction']:.3f}</td><td>{s['requested_fraction']:.3f}</td>"
+                    f"<td>{s['expected']:,.2f}</td><td>{s['deviation']:+.2f}</td>"
+                    f"<td>&lt; {max(1.0, s['bound']):g}</td></tr>")
+    head = (f'<div class="caption">phase {mx["phase"]} at global position {mx["global_position"]:,}</div>')
+    return (head + "<table><thead><tr><th>source</th><th>delivered</th><th>delivered fraction</th>"
+            f"<th>requested (phase {mx['phase']})</th><th>expected</th><th>deviation</th><th>bound</th>"
+            "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
 #: (id, title, caption, figure builder, wide)
 _CHARTS = [
     ("throughput", "Throughput", "Samples per second between commits (line, per rank); circles: "
@@ -688,6 +733,12 @@ def render_report(data: Dict[str, Any]) -> str:
                                config={"displaylogo": False, "responsive": True})
         cards.append(f'<section class="card{" wide" if wide else ""}" id="card-{cid}"><h2>{title}</h2>'
                      f'<div class="caption">{html.escape(caption)}</div>{body}</section>')
+    mix = _mixture_table(data)
+    if mix:
+        cards.append('<section class="card wide" id="card-mixture"><h2>Mixture</h2>'
+                     '<div class="caption">Samples delivered per source up to the latest commit, against '
+                     'the weights of the current phase; expected integrates every phase\'s weights over '
+                     'its span, deviation = delivered - expected.</div>' + mix + "</section>")
     cards.append('<section class="card wide" id="card-errors"><h2>Latest errors</h2>'
                  '<div class="caption">Newest first, all ranks.</div>' + _errors_table(data) + "</section>")
     st = data["status"]
