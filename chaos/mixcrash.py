@@ -102,6 +102,12 @@ def campaign(work: str, kills: int, rng: random.Random, *, faults: str = "mixed:
                         rep.kills += 1
                         break
             p.wait(timeout=timeout)
+            # what the killed run printed after the line we killed it at is still in
+            # the pipe (and may have been committed): read it, or the record of the
+            # committed sequence would miss those steps
+            for line in p.stdout:
+                if line.startswith("step "):
+                    seen.append(line.rstrip("\n"))
             err = p.stderr.read()
             p.stdout.close()
             p.stderr.close()
