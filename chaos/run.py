@@ -984,8 +984,9 @@ def bad_cli_input(s: Suite) -> Row:
         f.write("not a tar\n" * 100)
     import gzip
 
-    with open(_shard_paths(s.data)[0], "rb") as f, open(os.path.join(junk, "gz.tar"), "wb") as g:
-        g.write(gzip.compress(f.read()))
+    # gzip data that is not a gzipped tar (a gzipped tar is a compressed shard, and verifies)
+    with open(os.path.join(junk, "gz.tar"), "wb") as g:
+        g.write(gzip.compress(b"gzipped text, not a tar\n" * 100))
     for name in ("empty.tar", "text.tar", "gz.tar"):
         cases.append((["verify", os.path.join(junk, name)], {}, ()))
     for args, env, words in cases:
@@ -1207,16 +1208,22 @@ def journal_started_together(s: Suite) -> Row:
     row = Row("two runs started together on one journal", "resume")
     d = s.tmp("together")
     journal = os.path.join(d, "run.db")
-    first = cat_cmd(s.data.manifest, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1,
-                    commit_every=10, workers=0, extra=["--limit", "100"])
-    q = run(first, bound=BOUND)
-    row.runs += 1
-    out = list(q.lines)
-    cmd = cat_cmd(s.data.manifest, journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1,
-                  commit_every=10, workers=0)
-    t0 = time.monotonic()
-    started = [_start(cmd) for _ in range(2)]
-    procs = [_finish(p, fo, fe, t0, BOUND) for p, fo, fe in started]
+    # a throttled server and a cold cache for each run, so the two runs surely
+    # overlap (a local run can finish before the other one has even started)
+    srv = s.server(bytes_per_second=4e5)
+    src = srv.url + "manifest.json"
+    try:
+        first = cat_cmd(src, journal=journal, cache_dir=os.path.join(d, "cache0"), epochs=1,
+                        commit_every=10, workers=0, extra=["--limit", "100"])
+        q = run(first, bound=BOUND)
+        row.runs += 1
+        out = list(q.lines)
+        t0 = time.monotonic()
+        started = [_start(cat_cmd(src, journal=journal, cache_dir=os.path.join(d, f"cache{i}"), epochs=1,
+                                  commit_every=10, workers=0)) for i in (1, 2)]
+        procs = [_finish(p, fo, fe, t0, BOUND) for p, fo, fe in started]
+    finally:
+        srv.stop()
     row.runs += 2
     row.faults = 1
     for q in procs:
