@@ -5,6 +5,8 @@ a tenacity ``Retrying`` loop repeats attempts that failed with a
 :class:`~resumewds.errors.TransientFetchError`.  Every foreign exception
 (requests', urllib3's, ``OSError``, ``subprocess``') is turned into one of
 ours in exactly one place, :func:`_translate`.
+requests (and urllib3) is imported at the first http(s) fetch, not with this
+module: local, ``file://`` and ``pipe:`` reads never load it.
 
 Range resume (http/https only)::
 
@@ -100,7 +102,7 @@ class _NotImported(Exception):
 _REQ_NAMES = ("InvalidURL", "MissingSchema", "InvalidSchema", "TooManyRedirects", "ConnectTimeout",
               "ReadTimeout", "ConnectionError", "ChunkedEncodingError", "ContentDecodingError",
               "RequestException")
-_NO_REQUESTS = SimpleNamespace(**{n: _NotImported for n in _REQ_NAMES})
+_NO_REQUESTS = SimpleNamespace(**dict.fromkeys(_REQ_NAMES, _NotImported))
 _NO_URLLIB3 = SimpleNamespace(ReadTimeoutError=_NotImported, HTTPError=_NotImported)
 
 
@@ -359,7 +361,7 @@ def _translate(exc: BaseException, url: str) -> ResumeWDSError:
     return FetchError(f"{url}: unexpected {type(exc).__name__}: {exc}", url)
 
 
-def _status_error(url: str, resp: "requests.Response") -> FetchError:
+def _status_error(url: str, resp: requests.Response) -> FetchError:
     """The error for a non-success HTTP status."""
     code = resp.status_code
     reason = resp.reason or ""
@@ -545,7 +547,7 @@ def _session_class() -> type:
     return _SESSION_CLASS
 
 
-def new_session() -> "requests.Session":
+def new_session() -> requests.Session:
     """A requests Session for fetching shards (imports requests on first use)."""
     s = _session_class()()
     s.headers["Accept-Encoding"] = "identity"  # byte counts must be the file's
@@ -810,7 +812,7 @@ class _Attempt:
     """
 
     def __init__(self, url: str, path: str, expected_size: Optional[int], config: FetchConfig,
-                 session: Optional["requests.Session"], budget: FetchBudget, max_bytes: Optional[int] = None):
+                 session: Optional[requests.Session], budget: FetchBudget, max_bytes: Optional[int] = None):
         self.url = url
         self.path = path
         self.expected_size = expected_size
@@ -1144,7 +1146,7 @@ def _gopen_log(url: str, what: str) -> None:
 
 def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] = None,
                   config: Optional[FetchConfig] = None, on_event: Optional[EventFn] = None,
-                  session: Optional["requests.Session"] = None, budget: Optional[FetchBudget] = None,
+                  session: Optional[requests.Session] = None, budget: Optional[FetchBudget] = None,
                   max_bytes: Optional[int] = None) -> FetchResult:
     """Download ``url`` into ``partial_path``, resuming what is already there.
 
@@ -1213,7 +1215,7 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
 
 
 def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Optional[EventFn] = None,
-                session: Optional["requests.Session"] = None, max_bytes: Optional[int] = None) -> bytes:
+                session: Optional[requests.Session] = None, max_bytes: Optional[int] = None) -> bytes:
     """Fetch a small object (e.g. a remote manifest.json) into memory.
 
     The same code as :func:`fetch_to_file` (sources, classification, retry
