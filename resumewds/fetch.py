@@ -5,6 +5,8 @@ a tenacity ``Retrying`` loop repeats attempts that failed with a
 :class:`~resumewds.errors.TransientFetchError`.  Every foreign exception
 (requests', urllib3's, ``OSError``, ``subprocess``') is turned into one of
 ours in exactly one place, :func:`_translate`.
+requests (and urllib3) is imported at the first http(s) fetch, not with this
+module: local, ``file://`` and ``pipe:`` reads never load it.
 
 Range resume (http/https only)::
 
@@ -72,12 +74,14 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-import requests
-import urllib3.exceptions
 import xxhash
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
+
+if TYPE_CHECKING:  # requests (and urllib3 under it) is imported at the first http(s) fetch: ~0.1 s
+    import requests  # that local shards, file:// and pipe: never pay, in each DataLoader worker
 
 from .errors import (
     CacheError,
@@ -88,6 +92,34 @@ from .errors import (
 )
 
 EventFn = Callable[..., None]
+
+
+class _NotImported(Exception):
+    """Stands for an exception class of a library not imported yet: nothing is an
+    instance of it (no requests/urllib3 exception exists before they are imported)."""
+
+
+_REQ_NAMES = ("InvalidURL", "MissingSchema", "InvalidSchema", "TooManyRedirects", "ConnectTimeout",
+              "ReadTimeout", "ConnectionError", "ChunkedEncodingError", "ContentDecodingError",
+              "RequestException")
+_NO_REQUESTS = SimpleNamespace(**dict.fromkeys(_REQ_NAMES, _NotImported))
+_NO_URLLIB3 = SimpleNamespace(ReadTimeoutError=_NotImported, HTTPError=_NotImported)
+
+
+def _requests() -> Any:
+    """The requests module, imported at the first http(s) fetch (not at import:
+    local, file:// and pipe: reads, e.g. in every DataLoader worker, never load it)."""
+    import requests
+
+    return requests
+
+
+def _foreign_exceptions() -> Tuple[Any, Any]:
+    """``requests.exceptions`` and ``urllib3.exceptions``, or stand-ins matching
+    nothing while they are not imported (then no exception of theirs can exist)."""
+    rx = sys.modules.get("requests.exceptions")
+    ux = sys.modules.get("urllib3.exceptions")
+    return (rx if rx is not None else _NO_REQUESTS), (ux if ux is not None else _NO_URLLIB3)
 
 def no_sleep(seconds: float) -> None:
     """A ``sleep`` that does not wait (for tests; module level so it pickles)."""
@@ -295,27 +327,28 @@ def _translate(exc: BaseException, url: str) -> ResumeWDSError:
         problem = _SINK_PROBLEMS.get(inner.errno or 0, inner.strerror or str(inner))
         return CacheError(f"{os.path.dirname(exc.path) or '.'}: cannot write {os.path.basename(exc.path)}"
                           f" while fetching {url}: {problem}")
-    if isinstance(exc, requests.exceptions.InvalidURL) or isinstance(exc, requests.exceptions.MissingSchema) \
-            or isinstance(exc, requests.exceptions.InvalidSchema):
+    rx, ux = _foreign_exceptions()
+    if isinstance(exc, rx.InvalidURL) or isinstance(exc, rx.MissingSchema) \
+            or isinstance(exc, rx.InvalidSchema):
         return PermanentFetchError(f"{url}: invalid URL: {exc}", url)
-    if isinstance(exc, requests.exceptions.TooManyRedirects):
+    if isinstance(exc, rx.TooManyRedirects):
         return PermanentFetchError(f"{url}: too many redirects (a redirect loop?; more than "
                                    f"RESUMEWDS_FETCH_MAX_REDIRECTS are not followed): {exc}", url)
-    if isinstance(exc, (requests.exceptions.ConnectTimeout,)):
+    if isinstance(exc, (rx.ConnectTimeout,)):
         return TransientFetchError(f"{url}: connect timeout: {exc}", url)
-    if isinstance(exc, (requests.exceptions.ReadTimeout, socket.timeout, TimeoutError,
-                        urllib3.exceptions.ReadTimeoutError)):
+    if isinstance(exc, (rx.ReadTimeout, socket.timeout, TimeoutError,
+                        ux.ReadTimeoutError)):
         return TransientFetchError(f"{url}: read timeout (stalled): {exc}", url)
-    if isinstance(exc, requests.exceptions.ConnectionError):
+    if isinstance(exc, rx.ConnectionError):
         # requests wraps read timeouts met while streaming a body here too
         inner = exc.args[0] if exc.args else None
-        if isinstance(inner, urllib3.exceptions.ReadTimeoutError):
+        if isinstance(inner, ux.ReadTimeoutError):
             return TransientFetchError(f"{url}: read timeout (stalled): {exc}", url)
         return TransientFetchError(f"{url}: connection error: {exc}", url)
-    if isinstance(exc, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError,
-                        urllib3.exceptions.HTTPError, http.client.HTTPException)):
+    if isinstance(exc, (rx.ChunkedEncodingError, rx.ContentDecodingError,
+                        ux.HTTPError, http.client.HTTPException)):
         return TransientFetchError(f"{url}: broken response body: {exc}", url)
-    if isinstance(exc, requests.exceptions.RequestException):
+    if isinstance(exc, rx.RequestException):
         return TransientFetchError(f"{url}: request failed: {exc}", url)
     if isinstance(exc, FileNotFoundError):
         return PermanentFetchError(f"{url}: no such file: {exc.filename or url}", url)
@@ -476,35 +509,47 @@ def is_remote_url(url: str) -> bool:
     return scheme_of(url) in ("http", "https", "s3", "pipe")
 
 
-class _Session(requests.Session):
-    """A Session that reads the environment (proxies, CA bundle) once per
-    origin instead of on every request (requests scans ``os.environ`` twice
-    per request: about 0.4 ms, several % of a shard's download)."""
+_SESSION_CLASS: Optional[type] = None
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._env_cache: Dict[Any, Dict[str, Any]] = {}
 
-    def merge_environment_settings(self, url, proxies, stream, verify, cert):  # type: ignore[override]
-        if proxies or not self.trust_env:
-            return super().merge_environment_settings(url, proxies, stream, verify, cert)
-        p = urllib.parse.urlsplit(url)
-        key = (p.scheme, p.netloc, stream, verify, cert)
-        try:
-            hit = self._env_cache.get(key)
-        except TypeError:  # an unhashable verify/cert: no caching
-            return super().merge_environment_settings(url, proxies, stream, verify, cert)
-        if hit is None:
-            hit = super().merge_environment_settings(url, proxies, stream, verify, cert)
-            if len(self._env_cache) > 256:
-                self._env_cache.clear()
-            self._env_cache[key] = hit
-        return dict(hit, proxies=dict(hit["proxies"]))
+def _session_class() -> type:
+    """``_Session`` (below), defined at the first http(s) fetch, when requests is imported."""
+    global _SESSION_CLASS
+    if _SESSION_CLASS is None:
+        requests = _requests()
+
+        class _Session(requests.Session):
+            """A Session that reads the environment (proxies, CA bundle) once per
+            origin instead of on every request (requests scans ``os.environ`` twice
+            per request: about 0.4 ms, several % of a shard's download)."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                self._env_cache: Dict[Any, Dict[str, Any]] = {}
+
+            def merge_environment_settings(self, url, proxies, stream, verify, cert):  # type: ignore[override]
+                if proxies or not self.trust_env:
+                    return super().merge_environment_settings(url, proxies, stream, verify, cert)
+                p = urllib.parse.urlsplit(url)
+                key = (p.scheme, p.netloc, stream, verify, cert)
+                try:
+                    hit = self._env_cache.get(key)
+                except TypeError:  # an unhashable verify/cert: no caching
+                    return super().merge_environment_settings(url, proxies, stream, verify, cert)
+                if hit is None:
+                    hit = super().merge_environment_settings(url, proxies, stream, verify, cert)
+                    if len(self._env_cache) > 256:
+                        self._env_cache.clear()
+                    self._env_cache[key] = hit
+                return dict(hit, proxies=dict(hit["proxies"]))
+
+        _SESSION_CLASS = _Session
+    return _SESSION_CLASS
 
 
 def new_session() -> requests.Session:
-    """A requests Session for fetching shards."""
-    s = _Session()
+    """A requests Session for fetching shards (imports requests on first use)."""
+    s = _session_class()()
     s.headers["Accept-Encoding"] = "identity"  # byte counts must be the file's
     s.headers["User-Agent"] = "resumewds"
     return s
@@ -1076,8 +1121,8 @@ def _run_attempt(state: _Attempt, kind: str) -> None:
     except ResumeWDSError as exc:
         state.budget.last_error = exc
         raise
-    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
-            OSError, subprocess.SubprocessError, _SinkError) as exc:
+    except (_foreign_exceptions()[0].RequestException, _foreign_exceptions()[1].HTTPError,
+            http.client.HTTPException, OSError, subprocess.SubprocessError, _SinkError) as exc:
         err = _translate(exc, state.url)
         state.budget.last_error = err
         raise err from exc

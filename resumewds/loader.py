@@ -50,6 +50,22 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _import_worker_modules() -> None:
+    """Import, before any worker starts, what every DataLoader worker imports at
+    its first read: the shard store (``resumewds.cache``, first used through
+    ``WebDataset.store`` in the worker) and ``numpy.random`` (torch's worker loop
+    seeds it).  Forked workers then inherit them instead of each importing them
+    before its first batch (issue 17 item 5).  Only imports: nothing is created,
+    no random state is touched; with spawn/forkserver workers it is just unused."""
+    from . import cache, compressed  # noqa: F401
+
+    if "numpy" in sys.modules:  # torch imported it; its worker loop will import numpy.random
+        try:
+            import numpy.random  # noqa: F401
+        except ImportError:  # pragma: no cover
+            pass
+
+
 def _auto_partitions(ds: WebDataset) -> bool:
     return getattr(ds, "partitions", 1) is None
 
@@ -421,6 +437,7 @@ class WebLoader:
         if self.batch_size is not None and int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
+        _import_worker_modules()  # before any worker forks (each would import them before its first batch)
         self.world = detect_world(rank, world_size, nodes=nodes)
         self.rank, self.world_size = self.world.rank, self.world.world_size
         self.layout: Any = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank, remainder,
