@@ -140,9 +140,15 @@ class _Sys:
 
     def __init__(self, system: str, data: Dict[str, str], cache: str):
         self.system, self.data, self.cache = system, data, cache
+        # A training script has torch imported before it builds its loader.  The peers import
+        # torch in their own import; resumewds imports it lazily (resumewds.WebLoader, so that
+        # its CLI starts without torch): import it here, outside every timed section.
+        import torch  # noqa: F401
+
         if system == "resumewds":
             import resumewds as rw
 
+            rw.WebLoader  # noqa: B018  (resolve the lazy import of resumewds.loader)
             self.mod = rw
         elif system == "webdataset":
             import webdataset as wds
