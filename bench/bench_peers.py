@@ -126,6 +126,9 @@ def child_write(system: str, tars: List[str], out: str) -> Dict[str, Any]:
             for r in recs:
                 w.write(_litdata_item(r))
     elif system == "litdata":
+        # its scratch folders (default /tmp/chunks, /tmp/data) inside the bench's temp dir
+        os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = out + ".scratch/chunks"
+        os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = out + ".scratch/data"
         import litdata
 
         litdata.optimize(fn=_litdata_item, inputs=recs, output_dir=out, chunk_bytes="64MB", num_workers=1,
