@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from . import autodecode
 from .handlers import reraise_exception
+from .pipeline import RenameKeys
 
 __all__ = ["Stage", "SampleStage", "batched", "decode", "default_collation_fn", "extract_keys",
            "getfirst", "info", "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter",
@@ -247,41 +248,11 @@ def rename(handler: ExnHandler = reraise_exception, keep: bool = True, **kw: str
     return _stage("rename", _Rename(keep, kw), handler)
 
 
-class _RenameKeys:
-    def __init__(self, args: Sequence[Any], kw: Dict[str, str], keep_unselected: bool, must_match: bool,
-                 duplicate_is_error: bool):
-        self.renamings = [(p, o) for o, p in args] + [(p, o) for o, p in kw.items()]
-        self.keep_unselected, self.must_match, self.dup = keep_unselected, must_match, duplicate_is_error
-
-    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        new: Dict[str, Any] = {}
-        matched = {p: False for p, _ in self.renamings}
-        for path, value in sample.items():
-            fname = re.sub(r".*/", "", path)
-            name = None
-            for pattern, out in self.renamings[::-1]:
-                if fnmatch(fname.lower(), pattern):
-                    matched[pattern] = True
-                    name = out
-                    break
-            if name is None:
-                if self.keep_unselected:
-                    new[path] = value
-                continue
-            if name in new:
-                if self.dup:
-                    raise ValueError(f"Duplicate value in sample {sample.keys()} after rename.")
-                continue
-            new[name] = value
-        if self.must_match and not all(matched.values()):
-            raise ValueError(f"Not all patterns ({matched}) matched sample keys ({sample.keys()}).")
-        return new
-
-
 def rename_keys(*args: Any, keep_unselected: bool = False, must_match: bool = True,
                 duplicate_is_error: bool = True, **kw: str) -> SampleStage:
     """Stage: rename fields by glob patterns (``rename_keys(image="*.jpg")``)."""
-    return SampleStage("rename_keys", _RenameKeys(args, kw, keep_unselected, must_match, duplicate_is_error))
+    return SampleStage("rename_keys", RenameKeys(*args, keep_unselected=keep_unselected, must_match=must_match,
+                                                    duplicate_is_error=duplicate_is_error, **kw))
 
 
 class _ExtractKeys:
