@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import xxhash
 
 from .errors import SourceError
+from .manifest import ArrayFile
 
 __all__ = ["BadSample", "DigestsFile", "LazyDigests", "add_sample_digests", "bad_samples", "check_results",
            "decode_inline", "echo_range_repairs", "encode_inline", "file_sample_digests", "sample_digests"]
@@ -107,49 +108,15 @@ def decode_inline(text: Any, samples: int, where: str) -> array:
     return array("Q", (int(text[j:j + HEX], 16) for j in range(0, len(text), HEX)))
 
 
-class DigestsFile:
-    """A little-endian uint64 array file, memory-mapped on first use per process.
+class DigestsFile(ArrayFile):
+    """The v3 digests side file (``manifest.json.digests``): uint64 sample digests.
 
-    Pickles as its path only, so DataLoader workers map it themselves.
+    Memory-mapped on first use per process; pickles as its path only.
     """
 
-    def __init__(self, path: str, size: Optional[int] = None, xxh3_64: Optional[str] = None):
-        self.path = path
-        self.size = size
-        self.xxh3_64 = xxh3_64
-        self._mm: Any = None
-        self._view: Any = None
-
-    def _map(self) -> Any:
-        if self._view is None:
-            import mmap
-
-            if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
-                raise SourceError(f"{self.path}: digests files are little-endian; unsupported on this host")
-            try:
-                with open(self.path, "rb") as f:
-                    if os.fstat(f.fileno()).st_size == 0:
-                        self._view = memoryview(b"").cast("Q")
-                        return self._view
-                    self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError) as exc:
-                raise SourceError(f"{self.path}: cannot read digests file: {exc}") from exc
-            if len(self._mm) % 8:
-                raise SourceError(f"{self.path}: digests file size {len(self._mm)} is not a multiple of 8")
-            self._view = memoryview(self._mm).cast("Q")
-        return self._view
-
-    def entries_on_disk(self) -> Optional[int]:
-        """How many uint64 the file holds, without mapping it (None: not local)."""
-        if "://" in self.path:
-            return None
-        try:
-            return os.path.getsize(self.path) // 8
-        except OSError:
-            return None
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self.path, "size": self.size, "xxh3_64": self.xxh3_64, "_mm": None, "_view": None}
+    typecode = "Q"
+    what = "digests"
+    empty_ok = True
 
 
 class LazyDigests(Sequence[int]):

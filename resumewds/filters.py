@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from . import autodecode
 from .handlers import reraise_exception
-from .pipeline import RenameKeys
+from .pipeline import ExtractKeys, RenameKeys
 
 __all__ = ["Stage", "SampleStage", "batched", "decode", "default_collation_fn", "extract_keys",
            "getfirst", "info", "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter",
@@ -255,28 +255,10 @@ def rename_keys(*args: Any, keep_unselected: bool = False, must_match: bool = Tr
                                                     duplicate_is_error=duplicate_is_error, **kw))
 
 
-class _ExtractKeys:
-    def __init__(self, patterns: Sequence[Any], duplicate_is_error: bool, ignore_missing: bool):
-        self.patterns = [p.split(";") if isinstance(p, str) else p for p in patterns]
-        self.dup, self.ignore_missing = duplicate_is_error, ignore_missing
-
-    def __call__(self, sample: Dict[str, Any]) -> tuple:
-        out = []
-        for pattern in self.patterns:
-            m = [x for x in sample if any(fnmatch("." + x, p) or fnmatch(x, p) for p in pattern)]
-            if not m:
-                if self.ignore_missing:
-                    continue
-                raise ValueError(f"Cannot find {pattern} in sample keys {sample.keys()}.")
-            if len(m) > 1 and self.dup:
-                raise ValueError(f"Multiple sample keys {sample.keys()} match {pattern}.")
-            out.append(sample[m[0]])
-        return tuple(out)
-
-
 def extract_keys(*patterns: Any, duplicate_is_error: bool = True, ignore_missing: bool = False) -> SampleStage:
     """Stage: a tuple of the fields matching each glob pattern."""
-    return SampleStage("extract_keys", _ExtractKeys(patterns, duplicate_is_error, ignore_missing))
+    return SampleStage("extract_keys", ExtractKeys(*patterns, duplicate_is_error=duplicate_is_error,
+                                                    ignore_missing=ignore_missing))
 
 
 def decode(*args: Any, handler: ExnHandler = reraise_exception, **kw: Any) -> SampleStage:

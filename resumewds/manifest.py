@@ -75,11 +75,17 @@ FORMAT = "resumewds.manifest"
 VERSION = 3
 
 
-class OffsetsFile:
-    """A little-endian int64 array file, memory-mapped on first use per process.
+class ArrayFile:
+    """A little-endian file of 8-byte integers, memory-mapped on first use per process.
 
-    Pickles as its path only, so DataLoader workers map it themselves.
+    Pickles as its path only, so DataLoader workers map it themselves.  The
+    side files of the manifest are these: :class:`OffsetsFile` (int64) and
+    :class:`resumewds.digests.DigestsFile` (uint64).
     """
+
+    typecode = "q"  #: the array's item type (8 bytes)
+    what = "offsets"  #: what the file holds, for error messages
+    empty_ok = False  #: an empty file is a valid (empty) array
 
     def __init__(self, path: str, size: Optional[int] = None, xxh3_64: Optional[str] = None):
         self.path = path
@@ -94,20 +100,25 @@ class OffsetsFile:
             import sys
 
             if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
-                raise SourceError(f"{self.path}: offsets files are little-endian; unsupported on this host")
+                raise SourceError(f"{self.path}: {self.what} files are little-endian; unsupported on this host")
             try:
                 with open(self.path, "rb") as f:
+                    if self.empty_ok and os.fstat(f.fileno()).st_size == 0:
+                        self._view = memoryview(b"").cast(self.typecode)
+                        return self._view
                     self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as exc:
-                raise SourceError(f"{self.path}: cannot read offsets file: {exc}") from exc
-            self._view = memoryview(self._mm).cast("q")
+                raise SourceError(f"{self.path}: cannot read {self.what} file: {exc}") from exc
+            if len(self._mm) % 8:
+                raise SourceError(f"{self.path}: {self.what} file size {len(self._mm)} is not a multiple of 8")
+            self._view = memoryview(self._mm).cast(self.typecode)
         return self._view
 
     def __len__(self) -> int:
         return len(self._map())
 
     def entries_on_disk(self) -> Optional[int]:
-        """How many int64 the file holds, without mapping it (None: not a local file yet)."""
+        """How many 8-byte items the file holds, without mapping it (None: not a local file yet)."""
         if "://" in self.path:
             return None
         try:
@@ -115,12 +126,16 @@ class OffsetsFile:
         except OSError:
             return None
 
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"path": self.path, "size": self.size, "xxh3_64": self.xxh3_64, "_mm": None, "_view": None}
+
+
+class OffsetsFile(ArrayFile):
+    """The v2 offsets side file (``manifest.json.offsets``): int64 sample offsets."""
+
     def slice(self, start: int, count: int, size: Optional[int] = None,
               where: Optional[str] = None) -> "LazyOffsets":
         return LazyOffsets(self, start, count, size=size, where=where)
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self.path, "size": self.size, "xxh3_64": self.xxh3_64, "_mm": None, "_view": None}
 
 
 class LazyOffsets(Sequence[int]):
