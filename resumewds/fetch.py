@@ -1203,6 +1203,12 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
     finally:
         if own_session and state.session is not None:
             state.session.close()
+    return _fetched(url, partial_path, state, cfg, on_event, t0)
+
+
+def _fetched(url: str, partial_path: str, state: "_Attempt", cfg: FetchConfig,
+             on_event: Optional[EventFn], t0: float) -> FetchResult:
+    """A finished download's result, its ``fetch_done`` event and gopen line (every transport)."""
     size = _size_of(partial_path)
     kept = max(0, size - state.received)
     seconds = time.monotonic() - t0

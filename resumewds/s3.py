@@ -91,6 +91,7 @@ from .fetch import (
     FetchResult,
     _Attempt,
     _Body,
+    _fetched,
     _gopen_log,
     _HtmlBody,
     _Pace,
@@ -580,15 +581,7 @@ def s3_fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int
         if cfg.log_opens:
             _gopen_log(url, f"failed after {state.received} bytes: {exc}")
         raise
-    size = _size_of(partial_path)
-    kept = max(0, size - state.received)
-    seconds = time.monotonic() - t0
-    if on_event is not None:
-        on_event("fetch_done", url, bytes=state.received, seconds=seconds, resumed_from=kept)
-    if cfg.log_opens:
-        _gopen_log(url, f"closed: {state.received} bytes in {seconds:.2f}s")
-    return FetchResult(url=url, path=partial_path, size=size, bytes=state.received, resumed_from=kept,
-                       seconds=seconds, attempts=state.attempts, xxh3_64=state.digest())
+    return _fetched(url, partial_path, state, cfg, on_event, t0)
 
 
 def s3_fetch_bytes(url: str, config: Optional[FetchConfig] = None, *,
