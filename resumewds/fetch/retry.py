@@ -1,0 +1,180 @@
+"""The retry policy: one :class:`FetchBudget` per shard and read, spent by tenacity.
+
+Budget: the attempts of one shard for one read draw from one
+:class:`FetchBudget` (``attempts`` and ``deadline``), shared by the prefetch
+thread and the reader.  The deadline bounds everything: waits between
+attempts (a Retry-After past it ends the fetch at once), each attempt's
+timeouts (:class:`resumewds.fetch.attempt._Pace`), and the body itself
+(checked after every read, with a minimum transfer rate, so a trickle ends
+too).
+
+The policy is tenacity's ``Retrying`` with two strategies of ours, small
+callables in tenacity's own style (``wait_base`` / ``stop_base``, so ``+``
+and ``|`` compose them):
+
+    retry   only a :class:`~resumewds.errors.TransientFetchError`
+    wait    exponential backoff with jitter, at least the server's
+            Retry-After, never past the deadline (:class:`_WaitHonouringRetryAfter`)
+    stop    the budget has no attempt or time left, or a Retry-After reaches
+            past the deadline (:class:`_StopWhenBudgetSpent`)
+    sleep   ``FetchConfig.sleep`` (injectable: tests do not wait)
+
+Example:
+    >>> from resumewds.fetch import FetchConfig, no_sleep
+    >>> b = FetchBudget(FetchConfig(attempts=1, sleep=no_sleep))
+    >>> b.take(), b.exhausted
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
+from ..errors import FetchError, ResumeWDSError, TransientFetchError
+from ..events import EventKind
+from .settings import EventFn, FetchConfig
+
+
+class FetchBudget:
+    """The attempts and the time one read of one shard may spend, shared.
+
+    The prefetch thread and the reader that later wants the same shard draw
+    from one budget, so a dead server costs one ``deadline`` (or one run of
+    ``attempts``), not two.  Waiting for another thread's download of the
+    shard spends the same deadline.
+
+    Attributes:
+        attempts_left: attempts not yet made.
+        deadline_at: ``time.monotonic()`` past which nothing more is tried.
+        last_error: the error of the last attempt that failed, if any.
+
+    Example:
+        >>> b = FetchBudget(FetchConfig(attempts=2, deadline=5))
+        >>> b.take(), b.take(), b.take()
+        (True, True, False)
+    """
+
+    def __init__(self, config: FetchConfig):
+        self.config = config
+        self.attempts_left = int(config.attempts)
+        self.started = time.monotonic()
+        self.deadline_at = self.started + float(config.deadline)
+        self.last_error: Optional[BaseException] = None
+        self.done_at: Optional[float] = None
+        self._lock = threading.Lock()
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (0 when past it)."""
+        return max(0.0, self.deadline_at - time.monotonic())
+
+    def take(self) -> bool:
+        """Use one attempt; False when none (or no time) is left."""
+        with self._lock:
+            if self.attempts_left <= 0 or self.remaining() <= 0:
+                return False
+            self.attempts_left -= 1
+            return True
+
+    @property
+    def exhausted(self) -> bool:
+        return self.attempts_left <= 0 or self.remaining() <= 0
+
+    def exhausted_error(self, url: str) -> ResumeWDSError:
+        """The error to raise when nothing is left (the last failure, if known:
+        a fetch error, or the mismatch of a corrupt download)."""
+        if isinstance(self.last_error, ResumeWDSError):
+            return self.last_error
+        used = time.monotonic() - self.started
+        if self.attempts_left <= 0:
+            return TransientFetchError(f"{url}: all {self.config.attempts} fetch attempts used "
+                                       f"(RESUMEWDS_FETCH_ATTEMPTS)", url)
+        return TransientFetchError(f"{url}: fetch deadline of {self.config.deadline:g}s reached after "
+                                   f"{used:.1f}s (RESUMEWDS_FETCH_DEADLINE)", url)
+
+
+class _WaitHonouringRetryAfter(wait_base):
+    """Exponential jitter, but at least the server's Retry-After, and never
+    past the budget's deadline."""
+
+    def __init__(self, base: Callable[[RetryCallState], float], budget: FetchBudget):
+        self.base = base
+        self.budget = budget
+
+    def __call__(self, rs: RetryCallState) -> float:
+        wait = float(self.base(rs))
+        exc = rs.outcome.exception() if rs.outcome is not None else None
+        ra = getattr(exc, "retry_after", None)
+        if ra is not None:
+            wait = max(wait, float(ra))
+        return min(wait, self.budget.remaining())
+
+
+class _StopWhenBudgetSpent(stop_base):
+    """Stop when the shared budget has no attempt or time left, or when the
+    server's Retry-After reaches past the deadline (waiting for it would
+    leave no time to try again: give up now, and say why)."""
+
+    def __init__(self, budget: FetchBudget):
+        self.budget = budget
+        self.reason: Optional[str] = None
+
+    def __call__(self, rs: RetryCallState) -> bool:
+        b = self.budget
+        if b.attempts_left <= 0 or b.remaining() <= 0:
+            return True
+        exc = rs.outcome.exception() if rs.outcome is not None else None
+        ra = getattr(exc, "retry_after", None)
+        if ra is not None and ra >= b.remaining():
+            self.reason = (f"the server asks to retry after {ra:g}s, beyond what is left of the "
+                           f"{b.config.deadline:g}s fetch deadline ({b.remaining():.1f}s); giving up")
+            return True
+        return False
+
+
+# tenacity 9 renamed wait_exponential_jitter's ``initial`` to ``multiplier``
+_JITTER_START = ("multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters
+                 else "initial")
+
+
+def _retry(config: FetchConfig, url: str, on_event: Optional[EventFn], budget: FetchBudget,
+           fn: Callable[..., Any], *args: Any) -> Any:
+    """Call ``fn(*args)`` until it succeeds or ``budget`` is spent."""
+    def before_sleep(rs: RetryCallState) -> None:
+        if on_event is not None:
+            exc = rs.outcome.exception() if rs.outcome is not None else None
+            wait = rs.next_action.sleep if rs.next_action is not None else 0.0
+            on_event(EventKind.RETRY, url, attempt=rs.attempt_number, error=str(exc), wait=wait)
+
+    base = wait_exponential_jitter(**{_JITTER_START: config.backoff_initial}, max=config.backoff_max,
+                                   jitter=config.backoff_initial)
+    stop = _StopWhenBudgetSpent(budget)
+    retrying = Retrying(
+        retry=retry_if_exception_type(TransientFetchError),
+        stop=stop,
+        wait=_WaitHonouringRetryAfter(base, budget),
+        sleep=config.sleep,
+        reraise=True,
+        before_sleep=before_sleep,
+    )
+    try:
+        return retrying(fn, *args)
+    except TransientFetchError as exc:
+        if stop.reason:
+            err = TransientFetchError(f"{exc}: {stop.reason}", url, getattr(exc, "status", None),
+                                     retry_after=getattr(exc, "retry_after", None))
+            budget.last_error = err
+            budget.attempts_left = 0  # the server said not before the deadline: nobody may ask sooner
+            raise err from exc
+        budget.last_error = exc
+        raise
+    except FetchError as exc:
+        budget.last_error = exc
+        raise
+
