@@ -1,0 +1,168 @@
+"""The layout of resumewds.fetch (issue 11): one transport registry keyed by
+scheme, one error map as a table, the old names still importable, and
+fetch_bytes on the same transports as fetch_to_file."""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import os
+import re
+import socket
+import subprocess
+import sys
+from typing import Any, List
+
+import pytest
+import requests
+import urllib3
+import xxhash
+
+import resumewds.fetch as F
+from resumewds.errors import CacheError, FetchError, PermanentFetchError, TransientFetchError
+from resumewds.events import EventKind
+from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file, is_remote_url, no_sleep, scheme_of
+from resumewds.fetch.errormap import FETCH_ERRORS, _SinkError, translate
+from resumewds.fetch.partial import _Sink
+from resumewds.fetch.transport import TRANSPORTS, Transport, TransportEntry, transport_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# every resumewds.fetch / resumewds.s3 name used in tests/, chaos/, bench/, examples/, docs/ and resumewds/
+FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "boot_id", "copy_config", "fetch_bytes", "fetch_to_file",
+               "is_remote_url", "local_path", "new_session", "no_sleep", "parse_retry_after", "scheme_of",
+               "EventFn", "_BOOT_ID", "_Body", "_CONTENT_RANGE", "_Pace", "_SinkError", "_retry", "_status_error",
+               "_translate", "_fetched", "_gopen_log", "_Attempt", "_Sink", "_read_validator", "_write_validator",
+               "_remove_quietly", "_size_of", "_ETAG_SUFFIX", "_HtmlBody"]
+S3_NAMES = ["PERMANENT_CODES", "S3Options", "TRANSIENT_CODES", "client_for", "parse_s3_url", "resolve_options",
+            "s3_fetch_bytes", "s3_fetch_to_file", "scheme_hint", "translate_s3_error"]
+
+
+def test_every_name_used_in_the_repo_is_importable_from_its_old_module():
+    import resumewds.fetch.s3
+    import resumewds.s3
+
+    missing = [n for n in FETCH_NAMES if not hasattr(F, n)] + [n for n in S3_NAMES if not hasattr(resumewds.s3, n)]
+    assert not missing
+    assert set(F.__all__) <= set(FETCH_NAMES) and sorted(resumewds.s3.__all__) == sorted(S3_NAMES)
+    for n in S3_NAMES:  # one object, two paths
+        assert getattr(resumewds.s3, n) is getattr(resumewds.fetch.s3, n)
+
+
+def test_registry_has_one_entry_per_scheme():
+    assert {s: e.module.rsplit(".", 1)[1] for s, e in TRANSPORTS.items()} == {
+        "file": "local", "local": "local", "http": "http", "https": "http", "pipe": "pipe", "s3": "s3"}
+    for url, name in [("/d/a.tar", "local"), ("file:///d/a.tar", "local"), ("http://h/a.tar", "http"),
+                      ("HTTPS://h/a.tar", "http"), ("pipe:cat a.tar", "pipe"), ("s3://b/a.tar", "s3")]:
+        assert transport_for(url).name == name, url
+    with pytest.raises(PermanentFetchError, match=r"^gs://b/k: unsupported URL scheme 'gs' \(use http, https, s3, "
+                                                  r"file, a path or pipe:\)$"):
+        transport_for("gs://b/k")
+
+
+@pytest.mark.parametrize("url", ["/d/a.tar", "rel/a.tar", "file:///d/a.tar", "http://h/a", "https://h/a",
+                                 "s3://b/k", "S3://b/k", "pipe:cat a", "gs://b/k", "ftp://h/a", "hdfs://n/a"])
+def test_is_remote_url_is_the_registry_s_remote_flag(url):
+    assert is_remote_url(url) == (scheme_of(url) in ("http", "https", "s3", "pipe"))
+
+
+def test_a_new_transport_is_one_registry_entry(tmp_path, monkeypatch):
+    """Budget, retries, error map, events, hashing and the result come with the entry."""
+
+    class Mem(Transport):
+        name = "mem"
+
+        def attempt(self, state: Any) -> None:
+            if state.attempts == 1:
+                raise ConnectionResetError(errno.ECONNRESET, "reset")  # FETCH_ERRORS: transient
+            with _Sink(state, append=False) as sink:
+                sink.put(memoryview(b"hello"))
+
+    monkeypatch.setitem(TRANSPORTS, "mem", TransportEntry("unused.module", remote=True, loaded=Mem()))
+    kinds: List[str] = []
+    res = fetch_to_file("mem://x", str(tmp_path / "p"), config=FetchConfig(sleep=no_sleep, backoff_initial=0),
+                        on_event=lambda kind, url, **d: kinds.append(kind))
+    assert (res.attempts, res.size, res.xxh3_64) == (2, 5, xxhash.xxh3_64_hexdigest(b"hello"))
+    assert kinds == ["fetch_start", "retry", "fetch_done"] and is_remote_url("mem://x")
+
+
+def test_fetch_emits_event_kinds_and_no_literals_are_left(tmp_path):
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"x" * 1000)
+    got: List[Any] = []
+    fetch_to_file(str(src), str(tmp_path / "p"), on_event=lambda kind, url, **d: got.append(kind))
+    assert got == [EventKind.FETCH_START, EventKind.FETCH_DONE] and all(isinstance(k, EventKind) for k in got)
+    pkg = os.path.join(REPO, "resumewds", "fetch")
+    for name in sorted(os.listdir(pkg)):
+        if name.endswith(".py"):
+            with open(os.path.join(pkg, name)) as f:
+                assert not re.findall(r'on_event\(\s*"', f.read()), name
+
+
+def test_fetch_bytes_pipe_has_the_stall_timeout():
+    """fetch_bytes goes through the same pipe: transport (no parallel copy without a timeout)."""
+    cfg = FetchConfig(read_timeout=0.5, attempts=1, sleep=no_sleep)
+    with pytest.raises(TransientFetchError, match=r"^pipe:sleep 30: command wrote nothing for 0.5s \(stalled\); "
+                                                  r"killed it$"):
+        fetch_bytes("pipe:sleep 30", cfg)
+    assert fetch_bytes("pipe:printf abc", cfg) == b"abc"
+
+
+U = "http://127.0.0.1:9/a.tar"
+ERROR_CASES = [
+    (_SinkError(OSError(errno.ENOSPC, "No space left"), "/c/a.partial"), CacheError,
+     "/c: cannot write a.partial while fetching " + U + ": no space left on device"),
+    (requests.exceptions.InvalidURL("bad"), PermanentFetchError, U + ": invalid URL: bad"),
+    (requests.exceptions.MissingSchema("bad"), PermanentFetchError, U + ": invalid URL: bad"),
+    (requests.exceptions.TooManyRedirects("30 redirects"), PermanentFetchError,
+     U + ": too many redirects (a redirect loop?; more than RESUMEWDS_FETCH_MAX_REDIRECTS are not followed): "
+         "30 redirects"),
+    (requests.exceptions.ConnectTimeout("slow"), TransientFetchError, U + ": connect timeout: slow"),
+    (requests.exceptions.ReadTimeout("slow"), TransientFetchError, U + ": read timeout (stalled): slow"),
+    (socket.timeout("timed out"), TransientFetchError, U + ": read timeout (stalled): timed out"),
+    (requests.exceptions.ConnectionError(urllib3.exceptions.ReadTimeoutError(None, "/a.tar", "read timed out")),
+     TransientFetchError, U + ": read timeout (stalled): None: read timed out"),
+    (requests.exceptions.ConnectionError("refused"), TransientFetchError, U + ": connection error: refused"),
+    (requests.exceptions.ChunkedEncodingError("cut"), TransientFetchError, U + ": broken response body: cut"),
+    (urllib3.exceptions.ProtocolError("cut"), TransientFetchError, U + ": broken response body: cut"),
+    (http.client.IncompleteRead(b"ab", 10), TransientFetchError,
+     U + ": broken response body: IncompleteRead(2 bytes read, 10 more expected)"),
+    (requests.exceptions.RequestException("odd"), TransientFetchError, U + ": request failed: odd"),
+    (FileNotFoundError(errno.ENOENT, "No such file", "/d/a.tar"), PermanentFetchError, U + ": no such file: /d/a.tar"),
+    (FileNotFoundError("gone"), PermanentFetchError, U + ": no such file: " + U),
+    (IsADirectoryError(errno.EISDIR, "Is a directory"), PermanentFetchError, U + ": cannot read: Is a directory"),
+    (PermissionError(errno.EACCES, "Permission denied"), PermanentFetchError,
+     U + ": cannot read: Permission denied"),
+    (ConnectionResetError(errno.ECONNRESET, "reset"), TransientFetchError,
+     U + ": connection error: [Errno 104] reset"),
+    (OSError(errno.EIO, "I/O error"), TransientFetchError, U + ": connection error: [Errno 5] I/O error"),
+    (subprocess.SubprocessError("bad"), TransientFetchError, U + ": command failed: bad"),
+    (ValueError("odd"), FetchError, U + ": unexpected ValueError: odd"),
+]
+
+
+@pytest.mark.parametrize("exc,cls,message", ERROR_CASES, ids=lambda v: type(v).__name__ if isinstance(v, Exception)
+                         else None)
+def test_error_map_rows(exc, cls, message):
+    err = translate(exc, U, FETCH_ERRORS)
+    assert type(err) is cls and str(err) == message
+    assert F._translate(exc, U).__class__ is cls  # the old name, the same table
+
+
+def test_every_row_of_the_error_map_is_exercised():
+    used = {i for exc, _, _ in ERROR_CASES for i, rule in enumerate(FETCH_ERRORS) if rule.matches(exc)
+            and all(not r.matches(exc) for r in FETCH_ERRORS[:i])}
+    assert used == set(range(len(FETCH_ERRORS)))
+
+
+def test_local_and_pipe_fetches_load_neither_requests_nor_boto3(tmp_path):
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"y" * 100)
+    code = ("import sys\nfrom resumewds.fetch import fetch_bytes\n"
+            f"assert fetch_bytes({str(src)!r}) == fetch_bytes('pipe:cat {src}') == b'y' * 100\n"
+            "print(sorted(m for m in ('requests', 'urllib3', 'boto3', 'botocore', 'resumewds.fetch.s3', 'torch')"
+            " if m in sys.modules))\n")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
