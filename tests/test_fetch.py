@@ -12,6 +12,7 @@ import sys
 import tarfile
 import threading
 import time
+from typing import Any, List
 
 import pytest
 import requests
@@ -75,7 +76,8 @@ def test_permanent_status_fails_at_once(served, tmp_path, status):
     with pytest.raises(PermanentFetchError) as ei:
         fetch_to_file(url, str(tmp_path / "p"), expected_size=None, config=fast_config())
     assert url in str(ei.value) and status in str(ei.value)
-    assert ei.value.status == int(status) and ei.value.url == url
+    err: Any = ei.value  # status and url are keyword fields (set as attributes)
+    assert err.status == int(status) and err.url == url
     assert srv.requests["/a.tar"] == 1
 
 
@@ -169,7 +171,7 @@ def test_server_ignoring_range_restarts_from_zero(tmp_path):
     root = tmp_path / "plain"
     root.mkdir()
     data = make_blob(str(root / "a.tar"), 64 * KB)
-    handler = lambda *a, **kw: _NoRangeHandler(*a, directory=str(root), **kw)  # noqa: E731
+    handler = lambda *a, **kw: _NoRangeHandler(*a, directory=str(root), **kw)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
@@ -192,7 +194,7 @@ def test_retry_after_is_honoured(tmp_path):
     root = tmp_path / "srv"
     root.mkdir()
     data = make_blob(str(root / "a.tar"), 10 * KB)
-    waits = []
+    waits: List[float] = []
     cfg = fast_config(sleep=waits.append)
     with FaultServer(str(root), retry_after=7) as srv:
         srv.script("/a.tar", ["503", "429"])
@@ -207,7 +209,7 @@ def test_backoff_grows_and_is_capped(served, tmp_path):
     root, srv = served
     make_blob(os.path.join(root, "a.tar"), KB)
     srv.script("/a.tar", ["500"] * 5)
-    waits = []
+    waits: List[float] = []
     fetch_to_file(srv.url + "a.tar", str(tmp_path / "p"),
                   config=fast_config(sleep=waits.append, backoff_initial=0.1, backoff_max=0.5, attempts=8))
     assert len(waits) == 5
@@ -293,7 +295,8 @@ def test_parse_retry_after():
     assert parse_retry_after("5") == 5.0
     assert parse_retry_after("garbage") is None
     future = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 60))
-    assert 50 < parse_retry_after(future) <= 61
+    ra = parse_retry_after(future)
+    assert ra is not None and 50 < ra <= 61
 
 
 def test_every_foreign_exception_is_translated():
@@ -338,7 +341,7 @@ def _run_profile(root: str, seed: int):
         for name in ("a.tar", "b.tar"):
             for _ in range(6):
                 try:
-                    requests.get(srv.url + name, timeout=(1, 0.2)).content
+                    _ = requests.get(srv.url + name, timeout=(1, 0.2)).content  # read the body
                 except requests.RequestException:
                     pass
         return dict(srv.faults), dict(srv.requests)
@@ -413,6 +416,7 @@ def test_runs_as_a_program(tmp_path):
                              "--faults", "mixed:0.0", "--seed", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=env, text=True)
     try:
+        assert proc.stdout is not None
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")
         assert len(requests.get(url + "a.tar", timeout=5).content) == KB
@@ -560,10 +564,14 @@ def test_session_reads_proxy_settings_once_per_origin(monkeypatch):
 
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     monkeypatch.setenv("NO_PROXY", "skip.invalid")
-    calls = []
+    calls: List[str] = []
     real = requests.utils.get_environ_proxies
-    monkeypatch.setattr(requests.sessions, "get_environ_proxies",
-                        lambda *a, **kw: (calls.append(a[0]), real(*a, **kw))[1])
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        calls.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(requests.sessions, "get_environ_proxies", counting)
     s = new_session()
     want = requests.Session().merge_environment_settings("http://host.invalid/a.tar", {}, True, None, None)
     calls.clear()

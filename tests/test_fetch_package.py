@@ -11,7 +11,7 @@ import re
 import socket
 import subprocess
 import sys
-from typing import Any, List
+from typing import Any, List, cast
 
 import pytest
 import requests
@@ -120,7 +120,8 @@ ERROR_CASES = [
     (requests.exceptions.ConnectTimeout("slow"), TransientFetchError, U + ": connect timeout: slow"),
     (requests.exceptions.ReadTimeout("slow"), TransientFetchError, U + ": read timeout (stalled): slow"),
     (socket.timeout("timed out"), TransientFetchError, U + ": read timeout (stalled): timed out"),
-    (requests.exceptions.ConnectionError(urllib3.exceptions.ReadTimeoutError(None, "/a.tar", "read timed out")),
+    (requests.exceptions.ConnectionError(urllib3.exceptions.ReadTimeoutError(cast(Any, None), "/a.tar",
+                                                                             "read timed out")),
      TransientFetchError, U + ": read timeout (stalled): None: read timed out"),
     (requests.exceptions.ConnectionError("refused"), TransientFetchError, U + ": connection error: refused"),
     (requests.exceptions.ChunkedEncodingError("cut"), TransientFetchError, U + ": broken response body: cut"),

@@ -16,12 +16,13 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, Dict, List
 
 import pytest
 from click.testing import CliRunner
 
 from chaos.faultserver import FaultServer
-from http_fixtures import (  # noqa: F401  (fixtures)
+from http_fixtures import (
     Recorder,
     digest,
     fast_config,
@@ -51,7 +52,7 @@ def _in_thread(fn, bound: float):
     def run():
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+        except BaseException as exc:
             box["error"] = exc
 
     t = threading.Thread(target=run, daemon=True)
@@ -85,8 +86,13 @@ def test_repeated_429_ends_within_the_deadline(served, tmp_path):
     make_blob(os.path.join(root, "a.tar"), 4 * KB)
     srv.retry_after = 1.0
     srv.script("/a.tar", ["429"] * 1000)
-    waits: list = []
-    cfg = fast_config(sleep=lambda w: (waits.append(w), time.sleep(w)), attempts=1000, deadline=1.5)
+    waits: List[float] = []
+
+    def sleep(w: float) -> None:
+        waits.append(w)
+        time.sleep(w)
+
+    cfg = fast_config(sleep=sleep, attempts=1000, deadline=1.5)
     with pytest.raises(TransientFetchError, match="429.*beyond what is left"):
         fetch_to_file(srv.url + "a.tar", str(tmp_path / "p"), config=cfg)
     # one wait of 1 s fitted in the deadline; the next Retry-After did not:
@@ -450,8 +456,9 @@ def test_a_window_that_cannot_fit_is_said_once_with_numbers(served, tmp_path, ca
 
 
 def test_fetch_config_validates_every_field():
-    for bad in (dict(attempts=0), dict(deadline=0), dict(read_timeout=-1), dict(min_rate=-1),
-                dict(max_redirects=-1), dict(rate_window=0)):
+    bads: List[Dict[str, Any]] = [dict(attempts=0), dict(deadline=0), dict(read_timeout=-1), dict(min_rate=-1),
+                                  dict(max_redirects=-1), dict(rate_window=0)]
+    for bad in bads:
         with pytest.raises(ValueError):
             FetchConfig(**bad)
 
