@@ -1,7 +1,7 @@
 """Fetch shards from http(s)://, s3://, file://, local paths and ``pipe:`` commands.
 
-A map of the package (read it top to bottom: each module uses only those
-above it)::
+A map of the package (read it top to bottom: at import time each module
+uses only those above it)::
 
     settings.py   FetchConfig (timeouts, attempts, deadline, rates; from the
                   environment through resumewds.config), FetchResult
@@ -11,7 +11,8 @@ above it)::
     retry.py      FetchBudget (attempts + deadline of one shard and read, shared
                   by prefetch thread and reader) and the tenacity policy
     partial.py    the partial-file writer: <partial> written and hashed as bytes
-                  arrive, its <partial>.etag validator sidecar, boot check
+                  arrive, its <partial>.etag validator sidecar (with the boot id:
+                  boot_id() lives here in __init__, tests replace its _BOOT_ID)
     attempt.py    _Attempt (the state of one call's attempts: partial, budget,
                   buffer, copy loop), _Pace (deadline and minimum rate inside an
                   attempt), _run_attempt (one attempt, errors mapped)
