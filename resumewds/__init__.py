@@ -27,7 +27,7 @@ from typing import Any
 from . import filters, shardlists, tariterators, tenbin, utils
 from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilter, handle_extension,
                          imagehandler, torch_audio, torch_loads, torch_video)
-from .compat import MockDataset
+from .compat import Cached, MockDataset
 from .dataset import WebDataset, build_manifest, index_manifest
 from .digests import BadSample, add_sample_digests, bad_samples
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
@@ -37,11 +37,13 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
 from .filters import (batched, decode, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
                       pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple,
                       unbatched, unlisted, xdecode)
+from .gopen import gopen
 from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
                        warn_and_stop)
 from .manifest import Manifest, ShardInfo, load_manifest
 from .multi import MultiLoader
 from .mixdataset import MixedDataset, RandomMix
+from .mix import RoundRobin
 from .mixture import MixPlan
 from .plan import Layout, Plan
 from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
@@ -50,6 +52,7 @@ from .tariterators import tarfile_samples, tarfile_to_samples
 from .pipeline import default_collation_fn
 from .tario import sample_digest, scan_file
 from .world import World, detect_world
+from .utils import repeatedly
 from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 
 __version__ = "0.1.0"
@@ -58,6 +61,7 @@ __all__ = [
     "BadSample",
     "BatchInfo",
     "CacheError",
+    "Cached",
     "ChecksumMismatch",
     "Continue",
     "DataPipeline",
@@ -66,6 +70,7 @@ __all__ = [
     "DecodingError",
     "EmptyBatch",
     "FetchError",
+    "FluidWrapper",
     "IntegrityError",
     "JournalConfigMismatch",
     "JournalError",
@@ -82,6 +87,7 @@ __all__ = [
     "RandomMix",
     "ResampledShards",
     "ResumeWDSError",
+    "RoundRobin",
     "S3Options",
     "ShardFormatError",
     "ShardInfo",
@@ -107,6 +113,7 @@ __all__ = [
     "extract_keys",
     "filters",
     "getfirst",
+    "gopen",
     "gzfilter",
     "handle_extension",
     "ignore_and_continue",
@@ -124,6 +131,7 @@ __all__ = [
     "pipelinefilter",
     "rename",
     "rename_keys",
+    "repeatedly",
     "reraise_exception",
     "resampled",
     "rsample",
@@ -165,6 +173,10 @@ def __getattr__(name: str) -> Any:
         from .datapipeline import DataPipeline
 
         return DataPipeline
+    if name == "FluidWrapper":  # a DataPipeline: imports torch
+        from .fluid import FluidWrapper
+
+        return FluidWrapper
     if name == "S3Options":  # s3:// settings; resumewds.s3 leans on fetch's internals, load it on use
         from .s3 import S3Options
 

@@ -1,0 +1,72 @@
+"""webdataset names from utils / mix / compat: ``repeatedly``, ``RoundRobin``,
+``FluidWrapper``, ``Cached``; and the streaming stages over a shard dict seen
+twice (``resampled``).  Real shards in tmp_path."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import resumewds as rw
+from resumewds import utils
+from tests.conftest import N_SAMPLES
+
+
+def test_repeatedly_stops_by_epochs_batches_or_samples():
+    assert len(list(utils.repeatedly(range(3), nepochs=7))) == 21
+    assert len(list(utils.repeatedly(range(3), nbatches=10))) == 10
+    assert len(list(utils.repeatedly([[[1, 1], [2, 2]]] * 3, nsamples=10))) == 5
+    assert len(list(utils.repeatedly([[1, 2, 3]] * 4, nsamples=7, batchsize=lambda b: 1))) == 7
+    assert list(utils.repeatedly([], nbatches=5)) == []  # an empty source does not spin forever
+    assert rw.repeatedly is utils.repeatedly
+
+
+def _pipeline(shards):
+    return rw.DataPipeline(rw.SimpleShardList(shards), rw.tarfile_samples)
+
+
+def test_round_robin_of_one_pipeline_twice_is_two_independent_passes(shards):
+    p = _pipeline(shards[:1])
+    one = [s["__key__"] for s in p]
+    mixed = [s["__key__"] for s in rw.RoundRobin([p, p])]
+    assert mixed == [k for pair in zip(one, one) for k in pair]
+    mixed3 = list(rw.RoundRobin([p, p, p]))  # again, after passes ended mid-way
+    assert len(mixed3) == 3 * N_SAMPLES
+
+
+def test_round_robin_shortest_and_longest():
+    srcs = [np.full(2, 2), np.full(1, 1), np.full(3, 3)]
+    assert list(rw.RoundRobin(srcs, longest=True)) == [2, 1, 3, 2, 3, 3]
+    assert list(rw.RoundRobin(srcs)) == [2, 1, 3, 2]
+    torch = pytest.importorskip("torch")
+    assert isinstance(rw.RoundRobin(srcs), torch.utils.data.IterableDataset)
+
+
+def test_fluid_wrapper_fluent_stages_run_on_an_arbitrary_source(shards):
+    p = _pipeline(shards[:2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f = rw.FluidWrapper(rw.RoundRobin([p, p]))
+        out = list(f.shuffle(10).map(lambda s: s["__key__"]).batched(4, collation_fn=list))
+    assert not f.exact
+    flat = [k for b in out for k in b]
+    keys = [s["__key__"] for s in p]
+    assert sorted(flat) == sorted(keys + keys) and flat != [k for pair in zip(keys, keys) for k in pair]
+
+
+def test_cached_stage_replays_its_first_complete_pass(shards):
+    stage = rw.Cached()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = rw.DataPipeline(rw.SimpleShardList(shards[:1]), rw.tarfile_to_samples(), stage)
+        first = [s["__key__"] for s in p]
+        assert stage.cached is not None and len(stage.cached) == N_SAMPLES
+        assert [s["__key__"] for s in p] == first
+
+
+def test_resampled_dicts_seen_again_are_reopened(shards):
+    p = rw.DataPipeline(rw.SimpleShardList([shards[0]] * 3), rw.resampled(5), rw.tarfile_samples)
+    assert len(list(p)) == 5 * N_SAMPLES
+    assert len(list(p)) == 5 * N_SAMPLES
