@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import fcntl
+import functools
 import gzip
 import io
 import json
@@ -47,7 +48,7 @@ import re
 import subprocess
 import tarfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import xxhash
 
@@ -60,7 +61,7 @@ __all__ = ["ShardWriter", "TarWriter", "bytestr", "imageencoder", "make_encoder"
 
 # ---- encoders (webdataset's defaults) -----------------------------------------
 
-def imageencoder(image: Any, format: str = "PNG") -> bytes:  # noqa: A002 (webdataset's name)
+def imageencoder(image: Any, format: str = "PNG") -> bytes:
     """Encode a PIL image or a uint8/float numpy array (values in [0, 1]) as image bytes.
 
     Raises:
@@ -144,7 +145,7 @@ def cbor_dumps(x: Any) -> bytes:
 
 def mp_dumps(x: Any) -> bytes:
     """msgpack bytes (needs ``msgpack``)."""
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 
     return msgpack.packb(x)
 
@@ -168,7 +169,7 @@ def _handlers() -> Dict[str, Callable[[Any], bytes]]:
     add("cbor", cbor_dumps)
     add("jpg jpeg img image", lambda x: imageencoder(x, "jpg"))
     for fmt in ("png", "pbm", "pgm", "ppm"):
-        add(fmt, lambda x, fmt=fmt: imageencoder(x, fmt))
+        add(fmt, functools.partial(imageencoder, format=fmt))
     add("tiff tif", lambda x: imageencoder(x, "tiff"))
     return h
 
@@ -380,12 +381,12 @@ class TarWriter:
         self.keep_meta = keep_meta
         self._tee = _Tee(fileobj)
         self.stream = fileobj
-        self.tarstream = tarfile.open(fileobj=self._tee, mode=tarmode)  # type: ignore[arg-type]
+        self.tarstream = tarfile.open(fileobj=cast(Any, self._tee), mode=cast(Any, tarmode))
         # per-sample digests of uncompressed shards (compressed ones get none)
         self._tap: Optional[_DigestTap] = None
         if tarmode == "w|":
             self._tap = _DigestTap(self.tarstream.fileobj)
-            self.tarstream.fileobj = self._tap  # type: ignore[assignment]
+            self.tarstream.fileobj = self._tap
         self.user, self.group, self.mode, self.compress = user, group, mode, compress
         self.offsets: List[int] = []
         self._key: Optional[str] = None
@@ -407,7 +408,7 @@ class TarWriter:
             return "w|xz"
         return "w|"
 
-    def __enter__(self) -> "TarWriter":
+    def __enter__(self) -> TarWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -591,7 +592,7 @@ class ShardWriter:
                 os.path.join(os.path.dirname(os.path.abspath(first)), "manifest.json")
         elif manifest is False or opener is not None:
             manifest = None
-        self.manifest: Optional[str] = manifest  # type: ignore[assignment]
+        self.manifest: Optional[str] = manifest
         self.shards: List[ShardInfo] = []
         self.next_stream()
 
@@ -624,7 +625,7 @@ class ShardWriter:
             self.tarstream.close()
             if self.tarstream.shard_info is not None:
                 self.shards.append(self.tarstream.shard_info)
-            if callable(self.post):
+            if callable(self.post) and self.fname is not None:
                 self.post(self.fname)
             self.tarstream = None
 
@@ -632,7 +633,7 @@ class ShardWriter:
         """Finish the last shard."""
         self.finish()
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, *args: Any) -> None:
