@@ -27,7 +27,7 @@ from typing import Any
 from . import filters, shardlists, tariterators, tenbin, utils
 from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilter, handle_extension,
                          imagehandler, torch_audio, torch_loads, torch_video)
-from .compat import Cached, MockDataset
+from .compat import Cached, FluidInterface, MockDataset
 from .dataset import WebDataset, build_manifest, index_manifest
 from .digests import BadSample, add_sample_digests, bad_samples
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
@@ -42,8 +42,8 @@ from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, 
                        warn_and_stop)
 from .manifest import Manifest, ShardInfo, load_manifest
 from .multi import MultiLoader
-from .mixdataset import MixedDataset, RandomMix
 from .mix import RoundRobin
+from .mixdataset import MixedDataset, RandomMix
 from .mixture import MixPlan
 from .plan import Layout, Plan
 from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
@@ -51,8 +51,8 @@ from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled,
 from .tariterators import tarfile_samples, tarfile_to_samples
 from .pipeline import default_collation_fn
 from .tario import sample_digest, scan_file
+from .utils import PipelineStage, repeatedly
 from .world import World, detect_world
-from .utils import repeatedly
 from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 
 __version__ = "0.1.0"
@@ -70,6 +70,7 @@ __all__ = [
     "DecodingError",
     "EmptyBatch",
     "FetchError",
+    "FluidInterface",
     "FluidWrapper",
     "IntegrityError",
     "JournalConfigMismatch",
@@ -83,6 +84,7 @@ __all__ = [
     "MockDataset",
     "MultiLoader",
     "PermanentFetchError",
+    "PipelineStage",
     "Plan",
     "RandomMix",
     "ResampledShards",

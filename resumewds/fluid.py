@@ -3,7 +3,8 @@
 ``FluidWrapper(initial)`` is ``DataPipeline(initial)`` with the fluent stage
 methods, as in webdataset 1.0.2: ``.shuffle(n)``, ``.map(f)``,
 ``.batched(n)``, ``.decode(...)``, ``.to_tuple(...)``... each append the
-composable stage of the same name (:mod:`resumewds.filters`).  ``initial``
+composable stage of the same name (:mod:`resumewds.filters`, through
+:class:`resumewds.compat.FluidInterface`).  ``initial``
 is usually an arbitrary iterable (a :class:`resumewds.mix.RoundRobin`, a
 generator dataset...): then the pipeline runs as webdataset's does and is
 not exactly resumable (it says so: a warning once, ``.exact`` is False).
@@ -22,15 +23,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import filters
+from .compat import FluidInterface
 from .datapipeline import DataPipeline
 
 __all__ = ["FluidWrapper"]
 
-# webdataset's FluidInterface methods that append the filter of the same name
-_FLUENT = ("batched", "unbatched", "unlisted", "log_keys", "shuffle", "map", "decode", "map_dict",
+# webdataset's FluidInterface methods
+_FLUENT = ("batched", "unbatched", "listed", "unlisted", "log_keys", "shuffle", "map", "decode", "map_dict",
            "select", "to_tuple", "map_tuple", "slice", "rename", "rsample", "rename_keys",
-           "extract_keys", "xdecode")
+           "extract_keys", "xdecode", "mcached")
 
 
 class FluidWrapper(DataPipeline):
@@ -48,12 +49,12 @@ class FluidWrapper(DataPipeline):
 
 def _fluent(name: str) -> Callable[..., Any]:
     compiled = getattr(DataPipeline, name)
-    stage = getattr(filters, name)
+    generic = getattr(FluidInterface, name)
 
     def method(self: FluidWrapper, *args: Any, **kw: Any) -> Any:
         if not self._c.generic:
             return compiled(self, *args, **kw)
-        return self.compose(stage(*args, **kw))
+        return generic(self, *args, **kw)
 
     method.__name__ = name
     method.__doc__ = f"Append ``{name}(...)`` (webdataset's ``FluidInterface.{name}``)."

@@ -25,15 +25,24 @@ Example:
 
 from __future__ import annotations
 
+import fnmatch
+import functools
+import glob
+import importlib
 import itertools
+import re
 import sys
-from typing import Any, Callable, Iterable, Iterator, Optional
+import warnings
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from . import config
 from .errors import UnsafeSourceError
 
-__all__ = ["EnforcedSecurityError", "check_source_allowed", "enforce_security", "guess_batchsize", "identity",
-           "is_iterable", "repeatedly", "repeatedly0"]
+__all__ = ["EnforcedSecurityError", "ObsoleteException", "PipelineStage", "check_source_allowed",
+           "compute_sample_weights", "deprecated", "enforce_security", "fnmatch_with_braces",
+           "glob_with_braces", "guess_batchsize", "identity", "is_iterable", "lookup_sym", "make_seed",
+           "obsolete", "pytorch_worker_info", "pytorch_worker_seed", "repeatedly", "repeatedly0",
+           "safe_eval"]
 
 enforce_security: bool = bool(config.value("secure"))
 
@@ -140,3 +149,155 @@ def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: O
         epoch += 1
         if not seen or (nepochs is not None and epoch >= nepochs):
             return
+
+
+# ---- webdataset.utils' other helpers ---------------------------------------------
+
+class PipelineStage:
+    """webdataset's base class of a pipeline stage: subclasses implement ``invoke``."""
+
+    def invoke(self, *args: Any, **kw: Any) -> Any:
+        """Run the stage.
+
+        Raises:
+            NotImplementedError: always, in this base class.
+        """
+        raise NotImplementedError
+
+
+def make_seed(*args: Any) -> int:
+    """A 31-bit seed from ``args`` (webdataset's: ``hash`` of each; salted for strings,
+    so deterministic only within one process unless PYTHONHASHSEED is set).
+
+    Example:
+        >>> 0 <= make_seed(1, 2, 3) < 2 ** 31
+        True
+    """
+    seed = 0
+    for arg in args:
+        seed = (seed * 31 + hash(arg)) & 0x7FFFFFFF
+    return seed
+
+
+def glob_with_braces(pattern: str) -> List[str]:
+    """``glob`` of every brace expansion of ``pattern``.
+
+    Example:
+        >>> glob_with_braces("/nonexistent-{a,b}/*.tar")
+        []
+    """
+    from .sources import expand_braces
+
+    return [f for pat in expand_braces(pattern) for f in glob.glob(pat)]
+
+
+def fnmatch_with_braces(filename: str, pattern: str) -> bool:
+    """``fnmatch`` against any brace expansion of ``pattern``.
+
+    Example:
+        >>> fnmatch_with_braces("a.jpg", "*.{jpg,png}"), fnmatch_with_braces("a.txt", "*.{jpg,png}")
+        (True, False)
+    """
+    from .sources import expand_braces
+
+    return any(fnmatch.fnmatch(filename, pat) for pat in expand_braces(pattern))
+
+
+def safe_eval(s: str, expr: str = "{}") -> Any:
+    """``eval(expr.format(s))`` for an ``s`` made only of letters, digits and ``_``.
+
+    Raises:
+        ValueError: ``s`` has other characters.
+
+    Example:
+        >>> safe_eval("12", "{} + 1")
+        13
+    """
+    if re.sub("[^A-Za-z0-9_]", "", s) != s:
+        raise ValueError(f"safe_eval: illegal characters in: '{s}'")
+    return eval(expr.format(s))  # webdataset's helper; input restricted above
+
+
+def lookup_sym(sym: str, modules: Sequence[str]) -> Any:
+    """The first ``module.sym`` found (relative names are resumewds modules), else None.
+
+    Example:
+        >>> lookup_sym("identity", [".utils"]) is identity
+        True
+    """
+    for mname in modules:
+        module = importlib.import_module(mname, package="resumewds")
+        result = getattr(module, sym, None)
+        if result is not None:
+            return result
+    return None
+
+
+def pytorch_worker_info(group: Any = None) -> Tuple[int, int, int, int]:
+    """``(rank, world_size, worker, num_workers)`` (:func:`resumewds.splitters.worker_info`)."""
+    from .splitters import worker_info
+
+    return worker_info(group)
+
+
+def pytorch_worker_seed(group: Any = None) -> int:
+    """``rank * 1000 + worker``, webdataset's per-worker seed."""
+    rank, _, worker, _ = pytorch_worker_info(group)
+    return rank * 1000 + worker
+
+
+def deprecated(arg: Any = None) -> Any:
+    """Decorator (``@deprecated`` or ``@deprecated("reason")``): warn with a
+    ``DeprecationWarning`` on each call."""
+    reason = None if callable(arg) else arg
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def new_func(*args: Any, **kwargs: Any) -> Any:
+            msg = f"Call to deprecated function {func.__name__}."
+            if reason is not None:
+                msg += " Reason: " + reason
+            warnings.warn(msg, category=DeprecationWarning, stacklevel=2)
+            return func(*args, **kwargs)
+
+        return new_func
+
+    return decorator(arg) if callable(arg) else decorator
+
+
+class ObsoleteException(Exception):
+    """A call to an :func:`obsolete` function without ``ALLOW_OBSOLETE=1``."""
+
+
+def obsolete(func: Optional[Callable[..., Any]] = None, *, reason: Optional[str] = None) -> Any:
+    """Decorator: calls raise :class:`ObsoleteException` unless ``ALLOW_OBSOLETE=1``
+    (or ``RESUMEWDS_ALLOW_OBSOLETE=1``) is set."""
+    if func is None:
+        return functools.partial(obsolete, reason=reason)
+    f = func
+
+    @functools.wraps(f)
+    def new_func(*args: Any, **kwargs: Any) -> Any:
+        if not config.value("allow_obsolete"):
+            msg = f"Call to obsolete function {f.__name__}. Set env ALLOW_OBSOLETE=1 to permit."
+            if reason is not None:
+                msg += " Reason: " + reason
+            raise ObsoleteException(msg)
+        return f(*args, **kwargs)
+
+    return new_func
+
+
+def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
+    """``n * w`` of each ``(n, w)`` pair, scaled so the largest is 1 (a numpy array).
+
+    Example:
+        >>> compute_sample_weights([(10, 1.0), (5, 1.0)]).tolist()
+        [1.0, 0.5]
+    """
+    import numpy as np
+
+    ns = np.array([p[0] for p in n_w_pairs])
+    ws = np.array([p[1] for p in n_w_pairs])
+    weighted = ns * ws
+    return weighted / np.amax(weighted)

@@ -55,8 +55,8 @@ import xxhash
 from . import tario
 from .manifest import Manifest, ShardInfo, load_manifest
 
-__all__ = ["ShardWriter", "TarWriter", "bytestr", "imageencoder", "make_encoder", "numpy_dumps",
-           "torch_dumps"]
+__all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
+           "imageencoder", "make_encoder", "make_handlers", "numpy_dumps", "torch_dumps"]
 
 
 # ---- encoders (webdataset's defaults) -----------------------------------------
@@ -177,6 +177,24 @@ def _handlers() -> Dict[str, Callable[[Any], bytes]]:
 default_handlers = _handlers()
 
 
+def add_handlers(d: Dict[str, Callable[[Any], bytes]], keys: Union[str, List[str]],
+                 value: Callable[[Any], bytes]) -> None:
+    """Register encoder ``value`` for each extension in ``keys`` (space-separated or a list).
+
+    Example:
+        >>> h = make_handlers(); add_handlers(h, "lbl label", lambda x: str(x).encode())
+        >>> h["label"](3)
+        b'3'
+    """
+    for k in keys.split() if isinstance(keys, str) else keys:
+        d[k] = value
+
+
+def make_handlers() -> Dict[str, Callable[[Any], bytes]]:
+    """A fresh copy of the default extension -> encoder table (webdataset's ``make_handlers``)."""
+    return dict(default_handlers)
+
+
 def encode_based_on_extension1(data: Any, tname: str, handlers: Dict[str, Callable[[Any], bytes]]) -> Any:
     """Encode one value by its extension (``*.gz`` extensions are gzipped)."""
     if tname[0] == "_":
@@ -197,6 +215,17 @@ def encode_based_on_extension1(data: Any, tname: str, handlers: Dict[str, Callab
             raise ValueError(f"no handler found for {ext}")
         result = f(data)
     return gzip.compress(result) if compress else result
+
+
+def encode_based_on_extension(sample: Dict[str, Any],
+                              handlers: Dict[str, Callable[[Any], bytes]]) -> Dict[str, Any]:
+    """Encode every field of ``sample`` by its extension (webdataset's function).
+
+    Example:
+        >>> encode_based_on_extension({"__key__": "a", "cls": 3}, make_handlers())["cls"]
+        b'3'
+    """
+    return {k: encode_based_on_extension1(v, k, handlers) for k, v in list(sample.items())}
 
 
 def make_encoder(spec: Union[bool, None, Dict[str, Callable[[Any], bytes]], Callable[[Dict], Dict]]

@@ -70,3 +70,38 @@ def test_resampled_dicts_seen_again_are_reopened(shards):
     p = rw.DataPipeline(rw.SimpleShardList([shards[0]] * 3), rw.resampled(5), rw.tarfile_samples)
     assert len(list(p)) == 5 * N_SAMPLES
     assert len(list(p)) == 5 * N_SAMPLES
+
+
+def test_webdataset_utils_and_writer_helpers(tmp_path, monkeypatch):
+    from resumewds import writer
+
+    assert utils.make_seed(1, 2) == utils.make_seed(1, 2) and 0 <= utils.make_seed("a") < 2 ** 31
+    for n in "ab":
+        (tmp_path / f"{n}.tar").write_bytes(b"")
+    assert sorted(utils.glob_with_braces(str(tmp_path / "{a,b,c}.tar"))) == \
+        [str(tmp_path / "a.tar"), str(tmp_path / "b.tar")]
+    assert utils.fnmatch_with_braces("x.png", "*.{jpg,png}")
+    assert utils.safe_eval("3", "{} * 2") == 6
+    with pytest.raises(ValueError, match="illegal characters"):
+        utils.safe_eval("__import__('os')")
+    assert utils.pytorch_worker_info()[2:] == (0, 1) and utils.pytorch_worker_seed() == 0
+
+    @utils.obsolete(reason="gone")
+    def old() -> int:
+        return 1
+
+    with pytest.raises(utils.ObsoleteException, match="ALLOW_OBSOLETE"):
+        old()
+    monkeypatch.setenv("ALLOW_OBSOLETE", "1")
+    assert old() == 1
+    with pytest.warns(DeprecationWarning):
+        assert utils.deprecated(lambda: 2)() == 2
+    with pytest.raises(NotImplementedError):
+        utils.PipelineStage().invoke()
+    assert utils.compute_sample_weights([(10, 1.0), (5, 2.0), (1, 1.0)]).tolist() == [1.0, 1.0, 0.1]
+
+    h = writer.make_handlers()
+    writer.add_handlers(h, "lbl", lambda x: b"L%d" % x)
+    enc = writer.encode_based_on_extension({"__key__": "k", "lbl": 4, "cls": 7, "txt": "hi"}, h)
+    assert enc == {"__key__": "k", "lbl": b"L4", "cls": b"7", "txt": b"hi"}
+    assert "lbl" not in writer.make_handlers()  # a fresh copy each time
