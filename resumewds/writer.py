@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import xxhash
 
-from . import tario
+from . import tario, utils
 from .manifest import Manifest, ShardInfo, load_manifest
 
 __all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
@@ -370,6 +370,11 @@ class TarWriter:
     :class:`~resumewds.manifest.ShardInfo` (size, xxh3_64, samples,
     offsets), also for a stream or pipe.
 
+    Raises:
+        EnforcedSecurityError: a path or ``pipe:`` output while
+            ``resumewds.utils.enforce_security`` is on (webdataset's gopen
+            refuses them too); a stream is always accepted.
+
     Example:
         >>> buf = io.BytesIO()
         >>> with TarWriter(buf, encoder=False, mtime=0) as w:
@@ -391,6 +396,7 @@ class TarWriter:
         self._proc: Optional[subprocess.Popen] = None
         self.own_fileobj: Any = None
         if isinstance(fileobj, str):
+            utils.check_source_allowed(fileobj)  # webdataset's gopen(fileobj, "wb") under enforce_security
             self.url = fileobj
             path = _local_path(fileobj)
             if path is not None:

@@ -114,6 +114,21 @@ def test_gopen_rewrite_applies_to_webdataset_and_is_refused_when_secure(served, 
         utils.enforce_security = False
 
 
+def test_writers_refuse_local_and_pipe_outputs_when_secure(tmp_path, secure):
+    import io
+
+    for out in (str(tmp_path / "w.tar"), f"pipe:cat > {tmp_path}/p.tar"):
+        with pytest.raises(EnforcedSecurityError, match="unsafe_gopen is False"):
+            rw.TarWriter(out)
+    with pytest.raises(EnforcedSecurityError):
+        rw.ShardWriter(str(tmp_path / "s-%06d.tar"), maxcount=2)
+    assert sorted(os.listdir(tmp_path)) == ["cache"]  # nothing written (cache: the fixture)
+    buf = io.BytesIO()
+    with rw.TarWriter(buf) as w:  # a stream is fine
+        w.write({"__key__": "a", "txt": "x"})
+    assert len(buf.getvalue()) > 0
+
+
 def test_pickle_decoders_refused_when_secure(secure):
     with pytest.raises(ValueError, match="Unpickling is not allowed"):
         decoders["pkl"](pickle.dumps({"a": 1}))
