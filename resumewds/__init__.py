@@ -27,7 +27,7 @@ from typing import Any
 from . import filters, shardlists, tariterators, tenbin, utils
 from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilter, handle_extension,
                          imagehandler, torch_audio, torch_loads, torch_video)
-from .compat import MockDataset
+from .compat import Cached, FluidInterface, MockDataset
 from .dataset import WebDataset, build_manifest, index_manifest
 from .digests import BadSample, add_sample_digests, bad_samples
 from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
@@ -37,10 +37,12 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
 from .filters import (batched, decode, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
                       pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple,
                       unbatched, unlisted, xdecode)
+from .gopen import gopen
 from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
                        warn_and_stop)
 from .manifest import Manifest, ShardInfo, load_manifest
 from .multi import MultiLoader
+from .mix import RoundRobin
 from .mixdataset import MixedDataset, RandomMix
 from .mixture import MixPlan
 from .plan import Layout, Plan
@@ -49,6 +51,7 @@ from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled,
 from .tariterators import tarfile_samples, tarfile_to_samples
 from .pipeline import default_collation_fn
 from .tario import sample_digest, scan_file
+from .utils import PipelineStage, repeatedly
 from .world import World, detect_world
 from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 
@@ -58,6 +61,7 @@ __all__ = [
     "BadSample",
     "BatchInfo",
     "CacheError",
+    "Cached",
     "ChecksumMismatch",
     "Continue",
     "DataPipeline",
@@ -66,6 +70,8 @@ __all__ = [
     "DecodingError",
     "EmptyBatch",
     "FetchError",
+    "FluidInterface",
+    "FluidWrapper",
     "IntegrityError",
     "JournalConfigMismatch",
     "JournalError",
@@ -78,10 +84,12 @@ __all__ = [
     "MockDataset",
     "MultiLoader",
     "PermanentFetchError",
+    "PipelineStage",
     "Plan",
     "RandomMix",
     "ResampledShards",
     "ResumeWDSError",
+    "RoundRobin",
     "S3Options",
     "ShardFormatError",
     "ShardInfo",
@@ -107,6 +115,7 @@ __all__ = [
     "extract_keys",
     "filters",
     "getfirst",
+    "gopen",
     "gzfilter",
     "handle_extension",
     "ignore_and_continue",
@@ -124,6 +133,7 @@ __all__ = [
     "pipelinefilter",
     "rename",
     "rename_keys",
+    "repeatedly",
     "reraise_exception",
     "resampled",
     "rsample",
@@ -165,6 +175,10 @@ def __getattr__(name: str) -> Any:
         from .datapipeline import DataPipeline
 
         return DataPipeline
+    if name == "FluidWrapper":  # a DataPipeline: imports torch
+        from .fluid import FluidWrapper
+
+        return FluidWrapper
     if name == "S3Options":  # s3:// settings; resumewds.s3 leans on fetch's internals, load it on use
         from .s3 import S3Options
 

@@ -81,11 +81,7 @@ PICKLE_EXTS = frozenset({"pkl", "pickle", "pyd"})
 DecodingError = DecodeError  # webdataset's name for a failed decode
 
 
-class EnforcedSecurityError(UnsafeSourceError, ValueError):
-    """A pickle-based member refused because ``utils.enforce_security`` is set.
-
-    A ``ValueError`` too, as webdataset raises in this case.
-    """
+EnforcedSecurityError = utils.EnforcedSecurityError  # refused under utils.enforce_security (a ValueError)
 
 
 class _Key(str):

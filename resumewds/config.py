@@ -27,6 +27,8 @@ RESUMEWDS_VERBOSE                                            0                 1
 RESUMEWDS_SEED                 WDS_SEED                      0                 default seed of the order
 RESUMEWDS_GOPEN_VERBOSE        GOPEN_VERBOSE                 0                 1: one stderr line per source opened and
                                                                                closed, with url and byte count
+RESUMEWDS_GOPEN_REWRITE        GOPEN_REWRITE                 unset             "prefix=replacement;..." URL rewrites of
+                                                                               resumewds.gopen (refused if WDS_SECURE)
 RESUMEWDS_FETCH_ATTEMPTS                                     8                 attempts per shard and read (>= 1)
 RESUMEWDS_FETCH_DEADLINE                                     600               seconds per shard and read, all attempts
                                                                                and waits included
@@ -44,8 +46,10 @@ RESUMEWDS_ALLOW_REMOTE_LOCAL                                 0                 1
                                                                                name local files (absolute paths, file://)
 RESUMEWDS_DEBUG                                              0                 1: the CLI shows tracebacks instead of
                                                                                one-line errors
+RESUMEWDS_ALLOW_OBSOLETE       ALLOW_OBSOLETE                0                 1: let utils.obsolete functions run
 RESUMEWDS_SECURE               WDS_SECURE                    0                 1: refuse pickle-based members (pkl, pyd,
-                                                                               pth) even with allow_pickle=True
+                                                                               pth) even with allow_pickle=True, and
+                                                                               local or pipe: sources (as webdataset)
 RESUMEWDS_PYTORCH_WEIGHTS_ONLY WDS_PYTORCH_WEIGHTS_ONLY      0                 1: torch.load of .pth members with
                                                                                weights_only=True (webdataset's torch_loads)
 RESUMEWDS_S3_ENDPOINT_URL      AWS_ENDPOINT_URL_S3,          boto3's           s3:// endpoint (MinIO, R2, GCS interop)
@@ -183,6 +187,8 @@ VARS: Dict[str, Var] = {
     "manifest_max_bytes": Var("RESUMEWDS_MANIFEST_MAX_BYTES", parse_size, 256 << 20, check=_at_least_one),
     "allow_remote_local": Var("RESUMEWDS_ALLOW_REMOTE_LOCAL", _bool, False),
     "debug": Var("RESUMEWDS_DEBUG", _bool, False),
+    "allow_obsolete": Var("RESUMEWDS_ALLOW_OBSOLETE", _bool, False, alias="ALLOW_OBSOLETE"),
+    "gopen_rewrite": Var("RESUMEWDS_GOPEN_REWRITE", str, None, alias="GOPEN_REWRITE"),
     # webdataset's own switches for pickle-based members (resumewds.utils, resumewds.autodecode)
     "secure": Var("RESUMEWDS_SECURE", _bool, False, alias="WDS_SECURE"),
     "pytorch_weights_only": Var("RESUMEWDS_PYTORCH_WEIGHTS_ONLY", _bool, False, alias="WDS_PYTORCH_WEIGHTS_ONLY"),

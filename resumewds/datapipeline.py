@@ -314,19 +314,19 @@ class DataPipeline(WebDataset, IterableDataset):
         return Layout(_CHUNK, world, rank, "keep")
 
     # ---- iteration -----------------------------------------------------------------
-    def _compiled_stream(self) -> Iterator[Any]:
-        """Compiled outputs from the saved state on, epoch after epoch; updates the state."""
+    def _compiled_stream(self, st: Dict[str, Any]) -> Iterator[Any]:
+        """Compiled outputs from the state ``st`` on, epoch after epoch; updates ``st``."""
         worker, nw = 0, 1
         info = get_worker_info()
         if info is not None and self._c.worker_split:
             worker, nw = info.id, info.num_workers
         layout = self._layout()
         batched = self.batch_size is not None
-        st = self._state
         reps = 0
         while reps < self.repetitions:
             reps += 1
             epoch, start, skip = st["epoch"], st["position"], st["skip"]
+            skip0 = skip
             total = len(self.plan.epoch(epoch))
             delivered = 0
             try:
@@ -345,7 +345,10 @@ class DataPipeline(WebDataset, IterableDataset):
             except filters.StopPipeline:
                 return
             st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0
-            if delivered == 0 and start == 0:
+            if delivered == 0 and (start or skip0):
+                reps -= 1  # the state was at the very end of that epoch: a pass is the next one
+                continue
+            if delivered == 0:
                 return
 
     def _generic_stream(self) -> Iterator[Any]:
@@ -373,7 +376,10 @@ class DataPipeline(WebDataset, IterableDataset):
         """All repetitions (webdataset's name)."""
         if self._c.generic:
             return self._generic_stream()
-        src: Any = self._compiled_stream()
+        # each iterator has its own copy of the state, taken now (two iterators at
+        # once, as in RoundRobin([p, p]), are independent); state_dict() is the newest's
+        self._state = dict(self._state)
+        src: Any = self._compiled_stream(self._state)
         for f in self._c.tail:
             src = f(src)
         return src

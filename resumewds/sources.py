@@ -30,8 +30,10 @@ from typing import Any, Iterable, List, Optional, Sequence, Union
 
 from .digests import LazyDigests
 from .errors import SourceError, UnsafeSourceError
+from .gopen import rewrite_url
 from .manifest import (LazyOffsets, Manifest, ShardInfo, concat, is_remote, load_manifest,
                        parse_manifest_bytes)
+from .utils import check_source_allowed
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -213,6 +215,8 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
             raise SourceError(f"{item!r}: not a shard URL or path")
         urls = [item] if item.startswith("pipe:") else expand_braces(item)
         for url in urls:
+            url = rewrite_url(url)  # GOPEN_REWRITE and utils.enforce_security, as webdataset's gopen
+            check_source_allowed(url)
             if _is_manifest(url) and not url.startswith("pipe:"):
                 flush()
                 if is_remote(url):
@@ -227,6 +231,7 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
     if not m.shards:
         raise SourceError(f"{src!r}: no shards")
     for s in m.shards:
+        check_source_allowed(s.url)
         if s.url.startswith("pipe:") and not s.trusted:
             raise UnsafeSourceError(
                 f"{s.url}: pipe: url comes from a manifest fetched over the network "

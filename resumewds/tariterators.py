@@ -80,23 +80,11 @@ class _PipeStream:
 
 
 def open_url(url: str) -> Any:
-    """A readable binary stream for a local path, ``file:`` url, ``pipe:`` command or http(s) url."""
-    if url.startswith("pipe:"):
-        return _PipeStream(url[5:])
-    if url.startswith(("http://", "https://")):
-        import requests
+    """A readable binary stream for a local path, ``file:`` url, ``pipe:`` command or http(s) url
+    (:func:`resumewds.gopen.gopen`: ``GOPEN_REWRITE`` and ``utils.enforce_security`` apply)."""
+    from .gopen import gopen
 
-        r = requests.get(url, stream=True, timeout=60)
-        if r.status_code >= 400:
-            raise FileNotFoundError(f"{url}: HTTP {r.status_code}")
-        r.raw.decode_content = True
-        return r.raw
-    if url == "-":
-        import sys
-
-        return sys.stdin.buffer
-    path = url[7:] if url.startswith("file://") else url[5:] if url.startswith("file:") else url
-    return open(path, "rb")
+    return gopen(url, "rb")
 
 
 def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
@@ -105,8 +93,8 @@ def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exc
     for sample in data:
         url = sample["url"]
         try:
-            if sample.get("stream") is None:
-                sample.update(stream=open_url(url))
+            if sample.get("stream") is None or getattr(sample["stream"], "closed", False):
+                sample.update(stream=open_url(url))  # a dict seen again (resampled): a new stream
             yield sample
         except Exception as exn:
             exn.args = exn.args + (url,)

@@ -1,20 +1,303 @@
-"""Settings shared with webdataset's ``wds.utils`` module.
+"""Names shared with webdataset's ``wds.utils`` module.
 
 ``enforce_security`` has webdataset 1.0.2's meaning and default (the
-``WDS_SECURE`` environment variable, ``"0"`` unless set): when True, decoders
-refuse every pickle-based member (``pkl``, ``pickle``, ``pyd``, ``pth``)
-even with ``allow_pickle=True``.  It is read at each decode, so setting
-``resumewds.utils.enforce_security = True`` at run time works as it does in
-webdataset.
+``WDS_SECURE`` environment variable, or ours, ``RESUMEWDS_SECURE``; off
+unless set).  When True:
+
+* decoders refuse every pickle-based member (``pkl``, ``pickle``, ``pyd``,
+  ``pth``) even with ``allow_pickle=True``;
+* shard sources that are local files (plain paths, ``file:`` URLs, local
+  manifests) or ``pipe:`` commands are refused, by ``WebDataset``,
+  ``DataPipeline``, ``resumewds.gopen.gopen`` and ``tarfile_to_samples``
+  alike; only remote URLs (``http(s)://``, ``s3://``) and ``"-"`` are opened;
+* ``GOPEN_REWRITE`` URL rewriting is refused.
+
+It is read at each use, so setting ``resumewds.utils.enforce_security =
+True`` at run time works as it does in webdataset.
 
 Example:
     >>> import resumewds.utils
     >>> isinstance(resumewds.utils.enforce_security, bool)
     True
+    >>> len(list(repeatedly(range(3), nepochs=2)))
+    6
 """
 
 from __future__ import annotations
 
+import fnmatch
+import functools
+import glob
+import importlib
+import itertools
+import re
+import sys
+import warnings
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+
 from . import config
+from .errors import UnsafeSourceError
+
+__all__ = ["EnforcedSecurityError", "ObsoleteException", "PipelineStage", "check_source_allowed",
+           "compute_sample_weights", "deprecated", "enforce_security", "fnmatch_with_braces",
+           "glob_with_braces", "guess_batchsize", "identity", "is_iterable", "lookup_sym", "make_seed",
+           "obsolete", "pytorch_worker_info", "pytorch_worker_seed", "repeatedly", "repeatedly0",
+           "safe_eval"]
 
 enforce_security: bool = bool(config.value("secure"))
+
+
+class EnforcedSecurityError(UnsafeSourceError, ValueError):
+    """Refused because :data:`enforce_security` is set: a pickle-based member,
+    a local or ``pipe:`` source, a ``GOPEN_REWRITE`` rewrite.
+
+    A ``ValueError`` too, as webdataset raises in the same places; the
+    message starts with webdataset's (``"gopen: unsafe_gopen is False, ..."``).
+    """
+
+
+def _is_local(url: str) -> bool:
+    if url.startswith("file:"):
+        return True
+    if url.startswith("pipe:") or url == "-":
+        return False
+    return "://" not in url
+
+
+def check_source_allowed(url: str) -> None:
+    """Raise :class:`EnforcedSecurityError` if :data:`enforce_security` forbids opening ``url``.
+
+    Forbidden when set: local paths, ``file:`` URLs and ``pipe:`` commands.
+
+    Example:
+        >>> check_source_allowed("/data/shard-000000.tar")  # enforce_security is off
+    """
+    if not enforce_security:
+        return
+    if url.startswith("pipe:"):
+        raise EnforcedSecurityError(f"gopen_pipe: unsafe_gopen is False, cannot open pipe URLs: {url} "
+                            "(resumewds.utils.enforce_security / WDS_SECURE is set)")
+    if _is_local(url):
+        raise EnforcedSecurityError(f"gopen: unsafe_gopen is False, cannot open local files: {url} "
+                            "(resumewds.utils.enforce_security / WDS_SECURE is set)")
+
+
+def identity(x: Any) -> Any:
+    """Return ``x`` (webdataset's ``utils.identity``)."""
+    return x
+
+
+def is_iterable(obj: Any) -> bool:
+    """True for iterables other than ``str`` and ``bytes`` (webdataset's rule)."""
+    if isinstance(obj, (str, bytes)):
+        return False
+    try:
+        iter(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def guess_batchsize(batch: Any) -> int:
+    """The batch size of a batch: the length of its first field.
+
+    Example:
+        >>> guess_batchsize(([1, 2, 3], [0, 1, 0]))
+        3
+    """
+    return len(batch[0])
+
+
+def repeatedly0(loader: Iterable[Any], nepochs: int = sys.maxsize, nbatches: int = sys.maxsize) -> Iterator[Any]:
+    """``nepochs`` passes over ``loader``, at most ``nbatches`` items from each."""
+    for _ in range(nepochs):
+        yield from itertools.islice(loader, nbatches)
+
+
+def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: Optional[int] = None,
+               nsamples: Optional[int] = None,
+               batchsize: Callable[[Any], int] = guess_batchsize) -> Iterator[Any]:
+    """Iterate ``source`` again and again (webdataset 1.0.2's ``utils.repeatedly``).
+
+    Stops after ``nepochs`` full passes, after ``nbatches`` items in all, or
+    once the items' sizes (``batchsize(item)``) add up to ``nsamples``,
+    whichever comes first; with none of them it goes on forever.
+
+    Differences from webdataset: ``batchsize`` is used (webdataset ignores
+    it and always calls ``guess_batchsize``), and a pass that yields nothing
+    ends the iteration instead of looping forever.
+
+    Example:
+        >>> len(list(repeatedly(range(3), nbatches=10)))
+        10
+        >>> len(list(repeatedly([[[1, 1], [2, 2]]] * 3, nsamples=10)))
+        5
+    """
+    epoch = batch = total = 0
+    while True:
+        seen = False
+        for item in source:
+            seen = True
+            yield item
+            batch += 1
+            if nbatches is not None and batch >= nbatches:
+                return
+            if nsamples is not None:
+                total += batchsize(item)
+                if total >= nsamples:
+                    return
+        epoch += 1
+        if not seen or (nepochs is not None and epoch >= nepochs):
+            return
+
+
+# ---- webdataset.utils' other helpers ---------------------------------------------
+
+class PipelineStage:
+    """webdataset's base class of a pipeline stage: subclasses implement ``invoke``."""
+
+    def invoke(self, *args: Any, **kw: Any) -> Any:
+        """Run the stage.
+
+        Raises:
+            NotImplementedError: always, in this base class.
+        """
+        raise NotImplementedError
+
+
+def make_seed(*args: Any) -> int:
+    """A 31-bit seed from ``args`` (webdataset's: ``hash`` of each; salted for strings,
+    so deterministic only within one process unless PYTHONHASHSEED is set).
+
+    Example:
+        >>> 0 <= make_seed(1, 2, 3) < 2 ** 31
+        True
+    """
+    seed = 0
+    for arg in args:
+        seed = (seed * 31 + hash(arg)) & 0x7FFFFFFF
+    return seed
+
+
+def glob_with_braces(pattern: str) -> List[str]:
+    """``glob`` of every brace expansion of ``pattern``.
+
+    Example:
+        >>> glob_with_braces("/nonexistent-{a,b}/*.tar")
+        []
+    """
+    from .sources import expand_braces
+
+    return [f for pat in expand_braces(pattern) for f in glob.glob(pat)]
+
+
+def fnmatch_with_braces(filename: str, pattern: str) -> bool:
+    """``fnmatch`` against any brace expansion of ``pattern``.
+
+    Example:
+        >>> fnmatch_with_braces("a.jpg", "*.{jpg,png}"), fnmatch_with_braces("a.txt", "*.{jpg,png}")
+        (True, False)
+    """
+    from .sources import expand_braces
+
+    return any(fnmatch.fnmatch(filename, pat) for pat in expand_braces(pattern))
+
+
+def safe_eval(s: str, expr: str = "{}") -> Any:
+    """``eval(expr.format(s))`` for an ``s`` made only of letters, digits and ``_``.
+
+    Raises:
+        ValueError: ``s`` has other characters.
+
+    Example:
+        >>> safe_eval("12", "{} + 1")
+        13
+    """
+    if re.sub("[^A-Za-z0-9_]", "", s) != s:
+        raise ValueError(f"safe_eval: illegal characters in: '{s}'")
+    return eval(expr.format(s))  # webdataset's helper; input restricted above
+
+
+def lookup_sym(sym: str, modules: Sequence[str]) -> Any:
+    """The first ``module.sym`` found (relative names are resumewds modules), else None.
+
+    Example:
+        >>> lookup_sym("identity", [".utils"]) is identity
+        True
+    """
+    for mname in modules:
+        module = importlib.import_module(mname, package="resumewds")
+        result = getattr(module, sym, None)
+        if result is not None:
+            return result
+    return None
+
+
+def pytorch_worker_info(group: Any = None) -> Tuple[int, int, int, int]:
+    """``(rank, world_size, worker, num_workers)`` (:func:`resumewds.splitters.worker_info`)."""
+    from .splitters import worker_info
+
+    return worker_info(group)
+
+
+def pytorch_worker_seed(group: Any = None) -> int:
+    """``rank * 1000 + worker``, webdataset's per-worker seed."""
+    rank, _, worker, _ = pytorch_worker_info(group)
+    return rank * 1000 + worker
+
+
+def deprecated(arg: Any = None) -> Any:
+    """Decorator (``@deprecated`` or ``@deprecated("reason")``): warn with a
+    ``DeprecationWarning`` on each call."""
+    reason = None if callable(arg) else arg
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def new_func(*args: Any, **kwargs: Any) -> Any:
+            msg = f"Call to deprecated function {func.__name__}."
+            if reason is not None:
+                msg += " Reason: " + reason
+            warnings.warn(msg, category=DeprecationWarning, stacklevel=2)
+            return func(*args, **kwargs)
+
+        return new_func
+
+    return decorator(arg) if callable(arg) else decorator
+
+
+class ObsoleteException(Exception):
+    """A call to an :func:`obsolete` function without ``ALLOW_OBSOLETE=1``."""
+
+
+def obsolete(func: Optional[Callable[..., Any]] = None, *, reason: Optional[str] = None) -> Any:
+    """Decorator: calls raise :class:`ObsoleteException` unless ``ALLOW_OBSOLETE=1``
+    (or ``RESUMEWDS_ALLOW_OBSOLETE=1``) is set."""
+    if func is None:
+        return functools.partial(obsolete, reason=reason)
+    f = func
+
+    @functools.wraps(f)
+    def new_func(*args: Any, **kwargs: Any) -> Any:
+        if not config.value("allow_obsolete"):
+            msg = f"Call to obsolete function {f.__name__}. Set env ALLOW_OBSOLETE=1 to permit."
+            if reason is not None:
+                msg += " Reason: " + reason
+            raise ObsoleteException(msg)
+        return f(*args, **kwargs)
+
+    return new_func
+
+
+def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
+    """``n * w`` of each ``(n, w)`` pair, scaled so the largest is 1 (a numpy array).
+
+    Example:
+        >>> compute_sample_weights([(10, 1.0), (5, 1.0)]).tolist()
+        [1.0, 0.5]
+    """
+    import numpy as np
+
+    ns = np.array([p[0] for p in n_w_pairs])
+    ws = np.array([p[1] for p in n_w_pairs])
+    weighted = ns * ws
+    return weighted / np.amax(weighted)

@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import fcntl
+import functools
 import gzip
 import io
 import json
@@ -47,20 +48,20 @@ import re
 import subprocess
 import tarfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import xxhash
 
-from . import tario
+from . import tario, utils
 from .manifest import Manifest, ShardInfo, load_manifest
 
-__all__ = ["ShardWriter", "TarWriter", "bytestr", "imageencoder", "make_encoder", "numpy_dumps",
-           "torch_dumps"]
+__all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
+           "imageencoder", "make_encoder", "make_handlers", "numpy_dumps", "torch_dumps"]
 
 
 # ---- encoders (webdataset's defaults) -----------------------------------------
 
-def imageencoder(image: Any, format: str = "PNG") -> bytes:  # noqa: A002 (webdataset's name)
+def imageencoder(image: Any, format: str = "PNG") -> bytes:
     """Encode a PIL image or a uint8/float numpy array (values in [0, 1]) as image bytes.
 
     Raises:
@@ -144,7 +145,7 @@ def cbor_dumps(x: Any) -> bytes:
 
 def mp_dumps(x: Any) -> bytes:
     """msgpack bytes (needs ``msgpack``)."""
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 
     return msgpack.packb(x)
 
@@ -168,12 +169,30 @@ def _handlers() -> Dict[str, Callable[[Any], bytes]]:
     add("cbor", cbor_dumps)
     add("jpg jpeg img image", lambda x: imageencoder(x, "jpg"))
     for fmt in ("png", "pbm", "pgm", "ppm"):
-        add(fmt, lambda x, fmt=fmt: imageencoder(x, fmt))
+        add(fmt, functools.partial(imageencoder, format=fmt))
     add("tiff tif", lambda x: imageencoder(x, "tiff"))
     return h
 
 
 default_handlers = _handlers()
+
+
+def add_handlers(d: Dict[str, Callable[[Any], bytes]], keys: Union[str, List[str]],
+                 value: Callable[[Any], bytes]) -> None:
+    """Register encoder ``value`` for each extension in ``keys`` (space-separated or a list).
+
+    Example:
+        >>> h = make_handlers(); add_handlers(h, "lbl label", lambda x: str(x).encode())
+        >>> h["label"](3)
+        b'3'
+    """
+    for k in keys.split() if isinstance(keys, str) else keys:
+        d[k] = value
+
+
+def make_handlers() -> Dict[str, Callable[[Any], bytes]]:
+    """A fresh copy of the default extension -> encoder table (webdataset's ``make_handlers``)."""
+    return dict(default_handlers)
 
 
 def encode_based_on_extension1(data: Any, tname: str, handlers: Dict[str, Callable[[Any], bytes]]) -> Any:
@@ -196,6 +215,17 @@ def encode_based_on_extension1(data: Any, tname: str, handlers: Dict[str, Callab
             raise ValueError(f"no handler found for {ext}")
         result = f(data)
     return gzip.compress(result) if compress else result
+
+
+def encode_based_on_extension(sample: Dict[str, Any],
+                              handlers: Dict[str, Callable[[Any], bytes]]) -> Dict[str, Any]:
+    """Encode every field of ``sample`` by its extension (webdataset's function).
+
+    Example:
+        >>> encode_based_on_extension({"__key__": "a", "cls": 3}, make_handlers())["cls"]
+        b'3'
+    """
+    return {k: encode_based_on_extension1(v, k, handlers) for k, v in list(sample.items())}
 
 
 def make_encoder(spec: Union[bool, None, Dict[str, Callable[[Any], bytes]], Callable[[Dict], Dict]]
@@ -340,6 +370,11 @@ class TarWriter:
     :class:`~resumewds.manifest.ShardInfo` (size, xxh3_64, samples,
     offsets), also for a stream or pipe.
 
+    Raises:
+        EnforcedSecurityError: a path or ``pipe:`` output while
+            ``resumewds.utils.enforce_security`` is on (webdataset's gopen
+            refuses them too); a stream is always accepted.
+
     Example:
         >>> buf = io.BytesIO()
         >>> with TarWriter(buf, encoder=False, mtime=0) as w:
@@ -361,6 +396,7 @@ class TarWriter:
         self._proc: Optional[subprocess.Popen] = None
         self.own_fileobj: Any = None
         if isinstance(fileobj, str):
+            utils.check_source_allowed(fileobj)  # webdataset's gopen(fileobj, "wb") under enforce_security
             self.url = fileobj
             path = _local_path(fileobj)
             if path is not None:
@@ -380,12 +416,12 @@ class TarWriter:
         self.keep_meta = keep_meta
         self._tee = _Tee(fileobj)
         self.stream = fileobj
-        self.tarstream = tarfile.open(fileobj=self._tee, mode=tarmode)  # type: ignore[arg-type]
+        self.tarstream = tarfile.open(fileobj=cast(Any, self._tee), mode=cast(Any, tarmode))
         # per-sample digests of uncompressed shards (compressed ones get none)
         self._tap: Optional[_DigestTap] = None
         if tarmode == "w|":
             self._tap = _DigestTap(self.tarstream.fileobj)
-            self.tarstream.fileobj = self._tap  # type: ignore[assignment]
+            self.tarstream.fileobj = self._tap
         self.user, self.group, self.mode, self.compress = user, group, mode, compress
         self.offsets: List[int] = []
         self._key: Optional[str] = None
@@ -407,7 +443,7 @@ class TarWriter:
             return "w|xz"
         return "w|"
 
-    def __enter__(self) -> "TarWriter":
+    def __enter__(self) -> TarWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -591,7 +627,7 @@ class ShardWriter:
                 os.path.join(os.path.dirname(os.path.abspath(first)), "manifest.json")
         elif manifest is False or opener is not None:
             manifest = None
-        self.manifest: Optional[str] = manifest  # type: ignore[assignment]
+        self.manifest: Optional[str] = manifest
         self.shards: List[ShardInfo] = []
         self.next_stream()
 
@@ -624,7 +660,7 @@ class ShardWriter:
             self.tarstream.close()
             if self.tarstream.shard_info is not None:
                 self.shards.append(self.tarstream.shard_info)
-            if callable(self.post):
+            if callable(self.post) and self.fname is not None:
                 self.post(self.fname)
             self.tarstream = None
 
@@ -632,7 +668,7 @@ class ShardWriter:
         """Finish the last shard."""
         self.finish()
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, *args: Any) -> None:

@@ -1,0 +1,236 @@
+"""webdataset's ``gopen``: open a local path, ``file:`` URL, ``pipe:`` command,
+``http(s)://`` or ``s3://`` URL, or ``"-"`` as a binary stream.
+
+This is the opener of the streaming stages (``tarfile_to_samples`` outside
+the plan, ``url_opener``) and of user code that calls ``wds.gopen``.  The
+plan's reads do not use it: they seek in the verified cache, which fetches
+with :mod:`resumewds.fetch` (retries, deadlines, checksums).
+
+Semantics are webdataset 1.0.2's:
+
+* ``mode`` is ``"rb"`` or ``"wb"``; ``"-"`` is stdin / stdout.
+* ``GOPEN_REWRITE="prefix1=replacement1;prefix2=replacement2"`` (or ours,
+  ``RESUMEWDS_GOPEN_REWRITE``) rewrites the start of a URL first (the
+  prefixes are regular expressions, as in webdataset); the first rule that
+  changes the URL wins.
+* With :data:`resumewds.utils.enforce_security` set, local files,
+  ``file:`` URLs, ``pipe:`` commands and ``GOPEN_REWRITE`` are refused with
+  :class:`resumewds.utils.EnforcedSecurityError` (a ``ValueError``) and
+  webdataset's messages; remote URLs and ``"-"`` still open.
+* ``pipe:CMD`` runs CMD in a shell; a non-zero exit status (other than
+  141, SIGPIPE after an early close) is an ``OSError`` at end of stream.
+
+Difference: a remote URL is opened lazily, on the first read (webdataset
+starts ``curl`` at once and reports its errors on read too); writing to a
+remote URL is not supported (``ValueError``).
+
+Example:
+    >>> import os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> with gopen(p, "wb") as f:
+    ...     _ = f.write(b"hello")
+    >>> with gopen("file://" + p) as f:
+    ...     f.read()
+    b'hello'
+    >>> gopen("pipe:printf hi").read()
+    b'hi'
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from typing import IO, Any, cast
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from . import config, utils
+
+__all__ = ["Pipe", "gopen", "reader", "rewrite_url"]
+
+
+def rewrite_url(url: str) -> str:
+    """``url`` after the ``GOPEN_REWRITE`` rules (unchanged when none is set).
+
+    Raises:
+        EnforcedSecurityError: rules are set and ``utils.enforce_security`` is on.
+
+    Example:
+        >>> rewrite_url("http://example.com/a.tar")  # no GOPEN_REWRITE set
+        'http://example.com/a.tar'
+    """
+    rules = config.value("gopen_rewrite")
+    if not rules:
+        return url
+    if utils.enforce_security:
+        raise utils.EnforcedSecurityError(
+            "rewrite_url: unsafe_gopen is False, cannot rewrite URLs using environment variables "
+            f"(GOPEN_REWRITE is set; resumewds.utils.enforce_security is on): {url}")
+    for rule in rules.split(";"):
+        if not rule.strip():
+            continue
+        if "=" not in rule:
+            raise ValueError(f"GOPEN_REWRITE: rule {rule!r} is not 'prefix=replacement'")
+        k, v = rule.split("=", 1)
+        new = re.sub("^" + k, v, url)
+        if new != url:
+            if config.value("log_opens"):
+                print(f"[gopen] rewrite {url} -> {new}", file=sys.stderr, flush=True)
+            return new
+    return url
+
+
+class Pipe(io.RawIOBase):
+    """A shell command's stdout (mode ``"rb"``) or stdin (``"wb"``) as a stream.
+
+    A non-zero exit status not in ``ignore_status`` raises ``OSError`` at
+    end of stream (reading) or on close.
+    """
+
+    def __init__(self, cmd: str, mode: str = "rb", ignore_status: tuple = (141,)):
+        super().__init__()
+        self.cmd, self.mode, self.ignore_status = cmd, mode, tuple(ignore_status)
+        if mode.startswith("r"):
+            self.proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE)
+            self.stream = cast(IO[bytes], self.proc.stdout)
+        else:
+            self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE)
+            self.stream = cast(IO[bytes], self.proc.stdin)
+        self._checked = False
+
+    def _check(self) -> None:
+        if self._checked:
+            return
+        self._checked = True
+        rc = self.proc.wait()
+        if rc != 0 and rc not in self.ignore_status and rc != -13:  # -13: killed by SIGPIPE
+            raise OSError(f"pipe:{self.cmd}: exit status {rc}")
+
+    def readable(self) -> bool:
+        return self.mode.startswith("r")
+
+    def writable(self) -> bool:
+        return not self.mode.startswith("r")
+
+    def readinto(self, b: Any) -> int:
+        n = self.stream.readinto(b)  # type: ignore[attr-defined]
+        if not n:
+            self._check()
+        return int(n or 0)
+
+    def write(self, b: Any) -> int:
+        return self.stream.write(b)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.stream.close()
+            if not self.readable():
+                self._check()
+            else:
+                self.proc.wait()
+        finally:
+            super().close()
+
+
+class _LazyRemote(io.RawIOBase):
+    """An http(s):// or s3:// body, requested on the first read."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url = url
+        self._body: Any = None
+
+    def readable(self) -> bool:
+        return True
+
+    def _open(self) -> Any:
+        from .fetch import FetchConfig
+
+        cfg = FetchConfig.from_env()
+        if self.url.startswith("s3://"):
+            from .s3 import client_for, parse_s3_url
+
+            bucket, key = parse_s3_url(self.url)
+            try:
+                return client_for(self.url, cfg).get_object(Bucket=bucket, Key=key)["Body"]
+            except Exception as exc:
+                from .s3 import translate_s3_error
+
+                raise translate_s3_error(exc, self.url) from None
+        from .fetch import new_session
+
+        r = new_session().get(self.url, stream=True, timeout=(cfg.connect_timeout, cfg.read_timeout))
+        if r.status_code >= 400:
+            r.close()
+            raise FileNotFoundError(f"{self.url}: HTTP {r.status_code}")
+        return r.raw
+
+    def readinto(self, b: Any) -> int:
+        if self._body is None:
+            self._body = self._open()
+        data = self._body.read(len(b))
+        n = len(data)
+        b[:n] = data
+        return n
+
+    def close(self) -> None:
+        if self._body is not None and hasattr(self._body, "close"):
+            self._body.close()
+        super().close()
+
+
+def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+    """Open ``url`` for reading (``"rb"``) or writing (``"wb"``): webdataset's ``gopen``.
+
+    Args:
+        url: a local path, ``file:`` URL, ``pipe:CMD``, ``http(s)://`` or
+            ``s3://`` URL, or ``"-"`` (stdin / stdout).
+        mode: ``"rb"`` or ``"wb"``.
+        bufsize: buffer size of the returned stream (local files use the
+            default buffering, as webdataset does).
+        **kw: accepted for webdataset compatibility and ignored.
+
+    Returns:
+        A binary file-like object.
+
+    Raises:
+        ValueError: an unknown mode, or writing to a remote URL.
+        EnforcedSecurityError: a local or ``pipe:`` source while
+            ``resumewds.utils.enforce_security`` is on.
+
+    Example:
+        >>> gopen("pipe:echo hello").read()
+        b'hello\\n'
+    """
+    if mode not in ("rb", "wb"):
+        raise ValueError(f"gopen: {url}: unknown mode {mode!r} (use 'rb' or 'wb')")
+    if url == "-":
+        return sys.stdin.buffer if mode == "rb" else sys.stdout.buffer
+    url = rewrite_url(url)
+    utils.check_source_allowed(url)
+    if config.value("log_opens"):
+        print(f"[gopen] {url} open ({mode})", file=sys.stderr, flush=True)
+    if url.startswith("pipe:"):
+        return io.BufferedReader(Pipe(url[5:], mode)) if mode == "rb" else Pipe(url[5:], mode)
+    pr = urlparse(url)
+    if pr.scheme == "" or len(pr.scheme) == 1:  # a path (or a Windows drive letter)
+        return open(url, mode)
+    if pr.scheme == "file":
+        return open(url2pathname(pr.path), mode)
+    if pr.scheme in ("http", "https", "s3"):
+        if mode != "rb":
+            raise ValueError(f"gopen: {url}: writing to {pr.scheme}:// URLs is not supported by resumewds")
+        return io.BufferedReader(_LazyRemote(url), buffer_size=max(int(bufsize), 8192))
+    from .s3 import scheme_hint
+
+    raise ValueError(f"gopen: {url}: unsupported URL scheme {pr.scheme!r} "
+                     "(use a local path, file:, pipe:, http(s):// or s3://)" + scheme_hint(pr.scheme))
+
+
+def reader(url: str, **kw: Any) -> Any:
+    """``gopen(url, "rb", **kw)``."""
+    return gopen(url, "rb", **kw)
