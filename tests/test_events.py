@@ -17,7 +17,10 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 
 def _source(module: str) -> str:
-    with open(os.path.join(PKG, module + ".py")) as f:
+    path = os.path.join(PKG, module)
+    if os.path.isdir(path):  # a package: the source of all its modules
+        return "".join(_source(os.path.join(module, n[:-3])) for n in sorted(os.listdir(path)) if n.endswith(".py"))
+    with open(path + ".py") as f:
         return f.read()
 
 
