@@ -60,14 +60,18 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
         JournalError: there is no journal at ``path``, or a file is unreadable.
     """
     with RunReader(path) as run:
-        if not run:
-            raise JournalError(f"{path}: no journal here")
         return summarize(run, last_errors=last_errors, throughput_window=throughput_window)
 
 
 def summarize(run: RunReader, *, last_errors: int = 10, throughput_window: int = 50) -> Dict[str, Any]:
-    """:func:`status` of a run already open (at least rank 0's file)."""
+    """:func:`status` of a run already open.
+
+    Raises:
+        JournalError: the run has no journal file.
+    """
     path = run.path
+    if not run:
+        raise JournalError(f"{path}: no journal here")
     j0 = run.journal(0)
     latest = j0.latest_commit()
     out: Dict[str, Any] = {
