@@ -94,6 +94,13 @@ class Journal:
             its lock file stayed.  The message names the file.
 
     A Journal lives in the main process only; it refuses to be pickled.
+
+    Example:
+        >>> with Journal("run.db") as j:
+        ...     j.update_shards([{"url": "a.tar", "state": "verified", "bytes": 10}])
+        ...     j.commit(1, epoch=0, position=4, consumed={("a.tar", 0): (4, 10)})
+        ...     j.shard("a.tar")["state"], j.latest_commit()["step"]
+        ('verified', 1)
     """
 
     def __init__(self, path: str, *, rank: int = 0, world_size: int = 1,

@@ -42,6 +42,15 @@ class RunReader:
             while its lock file or other rank files remain.
 
     Use as a context manager (or call :meth:`close`).
+
+    Example:
+        >>> with Journal("run.db", rank=0, world_size=2) as j:
+        ...     j.commit(3, epoch=0, position=8)
+        >>> with Journal("run.db", rank=1, world_size=2) as j:
+        ...     j.commit(3, epoch=0, position=8)
+        >>> with RunReader("run.db") as run:
+        ...     run.ranks(), run.resume_point()["step"], run.commit_count(1)
+        ([0, 1], 3, 1)
     """
 
     def __init__(self, path: str):
