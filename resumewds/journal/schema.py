@@ -19,7 +19,10 @@ What sqlite-utils' ``Migrations`` does not do, and what this module adds:
 * refusing a journal written by a newer resumewds (a version above ours, or
   applied steps we do not know): :func:`check_schema`;
 * sqlite-utils < 4 has no ``Migrations`` at all: ``_FallbackMigrations``
-  is the subset of its API the journal uses, writing the same table.
+  is the subset of its API the journal uses, writing the same table.  (It
+  and the writer use ``db.atomic()``, new in sqlite-utils 4.0 too, so the
+  journal needs sqlite-utils 4 either way; once the dependency floor says
+  ``sqlite-utils>=4``, delete the fallback and its test.)
 """
 
 from __future__ import annotations
