@@ -641,13 +641,9 @@ def status(journal: str, as_json: bool) -> None:
 
 def _full_status(journal: str) -> Dict[str, Any]:
     """``journal.status()`` completed for display (local shards, finished epochs, evictions)."""
-    from . import journal as J
-    from .report import complete_status
+    from .report import full_status
 
-    st = J.status(journal)
-    if st.get("run_id") is None and st.get("latest") is None:
-        return st
-    return complete_status(st, J.read_consumption(journal), J.read_event_totals(journal))
+    return full_status(journal)
 
 
 @cli.command()

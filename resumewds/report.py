@@ -103,9 +103,9 @@ def _strided(rows: List[Dict[str, Any]], limit: int) -> List[Dict[str, Any]]:
 def load_run(path: str) -> Dict[str, Any]:
     """Everything the report draws, as plain data (JSON-able).
 
-    Reads the journal only through its public functions
-    (:func:`~resumewds.journal.status`, ``read_commits``, ``read_events``,
-    ``read_event_totals``, ``read_consumption``).
+    Reads the journal only through its public read API: one
+    :class:`~resumewds.journal.RunReader` (every rank file, opened once) and
+    :func:`~resumewds.journal.summarize` (what ``status()`` returns).
 
     Returns:
         ``{"status": journal.status(path) completed by :func:`complete_status`,
@@ -124,25 +124,50 @@ def load_run(path: str) -> Dict[str, Any]:
     """
     from . import journal as J
 
-    st = J.status(path)
-    totals = J.read_event_totals(path)
-    by_epoch = J.read_consumption(path)
+    with J.RunReader(path) as run:
+        st = J.summarize(run)
+        totals = run.event_totals()
+        by_epoch = run.consumption()
+        all_commits = run.commits()
+        events = run.events(list(TIMELINE_KINDS), MAX_EVENTS)
     st = complete_status(st, by_epoch, totals)
     commits: Dict[int, List[Dict[str, Any]]] = {}
-    for r, rows in J.read_commits(path).items():
+    for r, rows in all_commits.items():
         snaps = [row for row in rows if row["stats"]]
         kept = _strided(rows, MAX_POINTS)
         keep = {id(x) for x in kept}
         kept = kept + [x for x in _strided(snaps, MAX_POINTS) if id(x) not in keep]
         kept.sort(key=lambda x: (x["ts"], x["step"]))
         commits[r] = kept
-    events = J.read_events(path, list(TIMELINE_KINDS), MAX_EVENTS)
     shown = st.get("consumption", {}).get("epoch")
     consumption = by_epoch.get(shown, {}) if shown is not None else {}
     snaps0 = [c for c in commits.get(0, []) if c.get("stats")]
     return {"status": st, "commits": commits, "events": events, "consumption": consumption,
             "downloads": totals["downloads"], "evicted": totals["evicted"],
             "latest_stats": snaps0[-1]["stats"] if snaps0 else None}
+
+
+def full_status(path: str) -> Dict[str, Any]:
+    """What ``resumewds status`` shows: :func:`resumewds.journal.status`
+    completed by :func:`complete_status` (local shards, finished epochs,
+    evictions), from one :class:`~resumewds.journal.RunReader`.
+
+    Raises:
+        JournalError: no journal at ``path``, or an unreadable file.
+
+    Example:
+        >>> with rw.journal.Journal("run.db") as j:
+        ...     j.commit(1, epoch=0, position=5, consumed={("data/a.tar", 0): (5, 5)})
+        >>> full_status("run.db")["shards"]["counts"]
+        {'read': 1}
+    """
+    from . import journal as J
+
+    with J.RunReader(path) as run:
+        st = J.summarize(run)
+        if st.get("run_id") is None and st.get("latest") is None:
+            return st
+        return complete_status(st, run.consumption(), run.event_totals())
 
 
 def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, Any]]],
@@ -206,7 +231,7 @@ def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, 
     _add_mixture(st)
     cons = st.get("consumption") or {}
     shown = cons.get("epoch")
-    if done is not None and not by_epoch.get(shown) and by_epoch.get(done - 1):
+    if done is not None and (shown is None or not by_epoch.get(shown)) and by_epoch.get(done - 1):
         rows = by_epoch[done - 1]
         st["consumption"] = {
             "epoch": done - 1, "samples": sum(int(c.get("samples") or 0) for c in rows.values()),
@@ -621,7 +646,8 @@ def _summary(data: Dict[str, Any]) -> Tuple[str, str]:
            if frac is not None else "")
     res = st.get("resume")
     if res is not None:
-        resume_txt, resume_note, resume_cls = f"step {res['step']}", f"epoch {res['epoch']}, position {res['position']}", "good"
+        resume_txt, resume_note, resume_cls = (f"step {res['step']}",
+                                               f"epoch {res['epoch']}, position {res['position']}", "good")
     elif st.get("resume_error"):
         resume_txt, resume_note, resume_cls = "not possible", st["resume_error"][:80], "bad"
     else:
@@ -783,5 +809,5 @@ def write_report(journal: str, output: str) -> str:
     return output
 
 
-__all__ = ["ReportError", "complete_status", "hit_rate_series", "load_run", "render_report",
+__all__ = ["ReportError", "complete_status", "full_status", "hit_rate_series", "load_run", "render_report",
            "throughput_series", "write_report"]

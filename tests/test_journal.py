@@ -30,6 +30,7 @@ from resumewds.journal import (
     shard_updates_from_events,
     status,
 )
+from resumewds.journal import schema as jschema  # the migrations live here
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -241,8 +242,8 @@ NEXT = JOURNAL_SCHEMA_VERSION + 1  # a future schema version, simulated by a tes
 
 
 def _patch_v2(monkeypatch):
-    monkeypatch.setattr(jmod, "_MIGRATIONS", jmod._MIGRATIONS + [(NEXT, "m999_test_note", _v2)])
-    monkeypatch.setattr(jmod, "JOURNAL_SCHEMA_VERSION", NEXT)
+    monkeypatch.setattr(jschema, "_MIGRATIONS", jschema._MIGRATIONS + [(NEXT, "m999_test_note", _v2)])
+    monkeypatch.setattr(jschema, "JOURNAL_SCHEMA_VERSION", NEXT)
 
 
 def _schema_version(path):
@@ -268,7 +269,7 @@ def test_migrates_older_schema(path, monkeypatch):
     assert _schema_version(path) == NEXT
     db = sqlite_utils.Database(path)
     assert [r["name"] for r in db.query("SELECT name FROM _sqlite_migrations ORDER BY id")] == \
-           [name for _, name, _ in jmod._MIGRATIONS]  # (patched: ends with m999_test_note)
+           [name for _, name, _ in jschema._MIGRATIONS]  # (patched: ends with m999_test_note)
     db.close()
 
 
@@ -624,8 +625,8 @@ def test_real_v1_journal_migrates_to_v2_and_consumption_stays_exact(path, monkey
     """A journal written by schema version 1 (consumption written per commit)
     opens under version 2 (deltas in the commit rows, folded in periodically)."""
     with monkeypatch.context() as m:
-        m.setattr(jmod, "_MIGRATIONS", jmod._MIGRATIONS[:1])
-        m.setattr(jmod, "JOURNAL_SCHEMA_VERSION", 1)
+        m.setattr(jschema, "_MIGRATIONS", jschema._MIGRATIONS[:1])
+        m.setattr(jschema, "JOURNAL_SCHEMA_VERSION", 1)
         with Journal(path):
             pass
     conn = sqlite3.connect(path)  # what version 1 wrote for a commit: the row + a consumption row
@@ -659,7 +660,7 @@ os._exit(0)   # no close(): as if killed
     conn.close()
     with Journal(path, readonly=True) as r:   # readers see it already
         assert [(x["samples"], x["complete"]) for x in r.consumption(0)] == [(10, 1)]
-    with Journal(path) as j:                  # and the writer folds it in on open
+    with Journal(path):                       # and the writer folds it in on open
         pass
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT samples, complete FROM consumption").fetchall() == [(10, 1)]

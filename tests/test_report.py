@@ -24,8 +24,7 @@ from resumewds.cli import cli
 from resumewds.dataset import WebDataset, build_manifest
 from resumewds.journal import Journal
 from resumewds.loader import WebLoader
-from resumewds.report import (ReportError, hit_rate_series, load_run, render_report,
-                              throughput_series, write_report)
+from resumewds.report import ReportError, hit_rate_series, load_run, render_report, throughput_series, write_report
 
 CHARTS = ("throughput", "cache", "events", "shards")
 

@@ -1,0 +1,250 @@
+"""The journal's tables, their migrations, and the checks made on open.
+
+Migrations are sqlite-utils' own (:class:`sqlite_utils.Migrations`, set
+``MIGRATION_SET``, recorded in ``_sqlite_migrations``).  ``_MIGRATIONS`` is
+the append-only list of ``(version, name, function)``; version k's function
+leaves the schema at k and records ``_meta.schema_version = k`` in the same
+transaction as sqlite-utils' record of the step.
+
+A new migration: write ``_m00N_<what>(db)`` below, append ``(N, name, fn)``
+to ``_MIGRATIONS``, set ``JOURNAL_SCHEMA_VERSION = N``, and note it in the
+version history of ``resumewds/journal/__init__.py`` and in
+``docs/ARCHITECTURE.md``.  Never edit or reorder a released step: journals
+written by older versions replay only the steps they lack.
+
+What sqlite-utils' ``Migrations`` does not do, and what this module adds:
+
+* a schema *version number* (``_meta.schema_version``, which ``status``
+  shows and older resumewds builds read): written by each step itself;
+* refusing a journal written by a newer resumewds (a version above ours, or
+  applied steps we do not know): :func:`check_schema`;
+* sqlite-utils < 4 has no ``Migrations`` at all: ``_FallbackMigrations``
+  is the subset of its API the journal uses, writing the same table.  (It
+  and the writer use ``db.atomic()``, new in sqlite-utils 4.0 too, so the
+  journal needs sqlite-utils 4 either way; once the dependency floor says
+  ``sqlite-utils>=4``, delete the fallback and its test.)
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sqlite3
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import sqlite_utils
+
+from ..errors import JournalError
+from .lock import recorded_run_id
+from .paths import uri_path
+
+MIGRATION_SET = "resumewds.journal"
+MIGRATIONS_TABLE = "_sqlite_migrations"  # the table sqlite-utils Migrations uses
+TABLES = ("_meta", "config", "shards", "consumption", "events", "commits")
+
+
+def _m001_initial(db: sqlite_utils.Database) -> None:
+    """Version 1: every table of the journal."""
+    db.execute("CREATE TABLE _meta (key TEXT PRIMARY KEY, value TEXT)")
+    db.execute("CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT, updated REAL)")
+    db.table("shards").create(
+        {"url": str, "name": str, "state": str, "bytes": int, "xxh3_64": str,
+         "attempts": int, "retries": int, "repairs": int, "last_error": str,
+         "cache_path": str, "first_seen": float, "updated": float},
+        pk="url", not_null={"state", "attempts", "retries", "repairs"},
+        defaults={"state": "pending", "attempts": 0, "retries": 0, "repairs": 0})
+    db.table("shards").create_index(["state"])
+    db.table("consumption").create(
+        {"url": str, "epoch": int, "samples": int, "total": int, "complete": int,
+         "updated": float},
+        pk=("url", "epoch"), not_null={"samples", "complete"},
+        defaults={"samples": 0, "complete": 0})
+    db.table("events").create(
+        {"id": int, "ts": float, "kind": str, "url": str, "detail": str}, pk="id")
+    db.table("events").create_index(["kind"])
+    db.table("commits").create(
+        {"step": int, "epoch": int, "position": int, "rank": int, "world_size": int,
+         "batch_size": int, "ts": float, "samples_total": int, "stats": str},
+        pk="step", not_null={"epoch", "position", "rank", "world_size", "ts"})
+
+
+def _m002_commit_consumed(db: sqlite_utils.Database) -> None:
+    """Version 2: each commit row carries its own consumption deltas (JSON),
+    so the hot path writes one row; the ``consumption`` table is brought up to
+    date every few commits and on open (``_meta.consumption_through``)."""
+    db.execute("ALTER TABLE commits ADD COLUMN consumed TEXT")
+
+
+# (version, name, function); version k's function leaves the schema at k.
+# Append only: never edit or reorder a released step.
+_MIGRATIONS: List[Tuple[int, str, Callable[[sqlite_utils.Database], None]]] = [
+    (1, "m001_initial", _m001_initial),
+    (2, "m002_commit_consumed", _m002_commit_consumed),
+]
+JOURNAL_SCHEMA_VERSION: int = 2
+
+
+# ---------------------------------------------------------------------------
+# Applying and reading migrations
+# ---------------------------------------------------------------------------
+
+class _FallbackMigrations:
+    """sqlite-utils < 4 has no ``Migrations``: the same thing, same bookkeeping
+    table (so a journal can move between sqlite-utils versions).  Only the
+    part of the API the journal uses: ``__call__(name=)``, ``applied``,
+    ``apply``."""
+
+    migrations_table = MIGRATIONS_TABLE
+
+    def __init__(self, name: str):
+        self.name = name
+        self._migrations: List[Tuple[str, Callable[[sqlite_utils.Database], None]]] = []
+
+    def __call__(self, *, name: str) -> Callable[[Callable[[sqlite_utils.Database], None]],
+                                                 Callable[[sqlite_utils.Database], None]]:
+        def inner(fn: Callable[[sqlite_utils.Database], None]) -> Callable[[sqlite_utils.Database], None]:
+            self._migrations.append((name, fn))
+            return fn
+        return inner
+
+    def applied(self, db: sqlite_utils.Database) -> List[Any]:
+        if not table_exists(db.conn, self.migrations_table):
+            return []
+        return [_Applied(r[0]) for r in db.conn.execute(
+            f"SELECT name FROM {self.migrations_table} WHERE migration_set = ? ORDER BY rowid",
+            (self.name,))]
+
+    def apply(self, db: sqlite_utils.Database) -> None:
+        t = self.migrations_table
+        with db.atomic():
+            db.execute(f"CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY, "
+                       "migration_set TEXT, name TEXT, applied_at TEXT)")
+            db.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS idx_{t}_set_name ON {t} (migration_set, name)")
+        done = {m.name for m in self.applied(db)}
+        for name, fn in self._migrations:
+            if name in done:
+                continue
+            with db.atomic():
+                fn(db)
+                db.execute(f"INSERT INTO {t} (migration_set, name, applied_at) VALUES (?, ?, ?)",
+                           [self.name, name, str(datetime.datetime.now(datetime.timezone.utc))])
+
+
+class _Applied:
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _migrations() -> Any:
+    """The migration set, on sqlite-utils' ``Migrations`` where it exists
+    (looked up at call time, so the fallback stays testable)."""
+    cls = getattr(sqlite_utils, "Migrations", None) or _FallbackMigrations
+    migrations = cls(MIGRATION_SET)
+    for version, name, fn in _MIGRATIONS:
+        migrations(name=name)(_recording_version(version, fn))
+    return migrations
+
+
+def _recording_version(version: int, fn: Callable[[sqlite_utils.Database], None]
+                       ) -> Callable[[sqlite_utils.Database], None]:
+    def run(db: sqlite_utils.Database) -> None:
+        fn(db)
+        db.execute("INSERT OR REPLACE INTO _meta (key, value) VALUES ('schema_version', ?)",
+                   [str(version)])
+    run.__name__ = fn.__name__
+    return run
+
+
+def apply_migrations(db: sqlite_utils.Database) -> int:
+    """Bring the schema to ``JOURNAL_SCHEMA_VERSION``, one transaction per
+    step (the step, its ``schema_version`` and sqlite-utils' record of it
+    commit together); returns the version reached."""
+    _migrations().apply(db)
+    return JOURNAL_SCHEMA_VERSION
+
+
+def applied_migrations(conn: sqlite3.Connection) -> List[str]:
+    """The names of the steps applied to the file, in order (read-only)."""
+    return [m.name for m in _migrations().applied(sqlite_utils.Database(conn, execute_plugins=False))]
+
+
+def check_schema(conn: sqlite3.Connection, file: str) -> int:
+    """The file's schema version (0: none yet).
+
+    Raises:
+        JournalError: the schema is newer than this code (a higher version,
+            or applied steps it does not know); the message names ``file``.
+    """
+    version = meta_get(conn, "schema_version")
+    v = int(version) if version and version.isdigit() else 0
+    known = {name for _, name, _ in _MIGRATIONS}
+    unknown = [n for n in applied_migrations(conn) if n not in known]
+    if v > JOURNAL_SCHEMA_VERSION or unknown:
+        raise JournalError(
+            f"{file}: journal schema version {v} is newer than this resumewds understands "
+            f"(max {JOURNAL_SCHEMA_VERSION}"
+            + (f"; unknown migrations {unknown}" if unknown else "")
+            + "); upgrade resumewds")
+    return v
+
+
+# ---------------------------------------------------------------------------
+# Small readers and the JSON columns
+# ---------------------------------------------------------------------------
+
+def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (name,)).fetchone() is not None
+
+
+def meta_get(conn: sqlite3.Connection, key: str) -> Optional[str]:
+    """``_meta[key]`` (None when absent or before the schema exists)."""
+    if not table_exists(conn, "_meta"):
+        return None
+    row = conn.execute("SELECT value FROM _meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else row[0]
+
+
+def never_initialised(file: str) -> bool:
+    """True for a journal file that holds no table at all and whose lock file
+    names no run: a creation that failed (say, on a full disk) before the
+    schema was written.  Nothing was ever committed to it, so a rerun may
+    start fresh; the writer creates the schema in it."""
+    if recorded_run_id(file):
+        return False
+    ours = {*TABLES, MIGRATIONS_TABLE}
+    try:
+        conn = sqlite3.connect(f"file:{uri_path(file)}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+            if not tables <= ours:
+                return False
+            if "_meta" in tables and meta_get(conn, "schema_version"):
+                return False
+            return "commits" not in tables or \
+                conn.execute("SELECT count(*) FROM commits").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+
+
+def dumps(value: Any) -> str:
+    """A JSON column's text (sorted keys, compact; unknown types as str)."""
+    return json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+
+
+def loads(text: Optional[str]) -> Any:
+    """A JSON column's value (None stays None)."""
+    return None if text is None else json.loads(text)
+
+
+def commit_row(row: Optional[sqlite3.Row]) -> Optional[Dict[str, Any]]:
+    """A ``commits`` row as a dict with ``stats`` parsed (None stays None)."""
+    if row is None:
+        return None
+    d = dict(row)
+    stats = d.get("stats")
+    d["stats"] = json.loads(stats) if stats else None
+    return d

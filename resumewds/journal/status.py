@@ -1,0 +1,127 @@
+"""Status aggregation: the ``resumewds status --json`` summary of a whole run.
+
+Built from a :class:`~resumewds.journal.read.RunReader` (every rank file,
+read-only); :func:`resumewds.journal.text.format_status` renders it as text
+and :func:`resumewds.report.complete_status` completes it for display.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict
+
+from ..errors import JournalError
+from ..events import EventKind
+from .read import RunReader
+from .states import SHARD_STATES
+
+
+def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> Dict[str, Any]:
+    """A JSON-serializable summary of a whole run (all rank files).
+
+    This is the ``resumewds status --json`` contract.  Fields:
+
+    - ``path`` (str): the run's journal path (rank 0's file).
+    - ``run_id`` (str | None): rank 0's run id.
+    - ``schema_version`` (int): rank 0's schema version.
+    - ``generated`` (float): Unix time this summary was made.
+    - ``config`` (dict): rank 0's stored run configuration.
+    - ``latest`` (dict | None): rank 0's newest commit: ``step``, ``epoch``,
+      ``position``, ``world_size``, ``batch_size``, ``ts``, ``samples_total``.
+    - ``resume`` (dict | None): what ``resolve_resume(path)`` returns
+      (None: would start from the beginning).
+    - ``resume_error`` (str | None): why no resume point could be found.
+    - ``ranks`` (list): per rank file, by rank: ``rank``, ``path``,
+      ``latest_step`` (int | None), ``epoch``, ``position``, ``ts`` (of that
+      commit), ``samples_total``, ``commits`` (number of commit rows).
+    - ``shards`` (dict): ``total`` (int); ``counts`` ({state: n} with every
+      state of ``SHARD_STATES``); ``list``: one dict per url (``url``,
+      ``name``, ``state``, ``bytes``, ``xxh3_64``, ``attempts``, ``retries``,
+      ``repairs``, ``last_error``, ``cache_path``, ``first_seen``,
+      ``updated``).  A url in several rank files shows the most recently
+      updated row's state and fields, with counters summed over ranks.
+    - ``counts`` (dict): event totals over all ranks: ``retries``,
+      ``repairs``, ``failures`` (``fail``), ``skips``, ``evictions``,
+      ``verify_failures``, ``config_changes``, ``rewinds``.
+    - ``events_by_kind`` ({kind: n}): every event kind over all ranks.
+    - ``last_errors`` (list): the newest ``last_errors`` events of kinds
+      ``ERROR_EVENT_KINDS``, newest first: ``ts``, ``rank``, ``kind``,
+      ``url``, ``detail`` (dict | None).
+    - ``throughput`` (dict): from each rank's last ``throughput_window``
+      commits: ``samples_per_s`` (sum over ranks, None if unknown),
+      ``steps_per_s`` (rank 0), ``per_rank`` ([{``rank``,
+      ``samples_per_s``}]), ``window_s`` (rank 0's time span).
+    - ``consumption`` (dict): for rank 0's latest epoch (``epoch``), summed
+      over ranks: ``shards_started``, ``shards_complete`` (samples reached the
+      shard total), ``samples``.
+    - ``stats`` (dict | None): the ``stats`` snapshot of rank 0's latest commit.
+
+    Raises:
+        JournalError: there is no journal at ``path``, or a file is unreadable.
+    """
+    with RunReader(path) as run:
+        return summarize(run, last_errors=last_errors, throughput_window=throughput_window)
+
+
+def summarize(run: RunReader, *, last_errors: int = 10, throughput_window: int = 50) -> Dict[str, Any]:
+    """:func:`status` of a run already open.
+
+    Raises:
+        JournalError: the run has no journal file.
+    """
+    path = run.path
+    if not run:
+        raise JournalError(f"{path}: no journal here")
+    j0 = run.journal(0)
+    latest = j0.latest_commit()
+    out: Dict[str, Any] = {
+        "path": path, "run_id": j0.run_id, "schema_version": j0.schema_version,
+        "generated": time.time(), "config": j0.config(),
+        "latest": None if latest is None else {
+            k: latest[k] for k in ("step", "epoch", "position", "world_size", "batch_size",
+                                   "ts", "samples_total")},
+    }
+    try:
+        out["resume"], out["resume_error"] = run.resume_point(), None
+    except JournalError as exc:
+        out["resume"], out["resume_error"] = None, str(exc)
+
+    ranks = []
+    per_rank_rate = []
+    for r in run.ranks():
+        c = run.journal(r).latest_commit()
+        ranks.append({"rank": r, "path": run.journal(r).path,
+                      "latest_step": c and c["step"], "epoch": c and c["epoch"],
+                      "position": c and c["position"], "ts": c and c["ts"],
+                      "samples_total": c and c["samples_total"], "commits": run.commit_count(r)})
+        per_rank_rate.append({"rank": r, "samples_per_s": run.rate(r, throughput_window)[0]})
+    out["ranks"] = ranks
+
+    shards = run.shards()
+    counts = dict.fromkeys(SHARD_STATES, 0)
+    for s in shards.values():
+        counts[s["state"]] = counts.get(s["state"], 0) + 1
+    out["shards"] = {"total": len(shards), "counts": counts,
+                     "list": sorted(shards.values(), key=lambda s: s["url"])}
+
+    by_kind = run.event_counts()
+    K = EventKind
+    out["counts"] = {name: by_kind.get(kind.value, 0) for name, kind in (
+        ("retries", K.RETRY), ("repairs", K.REPAIR), ("failures", K.FAIL), ("skips", K.SKIP),
+        ("evictions", K.EVICT), ("verify_failures", K.VERIFY_FAIL),
+        ("config_changes", K.CONFIG_CHANGE), ("rewinds", K.REWIND))}
+    out["events_by_kind"] = dict(sorted(by_kind.items()))
+    out["last_errors"] = run.error_events(last_errors)
+
+    rates = [p["samples_per_s"] for p in per_rank_rate]
+    _, steps_per_s, window = run.rate(0, throughput_window)
+    out["throughput"] = {
+        "samples_per_s": sum(rates) if rates and all(x is not None for x in rates) else None,
+        "steps_per_s": steps_per_s, "per_rank": per_rank_rate, "window_s": window}
+
+    cons: Dict[str, Any] = {"epoch": None, "shards_started": 0, "shards_complete": 0, "samples": 0}
+    if latest is not None:
+        cons = run.epoch_consumption(latest["epoch"])
+    out["consumption"] = cons
+    out["stats"] = None if latest is None else latest["stats"]
+    return out
