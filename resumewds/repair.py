@@ -300,7 +300,7 @@ def repair_download(store: Any, shard: Any, partial: str, budget: Any) -> Option
     return r.xxh3_64 if r is not None else None
 
 
-# ---- verified ranged reads (issue 15 item 2: the building block, not wired into the loader yet) ----
+# ---- verified ranged reads of one run of samples (the loader reads through resumewds.reading.prepare) ----
 
 def read_samples_by_range(shard: Any, first: int, last: int, *, config: Any, budget: Any = None,
                           session: Any = None, on_event: Any = None) -> List[Any]:

@@ -273,22 +273,6 @@ def test_migrates_older_schema(path, monkeypatch):
     db.close()
 
 
-def test_migrations_without_sqlite_utils_migrations(path, monkeypatch):
-    """The fallback for sqlite-utils < 4 writes the same bookkeeping, so a
-    journal moves between both mechanisms."""
-    if not hasattr(sqlite_utils, "Migrations"):
-        pytest.skip("needs sqlite-utils with Migrations for the comparison")
-    monkeypatch.delattr(sqlite_utils, "Migrations")
-    _fill(path, steps=[1])
-    _patch_v2(monkeypatch)
-    with Journal(path) as j:  # fallback applies step 2 on top of step 1
-        assert "note" in j.latest_commit()
-    monkeypatch.undo()
-    _patch_v2(monkeypatch)
-    with Journal(path) as j:  # real Migrations sees both as applied
-        assert j.latest_commit()["step"] == 1 and j.schema_version == NEXT
-
-
 def test_newer_schema_refused(path, monkeypatch):
     with monkeypatch.context() as m:
         _patch_v2(m)

@@ -18,16 +18,13 @@ What sqlite-utils' ``Migrations`` does not do, and what this module adds:
   shows and older resumewds builds read): written by each step itself;
 * refusing a journal written by a newer resumewds (a version above ours, or
   applied steps we do not know): :func:`check_schema`;
-* sqlite-utils < 4 has no ``Migrations`` at all: ``_FallbackMigrations``
-  is the subset of its API the journal uses, writing the same table.  (It
-  and the writer use ``db.atomic()``, new in sqlite-utils 4.0 too, so the
-  journal needs sqlite-utils 4 either way; once the dependency floor says
-  ``sqlite-utils>=4``, delete the fallback and its test.)
+
+The journal needs sqlite-utils 4 (``Migrations`` and ``db.atomic()`` are new
+in 4.0); pyproject.toml says so.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import sqlite3
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -88,58 +85,9 @@ JOURNAL_SCHEMA_VERSION: int = 2
 # Applying and reading migrations
 # ---------------------------------------------------------------------------
 
-class _FallbackMigrations:
-    """sqlite-utils < 4 has no ``Migrations``: the same thing, same bookkeeping
-    table (so a journal can move between sqlite-utils versions).  Only the
-    part of the API the journal uses: ``__call__(name=)``, ``applied``,
-    ``apply``."""
-
-    migrations_table = MIGRATIONS_TABLE
-
-    def __init__(self, name: str):
-        self.name = name
-        self._migrations: List[Tuple[str, Callable[[sqlite_utils.Database], None]]] = []
-
-    def __call__(self, *, name: str) -> Callable[[Callable[[sqlite_utils.Database], None]],
-                                                 Callable[[sqlite_utils.Database], None]]:
-        def inner(fn: Callable[[sqlite_utils.Database], None]) -> Callable[[sqlite_utils.Database], None]:
-            self._migrations.append((name, fn))
-            return fn
-        return inner
-
-    def applied(self, db: sqlite_utils.Database) -> List[Any]:
-        if not table_exists(db.conn, self.migrations_table):
-            return []
-        return [_Applied(r[0]) for r in db.conn.execute(
-            f"SELECT name FROM {self.migrations_table} WHERE migration_set = ? ORDER BY rowid",
-            (self.name,))]
-
-    def apply(self, db: sqlite_utils.Database) -> None:
-        t = self.migrations_table
-        with db.atomic():
-            db.execute(f"CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY, "
-                       "migration_set TEXT, name TEXT, applied_at TEXT)")
-            db.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS idx_{t}_set_name ON {t} (migration_set, name)")
-        done = {m.name for m in self.applied(db)}
-        for name, fn in self._migrations:
-            if name in done:
-                continue
-            with db.atomic():
-                fn(db)
-                db.execute(f"INSERT INTO {t} (migration_set, name, applied_at) VALUES (?, ?, ?)",
-                           [self.name, name, str(datetime.datetime.now(datetime.timezone.utc))])
-
-
-class _Applied:
-    def __init__(self, name: str):
-        self.name = name
-
-
 def _migrations() -> Any:
-    """The migration set, on sqlite-utils' ``Migrations`` where it exists
-    (looked up at call time, so the fallback stays testable)."""
-    cls = getattr(sqlite_utils, "Migrations", None) or _FallbackMigrations
-    migrations = cls(MIGRATION_SET)
+    """The migration set, on sqlite-utils' ``Migrations``."""
+    migrations = sqlite_utils.Migrations(MIGRATION_SET)
     for version, name, fn in _MIGRATIONS:
         migrations(name=name)(_recording_version(version, fn))
     return migrations
