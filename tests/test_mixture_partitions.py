@@ -307,3 +307,74 @@ def test_an_explicit_other_partition_count_is_refused_at_resume(data_root, tmp_p
                       journal=journal, resume=True)
     assert ld.dataset.plan_partitions == 2 and (ld.epoch, ld.position) == (0, 24)
     ld.close()
+
+
+def _corrupt_keep_mtime(path: str, at: int) -> None:
+    """Flip one byte at ``at`` (inside a sample's payload: the tar stays readable)."""
+    s = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(path, ns=(s.st_atime_ns, s.st_mtime_ns))
+
+
+def test_each_source_keeps_its_own_verification_over_http_on_its_node(tmp_path):
+    """A node of a partitioned mixture: source a (verify="always") repairs a
+    corrupted cached shard by fetching it again, source b (verify="never")
+    trusts its cache, as the same settings do for one data set; neither
+    fetches a shard outside the node's partitions."""
+    from chaos.faultserver import FaultServer
+    from resumewds.cache import ShardStore
+
+    root = str(tmp_path / "data")
+    for i, name in enumerate("ab"):
+        d = os.path.join(root, name)
+        write_shards(d, shards=4, samples=6, size_range=(100, 100), seed=i)
+        with ShardStore(cache_dir=str(tmp_path / "index")) as store:
+            rw.build_manifest(os.path.join(d, "shard-{000000..000003}.tar"), os.path.join(d, "manifest.json"),
+                              store=store)
+    srv = FaultServer(root).start()
+    cache = str(tmp_path / "node0-cache")
+    try:
+        def mk(cache: str = cache) -> rw.MixedDataset:
+            a = rw.WebDataset(srv.url + "a/manifest.json", seed=1, shuffle=True, shuffle_window=2,
+                              verify="always", cache_dir=cache)
+            b = rw.WebDataset(srv.url + "b/manifest.json", seed=2, shuffle="shards", verify="never",
+                              cache_dir=cache)
+            return rw.MixedDataset([a, b], weights=[1, 1], epoch_size=48, seed=5, names=["a", "b"])
+
+        def run(epoch: int) -> Dict[Tuple[int, int], Tuple]:
+            ld = rw.WebLoader(mk(), batch_size=3, num_workers=0, rank=0, world_size=2, nodes=2,
+                              collate_fn=_collate)
+            ld.epoch = epoch
+            out = {}
+            for b in ld:  # one epoch
+                out.update({(x[0], x[1]): x for x in b if not x[5]})
+            ld.close()
+            return out
+
+        ref = _reference(lambda: mk(str(tmp_path / "ref-cache")), 2, 2)  # reads everything
+        srv.reset_counters()
+        got0 = run(0)
+        assert got0 == {k: v for k, v in ref.items() if k[0] == 0 and k[1] % 2 == 0}
+        first = {p: c for p, c in srv.requests.items() if p.endswith(".tar")}
+        mine = {f"/{x[2]}/{x[3]}" for x in got0.values()}
+        assert set(first) == mine and set(first.values()) == {1}  # only node 0's shards, once
+        assert len({p for p in mine if p.startswith("/a/")}) == 2  # its partition: 2 of 4 shards
+        # corrupt every cached shard of both sources (same size, mtime kept)
+        probe = mk()
+        for ds in probe.datasets:
+            for sh in ds.manifest.shards:
+                if f"/{'ab'[probe.datasets.index(ds)]}/{sh.name}" in mine:
+                    _corrupt_keep_mtime(ds.store.ensure(sh), sh.sample_range(0)[0] + 512 + 10)
+        probe.close()
+        srv.reset_counters()
+        got1 = run(1)
+        assert got1 == {k: v for k, v in ref.items() if k[0] == 1 and k[1] % 2 == 0}
+        again = {p: c for p, c in srv.requests.items() if p.endswith(".tar")}
+        # "always": each corrupted shard of a caught and fetched again, once; "never": b trusted
+        assert set(again) == {p for p in mine if p.startswith("/a/")} and set(again.values()) == {1}
+    finally:
+        srv.stop()
