@@ -378,3 +378,25 @@ def test_each_source_keeps_its_own_verification_over_http_on_its_node(tmp_path):
         assert set(again) == {p for p in mine if p.startswith("/a/")} and set(again.values()) == {1}
     finally:
         srv.stop()
+
+
+def test_a_resampled_data_set_on_two_nodes_reads_only_its_partitions(data_root):
+    """WebDataset(resampled=True) under 2 nodes (a TypeError before): each node's
+    draws come from its own partition's shards; the union is the plan's epoch."""
+    d = os.path.join(data_root, "src2")
+    paths = sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".tar"))
+    cut = cut_partitions([37] * 6, permutation(6, mix(3, 0x5041525453)), 2)
+    got = {}
+    for r in (0, 1):
+        ld = rw.WebLoader(rw.WebDataset(paths, seed=3, resampled=True).shuffle(40), batch_size=4,
+                          rank=r, world_size=2, nodes=2, num_workers=1)
+        plan = ld.dataset.plan
+        assert plan.algo == "resampled_window" and plan.partitions == 2
+        for b in ld:
+            for i, key in zip(b["__index__"], b["__key__"]):
+                got[int(i)] = key
+                s, j = plan.epoch(0).sample_at(int(i))
+                assert s in {sh for sh, _, _ in cut[r]}, (r, i, s)
+        ld.close()
+    ep = plan.epoch(0)
+    assert got == {i: "s{:06d}_{:06d}".format(*ep.sample_at(i)) for i in range(len(ep))}
