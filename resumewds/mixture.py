@@ -293,7 +293,7 @@ class MixPlan:
         if self.partitions > epoch_size:
             raise ValueError(f"mixture epoch of {epoch_size} positions cannot feed "
                              f"partitions={self.partitions} (each partition needs a position per epoch)")
-        self._parts: List[MixPlan] = []
+        self._parts: Dict[int, MixPlan] = {}
 
     def _norm(self, w: Weights) -> List[int]:
         k = len(self.sizes)
@@ -320,7 +320,7 @@ class MixPlan:
         self.phase_starts.append(at)
         self.phase_weights.append(self._norm(w))
         self._bases = []
-        self._parts = []
+        self._parts = {}
 
     # ---- structure ---------------------------------------------------------
     def splitter(self, phase: int) -> Splitter:
@@ -385,9 +385,10 @@ class MixPlan:
         """Partition ``r``'s own mixture (``partitions > 1``): the phases' weights,
         its own seed, its phases from its first position at or after each
         global phase start (snapped to its block boundaries)."""
-        if not self._parts:
-            self._parts = [self._make_part(q) for q in range(self.partitions)]
-        return self._parts[r]
+        sub = self._parts.get(r)
+        if sub is None:  # built on first use: a node builds only its own partitions' mixtures
+            sub = self._parts[r] = self._make_part(r)
+        return sub
 
     def _make_part(self, r: int) -> MixPlan:
         b = self.block

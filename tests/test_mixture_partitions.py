@@ -306,6 +306,12 @@ def test_an_explicit_other_partition_count_is_refused_at_resume(data_root, tmp_p
     ld = rw.WebLoader(_mk(data_root, 2, [1, 1], False, 40, None), batch_size=4, rank=0, world_size=1,
                       journal=journal, resume=True)
     assert ld.dataset.plan_partitions == 2 and (ld.epoch, ld.position) == (0, 24)
+    # status/report compute the mixture from the journal's config alone, partitions included
+    from resumewds.mixdataset import mixture_status
+
+    mx = ld.stats()["mixture"]
+    assert mixture_status(ld.config, 0, 24) == mx and [s["delivered"] for s in mx["sources"]] == [12, 12]
+    assert [s["bound"] for s in mx["sources"]] == [2.0, 2.0]  # P d = 2 x 1
     ld.close()
 
 
