@@ -232,6 +232,8 @@ class MixedDataset:
             # each source's own order (its shuffle settings, a .shuffle(n) compiled into
             # the plan: WebDataset._order), repeated or resampled by the mixture
             orders = [ds._order() for ds in self.datasets]
+            for ds in self.datasets:  # their readers keep a window open per partition, as one data set's
+                ds.use_partitions(self.plan_partitions)
             self._streams = [SourceStream(ds.manifest.counts, ds.seed, algo, window, resampled=r,
                                           partitions=self.plan_partitions)
                              for ds, (algo, window), r in zip(self.datasets, orders, self.resampled)]

@@ -200,6 +200,11 @@ class MixPlan:
             block), so the pattern looks random, with the deterministic bound
             :meth:`prefix_bounds`; a phase then starts at the next block
             boundary at or after its position.
+        partitions: node-local partitions (``P``, as a single data set's
+            plan): position ``p`` of an epoch belongs to partition ``p % P``,
+            which has its own mixture (:meth:`part`; same weights and phases,
+            its own seed) over partition ``p % P`` of every source
+            (:meth:`SourceStream.at`).  1: the one mixture of earlier versions.
 
     Per-source options: a source with ``repeat`` or ``choose`` has that
     absolute count per epoch; the other sources share the rest of the epoch
