@@ -135,6 +135,34 @@ def test_each_partition_of_a_source_is_its_own_endless_stream(counts, seed, shuf
         assert {res.at(q, r) for q in range(3 * res.part_sizes[r])} <= allowed
 
 
+@settings(max_examples=30, deadline=None)
+@given(sizes=sizes_st, data=st.data(), seed=st.integers(0, 2**32))
+def test_a_phase_keeps_the_past_of_every_partition(sizes, data, seed):
+    """A curriculum phase at global position g (declared at a resume): every
+    position before g maps as without it, and each partition's source stream
+    continues (no index twice, none skipped)."""
+    k = len(sizes)
+    P = data.draw(st.sampled_from([2, 3, 4]))
+    block = data.draw(st.sampled_from([1, 1, 4]))
+    w0 = data.draw(st.lists(st.integers(1, 9), min_size=k, max_size=k))
+    w1 = data.draw(st.lists(st.integers(0, 9), min_size=k, max_size=k).filter(any))
+    L = data.draw(st.integers(P, 300))
+    at = data.draw(st.integers(1, 3 * L))
+    plain = MixPlan(sizes, w0, seed=seed, epoch_size=L, partitions=P, block=block)
+    staged = MixPlan(sizes, w0, seed=seed, epoch_size=L, partitions=P, block=block, phases=[(at, w1)])
+    seen: Dict[Tuple[int, int], set] = {}
+    for g in range(at + 2 * L):
+        e, p = divmod(g, L)
+        got = staged.where(e, p)
+        if g < at:
+            assert got == plain.where(e, p)
+        key = (got[0], got[1])
+        assert got[2] not in seen.setdefault(key, set())
+        seen[key].add(got[2])
+    if block == 1:  # without blocks each partition's stream is a prefix at every position
+        assert all(q == set(range(len(q))) for q in seen.values())
+
+
 def test_a_source_smaller_than_the_partitions_is_a_clear_error():
     with pytest.raises(ValueError, match="3 samples cannot be cut into partitions=4"):
         SourceStream([3], partitions=4)
