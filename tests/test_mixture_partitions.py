@@ -434,3 +434,51 @@ def test_a_resampled_data_set_on_two_nodes_reads_only_its_partitions(data_root):
         ld.close()
     ep = plan.epoch(0)
     assert got == {i: "s{:06d}_{:06d}".format(*ep.sample_at(i)) for i in range(len(ep))}
+
+
+def test_each_source_keeps_its_own_cache_budget_in_its_own_cache_dir(tmp_path):
+    """cache_size is the budget of a cache directory (resumewds.cache): a
+    source with its own cache_dir and a small cache_size stays within it,
+    evicting and fetching again, while the other source (its own directory,
+    no budget) fetches each of its node's shards once over two epochs."""
+    from chaos.faultserver import FaultServer
+    from resumewds.cache import ShardStore
+
+    root = str(tmp_path / "data")
+    for i, (name, n) in enumerate((("a", 4), ("b", 8))):
+        d = os.path.join(root, name)
+        write_shards(d, shards=n, samples=6, size_range=(300, 300), seed=i)
+        with ShardStore(cache_dir=str(tmp_path / "index")) as store:
+            rw.build_manifest(os.path.join(d, f"shard-{{000000..{n - 1:06d}}}.tar"),
+                              os.path.join(d, "manifest.json"), store=store)
+    shard_bytes = os.path.getsize(os.path.join(root, "b", "shard-000000.tar"))
+    budget = int(2.5 * shard_bytes)
+    srv = FaultServer(root).start()
+    try:
+        def mk(where: str = "node0") -> rw.MixedDataset:
+            a = rw.WebDataset(srv.url + "a/manifest.json", seed=1, shuffle=True, shuffle_window=2,
+                              cache_dir=str(tmp_path / where / "cache-a"))
+            b = rw.WebDataset(srv.url + "b/manifest.json", seed=2, shuffle="shards",
+                              cache_dir=str(tmp_path / where / "cache-b"), cache_size=budget)
+            return rw.MixedDataset([a, b], weights=[1, 2], epoch_size=72, seed=5, names=["a", "b"])
+
+        ref = _reference(lambda: mk("ref"), 2, 2)
+        srv.reset_counters()
+        got = {}
+        ld = rw.WebLoader(mk(), batch_size=3, num_workers=0, rank=0, world_size=2, nodes=2,
+                          collate_fn=_collate)
+        while ld.epoch < 2:
+            for b in ld:
+                got.update({(x[0], x[1]): x for x in b if not x[5]})
+        ld.close()
+        assert got == {k: v for k, v in ref.items() if k[1] % 2 == 0}
+        reqs = {p: c for p, c in srv.requests.items() if p.endswith(".tar")}
+        a_reqs = {p: c for p, c in reqs.items() if p.startswith("/a/")}
+        b_reqs = {p: c for p, c in reqs.items() if p.startswith("/b/")}
+        assert len(a_reqs) == 2 and set(a_reqs.values()) == {1}  # its partition, once, no budget
+        assert len(b_reqs) == 4 and max(b_reqs.values()) > 1  # its partition; evicted, fetched again
+        cached_b = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(tmp_path / "node0" / "cache-b")
+                       for f in fs if f.endswith(".tar") or "." not in f)
+        assert 0 < cached_b <= budget, (cached_b, budget)
+    finally:
+        srv.stop()
