@@ -269,7 +269,13 @@ class MixedDataset:
     def use_partitions(self, partitions: int) -> None:
         """Set the partition count (the loader resolves None to the node count,
         or to the run's on a resume).  The sources' readers follow it (one open
-        window per partition of the node, as a single data set's)."""
+        window per partition of the node, as a single data set's).
+
+        Example:
+            >>> mixed = MixedDataset([rw.WebDataset("data/shard-000000.tar")] * 2, weights=[1, 1])
+            >>> mixed.use_partitions(2); mixed.config()["partitions"]
+            2
+        """
         n = check_partitions(partitions)
         if n != self.plan_partitions:
             self.plan_partitions = n

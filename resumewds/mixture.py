@@ -418,6 +418,11 @@ class MixPlan:
         :meth:`locate`.  With ``P`` partitions, position ``p`` belongs to
         partition ``r = p % P``, whose own mixture (:meth:`part`) places its
         ``epoch * part_positions(r) + p // P``-th position.
+
+        Example:
+            >>> mp = MixPlan([100, 10], weights=[3, 1], seed=1, partitions=2)
+            >>> [mp.where(0, p)[1] for p in range(4)], sum(mp.delivered(0, 8))
+            ([0, 1, 0, 1], 8)
         """
         if self.partitions == 1:
             src, q = self.locate_global(epoch * self.epoch_size + position)
@@ -608,7 +613,13 @@ class SourceStream:
 
         With ``P`` partitions, partition ``part`` is an endless stream of its
         own: source epoch ``q // size``, its sample ``q % size`` (position
-        ``(q % size) * P + part`` of the source's partitioned plan)."""
+        ``(q % size) * P + part`` of the source's partitioned plan).
+
+        Example:
+            >>> st = SourceStream([2, 2], seed=0, shuffle=False, partitions=2)
+            >>> [st.at(q, 1) for q in range(3)]
+            [(1, 0), (1, 1), (1, 0)]
+        """
         if self.partitions > 1:
             r, o = divmod(int(q), self.part_sizes[part])
             assert self.plan is not None
