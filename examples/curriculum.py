@@ -20,6 +20,10 @@ On restart the newest checkpoint whose step is committed is loaded and the
 loader resumes right after it; the first line is then
 ``resume step <next step> epoch <e> position <p>``.
 
+Under torchrun with several nodes each node reads only its own partitions
+of each source (``--partitions``, default: the node count at the run's
+start; a resume keeps the run's), see docs/MIXTURES.md.
+
 To change the curriculum of a run that already started (a phase it did not
 declare), pass the new phase at a resume: ``--phase-step`` at or after the
 resume point is recorded in the journal as a config change; changing the
@@ -111,6 +115,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--epoch-steps", type=int, default=7, help="steps per (mixed) epoch")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--partitions", type=int, default=None,
+                    help="node-local partitions of every source (default: the number of nodes)")
     args = ap.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     urls = serve(args.work) if args.serve else args.source
@@ -121,7 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     sources = [rw.WebDataset(u, seed=11 + i, shuffle=True, shuffle_window=2).decode() for i, u in enumerate(urls)]
     mixed = rw.MixedDataset(sources, weights=w0, names=["web", "code"], seed=5,
-                            phases=[(at_step(args.phase_step, args.batch_size), w1)])
+                            phases=[(at_step(args.phase_step, args.batch_size), w1)],
+                            partitions=args.partitions)
     mixed.with_epoch(args.epoch_steps * args.batch_size)
 
     torch.manual_seed(0)

@@ -36,7 +36,7 @@ from .errors import ResumeWDSError
 from .manifest import ShardInfo
 from .mixture import MixPlan, SourceStream, Weights
 from .pipeline import default_collate, list_collate
-from .plan import Layout, worker_steps
+from .plan import Layout, check_partitions, worker_steps
 
 
 class _MixManifest:
@@ -121,6 +121,13 @@ class MixedDataset:
         block: > 1 shuffles positions within blocks of that many (a random-
             looking source pattern, bound ``3d + B w (1-w)``; see
             :class:`~resumewds.mixture.MixPlan`).
+        partitions: node-local partitions, as a single data set's
+            (:class:`~resumewds.plan.Plan`): every source is cut into
+            ``partitions`` parts of its shards and position ``p`` of the
+            mixture is fed by the mixture of partition ``p % partitions``, so a
+            node (positions ``p % nodes == n``) reads only its partitions of
+            every source when ``nodes`` divides ``partitions``.  None (default):
+            the number of nodes at the run's start; a resume keeps the run's.
 
     Sources are endless: each continues its own deterministic stream
     (epochs of its own order, or resampled draws) across mixed epochs, so
@@ -140,7 +147,8 @@ class MixedDataset:
                  resampled: Union[bool, Sequence[bool], None] = None,
                  epoch_size: Optional[int] = None, seed: int = 0,
                  phases: Optional[Sequence[Tuple[int, Weights]]] = None,
-                 names: Optional[Sequence[str]] = None, block: int = 1):
+                 names: Optional[Sequence[str]] = None, block: int = 1,
+                 partitions: Optional[int] = None):
         self.datasets = list(datasets)
         if not self.datasets:
             raise ValueError("MixedDataset needs at least one dataset")
@@ -166,6 +174,8 @@ class MixedDataset:
         self.epoch_size = epoch_size
         self.seed = int(seed)
         self.block = int(block)
+        self.partitions = partitions  # requested; None: the loader's node count (or the run's)
+        self.plan_partitions = 1 if partitions is None else check_partitions(partitions)
         self.phases = [(int(a), dict(w) if isinstance(w, dict) else list(w)) for a, w in (phases or [])]
         self.stages: List[Callable[[Any], Any]] = []
         self.batch_stages: List[Callable[[Any], Any]] = []
@@ -213,7 +223,7 @@ class MixedDataset:
             sizes = [ds.manifest.total_samples for ds in self.datasets]
             self._mix = MixPlan(sizes, self.weights, repeat=self.repeat, choose=self.choose,
                                 epoch_size=self.epoch_size, seed=self.seed, phases=self.phases,
-                                block=self.block)
+                                block=self.block, partitions=self.plan_partitions)
         return self._mix
 
     @property
@@ -222,7 +232,10 @@ class MixedDataset:
             # each source's own order (its shuffle settings, a .shuffle(n) compiled into
             # the plan: WebDataset._order), repeated or resampled by the mixture
             orders = [ds._order() for ds in self.datasets]
-            self._streams = [SourceStream(ds.manifest.counts, ds.seed, algo, window, resampled=r)
+            for ds in self.datasets:  # their readers keep a window open per partition, as one data set's
+                ds.use_partitions(self.plan_partitions)
+            self._streams = [SourceStream(ds.manifest.counts, ds.seed, algo, window, resampled=r,
+                                          partitions=self.plan_partitions)
                              for ds, (algo, window), r in zip(self.datasets, orders, self.resampled)]
         return self._streams
 
@@ -238,8 +251,8 @@ class MixedDataset:
 
     def locate(self, epoch: int, position: int) -> Tuple[int, int, int]:
         """``(source, shard index in that source, sample in shard)`` of a position."""
-        src, q = self.mixplan.locate(epoch, position)
-        shard, j = self.streams[src].at(q)
+        src, part, q = self.mixplan.where(epoch, position)
+        shard, j = self.streams[src].at(q, part)
         return src, shard, j
 
     # ---- loader interface ---------------------------------------------------
@@ -252,21 +265,24 @@ class MixedDataset:
             out.append(d)
         return out
 
-    # ---- node partitions (resumewds.world): not applied to mixtures yet ---
-    #: a mixture reads every source with one partition: each node fetches the
-    #: sources' whole data (node-local mixtures are future work, see docs/MIXTURES.md)
-    partitions: Optional[int] = 1
-
-    @property
-    def plan_partitions(self) -> int:
-        """The partition count of the mixed order: always 1 for now."""
-        return 1
-
+    # ---- node partitions (resumewds.world) ----------------------------------
     def use_partitions(self, partitions: int) -> None:
-        """Accept the loader's partition count; a mixture has exactly one."""
-        if int(partitions) != 1:
-            raise ValueError(f"a MixedDataset has one partition (node-local mixtures are not supported "
-                             f"yet), got partitions={partitions}")
+        """Set the partition count (the loader resolves None to the node count,
+        or to the run's on a resume).  The sources' readers follow it (one open
+        window per partition of the node, as a single data set's).
+
+        Example:
+            >>> mixed = MixedDataset([rw.WebDataset("data/shard-000000.tar")] * 2, weights=[1, 1])
+            >>> mixed.use_partitions(2); mixed.config()["partitions"]
+            2
+        """
+        n = check_partitions(partitions)
+        if n != self.plan_partitions:
+            self.plan_partitions = n
+            self._mix = None
+            self._streams = None
+        for ds in self.datasets:
+            ds.use_partitions(n)
 
     def config(self) -> Dict[str, Any]:
         """What the delivered order depends on (the journal's config check).
@@ -284,7 +300,8 @@ class MixedDataset:
         return {"manifest": h.hexdigest(), "samples": mp.epoch_size,
                 "shards": len(self.manifest.shards), "seed": self.seed, "shuffle": "mixture",
                 "shuffle_window": None, "mixture_sources": self._sources_config(),
-                "mixture_phases": d["phases"], "mixture_block": mp.block}
+                "mixture_phases": d["phases"], "mixture_block": mp.block,
+                **({"partitions": mp.partitions} if mp.partitions != 1 else {})}
 
     def compatible_config(self, old: Dict[str, Any], point: Optional[Dict[str, Any]]) -> Tuple[str, ...]:
         """Config keys that may differ from the journal's ``old`` config at this resume.
@@ -357,8 +374,8 @@ class MixedDataset:
         def where_of(k: int) -> List[Tuple[int, int, int, int, bool]]:
             out = []
             for pos, pad in layout.slots(total, start, k):
-                src, q = mp.locate(epoch, pos)
-                shard, j = streams[src].at(q)
+                src, part, q = mp.where(epoch, pos)
+                shard, j = streams[src].at(q, part)
                 out.append((pos, src, shard, j, pad))
             return out
 
@@ -499,12 +516,7 @@ def _proportions(mp: MixPlan, names: Sequence[str], epoch: int, position: int) -
     req = mp.requested(g)
     ph = mp.phase_of(g)
     # what was asked for over the run: the weights of each phase for its span
-    want = [0.0] * len(got)
-    for p, start in enumerate(mp.phase_starts[:ph + 1]):
-        end = mp.phase_starts[p + 1] if p + 1 <= ph else g
-        w = mp.phase_weights[p]
-        for i in range(len(want)):
-            want[i] += (end - start) * w[i] / sum(w)
+    want = mp.expected_global(g)
     bounds = mp.prefix_bounds(ph)
     return {"phase": ph, "global_position": g, "sources": [
         {"name": names[i], "delivered": got[i], "delivered_fraction": got[i] / tot if tot else 0.0,
@@ -532,7 +544,8 @@ def mixture_status(config: Dict[str, Any], epoch: int, position: int) -> Optiona
         return None
     mp = MixPlan([int(s["samples"]) for s in srcs], weights=list(phases[0][1]),
                  epoch_size=int(config["samples"]), seed=int(config.get("seed") or 0),
-                 phases=[(int(a), list(w)) for a, w in phases[1:]], block=int(config.get("mixture_block") or 1))
+                 phases=[(int(a), list(w)) for a, w in phases[1:]], block=int(config.get("mixture_block") or 1),
+                 partitions=int(config.get("partitions") or 1))
     return _proportions(mp, [str(s["name"]) for s in srcs], int(epoch), int(position))
 
 

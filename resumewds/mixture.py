@@ -58,12 +58,13 @@ from fractions import Fraction
 from math import gcd
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from .plan import EpochPlan, FeistelPermutation, Plan, mix
+from .plan import EpochPlan, FeistelPermutation, Plan, check_partitions, draw_shards, mix
 
 _TAG_MIX = 0x4D4958  # "MIX"
 _TAG_RESAMPLE = 0x5245534D  # "RESM"
 _TAG_RWINDOW = 0x5257494E  # "RWIN"
 _TAG_BLOCK = 0x424C4F43  # "BLOC"
+_TAG_PART = 0x50415254  # "PART"
 
 Weights = Union[Sequence[float], Dict[int, float]]
 
@@ -199,6 +200,11 @@ class MixPlan:
             block), so the pattern looks random, with the deterministic bound
             :meth:`prefix_bounds`; a phase then starts at the next block
             boundary at or after its position.
+        partitions: node-local partitions (``P``, as a single data set's
+            plan): position ``p`` of an epoch belongs to partition ``p % P``,
+            which has its own mixture (:meth:`part`; same weights and phases,
+            its own seed) over partition ``p % P`` of every source
+            (:meth:`SourceStream.at`).  1: the one mixture of earlier versions.
 
     Per-source options: a source with ``repeat`` or ``choose`` has that
     absolute count per epoch; the other sources share the rest of the epoch
@@ -214,8 +220,10 @@ class MixPlan:
                  repeat: Optional[Sequence[Optional[float]]] = None,
                  choose: Optional[Sequence[Optional[int]]] = None,
                  epoch_size: Optional[int] = None, seed: int = 0,
-                 phases: Optional[Sequence[Tuple[int, Weights]]] = None, block: int = 1):
+                 phases: Optional[Sequence[Tuple[int, Weights]]] = None, block: int = 1,
+                 partitions: int = 1):
         self.sizes = [int(s) for s in sizes]
+        self.partitions = check_partitions(partitions)
         if int(block) < 1:
             raise ValueError(f"mixture block must be >= 1, got {block}")
         self.block = int(block)
@@ -287,6 +295,10 @@ class MixPlan:
         self._bases: List[List[int]] = []
         for at, w in phases or []:
             self._add_phase(int(at), w)
+        if self.partitions > epoch_size:
+            raise ValueError(f"mixture epoch of {epoch_size} positions cannot feed "
+                             f"partitions={self.partitions} (each partition needs a position per epoch)")
+        self._parts: Dict[int, MixPlan] = {}
 
     def _norm(self, w: Weights) -> List[int]:
         k = len(self.sizes)
@@ -303,13 +315,17 @@ class MixPlan:
 
     def _add_phase(self, at: int, w: Weights) -> None:
         if at <= self.phase_starts[-1]:
-            raise ValueError(f"mixture phase at position {at} must come after the one at "
-                             f"{self.phase_starts[-1]} (phases are in increasing global positions)")
+            snapped = f", which starts at the block boundary {self.phase_starts[-1]} (block={self.block})" \
+                if self.block > 1 else ""
+            raise ValueError(f"mixture phase at position {at} must come after the one before it"
+                             f"{snapped or ' at ' + str(self.phase_starts[-1])} (phases are in increasing "
+                             "global positions)")
         prev, b = self.phase_starts[-1], self.block
         at = prev + -(-(at - prev) // b) * b  # with blocks: from the next block boundary on
         self.phase_starts.append(at)
         self.phase_weights.append(self._norm(w))
         self._bases = []
+        self._parts = {}
 
     # ---- structure ---------------------------------------------------------
     def splitter(self, phase: int) -> Splitter:
@@ -359,10 +375,70 @@ class MixPlan:
     def phase_of(self, g: int) -> int:
         return bisect.bisect_right(self.phase_starts, g) - 1
 
+    # ---- node-local partitions -----------------------------------------------
+    def part_positions(self, r: int) -> int:
+        """Positions of partition ``r`` per mixed epoch: ``p % P == r``."""
+        return (self.epoch_size - r + self.partitions - 1) // self.partitions
+
+    def part_count(self, r: int, g: int) -> int:
+        """How many global positions ``< g`` belong to partition ``r``
+        (position-in-epoch ``% P == r``): the partition's own global position."""
+        e, p = divmod(max(0, int(g)), self.epoch_size)
+        return e * self.part_positions(r) + max(0, (p - r + self.partitions - 1) // self.partitions)
+
+    def part(self, r: int) -> MixPlan:
+        """Partition ``r``'s own mixture (``partitions > 1``): the phases' weights,
+        its own seed, its phases from its first position at or after each
+        global phase start (snapped to its block boundaries)."""
+        sub = self._parts.get(r)
+        if sub is None:  # built on first use: a node builds only its own partitions' mixtures
+            sub = self._parts[r] = self._make_part(r)
+        return sub
+
+    def _make_part(self, r: int) -> MixPlan:
+        b = self.block
+        first = self.phase_weights[0]
+        later: List[Tuple[int, Weights]] = []
+        for at, w in zip(self.phase_starts[1:], self.phase_weights[1:]):
+            loc = -(-self.part_count(r, at) // b) * b  # the partition's block boundary
+            if loc == 0:
+                first, later = w, []
+            elif later and later[-1][0] == loc:
+                later[-1] = (loc, w)  # two phases on one local start: the later wins
+            else:
+                later.append((loc, w))
+        return MixPlan(self.sizes, list(first), epoch_size=self.part_positions(r),
+                       seed=mix(self.seed, _TAG_PART, r), phases=later, block=b)
+
+    def where(self, epoch: int, position: int) -> Tuple[int, int, int]:
+        """``(source, partition, q)`` of ``position`` in mixed epoch ``epoch``.
+
+        ``q`` is the index in partition ``partition`` of the source's stream
+        (:meth:`SourceStream.at`).  One partition: ``(source, 0, q)`` of
+        :meth:`locate`.  With ``P`` partitions, position ``p`` belongs to
+        partition ``r = p % P``, whose own mixture (:meth:`part`) places its
+        ``epoch * part_positions(r) + p // P``-th position.
+
+        Example:
+            >>> mp = MixPlan([100, 10], weights=[3, 1], seed=1, partitions=2)
+            >>> [mp.where(0, p)[1] for p in range(4)], sum(mp.delivered(0, 8))
+            ([0, 1, 0, 1], 8)
+        """
+        if self.partitions == 1:
+            src, q = self.locate_global(epoch * self.epoch_size + position)
+            return src, 0, q
+        r = position % self.partitions
+        src, q = self.part(r).locate_global(epoch * self.part_positions(r) + position // self.partitions)
+        return src, r, q
+
     def locate_global(self, g: int) -> Tuple[int, int]:
-        """``(source, q)`` of global position ``g`` (``q``: index in the source's stream)."""
+        """``(source, q)`` of global position ``g`` (``q``: index in the source's stream;
+        with partitions, in its partition ``(g % epoch_size) % partitions``, see :meth:`where`)."""
         if g < 0:
             raise IndexError(f"negative mixture position {g}")
+        if self.partitions > 1:
+            src, _, q = self.where(*divmod(g, self.epoch_size))
+            return src, q
         ph = self.phase_of(g)
         src, idx = self._phase_locate(ph, g - self.phase_starts[ph])
         return src, self._base(ph)[src] + idx
@@ -373,6 +449,12 @@ class MixPlan:
 
     def delivered_global(self, g: int) -> List[int]:
         """Per-source counts of positions ``0 .. g-1`` (all phases)."""
+        if self.partitions > 1:
+            out = [0] * len(self.sizes)
+            for r in range(self.partitions):
+                for i, n in enumerate(self.part(r).delivered_global(self.part_count(r, g))):
+                    out[i] += n
+            return out
         ph = self.phase_of(max(0, g))
         c = self._phase_counts(ph, max(0, g) - self.phase_starts[ph])
         return [a + b for a, b in zip(self._base(ph), c)]
@@ -381,6 +463,24 @@ class MixPlan:
         """Per-source counts delivered before ``position`` of ``epoch``."""
         return self.delivered_global(epoch * self.epoch_size + position)
 
+    def expected_global(self, g: int) -> List[float]:
+        """Per source, what the weights ask of positions ``0 .. g-1``: each phase's
+        normalised weights over its span (with partitions: each partition's spans)."""
+        if self.partitions > 1:
+            out = [0.0] * len(self.sizes)
+            for r in range(self.partitions):
+                for i, x in enumerate(self.part(r).expected_global(self.part_count(r, g))):
+                    out[i] += x
+            return out
+        ph = self.phase_of(max(0, g))
+        want = [0.0] * len(self.sizes)
+        for p, start in enumerate(self.phase_starts[:ph + 1]):
+            end = self.phase_starts[p + 1] if p + 1 <= ph else g
+            w = self.phase_weights[p]
+            for i in range(len(want)):
+                want[i] += (end - start) * w[i] / sum(w)
+        return want
+
     def requested(self, g: int) -> List[float]:
         """The normalised weights in force at global position ``g``."""
         w = self.phase_weights[self.phase_of(g)]
@@ -388,9 +488,13 @@ class MixPlan:
         return [x / t for x in w]
 
     def bounds(self, phase: int = 0) -> List[int]:
-        """Per source ``d_i``: within a phase, ``|c_i(n) - n w_i| < d_i`` (0: exact)."""
+        """Per source ``d_i``: within a phase, ``|c_i(n) - n w_i| < d_i`` (0: exact).
+
+        With ``P`` partitions each partition keeps its own bound, so the whole
+        stream's is ``P d_i`` (and a node's, reading ``P / N`` partitions,
+        ``(P / N) d_i``)."""
         sp = self.splitter(phase)
-        return [sp.bound(i) for i in range(len(self.sizes))]
+        return [self.partitions * sp.bound(i) for i in range(len(self.sizes))]
 
     def prefix_bounds(self, phase: int = 0) -> List[float]:
         """Per source, the bound on ``|c_i(n) - n w_i|`` over any prefix of a phase.
@@ -404,12 +508,16 @@ class MixPlan:
             return [float(x) for x in d]
         w = self.phase_weights[phase]
         t = sum(w)
-        return [3 * d[i] + self.block * (w[i] / t) * (1 - w[i] / t) for i in range(len(d))]
+        P = self.partitions  # d is already P d_i; the block term adds up per partition too
+        return [3 * d[i] + P * self.block * (w[i] / t) * (1 - w[i] / t) for i in range(len(d))]
 
     def describe(self) -> Dict[str, Any]:
-        """What the mixing depends on (journal config)."""
-        return {"epoch_size": self.epoch_size, "seed": self.seed, "block": self.block,
-                "phases": [[s, w] for s, w in zip(self.phase_starts, self.phase_weights)]}
+        """What the mixing depends on (journal config; ``partitions`` only when not 1)."""
+        d: Dict[str, Any] = {"epoch_size": self.epoch_size, "seed": self.seed, "block": self.block,
+                             "phases": [[s, w] for s, w in zip(self.phase_starts, self.phase_weights)]}
+        if self.partitions != 1:
+            d["partitions"] = self.partitions
+        return d
 
 
 # ---------------------------------------------------------------------------
@@ -440,20 +548,9 @@ def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool 
     total = sum(int(c) for c in counts)
     if n == 0 or total == 0:
         raise ValueError("resampling needs at least one shard with samples")
-    key = mix(seed, epoch, _TAG_RESAMPLE)
-    draws: List[int] = []
-    sizes = array("q")
-    t, d = 0, 0
-    while t < total:
-        s = mix(key, d) % n
-        d += 1
-        c = int(counts[s])
-        if c == 0:
-            continue
-        c = min(c, total - t)
-        draws.append(s)
-        sizes.append(c)
-        t += c
+    # the one with-replacement routine (plan.draw_shards), with the hash mixtures have used
+    draws, taken = draw_shards(n, mix(seed, epoch, _TAG_RESAMPLE), sizes=counts, scheme="mixed")
+    sizes = array("q", taken)
     algo = "window" if shuffle is True else ("none" if shuffle in (False, None) else str(shuffle))
     if algo == "window":
         ep = EpochPlan(sizes, range(len(draws)), window, mix(seed, epoch, _TAG_RWINDOW))
@@ -476,14 +573,28 @@ class SourceStream:
     """
 
     def __init__(self, counts: Sequence[int], seed: int = 0, shuffle: bool | str = True,
-                 window: int = 8, resampled: bool = False):
+                 window: int = 8, resampled: bool = False, partitions: int = 1):
         self.counts = [int(c) for c in counts]
         self.total = sum(self.counts)
         if self.total < 1:
             raise ValueError("a mixture source needs at least one sample")
+        self.partitions = P = check_partitions(partitions)
+        if self.total < P:
+            raise ValueError(f"a mixture source of {self.total} samples cannot be cut into "
+                             f"partitions={P} (each partition needs a sample)")
+        if not resampled and str(shuffle).startswith("resampled"):
+            # the source's own resampled order, turned off by the mixture: its shuffle without draws
+            shuffle = "window" if shuffle == "resampled_window" else "shards"
         self.seed, self.shuffle, self.window = int(seed), shuffle, int(window)
         self.resampled = bool(resampled)
-        self.plan = None if resampled else Plan(self.counts, seed, shuffle, window)
+        algo: bool | str = shuffle
+        if resampled and P > 1:
+            # the single data set's partitioned resampled order (plan.resampled_parts)
+            algo = ("resampled_window" if shuffle in (True, "window", "manifest_window", "resampled_window")
+                    else "resampled")
+        self.plan = None if resampled and P == 1 else Plan(self.counts, seed, algo, window, partitions=P)
+        c, rem = divmod(self.total, P)
+        self.part_sizes = [c + (1 if r < rem else 0) for r in range(P)]
         self._res: Dict[int, Tuple[EpochPlan, List[int]]] = {}
 
     def epoch(self, r: int) -> Tuple[EpochPlan, Optional[List[int]]]:
@@ -497,13 +608,28 @@ class SourceStream:
             self._res[r] = hit
         return hit
 
-    def at(self, q: int) -> Tuple[int, int]:
+    def at(self, q: int, part: int = 0) -> Tuple[int, int]:
+        """``(shard, sample_in_shard)`` of index ``q`` of the stream of partition ``part``.
+
+        With ``P`` partitions, partition ``part`` is an endless stream of its
+        own: source epoch ``q // size``, its sample ``q % size`` (position
+        ``(q % size) * P + part`` of the source's partitioned plan).
+
+        Example:
+            >>> st = SourceStream([2, 2], seed=0, shuffle=False, partitions=2)
+            >>> [st.at(q, 1) for q in range(3)]
+            [(1, 0), (1, 1), (1, 0)]
+        """
+        if self.partitions > 1:
+            r, o = divmod(int(q), self.part_sizes[part])
+            assert self.plan is not None
+            return self.plan.epoch(r).sample_at(o * self.partitions + part)
         r, o = divmod(int(q), self.total)
         ep, draws = self.epoch(r)
         s, j = ep.sample_at(o)
         return (draws[s] if draws is not None else s), j
 
     def describe(self) -> Dict[str, Any]:
-        algo = self.plan.algo if self.plan is not None else str(self.shuffle)
+        algo = self.plan.algo if self.plan is not None and not self.resampled else str(self.shuffle)
         return {"seed": self.seed, "shuffle": algo, "window": self.window,
                 "resampled": self.resampled}

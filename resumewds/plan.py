@@ -406,9 +406,71 @@ def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int,
 _TAG_RESAMPLE = 0x524553414D50  # "RESAMP"
 
 
-def manifest_window_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
-    """Shards in manifest order; samples shuffled within windows of ``window`` shards."""
-    return EpochPlan(counts, range(len(counts)), window, mix(seed, epoch, _TAG_WINDOW))
+def manifest_window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                          partitions: int = 1) -> EpochPlan:
+    """Shards in manifest order; samples shuffled within windows of ``window`` shards
+    (with partitions: contiguous runs of manifest order, each windowed on its own)."""
+    if partitions == 1:
+        return EpochPlan(counts, range(len(counts)), window, mix(seed, epoch, _TAG_WINDOW))
+    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
+                     parts=cut_partitions(counts, range(len(counts)), partitions))
+
+
+#: the draw hashes of :func:`draw_shards`: ``"seeded"`` is xxh3_64 of the draw
+#: number keyed by ``key`` (single data sets' ``resampled=True``), ``"mixed"`` is
+#: :func:`mix` of ``(key, draw)`` (a mixture's resampled source).  Two hashes
+#: because both orders shipped before the code was shared; each keeps its own.
+DRAW_SCHEMES = ("seeded", "mixed")
+
+
+def draw_shards(n: int, key: int, *, sizes: Optional[Sequence[int]] = None,
+                scheme: str = "seeded") -> Tuple[List[int], List[int]]:
+    """Draw shards (or any ``n`` units) with replacement: the one resampling routine.
+
+    Draw ``d`` picks unit ``hash(d) mod n`` (the hash by ``scheme``, see
+    :data:`DRAW_SCHEMES`).  Without ``sizes``: ``n`` draws (webdataset's
+    ``resampled=True``: as many draws as shards; the epoch's sample count
+    varies).  With ``sizes`` (samples per unit): draws go on until they hold
+    exactly ``sum(sizes)`` samples; a draw of an empty unit is skipped and
+    the last draw is cut short, so the result has the units' total size.
+
+    Returns:
+        ``(draws, taken)``: the drawn unit indices and, with ``sizes``, the
+        samples taken from each draw (its size, the last one possibly
+        fewer); without ``sizes`` ``taken`` is empty.
+
+    Example:
+        >>> draws, taken = draw_shards(3, key=7, sizes=[2, 0, 5])
+        >>> sum(taken), 1 in draws, draw_shards(3, key=7)[0] == draw_shards(3, key=7)[0]
+        (7, False, True)
+    """
+    if scheme not in DRAW_SCHEMES:
+        raise ValueError(f"unknown draw scheme {scheme!r}; choose one of {DRAW_SCHEMES}")
+    pk = struct.Struct("<Q").pack
+    h = xxhash.xxh3_64_intdigest
+
+    def pick(d: int) -> int:
+        return (h(pk(d), key) if scheme == "seeded" else mix(key, d)) % n
+
+    if n <= 0:
+        return [], []
+    if sizes is None:
+        return [pick(d) for d in range(n)], []
+    total = sum(int(c) for c in sizes)
+    draws: List[int] = []
+    taken: List[int] = []
+    t, d = 0, 0
+    while t < total:
+        s = pick(d)
+        d += 1
+        c = int(sizes[s])
+        if c == 0:
+            continue
+        c = min(c, total - t)
+        draws.append(s)
+        taken.append(c)
+        t += c
+    return draws, taken
 
 
 def resampled_shards(n: int, seed: int, epoch: int) -> List[int]:
@@ -419,21 +481,50 @@ def resampled_shards(n: int, seed: int, epoch: int) -> List[int]:
         >>> len(d) == 4 and all(0 <= s < 4 for s in d) and d == resampled_shards(4, 1, 0)
         True
     """
-    key = mix(seed, epoch, _TAG_RESAMPLE)
-    pk = struct.Struct("<Q").pack
-    h = xxhash.xxh3_64_intdigest
-    return [h(pk(i), key) % n for i in range(n)] if n else []
+    return draw_shards(n, mix(seed, epoch, _TAG_RESAMPLE))[0]
 
 
-def resampled_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
-    """Shards drawn with replacement per epoch; samples of each draw in shard order."""
-    return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), 1, None)
+def resampled_parts(counts: Sequence[int], seed: int, epoch: int, partitions: int) -> List[List[Segment]]:
+    """Each partition's draws, with replacement, from its own pieces of shards.
+
+    The partitions are the run's (:func:`cut_partitions` after the seed-only
+    permutation, as the windowed order cuts them); partition ``q`` draws its
+    pieces with :func:`draw_shards` (key ``mix(seed, epoch, "RESAMP", q)``)
+    until it holds its own sample count, so the epoch keeps the data set's
+    size and a node reads only its partitions' shards.
+
+    Example:
+        >>> parts = resampled_parts([4, 4, 4, 4], seed=1, epoch=0, partitions=2)
+        >>> [sum(n for _, _, n in p) for p in parts]
+        [8, 8]
+    """
+    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
+    out: List[List[Segment]] = []
+    for q, segs in enumerate(parts):
+        draws, taken = draw_shards(len(segs), mix(seed, epoch, _TAG_RESAMPLE, q),
+                                   sizes=[n for _, _, n in segs])
+        out.append([(segs[d][0], segs[d][1], t) for d, t in zip(draws, taken)])
+    return out
 
 
-def resampled_window_order(counts: Sequence[int], seed: int, epoch: int, window: int) -> EpochPlan:
+def resampled_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                    partitions: int = 1) -> EpochPlan:
+    """Shards drawn with replacement per epoch; samples of each draw in shard order.
+
+    With partitions: :func:`resampled_parts` (each partition draws from its own shards)."""
+    if partitions == 1:
+        return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), 1, None)
+    return EpochPlan(counts, None, 1, None, parts=resampled_parts(counts, seed, epoch, partitions))
+
+
+def resampled_window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                           partitions: int = 1) -> EpochPlan:
     """Shards drawn with replacement per epoch; samples shuffled within windows of draws."""
-    return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), window,
-                     mix(seed, epoch, _TAG_WINDOW))
+    if partitions == 1:
+        return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), window,
+                         mix(seed, epoch, _TAG_WINDOW))
+    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
+                     parts=resampled_parts(counts, seed, epoch, partitions))
 
 
 ORDERS: Dict[str, OrderFn] = {
@@ -490,7 +581,7 @@ class Plan:
         True
     """
 
-    def __init__(self, counts: Sequence[int], seed: int = 0, shuffle: "bool | str" = True,
+    def __init__(self, counts: Sequence[int], seed: int = 0, shuffle: bool | str = True,
                  window: int = 8, partitions: int = 1):
         if shuffle is True:
             shuffle = "window"
@@ -501,7 +592,7 @@ class Plan:
         if int(window) < 1:
             raise ValueError(f"shuffle window must be at least 1 shard, got {window}")
         partitions = check_partitions(partitions)
-        self.counts = list(int(c) for c in counts)
+        self.counts = [int(c) for c in counts]
         self.seed = int(seed)
         self.algo = str(shuffle)
         self.window = int(window)
