@@ -740,6 +740,7 @@ class WebDataset:
         last_window = -1
         sample_at, read, stages = ep.sample_at, self._read, self.stages
         names: Dict[int, str] = {}
+        stream = not str(self.plan.algo).endswith("window")  # shards read front to back
         for k in worker_steps(nsteps, worker, num_workers):
             slots = layout.slots(total, start, k)
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
@@ -775,6 +776,7 @@ class WebDataset:
             # with one pread: fewer syscalls, and fewer GIL hand-offs to the
             # prefetch threads
             where = [sample_at(pos) for pos, _ in slots]
+            reading.prepare(self, where, stream)  # samples of shards not cached yet: verified ranges
             ahead: List[Optional[Dict[str, Any]]] = []
             for i, (pos, pad) in enumerate(slots):
                 si, j = where[i]

@@ -59,6 +59,7 @@ class ShardReader:
         self.limit = max(2, limit)
         self.open: OrderedDict[int, Tuple[Any, int]] = OrderedDict()
         self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
+        self.ranged: Optional[RangedReads] = None  # samples of shards not cached yet (prepare)
 
     def fd(self, idx: int, shard: ShardInfo) -> int:
         """The open, verified copy of ``shard`` (index ``idx``), acquired if needed."""
@@ -95,6 +96,8 @@ class ShardReader:
 
     def close(self) -> None:
         """Close every open shard (and release its pin)."""
+        if self.ranged is not None:
+            self.ranged.close()
         while self.open:
             _, (lease, fd) = self.open.popitem()
             try:
@@ -119,6 +122,9 @@ def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
     """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
     if shard_idx in ds._failed:
         return None
+    ready = take_ready(ds, shard_idx, j)
+    if ready is not None:
+        return ready
     shard = ds.manifest.shards[shard_idx]
     try:
         fd = shard_reader(ds).fd(shard_idx, shard)
@@ -174,7 +180,8 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     so the samples before the bad one are delivered exactly as they would
     be one by one.
     """
-    if count == 1 or shard_idx in ds._failed:
+    r = ds._reader
+    if count == 1 or shard_idx in ds._failed or (r is not None and r.ranged is not None and r.ranged.ready):
         return [ds._read(shard_idx, j + i) for i in range(count)]
     shard = ds.manifest.shards[shard_idx]
     try:
@@ -192,3 +199,311 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     for sample in samples:
         sample["__url__"] = url  # type: ignore[index]
     return samples
+
+
+# ---- verified ranged reads and streaming while downloading (issue 15 items 2, 4, 5) ----
+
+#: read samples of shards that are not cached yet by range / from the partial download
+RANGED_READS = True
+#: neighbouring samples closer than this are fetched with one Range request
+RANGE_GAP = 64 * 1024
+#: one Range request fetches at most this many bytes (unless one sample is bigger)
+RANGE_MAX = 8 << 20
+#: Range requests of one step run on this many connections at once
+RANGE_THREADS = 4
+#: a sample this close past the end of a growing partial download is waited for
+#: (streaming) rather than fetched by range
+STREAM_AHEAD = 4 << 20
+#: how long the partial download may not grow before the wait gives up (seconds)
+STREAM_STALL = 1.0
+
+
+class RangedReads:
+    """One process's verified reads of shards that are not in the cache yet.
+
+    For the samples of a step whose shard is remote (http/https), has
+    sample digests and offsets (manifest v3) and is not yet a verified
+    cache entry, :func:`prepare` reads each sample's bytes from the shard's
+    partial download when they have arrived there (streaming while the
+    prefetch thread downloads it), else fetches them with HTTP ``Range``
+    requests (neighbours coalesced), checks each sample against its digest,
+    and keeps the parsed samples in :attr:`ready` until :func:`read` hands
+    them out.  Nothing unverified is ever kept.
+
+    Counters (per process): ``range_requests``, ``range_bytes``,
+    ``range_samples`` (delivered from ranges), ``partial_samples``
+    (delivered from a partial download), ``range_refetches`` (a range whose
+    bytes failed a digest), ``cache_samples`` is not counted here.
+    """
+
+    def __init__(self, store: Any):
+        self.store = store
+        self.ready: Dict[Tuple[int, int], Dict[str, Any]] = {}
+        self.off: set = set()  # shards read whole (no digests, not http, server ignores Range)
+        self.eligible: Dict[int, bool] = {}
+        self.active = True
+        self.counters = {"range_requests": 0, "range_bytes": 0, "range_samples": 0, "partial_samples": 0,
+                         "range_refetches": 0}
+        self._pool: Any = None
+        self._tl: Any = None
+        self._sessions: List[Any] = []
+        self._pid = os.getpid()
+        import threading
+
+        self.lock = threading.Lock()
+
+    def can_range(self, si: int, shard: ShardInfo) -> bool:
+        """Static part: remote http(s) shard with offsets and sample digests."""
+        ok = self.eligible.get(si)
+        if ok is None:
+            url = shard.url.lower()
+            ok = (url.startswith(("http://", "https://")) and shard.sample_digests is not None
+                  and shard.offsets is not None and shard.size is not None
+                  and hasattr(self.store, "entry_path"))
+            self.eligible[si] = ok
+        return ok
+
+    def cached(self, shard: ShardInfo) -> bool:
+        """The shard is a published cache entry (one stat): read it from the cache."""
+        return os.path.exists(self.store.entry_path(shard.url) + ".meta")
+
+    def session(self) -> Any:
+        import threading
+
+        from . import fetch as F
+
+        if self._tl is None:
+            self._tl = threading.local()
+        s = getattr(self._tl, "session", None)
+        if s is None:
+            s = self._tl.session = F.new_session()
+            self._sessions.append(s)
+        return s
+
+    def pool(self) -> Any:
+        if self._pool is None or self._pid != os.getpid():
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="resumewds-range")
+            self._pid = os.getpid()
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=True)
+        self._pool = None
+        for s in self._sessions:
+            try:
+                s.close()
+            except Exception:  # pragma: no cover - closing is best effort
+                pass
+        self._sessions = []
+        self.ready.clear()
+
+
+def _verified(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
+    import xxhash
+
+    assert shard.offsets is not None and shard.sample_digests is not None
+    a, b = int(shard.offsets[j]) - lo, int(shard.offsets[j + 1]) - lo
+    return xxhash.xxh3_64_intdigest(memoryview(buf)[a:b]) == int(shard.sample_digests[j])
+
+
+def _parse(buf: bytes, lo: int, shard: ShardInfo, j: int) -> Dict[str, Any]:
+    assert shard.offsets is not None
+    a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
+    sample = tario.parse_sample(buf, shard.url, base=a, start=a - lo, end=b - lo)
+    sample["__url__"] = shard.url
+    return sample
+
+
+def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[int], stream: bool) -> List[int]:
+    """Deliver the samples ``js`` whose bytes are in the partial download (verified);
+    return the others.  ``stream``: wait for a growing download to reach samples
+    that are at most :data:`STREAM_AHEAD` past its end."""
+    assert shard.offsets is not None
+    path = rr.store.entry_path(shard.url) + ".partial"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return js
+    rest: List[int] = []
+    try:
+        size = os.fstat(fd).st_size
+        for j in js:
+            a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
+            if b > size and stream and b - size <= STREAM_AHEAD:
+                size = _wait_growth(fd, b, rr, shard)
+            if b > size:
+                rest.append(j)
+                continue
+            buf = os.pread(fd, b - a, a)
+            if len(buf) != b - a or not _verified(buf, a, shard, j):
+                rest.append(j)  # not (yet) the right bytes: fetch them by range
+                continue
+            try:
+                rr.ready[(si, j)] = _parse(buf, a, shard, j)
+            except ShardFormatError:
+                rest.append(j)
+                continue
+            rr.counters["partial_samples"] += 1
+    finally:
+        os.close(fd)
+    return rest
+
+
+def _wait_growth(fd: int, need: int, rr: RangedReads, shard: ShardInfo) -> int:
+    """Wait while the partial download grows towards ``need`` bytes; its size."""
+    size = os.fstat(fd).st_size
+    last, t_last = size, time.monotonic()
+    pause = 0.002
+    while size < need:
+        if os.fstat(fd).st_nlink == 0:
+            break  # removed (a failed download starts again): give up on this file
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+        size = os.fstat(fd).st_size
+        now = time.monotonic()
+        if size > last:
+            last, t_last = size, now
+        elif now - t_last > STREAM_STALL:
+            break
+    return size
+
+
+def _groups(shard: ShardInfo, js: List[int]) -> List[Tuple[int, int, List[int]]]:
+    """Coalesce samples into ``(start, end, samples)`` ranges."""
+    assert shard.offsets is not None
+    off = shard.offsets
+    out: List[Tuple[int, int, List[int]]] = []
+    for j in sorted(set(js)):
+        a, b = int(off[j]), int(off[j + 1])
+        if out and a - out[-1][1] <= RANGE_GAP and b - out[-1][0] <= RANGE_MAX:
+            lo, _, members = out[-1]
+            out[-1] = (lo, b, members + [j])
+        else:
+            out.append((a, b, [j]))
+    return out
+
+
+def _fetch_group(rr: RangedReads, ds: Any, shard: ShardInfo, lo: int, hi: int, js: List[int],
+                 config: Any, budget: Any) -> Dict[int, Dict[str, Any]]:
+    """Fetch ``[lo, hi)`` and return its samples ``js``, each verified; a range
+    whose bytes fail a digest is fetched again while ``budget`` allows."""
+    from .errors import ChecksumMismatch
+    from .repair import fetch_range
+
+    while True:
+        data = fetch_range(shard.url, lo, hi, config=config, budget=budget, session=rr.session(),
+                           on_event=ds._on_event)
+        with rr.lock:
+            rr.counters["range_requests"] += 1
+            rr.counters["range_bytes"] += len(data)
+        bad = next((j for j in js if not _verified(data, lo, shard, j)), None)
+        if bad is None:
+            return {j: _parse(data, lo, shard, j) for j in js}
+        a, b = shard.sample_range(bad)
+        ds._on_event("range_verify_fail", shard.url, sample=bad, start=a, end=b)
+        with rr.lock:
+            rr.counters["range_refetches"] += 1
+        if not budget.take():
+            assert shard.sample_digests is not None
+            import xxhash
+
+            got = xxhash.xxh3_64_intdigest(memoryview(data)[a - lo:b - lo])
+            raise ChecksumMismatch(f"{shard.url} sample {bad} (bytes {a}-{b}, ranged read)",
+                                   format(int(shard.sample_digests[bad]), "016x"), format(got, "016x"))
+
+
+def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> None:
+    """Make the samples ``where`` of shards not cached yet ready, verified.
+
+    Called once per step, before its samples are read: for each shard of
+    the step that is remote, has sample digests and is not a verified
+    cache entry, its samples are read from its partial download or fetched
+    by range (in parallel over :data:`RANGE_THREADS` connections) and
+    checked against their digests; :func:`read` then hands them out.  The
+    cached shards (and everything when :data:`RANGED_READS` is off) are
+    left to the usual whole-shard path.  A range whose bytes keep failing
+    their digests, or a fetch that fails for good, follows ``on_error`` for
+    its shard; a server that ignores ``Range`` makes the shard a
+    whole-shard read.
+
+    Args:
+        ds: the dataset.
+        where: the step's ``(shard index, sample index)`` pairs.
+        stream: the order reads shards front to back (unshuffled or
+            ``shuffle="shards"``): wait for the partial download to reach a
+            sample just past its end instead of fetching it by range.
+    """
+    if not RANGED_READS or ds.prefetch_depth <= 0:
+        return
+    reader = shard_reader(ds)
+    rr = reader.ranged
+    shards = ds.manifest.shards
+    if rr is None:
+        rr = reader.ranged = RangedReads(ds.store)
+        rr.active = any(rr.can_range(i, s) for i, s in enumerate(shards))
+    if not rr.active:
+        return  # no shard can be read by range (local shards, manifest without digests)
+    rr.ready.clear()  # what an abandoned step left
+    todo: Dict[int, List[int]] = {}
+    seen: set = set()
+    for si, j in where:
+        if si in reader.open or si in ds._failed or si in rr.off:
+            continue
+        lst = todo.get(si)
+        if lst is None:
+            if si in seen:
+                continue
+            seen.add(si)
+            if not rr.can_range(si, shards[si]):
+                rr.off.add(si)
+                continue
+            if rr.cached(shards[si]):
+                continue
+            lst = todo[si] = []
+        lst.append(j)
+    if not todo:
+        return
+    from .fetch import FetchBudget
+    from .repair import RangeIgnored
+
+    config = ds.store.fetch
+    jobs: List[Tuple[int, Any, Any]] = []
+    for si, js in todo.items():
+        shard = shards[si]
+        rest = _from_partial(rr, ds, si, shard, js, stream)
+        if not rest:
+            continue
+        if rr.cached(shard):
+            continue  # published meanwhile: the cache serves it
+        budget = FetchBudget(config)
+        for lo, hi, members in _groups(shard, rest):
+            jobs.append((si, budget, rr.pool().submit(_fetch_group, rr, ds, shard, lo, hi, members, config,
+                                                      budget)))
+    errors: Dict[int, BaseException] = {}
+    for si, _, fut in jobs:
+        try:
+            got = fut.result()
+        except RangeIgnored:
+            rr.off.add(si)  # the cache's whole-shard read serves it
+            continue
+        except (FetchError, IntegrityError, ShardFormatError) as exc:
+            errors.setdefault(si, exc)
+            continue
+        for j, sample in got.items():
+            rr.ready[(si, j)] = sample
+        rr.counters["range_samples"] += len(got)
+    for si, exc in errors.items():
+        for key in [k for k in rr.ready if k[0] == si]:
+            del rr.ready[key]  # this shard's samples of the step follow on_error together
+        shard_failed(ds, si, shards[si], exc)
+
+
+def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:
+    """A sample :func:`prepare` made ready, or None."""
+    r = ds._reader
+    if r is None or r.ranged is None or not r.ranged.ready:
+        return None
+    return r.ranged.ready.pop((si, j), None)
