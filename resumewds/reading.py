@@ -489,16 +489,16 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         except RangeIgnored:
             rr.off.add(si)  # the cache's whole-shard read serves it
             continue
-        except (FetchError, IntegrityError, ShardFormatError) as exc:
-            errors.setdefault(si, exc)
+        except (FetchError, IntegrityError, ShardFormatError) as err:
+            errors.setdefault(si, err)
             continue
         for j, sample in got.items():
             rr.ready[(si, j)] = sample
         rr.counters["range_samples"] += len(got)
-    for si, exc in errors.items():
+    for si, failure in errors.items():
         for key in [k for k in rr.ready if k[0] == si]:
             del rr.ready[key]  # this shard's samples of the step follow on_error together
-        shard_failed(ds, si, shards[si], exc)
+        shard_failed(ds, si, shards[si], failure)
 
 
 def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:
