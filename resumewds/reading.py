@@ -257,9 +257,9 @@ class RangedReads:
         ok = self.eligible.get(si)
         if ok is None:
             url = shard.url.lower()
-            ok = (url.startswith(("http://", "https://")) and shard.sample_digests is not None
+            ok = (url.startswith(("http://", "https://", "s3://")) and shard.sample_digests is not None
                   and shard.offsets is not None and shard.size is not None
-                  and hasattr(self.store, "entry_path"))
+                  and hasattr(self.store, "entry_path") and hasattr(self.store, "fetch"))
             self.eligible[si] = ok
         return ok
 
@@ -334,6 +334,7 @@ def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[
             a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
             if b > size and stream and b - size <= STREAM_AHEAD:
                 size = _wait_growth(fd, b, rr, shard)
+                stream = size >= b  # a download that stalled is not waited for again
             if b > size:
                 rest.append(j)
                 continue
@@ -466,9 +467,18 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         lst.append(j)
     if not todo:
         return
+    t0 = time.perf_counter()
+    try:
+        _prepare(ds, rr, todo, stream)
+    finally:
+        reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
+
+
+def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool) -> None:
     from .fetch import FetchBudget
     from .repair import RangeIgnored
 
+    shards = ds.manifest.shards
     config = ds.store.fetch
     jobs: List[Tuple[int, Any, Any]] = []
     for si, js in todo.items():
