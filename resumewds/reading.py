@@ -181,7 +181,8 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     be one by one.
     """
     r = ds._reader
-    if count == 1 or shard_idx in ds._failed or (r is not None and r.ranged is not None and r.ranged.ready):
+    if count == 1 or shard_idx in ds._failed or (r is not None and r.ranged is not None and r.ranged.ready and any(
+            (shard_idx, j + i) in r.ranged.ready for i in range(count))):
         return [ds._read(shard_idx, j + i) for i in range(count)]
     shard = ds.manifest.shards[shard_idx]
     try:
@@ -211,6 +212,13 @@ RANGE_GAP = 64 * 1024
 RANGE_MAX = 8 << 20
 #: Range requests of one step run on this many connections at once
 RANGE_THREADS = 4
+#: a Range request for a sample also fetches the rest of its aligned block of this
+#: many bytes (read ahead: a shuffled window reads every sample of its shards soon);
+#: 0 (default): off -- over loopback it cost bytes and no time; it pays where each
+#: request has a long first-byte latency (object stores far away)
+RANGE_BLOCK = 0
+#: most bytes of verified samples read ahead and kept until asked for (per process)
+READY_MAX = 64 << 20
 #: a sample this close past the end of a growing partial download is waited for
 #: (streaming) rather than fetched by range
 STREAM_AHEAD = 4 << 20
@@ -228,22 +236,31 @@ class RangedReads:
     prefetch thread downloads it), else fetches them with HTTP ``Range``
     requests (neighbours coalesced), checks each sample against its digest,
     and keeps the parsed samples in :attr:`ready` until :func:`read` hands
-    them out.  Nothing unverified is ever kept.
+    them out.  A range is widened to the samples of its aligned
+    :data:`RANGE_BLOCK` (read ahead: fewer, larger requests), kept while
+    they take at most :data:`READY_MAX` bytes (oldest dropped first).
+    Nothing unverified is ever kept.
 
     Counters (per process): ``range_requests``, ``range_bytes``,
-    ``range_samples`` (delivered from ranges), ``partial_samples``
-    (delivered from a partial download), ``range_refetches`` (a range whose
-    bytes failed a digest), ``cache_samples`` is not counted here.
+    ``range_samples`` / ``partial_samples`` (delivered from a range / from a
+    partial download), ``range_ahead`` (samples read ahead),
+    ``range_refetches`` (a range fetched again: a sample it needed failed
+    its digest), ``range_dropped`` (a sample read ahead failed its digest
+    and was dropped).
     """
 
     def __init__(self, store: Any):
         self.store = store
-        self.ready: Dict[Tuple[int, int], Dict[str, Any]] = {}
+        # (shard, sample) -> (sample dict, bytes, "range" | "partial"), oldest first
+        self.ready: OrderedDict[Tuple[int, int], Tuple[Dict[str, Any], int, str]] = OrderedDict()
+        self.ready_bytes = 0
+        self.steps = 0  # steps prepared
+        self.ahead: Dict[int, set] = {}  # per shard: samples ever read ahead (not read ahead twice)
         self.off: set = set()  # shards read whole (no digests, not http, server ignores Range)
         self.eligible: Dict[int, bool] = {}
         self.active = True
         self.counters = {"range_requests": 0, "range_bytes": 0, "range_samples": 0, "partial_samples": 0,
-                         "range_refetches": 0}
+                         "range_ahead": 0, "range_refetches": 0, "range_dropped": 0}
         self._pool: Any = None
         self._tl: Any = None
         self._sessions: List[Any] = []
@@ -251,6 +268,34 @@ class RangedReads:
         import threading
 
         self.lock = threading.Lock()
+
+    def put(self, key: Tuple[int, int], sample: Dict[str, Any], nbytes: int, source: str) -> None:
+        if key in self.ready:
+            return
+        self.ready[key] = (sample, nbytes, source)
+        self.ready_bytes += nbytes
+
+    def take(self, key: Tuple[int, int]) -> Optional[Dict[str, Any]]:
+        hit = self.ready.pop(key, None)
+        if hit is None:
+            return None
+        self.ready_bytes -= hit[1]
+        self.counters[hit[2] + "_samples"] += 1
+        return hit[0]
+
+    def drop(self, key: Tuple[int, int]) -> None:
+        hit = self.ready.pop(key, None)
+        if hit is not None:
+            self.ready_bytes -= hit[1]
+
+    def trim(self, keep: set) -> None:
+        """Drop the oldest samples read ahead while over :data:`READY_MAX` (not ``keep``)."""
+        if self.ready_bytes <= READY_MAX:
+            return
+        for key in [k for k in self.ready if k not in keep]:
+            self.drop(key)
+            if self.ready_bytes <= READY_MAX:
+                return
 
     def can_range(self, si: int, shard: ShardInfo) -> bool:
         """Static part: remote http(s) shard with offsets and sample digests."""
@@ -299,6 +344,7 @@ class RangedReads:
                 pass
         self._sessions = []
         self.ready.clear()
+        self.ready_bytes = 0
 
 
 def _verified(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
@@ -343,11 +389,10 @@ def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[
                 rest.append(j)  # not (yet) the right bytes: fetch them by range
                 continue
             try:
-                rr.ready[(si, j)] = _parse(buf, a, shard, j)
+                rr.put((si, j), _parse(buf, a, shard, j), b - a, "partial")
             except ShardFormatError:
                 rest.append(j)
                 continue
-            rr.counters["partial_samples"] += 1
     finally:
         os.close(fd)
     return rest
@@ -372,6 +417,30 @@ def _wait_growth(fd: int, need: int, rr: RangedReads, shard: ShardInfo) -> int:
     return size
 
 
+def _widen(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:
+    """``js`` plus the samples of their aligned :data:`RANGE_BLOCK` not read ahead before."""
+    import bisect
+
+    assert shard.offsets is not None
+    if rr.ready_bytes >= READY_MAX or RANGE_BLOCK <= 0:
+        return js
+    off = shard.offsets
+    n = len(off) - 1
+    done = rr.ahead.setdefault(si, set())
+    out = set(js)
+    for j in js:
+        a0 = int(off[j]) // RANGE_BLOCK * RANGE_BLOCK
+        lo = bisect.bisect_left(off, a0, 0, n)  # first sample starting in the block
+        k = lo
+        while k < n and int(off[k + 1]) <= a0 + RANGE_BLOCK:
+            if k not in done and (si, k) not in rr.ready:
+                out.add(k)
+            k += 1
+    extra = out.difference(js)
+    done.update(extra)
+    return sorted(out)
+
+
 def _groups(shard: ShardInfo, js: List[int]) -> List[Tuple[int, int, List[int]]]:
     """Coalesce samples into ``(start, end, samples)`` ranges."""
     assert shard.offsets is not None
@@ -388,9 +457,10 @@ def _groups(shard: ShardInfo, js: List[int]) -> List[Tuple[int, int, List[int]]]
 
 
 def _fetch_group(rr: RangedReads, ds: Any, shard: ShardInfo, lo: int, hi: int, js: List[int],
-                 config: Any, budget: Any) -> Dict[int, Dict[str, Any]]:
+                 config: Any, budget: Any, needed: Optional[set] = None) -> Dict[int, Dict[str, Any]]:
     """Fetch ``[lo, hi)`` and return its samples ``js``, each verified; a range
-    whose bytes fail a digest is fetched again while ``budget`` allows."""
+    whose bytes fail a digest of a ``needed`` sample is fetched again while
+    ``budget`` allows (a sample read ahead that fails is left out)."""
     from .errors import ChecksumMismatch
     from .repair import fetch_range
 
@@ -400,11 +470,16 @@ def _fetch_group(rr: RangedReads, ds: Any, shard: ShardInfo, lo: int, hi: int, j
         with rr.lock:
             rr.counters["range_requests"] += 1
             rr.counters["range_bytes"] += len(data)
-        bad = next((j for j in js if not _verified(data, lo, shard, j)), None)
+        bads = [j for j in js if not _verified(data, lo, shard, j)]
+        for j in bads:
+            a, b = shard.sample_range(j)
+            ds._on_event("range_verify_fail", shard.url, sample=j, start=a, end=b)
+        bad = next((j for j in bads if needed is None or j in needed), None)
         if bad is None:
-            return {j: _parse(data, lo, shard, j) for j in js}
+            with rr.lock:
+                rr.counters["range_dropped"] += len(bads)
+            return {j: _parse(data, lo, shard, j) for j in js if j not in bads}
         a, b = shard.sample_range(bad)
-        ds._on_event("range_verify_fail", shard.url, sample=bad, start=a, end=b)
         with rr.lock:
             rr.counters["range_refetches"] += 1
         if not budget.take():
@@ -447,11 +522,10 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         rr.active = any(rr.can_range(i, s) for i, s in enumerate(shards))
     if not rr.active:
         return  # no shard can be read by range (local shards, manifest without digests)
-    rr.ready.clear()  # what an abandoned step left
     todo: Dict[int, List[int]] = {}
     seen: set = set()
     for si, j in where:
-        if si in reader.open or si in ds._failed or si in rr.off:
+        if si in reader.open or si in ds._failed or si in rr.off or (si, j) in rr.ready:
             continue
         lst = todo.get(si)
         if lst is None:
@@ -469,12 +543,13 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         return
     t0 = time.perf_counter()
     try:
-        _prepare(ds, rr, todo, stream)
+        _prepare(ds, rr, todo, stream, set(where))
     finally:
         reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
 
 
-def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool) -> None:
+def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
+             step: set) -> None:
     from .fetch import FetchBudget
     from .repair import RangeIgnored
 
@@ -489,9 +564,12 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool)
         if rr.cached(shard):
             continue  # published meanwhile: the cache serves it
         budget = FetchBudget(config)
-        for lo, hi, members in _groups(shard, rest):
+        needed = set(rest)
+        # the first step reads no more than it needs (the first batch comes first)
+        wide = _widen(rr, si, shard, rest) if rr.steps else rest
+        for lo, hi, members in _groups(shard, wide):
             jobs.append((si, budget, rr.pool().submit(_fetch_group, rr, ds, shard, lo, hi, members, config,
-                                                      budget)))
+                                                      budget, needed)))
     errors: Dict[int, BaseException] = {}
     for si, _, fut in jobs:
         try:
@@ -502,13 +580,18 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool)
         except (FetchError, IntegrityError, ShardFormatError) as err:
             errors.setdefault(si, err)
             continue
+        off = shards[si].offsets
+        assert off is not None
+        need = todo[si]
         for j, sample in got.items():
-            rr.ready[(si, j)] = sample
-        rr.counters["range_samples"] += len(got)
+            rr.put((si, j), sample, int(off[j + 1]) - int(off[j]), "range")
+        rr.counters["range_ahead"] += sum(1 for j in got if j not in need)
     for si, failure in errors.items():
         for key in [k for k in rr.ready if k[0] == si]:
-            del rr.ready[key]  # this shard's samples of the step follow on_error together
+            rr.drop(key)  # this shard's samples follow on_error together
         shard_failed(ds, si, shards[si], failure)
+    rr.trim(step)  # never what this step reads
+    rr.steps += 1
 
 
 def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:
@@ -516,4 +599,4 @@ def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:
     r = ds._reader
     if r is None or r.ranged is None or not r.ranged.ready:
         return None
-    return r.ranged.ready.pop((si, j), None)
+    return r.ranged.take((si, j))
