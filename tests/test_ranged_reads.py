@@ -265,3 +265,41 @@ def test_read_ahead_blocks_deliver_the_same_sequence_with_fewer_requests(v3, tmp
     assert got == warm and got2 == warm
     assert ahead["range_ahead"] > 0 and n_ahead < n_plain
     assert ahead["range_refetches"] + ahead["range_dropped"] >= 1
+
+
+def test_webloader_resume_on_a_fresh_cold_node_equals_the_warm_run(v3, tmp_path):
+    """Interrupt a cold WebLoader (2 workers) mid-epoch, resume its state in a new
+    loader (0 workers) on another empty cache: head + tail is the warm run, whole."""
+    pytest.importorskip("torch")
+
+    def loader(url, cache, workers):
+        ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, seed=11, shuffle=True)
+        return rw.WebLoader(ds, batch_size=16, num_workers=workers, collate_fn=lambda b: b)
+
+    def plain(batch):
+        return [(s["__key__"], s["__index__"], bytes(s["bin"])) for s in batch]
+
+    with FaultServer(v3) as srv:
+        url = srv.url.rstrip("/") + "/"
+        reading.RANGED_READS = False
+        try:
+            warm = [plain(b) for b in loader(url, str(tmp_path / "w"), 0)]
+        finally:
+            reading.RANGED_READS = True
+    with FaultServer(v3, bytes_per_second=2_000_000) as srv:
+        url = srv.url.rstrip("/") + "/"
+        first = loader(url, str(tmp_path / "a"), 2)
+        head = []
+        for b in first:
+            head.append(plain(b))
+            if len(head) == 23:
+                break
+        state = first.state_dict()
+        first.close()
+        fresh = loader(url, str(tmp_path / "b"), 0)
+        fresh.load_state_dict(state)
+        tail = [plain(b) for b in fresh]
+        counters = dict(fresh.dataset._reader.ranged.counters)
+        fresh.close()
+    assert head + tail == warm
+    assert counters["range_samples"] + counters["partial_samples"] > 0
