@@ -18,6 +18,16 @@ step, apart from the order (:mod:`resumewds.plan`) and the stages
 * :func:`shard_failed` -- ``on_error`` / webdataset's ``handler`` for a shard
   that cannot be fetched, verified or parsed: raise (recording a ``fail``
   event), skip it for the rest of the iteration (``skip`` event), or stop.
+* :func:`prepare` -- called once per step before its samples are read: the
+  samples of remote shards that are not verified cache entries yet (manifest
+  v3, per-sample digests) are read from the partial download or fetched by
+  HTTP/S3 ``Range`` (:func:`resumewds.repair.fetch_range`), each verified
+  against its digest, and kept in :class:`RangedReads` until :func:`read`
+  takes them (:func:`take_ready`); the whole-shard prefetch goes on and
+  later steps read the cache.  Its helpers: ``_from_partial`` (streaming
+  while downloading), ``_groups`` (coalescing), ``_fetch_group`` (fetch,
+  verify, fetch again on a mismatch while the budget allows), ``_widen``
+  (optional read-ahead).  docs/DIGESTS.md has the rules and the figures.
 
 The reader state lives on the dataset (``ds._reader``, ``ds._failed``) so
 that pickling a dataset for DataLoader workers drops it (``__getstate__``)
@@ -236,9 +246,9 @@ class RangedReads:
     prefetch thread downloads it), else fetches them with HTTP ``Range``
     requests (neighbours coalesced), checks each sample against its digest,
     and keeps the parsed samples in :attr:`ready` until :func:`read` hands
-    them out.  A range is widened to the samples of its aligned
-    :data:`RANGE_BLOCK` (read ahead: fewer, larger requests), kept while
-    they take at most :data:`READY_MAX` bytes (oldest dropped first).
+    them out.  With :data:`RANGE_BLOCK` set, a range is widened to the
+    samples of its aligned block (read ahead: fewer, larger requests), kept
+    while they take at most :data:`READY_MAX` bytes (oldest dropped first).
     Nothing unverified is ever kept.
 
     Counters (per process): ``range_requests``, ``range_bytes``,
@@ -298,7 +308,7 @@ class RangedReads:
                 return
 
     def can_range(self, si: int, shard: ShardInfo) -> bool:
-        """Static part: remote http(s) shard with offsets and sample digests."""
+        """Static part: an http(s) or s3 shard with its size, offsets and sample digests."""
         ok = self.eligible.get(si)
         if ok is None:
             url = shard.url.lower()
