@@ -347,6 +347,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     fs: FaultServer
     protocol_version = "HTTP/1.1"
     server_version = "faultserver/1"
+    disable_nagle_algorithm = True  # TCP_NODELAY, as real servers: no 40 ms delayed-ACK stall per small response
 
     def log_message(self, format: str, *args) -> None:  # quiet
         pass

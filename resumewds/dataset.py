@@ -24,25 +24,24 @@ import copy
 import logging
 import os
 import time
-from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import tario
+from . import reading, tario
 from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, ResumeWDSError,
                      ShardFormatError, SourceError, StateError)
-from .events import EventKind
 from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, ExtractKeys, Handled, HandlerStop, Map, MapDict, MapTuple, Rename,
                        RenameKeys, Select, SelectFiles, Stage, ToTuple, default_collate,
                        default_collation_fn, list_collate)
 from .plan import Layout, Plan, check_partitions, mix, worker_steps
+from .reading import ShardReader as _ShardReader
 from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 from .sources import Source, resolve_sources
 from .stats import event_record
 
 log = logging.getLogger("resumewds")
 
-_RUN_BYTES = 4 << 20  # most bytes read with one pread when samples are consecutive
+_RUN_BYTES = reading.RUN_BYTES  # most bytes read with one pread (tests lower it)
 
 ON_ERROR = ("raise", "skip")
 DATASET_STATE = "resumewds.dataset"
@@ -131,56 +130,6 @@ def index_manifest(manifest: Manifest, store: Any = None,
             progress(1)
     manifest._starts = None
     return manifest
-
-
-class _ShardReader:
-    """Per-process open shards: pinned cache leases and file descriptors (LRU)."""
-
-    def __init__(self, store: Any, limit: int):
-        self.store = store
-        self.limit = max(2, limit)
-        self.open: "OrderedDict[int, Tuple[Any, int]]" = OrderedDict()
-        self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
-
-    def fd(self, idx: int, shard: ShardInfo) -> int:
-        hit = self.open.get(idx)
-        if hit is not None:
-            self.open.move_to_end(idx)
-            return hit[1]
-        t0 = time.perf_counter()
-        try:
-            for attempt in range(3):
-                lease = self.store.acquire(shard)
-                try:
-                    fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    break
-                except FileNotFoundError as exc:
-                    # removed after it was verified (damaged from outside and
-                    # repaired by another process): acquire it again
-                    lease.close()
-                    if attempt == 2:
-                        raise CacheError(f"{lease.path}: removed again and again between being "
-                                         f"verified and opened ({shard.url})") from exc
-                except OSError as exc:
-                    lease.close()
-                    raise CacheError(f"{lease.path}: cannot open the verified copy of {shard.url}: "
-                                     f"{exc.strerror or exc}") from exc
-        finally:
-            self.wait += time.perf_counter() - t0
-        self.open[idx] = (lease, fd)
-        while len(self.open) > self.limit:
-            _, (old_lease, old_fd) = self.open.popitem(last=False)
-            os.close(old_fd)
-            old_lease.close()
-        return fd
-
-    def close(self) -> None:
-        while self.open:
-            _, (lease, fd) = self.open.popitem()
-            try:
-                os.close(fd)
-            finally:
-                lease.close()
 
 
 _UNSET: Any = object()
@@ -725,91 +674,26 @@ class WebDataset:
         d["_plan"] = None
         return d
 
-    # ---- reading ---------------------------------------------------------
+    # ---- reading (resumewds.reading) ------------------------------------------------
     def _read(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
         """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
-        if shard_idx in self._failed:
-            return None
-        shard = self.manifest.shards[shard_idx]
-        try:
-            fd = self._shard_reader().fd(shard_idx, shard)
-            start, end = shard.sample_range(j)
-            sample = tario.read_sample(fd, start, end, shard.url)
-        except (FetchError, IntegrityError, ShardFormatError) as exc:
-            self._shard_failed(shard_idx, shard, exc)
-            return None
-        sample["__url__"] = shard.url
-        return sample
+        return reading.read(self, shard_idx, j)
 
-    def _shard_reader(self) -> "_ShardReader":
+    def _shard_reader(self) -> _ShardReader:
         """This process's open shards (created on first use)."""
-        if self._reader is None:
-            # a shuffled window reads its shards at once (one window per
-            # partition of this rank's node); in order, two are enough (fewer
-            # pins: the cache_size budget holds better)
-            parts = min(self.plan_partitions, 8)
-            windowed = str(self.plan.algo).endswith("window")
-            self._reader = _ShardReader(self.store, self.shuffle_window * parts + 2 if windowed else parts + 1)
-        return self._reader
+        return reading.shard_reader(self)
 
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
-        """``on_error``: record the shard as failed and re-raise ``exc``, or
-        record it as skipped."""
-        if self.on_error != "skip":
-            # the loader takes this event with the error, to the journal and stats
-            self._on_event(EventKind.FAIL, shard.url, error=str(exc))
-            raise exc
-        if self.handler is not None and not self.handler(exc):  # webdataset handler: stop
-            self._failed[shard_idx] = str(exc)
-            self._on_event("skip", shard.url, error=str(exc))
-            raise HandlerStop(str(exc)) from exc
-        self._failed[shard_idx] = str(exc)
-        self._on_event(EventKind.SKIP, shard.url, error=str(exc))
-        log.warning("skipping shard %s: %s", shard.url, exc)
+        """``on_error`` for a shard: raise, skip or stop (:func:`resumewds.reading.shard_failed`)."""
+        reading.shard_failed(self, shard_idx, shard, exc)
 
     def _run_length(self, where: Sequence[Tuple[int, int]], i: int) -> int:
-        """How many of ``where[i:]`` are consecutive samples of one shard,
-        within :data:`_RUN_BYTES` (one sample at least)."""
-        si, j = where[i]
-        n = len(where)
-        if i + 1 >= n or where[i + 1] != (si, j + 1):
-            return 1  # the rule when shuffled: no offsets touched
-        offsets = self.manifest.shards[si].offsets
-        if offsets is None:
-            return 1
-        run = 1
-        limit = int(offsets[j]) + _RUN_BYTES
-        while i + run < n and where[i + run] == (si, j + run) and int(offsets[j + run + 1]) <= limit:
-            run += 1
-        return run
+        """How many of ``where[i:]`` are consecutive samples of one shard (within ``_RUN_BYTES``)."""
+        return reading.run_length(self.manifest.shards, where, i, _RUN_BYTES)
 
     def _read_run(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
-        """Samples ``j .. j+count-1`` of one shard with one ``pread``.
-
-        Same results, errors and skips as ``count`` calls of :meth:`_read`:
-        a shard that cannot be fetched fails (or is skipped) once, and on a
-        malformed sample it falls back to one-by-one reads of the open file,
-        so the samples before the bad one are delivered exactly as they would
-        be one by one.
-        """
-        if count == 1 or shard_idx in self._failed:
-            return [self._read(shard_idx, j + i) for i in range(count)]
-        shard = self.manifest.shards[shard_idx]
-        try:
-            fd = self._shard_reader().fd(shard_idx, shard)
-        except (FetchError, IntegrityError, ShardFormatError) as exc:
-            self._shard_failed(shard_idx, shard, exc)  # never a second fetch
-            return [None] * count
-        try:
-            assert shard.offsets is not None
-            samples: List[Optional[Dict[str, Any]]] = list(
-                tario.read_samples(fd, shard.offsets, j, j + count - 1, shard.url))
-        except ShardFormatError:
-            return [self._read(shard_idx, j + i) for i in range(count)]
-        url = shard.url
-        for sample in samples:
-            sample["__url__"] = url  # type: ignore[index]
-        return samples
+        """Samples ``j .. j+count-1`` of one shard with one ``pread`` (:func:`resumewds.reading.read_run`)."""
+        return reading.read_run(self, shard_idx, j, count)
 
     def _apply(self, stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
         for st in stages:
@@ -856,6 +740,7 @@ class WebDataset:
         last_window = -1
         sample_at, read, stages = ep.sample_at, self._read, self.stages
         names: Dict[int, str] = {}
+        stream = not str(self.plan.algo).endswith("window")  # shards read front to back
         for k in worker_steps(nsteps, worker, num_workers):
             slots = layout.slots(total, start, k)
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
@@ -891,6 +776,7 @@ class WebDataset:
             # with one pread: fewer syscalls, and fewer GIL hand-offs to the
             # prefetch threads
             where = [sample_at(pos) for pos, _ in slots]
+            reading.prepare(self, where, stream)  # samples of shards not cached yet: verified ranges
             ahead: List[Optional[Dict[str, Any]]] = []
             for i, (pos, pad) in enumerate(slots):
                 si, j = where[i]

@@ -105,8 +105,8 @@ EVENTS: Dict[EventKind, EventSpec] = {
     K.CACHE_HIT: EventSpec("cache", counter="cache_hits", shard_state="verified", journaled=False),
     K.CACHE_MISS: EventSpec("cache", counter="cache_misses"),
     # skip: Stats keeps {url: error} (shards_skipped); the dataset logs the warning itself
-    K.SKIP: EventSpec("dataset", shard_state="failed", lane=4, error=True),
-    K.FAIL: EventSpec("dataset", counter="failures", shard_state="failed", level=INFO, lane=5,
+    K.SKIP: EventSpec("reading", shard_state="failed", lane=4, error=True),
+    K.FAIL: EventSpec("reading", counter="failures", shard_state="failed", level=INFO, lane=5,
                       error=True),
     K.RECOVERED: EventSpec("loader", shard_state="verified", level=INFO),
     K.RESUME: EventSpec("loader", level=INFO, lane=0),

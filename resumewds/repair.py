@@ -105,6 +105,9 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
     """
     from . import fetch as F
 
+    if url.startswith("s3://"):
+        return _fetch_s3_range(url, start, end, config=config, budget=budget, on_event=on_event)
+
     def attempt() -> bytes:
         pace = F._Pace(url, config, budget, what=f"range {start}-{end - 1}")
         try:
@@ -144,6 +147,55 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
         finally:
             if session is None and "sess" in locals():
                 sess.close()
+
+    return F._retry(config, url, on_event, budget, attempt)
+
+
+def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any, on_event: Any = None) -> bytes:
+    """:func:`fetch_range` for ``s3://``: a ranged GetObject through the s3 transport's
+    client (its timeouts near the deadline, its error map), our retry policy and budget."""
+    from . import fetch as F
+    from . import s3
+
+    bucket, key = s3.parse_s3_url(url)
+
+    def attempt() -> bytes:
+        pace = F._Pace(url, config, budget, what=f"range {start}-{end - 1}")
+        body = None
+        try:
+            client = s3.client_for(url, config, (pace.timeout(config.connect_timeout),
+                                                 pace.timeout(config.read_timeout)))
+            resp = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+            body = resp["Body"]
+            status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
+            if status != 206:
+                raise RangeIgnored(f"{url}: S3 answered a Range GetObject with HTTP {status}", url, status)
+            m = F._CONTENT_RANGE.match(resp.get("ContentRange") or "")
+            if not m or int(m.group(1)) != start or int(m.group(2)) != end - 1:
+                raise RangeIgnored(f"{url}: asked for bytes {start}-{end - 1}, got ContentRange "
+                                   f"{resp.get('ContentRange')!r}", url, 206)
+            chunks: List[bytes] = []
+            n = 0
+            while True:
+                chunk = body.read(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                n += len(chunk)
+                pace.tick(len(chunk))
+                if n > end - start:
+                    raise RangeIgnored(f"{url}: range body longer than {end - start} bytes", url, 206)
+            if n < end - start:
+                raise TransientFetchError(f"{url}: short range body: got {n} of {end - start} bytes "
+                                          f"(range {start}-{end - 1})", url, 206)
+            return b"".join(chunks)
+        except FetchError:
+            raise
+        except Exception as exc:
+            raise s3.translate_s3_error(exc, url) from exc
+        finally:
+            if body is not None:
+                body.close()
 
     return F._retry(config, url, on_event, budget, attempt)
 

@@ -1,0 +1,209 @@
+"""Time to first batch and cold throughput over a rate-limited loopback server (issue 15).
+
+A FaultServer on 127.0.0.1 serves the shards with every response body
+limited to ``--rate`` MB/s (per connection, as a remote object store or
+CDN limits one stream).  From a cold cache, each system builds its default
+shuffled pipeline and iterates batches of 64:
+
+* ``resumewds``: ``WebDataset(manifest_url, shuffle=True).batched(64)``
+  (window shuffle of 8 shards, manifest v3 with sample digests: the first
+  batches are verified ranged reads and reads of the partial downloads);
+* ``resumewds-whole``: the same with ranged reads off
+  (``resumewds.reading.RANGED_READS = False``: every shard is read once it
+  is downloaded whole and verified, the behaviour before issue 15);
+* ``webdataset``: webdataset 1.0.2's
+  ``WebDataset(urls, shardshuffle=100).shuffle(1000).batched(64)`` over
+  the same http urls (its curl pipe).
+
+Reported, per shard size: seconds to the first batch and cold throughput
+(MB/s of sample payload over the whole epoch), and the ratios
+``first batch resumewds / webdataset`` (target <= 2) and ``throughput
+resumewds / webdataset`` (target >= 3), all measured in this run.
+
+Run::
+
+    python bench/bench_firstbatch.py --quick     # 32 MB and 256 MB shards, one repeat
+    python bench/bench_firstbatch.py             # the same, 3 repeats (medians)
+    python bench/bench_firstbatch.py --quick --prefetch-threads 4   # more whole-shard downloads at once
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from typing import Any, Dict, Iterator, List, Tuple
+
+from _common import ROOT, parse_args, workdir
+
+SAMPLE = 100_000  # bytes of payload per sample (about)
+BATCH = 64
+
+
+def make_data(directory: str, shards: int, shard_mb: int, seed: int = 0) -> Tuple[List[str], str]:
+    """``shards`` tars of about ``shard_mb`` MB (``.bin`` + ``.cls`` samples) and a v3 manifest."""
+    import resumewds as rw
+
+    os.makedirs(directory, exist_ok=True)
+    rnd = random.Random(seed)
+    names = []
+    per = max(1, shard_mb * 1_000_000 // SAMPLE)
+    for s in range(shards):
+        name = f"shard-{s:06d}.tar"
+        with tarfile.open(os.path.join(directory, name), "w", format=tarfile.USTAR_FORMAT) as tf:
+            for i in range(per):
+                key = f"s{s:06d}_{i:06d}"
+                for ext, data in (("bin", rnd.randbytes(rnd.randint(SAMPLE // 2, SAMPLE * 3 // 2))),
+                                  ("cls", str(i % 10).encode())):
+                    ti = tarfile.TarInfo(f"{key}.{ext}")
+                    ti.size = len(data)
+                    ti.mtime = 0
+                    tf.addfile(ti, io.BytesIO(data))
+        names.append(name)
+    pattern = os.path.join(directory, f"shard-{{000000..{shards - 1:06d}}}.tar")
+    rw.build_manifest(pattern, os.path.join(directory, "manifest.json"), digests=True)
+    return names, os.path.join(directory, "manifest.json")
+
+
+def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int = 0) -> Tuple[float, float, int]:
+    """(seconds to the first batch, seconds for ``limit`` batches, payload bytes)."""
+    import resumewds as rw
+    from resumewds import reading
+
+    reading.RANGED_READS = ranged
+    shutil.rmtree(cache, ignore_errors=True)
+    ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, shuffle=True, seed=1).batched(
+        BATCH, collation_fn=None)
+    if threads:
+        ds.store.prefetch_threads = threads  # ShardStore's whole-shard downloads at once (default 2)
+    t0 = time.perf_counter()
+    first = None
+    nbytes = 0
+    n = 0
+    try:
+        for batch in ds:
+            if first is None:
+                first = time.perf_counter() - t0
+            nbytes += sum(len(s["bin"]) for s in batch)
+            n += 1
+            if n >= limit:
+                break
+    finally:
+        total = time.perf_counter() - t0
+        ds.close()
+        reading.RANGED_READS = True
+    assert first is not None
+    return first, total, nbytes
+
+
+def run_webdataset(url: str, names: List[str], limit: int) -> Tuple[float, float, int]:
+    import webdataset as wds
+
+    urls = [url + n for n in names]
+    ds = wds.WebDataset(urls, shardshuffle=100, seed=1, empty_check=False).shuffle(1000).batched(
+        BATCH, collation_fn=None)
+    t0 = time.perf_counter()
+    first = None
+    nbytes = 0
+    n = 0
+    for batch in ds:
+        if first is None:
+            first = time.perf_counter() - t0
+        nbytes += sum(len(s["bin"]) for s in batch)
+        n += 1
+        if n >= limit:
+            break
+    total = time.perf_counter() - t0
+    assert first is not None
+    return first, total, nbytes
+
+
+@contextlib.contextmanager
+def served(root: str, bps: float) -> Iterator[str]:
+    """A FaultServer in its own process (its threads must not share our GIL), on 127.0.0.1."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "chaos.faultserver", root, "--port", "0",
+                             "--bytes-per-second", str(bps)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"faultserver did not start: {url!r}")
+        yield url.rstrip("/") + "/"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main(argv: Any = None) -> int:
+    args = parse_args(__doc__.splitlines()[0], argv, extra=lambda p: (
+        p.add_argument("--rate", type=float, default=50.0, help="MB/s per connection (default 50)"),
+        p.add_argument("--sizes", default=None, help="shard sizes in MB, e.g. 32,256"),
+        p.add_argument("--prefetch-threads", type=int, default=0,
+                       help="ShardStore.prefetch_threads for resumewds (default: the library's, 2)")))
+    sizes = [int(x) for x in (args.sizes or "32,256").split(",")]
+    repeats = args.repeats or (1 if args.quick else 3)
+    # shards per size: the default window of 8 shuffles 8 shards at once
+    count = {32: 8, 256: 2}  # the full run repeats more (a larger one took ~7 min on a loaded machine)
+    rows: List[Tuple[str, float]] = []
+    ok = True
+    with workdir(args, "firstbatch") as d:
+        for mb in sizes:
+            n = count.get(mb, 4)
+            t0 = time.perf_counter()
+            names, _ = make_data(os.path.join(d, f"d{mb}"), n, mb)
+            print(f"# {n} shards x {mb} MB, samples of ~{SAMPLE // 1000} kB, generated in "
+                  f"{time.perf_counter() - t0:.1f}s; server limited to {args.rate:g} MB/s per connection",
+                  flush=True)
+            res: Dict[str, List[Tuple[float, float, int]]] = {"resumewds": [], "resumewds-whole": [],
+                                                               "webdataset": []}
+            with served(os.path.join(d, f"d{mb}"), args.rate * 1e6) as url:
+                # first batch: the first batches only; throughput: the whole epoch (cold)
+                for r in range(repeats):
+                    for name in (list(res) if r % 2 == 0 else list(res)[::-1]):
+                        cache = os.path.join(d, "cache")
+                        if name == "webdataset":
+                            out = run_webdataset(url, names, limit=10 ** 9)
+                        else:
+                            out = run_resumewds(url, cache, name == "resumewds", limit=10 ** 9,
+                                                threads=args.prefetch_threads)
+                        res[name].append(out)
+                        print(f"#   {name:16s} first batch {out[0]:6.2f}s  epoch {out[1]:6.2f}s  "
+                              f"{out[2] / 1e6 / out[1]:7.1f} MB/s", flush=True)
+                        shutil.rmtree(os.path.join(d, "cache"), ignore_errors=True)
+
+            def med(name: str, i: int, res: Dict[str, List[Tuple[float, float, int]]] = res) -> float:
+                return statistics.median(x[i] for x in res[name])
+
+            def rate(name: str, res: Dict[str, List[Tuple[float, float, int]]] = res) -> float:
+                return statistics.median(x[2] / x[1] for x in res[name])
+
+            first_ratio = med("resumewds", 0) / med("webdataset", 0)
+            thr_ratio = rate("resumewds") / rate("webdataset")
+            print(f"{mb} MB shards: first batch resumewds {med('resumewds', 0):.2f}s, "
+                  f"whole-shard reads {med('resumewds-whole', 0):.2f}s, webdataset {med('webdataset', 0):.2f}s"
+                  f"  -> ratio {first_ratio:.2f}x (target <= 2)")
+            print(f"{mb} MB shards: cold throughput resumewds {rate('resumewds') / 1e6:.1f} MB/s, "
+                  f"whole-shard reads {rate('resumewds-whole') / 1e6:.1f} MB/s, "
+                  f"webdataset {rate('webdataset') / 1e6:.1f} MB/s"
+                  f"  -> ratio {thr_ratio:.2f}x (target >= 3)")
+            rows += [(f"first batch / webdataset, {mb} MB", first_ratio),
+                     (f"cold throughput / webdataset, {mb} MB", thr_ratio)]
+            ok = ok and first_ratio <= 2 and thr_ratio >= 3
+    print("| metric | ratio |\n|---|---|")
+    for k, v in rows:
+        print(f"| {k} | {v:.2f}x |")
+    print("PASS" if ok else "BELOW TARGET")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,612 @@
+"""Shard reading: from ``(shard index, sample index)`` to a sample dict.
+
+What :class:`resumewds.dataset.WebDataset` calls to read the samples of a
+step, apart from the order (:mod:`resumewds.plan`) and the stages
+(:mod:`resumewds.pipeline`).  A map of this module:
+
+* :class:`ShardReader` -- a process's open shards: the pinned cache leases
+  (:meth:`resumewds.cache.ShardStore.acquire`) and their file descriptors,
+  least recently used closed first; ``wait`` sums the seconds blocked in
+  ``acquire`` (the ``t_fetch_wait`` stat).
+* :func:`shard_reader` -- the dataset's reader, created on first use, sized
+  to the shards a step can touch (a shuffle window per partition, or two in
+  order).
+* :func:`read` -- one sample (``tario.read_sample`` on the open copy);
+  :func:`read_run` -- consecutive samples of one shard with one ``pread``
+  (same results, errors and skips as one by one); :func:`run_length` -- how
+  many of a step's next samples make such a run (at most :data:`RUN_BYTES`).
+* :func:`shard_failed` -- ``on_error`` / webdataset's ``handler`` for a shard
+  that cannot be fetched, verified or parsed: raise (recording a ``fail``
+  event), skip it for the rest of the iteration (``skip`` event), or stop.
+* :func:`prepare` -- called once per step before its samples are read: the
+  samples of remote shards that are not verified cache entries yet (manifest
+  v3, per-sample digests) are read from the partial download or fetched by
+  HTTP/S3 ``Range`` (:func:`resumewds.repair.fetch_range`), each verified
+  against its digest, and kept in :class:`RangedReads` until :func:`read`
+  takes them (:func:`take_ready`); the whole-shard prefetch goes on and
+  later steps read the cache.  Its helpers: ``_from_partial`` (streaming
+  while downloading), ``_groups`` (coalescing), ``_fetch_group`` (fetch,
+  verify, fetch again on a mismatch while the budget allows), ``_widen``
+  (optional read-ahead).  docs/DIGESTS.md has the rules and the figures.
+
+The reader state lives on the dataset (``ds._reader``, ``ds._failed``) so
+that pickling a dataset for DataLoader workers drops it (``__getstate__``)
+and the loader and mixtures can read ``_failed`` and ``_reader.wait``.
+
+Example:
+    >>> ds = WebDataset("data/shard-{000000..000003}.tar")            # doctest: +SKIP
+    >>> read(ds, 0, 5)["__key__"]                                     # doctest: +SKIP
+    'sample000005'
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import tario
+from .errors import CacheError, FetchError, IntegrityError, ShardFormatError
+from .events import EventKind
+from .manifest import ShardInfo
+from .pipeline import HandlerStop
+
+__all__ = ["RUN_BYTES", "ShardReader", "read", "read_run", "run_length", "shard_failed", "shard_reader"]
+
+log = logging.getLogger("resumewds")
+
+#: most bytes read with one pread when samples are consecutive
+RUN_BYTES = 4 << 20
+
+
+class ShardReader:
+    """Per-process open shards: pinned cache leases and file descriptors (LRU)."""
+
+    def __init__(self, store: Any, limit: int):
+        self.store = store
+        self.limit = max(2, limit)
+        self.open: OrderedDict[int, Tuple[Any, int]] = OrderedDict()
+        self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
+        self.ranged: Optional[RangedReads] = None  # samples of shards not cached yet (prepare)
+
+    def fd(self, idx: int, shard: ShardInfo) -> int:
+        """The open, verified copy of ``shard`` (index ``idx``), acquired if needed."""
+        hit = self.open.get(idx)
+        if hit is not None:
+            self.open.move_to_end(idx)
+            return hit[1]
+        t0 = time.perf_counter()
+        try:
+            for attempt in range(3):
+                lease = self.store.acquire(shard)
+                try:
+                    fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    break
+                except FileNotFoundError as exc:
+                    # removed after it was verified (damaged from outside and
+                    # repaired by another process): acquire it again
+                    lease.close()
+                    if attempt == 2:
+                        raise CacheError(f"{lease.path}: removed again and again between being "
+                                         f"verified and opened ({shard.url})") from exc
+                except OSError as exc:
+                    lease.close()
+                    raise CacheError(f"{lease.path}: cannot open the verified copy of {shard.url}: "
+                                     f"{exc.strerror or exc}") from exc
+        finally:
+            self.wait += time.perf_counter() - t0
+        self.open[idx] = (lease, fd)
+        while len(self.open) > self.limit:
+            _, (old_lease, old_fd) = self.open.popitem(last=False)
+            os.close(old_fd)
+            old_lease.close()
+        return fd
+
+    def close(self) -> None:
+        """Close every open shard (and release its pin)."""
+        if self.ranged is not None:
+            self.ranged.close()
+        while self.open:
+            _, (lease, fd) = self.open.popitem()
+            try:
+                os.close(fd)
+            finally:
+                lease.close()
+
+
+def shard_reader(ds: Any) -> ShardReader:
+    """The dataset's open shards (created on first use)."""
+    if ds._reader is None:
+        # a shuffled window reads its shards at once (one window per
+        # partition of this rank's node); in order, two are enough (fewer
+        # pins: the cache_size budget holds better)
+        parts = min(ds.plan_partitions, 8)
+        windowed = str(ds.plan.algo).endswith("window")
+        ds._reader = ShardReader(ds.store, ds.shuffle_window * parts + 2 if windowed else parts + 1)
+    return ds._reader
+
+
+def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
+    """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
+    if shard_idx in ds._failed:
+        return None
+    ready = take_ready(ds, shard_idx, j)
+    if ready is not None:
+        return ready
+    shard = ds.manifest.shards[shard_idx]
+    try:
+        fd = shard_reader(ds).fd(shard_idx, shard)
+        start, end = shard.sample_range(j)
+        sample = tario.read_sample(fd, start, end, shard.url)
+    except (FetchError, IntegrityError, ShardFormatError) as exc:
+        shard_failed(ds, shard_idx, shard, exc)
+        return None
+    sample["__url__"] = shard.url
+    return sample
+
+
+def shard_failed(ds: Any, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
+    """``on_error``: record the shard as failed and re-raise ``exc``, or
+    record it as skipped."""
+    if ds.on_error != "skip":
+        # the loader takes this event with the error, to the journal and stats
+        ds._on_event(EventKind.FAIL, shard.url, error=str(exc))
+        raise exc
+    if ds.handler is not None and not ds.handler(exc):  # webdataset handler: stop
+        ds._failed[shard_idx] = str(exc)
+        ds._on_event("skip", shard.url, error=str(exc))
+        raise HandlerStop(str(exc)) from exc
+    ds._failed[shard_idx] = str(exc)
+    ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
+    log.warning("skipping shard %s: %s", shard.url, exc)
+
+
+def run_length(shards: Sequence[ShardInfo], where: Sequence[Tuple[int, int]], i: int,
+               limit_bytes: int = RUN_BYTES) -> int:
+    """How many of ``where[i:]`` are consecutive samples of one shard,
+    within ``limit_bytes`` (one sample at least)."""
+    si, j = where[i]
+    n = len(where)
+    if i + 1 >= n or where[i + 1] != (si, j + 1):
+        return 1  # the rule when shuffled: no offsets touched
+    offsets = shards[si].offsets
+    if offsets is None:
+        return 1
+    run = 1
+    limit = int(offsets[j]) + limit_bytes
+    while i + run < n and where[i + run] == (si, j + run) and int(offsets[j + run + 1]) <= limit:
+        run += 1
+    return run
+
+
+def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
+    """Samples ``j .. j+count-1`` of one shard with one ``pread``.
+
+    Same results, errors and skips as ``count`` calls of :func:`read`:
+    a shard that cannot be fetched fails (or is skipped) once, and on a
+    malformed sample it falls back to one-by-one reads of the open file,
+    so the samples before the bad one are delivered exactly as they would
+    be one by one.
+    """
+    r = ds._reader
+    if count == 1 or shard_idx in ds._failed or (r is not None and r.ranged is not None and r.ranged.ready and any(
+            (shard_idx, j + i) in r.ranged.ready for i in range(count))):
+        return [ds._read(shard_idx, j + i) for i in range(count)]
+    shard = ds.manifest.shards[shard_idx]
+    try:
+        fd = shard_reader(ds).fd(shard_idx, shard)
+    except (FetchError, IntegrityError, ShardFormatError) as exc:
+        shard_failed(ds, shard_idx, shard, exc)  # never a second fetch
+        return [None] * count
+    try:
+        assert shard.offsets is not None
+        samples: List[Optional[Dict[str, Any]]] = list(
+            tario.read_samples(fd, shard.offsets, j, j + count - 1, shard.url))
+    except ShardFormatError:
+        return [ds._read(shard_idx, j + i) for i in range(count)]
+    url = shard.url
+    for sample in samples:
+        sample["__url__"] = url  # type: ignore[index]
+    return samples
+
+
+# ---- verified ranged reads and streaming while downloading (issue 15 items 2, 4, 5) ----
+
+#: read samples of shards that are not cached yet by range / from the partial download
+RANGED_READS = True
+#: neighbouring samples closer than this are fetched with one Range request
+RANGE_GAP = 64 * 1024
+#: one Range request fetches at most this many bytes (unless one sample is bigger)
+RANGE_MAX = 8 << 20
+#: Range requests of one step run on this many connections at once
+RANGE_THREADS = 4
+#: a Range request for a sample also fetches the rest of its aligned block of this
+#: many bytes (read ahead: a shuffled window reads every sample of its shards soon);
+#: 0 (default): off -- over loopback it cost bytes and no time; it pays where each
+#: request has a long first-byte latency (object stores far away)
+RANGE_BLOCK = 0
+#: most bytes of verified samples read ahead and kept until asked for (per process)
+READY_MAX = 64 << 20
+#: a sample this close past the end of a growing partial download is waited for
+#: (streaming) rather than fetched by range
+STREAM_AHEAD = 4 << 20
+#: how long the partial download may not grow before the wait gives up (seconds)
+STREAM_STALL = 1.0
+
+
+class RangedReads:
+    """One process's verified reads of shards that are not in the cache yet.
+
+    For the samples of a step whose shard is remote (http/https), has
+    sample digests and offsets (manifest v3) and is not yet a verified
+    cache entry, :func:`prepare` reads each sample's bytes from the shard's
+    partial download when they have arrived there (streaming while the
+    prefetch thread downloads it), else fetches them with HTTP ``Range``
+    requests (neighbours coalesced), checks each sample against its digest,
+    and keeps the parsed samples in :attr:`ready` until :func:`read` hands
+    them out.  With :data:`RANGE_BLOCK` set, a range is widened to the
+    samples of its aligned block (read ahead: fewer, larger requests), kept
+    while they take at most :data:`READY_MAX` bytes (oldest dropped first).
+    Nothing unverified is ever kept.
+
+    Counters (per process): ``range_requests``, ``range_bytes``,
+    ``range_samples`` / ``partial_samples`` (delivered from a range / from a
+    partial download), ``range_ahead`` (samples read ahead),
+    ``range_refetches`` (a range fetched again: a sample it needed failed
+    its digest), ``range_dropped`` (a sample read ahead failed its digest
+    and was dropped).
+    """
+
+    def __init__(self, store: Any):
+        self.store = store
+        # (shard, sample) -> (sample dict, bytes, "range" | "partial"), oldest first
+        self.ready: OrderedDict[Tuple[int, int], Tuple[Dict[str, Any], int, str]] = OrderedDict()
+        self.ready_bytes = 0
+        self.steps = 0  # steps prepared
+        self.ahead: Dict[int, set] = {}  # per shard: samples ever read ahead (not read ahead twice)
+        self.off: set = set()  # shards read whole (no digests, not http, server ignores Range)
+        self.eligible: Dict[int, bool] = {}
+        self.active = True
+        self.counters = {"range_requests": 0, "range_bytes": 0, "range_samples": 0, "partial_samples": 0,
+                         "range_ahead": 0, "range_refetches": 0, "range_dropped": 0}
+        self._pool: Any = None
+        self._tl: Any = None
+        self._sessions: List[Any] = []
+        self._pid = os.getpid()
+        import threading
+
+        self.lock = threading.Lock()
+
+    def put(self, key: Tuple[int, int], sample: Dict[str, Any], nbytes: int, source: str) -> None:
+        if key in self.ready:
+            return
+        self.ready[key] = (sample, nbytes, source)
+        self.ready_bytes += nbytes
+
+    def take(self, key: Tuple[int, int]) -> Optional[Dict[str, Any]]:
+        hit = self.ready.pop(key, None)
+        if hit is None:
+            return None
+        self.ready_bytes -= hit[1]
+        self.counters[hit[2] + "_samples"] += 1
+        return hit[0]
+
+    def drop(self, key: Tuple[int, int]) -> None:
+        hit = self.ready.pop(key, None)
+        if hit is not None:
+            self.ready_bytes -= hit[1]
+
+    def trim(self, keep: set) -> None:
+        """Drop the oldest samples read ahead while over :data:`READY_MAX` (not ``keep``)."""
+        if self.ready_bytes <= READY_MAX:
+            return
+        for key in [k for k in self.ready if k not in keep]:
+            self.drop(key)
+            if self.ready_bytes <= READY_MAX:
+                return
+
+    def can_range(self, si: int, shard: ShardInfo) -> bool:
+        """Static part: an http(s) or s3 shard with its size, offsets and sample digests."""
+        ok = self.eligible.get(si)
+        if ok is None:
+            url = shard.url.lower()
+            ok = (url.startswith(("http://", "https://", "s3://")) and shard.sample_digests is not None
+                  and shard.offsets is not None and shard.size is not None
+                  and hasattr(self.store, "entry_path") and hasattr(self.store, "fetch"))
+            self.eligible[si] = ok
+        return ok
+
+    def cached(self, shard: ShardInfo) -> bool:
+        """The shard is a published cache entry (one stat): read it from the cache."""
+        return os.path.exists(self.store.entry_path(shard.url) + ".meta")
+
+    def session(self) -> Any:
+        import threading
+
+        from . import fetch as F
+
+        if self._tl is None:
+            self._tl = threading.local()
+        s = getattr(self._tl, "session", None)
+        if s is None:
+            s = self._tl.session = F.new_session()
+            self._sessions.append(s)
+        return s
+
+    def pool(self) -> Any:
+        if self._pool is None or self._pid != os.getpid():
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="resumewds-range")
+            self._pid = os.getpid()
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=True)
+        self._pool = None
+        for s in self._sessions:
+            try:
+                s.close()
+            except Exception:  # pragma: no cover - closing is best effort
+                pass
+        self._sessions = []
+        self.ready.clear()
+        self.ready_bytes = 0
+
+
+def _verified(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
+    import xxhash
+
+    assert shard.offsets is not None and shard.sample_digests is not None
+    a, b = int(shard.offsets[j]) - lo, int(shard.offsets[j + 1]) - lo
+    return xxhash.xxh3_64_intdigest(memoryview(buf)[a:b]) == int(shard.sample_digests[j])
+
+
+def _parse(buf: bytes, lo: int, shard: ShardInfo, j: int) -> Dict[str, Any]:
+    assert shard.offsets is not None
+    a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
+    sample = tario.parse_sample(buf, shard.url, base=a, start=a - lo, end=b - lo)
+    sample["__url__"] = shard.url
+    return sample
+
+
+def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[int], stream: bool) -> List[int]:
+    """Deliver the samples ``js`` whose bytes are in the partial download (verified);
+    return the others.  ``stream``: wait for a growing download to reach samples
+    that are at most :data:`STREAM_AHEAD` past its end."""
+    assert shard.offsets is not None
+    path = rr.store.entry_path(shard.url) + ".partial"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return js
+    rest: List[int] = []
+    try:
+        size = os.fstat(fd).st_size
+        for j in js:
+            a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
+            if b > size and stream and b - size <= STREAM_AHEAD:
+                size = _wait_growth(fd, b, rr, shard)
+                stream = size >= b  # a download that stalled is not waited for again
+            if b > size:
+                rest.append(j)
+                continue
+            buf = os.pread(fd, b - a, a)
+            if len(buf) != b - a or not _verified(buf, a, shard, j):
+                rest.append(j)  # not (yet) the right bytes: fetch them by range
+                continue
+            try:
+                rr.put((si, j), _parse(buf, a, shard, j), b - a, "partial")
+            except ShardFormatError:
+                rest.append(j)
+                continue
+    finally:
+        os.close(fd)
+    return rest
+
+
+def _wait_growth(fd: int, need: int, rr: RangedReads, shard: ShardInfo) -> int:
+    """Wait while the partial download grows towards ``need`` bytes; its size."""
+    size = os.fstat(fd).st_size
+    last, t_last = size, time.monotonic()
+    pause = 0.002
+    while size < need:
+        if os.fstat(fd).st_nlink == 0:
+            break  # removed (a failed download starts again): give up on this file
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+        size = os.fstat(fd).st_size
+        now = time.monotonic()
+        if size > last:
+            last, t_last = size, now
+        elif now - t_last > STREAM_STALL:
+            break
+    return size
+
+
+def _widen(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:
+    """``js`` plus the samples of their aligned :data:`RANGE_BLOCK` not read ahead before."""
+    import bisect
+
+    assert shard.offsets is not None
+    if rr.ready_bytes >= READY_MAX or RANGE_BLOCK <= 0:
+        return js
+    off = shard.offsets
+    n = len(off) - 1
+    done = rr.ahead.setdefault(si, set())
+    out = set(js)
+    for j in js:
+        a0 = int(off[j]) // RANGE_BLOCK * RANGE_BLOCK
+        lo = bisect.bisect_left(off, a0, 0, n)  # first sample starting in the block
+        k = lo
+        while k < n and int(off[k + 1]) <= a0 + RANGE_BLOCK:
+            if k not in done and (si, k) not in rr.ready:
+                out.add(k)
+            k += 1
+    extra = out.difference(js)
+    done.update(extra)
+    return sorted(out)
+
+
+def _groups(shard: ShardInfo, js: List[int]) -> List[Tuple[int, int, List[int]]]:
+    """Coalesce samples into ``(start, end, samples)`` ranges."""
+    assert shard.offsets is not None
+    off = shard.offsets
+    out: List[Tuple[int, int, List[int]]] = []
+    for j in sorted(set(js)):
+        a, b = int(off[j]), int(off[j + 1])
+        if out and a - out[-1][1] <= RANGE_GAP and b - out[-1][0] <= RANGE_MAX:
+            lo, _, members = out[-1]
+            out[-1] = (lo, b, members + [j])
+        else:
+            out.append((a, b, [j]))
+    return out
+
+
+def _fetch_group(rr: RangedReads, ds: Any, shard: ShardInfo, lo: int, hi: int, js: List[int],
+                 config: Any, budget: Any, needed: Optional[set] = None) -> Dict[int, Dict[str, Any]]:
+    """Fetch ``[lo, hi)`` and return its samples ``js``, each verified; a range
+    whose bytes fail a digest of a ``needed`` sample is fetched again while
+    ``budget`` allows (a sample read ahead that fails is left out)."""
+    from .errors import ChecksumMismatch
+    from .repair import fetch_range
+
+    while True:
+        data = fetch_range(shard.url, lo, hi, config=config, budget=budget, session=rr.session(),
+                           on_event=ds._on_event)
+        with rr.lock:
+            rr.counters["range_requests"] += 1
+            rr.counters["range_bytes"] += len(data)
+        bads = [j for j in js if not _verified(data, lo, shard, j)]
+        for j in bads:
+            a, b = shard.sample_range(j)
+            ds._on_event("range_verify_fail", shard.url, sample=j, start=a, end=b)
+        bad = next((j for j in bads if needed is None or j in needed), None)
+        if bad is None:
+            with rr.lock:
+                rr.counters["range_dropped"] += len(bads)
+            return {j: _parse(data, lo, shard, j) for j in js if j not in bads}
+        a, b = shard.sample_range(bad)
+        with rr.lock:
+            rr.counters["range_refetches"] += 1
+        if not budget.take():
+            assert shard.sample_digests is not None
+            import xxhash
+
+            got = xxhash.xxh3_64_intdigest(memoryview(data)[a - lo:b - lo])
+            raise ChecksumMismatch(f"{shard.url} sample {bad} (bytes {a}-{b}, ranged read)",
+                                   format(int(shard.sample_digests[bad]), "016x"), format(got, "016x"))
+
+
+def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> None:
+    """Make the samples ``where`` of shards not cached yet ready, verified.
+
+    Called once per step, before its samples are read: for each shard of
+    the step that is remote, has sample digests and is not a verified
+    cache entry, its samples are read from its partial download or fetched
+    by range (in parallel over :data:`RANGE_THREADS` connections) and
+    checked against their digests; :func:`read` then hands them out.  The
+    cached shards (and everything when :data:`RANGED_READS` is off) are
+    left to the usual whole-shard path.  A range whose bytes keep failing
+    their digests, or a fetch that fails for good, follows ``on_error`` for
+    its shard; a server that ignores ``Range`` makes the shard a
+    whole-shard read.
+
+    Args:
+        ds: the dataset.
+        where: the step's ``(shard index, sample index)`` pairs.
+        stream: the order reads shards front to back (unshuffled or
+            ``shuffle="shards"``): wait for the partial download to reach a
+            sample just past its end instead of fetching it by range.
+    """
+    if not RANGED_READS or ds.prefetch_depth <= 0:
+        return
+    reader = shard_reader(ds)
+    rr = reader.ranged
+    shards = ds.manifest.shards
+    if rr is None:
+        rr = reader.ranged = RangedReads(ds.store)
+        rr.active = any(rr.can_range(i, s) for i, s in enumerate(shards))
+    if not rr.active:
+        return  # no shard can be read by range (local shards, manifest without digests)
+    todo: Dict[int, List[int]] = {}
+    seen: set = set()
+    for si, j in where:
+        if si in reader.open or si in ds._failed or si in rr.off or (si, j) in rr.ready:
+            continue
+        lst = todo.get(si)
+        if lst is None:
+            if si in seen:
+                continue
+            seen.add(si)
+            if not rr.can_range(si, shards[si]):
+                rr.off.add(si)
+                continue
+            if rr.cached(shards[si]):
+                continue
+            lst = todo[si] = []
+        lst.append(j)
+    if not todo:
+        return
+    t0 = time.perf_counter()
+    try:
+        _prepare(ds, rr, todo, stream, set(where))
+    finally:
+        reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
+
+
+def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
+             step: set) -> None:
+    from .fetch import FetchBudget
+    from .repair import RangeIgnored
+
+    shards = ds.manifest.shards
+    config = ds.store.fetch
+    jobs: List[Tuple[int, Any, Any]] = []
+    for si, js in todo.items():
+        shard = shards[si]
+        rest = _from_partial(rr, ds, si, shard, js, stream)
+        if not rest:
+            continue
+        if rr.cached(shard):
+            continue  # published meanwhile: the cache serves it
+        budget = FetchBudget(config)
+        needed = set(rest)
+        # the first step reads no more than it needs (the first batch comes first)
+        wide = _widen(rr, si, shard, rest) if rr.steps else rest
+        for lo, hi, members in _groups(shard, wide):
+            jobs.append((si, budget, rr.pool().submit(_fetch_group, rr, ds, shard, lo, hi, members, config,
+                                                      budget, needed)))
+    errors: Dict[int, BaseException] = {}
+    for si, _, fut in jobs:
+        try:
+            got = fut.result()
+        except RangeIgnored:
+            rr.off.add(si)  # the cache's whole-shard read serves it
+            continue
+        except (FetchError, IntegrityError, ShardFormatError) as err:
+            errors.setdefault(si, err)
+            continue
+        off = shards[si].offsets
+        assert off is not None
+        need = todo[si]
+        for j, sample in got.items():
+            rr.put((si, j), sample, int(off[j + 1]) - int(off[j]), "range")
+        rr.counters["range_ahead"] += sum(1 for j in got if j not in need)
+    for si, failure in errors.items():
+        for key in [k for k in rr.ready if k[0] == si]:
+            rr.drop(key)  # this shard's samples follow on_error together
+        shard_failed(ds, si, shards[si], failure)
+    rr.trim(step)  # never what this step reads
+    rr.steps += 1
+
+
+def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:
+    """A sample :func:`prepare` made ready, or None."""
+    r = ds._reader
+    if r is None or r.ranged is None or not r.ranged.ready:
+        return None
+    return r.ranged.take((si, j))

@@ -1,0 +1,98 @@
+"""Verified ranged reads over s3:// (issue 15 item 2): moto's server mode on 127.0.0.1
+behind the S3 fault proxy; ranged GetObject through the s3 transport's client."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+import pytest
+
+pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+
+import resumewds as rw  # noqa: E402
+from chaos.s3proxy import S3FaultProxy  # noqa: E402
+from resumewds import reading, synth  # noqa: E402
+
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="module")
+def moto():
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def proxy(moto):
+    px = S3FaultProxy(moto, stall_seconds=3.0).start()
+    try:
+        yield px
+    finally:
+        px.stop()
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch, tmp_path, proxy, cache_dir):
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_ENDPOINT_URL_S3",
+                "RESUMEWDS_S3_ENDPOINT_URL", "RESUMEWDS_S3_ANONYMOUS", "RESUMEWDS_S3_ADDRESSING_STYLE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RESUMEWDS_S3_ADDRESSING_STYLE", "path")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+def _bucket(moto, root):
+    import boto3
+
+    c = boto3.client("s3", endpoint_url=moto, aws_access_key_id="testing", aws_secret_access_key="testing",
+                     region_name="us-east-1")
+    name = f"rwds-{uuid.uuid4().hex[:12]}"
+    c.create_bucket(Bucket=name)
+    for n in sorted(os.listdir(root)):
+        with open(os.path.join(root, n), "rb") as f:
+            c.put_object(Bucket=name, Key="data/" + n, Body=f.read())
+    return name
+
+
+def _epoch(url, cache):
+    ds = rw.WebDataset(url, cache_dir=cache, seed=4, shuffle=True)
+    try:
+        got = [(s["__key__"], s["__index__"], bytes(s["bin"])) for s in ds]
+        rr = ds._reader.ranged
+        return got, dict(rr.counters) if rr is not None else {}
+    finally:
+        ds.close()
+
+
+def test_s3_samples_are_read_by_verified_ranges(moto, proxy, tmp_path, monkeypatch):
+    root = str(tmp_path / "data")
+    synth.write_shards(root, shards=3, samples=50, size_range=(1000, 6000), seed=2)
+    rw.build_manifest(os.path.join(root, "shard-{000000..000002}.tar"), os.path.join(root, "manifest.json"),
+                      digests=True)
+    bucket = _bucket(moto, root)
+    url = f"s3://{bucket}/data/manifest.json"
+    monkeypatch.setattr(reading, "RANGED_READS", False)
+    warm, off = _epoch(url, str(tmp_path / "warm"))
+    assert off == {} and len(warm) == 150
+    monkeypatch.setattr(reading, "RANGED_READS", True)
+    monkeypatch.setenv("RESUMEWDS_CACHE_SIZE", "1")  # nothing is prefetched: every sample by range
+    for i in range(3):
+        proxy.script(f"/{bucket}/data/shard-{i:06d}.tar", ["reset@0.5", "slowdown"])
+    cold, counters = _epoch(url, str(tmp_path / "cold"))
+    assert proxy.faults["reset"] == 3 and proxy.faults["slowdown"] == 3  # each retried
+    assert cold == warm
+    assert counters["range_samples"] == 150 and counters["range_requests"] >= 3
