@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import xxhash
 
+from . import reading
 from .errors import ResumeWDSError
 from .manifest import ShardInfo
 from .mixture import MixPlan, SourceStream, Weights
@@ -401,6 +402,13 @@ class MixedDataset:
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
                                     "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
                                     "positions": [], "slot_index": [], "pad_flags": [], "sources": {}}
+            # samples of remote shards not cached yet: verified ranged reads
+            # (v3 manifests), each source's in one call, as a single data set does
+            by_src: Dict[int, List[Tuple[int, int]]] = {}
+            for _, src, shard, j, _ in where:
+                by_src.setdefault(src, []).append((shard, j))
+            for src, pairs in by_src.items():
+                reading.prepare(self.datasets[src], pairs)
             any_pad = any(w[4] for w in where)
             per_shard, per_src, positions = meta["shards"], meta["sources"], meta["positions"]
             slot_index, pad_flags = meta["slot_index"], meta["pad_flags"]

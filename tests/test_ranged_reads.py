@@ -303,3 +303,46 @@ def test_webloader_resume_on_a_fresh_cold_node_equals_the_warm_run(v3, tmp_path)
         fresh.close()
     assert head + tail == warm
     assert counters["range_samples"] + counters["partial_samples"] > 0
+
+
+def test_a_mixture_reads_its_sources_by_range_too(tmp_path):
+    """MixedDataset over two remote v3 sources, cold cache, a slow server: the
+    first sample is delivered (verified, by range or from the partial) while
+    its shard is still downloading, and the whole epoch equals a warm run."""
+    roots = []
+    for i in range(2):
+        root = tmp_path / f"src{i}"
+        synth.write_shards(str(root), shards=2, samples=200, size_range=(1000, 4000), seed=20 + i)
+        rw.build_manifest(str(root / "shard-{000000..000001}.tar"), str(root / "manifest.json"), digests=True)
+        roots.append(str(root))
+
+    def mix(urls, cache):
+        srcs = [rw.WebDataset(u + "manifest.json", cache_dir=cache, seed=3 + i, shuffle=True)
+                for i, u in enumerate(urls)]
+        return rw.MixedDataset(srcs, weights=[0.6, 0.4], epoch_size=300, seed=9)
+
+    def plain(s):
+        return (s["__key__"], tuple(sorted((k, bytes(v)) for k, v in s.items() if not k.startswith("__"))))
+
+    with FaultServer(roots[0]) as a, FaultServer(roots[1]) as b:
+        urls = [a.url.rstrip("/") + "/", b.url.rstrip("/") + "/"]
+        reading.RANGED_READS = False
+        try:
+            list(mix(urls, str(tmp_path / "warm")))  # fills the cache
+            warm = [plain(s) for s in mix(urls, str(tmp_path / "warm"))]
+        finally:
+            reading.RANGED_READS = True
+    with FaultServer(roots[0], bytes_per_second=500_000) as a, \
+            FaultServer(roots[1], bytes_per_second=500_000) as b:
+        urls = [a.url.rstrip("/") + "/", b.url.rstrip("/") + "/"]
+        ds = mix(urls, str(tmp_path / "cold"))
+        it = iter(ds)
+        first = next(it)
+        src = next(d for d in ds.datasets if any(s.url == first["__url__"] for s in d.manifest.shards))
+        shard = next(s for s in src.manifest.shards if s.url == first["__url__"])
+        assert not os.path.exists(src.store.entry_path(shard.url) + ".meta")  # not downloaded whole yet
+        got = [plain(first)] + [plain(s) for s in it]
+        ranged = sum(d._reader.ranged.counters["range_samples"] + d._reader.ranged.counters["partial_samples"]
+                     for d in ds.datasets if d._reader is not None and d._reader.ranged is not None)
+    assert got == warm
+    assert ranged > 0
