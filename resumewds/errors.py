@@ -192,6 +192,34 @@ class JournalIncompleteCommit(JournalError):
     """A step that not every rank of its layout committed."""
 
 
+# ---- the one errno table ------------------------------------------------------------
+#: the words an OSError's errno is reported with, where they say more than
+#: ``strerror`` (cache and fetch both phrase disk problems with it; not in
+#: ``__all__``, which lists only the error classes)
+OS_PROBLEMS = {
+    _errno.ENOSPC: "no space left on device",
+    _errno.EDQUOT: "disk quota exceeded",
+    _errno.EROFS: "read-only file system",
+    _errno.EACCES: "permission denied (not writable?)",
+    _errno.EPERM: "operation not permitted",
+    _errno.EFBIG: "file too large",
+    _errno.ELOOP: "is a symlink, refusing to follow it",
+    _errno.ENOTDIR: "a path component is not a directory",
+}
+
+
+def os_problem(exc: OSError) -> str:
+    """What went wrong, in a few words, for a one-line error message.
+
+    Example:
+        >>> os_problem(OSError(_errno.ENOSPC, "No space left on device"))
+        'no space left on device'
+        >>> os_problem(OSError(_errno.EIO, "Input/output error"))
+        'Input/output error'
+    """
+    return OS_PROBLEMS.get(exc.errno or 0, exc.strerror or str(exc))
+
+
 __all__ = [
     "CacheError",
     "ChecksumMismatch",

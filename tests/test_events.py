@@ -17,8 +17,17 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 
 def _source(module: str) -> str:
-    with open(os.path.join(PKG, module + ".py")) as f:
-        return f.read()
+    """The source of ``resumewds.<module>``: its file, or every file of its package."""
+    path = os.path.join(PKG, module)
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".py"))
+    else:
+        files = [path + ".py"]
+    text = []
+    for name in files:
+        with open(name) as f:
+            text.append(f.read())
+    return "\n".join(text)
 
 
 def test_the_table_covers_every_kind():
