@@ -84,12 +84,17 @@ class FetchError(ResumeWDSError, OSError):
         status: the HTTP status, if there was one.
     """
 
+    url: str
+    status: Optional[int]
+
     def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None, **fields: Any):
         super().__init__(msg, url=url, status=status, **fields)
 
 
 class TransientFetchError(FetchError):
     """A failure that may go away on retry (timeout, reset, 5xx, short body)."""
+
+    retry_after: Optional[float]
 
     def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None,
                  retry_after: Optional[float] = None, **fields: Any):
@@ -131,6 +136,11 @@ class ChecksumMismatch(IntegrityError):
         what: ``"xxh3_64"`` or ``"size"``.
     """
 
+    url: str
+    expected: Optional[str]
+    actual: Optional[str]
+    what: str
+
     def __init__(self, msg: str = "", *positional: str, url: Optional[str] = None,
                  expected: Optional[str] = None, actual: Optional[str] = None,
                  what: str = "xxh3_64", **fields: Any):
@@ -152,6 +162,10 @@ class ShardFormatError(ResumeWDSError, tarfile.ReadError, ValueError):
         offset: byte offset where the problem was found.
         problem: what is wrong there.
     """
+
+    shard: str
+    offset: Optional[int]
+    problem: str
 
     def __init__(self, msg: str = "", *positional: Any, shard: Optional[str] = None,
                  offset: Optional[int] = None, problem: Optional[str] = None, **fields: Any):
