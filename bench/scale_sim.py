@@ -425,7 +425,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for N in sorted(set(node_counts)):
         if N < 1 or R % per_node:
             continue
-        epN, sec, _ = measure(lambda: Plan(counts, seed=7, shuffle=True, window=W, partitions=N).epoch(0),
+        epN, sec, _ = measure(lambda N=N: Plan(counts, seed=7, shuffle=True, window=W, partitions=N).epoch(0),
                               trace=False)
         sets = node_shard_sets(epN, N)
         share = dataset / N

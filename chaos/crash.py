@@ -239,7 +239,7 @@ class Tally:
     corrupt: int = 0
     misordered: int = 0
 
-    def add(self, other: "Tally") -> None:
+    def add(self, other: Tally) -> None:
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
@@ -548,7 +548,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ok = True
     try:
         targets = ["cat", "train"] if a.target == "both" else [a.target]
-        for i, tgt in enumerate(targets):
+        for tgt in targets:
             rng = random.Random(f"{a.seed}:{tgt}")
             rep = h.crash_cat(a.kills, rng) if tgt == "cat" else h.crash_train(a.kills, rng)
             print(format_report(rep), flush=True)

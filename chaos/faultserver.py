@@ -250,7 +250,7 @@ class FaultServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/"
 
-    def start(self) -> "FaultServer":
+    def start(self) -> FaultServer:
         handler = type("Handler", (_Handler,), {"fs": self})
         httpd = _QuietServer((self.host, self.port), handler)
         self.port = httpd.server_address[1]
@@ -271,7 +271,7 @@ class FaultServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> "FaultServer":
+    def __enter__(self) -> FaultServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

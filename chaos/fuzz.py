@@ -45,7 +45,9 @@ import tempfile
 import time
 from typing import Any, List, Optional, Sequence, Tuple
 
-from hypothesis import HealthCheck, given, seed as hseed, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hseed
+from hypothesis import strategies as st
 
 from resumewds import tario
 from resumewds.errors import ShardFormatError

@@ -42,7 +42,7 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,8 +50,19 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from chaos import diskfaults
-from chaos.crash import (Dataset, Harness, Proc, Tally, cat_cmd, child_env, committed_samples, compare,
-                         make_dataset, reap_orphans, run)
+from chaos.crash import (
+    Dataset,
+    Harness,
+    Proc,
+    Tally,
+    cat_cmd,
+    child_env,
+    committed_samples,
+    compare,
+    make_dataset,
+    reap_orphans,
+    run,
+)
 from chaos.faultserver import FaultServer
 
 BOUND = 60.0  # seconds a single run may take before it counts as hung
@@ -402,7 +413,6 @@ def stale_partials(s: Suite) -> Row:
         urls = [srv.url + os.path.basename(p) for p in paths]
         row.faults = diskfaults.plant_stale(cache, urls, rng)
         from resumewds.cache import ShardStore
-
         from resumewds.fetch import boot_id
 
         store = ShardStore(cache_dir=cache)
@@ -498,7 +508,8 @@ def fuzz_rows(cases: int) -> Callable[[Suite], Row]:
 
 def malformed_through_cat(s: Suite) -> Row:
     """A few fuzzed shards placed among good ones, read by ``resumewds cat``."""
-    from hypothesis import HealthCheck, given, seed as hseed, settings
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
 
     from chaos.fuzz import mutated_shards
 
@@ -513,7 +524,7 @@ def malformed_through_cat(s: Suite) -> Row:
         cases.append(b)
 
     collect()
-    for i, b in enumerate(cases[-(4 if s.quick else 12):]):
+    for b in cases[-(4 if s.quick else 12):]:
         d = s.tmp("malformed")
         good = _shard_paths(s.data)[:2]
         for g in good:
@@ -521,7 +532,8 @@ def malformed_through_cat(s: Suite) -> Row:
         bad = os.path.join(d, "zz-bad.tar")
         with open(bad, "wb") as f:
             f.write(b)
-        p = run([sys.executable, "-m", "resumewds", "cat", *sorted([*(os.path.join(d, os.path.basename(g)) for g in good), bad]),
+        shards = sorted([*(os.path.join(d, os.path.basename(g)) for g in good), bad])
+        p = run([sys.executable, "-m", "resumewds", "cat", *shards,
                  "--workers", "2", "--cache-dir", os.path.join(d, "cache")], bound=BOUND)
         row.runs += 1
         row.faults += 1
@@ -939,7 +951,8 @@ def crafted_tar_sizes(s: Suite) -> Row:
     """The issue's shard (pax size=0, then a negative base-256 size after the
     last sample) and hypothesis-drawn size attacks, among good shards, through
     ``index`` and ``cat --workers 2``: each ends (data or a clear error)."""
-    from hypothesis import HealthCheck, given, seed as hseed, settings
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
 
     from chaos.fuzz import crafted_size_tar, size_attack_shards
 
@@ -1200,7 +1213,7 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
 # ---------------------------------------------------------------------------
 # exactly-once hardening (issue 12 items 8-11, 20, the "fail" event)
 # ---------------------------------------------------------------------------
-def _start(cmd: Sequence[str]) -> Tuple["subprocess.Popen", object, object]:
+def _start(cmd: Sequence[str]) -> Tuple[subprocess.Popen, object, object]:
     import subprocess
 
     fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()

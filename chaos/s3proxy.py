@@ -182,7 +182,7 @@ class S3FaultProxy:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "S3FaultProxy":
+    def start(self) -> S3FaultProxy:
         handler = type("Handler", (_Handler,), {"px": self})
         httpd = _QuietServer((self.host, self.port), handler)
         self.port = httpd.server_address[1]
@@ -203,7 +203,7 @@ class S3FaultProxy:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> "S3FaultProxy":
+    def __enter__(self) -> S3FaultProxy:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -56,8 +56,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import resumewds as rw  # noqa: E402
-from resumewds.synth import write_shards  # noqa: E402
+import resumewds as rw
+from resumewds.synth import write_shards
 
 FEATURES = 16
 CLASSES = 10

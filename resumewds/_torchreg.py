@@ -28,7 +28,7 @@ from typing import Any, List, Optional
 _TARGET = "torch.utils.data.dataset"
 _pending: List[type] = []
 _lock = threading.Lock()
-_hook: Optional["_Hook"] = None
+_hook: Optional[_Hook] = None
 
 
 def _register_now(mod: Any) -> None:

@@ -51,7 +51,7 @@ def _progress(length: int, label: str, enabled: Optional[bool] = None, unit: str
 
 
 class _NoBar:
-    def __enter__(self) -> "_NoBar":
+    def __enter__(self) -> _NoBar:
         return self
 
     def __exit__(self, *a: Any) -> None:
@@ -99,7 +99,7 @@ class _Bar:
         self._last = float("-inf")
         self._base = self.pos
 
-    def __enter__(self) -> "_Bar":
+    def __enter__(self) -> _Bar:
         self._draw()
         return self
 
@@ -223,7 +223,7 @@ def check_sources(sources: Sequence[str]) -> None:
             if i >= 1000:  # a brace pattern of a million shards: the rest is checked when read
                 break
             if os.path.isdir(path):
-                hint = [p for p in sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))]
+                hint = sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))
                 raise click.ClickException(
                     f"{path}: is a directory, not a shard or manifest; pass its shards "
                     f"({os.path.join(path, '*.tar')}" + (f", {len(hint)} files" if hint else "")
@@ -351,7 +351,7 @@ _UNESCAPES = {v[1]: k for k, v in _ESCAPES.items()}
 _UNESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|.)", re.S)
 
 
-def _escape_char(m: "re.Match[str]") -> str:
+def _escape_char(m: re.Match[str]) -> str:
     c = m.group(0)
     e = _ESCAPES.get(c)
     return e if e is not None else f"\\x{ord(c) - 0xDC00:02x}"  # a non-UTF-8 byte of the name
@@ -386,7 +386,7 @@ def unescape_field(text: str) -> str:
         >>> unescape_field(r"a\tb\\c\x80") == "a\tb\\c\udc80"
         True
     """
-    def one(m: "re.Match[str]") -> str:
+    def one(m: re.Match[str]) -> str:
         g = m.group(1)
         if len(g) == 3 and g[0] == "x":
             return chr(0xDC00 + int(g[1:], 16))

@@ -167,7 +167,7 @@ class _View:
     def close(self) -> None:
         self.lease.close()
 
-    def __enter__(self) -> "_View":
+    def __enter__(self) -> _View:
         return self
 
     def __exit__(self, *exc: Any) -> None:

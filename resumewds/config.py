@@ -14,9 +14,9 @@ variable (or argument) and what is wrong.  Nothing else in resumewds reads
 the config objects built from them (:class:`resumewds.fetch.FetchConfig`).
 An empty variable counts as unset.
 
-============================== ============================= ================= ===========================================
+============================== ============================= ================= =========================================
 Variable                       webdataset alias              Default           Meaning
-============================== ============================= ================= ===========================================
+============================== ============================= ================= =========================================
 RESUMEWDS_CACHE_DIR            WDS_CACHE                     $XDG_CACHE_HOME/  shard cache directory
                                                              resumewds
 RESUMEWDS_CACHE_SIZE           WDS_CACHE_SIZE                unlimited         cache budget: bytes or "20GB", "500MiB"
@@ -42,8 +42,9 @@ RESUMEWDS_FETCH_BACKOFF_INITIAL                              0.5               f
 RESUMEWDS_FETCH_BACKOFF_MAX                                  30                longest wait between attempts (seconds)
 RESUMEWDS_FETCH_MAX_REDIRECTS                                10                redirects before a URL fails (permanent)
 RESUMEWDS_MANIFEST_MAX_BYTES                                 256MiB            largest remote manifest accepted
-RESUMEWDS_ALLOW_REMOTE_LOCAL                                 0                 1: a manifest fetched over the network may
-                                                                               name local files (absolute paths, file://)
+RESUMEWDS_ALLOW_REMOTE_LOCAL                                 0                 1: a manifest fetched over the network
+                                                                               may name local files (absolute paths,
+                                                                               file://)
 RESUMEWDS_DEBUG                                              0                 1: the CLI shows tracebacks instead of
                                                                                one-line errors
 RESUMEWDS_ALLOW_OBSOLETE       ALLOW_OBSOLETE                0                 1: let utils.obsolete functions run
@@ -51,12 +52,14 @@ RESUMEWDS_SECURE               WDS_SECURE                    0                 1
                                                                                pth) even with allow_pickle=True, and
                                                                                local or pipe: sources (as webdataset)
 RESUMEWDS_PYTORCH_WEIGHTS_ONLY WDS_PYTORCH_WEIGHTS_ONLY      0                 1: torch.load of .pth members with
-                                                                               weights_only=True (webdataset's torch_loads)
+                                                                               weights_only=True (webdataset's
+                                                                               torch_loads)
 RESUMEWDS_S3_ENDPOINT_URL      AWS_ENDPOINT_URL_S3,          boto3's           s3:// endpoint (MinIO, R2, GCS interop)
                                AWS_ENDPOINT_URL
 RESUMEWDS_S3_ADDRESSING_STYLE                                auto              s3:// addressing: auto, path or virtual
-RESUMEWDS_S3_ANONYMOUS                                       0                 1: unsigned s3:// requests (public buckets)
-============================== ============================= ================= ===========================================
+RESUMEWDS_S3_ANONYMOUS                                       0                 1: unsigned s3:// requests (public
+                                                                               buckets)
+============================== ============================= ================= =========================================
 
 For ``s3://`` (:func:`s3_settings`) the standard AWS variables are read here
 too: ``AWS_ENDPOINT_URL_S3`` then ``AWS_ENDPOINT_URL`` (unless

@@ -84,12 +84,17 @@ class FetchError(ResumeWDSError, OSError):
         status: the HTTP status, if there was one.
     """
 
+    url: str
+    status: Optional[int]
+
     def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None, **fields: Any):
         super().__init__(msg, url=url, status=status, **fields)
 
 
 class TransientFetchError(FetchError):
     """A failure that may go away on retry (timeout, reset, 5xx, short body)."""
+
+    retry_after: Optional[float]
 
     def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None,
                  retry_after: Optional[float] = None, **fields: Any):
@@ -131,6 +136,11 @@ class ChecksumMismatch(IntegrityError):
         what: ``"xxh3_64"`` or ``"size"``.
     """
 
+    url: str
+    expected: Optional[str]
+    actual: Optional[str]
+    what: str
+
     def __init__(self, msg: str = "", *positional: str, url: Optional[str] = None,
                  expected: Optional[str] = None, actual: Optional[str] = None,
                  what: str = "xxh3_64", **fields: Any):
@@ -152,6 +162,10 @@ class ShardFormatError(ResumeWDSError, tarfile.ReadError, ValueError):
         offset: byte offset where the problem was found.
         problem: what is wrong there.
     """
+
+    shard: str
+    offset: Optional[int]
+    problem: str
 
     def __init__(self, msg: str = "", *positional: Any, shard: Optional[str] = None,
                  offset: Optional[int] = None, problem: Optional[str] = None, **fields: Any):
@@ -190,6 +204,34 @@ class JournalConfigMismatch(JournalError):
 
 class JournalIncompleteCommit(JournalError):
     """A step that not every rank of its layout committed."""
+
+
+# ---- the one errno table ------------------------------------------------------------
+#: the words an OSError's errno is reported with, where they say more than
+#: ``strerror`` (cache and fetch both phrase disk problems with it; not in
+#: ``__all__``, which lists only the error classes)
+OS_PROBLEMS = {
+    _errno.ENOSPC: "no space left on device",
+    _errno.EDQUOT: "disk quota exceeded",
+    _errno.EROFS: "read-only file system",
+    _errno.EACCES: "permission denied (not writable?)",
+    _errno.EPERM: "operation not permitted",
+    _errno.EFBIG: "file too large",
+    _errno.ELOOP: "is a symlink, refusing to follow it",
+    _errno.ENOTDIR: "a path component is not a directory",
+}
+
+
+def os_problem(exc: OSError) -> str:
+    """What went wrong, in a few words, for a one-line error message.
+
+    Example:
+        >>> os_problem(OSError(_errno.ENOSPC, "No space left on device"))
+        'no space left on device'
+        >>> os_problem(OSError(_errno.EIO, "Input/output error"))
+        'Input/output error'
+    """
+    return OS_PROBLEMS.get(exc.errno or 0, exc.strerror or str(exc))
 
 
 __all__ = [

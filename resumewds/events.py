@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import Enum
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
 
 class EventKind(str, Enum):
@@ -116,7 +116,7 @@ EVENTS: Dict[EventKind, EventSpec] = {
 }
 
 
-def _kinds(pred) -> Tuple[str, ...]:  # type: ignore[no-untyped-def]
+def _kinds(pred: Callable[[EventSpec], bool]) -> Tuple[str, ...]:
     return tuple(k.value for k, s in EVENTS.items() if pred(s))
 
 

@@ -58,7 +58,7 @@ class LoaderPipeline:
         self._length: Optional[int] = None
         self._built: Any = None
 
-    def _with(self, **kw: Any) -> "LoaderPipeline":
+    def _with(self, **kw: Any) -> LoaderPipeline:
         if self._built is not None:
             raise ValueError("add the WebLoader's fluent stages before iterating it")
         out = copy.copy(self)
@@ -67,31 +67,31 @@ class LoaderPipeline:
         return out
 
     # ---- the fluent methods ---------------------------------------------------
-    def unbatched(self) -> "LoaderPipeline":
+    def unbatched(self) -> LoaderPipeline:
         """Yield single samples (see module docs)."""
         return self._with(_unbatched=True, _batch=None)
 
-    def shuffle(self, size: int, **kw: Any) -> "LoaderPipeline":
+    def shuffle(self, size: int, **kw: Any) -> LoaderPipeline:
         """Shuffle within windows of about ``3 * size`` samples, in the plan (see module docs)."""
         return self._with(_shuffle=max(self._shuffle, int(size))) if size >= 1 else self
 
     def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
-                partial: bool = True) -> "LoaderPipeline":
+                partial: bool = True) -> LoaderPipeline:
         """Batches of ``batchsize`` consecutive positions (see module docs)."""
         if batchsize < 1:
             raise ValueError(f"batch_size must be >= 1, got {batchsize}")
         return self._with(_batch={"n": int(batchsize), "collation_fn": collation_fn,
                                   "partial": bool(partial)})
 
-    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> "LoaderPipeline":
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing over epochs."""
         return self._with(_limit=int(max(nsamples, nbatches)), _nepochs=-1)
 
-    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> "LoaderPipeline":
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """``nepochs`` loader epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
         return self._with(_nepochs=int(nepochs) if nepochs > 0 else -1, _limit=int(nbatches))
 
-    def with_length(self, n: int, silent: bool = False) -> "LoaderPipeline":
+    def with_length(self, n: int, silent: bool = False) -> LoaderPipeline:
         """Give the chain a ``__len__`` (it does not change an epoch)."""
         return self._with(_length=int(n))
 
@@ -194,7 +194,7 @@ class LoaderPipeline:
         if self._built is not None and self._built is not self._base:
             self._base.close()
 
-    def __enter__(self) -> "LoaderPipeline":
+    def __enter__(self) -> LoaderPipeline:
         return self
 
     def __exit__(self, *exc: Any) -> None:

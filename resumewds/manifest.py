@@ -65,7 +65,7 @@ import time
 import urllib.parse
 from array import array
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Literal, Optional, Sequence
 
 import xxhash
 
@@ -83,7 +83,7 @@ class ArrayFile:
     :class:`resumewds.digests.DigestsFile` (uint64).
     """
 
-    typecode = "q"  #: the array's item type (8 bytes)
+    typecode: Literal["q", "Q"] = "q"  #: the array's item type (8 bytes)
     what = "offsets"  #: what the file holds, for error messages
     empty_ok = False  #: an empty file is a valid (empty) array
 
@@ -134,7 +134,7 @@ class OffsetsFile(ArrayFile):
     """The v2 offsets side file (``manifest.json.offsets``): int64 sample offsets."""
 
     def slice(self, start: int, count: int, size: Optional[int] = None,
-              where: Optional[str] = None) -> "LazyOffsets":
+              where: Optional[str] = None) -> LazyOffsets:
         return LazyOffsets(self, start, count, size=size, where=where)
 
 
@@ -224,7 +224,7 @@ class ShardInfo:
     def indexed(self) -> bool:
         return self.samples is not None and self.offsets is not None
 
-    def sample_range(self, i: int) -> "tuple[int, int]":
+    def sample_range(self, i: int) -> tuple[int, int]:
         """Byte range ``(start, end)`` of sample ``i`` in this shard."""
         assert self.offsets is not None
         return int(self.offsets[i]), int(self.offsets[i + 1])
@@ -294,7 +294,7 @@ class Manifest:
     def total_samples(self) -> int:
         return int(self.starts[-1])
 
-    def locate(self, index: int) -> "tuple[int, int]":
+    def locate(self, index: int) -> tuple[int, int]:
         """Map a manifest-order sample index to ``(shard_index, sample_in_shard)``."""
         import bisect
 
@@ -316,8 +316,8 @@ class Manifest:
 
     # ---- (de)serialisation ---------------------------------------------
     def to_json(self, base: Optional[str] = None, offsets_file: Optional[str] = None,
-                side_digest: Optional["tuple[int, str]"] = None, with_digests: bool = True,
-                digests_side: Optional["tuple[int, str]"] = None) -> Dict[str, Any]:
+                side_digest: Optional[tuple[int, str]] = None, with_digests: bool = True,
+                digests_side: Optional[tuple[int, str]] = None) -> Dict[str, Any]:
         """The manifest as a JSON-able dict; urls made relative to ``base``.
 
         With ``offsets_file`` (a name relative to the manifest), offsets are
@@ -420,7 +420,7 @@ class Manifest:
         os.replace(tmp, path)
 
     @classmethod
-    def from_json(cls, data: Any, location: str, trusted: bool = True) -> "Manifest":
+    def from_json(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
         """Parse a manifest dict; relative urls resolve against ``location``.
 
         Args:
@@ -435,7 +435,7 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise SourceError(f"{location}: not a resumewds manifest (format field is missing or wrong)")
         version = data.get("version")
-        if not _is_int(version) or version < 1:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise SourceError(f"{location}: manifest 'version' must be a positive integer, got {_show(version)}")
         if version > VERSION:
             raise SourceError(f"{location}: manifest version {version!r} is newer than this resumewds "

@@ -47,7 +47,7 @@ __all__ = ["MultiLoader"]
 STATE_FORMAT = "resumewds.multiloader"
 STATE_VERSION = 1
 _CHUNK = 64
-all_pids: "weakref.WeakSet[Any]" = weakref.WeakSet()
+all_pids: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _die_with_parent() -> None:

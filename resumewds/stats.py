@@ -184,7 +184,7 @@ class Stats:
         self.queue_depth = int(depth)
         info = getattr(it, "_task_info", None)
         if isinstance(info, dict):
-            per: Dict[int, int] = {w: 0 for w in range(int(getattr(it, "_num_workers", 0) or 0))}
+            per: Dict[int, int] = dict.fromkeys(range(int(getattr(it, "_num_workers", 0) or 0)), 0)
             for t in list(info.values()):
                 if len(t) == 1:  # sent to worker t[0], result not received yet
                     per[t[0]] = per.get(t[0], 0) + 1
@@ -199,7 +199,7 @@ class Stats:
         if len(self.recent) >= 2:
             # samples after the first batch in the window, over the time since it
             span = max(1e-9, now - self.recent[0][0])
-            recent_rate = sum(n for _, n in self.recent) - self.recent[0][1]
+            recent_rate: float = sum(n for _, n in self.recent) - self.recent[0][1]
             recent_rate /= span
         else:
             recent_rate = c["samples"] / elapsed

@@ -142,6 +142,7 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
             dw = 1 if dw is None else dw
         r = dr if r is None else r
         w = dw if w is None else w
+    assert r is not None and w is not None  # set above, whichever way
     r, w = int(r), int(w)
     if w < 1 or not 0 <= r < w:
         raise ValueError(f"rank {r} is not in a world of size {w} (explicit arguments, "
@@ -156,7 +157,7 @@ def node_key() -> str:
     return f"{socket.gethostname()}:{os.path.realpath(config.cache_dir())}"
 
 
-def nodes_from_keys(keys: "list[str]", rank: int) -> Tuple[int, int, str]:
+def nodes_from_keys(keys: list[str], rank: int) -> Tuple[int, int, str]:
     """``(node, nodes, why)`` from every rank's :func:`node_key` (rank order).
 
     ``why`` is empty when the keys form node-major groups of equal size;
@@ -168,7 +169,7 @@ def nodes_from_keys(keys: "list[str]", rank: int) -> Tuple[int, int, str]:
         >>> nodes_from_keys(["a", "b", "a", "b"], 0)[1:]
         (1, 'ranks of one cache are not numbered consecutively')
     """
-    groups: "list[str]" = []
+    groups: list[str] = []
     for k in keys:
         if not groups or groups[-1] != k:
             if k in groups:
@@ -240,7 +241,7 @@ def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *
         return World(r, w, node, w // lw, "env")
     dist = _process_group() if env is None else None
     if dist is not None and dist.get_world_size() == w and dist.get_rank() == r:
-        keys: "list[Any]" = [None] * w
+        keys: list[Any] = [None] * w
         try:
             dist.all_gather_object(keys, node_key())
         except Exception as exc:  # e.g. NCCL without a device set: locality only is lost

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import resumewds as rw  # noqa: E402
+import resumewds as rw
 
 
 def collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:

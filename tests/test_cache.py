@@ -436,8 +436,11 @@ def test_prefetch_downloads_in_background_and_swallows_errors(served, tmp_path):
     try:
         st.prefetch([missing] + shards, depth=3)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not all(
-                os.path.exists(st.entry_path(s.url) + ".meta") for s in shards):
+        # the two shards are published, and the 404 of the third counted (under
+        # load its thread may still be waiting for the answer when the others are in)
+        while time.monotonic() < deadline and not (all(
+                os.path.exists(st.entry_path(s.url) + ".meta") for s in shards)
+                and st.counters["prefetch_error"] >= 1):
             time.sleep(0.01)
         for s in shards:
             with st.acquire(s) as ls:
@@ -759,3 +762,43 @@ def test_reader_acquires_again_when_a_verified_entry_vanishes_before_it_is_opene
     monkeypatch.setattr(os, "open", refuse_entry)
     with pytest.raises(CacheError, match="cannot open the verified copy"):
         _ShardReader(st, 4).fd(0, shard)
+
+
+def test_entry_states_through_one_entrys_life(served, tmp_path):
+    """EntryState (resumewds.cache.layout) as the store classifies one real entry:
+    absent -> verified (downloaded) -> corrupt (bytes changed on disk) -> repaired
+    -> untrusted (meta lost) -> evicted (absent again)."""
+    from resumewds.cache import EntryState
+
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"), payload=3 * KB)
+    st = store_for(tmp_path, cache_size=1 << 20)
+    shard = shard_for(srv.url + "a.tar", data)
+    base = st.entry_path(shard.url)
+
+    def state() -> EntryState:
+        return st._check_entry(shard, base, "always", None)[0]
+
+    assert state() is EntryState.ABSENT
+    with st.acquire(shard) as ls:  # pinned while read
+        assert ls.pinned and ls.path == base and state() is EntryState.VERIFIED
+    with open(base, "r+b") as f:
+        f.write(b"X")
+    assert state() is EntryState.CORRUPT
+    assert read(st.ensure(shard)) == data and state() is EntryState.VERIFIED  # repaired
+    os.unlink(base + ".meta")
+    assert state() is EntryState.UNTRUSTED
+    st.ensure(shard)  # adopted: the manifest's checksum proves it
+    st.cache_size = 1
+    st._evict()
+    assert state() is EntryState.ABSENT and st.counters["evict"] == 1
+    assert [str(s) for s in EntryState] == ["missing", "nometa", "corrupt", "ok"]
+
+
+def test_cache_package_keeps_the_names_of_the_module():
+    import resumewds.cache as cache
+
+    for name in ("LocalShard", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES", "default_cache_dir", "parse_size"):
+        assert hasattr(cache, name), name
+    assert {"verify_all", "prefetch_all", "prefetch", "acquire", "ensure", "cached_bytes", "close"} <= set(
+        dir(cache.ShardStore))

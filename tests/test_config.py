@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from http_fixtures import fast_config, make_tar, shard_for  # noqa: F401
+from http_fixtures import fast_config, make_tar, shard_for
 from resumewds import config
 from resumewds.cache import ShardStore
 from resumewds.fetch import FetchConfig, fetch_to_file

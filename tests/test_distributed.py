@@ -90,7 +90,7 @@ class Job:
                                      env=child_env(cache_dir), start_new_session=True)
 
     def text(self) -> str:
-        with open(self.log, "r", errors="replace") as f:
+        with open(self.log, errors="replace") as f:
             return f.read()
 
     def wait(self, timeout: float = 120) -> None:
@@ -98,7 +98,7 @@ class Job:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"torchrun timed out; output:\n{self.text()[-4000:]}")
+            raise AssertionError(f"torchrun timed out; output:\n{self.text()[-4000:]}") from None
         finally:
             self._out.close()
         assert rc == 0, f"torchrun exited {rc}; output:\n{self.text()[-4000:]}"
@@ -133,7 +133,7 @@ class Job:
         kill_all([self])
 
 
-def kill_all(jobs: Sequence["Job"]) -> None:
+def kill_all(jobs: Sequence[Job]) -> None:
     """Freeze every process of every job (SIGSTOP), then SIGKILL them all:
     several torchrun invocations (nodes) fail at the same instant."""
     procs = [p for j in jobs for p in [j.proc.pid] + j.descendants()]
@@ -300,7 +300,7 @@ def test_two_ranks_balanced_split_shared_cache_and_journals(data, plan, tmp_path
     # -- shared cache: every shard fetched exactly once, by one process -------
     sizes = {"/" + n: os.path.getsize(os.path.join(data, n))
              for n in os.listdir(data) if n.endswith(".tar")}
-    assert requests == {p: 1 for p in sizes}, requests
+    assert requests == dict.fromkeys(sizes, 1), requests
     assert {p: sent[p] for p in sizes} == sizes
 
     step = batch * world

@@ -338,7 +338,7 @@ def test_unbatched_padding_is_visible_after_to_tuple(data):
     ds = rw.WebDataset(data, seed=3, shuffle=True, shuffle_window=2).to_tuple("__key__")
     loader = rw.WebLoader(ds, batch_size=None, remainder="pad", chunk_size=CHUNK)
     flags = []
-    for (key,) in loader:
+    for (_key,) in loader:
         flags.append(loader.sample_is_pad)
     assert flags == [p for _, _, p in _reference(data, "pad")[:len(flags)]]
     assert sum(flags) == (-185) % CHUNK

@@ -127,3 +127,17 @@ def test_chaos_imports_as_a_package():
     import chaos.faultserver
 
     assert os.path.dirname(os.path.dirname(chaos.faultserver.__file__)) == REPO
+
+
+def test_lint_and_type_checks_are_pinned_and_run_by_ci():
+    # the `dev` extra pins the tools (a new release's new rules must not fail CI
+    # by themselves) and .ci/run runs both on the whole repository, failing on findings
+    dev = {_dist(r): r for r in _pyproject()["project"]["optional-dependencies"]["dev"]}
+    assert re.fullmatch(r"ruff==\d+\.\d+\.\d+", dev["ruff"]) and re.fullmatch(r"mypy==\d+\.\d+\.\d+", dev["mypy"])
+    with open(os.path.join(REPO, ".ci", "run"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    step = [ln for ln in lines if "ruff check ." in ln]
+    assert step == ["pip install -e '.[dev]' && ruff check . && mypy"]
+    after = lines[lines.index(step[0]) + 1]
+    assert after == 'rc=$?; [ "$rc" -eq 0 ] || exit "$rc"'  # a failing pip or ruff stops the run too
+    assert _pyproject()["tool"]["mypy"]["files"] == ["resumewds"]

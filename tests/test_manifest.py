@@ -90,7 +90,7 @@ def test_remote_v2_manifest_offsets_come_verified_through_the_cache(data, tmp_pa
     (data / "v2.json.offsets").write_bytes(bytes(raw))
     with FaultServer(str(data), faults="", seed=0) as srv:
         with pytest.raises(ChecksumMismatch, match="v2.json.offsets"):
-            rw.WebDataset(srv.url + "v2.json", cache_dir=str(tmp_path / "c3")).manifest
+            _ = rw.WebDataset(srv.url + "v2.json", cache_dir=str(tmp_path / "c3")).manifest
 
 
 # ---------------------------------------------------------------------------

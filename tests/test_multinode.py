@@ -38,8 +38,7 @@ from resumewds.plan import Layout, Plan
 from resumewds.synth import write_shards
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_distributed import (DRIVER, Job, delivered, free_port, full_sequence, kill_all,  # noqa: E402
-                              read_log, wait_for)
+from test_distributed import DRIVER, Job, delivered, free_port, full_sequence, kill_all, read_log, wait_for
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

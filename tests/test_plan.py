@@ -6,7 +6,7 @@ from collections import Counter
 from typing import List
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resumewds.plan import ORDERS, REMAINDERS, Layout, Plan, mix, permutation, worker_steps
@@ -316,7 +316,7 @@ def test_a_node_reads_only_its_partitions(shards, samples, nodes, mult, batch, s
     for r in range(nodes * L):
         lay = Layout(batch, nodes * L, r, "keep", nodes=nodes)
         for k in range(lay.num_steps(total, 0)):
-            for pos, pad in lay.slots(total, 0, k):
+            for pos, _pad in lay.slots(total, 0, k):
                 touched[r // L].add(ep.sample_at(pos)[0])
     for n, got in touched.items():
         allowed = {s for q in range(n, parts, nodes) for s in ep.partition_shards(q)}

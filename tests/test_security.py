@@ -12,7 +12,6 @@ import os
 import pickle
 import stat
 import subprocess
-import tarfile
 
 import pytest
 

@@ -56,7 +56,7 @@ def _sample_bytes(paths):
 
 def _run(loader):
     n = 0
-    for batch in loader:
+    for _batch in loader:
         n += 1
     return n
 

@@ -4,7 +4,6 @@ dialect we meet in the wild, strict errors, and a hypothesis fuzz."""
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import random
 import subprocess
@@ -21,8 +20,17 @@ from hypothesis import strategies as st
 from conftest import tar_bytes
 from resumewds import sample_digest, scan_file
 from resumewds.errors import ShardFormatError
-from resumewds.tario import (BLOCK, iter_members, iter_samples_bytes, iter_samples_file,
-                             parse_sample, read_sample, read_samples, scan_buffer, split_key)
+from resumewds.tario import (
+    BLOCK,
+    iter_members,
+    iter_samples_bytes,
+    iter_samples_file,
+    parse_sample,
+    read_sample,
+    read_samples,
+    scan_buffer,
+    split_key,
+)
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 

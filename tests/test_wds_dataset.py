@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import resumewds as wds
-from resumewds import pipeline as rp
 from resumewds.plan import resampled_shards
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -134,7 +133,7 @@ def test_batched_collation_partial_unbatched_listed(shards):
     assert len(list(ds.batched(10).unbatched())) == 37
     lst = list(ds.listed(8))
     assert [len(x) for x in lst] == [8, 8, 8, 8, 5] and isinstance(lst[0], list)
-    assert [x for x in ds.listed(8).unlisted()] == list(ds)
+    assert list(ds.listed(8).unlisted()) == list(ds)
     # the copy semantics of webdataset's compose: the base is unchanged
     assert ds.batch_size is None and len(list(ds)) == 37
 
@@ -276,7 +275,7 @@ def test_shard_handler_skips_a_bad_shard_like_on_error_skip(shards, tmp_path):
     assert len(out) == 74
     ds = wds.WebDataset(urls, handler=wds.warn_and_continue)
     with pytest.warns(UserWarning):
-        ds.manifest
+        _ = ds.manifest
     assert any(e["kind"] == "skip" and e["url"] == bad for e in ds.take_events())
     with pytest.raises(wds.ShardFormatError):
         list(wds.WebDataset(urls))
@@ -284,7 +283,7 @@ def test_shard_handler_skips_a_bad_shard_like_on_error_skip(shards, tmp_path):
     copy = str(tmp_path / "data" / "copy.tar")
     shutil.copy(shards[0], copy)
     ds = wds.WebDataset([copy] + shards[1:2], handler=wds.ignore_and_continue)
-    ds.manifest
+    _ = ds.manifest  # indexed now, before the file goes
     os.unlink(copy)
     got = list(ds)
     assert len(got) == 37 and {s["__shard__"] for s in got} == {os.path.basename(shards[1])}

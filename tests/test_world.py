@@ -17,9 +17,8 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 import resumewds as rw
-from resumewds.world import World, detect_world, nodes_from_keys, resolve_partitions
-
 from conftest import subprocess_env
+from resumewds.world import World, detect_world, nodes_from_keys, resolve_partitions
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
             "GROUP_RANK": "1"}

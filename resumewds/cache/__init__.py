@@ -1,0 +1,84 @@
+"""ShardStore: a verified, self-repairing, size-bounded cache of remote shards.
+
+Local shards (plain paths, ``file://``) are read where they are and only
+verified.  Remote shards (http, https, ``s3://``, ``pipe:``) are downloaded
+once into ``<cache_dir>/shards/`` and handed to readers as a pinned local
+file (:class:`LocalShard`).
+
+Where things are (read in this order)::
+
+    layout.py    one entry on disk: its files (shard, .partial, .meta, .lock, .dl),
+                 the meta format, EntryState (the entry's life, documented at the
+                 enum), and the symlink-refusing file primitives
+    store.py     ShardStore and LocalShard: acquire, verify local files, classify an
+                 entry, fill / adopt / repair and publish it; the pin and download
+                 locks; the fork registry
+    eviction.py  LRU within cache_size: scan, evict (never a pinned entry)
+    prefetch.py  Prefetcher: the background download threads, within cache_size
+    bulk.py      the CLI's passes over a manifest: verify_all, prefetch_all
+
+The life of one remote entry (details at :class:`~resumewds.cache.layout.EntryState`)::
+
+    absent --download (.partial, hashed as written)--> partial
+    partial --check size / xxh3_64 (or: a complete tar), os.replace, .meta--> verified
+    verified --a reader holds .lock shared--> pinned --released--> verified
+    verified --LRU over cache_size, not pinned--> evicted (absent)
+    corrupt --ranged repair of the bad samples, else fetched again--> repaired (verified)
+
+A data file is only ever trusted together with a ``.meta`` written after it,
+so a process killed at any instant leaves either a resumable ``.partial`` or
+an entry without meta, which is re-verified (when a checksum is known) or
+fetched again.  Locks are ``fcntl.flock`` locks: they vanish with the process
+that held them, so a killed process never blocks the others.
+
+Durability (``sync``): a download is verified from the bytes as they are
+written.  With ``sync="fsync"`` it is also fsynced before it is published.
+With ``sync="boot"`` (the default, ``"auto"``, wherever the kernel gives a
+boot id) it is not: its meta records ``synced: false`` and this boot's id.
+Unsynced bytes survive anything but a kernel crash or a power cut, and those
+end the boot; so an unsynced entry is trusted as verified within the boot that
+wrote it, and is hashed again (whatever the verify policy) the first time it
+is used in a later boot; a partial download from an earlier boot is not
+resumed.  A crash can therefore never make the cache serve bytes that were
+not verified, and a download does not wait for the disk.  Where there is no
+boot id (not Linux), ``"auto"`` means ``"fsync"``.
+
+Verify policies: ``"once"`` hashes at download and again whenever the file's
+size or mtime changed since its meta was written (for local files: once per
+(path, size, mtime), remembered in memory and under ``cache_dir/verified``);
+``"always"`` hashes at every acquire; ``"never"`` only compares sizes.
+
+Budget: ``cache_size`` is a limit (see :mod:`resumewds.cache.eviction`).
+When one shuffle window alone does not fit, a warning says so once, with
+the numbers.
+
+Downloads without a known checksum are checked to be complete tars (the
+framer of :mod:`resumewds.tario` scans them) before they are published, so
+one bad response (an error page) is never kept as the shard; a corrupt
+download is a failed attempt of the shard's fetch budget
+(:class:`resumewds.fetch.FetchBudget`), shared by the prefetch thread and
+the reader.
+
+Events (``on_event``) are :class:`resumewds.events.EventKind` members.
+
+Environment (read through :mod:`resumewds.config`, which lists every
+variable): ``RESUMEWDS_CACHE_DIR`` / ``WDS_CACHE`` (default
+``$XDG_CACHE_HOME/resumewds`` or ``~/.cache/resumewds``),
+``RESUMEWDS_CACHE_SIZE`` / ``WDS_CACHE_SIZE`` (e.g. ``20GB``),
+``RESUMEWDS_CACHE_SYNC`` (``auto``, ``fsync`` or ``boot``),
+``RESUMEWDS_VERBOSE_CACHE`` / ``WDS_VERBOSE_CACHE``, and the
+``RESUMEWDS_FETCH_*`` variables.
+
+Example:
+    >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)
+    (1610612736, 20000000000, 512)
+"""
+
+from __future__ import annotations
+
+from ..config import parse_size
+from .layout import EntryState, ProgressFn
+from .store import SYNC_MODES, VERIFY_POLICIES, EventFn, LocalShard, ShardStore, default_cache_dir
+
+__all__ = ["EntryState", "EventFn", "LocalShard", "ProgressFn", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES",
+           "default_cache_dir", "parse_size"]

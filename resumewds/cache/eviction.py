@@ -1,0 +1,105 @@
+"""Eviction: keep the cache within ``cache_size``, least recently used first.
+
+``cache_size`` is a limit.  Before a download, entries not in use are
+evicted to make room for it (:func:`evict` with ``reserve``); when a reader
+releases a shard, what exceeds the budget goes; prefetch only fetches a
+shard that fits (and never evicts what it fetched for later: ``keep``); the
+only excess is shards pinned by readers at that moment.
+
+An entry is evicted only with its pin lock (``.lock``) taken exclusive and
+non-blocking: an entry a reader pins, or one being downloaded, is skipped.
+"Recently used" is the shard file's atime, which every acquire sets
+(:func:`resumewds.cache.layout.touch`); a partial download counts by the
+newer of its atime and mtime.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from typing import Any, Callable, List, Optional, Set, Tuple
+
+from ..events import EventKind
+from . import layout
+from .layout import NOFOLLOW, SIDE_SUFFIXES, cache_error
+
+EmitFn = Callable[..., Any]
+
+
+def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
+    """``(base, size, last_used_ns, is_partial)`` for the entries and partial downloads."""
+    out: List[Tuple[str, int, int, bool]] = []
+    try:
+        names = os.listdir(shards_dir)
+    except FileNotFoundError:
+        return out
+    except OSError as exc:
+        raise cache_error(exc, shards_dir, "list") from exc
+    for name in names:
+        partial = name.endswith(".partial")
+        if not partial and name.endswith(SIDE_SUFFIXES):
+            continue
+        path = os.path.join(shards_dir, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        base = path[: -len(".partial")] if partial else path
+        out.append((base, st.st_size, max(st.st_atime_ns, st.st_mtime_ns) if partial else st.st_atime_ns,
+                    partial))
+    return out
+
+
+def cached_bytes(shards_dir: str) -> int:
+    """Bytes in the cache (entries and partial downloads)."""
+    return sum(size for _, size, _, _ in scan(shards_dir))
+
+
+def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int = 0,
+          keep: Optional[Set[str]] = None) -> int:
+    """Evict least recently used entries not in use (nor in ``keep``, a set
+    of entry paths) until the cache plus ``reserve`` bytes fits
+    ``cache_size``; return the bytes left.
+
+    Each eviction is reported as ``emit("evict", url, bytes=, path=)``
+    (``url`` is "" for a partial download, which has no meta).
+    """
+    if cache_size is None:
+        return 0
+    entries = scan(shards_dir)
+    total = sum(e[1] for e in entries)
+    if total + reserve <= cache_size:
+        return total
+    for base, size, _, partial in sorted(entries, key=lambda e: e[2]):
+        if total + reserve <= cache_size:
+            break
+        if keep and base in keep:
+            continue
+        try:
+            fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o666)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # pinned by a reader or being downloaded
+            # a partial download has no meta yet; its .etag sidecar may name the url
+            url = layout.url_of(base)
+            if partial:
+                layout.remove(base + ".partial")
+                layout.remove(base + ".partial.etag")
+            else:
+                layout.remove(base + ".meta")
+                layout.remove(base)
+            total -= size
+            emit(EventKind.EVICT, url, bytes=size, path=base)
+        finally:
+            os.close(fd)
+    return total
+
+
+__all__ = ["cached_bytes", "evict", "scan"]

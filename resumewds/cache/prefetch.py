@@ -1,0 +1,193 @@
+"""Prefetch: download the next shards in background threads, within ``cache_size``.
+
+One :class:`Prefetcher` per :class:`~resumewds.cache.ShardStore` (a new one
+after a fork or an unpickle: threads and locks do not cross either).  Up to
+``prefetch_threads`` threads, named ``resumewds-prefetch`` (the name
+:mod:`resumewds.stats` tells prefetch events by), each take the next shard
+of the wish list and acquire it unpinned through the store, as a reader
+would, but without spending the reader's view of the fetch budget (a
+prefetch's failure is kept for the reader to meet at once).
+
+With a ``cache_size``, a shard is only prefetched when it fits: its size is
+*reserved* while it downloads, so that threads running at once do not each
+count the same free space, and room is made only from what was read, never
+from what prefetch fetched for later (the ``keep`` set, which a reader's
+acquire takes the shard out of).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import threading
+from typing import TYPE_CHECKING, Deque, Dict, List, Sequence, Set
+
+from ..fetch import is_remote_url
+from ..manifest import ShardInfo
+from . import layout
+
+if TYPE_CHECKING:
+    from .store import ShardStore
+
+log = logging.getLogger("resumewds.cache")
+
+THREAD_NAME = "resumewds-prefetch"  # resumewds.stats.PREFETCH_THREAD
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def first_worker() -> bool:
+    """False in a DataLoader worker other than worker 0 (so that a warning
+    every worker would give is given once).  Never imports torch."""
+    data = sys.modules.get("torch.utils.data")
+    get = getattr(data, "get_worker_info", None)
+    if get is None:
+        return True
+    try:
+        info = get()
+    except Exception:  # a torch we do not know: warn
+        return True
+    return info is None or getattr(info, "id", 0) == 0
+
+
+class Prefetcher:
+    """The wish list, the threads and the reservations of one store.
+
+    Attributes:
+        cond: guards ``queue``, ``current``, ``keep`` and ``stopping``.
+        queue: shards still to prefetch, in order.
+        current: URLs a prefetch thread is fetching now.
+        keep: entry paths fetched (or being fetched) for later: not evicted
+            to make room until a reader has acquired them.
+        threads: the running threads.
+    """
+
+    def __init__(self, store: ShardStore):
+        self.store = store
+        self.cond = threading.Condition()
+        self.queue: Deque[ShardInfo] = collections.deque()
+        self.current: Set[str] = set()
+        self.keep: Set[str] = set()
+        self.threads: List[threading.Thread] = []
+        self.stopping = False
+        self.window_warned = False
+        self._fit = threading.Lock()
+        self._reserved: Dict[str, int] = {}
+
+    # ---- the wish list -----------------------------------------------------------------
+    def schedule(self, shards: Sequence[ShardInfo], depth: int, window: int) -> None:
+        """See :meth:`resumewds.cache.ShardStore.prefetch`."""
+        store = self.store
+        if window and store.cache_size is not None and not self.window_warned and first_worker():
+            head = list(shards[:window])
+            need = sum(s.size or 0 for s in head)
+            if need > store.cache_size:
+                self.window_warned = True
+                log.warning("cache_size %s (%d bytes) cannot hold one shuffle window: %d shards of %s "
+                            "(%d bytes) are read at once; shards will be evicted and fetched again. Raise "
+                            "--cache-size / RESUMEWDS_CACHE_SIZE or lower --shuffle-window",
+                            _mb(store.cache_size), store.cache_size, len(head), _mb(need), need)
+        wanted = [s for s in shards if is_remote_url(s.url)][: max(0, depth)]
+        with self.cond:
+            self.keep = {store.entry_path(s.url) for s in wanted}
+            self.queue = collections.deque(
+                s for s in wanted if s.url not in self.current and not self.looks_cached(s.url))
+            if self.queue:
+                self.stopping = False
+                self.threads = [t for t in self.threads if t.is_alive()]
+                while len(self.threads) < min(store.prefetch_threads, len(self.queue)):
+                    t = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+                    t.start()
+                    self.threads.append(t)
+            self.cond.notify_all()
+
+    def read_now(self, base: str) -> None:
+        """A reader pinned ``base``: it is no longer kept for later."""
+        with self.cond:
+            self.keep.discard(base)
+
+    def kept(self) -> Set[str]:
+        """A copy of the entry paths kept for later."""
+        with self.cond:
+            return set(self.keep)
+
+    def stop(self) -> None:
+        """Stop the threads (waiting up to 5 s for each) and forget the wish list."""
+        with self.cond:
+            self.stopping = True
+            self.queue.clear()
+            self.cond.notify_all()
+            threads, self.threads = self.threads, []
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
+        with self.cond:
+            self.keep = set()
+
+    # ---- within the budget -------------------------------------------------------------
+    def looks_cached(self, url: str) -> bool:
+        """A cheap hint (one stat): the entry has been published."""
+        return layout.lstat(self.store.entry_path(url) + ".meta") is not None
+
+    def fits(self, shard: ShardInfo) -> bool:
+        """Whether prefetching ``shard`` stays within ``cache_size``; if so,
+        its size is reserved until :meth:`unreserve` (prefetch threads
+        running at once must not each count the same free space)."""
+        store = self.store
+        if store.cache_size is None or self.looks_cached(shard.url):
+            return True
+        need = shard.size or 0
+        with self._fit:
+            keep = self.kept()
+            # make room from what was read, never from what prefetch fetched for later
+            total = store._evict(reserve=need + sum(self._reserved.values()), keep=keep)
+            for base in self._reserved:  # counted by their full size, not as partials
+                for p in (base, base + ".partial"):
+                    st = layout.lstat(p)
+                    total -= st.st_size if st is not None else 0
+            used = total + sum(self._reserved.values())
+            if used + need > store.cache_size or (not need and used >= store.cache_size):
+                return False
+            self._reserved[store.entry_path(shard.url)] = need
+            return True
+
+    def unreserve(self, shard: ShardInfo) -> None:
+        with self._fit:
+            self._reserved.pop(self.store.entry_path(shard.url), None)
+
+    # ---- the threads -------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            self._work()
+        finally:
+            self.store._close_session()  # this thread's pooled connections
+
+    def _work(self) -> None:
+        store = self.store
+        while True:
+            with self.cond:
+                while not self.queue and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+                shard = self.queue.popleft()
+                self.current.add(shard.url)
+            try:
+                if self.fits(shard):
+                    try:
+                        store._acquire(shard, pin=False, reader=False)
+                    finally:
+                        self.unreserve(shard)
+                else:
+                    store._count("prefetch_over_budget")
+            except Exception:
+                store._count("prefetch_error")
+            finally:
+                with self.cond:
+                    self.current.discard(shard.url)
+
+
+__all__ = ["Prefetcher", "first_worker"]

@@ -1,0 +1,731 @@
+"""The store: a verified local file for each shard (fill, verify, repair, publish, locks).
+
+:class:`ShardStore` hands readers a :class:`LocalShard`.  Local shards are
+verified in place; a remote shard's entry (:mod:`resumewds.cache.layout`)
+is looked at under its pin lock, and filled, repaired or adopted under its
+download lock; eviction and prefetch are :mod:`resumewds.cache.eviction`
+and :mod:`resumewds.cache.prefetch`.
+
+Two locks per entry, both ``fcntl.flock`` (they vanish with the process
+that held them, so a killed process never blocks the others): ``.lock``
+pins (readers hold it shared while they read, the evictor needs it
+exclusive), ``.dl`` admits one downloader at a time.  A reader never
+upgrades its pin: an upgrade waits for every other reader's pin, and a
+reader that pins a shard and then idles would block it forever.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import os
+import stat
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import xxhash
+
+from .. import config as _config
+from ..errors import (
+    CacheError,
+    ChecksumMismatch,
+    PermanentFetchError,
+    ResumeWDSError,
+    ShardFormatError,
+    ShardNotFoundError,
+    TransientFetchError,
+    UnsafeSourceError,
+)
+from ..events import EventKind as K
+from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
+from ..manifest import ShardInfo
+from . import eviction, layout
+from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error
+from .prefetch import Prefetcher
+
+EventFn = Callable[..., None]
+
+VERIFY_POLICIES = ("once", "always", "never")
+SYNC_MODES = ("auto", "fsync", "boot")
+#: the kinds ``RESUMEWDS_VERBOSE_CACHE`` prints
+VERBOSE_KINDS = (K.CACHE_MISS, K.FETCH_DONE, K.REPAIR, K.VERIFY_FAIL, K.EVICT)
+
+
+def default_cache_dir() -> str:
+    """``$RESUMEWDS_CACHE_DIR``, else ``$WDS_CACHE``, else ``$XDG_CACHE_HOME/resumewds``,
+    else ``~/.cache/resumewds`` (see :func:`resumewds.config.cache_dir`)."""
+    return _config.cache_dir()
+
+
+# A forked DataLoader worker inherits the store as it is: locks possibly held by
+# the prefetch thread, and the parent's HTTP connections.  Give the child fresh ones.
+_LIVE_STORES: weakref.WeakSet[ShardStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_LIVE_STORES):
+        store._init_runtime()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def lock_download(dl: int, url: str, budget: FetchBudget, base: str) -> None:
+    """Take the download lock ``dl`` of entry ``base``, waiting for another
+    downloader (a prefetch thread, another process) no longer than what is
+    left of the budget; past it, only while that download is seen to
+    progress at the minimum rate (its ``.partial`` grows), as a download of
+    our own would be let finish."""
+    try:
+        fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    cfg = budget.config
+    t0 = time.monotonic()
+    pause = 0.005
+    mark: Optional[Tuple[float, int]] = None
+    while True:
+        left = budget.remaining()
+        if left <= 0:
+            now = time.monotonic()
+            st = layout.lstat(base + ".partial")
+            size = st.st_size if st is not None else -1
+            if mark is None and cfg.min_rate and size >= 0:
+                mark = (now, size)  # the other download is under way: is it progressing?
+            elif mark is None or now - mark[0] >= cfg.rate_window:
+                if mark is None or size < 0 or size - mark[1] < cfg.min_rate * (now - mark[0]):
+                    raise TransientFetchError(
+                        f"{url}: waited {now - t0:.1f}s for another download of this shard (a prefetch thread "
+                        f"or another process) and reached the fetch deadline of {cfg.deadline:g}s "
+                        f"(RESUMEWDS_FETCH_DEADLINE)", url)
+                mark = (now, size)
+            left = cfg.rate_window
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.1)
+        try:
+            fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            continue
+
+
+def not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
+    """The ShardFormatError that says why ``path`` is not a complete tar, or None."""
+    from .. import tario  # local: the framer is only needed for unchecksummed shards
+
+    try:
+        tario.scan_file(path, f"{what} {url}" if what else url)
+    except ShardFormatError as exc:
+        return exc
+    except OSError as exc:
+        raise cache_error(exc, path, "read back the download") from exc
+    return None
+
+
+class LocalShard:
+    """A shard available as a local file, pinned until :meth:`close`.
+
+    Attributes:
+        path: the file to read (with ``os.pread``).
+        shard: the :class:`ShardInfo` it is for.
+        cached: True when ``path`` is inside the cache.
+    """
+
+    def __init__(self, path: str, shard: ShardInfo, lock_fd: Optional[int] = None, cached: bool = False,
+                 on_release: Optional[Callable[[], None]] = None):
+        self.path = path
+        self.shard = shard
+        self.cached = cached
+        self._lock_fd = lock_fd
+        self._on_release = on_release
+
+    @property
+    def pinned(self) -> bool:
+        return self._lock_fd is not None
+
+    def close(self) -> None:
+        """Release the pin (the entry may be evicted afterwards, and the
+        store evicts what its ``cache_size`` no longer holds)."""
+        self._release(hook=True)
+
+    def _release(self, hook: bool) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)  # closing the descriptor drops its flock
+            except OSError:
+                pass
+            fn, self._on_release = self._on_release, None
+            if fn is not None and hook:
+                try:
+                    fn()  # the store evicts what its budget no longer holds
+                except (ResumeWDSError, OSError):
+                    pass
+
+    def __enter__(self) -> LocalShard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self._release(hook=False)  # no eviction from a garbage collector's arbitrary moment
+
+    def __repr__(self) -> str:
+        return f"LocalShard({self.path!r}, pinned={self.pinned})"
+
+
+class ShardStore:
+    """Give readers a verified local file for each shard.
+
+    Args:
+        cache_dir: where remote shards are kept (see :func:`default_cache_dir`).
+        cache_size: byte budget (int or "20GB"); default ``$RESUMEWDS_CACHE_SIZE``
+            (or ``$WDS_CACHE_SIZE``), else unlimited.  Shards being read may
+            exceed it, nothing else does.
+        verify: "once", "always" or "never" (see :mod:`resumewds.cache`).
+        fetch: retry/timeout policy; default ``FetchConfig.from_env()``.
+        on_event: ``on_event(kind, url, **detail)``; kinds (an
+            :class:`~resumewds.events.EventKind`, equal to its string)
+            ``cache_hit``, ``cache_miss``, ``verify_ok``, ``verify_fail``,
+            ``repair``, ``evict``, ``fetch_start``, ``fetch_done``, ``retry``.
+        max_repairs: an extra cap on how many failed verifications of one
+            shard are fetched again before giving up with ChecksumMismatch;
+            None (the default): only the fetch budget decides, as a corrupt
+            download counts as a failed attempt of it.
+        sync: "auto" (default, or ``$RESUMEWDS_CACHE_SYNC``), "fsync" or
+            "boot": how a download is made safe against a crash of the
+            machine (see :mod:`resumewds.cache`).
+        prefetch_threads: shards :meth:`prefetch` downloads at once.
+
+    Attributes:
+        counters: events seen by kind, plus ``bytes_fetched`` and ``bytes_evicted``.
+
+    Example:
+        >>> from resumewds import load_manifest
+        >>> store = ShardStore(cache_size="1GB")
+        >>> shard = load_manifest("data/manifest.json").shards[0]
+        >>> with store.acquire(shard) as ls:
+        ...     ls.path.endswith("shard-000000.tar"), ls.cached
+        (True, False)
+        >>> store.cache_size, store.counters["verify_ok"]
+        (1000000000, 1)
+    """
+
+    def __init__(self, cache_dir: Optional[str] = None, cache_size: Union[int, str, None] = None,
+                 verify: str = "once", fetch: Optional[FetchConfig] = None,
+                 on_event: Optional[EventFn] = None, max_repairs: Optional[int] = None,
+                 sync: Optional[str] = None, prefetch_threads: int = 2):
+        if verify not in VERIFY_POLICIES:
+            raise ValueError(f"verify must be one of {VERIFY_POLICIES}, got {verify!r}")
+        sync = _config.cache_sync(sync)
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync (or RESUMEWDS_CACHE_SYNC) must be one of {SYNC_MODES}, got {sync!r}")
+        if sync == "boot" and boot_id() is None:
+            raise ValueError('sync="boot" needs a kernel boot id (/proc/sys/kernel/random/boot_id); '
+                             'use "fsync" or "auto"')
+        if max_repairs is not None and max_repairs < 0:
+            raise ValueError(f"max_repairs must be >= 0, got {max_repairs}")
+        self.cache_dir = os.path.abspath(os.path.expanduser(_config.cache_dir(cache_dir)))
+        self.cache_size: Optional[int] = _config.cache_size(cache_size)
+        self.verbose_cache = _config.verbose_cache()
+        self.verify = verify
+        self.fetch = fetch if fetch is not None else FetchConfig.from_env()
+        self.on_event = on_event
+        self.max_repairs = max_repairs
+        self.sync = "fsync" if sync == "fsync" or boot_id() is None else "boot"
+        if prefetch_threads < 1:
+            raise ValueError(f"prefetch_threads must be >= 1, got {prefetch_threads}")
+        self.prefetch_threads = int(prefetch_threads)
+        self.counters: Dict[str, int] = collections.Counter()
+        self._verified_local: Set[str] = set()
+        self._init_runtime()
+        _LIVE_STORES.add(self)
+
+    # ---- runtime state: new after a fork and an unpickle ----------------------------------
+    _RUNTIME = ("_tl", "_mu", "_prefetch", "_dirs_ready", "_budgets")
+
+    def _init_runtime(self) -> None:
+        self._tl = threading.local()
+        self._mu = threading.Lock()
+        self._prefetch = Prefetcher(self)
+        self._dirs_ready = False
+        self._budgets: Dict[str, FetchBudget] = {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        d = dict(self.__dict__)
+        for k in self._RUNTIME:
+            d.pop(k, None)
+        d["counters"] = collections.Counter()
+        return d
+
+    def __setstate__(self, d: Dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._init_runtime()
+        _LIVE_STORES.add(self)
+
+    # the prefetcher's state under the names it had when it lived here
+    @property
+    def _pf_cond(self) -> threading.Condition:
+        return self._prefetch.cond
+
+    @property
+    def _pf_queue(self) -> collections.deque:
+        return self._prefetch.queue
+
+    @property
+    def _pf_current(self) -> Set[str]:
+        return self._prefetch.current
+
+    @property
+    def _pf_threads(self) -> List[threading.Thread]:
+        return self._prefetch.threads
+
+    # ---- events -----------------------------------------------------------------------------
+    def _emit(self, kind: str, url: str, **detail: Any) -> None:
+        key = str(kind)  # counters are keyed by the plain string
+        with self._mu:
+            self.counters[key] += 1
+            if key == K.FETCH_DONE:
+                self.counters["bytes_fetched"] += int(detail.get("bytes", 0))
+            elif key == K.EVICT:
+                self.counters["bytes_evicted"] += int(detail.get("bytes", 0))
+        if self.verbose_cache and key in VERBOSE_KINDS:
+            print(f"[cache] {key} {url or detail.get('path', '')}"
+                  + (f" ({detail['bytes']} bytes)" if "bytes" in detail else ""), file=sys.stderr, flush=True)
+        if self.on_event is not None:
+            self.on_event(kind, url, **detail)
+
+    def _count(self, name: str) -> None:
+        with self._mu:
+            self.counters[name] += 1
+
+    # ---- the fetch budget of one read of one shard ------------------------------------------
+    def _budget_for(self, url: str) -> FetchBudget:
+        """The budget this read of ``url`` draws from: the one a prefetch (or
+        a concurrent reader) of this process started, if it is still live or
+        failed recently, else a fresh one."""
+        with self._mu:
+            b = self._budgets.get(url)
+            now = time.monotonic()
+            if b is None or (b.done_at is not None and now - b.done_at > self.fetch.deadline):
+                b = self._budgets[url] = FetchBudget(self.fetch)
+            return b
+
+    def _budget_done(self, url: str, budget: FetchBudget, ok: bool, reader: bool) -> None:
+        """A success, or a failure a reader has seen, ends the budget; a
+        prefetch's failure keeps it for the reader to meet (at once)."""
+        with self._mu:
+            if ok or reader:
+                if self._budgets.get(url) is budget:
+                    del self._budgets[url]
+            else:
+                budget.done_at = time.monotonic()
+
+    def _session(self) -> Any:
+        s = getattr(self._tl, "session", None)
+        if s is None:
+            s = self._tl.session = new_session()
+        return s
+
+    def _close_session(self) -> None:
+        """Close this thread's HTTP session (its pooled connections)."""
+        s = getattr(self._tl, "session", None)
+        if s is not None:
+            s.close()
+            self._tl.session = None
+
+    # ---- the entries ------------------------------------------------------------------------
+    @property
+    def shards_dir(self) -> str:
+        return os.path.join(self.cache_dir, "shards")
+
+    def entry_path(self, url: str) -> str:
+        """Where the cached copy of ``url`` lives (whether or not it exists)."""
+        return layout.entry_path(self.shards_dir, url)
+
+    def _ensure_dirs(self) -> None:
+        if self._dirs_ready:
+            return
+        for d in (self.cache_dir, self.shards_dir):
+            try:
+                os.makedirs(d, exist_ok=True)
+            except OSError as exc:
+                raise cache_error(exc, self.cache_dir, "create the cache directory") from exc
+        try:
+            st = os.lstat(self.shards_dir)
+        except OSError as exc:
+            raise cache_error(exc, self.shards_dir, "stat") from exc
+        if stat.S_ISLNK(st.st_mode):
+            raise CacheError(f"{self.shards_dir}: is a symlink; refusing to use it as the shard cache")
+        if not os.access(self.shards_dir, os.W_OK | os.X_OK):
+            raise CacheError(f"{self.shards_dir}: cache directory is not writable (read-only?)")
+        self._dirs_ready = True
+
+    def _make_durable(self, path: str) -> bool:
+        """fsync ``path`` if this store syncs; True if it did (see ``sync``)."""
+        if self.sync != "fsync":
+            return False
+        layout.fsync_file(path)
+        return True
+
+    def _hash(self, path: str, progress: Optional[ProgressFn] = None) -> Tuple[int, str]:
+        return layout.hash_file(path, progress)
+
+    def _read_meta(self, base: str) -> Optional[Dict[str, Any]]:
+        return layout.read_meta(base)
+
+    def _write_meta(self, base: str, url: str, xxh: Optional[str], synced: bool) -> None:
+        layout.write_meta(base, url, xxh, synced)
+
+    # ---- public API -------------------------------------------------------------------------
+    def acquire(self, shard: ShardInfo) -> LocalShard:
+        """A verified local file for ``shard``, pinned until closed.
+
+        Use as a context manager: ``with store.acquire(shard) as ls: os.pread(...)``.
+
+        Raises:
+            PermanentFetchError / TransientFetchError: it could not be fetched.
+            ChecksumMismatch: a local file is corrupt, or downloads stayed corrupt
+                until the fetch budget was spent.
+            ShardFormatError: a shard with no known checksum kept arriving as
+                something that is not a complete tar.
+            CacheError: the cache directory is unusable.
+        """
+        from ..compressed import open_view  # .tar.gz/.tar.zst: its decompressed copy (H4b, issue 13)
+
+        return open_view(self, self._acquire(shard, pin=True))
+
+    def ensure(self, shard: ShardInfo, tar: bool = True) -> str:
+        """Like :meth:`acquire` but unpinned; returns the path.
+
+        Args:
+            shard: what to fetch.
+            tar: the object is a tar shard (checked to be a complete tar
+                before it is published when its checksum is unknown); False
+                for other files (a manifest's offsets file).
+        """
+        ls = self._acquire(shard, pin=False, tar=tar)
+        return ls.path
+
+    def _acquire(self, shard: ShardInfo, pin: bool, policy: Optional[str] = None,
+                 progress: Optional[ProgressFn] = None, tar: bool = True, reader: bool = True) -> LocalShard:
+        policy = policy or self.verify
+        if not is_remote_url(shard.url):
+            if "://" in shard.url and not shard.url.startswith("file://"):
+                raise PermanentFetchError(f"{shard.url}: unsupported URL scheme", shard.url)
+            return LocalShard(self._check_local(shard, policy, progress), shard)
+        if shard.url.startswith("pipe:") and not shard.trusted:
+            raise UnsafeSourceError(f"{shard.url}: refusing to run a pipe: command from an untrusted manifest")
+        budget = self._budget_for(shard.url)
+        ok = False
+        try:
+            ls = self._acquire_remote(shard, pin, policy, progress, budget, tar)
+            ok = True
+            return ls
+        finally:
+            self._budget_done(shard.url, budget, ok, reader)
+
+    # ---- local shards -----------------------------------------------------------------------
+    def _check_local(self, shard: ShardInfo, policy: str, progress: Optional[ProgressFn]) -> str:
+        path = local_path(shard.url)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"{path}: no such file", shard.url) from exc
+        except OSError as exc:
+            raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
+        if shard.size is not None and st.st_size != shard.size:
+            self._emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
+            raise ChecksumMismatch(path, str(shard.size), str(st.st_size), what="size")
+        if shard.xxh3_64 is None or policy == "never":
+            return path
+        key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0"
+                             f"{shard.xxh3_64.lower()}".encode()).hexdigest()
+        marker = os.path.join(self.cache_dir, "verified", key)
+        if policy == "once" and (key in self._verified_local or os.path.exists(marker)):
+            self._verified_local.add(key)
+            return path
+        try:
+            with open(path, "rb") as f:
+                h = xxhash.xxh3_64()
+                while True:
+                    b = f.read(HASH_CHUNK)
+                    if not b:
+                        break
+                    h.update(b)
+                    if progress is not None:
+                        progress(len(b))
+        except OSError as exc:
+            raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
+        actual = h.hexdigest()
+        if actual != shard.xxh3_64.lower():
+            self._emit(K.VERIFY_FAIL, shard.url, expected=shard.xxh3_64, actual=actual)
+            raise ChecksumMismatch(path, shard.xxh3_64, actual)
+        self._emit(K.VERIFY_OK, shard.url)
+        self._verified_local.add(key)
+        try:  # best effort: a read-only cache dir falls back to memory
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o666))
+        except OSError:
+            pass
+        return path
+
+    # ---- remote shards ----------------------------------------------------------------------
+    def _check_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
+                     known_bad: Optional[Tuple[int, int]] = None) -> Tuple[EntryState, Optional[Tuple[int, int]]]:
+        """Classify the cached entry: ``(EntryState, (size, mtime_ns) or None)``.
+
+        Read-only: safe under a shared lock.
+        """
+        st = layout.lstat(base)
+        if st is None:
+            return EntryState.ABSENT, None
+        skey = (st.st_size, st.st_mtime_ns)
+        if known_bad == skey:
+            return EntryState.CORRUPT, skey
+        meta = self._read_meta(base)
+        if meta is None or meta.get("url") != shard.url:
+            return EntryState.UNTRUSTED, skey
+        if shard.size is not None and st.st_size != shard.size:
+            self._emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
+            return EntryState.CORRUPT, skey
+        expected = (shard.xxh3_64 or meta.get("xxh3_64") or "").lower() or None
+        # written without fsync in an earlier boot: the crash that ended that
+        # boot may have eaten bytes, whatever the policy says
+        stale = meta.get("synced", True) is not True and meta.get("boot") != boot_id()
+        if stale and expected is None:
+            return EntryState.UNTRUSTED, skey  # nothing to check it against: fetch it again
+        if policy == "never" and not stale:
+            return EntryState.VERIFIED, skey
+        changed = (stale or st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"]
+                   or (shard.xxh3_64 is not None and (meta.get("xxh3_64") or "").lower() != expected))
+        if expected is None or not (changed or policy == "always"):
+            return EntryState.VERIFIED, skey
+        try:
+            _, actual = self._hash(base, progress)
+        except CacheError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                # removed meanwhile by another process repairing it (repairs
+                # hold the download lock, not our pin): look again under the
+                # download lock, where the repair is finished
+                return EntryState.ABSENT, None
+            raise
+        if actual != expected:
+            self._emit(K.VERIFY_FAIL, shard.url, expected=expected, actual=actual)
+            return EntryState.CORRUPT, skey
+        self._emit(K.VERIFY_OK, shard.url)
+        if changed:
+            # read back from disk after a reboot: those bytes are durable now
+            self._write_meta(base, shard.url, expected, synced=stale or meta.get("synced", True) is True)
+        return EntryState.VERIFIED, skey
+
+    def _acquire_remote(self, shard: ShardInfo, pin: bool, policy: str, progress: Optional[ProgressFn],
+                        budget: FetchBudget, tar: bool) -> LocalShard:
+        self._ensure_dirs()
+        base = self.entry_path(shard.url)
+        # the pin lock, shared (see the module docstring); the download lock only to fill
+        fd = layout.open_file(base + ".lock", os.O_RDWR | os.O_CREAT, "open lock file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            before = layout.signature(base)
+            state, skey = self._check_entry(shard, base, policy, progress)
+            if state is EntryState.VERIFIED:
+                self._emit(K.CACHE_HIT, shard.url)
+            else:
+                dl = layout.open_file(base + ".dl", os.O_RDWR | os.O_CREAT, "open download lock")
+                try:
+                    lock_download(dl, shard.url, budget, base)
+                    # another process may have filled (or repaired) it meanwhile
+                    if layout.signature(base) != before:
+                        state, skey = self._check_entry(shard, base, policy, progress)
+                    if state is EntryState.VERIFIED:
+                        self._emit(K.CACHE_HIT, shard.url)
+                    else:
+                        self._fill(shard, base, policy, progress, skey if state is EntryState.CORRUPT else None,
+                                   budget, tar)
+                finally:
+                    os.close(dl)  # drops the download lock
+            layout.touch(base)
+            if pin:
+                self._prefetch.read_now(base)  # read now: no longer kept for later
+                return LocalShard(base, shard, fd, cached=True,
+                                  on_release=self._evict_on_release if self.cache_size is not None else None)
+            os.close(fd)
+            return LocalShard(base, shard, None, cached=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _fill(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
+              known_bad: Optional[Tuple[int, int]], budget: Optional[FetchBudget] = None,
+              tar: bool = True) -> None:
+        """Under the download lock: make ``base`` a verified entry."""
+        budget = budget or FetchBudget(self.fetch)
+        url = shard.url
+        repairs = 0
+        state, skey = self._check_entry(shard, base, policy, progress, known_bad)
+        if state is EntryState.VERIFIED:
+            self._emit(K.CACHE_HIT, url)
+            return
+        if state is EntryState.UNTRUSTED:
+            # killed between publish and meta: adopt it if a known checksum proves it
+            if shard.xxh3_64 is not None:
+                size, actual = self._hash(base, progress)
+                if actual == shard.xxh3_64.lower() and (shard.size is None or size == shard.size):
+                    self._emit(K.VERIFY_OK, url)
+                    self._write_meta(base, url, actual, synced=self._make_durable(base))
+                    self._emit(K.CACHE_HIT, url)
+                    return
+            layout.remove(base)
+        elif state is EntryState.CORRUPT:
+            repairs += 1
+            from ..repair import repair_entry  # issue 15: re-fetch only the samples that fail
+
+            if (self.max_repairs is None or repairs <= self.max_repairs) and \
+                    repair_entry(self, shard, base, budget):
+                self._emit(K.CACHE_HIT, url)
+                return
+            layout.remove(base + ".meta")
+            layout.remove(base)
+            if self.max_repairs is not None and repairs > self.max_repairs:
+                raise ChecksumMismatch(f"cached copy of {url} ({base})", shard.xxh3_64 or str(shard.size),
+                                       "a corrupt cached copy")
+            self._emit(K.REPAIR, url, attempt=repairs)
+        self._emit(K.CACHE_MISS, url)
+        partial = base + ".partial"
+        while True:
+            if layout.lstat(partial) is None:
+                layout.remove(partial + ".etag")
+            # the download is about to add up to shard.size bytes: make room first
+            self._evict(reserve=shard.size or 0)
+            # hashed from the bytes as they were written: no read-back
+            res = fetch_to_file(url, partial, expected_size=shard.size, config=self.fetch,
+                                on_event=self._emit, session=self._session(), budget=budget)
+            synced = self._make_durable(partial)
+            if progress is not None:
+                progress(res.size)
+            bad: Optional[Tuple[str, str, str]] = None
+            failure: Optional[ResumeWDSError] = None
+            actual = res.xxh3_64
+            if shard.size is not None and res.size != shard.size:
+                bad = (str(shard.size), str(res.size), "size")
+            elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
+                bad = (shard.xxh3_64, actual, "xxh3_64")
+                from ..repair import repair_download  # issue 15: re-fetch only the samples that fail
+
+                fixed = repair_download(self, shard, partial, budget)
+                if fixed is not None:
+                    actual, bad = fixed, None
+            elif shard.xxh3_64 is None and tar:
+                # nothing to check it against: at least it must be a complete
+                # tar, or one bad response (an error page) would be kept for good
+                failure = not_a_complete_tar(partial, url)
+                if failure is not None:
+                    bad = ("a complete tar", str(failure), "format")
+            if bad is None:
+                break
+            self._emit(K.VERIFY_FAIL, url, expected=bad[0], actual=bad[1])
+            layout.remove(partial)
+            layout.remove(partial + ".etag")
+            repairs += 1
+            if failure is None:
+                failure = ChecksumMismatch(f"download of {url}", bad[0], bad[1], what=bad[2])
+            budget.last_error = failure
+            # a corrupt download was a failed attempt of the same budget
+            if budget.exhausted or (self.max_repairs is not None and repairs > self.max_repairs):
+                raise failure
+            self._emit(K.REPAIR, url, attempt=repairs)
+        if shard.xxh3_64 is not None:
+            self._emit(K.VERIFY_OK, url)
+        try:
+            os.replace(partial, base)
+        except OSError as exc:
+            raise cache_error(exc, self.shards_dir, "publish the download") from exc
+        layout.remove(partial + ".etag")
+        self._write_meta(base, url, actual, synced=synced)
+        # With sync="fsync" the data was fsynced before the rename; the
+        # directory is not: after a power cut the newest entries may be
+        # missing and are fetched again.
+        self._evict()
+
+    @staticmethod
+    def _not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
+        return not_a_complete_tar(path, url, what)
+
+    # ---- eviction (resumewds.cache.eviction) ------------------------------------------------
+    def cached_bytes(self) -> int:
+        """Bytes in the cache (entries and partial downloads)."""
+        return eviction.cached_bytes(self.shards_dir)
+
+    def _evict(self, reserve: int = 0, keep: Optional[Set[str]] = None) -> int:
+        """Evict least recently used entries until the cache plus ``reserve``
+        fits ``cache_size``; see :func:`resumewds.cache.eviction.evict`."""
+        return eviction.evict(self.shards_dir, self.cache_size, self._emit, reserve, keep)
+
+    def _evict_on_release(self) -> None:
+        """A pin was released: what is no longer in use may go, except what
+        prefetch fetched for later."""
+        self._evict(keep=self._prefetch.kept())
+
+    # ---- prefetch (resumewds.cache.prefetch) ------------------------------------------------
+    def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2, window: int = 0) -> None:
+        """Download the next ``depth`` remote shards in background threads.
+
+        Up to ``prefetch_threads`` shards download at once, each over its own
+        connection.  Replaces any earlier wish list; shards already cached or
+        being downloaded are left out.  With a ``cache_size``, a shard is
+        only prefetched when it fits in the budget (after evicting entries
+        not in use); the reader fetches the others when it gets to them.
+        Errors are swallowed here; they show up again, at once (the prefetch
+        spent the shard's fetch budget), when the shard is acquired.
+
+        Args:
+            shards: the upcoming shards, in the order they will be read.
+            depth: how many of them to fetch ahead.
+            window: how many of the first ``shards`` are one shuffle window
+                (read at the same time); if their sizes add up to more than
+                ``cache_size``, a warning says so, once.
+        """
+        self._prefetch.schedule(shards, depth, window)
+
+    def close(self) -> None:
+        """Stop the prefetch threads and drop this thread's HTTP session."""
+        self._prefetch.stop()
+        if self.cache_size is not None:
+            try:
+                self._evict()  # nothing is wanted for later any more
+            except ResumeWDSError:
+                pass
+        self._close_session()
+
+    def __enter__(self) -> ShardStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- the CLI's bulk passes (resumewds.cache.bulk) ---------------------------------------
+    def verify_all(self, shards: Sequence[ShardInfo],
+                   progress: Optional[ProgressFn] = None) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
+        """Hash every shard now (policy "always"), for ``resumewds verify``;
+        see :func:`resumewds.cache.bulk.verify_all`."""
+        from .bulk import verify_all
+
+        return verify_all(self, shards, progress)
+
+    def prefetch_all(self, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
+                     parallel: int = 2) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
+        """Download every remote shard into the cache, for ``resumewds prefetch``;
+        see :func:`resumewds.cache.bulk.prefetch_all`."""
+        from .bulk import prefetch_all
+
+        return prefetch_all(self, shards, progress, parallel)
+
+
+__all__ = ["LocalShard", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES", "default_cache_dir"]
