@@ -94,7 +94,6 @@ from .attempt import _run_attempt as _run_attempt
 from .download import _fetched as _fetched
 from .download import _gopen_log as _gopen_log
 from .download import fetch_bytes, fetch_to_file
-from .errormap import _SINK_PROBLEMS as _SINK_PROBLEMS
 from .errormap import FETCH_ERRORS as FETCH_ERRORS
 from .errormap import ErrorRule as ErrorRule
 from .errormap import _SinkError as _SinkError

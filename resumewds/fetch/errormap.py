@@ -45,7 +45,6 @@ Example:
 from __future__ import annotations
 
 import email.utils
-import errno
 import http.client
 import os
 import socket
@@ -55,7 +54,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, Union
 
-from ..errors import CacheError, FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError
+from ..errors import CacheError, FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError, os_problem
 
 if TYPE_CHECKING:
     import requests
@@ -74,17 +73,6 @@ class _SinkError(Exception):
         super().__init__(str(exc))
         self.exc = exc
         self.path = path
-
-
-_SINK_PROBLEMS = {
-    errno.ENOSPC: "no space left on device",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-    errno.EFBIG: "file too large",
-    errno.ELOOP: "refusing to follow a symlink",
-}
 
 
 def resolve_types(refs: Sequence[TypeRef]) -> Tuple[type, ...]:
@@ -135,7 +123,7 @@ def says(error: Callable[..., ResumeWDSError], message: Callable[[Any, str], str
 
 def _cannot_write(exc: Any, url: str) -> ResumeWDSError:
     inner = exc.exc
-    problem = _SINK_PROBLEMS.get(inner.errno or 0, inner.strerror or str(inner))
+    problem = os_problem(inner)
     return CacheError(f"{os.path.dirname(exc.path) or '.'}: cannot write {os.path.basename(exc.path)}"
                       f" while fetching {url}: {problem}")
 
