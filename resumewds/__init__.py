@@ -34,7 +34,7 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit, MissingKeyError,
                      PermanentFetchError, ResumeWDSError, ShardFormatError, ShardNotFoundError,
                      SourceError, StateError, TransientFetchError, UnsafeSourceError)
-from .filters import (batched, decode, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
+from .filters import (batched, decode, detshuffle, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
                       pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple,
                       unbatched, unlisted, xdecode)
 from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
@@ -44,10 +44,10 @@ from .multi import MultiLoader
 from .mixdataset import MixedDataset, RandomMix
 from .mixture import MixPlan
 from .plan import Layout, Plan
-from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
-                         split_by_node, split_by_worker)
+from .shardlists import (MultiShardSample, ResampledShards, SimpleShardList, non_empty, resampled, shardspec,
+                         single_node_only, split_by_node, split_by_worker)
 from .tariterators import tarfile_samples, tarfile_to_samples
-from .pipeline import default_collation_fn
+from .pipeline import PipelineStage, default_collation_fn
 from .tario import sample_digest, scan_file
 from .world import World, detect_world
 from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
@@ -77,7 +77,9 @@ __all__ = [
     "MixedDataset",
     "MockDataset",
     "MultiLoader",
+    "MultiShardSample",
     "PermanentFetchError",
+    "PipelineStage",
     "Plan",
     "RandomMix",
     "ResampledShards",
@@ -104,6 +106,7 @@ __all__ = [
     "decode",
     "default_collation_fn",
     "detect_world",
+    "detshuffle",
     "extract_keys",
     "filters",
     "getfirst",

@@ -66,7 +66,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import filters, tariterators
 from .dataset import WebDataset
 from .errors import ResumeWDSError, StateError
-from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
+from .handlers import reraise_exception
+from .pipeline import PipelineStage
 from .plan import Layout, Plan
 from .shardlists import ResampledShards, SimpleShardList
 from .splitters import worker_info
@@ -239,7 +240,7 @@ class DataPipeline(WebDataset, IterableDataset):
         self._bufsize: Optional[int] = None
         if c.sample_shuffle is not None:
             if self._native_shuffle:
-                WebDataset.shuffle(self, c.sample_shuffle.bufsize, initial=c.sample_shuffle.initial)  # type: ignore[attr-defined]
+                WebDataset.shuffle(self, c.sample_shuffle.bufsize, initial=c.sample_shuffle.initial)
             else:
                 self._bufsize = c.sample_shuffle.bufsize
         for st in c.per_sample:
@@ -352,6 +353,8 @@ class DataPipeline(WebDataset, IterableDataset):
         def invoke(f: Any, *a: Any) -> Any:
             if not a and (isinstance(f, IterableDataset) or hasattr(f, "__iter__")):
                 return iter(f)
+            if isinstance(f, PipelineStage):
+                return f.run(*a)
             if isinstance(f, list):
                 return iter(f)
             if callable(f):
@@ -433,29 +436,29 @@ class DataPipeline(WebDataset, IterableDataset):
         """Add a stage at the end (rebuilds the compiled form)."""
         self.__init__(*(self.pipeline + [f]), seed=self.seed)  # type: ignore[misc]
 
-    def compose(self, *args: Any) -> "DataPipeline":
+    def compose(self, *args: Any) -> DataPipeline:
         """A copy with ``args`` appended."""
         out = copy.copy(self)
         out.__init__(*(self.pipeline + list(args)), seed=self.seed)  # type: ignore[misc]
         return out
 
-    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> "DataPipeline":
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DataPipeline:
         """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, going on across epochs."""
         self.repetitions = sys.maxsize
         self.nsamples = max(nsamples, nbatches)
         return self
 
-    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> "DataPipeline":
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> DataPipeline:
         """Repeat ``nepochs`` epochs (forever if -1), at most ``nbatches`` items."""
         self.repetitions = nepochs if nepochs > 0 else sys.maxsize
         self.nsamples = nbatches
         return self
 
-    def with_length(self, n: int, silent: bool = False) -> "DataPipeline":
+    def with_length(self, n: int, silent: bool = False) -> DataPipeline:
         """Give the pipeline a ``__len__`` of ``n`` (it does not change the epoch)."""
         if not silent:
             warnings.warn(".with_length() only sets the value of __len__ for compatibility with some "
-                          "training environments. It does not change the number of samples in an epoch.")
+                          "training environments. It does not change the number of samples in an epoch.", stacklevel=2)
         self.size = n
         self.__class__ = type(type(self).__name__ + "_Length", (type(self),), {"__len__": lambda s: s.size})
         return self

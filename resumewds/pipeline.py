@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from .autodecode import Decoder, decode_image  # noqa: F401  (the decoders live there; kept importable here)
 from .errors import DecodeError
 
+
 class FieldError(DecodeError, ValueError):
     """A field a stage needs is missing (``to_tuple``, ``rename``): also a ``ValueError``,
     which is what webdataset raises there."""
@@ -273,6 +274,40 @@ class SelectFiles:
         return out
 
 
+class PipelineStage:
+    """webdataset's base class of a stage object: ``run(src)`` returns the stage's iterator.
+
+    A :class:`resumewds.DataPipeline` calls ``stage.run(src)`` for an instance
+    (``stage.run()`` for the source), as webdataset does; such a stage is run on
+    the stream, not compiled into the plan (:class:`resumewds.detshuffle` is one
+    that is compiled).
+
+    Example:
+        >>> class Twice(PipelineStage):
+        ...     def run(self, src):
+        ...         return (2 * x for x in src)
+        >>> list(Twice().run(iter([1, 2])))
+        [2, 4]
+    """
+
+    def invoke(self, *args: Any, **kw: Any) -> Any:
+        """Not used (webdataset's abstract method); subclasses define :meth:`run`."""
+        raise NotImplementedError
+
+    def run(self, *args: Any, **kw: Any) -> Any:  # pragma: no cover - interface
+        """The stage's output iterator for the input ``args[0]``."""
+        raise NotImplementedError
+
+
+def __getattr__(name: str) -> Any:
+    # webdataset.pipeline.DataPipeline; resumewds' imports torch, so on first use only
+    if name == "DataPipeline":
+        from .datapipeline import DataPipeline
+
+        return DataPipeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # ---- handlers: the handler= argument of stages ------------------------------
 class HandlerStop(Exception):
     """Raised (and caught by the dataset) when a handler returns False: stop iterating."""
@@ -333,13 +368,13 @@ def _combine(b: List[Any], combine_tensors: bool = True, combine_scalars: bool =
                 raise ValueError(f"all shapes must be equal in collation, got {shapes}")
             return torch.stack(list(b))
         return list(b)
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(first, np.ndarray):
+    npm = sys.modules.get("numpy")
+    if npm is not None and isinstance(first, npm.ndarray):
         if combine_tensors:
             shapes = {x.shape for x in b}
             if len(shapes) != 1:
                 raise ValueError(f"all shapes must be equal in collation, got {shapes}")
-            return np.array(list(b))
+            return npm.array(list(b))
         return list(b)
     return list(b)
 

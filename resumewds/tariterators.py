@@ -137,7 +137,7 @@ def tar_file_iterator(fileobj: Any, skip_meta: Optional[str] = r"__[^/]*__($|/)"
                 continue
             data = stream.extractfile(tarinfo).read()  # type: ignore[union-attr]
             yield {"fname": fname, "data": data}
-            stream.members = []
+            stream.members = []  # type: ignore[attr-defined]
         except Exception as exn:
             if exn.args:
                 exn.args = (f"{exn.args[0]} @ {fileobj}",) + exn.args[1:]
@@ -149,7 +149,7 @@ def tar_file_iterator(fileobj: Any, skip_meta: Optional[str] = r"__[^/]*__($|/)"
 def tar_file_expander(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
                       select_files: Optional[Callable[[str], bool]] = None,
                       rename_files: Optional[Callable[[str], str]] = None,
-                      eof_value: Optional[Any] = {}) -> Iterator[Dict[str, Any]]:
+                      eof_value: Optional[Any] = {}) -> Iterator[Dict[str, Any]]:  # noqa: B006 (webdataset's)
     """The members of every opened stream, then ``eof_value`` after each shard."""
     for source in data:
         url = source["url"]
@@ -173,8 +173,9 @@ def tar_file_expander(data: Iterable[Dict[str, Any]], handler: ExnHandler = rera
                 close()
 
 
-def group_by_keys(data: Iterable[Dict[str, Any]], keys: Callable[[str], Tuple[Optional[str], Optional[str]]] = base_plus_ext,
-                  lcase: bool = True, suffixes: Optional[Any] = None,
+def group_by_keys(data: Iterable[Dict[str, Any]],
+                  keys: Callable[[str], Tuple[Optional[str], Optional[str]]] = base_plus_ext, lcase: bool = True,
+                  suffixes: Optional[Any] = None,
                   handler: ExnHandler = reraise_exception) -> Iterator[Dict[str, Any]]:
     """Group consecutive members with the same key into samples.
 
@@ -204,7 +205,7 @@ def group_by_keys(data: Iterable[Dict[str, Any]], keys: Callable[[str], Tuple[Op
             if suffix in current:
                 raise ValueError(f"{fname}: duplicate file name in tar file {suffix} {current.keys()}")
             if suffixes is None or suffix in suffixes:
-                current[suffix] = value
+                current[suffix] = value  # type: ignore[index]
         except Exception as exn:
             exn.args = exn.args + (filesample.get("stream"), filesample.get("url"))
             if handler(exn):
