@@ -67,7 +67,7 @@ from . import filters, tariterators
 from .dataset import WebDataset
 from .errors import ResumeWDSError, StateError
 from .handlers import reraise_exception
-from .pipeline import PipelineStage
+from .pipeline import PipelineStage, default_collate, hide_positions
 from .plan import Layout, Plan
 from .shardlists import ResampledShards, SimpleShardList
 from .splitters import worker_info
@@ -98,6 +98,16 @@ def _ctor_params() -> set:
         return set()
 
 
+class _Unpositioned:
+    """A collation that sees each sample with webdataset's keys only (picklable)."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+
+    def __call__(self, samples: List[Any]) -> Any:
+        return self.fn([hide_positions(s) for s in samples])
+
+
 class _Compiled:
     """What the stages say, for the plan (filled by :func:`_compile`)."""
 
@@ -123,6 +133,10 @@ def _compile(stages: List[Any]) -> _Compiled:
     if not stages or not isinstance(stages[0], (SimpleShardList, ResampledShards)):
         c.generic = True
         c.opaque = stages[0] if stages else None
+        return c
+    if "-" in stages[0].urls:  # stdin: a stream read once, no seeking, so no plan (webdataset's way)
+        c.generic = True
+        c.opaque = "url '-' (stdin)"
         return c
     c.source = stages[0]
     c.resampled = isinstance(stages[0], ResampledShards)
@@ -324,6 +338,7 @@ class DataPipeline(WebDataset, IterableDataset):
         layout = self._layout()
         batched = self.batch_size is not None
         st = self._state
+        collate_fn = _Unpositioned(self.collate_fn or default_collate) if batched else None
         reps = 0
         while reps < self.repetitions:
             reps += 1
@@ -332,8 +347,11 @@ class DataPipeline(WebDataset, IterableDataset):
             delivered = 0
             try:
                 for k, batch, _meta in WebDataset.iter_steps(self, epoch, start, layout, worker, nw,
-                                                             collate=batched):
-                    items = ([batch] if _meta["samples"] else []) if batched else batch
+                                                             collate=batched, collate_fn=collate_fn):
+                    if _meta.get("events"):
+                        self._absorb_meta(_meta)
+                    items = ([batch] if _meta["samples"] else []) if batched else \
+                        [hide_positions(x) for x in batch]
                     st["position"] = start + k * layout.step_size
                     for n, x in enumerate(items):
                         if n < skip:

@@ -34,7 +34,7 @@ from .events import EventKind
 from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, ExtractKeys, Handled, HandlerStop, Map, MapDict, MapTuple, Rename,
                        RenameKeys, Select, SelectFiles, Stage, ToTuple, default_collate,
-                       default_collation_fn, list_collate)
+                       default_collation_fn, hide_positions, list_collate)
 from .plan import Layout, Plan, check_partitions, mix, worker_steps
 from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 from .sources import Source, resolve_sources
@@ -640,10 +640,15 @@ class WebDataset:
                 index_manifest(Manifest([s]), self.store, on_event=self._on_event)
             except (FetchError, IntegrityError, ShardFormatError, CacheError) as exc:
                 self.handler(exc)
-                s.samples, s.offsets = 0, [0]
+                from .tariterators import salvage_shard
+
+                kept = salvage_shard(s, self.store, exc)  # the samples before the damage, as webdataset
+                if not kept:
+                    s.samples, s.offsets = 0, [0]
                 self._index_skipped = True
-                self._on_event("skip", s.url, error=str(exc))
-                log.warning("skipping shard %s: %s", s.url, exc)
+                self._on_event("skip", s.url, error=str(exc), samples_kept=kept)
+                log.warning("skipping shard %s%s: %s", s.url, f" after its first {kept} samples" if kept else "",
+                            exc)
         m._starts = None
 
     @property
@@ -957,6 +962,11 @@ class WebDataset:
             if self._reader is not None:
                 meta["t_fetch_wait"], self._reader.wait = self._reader.wait, 0.0
             meta["events"] = self.take_events()
+            # a sample a stage's handler skipped counts as skipped (like on_error="skip"), not filtered
+            handled = sum(1 for e in meta["events"] if e.get("kind") == "sample_skip")
+            if handled:
+                meta["skipped"] += handled
+                meta["filtered"] = max(0, meta["filtered"] - handled)
             if shards and self._failed:
                 meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
             yield k, batch, meta
@@ -1106,7 +1116,7 @@ class WebDataset:
                     continue
                 st["skip"] += 1
                 st["served"] += 1
-                yield item
+                yield hide_positions(item)  # webdataset's keys only (position keys still readable)
         except HandlerStop:
             return
 

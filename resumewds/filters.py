@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from . import autodecode
 from .handlers import reraise_exception
-from .pipeline import ExtractKeys, PipelineStage, RenameKeys
+from .pipeline import ExtractKeys, Handled, HandlerStop, PipelineStage, RenameKeys
 
 __all__ = ["Stage", "SampleStage", "batched", "decode", "default_collation_fn", "detshuffle", "extract_keys",
            "getfirst", "info", "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter",
@@ -49,8 +49,8 @@ __all__ = ["Stage", "SampleStage", "batched", "decode", "default_collation_fn", 
 ExnHandler = Callable[[BaseException], bool]
 
 
-class StopPipeline(Exception):
-    """Raised by a per-sample stage whose handler asked to stop."""
+#: what a stage raises when its handler says stop (the dataset's HandlerStop: one exception everywhere)
+StopPipeline = HandlerStop
 
 
 class Stage:
@@ -86,26 +86,12 @@ class SampleStage(Stage):
                 yield y
 
 
-class _Guard:
-    """``fn`` under a webdataset exception handler (picklable)."""
-
-    def __init__(self, fn: Callable[[Any], Any], handler: ExnHandler):
-        self.fn = fn
-        self.handler = handler
-
-    def __call__(self, x: Any) -> Any:
-        try:
-            return self.fn(x)
-        except StopPipeline:
-            raise
-        except Exception as exn:
-            if self.handler(exn):
-                return None
-            raise StopPipeline() from exn
+#: ``fn`` under a webdataset exception handler (picklable): a skip is recorded (stats, journal)
+_Guard = Handled
 
 
 def _stage(name: str, fn: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
-    return SampleStage(name, fn if handler is reraise_exception else _Guard(fn, handler))
+    return SampleStage(name, fn if handler is reraise_exception else Handled(fn, handler, name))
 
 
 class _Generic(Stage):

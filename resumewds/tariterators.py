@@ -27,16 +27,20 @@ Example:
 
 from __future__ import annotations
 
+import mmap
+import os
+import random
 import re
 import subprocess
 import tarfile
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
+from .errors import ShardFormatError
 from .handlers import reraise_exception
 from .tario import split_key
 
-__all__ = ["base_plus_ext", "group_by_keys", "tar_file_expander", "tar_file_iterator",
-           "tarfile_samples", "tarfile_to_samples", "url_opener", "valid_sample"]
+__all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist", "tar_file_expander",
+           "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener", "valid_sample"]
 
 ExnHandler = Callable[[BaseException], bool]
 _META = re.compile(r"__[^/]*__($|/)")
@@ -213,6 +217,106 @@ def group_by_keys(data: Iterable[Dict[str, Any]],
             break
     if valid_sample(current):
         yield current  # type: ignore[misc]
+
+
+def shardlist(urls: Union[str, Iterable[str]], *, shuffle: bool = False) -> Iterator[Dict[str, str]]:
+    """``{"url": ...}`` for each url of a brace pattern or list (webdataset's helper).
+
+    Example:
+        >>> [d["url"] for d in shardlist("a-{0..1}.tar")]
+        ['a-0.tar', 'a-1.tar']
+    """
+    from .sources import expand_braces
+
+    out = expand_braces(urls) if isinstance(urls, str) else list(urls)
+    if shuffle:
+        random.shuffle(out)
+    for url in out:
+        yield {"url": url}
+
+
+def framed_prefix(path: str, shard: Optional[str] = None) -> Optional[Any]:
+    """The samples of a damaged plain tar that lie wholly before the damage, as a
+    :class:`resumewds.tario.ShardIndex` (None if the file is a compressed shard,
+    cannot be read, or has no such sample).
+
+    webdataset, reading a truncated or otherwise damaged shard under a handler
+    that continues, yields the samples it grouped before the error.  Here a
+    sample is kept when a member of the *next* sample was framed whole (header
+    checksum verified, data present) before the damage: those byte ranges are
+    exactly the bytes webdataset reads for them.  The sample in progress at the
+    damage is not kept, since its members may be incomplete (webdataset yields
+    it with whichever members it read), so this gives one or two samples fewer
+    than webdataset, never a different one.  The index's ``size`` and
+    ``xxh3_64`` are the damaged file's, so the cache verifies what is read
+    against the bytes that were indexed.
+
+    Example:
+        >>> import io, tarfile, tempfile
+        >>> buf = io.BytesIO()
+        >>> with tarfile.open(fileobj=buf, mode="w") as t:
+        ...     for k in ("a", "b", "c"):
+        ...         ti = tarfile.TarInfo(k + ".txt"); ti.size = 600
+        ...         t.addfile(ti, io.BytesIO(b"x" * 600))
+        >>> f = tempfile.NamedTemporaryFile(suffix=".tar", delete=False)
+        >>> _ = f.write(buf.getvalue()[:4000]); f.close()   # cut inside "c"'s data
+        >>> idx = framed_prefix(f.name)
+        >>> idx.keys, idx.offsets                           # "b" is not closed by a whole member
+        (['a'], [0, 1536])
+    """
+    from . import tario
+
+    name = shard or path
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < tario.BLOCK or f.read(2) == b"\x1f\x8b":
+                return None
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                groups: List[Tuple[str, List[Any]]] = []
+                try:
+                    for key, members in tario._group(tario.iter_members(mm, name), name):
+                        groups.append((key, members))
+                except ShardFormatError:
+                    pass
+                else:
+                    return None  # not damaged after all: the normal index applies
+                import xxhash
+
+                digest = xxhash.xxh3_64_hexdigest(mm)
+    except OSError:
+        return None
+    if not groups:
+        return None
+    offsets = [members[0][1].header for _, members in groups] + [groups[-1][1][-1][1].end]
+    return tario.ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=[k for k, _ in groups])
+
+
+def salvage_shard(shard: Any, store: Any, exc: BaseException) -> int:
+    """Under a handler that skipped ``shard`` at indexing (``exc``), keep the samples before the damage.
+
+    Only for a plain tar with no checksum or size in the manifest and a
+    :class:`~resumewds.errors.ShardFormatError` (a damaged archive): its
+    :func:`framed_prefix` becomes the shard's index (size, xxh3_64, offsets),
+    so the plan, the cache's verification and a resume all see the same
+    samples.  A shard whose manifest has a checksum or size that the file
+    does not match (``ChecksumMismatch``), a fetch error, or a compressed
+    shard keeps the rule that its bytes are not read: no samples.
+
+    Returns:
+        How many samples were kept (0: none, the shard is skipped whole).
+    """
+    if not isinstance(exc, ShardFormatError) or shard.xxh3_64 is not None or shard.size is not None:
+        return 0
+    try:
+        path = store.ensure(shard)
+    except Exception:
+        return 0
+    idx = framed_prefix(path, shard.url)
+    if idx is None:
+        return 0
+    shard.size, shard.xxh3_64, shard.samples, shard.offsets = idx.size, idx.xxh3_64, idx.samples, idx.offsets
+    return int(idx.samples)
 
 
 def tarfile_samples(src: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
