@@ -39,8 +39,8 @@ from .errors import ShardFormatError
 from .handlers import reraise_exception
 from .tario import split_key
 
-__all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist", "tar_file_expander",
-           "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener", "valid_sample"]
+__all__ = ["base_plus_ext", "decompress_prefix", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist",
+           "tar_file_expander", "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener", "valid_sample"]
 
 ExnHandler = Callable[[BaseException], bool]
 _META = re.compile(r"__[^/]*__($|/)")
@@ -292,28 +292,118 @@ def framed_prefix(path: str, shard: Optional[str] = None) -> Optional[Any]:
     return tario.ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=[k for k, _ in groups])
 
 
+def decompress_prefix(src: str, dst: Any, kind: str) -> Tuple[int, str, int, str]:
+    """Decompress as much of a (possibly truncated or corrupt) gzip / zstd file as decodes.
+
+    Writes the decoded bytes to the open binary file ``dst`` and stops quietly
+    at the damage; the same file always gives the same bytes (what a reader of
+    a damaged ``.tar.gz`` gets up to the error, as webdataset's stream reader does).
+
+    Returns:
+        ``(compressed size, compressed xxh3_64, bytes written, their xxh3_64)``.
+    """
+    import zlib
+
+    import xxhash
+
+    hin, hout = xxhash.xxh3_64(), xxhash.xxh3_64()
+    nin = nout = 0
+    if kind == "gzip":
+        dec: Any = zlib.decompressobj(wbits=31)
+    else:
+        try:
+            import zstandard
+        except ImportError:
+            dec = None
+        else:
+            dec = zstandard.ZstdDecompressor().decompressobj()
+    with open(src, "rb") as raw:
+        for chunk in iter(lambda: raw.read(1 << 16), b""):
+            hin.update(chunk)
+            nin += len(chunk)
+            if dec is None:
+                continue
+            try:
+                out = dec.decompress(chunk)
+            except Exception:  # corrupt data: keep what was decoded before it
+                dec = None
+                continue
+            if out:
+                hout.update(out)
+                nout += len(out)
+                dst.write(out)
+            if kind == "gzip" and dec.eof:  # a further gzip member: go on decoding it
+                rest = dec.unused_data
+                dec = zlib.decompressobj(wbits=31)
+                if rest:
+                    try:
+                        out = dec.decompress(rest)
+                    except Exception:
+                        dec = None
+                        continue
+                    hout.update(out)
+                    nout += len(out)
+                    dst.write(out)
+    return nin, hin.hexdigest(), nout, hout.hexdigest()
+
+
 def salvage_shard(shard: Any, store: Any, exc: BaseException) -> int:
     """Under a handler that skipped ``shard`` at indexing (``exc``), keep the samples before the damage.
 
-    Only for a plain tar with no checksum or size in the manifest and a
-    :class:`~resumewds.errors.ShardFormatError` (a damaged archive): its
-    :func:`framed_prefix` becomes the shard's index (size, xxh3_64, offsets),
-    so the plan, the cache's verification and a resume all see the same
-    samples.  A shard whose manifest has a checksum or size that the file
-    does not match (``ChecksumMismatch``), a fetch error, or a compressed
-    shard keeps the rule that its bytes are not read: no samples.
+    Only for a shard with no checksum or size in the manifest and a
+    :class:`~resumewds.errors.ShardFormatError` (a damaged archive, or damaged
+    gzip / zstd data): its :func:`framed_prefix` (of the decompressed prefix,
+    :func:`decompress_prefix`, for a compressed shard) becomes the shard's
+    index (size, xxh3_64, offsets), so the plan, the cache's verification and a
+    resume all see the same samples.  A shard whose manifest has a checksum or
+    size that the file does not match (``ChecksumMismatch``), or a fetch error,
+    keeps the rule that its bytes are not read: no samples.
 
     Returns:
         How many samples were kept (0: none, the shard is skipped whole).
     """
+    import tempfile
+
+    from . import tario
+    from .compressed import kind_of
+
     if not isinstance(exc, ShardFormatError) or shard.xxh3_64 is not None or shard.size is not None:
         return 0
+    raw = False
     try:
         path = store.ensure(shard)
+    except ShardFormatError:
+        # the cache keeps an unchecksummed download only if it is a complete tar (an error
+        # page must not become the shard): fetch the damaged bytes as they are, to index them
+        try:
+            path, raw = store.ensure(shard, tar=False), True
+        except Exception:
+            return 0
     except Exception:
         return 0
-    idx = framed_prefix(path, shard.url)
-    if idx is None:
+    kind = kind_of(path)
+    if kind is None:
+        idx = framed_prefix(path, shard.url)
+    else:
+        with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
+            csize, cdigest, _, _ = decompress_prefix(path, tmp, kind)
+            tmp.flush()
+            idx = framed_prefix(tmp.name, shard.url)
+            if idx is None:  # only the compressed stream's end is damaged: the tar is whole
+                try:
+                    idx = tario.scan_file(tmp.name, shard.url)
+                except (ShardFormatError, OSError):
+                    idx = None
+        if idx is not None:
+            idx.size, idx.xxh3_64 = csize, cdigest  # the cache verifies the compressed file
+            shard.salvaged = True  # compressed.open_view then decodes the prefix the same way
+    if idx is None or not idx.offsets or idx.samples == 0:
+        if raw:  # nothing to keep: do not leave the damaged download in the cache
+            for p in (path, path + ".meta"):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
         return 0
     shard.size, shard.xxh3_64, shard.samples, shard.offsets = idx.size, idx.xxh3_64, idx.samples, idx.offsets
     return int(idx.samples)

@@ -226,3 +226,51 @@ def test_stdin_dash_in_a_datapipeline_reads_the_tar_on_stdin(shards):
         assert r.returncode == 0, r.stderr
         out[m] = r.stdout
     assert out["resumewds"] == out["webdataset"] and out["resumewds"].count("s000000_") == 37
+
+
+def _tgz(path, n):
+    import io
+    import tarfile
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    with tarfile.open(path, "w:gz") as tf:
+        for i in range(n):
+            for ext, data in (("bin", rng.integers(0, 255, 3000, dtype=np.uint8).tobytes()),
+                              ("cls", str(i).encode())):
+                ti = tarfile.TarInfo(f"k{i:04d}.{ext}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+
+
+def test_a_truncated_tgz_yields_the_samples_before_the_damage(tmp_path, cache_dir):
+    path = str(tmp_path / "a.tgz")
+    _tgz(path, 20)
+    _truncate(path, os.path.getsize(path) // 2)
+    theirs = [(k, b) for k, b, _ in _theirs([path])]
+    ours = [(s["__key__"], s["bin"]) for s in rw.WebDataset([path], handler=rw.warn_and_continue,
+                                                               cache_dir=cache_dir)]
+    assert 0 < len(ours) <= len(theirs) <= len(ours) + 2 and ours == theirs[:len(ours)]
+
+
+def test_a_pipe_cut_short_delivers_its_first_samples_as_webdatasets_test_expects(tmp_path, cache_dir):
+    # webdataset's test_dataset_missing_totuple_raises: `pipe:dd ... count=10` of a .tgz under
+    # ignore_and_stop gives the first samples, which then fail to_tuple("foo", "bar")
+    path = str(tmp_path / "b.tgz")
+    _tgz(path, 20)
+    url = f"pipe:dd if={path} bs=1024 count=10 2>/dev/null"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = [k for k, in real_wds.DataPipeline(real_wds.SimpleShardList(url),
+                                                    real_wds.tarfile_to_samples(handler=real_wds.ignore_and_stop),
+                                                    real_wds.to_tuple("__key__"))]
+    ours = [k for k, in rw.DataPipeline(rw.SimpleShardList(url), rw.tarfile_to_samples(handler=rw.ignore_and_stop),
+                                        rw.to_tuple("__key__"))]
+    assert 0 < len(ours) <= len(theirs) <= len(ours) + 2 and ours == theirs[:len(ours)]
+    again = [k for k, in rw.DataPipeline(rw.SimpleShardList(url), rw.tarfile_to_samples(handler=rw.ignore_and_stop),
+                                         rw.to_tuple("__key__"))]
+    assert again == ours  # from the cache: the same prefix, the same plan
+    with pytest.raises(ValueError):
+        list(rw.DataPipeline(rw.SimpleShardList(url), rw.tarfile_to_samples(handler=rw.ignore_and_stop),
+                             rw.to_tuple("foo", "bar")))
