@@ -40,7 +40,8 @@ from .handlers import reraise_exception
 from .tario import split_key
 
 __all__ = ["base_plus_ext", "decompress_prefix", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist",
-           "tar_file_expander", "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener", "valid_sample"]
+           "tar_file_expander", "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener",
+           "valid_sample"]
 
 ExnHandler = Callable[[BaseException], bool]
 _META = re.compile(r"__[^/]*__($|/)")
