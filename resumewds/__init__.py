@@ -34,9 +34,9 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit, MissingKeyError,
                      PermanentFetchError, ResumeWDSError, ShardFormatError, ShardNotFoundError,
                      SourceError, StateError, TransientFetchError, UnsafeSourceError)
-from .filters import (batched, decode, detshuffle, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
+from .filters import (associate, batched, decode, detshuffle, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
                       pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple,
-                      unbatched, unlisted, xdecode)
+                      transform_with, unbatched, unlisted, xdecode)
 from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
                        warn_and_stop)
 from .manifest import Manifest, ShardInfo, load_manifest
@@ -99,6 +99,7 @@ __all__ = [
     "WebLoader",
     "World",
     "add_sample_digests",
+    "associate",
     "bad_samples",
     "basichandlers",
     "batched",
@@ -149,6 +150,7 @@ __all__ = [
     "torch_dumps",
     "torch_loads",
     "torch_video",
+    "transform_with",
     "unbatched",
     "unlisted",
     "utils",

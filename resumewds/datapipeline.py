@@ -79,7 +79,7 @@ STATE_VERSION = 1
 _CHUNK = 64  # positions per step when the pipeline is not batched
 _SPLITTERS = ("split_by_node", "split_by_worker", "single_node_only")
 _PER_SAMPLE = ("decode", "map", "map_dict", "map_tuple", "to_tuple", "select", "rename", "rename_keys",
-               "extract_keys", "xdecode")
+               "extract_keys", "xdecode", "associate")
 _PER_BATCH = ("map", "map_dict", "map_tuple", "to_tuple", "decode", "rename")
 
 

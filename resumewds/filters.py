@@ -41,7 +41,8 @@ from . import autodecode
 from .handlers import reraise_exception
 from .pipeline import ExtractKeys, Handled, HandlerStop, PipelineStage, RenameKeys
 
-__all__ = ["Stage", "SampleStage", "batched", "decode", "default_collation_fn", "detshuffle", "extract_keys",
+__all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
+           "extract_keys", "identity", "parse_field_spec", "transform_with",
            "getfirst", "info", "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter",
            "rename", "rename_keys", "rsample", "select", "shuffle", "slice", "to_tuple",
            "unbatched", "unlisted", "xdecode"]
@@ -125,6 +126,67 @@ def getfirst(a: Dict[str, Any], keys: Any, default: Any = None, missing_is_error
     if missing_is_error:
         raise ValueError(f"didn't find {keys} in {list(a.keys())}")
     return default
+
+
+def parse_field_spec(fields: Any) -> List[List[str]]:
+    """``"jpg;png cls"`` (or a list) as lists of alternatives (webdataset's helper).
+
+    Example:
+        >>> parse_field_spec("jpg;png cls")
+        [['jpg', 'png'], ['cls']]
+    """
+    if isinstance(fields, str):
+        fields = fields.split()
+    return [f.split(";") for f in fields]
+
+
+def transform_with(sample: Sequence[Any], transformers: Optional[Sequence[Any]]) -> Any:
+    """Apply ``transformers[i]`` to ``sample[i]`` (None, or a missing one, keeps the field).
+
+    Raises:
+        ValueError: more transformers than fields.
+
+    Example:
+        >>> transform_with((1, "a", 3), [lambda x: x + 1, None])
+        [2, 'a', 3]
+    """
+    if not transformers:
+        return sample
+    if len(transformers) > len(sample):
+        raise ValueError(f"transform_with: {len(transformers)} transformers for {len(sample)} fields")
+    result = list(sample)
+    for i, f in enumerate(transformers):
+        if f is not None:
+            result[i] = f(sample[i])
+    return result
+
+
+def identity(x: Any) -> Any:
+    """``x`` itself."""
+    return x
+
+
+class _Associate:
+    def __init__(self, associator: Any):
+        self.associator = associator
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        a = self.associator
+        extra = a(sample["__key__"]) if callable(a) else a.get(sample["__key__"], {})
+        sample.update(extra)
+        return sample
+
+
+def associate(associator: Any) -> SampleStage:
+    """Stage: add ``associator(key)`` (a callable) or ``associator[key]`` (a dict) to each sample.
+
+    A function of the sample's key, so a DataPipeline compiles it into the plan like ``map``.
+
+    Example:
+        >>> list(associate({"a": {"cls": 1}})(iter([{"__key__": "a"}, {"__key__": "b"}])))
+        [{'__key__': 'a', 'cls': 1}, {'__key__': 'b'}]
+    """
+    return SampleStage("associate", _Associate(associator))
 
 
 # ---- per-sample stages ------------------------------------------------------------

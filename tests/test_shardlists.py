@@ -226,3 +226,17 @@ def test_a_pipeline_stage_object_runs_through_its_run_method():
     from resumewds.pipeline import DataPipeline  # webdataset.pipeline's name
 
     assert DataPipeline is wds.DataPipeline
+
+
+# ---- filters' webdataset helpers -------------------------------------------------------
+def test_associate_and_transform_with_match_webdataset(shards):
+    extra = {"s000000_000001": {"note": b"x"}}
+    ours = wds.DataPipeline(wds.SimpleShardList(shards), wds.tarfile_to_samples(), wds.associate(extra),
+                            wds.to_tuple("__key__", "note", missing_is_error=False))
+    theirs = real_wds.DataPipeline(real_wds.SimpleShardList(shards), real_wds.tarfile_to_samples(),
+                                   real_wds.associate(extra),
+                                   real_wds.to_tuple("__key__", "note", missing_is_error=False))
+    assert ours.exact  # a function of the key: compiled like map
+    assert list(ours) == list(theirs)
+    assert wds.transform_with((1, "a", 3), [str, None]) == real_wds.transform_with((1, "a", 3), [str, None])
+    assert wds.filters.parse_field_spec("jpg;png cls") == real_wds.filters.parse_field_spec("jpg;png cls")
