@@ -361,6 +361,9 @@ class DataPipeline(WebDataset, IterableDataset):
                         yield x
                     skip = 0
                     st["position"], st["skip"] = layout.position_after(total, start, k), 0
+                    if _meta.get("stopped"):  # a handler said stop: this epoch ends here
+                        st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0
+                        return
             except filters.StopPipeline:
                 return
             st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0

@@ -639,12 +639,10 @@ class WebDataset:
             try:
                 index_manifest(Manifest([s]), self.store, on_event=self._on_event)
             except (FetchError, IntegrityError, ShardFormatError, CacheError) as exc:
-                self.handler(exc)
+                stop = self.handler(exc) is False
                 from .tariterators import salvage_shard
 
-                kept = salvage_shard(s, self.store, exc)  # the samples before the damage, as webdataset
-                if not kept:
-                    s.samples, s.offsets = 0, [0]
+                kept = salvage_shard(s, self.store, exc, stop)  # the samples before the damage, as webdataset
                 self._index_skipped = True
                 self._on_event("skip", s.url, error=str(exc), samples_kept=kept)
                 log.warning("skipping shard %s%s: %s", s.url, f" after its first {kept} samples" if kept else "",
@@ -760,6 +758,9 @@ class WebDataset:
     def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
         """``on_error``: record the shard as failed and re-raise ``exc``, or
         record it as skipped."""
+        reason = getattr(shard, "stop_reason", None)
+        if reason:  # the stop marker of tariterators.salvage_shard
+            exc = ShardFormatError(f"{reason} (the handler stops here)", shard=shard.url)
         if self.on_error != "skip":
             # the loader takes this event with the error, to the journal and stats
             self._on_event(EventKind.FAIL, shard.url, error=str(exc))
@@ -816,6 +817,28 @@ class WebDataset:
             sample["__url__"] = url  # type: ignore[index]
         return samples
 
+    _stopping: bool = False
+
+    def _read_or_stop(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
+        """:meth:`_read`, where a handler's stop (``ignore_and_stop``) ends the step: this and
+        every later read of it give nothing, and the step is yielded as the last one."""
+        if self._stopping:
+            return None
+        try:
+            return self._read(shard_idx, j)
+        except HandlerStop:
+            self._stopping = True
+            return None
+
+    def _read_run_or_stop(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
+        if self._stopping:
+            return [None] * count
+        try:
+            return self._read_run(shard_idx, j, count)
+        except HandlerStop:
+            self._stopping = True
+            return [None] * count
+
     def _apply(self, stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
         for st in stages:
             x = st(x)
@@ -857,9 +880,10 @@ class WebDataset:
         # next one (the next epoch, or a resume), with 0 workers as with N
         # (workers get a fresh copy of the dataset per iteration anyway)
         self._failed = {}
+        self._stopping = False  # a webdataset handler said stop: this step is the last
         collate_fn = collate_fn or self.collate_fn or default_collate
         last_window = -1
-        sample_at, read, stages = ep.sample_at, self._read, self.stages
+        sample_at, read, stages = ep.sample_at, self._read_or_stop, self.stages
         names: Dict[int, str] = {}
         for k in worker_steps(nsteps, worker, num_workers):
             slots = layout.slots(total, start, k)
@@ -901,7 +925,7 @@ class WebDataset:
                 si, j = where[i]
                 if not ahead:
                     run = self._run_length(where, i)
-                    ahead = self._read_run(si, j, run) if run > 1 else [read(si, j)]
+                    ahead = self._read_run_or_stop(si, j, run) if run > 1 else [read(si, j)]
                     ahead.reverse()
                 sample = ahead.pop()
                 t1 = time.perf_counter()
@@ -969,6 +993,10 @@ class WebDataset:
                 meta["filtered"] = max(0, meta["filtered"] - handled)
             if shards and self._failed:
                 meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
+            if self._stopping:  # the samples before the stop are delivered, then no more steps
+                meta["stopped"] = True
+                yield k, batch, meta
+                return
             yield k, batch, meta
 
     # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----

@@ -915,7 +915,8 @@ class WebLoader:
                         url = ds.manifest.shards[si].url
                         if url not in (meta.get("failed") or ()):  # not failed again in this worker
                             self._recovered(url)
-                last = k + 1 >= nsteps
+                halt = bool(meta.get("stopped"))  # a handler said stop in this step: the epoch ends
+                last = k + 1 >= nsteps or halt
                 n = int(meta.get("samples", 0))
                 info = BatchInfo(epoch, k, n, tuple(meta.get("pad_flags") or ()),
                                  int(meta.get("skipped", 0)), int(meta.get("filtered", 0)), n == 0)
@@ -927,6 +928,8 @@ class WebLoader:
                         self._end_epoch()
                     # one batch per step on every rank, even when nothing is left
                     yield batch if n else EmptyBatch(info)
+                    if halt:
+                        return
                     continue
                 # unbatched: hand out samples one by one, positions per sample
                 n = len(batch)
@@ -949,6 +952,8 @@ class WebLoader:
                     self.position = layout.position_after(total, start, k)
                     if last:
                         self._end_epoch()
+                if halt:
+                    return
         finally:
             if stopping is not None:
                 stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker

@@ -348,7 +348,11 @@ def decompress_prefix(src: str, dst: Any, kind: str) -> Tuple[int, str, int, str
     return nin, hin.hexdigest(), nout, hout.hexdigest()
 
 
-def salvage_shard(shard: Any, store: Any, exc: BaseException) -> int:
+#: how far past the kept samples the stop marker's byte range reaches (never readable)
+_STOP_SPAN = 1 << 40
+
+
+def salvage_shard(shard: Any, store: Any, exc: BaseException, stop: bool = False) -> int:
     """Under a handler that skipped ``shard`` at indexing (``exc``), keep the samples before the damage.
 
     Only for a shard with no checksum or size in the manifest and a
@@ -360,9 +364,29 @@ def salvage_shard(shard: Any, store: Any, exc: BaseException) -> int:
     size that the file does not match (``ChecksumMismatch``), or a fetch error,
     keeps the rule that its bytes are not read: no samples.
 
+    ``stop``: the handler returned False (``ignore_and_stop``): webdataset stops
+    at the damage, so the shard gets one more position after the kept samples
+    whose byte range can never be read; reaching it in the plan's order is a
+    read error that goes to the handler again, which stops the iteration there
+    (the epoch, under :class:`resumewds.WebLoader`), the same way every run.
+
     Returns:
         How many samples were kept (0: none, the shard is skipped whole).
     """
+    kept = _salvage(shard, store, exc)
+    if stop:
+        start = int(shard.offsets[-1]) if kept else 0
+        if not kept:
+            shard.offsets = [0]
+        shard.offsets = list(shard.offsets) + [start + _STOP_SPAN]
+        shard.samples = kept + 1
+        shard.stop_reason = str(exc)  # what dataset._shard_failed reports when it is reached
+    elif not kept:
+        shard.samples, shard.offsets = 0, [0]
+    return kept
+
+
+def _salvage(shard: Any, store: Any, exc: BaseException) -> int:
     import tempfile
 
     from . import tario

@@ -117,8 +117,8 @@ def test_ignore_and_stop_under_webloader_ends_the_epoch(tmp_path, cache_dir, wor
     ds = rw.WebDataset(str(d / "manifest.json"), handler=rw.ignore_and_stop, cache_dir=cache_dir)
     ld = rw.WebLoader(ds.to_tuple("__key__"), batch_size=4, num_workers=workers)
     keys = [k for b in ld for k in b[0]]
-    # steps 0 and 1 are shard 0's; step 2 reaches shard 1, where the handler says stop
-    assert keys == [f"s000000_{i:06d}" for i in range(8)]
+    # step 2 reaches shard 1, where the handler says stop: what came before it is delivered
+    assert keys == [f"s000000_{i:06d}" for i in range(10)]
     assert (ld.epoch, ld.position) == (1, 0)
     ld.close()
 
@@ -136,6 +136,44 @@ def test_a_map_under_ignore_and_stop_ends_the_epoch_instead_of_raising(shards, w
     assert len(keys) == 40 and keys[-1] == "s000001_000002"  # the step with the error is not delivered
     assert ld.epoch == 1
     ld.close()
+
+
+def _cut_in_member_data(tmp_path):
+    import io
+    import tarfile
+
+    d = tmp_path / "c"
+    d.mkdir()
+    for s in range(3):
+        with tarfile.open(d / f"s{s}.tar", "w", format=tarfile.USTAR_FORMAT) as tf:
+            for i in range(10):
+                for ext, data in (("txt", f"k{s}_{i}".encode() * 300), ("cls", str(i).encode())):
+                    ti = tarfile.TarInfo(f"k{s}_{i:03d}.{ext}")
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+    p = str(d / "s1.tar")
+    _truncate(p, os.path.getsize(p) // 2 + 700)  # inside a member's data: webdataset stops there
+    return [str(d / f"s{s}.tar") for s in range(3)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ignore_and_stop_on_damage_found_when_indexing_stops_there_like_webdataset(tmp_path, cache_dir,
+                                                                                   workers):
+    paths = _cut_in_member_data(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = [s["__key__"] for s in real_wds.WebDataset(paths, handler=real_wds.ignore_and_stop,
+                                                            shardshuffle=False)]
+    assert theirs[-1].startswith("k1_") and len(theirs) < 20  # webdataset stops in shard 1
+    ours = [s["__key__"] for s in rw.WebDataset(paths, handler=rw.ignore_and_stop, cache_dir=cache_dir)]
+    assert ours == theirs[:len(ours)] and len(theirs) - len(ours) <= 2 and len(ours) > 10
+    ld = rw.WebLoader(rw.WebDataset(paths, handler=rw.ignore_and_stop, cache_dir=cache_dir).to_tuple("__key__"),
+                      batch_size=3, num_workers=workers)
+    assert [k for b in ld for k in b[0]] == ours and ld.epoch == 1
+    ld.close()
+    # ignore_and_continue goes on to shard 2, as webdataset does
+    cont = [s["__key__"] for s in rw.WebDataset(paths, handler=rw.ignore_and_continue, cache_dir=cache_dir)]
+    assert cont == ours + [f"k2_{i:03d}" for i in range(10)]
 
 
 # ---- (c) a stage error skipped by a handler is recorded like on_error="skip" --------------
