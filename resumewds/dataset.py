@@ -1117,6 +1117,9 @@ class WebDataset:
             start = j * layout.step_size
             url_index: Dict[str, int] = {}
             local = self.cache_dir is not None
+            from .fetch import is_remote_url, local_path
+
+            on_disk: Dict[str, Optional[str]] = {}
             for k, batch, meta in self.iter_steps(epoch, start, layout, 0, 1, collate=False):
                 self._absorb_meta(meta)
                 step = j + k
@@ -1129,6 +1132,13 @@ class WebDataset:
                             continue
                         if local and "__url__" in sample:
                             sample["__local_path__"] = self._local_path(sample["__url__"], url_index)
+                        elif "__url__" in sample:  # a local shard: its path, as webdataset sets it
+                            lp = on_disk.get(sample["__url__"], "")
+                            if lp == "":
+                                u = sample["__url__"]
+                                lp = on_disk[u] = None if is_remote_url(u) else local_path(u)
+                            if lp is not None:
+                                sample["__local_path__"] = lp
                     yield sample
             if all(r.buffered == 0 for r in runners):
                 st["step"], st["skip"] = layout.num_steps(len(ep), 0), 0

@@ -233,17 +233,26 @@ def test_samples_have_webdataset_keys_and_the_positions_stay_readable(shards, ca
     assert "__index__" in ours and ours.copy().get("__index__") is None
     p = rw.DataPipeline(rw.SimpleShardList(shards), rw.tarfile_to_samples())
     assert set(next(iter(p))) == {"__key__", "__url__", "bin", "cls", "txt"}
+    # no cache_dir: webdataset still names a local shard's file in __local_path__
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = next(iter(real_wds.WebDataset(shards, shardshuffle=False)))
+    mine = next(iter(rw.WebDataset(shards)))
+    assert set(mine) == set(plain) and mine["__local_path__"] == plain["__local_path__"] == shards[0]
 
 
 def test_batches_collate_only_webdataset_keys(shards):
     import torch
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = next(iter(real_wds.WebDataset(shards, shardshuffle=False).batched(4)))
     b = next(iter(rw.WebDataset(shards).batched(4)))
-    assert set(b) == {"__key__", "__url__", "bin", "cls", "txt"}
+    assert set(b) == set(theirs) == {"__key__", "__url__", "__local_path__", "bin", "cls", "txt"}
     p = rw.DataPipeline(rw.SimpleShardList(shards), rw.tarfile_to_samples(), rw.batched(4))
     assert set(next(iter(p))) == {"__key__", "__url__", "bin", "cls", "txt"}
     dl = torch.utils.data.DataLoader(rw.WebDataset(shards), batch_size=4, num_workers=2)
-    assert set(next(iter(dl))) == {"__key__", "__url__", "bin", "cls", "txt"}
+    assert set(next(iter(dl))) == {"__key__", "__url__", "__local_path__", "bin", "cls", "txt"}
     # WebLoader (resumewds' own loader) keeps them: its batches are documented to carry them
     ld = rw.WebLoader(rw.WebDataset(shards), batch_size=4)
     assert list(next(iter(ld))["__index__"]) == [0, 1, 2, 3]
