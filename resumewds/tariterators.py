@@ -21,7 +21,7 @@ Example:
     ...         ti = tarfile.TarInfo(name); ti.size = len(data)
     ...         t.addfile(ti, io.BytesIO(data))
     >>> _ = buf.seek(0)
-    >>> [sorted(s) for s in tarfile_samples([{"url": "mem", "stream": buf}])]
+    >>> [sorted(s) for s in group_by_keys(tar_file_expander([{"url": "mem", "stream": buf}]))]
     [['__key__', '__url__', 'cls', 'txt']]
 """
 
@@ -106,12 +106,12 @@ def open_url(url: str) -> Any:
 
 def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
                **kw: Any) -> Iterator[Dict[str, Any]]:
-    """Add an open ``stream`` to each ``{"url": ...}`` dict (one already given is kept)."""
+    """Add a freshly opened ``stream`` to each ``{"url": ...}`` dict (as webdataset: the
+    same dict seen twice, e.g. after ``resampled``, is opened again)."""
     for sample in data:
         url = sample["url"]
         try:
-            if sample.get("stream") is None:
-                sample.update(stream=open_url(url))
+            sample.update(stream=open_url(url))
             yield sample
         except Exception as exn:
             exn.args = exn.args + (url,)

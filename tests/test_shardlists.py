@@ -240,3 +240,15 @@ def test_associate_and_transform_with_match_webdataset(shards):
     assert list(ours) == list(theirs)
     assert wds.transform_with((1, "a", 3), [str, None]) == real_wds.transform_with((1, "a", 3), [str, None])
     assert wds.filters.parse_field_spec("jpg;png cls") == real_wds.filters.parse_field_spec("jpg;png cls")
+
+
+def test_resampled_shard_dicts_are_opened_again_by_tarfile_samples(shards):
+    # resampled() yields the same {"url": ...} dict several times; each is a fresh read, as in webdataset
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = wds.DataPipeline(wds.SimpleShardList(shards[:1]), wds.resampled(4), wds.tarfile_samples,
+                             wds.to_tuple("__key__"))
+        theirs = real_wds.DataPipeline(real_wds.SimpleShardList(shards[:1]), real_wds.resampled(4),
+                                       real_wds.tarfile_samples, real_wds.to_tuple("__key__"))
+        assert not p.exact
+        assert list(p) == list(theirs) and len(list(p)) == 4 * 37
