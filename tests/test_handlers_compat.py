@@ -321,3 +321,31 @@ def test_a_pipe_cut_short_delivers_its_first_samples_as_webdatasets_test_expects
     with pytest.raises(ValueError):
         list(rw.DataPipeline(rw.SimpleShardList(url), rw.tarfile_to_samples(handler=rw.ignore_and_stop),
                              rw.to_tuple("foo", "bar")))
+
+
+def test_a_stopping_handler_resumes_to_the_same_stop(tmp_path, cache_dir):
+    paths = _cut_in_member_data(tmp_path)
+
+    def loader(jpath, workers):
+        ds = rw.WebDataset(paths, handler=rw.ignore_and_stop, shuffle=True, seed=5, cache_dir=cache_dir)
+        return rw.WebLoader(ds.to_tuple("__key__"), batch_size=4, num_workers=workers, journal=jpath,
+                            resume=True)
+
+    ref_ld = loader(str(tmp_path / "ref.db"), 0)
+    ref = [k for b in ref_ld if not isinstance(b, rw.EmptyBatch) for k in b[0]]
+    ref_ld.close()
+    assert 0 < len(ref) < 27  # the shuffled order reaches the stop before its end
+    got = []
+    ld = loader(str(tmp_path / "run.db"), 2)
+    for step, b in enumerate(ld):
+        got += [] if isinstance(b, rw.EmptyBatch) else list(b[0])
+        ld.commit(step)
+        if step == 1:
+            break
+    ld.close()
+    again = loader(str(tmp_path / "run.db"), 1)
+    for step, b in enumerate(again, start=again.steps_done):
+        got += [] if isinstance(b, rw.EmptyBatch) else list(b[0])
+        again.commit(step)
+    assert got == ref and again.epoch == 1
+    again.close()
