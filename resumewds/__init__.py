@@ -34,9 +34,9 @@ from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, Inte
                      JournalConfigMismatch, JournalError, JournalIncompleteCommit, MissingKeyError,
                      PermanentFetchError, ResumeWDSError, ShardFormatError, ShardNotFoundError,
                      SourceError, StateError, TransientFetchError, UnsafeSourceError)
-from .filters import (batched, decode, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
+from .filters import (associate, batched, decode, detshuffle, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
                       pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple,
-                      unbatched, unlisted, xdecode)
+                      transform_with, unbatched, unlisted, xdecode)
 from .gopen import gopen
 from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
                        warn_and_stop)
@@ -46,12 +46,12 @@ from .mix import RoundRobin
 from .mixdataset import MixedDataset, RandomMix
 from .mixture import MixPlan
 from .plan import Layout, Plan
-from .shardlists import (ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
-                         split_by_node, split_by_worker)
+from .shardlists import (MultiShardSample, ResampledShards, SimpleShardList, non_empty, resampled, shardspec,
+                         single_node_only, split_by_node, split_by_worker)
 from .tariterators import tarfile_samples, tarfile_to_samples
-from .pipeline import default_collation_fn
+from .pipeline import PipelineStage, default_collation_fn
 from .tario import sample_digest, scan_file
-from .utils import PipelineStage, repeatedly
+from .utils import repeatedly
 from .world import World, detect_world
 from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 
@@ -83,6 +83,7 @@ __all__ = [
     "MixedDataset",
     "MockDataset",
     "MultiLoader",
+    "MultiShardSample",
     "PermanentFetchError",
     "PipelineStage",
     "Plan",
@@ -105,6 +106,7 @@ __all__ = [
     "WebLoader",
     "World",
     "add_sample_digests",
+    "associate",
     "bad_samples",
     "basichandlers",
     "batched",
@@ -112,6 +114,7 @@ __all__ = [
     "decode",
     "default_collation_fn",
     "detect_world",
+    "detshuffle",
     "extract_keys",
     "filters",
     "getfirst",
@@ -156,6 +159,7 @@ __all__ = [
     "torch_dumps",
     "torch_loads",
     "torch_video",
+    "transform_with",
     "unbatched",
     "unlisted",
     "utils",

@@ -219,7 +219,17 @@ def open_view(store: Any, lease: Any) -> Any:
             tmp = f"{dst}.partial.{os.getpid()}"
             try:
                 with open(tmp, "wb") as out:
-                    size, cdigest, usize, udigest = decompress_file(src, out, kind, url)
+                    try:
+                        size, cdigest, usize, udigest = decompress_file(src, out, kind, url)
+                    except ShardFormatError:
+                        if not getattr(shard, "salvaged", False):
+                            raise
+                        # a damaged shard a handler kept the samples of (tariterators.salvage_shard)
+                        from .tariterators import decompress_prefix
+
+                        out.seek(0)
+                        out.truncate()
+                        size, cdigest, usize, udigest = decompress_prefix(src, out, kind)
                     out.flush()
                     os.fsync(out.fileno())
                 if digest and cdigest != digest.lower():

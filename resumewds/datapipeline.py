@@ -66,7 +66,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import filters, tariterators
 from .dataset import WebDataset
 from .errors import ResumeWDSError, StateError
-from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
+from .handlers import reraise_exception
+from .pipeline import PipelineStage, default_collate, hide_positions
 from .plan import Layout, Plan
 from .shardlists import ResampledShards, SimpleShardList
 from .splitters import worker_info
@@ -78,7 +79,7 @@ STATE_VERSION = 1
 _CHUNK = 64  # positions per step when the pipeline is not batched
 _SPLITTERS = ("split_by_node", "split_by_worker", "single_node_only")
 _PER_SAMPLE = ("decode", "map", "map_dict", "map_tuple", "to_tuple", "select", "rename", "rename_keys",
-               "extract_keys", "xdecode")
+               "extract_keys", "xdecode", "associate")
 _PER_BATCH = ("map", "map_dict", "map_tuple", "to_tuple", "decode", "rename")
 
 
@@ -95,6 +96,16 @@ def _ctor_params() -> set:
         return set(inspect.signature(WebDataset.__init__).parameters)
     except (TypeError, ValueError):  # pragma: no cover
         return set()
+
+
+class _Unpositioned:
+    """A collation that sees each sample with webdataset's keys only (picklable)."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+
+    def __call__(self, samples: List[Any]) -> Any:
+        return self.fn([hide_positions(s) for s in samples])
 
 
 class _Compiled:
@@ -122,6 +133,10 @@ def _compile(stages: List[Any]) -> _Compiled:
     if not stages or not isinstance(stages[0], (SimpleShardList, ResampledShards)):
         c.generic = True
         c.opaque = stages[0] if stages else None
+        return c
+    if "-" in stages[0].urls:  # stdin: a stream read once, no seeking, so no plan (webdataset's way)
+        c.generic = True
+        c.opaque = "url '-' (stdin)"
         return c
     c.source = stages[0]
     c.resampled = isinstance(stages[0], ResampledShards)
@@ -239,7 +254,7 @@ class DataPipeline(WebDataset, IterableDataset):
         self._bufsize: Optional[int] = None
         if c.sample_shuffle is not None:
             if self._native_shuffle:
-                WebDataset.shuffle(self, c.sample_shuffle.bufsize, initial=c.sample_shuffle.initial)  # type: ignore[attr-defined]
+                WebDataset.shuffle(self, c.sample_shuffle.bufsize, initial=c.sample_shuffle.initial)
             else:
                 self._bufsize = c.sample_shuffle.bufsize
         for st in c.per_sample:
@@ -322,6 +337,7 @@ class DataPipeline(WebDataset, IterableDataset):
             worker, nw = info.id, info.num_workers
         layout = self._layout()
         batched = self.batch_size is not None
+        collate_fn = _Unpositioned(self.collate_fn or default_collate) if batched else None
         reps = 0
         while reps < self.repetitions:
             reps += 1
@@ -331,8 +347,11 @@ class DataPipeline(WebDataset, IterableDataset):
             delivered = 0
             try:
                 for k, batch, _meta in WebDataset.iter_steps(self, epoch, start, layout, worker, nw,
-                                                             collate=batched):
-                    items = ([batch] if _meta["samples"] else []) if batched else batch
+                                                             collate=batched, collate_fn=collate_fn):
+                    if _meta.get("events"):
+                        self._absorb_meta(_meta)
+                    items = ([batch] if _meta["samples"] else []) if batched else \
+                        [hide_positions(x) for x in batch]
                     st["position"] = start + k * layout.step_size
                     for n, x in enumerate(items):
                         if n < skip:
@@ -342,6 +361,9 @@ class DataPipeline(WebDataset, IterableDataset):
                         yield x
                     skip = 0
                     st["position"], st["skip"] = layout.position_after(total, start, k), 0
+                    if _meta.get("stopped"):  # a handler said stop: this epoch ends here
+                        st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0
+                        return
             except filters.StopPipeline:
                 return
             st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0
@@ -355,6 +377,8 @@ class DataPipeline(WebDataset, IterableDataset):
         def invoke(f: Any, *a: Any) -> Any:
             if not a and (isinstance(f, IterableDataset) or hasattr(f, "__iter__")):
                 return iter(f)
+            if isinstance(f, PipelineStage):
+                return f.run(*a)
             if isinstance(f, list):
                 return iter(f)
             if callable(f):
@@ -439,29 +463,29 @@ class DataPipeline(WebDataset, IterableDataset):
         """Add a stage at the end (rebuilds the compiled form)."""
         self.__init__(*(self.pipeline + [f]), seed=self.seed)  # type: ignore[misc]
 
-    def compose(self, *args: Any) -> "DataPipeline":
+    def compose(self, *args: Any) -> DataPipeline:
         """A copy with ``args`` appended."""
         out = copy.copy(self)
         out.__init__(*(self.pipeline + list(args)), seed=self.seed)  # type: ignore[misc]
         return out
 
-    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> "DataPipeline":
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DataPipeline:
         """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, going on across epochs."""
         self.repetitions = sys.maxsize
         self.nsamples = max(nsamples, nbatches)
         return self
 
-    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> "DataPipeline":
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> DataPipeline:
         """Repeat ``nepochs`` epochs (forever if -1), at most ``nbatches`` items."""
         self.repetitions = nepochs if nepochs > 0 else sys.maxsize
         self.nsamples = nbatches
         return self
 
-    def with_length(self, n: int, silent: bool = False) -> "DataPipeline":
+    def with_length(self, n: int, silent: bool = False) -> DataPipeline:
         """Give the pipeline a ``__len__`` of ``n`` (it does not change the epoch)."""
         if not silent:
             warnings.warn(".with_length() only sets the value of __len__ for compatibility with some "
-                          "training environments. It does not change the number of samples in an epoch.")
+                          "training environments. It does not change the number of samples in an epoch.", stacklevel=2)
         self.size = n
         self.__class__ = type(type(self).__name__ + "_Length", (type(self),), {"__len__": lambda s: s.size})
         return self

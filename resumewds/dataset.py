@@ -32,7 +32,7 @@ from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, R
 from .manifest import Manifest, ShardInfo
 from .pipeline import (Decoder, ExtractKeys, Handled, HandlerStop, Map, MapDict, MapTuple, Rename,
                        RenameKeys, Select, SelectFiles, Stage, ToTuple, default_collate,
-                       default_collation_fn, list_collate)
+                       default_collation_fn, hide_positions, list_collate)
 from .plan import Layout, Plan, check_partitions, mix, worker_steps
 from .reading import ShardReader as _ShardReader
 from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
@@ -588,11 +588,14 @@ class WebDataset:
             try:
                 index_manifest(Manifest([s]), self.store, on_event=self._on_event)
             except (FetchError, IntegrityError, ShardFormatError, CacheError) as exc:
-                self.handler(exc)
-                s.samples, s.offsets = 0, [0]
+                stop = self.handler(exc) is False
+                from .tariterators import salvage_shard
+
+                kept = salvage_shard(s, self.store, exc, stop)  # the samples before the damage, as webdataset
                 self._index_skipped = True
-                self._on_event("skip", s.url, error=str(exc))
-                log.warning("skipping shard %s: %s", s.url, exc)
+                self._on_event("skip", s.url, error=str(exc), samples_kept=kept)
+                log.warning("skipping shard %s%s: %s", s.url, f" after its first {kept} samples" if kept else "",
+                            exc)
         m._starts = None
 
     @property
@@ -695,6 +698,28 @@ class WebDataset:
         """Samples ``j .. j+count-1`` of one shard with one ``pread`` (:func:`resumewds.reading.read_run`)."""
         return reading.read_run(self, shard_idx, j, count)
 
+    _stopping: bool = False
+
+    def _read_or_stop(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
+        """:meth:`_read`, where a handler's stop (``ignore_and_stop``) ends the step: this and
+        every later read of it give nothing, and the step is yielded as the last one."""
+        if self._stopping:
+            return None
+        try:
+            return self._read(shard_idx, j)
+        except HandlerStop:
+            self._stopping = True
+            return None
+
+    def _read_run_or_stop(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
+        if self._stopping:
+            return [None] * count
+        try:
+            return self._read_run(shard_idx, j, count)
+        except HandlerStop:
+            self._stopping = True
+            return [None] * count
+
     def _apply(self, stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
         for st in stages:
             x = st(x)
@@ -736,9 +761,10 @@ class WebDataset:
         # next one (the next epoch, or a resume), with 0 workers as with N
         # (workers get a fresh copy of the dataset per iteration anyway)
         self._failed = {}
+        self._stopping = False  # a webdataset handler said stop: this step is the last
         collate_fn = collate_fn or self.collate_fn or default_collate
         last_window = -1
-        sample_at, read, stages = ep.sample_at, self._read, self.stages
+        sample_at, read, stages = ep.sample_at, self._read_or_stop, self.stages
         names: Dict[int, str] = {}
         stream = not str(self.plan.algo).endswith("window")  # shards read front to back
         for k in worker_steps(nsteps, worker, num_workers):
@@ -782,7 +808,7 @@ class WebDataset:
                 si, j = where[i]
                 if not ahead:
                     run = self._run_length(where, i)
-                    ahead = self._read_run(si, j, run) if run > 1 else [read(si, j)]
+                    ahead = self._read_run_or_stop(si, j, run) if run > 1 else [read(si, j)]
                     ahead.reverse()
                 sample = ahead.pop()
                 t1 = time.perf_counter()
@@ -843,8 +869,17 @@ class WebDataset:
             if self._reader is not None:
                 meta["t_fetch_wait"], self._reader.wait = self._reader.wait, 0.0
             meta["events"] = self.take_events()
+            # a sample a stage's handler skipped counts as skipped (like on_error="skip"), not filtered
+            handled = sum(1 for e in meta["events"] if e.get("kind") == "sample_skip")
+            if handled:
+                meta["skipped"] += handled
+                meta["filtered"] = max(0, meta["filtered"] - handled)
             if shards and self._failed:
                 meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
+            if self._stopping:  # the samples before the stop are delivered, then no more steps
+                meta["stopped"] = True
+                yield k, batch, meta
+                return
             yield k, batch, meta
 
     # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----
@@ -965,6 +1000,9 @@ class WebDataset:
             start = j * layout.step_size
             url_index: Dict[str, int] = {}
             local = self.cache_dir is not None
+            from .fetch import is_remote_url, local_path
+
+            on_disk: Dict[str, Optional[str]] = {}
             for k, batch, meta in self.iter_steps(epoch, start, layout, 0, 1, collate=False):
                 self._absorb_meta(meta)
                 step = j + k
@@ -977,6 +1015,13 @@ class WebDataset:
                             continue
                         if local and "__url__" in sample:
                             sample["__local_path__"] = self._local_path(sample["__url__"], url_index)
+                        elif "__url__" in sample:  # a local shard: its path, as webdataset sets it
+                            lp = on_disk.get(sample["__url__"], "")
+                            if lp == "":
+                                u = sample["__url__"]
+                                lp = on_disk[u] = None if is_remote_url(u) else local_path(u)
+                            if lp is not None:
+                                sample["__local_path__"] = lp
                     yield sample
             if all(r.buffered == 0 for r in runners):
                 st["step"], st["skip"] = layout.num_steps(len(ep), 0), 0
@@ -992,7 +1037,7 @@ class WebDataset:
                     continue
                 st["skip"] += 1
                 st["served"] += 1
-                yield item
+                yield hide_positions(item)  # webdataset's keys only (position keys still readable)
         except HandlerStop:
             return
 

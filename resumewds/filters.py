@@ -39,9 +39,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from . import autodecode
 from .handlers import reraise_exception
-from .pipeline import ExtractKeys, RenameKeys
+from .pipeline import ExtractKeys, Handled, HandlerStop, PipelineStage, RenameKeys
 
-__all__ = ["Stage", "SampleStage", "batched", "decode", "default_collation_fn", "extract_keys",
+__all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
+           "extract_keys", "identity", "parse_field_spec", "transform_with",
            "getfirst", "info", "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter",
            "rename", "rename_keys", "rsample", "select", "shuffle", "slice", "to_tuple",
            "unbatched", "unlisted", "xdecode"]
@@ -49,8 +50,8 @@ __all__ = ["Stage", "SampleStage", "batched", "decode", "default_collation_fn", 
 ExnHandler = Callable[[BaseException], bool]
 
 
-class StopPipeline(Exception):
-    """Raised by a per-sample stage whose handler asked to stop."""
+#: what a stage raises when its handler says stop (the dataset's HandlerStop: one exception everywhere)
+StopPipeline = HandlerStop
 
 
 class Stage:
@@ -86,26 +87,12 @@ class SampleStage(Stage):
                 yield y
 
 
-class _Guard:
-    """``fn`` under a webdataset exception handler (picklable)."""
-
-    def __init__(self, fn: Callable[[Any], Any], handler: ExnHandler):
-        self.fn = fn
-        self.handler = handler
-
-    def __call__(self, x: Any) -> Any:
-        try:
-            return self.fn(x)
-        except StopPipeline:
-            raise
-        except Exception as exn:
-            if self.handler(exn):
-                return None
-            raise StopPipeline() from exn
+#: ``fn`` under a webdataset exception handler (picklable): a skip is recorded (stats, journal)
+_Guard = Handled
 
 
 def _stage(name: str, fn: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
-    return SampleStage(name, fn if handler is reraise_exception else _Guard(fn, handler))
+    return SampleStage(name, fn if handler is reraise_exception else Handled(fn, handler, name))
 
 
 class _Generic(Stage):
@@ -141,6 +128,67 @@ def getfirst(a: Dict[str, Any], keys: Any, default: Any = None, missing_is_error
     return default
 
 
+def parse_field_spec(fields: Any) -> List[List[str]]:
+    """``"jpg;png cls"`` (or a list) as lists of alternatives (webdataset's helper).
+
+    Example:
+        >>> parse_field_spec("jpg;png cls")
+        [['jpg', 'png'], ['cls']]
+    """
+    if isinstance(fields, str):
+        fields = fields.split()
+    return [f.split(";") for f in fields]
+
+
+def transform_with(sample: Sequence[Any], transformers: Optional[Sequence[Any]]) -> Any:
+    """Apply ``transformers[i]`` to ``sample[i]`` (None, or a missing one, keeps the field).
+
+    Raises:
+        ValueError: more transformers than fields.
+
+    Example:
+        >>> transform_with((1, "a", 3), [lambda x: x + 1, None])
+        [2, 'a', 3]
+    """
+    if not transformers:
+        return sample
+    if len(transformers) > len(sample):
+        raise ValueError(f"transform_with: {len(transformers)} transformers for {len(sample)} fields")
+    result = list(sample)
+    for i, f in enumerate(transformers):
+        if f is not None:
+            result[i] = f(sample[i])
+    return result
+
+
+def identity(x: Any) -> Any:
+    """``x`` itself."""
+    return x
+
+
+class _Associate:
+    def __init__(self, associator: Any):
+        self.associator = associator
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        a = self.associator
+        extra = a(sample["__key__"]) if callable(a) else a.get(sample["__key__"], {})
+        sample.update(extra)
+        return sample
+
+
+def associate(associator: Any) -> SampleStage:
+    """Stage: add ``associator(key)`` (a callable) or ``associator[key]`` (a dict) to each sample.
+
+    A function of the sample's key, so a DataPipeline compiles it into the plan like ``map``.
+
+    Example:
+        >>> list(associate({"a": {"cls": 1}})(iter([{"__key__": "a"}, {"__key__": "b"}])))
+        [{'__key__': 'a', 'cls': 1}, {'__key__': 'b'}]
+    """
+    return SampleStage("associate", _Associate(associator))
+
+
 # ---- per-sample stages ------------------------------------------------------------
 
 class _Map:
@@ -154,7 +202,7 @@ class _Map:
         return result
 
 
-def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:  # noqa: A001
+def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: ``f(sample)``; None drops the sample; a dict result keeps ``__key__``."""
     return _stage("map", _Map(f), handler)
 
@@ -369,6 +417,42 @@ def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random
     return ShuffleStage(bufsize, initial, rng, seed, handler)
 
 
+class detshuffle(ShuffleStage, PipelineStage):
+    """``detshuffle(bufsize, initial, seed, epoch)``: a buffer shuffle that is the same on every run.
+
+    As webdataset 1.0.2's: each run over a stream is a new epoch (``self.epoch``
+    counts from ``epoch``, default -1, so the first run is epoch 0) and shuffles
+    with ``random.Random(seed + epoch)``: two pipelines built alike give the same
+    order, and each further iteration a new one.  Inside a
+    :class:`resumewds.DataPipeline` it is compiled like :func:`shuffle` with
+    ``seed=`` (the plan's seeded shuffle, also a new order each epoch).
+
+    Example:
+        >>> s = detshuffle(10, seed=3)
+        >>> a = list(s(iter(range(20)))); b = list(s(iter(range(20))))
+        >>> sorted(a) == list(range(20)), a != b, s.epoch
+        (True, True, 1)
+        >>> a == list(detshuffle(10, seed=3)(iter(range(20))))
+        True
+    """
+
+    name = "detshuffle"
+
+    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: int = 0, epoch: int = -1):
+        super().__init__(bufsize, initial, seed=seed)
+        self.epoch = epoch
+
+    def run(self, src: Iterable[Any]) -> Iterator[Any]:
+        """Shuffle ``src`` as the next epoch (webdataset's ``PipelineStage.run``)."""
+        self.epoch += 1
+        rng = random.Random()
+        rng.seed(self.seed + self.epoch)  # type: ignore[operator]
+        return ShuffleStage(self.bufsize, self.initial, rng=rng)(src)
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.run(src)
+
+
 def _combine(b: List[Any], combine_tensors: bool, combine_scalars: bool) -> Any:
     import numpy as np
 
@@ -379,13 +463,13 @@ def _combine(b: List[Any], combine_tensors: bool, combine_scalars: bool) -> Any:
             import torch
 
             if len({x.shape for x in b}) != 1:
-                raise ValueError(f"all shapes must be equal in collation, got {set(x.shape for x in b)}")
+                raise ValueError(f"all shapes must be equal in collation, got { {x.shape for x in b} }")
             return torch.stack(list(b))
         return b
     if isinstance(b[0], np.ndarray):
         if combine_tensors:
             if len({x.shape for x in b}) != 1:
-                raise ValueError(f"all shapes must be equal in collation, got {set(x.shape for x in b)}")
+                raise ValueError(f"all shapes must be equal in collation, got { {x.shape for x in b} }")
             return np.array(list(b))
         return b
     return list(b)
@@ -475,7 +559,7 @@ def rsample(p: float = 0.5) -> Stage:
     return _Generic("rsample", _rsample, p)
 
 
-def slice(*args: Any) -> Stage:  # noqa: A001
+def slice(*args: Any) -> Stage:
     """Stage: ``itertools.islice`` of the stream."""
     return _Generic("slice", itertools.islice, *args)
 
@@ -540,7 +624,8 @@ def _map(data: Iterable[Any], f: Callable[[Any], Any], handler: ExnHandler = rer
     return map(f, handler=handler)(data)
 
 
-def _rename(data: Iterable[Any], handler: ExnHandler = reraise_exception, keep: bool = True, **kw: str) -> Iterator[Any]:
+def _rename(data: Iterable[Any], handler: ExnHandler = reraise_exception, keep: bool = True,
+            **kw: str) -> Iterator[Any]:
     return rename(handler=handler, keep=keep, **kw)(data)
 
 

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError
 from .events import EventKind, unjournaled_kinds
-from .pipeline import default_collate, list_collate
+from .pipeline import HandlerStop, default_collate, list_collate
 from .plan import Layout
 from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
@@ -175,6 +175,10 @@ class _WorkerFailure:
     def __init__(self, exc: ResumeWDSError, worker: int):
         self.exc = exc
         self.worker = worker
+
+
+#: what a worker yields in place of the step where a webdataset handler said stop
+_HANDLER_STOP = "resumewds-handler-stop"
 
 
 class BatchInfo(NamedTuple):
@@ -327,6 +331,8 @@ class _EpochSource(IterableDataset):
                 raise  # in the main process already
             # the shard's "fail" event travels with the error (journal, stats)
             yield -1, _WorkerFailure(exc, w), {"events": self.ds.take_events()}
+        except HandlerStop:  # a handler said stop (ignore_and_stop): the epoch ends at this step
+            yield -1, _HANDLER_STOP, {"events": self.ds.take_events()}
         finally:
             if info is not None:
                 self.ds.close()
@@ -467,6 +473,7 @@ class WebLoader:
         self.sample_is_pad = False
         self._failed_urls: set = set()  # recorded failed; a read clears it (``recovered``)
         self._epoch_failed: Dict[str, str] = {}  # skipped this epoch: the end-of-epoch warning
+        self._epoch_sample_skips: List[str] = []  # samples a stage's handler skipped this epoch
         #: True once a preemption signal arrived (or :meth:`request_stop` was called)
         self.preempted = False
         #: the signal number that set ``preempted`` (None: none, or request_stop)
@@ -713,6 +720,8 @@ class WebLoader:
             if e.get("kind") in (EventKind.SKIP, EventKind.FAIL) and e.get("url"):
                 self._failed_urls.add(e["url"])
                 self._epoch_failed[e["url"]] = str(e.get("error", ""))
+            elif e.get("kind") == "sample_skip":
+                self._epoch_sample_skips.append(f"{e.get('key')} ({e.get('stage')}: {e.get('error')})")
         if self.journal_path is None:
             return
         from .journal import shard_updates_from_events
@@ -828,6 +837,10 @@ class WebLoader:
         if failed:
             log.warning("epoch %d ended with %d shard(s) skipped after errors (on_error='skip'): %s",
                         self.epoch, len(failed), "; ".join(f"{u}: {e}" for u, e in sorted(failed.items())))
+        skips, self._epoch_sample_skips = self._epoch_sample_skips, []
+        if skips:
+            log.warning("epoch %d ended with %d sample(s) skipped by a stage's handler: %s%s", self.epoch,
+                        len(skips), "; ".join(skips[:5]), f"; ... ({len(skips) - 5} more)" if len(skips) > 5 else "")
         self.epoch += 1
         self.position = 0
 
@@ -868,6 +881,13 @@ class WebLoader:
                     if mapped is None:
                         raise
                     raise mapped from None
+                if isinstance(batch, str) and batch == _HANDLER_STOP:
+                    # webdataset's handler returned False: the epoch ends here (what
+                    # came before was delivered; a rerun stops at the same step)
+                    self._absorb(meta.get("events") or [])
+                    self.position = total
+                    self._end_epoch()
+                    return
                 if isinstance(batch, _WorkerFailure):
                     failure = batch.exc
                     self._failed_now(failure, meta.get("events") or [])
@@ -895,7 +915,8 @@ class WebLoader:
                         url = ds.manifest.shards[si].url
                         if url not in (meta.get("failed") or ()):  # not failed again in this worker
                             self._recovered(url)
-                last = k + 1 >= nsteps
+                halt = bool(meta.get("stopped"))  # a handler said stop in this step: the epoch ends
+                last = k + 1 >= nsteps or halt
                 n = int(meta.get("samples", 0))
                 info = BatchInfo(epoch, k, n, tuple(meta.get("pad_flags") or ()),
                                  int(meta.get("skipped", 0)), int(meta.get("filtered", 0)), n == 0)
@@ -907,6 +928,8 @@ class WebLoader:
                         self._end_epoch()
                     # one batch per step on every rank, even when nothing is left
                     yield batch if n else EmptyBatch(info)
+                    if halt:
+                        return
                     continue
                 # unbatched: hand out samples one by one, positions per sample
                 n = len(batch)
@@ -929,6 +952,8 @@ class WebLoader:
                     self.position = layout.position_after(total, start, k)
                     if last:
                         self._end_epoch()
+                if halt:
+                    return
         finally:
             if stopping is not None:
                 stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker

@@ -42,6 +42,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from .autodecode import Decoder, decode_image  # noqa: F401  (the decoders live there; kept importable here)
 from .errors import DecodeError
+from .utils import PipelineStage  # noqa: F401  (defined in utils, as webdataset's is)
+
 
 class FieldError(DecodeError, ValueError):
     """A field a stage needs is missing (``to_tuple``, ``rename``): also a ``ValueError``,
@@ -273,6 +275,63 @@ class SelectFiles:
         return out
 
 
+def __getattr__(name: str) -> Any:
+    # webdataset.pipeline.DataPipeline; resumewds' imports torch, so on first use only
+    if name == "DataPipeline":
+        from .datapipeline import DataPipeline
+
+        return DataPipeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---- the position keys, hidden from webdataset code -------------------------
+#: what resumewds adds to each sample (its global position); webdataset has none of them
+POSITION_KEYS = ("__epoch__", "__index__", "__shard__")
+
+
+class Sample(dict):
+    """A sample dict whose position keys (``__epoch__``, ``__index__``, ``__shard__``)
+    can be read (``s["__index__"]``, ``s.get``, ``in``, ``to_tuple("__index__")``) but are
+    not listed: ``keys()``, iteration, ``len``, ``items``, collation, ``json.dumps``,
+    ``==`` and copies see exactly the keys webdataset 1.0.2 yields.
+
+    What direct iteration (webdataset's way: ``for s in ds``, a torch DataLoader,
+    a DataPipeline) hands out; a :class:`resumewds.WebLoader` keeps them as plain
+    keys (its documented batches carry them).
+
+    Example:
+        >>> s = hide_positions({"__key__": "k", "txt": b"a", "__epoch__": 0, "__index__": 7, "__shard__": "x"})
+        >>> sorted(s), s["__index__"], "__epoch__" in s, s.get("__shard__")
+        (['__key__', 'txt'], 7, True, 'x')
+    """
+
+    positions: Dict[str, Any]  # the hidden keys (an instance attribute: pickled with the sample)
+
+    def __missing__(self, key: Any) -> Any:
+        hidden = self.__dict__.get("positions")
+        if hidden is not None and key in hidden:
+            return hidden[key]
+        raise KeyError(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        return (self.__dict__.get("positions") or {}).get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or key in (self.__dict__.get("positions") or ())
+
+
+def hide_positions(x: Any) -> Any:
+    """``x`` with its position keys moved out of sight (a :class:`Sample`); anything
+    but a dict holding them is returned as is."""
+    if type(x) is not dict or "__index__" not in x:
+        return x
+    s = Sample(x)
+    s.positions = {k: dict.pop(s, k) for k in POSITION_KEYS if dict.__contains__(s, k)}
+    return s
+
+
 # ---- handlers: the handler= argument of stages ------------------------------
 class HandlerStop(Exception):
     """Raised (and caught by the dataset) when a handler returns False: stop iterating."""
@@ -333,13 +392,13 @@ def _combine(b: List[Any], combine_tensors: bool = True, combine_scalars: bool =
                 raise ValueError(f"all shapes must be equal in collation, got {shapes}")
             return torch.stack(list(b))
         return list(b)
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(first, np.ndarray):
+    npm = sys.modules.get("numpy")
+    if npm is not None and isinstance(first, npm.ndarray):
         if combine_tensors:
             shapes = {x.shape for x in b}
             if len(shapes) != 1:
                 raise ValueError(f"all shapes must be equal in collation, got {shapes}")
-            return np.array(list(b))
+            return npm.array(list(b))
         return list(b)
     return list(b)
 
@@ -410,11 +469,12 @@ class _BatchRunner(Runner):
             batch.append(x)
             self.buffered = len(batch)
             if len(batch) >= self.n:
-                out, batch = batch, []
+                out, batch = [hide_positions(s) for s in batch], []
                 self.buffered = 0
                 yield self.collation_fn(out) if self.collation_fn is not None else out
         self.buffered = 0
         if batch and (len(batch) == self.n or self.partial):
+            batch = [hide_positions(s) for s in batch]
             yield self.collation_fn(batch) if self.collation_fn is not None else batch
 
 

@@ -149,14 +149,17 @@ def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
 
 def shard_failed(ds: Any, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
     """``on_error``: record the shard as failed and re-raise ``exc``, or
-    record it as skipped."""
+    record it as skipped, or (a webdataset handler returning False) stop."""
+    reason = getattr(shard, "stop_reason", None)
+    if reason:  # the stop marker of tariterators.salvage_shard
+        exc = ShardFormatError(f"{reason} (the handler stops here)", shard=shard.url)
     if ds.on_error != "skip":
         # the loader takes this event with the error, to the journal and stats
         ds._on_event(EventKind.FAIL, shard.url, error=str(exc))
         raise exc
     if ds.handler is not None and not ds.handler(exc):  # webdataset handler: stop
         ds._failed[shard_idx] = str(exc)
-        ds._on_event("skip", shard.url, error=str(exc))
+        ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
         raise HandlerStop(str(exc)) from exc
     ds._failed[shard_idx] = str(exc)
     ds._on_event(EventKind.SKIP, shard.url, error=str(exc))

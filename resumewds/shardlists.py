@@ -24,14 +24,15 @@ import random
 import re
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from itertools import islice
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .sources import expand_braces
-from .splitters import single_node_only, split_by_node, split_by_worker
+from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 
-__all__ = ["ResampledShardList", "ResampledShards", "SimpleShardList", "expand_source", "expand_urls",
-           "envsubst", "non_empty", "resampled", "shardspec", "single_node_only", "split_by_node",
-           "split_by_worker"]
+__all__ = ["DirectoryShardList", "MultiShardSample", "ResampledShardList", "ResampledShards", "SimpleShardList",
+           "envsubst", "expand_source", "expand_urls", "non_empty", "resampled", "shardspec", "single_node_only",
+           "split_by_node", "split_by_worker"]
 
 
 def envsubst(s: str) -> str:
@@ -40,7 +41,7 @@ def envsubst(s: str) -> str:
     Raises:
         ValueError: ``WDS_NAME`` is not set.
     """
-    def look(m: "re.Match[str]") -> str:
+    def look(m: re.Match[str]) -> str:
         key = "WDS_" + m.group(1)
         if key not in os.environ:
             raise ValueError(f"{s}: missing environment variable {key}")
@@ -67,12 +68,47 @@ def expand_urls(urls: str) -> List[str]:
     return out
 
 
-def expand_source(source: Union[str, Sequence[str]], max_urls: int = int(1e9)) -> List[str]:
-    """A string pattern or a list of urls, as a list (at most ``max_urls``)."""
-    urls = expand_urls(source) if isinstance(source, str) else list(source)
-    if len(urls) > max_urls:
-        raise ValueError(f"{len(urls)} urls, more than max_urls={max_urls}")
-    return urls
+def expand_source(source: Union[str, Iterable[str]], max_urls: int = int(1e9)) -> List[str]:
+    """A string pattern, a list of urls or any iterable of urls (its first ``max_urls``), as a list.
+
+    Raises:
+        ValueError: ``source`` is none of these.
+
+    Example:
+        >>> expand_source(iter(["a.tar", "b.tar", "c.tar"]), max_urls=2)
+        ['a.tar', 'b.tar']
+    """
+    if isinstance(source, str):
+        return expand_urls(source)
+    if isinstance(source, list):
+        return source
+    if hasattr(source, "__iter__") and not isinstance(source, (bytes, bytearray)):
+        return list(islice(source, max_urls))
+    raise ValueError(f"cannot handle {type(source)}")
+
+
+def make_seed(*args: Any) -> int:
+    """webdataset's ``utils.make_seed``: a 31-bit seed from ``args`` (``hash`` of each, combined).
+
+    Example:
+        >>> make_seed(1, 0, 0)
+        961
+    """
+    seed = 0
+    for arg in args:
+        seed = (seed * 31 + hash(arg)) & 0x7FFFFFFF
+    return seed
+
+
+def pytorch_worker_seed(group: Any = None) -> int:
+    """webdataset's ``utils.pytorch_worker_seed``: ``rank * 1000 + worker``.
+
+    Example:
+        >>> pytorch_worker_seed() if "RANK" not in os.environ else 0
+        0
+    """
+    rank, _, worker, _ = worker_info(group)
+    return rank * 1000 + worker
 
 
 class SimpleShardList:
@@ -107,48 +143,298 @@ class SimpleShardList:
 
 
 class ResampledShards:
-    """An endless stream of shards drawn at random from ``urls``.
+    """An endless stream of shards drawn at random, with replacement, from ``urls`` (webdataset's class).
+
+    Standalone (iterated, or as the source of a generic pipeline) it is webdataset
+    1.0.2's: each ``iter()`` starts a new epoch (``self.epoch`` counts from -1) and
+    draws ``nshards`` urls with ``random.Random(make_seed(worker_seed(), epoch,
+    seed))``; ``deterministic=False`` (the default) mixes in the pid, the time and
+    ``os.urandom`` as webdataset does, so two runs differ.  As the first stage of a
+    :class:`resumewds.DataPipeline` it is compiled into the plan instead (every
+    shard once per epoch in a seeded order, epoch after epoch; see docs/COMPAT.md).
 
     Args:
-        urls: a brace pattern or a list of urls.
+        urls: a brace pattern, a list of urls or an iterable of them.
         nshards: how many shards one iteration yields.
         seed: the seed.
-        worker_seed, deterministic, max_urls: as webdataset.
+        worker_seed: a callable giving this worker's seed (default: ``rank * 1000 + worker``).
+        deterministic: seed only from ``worker_seed()``, the epoch and ``seed``.
+        max_urls: at most this many urls from an iterable.
         empty_check: refuse an empty list.
+
+    Raises:
+        ValueError: ``empty_check`` and no urls.
 
     Example:
         >>> rs = ResampledShards(["a.tar", "b.tar"], nshards=3, deterministic=True)
-        >>> len([d["url"] for d in rs])
-        3
+        >>> len([d["url"] for d in rs]), rs.epoch
+        (3, 0)
     """
 
-    def __init__(self, urls: Union[str, Sequence[str]], nshards: int = sys.maxsize, seed: int = 0,
-                 worker_seed: Any = None, deterministic: bool = False, max_urls: int = int(1e6),
-                 empty_check: bool = True):
+    def __init__(self, urls: Union[str, Iterable[str]], nshards: int = sys.maxsize, seed: int = 0,
+                 worker_seed: Optional[Callable[[], int]] = None, deterministic: bool = False,
+                 max_urls: int = int(1e6), empty_check: bool = True):
         self.urls = expand_source(urls, max_urls)
         if empty_check and not self.urls:
             raise ValueError("empty_check=True, but no shards found in ResampledShards")
+        if self.urls and not isinstance(self.urls[0], str):
+            raise ValueError(f"ResampledShards needs url strings, got {self.urls[0]!r}")
         self.nshards = nshards
-        self.seed = seed
-        self.worker_seed = worker_seed
+        self.worker_seed = pytorch_worker_seed if worker_seed is None else worker_seed
         self.deterministic = deterministic
+        self.seed = seed
         self.epoch = -1
 
     def __iter__(self) -> Iterator[Dict[str, str]]:
         self.epoch += 1
-        from .splitters import worker_info
-
-        rank, _, worker, _ = worker_info()
-        wseed = self.worker_seed() if callable(self.worker_seed) else (rank * 1000 + worker)
-        parts = [wseed, self.epoch, self.seed]
-        if not self.deterministic:
-            parts += [os.getpid(), time.time_ns(), int.from_bytes(os.urandom(4), "little")]
-        rng = random.Random(repr(parts))
+        if self.deterministic:
+            seed = make_seed(self.worker_seed(), self.epoch, self.seed)
+        else:
+            seed = make_seed(self.worker_seed(), self.epoch, self.seed, os.getpid(), time.time_ns(),
+                             os.urandom(4))
+        if os.environ.get("WDS_SHOW_SEED", "0") == "1":
+            print(f"# ResampledShards seed {seed}")
+        self.rng = random.Random(seed)
         for _ in range(self.nshards):
-            yield {"url": self.urls[rng.randint(0, len(self.urls) - 1)]}
+            index = self.rng.randint(0, len(self.urls) - 1)
+            yield {"url": self.urls[index]}
 
 
 ResampledShardList = ResampledShards
+
+
+def check_pid_is_running(pid: int) -> bool:
+    """True if process ``pid`` exists (``os.kill(pid, 0)``)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def without_last_extension(fname: str) -> str:
+    """``fname`` without its last ``.extension``.
+
+    Example:
+        >>> without_last_extension("a/b.tar._123_")
+        'a/b.tar'
+    """
+    return re.sub(r"\.[^.]*$", "", fname)
+
+
+def get_pid_from_filename(fname: str) -> Optional[int]:
+    """The pid in a claimed shard's name (``name._PID_``), or None.
+
+    Example:
+        >>> get_pid_from_filename("/d/x.tar._42_"), get_pid_from_filename("/d/x.tar")
+        (42, None)
+    """
+    m = re.match(r"^(.*)\._(\d+)_$", fname)
+    return int(m.group(2)) if m else None
+
+
+class DirectoryShardList:
+    """Shards taken from a directory as they appear: webdataset 1.0.2's work queue.
+
+    Each iteration claims a file matching ``pattern`` by renaming it to
+    ``name._PID_`` (so several processes can share one directory), yields
+    ``{"url": claimed_name}``, and after the consumer asks for the next shard
+    recycles it by ``mode``: ``"unlink"`` deletes it, ``"keep"`` renames it
+    ``name._done_``, ``"resample"`` puts it back under its own name.  Files
+    claimed by processes that are gone are recycled the same way.  With
+    ``poll=None`` the iteration ends when no file matches; otherwise it waits
+    ``poll`` seconds and looks again, for up to ``timeout`` seconds.
+
+    This is a consuming queue whose order depends on the file system, the
+    clock and other processes, so it cannot be part of the deterministic plan:
+    a :class:`resumewds.DataPipeline` starting with it runs as webdataset does
+    (not exactly resumable; see docs/COMPAT.md).
+
+    Args:
+        path: the directory; must end with ``/`` and exist.
+        pattern: a glob (with ``{a,b}`` alternatives) relative to ``path``.
+        poll: seconds between looks when the directory is empty; None stops instead.
+        timeout: give up after this many seconds without a file.
+        mode: ``"resample"``, ``"unlink"`` or ``"keep"``.
+        select: ``"random"`` or ``"oldest"`` (by modification time).
+        fate: unused (as in webdataset).
+
+    Raises:
+        ValueError: ``path`` does not end with ``/`` or is not a directory; an unknown ``select``
+            or ``mode``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = tempfile.mkdtemp() + "/"; pathlib.Path(d + "a.tar").touch()
+        >>> ds = DirectoryShardList(d, "*.tar", poll=None, mode="unlink")
+        >>> [os.path.basename(x["url"]).split("._")[0] for x in ds]
+        ['a.tar']
+        >>> os.listdir(d)
+        []
+    """
+
+    def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.tgz}", poll: Optional[float] = 1,
+                 timeout: float = 1e12, mode: str = "resample", select: str = "random", fate: Any = None):
+        if not path.endswith("/"):
+            raise ValueError(f"DirectoryShardList: {path}: the directory path must end with '/'")
+        if not os.path.isdir(path):
+            raise ValueError(f"DirectoryShardList: {path}: not a directory")
+        if mode not in ("resample", "unlink", "keep"):
+            raise ValueError(f"DirectoryShardList: unknown mode {mode!r} (resample, unlink or keep)")
+        if select not in ("random", "oldest"):
+            raise ValueError(f"unknown selection strategy {select}")
+        self.path = path
+        self.poll = poll
+        self.pattern = pattern
+        self.mode = mode
+        self.select = select
+        self.fate = fate
+        self.timeout = timeout
+
+    def _candidates(self) -> List[str]:
+        import glob
+
+        found = set()
+        for pat in expand_braces(self.pattern):
+            found.update(glob.glob(self.path + pat))
+        return sorted(found)
+
+    def recycle(self, activename: str) -> None:
+        """Put a claimed shard where ``mode`` says (deleted, ``._done_``, or back)."""
+        if self.mode == "unlink":
+            os.unlink(activename)
+        elif self.mode == "keep":
+            os.rename(activename, without_last_extension(activename) + "._done_")
+        elif self.mode == "resample":
+            os.rename(activename, without_last_extension(activename))
+
+    def cleanup_files_without_processes(self) -> None:
+        """Recycle shards claimed by processes that no longer run."""
+        import glob
+
+        for fname in glob.glob(os.path.join(self.path, "*._*_")):
+            pid = get_pid_from_filename(fname)
+            if pid is None:
+                continue
+            if not check_pid_is_running(pid):
+                self.recycle(fname)
+
+    def __iter__(self) -> Iterator[Dict[str, str]]:
+        last = time.time()
+        while time.time() - last < self.timeout:
+            candidates = self._candidates()
+            if not candidates:
+                if self.poll is None:
+                    return
+                time.sleep(self.poll)
+                continue
+            if self.select == "oldest":
+                candidate = min(candidates, key=lambda fn: os.stat(fn).st_mtime)
+            else:
+                candidate = random.choice(candidates)
+            activename = candidate + f"._{os.getpid()}_"
+            try:
+                os.rename(candidate, activename)
+            except FileNotFoundError:  # another process claimed it first
+                if self.poll is not None:
+                    time.sleep(self.poll)
+                continue
+            yield {"url": activename}
+            self.recycle(activename)
+            self.cleanup_files_without_processes()
+
+
+class MultiShardSample:
+    """Shards from a YAML (or dict) spec of several sources: webdataset's (obsolete there) class.
+
+    The spec has ``prefix``, ``buckets`` and ``datasets``; each dataset has
+    ``shards`` (brace patterns), an optional ``name``, ``buckets``, ``resample: n``
+    (draw n with replacement) or ``choose: n`` (n without replacement).  Each
+    ``iter()`` yields one epoch's urls, shuffled with ``self.rng``
+    (``set_epoch(seed)`` reseeds it).  Not compiled into the plan (see docs/COMPAT.md).
+
+    Raises:
+        ValueError: unknown keys, more than one bucket, ``choose`` larger than the
+            shard list, or both ``choose`` and ``resample``.
+
+    Example:
+        >>> ms = MultiShardSample({"datasets": [{"name": "a", "shards": "a-{0..2}.tar"}]})
+        >>> sorted(d["url"] for d in ms)
+        ['a-0.tar', 'a-1.tar', 'a-2.tar']
+    """
+
+    def __init__(self, fname: Union[str, Dict[str, Any]]):
+        self.epoch = -1
+        self.parse_spec(fname)
+
+    def parse_spec(self, fname: Union[str, Dict[str, Any]]) -> None:
+        """Read the spec (a YAML file name or a dict)."""
+        self.rng = random.Random()
+        if isinstance(fname, dict):
+            spec = fname
+        else:
+            try:
+                import yaml  # type: ignore[import-untyped]
+            except ImportError:  # pragma: no cover - yaml missing
+                raise ValueError(f"{fname}: reading a .yaml shard spec needs PyYAML (pip install pyyaml)") \
+                    from None
+            with open(fname) as stream:
+                spec = yaml.safe_load(stream)
+        if not isinstance(spec, dict) or not set(spec).issubset({"prefix", "datasets", "buckets"}):
+            raise ValueError(f"{fname}: a shard spec has only prefix, datasets and buckets, got "
+                             f"{list(spec) if isinstance(spec, dict) else type(spec).__name__}")
+
+        def expand(x: str) -> str:
+            return os.path.expanduser(os.path.expandvars(x))
+
+        prefix = expand(spec.get("prefix", ""))
+        self.sources: List[Dict[str, Any]] = []
+        for ds in spec["datasets"]:
+            if not set(ds).issubset({"buckets", "name", "shards", "resample", "choose"}):
+                raise ValueError(f"{fname}: unknown keys in dataset {list(ds)}")
+            buckets = ds.get("buckets", spec.get("buckets", []))
+            if isinstance(buckets, str):
+                buckets = [buckets]
+            buckets = [expand(b) for b in buckets] or [""]
+            if len(buckets) != 1:
+                raise ValueError(f"{fname}: {buckets}: more than one bucket per dataset is not supported")
+            bucket = buckets[0]
+            shards = ds["shards"]
+            if isinstance(shards, str):
+                shards = [shards]
+            urls = [prefix + os.path.join(bucket, u) for url in shards for u in expand_braces(expand(url))]
+            resample = ds.get("resample", -1)
+            nsample = ds.get("choose", -1)
+            if nsample > len(urls):
+                raise ValueError(f"perepoch {nsample} must be no greater than the number of shards")
+            if nsample > 0 and resample > 0:
+                raise ValueError("specify only one of perepoch or choose")
+            self.sources.append({"name": ds.get("name", "@" + bucket), "urls": urls, "perepoch": nsample,
+                                 "resample": resample})
+
+    def set_epoch(self, seed: int) -> None:
+        """Reseed the shard selection (the same seed on every node gives the same shards)."""
+        self.rng = random.Random(seed)
+
+    def get_shards_for_epoch(self) -> List[str]:
+        """This epoch's urls."""
+        result: List[str] = []
+        for source in self.sources:
+            if source["resample"] > 0:
+                chosen = self.rng.choices(source["urls"], k=source["resample"])
+            elif source["perepoch"] > 0:
+                chosen = list(source["urls"])
+                self.rng.shuffle(chosen)
+                chosen = chosen[:source["perepoch"]]
+            else:
+                chosen = list(source["urls"])
+            result += chosen
+        self.rng.shuffle(result)
+        return result
+
+    def __iter__(self) -> Iterator[Dict[str, str]]:
+        for shard in self.get_shards_for_epoch():
+            yield {"url": shard}
 
 
 def _resampled(src: Any, n: int = sys.maxsize) -> Iterator[Any]:
@@ -180,12 +466,13 @@ def non_empty(src: Any) -> Iterator[Any]:
         raise ValueError("pipeline stage received no data at all and this was declared as an error")
 
 
-def shardspec(spec: str) -> SimpleShardList:
-    """A :class:`SimpleShardList` for ``spec`` (webdataset's ``.yaml`` specs are not supported).
+def shardspec(spec: str) -> Union[SimpleShardList, MultiShardSample]:
+    """A :class:`MultiShardSample` for a ``.yaml`` spec, else a :class:`SimpleShardList`.
 
-    Raises:
-        ValueError: a ``.yaml`` spec.
+    Example:
+        >>> len(shardspec("a-{0..3}.tar"))
+        4
     """
     if spec.endswith(".yaml"):
-        raise ValueError(f"{spec}: MultiShardSample .yaml specs are not supported by resumewds")
+        return MultiShardSample(spec)
     return SimpleShardList(spec)

@@ -21,22 +21,27 @@ Example:
     ...         ti = tarfile.TarInfo(name); ti.size = len(data)
     ...         t.addfile(ti, io.BytesIO(data))
     >>> _ = buf.seek(0)
-    >>> [sorted(s) for s in tarfile_samples([{"url": "mem", "stream": buf}])]
+    >>> [sorted(s) for s in group_by_keys(tar_file_expander([{"url": "mem", "stream": buf}]))]
     [['__key__', '__url__', 'cls', 'txt']]
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import random
 import re
 import subprocess
 import tarfile
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
+from .errors import ShardFormatError
 from .handlers import reraise_exception
 from .tario import split_key
 
-__all__ = ["base_plus_ext", "group_by_keys", "tar_file_expander", "tar_file_iterator",
-           "tarfile_samples", "tarfile_to_samples", "url_opener", "valid_sample"]
+__all__ = ["base_plus_ext", "decompress_prefix", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist",
+           "tar_file_expander", "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener",
+           "valid_sample"]
 
 ExnHandler = Callable[[BaseException], bool]
 _META = re.compile(r"__[^/]*__($|/)")
@@ -89,12 +94,12 @@ def open_url(url: str) -> Any:
 
 def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
                **kw: Any) -> Iterator[Dict[str, Any]]:
-    """Add an open ``stream`` to each ``{"url": ...}`` dict (one already given is kept)."""
+    """Add a freshly opened ``stream`` to each ``{"url": ...}`` dict (as webdataset: the
+    same dict seen twice, e.g. after ``resampled``, is opened again)."""
     for sample in data:
         url = sample["url"]
         try:
-            if sample.get("stream") is None or getattr(sample["stream"], "closed", False):
-                sample.update(stream=open_url(url))  # a dict seen again (resampled): a new stream
+            sample.update(stream=open_url(url))
             yield sample
         except Exception as exn:
             exn.args = exn.args + (url,)
@@ -125,7 +130,7 @@ def tar_file_iterator(fileobj: Any, skip_meta: Optional[str] = r"__[^/]*__($|/)"
                 continue
             data = stream.extractfile(tarinfo).read()  # type: ignore[union-attr]
             yield {"fname": fname, "data": data}
-            stream.members = []
+            stream.members = []  # type: ignore[attr-defined]
         except Exception as exn:
             if exn.args:
                 exn.args = (f"{exn.args[0]} @ {fileobj}",) + exn.args[1:]
@@ -137,7 +142,7 @@ def tar_file_iterator(fileobj: Any, skip_meta: Optional[str] = r"__[^/]*__($|/)"
 def tar_file_expander(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
                       select_files: Optional[Callable[[str], bool]] = None,
                       rename_files: Optional[Callable[[str], str]] = None,
-                      eof_value: Optional[Any] = {}) -> Iterator[Dict[str, Any]]:
+                      eof_value: Optional[Any] = {}) -> Iterator[Dict[str, Any]]:  # noqa: B006 (webdataset's)
     """The members of every opened stream, then ``eof_value`` after each shard."""
     for source in data:
         url = source["url"]
@@ -161,8 +166,9 @@ def tar_file_expander(data: Iterable[Dict[str, Any]], handler: ExnHandler = rera
                 close()
 
 
-def group_by_keys(data: Iterable[Dict[str, Any]], keys: Callable[[str], Tuple[Optional[str], Optional[str]]] = base_plus_ext,
-                  lcase: bool = True, suffixes: Optional[Any] = None,
+def group_by_keys(data: Iterable[Dict[str, Any]],
+                  keys: Callable[[str], Tuple[Optional[str], Optional[str]]] = base_plus_ext, lcase: bool = True,
+                  suffixes: Optional[Any] = None,
                   handler: ExnHandler = reraise_exception) -> Iterator[Dict[str, Any]]:
     """Group consecutive members with the same key into samples.
 
@@ -192,7 +198,7 @@ def group_by_keys(data: Iterable[Dict[str, Any]], keys: Callable[[str], Tuple[Op
             if suffix in current:
                 raise ValueError(f"{fname}: duplicate file name in tar file {suffix} {current.keys()}")
             if suffixes is None or suffix in suffixes:
-                current[suffix] = value
+                current[suffix] = value  # type: ignore[index]
         except Exception as exn:
             exn.args = exn.args + (filesample.get("stream"), filesample.get("url"))
             if handler(exn):
@@ -200,6 +206,220 @@ def group_by_keys(data: Iterable[Dict[str, Any]], keys: Callable[[str], Tuple[Op
             break
     if valid_sample(current):
         yield current  # type: ignore[misc]
+
+
+def shardlist(urls: Union[str, Iterable[str]], *, shuffle: bool = False) -> Iterator[Dict[str, str]]:
+    """``{"url": ...}`` for each url of a brace pattern or list (webdataset's helper).
+
+    Example:
+        >>> [d["url"] for d in shardlist("a-{0..1}.tar")]
+        ['a-0.tar', 'a-1.tar']
+    """
+    from .sources import expand_braces
+
+    out = expand_braces(urls) if isinstance(urls, str) else list(urls)
+    if shuffle:
+        random.shuffle(out)
+    for url in out:
+        yield {"url": url}
+
+
+def framed_prefix(path: str, shard: Optional[str] = None) -> Optional[Any]:
+    """The samples of a damaged plain tar that lie wholly before the damage, as a
+    :class:`resumewds.tario.ShardIndex` (None if the file is a compressed shard,
+    cannot be read, or has no such sample).
+
+    webdataset, reading a truncated or otherwise damaged shard under a handler
+    that continues, yields the samples it grouped before the error.  Here a
+    sample is kept when a member of the *next* sample was framed whole (header
+    checksum verified, data present) before the damage: those byte ranges are
+    exactly the bytes webdataset reads for them.  The sample in progress at the
+    damage is not kept, since its members may be incomplete (webdataset yields
+    it with whichever members it read), so this gives one or two samples fewer
+    than webdataset, never a different one.  The index's ``size`` and
+    ``xxh3_64`` are the damaged file's, so the cache verifies what is read
+    against the bytes that were indexed.
+
+    Example:
+        >>> import io, tarfile, tempfile
+        >>> buf = io.BytesIO()
+        >>> with tarfile.open(fileobj=buf, mode="w") as t:
+        ...     for k in ("a", "b", "c"):
+        ...         ti = tarfile.TarInfo(k + ".txt"); ti.size = 600
+        ...         t.addfile(ti, io.BytesIO(b"x" * 600))
+        >>> f = tempfile.NamedTemporaryFile(suffix=".tar", delete=False)
+        >>> _ = f.write(buf.getvalue()[:4000]); f.close()   # cut inside "c"'s data
+        >>> idx = framed_prefix(f.name)
+        >>> idx.keys, idx.offsets                           # "b" is not closed by a whole member
+        (['a'], [0, 1536])
+    """
+    from . import tario
+
+    name = shard or path
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < tario.BLOCK or f.read(2) == b"\x1f\x8b":
+                return None
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                groups: List[Tuple[str, List[Any]]] = []
+                try:
+                    for key, members in tario._group(tario.iter_members(mm, name), name):
+                        groups.append((key, members))
+                except ShardFormatError:
+                    pass
+                else:
+                    return None  # not damaged after all: the normal index applies
+                import xxhash
+
+                digest = xxhash.xxh3_64_hexdigest(mm)
+    except OSError:
+        return None
+    if not groups:
+        return None
+    offsets = [members[0][1].header for _, members in groups] + [groups[-1][1][-1][1].end]
+    return tario.ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=[k for k, _ in groups])
+
+
+def decompress_prefix(src: str, dst: Any, kind: str) -> Tuple[int, str, int, str]:
+    """Decompress as much of a (possibly truncated or corrupt) gzip / zstd file as decodes.
+
+    Writes the decoded bytes to the open binary file ``dst`` and stops quietly
+    at the damage; the same file always gives the same bytes (what a reader of
+    a damaged ``.tar.gz`` gets up to the error, as webdataset's stream reader does).
+
+    Returns:
+        ``(compressed size, compressed xxh3_64, bytes written, their xxh3_64)``.
+    """
+    import zlib
+
+    import xxhash
+
+    hin, hout = xxhash.xxh3_64(), xxhash.xxh3_64()
+    nin = nout = 0
+    if kind == "gzip":
+        dec: Any = zlib.decompressobj(wbits=31)
+    else:
+        try:
+            import zstandard
+        except ImportError:
+            dec = None
+        else:
+            dec = zstandard.ZstdDecompressor().decompressobj()
+    with open(src, "rb") as raw:
+        for chunk in iter(lambda: raw.read(1 << 16), b""):
+            hin.update(chunk)
+            nin += len(chunk)
+            if dec is None:
+                continue
+            try:
+                out = dec.decompress(chunk)
+            except Exception:  # corrupt data: keep what was decoded before it
+                dec = None
+                continue
+            if out:
+                hout.update(out)
+                nout += len(out)
+                dst.write(out)
+            if kind == "gzip" and dec.eof:  # a further gzip member: go on decoding it
+                rest = dec.unused_data
+                dec = zlib.decompressobj(wbits=31)
+                if rest:
+                    try:
+                        out = dec.decompress(rest)
+                    except Exception:
+                        dec = None
+                        continue
+                    hout.update(out)
+                    nout += len(out)
+                    dst.write(out)
+    return nin, hin.hexdigest(), nout, hout.hexdigest()
+
+
+#: how far past the kept samples the stop marker's byte range reaches (never readable)
+_STOP_SPAN = 1 << 40
+
+
+def salvage_shard(shard: Any, store: Any, exc: BaseException, stop: bool = False) -> int:
+    """Under a handler that skipped ``shard`` at indexing (``exc``), keep the samples before the damage.
+
+    Only for a shard with no checksum or size in the manifest and a
+    :class:`~resumewds.errors.ShardFormatError` (a damaged archive, or damaged
+    gzip / zstd data): its :func:`framed_prefix` (of the decompressed prefix,
+    :func:`decompress_prefix`, for a compressed shard) becomes the shard's
+    index (size, xxh3_64, offsets), so the plan, the cache's verification and a
+    resume all see the same samples.  A shard whose manifest has a checksum or
+    size that the file does not match (``ChecksumMismatch``), or a fetch error,
+    keeps the rule that its bytes are not read: no samples.
+
+    ``stop``: the handler returned False (``ignore_and_stop``): webdataset stops
+    at the damage, so the shard gets one more position after the kept samples
+    whose byte range can never be read; reaching it in the plan's order is a
+    read error that goes to the handler again, which stops the iteration there
+    (the epoch, under :class:`resumewds.WebLoader`), the same way every run.
+
+    Returns:
+        How many samples were kept (0: none, the shard is skipped whole).
+    """
+    kept = _salvage(shard, store, exc)
+    if stop:
+        start = int(shard.offsets[-1]) if kept else 0
+        if not kept:
+            shard.offsets = [0]
+        shard.offsets = list(shard.offsets) + [start + _STOP_SPAN]
+        shard.samples = kept + 1
+        shard.stop_reason = str(exc)  # what dataset._shard_failed reports when it is reached
+    elif not kept:
+        shard.samples, shard.offsets = 0, [0]
+    return kept
+
+
+def _salvage(shard: Any, store: Any, exc: BaseException) -> int:
+    import tempfile
+
+    from . import tario
+    from .compressed import kind_of
+
+    if not isinstance(exc, ShardFormatError) or shard.xxh3_64 is not None or shard.size is not None:
+        return 0
+    raw = False
+    try:
+        path = store.ensure(shard)
+    except ShardFormatError:
+        # the cache keeps an unchecksummed download only if it is a complete tar (an error
+        # page must not become the shard): fetch the damaged bytes as they are, to index them
+        try:
+            path, raw = store.ensure(shard, tar=False), True
+        except Exception:
+            return 0
+    except Exception:
+        return 0
+    kind = kind_of(path)
+    if kind is None:
+        idx = framed_prefix(path, shard.url)
+    else:
+        with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
+            csize, cdigest, _, _ = decompress_prefix(path, tmp, kind)
+            tmp.flush()
+            idx = framed_prefix(tmp.name, shard.url)
+            if idx is None:  # only the compressed stream's end is damaged: the tar is whole
+                try:
+                    idx = tario.scan_file(tmp.name, shard.url)
+                except (ShardFormatError, OSError):
+                    idx = None
+        if idx is not None:
+            idx.size, idx.xxh3_64 = csize, cdigest  # the cache verifies the compressed file
+            shard.salvaged = True  # compressed.open_view then decodes the prefix the same way
+    if idx is None or not idx.offsets or idx.samples == 0:
+        if raw:  # nothing to keep: do not leave the damaged download in the cache
+            for p in (path, path + ".meta"):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+        return 0
+    shard.size, shard.xxh3_64, shard.samples, shard.offsets = idx.size, idx.xxh3_64, idx.samples, idx.offsets
+    return int(idx.samples)
 
 
 def tarfile_samples(src: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,

@@ -154,14 +154,27 @@ def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: O
 # ---- webdataset.utils' other helpers ---------------------------------------------
 
 class PipelineStage:
-    """webdataset's base class of a pipeline stage: subclasses implement ``invoke``."""
+    """webdataset's base class of a stage object: ``run(src)`` returns the stage's iterator.
+
+    A :class:`resumewds.DataPipeline` calls ``stage.run(src)`` for an instance
+    (``stage.run()`` for the source), as webdataset does; such a stage is run on
+    the stream, not compiled into the plan (:class:`resumewds.detshuffle` is one
+    that is compiled).
+
+    Example:
+        >>> class Twice(PipelineStage):
+        ...     def run(self, src):
+        ...         return (2 * x for x in src)
+        >>> list(Twice().run(iter([1, 2])))
+        [2, 4]
+    """
 
     def invoke(self, *args: Any, **kw: Any) -> Any:
-        """Run the stage.
+        """Not used (webdataset's abstract method); subclasses define :meth:`run`."""
+        raise NotImplementedError
 
-        Raises:
-            NotImplementedError: always, in this base class.
-        """
+    def run(self, *args: Any, **kw: Any) -> Any:  # pragma: no cover - interface
+        """The stage's output iterator for the input ``args[0]``."""
         raise NotImplementedError
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
+import harness
 
 #: eligible tests that passed when this floor was last raised; a run below it fails
 FLOOR = int(os.environ.get("RESUMEWDS_COMPAT_FLOOR", "0") or 0) or harness.recorded_floor()

@@ -56,7 +56,7 @@ def _install() -> None:
     sys.meta_path.insert(0, _Refuse())
 
 
-def pytest_configure(config) -> None:  # noqa: ARG001
+def pytest_configure(config) -> None:
     """Install the alias when loaded as a plugin (``-p wds_alias``, the compat suite's
     subprocess), never merely on import: importing this module (``--doctest-modules``
     collecting tests/) must not turn ``webdataset`` into resumewds in the test process."""
