@@ -17,8 +17,8 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
-import _common as C  # noqa: E402, I001
-import compare_revs as CR  # noqa: E402
+import _common as C  # type: ignore[import-not-found, unused-ignore]  # noqa: E402, I001
+import compare_revs as CR  # type: ignore[import-not-found, unused-ignore]  # noqa: E402
 
 
 def _printed(table: C.Table) -> str:
@@ -227,3 +227,50 @@ def test_bad_revision_and_no_figures(tmp_path, capsys) -> None:
     assert "gave no figures" in capsys.readouterr().err
     listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
     assert len(listed.strip().splitlines()) == 1
+
+
+def test_interrupt_kills_the_bench_and_removes_the_worktrees(tmp_path) -> None:
+    import signal
+    import time
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "slow.py").write_text(
+        "import os, sys, time\n"
+        "if '--help' in sys.argv:\n    sys.exit(0)\n"
+        "open(os.environ['PIDFILE'], 'w').write(str(os.getpid()))\n"
+        "time.sleep(120)\n")
+    _commit(repo, "1500", with_json=False)
+    pidfile = tmp_path / "pid"
+    wts = tmp_path / "wts"
+    wts.mkdir()
+    proc = subprocess.Popen([sys.executable, os.path.join(BENCH, "compare_revs.py"), "--repo", str(repo),
+                             "--base", "HEAD", "--head", "HEAD", "--tmp", str(wts), "--", "python", "slow.py"],
+                            env=dict(os.environ, PIDFILE=str(pidfile)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (pidfile.exists() and pidfile.read_text()) and time.time() < deadline:
+            time.sleep(0.05)
+        bench_pid = int(pidfile.read_text())
+        assert len(os.listdir(wts)) == 1  # the tool's temp dir, holding the two worktrees
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert os.listdir(wts) == []
+    listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+    assert len(listed.strip().splitlines()) == 1
+    for _ in range(100):  # the bench was killed (and reaped by the tool)
+        try:
+            os.kill(bench_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"bench process {bench_pid} still alive")
