@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import os
+import re
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -32,9 +34,42 @@ def parse_args(description: str, argv: Optional[Sequence[str]] = None,
     p.add_argument("--repeats", type=int, default=None, help="interleaved repeats per measurement")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (path is printed)")
     p.add_argument("--tmp", default=None, help="parent directory for generated data")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also write the table's figures to PATH as a flat JSON dict "
+                        "{'<metric> [<column>]': value} (what bench/compare_revs.py reads)")
     if extra:
         extra(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    global JSON_PATH
+    JSON_PATH = args.json
+    return args
+
+
+#: where :meth:`Table.print` writes the figures (``--json``); None: nowhere
+JSON_PATH: Optional[str] = None
+#: every printed table's figures in this process (one file, several tables)
+_FIGURES: Dict[str, object] = {}
+#: the table columns that are figures (``metric`` names the row; ``target`` is a constant)
+FIGURE_COLUMNS = ("resumewds", "peer", "ratio", "result")
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+
+
+def cell_value(text: str) -> Union[float, str, None]:
+    """The figure a printed table cell holds: its first number (``"58,596"`` -> 58596.0,
+    ``"5.117x"``, ``"0.42s"``, ``"1.80%"``, ``"32,553 (29,194..35,555)"`` -> 32553.0);
+    a word cell (``PASS``, ``exact/exact``) as itself; None for an empty cell or ``-``.
+
+    Example:
+        >>> cell_value("1,821"), cell_value("0.612x"), cell_value("PASS"), cell_value("-")
+        (1821.0, 0.612, 'PASS', None)
+    """
+    t = text.strip()
+    if t in ("", "-", "n/a"):
+        return None
+    m = _NUMBER.search(t)
+    if m is None:
+        return t
+    return float(m.group(0).replace(",", ""))
 
 
 @contextlib.contextmanager
@@ -163,6 +198,8 @@ class Table:
     def __init__(self, title: str):
         self.title = title
         self.rows: List[Tuple[str, str, str, str, str, str]] = []
+        #: per row, the unrounded (ours, peer, ratio) where add() had them
+        self.values: List[Tuple[Optional[float], Optional[float], Optional[float]]] = []
         self.failed = 0
 
     def add(self, metric: str, ours: float, peer: Optional[float], *, target: Optional[float] = None,
@@ -178,14 +215,39 @@ class Table:
         self.rows.append((metric, fmt.format(ours) + unit, "-" if peer is None else fmt.format(peer) + unit,
                           "-" if ratio is None else f"{ratio:.3f}x", target_text,
                           "info" if ok is None else ("PASS" if ok else "FAIL")))
+        self.values.append((float(ours), None if peer is None else float(peer),
+                            None if ratio is None else float(ratio)))
         if ok is False:
             self.failed += 1
         return ok
 
     def add_raw(self, metric: str, ours: str, peer: str, ratio: str, target: str, ok: Optional[bool]) -> None:
         self.rows.append((metric, ours, peer, ratio, target, "info" if ok is None else ("PASS" if ok else "FAIL")))
+        self.values.append((None, None, None))
         if ok is False:
             self.failed += 1
+
+    def figures(self) -> Dict[str, object]:
+        """The rows as a flat dict ``{"<metric> [<column>]": value}`` for the columns
+        resumewds, peer, ratio (floats, unrounded where :meth:`add` had them; else
+        :func:`cell_value` of the printed cell) and result (``PASS`` / ``FAIL`` / ``info``).
+        The keys are the ones bench/compare_revs.py derives from the printed table."""
+        out: Dict[str, object] = {}
+        for row, exact in zip(self.rows, self.values):
+            metric = row[0]
+            cells = dict(zip(("resumewds", "peer", "ratio", "result"), (row[1], row[2], row[3], row[5])))
+            for col, x in zip(("resumewds", "peer", "ratio"), exact):
+                value = cell_value(cells[col]) if x is None else x
+                if value is not None:
+                    out[f"{metric} [{col}]"] = value
+            out[f"{metric} [result]"] = row[5]
+        return out
+
+    def write_json(self, path: str) -> None:
+        """Merge this table's :meth:`figures` into the process's figures and write them to ``path``."""
+        _FIGURES.update(self.figures())
+        with open(path, "w") as fh:
+            json.dump(_FIGURES, fh, indent=1, sort_keys=True)
 
     def print(self) -> None:
         head = ("metric", "resumewds", "peer", "ratio", "target", "result")
@@ -202,6 +264,8 @@ class Table:
         print(line)
         print(f"{len(self.rows) - self.failed - sum(1 for r in self.rows if r[5] == 'info')} passed, "
               f"{self.failed} failed", flush=True)
+        if JSON_PATH:
+            self.write_json(JSON_PATH)
 
 
 def machine_note() -> str:
@@ -224,7 +288,7 @@ class ServerProc:
     def __init__(self, root: str, **opts: object):
         self.root = root
         self.opts = opts
-        self.proc = None
+        self.proc: Any = None  # subprocess.Popen[str] once started
         self.url = ""
         self.stats: Dict[str, object] = {}
 

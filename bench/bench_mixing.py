@@ -27,15 +27,39 @@ Three orders over the same shards (same sample counts):
 * **P=8xnodes** (information, no target): resumewds with 8 partitions per
   node, where a rank's consecutive positions cycle through 8 partitions.
 
-Targets, per node count: resumewds at least as well mixed as webdataset on
-every figure (``|corr|`` also passes when it is within the noise of a random
-shard order: below ``2 / sqrt(shards a rank reads)``).  Prints ratios and
-PASS/FAIL; exit status 1 on a FAIL.
+The ``.shuffle(n)`` stage (issue 13 item 5: a buffer shuffle in webdataset,
+compiled into our plan as uniform shuffles within windows of whole shards
+holding about ``3n`` samples, so exactly resumable with no sample bytes
+stored).  These rows run the **real pipeline** end to end: real tar shards
+(one tiny ``.cls`` member per sample) and a ``manifest.json`` are written,
+and each rank's samples are read through resumewds, the source shard taken
+from each delivered ``__key__``; every sample of the epoch is checked to be
+delivered exactly once over the ranks:
+
+* **rw .shuffle(1000)**: ``WebDataset(manifest, shuffle=True).shuffle(1000)``
+  read by ``WebLoader(ds, batch_size=64, rank=r, world_size=W, nodes=N)``;
+* **rw ss=100 drop-in**: ``WebDataset(manifest, shardshuffle=100,
+  nodesplitter=split_by_node).shuffle(1000)``, webdataset's constructor
+  arguments, iterated directly under ``RANK`` / ``WORLD_SIZE`` as a
+  webdataset script does (our direct iteration: one plan over all shards,
+  rank ``r`` takes positions ``r, r+W, ...``);
+* **rw buffer only**: ``WebDataset(manifest).shuffle(1000)`` (no shard
+  shuffle: the stage alone) by the same WebLoader, against
+* **wds buffer only**: webdataset's ``WebDataset(urls, shardshuffle=False,
+  nodesplitter=split_by_node).shuffle(1000)`` (its stages, as above).
+
+Targets, per node count: each resumewds row at least as well mixed as its
+webdataset peer (``resumewds``, ``rw .shuffle(1000)`` and ``rw ss=100
+drop-in`` against ``webdataset``; ``rw buffer only`` against ``wds buffer
+only``) on every figure (``|corr|`` also passes when it is within the noise
+of a random shard order: below ``2 / sqrt(shards a rank reads)``).  Prints
+ratios and PASS/FAIL per figure; exit status 1 on a FAIL.
 
 Run::
 
     python bench/bench_mixing.py            # 256 shards x 1,000 samples, 1/2/4/8 nodes
     python bench/bench_mixing.py --quick    # 64 shards x 500 samples, 1/2/4 nodes
+    python bench/bench_mixing.py --json out.json   # also the figures, per node count
 """
 
 from __future__ import annotations
@@ -46,7 +70,7 @@ import math
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -109,7 +133,93 @@ def uniform(counts: List[int], nodes: int, per_node: int, seed: int) -> List[np.
     return out
 
 
-def webdataset_streams(counts: List[int], nodes: int, per_node: int, seed: int) -> List[np.ndarray]:
+def write_data(directory: str, counts: List[int]) -> str:
+    """Real tar shards, one tiny ``.cls`` member per sample keyed ``s{shard:06d}_{j:06d}``,
+    and their indexed ``manifest.json`` (``build_manifest``); return its path."""
+    import io
+    import tarfile
+
+    from resumewds import build_manifest
+
+    for i, n in enumerate(counts):
+        with tarfile.open(os.path.join(directory, f"shard-{i:06d}.tar"), "w", format=tarfile.USTAR_FORMAT) as tf:
+            data = b"%d" % i
+            for j in range(n):
+                info = tarfile.TarInfo(f"s{i:06d}_{j:06d}.cls")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    manifest = os.path.join(directory, "manifest.json")
+    build_manifest(os.path.join(directory, f"shard-{{000000..{len(counts) - 1:06d}}}.tar"), manifest)
+    return manifest
+
+
+def _shard_of(sample: Dict[str, object]) -> int:
+    return int(str(sample["__key__"])[1:7])
+
+
+def _check_once(streams: Sequence[np.ndarray], keys: int, counts: List[int], what: str) -> None:
+    """Every sample of the epoch delivered exactly once over the ranks (shard counts add up)."""
+    got = np.bincount(np.concatenate(streams), minlength=len(counts)) if streams else np.zeros(0)
+    if keys != sum(counts) or list(got) != list(counts):
+        raise SystemExit(f"{what}: the ranks delivered {keys} samples, not each of the {sum(counts)} once")
+
+
+def rw_loader_streams(manifest: str, counts: List[int], nodes: int, per_node: int, seed: int,
+                      **ds_args: object) -> List[np.ndarray]:
+    """``rw.WebDataset(manifest, **ds_args).shuffle(1000)`` read by each rank's WebLoader."""
+    import resumewds as rw
+
+    world, out, keys = nodes * per_node, [], set()
+    for r in range(world):
+        ds = rw.WebDataset(manifest, seed=seed, **ds_args).shuffle(1000)  # type: ignore[arg-type]
+        loader = rw.WebLoader(ds, batch_size=BATCH, rank=r, world_size=world, nodes=nodes,
+                              collate_fn=lambda b: [s["__key__"] for s in b])
+        got = [k for batch in loader for k in batch]
+        keys.update(got)
+        out.append(np.asarray([int(k[1:7]) for k in got], dtype=np.int64))
+    _check_once(out, len(keys), counts, f"WebDataset({ds_args}).shuffle(1000)")
+    return out
+
+
+def rw_direct_streams(manifest: str, counts: List[int], nodes: int, per_node: int,
+                      seed: int) -> List[np.ndarray]:
+    """``rw.WebDataset(manifest, shardshuffle=100, nodesplitter=split_by_node).shuffle(1000)``
+    iterated directly under RANK / WORLD_SIZE (webdataset's way)."""
+    import resumewds as rw
+
+    world, out, keys = nodes * per_node, [], set()
+    with _rank_env() as set_rank:
+        for r in range(world):
+            set_rank(r, world)
+            ds = rw.WebDataset(manifest, shardshuffle=100, nodesplitter=rw.split_by_node,
+                               seed=seed).shuffle(1000)
+            got = [s["__key__"] for s in ds]
+            keys.update(got)
+            out.append(np.asarray([int(k[1:7]) for k in got], dtype=np.int64))
+    _check_once(out, len(keys), counts, "WebDataset(shardshuffle=100, nodesplitter=split_by_node).shuffle(1000)")
+    return out
+
+
+class _rank_env:
+    """Set RANK / WORLD_SIZE per rank; restore them afterwards."""
+
+    def __enter__(self) -> Callable[[int, int], None]:
+        self.saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+
+        def set_rank(r: int, world: int) -> None:
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(r), str(world)
+        return set_rank
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def webdataset_streams(counts: List[int], nodes: int, per_node: int, seed: int,
+                       shardshuffle: int = 100) -> List[np.ndarray]:
     import webdataset as wds
     from webdataset import filters
 
@@ -124,24 +234,35 @@ def webdataset_streams(counts: List[int], nodes: int, per_node: int, seed: int) 
 
     world = nodes * per_node
     out = []
-    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
-    try:
+    with _rank_env() as set_rank:
         for r in range(world):
-            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(r), str(world)
+            set_rank(r, world)
+            shard_stages = [filters.shuffle(shardshuffle, seed=seed + r)] if shardshuffle else []
             pipe = wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker,
-                                    filters.shuffle(100, seed=seed + r), expand,
+                                    *shard_stages, expand,
                                     filters.shuffle(1000, seed=seed + 1000 + r))
             out.append(np.asarray([s["shard"] for s in pipe], dtype=np.int64))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return out
 
 
+#: (row, the webdataset row it must be at least as well mixed as)
+PAIRS = (("resumewds", "webdataset"), ("rw .shuffle(1000)", "webdataset"),
+         ("rw ss=100 drop-in", "webdataset"), ("rw buffer only", "wds buffer only"))
+ORDER = ("resumewds", "rw .shuffle(1000)", "rw ss=100 drop-in", "webdataset",
+         "rw buffer only", "wds buffer only", "uniform", "P=8xnodes")
+
+
+def checks_of(o: Dict[str, float], w: Dict[str, float]) -> Dict[str, bool]:
+    """Row ``o`` at least as well mixed as ``w``; ``|corr|`` also within a random order's noise."""
+    noise = 2 / math.sqrt(max(1.0, o["shards_per_rank"]))
+    return {"adjacent": o["adjacent"] <= w["adjacent"], "distinct": o["distinct"] >= w["distinct"],
+            "corr": o["corr"] <= max(w["corr"], noise)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    import shutil
+    import tempfile
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shards", type=int, default=256)
     p.add_argument("--samples", type=int, default=1000, help="samples per shard")
@@ -150,6 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--window", type=int, default=8, help="resumewds shuffle window (shards)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="64 shards x 500 samples, 1/2/4 nodes")
+    p.add_argument("--tmp", default=None, help="parent directory of the generated shards")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.quick:
@@ -159,37 +281,57 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# {args.shards} shards x {args.samples} samples; {per_node} ranks per node, batch {BATCH}; "
           f"resumewds window {args.window}, partitions = nodes; webdataset shardshuffle=100 + "
           f"shuffle(1000)")
-    head = (f"{'nodes':>5} {'order':<11} {'adjacent':>9} {'distinct':>9} {'|corr|':>7}   "
-            f"{'ratios vs webdataset (adj, distinct, corr)':<44} result")
-    print(head)
+    print("# pairs (row >= peer on every figure): " + "; ".join(f"{a} vs {b}" for a, b in PAIRS))
+    tmp = tempfile.mkdtemp(prefix="rwbench-mixing-", dir=args.tmp)
+    try:
+        t0 = time.perf_counter()
+        manifest = write_data(tmp, counts)
+        print(f"# wrote {args.shards} tar shards + manifest.json in {time.perf_counter() - t0:.1f}s "
+              f"under {tmp}", flush=True)
+        return _run(args, counts, per_node, manifest, argv)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, counts: List[int], per_node: int, manifest: str,
+         argv: Optional[Sequence[str]]) -> int:
+    head = (f"{'nodes':>5} {'order':<17} {'adjacent':>9} {'distinct':>9} {'|corr|':>7}   "
+            f"{'ratios vs peer (adj, distinct, corr)':<44} result")
     results = []
     ok = True
     for nodes in [int(x) for x in args.nodes.split(",")]:
         t0 = time.perf_counter()
-        f = {"resumewds": figures(ours(counts, nodes, per_node, args.seed, args.window)),
-             "webdataset": figures(webdataset_streams(counts, nodes, per_node, args.seed)),
-             "uniform": figures(uniform(counts, nodes, per_node, args.seed)),
+        seed = args.seed
+        f = {"resumewds": figures(ours(counts, nodes, per_node, seed, args.window)),
+             "rw .shuffle(1000)": figures(rw_loader_streams(manifest, counts, nodes, per_node, seed,
+                                                            shuffle=True)),
+             "rw ss=100 drop-in": figures(rw_direct_streams(manifest, counts, nodes, per_node, seed)),
+             "webdataset": figures(webdataset_streams(counts, nodes, per_node, seed)),
+             "rw buffer only": figures(rw_loader_streams(manifest, counts, nodes, per_node, seed)),
+             "wds buffer only": figures(webdataset_streams(counts, nodes, per_node, seed, shardshuffle=0)),
+             "uniform": figures(uniform(counts, nodes, per_node, seed)),
              # info: more partitions than nodes (an elastic-friendly count)
-             "P=8xnodes": figures(ours(counts, nodes, per_node, args.seed, args.window, 8 * nodes))}
-        o, w = f["resumewds"], f["webdataset"]
-        noise = 2 / math.sqrt(max(1.0, o["shards_per_rank"]))
-        checks = {"adjacent": o["adjacent"] <= w["adjacent"],
-                  "distinct": o["distinct"] >= w["distinct"],
-                  "corr": o["corr"] <= max(w["corr"], noise)}
-        for name in ("resumewds", "webdataset", "uniform", "P=8xnodes"):
+             "P=8xnodes": figures(ours(counts, nodes, per_node, seed, args.window, 8 * nodes))}
+        checks = {a: checks_of(f[a], f[b]) for a, b in PAIRS}
+        peer = dict(PAIRS)
+        print(head)
+        for name in ORDER:
             x = f[name]
-            line = f"{nodes:>5} {name:<11} {x['adjacent']:>9.4f} {x['distinct']:>9.2f} {x['corr']:>7.3f}"
-            if name == "resumewds":
-                ratios = (f"{o['adjacent'] / max(w['adjacent'], 1e-12):.2f}x, "
-                          f"{o['distinct'] / max(w['distinct'], 1e-12):.2f}x, "
-                          f"{o['corr'] / max(w['corr'], 1e-12):.2f}x (noise {noise:.3f})")
-                verdict = " ".join(f"{k}:{'PASS' if v else 'FAIL'}" for k, v in checks.items())
+            line = f"{nodes:>5} {name:<17} {x['adjacent']:>9.4f} {x['distinct']:>9.2f} {x['corr']:>7.3f}"
+            if name in peer:
+                w = f[peer[name]]
+                noise = 2 / math.sqrt(max(1.0, x["shards_per_rank"]))
+                ratios = (f"{x['adjacent'] / max(w['adjacent'], 1e-12):.2f}x, "
+                          f"{x['distinct'] / max(w['distinct'], 1e-12):.2f}x, "
+                          f"{x['corr'] / max(w['corr'], 1e-12):.2f}x (noise {noise:.3f})")
+                verdict = " ".join(f"{k}:{'PASS' if v else 'FAIL'}" for k, v in checks[name].items())
                 line += f"   {ratios:<44} {verdict}"
             print(line)
-        ok &= all(checks.values())
-        results.append({"nodes": nodes, "figures": f, "checks": checks, "noise": noise,
+        print(flush=True)
+        ok &= all(all(c.values()) for c in checks.values())
+        results.append({"nodes": nodes, "figures": f, "checks": checks,
                         "seconds": time.perf_counter() - t0})
-    print("PASS: at least as well mixed as webdataset on every figure" if ok else
+    print("PASS: every resumewds row at least as well mixed as its webdataset peer on every figure" if ok else
           "FAIL: see the rows above")
     print("command: python bench/bench_mixing.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     if args.json:
