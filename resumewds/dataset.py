@@ -166,6 +166,10 @@ def _wds_urls(urls: Any) -> Any:
     return urls
 
 
+#: fewest shards in a window of ``.shuffle(n)`` compiled into the plan
+_BUFFER_MIN_WINDOW = 8
+
+
 class WebDataset:
     """A resumable, deterministic WebDataset; also webdataset 1.0.2's ``WebDataset``.
 
@@ -458,7 +462,8 @@ class WebDataset:
 
         Before any ``batched`` / ``slice`` / ... stage, ``.shuffle(n)`` is
         compiled into the plan: samples are shuffled uniformly within windows
-        of whole shards holding at least ``3 * n`` samples (on average), so
+        of whole shards holding at least ``3 * n`` samples (on average) and at
+        least 8 shards, so
         the mixing is at least that of webdataset's buffer of ``n`` (whose
         effective span is about ``2n``), and a resume recomputes any position
         in O(1).  After such a stage it is webdataset's buffer shuffle, with
@@ -613,14 +618,17 @@ class WebDataset:
 
     def _order(self) -> Tuple[Union[bool, str], int]:
         """The plan's order and window: ``shuffle``, plus ``.shuffle(n)`` (windows of
-        whole shards holding about ``3n`` samples) and ``resampled``."""
+        whole shards holding about ``3n`` samples, and at least 8 shards) and ``resampled``."""
         base = self._shuffle
         base = "window" if base is True else ("none" if base in (False, None) else base)
         window = self.shuffle_window if base == "window" else 1
         if self._buffer:
             m = self.manifest
             mean = max(1.0, m.total_samples / max(1, len(m.shards)))
-            window = max(window, min(256, -(-3 * self._buffer // int(mean))))
+            # at least the default window (8 shards): with large shards a window
+            # of ~3n samples is 2-3 shards, and a batch could then hold samples of
+            # fewer shards than webdataset's buffer of n spans (bench_mixing)
+            window = max(window, _BUFFER_MIN_WINDOW, min(256, -(-3 * self._buffer // int(mean))))
             base = {"none": "manifest_window", "shards": "window"}.get(str(base), base)
         if self.resampled:
             base = "resampled_window" if base in ("window", "manifest_window") else "resampled"
