@@ -26,7 +26,10 @@ class _ThisTree(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if not fullname.startswith("resumewds."):
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, list(resumewds.__path__))
+        # a subpackage's module (resumewds.cache.layout) is looked up in its parent
+        # package's path, which this finder found in this tree too
+        where = list(path) if path is not None and fullname.count(".") > 1 else list(resumewds.__path__)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, where)
         if spec is None:
             raise ModuleNotFoundError(f"No module named {fullname!r} in {resumewds.__path__[0]}",
                                       name=fullname)
