@@ -54,6 +54,8 @@ RESUMEWDS_SECURE               WDS_SECURE                    0                 1
 RESUMEWDS_PYTORCH_WEIGHTS_ONLY WDS_PYTORCH_WEIGHTS_ONLY      0                 1: torch.load of .pth members with
                                                                                weights_only=True (webdataset's
                                                                                torch_loads)
+RESUMEWDS_SHOW_SEED            WDS_SHOW_SEED                 0                 1: ResampledShards prints each epoch's
+                                                                               seed (as webdataset)
 RESUMEWDS_S3_ENDPOINT_URL      AWS_ENDPOINT_URL_S3,          boto3's           s3:// endpoint (MinIO, R2, GCS interop)
                                AWS_ENDPOINT_URL
 RESUMEWDS_S3_ADDRESSING_STYLE                                auto              s3:// addressing: auto, path or virtual
@@ -195,6 +197,7 @@ VARS: Dict[str, Var] = {
     # webdataset's own switches for pickle-based members (resumewds.utils, resumewds.autodecode)
     "secure": Var("RESUMEWDS_SECURE", _bool, False, alias="WDS_SECURE"),
     "pytorch_weights_only": Var("RESUMEWDS_PYTORCH_WEIGHTS_ONLY", _bool, False, alias="WDS_PYTORCH_WEIGHTS_ONLY"),
+    "show_seed": Var("RESUMEWDS_SHOW_SEED", _bool, False, alias="WDS_SHOW_SEED"),
     "s3_endpoint_url": Var("RESUMEWDS_S3_ENDPOINT_URL", lambda r: r.strip(), None),
     "s3_addressing_style": Var("RESUMEWDS_S3_ADDRESSING_STYLE", lambda r: r.strip().lower(), "auto",
                                check=lambda v: None if v in S3_ADDRESSING else "must be auto, path or virtual"),

@@ -27,6 +27,7 @@ import time
 from itertools import islice
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
+from . import config
 from .sources import expand_braces
 from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 
@@ -192,7 +193,7 @@ class ResampledShards:
         else:
             seed = make_seed(self.worker_seed(), self.epoch, self.seed, os.getpid(), time.time_ns(),
                              os.urandom(4))
-        if os.environ.get("WDS_SHOW_SEED", "0") == "1":
+        if config.value("show_seed"):
             print(f"# ResampledShards seed {seed}")
         self.rng = random.Random(seed)
         for _ in range(self.nshards):
