@@ -26,16 +26,16 @@ import sys
 import time
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .dataset import WebDataset
-from .errors import JournalError, ResumeWDSError, StateError
-from .events import EventKind, unjournaled_kinds
-from .pipeline import default_collate, list_collate
+from .errors import JournalError, ResumeWDSError, StateError  # noqa: F401 (JournalError: old import path)
+from .events import EventKind
+from .pipeline import default_collate
 from .plan import Layout
-from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
+from .session import JournalSession, process_group
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
+from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 
 log = logging.getLogger("resumewds")
 
@@ -43,7 +43,6 @@ STATE_FORMAT = "resumewds.loader"
 STATE_VERSION = 1
 _ORDER_KEYS = ("manifest", "seed", "shuffle", "shuffle_window", "samples", "partitions")
 _UNSET: Any = object()
-_UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
 
 
 def _identity(x: Any) -> Any:
@@ -319,9 +318,8 @@ class _EpochSource(IterableDataset):
         if info is not None:
             worker_logging(self.log_level)
         try:
-            for k, batch, meta in self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
-                                                     collate=self.collate, collate_fn=self.collate_fn):
-                yield k, batch, meta
+            yield from self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
+                                          collate=self.collate, collate_fn=self.collate_fn)
         except ResumeWDSError as exc:
             if info is None:
                 raise  # in the main process already
@@ -452,13 +450,7 @@ class WebLoader:
         self.samples_total = 0
         self.steps_done = 0
         self.stats_ = Stats()
-        self._consumed: Dict[Tuple[int, int], int] = {}
-        self._events: List[Dict[str, Any]] = []
-        self._shard_updates: List[Dict[str, Any]] = []
-        self._last_stats_commit = 0.0
-        self._last_commit_epoch: Optional[int] = None
-        self.journal_path = journal
-        self.journal: Any = None
+        self._session = JournalSession(journal)  # the journal: open/resume, events, commits
         #: the last batch handed out (see :class:`BatchInfo`), None before the first;
         #: with ``batch_size=None``, the chunk the last sample came from
         self.batch_info: Optional[BatchInfo] = None
@@ -527,138 +519,39 @@ class WebLoader:
                 pass
         self._old_handlers = {}
 
-    # ---- journal ----------------------------------------------------------
+    # ---- journal (resumewds/session.py) --------------------------------------
+    @property
+    def journal(self) -> Any:
+        """The open :class:`resumewds.journal.Journal` (None without one)."""
+        return self._session.journal
+
+    @journal.setter
+    def journal(self, value: Any) -> None:  # loaderchain hands a base loader's journal over
+        self._session.journal = value
+
+    @property
+    def journal_path(self) -> Optional[str]:
+        """The journal's path (None without one)."""
+        return self._session.path
+
+    @journal_path.setter
+    def journal_path(self, value: Optional[str]) -> None:
+        self._session.path = value
+
     def _journal_config(self) -> Dict[str, Any]:
-        cfg = dict(self.config)
-        cfg.update(batch_size=self.batch_size, world_size=self.world_size,
-                   num_workers=self.num_workers, remainder=self.remainder)
-        return cfg
+        return JournalSession.run_config(self)
 
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
-        from . import journal as _journal
-
-        step = None if resume is True else int(resume)
-        resolved: Dict[str, Any] = {}
-
-        def find_point() -> Optional[Dict[str, Any]]:
-            # runs under this rank's journal lock (item: two runs started
-            # together must not both read the same resume point)
-            resolved["done"] = True
-            return self._resolve_together(path, step, _journal.resolve_resume)
-
-        try:
-            j = _journal.Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync,
-                                 after_lock=None if resume is False else find_point)
-        except BaseException:
-            if resume is not False and not resolved and self._process_group() is not None:
-                # the lock failed on this rank: still take part in rank 0's
-                # broadcast, so the other ranks are not left waiting for it
-                try:
-                    self._resolve_together(path, step, _journal.resolve_resume)
-                except Exception:
-                    pass
-            raise
-        point = j.after_lock_result
-        try:
-            stored = j.config()
-            if not stored and point is not None and self.rank != 0:  # a rank new to the run
-                with _journal.Journal(path, rank=0, readonly=True) as j0:
-                    stored = j0.config()
-            if stored and _auto_partitions(self.dataset):  # a resume keeps the run's partitions
-                self.dataset.use_partitions(resolve_partitions(None, self.world.nodes, stored))
-                self.config = self.dataset.config()
-            # a dataset may declare keys that can change here (a mixture's new phase)
-            evolves = getattr(self.dataset, "compatible_config", None)
-            extra = tuple(evolves(j.config(), point)) if evolves is not None else ()
-            j.check_config(self._journal_config(),
-                           compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
-            remote = [{"url": sh.url} for sh in self.dataset.manifest.shards
-                      if sh.url.startswith(("http://", "https://", "s3://", "pipe:"))]
-            if remote and j.latest_commit() is None:
-                j.update_shards(remote)  # every remote shard starts as 'pending'
-            if point is None:
-                if j.latest_commit() is not None and resume is False:
-                    raise JournalError(f"{path}: journal already holds commits; pass resume=True to "
-                                       "continue that run, or use a new journal path")
-            else:
-                self.epoch = int(point["epoch"])
-                self.position = int(point["position"])
-                self.steps_done = int(point["step"]) + 1
-                per_rank = point.get("samples_total_per_rank") or []
-                mine = per_rank[self.rank] if self.rank < len(per_rank) else None
-                if point.get("world_size", 1) == self.world_size and mine is not None:
-                    self.samples_total = int(mine)
-                elif self.world_size == 1:
-                    self.samples_total = int(point.get("samples_total") or 0)
-                else:
-                    self.samples_total = 0
-                detail = {"step": point["step"], "epoch": self.epoch, "position": self.position,
-                          "world_size": self.world_size, "num_workers": self.num_workers,
-                          "nodes": self.world.nodes, "partitions": self.dataset.plan_partitions}
-                if point.get("skipped_incomplete"):
-                    detail["skipped_incomplete"] = point["skipped_incomplete"]
-                j.record_events([dict(kind=EventKind.RESUME.value, **detail)])
-                log.info("resuming %s at step %s: epoch %d, position %d", path, point["step"],
-                         self.epoch, self.position)
-            self._failed_urls.update(j.shards_in_state("failed"))
-        except BaseException:
-            j.close()
-            raise
-        self.journal = j
+        self._session.open(self, resume, sync)
 
     def _process_group(self) -> Any:
         """torch.distributed, when its default group is exactly this loader's world."""
-        if self.world_size < 2:
-            return None
-        try:
-            import torch.distributed as dist
-
-            if (dist.is_available() and dist.is_initialized()
-                    and (dist.get_rank(), dist.get_world_size()) == (self.rank, self.world_size)):
-                return dist
-        except Exception:  # pragma: no cover - torch without distributed
-            pass
-        return None
+        return process_group(self)
 
     def _resolve_together(self, path: str, step: Optional[int], resolve: Any
                           ) -> Optional[Dict[str, Any]]:
-        """Find the resume point once for all ranks, before any rank opens its journal.
-
-        With a process group, rank 0 runs ``resolve(path, step)`` and
-        broadcasts the answer (or its error): every rank starts from the same
-        point, the run's files are read once instead of once per rank (at
-        1,000 ranks, 1,000 opens instead of 1,000,000), and no rank creates
-        its journal file while rank 0 is still reading the run's files (a
-        fresh rank file next to a missing rank 0 file reads as a damaged
-        run).  Without a process group (ranks started by hand) every rank
-        resolves on its own; start them after the previous run has stopped.
-        """
-        import pickle
-
-        dist = self._process_group()
-        if dist is None:
-            return resolve(path, step)
-        payload: List[Any] = [None]
-        err: Optional[BaseException] = None
-        if self.rank == 0:
-            try:
-                payload[0] = (resolve(path, step), None)
-            except Exception as exc:  # the other ranks must not wait for a broadcast forever
-                err = exc
-                try:  # our errors pickle with their type and fields
-                    pickle.dumps(exc)
-                    payload[0] = (None, exc)
-                except Exception:
-                    payload[0] = (None, JournalError(str(exc)))
-        dist.broadcast_object_list(payload, src=0)
-        if err is not None:
-            raise err
-        point, found = payload[0]
-        if found is not None:
-            if isinstance(found, ResumeWDSError) and found.args:  # same type, same fields
-                found.args = (f"{found.args[0]} (found by rank 0)",)
-            raise found
-        return point
+        """See :meth:`resumewds.session.JournalSession.resolve_together`."""
+        return self._session.resolve_together(self, path, step, resolve)
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
         """Record atomically, in the journal, the position after ``step``.
@@ -671,39 +564,10 @@ class WebLoader:
             step: the training step (any increasing int; ``resume=S`` finds it).
             stats: include a stats snapshot (default: at most every 5 s).
         """
-        if self.journal is None:
-            raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
-        now = time.time()
-        if stats is None:
-            stats = now - self._last_stats_commit >= 5.0
-        snap = None
-        if stats:
-            snap = self.stats()
-            self._last_stats_commit = now
-        self._flush_journal()
-        consumed = {}
-        shards = self.dataset.manifest.shards
-        for (si, ep), n in self._consumed.items():
-            consumed[(shards[si].url, ep)] = (n, int(shards[si].samples or 0))
-        # the consumption table is folded in every few commits, and at once
-        # when an epoch ended (its shards are then complete)
-        epoch_done = self._last_commit_epoch is not None and self.epoch != self._last_commit_epoch
-        self.journal.commit(step, epoch=self.epoch, position=self.position, consumed=consumed,
-                            world_size=self.world_size, batch_size=self.batch_size,
-                            samples_total=self.samples_total, stats=snap, materialize=epoch_done)
-        self._last_commit_epoch = self.epoch
-        self._consumed.clear()
-        self.steps_done = step + 1
+        self._session.commit(self, step, stats)
 
     def _flush_journal(self) -> None:
-        if self.journal is None:
-            return
-        if self._events:
-            self.journal.record_events(self._events)
-            self._events = []
-        if self._shard_updates:
-            self.journal.update_shards(self._shard_updates)
-            self._shard_updates = []
+        self._session.flush()
 
     def _absorb(self, events: List[Dict[str, Any]]) -> None:
         if not events:
@@ -713,16 +577,7 @@ class WebLoader:
             if e.get("kind") in (EventKind.SKIP, EventKind.FAIL) and e.get("url"):
                 self._failed_urls.add(e["url"])
                 self._epoch_failed[e["url"]] = str(e.get("error", ""))
-        if self.journal_path is None:
-            return
-        from .journal import shard_updates_from_events
-
-        self._events.extend(e for e in events if e.get("kind") not in _UNJOURNALED)
-        self._shard_updates.extend(shard_updates_from_events(events))
-        if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
-            del self._events[:-1000]
-        if len(self._shard_updates) > 10000:
-            del self._shard_updates[:-1000]
+        self._session.record(events)
 
     def _failed_now(self, exc: BaseException, events: List[Dict[str, Any]]) -> None:
         """An error ends the iteration: record its events (the shard's ``fail``)
@@ -890,7 +745,7 @@ class WebLoader:
                 self.stats_.update(meta, wait)
                 self._absorb(meta.get("events") or [])
                 for si, n in meta.get("shards", {}).items():
-                    self._consumed[(si, epoch)] = self._consumed.get((si, epoch), 0) + n
+                    self._session.consume(si, epoch, n)
                     if self._failed_urls and n:
                         url = ds.manifest.shards[si].url
                         if url not in (meta.get("failed") or ()):  # not failed again in this worker
@@ -944,16 +799,11 @@ class WebLoader:
         and restore the signal handlers ``preempt`` replaced."""
         self._restore_handlers()
         try:
-            if self.journal is not None:
-                try:
-                    self._flush_journal()
-                finally:
-                    self.journal.close()
-                    self.journal = None
+            self._session.close()
         finally:
             self.dataset.close()
 
-    def __enter__(self) -> "WebLoader":
+    def __enter__(self) -> WebLoader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
