@@ -300,7 +300,11 @@ def decode_image(spec: str, data: bytes) -> Any:
 
     with PIL.Image.open(io.BytesIO(data)) as img:
         img.load()
-        img = img.convert(mode.upper())
+        # convert() to the mode the image already has is a plain copy: an
+        # array is copied out of the image anyway, so only "pil" needs it
+        # (it hands out a plain Image, not the file's JpegImageFile)
+        if atype == "pil" or img.mode != mode.upper():
+            img = img.convert(mode.upper())
     if atype == "pil":
         return img
     import numpy as np

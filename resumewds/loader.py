@@ -35,6 +35,7 @@ from .pipeline import default_collate
 from .plan import Layout
 from .session import JournalSession, process_group
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
+from .transport import BytesRing, Packed
 from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 
 log = logging.getLogger("resumewds")
@@ -297,8 +298,9 @@ class _EpochSource(IterableDataset):
 
     def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
                  collate_fn: Any = None, ignore_signals: Sequence[int] = (),
-                 stopping: Any = None):
+                 stopping: Any = None, ring: Any = None):
         self.ds = ds
+        self.ring = ring  # a transport.BytesRing inherited by forked workers, or None
         self.collate_fn = collate_fn
         self.ignore_signals = tuple(ignore_signals)
         self.stopping = stopping  # shared flag: the main process is shutting the workers down
@@ -317,9 +319,16 @@ class _EpochSource(IterableDataset):
                 _worker_signals(self.ignore_signals, self.stopping)
         if info is not None:
             worker_logging(self.log_level)
+        ring = self.ring if info is not None else None
         try:
-            yield from self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
-                                          collate=self.collate, collate_fn=self.collate_fn)
+            steps = self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
+                                       collate=self.collate, collate_fn=self.collate_fn)
+            if ring is None:
+                yield from steps
+            else:
+                pack = ring.pack
+                for k, batch, meta in steps:
+                    yield k, pack(w, batch), meta
         except ResumeWDSError as exc:
             if info is None:
                 raise  # in the main process already
@@ -362,6 +371,12 @@ class WebLoader:
         verbose: log fetches, retries, repairs, evictions and resumes (also
             ``RESUMEWDS_VERBOSE=1``).
         chunk_size: samples per worker task when ``batch_size`` is None.
+        transport: how batches leave the DataLoader workers.  ``"auto"``
+            (default): with ``fork`` workers, the large ``bytes`` in a batch
+            travel through shared memory inherited by the workers
+            (:mod:`resumewds.transport`), everything else through torch's
+            queue; the batches delivered are the same objects either way.
+            ``"queue"``: everything pickled through torch's queue.
         preempt: stop at the next step boundary on a signal (preemption by
             Slurm, Kubernetes, spot instances: SIGTERM, then SIGKILL after a
             grace period).  False (default): signals keep their handlers;
@@ -407,7 +422,7 @@ class WebLoader:
                  remainder: str = "keep", journal: Optional[str] = None,
                  resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
                  journal_sync: str = "NORMAL", nodes: Optional[int] = None,
-                 preempt: Union[bool, Sequence[int]] = False,
+                 preempt: Union[bool, Sequence[int]] = False, transport: str = "auto",
                  **dataloader_kwargs: Any):
         if not (isinstance(dataset, WebDataset) or hasattr(dataset, "iter_steps")):  # or a MixedDataset
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
@@ -419,6 +434,9 @@ class WebLoader:
         if dataloader_kwargs.pop("drop_last", False):
             remainder = "drop"
         setup_logging(verbose)
+        if transport not in ("auto", "queue"):
+            raise ValueError(f"transport must be 'auto' or 'queue', got {transport!r}")
+        self.transport = transport
         self.dataset = dataset
         if dataset.batch_size is not None:
             if batch_size not in (_UNSET, None, dataset.batch_size):
@@ -698,10 +716,11 @@ class WebLoader:
             self._end_epoch()
             return
         stopping = _stop_flag() if self._preempt_signals and self.num_workers else None
+        kw = dict(self.dataloader_kwargs)
+        ring = self._make_ring(kw)
         src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
                            collate_fn=self._collate_fn, ignore_signals=self._preempt_signals,
-                           stopping=stopping)
-        kw = dict(self.dataloader_kwargs)
+                           stopping=stopping, ring=ring)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
                 kw.pop(k, None)
@@ -723,7 +742,9 @@ class WebLoader:
                     if mapped is None:
                         raise
                     raise mapped from None
-                if isinstance(batch, _WorkerFailure):
+                if type(batch) is Packed:
+                    batch = ring.unpack(batch)  # type: ignore[union-attr]
+                elif isinstance(batch, _WorkerFailure):
                     failure = batch.exc
                     self._failed_now(failure, meta.get("events") or [])
                     if hasattr(failure, "add_note"):  # Python 3.11+
@@ -790,8 +811,39 @@ class WebLoader:
                 if stopping in _LIVE_FLAGS:
                     _LIVE_FLAGS.remove(stopping)
             del it
+            if ring is not None:
+                del dl  # shuts the workers down (they hold their own mapping anyway)
+                ring.close()
         if self.epoch == epoch and self.position >= total:
             self._end_epoch()
+
+    def _make_ring(self, kw: Dict[str, Any]) -> Optional[BytesRing]:
+        """The shared-memory transport of this iteration's workers, or None
+        (no workers, ``transport="queue"``, or workers that are not forked)."""
+        if self.num_workers <= 0 or self.transport != "auto":
+            return None
+        ctx = kw.get("multiprocessing_context")
+        if ctx is None:
+            import multiprocessing
+
+            method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+        else:
+            method = ctx if isinstance(ctx, str) else ctx.get_start_method()
+        if method != "fork":
+            return None
+        # a slot holds a batch's bytes: twice the average, pages used only when touched
+        size = samples = 0
+        for sh in self.dataset.manifest.shards:
+            if sh.size and sh.samples:
+                size, samples = size + int(sh.size), samples + int(sh.samples)
+        per_sample = size / samples if samples else 1 << 20
+        slot = max(1 << 20, int(2 * self.layout.batch_size * per_sample))
+        slots = int(kw.get("prefetch_factor") or 2) + 2
+        try:
+            return BytesRing(self.num_workers, slots, slot)
+        except (OSError, ValueError) as exc:  # pragma: no cover - no shared memory here
+            log.debug("shared-memory transport unavailable (%s): batches go through the queue", exc)
+            return None
 
     def close(self) -> None:
         """Flush pending journal events, close the journal, release the
