@@ -166,7 +166,7 @@ def npz_loads(data: bytes) -> Dict[str, Any]:
 
 def msgpack_loads(data: bytes) -> Any:
     """A msgpack value (needs the ``msgpack`` package)."""
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 
     return msgpack.unpackb(data)
 
@@ -368,7 +368,7 @@ def torch_video(key: str, data: bytes) -> Any:
     ext = _ext(key)
     if ext not in ("mp4", "ogv", "mjpeg", "avi", "mov", "h264", "mpg", "webm", "wmv"):
         return None
-    import torchvision.io
+    import torchvision.io  # type: ignore[import-not-found]
 
     return _via_tempfile(ext, data, lambda f: torchvision.io.read_video(f, pts_unit="sec"))
 
@@ -446,7 +446,7 @@ class Decoder:
                  post: Optional[Sequence[Handler]] = None, only: Union[str, Iterable[str], None] = None,
                  partial: bool = False, allow_pickle: bool = False):
         if isinstance(handlers, (str, bytes)) or callable(handlers):
-            handlers = [handlers]  # type: ignore[list-item]
+            handlers = [handlers]
         main: List[Handler] = []
         for h in handlers:
             if isinstance(h, str):
