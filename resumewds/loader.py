@@ -52,6 +52,15 @@ def _identity(x: Any) -> Any:
 
 def _import_worker_modules() -> None:
     """Import, before any worker starts, what every DataLoader worker imports at
+    its first read (see :func:`_import_worker_modules_now`); done once, when this
+    module is imported, so that neither ``WebLoader()`` nor the first batch waits
+    for these imports (the store pulls in fetch and tenacity: ~10-20 ms, more
+    from a cold disk).  Kept as a function: calling it again is free."""
+    _import_worker_modules_now()
+
+
+def _import_worker_modules_now() -> None:
+    """Import, before any worker starts, what every DataLoader worker imports at
     its first read: the shard store (``resumewds.cache``, first used through
     ``WebDataset.store`` in the worker) and ``numpy.random`` (torch's worker loop
     seeds it).  Forked workers then inherit them instead of each importing them
@@ -161,6 +170,9 @@ def _stop_flag() -> Any:
         atexit.register(_set_live_flags)
     _LIVE_FLAGS.append(flag)
     return flag
+
+
+_import_worker_modules_now()  # resumewds.loader already imports torch; the store is cheap beside it
 
 
 class _WorkerFailure:
