@@ -88,8 +88,13 @@ class Packed:
 _WALKED = (list, tuple, dict)
 
 
-def _strip(x: Any, leaves: List[bytes], ids: Dict[int, int], refs: List[int]) -> Any:
-    """``x`` with every large ``bytes`` leaf replaced by :data:`_LEAF` (walk order)."""
+def _strip(x: Any, leaves: List[bytes], ids: Dict[int, Any], refs: List[int]) -> Any:
+    """``x`` with every large ``bytes`` leaf replaced by :data:`_LEAF` (walk order).
+
+    ``ids`` maps ``id()`` of what was seen to its leaf index (a ``bytes``) or
+    its stripped copy (a container): an object referenced twice is stripped
+    once, so the pickled skeleton shares it as the batch did.
+    """
     t = type(x)
     if t is bytes:
         if len(x) < MIN_LEAF:
@@ -100,6 +105,9 @@ def _strip(x: Any, leaves: List[bytes], ids: Dict[int, int], refs: List[int]) ->
             leaves.append(x)
         refs.append(i)
         return _LEAF
+    done = ids.get(id(x))
+    if done is not None:
+        return done
     if t is list or t is tuple:
         out = []
         for v in x:
@@ -107,26 +115,36 @@ def _strip(x: Any, leaves: List[bytes], ids: Dict[int, int], refs: List[int]) ->
             if tv is bytes or tv in _WALKED:
                 v = _strip(v, leaves, ids, refs)
             out.append(v)
-        return out if t is list else tuple(out)
-    if t is dict:
-        return {k: _strip(v, leaves, ids, refs) if (type(v) is bytes or type(v) in _WALKED) else v
-                for k, v in x.items()}
-    return x
+        res: Any = out if t is list else tuple(out)
+    elif t is dict:
+        res = {k: _strip(v, leaves, ids, refs) if (type(v) is bytes or type(v) in _WALKED) else v
+               for k, v in x.items()}
+    else:
+        return x
+    ids[id(x)] = res
+    return res
 
 
-def _fill(x: Any, vals: List[bytes], refs: Any) -> Any:
-    """The inverse of :func:`_strip`: each marker back to its leaf."""
+def _fill(x: Any, vals: List[bytes], refs: Any, done: Dict[int, Any]) -> Any:
+    """The inverse of :func:`_strip`: each marker back to its leaf (a container
+    the skeleton shares is rebuilt once and shared)."""
     if x is _LEAF:
         return vals[next(refs)]
     t = type(x)
-    if t is list or t is tuple:
-        out = [vals[next(refs)] if v is _LEAF else (_fill(v, vals, refs) if type(v) in _WALKED else v)
-               for v in x]
-        return out if t is list else tuple(out)
+    if t is not list and t is not tuple and t is not dict:
+        return x
+    got = done.get(id(x))
+    if got is not None:
+        return got
     if t is dict:
-        return {k: vals[next(refs)] if v is _LEAF else (_fill(v, vals, refs) if type(v) in _WALKED else v)
-                for k, v in x.items()}
-    return x
+        res: Any = {k: vals[next(refs)] if v is _LEAF else (_fill(v, vals, refs, done) if type(v) in _WALKED else v)
+                    for k, v in x.items()}
+    else:
+        out = [vals[next(refs)] if v is _LEAF else (_fill(v, vals, refs, done) if type(v) in _WALKED else v)
+               for v in x]
+        res = out if t is list else tuple(out)
+    done[id(x)] = res
+    return res
 
 
 class BytesRing:
@@ -162,7 +180,10 @@ class BytesRing:
         itself when it does not qualify (little in bytes, too large, slot busy)."""
         leaves: List[bytes] = []
         refs: List[int] = []
-        skeleton = _strip(batch, leaves, {}, refs)
+        try:
+            skeleton = _strip(batch, leaves, {}, refs)
+        except RecursionError:  # a batch that contains itself: pickle handles it
+            return batch
         if not leaves:
             return batch
         offsets = [0]
@@ -189,7 +210,7 @@ class BytesRing:
         base = (p.worker * self.slots + p.seq % self.slots) * self.slot_bytes
         offs = p.offsets
         vals = [mm[base + offs[i]:base + offs[i + 1]] for i in range(len(offs) - 1)]
-        batch = _fill(p.skeleton, vals, iter(p.refs))
+        batch = _fill(p.skeleton, vals, iter(p.refs), {})
         self.consumed[p.worker] = p.seq + 1  # under the array's lock: after the copies
         return batch
 

@@ -159,3 +159,19 @@ def test_transport_is_checked_and_spawn_uses_the_queue(big_shards):
     loader = rw.WebLoader(ds, batch_size=8, num_workers=2, transport="queue")
     assert loader._make_ring({}) is None
     assert transport.MIN_LEAF <= 2000  # the fixture's .bin payloads are packed
+
+
+def test_shared_containers_stay_shared_and_a_cycle_falls_back():
+    ring = BytesRing(num_workers=1, slots=4, slot_bytes=1 << 20)
+    try:
+        inner = [b"s" * 70000, "k"]
+        batch = [inner, inner, {"a": inner}, (inner,)]
+        got = ring.unpack(ring.pack(0, batch))
+        assert got == batch
+        assert got[0] is got[1] is got[2]["a"] is got[3][0]  # one list, as pickle keeps it
+        assert got[0] is not inner and type(got[0][0]) is bytes
+        cyc: list = [b"c" * 70000]
+        cyc.append(cyc)
+        assert ring.pack(0, cyc) is cyc  # self-referential: through the queue (pickle copes)
+    finally:
+        ring.close()
