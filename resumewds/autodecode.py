@@ -162,7 +162,7 @@ def npz_loads(data: bytes) -> Dict[str, Any]:
 
 def msgpack_loads(data: bytes) -> Any:
     """A msgpack value (needs the ``msgpack`` package)."""
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 
     return msgpack.unpackb(data)
 
@@ -296,7 +296,11 @@ def decode_image(spec: str, data: bytes) -> Any:
 
     with PIL.Image.open(io.BytesIO(data)) as img:
         img.load()
-        img = img.convert(mode.upper())
+        # convert() to the mode the image already has is a plain copy: an
+        # array is copied out of the image anyway, so only "pil" needs it
+        # (it hands out a plain Image, not the file's JpegImageFile)
+        if atype == "pil" or img.mode != mode.upper():
+            img = img.convert(mode.upper())
     if atype == "pil":
         return img
     import numpy as np
@@ -360,7 +364,7 @@ def torch_video(key: str, data: bytes) -> Any:
     ext = _ext(key)
     if ext not in ("mp4", "ogv", "mjpeg", "avi", "mov", "h264", "mpg", "webm", "wmv"):
         return None
-    import torchvision.io
+    import torchvision.io  # type: ignore[import-not-found]
 
     return _via_tempfile(ext, data, lambda f: torchvision.io.read_video(f, pts_unit="sec"))
 
@@ -438,7 +442,7 @@ class Decoder:
                  post: Optional[Sequence[Handler]] = None, only: Union[str, Iterable[str], None] = None,
                  partial: bool = False, allow_pickle: bool = False):
         if isinstance(handlers, (str, bytes)) or callable(handlers):
-            handlers = [handlers]  # type: ignore[list-item]
+            handlers = [handlers]
         main: List[Handler] = []
         for h in handlers:
             if isinstance(h, str):

@@ -801,10 +801,9 @@ class WebDataset:
             # so that collation keeps the flag for the whole batch.
             any_pad = any(p for _, p in slots)
             per_shard = meta["shards"]
-            positions = meta["positions"]
-            slot_index = meta["slot_index"]
-            pad_flags = meta["pad_flags"]
+            slot_index = meta["slot_index"]  # positions and pad_flags follow from it, after the loop
             nbytes = skipped = filtered = pads = 0
+            nslots = len(slots)
             t0 = time.perf_counter()
             # consecutive samples of one shard (the rule unshuffled) are read
             # with one pread: fewer syscalls, and fewer GIL hand-offs to the
@@ -814,11 +813,15 @@ class WebDataset:
             ahead: List[Optional[Dict[str, Any]]] = []
             for i, (pos, pad) in enumerate(slots):
                 si, j = where[i]
-                if not ahead:
+                if ahead:
+                    sample = ahead.pop()
+                elif i + 1 < nslots and where[i + 1] == (si, j + 1):  # a run may start here
                     run = self._run_length(where, i)
                     ahead = self._read_run_or_stop(si, j, run) if run > 1 else [read(si, j)]
                     ahead.reverse()
-                sample = ahead.pop()
+                    sample = ahead.pop()
+                else:  # shuffled: one sample, no run to look for
+                    sample = read(si, j)
                 t1 = time.perf_counter()
                 t_read += t1 - t0
                 if sample is None:
@@ -850,9 +853,10 @@ class WebDataset:
                     filtered += 1
                     continue
                 out.append(x)
-                positions.append(pos)
                 slot_index.append(i)
-                pad_flags.append(bool(pad))
+            if slot_index:
+                meta["positions"] = [slots[i][0] for i in slot_index]
+                meta["pad_flags"] = [bool(slots[i][1]) for i in slot_index]
             meta["samples"] = len(out)
             meta["bytes"] = nbytes
             meta["skipped"] = skipped

@@ -26,16 +26,17 @@ import sys
 import time
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .dataset import WebDataset
-from .errors import JournalError, ResumeWDSError, StateError
-from .events import EventKind, unjournaled_kinds
-from .pipeline import HandlerStop, default_collate, list_collate
+from .errors import JournalError, ResumeWDSError, StateError  # noqa: F401 (JournalError: old import path)
+from .events import EventKind
+from .pipeline import HandlerStop, default_collate
 from .plan import Layout
-from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
+from .session import JournalSession, process_group
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
+from .transport import BytesRing, Packed
+from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 
 log = logging.getLogger("resumewds")
 
@@ -43,7 +44,6 @@ STATE_FORMAT = "resumewds.loader"
 STATE_VERSION = 1
 _ORDER_KEYS = ("manifest", "seed", "shuffle", "shuffle_window", "samples", "partitions")
 _UNSET: Any = object()
-_UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
 
 
 def _identity(x: Any) -> Any:
@@ -51,6 +51,15 @@ def _identity(x: Any) -> Any:
 
 
 def _import_worker_modules() -> None:
+    """Import, before any worker starts, what every DataLoader worker imports at
+    its first read (see :func:`_import_worker_modules_now`); done once, when this
+    module is imported, so that neither ``WebLoader()`` nor the first batch waits
+    for these imports (the store pulls in fetch and tenacity: ~10-20 ms, more
+    from a cold disk).  Kept as a function: calling it again is free."""
+    _import_worker_modules_now()
+
+
+def _import_worker_modules_now() -> None:
     """Import, before any worker starts, what every DataLoader worker imports at
     its first read: the shard store (``resumewds.cache``, first used through
     ``WebDataset.store`` in the worker) and ``numpy.random`` (torch's worker loop
@@ -161,6 +170,9 @@ def _stop_flag() -> Any:
         atexit.register(_set_live_flags)
     _LIVE_FLAGS.append(flag)
     return flag
+
+
+_import_worker_modules_now()  # resumewds.loader already imports torch; the store is cheap beside it
 
 
 class _WorkerFailure:
@@ -302,8 +314,9 @@ class _EpochSource(IterableDataset):
 
     def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
                  collate_fn: Any = None, ignore_signals: Sequence[int] = (),
-                 stopping: Any = None):
+                 stopping: Any = None, ring: Any = None):
         self.ds = ds
+        self.ring = ring  # a transport.BytesRing inherited by forked workers, or None
         self.collate_fn = collate_fn
         self.ignore_signals = tuple(ignore_signals)
         self.stopping = stopping  # shared flag: the main process is shutting the workers down
@@ -322,10 +335,16 @@ class _EpochSource(IterableDataset):
                 _worker_signals(self.ignore_signals, self.stopping)
         if info is not None:
             worker_logging(self.log_level)
+        ring = self.ring if info is not None else None
         try:
-            for k, batch, meta in self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
-                                                     collate=self.collate, collate_fn=self.collate_fn):
-                yield k, batch, meta
+            steps = self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
+                                       collate=self.collate, collate_fn=self.collate_fn)
+            if ring is None:
+                yield from steps
+            else:
+                pack = ring.pack
+                for k, batch, meta in steps:
+                    yield k, pack(w, batch), meta
         except ResumeWDSError as exc:
             if info is None:
                 raise  # in the main process already
@@ -370,6 +389,12 @@ class WebLoader:
         verbose: log fetches, retries, repairs, evictions and resumes (also
             ``RESUMEWDS_VERBOSE=1``).
         chunk_size: samples per worker task when ``batch_size`` is None.
+        transport: how batches leave the DataLoader workers.  ``"auto"``
+            (default): with ``fork`` workers, the large ``bytes`` in a batch
+            travel through shared memory inherited by the workers
+            (:mod:`resumewds.transport`), everything else through torch's
+            queue; the batches delivered are the same objects either way.
+            ``"queue"``: everything pickled through torch's queue.
         preempt: stop at the next step boundary on a signal (preemption by
             Slurm, Kubernetes, spot instances: SIGTERM, then SIGKILL after a
             grace period).  False (default): signals keep their handlers;
@@ -415,7 +440,7 @@ class WebLoader:
                  remainder: str = "keep", journal: Optional[str] = None,
                  resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
                  journal_sync: str = "NORMAL", nodes: Optional[int] = None,
-                 preempt: Union[bool, Sequence[int]] = False,
+                 preempt: Union[bool, Sequence[int]] = False, transport: str = "auto",
                  **dataloader_kwargs: Any):
         if not (isinstance(dataset, WebDataset) or hasattr(dataset, "iter_steps")):  # or a MixedDataset
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
@@ -427,6 +452,9 @@ class WebLoader:
         if dataloader_kwargs.pop("drop_last", False):
             remainder = "drop"
         setup_logging(verbose)
+        if transport not in ("auto", "queue"):
+            raise ValueError(f"transport must be 'auto' or 'queue', got {transport!r}")
+        self.transport = transport
         self.dataset = dataset
         if dataset.batch_size is not None:
             if batch_size not in (_UNSET, None, dataset.batch_size):
@@ -458,13 +486,7 @@ class WebLoader:
         self.samples_total = 0
         self.steps_done = 0
         self.stats_ = Stats()
-        self._consumed: Dict[Tuple[int, int], int] = {}
-        self._events: List[Dict[str, Any]] = []
-        self._shard_updates: List[Dict[str, Any]] = []
-        self._last_stats_commit = 0.0
-        self._last_commit_epoch: Optional[int] = None
-        self.journal_path = journal
-        self.journal: Any = None
+        self._session = JournalSession(journal)  # the journal: open/resume, events, commits
         #: the last batch handed out (see :class:`BatchInfo`), None before the first;
         #: with ``batch_size=None``, the chunk the last sample came from
         self.batch_info: Optional[BatchInfo] = None
@@ -534,138 +556,39 @@ class WebLoader:
                 pass
         self._old_handlers = {}
 
-    # ---- journal ----------------------------------------------------------
+    # ---- journal (resumewds/session.py) --------------------------------------
+    @property
+    def journal(self) -> Any:
+        """The open :class:`resumewds.journal.Journal` (None without one)."""
+        return self._session.journal
+
+    @journal.setter
+    def journal(self, value: Any) -> None:  # loaderchain hands a base loader's journal over
+        self._session.journal = value
+
+    @property
+    def journal_path(self) -> Optional[str]:
+        """The journal's path (None without one)."""
+        return self._session.path
+
+    @journal_path.setter
+    def journal_path(self, value: Optional[str]) -> None:
+        self._session.path = value
+
     def _journal_config(self) -> Dict[str, Any]:
-        cfg = dict(self.config)
-        cfg.update(batch_size=self.batch_size, world_size=self.world_size,
-                   num_workers=self.num_workers, remainder=self.remainder)
-        return cfg
+        return JournalSession.run_config(self)
 
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
-        from . import journal as _journal
-
-        step = None if resume is True else int(resume)
-        resolved: Dict[str, Any] = {}
-
-        def find_point() -> Optional[Dict[str, Any]]:
-            # runs under this rank's journal lock (item: two runs started
-            # together must not both read the same resume point)
-            resolved["done"] = True
-            return self._resolve_together(path, step, _journal.resolve_resume)
-
-        try:
-            j = _journal.Journal(path, rank=self.rank, world_size=self.world_size, synchronous=sync,
-                                 after_lock=None if resume is False else find_point)
-        except BaseException:
-            if resume is not False and not resolved and self._process_group() is not None:
-                # the lock failed on this rank: still take part in rank 0's
-                # broadcast, so the other ranks are not left waiting for it
-                try:
-                    self._resolve_together(path, step, _journal.resolve_resume)
-                except Exception:
-                    pass
-            raise
-        point = j.after_lock_result
-        try:
-            stored = j.config()
-            if not stored and point is not None and self.rank != 0:  # a rank new to the run
-                with _journal.Journal(path, rank=0, readonly=True) as j0:
-                    stored = j0.config()
-            if stored and _auto_partitions(self.dataset):  # a resume keeps the run's partitions
-                self.dataset.use_partitions(resolve_partitions(None, self.world.nodes, stored))
-                self.config = self.dataset.config()
-            # a dataset may declare keys that can change here (a mixture's new phase)
-            evolves = getattr(self.dataset, "compatible_config", None)
-            extra = tuple(evolves(j.config(), point)) if evolves is not None else ()
-            j.check_config(self._journal_config(),
-                           compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
-            remote = [{"url": sh.url} for sh in self.dataset.manifest.shards
-                      if sh.url.startswith(("http://", "https://", "s3://", "pipe:"))]
-            if remote and j.latest_commit() is None:
-                j.update_shards(remote)  # every remote shard starts as 'pending'
-            if point is None:
-                if j.latest_commit() is not None and resume is False:
-                    raise JournalError(f"{path}: journal already holds commits; pass resume=True to "
-                                       "continue that run, or use a new journal path")
-            else:
-                self.epoch = int(point["epoch"])
-                self.position = int(point["position"])
-                self.steps_done = int(point["step"]) + 1
-                per_rank = point.get("samples_total_per_rank") or []
-                mine = per_rank[self.rank] if self.rank < len(per_rank) else None
-                if point.get("world_size", 1) == self.world_size and mine is not None:
-                    self.samples_total = int(mine)
-                elif self.world_size == 1:
-                    self.samples_total = int(point.get("samples_total") or 0)
-                else:
-                    self.samples_total = 0
-                detail = {"step": point["step"], "epoch": self.epoch, "position": self.position,
-                          "world_size": self.world_size, "num_workers": self.num_workers,
-                          "nodes": self.world.nodes, "partitions": self.dataset.plan_partitions}
-                if point.get("skipped_incomplete"):
-                    detail["skipped_incomplete"] = point["skipped_incomplete"]
-                j.record_events([dict(kind=EventKind.RESUME.value, **detail)])
-                log.info("resuming %s at step %s: epoch %d, position %d", path, point["step"],
-                         self.epoch, self.position)
-            self._failed_urls.update(j.shards_in_state("failed"))
-        except BaseException:
-            j.close()
-            raise
-        self.journal = j
+        self._session.open(self, resume, sync)
 
     def _process_group(self) -> Any:
         """torch.distributed, when its default group is exactly this loader's world."""
-        if self.world_size < 2:
-            return None
-        try:
-            import torch.distributed as dist
-
-            if (dist.is_available() and dist.is_initialized()
-                    and (dist.get_rank(), dist.get_world_size()) == (self.rank, self.world_size)):
-                return dist
-        except Exception:  # pragma: no cover - torch without distributed
-            pass
-        return None
+        return process_group(self)
 
     def _resolve_together(self, path: str, step: Optional[int], resolve: Any
                           ) -> Optional[Dict[str, Any]]:
-        """Find the resume point once for all ranks, before any rank opens its journal.
-
-        With a process group, rank 0 runs ``resolve(path, step)`` and
-        broadcasts the answer (or its error): every rank starts from the same
-        point, the run's files are read once instead of once per rank (at
-        1,000 ranks, 1,000 opens instead of 1,000,000), and no rank creates
-        its journal file while rank 0 is still reading the run's files (a
-        fresh rank file next to a missing rank 0 file reads as a damaged
-        run).  Without a process group (ranks started by hand) every rank
-        resolves on its own; start them after the previous run has stopped.
-        """
-        import pickle
-
-        dist = self._process_group()
-        if dist is None:
-            return resolve(path, step)
-        payload: List[Any] = [None]
-        err: Optional[BaseException] = None
-        if self.rank == 0:
-            try:
-                payload[0] = (resolve(path, step), None)
-            except Exception as exc:  # the other ranks must not wait for a broadcast forever
-                err = exc
-                try:  # our errors pickle with their type and fields
-                    pickle.dumps(exc)
-                    payload[0] = (None, exc)
-                except Exception:
-                    payload[0] = (None, JournalError(str(exc)))
-        dist.broadcast_object_list(payload, src=0)
-        if err is not None:
-            raise err
-        point, found = payload[0]
-        if found is not None:
-            if isinstance(found, ResumeWDSError) and found.args:  # same type, same fields
-                found.args = (f"{found.args[0]} (found by rank 0)",)
-            raise found
-        return point
+        """See :meth:`resumewds.session.JournalSession.resolve_together`."""
+        return self._session.resolve_together(self, path, step, resolve)
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
         """Record atomically, in the journal, the position after ``step``.
@@ -678,39 +601,10 @@ class WebLoader:
             step: the training step (any increasing int; ``resume=S`` finds it).
             stats: include a stats snapshot (default: at most every 5 s).
         """
-        if self.journal is None:
-            raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
-        now = time.time()
-        if stats is None:
-            stats = now - self._last_stats_commit >= 5.0
-        snap = None
-        if stats:
-            snap = self.stats()
-            self._last_stats_commit = now
-        self._flush_journal()
-        consumed = {}
-        shards = self.dataset.manifest.shards
-        for (si, ep), n in self._consumed.items():
-            consumed[(shards[si].url, ep)] = (n, int(shards[si].samples or 0))
-        # the consumption table is folded in every few commits, and at once
-        # when an epoch ended (its shards are then complete)
-        epoch_done = self._last_commit_epoch is not None and self.epoch != self._last_commit_epoch
-        self.journal.commit(step, epoch=self.epoch, position=self.position, consumed=consumed,
-                            world_size=self.world_size, batch_size=self.batch_size,
-                            samples_total=self.samples_total, stats=snap, materialize=epoch_done)
-        self._last_commit_epoch = self.epoch
-        self._consumed.clear()
-        self.steps_done = step + 1
+        self._session.commit(self, step, stats)
 
     def _flush_journal(self) -> None:
-        if self.journal is None:
-            return
-        if self._events:
-            self.journal.record_events(self._events)
-            self._events = []
-        if self._shard_updates:
-            self.journal.update_shards(self._shard_updates)
-            self._shard_updates = []
+        self._session.flush()
 
     def _absorb(self, events: List[Dict[str, Any]]) -> None:
         if not events:
@@ -722,16 +616,7 @@ class WebLoader:
                 self._epoch_failed[e["url"]] = str(e.get("error", ""))
             elif e.get("kind") == "sample_skip":
                 self._epoch_sample_skips.append(f"{e.get('key')} ({e.get('stage')}: {e.get('error')})")
-        if self.journal_path is None:
-            return
-        from .journal import shard_updates_from_events
-
-        self._events.extend(e for e in events if e.get("kind") not in _UNJOURNALED)
-        self._shard_updates.extend(shard_updates_from_events(events))
-        if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
-            del self._events[:-1000]
-        if len(self._shard_updates) > 10000:
-            del self._shard_updates[:-1000]
+        self._session.record(events)
 
     def _failed_now(self, exc: BaseException, events: List[Dict[str, Any]]) -> None:
         """An error ends the iteration: record its events (the shard's ``fail``)
@@ -856,10 +741,11 @@ class WebLoader:
             self._end_epoch()
             return
         stopping = _stop_flag() if self._preempt_signals and self.num_workers else None
+        kw = dict(self.dataloader_kwargs)
+        ring = self._make_ring(kw)
         src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
                            collate_fn=self._collate_fn, ignore_signals=self._preempt_signals,
-                           stopping=stopping)
-        kw = dict(self.dataloader_kwargs)
+                           stopping=stopping, ring=ring)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
                 kw.pop(k, None)
@@ -888,7 +774,9 @@ class WebLoader:
                     self.position = total
                     self._end_epoch()
                     return
-                if isinstance(batch, _WorkerFailure):
+                if type(batch) is Packed:
+                    batch = ring.unpack(batch)  # type: ignore[union-attr]
+                elif isinstance(batch, _WorkerFailure):
                     failure = batch.exc
                     self._failed_now(failure, meta.get("events") or [])
                     if hasattr(failure, "add_note"):  # Python 3.11+
@@ -910,7 +798,7 @@ class WebLoader:
                 self.stats_.update(meta, wait)
                 self._absorb(meta.get("events") or [])
                 for si, n in meta.get("shards", {}).items():
-                    self._consumed[(si, epoch)] = self._consumed.get((si, epoch), 0) + n
+                    self._session.consume(si, epoch, n)
                     if self._failed_urls and n:
                         url = ds.manifest.shards[si].url
                         if url not in (meta.get("failed") or ()):  # not failed again in this worker
@@ -960,8 +848,39 @@ class WebLoader:
                 if stopping in _LIVE_FLAGS:
                     _LIVE_FLAGS.remove(stopping)
             del it
+            if ring is not None:
+                del dl  # shuts the workers down (they hold their own mapping anyway)
+                ring.close()
         if self.epoch == epoch and self.position >= total:
             self._end_epoch()
+
+    def _make_ring(self, kw: Dict[str, Any]) -> Optional[BytesRing]:
+        """The shared-memory transport of this iteration's workers, or None
+        (no workers, ``transport="queue"``, or workers that are not forked)."""
+        if self.num_workers <= 0 or self.transport != "auto":
+            return None
+        ctx = kw.get("multiprocessing_context")
+        if ctx is None:
+            import multiprocessing
+
+            method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+        else:
+            method = ctx if isinstance(ctx, str) else ctx.get_start_method()
+        if method != "fork":
+            return None
+        # a slot holds a batch's bytes: twice the average, pages used only when touched
+        size = samples = 0
+        for sh in self.dataset.manifest.shards:
+            if sh.size and sh.samples:
+                size, samples = size + int(sh.size), samples + int(sh.samples)
+        per_sample = size / samples if samples else 1 << 20
+        slot = max(1 << 20, int(2 * self.layout.batch_size * per_sample))
+        slots = int(kw.get("prefetch_factor") or 2) + 2
+        try:
+            return BytesRing(self.num_workers, slots, slot)
+        except (OSError, ValueError) as exc:  # pragma: no cover - no shared memory here
+            log.debug("shared-memory transport unavailable (%s): batches go through the queue", exc)
+            return None
 
     def close(self) -> None:
         """Flush pending journal events, close the journal, release the
@@ -969,16 +888,11 @@ class WebLoader:
         and restore the signal handlers ``preempt`` replaced."""
         self._restore_handlers()
         try:
-            if self.journal is not None:
-                try:
-                    self._flush_journal()
-                finally:
-                    self.journal.close()
-                    self.journal = None
+            self._session.close()
         finally:
             self.dataset.close()
 
-    def __enter__(self) -> "WebLoader":
+    def __enter__(self) -> WebLoader:
         return self
 
     def __exit__(self, *exc: Any) -> None:

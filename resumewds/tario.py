@@ -256,7 +256,7 @@ def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] 
                                        "(archive truncated at a member boundary?)")
             if chain_start is not None:
                 raise ShardFormatError(shard, base + off, "extended header without a following member")
-            return
+            return None
         if off + BLOCK > n:
             if base + off == 0 and bytes(buf[:2]) == _GZIP_MAGIC:
                 raise _not_a_tar(bytes(buf[:2]), shard)
@@ -363,7 +363,7 @@ def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
     """
     starts: List[int] = []
     keys: List[str] = []
-    eoa: List[int] = []
+    eoa: List[Optional[int]] = []
 
     def walk() -> Iterator[Member]:
         eoa.append((yield from iter_members(buf, shard)))
@@ -377,7 +377,7 @@ def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
     # The end-of-archive marker's offset closes the last sample's range (past
     # any trailing skipped entries): iter_members returns it, found by the
     # same validated walk that framed every member.
-    end = eoa[0] if eoa else last_end
+    end = eoa[0] if eoa and eoa[0] is not None else last_end
     if not starts:
         return [end], keys, end
     return starts + [end], keys, end
@@ -434,6 +434,12 @@ _NUL = b"\0"
 _USTAR = b"ustar\x00"
 
 
+# name, size, chksum, typeflag, magic and the first prefix byte of a ustar
+# header, in one unpack
+_HDR = struct.Struct("100s24x12s12x8sB100x6s82xB166x")
+_SP = b" "
+
+
 def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
                  end: Optional[int] = None) -> Dict[str, Any]:
     """Parse one sample's byte range ``buf[start:end]`` (``base`` = its offset in the shard).
@@ -454,18 +460,76 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
     if start < 0 or n > len(buf) or start > n:
         raise ShardFormatError(shard, base, f"sample range [{start}, {n}) lies outside the "
                                f"{len(buf)} bytes read (manifest does not match the shard)")
+    if type(buf) is not bytes:  # mmap, memoryview...: slices must be copied
+        return _parse_sample_buffer(buf, shard, base, start, n)
+    off = start
+    key: Optional[str] = None
+    sample: Dict[str, Any] = {}
+    unpack = _HDR.unpack_from
+    match = _KEY_RE.match
+    while off < n:
+        if off + BLOCK > n:
+            break
+        rawname, rawsize, chk, flag, magic, prefix0 = unpack(buf, off)
+        # one unpack for the fields the fast path needs (no slice of the block)
+        if (flag != 48 and flag != 0) or (prefix0 != 0 and magic == _USTAR):
+            return _parse_sample_slow(buf, shard, base, start, n)
+        try:
+            stored = int(chk.split(_NUL, 1)[0].strip() or b"0", 8)
+        except ValueError:
+            return _parse_sample_slow(buf, shard, base, start, n)
+        if stored != sum(buf[off:off + BLOCK].translate(None, _NUL)) - sum(chk) + 256:
+            return _parse_sample_slow(buf, shard, base, start, n)
+        # the octal branch of entry_size, inlined (base-256 and pax sizes
+        # take the slow path, which calls entry_size itself)
+        if rawsize[0] & 0x80:
+            return _parse_sample_slow(buf, shard, base, start, n)
+        s = rawsize.split(_NUL, 1)[0].strip(_SP)
+        if s.translate(None, _OCTAL_DIGITS):
+            return _parse_sample_slow(buf, shard, base, start, n)
+        size = int(s, 8) if s else 0
+        data = off + BLOCK
+        nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
+        if nxt > n:
+            return _parse_sample_slow(buf, shard, base, start, n)
+        name = rawname.split(_NUL, 1)[0].decode("utf-8", "surrogateescape")
+        if name.startswith("__"):
+            return _parse_sample_slow(buf, shard, base, start, n)
+        # _KEY_RE without the regex: the key ends at the first dot of the
+        # basename; the rare rest (no dot, a dot first) goes through _KEY_RE
+        slash = name.rfind("/")
+        dot = name.find(".", slash + 1)
+        if dot > slash + 1:
+            k, ext = name[:dot], name[dot + 1:].lower()
+        else:
+            m = match(name)
+            if m is None:
+                return _parse_sample_slow(buf, shard, base, start, n)
+            k, ext = m.groups()
+            ext = ext.lower()
+        if key is None:
+            key = k
+        elif k != key or ext in sample:
+            return _parse_sample_slow(buf, shard, base, start, n)
+        sample[ext] = buf[data:data + size]
+        off = nxt
+    if key is None or off != n:
+        return _parse_sample_slow(buf, shard, base, start, n)
+    sample["__key__"] = key
+    return sample
+
+
+def _parse_sample_buffer(buf: Buffer, shard: str, base: int, start: int, n: int) -> Dict[str, Any]:
+    """:func:`parse_sample` of a buffer that is not ``bytes`` (every slice is copied)."""
     off = start
     key: Optional[str] = None
     sample: Dict[str, Any] = {}
     match = _KEY_RE.match
     # Every block read below is a full BLOCK (the range is inside the buffer).
-    # bytes slices are already bytes: skip the bytes() copies for the common
-    # case (os.pread); other buffers (mmap, memoryview...) are copied.
-    plain = type(buf) is bytes
     while off < n:
         if off + BLOCK > n:
             break
-        blk = buf[off:off + BLOCK] if plain else bytes(buf[off:off + BLOCK])
+        blk = bytes(buf[off:off + BLOCK])
         flag = blk[156]
         if (flag != 48 and flag != 0) or (blk[345] != 0 and blk[257:263] == _USTAR):
             return _parse_sample_slow(buf, shard, base, start, n)
@@ -497,7 +561,7 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
             key = k
         elif k != key or ext in sample:
             return _parse_sample_slow(buf, shard, base, start, n)
-        sample[ext] = buf[data:data + size] if plain else bytes(buf[data:data + size])
+        sample[ext] = bytes(buf[data:data + size])
         off = nxt
     if key is None or off != n:
         return _parse_sample_slow(buf, shard, base, start, n)

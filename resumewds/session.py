@@ -1,0 +1,290 @@
+"""The journal session of a :class:`~resumewds.loader.WebLoader` (issue 11).
+
+Everything the loader does with its SQLite journal lives here: opening it
+(under this rank's lock) and resolving the resume point, once for all ranks
+when a process group exists; checking the run's configuration; turning the
+resume point into the loader's position; buffering the events and shard
+state changes the workers report until the next commit; recording what each
+step consumed; and the commit itself.  The loader keeps thin calls
+(``WebLoader._open_journal``, ``commit``, ``_flush_journal``, ``close``).
+
+The journal module itself is imported only when a journal is opened or
+events are buffered for one (it is not on the journal-free path).
+
+Example:
+    >>> s = JournalSession(None)      # no journal: only the consumption count
+    >>> s.consume(0, 0, 5); s.consumed_now()
+    {(0, 0): 5}
+    >>> s.journal is None
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+
+from .errors import JournalError, ResumeWDSError
+from .events import EventKind, unjournaled_kinds
+from .world import resolve_partitions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .loader import WebLoader
+
+log = logging.getLogger("resumewds")
+
+_UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
+
+
+def _auto_partitions(ds: Any) -> bool:
+    return getattr(ds, "partitions", 1) is None
+
+
+class JournalSession:
+    """One loader's journal: open/resume, buffered events, consumption and commits.
+
+    Args:
+        path: the journal's path, or None (no journal: only the consumption
+            count is kept, and events are not buffered).
+
+    Example:
+        >>> s = JournalSession("run.db")                   # doctest: +SKIP
+        >>> s.open(loader, resume=True, sync="NORMAL")     # sets loader.epoch/position
+        >>> s.commit(loader, step=9)
+    """
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+        self.journal: Any = None
+        self._consumed: Dict[Tuple[int, int], int] = {}
+        self._events: List[Dict[str, Any]] = []
+        self._shard_updates: List[Dict[str, Any]] = []
+        self._last_stats_commit = 0.0
+        self._last_commit_epoch: Optional[int] = None
+
+    # ---- what the steps report ------------------------------------------
+    def consume(self, shard: int, epoch: int, n: int) -> None:
+        """Count ``n`` samples of shard index ``shard`` delivered in ``epoch``."""
+        key = (shard, epoch)
+        self._consumed[key] = self._consumed.get(key, 0) + n
+
+    def consumed_now(self) -> Dict[Tuple[int, int], int]:
+        """The consumption counted since the last commit: ``{(shard, epoch): n}``."""
+        return dict(self._consumed)
+
+    def record(self, events: List[Dict[str, Any]]) -> None:
+        """Buffer ``events`` (and the shard state changes they imply) for the journal."""
+        if self.path is None or not events:
+            return
+        from .journal import shard_updates_from_events
+
+        self._events.extend(e for e in events if e.get("kind") not in _UNJOURNALED)
+        self._shard_updates.extend(shard_updates_from_events(events))
+        if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
+            del self._events[:-1000]
+        if len(self._shard_updates) > 10000:
+            del self._shard_updates[:-1000]
+
+    def flush(self) -> None:
+        """Write the buffered events and shard updates to the journal (if open)."""
+        if self.journal is None:
+            return
+        if self._events:
+            self.journal.record_events(self._events)
+            self._events = []
+        if self._shard_updates:
+            self.journal.update_shards(self._shard_updates)
+            self._shard_updates = []
+
+    # ---- open / resume -------------------------------------------------------
+    @staticmethod
+    def run_config(loader: WebLoader) -> Dict[str, Any]:
+        """The configuration a journal stores and a resume must agree with."""
+        cfg = dict(loader.config)
+        cfg.update(batch_size=loader.batch_size, world_size=loader.world_size,
+                   num_workers=loader.num_workers, remainder=loader.remainder)
+        return cfg
+
+    def open(self, loader: WebLoader, resume: Union[bool, int], sync: str) -> None:
+        """Open the journal at ``self.path`` for ``loader`` and apply its resume point.
+
+        The resume point is read under this rank's journal lock (two runs
+        started together never both resume from the same commit), once for
+        all ranks with a process group (:meth:`resolve_together`).  Sets
+        ``loader.epoch``, ``position``, ``steps_done``, ``samples_total`` and
+        the failed shards, and adopts the run's partitions when the dataset
+        chose none.
+
+        Raises:
+            JournalError: the journal holds commits and ``resume`` is False,
+                is in use, or its configuration does not match.
+        """
+        from . import journal as _journal
+
+        path = self.path
+        assert path is not None
+        step = None if resume is True else int(resume)
+        resolved: Dict[str, Any] = {}
+
+        def find_point() -> Optional[Dict[str, Any]]:
+            # runs under this rank's journal lock (item: two runs started
+            # together must not both read the same resume point)
+            resolved["done"] = True
+            return self.resolve_together(loader, path, step, _journal.resolve_resume)
+
+        try:
+            j = _journal.Journal(path, rank=loader.rank, world_size=loader.world_size, synchronous=sync,
+                                 after_lock=None if resume is False else find_point)
+        except BaseException:
+            if resume is not False and not resolved and process_group(loader) is not None:
+                # the lock failed on this rank: still take part in rank 0's
+                # broadcast, so the other ranks are not left waiting for it
+                try:
+                    self.resolve_together(loader, path, step, _journal.resolve_resume)
+                except Exception:
+                    pass
+            raise
+        point = j.after_lock_result
+        try:
+            self._apply(loader, j, point, resume, _journal)
+        except BaseException:
+            j.close()
+            raise
+        self.journal = j
+
+    def _apply(self, loader: WebLoader, j: Any, point: Optional[Dict[str, Any]],
+               resume: Union[bool, int], _journal: Any) -> None:
+        dataset = loader.dataset
+        stored = j.config()
+        if not stored and point is not None and loader.rank != 0:  # a rank new to the run
+            with _journal.Journal(self.path, rank=0, readonly=True) as j0:
+                stored = j0.config()
+        if stored and _auto_partitions(dataset):  # a resume keeps the run's partitions
+            dataset.use_partitions(resolve_partitions(None, loader.world.nodes, stored))
+            loader.config = dataset.config()
+        # a dataset may declare keys that can change here (a mixture's new phase)
+        evolves = getattr(dataset, "compatible_config", None)
+        extra = tuple(evolves(j.config(), point)) if evolves is not None else ()
+        j.check_config(self.run_config(loader),
+                       compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
+        remote = [{"url": sh.url} for sh in dataset.manifest.shards
+                  if sh.url.startswith(("http://", "https://", "s3://", "pipe:"))]
+        if remote and j.latest_commit() is None:
+            j.update_shards(remote)  # every remote shard starts as 'pending'
+        if point is None:
+            if j.latest_commit() is not None and resume is False:
+                raise JournalError(f"{self.path}: journal already holds commits; pass resume=True to "
+                                   "continue that run, or use a new journal path")
+        else:
+            loader.epoch = int(point["epoch"])
+            loader.position = int(point["position"])
+            loader.steps_done = int(point["step"]) + 1
+            per_rank = point.get("samples_total_per_rank") or []
+            mine = per_rank[loader.rank] if loader.rank < len(per_rank) else None
+            if point.get("world_size", 1) == loader.world_size and mine is not None:
+                loader.samples_total = int(mine)
+            elif loader.world_size == 1:
+                loader.samples_total = int(point.get("samples_total") or 0)
+            else:
+                loader.samples_total = 0
+            detail = {"step": point["step"], "epoch": loader.epoch, "position": loader.position,
+                      "world_size": loader.world_size, "num_workers": loader.num_workers,
+                      "nodes": loader.world.nodes, "partitions": dataset.plan_partitions}
+            if point.get("skipped_incomplete"):
+                detail["skipped_incomplete"] = point["skipped_incomplete"]
+            j.record_events([dict(kind=EventKind.RESUME.value, **detail)])
+            log.info("resuming %s at step %s: epoch %d, position %d", self.path, point["step"],
+                     loader.epoch, loader.position)
+        loader._failed_urls.update(j.shards_in_state("failed"))
+
+    def resolve_together(self, loader: WebLoader, path: str, step: Optional[int], resolve: Any
+                         ) -> Optional[Dict[str, Any]]:
+        """Find the resume point once for all ranks, before any rank opens its journal.
+
+        With a process group, rank 0 runs ``resolve(path, step)`` and
+        broadcasts the answer (or its error): every rank starts from the same
+        point, the run's files are read once instead of once per rank (at
+        1,000 ranks, 1,000 opens instead of 1,000,000), and no rank creates
+        its journal file while rank 0 is still reading the run's files (a
+        fresh rank file next to a missing rank 0 file reads as a damaged
+        run).  Without a process group (ranks started by hand) every rank
+        resolves on its own; start them after the previous run has stopped.
+        """
+        import pickle
+
+        dist = process_group(loader)
+        if dist is None:
+            return resolve(path, step)
+        payload: List[Any] = [None]
+        err: Optional[BaseException] = None
+        if loader.rank == 0:
+            try:
+                payload[0] = (resolve(path, step), None)
+            except Exception as exc:  # the other ranks must not wait for a broadcast forever
+                err = exc
+                try:  # our errors pickle with their type and fields
+                    pickle.dumps(exc)
+                    payload[0] = (None, exc)
+                except Exception:
+                    payload[0] = (None, JournalError(str(exc)))
+        dist.broadcast_object_list(payload, src=0)
+        if err is not None:
+            raise err
+        point, found = payload[0]
+        if found is not None:
+            if isinstance(found, ResumeWDSError) and found.args:  # same type, same fields
+                found.args = (f"{found.args[0]} (found by rank 0)",)
+            raise found
+        return point
+
+    # ---- commit / close ------------------------------------------------------
+    def commit(self, loader: WebLoader, step: int, stats: Optional[bool] = None) -> None:
+        """Record atomically the loader's position after ``step`` (see ``WebLoader.commit``)."""
+        if self.journal is None:
+            raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
+        now = time.time()
+        if stats is None:
+            stats = now - self._last_stats_commit >= 5.0
+        snap = None
+        if stats:
+            snap = loader.stats()
+            self._last_stats_commit = now
+        self.flush()
+        consumed = {}
+        shards = loader.dataset.manifest.shards
+        for (si, ep), n in self._consumed.items():
+            consumed[(shards[si].url, ep)] = (n, int(shards[si].samples or 0))
+        # the consumption table is folded in every few commits, and at once
+        # when an epoch ended (its shards are then complete)
+        epoch_done = self._last_commit_epoch is not None and loader.epoch != self._last_commit_epoch
+        self.journal.commit(step, epoch=loader.epoch, position=loader.position, consumed=consumed,
+                            world_size=loader.world_size, batch_size=loader.batch_size,
+                            samples_total=loader.samples_total, stats=snap, materialize=epoch_done)
+        self._last_commit_epoch = loader.epoch
+        self._consumed.clear()
+        loader.steps_done = step + 1
+
+    def close(self) -> None:
+        """Flush what is buffered and close the journal (idempotent)."""
+        if self.journal is not None:
+            try:
+                self.flush()
+            finally:
+                self.journal.close()
+                self.journal = None
+
+
+def process_group(loader: WebLoader) -> Any:
+    """torch.distributed, when its default group is exactly ``loader``'s world."""
+    if loader.world_size < 2:
+        return None
+    try:
+        import torch.distributed as dist
+
+        if (dist.is_available() and dist.is_initialized()
+                and (dist.get_rank(), dist.get_world_size()) == (loader.rank, loader.world_size)):
+            return dist
+    except Exception:  # pragma: no cover - torch without distributed
+        pass
+    return None
