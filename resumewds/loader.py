@@ -34,8 +34,8 @@ from .events import EventKind
 from .pipeline import HandlerStop, default_collate
 from .plan import Layout
 from .session import JournalSession, process_group
+from .shmbatch import BytesRing, Packed
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
-from .transport import BytesRing, Packed
 from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 
 log = logging.getLogger("resumewds")
@@ -316,7 +316,7 @@ class _EpochSource(IterableDataset):
                  collate_fn: Any = None, ignore_signals: Sequence[int] = (),
                  stopping: Any = None, ring: Any = None):
         self.ds = ds
-        self.ring = ring  # a transport.BytesRing inherited by forked workers, or None
+        self.ring = ring  # a shmbatch.BytesRing inherited by forked workers, or None
         self.collate_fn = collate_fn
         self.ignore_signals = tuple(ignore_signals)
         self.stopping = stopping  # shared flag: the main process is shutting the workers down
@@ -392,7 +392,7 @@ class WebLoader:
         transport: how batches leave the DataLoader workers.  ``"auto"``
             (default): with ``fork`` workers, the large ``bytes`` in a batch
             travel through shared memory inherited by the workers
-            (:mod:`resumewds.transport`), everything else through torch's
+            (:mod:`resumewds.shmbatch`), everything else through torch's
             queue; the batches delivered are the same objects either way.
             ``"queue"``: everything pickled through torch's queue.
         preempt: stop at the next step boundary on a signal (preemption by

@@ -1,4 +1,4 @@
-"""Batches out of real DataLoader workers through shared memory (resumewds.transport, issue 17).
+"""Batches out of real DataLoader workers through shared memory (resumewds.shmbatch, issue 17).
 
 Every test compares whole sequences: what ``transport="auto"`` (the shared
 ring) delivers must be exactly what the old path (``transport="queue"``,
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import resumewds as rw
-from resumewds import transport
-from resumewds.transport import MIN_PACK, BytesRing, Packed
+from resumewds import shmbatch as transport
+from resumewds.shmbatch import MIN_PACK, BytesRing, Packed
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -159,6 +159,13 @@ def test_transport_is_checked_and_spawn_uses_the_queue(big_shards):
     loader = rw.WebLoader(ds, batch_size=8, num_workers=2, transport="queue")
     assert loader._make_ring({}) is None
     assert transport.MIN_LEAF <= 2000  # the fixture's .bin payloads are packed
+
+
+def test_the_re_mixing_idiom_keeps_the_loaders_transport(big_shards):
+    """WebLoader(...).unbatched().batched(n) builds a new loader: it keeps transport=."""
+    ds = rw.WebDataset(big_shards).batched(4)
+    chained = rw.WebLoader(ds, batch_size=None, num_workers=2, transport="queue").unbatched().batched(8)
+    assert chained._build().transport == "queue"
 
 
 def test_shared_containers_stay_shared_and_a_cycle_falls_back():
