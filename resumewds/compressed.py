@@ -331,10 +331,12 @@ class _Replay:
     def seek(self, pos: int, whence: int = 0) -> int:
         if pos < self.pos:
             raise tarfile.StreamError("seeking backwards is not allowed")
-        while self.pos < pos:  # _Stream.seek reads forward in 10240-byte blocks
-            if not self.read(min(_RECORD, pos - self.pos)):
-                break
-        return self.pos
+        if pos > self.good:  # _Stream.seek reads its way there: short at the end, or the error
+            if self.error is not None:
+                raise tarfile.ReadError("invalid compressed data")
+            pos = self.good
+        self.pos = pos
+        return pos
 
     def tell(self) -> int:
         return self.pos

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import tarfile
 
 import pytest
 import webdataset as real_wds
@@ -313,3 +314,42 @@ def test_resume_in_a_run_over_a_damaged_tgz_equals_the_uninterrupted_run(shards,
     b.load_state_dict(state)
     got += [tuple(x[0]) for x in b]
     assert got == ref
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_damaged_tgz_with_long_names_dirs_and_meta_members_like_webdataset(tmp_path, cache_dir, fmt):
+    """tarfile's own .tgz (its gzip header names the file), long names (GNU ././@LongLink / pax
+    headers), a directory and a __meta__ member: cut at 40 points and one corrupt run."""
+    import io
+    import random
+
+    from resumewds.cache import ShardStore
+
+    rng = random.Random(1)
+    p = str(tmp_path / "long.tgz")
+    with tarfile.open(p, "w:gz", format=fmt) as tf:
+        ti = tarfile.TarInfo("dir")
+        ti.type = tarfile.DIRTYPE
+        tf.addfile(ti)
+        meta = tarfile.TarInfo("__meta__")
+        meta.size = 700
+        tf.addfile(meta, io.BytesIO(b"m" * 700))
+        for i in range(30):
+            base = ("d" * 120 + "/") if i % 3 == 0 else ""
+            for ext in ("txt", "bin"):
+                data = rng.randbytes(rng.randint(10, 4000)) if ext == "bin" else f"t{i}".encode()
+                ti = tarfile.TarInfo(f"{base}k{i:03d}.{ext}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    gz = open(p, "rb").read()
+    h = len(gz) // 2
+    damaged = [gz[:c] for c in range(15, len(gz), len(gz) // 40)]
+    damaged.append(gz[:h] + bytes(x ^ 0x33 for x in gz[h:h + 16]) + gz[h + 16:])
+    store = ShardStore(cache_dir=cache_dir)
+    for i, data in enumerate(damaged):
+        f = tmp_path / f"d{i}.tgz"
+        f.write_bytes(data)
+        for stop in (True, False):
+            theirs, calls = _webdataset_reads(str(f), stop)
+            ours, sv = _salvaged_reads(str(f), store)
+            assert ours == theirs and sv.raised == bool(calls), (i, stop)
