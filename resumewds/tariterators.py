@@ -39,7 +39,7 @@ from .errors import ShardFormatError
 from .handlers import reraise_exception
 from .tario import split_key
 
-__all__ = ["base_plus_ext", "decompress_prefix", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist",
+__all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist",
            "tar_file_expander", "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener",
            "valid_sample"]
 
@@ -281,62 +281,6 @@ def framed_prefix(path: str, shard: Optional[str] = None) -> Optional[Any]:
     return tario.ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=[k for k, _ in groups])
 
 
-def decompress_prefix(src: str, dst: Any, kind: str) -> Tuple[int, str, int, str]:
-    """Decompress as much of a (possibly truncated or corrupt) gzip / zstd file as decodes.
-
-    Writes the decoded bytes to the open binary file ``dst`` and stops quietly
-    at the damage; the same file always gives the same bytes (what a reader of
-    a damaged ``.tar.gz`` gets up to the error, as webdataset's stream reader does).
-
-    Returns:
-        ``(compressed size, compressed xxh3_64, bytes written, their xxh3_64)``.
-    """
-    import zlib
-
-    import xxhash
-
-    hin, hout = xxhash.xxh3_64(), xxhash.xxh3_64()
-    nin = nout = 0
-    if kind == "gzip":
-        dec: Any = zlib.decompressobj(wbits=31)
-    else:
-        try:
-            import zstandard
-        except ImportError:
-            dec = None
-        else:
-            dec = zstandard.ZstdDecompressor().decompressobj()
-    with open(src, "rb") as raw:
-        for chunk in iter(lambda: raw.read(1 << 16), b""):
-            hin.update(chunk)
-            nin += len(chunk)
-            if dec is None:
-                continue
-            try:
-                out = dec.decompress(chunk)
-            except Exception:  # corrupt data: keep what was decoded before it
-                dec = None
-                continue
-            if out:
-                hout.update(out)
-                nout += len(out)
-                dst.write(out)
-            if kind == "gzip" and dec.eof:  # a further gzip member: go on decoding it
-                rest = dec.unused_data
-                dec = zlib.decompressobj(wbits=31)
-                if rest:
-                    try:
-                        out = dec.decompress(rest)
-                    except Exception:
-                        dec = None
-                        continue
-                    hout.update(out)
-                    nout += len(out)
-                    dst.write(out)
-    return nin, hin.hexdigest(), nout, hout.hexdigest()
-
-
-#: how far past the kept samples the stop marker's byte range reaches (never readable)
 _STOP_SPAN = 1 << 40
 
 
@@ -345,8 +289,9 @@ def salvage_shard(shard: Any, store: Any, exc: BaseException, stop: bool = False
 
     Only for a shard with no checksum or size in the manifest and a
     :class:`~resumewds.errors.ShardFormatError` (a damaged archive, or damaged
-    gzip / zstd data): its :func:`framed_prefix` (of the decompressed prefix,
-    :func:`decompress_prefix`, for a compressed shard) becomes the shard's
+    gzip / zstd data): its :func:`framed_prefix` (for a compressed shard, the
+    prefix webdataset's stream reader decodes and frames:
+    :func:`resumewds.compressed.salvage_compressed`) becomes the shard's
     index (size, xxh3_64, offsets), so the plan, the cache's verification and a
     resume all see the same samples.  A shard whose manifest has a checksum or
     size that the file does not match (``ChecksumMismatch``), or a fetch error,
@@ -375,10 +320,7 @@ def salvage_shard(shard: Any, store: Any, exc: BaseException, stop: bool = False
 
 
 def _salvage(shard: Any, store: Any, exc: BaseException) -> int:
-    import tempfile
-
-    from . import tario
-    from .compressed import kind_of
+    from .compressed import kind_of, salvage_compressed
 
     if not isinstance(exc, ShardFormatError) or shard.xxh3_64 is not None or shard.size is not None:
         return 0
@@ -398,18 +340,12 @@ def _salvage(shard: Any, store: Any, exc: BaseException) -> int:
     if kind is None:
         idx = framed_prefix(path, shard.url)
     else:
-        with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
-            csize, cdigest, _, _ = decompress_prefix(path, tmp, kind)
-            tmp.flush()
-            idx = framed_prefix(tmp.name, shard.url)
-            if idx is None:  # only the compressed stream's end is damaged: the tar is whole
-                try:
-                    idx = tario.scan_file(tmp.name, shard.url)
-                except (ShardFormatError, OSError):
-                    idx = None
+        # decoded and framed as webdataset's stream reader does (compressed.salvage_compressed);
+        # the index is that of the compressed file, and open_view serves the prefix copy
+        sv = salvage_compressed(path, shard.url)
+        idx = sv.index if sv is not None and sv.index.samples else None
         if idx is not None:
-            idx.size, idx.xxh3_64 = csize, cdigest  # the cache verifies the compressed file
-            shard.salvaged = True  # compressed.open_view then decodes the prefix the same way
+            sv.apply(shard)
     if idx is None or not idx.offsets or idx.samples == 0:
         if raw:  # nothing to keep: do not leave the damaged download in the cache
             for p in (path, path + ".meta"):
