@@ -1207,7 +1207,8 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         *input_hardening_rows(),  # input hardening
         *exactly_once_rows(quick),  # exactly-once hardening block (below)
         *s3_rows(quick),  # the s3 block below
-    ] + hardening_rows() + sample_digest_rows() + ranged_read_rows()  # fetch hardening (issue 12); sample digests, ranged reads (issue 15)
+    # fetch hardening (issue 12); sample digests and ranged reads (issue 15)
+    ] + hardening_rows() + sample_digest_rows() + ranged_read_rows()
 
 
 # ---------------------------------------------------------------------------

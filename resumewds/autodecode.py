@@ -162,7 +162,7 @@ def npz_loads(data: bytes) -> Dict[str, Any]:
 
 def msgpack_loads(data: bytes) -> Any:
     """A msgpack value (needs the ``msgpack`` package)."""
-    import msgpack  # type: ignore[import-untyped]
+    import msgpack
 
     return msgpack.unpackb(data)
 
@@ -364,7 +364,7 @@ def torch_video(key: str, data: bytes) -> Any:
     ext = _ext(key)
     if ext not in ("mp4", "ogv", "mjpeg", "avi", "mov", "h264", "mpg", "webm", "wmv"):
         return None
-    import torchvision.io  # type: ignore[import-not-found]
+    import torchvision.io
 
     return _via_tempfile(ext, data, lambda f: torchvision.io.read_video(f, pts_unit="sec"))
 
@@ -374,7 +374,7 @@ def torch_audio(key: str, data: bytes) -> Any:
     ext = _ext(key)
     if ext not in ("flac", "mp3", "sox", "wav", "m4a", "ogg", "wma"):
         return None
-    import torchaudio  # type: ignore
+    import torchaudio
 
     return _via_tempfile(ext, data, torchaudio.load)
 

@@ -27,16 +27,39 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import reading, tario
-from .errors import (CacheError, ChecksumMismatch, FetchError, IntegrityError, ResumeWDSError,
-                     ShardFormatError, SourceError, StateError)
+from .errors import (
+    CacheError,
+    ChecksumMismatch,
+    FetchError,
+    IntegrityError,
+    ResumeWDSError,
+    ShardFormatError,
+    StateError,
+)
 from .manifest import Manifest, ShardInfo
-from .pipeline import (Decoder, ExtractKeys, Handled, HandlerStop, Map, MapDict, MapTuple, Rename,
-                       RenameKeys, Select, SelectFiles, Stage, ToTuple, default_collate,
-                       default_collation_fn, hide_positions, list_collate)
+from .pipeline import (
+    Decoder,
+    ExtractKeys,
+    Handled,
+    HandlerStop,
+    Map,
+    MapDict,
+    MapTuple,
+    Rename,
+    RenameKeys,
+    Select,
+    SelectFiles,
+    Stage,
+    ToTuple,
+    default_collate,
+    default_collation_fn,
+    hide_positions,
+    list_collate,
+)
 from .plan import Layout, Plan, check_partitions, mix, worker_steps
 from .reading import ShardReader as _ShardReader
-from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 from .sources import Source, resolve_sources
+from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 from .stats import event_record
 
 log = logging.getLogger("resumewds")
@@ -324,7 +347,7 @@ class WebDataset:
         ``.shuffle(n)`` compiled into the plan, one ``.batched`` and the maps after it
         (what WebLoader runs), and the stream stages after that."""
         p = self._spec
-        i, stages, buffer, initial = 0, [], 0, None
+        i, stages, buffer = 0, [], 0
         while i < len(p) and p[i].kind in ("sample", "shuffle"):
             if p[i].kind == "shuffle":
                 buffer = max(buffer, int(p[i].args["n"]))
@@ -350,13 +373,13 @@ class WebDataset:
         self.collate_fn = collate
         self._plan = None
 
-    def compose(self, *stages: Any) -> "WebDataset":
+    def compose(self, *stages: Any) -> WebDataset:
         """A copy with more stages: a :class:`~resumewds.pipeline.Stage`, or (webdataset's
         ``compose(f)``) a generator function ``f(iterator) -> iterator``, run over
         each worker's stream; an opaque generator replays an epoch from its start on resume."""
         return WebDataset._with_stages(self, *stages)
 
-    def _with_stages(self, *stages: Any) -> "WebDataset":
+    def _with_stages(self, *stages: Any) -> WebDataset:
         """``compose`` itself (the fluent methods call this, so a subclass may override
         ``compose`` with webdataset's DataPipeline signature)."""
         if self._mutable_fluent or type(self).compose is not WebDataset.compose:
@@ -378,7 +401,7 @@ class WebDataset:
         ds._compile()
         return ds
 
-    def _sample(self, name: str, fn: Callable[[Any], Any], handler: Any = None) -> "WebDataset":
+    def _sample(self, name: str, fn: Callable[[Any], Any], handler: Any = None) -> WebDataset:
         from .handlers import reraise_exception
 
         if handler is not None and handler is not reraise_exception:
@@ -387,7 +410,7 @@ class WebDataset:
 
     def decode(self, *handlers: Union[str, Callable[[str, bytes], Any]],
                allow_pickle: Optional[bool] = None, handler: Any = None, only: Any = None,
-               partial: bool = False, pre: Any = None, post: Any = None) -> "WebDataset":
+               partial: bool = False, pre: Any = None, post: Any = None) -> WebDataset:
         """Decode members: image specs ("pil", "rgb8", "torchrgb"...) and/or callables
         ``(key, data) -> value or None``; ``only=`` limits decoding to those extensions,
         ``handler=`` handles a decoding error (skip / stop)."""
@@ -409,25 +432,25 @@ class WebDataset:
         return self._sample("decode", fn, handler)
 
     def to_tuple(self, *specs: str, missing_is_error: bool = True, none_is_error: Optional[bool] = None,
-                 handler: Any = None) -> "WebDataset":
+                 handler: Any = None) -> WebDataset:
         """Turn samples into tuples: ``to_tuple("jpg;png", "cls")`` or ``to_tuple("jpg;png cls")``."""
         return self._sample("to_tuple", ToTuple(*specs, missing_is_error=missing_is_error,
                                                 none_is_error=none_is_error), handler)
 
-    def map(self, fn: Callable[[Any], Any], handler: Any = None) -> "WebDataset":
+    def map(self, fn: Callable[[Any], Any], handler: Any = None) -> WebDataset:
         """Apply ``fn`` to each item (a sample, or a batch after ``batched``); a None
         result drops it; ``handler=`` decides about an exception (skip or stop)."""
         return self._sample("map", Map(fn), handler)
 
-    def map_dict(self, handler: Any = None, **fns: Callable[[Any], Any]) -> "WebDataset":
+    def map_dict(self, handler: Any = None, **fns: Callable[[Any], Any]) -> WebDataset:
         """Apply functions to named fields of dict samples (a missing field: KeyError)."""
         return self._sample("map_dict", MapDict(**fns), handler)
 
-    def map_tuple(self, *fns: Optional[Callable[[Any], Any]], handler: Any = None) -> "WebDataset":
+    def map_tuple(self, *fns: Optional[Callable[[Any], Any]], handler: Any = None) -> WebDataset:
         """Apply functions to the fields of tuple samples, by position."""
         return self._sample("map_tuple", MapTuple(*fns), handler)
 
-    def select(self, predicate: Callable[[Any], bool], **kw: Any) -> "WebDataset":
+    def select(self, predicate: Callable[[Any], bool], **kw: Any) -> WebDataset:
         """Keep only the items for which ``predicate`` is true.
 
         Under WebLoader, filtering happens inside a batch: the batch of
@@ -437,27 +460,27 @@ class WebDataset:
         """
         return self._sample("select", Select(predicate))
 
-    def rename(self, keep: bool = True, handler: Any = None, **kw: str) -> "WebDataset":
+    def rename(self, keep: bool = True, handler: Any = None, **kw: str) -> WebDataset:
         """Rename fields: ``rename(image="jpg;png", label="cls")`` (webdataset's ``keep``)."""
         return self._sample("rename", Rename(keep=keep, **kw), handler)
 
-    def rename_keys(self, *args: Any, **kw: Any) -> "WebDataset":
+    def rename_keys(self, *args: Any, **kw: Any) -> WebDataset:
         """webdataset's ``rename_keys``: rename fields by glob patterns."""
         opts = {k: kw.pop(k) for k in ("keep_unselected", "must_match", "duplicate_is_error") if k in kw}
         return self._sample("rename_keys", RenameKeys(*args, **opts, **kw))
 
-    def extract_keys(self, *patterns: Any, **kw: Any) -> "WebDataset":
+    def extract_keys(self, *patterns: Any, **kw: Any) -> WebDataset:
         """webdataset's ``extract_keys``: a tuple of the fields matching glob patterns."""
         return self._sample("extract_keys", ExtractKeys(*patterns, **kw))
 
-    def xdecode(self, *args: Any, **kw: Any) -> "WebDataset":
+    def xdecode(self, *args: Any, **kw: Any) -> WebDataset:
         """webdataset's ``xdecode`` (decoders chosen by glob patterns on the key)."""
         from . import filters  # H4b's module: webdataset's xdecode
 
         return WebDataset._with_stages(
             self, Stage("sample", "xdecode", _StreamAsSample(filters.xdecode(*args, **kw))))
 
-    def shuffle(self, size: int, initial: int = 100, **kw: Any) -> "WebDataset":
+    def shuffle(self, size: int, initial: int = 100, **kw: Any) -> WebDataset:
         """Shuffle, exactly resumable and without a buffer of samples.
 
         Before any ``batched`` / ``slice`` / ... stage, ``.shuffle(n)`` is
@@ -474,7 +497,7 @@ class WebDataset:
         return WebDataset._with_stages(self, Stage("shuffle", "shuffle", n=int(size), initial=int(initial)))
 
     def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
-                partial: bool = True) -> "WebDataset":
+                partial: bool = True) -> WebDataset:
         """Batch items; later stages apply to batches.
 
         The default collation is webdataset's (numbers -> numpy array, tensors
@@ -487,42 +510,42 @@ class WebDataset:
         return WebDataset._with_stages(self, Stage("batched", "batched", n=int(batchsize), collation_fn=collation_fn,
                                   partial=bool(partial)))
 
-    def listed(self, batchsize: int, partial: bool = True) -> "WebDataset":
+    def listed(self, batchsize: int, partial: bool = True) -> WebDataset:
         """Lists of ``batchsize`` items, without collation."""
         return self.batched(batchsize, collation_fn=None, partial=partial)
 
-    def unbatched(self) -> "WebDataset":
+    def unbatched(self) -> WebDataset:
         """Split collated batches back into samples."""
         return WebDataset._with_stages(self, Stage("stream", "unbatched"))
 
-    def unlisted(self) -> "WebDataset":
+    def unlisted(self) -> WebDataset:
         """Split lists (from ``listed``) back into items."""
         return WebDataset._with_stages(self, Stage("stream", "unlisted"))
 
-    def slice(self, *args: Optional[int]) -> "WebDataset":
+    def slice(self, *args: Optional[int]) -> WebDataset:
         """``itertools.islice`` over each worker's stream of an epoch."""
         return WebDataset._with_stages(self, Stage("stream", "slice", args=args))
 
-    def rsample(self, p: float = 0.5) -> "WebDataset":
+    def rsample(self, p: float = 0.5) -> WebDataset:
         """Keep each item with probability ``p`` (deterministic per seed, epoch and count)."""
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"rsample: p must be in [0, 1], got {p}")
         return WebDataset._with_stages(self, Stage("stream", "rsample", p=float(p)))
 
-    def log_keys(self, logfile: Optional[str] = None) -> "WebDataset":
+    def log_keys(self, logfile: Optional[str] = None) -> WebDataset:
         """Append ``index, worker, rank, key`` lines to ``logfile`` (None: off)."""
         return WebDataset._with_stages(self, Stage("stream", "log_keys", logfile=logfile))
 
-    def mcached(self) -> "WebDataset":
+    def mcached(self) -> WebDataset:
         """Not supported: samples are read by position, never kept in memory."""
         raise NotImplementedError("mcached() is not supported by resumewds: the page cache and the "
                                   "verified shard cache already keep reads cheap")
 
-    def lmdb_cached(self, *args: Any, **kw: Any) -> "WebDataset":
+    def lmdb_cached(self, *args: Any, **kw: Any) -> WebDataset:
         """Not supported (see docs/COMPAT.md)."""
         raise NotImplementedError("lmdb_cached() is not supported by resumewds")
 
-    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> "WebDataset":
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> WebDataset:
         """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
         if nepochs > 0:
             self._mode, self._nepochs = ("once" if nepochs == 1 and nbatches < 1 else "repeat"), int(nepochs)
@@ -531,13 +554,13 @@ class WebDataset:
         self._limit = int(nbatches)
         return self
 
-    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> "WebDataset":
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> WebDataset:
         """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing the
         stream over epochs (the next ``iter()`` goes on where this one stopped)."""
         self._mode, self._nepochs, self._limit = "forever", -1, int(max(nsamples, nbatches))
         return self
 
-    def with_length(self, n: int, silent: bool = False) -> "WebDataset":
+    def with_length(self, n: int, silent: bool = False) -> WebDataset:
         """Give the dataset a ``__len__`` of ``n`` (it does not change an epoch)."""
         if not silent:
             import warnings
@@ -556,7 +579,7 @@ class WebDataset:
     def __bool__(self) -> bool:
         return True
 
-    def __enter__(self) -> "WebDataset":
+    def __enter__(self) -> WebDataset:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -677,7 +700,7 @@ class WebDataset:
         return ev
 
     def __getstate__(self) -> Dict[str, Any]:
-        self.manifest  # index before pickling so workers never re-index
+        _ = self.manifest  # index before pickling so workers never re-index
         d = dict(self.__dict__)
         d["_store"] = None
         d["_reader"] = None

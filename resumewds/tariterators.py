@@ -343,8 +343,9 @@ def _salvage(shard: Any, store: Any, exc: BaseException) -> int:
         # decoded and framed as webdataset's stream reader does (compressed.salvage_compressed);
         # the index is that of the compressed file, and open_view serves the prefix copy
         sv = salvage_compressed(path, shard.url)
-        idx = sv.index if sv is not None and sv.index.samples else None
-        if idx is not None:
+        idx = None
+        if sv is not None and sv.index.samples:
+            idx = sv.index
             sv.apply(shard)
     if idx is None or not idx.offsets or idx.samples == 0:
         if raw:  # nothing to keep: do not leave the damaged download in the cache

@@ -145,7 +145,7 @@ def cbor_dumps(x: Any) -> bytes:
 
 def mp_dumps(x: Any) -> bytes:
     """msgpack bytes (needs ``msgpack``)."""
-    import msgpack  # type: ignore[import-untyped]
+    import msgpack
 
     return msgpack.packb(x)
 
