@@ -247,7 +247,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("|---|" + "---|" * len(cols))
         for field, title in BREAKDOWN:
             print(f"| {title} | " + " | ".join(f"{med(k, field):.3f}" for k in cols) + " |")
-        print(f"| pickled WebDataset, KB | " + " | ".join(f"{med(k, 'pickled_kb'):.0f}" for k in cols) + " |")
+        print("| pickled WebDataset, KB | " + " | ".join(f"{med(k, 'pickled_kb'):.0f}" for k in cols) + " |")
         print()
         print("| first batch after import, 2 workers, s (median, min..max) | resumewds | webdataset | ratio "
               "| target | result |")
