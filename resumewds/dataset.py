@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import queue
+import threading
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -133,6 +135,53 @@ def index_manifest(manifest: Manifest, store: Any = None,
     return manifest
 
 
+class _WholeShardCheck:
+    """The whole-file check of a local shard, run behind its first samples.
+
+    A local shard with per-sample digests (manifest v3) that this machine has
+    not verified yet is opened at once (size checked) and its samples are
+    verified one by one against their digests until this check, the store's
+    usual ``acquire`` (whole-file xxh3_64, then the "verified" mark), ends.
+    One background thread per process runs the checks one after another, in
+    the order the shards were first read (several at once would compete for
+    the disk with the reads of the first samples).
+    """
+
+    _queue: Optional[queue.SimpleQueue[_WholeShardCheck]] = None
+    _pid = 0
+
+    def __init__(self, store: Any, shard: ShardInfo):
+        self.store, self.shard = store, shard
+        self.error: Optional[BaseException] = None
+        self.pid = os.getpid()  # a forked worker runs its own (the thread stays in its parent)
+        self.done = threading.Event()
+        cls = type(self)
+        if cls._queue is None or cls._pid != self.pid:
+            cls._queue, cls._pid = queue.SimpleQueue(), self.pid
+            threading.Thread(target=cls._loop, args=(cls._queue,), name="resumewds-verify", daemon=True).start()
+        cls._queue.put(self)
+
+    @staticmethod
+    def _loop(q: queue.SimpleQueue[_WholeShardCheck]) -> None:
+        while True:
+            chk = q.get()
+            try:
+                chk.store.acquire(chk.shard).close()
+            except BaseException as exc:  # handed to the reader, raised at the shard's next read
+                chk.error = exc
+            finally:
+                chk.done.set()
+
+
+def _deferrable(store: Any, shard: ShardInfo) -> bool:
+    """Whether ``shard``'s whole-file check can run behind its first samples."""
+    if store.verify != "once" or shard.xxh3_64 is None or shard.sample_digests is None or shard.offsets is None:
+        return False
+    from .fetch import is_remote_url
+
+    return not is_remote_url(shard.url) and ("://" not in shard.url or shard.url.startswith("file://"))
+
+
 class _ShardReader:
     """Per-process open shards: pinned cache leases and file descriptors (LRU)."""
 
@@ -141,6 +190,27 @@ class _ShardReader:
         self.limit = max(2, limit)
         self.open: "OrderedDict[int, Tuple[Any, int]]" = OrderedDict()
         self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
+        self.checks: Dict[int, _WholeShardCheck] = {}  # shards read sample-verified meanwhile
+
+    def _acquire(self, idx: int, shard: ShardInfo) -> Any:
+        if idx not in self.checks and _deferrable(self.store, shard):
+            lease = self.store._acquire(shard, True, policy="never")  # size check only, no hashing
+            self.checks[idx] = _WholeShardCheck(self.store, shard)
+            return lease
+        return self.store.acquire(shard)
+
+    def check(self, idx: int) -> bool:
+        """Whether shard ``idx``'s samples must still be verified one by one;
+        raises what its whole-file check raised, once it has ended."""
+        chk = self.checks.get(idx)
+        if chk is not None and chk.pid != os.getpid():
+            chk = self.checks[idx] = _WholeShardCheck(self.store, chk.shard)
+        if chk is None or not chk.done.is_set():
+            return chk is not None
+        if chk.error is not None:
+            raise chk.error
+        del self.checks[idx]
+        return False
 
     def fd(self, idx: int, shard: ShardInfo) -> int:
         hit = self.open.get(idx)
@@ -150,7 +220,7 @@ class _ShardReader:
         t0 = time.perf_counter()
         try:
             for attempt in range(3):
-                lease = self.store.acquire(shard)
+                lease = self._acquire(idx, shard)
                 try:
                     fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     break
@@ -732,14 +802,33 @@ class WebDataset:
             return None
         shard = self.manifest.shards[shard_idx]
         try:
-            fd = self._shard_reader().fd(shard_idx, shard)
+            reader = self._shard_reader()
+            fd = reader.fd(shard_idx, shard)
             start, end = shard.sample_range(j)
-            sample = tario.read_sample(fd, start, end, shard.url)
+            if reader.check(shard_idx):
+                sample = self._read_verified(shard, j, fd, start, end)
+            else:
+                sample = tario.read_sample(fd, start, end, shard.url)
         except (FetchError, IntegrityError, ShardFormatError) as exc:
             self._shard_failed(shard_idx, shard, exc)
             return None
         sample["__url__"] = shard.url
         return sample
+
+    def _read_verified(self, shard: ShardInfo, j: int, fd: int, start: int, end: int) -> Dict[str, Any]:
+        """Sample ``j``, delivered only if its bytes match its manifest digest."""
+        import xxhash
+
+        buf = tario._pread_range(fd, start, end, shard.url)
+        assert shard.sample_digests is not None
+        want, got = int(shard.sample_digests[j]), xxhash.xxh3_64_intdigest(buf)
+        if got != want:
+            self._on_event(EventKind.VERIFY_FAIL, shard.url, expected=f"{want:016x}", actual=f"{got:016x}",
+                           sample=j)
+            raise ChecksumMismatch(f"{shard.url}: sample {j} (bytes {start}..{end}): xxh3_64 mismatch: "
+                                   f"expected {want:016x}, got {got:016x}", url=shard.url,
+                                   expected=f"{want:016x}", actual=f"{got:016x}")
+        return tario.parse_sample(buf, shard.url, base=start)
 
     def _shard_reader(self) -> "_ShardReader":
         """This process's open shards (created on first use)."""
@@ -800,6 +889,8 @@ class WebDataset:
         except (FetchError, IntegrityError, ShardFormatError) as exc:
             self._shard_failed(shard_idx, shard, exc)  # never a second fetch
             return [None] * count
+        if shard_idx in self._shard_reader().checks:  # sample-verified until its whole-file check ends
+            return [self._read(shard_idx, j + i) for i in range(count)]
         try:
             assert shard.offsets is not None
             samples: List[Optional[Dict[str, Any]]] = list(
