@@ -14,7 +14,10 @@ the rounds):
 * ``rw``        - the shards' verification marks exist (the bench_peers case: every
   later start of the same job on the same machine);
 * ``rw-first``  - a fresh ``cache_dir``: the shards were never verified on this machine
-  (the first start of a job), so each shard's bytes are checked before its first sample;
+  (the first start of a job); the manifest has sample digests (v3, what ``resumewds
+  index`` writes by default), so each first sample is verified by its own digest while the
+  whole-file check runs behind it (a v1 manifest hashes each shard whole before its first
+  sample);
 * ``wds``       - webdataset 1.0.2 on the same tars.
 
 The resumewds children also print where the time goes: ``import resumewds`` (not in the
@@ -109,6 +112,7 @@ def _child_rw(spec: Dict[str, Any]) -> Dict[str, Any]:
     w = min((r for r in recs if r["step"] == 0), key=lambda r: r["t_start"])
     return {"s": t6 - t1, "import": t_import, "dataset": t2 - t1, "manifest": t3 - t2, "plan": t4 - t3,
             "loader": t5 - t4, "worker_start": w["t_start"] - t5,
+            "setup": w["t_done"] - w["t_start"] - w["read"] - w["stages"],
             "shard_wait": w["fetch_wait"], "read_frame": w["read"] - w["fetch_wait"], "stages_collate": w["stages"],
             "handover": t6 - w["t_done"], "pickled_kb": pickled / 1024}
 
@@ -172,6 +176,7 @@ BREAKDOWN = [("import", "import resumewds (+ WebLoader), not in the figure"),
              ("plan", "ds.plan"),
              ("loader", "to_tuple + WebLoader()"),
              ("worker_start", "iter + next -> worker 0's first step (DataLoader fork)"),
+             ("setup", "worker: epoch order, window prefetch, meta (rest of its first step)"),
              ("shard_wait", "worker: shard open + verification (t_fetch_wait)"),
              ("read_frame", "worker: pread + tar framing of 64 samples"),
              ("stages_collate", "worker: stages + collate"),
@@ -208,7 +213,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         synth.write_shards(tar_dir, shards=shards, samples=per, images=True, image_side=256, seed=SEED)
         pattern = os.path.join(tar_dir, f"shard-{{000000..{shards - 1:06d}}}.tar")
         manifest = os.path.join(tar_dir, "manifest.json")
-        build_manifest(pattern, manifest)
+        build_manifest(pattern, manifest, digests=True)  # v3, as `resumewds index` writes by default
         base = {"manifest": manifest, "pattern": pattern}
         # the marks of rw's cache dir exist before the rounds (a pass has verified every shard)
         _run(dict(base, case="rw", cache=os.path.join(d, "cache-rw"), evdir=tempfile.mkdtemp(dir=d)))

@@ -251,3 +251,21 @@ def test_sample_verified_start_with_workers_is_exact(tmp_path):
         print(json.dumps([full == fresh, head + tail == full, len(full)]))
     """) if _v3(tmp_path, shards=3, samples=25) else None
     assert json.loads(got) == [True, True, 11]
+
+
+def test_import_resumewds_loads_only_what_it_uses():
+    """Public names load their modules on first use; every one resolves to its module's object."""
+    got = _run("""
+        import json, sys
+        import resumewds as rw
+        heavy = ("dataset", "writer", "mixture", "mixdataset", "compat", "autodecode", "filters", "digests",
+                 "shardlists", "loader", "cache", "fetch")
+        before = sorted(m for m in heavy if "resumewds." + m in sys.modules)
+        import resumewds.filters, resumewds.dataset, resumewds.writer, resumewds.sources
+        same = (rw.map is resumewds.filters.map and rw.WebDataset is resumewds.dataset.WebDataset
+                and rw.TarWriter is resumewds.writer.TarWriter and callable(rw.gopen)
+                and rw.filters is resumewds.filters and "WebDataset" in dir(rw))
+        rw.WebLoader
+        print(json.dumps([before, same, "resumewds.cache" in sys.modules, "torch" in sys.modules]))
+    """)
+    assert json.loads(got) == [[], True, True, True]
