@@ -104,14 +104,14 @@ class ArrayFile:
             try:
                 with open(self.path, "rb") as f:
                     if self.empty_ok and os.fstat(f.fileno()).st_size == 0:
-                        self._view = memoryview(b"").cast(self.typecode)
+                        self._view = memoryview(b"").cast(self.typecode)  # type: ignore[call-overload]
                         return self._view
                     self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as exc:
                 raise SourceError(f"{self.path}: cannot read {self.what} file: {exc}") from exc
             if len(self._mm) % 8:
                 raise SourceError(f"{self.path}: {self.what} file size {len(self._mm)} is not a multiple of 8")
-            self._view = memoryview(self._mm).cast(self.typecode)
+            self._view = memoryview(self._mm).cast(self.typecode)  # type: ignore[call-overload]
         return self._view
 
     def __len__(self) -> int:
@@ -134,7 +134,7 @@ class OffsetsFile(ArrayFile):
     """The v2 offsets side file (``manifest.json.offsets``): int64 sample offsets."""
 
     def slice(self, start: int, count: int, size: Optional[int] = None,
-              where: Optional[str] = None) -> "LazyOffsets":
+              where: Optional[str] = None) -> LazyOffsets:
         return LazyOffsets(self, start, count, size=size, where=where)
 
 
@@ -224,7 +224,7 @@ class ShardInfo:
     def indexed(self) -> bool:
         return self.samples is not None and self.offsets is not None
 
-    def sample_range(self, i: int) -> "tuple[int, int]":
+    def sample_range(self, i: int) -> tuple[int, int]:
         """Byte range ``(start, end)`` of sample ``i`` in this shard."""
         assert self.offsets is not None
         return int(self.offsets[i]), int(self.offsets[i + 1])
@@ -294,7 +294,7 @@ class Manifest:
     def total_samples(self) -> int:
         return int(self.starts[-1])
 
-    def locate(self, index: int) -> "tuple[int, int]":
+    def locate(self, index: int) -> tuple[int, int]:
         """Map a manifest-order sample index to ``(shard_index, sample_in_shard)``."""
         import bisect
 
@@ -316,8 +316,8 @@ class Manifest:
 
     # ---- (de)serialisation ---------------------------------------------
     def to_json(self, base: Optional[str] = None, offsets_file: Optional[str] = None,
-                side_digest: Optional["tuple[int, str]"] = None, with_digests: bool = True,
-                digests_side: Optional["tuple[int, str]"] = None) -> Dict[str, Any]:
+                side_digest: Optional[tuple[int, str]] = None, with_digests: bool = True,
+                digests_side: Optional[tuple[int, str]] = None) -> Dict[str, Any]:
         """The manifest as a JSON-able dict; urls made relative to ``base``.
 
         With ``offsets_file`` (a name relative to the manifest), offsets are
@@ -420,7 +420,7 @@ class Manifest:
         os.replace(tmp, path)
 
     @classmethod
-    def from_json(cls, data: Any, location: str, trusted: bool = True) -> "Manifest":
+    def from_json(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
         """Parse a manifest dict; relative urls resolve against ``location``.
 
         Args:
@@ -435,7 +435,7 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise SourceError(f"{location}: not a resumewds manifest (format field is missing or wrong)")
         version = data.get("version")
-        if not _is_int(version) or version < 1:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise SourceError(f"{location}: manifest 'version' must be a positive integer, got {_show(version)}")
         if version > VERSION:
             raise SourceError(f"{location}: manifest version {version!r} is newer than this resumewds "
@@ -531,6 +531,12 @@ def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], 
         raise SourceError(f"{where}: 'offsets' must be a list of integers, got {_show(offsets)}")
     if len(offsets) != samples + 1:
         raise SourceError(f"{where}: offsets has {len(offsets)} entries, expected samples+1 = {samples + 1}")
+    # the common case at C speed (a manifest's load time is on every start's path): all
+    # plain ints, non-negative, never going backwards; anything else gets the loop's message
+    if set(map(type, offsets)) <= {int} and (not offsets or offsets[0] >= 0) and sorted(offsets) == offsets:
+        last = offsets[-1] if offsets else 0
+        if (size is None or last <= size) and last <= MAX_OFFSET:
+            return array("q", offsets)
     prev = 0
     for j, v in enumerate(offsets):
         if not _is_int(v):

@@ -26,13 +26,21 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .digests import LazyDigests
 from .errors import SourceError, UnsafeSourceError
 from .gopen import rewrite_url
-from .manifest import (LazyOffsets, Manifest, ShardInfo, concat, is_remote, load_manifest,
-                       parse_manifest_bytes)
+from .manifest import (
+    ArrayFile,
+    LazyOffsets,
+    Manifest,
+    ShardInfo,
+    concat,
+    is_remote,
+    load_manifest,
+    parse_manifest_bytes,
+)
 from .utils import check_source_allowed
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -56,7 +64,9 @@ def _find_group(s: str) -> Optional[tuple]:
 
 
 def _split_top(body: str) -> List[str]:
-    parts, depth, cur = [], 0, []
+    parts: List[str] = []
+    cur: List[str] = []
+    depth = 0
     for c in body:
         if c == "," and depth == 0:
             parts.append("".join(cur))
@@ -156,7 +166,8 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
                     f"{url}: manifest fetched over the network names a local file ({local}); refusing to read "
                     "local files for a remote manifest. Set RESUMEWDS_ALLOW_REMOTE_LOCAL=1 (or pass "
                     "allow_remote_pipe=True / --allow-remote-pipe) if you trust it")
-    sides_by_id = {id(s.offsets.file): s.offsets.file for s in m.shards if isinstance(s.offsets, LazyOffsets)}
+    sides_by_id: Dict[int, ArrayFile] = {id(s.offsets.file): s.offsets.file for s in m.shards
+                                         if isinstance(s.offsets, LazyOffsets)}
     sides_by_id.update({id(s.sample_digests.file): s.sample_digests.file for s in m.shards
                         if isinstance(s.sample_digests, LazyDigests)})  # version 3's digests file
     if sides_by_id:
