@@ -163,6 +163,10 @@ class _WholeShardCheck:
 
     @staticmethod
     def _loop(q: queue.SimpleQueue[_WholeShardCheck]) -> None:
+        try:  # Linux: a thread's own nice value; the reads the samples wait for come first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         while True:
             chk = q.get()
             try:
