@@ -269,3 +269,41 @@ def test_import_resumewds_loads_only_what_it_uses():
         print(json.dumps([before, same, "resumewds.cache" in sys.modules, "torch" in sys.modules]))
     """)
     assert json.loads(got) == [[], True, True, True]
+
+
+def _resident_pages(path):
+    import shutil as _sh
+
+    if _sh.which("fincore") is None:
+        return None
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "PAGES", path], capture_output=True,
+                         text=True)
+    return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
+    """The first step's sample ranges of a local shard are read ahead at once (posix_fadvise
+    WILLNEED); advice never raises, for a missing file or a remote url either."""
+    import pytest
+
+    from resumewds import WebDataset, build_manifest, synth
+
+    synth.write_shards(str(tmp_path / "s"), shards=1, samples=200, size_range=(20000, 40000))
+    path = str(tmp_path / "s" / "shard-000000.tar")
+    build_manifest(path, str(tmp_path / "m.json"))
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)  # dirty pages stay; clean ones go
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # this file's pages only (nothing global)
+    os.close(fd)
+    if _resident_pages(path) != 0:
+        pytest.skip("no fincore, or this filesystem keeps the pages (tmpfs)")
+    ds = WebDataset(str(tmp_path / "m.json"), cache_dir=str(tmp_path / "c"))
+    time.sleep(0.2)
+    assert _resident_pages(path) == 0  # nothing reads it by itself
+    ds._hint_pages([(0, 150), (0, 190)])
+    deadline = time.monotonic() + 10
+    while not _resident_pages(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _resident_pages(path) > 0
+    os.unlink(path)  # a missing file: no error from the advice
+    ds._hint_pages([(0, 1)])
