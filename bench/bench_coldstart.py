@@ -223,6 +223,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("# cannot drop the page cache (not root): warm only", flush=True)
         print(f"# {shards} x {per} samples (256x256 JPEG), {repeats} rounds, load {os.getloadavg()[0]:.1f}",
               flush=True)
+        if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+            print("# PYTHONDONTWRITEBYTECODE is set: resumewds' modules are compiled from source in every child "
+                  "(webdataset's site-packages .pyc files are used); the import row pays for it", flush=True)
         res: Dict[str, Dict[str, List[Dict[str, Any]]]] = {f"{c}/{t}": {} for c in CASES for t in temps}
         runs: Dict[str, List[Dict[str, Any]]] = {k: [] for k in res}
         n = 0
