@@ -22,38 +22,69 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, Dict, List
 
-from . import filters, shardlists, tariterators, tenbin, utils
-from .autodecode import (Continue, Decoder, DecodingError, basichandlers, gzfilter, handle_extension,
-                         imagehandler, torch_audio, torch_loads, torch_video)
-from .compat import Cached, FluidInterface, MockDataset
-from .dataset import WebDataset, build_manifest, index_manifest
-from .digests import BadSample, add_sample_digests, bad_samples
-from .errors import (CacheError, ChecksumMismatch, DecodeError, FetchError, IntegrityError,
-                     JournalConfigMismatch, JournalError, JournalIncompleteCommit, MissingKeyError,
-                     PermanentFetchError, ResumeWDSError, ShardFormatError, ShardNotFoundError,
-                     SourceError, StateError, TransientFetchError, UnsafeSourceError)
-from .filters import (associate, batched, decode, detshuffle, extract_keys, getfirst, info, log_keys, map, map_dict, map_tuple,
-                      pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple,
-                      transform_with, unbatched, unlisted, xdecode)
+# Loaded with the package: the exceptions (light, and what ``except rw.X`` needs), and
+# ``gopen``, a submodule and a function: bound now, so that importing the submodule later
+# (sources imports it) cannot rebind ``resumewds.gopen`` to the module.
+from .errors import (
+    CacheError,
+    ChecksumMismatch,
+    DecodeError,
+    FetchError,
+    IntegrityError,
+    JournalConfigMismatch,
+    JournalError,
+    JournalIncompleteCommit,
+    MissingKeyError,
+    PermanentFetchError,
+    ResumeWDSError,
+    ShardFormatError,
+    ShardNotFoundError,
+    SourceError,
+    StateError,
+    TransientFetchError,
+    UnsafeSourceError,
+)
 from .gopen import gopen
-from .handlers import (ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue,
-                       warn_and_stop)
-from .manifest import Manifest, ShardInfo, load_manifest
-from .multi import MultiLoader
-from .mix import RoundRobin
-from .mixdataset import MixedDataset, RandomMix
-from .mixture import MixPlan
-from .plan import Layout, Plan
-from .shardlists import (MultiShardSample, ResampledShards, SimpleShardList, non_empty, resampled, shardspec,
-                         single_node_only, split_by_node, split_by_worker)
-from .tariterators import tarfile_samples, tarfile_to_samples
-from .pipeline import PipelineStage, default_collation_fn
-from .tario import sample_digest, scan_file
-from .utils import repeatedly
-from .world import World, detect_world
-from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
+
+# Every other public name is loaded from its module on first use (PEP 562), so
+# that ``import resumewds`` does not import the mixtures, the writer, the
+# webdataset compatibility layers and the decoders a script may never touch.
+_MODULES = ("filters", "shardlists", "tariterators", "tenbin", "utils")
+_LAZY: Dict[str, str] = {
+    **dict.fromkeys(("Continue", "Decoder", "DecodingError", "basichandlers", "gzfilter", "handle_extension",
+                     "imagehandler", "torch_audio", "torch_loads", "torch_video"), "autodecode"),
+    **dict.fromkeys(("Cached", "FluidInterface", "MockDataset"), "compat"),
+    **dict.fromkeys(("WebDataset", "build_manifest", "index_manifest"), "dataset"),
+    **dict.fromkeys(("BadSample", "add_sample_digests", "bad_samples"), "digests"),
+    **dict.fromkeys(("associate", "batched", "decode", "detshuffle", "extract_keys", "getfirst", "info",
+                     "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter", "rename", "rename_keys",
+                     "rsample", "select", "shuffle", "slice", "to_tuple", "transform_with", "unbatched",
+                     "unlisted", "xdecode"), "filters"),
+    **dict.fromkeys(("ignore_and_continue", "ignore_and_stop", "reraise_exception", "warn_and_continue",
+                     "warn_and_stop"), "handlers"),
+    **dict.fromkeys(("Manifest", "ShardInfo", "load_manifest"), "manifest"),
+    "MultiLoader": "multi",
+    "RoundRobin": "mix",
+    **dict.fromkeys(("MixedDataset", "RandomMix"), "mixdataset"),
+    "MixPlan": "mixture",
+    **dict.fromkeys(("Layout", "Plan"), "plan"),
+    **dict.fromkeys(("MultiShardSample", "ResampledShards", "SimpleShardList", "non_empty", "resampled", "shardspec",
+                     "single_node_only", "split_by_node", "split_by_worker"), "shardlists"),
+    **dict.fromkeys(("tarfile_samples", "tarfile_to_samples"), "tariterators"),
+    "default_collation_fn": "pipeline",
+    **dict.fromkeys(("sample_digest", "scan_file"), "tario"),
+    **dict.fromkeys(("PipelineStage", "repeatedly"), "utils"),
+    **dict.fromkeys(("World", "detect_world"), "world"),
+    **dict.fromkeys(("ShardWriter", "TarWriter", "numpy_dumps", "torch_dumps"), "writer"),
+    # torch: WebLoader imports it; keep `import resumewds` light for the CLI
+    **dict.fromkeys(("WebLoader", "EmptyBatch", "BatchInfo"), "loader"),
+    "DataPipeline": "datapipeline",  # a torch IterableDataset: imports torch
+    "FluidWrapper": "fluid",  # a DataPipeline: imports torch
+    "S3Options": "s3",  # s3:// settings; resumewds.s3 leans on fetch's internals, load it on use
+}
 
 __version__ = "0.1.0"
 
@@ -170,21 +201,22 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # WebLoader imports torch; keep `import resumewds` light for the CLI.
-    if name in ("WebLoader", "EmptyBatch", "BatchInfo"):
-        from . import loader
+    mod = _LAZY.get(name)
+    if mod is None:
+        if name not in _MODULES:
+            raise AttributeError(f"module 'resumewds' has no attribute {name!r}")
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        m = importlib.import_module(f".{mod}", __name__)
+        if mod == "loader":
+            # the modules every DataLoader worker needs (the store: resumewds.cache, compressed;
+            # numpy.random), imported with the loader module: before any worker forks, and not
+            # at the first WebLoader() (each worker would import them on its own otherwise)
+            m._import_worker_modules()
+        value = getattr(m, name)
+    globals()[name] = value  # resolved once
+    return value
 
-        return getattr(loader, name)
-    if name == "DataPipeline":  # a torch IterableDataset: imports torch
-        from .datapipeline import DataPipeline
 
-        return DataPipeline
-    if name == "FluidWrapper":  # a DataPipeline: imports torch
-        from .fluid import FluidWrapper
-
-        return FluidWrapper
-    if name == "S3Options":  # s3:// settings; resumewds.s3 leans on fetch's internals, load it on use
-        from .s3 import S3Options
-
-        return S3Options
-    raise AttributeError(f"module 'resumewds' has no attribute {name!r}")
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -798,6 +798,7 @@ class WebDataset:
         sample_at, read, stages = ep.sample_at, self._read_or_stop, self.stages
         names: Dict[int, str] = {}
         stream = not str(self.plan.algo).endswith("window")  # shards read front to back
+        hint = True
         for k in worker_steps(nsteps, worker, num_workers):
             slots = layout.slots(total, start, k)
             meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
@@ -832,6 +833,9 @@ class WebDataset:
             # with one pread: fewer syscalls, and fewer GIL hand-offs to the
             # prefetch threads
             where = [sample_at(pos) for pos, _ in slots]
+            if hint:  # the first step: its reads start at once (cold disk)
+                hint = False
+                reading.hint_pages(self, where)
             reading.prepare(self, where, stream)  # samples of shards not cached yet: verified ranges
             ahead: List[Optional[Dict[str, Any]]] = []
             for i, (pos, pad) in enumerate(slots):

@@ -105,7 +105,10 @@ def decode_inline(text: Any, samples: int, where: str) -> array:
     if not _HEXCHARS.issuperset(text):
         bad = next(j for j, c in enumerate(text) if c not in _HEXCHARS)
         raise SourceError(f"{where}: 'sample_xxh3_64' is not hex (character {bad} is {text[bad]!r})")
-    return array("Q", (int(text[j:j + HEX], 16) for j in range(0, len(text), HEX)))
+    out = array("Q", bytes.fromhex(text))  # 16 hex digits = one big-endian uint64 (checked above: only hex)
+    if sys.byteorder == "little":
+        out.byteswap()
+    return out
 
 
 class DigestsFile(ArrayFile):

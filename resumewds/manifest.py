@@ -531,6 +531,12 @@ def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], 
         raise SourceError(f"{where}: 'offsets' must be a list of integers, got {_show(offsets)}")
     if len(offsets) != samples + 1:
         raise SourceError(f"{where}: offsets has {len(offsets)} entries, expected samples+1 = {samples + 1}")
+    # the common case at C speed (a manifest's load time is on every start's path): all
+    # plain ints, non-negative, never going backwards; anything else gets the loop's message
+    if set(map(type, offsets)) <= {int} and (not offsets or offsets[0] >= 0) and sorted(offsets) == offsets:
+        last = offsets[-1] if offsets else 0
+        if (size is None or last <= size) and last <= MAX_OFFSET:
+            return array("q", offsets)
     prev = 0
     for j, v in enumerate(offsets):
         if not _is_int(v):

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,3 +102,208 @@ def test_workers_inherit_the_store_modules(tmp_path):
     assert not parent  # nothing imported the store before the WebLoader
     assert (n, distinct) == (40, 40)
     assert seen == [[True, True], [True, True]]
+
+
+# ---- first start of a local shard: sample-level verification, whole-file check behind it ----------
+def _v3(tmp_path, shards=2, samples=30):
+    from resumewds import build_manifest, synth
+
+    synth.write_shards(str(tmp_path / "s"), shards=shards, samples=samples)
+    pattern = str(tmp_path / "s" / f"shard-{{000000..{shards - 1:06d}}}.tar")
+    build_manifest(pattern, str(tmp_path / "m3.json"), digests=True)
+    build_manifest(pattern, str(tmp_path / "m1.json"))
+    return str(tmp_path / "m3.json"), str(tmp_path / "m1.json")
+
+
+class _GatedStore:
+    """A real ShardStore whose whole-file acquire waits for ``gate`` (the check's thread blocks there)."""
+
+    def __new__(cls, gate, **kw):
+        from resumewds.cache import ShardStore
+
+        class Gated(ShardStore):
+            def acquire(self, shard):
+                assert gate.wait(60)
+                return super().acquire(shard)
+
+        return Gated(**kw)
+
+
+def _marks(cache_dir):
+    d = os.path.join(cache_dir, "verified")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+def test_first_samples_are_delivered_before_the_whole_shard_is_hashed(tmp_path):
+    import threading
+
+    from resumewds import WebDataset
+
+    m3, m1 = _v3(tmp_path)
+    want = [(s["__key__"], s["cls"]) for s in WebDataset(m1, cache_dir=str(tmp_path / "c1"))]
+    gate = threading.Event()
+    ds = WebDataset(m3, cache_dir=str(tmp_path / "c3"))
+    ds._store = _GatedStore(gate, cache_dir=str(tmp_path / "c3"), on_event=ds._on_event)
+    it = iter(ds)
+    first = next(it)  # the whole-file check of shard 0 is blocked: this sample was verified by its digest
+    assert _marks(str(tmp_path / "c3")) == []
+    assert ds._reader.checks and not any(c.done.is_set() for c in ds._reader.checks.values())
+    gate.set()
+    got = [(first["__key__"], first["cls"])] + [(s["__key__"], s["cls"]) for s in it]
+    assert got == want
+    for c in list(ds._reader.checks.values()) if ds._reader else []:
+        assert c.done.wait(60)
+    deadline = time.monotonic() + 60
+    while len(_marks(str(tmp_path / "c3"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(_marks(str(tmp_path / "c3"))) == 2  # both shards verified whole, marked as before
+    # the next start finds the marks: no sample-level mode, same samples
+    ds2 = WebDataset(m3, cache_dir=str(tmp_path / "c3"))
+    assert [(s["__key__"], s["cls"]) for s in ds2] == want
+
+
+def _flip(path, at):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_a_corrupt_sample_is_never_delivered(tmp_path):
+    import pytest
+
+    from resumewds import WebDataset
+    from resumewds.errors import ChecksumMismatch
+    m3, _ = _v3(tmp_path, shards=1, samples=20)
+    shard = WebDataset(m3).manifest.shards[0]
+    path = str(tmp_path / "s" / "shard-000000.tar")
+    good = [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c0"), verify="never")]
+    _flip(path, int(shard.offsets[12]) + 700)  # inside sample 12's member data; the size is unchanged
+    delivered = []
+    with pytest.raises(ChecksumMismatch) as ei:
+        for s in WebDataset(m3, cache_dir=str(tmp_path / "c")):
+            delivered.append(s["__key__"])
+    assert delivered == good[:len(delivered)] and len(delivered) <= 12  # never sample 12 or beyond
+    assert "shard-000000.tar" in str(ei.value) and "\n" not in str(ei.value)
+    assert _marks(str(tmp_path / "c")) == []
+    # on_error="skip": the shard is skipped from the failure on, the samples before were good
+    kept = [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c2"), on_error="skip")]
+    assert kept == good[:len(kept)] and len(kept) <= 12
+
+
+def test_whole_file_mismatch_after_verified_samples_still_fails_the_shard(tmp_path):
+    """Bytes outside every sample's range (the tar's end blocks) differ: each sample matches its
+    digest, the whole-file check fails, and the shard's next read raises it."""
+    import threading
+
+    import pytest
+
+    from resumewds import WebDataset
+    from resumewds.errors import ChecksumMismatch
+
+    m3, _ = _v3(tmp_path, shards=1, samples=400)
+    path = str(tmp_path / "s" / "shard-000000.tar")
+    _flip(path, os.path.getsize(path) - 10)  # the trailing zero blocks
+    gate = threading.Event()
+    ds = WebDataset(m3, cache_dir=str(tmp_path / "c"))
+    ds._store = _GatedStore(gate, cache_dir=str(tmp_path / "c"), on_event=ds._on_event)
+    it = iter(ds)
+    next(it)
+    next(it)
+    gate.set()
+    (chk,) = ds._reader.checks.values()
+    assert chk.done.wait(60)
+    n = 2
+    with pytest.raises(ChecksumMismatch) as ei:
+        for _ in it:  # what was read (and verified by sample) before the check ended, then the error
+            n += 1
+    assert n < 400
+    assert "xxh3_64 mismatch" in str(ei.value) and "sample" not in str(ei.value)
+    assert _marks(str(tmp_path / "c")) == []
+
+
+def test_sample_verified_start_with_workers_is_exact(tmp_path):
+    """2 forked DataLoader workers, fresh cache, v3 manifest: the batches of a v1 run (whole-file
+    checks first), and an exact resume from a state taken after 2 batches."""
+    got = _run(f"""
+        import json, torch
+        import resumewds as rw
+        m3, m1 = {str(tmp_path / "m3.json")!r}, {str(tmp_path / "m1.json")!r}
+
+        def run(m, c, state=None, stop=None):
+            ds = rw.WebDataset(m, shuffle=True, seed=3, cache_dir=c).to_tuple("__key__", "cls")
+            loader = rw.WebLoader(ds, batch_size=7, num_workers=2, multiprocessing_context="fork")
+            if state is not None:
+                loader.load_state_dict(state)
+            out = []
+            for i, b in enumerate(loader):
+                out.append(list(b[0]))
+                if stop is not None and i + 1 == stop:
+                    return out, loader.state_dict()
+            return out, None
+
+        d = {str(tmp_path)!r}
+        full, _ = run(m1, d + "/c1")
+        fresh, _ = run(m3, d + "/c3")
+        head, st = run(m3, d + "/c4", stop=2)
+        tail, _ = run(m3, d + "/c5", state=st)
+        print(json.dumps([full == fresh, head + tail == full, len(full)]))
+    """) if _v3(tmp_path, shards=3, samples=25) else None
+    assert json.loads(got) == [True, True, 11]
+
+
+def test_import_resumewds_loads_only_what_it_uses():
+    """Public names load their modules on first use; every one resolves to its module's object."""
+    got = _run("""
+        import json, sys
+        import resumewds as rw
+        heavy = ("dataset", "writer", "mixture", "mixdataset", "compat", "autodecode", "filters", "digests",
+                 "shardlists", "loader", "cache", "fetch")
+        before = sorted(m for m in heavy if "resumewds." + m in sys.modules)
+        import resumewds.filters, resumewds.dataset, resumewds.writer, resumewds.sources
+        same = (rw.map is resumewds.filters.map and rw.WebDataset is resumewds.dataset.WebDataset
+                and rw.TarWriter is resumewds.writer.TarWriter and callable(rw.gopen)
+                and rw.filters is resumewds.filters and "WebDataset" in dir(rw))
+        rw.WebLoader
+        print(json.dumps([before, same, "resumewds.cache" in sys.modules, "torch" in sys.modules]))
+    """)
+    assert json.loads(got) == [[], True, True, True]
+
+
+def _resident_pages(path):
+    import shutil as _sh
+
+    if _sh.which("fincore") is None:
+        return None
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "PAGES", path], capture_output=True,
+                         text=True)
+    return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
+    """The first step's sample ranges of a local shard are read ahead at once (posix_fadvise
+    WILLNEED); advice never raises, for a missing file or a remote url either."""
+    import pytest
+
+    from resumewds import WebDataset, build_manifest, reading, synth
+
+    synth.write_shards(str(tmp_path / "s"), shards=1, samples=200, size_range=(20000, 40000))
+    path = str(tmp_path / "s" / "shard-000000.tar")
+    build_manifest(path, str(tmp_path / "m.json"))
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)  # dirty pages stay; clean ones go
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # this file's pages only (nothing global)
+    os.close(fd)
+    if _resident_pages(path) != 0:
+        pytest.skip("no fincore, or this filesystem keeps the pages (tmpfs)")
+    ds = WebDataset(str(tmp_path / "m.json"), cache_dir=str(tmp_path / "c"))
+    time.sleep(0.2)
+    assert _resident_pages(path) == 0  # nothing reads it by itself
+    reading.hint_pages(ds, [(0, 150), (0, 190)])
+    deadline = time.monotonic() + 10
+    while not _resident_pages(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _resident_pages(path) > 0
+    os.unlink(path)  # a missing file: no error from the advice
+    reading.hint_pages(ds, [(0, 1)])
