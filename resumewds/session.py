@@ -50,8 +50,8 @@ class JournalSession:
 
     Example:
         >>> s = JournalSession("run.db")                   # doctest: +SKIP
-        >>> s.open(loader, resume=True, sync="NORMAL")     # sets loader.epoch/position
-        >>> s.commit(loader, step=9)
+        >>> s.open(loader, resume=True, sync="NORMAL")     # doctest: +SKIP
+        >>> s.commit(loader, step=9)                       # doctest: +SKIP
     """
 
     def __init__(self, path: Optional[str]):
