@@ -214,7 +214,10 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
 
 # ---- verified ranged reads and streaming while downloading (issue 15 items 2, 4, 5) ----
 
-#: read samples of shards that are not cached yet by range / from the partial download
+#: read samples of shards that are not cached yet by range / from the partial download;
+#: False turns them off in this process whatever the dataset says (the switches:
+#: ``WebDataset(ranged_reads=...)`` and ``RESUMEWDS_RANGED_READS``, read once per
+#: dataset iteration and process)
 RANGED_READS = True
 #: neighbouring samples closer than this are fetched with one Range request
 RANGE_GAP = 64 * 1024
@@ -528,8 +531,12 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
     rr = reader.ranged
     shards = ds.manifest.shards
     if rr is None:
+        from . import config
+
         rr = reader.ranged = RangedReads(ds.store)
-        rr.active = any(rr.can_range(i, s) for i, s in enumerate(shards))
+        # WebDataset(ranged_reads=...), else RESUMEWDS_RANGED_READS (default on)
+        rr.active = (config.ranged_reads(getattr(ds, "ranged_reads", None))
+                     and any(rr.can_range(i, s) for i, s in enumerate(shards)))
     if not rr.active:
         return  # no shard can be read by range (local shards, manifest without digests)
     todo: Dict[int, List[int]] = {}

@@ -66,13 +66,9 @@ def _warm(root, tmp_path, **kw):
     cache = str(tmp_path / "warm")
     with FaultServer(root) as srv:
         url = srv.url.rstrip("/") + "/"
-        reading.RANGED_READS = False
-        try:
-            _run(url, cache, **kw)  # fills the cache
-            got, counters = _run(url, cache, **kw)
-        finally:
-            reading.RANGED_READS = True
-    assert counters == {}
+        _run(url, cache, ranged_reads=False, **kw)  # fills the cache
+        got, counters = _run(url, cache, ranged_reads=False, **kw)
+    assert not any(counters.values())  # ranged reads off: every sample from the cache
     return got
 
 
@@ -346,3 +342,73 @@ def test_a_mixture_reads_its_sources_by_range_too(tmp_path):
                      for d in ds.datasets if d._reader is not None and d._reader.ranged is not None)
     assert got == warm
     assert ranged > 0
+
+
+# ---- a server that ignores Range; the switches (issue 15 follow-up) ----
+
+@pytest.mark.parametrize("how", ["flag", "script"])
+def test_a_server_that_ignores_range_falls_back_to_whole_shards(v3, tmp_path, monkeypatch, how):
+    """``how="flag"``: every Range request is answered 200 with the whole file;
+    ``"script"``: only shard 0's first request (with a cache too small for any
+    prefetch, so that every request is a Range request).  Those shards are read
+    the whole-shard way (downloaded, whole-shard checked: a flipped byte in that
+    download is caught and repaired), the others by range, and the epoch is
+    exactly the warm run's, every sample equal to the file's."""
+    truth = _truth(v3)
+    warm = _warm(v3, tmp_path, shuffle=True)
+    if how == "script":
+        _tiny_cache(monkeypatch)
+    kw = {"ignore_range": True, "bytes_per_second": 4_000_000} if how == "flag" else {}
+    with FaultServer(v3, **kw) as srv:
+        if how == "script":
+            # its first range is answered whole, then its whole-shard download has a flipped byte
+            srv.script("/shard-000000.tar", ["ignore_range", "flip_data"])
+        else:
+            # the first two responses of shard 1 (a whole-shard GET, or a range answered whole)
+            srv.script("/shard-000001.tar", ["flip_data", "flip_data"])
+        url = srv.url.rstrip("/") + "/"
+        ds = rw.WebDataset(url + "manifest.json", cache_dir=str(tmp_path / "cold"), seed=11, shuffle=True)
+        got = [_plain(s) for s in ds]
+        rr = ds._reader.ranged
+        counters, off = dict(rr.counters), set(rr.off)
+        ds.close()
+        ignored, flipped = srv.faults["ignore_range"], srv.faults["flip_data"]
+    assert got == warm
+    assert all(dict(s[2]) == truth[s[0]] for s in got)
+    assert flipped == (2 if how == "flag" else 1)
+    if how == "flag":
+        # no sample came by range: each was read from a verified partial or the cache
+        assert ignored >= 1 and off == set(range(SHARDS))
+        assert counters["range_samples"] == 0 and counters["range_bytes"] == 0
+    else:
+        assert ignored == 1 and off == {0}
+        # shards 1 and 2: every sample by range; shard 0: the few of its first step's other
+        # ranges (answered 206, verified), then whole
+        assert (SHARDS - 1) * SAMPLES <= counters["range_samples"] < (SHARDS - 1) * SAMPLES + SAMPLES // 2
+
+
+def test_ranged_reads_switch_argument_and_environment(v3, tmp_path, monkeypatch):
+    """``WebDataset(ranged_reads=False)`` and ``RESUMEWDS_RANGED_READS=0`` read every
+    shard whole (one GET per shard, no ranges), the argument wins over the
+    environment, and the epoch is the same either way."""
+    warm = _warm(v3, tmp_path, shuffle=True)
+
+    def run(name, **kw):
+        with FaultServer(v3, bytes_per_second=2_000_000) as srv:
+            got, counters = _run(srv.url.rstrip("/") + "/", str(tmp_path / name), shuffle=True, **kw)
+            gets = sum(n for p, n in srv.requests.items() if p.endswith(".tar"))
+        return got, counters, gets
+
+    got, counters, gets = run("off-arg", ranged_reads=False)
+    assert got == warm and counters["range_samples"] + counters["partial_samples"] == 0 and gets == SHARDS
+    monkeypatch.setenv("RESUMEWDS_RANGED_READS", "0")
+    got, counters, gets = run("off-env")
+    assert got == warm and counters["range_samples"] + counters["partial_samples"] == 0 and gets == SHARDS
+    got, counters, gets = run("on-arg", ranged_reads=True)  # the argument wins
+    assert got == warm and counters["range_samples"] + counters["partial_samples"] > 0
+    monkeypatch.setenv("RESUMEWDS_RANGED_READS", "1")
+    got, counters, _ = run("on-env")
+    assert got == warm and counters["range_samples"] + counters["partial_samples"] > 0
+    monkeypatch.setenv("RESUMEWDS_RANGED_READS", "maybe")
+    with pytest.raises(ValueError, match="RESUMEWDS_RANGED_READS"):
+        run("bad")
