@@ -86,7 +86,7 @@ def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int =
     ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, shuffle=True, seed=1,
                        ranged_reads=ranged).batched(BATCH, collation_fn=None)
     if threads:
-        ds.store.prefetch_threads = threads  # ShardStore's whole-shard downloads at once (default 2)
+        ds.store.prefetch_threads = threads  # whole-shard downloads at once (default: 4 for a window, else 2)
     t0 = time.perf_counter()
     first = None
     nbytes = 0
@@ -153,8 +153,8 @@ def main(argv: Any = None) -> int:
         p.add_argument("--rate", type=float, default=50.0, help="MB/s per connection (default 50)"),
         p.add_argument("--sizes", default=None, help="shard sizes in MB, e.g. 32,256"),
         p.add_argument("--prefetch-threads", default="0",
-                       help="ShardStore.prefetch_threads for resumewds (default 0: the library's); "
-                            "a list (e.g. 2,4) runs one resumewds variant per value, interleaved"),
+                       help="ShardStore.prefetch_threads for resumewds (0: the library default, 4 for a "
+                            "shuffled window); a list (e.g. 2,0) runs one resumewds variant per value, interleaved"),
         p.add_argument("--no-whole", action="store_true", help="skip the whole-shard-reads variant")))
     sizes = [int(x) for x in (args.sizes or "32,256").split(",")]
     threads = [int(x) for x in str(args.prefetch_threads).split(",")]
