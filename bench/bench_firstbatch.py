@@ -77,11 +77,16 @@ def make_data(directory: str, shards: int, shard_mb: int, seed: int = 0) -> Tupl
     return names, os.path.join(directory, "manifest.json")
 
 
-def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int = 0) -> Tuple[float, float, int, int]:
+def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int = 0,
+                  ahead: float = -1) -> Tuple[float, float, int, int]:
     """(seconds to the first batch, seconds for ``limit`` batches, payload bytes,
     bytes fetched by range: downloaded a second time by the whole-shard prefetch)."""
     import resumewds as rw
+    from resumewds import reading
 
+    default_ahead = reading.WINDOW_AHEAD
+    if ahead >= 0:
+        reading.WINDOW_AHEAD = int(ahead * 1e6)
     shutil.rmtree(cache, ignore_errors=True)
     ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, shuffle=True, seed=1,
                        ranged_reads=ranged).batched(BATCH, collation_fn=None)
@@ -104,6 +109,7 @@ def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int =
         rr = ds._reader.ranged if ds._reader is not None else None
         ranged_bytes = rr.counters["range_bytes"] if rr is not None else 0
         ds.close()
+        reading.WINDOW_AHEAD = default_ahead
     assert first is not None
     return first, total, nbytes, ranged_bytes
 
@@ -155,6 +161,9 @@ def main(argv: Any = None) -> int:
         p.add_argument("--prefetch-threads", default="0",
                        help="ShardStore.prefetch_threads for resumewds (0: the library default, 4 for a "
                             "shuffled window); a list (e.g. 2,0) runs one resumewds variant per value, interleaved"),
+        p.add_argument("--window-ahead", default="-1",
+                       help="resumewds.reading.WINDOW_AHEAD in MB (-1: the default); a list (e.g. 0,2): "
+                            "one variant per value, interleaved"),
         p.add_argument("--no-whole", action="store_true", help="skip the whole-shard-reads variant")))
     sizes = [int(x) for x in (args.sizes or "32,256").split(",")]
     threads = [int(x) for x in str(args.prefetch_threads).split(",")]
@@ -163,11 +172,14 @@ def main(argv: Any = None) -> int:
     count = {32: 8, 256: 2}  # the full run repeats more (a larger one took ~7 min on a loaded machine)
     rows: List[Tuple[str, float]] = []
     ok = True
-    variants: Dict[str, Tuple[bool, int]] = {}  # name -> (ranged reads, prefetch threads)
+    aheads = [float(x) for x in str(args.window_ahead).split(",")]
+    variants: Dict[str, Tuple[bool, int, float]] = {}  # name -> (ranged reads, prefetch threads, ahead)
     for t in threads:
-        variants["resumewds" if len(threads) == 1 else f"resumewds@t{t}"] = (True, t)
+        for a in aheads:
+            tag = (f"t{t}" if len(threads) > 1 else "") + (f"a{a:g}" if len(aheads) > 1 else "")
+            variants["resumewds" + ("@" + tag if tag else "")] = (True, t, a)
     if not args.no_whole:
-        variants["resumewds-whole"] = (False, threads[0])
+        variants["resumewds-whole"] = (False, threads[0], aheads[0])
     with workdir(args, "firstbatch") as d:
         for mb in sizes:
             n = count.get(mb, 4)
@@ -187,8 +199,8 @@ def main(argv: Any = None) -> int:
                         if name == "webdataset":
                             out = run_webdataset(url, names, limit=10 ** 9)
                         else:
-                            ranged, t = variants[name]
-                            out = run_resumewds(url, cache, ranged, limit=10 ** 9, threads=t)
+                            ranged, t, a = variants[name]
+                            out = run_resumewds(url, cache, ranged, limit=10 ** 9, threads=t, ahead=a)
                         res[name].append(out)
                         extra = f"  ranged {out[3] / 1e6:6.1f} MB ({100 * out[3] / data_bytes:4.1f}% extra)" \
                             if name in variants and variants[name][0] else ""
@@ -202,7 +214,7 @@ def main(argv: Any = None) -> int:
             def rate(name: str, res: Dict[str, List[Tuple[float, float, int, int]]] = res) -> float:
                 return statistics.median(x[2] / x[1] for x in res[name])
 
-            for name, (ranged, _t) in variants.items():
+            for name, (ranged, _t, _a) in variants.items():
                 if not ranged:
                     continue
                 first_ratio = med(name, 0) / med("webdataset", 0)

@@ -416,3 +416,24 @@ def test_ranged_reads_switch_argument_and_environment(v3, tmp_path, monkeypatch)
     monkeypatch.setenv("RESUMEWDS_RANGED_READS", "maybe")
     with pytest.raises(ValueError, match="RESUMEWDS_RANGED_READS"):
         run("bad")
+
+
+def test_a_shuffled_window_waits_for_samples_just_past_a_growing_partial(v3, tmp_path, monkeypatch):
+    """Shuffled window, cold cache, a slow server: a sample at most WINDOW_AHEAD past
+    the end of a partial download this process is writing is waited for (while
+    the step's other ranges are fetched) instead of being fetched by range and
+    downloaded again; every one is verified, and the epoch is the warm run's."""
+    truth = _truth(v3)
+    warm = _warm(v3, tmp_path, shuffle=True)
+    monkeypatch.setattr(reading, "WINDOW_STALL", 2.0)  # a loaded test machine: the download may pause
+    with FaultServer(v3, bytes_per_second=2_000_000) as srv:
+        got, counters = _run(srv.url.rstrip("/") + "/", str(tmp_path / "cold"), shuffle=True)
+    assert got == warm
+    assert all(dict(s[2]) == truth[s[0]] for s in got)
+    assert counters["window_waits"] > 0 and counters["window_partial"] > 0
+    assert counters["partial_samples"] >= counters["window_partial"]
+    # off: nothing is waited for, the same samples are delivered
+    monkeypatch.setattr(reading, "WINDOW_AHEAD", 0)
+    with FaultServer(v3, bytes_per_second=2_000_000) as srv:
+        got, counters = _run(srv.url.rstrip("/") + "/", str(tmp_path / "cold2"), shuffle=True)
+    assert got == warm and counters["window_waits"] == 0
