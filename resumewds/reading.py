@@ -27,7 +27,11 @@ step, apart from the order (:mod:`resumewds.plan`) and the stages
   later steps read the cache.  Its helpers: ``_from_partial`` (streaming
   while downloading), ``_groups`` (coalescing), ``_fetch_group`` (fetch,
   verify, fetch again on a mismatch while the budget allows), ``_widen``
-  (optional read-ahead).  docs/DIGESTS.md has the rules and the figures.
+  (optional read-ahead).  A shuffled window waits for the samples just past
+  the end of a partial this process is downloading (:data:`WINDOW_AHEAD`),
+  so that fewer bytes are fetched twice.  Switched off by
+  ``WebDataset(ranged_reads=False)`` or ``RESUMEWDS_RANGED_READS=0``.
+  docs/DIGESTS.md has the rules and the figures.
 
 The reader state lives on the dataset (``ds._reader``, ``ds._failed``) so
 that pickling a dataset for DataLoader workers drops it (``__getstate__``)
@@ -552,7 +556,16 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         where: the step's ``(shard index, sample index)`` pairs.
         stream: the order reads shards front to back (unshuffled or
             ``shuffle="shards"``): wait for the partial download to reach a
-            sample just past its end instead of fetching it by range.
+            sample just past its end instead of fetching it by range.  Not
+            streaming (a shuffled window), after the first step: wait only
+            for the samples within the bytes the step fetches by range per
+            connection past the end of a partial this process is downloading
+            (at most :data:`WINDOW_AHEAD`), while the other ranges are fetched.
+
+    Example:
+        >>> prepare(ds, [(0, 5), (3, 17)])          # doctest: +SKIP
+        >>> read(ds, 3, 17)["__key__"]               # verified, from a range   # doctest: +SKIP
+        'sample000017'
     """
     if not RANGED_READS or ds.prefetch_depth <= 0:
         return

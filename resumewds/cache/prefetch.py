@@ -23,9 +23,9 @@ reader shuffles a window of several shards (``window`` > 1 in
 bandwidth with later ones).  Where each connection is rate-limited (object
 stores, CDNs), a shuffled cold epoch's throughput grows with the downloads
 running at once: 8 shards of 32 MB at 50 MB/s per connection, 4 threads gave
-4.2x webdataset's cold throughput against 2.3-3.2x with 2, and halved the bytes
+4.2-4.4x webdataset's cold throughput against 2.3-3.2x with 2, and halved the bytes
 that verified ranged reads (:mod:`resumewds.reading`) fetch before the
-whole-shard download reaches them (21-28% of the epoch instead of 43-67%); in
+whole-shard download reaches them (21-37% of the epoch instead of 43-67%); in
 order and unthrottled (bench/bench_fetch.py) 4 threads were slower (cold 2.4x
 webdataset's against 3.0x), hence 2 there.  More threads do not loosen the
 budget: each download reserves its shard's size first, so ``cache_size``

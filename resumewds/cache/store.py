@@ -56,7 +56,7 @@ SYNC_MODES = ("auto", "fsync", "boot")
 PREFETCH_THREADS = 2
 #: ... and for a shuffled window, which reads all its shards at once: over a
 #: per-connection rate limit, cold throughput grows with the connections (8
-#: shards of 32 MB: 4.2x webdataset's against 2.3-3.2x with 2;
+#: shards of 32 MB: 4.2-4.4x webdataset's against 2.3-3.2x with 2;
 #: bench/bench_firstbatch.py) and fewer bytes are fetched twice (by range, then
 #: whole).  Each download reserves its shard's size, so ``cache_size`` bounds
 #: them all (resumewds.cache.prefetch)
