@@ -36,8 +36,8 @@ def test_downloads_at_once(tmp_path, threads, window, expected):
     blobs = [make_tar(str(root / f"{i}.tar"), samples=16, payload=4000, seed=i) for i in range(SHARDS)]
     st = ShardStore(cache_dir=str(tmp_path / "cache"), fetch=fast_config(), prefetch_threads=threads)
     try:
-        # ~130 KB a shard at 32 KB/s: each download takes seconds, all start at once
-        with FaultServer(str(root), bytes_per_second=32_000) as srv:
+        # 92 KB a shard at 16 KB/s: each download takes ~6 s, all start at once
+        with FaultServer(str(root), bytes_per_second=16_000) as srv:
             shards = [shard_for(srv.url + f"{i}.tar", b) for i, b in enumerate(blobs)]
             st.prefetch(shards, depth=SHARDS, window=window)
             t0 = time.monotonic()
@@ -61,12 +61,13 @@ def test_more_threads_keep_within_cache_size(tmp_path):
     budget = 2 * size + size // 2
     st = ShardStore(cache_dir=str(tmp_path / "cache"), cache_size=budget, fetch=fast_config())
     try:
-        with FaultServer(str(root), bytes_per_second=64_000) as srv:
+        # 92 KB a shard at 32 KB/s: ~3 s each, none ends while we look (1 s)
+        with FaultServer(str(root), bytes_per_second=32_000) as srv:
             shards = [shard_for(srv.url + f"{i}.tar", b) for i, b in enumerate(blobs)]
             st.prefetch(shards, depth=SHARDS, window=SHARDS)
             peak = 0
             t0 = time.monotonic()
-            while time.monotonic() - t0 < 1.5:
+            while time.monotonic() - t0 < 1.0:
                 peak = max(peak, st.cached_bytes())
                 time.sleep(0.005)
             assert len(srv.requests) == 2, dict(srv.requests)
