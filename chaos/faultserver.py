@@ -27,10 +27,14 @@ Fetch-hardening kinds (only used when named):
     gzip            200 with the file gzip-compressed, ``Content-Encoding: gzip``
     html200         200 with an HTML error page (``Content-Type: text/html``)
     redirect_loop   302 to the same URL, for ever
+    ignore_range    a Range request answered 200 with the whole file, no
+                    ``Accept-Ranges`` (a server or proxy without range support)
 
 ``honour_if_range=False`` makes the server ignore If-Range (it serves the
 requested range of the file as it is now, with the current ETag), like the
-servers that spliced two versions of a changed file; with
+servers that spliced two versions of a changed file; ``ignore_range=True``
+makes every Range request an ``ignore_range`` fault (counted in ``faults``);
+with
 ``range_variant=".v2"`` every Range request is served from ``<file>.v2``, as
 if the file had been replaced between two requests.
 
@@ -74,7 +78,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 TRANSPORT_FAULTS = ("reset", "500", "503", "429", "truncate", "truncate_nolen", "stall")
 STATUS_FAULTS = ("401", "403", "404", "410")
-HARDENING_FAULTS = ("retry_after_huge", "retry_after_date", "trickle", "gzip", "html200", "redirect_loop")
+HARDENING_FAULTS = ("retry_after_huge", "retry_after_date", "trickle", "gzip", "html200", "redirect_loop",
+                    "ignore_range")
 ALL_FAULTS = TRANSPORT_FAULTS + ("flip_data", "flip_header", "down") + STATUS_FAULTS + HARDENING_FAULTS
 
 
@@ -163,6 +168,10 @@ class FaultServer:
         range_variant: a suffix: a Range request for ``X`` is served from
             ``X + range_variant`` when that file exists (the file "changed"
             since the first request), with that file's ETag.
+        ignore_range: True: answer every Range request with 200 and the
+            whole file, without ``Accept-Ranges`` (each counted as an
+            ``ignore_range`` fault); the ``ignore_range`` script kind does
+            it for one request.
 
     Counters (read them, or :meth:`reset_counters`): ``bytes_sent``,
     ``bytes_by_path``, ``requests`` (per path), ``faults`` (per kind).
@@ -173,7 +182,8 @@ class FaultServer:
                  max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
                  retry_after: float = 1, down_seconds: float = 1.0, manifest: Optional[str] = None,
                  bytes_per_second: Optional[float] = None, trickle_seconds: float = 0.5,
-                 honour_if_range: bool = True, range_variant: Optional[str] = None):
+                 honour_if_range: bool = True, range_variant: Optional[str] = None,
+                 ignore_range: bool = False):
         self.root_dir = os.path.abspath(root_dir)
         self.host = host
         self.port = port
@@ -186,6 +196,7 @@ class FaultServer:
         self.trickle_seconds = trickle_seconds
         self.honour_if_range = honour_if_range
         self.range_variant = range_variant
+        self.ignore_range = ignore_range
         self.mixed, self.rates = parse_faults(faults)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -458,6 +469,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         start, end = 0, size  # [start, end)
         partial = False
         rng_hdr = self.headers.get("Range")
+        ignored = bool(rng_hdr) and (kind == "ignore_range" or fs.ignore_range)
+        if ignored:
+            if kind != "ignore_range":
+                with fs._lock:
+                    fs.faults["ignore_range"] += 1
+            rng_hdr = None  # served as if there were none: 200, the whole file
         if rng_hdr:
             if_range = self.headers.get("If-Range")
             honour = if_range is None or if_range.strip() in (etag, last_mod) or not fs.honour_if_range
@@ -506,7 +523,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(body)
             return
         self.send_response(206 if partial else 200)
-        self.send_header("Accept-Ranges", "bytes")
+        if not ignored:
+            self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", etag)
         self.send_header("Last-Modified", last_mod)
         self.send_header("Content-Type", "application/x-tar")
@@ -613,10 +631,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--retry-after", type=float, default=1)
     p.add_argument("--manifest", default=None, help="manifest.json, to cut at sample boundaries")
     p.add_argument("--bytes-per-second", type=float, default=None)
+    p.add_argument("--ignore-range", action="store_true", help="answer Range requests with 200 and the whole file")
     a = p.parse_args(argv)
     srv = FaultServer(a.root, host=a.host, port=a.port, faults=a.faults, seed=a.seed,
                       max_faults_per_path=a.max_faults_per_path, stall_seconds=a.stall_seconds,
-                      retry_after=a.retry_after, manifest=a.manifest, bytes_per_second=a.bytes_per_second)
+                      retry_after=a.retry_after, manifest=a.manifest, bytes_per_second=a.bytes_per_second,
+                      ignore_range=a.ignore_range)
     srv.start()
     print(srv.url, flush=True)
     stop = threading.Event()

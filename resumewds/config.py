@@ -61,6 +61,9 @@ RESUMEWDS_S3_ENDPOINT_URL      AWS_ENDPOINT_URL_S3,          boto3's           s
 RESUMEWDS_S3_ADDRESSING_STYLE                                auto              s3:// addressing: auto, path or virtual
 RESUMEWDS_S3_ANONYMOUS                                       0                 1: unsigned s3:// requests (public
                                                                                buckets)
+RESUMEWDS_RANGED_READS                                       1                 0: no verified ranged reads / reads of
+                                                                               the partial download of shards not
+                                                                               cached yet (docs/DIGESTS.md)
 ============================== ============================= ================= =========================================
 
 For ``s3://`` (:func:`s3_settings`) the standard AWS variables are read here
@@ -202,6 +205,8 @@ VARS: Dict[str, Var] = {
     "s3_addressing_style": Var("RESUMEWDS_S3_ADDRESSING_STYLE", lambda r: r.strip().lower(), "auto",
                                check=lambda v: None if v in S3_ADDRESSING else "must be auto, path or virtual"),
     "s3_anonymous": Var("RESUMEWDS_S3_ANONYMOUS", _bool, False),
+    # sample-granular reads of remote v3 shards not cached yet (resumewds.reading)
+    "ranged_reads": Var("RESUMEWDS_RANGED_READS", _bool, True),
 }
 
 
@@ -317,6 +322,17 @@ def allow_remote_local(explicit: Optional[bool] = None) -> bool:
     return bool(value("allow_remote_local", explicit))
 
 
+def ranged_reads(explicit: Optional[bool] = None) -> bool:
+    """Whether remote v3 shards not cached yet are read sample by sample
+    (verified ranges, the partial download): ``RESUMEWDS_RANGED_READS``.
+
+    Example:
+        >>> ranged_reads(False)
+        False
+    """
+    return bool(value("ranged_reads", explicit))
+
+
 def _env(name: str) -> Optional[str]:
     raw = os.environ.get(name)
     return raw.strip() if raw is not None and raw.strip() != "" else None
@@ -371,6 +387,7 @@ __all__ = [
     "fetch_settings",
     "manifest_max_bytes",
     "parse_size",
+    "ranged_reads",
     "s3_settings",
     "seed",
     "value",

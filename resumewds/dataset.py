@@ -233,6 +233,9 @@ class WebDataset:
         partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
             None: the number of nodes at the run's start (a resume keeps the
             run's recorded count); 1: one order over all shards.
+        ranged_reads: read remote v3 shards that are not cached yet sample by
+            sample (verified ranges, the partial download; docs/DIGESTS.md);
+            None: ``RESUMEWDS_RANGED_READS`` (default on).
         handler: webdataset's handler for shard and sample (tar) errors:
             ``reraise_exception`` (default, ``on_error="raise"``); a handler
             returning True skips the shard like ``on_error="skip"``; False
@@ -270,7 +273,7 @@ class WebDataset:
                  shuffle: Union[bool, str, None] = None, shuffle_window: Optional[int] = None,
                  verify: str = "once", fetch: Any = None, on_error: str = "raise",
                  allow_pickle: bool = False, allow_remote_pipe: bool = False, prefetch: int = 4,
-                 partitions: Optional[int] = None):
+                 partitions: Optional[int] = None, ranged_reads: Optional[bool] = None):
         from .handlers import reraise_exception
 
         if on_error not in ON_ERROR:
@@ -306,6 +309,7 @@ class WebDataset:
         self.allow_pickle = allow_pickle
         self.allow_remote_pipe = allow_remote_pipe
         self.prefetch_depth = int(prefetch)
+        self.ranged_reads = ranged_reads  # None: RESUMEWDS_RANGED_READS (resumewds.reading.prepare)
         self.resampled = bool(resampled or mode == "resampled")
         self.shardshuffle = shardshuffle
         self.detshuffle = detshuffle

@@ -27,7 +27,11 @@ step, apart from the order (:mod:`resumewds.plan`) and the stages
   later steps read the cache.  Its helpers: ``_from_partial`` (streaming
   while downloading), ``_groups`` (coalescing), ``_fetch_group`` (fetch,
   verify, fetch again on a mismatch while the budget allows), ``_widen``
-  (optional read-ahead).  docs/DIGESTS.md has the rules and the figures.
+  (optional read-ahead).  A shuffled window waits for the samples just past
+  the end of a partial this process is downloading (:data:`WINDOW_AHEAD`),
+  so that fewer bytes are fetched twice.  Switched off by
+  ``WebDataset(ranged_reads=False)`` or ``RESUMEWDS_RANGED_READS=0``.
+  docs/DIGESTS.md has the rules and the figures.
 
 The reader state lives on the dataset (``ds._reader``, ``ds._failed``) so
 that pickling a dataset for DataLoader workers drops it (``__getstate__``)
@@ -350,7 +354,10 @@ def hint_pages(ds: Any, where: Sequence[Tuple[int, int]]) -> None:
 
 # ---- verified ranged reads and streaming while downloading (issue 15 items 2, 4, 5) ----
 
-#: read samples of shards that are not cached yet by range / from the partial download
+#: read samples of shards that are not cached yet by range / from the partial download;
+#: False turns them off in this process whatever the dataset says (the switches:
+#: ``WebDataset(ranged_reads=...)`` and ``RESUMEWDS_RANGED_READS``, read once per
+#: dataset iteration and process)
 RANGED_READS = True
 #: neighbouring samples closer than this are fetched with one Range request
 RANGE_GAP = 64 * 1024
@@ -370,6 +377,13 @@ READY_MAX = 64 << 20
 STREAM_AHEAD = 4 << 20
 #: how long the partial download may not grow before the wait gives up (seconds)
 STREAM_STALL = 1.0
+#: shuffled window: a sample at most this far past the end of a partial download
+#: that a prefetch thread of this process is writing is waited for (while the
+#: step's other ranges are fetched) rather than fetched by range and then
+#: downloaded a second time; 0: off
+WINDOW_AHEAD = 2 << 20
+#: ... giving up when the partial has not grown for this long (seconds)
+WINDOW_STALL = 0.2
 
 
 class RangedReads:
@@ -392,7 +406,9 @@ class RangedReads:
     partial download), ``range_ahead`` (samples read ahead),
     ``range_refetches`` (a range fetched again: a sample it needed failed
     its digest), ``range_dropped`` (a sample read ahead failed its digest
-    and was dropped).
+    and was dropped), ``window_waits`` / ``window_partial`` (shuffled window:
+    samples just past a growing partial that were waited for / that the
+    download reached in time, so not fetched twice).
     """
 
     def __init__(self, store: Any):
@@ -406,7 +422,8 @@ class RangedReads:
         self.eligible: Dict[int, bool] = {}
         self.active = True
         self.counters = {"range_requests": 0, "range_bytes": 0, "range_samples": 0, "partial_samples": 0,
-                         "range_ahead": 0, "range_refetches": 0, "range_dropped": 0}
+                         "range_ahead": 0, "range_refetches": 0, "range_dropped": 0, "window_waits": 0,
+                         "window_partial": 0}
         self._pool: Any = None
         self._tl: Any = None
         self._sessions: List[Any] = []
@@ -509,10 +526,16 @@ def _parse(buf: bytes, lo: int, shard: ShardInfo, j: int) -> Dict[str, Any]:
     return sample
 
 
-def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[int], stream: bool) -> List[int]:
+def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[int], stream: bool,
+                  near: Optional[List[Tuple[int, int]]] = None, ahead: int = STREAM_AHEAD,
+                  stall: float = STREAM_STALL) -> List[int]:
     """Deliver the samples ``js`` whose bytes are in the partial download (verified);
     return the others.  ``stream``: wait for a growing download to reach samples
-    that are at most :data:`STREAM_AHEAD` past its end."""
+    that are at most ``ahead`` past its end (giving up after ``stall`` seconds
+    without growth).  ``near`` (not streaming): the samples at most
+    :data:`WINDOW_AHEAD` past the end of a partial this process's prefetch is
+    writing go there, with how far past the end they end, instead of into
+    the result (to be waited for, or not, by the caller)."""
     assert shard.offsets is not None
     path = rr.store.entry_path(shard.url) + ".partial"
     try:
@@ -522,13 +545,18 @@ def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[
     rest: List[int] = []
     try:
         size = os.fstat(fd).st_size
+        if near is not None and not (WINDOW_AHEAD > 0 and shard.url in _downloading(rr)):
+            near = None
         for j in js:
             a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
-            if b > size and stream and b - size <= STREAM_AHEAD:
-                size = _wait_growth(fd, b, rr, shard)
+            if b > size and stream and b - size <= ahead:
+                size = _wait_growth(fd, b, rr, shard, stall, longest=0.05 if stall >= STREAM_STALL else 0.004)
                 stream = size >= b  # a download that stalled is not waited for again
             if b > size:
-                rest.append(j)
+                if near is not None and b - size <= WINDOW_AHEAD:
+                    near.append((j, b - size))
+                else:
+                    rest.append(j)
                 continue
             buf = os.pread(fd, b - a, a)
             if len(buf) != b - a or not _verified(buf, a, shard, j):
@@ -544,8 +572,16 @@ def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[
     return rest
 
 
-def _wait_growth(fd: int, need: int, rr: RangedReads, shard: ShardInfo) -> int:
-    """Wait while the partial download grows towards ``need`` bytes; its size."""
+def _downloading(rr: RangedReads) -> Any:
+    """URLs a prefetch thread of this process is downloading now (a hint)."""
+    pf = getattr(rr.store, "_prefetch", None)
+    return getattr(pf, "current", ()) if pf is not None else ()
+
+
+def _wait_growth(fd: int, need: int, rr: RangedReads, shard: ShardInfo, stall: float = STREAM_STALL,
+                 longest: float = 0.05) -> int:
+    """Wait while the partial download grows towards ``need`` bytes (polling,
+    at most ``longest`` seconds between two looks); its size."""
     size = os.fstat(fd).st_size
     last, t_last = size, time.monotonic()
     pause = 0.002
@@ -553,12 +589,12 @@ def _wait_growth(fd: int, need: int, rr: RangedReads, shard: ShardInfo) -> int:
         if os.fstat(fd).st_nlink == 0:
             break  # removed (a failed download starts again): give up on this file
         time.sleep(pause)
-        pause = min(pause * 2, 0.05)
+        pause = min(pause * 2, longest)
         size = os.fstat(fd).st_size
         now = time.monotonic()
         if size > last:
             last, t_last = size, now
-        elif now - t_last > STREAM_STALL:
+        elif now - t_last > stall:
             break
     return size
 
@@ -656,7 +692,16 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         where: the step's ``(shard index, sample index)`` pairs.
         stream: the order reads shards front to back (unshuffled or
             ``shuffle="shards"``): wait for the partial download to reach a
-            sample just past its end instead of fetching it by range.
+            sample just past its end instead of fetching it by range.  Not
+            streaming (a shuffled window), after the first step: wait only
+            for the samples within the bytes the step fetches by range per
+            connection past the end of a partial this process is downloading
+            (at most :data:`WINDOW_AHEAD`), while the other ranges are fetched.
+
+    Example:
+        >>> prepare(ds, [(0, 5), (3, 17)])          # doctest: +SKIP
+        >>> read(ds, 3, 17)["__key__"]               # verified, from a range   # doctest: +SKIP
+        'sample000017'
     """
     if not RANGED_READS or ds.prefetch_depth <= 0:
         return
@@ -664,8 +709,12 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
     rr = reader.ranged
     shards = ds.manifest.shards
     if rr is None:
+        from . import config
+
         rr = reader.ranged = RangedReads(ds.store)
-        rr.active = any(rr.can_range(i, s) for i, s in enumerate(shards))
+        # WebDataset(ranged_reads=...), else RESUMEWDS_RANGED_READS (default on)
+        rr.active = (config.ranged_reads(getattr(ds, "ranged_reads", None))
+                     and any(rr.can_range(i, s) for i, s in enumerate(shards)))
     if not rr.active:
         return  # no shard can be read by range (local shards, manifest without digests)
     todo: Dict[int, List[int]] = {}
@@ -702,20 +751,48 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
     shards = ds.manifest.shards
     config = ds.store.fetch
     jobs: List[Tuple[int, Any, Any]] = []
-    for si, js in todo.items():
+    budgets: Dict[int, Any] = {}
+
+    def submit(si: int, rest: List[int]) -> None:
         shard = shards[si]
-        rest = _from_partial(rr, ds, si, shard, js, stream)
-        if not rest:
-            continue
-        if rr.cached(shard):
-            continue  # published meanwhile: the cache serves it
-        budget = FetchBudget(config)
+        if not rest or rr.cached(shard):
+            return  # nothing left, or published meanwhile: the cache serves it
+        budget = budgets.setdefault(si, FetchBudget(config))
         needed = set(rest)
         # the first step reads no more than it needs (the first batch comes first)
         wide = _widen(rr, si, shard, rest) if rr.steps else rest
         for lo, hi, members in _groups(shard, wide):
             jobs.append((si, budget, rr.pool().submit(_fetch_group, rr, ds, shard, lo, hi, members, config,
                                                       budget, needed)))
+
+    pending: Dict[int, List[int]] = {}
+    cands: Dict[int, List[Tuple[int, int]]] = {}
+    for si, js in todo.items():
+        # shuffled: samples just past a growing partial are candidates to wait for
+        near = None if stream or rr.steps == 0 else cands.setdefault(si, [])
+        pending[si] = _from_partial(rr, ds, si, shards[si], js, stream, near)
+    waits: Dict[int, List[int]] = {}
+    if any(cands.values()):
+        # While this step's ranges are fetched (RANGE_THREADS connections at once),
+        # a download on one connection at the same rate grows by about their bytes
+        # over RANGE_THREADS: a sample that close past a partial's end is there by
+        # the time the ranges are, so waiting for it costs the step nothing.
+        nbytes = sum(shards[si].sample_range(j)[1] - shards[si].sample_range(j)[0]
+                     for si, lst in pending.items() for j in lst)
+        nbytes += sum(shards[si].sample_range(j)[1] - shards[si].sample_range(j)[0]
+                      for si, c in cands.items() for j, _ in c)
+        limit = min(WINDOW_AHEAD, nbytes // max(1, RANGE_THREADS))
+        for si, c in cands.items():
+            pending[si] += [j for j, d in c if d > limit]
+            waits[si] = [j for j, d in c if d <= limit]
+    for si, rest in pending.items():
+        submit(si, rest)
+    for si, near_js in waits.items():
+        if near_js:  # what the download does not reach in time: by range
+            rest = _from_partial(rr, ds, si, shards[si], near_js, True, ahead=WINDOW_AHEAD, stall=WINDOW_STALL)
+            rr.counters["window_waits"] += len(near_js)
+            rr.counters["window_partial"] += len(near_js) - len(rest)
+            submit(si, rest)
     errors: Dict[int, BaseException] = {}
     for si, _, fut in jobs:
         try:

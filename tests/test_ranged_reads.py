@@ -66,13 +66,9 @@ def _warm(root, tmp_path, **kw):
     cache = str(tmp_path / "warm")
     with FaultServer(root) as srv:
         url = srv.url.rstrip("/") + "/"
-        reading.RANGED_READS = False
-        try:
-            _run(url, cache, **kw)  # fills the cache
-            got, counters = _run(url, cache, **kw)
-        finally:
-            reading.RANGED_READS = True
-    assert counters == {}
+        _run(url, cache, ranged_reads=False, **kw)  # fills the cache
+        got, counters = _run(url, cache, ranged_reads=False, **kw)
+    assert not any(counters.values())  # ranged reads off: every sample from the cache
     return got
 
 
@@ -190,29 +186,30 @@ def test_cold_webloader_with_workers_equals_the_warm_run(v3, tmp_path):
     """Real DataLoader worker processes, each with its own ranged reads."""
     pytest.importorskip("torch")
 
-    def keys(url, cache):
-        ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, seed=11, shuffle=True)
+    def keys(url, cache, **kw):
+        ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, seed=11, shuffle=True, **kw)
         with rw.WebLoader(ds, batch_size=16, num_workers=2, collate_fn=lambda b: b) as ld:
             return [(s["__key__"], bytes(s["bin"])) for b in ld for s in b]
 
-    with FaultServer(v3) as srv:
+    with FaultServer(v3, bytes_per_second=2_000_000) as srv:
         url = srv.url.rstrip("/") + "/"
-        reading.RANGED_READS = False
-        try:
-            keys(url, str(tmp_path / "w"))
-            warm = keys(url, str(tmp_path / "w"))
-        finally:
-            reading.RANGED_READS = True
-        srv.reset_counters()
+        # ranged_reads=False reaches the worker processes: whole shards only, once each
+        keys(url, str(tmp_path / "w"), ranged_reads=False)
+        warm = keys(url, str(tmp_path / "w"), ranged_reads=False)
+        assert {p: n for p, n in srv.requests.items() if p.endswith(".tar")} == {
+            f"/shard-{i:06d}.tar": 1 for i in range(SHARDS)}
     with FaultServer(v3, bytes_per_second=2_000_000) as srv:
         cold = keys(srv.url.rstrip("/") + "/", str(tmp_path / "cold"))
         ranged = sum(1 for _ in srv.request_log)
     assert cold == warm and ranged > SHARDS + 1  # more requests than one per shard: ranges
 
 
-def test_the_cache_stays_within_its_budget_when_a_window_does_not_fit(v3, tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads", [None, 2, 8])
+def test_the_cache_stays_within_its_budget_when_a_window_does_not_fit(v3, tmp_path, monkeypatch, threads):
     """cache_size of about one shard, a window of all three: the cache never holds more
-    than cache_size plus the shards being downloaded; the rest is read by range."""
+    than cache_size (partial downloads included: prefetch reserves a shard's size
+    before it downloads it, however many threads download at once, and the
+    reader reads what is not cached by range); the rest is read by range."""
     warm = _warm(v3, tmp_path, shuffle=True)
     size = max(os.path.getsize(os.path.join(v3, n)) for n in os.listdir(v3) if n.endswith(".tar"))
     budget = int(size * 1.2)
@@ -221,6 +218,8 @@ def test_the_cache_stays_within_its_budget_when_a_window_does_not_fit(v3, tmp_pa
     peak = 0
     with FaultServer(v3, bytes_per_second=3_000_000) as srv:
         ds = rw.WebDataset(srv.url.rstrip("/") + "/manifest.json", cache_dir=cache, seed=11, shuffle=True)
+        if threads is not None:
+            ds.store.prefetch_threads = threads
         got = []
         for s in ds:
             got.append(_plain(s))
@@ -228,8 +227,7 @@ def test_the_cache_stays_within_its_budget_when_a_window_does_not_fit(v3, tmp_pa
         counters = dict(ds._reader.ranged.counters)
         ds.close()
     assert got == warm
-    threads = 2  # ShardStore's prefetch_threads
-    assert peak <= budget + threads * size
+    assert peak <= budget, (peak, budget)
     assert counters["range_samples"] > 0
 
 
@@ -346,3 +344,94 @@ def test_a_mixture_reads_its_sources_by_range_too(tmp_path):
                      for d in ds.datasets if d._reader is not None and d._reader.ranged is not None)
     assert got == warm
     assert ranged > 0
+
+
+# ---- a server that ignores Range; the switches (issue 15 follow-up) ----
+
+@pytest.mark.parametrize("how", ["flag", "script"])
+def test_a_server_that_ignores_range_falls_back_to_whole_shards(v3, tmp_path, monkeypatch, how):
+    """``how="flag"``: every Range request is answered 200 with the whole file;
+    ``"script"``: only shard 0's first request (with a cache too small for any
+    prefetch, so that every request is a Range request).  Those shards are read
+    the whole-shard way (downloaded, whole-shard checked: a flipped byte in that
+    download is caught and repaired), the others by range, and the epoch is
+    exactly the warm run's, every sample equal to the file's."""
+    truth = _truth(v3)
+    warm = _warm(v3, tmp_path, shuffle=True)
+    if how == "script":
+        _tiny_cache(monkeypatch)
+    kw = {"ignore_range": True, "bytes_per_second": 4_000_000} if how == "flag" else {}
+    with FaultServer(v3, **kw) as srv:
+        if how == "script":
+            # its first range is answered whole, then its whole-shard download has a flipped byte
+            srv.script("/shard-000000.tar", ["ignore_range", "flip_data"])
+        else:
+            # the first two responses of shard 1 (a whole-shard GET, or a range answered whole)
+            srv.script("/shard-000001.tar", ["flip_data", "flip_data"])
+        url = srv.url.rstrip("/") + "/"
+        ds = rw.WebDataset(url + "manifest.json", cache_dir=str(tmp_path / "cold"), seed=11, shuffle=True)
+        got = [_plain(s) for s in ds]
+        rr = ds._reader.ranged
+        counters, off = dict(rr.counters), set(rr.off)
+        ds.close()
+        ignored, flipped = srv.faults["ignore_range"], srv.faults["flip_data"]
+    assert got == warm
+    assert all(dict(s[2]) == truth[s[0]] for s in got)
+    assert flipped == (2 if how == "flag" else 1)
+    if how == "flag":
+        # no sample came by range: each was read from a verified partial or the cache
+        assert ignored >= 1 and off == set(range(SHARDS))
+        assert counters["range_samples"] == 0 and counters["range_bytes"] == 0
+    else:
+        assert ignored == 1 and off == {0}
+        # shards 1 and 2: every sample by range; shard 0: the few of its first step's other
+        # ranges (answered 206, verified), then whole
+        assert (SHARDS - 1) * SAMPLES <= counters["range_samples"] < (SHARDS - 1) * SAMPLES + SAMPLES // 2
+
+
+def test_ranged_reads_switch_argument_and_environment(v3, tmp_path, monkeypatch):
+    """``WebDataset(ranged_reads=False)`` and ``RESUMEWDS_RANGED_READS=0`` read every
+    shard whole (one GET per shard, no ranges), the argument wins over the
+    environment, and the epoch is the same either way."""
+    warm = _warm(v3, tmp_path, shuffle=True)
+
+    def run(name, **kw):
+        with FaultServer(v3, bytes_per_second=2_000_000) as srv:
+            got, counters = _run(srv.url.rstrip("/") + "/", str(tmp_path / name), shuffle=True, **kw)
+            gets = sum(n for p, n in srv.requests.items() if p.endswith(".tar"))
+        return got, counters, gets
+
+    got, counters, gets = run("off-arg", ranged_reads=False)
+    assert got == warm and counters["range_samples"] + counters["partial_samples"] == 0 and gets == SHARDS
+    monkeypatch.setenv("RESUMEWDS_RANGED_READS", "0")
+    got, counters, gets = run("off-env")
+    assert got == warm and counters["range_samples"] + counters["partial_samples"] == 0 and gets == SHARDS
+    got, counters, gets = run("on-arg", ranged_reads=True)  # the argument wins
+    assert got == warm and counters["range_samples"] + counters["partial_samples"] > 0
+    monkeypatch.setenv("RESUMEWDS_RANGED_READS", "1")
+    got, counters, _ = run("on-env")
+    assert got == warm and counters["range_samples"] + counters["partial_samples"] > 0
+    monkeypatch.setenv("RESUMEWDS_RANGED_READS", "maybe")
+    with pytest.raises(ValueError, match="RESUMEWDS_RANGED_READS"):
+        run("bad")
+
+
+def test_a_shuffled_window_waits_for_samples_just_past_a_growing_partial(v3, tmp_path, monkeypatch):
+    """Shuffled window, cold cache, a slow server: a sample at most WINDOW_AHEAD past
+    the end of a partial download this process is writing is waited for (while
+    the step's other ranges are fetched) instead of being fetched by range and
+    downloaded again; every one is verified, and the epoch is the warm run's."""
+    truth = _truth(v3)
+    warm = _warm(v3, tmp_path, shuffle=True)
+    monkeypatch.setattr(reading, "WINDOW_STALL", 2.0)  # a loaded test machine: the download may pause
+    with FaultServer(v3, bytes_per_second=2_000_000) as srv:
+        got, counters = _run(srv.url.rstrip("/") + "/", str(tmp_path / "cold"), shuffle=True)
+    assert got == warm
+    assert all(dict(s[2]) == truth[s[0]] for s in got)
+    assert counters["window_waits"] > 0 and counters["window_partial"] > 0
+    assert counters["partial_samples"] >= counters["window_partial"]
+    # off: nothing is waited for, the same samples are delivered
+    monkeypatch.setattr(reading, "WINDOW_AHEAD", 0)
+    with FaultServer(v3, bytes_per_second=2_000_000) as srv:
+        got, counters = _run(srv.url.rstrip("/") + "/", str(tmp_path / "cold2"), shuffle=True)
+    assert got == warm and counters["window_waits"] == 0

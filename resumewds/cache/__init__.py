@@ -14,7 +14,8 @@ Where things are (read in this order)::
                  entry, fill / adopt / repair and publish it; the pin and download
                  locks; the fork registry
     eviction.py  LRU within cache_size: scan, evict (never a pinned entry)
-    prefetch.py  Prefetcher: the background download threads, within cache_size
+    prefetch.py  Prefetcher: the background download threads (prefetch_threads:
+                 4 for a shuffled window, else 2), within cache_size
     bulk.py      the CLI's passes over a manifest: verify_all, prefetch_all
 
 The life of one remote entry (details at :class:`~resumewds.cache.layout.EntryState`)::
