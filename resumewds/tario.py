@@ -418,6 +418,18 @@ def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
     return ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=keys)
 
 
+def _fast_checksum_ok(blk: bytes) -> bool:
+    # Headers are mostly NUL padding: NULs add nothing to the sum, so summing
+    # the block with its NULs deleted (one C-level translate), minus the
+    # checksum field, is exact and much cheaper than sum(blk).
+    chk = blk[148:156]
+    try:
+        stored = int(chk.split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return False
+    return stored == sum(blk.translate(None, _NUL)) - sum(chk) + 256
+
+
 _NUL = b"\0"
 _USTAR = b"ustar\x00"
 
@@ -466,9 +478,6 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
             stored = int(chk.split(_NUL, 1)[0].strip() or b"0", 8)
         except ValueError:
             return _parse_sample_slow(buf, shard, base, start, n)
-        # headers are mostly NUL padding, which adds nothing to the sum: summing the
-        # block with its NULs deleted (one C-level translate), minus the checksum
-        # field, is exact and much cheaper than sum(block)
         if stored != sum(buf[off:off + BLOCK].translate(None, _NUL)) - sum(chk) + 256:
             return _parse_sample_slow(buf, shard, base, start, n)
         # the octal branch of entry_size, inlined (base-256 and pax sizes
