@@ -75,17 +75,6 @@ FORMAT = "resumewds.manifest"
 VERSION = 3
 
 
-def window_item(view: Any, start: int, length: int, i: Any) -> Any:
-    """``view[start:start + length][i]`` without the slice (an int index or a slice of it)."""
-    if isinstance(i, slice):
-        return [view[start + j] for j in range(*i.indices(length))]
-    if i < 0:
-        i += length
-    if not 0 <= i < length:
-        raise IndexError(i)
-    return view[start + i]
-
-
 class ArrayFile:
     """A little-endian file of 8-byte integers, memory-mapped on first use per process.
 
@@ -185,7 +174,14 @@ class LazyOffsets(Sequence[int]):
         return view
 
     def __getitem__(self, i: Any) -> Any:
-        return window_item(self.file._map() if self._ok else self._validate(), self.start, self.length, i)
+        view = self.file._map() if self._ok else self._validate()
+        if isinstance(i, slice):
+            return [view[self.start + j] for j in range(*i.indices(self.length))]
+        if i < 0:
+            i += self.length
+        if not 0 <= i < self.length:
+            raise IndexError(i)
+        return view[self.start + i]
 
     def __getstate__(self) -> Any:
         return (self.file, self.start, self.length, self.size, self.where)
