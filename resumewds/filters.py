@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from . import autodecode
 from .handlers import reraise_exception
-from .pipeline import ExtractKeys, Handled, HandlerStop, Map, PipelineStage, RenameKeys
+from .pipeline import ExtractKeys, Handled, HandlerStop, PipelineStage, RenameKeys
 
 __all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
            "extract_keys", "identity", "parse_field_spec", "transform_with",
@@ -191,9 +191,20 @@ def associate(associator: Any) -> SampleStage:
 
 # ---- per-sample stages ------------------------------------------------------------
 
+class _Map:
+    def __init__(self, f: Callable[[Any], Any]):
+        self.f = f
+
+    def __call__(self, sample: Any) -> Any:
+        result = self.f(sample)
+        if isinstance(sample, dict) and isinstance(result, dict):
+            result["__key__"] = sample.get("__key__")
+        return result
+
+
 def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: ``f(sample)``; None drops the sample; a dict result keeps ``__key__``."""
-    return _stage("map", Map(f), handler)
+    return _stage("map", _Map(f), handler)
 
 
 class _MapDict:

@@ -386,19 +386,21 @@ def _combine(b: List[Any], combine_tensors: bool = True, combine_scalars: bool =
         return list(b)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(first, torch.Tensor):
-        return _stacked(b, torch.stack) if combine_tensors else list(b)
+        if combine_tensors:
+            shapes = {x.shape for x in b}
+            if len(shapes) != 1:
+                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
+            return torch.stack(list(b))
+        return list(b)
     npm = sys.modules.get("numpy")
     if npm is not None and isinstance(first, npm.ndarray):
-        return _stacked(b, npm.array) if combine_tensors else list(b)
+        if combine_tensors:
+            shapes = {x.shape for x in b}
+            if len(shapes) != 1:
+                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
+            return npm.array(list(b))
+        return list(b)
     return list(b)
-
-
-def _stacked(b: Sequence[Any], stack: Callable[[List[Any]], Any]) -> Any:
-    """Tensors or arrays of one shape, stacked (webdataset's rule: unequal shapes are an error)."""
-    shapes = {x.shape for x in b}
-    if len(shapes) != 1:
-        raise ValueError(f"all shapes must be equal in collation, got {shapes}")
-    return stack(list(b))
 
 
 def default_collation_fn(samples: List[Any], combine_tensors: bool = True,
