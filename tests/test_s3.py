@@ -462,8 +462,11 @@ def _run_and_kill(cmd: List[str], cache: str, kill_when: str, lines: int = 0, bo
                 elif kill_when == "download":
                     hit = any(os.path.getsize(f) > 0 for f in glob.glob(os.path.join(cache, "shards", "*.partial")))
                 else:
-                    out.seek(0)
-                    hit = out.read().count(b"\n") >= lines
+                    # pread, not seek+read: ``out`` shares its file offset with the
+                    # child's stdout, so a seek here would make the child overwrite
+                    # what it already printed
+                    size = os.fstat(out.fileno()).st_size
+                    hit = os.pread(out.fileno(), size, 0).count(b"\n") >= lines
                 if hit:
                     os.killpg(p.pid, signal.SIGKILL)
                     killed = True
