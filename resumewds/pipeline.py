@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -81,6 +82,8 @@ class ToTuple:
     ``missing_is_error``) also refuses fields whose value is None.
     """
 
+    _pick: Any = None  # (pickles of older versions have none)
+
     def __init__(self, *specs: str, missing_is_error: bool = True,
                  none_is_error: Optional[bool] = None):
         if len(specs) == 1 and isinstance(specs[0], str) and " " in specs[0]:
@@ -88,13 +91,29 @@ class ToTuple:
         self.specs = [s.split(";") for s in specs]
         self.missing_is_error = missing_is_error
         self.none_is_error = missing_is_error if none_is_error is None else none_is_error
+        # the common case, one name per field: picked in C (a missing name
+        # falls back to the general path, which raises or gives None)
+        self._pick = (operator.itemgetter(*(a[0] for a in self.specs))
+                      if len(self.specs) > 1 and all(len(a) == 1 for a in self.specs) else None)
 
     def __call__(self, sample: Dict[str, Any]) -> Tuple[Any, ...]:
-        out = tuple(getfirst(sample, alts, missing_is_error=self.missing_is_error) for alts in self.specs)
-        if self.none_is_error and any(x is None for x in out):
-            raise FieldError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: to_tuple "
-                             f"{[';'.join(a) for a in self.specs]} got a None field")
+        out: Tuple[Any, ...]
+        if self._pick is not None and type(sample) is dict:  # ("in" and [] agree on a plain dict)
+            try:
+                out = self._pick(sample)
+            except KeyError:
+                out = self._general(sample)
+        else:
+            out = self._general(sample)
+        if self.none_is_error:
+            for x in out:
+                if x is None:
+                    raise FieldError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: to_tuple "
+                                     f"{[';'.join(a) for a in self.specs]} got a None field")
         return out
+
+    def _general(self, sample: Dict[str, Any]) -> Tuple[Any, ...]:
+        return tuple(getfirst(sample, alts, missing_is_error=self.missing_is_error) for alts in self.specs)
 
 
 class MapDict:

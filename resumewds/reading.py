@@ -208,6 +208,13 @@ def shard_reader(ds: Any) -> ShardReader:
     return ds._reader
 
 
+def trusted(store: Any, shard: ShardInfo) -> bool:
+    """Whether the open copy of ``shard`` matched its xxh3_64 (the store
+    verifies every copy that has one, unless ``verify="never"``): its
+    samples are then parsed without recomputing header checksums."""
+    return shard.xxh3_64 is not None and getattr(store, "verify", "never") != "never"
+
+
 def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
     """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
     if shard_idx in ds._failed:
@@ -223,7 +230,7 @@ def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
         if reader.check(shard_idx):
             sample = read_verified(ds, shard, j, fd, start, end)
         else:
-            sample = tario.read_sample(fd, start, end, shard.url)
+            sample = tario.read_sample(fd, start, end, shard.url, verified=trusted(reader.store, shard))
     except (FetchError, IntegrityError, ShardFormatError) as exc:
         shard_failed(ds, shard_idx, shard, exc)
         return None
@@ -292,7 +299,8 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     try:
         assert shard.offsets is not None
         samples: List[Optional[Dict[str, Any]]] = list(
-            tario.read_samples(fd, shard.offsets, j, j + count - 1, shard.url))
+            tario.read_samples(fd, shard.offsets, j, j + count - 1, shard.url,
+                               verified=trusted(shard_reader(ds).store, shard)))
     except ShardFormatError:
         return [ds._read(shard_idx, j + i) for i in range(count)]
     url = shard.url
@@ -313,7 +321,7 @@ def read_verified(ds: Any, shard: ShardInfo, j: int, fd: int, start: int, end: i
         raise ChecksumMismatch(f"{shard.url}: sample {j} (bytes {start}..{end}): xxh3_64 mismatch: "
                                f"expected {want:016x}, got {got:016x}", url=shard.url,
                                expected=f"{want:016x}", actual=f"{got:016x}")
-    return tario.parse_sample(buf, shard.url, base=start)
+    return tario.parse_sample(buf, shard.url, base=start, verified=True)
 
 
 def hint_pages(ds: Any, where: Sequence[Tuple[int, int]]) -> None:
@@ -521,7 +529,7 @@ def _verified(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
 def _parse(buf: bytes, lo: int, shard: ShardInfo, j: int) -> Dict[str, Any]:
     assert shard.offsets is not None
     a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
-    sample = tario.parse_sample(buf, shard.url, base=a, start=a - lo, end=b - lo)
+    sample = tario.parse_sample(buf, shard.url, base=a, start=a - lo, end=b - lo, verified=True)  # digest checked
     sample["__url__"] = shard.url
     return sample
 

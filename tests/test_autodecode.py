@@ -215,3 +215,24 @@ def test_pipeline_reexport_is_the_new_decoder():
 
 def test_optional_av_handlers_ignore_other_members():
     assert ad.torch_video(".cls", b"1") is None and ad.torch_audio(".txt", b"") is None
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA", "1", "P", "I;16", "F", "LA", "CMYK", "I"])
+@pytest.mark.parametrize("size", [(1, 1), (37, 5), (300, 211), (1024, 70)])
+def test_pil_array_is_numpy_asarray(mode, size):
+    """The one-piece pixel copy gives exactly ``np.asarray(img)``: dtype, shape,
+    values and (read-only) flags, for the modes it packs and the ones it leaves to numpy."""
+    rng = np.random.default_rng(hash((mode, size)) & 0xFFFF)
+    img = PIL.Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
+    got, want = ad._pil_array(img), np.asarray(img)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got, want)
+    assert got.flags.writeable == want.flags.writeable
+
+
+def test_rgb8_decode_matches_webdataset_on_jpeg_and_png():
+    for fmt in ("JPEG", "PNG"):
+        data = _img("RGB", fmt)
+        ours = ad.decode_image("rgb8", data)
+        theirs = real_ad.imagehandler("rgb8")("x." + ("jpg" if fmt == "JPEG" else "png"), data)
+        assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)

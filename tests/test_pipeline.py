@@ -241,3 +241,27 @@ def test_dataloader_kwargs_pass_through(shards, tmp_path):
     assert [len(b[0]) for b in rw.WebLoader(ds, batch_size=8, drop_last=True)] == [8, 8, 8, 8]
     with pytest.raises(TypeError):
         rw.WebLoader(object(), batch_size=1)
+
+
+def test_to_tuple_fast_path_is_the_general_path():
+    """One name per field is picked with itemgetter; every outcome (present,
+    missing, None, a dict subclass, a non-dict) is the general path's."""
+    import collections
+
+    both = ToTuple("a", "b")
+    general = both._general
+    assert both({"a": 1, "b": 2, "c": 3}) == general({"a": 1, "b": 2}) == (1, 2)
+    with pytest.raises(ValueError, match="none of b"):
+        both({"a": 1})
+    with pytest.raises(ValueError, match="got a None field"):
+        both({"a": 1, "b": None})
+    lax = ToTuple("a", "b", missing_is_error=False)
+    assert lax({"a": 1}) == (1, None)
+    # a defaultdict: "in" says missing, [] would invent a value; the general path decides
+    dd = collections.defaultdict(int, a=1)
+    assert lax(dd) == (1, None) and "b" not in dd
+    assert ToTuple("a")({"a": 1}) == (1,)  # one field: still a tuple
+    import pickle
+
+    again = pickle.loads(pickle.dumps(both))
+    assert again({"a": 1, "b": 2}) == (1, 2)

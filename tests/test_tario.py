@@ -559,3 +559,36 @@ def test_fuzz_size_attacks_end_in_data_or_format_error(data):
 def test_fuzzer_includes_the_size_family():
     r = fuzz_tar_reader(cases=80, seed=3, bound=5.0)
     assert r.cases == 80 and r.failures == []
+
+
+def test_verified_parse_skips_only_the_header_checksums(tmp_path):
+    """``verified=True`` (the bytes matched a digest) gives the same samples and
+    still refuses every structural fault; only a bad header checksum, which a
+    digest-checked copy cannot have, is no longer recomputed."""
+    members = [(f"s{i:03d}.{ext}", os.urandom(random.Random(i).randrange(0, 3000)))
+               for i in range(20) for ext in ("jpg", "cls", "txt")]
+    raw = tar_bytes(members)
+    offsets, _keys, _end = scan_buffer(raw, "t.tar")
+    for a, b in zip(offsets, offsets[1:]):
+        assert parse_sample(raw, "t.tar", a, a, b, verified=True) == parse_sample(raw, "t.tar", a, a, b)
+    a, b = offsets[3], offsets[4]
+    bad = bytearray(raw)
+    bad[a + 148:a + 156] = b"0000000\0"  # a wrong checksum of the sample's first header
+    with pytest.raises(ShardFormatError, match="checksum"):
+        parse_sample(bytes(bad), "t.tar", a, a, b)
+    assert parse_sample(bytes(bad), "t.tar", a, a, b, verified=True) == parse_sample(raw, "t.tar", a, a, b)
+    # structure is still checked: a size past the range, a range holding two samples
+    big = bytearray(raw)
+    big[a + 124:a + 136] = b"%011o\0" % (10 ** 6)
+    with pytest.raises(ShardFormatError):
+        parse_sample(bytes(big), "t.tar", a, a, b, verified=True)
+    with pytest.raises(ShardFormatError, match="2 samples"):
+        parse_sample(raw, "t.tar", a, a, offsets[5], verified=True)
+    path = tmp_path / "t.tar"
+    path.write_bytes(raw)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_sample(fd, a, b, "t.tar", verified=True) == parse_sample(raw, "t.tar", a, a, b)
+        assert read_samples(fd, offsets, 2, 6, "t.tar", verified=True) == read_samples(fd, offsets, 2, 6, "t.tar")
+    finally:
+        os.close(fd)
