@@ -307,3 +307,31 @@ def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
     assert _resident_pages(path) > 0
     os.unlink(path)  # a missing file: no error from the advice
     reading.hint_pages(ds, [(0, 1)])
+
+
+def test_header_checksums_are_checked_unless_the_copy_was_verified(tmp_path):
+    """A header with a bad checksum: refused with verify="never" (the copy was never
+    checked against a digest, so the framer recomputes the sum), refused as a whole-file
+    mismatch with verify="once"; the verified path never sees such a header."""
+    import pytest
+
+    from resumewds import WebDataset
+    from resumewds.errors import ChecksumMismatch, ShardFormatError
+    m3, _ = _v3(tmp_path, shards=1, samples=20)
+    shard = WebDataset(m3).manifest.shards[0]
+    path = str(tmp_path / "s" / "shard-000000.tar")
+    good = [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c0"))]
+    at = int(shard.offsets[5]) + 148  # sample 5's first header: its checksum field
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(b"0000000\0")
+    delivered = []
+    with pytest.raises(ShardFormatError, match="checksum"):
+        for s in WebDataset(m3, cache_dir=str(tmp_path / "c1"), verify="never"):
+            delivered.append(s["__key__"])
+    assert delivered == good[:len(delivered)] and len(delivered) <= 5  # (a run of samples raises whole)
+    delivered = []
+    with pytest.raises(ChecksumMismatch):
+        for s in WebDataset(m3, cache_dir=str(tmp_path / "c2")):
+            delivered.append(s["__key__"])
+    assert delivered == good[:len(delivered)] and len(delivered) <= 5
