@@ -112,6 +112,12 @@ def upload(moto: str, bucket: str, root: str, prefix: str = "data/") -> Dict[str
     return out
 
 
+#: for tests that count exactly one request for a permanent error: cfg()'s 0.5 s
+#: read timeout is for stalls, and a slow answer from moto on a loaded machine
+#: would time out and be retried (rightly), making the count 2
+ONE_TRY: Dict[str, Any] = {"read_timeout": 10.0}
+
+
 def cfg(**kw: Any) -> FetchConfig:
     base: Dict[str, Any] = {"connect_timeout": 2.0, "read_timeout": 0.5, "attempts": 6, "deadline": 60.0,
                             "backoff_initial": 0.01, "backoff_max": 0.05, "sleep": no_sleep}
@@ -265,16 +271,16 @@ def test_a_complete_partial_is_not_downloaded_again(moto, bucket, proxy, tmp_pat
 def test_permanent_errors_are_not_retried(moto, bucket, proxy, tmp_path, monkeypatch):
     direct(moto).put_object(Bucket=bucket, Key="ok.tar", Body=b"y" * 100)
     with pytest.raises(PermanentFetchError, match=rf"s3://{bucket}/nope.tar: S3 NoSuchKey"):
-        fetch_to_file(f"s3://{bucket}/nope.tar", str(tmp_path / "p"), config=cfg())
+        fetch_to_file(f"s3://{bucket}/nope.tar", str(tmp_path / "p"), config=cfg(**ONE_TRY))
     assert proxy.requests[f"/{bucket}/nope.tar"] == 1
     with pytest.raises(PermanentFetchError, match="NoSuchBucket"):
-        fetch_bytes("s3://no-such-bucket-here/manifest.json", cfg())
+        fetch_bytes("s3://no-such-bucket-here/manifest.json", cfg(**ONE_TRY))
     proxy.script(f"/{bucket}/ok.tar", ["403"])
     with pytest.raises(PermanentFetchError, match="AccessDenied"):
-        fetch_to_file(f"s3://{bucket}/ok.tar", str(tmp_path / "p"), config=cfg())
+        fetch_to_file(f"s3://{bucket}/ok.tar", str(tmp_path / "p"), config=cfg(**ONE_TRY))
     assert proxy.requests[f"/{bucket}/ok.tar"] == 1
     with pytest.raises(PermanentFetchError, match="expected s3://BUCKET/KEY"):
-        fetch_to_file(f"s3://{bucket}", str(tmp_path / "p"), config=cfg())
+        fetch_to_file(f"s3://{bucket}", str(tmp_path / "p"), config=cfg(**ONE_TRY))
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(var)
     # (a client is made once per process and settings; other timeouts make a new one)
@@ -712,12 +718,12 @@ def test_max_bytes_html_pages_and_gopen_verbose(moto, bucket, proxy, tmp_path, c
     s3 = direct(moto)
     s3.put_object(Bucket=bucket, Key="big.json", Body=b"{" + b" " * 5000 + b"}")
     with pytest.raises(PermanentFetchError, match=r"big.json: larger than the 1000 bytes accepted"):
-        fetch_bytes(f"s3://{bucket}/big.json", cfg(), max_bytes=1000)
+        fetch_bytes(f"s3://{bucket}/big.json", cfg(**ONE_TRY), max_bytes=1000)
     assert proxy.requests[f"/{bucket}/big.json"] == 1
     s3.put_object(Bucket=bucket, Key="page.tar", Body=b"<!DOCTYPE html><html><body>MinIO Console</body></html>",
                   ContentType="text/html")
     with pytest.raises(PermanentFetchError, match=r"page.tar: .*HTML page.*text/html.*S3 API endpoint"):
-        fetch_to_file(f"s3://{bucket}/page.tar", str(tmp_path / "p"), config=cfg())
+        fetch_to_file(f"s3://{bucket}/page.tar", str(tmp_path / "p"), config=cfg(**ONE_TRY))
     assert proxy.requests[f"/{bucket}/page.tar"] == 1 and not os.path.exists(str(tmp_path / "p"))
     s3.put_object(Bucket=bucket, Key="v.bin", Body=b"v" * 1234)
     capfd.readouterr()
