@@ -182,3 +182,44 @@ def test_shared_containers_stay_shared_and_a_cycle_falls_back():
         assert ring.pack(0, cyc) is cyc  # self-referential: through the queue (pickle copes)
     finally:
         ring.close()
+
+
+def test_small_tensors_travel_in_the_slot_and_come_back_exact():
+    """Every dtype, 0-dim and n-dim; what the slot cannot give back exactly
+    (non-contiguous, autograd, empty, larger than MAX_TENSOR, a subclass) is
+    left in the skeleton for torch's own path."""
+    ring = BytesRing(num_workers=1, slots=4, slot_bytes=4 << 20)
+    try:
+        g = torch.Generator().manual_seed(0)
+        packed = [torch.randn(3, 5, generator=g), torch.arange(64), torch.tensor(7), torch.tensor([True, False]),
+                  torch.randint(0, 255, (2, 3, 4), dtype=torch.uint8, generator=g),
+                  torch.randn(9, generator=g).to(torch.float16), torch.randn(9, generator=g).to(torch.bfloat16),
+                  torch.randn(4, dtype=torch.complex64, generator=g), torch.tensor([-1, 2], dtype=torch.int8)]
+        kept = [torch.randn(4, 6, generator=g).t(), torch.randn(3, requires_grad=True), torch.empty(0),
+                torch.zeros(transport.MAX_TENSOR // 4 + 1), torch.nn.Parameter(torch.ones(2)),
+                torch.randn(3, dtype=torch.complex64, generator=g).conj()]
+        batch = [packed, kept, b"b" * 100]  # little in bytes: packed because of the tensors
+        p = ring.pack(0, batch)
+        assert type(p) is Packed
+        got = ring.unpack(p)
+        assert _same(got[0], packed) and [t.shape for t in got[0]] == [t.shape for t in packed]
+        assert all(x is not y for x, y in zip(got[0], packed))  # new tensors, copied out of the slot
+        assert all(x is y for x, y in zip(got[1], kept))  # never packed: the very objects
+        assert got[2] == b"b" * 100
+        one = torch.arange(10)
+        twice = ring.unpack(ring.pack(0, {"a": one, "b": [one]}))
+        assert twice["a"] is twice["b"][0] and torch.equal(twice["a"], one)
+    finally:
+        ring.close()
+
+
+def test_label_tensors_come_through_the_ring_from_real_workers(big_shards, unpacks):
+    """Batches of a key list and a label tensor, no large bytes: before, the
+    queue carried them (a shared-memory segment and a file descriptor per tensor)."""
+    stage = lambda ds: ds.decode().to_tuple("__key__", "cls").map_tuple(None, lambda c: c * 2)
+    ring_run = _batches(big_shards, 2, "auto", stage)
+    assert unpacks["n"] > 0
+    queue_run = _batches(big_shards, 2, "queue", stage)
+    inproc = _batches(big_shards, 0, "auto", stage)
+    assert _same(ring_run, queue_run) and _same(ring_run, inproc)
+    assert _types(ring_run) == _types(queue_run)
