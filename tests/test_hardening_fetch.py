@@ -440,6 +440,41 @@ def test_prefetch_stays_within_the_budget(served, tmp_path):
     st.close()
 
 
+def test_prefetch_budget_holds_when_a_download_is_published_during_the_scan(served, tmp_path, monkeypatch):
+    """A prefetch thread's download renamed from ``.partial`` to its entry between
+    the cache scan's listdir and its lstat is in neither name: the budget counts a
+    reserved shard by its reservation, never by what the scan happened to see
+    (subtracting its on-disk size let a third shard "fit" in a two-shard cache)."""
+    from resumewds.cache import eviction
+
+    root, srv = served
+    datas = _tars(root, 3)
+    size = len(datas[0])
+    st = ShardStore(cache_dir=str(tmp_path / "cache"), cache_size=2 * size, fetch=fast_config())
+    a, b, c = (shard_for(srv.url + f"s{i}.tar", d) for i, d in enumerate(datas))
+    for sh in (a, b):
+        with st.acquire(sh):
+            pass
+    pf = st._prefetch
+    pf.keep = {st.entry_path(a.url), st.entry_path(b.url)}  # both fetched for later: never evicted
+    b_base = st.entry_path(b.url)
+    with pf._fit:  # b's prefetch thread: published, not unreserved yet
+        pf._reserved[b_base] = size
+    real_listdir = os.listdir
+
+    def listed_before_the_rename(path):  # the listing still shows b as a partial download
+        return [n + ".partial" if os.path.join(path, n) == b_base else n for n in real_listdir(path)]
+
+    monkeypatch.setattr(eviction.os, "listdir", listed_before_the_rename)
+    assert eviction.cached_bytes(st.shards_dir) == 2 * size  # the scan finds b under its new name
+    assert not pf.fits(c)  # a + b fill the cache: c does not fit
+    pf.unreserve(b)
+    assert not pf.fits(c)
+    monkeypatch.undo()
+    assert not pf.fits(c) and eviction.cached_bytes(st.shards_dir) == 2 * size
+    st.close()
+
+
 def test_a_window_that_cannot_fit_is_said_once_with_numbers(served, tmp_path, caplog):
     root, srv = served
     datas = _tars(root, 4)

@@ -36,18 +36,29 @@ def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
         return out
     except OSError as exc:
         raise cache_error(exc, shards_dir, "list") from exc
+    seen: Set[str] = set()
     for name in names:
         partial = name.endswith(".partial")
         if not partial and name.endswith(SIDE_SUFFIXES):
             continue
         path = os.path.join(shards_dir, name)
+        base = path[: -len(".partial")] if partial else path
         try:
             st = os.lstat(path)
+        except FileNotFoundError:
+            if not partial:
+                continue
+            # published (renamed to its entry) after the listing: in neither name
+            # unless looked up again, and the cache would look a shard smaller
+            try:
+                st, path, partial = os.lstat(base), base, False
+            except OSError:
+                continue
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode) or base in seen:
             continue
-        base = path[: -len(".partial")] if partial else path
+        seen.add(base)
         out.append((base, st.st_size, max(st.st_atime_ns, st.st_mtime_ns) if partial else st.st_atime_ns,
                     partial))
     return out

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Deque, Dict, List, Sequence, Set
 
 from ..fetch import is_remote_url
 from ..manifest import ShardInfo
-from . import layout
+from . import eviction, layout
 
 if TYPE_CHECKING:
     from .store import ShardStore
@@ -174,12 +174,12 @@ class Prefetcher:
         with self._fit:
             keep = self.kept()
             # make room from what was read, never from what prefetch fetched for later
-            total = store._evict(reserve=need + sum(self._reserved.values()), keep=keep)
-            for base in self._reserved:  # counted by their full size, not as partials
-                for p in (base, base + ".partial"):
-                    st = layout.lstat(p)
-                    total -= st.st_size if st is not None else 0
-            used = total + sum(self._reserved.values())
+            store._evict(reserve=need + sum(self._reserved.values()), keep=keep)
+            # a reserved shard counts by its full size, whatever the scan saw of it
+            # (a partial download, the published entry, or nothing: published
+            # between the listing and the lstat); every other entry as on disk
+            used = sum(size for base, size, _, _ in eviction.scan(store.shards_dir) if base not in self._reserved)
+            used += sum(self._reserved.values())
             if used + need > store.cache_size or (not need and used >= store.cache_size):
                 return False
             self._reserved[store.entry_path(shard.url)] = need
