@@ -102,6 +102,18 @@ def make_shards(directory: str, shards: int, samples: int, *, size_range: Tuple[
     return paths, pattern, manifest
 
 
+def drop_caches() -> bool:
+    """Drop the page cache (``echo 3 > /proc/sys/vm/drop_caches`` after a
+    sync) for a cold-disk measurement; False when that is not allowed (not root)."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
 def cpu_seconds() -> float:
     """CPU time of this process plus its reaped children (DataLoader workers)."""
     import resource

@@ -51,6 +51,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
+from _common import drop_caches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BATCH = 64
@@ -136,16 +138,6 @@ def _child_wds(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------- parent side
-def _drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def _run(spec: Dict[str, Any], timeout: float = 300) -> Dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONWARNINGS="ignore")
@@ -217,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         base = {"manifest": manifest, "pattern": pattern}
         # the marks of rw's cache dir exist before the rounds (a pass has verified every shard)
         _run(dict(base, case="rw", cache=os.path.join(d, "cache-rw"), evdir=tempfile.mkdtemp(dir=d)))
-        cold_ok = os.geteuid() == 0 and _drop_caches()
+        cold_ok = os.geteuid() == 0 and drop_caches()
         temps = ("cold", "warm") if cold_ok else ("warm",)
         if not cold_ok:
             print("# cannot drop the page cache (not root): warm only", flush=True)
@@ -236,7 +228,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     n += 1
                     cache = os.path.join(d, "cache-rw") if case == "rw" else os.path.join(d, f"cache-{n}")
                     if temp == "cold":
-                        _drop_caches()
+                        drop_caches()
                     elif case == "rw-first":
                         pass  # a fresh cache dir again: the warm first start still verifies
                     out = _run(dict(base, case=case, cache=cache, evdir=tempfile.mkdtemp(dir=d)))

@@ -42,6 +42,8 @@ import time
 import warnings
 from typing import Any, Dict, List, Optional
 
+from _common import drop_caches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SYSTEMS = ("resumewds", "webdataset", "streaming", "litdata")
@@ -371,16 +373,6 @@ def _compile_ours(python: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, check=False)
 
 
-def _drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def _available(python: str, system: str) -> Optional[str]:
     code = {"resumewds": "import resumewds", "webdataset": "import webdataset",
             "litdata": "import litdata",
@@ -493,14 +485,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{s}={res[s]['nodecode0_rate'][-1]:,.0f}/{res[s]['nodecode2_rate'][-1]:,.0f}/"
                 f"{res[s]['decode1_rate'][-1]:,.0f}/{res[s]['decode2_rate'][-1]:,.0f}" for s in live)), flush=True)
         # ---- first batch after import: cold (caches dropped) then warm ----------------
-        cold = os.geteuid() == 0 and _drop_caches()
+        cold = os.geteuid() == 0 and drop_caches()
         if not cold:
             print("# first batch: cannot drop the page cache (not root): warm only", flush=True)
         for r in range(repeats):
             order = live[r % len(live):] + live[:r % len(live)]
             for s in order:
                 if cold:
-                    _drop_caches()
+                    drop_caches()
                     add(s, "first_cold", run_child(args.python, spec(s, "first"), 600)["s"])
                 add(s, "first_warm", run_child(args.python, spec(s, "first"), 600)["s"])
         # ---- resume ----------------------------------------------------------------------

@@ -87,6 +87,16 @@ def cache_entries(cache_dir: str) -> List[str]:
     return sorted(out)
 
 
+def flip_byte(path: str, at: int, mask: int = 0xFF) -> None:
+    """XOR the byte at offset ``at`` of ``path`` with ``mask``, in place (size and
+    everything else unchanged)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ mask]))
+
+
 def damage_cache(cache_dir: str, rng: random.Random, kinds: Sequence[str] = DAMAGE_KINDS,
                  count: int = 2) -> int:
     """Damage up to ``count`` cached shards, each with one of ``kinds``.
@@ -105,12 +115,7 @@ def damage_cache(cache_dir: str, rng: random.Random, kinds: Sequence[str] = DAMA
                 size = os.path.getsize(path)
                 if size == 0:
                     continue
-                with open(path, "r+b") as f:
-                    off = rng.randrange(size)
-                    f.seek(off)
-                    b = f.read(1)
-                    f.seek(off)
-                    f.write(bytes([b[0] ^ 0xFF]))
+                flip_byte(path, rng.randrange(size))
             elif kind == "truncate":
                 os.truncate(path, rng.randrange(max(1, os.path.getsize(path))))
             elif kind == "delete":

@@ -403,8 +403,9 @@ def read_samples_by_range(shard: Any, first: int, last: int, *, config: Any, bud
                 bad = (i, got, int(shard.sample_digests[i]))
                 break
         if bad is None:
-            return [tario.parse_sample(data, shard.url, base=int(shard.offsets[i]),
-                                       start=int(shard.offsets[i]) - lo, end=int(shard.offsets[i + 1]) - lo)
+            return [tario.parse_sample(data, shard.url, base=int(shard.offsets[i]),  # digests checked above
+                                       start=int(shard.offsets[i]) - lo, end=int(shard.offsets[i + 1]) - lo,
+                                       verified=True)
                     for i in range(first, last + 1)]
         if on_event is not None:
             on_event("verify_fail", shard.url, sample=bad[0], expected=format(bad[2], "016x"),

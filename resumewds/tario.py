@@ -418,18 +418,6 @@ def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
     return ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=keys)
 
 
-def _fast_checksum_ok(blk: bytes) -> bool:
-    # Headers are mostly NUL padding: NULs add nothing to the sum, so summing
-    # the block with its NULs deleted (one C-level translate), minus the
-    # checksum field, is exact and much cheaper than sum(blk).
-    chk = blk[148:156]
-    try:
-        stored = int(chk.split(b"\0", 1)[0].strip() or b"0", 8)
-    except ValueError:
-        return False
-    return stored == sum(blk.translate(None, _NUL)) - sum(chk) + 256
-
-
 _NUL = b"\0"
 _USTAR = b"ustar\x00"
 
@@ -467,8 +455,8 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
     if start < 0 or n > len(buf) or start > n:
         raise ShardFormatError(shard, base, f"sample range [{start}, {n}) lies outside the "
                                f"{len(buf)} bytes read (manifest does not match the shard)")
-    if type(buf) is not bytes:  # mmap, memoryview...: slices must be copied
-        return _parse_sample_buffer(buf, shard, base, start, n)
+    if type(buf) is not bytes:  # mmap, memoryview...: the range copied once, then the bytes path
+        return parse_sample(bytes(buf[start:n]), shard, base, 0, n - start, verified)
     off = start
     key: Optional[str] = None
     sample: Dict[str, Any] = {}
@@ -486,6 +474,8 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
                 stored = int(chk.split(_NUL, 1)[0].strip() or b"0", 8)
             except ValueError:
                 return _parse_sample_slow(buf, shard, base, start, n)
+            # headers are mostly NUL padding: the block's sum with its NULs deleted (one
+            # C-level translate), minus the checksum field, plus 8 spaces (256) is exact
             if stored != sum(buf[off:off + BLOCK].translate(None, _NUL)) - sum(chk) + 256:
                 return _parse_sample_slow(buf, shard, base, start, n)
         # the octal branch of entry_size, inlined (base-256 and pax sizes
@@ -520,56 +510,6 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
         elif k != key or ext in sample:
             return _parse_sample_slow(buf, shard, base, start, n)
         sample[ext] = buf[data:data + size]
-        off = nxt
-    if key is None or off != n:
-        return _parse_sample_slow(buf, shard, base, start, n)
-    sample["__key__"] = key
-    return sample
-
-
-def _parse_sample_buffer(buf: Buffer, shard: str, base: int, start: int, n: int) -> Dict[str, Any]:
-    """:func:`parse_sample` of a buffer that is not ``bytes`` (every slice is copied)."""
-    off = start
-    key: Optional[str] = None
-    sample: Dict[str, Any] = {}
-    match = _KEY_RE.match
-    # Every block read below is a full BLOCK (the range is inside the buffer).
-    while off < n:
-        if off + BLOCK > n:
-            break
-        blk = bytes(buf[off:off + BLOCK])
-        flag = blk[156]
-        if (flag != 48 and flag != 0) or (blk[345] != 0 and blk[257:263] == _USTAR):
-            return _parse_sample_slow(buf, shard, base, start, n)
-        # checksum (inlined _fast_checksum_ok)
-        chk = blk[148:156]
-        try:
-            stored = int(chk.split(_NUL, 1)[0].strip() or b"0", 8)
-        except ValueError:
-            return _parse_sample_slow(buf, shard, base, start, n)
-        if stored != sum(blk.translate(None, _NUL)) - sum(chk) + 256:
-            return _parse_sample_slow(buf, shard, base, start, n)
-        # the octal branch of entry_size, inlined (base-256 and pax sizes
-        # take the slow path, which calls entry_size itself)
-        if blk[124] & 0x80:
-            return _parse_sample_slow(buf, shard, base, start, n)
-        size = _plain_octal(blk[124:136])
-        data = off + BLOCK
-        nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
-        if size < 0 or nxt > n:  # the slow path raises it with the full context
-            return _parse_sample_slow(buf, shard, base, start, n)
-        name = blk[:100].split(_NUL, 1)[0].decode("utf-8", "surrogateescape")
-        # (_META_RE only matches names starting with "__", already excluded)
-        m = None if name.startswith("__") else match(name)
-        if m is None:
-            return _parse_sample_slow(buf, shard, base, start, n)
-        k, ext = m.groups()
-        ext = ext.lower()
-        if key is None:
-            key = k
-        elif k != key or ext in sample:
-            return _parse_sample_slow(buf, shard, base, start, n)
-        sample[ext] = bytes(buf[data:data + size])
         off = nxt
     if key is None or off != n:
         return _parse_sample_slow(buf, shard, base, start, n)

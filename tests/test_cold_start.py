@@ -14,6 +14,8 @@ import sys
 import textwrap
 import time
 
+from chaos.diskfaults import flip_byte as _flip
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -160,14 +162,6 @@ def test_first_samples_are_delivered_before_the_whole_shard_is_hashed(tmp_path):
     # the next start finds the marks: no sample-level mode, same samples
     ds2 = WebDataset(m3, cache_dir=str(tmp_path / "c3"))
     assert [(s["__key__"], s["cls"]) for s in ds2] == want
-
-
-def _flip(path, at):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def test_a_corrupt_sample_is_never_delivered(tmp_path):

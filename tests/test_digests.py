@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import resumewds as rw
+from chaos.diskfaults import flip_byte
 from resumewds import digests as dg
 from resumewds.cli import cli
 from resumewds.errors import SourceError
@@ -151,11 +152,7 @@ def test_bad_side_file_entries_are_refused(tmp_path):
 
 
 def _flip(path, at):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x55]))
+    flip_byte(path, at, 0x55)
 
 
 def test_verify_names_bad_samples(data):

@@ -12,6 +12,7 @@ import threading
 import pytest
 import xxhash
 
+from chaos.diskfaults import flip_byte as _flip
 from chaos.faultserver import FaultServer
 from resumewds.cache import ShardStore
 from resumewds.manifest import load_manifest
@@ -41,14 +42,6 @@ def _setup(big, tmp_path, srv, **kw):
     rec = Recorder()
     st = ShardStore(cache_dir=str(tmp_path / "cache"), fetch=fast_config(), verify="always", on_event=rec, **kw)
     return shard, st, rec
-
-
-def _flip(path, at):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def _hash(path):

@@ -70,10 +70,14 @@ def cached_bytes(shards_dir: str) -> int:
 
 
 def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int = 0,
-          keep: Optional[Set[str]] = None) -> int:
+          keep: Optional[Set[str]] = None, reserved: Optional[Set[str]] = None) -> int:
     """Evict least recently used entries not in use (nor in ``keep``, a set
     of entry paths) until the cache plus ``reserve`` bytes fits
     ``cache_size``; return the bytes left.
+
+    ``reserved``: entry paths whose full size the caller already counts in
+    ``reserve`` (downloads under way): left out of the total and never
+    evicted, whatever the scan saw of them (a partial, the published entry).
 
     Each eviction is reported as ``emit("evict", url, bytes=, path=)``
     (``url`` is "" for a partial download, which has no meta).
@@ -81,6 +85,8 @@ def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int
     if cache_size is None:
         return 0
     entries = scan(shards_dir)
+    if reserved:
+        entries = [e for e in entries if e[0] not in reserved]
     total = sum(e[1] for e in entries)
     if total + reserve <= cache_size:
         return total

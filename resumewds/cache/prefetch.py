@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Deque, Dict, List, Sequence, Set
 
 from ..fetch import is_remote_url
 from ..manifest import ShardInfo
-from . import eviction, layout
+from . import layout
 
 if TYPE_CHECKING:
     from .store import ShardStore
@@ -174,12 +174,11 @@ class Prefetcher:
         with self._fit:
             keep = self.kept()
             # make room from what was read, never from what prefetch fetched for later
-            store._evict(reserve=need + sum(self._reserved.values()), keep=keep)
             # a reserved shard counts by its full size, whatever the scan saw of it
             # (a partial download, the published entry, or nothing: published
             # between the listing and the lstat); every other entry as on disk
-            used = sum(size for base, size, _, _ in eviction.scan(store.shards_dir) if base not in self._reserved)
-            used += sum(self._reserved.values())
+            reserved = sum(self._reserved.values())
+            used = store._evict(reserve=need + reserved, keep=keep, reserved=set(self._reserved)) + reserved
             if used + need > store.cache_size or (not need and used >= store.cache_size):
                 return False
             self._reserved[store.entry_path(shard.url)] = need

@@ -676,10 +676,11 @@ class ShardStore:
         """Bytes in the cache (entries and partial downloads)."""
         return eviction.cached_bytes(self.shards_dir)
 
-    def _evict(self, reserve: int = 0, keep: Optional[Set[str]] = None) -> int:
+    def _evict(self, reserve: int = 0, keep: Optional[Set[str]] = None,
+               reserved: Optional[Set[str]] = None) -> int:
         """Evict least recently used entries until the cache plus ``reserve``
         fits ``cache_size``; see :func:`resumewds.cache.eviction.evict`."""
-        return eviction.evict(self.shards_dir, self.cache_size, self._emit, reserve, keep)
+        return eviction.evict(self.shards_dir, self.cache_size, self._emit, reserve, keep, reserved)
 
     def _evict_on_release(self) -> None:
         """A pin was released: what is no longer in use may go, except what
