@@ -130,6 +130,10 @@ class ShardReader:
         self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
         self.ranged: Optional[RangedReads] = None  # samples of shards not cached yet (prepare)
         self.checks: Dict[int, _WholeShardCheck] = {}  # local shards read sample-verified meanwhile
+        # shards whose samples :meth:`WebDataset.iter_steps` may read itself
+        # (open, no whole-file check pending): index -> (fd, offsets, url,
+        # verified); an entry lives exactly as long as its fd is in ``open``
+        self.fast: Dict[int, Tuple[int, Any, str, bool]] = {}
 
     def _acquire(self, idx: int, shard: ShardInfo) -> Any:
         if idx not in self.checks and _deferrable(self.store, shard):
@@ -179,7 +183,8 @@ class ShardReader:
             self.wait += time.perf_counter() - t0
         self.open[idx] = (lease, fd)
         while len(self.open) > self.limit:
-            _, (old_lease, old_fd) = self.open.popitem(last=False)
+            old, (old_lease, old_fd) = self.open.popitem(last=False)
+            self.fast.pop(old, None)
             os.close(old_fd)
             old_lease.close()
         return fd
@@ -188,6 +193,7 @@ class ShardReader:
         """Close every open shard (and release its pin)."""
         if self.ranged is not None:
             self.ranged.close()
+        self.fast.clear()
         while self.open:
             _, (lease, fd) = self.open.popitem()
             try:
@@ -230,7 +236,9 @@ def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
         if reader.check(shard_idx):
             sample = read_verified(ds, shard, j, fd, start, end)
         else:
-            sample = tario.read_sample(fd, start, end, shard.url, verified=trusted(reader.store, shard))
+            verified = trusted(reader.store, shard)
+            sample = tario.read_sample(fd, start, end, shard.url, verified=verified)
+            reader.fast[shard_idx] = (fd, shard.offsets, shard.url, verified)
     except (FetchError, IntegrityError, ShardFormatError) as exc:
         shard_failed(ds, shard_idx, shard, exc)
         return None

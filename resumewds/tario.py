@@ -487,19 +487,20 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
             return _parse_sample_slow(buf, shard, base, start, n)
         size = int(s, 8) if s else 0
         data = off + BLOCK
-        nxt = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
+        nxt = data + ((size + 511) & -512)  # BLOCK-aligned
         if nxt > n:
             return _parse_sample_slow(buf, shard, base, start, n)
         name = rawname.split(_NUL, 1)[0].decode("utf-8", "surrogateescape")
-        if name.startswith("__"):
-            return _parse_sample_slow(buf, shard, base, start, n)
         # _KEY_RE without the regex: the key ends at the first dot of the
-        # basename; the rare rest (no dot, a dot first) goes through _KEY_RE
+        # basename; the rare rest (no dot, a dot first, a name that starts
+        # with "_", which may be a "__" entry) goes through _KEY_RE
         slash = name.rfind("/")
         dot = name.find(".", slash + 1)
-        if dot > slash + 1:
+        if dot > slash + 1 and name[0] != "_":
             k, ext = name[:dot], name[dot + 1:].lower()
         else:
+            if name.startswith("__"):
+                return _parse_sample_slow(buf, shard, base, start, n)
             m = match(name)
             if m is None:
                 return _parse_sample_slow(buf, shard, base, start, n)
@@ -530,7 +531,7 @@ def _parse_sample_slow(buf: Buffer, shard: str, base: int, start: int, end: int)
     return sample
 
 
-_CHECKED_PREAD = 64 << 20  # ranges above this are checked against the file size before pread
+CHECKED_PREAD = 64 << 20  # ranges above this are checked against the file size before pread
 
 
 def _pread_range(fd: int, start: int, end: int, shard: str) -> bytes:
@@ -541,7 +542,7 @@ def _pread_range(fd: int, start: int, end: int, shard: str) -> bytes:
     if not (0 <= start <= end):
         raise ShardFormatError(shard, max(0, start), f"bad sample range [{start}, {end}) "
                                "(manifest does not match the shard)")
-    if end - start > _CHECKED_PREAD:  # a small range costs no fstat: a short read is caught below
+    if end - start > CHECKED_PREAD:  # a small range costs no fstat: a short read is caught below
         size = os.fstat(fd).st_size
         if end > size:
             raise ShardFormatError(shard, size, f"file ends at byte {size} but the "

@@ -19,6 +19,8 @@ NAMES = [
     ["p\nq/r.s", "p\nq/r.t"],                   # a newline in the directory
     ["k.", "k.x"],                              # an empty extension
     ["x/y/z.tar.gz", "x/y/z.json"],
+    ["_k.jpg", "_k.cls"],                       # a key starting with "_" (not a "__" entry)
+    ["d/_k.jpg", "d/_k.cls"],
 ]
 
 
@@ -52,6 +54,7 @@ def test_fast_path_frames_as_the_general_framer(names, fmt):
         end -= 512
     got = tario.parse_sample(buf, "t", 0, 0, end)
     assert got == _general(buf, end)
+    assert tario.parse_sample(buf, "t", 0, 0, end, verified=True) == got
     assert all(type(v) is bytes for k, v in got.items() if k != "__key__")
     # a non-bytes buffer (memoryview) takes the copying path, same result
     assert tario.parse_sample(memoryview(buf), "t", 0, 0, end) == got

@@ -81,3 +81,75 @@ def test_a_bad_sample_inside_a_run_skips_as_one_by_one_reads_do(tmp_path, monkey
     truth = [s["__key__"] for s in _truth([paths[0]])] + [f"s1k{i:03d}" for i in range(5)] + \
         [s["__key__"] for s in _truth([paths[2]])]
     assert batched == truth
+
+
+class _NeverKept(dict):
+    """A ``ShardReader.fast`` that keeps nothing: every read through ``reading.read``."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def _without_fast_reads(monkeypatch):
+    from resumewds import reading
+
+    real = reading.ShardReader.__init__
+
+    def init(self, *a, **kw):
+        real(self, *a, **kw)
+        self.fast = _NeverKept()
+
+    monkeypatch.setattr(reading.ShardReader, "__init__", init)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_reads_of_open_shards_match_read_and_its_errors(tmp_path, monkeypatch, on_error):
+    """The loader reads samples of open shards itself (``ShardReader.fast``):
+    the same samples as ``reading.read`` gives, and when a shard is cut short
+    under its open file, the same error (or skip) for that shard."""
+    paths = _shards(tmp_path, n=2, per=30)
+    manifest = rw.build_manifest(paths)
+    calls = {"read_sample": 0, "parse": 0}
+    real_one, real_parse = tario.read_sample, tario.parse_sample
+
+    def one(*a, **kw):
+        calls["read_sample"] += 1
+        return real_one(*a, **kw)
+
+    def parse(*a, **kw):
+        calls["parse"] += 1
+        return real_parse(*a, **kw)
+
+    monkeypatch.setattr(tario, "read_sample", one)
+    monkeypatch.setattr(tario, "parse_sample", parse)
+
+    def deliver(cut):
+        keys, err = [], None
+        ds = rw.WebDataset(manifest, shuffle=True, seed=3, on_error=on_error)
+        try:
+            for i, batch in enumerate(rw.WebLoader(ds, batch_size=4, collate_fn=lambda x: x, num_workers=0)):
+                keys += [(s["__key__"], s["__url__"], s["txt"]) for s in batch]
+                if i == 2 and cut:
+                    os.truncate(paths[1], 100)  # every sample of shard 1 now lies past its end
+        except rw.ResumeWDSError as exc:
+            err = exc
+        return keys, err
+
+    whole, _ = deliver(False)
+    assert sorted(k for k, _, _ in whole) == sorted(s["__key__"] for s in _truth(paths))
+    assert calls["read_sample"] <= 4 and calls["parse"] == len(whole)  # the loader's own reads: all but a few
+    data = {p: open(p, "rb").read() for p in paths}
+    fast = deliver(True)
+    for p, b in data.items():
+        open(p, "wb").write(b)
+    _without_fast_reads(monkeypatch)
+    calls["read_sample"] = 0
+    slow = deliver(True)
+    assert calls["read_sample"] > 4  # every sample through reading.read this time
+    assert fast[0] == slow[0] and len(fast[0]) < len(whole)
+    assert type(fast[1]) is type(slow[1]) and str(fast[1]) == str(slow[1])
+    if on_error == "raise":
+        assert isinstance(fast[1], rw.ShardFormatError) and "shard-1.tar" in str(fast[1])
+    else:
+        assert fast[1] is None
+        assert {k for k, u, _ in fast[0][12:] if u.endswith("shard-1.tar")} == set()  # skipped once cut
