@@ -799,8 +799,8 @@ class WebDataset:
         self._stopping = False  # a webdataset handler said stop: this step is the last
         collate_fn = collate_fn or self.collate_fn or default_collate
         last_window = -1
-        sample_at, read, stages = ep.sample_at, self._read_or_stop, self.stages
-        pread, parse = os.pread, tario.parse_sample
+        samples_at, read, stages = ep.samples_at, self._read_or_stop, self.stages
+        pread, parse, clock = os.pread, tario.parse_sample, time.perf_counter
         names: Dict[int, str] = {}
         stream = not str(self.plan.algo).endswith("window")  # shards read front to back
         hint = True
@@ -837,7 +837,7 @@ class WebDataset:
             # consecutive samples of one shard (the rule unshuffled) are read
             # with one pread: fewer syscalls, and fewer GIL hand-offs to the
             # prefetch threads
-            where = [sample_at(pos) for pos, _ in slots]
+            where = samples_at([pos for pos, _ in slots])
             if hint:  # the first step: its reads start at once (cold disk)
                 hint = False
                 reading.hint_pages(self, where)
@@ -877,7 +877,7 @@ class WebDataset:
                         rd.open.move_to_end(si)  # type: ignore[union-attr]
                 else:  # shuffled: one sample, no run to look for
                     sample = read(si, j)
-                t1 = time.perf_counter()
+                t1 = clock()
                 t_read += t1 - t0
                 if sample is None:
                     skipped += 1
@@ -902,7 +902,7 @@ class WebDataset:
                     x = st(x)
                     if x is None:
                         break
-                t0 = time.perf_counter()
+                t0 = clock()
                 t_stages += t0 - t1
                 if x is None:
                     filtered += 1

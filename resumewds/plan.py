@@ -122,7 +122,7 @@ class FeistelPermutation:
         True
     """
 
-    __slots__ = ("m", "a", "b", "keys", "_pack")
+    __slots__ = ("m", "a", "b", "keys", "_pack", "_rounds", "_mask_b")
     ROUNDS = 4
 
     def __init__(self, m: int, key: int):
@@ -132,6 +132,11 @@ class FeistelPermutation:
         self.b = bits - self.a      # bits of the right half
         self.keys = [mix(key, r) for r in range(self.ROUNDS)]
         self._pack = struct.Struct("<Q").pack
+        # round r's key and the mask of its new right half: the halves swap
+        # widths every round (a bits, then b), and after an even number of
+        # rounds they are back to (a, b)
+        self._mask_b = (1 << self.b) - 1
+        self._rounds = [(k, (1 << (self.a if r % 2 == 0 else self.b)) - 1) for r, k in enumerate(self.keys)]
 
     def __len__(self) -> int:
         return self.m
@@ -143,16 +148,14 @@ class FeistelPermutation:
             return i
         h = xxhash.xxh3_64_intdigest
         pk = self._pack
-        a, b, keys, m = self.a, self.b, self.keys, self.m
+        b, mask_b, rounds, m = self.b, self._mask_b, self._rounds, self.m
         x = i
         while True:
-            hi, lo = a, b
-            left, right = x >> lo, x & ((1 << lo) - 1)
-            for k in keys:
+            left, right = x >> b, x & mask_b
+            for k, mask in rounds:
                 # (L: hi bits, R: lo bits) -> (R, L ^ F(R)): widths swap
-                left, right = right, left ^ (h(pk(right), k) & ((1 << hi) - 1))
-                hi, lo = lo, hi
-            x = (left << lo) | right
+                left, right = right, left ^ (h(pk(right), k) & mask)
+            x = (left << b) | right
             if x < m:
                 return x
 
@@ -300,6 +303,40 @@ class EpochPlan:
         j = perm[t - self.window_starts[w]]
         k = bisect.bisect_right(starts, j) - 1
         return self.seg_shard[s0 + k], self.seg_first[s0 + k] + j - starts[k]
+
+    def samples_at(self, positions: Sequence[int]) -> List[Tuple[int, int]]:
+        """:meth:`sample_at` of each position (a step's): the same pairs, with
+        the window looked up once per run of positions inside it.
+
+        Example:
+            >>> ep = EpochPlan([3, 2], [0, 1], window=2, window_key=7)
+            >>> ep.samples_at(range(5)) == [ep.sample_at(p) for p in range(5)]
+            True
+        """
+        out: List[Tuple[int, int]] = []
+        ws, total, P = self.window_starts, self.total, self.partitions
+        seg_shard, seg_first = self.seg_shard, self.seg_first
+        lo = hi = 0
+        s0 = 0
+        starts: Any = None
+        perm: Any = None
+        single = False
+        for p in positions:
+            if not 0 <= p < total:
+                raise IndexError(f"position {p} outside epoch of {total} samples")
+            t = p if P == 1 else self.local(p)
+            if not lo <= t < hi:
+                w = bisect.bisect_right(ws, t) - 1
+                s0, starts, perm = self._window(w)
+                lo, hi = ws[w], ws[w + 1]
+                single = len(starts) == 2  # one segment: no bisect
+            j = perm[t - lo]
+            if single:
+                out.append((seg_shard[s0], seg_first[s0] + j))
+            else:
+                k = bisect.bisect_right(starts, j) - 1
+                out.append((seg_shard[s0 + k], seg_first[s0 + k] + j - starts[k]))
+        return out
 
     def shards_from(self, p: int, count: int) -> List[int]:
         """Up to ``count`` distinct shards the partition of position ``p`` needs

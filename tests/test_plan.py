@@ -203,6 +203,12 @@ def test_partitioned_epochs_are_permutations_and_partitions_are_fixed(counts, se
     for i in reversed(range(0, len(seq), 5)):
         assert ep.sample_at(i) == seq[i]
         assert ep.position(ep.local(i)) == i
+    # a step's lookups at once: any run of positions, in any order
+    assert ep.samples_at(range(len(seq))) == seq
+    back = list(range(len(seq)))[::-3]
+    assert ep.samples_at(back) == [seq[p] for p in back]
+    with pytest.raises(IndexError):
+        ep.samples_at([0, len(seq)])
     # partition q holds the positions p % P == q, and the same samples every epoch
     nxt = order(plan, epoch + 1)
     for q in range(parts):
