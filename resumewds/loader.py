@@ -309,6 +309,13 @@ class _SampleLayout:
         return [(g, False) if g < total else ((g - total) % total, True) for g in range(s0, stop)]
 
 
+def _pin_memory(batch: Any, device: Optional[str]) -> Any:
+    """torch's ``pin_memory`` of a batch (what its pin thread does to the queue's)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory(batch, device) if device else pin_memory(batch)
+
+
 class _EpochSource(IterableDataset):
     """What each DataLoader worker iterates: its round-robin share of steps."""
 
@@ -336,9 +343,12 @@ class _EpochSource(IterableDataset):
         if info is not None:
             worker_logging(self.log_level)
         ring = self.ring if info is not None else None
+        collate_fn = self.collate_fn
+        if ring is not None and ring.tensors is not None and self.collate and collate_fn is default_collate:
+            collate_fn = ring.tensors.collate(w)  # the same batches, large tensors stacked into slots
         try:
             steps = self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
-                                       collate=self.collate, collate_fn=self.collate_fn)
+                                       collate=self.collate, collate_fn=collate_fn)
             if ring is None:
                 yield from steps
             else:
@@ -752,6 +762,9 @@ class WebLoader:
         dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
         expected = 0
         it = iter(dl)
+        # torch pins a batch only where it is allowed to (an accelerator is
+        # present): the iterator says whether it does
+        pin = bool(getattr(it, "_pin_memory", False)) and ring is not None
         try:
             while True:
                 t0 = time.perf_counter()
@@ -776,6 +789,8 @@ class WebLoader:
                     return
                 if type(batch) is Packed:
                     batch = ring.unpack(batch)  # type: ignore[union-attr]
+                    if pin:  # torch's pin thread saw only the Packed marker: pin what it stood for
+                        batch = _pin_memory(batch, getattr(it, "_pin_memory_device", None) or None)
                 elif isinstance(batch, _WorkerFailure):
                     failure = batch.exc
                     self._failed_now(failure, meta.get("events") or [])
@@ -876,8 +891,11 @@ class WebLoader:
         per_sample = size / samples if samples else 1 << 20
         slot = max(1 << 20, int(2 * self.layout.batch_size * per_sample))
         slots = int(kw.get("prefetch_factor") or 2) + 2
+        # tensor slots only for the default collation (which the workers then
+        # do into them); a user's collate_fn keeps its own tensors
+        tensor_slots = slots if self._collate and self._collate_fn is default_collate else 0
         try:
-            return BytesRing(self.num_workers, slots, slot)
+            return BytesRing(self.num_workers, slots, slot, tensor_slots=tensor_slots)
         except (OSError, ValueError) as exc:  # pragma: no cover - no shared memory here
             log.debug("shared-memory transport unavailable (%s): batches go through the queue", exc)
             return None

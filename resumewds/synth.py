@@ -64,7 +64,8 @@ def write_shards(directory: str, shards: int = 4, samples: int = 100,
     for s in range(shards):
         path = os.path.join(directory, f"{prefix}-{s:06d}.tar")
         tmp = path + ".tmp"
-        with tarfile.open(tmp, "w", format=fmt) as tar:
+        # one large write at a time, as TarWriter does (resumewds.writer.WRITE_BUFFER)
+        with open(tmp, "wb", buffering=4 << 20) as f, tarfile.open(fileobj=f, mode="w", format=fmt) as tar:
             for i in range(samples):
                 key = f"s{s:06d}_{i:06d}"
                 members = []

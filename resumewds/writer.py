@@ -58,6 +58,13 @@ from .manifest import Manifest, ShardInfo, load_manifest
 __all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
            "imageencoder", "make_encoder", "make_handlers", "numpy_dumps", "torch_dumps"]
 
+#: bytes a shard file is written in (what ``TarWriter`` buffers per write).
+#: Large writes make the kernel keep the file in large page-cache folios,
+#: and a ``pread`` of a sample from those costs half what it does from the
+#: 4 KB pages that tarfile's 10 KB writes leave (2.5 vs 5.0 us for 52 KB
+#: here); a shard read soon after it is written is read from that cache.
+WRITE_BUFFER = 4 << 20
+
 
 # ---- encoders (webdataset's defaults) -----------------------------------------
 
@@ -402,7 +409,7 @@ class TarWriter:
             if path is not None:
                 self.path = os.path.abspath(path)
                 self._tmp = self.path + ".partial"
-                self.own_fileobj = open(self._tmp, "wb")
+                self.own_fileobj = open(self._tmp, "wb", buffering=WRITE_BUFFER)
             elif fileobj.startswith("pipe:"):
                 self._proc = subprocess.Popen(fileobj[5:], shell=True, stdin=subprocess.PIPE)
                 self.own_fileobj = self._proc.stdin

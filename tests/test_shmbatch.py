@@ -223,3 +223,116 @@ def test_label_tensors_come_through_the_ring_from_real_workers(big_shards, unpac
     inproc = _batches(big_shards, 0, "auto", stage)
     assert _same(ring_run, queue_run) and _same(ring_run, inproc)
     assert _types(ring_run) == _types(queue_run)
+
+
+# ---- large batch tensors: collated into tensor slots ------------------------------
+
+def _arrays(ds):
+    """Each sample's .bin as a 60,000-byte uint8 array: a batch of 8 is a 480 KB
+    tensor, of 32 a 1.9 MB one (over MAX_TENSOR: a tensor slot)."""
+    import numpy as np
+
+    def arr(b):
+        return np.frombuffer((b * (60000 // len(b) + 1))[:60000], dtype=np.uint8).reshape(200, 300)
+
+    return ds.to_tuple("bin", "cls").map_tuple(arr, lambda c: int(c))
+
+
+@pytest.fixture
+def slot_uses(monkeypatch):
+    """Counts, in the main process, the batch tensors handed out over a tensor slot."""
+    seen = {"n": 0}
+    orig = transport.TensorSlots.tensor
+
+    def counting(self, m, views):
+        seen["n"] += 1
+        return orig(self, m, views)
+
+    monkeypatch.setattr(transport.TensorSlots, "tensor", counting)
+    return seen
+
+
+@pytest.mark.parametrize("nw", [1, 2])
+def test_batch_tensors_collated_into_slots_are_the_queue_path_batches(big_shards, slot_uses, nw):
+    ring_run = _batches(big_shards, nw, "auto", _arrays, batch_size=32)
+    assert slot_uses["n"] > 0  # some batches over a slot (the others: every slot still held by the list)
+    queue_run = _batches(big_shards, nw, "queue", _arrays, batch_size=32)
+    inproc = _batches(big_shards, 0, "auto", _arrays, batch_size=32)
+    assert _same(ring_run, queue_run) and _same(ring_run, inproc)
+    assert _types(ring_run) == _types(queue_run)
+    assert ring_run[0][0].shape == (32, 200, 300) and ring_run[0][0].dtype == torch.uint8
+
+
+def test_released_slots_are_reused_and_held_batches_stay_intact(make_shards, slot_uses):
+    """Batches dropped after use free their slot (more batches come over a
+    slot than there are slots); a batch still held, and changed in place, is
+    never overwritten by a later one."""
+    shards = make_shards(shards=4, samples=100, size_range=(2000, 30000))  # 13 batches of 32
+    ds = _arrays(rw.WebDataset(shards, shuffle=True, seed=3))
+    want = [b[0].clone() for b in _batches(shards, 2, "queue", _arrays, batch_size=32)]
+    with rw.WebLoader(ds, batch_size=32, num_workers=2) as loader:
+        got, kept = [], None
+        for i, (x, _cls) in enumerate(loader):
+            got.append(x.clone())
+            if i == 0:
+                kept = x  # held to the end, and written to
+                kept[0, 0, 0] = 255 - int(kept[0, 0, 0])
+        del x
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    slots = 2 * (2 + 2)  # 2 workers x (prefetch_factor + 2)
+    assert len(want) == 13 and slot_uses["n"] > slots  # slots came back as batches were dropped
+    assert kept is not None and int(kept[0, 0, 0]) == 255 - int(want[0][0, 0, 0])
+    assert torch.equal(kept.flatten()[1:], want[0].flatten()[1:])  # the loader's end left it intact
+
+
+def test_a_slot_is_reused_only_once_no_tensor_is_over_it():
+    import gc
+
+    ring = BytesRing(num_workers=1, slots=4, slot_bytes=1 << 20, tensor_slots=2, tensor_slot_bytes=4 << 20)
+    ts = ring.tensors
+    try:
+        collate = ts.collate(0)
+        rows = [torch.full((512, 512), float(i)) for i in range(2)]  # 2 MB: over MAX_TENSOR
+        first = collate(rows)
+        assert ts.marker(0, first).slot == 0
+        view = first.transpose(1, 2)  # non-contiguous: no marker, torch's path
+        got = ring.unpack(ring.pack(0, [first, view]))
+        assert ts.marker(0, view) is None and got[1] is view
+        assert torch.equal(got[0], first) and got[0].data_ptr() == first.data_ptr()  # no copy
+        del first, view
+        gc.collect()
+        second = collate(rows)  # slot 0 is held by the main process's tensor
+        assert ts.marker(0, second).slot == 1
+        assert collate(rows).shape == (2, 512, 512) and ts.take(0, 1 << 20) is None  # both busy: torch's path
+        kept_worker_side = second
+        got2 = ring.unpack(ring.pack(0, [second]))
+        del got, second
+        gc.collect()  # the main process's tensors over slot 0 are gone
+        third = collate(rows)
+        assert ts.marker(0, third).slot == 0
+        del got2, kept_worker_side
+        gc.collect()
+        assert ts.marker(0, collate(rows)).slot == 1  # the worker's last reference to slot 1 went too
+        # a tensor larger than a slot, or a user class, is never put in one
+        assert ts.marker(0, collate([torch.zeros(1024, 1024)] * 2)) is None
+    finally:
+        ring.close()
+
+
+def test_pin_memory_pins_what_the_ring_delivered(big_shards, unpacks, monkeypatch):
+    """torch's pin thread sees only the Packed marker: with pinning on (an
+    accelerator present), the loader pins the unpacked batch itself.  Here,
+    without an accelerator, torch is told one is present and pinning records
+    what it is given."""
+    import resumewds.loader as L
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None)
+    pinned = []
+    monkeypatch.setattr(L, "_pin_memory", lambda batch, device: (pinned.append((device, batch)), batch)[1])
+    got = _batches(big_shards, 2, "auto", _arrays, batch_size=32, pin_memory=True)
+    assert unpacks["n"] > 0 and len(pinned) == unpacks["n"]
+    assert all(d == "cuda" for d, _ in pinned)
+    assert _same([b for _, b in pinned], [b for b in got if any(b is p for _, p in pinned)])
