@@ -400,11 +400,16 @@ class WebLoader:
             ``RESUMEWDS_VERBOSE=1``).
         chunk_size: samples per worker task when ``batch_size`` is None.
         transport: how batches leave the DataLoader workers.  ``"auto"``
-            (default): with ``fork`` workers, the large ``bytes`` in a batch
-            travel through shared memory inherited by the workers
-            (:mod:`resumewds.shmbatch`), everything else through torch's
-            queue; the batches delivered are the same objects either way.
-            ``"queue"``: everything pickled through torch's queue.
+            (default): with ``fork`` workers, the large ``bytes`` and the
+            small tensors in a batch travel through shared memory inherited
+            by the workers, and with the default ``collate_fn`` the workers
+            stack large batch tensors into reused shared slots (handed out
+            without a copy; a slot is reused once every tensor over it is
+            garbage) (:mod:`resumewds.shmbatch`); everything else goes
+            through torch's queue.  The batches delivered are equal either
+            way (same types, values and sharing); a batch tensor over a slot
+            is not resizable in place.  ``"queue"``: everything pickled
+            through torch's queue.
         preempt: stop at the next step boundary on a signal (preemption by
             Slurm, Kubernetes, spot instances: SIGTERM, then SIGKILL after a
             grace period).  False (default): signals keep their handlers;

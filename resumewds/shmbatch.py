@@ -459,7 +459,7 @@ class BytesRing:
         slot_of = None
         if ts is not None and ts.mm is not None:
             def slot_of(x: Any) -> Optional[_SlotTensor]:
-                m = ts.marker(worker, x)  # type: ignore[union-attr]
+                m = ts.marker(worker, x)
                 if m is not None:
                     held.add(m.slot)
                 return m
