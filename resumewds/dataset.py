@@ -800,7 +800,7 @@ class WebDataset:
         collate_fn = collate_fn or self.collate_fn or default_collate
         last_window = -1
         samples_at, read, stages = ep.samples_at, self._read_or_stop, self.stages
-        pread, parse, clock = os.pread, tario.parse_sample, time.perf_counter
+        pread, parse, clock, most = os.pread, tario.parse_sample, time.perf_counter, tario.CHECKED_PREAD
         names: Dict[int, str] = {}
         stream = not str(self.plan.algo).endswith("window")  # shards read front to back
         hint = True
@@ -861,12 +861,13 @@ class WebDataset:
                     ahead = self._read_run_or_stop(si, j, run) if run > 1 else [read(si, j)]
                     ahead.reverse()
                     sample = ahead.pop()
-                elif fast is not None and si in fast and si not in failed and not self._stopping:
-                    fd, offs, url, verified = fast[si]
+                elif fast is not None and (hit := fast.get(si)) is not None and si not in failed \
+                        and not self._stopping:
+                    fd, offs, url, verified = hit
                     a = int(offs[j])
                     size = int(offs[j + 1]) - a
                     try:
-                        buf = pread(fd, size, a) if 0 <= size <= tario.CHECKED_PREAD else b""
+                        buf = pread(fd, size, a) if 0 <= size <= most else b""
                         sample = parse(buf, url, a, 0, size, verified) if len(buf) == size else None
                     except (OSError, ResumeWDSError):
                         sample = None

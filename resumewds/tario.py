@@ -425,6 +425,7 @@ _USTAR = b"ustar\x00"
 # name, size, chksum, typeflag, magic and the first prefix byte of a ustar
 # header, in one unpack
 _HDR = struct.Struct("100s24x12s12x8sB100x6s82xB166x")
+_FIELD_END = (0, 32)  # NUL, space
 _SP = b" "
 
 
@@ -482,10 +483,17 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
         # take the slow path, which calls entry_size itself)
         if rawsize[0] & 0x80:
             return _parse_sample_slow(buf, shard, base, start, n)
-        s = rawsize.split(_NUL, 1)[0].strip(_SP)
-        if s.translate(None, _OCTAL_DIGITS):
-            return _parse_sample_slow(buf, shard, base, start, n)
-        size = int(s, 8) if s else 0
+        digits = rawsize[:11]
+        if rawsize[11] in _FIELD_END and digits.isdigit():  # the usual field: 11 digits, a NUL or space
+            try:
+                size = int(digits, 8)
+            except ValueError:  # an 8 or a 9
+                return _parse_sample_slow(buf, shard, base, start, n)
+        else:
+            s = rawsize.split(_NUL, 1)[0].strip(_SP)
+            if s.translate(None, _OCTAL_DIGITS):
+                return _parse_sample_slow(buf, shard, base, start, n)
+            size = int(s, 8) if s else 0
         data = off + BLOCK
         nxt = data + ((size + 511) & -512)  # BLOCK-aligned
         if nxt > n:

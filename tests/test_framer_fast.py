@@ -68,3 +68,32 @@ def test_fast_path_still_checks_the_header_checksum():
         end -= 512
     with pytest.raises(ShardFormatError):
         tario.parse_sample(bytes(buf), "t", 0, 0, end)
+
+
+def _with_size_field(buf: bytes, field: bytes) -> bytes:
+    """``buf`` with its first header's size field replaced (checksum recomputed)."""
+    b = bytearray(buf)
+    b[124:136] = field
+    b[148:156] = b" " * 8
+    b[148:156] = b"%06o\0 " % sum(b[:512])
+    return bytes(b)
+
+
+@pytest.mark.parametrize("field, ok", [
+    (b"00000000005\0", True), (b"00000000005 ", True), (b"     000005\0", True),
+    (b"5\0\0\0\0\0\0\0\0\0\0\0", True), (b"00000000009\0", False), (b"+0000000005\0", False),
+    (b"0000_000005\0", False), (b"00000000 05\0", False),
+])
+@pytest.mark.parametrize("verified", [False, True])
+def test_size_fields_read_as_the_general_framer_reads_them(field, ok, verified):
+    buf = _with_size_field(_tar(["k.a", "k.b"], payload=b"abcd"), field)  # 5 bytes: "abcd" + index
+    end = len(buf)
+    while end > 0 and buf[end - 512:end] == bytes(512):
+        end -= 512
+    if ok:
+        assert tario.parse_sample(buf, "t", 0, 0, end, verified=verified) == _general(buf, end)
+    else:
+        with pytest.raises(ShardFormatError):
+            _general(buf, end)
+        with pytest.raises(ShardFormatError):
+            tario.parse_sample(buf, "t", 0, 0, end, verified=verified)
