@@ -295,6 +295,25 @@ def child_main(spec: Dict[str, Any]) -> Dict[str, Any]:
 # parent side: no torch, no peer imported here
 # =============================================================================
 
+def _warm(root: str) -> None:
+    """Read every file under ``root`` once, 4 MB at a time, so that a system's
+    timed child starts with its data in the page cache.  Without this the
+    data a system last read a minute ago may be partly on disk: this
+    machine's kernel runs DAMON's proactive reclaim (``kdamond``, scheme
+    ``pageout`` for memory idle 12 x 5 s, up to 128 MB/s), which pages out
+    the page cache of whichever system's data sat idle while the other
+    systems ran, whatever memory is free: passes of one system then
+    varied 2.5x between rounds.  The cold rows drop the cache on purpose."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            try:
+                with open(os.path.join(dirpath, name), "rb", buffering=0) as f:
+                    while f.read(4 << 20):
+                        pass
+            except OSError:
+                pass
+
+
 def _children(pid: int) -> List[int]:
     out: List[int] = []
     try:
@@ -462,10 +481,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 r = run_child(args.python, {"mode": "write", "system": s, "tars": tars, "out": out}, 900)
                 data[s] = out
                 print(f"# {s}: wrote {r['samples']} samples with its own writer in {r['seconds']:.1f}s", flush=True)
+        # the writers just wrote ~2.4 GB: flush it now, so that no round runs
+        # beside the kernel's background writeback of another system's data
+        os.sync()
         base = {"data": data, "decode_limit": dlimit, "total": total}
 
         def spec(system: str, mode: str) -> Dict[str, Any]:
             return dict(base, system=system, mode=mode, cache=os.path.join(d, "cache-" + system))
+
+        def warm(system: str) -> None:
+            _warm(os.path.dirname(manifest) if system in ("resumewds", "webdataset") else data[system])
 
         res: Dict[str, Dict[str, List[Any]]] = {s: {} for s in live}
 
@@ -476,6 +501,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for r in range(repeats):
             order = live[r % len(live):] + live[:r % len(live)]
             for s in order:
+                warm(s)
                 t = run_child(args.python, spec(s, "tput"), 1800)
                 for k in ("nodecode0", "nodecode2"):
                     if t[k]["n"] != total:
@@ -483,6 +509,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 for k, v in t.items():
                     add(s, k + "_rate", v["n"] / v["s"])
                     add(s, k + "_cpu", v["cpu"] / v["n"] * 1e6)
+                warm(s)
                 t = run_child(args.python, spec(s, "decode2"), 1800, pss=True)
                 add(s, "pss", t["pss_mb"])
             print("# round %d: %s" % (r + 1, "  ".join(
@@ -498,12 +525,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if cold:
                     drop_caches()
                     add(s, "first_cold", run_child(args.python, spec(s, "first"), 600)["s"])
+                warm(s)
                 add(s, "first_warm", run_child(args.python, spec(s, "first"), 600)["s"])
         # ---- resume ----------------------------------------------------------------------
         for s in live:
             if s == "webdataset":
                 continue
             try:
+                warm(s)
                 t = run_child(args.python, spec(s, "resume"), 900)
                 add(s, "resume", t["p90"]["s"] / t["p05"]["s"])
                 add(s, "resume_exact", f"{t['p05']['exact']}/{t['p90']['exact']}")
