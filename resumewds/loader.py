@@ -34,7 +34,7 @@ from .events import EventKind
 from .pipeline import HandlerStop, default_collate
 from .plan import Layout
 from .session import JournalSession, process_group
-from .shmbatch import BytesRing, Packed
+from .shmbatch import TENSOR_SLOT_BYTES, BytesRing, Packed
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
 from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 
@@ -899,8 +899,11 @@ class WebLoader:
         # tensor slots only for the default collation (which the workers then
         # do into them); a user's collate_fn keeps its own tensors
         tensor_slots = slots if self._collate and self._collate_fn is default_collate else 0
+        # virtual memory only until used, but at most 4 GB of it in all (many workers)
+        tensor_bytes = max(8 << 20, min(TENSOR_SLOT_BYTES, (4 << 30) // max(1, self.num_workers * slots)))
         try:
-            return BytesRing(self.num_workers, slots, slot, tensor_slots=tensor_slots)
+            return BytesRing(self.num_workers, slots, slot, tensor_slots=tensor_slots,
+                             tensor_slot_bytes=tensor_bytes)
         except (OSError, ValueError) as exc:  # pragma: no cover - no shared memory here
             log.debug("shared-memory transport unavailable (%s): batches go through the queue", exc)
             return None

@@ -443,8 +443,12 @@ class BytesRing:
         self.consumed = multiprocessing.get_context("fork").Array("q", self.num_workers)
         self._seq: Dict[int, int] = {}  # worker side: batches packed so far (per process)
         #: where workers collate large batch tensors (None: torch's own path)
-        self.tensors: Optional[TensorSlots] = (TensorSlots(num_workers, tensor_slots, tensor_slot_bytes)
-                                               if tensor_slots > 0 else None)
+        self.tensors: Optional[TensorSlots] = None
+        if tensor_slots > 0:
+            try:
+                self.tensors = TensorSlots(num_workers, tensor_slots, tensor_slot_bytes)
+            except (OSError, ValueError, OverflowError):  # no room for the mapping: torch's path
+                self.tensors = None
 
     # ---- worker side ------------------------------------------------------
     def pack(self, worker: int, batch: Any) -> Any:
