@@ -340,14 +340,18 @@ class TensorSlots:
         def stack(batch: Any, *, collate_fn_map: Any = None) -> Any:
             elem = batch[0]
             if type(elem) is torch.Tensor and elem.layout is torch.strided and elem.device.type == "cpu" \
-                    and not elem.is_nested:
+                    and not elem.is_nested and not elem.is_quantized:
                 numel = sum(x.numel() for x in batch)
                 nbytes = numel * elem.element_size()
                 if nbytes > MAX_TENSOR and numel == len(batch) * elem.numel():
                     buf = self.take(worker, nbytes)
                     if buf is not None:
-                        out = buf.view(elem.dtype).view(len(batch), *elem.shape)
-                        return torch.stack(batch, 0, out=out)
+                        try:
+                            out = buf.view(elem.dtype).view(len(batch), *elem.shape)
+                        except (RuntimeError, TypeError):  # a dtype a byte buffer cannot be viewed as
+                            out = None
+                        if out is not None:
+                            return torch.stack(batch, 0, out=out)
             return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
         fns = dict(default_collate_fn_map)
@@ -363,7 +367,7 @@ class TensorSlots:
         if _TENSOR is None:
             _tensor_type()
         if self.mm is None or x.layout is not _STRIDED[0] or not x.is_contiguous() or x.requires_grad \
-                or x.is_conj() or x.is_neg() or type(x) is not _TENSOR:
+                or x.is_conj() or x.is_neg() or x.is_quantized or type(x) is not _TENSOR:
             return None
         nbytes = x.numel() * x.element_size()
         rel = x.data_ptr() - self._addr

@@ -336,3 +336,21 @@ def test_pin_memory_pins_what_the_ring_delivered(big_shards, unpacks, monkeypatc
     assert unpacks["n"] > 0 and len(pinned) == unpacks["n"]
     assert all(d == "cuda" for d, _ in pinned)
     assert _same([b for _, b in pinned], [b for b in got if any(b is p for _, p in pinned)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool,
+                                   torch.uint8, torch.complex64])
+def test_slot_collation_is_default_collate_for_every_dtype(dtype):
+    from torch.utils.data import default_collate
+
+    ring = BytesRing(num_workers=1, slots=2, slot_bytes=1 << 20, tensor_slots=2, tensor_slot_bytes=32 << 20)
+    try:
+        g = torch.Generator().manual_seed(1)
+        rows = [(torch.randn(700, 1000, generator=g) * 3).to(dtype) for _ in range(3)]  # over MAX_TENSOR
+        want = default_collate([(r, i) for i, r in enumerate(rows)])
+        got = ring.tensors.collate(0)([(r, i) for i, r in enumerate(rows)])
+        assert _same(got, want) and ring.tensors.marker(0, got[0]) is not None
+        back = ring.unpack(ring.pack(0, got))
+        assert _same(back, want) and ring.tensors.marker(0, back[0]) is not None  # over the slot, no copy
+    finally:
+        ring.close()
