@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from . import autodecode
 from .handlers import reraise_exception
-from .pipeline import ExtractKeys, Handled, HandlerStop, PipelineStage, RenameKeys
+from .pipeline import ExtractKeys, Handled, HandlerStop, Map, PipelineStage, RenameKeys, Select
 
 __all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
            "extract_keys", "identity", "parse_field_spec", "transform_with",
@@ -191,20 +191,12 @@ def associate(associator: Any) -> SampleStage:
 
 # ---- per-sample stages ------------------------------------------------------------
 
-class _Map:
-    def __init__(self, f: Callable[[Any], Any]):
-        self.f = f
-
-    def __call__(self, sample: Any) -> Any:
-        result = self.f(sample)
-        if isinstance(sample, dict) and isinstance(result, dict):
-            result["__key__"] = sample.get("__key__")
-        return result
+_Map = Map  # the fluent ``.map`` stage's; the old name kept for pickles
 
 
 def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: ``f(sample)``; None drops the sample; a dict result keeps ``__key__``."""
-    return _stage("map", _Map(f), handler)
+    return _stage("map", Map(f), handler)
 
 
 class _MapDict:
@@ -264,17 +256,12 @@ def to_tuple(*args: str, handler: ExnHandler = reraise_exception, missing_is_err
     return _stage("to_tuple", _ToTuple(args, missing_is_error, none_is_error), handler)
 
 
-class _Select:
-    def __init__(self, predicate: Callable[[Any], bool]):
-        self.predicate = predicate
-
-    def __call__(self, sample: Any) -> Any:
-        return sample if self.predicate(sample) else None
+_Select = Select  # the old name kept for pickles
 
 
 def select(predicate: Callable[[Any], bool]) -> SampleStage:
     """Stage: keep the samples for which ``predicate`` is true."""
-    return SampleStage("select", _Select(predicate))
+    return SampleStage("select", Select(predicate))
 
 
 class _Rename:
