@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from . import autodecode
 from .handlers import reraise_exception
-from .pipeline import ExtractKeys, Handled, HandlerStop, Map, PipelineStage, RenameKeys, Select
+from .pipeline import ExtractKeys, Handled, HandlerStop, Map, PipelineStage, RenameKeys, Select, default_collation_fn
 
 __all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
            "extract_keys", "identity", "parse_field_spec", "transform_with",
@@ -440,39 +440,8 @@ class detshuffle(ShuffleStage, PipelineStage):
         return self.run(src)
 
 
-def _combine(b: List[Any], combine_tensors: bool, combine_scalars: bool) -> Any:
-    import numpy as np
-
-    if isinstance(b[0], (int, float)):
-        return np.array(list(b)) if combine_scalars else b
-    if type(b[0]).__module__.startswith("torch") and type(b[0]).__name__ == "Tensor":
-        if combine_tensors:
-            import torch
-
-            if len({x.shape for x in b}) != 1:
-                raise ValueError(f"all shapes must be equal in collation, got { {x.shape for x in b} }")
-            return torch.stack(list(b))
-        return b
-    if isinstance(b[0], np.ndarray):
-        if combine_tensors:
-            if len({x.shape for x in b}) != 1:
-                raise ValueError(f"all shapes must be equal in collation, got { {x.shape for x in b} }")
-            return np.array(list(b))
-        return b
-    return list(b)
-
-
-def default_collation_fn(samples: List[Any], combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
-    """webdataset's collation: columns of tuples/dicts; numbers -> numpy, tensors/arrays stacked."""
-    rows = [x if isinstance(x, dict) else dict(enumerate(x)) for x in samples]
-    keys = set(rows[0])
-    for row in rows[1:]:
-        if set(row) != keys:
-            raise ValueError("keys don't match in different samples")
-    result = {k: _combine([row[k] for row in rows], combine_tensors, combine_scalars) for k in keys}
-    if isinstance(samples[0], (list, tuple)):
-        return tuple(result[i] for i in range(len(result)))
-    return result
+# webdataset's default collation: the one the fluent ``.batched(n)`` uses
+# (resumewds.pipeline.default_collation_fn, imported above)
 
 
 class BatchedStage(Stage):
