@@ -295,14 +295,7 @@ class EpochPlan:
 
     def sample_at(self, p: int) -> Tuple[int, int]:
         """``(shard_index, sample_in_shard)`` of position ``p`` of this epoch."""
-        if not 0 <= p < self.total:
-            raise IndexError(f"position {p} outside epoch of {self.total} samples")
-        t = self.local(p)
-        w = bisect.bisect_right(self.window_starts, t) - 1
-        s0, starts, perm = self._window(w)
-        j = perm[t - self.window_starts[w]]
-        k = bisect.bisect_right(starts, j) - 1
-        return self.seg_shard[s0 + k], self.seg_first[s0 + k] + j - starts[k]
+        return self.samples_at((p,))[0]
 
     def samples_at(self, positions: Sequence[int]) -> List[Tuple[int, int]]:
         """:meth:`sample_at` of each position (a step's): the same pairs, with
