@@ -801,6 +801,9 @@ class WebDataset:
         last_window = -1
         samples_at, read, stages = ep.samples_at, self._read_or_stop, self.stages
         pread, parse, clock, most = os.pread, tario.parse_sample, time.perf_counter, tario.CHECKED_PREAD
+        parse_as = tario.parse_sample_as
+        patterns: Dict[int, Any] = {}  # shard -> tario.member_pattern, or () once it stopped paying
+        misses: Dict[int, int] = {}
         names: Dict[int, str] = {}
         stream = not str(self.plan.algo).endswith("window")  # shards read front to back
         hint = True
@@ -868,7 +871,20 @@ class WebDataset:
                     size = int(offs[j + 1]) - a
                     try:
                         buf = pread(fd, size, a) if 0 <= size <= most else b""
-                        sample = parse(buf, url, a, 0, size, verified) if len(buf) == size else None
+                        if len(buf) != size:
+                            sample = None
+                        else:
+                            # verified bytes of a shard whose samples share one member
+                            # pattern take tario.parse_sample_as (a miss returns None)
+                            pat = patterns.get(si) if verified else ()
+                            sample = parse_as(buf, pat) if pat else None
+                            if sample is None:
+                                sample = parse(buf, url, a, 0, size, verified)
+                                if pat is None:  # the shard's first sample here: its pattern
+                                    patterns[si] = tario.member_pattern(sample)
+                                elif pat:  # a miss: this sample's pattern, 16 times at most
+                                    miss = misses[si] = misses.get(si, 0) + 1
+                                    patterns[si] = tario.member_pattern(sample) if miss <= 16 else ()
                     except (OSError, ResumeWDSError):
                         sample = None
                     if sample is None:

@@ -526,6 +526,89 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
     return sample
 
 
+Members = Tuple[Tuple[str, bytes], ...]
+
+
+def member_pattern(sample: Dict[str, Any]) -> Members:
+    """What :func:`parse_sample_as` expects of the next samples: ``sample``'s
+    members in order, each as ``(ext, b"." + ext)``.
+
+    Example:
+        >>> member_pattern({"cls": b"1", "jpg": b"...", "__key__": "k"})
+        (('cls', b'.cls'), ('jpg', b'.jpg'))
+    """
+    return tuple((e, ("." + e).encode("utf-8", "surrogateescape")) for e in sample if e != "__key__")
+
+
+def parse_sample_as(buf: bytes, members: Members, start: int = 0,
+                    end: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """:func:`parse_sample` of verified bytes ``buf[start:end]`` whose members are
+    ``members`` (:func:`member_pattern` of an earlier sample of the shard),
+    or None when they are not: the caller then takes :func:`parse_sample`.
+
+    Almost every shard holds samples of one pattern (each a ``.cls``, a
+    ``.jpg``, a ``.txt``, in that order).  Knowing it, a member's header
+    is checked with two ``startswith`` (the key and the extension, then a
+    NUL) instead of decoding and splitting its name: the same sample for
+    half the cost of the general path.  Every member is still checked in
+    full otherwise (a regular file, no ustar prefix, the usual 11-digit
+    size field, inside the range; the range ends with the last member).
+    Anything else (another pattern, a name that needs the general rules,
+    pax or GNU headers, an unusual size field) returns None, never a
+    different sample.  For verified bytes only: header checksums are not
+    recomputed, as in :func:`parse_sample` with ``verified=True``.
+
+    Example:
+        >>> import io, tarfile
+        >>> f = io.BytesIO()
+        >>> with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        ...     for name, data in (("k.cls", b"1"), ("k.jpg", b"xy")):
+        ...         ti = tarfile.TarInfo(name); ti.size = len(data); tf.addfile(ti, io.BytesIO(data))
+        >>> buf = f.getvalue()[:2048]
+        >>> parse_sample_as(buf, member_pattern(parse_sample(buf, "s.tar", verified=True)))
+        {'cls': b'1', 'jpg': b'xy', '__key__': 'k'}
+    """
+    n = len(buf) if end is None else end
+    if type(buf) is not bytes or not 0 <= start <= n - BLOCK or n > len(buf):
+        return None
+    name = buf[start:start + 100]
+    z = name.find(0)
+    if z >= 0:
+        name = name[:z]
+    slash = name.rfind(b"/")
+    dot = name.find(b".", slash + 1)
+    if dot <= slash + 1 or name[0] == 95:  # no dot, a dot first, or "_" first: the general rules
+        return None
+    keyb = name[:dot]
+    k = len(keyb)
+    starts = buf.startswith
+    sample: Dict[str, Any] = {}
+    off = start
+    for ext, suffix in members:
+        if off + BLOCK > n:
+            return None
+        e = k + len(suffix)  # the name's length: the key, the suffix, then a NUL (or the field's end)
+        if e > 100 or not starts(keyb, off) or not starts(suffix, off + k) or (e < 100 and buf[off + e]):
+            return None
+        flag = buf[off + 156]
+        if (flag != 48 and flag != 0) or (buf[off + 345] and buf[off + 257:off + 263] == _USTAR):
+            return None
+        digits = buf[off + 124:off + 135]  # the usual field: 11 digits, then a NUL or a space
+        if buf[off + 135] not in _FIELD_END or not digits.isdigit():  # (base-256 fails isdigit)
+            return None
+        try:
+            size = int(digits, 8)
+        except ValueError:  # an 8 or a 9
+            return None
+        data = off + BLOCK
+        off = data + ((size + 511) & -512)  # past n: refused below (a block read, the end)
+        sample[ext] = buf[data:data + size]
+    if off != n:
+        return None
+    sample["__key__"] = keyb.decode("utf-8", "surrogateescape")
+    return sample
+
+
 def _parse_sample_slow(buf: Buffer, shard: str, base: int, start: int, end: int) -> Dict[str, Any]:
     groups = list(_group(iter_members(buf, shard, start=start, end=end, base=base - start,
                                       archive_end=False), shard, base - start))
@@ -583,9 +666,15 @@ def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: 
     lo, hi = int(offsets[first]), int(offsets[last + 1])
     buf = _pread_range(fd, lo, hi, shard)
     out = []
+    pattern: Optional[Members] = None  # verified bytes: the run's member pattern (parse_sample_as)
     for j in range(first, last + 1):
         a, b = int(offsets[j]) - lo, int(offsets[j + 1]) - lo
-        out.append(parse_sample(buf, shard, base=lo + a, start=a, end=b, verified=verified))
+        sample = parse_sample_as(buf, pattern, a, b) if pattern else None
+        if sample is None:
+            sample = parse_sample(buf, shard, base=lo + a, start=a, end=b, verified=verified)
+            if verified:
+                pattern = member_pattern(sample)
+        out.append(sample)
     return out
 
 

@@ -109,8 +109,8 @@ def test_reads_of_open_shards_match_read_and_its_errors(tmp_path, monkeypatch, o
     under its open file, the same error (or skip) for that shard."""
     paths = _shards(tmp_path, n=2, per=30)
     manifest = rw.build_manifest(paths)
-    calls = {"read_sample": 0, "parse": 0}
-    real_one, real_parse = tario.read_sample, tario.parse_sample
+    calls = {"read_sample": 0, "parse": 0, "as": 0}
+    real_one, real_parse, real_as = tario.read_sample, tario.parse_sample, tario.parse_sample_as
 
     def one(*a, **kw):
         calls["read_sample"] += 1
@@ -120,8 +120,14 @@ def test_reads_of_open_shards_match_read_and_its_errors(tmp_path, monkeypatch, o
         calls["parse"] += 1
         return real_parse(*a, **kw)
 
+    def parse_as(*a, **kw):
+        got = real_as(*a, **kw)
+        calls["as"] += got is not None
+        return got
+
     monkeypatch.setattr(tario, "read_sample", one)
     monkeypatch.setattr(tario, "parse_sample", parse)
+    monkeypatch.setattr(tario, "parse_sample_as", parse_as)
 
     def deliver(cut):
         keys, err = [], None
@@ -137,7 +143,9 @@ def test_reads_of_open_shards_match_read_and_its_errors(tmp_path, monkeypatch, o
 
     whole, _ = deliver(False)
     assert sorted(k for k, _, _ in whole) == sorted(s["__key__"] for s in _truth(paths))
-    assert calls["read_sample"] <= 4 and calls["parse"] == len(whole)  # the loader's own reads: all but a few
+    # the loader's own reads: all but a few; by the shards' member pattern: all but one per shard
+    assert calls["read_sample"] <= 4 and calls["parse"] + calls["as"] == len(whole)
+    assert calls["as"] >= len(whole) - 2 * len(paths)
     data = {p: open(p, "rb").read() for p in paths}
     fast = deliver(True)
     for p, b in data.items():
@@ -153,3 +161,48 @@ def test_reads_of_open_shards_match_read_and_its_errors(tmp_path, monkeypatch, o
     else:
         assert fast[1] is None
         assert {k for k, u, _ in fast[0][12:] if u.endswith("shard-1.tar")} == set()  # skipped once cut
+
+
+def test_member_patterns_give_the_same_samples_and_stop_on_mixed_shards(tmp_path, monkeypatch):
+    """Verified shards are framed by their member pattern (``tario.parse_sample_as``):
+    the delivered sequence equals the one framed by ``parse_sample`` alone; a
+    shard whose samples keep changing pattern stops being tried after 16
+    misses, and a shard with upper-case extensions (never a match) too."""
+    paths = _shards(tmp_path, n=2, per=30)
+    mixed = []
+    for i in range(60):  # three patterns in turn: every sample a miss
+        ms = [(f"m{i:03d}.txt", b"t" * i), (f"m{i:03d}.bin", os.urandom(50))]
+        if i % 3 == 1:
+            ms.append((f"m{i:03d}.json", b"{}"))
+        elif i % 3 == 2:
+            ms.reverse()
+        mixed += ms
+    upper = [(f"u{i:03d}.TXT", b"u" * i) for i in range(40)]
+    for name, members in (("mixed.tar", mixed), ("upper.tar", upper)):
+        (tmp_path / name).write_bytes(tar_bytes(members))
+        paths.append(str(tmp_path / name))
+    manifest = rw.build_manifest(paths)
+    calls = {"as": 0, "hit": 0}
+    real_as = tario.parse_sample_as
+
+    def parse_as(*a, **kw):
+        got = real_as(*a, **kw)
+        calls["as"] += 1
+        calls["hit"] += got is not None
+        return got
+
+    monkeypatch.setattr(tario, "parse_sample_as", parse_as)
+
+    def deliver():
+        ds = rw.WebDataset(manifest, shuffle=True, seed=5)
+        return [dict(s) for b in rw.WebLoader(ds, batch_size=7, collate_fn=lambda x: x) for s in b]
+
+    got = deliver()
+    assert calls["hit"] >= 2 * (30 - 2)  # the uniform shards: all but their first reads
+    assert calls["as"] - calls["hit"] <= 2 * (16 + 1)  # the other two: 16 misses each, then no more tries
+    monkeypatch.setattr(tario, "member_pattern", lambda sample: ())  # patterns off: parse_sample only
+    calls["as"] = 0
+    want = deliver()
+    assert calls["as"] == 0
+    assert got == want and len(got) == 2 * 30 + 60 + 40
+    assert _plain(got) == _plain(sorted(_truth(paths), key=lambda s: [x["__key__"] for x in want].index(s["__key__"])))

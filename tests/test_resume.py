@@ -118,15 +118,21 @@ def test_resume_property(data, seed, window, batch, w1, w2, frac):
 def test_resume_reads_only_what_it_delivers(data, monkeypatch):
     # every read of a sample parses it once, whichever path read it (one
     # pread per sample, one per run of consecutive samples, or the loader's
-    # own reads of open shards)
+    # own reads of open shards, by a shard's member pattern or not)
     calls = {"n": 0}
-    real_parse = tario.parse_sample
+    real_parse, real_as = tario.parse_sample, tario.parse_sample_as
 
     def counting_parse(*a, **kw):
         calls["n"] += 1
         return real_parse(*a, **kw)
 
+    def counting_as(*a, **kw):
+        got = real_as(*a, **kw)
+        calls["n"] += got is not None  # a refusal is followed by parse_sample
+        return got
+
     monkeypatch.setattr(tario, "parse_sample", counting_parse)
+    monkeypatch.setattr(tario, "parse_sample_as", counting_as)
     ref = reference(data, 7, 2, 8)
     for n in (3, 20, 40):
         first = rw.WebLoader(dataset(data), batch_size=8)
