@@ -59,13 +59,11 @@ Example:
 from __future__ import annotations
 
 import argparse
-import collections
 import email.utils
 import http.server
 import json
 import os
 import posixpath
-import random
 import signal
 import socket
 import struct
@@ -75,6 +73,8 @@ import threading
 import time
 import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from .loopback import LoopbackFaultServer, QuietServer
 
 TRANSPORT_FAULTS = ("reset", "500", "503", "429", "truncate", "truncate_nolen", "stall")
 STATUS_FAULTS = ("401", "403", "404", "410")
@@ -145,7 +145,7 @@ def _tar_layout(path: str) -> _Layout:
     return _Layout(headers, data, [])
 
 
-class FaultServer:
+class FaultServer(LoopbackFaultServer):
     """Serve ``root_dir`` over HTTP on 127.0.0.1 with injected faults.
 
     Args:
@@ -177,6 +177,12 @@ class FaultServer:
     ``bytes_by_path``, ``requests`` (per path), ``faults`` (per kind).
     """
 
+    thread_name = "faultserver"
+    url_suffix = "/"
+    handler_attr = "fs"
+    all_faults = ALL_FAULTS
+    transport_faults = TRANSPORT_FAULTS
+
     def __init__(self, root_dir: str, host: str = "127.0.0.1", port: int = 0,
                  faults: Union[str, Dict[str, float], None] = "", seed: int = 0,
                  max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
@@ -185,10 +191,6 @@ class FaultServer:
                  honour_if_range: bool = True, range_variant: Optional[str] = None,
                  ignore_range: bool = False):
         self.root_dir = os.path.abspath(root_dir)
-        self.host = host
-        self.port = port
-        self.seed = seed
-        self.max_faults_per_path = max_faults_per_path
         self.stall_seconds = stall_seconds
         self.retry_after = retry_after
         self.down_seconds = down_seconds
@@ -197,18 +199,11 @@ class FaultServer:
         self.honour_if_range = honour_if_range
         self.range_variant = range_variant
         self.ignore_range = ignore_range
-        self.mixed, self.rates = parse_faults(faults)
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._down_until = 0.0
-        self._scripts: Dict[str, collections.deque] = {}
         self._layouts: Dict[Tuple[str, int, int], _Layout] = {}
         self._boundaries: Dict[str, List[int]] = {}
         if manifest:
             self._load_manifest(manifest)
-        self.reset_counters()
-        self._httpd: Optional[http.server.ThreadingHTTPServer] = None
-        self._thread: Optional[threading.Thread] = None
+        self._setup(host, port, seed, max_faults_per_path, *parse_faults(faults))
 
     # ---- configuration ---------------------------------------------------
     def set_faults(self, faults: Union[str, Dict[str, float], None]) -> None:
@@ -222,31 +217,6 @@ class FaultServer:
         with self._lock:
             self._down_until = time.monotonic() + seconds
 
-    def script(self, path: str, kinds: Sequence[Optional[str]]) -> None:
-        """Force the next requests of ``path`` (e.g. "/a.tar") to these faults.
-
-        ``None`` means no fault; ``"reset@0.9"`` / ``"truncate@0.5"`` / ... cut
-        the body at that fraction.  Scripted faults come before the profile.
-        """
-        if not path.startswith("/"):
-            path = "/" + path
-        for k in kinds:
-            if k is not None and k.split("@")[0] not in ALL_FAULTS:
-                raise ValueError(f"unknown fault kind {k!r}")
-        with self._lock:
-            self._scripts.setdefault(path, collections.deque()).extend(kinds)
-
-    def reset_counters(self) -> None:
-        with self._lock:
-            self.bytes_sent = 0
-            self.bytes_by_path: Dict[str, int] = collections.Counter()
-            self.requests: Dict[str, int] = collections.Counter()
-            self.request_log: List[str] = []  # paths in the order requests arrived
-            self.connections = 0  # TCP connections accepted
-            self.faults: Dict[str, int] = collections.Counter()
-            self._faults_by_path: Dict[str, int] = collections.Counter()
-            self._seen: Dict[str, int] = collections.Counter()
-
     def _load_manifest(self, manifest: str) -> None:
         with open(manifest, "rb") as f:
             data = json.load(f)
@@ -256,79 +226,8 @@ class FaultServer:
                 name = posixpath.basename(urllib.parse.urlparse(s["url"]).path or s["url"])
                 self._boundaries[name] = [int(x) for x in offs]
 
-    # ---- lifecycle ---------------------------------------------------------
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/"
-
-    def start(self) -> FaultServer:
-        handler = type("Handler", (_Handler,), {"fs": self})
-        httpd = _QuietServer((self.host, self.port), handler)
-        self.port = httpd.server_address[1]
-        self._httpd = httpd
-        self._stopping.clear()
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"faultserver:{self.port}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> FaultServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    # ---- decisions ---------------------------------------------------------
-    def _decide(self, path: str) -> Tuple[Optional[str], random.Random]:
-        with self._lock:
-            n = self._seen[path]
-            self._seen[path] += 1
-            self.requests[path] += 1
-            self.request_log.append(path)
-            rng = random.Random(f"{self.seed}:{path}:{n}")
-            if time.monotonic() < self._down_until:
-                self.faults["down"] += 1
-                return "down", rng
-            script = self._scripts.get(path)
-            if script:
-                kind = script.popleft()
-                if kind is not None:
-                    self.faults[kind.split("@")[0]] += 1
-                    self._faults_by_path[path] += 1
-                return kind, rng
-            if self.max_faults_per_path is not None and self._faults_by_path[path] >= self.max_faults_per_path:
-                return None, rng
-            kind = None
-            u = rng.random()
-            acc = 0.0
-            for k in sorted(self.rates):
-                acc += self.rates[k]
-                if u < acc:
-                    kind = k
-                    break
-            if kind is None and self.mixed and rng.random() < self.mixed:
-                kind = rng.choice(TRANSPORT_FAULTS)
-            if kind is not None:
-                self.faults[kind] += 1
-                self._faults_by_path[path] += 1
-                if kind == "down":
-                    self._down_until = time.monotonic() + self.down_seconds
-            return kind, rng
-
-    def _count(self, path: str, n: int) -> None:
-        with self._lock:
-            self.bytes_sent += n
-            self.bytes_by_path[path] += n
+    def _log_request(self, path: str) -> None:
+        self.request_log.append(path)  # paths in the order requests arrived
 
     def _layout(self, fs_path: str, st: os.stat_result) -> _Layout:
         key = (fs_path, st.st_size, st.st_mtime_ns)
@@ -342,12 +241,7 @@ class FaultServer:
         return lay
 
 
-class _QuietServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request, client_address) -> None:  # no tracebacks on resets
-        pass
+_QuietServer = QuietServer  # the old name
 
 
 def _http_date(ts: float) -> str:
@@ -615,6 +509,9 @@ def _parse_range(header: str, size: int):
     if start >= size:
         return "unsatisfiable"
     return start, min(end, size)
+
+
+FaultServer.handler_class = _Handler
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

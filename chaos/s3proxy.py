@@ -38,7 +38,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import collections
 import http.client
 import http.server
 import random
@@ -50,6 +49,8 @@ import threading
 import time
 import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from .loopback import LoopbackFaultServer, QuietServer
 
 TRANSPORT_FAULTS = ("slowdown", "500", "503", "reset", "stall")
 ALL_FAULTS = TRANSPORT_FAULTS + ("403", "trickle")
@@ -100,7 +101,7 @@ def parse_s3_faults(faults: Union[str, Dict[str, float], None]) -> Tuple[float, 
     return mixed, rates
 
 
-class S3FaultProxy:
+class S3FaultProxy(LoopbackFaultServer):
     """Forward to ``upstream`` (``http://host:port``), injecting faults into GETs.
 
     Args:
@@ -122,6 +123,11 @@ class S3FaultProxy:
     ``request_log`` ((method, path, Range, If-Match) in arrival order).
     """
 
+    thread_name = "s3proxy"
+    handler_attr = "px"
+    all_faults = ALL_FAULTS
+    transport_faults = TRANSPORT_FAULTS
+
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0,
                  faults: Union[str, Dict[str, float], None] = "", seed: int = 0,
                  max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
@@ -132,21 +138,11 @@ class S3FaultProxy:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
         self.upstream_host = u.hostname
         self.upstream_port = u.port or 80
-        self.host = host
-        self.port = port
-        self.seed = seed
-        self.max_faults_per_path = max_faults_per_path
         self.stall_seconds = stall_seconds
         self.bytes_per_second = bytes_per_second
         self.retry_after = retry_after
         self.trickle_bytes_per_second = trickle_bytes_per_second
-        self.mixed, self.rates = parse_s3_faults(faults)
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._scripts: Dict[str, collections.deque] = {}
-        self.reset_counters()
-        self._httpd: Optional[http.server.ThreadingHTTPServer] = None
-        self._thread: Optional[threading.Thread] = None
+        self._setup(host, port, seed, max_faults_per_path, *parse_s3_faults(faults))
 
     # ---- configuration -------------------------------------------------------
     def set_faults(self, faults: Union[str, Dict[str, float], None]) -> None:
@@ -155,103 +151,8 @@ class S3FaultProxy:
         with self._lock:
             self.mixed, self.rates = mixed, rates
 
-    def script(self, path: str, kinds: Sequence[Optional[str]]) -> None:
-        """Force the next GETs of ``path`` ("/bucket/key") to these faults (None: none)."""
-        if not path.startswith("/"):
-            path = "/" + path
-        for k in kinds:
-            if k is not None and k.split("@")[0] not in ALL_FAULTS:
-                raise ValueError(f"unknown fault kind {k!r}")
-        with self._lock:
-            self._scripts.setdefault(path, collections.deque()).extend(kinds)
 
-    def reset_counters(self) -> None:
-        with self._lock:
-            self.bytes_sent = 0
-            self.bytes_by_path: Dict[str, int] = collections.Counter()
-            self.requests: Dict[str, int] = collections.Counter()
-            # (method, path, Range, If-Match) in arrival order
-            self.request_log: List[Tuple[str, str, Optional[str], Optional[str]]] = []
-            self.faults: Dict[str, int] = collections.Counter()
-            self.connections = 0
-            self._faults_by_path: Dict[str, int] = collections.Counter()
-            self._seen: Dict[str, int] = collections.Counter()
-
-    # ---- lifecycle -------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> S3FaultProxy:
-        handler = type("Handler", (_Handler,), {"px": self})
-        httpd = _QuietServer((self.host, self.port), handler)
-        self.port = httpd.server_address[1]
-        self._httpd = httpd
-        self._stopping.clear()
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"s3proxy:{self.port}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> S3FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    # ---- decisions -------------------------------------------------------------
-    def _decide(self, path: str) -> Tuple[Optional[str], random.Random]:
-        with self._lock:
-            n = self._seen[path]
-            self._seen[path] += 1
-            self.requests[path] += 1
-            rng = random.Random(f"{self.seed}:{path}:{n}")
-            script = self._scripts.get(path)
-            if script:
-                kind = script.popleft()
-                if kind is not None:
-                    self.faults[kind.split("@")[0]] += 1
-                    self._faults_by_path[path] += 1
-                return kind, rng
-            if self.max_faults_per_path is not None and self._faults_by_path[path] >= self.max_faults_per_path:
-                return None, rng
-            kind = None
-            u = rng.random()
-            acc = 0.0
-            for k in sorted(self.rates):
-                acc += self.rates[k]
-                if u < acc:
-                    kind = k
-                    break
-            if kind is None and self.mixed and rng.random() < self.mixed:
-                kind = rng.choice(TRANSPORT_FAULTS)
-            if kind is not None:
-                self.faults[kind] += 1
-                self._faults_by_path[path] += 1
-            return kind, rng
-
-    def _count(self, path: str, n: int) -> None:
-        with self._lock:
-            self.bytes_sent += n
-            self.bytes_by_path[path] += n
-
-
-class _QuietServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request, client_address) -> None:  # no tracebacks on resets
-        pass
+_QuietServer = QuietServer  # the old name
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -410,6 +311,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     pass
                 px._stopping.wait(px.stall_seconds)
             self._abort()
+
+
+S3FaultProxy.handler_class = _Handler
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

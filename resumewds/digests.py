@@ -42,7 +42,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import xxhash
 
 from .errors import SourceError
-from .manifest import ArrayFile
+from .manifest import ArrayFile, view_item
 
 __all__ = ["BadSample", "DigestsFile", "LazyDigests", "add_sample_digests", "bad_samples", "check_results",
            "decode_inline", "echo_range_repairs", "encode_inline", "file_sample_digests", "sample_digests"]
@@ -138,13 +138,7 @@ class LazyDigests(Sequence[int]):
         if self.start + self.length > len(view):
             raise SourceError(f"{self.where or self.file.path}: needs digests {self.start}.."
                               f"{self.start + self.length - 1} but {self.file.path} holds {len(view)}")
-        if isinstance(i, slice):
-            return [view[self.start + j] for j in range(*i.indices(self.length))]
-        if i < 0:
-            i += self.length
-        if not 0 <= i < self.length:
-            raise IndexError(i)
-        return view[self.start + i]
+        return view_item(view, self.start, self.length, i)
 
     def __getstate__(self) -> Any:
         return (self.file, self.start, self.length, self.where)

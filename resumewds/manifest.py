@@ -130,6 +130,23 @@ class ArrayFile:
         return {"path": self.path, "size": self.size, "xxh3_64": self.xxh3_64, "_mm": None, "_view": None}
 
 
+def view_item(view: Any, start: int, length: int, i: Any) -> Any:
+    """Item (or slice, as a list) ``i`` of the ``length`` items of ``view`` from ``start``:
+    a shard's part of a side file, indexed as a sequence of its own.
+
+    Example:
+        >>> view_item([9, 1, 2, 3, 9], 1, 3, -1), view_item([9, 1, 2, 3, 9], 1, 3, slice(0, 2))
+        (3, [1, 2])
+    """
+    if isinstance(i, slice):
+        return [view[start + j] for j in range(*i.indices(length))]
+    if i < 0:
+        i += length
+    if not 0 <= i < length:
+        raise IndexError(i)
+    return view[start + i]
+
+
 class OffsetsFile(ArrayFile):
     """The v2 offsets side file (``manifest.json.offsets``): int64 sample offsets."""
 
@@ -174,14 +191,7 @@ class LazyOffsets(Sequence[int]):
         return view
 
     def __getitem__(self, i: Any) -> Any:
-        view = self.file._map() if self._ok else self._validate()
-        if isinstance(i, slice):
-            return [view[self.start + j] for j in range(*i.indices(self.length))]
-        if i < 0:
-            i += self.length
-        if not 0 <= i < self.length:
-            raise IndexError(i)
-        return view[self.start + i]
+        return view_item(self.file._map() if self._ok else self._validate(), self.start, self.length, i)
 
     def __getstate__(self) -> Any:
         return (self.file, self.start, self.length, self.size, self.where)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 import xxhash
 
@@ -121,25 +121,11 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
                     raise RangeIgnored(f"{url}: the server ignored Range (HTTP 200)", url, 200)
                 if resp.status_code != 206:
                     raise F._status_error(url, resp)
-                m = F._CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
-                if not m or int(m.group(1)) != start or int(m.group(2)) != end - 1:
-                    raise RangeIgnored(f"{url}: asked for bytes {start}-{end - 1}, got Content-Range "
-                                       f"{resp.headers.get('Content-Range')!r}", url, 206)
+                _check_range(url, "Content-Range", resp.headers.get("Content-Range"), start, end)
                 enc = (resp.headers.get("Content-Encoding") or "").strip().lower()
                 if enc not in ("", "identity"):
                     raise RangeIgnored(f"{url}: {enc}-encoded range body", url, 206)
-                chunks: List[bytes] = []
-                n = 0
-                for chunk in resp.iter_content(1 << 16):
-                    chunks.append(chunk)
-                    n += len(chunk)
-                    pace.tick(len(chunk))
-                    if n > end - start:
-                        raise RangeIgnored(f"{url}: range body longer than {end - start} bytes", url, 206)
-                if n < end - start:
-                    raise TransientFetchError(f"{url}: short range body: got {n} of {end - start} bytes "
-                                              f"(range {start}-{end - 1})", url, 206)
-                return b"".join(chunks)
+                return _range_body(url, resp.iter_content(1 << 16), start, end, pace)
         except FetchError:
             raise
         except Exception as exc:
@@ -149,6 +135,33 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
                 sess.close()
 
     return F._retry(config, url, on_event, budget, attempt)
+
+
+def _check_range(url: str, field: str, got: Optional[str], start: int, end: int) -> None:
+    """Refuse an answer whose ``Content-Range`` (http) or ``ContentRange`` (s3)
+    is not exactly bytes ``start``..``end - 1``."""
+    from . import fetch as F
+
+    m = F._CONTENT_RANGE.match(got or "")
+    if not m or int(m.group(1)) != start or int(m.group(2)) != end - 1:
+        raise RangeIgnored(f"{url}: asked for bytes {start}-{end - 1}, got {field} {got!r}", url, 206)
+
+
+def _range_body(url: str, chunks: Iterable[bytes], start: int, end: int, pace: Any) -> bytes:
+    """The body of a ranged answer, exactly ``end - start`` bytes: a longer one
+    is refused (the server ignored the range), a shorter one is transient."""
+    out: List[bytes] = []
+    n = 0
+    for chunk in chunks:
+        out.append(chunk)
+        n += len(chunk)
+        pace.tick(len(chunk))
+        if n > end - start:
+            raise RangeIgnored(f"{url}: range body longer than {end - start} bytes", url, 206)
+    if n < end - start:
+        raise TransientFetchError(f"{url}: short range body: got {n} of {end - start} bytes "
+                                  f"(range {start}-{end - 1})", url, 206)
+    return b"".join(out)
 
 
 def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any, on_event: Any = None) -> bytes:
@@ -170,25 +183,8 @@ def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any,
             status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
             if status != 206:
                 raise RangeIgnored(f"{url}: S3 answered a Range GetObject with HTTP {status}", url, status)
-            m = F._CONTENT_RANGE.match(resp.get("ContentRange") or "")
-            if not m or int(m.group(1)) != start or int(m.group(2)) != end - 1:
-                raise RangeIgnored(f"{url}: asked for bytes {start}-{end - 1}, got ContentRange "
-                                   f"{resp.get('ContentRange')!r}", url, 206)
-            chunks: List[bytes] = []
-            n = 0
-            while True:
-                chunk = body.read(1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                n += len(chunk)
-                pace.tick(len(chunk))
-                if n > end - start:
-                    raise RangeIgnored(f"{url}: range body longer than {end - start} bytes", url, 206)
-            if n < end - start:
-                raise TransientFetchError(f"{url}: short range body: got {n} of {end - start} bytes "
-                                          f"(range {start}-{end - 1})", url, 206)
-            return b"".join(chunks)
+            _check_range(url, "ContentRange", resp.get("ContentRange"), start, end)
+            return _range_body(url, iter(lambda: body.read(1 << 16), b""), start, end, pace)
         except FetchError:
             raise
         except Exception as exc:

@@ -1,0 +1,175 @@
+"""What chaos's two fault-injecting servers share: their lifecycle on
+127.0.0.1, their counters, and how they decide a request's fault.
+
+:class:`chaos.faultserver.FaultServer` (files over HTTP) and
+:class:`chaos.s3proxy.S3FaultProxy` (a proxy in front of an S3 endpoint)
+differ in what they serve and which faults they know; they choose a fault the
+same way: scripted faults first (:meth:`LoopbackFaultServer.script`), then
+``max_faults_per_path``, then the profile's rates drawn from an RNG keyed on
+``(seed, path, n)``, where ``n`` counts the requests of that path.  The same
+seed and the same per-path request order give the same faults.
+
+Example:
+    >>> class Echo(LoopbackFaultServer):
+    ...     all_faults = transport_faults = ("reset",)
+    >>> s = Echo()
+    >>> s._setup("127.0.0.1", 0, seed=1, max_faults_per_path=None, mixed=0.0, rates={})
+    >>> s.script("a", ["reset", None])
+    >>> [s._decide("/a")[0] for _ in range(3)], s.requests["/a"]
+    (['reset', None, None], 3)
+"""
+
+from __future__ import annotations
+
+import collections
+import http.server
+import random
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A threading HTTP server that prints no traceback when a client resets."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:  # no tracebacks on resets
+        pass
+
+
+class LoopbackFaultServer:
+    """The shared half of a fault-injecting server (see the module docstring).
+
+    A subclass sets :attr:`all_faults`, :attr:`transport_faults` (what a
+    ``mixed`` profile draws from), :attr:`handler_class` (its request
+    handler, which finds the server as ``handler_attr``), and calls
+    :meth:`_setup` from its ``__init__``.
+    """
+
+    all_faults: Tuple[str, ...] = ()
+    transport_faults: Tuple[str, ...] = ()
+    handler_class: Any = http.server.BaseHTTPRequestHandler
+    handler_attr = "server_obj"
+    thread_name = "loopback"
+    url_suffix = ""
+    down_seconds = 1.0
+
+    def _setup(self, host: str, port: int, seed: int, max_faults_per_path: Optional[int],
+               mixed: float, rates: Dict[str, float]) -> None:
+        self.host, self.port, self.seed = host, port, seed
+        self.max_faults_per_path = max_faults_per_path
+        self.mixed, self.rates = mixed, rates
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._down_until = 0.0
+        self._scripts: Dict[str, collections.deque] = {}
+        self.reset_counters()
+        self._httpd: Optional[http.server.ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- configuration -------------------------------------------------------
+    def script(self, path: str, kinds: Sequence[Optional[str]]) -> None:
+        """Force the next requests of ``path`` to these faults, before the profile.
+
+        ``None`` means no fault; ``"reset@0.9"`` (a kind and a fraction) cuts
+        the body at that fraction, for the kinds that cut bodies.
+        """
+        if not path.startswith("/"):
+            path = "/" + path
+        for k in kinds:
+            if k is not None and k.split("@")[0] not in self.all_faults:
+                raise ValueError(f"unknown fault kind {k!r}")
+        with self._lock:
+            self._scripts.setdefault(path, collections.deque()).extend(kinds)
+
+    def reset_counters(self) -> None:
+        """Zero ``bytes_sent``, ``bytes_by_path``, ``requests``, ``request_log``,
+        ``connections`` and ``faults`` (and the per-path fault budget)."""
+        with self._lock:
+            self.bytes_sent = 0
+            self.bytes_by_path: Dict[str, int] = collections.Counter()
+            self.requests: Dict[str, int] = collections.Counter()
+            self.request_log: List[Any] = []  # in the order requests arrived
+            self.connections = 0  # TCP connections accepted
+            self.faults: Dict[str, int] = collections.Counter()
+            self._faults_by_path: Dict[str, int] = collections.Counter()
+            self._seen: Dict[str, int] = collections.Counter()
+
+    # ---- lifecycle -------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{self.url_suffix}"
+
+    def start(self) -> Any:
+        handler = type("Handler", (self.handler_class,), {self.handler_attr: self})
+        httpd = QuietServer((self.host, self.port), handler)
+        self.port = httpd.server_address[1]
+        self._httpd = httpd
+        self._stopping.clear()
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"{self.thread_name}:{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- decisions -------------------------------------------------------------
+    def _log_request(self, path: str) -> None:
+        """Called under the lock for every decided request (a subclass may log it)."""
+
+    def _decide(self, path: str) -> Tuple[Optional[str], random.Random]:
+        with self._lock:
+            n = self._seen[path]
+            self._seen[path] += 1
+            self.requests[path] += 1
+            self._log_request(path)
+            rng = random.Random(f"{self.seed}:{path}:{n}")
+            if time.monotonic() < self._down_until:  # a "down" window (the fault server's)
+                self.faults["down"] += 1
+                return "down", rng
+            script = self._scripts.get(path)
+            if script:
+                kind = script.popleft()
+                if kind is not None:
+                    self.faults[kind.split("@")[0]] += 1
+                    self._faults_by_path[path] += 1
+                return kind, rng
+            if self.max_faults_per_path is not None and self._faults_by_path[path] >= self.max_faults_per_path:
+                return None, rng
+            kind = None
+            u = rng.random()
+            acc = 0.0
+            for k in sorted(self.rates):
+                acc += self.rates[k]
+                if u < acc:
+                    kind = k
+                    break
+            if kind is None and self.mixed and rng.random() < self.mixed:
+                kind = rng.choice(self.transport_faults)
+            if kind is not None:
+                self.faults[kind] += 1
+                self._faults_by_path[path] += 1
+                if kind == "down":
+                    self._down_until = time.monotonic() + self.down_seconds
+            return kind, rng
+
+    def _count(self, path: str, n: int) -> None:
+        with self._lock:
+            self.bytes_sent += n
+            self.bytes_by_path[path] += n
