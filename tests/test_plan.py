@@ -354,3 +354,53 @@ def test_elastic_schedule_continues_exactly(counts, parts, seed, data):
     assert got == list(range(total))
     assert [ep.sample_at(p) for p in got] == order(Plan(counts, seed=seed, shuffle=True, window=2,
                                                         partitions=parts), 3)
+
+
+def _feistel_reference(m: int, key: int, i: int) -> int:
+    """FeistelPermutation's definition, written out: 4 rounds of xxh3_64 of
+    one half (packed as 8 little-endian bytes, keyed per round), cycle-walked."""
+    import struct
+
+    import xxhash
+
+    bits = max(2, (m - 1).bit_length())
+    a = bits // 2
+    b = bits - a
+    keys = [mix(key, r) for r in range(4)]
+    x = i
+    while True:
+        left, right = x >> b, x & ((1 << b) - 1)
+        for r, k in enumerate(keys):
+            width = a if r % 2 == 0 else b
+            left, right = right, left ^ (xxhash.xxh3_64_intdigest(struct.pack("<Q", right), k) & ((1 << width) - 1))
+        x = (left << b) | right
+        if x < m:
+            return x
+
+
+@pytest.mark.parametrize("m", [2, 3, 5, 17, 100, 1000, 4097, 70_000])
+@pytest.mark.parametrize("key", [0, 7, 2**63 + 5])
+def test_tabulated_feistel_is_the_hashed_one(m, key):
+    """The round functions looked up in tables (halves of up to TABLE_BITS
+    bits) give the very permutation the definition hashes for."""
+    from resumewds.plan import FeistelPermutation
+
+    class Hashed(FeistelPermutation):
+        __slots__ = ()
+        TABLE_BITS = -1  # never tabulated
+
+    p, q = FeistelPermutation(m, key), Hashed(m, key)
+    assert p._tables is not None and q._tables is None
+    got = [p[i] for i in range(m)]
+    assert got == [q[i] for i in range(m)]
+    assert sorted(got) == list(range(m))
+    assert all(got[i] == _feistel_reference(m, key, i) for i in range(0, m, max(1, m // 200)))
+
+
+def test_large_feistel_is_hashed_per_lookup_as_defined():
+    from resumewds.plan import FeistelPermutation
+
+    m = (1 << 30) + 12345  # halves of 15 and 16 bits: above TABLE_BITS
+    p = FeistelPermutation(m, 11)
+    assert p._tables is None
+    assert [p[i] for i in (0, 1, 999_999, m - 1)] == [_feistel_reference(m, 11, i) for i in (0, 1, 999_999, m - 1)]
