@@ -853,13 +853,14 @@ class WebDataset:
             # skips as it always does.
             rd = self._reader
             fast = rd.fast if rd is not None and (rd.ranged is None or not rd.ranged.ready) else None
+            touch = rd.open.move_to_end if fast is not None else None  # type: ignore[union-attr]  # the fd LRU
             failed = self._failed
             ahead: List[Optional[Dict[str, Any]]] = []
             for i, (pos, pad) in enumerate(slots):
                 si, j = where[i]
                 if ahead:
                     sample = ahead.pop()
-                elif i + 1 < nslots and where[i + 1] == (si, j + 1):  # a run may start here
+                elif stream and i + 1 < nslots and where[i + 1] == (si, j + 1):  # a run may start here
                     run = self._run_length(where, i)
                     ahead = self._read_run_or_stop(si, j, run) if run > 1 else [read(si, j)]
                     ahead.reverse()
@@ -891,7 +892,7 @@ class WebDataset:
                         sample = read(si, j)  # the error, or the skip, as read gives it
                     else:
                         sample["__url__"] = url
-                        rd.open.move_to_end(si)  # type: ignore[union-attr]
+                        touch(si)
                 else:  # shuffled: one sample, no run to look for
                     sample = read(si, j)
                 t1 = clock()
