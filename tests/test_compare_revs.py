@@ -245,8 +245,15 @@ def test_interrupt_kills_the_bench_and_removes_the_worktrees(tmp_path) -> None:
     pidfile = tmp_path / "pid"
     wts = tmp_path / "wts"
     wts.mkdir()
-    proc = subprocess.Popen([sys.executable, os.path.join(BENCH, "compare_revs.py"), "--repo", str(repo),
-                             "--base", "HEAD", "--head", "HEAD", "--tmp", str(wts), "--", "python", "slow.py"],
+    # Ctrl-C as a terminal sends it: the tool starts with SIGINT's default
+    # action, whatever this process inherited (a shell's background job, or a
+    # CI runner's, starts with SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt: the test hung for its 60 s)
+    restore = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", restore, os.path.join(BENCH, "compare_revs.py"),
+                             "--repo", str(repo), "--base", "HEAD", "--head", "HEAD", "--tmp", str(wts),
+                             "--", "python", "slow.py"],
                             env=dict(os.environ, PIDFILE=str(pidfile)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
