@@ -853,7 +853,7 @@ class WebDataset:
             # skips as it always does.
             rd = self._reader
             fast = rd.fast if rd is not None and (rd.ranged is None or not rd.ranged.ready) else None
-            touch = rd.open.move_to_end if fast is not None else None  # type: ignore[union-attr]  # the fd LRU
+            touch: Any = rd.open.move_to_end if fast is not None else None  # type: ignore[union-attr]  # the fd LRU
             failed = self._failed
             ahead: List[Optional[Dict[str, Any]]] = []
             for i, (pos, pad) in enumerate(slots):
