@@ -881,11 +881,8 @@ class WebDataset:
                             sample = parse_as(buf, pat) if pat else None
                             if sample is None:
                                 sample = parse(buf, url, a, 0, size, verified)
-                                if pat is None:  # the shard's first sample here: its pattern
-                                    patterns[si] = tario.member_pattern(sample)
-                                elif pat:  # a miss: this sample's pattern, 16 times at most
-                                    miss = misses[si] = misses.get(si, 0) + 1
-                                    patterns[si] = tario.member_pattern(sample) if miss <= 16 else ()
+                                if pat != ():  # () : not verified, or no more tries
+                                    tario.learn_pattern(patterns, misses, si, sample, pat)
                     except (OSError, ResumeWDSError):
                         sample = None
                     if sample is None:

@@ -540,6 +540,29 @@ def member_pattern(sample: Dict[str, Any]) -> Members:
     return tuple((e, ("." + e).encode("utf-8", "surrogateescape")) for e in sample if e != "__key__")
 
 
+#: misses after which a shard's samples are no longer tried against a pattern
+PATTERN_MISSES = 16
+
+
+def learn_pattern(patterns: Dict[Any, Members], misses: Dict[Any, int], key: Any,
+                  sample: Dict[str, Any], previous: Optional[Members]) -> None:
+    """What to try next for shard ``key`` once :func:`parse_sample` framed
+    ``sample``: its pattern (``previous`` is None the first time, or the
+    pattern that missed), or ``()`` once the shard missed
+    :data:`PATTERN_MISSES` times (its patterns keep changing: no more tries).
+
+    Example:
+        >>> pats, misses = {}, {}
+        >>> learn_pattern(pats, misses, 0, {"cls": b"1", "__key__": "k"}, None); pats[0]
+        (('cls', b'.cls'),)
+    """
+    if previous is None:
+        patterns[key] = member_pattern(sample)
+    elif previous:
+        miss = misses[key] = misses.get(key, 0) + 1
+        patterns[key] = member_pattern(sample) if miss <= PATTERN_MISSES else ()
+
+
 def parse_sample_as(buf: bytes, members: Members, start: int = 0,
                     end: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """:func:`parse_sample` of verified bytes ``buf[start:end]`` whose members are
@@ -666,14 +689,16 @@ def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: 
     lo, hi = int(offsets[first]), int(offsets[last + 1])
     buf = _pread_range(fd, lo, hi, shard)
     out = []
-    pattern: Optional[Members] = None  # verified bytes: the run's member pattern (parse_sample_as)
+    patterns: Dict[int, Members] = {}  # verified bytes: the run's member pattern (parse_sample_as)
+    misses: Dict[int, int] = {}
     for j in range(first, last + 1):
         a, b = int(offsets[j]) - lo, int(offsets[j + 1]) - lo
-        sample = parse_sample_as(buf, pattern, a, b) if pattern else None
+        pat = patterns.get(0) if verified else ()
+        sample = parse_sample_as(buf, pat, a, b) if pat else None
         if sample is None:
             sample = parse_sample(buf, shard, base=lo + a, start=a, end=b, verified=verified)
-            if verified:
-                pattern = member_pattern(sample)
+            if pat != ():
+                learn_pattern(patterns, misses, 0, sample, pat)
         out.append(sample)
     return out
 
