@@ -315,6 +315,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _serve(self, head: bool) -> None:
         fs = self.fs
         path, fs_path = self._resolve()
+        fs.wait_if_held(path)
         kind, rng = fs._decide(path)
         frac: Optional[float] = None
         if kind is not None and "@" in kind:

@@ -64,6 +64,7 @@ class LoopbackFaultServer:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._down_until = 0.0
+        self._held: Optional[threading.Event] = None  # set while requests of data files are held
         self._scripts: Dict[str, collections.deque] = {}
         self.reset_counters()
         self._httpd: Optional[http.server.ThreadingHTTPServer] = None
@@ -83,6 +84,28 @@ class LoopbackFaultServer:
                 raise ValueError(f"unknown fault kind {k!r}")
         with self._lock:
             self._scripts.setdefault(path, collections.deque()).extend(kinds)
+
+    def hold(self) -> None:
+        """Hold every request of a data file (any path not ending in ``.json``)
+        until :meth:`release` (or ``stop``): lets a test force two clients to
+        overlap instead of hoping the first is still running."""
+        with self._lock:
+            self._held = threading.Event()
+
+    def release(self) -> None:
+        """Let held requests go on (and stop holding new ones)."""
+        with self._lock:
+            gate, self._held = self._held, None
+        if gate is not None:
+            gate.set()
+
+    def wait_if_held(self, path: str, limit: float = 120.0) -> None:
+        """Block a handler while :meth:`hold` is in force (at most ``limit`` s)."""
+        gate = self._held
+        if gate is not None and not path.endswith(".json"):
+            deadline = time.monotonic() + limit
+            while not gate.is_set() and not self._stopping.is_set() and time.monotonic() < deadline:
+                gate.wait(0.05)
 
     def reset_counters(self) -> None:
         """Zero ``bytes_sent``, ``bytes_by_path``, ``requests``, ``request_log``,
