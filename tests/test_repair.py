@@ -18,7 +18,7 @@ from resumewds.cache import ShardStore
 from resumewds.manifest import load_manifest
 from resumewds.repair import coalesce
 from resumewds.writer import ShardWriter
-from tests.http_fixtures import Recorder, fast_config
+from tests.http_fixtures import Recorder, fast_config as _fast_config
 
 MB = 1 << 20
 SAMPLE = 100 * 1024
@@ -33,6 +33,13 @@ def big(tmp_path_factory):
         for i in range(330):
             w.write({"__key__": f"s{i:04d}", "bin": rng.randbytes(SAMPLE)})
     return root
+
+
+def fast_config(**kw):
+    """No fault here is a stall: a read timeout long enough that a loaded machine
+    never turns a slow 32 MB transfer into a retry (these tests count bytes)."""
+    kw.setdefault("read_timeout", 30.0)
+    return _fast_config(**kw)
 
 
 def _setup(big, tmp_path, srv, **kw):
