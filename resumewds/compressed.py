@@ -33,8 +33,9 @@ salvaging still needs (and fails on).  zstd (which webdataset 1.0.2 does not
 read) is salvaged the same way, frame by frame, in 1 MiB input chunks.
 
 Compression is recognised by the file's magic bytes, not its name.
-Decompressed copies are not counted against ``cache_size`` and are not
-evicted by the cache (remove ``<cache_dir>/decompressed`` to reclaim them).
+Decompressed copies count against ``cache_size`` like any entry: room is
+made before one is written, and a copy no reader holds is evicted least
+recently used first (a view holds the copy's ``.lock`` shared while open).
 
 Example:
     >>> kind_of_bytes(b"\\x1f\\x8b\\x08\\x00"), kind_of_bytes(b"ustar")
@@ -50,6 +51,7 @@ import os
 import re
 import tarfile
 import tempfile
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
@@ -455,17 +457,21 @@ def salvage_compressed(path: str, shard: Optional[str] = None) -> Optional[Salva
 class _View:
     """The decompressed copy of a leased compressed shard (closing it releases the lease)."""
 
-    def __init__(self, path: str, lease: Any):
+    def __init__(self, path: str, lease: Any, pin: Optional[int] = None):
         self.path = path
         self.lease = lease
         self.shard = getattr(lease, "shard", None)
         self.cached = True
+        self._pin = pin  # the copy's .lock, held shared: the evictor skips a copy in use
 
     @property
     def pinned(self) -> bool:
         return bool(getattr(self.lease, "pinned", False))
 
     def close(self) -> None:
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            os.close(pin)  # first the copy's pin, then the lease (whose release may evict the copy)
         self.lease.close()
 
     def __enter__(self) -> _View:
@@ -506,46 +512,62 @@ def open_view(store: Any, lease: Any) -> Any:
         digest = getattr(shard, "xxh3_64", None)
         key = digest.lower() if digest else xxhash.xxh3_64_hexdigest(
             f"{os.path.realpath(src)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
-        d = os.path.join(store.cache_dir, "decompressed")
+        d = store.copies_dir
         os.makedirs(d, exist_ok=True)
         salvaged = bool(getattr(shard, "salvaged", False))  # a damaged shard read up to the damage
         dst = os.path.join(d, f"{key}-{st.st_size}" + (".prefix.tar" if salvaged else ".tar"))
-        if _copy_ok(dst, not salvaged):
-            return _View(dst, lease)
-        lock = os.open(dst + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        lock = os.open(dst + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
     except OSError as exc:
         lease.close()
         raise CacheError(f"{url}: cannot prepare the decompressed copy: {exc.strerror or exc}") from exc
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _copy_ok(dst, not salvaged):  # another process may have made it meanwhile
-            tmp = f"{dst}.partial.{os.getpid()}"
+        fcntl.flock(lock, fcntl.LOCK_SH)  # the pin: no evictor removes a copy while it is read
+        if not _copy_ok(dst, not salvaged):
+            # made under a lock of its own: waiting for the pin's exclusive lock
+            # would wait for every reader of the copy, and a reader may be a
+            # DataLoader worker that waits for this process's next batch
+            maker = os.open(dst + ".mk", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:
-                with open(tmp, "w+b") as out:
-                    if salvaged:  # the samples before the damage, framed as salvage_compressed did
-                        sv = _salvage_into(src, out, kind, url)
-                        size, cdigest, usize = sv.index.size, sv.index.xxh3_64, sv.index.offsets[-1]
-                        out.truncate(usize)  # up to the last sample's padded end (zeros past the damage)
-                        udigest = None
-                        extra = {"complete": False, "good": sv.good, "error": str(sv.error), "raised": sv.raised}
-                    else:
-                        size, cdigest, usize, udigest = decompress_file(src, out, kind, url)
-                        extra = {"complete": True}
-                    out.flush()
-                    os.fsync(out.fileno())
-                if digest and cdigest != digest.lower():
-                    raise CacheError(f"{url}: compressed file changed while it was decompressed")
-                with open(dst + ".meta.tmp", "w") as f:
-                    json.dump({"url": url, "kind": kind, "compressed_size": size,
-                               "compressed_xxh3_64": cdigest, "size": usize, "xxh3_64": udigest, **extra}, f)
-                os.replace(dst + ".meta.tmp", dst + ".meta")
-                os.replace(tmp, dst)
+                fcntl.flock(maker, fcntl.LOCK_EX)
+                if not _copy_ok(dst, not salvaged):  # another process may have made it meanwhile
+                    _make_copy(store, shard, src, dst, kind, url, salvaged, digest)
             finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        return _View(dst, lease)
+                os.close(maker)
+        os.utime(dst, ns=(time.time_ns(), os.stat(dst).st_mtime_ns))  # a use, for the LRU (atime)
+        return _View(dst, lease, lock)
     except BaseException:
+        os.close(lock)
         lease.close()
         raise
+
+
+def _make_copy(store: Any, shard: Any, src: str, dst: str, kind: str, url: str, salvaged: bool,
+               digest: Optional[str]) -> None:
+    """Write ``dst`` (under its exclusive lock): room made in the budget, a temporary name, synced, renamed."""
+    offsets = getattr(shard, "offsets", None)
+    if offsets:  # the manifest knows the decompressed stream's length
+        store.make_room(int(offsets[-1]) + 1024)
+    tmp = f"{dst}.partial.{os.getpid()}"
+    try:
+        with open(tmp, "w+b") as out:
+            if salvaged:  # the samples before the damage, framed as salvage_compressed did
+                sv = _salvage_into(src, out, kind, url)
+                size, cdigest, usize = sv.index.size, sv.index.xxh3_64, sv.index.offsets[-1]
+                out.truncate(usize)  # up to the last sample's padded end (zeros past the damage)
+                udigest = None
+                extra = {"complete": False, "good": sv.good, "error": str(sv.error), "raised": sv.raised}
+            else:
+                size, cdigest, usize, udigest = decompress_file(src, out, kind, url)
+                extra = {"complete": True}
+            out.flush()
+            os.fsync(out.fileno())
+        if digest and cdigest != digest.lower():
+            raise CacheError(f"{url}: compressed file changed while it was decompressed")
+        with open(dst + ".meta.tmp", "w") as f:
+            json.dump({"url": url, "kind": kind, "compressed_size": size,
+                       "compressed_xxh3_64": cdigest, "size": usize, "xxh3_64": udigest, **extra}, f)
+        os.replace(dst + ".meta.tmp", dst + ".meta")
+        os.replace(tmp, dst)
     finally:
-        os.close(lock)
+        if os.path.exists(tmp):
+            os.unlink(tmp)

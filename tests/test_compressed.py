@@ -348,3 +348,44 @@ def test_damaged_tgz_with_long_names_dirs_and_meta_members_like_webdataset(tmp_p
             theirs, calls = _webdataset_reads(str(f), stop)
             ours, sv = _salvaged_reads(str(f), store)
             assert ours == theirs and sv.raised == bool(calls), (i, stop)
+
+
+# ---- cache_size counts and evicts decompressed copies like any entry ----
+def _copies(cache_dir):
+    d = os.path.join(cache_dir, "decompressed")
+    return {f: os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".tar")}
+
+
+def test_cache_size_counts_and_evicts_decompressed_copies(shards, tmp_path, cache_dir):
+    gzs = [_gz(s, str(tmp_path / f"s{i}.tgz")) for i, s in enumerate(shards)]
+    rw.build_manifest(gzs, str(tmp_path / "manifest.json"))
+    want = [r["__key__"] for r in rw.WebDataset(str(tmp_path / "manifest.json"), cache_dir=str(tmp_path / "c0"))]
+    one = os.path.getsize(shards[0])
+    budget = int(2.5 * one)  # room for two copies, not for five
+    c1 = str(tmp_path / "c1")
+    ds = rw.WebDataset(str(tmp_path / "manifest.json"), cache_dir=c1, cache_size=budget)
+    got = []
+    for r in ds:
+        got.append(r["__key__"])
+        assert ds.store.cached_bytes() <= budget + one  # the copy being read may be the excess
+        assert sum(_copies(c1).values()) == ds.store.cached_bytes()  # the store counts the copies
+    ds.close()
+    assert got == want  # the same samples, in the same order
+    assert ds.store.cached_bytes() <= budget
+    assert 1 <= len(_copies(c1)) <= 2
+
+
+def test_a_copy_in_use_is_not_evicted(shards, tmp_path, cache_dir):
+    from resumewds.cache import ShardStore
+
+    gz = _gz(shards[0], str(tmp_path / "a.tgz"))
+    m = rw.build_manifest([gz], str(tmp_path / "manifest.json"))
+    st = ShardStore(cache_dir=str(tmp_path / "c"), cache_size=1)  # nothing fits
+    view = st.acquire(m.shards[0])
+    path = view.path
+    assert path.endswith(".tar") and os.path.exists(path)
+    st.make_room(10 ** 9)  # would evict everything not in use
+    assert os.path.exists(path)  # a reader holds it
+    view.close()
+    st.make_room(10 ** 9)
+    assert not os.path.exists(path) and _copies(str(tmp_path / "c")) == {}

@@ -11,11 +11,18 @@ non-blocking: an entry a reader pins, or one being downloaded, is skipped.
 "Recently used" is the shard file's atime, which every acquire sets
 (:func:`resumewds.cache.layout.touch`); a partial download counts by the
 newer of its atime and mtime.
+
+Decompressed copies of ``.tar.gz`` / ``.tar.zst`` shards
+(``<cache_dir>/decompressed``, made by :func:`resumewds.compressed.open_view`)
+are entries of the budget like any other: counted, and evicted least
+recently used first under their own pin lock, which a reader of the copy
+holds shared.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import stat
 from typing import Any, Callable, List, Optional, Set, Tuple
@@ -25,6 +32,36 @@ from . import layout
 from .layout import NOFOLLOW, SIDE_SUFFIXES, cache_error
 
 EmitFn = Callable[..., Any]
+
+#: The folder of decompressed copies, beside ``shards/`` in a cache directory.
+DECOMPRESSED_DIR = "decompressed"
+
+
+def copies_dir(shards_dir: str) -> str:
+    """The decompressed copies' folder of the cache whose entries are in ``shards_dir``."""
+    return os.path.join(os.path.dirname(shards_dir), DECOMPRESSED_DIR)
+
+
+def scan_copies(copies: str) -> List[Tuple[str, int, int, bool]]:
+    """``(path, size, last_used_ns, False)`` for the finished decompressed copies in ``copies``."""
+    out: List[Tuple[str, int, int, bool]] = []
+    try:
+        names = os.listdir(copies)
+    except FileNotFoundError:
+        return out
+    except OSError as exc:
+        raise cache_error(exc, copies, "list") from exc
+    for name in names:
+        if not name.endswith(".tar"):
+            continue  # its .meta / .lock, or a copy being written (.partial.<pid>)
+        path = os.path.join(copies, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((path, st.st_size, max(st.st_atime_ns, st.st_mtime_ns), False))
+    return out
 
 
 def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
@@ -65,8 +102,8 @@ def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
 
 
 def cached_bytes(shards_dir: str) -> int:
-    """Bytes in the cache (entries and partial downloads)."""
-    return sum(size for _, size, _, _ in scan(shards_dir))
+    """Bytes in the cache (entries, partial downloads and decompressed copies)."""
+    return sum(size for _, size, _, _ in scan(shards_dir) + scan_copies(copies_dir(shards_dir)))
 
 
 def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int = 0,
@@ -87,6 +124,9 @@ def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int
     entries = scan(shards_dir)
     if reserved:
         entries = [e for e in entries if e[0] not in reserved]
+    copies = scan_copies(copies_dir(shards_dir))
+    is_copy = {e[0] for e in copies}
+    entries += copies
     total = sum(e[1] for e in entries)
     if total + reserve <= cache_size:
         return total
@@ -104,12 +144,17 @@ def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue  # pinned by a reader or being downloaded
-            # a partial download has no meta yet; its .etag sidecar may name the url
-            url = layout.url_of(base)
-            if partial:
+            if base in is_copy:
+                url = _copy_url(base)
+                layout.remove(base + ".meta")
+                layout.remove(base)
+            elif partial:
+                # a partial download has no meta yet; its .etag sidecar may name the url
+                url = layout.url_of(base)
                 layout.remove(base + ".partial")
                 layout.remove(base + ".partial.etag")
             else:
+                url = layout.url_of(base)
                 layout.remove(base + ".meta")
                 layout.remove(base)
             total -= size
@@ -119,4 +164,13 @@ def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int
     return total
 
 
-__all__ = ["cached_bytes", "evict", "scan"]
+def _copy_url(path: str) -> str:
+    """The url a decompressed copy's meta names ("" if unreadable)."""
+    try:
+        with open(path + ".meta") as f:
+            return str(json.load(f).get("url", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+__all__ = ["DECOMPRESSED_DIR", "cached_bytes", "copies_dir", "evict", "scan", "scan_copies"]

@@ -673,8 +673,17 @@ class ShardStore:
 
     # ---- eviction (resumewds.cache.eviction) ------------------------------------------------
     def cached_bytes(self) -> int:
-        """Bytes in the cache (entries and partial downloads)."""
+        """Bytes in the cache (entries, partial downloads and decompressed copies)."""
         return eviction.cached_bytes(self.shards_dir)
+
+    @property
+    def copies_dir(self) -> str:
+        """Where decompressed copies of compressed shards live (counted in ``cache_size``)."""
+        return eviction.copies_dir(self.shards_dir)
+
+    def make_room(self, nbytes: int) -> None:
+        """Evict what is not in use until ``nbytes`` more fit in ``cache_size`` (no-op without one)."""
+        self._evict(reserve=max(0, int(nbytes)))
 
     def _evict(self, reserve: int = 0, keep: Optional[Set[str]] = None,
                reserved: Optional[Set[str]] = None) -> int:
