@@ -52,6 +52,7 @@ class EventKind(str, Enum):
     RESUME = "resume"                # loader: a run resumed (journal or state dict)
     CONFIG_CHANGE = "config_change"  # journal: a compatible setting changed on resume
     REWIND = "rewind"                # journal: resumed at an older step than the newest
+    SKIP_STEPS = "skip_steps"        # loader: steps [S, S+K) skipped on purpose (loss-spike recovery)
     INVALID_TRANSITION = "invalid_transition"  # journal: a shard state move outside TRANSITIONS
 
     def __str__(self) -> str:
@@ -112,6 +113,7 @@ EVENTS: Dict[EventKind, EventSpec] = {
     K.RESUME: EventSpec("loader", level=INFO, lane=0),
     K.CONFIG_CHANGE: EventSpec("journal", lane=8),
     K.REWIND: EventSpec("journal", lane=7),
+    K.SKIP_STEPS: EventSpec("loader", level=INFO, lane=10),
     K.INVALID_TRANSITION: EventSpec("journal", lane=9, error=True),
 }
 

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tu
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from . import skipping
 from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError  # noqa: F401 (JournalError: old import path)
 from .events import EventKind
@@ -617,6 +618,44 @@ class WebLoader:
             stats: include a stats snapshot (default: at most every 5 s).
         """
         self._session.commit(self, step, stats)
+
+    def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
+        """Skip the data of the next ``k`` steps on purpose (loss-spike recovery).
+
+        Call it between passes, typically right after resuming at the step of
+        the checkpoint you rewound to.  The position moves past the samples
+        of steps ``steps_done .. steps_done + k - 1`` (crossing epoch ends),
+        nothing of them is read, ``steps_done`` grows by ``k``, and with a
+        journal the skip is committed at once as step ``steps_done - 1``
+        with a ``skip_steps`` event (``resumewds status`` and the report show
+        it).  The same at any worker count and world size: every rank calls
+        it with the same ``k``.  See :mod:`resumewds.skipping`.
+
+        Returns:
+            ``{"first_step", "steps", "from": [epoch, position], "to": [...], "reason"}``.
+
+        Example:
+            >>> loader = rw.WebLoader(ds, batch_size=32, journal="run.db", resume=999)  # doctest: +SKIP
+            >>> loader.skip_steps(50, reason="loss spike at 1020")  # steps 1000..1049  # doctest: +SKIP
+        """
+        if k < 0:
+            raise ValueError(f"skip_steps: cannot skip {k} steps")
+        plan = self.dataset.plan
+        first = int(self.steps_done)
+        before = [int(self.epoch), int(self.position)]
+        epoch, position = skipping.advance(self.layout, lambda e: len(plan.epoch(e)), before[0], before[1], int(k))
+        detail: Dict[str, Any] = {"first_step": first, "steps": int(k), "from": before,
+                                  "to": [epoch, position], "reason": reason}
+        if k:
+            self.epoch, self.position = epoch, position
+            self._absorb([event_record(EventKind.SKIP_STEPS, "", detail)])
+            if self.journal is not None:
+                self.commit(first + int(k) - 1)  # durable: a crash now resumes after the skip
+            else:
+                self.steps_done = first + int(k)
+            log.info("skipped steps %d..%d: epoch %d position %d -> epoch %d position %d", first,
+                     first + int(k) - 1, before[0], before[1], epoch, position)
+        return detail
 
     def _flush_journal(self) -> None:
         self._session.flush()

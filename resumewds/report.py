@@ -57,6 +57,7 @@ TIMELINE_KINDS: Dict[str, str] = {
     "rewind": "#00b894",
     "config_change": "#00cec9",
     "invalid_transition": "#a29bfe",
+    "skip_steps": "#e84393",
 }
 
 STATE_COLORS: Dict[str, str] = {

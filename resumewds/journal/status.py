@@ -42,7 +42,10 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
       updated row's state and fields, with counters summed over ranks.
     - ``counts`` (dict): event totals over all ranks: ``retries``,
       ``repairs``, ``failures`` (``fail``), ``skips``, ``evictions``,
-      ``verify_failures``, ``config_changes``, ``rewinds``.
+      ``verify_failures``, ``config_changes``, ``rewinds``, ``step_skips``.
+    - ``skipped_steps`` (list): the steps skipped on purpose
+      (``WebLoader.skip_steps``), oldest first, as rank 0 recorded them:
+      ``rank``, ``ts``, ``first_step``, ``steps``, ``reason``.
     - ``events_by_kind`` ({kind: n}): every event kind over all ranks.
     - ``last_errors`` (list): the newest ``last_errors`` events of kinds
       ``ERROR_EVENT_KINDS``, newest first: ``ts``, ``rank``, ``kind``,
@@ -109,7 +112,10 @@ def summarize(run: RunReader, *, last_errors: int = 10, throughput_window: int =
     out["counts"] = {name: by_kind.get(kind.value, 0) for name, kind in (
         ("retries", K.RETRY), ("repairs", K.REPAIR), ("failures", K.FAIL), ("skips", K.SKIP),
         ("evictions", K.EVICT), ("verify_failures", K.VERIFY_FAIL),
-        ("config_changes", K.CONFIG_CHANGE), ("rewinds", K.REWIND))}
+        ("config_changes", K.CONFIG_CHANGE), ("rewinds", K.REWIND), ("step_skips", K.SKIP_STEPS))}
+    out["skipped_steps"] = [
+        {"rank": e["rank"], "ts": e["ts"], **{k: e["detail"].get(k) for k in ("first_step", "steps", "reason")}}
+        for e in run.events([K.SKIP_STEPS.value]) if e["rank"] == 0]
     out["events_by_kind"] = dict(sorted(by_kind.items()))
     out["last_errors"] = run.error_events(last_errors)
 

@@ -32,6 +32,10 @@ def format_status(st: Dict[str, Any]) -> str:
         lines.append(f"resume   NOT POSSIBLE: {st['resume_error']}")
     else:
         lines.append("resume   from the beginning")
+    for sk in st.get("skipped_steps") or []:
+        last = int(sk["first_step"]) + int(sk["steps"]) - 1
+        lines.append(f"skipped  steps {sk['first_step']}..{last} on purpose ({sk['steps']} step(s)) at "
+                     f"{_fmt_ts(sk['ts'])}" + (f": {sk['reason']}" if sk.get("reason") else ""))
     for r in st.get("ranks", []):
         lines.append(f"  rank {r['rank']}: step {r['latest_step']}  position {r['position']}  "
                      f"samples {r['samples_total']}  commits {r['commits']}")
