@@ -1,4 +1,4 @@
-"""Issue 17 item 5: where resumewds' first batch after import goes, against webdataset.
+"""Where resumewds' first batch after import goes, against webdataset.
 
 The figure is bench_peers.py's "first batch after import, local, 2 workers":
 ``rw.WebLoader(rw.WebDataset(manifest, shuffle=True, seed=0).to_tuple("__key__", "jpg",
@@ -34,7 +34,7 @@ Usage::
     python bench/bench_coldstart.py --quick        # 4 x 500 samples, 3 rounds
     python bench/bench_coldstart.py                # 16 x 1000 samples (bench_peers' data), 5 rounds
 
-Target (issue 17 item 5): rw cold / wds cold <= 1.5x.
+Target: rw cold / wds cold <= 1.5x.
 """
 
 from __future__ import annotations

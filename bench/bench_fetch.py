@@ -1,4 +1,4 @@
-"""Issue 3: fetching, cache verification and reading over HTTP.
+"""Fetching, cache verification and reading over HTTP.
 
 ``python -m chaos.faultserver`` (a separate process, so its threads do not
 share the measured process's GIL) on 127.0.0.1 serves generated shards
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     fshards, fsamples = (24, 40) if args.quick else (48, 100)
     repeats = args.repeats or (3 if args.quick else 5)  # quick runs last ~0.1 s: best of 2 was noise
     fault_seeds = 3
-    table = C.Table("bench_fetch (issue 3)" + (" --quick" if args.quick else ""))
+    table = C.Table("bench_fetch" + (" --quick" if args.quick else ""))
     with C.workdir(args, "fetch") as d:
         srv_dir = os.path.join(d, "srv")
         paths, _, manifest_path = C.make_shards(srv_dir, shards, samples, size_range=(5000, 50000))

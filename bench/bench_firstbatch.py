@@ -1,4 +1,4 @@
-"""Time to first batch and cold throughput over a rate-limited loopback server (issue 15).
+"""Time to first batch and cold throughput over a rate-limited loopback server.
 
 A FaultServer on 127.0.0.1 serves the shards with every response body
 limited to ``--rate`` MB/s (per connection, as a remote object store or
@@ -10,7 +10,7 @@ shuffled pipeline and iterates batches of 64:
   batches are verified ranged reads and reads of the partial downloads);
 * ``resumewds-whole``: the same with ranged reads off
   (``WebDataset(..., ranged_reads=False)``: every shard is read once it
-  is downloaded whole and verified, the behaviour before issue 15);
+  is downloaded whole and verified);
 * ``webdataset``: webdataset 1.0.2's
   ``WebDataset(urls, shardshuffle=100).shuffle(1000).batched(64)`` over
   the same http urls (its curl pipe).

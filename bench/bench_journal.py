@@ -1,4 +1,4 @@
-"""Issue 4: what the journal costs a training loop.
+"""What the journal costs a training loop.
 
 1. A ``rw.WebLoader(..., batch_size=64, num_workers=0, journal=<new file>)``
    loop calling ``loader.commit(step)`` after every batch, vs the same loop
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     print(C.machine_note())
     shards, samples = (4, 500) if args.quick else (16, 1000)
     repeats = args.repeats or (4 if args.quick else 7)
-    table = C.Table("bench_journal (issue 4)" + (" --quick" if args.quick else ""))
+    table = C.Table("bench_journal" + (" --quick" if args.quick else ""))
     with C.workdir(args, "journal") as d:
         _, _, manifest = C.make_shards(os.path.join(d, "data"), shards, samples, size_range=(5000, 50000))
         cache = os.path.join(d, "cache")

@@ -27,7 +27,7 @@ Three orders over the same shards (same sample counts):
 * **P=8xnodes** (information, no target): resumewds with 8 partitions per
   node, where a rank's consecutive positions cycle through 8 partitions.
 
-The ``.shuffle(n)`` stage (issue 13 item 5: a buffer shuffle in webdataset,
+The ``.shuffle(n)`` stage (a buffer shuffle in webdataset,
 compiled into our plan as uniform shuffles within windows of whole shards
 holding about ``3n`` samples, so exactly resumable with no sample bytes
 stored).  These rows run the **real pipeline** end to end: real tar shards

@@ -1,4 +1,4 @@
-"""Issue 17: resumewds against its peers, the issue's table regenerated in one run.
+"""resumewds against its peers: the comparison table, regenerated in one run.
 
 Systems, each reading data written by its own writer from the same samples
 (``resumewds.synth`` 256x256 JPEGs + a class; 16,000 samples, ``--quick`` 2,000):
@@ -589,7 +589,7 @@ def report(res: Dict[str, Dict[str, List[Any]]], systems: List[str], missing: Di
     rows.append(ex + [""] * (len(cols) - len(ex)))
     w = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     print()
-    print(f"== bench_peers (issue 17){' --quick' if args.quick else ''}: {total} samples, batch {BATCH}, "
+    print(f"== bench_peers{' --quick' if args.quick else ''}: {total} samples, batch {BATCH}, "
           f"shuffled, {repeats} interleaved rounds, median (min..max); on a loaded shared machine ==")
     for i, r in enumerate(rows):
         print("| " + " | ".join(c.ljust(w[j]) for j, c in enumerate(r)) + " |")
@@ -635,7 +635,7 @@ def report(res: Dict[str, Dict[str, List[Any]]], systems: List[str], missing: Di
             checks.append(("item 6: resume exact at 5% and 90%", 0.0, "exact/exact", exact == ["exact/exact"]))
         p = m("resumewds", "pss")
         if p:
-            checks.append(("item 6: peak PSS MB vs the issue's 633", p / 633, "<= 1.00x", p <= 633))
+            checks.append(("item 6: peak PSS MB vs the 633 MB target", p / 633, "<= 1.00x", p <= 633))
     print()
     wt = max(len(c[0]) for c in checks) if checks else 10
     failed = 0

@@ -1,4 +1,4 @@
-"""Issue 2: read throughput of resumewds vs webdataset on the same local shards.
+"""Read throughput of resumewds vs webdataset on the same local shards.
 
 (a) no decode, one process: samples/s of
     * ``rw.WebLoader(rw.WebDataset(manifest), batch_size=None, num_workers=0)``
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         p.add_argument("--skip-plain", action="store_true")))
     warnings.filterwarnings("ignore")
     print(C.machine_note())
-    table = C.Table("bench_read (issue 2)" + (" --quick" if args.quick else ""))
+    table = C.Table("bench_read" + (" --quick" if args.quick else ""))
     with C.workdir(args, "read") as d:
         if not args.skip_plain:
             plain(args, d, table)

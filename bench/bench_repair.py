@@ -1,4 +1,4 @@
-"""Issue 15: bytes fetched to repair one flipped byte in a cached shard.
+"""Bytes fetched to repair one flipped byte in a cached shard.
 
 A shard of 32 MB (``--quick``: one; full: also 256 MB) of 100 KB samples is
 written with a version-3 manifest (sample digests), served by the counting
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from resumewds.writer import ShardWriter
 
     print(C.machine_note())
-    table = C.Table("bench_repair (issue 15)" + (" --quick" if args.quick else ""))
+    table = C.Table("bench_repair" + (" --quick" if args.quick else ""))
     rng = random.Random(15)
     for mb in ([32] if args.quick else [32, 256]):
         with C.workdir(args, "repair") as d:

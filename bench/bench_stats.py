@@ -1,4 +1,4 @@
-"""Issue 6: what stats collection costs.
+"""What stats collection costs.
 
 1. A/B: ``rw.WebLoader(batch_size=64, num_workers=0)`` and
    ``rw.WebLoader(batch_size=None, num_workers=0)`` loops with stats on, vs
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     print(C.machine_note())
     shards, samples = (8, 500) if args.quick else (16, 1000)
     repeats = args.repeats or (8 if args.quick else 11)
-    table = C.Table("bench_stats (issue 6)" + (" --quick" if args.quick else ""))
+    table = C.Table("bench_stats" + (" --quick" if args.quick else ""))
     real_update = stats_mod.Stats.update
     # newer loaders also sample the DataLoader queue depth once per batch: part of stats too
     real_observe = getattr(stats_mod.Stats, "observe_queue", None)

@@ -1,4 +1,4 @@
-"""How far two processes scale on this machine: the ceiling of issue 17's
+"""How far two processes scale on this machine: the ceiling of the target
 "decode with 2 workers >= 1.9x of 1 worker".
 
 Decodes one 256x256 JPEG (PIL -> RGB uint8, the bench's decode) in a loop in

@@ -9,7 +9,7 @@ the last sample, between samples or in place of one, it plants entries
 whose size comes from a pax ``size`` record (``0``, negative, huge, not a
 number) and/or a header size field in GNU base-256 (negative, huge) or in
 octal that Python's ``int`` would take but tar does not (``-1``, ``1_0``),
-all with valid checksums so the size is parsed (issue 12: a pax ``size=0``
+all with valid checksums so the size is parsed (a pax ``size=0``
 then a negative base-256 size after the last sample looped forever in
 ``index`` and ``cat``).  The result goes through
 every entry point of :mod:`resumewds.tario` (``scan_buffer``,
@@ -134,7 +134,7 @@ def crafted_size_tar(samples: int = 3, pax_size: Optional[str] = "0",
                      where: str = "after") -> bytes:
     """A valid shard plus one entry whose size is an attack.
 
-    The default is the shard of issue 12: after the last sample, a pax
+    The default is this shard: after the last sample, a pax
     header ``size=0`` and then a directory entry whose header size is -1 in
     GNU base-256 (the pax record wins: tarfile reads it as 3 samples).
 

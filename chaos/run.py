@@ -720,7 +720,7 @@ def journal_two_writers(s: Suite) -> Row:
 
 
 # ---------------------------------------------------------------------------
-# fetch hardening (issue 12: bounded waits, one budget, clear errors)
+# fetch hardening (bounded waits, one budget, clear errors)
 # ---------------------------------------------------------------------------
 def hardening(name: str, faults: str, *, expect: str, max_per_path: int = 1, no_manifest: bool = False,
               env: Optional[Dict[str, str]] = None, workers: int = 2, within: float = BOUND,
@@ -830,7 +830,7 @@ def hardening_rows() -> List[Callable[[Suite], Row]]:
 
 
 # ---------------------------------------------------------------------------
-# sample digests (issue 15): a download that fails its whole-shard check is
+# sample digests: a download that fails its whole-shard check is
 # repaired by re-fetching only the failing samples' byte ranges
 # ---------------------------------------------------------------------------
 def flipped_byte_repaired_by_range(faults: str, label: str, max_per_path: int) -> Callable[[Suite], Row]:
@@ -876,7 +876,7 @@ def sample_digest_rows() -> List[Callable[[Suite], Row]]:
 
 
 # ---------------------------------------------------------------------------
-# ranged reads (issue 15 items 2, 4, 5): samples of shards not cached yet come
+# ranged reads: samples of shards not cached yet come
 # by HTTP Range, each verified against its digest before delivery.  With a
 # cache smaller than one shard nothing is prefetched, so every sample of the
 # run is a ranged read and every injected fault hits one.
@@ -943,7 +943,7 @@ def ranged_read_rows() -> List[Callable[[Suite], Row]]:
 
 
 # ---------------------------------------------------------------------------
-# input hardening (issue 12: items 3, 7, 12, 17, 18): hostile tar sizes, bad
+# input hardening: hostile tar sizes, bad
 # manifests, bad CLI input, stdout on a full disk.  A clear error here is
 # strict: exit > 0, no traceback, and the LAST stderr line is ``Error: ...``
 # naming the thing (the shard, file, option or variable).
@@ -1219,12 +1219,12 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         *input_hardening_rows(),  # input hardening
         *exactly_once_rows(quick),  # exactly-once hardening block (below)
         *s3_rows(quick),  # the s3 block below
-    # fetch hardening (issue 12); sample digests and ranged reads (issue 15)
+    # fetch hardening; sample digests and ranged reads
     ] + hardening_rows() + sample_digest_rows() + ranged_read_rows()
 
 
 # ---------------------------------------------------------------------------
-# exactly-once hardening (issue 12 items 8-11, 20, the "fail" event)
+# exactly-once hardening (the "fail" event among them)
 # ---------------------------------------------------------------------------
 def _start(cmd: Sequence[str]) -> Tuple[subprocess.Popen, object, object]:
     import subprocess
@@ -1558,7 +1558,7 @@ def s3_rows(quick: bool) -> List[Callable[[Suite], Row]]:
     ]
 
 
-# ---- mixtures (issue 16, engineer H8) -------------------------------------------------
+# ---- mixtures -------------------------------------------------
 # A two-source, two-phase curriculum (examples/curriculum.py) over a faulty http server,
 # killed with SIGKILL and restarted with 0/3/1 workers: see chaos/mixcrash.py.
 

@@ -15,7 +15,7 @@ decompressed once and then read by seeking, like any other shard:
   and shared by every process; a copy whose size no longer matches its
   ``.meta`` is made again.
 
-Damaged compressed shards (webdataset's handler semantics, issue 13):
+Damaged compressed shards (webdataset's handler semantics):
 :func:`salvage_compressed` decodes a truncated or corrupt ``.tar.gz`` the
 way webdataset 1.0.2 reads it (``tarfile`` stream mode: the same gzip header
 parse, the same 512-byte then 10240-byte input chunks, so a corrupt deflate

@@ -65,7 +65,7 @@ def _import_worker_modules_now() -> None:
     its first read: the shard store (``resumewds.cache``, first used through
     ``WebDataset.store`` in the worker) and ``numpy.random`` (torch's worker loop
     seeds it).  Forked workers then inherit them instead of each importing them
-    before its first batch (issue 17 item 5).  Only imports: nothing is created,
+    before its first batch.  Only imports: nothing is created,
     no random state is touched; with spawn/forkserver workers it is just unused."""
     from . import cache, compressed  # noqa: F401
 
@@ -963,7 +963,7 @@ class WebLoader:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ---- webdataset's WebLoader fluent methods (issue 13; resumewds/loaderchain.py) ----
+    # ---- webdataset's WebLoader fluent methods ----
     def unbatched(self) -> Any:
         """Single samples: ``loader.unbatched().shuffle(n).batched(m)`` re-mixes exactly
         (see :mod:`resumewds.loaderchain`)."""

@@ -1,4 +1,4 @@
-"""webdataset's WebLoader fluent methods, with exact semantics (issue 13, item 4).
+"""webdataset's WebLoader fluent methods, with exact semantics.
 
 webdataset's training examples re-mix samples across DataLoader workers::
 

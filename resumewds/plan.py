@@ -453,7 +453,7 @@ def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int,
     return EpochPlan(counts, None, 1, None, parts=cut_partitions(counts, range(len(counts)), partitions))
 
 
-# ---- orders for the WebDataset drop-in (issue 13) ---------------------------
+# ---- orders for the WebDataset drop-in ---------------------------
 # ``.shuffle(n)`` on a WebDataset is compiled into a windowed order (samples
 # shuffled within windows of whole shards, see resumewds.dataset), and
 # ``resampled=True`` draws each epoch's shards with replacement.  Both are pure

@@ -368,7 +368,7 @@ def hint_pages(ds: Any, where: Sequence[Tuple[int, int]]) -> None:
             os.close(fd)
 
 
-# ---- verified ranged reads and streaming while downloading (issue 15 items 2, 4, 5) ----
+# ---- verified ranged reads and streaming while downloading ----
 
 #: read samples of shards that are not cached yet by range / from the partial download;
 #: False turns them off in this process whatever the dataset says (the switches:

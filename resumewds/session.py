@@ -1,4 +1,4 @@
-"""The journal session of a :class:`~resumewds.loader.WebLoader` (issue 11).
+"""The journal session of a :class:`~resumewds.loader.WebLoader`.
 
 Everything the loader does with its SQLite journal lives here: opening it
 (under this rank's lock) and resolving the resume point, once for all ranks

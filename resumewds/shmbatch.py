@@ -1,4 +1,4 @@
-"""Batches out of DataLoader workers without pickling their bytes (issue 17 item 3).
+"""Batches out of DataLoader workers without pickling their bytes.
 
 A batch of raw samples is mostly ``bytes`` (a JPEG, a token file...).  Sent
 through torch's result queue it is pickled in the worker (one copy), pushed

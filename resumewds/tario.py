@@ -408,7 +408,7 @@ def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
         if size == 0:
             raise ShardFormatError(name, 0, "empty file (not a tar archive)")
         head = f.read(4)
-        if head[:2] == _GZIP_MAGIC or head == b"\x28\xb5\x2f\xfd":  # gzip / zstd (H4b, issue 13)
+        if head[:2] == _GZIP_MAGIC or head == b"\x28\xb5\x2f\xfd":  # gzip / zstd
             from .compressed import scan_compressed
 
             return scan_compressed(path, name)

@@ -18,7 +18,7 @@ SUBSET = [
     "tmpfs_full", "stale_partials", "reboot", "fuzz_rows", "manifest with a wrong checksum", "missing shard",
     "journal deleted", "journal truncated to half", "journal pages", "journal_two_writers",
     "journal_dir_full", "cache_damage_during",
-    # hardening rows (issue 12): hostile tar sizes, /dev/full, two runs on one journal,
+    # hardening rows: hostile tar sizes, /dev/full, two runs on one journal,
     # a Retry-After beyond the deadline, a trickling body, a flipped byte repaired by range
     "crafted_tar_sizes", "stdout_full", "journal_started_together", "Retry-After 86400s",
     "body trickles", "flipped byte repaired by range",

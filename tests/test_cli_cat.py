@@ -125,7 +125,7 @@ def test_every_command_has_help():
 
 
 # ---------------------------------------------------------------------------
-# issue 12, item 12: SHARD and KEY are escaped; plain keys are byte-identical
+# SHARD and KEY are escaped; plain keys are byte-identical
 # ---------------------------------------------------------------------------
 
 from resumewds.cli import _Bar, escape_field, unescape_field  # noqa: E402

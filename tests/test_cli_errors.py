@@ -1,4 +1,4 @@
-"""Bad input through the real CLI (issue 12, items 7, 17, 18): every case ends
+"""Bad input through the real CLI: every case ends
 with one ``Error:`` line naming the thing, never a traceback, in a real
 ``python -m resumewds`` process."""
 

@@ -1,4 +1,4 @@
-"""Cold start (issue 17 item 5): what a local read imports, and what the
+"""Cold start: what a local read imports, and what the
 DataLoader workers must not import each on their own after the fork.
 
 Each check runs in a fresh interpreter (a module imported by another test

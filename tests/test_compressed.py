@@ -111,7 +111,7 @@ def test_kind_detection_by_magic(tmp_path):
     assert compressed.kind_of(str(tmp_path / "missing")) is None
 
 
-# ---- damaged compressed shards: read up to the damage as webdataset 1.0.2 does (issue 13) -----------
+# ---- damaged compressed shards: read up to the damage as webdataset 1.0.2 does -----------
 def _damaged_cases(tmp_path, n_cut=150, n_flip=40):
     """A .tgz with random payloads (several of tarfile's 10240-byte input chunks), and damaged
     copies: cut at ``n_cut`` points (inside tar headers, inside members' data, in padding), and

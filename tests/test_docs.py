@@ -375,3 +375,40 @@ def main(argv: List[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+# ---- the project speaks of itself only ----------------------------------------------
+_HISTORY = re.compile(r"\b[Ii]ssues? #?\d+|\b[Ss]tops? \d+\b|\bengineer H\d\b|\(H\d[a-z]?[,)]")
+
+
+def _history_mentions(root: str) -> List[str]:
+    """Lines of the code, tests, docs and scripts that name an issue or a work session
+    (the CHANGELOG keeps history by date and version, and is left out)."""
+    found = []
+    for dirpath, dirnames, files in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in ("build", "dist", "__pycache__")
+                       and not d.endswith(".egg-info")]
+        for f in files:
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, root)
+            if not f.endswith((".py", ".md", ".toml", ".cfg", ".txt")) and rel != os.path.join(".ci", "run"):
+                continue
+            if rel == "CHANGELOG.md" or rel.startswith(os.path.join("tests", "compat") + os.sep):
+                continue
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for n, line in enumerate(fh, 1):
+                    if _HISTORY.search(line):
+                        found.append(f"{rel}:{n}: {line.strip()}")
+    return found
+
+
+def test_no_issue_or_session_numbers_outside_the_changelog():
+    assert _history_mentions(REPO) == []
+
+
+def test_history_mentions_are_found(tmp_path):
+    issue, stop = "iss" + "ue", "st" + "op"  # spelled apart: this file is scanned too
+    (tmp_path / "a.py").write_text(f'"""Fixes ({issue} 12)."""\n# fine: a t{issue} 5 is not an {issue}\n')
+    (tmp_path / "CHANGELOG.md").write_text(f"{issue} 3\n")
+    (tmp_path / "b.md").write_text(f"at {stop} 21 the bench...\n")
+    assert sorted(x.split(":")[0] for x in _history_mentions(str(tmp_path))) == ["a.py", "b.md"]

@@ -1,4 +1,4 @@
-"""The error tree (issue 11 item 3, issue 13 item 10): every class pickles,
+"""The error tree: every class pickles,
 crosses a real DataLoader worker with its type and fields, and is also an
 instance of what webdataset 1.0.2 raises in the same situation (checked
 against the real, installed webdataset package)."""

@@ -1,4 +1,4 @@
-"""The event protocol (issue 11 item 1): one table, every kind produced
+"""The event protocol: one table, every kind produced
 somewhere in the package and consumed by at least one consumer."""
 
 from __future__ import annotations

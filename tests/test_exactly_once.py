@@ -1,4 +1,4 @@
-"""Exactly-once corners (issue 12 items 8, 10, 11, 13): whole sequences compared
+"""Exactly-once corners: whole sequences compared
 against an uninterrupted run, real SQLite journals, real worker processes and
 real concurrent processes."""
 

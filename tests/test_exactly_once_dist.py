@@ -1,4 +1,4 @@
-"""Issue 12 item 9 under real torchrun: every rank yields exactly one batch per
+"""Under real torchrun: every rank yields exactly one batch per
 step, whatever ``select`` and ``on_error="skip"`` remove (tests/exactly_once_driver.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The layout of resumewds.fetch (issue 11): one transport registry keyed by
+"""The layout of resumewds.fetch: one transport registry keyed by
 scheme, one error map as a table, the old names still importable, and
 fetch_bytes on the same transports as fetch_to_file."""
 

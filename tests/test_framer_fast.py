@@ -1,5 +1,5 @@
 """tario.parse_sample's fast path (struct header unpack, key split without the
-regex) frames every sample exactly as the general framer does (issue 17 item 2)."""
+regex) frames every sample exactly as the general framer does."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_size_fields_read_as_the_general_framer_reads_them(field, ok, verified):
             tario.parse_sample(buf, "t", 0, 0, end, verified=verified)
 
 
-# ---- tario.parse_sample_as: a shard's member pattern, known (issue 17 item 2) ----
+# ---- tario.parse_sample_as: a shard's member pattern, known ----
 
 def _sample(names, payload=b"x" * 3000, fmt=tarfile.USTAR_FORMAT, kinds=None):
     """One sample's bytes (no end-of-archive blocks), as a shard holds it."""

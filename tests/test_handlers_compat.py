@@ -1,4 +1,4 @@
-"""webdataset 1.0.2's handler semantics in the drop-in (issue 13 item 6, 11): a damaged
+"""webdataset 1.0.2's handler semantics in the drop-in: a damaged
 shard's samples before the damage, ``ignore_and_stop`` under WebLoader, stage errors
 recorded like ``on_error="skip"``, webdataset's sample keys, ``"-"`` for stdin.
 The real webdataset installed beside resumewds is the reference."""

@@ -1,4 +1,4 @@
-"""Issue 12's fetch and cache hardening: every wait bounded, one retry budget
+"""Fetch and cache hardening: every wait bounded, one retry budget
 per shard and read, no spliced or poisoned downloads, clear errors.
 
 Real servers on 127.0.0.1 (chaos.faultserver), real pipe: commands, real

@@ -94,7 +94,7 @@ def test_remote_v2_manifest_offsets_come_verified_through_the_cache(data, tmp_pa
 
 
 # ---------------------------------------------------------------------------
-# issue 12, item 17: a manifest is validated on load, before any allocation
+# a manifest is validated on load, before any allocation
 # ---------------------------------------------------------------------------
 
 from array import array  # noqa: E402

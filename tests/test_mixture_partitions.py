@@ -1,4 +1,4 @@
-"""Node-local mixtures (issue 16 item 5) and the one resampling routine.
+"""Node-local mixtures and the one resampling routine.
 
 Pure plan properties (hypothesis) and real loader runs (real shards, real
 DataLoader worker processes, several ranks of a world in one process):

@@ -103,7 +103,7 @@ def test_plan_argument_validation():
         Plan([1], shuffle="bogus")
     with pytest.raises(ValueError):
         Plan([1], window=0)
-    assert {"window", "shards", "none"} <= set(ORDERS)  # + the WebDataset drop-in orders (issue 13)
+    assert {"window", "shards", "none"} <= set(ORDERS)  # + the WebDataset drop-in orders
     assert Plan([1, 2], seed=3, shuffle=True, window=4).describe() == \
         {"seed": 3, "shuffle": "window", "shuffle_window": 4}
     assert Plan([1], shuffle="shards").describe()["shuffle_window"] is None

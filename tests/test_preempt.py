@@ -1,4 +1,4 @@
-"""Preemption (issue 12 item 20): a real SIGTERM to a real process stops it at
+"""Preemption: a real SIGTERM to a real process stops it at
 a step boundary, it commits what it delivered, exits 143, and the rerun
 continues with exactly the uninterrupted sequence."""
 

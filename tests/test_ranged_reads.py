@@ -1,4 +1,4 @@
-"""Verified sample-granular remote reads (issue 15 items 2, 4, 5).
+"""Verified sample-granular remote reads.
 
 A real FaultServer on 127.0.0.1 serves v3 shards (per-sample digests).
 From a cold cache the first samples come by HTTP Range or from the partial
@@ -346,7 +346,7 @@ def test_a_mixture_reads_its_sources_by_range_too(tmp_path):
     assert ranged > 0
 
 
-# ---- a server that ignores Range; the switches (issue 15 follow-up) ----
+# ---- a server that ignores Range; the switches ----
 
 @pytest.mark.parametrize("how", ["flag", "script"])
 def test_a_server_that_ignores_range_falls_back_to_whole_shards(v3, tmp_path, monkeypatch, how):

@@ -1,4 +1,4 @@
-"""Verified ranged reads over s3:// (issue 15 item 2): moto's server mode on 127.0.0.1
+"""Verified ranged reads over s3://: moto's server mode on 127.0.0.1
 behind the S3 fault proxy; ranged GetObject through the s3 transport's client."""
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_series_arithmetic():
 
 
 # ---------------------------------------------------------------------------
-# issue 12 "Also" + issue 11: local shards, finished runs, downtime gaps,
+# local shards, finished runs, downtime gaps,
 # evicted shards; report reads the journal only through public functions
 # ---------------------------------------------------------------------------
 

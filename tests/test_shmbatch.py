@@ -1,4 +1,4 @@
-"""Batches out of real DataLoader workers through shared memory (resumewds.shmbatch, issue 17).
+"""Batches out of real DataLoader workers through shared memory (resumewds.shmbatch).
 
 Every test compares whole sequences: what ``transport="auto"`` (the shared
 ring) delivers must be exactly what the old path (``transport="queue"``,

@@ -300,7 +300,7 @@ def test_gzip_is_named(tmp_path):
         gz = gzip.compress(tar, mtime=0)
         assert (len(gz) < BLOCK) == (i == 0)
         p = write(tmp_path, f"x{i}.tar.gz", gz)
-        # issue 13: scan_file indexes a compressed shard (compressed size and
+        # scan_file indexes a compressed shard (compressed size and
         # checksum, offsets of the tar stream); the in-place readers name it
         idx = scan_file(p)
         assert idx.size == len(gz) and idx.offsets == scan_buffer(tar, "t")[0]
@@ -482,7 +482,7 @@ def test_dangling_extended_header_before_end_marker(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# issue 12, item 3: every size the framer uses comes from one validated place
+# every size the framer uses comes from one validated place
 # (tario.entry_size); a crafted size can neither loop nor move backwards.
 # ---------------------------------------------------------------------------
 

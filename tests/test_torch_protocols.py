@@ -1,4 +1,4 @@
-"""Torch conventions (issue 13, items 4 and 9): WebDataset is a torch IterableDataset
+"""Torch conventions: WebDataset is a torch IterableDataset
 (without ``import resumewds`` importing torch), a plain DataLoader gives each worker
 its share, torchdata's real StatefulDataLoader resumes exactly, get_state/set_state
 live in a torch checkpoint, and WebLoader's fluent re-mixing chain resumes exactly.

@@ -1,4 +1,4 @@
-"""The WebDataset drop-in (issue 13): webdataset's constructor, fluent stages, shuffle,
+"""The WebDataset drop-in: webdataset's constructor, fluent stages, shuffle,
 handlers, resampling and URL forms, each with an exact resume of direct iteration.
 
 Exactness is tested as equality of whole sequences: the items of an uninterrupted

@@ -410,7 +410,7 @@ class ShardStore:
                 something that is not a complete tar.
             CacheError: the cache directory is unusable.
         """
-        from ..compressed import open_view  # .tar.gz/.tar.zst: its decompressed copy (H4b, issue 13)
+        from ..compressed import open_view  # .tar.gz/.tar.zst: its decompressed copy
 
         return open_view(self, self._acquire(shard, pin=True))
 
@@ -598,7 +598,7 @@ class ShardStore:
             layout.remove(base)
         elif state is EntryState.CORRUPT:
             repairs += 1
-            from ..repair import repair_entry  # issue 15: re-fetch only the samples that fail
+            from ..repair import repair_entry  # re-fetch only the samples that fail
 
             if (self.max_repairs is None or repairs <= self.max_repairs) and \
                     repair_entry(self, shard, base, budget):
@@ -630,7 +630,7 @@ class ShardStore:
                 bad = (str(shard.size), str(res.size), "size")
             elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
                 bad = (shard.xxh3_64, actual, "xxh3_64")
-                from ..repair import repair_download  # issue 15: re-fetch only the samples that fail
+                from ..repair import repair_download  # re-fetch only the samples that fail
 
                 fixed = repair_download(self, shard, partial, budget)
                 if fixed is not None:
