@@ -18,7 +18,8 @@ from resumewds.cache import ShardStore
 from resumewds.manifest import load_manifest
 from resumewds.repair import coalesce
 from resumewds.writer import ShardWriter
-from tests.http_fixtures import Recorder, fast_config as _fast_config
+from tests.http_fixtures import Recorder
+from tests.http_fixtures import fast_config as _fast_config
 
 MB = 1 << 20
 SAMPLE = 100 * 1024
