@@ -783,7 +783,9 @@ class WebDataset:
         ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
         per shard index), ``positions``, ``slot_index`` and ``pad_flags``
         (per delivered sample: its epoch position, its index in the step's
-        slots, whether it is padding), ``batch_dropped`` (a batch stage
+        slots, whether it is padding), ``sample_shards`` (without
+        ``collate``: each delivered sample's shard index, None for padding),
+        ``batch_dropped`` (a batch stage
         returned None), ``t_read``, ``t_stages`` and ``t_fetch_wait``
         (seconds), ``events``.
         """
@@ -927,6 +929,8 @@ class WebDataset:
             if slot_index:
                 meta["positions"] = [slots[i][0] for i in slot_index]
                 meta["pad_flags"] = [bool(slots[i][1]) for i in slot_index]
+                if not collate:  # handed out one by one: whose each sample is (consumption)
+                    meta["sample_shards"] = [None if slots[i][1] else where[i][0] for i in slot_index]
             meta["samples"] = len(out)
             meta["bytes"] = nbytes
             meta["skipped"] = skipped

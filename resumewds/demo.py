@@ -116,10 +116,23 @@ def _committed(journal: str) -> int:
     return int(point["samples_total"]) if point else 0
 
 
+def _remove_run(journal: str) -> None:
+    """Delete the journal files of an earlier demo run (every rank, SQLite's side files, the lock)."""
+    from resumewds.journal.paths import run_journal_paths
+
+    for path in run_journal_paths(journal):
+        for suffix in ("", "-wal", "-shm", "-journal", ".lock"):
+            try:
+                os.unlink(path + suffix)
+            except FileNotFoundError:
+                pass
+
+
 def _crash_demo(directory: str, manifest: str, seed: int) -> bool:
     ref = subprocess.run(_cat_cmd(manifest, None), capture_output=True, text=True, check=True).stdout
     ref_lines = ref.splitlines()
     journal = os.path.join(directory, "run.db")
+    _remove_run(journal)  # a rerun in the same directory starts over, not from the last run's end
     rng = random.Random(seed)
     kept: List[str] = []
     for attempt in range(3):

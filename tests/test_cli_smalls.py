@@ -1,0 +1,59 @@
+"""Small CLI and library fixes: a rerun demo, consumption accounting, error
+messages, broken pipes, skip lines, status throughput, duplicate shards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import PY, subprocess_env
+from resumewds.cli import cli
+
+pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+              pytest.mark.usefixtures("cache_dir")]
+
+
+def run_cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "resumewds", *args], capture_output=True, text=True,
+                          env=kw.pop("env", subprocess_env()), timeout=600, **kw)
+
+
+@pytest.fixture
+def manifest(shards, tmp_path) -> str:
+    out = str(tmp_path / "data" / "manifest.json")
+    res = CliRunner().invoke(cli, ["index", *shards, "-o", out])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_demo_runs_twice_in_the_same_directory(tmp_path):
+    d = str(tmp_path / "demo")
+    for attempt in range(2):
+        res = run_cli("demo", "--dir", d, "--shards", "2", "--samples", "120")
+        assert res.returncode == 0, (attempt, res.stdout, res.stderr)
+        assert "sequences match" in res.stdout, (attempt, res.stdout)
+        assert "MISMATCH" not in res.stdout
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cat_limit_consumption_equals_delivered(manifest, tmp_path, workers):
+    journal = str(tmp_path / "run.db")
+    res = CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--limit", "50", "--chunk", "16",
+                                   "--commit-every", "7", "--workers", str(workers), "--shuffle"])
+    assert res.exit_code == 0, res.output
+    assert len(res.stdout.splitlines()) == 50
+    st = json.loads(CliRunner().invoke(cli, ["status", journal, "--json"]).stdout)
+    assert st["consumption"]["samples"] == 50
+    assert st["latest"]["samples_total"] == 50
+    # the rest of the epoch: consumption ends at the epoch's size, not past it
+    res = CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--chunk", "16",
+                                   "--workers", str(workers), "--shuffle"])
+    assert res.exit_code == 0, res.output
+    from resumewds.journal import read_consumption
+
+    by_url = read_consumption(journal)[0]
+    assert sum(c["samples"] for c in by_url.values()) == 185
+    assert all(c["samples"] == c["total"] for c in by_url.values())
