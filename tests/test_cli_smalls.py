@@ -4,6 +4,7 @@ messages, broken pipes, skip lines, status throughput, duplicate shards."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -57,3 +58,18 @@ def test_cat_limit_consumption_equals_delivered(manifest, tmp_path, workers):
     by_url = read_consumption(journal)[0]
     assert sum(c["samples"] for c in by_url.values()) == 185
     assert all(c["samples"] == c["total"] for c in by_url.values())
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"]])
+def test_status_into_a_closed_pipe_exits_quietly(manifest, tmp_path, args):
+    journal = str(tmp_path / "run.db")
+    assert CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--limit", "20"]).exit_code == 0
+    r, w = os.pipe()
+    os.close(r)  # `| head -1` that already left: every write to stdout fails with EPIPE
+    try:
+        res = subprocess.run([PY, "-m", "resumewds", args[0], journal, *args[1:]], stdout=w,
+                             stderr=subprocess.PIPE, text=True, env=subprocess_env(), timeout=600)
+    finally:
+        os.close(w)
+    assert res.returncode == 1
+    assert res.stderr == ""
