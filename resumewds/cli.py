@@ -37,7 +37,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from .errors import ResumeWDSError
+from .cliout import SkipLines
+from .cliout import StdoutError as _StdoutError
+from .cliout import detach_stdout as _detach_stdout
+from .cliout import flush as _flush
+from .cliout import write as _write
+from .errors import ResumeWDSError, naming
 from .progress import Bar as _Bar  # noqa: F401  (imported from here by tests)
 from .progress import NoBar as _NoBar  # noqa: F401
 from .progress import progress_bar as _progress
@@ -424,6 +429,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         loader.close()
         return
     bar = _progress(total, "cat", progress if progress else False, initial=n)
+    skips = SkipLines(loader.stats_.failed, lambda line: click.echo(line, err=True))
     try:
         with bar:
             while loader.epoch < epochs and (limit is None or n < limit) and not loader.preempted:
@@ -436,6 +442,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
                         loader.commit(n)
                         since = 0
                     bar.update(1)
+                    skips.poll()
                     if limit is not None and n >= limit:
                         break
         _flush(out)
@@ -453,11 +460,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         lost = f"; the last {since} line(s) were not committed to {journal}" if journal and since else ""
         raise click.ClickException(f"cannot write to stdout: {exc}{lost}") from None
     finally:
-        failed = loader.stats_.failed
-        if failed:
-            click.echo(f"resumewds: {len(failed)} shard(s) failed and were skipped:", err=True)
-            for url, err in sorted(failed.items()):
-                click.echo(f"  {url}: {err}", err=True)
+        skips.close()
         if show_stats:
             click.echo(json.dumps(loader.stats(), default=str), err=True)
         loader.close()
@@ -477,38 +480,6 @@ def _nothing_left(loader: Any, journal: Optional[str], epochs: int, limit: Optio
                    f"{journal}); nothing to print (raise --epochs to continue)", err=True)
         return True
     return False
-
-
-class _StdoutError(Exception):
-    """Writing to stdout failed (a full disk, a closed file): not a data error."""
-
-
-def _write(out: Any, text: str) -> None:
-    try:
-        out.write(text)
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise _StdoutError(exc.strerror or str(exc)) from exc
-
-
-def _flush(out: Any) -> None:
-    try:
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise _StdoutError(exc.strerror or str(exc)) from exc
-
-
-def _detach_stdout() -> None:
-    """Point fd 1 at /dev/null so the interpreter's final flush cannot fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 @cli.command()
@@ -648,7 +619,7 @@ def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseExceptio
 def _report_results(results: Any, verb: str) -> None:
     bad = [(s, e) for s, ok, e in results if not ok]
     for s, e in bad:
-        click.echo(f"FAILED {s.url}: {e}", err=True)
+        click.echo(f"FAILED {naming(s.url, e)}", err=True)
     note = ""
     if verb == "verify":
         loose = sum(1 for s, ok, _ in results if ok and s.xxh3_64 is None)

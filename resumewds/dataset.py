@@ -35,6 +35,7 @@ from .errors import (
     ResumeWDSError,
     ShardFormatError,
     StateError,
+    naming,
 )
 from .manifest import Manifest, ShardInfo
 from .pipeline import (
@@ -626,8 +627,8 @@ class WebDataset:
                 kept = salvage_shard(s, self.store, exc, stop)  # the samples before the damage, as webdataset
                 self._index_skipped = True
                 self._on_event("skip", s.url, error=str(exc), samples_kept=kept)
-                log.warning("skipping shard %s%s: %s", s.url, f" after its first {kept} samples" if kept else "",
-                            exc)
+                log.warning("skipping shard %s%s", naming(s.url, exc),
+                            f" (kept its first {kept} samples)" if kept else "")
         m._starts = None
 
     @property

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tu
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .dataset import WebDataset
-from .errors import JournalError, ResumeWDSError, StateError  # noqa: F401 (JournalError: old import path)
+from .errors import JournalError, ResumeWDSError, StateError, naming  # noqa: F401 (JournalError: old import path)
 from .events import EventKind
 from .pipeline import HandlerStop, default_collate
 from .plan import Layout
@@ -736,7 +736,7 @@ class WebLoader:
         failed, self._epoch_failed = self._epoch_failed, {}
         if failed:
             log.warning("epoch %d ended with %d shard(s) skipped after errors (on_error='skip'): %s",
-                        self.epoch, len(failed), "; ".join(f"{u}: {e}" for u, e in sorted(failed.items())))
+                        self.epoch, len(failed), "; ".join(naming(u, e) for u, e in sorted(failed.items())))
         skips, self._epoch_sample_skips = self._epoch_sample_skips, []
         if skips:
             log.warning("epoch %d ended with %d sample(s) skipped by a stage's handler: %s%s", self.epoch,

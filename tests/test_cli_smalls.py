@@ -73,3 +73,34 @@ def test_status_into_a_closed_pipe_exits_quietly(manifest, tmp_path, args):
         os.close(w)
     assert res.returncode == 1
     assert res.stderr == ""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_each_skipped_shard_is_one_line_naming_it_once(manifest, shards, workers):
+    with open(shards[1], "r+b") as f:  # damage a sample of shard 1: its digest check fails
+        f.seek(2000)
+        f.write(b"XXXXXXXX")
+    os.unlink(shards[3])
+    res = run_cli("cat", manifest, "--on-error", "skip", "--workers", workers, "--epochs", "2")
+    assert res.returncode == 0, res.stderr
+    for path in (shards[1], shards[3]):
+        lines = [ln for ln in res.stderr.splitlines() if path in ln]
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith(f"resumewds: skipped shard {path}: ")
+        assert lines[0].count(path) == 1
+    res = run_cli("verify", manifest)
+    assert res.returncode == 1
+    failed = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED")]
+    assert failed and all(ln.count(ln.split()[1].rstrip(":")) == 1 for ln in failed), res.stderr
+
+
+def test_library_skip_warnings_name_the_shard_once(manifest, shards, caplog):
+    import resumewds as rw
+
+    os.unlink(shards[2])
+    loader = rw.WebLoader(rw.WebDataset(manifest, on_error="skip"), batch_size=None, num_workers=0)
+    with caplog.at_level("WARNING", logger="resumewds"):
+        assert len(list(loader)) == 4 * 37
+    said = [r.getMessage() for r in caplog.records if shards[2] in r.getMessage()]
+    assert len(said) == 2, said  # when it is skipped, and the epoch's summary
+    assert all(m.count(shards[2]) == 1 for m in said), said
