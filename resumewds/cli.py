@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from .cliout import SkipLines
+from .cliout import SkipLines, quiet_numpy_warning
 from .cliout import StdoutError as _StdoutError
 from .cliout import detach_stdout as _detach_stdout
 from .cliout import flush as _flush
@@ -409,6 +409,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         resumewds cat data/manifest.json --seed 7 --shuffle --epochs 2 > run.txt
         resumewds cat data/manifest.json --seed 7 --shuffle --journal run.db --commit-every 100
     """
+    quiet_numpy_warning()  # before the loader imports torch
     from .loader import WebLoader
 
     if commit_every < 1:

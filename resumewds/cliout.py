@@ -14,7 +14,7 @@ from typing import Any, Callable, Set
 
 from .errors import naming
 
-__all__ = ["SkipLines"]
+__all__ = ["SkipLines", "quiet_numpy_warning"]
 
 
 class StdoutError(Exception):
@@ -47,6 +47,18 @@ def detach_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def quiet_numpy_warning() -> None:
+    """Silence torch's "Failed to initialize NumPy" warning (call before importing torch).
+
+    The minimal install (``pip install resumewds``) has no numpy and needs
+    none; torch warns on import when it is missing, which on every
+    ``resumewds cat`` is noise.  Only that message is filtered.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 
 class _DropSkipRecords(logging.Filter):

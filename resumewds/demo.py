@@ -41,10 +41,9 @@ def _collate(samples: list) -> dict:
 def run_demo(directory: Optional[str] = None, shards: int = 16, samples: int = 250,
              seed: int = 7) -> bool:
     """Run the demo in ``directory`` (a temporary one by default); True if every sequence matched."""
-    import warnings
+    from resumewds.cliout import quiet_numpy_warning
 
-    # The demo needs no numpy (`pip install -e .`); torch says so on import, which is noise here.
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    quiet_numpy_warning()  # the demo needs no numpy (`pip install -e .`); torch says so on import
     import resumewds as rw
     from resumewds.synth import write_shards
 

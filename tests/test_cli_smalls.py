@@ -104,3 +104,13 @@ def test_library_skip_warnings_name_the_shard_once(manifest, shards, caplog):
     said = [r.getMessage() for r in caplog.records if shards[2] in r.getMessage()]
     assert len(said) == 2, said  # when it is skipped, and the epoch's summary
     assert all(m.count(shards[2]) == 1 for m in said), said
+
+
+def test_cat_without_numpy_prints_no_numpy_warning(manifest):
+    shim = ("import sys\nsys.modules['numpy'] = None  # the minimal install: no numpy\n"
+            "from resumewds.cli import main\nmain(sys.argv[1:])\n")
+    res = subprocess.run([PY, "-c", shim, "cat", manifest, "--limit", "3"], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.splitlines()) == 3
+    assert "NumPy" not in res.stderr and res.stderr == "", res.stderr
