@@ -114,3 +114,28 @@ def test_cat_without_numpy_prints_no_numpy_warning(manifest):
     assert res.returncode == 0, res.stderr
     assert len(res.stdout.splitlines()) == 3
     assert "NumPy" not in res.stderr and res.stderr == "", res.stderr
+
+
+def test_decode_pil_without_pillow_in_a_worker_says_what_to_install(make_shards, monkeypatch):
+    import sys
+
+    import resumewds as rw
+    from resumewds.errors import DecodeError
+
+    paths = make_shards(shards=2, samples=4, images=True, image_side=8, subdir="img")
+    monkeypatch.setitem(sys.modules, "PIL", None)  # pillow not installed (forked workers inherit it)
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    loader = rw.WebLoader(rw.WebDataset(paths).decode("pil"), batch_size=None, num_workers=1)
+    with pytest.raises(DecodeError, match=r"pip install 'resumewds\[image\]'"):
+        next(iter(loader))
+
+
+def test_the_image_extra_brings_numpy():
+    import tomllib
+
+    from conftest import REPO
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    names = {r.split(">")[0].split("=")[0].strip() for r in extras["image"]}
+    assert {"pillow", "numpy"} <= names
