@@ -63,7 +63,7 @@ from .errors import DecodeError, UnsafeSourceError
 
 __all__ = ["Continue", "Decoder", "DecodingError", "IMAGE_EXTENSIONS", "ImageHandler",
            "basichandlers", "cbor_loads", "decode_image", "decoders", "gzfilter",
-           "handle_extension", "imagehandler", "imagespecs", "msgpack_loads", "npy_loads",
+           "handle_extension", "imagehandler", "imagespecs", "install_hint", "msgpack_loads", "npy_loads",
            "npz_loads", "tenbin_loads", "torch_audio", "torch_loads", "torch_video",
            "unpickle_loads"]
 
@@ -548,9 +548,37 @@ class Decoder:
     @staticmethod
     def _error(sample: Dict[str, Any], k: str, exc: BaseException) -> DecodeError:
         err = DecodeError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: "
-                          f"cannot decode .{k}: {type(exc).__name__}: {exc}")
+                          f"cannot decode .{k}: {type(exc).__name__}: {exc}{install_hint(exc)}")
         err.url, err.key, err.k = sample.get("__url__"), sample.get("__key__"), k  # type: ignore[attr-defined]
         return err
+
+
+#: what to install for a module a decoder imports (the extras of pyproject.toml)
+INSTALL_HINTS = {
+    "PIL": "pip install 'resumewds[image]'",
+    "numpy": "pip install 'resumewds[image]' (or numpy)",
+    "msgpack": "pip install 'resumewds[formats]'",
+    "cbor2": "pip install 'resumewds[formats]'",
+    "zstandard": "pip install 'resumewds[formats]'",
+    "yaml": "pip install 'resumewds[formats]'",
+    "torchvision": "pip install torchvision",
+    "torchaudio": "pip install torchaudio",
+}
+
+
+def install_hint(exc: BaseException) -> str:
+    """``"; pip install ..."`` when ``exc`` is a missing module a decoder needs, else "".
+
+    Example:
+        >>> install_hint(ModuleNotFoundError("No module named 'PIL'", name="PIL"))
+        " (install it: pip install 'resumewds[image]')"
+        >>> install_hint(ValueError("bad"))
+        ''
+    """
+    if not isinstance(exc, ImportError):
+        return ""
+    hint = INSTALL_HINTS.get((exc.name or "").split(".")[0])
+    return f" (install it: {hint})" if hint else ""
 
 
 default_decoder = Decoder([])

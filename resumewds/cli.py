@@ -33,126 +33,26 @@ import json
 import os
 import re
 import sys
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from .errors import ResumeWDSError
-
-
-def _progress(length: int, label: str, enabled: Optional[bool] = None, unit: str = "samples",
-              initial: int = 0) -> Any:
-    """A progress bar on stderr; silent when stderr is not a terminal (or ``enabled`` is False)."""
-    show = sys.stderr.isatty() if enabled is None else enabled
-    if not show:
-        return _NoBar()
-    return _Bar(length, label, unit, initial=initial)
-
-
-class _NoBar:
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *a: Any) -> None:
-        pass
-
-    def update(self, n: int) -> None:
-        pass
-
-
-def _fmt_amount(n: float, unit: str) -> str:
-    if unit != "bytes":
-        return f"{n:,.0f}"
-    for u in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or u == "TB":
-            return f"{n:.0f} {u}" if u == "B" else f"{n:.1f} {u}"
-        n /= 1000.0
-    return str(n)  # pragma: no cover
-
-
-class _Bar:
-    """A one-line progress bar with units, rate and ETA, redrawn at most
-    ``max_hz`` times a second (a redraw per sample was 2.75 MB of terminal
-    output for 40k samples and made ``cat --progress`` 35% slower).
-
-    Example:
-        >>> import io
-        >>> out = io.StringIO()
-        >>> with _Bar(10, "x", "samples", file=out, max_hz=0) as b:
-        ...     b.update(10)
-        >>> out.getvalue().count(chr(13)), "10/10 samples" in out.getvalue()
-        (3, True)
-    """
-
-    def __init__(self, length: int, label: str, unit: str = "samples", file: Any = None,
-                 max_hz: float = 10.0, clock: Callable[[], float] = time.monotonic, initial: int = 0):
-        self.length = max(0, int(length))
-        self.label = label
-        self.unit = unit
-        self.file = file if file is not None else sys.stderr
-        self.min_dt = 1.0 / max_hz if max_hz > 0 else 0.0
-        self.clock = clock
-        self.pos = int(initial)  # a resumed cat starts past 0
-        self.redraws = 0
-        self._t0 = clock()
-        self._last = float("-inf")
-        self._base = self.pos
-
-    def __enter__(self) -> _Bar:
-        self._draw()
-        return self
-
-    def __exit__(self, *a: Any) -> None:
-        self._draw()
-        try:
-            self.file.write("\n")
-            self.file.flush()
-        except (OSError, ValueError):
-            pass
-
-    def update(self, n: int) -> None:
-        self.pos += n
-        now = self.clock()
-        if now - self._last >= self.min_dt:
-            self._draw(now)
-
-    def line(self, now: Optional[float] = None) -> str:
-        now = self.clock() if now is None else now
-        dt = max(now - self._t0, 1e-9)
-        rate = (self.pos - self._base) / dt
-        frac = min(1.0, self.pos / self.length) if self.length else 0.0
-        width = 24
-        fill = int(frac * width)
-        tot = _fmt_amount(self.length, self.unit)
-        u = "" if self.unit == "bytes" else f" {self.unit}"
-        r = f"{_fmt_amount(rate, self.unit)}{'/s' if self.unit == 'bytes' else f' {self.unit}/s'}"
-        eta = ""
-        if rate > 0 and self.length > self.pos:
-            eta = f", eta {_fmt_eta((self.length - self.pos) / rate)}"
-        return (f"{self.label} [{'#' * fill}{'-' * (width - fill)}] {frac:4.0%} "
-                f"{_fmt_amount(self.pos, self.unit)}/{tot}{u}, {r}{eta}")
-
-    def _draw(self, now: Optional[float] = None) -> None:
-        now = self.clock() if now is None else now
-        self._last = now
-        self.redraws += 1
-        try:
-            self.file.write("\r" + self.line(now) + "\x1b[K")
-            self.file.flush()
-        except (OSError, ValueError):
-            pass
-
-
-def _fmt_eta(s: float) -> str:
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+from .cliout import SkipLines, quiet_numpy_warning
+from .cliout import StdoutError as _StdoutError
+from .cliout import detach_stdout as _detach_stdout
+from .cliout import flush as _flush
+from .cliout import write as _write
+from .errors import ResumeWDSError, naming
+from .progress import Bar as _Bar  # noqa: F401  (imported from here by tests)
+from .progress import NoBar as _NoBar  # noqa: F401
+from .progress import progress_bar as _progress
 
 
 class _Group(click.Group):
     """Maps errors to one ``Error:`` line (never a traceback).
+
+    A closed stdout (the reader of a pipe left) ends the command quietly
+    with status 1, as Python's documentation recommends.
 
     ResumeWDSError is the library's own error tree; OSError and ValueError
     that escape are last-resort mappings (a file that cannot be written, a
@@ -163,6 +63,9 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # `resumewds status run.db | head -1`: the reader left, as for unix tools
+            _detach_stdout()
+            sys.exit(1)
         except ResumeWDSError as exc:
             raise click.ClickException(str(exc)) from exc
         except (OSError, ValueError, OverflowError, MemoryError) as exc:
@@ -506,6 +409,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         resumewds cat data/manifest.json --seed 7 --shuffle --epochs 2 > run.txt
         resumewds cat data/manifest.json --seed 7 --shuffle --journal run.db --commit-every 100
     """
+    quiet_numpy_warning()  # before the loader imports torch
     from .loader import WebLoader
 
     if commit_every < 1:
@@ -526,6 +430,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         loader.close()
         return
     bar = _progress(total, "cat", progress if progress else False, initial=n)
+    skips = SkipLines(loader.stats_.failed, lambda line: click.echo(line, err=True))
     try:
         with bar:
             while loader.epoch < epochs and (limit is None or n < limit) and not loader.preempted:
@@ -538,6 +443,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
                         loader.commit(n)
                         since = 0
                     bar.update(1)
+                    skips.poll()
                     if limit is not None and n >= limit:
                         break
         _flush(out)
@@ -555,11 +461,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         lost = f"; the last {since} line(s) were not committed to {journal}" if journal and since else ""
         raise click.ClickException(f"cannot write to stdout: {exc}{lost}") from None
     finally:
-        failed = loader.stats_.failed
-        if failed:
-            click.echo(f"resumewds: {len(failed)} shard(s) failed and were skipped:", err=True)
-            for url, err in sorted(failed.items()):
-                click.echo(f"  {url}: {err}", err=True)
+        skips.close()
         if show_stats:
             click.echo(json.dumps(loader.stats(), default=str), err=True)
         loader.close()
@@ -579,38 +481,6 @@ def _nothing_left(loader: Any, journal: Optional[str], epochs: int, limit: Optio
                    f"{journal}); nothing to print (raise --epochs to continue)", err=True)
         return True
     return False
-
-
-class _StdoutError(Exception):
-    """Writing to stdout failed (a full disk, a closed file): not a data error."""
-
-
-def _write(out: Any, text: str) -> None:
-    try:
-        out.write(text)
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise _StdoutError(exc.strerror or str(exc)) from exc
-
-
-def _flush(out: Any) -> None:
-    try:
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise _StdoutError(exc.strerror or str(exc)) from exc
-
-
-def _detach_stdout() -> None:
-    """Point fd 1 at /dev/null so the interpreter's final flush cannot fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 @cli.command()
@@ -750,7 +620,7 @@ def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseExceptio
 def _report_results(results: Any, verb: str) -> None:
     bad = [(s, e) for s, ok, e in results if not ok]
     for s, e in bad:
-        click.echo(f"FAILED {s.url}: {e}", err=True)
+        click.echo(f"FAILED {naming(s.url, e)}", err=True)
     note = ""
     if verb == "verify":
         loose = sum(1 for s, ok, _ in results if ok and s.xxh3_64 is None)

@@ -35,6 +35,7 @@ from .errors import (
     ResumeWDSError,
     ShardFormatError,
     StateError,
+    naming,
 )
 from .manifest import Manifest, ShardInfo
 from .pipeline import (
@@ -626,8 +627,8 @@ class WebDataset:
                 kept = salvage_shard(s, self.store, exc, stop)  # the samples before the damage, as webdataset
                 self._index_skipped = True
                 self._on_event("skip", s.url, error=str(exc), samples_kept=kept)
-                log.warning("skipping shard %s%s: %s", s.url, f" after its first {kept} samples" if kept else "",
-                            exc)
+                log.warning("skipping shard %s%s", naming(s.url, exc),
+                            f" (kept its first {kept} samples)" if kept else "")
         m._starts = None
 
     @property
@@ -783,7 +784,9 @@ class WebDataset:
         ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
         per shard index), ``positions``, ``slot_index`` and ``pad_flags``
         (per delivered sample: its epoch position, its index in the step's
-        slots, whether it is padding), ``batch_dropped`` (a batch stage
+        slots, whether it is padding), ``sample_shards`` (without
+        ``collate``: each delivered sample's shard index, None for padding),
+        ``batch_dropped`` (a batch stage
         returned None), ``t_read``, ``t_stages`` and ``t_fetch_wait``
         (seconds), ``events``.
         """
@@ -927,6 +930,8 @@ class WebDataset:
             if slot_index:
                 meta["positions"] = [slots[i][0] for i in slot_index]
                 meta["pad_flags"] = [bool(slots[i][1]) for i in slot_index]
+                if not collate:  # handed out one by one: whose each sample is (consumption)
+                    meta["sample_shards"] = [None if slots[i][1] else where[i][0] for i in slot_index]
             meta["samples"] = len(out)
             meta["bytes"] = nbytes
             meta["skipped"] = skipped

@@ -41,10 +41,9 @@ def _collate(samples: list) -> dict:
 def run_demo(directory: Optional[str] = None, shards: int = 16, samples: int = 250,
              seed: int = 7) -> bool:
     """Run the demo in ``directory`` (a temporary one by default); True if every sequence matched."""
-    import warnings
+    from resumewds.cliout import quiet_numpy_warning
 
-    # The demo needs no numpy (`pip install -e .`); torch says so on import, which is noise here.
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    quiet_numpy_warning()  # the demo needs no numpy (`pip install -e .`); torch says so on import
     import resumewds as rw
     from resumewds.synth import write_shards
 
@@ -116,10 +115,23 @@ def _committed(journal: str) -> int:
     return int(point["samples_total"]) if point else 0
 
 
+def _remove_run(journal: str) -> None:
+    """Delete the journal files of an earlier demo run (every rank, SQLite's side files, the lock)."""
+    from resumewds.journal.paths import run_journal_paths
+
+    for path in run_journal_paths(journal):
+        for suffix in ("", "-wal", "-shm", "-journal", ".lock"):
+            try:
+                os.unlink(path + suffix)
+            except FileNotFoundError:
+                pass
+
+
 def _crash_demo(directory: str, manifest: str, seed: int) -> bool:
     ref = subprocess.run(_cat_cmd(manifest, None), capture_output=True, text=True, check=True).stdout
     ref_lines = ref.splitlines()
     journal = os.path.join(directory, "run.db")
+    _remove_run(journal)  # a rerun in the same directory starts over, not from the last run's end
     rng = random.Random(seed)
     kept: List[str] = []
     for attempt in range(3):

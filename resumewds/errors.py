@@ -234,6 +234,18 @@ def os_problem(exc: OSError) -> str:
     return OS_PROBLEMS.get(exc.errno or 0, exc.strerror or str(exc))
 
 
+def naming(subject: str, problem: object) -> str:
+    """``subject: problem``, naming the subject once: an error's message
+    usually starts with its shard or file already.
+
+    Example:
+        >>> naming("/d/a.tar", "/d/a.tar: no such file"), naming("/d/a.tar", "no such file")
+        ('/d/a.tar: no such file', '/d/a.tar: no such file')
+    """
+    text = str(problem)
+    return text if text.startswith(f"{subject}:") else f"{subject}: {text}"
+
+
 __all__ = [
     "CacheError",
     "ChecksumMismatch",

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import skipping
 from .dataset import WebDataset
-from .errors import JournalError, ResumeWDSError, StateError  # noqa: F401 (JournalError: old import path)
+from .errors import JournalError, ResumeWDSError, StateError, naming  # noqa: F401 (JournalError: old import path)
 from .events import EventKind
 from .pipeline import HandlerStop, default_collate
 from .plan import Layout
@@ -775,7 +775,7 @@ class WebLoader:
         failed, self._epoch_failed = self._epoch_failed, {}
         if failed:
             log.warning("epoch %d ended with %d shard(s) skipped after errors (on_error='skip'): %s",
-                        self.epoch, len(failed), "; ".join(f"{u}: {e}" for u, e in sorted(failed.items())))
+                        self.epoch, len(failed), "; ".join(naming(u, e) for u, e in sorted(failed.items())))
         skips, self._epoch_sample_skips = self._epoch_sample_skips, []
         if skips:
             log.warning("epoch %d ended with %d sample(s) skipped by a stage's handler: %s%s", self.epoch,
@@ -856,8 +856,11 @@ class WebLoader:
                 expected += 1
                 self.stats_.update(meta, wait)
                 self._absorb(meta.get("events") or [])
+                # unbatched, a step's samples count as consumed one by one, as handed out
+                owed = None if self._collate else self._session.consume_step(epoch, meta)
                 for si, n in meta.get("shards", {}).items():
-                    self._session.consume(si, epoch, n)
+                    if owed is None:
+                        self._session.consume(si, epoch, n)
                     if self._failed_urls and n:
                         url = ds.manifest.shards[si].url
                         if url not in (meta.get("failed") or ()):  # not failed again in this worker
@@ -886,6 +889,7 @@ class WebLoader:
                 for i, sample in enumerate(batch):
                     self.sample_is_pad = bool(pad_of[i]) if i < len(pad_of) else False
                     self.samples_total += 1
+                    owed.deliver(i, i + 1 == n)  # type: ignore[union-attr]
                     if i + 1 == n:
                         self.position = layout.position_after(total, start, k)
                         if last:
@@ -896,6 +900,7 @@ class WebLoader:
                         self.position = s0 + slot_of[i] + 1
                     yield sample
                 if n == 0:
+                    owed.deliver(0, True)  # type: ignore[union-attr]  # read, all filtered or skipped
                     self.position = layout.position_after(total, start, k)
                     if last:
                         self._end_epoch()

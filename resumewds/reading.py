@@ -54,7 +54,7 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import tario
-from .errors import CacheError, ChecksumMismatch, FetchError, IntegrityError, ShardFormatError
+from .errors import CacheError, ChecksumMismatch, FetchError, IntegrityError, ShardFormatError, naming
 from .events import EventKind
 from .manifest import ShardInfo
 from .pipeline import HandlerStop
@@ -262,7 +262,7 @@ def shard_failed(ds: Any, shard_idx: int, shard: ShardInfo, exc: BaseException) 
         raise HandlerStop(str(exc)) from exc
     ds._failed[shard_idx] = str(exc)
     ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
-    log.warning("skipping shard %s: %s", shard.url, exc)
+    log.warning("skipping shard %s", naming(shard.url, exc))
 
 
 def run_length(shards: Sequence[ShardInfo], where: Sequence[Tuple[int, int]], i: int,

@@ -41,6 +41,51 @@ def _auto_partitions(ds: Any) -> bool:
     return getattr(ds, "partitions", 1) is None
 
 
+class StepConsumption:
+    """A step's samples counted as consumed one by one as they are handed out.
+
+    A commit between two samples of a step (``resumewds cat --limit 250``
+    with steps of 64) then records the samples delivered so far, not the
+    whole step.  ``meta["sample_shards"]`` (the shard index of each
+    delivered sample, None for padding) says whose sample each one is; the
+    step's other reads (filtered or skipped samples) are counted with its
+    last sample.  Without it the whole step counts at once.
+
+    Example:
+        >>> s = JournalSession(None)
+        >>> c = s.consume_step(0, {"shards": {3: 2, 4: 1}, "sample_shards": [3, 4]})
+        >>> c.deliver(0, False); s.consumed_now()
+        {(3, 0): 1}
+        >>> c.deliver(1, True); s.consumed_now()
+        {(3, 0): 2, (4, 0): 1}
+    """
+
+    __slots__ = ("session", "epoch", "owed", "of")
+
+    def __init__(self, session: JournalSession, epoch: int, meta: Dict[str, Any]):
+        self.session, self.epoch = session, epoch
+        self.owed: Dict[int, int] = dict(meta.get("shards") or {})
+        self.of: Optional[List[Optional[int]]] = meta.get("sample_shards")
+        if self.of is None:
+            self.deliver(0, True)
+
+    def deliver(self, i: int, last: bool) -> None:
+        """Sample ``i`` of the step is handed out (``last``: and the step is done)."""
+        owed = self.owed
+        if not owed:
+            return
+        if last:
+            for si, n in owed.items():
+                if n:
+                    self.session.consume(si, self.epoch, n)
+            owed.clear()
+            return
+        one = self.of[i] if self.of is not None and i < len(self.of) else None
+        if one is not None and owed.get(one):
+            self.session.consume(one, self.epoch, 1)
+            owed[one] -= 1
+
+
 class JournalSession:
     """One loader's journal: open/resume, buffered events, consumption and commits.
 
@@ -68,6 +113,10 @@ class JournalSession:
         """Count ``n`` samples of shard index ``shard`` delivered in ``epoch``."""
         key = (shard, epoch)
         self._consumed[key] = self._consumed.get(key, 0) + n
+
+    def consume_step(self, epoch: int, meta: Dict[str, Any]) -> StepConsumption:
+        """The consumption of an unbatched step, counted as its samples are handed out."""
+        return StepConsumption(self, epoch, meta)
 
     def consumed_now(self) -> Dict[Tuple[int, int], int]:
         """The consumption counted since the last commit: ``{(shard, epoch): n}``."""

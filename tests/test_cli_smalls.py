@@ -1,0 +1,141 @@
+"""Small CLI and library fixes: a rerun demo, consumption accounting, error
+messages, broken pipes, skip lines, status throughput, duplicate shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import PY, subprocess_env
+from resumewds.cli import cli
+
+pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+              pytest.mark.usefixtures("cache_dir")]
+
+
+def run_cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "resumewds", *args], capture_output=True, text=True,
+                          env=kw.pop("env", subprocess_env()), timeout=600, **kw)
+
+
+@pytest.fixture
+def manifest(shards, tmp_path) -> str:
+    out = str(tmp_path / "data" / "manifest.json")
+    res = CliRunner().invoke(cli, ["index", *shards, "-o", out])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_demo_runs_twice_in_the_same_directory(tmp_path):
+    d = str(tmp_path / "demo")
+    for attempt in range(2):
+        res = run_cli("demo", "--dir", d, "--shards", "2", "--samples", "120")
+        assert res.returncode == 0, (attempt, res.stdout, res.stderr)
+        assert "sequences match" in res.stdout, (attempt, res.stdout)
+        assert "MISMATCH" not in res.stdout
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cat_limit_consumption_equals_delivered(manifest, tmp_path, workers):
+    journal = str(tmp_path / "run.db")
+    res = CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--limit", "50", "--chunk", "16",
+                                   "--commit-every", "7", "--workers", str(workers), "--shuffle"])
+    assert res.exit_code == 0, res.output
+    assert len(res.stdout.splitlines()) == 50
+    st = json.loads(CliRunner().invoke(cli, ["status", journal, "--json"]).stdout)
+    assert st["consumption"]["samples"] == 50
+    assert st["latest"]["samples_total"] == 50
+    # the rest of the epoch: consumption ends at the epoch's size, not past it
+    res = CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--chunk", "16",
+                                   "--workers", str(workers), "--shuffle"])
+    assert res.exit_code == 0, res.output
+    from resumewds.journal import read_consumption
+
+    by_url = read_consumption(journal)[0]
+    assert sum(c["samples"] for c in by_url.values()) == 185
+    assert all(c["samples"] == c["total"] for c in by_url.values())
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"]])
+def test_status_into_a_closed_pipe_exits_quietly(manifest, tmp_path, args):
+    journal = str(tmp_path / "run.db")
+    assert CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--limit", "20"]).exit_code == 0
+    r, w = os.pipe()
+    os.close(r)  # `| head -1` that already left: every write to stdout fails with EPIPE
+    try:
+        res = subprocess.run([PY, "-m", "resumewds", args[0], journal, *args[1:]], stdout=w,
+                             stderr=subprocess.PIPE, text=True, env=subprocess_env(), timeout=600)
+    finally:
+        os.close(w)
+    assert res.returncode == 1
+    assert res.stderr == ""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_each_skipped_shard_is_one_line_naming_it_once(manifest, shards, workers):
+    with open(shards[1], "r+b") as f:  # damage a sample of shard 1: its digest check fails
+        f.seek(2000)
+        f.write(b"XXXXXXXX")
+    os.unlink(shards[3])
+    res = run_cli("cat", manifest, "--on-error", "skip", "--workers", workers, "--epochs", "2")
+    assert res.returncode == 0, res.stderr
+    for path in (shards[1], shards[3]):
+        lines = [ln for ln in res.stderr.splitlines() if path in ln]
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith(f"resumewds: skipped shard {path}: ")
+        assert lines[0].count(path) == 1
+    res = run_cli("verify", manifest)
+    assert res.returncode == 1
+    failed = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED")]
+    assert failed and all(ln.count(ln.split()[1].rstrip(":")) == 1 for ln in failed), res.stderr
+
+
+def test_library_skip_warnings_name_the_shard_once(manifest, shards, caplog):
+    import resumewds as rw
+
+    os.unlink(shards[2])
+    loader = rw.WebLoader(rw.WebDataset(manifest, on_error="skip"), batch_size=None, num_workers=0)
+    with caplog.at_level("WARNING", logger="resumewds"):
+        assert len(list(loader)) == 4 * 37
+    said = [r.getMessage() for r in caplog.records if shards[2] in r.getMessage()]
+    assert len(said) == 2, said  # when it is skipped, and the epoch's summary
+    assert all(m.count(shards[2]) == 1 for m in said), said
+
+
+def test_cat_without_numpy_prints_no_numpy_warning(manifest):
+    shim = ("import sys\nsys.modules['numpy'] = None  # the minimal install: no numpy\n"
+            "from resumewds.cli import main\nmain(sys.argv[1:])\n")
+    res = subprocess.run([PY, "-c", shim, "cat", manifest, "--limit", "3"], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.splitlines()) == 3
+    assert "NumPy" not in res.stderr and res.stderr == "", res.stderr
+
+
+def test_decode_pil_without_pillow_in_a_worker_says_what_to_install(make_shards, monkeypatch):
+    import sys
+
+    import resumewds as rw
+    from resumewds.errors import DecodeError
+
+    paths = make_shards(shards=2, samples=4, images=True, image_side=8, subdir="img")
+    monkeypatch.setitem(sys.modules, "PIL", None)  # pillow not installed (forked workers inherit it)
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    loader = rw.WebLoader(rw.WebDataset(paths).decode("pil"), batch_size=None, num_workers=1)
+    with pytest.raises(DecodeError, match=r"pip install 'resumewds\[image\]'"):
+        next(iter(loader))
+
+
+def test_the_image_extra_brings_numpy():
+    import tomllib
+
+    from conftest import REPO
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    names = {r.split(">")[0].split("=")[0].strip() for r in extras["image"]}
+    assert {"pillow", "numpy"} <= names
