@@ -38,8 +38,22 @@ from fnmatch import fnmatch
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from . import autodecode
-from .handlers import reraise_exception
-from .pipeline import ExtractKeys, Handled, HandlerStop, Map, PipelineStage, RenameKeys, Select, default_collation_fn
+from .handlers import reraise_exception, until_stop
+from .pipeline import (
+    ExtractKeys,
+    Handled,
+    HandlerStop,
+    Map,
+    MapDict,
+    MapTuple,
+    PipelineStage,
+    Rename,
+    RenameKeys,
+    Select,
+    ToTuple,
+    default_collation_fn,
+    getfirst,
+)
 
 __all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
            "extract_keys", "identity", "parse_field_spec", "transform_with",
@@ -77,18 +91,14 @@ class SampleStage(Stage):
         self.fn = fn
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return until_stop(self._run(src))
+
+    def _run(self, src: Iterable[Any]) -> Iterator[Any]:
         fn = self.fn
         for x in src:
-            try:
-                y = fn(x)
-            except StopPipeline:
-                return
+            y = fn(x)
             if y is not None:
                 yield y
-
-
-#: ``fn`` under a webdataset exception handler (picklable): a skip is recorded (stats, journal)
-_Guard = Handled
 
 
 def _stage(name: str, fn: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
@@ -110,22 +120,6 @@ def pipelinefilter(f: Callable[..., Iterator[Any]]) -> Callable[..., Stage]:
     factory.__name__ = getattr(f, "__name__", "stage")
     factory.__doc__ = f.__doc__
     return factory
-
-
-def getfirst(a: Dict[str, Any], keys: Any, default: Any = None, missing_is_error: bool = True) -> Any:
-    """The value of the first of ``keys`` (``"jpg;png"`` or a list) present in ``a``.
-
-    Raises:
-        ValueError: none is present and ``missing_is_error``.
-    """
-    if isinstance(keys, str):
-        keys = keys.split(";")
-    for k in keys:
-        if k in a:
-            return a[k]
-    if missing_is_error:
-        raise ValueError(f"didn't find {keys} in {list(a.keys())}")
-    return default
 
 
 def parse_field_spec(fields: Any) -> List[List[str]]:
@@ -189,74 +183,28 @@ def associate(associator: Any) -> SampleStage:
     return SampleStage("associate", _Associate(associator))
 
 
-# ---- per-sample stages ------------------------------------------------------------
-
-_Map = Map  # the fluent ``.map`` stage's; the old name kept for pickles
-
+# ---- per-sample stages: the callables of resumewds.pipeline, one per webdataset name ----
 
 def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: ``f(sample)``; None drops the sample; a dict result keeps ``__key__``."""
     return _stage("map", Map(f), handler)
 
 
-class _MapDict:
-    def __init__(self, kw: Dict[str, Callable[[Any], Any]]):
-        if not kw:
-            raise ValueError("map_dict needs at least one field=function")
-        for k, f in kw.items():
-            if not callable(f):
-                raise TypeError(f"map_dict: {k}={f!r} is not callable")
-        self.kw = kw
-
-    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        for k, f in self.kw.items():
-            sample[k] = f(sample[k])
-        return sample
-
-
 def map_dict(handler: ExnHandler = reraise_exception, **kw: Callable[[Any], Any]) -> SampleStage:
-    """Stage: apply functions to named fields (a missing field is a KeyError)."""
-    return _stage("map_dict", _MapDict(kw), handler)
-
-
-class _MapTuple:
-    def __init__(self, fns: Sequence[Optional[Callable[[Any], Any]]]):
-        self.fns = [f if f is not None else (lambda x: x) for f in fns]
-
-    def __call__(self, sample: Any) -> Any:
-        s = list(sample)
-        for i in range(min(len(self.fns), len(s))):
-            s[i] = self.fns[i](s[i])
-        return tuple(s)
+    """Stage: apply functions to named fields, in place (a missing field is a KeyError)."""
+    return _stage("map_dict", MapDict(**kw), handler)
 
 
 def map_tuple(*args: Optional[Callable[[Any], Any]], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: apply functions to tuple fields by position (None keeps a field)."""
-    return _stage("map_tuple", _MapTuple(args), handler)
-
-
-class _ToTuple:
-    def __init__(self, args: Sequence[str], missing_is_error: bool, none_is_error: Optional[bool]):
-        if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
-            args = args[0].split()
-        self.args = list(args)
-        self.missing_is_error = missing_is_error
-        self.none_is_error = missing_is_error if none_is_error is None else none_is_error
-
-    def __call__(self, sample: Dict[str, Any]) -> tuple:
-        result = tuple(getfirst(sample, f, missing_is_error=self.missing_is_error) for f in self.args)
-        if self.none_is_error and any(x is None for x in result):
-            raise ValueError(f"to_tuple {self.args} got {sample.keys()}")
-        return result
+    return _stage("map_tuple", MapTuple(*args), handler)
 
 
 def to_tuple(*args: str, handler: ExnHandler = reraise_exception, missing_is_error: bool = True,
              none_is_error: Optional[bool] = None) -> SampleStage:
     """Stage: dict samples to tuples: ``to_tuple("jpg;png", "cls")`` or ``to_tuple("jpg;png cls")``."""
-    return _stage("to_tuple", _ToTuple(args, missing_is_error, none_is_error), handler)
-
-
-_Select = Select  # the old name kept for pickles
+    return _stage("to_tuple", ToTuple(*args, missing_is_error=missing_is_error, none_is_error=none_is_error),
+                  handler)
 
 
 def select(predicate: Callable[[Any], bool]) -> SampleStage:
@@ -264,23 +212,9 @@ def select(predicate: Callable[[Any], bool]) -> SampleStage:
     return SampleStage("select", Select(predicate))
 
 
-class _Rename:
-    def __init__(self, keep: bool, kw: Dict[str, Any]):
-        self.keep = keep
-        self.kw = kw
-        self.replaced = {x for v in kw.values() for x in (v.split(";") if isinstance(v, str) else v)}
-
-    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        if not self.keep:
-            return {k: getfirst(sample, v, missing_is_error=True) for k, v in self.kw.items()}
-        result = {k: v for k, v in sample.items() if k not in self.replaced}
-        result.update({k: getfirst(sample, v, missing_is_error=True) for k, v in self.kw.items()})
-        return result
-
-
 def rename(handler: ExnHandler = reraise_exception, keep: bool = True, **kw: str) -> SampleStage:
     """Stage: ``rename(image="jpg;png", label="cls")``; ``keep=False`` keeps only the new fields."""
-    return _stage("rename", _Rename(keep, kw), handler)
+    return _stage("rename", Rename(keep=keep, **kw), handler)
 
 
 def rename_keys(*args: Any, keep_unselected: bool = False, must_match: bool = True,

@@ -42,13 +42,19 @@ import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .autodecode import Decoder, decode_image  # noqa: F401  (the decoders live there; kept importable here)
-from .errors import DecodeError
+from .errors import DecodeError, MissingKeyError
+from .handlers import HandlerStop, until_stop  # noqa: F401  (HandlerStop: importable here, as before)
 from .utils import PipelineStage  # noqa: F401  (defined in utils, as webdataset's is)
 
 
 class FieldError(DecodeError, ValueError):
-    """A field a stage needs is missing (``to_tuple``, ``rename``): also a ``ValueError``,
-    which is what webdataset raises there."""
+    """A field a stage needs is missing (``to_tuple``, ``rename``, ``getfirst``): also a
+    ``ValueError``, which is what webdataset raises there."""
+
+
+class SampleTypeError(DecodeError, TypeError):
+    """A stage got a sample of the wrong kind (``map_tuple`` on a dict, ``map_dict`` on a
+    tuple): webdataset asserts there; here it is a ``TypeError`` naming the stage."""
 
 
 def getfirst(sample: Dict[str, Any], keys: Union[str, Sequence[str]], default: Any = None,
@@ -67,13 +73,14 @@ def getfirst(sample: Dict[str, Any], keys: Union[str, Sequence[str]], default: A
         if a in sample:
             return sample[a]
     if missing_is_error:
-        raise FieldError(f"{sample.get('__url__')}: sample {sample.get('__key__')} has none of "
-                         f"{';'.join(alts)} (it has {sorted(k for k in sample if not k.startswith('__'))})")
+        has = sorted(k for k in sample if isinstance(k, str) and not k.startswith("__")) \
+            if isinstance(sample, dict) else list(sample)
+        raise FieldError(f"{_where(sample)} has none of {';'.join(alts)} (it has {has})")
     return default
 
 
 class ToTuple:
-    """Pick fields into a tuple; ``"jpg;png"`` takes the first present.
+    """``to_tuple``: pick fields into a tuple; ``"jpg;png"`` takes the first present.
 
     As in webdataset, a single argument with spaces is split:
     ``ToTuple("jpg;png cls")`` is ``ToTuple("jpg;png", "cls")``.  A missing
@@ -82,13 +89,13 @@ class ToTuple:
     ``missing_is_error``) also refuses fields whose value is None.
     """
 
-    _pick: Any = None  # (pickles of older versions have none)
+    _pick: Any = None
 
-    def __init__(self, *specs: str, missing_is_error: bool = True,
+    def __init__(self, *specs: Union[str, Sequence[str]], missing_is_error: bool = True,
                  none_is_error: Optional[bool] = None):
         if len(specs) == 1 and isinstance(specs[0], str) and " " in specs[0]:
             specs = tuple(specs[0].split())
-        self.specs = [s.split(";") for s in specs]
+        self.specs = [s.split(";") if isinstance(s, str) else list(s) for s in specs]
         self.missing_is_error = missing_is_error
         self.none_is_error = missing_is_error if none_is_error is None else none_is_error
         # the common case, one name per field: picked in C (a missing name
@@ -108,43 +115,69 @@ class ToTuple:
         if self.none_is_error:
             for x in out:
                 if x is None:
-                    raise FieldError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: to_tuple "
+                    raise FieldError(f"{_where(sample)}: to_tuple "
                                      f"{[';'.join(a) for a in self.specs]} got a None field")
         return out
 
     def _general(self, sample: Dict[str, Any]) -> Tuple[Any, ...]:
+        if not isinstance(sample, dict):
+            raise SampleTypeError(f"to_tuple needs dict samples, got {type(sample).__name__}")
         return tuple(getfirst(sample, alts, missing_is_error=self.missing_is_error) for alts in self.specs)
 
 
+def _where(sample: Any) -> str:
+    """``url: sample key`` of a dict sample, for an error message."""
+    if isinstance(sample, dict):
+        return f"{sample.get('__url__')}: sample {sample.get('__key__')}"
+    return f"a {type(sample).__name__} sample"
+
+
 class MapDict:
-    """Apply functions to named fields; a missing field is a ``KeyError`` (as in webdataset)."""
+    """``map_dict``: apply functions to named fields, in place (as in webdataset).
+
+    A missing field is a :class:`~resumewds.errors.MissingKeyError` (a
+    ``KeyError``, as in webdataset); a sample that is not a dict is a
+    :class:`SampleTypeError`.
+    """
 
     def __init__(self, **fns: Callable[[Any], Any]):
+        if not fns:
+            raise ValueError("map_dict needs at least one field=function")
         for k, f in fns.items():
             if not callable(f):
                 raise TypeError(f"map_dict: {k}= is not callable: {f!r}")
         self.fns = fns
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        out = dict(sample)
+        if not isinstance(sample, dict):
+            raise SampleTypeError(f"map_dict needs dict samples, got {type(sample).__name__}")
         for k, f in self.fns.items():
-            out[k] = f(out[k])
-        return out
+            try:
+                v = sample[k]
+            except KeyError:
+                raise MissingKeyError(f"{_where(sample)}: map_dict: no field {k!r} (it has "
+                                      f"{sorted(x for x in sample if not x.startswith('__'))})") from None
+            sample[k] = f(v)
+        return sample
 
 
 class MapTuple:
-    """Apply functions to tuple fields by position (None: unchanged).
+    """``map_tuple``: apply functions to tuple fields by position (None: unchanged).
 
     As in webdataset, the first ``min(len(fns), len(sample))`` fields are
-    mapped and the rest are kept.
+    mapped and the rest are kept; a sample that is not a tuple or list is a
+    :class:`SampleTypeError`.
     """
 
     def __init__(self, *fns: Optional[Callable[[Any], Any]]):
+        for f in fns:
+            if f is not None and not callable(f):
+                raise TypeError(f"map_tuple: {f!r} is not callable")
         self.fns = fns
 
     def __call__(self, t: Tuple[Any, ...]) -> Tuple[Any, ...]:
         if not isinstance(t, (list, tuple)):
-            raise DecodeError(f"map_tuple needs tuple samples, got {type(t).__name__}")
+            raise SampleTypeError(f"{_where(t)}: map_tuple needs tuple samples, got {type(t).__name__}")
         out = list(t)
         for i, f in enumerate(self.fns[:len(out)]):
             if f is not None:
@@ -160,11 +193,13 @@ class Rename:
     only the new fields.  A missing source is a :class:`FieldError`.
     """
 
-    def __init__(self, keep: bool = True, **kw: str):
+    def __init__(self, keep: bool = True, **kw: Union[str, Sequence[str]]):
         self.map = {new: (old.split(";") if isinstance(old, str) else list(old)) for new, old in kw.items()}
         self.keep = keep
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        if not isinstance(sample, dict):
+            raise SampleTypeError(f"rename needs dict samples, got {type(sample).__name__}")
         new = {k: getfirst(sample, alts) for k, alts in self.map.items()}
         if not self.keep:
             return new
@@ -352,10 +387,6 @@ def hide_positions(x: Any) -> Any:
 
 
 # ---- handlers: the handler= argument of stages ------------------------------
-class HandlerStop(Exception):
-    """Raised (and caught by the dataset) when a handler returns False: stop iterating."""
-
-
 #: samples skipped by a handler in this process, drained into the dataset's events
 SKIPPED: List[Dict[str, Any]] = []
 
@@ -365,9 +396,10 @@ def record_skip(item: Any, exc: BaseException, where: str) -> None:
     url = key = None
     if isinstance(item, dict):
         url, key = item.get("__url__"), item.get("__key__")
+    from .events import EventKind
     from .stats import event_record
 
-    SKIPPED.append(event_record("sample_skip", str(url or ""), {
+    SKIPPED.append(event_record(EventKind.SAMPLE_SKIP, str(url or ""), {
         "key": key, "stage": where, "error": f"{type(exc).__name__}: {exc}"}))
     del SKIPPED[:-10000]
 
