@@ -27,8 +27,8 @@ Example:
 from __future__ import annotations
 
 import builtins
+import functools
 import io
-import itertools
 import os
 import random
 import re
@@ -37,7 +37,7 @@ import time
 from fnmatch import fnmatch
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
-from . import autodecode
+from . import autodecode, runners
 from .handlers import reraise_exception, until_stop
 from .pipeline import (
     ExtractKeys,
@@ -294,14 +294,6 @@ def xdecode(*args: Any, must_decode: bool = True, defaults: Sequence[Any] = defa
 
 # ---- stream stages -------------------------------------------------------------------
 
-def _pick(buf: List[Any], rng: random.Random) -> Any:
-    k = rng.randint(0, len(buf) - 1)
-    x = buf[k]
-    buf[k] = buf[-1]
-    buf.pop()
-    return x
-
-
 class ShuffleStage(Stage):
     """``shuffle(bufsize, initial)``: a buffer shuffle on a stream; the plan's seeded shuffle in a DataPipeline."""
 
@@ -314,22 +306,10 @@ class ShuffleStage(Stage):
         self.bufsize, self.initial, self.rng, self.seed = int(bufsize), int(initial), rng, seed
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        data = iter(src)
         rng = self.rng or random.Random(self.seed if self.seed is not None
                                         else int((os.getpid() + time.time()) * 1e9))
-        initial = min(self.initial, self.bufsize)
-        buf: List[Any] = []
-        for x in data:
-            buf.append(x)
-            if len(buf) < self.bufsize:
-                try:
-                    buf.append(next(data))
-                except StopIteration:
-                    pass
-            if len(buf) >= initial:
-                yield _pick(buf, rng)
-        while buf:
-            yield _pick(buf, rng)
+        return runners.ShuffleRunner(self.bufsize, self.initial,
+                                     pick=lambda n: rng.randint(0, n - 1)).run(iter(src))
 
 
 def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
@@ -390,14 +370,7 @@ class BatchedStage(Stage):
         self.batchsize, self.collation_fn, self.partial = int(batchsize), collation_fn, partial
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        batch: List[Any] = []
-        for x in src:
-            if len(batch) >= self.batchsize:
-                yield self.collation_fn(batch) if self.collation_fn is not None else batch
-                batch = []
-            batch.append(x)
-        if batch and (len(batch) == self.batchsize or self.partial):
-            yield self.collation_fn(batch) if self.collation_fn is not None else batch
+        return runners.BatchRunner(self.batchsize, self.collation_fn, self.partial).run(iter(src))
 
 
 def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
@@ -406,52 +379,47 @@ def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], An
     return BatchedStage(batchsize, collation_fn, partial)
 
 
-def _unbatched(data: Iterator[Any]) -> Iterator[Any]:
-    for sample in data:
-        if isinstance(sample, (list, tuple)):
-            for i in range(len(sample[0])):
-                yield tuple(x[i] for x in sample)
-        elif isinstance(sample, dict):
-            lengths = {len(v) for v in sample.values()}
-            if len(lengths) != 1:
-                raise ValueError(f"unbatched: fields of different lengths {lengths}")
-            for i in range(lengths.pop()):
-                yield {k: v[i] for k, v in sample.items()}
-        else:
-            raise ValueError(f"unknown sample type: {type(sample)}")
+class _RunnerStage(Stage):
+    """A stream stage run by its :mod:`resumewds.runners` runner (the fluent form's)."""
+
+    def __init__(self, name: str, make: Callable[[], Any]):
+        self.name, self.make = name, make
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.make().run(iter(src))
 
 
 def unbatched() -> Stage:
     """Stage: split batches back into samples."""
-    return _Generic("unbatched", _unbatched)
-
-
-def _unlisted(data: Iterator[Any]) -> Iterator[Any]:
-    for batch in data:
-        yield from batch
+    return _RunnerStage("unbatched", functools.partial(runners.UnbatchRunner, False))
 
 
 def unlisted() -> Stage:
-    """Stage: flatten lists of samples."""
-    return _Generic("unlisted", _unlisted)
+    """Stage: flatten lists of samples (each must be a list, as in webdataset)."""
+    return _RunnerStage("unlisted", functools.partial(runners.UnbatchRunner, True))
 
 
-def _rsample(data: Iterator[Any], p: float = 0.5) -> Iterator[Any]:
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"rsample: p must be in [0, 1], got {p}")
-    for x in data:
-        if random.uniform(0.0, 1.0) < p:
-            yield x
+class _RandomKeyRSample:
+    """``rsample``'s runner with a key drawn from ``random`` per run (``random.seed``
+    repeats it, as webdataset's draws from ``random``)."""
+
+    def __init__(self, p: float):
+        self.p = p
+
+    def __call__(self) -> Any:
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"rsample: p must be in [0, 1], got {self.p}")
+        return runners.RSampleRunner(self.p, random.getrandbits(64))
 
 
 def rsample(p: float = 0.5) -> Stage:
     """Stage: keep each sample with probability ``p`` (random: not exactly resumable)."""
-    return _Generic("rsample", _rsample, p)
+    return _RunnerStage("rsample", _RandomKeyRSample(p))
 
 
 def slice(*args: Any) -> Stage:
     """Stage: ``itertools.islice`` of the stream."""
-    return _Generic("slice", itertools.islice, *args)
+    return _RunnerStage("slice", functools.partial(runners.SliceRunner, *args))
 
 
 def _info(data: Iterator[Any], fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50,
@@ -474,26 +442,9 @@ def info(fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50
     return _Generic("info", _info, fmt, n, every, width, stream, name)
 
 
-def _log_keys(data: Iterator[Any], logfile: Optional[str] = None) -> Iterator[Any]:
-    if not logfile:
-        yield from data
-        return
-    import fcntl
-
-    with open(logfile, "a") as f:
-        for i, sample in enumerate(data):
-            line = f"{i}\t{sample.get('__worker__')}\t{sample.get('__rank__')}\t{sample.get('__key__')}\n"
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                f.write(line)
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-            yield sample
-
-
 def log_keys(logfile: Optional[str] = None) -> Stage:
     """Stage: append ``index, worker, rank, key`` of each sample to ``logfile``."""
-    return _Generic("log_keys", _log_keys, logfile)
+    return _RunnerStage("log_keys", functools.partial(runners.LogKeysRunner, logfile))
 
 
 _ = builtins  # map/slice shadow builtins here on purpose (webdataset's names)

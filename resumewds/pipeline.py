@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .autodecode import Decoder, decode_image  # noqa: F401  (the decoders live there; kept importable here)
 from .errors import DecodeError, MissingKeyError
@@ -474,202 +474,7 @@ def default_collation_fn(samples: List[Any], combine_tensors: bool = True,
     return result
 
 
-# ---- stream stages -------------------------------------------------------------
-# Stages that change how many items flow (batched, unbatched, slice, a shuffle
-# buffer placed after batching, rsample, arbitrary generators) run over the
-# stream of one worker's share of an epoch.  Each runner reports how many
-# items it holds (``buffered``) and how many it has taken in (``count``); the
-# dataset records a *clean point* whenever every runner is empty, and a state
-# is "replay from that clean point, skip k outputs": exact, and it stores no
-# sample bytes.  Every random choice is a hash of (seed, epoch, stage, count).
-
-class Runner:
-    """One stream stage's run over one epoch (see above)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.buffered = 0
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
-class _MapRunner(Runner):
-    def __init__(self, fn: Callable[[Any], Any]):
-        super().__init__()
-        self.fn = fn
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        fn = self.fn
-        for x in src:
-            self.count += 1
-            y = fn(x)
-            if y is not None:
-                yield y
-
-
-class _BatchRunner(Runner):
-    def __init__(self, n: int, collation_fn: Optional[Callable[[List[Any]], Any]], partial: bool):
-        super().__init__()
-        self.n, self.collation_fn, self.partial = n, collation_fn, partial
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        batch: List[Any] = []
-        for x in src:
-            self.count += 1
-            batch.append(x)
-            self.buffered = len(batch)
-            if len(batch) >= self.n:
-                out, batch = [hide_positions(s) for s in batch], []
-                self.buffered = 0
-                yield self.collation_fn(out) if self.collation_fn is not None else out
-        self.buffered = 0
-        if batch and (len(batch) == self.n or self.partial):
-            batch = [hide_positions(s) for s in batch]
-            yield self.collation_fn(batch) if self.collation_fn is not None else batch
-
-
-class _UnbatchRunner(Runner):
-    def __init__(self, listed: bool):
-        super().__init__()
-        self.listed = listed
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        for b in src:
-            self.count += 1
-            if self.listed:
-                if not isinstance(b, list):
-                    raise ValueError(f"unlisted() needs lists, got {type(b).__name__}")
-                items: Sequence[Any] = b
-            elif isinstance(b, (list, tuple)):
-                items = [tuple(x[i] for x in b) for i in range(len(b[0]))] if len(b) else []
-            elif isinstance(b, dict):
-                lengths = {len(v) for v in b.values()}
-                if len(lengths) != 1:
-                    raise ValueError(f"unbatched(): fields of different lengths {sorted(lengths)}")
-                n = lengths.pop()
-                items = [{k: v[i] for k, v in b.items()} for i in range(n)]
-            else:
-                raise ValueError(f"unknown sample type: {type(b)}")
-            for i, x in enumerate(items):
-                self.buffered = len(items) - i - 1
-                yield x
-            self.buffered = 0
-
-
-class _SliceRunner(Runner):
-    def __init__(self, *args: Optional[int]):
-        super().__init__()
-        sl = slice(*args)
-        self.start, self.stop, self.step = sl.start or 0, sl.stop, sl.step or 1
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        for x in src:
-            i = self.count
-            self.count += 1
-            if self.stop is not None and i >= self.stop:
-                return
-            if i >= self.start and (i - self.start) % self.step == 0:
-                yield x
-
-
-def _unit(key: int, i: int) -> float:
-    import xxhash
-
-    return xxhash.xxh3_64_intdigest(i.to_bytes(8, "little"), key & ((1 << 64) - 1)) / float(1 << 64)
-
-
-class _RSampleRunner(Runner):
-    def __init__(self, p: float, key: int):
-        super().__init__()
-        self.p, self.key = p, key
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        for x in src:
-            i = self.count
-            self.count += 1
-            if _unit(self.key, i) < self.p:
-                yield x
-
-
-class _ShuffleRunner(Runner):
-    """A buffer shuffle (webdataset's algorithm) whose picks are hashes of the count."""
-
-    def __init__(self, size: int, initial: int, key: int):
-        super().__init__()
-        self.size, self.initial, self.key = size, min(initial, size), key
-
-    def _pick(self, buf: List[Any]) -> Any:
-        k = int(_unit(self.key, self.picks) * len(buf))
-        self.picks += 1
-        buf[k], buf[-1] = buf[-1], buf[k]
-        out = buf.pop()
-        self.buffered = len(buf)
-        return out
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        buf: List[Any] = []
-        self.picks = self.count  # a clean point has an empty buffer: every input was picked
-        src = iter(src)
-        for x in src:
-            self.count += 1
-            buf.append(x)
-            if len(buf) < self.size:
-                try:
-                    buf.append(next(src))  # fill the buffer twice as fast (webdataset)
-                    self.count += 1
-                except StopIteration:
-                    pass
-            self.buffered = len(buf)
-            if len(buf) >= self.initial:
-                yield self._pick(buf)
-        while buf:
-            yield self._pick(buf)
-        self.buffered = 0
-
-
-class _OpaqueRunner(Runner):
-    """A user generator ``f(iterator) -> iterator`` (``compose``): never known to be empty,
-    so a state replays the epoch from its start (still exact if ``f`` is deterministic)."""
-
-    def __init__(self, f: Callable[[Iterator[Any]], Iterator[Any]]):
-        super().__init__()
-        self.f = f
-        self.buffered = 1
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        def counted() -> Iterator[Any]:
-            for x in src:
-                self.count += 1
-                yield x
-
-        return iter(self.f(counted()))
-
-
-class _LogKeysRunner(Runner):
-    def __init__(self, logfile: Optional[str]):
-        super().__init__()
-        self.logfile = logfile
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        if not self.logfile:
-            yield from src
-            return
-        import fcntl
-
-        with open(self.logfile, "a") as stream:
-            for x in src:
-                i = self.count
-                self.count += 1
-                get = x.get if isinstance(x, dict) else (lambda k: None)
-                line = f"{i}\t{get('__worker__')}\t{get('__rank__')}\t{get('__key__')}\n"
-                fcntl.flock(stream.fileno(), fcntl.LOCK_EX)
-                try:
-                    stream.write(line)
-                    stream.flush()
-                finally:
-                    fcntl.flock(stream.fileno(), fcntl.LOCK_UN)
-                yield x
+# ---- stream stages: their runners are in resumewds.runners (one per stage, both forms) ----
 
 
 class Stage:
@@ -685,26 +490,29 @@ class Stage:
     def __repr__(self) -> str:
         return f"Stage({self.name})"
 
-    def runner(self, key: int) -> Runner:
-        """A fresh runner of this stage for one epoch (``key``: its random stream)."""
+    def runner(self, key: int) -> Any:
+        """A fresh :class:`resumewds.runners.Runner` of this stage for one epoch (``key``: its
+        random stream)."""
+        from . import runners as r
+
         a = self.args
         if self.kind == "sample":
-            return _MapRunner(self.fn)
+            return r.MapRunner(self.fn)
         if self.kind == "batched":
-            return _BatchRunner(a["n"], a["collation_fn"], a["partial"])
+            return r.BatchRunner(a["n"], a["collation_fn"], a["partial"])
         if self.kind == "shuffle":
-            return _ShuffleRunner(a["n"], a["initial"], key)
+            return r.ShuffleRunner(a["n"], a["initial"], key)
         if self.name == "unbatched":
-            return _UnbatchRunner(False)
+            return r.UnbatchRunner(False)
         if self.name == "unlisted":
-            return _UnbatchRunner(True)
+            return r.UnbatchRunner(True)
         if self.name == "slice":
-            return _SliceRunner(*a["args"])
+            return r.SliceRunner(*a["args"])
         if self.name == "rsample":
-            return _RSampleRunner(a["p"], key)
+            return r.RSampleRunner(a["p"], key)
         if self.name == "log_keys":
-            return _LogKeysRunner(a["logfile"])
-        return _OpaqueRunner(self.fn)
+            return r.LogKeysRunner(a["logfile"])
+        return r.OpaqueRunner(self.fn)
 
 
 def default_collate(samples: List[Any]) -> Any:

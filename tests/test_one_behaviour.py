@@ -9,6 +9,9 @@ the same error, the same handling of a handler's stop.  Where webdataset 1.0.2
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 import webdataset as real_wds
 
@@ -120,6 +123,42 @@ def test_map_tuple_map_dict_to_tuple_rename_results_agree_across_forms(shards):
     theirs = list(real_wds.DataPipeline(real_wds.SimpleShardList(shards[:1]), real_wds.tarfile_to_samples(),
                                         *[getattr(real_wds.filters, n)(*a, **k) for n, a, k in calls]))
     assert forms["fluent"] == theirs
+
+
+# ---- stream stages: one runner each ------------------------------------------------------
+def test_stream_stages_run_the_fluent_runner(shards):
+    xs = list(range(23))
+    assert list(filters.slice(2, 17, 3)(iter(xs))) == list(itertools.islice(xs, 2, 17, 3))
+    assert list(filters.batched(5, collation_fn=None)(iter(xs))) == [xs[i:i + 5] for i in range(0, 23, 5)]
+    assert list(filters.batched(5, collation_fn=None, partial=False)(iter(xs))) == \
+        [xs[i:i + 5] for i in range(0, 20, 5)]
+    assert list(filters.unlisted()(iter([[1, 2], [3]]))) == [1, 2, 3]
+    assert list(filters.unbatched()(iter([([1, 2], ["a", "b"])]))) == [(1, "a"), (2, "b")]
+    with pytest.raises(ValueError):
+        list(filters.unlisted()(iter([(1, 2)])))  # webdataset asserts a list
+    random.seed(4)
+    a = list(filters.rsample(0.5)(iter(xs)))
+    random.seed(4)
+    assert a == list(filters.rsample(0.5)(iter(xs))) and 0 < len(a) < 23
+    sh = list(filters.shuffle(5, 2, seed=1)(iter(xs)))
+    assert sorted(sh) == xs and sh == list(filters.shuffle(5, 2, seed=1)(iter(xs))) and sh != xs
+    # the fluent stages: the same runners
+    ds = rw.WebDataset(shards[:1]).to_tuple("__key__").slice(2, 17, 3)
+    assert [k for k, in ds] == [f"s000000_{i:06d}" for i in range(2, 17, 3)]
+    # islice's refusal of negative bounds
+    with pytest.raises(ValueError):
+        list(filters.slice(-1)(iter(xs)))
+
+
+def test_a_slice_takes_no_item_after_its_stop():
+    taken = []
+
+    def src():
+        for i in range(10):
+            taken.append(i)
+            yield i
+
+    assert list(filters.slice(3)(src())) == [0, 1, 2] and taken == [0, 1, 2]
 
 
 # ---- mixtures: the single data set's step policy -------------------------------------------
