@@ -90,31 +90,6 @@ class _KeepShards:
         return sample if sample.get("__url__") in self.urls else None
 
 
-class _OnlyDecoder:
-    """``decode(only=...)`` for a Decoder without ``only``: decode just those fields."""
-
-    def __init__(self, decoder: Any, only: Any):
-        self.decoder = decoder
-        self.only = {only} if isinstance(only, str) else set(only)
-
-    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        part = {k: v for k, v in sample.items() if k.startswith("__") or k in self.only
-                or k.rsplit(".", 1)[-1] in self.only}
-        out = dict(sample)
-        out.update(self.decoder(part))
-        return out
-
-
-class _StreamAsSample:
-    """A one-to-one webdataset filter (``f(iterator) -> iterator``) run on one item."""
-
-    def __init__(self, f: Callable[[Iterator[Any]], Iterator[Any]]):
-        self.f = f
-
-    def __call__(self, item: Any) -> Any:
-        return next(iter(self.f(iter([item]))), None)
-
-
 def index_manifest(manifest: Manifest, store: Any = None,
                    progress: Optional[Callable[[int], None]] = None,
                    on_event: Optional[Callable[..., None]] = None) -> Manifest:
@@ -419,21 +394,8 @@ class WebDataset:
         ``(key, data) -> value or None``; ``only=`` limits decoding to those extensions,
         ``handler=`` handles a decoding error (skip / stop)."""
         ap = self.allow_pickle if allow_pickle is None else allow_pickle
-        import inspect
-
-        params = inspect.signature(Decoder).parameters
-        kw: Dict[str, Any] = {}
-        for name, value, default in (("only", only, None), ("partial", partial, False),
-                                     ("pre", pre, None), ("post", post, None)):
-            if name in params:
-                kw[name] = value
-            elif value is not default and name != "only":
-                raise TypeError(f"decode({name}=...) is not supported by this Decoder")
-        dec = Decoder(handlers, allow_pickle=ap, **kw)
-        fn: Callable[[Any], Any] = dec
-        if only is not None and "only" not in params:
-            fn = _OnlyDecoder(dec, only)
-        return self._sample("decode", fn, handler)
+        dec = Decoder(handlers, allow_pickle=ap, only=only, partial=partial, pre=pre, post=post)
+        return self._sample("decode", dec, handler)
 
     def to_tuple(self, *specs: str, missing_is_error: bool = True, none_is_error: Optional[bool] = None,
                  handler: Any = None) -> WebDataset:
@@ -479,10 +441,9 @@ class WebDataset:
 
     def xdecode(self, *args: Any, **kw: Any) -> WebDataset:
         """webdataset's ``xdecode`` (decoders chosen by glob patterns on the key)."""
-        from . import filters  # H4b's module: webdataset's xdecode
+        from . import filters
 
-        return WebDataset._with_stages(
-            self, Stage("sample", "xdecode", _StreamAsSample(filters.xdecode(*args, **kw))))
+        return self._sample("xdecode", filters.xdecode(*args, **kw).fn)
 
     def shuffle(self, size: int, initial: int = 100, **kw: Any) -> WebDataset:
         """Shuffle, exactly resumable and without a buffer of samples.

@@ -205,8 +205,15 @@ class MixedDataset:
         _ = self.mixplan  # validate now
         return self
 
-    def map(self, fn: Callable[[Any], Any]) -> MixedDataset:
-        """Apply ``fn`` to each mixed sample (after the source's own stages)."""
+    def map(self, fn: Callable[[Any], Any], handler: Any = None) -> MixedDataset:
+        """Apply ``fn`` to each mixed sample (after the source's own stages), or to each
+        batch after :meth:`batched`; a None result drops it.  ``handler=`` decides about
+        an exception as a data set's ``.map`` does (skip, counted as skipped; or stop)."""
+        from .handlers import reraise_exception
+        from .pipeline import Handled
+
+        if handler is not None and handler is not reraise_exception:
+            fn = Handled(fn, handler, "map")
         (self.batch_stages if self.batch_size is not None else self.stages).append(fn)
         return self
 

@@ -66,6 +66,9 @@ def test_each_per_sample_stage_is_one_callable_in_both_forms(shards):
         fluent = getattr(rw.WebDataset(shards[:1]), name)(*args, **kw)
         assert type(fluent._spec[-1].fn) is cls, name
     assert filters.getfirst is pipeline.getfirst
+    # decode and xdecode: one decoder class each
+    assert type(filters.decode("rgb8").fn) is type(rw.WebDataset(shards[:1]).decode("rgb8")._spec[-1].fn)
+    assert type(filters.xdecode(png=bytes).fn) is type(rw.WebDataset(shards[:1]).xdecode(png=bytes)._spec[-1].fn)
 
 
 def test_map_tuple_on_a_dict_is_one_error_in_every_form(shards):
@@ -241,7 +244,8 @@ def test_a_handler_skip_in_a_mixture_counts_as_skipped_like_the_data_set(shards)
 
     for ds in (rw.WebDataset(shards[:1]).map(boom, handler=rw.ignore_and_continue),
                rw.MixedDataset([rw.WebDataset(shards[:1]).map(boom, handler=rw.ignore_and_continue)],
-                               weights=[1])):
+                               weights=[1]),
+               rw.MixedDataset([rw.WebDataset(shards[:1])], weights=[1]).map(boom, handler=rw.ignore_and_continue)):
         metas = [m for _, _, m in ds.iter_steps(0, 0, Layout(batch_size=8))]
         assert sum(m["skipped"] for m in metas) == 4 and sum(m["filtered"] for m in metas) == 0
 
