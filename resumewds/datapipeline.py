@@ -63,7 +63,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import filters, tariterators
+from . import config, filters, tariterators
 from .dataset import WebDataset
 from .errors import ResumeWDSError, StateError
 from .handlers import reraise_exception
@@ -198,7 +198,8 @@ class DataPipeline(WebDataset, IterableDataset):
     Args:
         *stages: the stages (None skipped, lists spliced in), source first.
         seed: seed of the plan (default: the shuffle stage's ``seed=``, else
-            the shard list's, else 0).
+            the shard list's, else :func:`resumewds.config.seed`: ``RESUMEWDS_SEED``,
+            ``WDS_SEED``, 0).
         **kw: passed to :class:`resumewds.WebDataset` when compiled
             (``cache_dir``, ``cache_size``, ``verify``, ``allow_pickle``...).
 
@@ -236,7 +237,7 @@ class DataPipeline(WebDataset, IterableDataset):
                          isinstance(s.seed, int)), None)
         if seed is None:
             src_seed = getattr(c.source, "seed", None)
-            seed = src_seed if isinstance(src_seed, int) and not isinstance(src_seed, bool) else 0
+            seed = src_seed if isinstance(src_seed, int) and not isinstance(src_seed, bool) else config.seed()
         shuffled = c.shard_shuffle is not None or c.resampled or (
             isinstance(c.source, SimpleShardList) and c.source.seed is not None)
         params = _ctor_params()

@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import reading, tario
+from . import reading, steps, tario
 from .errors import (
     CacheError,
     ChecksumMismatch,
@@ -37,12 +37,12 @@ from .errors import (
     StateError,
     naming,
 )
+from .handlers import until_stop
 from .manifest import Manifest, ShardInfo
 from .pipeline import (
     Decoder,
     ExtractKeys,
     Handled,
-    HandlerStop,
     Map,
     MapDict,
     MapTuple,
@@ -89,31 +89,6 @@ class _KeepShards:
 
     def __call__(self, sample: Any) -> Any:
         return sample if sample.get("__url__") in self.urls else None
-
-
-class _OnlyDecoder:
-    """``decode(only=...)`` for a Decoder without ``only``: decode just those fields."""
-
-    def __init__(self, decoder: Any, only: Any):
-        self.decoder = decoder
-        self.only = {only} if isinstance(only, str) else set(only)
-
-    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        part = {k: v for k, v in sample.items() if k.startswith("__") or k in self.only
-                or k.rsplit(".", 1)[-1] in self.only}
-        out = dict(sample)
-        out.update(self.decoder(part))
-        return out
-
-
-class _StreamAsSample:
-    """A one-to-one webdataset filter (``f(iterator) -> iterator``) run on one item."""
-
-    def __init__(self, f: Callable[[Iterator[Any]], Iterator[Any]]):
-        self.f = f
-
-    def __call__(self, item: Any) -> Any:
-        return next(iter(self.f(iter([item]))), None)
 
 
 def index_manifest(manifest: Manifest, store: Any = None,
@@ -287,10 +262,10 @@ class WebDataset:
             handler = None
         if handler is not None:
             on_error = "skip"  # a skipped shard is recorded exactly like on_error="skip"
-        if seed is None:  # RESUMEWDS_SEED, else webdataset's WDS_SEED, else 0
+        if seed is None:  # the one default: RESUMEWDS_SEED, else webdataset's WDS_SEED, else 0
             from . import config
 
-            seed = config.value("seed")
+            seed = config.seed()
         if cache_size is not None and not isinstance(cache_size, str) and int(cache_size) < 0:
             cache_size = None  # webdataset's -1: unlimited
         self.urls = _wds_urls(urls)
@@ -420,21 +395,8 @@ class WebDataset:
         ``(key, data) -> value or None``; ``only=`` limits decoding to those extensions,
         ``handler=`` handles a decoding error (skip / stop)."""
         ap = self.allow_pickle if allow_pickle is None else allow_pickle
-        import inspect
-
-        params = inspect.signature(Decoder).parameters
-        kw: Dict[str, Any] = {}
-        for name, value, default in (("only", only, None), ("partial", partial, False),
-                                     ("pre", pre, None), ("post", post, None)):
-            if name in params:
-                kw[name] = value
-            elif value is not default and name != "only":
-                raise TypeError(f"decode({name}=...) is not supported by this Decoder")
-        dec = Decoder(handlers, allow_pickle=ap, **kw)
-        fn: Callable[[Any], Any] = dec
-        if only is not None and "only" not in params:
-            fn = _OnlyDecoder(dec, only)
-        return self._sample("decode", fn, handler)
+        dec = Decoder(handlers, allow_pickle=ap, only=only, partial=partial, pre=pre, post=post)
+        return self._sample("decode", dec, handler)
 
     def to_tuple(self, *specs: str, missing_is_error: bool = True, none_is_error: Optional[bool] = None,
                  handler: Any = None) -> WebDataset:
@@ -480,10 +442,9 @@ class WebDataset:
 
     def xdecode(self, *args: Any, **kw: Any) -> WebDataset:
         """webdataset's ``xdecode`` (decoders chosen by glob patterns on the key)."""
-        from . import filters  # H4b's module: webdataset's xdecode
+        from . import filters
 
-        return WebDataset._with_stages(
-            self, Stage("sample", "xdecode", _StreamAsSample(filters.xdecode(*args, **kw))))
+        return self._sample("xdecode", filters.xdecode(*args, **kw).fn)
 
     def shuffle(self, size: int, initial: int = 100, **kw: Any) -> WebDataset:
         """Shuffle, exactly resumable and without a buffer of samples.
@@ -737,31 +698,15 @@ class WebDataset:
     _stopping: bool = False
 
     def _read_or_stop(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
-        """:meth:`_read`, where a handler's stop (``ignore_and_stop``) ends the step: this and
-        every later read of it give nothing, and the step is yielded as the last one."""
-        if self._stopping:
-            return None
-        try:
-            return self._read(shard_idx, j)
-        except HandlerStop:
-            self._stopping = True
-            return None
+        """:meth:`_read`, where a handler's stop (``ignore_and_stop``) ends the step
+        (:func:`resumewds.steps.read_or_stop`)."""
+        return steps.read_or_stop(self, shard_idx, j)
 
     def _read_run_or_stop(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
-        if self._stopping:
-            return [None] * count
-        try:
-            return self._read_run(shard_idx, j, count)
-        except HandlerStop:
-            self._stopping = True
-            return [None] * count
+        return steps.read_run_or_stop(self, shard_idx, j, count)
 
     def _apply(self, stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
-        for st in stages:
-            x = st(x)
-            if x is None:
-                return None
-        return x
+        return steps.apply_stages(stages, x)
 
     def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
                    num_workers: int = 1, collate: bool = True,
@@ -938,36 +883,18 @@ class WebDataset:
             meta["filtered"] = filtered
             meta["pads"] = pads
             t2 = time.perf_counter()
-            batch: Any = out
-            if collate and out:
-                batch = collate_fn(out)
-                batch = self._apply(self.batch_stages, batch)
-                if batch is None:
-                    # a batch stage returned None: the batch is dropped, as a
-                    # sample stage's None drops a sample (counted as filtered);
-                    # the loader hands out an EmptyBatch for the step
-                    meta["filtered"] += len(out)
-                    meta["samples"] = 0
-                    meta["batch_dropped"] = True
-                    batch = []
+            batch = steps.collate_step(meta, out, collate_fn if collate else None, self.batch_stages)
             t_stages += time.perf_counter() - t2
             meta["t_read"] = t_read
             meta["t_stages"] = t_stages
             if self._reader is not None:
                 meta["t_fetch_wait"], self._reader.wait = self._reader.wait, 0.0
-            meta["events"] = self.take_events()
-            # a sample a stage's handler skipped counts as skipped (like on_error="skip"), not filtered
-            handled = sum(1 for e in meta["events"] if e.get("kind") == "sample_skip")
-            if handled:
-                meta["skipped"] += handled
-                meta["filtered"] = max(0, meta["filtered"] - handled)
+            steps.finish_step(meta, self.take_events(), self._stopping)
             if shards and self._failed:
                 meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
-            if self._stopping:  # the samples before the stop are delivered, then no more steps
-                meta["stopped"] = True
-                yield k, batch, meta
-                return
             yield k, batch, meta
+            if self._stopping:  # the samples before the stop were delivered: no more steps
+                return
 
     # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----
     def _split(self) -> Tuple[int, int, int, int, List[Any]]:
@@ -1117,16 +1044,13 @@ class WebDataset:
         it: Iterator[Any] = source()
         for r in runners:
             it = r.run(it)
-        try:
-            for item in it:
-                if skip:
-                    skip -= 1
-                    continue
-                st["skip"] += 1
-                st["served"] += 1
-                yield hide_positions(item)  # webdataset's keys only (position keys still readable)
-        except HandlerStop:
-            return
+        for item in until_stop(it):  # a handler's stop ends the epoch quietly
+            if skip:
+                skip -= 1
+                continue
+            st["skip"] += 1
+            st["served"] += 1
+            yield hide_positions(item)  # webdataset's keys only (position keys still readable)
 
     def _absorb_meta(self, meta: Dict[str, Any]) -> None:
         """Keep what a step reports for ``take_events`` (direct iteration has no loader)."""

@@ -48,6 +48,7 @@ class EventKind(str, Enum):
     CACHE_MISS = "cache_miss"        # cache: a reader had to download it
     SKIP = "skip"                    # dataset: on_error="skip" skips a shard
     FAIL = "fail"                    # dataset: on_error="raise" gives up on a shard
+    SAMPLE_SKIP = "sample_skip"      # pipeline: a stage's handler skipped one sample
     RECOVERED = "recovered"          # loader: a shard recorded as failed was read again
     RESUME = "resume"                # loader: a run resumed (journal or state dict)
     CONFIG_CHANGE = "config_change"  # journal: a compatible setting changed on resume
@@ -109,6 +110,9 @@ EVENTS: Dict[EventKind, EventSpec] = {
     K.SKIP: EventSpec("reading", shard_state="failed", lane=4, error=True),
     K.FAIL: EventSpec("reading", counter="failures", shard_state="failed", level=INFO, lane=5,
                       error=True),
+    # sample_skip: counted as skipped_samples through the step's meta; the loader warns
+    # once per epoch with the keys; logged at INFO (RESUMEWDS_VERBOSE=1)
+    K.SAMPLE_SKIP: EventSpec("pipeline", level=INFO),
     K.RECOVERED: EventSpec("loader", shard_state="verified", level=INFO),
     K.RESUME: EventSpec("loader", level=INFO, lane=0),
     K.CONFIG_CHANGE: EventSpec("journal", lane=8),

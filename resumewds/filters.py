@@ -27,8 +27,8 @@ Example:
 from __future__ import annotations
 
 import builtins
+import functools
 import io
-import itertools
 import os
 import random
 import re
@@ -37,9 +37,23 @@ import time
 from fnmatch import fnmatch
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
-from . import autodecode
-from .handlers import reraise_exception
-from .pipeline import ExtractKeys, Handled, HandlerStop, Map, PipelineStage, RenameKeys, Select, default_collation_fn
+from . import autodecode, runners
+from .handlers import reraise_exception, until_stop
+from .pipeline import (
+    ExtractKeys,
+    Handled,
+    HandlerStop,
+    Map,
+    MapDict,
+    MapTuple,
+    PipelineStage,
+    Rename,
+    RenameKeys,
+    Select,
+    ToTuple,
+    default_collation_fn,
+    getfirst,
+)
 
 __all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
            "extract_keys", "identity", "parse_field_spec", "transform_with",
@@ -77,18 +91,14 @@ class SampleStage(Stage):
         self.fn = fn
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return until_stop(self._run(src))
+
+    def _run(self, src: Iterable[Any]) -> Iterator[Any]:
         fn = self.fn
         for x in src:
-            try:
-                y = fn(x)
-            except StopPipeline:
-                return
+            y = fn(x)
             if y is not None:
                 yield y
-
-
-#: ``fn`` under a webdataset exception handler (picklable): a skip is recorded (stats, journal)
-_Guard = Handled
 
 
 def _stage(name: str, fn: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
@@ -110,22 +120,6 @@ def pipelinefilter(f: Callable[..., Iterator[Any]]) -> Callable[..., Stage]:
     factory.__name__ = getattr(f, "__name__", "stage")
     factory.__doc__ = f.__doc__
     return factory
-
-
-def getfirst(a: Dict[str, Any], keys: Any, default: Any = None, missing_is_error: bool = True) -> Any:
-    """The value of the first of ``keys`` (``"jpg;png"`` or a list) present in ``a``.
-
-    Raises:
-        ValueError: none is present and ``missing_is_error``.
-    """
-    if isinstance(keys, str):
-        keys = keys.split(";")
-    for k in keys:
-        if k in a:
-            return a[k]
-    if missing_is_error:
-        raise ValueError(f"didn't find {keys} in {list(a.keys())}")
-    return default
 
 
 def parse_field_spec(fields: Any) -> List[List[str]]:
@@ -189,74 +183,28 @@ def associate(associator: Any) -> SampleStage:
     return SampleStage("associate", _Associate(associator))
 
 
-# ---- per-sample stages ------------------------------------------------------------
-
-_Map = Map  # the fluent ``.map`` stage's; the old name kept for pickles
-
+# ---- per-sample stages: the callables of resumewds.pipeline, one per webdataset name ----
 
 def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: ``f(sample)``; None drops the sample; a dict result keeps ``__key__``."""
     return _stage("map", Map(f), handler)
 
 
-class _MapDict:
-    def __init__(self, kw: Dict[str, Callable[[Any], Any]]):
-        if not kw:
-            raise ValueError("map_dict needs at least one field=function")
-        for k, f in kw.items():
-            if not callable(f):
-                raise TypeError(f"map_dict: {k}={f!r} is not callable")
-        self.kw = kw
-
-    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        for k, f in self.kw.items():
-            sample[k] = f(sample[k])
-        return sample
-
-
 def map_dict(handler: ExnHandler = reraise_exception, **kw: Callable[[Any], Any]) -> SampleStage:
-    """Stage: apply functions to named fields (a missing field is a KeyError)."""
-    return _stage("map_dict", _MapDict(kw), handler)
-
-
-class _MapTuple:
-    def __init__(self, fns: Sequence[Optional[Callable[[Any], Any]]]):
-        self.fns = [f if f is not None else (lambda x: x) for f in fns]
-
-    def __call__(self, sample: Any) -> Any:
-        s = list(sample)
-        for i in range(min(len(self.fns), len(s))):
-            s[i] = self.fns[i](s[i])
-        return tuple(s)
+    """Stage: apply functions to named fields, in place (a missing field is a KeyError)."""
+    return _stage("map_dict", MapDict(**kw), handler)
 
 
 def map_tuple(*args: Optional[Callable[[Any], Any]], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: apply functions to tuple fields by position (None keeps a field)."""
-    return _stage("map_tuple", _MapTuple(args), handler)
-
-
-class _ToTuple:
-    def __init__(self, args: Sequence[str], missing_is_error: bool, none_is_error: Optional[bool]):
-        if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
-            args = args[0].split()
-        self.args = list(args)
-        self.missing_is_error = missing_is_error
-        self.none_is_error = missing_is_error if none_is_error is None else none_is_error
-
-    def __call__(self, sample: Dict[str, Any]) -> tuple:
-        result = tuple(getfirst(sample, f, missing_is_error=self.missing_is_error) for f in self.args)
-        if self.none_is_error and any(x is None for x in result):
-            raise ValueError(f"to_tuple {self.args} got {sample.keys()}")
-        return result
+    return _stage("map_tuple", MapTuple(*args), handler)
 
 
 def to_tuple(*args: str, handler: ExnHandler = reraise_exception, missing_is_error: bool = True,
              none_is_error: Optional[bool] = None) -> SampleStage:
     """Stage: dict samples to tuples: ``to_tuple("jpg;png", "cls")`` or ``to_tuple("jpg;png cls")``."""
-    return _stage("to_tuple", _ToTuple(args, missing_is_error, none_is_error), handler)
-
-
-_Select = Select  # the old name kept for pickles
+    return _stage("to_tuple", ToTuple(*args, missing_is_error=missing_is_error, none_is_error=none_is_error),
+                  handler)
 
 
 def select(predicate: Callable[[Any], bool]) -> SampleStage:
@@ -264,23 +212,9 @@ def select(predicate: Callable[[Any], bool]) -> SampleStage:
     return SampleStage("select", Select(predicate))
 
 
-class _Rename:
-    def __init__(self, keep: bool, kw: Dict[str, Any]):
-        self.keep = keep
-        self.kw = kw
-        self.replaced = {x for v in kw.values() for x in (v.split(";") if isinstance(v, str) else v)}
-
-    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        if not self.keep:
-            return {k: getfirst(sample, v, missing_is_error=True) for k, v in self.kw.items()}
-        result = {k: v for k, v in sample.items() if k not in self.replaced}
-        result.update({k: getfirst(sample, v, missing_is_error=True) for k, v in self.kw.items()})
-        return result
-
-
 def rename(handler: ExnHandler = reraise_exception, keep: bool = True, **kw: str) -> SampleStage:
     """Stage: ``rename(image="jpg;png", label="cls")``; ``keep=False`` keeps only the new fields."""
-    return _stage("rename", _Rename(keep, kw), handler)
+    return _stage("rename", Rename(keep=keep, **kw), handler)
 
 
 def rename_keys(*args: Any, keep_unselected: bool = False, must_match: bool = True,
@@ -360,14 +294,6 @@ def xdecode(*args: Any, must_decode: bool = True, defaults: Sequence[Any] = defa
 
 # ---- stream stages -------------------------------------------------------------------
 
-def _pick(buf: List[Any], rng: random.Random) -> Any:
-    k = rng.randint(0, len(buf) - 1)
-    x = buf[k]
-    buf[k] = buf[-1]
-    buf.pop()
-    return x
-
-
 class ShuffleStage(Stage):
     """``shuffle(bufsize, initial)``: a buffer shuffle on a stream; the plan's seeded shuffle in a DataPipeline."""
 
@@ -380,22 +306,10 @@ class ShuffleStage(Stage):
         self.bufsize, self.initial, self.rng, self.seed = int(bufsize), int(initial), rng, seed
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        data = iter(src)
         rng = self.rng or random.Random(self.seed if self.seed is not None
                                         else int((os.getpid() + time.time()) * 1e9))
-        initial = min(self.initial, self.bufsize)
-        buf: List[Any] = []
-        for x in data:
-            buf.append(x)
-            if len(buf) < self.bufsize:
-                try:
-                    buf.append(next(data))
-                except StopIteration:
-                    pass
-            if len(buf) >= initial:
-                yield _pick(buf, rng)
-        while buf:
-            yield _pick(buf, rng)
+        return runners.ShuffleRunner(self.bufsize, self.initial,
+                                     pick=lambda n: rng.randint(0, n - 1)).run(iter(src))
 
 
 def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
@@ -456,14 +370,7 @@ class BatchedStage(Stage):
         self.batchsize, self.collation_fn, self.partial = int(batchsize), collation_fn, partial
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        batch: List[Any] = []
-        for x in src:
-            if len(batch) >= self.batchsize:
-                yield self.collation_fn(batch) if self.collation_fn is not None else batch
-                batch = []
-            batch.append(x)
-        if batch and (len(batch) == self.batchsize or self.partial):
-            yield self.collation_fn(batch) if self.collation_fn is not None else batch
+        return runners.BatchRunner(self.batchsize, self.collation_fn, self.partial).run(iter(src))
 
 
 def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
@@ -472,52 +379,47 @@ def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], An
     return BatchedStage(batchsize, collation_fn, partial)
 
 
-def _unbatched(data: Iterator[Any]) -> Iterator[Any]:
-    for sample in data:
-        if isinstance(sample, (list, tuple)):
-            for i in range(len(sample[0])):
-                yield tuple(x[i] for x in sample)
-        elif isinstance(sample, dict):
-            lengths = {len(v) for v in sample.values()}
-            if len(lengths) != 1:
-                raise ValueError(f"unbatched: fields of different lengths {lengths}")
-            for i in range(lengths.pop()):
-                yield {k: v[i] for k, v in sample.items()}
-        else:
-            raise ValueError(f"unknown sample type: {type(sample)}")
+class _RunnerStage(Stage):
+    """A stream stage run by its :mod:`resumewds.runners` runner (the fluent form's)."""
+
+    def __init__(self, name: str, make: Callable[[], Any]):
+        self.name, self.make = name, make
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.make().run(iter(src))
 
 
 def unbatched() -> Stage:
     """Stage: split batches back into samples."""
-    return _Generic("unbatched", _unbatched)
-
-
-def _unlisted(data: Iterator[Any]) -> Iterator[Any]:
-    for batch in data:
-        yield from batch
+    return _RunnerStage("unbatched", functools.partial(runners.UnbatchRunner, False))
 
 
 def unlisted() -> Stage:
-    """Stage: flatten lists of samples."""
-    return _Generic("unlisted", _unlisted)
+    """Stage: flatten lists of samples (each must be a list, as in webdataset)."""
+    return _RunnerStage("unlisted", functools.partial(runners.UnbatchRunner, True))
 
 
-def _rsample(data: Iterator[Any], p: float = 0.5) -> Iterator[Any]:
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"rsample: p must be in [0, 1], got {p}")
-    for x in data:
-        if random.uniform(0.0, 1.0) < p:
-            yield x
+class _RandomKeyRSample:
+    """``rsample``'s runner with a key drawn from ``random`` per run (``random.seed``
+    repeats it, as webdataset's draws from ``random``)."""
+
+    def __init__(self, p: float):
+        self.p = p
+
+    def __call__(self) -> Any:
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"rsample: p must be in [0, 1], got {self.p}")
+        return runners.RSampleRunner(self.p, random.getrandbits(64))
 
 
 def rsample(p: float = 0.5) -> Stage:
     """Stage: keep each sample with probability ``p`` (random: not exactly resumable)."""
-    return _Generic("rsample", _rsample, p)
+    return _RunnerStage("rsample", _RandomKeyRSample(p))
 
 
 def slice(*args: Any) -> Stage:
     """Stage: ``itertools.islice`` of the stream."""
-    return _Generic("slice", itertools.islice, *args)
+    return _RunnerStage("slice", functools.partial(runners.SliceRunner, *args))
 
 
 def _info(data: Iterator[Any], fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50,
@@ -540,26 +442,9 @@ def info(fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50
     return _Generic("info", _info, fmt, n, every, width, stream, name)
 
 
-def _log_keys(data: Iterator[Any], logfile: Optional[str] = None) -> Iterator[Any]:
-    if not logfile:
-        yield from data
-        return
-    import fcntl
-
-    with open(logfile, "a") as f:
-        for i, sample in enumerate(data):
-            line = f"{i}\t{sample.get('__worker__')}\t{sample.get('__rank__')}\t{sample.get('__key__')}\n"
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                f.write(line)
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-            yield sample
-
-
 def log_keys(logfile: Optional[str] = None) -> Stage:
     """Stage: append ``index, worker, rank, key`` of each sample to ``logfile``."""
-    return _Generic("log_keys", _log_keys, logfile)
+    return _RunnerStage("log_keys", functools.partial(runners.LogKeysRunner, logfile))
 
 
 _ = builtins  # map/slice shadow builtins here on purpose (webdataset's names)

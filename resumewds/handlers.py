@@ -23,12 +23,40 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import Callable, Iterable, Iterator, TypeVar
 
 Handler = Callable[[BaseException], bool]
+T = TypeVar("T")
 
-__all__ = ["Handler", "ignore_and_continue", "ignore_and_stop", "reraise_exception",
-           "warn_and_continue", "warn_and_stop"]
+__all__ = ["Handler", "HandlerStop", "ignore_and_continue", "ignore_and_stop", "reraise_exception",
+           "until_stop", "warn_and_continue", "warn_and_stop"]
+
+
+class HandlerStop(Exception):
+    """A handler returned False (``ignore_and_stop``, ``warn_and_stop``): stop iterating.
+
+    Raised where the handler is asked (a stage, a shard read) and caught where
+    the iteration can end quietly: :func:`until_stop`.
+    """
+
+
+def until_stop(items: Iterable[T]) -> Iterator[T]:
+    """``items``, ended quietly where a handler says stop (:class:`HandlerStop`).
+
+    The one place a stream turns a handler's stop into its end: a composable
+    stage, a data set's or a mixture's direct iteration, a DataPipeline.
+
+    Example:
+        >>> def gen():
+        ...     yield 1
+        ...     raise HandlerStop("bad shard")
+        >>> list(until_stop(gen()))
+        [1]
+    """
+    try:
+        yield from items
+    except HandlerStop:
+        return
 
 
 def reraise_exception(exn: BaseException) -> bool:

@@ -32,8 +32,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import xxhash
 
-from . import reading
+from . import config, reading, steps
 from .errors import ResumeWDSError
+from .handlers import until_stop
 from .manifest import ShardInfo
 from .mixture import MixPlan, SourceStream, Weights
 from .pipeline import default_collate, list_collate
@@ -111,7 +112,8 @@ class MixedDataset:
         epoch_size: positions per epoch (also ``.with_epoch(n)``); default:
             the sum of the per-source counts (one pass over every source
             when only weights are given).
-        seed: seed of the interleave.
+        seed: seed of the interleave; None: :func:`resumewds.config.seed`
+            (``RESUMEWDS_SEED``, ``WDS_SEED``, 0), as a single data set's.
         phases: curriculum: ``[(global_position, weights), ...]`` with
             ``global_position = epoch * epoch_size + position`` (for a
             step-based change: ``step * batch_size * world_size``; see
@@ -146,7 +148,7 @@ class MixedDataset:
                  repeat: Optional[Sequence[Optional[float]]] = None,
                  choose: Optional[Sequence[Optional[int]]] = None,
                  resampled: Union[bool, Sequence[bool], None] = None,
-                 epoch_size: Optional[int] = None, seed: int = 0,
+                 epoch_size: Optional[int] = None, seed: Optional[int] = None,
                  phases: Optional[Sequence[Tuple[int, Weights]]] = None,
                  names: Optional[Sequence[str]] = None, block: int = 1,
                  partitions: Optional[int] = None):
@@ -173,7 +175,7 @@ class MixedDataset:
         self.repeat = list(repeat) if repeat is not None else None
         self.choose = list(choose) if choose is not None else None
         self.epoch_size = epoch_size
-        self.seed = int(seed)
+        self.seed = config.seed(seed)
         self.block = int(block)
         self.partitions = partitions  # requested; None: the loader's node count (or the run's)
         self.plan_partitions = 1 if partitions is None else check_partitions(partitions)
@@ -203,8 +205,15 @@ class MixedDataset:
         _ = self.mixplan  # validate now
         return self
 
-    def map(self, fn: Callable[[Any], Any]) -> MixedDataset:
-        """Apply ``fn`` to each mixed sample (after the source's own stages)."""
+    def map(self, fn: Callable[[Any], Any], handler: Any = None) -> MixedDataset:
+        """Apply ``fn`` to each mixed sample (after the source's own stages), or to each
+        batch after :meth:`batched`; a None result drops it.  ``handler=`` decides about
+        an exception as a data set's ``.map`` does (skip, counted as skipped; or stop)."""
+        from .handlers import reraise_exception
+        from .pipeline import Handled
+
+        if handler is not None and handler is not reraise_exception:
+            fn = Handled(fn, handler, "map")
         (self.batch_stages if self.batch_size is not None else self.stages).append(fn)
         return self
 
@@ -371,6 +380,9 @@ class MixedDataset:
         collate_fn = collate_fn or self.collate_fn or default_collate
         mine = list(worker_steps(nsteps, worker, num_workers))
         stages_of = [list(ds.stages) + self.stages for ds in self.datasets]
+        stopping = [False]  # a source's handler said stop (steps.read_or_stop)
+        for ds in self.datasets:
+            ds._stopping = False
 
         def where_of(k: int) -> List[Tuple[int, int, int, int, bool]]:
             out = []
@@ -418,7 +430,10 @@ class MixedDataset:
             for i, (pos, src, shard, j, pad) in enumerate(where):
                 ds = self.datasets[src]
                 t0 = time.perf_counter()
-                sample = ds._read(shard, j)
+                # a source's handler that says stop ends the step for every source, as in one data set
+                sample = None if stopping[0] else steps.read_or_stop(ds, shard, j)
+                if ds._stopping:
+                    stopping[0] = True
                 t1 = time.perf_counter()
                 t_read += t1 - t0
                 if sample is None:
@@ -437,11 +452,7 @@ class MixedDataset:
                     g = offsets[src] + shard
                     per_shard[g] = per_shard.get(g, 0) + 1
                     per_src[src] = per_src.get(src, 0) + 1
-                x: Any = sample
-                for st in stages_of[src]:
-                    x = st(x)
-                    if x is None:
-                        break
+                x = steps.apply_stages(stages_of[src], sample)
                 t_stages += time.perf_counter() - t1
                 if x is None:
                     filtered += 1
@@ -452,13 +463,7 @@ class MixedDataset:
                 pad_flags.append(bool(pad))
             meta.update(samples=len(out), bytes=nbytes, skipped=skipped, filtered=filtered, pads=pads)
             t2 = time.perf_counter()
-            batch: Any = out
-            if collate and out:
-                batch = collate_fn(out)
-                for st in self.batch_stages:
-                    batch = st(batch)
-                    if batch is None:
-                        break
+            batch = steps.collate_step(meta, out, collate_fn if collate else None, self.batch_stages)
             t_stages += time.perf_counter() - t2
             meta["t_read"] = t_read
             meta["t_stages"] = t_stages
@@ -468,16 +473,18 @@ class MixedDataset:
                     wait += r.wait
                     r.wait = 0.0
             meta["t_fetch_wait"] = wait
-            meta["events"] = self.take_events()
+            steps.finish_step(meta, self.take_events(), stopping[0])
             failed = {ds.manifest.shards[i].url: e for ds in self.datasets for i, e in ds._failed.items()}
             if failed:
                 meta["failed"] = failed
             yield k, batch, meta
+            if stopping[0]:  # the samples before the stop were delivered: no more steps
+                return
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the samples of epoch ``self.epoch`` in order, in this process."""
         layout = Layout(batch_size=64)
-        for _, batch, _ in self.iter_steps(self.epoch, 0, layout, collate=False):
+        for _, batch, _ in until_stop(self.iter_steps(self.epoch, 0, layout, collate=False)):
             yield from batch
 
 

@@ -39,16 +39,22 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .autodecode import Decoder, decode_image  # noqa: F401  (the decoders live there; kept importable here)
-from .errors import DecodeError
+from .errors import DecodeError, MissingKeyError
+from .handlers import HandlerStop, until_stop  # noqa: F401  (HandlerStop: importable here, as before)
 from .utils import PipelineStage  # noqa: F401  (defined in utils, as webdataset's is)
 
 
 class FieldError(DecodeError, ValueError):
-    """A field a stage needs is missing (``to_tuple``, ``rename``): also a ``ValueError``,
-    which is what webdataset raises there."""
+    """A field a stage needs is missing (``to_tuple``, ``rename``, ``getfirst``): also a
+    ``ValueError``, which is what webdataset raises there."""
+
+
+class SampleTypeError(DecodeError, TypeError):
+    """A stage got a sample of the wrong kind (``map_tuple`` on a dict, ``map_dict`` on a
+    tuple): webdataset asserts there; here it is a ``TypeError`` naming the stage."""
 
 
 def getfirst(sample: Dict[str, Any], keys: Union[str, Sequence[str]], default: Any = None,
@@ -67,13 +73,14 @@ def getfirst(sample: Dict[str, Any], keys: Union[str, Sequence[str]], default: A
         if a in sample:
             return sample[a]
     if missing_is_error:
-        raise FieldError(f"{sample.get('__url__')}: sample {sample.get('__key__')} has none of "
-                         f"{';'.join(alts)} (it has {sorted(k for k in sample if not k.startswith('__'))})")
+        has = sorted(k for k in sample if isinstance(k, str) and not k.startswith("__")) \
+            if isinstance(sample, dict) else list(sample)
+        raise FieldError(f"{_where(sample)} has none of {';'.join(alts)} (it has {has})")
     return default
 
 
 class ToTuple:
-    """Pick fields into a tuple; ``"jpg;png"`` takes the first present.
+    """``to_tuple``: pick fields into a tuple; ``"jpg;png"`` takes the first present.
 
     As in webdataset, a single argument with spaces is split:
     ``ToTuple("jpg;png cls")`` is ``ToTuple("jpg;png", "cls")``.  A missing
@@ -82,13 +89,13 @@ class ToTuple:
     ``missing_is_error``) also refuses fields whose value is None.
     """
 
-    _pick: Any = None  # (pickles of older versions have none)
+    _pick: Any = None
 
-    def __init__(self, *specs: str, missing_is_error: bool = True,
+    def __init__(self, *specs: Union[str, Sequence[str]], missing_is_error: bool = True,
                  none_is_error: Optional[bool] = None):
         if len(specs) == 1 and isinstance(specs[0], str) and " " in specs[0]:
             specs = tuple(specs[0].split())
-        self.specs = [s.split(";") for s in specs]
+        self.specs = [s.split(";") if isinstance(s, str) else list(s) for s in specs]
         self.missing_is_error = missing_is_error
         self.none_is_error = missing_is_error if none_is_error is None else none_is_error
         # the common case, one name per field: picked in C (a missing name
@@ -108,43 +115,69 @@ class ToTuple:
         if self.none_is_error:
             for x in out:
                 if x is None:
-                    raise FieldError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: to_tuple "
+                    raise FieldError(f"{_where(sample)}: to_tuple "
                                      f"{[';'.join(a) for a in self.specs]} got a None field")
         return out
 
     def _general(self, sample: Dict[str, Any]) -> Tuple[Any, ...]:
+        if not isinstance(sample, dict):
+            raise SampleTypeError(f"to_tuple needs dict samples, got {type(sample).__name__}")
         return tuple(getfirst(sample, alts, missing_is_error=self.missing_is_error) for alts in self.specs)
 
 
+def _where(sample: Any) -> str:
+    """``url: sample key`` of a dict sample, for an error message."""
+    if isinstance(sample, dict):
+        return f"{sample.get('__url__')}: sample {sample.get('__key__')}"
+    return f"a {type(sample).__name__} sample"
+
+
 class MapDict:
-    """Apply functions to named fields; a missing field is a ``KeyError`` (as in webdataset)."""
+    """``map_dict``: apply functions to named fields, in place (as in webdataset).
+
+    A missing field is a :class:`~resumewds.errors.MissingKeyError` (a
+    ``KeyError``, as in webdataset); a sample that is not a dict is a
+    :class:`SampleTypeError`.
+    """
 
     def __init__(self, **fns: Callable[[Any], Any]):
+        if not fns:
+            raise ValueError("map_dict needs at least one field=function")
         for k, f in fns.items():
             if not callable(f):
                 raise TypeError(f"map_dict: {k}= is not callable: {f!r}")
         self.fns = fns
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        out = dict(sample)
+        if not isinstance(sample, dict):
+            raise SampleTypeError(f"map_dict needs dict samples, got {type(sample).__name__}")
         for k, f in self.fns.items():
-            out[k] = f(out[k])
-        return out
+            try:
+                v = sample[k]
+            except KeyError:
+                raise MissingKeyError(f"{_where(sample)}: map_dict: no field {k!r} (it has "
+                                      f"{sorted(x for x in sample if not x.startswith('__'))})") from None
+            sample[k] = f(v)
+        return sample
 
 
 class MapTuple:
-    """Apply functions to tuple fields by position (None: unchanged).
+    """``map_tuple``: apply functions to tuple fields by position (None: unchanged).
 
     As in webdataset, the first ``min(len(fns), len(sample))`` fields are
-    mapped and the rest are kept.
+    mapped and the rest are kept; a sample that is not a tuple or list is a
+    :class:`SampleTypeError`.
     """
 
     def __init__(self, *fns: Optional[Callable[[Any], Any]]):
+        for f in fns:
+            if f is not None and not callable(f):
+                raise TypeError(f"map_tuple: {f!r} is not callable")
         self.fns = fns
 
     def __call__(self, t: Tuple[Any, ...]) -> Tuple[Any, ...]:
         if not isinstance(t, (list, tuple)):
-            raise DecodeError(f"map_tuple needs tuple samples, got {type(t).__name__}")
+            raise SampleTypeError(f"{_where(t)}: map_tuple needs tuple samples, got {type(t).__name__}")
         out = list(t)
         for i, f in enumerate(self.fns[:len(out)]):
             if f is not None:
@@ -160,11 +193,13 @@ class Rename:
     only the new fields.  A missing source is a :class:`FieldError`.
     """
 
-    def __init__(self, keep: bool = True, **kw: str):
+    def __init__(self, keep: bool = True, **kw: Union[str, Sequence[str]]):
         self.map = {new: (old.split(";") if isinstance(old, str) else list(old)) for new, old in kw.items()}
         self.keep = keep
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        if not isinstance(sample, dict):
+            raise SampleTypeError(f"rename needs dict samples, got {type(sample).__name__}")
         new = {k: getfirst(sample, alts) for k, alts in self.map.items()}
         if not self.keep:
             return new
@@ -352,10 +387,6 @@ def hide_positions(x: Any) -> Any:
 
 
 # ---- handlers: the handler= argument of stages ------------------------------
-class HandlerStop(Exception):
-    """Raised (and caught by the dataset) when a handler returns False: stop iterating."""
-
-
 #: samples skipped by a handler in this process, drained into the dataset's events
 SKIPPED: List[Dict[str, Any]] = []
 
@@ -365,9 +396,10 @@ def record_skip(item: Any, exc: BaseException, where: str) -> None:
     url = key = None
     if isinstance(item, dict):
         url, key = item.get("__url__"), item.get("__key__")
+    from .events import EventKind
     from .stats import event_record
 
-    SKIPPED.append(event_record("sample_skip", str(url or ""), {
+    SKIPPED.append(event_record(EventKind.SAMPLE_SKIP, str(url or ""), {
         "key": key, "stage": where, "error": f"{type(exc).__name__}: {exc}"}))
     del SKIPPED[:-10000]
 
@@ -442,202 +474,7 @@ def default_collation_fn(samples: List[Any], combine_tensors: bool = True,
     return result
 
 
-# ---- stream stages -------------------------------------------------------------
-# Stages that change how many items flow (batched, unbatched, slice, a shuffle
-# buffer placed after batching, rsample, arbitrary generators) run over the
-# stream of one worker's share of an epoch.  Each runner reports how many
-# items it holds (``buffered``) and how many it has taken in (``count``); the
-# dataset records a *clean point* whenever every runner is empty, and a state
-# is "replay from that clean point, skip k outputs": exact, and it stores no
-# sample bytes.  Every random choice is a hash of (seed, epoch, stage, count).
-
-class Runner:
-    """One stream stage's run over one epoch (see above)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.buffered = 0
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
-class _MapRunner(Runner):
-    def __init__(self, fn: Callable[[Any], Any]):
-        super().__init__()
-        self.fn = fn
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        fn = self.fn
-        for x in src:
-            self.count += 1
-            y = fn(x)
-            if y is not None:
-                yield y
-
-
-class _BatchRunner(Runner):
-    def __init__(self, n: int, collation_fn: Optional[Callable[[List[Any]], Any]], partial: bool):
-        super().__init__()
-        self.n, self.collation_fn, self.partial = n, collation_fn, partial
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        batch: List[Any] = []
-        for x in src:
-            self.count += 1
-            batch.append(x)
-            self.buffered = len(batch)
-            if len(batch) >= self.n:
-                out, batch = [hide_positions(s) for s in batch], []
-                self.buffered = 0
-                yield self.collation_fn(out) if self.collation_fn is not None else out
-        self.buffered = 0
-        if batch and (len(batch) == self.n or self.partial):
-            batch = [hide_positions(s) for s in batch]
-            yield self.collation_fn(batch) if self.collation_fn is not None else batch
-
-
-class _UnbatchRunner(Runner):
-    def __init__(self, listed: bool):
-        super().__init__()
-        self.listed = listed
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        for b in src:
-            self.count += 1
-            if self.listed:
-                if not isinstance(b, list):
-                    raise ValueError(f"unlisted() needs lists, got {type(b).__name__}")
-                items: Sequence[Any] = b
-            elif isinstance(b, (list, tuple)):
-                items = [tuple(x[i] for x in b) for i in range(len(b[0]))] if len(b) else []
-            elif isinstance(b, dict):
-                lengths = {len(v) for v in b.values()}
-                if len(lengths) != 1:
-                    raise ValueError(f"unbatched(): fields of different lengths {sorted(lengths)}")
-                n = lengths.pop()
-                items = [{k: v[i] for k, v in b.items()} for i in range(n)]
-            else:
-                raise ValueError(f"unknown sample type: {type(b)}")
-            for i, x in enumerate(items):
-                self.buffered = len(items) - i - 1
-                yield x
-            self.buffered = 0
-
-
-class _SliceRunner(Runner):
-    def __init__(self, *args: Optional[int]):
-        super().__init__()
-        sl = slice(*args)
-        self.start, self.stop, self.step = sl.start or 0, sl.stop, sl.step or 1
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        for x in src:
-            i = self.count
-            self.count += 1
-            if self.stop is not None and i >= self.stop:
-                return
-            if i >= self.start and (i - self.start) % self.step == 0:
-                yield x
-
-
-def _unit(key: int, i: int) -> float:
-    import xxhash
-
-    return xxhash.xxh3_64_intdigest(i.to_bytes(8, "little"), key & ((1 << 64) - 1)) / float(1 << 64)
-
-
-class _RSampleRunner(Runner):
-    def __init__(self, p: float, key: int):
-        super().__init__()
-        self.p, self.key = p, key
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        for x in src:
-            i = self.count
-            self.count += 1
-            if _unit(self.key, i) < self.p:
-                yield x
-
-
-class _ShuffleRunner(Runner):
-    """A buffer shuffle (webdataset's algorithm) whose picks are hashes of the count."""
-
-    def __init__(self, size: int, initial: int, key: int):
-        super().__init__()
-        self.size, self.initial, self.key = size, min(initial, size), key
-
-    def _pick(self, buf: List[Any]) -> Any:
-        k = int(_unit(self.key, self.picks) * len(buf))
-        self.picks += 1
-        buf[k], buf[-1] = buf[-1], buf[k]
-        out = buf.pop()
-        self.buffered = len(buf)
-        return out
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        buf: List[Any] = []
-        self.picks = self.count  # a clean point has an empty buffer: every input was picked
-        src = iter(src)
-        for x in src:
-            self.count += 1
-            buf.append(x)
-            if len(buf) < self.size:
-                try:
-                    buf.append(next(src))  # fill the buffer twice as fast (webdataset)
-                    self.count += 1
-                except StopIteration:
-                    pass
-            self.buffered = len(buf)
-            if len(buf) >= self.initial:
-                yield self._pick(buf)
-        while buf:
-            yield self._pick(buf)
-        self.buffered = 0
-
-
-class _OpaqueRunner(Runner):
-    """A user generator ``f(iterator) -> iterator`` (``compose``): never known to be empty,
-    so a state replays the epoch from its start (still exact if ``f`` is deterministic)."""
-
-    def __init__(self, f: Callable[[Iterator[Any]], Iterator[Any]]):
-        super().__init__()
-        self.f = f
-        self.buffered = 1
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        def counted() -> Iterator[Any]:
-            for x in src:
-                self.count += 1
-                yield x
-
-        return iter(self.f(counted()))
-
-
-class _LogKeysRunner(Runner):
-    def __init__(self, logfile: Optional[str]):
-        super().__init__()
-        self.logfile = logfile
-
-    def run(self, src: Iterator[Any]) -> Iterator[Any]:
-        if not self.logfile:
-            yield from src
-            return
-        import fcntl
-
-        with open(self.logfile, "a") as stream:
-            for x in src:
-                i = self.count
-                self.count += 1
-                get = x.get if isinstance(x, dict) else (lambda k: None)
-                line = f"{i}\t{get('__worker__')}\t{get('__rank__')}\t{get('__key__')}\n"
-                fcntl.flock(stream.fileno(), fcntl.LOCK_EX)
-                try:
-                    stream.write(line)
-                    stream.flush()
-                finally:
-                    fcntl.flock(stream.fileno(), fcntl.LOCK_UN)
-                yield x
+# ---- stream stages: their runners are in resumewds.runners (one per stage, both forms) ----
 
 
 class Stage:
@@ -653,26 +490,29 @@ class Stage:
     def __repr__(self) -> str:
         return f"Stage({self.name})"
 
-    def runner(self, key: int) -> Runner:
-        """A fresh runner of this stage for one epoch (``key``: its random stream)."""
+    def runner(self, key: int) -> Any:
+        """A fresh :class:`resumewds.runners.Runner` of this stage for one epoch (``key``: its
+        random stream)."""
+        from . import runners as r
+
         a = self.args
         if self.kind == "sample":
-            return _MapRunner(self.fn)
+            return r.MapRunner(self.fn)
         if self.kind == "batched":
-            return _BatchRunner(a["n"], a["collation_fn"], a["partial"])
+            return r.BatchRunner(a["n"], a["collation_fn"], a["partial"])
         if self.kind == "shuffle":
-            return _ShuffleRunner(a["n"], a["initial"], key)
+            return r.ShuffleRunner(a["n"], a["initial"], key)
         if self.name == "unbatched":
-            return _UnbatchRunner(False)
+            return r.UnbatchRunner(False)
         if self.name == "unlisted":
-            return _UnbatchRunner(True)
+            return r.UnbatchRunner(True)
         if self.name == "slice":
-            return _SliceRunner(*a["args"])
+            return r.SliceRunner(*a["args"])
         if self.name == "rsample":
-            return _RSampleRunner(a["p"], key)
+            return r.RSampleRunner(a["p"], key)
         if self.name == "log_keys":
-            return _LogKeysRunner(a["logfile"])
-        return _OpaqueRunner(self.fn)
+            return r.LogKeysRunner(a["logfile"])
+        return r.OpaqueRunner(self.fn)
 
 
 def default_collate(samples: List[Any]) -> Any:

@@ -1,0 +1,94 @@
+"""The policy of one step, shared by every step engine.
+
+:meth:`resumewds.WebDataset.iter_steps` (one data set) and
+:meth:`resumewds.MixedDataset.iter_steps` (a mixture of them) read a step's
+samples in different orders, but decide the same things the same way, here:
+
+* a shard read under a webdataset handler that says stop
+  (``ignore_and_stop``): that read and every later read of the step give
+  nothing (counted as skipped), the samples read before it are delivered,
+  the step is marked ``meta["stopped"]`` and it is the last one
+  (:func:`read_or_stop`, :func:`read_run_or_stop`, :func:`finish_step`);
+* the batch: collated, then the batch stages; a batch stage returning None
+  drops the batch, whose samples count as filtered (``meta["batch_dropped"]``,
+  the loader hands out an EmptyBatch) (:func:`collate_step`);
+* the events of the step, and a sample a stage's handler skipped counted as
+  skipped, not filtered (:func:`finish_step`).
+
+A stage whose handler says stop raises :class:`~resumewds.handlers.HandlerStop`
+out of the step engine; direct iteration ends there
+(:func:`resumewds.handlers.until_stop`), a WebLoader ends the epoch.
+
+The objects passed as ``ds`` are data sets (``_read``, ``_read_run``,
+``_stopping``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .events import EventKind
+from .handlers import HandlerStop
+
+__all__ = ["apply_stages", "collate_step", "finish_step", "read_or_stop", "read_run_or_stop"]
+
+
+def read_or_stop(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
+    """``ds._read(shard_idx, j)``, where a handler's stop sets ``ds._stopping``: this read
+    and every later one (until the next step engine starts) give None."""
+    if ds._stopping:
+        return None
+    try:
+        return ds._read(shard_idx, j)
+    except HandlerStop:
+        ds._stopping = True
+        return None
+
+
+def read_run_or_stop(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
+    """``ds._read_run(shard_idx, j, count)`` under the same stop rule as :func:`read_or_stop`."""
+    if ds._stopping:
+        return [None] * count
+    try:
+        return ds._read_run(shard_idx, j, count)
+    except HandlerStop:
+        ds._stopping = True
+        return [None] * count
+
+
+def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
+    """``x`` through ``stages``; None as soon as one returns None."""
+    for st in stages:
+        x = st(x)
+        if x is None:
+            return None
+    return x
+
+
+def collate_step(meta: Dict[str, Any], out: List[Any],
+                 collate_fn: Optional[Callable[[List[Any]], Any]],
+                 batch_stages: Sequence[Callable[[Any], Any]]) -> Any:
+    """The step's batch: ``out`` collated (``collate_fn`` None: the list itself, no
+    batch stages), then the batch stages.  A batch stage's None drops the batch:
+    ``[]``, its samples counted as filtered, ``meta["batch_dropped"]``."""
+    if collate_fn is None or not out:
+        return out
+    batch = apply_stages(batch_stages, collate_fn(out))
+    if batch is None:
+        meta["filtered"] += len(out)
+        meta["samples"] = 0
+        meta["batch_dropped"] = True
+        return []
+    return batch
+
+
+def finish_step(meta: Dict[str, Any], events: List[Dict[str, Any]], stopped: bool) -> None:
+    """The step's events, with the samples a stage's handler skipped counted as skipped
+    (like ``on_error="skip"``), not filtered; ``stopped``: a handler said stop."""
+    meta["events"] = events
+    handled = sum(1 for e in events if e.get("kind") == EventKind.SAMPLE_SKIP)
+    if handled:
+        meta["skipped"] += handled
+        meta["filtered"] = max(0, meta["filtered"] - handled)
+    if stopped:  # the samples before the stop are delivered, then no more steps
+        meta["stopped"] = True
