@@ -38,7 +38,15 @@ import sqlite_utils
 from ..errors import JournalConfigMismatch, JournalError
 from ..events import EventKind
 from ..manifest import shard_basename
-from .lock import LockFile, deleted_error, recorded_run_id
+from .lock import (
+    LockFile,
+    deleted_error,
+    lock_path,
+    lost_commits_error,
+    parse_commit_record,
+    read_lock_info,
+    recorded_run_id,
+)
 from .paths import rank_journal_path, uri_path
 from .schema import (
     MIGRATIONS_TABLE,
@@ -230,11 +238,33 @@ class Journal:
             self.run_id = meta_get(conn, "run_id")
             row = conn.execute("SELECT max(step) FROM commits").fetchone()
             self._max_step = row[0]
+            self._check_last_commit(conn)
             self._catch_up_consumption(conn)
+            newest = conn.execute("SELECT step, ts FROM commits ORDER BY step DESC LIMIT 1").fetchone()
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
         # only now that the journal holds the run id durably (see LockFile.write_marker)
-        lock.write_marker(self.run_id, self.rank)
+        lock.write_marker(self.run_id, self.rank,
+                          None if newest is None else (int(newest[0]), float(newest[1])))
+
+    def _check_last_commit(self, conn: sqlite3.Connection) -> None:
+        """Refuse a journal that no longer holds the newest commit its lock
+        file records (a deleted or truncated ``-wal``: see journal.lock)."""
+        info = read_lock_info(lock_path(self.path))
+        if info.get("run_id") != self.run_id:
+            return  # no marker, or another run's: nothing recorded about this journal
+        recorded = parse_commit_record(info.get("last_commit"))
+        if recorded is None:
+            return
+        step, ts = recorded
+        row = conn.execute("SELECT ts FROM commits WHERE step = ?", (step,)).fetchone()
+        if row is not None and float(row[0]) == ts:
+            return
+        # a newer transaction (a commit that rewound the run, killed before
+        # it was recorded) also holds everything the record promises
+        if conn.execute("SELECT 1 FROM commits WHERE ts > ? LIMIT 1", (ts,)).fetchone():
+            return
+        raise lost_commits_error(self.path, recorded, self._max_step)
 
     def _db(self) -> sqlite_utils.Database:
         return sqlite_utils.Database(self.conn, execute_plugins=False)
@@ -563,6 +593,8 @@ class Journal:
             except sqlite3.Error as exc:
                 raise self._err(f"commit of step {step} failed", exc) from exc
             self._max_step = step
+            if self._lock is not None:
+                self._lock.record_commit(step, ts)  # checked on the next open (journal.lock)
 
     def _materialize(self, conn: sqlite3.Connection, step: int, ts: float) -> None:
         """Add the pending consumption deltas to ``consumption`` (inside the
