@@ -458,8 +458,8 @@ class ShardStore:
             raise ChecksumMismatch(path, str(shard.size), str(st.st_size), what="size")
         if shard.xxh3_64 is None or policy == "never":
             return path
-        key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0"
-                             f"{shard.xxh3_64.lower()}".encode()).hexdigest()
+        key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
+                             f"{st.st_ctime_ns}\0{shard.xxh3_64.lower()}".encode()).hexdigest()  # utime cannot fake
         marker = os.path.join(self.cache_dir, "verified", key)
         if policy == "once" and (key in self._verified_local or os.path.exists(marker)):
             self._verified_local.add(key)
@@ -492,10 +492,7 @@ class ShardStore:
     # ---- remote shards ----------------------------------------------------------------------
     def _check_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
                      known_bad: Optional[Tuple[int, int]] = None) -> Tuple[EntryState, Optional[Tuple[int, int]]]:
-        """Classify the cached entry: ``(EntryState, (size, mtime_ns) or None)``.
-
-        Read-only: safe under a shared lock.
-        """
+        """Classify the cached entry: ``(EntryState, (size, mtime_ns) or None)``; safe under a shared lock."""
         st = layout.lstat(base)
         if st is None:
             return EntryState.ABSENT, None
@@ -512,11 +509,13 @@ class ShardStore:
         # written without fsync in an earlier boot: the crash that ended that
         # boot may have eaten bytes, whatever the policy says
         stale = meta.get("synced", True) is not True and meta.get("boot") != boot_id()
-        if stale and expected is None:
+        # another file, or rewritten in place, since the meta was written (None: an older meta)
+        moved = None if policy == "never" and not stale else layout.moved(st, meta)
+        if (stale or moved) and expected is None:
             return EntryState.UNTRUSTED, skey  # nothing to check it against: fetch it again
         if policy == "never" and not stale:
             return EntryState.VERIFIED, skey
-        changed = (stale or st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"]
+        changed = (stale or moved is not False or (st.st_size, st.st_mtime_ns) != (meta["size"], meta["mtime_ns"])
                    or (shard.xxh3_64 is not None and (meta.get("xxh3_64") or "").lower() != expected))
         if expected is None or not (changed or policy == "always"):
             return EntryState.VERIFIED, skey
