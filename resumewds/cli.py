@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import click
 
 from .errors import ResumeWDSError
+from .redact import redact_text
 
 
 def _progress(length: int, label: str, enabled: Optional[bool] = None, unit: str = "samples",
@@ -559,9 +560,9 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         if failed:
             click.echo(f"resumewds: {len(failed)} shard(s) failed and were skipped:", err=True)
             for url, err in sorted(failed.items()):
-                click.echo(f"  {url}: {err}", err=True)
+                click.echo(redact_text(f"  {url}: {err}"), err=True)
         if show_stats:
-            click.echo(json.dumps(loader.stats(), default=str), err=True)
+            click.echo(redact_text(json.dumps(loader.stats(), default=str)), err=True)
         loader.close()
 
 
@@ -750,7 +751,7 @@ def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseExceptio
 def _report_results(results: Any, verb: str) -> None:
     bad = [(s, e) for s, ok, e in results if not ok]
     for s, e in bad:
-        click.echo(f"FAILED {s.url}: {e}", err=True)
+        click.echo(redact_text(f"FAILED {s.url}: {e}"), err=True)
     note = ""
     if verb == "verify":
         loose = sum(1 for s, ok, _ in results if ok and s.xxh3_64 is None)

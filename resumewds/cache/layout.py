@@ -37,6 +37,7 @@ import xxhash
 from ..errors import CacheError, os_problem
 from ..fetch import boot_id
 from ..manifest import shard_basename
+from ..redact import cache_key_url, redact_url
 
 ProgressFn = Callable[[int], None]
 
@@ -89,7 +90,14 @@ def entry_path(shards_dir: str, url: str) -> str:
         '/c/shards/...-shard-0001.tar'
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "_", shard_basename(url))[-100:].lstrip(".") or "shard"
-    return os.path.join(shards_dir, f"{xxhash.xxh3_64(url.encode()).hexdigest()}-{name}")
+    # keyed without user info and signature: a rotated presigned URL finds its entry
+    return os.path.join(shards_dir, f"{xxhash.xxh3_64(cache_key_url(url).encode()).hexdigest()}-{name}")
+
+
+def names(meta: Dict[str, Any], url: str) -> bool:
+    """True if the entry's meta is about ``url`` (the meta holds it redacted)."""
+    recorded = meta.get("url")
+    return isinstance(recorded, str) and cache_key_url(recorded) == cache_key_url(url)
 
 
 def cache_error(exc: OSError, where: str, doing: str) -> CacheError:
@@ -115,7 +123,7 @@ def lstat(path: str) -> Optional[os.stat_result]:
 def open_file(path: str, flags: int, doing: str) -> int:
     """``os.open`` without following a symlink; a CacheError names the file."""
     try:
-        return os.open(path, flags | NOFOLLOW, 0o666)
+        return os.open(path, flags | NOFOLLOW, 0o600)  # private: the cache is the user's
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise CacheError(f"{path}: is a symlink inside the cache directory; refusing to use it") from exc
@@ -243,7 +251,7 @@ def write_meta(base: str, url: str, xxh: Optional[str], synced: bool) -> None:
     st = lstat(base)
     if st is None:
         raise CacheError(f"{base}: vanished before its meta was written")
-    meta = {"url": url, "size": st.st_size, "xxh3_64": xxh, "mtime_ns": st.st_mtime_ns, **identity(st),
+    meta = {"url": redact_url(url), "size": st.st_size, "xxh3_64": xxh, "mtime_ns": st.st_mtime_ns, **identity(st),
             "last_used": time.time(), "synced": synced, "boot": boot_id()}
     _publish_meta(base, meta)
 
@@ -279,4 +287,4 @@ def url_of(base: str) -> str:
 
 
 __all__ = ["EntryState", "SIDE_SUFFIXES", "cache_error", "entry_path", "hash_file", "identity", "lstat", "moved",
-           "open_file", "read_meta", "remove", "signature", "touch", "url_of", "write_meta"]
+           "names", "open_file", "read_meta", "remove", "signature", "touch", "url_of", "write_meta"]

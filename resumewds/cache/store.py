@@ -42,6 +42,7 @@ from ..errors import (
 from ..events import EventKind as K
 from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
 from ..manifest import ShardInfo
+from ..redact import redact_url
 from . import eviction, layout
 from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error
 from .prefetch import Prefetcher
@@ -309,7 +310,7 @@ class ShardStore:
             elif key == K.EVICT:
                 self.counters["bytes_evicted"] += int(detail.get("bytes", 0))
         if self.verbose_cache and key in VERBOSE_KINDS:
-            print(f"[cache] {key} {url or detail.get('path', '')}"
+            print(f"[cache] {key} {redact_url(url) if url else detail.get('path', '')}"
                   + (f" ({detail['bytes']} bytes)" if "bytes" in detail else ""), file=sys.stderr, flush=True)
         if self.on_event is not None:
             self.on_event(kind, url, **detail)
@@ -367,7 +368,7 @@ class ShardStore:
             return
         for d in (self.cache_dir, self.shards_dir):
             try:
-                os.makedirs(d, exist_ok=True)
+                os.makedirs(d, mode=0o700, exist_ok=True)  # private: shards of signed URLs
             except OSError as exc:
                 raise cache_error(exc, self.cache_dir, "create the cache directory") from exc
         try:
@@ -483,8 +484,8 @@ class ShardStore:
         self._emit(K.VERIFY_OK, shard.url)
         self._verified_local.add(key)
         try:  # best effort: a read-only cache dir falls back to memory
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o666))
+            os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600))
         except OSError:
             pass
         return path
@@ -500,7 +501,7 @@ class ShardStore:
         if known_bad == skey:
             return EntryState.CORRUPT, skey
         meta = self._read_meta(base)
-        if meta is None or meta.get("url") != shard.url:
+        if meta is None or not layout.names(meta, shard.url):
             return EntryState.UNTRUSTED, skey
         if shard.size is not None and st.st_size != shard.size:
             self._emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
@@ -661,9 +662,8 @@ class ShardStore:
             raise cache_error(exc, self.shards_dir, "publish the download") from exc
         layout.remove(partial + ".etag")
         self._write_meta(base, url, actual, synced=synced)
-        # With sync="fsync" the data was fsynced before the rename; the
-        # directory is not: after a power cut the newest entries may be
-        # missing and are fetched again.
+        # With sync="fsync" the data was fsynced before the rename; the directory is not:
+        # after a power cut the newest entries may be missing and are fetched again.
         self._evict()
 
     @staticmethod
