@@ -1180,6 +1180,8 @@ def input_hardening_rows() -> List[Callable[[Suite], Row]]:
 
 
 def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
+    from chaos.integrity import integrity_rows  # lost -wal, replaced cache entry, secrets in URLs
+
     kills = 4 if quick else 12
     return [
         net("reset mid-body", "reset=0.6"),
@@ -1216,6 +1218,7 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         journal_damage("pages"),
         journal_damage("delete_all"),
         journal_two_writers,
+        *integrity_rows(),
         *input_hardening_rows(),  # input hardening
         *exactly_once_rows(quick),  # exactly-once hardening block (below)
         *s3_rows(quick),  # the s3 block below

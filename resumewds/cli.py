@@ -46,6 +46,7 @@ from .errors import ResumeWDSError, naming
 from .progress import Bar as _Bar  # noqa: F401  (imported from here by tests)
 from .progress import NoBar as _NoBar  # noqa: F401
 from .progress import progress_bar as _progress
+from .redact import redact_text
 
 
 class _Group(click.Group):
@@ -430,7 +431,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         loader.close()
         return
     bar = _progress(total, "cat", progress if progress else False, initial=n)
-    skips = SkipLines(loader.stats_.failed, lambda line: click.echo(line, err=True))
+    skips = SkipLines(loader.stats_.failed, lambda line: click.echo(redact_text(line), err=True))
     try:
         with bar:
             while loader.epoch < epochs and (limit is None or n < limit) and not loader.preempted:
@@ -463,7 +464,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
     finally:
         skips.close()
         if show_stats:
-            click.echo(json.dumps(loader.stats(), default=str), err=True)
+            click.echo(redact_text(json.dumps(loader.stats(), default=str)), err=True)
         loader.close()
 
 
@@ -620,7 +621,7 @@ def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseExceptio
 def _report_results(results: Any, verb: str) -> None:
     bad = [(s, e) for s, ok, e in results if not ok]
     for s, e in bad:
-        click.echo(f"FAILED {naming(s.url, e)}", err=True)
+        click.echo(redact_text(f"FAILED {naming(s.url, e)}"), err=True)
     note = ""
     if verb == "verify":
         loose = sum(1 for s, ok, _ in results if ok and s.xxh3_64 is None)

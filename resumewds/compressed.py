@@ -59,6 +59,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import xxhash
 
 from .errors import CacheError, ShardFormatError
+from .redact import redact_url
 
 __all__ = ["Salvage", "decompress_file", "decompress_prefix", "kind_of", "kind_of_bytes", "open_view",
            "salvage_compressed", "scan_compressed"]
@@ -513,7 +514,7 @@ def open_view(store: Any, lease: Any) -> Any:
         key = digest.lower() if digest else xxhash.xxh3_64_hexdigest(
             f"{os.path.realpath(src)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
         d = store.copies_dir
-        os.makedirs(d, exist_ok=True)
+        os.makedirs(d, mode=0o700, exist_ok=True)
         salvaged = bool(getattr(shard, "salvaged", False))  # a damaged shard read up to the damage
         dst = os.path.join(d, f"{key}-{st.st_size}" + (".prefix.tar" if salvaged else ".tar"))
         lock = os.open(dst + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -564,7 +565,7 @@ def _make_copy(store: Any, shard: Any, src: str, dst: str, kind: str, url: str, 
         if digest and cdigest != digest.lower():
             raise CacheError(f"{url}: compressed file changed while it was decompressed")
         with open(dst + ".meta.tmp", "w") as f:
-            json.dump({"url": url, "kind": kind, "compressed_size": size,
+            json.dump({"url": redact_url(url), "kind": kind, "compressed_size": size,
                        "compressed_xxh3_64": cdigest, "size": usize, "xxh3_64": udigest, **extra}, f)
         os.replace(dst + ".meta.tmp", dst + ".meta")
         os.replace(tmp, dst)

@@ -51,16 +51,20 @@ import errno as _errno
 import tarfile
 from typing import Any, Optional
 
+from .redact import redact_text
+
 
 class ResumeWDSError(Exception):
     """Base class of every error raised by resumewds.
 
     Message-first: ``str(exc)`` is the one-line message, ``exc.args`` is
-    ``(message,)``; subclasses add keyword fields as attributes.
+    ``(message,)``; subclasses add keyword fields as attributes.  The
+    message is redacted (:func:`resumewds.redact.redact_text`: no password
+    or presigned signature of a URL in it); the fields keep what was given.
     """
 
     def __init__(self, msg: str = "", **fields: Any):
-        super().__init__(msg)
+        super().__init__(redact_text(msg) if isinstance(msg, str) else msg)
         for k, v in fields.items():
             setattr(self, k, v)
 

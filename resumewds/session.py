@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from .errors import JournalError, ResumeWDSError
 from .events import EventKind, unjournaled_kinds
+from .redact import redact_url
 from .world import resolve_partitions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -245,7 +246,8 @@ class JournalSession:
             j.record_events([dict(kind=EventKind.RESUME.value, **detail)])
             log.info("resuming %s at step %s: epoch %d, position %d", self.path, point["step"],
                      loader.epoch, loader.position)
-        loader._failed_urls.update(j.shards_in_state("failed"))
+        failed = set(j.shards_in_state("failed"))  # recorded redacted (resumewds.redact)
+        loader._failed_urls.update(s.url for s in dataset.manifest.shards if redact_url(s.url) in failed)
 
     def resolve_together(self, loader: WebLoader, path: str, step: Optional[int], resolve: Any
                          ) -> Optional[Dict[str, Any]]:

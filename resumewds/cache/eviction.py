@@ -136,7 +136,7 @@ def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int
         if keep and base in keep:
             continue
         try:
-            fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o666)
+            fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
         except OSError:
             continue
         try:

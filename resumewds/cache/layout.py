@@ -7,7 +7,7 @@ and (a sanitised tail of) its basename, in ``<cache_dir>/shards/``::
     <key>-<basename>.partial       the download under way (resumable)
     <key>-<basename>.partial.etag  the partial's If-Range validator and boot id (fetch's sidecar)
     <key>-<basename>.meta          JSON, written after the shard: url, size, xxh3_64,
-                                   mtime_ns, last_used, synced, boot
+                                   mtime_ns, dev, ino, ctime_ns, last_used, synced, boot
     <key>-<basename>.lock          pin lock: readers LOCK_SH, the evictor LOCK_EX|LOCK_NB
     <key>-<basename>.dl            download lock: one downloader at a time
 
@@ -37,6 +37,7 @@ import xxhash
 from ..errors import CacheError, os_problem
 from ..fetch import boot_id
 from ..manifest import shard_basename
+from ..redact import cache_key_url, redact_url
 
 ProgressFn = Callable[[int], None]
 
@@ -89,7 +90,14 @@ def entry_path(shards_dir: str, url: str) -> str:
         '/c/shards/...-shard-0001.tar'
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "_", shard_basename(url))[-100:].lstrip(".") or "shard"
-    return os.path.join(shards_dir, f"{xxhash.xxh3_64(url.encode()).hexdigest()}-{name}")
+    # keyed without user info and signature: a rotated presigned URL finds its entry
+    return os.path.join(shards_dir, f"{xxhash.xxh3_64(cache_key_url(url).encode()).hexdigest()}-{name}")
+
+
+def names(meta: Dict[str, Any], url: str) -> bool:
+    """True if the entry's meta is about ``url`` (the meta holds it redacted)."""
+    recorded = meta.get("url")
+    return isinstance(recorded, str) and cache_key_url(recorded) == cache_key_url(url)
 
 
 def cache_error(exc: OSError, where: str, doing: str) -> CacheError:
@@ -115,7 +123,7 @@ def lstat(path: str) -> Optional[os.stat_result]:
 def open_file(path: str, flags: int, doing: str) -> int:
     """``os.open`` without following a symlink; a CacheError names the file."""
     try:
-        return os.open(path, flags | NOFOLLOW, 0o666)
+        return os.open(path, flags | NOFOLLOW, 0o600)  # private: the cache is the user's
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise CacheError(f"{path}: is a symlink inside the cache directory; refusing to use it") from exc
@@ -133,12 +141,43 @@ def remove(path: str) -> None:
 
 
 def touch(path: str) -> None:
-    """Record a use: set atime to now, keep mtime (the meta compares it)."""
+    """Record a use: set atime to now, keep mtime (the meta compares it).
+
+    Setting the atime changes the ctime, which the meta records (see
+    :func:`moved`): the meta of an entry that was as it recorded just
+    before is brought up to date (else the next look re-verifies it)."""
     try:
         st = os.lstat(path)
         os.utime(path, ns=(time.time_ns(), st.st_mtime_ns), follow_symlinks=False)
+        after = os.lstat(path)
     except OSError:
-        pass
+        return
+    try:
+        meta = read_meta(path)
+        if meta is None or moved(st, meta) is not False or (after.st_ino, after.st_size, after.st_mtime_ns) \
+                != (st.st_ino, st.st_size, st.st_mtime_ns):
+            return
+        meta["ctime_ns"] = after.st_ctime_ns
+        _publish_meta(path, meta)
+    except CacheError:
+        pass  # a read-only cache: the next look re-verifies
+
+
+def identity(st: os.stat_result) -> Dict[str, int]:
+    """What the meta records of the shard file besides size and mtime: what
+    ``utime`` cannot set back (device, inode, ctime)."""
+    return {"dev": st.st_dev, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+def moved(st: os.stat_result, meta: Dict[str, Any]) -> Optional[bool]:
+    """True if the shard file is not the one (or not as) the meta recorded:
+    another inode or device (replaced, e.g. by another user of a shared
+    cache), or a changed ctime (written in place, even with size and mtime
+    set back); None for a meta written before these were recorded."""
+    known = [meta.get(k) for k in ("dev", "ino", "ctime_ns")]
+    if not all(isinstance(v, int) for v in known):
+        return None
+    return known != [st.st_dev, st.st_ino, st.st_ctime_ns]
 
 
 def signature(base: str) -> Optional[Tuple[int, int, int, int]]:
@@ -212,8 +251,12 @@ def write_meta(base: str, url: str, xxh: Optional[str], synced: bool) -> None:
     st = lstat(base)
     if st is None:
         raise CacheError(f"{base}: vanished before its meta was written")
-    meta = {"url": url, "size": st.st_size, "xxh3_64": xxh, "mtime_ns": st.st_mtime_ns,
+    meta = {"url": redact_url(url), "size": st.st_size, "xxh3_64": xxh, "mtime_ns": st.st_mtime_ns, **identity(st),
             "last_used": time.time(), "synced": synced, "boot": boot_id()}
+    _publish_meta(base, meta)
+
+
+def _publish_meta(base: str, meta: Dict[str, Any]) -> None:
     tmp = f"{base}.meta.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "write")
     try:
@@ -243,5 +286,5 @@ def url_of(base: str) -> str:
     return meta["url"] if meta else ""
 
 
-__all__ = ["EntryState", "SIDE_SUFFIXES", "cache_error", "entry_path", "hash_file", "lstat", "open_file",
-           "read_meta", "remove", "signature", "touch", "url_of", "write_meta"]
+__all__ = ["EntryState", "SIDE_SUFFIXES", "cache_error", "entry_path", "hash_file", "identity", "lstat", "moved",
+           "names", "open_file", "read_meta", "remove", "signature", "touch", "url_of", "write_meta"]

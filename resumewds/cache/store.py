@@ -42,6 +42,7 @@ from ..errors import (
 from ..events import EventKind as K
 from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
 from ..manifest import ShardInfo
+from ..redact import redact_url
 from . import eviction, layout
 from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error
 from .prefetch import Prefetcher
@@ -309,7 +310,7 @@ class ShardStore:
             elif key == K.EVICT:
                 self.counters["bytes_evicted"] += int(detail.get("bytes", 0))
         if self.verbose_cache and key in VERBOSE_KINDS:
-            print(f"[cache] {key} {url or detail.get('path', '')}"
+            print(f"[cache] {key} {redact_url(url) if url else detail.get('path', '')}"
                   + (f" ({detail['bytes']} bytes)" if "bytes" in detail else ""), file=sys.stderr, flush=True)
         if self.on_event is not None:
             self.on_event(kind, url, **detail)
@@ -367,7 +368,7 @@ class ShardStore:
             return
         for d in (self.cache_dir, self.shards_dir):
             try:
-                os.makedirs(d, exist_ok=True)
+                os.makedirs(d, mode=0o700, exist_ok=True)  # private: shards of signed URLs
             except OSError as exc:
                 raise cache_error(exc, self.cache_dir, "create the cache directory") from exc
         try:
@@ -458,8 +459,8 @@ class ShardStore:
             raise ChecksumMismatch(path, str(shard.size), str(st.st_size), what="size")
         if shard.xxh3_64 is None or policy == "never":
             return path
-        key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0"
-                             f"{shard.xxh3_64.lower()}".encode()).hexdigest()
+        key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
+                             f"{st.st_ctime_ns}\0{shard.xxh3_64.lower()}".encode()).hexdigest()  # utime cannot fake
         marker = os.path.join(self.cache_dir, "verified", key)
         if policy == "once" and (key in self._verified_local or os.path.exists(marker)):
             self._verified_local.add(key)
@@ -483,8 +484,8 @@ class ShardStore:
         self._emit(K.VERIFY_OK, shard.url)
         self._verified_local.add(key)
         try:  # best effort: a read-only cache dir falls back to memory
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o666))
+            os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600))
         except OSError:
             pass
         return path
@@ -492,10 +493,7 @@ class ShardStore:
     # ---- remote shards ----------------------------------------------------------------------
     def _check_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
                      known_bad: Optional[Tuple[int, int]] = None) -> Tuple[EntryState, Optional[Tuple[int, int]]]:
-        """Classify the cached entry: ``(EntryState, (size, mtime_ns) or None)``.
-
-        Read-only: safe under a shared lock.
-        """
+        """Classify the cached entry: ``(EntryState, (size, mtime_ns) or None)``; safe under a shared lock."""
         st = layout.lstat(base)
         if st is None:
             return EntryState.ABSENT, None
@@ -503,7 +501,7 @@ class ShardStore:
         if known_bad == skey:
             return EntryState.CORRUPT, skey
         meta = self._read_meta(base)
-        if meta is None or meta.get("url") != shard.url:
+        if meta is None or not layout.names(meta, shard.url):
             return EntryState.UNTRUSTED, skey
         if shard.size is not None and st.st_size != shard.size:
             self._emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
@@ -512,11 +510,13 @@ class ShardStore:
         # written without fsync in an earlier boot: the crash that ended that
         # boot may have eaten bytes, whatever the policy says
         stale = meta.get("synced", True) is not True and meta.get("boot") != boot_id()
-        if stale and expected is None:
+        # another file, or rewritten in place, since the meta was written (None: an older meta)
+        moved = None if policy == "never" and not stale else layout.moved(st, meta)
+        if (stale or moved) and expected is None:
             return EntryState.UNTRUSTED, skey  # nothing to check it against: fetch it again
         if policy == "never" and not stale:
             return EntryState.VERIFIED, skey
-        changed = (stale or st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"]
+        changed = (stale or moved is not False or (st.st_size, st.st_mtime_ns) != (meta["size"], meta["mtime_ns"])
                    or (shard.xxh3_64 is not None and (meta.get("xxh3_64") or "").lower() != expected))
         if expected is None or not (changed or policy == "always"):
             return EntryState.VERIFIED, skey
@@ -662,9 +662,8 @@ class ShardStore:
             raise cache_error(exc, self.shards_dir, "publish the download") from exc
         layout.remove(partial + ".etag")
         self._write_meta(base, url, actual, synced=synced)
-        # With sync="fsync" the data was fsynced before the rename; the
-        # directory is not: after a power cut the newest entries may be
-        # missing and are fetched again.
+        # With sync="fsync" the data was fsynced before the rename; the directory is not:
+        # after a power cut the newest entries may be missing and are fetched again.
         self._evict()
 
     @staticmethod

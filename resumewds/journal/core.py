@@ -16,6 +16,10 @@ Cost:
     are kept for the whole run (any step can be resumed from); a commit row
     is ~100 bytes.  ``PRAGMA quick_check`` runs on every open.
 
+URLs: what the journal records (shard rows, events, consumption, config,
+stats) goes through :mod:`resumewds.redact` first: no password or presigned
+signature is ever written; :meth:`Journal.shard` looks a URL up the same way.
+
 Consumption (schema version 2): a commit row carries its consumption deltas;
 the ``consumption`` table is brought up to date every ``CONSUMPTION_EVERY``
 commits, at epoch ends, on close and on the next open
@@ -38,7 +42,16 @@ import sqlite_utils
 from ..errors import JournalConfigMismatch, JournalError
 from ..events import EventKind
 from ..manifest import shard_basename
-from .lock import LockFile, deleted_error, recorded_run_id
+from ..redact import redact_text, redact_url
+from .lock import (
+    LockFile,
+    deleted_error,
+    lock_path,
+    lost_commits_error,
+    parse_commit_record,
+    read_lock_info,
+    recorded_run_id,
+)
 from .paths import rank_journal_path, uri_path
 from .schema import (
     MIGRATIONS_TABLE,
@@ -230,11 +243,33 @@ class Journal:
             self.run_id = meta_get(conn, "run_id")
             row = conn.execute("SELECT max(step) FROM commits").fetchone()
             self._max_step = row[0]
+            self._check_last_commit(conn)
             self._catch_up_consumption(conn)
+            newest = conn.execute("SELECT step, ts FROM commits ORDER BY step DESC LIMIT 1").fetchone()
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
         # only now that the journal holds the run id durably (see LockFile.write_marker)
-        lock.write_marker(self.run_id, self.rank)
+        lock.write_marker(self.run_id, self.rank,
+                          None if newest is None else (int(newest[0]), float(newest[1])))
+
+    def _check_last_commit(self, conn: sqlite3.Connection) -> None:
+        """Refuse a journal that no longer holds the newest commit its lock
+        file records (a deleted or truncated ``-wal``: see journal.lock)."""
+        info = read_lock_info(lock_path(self.path))
+        if info.get("run_id") != self.run_id:
+            return  # no marker, or another run's: nothing recorded about this journal
+        recorded = parse_commit_record(info.get("last_commit"))
+        if recorded is None:
+            return
+        step, ts = recorded
+        row = conn.execute("SELECT ts FROM commits WHERE step = ?", (step,)).fetchone()
+        if row is not None and float(row[0]) == ts:
+            return
+        # a newer transaction (a commit that rewound the run, killed before
+        # it was recorded) also holds everything the record promises
+        if conn.execute("SELECT 1 FROM commits WHERE ts > ? LIMIT 1", (ts,)).fetchone():
+            return
+        raise lost_commits_error(self.path, recorded, self._max_step)
 
     def _db(self) -> sqlite_utils.Database:
         return sqlite_utils.Database(self.conn, execute_plugins=False)
@@ -336,7 +371,7 @@ class Journal:
                 each key with its old and new value, and nothing is changed.
                 ``exc.differences`` maps key -> (old, new).
         """
-        new = {str(k): dumps(v) for k, v in config.items()}
+        new = {str(k): redact_text(dumps(v)) for k, v in config.items()}
 
         def body(conn: sqlite3.Connection) -> List[str]:
             old = {r[0]: r[1] for r in conn.execute("SELECT key, value FROM config")}
@@ -385,8 +420,9 @@ class Journal:
             detail = {k: v for k, v in ev.items() if k not in ("kind", "url", "ts", "detail")}
             if isinstance(ev.get("detail"), dict):
                 detail.update(ev["detail"])
-            rows.append((float(ev.get("ts") or now), str(kind), ev.get("url"),
-                         dumps(detail) if detail else None))
+            url = ev.get("url")
+            rows.append((float(ev.get("ts") or now), str(kind), redact_url(url) if url else url,
+                         redact_text(dumps(detail)) if detail else None))
         if rows:
             self._transaction(lambda conn: conn.executemany(_SQL_EVENT, rows))
 
@@ -410,6 +446,7 @@ class Journal:
             url = upd.get("url")
             if not url:
                 raise ValueError(f"shard update without a url: {upd!r}")
+            url = redact_url(url)
             sets: List[str] = []
             args: List[Any] = []
             for key, value in upd.items():
@@ -426,7 +463,7 @@ class Journal:
                         raise ValueError(f"{url}: unknown shard state {value!r}; "
                                          f"states are {SHARD_STATES}")
                     sets.append(f"{key} = ?")
-                    args.append(value)
+                    args.append(redact_text(value) if key == "last_error" else value)
                 else:
                     raise ValueError(f"{url}: unknown shard column {key!r}")
             prepared.append((url, upd.get("state"), float(upd.get("ts") or 0.0), sets, args))
@@ -456,7 +493,7 @@ class Journal:
 
     def shard(self, url: str) -> Optional[Dict[str, Any]]:
         """One shard's row, or None."""
-        row = self.conn.execute("SELECT * FROM shards WHERE url = ?", (url,)).fetchone()
+        row = self.conn.execute("SELECT * FROM shards WHERE url = ?", (redact_url(url),)).fetchone()
         return None if row is None else dict(row)
 
     def events(self, kind: Optional[str] = None, limit: Optional[int] = None) -> List[Dict[str, Any]]:
@@ -532,12 +569,16 @@ class Journal:
         ts = time.time()
         step = int(step)
         deltas = None
-        if consumed:
+        if consumed:  # recorded under the URLs as they may be printed (resumewds.redact)
+            red: Dict[Tuple[str, int], Tuple[int, Optional[int]]] = {}
+            for (u, e), (d, t) in consumed.items():
+                red[(redact_url(u), e)] = (red.get((redact_url(u), e), (0, None))[0] + d, t)
+            consumed = red
             deltas = json.dumps([[u, e, d, t] for (u, e), (d, t) in consumed.items()],
                                 separators=(",", ":"))
         row = (step, int(epoch), int(position), self.rank,
                self.world_size if world_size is None else int(world_size),
-               batch_size, ts, samples_total, None if stats is None else dumps(stats), deltas)
+               batch_size, ts, samples_total, None if stats is None else redact_text(dumps(stats)), deltas)
         with self._mutex:
             conn = self._writable()
             max_step = self._max_step
@@ -563,6 +604,8 @@ class Journal:
             except sqlite3.Error as exc:
                 raise self._err(f"commit of step {step} failed", exc) from exc
             self._max_step = step
+            if self._lock is not None:
+                self._lock.record_commit(step, ts)  # checked on the next open (journal.lock)
 
     def _materialize(self, conn: sqlite3.Connection, step: int, ts: float) -> None:
         """Add the pending consumption deltas to ``consumption`` (inside the

@@ -9,6 +9,15 @@ its lock file stayed is reported (:func:`deleted_error`) instead of silently
 starting a fresh run.  Delete the lock file too to really start over.
 Readers take no lock; they only read the marker (:func:`recorded_run_id`).
 
+The marker also holds the newest commit, ``"last_commit": "<step> <ts>"``
+(a fixed-width field the writer overwrites in place with one ``pwrite``
+after every commit, :meth:`LockFile.record_commit`).  The commits live in
+the journal's write-ahead log (``<file>-wal``) until SQLite checkpoints
+them into the main file; a ``-wal`` deleted or truncated while the run was
+stopped (or a journal copied without it) would silently take the run back
+to an older step.  On open, the writer checks that the journal still holds
+the recorded commit (:func:`lost_commits_error`) and refuses it otherwise.
+
 Fork safety: a flock belongs to the open file description, which ``fork()``
 shares.  A DataLoader worker forked while the journal is open would keep
 the lock alive after its parent was killed (until the worker notices,
@@ -22,7 +31,8 @@ import errno
 import fcntl
 import json
 import os
-from typing import Any, Dict, Optional, Set
+import time
+from typing import Any, Dict, Optional, Set, Tuple
 
 from ..errors import JournalError
 
@@ -76,6 +86,48 @@ def deleted_error(file: str) -> JournalError:
         f"{lock_path(file)} as well to start over")
 
 
+#: width of the ``last_commit`` field of the marker ("<step> <ts>" padded with spaces)
+COMMIT_FIELD = 48
+
+
+def commit_record(step: int, ts: float) -> str:
+    """The ``last_commit`` field for a commit of ``step`` at ``ts`` (fixed width).
+
+    Example:
+        >>> parse_commit_record(commit_record(12, 1700000000.25))
+        (12, 1700000000.25)
+    """
+    return f"{int(step)} {float(ts)!r}".ljust(COMMIT_FIELD)[:COMMIT_FIELD]
+
+
+def parse_commit_record(text: Any) -> Optional[Tuple[int, float]]:
+    """``(step, ts)`` from a ``last_commit`` field; None when empty or malformed."""
+    if not isinstance(text, str):
+        return None
+    parts = text.split()
+    if len(parts) != 2:
+        return None
+    try:
+        return int(parts[0]), float(parts[1])
+    except ValueError:
+        return None
+
+
+def lost_commits_error(file: str, recorded: Tuple[int, float], newest: Optional[int]) -> JournalError:
+    """The error for a journal that no longer holds the commit its lock file records."""
+    step, ts = recorded
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    holds = f"its newest step is {newest}" if newest is not None else "it holds no commit"
+    resume = f"resume from step {newest}" if newest is not None else "start over"
+    return JournalError(
+        f"{file}: journal lost committed steps: its lock file {lock_path(file)} records step {step} "
+        f"(committed {when}), but {holds}; its write-ahead log {file}-wal was deleted or truncated "
+        f"(or the journal was copied without it, or the machine lost power with synchronous=NORMAL). "
+        f"Refusing to resume from an older step, which would deliver committed samples again. "
+        f"Restore {file}-wal next to it (stop the run, copy the journal together with its -wal), "
+        f"or delete {lock_path(file)} to {resume} anyway")
+
+
 class LockFile:
     """The writer's exclusive lock on ``<file>.lock`` (``file``: one rank's journal).
 
@@ -93,6 +145,7 @@ class LockFile:
         self.file = file
         self.path = lock_path(file)
         self.fd: Optional[int] = None
+        self._commit_at: Optional[int] = None  # offset of the last_commit field in the file
 
     def _err(self, what: str, exc: BaseException) -> JournalError:
         return JournalError(f"{self.file}: {what}: {exc}")
@@ -124,20 +177,37 @@ class LockFile:
         self.fd = fd
         _CHILD_CLOSE.add(fd)
 
-    def write_marker(self, run_id: Optional[str], rank: int) -> None:
-        """Record this process and the run in the lock file (write, then
-        trim, so a kill in between never leaves an empty marker).  Called
-        only once the journal holds the run id durably, so the marker never
-        points at a journal that was never written."""
+    def write_marker(self, run_id: Optional[str], rank: int,
+                     last_commit: Optional[Tuple[int, float]] = None) -> None:
+        """Record this process, the run and its newest commit ``(step, ts)``
+        in the lock file (write, then trim, so a kill in between never
+        leaves an empty marker).  Called only once the journal holds the
+        run id durably, so the marker never points at a journal that was
+        never written."""
         assert self.fd is not None, "write_marker needs the lock"
+        record = commit_record(*last_commit) if last_commit is not None else " " * COMMIT_FIELD
+        # last key: its value ends 2 bytes ('"}') before the end of the payload
         payload = json.dumps({"pid": os.getpid(), "run_id": run_id, "rank": rank,
-                              "journal": os.path.abspath(self.file)}).encode()
+                              "journal": os.path.abspath(self.file), "last_commit": record}).encode()
         try:
             os.pwrite(self.fd, payload, 0)
             os.ftruncate(self.fd, len(payload))
             os.fsync(self.fd)
         except OSError as exc:
             raise self._err(f"cannot write lock file {self.path}", exc) from exc
+        self._commit_at = len(payload) - 2 - COMMIT_FIELD
+
+    def record_commit(self, step: int, ts: float) -> None:
+        """Overwrite the marker's ``last_commit`` field in place: one
+        ``pwrite``, no fsync (a record older than the journal is harmless;
+        with ``synchronous="FULL"`` the journal's fsync came first, so the
+        record is never ahead of it).  A no-op before :meth:`write_marker`."""
+        if self.fd is None or self._commit_at is None:
+            return
+        try:
+            os.pwrite(self.fd, commit_record(step, ts).encode(), self._commit_at)
+        except OSError as exc:
+            raise self._err(f"cannot record step {step} in lock file {self.path}", exc) from exc
 
     def release(self) -> None:
         """Drop the lock (closing the descriptor drops the flock); idempotent."""
@@ -148,3 +218,4 @@ class LockFile:
             except OSError:
                 pass
             self.fd = None
+        self._commit_at = None

@@ -1,0 +1,192 @@
+"""A journal that lost committed steps (its ``-wal`` deleted, truncated or not
+copied) is refused; the legitimate cases (a fresh run, a clean close, a
+copy with its lock file, readers, rewinds, other ranks) are not.
+
+Real SQLite files, real processes killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from resumewds.errors import JournalError
+from resumewds.journal import Journal, rank_journal_path
+from resumewds.journal.lock import COMMIT_FIELD, lock_path, parse_commit_record, read_lock_info
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# commits steps 0..N-1 (checkpointing the WAL into the main file after step
+# CKPT, as SQLite's auto-checkpoint does), says so, and waits to be killed
+KILLED_WRITER = textwrap.dedent("""
+    import sys, time
+    from resumewds.journal import Journal
+    path, rank, n, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    j = Journal(path, rank=rank, world_size=2 if rank else 1)
+    for s in range(n):
+        j.commit(s, epoch=0, position=(s + 1) * 4, batch_size=4)
+        if s == ckpt:
+            j.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _killed_run(path, n=200, ckpt=80, rank=0):
+    """A writer that committed ``n`` steps, killed -9: its newest commits are in the WAL only."""
+    p = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, path, str(rank), str(n), str(ckpt)],
+                         env=_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    f = rank_journal_path(path, rank)
+    assert os.path.getsize(f + "-wal") > 0
+    return f
+
+
+@pytest.fixture
+def path(tmp_path):
+    return str(tmp_path / "run.db")
+
+
+def _latest(path, rank=0):
+    with Journal(path, rank=rank, world_size=2 if rank else 1) as j:
+        return j.latest_commit()["step"]
+
+
+def test_killed_run_resumes_at_its_last_commit(path):
+    _killed_run(path)
+    assert _latest(path) == 199
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate_half"])
+def test_lost_wal_is_refused(path, damage):
+    _killed_run(path)
+    wal = path + "-wal"
+    if damage == "delete":
+        os.unlink(wal)
+    else:
+        os.truncate(wal, os.path.getsize(wal) // 2)
+    with pytest.raises(JournalError) as ei:
+        Journal(path)
+    msg = str(ei.value)
+    assert msg.startswith(path + ": journal lost committed steps")
+    assert "records step 199" in msg and path + "-wal" in msg
+    assert f"delete {lock_path(path)}" in msg
+    # refused again (the lock file was left as it was), and a reader still reads it
+    with pytest.raises(JournalError, match="lost committed steps"):
+        Journal(path)
+    with Journal(path, readonly=True) as r:
+        older = r.latest_commit()["step"]
+    assert 80 <= older < 199
+    # the way out the message names: delete the lock file, resume from what is left
+    os.unlink(lock_path(path))
+    assert _latest(path) == older
+
+
+def test_clean_close_checkpoints_and_reopens(path):
+    with Journal(path) as j:
+        for s in range(50):
+            j.commit(s, epoch=0, position=s)
+    assert not os.path.exists(path + "-wal") or os.path.getsize(path + "-wal") == 0
+    rec = parse_commit_record(read_lock_info(lock_path(path))["last_commit"])
+    assert rec is not None and rec[0] == 49
+    assert _latest(path) == 49
+
+
+def test_fresh_run_and_run_without_commits(path):
+    with Journal(path) as j:
+        assert j.latest_commit() is None
+    assert read_lock_info(lock_path(path))["last_commit"] == " " * COMMIT_FIELD
+    with Journal(path) as j:
+        j.commit(0, epoch=0, position=1)
+    assert _latest(path) == 0
+
+
+def test_copy_with_lock_file_and_wal_opens(tmp_path, path):
+    _killed_run(path)
+    dst = tmp_path / "copy"
+    dst.mkdir()
+    for suffix in ("", "-wal", ".lock"):
+        shutil.copy2(path + suffix, str(dst / ("run.db" + suffix)))
+    assert _latest(str(dst / "run.db")) == 199
+
+
+def test_copy_without_wal_is_refused(tmp_path, path):
+    _killed_run(path)
+    dst = tmp_path / "copy"
+    dst.mkdir()
+    for suffix in ("", ".lock"):
+        shutil.copy2(path + suffix, str(dst / ("run.db" + suffix)))
+    with pytest.raises(JournalError, match="lost committed steps"):
+        Journal(str(dst / "run.db"))
+
+
+def test_reader_during_writes_and_rewind(path):
+    with Journal(path) as j:
+        for s in range(20):
+            j.commit(s, epoch=0, position=s)
+            with Journal(path, readonly=True) as r:
+                assert r.latest_commit()["step"] == s
+        j.commit(5, epoch=0, position=5)  # resumed from an earlier step: a rewind
+    assert _latest(path) == 5
+
+
+def test_rewind_killed_before_it_was_recorded(path):
+    """A commit that rewound the run reached the journal but not the lock
+    file (killed in between): the journal is newer than the record, not older."""
+    with Journal(path) as j:
+        for s in range(20):
+            j.commit(s, epoch=0, position=s)
+        rec = read_lock_info(lock_path(path))["last_commit"]
+        j._lock.record_commit = lambda step, ts: None  # the kill between COMMIT and the record
+        j.commit(5, epoch=0, position=5)
+    assert read_lock_info(lock_path(path))["last_commit"] == rec
+    assert _latest(path) == 5
+
+
+def test_each_rank_is_checked_on_its_own(path):
+    with Journal(path) as j:
+        j.commit(0, epoch=0, position=4)
+    f1 = _killed_run(path, rank=1)
+    os.unlink(f1 + "-wal")
+    assert _latest(path) == 0  # rank 0 is whole
+    with pytest.raises(JournalError) as ei:
+        Journal(path, rank=1, world_size=2)
+    assert str(ei.value).startswith(f1 + ": journal lost committed steps")
+
+
+def test_old_lock_file_without_record_is_accepted(path):
+    _killed_run(path)
+    info = read_lock_info(lock_path(path))
+    del info["last_commit"]
+    with open(lock_path(path), "w") as f:
+        json.dump(info, f)
+    os.unlink(path + "-wal")  # nothing recorded to check against: as before
+    assert 80 <= _latest(path) < 199
+
+
+def test_record_is_one_fixed_width_field():
+    from resumewds.journal.lock import commit_record
+
+    for step, ts in ((0, 0.0), (12345678901234, 1.7e9 + 0.123456789), (-1, 1e-300)):
+        rec = commit_record(step, ts)
+        assert len(rec) == COMMIT_FIELD
+        assert parse_commit_record(rec) == (step, ts)
+    assert parse_commit_record(" " * COMMIT_FIELD) is None
+    assert parse_commit_record("x y") is None
