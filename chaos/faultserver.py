@@ -395,8 +395,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     fs.faults["ignore_range"] += 1
             rng_hdr = None  # served as if there were none: 200, the whole file
         if rng_hdr and fs.range_fault and kind != fs.range_fault:
-            kind = fs.range_fault
             with fs._lock:
+                if kind is not None:  # the drawn fault is not injected: it is not counted either
+                    fs.faults[kind] -= 1
+                    fs._faults_by_path[path] -= 1
+                kind = fs.range_fault
                 fs.faults[kind] += 1
         if rng_hdr and kind in RANGE_FAULTS:
             self._range_fault(kind, fs_path, path, rng_hdr, size, etag, head)
