@@ -8,7 +8,9 @@ this module holds the rules those fetches follow:
   reads of a shard draw from the same :class:`~resumewds.fetch.FetchBudget`
   as its whole-shard download (prefetch thread and reader), so a server
   that never answers costs ``RESUMEWDS_FETCH_ATTEMPTS`` requests of that
-  shard in all, not that many per range and per step;
+  shard in all, not that many per range and per step; the read ends (and
+  the next one has a budget of its own) when the shard fails or the
+  iteration ends (:func:`end_budget`);
 * **a corrupt range falls back** (:func:`fetch_group`): a range whose bytes
   fail the digest of a sample the step needs costs one attempt of that
   budget, then the shard is read the whole-shard way (downloaded, checked
@@ -30,7 +32,7 @@ from typing import Any, Dict, List, Optional, TypeVar
 from .errors import ChecksumMismatch, ResumeWDSError
 from .repair import RangeIgnored
 
-__all__ = ["RANGED_HINT", "RangeCorrupt", "blame_ranged", "fetch_group", "shard_budget"]
+__all__ = ["RANGED_HINT", "RangeCorrupt", "blame_ranged", "end_budget", "fetch_group", "shard_budget"]
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -51,19 +53,32 @@ class RangeCorrupt(RangeIgnored):
         self.mismatch = mismatch
 
 
-def shard_budget(store: Any, url: str, config: Any, own: Dict[str, Any]) -> Any:
+def shard_budget(store: Any, url: str, config: Any, used: Dict[str, Any]) -> Any:
     """The budget the ranged reads of ``url`` draw from: the store's budget for
     this read of the shard (shared with its prefetch and whole-shard reads),
-    or, for a store without one, one kept in ``own`` per url."""
+    or, for a store without one, a budget of their own; kept in ``used``
+    (per url) for :func:`end_budget`."""
     from .fetch import FetchBudget
 
     budget_for = getattr(store, "_budget_for", None)
     if callable(budget_for):
-        return budget_for(url)
-    b = own.get(url)
-    if b is None or b.exhausted:
-        b = own[url] = FetchBudget(config)
+        b = budget_for(url)
+    else:
+        b = used.get(url)
+        if b is None or b.exhausted:
+            b = FetchBudget(config)
+    used[url] = b
     return b
+
+
+def end_budget(store: Any, url: str, used: Dict[str, Any]) -> None:
+    """This read of ``url`` is over (it failed, or the iteration ends): the
+    next read of the shard starts with a budget of its own, as after a
+    reader's whole-shard read."""
+    b = used.pop(url, None)
+    done = getattr(store, "_budget_done", None)
+    if b is not None and callable(done):
+        done(url, b, False, True)
 
 
 def blame_ranged(err: _E) -> _E:

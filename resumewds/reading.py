@@ -437,7 +437,7 @@ class RangedReads:
         self.ahead: Dict[int, set] = {}  # per shard: samples ever read ahead (not read ahead twice)
         self.off: set = set()  # shards read whole (no digests, not http, server ignores Range)
         self.eligible: Dict[int, bool] = {}
-        self.budgets: Dict[str, Any] = {}  # per url, for a store without shared fetch budgets
+        self.budgets: Dict[str, Any] = {}  # per url: the fetch budget its ranged reads draw from
         self.active = True
         self.counters = {"range_requests": 0, "range_bytes": 0, "range_samples": 0, "partial_samples": 0,
                          "range_ahead": 0, "range_refetches": 0, "range_dropped": 0, "window_waits": 0,
@@ -515,9 +515,13 @@ class RangedReads:
         return self._pool
 
     def close(self) -> None:
+        from .rangefetch import end_budget
+
         if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown(wait=True)
         self._pool = None
+        for url in list(self.budgets):
+            end_budget(self.store, url, self.budgets)  # the next iteration's reads have budgets of their own
         for s in self._sessions:
             try:
                 s.close()
@@ -729,7 +733,7 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
 
 def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
              step: set) -> None:
-    from .rangefetch import blame_ranged, fetch_group, shard_budget
+    from .rangefetch import blame_ranged, end_budget, fetch_group, shard_budget
     from .repair import RangeIgnored
 
     shards = ds.manifest.shards
@@ -793,6 +797,7 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
             rr.put((si, j), sample, int(off[j + 1]) - int(off[j]), "range")
         rr.counters["range_ahead"] += sum(1 for j in got if j not in need)
     for si, failure in errors.items():
+        end_budget(rr.store, shards[si].url, rr.budgets)  # this read of the shard failed
         for key in [k for k in rr.ready if k[0] == si]:
             rr.drop(key)  # this shard's samples follow on_error together
         shard_failed(ds, si, shards[si], failure)

@@ -112,6 +112,22 @@ def test_a_range_waits_for_the_attempts_held_by_requests_in_flight(v3, tmp_path,
     assert got == truth
 
 
+def test_the_next_iteration_reads_with_a_budget_of_its_own(v3, tmp_path, monkeypatch):
+    """A shard whose ranged reads spend its budget is skipped; the next epoch
+    (a new read of it) starts with a fresh budget and reads it."""
+    _fast_env(monkeypatch, RESUMEWDS_CACHE_SIZE=1, RESUMEWDS_FETCH_ATTEMPTS=2)
+    truth = _truth(v3)
+    with FaultServer(v3) as srv:
+        srv.script("/shard-000000.tar", ["reset@0.5", "reset@0.5"])
+        ds = rw.WebDataset(srv.url + "manifest.json", cache_dir=str(tmp_path / "c"), seed=3, shuffle=False,
+                           on_error="skip")
+        first = sorted(_plain(s) for s in ds)
+        second = sorted(_plain(s) for s in ds)
+        ds.close()
+    assert len(first) == SAMPLES * (SHARDS - 1)
+    assert second == truth
+
+
 # ---------------------------------------------------------------------------
 # a 200 is the whole file
 # ---------------------------------------------------------------------------
