@@ -29,12 +29,20 @@ Fetch-hardening kinds (only used when named):
     redirect_loop   302 to the same URL, for ever
     ignore_range    a Range request answered 200 with the whole file, no
                     ``Accept-Ranges`` (a server or proxy without range support)
+    html502         502 with an HTML error page (a proxy's "Bad Gateway")
+    range416        a Range request answered 416 (``Content-Range: bytes */size``)
+    range200_tail   a Range request answered 200 carrying ``Content-Range`` and
+                    only the requested bytes (a broken server: a 200 is whole)
+    range200_partial  a Range request answered 200 with only the requested
+                    bytes, no ``Content-Range``
+    (the three range* kinds serve a request without Range as usual)
 
 ``honour_if_range=False`` makes the server ignore If-Range (it serves the
 requested range of the file as it is now, with the current ETag), like the
 servers that spliced two versions of a changed file; ``ignore_range=True``
 makes every Range request an ``ignore_range`` fault (counted in ``faults``);
-with
+``range_fault="range416"`` (or any other kind, e.g. ``"flip_data"``) gives
+every Range request, and no other, that fault (counted in ``faults``); with
 ``range_variant=".v2"`` every Range request is served from ``<file>.v2``, as
 if the file had been replaced between two requests.
 
@@ -79,7 +87,8 @@ from .loopback import LoopbackFaultServer, QuietServer
 TRANSPORT_FAULTS = ("reset", "500", "503", "429", "truncate", "truncate_nolen", "stall")
 STATUS_FAULTS = ("401", "403", "404", "410")
 HARDENING_FAULTS = ("retry_after_huge", "retry_after_date", "trickle", "gzip", "html200", "redirect_loop",
-                    "ignore_range")
+                    "ignore_range", "html502", "range416", "range200_tail", "range200_partial")
+RANGE_FAULTS = ("range416", "range200_tail", "range200_partial")
 ALL_FAULTS = TRANSPORT_FAULTS + ("flip_data", "flip_header", "down") + STATUS_FAULTS + HARDENING_FAULTS
 
 
@@ -172,6 +181,9 @@ class FaultServer(LoopbackFaultServer):
             whole file, without ``Accept-Ranges`` (each counted as an
             ``ignore_range`` fault); the ``ignore_range`` script kind does
             it for one request.
+        range_fault: a fault kind (one of :data:`RANGE_FAULTS`, or e.g.
+            ``"flip_data"``) given to every Range request, and to no other
+            (each counted as that fault).
 
     Counters (read them, or :meth:`reset_counters`): ``bytes_sent``,
     ``bytes_by_path``, ``requests`` (per path), ``faults`` (per kind).
@@ -189,7 +201,7 @@ class FaultServer(LoopbackFaultServer):
                  retry_after: float = 1, down_seconds: float = 1.0, manifest: Optional[str] = None,
                  bytes_per_second: Optional[float] = None, trickle_seconds: float = 0.5,
                  honour_if_range: bool = True, range_variant: Optional[str] = None,
-                 ignore_range: bool = False):
+                 ignore_range: bool = False, range_fault: Optional[str] = None):
         self.root_dir = os.path.abspath(root_dir)
         self.stall_seconds = stall_seconds
         self.retry_after = retry_after
@@ -199,6 +211,9 @@ class FaultServer(LoopbackFaultServer):
         self.honour_if_range = honour_if_range
         self.range_variant = range_variant
         self.ignore_range = ignore_range
+        if range_fault is not None and range_fault not in ALL_FAULTS:
+            raise ValueError(f"unknown fault kind {range_fault!r} for range_fault")
+        self.range_fault = range_fault
         self._layouts: Dict[Tuple[str, int, int], _Layout] = {}
         self._boundaries: Dict[str, List[int]] = {}
         if manifest:
@@ -352,6 +367,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if not head:
                 self.wfile.write(body)
             return
+        if kind == "html502":
+            body = (b"<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head>"
+                    b"<body><h1>502 Bad Gateway</h1></body></html>\n")
+            self.send_response(502)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+            return
         if fs_path is None:
             self._status_only(404)
             return
@@ -370,6 +395,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 with fs._lock:
                     fs.faults["ignore_range"] += 1
             rng_hdr = None  # served as if there were none: 200, the whole file
+        if rng_hdr and fs.range_fault and kind != fs.range_fault:
+            with fs._lock:
+                if kind is not None:  # the drawn fault is not injected: it is not counted either
+                    fs.faults[kind] -= 1
+                    fs._faults_by_path[path] -= 1
+                kind = fs.range_fault
+                fs.faults[kind] += 1
+        if rng_hdr and kind in RANGE_FAULTS:
+            self._range_fault(kind, fs_path, path, rng_hdr, size, etag, head)
+            return
         if rng_hdr:
             if_range = self.headers.get("If-Range")
             honour = if_range is None or if_range.strip() in (etag, last_mod) or not fs.honour_if_range
@@ -449,6 +484,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except OSError:
                 pass
             self.close_connection = True
+
+    def _range_fault(self, kind: str, fs_path: str, path: str, rng_hdr: str, size: int, etag: str,
+                     head: bool) -> None:
+        """Answer a Range request wrongly (:data:`RANGE_FAULTS`)."""
+        parsed = _parse_range(rng_hdr, size)
+        if kind == "range416" or not isinstance(parsed, tuple):
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        start, end = parsed
+        self.send_response(200)  # a 200 is the whole file; this one is not
+        self.send_header("ETag", etag)
+        self.send_header("Content-Type", "application/x-tar")
+        if kind == "range200_tail":
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.send_header("Content-Length", str(end - start))
+        self.end_headers()
+        if not head:
+            self._send_body(fs_path, path, start, end, None)
 
     def _send_body(self, fs_path: str, path: str, start: int, stop: int, flip_at: Optional[int],
                    trickle: bool = False) -> int:

@@ -605,13 +605,20 @@ def resolve_url(url: str, location: str) -> str:
         '/data/a.tar'
         >>> resolve_url("a.tar", "s3://bucket/d/manifest.json")
         's3://bucket/d/a.tar'
+        >>> resolve_url("shard #1.tar", "http://h/d/manifest.json")
+        'http://h/d/shard%20%231.tar'
+
+    A relative name is a file name, as in a local manifest: joined to an
+    http(s) location, every character a URL reserves (``#``, ``?``, ``%``,
+    spaces, ``:``...) is percent-encoded, ``/`` kept.  Absolute URLs are
+    used as they are.
     """
     if url.startswith("pipe:") or "://" in url or os.path.isabs(url):
         return url
     if location.startswith("s3://"):  # urljoin does not join s3: join as http, bucket as host
         return "s3://" + urllib.parse.urljoin("http://" + location[5:], url)[7:]
     if is_remote(location):
-        return urllib.parse.urljoin(location, url)
+        return urllib.parse.urljoin(location, urllib.parse.quote(url, safe="/"))
     loc = location[7:] if location.startswith("file://") else location
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(loc)), url))
 

@@ -25,11 +25,12 @@ step, apart from the order (:mod:`resumewds.plan`) and the stages
   against its digest, and kept in :class:`RangedReads` until :func:`read`
   takes them (:func:`take_ready`); the whole-shard prefetch goes on and
   later steps read the cache.  Its helpers: ``_from_partial`` (streaming
-  while downloading), ``_groups`` (coalescing), ``_fetch_group`` (fetch,
-  verify, fetch again on a mismatch while the budget allows), ``_widen``
-  (optional read-ahead).  A shuffled window waits for the samples just past
-  the end of a partial this process is downloading (:data:`WINDOW_AHEAD`),
-  so that fewer bytes are fetched twice.  Switched off by
+  while downloading), ``_groups`` (coalescing), :mod:`resumewds.rangefetch`
+  (fetch and verify, drawing from the shard's one fetch budget; a corrupt
+  range sends the shard to the whole-shard path), ``_widen`` (optional
+  read-ahead).  A shuffled window waits for the samples just past the end
+  of a partial this process is downloading (:data:`WINDOW_AHEAD`), so that
+  fewer bytes are fetched twice.  Switched off by
   ``WebDataset(ranged_reads=False)`` or ``RESUMEWDS_RANGED_READS=0``.
   docs/DIGESTS.md has the rules and the figures.
 
@@ -436,6 +437,7 @@ class RangedReads:
         self.ahead: Dict[int, set] = {}  # per shard: samples ever read ahead (not read ahead twice)
         self.off: set = set()  # shards read whole (no digests, not http, server ignores Range)
         self.eligible: Dict[int, bool] = {}
+        self.budgets: Dict[str, Any] = {}  # per url: the fetch budget its ranged reads draw from
         self.active = True
         self.counters = {"range_requests": 0, "range_bytes": 0, "range_samples": 0, "partial_samples": 0,
                          "range_ahead": 0, "range_refetches": 0, "range_dropped": 0, "window_waits": 0,
@@ -513,9 +515,13 @@ class RangedReads:
         return self._pool
 
     def close(self) -> None:
+        from .rangefetch import end_budget
+
         if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown(wait=True)
         self._pool = None
+        for url in list(self.budgets):
+            end_budget(self.store, url, self.budgets)  # the next iteration's reads have budgets of their own
         for s in self._sessions:
             try:
                 s.close()
@@ -654,41 +660,6 @@ def _groups(shard: ShardInfo, js: List[int]) -> List[Tuple[int, int, List[int]]]
     return out
 
 
-def _fetch_group(rr: RangedReads, ds: Any, shard: ShardInfo, lo: int, hi: int, js: List[int],
-                 config: Any, budget: Any, needed: Optional[set] = None) -> Dict[int, Dict[str, Any]]:
-    """Fetch ``[lo, hi)`` and return its samples ``js``, each verified; a range
-    whose bytes fail a digest of a ``needed`` sample is fetched again while
-    ``budget`` allows (a sample read ahead that fails is left out)."""
-    from .errors import ChecksumMismatch
-    from .repair import fetch_range
-
-    while True:
-        data = fetch_range(shard.url, lo, hi, config=config, budget=budget, session=rr.session(),
-                           on_event=ds._on_event)
-        with rr.lock:
-            rr.counters["range_requests"] += 1
-            rr.counters["range_bytes"] += len(data)
-        bads = [j for j in js if not _verified(data, lo, shard, j)]
-        for j in bads:
-            a, b = shard.sample_range(j)
-            ds._on_event("range_verify_fail", shard.url, sample=j, start=a, end=b)
-        bad = next((j for j in bads if needed is None or j in needed), None)
-        if bad is None:
-            with rr.lock:
-                rr.counters["range_dropped"] += len(bads)
-            return {j: _parse(data, lo, shard, j) for j in js if j not in bads}
-        a, b = shard.sample_range(bad)
-        with rr.lock:
-            rr.counters["range_refetches"] += 1
-        if not budget.take():
-            assert shard.sample_digests is not None
-            import xxhash
-
-            got = xxhash.xxh3_64_intdigest(memoryview(data)[a - lo:b - lo])
-            raise ChecksumMismatch(f"{shard.url} sample {bad} (bytes {a}-{b}, ranged read)",
-                                   format(int(shard.sample_digests[bad]), "016x"), format(got, "016x"))
-
-
 def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> None:
     """Make the samples ``where`` of shards not cached yet ready, verified.
 
@@ -698,10 +669,11 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
     by range (in parallel over :data:`RANGE_THREADS` connections) and
     checked against their digests; :func:`read` then hands them out.  The
     cached shards (and everything when :data:`RANGED_READS` is off) are
-    left to the usual whole-shard path.  A range whose bytes keep failing
-    their digests, or a fetch that fails for good, follows ``on_error`` for
-    its shard; a server that ignores ``Range`` makes the shard a
-    whole-shard read.
+    left to the usual whole-shard path.  Every request draws from the
+    shard's one fetch budget (shared with its whole-shard download); a
+    range whose bytes fail a digest costs one attempt and, like a server
+    that ignores ``Range`` (or answers 416), makes the shard a whole-shard
+    read; a fetch that fails for good follows ``on_error`` for its shard.
 
     Args:
         ds: the dataset.
@@ -761,24 +733,23 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
 
 def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
              step: set) -> None:
-    from .fetch import FetchBudget
+    from .rangefetch import blame_ranged, end_budget, fetch_group, shard_budget
     from .repair import RangeIgnored
 
     shards = ds.manifest.shards
     config = ds.store.fetch
     jobs: List[Tuple[int, Any, Any]] = []
-    budgets: Dict[int, Any] = {}
 
     def submit(si: int, rest: List[int]) -> None:
         shard = shards[si]
         if not rest or rr.cached(shard):
             return  # nothing left, or published meanwhile: the cache serves it
-        budget = budgets.setdefault(si, FetchBudget(config))
+        budget = shard_budget(rr.store, shard.url, config, rr.budgets)  # the shard's one budget, shared
         needed = set(rest)
         # the first step reads no more than it needs (the first batch comes first)
         wide = _widen(rr, si, shard, rest) if rr.steps else rest
         for lo, hi, members in _groups(shard, wide):
-            jobs.append((si, budget, rr.pool().submit(_fetch_group, rr, ds, shard, lo, hi, members, config,
+            jobs.append((si, budget, rr.pool().submit(fetch_group, rr, ds, shard, lo, hi, members, config,
                                                       budget, needed)))
 
     pending: Dict[int, List[int]] = {}
@@ -814,10 +785,10 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
         try:
             got = fut.result()
         except RangeIgnored:
-            rr.off.add(si)  # the cache's whole-shard read serves it
+            rr.off.add(si)  # the cache's whole-shard read serves it (also after a corrupt range)
             continue
         except (FetchError, IntegrityError, ShardFormatError) as err:
-            errors.setdefault(si, err)
+            errors.setdefault(si, blame_ranged(err))
             continue
         off = shards[si].offsets
         assert off is not None
@@ -826,6 +797,7 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
             rr.put((si, j), sample, int(off[j + 1]) - int(off[j]), "range")
         rr.counters["range_ahead"] += sum(1 for j in got if j not in need)
     for si, failure in errors.items():
+        end_budget(rr.store, shards[si].url, rr.budgets)  # this read of the shard failed
         for key in [k for k in rr.ready if k[0] == si]:
             rr.drop(key)  # this shard's samples follow on_error together
         shard_failed(ds, si, shards[si], failure)

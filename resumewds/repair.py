@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import xxhash
 
 from . import digests as dg
-from .errors import FetchError, TransientFetchError
+from .errors import FetchError, IntegrityError, TransientFetchError
 
 __all__ = ["RangeRepair", "coalesce", "fetch_range", "read_samples_by_range", "repair_download", "repair_entry",
            "repair_file"]
@@ -95,8 +95,13 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
                 on_event: Any = None) -> bytes:
     """GET bytes ``[start, end)`` of ``url`` with a Range request, retried.
 
+    Every request draws one attempt from ``budget`` (given back when it
+    succeeds): a range costs what a whole-shard attempt costs, and the
+    retries stop when the shard's budget is spent.
+
     Raises:
-        RangeIgnored: the server sent the whole file (200) or another range.
+        RangeIgnored: the server sent the whole file (200), another range, or
+            416 (read the shard whole instead).
         TransientFetchError / PermanentFetchError: as :func:`resumewds.fetch.fetch_to_file`.
 
     Example:
@@ -119,6 +124,9 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
             with resp:
                 if resp.status_code == 200:
                     raise RangeIgnored(f"{url}: the server ignored Range (HTTP 200)", url, 200)
+                if resp.status_code == 416:  # a plain GET may well serve it: read the shard whole
+                    raise RangeIgnored(f"{url}: HTTP 416 for bytes {start}-{end - 1} (Content-Range "
+                                       f"{resp.headers.get('Content-Range')!r})", url, 416)
                 if resp.status_code != 206:
                     raise F._status_error(url, resp)
                 _check_range(url, "Content-Range", resp.headers.get("Content-Range"), start, end)
@@ -134,7 +142,47 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
             if session is None and "sess" in locals():
                 sess.close()
 
-    return F._retry(config, url, on_event, budget, attempt)
+    return _retry_range(config, url, on_event, budget, attempt)
+
+
+def _retry_range(config: Any, url: str, on_event: Any, budget: Any, attempt: Callable[[], bytes]) -> bytes:
+    """``attempt`` under the retry policy, each try drawing from ``budget``
+    (:func:`_budgeted`); a :class:`RangeIgnored` is no failure of the shard's
+    (the budget's last error stays what it was)."""
+    from . import fetch as F
+
+    before = budget.last_error
+    try:
+        return F._retry(config, url, on_event, budget, _budgeted(url, budget, attempt))
+    except RangeIgnored:
+        budget.last_error = before
+        raise
+
+
+def _budgeted(url: str, budget: Any, attempt: Callable[[], bytes]) -> Callable[[], bytes]:
+    """``attempt`` drawing one attempt from ``budget`` (the shard's, shared with
+    its whole-shard download), given back when the request succeeds or the
+    server merely does not serve ranges (:class:`RangeIgnored`): only failed
+    requests stay spent, and no more requests are in flight than attempts left."""
+    def run() -> bytes:
+        if not budget.hold():  # waits while other requests of the shard hold the attempts left
+            if budget.fetched:  # downloaded whole meanwhile: read it there
+                raise RangeIgnored(f"{url}: downloaded whole meanwhile; reading it from the cache", url)
+            raise budget.exhausted_error(url)
+        try:
+            data = attempt()
+        except RangeIgnored:
+            budget.refund()
+            raise
+        except BaseException as exc:
+            if isinstance(exc, FetchError):
+                budget.last_error = exc
+            budget.spend()
+            raise
+        budget.refund()
+        return data
+
+    return run
 
 
 def _check_range(url: str, field: str, got: Optional[str], start: int, end: int) -> None:
@@ -193,7 +241,7 @@ def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any,
             if body is not None:
                 body.close()
 
-    return F._retry(config, url, on_event, budget, attempt)
+    return _retry_range(config, url, on_event, budget, attempt)
 
 
 def _hash_file(path: str) -> str:
@@ -268,9 +316,9 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
             try:
                 data = fetch_range(shard.url, a, z, config=config, budget=budget, session=session,
                                    on_event=on_event)
-            except FetchError:
-                # the server ignores Range, answers 416, resets...: the caller's
-                # whole-shard fetch reports what is still wrong
+            except (FetchError, IntegrityError):
+                # the server ignores Range, answers 416, resets..., or the shard's budget is
+                # spent (its last error): the caller's whole-shard fetch reports what is wrong
                 return None
             result.bytes_fetched += len(data)
             for bad in bads:  # each fetched sample must match its digest before use

@@ -133,7 +133,7 @@ def test_a_range_that_stays_corrupt_follows_on_error(v3, tmp_path, monkeypatch, 
             srv.script(f"/shard-{i:06d}.tar", ["flip_data"] * 100)
         url = srv.url.rstrip("/") + "/"
         if on_error == "raise":
-            with pytest.raises(ChecksumMismatch, match="ranged read"):
+            with pytest.raises(ChecksumMismatch, match="mismatch"):
                 _run(url, str(tmp_path / "cold"), on_error="raise")
             return
         ds = rw.WebDataset(url + "manifest.json", cache_dir=str(tmp_path / "cold"), seed=11, on_error="skip")
@@ -147,7 +147,9 @@ def test_a_range_that_stays_corrupt_follows_on_error(v3, tmp_path, monkeypatch, 
     assert got == []
     skipped = {e["url"].rsplit("/", 1)[1] for e in events if e["kind"] == "skip"}
     assert skipped == {f"shard-{i:06d}.tar" for i in range(SHARDS)}
-    assert refetches >= SHARDS * 2  # each shard's bad range was fetched again before giving up
+    # each shard's first bad range cost one attempt and sent it to the whole-shard path
+    # (downloads and range repairs, as corrupt), which spent the rest of its budget
+    assert refetches >= SHARDS
 
 
 def test_a_reset_during_a_ranged_read_is_retried(v3, tmp_path, monkeypatch):

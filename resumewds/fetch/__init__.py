@@ -53,15 +53,18 @@ Classification (each transport's docstring has its own rows; the error map
 has the foreign exceptions)::
 
     transient   connection refused/reset, connect and read timeouts (a stalled
-                body is a read timeout), a body slower than ``min_rate``, 5xx,
-                429, 503 (honouring Retry-After up to the deadline), a body
-                shorter than Content-Length / Content-Range /
-                ``expected_size``, a 206 of another version, a ``pipe:``
+                body is a read timeout), a body slower than ``min_rate``, 5xx
+                whatever its body (an HTML error page too), 429, 503
+                (honouring Retry-After up to the deadline), a body shorter
+                than Content-Length / Content-Range / ``expected_size``, a 206
+                of another version, a 200 that is a part of the file, a
+                Content-Encoding other than identity, an HTML page (200)
+                where a shard of known size was expected, a ``pipe:``
                 command exiting non-zero or writing nothing for
                 ``read_timeout`` seconds (its process group is killed)
     permanent   401, 403, 404, 410 and other 4xx, more than ``max_redirects``
-                redirects (a loop), a Content-Encoding other than identity, an
-                HTML page where a shard was expected, an object larger than
+                redirects (a loop), an HTML page (200) where a shard of
+                unknown size was expected, an object larger than
                 ``max_bytes``, unknown scheme, missing local file
     CacheError  the destination cannot be written (read-only, disk full)
 

@@ -112,6 +112,7 @@ class _Attempt(_Partial):
         self.budget = budget
         self.max_bytes = max_bytes
         self.attempts = 0
+        self.no_range = False  # the server answered a Range request wrongly: whole GETs only
         self._buf: Optional[memoryview] = None
 
     def buffer(self) -> memoryview:
@@ -154,17 +155,21 @@ class _Attempt(_Partial):
 
 def _run_attempt(state: _Attempt, transport: Transport) -> None:
     """One attempt, drawn from the shared budget; what the transport catches is mapped by its table."""
-    if not state.budget.take():
-        raise state.budget.exhausted_error(state.url)
+    budget = state.budget
+    if not budget.hold():  # waits while ranged requests of the shard hold the attempts left
+        raise budget.exhausted_error(state.url)
     state.attempts += 1
     try:
         transport.attempt(state)
     except ResumeWDSError as exc:
-        state.budget.last_error = exc
+        budget.last_error = exc
         raise
     except Exception as exc:
         if not transport.maps(exc):
             raise
         err = transport.translate(exc, state.url)
-        state.budget.last_error = err
+        budget.last_error = err
         raise err from exc
+    finally:
+        budget.spend()  # a whole download's attempt stays used, success or not
+    budget.fetched = True

@@ -67,8 +67,8 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
     Raises:
         TransientFetchError: still failing when the budget is spent.
         PermanentFetchError: a status or source that retrying will not fix
-            (4xx, a redirect loop, an HTML page or an encoded body for a
-            shard, more than ``max_bytes``).
+            (4xx, a redirect loop, an HTML page for a shard of unknown size,
+            more than ``max_bytes``).
         CacheError: ``partial_path`` cannot be written.
 
     Example:

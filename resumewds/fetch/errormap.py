@@ -30,7 +30,8 @@ front of it)::
     anything else                            FetchError  unexpected <type>
 
 HTTP statuses (:func:`_status_error`): 429 and 5xx are transient (with the
-server's Retry-After), every other non-success status is permanent.  What
+server's Retry-After), every other non-success status is permanent; the
+status decides, not the body (a proxy's HTML "502 Bad Gateway" page is a 5xx).  What
 else is transient or permanent is raised as ours by the transports
 themselves (a short body, an HTML page, a command that stalls, ...; see
 :mod:`resumewds.fetch`).

@@ -11,15 +11,21 @@ Range resume::
            206 (Content-Range starts at N, same validator)  append
            206 with another validator (server ignored If-Range)  start over
            200 (file changed, or server ignores Range)  restart from zero
+           200 with the Content-Range of a part, or shorter than the known
+               size (a broken server)  transient; the next attempts are
+               whole GETs without Range, from byte 0
            416 (bytes */N)  the partial is already complete
     otherwise
         -> GET (no Range), truncate, save the response's validator
 
-Refused (permanent): a Content-Encoding other than identity (its bytes are
-not the file's), an HTML page where a shard was expected, more than
-``max_redirects`` redirects, a body larger than ``max_bytes``; a body shorter
-than its Content-Length / Content-Range is transient.  Statuses are mapped
-by :func:`~resumewds.fetch.errormap._status_error`.
+Refused (permanent): an HTML page where a shard of unknown size was
+expected, more than ``max_redirects`` redirects, a body larger than
+``max_bytes``.  Transient (retried within the budget, and the error once it
+is spent): a Content-Encoding other than identity (its bytes are not the
+file's), an HTML page where a shard of known size was expected, a body
+shorter than its Content-Length / Content-Range.  Statuses are mapped by
+:func:`~resumewds.fetch.errormap._status_error`, whatever the body (an HTML
+page with a 5xx is a 5xx: transient).
 
 Example:
     >>> TRANSPORT.name, TRANSPORT.resumable
@@ -151,6 +157,32 @@ class _Body:
         self.raw.release_conn()
 
 
+def _refuse_partial_200(state: _Attempt, resp: Any, have: int, length: Optional[int]) -> None:
+    """A 200 is the whole file: refuse one that says (``Content-Range`` of a
+    part) or shows (shorter than the known size, in answer to a Range
+    request) that it is not, and make the next attempts whole GETs without
+    Range, from byte 0 (a broken server must never get a tail published as
+    the whole shard)."""
+    cr = resp.headers.get("Content-Range")
+    why = None
+    if cr is not None:
+        m = _CONTENT_RANGE.match(cr)
+        whole = m is not None and int(m.group(1)) == 0 and m.group(3) != "*" \
+            and int(m.group(2)) + 1 == int(m.group(3))
+        if not whole:
+            why = f"HTTP 200 carrying Content-Range {cr!r}: a part of the file, not the whole"
+    elif have and length is not None and state.expected_size is not None and length < state.expected_size:
+        why = (f"HTTP 200 with {length} bytes in answer to a Range request (bytes={have}-); "
+               f"the file has {state.expected_size}")
+    if why is None:
+        return
+    state.no_range = True
+    _remove_quietly(state.path + _ETAG_SUFFIX)
+    _remove_quietly(state.path)
+    raise TransientFetchError(f"{state.url}: {why}; the server mishandles Range: starting over from byte 0 "
+                              f"without Range", state.url, 200)
+
+
 class HTTPTransport(Transport):
     """http(s): one GET per attempt, through ``state.session`` (created on first use)."""
 
@@ -162,8 +194,9 @@ class HTTPTransport(Transport):
         pace = _Pace(state.url, cfg, state.budget)
         have = _size_of(state.path)
         validator = _read_validator(state.path) if have else None
-        if have and (validator is None or (state.expected_size is not None and have > state.expected_size)):
-            have = 0  # cannot prove the bytes belong to the current file: restart
+        if have and (validator is None or state.no_range
+                     or (state.expected_size is not None and have > state.expected_size)):
+            have = 0  # cannot prove the bytes belong to the current file (or no Range here): restart
         headers = {"Accept-Encoding": "identity"}  # byte counts must be the file's, whatever the session
         if have:
             headers["Range"] = f"bytes={have}-"
@@ -213,6 +246,7 @@ class HTTPTransport(Transport):
                     want_total = int(cl)
                     if state.max_bytes is not None and want_total > state.max_bytes:
                         raise state._too_big(want_total)
+                _refuse_partial_200(state, resp, have, want_total)
                 # the validator goes first: a crash mid-body leaves a resumable pair
                 etag = resp.headers.get("ETag")
                 if etag and etag.startswith("W/"):
@@ -221,7 +255,9 @@ class HTTPTransport(Transport):
                 raise _status_error(state.url, resp)
             enc = (resp.headers.get("Content-Encoding") or "").strip().lower()
             if enc not in ("", "identity"):
-                raise PermanentFetchError(
+                # transient: one such answer (a cache or proxy's glitch) is retried; a server that
+                # always does it ends the read with this message when the budget is spent
+                raise TransientFetchError(
                     f"{state.url}: the server sent a {enc}-encoded body (Content-Encoding: {enc}) although "
                     f"resumewds asks for identity; its bytes are not the file's. Serve the file as it is "
                     f"(no compression on the fly)", state.url, code)
@@ -241,9 +277,11 @@ class HTTPTransport(Transport):
                 _remove_quietly(state.path)
                 ctype = resp.headers.get("Content-Type") or "none"
                 snippet = " ".join(html.head.decode("utf-8", "replace").split())[:80]
-                raise PermanentFetchError(f"{state.url}: HTTP {code} but the body is an HTML page, not a shard "
-                                          f"(Content-Type: {ctype}; it begins {snippet!r})", state.url, code) \
-                    from None
+                # known size (a manifest): a wrong body, retried like a corrupt one; unknown: nothing
+                # says a retry would get a shard (a login page, a wrong URL): a clear error at once
+                cls = PermanentFetchError if state.expected_size is None else TransientFetchError
+                raise cls(f"{state.url}: HTTP {code} but the body is an HTML page, not a shard "
+                          f"(Content-Type: {ctype}; it begins {snippet!r})", state.url, code) from None
         size = _size_of(state.path)
         if want_total is not None and size < want_total:
             raise TransientFetchError(f"{state.url}: short body: got {size - start} of {want_total - start} bytes",

@@ -19,6 +19,11 @@ and ``|`` compose them):
             past the deadline (:class:`_StopWhenBudgetSpent`)
     sleep   ``FetchConfig.sleep`` (injectable: tests do not wait)
 
+Every request for a shard's bytes draws from that budget: whole-shard
+attempts (:func:`resumewds.fetch.attempt._run_attempt`) and ranged reads and
+repairs (:func:`resumewds.repair.fetch_range`, which gives a successful
+request's attempt back with :meth:`FetchBudget.refund`).
+
 Example:
     >>> from resumewds.fetch import FetchConfig, no_sleep
     >>> b = FetchBudget(FetchConfig(attempts=1, sleep=no_sleep))
@@ -50,10 +55,20 @@ class FetchBudget:
     ``attempts``), not two.  Waiting for another thread's download of the
     shard spends the same deadline.
 
+    Every request for the shard draws an attempt with :meth:`hold` (whole
+    downloads and ranged reads alike) and ends it with :meth:`spend` (it
+    failed, or a whole download's attempt) or :meth:`refund` (a ranged
+    request that succeeded gives its attempt back).  While every attempt
+    left is held by requests in flight, :meth:`hold` waits for one of them
+    to end: the requests in flight never exceed the attempts left.
+
     Attributes:
-        attempts_left: attempts not yet made.
+        attempts_left: attempts not yet made (or held by requests in flight).
+        held: requests in flight holding an attempt.
         deadline_at: ``time.monotonic()`` past which nothing more is tried.
         last_error: the error of the last attempt that failed, if any.
+        fetched: a whole-shard download of this read succeeded (a ranged
+            request that finds no attempt left reads the shard whole instead).
 
     Example:
         >>> b = FetchBudget(FetchConfig(attempts=2, deadline=5))
@@ -64,27 +79,60 @@ class FetchBudget:
     def __init__(self, config: FetchConfig):
         self.config = config
         self.attempts_left = int(config.attempts)
+        self.held = 0
+        self.fetched = False
         self.started = time.monotonic()
         self.deadline_at = self.started + float(config.deadline)
         self.last_error: Optional[BaseException] = None
         self.done_at: Optional[float] = None
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     def remaining(self) -> float:
         """Seconds left before the deadline (0 when past it)."""
         return max(0.0, self.deadline_at - time.monotonic())
 
     def take(self) -> bool:
-        """Use one attempt; False when none (or no time) is left."""
+        """Use one attempt (not held: spent at once); False when none (or no time) is left."""
         with self._lock:
             if self.attempts_left <= 0 or self.remaining() <= 0:
                 return False
             self.attempts_left -= 1
             return True
 
+    def hold(self) -> bool:
+        """Take one attempt for a request about to be made, to be ended by
+        :meth:`spend` or :meth:`refund`; while the attempts left are all held
+        by requests in flight, wait for one to end.  False when none (or no
+        time) is left."""
+        with self._lock:
+            while self.attempts_left <= 0 and self.held > 0 and self.remaining() > 0:
+                self._lock.wait(min(self.remaining(), 1.0))
+            if self.attempts_left <= 0 or self.remaining() <= 0:
+                return False
+            self.attempts_left -= 1
+            self.held += 1
+            return True
+
+    def spend(self) -> None:
+        """End a held attempt: it stays used (a failure, or a whole download)."""
+        with self._lock:
+            self.held = max(0, self.held - 1)
+            self._lock.notify_all()
+
+    def refund(self) -> None:
+        """End a held attempt by giving it back (a ranged request that
+        succeeded), and restart the deadline: only failed requests stay
+        spent, and a read that keeps succeeding is not running out of time."""
+        with self._lock:
+            self.held = max(0, self.held - 1)
+            self.attempts_left = min(int(self.config.attempts), self.attempts_left + 1)
+            self.deadline_at = max(self.deadline_at, time.monotonic() + float(self.config.deadline))
+            self._lock.notify_all()
+
     @property
     def exhausted(self) -> bool:
-        return self.attempts_left <= 0 or self.remaining() <= 0
+        """No time left, or no attempt left and none held by a request in flight."""
+        return (self.attempts_left <= 0 and self.held <= 0) or self.remaining() <= 0
 
     def exhausted_error(self, url: str) -> ResumeWDSError:
         """The error to raise when nothing is left (the last failure, if known:
@@ -127,7 +175,7 @@ class _StopWhenBudgetSpent(stop_base):
 
     def __call__(self, rs: RetryCallState) -> bool:
         b = self.budget
-        if b.attempts_left <= 0 or b.remaining() <= 0:
+        if b.exhausted:
             return True
         exc = rs.outcome.exception() if rs.outcome is not None else None
         ra = getattr(exc, "retry_after", None)
