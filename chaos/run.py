@@ -270,6 +270,12 @@ def kill_worker(s: Suite) -> Row:
     return row
 
 
+def worker_fault_rows() -> List[Callable[[Suite], Row]]:
+    from chaos.workerfaults import rows
+
+    return rows()
+
+
 def tmpfs_full(s: Suite) -> Row:
     """ENOSPC mid-download: the cache on a tmpfs smaller than the data."""
     row = Row("cache on a full tmpfs (ENOSPC mid-download)", "error")
@@ -1199,6 +1205,7 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         crash_cycles(kills, "cat"),
         crash_cycles(max(3, kills // 2), "train"),
         kill_worker,
+        *worker_fault_rows(),  # PID 1, SIGSTOP of a worker (chaos/workerfaults.py)
         tmpfs_full,
         readonly_cache,
         cache_damage_between(3 if quick else 8),

@@ -64,6 +64,9 @@ RESUMEWDS_S3_ANONYMOUS                                       0                 1
 RESUMEWDS_RANGED_READS                                       1                 0: no verified ranged reads / reads of
                                                                                the partial download of shards not
                                                                                cached yet (docs/DIGESTS.md)
+RESUMEWDS_WORKER_STALL                                       60                seconds a DataLoader worker may stay
+                                                                               stopped (SIGSTOP) while the loader waits
+                                                                               for it (0: no limit; resumewds.watchdog)
 ============================== ============================= ================= =========================================
 
 For ``s3://`` (:func:`s3_settings`) the standard AWS variables are read here
@@ -207,6 +210,8 @@ VARS: Dict[str, Var] = {
     "s3_anonymous": Var("RESUMEWDS_S3_ANONYMOUS", _bool, False),
     # sample-granular reads of remote v3 shards not cached yet (resumewds.reading)
     "ranged_reads": Var("RESUMEWDS_RANGED_READS", _bool, True),
+    # a stopped DataLoader worker (resumewds.watchdog)
+    "worker_stall": Var("RESUMEWDS_WORKER_STALL", _float, 60.0, check=_non_negative),
 }
 
 

@@ -37,6 +37,8 @@ from .plan import Layout
 from .session import JournalSession, process_group
 from .shmbatch import TENSOR_SLOT_BYTES, BytesRing, Packed
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
+from .watchdog import WorkerWatchdog, die_with_parent, stall_limit
+from .watchdog import worker_died as _worker_died  # noqa: F401 (old import path)
 from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 
 log = logging.getLogger("resumewds")
@@ -78,39 +80,6 @@ def _import_worker_modules_now() -> None:
 
 def _auto_partitions(ds: WebDataset) -> bool:
     return getattr(ds, "partitions", 1) is None
-
-
-def _die_with_parent() -> None:
-    """Make this DataLoader worker die with its parent (Linux).
-
-    When the main process is SIGKILLed, torch's workers notice only while idle,
-    and a worker blocked flushing its result queue (whose read end the other
-    workers still hold) never exits: it would keep cache pins and memory
-    forever.  PR_SET_PDEATHSIG has the kernel kill it instead.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal as _signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(_signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # pragma: no cover - exotic libc
-        return
-    if os.getppid() == 1:  # parent already gone before prctl took effect
-        os._exit(1)
-
-
-def _worker_died(exc: BaseException) -> Optional[ResumeWDSError]:
-    """Our error for torch's "DataLoader worker ... exited unexpectedly"
-    (a worker killed by a signal or the OOM killer); None for anything else."""
-    text = str(exc)
-    if isinstance(exc, RuntimeError) and "DataLoader worker" in text and (
-            "exited unexpectedly" in text or "killed by signal" in text):
-        return ResumeWDSError(f"{text.strip()} (killed, or out of memory?); progress up to the last "
-                              "commit is intact: rerun to continue")
-    return None
 
 
 def _preempt_signals(preempt: Union[bool, Sequence[int]]) -> Tuple[int, ...]:
@@ -333,12 +302,13 @@ class _EpochSource(IterableDataset):
         self.layout = layout
         self.collate = collate
         self.log_level = logging.getLogger("resumewds").level  # for spawned workers
+        self.parent = os.getpid()  # the main process: a worker whose parent is gone exits
 
     def __iter__(self) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
         info = get_worker_info()
         w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
-            _die_with_parent()
+            die_with_parent(self.parent)
             if self.ignore_signals:
                 _worker_signals(self.ignore_signals, self.stopping)
         if info is not None:
@@ -423,6 +393,12 @@ class WebLoader:
             second signal runs the previous handler (the default: die).
             DataLoader workers ignore these signals: the main process shuts
             them down.  See :meth:`request_stop` and ``examples/train.py``.
+        stall_timeout: seconds a worker may stay stopped (SIGSTOP: state T)
+            while the loader waits for its batches; then it is killed and
+            :class:`~resumewds.watchdog.WorkerStallError` names it.  None
+            (default): ``RESUMEWDS_WORKER_STALL``, else 60; 0: no limit.
+            Stopped workers are killed when an iteration ends, so exit never
+            waits for them (see :mod:`resumewds.watchdog`).
         **dataloader_kwargs: passed to torch's DataLoader (pin_memory,
             timeout, prefetch_factor, multiprocessing_context, ...).
 
@@ -457,7 +433,7 @@ class WebLoader:
                  resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
                  journal_sync: str = "NORMAL", nodes: Optional[int] = None,
                  preempt: Union[bool, Sequence[int]] = False, transport: str = "auto",
-                 **dataloader_kwargs: Any):
+                 stall_timeout: Optional[float] = None, **dataloader_kwargs: Any):
         if not (isinstance(dataset, WebDataset) or hasattr(dataset, "iter_steps")):  # or a MixedDataset
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
         for bad in ("shuffle", "sampler", "batch_sampler"):
@@ -471,6 +447,7 @@ class WebLoader:
         if transport not in ("auto", "queue"):
             raise ValueError(f"transport must be 'auto' or 'queue', got {transport!r}")
         self.transport = transport
+        self.stall_timeout = stall_limit(stall_timeout)
         self.dataset = dataset
         if dataset.batch_size is not None:
             if batch_size not in (_UNSET, None, dataset.batch_size):
@@ -806,6 +783,8 @@ class WebLoader:
         dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
         expected = 0
         it = iter(dl)
+        watch = WorkerWatchdog(it, self.stall_timeout)  # stopped workers (resumewds.watchdog)
+        nxt = watch.next_of()
         # torch pins a batch only where it is allowed to (an accelerator is
         # present): the iterator says whether it does
         pin = bool(getattr(it, "_pin_memory", False)) and ring is not None
@@ -813,14 +792,14 @@ class WebLoader:
             while True:
                 t0 = time.perf_counter()
                 try:
-                    k, batch, meta = next(it)
+                    k, batch, meta = nxt()
                 except StopIteration:
                     break
                 except ResumeWDSError as exc:  # num_workers=0: raised here, in this process
                     self._failed_now(exc, ds.take_events())
                     raise
                 except Exception as exc:
-                    mapped = _worker_died(exc)
+                    mapped = watch.explain(exc)
                     if mapped is None:
                         raise
                     raise mapped from None
@@ -911,7 +890,8 @@ class WebLoader:
                 stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker
                 if stopping in _LIVE_FLAGS:
                     _LIVE_FLAGS.remove(stopping)
-            del it
+            watch.close()  # kills stopped workers: torch's shutdown would wait for them
+            del it, nxt, watch
             if ring is not None:
                 del dl  # shuts the workers down (they hold their own mapping anyway)
                 ring.close()
