@@ -382,7 +382,7 @@ class MixedDataset:
         stages_of = [list(ds.stages) + self.stages for ds in self.datasets]
         stopping = [False]  # a source's handler said stop (steps.read_or_stop)
         for ds in self.datasets:
-            ds._stopping = False
+            steps.start_steps(ds)  # as a single data set's steps start: failed shards are tried again
 
         def where_of(k: int) -> List[Tuple[int, int, int, int, bool]]:
             out = []
