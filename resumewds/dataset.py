@@ -739,12 +739,7 @@ class WebDataset:
         total = len(ep)
         nsteps = layout.num_steps(total, start)
         shards = self.manifest.shards
-        # on_error="skip": a shard that failed is skipped for the rest of this
-        # iteration by the process that saw it fail, and tried again by the
-        # next one (the next epoch, or a resume), with 0 workers as with N
-        # (workers get a fresh copy of the dataset per iteration anyway)
-        self._failed = {}
-        self._stopping = False  # a webdataset handler said stop: this step is the last
+        steps.start_steps(self)  # no shard failed, no handler's stop yet (workers: a fresh copy anyway)
         collate_fn = collate_fn or self.collate_fn or default_collate
         last_window = -1
         samples_at, read, stages = ep.samples_at, self._read_or_stop, self.stages

@@ -235,8 +235,7 @@ def decode(*args: Any, handler: ExnHandler = reraise_exception, **kw: Any) -> Sa
 
     ``kw``: ``pre``, ``post``, ``only``, ``partial``, ``allow_pickle``.
     """
-    handlers = [autodecode.imagehandler(x) if isinstance(x, str) else x for x in args]
-    return _stage("decode", autodecode.Decoder(handlers, **kw), handler)
+    return _stage("decode", autodecode.Decoder(args, **kw), handler)  # the fluent .decode's decoder
 
 
 def _decode_bin(stream: Any) -> bytes:

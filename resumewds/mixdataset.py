@@ -380,9 +380,9 @@ class MixedDataset:
         collate_fn = collate_fn or self.collate_fn or default_collate
         mine = list(worker_steps(nsteps, worker, num_workers))
         stages_of = [list(ds.stages) + self.stages for ds in self.datasets]
-        stopping = [False]  # a source's handler said stop (steps.read_or_stop)
+        stopping = False  # a source's handler said stop (steps.read_or_stop)
         for ds in self.datasets:
-            ds._stopping = False
+            steps.start_steps(ds)  # as a single data set's steps start: failed shards are tried again
 
         def where_of(k: int) -> List[Tuple[int, int, int, int, bool]]:
             out = []
@@ -431,9 +431,8 @@ class MixedDataset:
                 ds = self.datasets[src]
                 t0 = time.perf_counter()
                 # a source's handler that says stop ends the step for every source, as in one data set
-                sample = None if stopping[0] else steps.read_or_stop(ds, shard, j)
-                if ds._stopping:
-                    stopping[0] = True
+                sample = None if stopping else steps.read_or_stop(ds, shard, j)
+                stopping = stopping or ds._stopping
                 t1 = time.perf_counter()
                 t_read += t1 - t0
                 if sample is None:
@@ -473,12 +472,12 @@ class MixedDataset:
                     wait += r.wait
                     r.wait = 0.0
             meta["t_fetch_wait"] = wait
-            steps.finish_step(meta, self.take_events(), stopping[0])
+            steps.finish_step(meta, self.take_events(), stopping)
             failed = {ds.manifest.shards[i].url: e for ds in self.datasets for i, e in ds._failed.items()}
             if failed:
                 meta["failed"] = failed
             yield k, batch, meta
-            if stopping[0]:  # the samples before the stop were delivered: no more steps
+            if stopping:  # the samples before the stop were delivered: no more steps
                 return
 
     def __iter__(self) -> Iterator[Any]:

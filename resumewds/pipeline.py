@@ -89,7 +89,7 @@ class ToTuple:
     ``missing_is_error``) also refuses fields whose value is None.
     """
 
-    _pick: Any = None
+    _pick: Any
 
     def __init__(self, *specs: Union[str, Sequence[str]], missing_is_error: bool = True,
                  none_is_error: Optional[bool] = None):

@@ -4,6 +4,8 @@
 :meth:`resumewds.MixedDataset.iter_steps` (a mixture of them) read a step's
 samples in different orders, but decide the same things the same way, here:
 
+* a shard that failed (``on_error="skip"``) is skipped for the rest of the
+  run of steps and tried again by the next one (:func:`start_steps`);
 * a shard read under a webdataset handler that says stop
   (``ignore_and_stop``): that read and every later read of the step give
   nothing (counted as skipped), the samples read before it are delivered,
@@ -30,7 +32,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .events import EventKind
 from .handlers import HandlerStop
 
-__all__ = ["apply_stages", "collate_step", "finish_step", "read_or_stop", "read_run_or_stop"]
+__all__ = ["apply_stages", "collate_step", "finish_step", "read_or_stop", "read_run_or_stop", "start_steps"]
+
+
+def start_steps(ds: Any) -> None:
+    """A step engine starts over ``ds``: no handler's stop yet, and no shard failed yet.
+
+    ``on_error="skip"``: a shard that failed is skipped for the rest of this
+    run of steps by the process that saw it fail, and tried again by the next
+    one (the next epoch, or a resume), with 0 workers as with N.
+    """
+    ds._failed = {}
+    ds._stopping = False
 
 
 def read_or_stop(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:

@@ -287,3 +287,31 @@ def test_a_handler_stop_ends_a_stream_quietly_through_one_helper():
 def test_no_pickle_aliases_are_left_in_filters():
     for old in ("_Map", "_Select", "_Guard", "_MapDict", "_MapTuple", "_ToTuple", "_Rename"):
         assert not hasattr(filters, old), old
+
+
+def test_a_skipped_shard_is_tried_again_in_the_next_pass_in_a_mixture_like_the_data_set(tmp_path):
+    d = tmp_path / "f"
+    paths = write_shards(str(d), shards=2, samples=6)
+    rw.build_manifest(paths, str(d / "manifest.json"))
+    with open(paths[1], "rb") as f:
+        good = f.read()
+
+    def damage():
+        with open(paths[1], "wb") as f:
+            f.write(good[:len(good) // 2])
+
+    def repair():
+        with open(paths[1], "wb") as f:
+            f.write(good)
+
+    def delivered(ds):
+        return sum(m["samples"] for _, _, m in ds.iter_steps(0, 0, Layout(batch_size=4), collate=False))
+
+    alone = rw.WebDataset(str(d / "manifest.json"), on_error="skip", verify="always")
+    mix = rw.MixedDataset([rw.WebDataset(str(d / "manifest.json"), on_error="skip", verify="always")],
+                          weights=[1])
+    for ds in (alone, mix):
+        damage()
+        first = delivered(ds)
+        repair()
+        assert first == 6 and delivered(ds) == 12  # the next pass reads the shard again
