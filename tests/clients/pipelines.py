@@ -45,6 +45,7 @@ class Client:
     set_epoch: Optional[Callable[[int], None]] = None
     take: Optional[int] = None  # items per epoch the loop takes (infinite streams)
     batched: bool = True  # the loader yields batches (rows are compared after unbatching)
+    dataset: Any = None  # the dataset under a torch DataLoader (its state_dict is the resume point)
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -168,7 +169,7 @@ def filter_no_caption_or_no_image(sample):
     return has_caption and has_image
 
 
-def openclip(wds, urls, workers=0, train=True, resampled=False, batch_size=8, num_samples=96, **_):
+def openclip(wds, urls, workers=0, train=True, resampled=False, batch_size=8, num_samples=96, loader_kw=None, **_):
     """open_clip get_wds_dataset (v2.x: decode("pilrgb"), rename, map_dict, to_tuple)."""
     c = _openclip_classes(wds)
     shared_epoch = SharedEpoch(epoch=0)
@@ -207,7 +208,7 @@ def openclip(wds, urls, workers=0, train=True, resampled=False, batch_size=8, nu
         num_worker_batches = math.ceil(num_batches / num_workers)
         dataset = dataset.with_epoch(num_worker_batches)
     loader = wds.WebLoader(dataset, batch_size=None, shuffle=False, num_workers=workers,
-                           persistent_workers=workers > 0)
+                           persistent_workers=workers > 0, **(loader_kw or {}))
     return Client(loader, set_epoch=shared_epoch.set_value)
 
 
@@ -275,7 +276,7 @@ def wds_readme(wds, urls, workers=0, train=True, **_):
     if train:
         ds = ds.shuffle(1000)
     ds = ds.decode("torchrgb").to_tuple("jpg;png", "json")
-    return Client(DataLoader(ds, num_workers=workers, batch_size=8))
+    return Client(DataLoader(ds, num_workers=workers, batch_size=8), dataset=ds)
 
 
 # webdataset/webdataset examples/train-resnet50-wds.ipynb / README "training":
@@ -286,13 +287,13 @@ def _hwc_to_chw(a):
     return torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
 
 
-def wds_train_example(wds, urls, workers=0, train=True, **_):
+def wds_train_example(wds, urls, workers=0, train=True, loader_kw=None, **_):
     if train:
         ds = wds.WebDataset(urls, resampled=True, shardshuffle=True).shuffle(1000)
     else:
         ds = wds.WebDataset(urls, shardshuffle=False)
     ds = ds.decode("rgb").to_tuple("png;jpg", "cls").map_tuple(_hwc_to_chw, identity).batched(16)
-    loader = wds.WebLoader(ds, batch_size=None, num_workers=workers)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, **(loader_kw or {}))
     if train:
         return Client(loader.unbatched().shuffle(1000).batched(24).with_epoch(4))
     return Client(loader)
@@ -310,7 +311,8 @@ def wds_datapipeline(wds, urls, workers=0, train=True, **_):
         stages.append(wds.shuffle(1000))
     stages += [wds.decode("pil"), wds.to_tuple("jpg;png", "cls"), wds.map_tuple(to_tensor, identity),
                wds.batched(16)]
-    return Client(DataLoader(wds.DataPipeline(*stages), batch_size=None, num_workers=workers))
+    pipeline = wds.DataPipeline(*stages)
+    return Client(DataLoader(pipeline, batch_size=None, num_workers=workers), dataset=pipeline)
 
 
 # --------------------------------------------------------------------- LAVIS
@@ -335,7 +337,7 @@ def lavis(wds, urls, workers=0, train=True, **_):
     ]
     inner = wds.DataPipeline(*stages)
     loader = DataLoader(inner, batch_size=8, num_workers=workers)
-    return Client(loader, take=10 if train else None)
+    return Client(loader, take=10 if train else None, dataset=inner)
 
 
 # ------------------------------------------------------------- DALLE-pytorch
@@ -348,7 +350,7 @@ def _dalle_imagepreproc(data):
     return to_tensor(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
-def dalle(wds, urls, workers=0, train=True, **_):
+def dalle(wds, urls, workers=0, train=True, loader_kw=None, **_):
     caption_key, image_key = "txt", "jpg"
 
     def filter_dataset(item):
@@ -362,7 +364,7 @@ def dalle(wds, urls, workers=0, train=True, **_):
           .map_dict(**image_mapping)
           .to_tuple(caption_key, image_key)
           .batched(8, partial=True))
-    return Client(wds.WebLoader(ds, batch_size=None, shuffle=False, num_workers=workers))
+    return Client(wds.WebLoader(ds, batch_size=None, shuffle=False, num_workers=workers, **(loader_kw or {})))
 
 
 # ------------------------------------------------------ Stable Diffusion (ldm)
@@ -388,7 +390,7 @@ def dict_collation_fn(samples, combine_tensors=True, combine_scalars=True):
     return result
 
 
-def stable_diffusion(wds, urls, workers=0, train=True, **_):
+def stable_diffusion(wds, urls, workers=0, train=True, loader_kw=None, **_):
     keys = ["jpg", "txt"]
     dset = wds.WebDataset(urls, nodesplitter=wds.shardlists.split_by_node, shardshuffle=100 if train else False,
                           handler=wds.warn_and_continue)
@@ -398,7 +400,7 @@ def stable_diffusion(wds, urls, workers=0, train=True, **_):
             .decode("pil", handler=wds.warn_and_continue)
             .map_dict(jpg=to_tensor, txt=identity, handler=wds.warn_and_continue)
             .batched(8, partial=not train, collation_fn=dict_collation_fn))
-    loader = wds.WebLoader(dset, batch_size=None, shuffle=False, num_workers=workers)
+    loader = wds.WebLoader(dset, batch_size=None, shuffle=False, num_workers=workers, **(loader_kw or {}))
     return Client(loader, take=8 if train else None)
 
 
@@ -424,7 +426,7 @@ def clip_retrieval(wds, urls, workers=0, train=True, cache_path=None, **_):
         return out
 
     ds = dataset.select(filter_dataset).map(preprocess_dataset, handler=wds.handlers.warn_and_continue)
-    return Client(DataLoader(ds, batch_size=8, shuffle=False, num_workers=workers))
+    return Client(DataLoader(ds, batch_size=8, shuffle=False, num_workers=workers), dataset=ds)
 
 
 # ------------------------------------------------- diffusion latents (.npy)
@@ -440,7 +442,7 @@ def _latent_collate(batch):
     return {"moments": torch.from_numpy(arr), "txt": [e["txt"] for e in batch]}
 
 
-def latents(wds, urls, workers=0, train=True, **_):
+def latents(wds, urls, workers=0, train=True, loader_kw=None, **_):
     keep_only_keys = {"npy", "txt"}
 
     def filter_fnx(sample):
@@ -451,7 +453,8 @@ def latents(wds, urls, workers=0, train=True, **_):
     else:
         ds = wds.WebDataset(urls=urls, shardshuffle=False, cache_size=-1, cache_dir=None)
     ds = ds.decode().map(filter_fnx).batched(8, partial=not train, collation_fn=_latent_collate)
-    loader = wds.WebLoader(ds, batch_size=None, shuffle=False, num_workers=workers, persistent_workers=workers > 0)
+    loader = wds.WebLoader(ds, batch_size=None, shuffle=False, num_workers=workers, persistent_workers=workers > 0,
+                           **(loader_kw or {}))
     return Client(loader, take=8 if train else None)
 
 
@@ -548,14 +551,14 @@ class _KeyFilter:
             return False
 
 
-def video(wds, urls, workers=0, train=True, **_):
+def video(wds, urls, workers=0, train=True, loader_kw=None, **_):
     shuffle, repeat = 0, 1
     dset = wds.WebDataset(urls, nodesplitter=wds.split_by_node, shardshuffle=shuffle, handler=wds.warn_and_continue)
     dset = dset.repeat(repeat).shuffle(shuffle, initial=shuffle)
     dset = dset.map(_UnusedKeyFilter(keys=["cls"]), handler=wds.warn_and_continue)
     dset = dset.select(_KeyFilter(["mp4", "txt"]))
     dset = dset.map(lambda s: dict(s, json=json.loads(s["json"])), handler=wds.warn_and_continue)
-    return Client(wds.WebLoader(dset, batch_size=None, num_workers=workers), batched=False)
+    return Client(wds.WebLoader(dset, batch_size=None, num_workers=workers, **(loader_kw or {})), batched=False)
 
 
 # ------------------------------------------------------------------ registry
