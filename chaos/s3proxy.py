@@ -17,10 +17,10 @@ Fault kinds (GET only; path-style urls ``/bucket/key``):
                for ``stall_seconds`` (longer than the client's read timeout)
     403        403 ``AccessDenied`` (permanent)
     trickle    the real answer, its body at ``trickle_bytes_per_second``
-    range416   a ranged GetObject answered 416 ``InvalidRange`` (a GetObject
-               without Range is served as usual)
                (every read arrives in time: only a minimum transfer rate
                catches it); not part of ``mixed``
+    range416   a ranged GetObject answered 416 ``InvalidRange`` (a GetObject
+               without Range is served as usual); not part of ``mixed``
 
 ``reset@0.5`` / ``stall@0.9`` cut the body at that fraction.  Profiles:
 ``"slowdown=0.1,reset=0.05"``, ``"mixed:0.2"`` (one of slowdown, 500, 503,
