@@ -19,6 +19,8 @@ Fault kinds (GET only; path-style urls ``/bucket/key``):
     trickle    the real answer, its body at ``trickle_bytes_per_second``
                (every read arrives in time: only a minimum transfer rate
                catches it); not part of ``mixed``
+    range416   a ranged GetObject answered 416 ``InvalidRange`` (a GetObject
+               without Range is served as usual); not part of ``mixed``
 
 ``reset@0.5`` / ``stall@0.9`` cut the body at that fraction.  Profiles:
 ``"slowdown=0.1,reset=0.05"``, ``"mixed:0.2"`` (one of slowdown, 500, 503,
@@ -53,12 +55,13 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from .loopback import LoopbackFaultServer, QuietServer
 
 TRANSPORT_FAULTS = ("slowdown", "500", "503", "reset", "stall")
-ALL_FAULTS = TRANSPORT_FAULTS + ("403", "trickle")
+ALL_FAULTS = TRANSPORT_FAULTS + ("403", "trickle", "range416")
 _ERRORS = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
     "503": (503, "ServiceUnavailable", "Service is unable to handle request."),
     "403": (403, "AccessDenied", "Access Denied"),
+    "range416": (416, "InvalidRange", "The requested range is not satisfiable"),  # Range requests only
 }
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
         "proxy-authenticate", "proxy-authorization"}
@@ -244,6 +247,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if kind is not None and "@" in kind:
                 kind, f = kind.split("@", 1)
                 frac = float(f)
+        if kind == "range416" and not self.headers.get("Range"):
+            kind = None  # a whole GetObject is served as usual
         if kind in _ERRORS:
             self._s3_error(kind, path)
             return

@@ -236,7 +236,10 @@ def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any,
         except FetchError:
             raise
         except Exception as exc:
-            raise s3.translate_s3_error(exc, url) from exc
+            err = s3.translate_s3_error(exc, url)
+            if getattr(err, "status", None) == 416:  # a whole GetObject may well serve it
+                raise RangeIgnored(f"{err} (bytes {start}-{end - 1})", url, 416) from exc
+            raise err from exc
         finally:
             if body is not None:
                 body.close()

@@ -14,7 +14,7 @@ moto_server = pytest.importorskip("moto.server")
 
 import resumewds as rw  # noqa: E402
 from chaos.s3proxy import S3FaultProxy  # noqa: E402
-from resumewds import reading, synth  # noqa: E402
+from resumewds import reading, synth, tario  # noqa: E402
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -96,3 +96,22 @@ def test_s3_samples_are_read_by_verified_ranges(moto, proxy, tmp_path, monkeypat
     assert proxy.faults["reset"] == 3 and proxy.faults["slowdown"] == 3  # each retried
     assert cold == warm
     assert counters["range_samples"] == 150 and counters["range_requests"] >= 3
+
+
+def test_s3_invalid_range_falls_back_to_the_whole_object(moto, proxy, tmp_path, monkeypatch):
+    """A ranged GetObject answered 416 InvalidRange: the shard is read whole (one
+    GetObject without Range), not failed."""
+    root = str(tmp_path / "data")
+    synth.write_shards(root, shards=2, samples=40, size_range=(1000, 6000), seed=3)
+    rw.build_manifest(os.path.join(root, "shard-{000000..000001}.tar"), os.path.join(root, "manifest.json"),
+                      digests=True)
+    bucket = _bucket(moto, root)
+    url = f"s3://{bucket}/data/manifest.json"
+    monkeypatch.setenv("RESUMEWDS_CACHE_SIZE", "1")  # nothing is prefetched: every read starts as a range
+    for i in range(2):
+        proxy.script(f"/{bucket}/data/shard-{i:06d}.tar", ["range416"] * 50)
+    got, _ = _epoch(url, str(tmp_path / "cold"))
+    assert proxy.faults["range416"] >= 2
+    truth = sorted((s["__key__"], bytes(s["bin"])) for n in sorted(os.listdir(root)) if n.endswith(".tar")
+                   for s in tario.iter_samples_file(os.path.join(root, n)))
+    assert sorted((k, b) for k, _, b in got) == truth
