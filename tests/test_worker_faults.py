@@ -141,9 +141,9 @@ def test_cat_with_a_stopped_worker_ends_with_an_error_naming_it(make_shards, tmp
         workers = _children(p.pid)
         assert len(workers) == 2
         os.kill(workers[1], signal.SIGSTOP)
-        printed = 1 + len(p.stdout.read().splitlines())
-        err = p.stderr.read()
-        assert p.wait(timeout=BOUND) == 1, err
+        out, err = p.communicate(timeout=BOUND)
+        printed = 1 + len(out.splitlines())
+        assert p.returncode == 1, err
         assert all(_proc_state(pid) in (None, "Z") for pid in workers)  # none left running
     finally:
         _kill_all(workers + [p.pid])
