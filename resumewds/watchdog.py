@@ -79,6 +79,8 @@ def stall_limit(explicit: Optional[float] = None) -> float:
     """
     from . import config
 
+    if explicit is not None and not float(explicit) >= 0:
+        raise ValueError(f"stall_timeout={explicit!r}: must be >= 0 seconds (0: no limit)")
     return float(config.value("worker_stall", None if explicit is None else float(explicit)))
 
 

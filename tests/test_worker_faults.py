@@ -199,3 +199,23 @@ def test_api_with_a_stopped_worker_raises_and_exits(make_shards, cache_dir, stal
     assert "stopped" in out and "stall_timeout" in out
     if timeout:
         assert "DataLoader timed out after 2" in out
+
+
+def test_stall_timeout_setting(make_shards, monkeypatch):
+    """The parameter wins over RESUMEWDS_WORKER_STALL, which wins over the default; a
+    re-batched chain (loaderchain) keeps it; a bad value is an error naming it."""
+    from resumewds.watchdog import DEFAULT_STALL_SECONDS
+
+    paths = make_shards(shards=2, samples=10)
+    assert rw.WebLoader(rw.WebDataset(paths), batch_size=4).stall_timeout == DEFAULT_STALL_SECONDS == 60
+    monkeypatch.setenv("RESUMEWDS_WORKER_STALL", "7")
+    assert rw.WebLoader(rw.WebDataset(paths), batch_size=4).stall_timeout == 7
+    base = rw.WebLoader(rw.WebDataset(paths), batch_size=4, stall_timeout=0)
+    assert base.stall_timeout == 0
+    monkeypatch.delenv("RESUMEWDS_WORKER_STALL")
+    assert base.unbatched().shuffle(5).batched(3).loader.stall_timeout == 0
+    with pytest.raises(ValueError, match="stall_timeout=-1"):
+        rw.WebLoader(rw.WebDataset(paths), batch_size=4, stall_timeout=-1)
+    monkeypatch.setenv("RESUMEWDS_WORKER_STALL", "soon")
+    with pytest.raises(ValueError, match="RESUMEWDS_WORKER_STALL='soon'"):
+        rw.WebLoader(rw.WebDataset(paths), batch_size=4)
