@@ -78,6 +78,7 @@ _LAZY: Dict[str, str] = {
     **dict.fromkeys(("sample_digest", "scan_file"), "tario"),
     **dict.fromkeys(("PipelineStage", "repeatedly"), "utils"),
     **dict.fromkeys(("World", "detect_world"), "world"),
+    "WorkerStallError": "watchdog",  # a stopped DataLoader worker (no torch import)
     **dict.fromkeys(("ShardWriter", "TarWriter", "numpy_dumps", "torch_dumps"), "writer"),
     # torch: WebLoader imports it; keep `import resumewds` light for the CLI
     **dict.fromkeys(("WebLoader", "EmptyBatch", "BatchInfo"), "loader"),
@@ -135,6 +136,7 @@ __all__ = [
     "UnsafeSourceError",
     "WebDataset",
     "WebLoader",
+    "WorkerStallError",
     "World",
     "add_sample_digests",
     "associate",

@@ -130,7 +130,8 @@ class LoaderPipeline:
             bs, collate, remainder = base.batch_size, base._collate_fn, base.remainder
         new = WebLoader(ds, batch_size=bs, num_workers=base.num_workers, collate_fn=collate,
                         rank=base.rank, world_size=base.world_size, remainder=remainder,
-                        chunk_size=base.layout.batch_size, transport=base.transport, **base.dataloader_kwargs)
+                        chunk_size=base.layout.batch_size, transport=base.transport,
+                        stall_timeout=base.stall_timeout, **base.dataloader_kwargs)
         # the base loader's resume point and journal carry over (positions are samples)
         new.epoch, new.position = base.epoch, base.position
         new.steps_done, new.samples_total = base.steps_done, base.samples_total

@@ -35,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import ResumeWDSError
@@ -79,6 +80,8 @@ def stall_limit(explicit: Optional[float] = None) -> float:
     """
     from . import config
 
+    if explicit is not None and not float(explicit) >= 0:
+        raise ValueError(f"stall_timeout={explicit!r}: must be >= 0 seconds (0: no limit)")
     return float(config.value("worker_stall", None if explicit is None else float(explicit)))
 
 
@@ -92,6 +95,19 @@ def _proc_state(pid: int) -> Optional[str]:
     end = data.rfind(b")")  # the command name may hold spaces and parentheses
     fields = data[end + 2:].split(b" ", 1) if end >= 0 else []
     return fields[0].decode("ascii", "replace") if fields and fields[0] else None
+
+
+def _stop_pending(pid: int) -> bool:
+    """Whether a SIGSTOP waits to be taken by ``pid`` (it stops when it next runs)."""
+    bit = 1 << (int(signal.SIGSTOP) - 1)
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & bit:
+                    return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _gone(pid: int) -> bool:
@@ -143,6 +159,16 @@ def worker_died(exc: BaseException) -> Optional[ResumeWDSError]:
     return None
 
 
+_LIVE: weakref.WeakSet[WorkerWatchdog] = weakref.WeakSet()  # iterations still running
+
+
+def _close_live() -> None:
+    # at exit, before multiprocessing's own handler (registered earlier, so run
+    # later) joins the workers: a live iterator's stopped worker would hang it
+    for watch in list(_LIVE):
+        watch.close()
+
+
 class WorkerWatchdog:
     """Watches the workers of one DataLoader iterator for stops (see the module doc).
 
@@ -164,6 +190,13 @@ class WorkerWatchdog:
         self._killed: List[int] = []
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        if self.workers:
+            if not _LIVE:
+                import atexit
+
+                atexit.unregister(_close_live)
+                atexit.register(_close_live)
+            _LIVE.add(self)
         if self.limit > 0 and self.workers:
             self._thread = threading.Thread(target=self._run, name="resumewds-worker-watchdog", daemon=True)
             self._thread.start()
@@ -232,8 +265,9 @@ class WorkerWatchdog:
             pass
 
     def stopped(self) -> List[Tuple[int, int]]:
-        """``(worker id, pid)`` of the workers stopped now."""
-        return [(w, p) for w, p in self.workers if p not in self._killed and _proc_state(p) == "T"]
+        """``(worker id, pid)`` of the workers stopped now (or about to stop: SIGSTOP pending)."""
+        return [(w, p) for w, p in self.workers
+                if p not in self._killed and (_proc_state(p) == "T" or _stop_pending(p))]
 
     def explain(self, exc: BaseException) -> Optional[ResumeWDSError]:
         """The error to raise for ``exc`` from ``next(it)``: the stall when this
@@ -253,6 +287,7 @@ class WorkerWatchdog:
         """Stop watching and kill the workers that are stopped now (torch's
         shutdown and Python's exit could not join them).  Idempotent."""
         self._done.set()
+        _LIVE.discard(self)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
         for wid, pid in self.stopped():

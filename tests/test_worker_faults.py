@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from typing import List
 
 import pytest
@@ -53,6 +54,15 @@ def _kill_all(pids: List[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (the signal is taken when it next runs)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + BOUND
+    while _proc_state(pid) != "T":
+        assert time.monotonic() < deadline, f"pid {pid} never stopped"
+        time.sleep(0.01)
 
 
 def _unshare_pid_ns() -> List[str]:
@@ -140,10 +150,10 @@ def test_cat_with_a_stopped_worker_ends_with_an_error_naming_it(make_shards, tmp
         p.stdout.readline()  # the workers run
         workers = _children(p.pid)
         assert len(workers) == 2
-        os.kill(workers[1], signal.SIGSTOP)
-        printed = 1 + len(p.stdout.read().splitlines())
-        err = p.stderr.read()
-        assert p.wait(timeout=BOUND) == 1, err
+        _stop(workers[1])
+        out, err = p.communicate(timeout=BOUND)
+        printed = 1 + len(out.splitlines())
+        assert p.returncode == 1, err
         assert all(_proc_state(pid) in (None, "Z") for pid in workers)  # none left running
     finally:
         _kill_all(workers + [p.pid])
@@ -186,7 +196,7 @@ def test_api_with_a_stopped_worker_raises_and_exits(make_shards, cache_dir, stal
         assert p.stdout is not None and p.stdin is not None
         workers = [int(x) for x in p.stdout.readline().split()]
         assert len(workers) == 2, p.stderr.read() if p.stderr else ""
-        os.kill(workers[1], signal.SIGSTOP)
+        _stop(workers[1])
         p.stdin.write("go\n")
         p.stdin.flush()
         out, err = p.communicate(timeout=BOUND)
@@ -199,3 +209,57 @@ def test_api_with_a_stopped_worker_raises_and_exits(make_shards, cache_dir, stal
     assert "stopped" in out and "stall_timeout" in out
     if timeout:
         assert "DataLoader timed out after 2" in out
+
+
+def test_stall_timeout_setting(make_shards, monkeypatch):
+    """The parameter wins over RESUMEWDS_WORKER_STALL, which wins over the default; a
+    re-batched chain (loaderchain) keeps it; a bad value is an error naming it."""
+    from resumewds.watchdog import DEFAULT_STALL_SECONDS
+
+    paths = make_shards(shards=2, samples=10)
+    assert rw.WebLoader(rw.WebDataset(paths), batch_size=4).stall_timeout == DEFAULT_STALL_SECONDS == 60
+    monkeypatch.setenv("RESUMEWDS_WORKER_STALL", "7")
+    assert rw.WebLoader(rw.WebDataset(paths), batch_size=4).stall_timeout == 7
+    base = rw.WebLoader(rw.WebDataset(paths), batch_size=4, stall_timeout=0)
+    assert base.stall_timeout == 0
+    monkeypatch.delenv("RESUMEWDS_WORKER_STALL")
+    assert base.unbatched().shuffle(5).batched(3).loader.stall_timeout == 0
+    with pytest.raises(ValueError, match="stall_timeout=-1"):
+        rw.WebLoader(rw.WebDataset(paths), batch_size=4, stall_timeout=-1)
+    monkeypatch.setenv("RESUMEWDS_WORKER_STALL", "soon")
+    with pytest.raises(ValueError, match="RESUMEWDS_WORKER_STALL='soon'"):
+        rw.WebLoader(rw.WebDataset(paths), batch_size=4)
+
+
+_LIVE_ITER = textwrap.dedent("""
+    import os, sys
+    import resumewds as rw
+    loader = rw.WebLoader(rw.WebDataset(sys.argv[1:]), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    me = os.getpid()
+    print(open(f"/proc/{me}/task/{me}/children").read().strip(), flush=True)
+    sys.stdin.readline()  # the test stopped a worker
+    print("exiting", flush=True)  # with the iterator alive: exit must not wait for the stopped worker
+""")
+
+
+def test_exit_with_a_live_iterator_and_a_stopped_worker(make_shards, cache_dir):
+    paths = make_shards(shards=5, samples=37)
+    p = subprocess.Popen([sys.executable, "-c", _LIVE_ITER, *paths], env=_env(cache_dir), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: List[int] = []
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        workers = [int(x) for x in p.stdout.readline().split()]
+        assert len(workers) == 2, p.stderr.read() if p.stderr else ""
+        _stop(workers[1])
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        out, err = p.communicate(timeout=BOUND)
+        assert all(_proc_state(pid) in (None, "Z") for pid in workers)  # none left running
+    finally:
+        _kill_all(workers + [p.pid])
+        p.wait()
+    assert p.returncode == 0 and out.strip() == "exiting", err
+    assert f"killing DataLoader worker 1 (pid {workers[1]}): it is stopped" in err
