@@ -317,11 +317,11 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def _layout(self) -> Layout:
         rank, world = 0, 1
-        if self._c.node_split or self._c.single_node:
+        if self._c.node_split or self._c.single_node or self._c.resampled:
             r, w, _, _ = worker_info()
             if self._c.single_node and w > 1:
                 raise ValueError("input pipeline needs to be reconfigured for multinode training")
-            if self._c.node_split:
+            if self._c.node_split or self._c.resampled:
                 rank, world = r, w
         if self.batch_size is not None:
             b = self._c.batch
@@ -333,7 +333,9 @@ class DataPipeline(WebDataset, IterableDataset):
         """Compiled outputs from the state ``st`` on, epoch after epoch; updates ``st``."""
         worker, nw = 0, 1
         info = get_worker_info()
-        if info is not None and self._c.worker_split:
+        # ResampledShards: each worker draws its own sequence (webdataset seeds it by
+        # rank and worker); here each takes its own share of the endless plan
+        if info is not None and (self._c.worker_split or self._c.resampled):
             worker, nw = info.id, info.num_workers
         layout = self._layout()
         batched = self.batch_size is not None
@@ -403,6 +405,12 @@ class DataPipeline(WebDataset, IterableDataset):
         # each iterator has its own copy of the state, taken now (two iterators at
         # once, as in RoundRobin([p, p]), are independent); state_dict() is the newest's
         self._state = dict(self._state)
+        if not getattr(self, "_loaded", True) and self.repetitions == 1 and (self._state["position"] or
+                                                                            self._state["skip"]):
+            # a pass left before its end (``next(iter(p))``): each iter() is a new pass, as in
+            # webdataset; only load_state_dict() continues one
+            self._state = {"epoch": self._state["epoch"] + 1, "position": 0, "skip": 0}
+        self._loaded = False
         src: Any = self._compiled_stream(self._state)
         for f in self._c.tail:
             src = f(src)
@@ -451,6 +459,7 @@ class DataPipeline(WebDataset, IterableDataset):
                                  f"this pipeline {self._layout().step_size}")
         self._state = {"epoch": int(state["epoch"]), "position": int(state["position"]),
                        "skip": int(state.get("skip", 0))}
+        self._loaded = True
 
     set_state = load_state_dict
 

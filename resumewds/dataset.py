@@ -624,7 +624,7 @@ class WebDataset:
                 from .tariterators import salvage_shard
 
                 kept = salvage_shard(s, self.store, exc, stop)  # the samples before the damage, as webdataset
-                self._index_skipped = True
+                self._index_skipped = {**(getattr(self, "_index_skipped", None) or {}), s.url: str(exc)}
                 self._on_event("skip", s.url, error=str(exc), samples_kept=kept)
                 log.warning("skipping shard %s%s: %s", s.url, f" after its first {kept} samples" if kept else "",
                             exc)
@@ -1067,9 +1067,9 @@ class WebDataset:
         """One epoch of this share from the clean point in ``st``; updates ``st``."""
         epoch = st["epoch"]
         ep = self.plan.epoch(epoch)
-        if self.empty_check and len(ep) == 0 and not getattr(self, "_index_skipped", False):
-            raise ValueError("No samples found in dataset (an epoch of 0 samples); "
-                             "turn this check off with empty_check=False")
+        if self.empty_check and len(ep) == 0:
+            from .handlers import empty_epoch_error
+            raise empty_epoch_error(epoch, getattr(self, "_index_skipped", None))
         stream = self._stream_stages()
         runners = [s.runner(mix(self.seed, epoch, 0x5354, i)) for i, s in enumerate(stream)]
         for r, c in zip(runners, st.get("counts") or []):
