@@ -370,7 +370,9 @@ class DataPipeline(WebDataset, IterableDataset):
                 return
             st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0
             if delivered == 0 and (start or skip0):
-                reps -= 1  # the state was at the very end of that epoch: a pass is the next one
+                if self.repetitions == 1:
+                    return  # the state was at the very end of that epoch: this pass has nothing left
+                reps -= 1  # a stream over epochs (with_epoch) goes on with the next one
                 continue
             if delivered == 0:
                 return
@@ -419,8 +421,20 @@ class DataPipeline(WebDataset, IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         it = self.iterator()
         if self.repetitions != 1 and self.nsamples > 0:
-            return itertools.islice(it, self.nsamples)
+            if self._c.generic:
+                return itertools.islice(it, self.nsamples)
+            return self._limited(it, self._state)
         return it
+
+    def _limited(self, it: Iterator[Any], st: Dict[str, Any]) -> Iterator[Any]:
+        """``with_epoch(n)``: ``n`` items per ``iter()``; ``st["served"]`` counts them (a resume
+        finishes the chunk the state was taken in)."""
+        served = int(st.get("served", 0))
+        st["served"] = served if served < self.nsamples else 0
+        for x in itertools.islice(it, self.nsamples - st["served"]):
+            st["served"] += 1
+            yield x
+        st["served"] = 0
 
     # ---- state ----------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -458,7 +472,7 @@ class DataPipeline(WebDataset, IterableDataset):
                 raise StateError(f"DataPipeline state has step size {state.get('step_size')}, "
                                  f"this pipeline {self._layout().step_size}")
         self._state = {"epoch": int(state["epoch"]), "position": int(state["position"]),
-                       "skip": int(state.get("skip", 0))}
+                       "skip": int(state.get("skip", 0)), "served": int(state.get("served", 0))}
         self._loaded = True
 
     set_state = load_state_dict

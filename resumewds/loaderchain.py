@@ -160,9 +160,13 @@ class LoaderPipeline(FluidInterface):
             bs, collate, remainder = None, None, base.remainder
         else:
             bs, collate, remainder = base.batch_size, base._collate_fn, base.remainder
+        preempt = tuple(getattr(base, "_preempt_signals", ()))
+        if preempt:
+            base._restore_handlers()  # the new loader takes the signals over (and their previous handlers)
         new = WebLoader(ds, batch_size=bs, num_workers=base.num_workers, collate_fn=collate,
                         rank=base.rank, world_size=base.world_size, remainder=remainder,
-                        chunk_size=base.layout.batch_size, transport=base.transport, **base.dataloader_kwargs)
+                        chunk_size=base.layout.batch_size, transport=base.transport, preempt=preempt or False,
+                        **base.dataloader_kwargs)
         # the base loader's resume point and journal carry over (positions are samples)
         new.epoch, new.position = base.epoch, base.position
         new.steps_done, new.samples_total = base.steps_done, base.samples_total
@@ -201,10 +205,12 @@ class LoaderPipeline(FluidInterface):
             for item in loader:
                 got += 1
                 yield item
+            if getattr(loader, "preempted", False):
+                return  # a preemption signal: the stream ends at this step boundary
             if loader.epoch != start_epoch:
                 epochs += 1
-            if got == 0 and self._nepochs < 0:
-                break  # an empty data set: never loop forever
+            elif got == 0:
+                break  # no progress (an empty data set): never loop forever
 
     def __len__(self) -> int:
         if self._length is not None:

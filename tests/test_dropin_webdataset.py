@@ -263,3 +263,56 @@ def test_a_smoke_test_next_then_a_full_pass(urls):
     q = _batched_pipeline(ours, urls)
     q.load_state_dict(state)
     assert _keys(list(q)) == _keys(got[real][1])[10:]  # a loaded state continues its pass
+
+
+# ---- resume of direct iteration and of the re-mixing chain -----------------------------
+
+def test_with_epoch_resumes_after_the_last_batch_of_a_data_epoch(urls):
+    def make(w):
+        return _batched_pipeline(w, urls).with_epoch(15)  # 40 batches per data epoch
+
+    theirs = real.DataPipeline(*_batched_pipeline(real, urls).pipeline).with_epoch(15)
+    assert [len(list(theirs)) for _ in range(3)] == [15, 15, 15]
+    p = make(ours)
+    ref = [list(p) for _ in range(4)]
+    assert [len(r) for r in ref] == [15, 15, 15, 15]
+    p = make(ours)
+    list(p), list(p)
+    it = iter(p)
+    head = [next(it) for _ in range(10)]  # the 40th batch: the last of data epoch 0
+    q = make(ours)
+    q.load_state_dict(p.state_dict())
+    assert head + list(q) == ref[2]  # the rest of this iter(): 5 batches of epoch 1
+    assert list(q) == ref[3]
+
+
+def test_a_state_at_the_last_batch_of_an_epoch_resumes_to_the_next_epoch(urls):
+    p = _batched_pipeline(ours, urls)
+    ref = [list(p), list(p)]
+    assert len(ref[0]) == len(list(_batched_pipeline(real, urls))) == 40
+    p = _batched_pipeline(ours, urls)
+    it = iter(p)
+    for _ in range(40):
+        next(it)  # the training loop's last step of epoch 0, its pass not yet exhausted
+    q = _batched_pipeline(ours, urls)
+    q.load_state_dict(p.state_dict())
+    assert list(q) == []  # what was left of epoch 0's pass
+    assert list(q) == ref[1]  # and the next pass is epoch 1, not an extra one
+
+
+def test_a_remix_chain_keeps_preempt(urls):
+    import os
+    import signal
+
+    ds = ours.WebDataset(urls, shuffle=True, seed=1).to_tuple("__key__").batched(10)
+    chain = ours.WebLoader(ds, batch_size=None, num_workers=0, preempt=[signal.SIGUSR1])
+    chain = chain.unbatched().shuffle(1000).batched(64)
+    got = []
+    try:
+        for b in chain:
+            got.append(b)
+            if len(got) == 2:
+                os.kill(os.getpid(), signal.SIGUSR1)  # a scheduler's preemption signal
+    finally:
+        chain.close()
+    assert chain.preempted and len(got) == 2  # stopped at the next step boundary
