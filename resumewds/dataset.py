@@ -1013,7 +1013,7 @@ class WebDataset:
                                  f"{st.get('layout')}, this iterator has {lay}: resume with the same "
                                  "world size and num_workers (or use WebLoader, which resumes "
                                  "under any layout)")
-            st["served"] = st.get("served", 0)
+            st["served"] = st.get("served", 0) if st.get("served", 0) < self._limit else 0  # a chunk done: a new one
         elif self._mode != "once" and self._cursor is not None:
             st = dict(self._cursor, served=0, first=self._cursor["epoch"])
         else:
@@ -1046,7 +1046,7 @@ class WebDataset:
                 return  # the epoch goes on in the next iter()
             if nepochs > 0 and st["epoch"] >= st["first"] + nepochs:
                 break
-            produced = 0
+            produced, resumed = 0, bool(st["step"] or st["skip"])  # the rest of a resumed epoch may be empty
             for item in self._epoch_items(st, layout):
                 produced += 1
                 yield item
@@ -1058,7 +1058,7 @@ class WebDataset:
             st.update(nxt)
             if self._mode == "once":
                 self.epoch = st["epoch"]
-            empty = 0 if produced else empty + 1
+            empty = 0 if (produced or resumed) else empty + 1
             if empty and nepochs < 0:
                 return  # an epoch gave nothing: do not loop forever (webdataset's rule)
         self.epoch = st["epoch"]

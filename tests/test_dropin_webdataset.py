@@ -286,6 +286,29 @@ def test_with_epoch_resumes_after_the_last_batch_of_a_data_epoch(urls):
     assert list(q) == ref[3]
 
 
+def test_webdataset_with_epoch_resumes_after_the_last_batch_of_a_data_epoch(urls):
+    def make(w):
+        return _quiet(w.WebDataset, urls, shardshuffle=False).to_tuple("__key__").batched(10).with_epoch(15)
+
+    theirs = make(real)
+    assert [len(list(theirs)) for _ in range(3)] == [15, 15, 15]
+    p = make(ours)
+    ref = [list(p) for _ in range(4)]
+    p = make(ours)
+    list(p), list(p)
+    it = iter(p)
+    head = [next(it) for _ in range(10)]  # the 40th batch: the last of data epoch 0
+    q = make(ours)
+    q.load_state_dict(p.state_dict())
+    assert head + list(q) == ref[2]  # the rest of this iter(): 5 batches of epoch 1
+    assert list(q) == ref[3]
+    p = make(ours)
+    list(p), list(p), list(p)  # a state after a whole iter(): the next one is a full chunk
+    q = make(ours)
+    q.load_state_dict(p.state_dict())
+    assert list(q) == ref[3]
+
+
 def test_a_state_at_the_last_batch_of_an_epoch_resumes_to_the_next_epoch(urls):
     p = _batched_pipeline(ours, urls)
     ref = [list(p), list(p)]
