@@ -283,7 +283,9 @@ class DataPipeline(WebDataset, IterableDataset):
         what = "the pipeline runs as in webdataset (no plan)" if whole else \
             "it and the stages after it run on the stream"
         warnings.warn(f"DataPipeline: resumewds cannot see through stage {stage!r}: {what}; "
-                      "a resume from state_dict() is not exact (state_dict()['exact'] is False)",
+                      "a resume from state_dict() is not exact (state_dict()['exact'] is False). To make "
+                      "it exact, use the stages resumewds compiles (SimpleShardList / ResampledShards, the "
+                      "splitters, shuffle, tarfile_to_samples, the per-sample stages, batched)",
                       stacklevel=3)
 
     # ---- the plan -----------------------------------------------------------------

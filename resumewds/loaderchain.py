@@ -163,10 +163,11 @@ class LoaderPipeline(FluidInterface):
         preempt = tuple(getattr(base, "_preempt_signals", ()))
         if preempt:
             base._restore_handlers()  # the new loader takes the signals over (and their previous handlers)
-        new = WebLoader(ds, batch_size=bs, num_workers=base.num_workers, collate_fn=collate,
-                        rank=base.rank, world_size=base.world_size, remainder=remainder,
-                        chunk_size=base.layout.batch_size, transport=base.transport, preempt=preempt or False,
-                        **base.dataloader_kwargs)
+        new = object.__new__(WebLoader)  # the compiled loader itself (WebLoader() would route ``ds`` again)
+        WebLoader.__init__(new, ds, batch_size=bs, num_workers=base.num_workers, collate_fn=collate,
+                           rank=base.rank, world_size=base.world_size, remainder=remainder,
+                           chunk_size=base.layout.batch_size, transport=base.transport,
+                           preempt=preempt or False, **base.dataloader_kwargs)
         # the base loader's resume point and journal carry over (positions are samples)
         new.epoch, new.position = base.epoch, base.position
         new.steps_done, new.samples_total = base.steps_done, base.samples_total
