@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any, Dict, List
 
 # Loaded with the package: the exceptions (light, and what ``except rw.X`` needs), and
@@ -80,6 +81,7 @@ _LAZY: Dict[str, str] = {
     **dict.fromkeys(("World", "detect_world"), "world"),
     "WorkerStallError": "watchdog",  # a stopped DataLoader worker (no torch import)
     **dict.fromkeys(("ShardWriter", "TarWriter", "numpy_dumps", "torch_dumps"), "writer"),
+    "gopen_schemes": "gopen",
     # torch: WebLoader imports it; keep `import resumewds` light for the CLI
     **dict.fromkeys(("WebLoader", "EmptyBatch", "BatchInfo"), "loader"),
     "DataPipeline": "datapipeline",  # a torch IterableDataset: imports torch
@@ -152,6 +154,7 @@ __all__ = [
     "filters",
     "getfirst",
     "gopen",
+    "gopen_schemes",
     "gzfilter",
     "handle_extension",
     "ignore_and_continue",
@@ -205,7 +208,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     mod = _LAZY.get(name)
     if mod is None:
-        if name not in _MODULES:
+        # every submodule is an attribute, as webdataset's are (``wds.handlers``,
+        # ``wds.writer``...) whether or not something imported it first
+        if name not in _MODULES and (name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None):
             raise AttributeError(f"module 'resumewds' has no attribute {name!r}")
         value = importlib.import_module(f".{name}", __name__)
     else:

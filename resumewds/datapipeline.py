@@ -284,7 +284,9 @@ class DataPipeline(WebDataset, IterableDataset):
         what = "the pipeline runs as in webdataset (no plan)" if whole else \
             "it and the stages after it run on the stream"
         warnings.warn(f"DataPipeline: resumewds cannot see through stage {stage!r}: {what}; "
-                      "a resume from state_dict() is not exact (state_dict()['exact'] is False)",
+                      "a resume from state_dict() is not exact (state_dict()['exact'] is False). To make "
+                      "it exact, use the stages resumewds compiles (SimpleShardList / ResampledShards, the "
+                      "splitters, shuffle, tarfile_to_samples, the per-sample stages, batched)",
                       stacklevel=3)
 
     # ---- the plan -----------------------------------------------------------------
@@ -318,11 +320,11 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def _layout(self) -> Layout:
         rank, world = 0, 1
-        if self._c.node_split or self._c.single_node:
+        if self._c.node_split or self._c.single_node or self._c.resampled:
             r, w, _, _ = worker_info()
             if self._c.single_node and w > 1:
                 raise ValueError("input pipeline needs to be reconfigured for multinode training")
-            if self._c.node_split:
+            if self._c.node_split or self._c.resampled:
                 rank, world = r, w
         if self.batch_size is not None:
             b = self._c.batch
@@ -334,7 +336,9 @@ class DataPipeline(WebDataset, IterableDataset):
         """Compiled outputs from the state ``st`` on, epoch after epoch; updates ``st``."""
         worker, nw = 0, 1
         info = get_worker_info()
-        if info is not None and self._c.worker_split:
+        # ResampledShards: each worker draws its own sequence (webdataset seeds it by
+        # rank and worker); here each takes its own share of the endless plan
+        if info is not None and (self._c.worker_split or self._c.resampled):
             worker, nw = info.id, info.num_workers
         layout = self._layout()
         batched = self.batch_size is not None
@@ -369,7 +373,9 @@ class DataPipeline(WebDataset, IterableDataset):
                 return
             st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0
             if delivered == 0 and (start or skip0):
-                reps -= 1  # the state was at the very end of that epoch: a pass is the next one
+                if self.repetitions == 1:
+                    return  # the state was at the very end of that epoch: this pass has nothing left
+                reps -= 1  # a stream over epochs (with_epoch) goes on with the next one
                 continue
             if delivered == 0:
                 return
@@ -404,6 +410,12 @@ class DataPipeline(WebDataset, IterableDataset):
         # each iterator has its own copy of the state, taken now (two iterators at
         # once, as in RoundRobin([p, p]), are independent); state_dict() is the newest's
         self._state = dict(self._state)
+        if not getattr(self, "_loaded", True) and self.repetitions == 1 and (self._state["position"] or
+                                                                            self._state["skip"]):
+            # a pass left before its end (``next(iter(p))``): each iter() is a new pass, as in
+            # webdataset; only load_state_dict() continues one
+            self._state = {"epoch": self._state["epoch"] + 1, "position": 0, "skip": 0}
+        self._loaded = False
         src: Any = self._compiled_stream(self._state)
         for f in self._c.tail:
             src = f(src)
@@ -412,8 +424,20 @@ class DataPipeline(WebDataset, IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         it = self.iterator()
         if self.repetitions != 1 and self.nsamples > 0:
-            return itertools.islice(it, self.nsamples)
+            if self._c.generic:
+                return itertools.islice(it, self.nsamples)
+            return self._limited(it, self._state)
         return it
+
+    def _limited(self, it: Iterator[Any], st: Dict[str, Any]) -> Iterator[Any]:
+        """``with_epoch(n)``: ``n`` items per ``iter()``; ``st["served"]`` counts them (a resume
+        finishes the chunk the state was taken in)."""
+        served = int(st.get("served", 0))
+        st["served"] = served if served < self.nsamples else 0
+        for x in itertools.islice(it, self.nsamples - st["served"]):
+            st["served"] += 1
+            yield x
+        st["served"] = 0
 
     # ---- state ----------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -451,7 +475,8 @@ class DataPipeline(WebDataset, IterableDataset):
                 raise StateError(f"DataPipeline state has step size {state.get('step_size')}, "
                                  f"this pipeline {self._layout().step_size}")
         self._state = {"epoch": int(state["epoch"]), "position": int(state["position"]),
-                       "skip": int(state.get("skip", 0))}
+                       "skip": int(state.get("skip", 0)), "served": int(state.get("served", 0))}
+        self._loaded = True
 
     set_state = load_state_dict
 

@@ -586,7 +586,7 @@ class WebDataset:
                 from .tariterators import salvage_shard
 
                 kept = salvage_shard(s, self.store, exc, stop)  # the samples before the damage, as webdataset
-                self._index_skipped = True
+                self._index_skipped = {**(getattr(self, "_index_skipped", None) or {}), s.url: str(exc)}
                 self._on_event("skip", s.url, error=str(exc), samples_kept=kept)
                 log.warning("skipping shard %s%s", naming(s.url, exc),
                             f" (kept its first {kept} samples)" if kept else "")
@@ -940,7 +940,7 @@ class WebDataset:
                                  f"{st.get('layout')}, this iterator has {lay}: resume with the same "
                                  "world size and num_workers (or use WebLoader, which resumes "
                                  "under any layout)")
-            st["served"] = st.get("served", 0)
+            st["served"] = st.get("served", 0) if st.get("served", 0) < self._limit else 0  # a chunk done: a new one
         elif self._mode != "once" and self._cursor is not None:
             st = dict(self._cursor, served=0, first=self._cursor["epoch"])
         else:
@@ -973,7 +973,7 @@ class WebDataset:
                 return  # the epoch goes on in the next iter()
             if nepochs > 0 and st["epoch"] >= st["first"] + nepochs:
                 break
-            produced = 0
+            produced, resumed = 0, bool(st["step"] or st["skip"])  # the rest of a resumed epoch may be empty
             for item in self._epoch_items(st, layout):
                 produced += 1
                 yield item
@@ -985,7 +985,7 @@ class WebDataset:
             st.update(nxt)
             if self._mode == "once":
                 self.epoch = st["epoch"]
-            empty = 0 if produced else empty + 1
+            empty = 0 if (produced or resumed) else empty + 1
             if empty and nepochs < 0:
                 return  # an epoch gave nothing: do not loop forever (webdataset's rule)
         self.epoch = st["epoch"]
@@ -994,9 +994,9 @@ class WebDataset:
         """One epoch of this share from the clean point in ``st``; updates ``st``."""
         epoch = st["epoch"]
         ep = self.plan.epoch(epoch)
-        if self.empty_check and len(ep) == 0 and not getattr(self, "_index_skipped", False):
-            raise ValueError("No samples found in dataset (an epoch of 0 samples); "
-                             "turn this check off with empty_check=False")
+        if self.empty_check and len(ep) == 0:
+            from .handlers import empty_epoch_error
+            raise empty_epoch_error(epoch, getattr(self, "_index_skipped", None))
         stream = self._stream_stages()
         runners = [s.runner(mix(self.seed, epoch, 0x5354, i)) for i, s in enumerate(stream)]
         for r, c in zip(runners, st.get("counts") or []):

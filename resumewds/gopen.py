@@ -42,13 +42,13 @@ import io
 import re
 import subprocess
 import sys
-from typing import IO, Any, cast
+from typing import IO, Any, Callable, Dict, cast
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from . import config, utils
 
-__all__ = ["Pipe", "gopen", "reader", "rewrite_url"]
+__all__ = ["Pipe", "gopen", "gopen_schemes", "reader", "rewrite_url"]
 
 
 def rewrite_url(url: str) -> str:
@@ -214,21 +214,51 @@ def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
     utils.check_source_allowed(url)
     if config.value("log_opens"):
         print(f"[gopen] {url} open ({mode})", file=sys.stderr, flush=True)
-    if url.startswith("pipe:"):
-        return io.BufferedReader(Pipe(url[5:], mode)) if mode == "rb" else Pipe(url[5:], mode)
     pr = urlparse(url)
-    if pr.scheme == "" or len(pr.scheme) == 1:  # a path (or a Windows drive letter)
+    scheme = "pipe" if url.startswith("pipe:") else pr.scheme
+    if scheme == "" or len(scheme) == 1:  # a path (or a Windows drive letter)
         return open(url, mode)
-    if pr.scheme == "file":
-        return open(url2pathname(pr.path), mode)
-    if pr.scheme in ("http", "https", "s3"):
-        if mode != "rb":
-            raise ValueError(f"gopen: {url}: writing to {pr.scheme}:// URLs is not supported by resumewds")
-        return io.BufferedReader(_LazyRemote(url), buffer_size=max(int(bufsize), 8192))
+    handler = gopen_schemes.get(scheme, gopen_schemes["__default__"])
+    return handler(url, mode, bufsize, **kw)
+
+
+def gopen_pipe(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+    """Open ``pipe:CMD``: CMD's stdout (``"rb"``) or stdin (``"wb"``)."""
+    cmd = url[5:] if url.startswith("pipe:") else url
+    return io.BufferedReader(Pipe(cmd, mode)) if mode == "rb" else Pipe(cmd, mode)
+
+
+def gopen_file(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+    """Open a ``file:`` URL."""
+    return open(url2pathname(urlparse(url).path), mode)
+
+
+def gopen_remote(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+    """Open an ``http(s)://`` or ``s3://`` URL for reading (on its first read)."""
+    if mode != "rb":
+        raise ValueError(f"gopen: {url}: writing to {urlparse(url).scheme}:// URLs is not supported by resumewds")
+    return io.BufferedReader(_LazyRemote(url), buffer_size=max(int(bufsize), 8192))
+
+
+def gopen_error(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+    """The ``__default__`` handler: an unknown scheme is a ``ValueError``."""
     from .s3 import scheme_hint
 
-    raise ValueError(f"gopen: {url}: unsupported URL scheme {pr.scheme!r} "
-                     "(use a local path, file:, pipe:, http(s):// or s3://)" + scheme_hint(pr.scheme))
+    scheme = urlparse(url).scheme
+    raise ValueError(f"gopen: {url}: unsupported URL scheme {scheme!r} "
+                     "(use a local path, file:, pipe:, http(s):// or s3://)" + scheme_hint(scheme))
+
+
+#: webdataset's dispatch table: scheme -> ``handler(url, mode, bufsize, **kw)``; add a scheme
+#: here to open it with ``gopen`` (``"__default__"`` handles the unknown ones)
+gopen_schemes: Dict[str, Callable[..., Any]] = {
+    "__default__": gopen_error,
+    "pipe": gopen_pipe,
+    "file": gopen_file,
+    "http": gopen_remote,
+    "https": gopen_remote,
+    "s3": gopen_remote,
+}
 
 
 def reader(url: str, **kw: Any) -> Any:

@@ -23,12 +23,12 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
 Handler = Callable[[BaseException], bool]
 T = TypeVar("T")
 
-__all__ = ["Handler", "HandlerStop", "ignore_and_continue", "ignore_and_stop", "reraise_exception",
+__all__ = ["Handler", "HandlerStop", "empty_epoch_error", "ignore_and_continue", "ignore_and_stop", "reraise_exception",
            "until_stop", "warn_and_continue", "warn_and_stop"]
 
 
@@ -84,3 +84,23 @@ def warn_and_stop(exn: BaseException) -> bool:
     """Warn with ``repr(exn)`` and stop iterating."""
     warnings.warn(repr(exn), stacklevel=2)
     return False
+
+
+def empty_epoch_error(epoch: int, skipped: Optional[Mapping[str, str]]) -> ValueError:
+    """The error of an epoch of 0 samples: names the shards a handler skipped, and why.
+
+    webdataset raises ``ValueError("No samples found in dataset ...")`` there
+    (``empty_check``); an epoch whose every shard was skipped is no success.
+
+    Example:
+        >>> str(empty_epoch_error(0, {"a.tar": "empty file"})).splitlines()[0]
+        'No samples found in dataset: epoch 0 has 0 samples, every shard was skipped by the handler (1 shard):'
+    """
+    if not skipped:
+        return ValueError(f"No samples found in dataset (epoch {epoch} has 0 samples); "
+                          "turn this check off with empty_check=False")
+    lines = [f"  {u}: {e}" for u, e in list(skipped.items())[:10]]
+    more = [f"  ... and {len(skipped) - 10} more"] if len(skipped) > 10 else []
+    return ValueError("\n".join([f"No samples found in dataset: epoch {epoch} has 0 samples, every shard was "
+                                  f"skipped by the handler ({len(skipped)} shard{'s' if len(skipped) != 1 else ''}):",
+                                  *lines, *more, "turn this check off with empty_check=False"]))

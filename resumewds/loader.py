@@ -32,6 +32,8 @@ from . import skipping
 from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError, naming  # noqa: F401 (JournalError: old import path)
 from .events import EventKind
+from .handlers import empty_epoch_error
+from .loaderchain import FluentLoader, route
 from .pipeline import HandlerStop, default_collate
 from .plan import Layout
 from .session import JournalSession, process_group
@@ -338,7 +340,7 @@ class _EpochSource(IterableDataset):
                 self.ds.close()
 
 
-class WebLoader:
+class WebLoader(FluentLoader):
     """A resumable loader over a :class:`~resumewds.dataset.WebDataset`.
 
     Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's
@@ -426,6 +428,10 @@ class WebLoader:
         >>> for step, batch in enumerate(loader, start=loader.steps_done):
         ...     train(batch); loader.commit(step)
     """
+
+    def __new__(cls, dataset: Any = None, *args: Any, **kw: Any) -> Any:
+        # webdataset's rules where the plan cannot apply them (resumewds/loaderchain.py: route)
+        return route(cls, dataset, args, kw) or super().__new__(cls)
 
     def __init__(self, dataset: WebDataset, batch_size: Optional[int] = _UNSET, num_workers: int = 0, *,
                  collate_fn: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -769,6 +775,8 @@ class WebLoader:
         layout = self.layout
         nsteps = layout.num_steps(total, start)
         if nsteps == 0:
+            if total == 0 and getattr(ds, "_index_skipped", None) and getattr(ds, "empty_check", False):
+                raise empty_epoch_error(epoch, ds._index_skipped)  # every shard was skipped: no success
             self._end_epoch()
             return
         stopping = _stop_flag() if self._preempt_signals and self.num_workers else None
@@ -947,37 +955,3 @@ class WebLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    # ---- webdataset's WebLoader fluent methods ----
-    def unbatched(self) -> Any:
-        """Single samples: ``loader.unbatched().shuffle(n).batched(m)`` re-mixes exactly
-        (see :mod:`resumewds.loaderchain`)."""
-        from .loaderchain import LoaderPipeline
-
-        return LoaderPipeline(self).unbatched()
-
-    def shuffle(self, size: int, **kw: Any) -> Any:
-        """The dataset's ``.shuffle(size)``, in the plan (see :mod:`resumewds.loaderchain`)."""
-        from .loaderchain import LoaderPipeline
-
-        return LoaderPipeline(self).shuffle(size, **kw)
-
-    def batched(self, batchsize: int, collation_fn: Any = _UNSET, partial: bool = True) -> Any:
-        """Batches of ``batchsize`` consecutive positions (see :mod:`resumewds.loaderchain`)."""
-        from .loaderchain import LoaderPipeline
-        from .pipeline import default_collation_fn
-
-        fn = default_collation_fn if collation_fn is _UNSET else collation_fn
-        return LoaderPipeline(self).batched(batchsize, collation_fn=fn, partial=partial)
-
-    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> Any:
-        """``max(nsamples, nbatches)`` items per ``iter()``, continuing over epochs."""
-        from .loaderchain import LoaderPipeline
-
-        return LoaderPipeline(self).with_epoch(nsamples, nbatches)
-
-    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> Any:
-        """``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
-        from .loaderchain import LoaderPipeline
-
-        return LoaderPipeline(self).repeat(nepochs, nbatches)

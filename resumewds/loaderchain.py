@@ -24,9 +24,18 @@ chain compiles into the loader's own settings and stays exactly resumable:
   stream over the loader's epochs; ``.repeat(n)``: ``n`` loader epochs per
   ``iter()``.
 
+The other fluent methods of webdataset's ``WebLoader`` (``.map(f)``,
+``.to_tuple(...)``, ``.select(p)``, ``.slice(n)``, ``.compose(stage)``...)
+run on the loader's output stream, as webdataset's do; a re-mixing method
+after one of them runs on the stream too.
+
 ``state_dict()`` is the compiled loader's state plus the count of batches
 served in the current ``with_epoch`` chunk; ``commit(step)`` and the journal
 work as on the loader.
+
+A dataset the plan cannot run (a ``DataPipeline`` with a stage resumewds
+cannot see through, or any other iterable dataset) gets webdataset's
+``WebLoader`` instead: :func:`stream_loader` (see there).
 
 Example:
     >>> chain = (WebLoader(ds, batch_size=None, num_workers=2)   # doctest: +SKIP
@@ -37,14 +46,21 @@ Example:
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from .compat import FluidInterface
 from .pipeline import default_collation_fn
 
+__all__ = ["FluentLoader", "LoaderPipeline", "route", "stream_loader"]
+
 _MISSING: Any = object()
+# WebLoader's own arguments, which a torch DataLoader does not take
+_RESUMEWDS_ONLY = ("rank", "world_size", "remainder", "journal", "resume", "verbose", "chunk_size",
+                   "journal_sync", "nodes", "preempt", "transport")
 
 
-class LoaderPipeline:
+class LoaderPipeline(FluidInterface):
     """A WebLoader with webdataset's fluent re-mixing chain compiled in (see module docs)."""
 
     def __init__(self, base: Any):
@@ -56,6 +72,7 @@ class LoaderPipeline:
         self._nepochs = 1
         self._served = 0
         self._length: Optional[int] = None
+        self._post: List[Any] = []  # stages on the output stream (map, to_tuple, slice, ...)
         self._built: Any = None
 
     def _with(self, **kw: Any) -> LoaderPipeline:
@@ -67,12 +84,20 @@ class LoaderPipeline:
         return out
 
     # ---- the fluent methods ---------------------------------------------------
+    def compose(self, *stages: Any) -> LoaderPipeline:
+        """Run ``stages`` (webdataset's stage callables) on the output stream."""
+        return self._with(_post=self._post + [s for s in stages if s is not None])
+
     def unbatched(self) -> LoaderPipeline:
         """Yield single samples (see module docs)."""
+        if self._post:
+            return FluidInterface.unbatched(self)
         return self._with(_unbatched=True, _batch=None)
 
     def shuffle(self, size: int, **kw: Any) -> LoaderPipeline:
         """Shuffle within windows of about ``3 * size`` samples, in the plan (see module docs)."""
+        if self._post:
+            return FluidInterface.shuffle(self, size, **kw)
         return self._with(_shuffle=max(self._shuffle, int(size))) if size >= 1 else self
 
     def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
@@ -80,6 +105,8 @@ class LoaderPipeline:
         """Batches of ``batchsize`` consecutive positions (see module docs)."""
         if batchsize < 1:
             raise ValueError(f"batch_size must be >= 1, got {batchsize}")
+        if self._post:
+            return FluidInterface.batched(self, batchsize, collation_fn, partial)
         return self._with(_batch={"n": int(batchsize), "collation_fn": collation_fn,
                                   "partial": bool(partial)})
 
@@ -124,14 +151,24 @@ class LoaderPipeline:
             bs: Optional[int] = self._batch["n"]
             collate = self._batch["collation_fn"] or list
             remainder = base.remainder if self._batch["partial"] else "drop"
+            if self._nepochs < 0 and (getattr(ds, "resampled", False) or getattr(getattr(ds, "_c", None),
+                                                                                 "resampled", False)):
+                # resampled shards are an endless stream in webdataset: every batch is full. The
+                # samples at the end of a plan epoch that do not fill one are left to other epochs
+                remainder = "drop"
         elif self._unbatched:
             bs, collate, remainder = None, None, base.remainder
         else:
             bs, collate, remainder = base.batch_size, base._collate_fn, base.remainder
-        new = WebLoader(ds, batch_size=bs, num_workers=base.num_workers, collate_fn=collate,
-                        rank=base.rank, world_size=base.world_size, remainder=remainder,
-                        chunk_size=base.layout.batch_size, transport=base.transport,
-                        stall_timeout=base.stall_timeout, **base.dataloader_kwargs)
+        preempt = tuple(getattr(base, "_preempt_signals", ()))
+        if preempt:
+            base._restore_handlers()  # the new loader takes the signals over (and their previous handlers)
+        new = object.__new__(WebLoader)  # the compiled loader itself (WebLoader() would route ``ds`` again)
+        WebLoader.__init__(new, ds, batch_size=bs, num_workers=base.num_workers, collate_fn=collate,
+                           rank=base.rank, world_size=base.world_size, remainder=remainder,
+                           chunk_size=base.layout.batch_size, transport=base.transport,
+                           preempt=preempt or False, stall_timeout=base.stall_timeout,
+                           **base.dataloader_kwargs)
         # the base loader's resume point and journal carry over (positions are samples)
         new.epoch, new.position = base.epoch, base.position
         new.steps_done, new.samples_total = base.steps_done, base.samples_total
@@ -140,27 +177,42 @@ class LoaderPipeline:
         return new
 
     def __iter__(self) -> Iterator[Any]:
-        loader = self.loader
+        src: Iterator[Any] = self._passes()
+        for f in self._post:
+            src = f(src)
+        if self._limit < 1:
+            return src
+        return self._limited(src)
+
+    def _limited(self, src: Iterator[Any]) -> Iterator[Any]:
         served, self._served = self._served, 0
+        if served >= self._limit:
+            served = 0
+        for item in src:
+            served += 1
+            self._served = served
+            yield item
+            if served >= self._limit:
+                self._served = 0
+                return
+        self._served = 0
+
+    def _passes(self) -> Iterator[Any]:
+        """The loader's items, pass after pass (``repeat`` / ``with_epoch`` decide how many)."""
+        loader = self.loader
         epochs = 0
-        while self._limit < 1 or served < self._limit:
-            if self._nepochs > 0 and epochs >= self._nepochs:
-                break
+        while self._nepochs < 1 or epochs < self._nepochs:
             got = 0
             start_epoch = loader.epoch
             for item in loader:
                 got += 1
-                served += 1
-                self._served = served
                 yield item
-                if 0 < self._limit <= served:
-                    self._served = 0
-                    return
+            if getattr(loader, "preempted", False):
+                return  # a preemption signal: the stream ends at this step boundary
             if loader.epoch != start_epoch:
                 epochs += 1
-            if got == 0 and self._nepochs < 0:
-                break  # an empty data set: never loop forever
-        self._served = 0
+            elif got == 0:
+                break  # no progress (an empty data set): never loop forever
 
     def __len__(self) -> int:
         if self._length is not None:
@@ -200,3 +252,157 @@ class LoaderPipeline:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class FluentLoader:
+    """webdataset's ``WebLoader`` fluent methods, for :class:`resumewds.WebLoader`.
+
+    Each returns a :class:`LoaderPipeline` over the loader (see the module docs).
+    """
+
+    def unbatched(self) -> LoaderPipeline:
+        """Single samples: ``loader.unbatched().shuffle(n).batched(m)`` re-mixes exactly."""
+        return LoaderPipeline(self).unbatched()
+
+    def shuffle(self, size: int, **kw: Any) -> LoaderPipeline:
+        """The dataset's ``.shuffle(size)``, in the plan."""
+        return LoaderPipeline(self).shuffle(size, **kw)
+
+    def batched(self, batchsize: int, collation_fn: Any = default_collation_fn, partial: bool = True) -> LoaderPipeline:
+        """Batches of ``batchsize`` consecutive positions."""
+        return LoaderPipeline(self).batched(batchsize, collation_fn=collation_fn, partial=partial)
+
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> LoaderPipeline:
+        """``max(nsamples, nbatches)`` items per ``iter()``, continuing over epochs."""
+        return LoaderPipeline(self).with_epoch(nsamples, nbatches)
+
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> LoaderPipeline:
+        """``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
+        return LoaderPipeline(self).repeat(nepochs, nbatches)
+
+    def with_length(self, n: int, silent: bool = False) -> LoaderPipeline:
+        """Give the chain a ``__len__`` (it does not change an epoch)."""
+        return LoaderPipeline(self).with_length(n, silent)
+
+    def compose(self, *stages: Any) -> LoaderPipeline:
+        """Run ``stages`` (webdataset's stage callables) on the loader's output stream."""
+        return LoaderPipeline(self).compose(*stages)
+
+
+def _stream_method(name: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kw: Any) -> Any:
+        return getattr(LoaderPipeline(self), name)(*args, **kw)
+
+    method.__name__ = name
+    method.__doc__ = f"webdataset's ``WebLoader.{name}(...)``: a stage on the loader's output stream."
+    return method
+
+
+for _name in ("map", "to_tuple", "map_tuple", "map_dict", "select", "slice", "rename", "rename_keys",
+              "extract_keys", "decode", "xdecode", "rsample", "listed", "unlisted", "log_keys", "mcached"):
+    setattr(FluentLoader, _name, _stream_method(_name))
+
+
+def _opaque(dataset: Any) -> Any:
+    """What keeps ``dataset`` out of the plan (a stage, a name), or None when WebLoader can run it."""
+    if getattr(dataset, "iter_steps", None) is None:
+        from torch.utils.data import Dataset
+
+        # a torch data set runs as webdataset's loader would run it; anything else is refused
+        return type(dataset).__name__ if isinstance(dataset, Dataset) else None
+    c = getattr(dataset, "_c", None)  # a DataPipeline's compiled form
+    if c is not None and (c.generic or c.tail):
+        return c.tail[0] if c.tail else c.opaque
+    return None
+
+
+def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
+    """What ``WebLoader(dataset, *args, **kw)`` returns (None: the WebLoader itself).
+
+    * a dataset the plan cannot run: :func:`stream_loader` (webdataset's WebLoader);
+    * a ``DataPipeline`` with ``.with_epoch(n)``: the loader with ``.with_epoch(n)``
+      per DataLoader worker, as webdataset's workers each yield ``n``;
+    * a batched ``DataPipeline`` and no ``batch_size``: torch's default
+      ``batch_size=1`` collates each batch into a batch of one, as webdataset's does.
+    """
+    if dataset is None:
+        return None
+    what = _opaque(dataset)
+    if what is not None:
+        return stream_loader(dataset, what, *args, **kw)
+    if getattr(dataset, "_c", None) is None:  # a WebDataset, a MixedDataset: resumewds's own rules
+        return None
+    c = dataset._c
+    nw = kw.get("num_workers", args[1] if len(args) > 1 else 0)
+    if isinstance(nw, int) and nw > 1 and not (c.worker_split or c.resampled) and "split" not in _warned_stream:
+        _warned_stream.add("split")
+        warnings.warn(f"WebLoader: this DataPipeline has no split_by_worker; webdataset would give each of the "
+                      f"{nw} DataLoader workers every shard ({nw} copies of each sample per epoch). resumewds "
+                      "hands each sample out once (its loader splits the positions among the workers); add "
+                      "wds.split_by_worker to say so and silence this warning", stacklevel=3)
+    limit = int(getattr(dataset, "nsamples", -1))
+    limited = limit > 0 and getattr(dataset, "repetitions", 1) != 1
+    one = dataset.batch_size is not None and not args and "batch_size" not in kw
+    if not (limited or one):
+        return None
+    base = object.__new__(cls)
+    base.__init__(dataset, *args, **kw)
+    out: Any = LoaderPipeline(base)
+    if one:
+        out = out.compose(_BatchOfOne(kw.get("collate_fn")))
+    if limited:
+        out = out.with_epoch(limit * max(1, base.num_workers))
+    return out
+
+
+class _BatchOfOne:
+    """torch's ``batch_size=1``: each item collated into a batch of one (picklable)."""
+
+    def __init__(self, collate_fn: Any):
+        self.collate_fn = collate_fn
+
+    def __call__(self, src: Iterator[Any]) -> Iterator[Any]:
+        from torch.utils.data import default_collate
+
+        fn = self.collate_fn or default_collate
+        for item in src:
+            yield fn([item])
+
+
+_warned_stream: set = set()
+
+
+def stream_loader(dataset: Any, what: Any, *args: Any, **kw: Any) -> Any:
+    """webdataset's ``WebLoader``: ``FluidWrapper(DataLoader(dataset, *args, **kw))``.
+
+    For a dataset the plan cannot run (``what`` names the stage): it runs as in
+    webdataset (each DataLoader worker runs the whole pipeline; split shards
+    with ``split_by_worker``), with the fluent methods on the stream, and warns
+    once that resume is then approximate.
+
+    Raises:
+        ValueError: ``journal=`` / ``resume=``, which need the plan.
+    """
+    from torch.utils.data import DataLoader
+
+    from .fluid import FluidWrapper
+
+    name = getattr(what, "__name__", None) or repr(what)
+    if kw.get("journal") is not None or kw.get("resume"):
+        raise ValueError(f"WebLoader(journal=/resume=) needs a dataset resumewds can plan; {name} is a stage "
+                         "it cannot see through (see docs/COMPAT.md, DataPipeline)")
+    if kw.pop("remainder", None) == "drop":
+        kw["drop_last"] = True
+    for k in _RESUMEWDS_ONLY:
+        kw.pop(k, None)
+    if name not in _warned_stream:
+        _warned_stream.add(name)
+        warnings.warn(f"WebLoader: resumewds cannot see through {name}: the loader runs as webdataset's "
+                      "(a torch DataLoader over the pipeline; each worker runs it whole, so split the shards "
+                      "with wds.split_by_worker), and a resume from state_dict() is approximate. To make it "
+                      "exact, use the stages resumewds compiles (SimpleShardList / ResampledShards, the "
+                      "splitters, shuffle, tarfile_to_samples, the per-sample stages, batched): see "
+                      "docs/COMPAT.md", stacklevel=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FluidWrapper's own "cannot see through DataLoader"
+        return FluidWrapper(DataLoader(dataset, *args, **kw))

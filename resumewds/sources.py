@@ -112,6 +112,11 @@ def expand_braces(pattern: str) -> List[str]:
     return out
 
 
+def _balanced(cmd: str) -> bool:
+    """A ``pipe:`` command's braces are expanded as webdataset does, unless they do not pair up."""
+    return cmd.count("{") == cmd.count("}")
+
+
 def _normalise(url: str) -> str:
     if url.startswith("pipe:") or is_remote(url):
         return url
@@ -224,7 +229,7 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
     for item in items:
         if not isinstance(item, str) or not item:
             raise SourceError(f"{item!r}: not a shard URL or path")
-        urls = [item] if item.startswith("pipe:") else expand_braces(item)
+        urls = expand_braces(item) if not item.startswith("pipe:") or _balanced(item) else [item]
         for url in urls:
             url = rewrite_url(url)  # GOPEN_REWRITE and utils.enforce_security, as webdataset's gopen
             check_source_allowed(url)

@@ -1,0 +1,341 @@
+"""The webdataset drop-in, side by side with the real webdataset 1.0.2.
+
+Each test runs the same pipeline code on ``webdataset`` and on ``resumewds``
+(``import resumewds as wds``) and compares what an epoch delivers: the
+samples, their keys and content, batch shapes, and the order where
+webdataset's is deterministic.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import random
+import subprocess
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import webdataset as real
+
+import resumewds as ours
+from tests.conftest import subprocess_env
+
+LIBS = (real, ours)
+
+
+@pytest.fixture
+def urls(make_shards):
+    """8 shards x 50 samples."""
+    return make_shards(shards=8, samples=50)
+
+
+def _quiet(f, *a, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return f(*a, **kw)
+
+
+def _keys(batches):
+    return [k for b in batches for k in b[0]]
+
+
+# ---- names a client uses -------------------------------------------------------------
+
+def test_every_webdataset_submodule_is_an_attribute_without_importing_it():
+    mods = sorted(k for k, v in vars(real).items() if isinstance(v, types.ModuleType))
+    mods = [m for m in mods if m not in ("extradatasets", "pytorch")]  # documented: not provided
+    assert "handlers" in mods and "writer" in mods
+    code = ("import types, resumewds as wds\n"
+            f"for m in {mods!r}:\n"
+            "    assert isinstance(getattr(wds, m), types.ModuleType), m\n"
+            "assert callable(wds.handlers.warn_and_continue) and wds.writer.TarWriter\n"
+            "assert callable(wds.gopen) and isinstance(wds.gopen_schemes, dict)\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
+    assert out.stdout.strip() == "ok", out.stderr
+    with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
+        ours.no_such_thing  # noqa: B018
+
+
+def test_gopen_schemes_dispatch_like_webdataset():
+    for lib in LIBS:
+        assert {"pipe", "http", "https", "__default__"} <= set(lib.gopen_schemes)
+        lib.gopen_schemes["memtest"] = lambda url, mode="rb", bufsize=8192, **kw: io.BytesIO(url.encode())
+        try:
+            assert lib.gopen("memtest://a/b").read() == b"memtest://a/b"
+        finally:
+            del lib.gopen_schemes["memtest"]
+    with pytest.raises(ValueError, match="unsupported URL scheme 'memtest'"):
+        ours.gopen("memtest://a/b")
+
+
+def _batched_pipeline(w, urls, n=10):
+    return w.DataPipeline(w.SimpleShardList(urls), w.tarfile_to_samples(), w.to_tuple("__key__", "cls"),
+                          w.batched(n))
+
+
+def test_webloader_slice_matches_webdataset(urls):
+    got = {lib: _quiet(lambda w: list(w.WebLoader(_batched_pipeline(w, urls), batch_size=None,
+                                                   num_workers=0).slice(3)), lib) for lib in LIBS}
+    assert len(got[ours]) == len(got[real]) == 3
+    assert _keys(got[ours]) == _keys(got[real])
+    assert [(type(b[1]), list(b[1])) for b in got[ours]] == [(type(b[1]), list(b[1])) for b in got[real]]
+
+
+# ---- pipe: URLs and handlers ---------------------------------------------------------
+
+def test_braces_in_a_pipe_url_expand_like_webdataset(urls):
+    d = urls[0].rsplit("/", 1)[0]
+    pattern = f"pipe:cat {d}/shard-{{000000..000007}}.tar"
+    got = {}
+    for lib in LIBS:
+        ds = lib.WebDataset(pattern, shardshuffle=False).to_tuple("__key__", "cls", "txt")
+        got[lib] = list(ds)
+    assert len(got[ours]) == 8 * 50
+    assert got[ours] == got[real]  # same keys, content and order
+    p = ours.DataPipeline(ours.SimpleShardList(pattern), ours.tarfile_to_samples(), ours.to_tuple("__key__"))
+    assert len(p.urls) == 8 and [k for (k,) in p] == [k for k, _, _ in got[real]]
+
+
+def test_an_epoch_whose_every_shard_was_skipped_is_an_error(tmp_path):
+    pattern = f"pipe:cat {tmp_path}/missing-{{0..3}}.tar 2>/dev/null || true"
+    with pytest.raises(ValueError, match="No samples found"):
+        _quiet(list, real.WebDataset(pattern, handler=real.warn_and_continue, shardshuffle=False))
+    with pytest.raises(ValueError, match="every shard was skipped") as e:
+        _quiet(list, ours.WebDataset(pattern, handler=ours.warn_and_continue, shardshuffle=False))
+    msg = str(e.value)
+    assert all(f"missing-{i}.tar" in msg for i in range(4)) and "empty file" in msg
+    ds = _quiet(ours.WebDataset, pattern, handler=ours.warn_and_continue, shardshuffle=False)
+    with pytest.raises(ValueError, match="every shard was skipped"):
+        _quiet(list, ours.WebLoader(ds, batch_size=None))
+
+
+# ---- user-written stages under WebLoader ---------------------------------------------
+
+class _SeededShardShuffle:
+    """A ``PipelineStage`` of a real training script: a seeded shard shuffle."""
+
+    def __init__(self, lib, seed):
+        class Stage(lib.PipelineStage):
+            def run(self, src):
+                items = list(src)
+                random.Random(seed).shuffle(items)
+                return iter(items)
+
+        self.stage = Stage()
+
+
+def _user_stages(lib, urls):
+    def my_generator_stage(src):
+        yield from src
+
+    def tarfile_to_samples_nothrow(src, handler=lib.warn_and_continue):
+        streams = lib.tariterators.url_opener(src, handler=handler)
+        files = lib.tariterators.tar_file_expander(streams, handler=handler)
+        return my_group_by_keys(files)
+
+    def my_group_by_keys(data):
+        current = None
+        for f in data:
+            if "fname" not in f:  # webdataset's end-of-shard marker
+                continue
+            key, ext = f["fname"].split(".", 1)
+            if current is None or current["__key__"] != key:
+                if current is not None:
+                    yield current
+                current = {"__key__": key, "__url__": f["__url__"]}
+            current[ext] = f["data"]
+        if current is not None:
+            yield current
+
+    tail = [lib.to_tuple("__key__", "cls"), lib.batched(10)]
+    return {
+        "generator": [lib.SimpleShardList(urls), my_generator_stage, lib.tarfile_to_samples()] + tail,
+        "pipeline_stage": [lib.SimpleShardList(urls), _SeededShardShuffle(lib, 3).stage,
+                           lib.tarfile_to_samples()] + tail,
+        "resampled": [lib.ResampledShards(urls, nshards=4, deterministic=True), my_generator_stage,
+                      lib.tarfile_to_samples()] + tail,
+        "nothrow": [lib.SimpleShardList(urls), tarfile_to_samples_nothrow] + tail,
+    }
+
+
+@pytest.mark.parametrize("kind", ["generator", "pipeline_stage", "resampled", "nothrow"])
+def test_a_user_stage_under_webloader_runs_as_webdataset(urls, kind, monkeypatch):
+    monkeypatch.setattr(ours.loaderchain, "_warned_stream", set())  # each case warns (once)
+    got = {}
+    for lib in LIBS:
+        p = _quiet(lib.DataPipeline, *_user_stages(lib, urls)[kind])
+        if lib is ours:
+            with pytest.warns(UserWarning, match="approximate"):
+                loader = ours.WebLoader(p, batch_size=None, num_workers=2)
+        else:
+            loader = lib.WebLoader(p, batch_size=None, num_workers=2)
+        got[lib] = [_quiet(list, loader) for _ in range(2)]  # two epochs
+    for e in range(2):
+        a, b = got[ours][e], got[real][e]
+        assert len(a) == len(b) and len(a) > 0
+        assert [(type(x[1]), len(x[1])) for x in a] == [(type(x[1]), len(x[1])) for x in b]
+        assert sorted(_keys(a)) == sorted(_keys(b))  # the workers interleave either way
+    if kind != "resampled":
+        assert len(got[ours][0]) == 2 * 8 * 5  # every worker reads every shard, as in webdataset
+
+
+# ---- ResampledShards in a torch DataLoader -------------------------------------------
+
+def test_resampled_pipeline_workers_do_not_replay_one_sequence(urls):
+    got = {}
+    for lib in LIBS:
+        p = lib.DataPipeline(lib.ResampledShards(urls), lib.tarfile_to_samples(), lib.to_tuple("__key__"),
+                             lib.batched(10)).with_epoch(20)
+        got[lib] = _quiet(list, torch.utils.data.DataLoader(p, batch_size=None, num_workers=2))
+    assert len(got[ours]) == len(got[real]) == 40
+    batches = [tuple(b[0]) for b in got[ours]]
+    assert len(set(batches)) == len(batches)  # no batch delivered twice
+    keys = _keys(got[ours])
+    assert len(keys) == 400 and len(set(keys)) == 400  # each worker its own share of the plan
+
+
+# ---- WebLoader's epoch and batch size, as webdataset's -------------------------------
+
+def test_pipeline_with_epoch_under_webloader(urls):
+    for nw in (0, 2):
+        n = {lib: len(_quiet(list, lib.WebLoader(_batched_pipeline(lib, urls).with_epoch(20), batch_size=None,
+                                                 num_workers=nw))) for lib in LIBS}
+        assert n[ours] == n[real] == 20 * max(1, nw)  # with_epoch(n) is per DataLoader worker
+
+
+def test_webloader_default_batch_size_is_torchs_one(urls):
+    got = {}
+    for lib in LIBS:
+        p = lib.DataPipeline(lib.SimpleShardList(urls), lib.tarfile_to_samples(),
+                             lib.map(lambda s: {"x": np.full((4, 16), int(s["cls"]), dtype=np.float32)}),
+                             lib.batched(8))
+        got[lib] = _quiet(list, lib.WebLoader(p, num_workers=0))
+    assert len(got[ours]) == len(got[real]) == 50
+    for a, b in zip(got[ours], got[real]):
+        assert type(a) is type(b) is dict and tuple(a["x"].shape) == tuple(b["x"].shape) == (1, 8, 4, 16)
+        assert torch.equal(a["x"], b["x"])
+
+
+def test_a_resampled_remix_chain_yields_full_batches(urls):
+    got = {}
+    for lib in LIBS:
+        p = lib.DataPipeline(lib.ResampledShards(urls), lib.tarfile_to_samples(), lib.to_tuple("__key__", "cls"),
+                             lib.batched(10))
+        ld = lib.WebLoader(p, batch_size=None, num_workers=2).unbatched().shuffle(10).batched(64).with_epoch(24)
+        got[lib] = [_quiet(list, ld) for _ in range(2)]
+    for e in range(2):
+        assert collections.Counter(len(b[0]) for b in got[ours][e]) == \
+            collections.Counter(len(b[0]) for b in got[real][e]) == {64: 24}
+
+
+def test_no_worker_splitter_warns_and_hands_each_sample_once(urls, monkeypatch):
+    monkeypatch.setattr(ours.loaderchain, "_warned_stream", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = _keys(real.WebLoader(_batched_pipeline(real, urls), batch_size=None, num_workers=2))
+    assert len(theirs) == 800 and len(set(theirs)) == 400  # webdataset: every worker every shard
+    with pytest.warns(UserWarning, match="no split_by_worker.*once"):
+        loader = ours.WebLoader(_batched_pipeline(ours, urls), batch_size=None, num_workers=2)
+    mine = _keys(loader)
+    assert len(mine) == 400 and sorted(mine) == sorted(set(theirs))
+
+
+# ---- iter() is a new pass --------------------------------------------------------------
+
+def test_a_smoke_test_next_then_a_full_pass(urls):
+    got = {}
+    for lib in LIBS:
+        p = _batched_pipeline(lib, urls)
+        first = next(iter(p))
+        got[lib] = (first, list(p))
+    assert _keys([got[ours][0]]) == _keys([got[real][0]])
+    assert len(got[ours][1]) == len(got[real][1]) == 40
+    assert _keys(got[ours][1]) == _keys(got[real][1])  # the pass starts at the first batch
+    p = _batched_pipeline(ours, urls)
+    it = iter(p)
+    next(it)
+    state = p.state_dict()
+    q = _batched_pipeline(ours, urls)
+    q.load_state_dict(state)
+    assert _keys(list(q)) == _keys(got[real][1])[10:]  # a loaded state continues its pass
+
+
+# ---- resume of direct iteration and of the re-mixing chain -----------------------------
+
+def test_with_epoch_resumes_after_the_last_batch_of_a_data_epoch(urls):
+    def make(w):
+        return _batched_pipeline(w, urls).with_epoch(15)  # 40 batches per data epoch
+
+    theirs = real.DataPipeline(*_batched_pipeline(real, urls).pipeline).with_epoch(15)
+    assert [len(list(theirs)) for _ in range(3)] == [15, 15, 15]
+    p = make(ours)
+    ref = [list(p) for _ in range(4)]
+    assert [len(r) for r in ref] == [15, 15, 15, 15]
+    p = make(ours)
+    list(p), list(p)
+    it = iter(p)
+    head = [next(it) for _ in range(10)]  # the 40th batch: the last of data epoch 0
+    q = make(ours)
+    q.load_state_dict(p.state_dict())
+    assert head + list(q) == ref[2]  # the rest of this iter(): 5 batches of epoch 1
+    assert list(q) == ref[3]
+
+
+def test_webdataset_with_epoch_resumes_after_the_last_batch_of_a_data_epoch(urls):
+    def make(w):
+        return _quiet(w.WebDataset, urls, shardshuffle=False).to_tuple("__key__").batched(10).with_epoch(15)
+
+    theirs = make(real)
+    assert [len(list(theirs)) for _ in range(3)] == [15, 15, 15]
+    p = make(ours)
+    ref = [list(p) for _ in range(4)]
+    p = make(ours)
+    list(p), list(p)
+    it = iter(p)
+    head = [next(it) for _ in range(10)]  # the 40th batch: the last of data epoch 0
+    q = make(ours)
+    q.load_state_dict(p.state_dict())
+    assert head + list(q) == ref[2]  # the rest of this iter(): 5 batches of epoch 1
+    assert list(q) == ref[3]
+    p = make(ours)
+    list(p), list(p), list(p)  # a state after a whole iter(): the next one is a full chunk
+    q = make(ours)
+    q.load_state_dict(p.state_dict())
+    assert list(q) == ref[3]
+
+
+def test_a_state_at_the_last_batch_of_an_epoch_resumes_to_the_next_epoch(urls):
+    p = _batched_pipeline(ours, urls)
+    ref = [list(p), list(p)]
+    assert len(ref[0]) == len(list(_batched_pipeline(real, urls))) == 40
+    p = _batched_pipeline(ours, urls)
+    it = iter(p)
+    for _ in range(40):
+        next(it)  # the training loop's last step of epoch 0, its pass not yet exhausted
+    q = _batched_pipeline(ours, urls)
+    q.load_state_dict(p.state_dict())
+    assert list(q) == []  # what was left of epoch 0's pass
+    assert list(q) == ref[1]  # and the next pass is epoch 1, not an extra one
+
+
+def test_a_remix_chain_keeps_preempt(urls):
+    import os
+    import signal
+
+    ds = ours.WebDataset(urls, shuffle=True, seed=1).to_tuple("__key__").batched(10)
+    chain = ours.WebLoader(ds, batch_size=None, num_workers=0, preempt=[signal.SIGUSR1])
+    chain = chain.unbatched().shuffle(1000).batched(64)
+    got = []
+    try:
+        for b in chain:
+            got.append(b)
+            if len(got) == 2:
+                os.kill(os.getpid(), signal.SIGUSR1)  # a scheduler's preemption signal
+    finally:
+        chain.close()
+    assert chain.preempted and len(got) == 2  # stopped at the next step boundary
