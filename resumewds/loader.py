@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError  # noqa: F401 (JournalError: old import path)
 from .events import EventKind
+from .loader_compat import DataLoaderAttributes
 from .pipeline import HandlerStop, default_collate
 from .plan import Layout
 from .session import JournalSession, process_group
@@ -367,7 +368,7 @@ class _EpochSource(IterableDataset):
                 self.ds.close()
 
 
-class WebLoader:
+class WebLoader(DataLoaderAttributes):
     """A resumable loader over a :class:`~resumewds.dataset.WebDataset`.
 
     Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's
@@ -722,15 +723,7 @@ class WebLoader:
             writer.add_scalar(prefix + k, v, step)
 
     # ---- iteration ----------------------------------------------------------
-    def __len__(self) -> int:
-        """Batches left in the current epoch (from the current position)."""
-        total = int(self.config["samples"])
-        n = self.layout.num_steps(total, self.position)
-        if self.batch_size is None:
-            if self.world_size == 1:
-                return max(0, self.layout.end(total) - self.position)
-            return n * self.layout.batch_size
-        return n
+    # __len__ (a whole epoch) and DataLoader's attributes: resumewds/loader_compat.py
 
     def _end_epoch(self) -> None:
         failed, self._epoch_failed = self._epoch_failed, {}

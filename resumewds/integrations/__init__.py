@@ -1,0 +1,54 @@
+"""Exact resume of a :class:`resumewds.WebLoader` inside training frameworks.
+
+One module per framework; importing ``resumewds`` (or this package) imports
+none of them, so each framework is needed only by the module that serves it:
+
+* :mod:`resumewds.integrations.lightning`: ``ResumeWDSCallback`` for PyTorch
+  Lightning's ``Trainer.fit(ckpt_path=...)``.
+* :mod:`resumewds.integrations.accelerate`: ``prepare_loader`` for Hugging
+  Face Accelerate's ``save_state`` / ``load_state``.
+* :mod:`resumewds.integrations.transformers`: ``attach`` for
+  ``transformers.Trainer.train(resume_from_checkpoint=...)``.
+
+What is exact, and what to do when the world size changes: docs/FRAMEWORKS.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+__all__ = ["resumewds_loaders"]
+
+
+def _is_resumewds_loader(obj: Any) -> bool:
+    """A WebLoader, or a loader chain over one (their states have the resumewds format)."""
+    from ..loader import WebLoader
+
+    if isinstance(obj, WebLoader):
+        return True
+    return hasattr(obj, "loader") and isinstance(getattr(obj, "loader", None), WebLoader) and hasattr(
+        obj, "load_state_dict")
+
+
+def resumewds_loaders(obj: Any) -> List[Any]:
+    """The resumewds loaders in ``obj``: a loader, a list / tuple / dict of them,
+    or anything with ``flattened`` or ``iterables`` (Lightning's ``CombinedLoader``);
+    in a stable order (dict keys in their order).
+
+    Example:
+        >>> resumewds_loaders([1, {"a": "x"}])
+        []
+    """
+    if obj is None:
+        return []
+    if _is_resumewds_loader(obj):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [x for item in obj for x in resumewds_loaders(item)]
+    if isinstance(obj, dict):
+        return [x for item in obj.values() for x in resumewds_loaders(item)]
+    for attr in ("flattened", "iterables"):
+        inner = getattr(obj, attr, None)
+        if inner is not None and inner is not obj and not isinstance(inner, (str, bytes)):
+            return resumewds_loaders(inner)
+    return []

@@ -1,0 +1,128 @@
+"""Training runs under Lightning, Accelerate and transformers.Trainer, for tests/test_integrations_*.py.
+
+Run as ``python tests/frameworks_driver.py FRAMEWORK --data DIR --out DIR [--kill-at STEP] [--resume]``.
+Each optimizer step appends ``step<TAB>key key ...`` (the sample keys of its
+batch) to ``OUT/record.txt`` and fsyncs it; ``--kill-at S`` SIGKILLs the
+process at the start of step S (before it records anything), so the process
+dies mid-epoch with its DataLoader workers running.  A resumed run first cuts
+the record at the step its checkpoint restored: the record of a killed and
+resumed run is then exactly what the model trained on, to be compared with an
+uninterrupted run's.  The frameworks are imported inside the functions (this
+module is collected by ``--doctest-modules``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import signal
+import sys
+from typing import Any, List
+
+STEPS_PER_CKPT = 4
+
+
+def record_path(out: str) -> str:
+    return os.path.join(out, "record.txt")
+
+
+def cut_record(out: str, step: int) -> None:
+    """Keep the lines of steps before ``step`` (what the restored checkpoint trained on)."""
+    path = record_path(out)
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        keep = [line for line in f if line.strip() and int(line.split("\t", 1)[0]) < step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def record(out: str, step: int, keys: List[str]) -> None:
+    with open(record_path(out), "a") as f:
+        f.write(f"{step}\t{' '.join(keys)}\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class Crash(RuntimeError):
+    """``--raise-at``: the in-process stand-in for a kill (the fast tests)."""
+
+
+def maybe_die(args: Any, step: int) -> None:
+    if args.kill_at is not None and step == args.kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if args.raise_at is not None and step == args.raise_at:
+        raise Crash(f"crash at step {step}")
+
+
+def make_loader(args: Any) -> Any:
+    import resumewds as rw
+
+    shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
+    ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
+    return rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers)
+
+
+# ---- Lightning --------------------------------------------------------------
+def run_lightning(args: Any) -> None:
+    import lightning.pytorch as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from resumewds.integrations.lightning import ResumeWDSCallback
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            keys = batch[0]
+            maybe_die(args, self.global_step)
+            record(args.out, self.global_step, list(keys))
+            return self.lin(torch.ones(len(keys), 1)).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            if args.esb:  # sizes a schedule: Lightning builds the loader before restoring it
+                assert self.trainer.estimated_stepping_batches > 0
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def on_train_start(self) -> None:
+            if args.resume:
+                cut_record(args.out, self.global_step)
+
+    callbacks: List[Any] = [ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=STEPS_PER_CKPT,
+                                            save_last=True, save_top_k=-1)]
+    if args.callback:
+        callbacks.append(ResumeWDSCallback())
+    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                        default_root_dir=args.out, num_sanity_val_steps=0)
+    trainer.fit(Tiny(), train_dataloaders=make_loader(args), ckpt_path="last" if args.resume else None)
+
+
+def main(argv: Any = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("framework", choices=["lightning", "accelerate", "transformers"])
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--raise-at", type=int, default=None)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
+    p.add_argument("--no-callback", dest="callback", action="store_false")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    {"lightning": run_lightning}[args.framework](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
