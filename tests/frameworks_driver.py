@@ -106,6 +106,52 @@ def run_lightning(args: Any) -> None:
     trainer.fit(Tiny(), train_dataloaders=make_loader(args), ckpt_path="last" if args.resume else None)
 
 
+# ---- Accelerate -------------------------------------------------------------
+class Counter:
+    """The global step, registered for checkpointing next to the loader."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> Any:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: Any) -> None:
+        self.step = int(state["step"])
+
+
+def run_accelerate(args: Any) -> None:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    from resumewds.integrations.accelerate import prepare_loader
+
+    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=os.path.join(args.out, "acc"), automatic_checkpoint_naming=True))
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = acc.prepare(model, opt)
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    loader = prepare_loader(acc, make_loader(args))
+    if args.resume:
+        acc.load_state()  # the latest checkpoint (Accelerate does not restore its save counter)
+        acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
+        cut_record(args.out, counter.step)
+    while loader.epoch < args.epochs:
+        for keys, _cls in loader:
+            maybe_die(args, counter.step)
+            record(args.out, counter.step, list(keys))
+            loss = model(torch.ones(len(keys), 1)).pow(2).mean()
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            counter.step += 1
+            if counter.step % STEPS_PER_CKPT == 0:
+                acc.save_state()
+
+
 def main(argv: Any = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("framework", choices=["lightning", "accelerate", "transformers"])
@@ -121,7 +167,7 @@ def main(argv: Any = None) -> None:
     p.add_argument("--no-callback", dest="callback", action="store_false")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    {"lightning": run_lightning}[args.framework](args)
+    {"lightning": run_lightning, "accelerate": run_accelerate}[args.framework](args)
 
 
 if __name__ == "__main__":

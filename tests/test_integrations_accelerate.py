@@ -1,0 +1,77 @@
+"""Hugging Face Accelerate: a WebLoader registered by prepare_loader resumes exactly through
+``save_state`` / ``load_state`` (records of sample keys per step: tests/frameworks_driver.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import List
+
+import pytest
+
+pytest.importorskip("accelerate")
+
+import frameworks_driver as drv
+
+import resumewds as rw
+from resumewds.synth import write_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "frameworks_driver.py")
+STEPS = 2 * 25
+
+
+@pytest.fixture
+def shards(tmp_path, cache_dir) -> str:
+    write_shards(str(tmp_path / "data"), shards=8, samples=25, size_range=(10, 40))
+    return str(tmp_path / "data")
+
+
+def records(out: str) -> List[str]:
+    with open(drv.record_path(out)) as f:
+        return f.read().splitlines()
+
+
+def test_save_state_load_state_after_a_crash_is_exact(shards, tmp_path):
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    drv.main(["accelerate", "--data", shards, "--out", ref])
+    assert len(records(ref)) == STEPS
+    with pytest.raises(drv.Crash):
+        drv.main(["accelerate", "--data", shards, "--out", run, "--raise-at", "14"])
+    drv.main(["accelerate", "--data", shards, "--out", run, "--resume", "--workers", "1"])
+    assert records(run) == records(ref)
+
+
+def test_prepare_loader_registers_and_converts_a_dataloader(shards):
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from resumewds.integrations.accelerate import PreparedLoader, prepare_loader
+
+    acc = Accelerator(cpu=True)
+    ds = rw.WebDataset(sorted(os.path.join(shards, f) for f in os.listdir(shards)), seed=1).to_tuple("__key__")
+    prepared = prepare_loader(acc, DataLoader(ds, batch_size=8, drop_last=True))
+    assert isinstance(prepared, PreparedLoader) and isinstance(prepared.loader, rw.WebLoader)
+    assert prepared in acc._custom_objects
+    assert (prepared.batch_size, prepared.drop_last, len(prepared)) == (8, True, 25)
+    assert sum(1 for _ in prepared) == 25 and prepared.epoch == 1
+    with pytest.raises(TypeError, match="needs a resumewds.WebLoader"):
+        prepare_loader(acc, [1, 2, 3])
+
+
+def driver(shards: str, out: str, *argv: str) -> int:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, DRIVER, "accelerate", "--data", shards, "--out", out, *argv], env=env,
+                          timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+
+
+@pytest.mark.slow
+def test_kill9_twice_other_worker_counts_is_exact(shards, tmp_path):
+    """SIGKILL mid-epoch 0 (2 workers), resume with 0 workers, SIGKILL mid-epoch 1, resume with 1."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    assert driver(shards, ref) == 0
+    assert driver(shards, run, "--kill-at", "14", "--workers", "2") == -9
+    assert driver(shards, run, "--kill-at", "38", "--resume", "--workers", "0") == -9
+    assert driver(shards, run, "--resume", "--workers", "1") == 0
+    assert records(run) == records(ref)
