@@ -152,6 +152,51 @@ def run_accelerate(args: Any) -> None:
                 acc.save_state()
 
 
+# ---- transformers.Trainer ---------------------------------------------------
+def hf_collate(samples: List[Any]) -> Any:
+    """A dict the model takes: the keys (recorded) and an input tensor."""
+    import torch
+
+    return {"keys": [s[0] for s in samples], "x": torch.ones(len(samples), 1)}
+
+
+def run_transformers(args: Any) -> None:
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    import resumewds as rw
+    from resumewds.integrations.transformers import attach
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def forward(self, x: Any, keys: Any = None) -> Any:
+            return {"loss": self.lin(x).pow(2).mean()}
+
+    class Record(Trainer):
+        def compute_loss(self, model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
+            maybe_die(args, self.state.global_step)
+            record(args.out, self.state.global_step, list(inputs["keys"]))
+            return super().compute_loss(model, inputs, *a, **kw)
+
+    class Cut(TrainerCallback):
+        def on_train_begin(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
+            if args.resume:
+                cut_record(args.out, state.global_step)
+
+    targs = TrainingArguments(output_dir=os.path.join(args.out, "hf"), num_train_epochs=args.epochs,
+                              save_strategy="steps", save_steps=STEPS_PER_CKPT, logging_strategy="no",
+                              report_to="none", use_cpu=True, disable_tqdm=True, seed=3,
+                              gradient_accumulation_steps=args.accumulate, remove_unused_columns=False)
+    trainer = Record(model=Tiny(), args=targs, callbacks=[Cut()])
+    shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
+    ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
+    attach(trainer, rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate))
+    trainer.train(resume_from_checkpoint=True if args.resume else None)
+
+
 def main(argv: Any = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("framework", choices=["lightning", "accelerate", "transformers"])
@@ -163,11 +208,12 @@ def main(argv: Any = None) -> None:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--accumulate", type=int, default=1, help="transformers: gradient_accumulation_steps")
     p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
     p.add_argument("--no-callback", dest="callback", action="store_false")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    {"lightning": run_lightning, "accelerate": run_accelerate}[args.framework](args)
+    {"lightning": run_lightning, "accelerate": run_accelerate, "transformers": run_transformers}[args.framework](args)
 
 
 if __name__ == "__main__":
