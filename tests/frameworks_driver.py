@@ -24,6 +24,9 @@ STEPS_PER_CKPT = 4
 
 
 def record_path(out: str) -> str:
+    """``OUT/record.txt``; ``OUT/record.rankR.txt`` in a job of several ranks (WORLD_SIZE > 1)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return os.path.join(out, f"record.rank{os.environ['RANK']}.txt")
     return os.path.join(out, "record.txt")
 
 
@@ -134,7 +137,12 @@ def run_accelerate(args: Any) -> None:
     model, opt = acc.prepare(model, opt)
     counter = Counter()
     acc.register_for_checkpointing(counter)
-    loader = prepare_loader(acc, make_loader(args))
+    if args.dataloader:  # a torch DataLoader over the dataset: prepare_loader makes it a WebLoader
+        from torch.utils.data import DataLoader
+
+        loader = prepare_loader(acc, DataLoader(make_loader(args).dataset, batch_size=args.batch))
+    else:
+        loader = prepare_loader(acc, make_loader(args))
     if args.resume:
         acc.load_state()  # the latest checkpoint (Accelerate does not restore its save counter)
         acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
@@ -211,6 +219,7 @@ def main(argv: Any = None) -> None:
     p.add_argument("--accumulate", type=int, default=1, help="transformers: gradient_accumulation_steps")
     p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
     p.add_argument("--no-callback", dest="callback", action="store_false")
+    p.add_argument("--dataloader", action="store_true", help="accelerate: a torch DataLoader over the dataset")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     {"lightning": run_lightning, "accelerate": run_accelerate, "transformers": run_transformers}[args.framework](args)

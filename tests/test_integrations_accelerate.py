@@ -75,3 +75,39 @@ def test_kill9_twice_other_worker_counts_is_exact(shards, tmp_path):
     assert driver(shards, run, "--kill-at", "38", "--resume", "--workers", "0") == -9
     assert driver(shards, run, "--resume", "--workers", "1") == 0
     assert records(run) == records(ref)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_then_resume_on_one(shards, tmp_path):
+    """Two processes (gloo on CPU) train on a torch DataLoader over the dataset, which
+    prepare_loader turns into a WebLoader: each global step covers the reference's samples
+    once (not half of them).  Both crash at step 7; one process resumes from the checkpoint of
+    step 4 and continues with exactly the reference's sequence from that global position."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    drv.main(["accelerate", "--data", shards, "--out", ref])
+    reference = [line.split("\t")[1].split() for line in records(ref)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, DRIVER, "accelerate", "--data", shards, "--out", run, "--dataloader",
+                               "--raise-at", "7"], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 1 and b"Crash: crash at step 7" in err, err.decode()[-2000:]
+    per_rank = []
+    for r in range(2):
+        with open(os.path.join(run, f"record.rank{r}.txt")) as f:
+            per_rank.append({int(s): set(k.split()) for s, k in (ln.split("\t") for ln in f.read().splitlines())})
+    for step in range(7):  # a global step of 2 x 8 samples: the reference's steps 2s and 2s+1
+        assert per_rank[0][step] | per_rank[1][step] == set(reference[2 * step]) | set(reference[2 * step + 1])
+        assert not per_rank[0][step] & per_rank[1][step]
+    assert driver(shards, run, "--resume", "--workers", "2") == 0  # one process, from the checkpoint of step 4
+    assert [line.split("\t")[1].split() for line in records(run)] == reference[8:]
