@@ -147,6 +147,8 @@ def run_accelerate(args: Any) -> None:
         acc.load_state()  # the latest checkpoint (Accelerate does not restore its save counter)
         acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
         cut_record(args.out, counter.step)
+        if args.skip:  # Accelerate's recipe: skip the batches of the epoch already trained on
+            loader = acc.skip_first_batches(loader, counter.step % len(loader))
     while loader.epoch < args.epochs:
         for keys, _cls in loader:
             maybe_die(args, counter.step)
@@ -220,6 +222,7 @@ def main(argv: Any = None) -> None:
     p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
     p.add_argument("--no-callback", dest="callback", action="store_false")
     p.add_argument("--dataloader", action="store_true", help="accelerate: a torch DataLoader over the dataset")
+    p.add_argument("--skip", action="store_true", help="accelerate: accelerator.skip_first_batches after load_state")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     {"lightning": run_lightning, "accelerate": run_accelerate, "transformers": run_transformers}[args.framework](args)

@@ -33,13 +33,18 @@ def records(out: str) -> List[str]:
         return f.read().splitlines()
 
 
-def test_save_state_load_state_after_a_crash_is_exact(shards, tmp_path):
+@pytest.mark.parametrize("skip", [False, True])
+def test_save_state_load_state_after_a_crash_is_exact(shards, tmp_path, skip):
+    """Crash mid-epoch 0 after save_state; load_state (a fresh loader, another worker count)
+    continues exactly; with ``skip``, Accelerate's recipe (skip_first_batches after load_state)
+    too: it returns the loader, already in place, instead of reading the batches again."""
     ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
     drv.main(["accelerate", "--data", shards, "--out", ref])
     assert len(records(ref)) == STEPS
     with pytest.raises(drv.Crash):
         drv.main(["accelerate", "--data", shards, "--out", run, "--raise-at", "14"])
-    drv.main(["accelerate", "--data", shards, "--out", run, "--resume", "--workers", "1"])
+    drv.main(["accelerate", "--data", shards, "--out", run, "--resume", "--workers", "1",
+              *(("--skip",) if skip else ())])
     assert records(run) == records(ref)
 
 
@@ -58,6 +63,9 @@ def test_prepare_loader_registers_and_converts_a_dataloader(shards):
     assert sum(1 for _ in prepared) == 25 and prepared.epoch == 1
     with pytest.raises(TypeError, match="needs a resumewds.WebLoader"):
         prepare_loader(acc, [1, 2, 3])
+    assert acc.skip_first_batches(prepared, 0) is prepared
+    with pytest.raises(rw.StateError, match="state was not loaded"):
+        acc.skip_first_batches(prepared, 3)
 
 
 def driver(shards: str, out: str, *argv: str) -> int:

@@ -15,9 +15,12 @@ What is exact, and what to do when the world size changes: docs/FRAMEWORKS.md.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, List
 
 __all__ = ["resumewds_loaders"]
+
+log = logging.getLogger("resumewds")
 
 
 def _is_resumewds_loader(obj: Any) -> bool:
@@ -52,3 +55,24 @@ def resumewds_loaders(obj: Any) -> List[Any]:
         if inner is not None and inner is not obj and not isinstance(inner, (str, bytes)):
             return resumewds_loaders(inner)
     return []
+
+
+def _batches_done(loader: Any) -> Any:
+    """Batches of the current epoch already handed out (None when the loader cannot tell)."""
+    left = getattr(loader, "batches_left", None)
+    return None if left is None else len(loader) - left
+
+
+def _skip_in_place(loader: Any, num_batches: int, framework: str) -> Any:
+    """A framework asks to skip the first ``num_batches`` of a restored loader: it is there already.
+
+    The data continues exactly at the restored position either way; when the
+    framework's count differs (world size or batch size changed), a warning
+    says that its epoch boundaries move.
+    """
+    done = _batches_done(loader)
+    if num_batches and done is not None and done != num_batches:
+        log.warning("resumewds: %s counts %d batches trained in this epoch, the restored loader %d (world size "
+                    "or batch size changed?): the data continues exactly where the checkpoint was taken, the "
+                    "framework's epoch boundaries move", framework, num_batches, done)
+    return loader

@@ -30,17 +30,21 @@ Example::
         for batch in loader:
             ...; accelerator.save_state()  # now and then
 
-Do not call ``accelerator.skip_first_batches`` on it: after ``load_state`` the
-loader is already where the checkpoint was taken.  Importing this module does
-not import Accelerate; :func:`prepare_loader` uses the accelerator it is given.
+``accelerator.skip_first_batches(loader, n)`` (Accelerate's recipe after
+``load_state``) returns the loader itself: it is already where the checkpoint
+was taken, and nothing is read twice.  Importing this module does not import
+Accelerate; :func:`prepare_loader` uses the accelerator it is given.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 from typing import Any, Dict, Iterator, Optional
 
-from . import _is_resumewds_loader
+from ..errors import StateError
+from . import _is_resumewds_loader, _skip_in_place
 
 __all__ = ["prepare_loader", "PreparedLoader"]
 
@@ -86,6 +90,8 @@ class PreparedLoader:
         self.loader = loader
         self.device = device
         self.non_blocking = non_blocking
+        #: whether a state was loaded (``accelerator.load_state``)
+        self.restored = False
 
     def __iter__(self) -> Iterator[Any]:
         if self.device is None:
@@ -106,6 +112,7 @@ class PreparedLoader:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from ``state`` (what ``accelerator.load_state`` calls)."""
         self.loader.load_state_dict(state)
+        self.restored = True
 
     def __getattr__(self, name: str) -> Any:
         if name == "loader":  # not set yet (unpickling): no recursion
@@ -139,7 +146,33 @@ def prepare_loader(accelerator: Any, loader: Any, device_placement: Optional[boo
     prepared = PreparedLoader(loader, accelerator.device if place else None,
                               non_blocking=bool(getattr(accelerator, "non_blocking", False)))
     accelerator.register_for_checkpointing(prepared)
+    _install_skip_hook()
     return prepared
+
+
+def _skip(loader: PreparedLoader, num_batches: int) -> PreparedLoader:
+    if num_batches and not loader.restored:
+        raise StateError(f"accelerator.skip_first_batches({num_batches}) on a resumewds loader whose state was not "
+                         "loaded: accelerator.load_state() restores its position (then skipping is not needed)")
+    return _skip_in_place(loader, num_batches, "accelerator.skip_first_batches")
+
+
+def _install_skip_hook() -> None:
+    """``accelerator.skip_first_batches(prepared_loader, n)`` returns the loader, already in place after
+    ``load_state`` (Accelerate's recipe would rebuild a DataLoader from its dataset)."""
+    mod = importlib.import_module("accelerate.accelerator")
+    original = getattr(mod, "skip_first_batches", None)
+    if original is None or getattr(original, "_resumewds", False):
+        return
+
+    @functools.wraps(original)
+    def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+        if isinstance(dataloader, PreparedLoader):
+            return _skip(dataloader, num_batches)
+        return original(dataloader, num_batches=num_batches)
+
+    skip_first_batches._resumewds = True  # type: ignore[attr-defined]
+    setattr(mod, "skip_first_batches", skip_first_batches)  # noqa: B010 (a module global)
 
 
 def _base(loader: Any) -> Any:

@@ -40,7 +40,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ..errors import StateError
-from . import _is_resumewds_loader
+from . import _is_resumewds_loader, _skip_in_place
 
 __all__ = ["attach", "ResumeWDSTrainerCallback", "STATE_FILE"]
 
@@ -118,12 +118,7 @@ def _check_skip(loader: Any, num_batches: int) -> Any:
         raise StateError(f"transformers.Trainer wants to skip {num_batches} batches of a resumewds loader whose "
                          "state was not restored from the checkpoint: use "
                          "resumewds.integrations.transformers.attach(trainer, loader)")
-    left = getattr(loader, "batches_left", None)
-    if left is not None and len(loader) - left != num_batches:
-        log.warning("resumewds: the Trainer counts %d batches trained in this epoch, the restored loader %d "
-                    "(world size or batch size changed?): the data continues exactly where the checkpoint was "
-                    "taken, the Trainer's epoch boundaries move", num_batches, len(loader) - left)
-    return loader
+    return _skip_in_place(loader, num_batches, "transformers.Trainer")
 
 
 def _install_skip_hook() -> None:
