@@ -84,3 +84,30 @@ def test_kill9_with_estimated_stepping_batches(shards, tmp_path, callback):
     assert driver(shards, run, "--kill-at", "14", "--esb", *extra) == -9
     assert driver(shards, run, "--resume", "--esb", *extra) == 0
     assert (records(run) == records(ref)) is callback
+
+
+def test_a_loader_built_for_another_world_size_is_refused(shards):
+    """A WebLoader built before Lightning set up its processes sees the wrong world: refused."""
+    import lightning.pytorch as L
+    import torch
+
+    import resumewds as rw
+    from resumewds.integrations.lightning import ResumeWDSCallback
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.lin(torch.ones(1, 1)).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    ds = rw.WebDataset(sorted(os.path.join(shards, f) for f in os.listdir(shards)), seed=1)
+    loader = rw.WebLoader(ds.to_tuple("__key__"), batch_size=8, rank=0, world_size=2)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False, callbacks=[ResumeWDSCallback()])
+    with pytest.raises(ValueError, match="built for world size 2, Lightning runs 1"):
+        trainer.fit(Tiny(), loader)

@@ -39,7 +39,7 @@ def hf(*argv: str) -> None:
     drv.main(["transformers", *argv])
 
 
-@pytest.mark.parametrize("accumulate,crash", [(1, 14), (3, 6)])
+@pytest.mark.parametrize("accumulate,crash", [(1, 14), pytest.param(3, 6, marks=pytest.mark.slow)])
 def test_train_resume_after_a_crash_is_exact(shards, tmp_path, accumulate, crash):
     """Crash mid-epoch 0 after a checkpoint; train(resume_from_checkpoint=True) with a fresh loader
     (another worker count) trains on exactly the uninterrupted run's keys, both epochs, also with

@@ -76,3 +76,13 @@ def _skip_in_place(loader: Any, num_batches: int, framework: str) -> Any:
                     "or batch size changed?): the data continues exactly where the checkpoint was taken, the "
                     "framework's epoch boundaries move", framework, num_batches, done)
     return loader
+
+
+def _check_world(loader: Any, world_size: int, framework: str, hint: str) -> None:
+    """Refuse a loader built for another world size than the framework runs (it would read the
+    wrong share of every step, or the same data on every rank)."""
+    base = getattr(loader, "loader", loader)
+    have = int(getattr(base, "world_size", world_size))
+    if have != int(world_size):
+        raise ValueError(f"the resumewds loader was built for world size {have}, {framework} runs {world_size} "
+                         f"processes: {hint}")

@@ -44,7 +44,7 @@ import logging
 from typing import Any, Dict, Iterator, Optional
 
 from ..errors import StateError
-from . import _is_resumewds_loader, _skip_in_place
+from . import _check_world, _is_resumewds_loader, _skip_in_place
 
 __all__ = ["prepare_loader", "PreparedLoader"]
 
@@ -137,11 +137,8 @@ def prepare_loader(accelerator: Any, loader: Any, device_placement: Optional[boo
     """
     loader = _as_webloader(loader)
     state = getattr(accelerator, "state", None)
-    procs = int(getattr(state, "num_processes", 1) or 1)
-    if procs != int(getattr(_base(loader), "world_size", procs)):
-        raise ValueError(f"the loader was built for world size {_base(loader).world_size}, the accelerator runs "
-                         f"{procs} processes: create the loader after the Accelerator (or pass rank= and "
-                         "world_size=)")
+    _check_world(loader, int(getattr(state, "num_processes", 1) or 1), "the accelerator",
+                 "create the loader after the Accelerator (or pass rank= and world_size=)")
     place = accelerator.device_placement if device_placement is None else device_placement
     prepared = PreparedLoader(loader, accelerator.device if place else None,
                               non_blocking=bool(getattr(accelerator, "non_blocking", False)))
@@ -174,7 +171,3 @@ def _install_skip_hook() -> None:
     skip_first_batches._resumewds = True  # type: ignore[attr-defined]
     setattr(mod, "skip_first_batches", skip_first_batches)  # noqa: B010 (a module global)
 
-
-def _base(loader: Any) -> Any:
-    """The WebLoader under a loader chain."""
-    return getattr(loader, "loader", loader)

@@ -35,7 +35,7 @@ import importlib
 import logging
 from typing import Any, Dict, List, Optional
 
-from . import resumewds_loaders
+from . import _check_world, resumewds_loaders
 
 
 def _lightning() -> Any:
@@ -97,10 +97,11 @@ class ResumeWDSCallback(_Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         pending, self._pending = self._pending, None
-        if pending is None:  # not resuming from a checkpoint
-            return
         loaders = _train_loaders(trainer)
-        if not loaders:
+        for loader in loaders:
+            _check_world(loader, trainer.world_size, "Lightning", "build the WebLoader in train_dataloader() "
+                         "(Lightning calls it once the processes are set up), or pass rank= and world_size=")
+        if pending is None or not loaders:  # not resuming from a checkpoint
             return
         if len(pending) != len(loaders):
             msg = (f"the checkpoint holds {len(pending)} resumewds loader state(s) for {len(loaders)} "

@@ -40,7 +40,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ..errors import StateError
-from . import _is_resumewds_loader, _skip_in_place
+from . import _check_world, _is_resumewds_loader, _skip_in_place
 
 __all__ = ["attach", "ResumeWDSTrainerCallback", "STATE_FILE"]
 
@@ -94,6 +94,8 @@ class ResumeWDSTrainerCallback(_TrainerCallback):
             self._save(args, state)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _check_world(self.loader, args.world_size, "transformers.Trainer", "build the WebLoader after the "
+                     "processes are set up (after TrainingArguments), or pass rank= and world_size=")
         self.restored_step = None
         folder, self.resume_dir = self.resume_dir, None
         if folder is None:
