@@ -15,6 +15,7 @@ The tests' own fixtures are in ``tests/conftest.py``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 
@@ -28,6 +29,11 @@ collect_ignore = [
     # resumewds in this process: it is a plugin for the compat suite's subprocess only
     "tests/compat/wds_alias.py",
 ]
+# resumewds.integrations' lightning and transformers modules import their framework (the
+# `frameworks` extra): without it, --doctest-modules must not import them
+for _name in ("lightning", "transformers"):
+    if importlib.util.find_spec(_name) is None:
+        collect_ignore.append(f"resumewds/integrations/{_name}.py")
 
 DOCTEST_SHARDS = 4
 DOCTEST_SAMPLES = 8

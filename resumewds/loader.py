@@ -33,6 +33,7 @@ from .dataset import WebDataset
 from .errors import JournalError, ResumeWDSError, StateError, naming  # noqa: F401 (JournalError: old import path)
 from .events import EventKind
 from .handlers import empty_epoch_error
+from .loader_compat import DataLoaderAttributes
 from .loaderchain import FluentLoader, route
 from .pipeline import HandlerStop, default_collate
 from .plan import Layout
@@ -340,7 +341,7 @@ class _EpochSource(IterableDataset):
                 self.ds.close()
 
 
-class WebLoader(FluentLoader):
+class WebLoader(FluentLoader, DataLoaderAttributes):
     """A resumable loader over a :class:`~resumewds.dataset.WebDataset`.
 
     Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's
@@ -744,15 +745,7 @@ class WebLoader(FluentLoader):
             writer.add_scalar(prefix + k, v, step)
 
     # ---- iteration ----------------------------------------------------------
-    def __len__(self) -> int:
-        """Batches left in the current epoch (from the current position)."""
-        total = int(self.config["samples"])
-        n = self.layout.num_steps(total, self.position)
-        if self.batch_size is None:
-            if self.world_size == 1:
-                return max(0, self.layout.end(total) - self.position)
-            return n * self.layout.batch_size
-        return n
+    # __len__ (a whole epoch) and DataLoader's attributes: resumewds/loader_compat.py
 
     def _end_epoch(self) -> None:
         failed, self._epoch_failed = self._epoch_failed, {}

@@ -1,0 +1,88 @@
+"""Exact resume of a :class:`resumewds.WebLoader` inside training frameworks.
+
+One module per framework; importing ``resumewds`` (or this package) imports
+none of them, so each framework is needed only by the module that serves it:
+
+* :mod:`resumewds.integrations.lightning`: ``ResumeWDSCallback`` for PyTorch
+  Lightning's ``Trainer.fit(ckpt_path=...)``.
+* :mod:`resumewds.integrations.accelerate`: ``prepare_loader`` for Hugging
+  Face Accelerate's ``save_state`` / ``load_state``.
+* :mod:`resumewds.integrations.transformers`: ``attach`` for
+  ``transformers.Trainer.train(resume_from_checkpoint=...)``.
+
+What is exact, and what to do when the world size changes: docs/FRAMEWORKS.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List
+
+__all__ = ["resumewds_loaders"]
+
+log = logging.getLogger("resumewds")
+
+
+def _is_resumewds_loader(obj: Any) -> bool:
+    """A WebLoader, or a loader chain over one (their states have the resumewds format)."""
+    from ..loader import WebLoader
+
+    if isinstance(obj, WebLoader):
+        return True
+    return hasattr(obj, "loader") and isinstance(getattr(obj, "loader", None), WebLoader) and hasattr(
+        obj, "load_state_dict")
+
+
+def resumewds_loaders(obj: Any) -> List[Any]:
+    """The resumewds loaders in ``obj``: a loader, a list / tuple / dict of them,
+    or anything with ``flattened`` or ``iterables`` (Lightning's ``CombinedLoader``);
+    in a stable order (dict keys in their order).
+
+    Example:
+        >>> resumewds_loaders([1, {"a": "x"}])
+        []
+    """
+    if obj is None:
+        return []
+    if _is_resumewds_loader(obj):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [x for item in obj for x in resumewds_loaders(item)]
+    if isinstance(obj, dict):
+        return [x for item in obj.values() for x in resumewds_loaders(item)]
+    for attr in ("flattened", "iterables"):
+        inner = getattr(obj, attr, None)
+        if inner is not None and inner is not obj and not isinstance(inner, (str, bytes)):
+            return resumewds_loaders(inner)
+    return []
+
+
+def _batches_done(loader: Any) -> Any:
+    """Batches of the current epoch already handed out (None when the loader cannot tell)."""
+    left = getattr(loader, "batches_left", None)
+    return None if left is None else len(loader) - left
+
+
+def _skip_in_place(loader: Any, num_batches: int, framework: str) -> Any:
+    """A framework asks to skip the first ``num_batches`` of a restored loader: it is there already.
+
+    The data continues exactly at the restored position either way; when the
+    framework's count differs (world size or batch size changed), a warning
+    says that its epoch boundaries move.
+    """
+    done = _batches_done(loader)
+    if num_batches and done is not None and done != num_batches:
+        log.warning("resumewds: %s counts %d batches trained in this epoch, the restored loader %d (world size "
+                    "or batch size changed?): the data continues exactly where the checkpoint was taken, the "
+                    "framework's epoch boundaries move", framework, num_batches, done)
+    return loader
+
+
+def _check_world(loader: Any, world_size: int, framework: str, hint: str) -> None:
+    """Refuse a loader built for another world size than the framework runs (it would read the
+    wrong share of every step, or the same data on every rank)."""
+    base = getattr(loader, "loader", loader)
+    have = int(getattr(base, "world_size", world_size))
+    if have != int(world_size):
+        raise ValueError(f"the resumewds loader was built for world size {have}, {framework} runs {world_size} "
+                         f"processes: {hint}")

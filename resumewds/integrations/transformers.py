@@ -1,0 +1,175 @@
+"""``transformers.Trainer``: a WebLoader resumes exactly through ``train(resume_from_checkpoint=...)``.
+
+On its own, the Trainer resumes a loader by fast-forwarding: it rebuilds it
+and skips the batches already trained on in the current epoch (Accelerate's
+``skip_first_batches``), which for an iterable loader means reading them
+again, and which builds a plain DataLoader from the loader's ``dataset``.
+:func:`attach` makes it restore the WebLoader's state instead:
+
+* the Trainer trains on the loader (``get_train_dataloader`` returns it);
+* a :class:`ResumeWDSTrainerCallback` writes the loader's ``state_dict()``
+  into each checkpoint folder (``resumewds_loader.json``, written before
+  the Trainer's own ``trainer_state.json``) and, when ``train`` resumes,
+  loads it from the checkpoint being resumed;
+* the Trainer's skip of the resumed epoch's first batches becomes a check
+  that the loader is where the Trainer expects it: the loader is already
+  there, nothing is read twice, and the Trainer's step and epoch counters
+  stay its own.
+
+Example::
+
+    from resumewds.integrations.transformers import attach
+
+    trainer = Trainer(model=model, args=TrainingArguments("out", save_steps=500, ...))
+    attach(trainer, rw.WebLoader(ds, batch_size=16, num_workers=4))
+    trainer.train(resume_from_checkpoint=resuming)
+
+A checkpoint folder without the loader's state (written without
+:func:`attach`) cannot be resumed exactly: ``train`` then raises
+:class:`resumewds.StateError` instead of silently starting the data over.
+Importing this module imports transformers; importing ``resumewds`` does not.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import logging
+import os
+from typing import Any, Dict, Optional
+
+from ..errors import StateError
+from . import _check_world, _is_resumewds_loader, _skip_in_place
+
+__all__ = ["attach", "ResumeWDSTrainerCallback", "STATE_FILE"]
+
+log = logging.getLogger("resumewds")
+
+#: the loader's state in a checkpoint folder
+STATE_FILE = "resumewds_loader.json"
+
+_TrainerCallback: Any = importlib.import_module("transformers").TrainerCallback
+
+
+def _write_json(path: str, state: Dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class ResumeWDSTrainerCallback(_TrainerCallback):
+    """Write the loader's state into each checkpoint folder; load it back when training resumes.
+
+    Args:
+        loader: the resumewds loader the Trainer trains on.
+        output_dir: where the Trainer writes its ``checkpoint-<step>`` folders
+            (default: ``args.output_dir``).
+    """
+
+    def __init__(self, loader: Any, output_dir: Optional[str] = None):
+        self.loader = loader
+        self.output_dir = output_dir
+        #: the checkpoint folder ``train`` resumes from (set by :func:`attach`)
+        self.resume_dir: Optional[str] = None
+        #: the Trainer's global step the loader's state was restored at
+        self.restored_step: Optional[int] = None
+
+    def _save(self, args: Any, state: Any) -> None:
+        if not getattr(args, "should_save", True):  # only the process that writes checkpoints
+            return
+        folder = os.path.join(self.output_dir or args.output_dir, f"checkpoint-{state.global_step}")
+        os.makedirs(folder, exist_ok=True)
+        _write_json(os.path.join(folder, STATE_FILE), self.loader.state_dict())
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_save:  # the Trainer saves this step's checkpoint next
+            self._save(args, state)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_save:
+            self._save(args, state)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _check_world(self.loader, args.world_size, "transformers.Trainer", "build the WebLoader after the "
+                     "processes are set up (after TrainingArguments), or pass rank= and world_size=")
+        self.restored_step = None
+        folder, self.resume_dir = self.resume_dir, None
+        if folder is None:
+            return
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.exists(path):
+            raise StateError(f"{folder}: no {STATE_FILE} in this checkpoint (written without "
+                             "resumewds.integrations.transformers.attach?): the loader's position is unknown; "
+                             "resume from a checkpoint written with attach(), or start without "
+                             "resume_from_checkpoint")
+        with open(path) as f:
+            self.loader.load_state_dict(json.load(f))
+        self.restored_step = int(state.global_step)
+        log.info("resumewds: loader restored from %s (epoch %s, position %s)", path,
+                 getattr(self.loader, "epoch", "?"), getattr(self.loader, "position", "?"))
+
+
+def _check_skip(loader: Any, num_batches: int) -> Any:
+    """The Trainer asks to skip ``num_batches`` of the resumed epoch: the restored loader is there."""
+    callback = getattr(loader, "_resumewds_hf_callback", None)
+    if callback is None or callback.restored_step is None:
+        raise StateError(f"transformers.Trainer wants to skip {num_batches} batches of a resumewds loader whose "
+                         "state was not restored from the checkpoint: use "
+                         "resumewds.integrations.transformers.attach(trainer, loader)")
+    return _skip_in_place(loader, num_batches, "transformers.Trainer")
+
+
+def _install_skip_hook() -> None:
+    """Let ``transformers.trainer.skip_first_batches`` pass resumewds loaders through (checked)."""
+    mod = importlib.import_module("transformers.trainer")
+    original = getattr(mod, "skip_first_batches", None)
+    if original is None or getattr(original, "_resumewds", False):
+        return
+
+    @functools.wraps(original)
+    def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+        if _is_resumewds_loader(dataloader):
+            return _check_skip(dataloader, num_batches)
+        return original(dataloader, num_batches)
+
+    skip_first_batches._resumewds = True  # type: ignore[attr-defined]
+    setattr(mod, "skip_first_batches", skip_first_batches)  # noqa: B010 (a module global)
+
+
+def attach(trainer: Any, loader: Any) -> ResumeWDSTrainerCallback:
+    """Train ``trainer`` on ``loader`` and resume the loader exactly from the Trainer's checkpoints.
+
+    Args:
+        trainer: a ``transformers.Trainer`` (its ``train_dataset`` is not used).
+        loader: a :class:`resumewds.WebLoader` (or a loader chain over one)
+            yielding what the model takes (a dict of tensors, typically: give
+            the WebLoader a ``collate_fn`` that builds it).
+
+    Returns:
+        The callback added to the trainer.
+    """
+    if not _is_resumewds_loader(loader):
+        raise TypeError(f"attach needs a resumewds.WebLoader, got {type(loader).__name__}")
+    callback = ResumeWDSTrainerCallback(loader)
+    loader._resumewds_hf_callback = callback
+    trainer.get_train_dataloader = lambda: loader
+    trainer.add_callback(callback)
+    _install_skip_hook()
+    train = trainer.train
+
+    @functools.wraps(train)
+    def train_resuming(resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        folder = resume_from_checkpoint
+        if folder is True:  # what the Trainer does with True
+            from transformers.trainer_utils import get_last_checkpoint
+
+            folder = get_last_checkpoint(trainer.args.output_dir)
+        callback.resume_dir = folder if isinstance(folder, str) else None
+        return train(resume_from_checkpoint, *args, **kwargs)
+
+    trainer.train = train_resuming
+    return callback

@@ -1,0 +1,232 @@
+"""Training runs under Lightning, Accelerate and transformers.Trainer, for tests/test_integrations_*.py.
+
+Run as ``python tests/frameworks_driver.py FRAMEWORK --data DIR --out DIR [--kill-at STEP] [--resume]``.
+Each optimizer step appends ``step<TAB>key key ...`` (the sample keys of its
+batch) to ``OUT/record.txt`` and fsyncs it; ``--kill-at S`` SIGKILLs the
+process at the start of step S (before it records anything), so the process
+dies mid-epoch with its DataLoader workers running.  A resumed run first cuts
+the record at the step its checkpoint restored: the record of a killed and
+resumed run is then exactly what the model trained on, to be compared with an
+uninterrupted run's.  The frameworks are imported inside the functions (this
+module is collected by ``--doctest-modules``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import signal
+import sys
+from typing import Any, List
+
+STEPS_PER_CKPT = 4
+
+
+def record_path(out: str) -> str:
+    """``OUT/record.txt``; ``OUT/record.rankR.txt`` in a job of several ranks (WORLD_SIZE > 1)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return os.path.join(out, f"record.rank{os.environ['RANK']}.txt")
+    return os.path.join(out, "record.txt")
+
+
+def cut_record(out: str, step: int) -> None:
+    """Keep the lines of steps before ``step`` (what the restored checkpoint trained on)."""
+    path = record_path(out)
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        keep = [line for line in f if line.strip() and int(line.split("\t", 1)[0]) < step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def record(out: str, step: int, keys: List[str]) -> None:
+    with open(record_path(out), "a") as f:
+        f.write(f"{step}\t{' '.join(keys)}\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class Crash(RuntimeError):
+    """``--raise-at``: the in-process stand-in for a kill (the fast tests)."""
+
+
+def maybe_die(args: Any, step: int) -> None:
+    if args.kill_at is not None and step == args.kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if args.raise_at is not None and step == args.raise_at:
+        raise Crash(f"crash at step {step}")
+
+
+def make_loader(args: Any) -> Any:
+    import resumewds as rw
+
+    shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
+    ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
+    return rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers)
+
+
+# ---- Lightning --------------------------------------------------------------
+def run_lightning(args: Any) -> None:
+    import lightning.pytorch as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from resumewds.integrations.lightning import ResumeWDSCallback
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            keys = batch[0]
+            maybe_die(args, self.global_step)
+            record(args.out, self.global_step, list(keys))
+            return self.lin(torch.ones(len(keys), 1)).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            if args.esb:  # sizes a schedule: Lightning builds the loader before restoring it
+                assert self.trainer.estimated_stepping_batches > 0
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def on_train_start(self) -> None:
+            if args.resume:
+                cut_record(args.out, self.global_step)
+
+    callbacks: List[Any] = [ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=STEPS_PER_CKPT,
+                                            save_last=True, save_top_k=-1)]
+    if args.callback:
+        callbacks.append(ResumeWDSCallback())
+    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                        default_root_dir=args.out, num_sanity_val_steps=0)
+    trainer.fit(Tiny(), train_dataloaders=make_loader(args), ckpt_path="last" if args.resume else None)
+
+
+# ---- Accelerate -------------------------------------------------------------
+class Counter:
+    """The global step, registered for checkpointing next to the loader."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> Any:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: Any) -> None:
+        self.step = int(state["step"])
+
+
+def run_accelerate(args: Any) -> None:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    from resumewds.integrations.accelerate import prepare_loader
+
+    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=os.path.join(args.out, "acc"), automatic_checkpoint_naming=True))
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = acc.prepare(model, opt)
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    if args.dataloader:  # a torch DataLoader over the dataset: prepare_loader makes it a WebLoader
+        from torch.utils.data import DataLoader
+
+        loader = prepare_loader(acc, DataLoader(make_loader(args).dataset, batch_size=args.batch))
+    else:
+        loader = prepare_loader(acc, make_loader(args))
+    if args.resume:
+        acc.load_state()  # the latest checkpoint (Accelerate does not restore its save counter)
+        acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
+        cut_record(args.out, counter.step)
+        if args.skip:  # Accelerate's recipe: skip the batches of the epoch already trained on
+            loader = acc.skip_first_batches(loader, counter.step % len(loader))
+    while loader.epoch < args.epochs:
+        for keys, _cls in loader:
+            maybe_die(args, counter.step)
+            record(args.out, counter.step, list(keys))
+            loss = model(torch.ones(len(keys), 1)).pow(2).mean()
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            counter.step += 1
+            if counter.step % STEPS_PER_CKPT == 0:
+                acc.save_state()
+
+
+# ---- transformers.Trainer ---------------------------------------------------
+def hf_collate(samples: List[Any]) -> Any:
+    """A dict the model takes: the keys (recorded) and an input tensor."""
+    import torch
+
+    return {"keys": [s[0] for s in samples], "x": torch.ones(len(samples), 1)}
+
+
+def run_transformers(args: Any) -> None:
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    import resumewds as rw
+    from resumewds.integrations.transformers import attach
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def forward(self, x: Any, keys: Any = None) -> Any:
+            return {"loss": self.lin(x).pow(2).mean()}
+
+    class Record(Trainer):
+        def compute_loss(self, model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
+            maybe_die(args, self.state.global_step)
+            record(args.out, self.state.global_step, list(inputs["keys"]))
+            return super().compute_loss(model, inputs, *a, **kw)
+
+    class Cut(TrainerCallback):
+        def on_train_begin(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
+            if args.resume:
+                cut_record(args.out, state.global_step)
+
+    targs = TrainingArguments(output_dir=os.path.join(args.out, "hf"), num_train_epochs=args.epochs,
+                              save_strategy="steps", save_steps=STEPS_PER_CKPT, logging_strategy="no",
+                              report_to="none", use_cpu=True, disable_tqdm=True, seed=3,
+                              gradient_accumulation_steps=args.accumulate, remove_unused_columns=False)
+    trainer = Record(model=Tiny(), args=targs, callbacks=[Cut()])
+    shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
+    ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
+    attach(trainer, rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate))
+    trainer.train(resume_from_checkpoint=True if args.resume else None)
+
+
+def main(argv: Any = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("framework", choices=["lightning", "accelerate", "transformers"])
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--raise-at", type=int, default=None)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--accumulate", type=int, default=1, help="transformers: gradient_accumulation_steps")
+    p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
+    p.add_argument("--no-callback", dest="callback", action="store_false")
+    p.add_argument("--dataloader", action="store_true", help="accelerate: a torch DataLoader over the dataset")
+    p.add_argument("--skip", action="store_true", help="accelerate: accelerator.skip_first_batches after load_state")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    {"lightning": run_lightning, "accelerate": run_accelerate, "transformers": run_transformers}[args.framework](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Hugging Face Accelerate: a WebLoader registered by prepare_loader resumes exactly through
+``save_state`` / ``load_state`` (records of sample keys per step: tests/frameworks_driver.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import List
+
+import pytest
+
+pytest.importorskip("accelerate")
+
+import frameworks_driver as drv
+
+import resumewds as rw
+from resumewds.synth import write_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "frameworks_driver.py")
+STEPS = 2 * 25
+
+
+@pytest.fixture
+def shards(tmp_path, cache_dir) -> str:
+    write_shards(str(tmp_path / "data"), shards=8, samples=25, size_range=(10, 40))
+    return str(tmp_path / "data")
+
+
+def records(out: str) -> List[str]:
+    with open(drv.record_path(out)) as f:
+        return f.read().splitlines()
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_save_state_load_state_after_a_crash_is_exact(shards, tmp_path, skip):
+    """Crash mid-epoch 0 after save_state; load_state (a fresh loader, another worker count)
+    continues exactly; with ``skip``, Accelerate's recipe (skip_first_batches after load_state)
+    too: it returns the loader, already in place, instead of reading the batches again."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    drv.main(["accelerate", "--data", shards, "--out", ref])
+    assert len(records(ref)) == STEPS
+    with pytest.raises(drv.Crash):
+        drv.main(["accelerate", "--data", shards, "--out", run, "--raise-at", "14"])
+    drv.main(["accelerate", "--data", shards, "--out", run, "--resume", "--workers", "1",
+              *(("--skip",) if skip else ())])
+    assert records(run) == records(ref)
+
+
+def test_prepare_loader_registers_and_converts_a_dataloader(shards):
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from resumewds.integrations.accelerate import PreparedLoader, prepare_loader
+
+    acc = Accelerator(cpu=True)
+    ds = rw.WebDataset(sorted(os.path.join(shards, f) for f in os.listdir(shards)), seed=1).to_tuple("__key__")
+    prepared = prepare_loader(acc, DataLoader(ds, batch_size=8, drop_last=True))
+    assert isinstance(prepared, PreparedLoader) and isinstance(prepared.loader, rw.WebLoader)
+    assert prepared in acc._custom_objects
+    assert (prepared.batch_size, prepared.drop_last, len(prepared)) == (8, True, 25)
+    assert sum(1 for _ in prepared) == 25 and prepared.epoch == 1
+    with pytest.raises(TypeError, match="needs a resumewds.WebLoader"):
+        prepare_loader(acc, [1, 2, 3])
+    assert acc.skip_first_batches(prepared, 0) is prepared
+    with pytest.raises(rw.StateError, match="state was not loaded"):
+        acc.skip_first_batches(prepared, 3)
+
+
+def driver(shards: str, out: str, *argv: str) -> int:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, DRIVER, "accelerate", "--data", shards, "--out", out, *argv], env=env,
+                          timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+
+
+@pytest.mark.slow
+def test_kill9_twice_other_worker_counts_is_exact(shards, tmp_path):
+    """SIGKILL mid-epoch 0 (2 workers), resume with 0 workers, SIGKILL mid-epoch 1, resume with 1."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    assert driver(shards, ref) == 0
+    assert driver(shards, run, "--kill-at", "14", "--workers", "2") == -9
+    assert driver(shards, run, "--kill-at", "38", "--resume", "--workers", "0") == -9
+    assert driver(shards, run, "--resume", "--workers", "1") == 0
+    assert records(run) == records(ref)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_then_resume_on_one(shards, tmp_path):
+    """Two processes (gloo on CPU) train on a torch DataLoader over the dataset, which
+    prepare_loader turns into a WebLoader: each global step covers the reference's samples
+    once (not half of them).  Both crash at step 7; one process resumes from the checkpoint of
+    step 4 and continues with exactly the reference's sequence from that global position."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    drv.main(["accelerate", "--data", shards, "--out", ref])
+    reference = [line.split("\t")[1].split() for line in records(ref)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, DRIVER, "accelerate", "--data", shards, "--out", run, "--dataloader",
+                               "--raise-at", "7"], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 1 and b"Crash: crash at step 7" in err, err.decode()[-2000:]
+    per_rank = []
+    for r in range(2):
+        with open(os.path.join(run, f"record.rank{r}.txt")) as f:
+            per_rank.append({int(s): set(k.split()) for s, k in (ln.split("\t") for ln in f.read().splitlines())})
+    for step in range(7):  # a global step of 2 x 8 samples: the reference's steps 2s and 2s+1
+        assert per_rank[0][step] | per_rank[1][step] == set(reference[2 * step]) | set(reference[2 * step + 1])
+        assert not per_rank[0][step] & per_rank[1][step]
+    assert driver(shards, run, "--resume", "--workers", "2") == 0  # one process, from the checkpoint of step 4
+    assert [line.split("\t")[1].split() for line in records(run)] == reference[8:]

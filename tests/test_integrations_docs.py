@@ -1,0 +1,37 @@
+"""The examples of docs/FRAMEWORKS.md run (one per framework, each in its own directory)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(REPO, "docs", "FRAMEWORKS.md")
+FRAMEWORK_OF = {"lightning": "lightning.pytorch", "accelerate": "accelerate", "transformers": "transformers"}
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
+                                        "ignore::FutureWarning")
+
+
+def examples():
+    """``{framework: code}`` of the doc's python blocks (by the resumewds.integrations module they import)."""
+    with open(DOC, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    out = {}
+    for code in blocks:
+        out[re.search(r"^from resumewds\.integrations\.(\w+) import", code, re.M).group(1)] = code
+    return out
+
+
+def test_one_example_per_framework():
+    assert sorted(examples()) == sorted(FRAMEWORK_OF)
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORK_OF))
+def test_example_runs(name, tmp_path, monkeypatch, cache_dir):
+    pytest.importorskip(FRAMEWORK_OF[name])
+    monkeypatch.chdir(tmp_path)
+    code = examples()[name]
+    exec(compile(code, f"{DOC}:{name}", "exec"), {"__name__": "__main__"})

@@ -1,0 +1,81 @@
+"""transformers.Trainer: attach() makes train(resume_from_checkpoint=True) restore a WebLoader's
+state instead of fast-forwarding it (records of sample keys per step: tests/frameworks_driver.py)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from typing import List
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import frameworks_driver as drv
+
+from resumewds.errors import StateError
+from resumewds.synth import write_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
+                                        "ignore::FutureWarning")
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "frameworks_driver.py")
+STEPS = 2 * 25
+
+
+@pytest.fixture
+def shards(tmp_path, cache_dir) -> str:
+    write_shards(str(tmp_path / "data"), shards=8, samples=25, size_range=(10, 40))
+    return str(tmp_path / "data")
+
+
+def records(out: str) -> List[str]:
+    with open(drv.record_path(out)) as f:
+        return f.read().splitlines()
+
+
+def hf(*argv: str) -> None:
+    drv.main(["transformers", *argv])
+
+
+@pytest.mark.parametrize("accumulate,crash", [(1, 14), pytest.param(3, 6, marks=pytest.mark.slow)])
+def test_train_resume_after_a_crash_is_exact(shards, tmp_path, accumulate, crash):
+    """Crash mid-epoch 0 after a checkpoint; train(resume_from_checkpoint=True) with a fresh loader
+    (another worker count) trains on exactly the uninterrupted run's keys, both epochs, also with
+    gradient accumulation over an epoch that does not divide evenly (25 batches by 3)."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    acc = ("--accumulate", str(accumulate))
+    hf("--data", shards, "--out", ref, *acc)
+    assert len(records(ref)) == STEPS
+    with pytest.raises(drv.Crash):
+        hf("--data", shards, "--out", run, "--raise-at", str(crash), *acc)
+    hf("--data", shards, "--out", run, "--resume", "--workers", "1", *acc)
+    assert records(run) == records(ref)
+
+
+def test_a_checkpoint_without_the_loader_state_is_refused(shards, tmp_path):
+    run = str(tmp_path / "run")
+    with pytest.raises(drv.Crash):
+        hf("--data", shards, "--out", run, "--raise-at", "6")
+    for path in glob.glob(os.path.join(run, "hf", "checkpoint-*", "resumewds_loader.json")):
+        os.remove(path)
+    with pytest.raises(StateError, match="no resumewds_loader.json in this checkpoint"):
+        hf("--data", shards, "--out", run, "--resume")
+
+
+def driver(shards: str, out: str, *argv: str) -> int:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, DRIVER, "transformers", "--data", shards, "--out", out, *argv], env=env,
+                          timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+
+
+@pytest.mark.slow
+def test_kill9_twice_other_worker_counts_is_exact(shards, tmp_path):
+    """SIGKILL mid-epoch 0 (2 workers), resume with 0 workers, SIGKILL mid-epoch 1, resume with 1."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    assert driver(shards, ref) == 0
+    assert driver(shards, run, "--kill-at", "14", "--workers", "2") == -9
+    assert driver(shards, run, "--kill-at", "38", "--resume", "--workers", "0") == -9
+    assert driver(shards, run, "--resume", "--workers", "1") == 0
+    assert records(run) == records(ref)
