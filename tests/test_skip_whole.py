@@ -48,7 +48,7 @@ def data(tmp_path, monkeypatch):
 
     def held(self: Any, shard: Any, policy: str, progress: Any) -> str:
         if policy != "never" and threading.current_thread() is not threading.main_thread():
-            gate.wait()  # a check off the reading thread: held until the test ends
+            gate.wait(120)  # a check off the reading thread: held until the test ends
         return real(self, shard, policy, progress)
 
     monkeypatch.setattr(ShardStore, "_check_local", held)
