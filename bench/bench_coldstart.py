@@ -15,9 +15,8 @@ the rounds):
   later start of the same job on the same machine);
 * ``rw-first``  - a fresh ``cache_dir``: the shards were never verified on this machine
   (the first start of a job); the manifest has sample digests (v3, what ``resumewds
-  index`` writes by default), so each first sample is verified by its own digest while the
-  whole-file check runs behind it (a v1 manifest hashes each shard whole before its first
-  sample);
+  index`` writes by default); each shard is hashed whole before its first sample (as with
+  a v1 manifest: a shard that mismatches is then skipped whole, whatever the timing);
 * ``wds``       - webdataset 1.0.2 on the same tars.
 
 The resumewds children also print where the time goes: ``import resumewds`` (not in the

@@ -1187,6 +1187,7 @@ def input_hardening_rows() -> List[Callable[[Suite], Row]]:
 
 def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
     from chaos.integrity import integrity_rows  # lost -wal, replaced cache entry, secrets in URLs
+    from chaos.skiprows import skip_rows  # a local shard corrupted in place, skipped whole
 
     kills = 4 if quick else 12
     return [
@@ -1230,7 +1231,7 @@ def matrix(quick: bool) -> List[Callable[[Suite], Row]]:
         *exactly_once_rows(quick),  # exactly-once hardening block (below)
         *s3_rows(quick),  # the s3 block below
     # fetch hardening; sample digests and ranged reads
-    ] + hardening_rows() + sample_digest_rows() + ranged_read_rows()
+    ] + hardening_rows() + sample_digest_rows() + ranged_read_rows() + skip_rows()
 
 
 # ---------------------------------------------------------------------------

@@ -790,8 +790,8 @@ class WebDataset:
             reading.prepare(self, where, stream)  # samples of shards not cached yet: verified ranges
             # The open shards' samples are read here, not through the five calls
             # of ``read`` (a third of the in-process time per sample): the same
-            # pread and parse; anything else (a shard not open yet, a pending
-            # whole-file check, samples fetched by range, a failed shard, a
+            # pread and parse; anything else (a shard not open yet,
+            # samples fetched by range, a failed shard, a
             # short read or a malformed sample) takes ``read``, which raises or
             # skips as it always does.
             rd = self._reader

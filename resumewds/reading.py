@@ -11,7 +11,10 @@ step, apart from the order (:mod:`resumewds.plan`) and the stages
 * :func:`shard_reader` -- the dataset's reader, created on first use, sized
   to the shards a step can touch (a shuffle window per partition, or two in
   order).
-* :func:`read` -- one sample (``tario.read_sample`` on the open copy);
+* :func:`read` -- one sample (``tario.read_sample`` on the open copy, which
+  ``acquire`` verified first: a local shard's whole-file xxh3_64 is checked
+  before any of its samples is read, so a shard that mismatches is skipped
+  whole under ``on_error="skip"``, the same in every run and resume);
   :func:`read_run` -- consecutive samples of one shard with one ``pread``
   (same results, errors and skips as one by one); :func:`run_length` -- how
   many of a step's next samples make such a run (at most :data:`RUN_BYTES`).
@@ -48,8 +51,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import time
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -69,58 +70,6 @@ log = logging.getLogger("resumewds")
 RUN_BYTES = 4 << 20
 
 
-class _WholeShardCheck:
-    """The whole-file check of a local shard, run behind its first samples.
-
-    A local shard with per-sample digests (manifest v3) that this machine has
-    not verified yet is opened at once (size checked) and its samples are
-    verified one by one against their digests until this check, the store's
-    usual ``acquire`` (whole-file xxh3_64, then the "verified" mark), ends.
-    One background thread per process runs the checks one after another, in
-    the order the shards were first read (several at once would compete for
-    the disk with the reads of the first samples).
-    """
-
-    _queue: Optional[queue.SimpleQueue[_WholeShardCheck]] = None
-    _pid = 0
-
-    def __init__(self, store: Any, shard: ShardInfo):
-        self.store, self.shard = store, shard
-        self.error: Optional[BaseException] = None
-        self.pid = os.getpid()  # a forked worker runs its own (the thread stays in its parent)
-        self.done = threading.Event()
-        cls = type(self)
-        if cls._queue is None or cls._pid != self.pid:
-            cls._queue, cls._pid = queue.SimpleQueue(), self.pid
-            threading.Thread(target=cls._loop, args=(cls._queue,), name="resumewds-verify", daemon=True).start()
-        cls._queue.put(self)
-
-    @staticmethod
-    def _loop(q: queue.SimpleQueue[_WholeShardCheck]) -> None:
-        try:  # Linux: a thread's own nice value; the reads the samples wait for come first
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        except (AttributeError, OSError):
-            pass
-        while True:
-            chk = q.get()
-            try:
-                chk.store.acquire(chk.shard).close()
-            except BaseException as exc:  # handed to the reader, raised at the shard's next read
-                chk.error = exc
-            finally:
-                chk.done.set()
-
-
-def _deferrable(store: Any, shard: ShardInfo) -> bool:
-    """Whether ``shard``'s whole-file check can run behind its first samples."""
-    if getattr(store, "verify", None) != "once" or shard.xxh3_64 is None or shard.sample_digests is None \
-            or shard.offsets is None:
-        return False
-    from .fetch import is_remote_url
-
-    return not is_remote_url(shard.url) and ("://" not in shard.url or shard.url.startswith("file://"))
-
-
 class ShardReader:
     """Per-process open shards: pinned cache leases and file descriptors (LRU)."""
 
@@ -130,31 +79,10 @@ class ShardReader:
         self.open: OrderedDict[int, Tuple[Any, int]] = OrderedDict()
         self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
         self.ranged: Optional[RangedReads] = None  # samples of shards not cached yet (prepare)
-        self.checks: Dict[int, _WholeShardCheck] = {}  # local shards read sample-verified meanwhile
         # shards whose samples :meth:`WebDataset.iter_steps` may read itself
-        # (open, no whole-file check pending): index -> (fd, offsets, url,
-        # verified); an entry lives exactly as long as its fd is in ``open``
+        # (open): index -> (fd, offsets, url, verified); an entry lives
+        # exactly as long as its fd is in ``open``
         self.fast: Dict[int, Tuple[int, Any, str, bool]] = {}
-
-    def _acquire(self, idx: int, shard: ShardInfo) -> Any:
-        if idx not in self.checks and _deferrable(self.store, shard):
-            lease = self.store._acquire(shard, True, policy="never")  # size check only, no hashing
-            self.checks[idx] = _WholeShardCheck(self.store, shard)
-            return lease
-        return self.store.acquire(shard)
-
-    def check(self, idx: int) -> bool:
-        """Whether shard ``idx``'s samples must still be verified one by one;
-        raises what its whole-file check raised, once it has ended."""
-        chk = self.checks.get(idx)
-        if chk is not None and chk.pid != os.getpid():
-            chk = self.checks[idx] = _WholeShardCheck(self.store, chk.shard)
-        if chk is None or not chk.done.is_set():
-            return chk is not None
-        if chk.error is not None:
-            raise chk.error
-        del self.checks[idx]
-        return False
 
     def fd(self, idx: int, shard: ShardInfo) -> int:
         """The open, verified copy of ``shard`` (index ``idx``), acquired if needed."""
@@ -165,7 +93,9 @@ class ShardReader:
         t0 = time.perf_counter()
         try:
             for attempt in range(3):
-                lease = self._acquire(idx, shard)
+                # a local shard's whole-file check ends before any of its samples is
+                # read: a mismatch skips (or fails) the shard whole, whatever the timing
+                lease = self.store.acquire(shard)
                 try:
                     fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     break
@@ -234,12 +164,9 @@ def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
         reader = shard_reader(ds)
         fd = reader.fd(shard_idx, shard)
         start, end = shard.sample_range(j)
-        if reader.check(shard_idx):
-            sample = read_verified(ds, shard, j, fd, start, end)
-        else:
-            verified = trusted(reader.store, shard)
-            sample = tario.read_sample(fd, start, end, shard.url, verified=verified)
-            reader.fast[shard_idx] = (fd, shard.offsets, shard.url, verified)
+        verified = trusted(reader.store, shard)
+        sample = tario.read_sample(fd, start, end, shard.url, verified=verified)
+        reader.fast[shard_idx] = (fd, shard.offsets, shard.url, verified)
     except (FetchError, IntegrityError, ShardFormatError) as exc:
         shard_failed(ds, shard_idx, shard, exc)
         return None
@@ -303,8 +230,6 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     except (FetchError, IntegrityError, ShardFormatError) as exc:
         shard_failed(ds, shard_idx, shard, exc)  # never a second fetch
         return [None] * count
-    if shard_idx in shard_reader(ds).checks:  # sample-verified until its whole-file check ends
-        return [ds._read(shard_idx, j + i) for i in range(count)]
     try:
         assert shard.offsets is not None
         samples: List[Optional[Dict[str, Any]]] = list(
@@ -319,7 +244,9 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
 
 
 def read_verified(ds: Any, shard: ShardInfo, j: int, fd: int, start: int, end: int) -> Dict[str, Any]:
-    """Sample ``j``, delivered only if its bytes match its manifest digest."""
+    """Sample ``j``, delivered only if its bytes match its manifest digest
+    (raises :class:`ChecksumMismatch` naming the sample otherwise).  Not on
+    :func:`read`'s path: there the whole file is verified first."""
     import xxhash
 
     buf = tario._pread_range(fd, start, end, shard.url)

@@ -106,7 +106,7 @@ def test_workers_inherit_the_store_modules(tmp_path):
     assert seen == [[True, True], [True, True]]
 
 
-# ---- first start of a local shard: sample-level verification, whole-file check behind it ----------
+# ---- first start of a local shard: its whole-file check comes before its first sample ----------
 def _v3(tmp_path, shards=2, samples=30):
     from resumewds import build_manifest, synth
 
@@ -117,54 +117,31 @@ def _v3(tmp_path, shards=2, samples=30):
     return str(tmp_path / "m3.json"), str(tmp_path / "m1.json")
 
 
-class _GatedStore:
-    """A real ShardStore whose whole-file acquire waits for ``gate`` (the check's thread blocks there)."""
-
-    def __new__(cls, gate, **kw):
-        from resumewds.cache import ShardStore
-
-        class Gated(ShardStore):
-            def acquire(self, shard):
-                assert gate.wait(60)
-                return super().acquire(shard)
-
-        return Gated(**kw)
-
-
 def _marks(cache_dir):
     d = os.path.join(cache_dir, "verified")
     return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
 
-def test_first_samples_are_delivered_before_the_whole_shard_is_hashed(tmp_path):
-    import threading
-
+def test_first_sample_comes_after_its_shard_is_hashed(tmp_path):
+    """v3 manifest, fresh cache: shard 0 is verified whole (and marked) before its first
+    sample is delivered; the next start finds the marks; same samples as a v1 run."""
     from resumewds import WebDataset
 
     m3, m1 = _v3(tmp_path)
     want = [(s["__key__"], s["cls"]) for s in WebDataset(m1, cache_dir=str(tmp_path / "c1"))]
-    gate = threading.Event()
-    ds = WebDataset(m3, cache_dir=str(tmp_path / "c3"))
-    ds._store = _GatedStore(gate, cache_dir=str(tmp_path / "c3"), on_event=ds._on_event)
-    it = iter(ds)
-    first = next(it)  # the whole-file check of shard 0 is blocked: this sample was verified by its digest
-    assert _marks(str(tmp_path / "c3")) == []
-    assert ds._reader.checks and not any(c.done.is_set() for c in ds._reader.checks.values())
-    gate.set()
+    it = iter(WebDataset(m3, cache_dir=str(tmp_path / "c3")))
+    first = next(it)
+    assert _marks(str(tmp_path / "c3"))  # hashed whole (and marked) already
     got = [(first["__key__"], first["cls"])] + [(s["__key__"], s["cls"]) for s in it]
     assert got == want
-    for c in list(ds._reader.checks.values()) if ds._reader else []:
-        assert c.done.wait(60)
-    deadline = time.monotonic() + 60
-    while len(_marks(str(tmp_path / "c3"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(_marks(str(tmp_path / "c3"))) == 2  # both shards verified whole, marked as before
-    # the next start finds the marks: no sample-level mode, same samples
+    assert len(_marks(str(tmp_path / "c3"))) == 2
     ds2 = WebDataset(m3, cache_dir=str(tmp_path / "c3"))
     assert [(s["__key__"], s["cls"]) for s in ds2] == want
 
 
-def test_a_corrupt_sample_is_never_delivered(tmp_path):
+def test_a_corrupt_shard_delivers_nothing(tmp_path):
+    """A byte flipped in sample 12 of a local shard (size kept): its whole-file check fails
+    before any sample: raise delivers nothing, skip skips it whole."""
     import pytest
 
     from resumewds import WebDataset
@@ -172,25 +149,20 @@ def test_a_corrupt_sample_is_never_delivered(tmp_path):
     m3, _ = _v3(tmp_path, shards=1, samples=20)
     shard = WebDataset(m3).manifest.shards[0]
     path = str(tmp_path / "s" / "shard-000000.tar")
-    good = [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c0"), verify="never")]
     _flip(path, int(shard.offsets[12]) + 700)  # inside sample 12's member data; the size is unchanged
     delivered = []
     with pytest.raises(ChecksumMismatch) as ei:
         for s in WebDataset(m3, cache_dir=str(tmp_path / "c")):
             delivered.append(s["__key__"])
-    assert delivered == good[:len(delivered)] and len(delivered) <= 12  # never sample 12 or beyond
+    assert delivered == []
     assert "shard-000000.tar" in str(ei.value) and "\n" not in str(ei.value)
     assert _marks(str(tmp_path / "c")) == []
-    # on_error="skip": the shard is skipped from the failure on, the samples before were good
-    kept = [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c2"), on_error="skip")]
-    assert kept == good[:len(kept)] and len(kept) <= 12
+    assert [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c2"), on_error="skip")] == []
 
 
-def test_whole_file_mismatch_after_verified_samples_still_fails_the_shard(tmp_path):
-    """Bytes outside every sample's range (the tar's end blocks) differ: each sample matches its
-    digest, the whole-file check fails, and the shard's next read raises it."""
-    import threading
-
+def test_whole_file_mismatch_outside_every_sample_fails_the_shard(tmp_path):
+    """Bytes outside every sample's range (the tar's end blocks) differ: each sample would
+    match its digest, the whole-file check fails, and the shard fails before its first sample."""
     import pytest
 
     from resumewds import WebDataset
@@ -199,27 +171,18 @@ def test_whole_file_mismatch_after_verified_samples_still_fails_the_shard(tmp_pa
     m3, _ = _v3(tmp_path, shards=1, samples=400)
     path = str(tmp_path / "s" / "shard-000000.tar")
     _flip(path, os.path.getsize(path) - 10)  # the trailing zero blocks
-    gate = threading.Event()
-    ds = WebDataset(m3, cache_dir=str(tmp_path / "c"))
-    ds._store = _GatedStore(gate, cache_dir=str(tmp_path / "c"), on_event=ds._on_event)
-    it = iter(ds)
-    next(it)
-    next(it)
-    gate.set()
-    (chk,) = ds._reader.checks.values()
-    assert chk.done.wait(60)
-    n = 2
+    n = 0
     with pytest.raises(ChecksumMismatch) as ei:
-        for _ in it:  # what was read (and verified by sample) before the check ended, then the error
+        for _ in WebDataset(m3, cache_dir=str(tmp_path / "c")):
             n += 1
-    assert n < 400
+    assert n == 0
     assert "xxh3_64 mismatch" in str(ei.value) and "sample" not in str(ei.value)
     assert _marks(str(tmp_path / "c")) == []
 
 
 def test_sample_verified_start_with_workers_is_exact(tmp_path):
-    """2 forked DataLoader workers, fresh cache, v3 manifest: the batches of a v1 run (whole-file
-    checks first), and an exact resume from a state taken after 2 batches."""
+    """2 forked DataLoader workers, fresh cache, v3 manifest: the batches of a v1 run, and an
+    exact resume from a state taken after 2 batches."""
     got = _run(f"""
         import json, torch
         import resumewds as rw

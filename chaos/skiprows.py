@@ -1,0 +1,90 @@
+"""Chaos row: a local shard corrupted in place (size kept), v3 manifest, ``--on-error skip``.
+
+    shard corrupted in place, on_error=skip, v3    exact: the reference without the
+                                                   damaged shard, every run
+
+The rule (docs/DIGESTS.md, "Local shards: the whole file first"): a local
+shard's whole-file check passes before any of its samples is read, so a
+shard that mismatches is skipped whole.  Every run starts on a fresh cache
+(the shards' first use on this machine): 0 and 2 workers, twice each, and a
+run stopped by ``--limit`` and resumed from its journal (0 and 2 workers),
+its committed lines followed by the rerun's compared whole with the
+reference.
+
+The row is registered in :func:`chaos.run.matrix` (``skip_rows``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TYPE_CHECKING, Callable, List
+
+from chaos.crash import cat_cmd, committed_samples, compare, run
+from chaos.diskfaults import flip_byte
+
+if TYPE_CHECKING:  # chaos.run imports this module when it builds its matrix
+    from chaos.run import Row, Suite
+
+NAME = "shard corrupted in place, on_error=skip, v3"
+
+
+def corrupted_in_place(s: Suite) -> Row:
+    """Flip one byte inside a sample of the third shard of a v3 copy of the data set."""
+    import resumewds as rw
+    from chaos.run import BOUND, Row, _last_line, _shard_paths
+
+    row = Row(NAME, "exact")
+    d = s.tmp("skipwhole")
+    root = os.path.join(d, "data")
+    os.makedirs(root)
+    paths = []
+    for p in _shard_paths(s.data):
+        paths.append(shutil.copy2(p, os.path.join(root, os.path.basename(p))))
+    manifest = os.path.join(root, "manifest.json")
+    rw.build_manifest(paths, manifest, digests=True)  # version 3: per-sample digests + whole-file xxh3_64
+    skip = ["--on-error", "skip"]
+    good = run(cat_cmd(manifest, cache_dir=os.path.join(d, "c0"), workers=0, epochs=1, extra=skip), bound=BOUND)
+    if good.rc != 0 or good.lines != s.ref:
+        row.bad_exits.append(f"the v3 copy does not read as the reference: exit {good.rc} {_last_line(good.err)}")
+        return row
+    bad = os.path.basename(paths[2])
+    shard = rw.WebDataset(manifest).manifest.shards[2]
+    flip_byte(paths[2], int(shard.offsets[len(shard.offsets) // 2]) + 600)  # inside a middle sample's data
+    want = [ln for ln in s.ref if ln.split("\t")[0] != bad]
+    row.faults = 1
+    n = 0
+
+    def cache() -> str:
+        nonlocal n
+        n += 1
+        return os.path.join(d, f"c{n}")
+
+    for workers in (0, 2, 0, 2):
+        p = run(cat_cmd(manifest, cache_dir=cache(), workers=workers, epochs=1, extra=skip), bound=BOUND)
+        row.runs += 1
+        row.tally.add(compare(want, p.lines, s.data.digests))
+        if p.rc != 0 or p.hung:
+            row.bad_exits.append(f"{workers} workers: exit {p.rc}: {_last_line(p.err)}")
+        elif f"skipped shard {paths[2]}" not in p.err:
+            row.bad_exits.append(f"{workers} workers: the skip of {bad} was not reported")
+    for workers in (0, 2):
+        journal = os.path.join(d, f"run{workers}.db")
+        first = run(cat_cmd(manifest, journal=journal, cache_dir=cache(), workers=workers, epochs=1,
+                            extra=skip + ["--limit", str(len(want) // 2)]), bound=BOUND)
+        second = run(cat_cmd(manifest, journal=journal, cache_dir=cache(), workers=workers, epochs=1, extra=skip),
+                     bound=BOUND)
+        row.runs += 2
+        got = first.lines[:committed_samples(journal)] + second.lines
+        row.tally.add(compare(want, got, s.data.digests))
+        for p in (first, second):
+            if p.rc != 0 or p.hung:
+                row.bad_exits.append(f"resume, {workers} workers: exit {p.rc}: {_last_line(p.err)}")
+    row.note = f"{len(s.ref) - len(want)} samples of {bad} skipped whole in {row.runs} runs"
+    return row
+
+
+def skip_rows() -> List[Callable[[Suite], Row]]:
+    from chaos.run import _labelled
+
+    return [_labelled(NAME, corrupted_in_place)]
