@@ -247,10 +247,20 @@ def read_meta(base: str) -> Optional[Dict[str, Any]]:
 
 
 def write_meta(base: str, url: str, xxh: Optional[str], synced: bool) -> None:
-    """Publish the meta of the shard file ``base`` (its size and mtime as they are now)."""
+    """Publish the meta of the shard file ``base`` (its size and mtime as they are now).
+
+    The shard file is made private to the user first (mode 0600, like
+    everything the cache creates), which moves its ctime: the meta records
+    the ctime after that."""
     st = lstat(base)
     if st is None:
         raise CacheError(f"{base}: vanished before its meta was written")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        try:
+            os.chmod(base, stat.S_IMODE(st.st_mode) & 0o700)
+            st = lstat(base) or st
+        except OSError:
+            pass  # not ours (a shared cache): left as it is
     meta = {"url": redact_url(url), "size": st.st_size, "xxh3_64": xxh, "mtime_ns": st.st_mtime_ns, **identity(st),
             "last_used": time.time(), "synced": synced, "boot": boot_id()}
     _publish_meta(base, meta)
