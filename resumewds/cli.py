@@ -78,7 +78,7 @@ class _Group(click.Group):
                 debug = False
             if debug:
                 raise
-            raise click.ClickException(_describe_error(exc)) from exc
+            raise click.ClickException(redact_text(_describe_error(exc))) from exc
 
 
 def _describe_error(exc: BaseException) -> str:

@@ -94,8 +94,8 @@ def test_replaced_entry_without_checksum_is_fetched_again(served, tmp_path):
 
 
 def test_reads_do_not_make_an_entry_look_changed(served, tmp_path):
-    """Every acquire sets the atime (for the LRU), which moves the ctime: the
-    meta follows, so the entry is not hashed again on every use."""
+    """Every acquire records the use (for the LRU) without moving the shard
+    file's ctime, so the entry is not hashed again on every use."""
     root, srv = served
     data = make_tar(os.path.join(root, "a.tar"))
     shard = shard_for(srv.url + "a.tar", data)
@@ -144,3 +144,21 @@ def test_local_shard_replaced_same_size_and_mtime_is_verified_again(tmp_path):
     os.replace(tmp, src)
     with pytest.raises(ChecksumMismatch):
         _store(tmp_path).acquire(shard)
+
+
+def test_a_use_is_recorded_for_the_evictor(served, tmp_path):
+    from resumewds.cache import eviction
+
+    root, srv = served
+    data = make_tar(os.path.join(root, "a.tar"))
+    shard = shard_for(srv.url + "a.tar", data)
+    path = _store(tmp_path).ensure(shard)
+    old = 1_000_000_000 * 10**9
+    os.utime(path, ns=(old, os.lstat(path).st_mtime_ns))
+    os.utime(path + ".meta", ns=(old, os.lstat(path + ".meta").st_mtime_ns))
+    ctime = os.lstat(path).st_ctime_ns
+    assert [u for b, _, u, _ in eviction.scan(os.path.dirname(path)) if b == path] == [old]
+    with _store(tmp_path).acquire(shard):
+        pass
+    (used,) = [u for b, _, u, _ in eviction.scan(os.path.dirname(path)) if b == path]
+    assert used > old and os.lstat(path).st_ctime_ns == ctime

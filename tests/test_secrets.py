@@ -138,7 +138,7 @@ def test_no_secret_is_recorded_or_printed(served, tmp_path):
     assert all(srv.requests[f"/shard-{i:06d}.tar"] == 1 for i in range(4)), srv.requests
     # the cache is private to the user
     for path in written:
-        if path.startswith(cache) and path.endswith(".meta"):
+        if path.startswith(cache) and path.endswith((".meta", ".tar")):
             assert stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0, path
     assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
 

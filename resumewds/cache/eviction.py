@@ -8,9 +8,9 @@ only excess is shards pinned by readers at that moment.
 
 An entry is evicted only with its pin lock (``.lock``) taken exclusive and
 non-blocking: an entry a reader pins, or one being downloaded, is skipped.
-"Recently used" is the shard file's atime, which every acquire sets
-(:func:`resumewds.cache.layout.touch`); a partial download counts by the
-newer of its atime and mtime.
+"Recently used" is the newer atime of the shard file and its ``.meta``,
+which every acquire sets (:func:`resumewds.cache.layout.touch`); a partial
+download counts by the newer of its atime and mtime.
 
 Decompressed copies of ``.tar.gz`` / ``.tar.zst`` shards
 (``<cache_dir>/decompressed``, made by :func:`resumewds.compressed.open_view`)
@@ -96,8 +96,8 @@ def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
         if not stat.S_ISREG(st.st_mode) or base in seen:
             continue
         seen.add(base)
-        out.append((base, st.st_size, max(st.st_atime_ns, st.st_mtime_ns) if partial else st.st_atime_ns,
-                    partial))
+        out.append((base, st.st_size, max(st.st_atime_ns, st.st_mtime_ns) if partial
+                    else layout.last_used_ns(base, st), partial))
     return out
 
 

@@ -141,26 +141,27 @@ def remove(path: str) -> None:
 
 
 def touch(path: str) -> None:
-    """Record a use: set atime to now, keep mtime (the meta compares it).
+    """Record a use of the entry ``path``: set the atime of its ``.meta`` to
+    now, keeping its mtime (:func:`signature` compares it).
 
-    Setting the atime changes the ctime, which the meta records (see
-    :func:`moved`): the meta of an entry that was as it recorded just
-    before is brought up to date (else the next look re-verifies it)."""
+    Not the shard file's own atime: setting it would move the shard's
+    ctime, which the meta records (:func:`moved`).  The evictor takes the
+    newer of both atimes (:func:`last_used_ns`)."""
     try:
-        st = os.lstat(path)
-        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns), follow_symlinks=False)
-        after = os.lstat(path)
+        st = os.lstat(path + ".meta")
+        if stat.S_ISREG(st.st_mode):
+            os.utime(path + ".meta", ns=(time.time_ns(), st.st_mtime_ns), follow_symlinks=False)
     except OSError:
-        return
+        pass
+
+
+def last_used_ns(base: str, st: os.stat_result) -> int:
+    """When the entry ``base`` (whose shard file's stat is ``st``) was last
+    used: the newer atime of the shard file and its meta (see :func:`touch`)."""
     try:
-        meta = read_meta(path)
-        if meta is None or moved(st, meta) is not False or (after.st_ino, after.st_size, after.st_mtime_ns) \
-                != (st.st_ino, st.st_size, st.st_mtime_ns):
-            return
-        meta["ctime_ns"] = after.st_ctime_ns
-        _publish_meta(path, meta)
-    except CacheError:
-        pass  # a read-only cache: the next look re-verifies
+        return max(st.st_atime_ns, os.lstat(base + ".meta").st_atime_ns)
+    except OSError:
+        return st.st_atime_ns
 
 
 def identity(st: os.stat_result) -> Dict[str, int]:
@@ -247,10 +248,20 @@ def read_meta(base: str) -> Optional[Dict[str, Any]]:
 
 
 def write_meta(base: str, url: str, xxh: Optional[str], synced: bool) -> None:
-    """Publish the meta of the shard file ``base`` (its size and mtime as they are now)."""
+    """Publish the meta of the shard file ``base`` (its size and mtime as they are now).
+
+    The shard file is made private to the user first (mode 0600, like
+    everything the cache creates), which moves its ctime: the meta records
+    the ctime after that."""
     st = lstat(base)
     if st is None:
         raise CacheError(f"{base}: vanished before its meta was written")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        try:
+            os.chmod(base, stat.S_IMODE(st.st_mode) & 0o700)
+            st = lstat(base) or st
+        except OSError:
+            pass  # not ours (a shared cache): left as it is
     meta = {"url": redact_url(url), "size": st.st_size, "xxh3_64": xxh, "mtime_ns": st.st_mtime_ns, **identity(st),
             "last_used": time.time(), "synced": synced, "boot": boot_id()}
     _publish_meta(base, meta)
@@ -287,4 +298,4 @@ def url_of(base: str) -> str:
 
 
 __all__ = ["EntryState", "SIDE_SUFFIXES", "cache_error", "entry_path", "hash_file", "identity", "lstat", "moved",
-           "names", "open_file", "read_meta", "remove", "signature", "touch", "url_of", "write_meta"]
+           "last_used_ns", "names", "open_file", "read_meta", "remove", "signature", "touch", "url_of", "write_meta"]

@@ -50,7 +50,9 @@ outside ``TRANSITIONS`` is applied and recorded as ``invalid_transition``.
 Locking (lock.py): a writer holds an exclusive ``flock`` on ``<file>.lock``;
 a second writer of the same rank file gets ``JournalError``.  The lock file
 records the run id, so a journal deleted while its lock file stayed is an
-error, never a silent fresh run.  Readers take no lock and never migrate.
+error, never a silent fresh run; and the newest commit, so a journal that
+lost commits (its ``-wal`` deleted or truncated) is an error, never a silent
+rewind.  Readers take no lock and never migrate.
 A resuming writer reads its resume point only once it holds the lock
 (``after_lock``), so two runs started together never resume from the same
 commit.

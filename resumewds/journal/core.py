@@ -103,8 +103,10 @@ class Journal:
 
     Raises:
         JournalError: the file is corrupt, truncated, not a database, has a
-            newer schema, is in use by another writer, or was deleted while
-            its lock file stayed.  The message names the file.
+            newer schema, is in use by another writer, was deleted while
+            its lock file stayed, or lost commits its lock file records
+            (its ``-wal`` deleted or truncated: see :mod:`resumewds.journal.lock`).
+            The message names the file.
 
     A Journal lives in the main process only; it refuses to be pickled.
 
