@@ -26,15 +26,9 @@ VARIANTS = ("local-w0", "local-w2", "http-w0", "pipe-w0", "corrupt-w0")
 
 # The divergences resumewds shows today, by cause (each is a defect of the drop-in,
 # or a documented difference where the reason says so).
-OPAQUE_STAGE = ("WebLoader(DataPipeline(...)) raises SourceError('[]: no shards') in WebLoader.__init__ "
-                "(dataset.config()) when the pipeline holds a stage the plan cannot compile (open_clip's "
-                "detshuffle2 PipelineStage and tarfile_to_samples_nothrow generator; its ResampledShards2 source)")
 BATCH_FILTER = ("WebLoader(batch_size=None) over select(...) + batched(n): resumewds filters inside each batch of "
                 "n positions, so batches come out short (e.g. 6 rows instead of 8, 17 batches instead of 13), and a "
                 "batch of to_tuple samples is a tuple where webdataset's default_collation_fn gives a list")
-PIPE_BRACES = ("WebDataset('pipe:curl -s -L http://.../name-{000000..000004}.tar'): the brace pattern of a pipe: url "
-               "is not expanded, the whole string runs as one command (curl gets the literal braces, 19 bytes): "
-               "ShardFormatError, or 0 samples under warn_and_continue; webdataset runs one command per shard")
 NO_CONVERT = ("WebLoader(batch_size=None) does not apply torch's default_convert as webdataset's DataLoader does: "
               "numpy fields of a batch (the collated cls) stay numpy int64 arrays where webdataset gives torch "
               "int64 tensors")
@@ -48,36 +42,32 @@ WORKER_SPLIT = ("documented difference: with num_workers=2 resumewds splits samp
 
 #: (pipeline, variant) -> the divergence resumewds shows today ("*": every variant)
 XFAIL: Dict[Tuple[str, str], str] = {
-    ("openclip_train", "*"): OPAQUE_STAGE,
-    ("openclip_resampled", "*"): OPAQUE_STAGE,
     ("openclip_eval", "*"): BATCH_FILTER,
     ("openclip_eval", "local-w2"): BATCH_FILTER + "; " + WORKER_SPLIT,
     ("wds_readme", "local-w2"): WORKER_SPLIT + " (16 batches of 8 instead of 15: the workers' partial batches)",
-    ("wds_readme", "pipe-w0"): PIPE_BRACES,
     ("wds_train_example", "local-w0"): NO_CONVERT,
     ("wds_train_example", "local-w2"): NO_CONVERT,
     ("wds_train_example", "http-w0"): NO_CONVERT,
-    ("wds_train_example", "pipe-w0"): PIPE_BRACES,
+    ("wds_train_example", "pipe-w0"): NO_CONVERT,
     ("wds_datapipeline", "local-w2"): WORKER_SPLIT,
     ("dalle_pytorch", "local-w0"): BATCH_FILTER,
     ("dalle_pytorch", "local-w2"): BATCH_FILTER + "; " + WORKER_SPLIT,
     ("dalle_pytorch", "http-w0"): BATCH_FILTER,
-    ("dalle_pytorch", "pipe-w0"): PIPE_BRACES,
+    ("dalle_pytorch", "pipe-w0"): BATCH_FILTER,
     ("stable_diffusion", "local-w0"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
     ("stable_diffusion", "local-w2"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
     ("stable_diffusion", "http-w0"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
-    ("stable_diffusion", "pipe-w0"): PIPE_BRACES,
+    ("stable_diffusion", "pipe-w0"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
     ("stable_diffusion", "corrupt-w0"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
     ("clip_retrieval", "local-w2"): WORKER_SPLIT,
-    ("clip_retrieval", "pipe-w0"): PIPE_BRACES,
     ("latents_npy", "local-w0"): RESAMPLED_ENDS,
     ("latents_npy", "local-w2"): RESAMPLED_ENDS,
     ("latents_npy", "http-w0"): RESAMPLED_ENDS,
-    ("latents_npy", "pipe-w0"): PIPE_BRACES,
+    ("latents_npy", "pipe-w0"): RESAMPLED_ENDS,
     ("video2dataset", "local-w0"): POSITION_KEYS,
     ("video2dataset", "local-w2"): POSITION_KEYS + "; " + WORKER_SPLIT,
     ("video2dataset", "http-w0"): POSITION_KEYS,
-    ("video2dataset", "pipe-w0"): PIPE_BRACES,
+    ("video2dataset", "pipe-w0"): POSITION_KEYS,
     ("video2dataset", "corrupt-w0"): POSITION_KEYS,
 }
 

@@ -28,10 +28,7 @@ TOTAL = 20
 KILL_AT = 7
 
 #: pipeline -> why its resume is not exact today
-XFAIL: Dict[str, str] = {
-    "clip_retrieval": ("in a fresh process `import resumewds as wds; wds.handlers.warn_and_continue` raises "
-                       "AttributeError: the package does not import its handlers submodule (webdataset's does)"),
-}
+XFAIL: Dict[str, str] = {}
 
 
 def _drive(name: str, urls: str, workdir: str, kill_at: int) -> subprocess.CompletedProcess:
