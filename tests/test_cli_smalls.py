@@ -139,3 +139,38 @@ def test_the_image_extra_brings_numpy():
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     names = {r.split(">")[0].split("=")[0].strip() for r in extras["image"]}
     assert {"pillow", "numpy"} <= names
+
+
+def test_webdataset_of_a_directory_or_a_quoted_glob_says_what_to_pass(shards, tmp_path):
+    import resumewds as rw
+    from resumewds.errors import SourceError
+
+    d = os.path.dirname(shards[0])
+    with pytest.raises(SourceError, match="is a directory, not a shard or manifest.*5 files"):
+        next(iter(rw.WebDataset(d)))
+    with pytest.raises(SourceError, match=r"glob pattern that was not expanded \(it matches 5 file"):
+        next(iter(rw.WebDataset(os.path.join(d, "*.tar"))))
+    with pytest.raises(SourceError, match="matches nothing"):
+        next(iter(rw.WebDataset([shards[0], str(tmp_path / "nowhere" / "*.tar")])))
+    # the command line says it in the same words
+    res = CliRunner().invoke(cli, ["cat", os.path.join(d, "*.tar")])
+    assert res.exit_code == 1 and "glob pattern that was not expanded (it matches 5 file" in res.stderr
+
+
+def test_status_throughput_leaves_out_the_idle_time_between_runs(manifest, tmp_path):
+    import sqlite3
+
+    journal = str(tmp_path / "run.db")
+    for limit in ("60", "120"):
+        res = CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--limit", limit,
+                                       "--commit-every", "10"])
+        assert res.exit_code == 0, res.output
+    # the clock of a run that went at 100 samples/s, stopped, and came back 5000 s later
+    t0 = 1.9e9
+    with sqlite3.connect(journal) as db:
+        db.execute("UPDATE commits SET ts = ? + step / 100.0 WHERE step <= 60", (t0,))
+        db.execute("UPDATE commits SET ts = ? + (step - 60) / 100.0 WHERE step > 60", (t0 + 5000,))
+        assert db.execute("UPDATE events SET ts = ? WHERE kind = 'resume'", (t0 + 5000,)).rowcount == 1
+    st = json.loads(CliRunner().invoke(cli, ["status", journal, "--json"]).stdout)
+    assert st["throughput"]["samples_per_s"] == pytest.approx(100.0)
+    assert st["throughput"]["window_s"] == pytest.approx(1.1)  # 0.5 s (steps 10..60) + 0.6 s since the restart
