@@ -202,6 +202,7 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: st
     """
     from .cache import ShardStore
     from .dataset import build_manifest
+    from .sourcecheck import warn_duplicate_content
     from .sources import resolve_sources
 
     check_sources(sources)
@@ -213,6 +214,7 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: st
     store = ShardStore(cache_dir=cache_dir)
     with _progress(n, "indexing", progress, unit="shards") as bar:
         m = build_manifest(resolved, output, store=store, progress=bar.update, offsets=offsets, digests=digests)
+    warn_duplicate_content(m.shards)
     click.echo(f"{output}: {len(m.shards)} shards, {m.total_samples} samples, "
                f"{sum(s.size or 0 for s in m.shards)} bytes", err=True)
 

@@ -294,6 +294,73 @@ def bad_samples(path: str, shard: Any) -> List[BadSample]:
     return out
 
 
+def check_samples(path: str, shard: Any, name: Optional[str] = None) -> None:
+    """Raise when a sample of ``path`` fails its manifest digest (no-op without digests).
+
+    The rule everywhere: a per-sample digest that does not match means the
+    sample is damaged, even when the whole file matches its xxh3_64 (the
+    manifest's two checksums disagree).  The store checks it after the
+    whole-file hash (``verify="once"`` and ``"always"``, ``resumewds
+    verify``); a remote shard's damaged samples are fetched again by range.
+
+    Raises:
+        ChecksumMismatch: naming the file, the first failing sample (index,
+            key, byte range) and how many fail.
+    """
+    from .errors import ChecksumMismatch
+
+    bads = bad_samples(path, shard)
+    if not bads:
+        return
+    b = bads[0]
+    more = f" ({len(bads)} of {shard.samples} samples fail their digests)" if len(bads) > 1 else ""
+    raise ChecksumMismatch(f"{name or path}: sample {b.index} (key {b.key}, bytes {b.start}-{b.end}): xxh3_64 "
+                           f"mismatch: expected {b.expected}, got {b.actual}{more}", url=shard.url,
+                           expected=b.expected, actual=b.actual)
+
+
+def digests_key(shard: Any) -> str:
+    """A fingerprint of the shard's sample digests ("" without any), for the
+    store's "verified" marks: a copy checked against other digests is not
+    checked against these.
+
+    Example:
+        >>> from resumewds.manifest import ShardInfo
+        >>> digests_key(ShardInfo(url="a.tar")), len(digests_key(ShardInfo(url="a.tar", sample_digests=[1, 2])))
+        ('', 17)
+    """
+    d = shard.sample_digests
+    if d is None:
+        return ""
+    part = d[:] if not isinstance(d, list) else array("Q", d)
+    raw = part.tobytes() if hasattr(part, "tobytes") else bytes(part)
+    return "\0" + xxhash.xxh3_64_hexdigest(raw)
+
+
+def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
+    """The store's :func:`check_samples` of a copy whose whole file just
+    passed: a ``verify_fail`` event via ``emit`` and ChecksumMismatch when a
+    sample fails (``discard``: the file, a download, is removed first).
+    Fetching a remote shard again cannot help: its whole file is the one
+    indexed."""
+    from .errors import ChecksumMismatch
+    from .events import EventKind
+    from .fetch import is_remote_url
+
+    if shard.sample_digests is None or shard.offsets is None:
+        return
+    try:
+        check_samples(path, shard, name=f"{shard.url} ({path})" if is_remote_url(shard.url) else path)
+    except ChecksumMismatch as exc:
+        emit(EventKind.VERIFY_FAIL, shard.url, expected=exc.expected, actual=exc.actual)
+        if discard:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
+
+
 def _key_of(path: str, start: int, end: int, url: str) -> str:
     from . import tario
 

@@ -10,13 +10,17 @@ say so in the same words.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .errors import ResumeWDSError, SourceError
 
-__all__ = ["CHECK_LIMIT", "check_local_shard", "check_sources", "local_shard_problem"]
+__all__ = ["CHECK_LIMIT", "check_local_shard", "check_sources", "duplicate_content", "local_shard_problem",
+           "warn_duplicate_content"]
+
+log = logging.getLogger("resumewds")
 
 #: paths checked per source (a brace pattern of a million shards: the rest is checked when read)
 CHECK_LIMIT = 1000
@@ -85,3 +89,40 @@ def check_sources(sources: Sequence[str]) -> None:
             if i >= CHECK_LIMIT:
                 break
             check_local_shard(path)
+
+
+def duplicate_content(shards: Sequence[Any]) -> List[Tuple[str, str]]:
+    """Pairs ``(first url, later url)`` of shards with the same size and
+    xxh3_64: one shard under two names (shards without both are left out).
+
+    Example:
+        >>> from resumewds.manifest import ShardInfo
+        >>> duplicate_content([ShardInfo(url="a.tar", size=3, xxh3_64="ab"),
+        ...                    ShardInfo(url="b.tar", size=3, xxh3_64="ab"),
+        ...                    ShardInfo(url="c.tar", size=3, xxh3_64="cd")])
+        [('a.tar', 'b.tar')]
+    """
+    sums = [s.xxh3_64 for s in shards if s.xxh3_64 is not None and s.size is not None]
+    if len(set(sums)) == len(sums):  # the rule, at C speed
+        return []
+    seen: Dict[Tuple[int, str], str] = {}
+    out: List[Tuple[str, str]] = []
+    for s in shards:
+        if s.xxh3_64 is None or s.size is None:
+            continue
+        first = seen.setdefault((int(s.size), s.xxh3_64.lower()), s.url)
+        if first != s.url:
+            out.append((first, s.url))
+    return out
+
+
+def warn_duplicate_content(shards: Sequence[Any]) -> List[Tuple[str, str]]:
+    """Warn once (``resumewds`` logger) when the same shard is listed under two
+    names: its samples would be delivered twice per epoch.  Returns the pairs."""
+    pairs = duplicate_content(shards)
+    if pairs:
+        a, b = pairs[0]
+        more = f" (and {len(pairs) - 1} more such pair(s))" if len(pairs) > 1 else ""
+        log.warning("%s and %s are the same shard (same size and xxh3_64): its samples are delivered twice "
+                    "per epoch%s; list it once if that is not meant", a, b, more)
+    return pairs

@@ -41,7 +41,7 @@ from .manifest import (
     load_manifest,
     parse_manifest_bytes,
 )
-from .sourcecheck import CHECK_LIMIT, check_local_shard
+from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
 from .utils import check_source_allowed
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -247,6 +247,7 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
     m = concat(parts)
     if not m.shards:
         raise SourceError(f"{src!r}: no shards")
+    warn_duplicate_content(m.shards)
     for s in m.shards:
         check_source_allowed(s.url)
         if s.url.startswith("pipe:") and not s.trusted:

@@ -174,3 +174,71 @@ def test_status_throughput_leaves_out_the_idle_time_between_runs(manifest, tmp_p
     st = json.loads(CliRunner().invoke(cli, ["status", journal, "--json"]).stdout)
     assert st["throughput"]["samples_per_s"] == pytest.approx(100.0)
     assert st["throughput"]["window_s"] == pytest.approx(1.1)  # 0.5 s (steps 10..60) + 0.6 s since the restart
+
+
+def _wrong_digest(manifest_path: str, shard: int, sample: int) -> str:
+    """A copy of the manifest with one wrong per-sample digest (the shard's bytes and whole checksum intact)."""
+    doc = json.load(open(manifest_path))
+    e = doc["shards"][shard]
+    h = e["sample_xxh3_64"]
+    e["sample_xxh3_64"] = h[:16 * sample] + "0" * 16 + h[16 * (sample + 1):]
+    out = os.path.join(os.path.dirname(manifest_path), "wrong.json")
+    json.dump(doc, open(out, "w"))
+    return out
+
+
+@pytest.mark.parametrize("verify", ["once", "always"])
+def test_a_wrong_sample_digest_is_an_error_in_every_verify_mode(manifest, verify):
+    bad = _wrong_digest(manifest, 0, 5)
+    res = CliRunner().invoke(cli, ["cat", bad, "--verify", verify])
+    assert res.exit_code == 1
+    assert "sample 5 " in res.stderr and "xxh3_64 mismatch: expected 0000000000000000" in res.stderr
+    assert all(not ln.endswith("\t" + "0" * 16) for ln in res.stdout.splitlines())
+    res = CliRunner().invoke(cli, ["cat", bad, "--verify", verify, "--on-error", "skip"])
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    first = [ln for ln in lines if ln.startswith("shard-000000.tar\t")]
+    # the rest of the shard is skipped; samples read one by one against their digests
+    # before the damaged one (verify="once", not verified as a whole yet) were delivered
+    assert len(lines) - len(first) == 4 * 37 and len(first) <= 5
+    assert all(int(ln.split("\t")[1][-6:]) < 5 for ln in first)
+    assert "skipped shard" in res.stderr and "sample 5 " in res.stderr
+
+
+def test_verify_checks_sample_digests_when_the_whole_file_matches(manifest):
+    bad = _wrong_digest(manifest, 2, 5)
+    res = CliRunner().invoke(cli, ["verify", bad, "--no-progress"])
+    assert res.exit_code == 1, res.stderr
+    assert "BAD SAMPLE" in res.stderr and "sample 5 " in res.stderr and "4 ok, 1 failed" in res.stderr
+
+
+def test_a_wrong_sample_digest_of_a_remote_shard_is_an_error(manifest, tmp_path):
+    from chaos.faultserver import FaultServer
+
+    bad = _wrong_digest(manifest, 1, 3)
+    with FaultServer(os.path.dirname(manifest)) as srv:
+        url = srv.url.rstrip("/") + "/" + os.path.basename(bad)
+        for verify in ("always", "once"):
+            res = CliRunner().invoke(cli, ["cat", url, "--verify", verify, "--cache-dir",
+                                           str(tmp_path / f"c-{verify}")])
+            assert res.exit_code == 1, (verify, res.stderr)
+            assert "sample 3 " in res.stderr and "mismatch" in res.stderr, (verify, res.stderr)
+        res = CliRunner().invoke(cli, ["verify", url, "--no-progress", "--cache-dir", str(tmp_path / "c-v")])
+        assert res.exit_code == 1 and "sample 3 " in res.stderr, res.stderr
+
+
+def test_one_shard_under_two_names_is_warned_about_once(shards, tmp_path):
+    import shutil
+
+    twin = os.path.join(os.path.dirname(shards[1]), "twin-of-1.tar")
+    shutil.copyfile(shards[1], twin)
+    out = str(tmp_path / "data" / "dup.json")
+    res = run_cli("index", *shards, twin, "-o", out)
+    assert res.returncode == 0, res.stderr
+    said = [ln for ln in res.stderr.splitlines() if "same shard" in ln]
+    assert len(said) == 1 and shards[1] in said[0] and twin in said[0], res.stderr
+    res = run_cli("cat", out, "--workers", "2")
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.splitlines()) == 6 * 37  # delivered as listed, but said once
+    said = [ln for ln in res.stderr.splitlines() if "same shard" in ln]
+    assert len(said) == 1 and shards[1] in said[0] and twin in said[0] and "twice per epoch" in said[0]
