@@ -319,40 +319,83 @@ def check_samples(path: str, shard: Any, name: Optional[str] = None) -> None:
                            expected=b.expected, actual=b.actual)
 
 
-def digests_key(shard: Any) -> str:
-    """A fingerprint of the shard's sample digests ("" without any), for the
-    store's "verified" marks: a copy checked against other digests is not
-    checked against these.
+def index_key(shard: Any) -> str:
+    """A fingerprint of what the manifest says of the shard's samples beyond
+    its whole-file checksum (their number, the end of the last one, their
+    digests; "" without offsets), for the store's "verified" marks: a copy
+    checked against another index is not checked against this one.
 
     Example:
         >>> from resumewds.manifest import ShardInfo
-        >>> digests_key(ShardInfo(url="a.tar")), len(digests_key(ShardInfo(url="a.tar", sample_digests=[1, 2])))
-        ('', 17)
+        >>> index_key(ShardInfo(url="a.tar")), index_key(ShardInfo(url="a.tar", samples=1, offsets=[0, 1024]))
+        ('', '\\x001\\x001024')
     """
+    if shard.offsets is None:
+        return ""
+    key = f"\0{shard.samples}\0{int(shard.offsets[-1])}"
     d = shard.sample_digests
     if d is None:
-        return ""
+        return key
     part = d[:] if not isinstance(d, list) else array("Q", d)
     raw = part.tobytes() if hasattr(part, "tobytes") else bytes(part)
-    return "\0" + xxhash.xxh3_64_hexdigest(raw)
+    return key + "\0" + xxhash.xxh3_64_hexdigest(raw)
+
+
+def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
+    """The manifest's last offset must be the shard's end-of-archive marker.
+
+    A manifest that lists fewer samples than the shard holds (made for a
+    subset of it, or for another version of the file) would deliver only
+    those samples, silently: with any manifest version it is refused when
+    the shard is verified.  Compressed shards (offsets in the decompressed
+    tar) are left to their own reader.
+
+    Raises:
+        ShardFormatError: naming the file, the samples listed and where the
+            shard goes on.
+    """
+    from .errors import ShardFormatError
+    from .manifest import COMPRESSED_SUFFIXES
+
+    if shard.offsets is None or shard.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES):
+        return
+    end = int(shard.offsets[-1])
+    with open(path, "rb") as f:
+        block = os.pread(f.fileno(), 512, end)
+    if len(block) == 512 and block.count(0) != 512:
+        raise ShardFormatError(f"{name or path}: the manifest lists {shard.samples} samples, ending at byte {end}, "
+                               "but the shard goes on there (no end-of-archive marker): a manifest made for a "
+                               "subset or another version of the shard? Index it again (resumewds index) to "
+                               "read all of it, or write the subset as its own shard", shard=shard.url)
 
 
 def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
-    """The store's :func:`check_samples` of a copy whose whole file just
-    passed: a ``verify_fail`` event via ``emit`` and ChecksumMismatch when a
-    sample fails (``discard``: the file, a download, is removed first).
+    """What the store checks of a copy whose whole file just passed its
+    xxh3_64: that the manifest's samples end at the shard's end
+    (:func:`check_end`) and that every sample matches its digest
+    (:func:`check_samples`).  On a failure: a ``verify_fail`` event via
+    ``emit``, the file removed if ``discard`` (a download), and the error.
     Fetching a remote shard again cannot help: its whole file is the one
-    indexed."""
-    from .errors import ChecksumMismatch
+    indexed.
+
+    Raises:
+        ShardFormatError: the manifest lists fewer samples than the shard holds.
+        ChecksumMismatch: a sample fails its digest.
+    """
+    from .errors import ChecksumMismatch, ShardFormatError
     from .events import EventKind
     from .fetch import is_remote_url
 
-    if shard.sample_digests is None or shard.offsets is None:
+    if shard.offsets is None:
         return
+    name = f"{shard.url} ({path})" if is_remote_url(shard.url) else path
     try:
-        check_samples(path, shard, name=f"{shard.url} ({path})" if is_remote_url(shard.url) else path)
-    except ChecksumMismatch as exc:
-        emit(EventKind.VERIFY_FAIL, shard.url, expected=exc.expected, actual=exc.actual)
+        check_end(path, shard, name)
+        if shard.sample_digests is not None:
+            check_samples(path, shard, name)
+    except (ChecksumMismatch, ShardFormatError) as exc:
+        emit(EventKind.VERIFY_FAIL, shard.url, expected=getattr(exc, "expected", None) or "end-of-archive",
+             actual=getattr(exc, "actual", None) or "more samples")
         if discard:
             try:
                 os.unlink(path)

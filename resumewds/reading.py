@@ -54,6 +54,7 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import tario
+from .digests import check_end
 from .errors import CacheError, ChecksumMismatch, FetchError, IntegrityError, ShardFormatError, naming
 from .events import EventKind
 from .manifest import ShardInfo
@@ -138,6 +139,11 @@ class ShardReader:
     def _acquire(self, idx: int, shard: ShardInfo) -> Any:
         if idx not in self.checks and _deferrable(self.store, shard):
             lease = self.store._acquire(shard, True, policy="never")  # size check only, no hashing
+            try:  # a manifest of fewer samples than the shard holds: refused before any is read
+                check_end(lease.path, shard)
+            except ShardFormatError:
+                lease.close()
+                raise
             self.checks[idx] = _WholeShardCheck(self.store, shard)
             return lease
         return self.store.acquire(shard)

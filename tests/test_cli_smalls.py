@@ -242,3 +242,23 @@ def test_one_shard_under_two_names_is_warned_about_once(shards, tmp_path):
     assert len(res.stdout.splitlines()) == 6 * 37  # delivered as listed, but said once
     said = [ln for ln in res.stderr.splitlines() if "same shard" in ln]
     assert len(said) == 1 and shards[1] in said[0] and twin in said[0] and "twice per epoch" in said[0]
+
+
+@pytest.mark.parametrize("version", ["v1", "v3"])
+def test_a_manifest_of_fewer_samples_than_the_shard_holds_is_refused(shards, tmp_path, version):
+    out = str(tmp_path / "data" / "m.json")
+    res = CliRunner().invoke(cli, ["index", *shards, "-o", out, *(["--no-digests"] if version == "v1" else [])])
+    assert res.exit_code == 0, res.output
+    doc = json.load(open(out))
+    e = doc["shards"][0]  # a "subset" manifest: 3 of the shard's 37 samples
+    e["samples"], e["offsets"] = 3, e["offsets"][:4]
+    if "sample_xxh3_64" in e:
+        e["sample_xxh3_64"] = e["sample_xxh3_64"][:3 * 16]
+    json.dump(doc, open(out, "w"))
+    for verify in ("once", "always"):
+        res = CliRunner().invoke(cli, ["cat", out, "--verify", verify, "--cache-dir", str(tmp_path / verify)])
+        assert res.exit_code == 1, (verify, res.stdout[-300:])
+        assert "the manifest lists 3 samples" in res.stderr and "Index it again" in res.stderr, res.stderr
+        assert shards[0] in res.stderr
+    res = CliRunner().invoke(cli, ["verify", out, "--no-progress"])
+    assert res.exit_code == 1 and "the manifest lists 3 samples" in res.stderr and "4 ok, 1 failed" in res.stderr
