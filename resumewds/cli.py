@@ -28,7 +28,6 @@ to see the traceback of an unexpected error.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -97,49 +96,19 @@ def _describe_error(exc: BaseException) -> str:
 # Checking what the user passed, before any work (one clear line each)
 # ---------------------------------------------------------------------------
 
-_GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-def _local_candidates(source: str) -> List[str]:
-    """The local paths a source names (brace patterns expanded); [] for URLs."""
-    if source.startswith("pipe:") or "://" in source and not source.startswith("file://"):
-        return []
-    from .sources import expand_braces
-
-    try:
-        items = expand_braces(source)
-    except ResumeWDSError:
-        return []
-    return [x[7:] if x.startswith("file://") else x for x in items]
-
-
 def check_sources(sources: Sequence[str]) -> None:
-    """Refuse sources that cannot be shards, with a hint, before any work.
-
-    A directory is not a shard; a missing path with ``*``, ``?`` or ``[``
-    in it is a glob no shell expanded (quoted, or passed from a program).
+    """Refuse sources that cannot be shards, with a hint, before any work
+    (:func:`resumewds.sourcecheck.check_sources`).
 
     Raises:
         click.ClickException: naming the source and what to do instead.
     """
-    for src in sources:
-        for i, path in enumerate(_local_candidates(src)):
-            if i >= 1000:  # a brace pattern of a million shards: the rest is checked when read
-                break
-            if os.path.isdir(path):
-                hint = sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))
-                raise click.ClickException(
-                    f"{path}: is a directory, not a shard or manifest; pass its shards "
-                    f"({os.path.join(path, '*.tar')}" + (f", {len(hint)} files" if hint else "")
-                    + ") or a manifest.json")
-            if _GLOB_CHARS.search(path) and not os.path.exists(path):
-                hits = sorted(glob.glob(path))
-                if hits:
-                    raise click.ClickException(
-                        f"{path}: no such file; it looks like a glob pattern that was not expanded "
-                        f"(it matches {len(hits)} file(s)): leave it unquoted so the shell expands it, "
-                        f"or use a brace pattern like shard-{{000000..000009}}.tar")
-                raise click.ClickException(f"{path}: no such file (a glob pattern that matches nothing)")
+    from .sourcecheck import check_sources as check
+
+    try:
+        check(sources)
+    except ResumeWDSError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def check_output(path: str, option: str = "-o") -> None:
@@ -234,6 +203,7 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: st
     """
     from .cache import ShardStore
     from .dataset import build_manifest
+    from .sourcecheck import warn_duplicate_content
     from .sources import resolve_sources
 
     check_sources(sources)
@@ -245,6 +215,7 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: st
     store = ShardStore(cache_dir=cache_dir)
     with _progress(n, "indexing", progress, unit="shards") as bar:
         m = build_manifest(resolved, output, store=store, progress=bar.update, offsets=offsets, digests=digests)
+    warn_duplicate_content(m.shards)
     click.echo(f"{output}: {len(m.shards)} shards, {m.total_samples} samples, "
                f"{sum(s.size or 0 for s in m.shards)} bytes", err=True)
 

@@ -294,6 +294,116 @@ def bad_samples(path: str, shard: Any) -> List[BadSample]:
     return out
 
 
+def check_samples(path: str, shard: Any, name: Optional[str] = None) -> None:
+    """Raise when a sample of ``path`` fails its manifest digest (no-op without digests).
+
+    The rule everywhere: a per-sample digest that does not match means the
+    sample is damaged, even when the whole file matches its xxh3_64 (the
+    manifest's two checksums disagree).  The store checks it after the
+    whole-file hash (``verify="once"`` and ``"always"``, ``resumewds
+    verify``); a remote shard's damaged samples are fetched again by range.
+
+    Raises:
+        ChecksumMismatch: naming the file, the first failing sample (index,
+            key, byte range) and how many fail.
+    """
+    from .errors import ChecksumMismatch
+
+    bads = bad_samples(path, shard)
+    if not bads:
+        return
+    b = bads[0]
+    more = f" ({len(bads)} of {shard.samples} samples fail their digests)" if len(bads) > 1 else ""
+    raise ChecksumMismatch(f"{name or path}: sample {b.index} (key {b.key}, bytes {b.start}-{b.end}): xxh3_64 "
+                           f"mismatch: expected {b.expected}, got {b.actual}{more}", url=shard.url,
+                           expected=b.expected, actual=b.actual)
+
+
+def index_key(shard: Any) -> str:
+    """A fingerprint of what the manifest says of the shard's samples beyond
+    its whole-file checksum (their number, the end of the last one, their
+    digests; "" without offsets), for the store's "verified" marks: a copy
+    checked against another index is not checked against this one.
+
+    Example:
+        >>> from resumewds.manifest import ShardInfo
+        >>> index_key(ShardInfo(url="a.tar")), index_key(ShardInfo(url="a.tar", samples=1, offsets=[0, 1024]))
+        ('', '\\x001\\x001024')
+    """
+    if shard.offsets is None:
+        return ""
+    key = f"\0{shard.samples}\0{int(shard.offsets[-1])}"
+    d = shard.sample_digests
+    if d is None:
+        return key
+    part = d[:] if not isinstance(d, list) else array("Q", d)
+    raw = part.tobytes() if hasattr(part, "tobytes") else bytes(part)
+    return key + "\0" + xxhash.xxh3_64_hexdigest(raw)
+
+
+def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
+    """The manifest's last offset must be the shard's end-of-archive marker.
+
+    A manifest that lists fewer samples than the shard holds (made for a
+    subset of it, or for another version of the file) would deliver only
+    those samples, silently: with any manifest version it is refused when
+    the shard is verified.  Compressed shards (offsets in the decompressed
+    tar) are left to their own reader.
+
+    Raises:
+        ShardFormatError: naming the file, the samples listed and where the
+            shard goes on.
+    """
+    from .errors import ShardFormatError
+    from .manifest import COMPRESSED_SUFFIXES
+
+    if shard.offsets is None or shard.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES):
+        return
+    end = int(shard.offsets[-1])
+    with open(path, "rb") as f:
+        block = os.pread(f.fileno(), 512, end)
+    if len(block) == 512 and block.count(0) != 512:
+        raise ShardFormatError(f"{name or path}: the manifest lists {shard.samples} samples, ending at byte {end}, "
+                               "but the shard goes on there (no end-of-archive marker): a manifest made for a "
+                               "subset or another version of the shard? Index it again (resumewds index) to "
+                               "read all of it, or write the subset as its own shard", shard=shard.url)
+
+
+def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
+    """What the store checks of a copy whose whole file just passed its
+    xxh3_64: that the manifest's samples end at the shard's end
+    (:func:`check_end`) and that every sample matches its digest
+    (:func:`check_samples`).  On a failure: a ``verify_fail`` event via
+    ``emit``, the file removed if ``discard`` (a download), and the error.
+    Fetching a remote shard again cannot help: its whole file is the one
+    indexed.
+
+    Raises:
+        ShardFormatError: the manifest lists fewer samples than the shard holds.
+        ChecksumMismatch: a sample fails its digest.
+    """
+    from .errors import ChecksumMismatch, ShardFormatError
+    from .events import EventKind
+    from .fetch import is_remote_url
+
+    if shard.offsets is None:
+        return
+    name = f"{shard.url} ({path})" if is_remote_url(shard.url) else path
+    try:
+        check_end(path, shard, name)
+        if shard.sample_digests is not None:
+            check_samples(path, shard, name)
+    except (ChecksumMismatch, ShardFormatError) as exc:
+        emit(EventKind.VERIFY_FAIL, shard.url, expected=getattr(exc, "expected", None) or "end-of-archive",
+             actual=getattr(exc, "actual", None) or "more samples")
+        if discard:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
+
+
 def _key_of(path: str, start: int, end: int, url: str) -> str:
     from . import tario
 

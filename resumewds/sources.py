@@ -41,6 +41,7 @@ from .manifest import (
     load_manifest,
     parse_manifest_bytes,
 )
+from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
 from .utils import check_source_allowed
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -204,7 +205,8 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
             paths, ``file://``); default ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
 
     Raises:
-        SourceError: an empty source list, bad pattern or scheme, bad manifest.
+        SourceError: an empty source list, bad pattern or scheme, bad manifest,
+            a directory or an unexpanded glob pattern where a shard should be.
         UnsafeSourceError: a ``pipe:`` url, or a local file, named by a
             manifest fetched over the network, without the user's leave.
 
@@ -220,6 +222,7 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
         items = [os.fspath(x) for x in src]
     parts: List[Manifest] = []
     loose: List[ShardInfo] = []
+    checked = 0  # local paths checked (a directory, an unexpanded glob: sourcecheck's message)
 
     def flush() -> None:
         if loose:
@@ -241,11 +244,15 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
                 else:
                     parts.append(load_manifest(_normalise(url)))
             else:
+                if checked < CHECK_LIMIT and _is_local(url) and not url.startswith("pipe:"):
+                    checked += 1
+                    check_local_shard(url[7:] if url.startswith("file://") else url)
                 loose.append(ShardInfo(url=_normalise(url)))
     flush()
     m = concat(parts)
     if not m.shards:
         raise SourceError(f"{src!r}: no shards")
+    warn_duplicate_content(m.shards)
     for s in m.shards:
         check_source_allowed(s.url)
         if s.url.startswith("pipe:") and not s.trusted:

@@ -139,3 +139,126 @@ def test_the_image_extra_brings_numpy():
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     names = {r.split(">")[0].split("=")[0].strip() for r in extras["image"]}
     assert {"pillow", "numpy"} <= names
+
+
+def test_webdataset_of_a_directory_or_a_quoted_glob_says_what_to_pass(shards, tmp_path):
+    import resumewds as rw
+    from resumewds.errors import SourceError
+
+    d = os.path.dirname(shards[0])
+    with pytest.raises(SourceError, match="is a directory, not a shard or manifest.*5 files"):
+        next(iter(rw.WebDataset(d)))
+    with pytest.raises(SourceError, match=r"glob pattern that was not expanded \(it matches 5 file"):
+        next(iter(rw.WebDataset(os.path.join(d, "*.tar"))))
+    with pytest.raises(SourceError, match="matches nothing"):
+        next(iter(rw.WebDataset([shards[0], str(tmp_path / "nowhere" / "*.tar")])))
+    # the command line says it in the same words
+    res = CliRunner().invoke(cli, ["cat", os.path.join(d, "*.tar")])
+    assert res.exit_code == 1 and "glob pattern that was not expanded (it matches 5 file" in res.stderr
+
+
+def test_status_throughput_leaves_out_the_idle_time_between_runs(manifest, tmp_path):
+    import sqlite3
+
+    journal = str(tmp_path / "run.db")
+    for limit in ("60", "120"):
+        res = CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--limit", limit,
+                                       "--commit-every", "10"])
+        assert res.exit_code == 0, res.output
+    # the clock of a run that went at 100 samples/s, stopped, and came back 5000 s later
+    t0 = 1.9e9
+    with sqlite3.connect(journal) as db:
+        db.execute("UPDATE commits SET ts = ? + step / 100.0 WHERE step <= 60", (t0,))
+        db.execute("UPDATE commits SET ts = ? + (step - 60) / 100.0 WHERE step > 60", (t0 + 5000,))
+        assert db.execute("UPDATE events SET ts = ? WHERE kind = 'resume'", (t0 + 5000,)).rowcount == 1
+    st = json.loads(CliRunner().invoke(cli, ["status", journal, "--json"]).stdout)
+    assert st["throughput"]["samples_per_s"] == pytest.approx(100.0)
+    assert st["throughput"]["window_s"] == pytest.approx(1.1)  # 0.5 s (steps 10..60) + 0.6 s since the restart
+
+
+def _wrong_digest(manifest_path: str, shard: int, sample: int) -> str:
+    """A copy of the manifest with one wrong per-sample digest (the shard's bytes and whole checksum intact)."""
+    doc = json.load(open(manifest_path))
+    e = doc["shards"][shard]
+    h = e["sample_xxh3_64"]
+    e["sample_xxh3_64"] = h[:16 * sample] + "0" * 16 + h[16 * (sample + 1):]
+    out = os.path.join(os.path.dirname(manifest_path), "wrong.json")
+    json.dump(doc, open(out, "w"))
+    return out
+
+
+@pytest.mark.parametrize("verify", ["once", "always"])
+def test_a_wrong_sample_digest_is_an_error_in_every_verify_mode(manifest, verify):
+    bad = _wrong_digest(manifest, 0, 5)
+    res = CliRunner().invoke(cli, ["cat", bad, "--verify", verify])
+    assert res.exit_code == 1
+    assert "sample 5 " in res.stderr and "xxh3_64 mismatch: expected 0000000000000000" in res.stderr
+    assert all(not ln.endswith("\t" + "0" * 16) for ln in res.stdout.splitlines())
+    res = CliRunner().invoke(cli, ["cat", bad, "--verify", verify, "--on-error", "skip"])
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    first = [ln for ln in lines if ln.startswith("shard-000000.tar\t")]
+    # the rest of the shard is skipped; samples read one by one against their digests
+    # before the damaged one (verify="once", not verified as a whole yet) were delivered
+    assert len(lines) - len(first) == 4 * 37 and len(first) <= 5
+    assert all(int(ln.split("\t")[1][-6:]) < 5 for ln in first)
+    assert "skipped shard" in res.stderr and "sample 5 " in res.stderr
+
+
+def test_verify_checks_sample_digests_when_the_whole_file_matches(manifest):
+    bad = _wrong_digest(manifest, 2, 5)
+    res = CliRunner().invoke(cli, ["verify", bad, "--no-progress"])
+    assert res.exit_code == 1, res.stderr
+    assert "BAD SAMPLE" in res.stderr and "sample 5 " in res.stderr and "4 ok, 1 failed" in res.stderr
+
+
+def test_a_wrong_sample_digest_of_a_remote_shard_is_an_error(manifest, tmp_path):
+    from chaos.faultserver import FaultServer
+
+    bad = _wrong_digest(manifest, 1, 3)
+    with FaultServer(os.path.dirname(manifest)) as srv:
+        url = srv.url.rstrip("/") + "/" + os.path.basename(bad)
+        for verify in ("always", "once"):
+            res = CliRunner().invoke(cli, ["cat", url, "--verify", verify, "--cache-dir",
+                                           str(tmp_path / f"c-{verify}")])
+            assert res.exit_code == 1, (verify, res.stderr)
+            assert "sample 3 " in res.stderr and "mismatch" in res.stderr, (verify, res.stderr)
+        res = CliRunner().invoke(cli, ["verify", url, "--no-progress", "--cache-dir", str(tmp_path / "c-v")])
+        assert res.exit_code == 1 and "sample 3 " in res.stderr, res.stderr
+
+
+def test_one_shard_under_two_names_is_warned_about_once(shards, tmp_path):
+    import shutil
+
+    twin = os.path.join(os.path.dirname(shards[1]), "twin-of-1.tar")
+    shutil.copyfile(shards[1], twin)
+    out = str(tmp_path / "data" / "dup.json")
+    res = run_cli("index", *shards, twin, "-o", out)
+    assert res.returncode == 0, res.stderr
+    said = [ln for ln in res.stderr.splitlines() if "same shard" in ln]
+    assert len(said) == 1 and shards[1] in said[0] and twin in said[0], res.stderr
+    res = run_cli("cat", out, "--workers", "2")
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.splitlines()) == 6 * 37  # delivered as listed, but said once
+    said = [ln for ln in res.stderr.splitlines() if "same shard" in ln]
+    assert len(said) == 1 and shards[1] in said[0] and twin in said[0] and "twice per epoch" in said[0]
+
+
+@pytest.mark.parametrize("version", ["v1", "v3"])
+def test_a_manifest_of_fewer_samples_than_the_shard_holds_is_refused(shards, tmp_path, version):
+    out = str(tmp_path / "data" / "m.json")
+    res = CliRunner().invoke(cli, ["index", *shards, "-o", out, *(["--no-digests"] if version == "v1" else [])])
+    assert res.exit_code == 0, res.output
+    doc = json.load(open(out))
+    e = doc["shards"][0]  # a "subset" manifest: 3 of the shard's 37 samples
+    e["samples"], e["offsets"] = 3, e["offsets"][:4]
+    if "sample_xxh3_64" in e:
+        e["sample_xxh3_64"] = e["sample_xxh3_64"][:3 * 16]
+    json.dump(doc, open(out, "w"))
+    for verify in ("once", "always"):
+        res = CliRunner().invoke(cli, ["cat", out, "--verify", verify, "--cache-dir", str(tmp_path / verify)])
+        assert res.exit_code == 1, (verify, res.stdout[-300:])
+        assert "the manifest lists 3 samples" in res.stderr and "Index it again" in res.stderr, res.stderr
+        assert shards[0] in res.stderr
+    res = CliRunner().invoke(cli, ["verify", out, "--no-progress"])
+    assert res.exit_code == 1 and "the manifest lists 3 samples" in res.stderr and "4 ok, 1 failed" in res.stderr

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Un
 import xxhash
 
 from .. import config as _config
+from ..digests import check_copy, index_key
 from ..errors import (
     CacheError,
     ChecksumMismatch,
@@ -460,7 +461,8 @@ class ShardStore:
         if shard.xxh3_64 is None or policy == "never":
             return path
         key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
-                             f"{st.st_ctime_ns}\0{shard.xxh3_64.lower()}".encode()).hexdigest()  # utime cannot fake
+                             f"{st.st_ctime_ns}\0{shard.xxh3_64.lower()}{index_key(shard)}".encode()
+                             ).hexdigest()  # utime cannot fake dev, inode or ctime
         marker = os.path.join(self.cache_dir, "verified", key)
         if policy == "once" and (key in self._verified_local or os.path.exists(marker)):
             self._verified_local.add(key)
@@ -481,6 +483,7 @@ class ShardStore:
         if actual != shard.xxh3_64.lower():
             self._emit(K.VERIFY_FAIL, shard.url, expected=shard.xxh3_64, actual=actual)
             raise ChecksumMismatch(path, shard.xxh3_64, actual)
+        check_copy(path, shard, self._emit)  # the manifest's samples: where they end, their digests
         self._emit(K.VERIFY_OK, shard.url)
         self._verified_local.add(key)
         try:  # best effort: a read-only cache dir falls back to memory
@@ -532,6 +535,7 @@ class ShardStore:
         if actual != expected:
             self._emit(K.VERIFY_FAIL, shard.url, expected=expected, actual=actual)
             return EntryState.CORRUPT, skey
+        check_copy(base, shard, self._emit)  # the manifest's samples: where they end, their digests
         self._emit(K.VERIFY_OK, shard.url)
         if changed:
             # read back from disk after a reboot: those bytes are durable now
@@ -655,6 +659,7 @@ class ShardStore:
                 raise failure
             self._emit(K.REPAIR, url, attempt=repairs)
         if shard.xxh3_64 is not None:
+            check_copy(partial, shard, self._emit, discard=True)  # the samples: where they end, their digests
             self._emit(K.VERIFY_OK, url)
         try:
             os.replace(partial, base)

@@ -8,7 +8,7 @@ and :func:`resumewds.report.complete_status` completes it for display.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
 from ..errors import JournalError
 from ..events import EventKind
@@ -53,7 +53,9 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
     - ``throughput`` (dict): from each rank's last ``throughput_window``
       commits: ``samples_per_s`` (sum over ranks, None if unknown),
       ``steps_per_s`` (rank 0), ``per_rank`` ([{``rank``,
-      ``samples_per_s``}]), ``window_s`` (rank 0's time span).
+      ``samples_per_s``}]), ``window_s`` (rank 0's active time in the
+      window: the time between a restart and the commit before it, when no
+      process ran, is left out; see :func:`active_rate`).
     - ``consumption`` (dict): for rank 0's latest epoch (``epoch``), summed
       over ranks: ``shards_started``, ``shards_complete`` (samples reached the
       shard total), ``samples``.
@@ -97,7 +99,7 @@ def summarize(run: RunReader, *, last_errors: int = 10, throughput_window: int =
                       "latest_step": c and c["step"], "epoch": c and c["epoch"],
                       "position": c and c["position"], "ts": c and c["ts"],
                       "samples_total": c and c["samples_total"], "commits": run.commit_count(r)})
-        per_rank_rate.append({"rank": r, "samples_per_s": run.rate(r, throughput_window)[0]})
+        per_rank_rate.append({"rank": r, "samples_per_s": active_rate(run, r, throughput_window)[0]})
     out["ranks"] = ranks
 
     shards = run.shards()
@@ -120,7 +122,7 @@ def summarize(run: RunReader, *, last_errors: int = 10, throughput_window: int =
     out["last_errors"] = run.error_events(last_errors)
 
     rates = [p["samples_per_s"] for p in per_rank_rate]
-    _, steps_per_s, window = run.rate(0, throughput_window)
+    _, steps_per_s, window = active_rate(run, 0, throughput_window)
     out["throughput"] = {
         "samples_per_s": sum(rates) if rates and all(x is not None for x in rates) else None,
         "steps_per_s": steps_per_s, "per_rank": per_rank_rate, "window_s": window}
@@ -131,3 +133,40 @@ def summarize(run: RunReader, *, last_errors: int = 10, throughput_window: int =
     out["consumption"] = cons
     out["stats"] = None if latest is None else latest["stats"]
     return out
+
+
+def active_rate(run: RunReader, rank: int, window: int
+                ) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+    """``(samples/s, steps/s, active seconds)`` over ``rank``'s last ``window`` commits.
+
+    Only the time a process was running counts: between two commits with
+    a restart (a ``resume`` event) in between, the time from the restart
+    to the later commit counts, not the idle time before it.  So a run
+    that worked 10 minutes, stopped for a day and worked 10 more shows its
+    own speed.  Nones when fewer than two commits, or no time passed.
+    """
+    conn = run.journal(rank).conn
+    rows = list(conn.execute(
+        "SELECT step, ts, samples_total FROM commits ORDER BY step DESC LIMIT ?", (window,)))[::-1]
+    if len(rows) < 2:
+        return None, None, None
+    restarts = [float(t) for (t,) in conn.execute(
+        "SELECT ts FROM events WHERE kind = ? AND ts > ? AND ts <= ? ORDER BY ts",
+        (EventKind.RESUME.value, rows[0]["ts"], rows[-1]["ts"]))]
+    active = steps = 0.0
+    samples: Optional[float] = 0.0
+    i = 0
+    for a, b in zip(rows, rows[1:]):
+        start = a["ts"]
+        while i < len(restarts) and restarts[i] <= b["ts"]:
+            start = max(start, restarts[i])  # restarted in between: active since the restart
+            i += 1
+        active += max(0.0, b["ts"] - start)
+        steps += max(0, b["step"] - a["step"])
+        if samples is not None and a["samples_total"] is not None and b["samples_total"] is not None:
+            samples += max(0, b["samples_total"] - a["samples_total"])
+        else:
+            samples = None
+    if active <= 0:
+        return None, None, None
+    return (None if samples is None else samples / active), steps / active, active
