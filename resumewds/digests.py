@@ -348,7 +348,8 @@ def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
     subset of it, or for another version of the file) would deliver only
     those samples, silently: with any manifest version it is refused when
     the shard is verified.  Compressed shards (offsets in the decompressed
-    tar) are left to their own reader.
+    tar) are left to their own reader, and the prefix kept of a damaged shard
+    under a handler (``salvaged``) ends before the damage by design.
 
     Raises:
         ShardFormatError: naming the file, the samples listed and where the
@@ -357,7 +358,8 @@ def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
     from .errors import ShardFormatError
     from .manifest import COMPRESSED_SUFFIXES
 
-    if shard.offsets is None or shard.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES):
+    if (shard.offsets is None or getattr(shard, "salvaged", False)  # a damaged shard's prefix (a handler's)
+            or shard.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES)):
         return
     end = int(shard.offsets[-1])
     with open(path, "rb") as f:

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, default_convert, get_worker_info
 
 from . import skipping
 from .dataset import WebDataset
@@ -294,10 +294,11 @@ class _EpochSource(IterableDataset):
 
     def __init__(self, ds: WebDataset, epoch: int, start: int, layout: Layout, collate: bool,
                  collate_fn: Any = None, ignore_signals: Sequence[int] = (),
-                 stopping: Any = None, ring: Any = None):
+                 stopping: Any = None, ring: Any = None, convert: bool = False):
         self.ds = ds
         self.ring = ring  # a shmbatch.BytesRing inherited by forked workers, or None
         self.collate_fn = collate_fn
+        self.convert = convert  # torch's default_convert on each item (DataLoader's batch_size=None)
         self.ignore_signals = tuple(ignore_signals)
         self.stopping = stopping  # shared flag: the main process is shutting the workers down
         self.epoch = epoch
@@ -323,6 +324,8 @@ class _EpochSource(IterableDataset):
         try:
             steps = self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
                                        collate=self.collate, collate_fn=collate_fn)
+            if self.convert:  # as torch's DataLoader(batch_size=None) does: numpy arrays become tensors
+                steps = ((k, default_convert(b) if k >= 0 else b, m) for k, b, m in steps)
             if ring is None:
                 yield from steps
             else:
@@ -468,6 +471,9 @@ class WebLoader(FluentLoader, DataLoaderAttributes):
             self._collate = self.batch_size is not None
             # handed to the workers with each epoch; the dataset is not modified
             self._collate_fn = (collate_fn or default_collate) if self._collate else None
+        # batch_size=None asked for, and no collate_fn: each item goes through torch's
+        # default_convert, as in a DataLoader (and webdataset's WebLoader) with automatic batching off
+        self._convert = batch_size is None and collate_fn is None
         if self.batch_size is not None and int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
@@ -777,7 +783,7 @@ class WebLoader(FluentLoader, DataLoaderAttributes):
         ring = self._make_ring(kw)
         src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
                            collate_fn=self._collate_fn, ignore_signals=self._preempt_signals,
-                           stopping=stopping, ring=ring)
+                           stopping=stopping, ring=ring, convert=self._convert)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
                 kw.pop(k, None)

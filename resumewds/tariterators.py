@@ -356,6 +356,7 @@ def _salvage(shard: Any, store: Any, exc: BaseException) -> int:
                     pass
         return 0
     shard.size, shard.xxh3_64, shard.samples, shard.offsets = idx.size, idx.xxh3_64, idx.samples, idx.offsets
+    shard.salvaged = True  # its index is the prefix before the damage: the shard goes on past its last offset
     return int(idx.samples)
 
 

@@ -193,7 +193,9 @@ def test_batched_with_loader_batch_size_none(shards):
     loader = rw.WebLoader(ds, batch_size=None, num_workers=0)
     batches = list(loader)
     assert [len(b[0]) for b in batches] == [16, 16, 16, 16, 10]
-    assert isinstance(batches[0][0], np.ndarray)  # webdataset's default collation
+    # webdataset's default collation gives numpy, and WebLoader(batch_size=None) is a DataLoader
+    # without automatic batching: torch's default_convert makes it a tensor (as webdataset's WebLoader)
+    assert isinstance(batches[0][0], torch.Tensor)
     ref = [c for c, _ in rw.WebDataset(shards[:2], seed=3, shuffle=True).decode().to_tuple("cls", "txt")]
     assert np.concatenate([b[0] for b in batches]).tolist() == [2 * c for c in ref]
     assert loader.epoch == 1 and loader.position == 0
