@@ -3,7 +3,7 @@
 Accepted sources, alone or in a list:
 
 * local paths (relative ones are made absolute) and ``file://`` URLs;
-* ``http://``, ``https://`` and ``s3://`` URLs (s3: :mod:`resumewds.s3`);
+* ``http://``, ``https://`` and ``s3://`` URLs (s3: :mod:`resumewds.fetch.s3`);
 * ``pipe:CMD`` (WebDataset's convention: CMD writes the shard to stdout);
 * brace patterns, expanded like the shell: ``shard-{000000..000031}.tar``,
   ``{train,val}-0.tar``;
@@ -119,7 +119,7 @@ def _normalise(url: str) -> str:
         url = url[7:]
     if "://" in url:
         scheme = url.split("://", 1)[0]
-        from .s3 import scheme_hint  # how other object stores connect (gs://, azure)
+        from .fetch.s3 import scheme_hint  # how other object stores connect (gs://, azure)
 
         raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
                           "(use a local path, file://, http(s)://, s3:// or pipe:)" + scheme_hint(scheme))

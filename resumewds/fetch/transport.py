@@ -150,3 +150,25 @@ def transport_for(url: str) -> Transport:
         raise PermanentFetchError(f"{url}: unsupported URL scheme {scheme!r} (use http, https, s3, file, a path "
                                   "or pipe:)", url)
     return entry.load()
+
+
+def _run_attempt(state: _Attempt, transport: Transport) -> None:
+    """One attempt, drawn from the shared budget; what the transport catches is mapped by its table."""
+    budget = state.budget
+    if not budget.hold():  # waits while ranged requests of the shard hold the attempts left
+        raise budget.exhausted_error(state.url)
+    state.attempts += 1
+    try:
+        transport.attempt(state)
+    except ResumeWDSError as exc:
+        budget.last_error = exc
+        raise
+    except Exception as exc:
+        if not transport.maps(exc):
+            raise
+        err = transport.translate(exc, state.url)
+        budget.last_error = err
+        raise err from exc
+    finally:
+        budget.spend()  # a whole download's attempt stays used, success or not
+    budget.fetched = True
