@@ -102,10 +102,11 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 
 def _local_candidates(source: str) -> List[str]:
     """The local paths a source names (brace patterns expanded); [] for URLs."""
-    if source.startswith("pipe:") or "://" in source and not source.startswith("file://"):
-        return []
+    from .fetch.transport import is_local_url  # the CLI's start-up imports no more than it needs
     from .sources import expand_braces
 
+    if not is_local_url(source):
+        return []
     try:
         items = expand_braces(source)
     except ResumeWDSError:

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .digests import LazyDigests
 from .errors import SourceError, UnsafeSourceError
+from .fetch.transport import is_local_url, is_remote_object, is_remote_url
 from .gopen import rewrite_url
 from .manifest import (
     ArrayFile,
@@ -37,7 +38,6 @@ from .manifest import (
     Manifest,
     ShardInfo,
     concat,
-    is_remote,
     load_manifest,
     parse_manifest_bytes,
 )
@@ -113,16 +113,16 @@ def expand_braces(pattern: str) -> List[str]:
 
 
 def _normalise(url: str) -> str:
-    if url.startswith("pipe:") or is_remote(url):
+    if is_remote_url(url):
         return url
-    if url.startswith("file://"):
-        url = url[7:]
-    if "://" in url:
+    if not is_local_url(url):
         scheme = url.split("://", 1)[0]
         from .fetch.s3 import scheme_hint  # how other object stores connect (gs://, azure)
 
         raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
                           "(use a local path, file://, http(s)://, s3:// or pipe:)" + scheme_hint(scheme))
+    if url.startswith("file://"):
+        url = url[7:]
     return os.path.abspath(os.path.expanduser(url))
 
 
@@ -144,8 +144,6 @@ def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
     event_record(kind, url, detail)
 
 
-def _is_local(url: str) -> bool:
-    return not (url.startswith("pipe:") or "://" in url) or url.startswith("file://")
 
 
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
@@ -161,7 +159,7 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
         sides = [s.offsets.file.path for s in m.shards if isinstance(s.offsets, LazyOffsets)]
         sides += [s.sample_digests.file.path for s in m.shards if isinstance(s.sample_digests, LazyDigests)]
         for local in [s.url for s in m.shards] + sides:
-            if _is_local(local):
+            if is_local_url(local):
                 raise UnsafeSourceError(
                     f"{url}: manifest fetched over the network names a local file ({local}); refusing to read "
                     "local files for a remote manifest. Set RESUMEWDS_ALLOW_REMOTE_LOCAL=1 (or pass "
@@ -176,7 +174,7 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
 
         store = ShardStore(cache_dir=cache_dir, fetch=cfg)
         for side in sides_by_id.values():
-            if is_remote(side.path):
+            if is_remote_object(side.path):
                 side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64),
                                          tar=False)
     return m
@@ -230,7 +228,7 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
             check_source_allowed(url)
             if _is_manifest(url) and not url.startswith("pipe:"):
                 flush()
-                if is_remote(url):
+                if is_remote_object(url):
                     parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe, cache_dir,
                                                   allow_remote_local))
                 else:

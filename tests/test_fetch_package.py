@@ -28,8 +28,9 @@ from resumewds.fetch.transport import TRANSPORTS, Transport, TransportEntry, tra
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "boot_id", "fetch_bytes", "fetch_to_file",
-               "is_remote_url", "local_path", "new_session", "no_sleep", "parse_retry_after", "scheme_of"]
+FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "boot_id", "fetch_bytes", "fetch_to_file", "is_local_url",
+               "is_remote_object", "is_remote_url", "local_path", "new_session", "no_sleep", "parse_retry_after",
+               "scheme_of"]
 
 
 def test_the_package_face_is_its_api_and_internals_live_in_their_modules():
@@ -62,6 +63,36 @@ def test_registry_has_one_entry_per_scheme():
                                  "s3://b/k", "S3://b/k", "pipe:cat a", "gs://b/k", "ftp://h/a", "hdfs://n/a"])
 def test_is_remote_url_is_the_registry_s_remote_flag(url):
     assert is_remote_url(url) == (scheme_of(url) in ("http", "https", "s3", "pipe"))
+
+
+# url -> (is_remote_url, is_remote_object, is_local_url): the one classification every module uses
+URL_CLASSES = [
+    ("/data/a.tar", (False, False, True)),
+    ("rel/a.tar", (False, False, True)),
+    ("file:///data/a.tar", (False, False, True)),
+    ("http://h/a.tar", (True, True, False)),
+    ("https://h/a.tar", (True, True, False)),
+    ("HTTPS://h/a.tar", (True, True, False)),
+    ("s3://bucket/a.tar", (True, True, False)),
+    ("pipe:curl -s http://h/a.tar", (True, False, False)),  # downloaded (cached), but no object to join or range
+    ("gs://bucket/a.tar", (False, False, False)),  # unknown: refused with a hint (see resumewds.fetch.s3.scheme_hint)
+    ("-", (False, False, True)),  # a path named "-" (stdin is the webdataset drop-in's business)
+]
+
+
+@pytest.mark.parametrize("url,expected", URL_CLASSES, ids=[u for u, _ in URL_CLASSES])
+def test_is_this_url_remote_has_one_answer(url, expected):
+    from resumewds.fetch import is_local_url, is_remote_object
+
+    assert (is_remote_url(url), is_remote_object(url), is_local_url(url)) == expected
+    # the modules that ask use the registry's answer
+    import resumewds.cli as cli
+    import resumewds.manifest as manifest
+
+    assert (cli._local_candidates(url) == []) is (not expected[2])
+    assert not hasattr(manifest, "is_remote")
+    if expected[1]:
+        assert manifest.resolve_url("b.tar", url).endswith("/b.tar") and "://" in manifest.resolve_url("b.tar", url)
 
 
 def test_a_new_transport_is_one_registry_entry(tmp_path, monkeypatch):

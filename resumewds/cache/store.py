@@ -40,7 +40,16 @@ from ..errors import (
     UnsafeSourceError,
 )
 from ..events import EventKind as K
-from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
+from ..fetch import (
+    FetchBudget,
+    FetchConfig,
+    boot_id,
+    fetch_to_file,
+    is_local_url,
+    is_remote_url,
+    local_path,
+    new_session,
+)
 from ..manifest import ShardInfo
 from ..redact import redact_url
 from . import eviction, layout
@@ -431,7 +440,7 @@ class ShardStore:
                  progress: Optional[ProgressFn] = None, tar: bool = True, reader: bool = True) -> LocalShard:
         policy = policy or self.verify
         if not is_remote_url(shard.url):
-            if "://" in shard.url and not shard.url.startswith("file://"):
+            if not is_local_url(shard.url):
                 raise PermanentFetchError(f"{shard.url}: unsupported URL scheme", shard.url)
             return LocalShard(self._check_local(shard, policy, progress), shard)
         if shard.url.startswith("pipe:") and not shard.trusted:

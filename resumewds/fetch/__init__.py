@@ -89,7 +89,7 @@ from .http import new_session
 from .partial import boot_id
 from .retry import FetchBudget
 from .settings import FetchConfig, FetchResult, no_sleep
-from .transport import is_remote_url, local_path, scheme_of
+from .transport import is_local_url, is_remote_object, is_remote_url, local_path, scheme_of
 
 __all__ = [
     "FetchBudget",
@@ -98,6 +98,8 @@ __all__ = [
     "boot_id",
     "fetch_bytes",
     "fetch_to_file",
+    "is_local_url",
+    "is_remote_object",
     "is_remote_url",
     "local_path",
     "new_session",
