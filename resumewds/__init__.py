@@ -86,7 +86,7 @@ _LAZY: Dict[str, str] = {
     **dict.fromkeys(("WebLoader", "EmptyBatch", "BatchInfo"), "loader"),
     "DataPipeline": "datapipeline",  # a torch IterableDataset: imports torch
     "FluidWrapper": "fluid",  # a DataPipeline: imports torch
-    "S3Options": "s3",  # s3:// settings; resumewds.s3 leans on fetch's internals, load it on use
+    "S3Options": "fetch.s3",  # s3:// settings: the s3 transport's module (boto3 is imported at the first fetch)
 }
 
 __version__ = "0.1.0"

@@ -6,7 +6,7 @@ decompressed once and then read by seeking, like any other shard:
 * The manifest describes the compressed file (``size`` and ``xxh3_64`` are
   the compressed bytes', which the cache fetches and verifies as usual) and
   the *uncompressed* stream's sample offsets (``offsets``).  Indexing
-  (:func:`scan_compressed`, called by :func:`resumewds.tario.scan_file`)
+  (:func:`resumewds.tario.scan_file`, through :mod:`resumewds.decompress`)
   hashes the compressed file and scans a decompressed copy.
 * Reading: :meth:`resumewds.cache.ShardStore.acquire` hands the verified
   compressed file to :func:`open_view`, which returns the decompressed copy
@@ -37,9 +37,8 @@ Decompressed copies count against ``cache_size`` like any entry: room is
 made before one is written, and a copy no reader holds is evicted least
 recently used first (a view holds the copy's ``.lock`` shared while open).
 
-Example:
-    >>> kind_of_bytes(b"\\x1f\\x8b\\x08\\x00"), kind_of_bytes(b"ustar")
-    ('gzip', None)
+The codecs (magic bytes, gzip/zstd stream readers, whole-file
+decompression) are :mod:`resumewds.decompress`, below :mod:`resumewds.tario`.
 """
 
 from __future__ import annotations
@@ -58,125 +57,14 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import xxhash
 
+from . import tario
+from .decompress import _CHUNK, decompress_file, kind_of
 from .errors import CacheError, ShardFormatError
 from .redact import redact_url
 
-__all__ = ["Salvage", "decompress_file", "decompress_prefix", "kind_of", "kind_of_bytes", "open_view",
-           "salvage_compressed", "scan_compressed"]
+# kind_of is resumewds.decompress's: the webdataset drop-in's reader asks it here
+__all__ = ["Salvage", "decompress_prefix", "kind_of", "open_view", "salvage_compressed"]
 
-_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
-_CHUNK = 1 << 20
-
-
-def kind_of_bytes(head: bytes) -> Optional[str]:
-    """``"gzip"``, ``"zstd"`` or None for the first bytes of a file."""
-    for magic, kind in _MAGIC.items():
-        if head[:len(magic)] == magic:
-            return kind
-    return None
-
-
-def kind_of(path: str) -> Optional[str]:
-    """The compression of a local file (by magic bytes), or None."""
-    try:
-        with open(path, "rb") as f:
-            return kind_of_bytes(f.read(4))
-    except OSError:
-        return None
-
-
-def _reader(kind: str, f: Any, shard: str) -> Any:
-    if kind == "gzip":
-        import gzip
-
-        return gzip.GzipFile(fileobj=f, mode="rb")
-    try:
-        import zstandard
-    except ImportError:
-        raise ShardFormatError(shard, 0, "zstd-compressed shard: install the 'zstandard' package "
-                               "(pip install resumewds[formats]) to read it") from None
-    return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
-
-
-def decompress_file(src: str, dst: Any, kind: str, shard: Optional[str] = None) -> Tuple[int, str, int, str]:
-    """Decompress ``src`` into the open binary file ``dst``.
-
-    Returns:
-        ``(compressed size, compressed xxh3_64, uncompressed size, uncompressed xxh3_64)``.
-
-    Raises:
-        ShardFormatError: the compressed data is corrupt or truncated.
-    """
-    name = shard or src
-    hin, hout = xxhash.xxh3_64(), xxhash.xxh3_64()
-    nin = nout = 0
-
-    class _Hashing:
-        def __init__(self, f: Any):
-            self.f = f
-
-        def read(self, n: int = -1) -> bytes:
-            nonlocal nin
-            b = self.f.read(n)
-            hin.update(b)
-            nin += len(b)
-            return b
-
-        def readinto(self, buf: Any) -> int:
-            b = self.read(len(buf))
-            buf[:len(b)] = b
-            return len(b)
-
-    with open(src, "rb") as raw:
-        try:
-            r = _reader(kind, _Hashing(raw), name)
-            while True:
-                b = r.read(_CHUNK)
-                if not b:
-                    break
-                hout.update(b)
-                nout += len(b)
-                dst.write(b)
-            rest = raw.read()  # bytes after the compressed stream (none for a well-formed file)
-            hin.update(rest)
-            nin += len(rest)
-        except ShardFormatError:
-            raise
-        except (OSError, EOFError, ValueError) as exc:
-            raise ShardFormatError(name, nin, f"corrupt {kind} data: {exc}") from exc
-        except Exception as exc:  # zstandard.ZstdError
-            raise ShardFormatError(name, nin, f"corrupt {kind} data: {exc}") from exc
-    return nin, hin.hexdigest(), nout, hout.hexdigest()
-
-
-def scan_compressed(path: str, shard: Optional[str] = None, kind: Optional[str] = None) -> Any:
-    """Index a compressed shard: the compressed file's size and xxh3_64, the tar's offsets.
-
-    Returns:
-        A :class:`resumewds.tario.ShardIndex`.
-    """
-    from . import tario
-
-    name = shard or path
-    kind = kind or kind_of(path)
-    if kind is None:
-        return tario.scan_file(path, shard)
-    with tempfile.TemporaryFile() as tmp:
-        size, digest, usize, _ = decompress_file(path, tmp, kind, name)
-        tmp.flush()
-        if usize == 0:
-            raise ShardFormatError(name, 0, f"{kind} data decompresses to nothing (not a tar archive)")
-        with mmap.mmap(tmp.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            try:
-                offsets, keys, _ = tario.scan_buffer(mm, name)
-            except ShardFormatError as exc:  # say where the offset is: in the decompressed stream
-                where = exc.offset if exc.offset is not None else 0
-                raise ShardFormatError(name, where, f"{kind}-compressed, but the decompressed data is not a "
-                                       f"well-formed tar archive (at byte {where} of it: {exc.problem})") from exc
-    return tario.ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=keys)
-
-
-# ---- damaged compressed shards: what webdataset (tarfile's stream mode) reads of them -----------
 _RECORD = 20 * 512  # tarfile.RECORDSIZE: the stream reader's input chunk
 _META_NAME = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 
@@ -353,8 +241,6 @@ def _frame_prefix(mm: Any, good: int, error: Optional[str], shard: str
         ``(offsets, keys, raised)``: ``raised`` is the error webdataset's reader
         raises after them, or None when it ends the shard without an error.
     """
-    from . import tario
-
     members: List[Any] = []
     raised: Optional[str] = None
     try:
@@ -416,8 +302,6 @@ class Salvage:
 
 
 def _salvage_into(path: str, out: Any, kind: str, name: str) -> Salvage:
-    from . import tario
-
     size, digest, good, error = decompress_prefix(path, out, kind, name)
     out.flush()
     if good:

@@ -344,7 +344,7 @@ def _env(name: str) -> Optional[str]:
 
 
 def s3_settings() -> Dict[str, Any]:
-    """The :class:`resumewds.s3.S3Options` fields the environment gives.
+    """The :class:`resumewds.fetch.s3.S3Options` fields the environment gives.
 
     ``endpoint_url``: ``RESUMEWDS_S3_ENDPOINT_URL``, else (unless
     ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true) ``AWS_ENDPOINT_URL_S3``,

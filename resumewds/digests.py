@@ -41,8 +41,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import xxhash
 
-from .errors import SourceError
-from .manifest import ArrayFile, view_item
+from . import tario
+from .errors import ChecksumMismatch, IntegrityError, SourceError
+from .fetch import is_remote_url, local_path
+from .manifest import COMPRESSED_SUFFIXES, ArrayFile, view_item
 
 __all__ = ["BadSample", "DigestsFile", "LazyDigests", "add_sample_digests", "bad_samples", "check_results",
            "decode_inline", "echo_range_repairs", "encode_inline", "file_sample_digests", "sample_digests"]
@@ -221,8 +223,6 @@ def entry_from_json(d: Dict[str, Any], where: str, samples: Optional[int], versi
 # ---- computing and checking ----------------------------------------------------------
 
 def _digestible(shard: Any) -> bool:
-    from .manifest import COMPRESSED_SUFFIXES
-
     return shard.indexed and not shard.url.lower().endswith(COMPRESSED_SUFFIXES)
 
 
@@ -237,7 +237,7 @@ def add_sample_digests(manifest: Any, store: Any = None) -> Any:
         array('Q', [11427914338912307203])
     """
     if store is None:
-        from .cache import ShardStore
+        from .cache import ShardStore  # the default store only: the cache is not loaded for digests alone
 
         store = ShardStore()
     for s in manifest.shards:
@@ -407,8 +407,6 @@ def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
 
 
 def _key_of(path: str, start: int, end: int, url: str) -> str:
-    from . import tario
-
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -432,9 +430,6 @@ def check_results(store: Any, results: List[Any], echo: Any) -> List[Any]:
     Returns:
         ``results`` with such shards marked failed.
     """
-    from .errors import ChecksumMismatch, IntegrityError
-    from .fetch import is_remote_url, local_path
-
     out = []
     for s, ok, e in results:
         if s.sample_digests is not None and s.offsets is not None and not is_remote_url(s.url) and \

@@ -152,13 +152,13 @@ class _LazyRemote(io.RawIOBase):
 
         cfg = FetchConfig.from_env()
         if self.url.startswith("s3://"):
-            from .s3 import client_for, parse_s3_url
+            from .fetch.s3 import client_for, parse_s3_url
 
             bucket, key = parse_s3_url(self.url)
             try:
                 return client_for(self.url, cfg).get_object(Bucket=bucket, Key=key)["Body"]
             except Exception as exc:
-                from .s3 import translate_s3_error
+                from .fetch.s3 import translate_s3_error
 
                 raise translate_s3_error(exc, self.url) from None
         from .fetch import new_session
@@ -242,7 +242,7 @@ def gopen_remote(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> 
 
 def gopen_error(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
     """The ``__default__`` handler: an unknown scheme is a ``ValueError``."""
-    from .s3 import scheme_hint
+    from .fetch.s3 import scheme_hint
 
     scheme = urlparse(url).scheme
     raise ValueError(f"gopen: {url}: unsupported URL scheme {scheme!r} "

@@ -70,6 +70,7 @@ from typing import Any, Dict, Iterable, List, Literal, Optional, Sequence
 import xxhash
 
 from .errors import SourceError
+from .fetch.transport import is_remote_object
 
 FORMAT = "resumewds.manifest"
 VERSION = 3
@@ -591,10 +592,6 @@ def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile],
                      trusted=trusted or not url.startswith("pipe:"))
 
 
-def is_remote(url: str) -> bool:
-    return url.startswith(("http://", "https://", "s3://"))
-
-
 def resolve_url(url: str, location: str) -> str:
     """Resolve a manifest entry against the manifest's own location.
 
@@ -617,7 +614,7 @@ def resolve_url(url: str, location: str) -> str:
         return url
     if location.startswith("s3://"):  # urljoin does not join s3: join as http, bucket as host
         return "s3://" + urllib.parse.urljoin("http://" + location[5:], url)[7:]
-    if is_remote(location):
+    if is_remote_object(location):
         return urllib.parse.urljoin(location, urllib.parse.quote(url, safe="/"))
     loc = location[7:] if location.startswith("file://") else location
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(loc)), url))

@@ -58,6 +58,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import tario
 from .errors import CacheError, ChecksumMismatch, FetchError, IntegrityError, ShardFormatError, naming
 from .events import EventKind
+from .fetch.transport import is_remote_object
 from .manifest import ShardInfo
 from .pipeline import HandlerStop
 
@@ -410,7 +411,7 @@ class RangedReads:
         ok = self.eligible.get(si)
         if ok is None:
             url = shard.url.lower()
-            ok = (url.startswith(("http://", "https://", "s3://")) and shard.sample_digests is not None
+            ok = (is_remote_object(url) and shard.sample_digests is not None
                   and shard.offsets is not None and shard.size is not None
                   and hasattr(self.store, "entry_path") and hasattr(self.store, "fetch"))
             self.eligible[si] = ok

@@ -41,7 +41,13 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 import xxhash
 
 from . import digests as dg
-from .errors import FetchError, IntegrityError, TransientFetchError
+from . import tario
+from .errors import ChecksumMismatch, FetchError, IntegrityError, TransientFetchError
+from .fetch import FetchBudget, is_remote_url, new_session
+from .fetch.attempt import _Pace
+from .fetch.errormap import _status_error, _translate
+from .fetch.http import _CONTENT_RANGE
+from .fetch.retry import _retry
 
 __all__ = ["RangeRepair", "coalesce", "fetch_range", "read_samples_by_range", "repair_download", "repair_entry",
            "repair_file"]
@@ -108,15 +114,13 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
         >>> fetch_range("http://127.0.0.1:8000/a.tar", 0, 512, config=cfg, budget=b)[:5]  # doctest: +SKIP
         b'./a.t'
     """
-    from . import fetch as F
-
     if url.startswith("s3://"):
         return _fetch_s3_range(url, start, end, config=config, budget=budget, on_event=on_event)
 
     def attempt() -> bytes:
-        pace = F._Pace(url, config, budget, what=f"range {start}-{end - 1}")
+        pace = _Pace(url, config, budget, what=f"range {start}-{end - 1}")
         try:
-            sess = session or F.new_session()
+            sess = session or new_session()
             sess.max_redirects = config.max_redirects
             resp = sess.get(url, headers={"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"},
                             stream=True, allow_redirects=True,
@@ -128,7 +132,7 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
                     raise RangeIgnored(f"{url}: HTTP 416 for bytes {start}-{end - 1} (Content-Range "
                                        f"{resp.headers.get('Content-Range')!r})", url, 416)
                 if resp.status_code != 206:
-                    raise F._status_error(url, resp)
+                    raise _status_error(url, resp)
                 _check_range(url, "Content-Range", resp.headers.get("Content-Range"), start, end)
                 enc = (resp.headers.get("Content-Encoding") or "").strip().lower()
                 if enc not in ("", "identity"):
@@ -137,7 +141,7 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
         except FetchError:
             raise
         except Exception as exc:
-            raise F._translate(exc, url) from exc
+            raise _translate(exc, url) from exc
         finally:
             if session is None and "sess" in locals():
                 sess.close()
@@ -149,11 +153,10 @@ def _retry_range(config: Any, url: str, on_event: Any, budget: Any, attempt: Cal
     """``attempt`` under the retry policy, each try drawing from ``budget``
     (:func:`_budgeted`); a :class:`RangeIgnored` is no failure of the shard's
     (the budget's last error stays what it was)."""
-    from . import fetch as F
 
     before = budget.last_error
     try:
-        return F._retry(config, url, on_event, budget, _budgeted(url, budget, attempt))
+        return _retry(config, url, on_event, budget, _budgeted(url, budget, attempt))
     except RangeIgnored:
         budget.last_error = before
         raise
@@ -188,9 +191,8 @@ def _budgeted(url: str, budget: Any, attempt: Callable[[], bytes]) -> Callable[[
 def _check_range(url: str, field: str, got: Optional[str], start: int, end: int) -> None:
     """Refuse an answer whose ``Content-Range`` (http) or ``ContentRange`` (s3)
     is not exactly bytes ``start``..``end - 1``."""
-    from . import fetch as F
 
-    m = F._CONTENT_RANGE.match(got or "")
+    m = _CONTENT_RANGE.match(got or "")
     if not m or int(m.group(1)) != start or int(m.group(2)) != end - 1:
         raise RangeIgnored(f"{url}: asked for bytes {start}-{end - 1}, got {field} {got!r}", url, 206)
 
@@ -215,13 +217,12 @@ def _range_body(url: str, chunks: Iterable[bytes], start: int, end: int, pace: A
 def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any, on_event: Any = None) -> bytes:
     """:func:`fetch_range` for ``s3://``: a ranged GetObject through the s3 transport's
     client (its timeouts near the deadline, its error map), our retry policy and budget."""
-    from . import fetch as F
-    from . import s3
+    from .fetch import s3  # the s3 transport, loaded at the first s3 use (as its registry entry is)
 
     bucket, key = s3.parse_s3_url(url)
 
     def attempt() -> bytes:
-        pace = F._Pace(url, config, budget, what=f"range {start}-{end - 1}")
+        pace = _Pace(url, config, budget, what=f"range {start}-{end - 1}")
         body = None
         try:
             client = s3.client_for(url, config, (pace.timeout(config.connect_timeout),
@@ -281,7 +282,6 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
         PermanentFetchError: the server refuses the shard (404...): a whole
             fetch would fail too.
     """
-    from .fetch import FetchBudget, is_remote_url
 
     if (shard.sample_digests is None or shard.offsets is None or shard.size is None
             or shard.xxh3_64 is None or not is_remote_url(shard.url)):
@@ -428,9 +428,6 @@ def read_samples_by_range(shard: Any, first: int, last: int, *, config: Any, bud
         >>> [s["__key__"] for s in read_samples_by_range(shard, 10, 11, config=cfg)]  # doctest: +SKIP
         ['s0010', 's0011']
     """
-    from . import tario
-    from .errors import ChecksumMismatch
-    from .fetch import FetchBudget
 
     if shard.sample_digests is None or shard.offsets is None:
         raise ValueError(f"{shard.url}: no sample digests in the manifest: cannot verify a ranged read")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from .errors import JournalError, ResumeWDSError
 from .events import EventKind, unjournaled_kinds
+from .fetch.transport import is_remote_url
 from .redact import redact_url
 from .world import resolve_partitions
 
@@ -219,7 +220,7 @@ class JournalSession:
         j.check_config(self.run_config(loader),
                        compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
         remote = [{"url": sh.url} for sh in dataset.manifest.shards
-                  if sh.url.startswith(("http://", "https://", "s3://", "pipe:"))]
+                  if is_remote_url(sh.url)]
         if remote and j.latest_commit() is None:
             j.update_shards(remote)  # every remote shard starts as 'pending'
         if point is None:

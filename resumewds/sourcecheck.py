@@ -16,6 +16,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .errors import ResumeWDSError, SourceError
+from .fetch.transport import is_local_url
 
 __all__ = ["CHECK_LIMIT", "check_local_shard", "check_sources", "duplicate_content", "local_shard_problem",
            "warn_duplicate_content"]
@@ -67,7 +68,7 @@ def check_local_shard(path: str) -> None:
 
 def _local_candidates(source: str) -> List[str]:
     """The local paths a source names (brace patterns expanded); [] for URLs."""
-    if source.startswith("pipe:") or "://" in source and not source.startswith("file://"):
+    if not is_local_url(source):  # the transport registry's answer
         return []
     from .sources import expand_braces
 

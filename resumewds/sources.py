@@ -3,7 +3,7 @@
 Accepted sources, alone or in a list:
 
 * local paths (relative ones are made absolute) and ``file://`` URLs;
-* ``http://``, ``https://`` and ``s3://`` URLs (s3: :mod:`resumewds.s3`);
+* ``http://``, ``https://`` and ``s3://`` URLs (s3: :mod:`resumewds.fetch.s3`);
 * ``pipe:CMD`` (WebDataset's convention: CMD writes the shard to stdout);
 * brace patterns, expanded like the shell: ``shard-{000000..000031}.tar``,
   ``{train,val}-0.tar``;
@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .digests import LazyDigests
 from .errors import SourceError, UnsafeSourceError
+from .fetch.transport import is_local_url, is_remote_object, is_remote_url
 from .gopen import rewrite_url
 from .manifest import (
     ArrayFile,
@@ -37,7 +38,6 @@ from .manifest import (
     Manifest,
     ShardInfo,
     concat,
-    is_remote,
     load_manifest,
     parse_manifest_bytes,
 )
@@ -119,16 +119,16 @@ def _balanced(cmd: str) -> bool:
 
 
 def _normalise(url: str) -> str:
-    if url.startswith("pipe:") or is_remote(url):
+    if is_remote_url(url):
         return url
-    if url.startswith("file://"):
-        url = url[7:]
-    if "://" in url:
+    if not is_local_url(url):
         scheme = url.split("://", 1)[0]
-        from .s3 import scheme_hint  # how other object stores connect (gs://, azure)
+        from .fetch.s3 import scheme_hint  # how other object stores connect (gs://, azure)
 
         raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
                           "(use a local path, file://, http(s)://, s3:// or pipe:)" + scheme_hint(scheme))
+    if url.startswith("file://"):
+        url = url[7:]
     return os.path.abspath(os.path.expanduser(url))
 
 
@@ -150,8 +150,6 @@ def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
     event_record(kind, url, detail)
 
 
-def _is_local(url: str) -> bool:
-    return not (url.startswith("pipe:") or "://" in url) or url.startswith("file://")
 
 
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
@@ -167,7 +165,7 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
         sides = [s.offsets.file.path for s in m.shards if isinstance(s.offsets, LazyOffsets)]
         sides += [s.sample_digests.file.path for s in m.shards if isinstance(s.sample_digests, LazyDigests)]
         for local in [s.url for s in m.shards] + sides:
-            if _is_local(local):
+            if is_local_url(local):
                 raise UnsafeSourceError(
                     f"{url}: manifest fetched over the network names a local file ({local}); refusing to read "
                     "local files for a remote manifest. Set RESUMEWDS_ALLOW_REMOTE_LOCAL=1 (or pass "
@@ -182,7 +180,7 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
 
         store = ShardStore(cache_dir=cache_dir, fetch=cfg)
         for side in sides_by_id.values():
-            if is_remote(side.path):
+            if is_remote_object(side.path):
                 side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64),
                                          tar=False)
     return m
@@ -238,13 +236,13 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
             check_source_allowed(url)
             if _is_manifest(url) and not url.startswith("pipe:"):
                 flush()
-                if is_remote(url):
+                if is_remote_object(url):
                     parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe, cache_dir,
                                                   allow_remote_local))
                 else:
                     parts.append(load_manifest(_normalise(url)))
             else:
-                if checked < CHECK_LIMIT and _is_local(url) and not url.startswith("pipe:"):
+                if checked < CHECK_LIMIT and is_local_url(url) and url != "-":
                     checked += 1
                     check_local_shard(url[7:] if url.startswith("file://") else url)
                 loose.append(ShardInfo(url=_normalise(url)))

@@ -48,6 +48,7 @@ from typing import Any, Dict, Generator, Iterator, List, Optional, Sequence, Tup
 
 import xxhash
 
+from .decompress import decompressed, kind_of_bytes
 from .errors import ShardFormatError
 
 BLOCK = 512
@@ -407,14 +408,18 @@ def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise ShardFormatError(name, 0, "empty file (not a tar archive)")
-        head = f.read(4)
-        if head[:2] == _GZIP_MAGIC or head == b"\x28\xb5\x2f\xfd":  # gzip / zstd
-            from .compressed import scan_compressed
-
-            return scan_compressed(path, name)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        kind = kind_of_bytes(f.read(4))
+        if kind is None:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                offsets, keys, _ = scan_buffer(mm, name)
+                return ShardIndex(size=size, xxh3_64=xxhash.xxh3_64_hexdigest(mm), offsets=offsets, keys=keys)
+    with decompressed(path, kind, name) as (size, digest, mm):  # hashes the compressed file, scans the tar
+        try:
             offsets, keys, _ = scan_buffer(mm, name)
-            digest = xxhash.xxh3_64_hexdigest(mm)
+        except ShardFormatError as exc:  # say where the offset is: in the decompressed stream
+            where = exc.offset if exc.offset is not None else 0
+            raise ShardFormatError(name, where, f"{kind}-compressed, but the decompressed data is not a "
+                                   f"well-formed tar archive (at byte {where} of it: {exc.problem})") from exc
     return ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=keys)
 
 

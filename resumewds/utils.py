@@ -57,6 +57,9 @@ class EnforcedSecurityError(UnsafeSourceError, ValueError):
 
 
 def _is_local(url: str) -> bool:
+    # the registry's answer (resumewds.fetch.transport.is_local_url) without importing the
+    # fetch package: gopen, and so this module, load with `import resumewds` (kept in step
+    # by tests/test_fetch_package.py::test_is_this_url_remote_has_one_answer)
     if url.startswith("file:"):
         return True
     if url.startswith("pipe:") or url == "-":

@@ -593,6 +593,7 @@ def test_unsynced_entry_is_rehashed_after_a_reboot(served, tmp_path, monkeypatch
     is hashed again at first use, whatever the policy, and repaired if the
     crash ate bytes; within the boot that wrote it, it is trusted."""
     import resumewds.fetch as F
+    from resumewds.fetch import partial
 
     root, srv = served
     datas = [make_tar(os.path.join(root, f"{n}.tar"), seed=i) for i, n in enumerate("ab")]
@@ -608,7 +609,7 @@ def test_unsynced_entry_is_rehashed_after_a_reboot(served, tmp_path, monkeypatch
     st.ensure(shards[1])
     assert rec.kinds("verify_ok") == [] and srv.requests["/b.tar"] == 1
     # after a reboot: both are hashed; the damaged one is fetched again
-    monkeypatch.setattr(F, "_BOOT_ID", "another-boot")
+    monkeypatch.setattr(partial, "_BOOT_ID", "another-boot")
     assert read(st.ensure(shards[0])) == datas[0] and srv.requests["/a.tar"] == 2
     assert read(st.ensure(shards[1])) == datas[1] and srv.requests["/b.tar"] == 1
     assert len(rec.kinds("verify_fail")) == 1 and st.counters["repair"] == 1
@@ -620,7 +621,7 @@ def test_unsynced_entry_is_rehashed_after_a_reboot(served, tmp_path, monkeypatch
 
 
 def test_unsynced_entry_without_a_checksum_is_refetched_after_a_reboot(served, tmp_path, monkeypatch):
-    import resumewds.fetch as F
+    from resumewds.fetch import partial
 
     root, srv = served
     data = make_tar(os.path.join(root, "a.tar"), payload=2 * KB)
@@ -630,7 +631,7 @@ def test_unsynced_entry_without_a_checksum_is_refetched_after_a_reboot(served, t
     meta = _meta(path)
     meta["xxh3_64"] = None  # an entry whose digest was never recorded
     open(path + ".meta", "w").write(__import__("json").dumps(meta))
-    monkeypatch.setattr(F, "_BOOT_ID", "another-boot")
+    monkeypatch.setattr(partial, "_BOOT_ID", "another-boot")
     assert read(st.ensure(shard)) == data and srv.requests["/a.tar"] == 2
 
 

@@ -33,7 +33,8 @@ from resumewds.errors import (
     ResumeWDSError,
     TransientFetchError,
 )
-from resumewds.fetch import FetchConfig, _translate, fetch_bytes, fetch_to_file, no_sleep, parse_retry_after
+from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file, no_sleep, parse_retry_after
+from resumewds.fetch.errormap import _translate
 
 KB = 1024
 
@@ -300,7 +301,7 @@ def test_parse_retry_after():
 
 
 def test_every_foreign_exception_is_translated():
-    from resumewds.fetch import _SinkError
+    from resumewds.fetch.errormap import _SinkError
 
     url = "http://127.0.0.1:1/a.tar"
     cases = [
@@ -456,6 +457,7 @@ def test_partial_from_an_earlier_boot_is_not_resumed(served, tmp_path, monkeypat
     """Unsynced bytes of a partial may have been lost to the crash that ended
     the boot, so only a partial written in this boot is resumed."""
     import resumewds.fetch as F
+    from resumewds.fetch import partial
 
     root, srv = served
     size = 256 * KB
@@ -468,7 +470,7 @@ def test_partial_from_an_earlier_boot_is_not_resumed(served, tmp_path, monkeypat
     side = __import__("json").load(open(out + ".etag"))
     assert side["boot"] == F.boot_id() and side["validator"]
     # the machine "reboots", and the kept half is garbage now
-    monkeypatch.setattr(F, "_BOOT_ID", "another-boot")
+    monkeypatch.setattr(partial, "_BOOT_ID", "another-boot")
     with open(out, "r+b") as f:
         f.write(b"\xff" * 1000)
     srv.reset_counters()
@@ -505,7 +507,7 @@ class _ChunkedHandler(http.server.BaseHTTPRequestHandler):
 
 
 def test_chunked_bodies_and_the_direct_read_path(tmp_path):
-    import resumewds.fetch as F
+    from resumewds.fetch.http import _Body
 
     data = os.urandom(3 * 1024 * KB + 11)
     handler = type("H", (_ChunkedHandler,), {"data": data})
@@ -526,7 +528,7 @@ def test_chunked_bodies_and_the_direct_read_path(tmp_path):
     root.mkdir()
     make_blob(str(root / "b.tar"), 10 * KB)
     with FaultServer(str(root)) as srv, requests.get(srv.url + "b.tar", stream=True) as r:
-        body = F._Body(r.raw)
+        body = _Body(r.raw)
         assert body.kind == "sized"
         buf = memoryview(bytearray(64 * KB))
         got = 0

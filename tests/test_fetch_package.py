@@ -1,5 +1,5 @@
 """The layout of resumewds.fetch: one transport registry keyed by
-scheme, one error map as a table, the old names still importable, and
+scheme, one error map as a table, a face of public names only, and
 fetch_bytes on the same transports as fetch_to_file."""
 
 from __future__ import annotations
@@ -28,25 +28,24 @@ from resumewds.fetch.transport import TRANSPORTS, Transport, TransportEntry, tra
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# every resumewds.fetch / resumewds.s3 name used in tests/, chaos/, bench/, examples/, docs/ and resumewds/
-FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "boot_id", "copy_config", "fetch_bytes", "fetch_to_file",
-               "is_remote_url", "local_path", "new_session", "no_sleep", "parse_retry_after", "scheme_of",
-               "EventFn", "_BOOT_ID", "_Body", "_CONTENT_RANGE", "_Pace", "_SinkError", "_retry", "_status_error",
-               "_translate", "_fetched", "_gopen_log", "_Attempt", "_Sink", "_read_validator", "_write_validator",
-               "_remove_quietly", "_size_of", "_ETAG_SUFFIX", "_HtmlBody"]
-S3_NAMES = ["PERMANENT_CODES", "S3Options", "TRANSIENT_CODES", "client_for", "parse_s3_url", "resolve_options",
-            "s3_fetch_bytes", "s3_fetch_to_file", "scheme_hint", "translate_s3_error"]
+FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "boot_id", "fetch_bytes", "fetch_to_file", "is_local_url",
+               "is_remote_object", "is_remote_url", "local_path", "new_session", "no_sleep", "parse_retry_after",
+               "scheme_of"]
 
 
-def test_every_name_used_in_the_repo_is_importable_from_its_old_module():
+def test_the_package_face_is_its_api_and_internals_live_in_their_modules():
+    """resumewds.fetch hands on its API alone; an internal name is imported
+    from the module that defines it, and s3 lives at resumewds.fetch.s3."""
+    import resumewds
     import resumewds.fetch.s3
-    import resumewds.s3
 
-    missing = [n for n in FETCH_NAMES if not hasattr(F, n)] + [n for n in S3_NAMES if not hasattr(resumewds.s3, n)]
-    assert not missing
-    assert set(F.__all__) <= set(FETCH_NAMES) and sorted(resumewds.s3.__all__) == sorted(S3_NAMES)
-    for n in S3_NAMES:  # one object, two paths
-        assert getattr(resumewds.s3, n) is getattr(resumewds.fetch.s3, n)
+    assert sorted(F.__all__) == FETCH_NAMES and all(hasattr(F, n) for n in FETCH_NAMES)
+    assert not [n for n in vars(F) if n.startswith("_") and not n.startswith("__")]
+    from resumewds.fetch.partial import boot_id
+
+    assert F.boot_id is boot_id  # its cache, partial._BOOT_ID, is what tests replace
+    assert not os.path.exists(os.path.join(os.path.dirname(resumewds.__file__), "s3.py"))  # one path: fetch.s3
+    assert resumewds.S3Options is resumewds.fetch.s3.S3Options
 
 
 def test_registry_has_one_entry_per_scheme():
@@ -64,6 +63,39 @@ def test_registry_has_one_entry_per_scheme():
                                  "s3://b/k", "S3://b/k", "pipe:cat a", "gs://b/k", "ftp://h/a", "hdfs://n/a"])
 def test_is_remote_url_is_the_registry_s_remote_flag(url):
     assert is_remote_url(url) == (scheme_of(url) in ("http", "https", "s3", "pipe"))
+
+
+# url -> (is_remote_url, is_remote_object, is_local_url): the one classification every module uses
+URL_CLASSES = [
+    ("/data/a.tar", (False, False, True)),
+    ("rel/a.tar", (False, False, True)),
+    ("file:///data/a.tar", (False, False, True)),
+    ("http://h/a.tar", (True, True, False)),
+    ("https://h/a.tar", (True, True, False)),
+    ("HTTPS://h/a.tar", (True, True, False)),
+    ("s3://bucket/a.tar", (True, True, False)),
+    ("pipe:curl -s http://h/a.tar", (True, False, False)),  # downloaded (cached), but no object to join or range
+    ("gs://bucket/a.tar", (False, False, False)),  # unknown: refused with a hint (see resumewds.fetch.s3.scheme_hint)
+    ("-", (False, False, True)),  # a path named "-" (stdin is the webdataset drop-in's business)
+]
+
+
+@pytest.mark.parametrize("url,expected", URL_CLASSES, ids=[u for u, _ in URL_CLASSES])
+def test_is_this_url_remote_has_one_answer(url, expected):
+    from resumewds.fetch import is_local_url, is_remote_object
+
+    assert (is_remote_url(url), is_remote_object(url), is_local_url(url)) == expected
+    # the modules that ask use the registry's answer
+    import resumewds.manifest as manifest
+    import resumewds.sourcecheck as sourcecheck
+
+    assert (sourcecheck._local_candidates(url) == []) is (not expected[2])
+    from resumewds.utils import _is_local  # the drop-in's copy, kept off the fetch package's import
+
+    assert _is_local(url) is (expected[2] and url != "-")
+    assert not hasattr(manifest, "is_remote")
+    if expected[1]:
+        assert manifest.resolve_url("b.tar", url).endswith("/b.tar") and "://" in manifest.resolve_url("b.tar", url)
 
 
 def test_a_new_transport_is_one_registry_entry(tmp_path, monkeypatch):
@@ -147,7 +179,6 @@ ERROR_CASES = [
 def test_error_map_rows(exc, cls, message):
     err = translate(exc, U, FETCH_ERRORS)
     assert type(err) is cls and str(err) == message
-    assert F._translate(exc, U).__class__ is cls  # the old name, the same table
 
 
 def test_every_row_of_the_error_map_is_exercised():

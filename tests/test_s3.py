@@ -28,7 +28,7 @@ from chaos.s3proxy import S3FaultProxy  # noqa: E402
 from resumewds.cli import cli  # noqa: E402
 from resumewds.errors import PermanentFetchError, SourceError, TransientFetchError  # noqa: E402
 from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file, no_sleep  # noqa: E402
-from resumewds.s3 import S3Options, client_for, resolve_options, translate_s3_error  # noqa: E402
+from resumewds.fetch.s3 import S3Options, client_for, resolve_options, translate_s3_error  # noqa: E402
 from resumewds.sources import resolve_sources  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -339,7 +339,7 @@ def test_error_code_table(code, status, kind):
 
 
 def test_boto3_is_imported_only_when_an_s3_url_is_fetched(tmp_path):
-    code = ("import sys, resumewds, resumewds.cli, resumewds.s3, resumewds.cache\n"
+    code = ("import sys, resumewds, resumewds.cli, resumewds.fetch.s3, resumewds.cache\n"
             "from resumewds.sources import resolve_sources\n"
             "m = resolve_sources('s3://bkt/data/shard-{0..3}.tar')\n"
             "assert [s.url for s in m.shards][-1] == 's3://bkt/data/shard-3.tar'\n"
@@ -744,10 +744,9 @@ def test_s3_settings_are_read_by_config(monkeypatch):
     monkeypatch.setenv("AWS_REGION", "eu-west-3")
     o = S3Options.from_env()
     assert (o.anonymous, o.addressing_style, o.region) == (True, "path", "eu-west-3")
-    for module in ("s3.py", os.path.join("fetch", "s3.py")):  # the re-export and the transport
-        with open(os.path.join(os.path.dirname(config.__file__), module)) as f:
-            src = f.read()
-        assert "os.environ" not in src and "getenv(" not in src  # config is the one place
+    with open(os.path.join(os.path.dirname(config.__file__), "fetch", "s3.py")) as f:  # the transport
+        src = f.read()
+    assert "os.environ" not in src and "getenv(" not in src  # config is the one place
 
 
 def test_verify_replaces_an_incomplete_cached_copy_without_checksum(moto, bucket, proxy, tmp_path, data):

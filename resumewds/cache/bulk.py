@@ -18,8 +18,7 @@ from ..events import EventKind
 from ..fetch import is_remote_url
 from ..manifest import ShardInfo
 from . import layout
-from .layout import ProgressFn
-from .store import not_a_complete_tar
+from .layout import ProgressFn, not_a_complete_tar
 
 if TYPE_CHECKING:
     from .store import ShardStore

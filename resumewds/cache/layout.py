@@ -34,7 +34,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import xxhash
 
-from ..errors import CacheError, os_problem
+from .. import tario
+from ..errors import CacheError, ShardFormatError, os_problem
 from ..fetch import boot_id
 from ..manifest import shard_basename
 from ..redact import cache_key_url, redact_url
@@ -297,5 +298,17 @@ def url_of(base: str) -> str:
     return meta["url"] if meta else ""
 
 
+def not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
+    """The ShardFormatError that says why ``path`` is not a complete tar, or None."""
+    try:
+        tario.scan_file(path, f"{what} {url}" if what else url)
+    except ShardFormatError as exc:
+        return exc
+    except OSError as exc:
+        raise cache_error(exc, path, "read back the download") from exc
+    return None
+
+
 __all__ = ["EntryState", "SIDE_SUFFIXES", "cache_error", "entry_path", "hash_file", "identity", "lstat", "moved",
-           "last_used_ns", "names", "open_file", "read_meta", "remove", "signature", "touch", "url_of", "write_meta"]
+           "last_used_ns", "names", "not_a_complete_tar", "open_file", "read_meta", "remove", "signature", "touch",
+           "url_of", "write_meta"]

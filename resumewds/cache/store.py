@@ -41,28 +41,27 @@ from ..errors import (
     UnsafeSourceError,
 )
 from ..events import EventKind as K
-from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_remote_url, local_path, new_session
+from ..fetch import (
+    FetchBudget,
+    FetchConfig,
+    boot_id,
+    fetch_to_file,
+    is_local_url,
+    is_remote_url,
+    local_path,
+    new_session,
+)
 from ..manifest import ShardInfo
 from ..redact import redact_url
 from . import eviction, layout
-from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error
+from .bulk import prefetch_all, verify_all
+from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error, not_a_complete_tar
 from .prefetch import Prefetcher
 
 EventFn = Callable[..., None]
 
 VERIFY_POLICIES = ("once", "always", "never")
 SYNC_MODES = ("auto", "fsync", "boot")
-#: ``prefetch_threads=None`` (the default): whole-shard downloads at once for an
-#: order that reads one shard after the other (unshuffled, ``shuffle="shards"``,
-#: mixtures): the shard read next is not slowed down by downloads of later ones
-PREFETCH_THREADS = 2
-#: ... and for a shuffled window, which reads all its shards at once: over a
-#: per-connection rate limit, cold throughput grows with the connections (8
-#: shards of 32 MB: 4.2-4.4x webdataset's against 2.3-3.2x with 2;
-#: bench/bench_firstbatch.py) and fewer bytes are fetched twice (by range, then
-#: whole).  Each download reserves its shard's size, so ``cache_size`` bounds
-#: them all (resumewds.cache.prefetch)
-WINDOW_PREFETCH_THREADS = 4
 #: the kinds ``RESUMEWDS_VERBOSE_CACHE`` prints
 VERBOSE_KINDS = (K.CACHE_MISS, K.FETCH_DONE, K.REPAIR, K.VERIFY_FAIL, K.EVICT)
 
@@ -125,19 +124,6 @@ def lock_download(dl: int, url: str, budget: FetchBudget, base: str) -> None:
             return
         except BlockingIOError:
             continue
-
-
-def not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
-    """The ShardFormatError that says why ``path`` is not a complete tar, or None."""
-    from .. import tario  # local: the framer is only needed for unchecksummed shards
-
-    try:
-        tario.scan_file(path, f"{what} {url}" if what else url)
-    except ShardFormatError as exc:
-        return exc
-    except OSError as exc:
-        raise cache_error(exc, path, "read back the download") from exc
-    return None
 
 
 class LocalShard:
@@ -215,8 +201,8 @@ class ShardStore:
             "boot": how a download is made safe against a crash of the
             machine (see :mod:`resumewds.cache`).
         prefetch_threads: shards :meth:`prefetch` downloads at once; None
-            (default): :data:`WINDOW_PREFETCH_THREADS` (4) for a shuffled
-            window of several shards, else :data:`PREFETCH_THREADS` (2).
+            (default): :data:`~resumewds.cache.prefetch.WINDOW_PREFETCH_THREADS` (4) for a shuffled
+            window of several shards, else :data:`~resumewds.cache.prefetch.PREFETCH_THREADS` (2).
 
     Attributes:
         counters: events seen by kind, plus ``bytes_fetched`` and ``bytes_evicted``.
@@ -432,7 +418,7 @@ class ShardStore:
                  progress: Optional[ProgressFn] = None, tar: bool = True, reader: bool = True) -> LocalShard:
         policy = policy or self.verify
         if not is_remote_url(shard.url):
-            if "://" in shard.url and not shard.url.startswith("file://"):
+            if not is_local_url(shard.url):
                 raise PermanentFetchError(f"{shard.url}: unsupported URL scheme", shard.url)
             return LocalShard(self._check_local(shard, policy, progress), shard)
         if shard.url.startswith("pipe:") and not shard.trusted:
@@ -742,18 +728,13 @@ class ShardStore:
                    progress: Optional[ProgressFn] = None) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
         """Hash every shard now (policy "always"), for ``resumewds verify``;
         see :func:`resumewds.cache.bulk.verify_all`."""
-        from .bulk import verify_all
-
         return verify_all(self, shards, progress)
 
     def prefetch_all(self, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
                      parallel: int = 2) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
         """Download every remote shard into the cache, for ``resumewds prefetch``;
         see :func:`resumewds.cache.bulk.prefetch_all`."""
-        from .bulk import prefetch_all
-
         return prefetch_all(self, shards, progress, parallel)
 
 
-__all__ = ["LocalShard", "PREFETCH_THREADS", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES", "WINDOW_PREFETCH_THREADS",
-           "default_cache_dir"]
+__all__ = ["LocalShard", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES", "default_cache_dir"]

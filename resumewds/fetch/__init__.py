@@ -11,18 +11,19 @@ uses only those above it)::
     retry.py      FetchBudget (attempts + deadline of one shard and read, shared
                   by prefetch thread and reader) and the tenacity policy
     partial.py    the partial-file writer: <partial> written and hashed as bytes
-                  arrive, its <partial>.etag validator sidecar (with the boot id:
-                  boot_id() lives here in __init__, tests replace its _BOOT_ID)
+                  arrive, its <partial>.etag validator sidecar (with the boot
+                  id, boot_id())
     attempt.py    _Attempt (the state of one call's attempts: partial, budget,
                   buffer, copy loop), _Pace (deadline and minimum rate inside an
-                  attempt), _run_attempt (one attempt, errors mapped)
+                  attempt)
     transport.py  scheme_of / local_path / is_remote_url, the Transport
-                  interface and TRANSPORTS, the registry keyed by scheme
+                  interface and TRANSPORTS, the registry keyed by scheme;
+                  _run_attempt (one attempt through a transport, errors mapped)
     local.py      file:// and plain paths                    TRANSPORTS["file"], ["local"]
     http.py       http(s):// with Range/If-Range resume      TRANSPORTS["http"], ["https"]
     pipe.py       pipe:CMD, its process group, stall kill    TRANSPORTS["pipe"]
     s3.py         s3:// through boto3 (imported on first     TRANSPORTS["s3"]
-                  use; resumewds.s3 re-exports it)
+                  use)
     download.py   fetch_to_file / fetch_bytes: the one driver of every scheme
 
 One download (``fetch_to_file(url, partial)``; the cache does the last two)::
@@ -82,91 +83,23 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional
-
-# the names below are the package's API, and (underscored) the internals other
-# modules and tests reach for, importable as resumewds.fetch.X as before the split
-from .attempt import _HTML_STARTS as _HTML_STARTS
-from .attempt import _NET_BUF as _NET_BUF
-from .attempt import _TLS as _TLS
-from .attempt import _Attempt as _Attempt
-from .attempt import _HtmlBody as _HtmlBody
-from .attempt import _looks_like_html as _looks_like_html
-from .attempt import _Pace as _Pace
-from .attempt import _run_attempt as _run_attempt
-from .download import _fetched as _fetched
-from .download import _gopen_log as _gopen_log
 from .download import fetch_bytes, fetch_to_file
-from .errormap import FETCH_ERRORS as FETCH_ERRORS
-from .errormap import ErrorRule as ErrorRule
-from .errormap import _SinkError as _SinkError
-from .errormap import _status_error as _status_error
-from .errormap import _translate as _translate
 from .errormap import parse_retry_after
-from .http import _CONTENT_RANGE as _CONTENT_RANGE
-from .http import _CONTENT_RANGE_UNSAT as _CONTENT_RANGE_UNSAT
-from .http import _Body as _Body
-from .http import _requests as _requests
-from .http import _session_class as _session_class
 from .http import new_session
-from .partial import _ETAG_SUFFIX as _ETAG_SUFFIX
-from .partial import _HASH_BUF as _HASH_BUF
-from .partial import _read_validator as _read_validator
-from .partial import _remove_quietly as _remove_quietly
-from .partial import _Sink as _Sink
-from .partial import _size_of as _size_of
-from .partial import _write_validator as _write_validator
-from .pipe import _die_with_parent_fn as _die_with_parent_fn
-from .pipe import _exit_message as _exit_message
-from .pipe import _kill_group as _kill_group
-from .pipe import _popen as _popen
-from .retry import _JITTER_START as _JITTER_START
+from .partial import boot_id
 from .retry import FetchBudget
-from .retry import _retry as _retry
-from .retry import _StopWhenBudgetSpent as _StopWhenBudgetSpent
-from .retry import _WaitHonouringRetryAfter as _WaitHonouringRetryAfter
-from .settings import EventFn as EventFn
-from .settings import FetchConfig, FetchResult, copy_config, no_sleep
-from .transport import TRANSPORTS as TRANSPORTS
-from .transport import Transport as Transport
-from .transport import TransportEntry as TransportEntry
-from .transport import is_remote_url, local_path, scheme_of
-from .transport import transport_for as transport_for
-
-_UNSET = object()
-_BOOT_ID: object = _UNSET  # boot_id's cache: here, where tests replace it (resumewds.fetch._BOOT_ID)
-
-
-def boot_id() -> Optional[str]:
-    """This boot's id (Linux), or None where the kernel does not say.
-
-    Bytes written without an fsync can only be lost by a kernel crash or a
-    power cut, and both end the boot; data written in *this* boot and still
-    readable is therefore as good as it was when it was written.
-
-    Example:
-        >>> b = boot_id()
-        >>> b is None or len(b) > 0
-        True
-    """
-    global _BOOT_ID
-    if _BOOT_ID is _UNSET:
-        try:
-            with open("/proc/sys/kernel/random/boot_id") as f:
-                _BOOT_ID = f.read().strip() or None
-        except OSError:
-            _BOOT_ID = None
-    return _BOOT_ID  # type: ignore[return-value]
-
+from .settings import FetchConfig, FetchResult, no_sleep
+from .transport import is_local_url, is_remote_object, is_remote_url, local_path, scheme_of
 
 __all__ = [
     "FetchBudget",
     "FetchConfig",
     "FetchResult",
     "boot_id",
-    "copy_config",
     "fetch_bytes",
     "fetch_to_file",
+    "is_local_url",
+    "is_remote_object",
     "is_remote_url",
     "local_path",
     "new_session",

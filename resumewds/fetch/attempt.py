@@ -1,4 +1,4 @@
-"""One attempt: the state the attempts of one fetch share, its pacing, and the step that runs one.
+"""One attempt: the state the attempts of one fetch share, and its pacing.
 
 :class:`_Attempt` is the partial file (:class:`~resumewds.fetch.partial._Partial`:
 path, hasher, bytes received) plus what every transport needs: the url,
@@ -7,9 +7,9 @@ session (http only) and a read buffer.  Its helpers are the copy loop every
 transport uses: :meth:`_Attempt._copy` reads into the buffer, sniffs the
 first bytes for an HTML page, writes through the sink and ticks the pace.
 
-:class:`_Pace` bounds one attempt in time (a minimum rate, or the deadline);
-:func:`_run_attempt` draws an attempt from the budget, runs the transport
-and maps what it raised through the transport's error table.
+:class:`_Pace` bounds one attempt in time (a minimum rate, or the deadline).
+The step that runs one attempt through a transport is
+:func:`resumewds.fetch.transport._run_attempt`.
 
 Example:
     >>> from resumewds.fetch import FetchBudget, FetchConfig
@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
-from ..errors import PermanentFetchError, ResumeWDSError, TransientFetchError
+from ..errors import PermanentFetchError, TransientFetchError
 from .partial import _Partial, _Sink
 from .retry import FetchBudget
 from .settings import FetchConfig
-
-if TYPE_CHECKING:
-    from .transport import Transport
 
 _NET_BUF = 1 << 20  # most bytes one socket read may return (fewer GIL round trips on fast links)
 _TLS = threading.local()
@@ -151,25 +148,3 @@ class _Attempt(_Partial):
         if self.expected_size is not None and size < self.expected_size:
             raise TransientFetchError(f"{self.url}: short body: file has {size} of the expected "
                                       f"{self.expected_size} bytes", self.url)
-
-
-def _run_attempt(state: _Attempt, transport: Transport) -> None:
-    """One attempt, drawn from the shared budget; what the transport catches is mapped by its table."""
-    budget = state.budget
-    if not budget.hold():  # waits while ranged requests of the shard hold the attempts left
-        raise budget.exhausted_error(state.url)
-    state.attempts += 1
-    try:
-        transport.attempt(state)
-    except ResumeWDSError as exc:
-        budget.last_error = exc
-        raise
-    except Exception as exc:
-        if not transport.maps(exc):
-            raise
-        err = transport.translate(exc, state.url)
-        budget.last_error = err
-        raise err from exc
-    finally:
-        budget.spend()  # a whole download's attempt stays used, success or not
-    budget.fetched = True

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Optional
 
 from ..errors import CacheError, FetchError
 from ..events import EventKind
-from .attempt import _Attempt, _run_attempt
+from .attempt import _Attempt
 from .partial import _read_validator, _size_of
 from .retry import FetchBudget, _retry
 from .settings import EventFn, FetchConfig, FetchResult
-from .transport import Transport, transport_for
+from .transport import Transport, _run_attempt, transport_for
 
 if TYPE_CHECKING:  # requests is imported at the first http(s) fetch
     import requests

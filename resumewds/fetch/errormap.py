@@ -2,7 +2,7 @@
 
 As httpx does it: one table per boundary, read top to bottom, first match
 wins; a transport's attempt raises whatever its library raises, and
-:func:`resumewds.fetch.attempt._run_attempt` maps what the transport
+:func:`resumewds.fetch.transport._run_attempt` maps what the transport
 ``catches`` through the transport's table, ``raise Ours(msg) from exc``.
 Names of classes in libraries imported lazily (requests, urllib3, botocore)
 are written as dotted strings: such a row matches nothing until its module

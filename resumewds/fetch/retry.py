@@ -20,7 +20,7 @@ and ``|`` compose them):
     sleep   ``FetchConfig.sleep`` (injectable: tests do not wait)
 
 Every request for a shard's bytes draws from that budget: whole-shard
-attempts (:func:`resumewds.fetch.attempt._run_attempt`) and ranged reads and
+attempts (:func:`resumewds.fetch.transport._run_attempt`) and ranged reads and
 repairs (:func:`resumewds.repair.fetch_range`, which gives a successful
 request's attempt back with :meth:`FetchBudget.refund`).
 

@@ -8,13 +8,12 @@ itself.
 
 Example:
     >>> cfg = FetchConfig(attempts=3, sleep=no_sleep)
-    >>> copy_config(cfg, attempts=4).attempts, cfg.attempts
-    (4, 3)
+    >>> cfg.attempts
+    3
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -60,7 +59,7 @@ class FetchConfig:
             and byte count (``GOPEN_VERBOSE=1``, as webdataset's gopen).
         sleep: how to wait; injectable so tests do not wait.  Must be a
             module-level function so that the config pickles.
-        s3: a :class:`resumewds.s3.S3Options` (endpoint, region, ...) for
+        s3: a :class:`resumewds.fetch.s3.S3Options` (endpoint, region, ...) for
             ``s3://`` urls; None: from the environment.
     """
 
@@ -135,8 +134,3 @@ class FetchResult:
     seconds: float
     attempts: int
     xxh3_64: str = ""
-
-
-def copy_config(config: FetchConfig, **changes: Any) -> FetchConfig:
-    """A copy of ``config`` with some fields changed."""
-    return dataclasses.replace(config, **changes)

@@ -1,10 +1,13 @@
 """URL schemes and the transport registry: one :class:`Transport` per scheme.
 
 :data:`TRANSPORTS` is the one table from a url's scheme to the module whose
-``TRANSPORT`` reads it, and whether such a source is remote (must be
-downloaded).  A transport module is imported the first time a url of its
-scheme is fetched: ``s3`` brings boto3 in only then, and ``http`` imports
-requests only inside its first attempt.
+``TRANSPORT`` reads it, and what such a source is: the one answer to "is
+this url remote?" (:func:`is_remote_url`: downloaded through the cache),
+"does it name a remote object?" (:func:`is_remote_object`: joined against,
+read by ranges) and "is it a local file?" (:func:`is_local_url`).  A
+transport module is imported the first time a url of its scheme is fetched:
+``s3`` brings boto3 in only then, and ``http`` imports requests only inside
+its first attempt.
 
 To add a transport (say ``gs://``): write ``resumewds/fetch/gs.py`` with a
 ``Transport`` subclass whose :meth:`Transport.attempt` writes the source
@@ -21,6 +24,8 @@ Example:
     ('local', 'pipe', 's3')
     >>> is_remote_url("https://h/a.tar"), is_remote_url("file:///d/a.tar"), is_remote_url("gs://b/a")
     (True, False, False)
+    >>> is_remote_url("pipe:cat a.tar"), is_remote_object("pipe:cat a.tar"), is_local_url("/d/a.tar")
+    (True, False, True)
     >>> transport_for("https://h/a.tar").name
     'http'
 """
@@ -109,10 +114,20 @@ class Transport:
 @dataclass
 class TransportEntry:
     """Where the transport of a scheme lives (``module.TRANSPORT``, imported
-    on first use) and whether its sources are remote."""
+    on first use) and what its sources are.
+
+    Attributes:
+        module: the module whose ``TRANSPORT`` reads the scheme.
+        remote: its sources must be downloaded (into the cache) to be read.
+        located: its urls name one remote object (host or bucket, then a
+            path): a relative name is joined against them and a byte range
+            of them can be asked for; a ``pipe:`` command is remote but not
+            located.
+    """
 
     module: str
     remote: bool
+    located: bool = False
     loaded: Optional[Transport] = None
 
     def load(self) -> Transport:
@@ -125,17 +140,34 @@ class TransportEntry:
 TRANSPORTS: Dict[str, TransportEntry] = {
     "file": TransportEntry("resumewds.fetch.local", remote=False),
     "local": TransportEntry("resumewds.fetch.local", remote=False),  # a plain path
-    "http": TransportEntry("resumewds.fetch.http", remote=True),
-    "https": TransportEntry("resumewds.fetch.http", remote=True),
+    "http": TransportEntry("resumewds.fetch.http", remote=True, located=True),
+    "https": TransportEntry("resumewds.fetch.http", remote=True, located=True),
     "pipe": TransportEntry("resumewds.fetch.pipe", remote=True),
-    "s3": TransportEntry("resumewds.fetch.s3", remote=True),  # boto3: the optional extra, on first use
+    "s3": TransportEntry("resumewds.fetch.s3", remote=True, located=True),  # boto3: the optional extra, on first use
 }
 
 
 def is_remote_url(url: str) -> bool:
-    """True for sources that must be downloaded (http, https, s3, pipe:)."""
+    """True for sources that must be downloaded: through the cache (http, https, s3, pipe:).
+
+    An unknown scheme (``gs://``) is neither remote nor local: fetching it
+    raises, with a hint of how to reach that store.
+    """
     entry = TRANSPORTS.get(scheme_of(url))
     return entry is not None and entry.remote
+
+
+def is_remote_object(url: str) -> bool:
+    """True for a url that names one remote object (http, https, s3; not ``pipe:``):
+    a manifest's relative names are joined against it, byte ranges of it are read."""
+    entry = TRANSPORTS.get(scheme_of(url))
+    return entry is not None and entry.located
+
+
+def is_local_url(url: str) -> bool:
+    """True for a plain path or a ``file://`` url: read in place, never cached."""
+    entry = TRANSPORTS.get(scheme_of(url))
+    return entry is not None and not entry.remote
 
 
 def transport_for(url: str) -> Transport:
@@ -150,3 +182,25 @@ def transport_for(url: str) -> Transport:
         raise PermanentFetchError(f"{url}: unsupported URL scheme {scheme!r} (use http, https, s3, file, a path "
                                   "or pipe:)", url)
     return entry.load()
+
+
+def _run_attempt(state: _Attempt, transport: Transport) -> None:
+    """One attempt, drawn from the shared budget; what the transport catches is mapped by its table."""
+    budget = state.budget
+    if not budget.hold():  # waits while ranged requests of the shard hold the attempts left
+        raise budget.exhausted_error(state.url)
+    state.attempts += 1
+    try:
+        transport.attempt(state)
+    except ResumeWDSError as exc:
+        budget.last_error = exc
+        raise
+    except Exception as exc:
+        if not transport.maps(exc):
+            raise
+        err = transport.translate(exc, state.url)
+        budget.last_error = err
+        raise err from exc
+    finally:
+        budget.spend()  # a whole download's attempt stays used, success or not
+    budget.fetched = True
