@@ -211,7 +211,7 @@ def run_paths(args: Any, d: str, make_data: Any) -> int:
 
     from _common import Table, machine_note
 
-    sizes = [int(x) for x in (args.sizes or "32,256").split(",")]
+    sizes = [int(x) for x in (args.sizes or ("32" if args.quick else "32,256")).split(",")]
     paths = [p for p in (args.paths or ",".join(PATHS)).split(",") if p]
     sources = [s for s in args.sources.split(",") if s]
     repeats = args.repeats or (1 if args.quick else 3)

@@ -12,8 +12,11 @@ bytes.  Targets: first sample <= 1.0x webdataset's over http, <= 1.5x
 from a local disk; bytes <= 1.02x.  ``--profile``: cProfile of the
 first-sample region of each resumewds path instead.
 
-    python bench/bench_firstbatch.py --quick            # both sizes, both sources, one repeat
-    python bench/bench_firstbatch.py                    # 3 repeats (medians)
+    python bench/bench_firstbatch.py --quick            # 32 MB shards, both sources, one repeat (~5 min here)
+    python bench/bench_firstbatch.py --quick --sizes 32,256   # both sizes, one repeat (~11 min here)
+    python bench/bench_firstbatch.py                    # both sizes, 3 repeats (medians)
+    python bench/bench_firstbatch.py --quick --sources http --pre-import requests   # what importing
+                                                        # requests before the first call would save
     python bench/bench_firstbatch.py --quick --sizes 32 --paths iter,pipeline --sources http
     python bench/bench_firstbatch.py --profile --sizes 32 --sources http
 
