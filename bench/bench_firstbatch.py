@@ -1,4 +1,27 @@
-"""Time to first batch and cold throughput over a rate-limited loopback server.
+"""Time to the first sample from the user's first call on every path; cold throughput of one.
+
+Default mode (first call, every public path; see bench/_firstpaths.py): each
+run is a fresh process that times from constructing the data set / loader to
+its first sample and first batch, resumewds and webdataset 1.0.2 interleaved
+(medians), over http (a FaultServer process at ``--rate`` MB/s per
+connection, cold cache) and from a cold local disk (pages dropped with
+``posix_fadvise``), at 8 x 32 MB and 2 x 256 MB shards of ~80 kB samples;
+then one cold epoch per resumewds path over http counts the bytes the
+server sent (its counters, printed when it stops) against the shards'
+bytes.  Targets: first sample <= 1.0x webdataset's over http, <= 1.5x
+from a local disk; bytes <= 1.02x.  ``--profile``: cProfile of the
+first-sample region of each resumewds path instead.
+
+    python bench/bench_firstbatch.py --quick            # 32 MB shards, both sources, one repeat (~5 min here)
+    python bench/bench_firstbatch.py --quick --sizes 32,256   # both sizes, one repeat (~11 min here)
+    python bench/bench_firstbatch.py                    # both sizes, 3 repeats (medians)
+    python bench/bench_firstbatch.py --quick --sources http --pre-import requests   # what importing
+                                                        # requests before the first call would save
+    python bench/bench_firstbatch.py --quick --sizes 32 --paths iter,pipeline --sources http
+    python bench/bench_firstbatch.py --profile --sizes 32 --sources http
+
+``--throughput`` mode (the options below it): the older comparison of one
+path, time to first batch and cold throughput over a rate-limited loopback server.
 
 A FaultServer on 127.0.0.1 serves the shards with every response body
 limited to ``--rate`` MB/s (per connection, as a remote object store or
@@ -22,10 +45,10 @@ resumewds / webdataset`` (target >= 3), all measured in this run.
 
 Run::
 
-    python bench/bench_firstbatch.py --quick     # 32 MB and 256 MB shards, one repeat
-    python bench/bench_firstbatch.py             # the same, 3 repeats (medians)
-    python bench/bench_firstbatch.py --quick --prefetch-threads 4   # more whole-shard downloads at once
-    python bench/bench_firstbatch.py --quick --sizes 32 --prefetch-threads 2,4 --repeats 3 --no-whole
+    python bench/bench_firstbatch.py --throughput --quick     # 32 MB and 256 MB shards, one repeat
+    python bench/bench_firstbatch.py --throughput             # the same, 3 repeats (medians)
+    python bench/bench_firstbatch.py --throughput --quick --prefetch-threads 4   # more whole-shard downloads
+    python bench/bench_firstbatch.py --throughput --quick --sizes 32 --prefetch-threads 2,4 --repeats 3 --no-whole
                                                  # old vs new default, interleaved, medians
 
 Also reported: the bytes fetched by range, which the whole-shard prefetch
@@ -46,26 +69,30 @@ import tarfile
 import time
 from typing import Any, Dict, Iterator, List, Tuple
 
+import _firstpaths
+
 from _common import ROOT, parse_args, workdir
 
 SAMPLE = 100_000  # bytes of payload per sample (about)
 BATCH = 64
 
 
-def make_data(directory: str, shards: int, shard_mb: int, seed: int = 0) -> Tuple[List[str], str]:
-    """``shards`` tars of about ``shard_mb`` MB (``.bin`` + ``.cls`` samples) and a v3 manifest."""
+def make_data(directory: str, shards: int, shard_mb: int, seed: int = 0,
+              sample: int = SAMPLE) -> Tuple[List[str], str]:
+    """``shards`` tars of about ``shard_mb`` MB (``.bin`` + ``.cls`` samples of about ``sample``
+    bytes) and a v3 manifest."""
     import resumewds as rw
 
     os.makedirs(directory, exist_ok=True)
     rnd = random.Random(seed)
     names = []
-    per = max(1, shard_mb * 1_000_000 // SAMPLE)
+    per = max(1, shard_mb * 1_000_000 // sample)
     for s in range(shards):
         name = f"shard-{s:06d}.tar"
         with tarfile.open(os.path.join(directory, name), "w", format=tarfile.USTAR_FORMAT) as tf:
             for i in range(per):
                 key = f"s{s:06d}_{i:06d}"
-                for ext, data in (("bin", rnd.randbytes(rnd.randint(SAMPLE // 2, SAMPLE * 3 // 2))),
+                for ext, data in (("bin", rnd.randbytes(rnd.randint(sample // 2, sample * 3 // 2))),
                                   ("cls", str(i % 10).encode())):
                     ti = tarfile.TarInfo(f"{key}.{ext}")
                     ti.size = len(data)
@@ -164,7 +191,27 @@ def main(argv: Any = None) -> int:
         p.add_argument("--window-ahead", default="-1",
                        help="resumewds.reading.WINDOW_AHEAD in MB (-1: the default); a list (e.g. 0,2): "
                             "one variant per value, interleaved"),
-        p.add_argument("--no-whole", action="store_true", help="skip the whole-shard-reads variant")))
+        p.add_argument("--no-whole", action="store_true", help="skip the whole-shard-reads variant"),
+        p.add_argument("--throughput", action="store_true",
+                       help="the cold-throughput comparison of one path (batched WebDataset, timed from the "
+                            "first next(); the options above) instead of the first-call comparison of every path"),
+        p.add_argument("--paths", default=None, help="first-call mode: paths to run, e.g. iter,webloader2 "
+                       "(default: " + ",".join(_firstpaths.PATHS) + ")"),
+        p.add_argument("--sources", default="http,local", help="first-call mode: http, local or both"),
+        p.add_argument("--sample-kb", type=int, default=80, help="first-call mode: sample size (default 80 kB)"),
+        p.add_argument("--no-bytes", action="store_true", help="first-call mode: skip the cold epochs that "
+                       "count the bytes the server sent"),
+        p.add_argument("--profile", action="store_true", help="first-call mode: instead, cProfile the "
+                       "first-sample region of each resumewds path (default size 32) and print the top"),
+        p.add_argument("--profile-top", type=int, default=30, help="functions shown per profile"),
+        p.add_argument("--pre-import", default="", help="first-call mode: also run resumewds with these "
+                       "modules (e.g. requests) imported before the clock starts, interleaved (what moving "
+                       "that import off the path would save)")))
+    if not args.throughput:
+        with workdir(args, "firstcall") as d:
+            if args.profile:
+                return _firstpaths.run_profiles(args, d, make_data)
+            return _firstpaths.run_paths(args, d, make_data)
     sizes = [int(x) for x in (args.sizes or "32,256").split(",")]
     threads = [int(x) for x in str(args.prefetch_threads).split(",")]
     repeats = args.repeats or (1 if args.quick else 3)
