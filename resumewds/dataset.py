@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import reading, steps, tario
+from . import reading, steps, tario, warmup
 from .errors import (
     CacheError,
     ChecksumMismatch,
@@ -143,6 +143,12 @@ def _builtin_splitter(f: Any) -> Optional[str]:
     if name in _BUILTIN_NAMES and mod.split(".")[0] in ("webdataset", "resumewds"):
         return name
     return None
+
+
+def _names_http(urls: Any) -> bool:
+    """Whether a data set's source (a url, a list of them, a manifest url) is fetched over http(s)."""
+    first = urls if isinstance(urls, str) else (urls[0] if isinstance(urls, (list, tuple)) and urls else None)
+    return isinstance(first, str) and first[:8].lower().startswith(("http://", "https://"))
 
 
 def _wds_urls(urls: Any) -> Any:
@@ -269,6 +275,8 @@ class WebDataset:
         if cache_size is not None and not isinstance(cache_size, str) and int(cache_size) < 0:
             cache_size = None  # webdataset's -1: unlimited
         self.urls = _wds_urls(urls)
+        if _names_http(self.urls):  # requests is imported while the manifest, plan and store are set up
+            warmup.import_in_background("requests")
         self.seed = int(seed)
         self._shuffle_arg = shuffle
         if shuffle is None:
