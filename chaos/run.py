@@ -1010,7 +1010,7 @@ def crafted_tar_sizes(s: Suite) -> Row:
                 if i == 0 and (p.rc != 0 or len(p.lines) - len(good_lines) != 3):
                     row.bad_exits.append(f"the issue's shard: exit {p.rc}, "
                                          f"{len(p.lines) - len(good_lines)} of its 3 samples")
-    row.note = f"{len(cases)} shards; issue shard reads as its 3 samples (as tarfile does)"
+    row.note = f"{len(cases)} shards; the pax size=0 shard reads as its 3 samples (as tarfile does)"
     return row
 
 
