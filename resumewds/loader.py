@@ -42,7 +42,7 @@ from .shmbatch import TENSOR_SLOT_BYTES, BytesRing, Packed
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
 from .watchdog import WorkerWatchdog, die_with_parent, stall_limit
 from .watchdog import worker_died as _worker_died  # noqa: F401 (old import path)
-from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
+from .world import detect_world, resolve_partitions, world_from_env
 
 log = logging.getLogger("resumewds")
 
@@ -478,14 +478,11 @@ class WebLoader(FluentLoader, DataLoaderAttributes):
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
         _import_worker_modules()  # before any worker forks (each would import them before its first batch)
-        self.world = detect_world(rank, world_size, nodes=nodes)
-        self.rank, self.world_size = self.world.rank, self.world.world_size
-        self.layout: Any = Layout(int(self.batch_size or chunk_size), self.world_size, self.rank, remainder,
-                                  nodes=self.world.nodes)
-        if self.batch_size is None and self.world_size == 1:
-            self.layout = _SampleLayout(self.layout)
+        self.remainder, self._chunk = remainder, int(self.batch_size or chunk_size)
+        self._bind_world(detect_world(rank, world_size, nodes=nodes))
+        # no world given nor found: looked up again until the first iteration (see _take_world)
+        self._world_open = rank is None and world_size is None and self.world_size == 1
         dataset.use_partitions(resolve_partitions(dataset.partitions, self.world.nodes))
-        self.remainder = remainder
         self.dataloader_kwargs = dataloader_kwargs
         self.epoch = 0
         self.position = 0
@@ -514,6 +511,27 @@ class WebLoader(FluentLoader, DataLoaderAttributes):
         if journal is not None:
             self._open_journal(journal, resume, journal_sync)
         self._install_preemption()
+
+    def _bind_world(self, world: Any) -> None:
+        self.world, self.rank, self.world_size = world, world.rank, world.world_size
+        self.layout: Any = Layout(self._chunk, self.world_size, self.rank, self.remainder, nodes=world.nodes)
+        if self.batch_size is None and self.world_size == 1:
+            self.layout = _SampleLayout(self.layout)
+
+    def _take_world(self) -> None:
+        """A loader built before the processes were set up (no rank / world size given, world size 1
+        found: Lightning's DDP sets rank 0's up inside ``fit``) takes the world of its first iteration
+        (and of ``len`` before it).  Same nodes as at construction: no collective call here."""
+        if not getattr(self, "_world_open", False):
+            return
+        rank, size = world_from_env()
+        if size > 1:
+            if self.journal is not None:
+                raise ValueError(f"this WebLoader opened its journal {self.journal_path} as the only rank, and "
+                                 f"now runs as rank {rank} of {size}: build it once the processes are set up "
+                                 "(Lightning: in train_dataloader()), or pass rank= and world_size=")
+            self._bind_world(detect_world(rank, size, nodes=self.world.nodes))
+            log.info("resumewds: rank %d of %d (set up after the loader was built)", rank, size)
 
     # ---- preemption ---------------------------------------------------------
     def request_stop(self) -> None:
@@ -766,6 +784,8 @@ class WebLoader(FluentLoader, DataLoaderAttributes):
         self.position = 0
 
     def __iter__(self) -> Iterator[Any]:
+        self._take_world()
+        self._world_open = False
         ds = self.dataset
         epoch, start = self.epoch, self.position
         total = len(ds.plan.epoch(epoch))

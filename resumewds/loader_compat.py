@@ -125,8 +125,12 @@ class DataLoaderAttributes:
         return 2 if value is None else int(value)
 
     # ---- lengths ---------------------------------------------------------------
+    def _take_world(self) -> None:
+        """The loader's: a world set up after it was built (frameworks read ``len`` before iterating)."""
+
     def _items(self, start: int) -> int:
         """Items (batches, or samples with ``batch_size=None``) from ``start`` to the epoch's end."""
+        self._take_world()
         total = int(self.config["samples"])
         n = self.layout.num_steps(total, start)
         if self.batch_size is None:

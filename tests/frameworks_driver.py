@@ -25,8 +25,8 @@ STEPS_PER_CKPT = 4
 
 def record_path(out: str) -> str:
     """``OUT/record.txt``; ``OUT/record.rankR.txt`` in a job of several ranks (WORLD_SIZE > 1)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return os.path.join(out, f"record.rank{os.environ['RANK']}.txt")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # Lightning's DDP launcher sets LOCAL_RANK only
+        return os.path.join(out, f"record.rank{os.environ.get('RANK', os.environ.get('LOCAL_RANK'))}.txt")
     return os.path.join(out, "record.txt")
 
 
@@ -63,12 +63,25 @@ def maybe_die(args: Any, step: int) -> None:
         raise Crash(f"crash at step {step}")
 
 
-def make_loader(args: Any) -> Any:
+def make_loader(args: Any, **kw: Any) -> Any:
     import resumewds as rw
 
     shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
     ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
-    return rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers)
+    return rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, **kw)
+
+
+def lightning_journal_loader(args: Any) -> Any:
+    """``--journal``: the loader resumes from its journal at the step of the checkpoint Lightning restores
+    (``OUT/resumed_at`` says where, before ``fit`` runs)."""
+    import torch
+
+    last = os.path.join(args.out, "ckpt", "last.ckpt")
+    step = torch.load(last, weights_only=False)["global_step"] if args.resume and os.path.exists(last) else 0
+    loader = make_loader(args, journal=os.path.join(args.out, "run.db"), resume=step - 1 if step else False)
+    with open(os.path.join(args.out, "resumed_at"), "w") as f:
+        f.write(str(loader.steps_done))
+    return loader
 
 
 # ---- Lightning --------------------------------------------------------------
@@ -96,6 +109,9 @@ def run_lightning(args: Any) -> None:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
         def on_train_start(self) -> None:
+            if args.devices > 1:  # the test waits for every rank's process to be gone after a kill
+                with open(os.path.join(args.out, f"pid.rank{self.global_rank}"), "w") as f:
+                    f.write(str(os.getpid()))
             if args.resume:
                 cut_record(args.out, self.global_step)
 
@@ -103,10 +119,20 @@ def run_lightning(args: Any) -> None:
                                             save_last=True, save_top_k=-1)]
     if args.callback:
         callbacks.append(ResumeWDSCallback())
-    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
+    loader = lightning_journal_loader(args) if args.journal else make_loader(args)
+    if args.journal:
+        class CommitOnSave(L.Callback):  # the documented hook: the journal records each checkpoint's step
+            def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+                loader.commit(trainer.global_step - 1)
+                if trainer.global_step == args.kill_in_save:  # committed, the checkpoint file not written
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        callbacks.append(CommitOnSave())
+    ddp = {"strategy": "ddp", "devices": args.devices} if args.devices > 1 else {"devices": 1}
+    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", **ddp, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
                         default_root_dir=args.out, num_sanity_val_steps=0)
-    trainer.fit(Tiny(), train_dataloaders=make_loader(args), ckpt_path="last" if args.resume else None)
+    trainer.fit(Tiny(), train_dataloaders=loader, ckpt_path="last" if args.resume else None)
 
 
 # ---- Accelerate -------------------------------------------------------------
@@ -220,6 +246,9 @@ def main(argv: Any = None) -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--accumulate", type=int, default=1, help="transformers: gradient_accumulation_steps")
     p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
+    p.add_argument("--devices", type=int, default=1, help="Lightning: processes of strategy='ddp' (gloo on CPU)")
+    p.add_argument("--journal", action="store_true", help="Lightning: commit to a journal at each checkpoint")
+    p.add_argument("--kill-in-save", type=int, default=None, help="--journal: SIGKILL after the commit of step S")
     p.add_argument("--no-callback", dest="callback", action="store_false")
     p.add_argument("--dataloader", action="store_true", help="accelerate: a torch DataLoader over the dataset")
     p.add_argument("--skip", action="store_true", help="accelerate: accelerator.skip_first_batches after load_state")

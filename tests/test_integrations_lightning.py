@@ -111,3 +111,26 @@ def test_a_loader_built_for_another_world_size_is_refused(shards):
                         enable_checkpointing=False, callbacks=[ResumeWDSCallback()])
     with pytest.raises(ValueError, match="built for world size 2, Lightning runs 1"):
         trainer.fit(Tiny(), loader)
+
+
+def test_journal_commit_on_save_resumes_at_the_restored_checkpoint(shards, tmp_path):
+    """The journal instead of the loader's state in the checkpoint: a callback commits at each
+    checkpoint (``on_save_checkpoint``: ``loader.commit(trainer.global_step - 1)``) and the resumed
+    run builds its loader with ``resume=`` the restored checkpoint's step - 1.  SIGKILL right after
+    the commit of step 12, before its checkpoint file is written (the journal is ahead of the
+    model: the loader must resume at step 8, where Lightning restores the model), resume with
+    1 worker, SIGKILL between checkpoints (step 30), resume with 0: the whole record is the
+    uninterrupted run's."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    in_process("--data", shards, "--out", ref)
+
+    def resumed_at() -> int:
+        with open(os.path.join(run, "resumed_at")) as f:
+            return int(f.read())
+
+    assert driver(shards, run, "--journal", "--kill-in-save", "12", "--workers", "2") == -9
+    assert driver(shards, run, "--journal", "--resume", "--kill-at", "30", "--workers", "1") == -9
+    assert resumed_at() == 8
+    assert driver(shards, run, "--journal", "--resume") == 0
+    assert resumed_at() == 28
+    assert records(run) == records(ref)

@@ -56,3 +56,28 @@ def test_integrations_import_no_framework():
             "bad = [m for m in ('lightning', 'pytorch_lightning', 'accelerate', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+
+def keys_of(loader) -> list:
+    return [k for batch in loader for k in batch[0]]
+
+
+def test_a_world_set_up_after_the_loader_was_built(make_shards, monkeypatch, tmp_path):
+    """Built with no world (Lightning's DDP sets rank 0's up inside fit): len and the first
+    iteration take the world of then, and it stays after the first iteration; a loader given
+    rank / world_size keeps it; one holding a journal opened as the only rank refuses to change."""
+    def loader(**kw):
+        return rw.WebLoader(rw.WebDataset(make_shards(), seed=3).to_tuple("__key__"), batch_size=8, **kw)
+
+    late, fixed, journaled = loader(), loader(rank=0, world_size=1), loader(journal=str(tmp_path / "j.db"))
+    assert len(late) == -(-TOTAL // 8)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert len(late) == -(-TOTAL // 16) and (late.rank, late.world_size) == (1, 2)
+    assert keys_of(late) == keys_of(loader(rank=1, world_size=2))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert len(late) == -(-TOTAL // 16) and late.world_size == 2  # iterated: the world stays
+    assert len(fixed) == -(-TOTAL // 8) and len(keys_of(fixed)) == TOTAL
+    with pytest.raises(ValueError, match="opened its journal .*j.db as the only rank, and now runs as rank 1 of 4"):
+        next(iter(journaled))

@@ -82,6 +82,9 @@ def _check_world(loader: Any, world_size: int, framework: str, hint: str) -> Non
     """Refuse a loader built for another world size than the framework runs (it would read the
     wrong share of every step, or the same data on every rank)."""
     base = getattr(loader, "loader", loader)
+    take = getattr(base, "_take_world", None)
+    if take is not None:  # built before the framework set up its processes: the world of now
+        take()
     have = int(getattr(base, "world_size", world_size))
     if have != int(world_size):
         raise ValueError(f"the resumewds loader was built for world size {have}, {framework} runs {world_size} "

@@ -1,0 +1,90 @@
+"""PyTorch Lightning DDP (2 processes, gloo on CPU): the natural code resumes exactly.
+
+The natural code builds the WebLoader before ``trainer.fit`` and passes it in.
+Lightning's DDP launcher sets up rank 0's process group inside ``fit``: the loader
+then takes its rank and world size when Lightning first asks for its length or
+iterates it.  Lightning writes rank 0's copy of the loader's state in its
+checkpoint and every rank loads it: the state is a global position, the same on
+every rank.  A run SIGKILLed on both ranks mid-epoch and resumed with
+``fit(ckpt_path="last")`` and another worker count trains, on each rank, on exactly
+the sequence of an uninterrupted 2-process run (records: tests/frameworks_driver.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import List
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from resumewds.synth import write_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "frameworks_driver.py")
+STEPS_PER_EPOCH = 12  # 192 samples, global steps of 2 ranks x 8
+
+
+@pytest.fixture
+def shards(tmp_path, cache_dir) -> str:
+    write_shards(str(tmp_path / "data"), shards=8, samples=24, size_range=(10, 40))
+    return str(tmp_path / "data")
+
+
+def driver(shards: str, out: str, *argv: str) -> int:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, DRIVER, "lightning", "--data", shards, "--out", out, "--devices", "2",
+                           *argv], env=env, timeout=600, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE).returncode
+
+
+def rank_records(out: str) -> List[List[str]]:
+    result = []
+    for r in range(2):
+        with open(os.path.join(out, f"record.rank{r}.txt")) as f:
+            result.append(f.read().splitlines())
+    return result
+
+
+def wait_gone(out: str) -> None:
+    """Rank 1 is rank 0's child: after the kill, wait until it has died too (it kills itself at
+    the same step) before the resumed run starts."""
+    for r in range(2):
+        with open(os.path.join(out, f"pid.rank{r}")) as f:
+            pid = int(f.read())
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"rank {r} (pid {pid}) still runs")
+
+
+def test_ddp_kill9_resume_with_other_workers_is_exact(shards, tmp_path):
+    """SIGKILL both ranks at step 10 (1 worker each; last checkpoint: step 8, mid-epoch 0),
+    resume with 0 workers: each rank's whole record is the uninterrupted run's, and every
+    epoch covers the data set once across the two ranks."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    assert driver(shards, ref) == 0
+    reference = rank_records(ref)
+    assert [len(r) for r in reference] == [2 * STEPS_PER_EPOCH] * 2
+    for epoch in range(2):
+        keys = [k for rec in reference for line in rec[epoch * STEPS_PER_EPOCH:(epoch + 1) * STEPS_PER_EPOCH]
+                for k in line.split("\t")[1].split()]
+        assert len(keys) == len(set(keys)) == 192
+    assert driver(shards, run, "--kill-at", "10", "--workers", "1") == -9
+    wait_gone(run)
+    assert [len(r) for r in rank_records(run)] == [10, 10]
+    assert driver(shards, run, "--resume", "--workers", "0") == 0
+    assert rank_records(run) == reference
