@@ -52,6 +52,56 @@ def record(out: str, step: int, keys: List[str]) -> None:
         os.fsync(f.fileno())
 
 
+def rank_records(out: str, ranks: int = 2) -> List[List[str]]:
+    """The record of each rank of a run of several processes."""
+    result = []
+    for r in range(ranks):
+        with open(os.path.join(out, f"record.rank{r}.txt")) as f:
+            result.append(f.read().splitlines())
+    return result
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(framework: str, shards: str, out: str, *argv: str) -> Any:
+    """This driver under ``torchrun --nproc_per_node 2`` (gloo on CPU); the finished ``subprocess.run``."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), os.path.abspath(__file__),
+                           framework, "--data", shards, "--out", out, *argv], env=env, timeout=600,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def check_two_rank_kill9(framework: str, shards: str, ref: str, run: str) -> None:
+    """An uninterrupted 2-process run; both ranks SIGKILLed at step 14 (1 worker each; last checkpoint:
+    step 12, mid-epoch 1); resumed with 0 workers: each rank's record is the uninterrupted run's,
+    and each of the 2 epochs of 192 samples (12 global steps of 2 x 8) covers the data set once."""
+    done = torchrun(framework, shards, ref)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    reference = rank_records(ref)
+    assert [len(r) for r in reference] == [24, 24]
+    for epoch in range(2):
+        lines = [line for rec in reference for line in rec[epoch * 12:(epoch + 1) * 12]]
+        keys = [k for line in lines for k in line.split("\t")[1].split()]
+        assert len(keys) == len(set(keys)) == 192
+    killed = torchrun(framework, shards, run, "--kill-at", "14", "--workers", "1")
+    assert killed.returncode != 0 and b"Signal 9 (SIGKILL)" in killed.stderr, killed.stderr.decode()[-2000:]
+    assert [len(r) for r in rank_records(run)] == [14, 14]
+    done = torchrun(framework, shards, run, "--resume", "--workers", "0")
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert rank_records(run) == reference
+
+
 class Crash(RuntimeError):
     """``--raise-at``: the in-process stand-in for a kill (the fast tests)."""
 

@@ -121,40 +121,10 @@ def test_two_processes_then_resume_on_one(shards, tmp_path):
     assert [line.split("\t")[1].split() for line in records(run)] == reference[8:]
 
 
-def torchrun(shards: str, out: str, *argv: str) -> "subprocess.CompletedProcess[bytes]":
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR"):
-        env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), DRIVER, "accelerate",
-                           "--data", shards, "--out", out, *argv], env=env, timeout=600, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
-
-
-def rank_records(out: str) -> List[List[str]]:
-    result = []
-    for r in range(2):
-        with open(os.path.join(out, f"record.rank{r}.txt")) as f:
-            result.append(f.read().splitlines())
-    return result
-
 
 def test_torchrun_two_processes_kill9_resume_is_exact(tmp_path, cache_dir):
-    """torchrun, 2 processes (gloo on CPU): both ranks SIGKILLed at step 14 (1 worker each; last
-    save_state: step 12, mid-epoch 1), resumed by load_state with 0 workers: each rank's whole
-    record is an uninterrupted 2-process run's, and each epoch covers the data set once."""
-    shards = str(tmp_path / "data")
-    write_shards(shards, shards=8, samples=24, size_range=(10, 40))  # 12 global steps of 2 x 8 per epoch
-    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
-    done = torchrun(shards, ref)
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    reference = rank_records(ref)
-    assert [len(r) for r in reference] == [24, 24]
-    for epoch in range(2):
-        keys = [k for rec in reference for line in rec[epoch * 12:(epoch + 1) * 12] for k in line.split("\t")[1].split()]
-        assert len(keys) == len(set(keys)) == 192
-    killed = torchrun(shards, run, "--kill-at", "14", "--workers", "1")
-    assert killed.returncode != 0 and b"Signal 9 (SIGKILL)" in killed.stderr, killed.stderr.decode()[-2000:]
-    done = torchrun(shards, run, "--resume", "--workers", "0")
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert rank_records(run) == reference
+    """torchrun, 2 processes (gloo on CPU): both ranks SIGKILLed mid-epoch 1, resumed by load_state
+    with another worker count: each rank's whole record is an uninterrupted 2-process run's
+    (frameworks_driver.check_two_rank_kill9)."""
+    write_shards(str(tmp_path / "data"), shards=8, samples=24, size_range=(10, 40))
+    drv.check_two_rank_kill9("accelerate", str(tmp_path / "data"), str(tmp_path / "ref"), str(tmp_path / "run"))

@@ -79,3 +79,13 @@ def test_kill9_twice_other_worker_counts_is_exact(shards, tmp_path):
     assert driver(shards, run, "--kill-at", "38", "--resume", "--workers", "0") == -9
     assert driver(shards, run, "--resume", "--workers", "1") == 0
     assert records(run) == records(ref)
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_kill9_resume_is_exact(tmp_path, cache_dir):
+    """torchrun, 2 processes (gloo on CPU, the Trainer's DDP): both ranks SIGKILLed mid-epoch 1,
+    train(resume_from_checkpoint=True) with another worker count: each rank's whole record is an
+    uninterrupted 2-process run's; every rank loads the loader state rank 0 wrote (a global
+    position) from the checkpoint folder (frameworks_driver.check_two_rank_kill9)."""
+    write_shards(str(tmp_path / "data"), shards=8, samples=24, size_range=(10, 40))
+    drv.check_two_rank_kill9("transformers", str(tmp_path / "data"), str(tmp_path / "ref"), str(tmp_path / "run"))
