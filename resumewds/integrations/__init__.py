@@ -9,6 +9,8 @@ none of them, so each framework is needed only by the module that serves it:
   Face Accelerate's ``save_state`` / ``load_state``.
 * :mod:`resumewds.integrations.transformers`: ``attach`` for
   ``transformers.Trainer.train(resume_from_checkpoint=...)``.
+* :mod:`resumewds.integrations.stateful`: ``load_state_dict`` for torchdata's
+  ``StatefulDataLoader`` (a clear error for a state of another ``num_workers``).
 
 What is exact, and what to do when the world size changes: docs/FRAMEWORKS.md.
 """

@@ -1,0 +1,74 @@
+"""torchdata's ``StatefulDataLoader``: a clear error where it fails with a bare ``AssertionError``.
+
+A ``StatefulDataLoader`` state holds one snapshot per DataLoader worker, and
+torchdata restores it only into a loader with the same ``num_workers``.
+Given another count it fails at the next ``iter()``, far from the cause, with
+an ``AssertionError`` without a message (or one naming a private key).  No
+code of the dataset runs before that assertion, so the dataset cannot explain
+it: :func:`load_state_dict` checks the worker count when the state is loaded
+and raises a :class:`resumewds.StateError` that says what to do.
+
+Example::
+
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from resumewds.integrations.stateful import load_state_dict
+
+    loader = StatefulDataLoader(rw.WebDataset(shards, seed=7), batch_size=32, num_workers=4)
+    load_state_dict(loader, checkpoint["data"])   # instead of loader.load_state_dict(...)
+
+:class:`resumewds.WebLoader` resumes under any ``num_workers`` (and world
+size); use it when the worker count may change between runs.  Importing this
+module imports neither torch nor torchdata.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from ..errors import StateError
+
+__all__ = ["load_state_dict", "state_num_workers"]
+
+
+def state_num_workers(state: Dict[str, Any]) -> Optional[int]:
+    """The ``num_workers`` of the ``StatefulDataLoader`` that took ``state`` (None: not such a state).
+
+    Example:
+        >>> state_num_workers({"_snapshot": {"_main_snapshot": {"_num_workers": 2}}})
+        2
+        >>> state_num_workers({"_num_yielded": 5, "fetcher_state": {}})
+        0
+    """
+    if not isinstance(state, dict):
+        return None
+    snapshot = state.get("_snapshot")
+    if isinstance(snapshot, dict):
+        main = snapshot.get("_main_snapshot")
+        if isinstance(main, dict) and "_num_workers" in main:
+            return int(main["_num_workers"])
+        return None
+    if "_num_yielded" in state:  # the single-process form
+        return 0
+    return None
+
+
+def load_state_dict(dataloader: Any, state: Dict[str, Any]) -> None:
+    """``dataloader.load_state_dict(state)``, refusing a state taken with another ``num_workers``.
+
+    Args:
+        dataloader: a torchdata ``StatefulDataLoader``.
+        state: what its ``state_dict()`` returned in an earlier run.
+
+    Raises:
+        StateError: the state was taken with another worker count (torchdata
+            would fail at the next ``iter()`` with a bare ``AssertionError``).
+    """
+    taken = state_num_workers(state)
+    have = int(getattr(dataloader, "num_workers", 0) or 0)
+    if taken is not None and taken != have:
+        raise StateError(f"this StatefulDataLoader state was taken with num_workers={taken} and is loaded into a "
+                         f"StatefulDataLoader with num_workers={have}: torchdata restores a state only into the "
+                         f"same worker count (it holds one snapshot per worker). Build the loader with "
+                         f"num_workers={taken} for this resume, or train with resumewds.WebLoader, whose state "
+                         "loads under any num_workers")
+    dataloader.load_state_dict(state)
