@@ -1,4 +1,4 @@
-"""The examples of docs/FRAMEWORKS.md run (one per framework, each in its own directory)."""
+"""The examples of docs/FRAMEWORKS.md run (each in its own directory)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,23 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "FRAMEWORKS.md")
-FRAMEWORK_OF = {"lightning": "lightning.pytorch", "accelerate": "accelerate", "transformers": "transformers"}
+FRAMEWORK_OF = {"lightning": "lightning.pytorch", "accelerate": "accelerate", "transformers": "transformers",
+                "lightning_journal": "lightning.pytorch", "stateful": "torchdata.stateful_dataloader"}
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")
 
 
 def examples():
-    """``{framework: code}`` of the doc's python blocks (by the resumewds.integrations module they import)."""
+    """``{name: code}`` of the doc's python blocks: a first line ``# example: NAME`` names a block, else
+    the resumewds.integrations module it imports."""
     with open(DOC, encoding="utf-8") as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
     out = {}
     for code in blocks:
-        out[re.search(r"^from resumewds\.integrations\.(\w+) import", code, re.M).group(1)] = code
+        named = re.match(r"# example: (\w+)\n", code)
+        out[named.group(1) if named else re.search(r"^from resumewds\.integrations\.(\w+) import", code,
+                                                    re.M).group(1)] = code
     return out
 
 

@@ -99,8 +99,8 @@ class ResumeWDSCallback(_Callback):
         pending, self._pending = self._pending, None
         loaders = _train_loaders(trainer)
         for loader in loaders:
-            _check_world(loader, trainer.world_size, "Lightning", "build the WebLoader in train_dataloader() "
-                         "(Lightning calls it once the processes are set up), or pass rank= and world_size=")
+            _check_world(loader, trainer.world_size, "Lightning", "pass no rank= / world_size= (a loader built "
+                         "before fit takes the world Lightning sets up), or the Trainer's")
         if pending is None or not loaders:  # not resuming from a checkpoint
             return
         if len(pending) != len(loaders):
