@@ -88,3 +88,17 @@ def test_ddp_kill9_resume_with_other_workers_is_exact(shards, tmp_path):
     assert [len(r) for r in rank_records(run)] == [10, 10]
     assert driver(shards, run, "--resume", "--workers", "0") == 0
     assert rank_records(run) == reference
+
+
+@pytest.mark.slow
+def test_ddp_kill9_twice_is_exact(shards, tmp_path):
+    """SIGKILL both ranks mid-epoch 0 (2 workers each), resume with 0 workers, SIGKILL mid-epoch 1
+    (last checkpoint: step 20), resume with 1 worker: each rank's whole record is the uninterrupted run's."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    assert driver(shards, ref) == 0
+    assert driver(shards, run, "--kill-at", "6", "--workers", "2") == -9
+    wait_gone(run)
+    assert driver(shards, run, "--resume", "--kill-at", "22", "--workers", "0") == -9
+    wait_gone(run)
+    assert driver(shards, run, "--resume", "--workers", "1") == 0
+    assert rank_records(run) == rank_records(ref)
