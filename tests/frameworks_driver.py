@@ -129,7 +129,8 @@ def lightning_journal_loader(args: Any) -> Any:
     last = os.path.join(args.out, "ckpt", "last.ckpt")
     step = torch.load(last, weights_only=False)["global_step"] if args.resume and os.path.exists(last) else 0
     loader = make_loader(args, journal=os.path.join(args.out, "run.db"), resume=step - 1 if step else False)
-    with open(os.path.join(args.out, "resumed_at"), "w") as f:
+    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+    with open(os.path.join(args.out, "resumed_at" if rank == "0" else f"resumed_at.rank{rank}"), "w") as f:
         f.write(str(loader.steps_done))
     return loader
 
@@ -169,11 +170,15 @@ def run_lightning(args: Any) -> None:
                                             save_last=True, save_top_k=-1)]
     if args.callback:
         callbacks.append(ResumeWDSCallback())
-    loader = lightning_journal_loader(args) if args.journal else make_loader(args)
+    built: List[Any] = []
+    in_module = args.journal and args.devices > 1
+    if args.journal and not in_module:
+        built.append(lightning_journal_loader(args))
+    loader = None if in_module else built[0] if built else make_loader(args)
     if args.journal:
         class CommitOnSave(L.Callback):  # the documented hook: the journal records each checkpoint's step
             def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
-                loader.commit(trainer.global_step - 1)
+                built[-1].commit(trainer.global_step - 1)
                 if trainer.global_step == args.kill_in_save:  # committed, the checkpoint file not written
                     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -182,7 +187,13 @@ def run_lightning(args: Any) -> None:
     trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", **ddp, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
                         default_root_dir=args.out, num_sanity_val_steps=0)
-    trainer.fit(Tiny(), train_dataloaders=loader, ckpt_path="last" if args.resume else None)
+    class Journaled(Tiny):
+        def train_dataloader(self) -> Any:  # DDP with a journal: built once the processes are set up
+            built.append(lightning_journal_loader(args))
+            return built[-1]
+
+    module = Journaled() if in_module else Tiny()
+    trainer.fit(module, train_dataloaders=loader, ckpt_path="last" if args.resume else None)
 
 
 # ---- Accelerate -------------------------------------------------------------

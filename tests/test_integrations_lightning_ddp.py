@@ -102,3 +102,30 @@ def test_ddp_kill9_twice_is_exact(shards, tmp_path):
     wait_gone(run)
     assert driver(shards, run, "--resume", "--workers", "1") == 0
     assert rank_records(run) == rank_records(ref)
+
+
+@pytest.mark.slow
+def test_ddp_journal_commit_on_save_is_exact(shards, tmp_path):
+    """DDP with the journal instead of the checkpointed state: the loader built in
+    train_dataloader() with ``resume=`` the restored checkpoint's step - 1, a callback commits at
+    each checkpoint on every rank.  SIGKILL after the commit of step 8 (before its checkpoint
+    file), resume (both ranks at step 4), SIGKILL between checkpoints, resume (step 12): each
+    rank's whole record is the uninterrupted run's."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    assert driver(shards, ref) == 0
+
+    def resumed_at() -> List[int]:
+        out = []
+        for name in ("resumed_at", "resumed_at.rank1"):
+            with open(os.path.join(run, name)) as f:
+                out.append(int(f.read()))
+        return out
+
+    assert driver(shards, run, "--journal", "--kill-in-save", "8", "--workers", "1") == -9
+    wait_gone(run)
+    assert driver(shards, run, "--journal", "--resume", "--kill-at", "14") == -9
+    assert resumed_at() == [4, 4]
+    wait_gone(run)
+    assert driver(shards, run, "--journal", "--resume", "--workers", "0") == 0
+    assert resumed_at() == [12, 12]
+    assert rank_records(run) == rank_records(ref)
