@@ -58,7 +58,7 @@ import tempfile
 from functools import partial as _partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
-from . import utils
+from . import urls
 from .errors import DecodeError, UnsafeSourceError
 
 __all__ = ["Continue", "Decoder", "DecodingError", "IMAGE_EXTENSIONS", "ImageHandler",
@@ -81,7 +81,7 @@ PICKLE_EXTS = frozenset({"pkl", "pickle", "pyd"})
 DecodingError = DecodeError  # webdataset's name for a failed decode
 
 
-EnforcedSecurityError = utils.EnforcedSecurityError  # refused under utils.enforce_security (a ValueError)
+EnforcedSecurityError = urls.EnforcedSecurityError  # refused under enforce_security (a ValueError)
 
 
 class _Key(str):
@@ -109,7 +109,7 @@ def _ext(key: str) -> str:
 # ---- basic data types -------------------------------------------------------
 
 def _security_check(what: str) -> None:
-    if utils.enforce_security:
+    if urls.enforce_security:
         raise EnforcedSecurityError(what)
 
 

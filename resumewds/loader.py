@@ -30,18 +30,18 @@ from torch.utils.data import DataLoader, IterableDataset, default_convert, get_w
 
 from . import skipping
 from .dataset import WebDataset
-from .errors import JournalError, ResumeWDSError, StateError, naming  # noqa: F401 (JournalError: old import path)
+from .errors import HandlerStop, JournalError, ResumeWDSError, StateError, naming  # noqa: F401 (JournalError: old import path)
 from .events import EventKind
-from .handlers import empty_epoch_error
+from .handling import empty_epoch_error
 from .loader_compat import DataLoaderAttributes
-from .loaderchain import FluentLoader, route
-from .pipeline import HandlerStop, default_collate
 from .plan import Layout
 from .session import JournalSession, process_group
 from .shmbatch import TENSOR_SLOT_BYTES, BytesRing, Packed
+from .stages import default_collate
 from .stats import Stats, event_record, flat_scalars, setup_logging, worker_logging
 from .watchdog import WorkerWatchdog, die_with_parent, stall_limit
 from .watchdog import worker_died as _worker_died  # noqa: F401 (old import path)
+from .wds.loaderchain import FluentLoader, route
 from .world import detect_world, resolve_partitions, world_from_env  # noqa: F401
 
 log = logging.getLogger("resumewds")

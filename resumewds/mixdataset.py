@@ -34,11 +34,11 @@ import xxhash
 
 from . import config, reading, steps
 from .errors import ResumeWDSError
-from .handlers import until_stop
+from .handling import reraise_exception, until_stop
 from .manifest import ShardInfo
 from .mixture import MixPlan, SourceStream, Weights
-from .pipeline import default_collate, list_collate
 from .plan import Layout, check_partitions, worker_steps
+from .stages import Handled, default_collate, list_collate
 
 
 class _MixManifest:
@@ -209,8 +209,6 @@ class MixedDataset:
         """Apply ``fn`` to each mixed sample (after the source's own stages), or to each
         batch after :meth:`batched`; a None result drops it.  ``handler=`` decides about
         an exception as a data set's ``.map`` does (skip, counted as skipped; or stop)."""
-        from .handlers import reraise_exception
-        from .pipeline import Handled
 
         if handler is not None and handler is not reraise_exception:
             fn = Handled(fn, handler, "map")

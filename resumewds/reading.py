@@ -56,11 +56,10 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import tario
-from .errors import CacheError, ChecksumMismatch, FetchError, IntegrityError, ShardFormatError, naming
+from .errors import CacheError, ChecksumMismatch, FetchError, HandlerStop, IntegrityError, ShardFormatError, naming
 from .events import EventKind
 from .fetch.transport import is_remote_object
 from .manifest import ShardInfo
-from .pipeline import HandlerStop
 
 __all__ = ["RUN_BYTES", "ShardReader", "hint_pages", "read", "read_run", "read_verified", "run_length", "shard_failed",
            "shard_reader"]

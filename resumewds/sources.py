@@ -25,13 +25,11 @@ Example:
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .digests import LazyDigests
 from .errors import SourceError, UnsafeSourceError
 from .fetch.transport import is_local_url, is_remote_object, is_remote_url
-from .gopen import rewrite_url
 from .manifest import (
     ArrayFile,
     LazyOffsets,
@@ -42,75 +40,9 @@ from .manifest import (
     parse_manifest_bytes,
 )
 from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
-from .utils import check_source_allowed
-
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+from .urls import check_source_allowed, expand_braces, rewrite_url
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], Manifest]
-
-
-def _find_group(s: str) -> Optional[tuple]:
-    depth = 0
-    start = -1
-    for i, c in enumerate(s):
-        if c == "{":
-            if depth == 0:
-                start = i
-            depth += 1
-        elif c == "}" and depth:
-            depth -= 1
-            if depth == 0:
-                return start, i
-    return None
-
-
-def _split_top(body: str) -> List[str]:
-    parts: List[str] = []
-    cur: List[str] = []
-    depth = 0
-    for c in body:
-        if c == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-        cur.append(c)
-    parts.append("".join(cur))
-    return parts
-
-
-def expand_braces(pattern: str) -> List[str]:
-    """Expand shell-style brace patterns (numeric ranges keep zero padding).
-
-    Raises:
-        SourceError: an unbalanced or empty brace group.
-    """
-    if pattern.count("{") != pattern.count("}"):
-        raise SourceError(f"{pattern}: unbalanced braces in shard pattern")
-    g = _find_group(pattern)
-    if g is None:
-        return [pattern]
-    a, b = g
-    head, body, tail = pattern[:a], pattern[a + 1:b], pattern[b + 1:]
-    m = _RANGE.match(body)
-    if m:
-        lo_s, hi_s = m.group(1), m.group(2)
-        lo, hi = int(lo_s), int(hi_s)
-        width = max(len(lo_s), len(hi_s)) if (lo_s.startswith("0") or hi_s.startswith("0")) else 0
-        step = 1 if hi >= lo else -1
-        alts = [str(v).zfill(width) for v in range(lo, hi + step, step)]
-    else:
-        alts = _split_top(body)
-        if len(alts) < 2:
-            # "{x}" is not a group in the shell either; keep it literally
-            return [head + "{" + x + "}" + t for x in expand_braces(body) for t in expand_braces(tail)]
-    out: List[str] = []
-    for alt in alts:
-        out.extend(expand_braces(head + alt + tail))
-    return out
 
 
 def _balanced(cmd: str) -> bool:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
@@ -101,13 +102,15 @@ def _env_int(*names: str, env: Optional[Mapping[str, str]] = None) -> Optional[i
 
 
 def _process_group() -> Any:
-    """``torch.distributed`` if a default process group is initialized, else None."""
-    try:
-        import torch.distributed as dist
+    """``torch.distributed`` if a default process group is initialized, else None.
 
-        if dist.is_available() and dist.is_initialized():
+    A process group is only ever initialized after ``torch.distributed`` was
+    imported, so this never imports torch itself."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
             return dist
-    except Exception:  # pragma: no cover - torch missing or without distributed
+    except Exception:  # pragma: no cover - torch without distributed
         pass
     return None
 
@@ -282,3 +285,49 @@ def resolve_partitions(requested: Optional[int], nodes: int, stored: Any = None)
     if stored:
         return int(stored.get("partitions") or 1)
     return max(1, int(nodes))
+
+
+def node_info(group: Any = None) -> Tuple[int, int]:
+    """``(rank, world_size)`` of this process: in ``group`` (a torch.distributed
+    process group) if given, else :func:`world_from_env`.
+
+    Example:
+        >>> node_info() if "RANK" not in os.environ else (0, 1)
+        (0, 1)
+    """
+    if group is not None:
+        dist = _process_group()
+        if dist is not None:
+            return dist.get_rank(group=group), dist.get_world_size(group=group)
+    return world_from_env()
+
+
+def torch_worker() -> Tuple[int, int]:
+    """``(worker, num_workers)`` of this DataLoader worker; ``(0, 1)`` outside one.
+
+    ``WORKER`` / ``NUM_WORKERS`` override it, as in webdataset.  Never imports torch.
+
+    Example:
+        >>> torch_worker() if "WORKER" not in os.environ else (0, 1)
+        (0, 1)
+    """
+    if os.environ.get("WORKER", "").strip() and os.environ.get("NUM_WORKERS", "").strip():
+        return int(os.environ["WORKER"]), int(os.environ["NUM_WORKERS"])  # webdataset's override
+    data = sys.modules.get("torch.utils.data")
+    if data is not None:
+        info = data.get_worker_info()
+        if info is not None:
+            return int(info.id), int(info.num_workers)
+    return 0, 1
+
+
+def worker_info(group: Any = None) -> Tuple[int, int, int, int]:
+    """``(rank, world_size, worker, num_workers)`` of this process.
+
+    Example:
+        >>> worker_info()[2:]
+        (0, 1)
+    """
+    rank, world = node_info(group)
+    worker, nworkers = torch_worker()
+    return rank, world, worker, nworkers

@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import xxhash
 
-from . import tario, utils
+from . import tario, urls
 from .manifest import Manifest, ShardInfo, load_manifest
 
 __all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
@@ -403,7 +403,7 @@ class TarWriter:
         self._proc: Optional[subprocess.Popen] = None
         self.own_fileobj: Any = None
         if isinstance(fileobj, str):
-            utils.check_source_allowed(fileobj)  # webdataset's gopen(fileobj, "wb") under enforce_security
+            urls.check_source_allowed(fileobj)  # webdataset's gopen(fileobj, "wb") under enforce_security
             self.url = fileobj
             path = _local_path(fileobj)
             if path is not None:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional
 
-from ._torchreg import register_iterable_dataset
-from .dataset import WebDataset
+from .._torchreg import register_iterable_dataset
+from ..dataset import WebDataset
 
 if TYPE_CHECKING:  # loaded on first use (both import torch): see __getattr__
+    from ..loader import WebLoader
     from .fluid import FluidWrapper
-    from .loader import WebLoader
 
 __all__ = ["Cached", "FluidInterface", "FluidWrapper", "MockDataset", "WebDataset", "WebLoader",
            "check_empty"]
@@ -211,7 +211,7 @@ class FluidInterface:
 
 def __getattr__(name: str) -> Any:
     if name == "WebLoader":  # imports torch
-        from .loader import WebLoader
+        from ..loader import WebLoader
 
         return WebLoader
     if name == "FluidWrapper":  # a DataPipeline: imports torch

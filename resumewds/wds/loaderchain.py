@@ -49,8 +49,8 @@ import copy
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from ..stages import default_collation_fn
 from .compat import FluidInterface
-from .pipeline import default_collation_fn
 
 __all__ = ["FluentLoader", "LoaderPipeline", "route", "stream_loader"]
 
@@ -131,7 +131,7 @@ class LoaderPipeline(FluidInterface):
         return self._built
 
     def _build(self) -> Any:
-        from .loader import WebLoader
+        from ..loader import WebLoader
 
         base = self._base
         if not (self._unbatched or self._shuffle or self._batch):

@@ -27,8 +27,8 @@ import time
 from itertools import islice
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from . import config
-from .sources import expand_braces
+from .. import config
+from ..sources import expand_braces
 from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 
 __all__ = ["DirectoryShardList", "MultiShardSample", "ResampledShardList", "ResampledShards", "SimpleShardList",
