@@ -247,11 +247,6 @@ def __getattr__(name: str) -> Any:
         value = importlib.import_module(f".{name}", __name__)
     else:
         m = importlib.import_module(f".{mod}", __name__)
-        if mod == "loader":
-            # the modules every DataLoader worker needs (the store: resumewds.cache, compressed;
-            # numpy.random), imported with the loader module: before any worker forks, and not
-            # at the first WebLoader() (each worker would import them on its own otherwise)
-            m._import_worker_modules()
         value = getattr(m, name)
     globals()[name] = value  # resolved once
     return value

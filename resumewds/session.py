@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import JournalError, ResumeWDSError
 from .events import EventKind, unjournaled_kinds
@@ -32,7 +32,7 @@ from .redact import redact_url
 from .world import resolve_partitions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .loader import WebLoader
+    from .shardloader import ShardLoader as WebLoader
 
 log = logging.getLogger("resumewds")
 
@@ -98,7 +98,8 @@ class JournalSession:
     Example:
         >>> s = JournalSession("run.db")                   # doctest: +SKIP
         >>> s.open(loader, resume=True, sync="NORMAL")     # doctest: +SKIP
-        >>> s.commit(loader, step=9)                       # doctest: +SKIP
+        >>> s.commit(9, epoch=0, position=640, world_size=1, batch_size=64,  # doctest: +SKIP
+        ...          samples_total=640, shards=ds.manifest.shards)
     """
 
     def __init__(self, path: Optional[str]):
@@ -291,31 +292,37 @@ class JournalSession:
         return point
 
     # ---- commit / close ------------------------------------------------------
-    def commit(self, loader: WebLoader, step: int, stats: Optional[bool] = None) -> None:
-        """Record atomically the loader's position after ``step`` (see ``WebLoader.commit``)."""
+    def wants_stats(self, stats: Optional[bool] = None) -> bool:
+        """Whether the next commit carries a stats snapshot (``None``: at most every 5 s)."""
+        return (time.time() - self._last_stats_commit >= 5.0) if stats is None else bool(stats)
+
+    def commit(self, step: int, *, epoch: int, position: int, world_size: int, batch_size: Optional[int],
+               samples_total: int, shards: Sequence[Any], stats: Optional[Dict[str, Any]] = None) -> None:
+        """Record atomically the position after ``step`` (see ``WebLoader.commit``).
+
+        Args:
+            step: the training step.
+            epoch, position: where the loader is after that step.
+            world_size, batch_size, samples_total: the layout and this rank's sample count.
+            shards: the manifest's shards (consumption is recorded by url).
+            stats: a stats snapshot to record with it, or None.
+        """
         if self.journal is None:
             raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
-        now = time.time()
-        if stats is None:
-            stats = now - self._last_stats_commit >= 5.0
-        snap = None
-        if stats:
-            snap = loader.stats()
-            self._last_stats_commit = now
+        if stats is not None:
+            self._last_stats_commit = time.time()
         self.flush()
         consumed = {}
-        shards = loader.dataset.manifest.shards
         for (si, ep), n in self._consumed.items():
             consumed[(shards[si].url, ep)] = (n, int(shards[si].samples or 0))
         # the consumption table is folded in every few commits, and at once
         # when an epoch ended (its shards are then complete)
-        epoch_done = self._last_commit_epoch is not None and loader.epoch != self._last_commit_epoch
-        self.journal.commit(step, epoch=loader.epoch, position=loader.position, consumed=consumed,
-                            world_size=loader.world_size, batch_size=loader.batch_size,
-                            samples_total=loader.samples_total, stats=snap, materialize=epoch_done)
-        self._last_commit_epoch = loader.epoch
+        epoch_done = self._last_commit_epoch is not None and epoch != self._last_commit_epoch
+        self.journal.commit(step, epoch=epoch, position=position, consumed=consumed,
+                            world_size=world_size, batch_size=batch_size,
+                            samples_total=samples_total, stats=stats, materialize=epoch_done)
+        self._last_commit_epoch = epoch
         self._consumed.clear()
-        loader.steps_done = step + 1
 
     def close(self) -> None:
         """Flush what is buffered and close the journal (idempotent)."""
