@@ -1,7 +1,7 @@
 """``WebDataset``: the engine's data set with webdataset's constructor and fluent methods.
 
-:class:`WebDataset` composes :class:`resumewds.shardset.ShardDataset` (the
-engine: sources, cache, plan, reading, stages, state) with
+:class:`WebDataset` composes :class:`resumewds.direct.DirectDataset` (the
+engine's data set, :class:`resumewds.shardset.ShardDataset`, iterable directly) with
 :class:`resumewds.wds.webdataset.WebDatasetAPI` (webdataset 1.0.2's
 constructor arguments and the fluent methods the engine has no name for).
 This module and the package's ``__init__`` are where the core and the
@@ -15,14 +15,14 @@ Example:
 
 from __future__ import annotations
 
+from .direct import DirectDataset
 from .indexing import build_manifest, index_manifest
-from .shardset import ShardDataset
 from .wds.webdataset import WebDatasetAPI
 
 __all__ = ["WebDataset", "build_manifest", "index_manifest"]
 
 
-class WebDataset(WebDatasetAPI, ShardDataset):
+class WebDataset(WebDatasetAPI, DirectDataset):
     """A resumable, deterministic WebDataset; also webdataset 1.0.2's ``WebDataset``.
 
     ``import resumewds as wds`` runs webdataset code unchanged: the

@@ -1,13 +1,13 @@
 """Direct iteration of a data set, as webdataset iterates: ``for sample in ds``.
 
-:class:`DirectIteration` is the part of :class:`resumewds.shardset.ShardDataset`
-that runs when a data set is iterated directly (in this process, or in each
+:class:`DirectDataset` is a :class:`resumewds.shardset.ShardDataset` with
+what runs when a data set is iterated directly (in this process, or in each
 worker of a plain torch ``DataLoader`` or torchdata's ``StatefulDataLoader``):
 this process's share of an epoch through every stage, the stream stages
 (``unbatched``, ``slice``, a buffer ``shuffle`` after ``batched``...) included,
 ``repeat`` / ``with_epoch`` over epochs, and the torchdata state protocol
 (``state_dict`` / ``load_state_dict``) that resumes exactly after the last
-item yielded.  The steps it reads are the engine's (:meth:`iter_steps`).
+item yielded.  The steps it reads are the engine's (:meth:`~resumewds.shardset.ShardDataset.iter_steps`).
 
 Example:
     >>> ds = resumewds.WebDataset("data/shard-{000000..000003}.tar").decode()  # doctest: +SKIP
@@ -17,22 +17,18 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .errors import ResumeWDSError, StateError
 from .fetch import is_remote_url, local_path
 from .handling import empty_epoch_error, until_stop
 from .plan import Layout, mix
 from .positions import hide_positions
+from .shardset import ShardDataset
 from .stages import Stage
 from .world import worker_info
 
-if TYPE_CHECKING:
-    from .shardset import ShardDataset as _Base
-else:
-    _Base = object
-
-__all__ = ["DATASET_STATE", "DirectIteration"]
+__all__ = ["DATASET_STATE", "DirectDataset"]
 
 log = logging.getLogger("resumewds")
 
@@ -60,8 +56,9 @@ class _KeepShards:
         return sample if sample.get("__url__") in self.urls else None
 
 
-class DirectIteration(_Base):
-    """Iterating a data set directly: this process's share, every stage, exact state."""
+class DirectDataset(ShardDataset):
+    """A :class:`~resumewds.shardset.ShardDataset` that is also iterated directly:
+    this process's share, every stage, exact state (the torchdata protocol)."""
 
     # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----
     def _split(self) -> Tuple[int, int, int, int, List[Any]]:

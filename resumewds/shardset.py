@@ -10,7 +10,7 @@ it does not deliver, so resuming at position ``n`` costs the same for any ``n``.
 
 It does not import torch; :class:`resumewds.WebLoader` wraps it in a
 DataLoader.  Iterating it directly yields samples of epoch 0 (or of
-``ds.epoch``) in order, in this process (:mod:`resumewds.direct`).
+``ds.epoch``) in order, in this process (:class:`resumewds.direct.DirectDataset`).
 :class:`resumewds.WebDataset` is this class with webdataset's constructor
 arguments and fluent methods (the wing, :mod:`resumewds.wds.webdataset`).
 
@@ -28,16 +28,15 @@ import os
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import config, reading, steps, tario, warmup
+from . import config, openshards, reading, steps, tario, warmup
 from ._torchreg import register_iterable_dataset
 from .cache import ShardStore
-from .direct import DirectIteration
 from .errors import ResumeWDSError
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
+from .openshards import ShardReader as _ShardReader
 from .plan import Layout, Plan, check_partitions, worker_steps
-from .reading import ShardReader as _ShardReader
 from .sources import Source, resolve_sources
 from .stages import (
     SKIPPED,
@@ -75,13 +74,13 @@ def _names_http(urls: Any) -> bool:
 _BUFFER_MIN_WINDOW = 8
 
 
-class ShardDataset(DirectIteration):
+class ShardDataset:
     """A resumable, deterministic data set over tar shards: the engine's data set.
 
     A *definition*: sources, seed, shuffle settings and a list of stages.  It
     produces the steps of any ``(epoch, start position, layout, worker)``
-    (:meth:`iter_steps`), and iterates as webdataset does
-    (:class:`resumewds.direct.DirectIteration`).  :class:`resumewds.WebDataset`
+    (:meth:`iter_steps`); :class:`resumewds.direct.DirectDataset` adds direct
+    iteration, as webdataset iterates.  :class:`resumewds.WebDataset`
     is this class with webdataset's constructor and fluent methods
     (:class:`resumewds.wds.webdataset.WebDatasetAPI`).
 
@@ -568,7 +567,7 @@ class ShardDataset(DirectIteration):
             where = samples_at([pos for pos, _ in slots])
             if hint:  # the first step: its reads start at once (cold disk)
                 hint = False
-                reading.hint_pages(self, where)
+                openshards.hint_pages(self, where)
             reading.prepare(self, where, stream)  # samples of shards not cached yet: verified ranges
             # The open shards' samples are read here, not through the five calls
             # of ``read`` (a third of the in-process time per sample): the same

@@ -30,7 +30,7 @@ from . import filters
 from .splitters import single_node_only, split_by_node, split_by_worker
 
 if TYPE_CHECKING:
-    from ..shardset import ShardDataset as _Base
+    from ..direct import DirectDataset as _Base
 else:
     _Base = object
 
@@ -88,7 +88,7 @@ class WebDatasetAPI(_Base):
         resampled = bool(resampled or mode == "resampled")
         if shuffle is None:
             shuffle = "shards" if (shardshuffle not in (None, False, 0) and not resampled) else False
-        super().__init__(_wds_urls(urls), seed=seed, shuffle=shuffle, cache_dir=cache_dir,  # type: ignore[call-arg]
+        super().__init__(_wds_urls(urls), seed=seed, shuffle=shuffle, cache_dir=cache_dir,
                          cache_size=cache_size, handler=handler, resampled=resampled, repeat=repeat,
                          empty_check=empty_check, **engine)
         self.shardshuffle = shardshuffle
