@@ -37,7 +37,7 @@ from .handling import empty_epoch_error
 from .loader_compat import DataLoaderAttributes
 from .plan import Layout
 from .preemption import _LIVE_FLAGS, _preempt_signals, _stop_flag
-from .session import JournalSession, process_group
+from .session import JournalSession, LoaderPlace, process_group
 from .shardset import ShardDataset
 from .shmbatch import TENSOR_SLOT_BYTES, BytesRing, Packed
 from .stages import default_collate
@@ -314,20 +314,32 @@ class ShardLoader(DataLoaderAttributes):
     def journal_path(self, value: Optional[str]) -> None:
         self._session.path = value
 
+    def _place(self) -> LoaderPlace:
+        return LoaderPlace(rank=self.rank, world_size=self.world_size, nodes=self.world.nodes,
+                           config=dict(self.config),
+                           layout={"batch_size": self.batch_size, "world_size": self.world_size,
+                                   "num_workers": self.num_workers, "remainder": self.remainder})
+
     def _journal_config(self) -> Dict[str, Any]:
-        return JournalSession.run_config(self)
+        place = self._place()
+        return JournalSession.run_config(place.config, place.layout)
 
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
-        self._session.open(self, resume, sync)
+        found = self._session.open(self.dataset, self._place(), resume, sync)
+        self.config = found.config
+        if found.epoch is not None:
+            self.epoch, self.position = found.epoch, found.position
+            self.steps_done, self.samples_total = found.steps_done, found.samples_total
+        self._failed_urls.update(found.failed_urls)
 
     def _process_group(self) -> Any:
         """torch.distributed, when its default group is exactly this loader's world."""
-        return process_group(self)
+        return process_group(self.rank, self.world_size)
 
     def _resolve_together(self, path: str, step: Optional[int], resolve: Any
                           ) -> Optional[Dict[str, Any]]:
         """See :meth:`resumewds.session.JournalSession.resolve_together`."""
-        return self._session.resolve_together(self, path, step, resolve)
+        return self._session.resolve_together(self.rank, self.world_size, path, step, resolve)
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
         """Record atomically, in the journal, the position after ``step``.
