@@ -1,13 +1,13 @@
 """``WebLoader``: the engine's loader with webdataset's fluent loader methods.
 
-:class:`WebLoader` composes :class:`resumewds.shardloader.ShardLoader` (torch's
-DataLoader with an exact, layout-independent resume: ``state_dict``,
-``commit``, the journal, preemption, stats) with
-:class:`resumewds.wds.loaderchain.FluentLoader` (webdataset's
-``.unbatched().shuffle(n).batched(m).with_epoch(k)`` on a loader), and takes
-webdataset's rules for data sets the plan cannot see through
-(:func:`resumewds.wds.loaderchain.route`).  This module and the package's
-``__init__`` are where the core and the WebDataset wing meet.
+:class:`WebLoader` (defined in the wing, :mod:`resumewds.wds.loaderchain`)
+composes :class:`resumewds.shardloader.ShardLoader` (torch's DataLoader with
+an exact, layout-independent resume: ``state_dict``, ``commit``, the
+journal, preemption, stats) with :class:`resumewds.wds.loaderchain.FluentLoader`
+(webdataset's ``.unbatched().shuffle(n).batched(m).with_epoch(k)`` on a
+loader), and takes webdataset's rules for data sets the plan cannot see
+through (:func:`resumewds.wds.loaderchain.route`).  This module and the
+package's ``__init__`` present the wing's names; the core imports neither.
 
 Example:
     >>> import resumewds as rw                                         # doctest: +SKIP
@@ -21,19 +21,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
-from .epochsource import BatchInfo, EmptyBatch
-from .shardloader import STATE_FORMAT, ShardLoader
-from .wds.loaderchain import FluentLoader, route
+from .wds.loaderchain import STATE_FORMAT, BatchInfo, EmptyBatch, WebLoader
 
 __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "WebLoader"]
-
-
-class WebLoader(FluentLoader, ShardLoader):
-    __doc__ = ShardLoader.__doc__
-
-    def __new__(cls, dataset: Any = None, *args: Any, **kw: Any) -> Any:
-        # webdataset's rules where the plan cannot apply them (resumewds/wds/loaderchain.py: route)
-        return route(cls, dataset, args, kw) or super().__new__(cls)
-

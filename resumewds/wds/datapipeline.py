@@ -64,7 +64,6 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import config
-from ..dataset import WebDataset
 from ..errors import ResumeWDSError, StateError
 from ..plan import Layout, Plan
 from ..positions import hide_positions
@@ -74,6 +73,7 @@ from .handlers import reraise_exception
 from .shardlists import ResampledShards, SimpleShardList
 from .splitters import worker_info
 from .utils import PipelineStage
+from .webdataset import WebDataset
 
 __all__ = ["DataPipeline"]
 

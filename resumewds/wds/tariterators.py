@@ -35,6 +35,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Uni
 
 from ..indexing import framed_prefix, salvage_shard
 from ..tario import split_key
+from ..urls import expand_braces
+from .gopen import gopen
 from .handlers import reraise_exception
 
 __all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist",
@@ -85,8 +87,6 @@ class _PipeStream:
 def open_url(url: str) -> Any:
     """A readable binary stream for a local path, ``file:`` url, ``pipe:`` command or http(s) url
     (:func:`resumewds.gopen.gopen`: ``GOPEN_REWRITE`` and ``utils.enforce_security`` apply)."""
-    from .gopen import gopen
-
     return gopen(url, "rb")
 
 
@@ -213,8 +213,6 @@ def shardlist(urls: Union[str, Iterable[str]], *, shuffle: bool = False) -> Iter
         >>> [d["url"] for d in shardlist("a-{0..1}.tar")]
         ['a-0.tar', 'a-1.tar']
     """
-    from ..sources import expand_braces
-
     out = expand_braces(urls) if isinstance(urls, str) else list(urls)
     if shuffle:
         random.shuffle(out)
