@@ -60,8 +60,8 @@ class _WingAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
                   target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
         pkg, _, name = fullname.rpartition(".")
-        if pkg != __name__ or name not in _WING:
-            return None
+        if name not in _WING or sys.modules.get(pkg) is not sys.modules[__name__]:
+            return None  # (the package under another name too: sys.modules["webdataset"] = resumewds)
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:

@@ -95,6 +95,9 @@ def test_wing_modules_load_lazily_and_gopen_stays_a_function():
             "import resumewds.utils as u, resumewds.urls as core\n"
             "u.enforce_security = True\n"
             "assert core.enforce_security is True\n"
+            "sys.modules['webdataset'] = rw  # the package under another name: its wing too\n"
+            "import webdataset.mix\n"
+            "assert webdataset.mix is sys.modules['resumewds.wds.mix']\n"
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
