@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import multiprocessing
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -80,7 +81,7 @@ _STRIDED: List[Any] = []  # [torch.strided], set with _TENSOR
 def _tensor_type() -> Any:
     global _TENSOR
     if _TENSOR is None:
-        import torch
+        import torch  # lazy: torch (heavy), only where tensors are handled
 
         _STRIDED.append(torch.strided)
         _TENSOR = torch.Tensor
@@ -261,7 +262,7 @@ def _fill(x: Any, leaf: Callable[[int, Any], Any], refs: Any, done: Dict[int, An
 
 
 def _uint8() -> Any:
-    import torch
+    import torch  # lazy: torch (heavy), only where tensors are handled
 
     return torch.uint8
 
@@ -269,7 +270,7 @@ def _uint8() -> Any:
 def _slot_view(mm: mmap.mmap, offset: int, n: int) -> Any:
     """``n`` bytes of the mapping at ``offset`` as a uint8 tensor (no copy; the
     caller copies into or out of it at once and drops it)."""
-    import torch
+    import torch  # lazy: torch (heavy), only where tensors are handled
 
     return torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=offset)
 
@@ -301,8 +302,6 @@ class TensorSlots:
     """
 
     def __init__(self, num_workers: int, slots: int, slot_bytes: int = TENSOR_SLOT_BYTES):
-        import multiprocessing
-
         self.num_workers, self.slots = int(num_workers), int(slots)
         self.slot_bytes = -(-int(slot_bytes) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.mm: Optional[mmap.mmap] = mmap.mmap(-1, self.num_workers * self.slots * self.slot_bytes)
@@ -319,7 +318,7 @@ class TensorSlots:
         mm = self.mm
         if mm is None or not 0 < nbytes <= self.slot_bytes:
             return None
-        import torch
+        import torch  # lazy: torch (heavy), only where tensors are handled
 
         for s in range(self.slots):
             idx = worker * self.slots + s
@@ -334,8 +333,8 @@ class TensorSlots:
     def collate(self, worker: int) -> Callable[[List[Any]], Any]:
         """torch's ``default_collate``, with batch tensors over
         :data:`MAX_TENSOR` bytes stacked into a free slot of ``worker``."""
-        import torch
-        from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+        import torch  # lazy: torch (heavy), only where tensors are handled
+        from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map  # lazy: torch
 
         def stack(batch: Any, *, collate_fn_map: Any = None) -> Any:
             elem = batch[0]
@@ -388,7 +387,7 @@ class TensorSlots:
         """The tensor ``m`` stands for, over the slot's memory (no copy); the
         slot is released when every tensor over it is gone.  ``views``: the
         slots' buffers of one batch (one release per slot and batch)."""
-        import torch
+        import torch  # lazy: torch (heavy), only where tensors are handled
 
         buf = views.get(m.slot)
         if buf is None:
@@ -439,8 +438,6 @@ class BytesRing:
 
     def __init__(self, num_workers: int, slots: int, slot_bytes: int, tensor_slots: int = 0,
                  tensor_slot_bytes: int = TENSOR_SLOT_BYTES):
-        import multiprocessing
-
         self.num_workers, self.slots = int(num_workers), int(slots)
         self.slot_bytes = -(-int(slot_bytes) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.mm: Optional[mmap.mmap] = mmap.mmap(-1, self.num_workers * self.slots * self.slot_bytes)
@@ -523,7 +520,7 @@ class BytesRing:
                 if marker is _LEAF:
                     v = mm[a:e]
                 else:  # a new tensor, one copy out of the slot
-                    import torch
+                    import torch  # lazy: torch (heavy), only where tensors are handled
 
                     v = torch.empty(marker.shape, dtype=marker.dtype)
                     v.reshape(-1).view(torch.uint8).copy_(_slot_view(mm, a, e - a))
