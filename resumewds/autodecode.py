@@ -58,8 +58,9 @@ import tempfile
 from functools import partial as _partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
-from . import utils
+from . import config, utils
 from .errors import DecodeError, UnsafeSourceError
+from .tenbin import decode_buffer
 
 __all__ = ["Continue", "Decoder", "DecodingError", "IMAGE_EXTENSIONS", "ImageHandler",
            "basichandlers", "cbor_loads", "decode_image", "decoders", "gzfilter",
@@ -122,8 +123,6 @@ def torch_loads(data: bytes) -> Any:
     _security_check("torch.loads is not allowed for security reasons when enforce_security is set.")
     import torch
 
-    from . import config
-
     weights_only = bool(config.value("pytorch_weights_only"))
     return torch.load(io.BytesIO(data), weights_only=weights_only, map_location="cpu")
 
@@ -176,8 +175,6 @@ def cbor_loads(data: bytes) -> Any:
 
 def tenbin_loads(data: bytes) -> List[Any]:
     """webdataset's tenbin format (``.ten``): a list of numpy arrays (see :mod:`resumewds.tenbin`)."""
-    from .tenbin import decode_buffer
-
     return decode_buffer(data)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional
 
+from ..mixstatus import format_mixture
 from .schema import dumps
 
 
@@ -52,8 +53,6 @@ def format_status(st: Dict[str, Any]) -> str:
         lines.append(f"epoch {cons['epoch']}: {cons['shards_complete']}/{cons['shards_started']} "
                      f"shards done, {cons['samples']} samples")
     if st.get("mixture"):  # a mixture run (report.complete_status): one line per source
-        from ..mixdataset import format_mixture
-
         lines.extend(format_mixture(st["mixture"]).splitlines())
     elif st.get("mixture_error"):
         lines.append(f"mixture  {st['mixture_error']}")
