@@ -4,7 +4,7 @@ The mixture is a pure function of its stored config, so ``resumewds status``,
 the report and a live :class:`~resumewds.mixdataset.MixedDataset` compute the
 same per-source numbers from ``(config, epoch, position)`` without the data.
 No I/O: :mod:`resumewds.journal` (its text rendering) and
-:mod:`resumewds.report` import this without loading the dataset stack.
+:mod:`resumewds.rundata` import this without loading the dataset stack.
 """
 
 from __future__ import annotations

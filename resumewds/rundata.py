@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .journal import RunReader, summarize
 from .mixstatus import mixture_status
 
+#: at most this many commits per rank, and events per kind, go into load_run's data
 MAX_POINTS = 2000
 MAX_EVENTS = 5000
 
@@ -47,6 +48,7 @@ TIMELINE_KINDS: Dict[str, str] = {
     "skip_steps": "#e84393",
 }
 
+#: shard states in display order (the status counts, the report's shard map), with colours
 STATE_COLORS: Dict[str, str] = {
     "verified": "#2e9e5b",
     "downloaded": "#74b9ff",
