@@ -43,6 +43,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
+from . import config
+
 log = logging.getLogger("resumewds")
 
 
@@ -155,8 +157,6 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
 
 def node_key() -> str:
     """What identifies a shared cache: ``hostname:RESUMEWDS_CACHE_DIR``."""
-    from . import config
-
     return f"{socket.gethostname()}:{os.path.realpath(config.cache_dir())}"
 
 

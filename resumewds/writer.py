@@ -54,6 +54,7 @@ import xxhash
 
 from . import tario, urls
 from .manifest import Manifest, ShardInfo, load_manifest
+from .tenbin import encode_buffer
 
 __all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
            "imageencoder", "make_encoder", "make_handlers", "numpy_dumps", "torch_dumps"]
@@ -138,8 +139,6 @@ def numpy_npz_dumps(data: Dict[str, Any]) -> bytes:
 
 def tenbin_dumps(x: Any) -> bytes:
     """A numpy array, or a list of them, in webdataset's tenbin format (``.ten``)."""
-    from .tenbin import encode_buffer
-
     return encode_buffer(x if isinstance(x, list) else [x])
 
 
