@@ -18,6 +18,11 @@ Where things are (read in this order)::
                  4 for a shuffled window, else 2), within cache_size
     bulk.py      the CLI's passes over a manifest: verify_all, prefetch_all
 
+prefetch.py, bulk.py and :mod:`resumewds.repair` call the store back only
+through its public protocol (:class:`resumewds.storeapi.StoreAPI`: ``ensure``,
+``check_local``, ``emit``, ``count``, ``evict``, ``session``, ``close_session``,
+``write_meta``); the store imports them, never the other way round.
+
 The life of one remote entry (details at :class:`~resumewds.cache.layout.EntryState`)::
 
     absent --download (.partial, hashed as written)--> partial

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Un
 import xxhash
 
 from .. import config as _config
+from ..compressed import open_view
 from ..digests import check_copy, index_key
 from ..errors import (
     CacheError,
@@ -53,6 +54,7 @@ from ..fetch import (
 )
 from ..manifest import ShardInfo
 from ..redact import redact_url
+from ..repair import repair_download, repair_entry
 from . import eviction, layout
 from .bulk import prefetch_all, verify_all
 from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error, not_a_complete_tar
@@ -288,7 +290,9 @@ class ShardStore:
         return self._prefetch.threads
 
     # ---- events -----------------------------------------------------------------------------
-    def _emit(self, kind: str, url: str, **detail: Any) -> None:
+    def emit(self, kind: str, url: str, **detail: Any) -> None:
+        """Record an event: count it, print it under ``RESUMEWDS_VERBOSE_CACHE``,
+        pass it to ``on_event``."""
         key = str(kind)  # counters are keyed by the plain string
         with self._mu:
             self.counters[key] += 1
@@ -302,7 +306,8 @@ class ShardStore:
         if self.on_event is not None:
             self.on_event(kind, url, **detail)
 
-    def _count(self, name: str) -> None:
+    def count(self, name: str) -> None:
+        """Add one to ``counters[name]`` (no event)."""
         with self._mu:
             self.counters[name] += 1
 
@@ -328,13 +333,14 @@ class ShardStore:
             else:
                 budget.done_at = time.monotonic()
 
-    def _session(self) -> Any:
+    def session(self) -> Any:
+        """This thread's HTTP session (made on first use)."""
         s = getattr(self._tl, "session", None)
         if s is None:
             s = self._tl.session = new_session()
         return s
 
-    def _close_session(self) -> None:
+    def close_session(self) -> None:
         """Close this thread's HTTP session (its pooled connections)."""
         s = getattr(self._tl, "session", None)
         if s is not None:
@@ -381,8 +387,12 @@ class ShardStore:
     def _read_meta(self, base: str) -> Optional[Dict[str, Any]]:
         return layout.read_meta(base)
 
-    def _write_meta(self, base: str, url: str, xxh: Optional[str], synced: bool) -> None:
-        layout.write_meta(base, url, xxh, synced)
+    def write_meta(self, base: str, url: str, xxh3_64: Optional[str], synced: bool) -> None:
+        """Publish the meta that makes the file ``base`` the verified entry of ``url``
+        (see :func:`resumewds.cache.layout.write_meta`)."""
+        layout.write_meta(base, url, xxh3_64, synced)
+
+    _write_meta = write_meta  # the name it had before it was public
 
     # ---- public API -------------------------------------------------------------------------
     def acquire(self, shard: ShardInfo) -> LocalShard:
@@ -398,11 +408,10 @@ class ShardStore:
                 something that is not a complete tar.
             CacheError: the cache directory is unusable.
         """
-        from ..compressed import open_view  # .tar.gz/.tar.zst: its decompressed copy
+        return open_view(self, self._acquire(shard, pin=True))  # .tar.gz/.tar.zst: its decompressed copy
 
-        return open_view(self, self._acquire(shard, pin=True))
-
-    def ensure(self, shard: ShardInfo, tar: bool = True) -> str:
+    def ensure(self, shard: ShardInfo, tar: bool = True, *, policy: Optional[str] = None,
+               progress: Optional[ProgressFn] = None, reader: bool = True) -> str:
         """Like :meth:`acquire` but unpinned; returns the path.
 
         Args:
@@ -410,9 +419,24 @@ class ShardStore:
             tar: the object is a tar shard (checked to be a complete tar
                 before it is published when its checksum is unknown); False
                 for other files (a manifest's offsets file).
+            policy: the verify policy of this call; None: the store's ``verify``.
+            progress: called with the number of bytes hashed or fetched, as they are.
+            reader: False for a prefetch: its failure keeps the shard's fetch
+                budget spent for the reader to meet (see :mod:`resumewds.cache.prefetch`).
         """
-        ls = self._acquire(shard, pin=False, tar=tar)
+        ls = self._acquire(shard, pin=False, policy=policy, progress=progress, tar=tar, reader=reader)
         return ls.path
+
+    def check_local(self, shard: ShardInfo, policy: str = "always", progress: Optional[ProgressFn] = None) -> str:
+        """Verify the local (not cached) shard ``shard`` in place under the verify
+        ``policy``; returns its path.
+
+        Raises:
+            ShardNotFoundError / PermanentFetchError: it cannot be read.
+            ChecksumMismatch: its size, checksum or a sample digest is wrong.
+            ShardFormatError: the manifest lists fewer samples than it holds.
+        """
+        return self._check_local(shard, policy, progress)
 
     def _acquire(self, shard: ShardInfo, pin: bool, policy: Optional[str] = None,
                  progress: Optional[ProgressFn] = None, tar: bool = True, reader: bool = True) -> LocalShard:
@@ -442,7 +466,7 @@ class ShardStore:
         except OSError as exc:
             raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
         if shard.size is not None and st.st_size != shard.size:
-            self._emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
+            self.emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
             raise ChecksumMismatch(path, str(shard.size), str(st.st_size), what="size")
         if shard.xxh3_64 is None or policy == "never":
             return path
@@ -467,10 +491,10 @@ class ShardStore:
             raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
         actual = h.hexdigest()
         if actual != shard.xxh3_64.lower():
-            self._emit(K.VERIFY_FAIL, shard.url, expected=shard.xxh3_64, actual=actual)
+            self.emit(K.VERIFY_FAIL, shard.url, expected=shard.xxh3_64, actual=actual)
             raise ChecksumMismatch(path, shard.xxh3_64, actual)
-        check_copy(path, shard, self._emit)  # the manifest's samples: where they end, their digests
-        self._emit(K.VERIFY_OK, shard.url)
+        check_copy(path, shard, self.emit)  # the manifest's samples: where they end, their digests
+        self.emit(K.VERIFY_OK, shard.url)
         self._verified_local.add(key)
         try:  # best effort: a read-only cache dir falls back to memory
             os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
@@ -493,7 +517,7 @@ class ShardStore:
         if meta is None or not layout.names(meta, shard.url):
             return EntryState.UNTRUSTED, skey
         if shard.size is not None and st.st_size != shard.size:
-            self._emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
+            self.emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
             return EntryState.CORRUPT, skey
         expected = (shard.xxh3_64 or meta.get("xxh3_64") or "").lower() or None
         # written without fsync in an earlier boot: the crash that ended that
@@ -519,13 +543,13 @@ class ShardStore:
                 return EntryState.ABSENT, None
             raise
         if actual != expected:
-            self._emit(K.VERIFY_FAIL, shard.url, expected=expected, actual=actual)
+            self.emit(K.VERIFY_FAIL, shard.url, expected=expected, actual=actual)
             return EntryState.CORRUPT, skey
-        check_copy(base, shard, self._emit)  # the manifest's samples: where they end, their digests
-        self._emit(K.VERIFY_OK, shard.url)
+        check_copy(base, shard, self.emit)  # the manifest's samples: where they end, their digests
+        self.emit(K.VERIFY_OK, shard.url)
         if changed:
             # read back from disk after a reboot: those bytes are durable now
-            self._write_meta(base, shard.url, expected, synced=stale or meta.get("synced", True) is True)
+            self.write_meta(base, shard.url, expected, synced=stale or meta.get("synced", True) is True)
         return EntryState.VERIFIED, skey
 
     def _acquire_remote(self, shard: ShardInfo, pin: bool, policy: str, progress: Optional[ProgressFn],
@@ -539,7 +563,7 @@ class ShardStore:
             before = layout.signature(base)
             state, skey = self._check_entry(shard, base, policy, progress)
             if state is EntryState.VERIFIED:
-                self._emit(K.CACHE_HIT, shard.url)
+                self.emit(K.CACHE_HIT, shard.url)
             else:
                 dl = layout.open_file(base + ".dl", os.O_RDWR | os.O_CREAT, "open download lock")
                 try:
@@ -548,7 +572,7 @@ class ShardStore:
                     if layout.signature(base) != before:
                         state, skey = self._check_entry(shard, base, policy, progress)
                     if state is EntryState.VERIFIED:
-                        self._emit(K.CACHE_HIT, shard.url)
+                        self.emit(K.CACHE_HIT, shard.url)
                     else:
                         self._fill(shard, base, policy, progress, skey if state is EntryState.CORRUPT else None,
                                    budget, tar)
@@ -574,42 +598,40 @@ class ShardStore:
         repairs = 0
         state, skey = self._check_entry(shard, base, policy, progress, known_bad)
         if state is EntryState.VERIFIED:
-            self._emit(K.CACHE_HIT, url)
+            self.emit(K.CACHE_HIT, url)
             return
         if state is EntryState.UNTRUSTED:
             # killed between publish and meta: adopt it if a known checksum proves it
             if shard.xxh3_64 is not None:
                 size, actual = self._hash(base, progress)
                 if actual == shard.xxh3_64.lower() and (shard.size is None or size == shard.size):
-                    self._emit(K.VERIFY_OK, url)
-                    self._write_meta(base, url, actual, synced=self._make_durable(base))
-                    self._emit(K.CACHE_HIT, url)
+                    self.emit(K.VERIFY_OK, url)
+                    self.write_meta(base, url, actual, synced=self._make_durable(base))
+                    self.emit(K.CACHE_HIT, url)
                     return
             layout.remove(base)
         elif state is EntryState.CORRUPT:
             repairs += 1
-            from ..repair import repair_entry  # re-fetch only the samples that fail
-
             if (self.max_repairs is None or repairs <= self.max_repairs) and \
-                    repair_entry(self, shard, base, budget):
-                self._emit(K.CACHE_HIT, url)
+                    repair_entry(self, shard, base, budget):  # re-fetch only the samples that fail
+                self.emit(K.CACHE_HIT, url)
                 return
             layout.remove(base + ".meta")
             layout.remove(base)
             if self.max_repairs is not None and repairs > self.max_repairs:
                 raise ChecksumMismatch(f"cached copy of {url} ({base})", shard.xxh3_64 or str(shard.size),
                                        "a corrupt cached copy")
-            self._emit(K.REPAIR, url, attempt=repairs)
-        self._emit(K.CACHE_MISS, url)
+            self.emit(K.REPAIR, url, attempt=repairs)
+        self.emit(K.CACHE_MISS, url)
         partial = base + ".partial"
         while True:
             if layout.lstat(partial) is None:
                 layout.remove(partial + ".etag")
             # the download is about to add up to shard.size bytes: make room first
-            self._evict(reserve=shard.size or 0)
+            self.evict(reserve=shard.size or 0)
             # hashed from the bytes as they were written: no read-back
             res = fetch_to_file(url, partial, expected_size=shard.size, config=self.fetch,
-                                on_event=self._emit, session=self._session(), budget=budget)
+                                on_event=self.emit, session=self.session(), budget=budget)
             synced = self._make_durable(partial)
             if progress is not None:
                 progress(res.size)
@@ -620,9 +642,7 @@ class ShardStore:
                 bad = (str(shard.size), str(res.size), "size")
             elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
                 bad = (shard.xxh3_64, actual, "xxh3_64")
-                from ..repair import repair_download  # re-fetch only the samples that fail
-
-                fixed = repair_download(self, shard, partial, budget)
+                fixed = repair_download(self, shard, partial, budget)  # re-fetch only the samples that fail
                 if fixed is not None:
                     actual, bad = fixed, None
             elif shard.xxh3_64 is None and tar:
@@ -633,7 +653,7 @@ class ShardStore:
                     bad = ("a complete tar", str(failure), "format")
             if bad is None:
                 break
-            self._emit(K.VERIFY_FAIL, url, expected=bad[0], actual=bad[1])
+            self.emit(K.VERIFY_FAIL, url, expected=bad[0], actual=bad[1])
             layout.remove(partial)
             layout.remove(partial + ".etag")
             repairs += 1
@@ -643,19 +663,19 @@ class ShardStore:
             # a corrupt download was a failed attempt of the same budget
             if budget.exhausted or (self.max_repairs is not None and repairs > self.max_repairs):
                 raise failure
-            self._emit(K.REPAIR, url, attempt=repairs)
+            self.emit(K.REPAIR, url, attempt=repairs)
         if shard.xxh3_64 is not None:
-            check_copy(partial, shard, self._emit, discard=True)  # the samples: where they end, their digests
-            self._emit(K.VERIFY_OK, url)
+            check_copy(partial, shard, self.emit, discard=True)  # the samples: where they end, their digests
+            self.emit(K.VERIFY_OK, url)
         try:
             os.replace(partial, base)
         except OSError as exc:
             raise cache_error(exc, self.shards_dir, "publish the download") from exc
         layout.remove(partial + ".etag")
-        self._write_meta(base, url, actual, synced=synced)
+        self.write_meta(base, url, actual, synced=synced)
         # With sync="fsync" the data was fsynced before the rename; the directory is not:
         # after a power cut the newest entries may be missing and are fetched again.
-        self._evict()
+        self.evict()
 
     @staticmethod
     def _not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
@@ -673,18 +693,20 @@ class ShardStore:
 
     def make_room(self, nbytes: int) -> None:
         """Evict what is not in use until ``nbytes`` more fit in ``cache_size`` (no-op without one)."""
-        self._evict(reserve=max(0, int(nbytes)))
+        self.evict(reserve=max(0, int(nbytes)))
 
-    def _evict(self, reserve: int = 0, keep: Optional[Set[str]] = None,
+    def evict(self, reserve: int = 0, keep: Optional[Set[str]] = None,
                reserved: Optional[Set[str]] = None) -> int:
         """Evict least recently used entries until the cache plus ``reserve``
         fits ``cache_size``; see :func:`resumewds.cache.eviction.evict`."""
-        return eviction.evict(self.shards_dir, self.cache_size, self._emit, reserve, keep, reserved)
+        return eviction.evict(self.shards_dir, self.cache_size, self.emit, reserve, keep, reserved)
+
+    _evict = evict  # the name it had before it was public
 
     def _evict_on_release(self) -> None:
         """A pin was released: what is no longer in use may go, except what
         prefetch fetched for later."""
-        self._evict(keep=self._prefetch.kept())
+        self.evict(keep=self._prefetch.kept())
 
     # ---- prefetch (resumewds.cache.prefetch) ------------------------------------------------
     def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2, window: int = 0) -> None:
@@ -712,10 +734,10 @@ class ShardStore:
         self._prefetch.stop()
         if self.cache_size is not None:
             try:
-                self._evict()  # nothing is wanted for later any more
+                self.evict()  # nothing is wanted for later any more
             except ResumeWDSError:
                 pass
-        self._close_session()
+        self.close_session()
 
     def __enter__(self) -> ShardStore:
         return self
