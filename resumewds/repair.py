@@ -2,7 +2,7 @@
 
 A cached entry (or a finished download) whose whole-shard xxh3_64 fails is
 checked sample by sample against the manifest's sample digests
-(:mod:`resumewds.digests`); the byte ranges of the samples that fail, plus
+(:mod:`resumewds.digests`, checked by :mod:`resumewds.samplecheck`); the byte ranges of the samples that fail, plus
 the few bytes no digest covers (before the first sample, and the
 end-of-archive marker after the last), are fetched with HTTP ``Range``
 requests (neighbours coalesced into one request), each fetched sample is
@@ -41,7 +41,6 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import xxhash
 
-from . import digests as dg
 from . import tario
 from .errors import ChecksumMismatch, FetchError, IntegrityError, TransientFetchError
 from .fetch import FetchBudget, is_remote_url, new_session
@@ -49,6 +48,7 @@ from .fetch.attempt import _Pace
 from .fetch.errormap import _status_error, _translate
 from .fetch.http import _CONTENT_RANGE
 from .fetch.retry import _retry
+from .samplecheck import BadSample, bad_samples
 from .storeapi import StoreAPI
 
 __all__ = ["RangeRepair", "coalesce", "fetch_range", "read_samples_by_range", "repair_download", "repair_entry",
@@ -77,7 +77,7 @@ class RangeRepair:
     """
 
     ok: bool
-    samples: List[dg.BadSample] = field(default_factory=list)
+    samples: List[BadSample] = field(default_factory=list)
     ranges: List[Tuple[int, int]] = field(default_factory=list)
     bytes_fetched: int = 0
     xxh3_64: Optional[str] = None
@@ -219,7 +219,7 @@ def _range_body(url: str, chunks: Iterable[bytes], start: int, end: int, pace: A
 def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any, on_event: Any = None) -> bytes:
     """:func:`fetch_range` for ``s3://``: a ranged GetObject through the s3 transport's
     client (its timeouts near the deadline, its error map), our retry policy and budget."""
-    from .fetch import s3  # the s3 transport, loaded at the first s3 use (as its registry entry is)
+    from .fetch import s3  # lazy: the s3 transport loads boto3; only s3:// shards pay for it
 
     bucket, key = s3.parse_s3_url(url)
 
@@ -297,7 +297,7 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
         with open(path, "r+b") as f:
             if os.fstat(f.fileno()).st_size != size:
                 f.truncate(size)  # a truncated (or overlong) copy: its missing samples fail below
-        bads = dg.bad_samples(path, shard)
+        bads = bad_samples(path, shard)
     except OSError:
         return None
     # bytes no sample digest covers: before the first sample, and the tar trailer

@@ -28,7 +28,6 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from .digests import LazyDigests
 from .errors import SourceError, UnsafeSourceError
 from .fetch.transport import is_local_url, is_remote_object, is_remote_url
 from .gopen import rewrite_url
@@ -41,6 +40,7 @@ from .manifest import (
     load_manifest,
     parse_manifest_bytes,
 )
+from .sampledigests import LazyDigests
 from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
 from .utils import check_source_allowed
 

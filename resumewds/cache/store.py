@@ -30,7 +30,6 @@ import xxhash
 
 from .. import config as _config
 from ..compressed import open_view
-from ..digests import check_copy, index_key
 from ..errors import (
     CacheError,
     ChecksumMismatch,
@@ -55,6 +54,7 @@ from ..fetch import (
 from ..manifest import ShardInfo
 from ..redact import redact_url
 from ..repair import repair_download, repair_entry
+from ..samplecheck import check_copy, index_key
 from . import eviction, layout
 from .bulk import prefetch_all, verify_all
 from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error, not_a_complete_tar
