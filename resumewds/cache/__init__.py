@@ -10,9 +10,11 @@ Where things are (read in this order)::
     layout.py    one entry on disk: its files (shard, .partial, .meta, .lock, .dl),
                  the meta format, EntryState (the entry's life, documented at the
                  enum), and the symlink-refusing file primitives
-    store.py     ShardStore and LocalShard: acquire, verify local files, classify an
-                 entry, fill / adopt / repair and publish it; the pin and download
-                 locks; the fork registry
+    locks.py     the pin (LocalShard, released on close) and the download lock
+                 (lock_download: waits for another downloader within the budget)
+    local.py     local shards: verified in place, the "verified" marks
+    store.py     ShardStore: acquire, classify an entry, fill / adopt / repair and
+                 publish it; the per-shard fetch budgets; the fork registry
     eviction.py  LRU within cache_size: scan, evict (never a pinned entry)
     prefetch.py  Prefetcher: the background download threads (prefetch_threads:
                  4 for a shuffled window, else 2), within cache_size

@@ -1,17 +1,16 @@
-"""The store: a verified local file for each shard (fill, verify, repair, publish, locks).
+"""The store: a verified local file for each shard (fill, verify, repair, publish).
 
-:class:`ShardStore` hands readers a :class:`LocalShard`.  Local shards are
-verified in place; a remote shard's entry (:mod:`resumewds.cache.layout`)
-is looked at under its pin lock, and filled, repaired or adopted under its
-download lock; eviction and prefetch are :mod:`resumewds.cache.eviction`
-and :mod:`resumewds.cache.prefetch`.
+:class:`ShardStore` hands readers a :class:`~resumewds.cache.locks.LocalShard`.
+Local shards are verified in place (:mod:`resumewds.cache.local`); a remote
+shard's entry (:mod:`resumewds.cache.layout`) is looked at under its pin
+lock, and filled, repaired (:mod:`resumewds.repair`) or adopted under its
+download lock (:mod:`resumewds.cache.locks`); eviction and prefetch are
+:mod:`resumewds.cache.eviction` and :mod:`resumewds.cache.prefetch`.  The
+modules it calls back through (prefetch, bulk, repair) see only its public
+protocol, :class:`resumewds.storeapi.StoreAPI`.
 
-Two locks per entry, both ``fcntl.flock`` (they vanish with the process
-that held them, so a killed process never blocks the others): ``.lock``
-pins (readers hold it shared while they read, the evictor needs it
-exclusive), ``.dl`` admits one downloader at a time.  A reader never
-upgrades its pin: an upgrade waits for every other reader's pin, and a
-reader that pins a shard and then idles would block it forever.
+A reader never upgrades its pin: an upgrade waits for every other reader's
+pin, and a reader that pins a shard and then idles would block it forever.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-import xxhash
-
 from .. import config as _config
 from ..compressed import open_view
 from ..errors import (
@@ -36,8 +33,6 @@ from ..errors import (
     PermanentFetchError,
     ResumeWDSError,
     ShardFormatError,
-    ShardNotFoundError,
-    TransientFetchError,
     UnsafeSourceError,
 )
 from ..events import EventKind as K
@@ -48,16 +43,16 @@ from ..fetch import (
     fetch_to_file,
     is_local_url,
     is_remote_url,
-    local_path,
     new_session,
 )
 from ..manifest import ShardInfo
 from ..redact import redact_url
 from ..repair import repair_download, repair_entry
-from ..samplecheck import check_copy, index_key
-from . import eviction, layout
+from ..samplecheck import check_copy
+from . import eviction, layout, local
 from .bulk import prefetch_all, verify_all
-from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error, not_a_complete_tar
+from .layout import EntryState, ProgressFn, cache_error, not_a_complete_tar
+from .locks import LocalShard, lock_download
 from .prefetch import Prefetcher
 
 EventFn = Callable[..., None]
@@ -86,99 +81,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def lock_download(dl: int, url: str, budget: FetchBudget, base: str) -> None:
-    """Take the download lock ``dl`` of entry ``base``, waiting for another
-    downloader (a prefetch thread, another process) no longer than what is
-    left of the budget; past it, only while that download is seen to
-    progress at the minimum rate (its ``.partial`` grows), as a download of
-    our own would be let finish."""
-    try:
-        fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
-    cfg = budget.config
-    t0 = time.monotonic()
-    pause = 0.005
-    mark: Optional[Tuple[float, int]] = None
-    while True:
-        left = budget.remaining()
-        if left <= 0:
-            now = time.monotonic()
-            st = layout.lstat(base + ".partial")
-            size = st.st_size if st is not None else -1
-            if mark is None and cfg.min_rate and size >= 0:
-                mark = (now, size)  # the other download is under way: is it progressing?
-            elif mark is None or now - mark[0] >= cfg.rate_window:
-                if mark is None or size < 0 or size - mark[1] < cfg.min_rate * (now - mark[0]):
-                    raise TransientFetchError(
-                        f"{url}: waited {now - t0:.1f}s for another download of this shard (a prefetch thread "
-                        f"or another process) and reached the fetch deadline of {cfg.deadline:g}s "
-                        f"(RESUMEWDS_FETCH_DEADLINE)", url)
-                mark = (now, size)
-            left = cfg.rate_window
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.1)
-        try:
-            fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            continue
-
-
-class LocalShard:
-    """A shard available as a local file, pinned until :meth:`close`.
-
-    Attributes:
-        path: the file to read (with ``os.pread``).
-        shard: the :class:`ShardInfo` it is for.
-        cached: True when ``path`` is inside the cache.
-    """
-
-    def __init__(self, path: str, shard: ShardInfo, lock_fd: Optional[int] = None, cached: bool = False,
-                 on_release: Optional[Callable[[], None]] = None):
-        self.path = path
-        self.shard = shard
-        self.cached = cached
-        self._lock_fd = lock_fd
-        self._on_release = on_release
-
-    @property
-    def pinned(self) -> bool:
-        return self._lock_fd is not None
-
-    def close(self) -> None:
-        """Release the pin (the entry may be evicted afterwards, and the
-        store evicts what its ``cache_size`` no longer holds)."""
-        self._release(hook=True)
-
-    def _release(self, hook: bool) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            try:
-                os.close(fd)  # closing the descriptor drops its flock
-            except OSError:
-                pass
-            fn, self._on_release = self._on_release, None
-            if fn is not None and hook:
-                try:
-                    fn()  # the store evicts what its budget no longer holds
-                except (ResumeWDSError, OSError):
-                    pass
-
-    def __enter__(self) -> LocalShard:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self._release(hook=False)  # no eviction from a garbage collector's arbitrary moment
-
-    def __repr__(self) -> str:
-        return f"LocalShard({self.path!r}, pinned={self.pinned})"
 
 
 class ShardStore:
@@ -456,52 +358,9 @@ class ShardStore:
         finally:
             self._budget_done(shard.url, budget, ok, reader)
 
-    # ---- local shards -----------------------------------------------------------------------
+    # ---- local shards (resumewds.cache.local) ----------------------------------------------
     def _check_local(self, shard: ShardInfo, policy: str, progress: Optional[ProgressFn]) -> str:
-        path = local_path(shard.url)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError as exc:
-            raise ShardNotFoundError(f"{path}: no such file", shard.url) from exc
-        except OSError as exc:
-            raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
-        if shard.size is not None and st.st_size != shard.size:
-            self.emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
-            raise ChecksumMismatch(path, str(shard.size), str(st.st_size), what="size")
-        if shard.xxh3_64 is None or policy == "never":
-            return path
-        key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
-                             f"{st.st_ctime_ns}\0{shard.xxh3_64.lower()}{index_key(shard)}".encode()
-                             ).hexdigest()  # utime cannot fake dev, inode or ctime
-        marker = os.path.join(self.cache_dir, "verified", key)
-        if policy == "once" and (key in self._verified_local or os.path.exists(marker)):
-            self._verified_local.add(key)
-            return path
-        try:
-            with open(path, "rb") as f:
-                h = xxhash.xxh3_64()
-                while True:
-                    b = f.read(HASH_CHUNK)
-                    if not b:
-                        break
-                    h.update(b)
-                    if progress is not None:
-                        progress(len(b))
-        except OSError as exc:
-            raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
-        actual = h.hexdigest()
-        if actual != shard.xxh3_64.lower():
-            self.emit(K.VERIFY_FAIL, shard.url, expected=shard.xxh3_64, actual=actual)
-            raise ChecksumMismatch(path, shard.xxh3_64, actual)
-        check_copy(path, shard, self.emit)  # the manifest's samples: where they end, their digests
-        self.emit(K.VERIFY_OK, shard.url)
-        self._verified_local.add(key)
-        try:  # best effort: a read-only cache dir falls back to memory
-            os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600))
-        except OSError:
-            pass
-        return path
+        return local.check_local(shard, policy, progress, self.cache_dir, self._verified_local, self.emit)
 
     # ---- remote shards ----------------------------------------------------------------------
     def _check_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
