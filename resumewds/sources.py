@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from .digests import LazyDigests
 from .errors import SourceError, UnsafeSourceError
 from .fetch.transport import is_local_url, is_remote_object, is_remote_url
 from .manifest import (
@@ -39,6 +38,7 @@ from .manifest import (
     load_manifest,
     parse_manifest_bytes,
 )
+from .sampledigests import LazyDigests
 from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
 from .urls import check_source_allowed, expand_braces, rewrite_url
 
