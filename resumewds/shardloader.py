@@ -39,7 +39,7 @@ from .plan import Layout
 from .preemption import _LIVE_FLAGS, _preempt_signals, _stop_flag
 from .session import JournalSession, LoaderPlace, process_group
 from .shardset import ShardDataset
-from .shmbatch import TENSOR_SLOT_BYTES, BytesRing, Packed
+from .shmbatch import BytesRing, Packed, ring_for
 from .stages import default_collate
 from .stats import Stats, event_record, flat_scalars, setup_logging
 from .watchdog import WorkerWatchdog, stall_limit
@@ -60,17 +60,13 @@ def _identity(x: Any) -> Any:
 
 
 def _import_worker_modules_now() -> None:
-    """Import, before any worker starts, what every DataLoader worker imports at
-    its first read: the shard store (``resumewds.cache``, first used through
-    ``WebDataset.store`` in the worker) and ``numpy.random`` (torch's worker loop
-    seeds it).  Forked workers then inherit them instead of each importing them
-    before its first batch.  Only imports: nothing is created,
-    no random state is touched; with spawn/forkserver workers it is just unused."""
-    from . import cache, compressed  # noqa: F401
-
-    if "numpy" in sys.modules:  # torch imported it; its worker loop will import numpy.random
+    """Import ``numpy.random`` before any worker starts, when torch brought numpy
+    (torch's worker loop seeds it): forked workers inherit it instead of each
+    importing it before its first batch (the shard store, which every worker
+    uses, is imported with this module already)."""
+    if "numpy" in sys.modules:
         try:
-            import numpy.random  # noqa: F401
+            import numpy.random  # noqa: F401  # lazy: only when torch brought numpy
         except ImportError:  # pragma: no cover
             pass
 
@@ -659,34 +655,8 @@ class ShardLoader(DataLoaderAttributes):
         (no workers, ``transport="queue"``, or workers that are not forked)."""
         if self.num_workers <= 0 or self.transport != "auto":
             return None
-        ctx = kw.get("multiprocessing_context")
-        if ctx is None:
-            import multiprocessing
-
-            method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-        else:
-            method = ctx if isinstance(ctx, str) else ctx.get_start_method()
-        if method != "fork":
-            return None
-        # a slot holds a batch's bytes: twice the average, pages used only when touched
-        size = samples = 0
-        for sh in self.dataset.manifest.shards:
-            if sh.size and sh.samples:
-                size, samples = size + int(sh.size), samples + int(sh.samples)
-        per_sample = size / samples if samples else 1 << 20
-        slot = max(1 << 20, int(2 * self.layout.batch_size * per_sample))
-        slots = int(kw.get("prefetch_factor") or 2) + 2
-        # tensor slots only for the default collation (which the workers then
-        # do into them); a user's collate_fn keeps its own tensors
-        tensor_slots = slots if self._collate and self._collate_fn is default_collate else 0
-        # virtual memory only until used, but at most 4 GB of it in all (many workers)
-        tensor_bytes = max(8 << 20, min(TENSOR_SLOT_BYTES, (4 << 30) // max(1, self.num_workers * slots)))
-        try:
-            return BytesRing(self.num_workers, slots, slot, tensor_slots=tensor_slots,
-                             tensor_slot_bytes=tensor_bytes)
-        except (OSError, ValueError) as exc:  # pragma: no cover - no shared memory here
-            log.debug("shared-memory transport unavailable (%s): batches go through the queue", exc)
-            return None
+        return ring_for(self.num_workers, kw, self.dataset.manifest.shards, self.layout.batch_size,
+                        tensors=self._collate and self._collate_fn is default_collate)
 
     def close(self) -> None:
         """Flush pending journal events, close the journal, release the

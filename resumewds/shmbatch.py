@@ -56,6 +56,7 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import multiprocessing
 import weakref
@@ -72,6 +73,8 @@ MAX_TENSOR = 1 << 20
 
 #: bytes of one tensor slot (virtual memory: a page costs memory only once
 #: a batch has used it); a larger batch tensor takes torch's own path
+log = logging.getLogger("resumewds")
+
 TENSOR_SLOT_BYTES = 64 << 20
 
 _TENSOR: Any = None  # torch.Tensor, once a worker packs (no torch import here before that)
@@ -541,3 +544,41 @@ class BytesRing:
 
     def __getstate__(self) -> Dict[str, Any]:  # pragma: no cover - spawn: never sent
         raise TypeError("BytesRing is inherited by forked workers, never pickled")
+
+
+def ring_for(num_workers: int, kw: Dict[str, Any], shards: Any, batch_size: int,
+             tensors: bool) -> Optional[BytesRing]:
+    """A :class:`BytesRing` sized for ``num_workers`` forked DataLoader workers
+    (``kw``: the DataLoader's keyword arguments) delivering batches of
+    ``batch_size`` samples of ``shards``, or None where workers are not forked
+    or there is no shared memory.  ``tensors``: with tensor slots (the default
+    collation, which the workers then do into them).
+
+    Example:
+        >>> ring_for(2, {"multiprocessing_context": "spawn"}, [], 8, True) is None
+        True
+    """
+    ctx = kw.get("multiprocessing_context")
+    if ctx is None:
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    else:
+        method = ctx if isinstance(ctx, str) else ctx.get_start_method()
+    if method != "fork":
+        return None
+    # a slot holds a batch's bytes: twice the average, pages used only when touched
+    size = samples = 0
+    for sh in shards:
+        if sh.size and sh.samples:
+            size, samples = size + int(sh.size), samples + int(sh.samples)
+    per_sample = size / samples if samples else 1 << 20
+    slot = max(1 << 20, int(2 * batch_size * per_sample))
+    slots = int(kw.get("prefetch_factor") or 2) + 2
+    # tensor slots only for the default collation; a user's collate_fn keeps its own tensors
+    tensor_slots = slots if tensors else 0
+    # virtual memory only until used, but at most 4 GB of it in all (many workers)
+    tensor_bytes = max(8 << 20, min(TENSOR_SLOT_BYTES, (4 << 30) // max(1, num_workers * slots)))
+    try:
+        return BytesRing(num_workers, slots, slot, tensor_slots=tensor_slots, tensor_slot_bytes=tensor_bytes)
+    except (OSError, ValueError) as exc:  # pragma: no cover - no shared memory here
+        log.debug("shared-memory transport unavailable (%s): batches go through the queue", exc)
+        return None

@@ -27,7 +27,11 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
+from . import config
+from .cache import ShardStore
 from .errors import SourceError, UnsafeSourceError
+from .fetch import FetchConfig, fetch_bytes
+from .fetch.s3 import scheme_hint
 from .fetch.transport import is_local_url, is_remote_object, is_remote_url
 from .manifest import (
     ArrayFile,
@@ -40,6 +44,7 @@ from .manifest import (
 )
 from .sampledigests import LazyDigests
 from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
+from .stats import event_record, setup_logging
 from .urls import check_source_allowed, expand_braces, rewrite_url
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], Manifest]
@@ -55,8 +60,6 @@ def _normalise(url: str) -> str:
         return url
     if not is_local_url(url):
         scheme = url.split("://", 1)[0]
-        from .fetch.s3 import scheme_hint  # how other object stores connect (gs://, azure)
-
         raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
                           "(use a local path, file://, http(s)://, s3:// or pipe:)" + scheme_hint(scheme))
     if url.startswith("file://"):
@@ -76,8 +79,6 @@ def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
     journal count shards)."""
     if kind != "retry":
         return
-    from .stats import event_record, setup_logging
-
     setup_logging()
     event_record(kind, url, detail)
 
@@ -86,9 +87,6 @@ def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
 
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
                      cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None) -> Manifest:
-    from . import config
-    from .fetch import FetchConfig, fetch_bytes  # local import: keeps start-up light
-
     cfg = fetch_config or FetchConfig.from_env()
     raw = fetch_bytes(url, cfg, on_event=_log_manifest_event, max_bytes=config.manifest_max_bytes())
     m = parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)
@@ -108,8 +106,6 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
                         if isinstance(s.sample_digests, LazyDigests)})  # version 3's digests file
     if sides_by_id:
         # a version-2 manifest's offsets file comes through the verified cache
-        from .cache import ShardStore
-
         store = ShardStore(cache_dir=cache_dir, fetch=cfg)
         for side in sides_by_id.values():
             if is_remote_object(side.path):
