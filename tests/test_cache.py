@@ -729,7 +729,7 @@ def test_entry_removed_by_a_repairer_while_being_hashed_is_looked_at_again(serve
 
 
 def test_reader_acquires_again_when_a_verified_entry_vanishes_before_it_is_opened(served, tmp_path, monkeypatch):
-    from resumewds.dataset import _ShardReader
+    from resumewds.openshards import ShardReader as _ShardReader
 
     root, srv = served
     data = make_tar(os.path.join(root, "a.tar"))

@@ -222,7 +222,7 @@ def test_a_stage_stop_in_a_mixture_ends_direct_iteration_quietly(shards):
 
 
 def test_a_batch_map_returning_none_is_dropped_and_counted_in_a_mixture_like_the_data_set(shards):
-    from resumewds.pipeline import default_collate
+    from resumewds.stages import default_collate
 
     drop_odd = lambda b: None if any(k.endswith("5") for k in b["__key__"]) else b
     alone = rw.WebDataset(shards[:2]).batched(4, collation_fn=default_collate).map(drop_odd)
@@ -274,7 +274,7 @@ def test_sample_skip_is_an_event_kind_with_its_consumers():
 
 
 def test_a_handler_stop_ends_a_stream_quietly_through_one_helper():
-    from resumewds.handlers import until_stop
+    from resumewds.handling import until_stop
 
     def gen():
         yield 1
