@@ -25,23 +25,14 @@ Example:
 from __future__ import annotations
 
 import os
-import shutil
 import tarfile
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 from chaos.crash import cat_cmd, child_env, run
-from chaos.run import BOUND, Row, Suite, _labelled, _shard_paths, hardening
+from chaos.harness import BOUND, Row, Scenario, Suite, labelled, shard_paths
+from chaos.netrows import hardening
 
-
-def _v3_root(s: Suite, d: str) -> str:
-    """A copy of the suite's shards with a v3 manifest (sample digests)."""
-    import resumewds as rw
-
-    root = os.path.join(d, "srv")
-    shutil.copytree(s.data.root, root)
-    paths = sorted(os.path.join(root, os.path.basename(p)) for p in _shard_paths(s.data))
-    rw.build_manifest(paths, os.path.join(root, "manifest.json"), digests=True)
-    return root
+__all__ = ["fetch_fault_rows", "html_bodies", "tail_200_no_manifest", "v3_range_fault"]
 
 
 def _cut_at_a_sample(path: str) -> str:
@@ -56,15 +47,14 @@ def _cut_at_a_sample(path: str) -> str:
 
 
 def tail_200_no_manifest(s: Suite) -> Row:
+    """Every resume answered 200 with ``Content-Range`` and only the tail: never published as the shard."""
     row = Row("200 with Content-Range tail, no manifest", "exact")
     d = s.tmp("tail200")
     srv = s.server("", range_fault="range200_tail")
     try:
-        names = sorted(os.path.basename(p) for p in _shard_paths(s.data))
-        for p in _shard_paths(s.data):
-            srv.script("/" + os.path.basename(p), [_cut_at_a_sample(p)])
-        p = run(cat_cmd(srv.url + "{" + ",".join(names) + "}", cache_dir=os.path.join(d, "cache"), epochs=1),
-                bound=BOUND)
+        for path in shard_paths(s.data):
+            srv.script("/" + os.path.basename(path), [_cut_at_a_sample(path)])
+        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
         s.judge(row, p)
         row.faults += sum(srv.faults.values())
         if srv.faults["range200_tail"] == 0:
@@ -75,17 +65,12 @@ def tail_200_no_manifest(s: Suite) -> Row:
 
 
 def v3_range_fault(label: str, faults: str, *, range_fault: Optional[str] = None, max_per_path: int = 100000,
-                   cache_size: str = "1") -> Callable[[Suite], Row]:
+                   cache_size: str = "1") -> Scenario:
     """A v3 manifest, ``faults`` on every request and ``range_fault`` on every Range request."""
     def scenario(s: Suite) -> Row:
-        from chaos.faultserver import FaultServer
-
         row = Row(label, "exact")
         d = s.tmp("v3range")
-        root = _v3_root(s, d)
-        srv = FaultServer(root, faults=faults, seed=s.seed, max_faults_per_path=max_per_path,
-                          range_fault=range_fault, manifest=os.path.join(root, "manifest.json")).start()
-        srv.script("/manifest.json", [None] * 1000)
+        srv = s.v3_server(d, faults, max_faults_per_path=max_per_path, range_fault=range_fault)
         try:
             env = dict(child_env(), RESUMEWDS_CACHE_SIZE=cache_size)
             p = run(cat_cmd(srv.url + "manifest.json", cache_dir=os.path.join(d, "cache"), epochs=1),
@@ -100,10 +85,11 @@ def v3_range_fault(label: str, faults: str, *, range_fault: Optional[str] = None
             srv.stop()
         return row
 
-    return _labelled(label, scenario)
+    return labelled(label, scenario)
 
 
 def html_bodies(s: Suite) -> Row:
+    """30% of the responses an HTML 502 page, an HTML page with 200, or gzip; single-process runs."""
     label = "HTML 5xx bodies (30%)"
     row = Row(label, "exact")
     runs = 1 if s.quick else 3
@@ -120,13 +106,13 @@ def html_bodies(s: Suite) -> Row:
     return row
 
 
-def fetch_fault_rows() -> List[Callable[[Suite], Row]]:
-    """The rows above, for :func:`chaos.run.matrix`."""
+def fetch_fault_rows() -> List[Scenario]:
+    """The rows above, for :func:`chaos.run.matrix` (after :func:`chaos.netrows.hardening_rows`)."""
     return [
-        _labelled("200 with Content-Range tail, no manifest", tail_200_no_manifest),
+        labelled("200 with Content-Range tail, no manifest", tail_200_no_manifest),
         v3_range_fault("40% corrupted responses, ranged reads", "flip_data=0.4"),
         v3_range_fault("416 to Range", "", range_fault="range416"),
         hardening("partial 200 to Range", "truncate=0.6", expect="exact", max_per_path=2,
                   range_fault="range200_partial"),
-        _labelled("HTML 5xx bodies (30%)", html_bodies),
+        labelled("HTML 5xx bodies (30%)", html_bodies),
     ]

@@ -17,12 +17,10 @@ import os
 import signal
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Callable, List
+from typing import List
 
 from chaos.crash import PY, cat_cmd, child_env, compare, run
-
-if TYPE_CHECKING:  # chaos.run imports this module when it builds its matrix
-    from chaos.run import Row, Suite
+from chaos.harness import BOUND, Row, Scenario, Suite, labelled, last_line
 
 _HOLD_SNAPSHOT = """
 import sqlite3, sys, time
@@ -38,12 +36,10 @@ def _wal_kept_run(s: Suite, journal: str, cache: str, first: int, second: int) -
     """Two runs into ``journal``; the second one's commits stay in the ``-wal``
     (a reader holds a snapshot from before it, then is killed -9, as a
     killed run leaves them); returns "" or what went wrong."""
-    from chaos.run import BOUND, _last_line
-
     p1 = run(cat_cmd(s.data.manifest, journal=journal, cache_dir=cache, epochs=1, commit_every=10, workers=0,
                      extra=["--limit", str(first)]), bound=BOUND)
     if p1.rc != 0:
-        return f"first run failed: {_last_line(p1.err)}"
+        return f"first run failed: {last_line(p1.err)}"
     holder = subprocess.Popen([PY, "-c", _HOLD_SNAPSHOT, journal], stdout=subprocess.PIPE, text=True,
                               env=child_env())
     try:
@@ -52,7 +48,7 @@ def _wal_kept_run(s: Suite, journal: str, cache: str, first: int, second: int) -
         p2 = run(cat_cmd(s.data.manifest, journal=journal, cache_dir=cache, epochs=1, commit_every=10, workers=0,
                          extra=["--limit", str(second)]), bound=BOUND)
         if p2.rc != 0:
-            return f"second run failed: {_last_line(p2.err)}"
+            return f"second run failed: {last_line(p2.err)}"
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -61,14 +57,10 @@ def _wal_kept_run(s: Suite, journal: str, cache: str, first: int, second: int) -
     return ""
 
 
-def wal_damage(kind: str) -> Callable[[Suite], Row]:
-    from chaos.run import _labelled
-
+def wal_damage(kind: str) -> Scenario:
     name = {"delete": "WAL deleted between runs", "truncate_half": "WAL truncated to half between runs"}[kind]
 
     def scenario(s: Suite) -> Row:
-        from chaos.run import BOUND, Row, _last_line
-
         row = Row(name, "error")
         d = s.tmp("waldamage")
         journal, cache = os.path.join(d, "run.db"), os.path.join(d, "cache")
@@ -90,19 +82,17 @@ def wal_damage(kind: str) -> Callable[[Suite], Row]:
             row.bad_exits.append(f"silent rewind: exit 0 after printing {len(p.lines)} lines")
         elif p.clear_error and "lost committed steps" in p.err:
             row.clear_errors += 1
-            row.note = _last_line(p.err)[:100]
+            row.note = last_line(p.err)[:100]
         else:
-            row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+            row.bad_exits.append(f"unclear exit {p.rc}: {last_line(p.err)}")
         row.tally.add(compare(s.ref[150:150 + len(p.lines)], p.lines, s.data.digests))
         return row
-    return _labelled(name, scenario)
+    return labelled(name, scenario)
 
 
 def cache_entry_replaced(s: Suite) -> Row:
     """Every cached shard replaced (os.replace) by a copy with one byte of
     member data changed, its size and mtime set back: the rerun notices."""
-    from chaos.run import BOUND, Row
-
     row = Row("cache entry replaced, same size and mtime", "exact")
     d = s.tmp("replaced")
     cache = os.path.join(d, "cache")
@@ -151,8 +141,6 @@ def _signed_manifest(s: Suite, srv_url: str, d: str) -> str:
 def secrets_in_urls(s: Suite) -> Row:
     """A run over presigned URLs with user info: exact output, and no secret
     in the journal, the cache, the report, or what cat/status printed."""
-    from chaos.run import BOUND, Row
-
     row = Row("secrets in URLs", "exact")
     d = s.tmp("secrets")
     journal, cache = os.path.join(d, "run.db"), os.path.join(d, "cache")
@@ -188,13 +176,11 @@ def secrets_in_urls(s: Suite) -> Row:
     return row
 
 
-def integrity_rows() -> List[Callable[[Suite], Row]]:
+def integrity_rows() -> List[Scenario]:
     """The rows of this module, in the order the matrix runs them."""
-    from chaos.run import _labelled
-
     return [wal_damage("delete"), wal_damage("truncate_half"),
-            _labelled("cache entry replaced, same size and mtime", cache_entry_replaced),
-            _labelled("secrets in URLs", secrets_in_urls)]
+            labelled("cache entry replaced, same size and mtime", cache_entry_replaced),
+            labelled("secrets in URLs", secrets_in_urls)]
 
 
 __all__ = ["cache_entry_replaced", "integrity_rows", "secrets_in_urls", "wal_damage"]

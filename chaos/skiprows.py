@@ -18,35 +18,33 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING, Callable, List
+from typing import List
 
+import resumewds as rw
 from chaos.crash import cat_cmd, committed_samples, compare, run
 from chaos.diskfaults import flip_byte
+from chaos.harness import BOUND, Row, Scenario, Suite, labelled, last_line, shard_paths
 
-if TYPE_CHECKING:  # chaos.run imports this module when it builds its matrix
-    from chaos.run import Row, Suite
+__all__ = ["NAME", "corrupted_in_place", "skip_rows"]
 
 NAME = "shard corrupted in place, on_error=skip, v3"
 
 
 def corrupted_in_place(s: Suite) -> Row:
     """Flip one byte inside a sample of the third shard of a v3 copy of the data set."""
-    import resumewds as rw
-    from chaos.run import BOUND, Row, _last_line, _shard_paths
-
     row = Row(NAME, "exact")
     d = s.tmp("skipwhole")
     root = os.path.join(d, "data")
     os.makedirs(root)
     paths = []
-    for p in _shard_paths(s.data):
-        paths.append(shutil.copy2(p, os.path.join(root, os.path.basename(p))))
+    for path in shard_paths(s.data):
+        paths.append(shutil.copy2(path, os.path.join(root, os.path.basename(path))))
     manifest = os.path.join(root, "manifest.json")
     rw.build_manifest(paths, manifest, digests=True)  # version 3: per-sample digests + whole-file xxh3_64
     skip = ["--on-error", "skip"]
     good = run(cat_cmd(manifest, cache_dir=os.path.join(d, "c0"), workers=0, epochs=1, extra=skip), bound=BOUND)
     if good.rc != 0 or good.lines != s.ref:
-        row.bad_exits.append(f"the v3 copy does not read as the reference: exit {good.rc} {_last_line(good.err)}")
+        row.bad_exits.append(f"the v3 copy does not read as the reference: exit {good.rc} {last_line(good.err)}")
         return row
     bad = os.path.basename(paths[2])
     shard = rw.WebDataset(manifest).manifest.shards[2]
@@ -65,7 +63,7 @@ def corrupted_in_place(s: Suite) -> Row:
         row.runs += 1
         row.tally.add(compare(want, p.lines, s.data.digests))
         if p.rc != 0 or p.hung:
-            row.bad_exits.append(f"{workers} workers: exit {p.rc}: {_last_line(p.err)}")
+            row.bad_exits.append(f"{workers} workers: exit {p.rc}: {last_line(p.err)}")
         elif f"skipped shard {paths[2]}" not in p.err:
             row.bad_exits.append(f"{workers} workers: the skip of {bad} was not reported")
     for workers in (0, 2):
@@ -79,12 +77,10 @@ def corrupted_in_place(s: Suite) -> Row:
         row.tally.add(compare(want, got, s.data.digests))
         for p in (first, second):
             if p.rc != 0 or p.hung:
-                row.bad_exits.append(f"resume, {workers} workers: exit {p.rc}: {_last_line(p.err)}")
+                row.bad_exits.append(f"resume, {workers} workers: exit {p.rc}: {last_line(p.err)}")
     row.note = f"{len(s.ref) - len(want)} samples of {bad} skipped whole in {row.runs} runs"
     return row
 
 
-def skip_rows() -> List[Callable[[Suite], Row]]:
-    from chaos.run import _labelled
-
-    return [_labelled(NAME, corrupted_in_place)]
+def skip_rows() -> List[Scenario]:
+    return [labelled(NAME, corrupted_in_place)]

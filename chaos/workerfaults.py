@@ -1,5 +1,8 @@
 """Rows of ``python -m chaos run`` for faults of the DataLoader worker processes.
 
+* "SIGKILL of one DataLoader worker": one worker of ``resumewds cat
+  --journal`` is killed with SIGKILL; the run must end by itself with a
+  clear error within its bound, and the rerun completes exactly.
 * "PID 1 with workers": ``resumewds cat --workers 2`` as PID 1 of a new PID
   namespace (a container entrypoint without an init) must deliver exactly
   the local output.  SKIP where the kernel refuses ``unshare -p``.
@@ -16,16 +19,54 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
-import time
-from typing import Any, Callable, List
+from typing import List
 
 from chaos.crash import cat_cmd, child_env, committed_samples, compare, run
+from chaos.harness import BOUND, Row, Scenario, Suite, labelled, last_line, signal_a_worker
+
+__all__ = ["kill_worker", "pid1_with_workers", "rows", "sigstop_worker"]
 
 
-def pid1_with_workers(s: Any) -> Any:
-    from chaos.run import BOUND, Row
+def kill_worker(s: Suite) -> Row:
+    """SIGKILL one DataLoader worker: a clear error within the bound, then a rerun completes exactly."""
+    row = Row("SIGKILL of one DataLoader worker, then rerun", "resume")
+    srv = s.server(bytes_per_second=1.5e6)
+    d = s.tmp("killworker")
+    journal = os.path.join(d, "run.db")
+    cmd = cat_cmd(srv.url + "manifest.json", journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1)
+    killed: List[int] = []
+    killer = signal_a_worker(signal.SIGKILL, killed)
+    kept: List[str] = []
+    try:
+        for attempt in range(3):
+            before = committed_samples(journal)
+            p = run(cmd, bound=30.0, on_start=killer if attempt == 0 else None)
+            row.runs += 1
+            after = committed_samples(journal)
+            kept.extend(p.lines[: after - before])
+            if p.hung:
+                row.hung += 1
+                row.bad_exits.append("hung after a worker was killed")
+                break
+            if attempt == 0:
+                if p.rc == 0:
+                    row.note = "worker killed after it finished; run completed"
+                elif p.clear_error and "worker" in p.err:
+                    row.clear_errors += 1
+                    row.note = f"exit {p.rc} after {p.seconds:.1f}s: {last_line(p.err)[:90]}"
+                else:
+                    row.bad_exits.append(f"unclear exit {p.rc}: {last_line(p.err)}")
+            if p.rc == 0:
+                break
+        row.faults = len(killed)
+        row.tally.add(compare(s.ref, kept, s.data.digests))
+    finally:
+        srv.stop()
+    return row
 
+
+def pid1_with_workers(s: Suite) -> Row:
+    """``cat --workers 2`` as PID 1 of a new PID namespace."""
     row = Row("PID 1 with workers (unshare -p, cat --workers 2)", "exact")
     exe = shutil.which("unshare")
     if exe is None:
@@ -45,9 +86,8 @@ def pid1_with_workers(s: Any) -> Any:
     return row
 
 
-def sigstop_worker(s: Any) -> Any:
-    from chaos.run import Row, _children, _last_line
-
+def sigstop_worker(s: Suite) -> Row:
+    """SIGSTOP of one worker: the run ends by itself with a clear error naming it; the rerun completes."""
     row = Row("SIGSTOP of a worker (cat --journal, stall limit 2s), then rerun", "resume")
     srv = s.server(bytes_per_second=1.5e6)
     d = s.tmp("stopworker")
@@ -55,20 +95,7 @@ def sigstop_worker(s: Any) -> Any:
     cmd = cat_cmd(srv.url + "manifest.json", journal=journal, cache_dir=os.path.join(d, "cache"), epochs=1)
     env = child_env(RESUMEWDS_WORKER_STALL="2")
     stopped: List[int] = []
-
-    def stopper(p: subprocess.Popen) -> None:
-        def go() -> None:
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 20 and p.poll() is None:
-                kids = _children(p.pid)
-                if len(kids) >= 2:
-                    time.sleep(0.6)
-                    os.kill(kids[0], signal.SIGSTOP)
-                    stopped.append(kids[0])
-                    return
-                time.sleep(0.02)
-        threading.Thread(target=go, daemon=True).start()
-
+    stopper = signal_a_worker(signal.SIGSTOP, stopped)
     kept: List[str] = []
     try:
         for attempt in range(3):
@@ -90,9 +117,9 @@ def sigstop_worker(s: Any) -> Any:
                     row.note = "worker stopped after it finished; run completed"
                 elif p.clear_error and stopped and f"(pid {stopped[0]}) is stopped" in p.err:
                     row.clear_errors += 1
-                    row.note = f"exit {p.rc} after {p.seconds:.1f}s: {_last_line(p.err)[:90]}"
+                    row.note = f"exit {p.rc} after {p.seconds:.1f}s: {last_line(p.err)[:90]}"
                 else:
-                    row.bad_exits.append(f"unclear exit {p.rc}: {_last_line(p.err)}")
+                    row.bad_exits.append(f"unclear exit {p.rc}: {last_line(p.err)}")
             if p.rc == 0:
                 break
         row.faults = len(stopped)
@@ -107,8 +134,7 @@ def sigstop_worker(s: Any) -> Any:
     return row
 
 
-def rows() -> List[Callable[[Any], Any]]:
-    """The rows above, for :func:`chaos.run.matrix` (``--only`` matches these labels)."""
-    pid1_with_workers.label = "PID 1 with workers"  # type: ignore[attr-defined]
-    sigstop_worker.label = "SIGSTOP of a worker"  # type: ignore[attr-defined]
-    return [pid1_with_workers, sigstop_worker]
+def rows() -> List[Scenario]:
+    """The rows above, for :func:`chaos.run.matrix` (``--only`` matches ``kill_worker`` and these labels)."""
+    return [kill_worker, labelled("PID 1 with workers", pid1_with_workers),
+            labelled("SIGSTOP of a worker", sigstop_worker)]

@@ -23,12 +23,13 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.util
-from typing import Any, Dict, List
+import sys
+from types import ModuleType
+from typing import Any, Dict, List, Optional, Sequence
 
-# Loaded with the package: the exceptions (light, and what ``except rw.X`` needs), and
-# ``gopen``, a submodule and a function: bound now, so that importing the submodule later
-# (sources imports it) cannot rebind ``resumewds.gopen`` to the module.
+# Loaded with the package: the exceptions (light, and what ``except rw.X`` needs).
 from .errors import (
     CacheError,
     ChecksumMismatch,
@@ -48,44 +49,75 @@ from .errors import (
     TransientFetchError,
     UnsafeSourceError,
 )
-from .gopen import gopen
+from .wds import MODULES as _WING
+
+
+class _WingAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import resumewds.<name>`` for a module of the WebDataset wing gives
+    ``resumewds.wds.<name>``: one module object under both names, as
+    webdataset's users write ``wds.filters``, ``from resumewds.shardlists import ...``."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
+                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
+        pkg, _, name = fullname.rpartition(".")
+        if name not in _WING or sys.modules.get(pkg) is not sys.modules[__name__]:
+            return None  # (the package under another name too: sys.modules["webdataset"] = resumewds)
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(f"{__name__}.wds.{spec.name.rpartition('.')[2]}")
+        self._spec = module.__spec__  # the import system sets __spec__ to the alias's: restored below
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__spec__ = self._spec  # already executed under its own name
+
+
+sys.meta_path.insert(0, _WingAliases())  # before any other finder: the wing answers its names
+
+# ``gopen``, a submodule and a function, as in webdataset: the module is registered under
+# its alias now, so that importing it later cannot rebind ``resumewds.gopen`` to the module.
+from .wds import gopen as _gopen_module  # noqa: E402
+
+sys.modules.setdefault(f"{__name__}.gopen", _gopen_module)
+gopen = _gopen_module.gopen
 
 # Every other public name is loaded from its module on first use (PEP 562), so
 # that ``import resumewds`` does not import the mixtures, the writer, the
 # webdataset compatibility layers and the decoders a script may never touch.
-_MODULES = ("filters", "shardlists", "tariterators", "tenbin", "utils")
+_MODULES = ("filters", "shardlists", "tariterators", "tenbin", "utils")  # in __all__
 _LAZY: Dict[str, str] = {
     **dict.fromkeys(("Continue", "Decoder", "DecodingError", "basichandlers", "gzfilter", "handle_extension",
                      "imagehandler", "torch_audio", "torch_loads", "torch_video"), "autodecode"),
-    **dict.fromkeys(("Cached", "FluidInterface", "MockDataset"), "compat"),
+    **dict.fromkeys(("Cached", "FluidInterface", "MockDataset"), "wds.compat"),
     **dict.fromkeys(("WebDataset", "build_manifest", "index_manifest"), "dataset"),
     **dict.fromkeys(("BadSample", "add_sample_digests", "bad_samples"), "digests"),
     **dict.fromkeys(("associate", "batched", "decode", "detshuffle", "extract_keys", "getfirst", "info",
                      "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter", "rename", "rename_keys",
                      "rsample", "select", "shuffle", "slice", "to_tuple", "transform_with", "unbatched",
-                     "unlisted", "xdecode"), "filters"),
+                     "unlisted", "xdecode"), "wds.filters"),
     **dict.fromkeys(("ignore_and_continue", "ignore_and_stop", "reraise_exception", "warn_and_continue",
-                     "warn_and_stop"), "handlers"),
+                     "warn_and_stop"), "wds.handlers"),
     **dict.fromkeys(("Manifest", "ShardInfo", "load_manifest"), "manifest"),
-    "MultiLoader": "multi",
-    "RoundRobin": "mix",
+    "MultiLoader": "wds.multi",
+    "RoundRobin": "wds.mix",
     **dict.fromkeys(("MixedDataset", "RandomMix"), "mixdataset"),
     "MixPlan": "mixture",
     **dict.fromkeys(("Layout", "Plan"), "plan"),
     **dict.fromkeys(("MultiShardSample", "ResampledShards", "SimpleShardList", "non_empty", "resampled", "shardspec",
-                     "single_node_only", "split_by_node", "split_by_worker"), "shardlists"),
-    **dict.fromkeys(("tarfile_samples", "tarfile_to_samples"), "tariterators"),
-    "default_collation_fn": "pipeline",
+                     "single_node_only", "split_by_node", "split_by_worker"), "wds.shardlists"),
+    **dict.fromkeys(("tarfile_samples", "tarfile_to_samples"), "wds.tariterators"),
+    "default_collation_fn": "stages",
     **dict.fromkeys(("sample_digest", "scan_file"), "tario"),
-    **dict.fromkeys(("PipelineStage", "repeatedly"), "utils"),
+    **dict.fromkeys(("PipelineStage", "repeatedly"), "wds.utils"),
     **dict.fromkeys(("World", "detect_world"), "world"),
     "WorkerStallError": "watchdog",  # a stopped DataLoader worker (no torch import)
     **dict.fromkeys(("ShardWriter", "TarWriter", "numpy_dumps", "torch_dumps"), "writer"),
-    "gopen_schemes": "gopen",
+    "gopen_schemes": "wds.gopen",
     # torch: WebLoader imports it; keep `import resumewds` light for the CLI
     **dict.fromkeys(("WebLoader", "EmptyBatch", "BatchInfo"), "loader"),
-    "DataPipeline": "datapipeline",  # a torch IterableDataset: imports torch
-    "FluidWrapper": "fluid",  # a DataPipeline: imports torch
+    "DataPipeline": "wds.datapipeline",  # a torch IterableDataset: imports torch
+    "FluidWrapper": "wds.fluid",  # a DataPipeline: imports torch
     "S3Options": "fetch.s3",  # s3:// settings: the s3 transport's module (boto3 is imported at the first fetch)
 }
 
@@ -215,11 +247,6 @@ def __getattr__(name: str) -> Any:
         value = importlib.import_module(f".{name}", __name__)
     else:
         m = importlib.import_module(f".{mod}", __name__)
-        if mod == "loader":
-            # the modules every DataLoader worker needs (the store: resumewds.cache, compressed;
-            # numpy.random), imported with the loader module: before any worker forks, and not
-            # at the first WebLoader() (each worker would import them on its own otherwise)
-            m._import_worker_modules()
         value = getattr(m, name)
     globals()[name] = value  # resolved once
     return value

@@ -37,7 +37,7 @@ tb`` (tenbin: list of arrays), ``mp msg msgpack`` (needs ``msgpack``),
 Security (a difference from webdataset, which unpickles by default):
 ``pkl pickle pyd`` members are decoded only with ``allow_pickle=True``,
 and ``pth`` is loaded with ``weights_only=True`` unless
-``allow_pickle=True``.  With ``resumewds.utils.enforce_security`` set
+``allow_pickle=True``.  With ``resumewds.urls.enforce_security`` (``resumewds.utils``) set
 (env ``WDS_SECURE=1``, as in webdataset) all of them are refused.
 
 Example:
@@ -58,8 +58,9 @@ import tempfile
 from functools import partial as _partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
-from . import utils
+from . import config, urls
 from .errors import DecodeError, UnsafeSourceError
+from .tenbin import decode_buffer
 
 __all__ = ["Continue", "Decoder", "DecodingError", "IMAGE_EXTENSIONS", "ImageHandler",
            "basichandlers", "cbor_loads", "decode_image", "decoders", "gzfilter",
@@ -81,7 +82,7 @@ PICKLE_EXTS = frozenset({"pkl", "pickle", "pyd"})
 DecodingError = DecodeError  # webdataset's name for a failed decode
 
 
-EnforcedSecurityError = utils.EnforcedSecurityError  # refused under utils.enforce_security (a ValueError)
+EnforcedSecurityError = urls.EnforcedSecurityError  # refused under enforce_security (a ValueError)
 
 
 class _Key(str):
@@ -109,7 +110,7 @@ def _ext(key: str) -> str:
 # ---- basic data types -------------------------------------------------------
 
 def _security_check(what: str) -> None:
-    if utils.enforce_security:
+    if urls.enforce_security:
         raise EnforcedSecurityError(what)
 
 
@@ -117,12 +118,10 @@ def torch_loads(data: bytes) -> Any:
     """``torch.load`` of a member (webdataset's, ``weights_only`` from ``WDS_PYTORCH_WEIGHTS_ONLY``).
 
     Raises:
-        EnforcedSecurityError: ``utils.enforce_security`` is set.
+        EnforcedSecurityError: ``urls.enforce_security`` is set.
     """
     _security_check("torch.loads is not allowed for security reasons when enforce_security is set.")
     import torch
-
-    from . import config
 
     weights_only = bool(config.value("pytorch_weights_only"))
     return torch.load(io.BytesIO(data), weights_only=weights_only, map_location="cpu")
@@ -139,7 +138,7 @@ def unpickle_loads(data: bytes) -> Any:
     """``pickle.loads`` (runs code from the data: only for trusted data).
 
     Raises:
-        EnforcedSecurityError: ``utils.enforce_security`` is set.
+        EnforcedSecurityError: ``urls.enforce_security`` is set.
     """
     _security_check("Unpickling is not allowed for security reasons when enforce_security is set.")
     return pickle.loads(data)
@@ -176,8 +175,6 @@ def cbor_loads(data: bytes) -> Any:
 
 def tenbin_loads(data: bytes) -> List[Any]:
     """webdataset's tenbin format (``.ten``): a list of numpy arrays (see :mod:`resumewds.tenbin`)."""
-    from .tenbin import decode_buffer
-
     return decode_buffer(data)
 
 

@@ -36,16 +36,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 
+from . import config
 from .cliout import SkipLines, quiet_numpy_warning
 from .cliout import StdoutError as _StdoutError
 from .cliout import detach_stdout as _detach_stdout
 from .cliout import flush as _flush
 from .cliout import write as _write
-from .errors import ResumeWDSError, naming
+from .errors import ResumeWDSError, ShardFormatError, naming
 from .progress import Bar as _Bar  # noqa: F401  (imported from here by tests)
 from .progress import NoBar as _NoBar  # noqa: F401
 from .progress import progress_bar as _progress
 from .redact import redact_text
+from .tario import sample_digest, scan_file
 
 
 class _Group(click.Group):
@@ -69,8 +71,6 @@ class _Group(click.Group):
         except ResumeWDSError as exc:
             raise click.ClickException(str(exc)) from exc
         except (OSError, ValueError, OverflowError, MemoryError) as exc:
-            from . import config
-
             try:
                 debug = bool(config.value("debug"))
             except ValueError:
@@ -103,7 +103,7 @@ def check_sources(sources: Sequence[str]) -> None:
     Raises:
         click.ClickException: naming the source and what to do instead.
     """
-    from .sourcecheck import check_sources as check
+    from .sourcecheck import check_sources as check  # lazy: imports resumewds.fetch (+25 ms on --help)
 
     try:
         check(sources)
@@ -130,7 +130,7 @@ def _cache_size_option(ctx: click.Context, param: click.Parameter, value: Option
     """Validate ``--cache-size`` at parse time (the parser lives in cache.py)."""
     if value is None:
         return None
-    from .cache import parse_size
+    from .cache import parse_size  # lazy: the cache package and resumewds.fetch (+55 ms on --help)
 
     try:
         parse_size(value)
@@ -145,8 +145,6 @@ def check_environment() -> None:
     Raises:
         click.ClickException: ``NAME=value: problem``.
     """
-    from . import config
-
     for setting in list(config.VARS) + list(config.FETCH_VARS):
         try:
             config.value(setting)
@@ -201,10 +199,10 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: st
         resumewds index data/shard-*.tar -o data/manifest.json
         resumewds index 'http://host/d/shard-{0000..0099}.tar' -o manifest.json
     """
-    from .cache import ShardStore
-    from .dataset import build_manifest
-    from .sourcecheck import warn_duplicate_content
-    from .sources import resolve_sources
+    from .cache import ShardStore  # lazy: the cache package and resumewds.fetch (+55 ms on --help)
+    from .dataset import build_manifest  # lazy: the dataset stack and resumewds.fetch (+90 ms on --help)
+    from .sourcecheck import warn_duplicate_content  # lazy: imports resumewds.fetch (+25 ms on --help)
+    from .sources import resolve_sources  # lazy: imports resumewds.fetch (+25 ms on --help)
 
     check_sources(sources)
     check_output(output)
@@ -279,8 +277,7 @@ def cat_line(sample: dict) -> str:
         >>> cat_line({"__url__": "/d/s-0.tar", "__key__": "k\t1", "txt": b"x"}).split("\t")[:2]
         ['s-0.tar', 'k\\t1']
     """
-    from .manifest import shard_basename
-    from .tario import sample_digest
+    from .manifest import shard_basename  # lazy: imports resumewds.fetch (+25 ms on --help)
 
     return (f"{escape_field(shard_basename(sample['__url__']))}\t{escape_field(sample['__key__'])}\t"
             f"{sample_digest(sample)}")
@@ -316,8 +313,8 @@ def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle
                   shuffle_window: int, cache_dir: Optional[str], cache_size: Optional[str], verify: str,
                   on_error: str, allow_remote_pipe: bool, timeout: Optional[float],
                   attempts: Optional[int]) -> Any:
-    from .dataset import WebDataset
-    from .sources import resolve_sources
+    from .dataset import WebDataset  # lazy: the dataset stack and resumewds.fetch (+90 ms on --help)
+    from .sources import resolve_sources  # lazy: imports resumewds.fetch (+25 ms on --help)
 
     check_sources(sources)
     check_environment()
@@ -333,7 +330,7 @@ def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle
 
 def _fetch_config(timeout: Optional[float], attempts: Optional[int]) -> Any:
     """The fetch settings for ``cat``: defaults, then arguments."""
-    from .fetch import FetchConfig
+    from .fetch import FetchConfig  # lazy: imports resumewds.fetch (+25 ms on --help)
 
     if attempts is not None and attempts < 1:
         raise click.BadParameter(f"must be >= 1, got {attempts}", param_hint="--attempts")
@@ -382,7 +379,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         resumewds cat data/manifest.json --seed 7 --shuffle --journal run.db --commit-every 100
     """
     quiet_numpy_warning()  # before the loader imports torch
-    from .loader import WebLoader
+    from .loader import WebLoader  # lazy: torch
 
     if commit_every < 1:
         raise click.BadParameter("must be >= 1", param_hint="--commit-every")
@@ -473,7 +470,7 @@ def status(journal: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
     else:
-        from .journal import format_status
+        from .journal import format_status  # lazy: the journal's sqlite_utils imports numpy (+100 ms on --help)
 
         click.echo(format_status(st))
         if st.get("consumption", {}).get("complete"):
@@ -483,7 +480,7 @@ def status(journal: str, as_json: bool) -> None:
 
 def _full_status(journal: str) -> Dict[str, Any]:
     """``journal.status()`` completed for display (local shards, finished epochs, evictions)."""
-    from .report import full_status
+    from .rundata import full_status  # lazy: the journal's sqlite_utils imports numpy (+100 ms on --help)
 
     return full_status(journal)
 
@@ -503,7 +500,7 @@ def report(journal: str, output: str) -> None:
     Example:
         resumewds report run.db -o report.html
     """
-    from .report import write_report
+    from .report import write_report  # lazy: the journal's sqlite_utils imports numpy (+100 ms on --help)
 
     check_output(output)
     write_report(journal, output)
@@ -512,8 +509,8 @@ def report(journal: str, output: str) -> None:
 
 def _store_and_shards(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
                       allow_remote_pipe: bool) -> Any:
-    from .cache import ShardStore
-    from .sources import resolve_sources
+    from .cache import ShardStore  # lazy: the cache package and resumewds.fetch (+55 ms on --help)
+    from .sources import resolve_sources  # lazy: imports resumewds.fetch (+25 ms on --help)
 
     m = resolve_sources(list(sources), allow_remote_pipe=allow_remote_pipe)
     return ShardStore(cache_dir=cache_dir, cache_size=cache_size, verify="always"), m
@@ -542,7 +539,7 @@ def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Option
     check_environment()
     store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
     if verb == "verify":
-        from .digests import echo_range_repairs
+        from .digests import echo_range_repairs  # lazy: imports resumewds.fetch (+25 ms on --help)
 
         store.on_event = echo_range_repairs(lambda line: click.echo(line, err=True))
     run = store.verify_all if verb == "verify" else store.prefetch_all
@@ -550,7 +547,7 @@ def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Option
         results = run(m.shards, progress=bar.update)
     if verb == "verify":
         results = [(s, ok, e) if not ok else (s, *check_structure(store, s)) for s, ok, e in results]
-        from .digests import check_results
+        from .digests import check_results  # lazy: imports resumewds.fetch (+25 ms on --help)
 
         results = check_results(store, results, lambda line: click.echo(line, err=True))
     _report_results(results, verb)
@@ -568,9 +565,7 @@ def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseExceptio
     Returns:
         ``(ok, error)``.
     """
-    from .errors import ShardFormatError
-    from .fetch import is_remote_url, local_path
-    from .tario import scan_file
+    from .fetch import is_remote_url, local_path  # lazy: imports resumewds.fetch (+25 ms on --help)
 
     path = store.entry_path(shard.url) if is_remote_url(shard.url) else local_path(shard.url)
     if shard.xxh3_64 is not None and not is_remote_url(shard.url):
@@ -645,7 +640,7 @@ def demo(directory: Optional[str], shards: int, samples: int) -> None:
     Example:
         resumewds demo
     """
-    from .demo import run_demo
+    from .demo import run_demo  # lazy: the journal (numpy), the dataset stack and, when run, torch
 
     ok = run_demo(directory, shards=shards, samples=samples)
     if not ok:

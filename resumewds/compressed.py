@@ -137,7 +137,7 @@ def _gzip_prefix(f: Any, write: Callable[[bytes], Any]) -> Tuple[int, Optional[s
 def _zstd_prefix(f: Any, write: Callable[[bytes], Any], shard: str) -> Tuple[int, Optional[str]]:
     """Decode zstd frames in 1 MiB input chunks until the data ends or is corrupt."""
     try:
-        import zstandard
+        import zstandard  # lazy: optional dependency (the [formats] extra)
     except ImportError:
         raise ShardFormatError(shard, 0, "zstd-compressed shard: install the 'zstandard' package "
                                "(pip install resumewds[formats]) to read it") from None

@@ -47,11 +47,11 @@ def kind_of(path: str) -> Optional[str]:
 
 def _reader(kind: str, f: Any, shard: str) -> Any:
     if kind == "gzip":
-        import gzip
+        import gzip  # lazy: only gzip shards need it
 
         return gzip.GzipFile(fileobj=f, mode="rb")
     try:
-        import zstandard
+        import zstandard  # lazy: optional dependency (the [formats] extra)
     except ImportError:
         raise ShardFormatError(shard, 0, "zstd-compressed shard: install the 'zstandard' package "
                                "(pip install resumewds[formats]) to read it") from None

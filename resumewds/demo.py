@@ -25,6 +25,11 @@ from typing import List, Optional
 
 import click
 
+from .cliout import quiet_numpy_warning
+from .dataset import WebDataset, build_manifest
+from .journal import resolve_resume, run_journal_paths
+from .synth import write_shards
+
 
 def _say(msg: str) -> None:
     click.echo(msg)
@@ -41,11 +46,8 @@ def _collate(samples: list) -> dict:
 def run_demo(directory: Optional[str] = None, shards: int = 16, samples: int = 250,
              seed: int = 7) -> bool:
     """Run the demo in ``directory`` (a temporary one by default); True if every sequence matched."""
-    from resumewds.cliout import quiet_numpy_warning
-
     quiet_numpy_warning()  # the demo needs no numpy (`pip install -e .`); torch says so on import
-    import resumewds as rw
-    from resumewds.synth import write_shards
+    from .loader import WebLoader  # lazy: torch, imported after quiet_numpy_warning()
 
     tmp = None
     if directory is None:
@@ -57,12 +59,12 @@ def run_demo(directory: Optional[str] = None, shards: int = 16, samples: int = 2
         _say(f"1. writing {shards} shards x {samples} samples to {data}")
         write_shards(data, shards=shards, samples=samples, size_range=(500, 5000), seed=seed)
         manifest = os.path.join(data, "manifest.json")
-        m = rw.build_manifest(os.path.join(data, f"shard-{{000000..{shards - 1:06d}}}.tar"), manifest)
+        m = build_manifest(os.path.join(data, f"shard-{{000000..{shards - 1:06d}}}.tar"), manifest)
         _say(f"   indexed: {len(m.shards)} shards, {m.total_samples} samples -> {manifest}")
 
-        def loader(workers: int) -> rw.WebLoader:
-            ds = rw.WebDataset(manifest, seed=seed, shuffle=True, shuffle_window=4)
-            return rw.WebLoader(ds, batch_size=64, num_workers=workers, collate_fn=_collate)
+        def loader(workers: int) -> WebLoader:
+            ds = WebDataset(manifest, seed=seed, shuffle=True, shuffle_window=4)
+            return WebLoader(ds, batch_size=64, num_workers=workers, collate_fn=_collate)
 
         _say("2. uninterrupted: 2 epochs, shuffled, batch 64, 2 workers")
         full: List[List[str]] = []
@@ -109,16 +111,12 @@ def _cat_cmd(manifest: str, journal: Optional[str]) -> List[str]:
 
 
 def _committed(journal: str) -> int:
-    from resumewds.journal import resolve_resume
-
     point = resolve_resume(journal)
     return int(point["samples_total"]) if point else 0
 
 
 def _remove_run(journal: str) -> None:
     """Delete the journal files of an earlier demo run (every rank, SQLite's side files, the lock)."""
-    from resumewds.journal.paths import run_journal_paths
-
     for path in run_journal_paths(journal):
         for suffix in ("", "-wal", "-shm", "-journal", ".lock"):
             try:

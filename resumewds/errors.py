@@ -250,7 +250,17 @@ def naming(subject: str, problem: object) -> str:
     return text if text.startswith(f"{subject}:") else f"{subject}: {text}"
 
 
+class HandlerStop(Exception):
+    """A handler returned False (``ignore_and_stop``, ``warn_and_stop``): stop iterating.
+
+    Raised where the handler is asked (a stage, a shard read) and caught where
+    the iteration can end quietly (:func:`resumewds.handling.until_stop`).
+    Not a :class:`ResumeWDSError`: it is a signal, not a failure.
+    """
+
+
 __all__ = [
+    "HandlerStop",
     "CacheError",
     "ChecksumMismatch",
     "DecodeError",

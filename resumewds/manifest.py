@@ -41,8 +41,9 @@ data set costs 8 GB of file, not 8 GB of Python memory per process).
 
 Version 3 adds per-sample xxh3_64 digests (``sample_xxh3_64`` inline, or
 ``digests_file`` / ``digests_at`` beside the offsets file); the format is
-described in :mod:`resumewds.digests`.  A manifest without sample digests is
-still written as version 1 or 2.
+described in :mod:`resumewds.digests` (the code that reads and writes it:
+:mod:`resumewds.sampledigests`).  A manifest without sample digests is still
+written as version 1 or 2.
 
 Version history:
     1: first version (offsets inline).
@@ -58,94 +59,27 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import posixpath
+import sys
 import time
 import urllib.parse
 from array import array
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Literal, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import xxhash
 
+from .arrayfile import ArrayFile, view_item
 from .errors import SourceError
 from .fetch.transport import is_remote_object
+from .sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
 
 FORMAT = "resumewds.manifest"
 VERSION = 3
 
-
-class ArrayFile:
-    """A little-endian file of 8-byte integers, memory-mapped on first use per process.
-
-    Pickles as its path only, so DataLoader workers map it themselves.  The
-    side files of the manifest are these: :class:`OffsetsFile` (int64) and
-    :class:`resumewds.digests.DigestsFile` (uint64).
-    """
-
-    typecode: Literal["q", "Q"] = "q"  #: the array's item type (8 bytes)
-    what = "offsets"  #: what the file holds, for error messages
-    empty_ok = False  #: an empty file is a valid (empty) array
-
-    def __init__(self, path: str, size: Optional[int] = None, xxh3_64: Optional[str] = None):
-        self.path = path
-        self.size = size
-        self.xxh3_64 = xxh3_64
-        self._mm: Any = None
-        self._view: Any = None
-
-    def _map(self) -> Any:
-        if self._view is None:
-            import mmap
-            import sys
-
-            if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
-                raise SourceError(f"{self.path}: {self.what} files are little-endian; unsupported on this host")
-            try:
-                with open(self.path, "rb") as f:
-                    if self.empty_ok and os.fstat(f.fileno()).st_size == 0:
-                        self._view = memoryview(b"").cast(self.typecode)
-                        return self._view
-                    self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError) as exc:
-                raise SourceError(f"{self.path}: cannot read {self.what} file: {exc}") from exc
-            if len(self._mm) % 8:
-                raise SourceError(f"{self.path}: {self.what} file size {len(self._mm)} is not a multiple of 8")
-            self._view = memoryview(self._mm).cast(self.typecode)
-        return self._view
-
-    def __len__(self) -> int:
-        return len(self._map())
-
-    def entries_on_disk(self) -> Optional[int]:
-        """How many 8-byte items the file holds, without mapping it (None: not a local file yet)."""
-        if "://" in self.path:
-            return None
-        try:
-            return os.path.getsize(self.path) // 8
-        except OSError:
-            return None
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self.path, "size": self.size, "xxh3_64": self.xxh3_64, "_mm": None, "_view": None}
-
-
-def view_item(view: Any, start: int, length: int, i: Any) -> Any:
-    """Item (or slice, as a list) ``i`` of the ``length`` items of ``view`` from ``start``:
-    a shard's part of a side file, indexed as a sequence of its own.
-
-    Example:
-        >>> view_item([9, 1, 2, 3, 9], 1, 3, -1), view_item([9, 1, 2, 3, 9], 1, 3, slice(0, 2))
-        (3, [1, 2])
-    """
-    if isinstance(i, slice):
-        return [view[start + j] for j in range(*i.indices(length))]
-    if i < 0:
-        i += length
-    if not 0 <= i < length:
-        raise IndexError(i)
-    return view[start + i]
 
 
 class OffsetsFile(ArrayFile):
@@ -307,8 +241,6 @@ class Manifest:
 
     def locate(self, index: int) -> tuple[int, int]:
         """Map a manifest-order sample index to ``(shard_index, sample_in_shard)``."""
-        import bisect
-
         starts = self.starts
         k = bisect.bisect_right(starts, index) - 1
         return k, index - int(starts[k])
@@ -336,8 +268,6 @@ class Manifest:
         :meth:`save` writes.  Sample digests (``with_digests``) make it
         version 3: inline, or in ``<manifest>.digests`` with an offsets file.
         """
-        from . import digests as _dg
-
         out = []
         at = 0
         dat: Optional[int] = 0 if offsets_file is not None else None
@@ -354,7 +284,7 @@ class Manifest:
                 else:
                     d["offsets"] = [int(x) for x in s.offsets]
             if with_digests and s.sample_digests is not None:
-                _dg.entry_to_json(s, d, dat)
+                entry_to_json(s, d, dat)
                 if dat is not None:
                     dat += len(s.sample_digests)
             out.append(d)
@@ -395,8 +325,6 @@ class Manifest:
             side = os.path.basename(path) + ".offsets"
             side_path = os.path.join(base, side)
             tmp_side = f"{side_path}.tmp.{os.getpid()}"
-            import sys
-
             with open(tmp_side, "wb") as f:
                 for s in self.shards:
                     if s.offsets is None:
@@ -417,8 +345,6 @@ class Manifest:
             side_digest = None
         digests_side = None
         if side is not None and digests and any(s.sample_digests is not None for s in self.shards):
-            from .digests import write_side_file
-
             digests_side = write_side_file(os.path.join(base, os.path.basename(path) + ".digests"), self.shards)
         data = json.dumps(self.to_json(base=base, offsets_file=side, side_digest=side_digest,
                                        with_digests=digests, digests_side=digests_side),
@@ -462,15 +388,13 @@ class Manifest:
         if side is not None:
             side.size = _opt_int(data.get("offsets_size"), location, "'offsets_size'")
             side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
-        from . import digests as _dg
-
-        dside = _dg.side_file_from_json(data, location, resolve_url) if version >= 3 else None
+        dside = side_file_from_json(data, location, resolve_url) if version >= 3 else None
         out: List[ShardInfo] = []
         for i, d in enumerate(shards):
             info = _shard_from_json(d, i, location, side, trusted)
             if version >= 3 and isinstance(d, dict):
-                info.sample_digests = _dg.entry_from_json(d, f"{location}: shard {d['url']}", info.samples,
-                                                          version, dside)
+                info.sample_digests = entry_from_json(d, f"{location}: shard {d['url']}", info.samples,
+                                                      version, dside)
             out.append(info)
         return cls(out, source=location)
 

@@ -58,7 +58,9 @@ from fractions import Fraction
 from math import gcd
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from .plan import EpochPlan, FeistelPermutation, Plan, check_partitions, draw_shards, mix
+from .epochplan import EpochPlan, check_partitions
+from .keyed import FeistelPermutation, draw_shards, mix
+from .plan import Plan
 
 _TAG_MIX = 0x4D4958  # "MIX"
 _TAG_RESAMPLE = 0x5245534D  # "RESM"
@@ -536,7 +538,7 @@ def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool 
     ``shuffle=True``).
 
     Returns:
-        The epoch's :class:`~resumewds.plan.EpochPlan` over *draws* and the
+        The epoch's :class:`~resumewds.epochplan.EpochPlan` over *draws* and the
         draws' shard indices: ``draws[d]`` is the shard of draw ``d``.
 
     Example:
@@ -548,7 +550,7 @@ def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool 
     total = sum(int(c) for c in counts)
     if n == 0 or total == 0:
         raise ValueError("resampling needs at least one shard with samples")
-    # the one with-replacement routine (plan.draw_shards), with the hash mixtures have used
+    # the one with-replacement routine (keyed.draw_shards), with the hash mixtures have used
     draws, taken = draw_shards(n, mix(seed, epoch, _TAG_RESAMPLE), sizes=counts, scheme="mixed")
     sizes = array("q", taken)
     algo = "window" if shuffle is True else ("none" if shuffle in (False, None) else str(shuffle))

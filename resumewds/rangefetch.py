@@ -29,10 +29,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, TypeVar
 
-from .errors import ChecksumMismatch, ResumeWDSError
-from .repair import RangeIgnored
+import xxhash
 
-__all__ = ["RANGED_HINT", "RangeCorrupt", "blame_ranged", "end_budget", "fetch_group", "shard_budget"]
+from . import tario
+from .errors import ChecksumMismatch, ResumeWDSError
+from .fetch import FetchBudget
+from .manifest import ShardInfo
+from .repair import RangeIgnored, fetch_range
+
+__all__ = ["RANGED_HINT", "RangeCorrupt", "blame_ranged", "end_budget", "fetch_group", "parse_in", "shard_budget",
+           "verified_in"]
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -58,8 +64,6 @@ def shard_budget(store: Any, url: str, config: Any, used: Dict[str, Any]) -> Any
     this read of the shard (shared with its prefetch and whole-shard reads),
     or, for a store without one, a budget of their own; kept in ``used``
     (per url) for :func:`end_budget`."""
-    from .fetch import FetchBudget
-
     budget_for = getattr(store, "_budget_for", None)
     if callable(budget_for):
         b = budget_for(url)
@@ -103,17 +107,12 @@ def fetch_group(rr: Any, ds: Any, shard: Any, lo: int, hi: int, js: List[int], c
     :class:`RangeCorrupt` (read the shard whole), or, with the budget
     spent, its :class:`~resumewds.errors.ChecksumMismatch`.
     """
-    import xxhash
-
-    from .reading import _parse, _verified
-    from .repair import fetch_range
-
     data = fetch_range(shard.url, lo, hi, config=config, budget=budget, session=rr.session(),
                        on_event=ds._on_event)
     with rr.lock:
         rr.counters["range_requests"] += 1
         rr.counters["range_bytes"] += len(data)
-    bads = [j for j in js if not _verified(data, lo, shard, j)]
+    bads = [j for j in js if not verified_in(data, lo, shard, j)]
     for j in bads:
         a, b = shard.sample_range(j)
         ds._on_event("range_verify_fail", shard.url, sample=j, start=a, end=b)
@@ -121,7 +120,7 @@ def fetch_group(rr: Any, ds: Any, shard: Any, lo: int, hi: int, js: List[int], c
     if bad is None:
         with rr.lock:
             rr.counters["range_dropped"] += len(bads)
-        return {j: _parse(data, lo, shard, j) for j in js if j not in bads}
+        return {j: parse_in(data, lo, shard, j) for j in js if j not in bads}
     a, b = shard.sample_range(bad)
     assert shard.sample_digests is not None
     got = xxhash.xxh3_64_intdigest(memoryview(data)[a - lo:b - lo])
@@ -135,3 +134,19 @@ def fetch_group(rr: Any, ds: Any, shard: Any, lo: int, hi: int, js: List[int], c
         raise err
     raise RangeCorrupt(f"{shard.url}: sample {bad} of a ranged read failed its digest; reading the shard whole",
                        shard.url, 206, mismatch=err)
+
+
+def verified_in(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
+    """Whether sample ``j`` of ``shard``, within ``buf`` (which starts at byte ``lo``), matches its digest."""
+    assert shard.offsets is not None and shard.sample_digests is not None
+    a, b = int(shard.offsets[j]) - lo, int(shard.offsets[j + 1]) - lo
+    return xxhash.xxh3_64_intdigest(memoryview(buf)[a:b]) == int(shard.sample_digests[j])
+
+
+def parse_in(buf: bytes, lo: int, shard: ShardInfo, j: int) -> Dict[str, Any]:
+    """Sample ``j`` of ``shard`` parsed out of ``buf`` (which starts at byte ``lo``; its digest checked)."""
+    assert shard.offsets is not None
+    a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
+    sample = tario.parse_sample(buf, shard.url, base=a, start=a - lo, end=b - lo, verified=True)  # digest checked
+    sample["__url__"] = shard.url
+    return sample

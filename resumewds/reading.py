@@ -1,26 +1,16 @@
 """Shard reading: from ``(shard index, sample index)`` to a sample dict.
 
-What :class:`resumewds.dataset.WebDataset` calls to read the samples of a
-step, apart from the order (:mod:`resumewds.plan`) and the stages
-(:mod:`resumewds.pipeline`).  A map of this module:
+What :class:`resumewds.shardset.ShardDataset` calls to read the samples of
+a step, apart from the order (:mod:`resumewds.plan`), the stages
+(:mod:`resumewds.stages`) and the open shards (:mod:`resumewds.openshards`).
+A map of this module:
 
-* :class:`ShardReader` -- a process's open shards: the pinned cache leases
-  (:meth:`resumewds.cache.ShardStore.acquire`) and their file descriptors,
-  least recently used closed first; ``wait`` sums the seconds blocked in
-  ``acquire`` (the ``t_fetch_wait`` stat).
-* :func:`shard_reader` -- the dataset's reader, created on first use, sized
-  to the shards a step can touch (a shuffle window per partition, or two in
-  order).
 * :func:`read` -- one sample (``tario.read_sample`` on the open copy, which
   ``acquire`` verified first: a local shard's whole-file xxh3_64 is checked
   before any of its samples is read, so a shard that mismatches is skipped
   whole under ``on_error="skip"``, the same in every run and resume);
   :func:`read_run` -- consecutive samples of one shard with one ``pread``
-  (same results, errors and skips as one by one); :func:`run_length` -- how
-  many of a step's next samples make such a run (at most :data:`RUN_BYTES`).
-* :func:`shard_failed` -- ``on_error`` / webdataset's ``handler`` for a shard
-  that cannot be fetched, verified or parsed: raise (recording a ``fail``
-  event), skip it for the rest of the iteration (``skip`` event), or stop.
+  (same results, errors and skips as one by one).
 * :func:`prepare` -- called once per step before its samples are read: the
   samples of remote shards that are not verified cache entries yet (manifest
   v3, per-sample digests) are read from the partial download or fetched by
@@ -34,7 +24,8 @@ step, apart from the order (:mod:`resumewds.plan`) and the stages
   read-ahead).  A shuffled window waits for the samples just past the end
   of a partial this process is downloading (:data:`WINDOW_AHEAD`), so that
   fewer bytes are fetched twice.  Switched off by
-  ``WebDataset(ranged_reads=False)`` or ``RESUMEWDS_RANGED_READS=0``.
+  ``WebDataset(ranged_reads=False)``, ``RESUMEWDS_RANGED_READS=0`` or
+  :data:`RANGED_READS`; the module attributes below are the tuning knobs.
   docs/DIGESTS.md has the rules and the figures.
 
 The reader state lives on the dataset (``ds._reader``, ``ds._failed``) so
@@ -49,108 +40,28 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import tario
-from .errors import CacheError, ChecksumMismatch, FetchError, IntegrityError, ShardFormatError, naming
-from .events import EventKind
+from . import config, tario
+from . import fetch as F
+from .errors import FetchError, IntegrityError, ShardFormatError
 from .fetch.transport import is_remote_object
 from .manifest import ShardInfo
-from .pipeline import HandlerStop
+from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
+from .rangefetch import blame_ranged, end_budget, fetch_group, parse_in, shard_budget, verified_in
+from .repair import RangeIgnored
 
-__all__ = ["RUN_BYTES", "ShardReader", "hint_pages", "read", "read_run", "read_verified", "run_length", "shard_failed",
-           "shard_reader"]
+__all__ = ["RANGED_READS", "RUN_BYTES", "RangedReads", "ShardReader", "prepare", "read", "read_run", "run_length",
+           "shard_failed", "shard_reader", "take_ready"]
 
 log = logging.getLogger("resumewds")
-
-#: most bytes read with one pread when samples are consecutive
-RUN_BYTES = 4 << 20
-
-
-class ShardReader:
-    """Per-process open shards: pinned cache leases and file descriptors (LRU)."""
-
-    def __init__(self, store: Any, limit: int):
-        self.store = store
-        self.limit = max(2, limit)
-        self.open: OrderedDict[int, Tuple[Any, int]] = OrderedDict()
-        self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
-        self.ranged: Optional[RangedReads] = None  # samples of shards not cached yet (prepare)
-        # shards whose samples :meth:`WebDataset.iter_steps` may read itself
-        # (open): index -> (fd, offsets, url, verified); an entry lives
-        # exactly as long as its fd is in ``open``
-        self.fast: Dict[int, Tuple[int, Any, str, bool]] = {}
-
-    def fd(self, idx: int, shard: ShardInfo) -> int:
-        """The open, verified copy of ``shard`` (index ``idx``), acquired if needed."""
-        hit = self.open.get(idx)
-        if hit is not None:
-            self.open.move_to_end(idx)
-            return hit[1]
-        t0 = time.perf_counter()
-        try:
-            for attempt in range(3):
-                # a local shard's whole-file check ends before any of its samples is
-                # read: a mismatch skips (or fails) the shard whole, whatever the timing
-                lease = self.store.acquire(shard)
-                try:
-                    fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    break
-                except FileNotFoundError as exc:
-                    # removed after it was verified (damaged from outside and
-                    # repaired by another process): acquire it again
-                    lease.close()
-                    if attempt == 2:
-                        raise CacheError(f"{lease.path}: removed again and again between being "
-                                         f"verified and opened ({shard.url})") from exc
-                except OSError as exc:
-                    lease.close()
-                    raise CacheError(f"{lease.path}: cannot open the verified copy of {shard.url}: "
-                                     f"{exc.strerror or exc}") from exc
-        finally:
-            self.wait += time.perf_counter() - t0
-        self.open[idx] = (lease, fd)
-        while len(self.open) > self.limit:
-            old, (old_lease, old_fd) = self.open.popitem(last=False)
-            self.fast.pop(old, None)
-            os.close(old_fd)
-            old_lease.close()
-        return fd
-
-    def close(self) -> None:
-        """Close every open shard (and release its pin)."""
-        if self.ranged is not None:
-            self.ranged.close()
-        self.fast.clear()
-        while self.open:
-            _, (lease, fd) = self.open.popitem()
-            try:
-                os.close(fd)
-            finally:
-                lease.close()
-
-
-def shard_reader(ds: Any) -> ShardReader:
-    """The dataset's open shards (created on first use)."""
-    if ds._reader is None:
-        # a shuffled window reads its shards at once (one window per
-        # partition of this rank's node); in order, two are enough (fewer
-        # pins: the cache_size budget holds better)
-        parts = min(ds.plan_partitions, 8)
-        windowed = str(ds.plan.algo).endswith("window")
-        ds._reader = ShardReader(ds.store, ds.shuffle_window * parts + 2 if windowed else parts + 1)
-    return ds._reader
-
-
-def trusted(store: Any, shard: ShardInfo) -> bool:
-    """Whether the open copy of ``shard`` matched its xxh3_64 (the store
-    verifies every copy that has one, unless ``verify="never"``): its
-    samples are then parsed without recomputing header checksums."""
-    return shard.xxh3_64 is not None and getattr(store, "verify", "never") != "never"
 
 
 def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
@@ -173,43 +84,6 @@ def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
         return None
     sample["__url__"] = shard.url
     return sample
-
-
-def shard_failed(ds: Any, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
-    """``on_error``: record the shard as failed and re-raise ``exc``, or
-    record it as skipped, or (a webdataset handler returning False) stop."""
-    reason = getattr(shard, "stop_reason", None)
-    if reason:  # the stop marker of tariterators.salvage_shard
-        exc = ShardFormatError(f"{reason} (the handler stops here)", shard=shard.url)
-    if ds.on_error != "skip":
-        # the loader takes this event with the error, to the journal and stats
-        ds._on_event(EventKind.FAIL, shard.url, error=str(exc))
-        raise exc
-    if ds.handler is not None and not ds.handler(exc):  # webdataset handler: stop
-        ds._failed[shard_idx] = str(exc)
-        ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
-        raise HandlerStop(str(exc)) from exc
-    ds._failed[shard_idx] = str(exc)
-    ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
-    log.warning("skipping shard %s", naming(shard.url, exc))
-
-
-def run_length(shards: Sequence[ShardInfo], where: Sequence[Tuple[int, int]], i: int,
-               limit_bytes: int = RUN_BYTES) -> int:
-    """How many of ``where[i:]`` are consecutive samples of one shard,
-    within ``limit_bytes`` (one sample at least)."""
-    si, j = where[i]
-    n = len(where)
-    if i + 1 >= n or where[i + 1] != (si, j + 1):
-        return 1  # the rule when shuffled: no offsets touched
-    offsets = shards[si].offsets
-    if offsets is None:
-        return 1
-    run = 1
-    limit = int(offsets[j]) + limit_bytes
-    while i + run < n and where[i + run] == (si, j + run) and int(offsets[j + run + 1]) <= limit:
-        run += 1
-    return run
 
 
 def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
@@ -242,59 +116,6 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     for sample in samples:
         sample["__url__"] = url  # type: ignore[index]
     return samples
-
-
-def read_verified(ds: Any, shard: ShardInfo, j: int, fd: int, start: int, end: int) -> Dict[str, Any]:
-    """Sample ``j``, delivered only if its bytes match its manifest digest
-    (raises :class:`ChecksumMismatch` naming the sample otherwise).  Not on
-    :func:`read`'s path: there the whole file is verified first."""
-    import xxhash
-
-    buf = tario._pread_range(fd, start, end, shard.url)
-    assert shard.sample_digests is not None
-    want, got = int(shard.sample_digests[j]), xxhash.xxh3_64_intdigest(buf)
-    if got != want:
-        ds._on_event(EventKind.VERIFY_FAIL, shard.url, expected=f"{want:016x}", actual=f"{got:016x}", sample=j)
-        raise ChecksumMismatch(f"{shard.url}: sample {j} (bytes {start}..{end}): xxh3_64 mismatch: "
-                               f"expected {want:016x}, got {got:016x}", url=shard.url,
-                               expected=f"{want:016x}", actual=f"{got:016x}")
-    return tario.parse_sample(buf, shard.url, base=start, verified=True)
-
-
-def hint_pages(ds: Any, where: Sequence[Tuple[int, int]]) -> None:
-    """Ask the kernel to start reading the byte ranges of a step's samples
-    of local shards (``posix_fadvise(WILLNEED)``), all at once: from a cold
-    disk they then arrive in parallel instead of one ``pread`` after the
-    other.  Advice only: the reads, their verification and errors are the
-    usual ones; nothing here raises."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return
-    from .fetch import is_remote_url, local_path
-
-    shards = ds.manifest.shards
-    fds: Dict[int, int] = {}
-    try:
-        for si, j in where:
-            shard = shards[si]
-            fd = fds.get(si)
-            if fd is None:
-                url = shard.url
-                if (si in ds._failed or is_remote_url(url) or shard.offsets is None
-                        or ("://" in url and not url.startswith("file://"))):
-                    continue
-                try:
-                    fd = fds[si] = os.open(local_path(shard.url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                except (OSError, ValueError):
-                    continue
-            try:
-                start, end = shard.sample_range(j)
-                advise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
-            except Exception:  # advice: the read reports what is wrong
-                pass
-    finally:
-        for fd in fds.values():
-            os.close(fd)
 
 
 # ---- verified ranged reads and streaming while downloading ----
@@ -374,8 +195,6 @@ class RangedReads:
         self._tl: Any = None
         self._sessions: List[Any] = []
         self._pid = os.getpid()
-        import threading
-
         self.lock = threading.Lock()
 
     def put(self, key: Tuple[int, int], sample: Dict[str, Any], nbytes: int, source: str) -> None:
@@ -422,10 +241,6 @@ class RangedReads:
         return os.path.exists(self.store.entry_path(shard.url) + ".meta")
 
     def session(self) -> Any:
-        import threading
-
-        from . import fetch as F
-
         if self._tl is None:
             self._tl = threading.local()
         s = getattr(self._tl, "session", None)
@@ -436,15 +251,11 @@ class RangedReads:
 
     def pool(self) -> Any:
         if self._pool is None or self._pid != os.getpid():
-            from concurrent.futures import ThreadPoolExecutor
-
             self._pool = ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="resumewds-range")
             self._pid = os.getpid()
         return self._pool
 
     def close(self) -> None:
-        from .rangefetch import end_budget
-
         if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown(wait=True)
         self._pool = None
@@ -458,22 +269,6 @@ class RangedReads:
         self._sessions = []
         self.ready.clear()
         self.ready_bytes = 0
-
-
-def _verified(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
-    import xxhash
-
-    assert shard.offsets is not None and shard.sample_digests is not None
-    a, b = int(shard.offsets[j]) - lo, int(shard.offsets[j + 1]) - lo
-    return xxhash.xxh3_64_intdigest(memoryview(buf)[a:b]) == int(shard.sample_digests[j])
-
-
-def _parse(buf: bytes, lo: int, shard: ShardInfo, j: int) -> Dict[str, Any]:
-    assert shard.offsets is not None
-    a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
-    sample = tario.parse_sample(buf, shard.url, base=a, start=a - lo, end=b - lo, verified=True)  # digest checked
-    sample["__url__"] = shard.url
-    return sample
 
 
 def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[int], stream: bool,
@@ -509,11 +304,11 @@ def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[
                     rest.append(j)
                 continue
             buf = os.pread(fd, b - a, a)
-            if len(buf) != b - a or not _verified(buf, a, shard, j):
+            if len(buf) != b - a or not verified_in(buf, a, shard, j):
                 rest.append(j)  # not (yet) the right bytes: fetch them by range
                 continue
             try:
-                rr.put((si, j), _parse(buf, a, shard, j), b - a, "partial")
+                rr.put((si, j), parse_in(buf, a, shard, j), b - a, "partial")
             except ShardFormatError:
                 rest.append(j)
                 continue
@@ -551,8 +346,6 @@ def _wait_growth(fd: int, need: int, rr: RangedReads, shard: ShardInfo, stall: f
 
 def _widen(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:
     """``js`` plus the samples of their aligned :data:`RANGE_BLOCK` not read ahead before."""
-    import bisect
-
     assert shard.offsets is not None
     if rr.ready_bytes >= READY_MAX or RANGE_BLOCK <= 0:
         return js
@@ -625,8 +418,6 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
     rr = reader.ranged
     shards = ds.manifest.shards
     if rr is None:
-        from . import config
-
         rr = reader.ranged = RangedReads(ds.store)
         # WebDataset(ranged_reads=...), else RESUMEWDS_RANGED_READS (default on)
         rr.active = (config.ranged_reads(getattr(ds, "ranged_reads", None))
@@ -661,9 +452,6 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
 
 def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
              step: set) -> None:
-    from .rangefetch import blame_ranged, end_budget, fetch_group, shard_budget
-    from .repair import RangeIgnored
-
     shards = ds.manifest.shards
     config = ds.store.fetch
     jobs: List[Tuple[int, Any, Any]] = []

@@ -2,7 +2,7 @@
 
 A cached entry (or a finished download) whose whole-shard xxh3_64 fails is
 checked sample by sample against the manifest's sample digests
-(:mod:`resumewds.digests`); the byte ranges of the samples that fail, plus
+(:mod:`resumewds.digests`, checked by :mod:`resumewds.samplecheck`); the byte ranges of the samples that fail, plus
 the few bytes no digest covers (before the first sample, and the
 end-of-archive marker after the last), are fetched with HTTP ``Range``
 requests (neighbours coalesced into one request), each fetched sample is
@@ -35,19 +35,21 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import xxhash
 
-from . import digests as dg
 from . import tario
 from .errors import ChecksumMismatch, FetchError, IntegrityError, TransientFetchError
-from .fetch import FetchBudget, is_remote_url, new_session
+from .fetch import FetchBudget, is_remote_url, new_session, s3
 from .fetch.attempt import _Pace
 from .fetch.errormap import _status_error, _translate
 from .fetch.http import _CONTENT_RANGE
 from .fetch.retry import _retry
+from .samplecheck import BadSample, bad_samples
+from .storeapi import StoreAPI
 
 __all__ = ["RangeRepair", "coalesce", "fetch_range", "read_samples_by_range", "repair_download", "repair_entry",
            "repair_file"]
@@ -75,7 +77,7 @@ class RangeRepair:
     """
 
     ok: bool
-    samples: List[dg.BadSample] = field(default_factory=list)
+    samples: List[BadSample] = field(default_factory=list)
     ranges: List[Tuple[int, int]] = field(default_factory=list)
     bytes_fetched: int = 0
     xxh3_64: Optional[str] = None
@@ -217,8 +219,6 @@ def _range_body(url: str, chunks: Iterable[bytes], start: int, end: int, pace: A
 def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any, on_event: Any = None) -> bytes:
     """:func:`fetch_range` for ``s3://``: a ranged GetObject through the s3 transport's
     client (its timeouts near the deadline, its error map), our retry policy and budget."""
-    from .fetch import s3  # the s3 transport, loaded at the first s3 use (as its registry entry is)
-
     bucket, key = s3.parse_s3_url(url)
 
     def attempt() -> bytes:
@@ -295,7 +295,7 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
         with open(path, "r+b") as f:
             if os.fstat(f.fileno()).st_size != size:
                 f.truncate(size)  # a truncated (or overlong) copy: its missing samples fail below
-        bads = dg.bad_samples(path, shard)
+        bads = bad_samples(path, shard)
     except OSError:
         return None
     # bytes no sample digest covers: before the first sample, and the tar trailer
@@ -338,24 +338,24 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
     return result if result.ok else None
 
 
-# ---- the hooks of resumewds.cache.ShardStore._fill ------------------------------------
+# ---- the hooks the ShardStore calls when it fills an entry -----------------------------
 
-def _run(store: Any, shard: Any, path: str, budget: Any, download: bool) -> Optional[RangeRepair]:
+def _run(store: StoreAPI, shard: Any, path: str, budget: Any, download: bool) -> Optional[RangeRepair]:
     def before_fetch() -> None:
         # the journal's shard states: (downloaded ->) corrupt -> downloading -> verified
         if download:
-            store._emit("verify_fail", shard.url, expected=shard.xxh3_64, actual="a corrupt download")
-        store._emit("repair", shard.url, attempt=1, ranged=True)
+            store.emit("verify_fail", shard.url, expected=shard.xxh3_64, actual="a corrupt download")
+        store.emit("repair", shard.url, attempt=1, ranged=True)
 
-    r = repair_file(path, shard, config=store.fetch, budget=budget, session=store._session(),
-                    on_event=store._emit, before_fetch=before_fetch)
+    r = repair_file(path, shard, config=store.fetch, budget=budget, session=store.session(),
+                    on_event=store.emit, before_fetch=before_fetch)
     if r is not None:
-        store._emit("range_repair_done", shard.url, bytes=r.bytes_fetched, samples=len(r.samples),
+        store.emit("range_repair_done", shard.url, bytes=r.bytes_fetched, samples=len(r.samples),
                     ranges=len(r.ranges))
     return r
 
 
-def repair_entry(store: Any, shard: Any, base: str, budget: Any) -> bool:
+def repair_entry(store: StoreAPI, shard: Any, base: str, budget: Any) -> bool:
     """Repair the corrupt cache entry ``base`` by range (under its download lock).
 
     The entry is repaired in a private copy that replaces it atomically, so
@@ -368,8 +368,6 @@ def repair_entry(store: Any, shard: Any, base: str, budget: Any) -> bool:
         return False
     tmp = base + ".repair.tmp"  # ".tmp": not an entry to the cache's scan; a leftover is overwritten here
     try:
-        import shutil
-
         shutil.copyfile(base, tmp)
         r = _run(store, shard, tmp, budget, download=False)
         if r is None:
@@ -382,12 +380,12 @@ def repair_entry(store: Any, shard: Any, base: str, budget: Any) -> bool:
             os.unlink(tmp)
         except OSError:
             pass
-    store._write_meta(base, shard.url, r.xxh3_64, synced=True)
-    store._emit("verify_ok", shard.url)
+    store.write_meta(base, shard.url, r.xxh3_64, synced=True)
+    store.emit("verify_ok", shard.url)
     return True
 
 
-def repair_download(store: Any, shard: Any, partial: str, budget: Any) -> Optional[str]:
+def repair_download(store: StoreAPI, shard: Any, partial: str, budget: Any) -> Optional[str]:
     """Repair a finished download ``partial`` that failed its whole-shard check.
 
     Returns:

@@ -3,7 +3,7 @@
 A stream stage changes how many items flow (``batched``, ``unbatched``,
 ``unlisted``, ``slice``, ``rsample``, a buffer ``shuffle``, ``log_keys``, a
 user generator).  The same runner runs the fluent form
-(``WebDataset(...).batched(n)``, through :meth:`resumewds.pipeline.Stage.runner`)
+(``WebDataset(...).batched(n)``, through :meth:`resumewds.stages.Stage.runner`)
 and the composable one (``filters.batched(n)``, in a DataPipeline or by hand):
 only where the randomness comes from differs (the fluent form hashes
 ``(seed, epoch, stage, count)``, so a state is exact; ``filters.shuffle``
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
-from .pipeline import hide_positions
+from .positions import hide_positions
 
 __all__ = ["BatchRunner", "LogKeysRunner", "MapRunner", "OpaqueRunner", "RSampleRunner", "Runner",
            "ShuffleRunner", "SliceRunner", "UnbatchRunner", "unit"]

@@ -6,7 +6,8 @@ when a process group exists; checking the run's configuration; turning the
 resume point into the loader's position; buffering the events and shard
 state changes the workers report until the next commit; recording what each
 step consumed; and the commit itself.  The loader keeps thin calls
-(``WebLoader._open_journal``, ``commit``, ``_flush_journal``, ``close``).
+(``_open_journal``, ``commit``, ``_flush_journal``, ``close``) and applies
+what :meth:`JournalSession.open` returns (:class:`Resumed`).
 
 The journal module itself is imported only when a journal is opened or
 events are buffered for one (it is not on the journal-free path).
@@ -22,19 +23,48 @@ Example:
 from __future__ import annotations
 
 import logging
+import pickle
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .errors import JournalError, ResumeWDSError
 from .events import EventKind, unjournaled_kinds
 from .fetch.transport import is_remote_url
+from .journal import Journal, resolve_resume, shard_updates_from_events
 from .redact import redact_url
 from .world import resolve_partitions
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .loader import WebLoader
-
 log = logging.getLogger("resumewds")
+
+__all__ = ["JournalSession", "LoaderPlace", "Resumed", "StepConsumption", "process_group"]
+
+
+@dataclass
+class LoaderPlace:
+    """Where a loader stands, as a journal session needs it: this rank in its world,
+    the nodes, the data set's ``config`` and the loader's ``layout``
+    (batch_size, world_size, num_workers, remainder)."""
+
+    rank: int
+    world_size: int
+    nodes: int
+    config: Dict[str, Any]
+    layout: Dict[str, Any]
+
+
+@dataclass
+class Resumed:
+    """What opening a journal found: where the loader resumes (``epoch`` is None
+    without a commit), the data set's configuration after adopting the run's
+    partitions, and the shards the run recorded as failed."""
+
+    config: Dict[str, Any]
+    epoch: Optional[int] = None
+    position: int = 0
+    steps_done: int = 0
+    samples_total: int = 0
+    failed_urls: Set[str] = field(default_factory=set)
 
 _UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
 
@@ -97,8 +127,9 @@ class JournalSession:
 
     Example:
         >>> s = JournalSession("run.db")                   # doctest: +SKIP
-        >>> s.open(loader, resume=True, sync="NORMAL")     # doctest: +SKIP
-        >>> s.commit(loader, step=9)                       # doctest: +SKIP
+        >>> s.open(ds, place, resume=True, sync="NORMAL")  # doctest: +SKIP
+        >>> s.commit(9, epoch=0, position=640, world_size=1, batch_size=64,  # doctest: +SKIP
+        ...          samples_total=640, shards=ds.manifest.shards)
     """
 
     def __init__(self, path: Optional[str]):
@@ -128,8 +159,6 @@ class JournalSession:
         """Buffer ``events`` (and the shard state changes they imply) for the journal."""
         if self.path is None or not events:
             return
-        from .journal import shard_updates_from_events
-
         self._events.extend(e for e in events if e.get("kind") not in _UNJOURNALED)
         self._shard_updates.extend(shard_updates_from_events(events))
         if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
@@ -150,29 +179,33 @@ class JournalSession:
 
     # ---- open / resume -------------------------------------------------------
     @staticmethod
-    def run_config(loader: WebLoader) -> Dict[str, Any]:
-        """The configuration a journal stores and a resume must agree with."""
-        cfg = dict(loader.config)
-        cfg.update(batch_size=loader.batch_size, world_size=loader.world_size,
-                   num_workers=loader.num_workers, remainder=loader.remainder)
+    def run_config(config: Dict[str, Any], layout: Dict[str, Any]) -> Dict[str, Any]:
+        """The configuration a journal stores and a resume must agree with: the data
+        set's ``config`` and the loader's ``layout`` (batch_size, world_size, num_workers,
+        remainder)."""
+        cfg = dict(config)
+        cfg.update(layout)
         return cfg
 
-    def open(self, loader: WebLoader, resume: Union[bool, int], sync: str) -> None:
-        """Open the journal at ``self.path`` for ``loader`` and apply its resume point.
+    def open(self, dataset: Any, where: LoaderPlace, resume: Union[bool, int], sync: str) -> Resumed:
+        """Open the journal at ``self.path`` for a loader of ``dataset`` at ``where``,
+        and find where it resumes.
 
         The resume point is read under this rank's journal lock (two runs
         started together never both resume from the same commit), once for
-        all ranks with a process group (:meth:`resolve_together`).  Sets
-        ``loader.epoch``, ``position``, ``steps_done``, ``samples_total`` and
-        the failed shards, and adopts the run's partitions when the dataset
-        chose none.
+        all ranks with a process group (:meth:`resolve_together`).  Adopts the
+        run's partitions when the dataset chose none.
+
+        Returns:
+            Where the loader resumes (epoch, position, steps done, samples
+            delivered by this rank; None without a commit), the data set's
+            configuration after adopting the run's partitions, and the shards
+            the run recorded as failed.
 
         Raises:
             JournalError: the journal holds commits and ``resume`` is False,
                 is in use, or its configuration does not match.
         """
-        from . import journal as _journal
-
         path = self.path
         assert path is not None
         step = None if resume is True else int(resume)
@@ -182,42 +215,44 @@ class JournalSession:
             # runs under this rank's journal lock (item: two runs started
             # together must not both read the same resume point)
             resolved["done"] = True
-            return self.resolve_together(loader, path, step, _journal.resolve_resume)
+            return self.resolve_together(where.rank, where.world_size, path, step, resolve_resume)
 
         try:
-            j = _journal.Journal(path, rank=loader.rank, world_size=loader.world_size, synchronous=sync,
-                                 after_lock=None if resume is False else find_point)
+            j = Journal(path, rank=where.rank, world_size=where.world_size, synchronous=sync,
+                        after_lock=None if resume is False else find_point)
         except BaseException:
-            if resume is not False and not resolved and process_group(loader) is not None:
+            if resume is not False and not resolved and process_group(where.rank, where.world_size) is not None:
                 # the lock failed on this rank: still take part in rank 0's
                 # broadcast, so the other ranks are not left waiting for it
                 try:
-                    self.resolve_together(loader, path, step, _journal.resolve_resume)
+                    self.resolve_together(where.rank, where.world_size, path, step, resolve_resume)
                 except Exception:
                     pass
             raise
         point = j.after_lock_result
         try:
-            self._apply(loader, j, point, resume, _journal)
+            out = self._apply(dataset, where, j, point, resume)
         except BaseException:
             j.close()
             raise
         self.journal = j
+        return out
 
-    def _apply(self, loader: WebLoader, j: Any, point: Optional[Dict[str, Any]],
-               resume: Union[bool, int], _journal: Any) -> None:
-        dataset = loader.dataset
+    def _apply(self, dataset: Any, where: LoaderPlace, j: Any, point: Optional[Dict[str, Any]],
+               resume: Union[bool, int]) -> Resumed:
         stored = j.config()
-        if not stored and point is not None and loader.rank != 0:  # a rank new to the run
-            with _journal.Journal(self.path, rank=0, readonly=True) as j0:
+        if not stored and point is not None and where.rank != 0:  # a rank new to the run
+            assert self.path is not None  # open() has one
+            with Journal(self.path, rank=0, readonly=True) as j0:
                 stored = j0.config()
+        config = where.config
         if stored and _auto_partitions(dataset):  # a resume keeps the run's partitions
-            dataset.use_partitions(resolve_partitions(None, loader.world.nodes, stored))
-            loader.config = dataset.config()
+            dataset.use_partitions(resolve_partitions(None, where.nodes, stored))
+            config = dataset.config()
         # a dataset may declare keys that can change here (a mixture's new phase)
         evolves = getattr(dataset, "compatible_config", None)
         extra = tuple(evolves(j.config(), point)) if evolves is not None else ()
-        j.check_config(self.run_config(loader),
+        j.check_config(self.run_config(config, where.layout),
                        compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
         remote = [{"url": sh.url} for sh in dataset.manifest.shards
                   if is_remote_url(sh.url)]
@@ -227,30 +262,32 @@ class JournalSession:
             if j.latest_commit() is not None and resume is False:
                 raise JournalError(f"{self.path}: journal already holds commits; pass resume=True to "
                                    "continue that run, or use a new journal path")
-        else:
-            loader.epoch = int(point["epoch"])
-            loader.position = int(point["position"])
-            loader.steps_done = int(point["step"]) + 1
+        out = Resumed(config=config)
+        if point is not None:
+            out.epoch = int(point["epoch"])
+            out.position = int(point["position"])
+            out.steps_done = int(point["step"]) + 1
             per_rank = point.get("samples_total_per_rank") or []
-            mine = per_rank[loader.rank] if loader.rank < len(per_rank) else None
-            if point.get("world_size", 1) == loader.world_size and mine is not None:
-                loader.samples_total = int(mine)
-            elif loader.world_size == 1:
-                loader.samples_total = int(point.get("samples_total") or 0)
+            mine = per_rank[where.rank] if where.rank < len(per_rank) else None
+            if point.get("world_size", 1) == where.world_size and mine is not None:
+                out.samples_total = int(mine)
+            elif where.world_size == 1:
+                out.samples_total = int(point.get("samples_total") or 0)
             else:
-                loader.samples_total = 0
-            detail = {"step": point["step"], "epoch": loader.epoch, "position": loader.position,
-                      "world_size": loader.world_size, "num_workers": loader.num_workers,
-                      "nodes": loader.world.nodes, "partitions": dataset.plan_partitions}
+                out.samples_total = 0
+            detail = {"step": point["step"], "epoch": out.epoch, "position": out.position,
+                      "world_size": where.world_size, "num_workers": where.layout.get("num_workers"),
+                      "nodes": where.nodes, "partitions": dataset.plan_partitions}
             if point.get("skipped_incomplete"):
                 detail["skipped_incomplete"] = point["skipped_incomplete"]
             j.record_events([dict(kind=EventKind.RESUME.value, **detail)])
             log.info("resuming %s at step %s: epoch %d, position %d", self.path, point["step"],
-                     loader.epoch, loader.position)
+                     out.epoch, out.position)
         failed = set(j.shards_in_state("failed"))  # recorded redacted (resumewds.redact)
-        loader._failed_urls.update(s.url for s in dataset.manifest.shards if redact_url(s.url) in failed)
+        out.failed_urls = {s.url for s in dataset.manifest.shards if redact_url(s.url) in failed}
+        return out
 
-    def resolve_together(self, loader: WebLoader, path: str, step: Optional[int], resolve: Any
+    def resolve_together(self, rank: int, world_size: int, path: str, step: Optional[int], resolve: Any
                          ) -> Optional[Dict[str, Any]]:
         """Find the resume point once for all ranks, before any rank opens its journal.
 
@@ -263,14 +300,12 @@ class JournalSession:
         run).  Without a process group (ranks started by hand) every rank
         resolves on its own; start them after the previous run has stopped.
         """
-        import pickle
-
-        dist = process_group(loader)
+        dist = process_group(rank, world_size)
         if dist is None:
             return resolve(path, step)
         payload: List[Any] = [None]
         err: Optional[BaseException] = None
-        if loader.rank == 0:
+        if rank == 0:
             try:
                 payload[0] = (resolve(path, step), None)
             except Exception as exc:  # the other ranks must not wait for a broadcast forever
@@ -291,31 +326,37 @@ class JournalSession:
         return point
 
     # ---- commit / close ------------------------------------------------------
-    def commit(self, loader: WebLoader, step: int, stats: Optional[bool] = None) -> None:
-        """Record atomically the loader's position after ``step`` (see ``WebLoader.commit``)."""
+    def wants_stats(self, stats: Optional[bool] = None) -> bool:
+        """Whether the next commit carries a stats snapshot (``None``: at most every 5 s)."""
+        return (time.time() - self._last_stats_commit >= 5.0) if stats is None else bool(stats)
+
+    def commit(self, step: int, *, epoch: int, position: int, world_size: int, batch_size: Optional[int],
+               samples_total: int, shards: Sequence[Any], stats: Optional[Dict[str, Any]] = None) -> None:
+        """Record atomically the position after ``step`` (see ``WebLoader.commit``).
+
+        Args:
+            step: the training step.
+            epoch, position: where the loader is after that step.
+            world_size, batch_size, samples_total: the layout and this rank's sample count.
+            shards: the manifest's shards (consumption is recorded by url).
+            stats: a stats snapshot to record with it, or None.
+        """
         if self.journal is None:
             raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
-        now = time.time()
-        if stats is None:
-            stats = now - self._last_stats_commit >= 5.0
-        snap = None
-        if stats:
-            snap = loader.stats()
-            self._last_stats_commit = now
+        if stats is not None:
+            self._last_stats_commit = time.time()
         self.flush()
         consumed = {}
-        shards = loader.dataset.manifest.shards
         for (si, ep), n in self._consumed.items():
             consumed[(shards[si].url, ep)] = (n, int(shards[si].samples or 0))
         # the consumption table is folded in every few commits, and at once
         # when an epoch ended (its shards are then complete)
-        epoch_done = self._last_commit_epoch is not None and loader.epoch != self._last_commit_epoch
-        self.journal.commit(step, epoch=loader.epoch, position=loader.position, consumed=consumed,
-                            world_size=loader.world_size, batch_size=loader.batch_size,
-                            samples_total=loader.samples_total, stats=snap, materialize=epoch_done)
-        self._last_commit_epoch = loader.epoch
+        epoch_done = self._last_commit_epoch is not None and epoch != self._last_commit_epoch
+        self.journal.commit(step, epoch=epoch, position=position, consumed=consumed,
+                            world_size=world_size, batch_size=batch_size,
+                            samples_total=samples_total, stats=stats, materialize=epoch_done)
+        self._last_commit_epoch = epoch
         self._consumed.clear()
-        loader.steps_done = step + 1
 
     def close(self) -> None:
         """Flush what is buffered and close the journal (idempotent)."""
@@ -327,15 +368,15 @@ class JournalSession:
                 self.journal = None
 
 
-def process_group(loader: WebLoader) -> Any:
-    """torch.distributed, when its default group is exactly ``loader``'s world."""
-    if loader.world_size < 2:
+def process_group(rank: int, world_size: int) -> Any:
+    """torch.distributed, when its default group is exactly this world (``rank`` of ``world_size``)."""
+    if world_size < 2:
         return None
     try:
         import torch.distributed as dist
 
         if (dist.is_available() and dist.is_initialized()
-                and (dist.get_rank(), dist.get_world_size()) == (loader.rank, loader.world_size)):
+                and (dist.get_rank(), dist.get_world_size()) == (rank, world_size)):
             return dist
     except Exception:  # pragma: no cover - torch without distributed
         pass

@@ -56,7 +56,9 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
+import multiprocessing
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -71,6 +73,8 @@ MAX_TENSOR = 1 << 20
 
 #: bytes of one tensor slot (virtual memory: a page costs memory only once
 #: a batch has used it); a larger batch tensor takes torch's own path
+log = logging.getLogger("resumewds")
+
 TENSOR_SLOT_BYTES = 64 << 20
 
 _TENSOR: Any = None  # torch.Tensor, once a worker packs (no torch import here before that)
@@ -80,7 +84,7 @@ _STRIDED: List[Any] = []  # [torch.strided], set with _TENSOR
 def _tensor_type() -> Any:
     global _TENSOR
     if _TENSOR is None:
-        import torch
+        import torch  # lazy: torch (heavy), only where tensors are handled
 
         _STRIDED.append(torch.strided)
         _TENSOR = torch.Tensor
@@ -261,7 +265,7 @@ def _fill(x: Any, leaf: Callable[[int, Any], Any], refs: Any, done: Dict[int, An
 
 
 def _uint8() -> Any:
-    import torch
+    import torch  # lazy: torch (heavy), only where tensors are handled
 
     return torch.uint8
 
@@ -269,7 +273,7 @@ def _uint8() -> Any:
 def _slot_view(mm: mmap.mmap, offset: int, n: int) -> Any:
     """``n`` bytes of the mapping at ``offset`` as a uint8 tensor (no copy; the
     caller copies into or out of it at once and drops it)."""
-    import torch
+    import torch  # lazy: torch (heavy), only where tensors are handled
 
     return torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=offset)
 
@@ -301,8 +305,6 @@ class TensorSlots:
     """
 
     def __init__(self, num_workers: int, slots: int, slot_bytes: int = TENSOR_SLOT_BYTES):
-        import multiprocessing
-
         self.num_workers, self.slots = int(num_workers), int(slots)
         self.slot_bytes = -(-int(slot_bytes) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.mm: Optional[mmap.mmap] = mmap.mmap(-1, self.num_workers * self.slots * self.slot_bytes)
@@ -319,7 +321,7 @@ class TensorSlots:
         mm = self.mm
         if mm is None or not 0 < nbytes <= self.slot_bytes:
             return None
-        import torch
+        import torch  # lazy: torch (heavy), only where tensors are handled
 
         for s in range(self.slots):
             idx = worker * self.slots + s
@@ -334,8 +336,8 @@ class TensorSlots:
     def collate(self, worker: int) -> Callable[[List[Any]], Any]:
         """torch's ``default_collate``, with batch tensors over
         :data:`MAX_TENSOR` bytes stacked into a free slot of ``worker``."""
-        import torch
-        from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+        import torch  # lazy: torch (heavy), only where tensors are handled
+        from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map  # lazy: torch
 
         def stack(batch: Any, *, collate_fn_map: Any = None) -> Any:
             elem = batch[0]
@@ -388,7 +390,7 @@ class TensorSlots:
         """The tensor ``m`` stands for, over the slot's memory (no copy); the
         slot is released when every tensor over it is gone.  ``views``: the
         slots' buffers of one batch (one release per slot and batch)."""
-        import torch
+        import torch  # lazy: torch (heavy), only where tensors are handled
 
         buf = views.get(m.slot)
         if buf is None:
@@ -439,8 +441,6 @@ class BytesRing:
 
     def __init__(self, num_workers: int, slots: int, slot_bytes: int, tensor_slots: int = 0,
                  tensor_slot_bytes: int = TENSOR_SLOT_BYTES):
-        import multiprocessing
-
         self.num_workers, self.slots = int(num_workers), int(slots)
         self.slot_bytes = -(-int(slot_bytes) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.mm: Optional[mmap.mmap] = mmap.mmap(-1, self.num_workers * self.slots * self.slot_bytes)
@@ -523,7 +523,7 @@ class BytesRing:
                 if marker is _LEAF:
                     v = mm[a:e]
                 else:  # a new tensor, one copy out of the slot
-                    import torch
+                    import torch  # lazy: torch (heavy), only where tensors are handled
 
                     v = torch.empty(marker.shape, dtype=marker.dtype)
                     v.reshape(-1).view(torch.uint8).copy_(_slot_view(mm, a, e - a))
@@ -544,3 +544,41 @@ class BytesRing:
 
     def __getstate__(self) -> Dict[str, Any]:  # pragma: no cover - spawn: never sent
         raise TypeError("BytesRing is inherited by forked workers, never pickled")
+
+
+def ring_for(num_workers: int, kw: Dict[str, Any], shards: Any, batch_size: int,
+             tensors: bool) -> Optional[BytesRing]:
+    """A :class:`BytesRing` sized for ``num_workers`` forked DataLoader workers
+    (``kw``: the DataLoader's keyword arguments) delivering batches of
+    ``batch_size`` samples of ``shards``, or None where workers are not forked
+    or there is no shared memory.  ``tensors``: with tensor slots (the default
+    collation, which the workers then do into them).
+
+    Example:
+        >>> ring_for(2, {"multiprocessing_context": "spawn"}, [], 8, True) is None
+        True
+    """
+    ctx = kw.get("multiprocessing_context")
+    if ctx is None:
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    else:
+        method = ctx if isinstance(ctx, str) else ctx.get_start_method()
+    if method != "fork":
+        return None
+    # a slot holds a batch's bytes: twice the average, pages used only when touched
+    size = samples = 0
+    for sh in shards:
+        if sh.size and sh.samples:
+            size, samples = size + int(sh.size), samples + int(sh.samples)
+    per_sample = size / samples if samples else 1 << 20
+    slot = max(1 << 20, int(2 * batch_size * per_sample))
+    slots = int(kw.get("prefetch_factor") or 2) + 2
+    # tensor slots only for the default collation; a user's collate_fn keeps its own tensors
+    tensor_slots = slots if tensors else 0
+    # virtual memory only until used, but at most 4 GB of it in all (many workers)
+    tensor_bytes = max(8 << 20, min(TENSOR_SLOT_BYTES, (4 << 30) // max(1, num_workers * slots)))
+    try:
+        return BytesRing(num_workers, slots, slot, tensor_slots=tensor_slots, tensor_slot_bytes=tensor_bytes)
+    except (OSError, ValueError) as exc:  # pragma: no cover - no shared memory here
+        log.debug("shared-memory transport unavailable (%s): batches go through the queue", exc)
+        return None

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .errors import ResumeWDSError, SourceError
 from .fetch.transport import is_local_url
+from .urls import expand_braces
 
 __all__ = ["CHECK_LIMIT", "check_local_shard", "check_sources", "duplicate_content", "local_shard_problem",
            "warn_duplicate_content"]
@@ -70,7 +71,6 @@ def _local_candidates(source: str) -> List[str]:
     """The local paths a source names (brace patterns expanded); [] for URLs."""
     if not is_local_url(source):  # the transport registry's answer
         return []
-    from .sources import expand_braces
 
     try:
         items = expand_braces(source)

@@ -25,13 +25,14 @@ Example:
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from .digests import LazyDigests
+from . import config
+from .cache import ShardStore
 from .errors import SourceError, UnsafeSourceError
+from .fetch import FetchConfig, fetch_bytes
+from .fetch.s3 import scheme_hint
 from .fetch.transport import is_local_url, is_remote_object, is_remote_url
-from .gopen import rewrite_url
 from .manifest import (
     ArrayFile,
     LazyOffsets,
@@ -41,76 +42,12 @@ from .manifest import (
     load_manifest,
     parse_manifest_bytes,
 )
+from .sampledigests import LazyDigests
 from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
-from .utils import check_source_allowed
-
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+from .stats import event_record, setup_logging
+from .urls import check_source_allowed, expand_braces, rewrite_url
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], Manifest]
-
-
-def _find_group(s: str) -> Optional[tuple]:
-    depth = 0
-    start = -1
-    for i, c in enumerate(s):
-        if c == "{":
-            if depth == 0:
-                start = i
-            depth += 1
-        elif c == "}" and depth:
-            depth -= 1
-            if depth == 0:
-                return start, i
-    return None
-
-
-def _split_top(body: str) -> List[str]:
-    parts: List[str] = []
-    cur: List[str] = []
-    depth = 0
-    for c in body:
-        if c == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-        cur.append(c)
-    parts.append("".join(cur))
-    return parts
-
-
-def expand_braces(pattern: str) -> List[str]:
-    """Expand shell-style brace patterns (numeric ranges keep zero padding).
-
-    Raises:
-        SourceError: an unbalanced or empty brace group.
-    """
-    if pattern.count("{") != pattern.count("}"):
-        raise SourceError(f"{pattern}: unbalanced braces in shard pattern")
-    g = _find_group(pattern)
-    if g is None:
-        return [pattern]
-    a, b = g
-    head, body, tail = pattern[:a], pattern[a + 1:b], pattern[b + 1:]
-    m = _RANGE.match(body)
-    if m:
-        lo_s, hi_s = m.group(1), m.group(2)
-        lo, hi = int(lo_s), int(hi_s)
-        width = max(len(lo_s), len(hi_s)) if (lo_s.startswith("0") or hi_s.startswith("0")) else 0
-        step = 1 if hi >= lo else -1
-        alts = [str(v).zfill(width) for v in range(lo, hi + step, step)]
-    else:
-        alts = _split_top(body)
-        if len(alts) < 2:
-            # "{x}" is not a group in the shell either; keep it literally
-            return [head + "{" + x + "}" + t for x in expand_braces(body) for t in expand_braces(tail)]
-    out: List[str] = []
-    for alt in alts:
-        out.extend(expand_braces(head + alt + tail))
-    return out
 
 
 def _balanced(cmd: str) -> bool:
@@ -123,8 +60,6 @@ def _normalise(url: str) -> str:
         return url
     if not is_local_url(url):
         scheme = url.split("://", 1)[0]
-        from .fetch.s3 import scheme_hint  # how other object stores connect (gs://, azure)
-
         raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
                           "(use a local path, file://, http(s)://, s3:// or pipe:)" + scheme_hint(scheme))
     if url.startswith("file://"):
@@ -144,8 +79,6 @@ def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
     journal count shards)."""
     if kind != "retry":
         return
-    from .stats import event_record, setup_logging
-
     setup_logging()
     event_record(kind, url, detail)
 
@@ -154,9 +87,6 @@ def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
 
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
                      cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None) -> Manifest:
-    from . import config
-    from .fetch import FetchConfig, fetch_bytes  # local import: keeps start-up light
-
     cfg = fetch_config or FetchConfig.from_env()
     raw = fetch_bytes(url, cfg, on_event=_log_manifest_event, max_bytes=config.manifest_max_bytes())
     m = parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)
@@ -176,8 +106,6 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
                         if isinstance(s.sample_digests, LazyDigests)})  # version 3's digests file
     if sides_by_id:
         # a version-2 manifest's offsets file comes through the verified cache
-        from .cache import ShardStore
-
         store = ShardStore(cache_dir=cache_dir, fetch=cfg)
         for side in sides_by_id.values():
             if is_remote_object(side.path):

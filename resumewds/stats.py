@@ -75,6 +75,7 @@ import threading
 import time
 from typing import Any, Deque, Dict, Iterable, Optional, Tuple
 
+from .config import verbose_level  # RESUMEWDS_VERBOSE is read (and checked) there
 from .events import EventKind, info_kinds, level_of, stats_counters
 
 log = logging.getLogger("resumewds")
@@ -305,8 +306,6 @@ def event_record(kind: str, url: str, detail: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _level_from(verbose: bool) -> Optional[int]:
-    from .config import verbose_level  # RESUMEWDS_VERBOSE is read (and checked) there
-
     return {2: logging.DEBUG, 1: logging.INFO}.get(verbose_level(verbose))
 
 

@@ -17,9 +17,9 @@ samples in different orders, but decide the same things the same way, here:
 * the events of the step, and a sample a stage's handler skipped counted as
   skipped, not filtered (:func:`finish_step`).
 
-A stage whose handler says stop raises :class:`~resumewds.handlers.HandlerStop`
+A stage whose handler says stop raises :class:`~resumewds.errors.HandlerStop`
 out of the step engine; direct iteration ends there
-(:func:`resumewds.handlers.until_stop`), a WebLoader ends the epoch.
+(:func:`resumewds.handling.until_stop`), a WebLoader ends the epoch.
 
 The objects passed as ``ds`` are data sets (``_read``, ``_read_run``,
 ``_stopping``).
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from .errors import HandlerStop
 from .events import EventKind
-from .handlers import HandlerStop
 
 __all__ = ["apply_stages", "collate_step", "finish_step", "read_or_stop", "read_run_or_stop", "start_steps"]
 

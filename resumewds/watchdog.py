@@ -38,6 +38,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from . import config
 from .errors import ResumeWDSError
 
 __all__ = ["DEFAULT_STALL_SECONDS", "WorkerStallError", "WorkerWatchdog", "die_with_parent",
@@ -78,8 +79,6 @@ def stall_limit(explicit: Optional[float] = None) -> float:
     Raises:
         ValueError: a negative or non-numeric value (naming where it came from).
     """
-    from . import config
-
     if explicit is not None and not float(explicit) >= 0:
         raise ValueError(f"stall_timeout={explicit!r}: must be >= 0 seconds (0: no limit)")
     return float(config.value("worker_stall", None if explicit is None else float(explicit)))

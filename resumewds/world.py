@@ -39,8 +39,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
+
+from . import config
 
 log = logging.getLogger("resumewds")
 
@@ -101,13 +104,15 @@ def _env_int(*names: str, env: Optional[Mapping[str, str]] = None) -> Optional[i
 
 
 def _process_group() -> Any:
-    """``torch.distributed`` if a default process group is initialized, else None."""
-    try:
-        import torch.distributed as dist
+    """``torch.distributed`` if a default process group is initialized, else None.
 
-        if dist.is_available() and dist.is_initialized():
+    A process group is only ever initialized after ``torch.distributed`` was
+    imported, so this never imports torch itself."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
             return dist
-    except Exception:  # pragma: no cover - torch missing or without distributed
+    except Exception:  # pragma: no cover - torch without distributed
         pass
     return None
 
@@ -152,8 +157,6 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
 
 def node_key() -> str:
     """What identifies a shared cache: ``hostname:RESUMEWDS_CACHE_DIR``."""
-    from . import config
-
     return f"{socket.gethostname()}:{os.path.realpath(config.cache_dir())}"
 
 
@@ -282,3 +285,75 @@ def resolve_partitions(requested: Optional[int], nodes: int, stored: Any = None)
     if stored:
         return int(stored.get("partitions") or 1)
     return max(1, int(nodes))
+
+
+def node_info(group: Any = None) -> Tuple[int, int]:
+    """``(rank, world_size)`` of this process: in ``group`` (a torch.distributed
+    process group) if given, else :func:`world_from_env`.
+
+    Example:
+        >>> node_info() if "RANK" not in os.environ else (0, 1)
+        (0, 1)
+    """
+    if group is not None:
+        dist = _process_group()
+        if dist is not None:
+            return dist.get_rank(group=group), dist.get_world_size(group=group)
+    return world_from_env()
+
+
+def torch_worker() -> Tuple[int, int]:
+    """``(worker, num_workers)`` of this DataLoader worker; ``(0, 1)`` outside one.
+
+    ``WORKER`` / ``NUM_WORKERS`` override it, as in webdataset.  Never imports torch.
+
+    Example:
+        >>> torch_worker() if "WORKER" not in os.environ else (0, 1)
+        (0, 1)
+    """
+    if os.environ.get("WORKER", "").strip() and os.environ.get("NUM_WORKERS", "").strip():
+        return int(os.environ["WORKER"]), int(os.environ["NUM_WORKERS"])  # webdataset's override
+    data = sys.modules.get("torch.utils.data")
+    if data is not None:
+        info = data.get_worker_info()
+        if info is not None:
+            return int(info.id), int(info.num_workers)
+    return 0, 1
+
+
+def worker_info(group: Any = None) -> Tuple[int, int, int, int]:
+    """``(rank, world_size, worker, num_workers)`` of this process.
+
+    Example:
+        >>> worker_info()[2:]
+        (0, 1)
+    """
+    rank, world = node_info(group)
+    worker, nworkers = torch_worker()
+    return rank, world, worker, nworkers
+
+
+def late_world(built: World, journal_path: Optional[str] = None) -> Optional[World]:
+    """The world of now for a loader built with ``built`` (world size 1, no rank or world size given),
+    or None when there is still no other.
+
+    A framework may set up the processes after the loader was built (Lightning's
+    DDP does rank 0's inside ``fit``): the loader then takes the world of its first
+    ``len()`` or iteration.  Same nodes as when it was built (no collective call
+    here: the other ranks may not be asking).
+
+    Raises:
+        ValueError: the loader opened a journal as the only rank.
+
+    Example:
+        >>> late_world(World(0, 1)) if "WORLD_SIZE" not in os.environ else None
+    """
+    rank, size = world_from_env()
+    if size == 1:
+        return None
+    if journal_path is not None:
+        raise ValueError(f"this loader opened its journal {journal_path} as the only rank, and now runs as rank "
+                         f"{rank} of {size}: build it once the processes are set up (Lightning: in "
+                         "train_dataloader()), or pass rank= and world_size=")
+    log.info("resumewds: rank %d of %d (set up after the loader was built)", rank, size)
+    return detect_world(rank, size, nodes=built.nodes)

@@ -52,8 +52,9 @@ from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import xxhash
 
-from . import tario, utils
+from . import tario, urls
 from .manifest import Manifest, ShardInfo, load_manifest
+from .tenbin import encode_buffer
 
 __all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
            "imageencoder", "make_encoder", "make_handlers", "numpy_dumps", "torch_dumps"]
@@ -138,8 +139,6 @@ def numpy_npz_dumps(data: Dict[str, Any]) -> bytes:
 
 def tenbin_dumps(x: Any) -> bytes:
     """A numpy array, or a list of them, in webdataset's tenbin format (``.ten``)."""
-    from .tenbin import encode_buffer
-
     return encode_buffer(x if isinstance(x, list) else [x])
 
 
@@ -403,7 +402,7 @@ class TarWriter:
         self._proc: Optional[subprocess.Popen] = None
         self.own_fileobj: Any = None
         if isinstance(fileobj, str):
-            utils.check_source_allowed(fileobj)  # webdataset's gopen(fileobj, "wb") under enforce_security
+            urls.check_source_allowed(fileobj)  # webdataset's gopen(fileobj, "wb") under enforce_security
             self.url = fileobj
             path = _local_path(fileobj)
             if path is not None:

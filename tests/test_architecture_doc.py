@@ -142,7 +142,8 @@ def test_every_backticked_name_exists():
 def test_a_stale_name_is_caught():
     doc = ("## Repository layout\n```\nresumewds/\n  gone.py   a module that was removed\n"
            "  fetch/\n    settings.py  FetchConfig\n```\n"
-           "`dataset._NOT_THERE` and `FetchConfig.no_such_field` and `_nowhere_at_all`; `plan.sample_at` is fine.\n")
+           "`dataset._NOT_THERE` and `FetchConfig.no_such_field` and `_nowhere_at_all`; "
+           "`epochplan.sample_at` is fine.\n")
     assert ("resumewds/gone.py" in {p for p, _ in layout_paths(doc)})
     assert ("resumewds/fetch/settings.py" in {p for p, _ in layout_paths(doc)})
     assert sorted(dangling_names(doc)) == ["FetchConfig.no_such_field", "_nowhere_at_all", "dataset._NOT_THERE"]

@@ -544,11 +544,11 @@ def test_store_in_a_forked_child_gets_fresh_runtime(served, tmp_path):
     data = make_blob(os.path.join(root, "a.tar"), 20 * KB)
     st = store_for(tmp_path)
     st.ensure(shard_for(srv.url + "a.tar", data))
-    parent_session = st._session()
+    parent_session = st.session()
     q = FORK.Queue()
 
     def child():
-        q.put((st._session() is not parent_session, digest(read(st.ensure(shard_for(srv.url + "a.tar", data))))))
+        q.put((st.session() is not parent_session, digest(read(st.ensure(shard_for(srv.url + "a.tar", data))))))
 
     p = FORK.Process(target=child)
     p.start()
@@ -729,7 +729,7 @@ def test_entry_removed_by_a_repairer_while_being_hashed_is_looked_at_again(serve
 
 
 def test_reader_acquires_again_when_a_verified_entry_vanishes_before_it_is_opened(served, tmp_path, monkeypatch):
-    from resumewds.dataset import _ShardReader
+    from resumewds.openshards import ShardReader as _ShardReader
 
     root, srv = served
     data = make_tar(os.path.join(root, "a.tar"))

@@ -31,9 +31,9 @@ import pytest
 
 import resumewds as rw
 from resumewds.journal import resolve_resume, run_journal_paths, status
-from resumewds.loader import world_from_env
 from resumewds.plan import Layout, Plan
 from resumewds.synth import write_shards
+from resumewds.world import world_from_env
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

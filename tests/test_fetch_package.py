@@ -90,7 +90,7 @@ def test_is_this_url_remote_has_one_answer(url, expected):
     import resumewds.sourcecheck as sourcecheck
 
     assert (sourcecheck._local_candidates(url) == []) is (not expected[2])
-    from resumewds.utils import _is_local  # the drop-in's copy, kept off the fetch package's import
+    from resumewds.urls import _is_local  # the drop-in's copy, kept off the fetch package's import
 
     assert _is_local(url) is (expected[2] and url != "-")
     assert not hasattr(manifest, "is_remote")

@@ -16,7 +16,7 @@ import pytest
 import webdataset as real_wds
 
 import resumewds as rw
-from resumewds import config, events, filters, pipeline
+from resumewds import config, events, filters, positions, stages
 from resumewds.errors import DecodeError, MissingKeyError
 from resumewds.plan import Layout
 from resumewds.synth import write_shards
@@ -51,21 +51,21 @@ def _each_form(shards, *calls):
 # ---- one callable per per-sample stage ------------------------------------------------
 def test_each_per_sample_stage_is_one_callable_in_both_forms(shards):
     cases = {
-        "map": ((lambda s: s,), {}, pipeline.Map),
-        "map_dict": ((), {"cls": int}, pipeline.MapDict),
-        "map_tuple": ((int,), {}, pipeline.MapTuple),
-        "to_tuple": (("cls",), {}, pipeline.ToTuple),
-        "rename": ((), {"label": "cls"}, pipeline.Rename),
-        "select": ((bool,), {}, pipeline.Select),
-        "rename_keys": ((), {"label": "*.cls"}, pipeline.RenameKeys),
-        "extract_keys": (("*.cls",), {}, pipeline.ExtractKeys),
+        "map": ((lambda s: s,), {}, stages.Map),
+        "map_dict": ((), {"cls": int}, stages.MapDict),
+        "map_tuple": ((int,), {}, stages.MapTuple),
+        "to_tuple": (("cls",), {}, stages.ToTuple),
+        "rename": ((), {"label": "cls"}, stages.Rename),
+        "select": ((bool,), {}, stages.Select),
+        "rename_keys": ((), {"label": "*.cls"}, stages.RenameKeys),
+        "extract_keys": (("*.cls",), {}, stages.ExtractKeys),
     }
     for name, (args, kw, cls) in cases.items():
         composed = getattr(filters, name)(*args, **kw)
         assert type(composed.fn) is cls, name
         fluent = getattr(rw.WebDataset(shards[:1]), name)(*args, **kw)
         assert type(fluent._spec[-1].fn) is cls, name
-    assert filters.getfirst is pipeline.getfirst
+    assert filters.getfirst is stages.getfirst
     # decode and xdecode: one decoder class each
     assert type(filters.decode("rgb8").fn) is type(rw.WebDataset(shards[:1]).decode("rgb8")._spec[-1].fn)
     assert type(filters.xdecode(png=bytes).fn) is type(rw.WebDataset(shards[:1]).xdecode(png=bytes)._spec[-1].fn)
@@ -86,13 +86,13 @@ def test_map_tuple_on_a_dict_is_one_error_in_every_form(shards):
 def test_getfirst_raises_one_error_a_value_error_as_webdataset(shards):
     with pytest.raises(ValueError):
         real_wds.filters.getfirst({"a": 1}, "b")
-    with pytest.raises(pipeline.FieldError):
+    with pytest.raises(stages.FieldError):
         filters.getfirst({"a": 1}, "b")
     for _form, run in _each_form(shards, ("to_tuple", ("nope",), {})).items():
-        with pytest.raises(pipeline.FieldError):
+        with pytest.raises(stages.FieldError):
             run()
     for _form, run in _each_form(shards, ("rename", (), {"x": "nope"})).items():
-        with pytest.raises(pipeline.FieldError):
+        with pytest.raises(stages.FieldError):
             run()
     assert filters.getfirst({"a": 1}, "b", default=3, missing_is_error=False) == 3
 
@@ -114,8 +114,8 @@ def test_map_dict_changes_the_sample_in_place_as_webdataset_in_every_form(shards
         with pytest.raises(MissingKeyError, match="nope"):
             run()
     # the hidden position keys survive (a copy of a Sample would drop them)
-    s = pipeline.hide_positions({"__key__": "k", "a": 1, "__epoch__": 0, "__index__": 5, "__shard__": "x"})
-    assert pipeline.MapDict(a=str)(s)["__index__"] == 5
+    s = positions.hide_positions({"__key__": "k", "a": 1, "__epoch__": 0, "__index__": 5, "__shard__": "x"})
+    assert stages.MapDict(a=str)(s)["__index__"] == 5
 
 
 def test_map_tuple_map_dict_to_tuple_rename_results_agree_across_forms(shards):
@@ -217,12 +217,12 @@ def test_a_stage_stop_in_a_mixture_ends_direct_iteration_quietly(shards):
         got = [k for k, in ds]  # no HandlerStop escapes: the epoch ends at the step of the stop
         assert len(got) < size and "s000000_000005" not in got
         steps = ds.iter_steps(0, 0, Layout(batch_size=2), collate=False)
-        with pytest.raises(rw.pipeline.HandlerStop):  # the step engines: the same exception
+        with pytest.raises(rw.stages.HandlerStop):  # the step engines: the same exception
             list(steps)
 
 
 def test_a_batch_map_returning_none_is_dropped_and_counted_in_a_mixture_like_the_data_set(shards):
-    from resumewds.pipeline import default_collate
+    from resumewds.stages import default_collate
 
     drop_odd = lambda b: None if any(k.endswith("5") for k in b["__key__"]) else b
     alone = rw.WebDataset(shards[:2]).batched(4, collation_fn=default_collate).map(drop_odd)
@@ -267,21 +267,21 @@ def test_sample_skip_is_an_event_kind_with_its_consumers():
     assert events.EventKind.SAMPLE_SKIP == "sample_skip"
     spec = events.EVENTS[events.EventKind.SAMPLE_SKIP]
     assert spec.shard_state is None and spec.journaled
-    pipeline.record_skip({"__url__": "u", "__key__": "k"}, ValueError("x"), "map")
-    rec = [e for e in pipeline.SKIPPED if e["kind"] == events.EventKind.SAMPLE_SKIP]
+    stages.record_skip({"__url__": "u", "__key__": "k"}, ValueError("x"), "map")
+    rec = [e for e in stages.SKIPPED if e["kind"] == events.EventKind.SAMPLE_SKIP]
     assert rec and rec[-1]["key"] == "k"
-    pipeline.SKIPPED.clear()
+    stages.SKIPPED.clear()
 
 
 def test_a_handler_stop_ends_a_stream_quietly_through_one_helper():
-    from resumewds.handlers import until_stop
+    from resumewds.handling import until_stop
 
     def gen():
         yield 1
-        raise pipeline.HandlerStop("stop")
+        raise stages.HandlerStop("stop")
 
     assert list(until_stop(gen())) == [1]
-    assert filters.StopPipeline is pipeline.HandlerStop
+    assert filters.StopPipeline is stages.HandlerStop
 
 
 def test_no_pickle_aliases_are_left_in_filters():

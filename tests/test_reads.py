@@ -8,7 +8,7 @@ import os
 import pytest
 
 import resumewds as rw
-import resumewds.dataset as D
+import resumewds.shardset as D
 from conftest import tar_bytes
 from resumewds import tario
 from resumewds.manifest import Manifest

@@ -259,8 +259,10 @@ def test_report_uses_only_public_journal_functions():
     import inspect
 
     import resumewds.report as report
+    import resumewds.reportfigs as reportfigs
+    import resumewds.rundata as rundata
 
-    src = inspect.getsource(report)
+    src = "".join(inspect.getsource(m) for m in (report, rundata, reportfigs))
     for private in ("_open_run", "_close_all", "conn.execute", "SELECT ", "._db("):
         assert private not in src, private
 

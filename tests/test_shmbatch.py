@@ -324,7 +324,7 @@ def test_pin_memory_pins_what_the_ring_delivered(big_shards, unpacks, monkeypatc
     accelerator present), the loader pins the unpacked batch itself.  Here,
     without an accelerator, torch is told one is present and pinning records
     what it is given."""
-    import resumewds.loader as L
+    import resumewds.shardloader as L
 
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))

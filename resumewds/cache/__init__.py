@@ -10,13 +10,20 @@ Where things are (read in this order)::
     layout.py    one entry on disk: its files (shard, .partial, .meta, .lock, .dl),
                  the meta format, EntryState (the entry's life, documented at the
                  enum), and the symlink-refusing file primitives
-    store.py     ShardStore and LocalShard: acquire, verify local files, classify an
-                 entry, fill / adopt / repair and publish it; the pin and download
-                 locks; the fork registry
+    locks.py     the pin (LocalShard, released on close) and the download lock
+                 (lock_download: waits for another downloader within the budget)
+    local.py     local shards: verified in place, the "verified" marks
+    store.py     ShardStore: acquire, classify an entry, fill / adopt / repair and
+                 publish it; the per-shard fetch budgets; the fork registry
     eviction.py  LRU within cache_size: scan, evict (never a pinned entry)
     prefetch.py  Prefetcher: the background download threads (prefetch_threads:
                  4 for a shuffled window, else 2), within cache_size
     bulk.py      the CLI's passes over a manifest: verify_all, prefetch_all
+
+prefetch.py, bulk.py and :mod:`resumewds.repair` call the store back only
+through its public protocol (:class:`resumewds.storeapi.StoreAPI`: ``ensure``,
+``check_local``, ``emit``, ``count``, ``evict``, ``session``, ``close_session``,
+``write_meta``); the store imports them, never the other way round.
 
 The life of one remote entry (details at :class:`~resumewds.cache.layout.EntryState`)::
 

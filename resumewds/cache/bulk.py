@@ -11,22 +11,20 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ..errors import ResumeWDSError
 from ..events import EventKind
 from ..fetch import is_remote_url
 from ..manifest import ShardInfo
+from ..storeapi import StoreAPI
 from . import layout
 from .layout import ProgressFn, not_a_complete_tar
-
-if TYPE_CHECKING:
-    from .store import ShardStore
 
 Outcome = Tuple[ShardInfo, bool, Optional[BaseException]]
 
 
-def verify_all(store: ShardStore, shards: Sequence[ShardInfo],
+def verify_all(store: StoreAPI, shards: Sequence[ShardInfo],
                progress: Optional[ProgressFn] = None) -> List[Outcome]:
     """Hash every shard now (policy "always"), for ``resumewds verify``.
 
@@ -52,25 +50,25 @@ def verify_all(store: ShardStore, shards: Sequence[ShardInfo],
     for s in shards:
         try:
             if is_remote_url(s.url):
-                ls = store._acquire(s, pin=False, policy="always", progress=progress)
+                path = store.ensure(s, policy="always", progress=progress)
                 if s.xxh3_64 is None:
                     # nothing to compare with: the cached copy must at least be a
                     # complete tar (one stored by an older version may be an error page)
-                    bad = not_a_complete_tar(ls.path, s.url, what="cached copy of")
+                    bad = not_a_complete_tar(path, s.url, what="cached copy of")
                     if bad is not None:
-                        store._emit(EventKind.VERIFY_FAIL, s.url, expected="a complete tar", actual=str(bad))
-                        layout.remove(ls.path + ".meta")
-                        layout.remove(ls.path)
-                        store._acquire(s, pin=False, policy="always", progress=progress)  # fetched again
+                        store.emit(EventKind.VERIFY_FAIL, s.url, expected="a complete tar", actual=str(bad))
+                        layout.remove(path + ".meta")
+                        layout.remove(path)
+                        store.ensure(s, policy="always", progress=progress)  # fetched again
             else:
-                store._check_local(s, "always", progress)
+                store.check_local(s, "always", progress)
             out.append((s, True, None))
         except ResumeWDSError as exc:
             out.append((s, False, exc))
     return out
 
 
-def prefetch_all(store: ShardStore, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
+def prefetch_all(store: StoreAPI, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
                  parallel: int = 2) -> List[Outcome]:
     """Download every remote shard into the cache, for ``resumewds prefetch``.
 

@@ -41,10 +41,11 @@ import collections
 import logging
 import sys
 import threading
-from typing import TYPE_CHECKING, Deque, Dict, List, Sequence, Set
+from typing import Deque, Dict, List, Sequence, Set
 
 from ..fetch import is_remote_url
 from ..manifest import ShardInfo
+from ..storeapi import StoreAPI
 from . import layout
 
 #: ``prefetch_threads=None`` (the default): whole-shard downloads at once for an
@@ -58,9 +59,6 @@ PREFETCH_THREADS = 2
 #: whole).  Each download reserves its shard's size, so ``cache_size`` bounds
 #: them all (see Prefetcher)
 WINDOW_PREFETCH_THREADS = 4
-
-if TYPE_CHECKING:
-    from .store import ShardStore
 
 log = logging.getLogger("resumewds.cache")
 
@@ -97,7 +95,7 @@ class Prefetcher:
         threads: the running threads.
     """
 
-    def __init__(self, store: ShardStore):
+    def __init__(self, store: StoreAPI):
         self.store = store
         self.cond = threading.Condition()
         self.queue: Deque[ShardInfo] = collections.deque()
@@ -188,7 +186,7 @@ class Prefetcher:
             # (a partial download, the published entry, or nothing: published
             # between the listing and the lstat); every other entry as on disk
             reserved = sum(self._reserved.values())
-            used = store._evict(reserve=need + reserved, keep=keep, reserved=set(self._reserved)) + reserved
+            used = store.evict(reserve=need + reserved, keep=keep, reserved=set(self._reserved)) + reserved
             if used + need > store.cache_size or (not need and used >= store.cache_size):
                 return False
             self._reserved[store.entry_path(shard.url)] = need
@@ -203,7 +201,7 @@ class Prefetcher:
         try:
             self._work()
         finally:
-            self.store._close_session()  # this thread's pooled connections
+            self.store.close_session()  # this thread's pooled connections
 
     def _work(self) -> None:
         store = self.store
@@ -218,13 +216,13 @@ class Prefetcher:
             try:
                 if self.fits(shard):
                     try:
-                        store._acquire(shard, pin=False, reader=False)
+                        store.ensure(shard, reader=False)
                     finally:
                         self.unreserve(shard)
                 else:
-                    store._count("prefetch_over_budget")
+                    store.count("prefetch_over_budget")
             except Exception:
-                store._count("prefetch_error")
+                store.count("prefetch_error")
             finally:
                 with self.cond:
                     self.current.discard(shard.url)

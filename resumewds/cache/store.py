@@ -1,17 +1,16 @@
-"""The store: a verified local file for each shard (fill, verify, repair, publish, locks).
+"""The store: a verified local file for each shard (fill, verify, repair, publish).
 
-:class:`ShardStore` hands readers a :class:`LocalShard`.  Local shards are
-verified in place; a remote shard's entry (:mod:`resumewds.cache.layout`)
-is looked at under its pin lock, and filled, repaired or adopted under its
-download lock; eviction and prefetch are :mod:`resumewds.cache.eviction`
-and :mod:`resumewds.cache.prefetch`.
+:class:`ShardStore` hands readers a :class:`~resumewds.cache.locks.LocalShard`.
+Local shards are verified in place (:mod:`resumewds.cache.local`); a remote
+shard's entry (:mod:`resumewds.cache.layout`) is looked at under its pin
+lock, and filled, repaired (:mod:`resumewds.repair`) or adopted under its
+download lock (:mod:`resumewds.cache.locks`); eviction and prefetch are
+:mod:`resumewds.cache.eviction` and :mod:`resumewds.cache.prefetch`.  The
+modules it calls back through (prefetch, bulk, repair) see only its public
+protocol, :class:`resumewds.storeapi.StoreAPI`.
 
-Two locks per entry, both ``fcntl.flock`` (they vanish with the process
-that held them, so a killed process never blocks the others): ``.lock``
-pins (readers hold it shared while they read, the evictor needs it
-exclusive), ``.dl`` admits one downloader at a time.  A reader never
-upgrades its pin: an upgrade waits for every other reader's pin, and a
-reader that pins a shard and then idles would block it forever.
+A reader never upgrades its pin: an upgrade waits for every other reader's
+pin, and a reader that pins a shard and then idles would block it forever.
 """
 
 from __future__ import annotations
@@ -26,18 +25,14 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-import xxhash
-
 from .. import config as _config
-from ..digests import check_copy, index_key
+from ..compressed import open_view
 from ..errors import (
     CacheError,
     ChecksumMismatch,
     PermanentFetchError,
     ResumeWDSError,
     ShardFormatError,
-    ShardNotFoundError,
-    TransientFetchError,
     UnsafeSourceError,
 )
 from ..events import EventKind as K
@@ -48,14 +43,16 @@ from ..fetch import (
     fetch_to_file,
     is_local_url,
     is_remote_url,
-    local_path,
     new_session,
 )
 from ..manifest import ShardInfo
 from ..redact import redact_url
-from . import eviction, layout
+from ..repair import repair_download, repair_entry
+from ..samplecheck import check_copy
+from . import eviction, layout, local
 from .bulk import prefetch_all, verify_all
-from .layout import HASH_CHUNK, NOFOLLOW, EntryState, ProgressFn, cache_error, not_a_complete_tar
+from .layout import EntryState, ProgressFn, cache_error, not_a_complete_tar
+from .locks import LocalShard, lock_download
 from .prefetch import Prefetcher
 
 EventFn = Callable[..., None]
@@ -84,99 +81,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def lock_download(dl: int, url: str, budget: FetchBudget, base: str) -> None:
-    """Take the download lock ``dl`` of entry ``base``, waiting for another
-    downloader (a prefetch thread, another process) no longer than what is
-    left of the budget; past it, only while that download is seen to
-    progress at the minimum rate (its ``.partial`` grows), as a download of
-    our own would be let finish."""
-    try:
-        fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
-    cfg = budget.config
-    t0 = time.monotonic()
-    pause = 0.005
-    mark: Optional[Tuple[float, int]] = None
-    while True:
-        left = budget.remaining()
-        if left <= 0:
-            now = time.monotonic()
-            st = layout.lstat(base + ".partial")
-            size = st.st_size if st is not None else -1
-            if mark is None and cfg.min_rate and size >= 0:
-                mark = (now, size)  # the other download is under way: is it progressing?
-            elif mark is None or now - mark[0] >= cfg.rate_window:
-                if mark is None or size < 0 or size - mark[1] < cfg.min_rate * (now - mark[0]):
-                    raise TransientFetchError(
-                        f"{url}: waited {now - t0:.1f}s for another download of this shard (a prefetch thread "
-                        f"or another process) and reached the fetch deadline of {cfg.deadline:g}s "
-                        f"(RESUMEWDS_FETCH_DEADLINE)", url)
-                mark = (now, size)
-            left = cfg.rate_window
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.1)
-        try:
-            fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            continue
-
-
-class LocalShard:
-    """A shard available as a local file, pinned until :meth:`close`.
-
-    Attributes:
-        path: the file to read (with ``os.pread``).
-        shard: the :class:`ShardInfo` it is for.
-        cached: True when ``path`` is inside the cache.
-    """
-
-    def __init__(self, path: str, shard: ShardInfo, lock_fd: Optional[int] = None, cached: bool = False,
-                 on_release: Optional[Callable[[], None]] = None):
-        self.path = path
-        self.shard = shard
-        self.cached = cached
-        self._lock_fd = lock_fd
-        self._on_release = on_release
-
-    @property
-    def pinned(self) -> bool:
-        return self._lock_fd is not None
-
-    def close(self) -> None:
-        """Release the pin (the entry may be evicted afterwards, and the
-        store evicts what its ``cache_size`` no longer holds)."""
-        self._release(hook=True)
-
-    def _release(self, hook: bool) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            try:
-                os.close(fd)  # closing the descriptor drops its flock
-            except OSError:
-                pass
-            fn, self._on_release = self._on_release, None
-            if fn is not None and hook:
-                try:
-                    fn()  # the store evicts what its budget no longer holds
-                except (ResumeWDSError, OSError):
-                    pass
-
-    def __enter__(self) -> LocalShard:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self._release(hook=False)  # no eviction from a garbage collector's arbitrary moment
-
-    def __repr__(self) -> str:
-        return f"LocalShard({self.path!r}, pinned={self.pinned})"
 
 
 class ShardStore:
@@ -288,7 +192,9 @@ class ShardStore:
         return self._prefetch.threads
 
     # ---- events -----------------------------------------------------------------------------
-    def _emit(self, kind: str, url: str, **detail: Any) -> None:
+    def emit(self, kind: str, url: str, **detail: Any) -> None:
+        """Record an event: count it, print it under ``RESUMEWDS_VERBOSE_CACHE``,
+        pass it to ``on_event``."""
         key = str(kind)  # counters are keyed by the plain string
         with self._mu:
             self.counters[key] += 1
@@ -302,7 +208,8 @@ class ShardStore:
         if self.on_event is not None:
             self.on_event(kind, url, **detail)
 
-    def _count(self, name: str) -> None:
+    def count(self, name: str) -> None:
+        """Add one to ``counters[name]`` (no event)."""
         with self._mu:
             self.counters[name] += 1
 
@@ -328,13 +235,14 @@ class ShardStore:
             else:
                 budget.done_at = time.monotonic()
 
-    def _session(self) -> Any:
+    def session(self) -> Any:
+        """This thread's HTTP session (made on first use)."""
         s = getattr(self._tl, "session", None)
         if s is None:
             s = self._tl.session = new_session()
         return s
 
-    def _close_session(self) -> None:
+    def close_session(self) -> None:
         """Close this thread's HTTP session (its pooled connections)."""
         s = getattr(self._tl, "session", None)
         if s is not None:
@@ -381,8 +289,12 @@ class ShardStore:
     def _read_meta(self, base: str) -> Optional[Dict[str, Any]]:
         return layout.read_meta(base)
 
-    def _write_meta(self, base: str, url: str, xxh: Optional[str], synced: bool) -> None:
-        layout.write_meta(base, url, xxh, synced)
+    def write_meta(self, base: str, url: str, xxh3_64: Optional[str], synced: bool) -> None:
+        """Publish the meta that makes the file ``base`` the verified entry of ``url``
+        (see :func:`resumewds.cache.layout.write_meta`)."""
+        layout.write_meta(base, url, xxh3_64, synced)
+
+    _write_meta = write_meta  # the name it had before it was public
 
     # ---- public API -------------------------------------------------------------------------
     def acquire(self, shard: ShardInfo) -> LocalShard:
@@ -398,11 +310,10 @@ class ShardStore:
                 something that is not a complete tar.
             CacheError: the cache directory is unusable.
         """
-        from ..compressed import open_view  # .tar.gz/.tar.zst: its decompressed copy
+        return open_view(self, self._acquire(shard, pin=True))  # .tar.gz/.tar.zst: its decompressed copy
 
-        return open_view(self, self._acquire(shard, pin=True))
-
-    def ensure(self, shard: ShardInfo, tar: bool = True) -> str:
+    def ensure(self, shard: ShardInfo, tar: bool = True, *, policy: Optional[str] = None,
+               progress: Optional[ProgressFn] = None, reader: bool = True) -> str:
         """Like :meth:`acquire` but unpinned; returns the path.
 
         Args:
@@ -410,9 +321,24 @@ class ShardStore:
             tar: the object is a tar shard (checked to be a complete tar
                 before it is published when its checksum is unknown); False
                 for other files (a manifest's offsets file).
+            policy: the verify policy of this call; None: the store's ``verify``.
+            progress: called with the number of bytes hashed or fetched, as they are.
+            reader: False for a prefetch: its failure keeps the shard's fetch
+                budget spent for the reader to meet (see :mod:`resumewds.cache.prefetch`).
         """
-        ls = self._acquire(shard, pin=False, tar=tar)
+        ls = self._acquire(shard, pin=False, policy=policy, progress=progress, tar=tar, reader=reader)
         return ls.path
+
+    def check_local(self, shard: ShardInfo, policy: str = "always", progress: Optional[ProgressFn] = None) -> str:
+        """Verify the local (not cached) shard ``shard`` in place under the verify
+        ``policy``; returns its path.
+
+        Raises:
+            ShardNotFoundError / PermanentFetchError: it cannot be read.
+            ChecksumMismatch: its size, checksum or a sample digest is wrong.
+            ShardFormatError: the manifest lists fewer samples than it holds.
+        """
+        return self._check_local(shard, policy, progress)
 
     def _acquire(self, shard: ShardInfo, pin: bool, policy: Optional[str] = None,
                  progress: Optional[ProgressFn] = None, tar: bool = True, reader: bool = True) -> LocalShard:
@@ -432,52 +358,9 @@ class ShardStore:
         finally:
             self._budget_done(shard.url, budget, ok, reader)
 
-    # ---- local shards -----------------------------------------------------------------------
+    # ---- local shards (resumewds.cache.local) ----------------------------------------------
     def _check_local(self, shard: ShardInfo, policy: str, progress: Optional[ProgressFn]) -> str:
-        path = local_path(shard.url)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError as exc:
-            raise ShardNotFoundError(f"{path}: no such file", shard.url) from exc
-        except OSError as exc:
-            raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
-        if shard.size is not None and st.st_size != shard.size:
-            self._emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
-            raise ChecksumMismatch(path, str(shard.size), str(st.st_size), what="size")
-        if shard.xxh3_64 is None or policy == "never":
-            return path
-        key = xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
-                             f"{st.st_ctime_ns}\0{shard.xxh3_64.lower()}{index_key(shard)}".encode()
-                             ).hexdigest()  # utime cannot fake dev, inode or ctime
-        marker = os.path.join(self.cache_dir, "verified", key)
-        if policy == "once" and (key in self._verified_local or os.path.exists(marker)):
-            self._verified_local.add(key)
-            return path
-        try:
-            with open(path, "rb") as f:
-                h = xxhash.xxh3_64()
-                while True:
-                    b = f.read(HASH_CHUNK)
-                    if not b:
-                        break
-                    h.update(b)
-                    if progress is not None:
-                        progress(len(b))
-        except OSError as exc:
-            raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
-        actual = h.hexdigest()
-        if actual != shard.xxh3_64.lower():
-            self._emit(K.VERIFY_FAIL, shard.url, expected=shard.xxh3_64, actual=actual)
-            raise ChecksumMismatch(path, shard.xxh3_64, actual)
-        check_copy(path, shard, self._emit)  # the manifest's samples: where they end, their digests
-        self._emit(K.VERIFY_OK, shard.url)
-        self._verified_local.add(key)
-        try:  # best effort: a read-only cache dir falls back to memory
-            os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600))
-        except OSError:
-            pass
-        return path
+        return local.check_local(shard, policy, progress, self.cache_dir, self._verified_local, self.emit)
 
     # ---- remote shards ----------------------------------------------------------------------
     def _check_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
@@ -493,7 +376,7 @@ class ShardStore:
         if meta is None or not layout.names(meta, shard.url):
             return EntryState.UNTRUSTED, skey
         if shard.size is not None and st.st_size != shard.size:
-            self._emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
+            self.emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
             return EntryState.CORRUPT, skey
         expected = (shard.xxh3_64 or meta.get("xxh3_64") or "").lower() or None
         # written without fsync in an earlier boot: the crash that ended that
@@ -519,13 +402,13 @@ class ShardStore:
                 return EntryState.ABSENT, None
             raise
         if actual != expected:
-            self._emit(K.VERIFY_FAIL, shard.url, expected=expected, actual=actual)
+            self.emit(K.VERIFY_FAIL, shard.url, expected=expected, actual=actual)
             return EntryState.CORRUPT, skey
-        check_copy(base, shard, self._emit)  # the manifest's samples: where they end, their digests
-        self._emit(K.VERIFY_OK, shard.url)
+        check_copy(base, shard, self.emit)  # the manifest's samples: where they end, their digests
+        self.emit(K.VERIFY_OK, shard.url)
         if changed:
             # read back from disk after a reboot: those bytes are durable now
-            self._write_meta(base, shard.url, expected, synced=stale or meta.get("synced", True) is True)
+            self.write_meta(base, shard.url, expected, synced=stale or meta.get("synced", True) is True)
         return EntryState.VERIFIED, skey
 
     def _acquire_remote(self, shard: ShardInfo, pin: bool, policy: str, progress: Optional[ProgressFn],
@@ -539,7 +422,7 @@ class ShardStore:
             before = layout.signature(base)
             state, skey = self._check_entry(shard, base, policy, progress)
             if state is EntryState.VERIFIED:
-                self._emit(K.CACHE_HIT, shard.url)
+                self.emit(K.CACHE_HIT, shard.url)
             else:
                 dl = layout.open_file(base + ".dl", os.O_RDWR | os.O_CREAT, "open download lock")
                 try:
@@ -548,7 +431,7 @@ class ShardStore:
                     if layout.signature(base) != before:
                         state, skey = self._check_entry(shard, base, policy, progress)
                     if state is EntryState.VERIFIED:
-                        self._emit(K.CACHE_HIT, shard.url)
+                        self.emit(K.CACHE_HIT, shard.url)
                     else:
                         self._fill(shard, base, policy, progress, skey if state is EntryState.CORRUPT else None,
                                    budget, tar)
@@ -574,42 +457,40 @@ class ShardStore:
         repairs = 0
         state, skey = self._check_entry(shard, base, policy, progress, known_bad)
         if state is EntryState.VERIFIED:
-            self._emit(K.CACHE_HIT, url)
+            self.emit(K.CACHE_HIT, url)
             return
         if state is EntryState.UNTRUSTED:
             # killed between publish and meta: adopt it if a known checksum proves it
             if shard.xxh3_64 is not None:
                 size, actual = self._hash(base, progress)
                 if actual == shard.xxh3_64.lower() and (shard.size is None or size == shard.size):
-                    self._emit(K.VERIFY_OK, url)
-                    self._write_meta(base, url, actual, synced=self._make_durable(base))
-                    self._emit(K.CACHE_HIT, url)
+                    self.emit(K.VERIFY_OK, url)
+                    self.write_meta(base, url, actual, synced=self._make_durable(base))
+                    self.emit(K.CACHE_HIT, url)
                     return
             layout.remove(base)
         elif state is EntryState.CORRUPT:
             repairs += 1
-            from ..repair import repair_entry  # re-fetch only the samples that fail
-
             if (self.max_repairs is None or repairs <= self.max_repairs) and \
-                    repair_entry(self, shard, base, budget):
-                self._emit(K.CACHE_HIT, url)
+                    repair_entry(self, shard, base, budget):  # re-fetch only the samples that fail
+                self.emit(K.CACHE_HIT, url)
                 return
             layout.remove(base + ".meta")
             layout.remove(base)
             if self.max_repairs is not None and repairs > self.max_repairs:
                 raise ChecksumMismatch(f"cached copy of {url} ({base})", shard.xxh3_64 or str(shard.size),
                                        "a corrupt cached copy")
-            self._emit(K.REPAIR, url, attempt=repairs)
-        self._emit(K.CACHE_MISS, url)
+            self.emit(K.REPAIR, url, attempt=repairs)
+        self.emit(K.CACHE_MISS, url)
         partial = base + ".partial"
         while True:
             if layout.lstat(partial) is None:
                 layout.remove(partial + ".etag")
             # the download is about to add up to shard.size bytes: make room first
-            self._evict(reserve=shard.size or 0)
+            self.evict(reserve=shard.size or 0)
             # hashed from the bytes as they were written: no read-back
             res = fetch_to_file(url, partial, expected_size=shard.size, config=self.fetch,
-                                on_event=self._emit, session=self._session(), budget=budget)
+                                on_event=self.emit, session=self.session(), budget=budget)
             synced = self._make_durable(partial)
             if progress is not None:
                 progress(res.size)
@@ -620,9 +501,7 @@ class ShardStore:
                 bad = (str(shard.size), str(res.size), "size")
             elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
                 bad = (shard.xxh3_64, actual, "xxh3_64")
-                from ..repair import repair_download  # re-fetch only the samples that fail
-
-                fixed = repair_download(self, shard, partial, budget)
+                fixed = repair_download(self, shard, partial, budget)  # re-fetch only the samples that fail
                 if fixed is not None:
                     actual, bad = fixed, None
             elif shard.xxh3_64 is None and tar:
@@ -633,7 +512,7 @@ class ShardStore:
                     bad = ("a complete tar", str(failure), "format")
             if bad is None:
                 break
-            self._emit(K.VERIFY_FAIL, url, expected=bad[0], actual=bad[1])
+            self.emit(K.VERIFY_FAIL, url, expected=bad[0], actual=bad[1])
             layout.remove(partial)
             layout.remove(partial + ".etag")
             repairs += 1
@@ -643,19 +522,19 @@ class ShardStore:
             # a corrupt download was a failed attempt of the same budget
             if budget.exhausted or (self.max_repairs is not None and repairs > self.max_repairs):
                 raise failure
-            self._emit(K.REPAIR, url, attempt=repairs)
+            self.emit(K.REPAIR, url, attempt=repairs)
         if shard.xxh3_64 is not None:
-            check_copy(partial, shard, self._emit, discard=True)  # the samples: where they end, their digests
-            self._emit(K.VERIFY_OK, url)
+            check_copy(partial, shard, self.emit, discard=True)  # the samples: where they end, their digests
+            self.emit(K.VERIFY_OK, url)
         try:
             os.replace(partial, base)
         except OSError as exc:
             raise cache_error(exc, self.shards_dir, "publish the download") from exc
         layout.remove(partial + ".etag")
-        self._write_meta(base, url, actual, synced=synced)
+        self.write_meta(base, url, actual, synced=synced)
         # With sync="fsync" the data was fsynced before the rename; the directory is not:
         # after a power cut the newest entries may be missing and are fetched again.
-        self._evict()
+        self.evict()
 
     @staticmethod
     def _not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
@@ -673,18 +552,20 @@ class ShardStore:
 
     def make_room(self, nbytes: int) -> None:
         """Evict what is not in use until ``nbytes`` more fit in ``cache_size`` (no-op without one)."""
-        self._evict(reserve=max(0, int(nbytes)))
+        self.evict(reserve=max(0, int(nbytes)))
 
-    def _evict(self, reserve: int = 0, keep: Optional[Set[str]] = None,
+    def evict(self, reserve: int = 0, keep: Optional[Set[str]] = None,
                reserved: Optional[Set[str]] = None) -> int:
         """Evict least recently used entries until the cache plus ``reserve``
         fits ``cache_size``; see :func:`resumewds.cache.eviction.evict`."""
-        return eviction.evict(self.shards_dir, self.cache_size, self._emit, reserve, keep, reserved)
+        return eviction.evict(self.shards_dir, self.cache_size, self.emit, reserve, keep, reserved)
+
+    _evict = evict  # the name it had before it was public
 
     def _evict_on_release(self) -> None:
         """A pin was released: what is no longer in use may go, except what
         prefetch fetched for later."""
-        self._evict(keep=self._prefetch.kept())
+        self.evict(keep=self._prefetch.kept())
 
     # ---- prefetch (resumewds.cache.prefetch) ------------------------------------------------
     def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2, window: int = 0) -> None:
@@ -712,10 +593,10 @@ class ShardStore:
         self._prefetch.stop()
         if self.cache_size is not None:
             try:
-                self._evict()  # nothing is wanted for later any more
+                self.evict()  # nothing is wanted for later any more
             except ResumeWDSError:
                 pass
-        self._close_session()
+        self.close_session()
 
     def __enter__(self) -> ShardStore:
         return self

@@ -79,12 +79,13 @@ from typing import Any, Dict, Optional, Tuple
 
 import urllib3.exceptions
 
-from ..config import S3_ADDRESSING
+from ..config import S3_ADDRESSING, s3_settings
 from ..errors import FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError
 
 # the package's partial-file machinery (sidecar validator, hashing writer, body
 # reader, pacing, error map), shared so that every transport keeps one contract
 from .attempt import _Attempt, _HtmlBody, _Pace
+from .download import _download, fetch_bytes
 from .errormap import FETCH_ERRORS, ErrorRule, _SinkError, parse_retry_after, says, translate
 from .http import _CONTENT_RANGE, _Body
 from .partial import _ETAG_SUFFIX, _read_validator, _remove_quietly, _Sink, _size_of, _write_validator
@@ -139,9 +140,7 @@ class S3Options:
             ValueError: RESUMEWDS_S3_ADDRESSING_STYLE or RESUMEWDS_S3_ANONYMOUS
                 has a value it cannot have.
         """
-        from .. import config
-
-        return cls(**config.s3_settings())
+        return cls(**s3_settings())
 
 
 def resolve_options(config: Optional[FetchConfig] = None) -> S3Options:
@@ -535,8 +534,6 @@ def s3_fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int
         Traceback (most recent call last):
         resumewds.errors.PermanentFetchError: s3://b: not an s3 object url (expected s3://BUCKET/KEY)
     """
-    from .download import _download
-
     cfg = config or FetchConfig.from_env()
     return _download(TRANSPORT, url, partial_path, expected_size=expected_size, config=cfg, on_event=on_event,
                      session=None, budget=budget, max_bytes=max_bytes)
@@ -551,8 +548,6 @@ def s3_fetch_bytes(url: str, config: Optional[FetchConfig] = None, *,
     Raises:
         TransientFetchError, PermanentFetchError: as for :func:`s3_fetch_to_file`.
     """
-    from .download import fetch_bytes
-
     return fetch_bytes(url, config, on_event=on_event, max_bytes=max_bytes)
 
 

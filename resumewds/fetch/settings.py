@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..config import fetch_settings
+
 EventFn = Callable[..., None]
 """``on_event(kind, url, **detail)``: kind is a :class:`resumewds.events.EventKind`."""
 
@@ -104,9 +106,7 @@ class FetchConfig:
             >>> FetchConfig.from_env(attempts=2).attempts
             2
         """
-        from .. import config
-
-        return cls(**config.fetch_settings(**{k: v for k, v in overrides.items() if v is not None}))
+        return cls(**fetch_settings(**{k: v for k, v in overrides.items() if v is not None}))
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Built from a :class:`~resumewds.journal.read.RunReader` (every rank file,
 read-only); :func:`resumewds.journal.text.format_status` renders it as text
-and :func:`resumewds.report.complete_status` completes it for display.
+and :func:`resumewds.rundata.complete_status` completes it for display.
 """
 
 from __future__ import annotations

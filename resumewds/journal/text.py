@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional
 
+from ..mixstatus import format_mixture
 from .schema import dumps
 
 
 def format_status(st: Dict[str, Any]) -> str:
     """Human-readable text of a ``status()`` dict, for ``resumewds status``.
 
-    A mixture run's dict (completed by :func:`resumewds.report.complete_status`)
+    A mixture run's dict (completed by :func:`resumewds.rundata.complete_status`)
     also has ``mixture``: one line per source (delivered samples and fraction
     against the current phase's weight), after the phase index and position.
     Any other run's text has no mixture line.
@@ -51,9 +52,7 @@ def format_status(st: Dict[str, Any]) -> str:
     if cons.get("epoch") is not None:
         lines.append(f"epoch {cons['epoch']}: {cons['shards_complete']}/{cons['shards_started']} "
                      f"shards done, {cons['samples']} samples")
-    if st.get("mixture"):  # a mixture run (report.complete_status): one line per source
-        from ..mixdataset import format_mixture
-
+    if st.get("mixture"):  # a mixture run (rundata.complete_status): one line per source
         lines.extend(format_mixture(st["mixture"]).splitlines())
     elif st.get("mixture_error"):
         lines.append(f"mixture  {st['mixture_error']}")

@@ -17,6 +17,7 @@ import pkgutil
 import sys
 
 import resumewds
+from resumewds.wds import MODULES as WING
 
 
 class _ThisTree(importlib.abc.MetaPathFinder):
@@ -24,8 +25,8 @@ class _ThisTree(importlib.abc.MetaPathFinder):
     finder would otherwise fill in modules missing from this tree from another checkout)."""
 
     def find_spec(self, fullname, path, target=None):
-        if not fullname.startswith("resumewds."):
-            return None
+        if not fullname.startswith("resumewds.") or fullname.split(".")[1] in WING:
+            return None  # the wing's modules under the package's name: resumewds' own finder
         # a subpackage's module (resumewds.cache.layout) is looked up in its parent
         # package's path, which this finder found in this tree too
         where = list(path) if path is not None and fullname.count(".") > 1 else list(resumewds.__path__)
@@ -56,6 +57,8 @@ def _install() -> None:
         except Exception:  # pragma: no cover - optional dependency missing
             continue
         sys.modules[f"webdataset.{info.name}"] = mod
+    for name in WING:  # webdataset's module names, which resumewds keeps in its wing
+        sys.modules[f"webdataset.{name}"] = importlib.import_module(f"resumewds.{name}")
     sys.meta_path.insert(0, _Refuse())
 
 

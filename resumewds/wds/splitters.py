@@ -23,70 +23,12 @@ Example:
 
 from __future__ import annotations
 
-import os
-import sys
 from itertools import islice
-from typing import Any, Iterable, Iterator, Tuple
+from typing import Any, Iterable, Iterator
+
+from ..world import node_info, worker_info
 
 __all__ = ["pytorch_worker_info", "single_node_only", "split_by_node", "split_by_worker", "worker_info"]
-
-
-def _env_int(*names: str) -> Any:
-    for name in names:
-        raw = os.environ.get(name, "").strip()
-        if raw:
-            try:
-                return int(raw)
-            except ValueError:
-                raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-    return None
-
-
-def node_info(group: Any = None) -> Tuple[int, int]:
-    """``(rank, world_size)`` of this process (see the module docs).
-
-    Example:
-        >>> node_info() if "RANK" not in os.environ else (0, 1)
-        (0, 1)
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None:
-        try:
-            if dist.is_available() and dist.is_initialized():
-                return dist.get_rank(group=group), dist.get_world_size(group=group)
-        except Exception:  # pragma: no cover - torch without distributed
-            pass
-    rank = _env_int("RANK", "LOCAL_RANK")
-    world = _env_int("WORLD_SIZE", "LOCAL_WORLD_SIZE")
-    rank, world = (0 if rank is None else rank), (1 if world is None else world)
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is not in a world of size {world} (RANK / WORLD_SIZE)")
-    return rank, world
-
-
-def _torch_worker() -> Tuple[int, int]:
-    if os.environ.get("WORKER", "").strip() and os.environ.get("NUM_WORKERS", "").strip():
-        return int(os.environ["WORKER"]), int(os.environ["NUM_WORKERS"])  # webdataset's override
-    data = sys.modules.get("torch.utils.data")
-    if data is not None:
-        info = data.get_worker_info()
-        if info is not None:
-            return int(info.id), int(info.num_workers)
-    return 0, 1
-
-
-def worker_info(group: Any = None) -> Tuple[int, int, int, int]:
-    """``(rank, world_size, worker, num_workers)`` of this process; the worker is
-    ``(0, 1)`` outside a DataLoader worker (``WORKER`` / ``NUM_WORKERS`` override it,
-    as in webdataset).
-
-    Example:
-        >>> worker_info()[2:]
-        (0, 1)
-    """
-    rank, world = node_info(group)
-    worker, nworkers = _torch_worker()
-    return rank, world, worker, nworkers
 
 
 pytorch_worker_info = worker_info  # webdataset.utils' name

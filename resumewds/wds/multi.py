@@ -38,9 +38,9 @@ import sys
 import weakref
 from typing import Any, Dict, Iterator, List, Optional
 
-from .dataset import WebDataset
-from .errors import ResumeWDSError, StateError
-from .plan import Layout
+from ..errors import ResumeWDSError, StateError
+from ..plan import Layout
+from .webdataset import WebDataset
 
 __all__ = ["MultiLoader"]
 

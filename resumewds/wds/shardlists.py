@@ -27,8 +27,9 @@ import time
 from itertools import islice
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from . import config
-from .sources import expand_braces
+from .. import config
+from ..urls import expand_braces
+from .filters import _Generic
 from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
 
 __all__ = ["DirectoryShardList", "MultiShardSample", "ResampledShardList", "ResampledShards", "SimpleShardList",
@@ -452,8 +453,6 @@ def resampled(n: int = sys.maxsize) -> Any:
         >>> len(list(resampled(5)(iter(["a.tar", "b.tar"]))))
         5
     """
-    from .filters import _Generic
-
     return _Generic("resampled", _resampled, n)
 
 

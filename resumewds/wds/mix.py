@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, List, Sequence
 
-from ._torchreg import register_iterable_dataset
-from .mixdataset import RandomMix
+from .._torchreg import register_iterable_dataset
+from ..mixdataset import RandomMix
 
 __all__ = ["RandomMix", "RoundRobin", "round_robin_longest", "round_robin_shortest"]
 

@@ -63,14 +63,17 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import config, filters, tariterators
-from .dataset import WebDataset
-from .errors import ResumeWDSError, StateError
+from .. import config
+from ..errors import ResumeWDSError, StateError
+from ..plan import Layout, Plan
+from ..positions import hide_positions
+from ..stages import default_collate
+from . import filters, tariterators
 from .handlers import reraise_exception
-from .pipeline import PipelineStage, default_collate, hide_positions
-from .plan import Layout, Plan
 from .shardlists import ResampledShards, SimpleShardList
 from .splitters import worker_info
+from .utils import PipelineStage
+from .webdataset import WebDataset
 
 __all__ = ["DataPipeline"]
 

@@ -13,9 +13,9 @@ Semantics are webdataset 1.0.2's:
   ``RESUMEWDS_GOPEN_REWRITE``) rewrites the start of a URL first (the
   prefixes are regular expressions, as in webdataset); the first rule that
   changes the URL wins.
-* With :data:`resumewds.utils.enforce_security` set, local files,
+* With :data:`resumewds.urls.enforce_security` set, local files,
   ``file:`` URLs, ``pipe:`` commands and ``GOPEN_REWRITE`` are refused with
-  :class:`resumewds.utils.EnforcedSecurityError` (a ``ValueError``) and
+  :class:`resumewds.urls.EnforcedSecurityError` (a ``ValueError``) and
   webdataset's messages; remote URLs and ``"-"`` still open.
 * ``pipe:CMD`` runs CMD in a shell; a non-zero exit status (other than
   141, SIGPIPE after an early close) is an ``OSError`` at end of stream.
@@ -39,47 +39,16 @@ Example:
 from __future__ import annotations
 
 import io
-import re
 import subprocess
 import sys
 from typing import IO, Any, Callable, Dict, cast
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from . import config, utils
+from .. import config
+from ..urls import check_source_allowed, rewrite_url
 
 __all__ = ["Pipe", "gopen", "gopen_schemes", "reader", "rewrite_url"]
-
-
-def rewrite_url(url: str) -> str:
-    """``url`` after the ``GOPEN_REWRITE`` rules (unchanged when none is set).
-
-    Raises:
-        EnforcedSecurityError: rules are set and ``utils.enforce_security`` is on.
-
-    Example:
-        >>> rewrite_url("http://example.com/a.tar")  # no GOPEN_REWRITE set
-        'http://example.com/a.tar'
-    """
-    rules = config.value("gopen_rewrite")
-    if not rules:
-        return url
-    if utils.enforce_security:
-        raise utils.EnforcedSecurityError(
-            "rewrite_url: unsafe_gopen is False, cannot rewrite URLs using environment variables "
-            f"(GOPEN_REWRITE is set; resumewds.utils.enforce_security is on): {url}")
-    for rule in rules.split(";"):
-        if not rule.strip():
-            continue
-        if "=" not in rule:
-            raise ValueError(f"GOPEN_REWRITE: rule {rule!r} is not 'prefix=replacement'")
-        k, v = rule.split("=", 1)
-        new = re.sub("^" + k, v, url)
-        if new != url:
-            if config.value("log_opens"):
-                print(f"[gopen] rewrite {url} -> {new}", file=sys.stderr, flush=True)
-            return new
-    return url
 
 
 class Pipe(io.RawIOBase):
@@ -148,20 +117,20 @@ class _LazyRemote(io.RawIOBase):
         return True
 
     def _open(self) -> Any:
-        from .fetch import FetchConfig
+        from ..fetch import FetchConfig
 
         cfg = FetchConfig.from_env()
         if self.url.startswith("s3://"):
-            from .fetch.s3 import client_for, parse_s3_url
+            from ..fetch.s3 import client_for, parse_s3_url
 
             bucket, key = parse_s3_url(self.url)
             try:
                 return client_for(self.url, cfg).get_object(Bucket=bucket, Key=key)["Body"]
             except Exception as exc:
-                from .fetch.s3 import translate_s3_error
+                from ..fetch.s3 import translate_s3_error
 
                 raise translate_s3_error(exc, self.url) from None
-        from .fetch import new_session
+        from ..fetch import new_session
 
         r = new_session().get(self.url, stream=True, timeout=(cfg.connect_timeout, cfg.read_timeout))
         if r.status_code >= 400:
@@ -211,7 +180,7 @@ def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
     if url == "-":
         return sys.stdin.buffer if mode == "rb" else sys.stdout.buffer
     url = rewrite_url(url)
-    utils.check_source_allowed(url)
+    check_source_allowed(url)
     if config.value("log_opens"):
         print(f"[gopen] {url} open ({mode})", file=sys.stderr, flush=True)
     pr = urlparse(url)
@@ -242,7 +211,7 @@ def gopen_remote(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> 
 
 def gopen_error(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
     """The ``__default__`` handler: an unknown scheme is a ``ValueError``."""
-    from .fetch.s3 import scheme_hint
+    from ..fetch.s3 import scheme_hint
 
     scheme = urlparse(url).scheme
     raise ValueError(f"gopen: {url}: unsupported URL scheme {scheme!r} "

@@ -37,16 +37,14 @@ import time
 from fnmatch import fnmatch
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
-from . import autodecode, runners
-from .handlers import reraise_exception, until_stop
-from .pipeline import (
+from .. import autodecode, runners
+from ..errors import HandlerStop
+from ..stages import (
     ExtractKeys,
     Handled,
-    HandlerStop,
     Map,
     MapDict,
     MapTuple,
-    PipelineStage,
     Rename,
     RenameKeys,
     Select,
@@ -54,6 +52,8 @@ from .pipeline import (
     default_collation_fn,
     getfirst,
 )
+from .handlers import reraise_exception, until_stop
+from .utils import PipelineStage
 
 __all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
            "extract_keys", "identity", "parse_field_spec", "transform_with",

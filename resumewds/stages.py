@@ -41,10 +41,16 @@ import operator
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .autodecode import Decoder, decode_image  # noqa: F401  (the decoders live there; kept importable here)
-from .errors import DecodeError, MissingKeyError
-from .handlers import HandlerStop, until_stop  # noqa: F401  (HandlerStop: importable here, as before)
-from .utils import PipelineStage  # noqa: F401  (defined in utils, as webdataset's is)
+from . import runners as r
+from .autodecode import Decoder, decode_image
+from .errors import DecodeError, HandlerStop, MissingKeyError
+from .events import EventKind
+from .stats import event_record
+
+__all__ = ["Decoder", "ExtractKeys", "FieldError", "Handled", "Map", "MapDict", "MapTuple", "Rename",
+           "RenameKeys", "SKIPPED", "SampleTypeError", "Select", "SelectFiles", "Stage", "ToTuple",
+           "decode_image", "default_collate", "default_collation_fn", "getfirst", "list_collate",
+           "record_skip"]
 
 
 class FieldError(DecodeError, ValueError):
@@ -329,63 +335,6 @@ class SelectFiles:
         return out
 
 
-def __getattr__(name: str) -> Any:
-    # webdataset.pipeline.DataPipeline; resumewds' imports torch, so on first use only
-    if name == "DataPipeline":
-        from .datapipeline import DataPipeline
-
-        return DataPipeline
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# ---- the position keys, hidden from webdataset code -------------------------
-#: what resumewds adds to each sample (its global position); webdataset has none of them
-POSITION_KEYS = ("__epoch__", "__index__", "__shard__")
-
-
-class Sample(dict):
-    """A sample dict whose position keys (``__epoch__``, ``__index__``, ``__shard__``)
-    can be read (``s["__index__"]``, ``s.get``, ``in``, ``to_tuple("__index__")``) but are
-    not listed: ``keys()``, iteration, ``len``, ``items``, collation, ``json.dumps``,
-    ``==`` and copies see exactly the keys webdataset 1.0.2 yields.
-
-    What direct iteration (webdataset's way: ``for s in ds``, a torch DataLoader,
-    a DataPipeline) hands out; a :class:`resumewds.WebLoader` keeps them as plain
-    keys (its documented batches carry them).
-
-    Example:
-        >>> s = hide_positions({"__key__": "k", "txt": b"a", "__epoch__": 0, "__index__": 7, "__shard__": "x"})
-        >>> sorted(s), s["__index__"], "__epoch__" in s, s.get("__shard__")
-        (['__key__', 'txt'], 7, True, 'x')
-    """
-
-    positions: Dict[str, Any]  # the hidden keys (an instance attribute: pickled with the sample)
-
-    def __missing__(self, key: Any) -> Any:
-        hidden = self.__dict__.get("positions")
-        if hidden is not None and key in hidden:
-            return hidden[key]
-        raise KeyError(key)
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if dict.__contains__(self, key):
-            return dict.__getitem__(self, key)
-        return (self.__dict__.get("positions") or {}).get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or key in (self.__dict__.get("positions") or ())
-
-
-def hide_positions(x: Any) -> Any:
-    """``x`` with its position keys moved out of sight (a :class:`Sample`); anything
-    but a dict holding them is returned as is."""
-    if type(x) is not dict or "__index__" not in x:
-        return x
-    s = Sample(x)
-    s.positions = {k: dict.pop(s, k) for k in POSITION_KEYS if dict.__contains__(s, k)}
-    return s
-
-
 # ---- handlers: the handler= argument of stages ------------------------------
 #: samples skipped by a handler in this process, drained into the dataset's events
 SKIPPED: List[Dict[str, Any]] = []
@@ -396,9 +345,6 @@ def record_skip(item: Any, exc: BaseException, where: str) -> None:
     url = key = None
     if isinstance(item, dict):
         url, key = item.get("__url__"), item.get("__key__")
-    from .events import EventKind
-    from .stats import event_record
-
     SKIPPED.append(event_record(EventKind.SAMPLE_SKIP, str(url or ""), {
         "key": key, "stage": where, "error": f"{type(exc).__name__}: {exc}"}))
     del SKIPPED[:-10000]
@@ -493,8 +439,6 @@ class Stage:
     def runner(self, key: int) -> Any:
         """A fresh :class:`resumewds.runners.Runner` of this stage for one epoch (``key``: its
         random stream)."""
-        from . import runners as r
-
         a = self.args
         if self.kind == "sample":
             return r.MapRunner(self.fn)

@@ -49,10 +49,14 @@ import copy
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from .compat import FluidInterface
-from .pipeline import default_collation_fn
+from ..epochsource import BatchInfo, EmptyBatch
+from ..shardloader import STATE_FORMAT, ShardLoader
+from ..stages import default_collation_fn
+from .fluent import FluidInterface
+from .fluid import FluidWrapper
 
-__all__ = ["FluentLoader", "LoaderPipeline", "route", "stream_loader"]
+__all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPipeline", "WebLoader", "route",
+           "stream_loader"]
 
 _MISSING: Any = object()
 # WebLoader's own arguments, which a torch DataLoader does not take
@@ -131,8 +135,6 @@ class LoaderPipeline(FluidInterface):
         return self._built
 
     def _build(self) -> Any:
-        from .loader import WebLoader
-
         base = self._base
         if not (self._unbatched or self._shuffle or self._batch):
             return base
@@ -385,8 +387,6 @@ def stream_loader(dataset: Any, what: Any, *args: Any, **kw: Any) -> Any:
     """
     from torch.utils.data import DataLoader
 
-    from .fluid import FluidWrapper
-
     name = getattr(what, "__name__", None) or repr(what)
     if kw.get("journal") is not None or kw.get("resume"):
         raise ValueError(f"WebLoader(journal=/resume=) needs a dataset resumewds can plan; {name} is a stage "
@@ -406,3 +406,11 @@ def stream_loader(dataset: Any, what: Any, *args: Any, **kw: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FluidWrapper's own "cannot see through DataLoader"
         return FluidWrapper(DataLoader(dataset, *args, **kw))
+
+
+class WebLoader(FluentLoader, ShardLoader):
+    __doc__ = ShardLoader.__doc__
+
+    def __new__(cls, dataset: Any = None, *args: Any, **kw: Any) -> Any:
+        # webdataset's rules where the plan cannot apply them (route)
+        return route(cls, dataset, args, kw) or super().__new__(cls)

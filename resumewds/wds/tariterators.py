@@ -27,17 +27,17 @@ Example:
 
 from __future__ import annotations
 
-import mmap
-import os
 import random
 import re
 import subprocess
 import tarfile
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Union
 
-from .errors import ShardFormatError
+from ..indexing import framed_prefix, salvage_shard
+from ..tario import split_key
+from ..urls import expand_braces
+from .gopen import gopen
 from .handlers import reraise_exception
-from .tario import split_key
 
 __all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist",
            "tar_file_expander", "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener",
@@ -87,8 +87,6 @@ class _PipeStream:
 def open_url(url: str) -> Any:
     """A readable binary stream for a local path, ``file:`` url, ``pipe:`` command or http(s) url
     (:func:`resumewds.gopen.gopen`: ``GOPEN_REWRITE`` and ``utils.enforce_security`` apply)."""
-    from .gopen import gopen
-
     return gopen(url, "rb")
 
 
@@ -215,149 +213,11 @@ def shardlist(urls: Union[str, Iterable[str]], *, shuffle: bool = False) -> Iter
         >>> [d["url"] for d in shardlist("a-{0..1}.tar")]
         ['a-0.tar', 'a-1.tar']
     """
-    from .sources import expand_braces
-
     out = expand_braces(urls) if isinstance(urls, str) else list(urls)
     if shuffle:
         random.shuffle(out)
     for url in out:
         yield {"url": url}
-
-
-def framed_prefix(path: str, shard: Optional[str] = None) -> Optional[Any]:
-    """The samples of a damaged plain tar that lie wholly before the damage, as a
-    :class:`resumewds.tario.ShardIndex` (None if the file is a compressed shard,
-    cannot be read, or has no such sample).
-
-    webdataset, reading a truncated or otherwise damaged shard under a handler
-    that continues, yields the samples it grouped before the error.  Here a
-    sample is kept when a member of the *next* sample was framed whole (header
-    checksum verified, data present) before the damage: those byte ranges are
-    exactly the bytes webdataset reads for them.  The sample in progress at the
-    damage is not kept, since its members may be incomplete (webdataset yields
-    it with whichever members it read), so this gives one or two samples fewer
-    than webdataset, never a different one.  The index's ``size`` and
-    ``xxh3_64`` are the damaged file's, so the cache verifies what is read
-    against the bytes that were indexed.
-
-    Example:
-        >>> import io, tarfile, tempfile
-        >>> buf = io.BytesIO()
-        >>> with tarfile.open(fileobj=buf, mode="w") as t:
-        ...     for k in ("a", "b", "c"):
-        ...         ti = tarfile.TarInfo(k + ".txt"); ti.size = 600
-        ...         t.addfile(ti, io.BytesIO(b"x" * 600))
-        >>> f = tempfile.NamedTemporaryFile(suffix=".tar", delete=False)
-        >>> _ = f.write(buf.getvalue()[:4000]); f.close()   # cut inside "c"'s data
-        >>> idx = framed_prefix(f.name)
-        >>> idx.keys, idx.offsets                           # "b" is not closed by a whole member
-        (['a'], [0, 1536])
-    """
-    from . import tario
-
-    name = shard or path
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < tario.BLOCK or f.read(2) == b"\x1f\x8b":
-                return None
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                groups: List[Tuple[str, List[Any]]] = []
-                try:
-                    for key, members in tario._group(tario.iter_members(mm, name), name):
-                        groups.append((key, members))
-                except ShardFormatError:
-                    pass
-                else:
-                    return None  # not damaged after all: the normal index applies
-                import xxhash
-
-                digest = xxhash.xxh3_64_hexdigest(mm)
-    except OSError:
-        return None
-    if not groups:
-        return None
-    offsets = [members[0][1].header for _, members in groups] + [groups[-1][1][-1][1].end]
-    return tario.ShardIndex(size=size, xxh3_64=digest, offsets=offsets, keys=[k for k, _ in groups])
-
-
-_STOP_SPAN = 1 << 40
-
-
-def salvage_shard(shard: Any, store: Any, exc: BaseException, stop: bool = False) -> int:
-    """Under a handler that skipped ``shard`` at indexing (``exc``), keep the samples before the damage.
-
-    Only for a shard with no checksum or size in the manifest and a
-    :class:`~resumewds.errors.ShardFormatError` (a damaged archive, or damaged
-    gzip / zstd data): its :func:`framed_prefix` (for a compressed shard, the
-    prefix webdataset's stream reader decodes and frames:
-    :func:`resumewds.compressed.salvage_compressed`) becomes the shard's
-    index (size, xxh3_64, offsets), so the plan, the cache's verification and a
-    resume all see the same samples.  A shard whose manifest has a checksum or
-    size that the file does not match (``ChecksumMismatch``), or a fetch error,
-    keeps the rule that its bytes are not read: no samples.
-
-    ``stop``: the handler returned False (``ignore_and_stop``): webdataset stops
-    at the damage, so the shard gets one more position after the kept samples
-    whose byte range can never be read; reaching it in the plan's order is a
-    read error that goes to the handler again, which stops the iteration there
-    (the epoch, under :class:`resumewds.WebLoader`), the same way every run.
-
-    Returns:
-        How many samples were kept (0: none, the shard is skipped whole).
-    """
-    kept = _salvage(shard, store, exc)
-    if stop:
-        start = int(shard.offsets[-1]) if kept else 0
-        if not kept:
-            shard.offsets = [0]
-        shard.offsets = list(shard.offsets) + [start + _STOP_SPAN]
-        shard.samples = kept + 1
-        shard.stop_reason = str(exc)  # what dataset._shard_failed reports when it is reached
-    elif not kept:
-        shard.samples, shard.offsets = 0, [0]
-    return kept
-
-
-def _salvage(shard: Any, store: Any, exc: BaseException) -> int:
-    from .compressed import kind_of, salvage_compressed
-
-    if not isinstance(exc, ShardFormatError) or shard.xxh3_64 is not None or shard.size is not None:
-        return 0
-    raw = False
-    try:
-        path = store.ensure(shard)
-    except ShardFormatError:
-        # the cache keeps an unchecksummed download only if it is a complete tar (an error
-        # page must not become the shard): fetch the damaged bytes as they are, to index them
-        try:
-            path, raw = store.ensure(shard, tar=False), True
-        except Exception:
-            return 0
-    except Exception:
-        return 0
-    kind = kind_of(path)
-    if kind is None:
-        idx = framed_prefix(path, shard.url)
-    else:
-        # decoded and framed as webdataset's stream reader does (compressed.salvage_compressed);
-        # the index is that of the compressed file, and open_view serves the prefix copy
-        sv = salvage_compressed(path, shard.url)
-        idx = None
-        if sv is not None and sv.index.samples:
-            idx = sv.index
-            sv.apply(shard)
-    if idx is None or not idx.offsets or idx.samples == 0:
-        if raw:  # nothing to keep: do not leave the damaged download in the cache
-            for p in (path, path + ".meta"):
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
-        return 0
-    shard.size, shard.xxh3_64, shard.samples, shard.offsets = idx.size, idx.xxh3_64, idx.samples, idx.offsets
-    shard.salvaged = True  # its index is the prefix before the damage: the shard goes on past its last offset
-    return int(idx.samples)
 
 
 def tarfile_samples(src: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,

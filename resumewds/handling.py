@@ -1,43 +1,33 @@
-"""Exception handlers with webdataset's names and protocol.
+"""The handler protocol: what a ``handler=`` argument is, and where a stop ends a stream.
 
-A handler is a callable ``handler(exn) -> bool``: it re-raises the exception
-to stop with it, returns True to skip what failed and continue, or returns
-False to stop iterating quietly.  They are the ``handler=`` arguments of
-:class:`resumewds.WebDataset`, its stages and the composable pipeline.
-
-Difference from webdataset 1.0.2: ``warn_and_continue`` / ``warn_and_stop``
-do not sleep 0.5 s after warning (webdataset sleeps so the warning stays on
-screen); a skipped item is counted in the loader's stats and the journal
-instead.
+A handler is a callable ``handler(exn) -> bool`` (webdataset's protocol): it
+re-raises the exception to stop with it, returns True to skip what failed
+and continue, or returns False to stop iterating quietly, which the stage or
+shard read that asked signals with :class:`~resumewds.errors.HandlerStop`.
+:func:`until_stop` is where a stream ends at that signal;
+:func:`reraise_exception` is the default handler; :func:`empty_epoch_error`
+is the error of an epoch whose every shard a handler skipped.  webdataset's
+other handlers (``ignore_and_continue``, ``warn_and_stop``...) are in
+:mod:`resumewds.wds.handlers`.
 
 Example:
-    >>> from resumewds.handlers import ignore_and_continue, reraise_exception
-    >>> ignore_and_continue(ValueError("bad sample"))
-    True
-    >>> reraise_exception(ValueError("bad sample"))
-    Traceback (most recent call last):
-    ...
-    ValueError: bad sample
+    >>> def gen():
+    ...     yield 1
+    ...     raise HandlerStop("bad shard")
+    >>> list(until_stop(gen()))
+    [1]
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Callable, Iterable, Iterator, Mapping, Optional, TypeVar
+
+from .errors import HandlerStop
 
 Handler = Callable[[BaseException], bool]
 T = TypeVar("T")
 
-__all__ = ["Handler", "HandlerStop", "empty_epoch_error", "ignore_and_continue", "ignore_and_stop", "reraise_exception",
-           "until_stop", "warn_and_continue", "warn_and_stop"]
-
-
-class HandlerStop(Exception):
-    """A handler returned False (``ignore_and_stop``, ``warn_and_stop``): stop iterating.
-
-    Raised where the handler is asked (a stage, a shard read) and caught where
-    the iteration can end quietly: :func:`until_stop`.
-    """
+__all__ = ["Handler", "HandlerStop", "empty_epoch_error", "reraise_exception", "until_stop"]
 
 
 def until_stop(items: Iterable[T]) -> Iterator[T]:
@@ -62,28 +52,6 @@ def until_stop(items: Iterable[T]) -> Iterator[T]:
 def reraise_exception(exn: BaseException) -> bool:
     """Re-raise ``exn``: the default, the same as ``on_error="raise"``."""
     raise exn
-
-
-def ignore_and_continue(exn: BaseException) -> bool:
-    """Skip what failed and go on (like ``on_error="skip"``, without a warning)."""
-    return True
-
-
-def warn_and_continue(exn: BaseException) -> bool:
-    """Warn with ``repr(exn)``, skip what failed and go on."""
-    warnings.warn(repr(exn), stacklevel=2)
-    return True
-
-
-def ignore_and_stop(exn: BaseException) -> bool:
-    """Stop iterating, quietly."""
-    return False
-
-
-def warn_and_stop(exn: BaseException) -> bool:
-    """Warn with ``repr(exn)`` and stop iterating."""
-    warnings.warn(repr(exn), stacklevel=2)
-    return False
 
 
 def empty_epoch_error(epoch: int, skipped: Optional[Mapping[str, str]]) -> ValueError:

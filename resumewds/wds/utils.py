@@ -13,7 +13,9 @@ unless set).  When True:
 * ``GOPEN_REWRITE`` URL rewriting is refused.
 
 It is read at each use, so setting ``resumewds.utils.enforce_security =
-True`` at run time works as it does in webdataset.
+True`` at run time works as it does in webdataset: this module's
+``enforce_security`` reads and sets :data:`resumewds.urls.enforce_security`,
+the one place the policy is kept.
 
 Example:
     >>> import resumewds.utils
@@ -32,58 +34,20 @@ import importlib
 import itertools
 import re
 import sys
+import types
 import warnings
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from . import config
-from .errors import UnsafeSourceError
+from .. import config, urls
+from ..urls import EnforcedSecurityError, check_source_allowed, expand_braces
+from ..world import worker_info
 
-__all__ = ["EnforcedSecurityError", "ObsoleteException", "PipelineStage", "check_source_allowed",
+__all__ = ["EnforcedSecurityError",  # noqa: F822  (enforce_security: a property of this module)
+           "ObsoleteException", "PipelineStage", "check_source_allowed",
            "compute_sample_weights", "deprecated", "enforce_security", "fnmatch_with_braces",
            "glob_with_braces", "guess_batchsize", "identity", "is_iterable", "lookup_sym", "make_seed",
            "obsolete", "pytorch_worker_info", "pytorch_worker_seed", "repeatedly", "repeatedly0",
            "safe_eval"]
-
-enforce_security: bool = bool(config.value("secure"))
-
-
-class EnforcedSecurityError(UnsafeSourceError, ValueError):
-    """Refused because :data:`enforce_security` is set: a pickle-based member,
-    a local or ``pipe:`` source, a ``GOPEN_REWRITE`` rewrite.
-
-    A ``ValueError`` too, as webdataset raises in the same places; the
-    message starts with webdataset's (``"gopen: unsafe_gopen is False, ..."``).
-    """
-
-
-def _is_local(url: str) -> bool:
-    # the registry's answer (resumewds.fetch.transport.is_local_url) without importing the
-    # fetch package: gopen, and so this module, load with `import resumewds` (kept in step
-    # by tests/test_fetch_package.py::test_is_this_url_remote_has_one_answer)
-    if url.startswith("file:"):
-        return True
-    if url.startswith("pipe:") or url == "-":
-        return False
-    return "://" not in url
-
-
-def check_source_allowed(url: str) -> None:
-    """Raise :class:`EnforcedSecurityError` if :data:`enforce_security` forbids opening ``url``.
-
-    Forbidden when set: local paths, ``file:`` URLs and ``pipe:`` commands.
-
-    Example:
-        >>> check_source_allowed("/data/shard-000000.tar")  # enforce_security is off
-    """
-    if not enforce_security:
-        return
-    if url.startswith("pipe:"):
-        raise EnforcedSecurityError(f"gopen_pipe: unsafe_gopen is False, cannot open pipe URLs: {url} "
-                            "(resumewds.utils.enforce_security / WDS_SECURE is set)")
-    if _is_local(url):
-        raise EnforcedSecurityError(f"gopen: unsafe_gopen is False, cannot open local files: {url} "
-                            "(resumewds.utils.enforce_security / WDS_SECURE is set)")
-
 
 def identity(x: Any) -> Any:
     """Return ``x`` (webdataset's ``utils.identity``)."""
@@ -202,8 +166,6 @@ def glob_with_braces(pattern: str) -> List[str]:
         >>> glob_with_braces("/nonexistent-{a,b}/*.tar")
         []
     """
-    from .sources import expand_braces
-
     return [f for pat in expand_braces(pattern) for f in glob.glob(pat)]
 
 
@@ -214,8 +176,6 @@ def fnmatch_with_braces(filename: str, pattern: str) -> bool:
         >>> fnmatch_with_braces("a.jpg", "*.{jpg,png}"), fnmatch_with_braces("a.txt", "*.{jpg,png}")
         (True, False)
     """
-    from .sources import expand_braces
-
     return any(fnmatch.fnmatch(filename, pat) for pat in expand_braces(pattern))
 
 
@@ -250,9 +210,7 @@ def lookup_sym(sym: str, modules: Sequence[str]) -> Any:
 
 
 def pytorch_worker_info(group: Any = None) -> Tuple[int, int, int, int]:
-    """``(rank, world_size, worker, num_workers)`` (:func:`resumewds.splitters.worker_info`)."""
-    from .splitters import worker_info
-
+    """``(rank, world_size, worker, num_workers)`` (:func:`resumewds.world.worker_info`)."""
     return worker_info(group)
 
 
@@ -317,3 +275,18 @@ def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
     ws = np.array([p[1] for p in n_w_pairs])
     weighted = ns * ws
     return weighted / np.amax(weighted)
+
+
+class _UtilsModule(types.ModuleType):
+    """This module, whose ``enforce_security`` is :data:`resumewds.urls.enforce_security`."""
+
+    @property
+    def enforce_security(self) -> bool:
+        return urls.enforce_security
+
+    @enforce_security.setter
+    def enforce_security(self, value: bool) -> None:
+        urls.enforce_security = value
+
+
+sys.modules[__name__].__class__ = _UtilsModule

@@ -1,51 +1,25 @@
-"""webdataset's ``compat`` module names: ``WebDataset``, ``WebLoader``, ``MockDataset``,
-``FluidInterface``, ``FluidWrapper`` (:mod:`resumewds.fluid`), ``check_empty`` and the
-``Cached`` stage.
+"""webdataset's ``FluidInterface``: the fluent methods of a pipeline, each one stage; ``Cached``.
 
-``import resumewds as wds`` exposes the same names at the top level;
-``from resumewds import compat`` (or ``webdataset.compat`` through an
-alias) finds them here too.  See docs/COMPAT.md for the semantics.
+A class with a ``compose(stage)`` method (webdataset's ``DataPipeline``
+contract) gets ``.shuffle(n)``, ``.map(f)``, ``.batched(n)``... from this
+mixin, each returning ``self.compose(<the stage of the same name>)`` built by
+:mod:`resumewds.wds.filters`, the one implementation of each.
 
 Example:
-    >>> from resumewds.compat import MockDataset
-    >>> list(MockDataset((1, 2), 2))
-    [(1, 2), (1, 2)]
-    >>> stage = Cached()
-    >>> list(stage(iter([1, 2]))), list(stage(iter([])))   # the second pass replays the first
-    ([1, 2], [1, 2])
+    >>> class P(FluidInterface):
+    ...     def __init__(self): self.stages = []
+    ...     def compose(self, stage): self.stages.append(stage); return self
+    >>> len(P().map(str).batched(2).stages)
+    2
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional
+from typing import Any, Iterable, Iterator, List, Optional
 
-from ._torchreg import register_iterable_dataset
-from .dataset import WebDataset
+from . import filters
 
-if TYPE_CHECKING:  # loaded on first use (both import torch): see __getattr__
-    from .fluid import FluidWrapper
-    from .loader import WebLoader
-
-__all__ = ["Cached", "FluidInterface", "FluidWrapper", "MockDataset", "WebDataset", "WebLoader",
-           "check_empty"]
-
-
-class MockDataset:
-    """webdataset's ``MockDataset(sample, length)``: ``sample``, ``length`` times.
-
-    A torch ``IterableDataset`` once torch is imported.
-    """
-
-    def __init__(self, sample: Any, length: int):
-        self.sample = sample
-        self.length = int(length)
-
-    def __iter__(self) -> Iterator[Any]:
-        for _ in range(self.length):
-            yield self.sample
-
-
-register_iterable_dataset(MockDataset)
+__all__ = ["Cached", "FluidInterface"]
 
 
 class Cached:
@@ -78,25 +52,7 @@ class Cached:
         return self(source)
 
 
-def check_empty(source: Iterable[Any]) -> Iterator[Any]:
-    """Pass ``source`` through; raise ValueError at its end if it yielded nothing.
-
-    Example:
-        >>> list(check_empty([1]))
-        [1]
-    """
-    count = 0
-    for sample in source:
-        yield sample
-        count += 1
-    if count == 0:
-        raise ValueError("No samples found in dataset; perhaps you have fewer shards than workers.\n"
-                         "Turn off using empty_check=False in the WebDataset constructor.")
-
-
 def _stage(name: str, *args: Any, **kw: Any) -> Any:
-    from . import filters
-
     return getattr(filters, name)(*args, **kw)
 
 
@@ -207,15 +163,3 @@ class FluidInterface:
             NotImplementedError: always.
         """
         raise NotImplementedError("lmdb_cached() is not supported by resumewds (see docs/COMPAT.md)")
-
-
-def __getattr__(name: str) -> Any:
-    if name == "WebLoader":  # imports torch
-        from .loader import WebLoader
-
-        return WebLoader
-    if name == "FluidWrapper":  # a DataPipeline: imports torch
-        from .fluid import FluidWrapper
-
-        return FluidWrapper
-    raise AttributeError(f"module 'resumewds.compat' has no attribute {name!r}")

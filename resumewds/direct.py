@@ -1,0 +1,250 @@
+"""Direct iteration of a data set, as webdataset iterates: ``for sample in ds``.
+
+:class:`DirectDataset` is a :class:`resumewds.shardset.ShardDataset` with
+what runs when a data set is iterated directly (in this process, or in each
+worker of a plain torch ``DataLoader`` or torchdata's ``StatefulDataLoader``):
+this process's share of an epoch through every stage, the stream stages
+(``unbatched``, ``slice``, a buffer ``shuffle`` after ``batched``...) included,
+``repeat`` / ``with_epoch`` over epochs, and the torchdata state protocol
+(``state_dict`` / ``load_state_dict``) that resumes exactly after the last
+item yielded.  The steps it reads are the engine's (:meth:`~resumewds.shardset.ShardDataset.iter_steps`).
+
+Example:
+    >>> ds = resumewds.WebDataset("data/shard-{000000..000003}.tar").decode()  # doctest: +SKIP
+    >>> first = next(iter(ds)); state = ds.state_dict()                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from .errors import ResumeWDSError, StateError
+from .fetch import is_remote_url, local_path
+from .handling import empty_epoch_error, until_stop
+from .plan import Layout, mix
+from .positions import hide_positions
+from .shardset import ShardDataset
+from .stages import Stage
+from .world import worker_info
+
+__all__ = ["DATASET_STATE", "DirectDataset"]
+
+log = logging.getLogger("resumewds")
+
+#: the ``format`` of a data set's own state (direct iteration)
+DATASET_STATE = "resumewds.dataset"
+_KNOWN_STREAM = ("unbatched", "unlisted", "slice", "rsample", "log_keys")
+
+
+class _NoPadLayout(Layout):
+    """The split of direct iteration: like WebLoader's, but a share that would get a
+    padding sample (fewer leftover samples than workers) gets nothing, as in webdataset."""
+
+    def slots(self, total: int, start: int, step: int, rank: Optional[int] = None
+              ) -> List[Tuple[int, bool]]:
+        return [s for s in super().slots(total, start, step, rank) if not s[1]]
+
+
+class _KeepShards:
+    """A custom node/worker splitter's choice of shards, as a per-sample filter."""
+
+    def __init__(self, urls: frozenset):
+        self.urls = urls
+
+    def __call__(self, sample: Any) -> Any:
+        return sample if sample.get("__url__") in self.urls else None
+
+
+class DirectDataset(ShardDataset):
+    """A :class:`~resumewds.shardset.ShardDataset` that is also iterated directly:
+    this process's share, every stage, exact state (the torchdata protocol)."""
+
+    # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----
+    def _split(self) -> Tuple[int, int, int, int, List[Any]]:
+        """``(rank, world, worker, num_workers, custom splitters)`` for this process:
+        every rank and every DataLoader worker takes its own share."""
+        rank, world, worker, nworkers = worker_info()
+        return rank, world, worker, nworkers, []
+
+    def _fresh(self, epoch: int) -> Dict[str, Any]:
+        return {"epoch": int(epoch), "step": 0, "skip": 0, "counts": [], "served": 0, "first": int(epoch)}
+
+    def _stream_stages(self) -> List[Stage]:
+        return self._spec[self._stream_from:]
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate as webdataset does: this process's share (rank and DataLoader worker,
+        see ``nodesplitter`` / ``workersplitter``) of epoch ``self.epoch``, through every
+        stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
+        moment resumes exactly after the last item yielded."""
+        rank, world, worker, nworkers, custom = self._split()
+        V = world * nworkers
+        chunk = self.batch_size or (64 if V == 1 else 1)
+        layout = _NoPadLayout(batch_size=chunk, world_size=V, rank=rank + world * worker)
+        lay = [V, rank + world * worker, chunk]
+        if self._pending is not None:
+            st = dict(self._pending)
+            self._pending = None
+            if st.get("layout") not in (None, lay):
+                raise StateError(f"dataset state was taken with (virtual world, rank, chunk) = "
+                                 f"{st.get('layout')}, this iterator has {lay}: resume with the same "
+                                 "world size and num_workers (or use WebLoader, which resumes "
+                                 "under any layout)")
+            st["served"] = st.get("served", 0) if st.get("served", 0) < self._limit else 0  # a chunk done: a new one
+        elif self._mode != "once" and self._cursor is not None:
+            st = dict(self._cursor, served=0, first=self._cursor["epoch"])
+        else:
+            st = self._fresh(self.epoch)
+        st["layout"] = lay
+        saved_stages = self.stages
+        if custom:
+            urls = [{"url": s.url} for s in self.manifest.shards]
+            for f in custom:
+                urls = list(f(iter(urls)))
+            kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
+            self.stages = [_KeepShards(kept)] + list(saved_stages)
+        if any(s.kind == "stream" and s.name not in _KNOWN_STREAM for s in self._stream_stages()) \
+                and not self._warned_opaque:
+            self._warned_opaque = True
+            log.warning("a compose() stage is opaque to resumewds: a resume replays its epoch "
+                        "from the start (still exact if the stage is deterministic)")
+        try:
+            yield from self._iterate(st, layout)
+        finally:
+            self.stages = saved_stages
+
+    def _iterate(self, st: Dict[str, Any], layout: Layout) -> Iterator[Any]:
+        limit = self._limit if self._mode != "once" else -1
+        nepochs = {"once": 1, "repeat": self._nepochs}.get(self._mode, -1)
+        self._cursor = st
+        empty = 0
+        while True:
+            if limit > 0 and st["served"] >= limit:
+                return  # the epoch goes on in the next iter()
+            if nepochs > 0 and st["epoch"] >= st["first"] + nepochs:
+                break
+            produced, resumed = 0, bool(st["step"] or st["skip"])  # the rest of a resumed epoch may be empty
+            for item in self._epoch_items(st, layout):
+                produced += 1
+                yield item
+                if limit > 0 and st["served"] >= limit:
+                    return
+            nxt = self._fresh(st["epoch"] + 1)
+            nxt.update(served=st["served"], first=st["first"], layout=st["layout"])
+            st.clear()
+            st.update(nxt)
+            if self._mode == "once":
+                self.epoch = st["epoch"]
+            empty = 0 if (produced or resumed) else empty + 1
+            if empty and nepochs < 0:
+                return  # an epoch gave nothing: do not loop forever (webdataset's rule)
+        self.epoch = st["epoch"]
+
+    def _epoch_items(self, st: Dict[str, Any], layout: Layout) -> Iterator[Any]:
+        """One epoch of this share from the clean point in ``st``; updates ``st``."""
+        epoch = st["epoch"]
+        ep = self.plan.epoch(epoch)
+        if self.empty_check and len(ep) == 0:
+            raise empty_epoch_error(epoch, getattr(self, "_index_skipped", None))
+        stream = self._stream_stages()
+        runners = [s.runner(mix(self.seed, epoch, 0x5354, i)) for i, s in enumerate(stream)]
+        for r, c in zip(runners, st.get("counts") or []):
+            r.count = int(c)
+        skip = int(st.get("skip", 0))
+        state = {"step": int(st["step"])}
+
+        def source() -> Iterator[Any]:
+            j = state["step"]
+            start = j * layout.step_size
+            url_index: Dict[str, int] = {}
+            local = self.cache_dir is not None
+            on_disk: Dict[str, Optional[str]] = {}
+            for k, batch, meta in self.iter_steps(epoch, start, layout, 0, 1, collate=False):
+                self._absorb_meta(meta)
+                step = j + k
+                if all(r.buffered == 0 for r in runners):
+                    st["step"], st["skip"] = step, 0
+                    st["counts"] = [r.count for r in runners]
+                for sample in batch:
+                    if isinstance(sample, dict):
+                        if sample.get("__pad__"):
+                            continue
+                        if local and "__url__" in sample:
+                            sample["__local_path__"] = self._local_path(sample["__url__"], url_index)
+                        elif "__url__" in sample:  # a local shard: its path, as webdataset sets it
+                            lp = on_disk.get(sample["__url__"], "")
+                            if lp == "":
+                                u = sample["__url__"]
+                                lp = on_disk[u] = None if is_remote_url(u) else local_path(u)
+                            if lp is not None:
+                                sample["__local_path__"] = lp
+                    yield sample
+            if all(r.buffered == 0 for r in runners):
+                st["step"], st["skip"] = layout.num_steps(len(ep), 0), 0
+                st["counts"] = [r.count for r in runners]
+
+        it: Iterator[Any] = source()
+        for r in runners:
+            it = r.run(it)
+        for item in until_stop(it):  # a handler's stop ends the epoch quietly
+            if skip:
+                skip -= 1
+                continue
+            st["skip"] += 1
+            st["served"] += 1
+            yield hide_positions(item)  # webdataset's keys only (position keys still readable)
+
+    def _absorb_meta(self, meta: Dict[str, Any]) -> None:
+        """Keep what a step reports for ``take_events`` (direct iteration has no loader)."""
+        ev = meta.get("events")
+        if ev:
+            self._events.extend(e for e in ev if e.get("kind") in ("skip", "fail", "sample_skip"))
+            del self._events[:-1000]
+
+    def _local_path(self, url: str, index: Dict[str, int]) -> Optional[str]:
+        if not index:
+            index.update({s.url: i for i, s in enumerate(self.manifest.shards)})
+        si = index.get(url)
+        hit = self._reader.open.get(si) if (self._reader is not None and si is not None) else None
+        return getattr(hit[0], "path", None) if hit else None
+
+    # ---- state (torchdata StatefulDataLoader protocol) -------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Where this process's iteration is: resume exactly after the last item yielded.
+
+        Inside a torch DataLoader worker this is that worker's state, which is
+        what torchdata's ``StatefulDataLoader`` collects and hands back to
+        :meth:`load_state_dict` in the same worker.  No sample data: epoch, the
+        last clean step, how many items to skip after it, stage counters.
+        """
+        cur = self._cursor if self._cursor is not None else self._fresh(self.epoch)
+        out = {k: v for k, v in cur.items() if not k.startswith("_")}
+        out["counts"] = list(out.get("counts") or [])
+        out.update(format=DATASET_STATE, version=1, order=self._order_key())
+        return out
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """The next ``iter()`` continues exactly after the state's last item.
+
+        Raises:
+            StateError: not a dataset state, or taken with another order.
+        """
+        if not isinstance(state, dict) or state.get("format") != DATASET_STATE:
+            raise StateError("not a resumewds dataset state (missing format field)")
+        if state.get("order") != self._order_key():
+            raise StateError(f"dataset state was taken with order {state.get('order')}, "
+                             f"this dataset has {self._order_key()}")
+        self._pending = {k: v for k, v in state.items() if k not in ("format", "version", "order")}
+        self.epoch = int(state["epoch"])
+
+    get_state = state_dict
+    set_state = load_state_dict
+
+    def _order_key(self) -> Dict[str, Any]:
+        try:
+            d = dict(self.plan.describe())
+        except ResumeWDSError:
+            raise
+        d["stages"] = [s.name for s in self._spec]
+        return d

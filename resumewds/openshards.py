@@ -1,0 +1,196 @@
+"""A process's open shards, and what reading them needs besides the order.
+
+* :class:`ShardReader` -- a process's open shards: the pinned cache leases
+  (:meth:`resumewds.cache.ShardStore.acquire`) and their file descriptors,
+  least recently used closed first; ``wait`` sums the seconds blocked in
+  ``acquire`` (the ``t_fetch_wait`` stat).
+* :func:`shard_reader` -- the dataset's reader, created on first use, sized
+  to the shards a step can touch (a shuffle window per partition, or two in
+  order).
+* :func:`shard_failed` -- ``on_error`` / webdataset's ``handler`` for a shard
+  that cannot be fetched, verified or parsed: raise (recording a ``fail``
+  event), skip it for the rest of the iteration (``skip`` event), or stop.
+* :func:`run_length` -- how many of a step's next samples are consecutive
+  samples of one shard (at most :data:`RUN_BYTES`: one ``pread``).
+* :func:`hint_pages` -- a step's local byte ranges read ahead by the kernel.
+
+:mod:`resumewds.reading` reads the samples themselves (from these open
+shards, or by verified ranges before a shard is cached).
+
+Example:
+    >>> run_length([], [(0, 1)], 0)
+    1
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from typing import Any, Dict, Sequence, Tuple
+
+from .errors import CacheError, HandlerStop, ShardFormatError, naming
+from .events import EventKind
+from .fetch import is_remote_url, local_path
+from .manifest import ShardInfo
+
+__all__ = ["RUN_BYTES", "ShardReader", "hint_pages", "run_length", "shard_failed", "shard_reader", "trusted"]
+
+log = logging.getLogger("resumewds")
+
+#: most bytes read with one pread when samples are consecutive
+RUN_BYTES = 4 << 20
+
+
+class ShardReader:
+    """Per-process open shards: pinned cache leases and file descriptors (LRU)."""
+
+    def __init__(self, store: Any, limit: int):
+        self.store = store
+        self.limit = max(2, limit)
+        self.open: OrderedDict[int, Tuple[Any, int]] = OrderedDict()
+        self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
+        self.ranged: Any = None  # samples of shards not cached yet: resumewds.reading.RangedReads (prepare)
+        # shards whose samples :meth:`WebDataset.iter_steps` may read itself
+        # (open): index -> (fd, offsets, url, verified); an entry lives
+        # exactly as long as its fd is in ``open``
+        self.fast: Dict[int, Tuple[int, Any, str, bool]] = {}
+
+    def fd(self, idx: int, shard: ShardInfo) -> int:
+        """The open, verified copy of ``shard`` (index ``idx``), acquired if needed."""
+        hit = self.open.get(idx)
+        if hit is not None:
+            self.open.move_to_end(idx)
+            return hit[1]
+        t0 = time.perf_counter()
+        try:
+            for attempt in range(3):
+                # a local shard's whole-file check ends before any of its samples is
+                # read: a mismatch skips (or fails) the shard whole, whatever the timing
+                lease = self.store.acquire(shard)
+                try:
+                    fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    break
+                except FileNotFoundError as exc:
+                    # removed after it was verified (damaged from outside and
+                    # repaired by another process): acquire it again
+                    lease.close()
+                    if attempt == 2:
+                        raise CacheError(f"{lease.path}: removed again and again between being "
+                                         f"verified and opened ({shard.url})") from exc
+                except OSError as exc:
+                    lease.close()
+                    raise CacheError(f"{lease.path}: cannot open the verified copy of {shard.url}: "
+                                     f"{exc.strerror or exc}") from exc
+        finally:
+            self.wait += time.perf_counter() - t0
+        self.open[idx] = (lease, fd)
+        while len(self.open) > self.limit:
+            old, (old_lease, old_fd) = self.open.popitem(last=False)
+            self.fast.pop(old, None)
+            os.close(old_fd)
+            old_lease.close()
+        return fd
+
+    def close(self) -> None:
+        """Close every open shard (and release its pin)."""
+        if self.ranged is not None:
+            self.ranged.close()
+        self.fast.clear()
+        while self.open:
+            _, (lease, fd) = self.open.popitem()
+            try:
+                os.close(fd)
+            finally:
+                lease.close()
+
+
+def shard_reader(ds: Any) -> ShardReader:
+    """The dataset's open shards (created on first use)."""
+    if ds._reader is None:
+        # a shuffled window reads its shards at once (one window per
+        # partition of this rank's node); in order, two are enough (fewer
+        # pins: the cache_size budget holds better)
+        parts = min(ds.plan_partitions, 8)
+        windowed = str(ds.plan.algo).endswith("window")
+        ds._reader = ShardReader(ds.store, ds.shuffle_window * parts + 2 if windowed else parts + 1)
+    return ds._reader
+
+
+def trusted(store: Any, shard: ShardInfo) -> bool:
+    """Whether the open copy of ``shard`` matched its xxh3_64 (the store
+    verifies every copy that has one, unless ``verify="never"``): its
+    samples are then parsed without recomputing header checksums."""
+    return shard.xxh3_64 is not None and getattr(store, "verify", "never") != "never"
+
+
+def shard_failed(ds: Any, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
+    """``on_error``: record the shard as failed and re-raise ``exc``, or
+    record it as skipped, or (a webdataset handler returning False) stop."""
+    reason = getattr(shard, "stop_reason", None)
+    if reason:  # the stop marker of tariterators.salvage_shard
+        exc = ShardFormatError(f"{reason} (the handler stops here)", shard=shard.url)
+    if ds.on_error != "skip":
+        # the loader takes this event with the error, to the journal and stats
+        ds._on_event(EventKind.FAIL, shard.url, error=str(exc))
+        raise exc
+    if ds.handler is not None and not ds.handler(exc):  # webdataset handler: stop
+        ds._failed[shard_idx] = str(exc)
+        ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
+        raise HandlerStop(str(exc)) from exc
+    ds._failed[shard_idx] = str(exc)
+    ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
+    log.warning("skipping shard %s", naming(shard.url, exc))
+
+
+def run_length(shards: Sequence[ShardInfo], where: Sequence[Tuple[int, int]], i: int,
+               limit_bytes: int = RUN_BYTES) -> int:
+    """How many of ``where[i:]`` are consecutive samples of one shard,
+    within ``limit_bytes`` (one sample at least)."""
+    si, j = where[i]
+    n = len(where)
+    if i + 1 >= n or where[i + 1] != (si, j + 1):
+        return 1  # the rule when shuffled: no offsets touched
+    offsets = shards[si].offsets
+    if offsets is None:
+        return 1
+    run = 1
+    limit = int(offsets[j]) + limit_bytes
+    while i + run < n and where[i + run] == (si, j + run) and int(offsets[j + run + 1]) <= limit:
+        run += 1
+    return run
+
+
+def hint_pages(ds: Any, where: Sequence[Tuple[int, int]]) -> None:
+    """Ask the kernel to start reading the byte ranges of a step's samples
+    of local shards (``posix_fadvise(WILLNEED)``), all at once: from a cold
+    disk they then arrive in parallel instead of one ``pread`` after the
+    other.  Advice only: the reads, their verification and errors are the
+    usual ones; nothing here raises."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    shards = ds.manifest.shards
+    fds: Dict[int, int] = {}
+    try:
+        for si, j in where:
+            shard = shards[si]
+            fd = fds.get(si)
+            if fd is None:
+                url = shard.url
+                if (si in ds._failed or is_remote_url(url) or shard.offsets is None
+                        or ("://" in url and not url.startswith("file://"))):
+                    continue
+                try:
+                    fd = fds[si] = os.open(local_path(shard.url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                except (OSError, ValueError):
+                    continue
+            try:
+                start, end = shard.sample_range(j)
+                advise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+            except Exception:  # advice: the read reports what is wrong
+                pass
+    finally:
+        for fd in fds.values():
+            os.close(fd)

@@ -1,0 +1,65 @@
+"""The position keys each sample carries, and how they are hidden from webdataset code.
+
+Every sample read by the plan carries its global position: ``__epoch__``,
+``__index__`` and ``__shard__``.  A :class:`resumewds.WebLoader`'s batches keep
+them as plain keys; direct iteration (webdataset's way) hands out a
+:class:`Sample`, which answers them when asked but does not list them.
+
+Example:
+    >>> s = hide_positions({"__key__": "k", "__epoch__": 0, "__index__": 7, "__shard__": "x"})
+    >>> sorted(s), s["__index__"]
+    (['__key__'], 7)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+__all__ = ["POSITION_KEYS", "Sample", "hide_positions"]
+
+
+#: what resumewds adds to each sample (its global position); webdataset has none of them
+POSITION_KEYS = ("__epoch__", "__index__", "__shard__")
+
+
+class Sample(dict):
+    """A sample dict whose position keys (``__epoch__``, ``__index__``, ``__shard__``)
+    can be read (``s["__index__"]``, ``s.get``, ``in``, ``to_tuple("__index__")``) but are
+    not listed: ``keys()``, iteration, ``len``, ``items``, collation, ``json.dumps``,
+    ``==`` and copies see exactly the keys webdataset 1.0.2 yields.
+
+    What direct iteration (webdataset's way: ``for s in ds``, a torch DataLoader,
+    a DataPipeline) hands out; a :class:`resumewds.WebLoader` keeps them as plain
+    keys (its documented batches carry them).
+
+    Example:
+        >>> s = hide_positions({"__key__": "k", "txt": b"a", "__epoch__": 0, "__index__": 7, "__shard__": "x"})
+        >>> sorted(s), s["__index__"], "__epoch__" in s, s.get("__shard__")
+        (['__key__', 'txt'], 7, True, 'x')
+    """
+
+    positions: Dict[str, Any]  # the hidden keys (an instance attribute: pickled with the sample)
+
+    def __missing__(self, key: Any) -> Any:
+        hidden = self.__dict__.get("positions")
+        if hidden is not None and key in hidden:
+            return hidden[key]
+        raise KeyError(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        return (self.__dict__.get("positions") or {}).get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or key in (self.__dict__.get("positions") or ())
+
+
+def hide_positions(x: Any) -> Any:
+    """``x`` with its position keys moved out of sight (a :class:`Sample`); anything
+    but a dict holding them is returned as is."""
+    if type(x) is not dict or "__index__" not in x:
+        return x
+    s = Sample(x)
+    s.positions = {k: dict.pop(s, k) for k in POSITION_KEYS if dict.__contains__(s, k)}
+    return s

@@ -1,0 +1,192 @@
+"""Checking a copy of a shard against what the manifest says of its samples.
+
+After a copy's whole file passed its xxh3_64, the store (:mod:`resumewds.cache`)
+checks that the manifest's samples end at the shard's end-of-archive marker
+(:func:`check_end`) and that every sample matches its digest
+(:func:`check_samples`), both through :func:`check_copy`; :func:`bad_samples`
+names the samples that fail (for :mod:`resumewds.repair`, which re-fetches
+them by range, and ``resumewds verify``); :func:`index_key` fingerprints the
+index a copy was checked against.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import xxhash
+
+from . import tario
+from .errors import ChecksumMismatch, ShardFormatError
+from .events import EventKind
+from .fetch import is_remote_url
+from .manifest import COMPRESSED_SUFFIXES
+from .sampledigests import file_sample_digests
+
+__all__ = ["BadSample", "bad_samples", "check_copy", "check_end", "check_samples", "index_key"]
+
+
+@dataclass
+class BadSample:
+    """A sample whose bytes do not match its digest.
+
+    Attributes:
+        shard: the shard's url.
+        index: the sample's index in the shard.
+        key: its ``__key__`` as read from the (bad) bytes, or ``"?"``.
+        start, end: its byte range.
+        expected, actual: hex digests.
+    """
+
+    shard: str
+    index: int
+    key: str
+    start: int
+    end: int
+    expected: str
+    actual: str
+
+    def __str__(self) -> str:
+        return (f"{self.shard}: sample {self.index} (key {self.key}, bytes {self.start}-{self.end}) "
+                f"xxh3_64 mismatch: expected {self.expected}, got {self.actual}")
+
+
+def bad_samples(path: str, shard: Any) -> List[BadSample]:
+    """The samples of the local copy ``path`` that fail their digests.
+
+    Args:
+        path: the file to check (the shard itself, or its cached copy).
+        shard: its :class:`~resumewds.manifest.ShardInfo` (with
+            ``offsets`` and ``sample_digests``).
+
+    Returns:
+        The failing samples, in order (empty if none, or no digests).
+    """
+    if shard.sample_digests is None or shard.offsets is None:
+        return []
+    offsets = [int(x) for x in shard.offsets]
+    actual = file_sample_digests(path, offsets)
+    out: List[BadSample] = []
+    for i, (want, got) in enumerate(zip(shard.sample_digests, actual)):
+        if int(want) != got:
+            out.append(BadSample(shard.url, i, _key_of(path, offsets[i], offsets[i + 1], shard.url),
+                                 offsets[i], offsets[i + 1], format(int(want), "016x"), format(got, "016x")))
+    return out
+
+
+def check_samples(path: str, shard: Any, name: Optional[str] = None) -> None:
+    """Raise when a sample of ``path`` fails its manifest digest (no-op without digests).
+
+    The rule everywhere: a per-sample digest that does not match means the
+    sample is damaged, even when the whole file matches its xxh3_64 (the
+    manifest's two checksums disagree).  The store checks it after the
+    whole-file hash (``verify="once"`` and ``"always"``, ``resumewds
+    verify``); a remote shard's damaged samples are fetched again by range.
+
+    Raises:
+        ChecksumMismatch: naming the file, the first failing sample (index,
+            key, byte range) and how many fail.
+    """
+    bads = bad_samples(path, shard)
+    if not bads:
+        return
+    b = bads[0]
+    more = f" ({len(bads)} of {shard.samples} samples fail their digests)" if len(bads) > 1 else ""
+    raise ChecksumMismatch(f"{name or path}: sample {b.index} (key {b.key}, bytes {b.start}-{b.end}): xxh3_64 "
+                           f"mismatch: expected {b.expected}, got {b.actual}{more}", url=shard.url,
+                           expected=b.expected, actual=b.actual)
+
+
+def index_key(shard: Any) -> str:
+    """A fingerprint of what the manifest says of the shard's samples beyond
+    its whole-file checksum (their number, the end of the last one, their
+    digests; "" without offsets), for the store's "verified" marks: a copy
+    checked against another index is not checked against this one.
+
+    Example:
+        >>> from resumewds.manifest import ShardInfo
+        >>> index_key(ShardInfo(url="a.tar")), index_key(ShardInfo(url="a.tar", samples=1, offsets=[0, 1024]))
+        ('', '\\x001\\x001024')
+    """
+    if shard.offsets is None:
+        return ""
+    key = f"\0{shard.samples}\0{int(shard.offsets[-1])}"
+    d = shard.sample_digests
+    if d is None:
+        return key
+    part = d[:] if not isinstance(d, list) else array("Q", d)
+    raw = part.tobytes() if hasattr(part, "tobytes") else bytes(part)
+    return key + "\0" + xxhash.xxh3_64_hexdigest(raw)
+
+
+def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
+    """The manifest's last offset must be the shard's end-of-archive marker.
+
+    A manifest that lists fewer samples than the shard holds (made for a
+    subset of it, or for another version of the file) would deliver only
+    those samples, silently: with any manifest version it is refused when
+    the shard is verified.  Compressed shards (offsets in the decompressed
+    tar) are left to their own reader, and the prefix kept of a damaged shard
+    under a handler (``salvaged``) ends before the damage by design.
+
+    Raises:
+        ShardFormatError: naming the file, the samples listed and where the
+            shard goes on.
+    """
+    if (shard.offsets is None or getattr(shard, "salvaged", False)  # a damaged shard's prefix (a handler's)
+            or shard.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES)):
+        return
+    end = int(shard.offsets[-1])
+    with open(path, "rb") as f:
+        block = os.pread(f.fileno(), 512, end)
+    if len(block) == 512 and block.count(0) != 512:
+        raise ShardFormatError(f"{name or path}: the manifest lists {shard.samples} samples, ending at byte {end}, "
+                               "but the shard goes on there (no end-of-archive marker): a manifest made for a "
+                               "subset or another version of the shard? Index it again (resumewds index) to "
+                               "read all of it, or write the subset as its own shard", shard=shard.url)
+
+
+def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
+    """What the store checks of a copy whose whole file just passed its
+    xxh3_64: that the manifest's samples end at the shard's end
+    (:func:`check_end`) and that every sample matches its digest
+    (:func:`check_samples`).  On a failure: a ``verify_fail`` event via
+    ``emit``, the file removed if ``discard`` (a download), and the error.
+    Fetching a remote shard again cannot help: its whole file is the one
+    indexed.
+
+    Raises:
+        ShardFormatError: the manifest lists fewer samples than the shard holds.
+        ChecksumMismatch: a sample fails its digest.
+    """
+    if shard.offsets is None:
+        return
+    name = f"{shard.url} ({path})" if is_remote_url(shard.url) else path
+    try:
+        check_end(path, shard, name)
+        if shard.sample_digests is not None:
+            check_samples(path, shard, name)
+    except (ChecksumMismatch, ShardFormatError) as exc:
+        emit(EventKind.VERIFY_FAIL, shard.url, expected=getattr(exc, "expected", None) or "end-of-archive",
+             actual=getattr(exc, "actual", None) or "more samples")
+        if discard:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
+
+
+def _key_of(path: str, start: int, end: int, url: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return "?"
+    try:
+        return str(tario.read_sample(fd, start, end, url).get("__key__", "?"))
+    except Exception:  # the bytes are bad: the key may be unreadable too
+        return "?"
+    finally:
+        os.close(fd)

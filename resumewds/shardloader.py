@@ -1,0 +1,686 @@
+"""ShardLoader: torch's DataLoader with an exact, layout-independent resume (the engine's loader).
+
+The main process owns the position.  Workers produce whole steps (the step
+numbers are a pure function of the position, see :mod:`resumewds.plan`);
+the DataLoader returns them round-robin, which is the global order; the
+loader checks every step number it receives, so an out-of-order delivery is
+an error, not a silent divergence.  ``state_dict()`` is therefore just
+``{epoch, position}`` plus the configuration it must agree with, and it loads
+into a loader with any ``num_workers`` or world size.  :class:`resumewds.WebLoader`
+is this class with webdataset's fluent loader methods (the wing).
+
+Example:
+    >>> import resumewds as rw                                         # doctest: +SKIP
+    >>> ds = rw.WebDataset("d/shard-{0000..0031}.tar", seed=7, shuffle=True)
+    >>> loader = rw.WebLoader(ds.decode().to_tuple("txt", "cls"), batch_size=64, num_workers=2)
+    >>> for step, (txt, cls) in enumerate(loader): ...
+    >>> state = loader.state_dict()
+    >>> fresh = rw.WebLoader(<same dataset>, batch_size=64, num_workers=0)
+    >>> fresh.load_state_dict(state)   # yields exactly what `loader` would have
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+from torch.utils.data import DataLoader
+
+from . import skipping
+from .epochsource import _HANDLER_STOP, BatchInfo, EmptyBatch, _EpochSource, _pin_memory, _SampleLayout, _WorkerFailure
+from .errors import ResumeWDSError, StateError, naming
+from .events import EventKind
+from .handling import empty_epoch_error
+from .loader_compat import DataLoaderAttributes
+from .plan import Layout
+from .preemption import _LIVE_FLAGS, _preempt_signals, _stop_flag
+from .session import JournalSession, LoaderPlace, process_group
+from .shardset import ShardDataset
+from .shmbatch import BytesRing, Packed, ring_for
+from .stages import default_collate
+from .stats import Stats, event_record, flat_scalars, setup_logging
+from .watchdog import WorkerWatchdog, stall_limit
+from .world import detect_world, late_world, resolve_partitions
+
+__all__ = ["STATE_FORMAT", "ShardLoader"]
+
+log = logging.getLogger("resumewds")
+
+STATE_FORMAT = "resumewds.loader"
+STATE_VERSION = 1
+_ORDER_KEYS = ("manifest", "seed", "shuffle", "shuffle_window", "samples", "partitions")
+_UNSET: Any = object()
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _import_worker_modules_now() -> None:
+    """Import ``numpy.random`` before any worker starts, when torch brought numpy
+    (torch's worker loop seeds it): forked workers inherit it instead of each
+    importing it before its first batch (the shard store, which every worker
+    uses, is imported with this module already)."""
+    if "numpy" in sys.modules:
+        try:
+            import numpy.random  # noqa: F401  # lazy: only when torch brought numpy
+        except ImportError:  # pragma: no cover
+            pass
+
+
+def _auto_partitions(ds: ShardDataset) -> bool:
+    return getattr(ds, "partitions", 1) is None
+
+
+_import_worker_modules_now()  # this module already imports torch; the store is cheap beside it
+
+
+class ShardLoader(DataLoaderAttributes):
+    """A resumable loader over a :class:`~resumewds.dataset.WebDataset`.
+
+    Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's
+    last batch is handed out, ``loader.epoch`` advances and the position
+    returns to 0.
+
+    Args:
+        dataset: the WebDataset.
+        batch_size: samples per batch per rank; None yields single samples.
+            If the dataset was ``.batched(n)``, leave this None (or n).
+        num_workers: DataLoader worker processes (any number; resume works
+            across different counts).
+        collate_fn: how to collate a batch (default: torch's default_collate).
+        rank, world_size: override torch.distributed / RANK / WORLD_SIZE.
+        nodes: groups of ranks that share a cache (default: from torchrun's
+            LOCAL_WORLD_SIZE, see :mod:`resumewds.world`); each node reads its
+            own partitions of the data set.
+        remainder: the final short step of an epoch: ``"keep"``, ``"pad"`` or
+            ``"drop"`` (see :mod:`resumewds.plan`).  Every rank always yields
+            the same number of batches.  With ``batch_size=None`` on one
+            rank the chunks lie on a grid fixed to the epoch, so the dropped
+            tail (``"drop"``) and the padding (``"pad"``) are the same for
+            any resume position (see :class:`_SampleLayout`).
+        journal: path of a SQLite journal (see :mod:`resumewds.journal`);
+            ``commit(step)`` records positions there.
+        resume: with a journal: True resumes at the latest complete commit,
+            an int resumes at that step's commit, False starts fresh (and
+            refuses a journal that already holds commits).
+        verbose: log fetches, retries, repairs, evictions and resumes (also
+            ``RESUMEWDS_VERBOSE=1``).
+        chunk_size: samples per worker task when ``batch_size`` is None.
+        transport: how batches leave the DataLoader workers.  ``"auto"``
+            (default): with ``fork`` workers, the large ``bytes`` and the
+            small tensors in a batch travel through shared memory inherited
+            by the workers, and with the default ``collate_fn`` the workers
+            stack large batch tensors into reused shared slots (handed out
+            without a copy; a slot is reused once every tensor over it is
+            garbage) (:mod:`resumewds.shmbatch`); everything else goes
+            through torch's queue.  The batches delivered are equal either
+            way (same types, values and sharing); a batch tensor over a slot
+            is not resizable in place.  ``"queue"``: everything pickled
+            through torch's queue.
+        preempt: stop at the next step boundary on a signal (preemption by
+            Slurm, Kubernetes, spot instances: SIGTERM, then SIGKILL after a
+            grace period).  False (default): signals keep their handlers;
+            True: SIGTERM and SIGUSR1; or a list of signals.  On the first
+            such signal ``loader.preempted`` becomes True and the current
+            ``for batch in loader`` ends before its next batch (with
+            ``batch_size=None``, at the end of the current chunk), so the
+            loop body that is running finishes its step; checkpoint,
+            ``commit`` and exit (143 is the usual code for SIGTERM).  A
+            second signal runs the previous handler (the default: die).
+            DataLoader workers ignore these signals: the main process shuts
+            them down.  See :meth:`request_stop` and ``examples/train.py``.
+        stall_timeout: seconds a worker may stay stopped (SIGSTOP: state T)
+            while the loader waits for its batches; then it is killed and
+            :class:`~resumewds.watchdog.WorkerStallError` names it.  None
+            (default): ``RESUMEWDS_WORKER_STALL``, else 60; 0: no limit.
+            Stopped workers are killed when an iteration ends, so exit never
+            waits for them (see :mod:`resumewds.watchdog`).
+        **dataloader_kwargs: passed to torch's DataLoader (pin_memory,
+            timeout, prefetch_factor, multiprocessing_context, ...).
+
+    Batches that lose samples (batched loaders): a sample stage that returns
+    None, ``select``, and ``on_error="skip"`` remove samples from their
+    batch (counted as ``filtered`` / ``skipped_samples``); a batch stage
+    (``.batched(n).map(f)``) that returns None removes the whole batch, in
+    the same way (counted as ``filtered``).  A step whose batch lost every
+    sample still yields one batch on every rank: an :class:`EmptyBatch`
+    (empty, falsy, with ``.info``; counted as ``empty_batches``), so DDP
+    ranks stay in lock step.  ``loader.batch_info`` describes the last
+    batch, including its pad mask, which ``to_tuple`` cannot carry.  With
+    ``batch_size=None`` samples are yielded one by one and nothing is
+    yielded for a removed sample.
+
+    Errors: a shard that fails under ``on_error="raise"`` is recorded as
+    ``failed`` in the journal (a ``fail`` event, the ``failures`` stat)
+    before the error propagates; an error raised in a DataLoader worker
+    reaches the caller as the same exception object (type and fields), not
+    torch's re-wrapped traceback text.
+
+    Example:
+        >>> loader = WebLoader(ds, batch_size=64, num_workers=2,     # doctest: +SKIP
+        ...                    journal="run.db", resume=True)
+        >>> for step, batch in enumerate(loader, start=loader.steps_done):
+        ...     train(batch); loader.commit(step)
+    """
+
+    def __init__(self, dataset: ShardDataset, batch_size: Optional[int] = _UNSET, num_workers: int = 0, *,
+                 collate_fn: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 remainder: str = "keep", journal: Optional[str] = None,
+                 resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
+                 journal_sync: str = "NORMAL", nodes: Optional[int] = None,
+                 preempt: Union[bool, Sequence[int]] = False, transport: str = "auto",
+                 stall_timeout: Optional[float] = None, **dataloader_kwargs: Any):
+        if not (isinstance(dataset, ShardDataset) or hasattr(dataset, "iter_steps")):  # or a MixedDataset
+            raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
+        for bad in ("shuffle", "sampler", "batch_sampler"):
+            if dataloader_kwargs.get(bad):
+                raise ValueError(f"{bad}= is not supported: the order comes from the dataset's seed "
+                                 "and shuffle settings")
+            dataloader_kwargs.pop(bad, None)
+        if dataloader_kwargs.pop("drop_last", False):
+            remainder = "drop"
+        setup_logging(verbose)
+        if transport not in ("auto", "queue"):
+            raise ValueError(f"transport must be 'auto' or 'queue', got {transport!r}")
+        self.transport = transport
+        self.stall_timeout = stall_limit(stall_timeout)
+        self.dataset = dataset
+        if dataset.batch_size is not None:
+            if batch_size not in (_UNSET, None, dataset.batch_size):
+                raise ValueError(f"dataset is batched({dataset.batch_size}) but WebLoader got "
+                                 f"batch_size={batch_size}")
+            self.batch_size: Optional[int] = dataset.batch_size
+            self._collate = True
+            self._collate_fn = dataset.collate_fn
+        else:
+            self.batch_size = 1 if batch_size is _UNSET else batch_size
+            self._collate = self.batch_size is not None
+            # handed to the workers with each epoch; the dataset is not modified
+            self._collate_fn = (collate_fn or default_collate) if self._collate else None
+        # batch_size=None asked for, and no collate_fn: each item goes through torch's
+        # default_convert, as in a DataLoader (and webdataset's WebLoader) with automatic batching off
+        self._convert = batch_size is None and collate_fn is None
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
+        self.num_workers = int(num_workers)
+        self.remainder, self._chunk = remainder, int(self.batch_size or chunk_size)
+        self._bind_world(detect_world(rank, world_size, nodes=nodes))
+        # no world given nor found: looked up again until the first iteration (world.late_world)
+        self._world_open = rank is None and world_size is None and self.world_size == 1
+        dataset.use_partitions(resolve_partitions(dataset.partitions, self.world.nodes))
+        self.dataloader_kwargs = dataloader_kwargs
+        self.epoch = 0
+        self.position = 0
+        self.samples_total = 0
+        self.steps_done = 0
+        self.stats_ = Stats()
+        self._session = JournalSession(journal)  # the journal: open/resume, events, commits
+        #: the last batch handed out (see :class:`BatchInfo`), None before the first;
+        #: with ``batch_size=None``, the chunk the last sample came from
+        self.batch_info: Optional[BatchInfo] = None
+        #: with ``batch_size=None``: whether the sample just yielded is padding
+        #: (visible even after ``to_tuple``, which drops ``__pad__``)
+        self.sample_is_pad = False
+        self._failed_urls: set = set()  # recorded failed; a read clears it (``recovered``)
+        self._epoch_failed: Dict[str, str] = {}  # skipped this epoch: the end-of-epoch warning
+        self._epoch_sample_skips: List[str] = []  # samples a stage's handler skipped this epoch
+        #: True once a preemption signal arrived (or :meth:`request_stop` was called)
+        self.preempted = False
+        #: the signal number that set ``preempted`` (None: none, or request_stop)
+        self.preempt_signal: Optional[int] = None
+        self._old_handlers: Dict[int, Any] = {}
+        self._preempt_signals = _preempt_signals(preempt)
+        # resolve + index in the main process, once, before any worker starts
+        self.config = dataset.config()
+        self._absorb(dataset.take_events())
+        if journal is not None:
+            self._open_journal(journal, resume, journal_sync)
+        self._install_preemption()
+
+    # ---- preemption ---------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop at the next step boundary, as a preemption signal would.
+
+        Safe to call from a signal handler or another thread.  The current
+        ``for batch in loader`` ends before its next batch; ``preempted`` is
+        True.  Iterating again clears nothing: call :meth:`clear_stop` to
+        continue in this process.
+        """
+        self.preempted = True
+
+    def clear_stop(self) -> None:
+        """Forget a stop request (``preempted`` back to False)."""
+        self.preempted = False
+        self.preempt_signal = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.preempted and self.preempt_signal == signum:
+            # the second one: the previous handler (the default ends the process)
+            self._restore_handlers()
+            os.kill(os.getpid(), signum)
+            return
+        self.preempt_signal = signum  # nothing else here: no locks, no I/O in a signal handler
+        self.preempted = True
+
+    def _install_preemption(self) -> None:
+        import signal
+        import threading
+
+        if not self._preempt_signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("WebLoader(preempt=...) installs signal handlers: create the loader in "
+                             "the main thread, or call loader.request_stop() from your own handler")
+        for sig in self._preempt_signals:
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        import signal
+
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+            except (ValueError, OSError):  # not the main thread any more
+                pass
+        self._old_handlers = {}
+
+    # ---- journal (resumewds/session.py) --------------------------------------
+    @property
+    def journal(self) -> Any:
+        """The open :class:`resumewds.journal.Journal` (None without one)."""
+        return self._session.journal
+
+    @journal.setter
+    def journal(self, value: Any) -> None:  # loaderchain hands a base loader's journal over
+        self._session.journal = value
+
+    @property
+    def journal_path(self) -> Optional[str]:
+        """The journal's path (None without one)."""
+        return self._session.path
+
+    @journal_path.setter
+    def journal_path(self, value: Optional[str]) -> None:
+        self._session.path = value
+
+    def _place(self) -> LoaderPlace:
+        return LoaderPlace(rank=self.rank, world_size=self.world_size, nodes=self.world.nodes,
+                           config=dict(self.config),
+                           layout={"batch_size": self.batch_size, "world_size": self.world_size,
+                                   "num_workers": self.num_workers, "remainder": self.remainder})
+
+    def _journal_config(self) -> Dict[str, Any]:
+        place = self._place()
+        return JournalSession.run_config(place.config, place.layout)
+
+    def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
+        found = self._session.open(self.dataset, self._place(), resume, sync)
+        self.config = found.config
+        if found.epoch is not None:
+            self.epoch, self.position = found.epoch, found.position
+            self.steps_done, self.samples_total = found.steps_done, found.samples_total
+        self._failed_urls.update(found.failed_urls)
+
+    def _process_group(self) -> Any:
+        """torch.distributed, when its default group is exactly this loader's world."""
+        return process_group(self.rank, self.world_size)
+
+    def _resolve_together(self, path: str, step: Optional[int], resolve: Any
+                          ) -> Optional[Dict[str, Any]]:
+        """See :meth:`resumewds.session.JournalSession.resolve_together`."""
+        return self._session.resolve_together(self.rank, self.world_size, path, step, resolve)
+
+    def commit(self, step: int, stats: Optional[bool] = None) -> None:
+        """Record atomically, in the journal, the position after ``step``.
+
+        Call it after the training step that consumed the last batch (and,
+        ideally, right after saving the model checkpoint for that step).  A
+        commit that returned survives kill -9.
+
+        Args:
+            step: the training step (any increasing int; ``resume=S`` finds it).
+            stats: include a stats snapshot (default: at most every 5 s).
+        """
+        self._session.commit(step, epoch=self.epoch, position=self.position, world_size=self.world_size,
+                             batch_size=self.batch_size, samples_total=self.samples_total,
+                             shards=self.dataset.manifest.shards,
+                             stats=self.stats() if self._session.wants_stats(stats) else None)
+        self.steps_done = step + 1
+
+    def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
+        """Skip the data of the next ``k`` steps on purpose (loss-spike recovery).
+
+        Call it between passes, typically right after resuming at the step of
+        the checkpoint you rewound to.  The position moves past the samples
+        of steps ``steps_done .. steps_done + k - 1`` (crossing epoch ends),
+        nothing of them is read, ``steps_done`` grows by ``k``, and with a
+        journal the skip is committed at once as step ``steps_done - 1``
+        with a ``skip_steps`` event (``resumewds status`` and the report show
+        it).  The same at any worker count and world size: every rank calls
+        it with the same ``k``.  See :mod:`resumewds.skipping`.
+
+        Returns:
+            ``{"first_step", "steps", "from": [epoch, position], "to": [...], "reason"}``.
+
+        Example:
+            >>> loader = rw.WebLoader(ds, batch_size=32, journal="run.db", resume=999)  # doctest: +SKIP
+            >>> loader.skip_steps(50, reason="loss spike at 1020")  # steps 1000..1049  # doctest: +SKIP
+        """
+        if k < 0:
+            raise ValueError(f"skip_steps: cannot skip {k} steps")
+        plan = self.dataset.plan
+        first = int(self.steps_done)
+        before = [int(self.epoch), int(self.position)]
+        epoch, position = skipping.advance(self.layout, lambda e: len(plan.epoch(e)), before[0], before[1], int(k))
+        detail: Dict[str, Any] = {"first_step": first, "steps": int(k), "from": before,
+                                  "to": [epoch, position], "reason": reason}
+        if k:
+            self.epoch, self.position = epoch, position
+            self._absorb([event_record(EventKind.SKIP_STEPS, "", detail)])
+            if self.journal is not None:
+                self.commit(first + int(k) - 1)  # durable: a crash now resumes after the skip
+            else:
+                self.steps_done = first + int(k)
+            log.info("skipped steps %d..%d: epoch %d position %d -> epoch %d position %d", first,
+                     first + int(k) - 1, before[0], before[1], epoch, position)
+        return detail
+
+    def _flush_journal(self) -> None:
+        self._session.flush()
+
+    def _absorb(self, events: List[Dict[str, Any]]) -> None:
+        if not events:
+            return
+        self.stats_.events(events)
+        for e in events:
+            if e.get("kind") in (EventKind.SKIP, EventKind.FAIL) and e.get("url"):
+                self._failed_urls.add(e["url"])
+                self._epoch_failed[e["url"]] = str(e.get("error", ""))
+            elif e.get("kind") == "sample_skip":
+                self._epoch_sample_skips.append(f"{e.get('key')} ({e.get('stage')}: {e.get('error')})")
+        self._session.record(events)
+
+    def _failed_now(self, exc: BaseException, events: List[Dict[str, Any]]) -> None:
+        """An error ends the iteration: record its events (the shard's ``fail``)
+        in stats and, at once, in the journal, before the error propagates."""
+        try:
+            self._absorb(events)
+            self._flush_journal()
+        except Exception as err:  # never hide the original error
+            log.warning("could not record the failure in the journal: %s", err)
+
+    def _recovered(self, url: str) -> None:
+        """A shard recorded as failed delivered samples: it is not failed any more."""
+        if url in self._failed_urls:
+            self._failed_urls.discard(url)
+            self._absorb([event_record(EventKind.RECOVERED, url, {})])
+
+    # ---- state --------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """The loader's position: load it into any loader over the same data.
+
+        Returns:
+            ``{"format", "version", "epoch", "position", "samples_total",
+            "steps_done", "config", "batch_size", "world_size"}``.
+        """
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
+                "position": self.position, "samples_total": self.samples_total,
+                "steps_done": self.steps_done, "config": dict(self.config),
+                "batch_size": self.batch_size, "world_size": self.world_size}
+
+    get_state = state_dict
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue from ``state`` (from any num_workers / world size).
+
+        Raises:
+            StateError: the state is not a resumewds state, is newer than
+                this version, or was taken on different data or order settings.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise StateError("not a resumewds loader state (missing format field)")
+        if int(state.get("version", 0)) > STATE_VERSION:
+            raise StateError(f"loader state version {state.get('version')} is newer than this resumewds")
+        cfg = state.get("config", {})
+        if _auto_partitions(self.dataset):  # adopt the state's partitions
+            self.dataset.use_partitions(int(cfg.get("partitions") or 1))
+            self.config = self.dataset.config()
+        diffs = [f"{k}: state has {cfg.get(k)!r}, loader has {self.config.get(k)!r}"
+                 for k in _ORDER_KEYS if cfg.get(k) != self.config.get(k)]
+        if diffs:
+            raise StateError("loader state does not match this dataset: " + "; ".join(diffs))
+        epoch, pos = int(state["epoch"]), int(state["position"])
+        total = int(self.config["samples"])
+        # past ``total``: inside the padding of batch_size=None, remainder="pad"
+        limit = self.layout.end(total) if isinstance(self.layout, _SampleLayout) else total
+        if not 0 <= pos <= max(total, limit):
+            raise StateError(f"position {pos} outside an epoch of {self.config['samples']} samples")
+        self.epoch, self.position = epoch, pos
+        self.samples_total = int(state.get("samples_total", 0))
+        self.steps_done = int(state.get("steps_done", 0))
+        log.info("resuming from a state dict: epoch %d, position %d", epoch, pos)
+        self._absorb([{"kind": EventKind.RESUME.value, "epoch": epoch, "position": pos,
+                       "ts": time.time()}])
+
+    set_state = load_state_dict
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters and rates aggregated over all workers (fields: :mod:`resumewds.stats`)."""
+        s = self.stats_.snapshot()
+        s.update(epoch=self.epoch, position=self.position, samples_total=self.samples_total,
+                 rank=self.rank, world_size=self.world_size, num_workers=self.num_workers)
+        mixture = getattr(self.dataset, "mixture_stats", None)  # a MixedDataset: per-source proportions
+        if mixture is not None:
+            s["mixture"] = mixture(self.epoch, self.position)
+        return s
+
+    def to_tensorboard(self, writer: Any, step: Optional[int] = None, prefix: str = "data/") -> None:
+        """Write the numeric stats to a TensorBoard ``SummaryWriter`` (or anything
+        with ``add_scalar(tag, value, step)``): ``data/samples_per_s``,
+        ``data/worker0/samples``, ... (see :func:`resumewds.stats.flat_scalars`).
+
+        Args:
+            writer: e.g. ``torch.utils.tensorboard.SummaryWriter(logdir)``.
+            step: the global step (default: ``steps_done``).
+            prefix: tag prefix.
+        """
+        step = step if step is not None else self.steps_done
+        for k, v in flat_scalars(self.stats()).items():
+            writer.add_scalar(prefix + k, v, step)
+
+    # ---- iteration ----------------------------------------------------------
+    # __len__ (a whole epoch) and DataLoader's attributes: resumewds/loader_compat.py
+
+    def _end_epoch(self) -> None:
+        failed, self._epoch_failed = self._epoch_failed, {}
+        if failed:
+            log.warning("epoch %d ended with %d shard(s) skipped after errors (on_error='skip'): %s",
+                        self.epoch, len(failed), "; ".join(naming(u, e) for u, e in sorted(failed.items())))
+        skips, self._epoch_sample_skips = self._epoch_sample_skips, []
+        if skips:
+            log.warning("epoch %d ended with %d sample(s) skipped by a stage's handler: %s%s", self.epoch,
+                        len(skips), "; ".join(skips[:5]), f"; ... ({len(skips) - 5} more)" if len(skips) > 5 else "")
+        self.epoch += 1
+        self.position = 0
+
+    def _bind_world(self, world: Any) -> None:
+        self.world, self.rank, self.world_size = world, world.rank, world.world_size
+        self.layout: Any = Layout(self._chunk, self.world_size, self.rank, self.remainder, nodes=world.nodes)
+        if self.batch_size is None and self.world_size == 1:
+            self.layout = _SampleLayout(self.layout)
+
+    def _take_world(self) -> None:
+        """Built before the processes were set up: the world of the first ``len()`` / iteration."""
+        world = late_world(self.world, self.journal_path) if getattr(self, "_world_open", False) else None
+        if world is not None:
+            self._bind_world(world)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._take_world()
+        self._world_open = False
+        ds = self.dataset
+        epoch, start = self.epoch, self.position
+        total = len(ds.plan.epoch(epoch))
+        if self.preempted:
+            return
+        layout = self.layout
+        nsteps = layout.num_steps(total, start)
+        if nsteps == 0:
+            if total == 0 and getattr(ds, "_index_skipped", None) and getattr(ds, "empty_check", False):
+                raise empty_epoch_error(epoch, ds._index_skipped)  # every shard was skipped: no success
+            self._end_epoch()
+            return
+        stopping = _stop_flag() if self._preempt_signals and self.num_workers else None
+        kw = dict(self.dataloader_kwargs)
+        ring = self._make_ring(kw)
+        src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
+                           collate_fn=self._collate_fn, ignore_signals=self._preempt_signals,
+                           stopping=stopping, ring=ring, convert=self._convert)
+        if self.num_workers == 0:
+            for k in ("prefetch_factor", "persistent_workers"):
+                kw.pop(k, None)
+        dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
+        expected = 0
+        it = iter(dl)
+        watch = WorkerWatchdog(it, self.stall_timeout)  # stopped workers (resumewds.watchdog)
+        nxt = watch.next_of()
+        # torch pins a batch only where it is allowed to (an accelerator is
+        # present): the iterator says whether it does
+        pin = bool(getattr(it, "_pin_memory", False)) and ring is not None
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    k, batch, meta = nxt()
+                except StopIteration:
+                    break
+                except ResumeWDSError as exc:  # num_workers=0: raised here, in this process
+                    self._failed_now(exc, ds.take_events())
+                    raise
+                except Exception as exc:
+                    mapped = watch.explain(exc)
+                    if mapped is None:
+                        raise
+                    raise mapped from None
+                if isinstance(batch, str) and batch == _HANDLER_STOP:
+                    # webdataset's handler returned False: the epoch ends here (what
+                    # came before was delivered; a rerun stops at the same step)
+                    self._absorb(meta.get("events") or [])
+                    self.position = total
+                    self._end_epoch()
+                    return
+                if type(batch) is Packed:
+                    batch = ring.unpack(batch)  # type: ignore[union-attr]
+                    if pin:  # torch's pin thread saw only the Packed marker: pin what it stood for
+                        batch = _pin_memory(batch, getattr(it, "_pin_memory_device", None) or None)
+                elif isinstance(batch, _WorkerFailure):
+                    failure = batch.exc
+                    self._failed_now(failure, meta.get("events") or [])
+                    if hasattr(failure, "add_note"):  # Python 3.11+
+                        failure.add_note(f"(raised in DataLoader worker {batch.worker})")
+                    raise failure
+                if self.preempted:
+                    # a step boundary: this batch is not handed out, the position
+                    # stays after the last one that was
+                    self._absorb(meta.get("events") or [])
+                    log.info("stopping at a step boundary (signal %s): epoch %d, position %d",
+                             self.preempt_signal, self.epoch, self.position)
+                    return
+                wait = time.perf_counter() - t0
+                self.stats_.observe_queue(it)
+                if k != expected:
+                    raise StateError(f"step {k} arrived where step {expected} was expected "
+                                     "(DataLoader order broken)")
+                expected += 1
+                self.stats_.update(meta, wait)
+                self._absorb(meta.get("events") or [])
+                # unbatched, a step's samples count as consumed one by one, as handed out
+                owed = None if self._collate else self._session.consume_step(epoch, meta)
+                for si, n in meta.get("shards", {}).items():
+                    if owed is None:
+                        self._session.consume(si, epoch, n)
+                    if self._failed_urls and n:
+                        url = ds.manifest.shards[si].url
+                        if url not in (meta.get("failed") or ()):  # not failed again in this worker
+                            self._recovered(url)
+                halt = bool(meta.get("stopped"))  # a handler said stop in this step: the epoch ends
+                last = k + 1 >= nsteps or halt
+                n = int(meta.get("samples", 0))
+                info = BatchInfo(epoch, k, n, tuple(meta.get("pad_flags") or ()),
+                                 int(meta.get("skipped", 0)), int(meta.get("filtered", 0)), n == 0)
+                self.batch_info = info
+                if self._collate:
+                    self.samples_total += n
+                    self.position = layout.position_after(total, start, k)
+                    if last:
+                        self._end_epoch()
+                    # one batch per step on every rank, even when nothing is left
+                    yield batch if n else EmptyBatch(info)
+                    if halt:
+                        return
+                    continue
+                # unbatched: hand out samples one by one, positions per sample
+                n = len(batch)
+                s0 = start + k * layout.step_size
+                slot_of = meta.get("slot_index") or []
+                pad_of = info.pads
+                for i, sample in enumerate(batch):
+                    self.sample_is_pad = bool(pad_of[i]) if i < len(pad_of) else False
+                    self.samples_total += 1
+                    owed.deliver(i, i + 1 == n)  # type: ignore[union-attr]
+                    if i + 1 == n:
+                        self.position = layout.position_after(total, start, k)
+                        if last:
+                            self._end_epoch()
+                    elif self.world_size == 1:
+                        # one rank: the grid is contiguous, so a slot is a position
+                        # (past ``total`` inside the padding, see _SampleLayout)
+                        self.position = s0 + slot_of[i] + 1
+                    yield sample
+                if n == 0:
+                    owed.deliver(0, True)  # type: ignore[union-attr]  # read, all filtered or skipped
+                    self.position = layout.position_after(total, start, k)
+                    if last:
+                        self._end_epoch()
+                if halt:
+                    return
+        finally:
+            if stopping is not None:
+                stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker
+                if stopping in _LIVE_FLAGS:
+                    _LIVE_FLAGS.remove(stopping)
+            watch.close()  # kills stopped workers: torch's shutdown would wait for them
+            del it, nxt, watch
+            if ring is not None:
+                del dl  # shuts the workers down (they hold their own mapping anyway)
+                ring.close()
+        if self.epoch == epoch and self.position >= total:
+            self._end_epoch()
+
+    def _make_ring(self, kw: Dict[str, Any]) -> Optional[BytesRing]:
+        """The shared-memory transport of this iteration's workers, or None
+        (no workers, ``transport="queue"``, or workers that are not forked)."""
+        if self.num_workers <= 0 or self.transport != "auto":
+            return None
+        return ring_for(self.num_workers, kw, self.dataset.manifest.shards, self.layout.batch_size,
+                        tensors=self._collate and self._collate_fn is default_collate)
+
+    def close(self) -> None:
+        """Flush pending journal events, close the journal, release the
+        shards this process holds open (num_workers=0 reads in this process)
+        and restore the signal handlers ``preempt`` replaced."""
+        self._restore_handlers()
+        try:
+            self._session.close()
+        finally:
+            self.dataset.close()
+
+    def __enter__(self) -> ShardLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

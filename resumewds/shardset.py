@@ -1,0 +1,683 @@
+"""ShardDataset: the engine's data set, composing source, cache, plan, tar reading and stages.
+
+A :class:`ShardDataset` is a *definition*: sources, seed, shuffle settings and a
+list of stages.  It produces batches for any ``(epoch, start position,
+layout, worker)`` by computing which global positions those are
+(:mod:`resumewds.plan`), reading exactly those samples' byte ranges from
+local or cached shards (:mod:`resumewds.tario`, :mod:`resumewds.cache`,
+:mod:`resumewds.reading`), and running the stages.  It never reads a sample
+it does not deliver, so resuming at position ``n`` costs the same for any ``n``.
+
+It does not import torch; :class:`resumewds.WebLoader` wraps it in a
+DataLoader.  Iterating it directly yields samples of epoch 0 (or of
+``ds.epoch``) in order, in this process (:class:`resumewds.direct.DirectDataset`).
+:class:`resumewds.WebDataset` is this class with webdataset's constructor
+arguments and fluent methods (the wing, :mod:`resumewds.wds.webdataset`).
+
+Example:
+    >>> ds = (ShardDataset("data/shard-{000000..000003}.tar", seed=7, shuffle=True)  # doctest: +SKIP
+    ...       .decode("pil").to_tuple("jpg;png", "cls"))
+    >>> img, cls = next(iter(ds))                                                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from . import config, openshards, reading, steps, tario, warmup
+from ._torchreg import register_iterable_dataset
+from .cache import ShardStore
+from .errors import ResumeWDSError
+from .handling import reraise_exception
+from .indexing import index_manifest, index_skipping
+from .manifest import Manifest, ShardInfo
+from .openshards import ShardReader as _ShardReader
+from .plan import Layout, Plan, check_partitions, worker_steps
+from .sources import Source, resolve_sources
+from .stages import (
+    SKIPPED,
+    Decoder,
+    Handled,
+    Map,
+    MapDict,
+    MapTuple,
+    Rename,
+    Select,
+    Stage,
+    ToTuple,
+    default_collate,
+    default_collation_fn,
+    list_collate,
+)
+from .stats import event_record
+
+__all__ = ["ON_ERROR", "ShardDataset"]
+
+log = logging.getLogger("resumewds")
+
+_RUN_BYTES = reading.RUN_BYTES  # most bytes read with one pread (tests lower it)
+
+ON_ERROR = ("raise", "skip")
+
+
+def _names_http(urls: Any) -> bool:
+    """Whether a data set's source (a url, a list of them, a manifest url) is fetched over http(s)."""
+    first = urls if isinstance(urls, str) else (urls[0] if isinstance(urls, (list, tuple)) and urls else None)
+    return isinstance(first, str) and first[:8].lower().startswith(("http://", "https://"))
+
+
+#: fewest shards in a window of ``.shuffle(n)`` compiled into the plan
+_BUFFER_MIN_WINDOW = 8
+
+
+class ShardDataset:
+    """A resumable, deterministic data set over tar shards: the engine's data set.
+
+    A *definition*: sources, seed, shuffle settings and a list of stages.  It
+    produces the steps of any ``(epoch, start position, layout, worker)``
+    (:meth:`iter_steps`); :class:`resumewds.direct.DirectDataset` adds direct
+    iteration, as webdataset iterates.  :class:`resumewds.WebDataset`
+    is this class with webdataset's constructor and fluent methods
+    (:class:`resumewds.wds.webdataset.WebDatasetAPI`).
+
+    Args:
+        urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json,
+            or a list of them, or a :class:`~resumewds.manifest.Manifest`.
+        seed: seed of the order (same seed, same order on any machine);
+            None: ``RESUMEWDS_SEED``, else ``WDS_SEED``, else 0.
+        shuffle: False: manifest order; True / ``"window"``: shard order
+            permuted per epoch and samples shuffled within windows of
+            ``shuffle_window`` shards; ``"shards"``: shard order only.
+        shuffle_window: shards per shuffle window.
+        cache_dir, cache_size, verify: passed to the shard cache
+            (:class:`resumewds.cache.ShardStore`).
+        fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
+        on_error: ``"raise"`` (default) stops at a shard that cannot be
+            fetched or verified (recording it as failed); ``"skip"`` skips its
+            samples, records it as failed and reports it in stats and the
+            journal.  A skipped shard is skipped for the rest of the epoch
+            (by each process that reads it) and tried again in the next
+            epoch, whatever ``num_workers``; once it delivers samples again
+            the journal no longer calls it failed.
+        handler: a handler for shard and sample (tar) errors
+            (:mod:`resumewds.handling`): ``reraise_exception`` (default,
+            ``on_error="raise"``); a handler returning True skips the shard
+            like ``on_error="skip"``; False stops the iteration.
+        allow_pickle: let decoders unpickle (pkl/pyd): off by default.
+        allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
+            the network.
+        prefetch: how many upcoming shards to download in the background.
+        partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
+            None: the number of nodes at the run's start (a resume keeps the
+            run's recorded count); 1: one order over all shards.
+        ranged_reads: read remote v3 shards that are not cached yet sample by
+            sample (verified ranges, the partial download; docs/DIGESTS.md);
+            None: ``RESUMEWDS_RANGED_READS`` (default on).
+        resampled: draw each epoch's shards with replacement (deterministic:
+            a pure function of seed, epoch and position); iteration goes on
+            over epochs (use ``.with_epoch(n)``).
+        repeat: iterate over epochs without end.
+        empty_check: raise ValueError when an epoch has no samples at all.
+
+    Example:
+        >>> ds = ShardDataset(["a.tar", "b.tar"], seed=3).decode().to_tuple("txt", "cls")  # doctest: +SKIP
+    """
+
+    def __init__(self, urls: Source, *, seed: Optional[int] = None, shuffle: Union[bool, str, None] = False,
+                 shuffle_window: Optional[int] = None, cache_dir: Optional[str] = None,
+                 cache_size: Union[int, str, None] = None, verify: str = "once", fetch: Any = None,
+                 on_error: str = "raise", handler: Any = None, allow_pickle: bool = False,
+                 allow_remote_pipe: bool = False, prefetch: int = 4, partitions: Optional[int] = None,
+                 ranged_reads: Optional[bool] = None, resampled: bool = False, repeat: bool = False,
+                 empty_check: bool = True):
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if verify not in ("once", "always", "never"):
+            raise ValueError(f"verify must be 'once', 'always' or 'never', got {verify!r}")
+        if handler is not None and not callable(handler):
+            raise TypeError(f"handler= must be callable, got {handler!r}")
+        if handler is reraise_exception:
+            handler = None
+        if handler is not None:
+            on_error = "skip"  # a skipped shard is recorded exactly like on_error="skip"
+        if seed is None:  # the one default: RESUMEWDS_SEED, else webdataset's WDS_SEED, else 0
+            seed = config.seed()
+        if cache_size is not None and not isinstance(cache_size, str) and int(cache_size) < 0:
+            cache_size = None  # webdataset's -1: unlimited
+        self.urls = urls
+        if _names_http(self.urls):  # requests is imported while the manifest, plan and store are set up
+            warmup.import_in_background("requests")
+        self.seed = int(seed)
+        shuffle = False if shuffle is None else shuffle
+        self._shuffle = shuffle  # (not .shuffle: that is the fluent stage)
+        self.shuffle_window = int(shuffle_window if shuffle_window is not None else 8)
+        self.cache_dir = cache_dir
+        self.cache_size = cache_size
+        self.verify = verify
+        self.fetch = fetch
+        self.on_error = on_error
+        self.handler = handler
+        self.allow_pickle = allow_pickle
+        self.allow_remote_pipe = allow_remote_pipe
+        self.prefetch_depth = int(prefetch)
+        self.ranged_reads = ranged_reads  # None: RESUMEWDS_RANGED_READS (resumewds.reading.prepare)
+        self.resampled = bool(resampled)
+        self.empty_check = empty_check
+        self._spec: List[Stage] = []
+        # iteration mode: once / repeat / with_epoch (webdataset's repetitions, nsamples)
+        self._mode = "forever" if (self.resampled or repeat) else "once"
+        self._nepochs = -1
+        self._limit = -1
+        self.epoch = 0
+        self._cursor: Optional[Dict[str, Any]] = None
+        self._pending: Optional[Dict[str, Any]] = None
+        self._warned_opaque = False
+        self._manifest: Optional[Manifest] = None
+        self._plan: Optional[Plan] = None
+        self._store: Any = None
+        self._reader: Optional[_ShardReader] = None
+        self._events: List[Dict[str, Any]] = []
+        self._failed: Dict[int, str] = {}
+        self._index_skipped: Optional[Dict[str, str]] = None
+        self.partitions = partitions  # requested; None: resolved by the loader
+        self.plan_partitions = 1 if partitions is None else check_partitions(partitions)
+        self.collate_fn: Optional[Callable[[List[Any]], Any]] = None
+        self._compile()
+        Plan([1], self.seed, shuffle, self.shuffle_window, self.plan_partitions)  # validate settings early
+
+    # ---- fluent stages ---------------------------------------------------
+    #: fluent stages return a copy (webdataset's compose); a subclass that builds
+    #: itself with them sets this True (or overrides compose()) to append in place
+    _mutable_fluent = False
+
+    def _compile(self) -> None:
+        """Split the stages: the per-sample prefix (run where the sample is read), the
+        ``.shuffle(n)`` compiled into the plan, one ``.batched`` and the maps after it
+        (what WebLoader runs), and the stream stages after that."""
+        p = self._spec
+        i, stages, buffer = 0, [], 0
+        while i < len(p) and p[i].kind in ("sample", "shuffle"):
+            if p[i].kind == "shuffle":
+                buffer = max(buffer, int(p[i].args["n"]))
+            else:
+                stages.append(p[i].fn)
+            i += 1
+        self.stages = stages
+        self._buffer = buffer
+        self._stream_from = i
+        self.batch_size = None
+        self.batch_stages = []
+        collate = self.collate_fn
+        if i < len(p) and p[i].kind == "batched":
+            self.batch_size = int(p[i].args["n"])
+            collate = p[i].args["collation_fn"] or list_collate
+            j = i + 1
+            while j < len(p) and p[j].kind == "sample" and p[j].name != "select":
+                self.batch_stages.append(p[j].fn)
+                j += 1
+            self._loader_from = j
+        else:
+            self._loader_from = i
+        self.collate_fn = collate
+        self._plan = None
+
+    def compose(self, *stages: Any) -> ShardDataset:
+        """A copy with more stages: a :class:`~resumewds.stages.Stage`, or (webdataset's
+        ``compose(f)``) a generator function ``f(iterator) -> iterator``, run over
+        each worker's stream; an opaque generator replays an epoch from its start on resume."""
+        return ShardDataset._with_stages(self, *stages)
+
+    def _with_stages(self, *stages: Any) -> ShardDataset:
+        """``compose`` itself (the fluent methods call this, so a subclass may override
+        ``compose`` with webdataset's DataPipeline signature)."""
+        if self._mutable_fluent or type(self).compose is not ShardDataset.compose:
+            # a subclass building itself stage by stage: resumewds.DataPipeline (whose
+            # compose() is webdataset's DataPipeline.compose)
+            ds = self
+        else:
+            ds = copy.copy(self)
+            ds._spec = list(self._spec)
+            ds._events = []
+            ds._cursor = None
+            ds._pending = None
+        for st in stages:
+            if not isinstance(st, Stage):
+                if not callable(st):
+                    raise TypeError(f"compose() needs callables, got {st!r}")
+                st = Stage("stream", getattr(st, "__name__", "compose"), st)
+            ds._spec.append(st)
+        ds._compile()
+        return ds
+
+    def _sample(self, name: str, fn: Callable[[Any], Any], handler: Any = None) -> ShardDataset:
+        if handler is not None and handler is not reraise_exception:
+            fn = Handled(fn, handler, name)
+        return ShardDataset._with_stages(self, Stage("sample", name, fn))
+
+    def decode(self, *handlers: Union[str, Callable[[str, bytes], Any]],
+               allow_pickle: Optional[bool] = None, handler: Any = None, only: Any = None,
+               partial: bool = False, pre: Any = None, post: Any = None) -> ShardDataset:
+        """Decode members: image specs ("pil", "rgb8", "torchrgb"...) and/or callables
+        ``(key, data) -> value or None``; ``only=`` limits decoding to those extensions,
+        ``handler=`` handles a decoding error (skip / stop)."""
+        ap = self.allow_pickle if allow_pickle is None else allow_pickle
+        dec = Decoder(handlers, allow_pickle=ap, only=only, partial=partial, pre=pre, post=post)
+        return self._sample("decode", dec, handler)
+
+    def to_tuple(self, *specs: str, missing_is_error: bool = True, none_is_error: Optional[bool] = None,
+                 handler: Any = None) -> ShardDataset:
+        """Turn samples into tuples: ``to_tuple("jpg;png", "cls")`` or ``to_tuple("jpg;png cls")``."""
+        return self._sample("to_tuple", ToTuple(*specs, missing_is_error=missing_is_error,
+                                                none_is_error=none_is_error), handler)
+
+    def map(self, fn: Callable[[Any], Any], handler: Any = None) -> ShardDataset:
+        """Apply ``fn`` to each item (a sample, or a batch after ``batched``); a None
+        result drops it; ``handler=`` decides about an exception (skip or stop)."""
+        return self._sample("map", Map(fn), handler)
+
+    def map_dict(self, handler: Any = None, **fns: Callable[[Any], Any]) -> ShardDataset:
+        """Apply functions to named fields of dict samples (a missing field: KeyError)."""
+        return self._sample("map_dict", MapDict(**fns), handler)
+
+    def map_tuple(self, *fns: Optional[Callable[[Any], Any]], handler: Any = None) -> ShardDataset:
+        """Apply functions to the fields of tuple samples, by position."""
+        return self._sample("map_tuple", MapTuple(*fns), handler)
+
+    def select(self, predicate: Callable[[Any], bool], **kw: Any) -> ShardDataset:
+        """Keep only the items for which ``predicate`` is true.
+
+        Under WebLoader, filtering happens inside a batch: the batch of
+        positions ``[k*B, (k+1)*B)`` keeps its survivors, so batches may be
+        smaller, and resume stays exact.  Iterated directly, ``.batched(n)``
+        fills each batch from the filtered stream, as webdataset does.
+        """
+        return self._sample("select", Select(predicate))
+
+    def rename(self, keep: bool = True, handler: Any = None, **kw: str) -> ShardDataset:
+        """Rename fields: ``rename(image="jpg;png", label="cls")`` (webdataset's ``keep``)."""
+        return self._sample("rename", Rename(keep=keep, **kw), handler)
+
+    def shuffle(self, size: int, initial: int = 100, **kw: Any) -> ShardDataset:
+        """Shuffle, exactly resumable and without a buffer of samples.
+
+        Before any ``batched`` / ``slice`` / ... stage, ``.shuffle(n)`` is
+        compiled into the plan: samples are shuffled uniformly within windows
+        of whole shards holding at least ``3 * n`` samples (on average) and at
+        least 8 shards, so
+        the mixing is at least that of webdataset's buffer of ``n`` (whose
+        effective span is about ``2n``), and a resume recomputes any position
+        in O(1).  After such a stage it is webdataset's buffer shuffle, with
+        every pick a hash of (seed, epoch, count).  ``size < 1``: no shuffle.
+        """
+        if size < 1:
+            return self
+        return ShardDataset._with_stages(self, Stage("shuffle", "shuffle", n=int(size), initial=int(initial)))
+
+    def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
+                partial: bool = True) -> ShardDataset:
+        """Batch items; later stages apply to batches.
+
+        The default collation is webdataset's (numbers -> numpy array, tensors
+        and arrays stacked, anything else a list); ``collation_fn=None``
+        gives lists.  Iterated directly, ``partial=False`` drops a short last
+        batch; under WebLoader the loader's ``remainder`` decides.
+        """
+        if batchsize < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batchsize}")
+        return ShardDataset._with_stages(self, Stage("batched", "batched", n=int(batchsize), collation_fn=collation_fn,
+                                  partial=bool(partial)))
+
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> ShardDataset:
+        """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
+        if nepochs > 0:
+            self._mode, self._nepochs = ("once" if nepochs == 1 and nbatches < 1 else "repeat"), int(nepochs)
+        else:
+            self._mode, self._nepochs = "forever", -1
+        self._limit = int(nbatches)
+        return self
+
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> ShardDataset:
+        """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing the
+        stream over epochs (the next ``iter()`` goes on where this one stopped)."""
+        self._mode, self._nepochs, self._limit = "forever", -1, int(max(nsamples, nbatches))
+        return self
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __enter__(self) -> ShardDataset:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next ``iter()`` at the beginning of ``epoch`` (like a DistributedSampler)."""
+        self.epoch = int(epoch)
+        self._cursor = None
+        self._pending = None
+
+    # ---- state shared with the loader ----------------------------------
+    @property
+    def manifest(self) -> Manifest:
+        """The resolved, indexed manifest (resolving and indexing on first use)."""
+        if self._manifest is None:
+            m = resolve_sources(self.urls, fetch_config=self.fetch,
+                                allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
+            if not m.indexed:
+                if self.handler is None:
+                    index_manifest(m, self.store, on_event=self._on_event)
+                else:
+                    self._index_skipped = {**(self._index_skipped or {}),
+                                           **index_skipping(m, self.store, self.handler, self._on_event)}
+            self._manifest = m
+        return self._manifest
+
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None:
+            algo, window = self._order()
+            self._plan = Plan(self.manifest.counts, self.seed, algo, window, self.plan_partitions)
+        return self._plan
+
+    def use_partitions(self, n: int) -> None:
+        """Set the partition count the plan uses (the loader resolves None)."""
+        if int(n) != self.plan_partitions:
+            self.plan_partitions = int(n)
+            self._plan = None
+
+    def _order(self) -> Tuple[Union[bool, str], int]:
+        """The plan's order and window: ``shuffle``, plus ``.shuffle(n)`` (windows of
+        whole shards holding about ``3n`` samples, and at least 8 shards) and ``resampled``."""
+        base = self._shuffle
+        base = "window" if base is True else ("none" if base in (False, None) else base)
+        window = self.shuffle_window if base == "window" else 1
+        if self._buffer:
+            m = self.manifest
+            mean = max(1.0, m.total_samples / max(1, len(m.shards)))
+            # at least the default window (8 shards): with large shards a window
+            # of ~3n samples is 2-3 shards, and a batch could then hold samples of
+            # fewer shards than webdataset's buffer of n spans (bench_mixing)
+            window = max(window, _BUFFER_MIN_WINDOW, min(256, -(-3 * self._buffer // int(mean))))
+            base = {"none": "manifest_window", "shards": "window"}.get(str(base), base)
+        if self.resampled:
+            base = "resampled_window" if base in ("window", "manifest_window") else "resampled"
+        if str(base).endswith("window"):
+            self.shuffle_window = window  # the reader keeps a window of shards open
+        return base, window
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = ShardStore(cache_dir=self.cache_dir, cache_size=self.cache_size,
+                                     verify=self.verify, fetch=self.fetch, on_event=self._on_event)
+        return self._store
+
+    def config(self) -> Dict[str, Any]:
+        """What the delivered order depends on (checked on resume).
+
+        Raises:
+            ValueError: a stage WebLoader cannot run (anything after ``.batched``
+                and its maps: ``unbatched``, ``slice``, ``rsample``, ``compose``...).
+        """
+        rest = self._spec[self._loader_from:]
+        if rest:
+            raise ValueError(
+                f"WebLoader runs a dataset's per-sample stages, .shuffle(n) and one .batched(n) with "
+                f"the maps after it, not {', '.join('.' + st.name + '()' for st in rest)}: use the "
+                "WebLoader's own .unbatched()/.shuffle()/.batched()/.with_epoch(), or iterate the "
+                "dataset with a torch DataLoader / torchdata StatefulDataLoader")
+        d = {"manifest": self.manifest.digest(), "samples": self.manifest.total_samples,
+             "shards": len(self.manifest.shards)}
+        d.update(self.plan.describe())
+        return d
+
+    def _on_event(self, kind: str, url: str = "", **detail: Any) -> None:
+        self._events.append(event_record(kind, url, detail))  # logs it, once, here
+
+    def take_events(self) -> List[Dict[str, Any]]:
+        if SKIPPED:  # items a stage's handler skipped in this process
+            self._events.extend(SKIPPED)
+            SKIPPED.clear()
+        ev, self._events = self._events, []
+        return ev
+
+    def __getstate__(self) -> Dict[str, Any]:
+        _ = self.manifest  # index before pickling so workers never re-index
+        d = dict(self.__dict__)
+        d["_store"] = None
+        d["_reader"] = None
+        d["_events"] = []
+        d["_plan"] = None
+        return d
+
+    # ---- reading (resumewds.reading) ------------------------------------------------
+    def _read(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
+        """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
+        return reading.read(self, shard_idx, j)
+
+    def _shard_reader(self) -> _ShardReader:
+        """This process's open shards (created on first use)."""
+        return reading.shard_reader(self)
+
+    def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
+        """``on_error`` for a shard: raise, skip or stop (:func:`resumewds.reading.shard_failed`)."""
+        reading.shard_failed(self, shard_idx, shard, exc)
+
+    def _run_length(self, where: Sequence[Tuple[int, int]], i: int) -> int:
+        """How many of ``where[i:]`` are consecutive samples of one shard (within ``_RUN_BYTES``)."""
+        return reading.run_length(self.manifest.shards, where, i, _RUN_BYTES)
+
+    def _read_run(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
+        """Samples ``j .. j+count-1`` of one shard with one ``pread`` (:func:`resumewds.reading.read_run`)."""
+        return reading.read_run(self, shard_idx, j, count)
+
+    _stopping: bool = False
+
+    def _read_or_stop(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
+        """:meth:`_read`, where a handler's stop (``ignore_and_stop``) ends the step
+        (:func:`resumewds.steps.read_or_stop`)."""
+        return steps.read_or_stop(self, shard_idx, j)
+
+    def _read_run_or_stop(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
+        return steps.read_run_or_stop(self, shard_idx, j, count)
+
+    def _apply(self, stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
+        return steps.apply_stages(stages, x)
+
+    def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
+                   num_workers: int = 1, collate: bool = True,
+                   collate_fn: Optional[Callable[[List[Any]], Any]] = None
+                   ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+        """Yield ``(step, batch, meta)`` for this worker's steps of an epoch.
+
+        Args:
+            epoch: the epoch.
+            start: global position to start from.
+            layout: batch size, world size, rank, remainder policy.
+            worker, num_workers: this DataLoader worker's share (round-robin
+                over steps).
+            collate: collate samples with the batch's collate function; if
+                False the batch is the list of samples.
+            collate_fn: the collate function (default: the one of
+                ``batched()``, else torch-free ``default_collate``).
+
+        ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
+        ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
+        per shard index), ``positions``, ``slot_index`` and ``pad_flags``
+        (per delivered sample: its epoch position, its index in the step's
+        slots, whether it is padding), ``sample_shards`` (without
+        ``collate``: each delivered sample's shard index, None for padding),
+        ``batch_dropped`` (a batch stage
+        returned None), ``t_read``, ``t_stages`` and ``t_fetch_wait``
+        (seconds), ``events``.
+        """
+        ep = self.plan.epoch(epoch)
+        total = len(ep)
+        nsteps = layout.num_steps(total, start)
+        shards = self.manifest.shards
+        steps.start_steps(self)  # no shard failed, no handler's stop yet (workers: a fresh copy anyway)
+        collate_fn = collate_fn or self.collate_fn or default_collate
+        last_window = -1
+        samples_at, read, stages = ep.samples_at, self._read_or_stop, self.stages
+        pread, parse, clock, most = os.pread, tario.parse_sample, time.perf_counter, tario.CHECKED_PREAD
+        parse_as = tario.parse_sample_as
+        patterns: Dict[int, Any] = {}  # shard -> tario.member_pattern, or () once it stopped paying
+        misses: Dict[int, int] = {}
+        names: Dict[int, str] = {}
+        stream = not str(self.plan.algo).endswith("window")  # shards read front to back
+        hint = True
+        for k in worker_steps(nsteps, worker, num_workers):
+            slots = layout.slots(total, start, k)
+            meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
+                                    "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
+                                    "positions": [], "slot_index": [], "pad_flags": []}
+            t_read = t_stages = 0.0
+            out: List[Any] = []
+            if slots:
+                w = ep.window_of(slots[0][0])
+                if w != last_window and self.prefetch_depth > 0:
+                    last_window = w
+                    # this window's shards (a shuffled window touches all of
+                    # them at once) and then ``prefetch`` shards beyond it;
+                    # cached ones are left out by the store
+                    here = ep.window_shards(w)
+                    upcoming = [shards[i] for i in ep.shards_from(slots[0][0],
+                                                                  len(here) + self.prefetch_depth)]
+                    if upcoming:
+                        try:
+                            self.store.prefetch(upcoming, depth=len(upcoming), window=len(here))
+                        except ResumeWDSError:
+                            pass  # surfaces again when the shard is read
+            # With padding in a step, every sample carries __pad__ (True/False)
+            # so that collation keeps the flag for the whole batch.
+            any_pad = any(p for _, p in slots)
+            per_shard = meta["shards"]
+            slot_index = meta["slot_index"]  # positions and pad_flags follow from it, after the loop
+            nbytes = skipped = filtered = pads = 0
+            nslots = len(slots)
+            t0 = time.perf_counter()
+            # consecutive samples of one shard (the rule unshuffled) are read
+            # with one pread: fewer syscalls, and fewer GIL hand-offs to the
+            # prefetch threads
+            where = samples_at([pos for pos, _ in slots])
+            if hint:  # the first step: its reads start at once (cold disk)
+                hint = False
+                openshards.hint_pages(self, where)
+            reading.prepare(self, where, stream)  # samples of shards not cached yet: verified ranges
+            # The open shards' samples are read here, not through the five calls
+            # of ``read`` (a third of the in-process time per sample): the same
+            # pread and parse; anything else (a shard not open yet,
+            # samples fetched by range, a failed shard, a
+            # short read or a malformed sample) takes ``read``, which raises or
+            # skips as it always does.
+            rd = self._reader
+            fast = rd.fast if rd is not None and (rd.ranged is None or not rd.ranged.ready) else None
+            touch: Any = rd.open.move_to_end if fast is not None else None  # type: ignore[union-attr]  # the fd LRU
+            failed = self._failed
+            ahead: List[Optional[Dict[str, Any]]] = []
+            for i, (pos, pad) in enumerate(slots):
+                si, j = where[i]
+                if ahead:
+                    sample = ahead.pop()
+                elif stream and i + 1 < nslots and where[i + 1] == (si, j + 1):  # a run may start here
+                    run = self._run_length(where, i)
+                    ahead = self._read_run_or_stop(si, j, run) if run > 1 else [read(si, j)]
+                    ahead.reverse()
+                    sample = ahead.pop()
+                elif fast is not None and (hit := fast.get(si)) is not None and si not in failed \
+                        and not self._stopping:
+                    fd, offs, url, verified = hit
+                    a = int(offs[j])
+                    size = int(offs[j + 1]) - a
+                    try:
+                        buf = pread(fd, size, a) if 0 <= size <= most else b""
+                        if len(buf) != size:
+                            sample = None
+                        else:
+                            # verified bytes of a shard whose samples share one member
+                            # pattern take tario.parse_sample_as (a miss returns None)
+                            pat = patterns.get(si) if verified else ()
+                            sample = parse_as(buf, pat) if pat else None
+                            if sample is None:
+                                sample = parse(buf, url, a, 0, size, verified)
+                                if pat != ():  # () : not verified, or no more tries
+                                    tario.learn_pattern(patterns, misses, si, sample, pat)
+                    except (OSError, ResumeWDSError):
+                        sample = None
+                    if sample is None:
+                        sample = read(si, j)  # the error, or the skip, as read gives it
+                    else:
+                        sample["__url__"] = url
+                        touch(si)
+                else:  # shuffled: one sample, no run to look for
+                    sample = read(si, j)
+                t1 = clock()
+                t_read += t1 - t0
+                if sample is None:
+                    skipped += 1
+                    t0 = t1
+                    continue
+                # members only: __key__ and __url__ are the only dunder keys so far
+                nbytes += sum(map(len, sample.values())) - len(sample["__key__"]) - len(sample["__url__"])
+                sample["__epoch__"] = epoch
+                sample["__index__"] = pos
+                name = names.get(si)
+                if name is None:
+                    name = names[si] = shards[si].name
+                sample["__shard__"] = name
+                if any_pad:
+                    sample["__pad__"] = bool(pad)
+                if pad:
+                    pads += 1
+                else:
+                    per_shard[si] = per_shard.get(si, 0) + 1
+                x = sample
+                for st in stages:
+                    x = st(x)
+                    if x is None:
+                        break
+                t0 = clock()
+                t_stages += t0 - t1
+                if x is None:
+                    filtered += 1
+                    continue
+                out.append(x)
+                slot_index.append(i)
+            if slot_index:
+                meta["positions"] = [slots[i][0] for i in slot_index]
+                meta["pad_flags"] = [bool(slots[i][1]) for i in slot_index]
+                if not collate:  # handed out one by one: whose each sample is (consumption)
+                    meta["sample_shards"] = [None if slots[i][1] else where[i][0] for i in slot_index]
+            meta["samples"] = len(out)
+            meta["bytes"] = nbytes
+            meta["skipped"] = skipped
+            meta["filtered"] = filtered
+            meta["pads"] = pads
+            t2 = time.perf_counter()
+            batch = steps.collate_step(meta, out, collate_fn if collate else None, self.batch_stages)
+            t_stages += time.perf_counter() - t2
+            meta["t_read"] = t_read
+            meta["t_stages"] = t_stages
+            if self._reader is not None:
+                meta["t_fetch_wait"], self._reader.wait = self._reader.wait, 0.0
+            steps.finish_step(meta, self.take_events(), self._stopping)
+            if shards and self._failed:
+                meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
+            yield k, batch, meta
+            if self._stopping:  # the samples before the stop were delivered: no more steps
+                return
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._store is not None and hasattr(self._store, "close"):
+            self._store.close()
+
+
+register_iterable_dataset(ShardDataset)

@@ -1,0 +1,22 @@
+"""The WebDataset wing: webdataset 1.0.2's module names and semantics.
+
+Each module here has the name of one of webdataset's (``filters``,
+``shardlists``, ``tariterators``, ``gopen``, ``utils``, ``handlers``,
+``splitters``, ``mix``, ``compat``, ``pipeline``...) and forwards to the one
+engine below it: the stage callables (:mod:`resumewds.stages`), the stream
+runners (:mod:`resumewds.runners`), the plan, the cache and the step engine.
+The core never imports this package (a test checks it); ``import resumewds
+as wds`` reaches every module here as ``wds.<name>``, and ``import
+resumewds.<name>`` works too, as with webdataset.
+
+Example:
+    >>> import resumewds.filters, resumewds.wds.filters
+    >>> resumewds.filters is resumewds.wds.filters
+    True
+"""
+
+#: webdataset's module names that live in this wing (``resumewds.<name>`` is ``resumewds.wds.<name>``)
+MODULES = ("compat", "datapipeline", "filters", "fluid", "gopen", "handlers", "loaderchain", "mix", "multi",
+           "pipeline", "shardlists", "splitters", "tariterators", "utils")
+
+__all__ = ["MODULES"]

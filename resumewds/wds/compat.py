@@ -1,0 +1,77 @@
+"""webdataset's ``compat`` module names: ``WebDataset``, ``WebLoader``, ``MockDataset``,
+``FluidInterface``, ``FluidWrapper`` (:mod:`resumewds.fluid`), ``check_empty`` and the
+``Cached`` stage.
+
+``import resumewds as wds`` exposes the same names at the top level;
+``from resumewds import compat`` (or ``webdataset.compat`` through an
+alias) finds them here too.  See docs/COMPAT.md for the semantics.
+
+Example:
+    >>> from resumewds.compat import MockDataset
+    >>> list(MockDataset((1, 2), 2))
+    [(1, 2), (1, 2)]
+    >>> stage = Cached()
+    >>> list(stage(iter([1, 2]))), list(stage(iter([])))   # the second pass replays the first
+    ([1, 2], [1, 2])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from .._torchreg import register_iterable_dataset
+from .fluent import Cached, FluidInterface
+from .webdataset import WebDataset
+
+if TYPE_CHECKING:  # loaded on first use (both import torch): see __getattr__
+    from .fluid import FluidWrapper
+    from .loaderchain import WebLoader
+
+__all__ = ["Cached", "FluidInterface", "FluidWrapper", "MockDataset", "WebDataset", "WebLoader",
+           "check_empty"]
+
+
+class MockDataset:
+    """webdataset's ``MockDataset(sample, length)``: ``sample``, ``length`` times.
+
+    A torch ``IterableDataset`` once torch is imported.
+    """
+
+    def __init__(self, sample: Any, length: int):
+        self.sample = sample
+        self.length = int(length)
+
+    def __iter__(self) -> Iterator[Any]:
+        for _ in range(self.length):
+            yield self.sample
+
+
+register_iterable_dataset(MockDataset)
+
+
+def check_empty(source: Iterable[Any]) -> Iterator[Any]:
+    """Pass ``source`` through; raise ValueError at its end if it yielded nothing.
+
+    Example:
+        >>> list(check_empty([1]))
+        [1]
+    """
+    count = 0
+    for sample in source:
+        yield sample
+        count += 1
+    if count == 0:
+        raise ValueError("No samples found in dataset; perhaps you have fewer shards than workers.\n"
+                         "Turn off using empty_check=False in the WebDataset constructor.")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WebLoader":
+        from .loaderchain import WebLoader  # lazy: imports torch
+
+        return WebLoader
+    if name == "FluidWrapper":
+        from .fluid import FluidWrapper  # lazy: a DataPipeline, imports torch
+
+        return FluidWrapper
+    raise AttributeError(f"module 'resumewds.compat' has no attribute {name!r}")

@@ -1,0 +1,53 @@
+"""webdataset's ``pipeline`` module: ``DataPipeline``, and the stage callables.
+
+``resumewds.pipeline.DataPipeline`` is :class:`resumewds.wds.datapipeline.DataPipeline`
+(loaded on first use: it is a torch ``IterableDataset``).  The per-sample stage
+callables and collations that resumewds has always offered here are those of
+:mod:`resumewds.stages`, the one implementation of each stage.
+
+Example:
+    >>> from resumewds.pipeline import ToTuple
+    >>> ToTuple("txt")({"txt": "hi"})
+    ('hi',)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import HandlerStop
+from ..stages import (
+    Decoder,
+    ExtractKeys,
+    FieldError,
+    Handled,
+    Map,
+    MapDict,
+    MapTuple,
+    Rename,
+    RenameKeys,
+    SampleTypeError,
+    Select,
+    SelectFiles,
+    Stage,
+    ToTuple,
+    decode_image,
+    default_collate,
+    default_collation_fn,
+    getfirst,
+    list_collate,
+)
+from .utils import PipelineStage
+
+__all__ = ["DataPipeline",  # noqa: F822  (module __getattr__: loaded on first use)
+           "Decoder", "ExtractKeys", "FieldError", "Handled", "HandlerStop", "Map", "MapDict",
+           "MapTuple", "PipelineStage", "Rename", "RenameKeys", "SampleTypeError", "Select", "SelectFiles", "Stage",
+           "ToTuple", "decode_image", "default_collate", "default_collation_fn", "getfirst", "list_collate"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DataPipeline":
+        from .datapipeline import DataPipeline  # lazy: a torch IterableDataset (imports torch)
+
+        return DataPipeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,261 @@
+"""webdataset's ``WebDataset`` constructor and fluent methods, over the engine's data set.
+
+:class:`WebDatasetAPI` is a mixin: ``resumewds.WebDataset`` is
+``WebDatasetAPI`` + :class:`resumewds.shardset.ShardDataset`.  It takes
+webdataset 1.0.2's constructor arguments (``shardshuffle``, ``nodesplitter``,
+``workersplitter``, ``select_files``, ``mode``, ``url_to_name``...) and maps
+them onto the engine's settings, and adds webdataset's fluent methods that
+the engine has no name for; each one only appends one of the engine's stage
+specs (:class:`resumewds.stages.Stage`), which the engine runs as it runs any
+other (per-sample stages where samples are read, stream stages through
+:mod:`resumewds.runners`).
+
+Example:
+    >>> import resumewds as wds
+    >>> ds = wds.WebDataset("data/shard-{000000..000003}.tar", shardshuffle=100)  # doctest: +SKIP
+    >>> ds = ds.shuffle(1000).decode("pil").to_tuple("jpg;png", "cls").batched(64)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
+
+from ..direct import DirectDataset
+from ..shardset import ShardDataset
+from ..sources import Source
+from ..stages import ExtractKeys, RenameKeys, SelectFiles, Stage
+from ..world import worker_info
+from . import filters
+from .splitters import single_node_only, split_by_node, split_by_worker
+
+if TYPE_CHECKING:
+    _Base = DirectDataset
+else:
+    _Base = object
+
+__all__ = ["WebDataset", "WebDatasetAPI"]
+
+_UNSET: Any = object()
+_BUILTIN_NAMES = ("split_by_node", "split_by_worker", "single_node_only")
+
+
+def _builtin_splitter(f: Any) -> Optional[str]:
+    """The name of a built-in splitter (ours, or webdataset's own), else None."""
+    if f is split_by_node or f is split_by_worker or f is single_node_only:
+        return f.__name__
+    name, mod = getattr(f, "__name__", None), getattr(f, "__module__", "") or ""
+    if name in _BUILTIN_NAMES and mod.split(".")[0] in ("webdataset", "resumewds"):
+        return name
+    return None
+
+
+def _wds_urls(urls: Any) -> Any:
+    """webdataset's URL forms: ``a::b`` joined patterns, ``file:/abs/path``."""
+    def one(u: Any) -> List[Any]:
+        if not isinstance(u, str) or u.startswith("pipe:"):
+            return [u]
+        out = []
+        for part in (u.split("::") if "::" in u else [u]):
+            if part.startswith("file:") and not part.startswith("file://"):
+                part = part[len("file:"):]
+            out.append(part)
+        return out
+
+    if isinstance(urls, (str, os.PathLike)):
+        parts = one(os.fspath(urls))
+        return parts[0] if len(parts) == 1 else parts
+    if isinstance(urls, (list, tuple)):
+        return [p for u in urls for p in one(os.fspath(u) if isinstance(u, os.PathLike) else u)]
+    return urls
+
+
+class WebDatasetAPI(_Base):
+    """webdataset's ``WebDataset`` constructor, and the fluent methods the engine has no name for.
+
+    A mixin over :class:`~resumewds.shardset.ShardDataset`: see
+    :class:`resumewds.WebDataset` for the arguments.
+    """
+
+    def __init__(self, urls: Source, handler: Any = None, mode: Optional[str] = None,
+                 resampled: bool = False, repeat: bool = False, shardshuffle: Any = None,
+                 cache_size: Union[int, str, None] = None, cache_dir: Optional[str] = None,
+                 url_to_name: Any = None, detshuffle: bool = False, nodesplitter: Any = _UNSET,
+                 workersplitter: Any = _UNSET, select_files: Optional[Callable[[str], bool]] = None,
+                 rename_files: Optional[Callable[[str], str]] = None, empty_check: bool = True,
+                 verbose: bool = False, seed: Optional[int] = None, *,
+                 shuffle: Union[bool, str, None] = None, **engine: Any):
+        resampled = bool(resampled or mode == "resampled")
+        if shuffle is None:
+            shuffle = "shards" if (shardshuffle not in (None, False, 0) and not resampled) else False
+        super().__init__(_wds_urls(urls), seed=seed, shuffle=shuffle, cache_dir=cache_dir,
+                         cache_size=cache_size, handler=handler, resampled=resampled, repeat=repeat,
+                         empty_check=empty_check, **engine)
+        self.shardshuffle = shardshuffle
+        self.detshuffle = detshuffle
+        self.url_to_name = url_to_name
+        self.nodesplitter = nodesplitter
+        self.workersplitter = workersplitter
+        self._length: Optional[int] = None
+        if select_files is not None or rename_files is not None:
+            self._spec.insert(0, Stage("sample", "select_files", SelectFiles(select_files, rename_files)))
+            self._compile()
+
+    def rename_keys(self, *args: Any, **kw: Any) -> Any:
+        """webdataset's ``rename_keys``: rename fields by glob patterns."""
+        opts = {k: kw.pop(k) for k in ("keep_unselected", "must_match", "duplicate_is_error") if k in kw}
+        return self._sample("rename_keys", RenameKeys(*args, **opts, **kw))
+
+    def extract_keys(self, *patterns: Any, **kw: Any) -> Any:
+        """webdataset's ``extract_keys``: a tuple of the fields matching glob patterns."""
+        return self._sample("extract_keys", ExtractKeys(*patterns, **kw))
+
+    def xdecode(self, *args: Any, **kw: Any) -> Any:
+        """webdataset's ``xdecode`` (decoders chosen by glob patterns on the key)."""
+        return self._sample("xdecode", filters.xdecode(*args, **kw).fn)
+
+    def listed(self, batchsize: int, partial: bool = True) -> Any:
+        """Lists of ``batchsize`` items, without collation."""
+        return self.batched(batchsize, collation_fn=None, partial=partial)
+
+    def unbatched(self) -> Any:
+        """Split collated batches back into samples."""
+        return ShardDataset._with_stages(self, Stage("stream", "unbatched"))
+
+    def unlisted(self) -> Any:
+        """Split lists (from ``listed``) back into items."""
+        return ShardDataset._with_stages(self, Stage("stream", "unlisted"))
+
+    def slice(self, *args: Optional[int]) -> Any:
+        """``itertools.islice`` over each worker's stream of an epoch."""
+        return ShardDataset._with_stages(self, Stage("stream", "slice", args=args))
+
+    def rsample(self, p: float = 0.5) -> Any:
+        """Keep each item with probability ``p`` (deterministic per seed, epoch and count)."""
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"rsample: p must be in [0, 1], got {p}")
+        return ShardDataset._with_stages(self, Stage("stream", "rsample", p=float(p)))
+
+    def log_keys(self, logfile: Optional[str] = None) -> Any:
+        """Append ``index, worker, rank, key`` lines to ``logfile`` (None: off)."""
+        return ShardDataset._with_stages(self, Stage("stream", "log_keys", logfile=logfile))
+
+    def mcached(self) -> Any:
+        """Not supported: samples are read by position, never kept in memory."""
+        raise NotImplementedError("mcached() is not supported by resumewds: the page cache and the "
+                                  "verified shard cache already keep reads cheap")
+
+    def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
+        """Not supported (see docs/COMPAT.md)."""
+        raise NotImplementedError("lmdb_cached() is not supported by resumewds")
+
+    def with_length(self, n: int, silent: bool = False) -> Any:
+        """Give the dataset a ``__len__`` of ``n`` (it does not change an epoch)."""
+        if not silent:
+            warnings.warn(".with_length() only sets the value of __len__ for compatibility with "
+                          "some training environments. It does not change the number of samples "
+                          "in an epoch.", stacklevel=2)
+        self._length = int(n)
+        return self
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError("WebDataset has no len(); use .with_length(n)")
+        return self._length
+
+    def _split(self) -> Tuple[int, int, int, int, List[Any]]:
+        """``(rank, world, worker, num_workers, custom splitters)`` for this process:
+        webdataset's ``nodesplitter`` / ``workersplitter``, mapped onto the engine's split."""
+        custom: List[Any] = []
+        rank, world = 0, 1
+        ns = self.nodesplitter
+        kind = "split_by_node" if ns is _UNSET else (None if ns is None else _builtin_splitter(ns))
+        info = worker_info()
+        if kind == "split_by_node":
+            rank, world = info[0], info[1]
+        elif kind == "single_node_only":
+            if info[1] > 1:
+                raise ValueError("input pipeline needs to be reconfigured for multinode training "
+                                 "(nodesplitter=single_node_only with WORLD_SIZE > 1)")
+        elif ns is not None:
+            custom.append(ns)
+        worker, nworkers = 0, 1
+        ws = self.workersplitter
+        kind = "split_by_worker" if ws is _UNSET else (None if ws is None else _builtin_splitter(ws))
+        if kind == "split_by_worker":
+            worker, nworkers = info[2], info[3]
+        elif ws is not None and kind is None:
+            custom.append(ws)
+        return rank, world, worker, nworkers, custom
+
+
+class WebDataset(WebDatasetAPI, DirectDataset):
+    """A resumable, deterministic WebDataset; also webdataset 1.0.2's ``WebDataset``.
+
+    ``import resumewds as wds`` runs webdataset code unchanged: the
+    constructor takes webdataset's arguments and every fluent stage
+    (docs/COMPAT.md lists the exact semantics and differences).  It is a
+    ``torch.utils.data.IterableDataset`` (registered when torch is imported,
+    so ``import resumewds`` stays torch-free): a plain torch ``DataLoader``
+    works, each worker taking its own share of the sample sequence, and
+    ``state_dict()`` / ``load_state_dict()`` speak torchdata's
+    ``StatefulDataLoader`` protocol.
+
+    Args:
+        urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json,
+            or a list of them, or a :class:`~resumewds.manifest.Manifest`;
+            also webdataset's ``"a.tar::b-{0..3}.tar"`` and ``file:/abs/path``.
+        seed: seed of the order (same seed, same order on any machine);
+            None: ``WDS_SEED`` if set, else 0.
+        shuffle: False: manifest order; True / ``"window"``: shard order
+            permuted per epoch and samples shuffled within windows of
+            ``shuffle_window`` shards; ``"shards"``: shard order only.
+            Default: ``"shards"`` if ``shardshuffle`` is set, else False.
+        shuffle_window: shards per shuffle window.
+        cache_dir, cache_size, verify: passed to the shard cache
+            (:class:`resumewds.cache.ShardStore`).
+        fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
+        on_error: ``"raise"`` (default) stops at a shard that cannot be
+            fetched or verified (recording it as failed); ``"skip"`` skips its
+            samples, records it as failed and reports it in stats and the
+            journal.  A skipped shard is skipped for the rest of the epoch
+            (by each process that reads it) and tried again in the next
+            epoch, whatever ``num_workers``; once it delivers samples again
+            the journal no longer calls it failed.
+        allow_pickle: let decoders unpickle (pkl/pyd): off by default.
+        allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
+            the network.
+        prefetch: how many upcoming shards to download in the background.
+        partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
+            None: the number of nodes at the run's start (a resume keeps the
+            run's recorded count); 1: one order over all shards.
+        ranged_reads: read remote v3 shards that are not cached yet sample by
+            sample (verified ranges, the partial download; docs/DIGESTS.md);
+            None: ``RESUMEWDS_RANGED_READS`` (default on).
+        handler: webdataset's handler for shard and sample (tar) errors:
+            ``reraise_exception`` (default, ``on_error="raise"``); a handler
+            returning True skips the shard like ``on_error="skip"``; False
+            stops the iteration.
+        resampled: draw each epoch's shards with replacement (deterministic:
+            a pure function of seed, epoch and position); iteration goes on
+            over epochs (use ``.with_epoch(n)``).
+        shardshuffle: webdataset's shard shuffle: True or N > 0 permutes the
+            shard order per epoch (``shuffle="shards"``); False/None/0: manifest order.
+        detshuffle: accepted; our shuffles are always deterministic.
+        nodesplitter, workersplitter: ``split_by_node``, ``split_by_worker``,
+            ``single_node_only`` (ours or webdataset's) map onto the rank /
+            worker split of the sample sequence; None: no split (every rank /
+            worker sees everything, as in webdataset); a user callable gets
+            the shard list (``{"url": ...}`` dicts) and keeps what it yields.
+        select_files, rename_files: webdataset's member filters (by
+            ``"<key>.<ext>"`` name).
+        empty_check: raise ValueError when an epoch has no samples at all.
+        url_to_name, cache_size semantics, verbose, mode: accepted for
+            compatibility (our cache names entries by URL digest).
+
+    Example:
+        >>> ds = WebDataset(["a.tar", "b.tar"], seed=3).decode().to_tuple("txt", "cls")  # doctest: +SKIP
+        >>> ds = (WebDataset("shards-{000..099}.tar", shardshuffle=100)            # doctest: +SKIP
+        ...       .shuffle(1000).decode("pil").to_tuple("jpg;png", "cls").batched(64))
+    """
