@@ -92,7 +92,8 @@ class ShardLoader(DataLoaderAttributes):
         num_workers: DataLoader worker processes (any number; resume works
             across different counts).
         collate_fn: how to collate a batch (default: torch's default_collate).
-        rank, world_size: override torch.distributed / RANK / WORLD_SIZE.
+        rank, world_size: override torch.distributed / RANK / WORLD_SIZE (neither given and a world
+            of 1 found: looked up again at the first len() or iteration, see docs/FRAMEWORKS.md).
         nodes: groups of ranks that share a cache (default: from torchrun's
             LOCAL_WORLD_SIZE, see :mod:`resumewds.world`); each node reads its
             own partitions of the data set.
