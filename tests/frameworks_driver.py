@@ -82,18 +82,35 @@ def torchrun(framework: str, shards: str, out: str, *argv: str) -> Any:
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def check_two_rank_kill9(framework: str, shards: str, ref: str, run: str) -> None:
-    """An uninterrupted 2-process run; both ranks SIGKILLed at step 14 (1 worker each; last checkpoint:
-    step 12, mid-epoch 1); resumed with 0 workers: each rank's record is the uninterrupted run's,
-    and each of the 2 epochs of 192 samples (12 global steps of 2 x 8) covers the data set once."""
-    done = torchrun(framework, shards, ref)
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    reference = rank_records(ref)
-    assert [len(r) for r in reference] == [24, 24]
+def loader_records(data: str, ranks: int = 2, epochs: int = 2, batch: int = 8) -> List[List[str]]:
+    """The record each rank of a ``ranks``-process run must have: the loader's own split by rank
+    (``rank=`` / ``world_size=`` given), read here in one process, without a framework."""
+    out = []
+    for r in range(ranks):
+        loader = make_loader(argparse.Namespace(data=data, batch=batch, workers=0), rank=r, world_size=ranks)
+        lines: List[str] = []
+        while loader.epoch < epochs:
+            for keys, _cls in loader:
+                lines.append(f"{len(lines)}\t{' '.join(keys)}")
+        out.append(lines)
+    return out
+
+
+def check_two_rank_kill9(framework: str, shards: str, ref: str, run: str, framework_reference: bool = True) -> None:
+    """Both ranks of a 2-process run SIGKILLed at step 14 (1 worker each; last checkpoint: step 12,
+    mid-epoch 1), resumed with 0 workers: each rank's record is the uninterrupted sequence.  That is
+    the loader's own split by rank (:func:`loader_records`: 2 epochs of 192 samples, 12 global steps
+    of 2 x 8, each covering the data set once); with ``framework_reference`` an uninterrupted run
+    under the framework is checked to be that too (a third launch)."""
+    reference = loader_records(shards)
     for epoch in range(2):
         lines = [line for rec in reference for line in rec[epoch * 12:(epoch + 1) * 12]]
         keys = [k for line in lines for k in line.split("\t")[1].split()]
         assert len(keys) == len(set(keys)) == 192
+    if framework_reference:
+        done = torchrun(framework, shards, ref)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert rank_records(ref) == reference
     killed = torchrun(framework, shards, run, "--kill-at", "14", "--workers", "1")
     assert killed.returncode != 0 and b"Signal 9 (SIGKILL)" in killed.stderr, killed.stderr.decode()[-2000:]
     assert [len(r) for r in rank_records(run)] == [14, 14]

@@ -122,9 +122,12 @@ def test_two_processes_then_resume_on_one(shards, tmp_path):
 
 
 
-def test_torchrun_two_processes_kill9_resume_is_exact(tmp_path, cache_dir):
+@pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_torchrun_two_processes_kill9_resume_is_exact(tmp_path, cache_dir, slow):
     """torchrun, 2 processes (gloo on CPU): both ranks SIGKILLed mid-epoch 1, resumed by load_state
-    with another worker count: each rank's whole record is an uninterrupted 2-process run's
-    (frameworks_driver.check_two_rank_kill9)."""
+    with another worker count: each rank's whole record is the uninterrupted sequence, the loader's
+    split by rank (frameworks_driver.check_two_rank_kill9; ``-m slow`` also runs Accelerate
+    uninterrupted and checks it against the same)."""
     write_shards(str(tmp_path / "data"), shards=8, samples=24, size_range=(10, 40))
-    drv.check_two_rank_kill9("accelerate", str(tmp_path / "data"), str(tmp_path / "ref"), str(tmp_path / "run"))
+    drv.check_two_rank_kill9("accelerate", str(tmp_path / "data"), str(tmp_path / "ref"), str(tmp_path / "run"),
+                             framework_reference=slow)

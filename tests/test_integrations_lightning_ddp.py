@@ -22,6 +22,8 @@ import pytest
 
 pytest.importorskip("lightning")
 
+import frameworks_driver as drv
+
 from resumewds.synth import write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -72,17 +74,11 @@ def wait_gone(out: str) -> None:
 
 
 def test_ddp_kill9_resume_with_other_workers_is_exact(shards, tmp_path):
-    """SIGKILL both ranks at step 10 (1 worker each; last checkpoint: step 8, mid-epoch 0),
-    resume with 0 workers: each rank's whole record is the uninterrupted run's, and every
-    epoch covers the data set once across the two ranks."""
-    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
-    assert driver(shards, ref) == 0
-    reference = rank_records(ref)
-    assert [len(r) for r in reference] == [2 * STEPS_PER_EPOCH] * 2
-    for epoch in range(2):
-        keys = [k for rec in reference for line in rec[epoch * STEPS_PER_EPOCH:(epoch + 1) * STEPS_PER_EPOCH]
-                for k in line.split("\t")[1].split()]
-        assert len(keys) == len(set(keys)) == 192
+    """SIGKILL both ranks at step 10 (1 worker each; last checkpoint: step 8, mid-epoch 0), resume
+    with 0 workers: each rank's whole record is the uninterrupted sequence, the loader's own split by
+    rank (an uninterrupted Lightning run is checked to be that too in the slow tests)."""
+    run = str(tmp_path / "run")
+    reference = drv.loader_records(shards)
     assert driver(shards, run, "--kill-at", "10", "--workers", "1") == -9
     wait_gone(run)
     assert [len(r) for r in rank_records(run)] == [10, 10]
@@ -92,10 +88,19 @@ def test_ddp_kill9_resume_with_other_workers_is_exact(shards, tmp_path):
 
 @pytest.mark.slow
 def test_ddp_kill9_twice_is_exact(shards, tmp_path):
-    """SIGKILL both ranks mid-epoch 0 (2 workers each), resume with 0 workers, SIGKILL mid-epoch 1
-    (last checkpoint: step 20), resume with 1 worker: each rank's whole record is the uninterrupted run's."""
+    """An uninterrupted Lightning DDP run (each epoch covers the data set once; each rank trains on
+    the loader's split by rank); SIGKILL both ranks mid-epoch 0 (2 workers each), resume with 0
+    workers, SIGKILL mid-epoch 1 (last checkpoint: step 20), resume with 1 worker: each rank's whole
+    record is the uninterrupted run's."""
     ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
     assert driver(shards, ref) == 0
+    reference = rank_records(ref)
+    assert [len(r) for r in reference] == [2 * STEPS_PER_EPOCH] * 2
+    for epoch in range(2):
+        keys = [k for rec in reference for line in rec[epoch * STEPS_PER_EPOCH:(epoch + 1) * STEPS_PER_EPOCH]
+                for k in line.split("\t")[1].split()]
+        assert len(keys) == len(set(keys)) == 192
+    assert reference == drv.loader_records(shards)  # what the loader's split by rank gives each rank
     assert driver(shards, run, "--kill-at", "6", "--workers", "2") == -9
     wait_gone(run)
     assert driver(shards, run, "--resume", "--kill-at", "22", "--workers", "0") == -9
