@@ -21,10 +21,7 @@ import shutil
 
 import pytest
 
-# Modules whose examples are not runnable yet: they are being rewritten on
-# other branches. Delete a line once that module's examples run.
 collect_ignore = [
-    "resumewds/loader.py",  # `<same dataset>` placeholders; the loader split owns it
     # importing it (as --doctest-modules would) makes `webdataset` an alias of
     # resumewds in this process: it is a plugin for the compat suite's subprocess only
     "tests/compat/wds_alias.py",

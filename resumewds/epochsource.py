@@ -8,7 +8,7 @@ is the layout of a loader without ``batch_size`` (one sample per step);
 :class:`BatchInfo` and :class:`EmptyBatch` describe what the loader handed out.
 
 Example:
-    >>> EmptyBatch(BatchInfo(0, 3, 0, (), 0, {})).info.step
+    >>> EmptyBatch(BatchInfo(0, 3, 0, (), 0, 0, True)).info.step
     3
 """
 

@@ -107,17 +107,17 @@ EVENTS: Dict[EventKind, EventSpec] = {
     K.CACHE_HIT: EventSpec("cache", counter="cache_hits", shard_state="verified", journaled=False),
     K.CACHE_MISS: EventSpec("cache", counter="cache_misses"),
     # skip: Stats keeps {url: error} (shards_skipped); the dataset logs the warning itself
-    K.SKIP: EventSpec("reading", shard_state="failed", lane=4, error=True),
-    K.FAIL: EventSpec("reading", counter="failures", shard_state="failed", level=INFO, lane=5,
+    K.SKIP: EventSpec("openshards", shard_state="failed", lane=4, error=True),
+    K.FAIL: EventSpec("openshards", counter="failures", shard_state="failed", level=INFO, lane=5,
                       error=True),
     # sample_skip: counted as skipped_samples through the step's meta; the loader warns
     # once per epoch with the keys; logged at INFO (RESUMEWDS_VERBOSE=1)
-    K.SAMPLE_SKIP: EventSpec("pipeline", level=INFO),
-    K.RECOVERED: EventSpec("loader", shard_state="verified", level=INFO),
-    K.RESUME: EventSpec("loader", level=INFO, lane=0),
+    K.SAMPLE_SKIP: EventSpec("stages", level=INFO),
+    K.RECOVERED: EventSpec("shardloader", shard_state="verified", level=INFO),
+    K.RESUME: EventSpec("shardloader", level=INFO, lane=0),
     K.CONFIG_CHANGE: EventSpec("journal", lane=8),
     K.REWIND: EventSpec("journal", lane=7),
-    K.SKIP_STEPS: EventSpec("loader", level=INFO, lane=10),
+    K.SKIP_STEPS: EventSpec("shardloader", level=INFO, lane=10),
     K.INVALID_TRANSITION: EventSpec("journal", lane=9, error=True),
 }
 

@@ -10,13 +10,16 @@ through (:func:`resumewds.wds.loaderchain.route`).  This module and the
 package's ``__init__`` present the wing's names; the core imports neither.
 
 Example:
-    >>> import resumewds as rw                                         # doctest: +SKIP
-    >>> ds = rw.WebDataset("d/shard-{0000..0031}.tar", seed=7, shuffle=True)
-    >>> loader = rw.WebLoader(ds.decode().to_tuple("txt", "cls"), batch_size=64, num_workers=2)
-    >>> for step, (txt, cls) in enumerate(loader): ...
+    >>> import resumewds as rw
+    >>> ds = rw.WebDataset("data/shard-{000000..000003}.tar", seed=7, shuffle=True).map(lambda s: s["__key__"])
+    >>> loader = rw.WebLoader(ds, batch_size=4)
+    >>> it = iter(loader)
+    >>> first = next(it)
     >>> state = loader.state_dict()
-    >>> fresh = rw.WebLoader(<same dataset>, batch_size=64, num_workers=0)
-    >>> fresh.load_state_dict(state)   # yields exactly what `loader` would have
+    >>> fresh = rw.WebLoader(ds, batch_size=4)   # any num_workers, another process...
+    >>> fresh.load_state_dict(state)
+    >>> next(iter(fresh)) == next(it)            # the batch `loader` gives next
+    True
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ import xxhash
 
 from . import tario
 from .errors import ChecksumMismatch, FetchError, IntegrityError, TransientFetchError
-from .fetch import FetchBudget, is_remote_url, new_session, s3
+from .fetch import FetchBudget, is_remote_url, new_session
 from .fetch.attempt import _Pace
 from .fetch.errormap import _status_error, _translate
 from .fetch.http import _CONTENT_RANGE
@@ -219,6 +219,8 @@ def _range_body(url: str, chunks: Iterable[bytes], start: int, end: int, pace: A
 def _fetch_s3_range(url: str, start: int, end: int, *, config: Any, budget: Any, on_event: Any = None) -> bytes:
     """:func:`fetch_range` for ``s3://``: a ranged GetObject through the s3 transport's
     client (its timeouts near the deadline, its error map), our retry policy and budget."""
+    from .fetch import s3  # lazy: the s3 transport imports urllib3; local repairs never do
+
     bucket, key = s3.parse_s3_url(url)
 
     def attempt() -> bytes:

@@ -10,13 +10,16 @@ into a loader with any ``num_workers`` or world size.  :class:`resumewds.WebLoad
 is this class with webdataset's fluent loader methods (the wing).
 
 Example:
-    >>> import resumewds as rw                                         # doctest: +SKIP
-    >>> ds = rw.WebDataset("d/shard-{0000..0031}.tar", seed=7, shuffle=True)
-    >>> loader = rw.WebLoader(ds.decode().to_tuple("txt", "cls"), batch_size=64, num_workers=2)
-    >>> for step, (txt, cls) in enumerate(loader): ...
+    >>> import resumewds as rw
+    >>> ds = rw.WebDataset("data/shard-{000000..000003}.tar", seed=7, shuffle=True).map(lambda s: s["__key__"])
+    >>> loader = rw.WebLoader(ds, batch_size=4)
+    >>> it = iter(loader)
+    >>> first = next(it)
     >>> state = loader.state_dict()
-    >>> fresh = rw.WebLoader(<same dataset>, batch_size=64, num_workers=0)
-    >>> fresh.load_state_dict(state)   # yields exactly what `loader` would have
+    >>> fresh = rw.WebLoader(ds, batch_size=4)   # any num_workers, another process...
+    >>> fresh.load_state_dict(state)
+    >>> next(iter(fresh)) == next(it)            # the batch `loader` gives next
+    True
 """
 
 from __future__ import annotations
@@ -162,10 +165,13 @@ class ShardLoader(DataLoaderAttributes):
     torch's re-wrapped traceback text.
 
     Example:
-        >>> loader = WebLoader(ds, batch_size=64, num_workers=2,     # doctest: +SKIP
-        ...                    journal="run.db", resume=True)
-        >>> for step, batch in enumerate(loader, start=loader.steps_done):
-        ...     train(batch); loader.commit(step)
+        >>> ds = rw.WebDataset("data/shard-{000000..000003}.tar").decode("rgb8").to_tuple("jpg;png", "cls")
+        >>> loader = rw.WebLoader(ds, batch_size=8, journal="run.db", resume=True)
+        >>> for step, (images, labels) in enumerate(loader, start=loader.steps_done):
+        ...     loader.commit(step)        # after the training step (and checkpoint) of `step`
+        >>> loader.steps_done, tuple(images.shape)
+        (4, (8, 16, 16, 3))
+        >>> loader.close()
     """
 
     def __init__(self, dataset: ShardDataset, batch_size: Optional[int] = _UNSET, num_workers: int = 0, *,

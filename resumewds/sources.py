@@ -31,7 +31,6 @@ from . import config
 from .cache import ShardStore
 from .errors import SourceError, UnsafeSourceError
 from .fetch import FetchConfig, fetch_bytes
-from .fetch.s3 import scheme_hint
 from .fetch.transport import is_local_url, is_remote_object, is_remote_url
 from .manifest import (
     ArrayFile,
@@ -60,6 +59,8 @@ def _normalise(url: str) -> str:
         return url
     if not is_local_url(url):
         scheme = url.split("://", 1)[0]
+        from .fetch.s3 import scheme_hint  # lazy: the s3 transport imports urllib3; local sources never do
+
         raise SourceError(f"{url}: unsupported URL scheme {scheme!r} "
                           "(use a local path, file://, http(s)://, s3:// or pipe:)" + scheme_hint(scheme))
     if url.startswith("file://"):

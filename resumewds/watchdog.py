@@ -89,7 +89,7 @@ def _proc_state(pid: int) -> Optional[str]:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except OSError:
+    except (OSError, NameError):  # NameError: a loader closed at interpreter exit, builtins gone
         return None
     end = data.rfind(b")")  # the command name may hold spaces and parentheses
     fields = data[end + 2:].split(b" ", 1) if end >= 0 else []
@@ -104,7 +104,7 @@ def _stop_pending(pid: int) -> bool:
             for line in f:
                 if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & bit:
                     return True
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, NameError):  # NameError: at interpreter exit
         pass
     return False
 

@@ -29,8 +29,17 @@ FIELDS = {
     "MissingKeyError": dict(key="jpg"),
 }
 
+#: the error tree (HandlerStop, also in errors, is a handler's signal to stop, not an error)
+ERRORS = [n for n in errors.__all__ if issubclass(getattr(errors, n), errors.ResumeWDSError)]
 
-@pytest.mark.parametrize("name", errors.__all__)
+
+def test_handler_stop_is_a_signal_not_an_error():
+    assert set(errors.__all__) - set(ERRORS) == {"HandlerStop"}
+    assert not issubclass(errors.HandlerStop, errors.ResumeWDSError)  # `except ResumeWDSError` lets it pass
+    assert type(pickle.loads(pickle.dumps(errors.HandlerStop("stop")))) is errors.HandlerStop
+
+
+@pytest.mark.parametrize("name", ERRORS)
 def test_every_error_pickles_with_its_fields(name):
     cls = getattr(errors, name)
     fields = FIELDS.get(name, {})
@@ -181,7 +190,7 @@ class _Raise:
         raise getattr(errors, self.name)(f"{self.name} in a stage", **FIELDS.get(self.name, {}))
 
 
-@pytest.mark.parametrize("name", errors.__all__)
+@pytest.mark.parametrize("name", ERRORS)
 def test_every_error_crosses_a_real_dataloader_worker(name, make_shards):
     paths = make_shards(shards=1, samples=4)
     loader = rw.WebLoader(rw.WebDataset(paths).map(_Raise(name)), batch_size=2, num_workers=1)

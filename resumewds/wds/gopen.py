@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+# The fetch package (tenacity, ~0.1 s) is imported on first use: `import resumewds` loads this module.
 import io
 import subprocess
 import sys
@@ -117,20 +118,20 @@ class _LazyRemote(io.RawIOBase):
         return True
 
     def _open(self) -> Any:
-        from ..fetch import FetchConfig
+        from ..fetch import FetchConfig  # lazy: fetch (tenacity) on first open
 
         cfg = FetchConfig.from_env()
         if self.url.startswith("s3://"):
-            from ..fetch.s3 import client_for, parse_s3_url
+            from ..fetch.s3 import client_for, parse_s3_url  # lazy: fetch (tenacity) on first open
 
             bucket, key = parse_s3_url(self.url)
             try:
                 return client_for(self.url, cfg).get_object(Bucket=bucket, Key=key)["Body"]
             except Exception as exc:
-                from ..fetch.s3 import translate_s3_error
+                from ..fetch.s3 import translate_s3_error  # lazy: fetch (tenacity) on first open
 
                 raise translate_s3_error(exc, self.url) from None
-        from ..fetch import new_session
+        from ..fetch import new_session  # lazy: fetch (tenacity) on first open
 
         r = new_session().get(self.url, stream=True, timeout=(cfg.connect_timeout, cfg.read_timeout))
         if r.status_code >= 400:
@@ -211,7 +212,7 @@ def gopen_remote(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> 
 
 def gopen_error(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
     """The ``__default__`` handler: an unknown scheme is a ``ValueError``."""
-    from ..fetch.s3 import scheme_hint
+    from ..fetch.s3 import scheme_hint  # lazy: fetch (tenacity) on first open
 
     scheme = urlparse(url).scheme
     raise ValueError(f"gopen: {url}: unsupported URL scheme {scheme!r} "
