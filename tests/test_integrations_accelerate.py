@@ -122,7 +122,8 @@ def test_two_processes_then_resume_on_one(shards, tmp_path):
 
 
 
-@pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # two real torchrun processes (~30 s each case): .ci/run runs the slow tests too
+@pytest.mark.parametrize("slow", [False, True])
 def test_torchrun_two_processes_kill9_resume_is_exact(tmp_path, cache_dir, slow):
     """torchrun, 2 processes (gloo on CPU): both ranks SIGKILLed mid-epoch 1, resumed by load_state
     with another worker count: each rank's whole record is the uninterrupted sequence, the loader's

@@ -73,6 +73,7 @@ def wait_gone(out: str) -> None:
             raise AssertionError(f"rank {r} (pid {pid}) still runs")
 
 
+@pytest.mark.slow  # two real Lightning processes (~50 s): .ci/run runs the slow tests too
 def test_ddp_kill9_resume_with_other_workers_is_exact(shards, tmp_path):
     """SIGKILL both ranks at step 10 (1 worker each; last checkpoint: step 8, mid-epoch 0), resume
     with 0 workers: each rank's whole record is the uninterrupted sequence, the loader's own split by

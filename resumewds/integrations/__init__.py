@@ -27,7 +27,7 @@ log = logging.getLogger("resumewds")
 
 def _is_resumewds_loader(obj: Any) -> bool:
     """A WebLoader, or a loader chain over one (their states have the resumewds format)."""
-    from ..loader import WebLoader
+    from ..loader import WebLoader  # lazy: imports torch; `import resumewds.integrations` stays light
 
     if isinstance(obj, WebLoader):
         return True

@@ -58,7 +58,7 @@ def _as_webloader(loader: Any) -> Any:
         return loader
     from torch.utils.data import DataLoader
 
-    from ..loader import WebLoader
+    from ..loader import WebLoader  # lazy: imports torch, as the line above
 
     dataset: Any = getattr(loader, "dataset", None)
     if isinstance(loader, DataLoader) and hasattr(dataset, "iter_steps"):

@@ -35,6 +35,7 @@ import importlib
 import logging
 from typing import Any, Dict, List, Optional
 
+from ..errors import StateError
 from . import _check_world, resumewds_loaders
 
 
@@ -108,8 +109,6 @@ class ResumeWDSCallback(_Callback):
                    "resumewds training loader(s): their positions cannot be restored; resume from a "
                    "checkpoint of this configuration")
             if self.strict or pending:
-                from ..errors import StateError
-
                 raise StateError(msg)
             log.warning("resumewds: %s (the loaders start where they are)", msg)
             return
