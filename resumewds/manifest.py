@@ -74,8 +74,8 @@ import xxhash
 
 from .arrayfile import ArrayFile, view_item
 from .errors import SourceError
-from .fetch.transport import is_remote_object
 from .sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
+from .schemes import is_remote_object
 
 FORMAT = "resumewds.manifest"
 VERSION = 3

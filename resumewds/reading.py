@@ -52,11 +52,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import config, tario
 from . import fetch as F
 from .errors import FetchError, IntegrityError, ShardFormatError
-from .fetch.transport import is_remote_object
 from .manifest import ShardInfo
 from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
 from .rangefetch import blame_ranged, end_budget, fetch_group, parse_in, shard_budget, verified_in
 from .repair import RangeIgnored
+from .schemes import is_remote_object
 
 __all__ = ["RANGED_READS", "RUN_BYTES", "RangedReads", "ShardReader", "prepare", "read", "read_run", "run_length",
            "shard_failed", "shard_reader", "take_ready"]

@@ -30,9 +30,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .errors import JournalError, ResumeWDSError
 from .events import EventKind, unjournaled_kinds
-from .fetch.transport import is_remote_url
 from .journal import Journal, resolve_resume, shard_updates_from_events
 from .redact import redact_url
+from .schemes import is_remote_url
 from .world import resolve_partitions
 
 log = logging.getLogger("resumewds")

@@ -16,7 +16,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .errors import ResumeWDSError, SourceError
-from .fetch.transport import is_local_url
+from .schemes import is_local_url
 from .urls import expand_braces
 
 __all__ = ["CHECK_LIMIT", "check_local_shard", "check_sources", "duplicate_content", "local_shard_problem",

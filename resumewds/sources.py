@@ -31,7 +31,6 @@ from . import config
 from .cache import ShardStore
 from .errors import SourceError, UnsafeSourceError
 from .fetch import FetchConfig, fetch_bytes
-from .fetch.transport import is_local_url, is_remote_object, is_remote_url
 from .manifest import (
     ArrayFile,
     LazyOffsets,
@@ -42,6 +41,7 @@ from .manifest import (
     parse_manifest_bytes,
 )
 from .sampledigests import LazyDigests
+from .schemes import is_local_url, is_remote_object, is_remote_url
 from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
 from .stats import event_record, setup_logging
 from .urls import check_source_allowed, expand_braces, rewrite_url

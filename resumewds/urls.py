@@ -30,6 +30,7 @@ from typing import List, Optional, Tuple
 
 from . import config
 from .errors import SourceError, UnsafeSourceError
+from .schemes import is_local_url
 
 __all__ = ["EnforcedSecurityError", "check_source_allowed", "enforce_security", "expand_braces", "rewrite_url"]
 
@@ -48,17 +49,6 @@ class EnforcedSecurityError(UnsafeSourceError, ValueError):
     """
 
 
-def _is_local(url: str) -> bool:
-    # the registry's answer (resumewds.fetch.transport.is_local_url) without importing the
-    # fetch package, which `import resumewds` must not load (kept in step by
-    # tests/test_fetch_package.py::test_is_this_url_remote_has_one_answer)
-    if url.startswith("file:"):
-        return True
-    if url.startswith("pipe:") or url == "-":
-        return False
-    return "://" not in url
-
-
 def check_source_allowed(url: str) -> None:
     """Raise :class:`EnforcedSecurityError` if :data:`enforce_security` forbids opening ``url``.
 
@@ -72,7 +62,7 @@ def check_source_allowed(url: str) -> None:
     if url.startswith("pipe:"):
         raise EnforcedSecurityError(f"gopen_pipe: unsafe_gopen is False, cannot open pipe URLs: {url} "
                                     "(resumewds.utils.enforce_security / WDS_SECURE is set)")
-    if _is_local(url):
+    if url != "-" and is_local_url(url):  # "-" is stdin / stdout: allowed, as in webdataset
         raise EnforcedSecurityError(f"gopen: unsafe_gopen is False, cannot open local files: {url} "
                                     "(resumewds.utils.enforce_security / WDS_SECURE is set)")
 

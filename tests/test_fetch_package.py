@@ -24,7 +24,8 @@ from resumewds.events import EventKind
 from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file, is_remote_url, no_sleep, scheme_of
 from resumewds.fetch.errormap import FETCH_ERRORS, _SinkError, translate
 from resumewds.fetch.partial import _Sink
-from resumewds.fetch.transport import TRANSPORTS, Transport, TransportEntry, transport_for
+from resumewds.fetch.transport import Transport, transport_for
+from resumewds.schemes import TRANSPORTS, TransportEntry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,9 +91,18 @@ def test_is_this_url_remote_has_one_answer(url, expected):
     import resumewds.sourcecheck as sourcecheck
 
     assert (sourcecheck._local_candidates(url) == []) is (not expected[2])
-    from resumewds.urls import _is_local  # the drop-in's copy, kept off the fetch package's import
+    from resumewds import urls  # enforce_security's "may this be opened?": the same table, "-" (stdin) allowed
 
-    assert _is_local(url) is (expected[2] and url != "-")
+    urls.enforce_security = True
+    try:
+        refused = False
+        try:
+            urls.check_source_allowed(url)
+        except urls.EnforcedSecurityError:
+            refused = True
+    finally:
+        urls.enforce_security = False
+    assert refused is (expected[2] and url != "-") or url.startswith("pipe:")
     assert not hasattr(manifest, "is_remote")
     if expected[1]:
         assert manifest.resolve_url("b.tar", url).endswith("/b.tar") and "://" in manifest.resolve_url("b.tar", url)

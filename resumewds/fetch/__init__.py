@@ -16,8 +16,8 @@ uses only those above it)::
     attempt.py    _Attempt (the state of one call's attempts: partial, budget,
                   buffer, copy loop), _Pace (deadline and minimum rate inside an
                   attempt)
-    transport.py  scheme_of / local_path / is_remote_url, the Transport
-                  interface and TRANSPORTS, the registry keyed by scheme;
+    transport.py  the Transport interface and transport_for (the registry,
+                  TRANSPORTS, keyed by scheme_of, is resumewds.schemes);
                   _run_attempt (one attempt through a transport, errors mapped)
     local.py      file:// and plain paths                    TRANSPORTS["file"], ["local"]
     http.py       http(s):// with Range/If-Range resume      TRANSPORTS["http"], ["https"]
@@ -83,13 +83,13 @@ Example:
 
 from __future__ import annotations
 
+from ..schemes import is_local_url, is_remote_object, is_remote_url, local_path, scheme_of
 from .download import fetch_bytes, fetch_to_file
 from .errormap import parse_retry_after
 from .http import new_session
 from .partial import boot_id
 from .retry import FetchBudget
 from .settings import FetchConfig, FetchResult, no_sleep
-from .transport import is_local_url, is_remote_object, is_remote_url, local_path, scheme_of
 
 __all__ = [
     "FetchBudget",

@@ -11,9 +11,10 @@ Example:
 
 from __future__ import annotations
 
+from ..schemes import local_path
 from .attempt import _Attempt, _Pace
 from .partial import _ETAG_SUFFIX, _remove_quietly, _Sink, _size_of
-from .transport import Transport, local_path
+from .transport import Transport
 
 
 class LocalTransport(Transport):
