@@ -339,3 +339,31 @@ def test_a_remix_chain_keeps_preempt(urls):
     finally:
         chain.close()
     assert chain.preempted and len(got) == 2  # stopped at the next step boundary
+
+
+# ---- what WebLoader hands out: webdataset's keys ---------------------------------------
+
+def _dict_collate(samples):
+    return {k: [s[k] for s in samples] for k in samples[0]}
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_webloader_items_have_webdatasets_keys_only(urls, batched):
+    got = {}
+    for lib in LIBS:
+        ds = _quiet(lib.WebDataset, urls[:2], shardshuffle=False)
+        if batched:
+            ds = ds.batched(8, collation_fn=_dict_collate)
+        got[lib] = _quiet(list, lib.WebLoader(ds, batch_size=None, num_workers=0))
+    assert len(got[ours]) == len(got[real]) > 0
+    def keys(x):  # __local_path__: not set under WebLoader (see docs/COMPAT.md)
+        return sorted(k for k in x if k != "__local_path__")
+
+    assert [keys(x) for x in got[ours]] == [keys(x) for x in got[real]]
+    assert [x["__key__"] for x in got[ours]] == [x["__key__"] for x in got[real]]
+    # resumewds's own readers still find the positions (hidden, not listed)
+    first = got[ours][0]
+    assert (first["__index__"], first["__epoch__"]) == (list(range(8)), [0] * 8) if batched else (0, 0)
+    loader = ours.WebLoader(ours.WebDataset(urls[:2]), batch_size=4)
+    batch = next(iter(loader))
+    assert "__index__" not in list(batch) and list(batch["__index__"]) == [0, 1, 2, 3]

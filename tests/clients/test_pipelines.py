@@ -32,8 +32,6 @@ BATCH_FILTER = ("WebLoader(batch_size=None) over select(...) + batched(n): resum
 NO_CONVERT = ("WebLoader(batch_size=None) does not apply torch's default_convert as webdataset's DataLoader does: "
               "numpy fields of a batch (the collated cls) stay numpy int64 arrays where webdataset gives torch "
               "int64 tensors")
-POSITION_KEYS = ("samples and batches handed out by WebLoader carry resumewds's __epoch__, __index__ and __shard__ "
-                 "as plain dict keys; webdataset's have none (a client iterating keys or saving the dict sees them)")
 RESAMPLED_ENDS = ("WebDataset(resampled=True) under WebLoader(batch_size=None) is not an endless stream: the second "
                   "iter() ends after the 2 batches left of one pass over len(shards) draws; webdataset's resampled "
                   "stream gives the 8 batches the client takes, every epoch")
@@ -54,21 +52,17 @@ XFAIL: Dict[Tuple[str, str], str] = {
     ("dalle_pytorch", "local-w2"): BATCH_FILTER + "; " + WORKER_SPLIT,
     ("dalle_pytorch", "http-w0"): BATCH_FILTER,
     ("dalle_pytorch", "pipe-w0"): BATCH_FILTER,
-    ("stable_diffusion", "local-w0"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
-    ("stable_diffusion", "local-w2"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
-    ("stable_diffusion", "http-w0"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
-    ("stable_diffusion", "pipe-w0"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
-    ("stable_diffusion", "corrupt-w0"): POSITION_KEYS + "; " + BATCH_FILTER + "; " + NO_CONVERT,
+    ("stable_diffusion", "local-w0"): BATCH_FILTER + "; " + NO_CONVERT,
+    ("stable_diffusion", "local-w2"): BATCH_FILTER + "; " + NO_CONVERT,
+    ("stable_diffusion", "http-w0"): BATCH_FILTER + "; " + NO_CONVERT,
+    ("stable_diffusion", "pipe-w0"): BATCH_FILTER + "; " + NO_CONVERT,
+    ("stable_diffusion", "corrupt-w0"): BATCH_FILTER + "; " + NO_CONVERT,
     ("clip_retrieval", "local-w2"): WORKER_SPLIT,
     ("latents_npy", "local-w0"): RESAMPLED_ENDS,
     ("latents_npy", "local-w2"): RESAMPLED_ENDS,
     ("latents_npy", "http-w0"): RESAMPLED_ENDS,
     ("latents_npy", "pipe-w0"): RESAMPLED_ENDS,
-    ("video2dataset", "local-w0"): POSITION_KEYS,
-    ("video2dataset", "local-w2"): POSITION_KEYS + "; " + WORKER_SPLIT,
-    ("video2dataset", "http-w0"): POSITION_KEYS,
-    ("video2dataset", "pipe-w0"): POSITION_KEYS,
-    ("video2dataset", "corrupt-w0"): POSITION_KEYS,
+    ("video2dataset", "local-w2"): WORKER_SPLIT,
 }
 
 _universe: Dict[Tuple[str, str], Tuple[set, set]] = {}
