@@ -367,3 +367,81 @@ def test_webloader_items_have_webdatasets_keys_only(urls, batched):
     loader = ours.WebLoader(ours.WebDataset(urls[:2]), batch_size=4)
     batch = next(iter(loader))
     assert "__index__" not in list(batch) and list(batch["__index__"]) == [0, 1, 2, 3]
+
+
+# ---- WebLoader(batch_size=None) over select(...) + batched(n) ---------------------------
+
+def _filtered_batches(lib, urls, **kw):
+    ds = (_quiet(lib.WebDataset, urls, shardshuffle=False, handler=lib.warn_and_continue)
+          .select(lambda s: int(s["cls"]) % 4 != 1).to_tuple("__key__", "cls").batched(8, partial=True))
+    return lib.WebLoader(ds, batch_size=None, num_workers=0, **kw)
+
+
+def test_webloader_fills_batches_from_the_filtered_stream_as_webdataset(urls):
+    got = {lib: _quiet(list, _filtered_batches(lib, urls)) for lib in LIBS}
+    assert [len(b[0]) for b in got[ours]] == [len(b[0]) for b in got[real]]
+    assert [len(b[0]) for b in got[real]][:3] == [8, 8, 8]
+    assert _keys(got[ours]) == _keys(got[real])
+    assert [(type(b), type(b[1]), list(b[1])) for b in got[ours]] == \
+        [(type(b), type(b[1]), list(b[1])) for b in got[real]]
+
+
+def test_refilled_batches_resume_exactly(urls, tmp_path):
+    ref = _quiet(list, _filtered_batches(ours, urls)) + _quiet(list, _filtered_batches(ours, urls))
+    loader = _filtered_batches(ours, urls)
+    head = []
+    for b in loader:
+        head.append(b)
+        if len(head) == 7:
+            break
+    state = loader.state_dict()
+    fresh = _filtered_batches(ours, urls)
+    fresh.load_state_dict(state)
+    rest = _quiet(list, fresh)
+    assert _keys(head + rest) == _keys(ref[:len(ref) // 2])
+    # the journal: commit after each batch, kill, resume
+    j = str(tmp_path / "run.db")
+    loader = _filtered_batches(ours, urls, journal=j, resume=True)
+    for step, _ in enumerate(loader):
+        loader.commit(step)
+        if step == 9:
+            break
+    loader.close()
+    again = _filtered_batches(ours, urls, journal=j, resume=True)
+    assert again.steps_done == 10
+    assert _keys(_quiet(list, again)) == _keys(ref[10:len(ref) // 2])
+
+
+# ---- an endless dataset under WebLoader is an endless stream -----------------------------
+
+@pytest.mark.parametrize("how", ["resampled", "repeat"])
+def test_an_endless_dataset_under_webloader_is_an_endless_stream(urls, how):
+    import itertools
+
+    got = {}
+    for lib in LIBS:
+        if how == "resampled":
+            ds = _quiet(lib.WebDataset, urls[:2], resampled=True)
+        else:
+            ds = _quiet(lib.WebDataset, urls[:2], shardshuffle=False).repeat()
+        ds = ds.to_tuple("__key__", "cls").batched(8, partial=False)
+        loader = lib.WebLoader(ds, batch_size=None, num_workers=0)
+        got[lib] = [len(list(itertools.islice(iter(loader), 30))) for _ in range(3)]
+    assert got[ours] == got[real] == [30, 30, 30]  # 2 shards x 50 samples: 12 batches a data epoch
+
+
+# ---- torch's default_convert under WebLoader(batch_size=None) -----------------------------
+
+def test_a_remix_chain_converts_as_webdatasets_loader(urls):
+    got = {}
+    for lib in LIBS:
+        ds = (_quiet(lib.WebDataset, urls[:2], shardshuffle=False).decode()
+              .map(lambda s: dict(s, arr=np.full(3, int(s["cls"]), dtype=np.int32)))
+              .to_tuple("__key__", "cls", "arr").batched(16))
+        got[lib] = _quiet(list, lib.WebLoader(ds, batch_size=None, num_workers=0).unbatched().batched(24))
+    assert [len(b[0]) for b in got[ours]] == [len(b[0]) for b in got[real]]
+    for a, b in zip(got[ours], got[real]):
+        assert [type(f) for f in a] == [type(f) for f in b]
+        assert list(a[0]) == list(b[0])
+        for f, g in zip(a[1:], b[1:]):
+            assert (f.dtype, tuple(f.shape)) == (g.dtype, tuple(g.shape)) and torch.equal(f, g)
