@@ -445,3 +445,31 @@ def test_a_remix_chain_converts_as_webdatasets_loader(urls):
         assert list(a[0]) == list(b[0])
         for f, g in zip(a[1:], b[1:]):
             assert (f.dtype, tuple(f.shape)) == (g.dtype, tuple(g.shape)) and torch.equal(f, g)
+
+
+# ---- a DataPipeline's with_epoch(n) under a re-batching chain ----------------------------
+
+def _epoch_chain(lib, urls, nw):
+    p = lib.DataPipeline(lib.SimpleShardList(urls), lib.split_by_worker, lib.tarfile_to_samples(),
+                         lib.to_tuple("__key__", "cls"), lib.batched(10)).with_epoch(7)
+    return lib.WebLoader(p, batch_size=None, num_workers=nw).unbatched().batched(16)
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_pipeline_with_epoch_then_a_rebatching_chain_counts_as_webdataset(urls, nw):
+    got = {lib: [[len(b[0]) for b in ld] for ld in [_quiet(_epoch_chain, lib, urls, nw)] for _ in range(2)]
+           for lib in LIBS}
+    assert got[ours] == got[real] == [[16] * (4 * max(1, nw)) + [6 if nw == 0 else 12]] * 2
+
+
+def test_a_rebatching_chain_under_with_epoch_resumes_exactly(urls):
+    chain = _quiet(_epoch_chain, ours, urls, 0)
+    ref = [_keys(list(chain)) for _ in range(3)]
+    chain = _quiet(_epoch_chain, ours, urls, 0)
+    list(chain)
+    it = iter(chain)
+    head = [next(it) for _ in range(3)]
+    again = _quiet(_epoch_chain, ours, urls, 0)
+    again.load_state_dict(chain.state_dict())
+    assert _keys(head) + _keys(list(again)) == ref[1]
+    assert _keys(list(again)) == ref[2]

@@ -86,6 +86,8 @@ class LoaderPipeline(FluidInterface):
         self._limit = -1
         self._nepochs = 1
         self._served = 0
+        self._unit = 1  # samples per item of ``_limit`` (a batched dataset's .with_epoch(n): its batches)
+        self._rebatch: Optional[Dict[str, Any]] = None  # .batched(m) run on the stream of samples
         self._length: Optional[int] = None
         self._post: List[Any] = []  # stages on the output stream (map, to_tuple, slice, ...)
         self._built: Any = None
@@ -127,11 +129,11 @@ class LoaderPipeline(FluidInterface):
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing over epochs."""
-        return self._with(_limit=int(max(nsamples, nbatches)), _nepochs=-1)
+        return self._with(_limit=int(max(nsamples, nbatches)), _nepochs=-1, _unit=1)
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """``nepochs`` loader epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
-        return self._with(_nepochs=int(nepochs) if nepochs > 0 else -1, _limit=int(nbatches))
+        return self._with(_nepochs=int(nepochs) if nepochs > 0 else -1, _limit=int(nbatches), _unit=1)
 
     def with_length(self, n: int, silent: bool = False) -> LoaderPipeline:
         """Give the chain a ``__len__`` (it does not change an epoch)."""
@@ -174,6 +176,11 @@ class LoaderPipeline(FluidInterface):
                 # resampled shards are an endless stream in webdataset: every batch is full. The
                 # samples at the end of a plan epoch that do not fill one are left to other epochs
                 remainder = "drop"
+            if self._unit > 1 and self._unbatched and self._limit > 0 and base.world_size == 1:
+                # webdataset's loader re-batches the n * (dataset batches) samples of an iter():
+                # samples here, limited in samples and batched on the stream (see __iter__)
+                self._rebatch = dict(self._batch)
+                bs, collate, remainder = None, None, base.remainder
         elif self._unbatched:
             bs, collate, remainder = None, None, base.remainder
         else:
@@ -196,21 +203,32 @@ class LoaderPipeline(FluidInterface):
 
     def __iter__(self) -> Iterator[Any]:
         src: Iterator[Any] = self._passes()
+        _ = self.loader  # built: it decides _rebatch and _unit
+        if self._unbatched and self._unit > 1 and self._limit > 0 and (self._rebatch or self._batch is None):
+            # the dataset's .with_epoch(n) counted its batches: an iter() is n of them, in samples.
+            # A batch is handed out right after its last sample, so chain_served (samples) is exact
+            src = self._limited(src, self._limit * self._unit)
+            if self._rebatch is not None:
+                r = self._rebatch
+                src = BatchRunner(r["n"], r["collation_fn"] or list, r["partial"]).run(src)
+            for f in self._post:
+                src = f(src)
+            return src
         for f in self._post:
             src = f(src)
         if self._limit < 1:
             return src
-        return self._limited(src)
+        return self._limited(src, self._limit)
 
-    def _limited(self, src: Iterator[Any]) -> Iterator[Any]:
+    def _limited(self, src: Iterator[Any], limit: int) -> Iterator[Any]:
         served, self._served = self._served, 0
-        if served >= self._limit:
+        if served >= limit:
             served = 0
         for item in src:
             served += 1
             self._served = served
             yield item
-            if served >= self._limit:
+            if served >= limit:
                 self._served = 0
                 return
         self._served = 0
@@ -391,7 +409,10 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
         out = out.compose(_BatchOfOne(kw.get("collate_fn")))
     if passes is not None:
         nepochs, limit = passes
-        out = out.with_epoch(limit * max(1, out._base.num_workers)) if limit > 0 else out.repeat(nepochs)
+        if limit > 0:  # items of the dataset: its batches when it is batched (see LoaderPipeline.__iter__)
+            out = out.with_epoch(limit * max(1, out._base.num_workers))._with(_unit=int(dataset.batch_size or 1))
+        else:
+            out = out.repeat(nepochs)
     return out
 
 
