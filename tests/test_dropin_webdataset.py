@@ -363,7 +363,7 @@ def test_webloader_items_have_webdatasets_keys_only(urls, batched):
     assert [x["__key__"] for x in got[ours]] == [x["__key__"] for x in got[real]]
     # resumewds's own readers still find the positions (hidden, not listed)
     first = got[ours][0]
-    assert (first["__index__"], first["__epoch__"]) == (list(range(8)), [0] * 8) if batched else (0, 0)
+    assert (first["__index__"], first["__epoch__"]) == ((list(range(8)), [0] * 8) if batched else (0, 0))
     loader = ours.WebLoader(ours.WebDataset(urls[:2]), batch_size=4)
     batch = next(iter(loader))
     assert "__index__" not in list(batch) and list(batch["__index__"]) == [0, 1, 2, 3]
