@@ -1,9 +1,10 @@
 """The position keys each sample carries, and how they are hidden from webdataset code.
 
 Every sample read by the plan carries its global position: ``__epoch__``,
-``__index__`` and ``__shard__``.  A :class:`resumewds.WebLoader`'s batches keep
-them as plain keys; direct iteration (webdataset's way) hands out a
-:class:`Sample`, which answers them when asked but does not list them.
+``__index__`` and ``__shard__``.  The stages before ``.batched`` see them as
+plain keys; what is handed out (direct iteration, webdataset's way, and a
+loader's samples and dict batches) is a :class:`Sample`, which answers them
+when asked but does not list them.
 
 Example:
     >>> s = hide_positions({"__key__": "k", "__epoch__": 0, "__index__": 7, "__shard__": "x"})
@@ -29,8 +30,8 @@ class Sample(dict):
     ``==`` and copies see exactly the keys webdataset 1.0.2 yields.
 
     What direct iteration (webdataset's way: ``for s in ds``, a torch DataLoader,
-    a DataPipeline) hands out; a :class:`resumewds.WebLoader` keeps them as plain
-    keys (its documented batches carry them).
+    a DataPipeline) and a loader (its samples, and its batches collated from dicts,
+    ``batch["__index__"]``) hand out.
 
     Example:
         >>> s = hide_positions({"__key__": "k", "txt": b"a", "__epoch__": 0, "__index__": 7, "__shard__": "x"})

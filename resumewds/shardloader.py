@@ -39,6 +39,7 @@ from .events import EventKind
 from .handling import empty_epoch_error
 from .loader_compat import DataLoaderAttributes
 from .plan import Layout
+from .positions import hide_positions
 from .preemption import _LIVE_FLAGS, _preempt_signals, _stop_flag
 from .session import JournalSession, LoaderPlace, process_group
 from .shardset import ShardDataset
@@ -625,8 +626,9 @@ class ShardLoader(DataLoaderAttributes):
                     self.position = layout.position_after(total, start, k)
                     if last:
                         self._end_epoch()
-                    # one batch per step on every rank, even when nothing is left
-                    yield batch if n else EmptyBatch(info)
+                    # one batch per step on every rank, even when nothing is left; the
+                    # position keys hidden (readable, not listed), as direct iteration does
+                    yield hide_positions(batch) if n else EmptyBatch(info)
                     if halt:
                         return
                     continue
@@ -647,7 +649,7 @@ class ShardLoader(DataLoaderAttributes):
                         # one rank: the grid is contiguous, so a slot is a position
                         # (past ``total`` inside the padding, see _SampleLayout)
                         self.position = s0 + slot_of[i] + 1
-                    yield sample
+                    yield hide_positions(sample)
                 if n == 0:
                     owed.deliver(0, True)  # type: ignore[union-attr]  # read, all filtered or skipped
                     self.position = layout.position_after(total, start, k)

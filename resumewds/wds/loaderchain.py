@@ -33,6 +33,13 @@ after one of them runs on the stream too.
 served in the current ``with_epoch`` chunk; ``commit(step)`` and the journal
 work as on the loader.
 
+``WebLoader(ds, batch_size=None)`` follows webdataset's loader where the plan
+alone would not (:func:`route`): a ``.batched(n)`` after a ``select`` is
+filled from the filtered stream (one rank), a dataset that goes on over
+epochs (``resampled``, ``.repeat()``, ``.with_epoch(n)``) is an endless
+stream, and ``.unbatched()`` hands samples out as torch's ``default_convert``
+of their batch made them.
+
 A dataset the plan cannot run (a ``DataPipeline`` with a stage resumewds
 cannot see through, or any other iterable dataset) gets webdataset's
 ``WebLoader`` instead: :func:`stream_loader` (see there).
@@ -46,12 +53,16 @@ Example:
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..epochsource import BatchInfo, EmptyBatch
+from ..runners import BatchRunner, UnbatchRunner
 from ..shardloader import STATE_FORMAT, ShardLoader
-from ..stages import default_collation_fn
+from ..stages import Handled, Stage, default_collation_fn
+from ..steps import apply_stages
+from ..world import detect_world
 from .fluent import FluidInterface
 from .fluid import FluidWrapper
 
@@ -75,6 +86,8 @@ class LoaderPipeline(FluidInterface):
         self._limit = -1
         self._nepochs = 1
         self._served = 0
+        self._unit = 1  # samples per item of ``_limit`` (a batched dataset's .with_epoch(n): its batches)
+        self._rebatch: Optional[Dict[str, Any]] = None  # .batched(m) run on the stream of samples
         self._length: Optional[int] = None
         self._post: List[Any] = []  # stages on the output stream (map, to_tuple, slice, ...)
         self._built: Any = None
@@ -116,11 +129,11 @@ class LoaderPipeline(FluidInterface):
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing over epochs."""
-        return self._with(_limit=int(max(nsamples, nbatches)), _nepochs=-1)
+        return self._with(_limit=int(max(nsamples, nbatches)), _nepochs=-1, _unit=1)
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """``nepochs`` loader epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
-        return self._with(_nepochs=int(nepochs) if nepochs > 0 else -1, _limit=int(nbatches))
+        return self._with(_nepochs=int(nepochs) if nepochs > 0 else -1, _limit=int(nbatches), _unit=1)
 
     def with_length(self, n: int, silent: bool = False) -> LoaderPipeline:
         """Give the chain a ``__len__`` (it does not change an epoch)."""
@@ -143,8 +156,13 @@ class LoaderPipeline(FluidInterface):
             if ds._spec[ds._stream_from + 1:]:
                 raise ValueError("WebLoader(...).unbatched(): the dataset has stages after .batched(); "
                                  "re-mixing needs its batches to be plain consecutive samples")
+            undone = ds._spec[ds._stream_from].args["collation_fn"]
             ds = type(ds)._with_stages(ds)
             ds._spec = ds._spec[:ds._stream_from]
+            if undone is not None and getattr(base, "_convert", False):
+                # webdataset's loader converted each batch (torch's default_convert) before
+                # unbatching it: each sample comes back as that made it
+                ds._spec.append(Stage("sample", "as_unbatched", _AsUnbatched(undone)))
             ds.collate_fn = None
             ds._compile()
         if self._shuffle:
@@ -158,6 +176,11 @@ class LoaderPipeline(FluidInterface):
                 # resampled shards are an endless stream in webdataset: every batch is full. The
                 # samples at the end of a plan epoch that do not fill one are left to other epochs
                 remainder = "drop"
+            if self._unit > 1 and self._unbatched and self._limit > 0 and base.world_size == 1:
+                # webdataset's loader re-batches the n * (dataset batches) samples of an iter():
+                # samples here, limited in samples and batched on the stream (see __iter__)
+                self._rebatch = dict(self._batch)
+                bs, collate, remainder = None, None, base.remainder
         elif self._unbatched:
             bs, collate, remainder = None, None, base.remainder
         else:
@@ -180,21 +203,32 @@ class LoaderPipeline(FluidInterface):
 
     def __iter__(self) -> Iterator[Any]:
         src: Iterator[Any] = self._passes()
+        _ = self.loader  # built: it decides _rebatch and _unit
+        if self._unbatched and self._unit > 1 and self._limit > 0 and (self._rebatch or self._batch is None):
+            # the dataset's .with_epoch(n) counted its batches: an iter() is n of them, in samples.
+            # A batch is handed out right after its last sample, so chain_served (samples) is exact
+            src = self._limited(src, self._limit * self._unit)
+            if self._rebatch is not None:
+                r = self._rebatch
+                src = BatchRunner(r["n"], r["collation_fn"] or list, r["partial"]).run(src)
+            for f in self._post:
+                src = f(src)
+            return src
         for f in self._post:
             src = f(src)
         if self._limit < 1:
             return src
-        return self._limited(src)
+        return self._limited(src, self._limit)
 
-    def _limited(self, src: Iterator[Any]) -> Iterator[Any]:
+    def _limited(self, src: Iterator[Any], limit: int) -> Iterator[Any]:
         served, self._served = self._served, 0
-        if served >= self._limit:
+        if served >= limit:
             served = 0
         for item in src:
             served += 1
             self._served = served
             yield item
-            if served >= self._limit:
+            if served >= limit:
                 self._served = 0
                 return
         self._served = 0
@@ -254,6 +288,21 @@ class LoaderPipeline(FluidInterface):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _AsUnbatched:
+    """A sample as webdataset's ``WebLoader(ds.batched(n), batch_size=None).unbatched()`` hands
+    it out: its batch collated (``collation_fn``), through torch's ``default_convert`` (what a
+    ``DataLoader(batch_size=None)`` does), split again; per sample, so exact for any field-wise
+    collation (numbers become 0-d tensors, numpy arrays tensors, tuples stay tuples)."""
+
+    def __init__(self, collation_fn: Callable[[List[Any]], Any]):
+        self.collation_fn = collation_fn
+
+    def __call__(self, sample: Any) -> Any:
+        from torch.utils.data import default_convert  # lazy: runs in the loader's workers, torch loaded
+
+        return next(UnbatchRunner(False).run(iter([default_convert(self.collation_fn([sample]))])))
 
 
 class FluentLoader:
@@ -322,8 +371,12 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     """What ``WebLoader(dataset, *args, **kw)`` returns (None: the WebLoader itself).
 
     * a dataset the plan cannot run: :func:`stream_loader` (webdataset's WebLoader);
-    * a ``DataPipeline`` with ``.with_epoch(n)``: the loader with ``.with_epoch(n)``
-      per DataLoader worker, as webdataset's workers each yield ``n``;
+    * ``batch_size=None`` over ``.select(...)`` (or a handler) and ``.batched(n)``, one
+      rank: batches filled from the filtered stream (:func:`_refills`);
+    * a dataset that goes on over epochs (``resampled``, ``.repeat()``,
+      ``.with_epoch(n)``): each ``iter()`` is webdataset's pass, endless or ``n``
+      items per DataLoader worker, as webdataset's workers each yield ``n``
+      (:func:`_passes`);
     * a batched ``DataPipeline`` and no ``batch_size``: torch's default
       ``batch_size=1`` collates each batch into a batch of one, as webdataset's does.
     """
@@ -332,29 +385,102 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     what = _opaque(dataset)
     if what is not None:
         return stream_loader(dataset, what, *args, **kw)
-    if getattr(dataset, "_c", None) is None:  # a WebDataset, a MixedDataset: resumewds's own rules
-        return None
-    c = dataset._c
+    c = getattr(dataset, "_c", None)  # a DataPipeline's compiled form (None: a WebDataset, a MixedDataset)
     nw = kw.get("num_workers", args[1] if len(args) > 1 else 0)
-    if isinstance(nw, int) and nw > 1 and not (c.worker_split or c.resampled) and "split" not in _warned_stream:
+    if c is not None and isinstance(nw, int) and nw > 1 and not (c.worker_split or c.resampled) \
+            and "split" not in _warned_stream:
         _warned_stream.add("split")
         warnings.warn(f"WebLoader: this DataPipeline has no split_by_worker; webdataset would give each of the "
                       f"{nw} DataLoader workers every shard ({nw} copies of each sample per epoch). resumewds "
                       "hands each sample out once (its loader splits the positions among the workers); add "
                       "wds.split_by_worker to say so and silence this warning", stacklevel=3)
-    limit = int(getattr(dataset, "nsamples", -1))
-    limited = limit > 0 and getattr(dataset, "repetitions", 1) != 1
-    one = dataset.batch_size is not None and not args and "batch_size" not in kw
-    if not (limited or one):
+    passes = _passes(dataset)
+    refill = _refills(dataset, args, kw)
+    one = c is not None and dataset.batch_size is not None and not args and "batch_size" not in kw
+    if not (passes or refill or one):
         return None
-    base = object.__new__(cls)
-    base.__init__(dataset, *args, **kw)
-    out: Any = LoaderPipeline(base)
+    if refill:
+        out = _refill_loader(cls, dataset, args, kw)
+    else:
+        base = object.__new__(cls)
+        base.__init__(dataset, *args, **kw)
+        out = LoaderPipeline(base)
     if one:
         out = out.compose(_BatchOfOne(kw.get("collate_fn")))
-    if limited:
-        out = out.with_epoch(limit * max(1, base.num_workers))
+    if passes is not None:
+        nepochs, limit = passes
+        if limit > 0:  # items of the dataset: its batches when it is batched (see LoaderPipeline.__iter__)
+            out = out.with_epoch(limit * max(1, out._base.num_workers))._with(_unit=int(dataset.batch_size or 1))
+        else:
+            out = out.repeat(nepochs)
     return out
+
+
+def _passes(dataset: Any) -> Optional[Tuple[int, int]]:
+    """``(epochs, items)`` of one ``iter()`` of a dataset that goes on over epochs (``-1``:
+    no limit), as its direct iteration runs them; None: one epoch per ``iter()``."""
+    if hasattr(dataset, "repetitions"):  # a DataPipeline: webdataset's repetitions / nsamples
+        reps, limit = int(dataset.repetitions), int(getattr(dataset, "nsamples", -1))
+        if reps == 1:
+            return None
+        return (-1 if reps >= sys.maxsize else reps), limit
+    mode = getattr(dataset, "_mode", "once")
+    if mode == "once":
+        return None
+    return (int(dataset._nepochs) if mode == "repeat" else -1), int(dataset._limit)
+
+
+def _refills(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
+    """Whether ``WebLoader(dataset, batch_size=None)`` fills each ``.batched(n)`` batch from the
+    filtered stream, as webdataset does: the dataset's stages (``select``, a ``handler``) may drop
+    samples, and one rank (several ranks keep batches of positions, so they stay in lock step)."""
+    if getattr(dataset, "batch_size", None) is None or not hasattr(dataset, "_spec"):
+        return False
+    explicit = (args[0] if args else kw.get("batch_size", _MISSING)) is None
+    if not explicit or kw.get("collate_fn") is not None or dataset._spec[dataset._loader_from:]:
+        return False
+    sample_stages = dataset._spec[:dataset._stream_from]
+    drops = getattr(dataset, "handler", None) is not None or any(
+        st.name == "select" or isinstance(st.fn, Handled) for st in sample_stages)
+    if not drops:
+        return False
+    world = detect_world(kw.get("rank"), kw.get("world_size"), nodes=kw.get("nodes"))
+    return world.world_size == 1
+
+
+def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
+    """The loader of :func:`_refills`: the dataset's samples one by one (the engine's
+    ``batch_size=None``), batched on the output stream by :class:`_RefillBatches`.  A batch is
+    handed out as soon as its last sample is, so the loader's position then is just after that
+    sample and ``state_dict()`` / ``commit`` resume exactly after the batch."""
+    b = dataset._spec[dataset._stream_from]
+    batch_stages = [st.fn for st in dataset._spec[dataset._stream_from + 1:dataset._loader_from]]
+    ds = type(dataset)._with_stages(dataset)
+    ds._spec = ds._spec[:ds._stream_from] + ds._spec[dataset._loader_from:]
+    ds.collate_fn = None
+    ds._compile()
+    base = object.__new__(cls)
+    base.__init__(ds, *args, **kw)
+    base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
+    stage = _RefillBatches(b.args["n"], b.args["collation_fn"], b.args["partial"], batch_stages)
+    return LoaderPipeline(base).compose(stage)
+
+
+class _RefillBatches:
+    """``.batched(n)`` and the batch stages after it, on the loader's output stream, then
+    torch's ``default_convert`` (what a ``DataLoader(batch_size=None)`` does to each item)."""
+
+    def __init__(self, n: int, collation_fn: Any, partial: bool, batch_stages: List[Any]):
+        self.n, self.collation_fn, self.partial = n, collation_fn, partial
+        self.batch_stages = batch_stages
+
+    def __call__(self, src: Iterator[Any]) -> Iterator[Any]:
+        from torch.utils.data import default_convert  # lazy: torch is loaded with the loader anyway
+
+        for batch in BatchRunner(self.n, self.collation_fn, self.partial).run(src):
+            batch = apply_stages(self.batch_stages, batch)
+            if batch is not None:  # a batch stage's None drops the batch
+                yield default_convert(batch)
 
 
 class _BatchOfOne:
@@ -413,4 +539,5 @@ class WebLoader(FluentLoader, ShardLoader):
 
     def __new__(cls, dataset: Any = None, *args: Any, **kw: Any) -> Any:
         # webdataset's rules where the plan cannot apply them (route)
-        return route(cls, dataset, args, kw) or super().__new__(cls)
+        out = route(cls, dataset, args, kw)  # (not ``or``: its truth would ask len(), which builds it)
+        return out if out is not None else super().__new__(cls)
