@@ -1,8 +1,9 @@
-"""The policy of one step, shared by every step engine.
+"""The policy of one step, as the step engine applies it.
 
-:meth:`resumewds.WebDataset.iter_steps` (one data set) and
-:meth:`resumewds.MixedDataset.iter_steps` (a mixture of them) read a step's
-samples in different orders, but decide the same things the same way, here:
+The one step engine (:func:`resumewds.stepengine.run_steps`) reads the steps of
+:meth:`resumewds.WebDataset.iter_steps` (one data set) and of
+:meth:`resumewds.MixedDataset.iter_steps` (a mixture of them); what it decides
+about a step's reads and its batch is here:
 
 * a shard that failed (``on_error="skip"``) is skipped for the rest of the
   run of steps and tried again by the next one (:func:`start_steps`);
