@@ -546,7 +546,7 @@ class ShardDataset:
         plan = _EpochSteps(self, ep, layout, start, worker, num_workers)
         source = _StepSource(self, self.stages, stream=not str(self.plan.algo).endswith("window"))
         yield from run_steps([source], plan, epoch, worker, collate_fn if collate else None,
-                             self.batch_stages, self.take_events, sample_shards=True)
+                             self.batch_stages, self.take_events)
 
     def close(self) -> None:
         if self._reader is not None:

@@ -92,8 +92,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
               collate_fn: Optional[Callable[[List[Any]], Any]],
               batch_stages: Sequence[Callable[[Any], Any]],
               take_events: Callable[[], List[Dict[str, Any]]],
-              mixture: bool = False, sample_shards: bool = False
-              ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+              mixture: bool = False) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
     """Yield ``(step, batch, meta)`` for the plan's steps of ``epoch``.
 
     Args:
@@ -105,15 +104,14 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         take_events: the events of the step (drained at its end).
         mixture: ``meta["sources"]`` (samples per source), ``__source__``
             tags, and ``meta["t_fetch_wait"]`` on every step.
-        sample_shards: ``meta["sample_shards"]`` (each delivered sample's
-            shard index, None for padding) when not collating.
 
     ``meta`` has ``worker``, ``step``, ``samples``, ``pads``, ``skipped``,
     ``filtered``, ``bytes``, ``shards`` (samples per global shard index: a
     source's shards follow the previous sources'), ``positions``,
     ``slot_index``, ``pad_flags``, then ``t_read``, ``t_stages``,
     ``t_fetch_wait``, ``events`` and, when they apply, ``sources``,
-    ``sample_shards``, ``batch_dropped``, ``stopped``, ``failed``.
+    ``sample_shards`` (not collating: each delivered sample's global shard
+    index, None for padding), ``batch_dropped``, ``stopped``, ``failed``.
     """
     dss = [s.ds for s in sources]
     for ds in dss:
@@ -276,7 +274,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         if slot_index:
             meta["positions"] = [slots[i][0] for i in slot_index]
             meta["pad_flags"] = [bool(slots[i][1]) for i in slot_index]
-            if sample_shards and collate_fn is None:  # handed out one by one: whose each sample is
+            if collate_fn is None:  # handed out one by one: whose each sample is (consumption)
                 meta["sample_shards"] = [None if slots[i][1] else gwhere[i][0] for i in slot_index]
         meta["samples"] = len(out)
         meta["bytes"] = nbytes
