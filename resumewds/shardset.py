@@ -215,7 +215,6 @@ class ShardDataset:
         self._store: Any = None
         self._reader: Optional[_ShardReader] = None
         self._events: List[Dict[str, Any]] = []
-        self._failed: Dict[int, str] = {}
         self._index_skipped: Optional[Dict[str, str]] = None
         self.partitions = partitions  # requested; None: resolved by the loader
         self.plan_partitions = 1 if partitions is None else check_partitions(partitions)
@@ -511,7 +510,17 @@ class ShardDataset:
         """Samples ``j .. j+count-1`` of one shard with one ``pread`` (:func:`resumewds.reading.read_run`)."""
         return reading.read_run(self, shard_idx, j, count)
 
-    _stopping: bool = False
+    @property
+    def _failed(self) -> Dict[int, str]:
+        """The shards that failed in this pass of steps (its reader's; index -> error)."""
+        r = self._reader
+        return r.failed if r is not None else {}
+
+    @property
+    def _stopping(self) -> bool:
+        """A handler said stop in this pass of steps (its reader's)."""
+        r = self._reader
+        return r is not None and r.stopping
 
     def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
                    num_workers: int = 1, collate: bool = True,

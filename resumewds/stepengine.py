@@ -169,7 +169,8 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
             rd = ds._reader
             fast = rd.fast if rd is not None and (rd.ranged is None or not rd.ranged.ready) else None
             touch: Any = rd.open.move_to_end if fast is not None else None  # the fd LRU
-            state.append((ds, fast, touch, ds._failed, src.stages, offsets[s], src.stream, run_bytes[s]))
+            failed = rd.failed if rd is not None else {}
+            state.append((ds, fast, touch, failed, src.stages, offsets[s], src.stream, run_bytes[s]))
         ds, fast, touch, failed, stages, off, stream, rb = state[0]
         cur = 0
         gwhere = where if srcs is None else [(si + offsets[s], j) for (si, j), s in zip(where, srcs)]

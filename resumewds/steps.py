@@ -23,7 +23,8 @@ out of the step engine; direct iteration ends there
 (:func:`resumewds.handling.until_stop`), a WebLoader ends the epoch.
 
 The objects passed as ``ds`` are data sets (``_read``, ``_read_run``,
-``_stopping``).
+``_stopping``); their reading state is their reader's
+(:class:`~resumewds.openshards.ShardReader`: failed shards, a handler's stop).
 """
 
 from __future__ import annotations
@@ -32,30 +33,31 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import HandlerStop
 from .events import EventKind
+from .openshards import shard_reader
 
 __all__ = ["apply_stages", "collate_step", "finish_step", "read_or_stop", "read_run_or_stop", "start_steps"]
 
 
 def start_steps(ds: Any) -> None:
-    """A step engine starts over ``ds``: no handler's stop yet, and no shard failed yet.
+    """A step engine starts over ``ds``: no handler's stop yet, and no shard failed yet
+    (:meth:`resumewds.openshards.ShardReader.start`).
 
     ``on_error="skip"``: a shard that failed is skipped for the rest of this
     run of steps by the process that saw it fail, and tried again by the next
     one (the next epoch, or a resume), with 0 workers as with N.
     """
-    ds._failed = {}
-    ds._stopping = False
+    shard_reader(ds).start()
 
 
 def read_or_stop(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
-    """``ds._read(shard_idx, j)``, where a handler's stop sets ``ds._stopping``: this read
+    """``ds._read(shard_idx, j)``, where a handler's stop stops ``ds``'s reader: this read
     and every later one (until the next step engine starts) give None."""
     if ds._stopping:
         return None
     try:
         return ds._read(shard_idx, j)
     except HandlerStop:
-        ds._stopping = True
+        shard_reader(ds).stopping = True
         return None
 
 
@@ -66,7 +68,7 @@ def read_run_or_stop(ds: Any, shard_idx: int, j: int, count: int) -> List[Option
     try:
         return ds._read_run(shard_idx, j, count)
     except HandlerStop:
-        ds._stopping = True
+        shard_reader(ds).stopping = True
         return [None] * count
 
 

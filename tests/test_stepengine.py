@@ -159,3 +159,54 @@ def test_the_engine_reads_runs_in_a_mixture_as_in_the_data_set(tmp_path, monkeyp
     mixed = [s["__key__"] for s in rw.MixedDataset([rw.WebDataset(a, prefetch=0, cache_dir=str(tmp_path / "c2"))],
                                                    weights=[1])]
     assert mixed == alone and preads == first and len(first) < len(alone) / 3
+
+
+# ---- the reading state is the reader's -------------------------------------------------------
+def test_the_reader_owns_failed_shards_its_policy_and_its_events(tmp_path):
+    from resumewds.errors import HandlerStop, ShardFormatError
+    from resumewds.openshards import ShardReader
+
+    man = _damaged(tmp_path)
+    shards = rw.load_manifest(man).shards
+    exc = ShardFormatError("cut", shard=shards[1].url)
+    seen = []
+
+    def reader(**kw):
+        return ShardReader(None, 4, shards, on_event=lambda kind, url, **d: seen.append((kind, url)), **kw)
+
+    r = reader(on_error="skip")
+    r.fail(1, shards[1], exc)
+    assert r.failed == {1: str(exc)} and not r.stopping and seen == [("skip", shards[1].url)]
+    r.start()
+    assert r.failed == {} and not r.stopping
+    seen.clear()
+    with pytest.raises(ShardFormatError):
+        reader().fail(1, shards[1], exc)
+    assert seen == [("fail", shards[1].url)]
+    r = reader(on_error="skip", handler=rw.ignore_and_stop)
+    with pytest.raises(HandlerStop):
+        r.fail(1, shards[1], exc)
+    assert r.stopping and 1 in r.failed
+
+
+def test_a_data_set_asks_its_reader_and_a_copy_or_a_worker_has_its_own(tmp_path):
+    import pickle
+
+    man = _damaged(tmp_path)
+    ds = rw.WebDataset(man, on_error="skip", prefetch=0)
+    steps = list(ds.iter_steps(0, 0, Layout(batch_size=4), collate=False))
+    assert set(ds._failed) == {1} and ds._failed is ds._reader.failed
+    assert any(e["kind"] == "skip" for _, _, m in steps for e in m["events"])
+    # a DataLoader worker's copy: no reader, nothing failed yet
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone._reader is None and clone._failed == {} and not clone._stopping
+    # a fluent copy (copy.copy: __getstate__) reads with a reader of its own: its skips are
+    # its events, not ds's
+    copy = ds.map(lambda s: s)
+    assert copy._reader is None
+    got = list(copy.iter_steps(0, 0, Layout(batch_size=4), collate=False))
+    assert any(e["kind"] == "skip" for _, _, m in got for e in m["events"])
+    assert ds.take_events() == [] and set(ds._failed) == {1} and copy._reader is not ds._reader
+    # the next pass tries the shard again (and skips it again)
+    list(ds.iter_steps(1, 0, Layout(batch_size=4), collate=False))
+    assert set(ds._failed) == {1}
