@@ -92,11 +92,11 @@ class _EpochSteps(StepPlan):
         return slots, self.ep.samples_at([pos for pos, _ in slots]), None
 
     def prefetch(self, n: int, k: int, slots: Slots) -> Iterable[Tuple[int, List[ShardInfo], int]]:
-        first = slots[0]
-        if not first or self.ds.prefetch_depth <= 0:
+        if not slots[0] or self.ds.prefetch_depth <= 0:
             return ()
+        first = slots[0][0][0]  # the step's first position
         ep = self.ep
-        w = ep.window_of(first[0][0])
+        w = ep.window_of(first)
         if w == self.last_window:
             return ()
         self.last_window = w
@@ -104,7 +104,7 @@ class _EpochSteps(StepPlan):
         # then ``prefetch`` shards beyond it; cached ones are left out by the store
         here = ep.window_shards(w)
         shards = self.ds.manifest.shards
-        upcoming = [shards[i] for i in ep.shards_from(first[0][0], len(here) + self.ds.prefetch_depth)]
+        upcoming = [shards[i] for i in ep.shards_from(first, len(here) + self.ds.prefetch_depth)]
         return [(0, upcoming, len(here))] if upcoming else ()
 
 

@@ -102,8 +102,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         collate_fn: the collation (then the ``batch_stages``); None: the batch
             is the list of samples.
         take_events: the events of the step (drained at its end).
-        mixture: ``meta["sources"]`` (samples per source), ``__source__``
-            tags, and ``meta["t_fetch_wait"]`` on every step.
+        mixture: ``meta["sources"]`` (samples per source) and ``__source__`` tags.
 
     ``meta`` has ``worker``, ``step``, ``samples``, ``pads``, ``skipped``,
     ``filtered``, ``bytes``, ``shards`` (samples per global shard index: a
@@ -166,11 +165,10 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         state: List[Tuple[Any, ...]] = []
         for s, src in enumerate(sources):
             ds = src.ds
-            rd = ds._reader
-            fast = rd.fast if rd is not None and (rd.ranged is None or not rd.ranged.ready) else None
+            rd = openshards.shard_reader(ds)
+            fast = rd.fast if rd.ranged is None or not rd.ranged.ready else None
             touch: Any = rd.open.move_to_end if fast is not None else None  # the fd LRU
-            failed = rd.failed if rd is not None else {}
-            state.append((ds, fast, touch, failed, src.stages, offsets[s], src.stream, run_bytes[s]))
+            state.append((ds, fast, touch, rd.failed, src.stages, offsets[s], src.stream, run_bytes[s]))
         ds, fast, touch, failed, stages, off, stream, rb = state[0]
         cur = 0
         gwhere = where if srcs is None else [(si + offsets[s], j) for (si, j), s in zip(where, srcs)]
@@ -287,17 +285,14 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         t_stages += clock() - t2
         meta["t_read"] = t_read
         meta["t_stages"] = t_stages
-        wait, readers = 0.0, mixture
-        for ds in dss:
-            r = ds._reader
-            if r is not None:
-                readers = True
-                wait += r.wait
-                r.wait = 0.0
-        if readers:
-            meta["t_fetch_wait"] = wait
+        wait = 0.0
+        readers = [openshards.shard_reader(ds) for ds in dss]
+        for r in readers:
+            wait += r.wait
+            r.wait = 0.0
+        meta["t_fetch_wait"] = wait
         steps.finish_step(meta, take_events(), stopping)
-        failed_now = {shards[offsets[s] + i].url: e for s, ds in enumerate(dss) for i, e in ds._failed.items()}
+        failed_now = {shards[offsets[s] + i].url: e for s, r in enumerate(readers) for i, e in r.failed.items()}
         if failed_now:
             meta["failed"] = failed_now
         yield k, batch, meta
