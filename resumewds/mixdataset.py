@@ -27,19 +27,18 @@ Example:
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import xxhash
 
-from . import config, reading, steps
-from .errors import ResumeWDSError
+from . import config
 from .handling import reraise_exception, until_stop
 from .manifest import ShardInfo
 from .mixstatus import _proportions, format_mixture, mixture_status  # noqa: F401  (public here too)
 from .mixture import MixPlan, SourceStream, Weights
 from .plan import Layout, check_partitions, worker_steps
 from .stages import Handled, default_collate, list_collate
+from .stepengine import Slots, Source, StepPlan, run_steps
 
 
 class _MixManifest:
@@ -88,6 +87,56 @@ class _MixPlanView:
 
     def epoch(self, e: int) -> _MixEpoch:
         return _MixEpoch(self.n)
+
+
+class _MixSteps(StepPlan):
+    """The steps of one epoch of a mixture (:func:`resumewds.stepengine.run_steps`'s plan):
+    each slot's source and its sample in that source's endless stream; prefetch: each
+    source's shards of this step and the next."""
+
+    def __init__(self, mix: MixedDataset, epoch: int, start: int, layout: Layout, worker: int, num_workers: int):
+        self.mix, self.epoch, self.start, self.layout = mix, epoch, start, layout
+        self.mp, self.streams = mix.mixplan, mix.streams
+        self.total = self.mp.epoch_size
+        self.mine = list(worker_steps(layout.num_steps(self.total, start), worker, num_workers))
+        self.ahead: Dict[int, Slots] = {}  # the next step's slots, computed for its prefetch
+
+    def steps(self) -> Iterable[int]:
+        return self.mine
+
+    def step(self, k: int) -> Slots:
+        hit = self.ahead.pop(k, None)
+        if hit is not None:
+            return hit
+        where_, streams = self.mp.where, self.streams
+        slots = self.layout.slots(self.total, self.start, k)
+        where: List[Tuple[int, int]] = []
+        srcs: List[int] = []
+        for pos, _ in slots:
+            src, part, q = where_(self.epoch, pos)
+            where.append(streams[src].at(q, part))
+            srcs.append(src)
+        return slots, where, srcs
+
+    def prefetch(self, n: int, k: int, slots: Slots) -> Iterable[Tuple[int, List[ShardInfo], int]]:
+        # fetch this step's and the next step's shards in the background
+        steps = [slots]
+        if n + 1 < len(self.mine):
+            nxt = self.mine[n + 1]
+            steps.append(self.ahead.setdefault(nxt, self.step(nxt)))
+        want: Dict[int, List[int]] = {}
+        for _, where, srcs in steps:
+            for (shard, _), src in zip(where, srcs or ()):
+                if shard not in want.setdefault(src, []):
+                    want[src].append(shard)
+        out = []
+        for src, idxs in want.items():
+            ds = self.mix.datasets[src]
+            if ds.prefetch_depth > 0:
+                todo = [ds.manifest.shards[s] for s in idxs if s not in ds._failed]
+                if todo:
+                    out.append((src, todo, 0))
+        return out
 
 
 def _source_name(ds: Any, i: int) -> str:
@@ -369,115 +418,18 @@ class MixedDataset:
 
         ``collate_fn`` overrides the mixture's own (the loader passes its
         ``collate_fn=``).  ``meta`` also has ``sources``: samples per source index.
+        The steps are read by the one step engine (:func:`resumewds.stepengine.run_steps`),
+        each source as a single data set's (its stages, then the mixture's).
         """
-        mp = self.mixplan
         streams = self.streams
-        total = mp.epoch_size
-        nsteps = layout.num_steps(total, start)
-        man = self.manifest
-        offsets = man.offsets
         collate_fn = collate_fn or self.collate_fn or default_collate
-        mine = list(worker_steps(nsteps, worker, num_workers))
-        stages_of = [list(ds.stages) + self.stages for ds in self.datasets]
-        stopping = False  # a source's handler said stop (steps.read_or_stop)
-        for ds in self.datasets:
-            steps.start_steps(ds)  # as a single data set's steps start: failed shards are tried again
-
-        def where_of(k: int) -> List[Tuple[int, int, int, int, bool]]:
-            out = []
-            for pos, pad in layout.slots(total, start, k):
-                src, part, q = mp.where(epoch, pos)
-                shard, j = streams[src].at(q, part)
-                out.append((pos, src, shard, j, pad))
-            return out
-
-        nxt: Optional[List[Tuple[int, int, int, int, bool]]] = where_of(mine[0]) if mine else None
-        for n, k in enumerate(mine):
-            where = nxt or []
-            nxt = where_of(mine[n + 1]) if n + 1 < len(mine) else None
-            # fetch this step's and the next step's shards in the background
-            want: Dict[int, List[int]] = {}
-            for lst in (where, nxt or []):
-                for _, src, shard, _, _ in lst:
-                    if shard not in want.setdefault(src, []):
-                        want[src].append(shard)
-            for src, idxs in want.items():
-                ds = self.datasets[src]
-                if ds.prefetch_depth > 0:
-                    todo = [ds.manifest.shards[s] for s in idxs if s not in ds._failed]
-                    try:
-                        if todo:
-                            ds.store.prefetch(todo, depth=len(todo))
-                    except ResumeWDSError:
-                        pass  # surfaces again when the shard is read
-            meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
-                                    "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
-                                    "positions": [], "slot_index": [], "pad_flags": [], "sources": {}}
-            # samples of remote shards not cached yet: verified ranged reads
-            # (v3 manifests), each source's in one call, as a single data set does
-            by_src: Dict[int, List[Tuple[int, int]]] = {}
-            for _, src, shard, j, _ in where:
-                by_src.setdefault(src, []).append((shard, j))
-            for src, pairs in by_src.items():
-                reading.prepare(self.datasets[src], pairs)
-            any_pad = any(w[4] for w in where)
-            per_shard, per_src, positions = meta["shards"], meta["sources"], meta["positions"]
-            slot_index, pad_flags = meta["slot_index"], meta["pad_flags"]
-            out: List[Any] = []
-            t_read = t_stages = wait = 0.0
-            nbytes = skipped = filtered = pads = 0
-            for i, (pos, src, shard, j, pad) in enumerate(where):
-                ds = self.datasets[src]
-                t0 = time.perf_counter()
-                # a source's handler that says stop ends the step for every source, as in one data set
-                sample = None if stopping else steps.read_or_stop(ds, shard, j)
-                stopping = stopping or ds._stopping
-                t1 = time.perf_counter()
-                t_read += t1 - t0
-                if sample is None:
-                    skipped += 1
-                    continue
-                nbytes += sum(len(v) for kk, v in sample.items() if not kk.startswith("__"))
-                sample["__epoch__"] = epoch
-                sample["__index__"] = pos
-                sample["__shard__"] = ds.manifest.shards[shard].name
-                sample["__source__"] = self.names[src]
-                if any_pad:
-                    sample["__pad__"] = bool(pad)
-                if pad:
-                    pads += 1
-                else:
-                    g = offsets[src] + shard
-                    per_shard[g] = per_shard.get(g, 0) + 1
-                    per_src[src] = per_src.get(src, 0) + 1
-                x = steps.apply_stages(stages_of[src], sample)
-                t_stages += time.perf_counter() - t1
-                if x is None:
-                    filtered += 1
-                    continue
-                out.append(x)
-                positions.append(pos)
-                slot_index.append(i)  # the slot in the step (the loader's per-sample positions)
-                pad_flags.append(bool(pad))
-            meta.update(samples=len(out), bytes=nbytes, skipped=skipped, filtered=filtered, pads=pads)
-            t2 = time.perf_counter()
-            batch = steps.collate_step(meta, out, collate_fn if collate else None, self.batch_stages)
-            t_stages += time.perf_counter() - t2
-            meta["t_read"] = t_read
-            meta["t_stages"] = t_stages
-            for ds in self.datasets:
-                r = ds._reader
-                if r is not None:
-                    wait += r.wait
-                    r.wait = 0.0
-            meta["t_fetch_wait"] = wait
-            steps.finish_step(meta, self.take_events(), stopping)
-            failed = {ds.manifest.shards[i].url: e for ds in self.datasets for i, e in ds._failed.items()}
-            if failed:
-                meta["failed"] = failed
-            yield k, batch, meta
-            if stopping:  # the samples before the stop were delivered: no more steps
-                return
+        plan = _MixSteps(self, epoch, start, layout, worker, num_workers)
+        # a source whose order is not a shuffled window reads its shards front to back
+        sources = [Source(ds, list(ds.stages) + self.stages, name=self.names[i],
+                          stream=not str(st.describe()["shuffle"]).endswith("window"))
+                   for i, (ds, st) in enumerate(zip(self.datasets, streams))]
+        yield from run_steps(sources, plan, epoch, worker, collate_fn if collate else None,
+                             self.batch_stages, self.take_events, mixture=True)
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the samples of epoch ``self.epoch`` in order, in this process."""

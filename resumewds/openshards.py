@@ -1,18 +1,21 @@
 """A process's open shards, and what reading them needs besides the order.
 
-* :class:`ShardReader` -- a process's open shards: the pinned cache leases
-  (:meth:`resumewds.cache.ShardStore.acquire`) and their file descriptors,
-  least recently used closed first; ``wait`` sums the seconds blocked in
-  ``acquire`` (the ``t_fetch_wait`` stat).
+* :class:`ShardReader` -- a data set's reading state in one process: its open
+  shards (the pinned cache leases of :meth:`resumewds.cache.ShardStore.acquire`
+  and their file descriptors, least recently used closed first; ``wait`` sums
+  the seconds blocked in ``acquire``, the ``t_fetch_wait`` stat), the shards
+  that failed in this pass of steps (``failed``, reset by ``start``), a
+  handler's stop (``stopping``), the ``on_error`` / webdataset ``handler``
+  policy for a shard that cannot be fetched, verified or parsed (``fail``:
+  raise, recording a ``fail`` event; skip it for the rest of the pass, a
+  ``skip`` event; or stop), the event sink (``on_event``), the ranged reads
+  (``ranged``, :mod:`resumewds.reading`) and the kernel's read-ahead of a
+  step's local byte ranges (``hint_pages``).
 * :func:`shard_reader` -- the dataset's reader, created on first use, sized
   to the shards a step can touch (a shuffle window per partition, or two in
-  order).
-* :func:`shard_failed` -- ``on_error`` / webdataset's ``handler`` for a shard
-  that cannot be fetched, verified or parsed: raise (recording a ``fail``
-  event), skip it for the rest of the iteration (``skip`` event), or stop.
+  order); :func:`shard_failed`, :func:`hint_pages` ask it.
 * :func:`run_length` -- how many of a step's next samples are consecutive
   samples of one shard (at most :data:`RUN_BYTES`: one ``pread``).
-* :func:`hint_pages` -- a step's local byte ranges read ahead by the kernel.
 
 :mod:`resumewds.reading` reads the samples themselves (from these open
 shards, or by verified ranges before a shard is cached).
@@ -28,7 +31,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from .errors import CacheError, HandlerStop, ShardFormatError, naming
 from .events import EventKind
@@ -44,18 +47,104 @@ RUN_BYTES = 4 << 20
 
 
 class ShardReader:
-    """Per-process open shards: pinned cache leases and file descriptors (LRU)."""
+    """A data set's reading state in one process: its open shards (pinned cache leases
+    and file descriptors, LRU), the shards that failed in this pass of steps, its
+    ``on_error`` / ``handler`` policy, where its events go, its ranged reads.
 
-    def __init__(self, store: Any, limit: int):
+    The data set keeps one (created on first use: :func:`shard_reader`) and asks it;
+    pickling a data set for DataLoader workers drops it, so each process has its own.
+
+    Args:
+        store: the shard cache (:class:`resumewds.cache.ShardStore`).
+        limit: most shards kept open.
+        shards: the data set's shards (its manifest's), by index.
+        on_error: ``"raise"`` or ``"skip"`` (:class:`resumewds.shardset.ShardDataset`).
+        handler: webdataset's handler for a shard's error (None: ``on_error`` alone).
+        on_event: the event sink, ``on_event(kind, url, **detail)``.
+    """
+
+    def __init__(self, store: Any, limit: int, shards: Sequence[ShardInfo] = (), *, on_error: str = "raise",
+                 handler: Optional[Callable[[BaseException], bool]] = None,
+                 on_event: Optional[Callable[..., None]] = None):
         self.store = store
         self.limit = max(2, limit)
+        self.shards = shards
+        self.on_error = on_error
+        self.handler = handler
+        self.on_event: Callable[..., None] = on_event if on_event is not None else _no_event
         self.open: OrderedDict[int, Tuple[Any, int]] = OrderedDict()
         self.wait = 0.0  # seconds blocked in store.acquire (stats: t_fetch_wait)
         self.ranged: Any = None  # samples of shards not cached yet: resumewds.reading.RangedReads (prepare)
-        # shards whose samples :meth:`WebDataset.iter_steps` may read itself
+        # shards whose samples the step engine (resumewds.stepengine) may read itself
         # (open): index -> (fd, offsets, url, verified); an entry lives
         # exactly as long as its fd is in ``open``
         self.fast: Dict[int, Tuple[int, Any, str, bool]] = {}
+        #: shards that failed in this pass of steps (index -> error): skipped until :meth:`start`
+        self.failed: Dict[int, str] = {}
+        #: a handler said stop (``ignore_and_stop``): no more reads until :meth:`start`
+        self.stopping = False
+
+    def start(self) -> None:
+        """A pass of steps starts: no shard failed, no handler's stop yet.
+
+        ``on_error="skip"``: a shard that failed is skipped for the rest of
+        the pass by the process that saw it fail, and tried again by the next
+        pass (the next epoch, or a resume), with 0 workers as with N.
+        """
+        self.failed = {}
+        self.stopping = False
+
+    def fail(self, idx: int, shard: ShardInfo, exc: BaseException) -> None:
+        """``on_error`` for shard ``idx`` that cannot be fetched, verified or parsed:
+        record it as failed and re-raise ``exc`` (a ``fail`` event), or record it
+        as skipped (a ``skip`` event), or (a webdataset handler returning False)
+        stop: :class:`~resumewds.errors.HandlerStop`, and :attr:`stopping` is set."""
+        reason = getattr(shard, "stop_reason", None)
+        if reason:  # the stop marker of tariterators.salvage_shard
+            exc = ShardFormatError(f"{reason} (the handler stops here)", shard=shard.url)
+        if self.on_error != "skip":
+            # the loader takes this event with the error, to the journal and stats
+            self.on_event(EventKind.FAIL, shard.url, error=str(exc))
+            raise exc
+        self.failed[idx] = str(exc)
+        self.on_event(EventKind.SKIP, shard.url, error=str(exc))
+        if self.handler is not None and not self.handler(exc):  # webdataset handler: stop
+            self.stopping = True
+            raise HandlerStop(str(exc)) from exc
+        log.warning("skipping shard %s", naming(shard.url, exc))
+
+    def hint_pages(self, where: Sequence[Tuple[int, int]]) -> None:
+        """Ask the kernel to start reading the byte ranges of a step's samples
+        of local shards (``posix_fadvise(WILLNEED)``), all at once: from a cold
+        disk they then arrive in parallel instead of one ``pread`` after the
+        other.  Advice only: the reads, their verification and errors are the
+        usual ones; nothing here raises."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is None:
+            return
+        shards, failed = self.shards, self.failed
+        fds: Dict[int, int] = {}
+        try:
+            for si, j in where:
+                shard = shards[si]
+                fd = fds.get(si)
+                if fd is None:
+                    url = shard.url
+                    if (si in failed or is_remote_url(url) or shard.offsets is None
+                            or ("://" in url and not url.startswith("file://"))):
+                        continue
+                    try:
+                        fd = fds[si] = os.open(local_path(shard.url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    except (OSError, ValueError):
+                        continue
+                try:
+                    start, end = shard.sample_range(j)
+                    advise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+                except Exception:  # advice: the read reports what is wrong
+                    pass
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def fd(self, idx: int, shard: ShardInfo) -> int:
         """The open, verified copy of ``shard`` (index ``idx``), acquired if needed."""
@@ -114,7 +203,9 @@ def shard_reader(ds: Any) -> ShardReader:
         # pins: the cache_size budget holds better)
         parts = min(ds.plan_partitions, 8)
         windowed = str(ds.plan.algo).endswith("window")
-        ds._reader = ShardReader(ds.store, ds.shuffle_window * parts + 2 if windowed else parts + 1)
+        ds._reader = ShardReader(ds.store, ds.shuffle_window * parts + 2 if windowed else parts + 1,
+                                 ds.manifest.shards, on_error=ds.on_error, handler=ds.handler,
+                                 on_event=ds._on_event)
     return ds._reader
 
 
@@ -126,22 +217,8 @@ def trusted(store: Any, shard: ShardInfo) -> bool:
 
 
 def shard_failed(ds: Any, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
-    """``on_error``: record the shard as failed and re-raise ``exc``, or
-    record it as skipped, or (a webdataset handler returning False) stop."""
-    reason = getattr(shard, "stop_reason", None)
-    if reason:  # the stop marker of tariterators.salvage_shard
-        exc = ShardFormatError(f"{reason} (the handler stops here)", shard=shard.url)
-    if ds.on_error != "skip":
-        # the loader takes this event with the error, to the journal and stats
-        ds._on_event(EventKind.FAIL, shard.url, error=str(exc))
-        raise exc
-    if ds.handler is not None and not ds.handler(exc):  # webdataset handler: stop
-        ds._failed[shard_idx] = str(exc)
-        ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
-        raise HandlerStop(str(exc)) from exc
-    ds._failed[shard_idx] = str(exc)
-    ds._on_event(EventKind.SKIP, shard.url, error=str(exc))
-    log.warning("skipping shard %s", naming(shard.url, exc))
+    """``on_error`` for a shard of ``ds``: its reader's :meth:`ShardReader.fail`."""
+    shard_reader(ds).fail(shard_idx, shard, exc)
 
 
 def run_length(shards: Sequence[ShardInfo], where: Sequence[Tuple[int, int]], i: int,
@@ -163,34 +240,9 @@ def run_length(shards: Sequence[ShardInfo], where: Sequence[Tuple[int, int]], i:
 
 
 def hint_pages(ds: Any, where: Sequence[Tuple[int, int]]) -> None:
-    """Ask the kernel to start reading the byte ranges of a step's samples
-    of local shards (``posix_fadvise(WILLNEED)``), all at once: from a cold
-    disk they then arrive in parallel instead of one ``pread`` after the
-    other.  Advice only: the reads, their verification and errors are the
-    usual ones; nothing here raises."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return
-    shards = ds.manifest.shards
-    fds: Dict[int, int] = {}
-    try:
-        for si, j in where:
-            shard = shards[si]
-            fd = fds.get(si)
-            if fd is None:
-                url = shard.url
-                if (si in ds._failed or is_remote_url(url) or shard.offsets is None
-                        or ("://" in url and not url.startswith("file://"))):
-                    continue
-                try:
-                    fd = fds[si] = os.open(local_path(shard.url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                except (OSError, ValueError):
-                    continue
-            try:
-                start, end = shard.sample_range(j)
-                advise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
-            except Exception:  # advice: the read reports what is wrong
-                pass
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+    """The kernel's read-ahead of a step's local byte ranges: :meth:`ShardReader.hint_pages`."""
+    shard_reader(ds).hint_pages(where)
+
+
+def _no_event(kind: str, url: str = "", **detail: Any) -> None:
+    """The event sink of a reader without one."""

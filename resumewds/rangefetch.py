@@ -98,7 +98,7 @@ def blame_ranged(err: _E) -> _E:
     return err
 
 
-def fetch_group(rr: Any, ds: Any, shard: Any, lo: int, hi: int, js: List[int], config: Any, budget: Any,
+def fetch_group(rr: Any, on_event: Any, shard: Any, lo: int, hi: int, js: List[int], config: Any, budget: Any,
                 needed: Optional[set] = None) -> Dict[int, Dict[str, Any]]:
     """Fetch bytes ``[lo, hi)`` of ``shard`` and return its samples ``js``, each verified.
 
@@ -108,14 +108,14 @@ def fetch_group(rr: Any, ds: Any, shard: Any, lo: int, hi: int, js: List[int], c
     spent, its :class:`~resumewds.errors.ChecksumMismatch`.
     """
     data = fetch_range(shard.url, lo, hi, config=config, budget=budget, session=rr.session(),
-                       on_event=ds._on_event)
+                       on_event=on_event)
     with rr.lock:
         rr.counters["range_requests"] += 1
         rr.counters["range_bytes"] += len(data)
     bads = [j for j in js if not verified_in(data, lo, shard, j)]
     for j in bads:
         a, b = shard.sample_range(j)
-        ds._on_event("range_verify_fail", shard.url, sample=j, start=a, end=b)
+        on_event("range_verify_fail", shard.url, sample=j, start=a, end=b)
     bad = next((j for j in bads if needed is None or j in needed), None)
     if bad is None:
         with rr.lock:

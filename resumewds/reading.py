@@ -28,9 +28,11 @@ A map of this module:
   :data:`RANGED_READS`; the module attributes below are the tuning knobs.
   docs/DIGESTS.md has the rules and the figures.
 
-The reader state lives on the dataset (``ds._reader``, ``ds._failed``) so
-that pickling a dataset for DataLoader workers drops it (``__getstate__``)
-and the loader and mixtures can read ``_failed`` and ``_reader.wait``.
+The reading state is the data set's reader's (:class:`~resumewds.openshards.ShardReader`:
+open shards, failed shards, the ``on_error`` policy, the event sink, the ranged
+reads); the functions here take the data set and ask its reader
+(:func:`~resumewds.openshards.shard_reader`).  Pickling a data set for
+DataLoader workers drops the reader (``__getstate__``).
 
 Example:
     >>> ds = WebDataset("data/shard-{000000..000003}.tar")            # doctest: +SKIP
@@ -66,21 +68,21 @@ log = logging.getLogger("resumewds")
 
 def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
     """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
-    if shard_idx in ds._failed:
+    reader = shard_reader(ds)
+    if shard_idx in reader.failed:
         return None
-    ready = take_ready(ds, shard_idx, j)
+    ready = _take(reader, shard_idx, j)
     if ready is not None:
         return ready
-    shard = ds.manifest.shards[shard_idx]
+    shard = reader.shards[shard_idx]
     try:
-        reader = shard_reader(ds)
         fd = reader.fd(shard_idx, shard)
         start, end = shard.sample_range(j)
         verified = trusted(reader.store, shard)
         sample = tario.read_sample(fd, start, end, shard.url, verified=verified)
         reader.fast[shard_idx] = (fd, shard.offsets, shard.url, verified)
     except (FetchError, IntegrityError, ShardFormatError) as exc:
-        shard_failed(ds, shard_idx, shard, exc)
+        reader.fail(shard_idx, shard, exc)
         return None
     sample["__url__"] = shard.url
     return sample
@@ -95,21 +97,21 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     so the samples before the bad one are delivered exactly as they would
     be one by one.
     """
-    r = ds._reader
-    if count == 1 or shard_idx in ds._failed or (r is not None and r.ranged is not None and r.ranged.ready and any(
+    r = shard_reader(ds)
+    if count == 1 or shard_idx in r.failed or (r.ranged is not None and r.ranged.ready and any(
             (shard_idx, j + i) in r.ranged.ready for i in range(count))):
         return [ds._read(shard_idx, j + i) for i in range(count)]
-    shard = ds.manifest.shards[shard_idx]
+    shard = r.shards[shard_idx]
     try:
-        fd = shard_reader(ds).fd(shard_idx, shard)
+        fd = r.fd(shard_idx, shard)
     except (FetchError, IntegrityError, ShardFormatError) as exc:
-        shard_failed(ds, shard_idx, shard, exc)  # never a second fetch
+        r.fail(shard_idx, shard, exc)  # never a second fetch
         return [None] * count
     try:
         assert shard.offsets is not None
         samples: List[Optional[Dict[str, Any]]] = list(
             tario.read_samples(fd, shard.offsets, j, j + count - 1, shard.url,
-                               verified=trusted(shard_reader(ds).store, shard)))
+                               verified=trusted(r.store, shard)))
     except ShardFormatError:
         return [ds._read(shard_idx, j + i) for i in range(count)]
     url = shard.url
@@ -271,7 +273,7 @@ class RangedReads:
         self.ready_bytes = 0
 
 
-def _from_partial(rr: RangedReads, ds: Any, si: int, shard: ShardInfo, js: List[int], stream: bool,
+def _from_partial(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], stream: bool,
                   near: Optional[List[Tuple[int, int]]] = None, ahead: int = STREAM_AHEAD,
                   stall: float = STREAM_STALL) -> List[int]:
     """Deliver the samples ``js`` whose bytes are in the partial download (verified);
@@ -416,7 +418,7 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         return
     reader = shard_reader(ds)
     rr = reader.ranged
-    shards = ds.manifest.shards
+    shards = reader.shards
     if rr is None:
         rr = reader.ranged = RangedReads(ds.store)
         # WebDataset(ranged_reads=...), else RESUMEWDS_RANGED_READS (default on)
@@ -427,7 +429,7 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
     todo: Dict[int, List[int]] = {}
     seen: set = set()
     for si, j in where:
-        if si in reader.open or si in ds._failed or si in rr.off or (si, j) in rr.ready:
+        if si in reader.open or si in reader.failed or si in rr.off or (si, j) in rr.ready:
             continue
         lst = todo.get(si)
         if lst is None:
@@ -445,15 +447,15 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         return
     t0 = time.perf_counter()
     try:
-        _prepare(ds, rr, todo, stream, set(where))
+        _prepare(reader, rr, todo, stream, set(where))
     finally:
         reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
 
 
-def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
+def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
              step: set) -> None:
-    shards = ds.manifest.shards
-    config = ds.store.fetch
+    shards = reader.shards
+    config = reader.store.fetch
     jobs: List[Tuple[int, Any, Any]] = []
 
     def submit(si: int, rest: List[int]) -> None:
@@ -465,7 +467,7 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
         # the first step reads no more than it needs (the first batch comes first)
         wide = _widen(rr, si, shard, rest) if rr.steps else rest
         for lo, hi, members in _groups(shard, wide):
-            jobs.append((si, budget, rr.pool().submit(fetch_group, rr, ds, shard, lo, hi, members, config,
+            jobs.append((si, budget, rr.pool().submit(fetch_group, rr, reader.on_event, shard, lo, hi, members, config,
                                                       budget, needed)))
 
     pending: Dict[int, List[int]] = {}
@@ -473,7 +475,7 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
     for si, js in todo.items():
         # shuffled: samples just past a growing partial are candidates to wait for
         near = None if stream or rr.steps == 0 else cands.setdefault(si, [])
-        pending[si] = _from_partial(rr, ds, si, shards[si], js, stream, near)
+        pending[si] = _from_partial(rr, si, shards[si], js, stream, near)
     waits: Dict[int, List[int]] = {}
     if any(cands.values()):
         # While this step's ranges are fetched (RANGE_THREADS connections at once),
@@ -492,7 +494,7 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
         submit(si, rest)
     for si, near_js in waits.items():
         if near_js:  # what the download does not reach in time: by range
-            rest = _from_partial(rr, ds, si, shards[si], near_js, True, ahead=WINDOW_AHEAD, stall=WINDOW_STALL)
+            rest = _from_partial(rr, si, shards[si], near_js, True, ahead=WINDOW_AHEAD, stall=WINDOW_STALL)
             rr.counters["window_waits"] += len(near_js)
             rr.counters["window_partial"] += len(near_js) - len(rest)
             submit(si, rest)
@@ -516,14 +518,17 @@ def _prepare(ds: Any, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
         end_budget(rr.store, shards[si].url, rr.budgets)  # this read of the shard failed
         for key in [k for k in rr.ready if k[0] == si]:
             rr.drop(key)  # this shard's samples follow on_error together
-        shard_failed(ds, si, shards[si], failure)
+        reader.fail(si, shards[si], failure)
     rr.trim(step)  # never what this step reads
     rr.steps += 1
 
 
 def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:
     """A sample :func:`prepare` made ready, or None."""
-    r = ds._reader
-    if r is None or r.ranged is None or not r.ranged.ready:
+    return _take(shard_reader(ds), si, j)
+
+
+def _take(r: ShardReader, si: int, j: int) -> Optional[Dict[str, Any]]:
+    if r.ranged is None or not r.ranged.ready:
         return None
     return r.ranged.take((si, j))

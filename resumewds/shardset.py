@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from . import config, openshards, reading, steps, tario, warmup
+from . import config, reading, warmup
 from ._torchreg import register_iterable_dataset
 from .cache import ShardStore
-from .errors import ResumeWDSError
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
@@ -54,6 +51,8 @@ from .stages import (
     list_collate,
 )
 from .stats import event_record
+from .stepengine import Slots, StepPlan, run_steps
+from .stepengine import Source as _StepSource
 
 __all__ = ["ON_ERROR", "ShardDataset"]
 
@@ -72,6 +71,41 @@ def _names_http(urls: Any) -> bool:
 
 #: fewest shards in a window of ``.shuffle(n)`` compiled into the plan
 _BUFFER_MIN_WINDOW = 8
+
+
+class _EpochSteps(StepPlan):
+    """The steps of one epoch of a data set (:func:`resumewds.stepengine.run_steps`'s plan):
+    its plan's samples at the layout's slots; prefetch: the window of a step's first
+    position and then ``prefetch`` shards beyond it, once per window."""
+
+    def __init__(self, ds: ShardDataset, ep: Any, layout: Layout, start: int, worker: int, num_workers: int):
+        self.ds, self.ep, self.layout, self.start = ds, ep, layout, start
+        self.total = len(ep)
+        self.mine = worker_steps(layout.num_steps(self.total, start), worker, num_workers)
+        self.last_window = -1
+
+    def steps(self) -> Iterable[int]:
+        return self.mine
+
+    def step(self, k: int) -> Slots:
+        slots = self.layout.slots(self.total, self.start, k)
+        return slots, self.ep.samples_at([pos for pos, _ in slots]), None
+
+    def prefetch(self, n: int, k: int, slots: Slots) -> Iterable[Tuple[int, List[ShardInfo], int]]:
+        if not slots[0] or self.ds.prefetch_depth <= 0:
+            return ()
+        first = slots[0][0][0]  # the step's first position
+        ep = self.ep
+        w = ep.window_of(first)
+        if w == self.last_window:
+            return ()
+        self.last_window = w
+        # this window's shards (a shuffled window touches all of them at once) and
+        # then ``prefetch`` shards beyond it; cached ones are left out by the store
+        here = ep.window_shards(w)
+        shards = self.ds.manifest.shards
+        upcoming = [shards[i] for i in ep.shards_from(first, len(here) + self.ds.prefetch_depth)]
+        return [(0, upcoming, len(here))] if upcoming else ()
 
 
 class ShardDataset:
@@ -181,7 +215,6 @@ class ShardDataset:
         self._store: Any = None
         self._reader: Optional[_ShardReader] = None
         self._events: List[Dict[str, Any]] = []
-        self._failed: Dict[int, str] = {}
         self._index_skipped: Optional[Dict[str, str]] = None
         self.partitions = partitions  # requested; None: resolved by the loader
         self.plan_partitions = 1 if partitions is None else check_partitions(partitions)
@@ -468,26 +501,26 @@ class ShardDataset:
         """``on_error`` for a shard: raise, skip or stop (:func:`resumewds.reading.shard_failed`)."""
         reading.shard_failed(self, shard_idx, shard, exc)
 
-    def _run_length(self, where: Sequence[Tuple[int, int]], i: int) -> int:
-        """How many of ``where[i:]`` are consecutive samples of one shard (within ``_RUN_BYTES``)."""
-        return reading.run_length(self.manifest.shards, where, i, _RUN_BYTES)
+    @property
+    def _run_bytes(self) -> int:
+        """Most bytes one ``pread`` of consecutive samples reads (``_RUN_BYTES``; tests lower it)."""
+        return _RUN_BYTES
 
     def _read_run(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
         """Samples ``j .. j+count-1`` of one shard with one ``pread`` (:func:`resumewds.reading.read_run`)."""
         return reading.read_run(self, shard_idx, j, count)
 
-    _stopping: bool = False
+    @property
+    def _failed(self) -> Dict[int, str]:
+        """The shards that failed in this pass of steps (its reader's; index -> error)."""
+        r = self._reader
+        return r.failed if r is not None else {}
 
-    def _read_or_stop(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
-        """:meth:`_read`, where a handler's stop (``ignore_and_stop``) ends the step
-        (:func:`resumewds.steps.read_or_stop`)."""
-        return steps.read_or_stop(self, shard_idx, j)
-
-    def _read_run_or_stop(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
-        return steps.read_run_or_stop(self, shard_idx, j, count)
-
-    def _apply(self, stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
-        return steps.apply_stages(stages, x)
+    @property
+    def _stopping(self) -> bool:
+        """A handler said stop in this pass of steps (its reader's)."""
+        r = self._reader
+        return r is not None and r.stopping
 
     def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
                    num_workers: int = 1, collate: bool = True,
@@ -514,163 +547,15 @@ class ShardDataset:
         ``collate``: each delivered sample's shard index, None for padding),
         ``batch_dropped`` (a batch stage
         returned None), ``t_read``, ``t_stages`` and ``t_fetch_wait``
-        (seconds), ``events``.
+        (seconds), ``events``.  The steps are read by the one step engine
+        (:func:`resumewds.stepengine.run_steps`), this data set its one source.
         """
         ep = self.plan.epoch(epoch)
-        total = len(ep)
-        nsteps = layout.num_steps(total, start)
-        shards = self.manifest.shards
-        steps.start_steps(self)  # no shard failed, no handler's stop yet (workers: a fresh copy anyway)
         collate_fn = collate_fn or self.collate_fn or default_collate
-        last_window = -1
-        samples_at, read, stages = ep.samples_at, self._read_or_stop, self.stages
-        pread, parse, clock, most = os.pread, tario.parse_sample, time.perf_counter, tario.CHECKED_PREAD
-        parse_as = tario.parse_sample_as
-        patterns: Dict[int, Any] = {}  # shard -> tario.member_pattern, or () once it stopped paying
-        misses: Dict[int, int] = {}
-        names: Dict[int, str] = {}
-        stream = not str(self.plan.algo).endswith("window")  # shards read front to back
-        hint = True
-        for k in worker_steps(nsteps, worker, num_workers):
-            slots = layout.slots(total, start, k)
-            meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
-                                    "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
-                                    "positions": [], "slot_index": [], "pad_flags": []}
-            t_read = t_stages = 0.0
-            out: List[Any] = []
-            if slots:
-                w = ep.window_of(slots[0][0])
-                if w != last_window and self.prefetch_depth > 0:
-                    last_window = w
-                    # this window's shards (a shuffled window touches all of
-                    # them at once) and then ``prefetch`` shards beyond it;
-                    # cached ones are left out by the store
-                    here = ep.window_shards(w)
-                    upcoming = [shards[i] for i in ep.shards_from(slots[0][0],
-                                                                  len(here) + self.prefetch_depth)]
-                    if upcoming:
-                        try:
-                            self.store.prefetch(upcoming, depth=len(upcoming), window=len(here))
-                        except ResumeWDSError:
-                            pass  # surfaces again when the shard is read
-            # With padding in a step, every sample carries __pad__ (True/False)
-            # so that collation keeps the flag for the whole batch.
-            any_pad = any(p for _, p in slots)
-            per_shard = meta["shards"]
-            slot_index = meta["slot_index"]  # positions and pad_flags follow from it, after the loop
-            nbytes = skipped = filtered = pads = 0
-            nslots = len(slots)
-            t0 = time.perf_counter()
-            # consecutive samples of one shard (the rule unshuffled) are read
-            # with one pread: fewer syscalls, and fewer GIL hand-offs to the
-            # prefetch threads
-            where = samples_at([pos for pos, _ in slots])
-            if hint:  # the first step: its reads start at once (cold disk)
-                hint = False
-                openshards.hint_pages(self, where)
-            reading.prepare(self, where, stream)  # samples of shards not cached yet: verified ranges
-            # The open shards' samples are read here, not through the five calls
-            # of ``read`` (a third of the in-process time per sample): the same
-            # pread and parse; anything else (a shard not open yet,
-            # samples fetched by range, a failed shard, a
-            # short read or a malformed sample) takes ``read``, which raises or
-            # skips as it always does.
-            rd = self._reader
-            fast = rd.fast if rd is not None and (rd.ranged is None or not rd.ranged.ready) else None
-            touch: Any = rd.open.move_to_end if fast is not None else None  # type: ignore[union-attr]  # the fd LRU
-            failed = self._failed
-            ahead: List[Optional[Dict[str, Any]]] = []
-            for i, (pos, pad) in enumerate(slots):
-                si, j = where[i]
-                if ahead:
-                    sample = ahead.pop()
-                elif stream and i + 1 < nslots and where[i + 1] == (si, j + 1):  # a run may start here
-                    run = self._run_length(where, i)
-                    ahead = self._read_run_or_stop(si, j, run) if run > 1 else [read(si, j)]
-                    ahead.reverse()
-                    sample = ahead.pop()
-                elif fast is not None and (hit := fast.get(si)) is not None and si not in failed \
-                        and not self._stopping:
-                    fd, offs, url, verified = hit
-                    a = int(offs[j])
-                    size = int(offs[j + 1]) - a
-                    try:
-                        buf = pread(fd, size, a) if 0 <= size <= most else b""
-                        if len(buf) != size:
-                            sample = None
-                        else:
-                            # verified bytes of a shard whose samples share one member
-                            # pattern take tario.parse_sample_as (a miss returns None)
-                            pat = patterns.get(si) if verified else ()
-                            sample = parse_as(buf, pat) if pat else None
-                            if sample is None:
-                                sample = parse(buf, url, a, 0, size, verified)
-                                if pat != ():  # () : not verified, or no more tries
-                                    tario.learn_pattern(patterns, misses, si, sample, pat)
-                    except (OSError, ResumeWDSError):
-                        sample = None
-                    if sample is None:
-                        sample = read(si, j)  # the error, or the skip, as read gives it
-                    else:
-                        sample["__url__"] = url
-                        touch(si)
-                else:  # shuffled: one sample, no run to look for
-                    sample = read(si, j)
-                t1 = clock()
-                t_read += t1 - t0
-                if sample is None:
-                    skipped += 1
-                    t0 = t1
-                    continue
-                # members only: __key__ and __url__ are the only dunder keys so far
-                nbytes += sum(map(len, sample.values())) - len(sample["__key__"]) - len(sample["__url__"])
-                sample["__epoch__"] = epoch
-                sample["__index__"] = pos
-                name = names.get(si)
-                if name is None:
-                    name = names[si] = shards[si].name
-                sample["__shard__"] = name
-                if any_pad:
-                    sample["__pad__"] = bool(pad)
-                if pad:
-                    pads += 1
-                else:
-                    per_shard[si] = per_shard.get(si, 0) + 1
-                x = sample
-                for st in stages:
-                    x = st(x)
-                    if x is None:
-                        break
-                t0 = clock()
-                t_stages += t0 - t1
-                if x is None:
-                    filtered += 1
-                    continue
-                out.append(x)
-                slot_index.append(i)
-            if slot_index:
-                meta["positions"] = [slots[i][0] for i in slot_index]
-                meta["pad_flags"] = [bool(slots[i][1]) for i in slot_index]
-                if not collate:  # handed out one by one: whose each sample is (consumption)
-                    meta["sample_shards"] = [None if slots[i][1] else where[i][0] for i in slot_index]
-            meta["samples"] = len(out)
-            meta["bytes"] = nbytes
-            meta["skipped"] = skipped
-            meta["filtered"] = filtered
-            meta["pads"] = pads
-            t2 = time.perf_counter()
-            batch = steps.collate_step(meta, out, collate_fn if collate else None, self.batch_stages)
-            t_stages += time.perf_counter() - t2
-            meta["t_read"] = t_read
-            meta["t_stages"] = t_stages
-            if self._reader is not None:
-                meta["t_fetch_wait"], self._reader.wait = self._reader.wait, 0.0
-            steps.finish_step(meta, self.take_events(), self._stopping)
-            if shards and self._failed:
-                meta["failed"] = {shards[i].url: e for i, e in self._failed.items()}
-            yield k, batch, meta
-            if self._stopping:  # the samples before the stop were delivered: no more steps
-                return
+        plan = _EpochSteps(self, ep, layout, start, worker, num_workers)
+        source = _StepSource(self, self.stages, stream=not str(self.plan.algo).endswith("window"))
+        yield from run_steps([source], plan, epoch, worker, collate_fn if collate else None,
+                             self.batch_stages, self.take_events)
 
     def close(self) -> None:
         if self._reader is not None:

@@ -1,8 +1,9 @@
-"""The policy of one step, shared by every step engine.
+"""The policy of one step, as the step engine applies it.
 
-:meth:`resumewds.WebDataset.iter_steps` (one data set) and
-:meth:`resumewds.MixedDataset.iter_steps` (a mixture of them) read a step's
-samples in different orders, but decide the same things the same way, here:
+The one step engine (:func:`resumewds.stepengine.run_steps`) reads the steps of
+:meth:`resumewds.WebDataset.iter_steps` (one data set) and of
+:meth:`resumewds.MixedDataset.iter_steps` (a mixture of them); what it decides
+about a step's reads and its batch is here:
 
 * a shard that failed (``on_error="skip"``) is skipped for the rest of the
   run of steps and tried again by the next one (:func:`start_steps`);
@@ -22,7 +23,8 @@ out of the step engine; direct iteration ends there
 (:func:`resumewds.handling.until_stop`), a WebLoader ends the epoch.
 
 The objects passed as ``ds`` are data sets (``_read``, ``_read_run``,
-``_stopping``).
+``_stopping``); their reading state is their reader's
+(:class:`~resumewds.openshards.ShardReader`: failed shards, a handler's stop).
 """
 
 from __future__ import annotations
@@ -31,30 +33,31 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import HandlerStop
 from .events import EventKind
+from .openshards import shard_reader
 
 __all__ = ["apply_stages", "collate_step", "finish_step", "read_or_stop", "read_run_or_stop", "start_steps"]
 
 
 def start_steps(ds: Any) -> None:
-    """A step engine starts over ``ds``: no handler's stop yet, and no shard failed yet.
+    """A step engine starts over ``ds``: no handler's stop yet, and no shard failed yet
+    (:meth:`resumewds.openshards.ShardReader.start`).
 
     ``on_error="skip"``: a shard that failed is skipped for the rest of this
     run of steps by the process that saw it fail, and tried again by the next
     one (the next epoch, or a resume), with 0 workers as with N.
     """
-    ds._failed = {}
-    ds._stopping = False
+    shard_reader(ds).start()
 
 
 def read_or_stop(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
-    """``ds._read(shard_idx, j)``, where a handler's stop sets ``ds._stopping``: this read
+    """``ds._read(shard_idx, j)``, where a handler's stop stops ``ds``'s reader: this read
     and every later one (until the next step engine starts) give None."""
     if ds._stopping:
         return None
     try:
         return ds._read(shard_idx, j)
     except HandlerStop:
-        ds._stopping = True
+        shard_reader(ds).stopping = True
         return None
 
 
@@ -65,7 +68,7 @@ def read_run_or_stop(ds: Any, shard_idx: int, j: int, count: int) -> List[Option
     try:
         return ds._read_run(shard_idx, j, count)
     except HandlerStop:
-        ds._stopping = True
+        shard_reader(ds).stopping = True
         return [None] * count
 
 
