@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-PACKAGES = ["resumewds.fetch", "resumewds.cache", "resumewds.journal"]
+PACKAGES = ["resumewds.fetch", "resumewds.cache", "resumewds.journal", "resumewds.wds"]
 
 
 def _public(module: types.ModuleType) -> set:
