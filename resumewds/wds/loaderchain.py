@@ -394,7 +394,11 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
                       f"{nw} DataLoader workers every shard ({nw} copies of each sample per epoch). resumewds "
                       "hands each sample out once (its loader splits the positions among the workers); add "
                       "wds.split_by_worker to say so and silence this warning", stacklevel=3)
-    passes = _passes(dataset)
+    # webdataset's passes (endless, or n items per iter()) for webdataset's loader form, where the
+    # loader does not batch (batch_size=None, or torch's default); a loader that batches itself
+    # (WebLoader(ds, batch_size=64)) keeps resumewds' one epoch per iter()
+    batching = args[0] if args else kw.get("batch_size", _MISSING)
+    passes = _passes(dataset) if batching is None or batching is _MISSING else None
     refill = _refills(dataset, args, kw)
     one = c is not None and dataset.batch_size is not None and not args and "batch_size" not in kw
     if not (passes or refill or one):
