@@ -473,3 +473,16 @@ def test_a_rebatching_chain_under_with_epoch_resumes_exactly(urls):
     again.load_state_dict(chain.state_dict())
     assert _keys(head) + _keys(list(again)) == ref[1]
     assert _keys(list(again)) == ref[2]
+
+
+def test_a_loader_that_batches_itself_keeps_one_epoch_per_iter(urls):
+    """webdataset's endless passes are for its loader form (batch_size=None); resumewds'
+    own form, WebLoader(ds, batch_size=n), hands out one epoch per iter() of a resampled
+    data set, as it always has (its epochs are what the journal and the plan count)."""
+    import itertools
+
+    loader = ours.WebLoader(ours.WebDataset(urls, resampled=True, seed=1), batch_size=16)
+    for _ in range(2):  # a bounded read: an endless stream would give the 100 batches
+        got = list(itertools.islice(loader, 100))
+        assert sum(len(b["__key__"]) for b in got) == 400
+    loader.close()
