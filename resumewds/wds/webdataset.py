@@ -213,26 +213,9 @@ class WebDataset(WebDatasetAPI, DirectDataset):
             ``shuffle_window`` shards; ``"shards"``: shard order only.
             Default: ``"shards"`` if ``shardshuffle`` is set, else False.
         shuffle_window: shards per shuffle window.
-        cache_dir, cache_size, verify: passed to the shard cache
-            (:class:`resumewds.cache.ShardStore`).
-        fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
-        on_error: ``"raise"`` (default) stops at a shard that cannot be
-            fetched or verified (recording it as failed); ``"skip"`` skips its
-            samples, records it as failed and reports it in stats and the
-            journal.  A skipped shard is skipped for the rest of the epoch
-            (by each process that reads it) and tried again in the next
-            epoch, whatever ``num_workers``; once it delivers samples again
-            the journal no longer calls it failed.
-        allow_pickle: let decoders unpickle (pkl/pyd): off by default.
-        allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
-            the network.
-        prefetch: how many upcoming shards to download in the background.
-        partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
-            None: the number of nodes at the run's start (a resume keeps the
-            run's recorded count); 1: one order over all shards.
-        ranged_reads: read remote v3 shards that are not cached yet sample by
-            sample (verified ranges, the partial download; docs/DIGESTS.md);
-            None: ``RESUMEWDS_RANGED_READS`` (default on).
+        cache_dir, cache_size, verify, fetch, on_error, allow_pickle, allow_remote_pipe,
+        prefetch, partitions, ranged_reads: the engine's settings, as
+            :class:`resumewds.shardset.ShardDataset` documents them.
         handler: webdataset's handler for shard and sample (tar) errors:
             ``reraise_exception`` (default, ``on_error="raise"``); a handler
             returning True skips the shard like ``on_error="skip"``; False
