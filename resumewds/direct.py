@@ -94,9 +94,16 @@ class DirectDataset(ShardDataset):
             st["served"] = st.get("served", 0) if st.get("served", 0) < self._limit else 0  # a chunk done: a new one
         elif self._mode != "once" and self._cursor is not None:
             st = dict(self._cursor, served=0, first=self._cursor["epoch"])
+            if self._limit < 1 and (st["step"] or st["skip"]) and self._advanced \
+                    and not self._pinned:
+                # webdataset starts its pipeline again at each iter(): an iter() left mid-epoch
+                # is followed by the next epoch from its start (unless a state was taken since
+                # the last item: a run resumed from it continues there, and so does this one)
+                st = dict(self._fresh(st["epoch"] + 1), layout=st.get("layout"))
         else:
             st = self._fresh(self.epoch)
         st["layout"] = lay
+        self._advanced = False
         saved_stages = self.stages
         if custom:
             urls = [{"url": s.url} for s in self.manifest.shards]
@@ -193,6 +200,7 @@ class DirectDataset(ShardDataset):
                 continue
             st["skip"] += 1
             st["served"] += 1
+            self._advanced, self._pinned = True, False
             yield hide_positions(item)  # webdataset's keys only (position keys still readable)
 
     def _absorb_meta(self, meta: Dict[str, Any]) -> None:
@@ -222,6 +230,7 @@ class DirectDataset(ShardDataset):
         out = {k: v for k, v in cur.items() if not k.startswith("_")}
         out["counts"] = list(out.get("counts") or [])
         out.update(format=DATASET_STATE, version=1, order=self._order_key())
+        self._pinned = True
         return out
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

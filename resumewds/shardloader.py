@@ -515,6 +515,24 @@ class ShardLoader(DataLoaderAttributes):
         self.epoch += 1
         self.position = 0
 
+    def end_epoch(self) -> None:
+        """End the current epoch where the loader stands: the next ``iter()`` starts
+        the next epoch at its beginning, and the rest of this one is not delivered.
+
+        This is webdataset's new pass over an endless stream: the wing's
+        :class:`~resumewds.wds.loaderchain.LoaderPipeline` calls it when an
+        ``iter()`` was left mid-epoch.  Nothing happens at an epoch's start.
+
+        Example:
+            >>> loader.end_epoch()      # doctest: +SKIP
+            >>> (loader.epoch, loader.position)   # doctest: +SKIP
+            (1, 0)
+        """
+        if self.position:
+            log.info("epoch %d ends at position %d: a new pass starts epoch %d", self.epoch, self.position,
+                     self.epoch + 1)
+            self._end_epoch()
+
     def _bind_world(self, world: Any) -> None:
         self.world, self.rank, self.world_size = world, world.rank, world.world_size
         self.layout: Any = Layout(self._chunk, self.world_size, self.rank, self.remainder, nodes=world.nodes)

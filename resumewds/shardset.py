@@ -209,6 +209,8 @@ class ShardDataset:
         self.epoch = 0
         self._cursor: Optional[Dict[str, Any]] = None
         self._pending: Optional[Dict[str, Any]] = None
+        self._advanced = False  # direct iteration: the last iter() handed an item out
+        self._pinned = False  # ... and no state was taken after it (resumewds.direct)
         self._warned_opaque = False
         self._manifest: Optional[Manifest] = None
         self._plan: Optional[Plan] = None
@@ -277,6 +279,7 @@ class ShardDataset:
             ds._events = []
             ds._cursor = None
             ds._pending = None
+            ds._advanced = ds._pinned = False
         for st in stages:
             if not isinstance(st, Stage):
                 if not callable(st):
@@ -365,7 +368,12 @@ class ShardDataset:
                                   partial=bool(partial)))
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> ShardDataset:
-        """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
+        """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items.
+
+        As in webdataset, each ``iter()`` is a new pass: one left mid-epoch is
+        followed by the next epoch from its start, unless a state was taken
+        since its last item (then the next ``iter()`` continues there, as a
+        run resumed from that state would)."""
         if nepochs > 0:
             self._mode, self._nepochs = ("once" if nepochs == 1 and nbatches < 1 else "repeat"), int(nepochs)
         else:

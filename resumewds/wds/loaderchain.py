@@ -37,8 +37,9 @@ work as on the loader.
 alone would not (:func:`route`): a ``.batched(n)`` after a ``select`` is
 filled from the filtered stream (one rank), a dataset that goes on over
 epochs (``resampled``, ``.repeat()``, ``.with_epoch(n)``) is an endless
-stream, and ``.unbatched()`` hands samples out as torch's ``default_convert``
-of their batch made them.
+stream (each ``iter()`` a new pass, as webdataset's: see
+:meth:`LoaderPipeline._new_pass`), and ``.unbatched()`` hands samples out as
+torch's ``default_convert`` of their batch made them.
 
 A dataset the plan cannot run (a ``DataPipeline`` with a stage resumewds
 cannot see through, or any other iterable dataset) gets webdataset's
@@ -91,6 +92,11 @@ class LoaderPipeline(FluidInterface):
         self._length: Optional[int] = None
         self._post: List[Any] = []  # stages on the output stream (map, to_tuple, slice, ...)
         self._built: Any = None
+        # webdataset's new pass per iter() of an endless stream (see __iter__): the pass in
+        # progress, whether it handed an item out, and whether a state was given away since
+        self._pass: Any = None
+        self._advanced = False
+        self._pinned = False
 
     def _with(self, **kw: Any) -> LoaderPipeline:
         if self._built is not None:
@@ -202,7 +208,9 @@ class LoaderPipeline(FluidInterface):
         return new
 
     def __iter__(self) -> Iterator[Any]:
+        self._new_pass()
         src: Iterator[Any] = self._passes()
+        self._pass = src
         _ = self.loader  # built: it decides _rebatch and _unit
         if self._unbatched and self._unit > 1 and self._limit > 0 and (self._rebatch or self._batch is None):
             # the dataset's .with_epoch(n) counted its batches: an iter() is n of them, in samples.
@@ -233,6 +241,20 @@ class LoaderPipeline(FluidInterface):
                 return
         self._served = 0
 
+    def _new_pass(self) -> None:
+        """webdataset starts its pipeline again at each ``iter()`` of an endless stream
+        (``.repeat()``, resampled shards): an ``iter()`` left mid-epoch is followed by the
+        next epoch from its start.  Unless a state was given away since the last item
+        (``state_dict()``, ``commit``, ``load_state_dict``): a run resumed from that state
+        continues where it was taken, so this run does too, and both give the same data."""
+        prev, self._pass = self._pass, None
+        endless = self._nepochs < 1 and self._limit < 1
+        if prev is not None and hasattr(prev, "close"):
+            prev.close()  # its workers stop now, not when it is collected
+        if endless and prev is not None and self._advanced and not self._pinned:
+            self.loader.end_epoch()
+        self._advanced = False
+
     def _passes(self) -> Iterator[Any]:
         """The loader's items, pass after pass (``repeat`` / ``with_epoch`` decide how many)."""
         loader = self.loader
@@ -242,6 +264,7 @@ class LoaderPipeline(FluidInterface):
             start_epoch = loader.epoch
             for item in loader:
                 got += 1
+                self._advanced, self._pinned = True, False
                 yield item
             if getattr(loader, "preempted", False):
                 return  # a preemption signal: the stream ends at this step boundary
@@ -262,12 +285,19 @@ class LoaderPipeline(FluidInterface):
         """The compiled loader's state, plus ``chain_served`` (items of the current ``with_epoch``)."""
         sd = self.loader.state_dict()
         sd["chain_served"] = self._served
+        self._pinned = True
         return sd
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue exactly after ``state`` (see :meth:`WebLoader.load_state_dict`)."""
         self.loader.load_state_dict(state)
         self._served = int(state.get("chain_served", 0))
+        self._pinned = True
+
+    def commit(self, step: int, stats: Optional[bool] = None) -> None:
+        """Record the position after ``step`` in the journal (see :meth:`WebLoader.commit`)."""
+        self.loader.commit(step, stats)
+        self._pinned = True
 
     get_state = state_dict
     set_state = load_state_dict

@@ -29,10 +29,6 @@ VARIANTS = ("local-w0", "local-w2", "http-w0", "pipe-w0", "corrupt-w0")
 NO_CONVERT = ("WebLoader(batch_size=None) does not apply torch's default_convert as webdataset's DataLoader does: "
               "numpy fields of a batch (the collated cls) stay numpy int64 arrays where webdataset gives torch "
               "int64 tensors")
-ITER_CONTINUES = ("documented difference: a new iter() of an endless WebLoader (.repeat(), resampled) goes on "
-                  "where the last one stopped, webdataset's starts its pipeline again; the client takes 64 rows "
-                  "per iter() of a data epoch of about 68, so its second iter() crosses an epoch end and repeats "
-                  "rows, where webdataset's starts a fresh epoch")
 WORKER_SPLIT = ("documented difference: with num_workers=2 resumewds splits samples, not shards, between the "
                 "workers, so the batches (and their order) differ from webdataset's shard-per-worker interleaving")
 
@@ -42,10 +38,6 @@ XFAIL: Dict[Tuple[str, str], str] = {
     ("wds_readme", "local-w2"): WORKER_SPLIT + " (16 batches of 8 instead of 15: the workers' partial batches)",
     ("wds_datapipeline", "local-w2"): WORKER_SPLIT,
     ("dalle_pytorch", "local-w2"): WORKER_SPLIT,
-    ("stable_diffusion", "local-w0"): ITER_CONTINUES,
-    ("stable_diffusion", "local-w2"): ITER_CONTINUES,
-    ("stable_diffusion", "http-w0"): ITER_CONTINUES,
-    ("stable_diffusion", "pipe-w0"): ITER_CONTINUES,
     ("clip_retrieval", "local-w2"): WORKER_SPLIT,
     ("video2dataset", "local-w2"): WORKER_SPLIT,
 }
