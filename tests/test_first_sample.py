@@ -109,6 +109,48 @@ def test_first_sample_over_http_fetches_one_range_first(tmp_path):
     assert got == want
 
 
+def test_datapipeline_first_sample_waits_for_its_own_shard_only(tmp_path, monkeypatch):
+    """A DataPipeline over local shards (indexed on first use, shuffled): when its first
+    sample is handed out, one shard has been hashed; the sequence is a warm run's."""
+    synth.write_shards(str(tmp_path / "s"), shards=SHARDS, samples=SAMPLES)
+    urls = [str(tmp_path / "s" / f"shard-{i:06d}.tar") for i in range(SHARDS)]
+
+    def pipeline(cache: str) -> Any:
+        monkeypatch.setenv("RESUMEWDS_CACHE_DIR", cache)
+        return rw.DataPipeline(rw.SimpleShardList(urls), rw.shuffle(100), rw.tarfile_to_samples(),
+                               rw.shuffle(1000))
+
+    warm = str(tmp_path / "warm")
+    _keys(pipeline(warm))
+    want = _keys(pipeline(warm))
+    cache = str(tmp_path / "cold")
+    it = iter(pipeline(cache))
+    first = next(it)
+    assert len(_marks(cache)) == 1
+    assert _keys([first]) + _keys(it) == want
+    assert len(_marks(cache)) == SHARDS
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65])
+def test_datapipeline_state_inside_the_first_step_resumes_exactly(tmp_path, monkeypatch, n):
+    synth.write_shards(str(tmp_path / "s"), shards=SHARDS, samples=SAMPLES)
+    urls = [str(tmp_path / "s" / f"shard-{i:06d}.tar") for i in range(SHARDS)]
+
+    def pipeline(cache: str) -> Any:
+        monkeypatch.setenv("RESUMEWDS_CACHE_DIR", str(tmp_path / cache))
+        return rw.DataPipeline(rw.SimpleShardList(urls), rw.shuffle(100), rw.tarfile_to_samples(),
+                               rw.shuffle(1000))
+
+    full = _keys(pipeline("ref"))
+    p = pipeline("a")
+    it = iter(p)
+    head = _keys(next(it) for _ in range(n))
+    state = p.state_dict()
+    p2 = pipeline("b")
+    p2.load_state_dict(state)
+    assert head + _keys(p2) == full
+
+
 # ---- a manifest without offsets: several shards indexed at once ------------------------------
 
 class _CountingStore(ShardStore):
