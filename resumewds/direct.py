@@ -167,12 +167,18 @@ class DirectDataset(ShardDataset):
             url_index: Dict[str, int] = {}
             local = self.cache_dir is not None
             on_disk: Dict[str, Optional[str]] = {}
-            for k, batch, meta in self.iter_steps(epoch, start, layout, 0, 1, collate=False):
-                self._absorb_meta(meta)
-                step = j + k
-                if all(r.buffered == 0 for r in runners):
-                    st["step"], st["skip"] = step, 0
-                    st["counts"] = [r.count for r in runners]
+            current = -1
+            # each sample as soon as it is read (the first one is not held back by
+            # the reads of the rest of its step), then the step's meta
+            for k, batch, meta in self.iter_steps(epoch, start, layout, 0, 1, collate=False, each=True):
+                if k != current:  # step k starts: a clean point if no stage holds items
+                    current = k
+                    if all(r.buffered == 0 for r in runners):
+                        st["step"], st["skip"] = j + k, 0
+                        st["counts"] = [r.count for r in runners]
+                if meta is not None:
+                    self._absorb_meta(meta)
+                    continue
                 for sample in batch:
                     if isinstance(sample, dict):
                         if sample.get("__pad__"):

@@ -19,7 +19,8 @@ import logging
 import mmap
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import xxhash
 
@@ -57,10 +58,7 @@ def index_manifest(manifest: Manifest, store: Any = None,
         return manifest
     if store is None:
         store = ShardStore(on_event=on_event)
-    for s in todo:
-        path = store.ensure(s)
-        t0 = time.perf_counter()
-        idx = tario.scan_file(path, s.url)
+    for s, (idx, t0) in zip(todo, _scanned(store, todo)):
         if s.size is not None and s.size != idx.size:
             raise ChecksumMismatch(s.url, str(s.size), str(idx.size), what="size")
         if s.xxh3_64 is not None and s.xxh3_64 != idx.xxh3_64:
@@ -72,6 +70,36 @@ def index_manifest(manifest: Manifest, store: Any = None,
             progress(1)
     manifest._starts = None
     return manifest
+
+
+#: shards fetched and scanned at once by :func:`index_manifest` (each over its own connection)
+INDEX_THREADS = 8
+
+
+def _scan_one(store: Any, shard: Any) -> Tuple[Any, float]:
+    path = store.ensure(shard)
+    t0 = time.perf_counter()
+    return tario.scan_file(path, shard.url), t0
+
+
+def _scanned(store: Any, todo: List[Any]) -> Iterator[Tuple[Any, float]]:
+    """Each shard's scan, in ``todo``'s order, up to :data:`INDEX_THREADS` fetched and
+    scanned at once: a manifest without offsets is indexed in about the time of its
+    largest shards, not of all of them one after the other.  The first shard (in
+    order) that fails raises, as one by one; the shards after it are not waited for.
+    With a ``cache_size`` budget, one by one (a shard fetched is scanned before the
+    next fetch can evict it)."""
+    if len(todo) == 1 or INDEX_THREADS <= 1 or getattr(store, "cache_size", None) is not None:
+        for s in todo:
+            yield _scan_one(store, s)
+        return
+    pool = ThreadPoolExecutor(min(INDEX_THREADS, len(todo)), thread_name_prefix="resumewds-index")
+    try:
+        futures = [pool.submit(_scan_one, store, s) for s in todo]
+        for fut in futures:
+            yield fut.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a fetch under way ends on its own
 
 
 def index_skipping(m: Manifest, store: Any, handler: Callable[[BaseException], Any],

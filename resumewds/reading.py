@@ -383,7 +383,7 @@ def _groups(shard: ShardInfo, js: List[int]) -> List[Tuple[int, int, List[int]]]
     return out
 
 
-def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> None:
+def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, part: bool = False) -> None:
     """Make the samples ``where`` of shards not cached yet ready, verified.
 
     Called once per step, before its samples are read: for each shard of
@@ -408,6 +408,8 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
             for the samples within the bytes the step fetches by range per
             connection past the end of a partial this process is downloading
             (at most :data:`WINDOW_AHEAD`), while the other ranges are fetched.
+        part: ``where`` is the first part of a step (its first sample, fetched
+            before the others): the next call, with the rest, reads as the same step.
 
     Example:
         >>> prepare(ds, [(0, 5), (3, 17)])          # doctest: +SKIP
@@ -447,13 +449,13 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False) -> 
         return
     t0 = time.perf_counter()
     try:
-        _prepare(reader, rr, todo, stream, set(where))
+        _prepare(reader, rr, todo, stream, set(where), part)
     finally:
         reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
 
 
 def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
-             step: set) -> None:
+             step: set, part: bool = False) -> None:
     shards = reader.shards
     config = reader.store.fetch
     jobs: List[Tuple[int, Any, Any]] = []
@@ -520,7 +522,8 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
             rr.drop(key)  # this shard's samples follow on_error together
         reader.fail(si, shards[si], failure)
     rr.trim(step)  # never what this step reads
-    rr.steps += 1
+    if not part:
+        rr.steps += 1
 
 
 def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:

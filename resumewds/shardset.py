@@ -532,8 +532,8 @@ class ShardDataset:
 
     def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
                    num_workers: int = 1, collate: bool = True,
-                   collate_fn: Optional[Callable[[List[Any]], Any]] = None
-                   ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+                   collate_fn: Optional[Callable[[List[Any]], Any]] = None, each: bool = False
+                   ) -> Iterator[Tuple[int, Any, Any]]:
         """Yield ``(step, batch, meta)`` for this worker's steps of an epoch.
 
         Args:
@@ -546,6 +546,9 @@ class ShardDataset:
                 False the batch is the list of samples.
             collate_fn: the collate function (default: the one of
                 ``batched()``, else torch-free ``default_collate``).
+            each: with ``collate=False``: each delivered sample as soon as it
+                is read, ``(step, [sample], None)``, then ``(step, [], meta)``
+                (:func:`resumewds.stepengine.run_steps`).
 
         ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
         ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
@@ -562,8 +565,10 @@ class ShardDataset:
         collate_fn = collate_fn or self.collate_fn or default_collate
         plan = _EpochSteps(self, ep, layout, start, worker, num_workers)
         source = _StepSource(self, self.stages, stream=not str(self.plan.algo).endswith("window"))
+        if each and collate:
+            raise ValueError("iter_steps(each=True) hands out samples one by one: use collate=False")
         yield from run_steps([source], plan, epoch, worker, collate_fn if collate else None,
-                             self.batch_stages, self.take_events)
+                             self.batch_stages, self.take_events, each=each)
 
     def close(self) -> None:
         if self._reader is not None:

@@ -92,7 +92,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
               collate_fn: Optional[Callable[[List[Any]], Any]],
               batch_stages: Sequence[Callable[[Any], Any]],
               take_events: Callable[[], List[Dict[str, Any]]],
-              mixture: bool = False) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+              mixture: bool = False, each: bool = False) -> Iterator[Tuple[int, Any, Any]]:
     """Yield ``(step, batch, meta)`` for the plan's steps of ``epoch``.
 
     Args:
@@ -103,6 +103,11 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
             is the list of samples.
         take_events: the events of the step (drained at its end).
         mixture: ``meta["sources"]`` (samples per source) and ``__source__`` tags.
+        each: without collation only: each delivered sample as soon as it is read,
+            ``(step, [sample], None)``, then the step's ``(step, [], meta)`` (the same
+            samples, in the same order).  The first sample of a pass is then not held
+            back by the reads of the rest of its step: the first step's ranged reads
+            fetch the first sample's range first, then the others.
 
     ``meta`` has ``worker``, ``step``, ``samples``, ``pads``, ``skipped``,
     ``filtered``, ``bytes``, ``shards`` (samples per global shard index: a
@@ -155,10 +160,17 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
             groups = {}
             for i, s in enumerate(srcs):
                 groups.setdefault(s, []).append(where[i])
+        later: List[Tuple[int, Any]] = []  # (source, pairs) prepared after the first sample
         for s, pairs in groups.items():
             if hint:  # the first step: its reads start at once (cold disk)
                 openshards.hint_pages(dss[s], pairs)
-            reading.prepare(dss[s], pairs, sources[s].stream)
+            if each and hint and srcs is None and len(pairs) > 1 and not sources[s].stream:
+                # the first sample of the pass does not wait for the step's other ranges
+                # (a shuffled window: its samples are read one by one, never as runs)
+                reading.prepare(dss[s], pairs[:1], sources[s].stream, part=True)
+                later.append((s, pairs[1:]))
+            else:
+                reading.prepare(dss[s], pairs, sources[s].stream)
         hint = False
         # per source: its reads of open shards (``fast``, not while ranged samples
         # wait to be taken), failed shards, stages, where its shards start
@@ -183,6 +195,14 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         nslots = len(slots)
         ahead: List[Optional[Dict[str, Any]]] = []
         for i, (pos, pad) in enumerate(slots):
+            if later and i == 1:  # the first sample is out: the rest of the first step
+                for s, rest in ([] if stopping else later):
+                    reading.prepare(dss[s], rest, sources[s].stream)
+                    rd = openshards.shard_reader(dss[s])
+                    if rd.ranged is not None and rd.ranged.ready:
+                        state[s] = (state[s][0], None, None) + state[s][3:]  # ranged samples wait: no fast reads
+                ds, fast, touch, failed, stages, off, stream, rb = state[cur]
+                later = []
             si, j = where[i]
             if srcs is not None and srcs[i] != cur:
                 cur = srcs[i]
@@ -270,6 +290,9 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 continue
             out.append(x)
             slot_index.append(i)
+            if each:
+                yield k, [x], None
+                t0 = clock()  # the consumer's time is not the step's
         if slot_index:
             meta["positions"] = [slots[i][0] for i in slot_index]
             meta["pad_flags"] = [bool(slots[i][1]) for i in slot_index]
@@ -295,6 +318,6 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         failed_now = {shards[offsets[s] + i].url: e for s, r in enumerate(readers) for i, e in r.failed.items()}
         if failed_now:
             meta["failed"] = failed_now
-        yield k, batch, meta
+        yield k, ([] if each else batch), meta
         if stopping:  # the samples before the stop were delivered: no more steps
             return

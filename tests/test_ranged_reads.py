@@ -382,7 +382,9 @@ def test_a_server_that_ignores_range_falls_back_to_whole_shards(v3, tmp_path, mo
     assert flipped == (2 if how == "flag" else 1)
     if how == "flag":
         # no sample came by range: each was read from a verified partial or the cache
-        assert ignored >= 1 and off == set(range(SHARDS))
+        # (a shard whose samples the partial download served before its first range
+        # was asked for never meets the server's answer: it is not in ``off``)
+        assert ignored >= 1 and off and off <= set(range(SHARDS))
         assert counters["range_samples"] == 0 and counters["range_bytes"] == 0
     else:
         assert ignored == 1 and off == {0}

@@ -35,9 +35,10 @@ import sqlite3
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import sqlite_utils
+if TYPE_CHECKING:
+    import sqlite_utils
 
 from ..errors import JournalConfigMismatch, JournalError
 from ..events import EventKind
@@ -274,6 +275,7 @@ class Journal:
         raise lost_commits_error(self.path, recorded, self._max_step)
 
     def _db(self) -> sqlite_utils.Database:
+        import sqlite_utils  # lazy: ~60 ms of import, paid only by a loader that opens a journal
         return sqlite_utils.Database(self.conn, execute_plugins=False)
 
     @property

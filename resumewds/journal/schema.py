@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-import sqlite_utils
+if TYPE_CHECKING:
+    import sqlite_utils
 
 from ..errors import JournalError
 from .lock import recorded_run_id
@@ -87,6 +88,7 @@ JOURNAL_SCHEMA_VERSION: int = 2
 
 def _migrations() -> Any:
     """The migration set, on sqlite-utils' ``Migrations``."""
+    import sqlite_utils  # lazy: ~60 ms of import, paid only by a loader that opens a journal
     migrations = sqlite_utils.Migrations(MIGRATION_SET)
     for version, name, fn in _MIGRATIONS:
         migrations(name=name)(_recording_version(version, fn))
@@ -113,6 +115,7 @@ def apply_migrations(db: sqlite_utils.Database) -> int:
 
 def applied_migrations(conn: sqlite3.Connection) -> List[str]:
     """The names of the steps applied to the file, in order (read-only)."""
+    import sqlite_utils  # lazy: ~60 ms of import, paid only by a loader that opens a journal
     return [m.name for m in _migrations().applied(sqlite_utils.Database(conn, execute_plugins=False))]
 
 

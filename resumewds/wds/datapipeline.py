@@ -354,17 +354,30 @@ class DataPipeline(WebDataset, IterableDataset):
             total = len(self.plan.epoch(epoch))
             delivered = 0
             try:
+                # unbatched: each sample as soon as it is read (``(k, [sample], None)``),
+                # then the step's ``(k, [], meta)``; batched: one item per step
+                current, n = -1, 0
                 for k, batch, _meta in WebDataset.iter_steps(self, epoch, start, layout, worker, nw,
-                                                             collate=batched, collate_fn=collate_fn):
+                                                             collate=batched, collate_fn=collate_fn,
+                                                             each=not batched):
+                    if k != current:
+                        current, n = k, 0
+                        st["position"] = start + k * layout.step_size
+                    if _meta is None:
+                        n += 1
+                        if n <= skip:
+                            continue
+                        st["skip"] = n
+                        delivered += 1
+                        yield hide_positions(batch[0])
+                        continue
                     if _meta.get("events"):
                         self._absorb_meta(_meta)
-                    items = ([batch] if _meta["samples"] else []) if batched else \
-                        [hide_positions(x) for x in batch]
-                    st["position"] = start + k * layout.step_size
-                    for n, x in enumerate(items):
-                        if n < skip:
+                    for x in ([batch] if _meta["samples"] else []) if batched else []:
+                        n += 1
+                        if n <= skip:
                             continue
-                        st["skip"] = n + 1
+                        st["skip"] = n
                         delivered += 1
                         yield x
                     skip = 0
