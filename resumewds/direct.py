@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .errors import ResumeWDSError, StateError
 from .fetch import is_remote_url, local_path
+from .framecheck import warn_foreign_loader
 from .handling import empty_epoch_error, until_stop
 from .plan import Layout, mix
 from .positions import hide_positions
@@ -79,6 +80,8 @@ class DirectDataset(ShardDataset):
         stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
         moment resumes exactly after the last item yielded."""
         rank, world, worker, nworkers, custom = self._split()
+        if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
+            warn_foreign_loader(getattr(self, "_framework_guard", None))
         V = world * nworkers
         chunk = self.batch_size or (64 if V == 1 else 1)
         layout = _NoPadLayout(batch_size=chunk, world_size=V, rank=rank + world * worker)

@@ -138,6 +138,29 @@ def make_loader(args: Any, **kw: Any) -> Any:
     return rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, **kw)
 
 
+def foreign_loader(args: Any) -> Any:
+    """``--form dataloader`` / ``stateful``: a torch DataLoader / torchdata StatefulDataLoader over the data set."""
+    from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    cls = StatefulDataLoader if args.form == "stateful" else DataLoader
+    return cls(make_loader(args).dataset, batch_size=args.batch, num_workers=args.workers)
+
+
+def direct_records(data: str, workers: int, epochs: int = 2, batch: int = 8) -> List[str]:
+    """The record of an exact run over ``DataLoader(dataset, num_workers=workers)``: epoch ``e`` is what the
+    loader gives after ``dataset.set_epoch(e)``, read here without a framework."""
+    from torch.utils.data import DataLoader
+
+    ds = make_loader(argparse.Namespace(data=data, batch=batch, workers=0)).dataset
+    lines: List[str] = []
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        for keys, _cls in DataLoader(ds, batch_size=batch, num_workers=workers):
+            lines.append(f"{len(lines)}\t{' '.join(keys)}")
+    return lines
+
+
 def lightning_journal_loader(args: Any) -> Any:
     """``--journal``: the loader resumes from its journal at the step of the checkpoint Lightning restores
     (``OUT/resumed_at`` says where, before ``fit`` runs)."""
@@ -191,6 +214,8 @@ def run_lightning(args: Any) -> None:
     in_module = args.journal and args.devices > 1
     if args.journal and not in_module:
         built.append(lightning_journal_loader(args))
+    if args.form != "webloader":
+        built.append(foreign_loader(args))
     loader = None if in_module else built[0] if built else make_loader(args)
     if args.journal:
         class CommitOnSave(L.Callback):  # the documented hook: the journal records each checkpoint's step
@@ -328,6 +353,8 @@ def main(argv: Any = None) -> None:
     p.add_argument("--journal", action="store_true", help="Lightning: commit to a journal at each checkpoint")
     p.add_argument("--kill-in-save", type=int, default=None, help="--journal: SIGKILL after the commit of step S")
     p.add_argument("--no-callback", dest="callback", action="store_false")
+    p.add_argument("--form", choices=["webloader", "dataloader", "stateful"], default="webloader",
+                   help="lightning: the training loader (a WebLoader, or a torch / torchdata loader over the data set)")
     p.add_argument("--dataloader", action="store_true", help="accelerate: a torch DataLoader over the dataset")
     p.add_argument("--skip", action="store_true", help="accelerate: accelerator.skip_first_batches after load_state")
     args = p.parse_args(argv)

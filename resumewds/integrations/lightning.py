@@ -17,6 +17,17 @@ resumewds loader Lightning left at a different position (with a warning
 naming the cause).  It also accepts checkpoints written without it (it then
 uses Lightning's own copy of the state).
 
+The callback also serves a torchdata ``StatefulDataLoader`` (or a torch
+``DataLoader``) over a resumewds ``WebDataset``, which Lightning alone
+resumes wrongly: it sets the data set's epoch at each epoch (Lightning calls
+only a sampler's ``set_epoch``), turns off Lightning's one-batch prefetch for
+the training loader (Lightning would save the ``StatefulDataLoader``'s state
+one batch ahead of what was trained on), and refuses a ``StatefulDataLoader``
+state of another ``num_workers`` with :class:`resumewds.StateError`.  A
+``StatefulDataLoader`` then resumes exactly; a ``DataLoader`` has no state,
+and a resume in the middle of an epoch gets a warning (the epoch starts over;
+:class:`resumewds.StateError` with ``strict=True``).
+
 Example::
 
     from resumewds.integrations.lightning import ResumeWDSCallback
@@ -31,12 +42,15 @@ Importing this module imports Lightning (``lightning.pytorch``, else
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import warnings
 from typing import Any, Dict, List, Optional
 
 from ..errors import StateError
-from . import _check_world, resumewds_loaders
+from . import _check_world, _is_resumewds_loader, resumewds_loaders
+from .stateful import state_num_workers
 
 
 def _lightning() -> Any:
@@ -65,6 +79,78 @@ def _train_loaders(trainer: Any) -> List[Any]:
     return resumewds_loaders(getattr(trainer, "train_dataloader", None))
 
 
+def _foreign_loaders(trainer: Any) -> List[Any]:
+    """The training loaders that iterate a resumewds data set directly (a torch ``DataLoader``, a
+    torchdata ``StatefulDataLoader``): not resumewds loaders, so Lightning resumes them its own way."""
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    flat = getattr(combined, "flattened", None) or []
+    return [dl for dl in flat if not _is_resumewds_loader(dl)
+            and hasattr(getattr(dl, "dataset", None), "iter_steps") and hasattr(dl.dataset, "set_epoch")]
+
+
+def _set_epoch(loader: Any, epoch: int) -> None:
+    """The data set of ``loader`` starts its next ``iter()`` at ``epoch`` (unless it is there already:
+    a restored position of that epoch is kept)."""
+    ds = loader.dataset
+    ds._framework_guard = "lightning"  # its loader is handled: no warning from the data set
+    if int(getattr(ds, "epoch", -1)) != int(epoch):
+        ds.set_epoch(epoch)
+
+
+def _before_first_iter(callback: "ResumeWDSCallback", trainer: Any) -> bool:
+    """Prepare the foreign training loaders before Lightning's first ``iter()`` of this fit (it happens
+    before any hook: the restored epoch, the state's worker count, a DataLoader resumed mid-epoch).
+    True when one of them has a state (Lightning must then not prefetch)."""
+    loop = trainer.fit_loop
+    epoch = int(loop.epoch_progress.current.processed)
+    progress = loop.epoch_loop.batch_progress
+    mid_epoch = bool(loop.restarting and progress.current.completed and not progress.is_last_batch)
+    stateful = False
+    for dl in _foreign_loaders(trainer):
+        state = getattr(dl, "next_iter_state", None)  # a StatefulDataLoader being restored
+        if state is not None:
+            taken, have = state_num_workers(state), int(getattr(dl, "num_workers", 0) or 0)
+            if taken is not None and taken != have:
+                raise StateError(f"the checkpoint's StatefulDataLoader state was taken with num_workers={taken}, "
+                                 f"the training loader has num_workers={have}: torchdata restores a state only "
+                                 f"into the same worker count. Build the loader with num_workers={taken} for this "
+                                 "resume, or train with resumewds.WebLoader (its state loads under any num_workers)")
+        elif mid_epoch and not hasattr(dl, "state_dict"):
+            msg = (f"resumewds: Lightning resumes in the middle of epoch {epoch} (after {progress.current.completed} "
+                   f"batches), but the training loader, a {type(dl).__name__} over a resumewds WebDataset, has no "
+                   "state: the epoch starts over and its first batches are trained on again. Use resumewds.WebLoader "
+                   "(or torchdata's StatefulDataLoader) for an exact resume, or resume from an end-of-epoch checkpoint")
+            if callback.strict:
+                raise StateError(msg)
+            log.warning("%s", msg)
+            warnings.warn(msg, UserWarning, stacklevel=2)
+        stateful = stateful or hasattr(dl, "state_dict")
+        _set_epoch(dl, epoch)
+    return stateful
+
+
+def _install_fetcher_hook() -> None:
+    """Let :class:`ResumeWDSCallback` see the training loaders between Lightning's restore of their states
+    and its first ``iter()`` (``fit_loop._select_data_fetcher``), and turn off the prefetch that would save a
+    ``StatefulDataLoader``'s state one batch ahead.  Inert for a trainer without the callback."""
+    mod = importlib.import_module(_lightning().__name__ + ".loops.fit_loop")
+    original = getattr(mod, "_select_data_fetcher", None)
+    if original is None or getattr(original, "_resumewds", False):
+        return
+
+    @functools.wraps(original)
+    def _select_data_fetcher(trainer: Any, stage: Any) -> Any:
+        fetcher = original(trainer, stage)
+        callbacks = [c for c in getattr(trainer, "callbacks", ()) if isinstance(c, ResumeWDSCallback)]
+        if callbacks and getattr(trainer.fit_loop, "_combined_loader", None) is not None:
+            if _before_first_iter(callbacks[0], trainer) and hasattr(fetcher, "prefetch_batches"):
+                fetcher.prefetch_batches = 0  # the loader's state is then what was trained on
+        return fetcher
+
+    _select_data_fetcher._resumewds = True  # type: ignore[attr-defined]
+    setattr(mod, "_select_data_fetcher", _select_data_fetcher)  # noqa: B010 (a module global)
+
+
 def _where(state: Dict[str, Any]) -> Any:
     return (int(state.get("epoch", 0)), int(state.get("position", 0)))
 
@@ -82,6 +168,11 @@ class ResumeWDSCallback(_Callback):
         super().__init__()
         self.strict = strict
         self._pending: Optional[List[Dict[str, Any]]] = None
+        _install_fetcher_hook()
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        for dl in _foreign_loaders(trainer):  # before Lightning's iter() of this epoch (not the fit's first)
+            _set_epoch(dl, trainer.current_epoch)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
         loaders = _train_loaders(trainer)
