@@ -161,6 +161,12 @@ def direct_records(data: str, workers: int, epochs: int = 2, batch: int = 8) -> 
     return lines
 
 
+def write_resumed_at(args: Any, steps_done: int) -> None:
+    """``OUT/resumed_at``: the step a journaled loader resumed at (before training runs)."""
+    with open(os.path.join(args.out, "resumed_at"), "w") as f:
+        f.write(str(steps_done))
+
+
 def lightning_journal_loader(args: Any) -> Any:
     """``--journal``: the loader resumes from its journal at the step of the checkpoint Lightning restores
     (``OUT/resumed_at`` says where, before ``fit`` runs)."""
@@ -266,13 +272,21 @@ def run_accelerate(args: Any) -> None:
     model, opt = acc.prepare(model, opt)
     counter = Counter()
     acc.register_for_checkpointing(counter)
-    if args.dataloader:  # a torch DataLoader over the dataset: prepare_loader makes it a WebLoader
+    if args.journal:  # the journal holds the data position: commit before each save_state, resume= its step
+        if args.resume:
+            acc.load_state()
+            acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
+            cut_record(args.out, counter.step)
+        loader = make_loader(args, journal=os.path.join(args.out, "run.db"),
+                             resume=counter.step - 1 if counter.step else False)
+        write_resumed_at(args, loader.steps_done)
+    elif args.dataloader:  # a torch DataLoader over the dataset: prepare_loader makes it a WebLoader
         from torch.utils.data import DataLoader
 
         loader = prepare_loader(acc, DataLoader(make_loader(args).dataset, batch_size=args.batch))
     else:
         loader = prepare_loader(acc, make_loader(args))
-    if args.resume:
+    if args.resume and not args.journal:
         acc.load_state()  # the latest checkpoint (Accelerate does not restore its save counter)
         acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
         cut_record(args.out, counter.step)
@@ -288,6 +302,10 @@ def run_accelerate(args: Any) -> None:
             opt.zero_grad()
             counter.step += 1
             if counter.step % STEPS_PER_CKPT == 0:
+                if args.journal:  # the documented hook: commit, then save the checkpoint
+                    loader.commit(counter.step - 1)
+                    if counter.step == args.kill_in_save:  # committed, the checkpoint not written
+                        os.kill(os.getpid(), signal.SIGKILL)
                 acc.save_state()
 
 
@@ -328,12 +346,33 @@ def run_transformers(args: Any) -> None:
     targs = TrainingArguments(output_dir=os.path.join(args.out, "hf"), num_train_epochs=args.epochs,
                               save_strategy="steps", save_steps=STEPS_PER_CKPT, logging_strategy="no",
                               report_to="none", use_cpu=True, disable_tqdm=True, seed=3,
-                              gradient_accumulation_steps=args.accumulate, remove_unused_columns=False)
+                              gradient_accumulation_steps=args.accumulate, remove_unused_columns=False,
+                              ignore_data_skip=args.journal)
     trainer = Record(model=Tiny(), args=targs, callbacks=[Cut()])
     shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
     ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
-    attach(trainer, rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate))
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    if not args.journal:
+        attach(trainer, rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate))
+        trainer.train(resume_from_checkpoint=True if args.resume else None)
+        return
+    # the journal holds the data position: commit at each save, resume= the restored checkpoint's step
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = get_last_checkpoint(targs.output_dir) if args.resume else None
+    step = int(folder.rsplit("-", 1)[1]) if folder else 0
+    loader = rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate,
+                          journal=os.path.join(args.out, "run.db"), resume=step - 1 if step else False)
+    write_resumed_at(args, loader.steps_done)
+
+    class CommitOnSave(TrainerCallback):  # the documented hook
+        def on_save(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
+            loader.commit(state.global_step - 1)
+            if state.global_step == args.kill_in_save:  # committed after the checkpoint folder was written
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer.add_callback(CommitOnSave())
+    trainer.get_train_dataloader = lambda: loader  # the Trainer must not skip: the loader resumed itself
+    trainer.train(resume_from_checkpoint=folder)
 
 
 def main(argv: Any = None) -> None:
@@ -350,7 +389,7 @@ def main(argv: Any = None) -> None:
     p.add_argument("--accumulate", type=int, default=1, help="transformers: gradient_accumulation_steps")
     p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
     p.add_argument("--devices", type=int, default=1, help="Lightning: processes of strategy='ddp' (gloo on CPU)")
-    p.add_argument("--journal", action="store_true", help="Lightning: commit to a journal at each checkpoint")
+    p.add_argument("--journal", action="store_true", help="commit to a journal at each checkpoint, resume= its step")
     p.add_argument("--kill-in-save", type=int, default=None, help="--journal: SIGKILL after the commit of step S")
     p.add_argument("--no-callback", dest="callback", action="store_false")
     p.add_argument("--form", choices=["webloader", "dataloader", "stateful"], default="webloader",
