@@ -72,21 +72,44 @@ def test_stateful_dataloader_state_of_another_worker_count_is_a_state_error(shar
         crash_and_resume(shards, str(tmp_path / "run"), "stateful", 2, resume_workers=1)
 
 
-def test_dataloader_gets_its_epochs_from_the_callback(shards, tmp_path):
-    """An uninterrupted run over a torch DataLoader with 2 workers: epoch 1 is epoch 1, not a
-    repetition of epoch 0's order."""
-    fit(shards, str(tmp_path / "ref"), "dataloader", 2)
-    assert records(str(tmp_path / "ref")) == drv.direct_records(shards, 2)
+def webloader_records(shards: str) -> List[str]:
+    """The exact sequence of the WebLoader over the data set (batches of 8, 2 epochs), without a framework."""
+    return drv.loader_records(shards, ranks=1)[0]
 
 
-def test_dataloader_resumed_mid_epoch_is_warned(shards, tmp_path):
-    """A DataLoader has no state: a resume in the middle of an epoch starts it over, with a warning
-    that names the fix (a StateError with ``strict``)."""
+def test_dataloader_becomes_a_webloader_and_resumes_exactly(shards, tmp_path):
+    """With the callback, a torch DataLoader over the data set (2 workers) is trained on as the equivalent
+    WebLoader: a crash mid-epoch 0, resumed with 0 workers, gives exactly the WebLoader's sequence over
+    2 epochs (epoch 1 in its own order)."""
+    crash_and_resume(shards, str(tmp_path / "run"), "dataloader", 2, resume_workers=0)
+    assert records(str(tmp_path / "run")) == webloader_records(shards)
+
+
+def test_dataloader_resumed_mid_epoch_is_warned_when_it_stays_a_dataloader(shards, tmp_path, monkeypatch):
+    """Where the DataLoader stays one (no conversion), a resume in the middle of an epoch starts that
+    epoch over: a warning names the fix (a StateError with ``strict``)."""
+    import resumewds.integrations.lightning as rwl
+
+    monkeypatch.setattr(rwl, "_webloader_for", lambda loader, stateful=True: None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         crash_and_resume(shards, str(tmp_path / "run"), "dataloader", 0)
     assert any("has no state: the epoch starts over" in str(w.message) and "resumewds.WebLoader" in str(w.message)
                for w in caught)
+    with pytest.raises(StateError, match="has no state: the epoch starts over"):
+        rwl._before_first_iter(rwl.ResumeWDSCallback(strict=True), _Resumed(drv.foreign_loader(
+            drv.argparse.Namespace(data=shards, batch=8, workers=0, form="dataloader"))))
+
+
+class _Resumed:
+    """A trainer resumed after 3 batches of epoch 1 (what _before_first_iter reads)."""
+
+    def __init__(self, loader):
+        from types import SimpleNamespace as NS
+
+        progress = NS(current=NS(completed=3), is_last_batch=False)
+        self.fit_loop = NS(epoch_progress=NS(current=NS(processed=1)), restarting=True,
+                           epoch_loop=NS(batch_progress=progress), _combined_loader=NS(flattened=[loader]))
 
 
 @pytest.mark.parametrize("form", ["stateful", "dataloader"])
@@ -104,6 +127,17 @@ def driver(shards: str, out: str, *argv: str) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
     return subprocess.run([sys.executable, DRIVER, "lightning", "--data", shards, "--out", out, *argv], env=env,
                           timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+
+
+@pytest.mark.slow
+def test_dataloader_kill9_twice_other_worker_counts_is_exact(shards, tmp_path):
+    """A torch DataLoader (trained on as a WebLoader by the callback): SIGKILL mid-epoch 0 (2 workers),
+    resume with 0, SIGKILL mid-epoch 1, resume with 1: the whole sequence is exact."""
+    run = str(tmp_path / "run")
+    assert driver(shards, run, "--kill-at", "14", "--form", "dataloader", "--workers", "2") == -9
+    assert driver(shards, run, "--kill-at", "38", "--resume", "--form", "dataloader", "--workers", "0") == -9
+    assert driver(shards, run, "--resume", "--form", "dataloader", "--workers", "1") == 0
+    assert records(run) == webloader_records(shards)
 
 
 @pytest.mark.slow

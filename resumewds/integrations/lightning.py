@@ -23,10 +23,12 @@ resumes wrongly: it sets the data set's epoch at each epoch (Lightning calls
 only a sampler's ``set_epoch``), turns off Lightning's one-batch prefetch for
 the training loader (Lightning would save the ``StatefulDataLoader``'s state
 one batch ahead of what was trained on), and refuses a ``StatefulDataLoader``
-state of another ``num_workers`` with :class:`resumewds.StateError`.  A
-``StatefulDataLoader`` then resumes exactly; a ``DataLoader`` has no state,
-and a resume in the middle of an epoch gets a warning (the epoch starts over;
-:class:`resumewds.StateError` with ``strict=True``).
+state of another ``num_workers`` with :class:`resumewds.StateError`: a
+``StatefulDataLoader`` then resumes exactly.  A torch ``DataLoader`` has no
+state to resume from: the callback trains on the equivalent
+:class:`resumewds.WebLoader` instead (the same data set, batch size, workers
+and collate function; the WebLoader's order), which resumes exactly with any
+``num_workers``.
 
 Example::
 
@@ -49,7 +51,7 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from ..errors import StateError
-from . import _check_world, _is_resumewds_loader, resumewds_loaders
+from . import _check_world, _is_resumewds_loader, _webloader_for, resumewds_loaders
 from .stateful import state_num_workers
 
 
@@ -149,6 +151,25 @@ def _install_fetcher_hook() -> None:
 
     _select_data_fetcher._resumewds = True  # type: ignore[attr-defined]
     setattr(mod, "_select_data_fetcher", _select_data_fetcher)  # noqa: B010 (a module global)
+
+    process = getattr(mod, "_process_dataloader", None)
+    if process is None or getattr(process, "_resumewds", False):
+        return
+
+    @functools.wraps(process)
+    def _process_dataloader(trainer: Any, trainer_fn: Any, stage: Any, dataloader: Any) -> Any:
+        dataloader = process(trainer, trainer_fn, stage, dataloader)
+        if any(isinstance(c, ResumeWDSCallback) for c in getattr(trainer, "callbacks", ())):
+            converted = _webloader_for(dataloader, stateful=False)
+            if converted is not None:  # before Lightning loads the loaders' states: the WebLoader's is loaded
+                log.warning("resumewds: ResumeWDSCallback trains on a resumewds.WebLoader instead of the torch "
+                            "DataLoader over a resumewds WebDataset (the same batches per epoch, in the "
+                            "WebLoader's order: a DataLoader has no position to resume from)")
+                return converted
+        return dataloader
+
+    _process_dataloader._resumewds = True  # type: ignore[attr-defined]
+    setattr(mod, "_process_dataloader", _process_dataloader)  # noqa: B010 (a module global)
 
 
 def _where(state: Dict[str, Any]) -> Any:
