@@ -99,7 +99,7 @@ def _set_epoch(loader: Any, epoch: int) -> None:
         ds.set_epoch(epoch)
 
 
-def _before_first_iter(callback: "ResumeWDSCallback", trainer: Any) -> bool:
+def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
     """Prepare the foreign training loaders before Lightning's first ``iter()`` of this fit (it happens
     before any hook: the restored epoch, the state's worker count, a DataLoader resumed mid-epoch).
     True when one of them has a state (Lightning must then not prefetch)."""
