@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .errors import ResumeWDSError, StateError
 from .fetch import is_remote_url, local_path
-from .framecheck import warn_foreign_loader
+from .framecheck import check_restored_state, warn_foreign_loader
 from .handling import empty_epoch_error, until_stop
 from .plan import Layout, mix
 from .positions import hide_positions
@@ -211,6 +211,17 @@ class DirectDataset(ShardDataset):
         si = index.get(url)
         hit = self._reader.open.get(si) if (self._reader is not None and si is not None) else None
         return getattr(hit[0], "path", None) if hit else None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next ``iter()`` at the beginning of ``epoch``.
+
+        A framework's loader calls this just before it iterates; a torchdata
+        ``StatefulDataLoader`` state of another ``num_workers`` restored into it
+        is refused here with a :class:`resumewds.StateError` (torchdata would
+        fail next with a bare ``AssertionError``).
+        """
+        check_restored_state()
+        super().set_epoch(epoch)
 
     # ---- state (torchdata StatefulDataLoader protocol) -------------------
     def state_dict(self) -> Dict[str, Any]:

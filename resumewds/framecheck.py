@@ -7,7 +7,10 @@ or repeats data at a resume unless the framework's integration takes over.
 :func:`framework_caller` finds the framework on the call stack (a forked
 DataLoader worker keeps its parent's stack, so the answer is the same in the
 worker), and :func:`warn_foreign_loader` says, once per process, what goes
-wrong and which resumewds loader or callback fixes it.  No framework is
+wrong and which resumewds loader or callback fixes it.  :func:`check_restored_state`
+refuses, with a clear error, a torchdata ``StatefulDataLoader`` state of
+another ``num_workers`` that a framework restored into the loader about to
+iterate the data set (torchdata alone fails with a bare ``AssertionError``).  No framework is
 imported: only the names of the modules on the stack are read.
 
 Example:
@@ -20,9 +23,11 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-from typing import Optional, Set
+from typing import Any, Dict, Optional, Set
 
-__all__ = ["FOREIGN_LOADER", "framework_caller", "warn_foreign_loader"]
+from .errors import StateError
+
+__all__ = ["FOREIGN_LOADER", "check_restored_state", "framework_caller", "state_num_workers", "warn_foreign_loader"]
 
 log = logging.getLogger("resumewds")
 
@@ -88,3 +93,51 @@ def warn_foreign_loader(guarded: Optional[str] = None) -> Optional[str]:
         log.warning("%s", msg)
         warnings.warn(msg, UserWarning, stacklevel=3)
     return msg
+
+
+def state_num_workers(state: Dict[str, Any]) -> Optional[int]:
+    """The ``num_workers`` of the ``StatefulDataLoader`` that took ``state`` (None: not such a state).
+
+    Example:
+        >>> state_num_workers({"_snapshot": {"_main_snapshot": {"_num_workers": 2}}})
+        2
+        >>> state_num_workers({"_num_yielded": 5, "fetcher_state": {}})
+        0
+    """
+    if not isinstance(state, dict):
+        return None
+    snapshot = state.get("_snapshot")
+    if isinstance(snapshot, dict):
+        main = snapshot.get("_main_snapshot")
+        if isinstance(main, dict) and "_num_workers" in main:
+            return int(main["_num_workers"])
+        return None
+    if "_num_yielded" in state:  # the single-process form
+        return 0
+    return None
+
+
+def check_restored_state(depth: int = 12) -> None:
+    """Refuse a ``StatefulDataLoader`` state of another ``num_workers`` restored into the loader that
+    calls this (Accelerate's prepared loader calls the data set's ``set_epoch`` just before it iterates
+    its ``StatefulDataLoader``, ``base_dataloader``): the callers' ``self`` within ``depth`` frames.
+
+    Raises:
+        StateError: the restored state was taken with another worker count.
+    """
+    frame = sys._getframe(1)
+    while frame is not None and depth > 0:
+        obj = frame.f_locals.get("self")
+        for loader in (obj, getattr(obj, "base_dataloader", None)):
+            state = getattr(loader, "next_iter_state", None)
+            taken = state_num_workers(state) if isinstance(state, dict) else None
+            have = int(getattr(loader, "num_workers", 0) or 0)
+            if taken is not None and taken != have:
+                raise StateError(f"the restored StatefulDataLoader state was taken with num_workers={taken}, the "
+                                 f"loader has num_workers={have}: torchdata restores a state only into the same "
+                                 f"worker count (it holds one snapshot per worker). Build the loader with "
+                                 f"num_workers={taken} for this resume, or use resumewds.WebLoader (with "
+                                 "Accelerate: resumewds.integrations.accelerate.prepare_loader), whose state loads "
+                                 "under any num_workers")
+        frame = frame.f_back  # type: ignore[assignment]
+        depth -= 1

@@ -180,3 +180,29 @@ def test_prepared_torch_dataloader_over_a_web_dataset_is_warned(shards):
     assert direct == 200 and len(msgs) == 1
     assert "does not resume exactly through save_state / load_state" in msgs[0]
     assert "resumewds.integrations.accelerate.prepare_loader(accelerator" in msgs[0]
+
+
+def test_stateful_dataloader_state_of_another_worker_count_is_a_state_error(shards, tmp_path):
+    """``use_stateful_dataloader=True``: ``load_state`` restores torchdata's state of 2 workers into a
+    prepared loader of 1; the data set's ``set_epoch`` (which Accelerate calls just before it iterates)
+    raises a StateError naming both counts and the fix, where torchdata fails with a bare AssertionError."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+
+    def prepared(workers):
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        ds = rw.WebDataset(sorted(os.path.join(shards, f) for f in os.listdir(shards)), seed=1).decode()
+        return acc, acc.prepare(DataLoader(ds.to_tuple("cls"), batch_size=8, num_workers=workers))
+
+    acc, loader = prepared(2)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    acc.save_state(str(tmp_path / "ckpt"))
+    del it
+    acc, loader = prepared(1)
+    acc.load_state(str(tmp_path / "ckpt"))
+    with pytest.raises(rw.StateError, match="taken with num_workers=2, the loader has num_workers=1.*"
+                                            "prepare_loader"):
+        next(iter(loader))
