@@ -24,7 +24,9 @@ only a sampler's ``set_epoch``), turns off Lightning's one-batch prefetch for
 the training loader (Lightning would save the ``StatefulDataLoader``'s state
 one batch ahead of what was trained on), and refuses a ``StatefulDataLoader``
 state of another ``num_workers`` with :class:`resumewds.StateError`: a
-``StatefulDataLoader`` then resumes exactly.  A torch ``DataLoader`` has no
+``StatefulDataLoader`` then resumes exactly (under several processes the
+callback keeps every rank's state: Lightning keeps rank 0's only, and would
+give it to every rank).  A torch ``DataLoader`` has no
 state to resume from: the callback trains on the equivalent
 :class:`resumewds.WebLoader` instead (the same data set, batch size, workers
 and collate function; the WebLoader's order), which resumes exactly with any
@@ -65,12 +67,14 @@ def _lightning() -> Any:
 
 _Callback: Any = _lightning().Callback
 
-__all__ = ["ResumeWDSCallback", "CHECKPOINT_KEY"]
+__all__ = ["ResumeWDSCallback", "CHECKPOINT_KEY", "RANK_STATES_KEY"]
 
 log = logging.getLogger("resumewds")
 
 #: where :class:`ResumeWDSCallback` keeps the loaders' states in a Lightning checkpoint
 CHECKPOINT_KEY = "resumewds_loaders"
+#: where it keeps every rank's ``StatefulDataLoader`` states (Lightning keeps rank 0's only)
+RANK_STATES_KEY = "resumewds_stateful_per_rank"
 
 
 def _train_loaders(trainer: Any) -> List[Any]:
@@ -108,7 +112,9 @@ def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
     progress = loop.epoch_loop.batch_progress
     mid_epoch = bool(loop.restarting and progress.current.completed and not progress.is_last_batch)
     stateful = False
-    for dl in _foreign_loaders(trainer):
+    foreign = _foreign_loaders(trainer)
+    _load_own_rank_states(callback, trainer, [dl for dl in foreign if hasattr(dl, "state_dict")])
+    for dl in foreign:
         state = getattr(dl, "next_iter_state", None)  # a StatefulDataLoader being restored
         if state is not None:
             taken, have = state_num_workers(state), int(getattr(dl, "num_workers", 0) or 0)
@@ -129,6 +135,33 @@ def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
         stateful = stateful or hasattr(dl, "state_dict")
         _set_epoch(dl, epoch)
     return stateful
+
+
+def _load_own_rank_states(callback: ResumeWDSCallback, trainer: Any, loaders: List[Any]) -> None:
+    """Under several processes, each rank loads its own ``StatefulDataLoader`` state (Lightning loaded
+    rank 0's into every rank: the data set's share of another rank)."""
+    per_rank, callback._rank_states = callback._rank_states, None
+    if not per_rank or not loaders:
+        return
+    rank, world = int(trainer.global_rank), int(trainer.world_size)
+    if len(per_rank) != world or any(len(states) != len(loaders) for states in per_rank):
+        raise StateError(f"the checkpoint holds StatefulDataLoader states of {len(per_rank)} rank(s), this run has "
+                         f"{world} process(es) with {len(loaders)} such training loader(s): a StatefulDataLoader's "
+                         "state is one rank's share; resume with the same world size and loaders, or train with "
+                         "resumewds.WebLoader (its state is global: any world size)")
+    for dl, state in zip(loaders, per_rank[rank]):
+        dl.load_state_dict(state)
+
+
+def _gather(obj: Any, world: int) -> List[Any]:
+    """``obj`` of every rank (``torch.distributed.all_gather_object``; ``[obj]`` in one process)."""
+    import torch.distributed as dist  # lazy: torch is Lightning's, loaded already
+
+    if world <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _install_fetcher_hook() -> None:
@@ -189,6 +222,7 @@ class ResumeWDSCallback(_Callback):
         super().__init__()
         self.strict = strict
         self._pending: Optional[List[Dict[str, Any]]] = None
+        self._rank_states: Optional[List[List[Dict[str, Any]]]] = None
         _install_fetcher_hook()
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -199,6 +233,9 @@ class ResumeWDSCallback(_Callback):
         loaders = _train_loaders(trainer)
         if loaders:
             checkpoint[CHECKPOINT_KEY] = [ld.state_dict() for ld in loaders]
+        stateful = [dl for dl in _foreign_loaders(trainer) if hasattr(dl, "state_dict")]
+        if stateful and trainer.world_size > 1:  # every rank saves (together): keep each rank's share
+            checkpoint[RANK_STATES_KEY] = _gather([dl.state_dict() for dl in stateful], trainer.world_size)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
         states = checkpoint.get(CHECKPOINT_KEY)
@@ -207,6 +244,7 @@ class ResumeWDSCallback(_Callback):
             states = (loop.get("state_dict") or {}).get("combined_loader")
             states = [s for s in states or () if isinstance(s, dict) and s.get("format") == "resumewds.loader"]
         self._pending = list(states) if states else []
+        self._rank_states = checkpoint.get(RANK_STATES_KEY)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         pending, self._pending = self._pending, None
