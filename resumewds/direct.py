@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .errors import ResumeWDSError, StateError
 from .fetch import is_remote_url, local_path
+from .framecheck import check_restored_state, warn_foreign_loader
 from .handling import empty_epoch_error, until_stop
 from .plan import Layout, mix
 from .positions import hide_positions
@@ -79,6 +80,8 @@ class DirectDataset(ShardDataset):
         stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
         moment resumes exactly after the last item yielded."""
         rank, world, worker, nworkers, custom = self._split()
+        if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
+            warn_foreign_loader(getattr(self, "_framework_guard", None))
         V = world * nworkers
         chunk = self.batch_size or (64 if V == 1 else 1)
         layout = _NoPadLayout(batch_size=chunk, world_size=V, rank=rank + world * worker)
@@ -222,6 +225,17 @@ class DirectDataset(ShardDataset):
         si = index.get(url)
         hit = self._reader.open.get(si) if (self._reader is not None and si is not None) else None
         return getattr(hit[0], "path", None) if hit else None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next ``iter()`` at the beginning of ``epoch``.
+
+        A framework's loader calls this just before it iterates; a torchdata
+        ``StatefulDataLoader`` state of another ``num_workers`` restored into it
+        is refused here with a :class:`resumewds.StateError` (torchdata would
+        fail next with a bare ``AssertionError``).
+        """
+        check_restored_state()
+        super().set_epoch(epoch)
 
     # ---- state (torchdata StatefulDataLoader protocol) -------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -138,6 +138,35 @@ def make_loader(args: Any, **kw: Any) -> Any:
     return rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, **kw)
 
 
+def foreign_loader(args: Any) -> Any:
+    """``--form dataloader`` / ``stateful``: a torch DataLoader / torchdata StatefulDataLoader over the data set."""
+    from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    cls = StatefulDataLoader if args.form == "stateful" else DataLoader
+    return cls(make_loader(args).dataset, batch_size=args.batch, num_workers=args.workers)
+
+
+def direct_records(data: str, workers: int, epochs: int = 2, batch: int = 8) -> List[str]:
+    """The record of an exact run over ``DataLoader(dataset, num_workers=workers)``: epoch ``e`` is what the
+    loader gives after ``dataset.set_epoch(e)``, read here without a framework."""
+    from torch.utils.data import DataLoader
+
+    ds = make_loader(argparse.Namespace(data=data, batch=batch, workers=0)).dataset
+    lines: List[str] = []
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        for keys, _cls in DataLoader(ds, batch_size=batch, num_workers=workers):
+            lines.append(f"{len(lines)}\t{' '.join(keys)}")
+    return lines
+
+
+def write_resumed_at(args: Any, steps_done: int) -> None:
+    """``OUT/resumed_at``: the step a journaled loader resumed at (before training runs)."""
+    with open(os.path.join(args.out, "resumed_at"), "w") as f:
+        f.write(str(steps_done))
+
+
 def lightning_journal_loader(args: Any) -> Any:
     """``--journal``: the loader resumes from its journal at the step of the checkpoint Lightning restores
     (``OUT/resumed_at`` says where, before ``fit`` runs)."""
@@ -191,6 +220,8 @@ def run_lightning(args: Any) -> None:
     in_module = args.journal and args.devices > 1
     if args.journal and not in_module:
         built.append(lightning_journal_loader(args))
+    if args.form != "webloader":
+        built.append(foreign_loader(args))
     loader = None if in_module else built[0] if built else make_loader(args)
     if args.journal:
         class CommitOnSave(L.Callback):  # the documented hook: the journal records each checkpoint's step
@@ -241,13 +272,21 @@ def run_accelerate(args: Any) -> None:
     model, opt = acc.prepare(model, opt)
     counter = Counter()
     acc.register_for_checkpointing(counter)
-    if args.dataloader:  # a torch DataLoader over the dataset: prepare_loader makes it a WebLoader
+    if args.journal:  # the journal holds the data position: commit before each save_state, resume= its step
+        if args.resume:
+            acc.load_state()
+            acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
+            cut_record(args.out, counter.step)
+        loader = make_loader(args, journal=os.path.join(args.out, "run.db"),
+                             resume=counter.step - 1 if counter.step else False)
+        write_resumed_at(args, loader.steps_done)
+    elif args.dataloader:  # a torch DataLoader over the dataset: prepare_loader makes it a WebLoader
         from torch.utils.data import DataLoader
 
         loader = prepare_loader(acc, DataLoader(make_loader(args).dataset, batch_size=args.batch))
     else:
         loader = prepare_loader(acc, make_loader(args))
-    if args.resume:
+    if args.resume and not args.journal:
         acc.load_state()  # the latest checkpoint (Accelerate does not restore its save counter)
         acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
         cut_record(args.out, counter.step)
@@ -263,6 +302,10 @@ def run_accelerate(args: Any) -> None:
             opt.zero_grad()
             counter.step += 1
             if counter.step % STEPS_PER_CKPT == 0:
+                if args.journal:  # the documented hook: commit, then save the checkpoint
+                    loader.commit(counter.step - 1)
+                    if counter.step == args.kill_in_save:  # committed, the checkpoint not written
+                        os.kill(os.getpid(), signal.SIGKILL)
                 acc.save_state()
 
 
@@ -303,12 +346,33 @@ def run_transformers(args: Any) -> None:
     targs = TrainingArguments(output_dir=os.path.join(args.out, "hf"), num_train_epochs=args.epochs,
                               save_strategy="steps", save_steps=STEPS_PER_CKPT, logging_strategy="no",
                               report_to="none", use_cpu=True, disable_tqdm=True, seed=3,
-                              gradient_accumulation_steps=args.accumulate, remove_unused_columns=False)
+                              gradient_accumulation_steps=args.accumulate, remove_unused_columns=False,
+                              ignore_data_skip=args.journal)
     trainer = Record(model=Tiny(), args=targs, callbacks=[Cut()])
     shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
     ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
-    attach(trainer, rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate))
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    if not args.journal:
+        attach(trainer, rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate))
+        trainer.train(resume_from_checkpoint=True if args.resume else None)
+        return
+    # the journal holds the data position: commit at each save, resume= the restored checkpoint's step
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = get_last_checkpoint(targs.output_dir) if args.resume else None
+    step = int(folder.rsplit("-", 1)[1]) if folder else 0
+    loader = rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate,
+                          journal=os.path.join(args.out, "run.db"), resume=step - 1 if step else False)
+    write_resumed_at(args, loader.steps_done)
+
+    class CommitOnSave(TrainerCallback):  # the documented hook
+        def on_save(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
+            loader.commit(state.global_step - 1)
+            if state.global_step == args.kill_in_save:  # committed after the checkpoint folder was written
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer.add_callback(CommitOnSave())
+    trainer.get_train_dataloader = lambda: loader  # the Trainer must not skip: the loader resumed itself
+    trainer.train(resume_from_checkpoint=folder)
 
 
 def main(argv: Any = None) -> None:
@@ -325,9 +389,11 @@ def main(argv: Any = None) -> None:
     p.add_argument("--accumulate", type=int, default=1, help="transformers: gradient_accumulation_steps")
     p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
     p.add_argument("--devices", type=int, default=1, help="Lightning: processes of strategy='ddp' (gloo on CPU)")
-    p.add_argument("--journal", action="store_true", help="Lightning: commit to a journal at each checkpoint")
+    p.add_argument("--journal", action="store_true", help="commit to a journal at each checkpoint, resume= its step")
     p.add_argument("--kill-in-save", type=int, default=None, help="--journal: SIGKILL after the commit of step S")
     p.add_argument("--no-callback", dest="callback", action="store_false")
+    p.add_argument("--form", choices=["webloader", "dataloader", "stateful"], default="webloader",
+                   help="lightning: the training loader (a WebLoader, or a torch / torchdata loader over the data set)")
     p.add_argument("--dataloader", action="store_true", help="accelerate: a torch DataLoader over the dataset")
     p.add_argument("--skip", action="store_true", help="accelerate: accelerator.skip_first_batches after load_state")
     args = p.parse_args(argv)

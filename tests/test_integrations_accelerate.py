@@ -132,3 +132,77 @@ def test_torchrun_two_processes_kill9_resume_is_exact(tmp_path, cache_dir, slow)
     write_shards(str(tmp_path / "data"), shards=8, samples=24, size_range=(10, 40))
     drv.check_two_rank_kill9("accelerate", str(tmp_path / "data"), str(tmp_path / "ref"), str(tmp_path / "run"),
                              framework_reference=slow)
+
+
+def resumed_at(out: str) -> int:
+    with open(os.path.join(out, "resumed_at")) as f:
+        return int(f.read())
+
+
+@pytest.mark.slow  # three launches of Accelerate (~30 s)
+def test_journal_commit_before_save_state_resumes_at_the_restored_checkpoint(shards, tmp_path):
+    """The journal instead of the loader's state in save_state: ``loader.commit(step - 1)`` before each
+    ``save_state()``, and the resumed run builds its loader with ``resume=`` the restored counter's
+    step - 1.  SIGKILL right after the commit of step 12, before save_state (the journal is ahead of the
+    checkpoint: the loader must resume at step 8, where load_state restores the model), resume with 1
+    worker, SIGKILL between checkpoints (step 30), resume with 0: the whole record is the uninterrupted run's."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    drv.main(["accelerate", "--data", shards, "--out", ref])
+    assert driver(shards, run, "--journal", "--kill-in-save", "12", "--workers", "2") == -9
+    assert driver(shards, run, "--journal", "--resume", "--kill-at", "30", "--workers", "1") == -9
+    assert resumed_at(run) == 8
+    assert driver(shards, run, "--journal", "--resume") == 0
+    assert resumed_at(run) == 28
+    assert records(run) == records(ref)
+
+
+def test_prepared_torch_dataloader_over_a_web_dataset_is_warned(shards):
+    """``accelerator.prepare(DataLoader(rw.WebDataset(...)))`` cannot resume exactly through
+    save_state / load_state: the data set says so when Accelerate iterates it, naming prepare_loader."""
+    import warnings
+
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from resumewds import framecheck
+
+    acc = Accelerator(cpu=True)
+    ds = rw.WebDataset(sorted(os.path.join(shards, f) for f in os.listdir(shards)), seed=1).decode().to_tuple("cls")
+    framecheck._WARNED.clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert sum(len(b[0]) for b in acc.prepare(DataLoader(ds, batch_size=8))) == 200
+            direct = sum(len(b[0]) for b in DataLoader(ds, batch_size=8))  # no framework: no warning
+    finally:
+        framecheck._WARNED.clear()
+    msgs = [str(w.message) for w in caught if "resumewds" in str(w.message)]
+    assert direct == 200 and len(msgs) == 1
+    assert "does not resume exactly through save_state / load_state" in msgs[0]
+    assert "resumewds.integrations.accelerate.prepare_loader(accelerator" in msgs[0]
+
+
+def test_stateful_dataloader_state_of_another_worker_count_is_a_state_error(shards, tmp_path):
+    """``use_stateful_dataloader=True``: ``load_state`` restores torchdata's state of 2 workers into a
+    prepared loader of 1; the data set's ``set_epoch`` (which Accelerate calls just before it iterates)
+    raises a StateError naming both counts and the fix, where torchdata fails with a bare AssertionError."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+
+    def prepared(workers):
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        ds = rw.WebDataset(sorted(os.path.join(shards, f) for f in os.listdir(shards)), seed=1).decode()
+        return acc, acc.prepare(DataLoader(ds.to_tuple("cls"), batch_size=8, num_workers=workers))
+
+    acc, loader = prepared(2)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    acc.save_state(str(tmp_path / "ckpt"))
+    del it
+    acc, loader = prepared(1)
+    acc.load_state(str(tmp_path / "ckpt"))
+    with pytest.raises(rw.StateError, match="taken with num_workers=2, the loader has num_workers=1.*"
+                                            "prepare_loader"):
+        next(iter(loader))

@@ -10,7 +10,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "FRAMEWORKS.md")
 FRAMEWORK_OF = {"lightning": "lightning.pytorch", "accelerate": "accelerate", "transformers": "transformers",
-                "lightning_journal": "lightning.pytorch", "stateful": "torchdata.stateful_dataloader"}
+                "lightning_journal": "lightning.pytorch", "lightning_stateful": "lightning.pytorch",
+                "stateful": "torchdata.stateful_dataloader"}
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")

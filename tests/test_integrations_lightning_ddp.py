@@ -135,3 +135,39 @@ def test_ddp_journal_commit_on_save_is_exact(shards, tmp_path):
     assert driver(shards, run, "--journal", "--resume", "--workers", "0") == 0
     assert resumed_at() == [12, 12]
     assert rank_records(run) == rank_records(ref)
+
+
+@pytest.mark.slow
+def test_ddp_torch_dataloader_kill9_is_exact(shards, tmp_path):
+    """A torch DataLoader over the data set, with ResumeWDSCallback (trained on as the equivalent
+    WebLoader, built once the processes are set up): both ranks SIGKILLed at step 10 (1 worker each),
+    resumed with 0 workers: each rank's whole record is the loader's own split by rank."""
+    run = str(tmp_path / "run")
+    assert driver(shards, run, "--kill-at", "10", "--form", "dataloader", "--workers", "1") == -9
+    wait_gone(run)
+    assert driver(shards, run, "--resume", "--form", "dataloader", "--workers", "0") == 0
+    assert rank_records(run) == drv.loader_records(shards)
+
+
+@pytest.mark.slow
+def test_ddp_stateful_dataloader_kill9_is_exact(shards, tmp_path):
+    """A torchdata StatefulDataLoader over the data set, with ResumeWDSCallback: Lightning keeps rank 0's
+    loader state only and gives it to every rank (rank 1 would get rank 0's share: a StateError); the
+    callback keeps each rank's.  An uninterrupted run covers the data set once per epoch, epochs in their
+    own orders; both ranks SIGKILLed at step 10, resumed (1 worker each): each rank's whole record is
+    the uninterrupted run's."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    form = ("--form", "stateful", "--workers", "1")
+    assert driver(shards, ref, *form) == 0
+    reference = rank_records(ref)
+    per_epoch = []
+    for epoch in range(2):
+        keys = [k for rec in reference for line in rec[epoch * STEPS_PER_EPOCH:(epoch + 1) * STEPS_PER_EPOCH]
+                for k in line.split("\t")[1].split()]
+        assert len(keys) == len(set(keys)) == 192
+        per_epoch.append(keys)
+    assert per_epoch[0] != per_epoch[1]
+    assert driver(shards, run, "--kill-at", "10", *form) == -9
+    wait_gone(run)
+    assert driver(shards, run, "--resume", *form) == 0
+    assert rank_records(run) == reference

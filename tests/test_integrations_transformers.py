@@ -89,3 +89,25 @@ def test_torchrun_two_processes_kill9_resume_is_exact(tmp_path, cache_dir):
     position) from the checkpoint folder (frameworks_driver.check_two_rank_kill9)."""
     write_shards(str(tmp_path / "data"), shards=8, samples=24, size_range=(10, 40))
     drv.check_two_rank_kill9("transformers", str(tmp_path / "data"), str(tmp_path / "ref"), str(tmp_path / "run"))
+
+
+@pytest.mark.slow  # four launches of the Trainer (~55 s)
+def test_journal_commit_on_save_resumes_at_the_restored_checkpoint(shards, tmp_path):
+    """The journal instead of attach's state file: a TrainerCallback commits in ``on_save``
+    (``loader.commit(state.global_step - 1)``), the resumed run builds its loader with ``resume=`` the
+    step of the ``checkpoint-<step>`` folder - 1 and the Trainer does not skip (``ignore_data_skip``).
+    SIGKILL right after the commit of step 12, resume with 1 worker, SIGKILL between checkpoints
+    (step 30), resume with 0: the whole record is the uninterrupted run's."""
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    hf("--data", shards, "--out", ref)
+
+    def resumed_at() -> int:
+        with open(os.path.join(run, "resumed_at")) as f:
+            return int(f.read())
+
+    assert driver(shards, run, "--journal", "--kill-in-save", "12", "--workers", "2") == -9
+    assert driver(shards, run, "--journal", "--resume", "--kill-at", "30", "--workers", "1") == -9
+    assert resumed_at() == 12
+    assert driver(shards, run, "--journal", "--resume") == 0
+    assert resumed_at() == 28
+    assert records(run) == records(ref)

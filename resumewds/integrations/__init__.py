@@ -18,7 +18,7 @@ What is exact, and what to do when the world size changes: docs/FRAMEWORKS.md.
 from __future__ import annotations
 
 import logging
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 __all__ = ["resumewds_loaders"]
 
@@ -33,6 +33,32 @@ def _is_resumewds_loader(obj: Any) -> bool:
         return True
     return hasattr(obj, "loader") and isinstance(getattr(obj, "loader", None), WebLoader) and hasattr(
         obj, "load_state_dict")
+
+
+def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:
+    """The WebLoader equivalent to a torch ``DataLoader`` over a resumewds data set (the same batch size,
+    workers, collate function...), None for anything else (and, unless ``stateful``, for a loader with
+    its own state: a torchdata ``StatefulDataLoader``)."""
+    from torch.utils.data import DataLoader
+
+    from ..loader import WebLoader  # lazy: imports torch, as the line above
+
+    dataset: Any = getattr(loader, "dataset", None)
+    if not isinstance(loader, DataLoader) or not hasattr(dataset, "iter_steps") or (
+            not stateful and hasattr(loader, "state_dict")):
+        return None
+    from torch.utils.data._utils.collate import default_collate as torch_default
+
+    kwargs: Dict[str, Any] = {}
+    if loader.collate_fn is not None and loader.collate_fn is not torch_default:
+        kwargs["collate_fn"] = loader.collate_fn
+    if loader.num_workers:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+        kwargs["persistent_workers"] = loader.persistent_workers
+    log.info("resumewds: a torch DataLoader over a resumewds dataset becomes a WebLoader "
+             "(each rank reads its own share, and the position is checkpointed)")
+    return WebLoader(dataset, batch_size=loader.batch_size, num_workers=loader.num_workers,
+                     drop_last=loader.drop_last, pin_memory=loader.pin_memory, timeout=loader.timeout, **kwargs)
 
 
 def resumewds_loaders(obj: Any) -> List[Any]:

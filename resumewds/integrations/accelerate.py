@@ -44,7 +44,7 @@ import logging
 from typing import Any, Dict, Iterator, Optional
 
 from ..errors import StateError
-from . import _check_world, _is_resumewds_loader, _skip_in_place
+from . import _check_world, _is_resumewds_loader, _skip_in_place, _webloader_for
 
 __all__ = ["prepare_loader", "PreparedLoader"]
 
@@ -56,27 +56,11 @@ def _as_webloader(loader: Any) -> Any:
     resumewds dataset; a TypeError for anything else."""
     if _is_resumewds_loader(loader):
         return loader
-    from torch.utils.data import DataLoader
-
-    from ..loader import WebLoader  # lazy: imports torch, as the line above
-
-    dataset: Any = getattr(loader, "dataset", None)
-    if isinstance(loader, DataLoader) and hasattr(dataset, "iter_steps"):
-        from torch.utils.data._utils.collate import default_collate as torch_default
-
-        kwargs: Dict[str, Any] = {}
-        if loader.collate_fn is not None and loader.collate_fn is not torch_default:
-            kwargs["collate_fn"] = loader.collate_fn
-        if loader.num_workers:
-            kwargs["prefetch_factor"] = loader.prefetch_factor
-            kwargs["persistent_workers"] = loader.persistent_workers
-        log.info("resumewds: a torch DataLoader over a resumewds dataset becomes a WebLoader "
-                 "(each rank reads its own share, and the position is checkpointed)")
-        return WebLoader(dataset, batch_size=loader.batch_size, num_workers=loader.num_workers,
-                         drop_last=loader.drop_last, pin_memory=loader.pin_memory, timeout=loader.timeout,
-                         **kwargs)
-    raise TypeError(f"prepare_loader needs a resumewds.WebLoader (or a torch DataLoader over a "
-                    f"resumewds.WebDataset), got {type(loader).__name__}")
+    converted = _webloader_for(loader)
+    if converted is None:
+        raise TypeError(f"prepare_loader needs a resumewds.WebLoader (or a torch DataLoader over a "
+                        f"resumewds.WebDataset), got {type(loader).__name__}")
+    return converted
 
 
 class PreparedLoader:

@@ -17,6 +17,21 @@ resumewds loader Lightning left at a different position (with a warning
 naming the cause).  It also accepts checkpoints written without it (it then
 uses Lightning's own copy of the state).
 
+The callback also serves a torchdata ``StatefulDataLoader`` (or a torch
+``DataLoader``) over a resumewds ``WebDataset``, which Lightning alone
+resumes wrongly: it sets the data set's epoch at each epoch (Lightning calls
+only a sampler's ``set_epoch``), turns off Lightning's one-batch prefetch for
+the training loader (Lightning would save the ``StatefulDataLoader``'s state
+one batch ahead of what was trained on), and refuses a ``StatefulDataLoader``
+state of another ``num_workers`` with :class:`resumewds.StateError`: a
+``StatefulDataLoader`` then resumes exactly (under several processes the
+callback keeps every rank's state: Lightning keeps rank 0's only, and would
+give it to every rank).  A torch ``DataLoader`` has no
+state to resume from: the callback trains on the equivalent
+:class:`resumewds.WebLoader` instead (the same data set, batch size, workers
+and collate function; the WebLoader's order), which resumes exactly with any
+``num_workers``.
+
 Example::
 
     from resumewds.integrations.lightning import ResumeWDSCallback
@@ -31,12 +46,15 @@ Importing this module imports Lightning (``lightning.pytorch``, else
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import warnings
 from typing import Any, Dict, List, Optional
 
 from ..errors import StateError
-from . import _check_world, resumewds_loaders
+from . import _check_world, _is_resumewds_loader, _webloader_for, resumewds_loaders
+from .stateful import state_num_workers
 
 
 def _lightning() -> Any:
@@ -49,12 +67,14 @@ def _lightning() -> Any:
 
 _Callback: Any = _lightning().Callback
 
-__all__ = ["ResumeWDSCallback", "CHECKPOINT_KEY"]
+__all__ = ["ResumeWDSCallback", "CHECKPOINT_KEY", "RANK_STATES_KEY"]
 
 log = logging.getLogger("resumewds")
 
 #: where :class:`ResumeWDSCallback` keeps the loaders' states in a Lightning checkpoint
 CHECKPOINT_KEY = "resumewds_loaders"
+#: where it keeps every rank's ``StatefulDataLoader`` states (Lightning keeps rank 0's only)
+RANK_STATES_KEY = "resumewds_stateful_per_rank"
 
 
 def _train_loaders(trainer: Any) -> List[Any]:
@@ -63,6 +83,126 @@ def _train_loaders(trainer: Any) -> List[Any]:
     if combined is not None:
         return resumewds_loaders(combined)
     return resumewds_loaders(getattr(trainer, "train_dataloader", None))
+
+
+def _foreign_loaders(trainer: Any) -> List[Any]:
+    """The training loaders that iterate a resumewds data set directly (a torch ``DataLoader``, a
+    torchdata ``StatefulDataLoader``): not resumewds loaders, so Lightning resumes them its own way."""
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    flat = getattr(combined, "flattened", None) or []
+    return [dl for dl in flat if not _is_resumewds_loader(dl)
+            and hasattr(getattr(dl, "dataset", None), "iter_steps") and hasattr(dl.dataset, "set_epoch")]
+
+
+def _set_epoch(loader: Any, epoch: int) -> None:
+    """The data set of ``loader`` starts its next ``iter()`` at ``epoch`` (unless it is there already:
+    a restored position of that epoch is kept)."""
+    ds = loader.dataset
+    ds._framework_guard = "lightning"  # its loader is handled: no warning from the data set
+    if int(getattr(ds, "epoch", -1)) != int(epoch):
+        ds.set_epoch(epoch)
+
+
+def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
+    """Prepare the foreign training loaders before Lightning's first ``iter()`` of this fit (it happens
+    before any hook: the restored epoch, the state's worker count, a DataLoader resumed mid-epoch).
+    True when one of them has a state (Lightning must then not prefetch)."""
+    loop = trainer.fit_loop
+    epoch = int(loop.epoch_progress.current.processed)
+    progress = loop.epoch_loop.batch_progress
+    mid_epoch = bool(loop.restarting and progress.current.completed and not progress.is_last_batch)
+    stateful = False
+    foreign = _foreign_loaders(trainer)
+    _load_own_rank_states(callback, trainer, [dl for dl in foreign if hasattr(dl, "state_dict")])
+    for dl in foreign:
+        state = getattr(dl, "next_iter_state", None)  # a StatefulDataLoader being restored
+        if state is not None:
+            taken, have = state_num_workers(state), int(getattr(dl, "num_workers", 0) or 0)
+            if taken is not None and taken != have:
+                raise StateError(f"the checkpoint's StatefulDataLoader state was taken with num_workers={taken}, "
+                                 f"the training loader has num_workers={have}: torchdata restores a state only "
+                                 f"into the same worker count. Build the loader with num_workers={taken} for this "
+                                 "resume, or train with resumewds.WebLoader (its state loads under any num_workers)")
+        elif mid_epoch and not hasattr(dl, "state_dict"):
+            msg = (f"resumewds: Lightning resumes in the middle of epoch {epoch} (after {progress.current.completed} "
+                   f"batches), but the training loader, a {type(dl).__name__} over a resumewds WebDataset, has no "
+                   "state: the epoch starts over and its first batches are trained on again. Use resumewds.WebLoader "
+                   "(or torchdata's StatefulDataLoader) for an exact resume, or resume from an end-of-epoch checkpoint")
+            if callback.strict:
+                raise StateError(msg)
+            log.warning("%s", msg)
+            warnings.warn(msg, UserWarning, stacklevel=2)
+        stateful = stateful or hasattr(dl, "state_dict")
+        _set_epoch(dl, epoch)
+    return stateful
+
+
+def _load_own_rank_states(callback: ResumeWDSCallback, trainer: Any, loaders: List[Any]) -> None:
+    """Under several processes, each rank loads its own ``StatefulDataLoader`` state (Lightning loaded
+    rank 0's into every rank: the data set's share of another rank)."""
+    per_rank, callback._rank_states = callback._rank_states, None
+    if not per_rank or not loaders:
+        return
+    rank, world = int(trainer.global_rank), int(trainer.world_size)
+    if len(per_rank) != world or any(len(states) != len(loaders) for states in per_rank):
+        raise StateError(f"the checkpoint holds StatefulDataLoader states of {len(per_rank)} rank(s), this run has "
+                         f"{world} process(es) with {len(loaders)} such training loader(s): a StatefulDataLoader's "
+                         "state is one rank's share; resume with the same world size and loaders, or train with "
+                         "resumewds.WebLoader (its state is global: any world size)")
+    for dl, state in zip(loaders, per_rank[rank]):
+        dl.load_state_dict(state)
+
+
+def _gather(obj: Any, world: int) -> List[Any]:
+    """``obj`` of every rank (``torch.distributed.all_gather_object``; ``[obj]`` in one process)."""
+    import torch.distributed as dist  # lazy: torch is Lightning's, loaded already
+
+    if world <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _install_fetcher_hook() -> None:
+    """Let :class:`ResumeWDSCallback` see the training loaders between Lightning's restore of their states
+    and its first ``iter()`` (``fit_loop._select_data_fetcher``), and turn off the prefetch that would save a
+    ``StatefulDataLoader``'s state one batch ahead.  Inert for a trainer without the callback."""
+    mod = importlib.import_module(_lightning().__name__ + ".loops.fit_loop")
+    original = getattr(mod, "_select_data_fetcher", None)
+    if original is None or getattr(original, "_resumewds", False):
+        return
+
+    @functools.wraps(original)
+    def _select_data_fetcher(trainer: Any, stage: Any) -> Any:
+        fetcher = original(trainer, stage)
+        callbacks = [c for c in getattr(trainer, "callbacks", ()) if isinstance(c, ResumeWDSCallback)]
+        if callbacks and getattr(trainer.fit_loop, "_combined_loader", None) is not None:
+            if _before_first_iter(callbacks[0], trainer) and hasattr(fetcher, "prefetch_batches"):
+                fetcher.prefetch_batches = 0  # the loader's state is then what was trained on
+        return fetcher
+
+    _select_data_fetcher._resumewds = True  # type: ignore[attr-defined]
+    setattr(mod, "_select_data_fetcher", _select_data_fetcher)  # noqa: B010 (a module global)
+
+    process = getattr(mod, "_process_dataloader", None)
+    if process is None or getattr(process, "_resumewds", False):
+        return
+
+    @functools.wraps(process)
+    def _process_dataloader(trainer: Any, trainer_fn: Any, stage: Any, dataloader: Any) -> Any:
+        dataloader = process(trainer, trainer_fn, stage, dataloader)
+        if any(isinstance(c, ResumeWDSCallback) for c in getattr(trainer, "callbacks", ())):
+            converted = _webloader_for(dataloader, stateful=False)
+            if converted is not None:  # before Lightning loads the loaders' states: the WebLoader's is loaded
+                log.warning("resumewds: ResumeWDSCallback trains on a resumewds.WebLoader instead of the torch "
+                            "DataLoader over a resumewds WebDataset (the same batches per epoch, in the "
+                            "WebLoader's order: a DataLoader has no position to resume from)")
+                return converted
+        return dataloader
+
+    _process_dataloader._resumewds = True  # type: ignore[attr-defined]
+    setattr(mod, "_process_dataloader", _process_dataloader)  # noqa: B010 (a module global)
 
 
 def _where(state: Dict[str, Any]) -> Any:
@@ -82,11 +222,20 @@ class ResumeWDSCallback(_Callback):
         super().__init__()
         self.strict = strict
         self._pending: Optional[List[Dict[str, Any]]] = None
+        self._rank_states: Optional[List[List[Dict[str, Any]]]] = None
+        _install_fetcher_hook()
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        for dl in _foreign_loaders(trainer):  # before Lightning's iter() of this epoch (not the fit's first)
+            _set_epoch(dl, trainer.current_epoch)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
         loaders = _train_loaders(trainer)
         if loaders:
             checkpoint[CHECKPOINT_KEY] = [ld.state_dict() for ld in loaders]
+        stateful = [dl for dl in _foreign_loaders(trainer) if hasattr(dl, "state_dict")]
+        if stateful and trainer.world_size > 1:  # every rank saves (together): keep each rank's share
+            checkpoint[RANK_STATES_KEY] = _gather([dl.state_dict() for dl in stateful], trainer.world_size)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
         states = checkpoint.get(CHECKPOINT_KEY)
@@ -95,6 +244,7 @@ class ResumeWDSCallback(_Callback):
             states = (loop.get("state_dict") or {}).get("combined_loader")
             states = [s for s in states or () if isinstance(s, dict) and s.get("format") == "resumewds.loader"]
         self._pending = list(states) if states else []
+        self._rank_states = checkpoint.get(RANK_STATES_KEY)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         pending, self._pending = self._pending, None

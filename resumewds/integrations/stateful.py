@@ -23,33 +23,12 @@ module imports neither torch nor torchdata.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from ..errors import StateError
+from ..framecheck import state_num_workers
 
 __all__ = ["load_state_dict", "state_num_workers"]
-
-
-def state_num_workers(state: Dict[str, Any]) -> Optional[int]:
-    """The ``num_workers`` of the ``StatefulDataLoader`` that took ``state`` (None: not such a state).
-
-    Example:
-        >>> state_num_workers({"_snapshot": {"_main_snapshot": {"_num_workers": 2}}})
-        2
-        >>> state_num_workers({"_num_yielded": 5, "fetcher_state": {}})
-        0
-    """
-    if not isinstance(state, dict):
-        return None
-    snapshot = state.get("_snapshot")
-    if isinstance(snapshot, dict):
-        main = snapshot.get("_main_snapshot")
-        if isinstance(main, dict) and "_num_workers" in main:
-            return int(main["_num_workers"])
-        return None
-    if "_num_yielded" in state:  # the single-process form
-        return 0
-    return None
 
 
 def load_state_dict(dataloader: Any, state: Dict[str, Any]) -> None:

@@ -1,0 +1,143 @@
+"""Which training framework started an iteration of a data set, and what it costs a resume.
+
+A resumewds data set iterated directly by a loader a training framework drives
+(a torch ``DataLoader`` or torchdata ``StatefulDataLoader`` under Lightning's
+``Trainer``, ``accelerator.prepare(DataLoader(...))`` under Accelerate) loses
+or repeats data at a resume unless the framework's integration takes over.
+:func:`framework_caller` finds the framework on the call stack (a forked
+DataLoader worker keeps its parent's stack, so the answer is the same in the
+worker), and :func:`warn_foreign_loader` says, once per process, what goes
+wrong and which resumewds loader or callback fixes it.  :func:`check_restored_state`
+refuses, with a clear error, a torchdata ``StatefulDataLoader`` state of
+another ``num_workers`` that a framework restored into the loader about to
+iterate the data set (torchdata alone fails with a bare ``AssertionError``).  No framework is
+imported: only the names of the modules on the stack are read.
+
+Example:
+    >>> framework_caller() is None      # not called from a framework's code
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from typing import Any, Dict, Optional, Set
+
+from .errors import StateError
+
+__all__ = ["FOREIGN_LOADER", "check_restored_state", "framework_caller", "state_num_workers", "warn_foreign_loader"]
+
+log = logging.getLogger("resumewds")
+
+#: module-name prefixes -> framework, the first found wins (transformers.Trainer runs Accelerate's loaders)
+_PREFIXES = (("transformers.trainer", "transformers"), ("lightning.pytorch.", "lightning"),
+             ("pytorch_lightning.", "lightning"), ("accelerate.", "accelerate"))
+
+#: what a framework's own loader does to a resumewds data set at a resume, and the fix
+FOREIGN_LOADER = {
+    "lightning": (
+        "resumewds: a torch DataLoader or torchdata StatefulDataLoader over a resumewds WebDataset under a "
+        "Lightning Trainer does not resume exactly: Lightning never calls the data set's set_epoch (with "
+        "DataLoader workers every epoch repeats epoch 0's order), a DataLoader has no state to resume "
+        "mid-epoch from (the epoch starts over), and Lightning saves a StatefulDataLoader's state one batch "
+        "ahead (a batch lost at each resume). Fix: use resumewds.WebLoader as the training loader, or add "
+        "resumewds.integrations.lightning.ResumeWDSCallback() to the Trainer's callbacks (a StatefulDataLoader "
+        "then resumes exactly, a DataLoader gets its epochs)"),
+    "accelerate": (
+        "resumewds: accelerator.prepare(DataLoader(resumewds.WebDataset(...))) does not resume exactly "
+        "through save_state / load_state: Accelerate's epoch counter (set_epoch) starts again at 0 after "
+        "load_state, skip_first_batches reads the skipped batches again, and with several processes its "
+        "split of the batches comes on top of the data set's own split by rank. Fix: "
+        "loader = resumewds.integrations.accelerate.prepare_loader(accelerator, DataLoader(...)) (or a "
+        "resumewds.WebLoader) instead of accelerator.prepare(loader)"),
+}
+
+_WARNED: Set[str] = set()
+
+
+def framework_caller(depth: int = 400) -> Optional[str]:
+    """The framework (``"lightning"``, ``"accelerate"``, ``"transformers"``) whose code is on the
+    call stack, None if none is (at most ``depth`` frames are looked at)."""
+    frame = sys._getframe(1)
+    found: Optional[str] = None
+    rank = len(_PREFIXES)
+    while frame is not None and depth > 0:
+        name = str(frame.f_globals.get("__name__", ""))
+        for i, (prefix, framework) in enumerate(_PREFIXES):
+            if i < rank and (name.startswith(prefix) or name == prefix.rstrip(".")):
+                found, rank = framework, i
+                break
+        frame = frame.f_back  # type: ignore[assignment]
+        depth -= 1
+    return found
+
+
+def warn_foreign_loader(guarded: Optional[str] = None) -> Optional[str]:
+    """Warn (once per process) when a framework with a known resume problem drives this iteration.
+
+    Args:
+        guarded: the framework whose resumewds integration handles this data
+            set's loader (no warning for it).
+
+    Returns:
+        The warning's text, or None.
+    """
+    framework = framework_caller()
+    if framework is None or framework == guarded or framework not in FOREIGN_LOADER:
+        return None
+    msg = FOREIGN_LOADER[framework]
+    if framework not in _WARNED:
+        _WARNED.add(framework)
+        log.warning("%s", msg)
+        warnings.warn(msg, UserWarning, stacklevel=3)
+    return msg
+
+
+def state_num_workers(state: Dict[str, Any]) -> Optional[int]:
+    """The ``num_workers`` of the ``StatefulDataLoader`` that took ``state`` (None: not such a state).
+
+    Example:
+        >>> state_num_workers({"_snapshot": {"_main_snapshot": {"_num_workers": 2}}})
+        2
+        >>> state_num_workers({"_num_yielded": 5, "fetcher_state": {}})
+        0
+    """
+    if not isinstance(state, dict):
+        return None
+    snapshot = state.get("_snapshot")
+    if isinstance(snapshot, dict):
+        main = snapshot.get("_main_snapshot")
+        if isinstance(main, dict) and "_num_workers" in main:
+            return int(main["_num_workers"])
+        return None
+    if "_num_yielded" in state:  # the single-process form
+        return 0
+    return None
+
+
+def check_restored_state(depth: int = 12) -> None:
+    """Refuse a ``StatefulDataLoader`` state of another ``num_workers`` restored into the loader that
+    calls this (Accelerate's prepared loader calls the data set's ``set_epoch`` just before it iterates
+    its ``StatefulDataLoader``, ``base_dataloader``): the callers' ``self`` within ``depth`` frames.
+
+    Raises:
+        StateError: the restored state was taken with another worker count.
+    """
+    frame = sys._getframe(1)
+    while frame is not None and depth > 0:
+        obj = frame.f_locals.get("self")
+        for loader in (obj, getattr(obj, "base_dataloader", None)):
+            state = getattr(loader, "next_iter_state", None)
+            taken = state_num_workers(state) if isinstance(state, dict) else None
+            have = int(getattr(loader, "num_workers", 0) or 0)
+            if taken is not None and taken != have:
+                raise StateError(f"the restored StatefulDataLoader state was taken with num_workers={taken}, the "
+                                 f"loader has num_workers={have}: torchdata restores a state only into the same "
+                                 f"worker count (it holds one snapshot per worker). Build the loader with "
+                                 f"num_workers={taken} for this resume, or use resumewds.WebLoader (with "
+                                 "Accelerate: resumewds.integrations.accelerate.prepare_loader), whose state loads "
+                                 "under any num_workers")
+        frame = frame.f_back  # type: ignore[assignment]
+        depth -= 1
