@@ -193,6 +193,7 @@ class LoaderPipeline(FluidInterface):
                            rank=base.rank, world_size=base.world_size, remainder=remainder,
                            chunk_size=base.layout.batch_size, transport=base.transport,
                            preempt=preempt or False, stall_timeout=base.stall_timeout,
+                           worker_split="samples",  # positions are samples of the one sequence
                            **base.dataloader_kwargs)
         # the base loader's resume point and journal carry over (positions are samples)
         new.epoch, new.position = base.epoch, base.position
