@@ -51,6 +51,7 @@ class DataLoaderAttributes:
 
     remainder: str
     layout: Any
+    epoch: int
     config: Dict[str, Any]
     position: int
     batch_size: Optional[int]

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union

@@ -34,6 +34,7 @@ from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
 from .openshards import ShardReader as _ShardReader
 from .plan import Layout, Plan, check_partitions, worker_steps
+from .shardsplit import SplitSequence, empty_worker_error
 from .sources import Source, resolve_sources
 from .stages import (
     SKIPPED,
@@ -51,7 +52,6 @@ from .stages import (
     list_collate,
 )
 from .stats import event_record
-from .shardsplit import SplitSequence, empty_worker_error
 from .stepengine import Slots, StepPlan, run_steps
 from .stepengine import Source as _StepSource
 

@@ -245,7 +245,8 @@ class SplitSequence:
         w0, r0 = self.unit_at(k)
         lists = []
         for v, s in enumerate(self.streams):
-            done = min(self.lengths[v], self.unit * (min(self.units[v], r0) + (1 if v < w0 and self.units[v] > r0 else 0)))
+            taken = min(self.units[v], r0) + (1 if v < w0 and self.units[v] > r0 else 0)
+            done = min(self.lengths[v], self.unit * taken)
             if v == w0:
                 done = self.locate(d)[1]
             lists.append(s.shards_from(done, count) if done < self.lengths[v] else [])
