@@ -187,3 +187,47 @@ def test_torch_and_loader_and_direct_agree_on_one_worker_stream(tmp_path):
     direct = [_keys(b) for b in DataLoader(ds, batch_size=4, num_workers=2)]
     loader = [_keys(b) for b in resumewds.WebLoader(ds, batch_size=4, num_workers=2)]
     assert direct == loader and len(direct) == 7
+
+
+_DRIVER = r"""
+import os, signal, sys
+import resumewds
+urls, db, out, workers, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+ds = resumewds.WebDataset(urls, shardshuffle=10, seed=9).to_tuple("cls", "txt").batched(4)
+loader = resumewds.WebLoader(ds, batch_size=None, num_workers=workers, journal=db, resume=True)
+with open(out, "a") as f:
+    for step, b in enumerate(loader, start=loader.steps_done):
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        f.write(f"{step} {','.join(x.decode() for x in b[1])}\n")
+        f.flush()
+        loader.commit(step)
+"""
+
+
+def test_kill9_resume_with_other_workers_keeps_the_split(tmp_path, after=3):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    urls = _shards(str(tmp_path / "d"), SIZES)
+
+    def drive(name, workers, kill_at):
+        return subprocess.run([sys.executable, "-c", _DRIVER, urls, str(tmp_path / f"{name}.db"),
+                               str(tmp_path / f"{name}.txt"), str(workers), str(kill_at)],
+                              env=subprocess_env(), capture_output=True, text=True, timeout=300)
+
+    assert drive("full", 2, -1).returncode == 0
+    killed = drive("cut", 2, 3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = drive("cut", after, -1)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    full = (tmp_path / "full.txt").read_text().splitlines()
+    got = (tmp_path / "cut.txt").read_text().splitlines()
+    assert got == full
+    # the uninterrupted run is webdataset's order: each worker its shards, batches round-robin
+    ep = resumewds.WebDataset(urls, shardshuffle=10, seed=9).plan.epoch(0)
+    units = reference(SIZES, list(ep.seg_shard), 2, 4, False)
+    assert [line.split()[1] for line in full] == [",".join(f"{s}/{j}" for s, j in u) for u in units]
