@@ -465,7 +465,7 @@ def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any
     ds.collate_fn = None
     ds._compile()
     base = object.__new__(cls)
-    base.__init__(ds, *args, **kw)
+    base.__init__(ds, *args, **dict(kw, worker_split=kw.get("worker_split") or "samples"))  # one filtered stream
     base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
     stage = _RefillBatches(b.args["n"], b.args["collation_fn"], b.args["partial"], batch_stages)
     return LoaderPipeline(base).compose(stage)
