@@ -468,6 +468,10 @@ class ShardDataset:
                                      verify=self.verify, fetch=self.fetch, on_event=self._on_event)
         return self._store
 
+    #: a worker of the shard split without a shard raises (with ``empty_check``), as webdataset's
+    #: ``WebDataset`` does; a ``DataPipeline`` (no such check in webdataset) sets it False
+    _empty_worker_check = True
+
     def worker_split_mode(self) -> str:
         """``"shards"`` or ``"samples"``: how DataLoader workers share an epoch (``worker_split``)."""
         return self.worker_split or "samples"
@@ -502,7 +506,7 @@ class ShardDataset:
         ep = self.plan.epoch(epoch)
         bound = bind(ep)
         seq = bound.sequence
-        if self.empty_check:
+        if self.empty_check and self._empty_worker_check:
             empty = 0 in seq.shard_counts if isinstance(seq, SplitSequence) else not len(seq.seg_shard)
             if empty:
                 raise empty_worker_error(layout.workers, len(ep.seg_shard))

@@ -324,6 +324,8 @@ class DataPipeline(WebDataset, IterableDataset):
                                  "iterate it directly or in a torch DataLoader instead of WebLoader")
         return WebDataset.iter_steps(self, *args, **kw)
 
+    _empty_worker_check = False  # webdataset's DataPipeline: a worker without shards yields nothing
+
     def worker_split_mode(self) -> str:
         """``worker_split`` if given, else ``"shards"`` with a ``split_by_worker``
         stage (webdataset's split: each DataLoader worker its own shards), else ``"samples"``."""
