@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 import resumewds
 from resumewds.plan import Plan
+from resumewds.shardset import ShardDataset
 from resumewds.shardsplit import ShardSplit, SplitSequence, WorkerStream, worker_streams
 from resumewds.steplayout import Layout
 
@@ -231,3 +232,28 @@ def test_kill9_resume_with_other_workers_keeps_the_split(tmp_path, after=3):
     ep = resumewds.WebDataset(urls, shardshuffle=10, seed=9).plan.epoch(0)
     units = reference(SIZES, list(ep.seg_shard), 2, 4, False)
     assert [line.split()[1] for line in full] == [",".join(f"{s}/{j}" for s, j in u) for u in units]
+
+
+def test_the_rule_picks_webdatasets_split_only_for_webdatasets_forms(tmp_path):
+    urls = _shards(str(tmp_path / "d"), SIZES)
+    W = resumewds.WebDataset
+    assert W(urls, shardshuffle=False).split_workers(2) == 2          # webdataset's form
+    assert W(urls, shardshuffle=False).split_workers(1) == 0          # one worker: nothing to split
+    assert W(urls, shardshuffle=False).split_workers(2, world_size=2) == 0  # several ranks
+    assert W(urls, shuffle=True).split_workers(2) == 0                # resumewds's own order asked for
+    assert W(urls, resampled=True).split_workers(2) == 0
+    assert W(urls, shardshuffle=False, workersplitter=None).split_workers(2) == 0
+    assert W(urls, shardshuffle=False, worker_split="samples").split_workers(2) == 0
+    assert W(urls, shuffle=True, worker_split="shards").split_workers(3) == 3
+    assert ShardDataset(urls).split_workers(2) == 0  # the engine's own data set
+    with pytest.raises(ValueError, match="worker_split"):
+        W(urls, worker_split="shard")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = resumewds.DataPipeline(resumewds.SimpleShardList(urls), resumewds.split_by_worker,
+                                   resumewds.tarfile_to_samples())
+        q = resumewds.DataPipeline(resumewds.SimpleShardList(urls), resumewds.tarfile_to_samples())
+    assert p.split_workers(2) == 2 and q.split_workers(2) == 0
+    loader = resumewds.WebLoader(W(urls, shardshuffle=False).batched(4), batch_size=None, num_workers=2,
+                                 worker_split="samples")
+    assert "worker_split" not in loader.state_dict()["config"]
