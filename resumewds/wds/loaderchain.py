@@ -72,7 +72,7 @@ __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPip
 _MISSING: Any = object()
 # WebLoader's own arguments, which a torch DataLoader does not take
 _RESUMEWDS_ONLY = ("rank", "world_size", "remainder", "journal", "resume", "verbose", "chunk_size",
-                   "journal_sync", "nodes", "preempt", "transport")
+                   "journal_sync", "nodes", "preempt", "transport", "worker_split")
 
 
 class LoaderPipeline(FluidInterface):
