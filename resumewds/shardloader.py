@@ -287,7 +287,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
         found = self._session.open(self.dataset, self._place(), resume, sync)
         self.config = found.config
-        self._use_split(int(found.config.get("worker_split") or 0))  # the run's split (session adopts it)
+        self._use_split(int(found.config.get("worker_split") or 0),  # the run's split (session adopts it)
+                        kept=found.epoch is not None)
         if found.epoch is not None:
             self.epoch, self.position = found.epoch, found.position
             self.steps_done, self.samples_total = found.steps_done, found.samples_total
@@ -419,7 +420,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             self.dataset.use_partitions(int(cfg.get("partitions") or 1))
             self.config = self.dataset.config()
         if cfg.get("worker_split") or self.config.get("worker_split"):
-            self._use_split(int(cfg.get("worker_split") or 0))  # the state's split, whatever num_workers
+            self._use_split(int(cfg.get("worker_split") or 0), kept=True)  # the state's, whatever num_workers
         diffs = [f"{k}: state has {cfg.get(k)!r}, loader has {self.config.get(k)!r}"
                  for k in _ORDER_KEYS if cfg.get(k) != self.config.get(k)]
         if diffs:
@@ -483,14 +484,18 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self.layout: Any = Layout(self._chunk, self.world_size, self.rank, self.remainder, nodes=world.nodes)
         if self.batch_size is None and self.world_size == 1:
             self.layout = _SampleLayout(self.layout)
+        if getattr(self, "_split_w", 0) and self.world_size != 1 and not self._split_kept:
+            # chosen for one rank, and the world found at the first iteration is larger
+            self._split_w = 0
+            self.config = {k: v for k, v in self.config.items() if k != "worker_split"}
         if getattr(self, "_split_w", 0):  # webdataset's worker split (resumewds.shardsplit)
             self.layout = split_layout(self.dataset, self._split_w, self.world_size, self.batch_size,
                                        self.remainder, self._chunk)
 
-    def _use_split(self, workers: int) -> None:
+    def _use_split(self, workers: int, kept: bool = False) -> None:
         """Follow the shard split over ``workers`` (0: the sample split): part of the order
         (``config["worker_split"]``), kept by a state or a journal whatever ``num_workers``."""
-        self._split_w = int(workers)
+        self._split_w, self._split_kept = int(workers), bool(kept and workers)  # kept: a run's, not ours
         self.config = {k: v for k, v in self.config.items() if k != "worker_split"}
         if self._split_w:
             self.config["worker_split"] = self._split_w
