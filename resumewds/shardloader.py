@@ -484,7 +484,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self.layout: Any = Layout(self._chunk, self.world_size, self.rank, self.remainder, nodes=world.nodes)
         if self.batch_size is None and self.world_size == 1:
             self.layout = _SampleLayout(self.layout)
-        if getattr(self, "_split_w", 0) and self.world_size != 1 and not self._split_kept:
+        if getattr(self, "_split_w", 0) and self.world_size != 1 and not getattr(self, "_split_kept", False):
             # chosen for one rank, and the world found at the first iteration is larger
             self._split_w = 0
             self.config = {k: v for k, v in self.config.items() if k != "worker_split"}
