@@ -257,3 +257,16 @@ def test_the_rule_picks_webdatasets_split_only_for_webdatasets_forms(tmp_path):
     loader = resumewds.WebLoader(W(urls, shardshuffle=False).batched(4), batch_size=None, num_workers=2,
                                  worker_split="samples")
     assert "worker_split" not in loader.state_dict()["config"]
+
+
+def test_a_world_found_late_takes_the_sample_split(tmp_path, monkeypatch):
+    urls = _shards(str(tmp_path / "d"), SIZES)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    loader = resumewds.WebLoader(resumewds.WebDataset(urls, shardshuffle=False).batched(4), batch_size=None,
+                                 num_workers=2)
+    assert isinstance(loader.layout, ShardSplit) and loader.config["worker_split"] == 2
+    monkeypatch.setenv("RANK", "0")  # a framework set the processes up after the loader was built
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert len(loader) == 4  # 28 samples, 2 ranks, batches of 4: the sample split's steps
+    assert isinstance(loader.layout, Layout) and "worker_split" not in loader.config
