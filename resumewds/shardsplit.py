@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .epochplan import EpochPlan
 from .errors import StateError
@@ -115,6 +115,7 @@ class SplitSequence:
         self.num_units = sum(self.units)
         self.total = len(ep)
         self.end = sum(min(n, u * b) for n, u in zip(self.lengths, self.units))
+        self._known: Dict[int, Tuple[int, int]] = {}  # first positions of units looked up lately
         self._sorted = sorted(self.units)
         self._cum = [0]
         for c in self._sorted:
@@ -161,6 +162,9 @@ class SplitSequence:
         """Positions ``[d0, d1)`` of unit ``k``."""
         w, r = self.unit_at(k)
         d0 = self._start_of(w, r)
+        if len(self._known) > 64:
+            self._known.clear()
+        self._known[d0] = (w, r)  # a step's samples_at starts here: no search
         return d0, d0 + min(self.unit, self.lengths[w] - r * self.unit)
 
     def unit_of(self, d: int) -> int:
@@ -209,6 +213,9 @@ class SplitSequence:
                     if nxt is None:
                         raise IndexError(f"position {d} outside an epoch of {self.end} delivered samples")
                     cur = (nxt[0], nxt[1], d)
+            elif d in self._known:
+                w, r = self._known[d]
+                cur = (w, r, d)
             else:
                 k = self.unit_of(d)
                 if k >= self.num_units:
@@ -292,11 +299,15 @@ class _Units:
         self.seq = seq
         self.batch_size = self.step_size = seq.unit
         self.remainder = "drop" if seq.drop else "keep"
+        self._firsts: Dict[int, int] = {}
 
     def _first(self, start: int) -> int:
-        k = self.seq.unit_of(start)
-        if k < self.seq.num_units and self.seq.unit_range(k)[0] < start:
-            k += 1  # inside a unit (never at a batch boundary): the next one
+        k = self._firsts.get(start)
+        if k is None:
+            k = self.seq.unit_of(start)
+            if k < self.seq.num_units and self.seq.unit_range(k)[0] < start:
+                k += 1  # inside a unit (never at a batch boundary): the next one
+            self._firsts = {start: k}
         return k
 
     def num_steps(self, total: int, start: int) -> int:
