@@ -26,6 +26,7 @@ from .handling import empty_epoch_error, until_stop
 from .plan import Layout, mix
 from .positions import hide_positions
 from .shardset import ShardDataset
+from .shardsplit import WorkerStream
 from .stages import Stage
 from .world import worker_info
 
@@ -83,9 +84,16 @@ class DirectDataset(ShardDataset):
         if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
             warn_foreign_loader(getattr(self, "_framework_guard", None))
         V = world * nworkers
-        chunk = self.batch_size or (64 if V == 1 else 1)
-        layout = _NoPadLayout(batch_size=chunk, world_size=V, rank=rank + world * worker)
-        lay = [V, rank + world * worker, chunk]
+        W = 0 if custom else self.split_workers(nworkers, world)
+        layout: Any
+        if W:  # webdataset's split: this worker's own shards, whole (resumewds.shardsplit)
+            chunk = self.batch_size or 64
+            layout = WorkerStream(W, worker, Layout(chunk))
+            lay: List[Any] = ["shards", W, worker, chunk]
+        else:
+            chunk = self.batch_size or (64 if V == 1 else 1)
+            layout = _NoPadLayout(batch_size=chunk, world_size=V, rank=rank + world * worker)
+            lay = [V, rank + world * worker, chunk]
         if self._pending is not None:
             st = dict(self._pending)
             self._pending = None
@@ -124,7 +132,7 @@ class DirectDataset(ShardDataset):
         finally:
             self.stages = saved_stages
 
-    def _iterate(self, st: Dict[str, Any], layout: Layout) -> Iterator[Any]:
+    def _iterate(self, st: Dict[str, Any], layout: Any) -> Iterator[Any]:
         limit = self._limit if self._mode != "once" else -1
         nepochs = {"once": 1, "repeat": self._nepochs}.get(self._mode, -1)
         self._cursor = st
@@ -151,10 +159,13 @@ class DirectDataset(ShardDataset):
                 return  # an epoch gave nothing: do not loop forever (webdataset's rule)
         self.epoch = st["epoch"]
 
-    def _epoch_items(self, st: Dict[str, Any], layout: Layout) -> Iterator[Any]:
+    def _epoch_items(self, st: Dict[str, Any], layout: Any) -> Iterator[Any]:
         """One epoch of this share from the clean point in ``st``; updates ``st``."""
         epoch = st["epoch"]
-        ep = self.plan.epoch(epoch)
+        ep: Any = self.plan.epoch(epoch)
+        if isinstance(layout, WorkerStream):  # this worker's stream of the epoch
+            layout = self.steps_of(layout, epoch)
+            ep = layout.sequence
         if self.empty_check and len(ep) == 0:
             raise empty_epoch_error(epoch, getattr(self, "_index_skipped", None))
         stream = self._stream_stages()

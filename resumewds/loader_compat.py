@@ -51,6 +51,7 @@ class DataLoaderAttributes:
 
     remainder: str
     layout: Any
+    epoch: int
     config: Dict[str, Any]
     position: int
     batch_size: Optional[int]
@@ -132,12 +133,17 @@ class DataLoaderAttributes:
         """Items (batches, or samples with ``batch_size=None``) from ``start`` to the epoch's end."""
         self._take_world()
         total = int(self.config["samples"])
-        n = self.layout.num_steps(total, start)
+        layout = self._layout_of(self.epoch)
+        n = layout.num_steps(total, start)
         if self.batch_size is None:
             if self.world_size == 1:
-                return max(0, self.layout.end(total) - start)
-            return n * self.layout.batch_size
+                return max(0, layout.end(total) - start)
+            return n * layout.batch_size
         return n
+
+    def _layout_of(self, epoch: int) -> Any:
+        """The layout of epoch ``epoch``'s steps (the loader's: a shard split's depend on the epoch)."""
+        return self.layout
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank (samples with ``batch_size=None``).

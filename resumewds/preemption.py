@@ -18,9 +18,10 @@ import atexit
 import multiprocessing
 import os
 import signal
-from typing import Any, List, Sequence, Tuple, Union
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__: List[str] = []
+__all__ = ["Preemptible"]
 
 
 def _preempt_signals(preempt: Union[bool, Sequence[int]]) -> Tuple[int, ...]:
@@ -74,3 +75,60 @@ def _stop_flag() -> Any:
         atexit.register(_set_live_flags)
     _LIVE_FLAGS.append(flag)
     return flag
+
+
+class Preemptible:
+    """A loader's side of preemption: ``preempted``, :meth:`request_stop`, and the
+    signal handlers ``preempt=`` installs (the loader's ``__iter__`` stops at the
+    next step boundary once ``preempted`` is True).
+
+    Example:
+        >>> p = Preemptible(); p.preempted = False; p.request_stop(); p.preempted
+        True
+    """
+
+    preempted: bool
+    preempt_signal: Optional[int]
+    _old_handlers: Dict[int, Any]
+    _preempt_signals: Tuple[int, ...]
+
+    def request_stop(self) -> None:
+        """Stop at the next step boundary, as a preemption signal would.
+
+        Safe to call from a signal handler or another thread.  The current
+        ``for batch in loader`` ends before its next batch; ``preempted`` is
+        True.  Iterating again clears nothing: call :meth:`clear_stop` to
+        continue in this process.
+        """
+        self.preempted = True
+
+    def clear_stop(self) -> None:
+        """Forget a stop request (``preempted`` back to False)."""
+        self.preempted = False
+        self.preempt_signal = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.preempted and self.preempt_signal == signum:
+            # the second one: the previous handler (the default ends the process)
+            self._restore_handlers()
+            os.kill(os.getpid(), signum)
+            return
+        self.preempt_signal = signum  # nothing else here: no locks, no I/O in a signal handler
+        self.preempted = True
+
+    def _install_preemption(self) -> None:
+        if not self._preempt_signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("WebLoader(preempt=...) installs signal handlers: create the loader in "
+                             "the main thread, or call loader.request_stop() from your own handler")
+        for sig in self._preempt_signals:
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+            except (ValueError, OSError):  # not the main thread any more
+                pass
+        self._old_handlers = {}

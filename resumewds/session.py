@@ -248,7 +248,11 @@ class JournalSession:
         config = where.config
         if stored and _auto_partitions(dataset):  # a resume keeps the run's partitions
             dataset.use_partitions(resolve_partitions(None, where.nodes, stored))
-            config = dataset.config()
+            config = dict(config, **dataset.config())
+        if stored:  # and the run's worker split (resumewds.shardsplit), whatever num_workers
+            config = {k: v for k, v in config.items() if k != "worker_split"}
+            if stored.get("worker_split"):
+                config["worker_split"] = stored["worker_split"]
         # a dataset may declare keys that can change here (a mixture's new phase)
         evolves = getattr(dataset, "compatible_config", None)
         extra = tuple(evolves(j.config(), point)) if evolves is not None else ()

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -40,9 +39,10 @@ from .handling import empty_epoch_error
 from .loader_compat import DataLoaderAttributes
 from .plan import Layout
 from .positions import hide_positions
-from .preemption import _LIVE_FLAGS, _preempt_signals, _stop_flag
+from .preemption import _LIVE_FLAGS, Preemptible, _preempt_signals, _stop_flag
 from .session import JournalSession, LoaderPlace, process_group
 from .shardset import ShardDataset
+from .shardsplit import split_layout, split_workers
 from .shmbatch import BytesRing, Packed, ring_for
 from .stages import default_collate
 from .stats import Stats, event_record, flat_scalars, setup_logging
@@ -82,7 +82,7 @@ def _auto_partitions(ds: ShardDataset) -> bool:
 _import_worker_modules_now()  # this module already imports torch; the store is cheap beside it
 
 
-class ShardLoader(DataLoaderAttributes):
+class ShardLoader(Preemptible, DataLoaderAttributes):
     """A resumable loader over a :class:`~resumewds.dataset.WebDataset`.
 
     Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's
@@ -94,7 +94,11 @@ class ShardLoader(DataLoaderAttributes):
         batch_size: samples per batch per rank; None yields single samples.
             If the dataset was ``.batched(n)``, leave this None (or n).
         num_workers: DataLoader worker processes (any number; resume works
-            across different counts).
+            across different counts).  2 or more on one rank under
+            webdataset's worker split: webdataset's order, kept by a resume
+            whatever its ``num_workers`` (:mod:`resumewds.shardsplit`).
+        worker_split: ``"shards"``, ``"samples"``, or None: the data set's
+            (:meth:`~resumewds.shardset.ShardDataset.worker_split_mode`).
         collate_fn: how to collate a batch (default: torch's default_collate).
         rank, world_size: override torch.distributed / RANK / WORLD_SIZE (neither given and a world
             of 1 found: looked up again at the first len() or iteration, see docs/FRAMEWORKS.md).
@@ -181,7 +185,8 @@ class ShardLoader(DataLoaderAttributes):
                  resume: Union[bool, int] = False, verbose: bool = False, chunk_size: int = 64,
                  journal_sync: str = "NORMAL", nodes: Optional[int] = None,
                  preempt: Union[bool, Sequence[int]] = False, transport: str = "auto",
-                 stall_timeout: Optional[float] = None, **dataloader_kwargs: Any):
+                 stall_timeout: Optional[float] = None, worker_split: Optional[str] = None,
+                 **dataloader_kwargs: Any):
         if not (isinstance(dataset, ShardDataset) or hasattr(dataset, "iter_steps")):  # or a MixedDataset
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
         for bad in ("shuffle", "sampler", "batch_sampler"):
@@ -244,57 +249,11 @@ class ShardLoader(DataLoaderAttributes):
         self._preempt_signals = _preempt_signals(preempt)
         # resolve + index in the main process, once, before any worker starts
         self.config = dataset.config()
+        self._use_split(split_workers(dataset, self.num_workers, self.world_size, remainder, worker_split))
         self._absorb(dataset.take_events())
         if journal is not None:
             self._open_journal(journal, resume, journal_sync)
         self._install_preemption()
-
-    # ---- preemption ---------------------------------------------------------
-    def request_stop(self) -> None:
-        """Stop at the next step boundary, as a preemption signal would.
-
-        Safe to call from a signal handler or another thread.  The current
-        ``for batch in loader`` ends before its next batch; ``preempted`` is
-        True.  Iterating again clears nothing: call :meth:`clear_stop` to
-        continue in this process.
-        """
-        self.preempted = True
-
-    def clear_stop(self) -> None:
-        """Forget a stop request (``preempted`` back to False)."""
-        self.preempted = False
-        self.preempt_signal = None
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.preempted and self.preempt_signal == signum:
-            # the second one: the previous handler (the default ends the process)
-            self._restore_handlers()
-            os.kill(os.getpid(), signum)
-            return
-        self.preempt_signal = signum  # nothing else here: no locks, no I/O in a signal handler
-        self.preempted = True
-
-    def _install_preemption(self) -> None:
-        import signal
-        import threading
-
-        if not self._preempt_signals:
-            return
-        if threading.current_thread() is not threading.main_thread():
-            raise ValueError("WebLoader(preempt=...) installs signal handlers: create the loader in "
-                             "the main thread, or call loader.request_stop() from your own handler")
-        for sig in self._preempt_signals:
-            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _restore_handlers(self) -> None:
-        import signal
-
-        for sig, old in self._old_handlers.items():
-            try:
-                signal.signal(sig, old if old is not None else signal.SIG_DFL)
-            except (ValueError, OSError):  # not the main thread any more
-                pass
-        self._old_handlers = {}
 
     # ---- journal (resumewds/session.py) --------------------------------------
     @property
@@ -328,6 +287,8 @@ class ShardLoader(DataLoaderAttributes):
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
         found = self._session.open(self.dataset, self._place(), resume, sync)
         self.config = found.config
+        self._use_split(int(found.config.get("worker_split") or 0),  # the run's split (session adopts it)
+                        kept=found.epoch is not None)
         if found.epoch is not None:
             self.epoch, self.position = found.epoch, found.position
             self.steps_done, self.samples_total = found.steps_done, found.samples_total
@@ -383,7 +344,8 @@ class ShardLoader(DataLoaderAttributes):
         plan = self.dataset.plan
         first = int(self.steps_done)
         before = [int(self.epoch), int(self.position)]
-        epoch, position = skipping.advance(self.layout, lambda e: len(plan.epoch(e)), before[0], before[1], int(k))
+        epoch, position = skipping.advance(self.layout, lambda e: len(plan.epoch(e)), before[0], before[1], int(k),
+                                           layout_of=self._layout_of)
         detail: Dict[str, Any] = {"first_step": first, "steps": int(k), "from": before,
                                   "to": [epoch, position], "reason": reason}
         if k:
@@ -457,6 +419,8 @@ class ShardLoader(DataLoaderAttributes):
         if _auto_partitions(self.dataset):  # adopt the state's partitions
             self.dataset.use_partitions(int(cfg.get("partitions") or 1))
             self.config = self.dataset.config()
+        if cfg.get("worker_split") or self.config.get("worker_split"):
+            self._use_split(int(cfg.get("worker_split") or 0), kept=True)  # the state's, whatever num_workers
         diffs = [f"{k}: state has {cfg.get(k)!r}, loader has {self.config.get(k)!r}"
                  for k in _ORDER_KEYS if cfg.get(k) != self.config.get(k)]
         if diffs:
@@ -538,6 +502,26 @@ class ShardLoader(DataLoaderAttributes):
         self.layout: Any = Layout(self._chunk, self.world_size, self.rank, self.remainder, nodes=world.nodes)
         if self.batch_size is None and self.world_size == 1:
             self.layout = _SampleLayout(self.layout)
+        if getattr(self, "_split_w", 0) and self.world_size != 1 and not getattr(self, "_split_kept", False):
+            # chosen for one rank, and the world found at the first iteration is larger
+            self._split_w = 0
+            self.config = {k: v for k, v in self.config.items() if k != "worker_split"}
+        if getattr(self, "_split_w", 0):  # webdataset's worker split (resumewds.shardsplit)
+            self.layout = split_layout(self.dataset, self._split_w, self.world_size, self.batch_size,
+                                       self.remainder, self._chunk)
+
+    def _use_split(self, workers: int, kept: bool = False) -> None:
+        """Follow the shard split over ``workers`` (0: the sample split): part of the order
+        (``config["worker_split"]``), kept by a state or a journal whatever ``num_workers``."""
+        self._split_w, self._split_kept = int(workers), bool(kept and workers)  # kept: a run's, not ours
+        self.config = {k: v for k, v in self.config.items() if k != "worker_split"}
+        if self._split_w:
+            self.config["worker_split"] = self._split_w
+        self._bind_world(self.world)
+
+    def _layout_of(self, epoch: int) -> Any:
+        """The layout of epoch ``epoch``'s steps (a shard split bound to the epoch)."""
+        return self.dataset.steps_of(self.layout, epoch) if hasattr(self.layout, "bind") else self.layout
 
     def _take_world(self) -> None:
         """Built before the processes were set up: the world of the first ``len()`` / iteration."""
@@ -553,7 +537,7 @@ class ShardLoader(DataLoaderAttributes):
         total = len(ds.plan.epoch(epoch))
         if self.preempted:
             return
-        layout = self.layout
+        layout = self._layout_of(epoch)
         nsteps = layout.num_steps(total, start)
         if nsteps == 0:
             if total == 0 and getattr(ds, "_index_skipped", None) and getattr(ds, "empty_check", False):

@@ -34,6 +34,7 @@ from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
 from .openshards import ShardReader as _ShardReader
 from .plan import Layout, Plan, check_partitions, worker_steps
+from .shardsplit import SplitSequence, empty_worker_error
 from .sources import Source, resolve_sources
 from .stages import (
     SKIPPED,
@@ -54,13 +55,17 @@ from .stats import event_record
 from .stepengine import Slots, StepPlan, run_steps
 from .stepengine import Source as _StepSource
 
-__all__ = ["ON_ERROR", "ShardDataset"]
+__all__ = ["ON_ERROR", "WORKER_SPLITS", "ShardDataset"]
 
 log = logging.getLogger("resumewds")
 
 _RUN_BYTES = reading.RUN_BYTES  # most bytes read with one pread (tests lower it)
 
 ON_ERROR = ("raise", "skip")
+
+#: how DataLoader workers share an epoch (``worker_split=``): webdataset's shards per worker, or
+#: the engine's split of the sample sequence (:mod:`resumewds.shardsplit`, :mod:`resumewds.steplayout`)
+WORKER_SPLITS = ("shards", "samples")
 
 
 def _names_http(urls: Any) -> bool:
@@ -155,7 +160,15 @@ class ShardDataset:
             a pure function of seed, epoch and position); iteration goes on
             over epochs (use ``.with_epoch(n)``).
         repeat: iterate over epochs without end.
-        empty_check: raise ValueError when an epoch has no samples at all.
+        empty_check: raise ValueError when an epoch has no samples at all
+            (and, with the shard split, when a DataLoader worker gets no shard).
+        worker_split: how DataLoader workers (``num_workers >= 2``, one rank)
+            share an epoch: ``"samples"`` (default here): the steps of the one
+            sample sequence, the same data for any worker count;
+            ``"shards"``: webdataset's ``split_by_worker``, each worker its own
+            shards, batches interleaved round-robin (:mod:`resumewds.shardsplit`).
+            None: ``"samples"`` (:class:`resumewds.WebDataset` picks
+            webdataset's split for webdataset's forms, docs/COMPAT.md).
 
     Example:
         >>> ds = ShardDataset(["a.tar", "b.tar"], seed=3).decode().to_tuple("txt", "cls")  # doctest: +SKIP
@@ -167,7 +180,7 @@ class ShardDataset:
                  on_error: str = "raise", handler: Any = None, allow_pickle: bool = False,
                  allow_remote_pipe: bool = False, prefetch: int = 4, partitions: Optional[int] = None,
                  ranged_reads: Optional[bool] = None, resampled: bool = False, repeat: bool = False,
-                 empty_check: bool = True):
+                 empty_check: bool = True, worker_split: Optional[str] = None):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if verify not in ("once", "always", "never"):
@@ -201,6 +214,9 @@ class ShardDataset:
         self.ranged_reads = ranged_reads  # None: RESUMEWDS_RANGED_READS (resumewds.reading.prepare)
         self.resampled = bool(resampled)
         self.empty_check = empty_check
+        if worker_split is not None and worker_split not in WORKER_SPLITS:
+            raise ValueError(f"worker_split must be one of {WORKER_SPLITS} or None, got {worker_split!r}")
+        self.worker_split = worker_split
         self._spec: List[Stage] = []
         # iteration mode: once / repeat / with_epoch (webdataset's repetitions, nsamples)
         self._mode = "forever" if (self.resampled or repeat) else "once"
@@ -245,10 +261,12 @@ class ShardDataset:
         self._buffer = buffer
         self._stream_from = i
         self.batch_size = None
+        self.batch_partial = True
         self.batch_stages = []
         collate = self.collate_fn
         if i < len(p) and p[i].kind == "batched":
             self.batch_size = int(p[i].args["n"])
+            self.batch_partial = bool(p[i].args.get("partial", True))
             collate = p[i].args["collation_fn"] or list_collate
             j = i + 1
             while j < len(p) and p[j].kind == "sample" and p[j].name != "select":
@@ -458,6 +476,50 @@ class ShardDataset:
                                      verify=self.verify, fetch=self.fetch, on_event=self._on_event)
         return self._store
 
+    #: a worker of the shard split without a shard raises (with ``empty_check``), as webdataset's
+    #: ``WebDataset`` does; a ``DataPipeline`` (no such check in webdataset) sets it False
+    _empty_worker_check = True
+
+    def worker_split_mode(self) -> str:
+        """``"shards"`` or ``"samples"``: how DataLoader workers share an epoch (``worker_split``)."""
+        return self.worker_split or "samples"
+
+    def split_workers(self, num_workers: int, world_size: int = 1, mode: Optional[str] = None) -> int:
+        """``W`` of the shard split for ``num_workers`` DataLoader workers, or 0 (the sample split).
+
+        The shard split applies with ``mode`` (default: :meth:`worker_split_mode`)
+        ``"shards"``, ``num_workers >= 2``, one rank, one partition and shards
+        read once per epoch (not ``resampled``).
+
+        Example:
+            >>> ShardDataset(["a.tar"], worker_split="shards").split_workers(2)
+            2
+        """
+        if ((mode or self.worker_split_mode()) != "shards" or int(num_workers) < 2 or int(world_size) != 1
+                or self.plan_partitions != 1 or self.resampled):
+            return 0
+        return int(num_workers)
+
+    def steps_of(self, layout: Any, epoch: int) -> Any:
+        """``layout`` for epoch ``epoch``: a shard split (:mod:`resumewds.shardsplit`)
+        bound to the epoch's plan; any other layout as it is.
+
+        Raises:
+            ValueError: with ``empty_check``, a worker of the shard split gets no shard
+                (as webdataset's ``split_by_worker`` then raises).
+        """
+        bind = getattr(layout, "bind", None)
+        if bind is None:
+            return layout
+        ep = self.plan.epoch(epoch)
+        bound = bind(ep)
+        seq = bound.sequence
+        if self.empty_check and self._empty_worker_check:
+            empty = 0 in seq.shard_counts if isinstance(seq, SplitSequence) else not len(seq.seg_shard)
+            if empty:
+                raise empty_worker_error(layout.workers, len(ep.seg_shard))
+        return bound
+
     def config(self) -> Dict[str, Any]:
         """What the delivered order depends on (checked on resume).
 
@@ -539,7 +601,9 @@ class ShardDataset:
         Args:
             epoch: the epoch.
             start: global position to start from.
-            layout: batch size, world size, rank, remainder policy.
+            layout: batch size, world size, rank, remainder policy; or a
+                shard split (:class:`resumewds.shardsplit.ShardSplit`, bound or
+                not), whose steps are webdataset's workers' batches.
             worker, num_workers: this DataLoader worker's share (round-robin
                 over steps).
             collate: collate samples with the batch's collate function; if
@@ -562,6 +626,9 @@ class ShardDataset:
         (:func:`resumewds.stepengine.run_steps`), this data set its one source.
         """
         ep = self.plan.epoch(epoch)
+        if hasattr(layout, "bind"):  # a shard split (resumewds.shardsplit): its steps of this epoch
+            layout = layout.bind(ep)
+        ep = getattr(layout, "sequence", ep)  # the epoch as the layout delivers it
         collate_fn = collate_fn or self.collate_fn or default_collate
         plan = _EpochSteps(self, ep, layout, start, worker, num_workers)
         source = _StepSource(self, self.stages, stream=not str(self.plan.algo).endswith("window"))

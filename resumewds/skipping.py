@@ -25,32 +25,37 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 __all__ = ["advance"]
 
 
-def advance(layout: Any, totals: Callable[[int], int], epoch: int, position: int, steps: int) -> Tuple[int, int]:
+def advance(layout: Any, totals: Callable[[int], int], epoch: int, position: int, steps: int,
+            layout_of: Optional[Callable[[int], Any]] = None) -> Tuple[int, int]:
     """``(epoch, position)`` after ``steps`` more steps from ``(epoch, position)``.
 
-    ``layout`` cuts an epoch of ``totals(epoch)`` samples into steps (its
-    ``num_steps(total, start)`` and ``position_after(total, start, step)``);
+    ``layout`` (or ``layout_of(epoch)``, a layout whose steps depend on the
+    epoch, as the shard split's do) cuts an epoch of ``totals(epoch)`` samples
+    into steps (its ``num_steps(total, start)`` and ``position_after(total, start, step)``);
     an epoch whose steps are all taken ends, and the next starts at 0.  A
     skip that ends exactly at an epoch's end stays there, as a commit at the
     epoch's last step does (the next pass ends that epoch).
     """
     if steps < 0:
         raise ValueError(f"cannot skip {steps} steps")
+    def of(e: int) -> Any:
+        return layout if layout_of is None else layout_of(e)
+
     while steps > 0:
         total = totals(epoch)
-        n = layout.num_steps(total, position)
+        n = of(epoch).num_steps(total, position)
         if n == 0:
             epoch, position = epoch + 1, 0
-            if layout.num_steps(totals(epoch), 0) == 0:
+            if of(epoch).num_steps(totals(epoch), 0) == 0:
                 raise ValueError(f"epoch {epoch} has no steps: nothing to skip")
             continue
         if steps <= n:
-            return epoch, layout.position_after(total, position, steps - 1)
+            return epoch, of(epoch).position_after(total, position, steps - 1)
         steps -= n
         epoch, position = epoch + 1, 0
     return epoch, position

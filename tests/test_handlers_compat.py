@@ -115,7 +115,9 @@ def test_ignore_and_stop_under_webloader_ends_the_epoch(tmp_path, cache_dir, wor
     rw.build_manifest(paths, str(d / "manifest.json"))
     _truncate(paths[1], os.path.getsize(paths[1]) // 2)  # found when read: size mismatch
     ds = rw.WebDataset(str(d / "manifest.json"), handler=rw.ignore_and_stop, cache_dir=cache_dir)
-    ld = rw.WebLoader(ds.to_tuple("__key__"), batch_size=4, num_workers=workers)
+    # the sample sequence (worker_split="samples"): the stop ends the epoch at the same step for any
+    # worker count (under webdataset's shard split it ends the epoch too, at that split's step)
+    ld = rw.WebLoader(ds.to_tuple("__key__"), batch_size=4, num_workers=workers, worker_split="samples")
     keys = [k for b in ld for k in b[0]]
     # step 2 reaches shard 1, where the handler says stop: what came before it is delivered
     assert keys == [f"s000000_{i:06d}" for i in range(10)]
@@ -131,7 +133,7 @@ def test_a_map_under_ignore_and_stop_ends_the_epoch_instead_of_raising(shards, w
         return s
 
     ds = rw.WebDataset(shards).map(boom, handler=rw.ignore_and_stop).to_tuple("__key__")
-    ld = rw.WebLoader(ds, batch_size=8, num_workers=workers)
+    ld = rw.WebLoader(ds, batch_size=8, num_workers=workers, worker_split="samples")  # the one sequence
     keys = [k for b in ld for k in b[0]]
     assert len(keys) == 40 and keys[-1] == "s000001_000002"  # the step with the error is not delivered
     assert ld.epoch == 1
@@ -168,7 +170,7 @@ def test_ignore_and_stop_on_damage_found_when_indexing_stops_there_like_webdatas
     ours = [s["__key__"] for s in rw.WebDataset(paths, handler=rw.ignore_and_stop, cache_dir=cache_dir)]
     assert ours == theirs[:len(ours)] and len(theirs) - len(ours) <= 2 and len(ours) > 10
     ld = rw.WebLoader(rw.WebDataset(paths, handler=rw.ignore_and_stop, cache_dir=cache_dir).to_tuple("__key__"),
-                      batch_size=3, num_workers=workers)
+                      batch_size=3, num_workers=workers, worker_split="samples")  # the one sequence
     assert [k for b in ld for k in b[0]] == ours and ld.epoch == 1
     ld.close()
     # ignore_and_continue goes on to shard 2, as webdataset does

@@ -41,9 +41,11 @@ Semantics that differ from webdataset, on purpose: ``shuffle(n)`` is the
 plan's seeded shuffle (not a buffer fed in arrival order), so the same seed
 gives the same order on every run; ``ResampledShards`` shuffles the shard
 order per epoch and goes on forever instead of drawing with replacement;
-``split_by_node`` / ``split_by_worker`` split the global sample sequence,
-not the shard list (so any number of nodes and workers works, with nothing
-seen twice).
+``split_by_node`` splits the global sample sequence, not the shard list (so
+any number of nodes works, with nothing seen twice).  ``split_by_worker``
+is webdataset's on one rank: each DataLoader worker reads its own shards
+(:mod:`resumewds.shardsplit`; ``worker_split="samples"`` asks for the split
+of the sample sequence instead).
 
 Example:
     >>> pipeline = DataPipeline(SimpleShardList("data/shard-{000000..000003}.tar"),  # doctest: +SKIP
@@ -67,6 +69,7 @@ from .. import config
 from ..errors import ResumeWDSError, StateError
 from ..plan import Layout, Plan
 from ..positions import hide_positions
+from ..shardsplit import WorkerStream
 from ..stages import default_collate
 from . import filters, tariterators
 from .handlers import reraise_exception
@@ -321,6 +324,16 @@ class DataPipeline(WebDataset, IterableDataset):
                                  "iterate it directly or in a torch DataLoader instead of WebLoader")
         return WebDataset.iter_steps(self, *args, **kw)
 
+    _empty_worker_check = False  # webdataset's DataPipeline: a worker without shards yields nothing
+
+    def worker_split_mode(self) -> str:
+        """``worker_split`` if given, else ``"shards"`` with a ``split_by_worker``
+        stage (webdataset's split: each DataLoader worker its own shards), else ``"samples"``."""
+        if self.worker_split is not None:
+            return self.worker_split
+        c = self._c
+        return "shards" if (c.worker_split and not c.resampled and not c.generic) else "samples"
+
     def _layout(self) -> Layout:
         rank, world = 0, 1
         if self._c.node_split or self._c.single_node or self._c.resampled:
@@ -343,7 +356,15 @@ class DataPipeline(WebDataset, IterableDataset):
         # rank and worker); here each takes its own share of the endless plan
         if info is not None and (self._c.worker_split or self._c.resampled):
             worker, nw = info.id, info.num_workers
-        layout = self._layout()
+        layout: Any = self._layout()
+        W = self.split_workers(nw, layout.world_size) if info is not None else 0
+        if W:  # webdataset's split_by_worker: this worker's own shards (resumewds.shardsplit)
+            layout, worker, nw = WorkerStream(W, worker, layout), 0, 1
+        split = [layout.worker, W] if W else None
+        if (st.get("position") or st.get("skip")) and st.get("split", split) != split:
+            raise StateError(f"DataPipeline state was taken with the shard split (worker, of workers) "
+                             f"{st.get('split')}, this iterator has {split}: resume with the same num_workers")
+        st["split"] = split
         batched = self.batch_size is not None
         collate_fn = _Unpositioned(self.collate_fn or default_collate) if batched else None
         reps = 0
@@ -351,18 +372,19 @@ class DataPipeline(WebDataset, IterableDataset):
             reps += 1
             epoch, start, skip = st["epoch"], st["position"], st["skip"]
             skip0 = skip
-            total = len(self.plan.epoch(epoch))
+            steps = self.steps_of(layout, epoch)
+            total = len(steps.sequence if W else self.plan.epoch(epoch))
             delivered = 0
             try:
                 # unbatched: each sample as soon as it is read (``(k, [sample], None)``),
                 # then the step's ``(k, [], meta)``; batched: one item per step
                 current, n = -1, 0
-                for k, batch, _meta in WebDataset.iter_steps(self, epoch, start, layout, worker, nw,
+                for k, batch, _meta in WebDataset.iter_steps(self, epoch, start, steps, worker, nw,
                                                              collate=batched, collate_fn=collate_fn,
                                                              each=not batched):
                     if k != current:
                         current, n = k, 0
-                        st["position"] = start + k * layout.step_size
+                        st["position"] = start + k * steps.step_size
                     if _meta is None:
                         n += 1
                         if n <= skip:
@@ -381,7 +403,7 @@ class DataPipeline(WebDataset, IterableDataset):
                         delivered += 1
                         yield x
                     skip = 0
-                    st["position"], st["skip"] = layout.position_after(total, start, k), 0
+                    st["position"], st["skip"] = steps.position_after(total, start, k), 0
                     if _meta.get("stopped"):  # a handler said stop: this epoch ends here
                         st["epoch"], st["position"], st["skip"] = epoch + 1, 0, 0
                         return
@@ -492,6 +514,8 @@ class DataPipeline(WebDataset, IterableDataset):
                                  f"this pipeline {self._layout().step_size}")
         self._state = {"epoch": int(state["epoch"]), "position": int(state["position"]),
                        "skip": int(state.get("skip", 0)), "served": int(state.get("served", 0))}
+        if state.get("split") is not None:
+            self._state["split"] = list(state["split"])
         self._loaded = True
 
     set_state = load_state_dict

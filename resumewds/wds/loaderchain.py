@@ -73,7 +73,7 @@ __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPip
 _MISSING: Any = object()
 # WebLoader's own arguments, which a torch DataLoader does not take
 _RESUMEWDS_ONLY = ("rank", "world_size", "remainder", "journal", "resume", "verbose", "chunk_size",
-                   "journal_sync", "nodes", "preempt", "transport")
+                   "journal_sync", "nodes", "preempt", "transport", "worker_split")
 
 
 class LoaderPipeline(FluidInterface):
@@ -199,6 +199,7 @@ class LoaderPipeline(FluidInterface):
                            rank=base.rank, world_size=base.world_size, remainder=remainder,
                            chunk_size=base.layout.batch_size, transport=base.transport,
                            preempt=preempt or False, stall_timeout=base.stall_timeout,
+                           worker_split="samples",  # positions are samples of the one sequence
                            **base.dataloader_kwargs)
         # the base loader's resume point and journal carry over (positions are samples)
         new.epoch, new.position = base.epoch, base.position
@@ -494,7 +495,7 @@ def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any
     ds.collate_fn = None
     ds._compile()
     base = object.__new__(cls)
-    base.__init__(ds, *args, **kw)
+    base.__init__(ds, *args, **dict(kw, worker_split=kw.get("worker_split") or "samples"))  # one filtered stream
     base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
     stage = _RefillBatches(b.args["n"], b.args["collation_fn"], b.args["partial"], batch_stages)
     return LoaderPipeline(base).compose(stage)

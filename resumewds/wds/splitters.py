@@ -4,10 +4,12 @@
 generator functions over any iterable (shard dicts ``{"url": ...}`` in a
 composable pipeline), exactly as in webdataset 1.0.2.  Passed to
 :class:`resumewds.WebDataset` as ``nodesplitter=`` / ``workersplitter=``,
-the dataset recognises them and maps them onto its own rank / worker layout
-(a split of the global sample sequence, see :mod:`resumewds.plan`), so exact
-resume is kept; a user callable there is applied to the shard list instead
-(it must be deterministic for a resume to be exact).
+the dataset recognises them and maps them onto its own layouts, so exact
+resume is kept: ``split_by_worker`` on one rank is webdataset's split (each
+DataLoader worker its own shards, :mod:`resumewds.shardsplit`), the others a
+split of the global sample sequence (:mod:`resumewds.plan`); a user callable
+there is applied to the shard list instead (it must be deterministic for a
+resume to be exact).
 
 Rank and world size come from an initialised ``torch.distributed`` group if
 torch is already imported, else ``RANK`` / ``WORLD_SIZE`` (then

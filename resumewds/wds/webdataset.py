@@ -87,6 +87,7 @@ class WebDatasetAPI(_Base):
                  verbose: bool = False, seed: Optional[int] = None, *,
                  shuffle: Union[bool, str, None] = None, **engine: Any):
         resampled = bool(resampled or mode == "resampled")
+        self._order_asked = shuffle is not None  # resumewds's own order asked for: its own worker split
         if shuffle is None:
             shuffle = "shards" if (shardshuffle not in (None, False, 0) and not resampled) else False
         super().__init__(_wds_urls(urls), seed=seed, shuffle=shuffle, cache_dir=cache_dir,
@@ -164,6 +165,18 @@ class WebDatasetAPI(_Base):
             raise TypeError("WebDataset has no len(); use .with_length(n)")
         return self._length
 
+    def worker_split_mode(self) -> str:
+        """How DataLoader workers share an epoch: ``worker_split`` if given, else
+        ``"shards"`` (webdataset's ``split_by_worker``: each worker its own shards)
+        when webdataset's worker split is in force (``workersplitter`` left as is or
+        ``split_by_worker``) and no ``shuffle=`` asked for resumewds's own order;
+        ``"samples"`` otherwise."""
+        if self.worker_split is not None:
+            return self.worker_split
+        ws = self.workersplitter
+        kind = "split_by_worker" if ws is _UNSET else (None if ws is None else _builtin_splitter(ws))
+        return "shards" if kind == "split_by_worker" and not self._order_asked else "samples"
+
     def _split(self) -> Tuple[int, int, int, int, List[Any]]:
         """``(rank, world, worker, num_workers, custom splitters)`` for this process:
         webdataset's ``nodesplitter`` / ``workersplitter``, mapped onto the engine's split."""
@@ -198,7 +211,7 @@ class WebDataset(WebDatasetAPI, DirectDataset):
     (docs/COMPAT.md lists the exact semantics and differences).  It is a
     ``torch.utils.data.IterableDataset`` (registered when torch is imported,
     so ``import resumewds`` stays torch-free): a plain torch ``DataLoader``
-    works, each worker taking its own share of the sample sequence, and
+    works, each worker taking its own shards (webdataset's ``split_by_worker``), and
     ``state_dict()`` / ``load_state_dict()`` speak torchdata's
     ``StatefulDataLoader`` protocol.
 
@@ -228,9 +241,19 @@ class WebDataset(WebDatasetAPI, DirectDataset):
         detshuffle: accepted; our shuffles are always deterministic.
         nodesplitter, workersplitter: ``split_by_node``, ``split_by_worker``,
             ``single_node_only`` (ours or webdataset's) map onto the rank /
-            worker split of the sample sequence; None: no split (every rank /
-            worker sees everything, as in webdataset); a user callable gets
-            the shard list (``{"url": ...}`` dicts) and keeps what it yields.
+            worker split; None: no split (every rank / worker sees everything,
+            as in webdataset); a user callable gets the shard list
+            (``{"url": ...}`` dicts) and keeps what it yields.
+        worker_split: how DataLoader workers share an epoch on one rank.
+            None (default): ``"shards"`` while webdataset's worker split is in
+            force (``workersplitter`` left as is, or ``split_by_worker``) and
+            ``shuffle=`` is not given, else ``"samples"``.  ``"shards"``:
+            webdataset's ``split_by_worker``: worker ``w`` of ``W`` reads the
+            epoch's shards ``w, w+W, ...`` and the DataLoader interleaves the
+            workers' batches round-robin (the same data as webdataset; a
+            state resumes it with any ``num_workers``).  ``"samples"``:
+            resumewds's split of the one sample sequence (the same data for
+            any worker count).  See :mod:`resumewds.shardsplit`.
         select_files, rename_files: webdataset's member filters (by
             ``"<key>.<ext>"`` name).
         empty_check: raise ValueError when an epoch has no samples at all.
