@@ -73,7 +73,7 @@ def test_a_state_taken_between_passes_resumes_exactly(urls, workers):
     first = _take(iter(run), 7)
     state = run.state_dict()  # given away: the next iter() continues where it was taken
     rest = [_take(iter(run), 7) for _ in range(2)]  # the second one was not pinned: a new pass
-    assert rest[0] == _take(iter(_loader(ours, urls)), 14)[70:]  # the stream went on after 70
+    assert rest[0] == _take(iter(_loader(ours, urls, workers)), 14)[70:]  # the stream went on after 70
     assert rest[1] == first  # a new pass from the start of the next epoch (no shuffle)
 
     resumed = _loader(ours, urls, workers)
