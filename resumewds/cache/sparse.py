@@ -405,8 +405,8 @@ def _missing_of(st: SparseState, span: Tuple[int, int]) -> List[Tuple[int, int]]
 def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
                  spans: List[Tuple[int, int]]) -> int:
     exists = layout.lstat(st.path) is not None
-    if not exists and not _may_create(store, base):
-        return 0
+    if not exists and (not _may_create(store, base) or layout.lstat(base + ".meta") is not None):
+        return 0  # no room reserved for it, or published already
     mfd = os.open(st.map, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600)
     try:
         fcntl.flock(mfd, fcntl.LOCK_SH)
@@ -429,6 +429,9 @@ def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
         finally:
             os.close(fd)
         os.write(mfd, b"".join(recs))  # after the bytes: a record never describes bytes not written
+        if not exists and layout.lstat(base + ".meta") is not None:
+            layout.remove(st.path)  # published while this one was started: an orphan
+            layout.remove(st.map)
     finally:
         os.close(mfd)
     with st.cond:
