@@ -106,12 +106,14 @@ def make_data(directory: str, shards: int, shard_mb: int, seed: int = 0,
 
 
 def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int = 0,
-                  ahead: float = -1, shuffle: bool = True) -> Tuple[float, float, int, int]:
+                  ahead: float = -1, shuffle: bool = True, sparse: bool = True) -> Tuple[float, float, int, int]:
     """(seconds to the first batch, seconds for ``limit`` batches, payload bytes,
     bytes fetched by range: downloaded a second time by the whole-shard prefetch)."""
     import resumewds as rw
     from resumewds import reading
+    from resumewds.cache import sparse as sparse_mod
 
+    sparse_mod.SPARSE_PARTIALS = sparse  # off: the reader's ranges are downloaded again by the prefetch
     default_ahead = reading.WINDOW_AHEAD
     if ahead >= 0:
         reading.WINDOW_AHEAD = int(ahead * 1e6)
@@ -202,6 +204,8 @@ def main(argv: Any = None) -> int:
         p.add_argument("--sent", action="store_true",
                        help="throughput mode: also one cold resumewds epoch per order (shuffled, in order), "
                             "each with a server of its own: the bytes it sent / the data set's bytes"),
+        p.add_argument("--no-sparse", action="store_true",
+                       help="throughput mode: also a resumewds variant with sparse partial downloads off"),
         p.add_argument("--sent-only", action="store_true", help="throughput mode: only the --sent epochs"),
         p.add_argument("--throughput", action="store_true",
                        help="the cold-throughput comparison of one path (batched WebDataset, timed from the "
@@ -238,6 +242,8 @@ def main(argv: Any = None) -> int:
             variants["resumewds" + ("@" + tag if tag else "")] = (True, t, a)
     if not args.no_whole:
         variants["resumewds-whole"] = (False, threads[0], aheads[0])
+    if args.no_sparse:
+        variants["resumewds-nosparse"] = (True, threads[0], aheads[0])
     with workdir(args, "firstbatch") as d:
         for mb in sizes:
             n = count.get(mb, 4)
@@ -273,7 +279,8 @@ def main(argv: Any = None) -> int:
                             out = run_webdataset(url, names, limit=10 ** 9)
                         else:
                             ranged, t, a = variants[name]
-                            out = run_resumewds(url, cache, ranged, limit=10 ** 9, threads=t, ahead=a)
+                            out = run_resumewds(url, cache, ranged, limit=10 ** 9, threads=t, ahead=a,
+                                                sparse=name != "resumewds-nosparse")
                         res[name].append(out)
                         extra = f"  ranged {out[3] / 1e6:6.1f} MB ({100 * out[3] / data_bytes:4.1f}% extra)" \
                             if name in variants and variants[name][0] else ""
