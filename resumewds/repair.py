@@ -100,7 +100,7 @@ def coalesce(ranges: List[Tuple[int, int]], gap: int = COALESCE_GAP) -> List[Tup
 
 
 def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, session: Any = None,
-                on_event: Any = None, sink: Optional[Callable[[int, bytes], bool]] = None) -> bytes:
+                on_event: Any = None, sink: Optional[Callable[[int, bytes], None]] = None) -> bytes:
     """GET bytes ``[start, end)`` of ``url`` with a Range request, retried.
 
     Every request draws one attempt from ``budget`` (given back when it
@@ -108,9 +108,8 @@ def fetch_range(url: str, start: int, end: int, *, config: Any, budget: Any, ses
     retries stop when the shard's budget is spent.
 
     With ``sink``, the body is not kept: ``sink(offset, chunk)`` receives
-    it as it arrives (a sparse partial download writes it in place) and
-    returns True to stop reading it; a retry asks only for the bytes not
-    sunk yet, and ``b""`` is returned.
+    it as it arrives (a sparse partial download writes it in place), a
+    retry asks only for the bytes not sunk yet, and ``b""`` is returned.
 
     Raises:
         RangeIgnored: the server sent the whole file (200), another range, or
@@ -209,7 +208,7 @@ def _check_range(url: str, field: str, got: Optional[str], start: int, end: int)
 class _Done:
     """Where a ranged fetch with a sink has got to (its retries resume there)."""
 
-    def __init__(self, at: int, sink: Optional[Callable[[int, bytes], bool]]):
+    def __init__(self, at: int, sink: Optional[Callable[[int, bytes], None]]):
         self.at = at
         self.sink = sink
 
@@ -229,10 +228,8 @@ def _range_body(url: str, chunks: Iterable[bytes], start: int, end: int, pace: A
             raise RangeIgnored(f"{url}: range body longer than {end - start} bytes", url, 206)
         if sink is not None:
             assert done is not None
-            stop = sink(done.at, chunk)
+            sink(done.at, chunk)
             done.at += len(chunk)
-            if stop:
-                return b""  # the sink has what it wants: the rest is not read (the connection is dropped)
         else:
             out.append(chunk)
     if n < end - start:

@@ -505,8 +505,9 @@ def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[in
 
 
 class _Writer:
-    """The download's sink: bytes written where they belong, recorded every
-    :data:`RECORD_EVERY` bytes and at the end of each request."""
+    """The download's sink: bytes written where they belong (and made visible to
+    this process's readers at once), recorded every :data:`RECORD_EVERY` bytes
+    and at the end of each request."""
 
     def __init__(self, st: SparseState, fd: int, token: int, a: int):
         self.st, self.fd, self.token = st, fd, token
@@ -514,35 +515,29 @@ class _Writer:
         self.hasher = xxhash.xxh3_64()
         self.received = 0
 
-    def __call__(self, at: int, chunk: bytes) -> bool:
-        """Write ``chunk`` (bytes ``at..``) up to the claim's end; True: stop the request
-        (a ranged read cut the claim short: the bytes past it are its)."""
+    def __call__(self, at: int, chunk: bytes) -> None:
         st = self.st
-        with st.cond:
-            c = st.claims.get(self.token)
-            end = c[1] if c is not None else at + len(chunk)
         self.received += len(chunk)
-        chunk = chunk[:max(0, end - at)]
-        if at != self.pos:  # a retry resumed elsewhere (it does not): record what we have
+        if at != self.pos:  # (a retry resumes where the last one stopped: never)
             self.flush()
             self.rec_at = self.pos = at
-        if chunk:
-            try:
-                os.pwrite(self.fd, chunk, at)
-            except OSError as exc:
-                raise cache_error(exc, self.st.path, "write the download") from exc
-            self.hasher.update(chunk)
-            self.pos = at + len(chunk)
-            with st.cond:
-                st.have.add(at, self.pos)
-                if c is not None:
-                    c[0] = self.pos
-                st.cond.notify_all()
-            if self.pos - self.rec_at >= RECORD_EVERY:
-                self.flush()
-        return self.pos >= end
+        try:
+            os.pwrite(self.fd, chunk, at)
+        except OSError as exc:
+            raise cache_error(exc, st.path, "write the download") from exc
+        self.hasher.update(chunk)
+        self.pos = at + len(chunk)
+        with st.cond:
+            st.have.add(at, self.pos)
+            c = st.claims.get(self.token)
+            if c is not None:
+                c[0] = self.pos
+            st.cond.notify_all()
+        if self.pos - self.rec_at >= RECORD_EVERY:
+            self.flush()
 
     def flush(self) -> None:
+        """Record the bytes written since the last record (after them: they are in the file)."""
         if self.pos > self.rec_at:
             rec = _record(self.rec_at, self.pos, self.hasher.intdigest(), self.st.tag)
             try:
@@ -600,8 +595,10 @@ def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) 
             try:
                 fetch_range(url, a, b, config=store.fetch, budget=budget, session=store.session(), sink=w)
                 requests += 1
-            except RangeIgnored:
-                _NO_RANGE.add(url)
+            except RangeIgnored as exc:
+                if exc.status is None:  # no attempt left (the reader's ranges hold them): not the server's doing
+                    raise budget.exhausted_error(url) from exc
+                _NO_RANGE.add(url)  # a 200, a 416, another range: this shard streams, as before
                 discard(base)
                 return None
             finally:
