@@ -70,7 +70,7 @@ from ..storeapi import StoreAPI
 from . import layout
 from .layout import NOFOLLOW, cache_error
 
-__all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "ISLAND", "ISLAND_WAIT", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
+__all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
            "SparseState", "WAIT_STALL", "discard", "download", "eligible", "fetch_around", "keep_verified", "lookup",
            "publish", "verified_spans"]
 
@@ -87,9 +87,10 @@ BUSY_CHUNK = 1 << 20
 BUSY_SECONDS = 1.0
 #: a ranged read waiting for the download to write its bytes gives up after this long without progress
 WAIT_STALL = 1.0
-#: ... and, for the first samples of an iteration, only when the download has at most this many
-#: bytes more to write before their end than a request of their own would fetch
-ISLAND_WAIT = 64 << 10
+#: ... and, for the first samples of an iteration, only when the download is about as close to
+#: their end as a request of their own: at most this many seconds (at the download's rate, at
+#: least 64 kB) more to write than that request would fetch (about a request's first-byte latency)
+FIRST_WAIT = 0.01
 #: missing ranges separated by a present island shorter than this are fetched in one request
 ISLAND = 4096
 #: the download appends a record at least every this many bytes (what another process sees)
@@ -175,6 +176,7 @@ class SparseState:
         self.claims: Dict[int, List[Any]] = {}
         self.verified = False
         self.ranged_at = -1e9  # when a ranged read of the shard last started (monotonic)
+        self.dl_rate = 0.0  # bytes/s of this process's download's current request
         self.map_read = 0
         self.map_ino: Optional[int] = None
         self.cond = threading.Condition()
@@ -313,7 +315,8 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
         st.ranged_at = time.monotonic()
         token = st.claim(lo, hi, False)  # from now on the download leaves these bytes out
         t_last, last = time.monotonic(), st.have.total()
-        while any(dl and pos < hi and lo < end and (patient or hi - pos <= hi - lo + ISLAND_WAIT)
+        slack = max(64 << 10, int(st.dl_rate * FIRST_WAIT))
+        while any(dl and pos < hi and lo < end and (patient or hi - pos <= hi - lo + slack)
                   for pos, end, dl in st.claims.values()):
             now, total = time.monotonic(), st.have.total()
             if total > last:
@@ -323,6 +326,9 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
             st.cond.wait(0.01)
         parts = st.have.missing(lo, hi) if st.verified else [(lo, hi)]
     try:
+        done = _from_entry(st.base, lo, hi)  # published meanwhile: its bytes are there
+        if done is not None:
+            return done
         if parts == [(lo, hi)]:
             return fetch(lo, hi)
         buf = bytearray(hi - lo)
@@ -347,6 +353,21 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
     finally:
         with st.cond:
             st.release(token)
+
+
+def _from_entry(base: str, lo: int, hi: int) -> Optional[bytes]:
+    """Bytes ``[lo, hi)`` of the published entry ``base``, or None (not published)."""
+    try:
+        fd = os.open(base, os.O_RDONLY | NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, hi - lo, lo)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == hi - lo else None
 
 
 def keep_verified(store: Any, shard: ShardInfo, lo: int, data: Any, spans: List[Tuple[int, int]]) -> int:
@@ -402,17 +423,37 @@ def _missing_of(st: SparseState, span: Tuple[int, int]) -> List[Tuple[int, int]]
     return [] if st.have.covers(*span) else [span]
 
 
+def _open_map(path: str, base: str) -> int:
+    """The map, open for appending with its lock shared (another one if the
+    download rewrote it meanwhile), or -1 once the entry is published."""
+    while True:
+        mfd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600)
+        fcntl.flock(mfd, fcntl.LOCK_SH)
+        if os.fstat(mfd).st_nlink > 0:
+            return mfd
+        os.close(mfd)  # rewritten by a download opening the partial, or published, or discarded
+        if layout.lstat(base) is not None:
+            return -1
+
+
 def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
                  spans: List[Tuple[int, int]]) -> int:
-    exists = layout.lstat(st.path) is not None
-    if not exists and (not _may_create(store, base) or layout.lstat(base + ".meta") is not None):
+    if layout.lstat(st.path) is None and (not _may_create(store, base) or layout.lstat(base) is not None):
         return 0  # no room reserved for it, or published already
-    mfd = os.open(st.map, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600)
+    mfd = _open_map(st.map, base)
+    if mfd < 0:
+        return 0  # published meanwhile
     try:
-        fcntl.flock(mfd, fcntl.LOCK_SH)
-        if os.fstat(mfd).st_nlink == 0:
-            return 0  # published (or discarded) meanwhile
-        fd = os.open(st.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+        try:
+            fd = os.open(st.path, os.O_RDWR | NOFOLLOW)
+            created = False
+        except FileNotFoundError:
+            if layout.lstat(base) is not None:  # published meanwhile: this map is a stray
+                if os.fstat(mfd).st_size == 0:
+                    layout.remove(st.map)
+                return 0
+            fd = os.open(st.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+            created = True
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -429,9 +470,10 @@ def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
         finally:
             os.close(fd)
         os.write(mfd, b"".join(recs))  # after the bytes: a record never describes bytes not written
-        if not exists and layout.lstat(base + ".meta") is not None:
-            layout.remove(st.path)  # published while this one was started: an orphan
+        if created and layout.lstat(base) is not None:
+            layout.remove(st.path)  # published while this one was started: a stray
             layout.remove(st.map)
+            return 0
     finally:
         os.close(mfd)
     with st.cond:
@@ -511,9 +553,10 @@ class _Writer:
 
     def __init__(self, st: SparseState, fd: int, token: int, a: int):
         self.st, self.fd, self.token = st, fd, token
-        self.rec_at = self.pos = a
+        self.rec_at = self.pos = self.start = a
         self.hasher = xxhash.xxh3_64()
         self.received = 0
+        self.t0 = time.monotonic()
 
     def __call__(self, at: int, chunk: bytes) -> None:
         st = self.st
@@ -527,11 +570,14 @@ class _Writer:
             raise cache_error(exc, st.path, "write the download") from exc
         self.hasher.update(chunk)
         self.pos = at + len(chunk)
+        elapsed = time.monotonic() - self.t0
         with st.cond:
             st.have.add(at, self.pos)
             c = st.claims.get(self.token)
             if c is not None:
                 c[0] = self.pos
+            if elapsed > 0.005:
+                st.dl_rate = (self.pos - self.start) / elapsed
             st.cond.notify_all()
         if self.pos - self.rec_at >= RECORD_EVERY:
             self.flush()
