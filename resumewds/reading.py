@@ -345,7 +345,7 @@ def _from_sparse(rr: RangedReads, si: int, shard: ShardInfo, st: sparse.SparseSt
             d = st.download_claim(a, b)
             if d is None and stream:
                 d = _stream_distance(st, a, b)
-            if d is not None and (stream or near is not None):
+            if d is not None and (stream or (near is not None and WINDOW_AHEAD > 0)):
                 if stream:
                     waits.append(j)
                 else:  # waited for if within the download's request (BUSY_CHUNK) or there in time,

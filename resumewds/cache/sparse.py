@@ -196,12 +196,13 @@ class SparseState:
             if n > 0:
                 raw = os.pread(fd, n, self.map_read)
                 self.map_read += len(raw)
-                for rec in self._parse(raw):
+                for rec in self.parse(raw):
                     self.have.add(rec[0], rec[1])
         finally:
             os.close(fd)
 
-    def _parse(self, raw: bytes) -> List[Tuple[int, int, int]]:
+    def parse(self, raw: bytes) -> List[Tuple[int, int, int]]:
+        """The records of ``raw`` that are whole, of this shard and within it: ``(start, end, xxh3)``."""
         out = []
         for off in range(0, len(raw) - _REC.size + 1, _REC.size):
             a, b, dig, tag, check = _REC.unpack_from(raw, off)
@@ -503,7 +504,7 @@ def _open(st: SparseState) -> None:
                     os.ftruncate(fd, st.size)
                 keep = []
                 have = Ranges()
-                for a, b, dig in st._parse(raw):
+                for a, b, dig in st.parse(raw):
                     if not have.covers(a, b) and xxhash.xxh3_64_intdigest(os.pread(fd, b - a, a)) == dig:
                         keep.append(_record(a, b, dig, st.tag))
                         have.add(a, b)
