@@ -23,7 +23,11 @@ A map of this module:
   range sends the shard to the whole-shard path), ``_widen`` (optional
   read-ahead).  A shuffled window waits for the samples just past the end
   of a partial this process is downloading (:data:`WINDOW_AHEAD`), so that
-  fewer bytes are fetched twice.  Switched off by
+  fewer bytes are fetched twice.  A shard whose download fills a sparse
+  partial (:mod:`resumewds.cache.sparse`: :func:`declare` tells the store
+  that this process reads by range) is read from there (``_from_sparse``),
+  and the verified samples of every range are written into it, so that the
+  download never fetches them again.  Switched off by
   ``WebDataset(ranged_reads=False)``, ``RESUMEWDS_RANGED_READS=0`` or
   :data:`RANGED_READS`; the module attributes below are the tuning knobs.
   docs/DIGESTS.md has the rules and the figures.
@@ -178,7 +182,8 @@ class RangedReads:
     its digest), ``range_dropped`` (a sample read ahead failed its digest
     and was dropped), ``window_waits`` / ``window_partial`` (shuffled window:
     samples just past a growing partial that were waited for / that the
-    download reached in time, so not fetched twice).
+    download reached in time, so not fetched twice), ``range_kept`` (bytes of
+    verified ranges written into sparse partials: not downloaded again).
     """
 
     def __init__(self, store: Any):
