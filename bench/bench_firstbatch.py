@@ -51,8 +51,14 @@ Run::
     python bench/bench_firstbatch.py --throughput --quick --sizes 32 --prefetch-threads 2,4 --repeats 3 --no-whole
                                                  # old vs new default, interleaved, medians
 
-Also reported: the bytes fetched by range, which the whole-shard prefetch
-downloads a second time (as a share of the epoch's bytes).
+Also reported: the bytes fetched by range (as a share of the epoch's bytes;
+with sparse partial downloads the whole-shard prefetch does not fetch them
+again).  ``--sent`` (or ``--sent-only``) adds one cold epoch per order
+(shuffled window, in order), each with a server of its own, and reports the
+bytes the server sent against the shards' bytes (target <= 1.02x);
+``--no-sparse`` adds the same with sparse partial downloads off::
+
+    python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --sent-only --no-sparse
 """
 
 from __future__ import annotations
@@ -205,7 +211,8 @@ def main(argv: Any = None) -> int:
                        help="throughput mode: also one cold resumewds epoch per order (shuffled, in order), "
                             "each with a server of its own: the bytes it sent / the data set's bytes"),
         p.add_argument("--no-sparse", action="store_true",
-                       help="throughput mode: also a resumewds variant with sparse partial downloads off"),
+                       help="throughput mode: also a resumewds variant with sparse partial downloads off "
+                            "(with --sent/--sent-only: also epochs with them off)"),
         p.add_argument("--sent-only", action="store_true", help="throughput mode: only the --sent epochs"),
         p.add_argument("--throughput", action="store_true",
                        help="the cold-throughput comparison of one path (batched WebDataset, timed from the "
@@ -254,14 +261,16 @@ def main(argv: Any = None) -> int:
                   f"{time.perf_counter() - t0:.1f}s; server limited to {args.rate:g} MB/s per connection",
                   flush=True)
             if args.sent or args.sent_only:
-                for shuffle in (True, False):
+                for shuffle, sparse in [(sh, sp) for sh in (True, False) for sp in (True, False)
+                                        if sp or args.no_sparse]:
                     stats: Dict[str, Any] = {}
                     with served(os.path.join(d, f"d{mb}"), args.rate * 1e6, stats) as url:
-                        out = run_resumewds(url, os.path.join(d, "cache"), True, limit=10 ** 9, shuffle=shuffle)
+                        out = run_resumewds(url, os.path.join(d, "cache"), True, limit=10 ** 9, shuffle=shuffle,
+                                            sparse=sparse)
                     shutil.rmtree(os.path.join(d, "cache"), ignore_errors=True)
                     sent = sum(v for k, v in stats.get("bytes_by_path", {}).items() if k.endswith(".tar")) \
                         or int(stats.get("bytes_sent", 0))
-                    order = "shuffled" if shuffle else "in order"
+                    order = ("shuffled" if shuffle else "in order") + ("" if sparse else ", sparse partials off")
                     print(f"# {mb} MB shards, {order}: the server sent {sent / 1e6:.1f} MB for {data_bytes / 1e6:.1f} "
                           f"MB of shards ({sent / data_bytes:.3f}x); epoch {out[1]:.2f}s, "
                           f"{out[2] / 1e6 / out[1]:.1f} MB/s", flush=True)
