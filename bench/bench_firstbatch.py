@@ -51,14 +51,16 @@ Run::
     python bench/bench_firstbatch.py --throughput --quick --sizes 32 --prefetch-threads 2,4 --repeats 3 --no-whole
                                                  # old vs new default, interleaved, medians
 
-Also reported: the bytes fetched by range (as a share of the epoch's bytes;
-with sparse partial downloads the whole-shard prefetch does not fetch them
-again).  ``--sent`` (or ``--sent-only``) adds one cold epoch per order
-(shuffled window, in order), each with a server of its own, and reports the
-bytes the server sent against the shards' bytes (target <= 1.02x);
-``--no-sparse`` adds the same with sparse partial downloads off::
+Also reported: the bytes fetched by range, which the whole-shard prefetch
+downloads a second time unless sparse partial downloads are on (as a share of
+the epoch's bytes).  ``--sent`` (or ``--sent-only``) adds one cold epoch per order
+(shuffled window, in order), with and without sparse partial downloads, each
+with a server of its own, and reports the bytes the server sent against the
+shards' bytes (target <= 1.02x); ``--sparse`` adds a resumewds variant with
+sparse partial downloads to the throughput comparison::
 
-    python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --sent-only --no-sparse
+    python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --sent-only
+    python bench/bench_firstbatch.py --throughput --quick --sizes 32 --no-whole --sparse --repeats 3
 """
 
 from __future__ import annotations
@@ -112,14 +114,14 @@ def make_data(directory: str, shards: int, shard_mb: int, seed: int = 0,
 
 
 def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int = 0,
-                  ahead: float = -1, shuffle: bool = True, sparse: bool = True) -> Tuple[float, float, int, int]:
+                  ahead: float = -1, shuffle: bool = True, sparse: bool = False) -> Tuple[float, float, int, int]:
     """(seconds to the first batch, seconds for ``limit`` batches, payload bytes,
     bytes fetched by range: downloaded a second time by the whole-shard prefetch)."""
     import resumewds as rw
     from resumewds import reading
     from resumewds.cache import sparse as sparse_mod
 
-    sparse_mod.SPARSE_PARTIALS = sparse  # off: the reader's ranges are downloaded again by the prefetch
+    sparse_mod.SPARSE_PARTIALS = sparse  # off (the default): the reader's ranges are downloaded again by the prefetch
     default_ahead = reading.WINDOW_AHEAD
     if ahead >= 0:
         reading.WINDOW_AHEAD = int(ahead * 1e6)
@@ -210,9 +212,9 @@ def main(argv: Any = None) -> int:
         p.add_argument("--sent", action="store_true",
                        help="throughput mode: also one cold resumewds epoch per order (shuffled, in order), "
                             "each with a server of its own: the bytes it sent / the data set's bytes"),
-        p.add_argument("--no-sparse", action="store_true",
-                       help="throughput mode: also a resumewds variant with sparse partial downloads off "
-                            "(with --sent/--sent-only: also epochs with them off)"),
+        p.add_argument("--sparse", action="store_true",
+                       help="throughput mode: also a resumewds variant with sparse partial downloads on "
+                            "(resumewds.cache.sparse.SPARSE_PARTIALS)"),
         p.add_argument("--sent-only", action="store_true", help="throughput mode: only the --sent epochs"),
         p.add_argument("--throughput", action="store_true",
                        help="the cold-throughput comparison of one path (batched WebDataset, timed from the "
@@ -249,8 +251,8 @@ def main(argv: Any = None) -> int:
             variants["resumewds" + ("@" + tag if tag else "")] = (True, t, a)
     if not args.no_whole:
         variants["resumewds-whole"] = (False, threads[0], aheads[0])
-    if args.no_sparse:
-        variants["resumewds-nosparse"] = (True, threads[0], aheads[0])
+    if args.sparse:
+        variants["resumewds-sparse"] = (True, threads[0], aheads[0])
     with workdir(args, "firstbatch") as d:
         for mb in sizes:
             n = count.get(mb, 4)
@@ -261,8 +263,7 @@ def main(argv: Any = None) -> int:
                   f"{time.perf_counter() - t0:.1f}s; server limited to {args.rate:g} MB/s per connection",
                   flush=True)
             if args.sent or args.sent_only:
-                for shuffle, sparse in [(sh, sp) for sh in (True, False) for sp in (True, False)
-                                        if sp or args.no_sparse]:
+                for shuffle, sparse in [(sh, sp) for sh in (True, False) for sp in (True, False)]:
                     stats: Dict[str, Any] = {}
                     with served(os.path.join(d, f"d{mb}"), args.rate * 1e6, stats) as url:
                         out = run_resumewds(url, os.path.join(d, "cache"), True, limit=10 ** 9, shuffle=shuffle,
@@ -270,7 +271,7 @@ def main(argv: Any = None) -> int:
                     shutil.rmtree(os.path.join(d, "cache"), ignore_errors=True)
                     sent = sum(v for k, v in stats.get("bytes_by_path", {}).items() if k.endswith(".tar")) \
                         or int(stats.get("bytes_sent", 0))
-                    order = ("shuffled" if shuffle else "in order") + ("" if sparse else ", sparse partials off")
+                    order = ("shuffled" if shuffle else "in order") + (", sparse partials" if sparse else "")
                     print(f"# {mb} MB shards, {order}: the server sent {sent / 1e6:.1f} MB for {data_bytes / 1e6:.1f} "
                           f"MB of shards ({sent / data_bytes:.3f}x); epoch {out[1]:.2f}s, "
                           f"{out[2] / 1e6 / out[1]:.1f} MB/s", flush=True)
@@ -289,7 +290,7 @@ def main(argv: Any = None) -> int:
                         else:
                             ranged, t, a = variants[name]
                             out = run_resumewds(url, cache, ranged, limit=10 ** 9, threads=t, ahead=a,
-                                                sparse=name != "resumewds-nosparse")
+                                                sparse=name == "resumewds-sparse")
                         res[name].append(out)
                         extra = f"  ranged {out[3] / 1e6:6.1f} MB ({100 * out[3] / data_bytes:4.1f}% extra)" \
                             if name in variants and variants[name][0] else ""

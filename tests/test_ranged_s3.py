@@ -117,9 +117,12 @@ def test_s3_invalid_range_falls_back_to_the_whole_object(moto, proxy, tmp_path, 
     assert sorted((k, b) for k, _, b in got) == truth
 
 
-def test_s3_shards_fill_sparse_partials_around_the_ranged_reads(moto, proxy, tmp_path):
+def test_s3_shards_fill_sparse_partials_around_the_ranged_reads(moto, proxy, tmp_path, monkeypatch):
     """Ranged GetObject for the samples and for the background download's gaps: the
     bytes the ranged reads kept are not downloaded again (client-side count), the epoch is exact."""
+    from resumewds.cache import sparse
+
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)  # opt-in
     root = str(tmp_path / "data")
     synth.write_shards(root, shards=3, samples=200, size_range=(2000, 8000), seed=5)
     rw.build_manifest(os.path.join(root, "shard-{000000..000002}.tar"), os.path.join(root, "manifest.json"),

@@ -29,6 +29,11 @@ from resumewds.cache import sparse
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
+
+@pytest.fixture(autouse=True)
+def _sparse_on(monkeypatch):
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)  # opt-in (a trade of cold throughput for bytes)
+
 SHARDS = 4
 SAMPLES = 600
 
@@ -83,6 +88,8 @@ def test_a_cold_epoch_fetches_each_byte_once(v3, tmp_path, shuffle):
 _CHILD = textwrap.dedent("""
     import sys
     import resumewds as rw
+    from resumewds.cache import sparse
+    sparse.SPARSE_PARTIALS = True
     url, cache = sys.argv[1], sys.argv[2]
     ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, seed=7, shuffle=True)
     for s in ds:

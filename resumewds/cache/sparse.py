@@ -74,8 +74,12 @@ __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECOR
            "SparseState", "WAIT_STALL", "discard", "download", "eligible", "fetch_around", "keep_verified", "lookup",
            "publish", "verified_spans"]
 
-#: fill shards by ranges into a sparse partial (False: the streamed ``.partial`` only)
-SPARSE_PARTIALS = True
+#: fill shards by ranges into a sparse partial (False, the default: the streamed
+#: ``.partial`` only).  Opt-in: it saves the bytes the ranged reads would have
+#: fetched twice (1.00x the data set instead of up to 1.4x), but over a
+#: per-connection rate limit a shuffled cold epoch ran about 25% slower in
+#: bench/bench_firstbatch.py (docs/DIGESTS.md)
+SPARSE_PARTIALS = False
 #: one request of the background download asks for at most this many bytes (a ranged
 #: read of bytes ahead of it cuts it short: it stops reading there)
 CHUNK = 1 << 30
@@ -105,8 +109,9 @@ _NO_RANGE: Set[str] = set()  # urls whose server answered a Range request wrongl
 class Ranges:
     """Sorted disjoint ``[start, end)`` byte ranges."""
 
-    def __init__(self) -> None:
-        self.spans: List[Tuple[int, int]] = []
+    def __init__(self, spans: Optional[List[Tuple[int, int]]] = None) -> None:
+        self.spans: List[Tuple[int, int]] = list(spans or [])
+        self._total = sum(b - a for a, b in self.spans)
 
     def add(self, a: int, b: int) -> None:
         if b <= a:
@@ -116,10 +121,13 @@ class Ranges:
         if i and s[i - 1][1] >= a:
             i -= 1
         j = i
+        gone = 0
         while j < len(s) and s[j][0] <= b:
             a, b = min(a, s[j][0]), max(b, s[j][1])
+            gone += s[j][1] - s[j][0]
             j += 1
         s[i:j] = [(a, b)]
+        self._total += b - a - gone
 
     def covers(self, a: int, b: int) -> bool:
         i = bisect.bisect_right(self.spans, (a, float("inf"))) - 1
@@ -128,7 +136,9 @@ class Ranges:
     def missing(self, lo: int, hi: int) -> List[Tuple[int, int]]:
         out: List[Tuple[int, int]] = []
         at = lo
-        for a, b in self.spans:
+        s = self.spans
+        for k in range(max(0, bisect.bisect_right(s, (lo, float("inf"))) - 1), len(s)):
+            a, b = s[k]
             if b <= at:
                 continue
             if a >= hi:
@@ -141,7 +151,7 @@ class Ranges:
         return out
 
     def total(self) -> int:
-        return sum(b - a for a, b in self.spans)
+        return self._total
 
 
 def _tag(shard: ShardInfo) -> int:
@@ -529,8 +539,7 @@ def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[in
     the gaps that follow across islands shorter than :data:`ISLAND`; at most
     :data:`BUSY_CHUNK` bytes in the first :data:`BUSY_SECONDS` of the download
     (``since``) and while ranged reads of the shard go on, else :data:`CHUNK`."""
-    busy = Ranges()
-    busy.spans = list(st.have.spans)
+    busy = Ranges(st.have.spans)
     for pos, end, _ in st.claims.values():
         busy.add(pos, end)
     gaps = busy.missing(0, st.size)
