@@ -72,7 +72,7 @@ from .layout import NOFOLLOW, cache_error
 
 __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
            "SparseState", "WAIT_STALL", "discard", "download", "eligible", "fetch_around", "keep_verified", "lookup",
-           "publish", "verified_spans"]
+           "publish", "stream_instead", "verified_spans"]
 
 #: fill shards by ranges into a sparse partial (False, the default: the streamed
 #: ``.partial`` only).  Opt-in: it saves the bytes the ranged reads would have
@@ -674,6 +674,12 @@ def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) 
                requests=requests)
     return FetchResult(url=url, path=st.path, size=st.size, bytes=received, resumed_from=kept, seconds=seconds,
                        attempts=requests, xxh3_64=digest)
+
+
+def stream_instead(url: str) -> None:
+    """A sparse download of ``url`` failed its whole-file check past a ranged
+    repair: its later downloads (in this process) stream a ``.partial``."""
+    _NO_RANGE.add(url)
 
 
 def publish(base: str) -> None:

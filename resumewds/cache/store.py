@@ -527,6 +527,7 @@ class ShardStore:
                 layout.remove(partial + ".etag")
             else:
                 sparse.discard(base)
+                sparse.stream_instead(url)  # ranges that stay wrong (a proxy?): a whole GET next
             repairs += 1
             if failure is None:
                 failure = ChecksumMismatch(f"download of {url}", bad[0], bad[1], what=bad[2])
