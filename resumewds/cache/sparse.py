@@ -1,7 +1,9 @@
 """Sparse partial downloads: a shard filled by verified ranges, in any order.
 
-A remote shard whose manifest has sample digests (v3), on a server that
-honours ``Range``, is downloaded into a pre-sized (sparse) file instead of
+With :data:`SPARSE_PARTIALS` on (opt-in), a remote shard whose manifest has
+sample digests (v3), read by range in this process (``store.ranged_fill``,
+set by :func:`resumewds.reading.declare`), on a server that honours
+``Range``, is downloaded into a pre-sized (sparse) file instead of
 a streamed ``.partial``, so that the samples the reader fetched by range
 (:mod:`resumewds.reading`, verified against their digests) are written
 there and never downloaded again::
@@ -11,36 +13,19 @@ there and never downloaded again::
                         start, end, xxh3_64 of the range, the shard's xxh3_64, and the
                         record's own xxh3_64 (40 bytes, little-endian)
 
-Who writes what:
-
-* a ranged read (:func:`keep_verified`): the samples of a fetched range that
-  match their digests are written (``pwrite``), *then* their record is
-  appended; under the map's ``flock`` shared, so that no byte is written
-  after the file is published;
-* the background download (:func:`download`, under the entry's download
-  lock): asks only for the ranges no record covers and no ranged read has in
-  flight (a *claim*), in pieces of at most :data:`CHUNK` bytes, neighbouring
-  gaps joined across islands shorter than :data:`ISLAND`; bytes are written
-  as they arrive and recorded every :data:`RECORD_EVERY` bytes; once every
-  byte is present the whole file is hashed, in order, and the caller checks
-  it against the manifest's xxh3_64 (and repairs it by range) before it is
-  published under the map's ``flock`` exclusive.
-
-Crash safety: a record is appended only after its bytes were written, so a
-kill -9 at any instant leaves records that describe bytes in the file; a
-crash of the machine may lose unsynced bytes under records, so the download
-re-hashes every record's range when it opens the file (a record that does
-not match, a torn one, one of another shard, is dropped and its bytes are
-fetched again) and rewrites the map with the records that passed.  The
-reader checks every sample it takes from the file against its digest, and
-the whole-shard xxh3_64 is checked before the file is published: a corrupt
-block is never trusted.
-
-In one process the download and the ranged reads share a
-:class:`SparseState` (ranges present, claims in flight), so a sample the
-download is about to write is waited for rather than fetched twice, and a
-range being fetched by the reader is left out of the download.  Other
-processes see each other's ranges through the map.
+A ranged read (:func:`fetch_around`, :func:`keep_verified`) writes the
+samples of its range that match their digests, *then* appends their record,
+under the map's ``flock`` shared.  The download (:func:`download`, under the
+entry's download lock) asks only for the gaps no record covers and no ranged
+read of this process has in flight (claims in a :class:`SparseState`, shared
+with the readers, who wait for bytes it is writing now), records what it
+wrote every :data:`RECORD_EVERY` bytes, hashes the whole file in order once
+complete, and the caller checks and repairs it before :func:`publish` renames
+it under the map's ``flock`` exclusive.  A record follows its bytes, every
+record's range is re-hashed when the download reopens the file (a machine
+crash may lose unsynced bytes), readers check every sample and the whole
+file is checked before it is published: a corrupt block is never trusted.
+docs/DIGESTS.md has the rules and the figures.
 
 Example:
     >>> r = Ranges(); r.add(0, 10); r.add(20, 30); r.add(10, 12)
@@ -80,12 +65,10 @@ __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECOR
 #: per-connection rate limit a shuffled cold epoch ran about 25% slower in
 #: bench/bench_firstbatch.py (docs/DIGESTS.md)
 SPARSE_PARTIALS = False
-#: one request of the background download asks for at most this many bytes (a ranged
-#: read of bytes ahead of it cuts it short: it stops reading there)
+#: one request of the background download asks for at most this many bytes (no ranged reads going on)
 CHUNK = 1 << 30
-#: ... and at most this many while ranged reads of the shard are going on (within
-#: :data:`BUSY_SECONDS`): a reader waits for a sample in the range being written
-#: rather than cutting the request short (which wastes the bytes in flight)
+#: ... and at most this many while ranged reads of the shard go on (within :data:`BUSY_SECONDS`):
+#: a reader waits for a sample in the range being written rather than fetching it a second time
 BUSY_CHUNK = 1 << 20
 #: ranged reads of a shard this recent make its download ask for :data:`BUSY_CHUNK` at a time
 BUSY_SECONDS = 1.0
@@ -370,14 +353,12 @@ def _from_entry(base: str, lo: int, hi: int) -> Optional[bytes]:
     """Bytes ``[lo, hi)`` of the published entry ``base``, or None (not published)."""
     try:
         fd = os.open(base, os.O_RDONLY | NOFOLLOW)
+        try:
+            data = os.pread(fd, hi - lo, lo)
+        finally:
+            os.close(fd)
     except OSError:
         return None
-    try:
-        data = os.pread(fd, hi - lo, lo)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     return data if len(data) == hi - lo else None
 
 
@@ -396,7 +377,7 @@ def keep_verified(store: Any, shard: ShardInfo, lo: int, data: Any, spans: List[
     base = store.entry_path(shard.url)
     st = _state(base, shard)
     with st.cond:
-        spans = [s for span in spans for s in _missing_of(st, span)]
+        spans = [span for span in spans if not st.have.covers(*span)]
     if not spans:
         return 0
     try:
@@ -428,10 +409,6 @@ def verified_spans(shard: ShardInfo, lo: int, hi: int, data: Any, ok: Set[int]) 
                 out.append((a, b))
         j += 1
     return out
-
-
-def _missing_of(st: SparseState, span: Tuple[int, int]) -> List[Tuple[int, int]]:
-    return [] if st.have.covers(*span) else [span]
 
 
 def _open_map(path: str, base: str) -> int:
@@ -667,8 +644,7 @@ def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) 
     finally:
         os.close(fd)
     budget.fetched = True
-    budget.take()  # a whole download costs one attempt, as a streamed one does (a corrupt one is then retried
-    #               only while the budget lasts)
+    budget.take()  # one attempt per whole download, as streamed: a corrupt one is retried while the budget lasts
     seconds = time.monotonic() - t0
     store.emit(K.FETCH_DONE, url, bytes=received, seconds=seconds, resumed_from=kept, sparse=True,
                requests=requests)
