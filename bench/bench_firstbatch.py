@@ -317,9 +317,10 @@ def main(argv: Any = None) -> int:
                          else "")
                 print(f"{mb} MB shards: cold throughput {name} {rate(name) / 1e6:.1f} MB/s, {whole}"
                       f"webdataset {rate('webdataset') / 1e6:.1f} MB/s  -> ratio {thr_ratio:.2f}x (target >= 3)")
-                print(f"{mb} MB shards: {name} fetched {med(name, 3) / 1e6:.1f} MB by range, downloaded again "
-                      f"by the whole-shard prefetch: {100 * med(name, 3) / data_bytes:.1f}% of the "
-                      f"{data_bytes / 1e6:.0f} MB epoch")
+                again = ("kept in sparse partials, not downloaded again" if name == "resumewds-sparse"
+                         else "downloaded again by the whole-shard prefetch")
+                print(f"{mb} MB shards: {name} fetched {med(name, 3) / 1e6:.1f} MB by range, {again}: "
+                      f"{100 * med(name, 3) / data_bytes:.1f}% of the {data_bytes / 1e6:.0f} MB epoch")
                 label = "" if len(variants) == 1 or name == "resumewds" else f" ({name})"
                 rows += [(f"first batch / webdataset, {mb} MB{label}", first_ratio),
                          (f"cold throughput / webdataset, {mb} MB{label}", thr_ratio),

@@ -62,8 +62,8 @@ __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECOR
 #: fill shards by ranges into a sparse partial (False, the default: the streamed
 #: ``.partial`` only).  Opt-in: it saves the bytes the ranged reads would have
 #: fetched twice (1.00x the data set instead of up to 1.4x), but over a
-#: per-connection rate limit a shuffled cold epoch ran about 25% slower in
-#: bench/bench_firstbatch.py (docs/DIGESTS.md)
+#: per-connection rate limit a shuffled cold epoch runs slower (99 against 173
+#: MB/s in bench/bench_firstbatch.py; docs/DIGESTS.md)
 SPARSE_PARTIALS = False
 #: one request of the background download asks for at most this many bytes (no ranged reads going on)
 CHUNK = 1 << 30
