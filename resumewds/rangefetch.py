@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, TypeVar
 import xxhash
 
 from . import tario
+from .cache import sparse
 from .errors import ChecksumMismatch, ResumeWDSError
 from .fetch import FetchBudget
 from .manifest import ShardInfo
@@ -107,12 +108,23 @@ def fetch_group(rr: Any, on_event: Any, shard: Any, lo: int, hi: int, js: List[i
     :class:`RangeCorrupt` (read the shard whole), or, with the budget
     spent, its :class:`~resumewds.errors.ChecksumMismatch`.
     """
-    data = fetch_range(shard.url, lo, hi, config=config, budget=budget, session=rr.session(),
-                       on_event=on_event)
-    with rr.lock:
-        rr.counters["range_requests"] += 1
-        rr.counters["range_bytes"] += len(data)
+    def fetch(a: int, b: int) -> bytes:
+        data = fetch_range(shard.url, a, b, config=config, budget=budget, session=rr.session(), on_event=on_event)
+        with rr.lock:
+            rr.counters["range_requests"] += 1
+            rr.counters["range_bytes"] += len(data)
+        return data
+
+    # what the shard's sparse partial holds (or this process's download is writing) is not fetched again
+    # (the first step, the first batch, waits only for a download about as close as its own request)
+    data = sparse.fetch_around(rr.store, shard, lo, hi, fetch, patient=rr.steps > 0)
     bads = [j for j in js if not verified_in(data, lo, shard, j)]
+    # the verified samples go into the shard's sparse partial: never downloaded again
+    kept = sparse.keep_verified(rr.store, shard, lo, data,
+                                sparse.verified_spans(shard, lo, hi, data, set(js).difference(bads)))
+    if kept:
+        with rr.lock:
+            rr.counters["range_kept"] += kept
     for j in bads:
         a, b = shard.sample_range(j)
         on_event("range_verify_fail", shard.url, sample=j, start=a, end=b)

@@ -23,7 +23,11 @@ A map of this module:
   range sends the shard to the whole-shard path), ``_widen`` (optional
   read-ahead).  A shuffled window waits for the samples just past the end
   of a partial this process is downloading (:data:`WINDOW_AHEAD`), so that
-  fewer bytes are fetched twice.  Switched off by
+  fewer bytes are fetched twice.  A shard whose download fills a sparse
+  partial (opt-in, :mod:`resumewds.cache.sparse`: :func:`declare` tells the store
+  that this process reads by range) is read from there (``_from_sparse``),
+  and the verified samples of every range are written into it, so that the
+  download never fetches them again.  Switched off by
   ``WebDataset(ranged_reads=False)``, ``RESUMEWDS_RANGED_READS=0`` or
   :data:`RANGED_READS`; the module attributes below are the tuning knobs.
   docs/DIGESTS.md has the rules and the figures.
@@ -43,6 +47,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import threading
@@ -53,6 +58,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import config, tario
 from . import fetch as F
+from .cache import sparse
 from .errors import FetchError, IntegrityError, ShardFormatError
 from .manifest import ShardInfo
 from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
@@ -60,8 +66,8 @@ from .rangefetch import blame_ranged, end_budget, fetch_group, parse_in, shard_b
 from .repair import RangeIgnored
 from .schemes import is_remote_object
 
-__all__ = ["RANGED_READS", "RUN_BYTES", "RangedReads", "ShardReader", "prepare", "read", "read_run", "run_length",
-           "shard_failed", "shard_reader", "take_ready"]
+__all__ = ["RANGED_READS", "RUN_BYTES", "RangedReads", "ShardReader", "declare", "prepare", "read", "read_run",
+           "run_length", "shard_failed", "shard_reader", "take_ready"]
 
 log = logging.getLogger("resumewds")
 
@@ -176,7 +182,8 @@ class RangedReads:
     its digest), ``range_dropped`` (a sample read ahead failed its digest
     and was dropped), ``window_waits`` / ``window_partial`` (shuffled window:
     samples just past a growing partial that were waited for / that the
-    download reached in time, so not fetched twice).
+    download reached in time, so not fetched twice), ``range_kept`` (bytes of
+    verified ranges written into sparse partials: not downloaded again).
     """
 
     def __init__(self, store: Any):
@@ -192,7 +199,7 @@ class RangedReads:
         self.active = True
         self.counters = {"range_requests": 0, "range_bytes": 0, "range_samples": 0, "partial_samples": 0,
                          "range_ahead": 0, "range_refetches": 0, "range_dropped": 0, "window_waits": 0,
-                         "window_partial": 0}
+                         "window_partial": 0, "range_kept": 0}
         self._pool: Any = None
         self._tl: Any = None
         self._sessions: List[Any] = []
@@ -275,7 +282,7 @@ class RangedReads:
 
 def _from_partial(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], stream: bool,
                   near: Optional[List[Tuple[int, int]]] = None, ahead: int = STREAM_AHEAD,
-                  stall: float = STREAM_STALL) -> List[int]:
+                  stall: float = STREAM_STALL, sparse_near: Optional[List[Tuple[int, int]]] = None) -> List[int]:
     """Deliver the samples ``js`` whose bytes are in the partial download (verified);
     return the others.  ``stream``: wait for a growing download to reach samples
     that are at most ``ahead`` past its end (giving up after ``stall`` seconds
@@ -284,6 +291,9 @@ def _from_partial(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], str
     writing go there, with how far past the end they end, instead of into
     the result (to be waited for, or not, by the caller)."""
     assert shard.offsets is not None
+    st = sparse.lookup(rr.store, shard) if hasattr(rr.store, "entry_path") else None
+    if st is not None:
+        return _from_sparse(rr, si, shard, st, js, stream, sparse_near)
     path = rr.store.entry_path(shard.url) + ".partial"
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -317,6 +327,112 @@ def _from_partial(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], str
     finally:
         os.close(fd)
     return rest
+
+
+def _from_sparse(rr: RangedReads, si: int, shard: ShardInfo, st: sparse.SparseState, js: List[int], stream: bool,
+                 near: Optional[List[Tuple[int, int]]] = None) -> List[int]:
+    """:func:`_from_partial` for a sparse partial (:mod:`resumewds.cache.sparse`):
+    the samples whose bytes are recorded there are read (each verified); one
+    that this process's download is writing now (or, ``stream``, that it
+    reaches within :data:`STREAM_AHEAD`) is waited for, or with ``near`` given,
+    put there with how many bytes the download still has to write before it."""
+    assert shard.offsets is not None
+    off = shard.offsets
+    rest: List[int] = []
+    waits: List[int] = []
+    with st.cond:
+        present = []
+        for j in js:
+            a, b = int(off[j]), int(off[j + 1])
+            if st.have.covers(a, b):
+                present.append(j)
+                continue
+            d = st.download_claim(a, b)
+            if d is None and stream:
+                d = _stream_distance(st, a, b)
+            if d is not None and (stream or (near is not None and WINDOW_AHEAD > 0)):
+                if stream:
+                    waits.append(j)
+                else:  # waited for if within the download's request (BUSY_CHUNK) or there in time,
+                    assert near is not None  # else fetched (cutting the request short)
+                    near.append((j, 0 if d <= sparse.BUSY_CHUNK else d))
+            else:
+                rest.append(j)
+    rest += _read_sparse(rr, si, shard, st, present)
+    if waits:
+        rest += _wait_sparse(rr, si, shard, st, waits, STREAM_STALL)
+    return sorted(rest)
+
+
+def _stream_distance(st: sparse.SparseState, a: int, b: int) -> Optional[int]:
+    """Bytes a download of this process has to write before reaching ``[a, b)``
+    when that is at most :data:`STREAM_AHEAD` past the range it writes now."""
+    for pos, end, dl in st.claims.values():
+        if dl and end <= a and b - end <= STREAM_AHEAD:
+            return b - pos
+    return None
+
+
+def _read_sparse(rr: RangedReads, si: int, shard: ShardInfo, st: sparse.SparseState, js: List[int]) -> List[int]:
+    """Deliver the samples ``js`` from the sparse partial, each verified; return those that fail."""
+    if not js:
+        return []
+    assert shard.offsets is not None
+    try:
+        fd = os.open(st.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return js
+    rest: List[int] = []
+    try:
+        for j in js:
+            a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
+            buf = os.pread(fd, b - a, a)
+            if len(buf) != b - a or not verified_in(buf, a, shard, j):
+                rest.append(j)  # not the right bytes (a block lost or damaged): fetch them by range
+                continue
+            try:
+                rr.put((si, j), parse_in(buf, a, shard, j), b - a, "partial")
+            except ShardFormatError:
+                rest.append(j)
+    finally:
+        os.close(fd)
+    return rest
+
+
+def _wait_sparse(rr: RangedReads, si: int, shard: ShardInfo, st: sparse.SparseState, js: List[int],
+                 stall: float) -> List[int]:
+    """Wait while this process's download writes the samples ``js`` (giving
+    up on one when no download is about to write it any more, or after
+    ``stall`` seconds without progress); deliver those that arrived, return the others."""
+    assert shard.offsets is not None
+    off = shard.offsets
+    left = list(js)
+    got: List[int] = []
+    given_up: List[int] = []
+    with st.cond:
+        last = st.have.total()
+        t_last = time.monotonic()
+        while left:
+            keep = []
+            for j in left:
+                a, b = int(off[j]), int(off[j + 1])
+                if st.have.covers(a, b):
+                    got.append(j)
+                elif st.download_claim(a, b) is None and _stream_distance(st, a, b) is None:
+                    given_up.append(j)
+                else:
+                    keep.append(j)
+            left = keep
+            if not left:
+                break
+            now = time.monotonic()
+            total = st.have.total()
+            if total > last:
+                last, t_last = total, now
+            elif now - t_last > stall:
+                break
+            st.cond.wait(0.02)
+    return _read_sparse(rr, si, shard, st, got) + given_up + left
 
 
 def _downloading(rr: RangedReads) -> Any:
@@ -368,19 +484,50 @@ def _widen(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[in
     return sorted(out)
 
 
-def _groups(shard: ShardInfo, js: List[int]) -> List[Tuple[int, int, List[int]]]:
-    """Coalesce samples into ``(start, end, samples)`` ranges."""
+def _groups(shard: ShardInfo, js: List[int], have: Any = None) -> List[Tuple[int, int, List[int]]]:
+    """Coalesce samples into ``(start, end, samples)`` ranges (not across bytes
+    already in the shard's sparse partial, ``have``: they would be fetched twice)."""
     assert shard.offsets is not None
     off = shard.offsets
     out: List[Tuple[int, int, List[int]]] = []
     for j in sorted(set(js)):
         a, b = int(off[j]), int(off[j + 1])
-        if out and a - out[-1][1] <= RANGE_GAP and b - out[-1][0] <= RANGE_MAX:
+        if out and a - out[-1][1] <= RANGE_GAP and b - out[-1][0] <= RANGE_MAX and (
+                have is None or a == out[-1][1] or have.missing(out[-1][1], a) == [(out[-1][1], a)]):
             lo, _, members = out[-1]
             out[-1] = (lo, b, members + [j])
         else:
             out.append((a, b, [j]))
     return out
+
+
+def _ranged(ds: Any) -> Optional[RangedReads]:
+    """The data set's ranged reads in this process (made on first use), or None when off."""
+    if not RANGED_READS or ds.prefetch_depth <= 0:
+        return None
+    reader = shard_reader(ds)
+    rr = reader.ranged
+    if rr is None:
+        rr = reader.ranged = RangedReads(ds.store)
+        # WebDataset(ranged_reads=...), else RESUMEWDS_RANGED_READS (default on)
+        rr.active = (config.ranged_reads(getattr(ds, "ranged_reads", None))
+                     and any(rr.can_range(i, s) for i, s in enumerate(reader.shards)))
+    return rr
+
+
+def declare(ds: Any) -> None:
+    """Before an iteration's first prefetch: tell the data set's store whether
+    this process reads shards by range, so that its downloads fill sparse
+    partials around the ranges (:mod:`resumewds.cache.sparse`) instead of
+    downloading them again.
+
+    Example:
+        >>> declare(ds); ds.store.ranged_fill       # doctest: +SKIP
+        True
+    """
+    rr = _ranged(ds)
+    if hasattr(ds.store, "ranged_fill"):
+        ds.store.ranged_fill = rr is not None and rr.active
 
 
 def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, part: bool = False) -> None:
@@ -416,18 +563,11 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
         >>> read(ds, 3, 17)["__key__"]               # verified, from a range   # doctest: +SKIP
         'sample000017'
     """
-    if not RANGED_READS or ds.prefetch_depth <= 0:
-        return
+    rr = _ranged(ds)
+    if rr is None or not rr.active:
+        return  # off, or no shard can be read by range (local shards, manifest without digests)
     reader = shard_reader(ds)
-    rr = reader.ranged
     shards = reader.shards
-    if rr is None:
-        rr = reader.ranged = RangedReads(ds.store)
-        # WebDataset(ranged_reads=...), else RESUMEWDS_RANGED_READS (default on)
-        rr.active = (config.ranged_reads(getattr(ds, "ranged_reads", None))
-                     and any(rr.can_range(i, s) for i, s in enumerate(shards)))
-    if not rr.active:
-        return  # no shard can be read by range (local shards, manifest without digests)
     todo: Dict[int, List[int]] = {}
     seen: set = set()
     for si, j in where:
@@ -468,16 +608,21 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
         needed = set(rest)
         # the first step reads no more than it needs (the first batch comes first)
         wide = _widen(rr, si, shard, rest) if rr.steps else rest
-        for lo, hi, members in _groups(shard, wide):
+        st = sparse.lookup(rr.store, shard)
+        with (st.cond if st is not None else contextlib.nullcontext()):
+            groups = _groups(shard, wide, st.have if st is not None else None)
+        for lo, hi, members in groups:
             jobs.append((si, budget, rr.pool().submit(fetch_group, rr, reader.on_event, shard, lo, hi, members, config,
                                                       budget, needed)))
 
     pending: Dict[int, List[int]] = {}
     cands: Dict[int, List[Tuple[int, int]]] = {}
     for si, js in todo.items():
-        # shuffled: samples just past a growing partial are candidates to wait for
-        near = None if stream or rr.steps == 0 else cands.setdefault(si, [])
-        pending[si] = _from_partial(rr, si, shards[si], js, stream, near)
+        # shuffled: samples just past a growing partial, or that a sparse download
+        # writes now, are candidates to wait for
+        near = None if stream else cands.setdefault(si, [])
+        pending[si] = _from_partial(rr, si, shards[si], js, stream, near if rr.steps else None,
+                                    sparse_near=near)
     waits: Dict[int, List[int]] = {}
     if any(cands.values()):
         # While this step's ranges are fetched (RANGE_THREADS connections at once),
@@ -496,7 +641,9 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
         submit(si, rest)
     for si, near_js in waits.items():
         if near_js:  # what the download does not reach in time: by range
-            rest = _from_partial(rr, si, shards[si], near_js, True, ahead=WINDOW_AHEAD, stall=WINDOW_STALL)
+            st = sparse.lookup(rr.store, shards[si])
+            rest = (_wait_sparse(rr, si, shards[si], st, near_js, WINDOW_STALL) if st is not None else
+                    _from_partial(rr, si, shards[si], near_js, True, ahead=WINDOW_AHEAD, stall=WINDOW_STALL))
             rr.counters["window_waits"] += len(near_js)
             rr.counters["window_partial"] += len(near_js) - len(rest)
             submit(si, rest)

@@ -120,6 +120,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     dss = [s.ds for s in sources]
     for ds in dss:
         steps.start_steps(ds)  # no shard failed, no handler's stop yet (workers: a fresh copy anyway)
+        reading.declare(ds)  # before the first prefetch: downloads fill around the ranged reads
     offsets: List[int] = []
     shards: List[ShardInfo] = []  # every source's shards, one list (global index = offset + local)
     for ds in dss:

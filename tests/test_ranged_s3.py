@@ -115,3 +115,37 @@ def test_s3_invalid_range_falls_back_to_the_whole_object(moto, proxy, tmp_path, 
     truth = sorted((s["__key__"], bytes(s["bin"])) for n in sorted(os.listdir(root)) if n.endswith(".tar")
                    for s in tario.iter_samples_file(os.path.join(root, n)))
     assert sorted((k, b) for k, _, b in got) == truth
+
+
+def test_s3_shards_fill_sparse_partials_around_the_ranged_reads(moto, proxy, tmp_path, monkeypatch):
+    """Ranged GetObject for the samples and for the background download's gaps: the
+    bytes the ranged reads kept are not downloaded again (client-side count), the epoch is exact."""
+    from resumewds.cache import sparse
+
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)  # opt-in
+    root = str(tmp_path / "data")
+    synth.write_shards(root, shards=3, samples=200, size_range=(2000, 8000), seed=5)
+    rw.build_manifest(os.path.join(root, "shard-{000000..000002}.tar"), os.path.join(root, "manifest.json"),
+                      digests=True)
+    data = sum(os.path.getsize(os.path.join(root, n)) for n in os.listdir(root) if n.endswith(".tar"))
+    bucket = _bucket(moto, root)
+    url = f"s3://{bucket}/data/manifest.json"
+    reading.RANGED_READS = False
+    try:
+        warm, _ = _epoch(url, str(tmp_path / "warm"))
+    finally:
+        reading.RANGED_READS = True
+    ds = rw.WebDataset(url, cache_dir=str(tmp_path / "cold"), seed=4, shuffle=True)
+    try:
+        cold = [(s["__key__"], s["__index__"], bytes(s["bin"])) for s in ds]
+        counters = dict(ds._reader.ranged.counters)
+    finally:
+        ds.close()  # the downloads finish (the epoch may end before they do)
+    fetched = ds.store.counters["bytes_fetched"]
+    assert cold == warm
+    assert counters["range_kept"] > 0  # the ranged reads' samples went into the sparse partials
+    # the background downloads asked only for what the ranged reads had not kept
+    assert fetched <= data - counters["range_kept"] + 0.02 * data, (fetched, counters["range_kept"], data)
+    names = os.listdir(tmp_path / "cold" / "shards")
+    assert len([n for n in names if n.endswith(".meta")]) == 3
+    assert not [n for n in names if n.endswith((".sparse", ".sparse.map", ".partial"))]

@@ -10,7 +10,8 @@ An entry is evicted only with its pin lock (``.lock``) taken exclusive and
 non-blocking: an entry a reader pins, or one being downloaded, is skipped.
 "Recently used" is the newer atime of the shard file and its ``.meta``,
 which every acquire sets (:func:`resumewds.cache.layout.touch`); a partial
-download counts by the newer of its atime and mtime.
+download counts by the newer of its atime and mtime (a sparse one by its
+full size, whatever of it has arrived).
 
 Decompressed copies of ``.tar.gz`` / ``.tar.zst`` shards
 (``<cache_dir>/decompressed``, made by :func:`resumewds.compressed.open_view`)
@@ -29,7 +30,7 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 
 from ..events import EventKind
 from . import layout
-from .layout import NOFOLLOW, SIDE_SUFFIXES, cache_error
+from .layout import NOFOLLOW, PARTIAL_FILES, PARTIAL_SUFFIXES, SIDE_SUFFIXES, cache_error
 
 EmitFn = Callable[..., Any]
 
@@ -75,11 +76,12 @@ def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
         raise cache_error(exc, shards_dir, "list") from exc
     seen: Set[str] = set()
     for name in names:
-        partial = name.endswith(".partial")
+        tail = next((t for t in PARTIAL_SUFFIXES if name.endswith(t)), None)
+        partial = tail is not None
         if not partial and name.endswith(SIDE_SUFFIXES):
             continue
         path = os.path.join(shards_dir, name)
-        base = path[: -len(".partial")] if partial else path
+        base = path[: -len(tail)] if tail is not None else path
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -149,10 +151,10 @@ def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int
                 layout.remove(base + ".meta")
                 layout.remove(base)
             elif partial:
-                # a partial download has no meta yet; its .etag sidecar may name the url
+                # a partial download (streamed or sparse) has no meta yet
                 url = layout.url_of(base)
-                layout.remove(base + ".partial")
-                layout.remove(base + ".partial.etag")
+                for side in PARTIAL_FILES:
+                    layout.remove(base + side)
             else:
                 url = layout.url_of(base)
                 layout.remove(base + ".meta")

@@ -6,6 +6,8 @@ and (a sanitised tail of) its basename, in ``<cache_dir>/shards/``::
     <key>-<basename>               the shard (published by os.replace, never written in place)
     <key>-<basename>.partial       the download under way (resumable)
     <key>-<basename>.partial.etag  the partial's If-Range validator and boot id (fetch's sidecar)
+    <key>-<basename>.sparse        or: a download filled by verified ranges, in any order
+    <key>-<basename>.sparse.map    its records of the ranges present (resumewds.cache.sparse)
     <key>-<basename>.meta          JSON, written after the shard: url, size, xxh3_64,
                                    mtime_ns, dev, ino, ctime_ns, last_used, synced, boot
     <key>-<basename>.lock          pin lock: readers LOCK_SH, the evictor LOCK_EX|LOCK_NB
@@ -45,7 +47,11 @@ ProgressFn = Callable[[int], None]
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 HASH_CHUNK = 1 << 20
 #: suffixes of an entry's side files (not counted as entries by the evictor's scan)
-SIDE_SUFFIXES = (".partial", ".etag", ".meta", ".lock", ".dl", ".tmp")
+SIDE_SUFFIXES = (".partial", ".etag", ".meta", ".lock", ".dl", ".tmp", ".sparse", ".sparse.map")
+#: a partial download's data file: streamed (``fetch``) or sparse (:mod:`resumewds.cache.sparse`)
+PARTIAL_SUFFIXES = (".partial", ".sparse")
+#: every file of a partial download, removed together when it is evicted
+PARTIAL_FILES = (".partial", ".partial.etag", ".sparse", ".sparse.map")
 
 
 class EntryState(str, Enum):
@@ -309,6 +315,7 @@ def not_a_complete_tar(path: str, url: str, what: str = "download of") -> Option
     return None
 
 
-__all__ = ["EntryState", "SIDE_SUFFIXES", "cache_error", "entry_path", "hash_file", "identity", "lstat", "moved",
+__all__ = ["EntryState", "PARTIAL_FILES", "PARTIAL_SUFFIXES", "SIDE_SUFFIXES", "cache_error", "entry_path",
+           "hash_file", "identity", "lstat", "moved",
            "last_used_ns", "names", "not_a_complete_tar", "open_file", "read_meta", "remove", "signature", "touch",
            "url_of", "write_meta"]

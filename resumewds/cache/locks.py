@@ -44,7 +44,9 @@ def lock_download(dl: int, url: str, budget: FetchBudget, base: str) -> None:
         if left <= 0:
             now = time.monotonic()
             st = layout.lstat(base + ".partial")
-            size = st.st_size if st is not None else -1
+            sp = layout.lstat(base + ".sparse") if st is None else None
+            # a sparse download grows by the blocks it fills, not by its size
+            size = st.st_size if st is not None else sp.st_blocks * 512 if sp is not None else -1
             if mark is None and cfg.min_rate and size >= 0:
                 mark = (now, size)  # the other download is under way: is it progressing?
             elif mark is None or now - mark[0] >= cfg.rate_window:

@@ -192,6 +192,11 @@ class Prefetcher:
             self._reserved[store.entry_path(shard.url)] = need
             return True
 
+    def reserved_for(self, base: str) -> bool:
+        """Whether the entry ``base`` has room reserved for its download now."""
+        with self._fit:
+            return base in self._reserved
+
     def unreserve(self, shard: ShardInfo) -> None:
         with self._fit:
             self._reserved.pop(self.store.entry_path(shard.url), None)

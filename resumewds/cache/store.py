@@ -49,7 +49,7 @@ from ..manifest import ShardInfo
 from ..redact import redact_url
 from ..repair import repair_download, repair_entry
 from ..samplecheck import check_copy
-from . import eviction, layout, local
+from . import eviction, layout, local, sparse
 from .bulk import prefetch_all, verify_all
 from .layout import EntryState, ProgressFn, cache_error, not_a_complete_tar
 from .locks import LocalShard, lock_download
@@ -148,6 +148,9 @@ class ShardStore:
             raise ValueError(f"prefetch_threads must be >= 1, got {prefetch_threads}")
         self.prefetch_threads: Optional[int] = None if prefetch_threads is None else int(prefetch_threads)
         self.counters: Dict[str, int] = collections.Counter()
+        #: a reader of this process fetches samples by range (resumewds.reading.declare):
+        #: downloads of shards with sample digests fill sparse partials around those ranges
+        self.ranged_fill = False
         self._verified_local: Set[str] = set()
         self._init_runtime()
         _LIVE_STORES.add(self)
@@ -482,15 +485,21 @@ class ShardStore:
                                        "a corrupt cached copy")
             self.emit(K.REPAIR, url, attempt=repairs)
         self.emit(K.CACHE_MISS, url)
-        partial = base + ".partial"
+        streamed = base + ".partial"
         while True:
-            if layout.lstat(partial) is None:
-                layout.remove(partial + ".etag")
+            if layout.lstat(streamed) is None:
+                layout.remove(streamed + ".etag")
             # the download is about to add up to shard.size bytes: make room first
             self.evict(reserve=shard.size or 0)
-            # hashed from the bytes as they were written: no read-back
-            res = fetch_to_file(url, partial, expected_size=shard.size, config=self.fetch,
-                                on_event=self.emit, session=self.session(), budget=budget)
+            res = None
+            if sparse.eligible(self, shard) and layout.lstat(streamed) is None:
+                # by ranges, around those the reader fetched (None: the server mishandles Range)
+                res = sparse.download(self, shard, base, budget)
+            if res is None:
+                # hashed from the bytes as they were written: no read-back
+                res = fetch_to_file(url, streamed, expected_size=shard.size, config=self.fetch,
+                                    on_event=self.emit, session=self.session(), budget=budget)
+            partial = res.path
             synced = self._make_durable(partial)
             if progress is not None:
                 progress(res.size)
@@ -513,8 +522,12 @@ class ShardStore:
             if bad is None:
                 break
             self.emit(K.VERIFY_FAIL, url, expected=bad[0], actual=bad[1])
-            layout.remove(partial)
-            layout.remove(partial + ".etag")
+            if partial == streamed:
+                layout.remove(partial)
+                layout.remove(partial + ".etag")
+            else:
+                sparse.discard(base)
+                sparse.stream_instead(url)  # ranges that stay wrong (a proxy?): a whole GET next
             repairs += 1
             if failure is None:
                 failure = ChecksumMismatch(f"download of {url}", bad[0], bad[1], what=bad[2])
@@ -524,13 +537,21 @@ class ShardStore:
                 raise failure
             self.emit(K.REPAIR, url, attempt=repairs)
         if shard.xxh3_64 is not None:
-            check_copy(partial, shard, self.emit, discard=True)  # the samples: where they end, their digests
+            try:
+                check_copy(partial, shard, self.emit, discard=True)  # the samples: where they end, their digests
+            except ResumeWDSError:
+                if partial != streamed:
+                    sparse.discard(base)
+                raise
             self.emit(K.VERIFY_OK, url)
-        try:
-            os.replace(partial, base)
-        except OSError as exc:
-            raise cache_error(exc, self.shards_dir, "publish the download") from exc
-        layout.remove(partial + ".etag")
+        if partial != streamed:
+            sparse.publish(base)  # no ranged write lands in the published entry
+        else:
+            try:
+                os.replace(partial, base)
+            except OSError as exc:
+                raise cache_error(exc, self.shards_dir, "publish the download") from exc
+            layout.remove(partial + ".etag")
         self.write_meta(base, url, actual, synced=synced)
         # With sync="fsync" the data was fsynced before the rename; the directory is not:
         # after a power cut the newest entries may be missing and are fetched again.

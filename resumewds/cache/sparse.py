@@ -1,0 +1,699 @@
+"""Sparse partial downloads: a shard filled by verified ranges, in any order.
+
+With :data:`SPARSE_PARTIALS` on (opt-in), a remote shard whose manifest has
+sample digests (v3), read by range in this process (``store.ranged_fill``,
+set by :func:`resumewds.reading.declare`), on a server that honours
+``Range``, is downloaded into a pre-sized (sparse) file instead of
+a streamed ``.partial``, so that the samples the reader fetched by range
+(:mod:`resumewds.reading`, verified against their digests) are written
+there and never downloaded again::
+
+    <entry>.sparse      the shard's bytes at their offsets (holes where none arrived yet)
+    <entry>.sparse.map  append-only records, one per range present:
+                        start, end, xxh3_64 of the range, the shard's xxh3_64, and the
+                        record's own xxh3_64 (40 bytes, little-endian)
+
+A ranged read (:func:`fetch_around`, :func:`keep_verified`) writes the
+samples of its range that match their digests, *then* appends their record,
+under the map's ``flock`` shared.  The download (:func:`download`, under the
+entry's download lock) asks only for the gaps no record covers and no ranged
+read of this process has in flight (claims in a :class:`SparseState`, shared
+with the readers, who wait for bytes it is writing now), records what it
+wrote every :data:`RECORD_EVERY` bytes, hashes the whole file in order once
+complete, and the caller checks and repairs it before :func:`publish` renames
+it under the map's ``flock`` exclusive.  A record follows its bytes, every
+record's range is re-hashed when the download reopens the file (a machine
+crash may lose unsynced bytes), readers check every sample and the whole
+file is checked before it is published: a corrupt block is never trusted.
+docs/DIGESTS.md has the rules and the figures.
+
+Example:
+    >>> r = Ranges(); r.add(0, 10); r.add(20, 30); r.add(10, 12)
+    >>> r.spans, r.covers(0, 12), r.missing(0, 40)
+    ([(0, 12), (20, 30)], True, [(12, 20), (30, 40)])
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import itertools
+import os
+import struct
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import xxhash
+
+from ..events import EventKind as K
+from ..fetch import FetchBudget, FetchResult, is_remote_url
+from ..manifest import ShardInfo
+from ..repair import RangeIgnored, fetch_range
+from ..schemes import is_remote_object
+from ..storeapi import StoreAPI
+from . import layout
+from .layout import NOFOLLOW, cache_error
+
+__all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
+           "SparseState", "WAIT_STALL", "discard", "download", "eligible", "fetch_around", "keep_verified", "lookup",
+           "publish", "stream_instead", "verified_spans"]
+
+#: fill shards by ranges into a sparse partial (False, the default: the streamed
+#: ``.partial`` only).  Opt-in: it saves the bytes the ranged reads would have
+#: fetched twice (1.00x the data set instead of up to 1.4x), but over a
+#: per-connection rate limit a shuffled cold epoch runs slower (99 against 173
+#: MB/s in bench/bench_firstbatch.py; docs/DIGESTS.md)
+SPARSE_PARTIALS = False
+#: one request of the background download asks for at most this many bytes (no ranged reads going on)
+CHUNK = 1 << 30
+#: ... and at most this many while ranged reads of the shard go on (within :data:`BUSY_SECONDS`):
+#: a reader waits for a sample in the range being written rather than fetching it a second time
+BUSY_CHUNK = 1 << 20
+#: ranged reads of a shard this recent make its download ask for :data:`BUSY_CHUNK` at a time
+BUSY_SECONDS = 1.0
+#: a ranged read waiting for the download to write its bytes gives up after this long without progress
+WAIT_STALL = 1.0
+#: ... and, for the first samples of an iteration, only when the download is about as close to
+#: their end as a request of their own: at most this many seconds (at the download's rate, at
+#: least 64 kB) more to write than that request would fetch (about a request's first-byte latency)
+FIRST_WAIT = 0.01
+#: missing ranges separated by a present island shorter than this are fetched in one request
+ISLAND = 4096
+#: the download appends a record at least every this many bytes (what another process sees)
+RECORD_EVERY = 1 << 20
+
+SUFFIX = ".sparse"
+MAP_SUFFIX = ".sparse.map"
+_REC = struct.Struct("<QQQQQ")  # start, end, xxh3 of the bytes, shard tag, xxh3 of the first 32 bytes
+_NO_RANGE: Set[str] = set()  # urls whose server answered a Range request wrongly (this process)
+
+
+class Ranges:
+    """Sorted disjoint ``[start, end)`` byte ranges."""
+
+    def __init__(self, spans: Optional[List[Tuple[int, int]]] = None) -> None:
+        self.spans: List[Tuple[int, int]] = list(spans or [])
+        self._total = sum(b - a for a, b in self.spans)
+
+    def add(self, a: int, b: int) -> None:
+        if b <= a:
+            return
+        s = self.spans
+        i = bisect.bisect_left(s, (a, a))
+        if i and s[i - 1][1] >= a:
+            i -= 1
+        j = i
+        gone = 0
+        while j < len(s) and s[j][0] <= b:
+            a, b = min(a, s[j][0]), max(b, s[j][1])
+            gone += s[j][1] - s[j][0]
+            j += 1
+        s[i:j] = [(a, b)]
+        self._total += b - a - gone
+
+    def covers(self, a: int, b: int) -> bool:
+        i = bisect.bisect_right(self.spans, (a, float("inf"))) - 1
+        return i >= 0 and self.spans[i][0] <= a and b <= self.spans[i][1]
+
+    def missing(self, lo: int, hi: int) -> List[Tuple[int, int]]:
+        out: List[Tuple[int, int]] = []
+        at = lo
+        s = self.spans
+        for k in range(max(0, bisect.bisect_right(s, (lo, float("inf"))) - 1), len(s)):
+            a, b = s[k]
+            if b <= at:
+                continue
+            if a >= hi:
+                break
+            if a > at:
+                out.append((at, min(a, hi)))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+    def total(self) -> int:
+        return self._total
+
+
+def _tag(shard: ShardInfo) -> int:
+    return int(shard.xxh3_64 or "0", 16)
+
+
+def _record(a: int, b: int, dig: int, tag: int) -> bytes:
+    head = struct.pack("<QQQQ", a, b, dig, tag)
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+class SparseState:
+    """One process's view of a shard's sparse partial: what is present, what is in flight.
+
+    Attributes:
+        path: the ``.sparse`` file.
+        size, tag: the shard's size and xxh3_64 (records of another shard are ignored).
+        have: the ranges present (written before being added).
+        claims: ranges in flight, ``token -> [next byte, end, is download]``.
+        verified: the records were re-hashed by a download of this process
+            (else ``have`` is a hint: readers check each sample anyway).
+        cond: guards all of the above.
+    """
+
+    def __init__(self, base: str, size: int, tag: int):
+        self.base = base
+        self.path = base + SUFFIX
+        self.map = base + MAP_SUFFIX
+        self.size = size
+        self.tag = tag
+        self.have = Ranges()
+        self.claims: Dict[int, List[Any]] = {}
+        self.verified = False
+        self.ranged_at = -1e9  # when a ranged read of the shard last started (monotonic)
+        self.dl_rate = 0.0  # bytes/s of this process's download's current request
+        self.map_read = 0
+        self.map_ino: Optional[int] = None
+        self.cond = threading.Condition()
+
+    # ---- the map -------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Add the records appended to the map since the last look (under ``cond``)."""
+        try:
+            fd = os.open(self.map, os.O_RDONLY | NOFOLLOW)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if st.st_ino != self.map_ino:  # a new map (rewritten, or discarded and started again)
+                self.map_ino, self.map_read = st.st_ino, 0
+            n = (st.st_size - self.map_read) // _REC.size * _REC.size
+            if n > 0:
+                raw = os.pread(fd, n, self.map_read)
+                self.map_read += len(raw)
+                for rec in self.parse(raw):
+                    self.have.add(rec[0], rec[1])
+        finally:
+            os.close(fd)
+
+    def parse(self, raw: bytes) -> List[Tuple[int, int, int]]:
+        """The records of ``raw`` that are whole, of this shard and within it: ``(start, end, xxh3)``."""
+        out = []
+        for off in range(0, len(raw) - _REC.size + 1, _REC.size):
+            a, b, dig, tag, check = _REC.unpack_from(raw, off)
+            if check != xxhash.xxh3_64_intdigest(raw[off:off + 32]) or tag != self.tag or not 0 <= a < b <= self.size:
+                continue  # torn, of another shard, or nonsense: not trusted
+            out.append((a, b, dig))
+        return out
+
+    def claim(self, a: int, b: int, download: bool) -> int:
+        token = next(_TOKENS)
+        self.claims[token] = [a, b, download]
+        return token
+
+    def release(self, token: int) -> None:
+        self.claims.pop(token, None)
+        self.cond.notify_all()
+
+    def download_claim(self, a: int, b: int) -> Optional[int]:
+        """How many bytes a download of this process still has to write before
+        ``[a, b)`` is in (it is writing them now), or None."""
+        for pos, end, dl in self.claims.values():
+            if dl and pos <= b and a < end and b <= end:
+                return max(0, b - pos)
+        return None
+
+    def claimed(self, a: int, b: int) -> bool:
+        return any(pos < b and a < end for pos, end, _ in self.claims.values())
+
+
+_TOKENS = itertools.count(1)
+_STATES: Dict[str, SparseState] = {}
+_REG = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _REG
+    _REG = threading.Lock()
+    _STATES.clear()  # claims and conditions of the parent's threads do not cross a fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _state(base: str, shard: ShardInfo) -> SparseState:
+    assert shard.size is not None
+    with _REG:
+        st = _STATES.get(base)
+        if st is None or st.size != shard.size or st.tag != _tag(shard):
+            st = _STATES[base] = SparseState(base, int(shard.size), _tag(shard))
+        return st
+
+
+def eligible(store: StoreAPI, shard: ShardInfo) -> bool:
+    """A shard filled by ranges: the store's reader reads by range
+    (``store.ranged_fill``), and the shard is remote (http/s3), with its size,
+    xxh3_64, offsets and sample digests, on a server not seen to mishandle ``Range``."""
+    return (SPARSE_PARTIALS and getattr(store, "ranged_fill", False)
+            and is_remote_object(shard.url) and is_remote_url(shard.url)
+            and shard.size is not None and shard.xxh3_64 is not None and shard.offsets is not None
+            and shard.sample_digests is not None and shard.url not in _NO_RANGE)
+
+
+def lookup(store: StoreAPI, shard: ShardInfo) -> Optional[SparseState]:
+    """The shard's sparse partial as this process sees it (its map read up to
+    now), or None when there is none (read the ``.partial`` or by range)."""
+    if not eligible(store, shard):
+        return None
+    base = store.entry_path(shard.url)
+    with _REG:
+        st = _STATES.get(base)
+    if st is None:
+        if layout.lstat(base + MAP_SUFFIX) is None:
+            return None
+        st = _state(base, shard)
+    with st.cond:
+        st.refresh()
+    return st
+
+
+def _may_create(store: Any, base: str) -> bool:
+    """A ranged read may start a sparse partial: no cache budget, or the shard's
+    download has its room reserved (else its bytes would not be counted)."""
+    if store.cache_size is None:
+        return True
+    pf = getattr(store, "_prefetch", None)
+    return pf is not None and pf.reserved_for(base)
+
+
+# ---- the ranged reads' side ----------------------------------------------------------------
+
+def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable[[int, int], bytes],
+                 patient: bool = True) -> bytes:
+    """Bytes ``[lo, hi)`` of ``shard`` for a ranged read: ``fetch(a, b)`` asks the
+    server for the parts that are not in the shard's sparse partial; the
+    others are read from it.  While they are fetched this process's download
+    leaves them out; a part the download is writing now is waited for (at most
+    :data:`BUSY_CHUNK` at its rate), never fetched twice; not ``patient``
+    (the first samples of an iteration), only when the download is about as
+    close to their end as a request of their own would be.  The caller checks
+    every sample's digest, whatever its bytes came from.
+
+    Example:
+        >>> fetch_around(store, shard, 512, 4096, lambda a, b: b"\0" * (b - a))[:4]   # doctest: +SKIP
+        b'\x00\x00\x00\x00'
+    """
+    if not eligible(store, shard) or not hasattr(store, "entry_path"):
+        return fetch(lo, hi)
+    st = _state(store.entry_path(shard.url), shard)
+    with st.cond:
+        st.ranged_at = time.monotonic()
+        token = st.claim(lo, hi, False)  # from now on the download leaves these bytes out
+        t_last, last = time.monotonic(), st.have.total()
+        slack = max(64 << 10, int(st.dl_rate * FIRST_WAIT))
+        while any(dl and pos < hi and lo < end and (patient or hi - pos <= hi - lo + slack)
+                  for pos, end, dl in st.claims.values()):
+            now, total = time.monotonic(), st.have.total()
+            if total > last:
+                t_last, last = now, total
+            elif now - t_last > WAIT_STALL:
+                break  # a download that does not progress: fetch the bytes ourselves
+            st.cond.wait(0.01)
+        parts = st.have.missing(lo, hi) if st.verified else [(lo, hi)]
+    try:
+        done = _from_entry(st.base, lo, hi)  # published meanwhile: its bytes are there
+        if done is not None:
+            return done
+        if parts == [(lo, hi)]:
+            return fetch(lo, hi)
+        buf = bytearray(hi - lo)
+        at = lo
+        try:
+            fd = os.open(st.path, os.O_RDONLY | NOFOLLOW)
+        except OSError:
+            try:
+                fd = os.open(st.base, os.O_RDONLY | NOFOLLOW)  # published meanwhile
+            except OSError:
+                return fetch(lo, hi)
+        try:
+            for a, b in parts + [(hi, hi)]:
+                if at < a:  # present: from the file (checked by the caller with the rest)
+                    buf[at - lo:a - lo] = os.pread(fd, a - at, at)
+                if b > a:
+                    buf[a - lo:b - lo] = fetch(a, b)
+                at = b
+        finally:
+            os.close(fd)
+        return bytes(buf)
+    finally:
+        with st.cond:
+            st.release(token)
+
+
+def _from_entry(base: str, lo: int, hi: int) -> Optional[bytes]:
+    """Bytes ``[lo, hi)`` of the published entry ``base``, or None (not published)."""
+    try:
+        fd = os.open(base, os.O_RDONLY | NOFOLLOW)
+        try:
+            data = os.pread(fd, hi - lo, lo)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return data if len(data) == hi - lo else None
+
+
+def keep_verified(store: Any, shard: ShardInfo, lo: int, data: Any, spans: List[Tuple[int, int]]) -> int:
+    """Write the verified ``spans`` of ``data`` (bytes ``lo..``) into the shard's
+    sparse partial, then record them; bytes written (0 when it has none and may
+    not start one, or when it is being published).  Never raises for the cache's
+    sake: the sample is delivered anyway.
+
+    Example:
+        >>> keep_verified(store, shard, 0, data, [(512, 4096)])   # doctest: +SKIP
+        3584
+    """
+    if not spans or not eligible(store, shard):
+        return 0
+    base = store.entry_path(shard.url)
+    st = _state(base, shard)
+    with st.cond:
+        spans = [span for span in spans if not st.have.covers(*span)]
+    if not spans:
+        return 0
+    try:
+        return _write_spans(store, st, base, lo, data, spans)
+    except OSError:
+        return 0  # a full or read-only cache: the ranged read still delivers
+
+
+def verified_spans(shard: ShardInfo, lo: int, hi: int, data: Any, ok: Set[int]) -> List[Tuple[int, int]]:
+    """The byte ranges of the samples lying wholly in ``data`` (bytes ``[lo, hi)`` of
+    ``shard``) that match their digests (those in ``ok`` are known to), neighbours joined.
+
+    Example:
+        >>> verified_spans(shard, 0, 4096, data, {0})   # doctest: +SKIP
+        [(512, 4096)]
+    """
+    off, dig = shard.offsets, shard.sample_digests
+    assert off is not None and dig is not None
+    mv = memoryview(data)
+    n = len(off) - 1
+    j = bisect.bisect_left(off, lo, 0, n)
+    out: List[Tuple[int, int]] = []
+    while j < n and int(off[j + 1]) <= hi:
+        a, b = int(off[j]), int(off[j + 1])
+        if j in ok or xxhash.xxh3_64_intdigest(mv[a - lo:b - lo]) == int(dig[j]):
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+        j += 1
+    return out
+
+
+def _open_map(path: str, base: str) -> int:
+    """The map, open for appending with its lock shared (another one if the
+    download rewrote it meanwhile), or -1 once the entry is published."""
+    while True:
+        mfd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600)
+        fcntl.flock(mfd, fcntl.LOCK_SH)
+        if os.fstat(mfd).st_nlink > 0:
+            return mfd
+        os.close(mfd)  # rewritten by a download opening the partial, or published, or discarded
+        if layout.lstat(base) is not None:
+            return -1
+
+
+def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
+                 spans: List[Tuple[int, int]]) -> int:
+    if layout.lstat(st.path) is None and (not _may_create(store, base) or layout.lstat(base) is not None):
+        return 0  # no room reserved for it, or published already
+    mfd = _open_map(st.map, base)
+    if mfd < 0:
+        return 0  # published meanwhile
+    try:
+        try:
+            fd = os.open(st.path, os.O_RDWR | NOFOLLOW)
+            created = False
+        except FileNotFoundError:
+            if layout.lstat(base) is not None:  # published meanwhile: this map is a stray
+                if os.fstat(mfd).st_size == 0:
+                    layout.remove(st.map)
+                return 0
+            fd = os.open(st.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+            created = True
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                os.ftruncate(fd, st.size)
+            elif size != st.size:
+                return 0  # another shard's leftover: the download discards it
+            mv = memoryview(data)
+            n = 0
+            recs = []
+            for a, b in spans:
+                os.pwrite(fd, mv[a - lo:b - lo], a)
+                recs.append(_record(a, b, xxhash.xxh3_64_intdigest(mv[a - lo:b - lo]), st.tag))
+                n += b - a
+        finally:
+            os.close(fd)
+        os.write(mfd, b"".join(recs))  # after the bytes: a record never describes bytes not written
+        if created and layout.lstat(base) is not None:
+            layout.remove(st.path)  # published while this one was started: a stray
+            layout.remove(st.map)
+            return 0
+    finally:
+        os.close(mfd)
+    with st.cond:
+        for a, b in spans:
+            st.have.add(a, b)
+        st.cond.notify_all()
+    return n
+
+
+# ---- the download's side (under the entry's download lock) ---------------------------------
+
+def _open(st: SparseState) -> None:
+    """Start or resume the sparse partial: a file of the shard's size whose map
+    holds only records whose bytes re-hash right (the map rewritten with them)."""
+    with st.cond:
+        mfd = os.open(st.map, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(mfd, fcntl.LOCK_EX)  # no ranged write while the map is rewritten
+            fd = os.open(st.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+            try:
+                size = os.fstat(fd).st_size
+                raw = b""
+                if size == st.size:
+                    raw = os.pread(mfd, os.fstat(mfd).st_size, 0)
+                else:
+                    os.ftruncate(fd, 0)  # another shard's, or new: nothing in it is kept
+                    os.ftruncate(fd, st.size)
+                keep = []
+                have = Ranges()
+                for a, b, dig in st.parse(raw):
+                    if not have.covers(a, b) and xxhash.xxh3_64_intdigest(os.pread(fd, b - a, a)) == dig:
+                        keep.append(_record(a, b, dig, st.tag))
+                        have.add(a, b)
+            finally:
+                os.close(fd)
+            tmp = st.map + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(b"".join(keep))
+            os.replace(tmp, st.map)
+        finally:
+            os.close(mfd)  # the lock goes with the old map's inode
+        st.have = have
+        mst = layout.lstat(st.map)
+        st.map_ino = mst.st_ino if mst is not None else None
+        st.map_read = len(keep) * _REC.size
+        st.verified = True
+
+
+def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[int, int]]:
+    """The next range to download (under ``cond``): the first gap at or after
+    ``cursor`` (else from the start) that nothing covers or claims, joined with
+    the gaps that follow across islands shorter than :data:`ISLAND`; at most
+    :data:`BUSY_CHUNK` bytes in the first :data:`BUSY_SECONDS` of the download
+    (``since``) and while ranged reads of the shard go on, else :data:`CHUNK`."""
+    busy = Ranges(st.have.spans)
+    for pos, end, _ in st.claims.values():
+        busy.add(pos, end)
+    gaps = busy.missing(0, st.size)
+    if not gaps:
+        return None
+    i = next((k for k, g in enumerate(gaps) if g[1] > cursor), 0)
+    a, b = gaps[i]
+    a = max(a, cursor) if gaps[i][0] < cursor < b else a
+    for na, nb in gaps[i + 1:]:
+        if na - b >= ISLAND or st.claimed(b, na) or nb - a > BUSY_CHUNK:
+            break
+        b = nb
+    hurry = time.monotonic() - max(st.ranged_at, since) < BUSY_SECONDS
+    return a, min(b, a + (BUSY_CHUNK if hurry else CHUNK))
+
+
+class _Writer:
+    """The download's sink: bytes written where they belong (and made visible to
+    this process's readers at once), recorded every :data:`RECORD_EVERY` bytes
+    and at the end of each request."""
+
+    def __init__(self, st: SparseState, fd: int, token: int, a: int):
+        self.st, self.fd, self.token = st, fd, token
+        self.rec_at = self.pos = self.start = a
+        self.hasher = xxhash.xxh3_64()
+        self.received = 0
+        self.t0 = time.monotonic()
+
+    def __call__(self, at: int, chunk: bytes) -> None:
+        st = self.st
+        self.received += len(chunk)
+        if at != self.pos:  # (a retry resumes where the last one stopped: never)
+            self.flush()
+            self.rec_at = self.pos = at
+        try:
+            os.pwrite(self.fd, chunk, at)
+        except OSError as exc:
+            raise cache_error(exc, st.path, "write the download") from exc
+        self.hasher.update(chunk)
+        self.pos = at + len(chunk)
+        elapsed = time.monotonic() - self.t0
+        with st.cond:
+            st.have.add(at, self.pos)
+            c = st.claims.get(self.token)
+            if c is not None:
+                c[0] = self.pos
+            if elapsed > 0.005:
+                st.dl_rate = (self.pos - self.start) / elapsed
+            st.cond.notify_all()
+        if self.pos - self.rec_at >= RECORD_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Record the bytes written since the last record (after them: they are in the file)."""
+        if self.pos > self.rec_at:
+            rec = _record(self.rec_at, self.pos, self.hasher.intdigest(), self.st.tag)
+            try:
+                mfd = os.open(self.st.map, os.O_WRONLY | os.O_APPEND | NOFOLLOW)
+                try:
+                    os.write(mfd, rec)
+                finally:
+                    os.close(mfd)
+            except OSError as exc:
+                raise cache_error(exc, self.st.map, "record the download") from exc
+        self.rec_at = self.pos
+        self.hasher.reset()
+
+
+def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) -> Optional[FetchResult]:
+    """Fill ``base + ".sparse"`` with every byte no record covers, by ranges (under
+    the entry's download lock); its :class:`~resumewds.fetch.FetchResult` (the
+    xxh3_64 of the whole file, hashed in order), or None when the server does
+    not honour ``Range`` (the sparse partial is discarded: download it the
+    streamed way).
+
+    Raises:
+        TransientFetchError / PermanentFetchError: as a whole-shard download.
+        CacheError: the partial cannot be written.
+    """
+    st = _state(base, shard)
+    url = shard.url
+    t0 = time.monotonic()
+    try:
+        _open(st)
+    except OSError as exc:
+        raise cache_error(exc, st.path, "open the sparse partial") from exc
+    kept = st.have.total()
+    store.emit(K.FETCH_START, url, resumed_from=kept, sparse=True)
+    received = 0
+    requests = 0
+    cursor = 0
+    try:
+        fd = os.open(st.path, os.O_RDWR | NOFOLLOW)
+    except OSError as exc:
+        raise cache_error(exc, st.path, "open the sparse partial") from exc
+    try:
+        while True:
+            with st.cond:
+                st.refresh()
+                nxt = _next_chunk(st, cursor, t0)
+                if nxt is None:
+                    if not st.have.missing(0, st.size):
+                        break
+                    st.cond.wait(0.05)  # only ranged reads in flight: their bytes, or their gaps back
+                    continue
+                a, b = nxt
+                token = st.claim(a, b, True)
+            w = _Writer(st, fd, token, a)
+            try:
+                fetch_range(url, a, b, config=store.fetch, budget=budget, session=store.session(), sink=w)
+                requests += 1
+            except RangeIgnored as exc:
+                if exc.status is None:  # no attempt left (the reader's ranges hold them): not the server's doing
+                    raise budget.exhausted_error(url) from exc
+                _NO_RANGE.add(url)  # a 200, a 416, another range: this shard streams, as before
+                discard(base)
+                return None
+            finally:
+                received += w.received
+                w.flush()
+                with st.cond:
+                    st.release(token)
+            cursor = b
+        digest = layout.hash_file(st.path)[1]  # the assembled file, in order, once
+    finally:
+        os.close(fd)
+    budget.fetched = True
+    budget.take()  # one attempt per whole download, as streamed: a corrupt one is retried while the budget lasts
+    seconds = time.monotonic() - t0
+    store.emit(K.FETCH_DONE, url, bytes=received, seconds=seconds, resumed_from=kept, sparse=True,
+               requests=requests)
+    return FetchResult(url=url, path=st.path, size=st.size, bytes=received, resumed_from=kept, seconds=seconds,
+                       attempts=requests, xxh3_64=digest)
+
+
+def stream_instead(url: str) -> None:
+    """A sparse download of ``url`` failed its whole-file check past a ranged
+    repair: its later downloads (in this process) stream a ``.partial``."""
+    _NO_RANGE.add(url)
+
+
+def publish(base: str) -> None:
+    """Rename the finished sparse partial to the entry ``base`` and drop its
+    map, with the map locked exclusive (no ranged write lands in the entry)."""
+    mfd = layout.open_file(base + MAP_SUFFIX, os.O_RDWR | os.O_CREAT, "open the sparse map")
+    try:
+        fcntl.flock(mfd, fcntl.LOCK_EX)
+        try:
+            os.replace(base + SUFFIX, base)
+        except OSError as exc:
+            raise cache_error(exc, os.path.dirname(base), "publish the download") from exc
+        layout.remove(base + MAP_SUFFIX)
+    finally:
+        os.close(mfd)
+    _forget(base)
+
+
+def discard(base: str) -> None:
+    """Remove the sparse partial and its map (a failed check: start again)."""
+    try:
+        mfd = os.open(base + MAP_SUFFIX, os.O_RDWR | NOFOLLOW)
+    except OSError:
+        mfd = -1
+    try:
+        if mfd >= 0:
+            fcntl.flock(mfd, fcntl.LOCK_EX)
+        layout.remove(base + SUFFIX)
+        layout.remove(base + MAP_SUFFIX)
+    finally:
+        if mfd >= 0:
+            os.close(mfd)
+    _forget(base)
+
+
+def _forget(base: str) -> None:
+    with _REG:
+        st = _STATES.pop(base, None)
+    if st is not None:
+        with st.cond:
+            st.cond.notify_all()
