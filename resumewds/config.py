@@ -64,6 +64,9 @@ RESUMEWDS_S3_ANONYMOUS                                       0                 1
 RESUMEWDS_RANGED_READS                                       1                 0: no verified ranged reads / reads of
                                                                                the partial download of shards not
                                                                                cached yet (docs/DIGESTS.md)
+RESUMEWDS_SPARSE_PARTIALS                                    0                 1: ranged reads' bytes kept in a sparse
+                                                                               partial download, none fetched twice
+                                                                               (docs/DIGESTS.md)
 RESUMEWDS_WORKER_STALL                                       60                seconds a DataLoader worker may stay
                                                                                stopped (SIGSTOP) while the loader waits
                                                                                for it (0: no limit; resumewds.watchdog)
@@ -210,6 +213,8 @@ VARS: Dict[str, Var] = {
     "s3_anonymous": Var("RESUMEWDS_S3_ANONYMOUS", _bool, False),
     # sample-granular reads of remote v3 shards not cached yet (resumewds.reading)
     "ranged_reads": Var("RESUMEWDS_RANGED_READS", _bool, True),
+    # ranged reads' bytes kept in a sparse partial download (resumewds.cache.sparse)
+    "sparse_partials": Var("RESUMEWDS_SPARSE_PARTIALS", _bool, False),
     # a stopped DataLoader worker (resumewds.watchdog)
     "worker_stall": Var("RESUMEWDS_WORKER_STALL", _float, 60.0, check=_non_negative),
 }
@@ -338,6 +343,19 @@ def ranged_reads(explicit: Optional[bool] = None) -> bool:
     return bool(value("ranged_reads", explicit))
 
 
+def sparse_partials(explicit: Optional[bool] = None) -> bool:
+    """Whether the background download of a shard read by range fills a sparse
+    partial around the verified ranges, so no byte is fetched twice:
+    ``RESUMEWDS_SPARSE_PARTIALS`` (default off: it costs cold throughput over a
+    per-connection rate limit; docs/DIGESTS.md).
+
+    Example:
+        >>> sparse_partials(True)
+        True
+    """
+    return bool(value("sparse_partials", explicit))
+
+
 def _env(name: str) -> Optional[str]:
     raw = os.environ.get(name)
     return raw.strip() if raw is not None and raw.strip() != "" else None
@@ -395,6 +413,7 @@ __all__ = [
     "ranged_reads",
     "s3_settings",
     "seed",
+    "sparse_partials",
     "value",
     "verbose_cache",
     "verbose_level",

@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import xxhash
 
+from .. import config as _config
 from ..events import EventKind as K
 from ..fetch import FetchBudget, FetchResult, is_remote_url
 from ..manifest import ShardInfo
@@ -59,12 +60,11 @@ __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECOR
            "SparseState", "WAIT_STALL", "discard", "download", "eligible", "fetch_around", "keep_verified", "lookup",
            "publish", "stream_instead", "verified_spans"]
 
-#: fill shards by ranges into a sparse partial (False, the default: the streamed
-#: ``.partial`` only).  Opt-in: it saves the bytes the ranged reads would have
-#: fetched twice (1.00x the data set instead of up to 1.4x), but over a
-#: per-connection rate limit a shuffled cold epoch runs slower (99 against 173
-#: MB/s in bench/bench_firstbatch.py; docs/DIGESTS.md)
-SPARSE_PARTIALS = False
+#: fill shards by ranges into a sparse partial: True / False, or None (the default):
+#: ``RESUMEWDS_SPARSE_PARTIALS`` (default off). Opt-in: it saves the bytes the ranged
+#: reads would have fetched twice (1.00x the data set instead of up to 1.4x), but over a
+#: per-connection rate limit a shuffled cold epoch runs slower (docs/DIGESTS.md)
+SPARSE_PARTIALS: Optional[bool] = None
 #: one request of the background download asks for at most this many bytes (no ranged reads going on)
 CHUNK = 1 << 30
 #: ... and at most this many while ranged reads of the shard go on (within :data:`BUSY_SECONDS`):
@@ -253,7 +253,7 @@ def eligible(store: StoreAPI, shard: ShardInfo) -> bool:
     """A shard filled by ranges: the store's reader reads by range
     (``store.ranged_fill``), and the shard is remote (http/s3), with its size,
     xxh3_64, offsets and sample digests, on a server not seen to mishandle ``Range``."""
-    return (SPARSE_PARTIALS and getattr(store, "ranged_fill", False)
+    return (_config.sparse_partials(SPARSE_PARTIALS) and getattr(store, "ranged_fill", False)
             and is_remote_object(shard.url) and is_remote_url(shard.url)
             and shard.size is not None and shard.xxh3_64 is not None and shard.offsets is not None
             and shard.sample_digests is not None and shard.url not in _NO_RANGE)
