@@ -2,7 +2,8 @@
 
 A resumewds data set iterated directly by a loader a training framework drives
 (a torch ``DataLoader`` or torchdata ``StatefulDataLoader`` under Lightning's
-``Trainer``, ``accelerator.prepare(DataLoader(...))`` under Accelerate) loses
+``Trainer``, ``accelerator.prepare(DataLoader(...))`` under Accelerate,
+``transformers.Trainer(train_dataset=...)``) loses
 or repeats data at a resume unless the framework's integration takes over.
 :func:`framework_caller` finds the framework on the call stack (a forked
 DataLoader worker keeps its parent's stack, so the answer is the same in the
@@ -52,6 +53,13 @@ FOREIGN_LOADER = {
         "split of the batches comes on top of the data set's own split by rank. Fix: "
         "loader = resumewds.integrations.accelerate.prepare_loader(accelerator, DataLoader(...)) (or a "
         "resumewds.WebLoader) instead of accelerator.prepare(loader)"),
+    "transformers": (
+        "resumewds: transformers.Trainer over a resumewds WebDataset (train_dataset=...) does not resume exactly "
+        "through resume_from_checkpoint: the Trainer's loader is Accelerate's, whose epoch counter (set_epoch) "
+        "starts again at 0 after a resume, and the Trainer skips the checkpoint's batches by reading them again "
+        "(with several processes Accelerate also splits the batches on top of the data set's own split by rank). "
+        "Fix: resumewds.integrations.transformers.attach(trainer, resumewds.WebLoader(dataset, batch_size=..., "
+        "collate_fn=...)) before trainer.train(...)"),
 }
 
 _WARNED: Set[str] = set()

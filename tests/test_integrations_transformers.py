@@ -111,3 +111,54 @@ def test_journal_commit_on_save_resumes_at_the_restored_checkpoint(shards, tmp_p
     assert driver(shards, run, "--journal", "--resume") == 0
     assert resumed_at() == 28
     assert records(run) == records(ref)
+
+
+def test_a_web_dataset_as_train_dataset_is_warned(shards, tmp_path):
+    """``Trainer(train_dataset=rw.WebDataset(...))`` cannot resume exactly through
+    ``resume_from_checkpoint``: the data set says so when the Trainer iterates it, naming
+    ``attach``; the attached WebLoader trains without that warning."""
+    import warnings
+
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    import resumewds as rw
+    from resumewds import framecheck
+    from resumewds.integrations.transformers import attach
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def forward(self, x, keys=None):
+            return {"loss": self.lin(x).pow(2).mean()}
+
+    def trainer(name, **kw):
+        targs = TrainingArguments(output_dir=str(tmp_path / name), max_steps=3, save_strategy="no",
+                                  logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+                                  remove_unused_columns=False, per_device_train_batch_size=4)
+        return Trainer(model=Tiny(), args=targs, data_collator=tensors, **kw)
+
+    def tensors(samples):  # only tensors: Accelerate's loader finds the batch size in them
+        return {"x": torch.ones(len(samples), 1)}
+
+    def dataset():
+        return rw.WebDataset(sorted(glob.glob(os.path.join(shards, "*.tar"))), seed=1).to_tuple("__key__", "cls")
+
+    framecheck._WARNED.clear()
+    try:
+        with warnings.catch_warnings(record=True) as natural:
+            warnings.simplefilter("always")
+            trainer("natural", train_dataset=dataset()).train()
+        framecheck._WARNED.clear()
+        with warnings.catch_warnings(record=True) as attached:
+            warnings.simplefilter("always")
+            t = trainer("attached")
+            attach(t, rw.WebLoader(dataset(), batch_size=4, collate_fn=tensors))
+            t.train()
+    finally:
+        framecheck._WARNED.clear()
+    msgs = [str(w.message) for w in natural if str(w.message).startswith("resumewds: transformers.Trainer")]
+    assert len(msgs) == 1 and "resumewds.integrations.transformers.attach(trainer" in msgs[0]
+    assert not [w for w in attached if str(w.message).startswith("resumewds:")]
