@@ -30,6 +30,7 @@ def manifest(shards, tmp_path) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_demo_runs_twice_in_the_same_directory(tmp_path):
     d = str(tmp_path / "demo")
     for attempt in range(2):

@@ -41,6 +41,7 @@ def test_cat_survives_sigkills(harness):
     assert rep.tally.delivered == rep.tally.expected > 0
 
 
+@pytest.mark.slow
 def test_train_survives_sigkills(harness):
     rep = harness.crash_train(2, random.Random(2), bound=90)
     print(format_report(rep))

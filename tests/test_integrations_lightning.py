@@ -113,6 +113,7 @@ def test_a_loader_built_for_another_world_size_is_refused(shards):
         trainer.fit(Tiny(), loader)
 
 
+@pytest.mark.slow
 def test_journal_commit_on_save_resumes_at_the_restored_checkpoint(shards, tmp_path):
     """The journal instead of the loader's state in the checkpoint: a callback commits at each
     checkpoint (``on_save_checkpoint``: ``loader.commit(trainer.global_step - 1)``) and the resumed

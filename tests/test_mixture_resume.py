@@ -258,6 +258,7 @@ def test_random_mix_signature(data_root):
 
 # ---- kill -9 of a training script over HTTP with faults ---------------------------------
 
+@pytest.mark.slow
 def test_curriculum_script_survives_kill9_over_http(tmp_path):
     """examples/curriculum.py killed 5 times (restarts with 0, 3, 1 workers), faults injected."""
     from chaos.mixcrash import campaign

@@ -75,6 +75,7 @@ def _steps(text: str):
     return [line for line in text.splitlines() if line.startswith("step ")]
 
 
+@pytest.mark.slow
 def test_train_example_sigterm_checkpoints_commits_and_resumes_exactly(tmp_path, cache_dir):
     ref = _train(str(tmp_path / "ref"), cache_dir)
     out, err = ref.communicate(timeout=300)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO, subprocess_env
 
 EXAMPLE = os.path.join(REPO, "examples", "wds_train.py")
@@ -18,6 +20,7 @@ def _steps(text: str) -> dict:
     return {int(line.split()[1]): line for line in text.splitlines() if line.startswith("step ")}
 
 
+@pytest.mark.slow
 def test_webdataset_training_example_resumes_exactly_after_sigkill(tmp_path):
     env = subprocess_env()
     env.pop("RESUMEWDS_CACHE_DIR", None)
