@@ -28,7 +28,8 @@ from typing import Any, Dict, Optional, Set
 
 from .errors import StateError
 
-__all__ = ["FOREIGN_LOADER", "check_restored_state", "framework_caller", "state_num_workers", "warn_foreign_loader"]
+__all__ = ["FOREIGN_LOADER", "check_restored_state", "framework_caller", "state_num_workers", "warn_foreign_loader",
+           "worker_count_error"]
 
 log = logging.getLogger("resumewds")
 
@@ -103,6 +104,22 @@ def warn_foreign_loader(guarded: Optional[str] = None) -> Optional[str]:
     return msg
 
 
+def worker_count_error(taken: int, have: int, *, state: str, loader: str, fix: str) -> StateError:
+    """The refusal of a ``StatefulDataLoader`` state restored into another worker count.
+
+    ``state`` and ``loader`` name the two sides in the caller's words, ``fix``
+    the resumewds loader to train with instead.
+
+    Example:
+        >>> str(worker_count_error(2, 1, state="this state", loader="the loader", fix="resumewds.WebLoader"))[:73]
+        'this state was taken with num_workers=2, the loader has num_workers=1: to'
+    """
+    return StateError(f"{state} was taken with num_workers={taken}, {loader} has num_workers={have}: torchdata "
+                      "restores a state only into the same worker count (it holds one snapshot per worker). Build "
+                      f"the loader with num_workers={taken} for this resume, or train with {fix}, whose state loads "
+                      "under any num_workers")
+
+
 def state_num_workers(state: Dict[str, Any]) -> Optional[int]:
     """The ``num_workers`` of the ``StatefulDataLoader`` that took ``state`` (None: not such a state).
 
@@ -141,11 +158,8 @@ def check_restored_state(depth: int = 12) -> None:
             taken = state_num_workers(state) if isinstance(state, dict) else None
             have = int(getattr(loader, "num_workers", 0) or 0)
             if taken is not None and taken != have:
-                raise StateError(f"the restored StatefulDataLoader state was taken with num_workers={taken}, the "
-                                 f"loader has num_workers={have}: torchdata restores a state only into the same "
-                                 f"worker count (it holds one snapshot per worker). Build the loader with "
-                                 f"num_workers={taken} for this resume, or use resumewds.WebLoader (with "
-                                 "Accelerate: resumewds.integrations.accelerate.prepare_loader), whose state loads "
-                                 "under any num_workers")
+                raise worker_count_error(taken, have, state="the restored StatefulDataLoader state",
+                                         loader="the loader", fix="resumewds.WebLoader (with Accelerate: "
+                                         "resumewds.integrations.accelerate.prepare_loader)")
         frame = frame.f_back  # type: ignore[assignment]
         depth -= 1

@@ -39,8 +39,8 @@ def test_another_worker_count_is_a_clear_error(make_shards, taken, loaded):
     bare.load_state_dict(state)
     with pytest.raises(AssertionError):  # torchdata's, at iter()
         next(iter(bare))
-    with pytest.raises(rw.StateError, match=f"taken with num_workers={taken} and is loaded into a "
-                                            f"StatefulDataLoader with num_workers={loaded}.*num_workers={taken} "
+    with pytest.raises(rw.StateError, match=f"taken with num_workers={taken}, the StatefulDataLoader it is loaded "
+                                            f"into has num_workers={loaded}.*num_workers={taken} "
                                             "for this resume.*resumewds.WebLoader"):
         load_state_dict(make(loaded), state)
     same = make(taken)

@@ -53,6 +53,7 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from ..errors import StateError
+from ..framecheck import worker_count_error
 from . import _check_world, _is_resumewds_loader, _webloader_for, resumewds_loaders
 from .stateful import state_num_workers
 
@@ -119,10 +120,8 @@ def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
         if state is not None:
             taken, have = state_num_workers(state), int(getattr(dl, "num_workers", 0) or 0)
             if taken is not None and taken != have:
-                raise StateError(f"the checkpoint's StatefulDataLoader state was taken with num_workers={taken}, "
-                                 f"the training loader has num_workers={have}: torchdata restores a state only "
-                                 f"into the same worker count. Build the loader with num_workers={taken} for this "
-                                 "resume, or train with resumewds.WebLoader (its state loads under any num_workers)")
+                raise worker_count_error(taken, have, state="the checkpoint's StatefulDataLoader state",
+                                         loader="the training loader", fix="resumewds.WebLoader")
         elif mid_epoch and not hasattr(dl, "state_dict"):
             msg = (f"resumewds: Lightning resumes in the middle of epoch {epoch} (after {progress.current.completed} "
                    f"batches), but the training loader, a {type(dl).__name__} over a resumewds WebDataset, has no "

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from ..errors import StateError
-from ..framecheck import state_num_workers
+from ..framecheck import state_num_workers, worker_count_error
 
 __all__ = ["load_state_dict", "state_num_workers"]
 
@@ -45,9 +44,6 @@ def load_state_dict(dataloader: Any, state: Dict[str, Any]) -> None:
     taken = state_num_workers(state)
     have = int(getattr(dataloader, "num_workers", 0) or 0)
     if taken is not None and taken != have:
-        raise StateError(f"this StatefulDataLoader state was taken with num_workers={taken} and is loaded into a "
-                         f"StatefulDataLoader with num_workers={have}: torchdata restores a state only into the "
-                         f"same worker count (it holds one snapshot per worker). Build the loader with "
-                         f"num_workers={taken} for this resume, or train with resumewds.WebLoader, whose state "
-                         "loads under any num_workers")
+        raise worker_count_error(taken, have, state="this StatefulDataLoader state",
+                                 loader="the StatefulDataLoader it is loaded into", fix="resumewds.WebLoader")
     dataloader.load_state_dict(state)
