@@ -223,6 +223,9 @@ def run_lightning(args: Any) -> None:
     if args.form != "webloader":
         built.append(foreign_loader(args))
     loader = None if in_module else built[0] if built else make_loader(args)
+    reload = {}
+    if args.reload:  # train_dataloader() builds a new loader for every epoch
+        reload, loader = {"reload_dataloaders_every_n_epochs": 1}, None
     if args.journal:
         class CommitOnSave(L.Callback):  # the documented hook: the journal records each checkpoint's step
             def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
@@ -234,13 +237,17 @@ def run_lightning(args: Any) -> None:
     ddp = {"strategy": "ddp", "devices": args.devices} if args.devices > 1 else {"devices": 1}
     trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", **ddp, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
-                        default_root_dir=args.out, num_sanity_val_steps=0)
+                        default_root_dir=args.out, num_sanity_val_steps=0, **reload)
     class Journaled(Tiny):
         def train_dataloader(self) -> Any:  # DDP with a journal: built once the processes are set up
             built.append(lightning_journal_loader(args))
             return built[-1]
 
-    module = Journaled() if in_module else Tiny()
+    class Reloaded(Tiny):
+        def train_dataloader(self) -> Any:
+            return foreign_loader(args) if args.form != "webloader" else make_loader(args)
+
+    module = Journaled() if in_module else Reloaded() if args.reload else Tiny()
     trainer.fit(module, train_dataloaders=loader, ckpt_path="last" if args.resume else None)
 
 
@@ -392,6 +399,7 @@ def main(argv: Any = None) -> None:
     p.add_argument("--journal", action="store_true", help="commit to a journal at each checkpoint, resume= its step")
     p.add_argument("--kill-in-save", type=int, default=None, help="--journal: SIGKILL after the commit of step S")
     p.add_argument("--no-callback", dest="callback", action="store_false")
+    p.add_argument("--reload", action="store_true", help="Lightning: reload_dataloaders_every_n_epochs=1")
     p.add_argument("--form", choices=["webloader", "dataloader", "stateful"], default="webloader",
                    help="lightning: the training loader (a WebLoader, or a torch / torchdata loader over the data set)")
     p.add_argument("--dataloader", action="store_true", help="accelerate: a torch DataLoader over the dataset")

@@ -85,6 +85,22 @@ def test_dataloader_becomes_a_webloader_and_resumes_exactly(shards, tmp_path):
     assert records(str(tmp_path / "run")) == webloader_records(shards)
 
 
+@pytest.mark.parametrize("form", ["webloader", "dataloader", "stateful"])
+def test_loaders_reloaded_every_epoch_keep_each_epochs_order(shards, tmp_path, form):
+    """``reload_dataloaders_every_n_epochs=1``: ``train_dataloader()`` builds a new loader for each epoch,
+    which the callback starts at that epoch (not at epoch 0, whose order every epoch would repeat).
+    Uninterrupted, and crashed in epoch 1 and resumed with 2 workers: the WebLoader's whole sequence
+    (a StatefulDataLoader's own: the data set's epochs, resumed with its worker count)."""
+    exact = drv.direct_records(shards, 0) if form == "stateful" else webloader_records(shards)
+    fit(shards, str(tmp_path / "full"), form, 0, "--reload")
+    assert records(str(tmp_path / "full")) == exact
+    run = str(tmp_path / "run")
+    with pytest.raises(drv.Crash):
+        fit(shards, run, form, 0, "--reload", "--raise-at", "30")
+    fit(shards, run, form, 0 if form == "stateful" else 2, "--reload", "--resume")
+    assert records(run) == exact
+
+
 def test_dataloader_resumed_mid_epoch_is_warned_when_it_stays_a_dataloader(shards, tmp_path, monkeypatch):
     """Where the DataLoader stays one (no conversion), a resume in the middle of an epoch starts that
     epoch over: a warning names the fix (a StateError with ``strict``)."""

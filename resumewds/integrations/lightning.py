@@ -104,6 +104,15 @@ def _set_epoch(loader: Any, epoch: int) -> None:
         ds.set_epoch(epoch)
 
 
+def _start_at_epoch(loader: Any, epoch: int) -> None:
+    """A resumewds loader Lightning built afresh for a later epoch (``reload_dataloaders_every_n_epochs``
+    calls ``train_dataloader()`` again) starts at that epoch, not at epoch 0: each epoch then has its own
+    order, as with the one loader.  A loader that has moved or had a state loaded is left where it is."""
+    if epoch > 0 and (int(loader.epoch), int(loader.position), int(loader.steps_done)) == (0, 0, 0):
+        log.info("resumewds: a new training loader for epoch %d starts at that epoch", epoch)
+        loader.epoch = epoch
+
+
 def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
     """Prepare the foreign training loaders before Lightning's first ``iter()`` of this fit (it happens
     before any hook: the restored epoch, the state's worker count, a DataLoader resumed mid-epoch).
@@ -112,6 +121,8 @@ def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
     epoch = int(loop.epoch_progress.current.processed)
     progress = loop.epoch_loop.batch_progress
     mid_epoch = bool(loop.restarting and progress.current.completed and not progress.is_last_batch)
+    for loader in _train_loaders(trainer):
+        _start_at_epoch(loader, epoch)
     stateful = False
     foreign = _foreign_loaders(trainer)
     _load_own_rank_states(callback, trainer, [dl for dl in foreign if hasattr(dl, "state_dict")])
