@@ -37,13 +37,18 @@ def shards(tmp_path, cache_dir) -> str:
     return str(tmp_path / "data")
 
 
-def driver(shards: str, out: str, *argv: str) -> int:
+def run_driver(shards: str, out: str, *argv: str) -> subprocess.CompletedProcess:
+    """The driver under Lightning's DDP launcher, 2 processes (a later ``--devices`` wins)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR"):
         env.pop(name, None)
     return subprocess.run([sys.executable, DRIVER, "lightning", "--data", shards, "--out", out, "--devices", "2",
-                           *argv], env=env, timeout=600, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE).returncode
+                           *argv], env=env, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def driver(shards: str, out: str, *argv: str) -> int:
+    return run_driver(shards, out, *argv).returncode
 
 
 def rank_records(out: str) -> List[List[str]]:
@@ -171,3 +176,18 @@ def test_ddp_stateful_dataloader_kill9_is_exact(shards, tmp_path):
     wait_gone(run)
     assert driver(shards, run, "--resume", *form) == 0
     assert rank_records(run) == reference
+
+
+@pytest.mark.slow
+def test_ddp_stateful_dataloader_resumed_on_one_process_is_a_state_error(shards, tmp_path):
+    """A StatefulDataLoader's state is one rank's share: a 2-process run SIGKILLed at step 10 and resumed
+    on 1 process is refused with a StateError naming both world sizes and the fix (torchdata would
+    resume rank 0's share alone: half the data set lost from then on)."""
+    run = str(tmp_path / "run")
+    form = ("--form", "stateful", "--workers", "1")
+    assert driver(shards, run, "--kill-at", "10", *form) == -9
+    wait_gone(run)
+    res = run_driver(shards, run, "--resume", "--devices", "1", *form)
+    assert res.returncode != 0
+    assert "StateError" in res.stderr and "StatefulDataLoader states of 2 rank(s), this run has 1 process" in res.stderr
+    assert "resumewds.WebLoader" in res.stderr
