@@ -120,6 +120,7 @@ def _head(loader, n):
 def test_resume_from_state_dict_with_another_worker_count(urls, how, batch, after):
     # after: DataLoader workers of the resumed loader
     full = _run(_loader(ours, urls, how, batch), batch)
+    assert full == _run(_loader(real, urls, how, batch), batch)  # webdataset's sequence
     n = len(full)
     for cut in sorted({1, 2, n // 2 - 1, n // 2, n - 2, n - 1}):
         loader = _loader(ours, urls, how, batch)
@@ -141,6 +142,7 @@ def test_state_at_an_epoch_end_resumes_with_the_next_epoch(urls, how, batch):
     fresh = _loader(ours, urls, how, batch, workers=3)
     fresh.load_state_dict(state)
     assert _run(fresh, batch) == second == first  # no shuffle: every epoch the same
+    assert first == _run(_loader(real, urls, how, batch), batch)
     # mid-epoch of the second epoch, 2 -> 0 workers
     loader = _loader(ours, urls, how, batch)
     _run(loader, batch)
@@ -239,3 +241,5 @@ def test_kill_9_and_resume_from_the_journal(urls, tmp_path):
     with open(full) as f, open(cut) as g:
         ref, got = f.read().splitlines(), g.read().splitlines()
     assert len(ref) == 20 and got == ref
+    wds = _loader(real, urls, "select", 4)
+    assert ref == [" ".join(k) for k in (_run(wds, 4) + _run(wds, 4))[:20]]  # webdataset's batches
