@@ -251,6 +251,7 @@ class RotatingLoader(ShardLoader):
         sub._convert = self._convert
         sub._session = self._session  # its consumption and events go to this loader's journal
         sub.stats_ = self.stats_
+        sub._preempt_signals = self._preempt_signals  # its workers ignore them; this loader stops the run
         sub.epoch, sub.position = self.epoch, int(start)
         return sub
 

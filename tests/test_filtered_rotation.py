@@ -184,6 +184,30 @@ def test_states_of_other_orders(urls):
         plain.load_state_dict(state)
 
 
+def test_a_preemption_stops_between_items_and_resumes_exactly(urls):
+    full = _run(_loader(ours, urls, "select", 4), 4)
+    loader = _loader(ours, urls, "select", 4, preempt=True)
+    got = []
+    try:
+        for b in loader:
+            got.append(tuple(b[0]))
+            if len(got) == 5:
+                loader.request_stop()
+        assert len(got) == 5 and loader.preempted
+        state = loader.state_dict()
+    finally:
+        loader.close()
+    fresh = _loader(ours, urls, "select", 4, workers=3)
+    fresh.load_state_dict(state)
+    assert got + _run(fresh, 4) == full
+
+
+def test_skip_steps_is_refused_under_the_rotation(urls):
+    loader = _loader(ours, urls, "select", 4)
+    with pytest.raises(StateError, match="skip_steps"):
+        loader.skip_steps(3)
+
+
 def test_unfiltered_forms_keep_their_order(urls):
     # no stage drops samples: the shard split's own order, as before (and as webdataset's)
     for lib_ds in ({lib: _quiet(lib.WebDataset, urls, shardshuffle=False).to_tuple("__key__", "cls").batched(4)
