@@ -266,10 +266,11 @@ class RotatingLoader(ShardLoader):
             self.dataset.steps_of(StreamLayout(W, w, self._chunk), epoch)  # webdataset's empty worker check
         lengths = [len(s) for s in worker_streams(ep, W)]
         shares = _shares(self.num_workers, W)
-        subs: List[Optional[ShardLoader]] = [None] * W
+        self._absorb(self.dataset.take_events())  # this process's events so far are this loader's
+        live = [pos[w] < lengths[w] for w in range(W)]
+        subs = [self._stream_loader(W, w, shares[w], pos[w]) if live[w] else None for w in range(W)]
         raw: List[Any] = [None] * W
         items: List[Any] = [None] * W
-        live = [pos[w] < lengths[w] for w in range(W)]
         w = turn
         try:
             while any(live):
@@ -277,8 +278,8 @@ class RotatingLoader(ShardLoader):
                     w = (w + 1) % W
                     continue
                 sub = subs[w]
-                if sub is None:
-                    sub = subs[w] = self._stream_loader(W, w, shares[w], pos[w])
+                assert sub is not None  # live
+                if raw[w] is None:
                     raw[w] = iter(sub)
                     items[w] = self._stream_stage(raw[w]) if self._stream_stage is not None else raw[w]
                 before = sub.samples_total

@@ -515,11 +515,11 @@ def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any], rotate
     ds._compile()
     stage = _RefillBatches(b.args["n"], b.args["collation_fn"], b.args["partial"], batch_stages)
     if rotate:
-        base = object.__new__(_RotatingWebLoader)
-        base.__init__(ds, *args, stream_stage=stage, **kw)
-        base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
+        rot: Any = object.__new__(_RotatingWebLoader)
+        rot.__init__(ds, *args, stream_stage=stage, **kw)
+        rot._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
         # the refilled batches are the loader's items: re-mixing methods run on its stream
-        return LoaderPipeline(base).compose(_items)
+        return LoaderPipeline(rot).compose(_items)
     base = object.__new__(cls)
     base.__init__(ds, *args, **dict(kw, worker_split=kw.get("worker_split") or "samples"))  # one filtered stream
     base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
