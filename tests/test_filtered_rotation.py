@@ -267,3 +267,17 @@ def test_kill_9_and_resume_from_the_journal(urls, tmp_path):
     assert len(ref) == 20 and got == ref
     wds = _loader(real, urls, "select", 4)
     assert ref == [" ".join(k) for k in (_run(wds, 4) + _run(wds, 4))[:20]]  # webdataset's batches
+
+
+def test_the_commit_place_is_journaled(tmp_path):
+    from resumewds.journal import Journal, resolve_resume
+
+    path = str(tmp_path / "run.db")
+    place = {"rotation": {"workers": 2, "streams": [9, 4], "next": 1}}
+    with Journal(path) as j:
+        j.check_config({"seed": 1, "batch_size": None})
+        j.commit(0, epoch=0, position=5)
+        j.commit(1, epoch=0, position=13, place=place)
+        assert j.latest_commit()["place"] == place and j.commit_at(0)["place"] is None
+    assert resolve_resume(path)["place"] == place
+    assert resolve_resume(path, step=0)["place"] is None
