@@ -65,6 +65,7 @@ class Resumed:
     steps_done: int = 0
     samples_total: int = 0
     failed_urls: Set[str] = field(default_factory=set)
+    place: Optional[Dict[str, Any]] = None  # the commit's place beyond (epoch, position)
 
 _UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
 
@@ -271,6 +272,7 @@ class JournalSession:
             out.epoch = int(point["epoch"])
             out.position = int(point["position"])
             out.steps_done = int(point["step"]) + 1
+            out.place = point.get("place")
             per_rank = point.get("samples_total_per_rank") or []
             mine = per_rank[where.rank] if where.rank < len(per_rank) else None
             if point.get("world_size", 1) == where.world_size and mine is not None:
@@ -335,7 +337,8 @@ class JournalSession:
         return (time.time() - self._last_stats_commit >= 5.0) if stats is None else bool(stats)
 
     def commit(self, step: int, *, epoch: int, position: int, world_size: int, batch_size: Optional[int],
-               samples_total: int, shards: Sequence[Any], stats: Optional[Dict[str, Any]] = None) -> None:
+               samples_total: int, shards: Sequence[Any], stats: Optional[Dict[str, Any]] = None,
+               place: Optional[Dict[str, Any]] = None) -> None:
         """Record atomically the position after ``step`` (see ``WebLoader.commit``).
 
         Args:
@@ -344,6 +347,7 @@ class JournalSession:
             world_size, batch_size, samples_total: the layout and this rank's sample count.
             shards: the manifest's shards (consumption is recorded by url).
             stats: a stats snapshot to record with it, or None.
+            place: where the loader stands beyond ``(epoch, position)``, or None.
         """
         if self.journal is None:
             raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
@@ -358,7 +362,7 @@ class JournalSession:
         epoch_done = self._last_commit_epoch is not None and epoch != self._last_commit_epoch
         self.journal.commit(step, epoch=epoch, position=position, consumed=consumed,
                             world_size=world_size, batch_size=batch_size,
-                            samples_total=samples_total, stats=stats, materialize=epoch_done)
+                            samples_total=samples_total, stats=stats, materialize=epoch_done, place=place)
         self._last_commit_epoch = epoch
         self._consumed.clear()
 

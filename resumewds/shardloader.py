@@ -415,11 +415,14 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             raise StateError("not a resumewds loader state (missing format field)")
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"loader state version {state.get('version')} is newer than this resumewds")
+        if state.get("rotation") and not hasattr(self, "rotation_workers"):  # resumewds.rotation's
+            raise StateError(f"this state follows webdataset's rotation of {state['rotation'].get('workers')} "
+                             "workers' filtered streams: resume it with WebLoader(ds, batch_size=None) on one rank")
         cfg = state.get("config", {})
         if _auto_partitions(self.dataset):  # adopt the state's partitions
             self.dataset.use_partitions(int(cfg.get("partitions") or 1))
             self.config = self.dataset.config()
-        if cfg.get("worker_split") or self.config.get("worker_split"):
+        if cfg.get("worker_split") or self._split_w:  # the state's split, ours (config may lack it)
             self._use_split(int(cfg.get("worker_split") or 0), kept=True)  # the state's, whatever num_workers
         diffs = [f"{k}: state has {cfg.get(k)!r}, loader has {self.config.get(k)!r}"
                  for k in _ORDER_KEYS if cfg.get(k) != self.config.get(k)]

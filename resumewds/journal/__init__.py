@@ -60,6 +60,8 @@ commit.
 Schema version history (``JOURNAL_SCHEMA_VERSION``):
     1: first version.
     2: each commit row carries its consumption deltas (``m002_commit_consumed``).
+    3: a commit row may carry its loader's place beyond (epoch, position)
+       (``m003_commit_place``: the worker rotation's per-stream positions).
     A migration goes in schema.py: a function ``_m00N_<what>(db)`` appended
     to ``_MIGRATIONS`` as ``(N, name, fn)``, and ``JOURNAL_SCHEMA_VERSION = N``
     (never edit a released step).  Older journals are upgraded on the next

@@ -72,7 +72,7 @@ _SYNC_MODES = ("NORMAL", "FULL", "EXTRA")
 
 _SQL_COMMIT_INSERT = (
     "INSERT INTO commits (step, epoch, position, rank, world_size, batch_size, ts, "
-    "samples_total, stats, consumed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    "samples_total, stats, consumed, place) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 _SQL_THROUGH = "INSERT OR REPLACE INTO _meta (key, value) VALUES ('consumption_through', ?)"
 _SQL_CONSUME = (
     "INSERT INTO consumption (url, epoch, samples, total, complete, updated) "
@@ -543,7 +543,7 @@ class Journal:
                consumed: Optional[Dict[Tuple[str, int], Tuple[int, Optional[int]]]] = None,
                world_size: Optional[int] = None, batch_size: Optional[int] = None,
                samples_total: Optional[int] = None, stats: Optional[Dict[str, Any]] = None,
-               materialize: bool = False) -> None:
+               materialize: bool = False, place: Optional[Dict[str, Any]] = None) -> None:
         """Record that ``step`` was reached, in one transaction.
 
         Args:
@@ -557,6 +557,8 @@ class Journal:
             batch_size: per-rank batch size, recorded for resume checks.
             samples_total: cumulative samples delivered by this rank.
             stats: optional JSON-able snapshot (``loader.stats()``).
+            place: where the loader stands beyond ``(epoch, position)``
+                (JSON-able; the worker rotation's, :mod:`resumewds.rotation`).
             materialize: also bring the ``consumption`` table up to date in
                 this transaction (otherwise done every ``CONSUMPTION_EVERY``
                 commits; the deltas are in the commit row either way, so a
@@ -582,7 +584,8 @@ class Journal:
                                 separators=(",", ":"))
         row = (step, int(epoch), int(position), self.rank,
                self.world_size if world_size is None else int(world_size),
-               batch_size, ts, samples_total, None if stats is None else redact_text(dumps(stats)), deltas)
+               batch_size, ts, samples_total, None if stats is None else redact_text(dumps(stats)), deltas,
+               None if place is None else json.dumps(place, separators=(",", ":")))
         with self._mutex:
             conn = self._writable()
             max_step = self._max_step

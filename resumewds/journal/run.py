@@ -86,7 +86,7 @@ def resolve_resume(path: str, step: Optional[int] = None) -> Optional[Dict[str, 
         None when the run has no journal at all, or no commit yet (start from
         the beginning); otherwise ``{"step", "epoch", "position",
         "world_size", "batch_size", "ts", "samples_total" (rank 0's),
-        "samples_total_per_rank" ([rank 0, ..., rank W-1]), "run_id",
+        "samples_total_per_rank" ([rank 0, ..., rank W-1]), "run_id", "place" (rank 0's),
         "skipped_incomplete": [{"step", "missing_ranks", "disagreeing_ranks"},
         ...] (newer steps passed over, newest first, at most 20),
         "skipped_incomplete_count"}``.
@@ -170,6 +170,6 @@ def _resume_dict(journals: Dict[int, Journal], ref: Dict[str, Any], world: int,
     return {"step": ref["step"], "epoch": ref["epoch"], "position": ref["position"],
             "world_size": world, "batch_size": ref["batch_size"], "ts": ref["ts"],
             "samples_total": totals[0], "samples_total_per_rank": totals, "run_id": run_id,
-            "skipped_incomplete": skipped, "skipped_incomplete_count": n_skipped}
+            "skipped_incomplete": skipped, "skipped_incomplete_count": n_skipped, "place": ref.get("place")}
 
 

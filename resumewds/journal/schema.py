@@ -73,13 +73,20 @@ def _m002_commit_consumed(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE commits ADD COLUMN consumed TEXT")
 
 
+def _m003_commit_place(db: sqlite_utils.Database) -> None:
+    """Version 3: a commit row may carry where its loader stands beyond ``(epoch,
+    position)`` (JSON; the worker rotation's per-stream positions, :mod:`resumewds.rotation`)."""
+    db.execute("ALTER TABLE commits ADD COLUMN place TEXT")
+
+
 # (version, name, function); version k's function leaves the schema at k.
 # Append only: never edit or reorder a released step.
 _MIGRATIONS: List[Tuple[int, str, Callable[[sqlite_utils.Database], None]]] = [
     (1, "m001_initial", _m001_initial),
     (2, "m002_commit_consumed", _m002_commit_consumed),
+    (3, "m003_commit_place", _m003_commit_place),
 ]
-JOURNAL_SCHEMA_VERSION: int = 2
+JOURNAL_SCHEMA_VERSION: int = 3
 
 
 # ---------------------------------------------------------------------------
@@ -192,10 +199,11 @@ def loads(text: Optional[str]) -> Any:
 
 
 def commit_row(row: Optional[sqlite3.Row]) -> Optional[Dict[str, Any]]:
-    """A ``commits`` row as a dict with ``stats`` parsed (None stays None)."""
+    """A ``commits`` row as a dict with ``stats`` and ``place`` parsed (None stays None)."""
     if row is None:
         return None
     d = dict(row)
-    stats = d.get("stats")
-    d["stats"] = json.loads(stats) if stats else None
+    for key in ("stats", "place"):
+        text = d.get(key)
+        d[key] = json.loads(text) if text else None
     return d

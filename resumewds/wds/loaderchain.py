@@ -59,6 +59,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..epochsource import BatchInfo, EmptyBatch
+from ..rotation import RotatingLoader
 from ..runners import BatchRunner, UnbatchRunner
 from ..shardloader import STATE_FORMAT, ShardLoader
 from ..stages import Handled, Stage, default_collation_fn
@@ -432,12 +433,15 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     passes = _passes(dataset) if batching is None or batching is _MISSING else None
     refill = _refills(dataset, args, kw)
     one = c is not None and dataset.batch_size is not None and not args and "batch_size" not in kw
+    rotate = passes in (None, (1, -1)) and _rotates(dataset, args, kw)
     if not (passes or refill or one):
-        return None
+        # the filtered samples of webdataset's workers, round-robin (resumewds.rotation): its
+        # own __init__ runs next, as WebLoader's would
+        return object.__new__(_RotatingWebLoader) if rotate else None
     if refill:
-        out = _refill_loader(cls, dataset, args, kw)
+        out = _refill_loader(cls, dataset, args, kw, rotate)
     else:
-        base = object.__new__(cls)
+        base = object.__new__(_RotatingWebLoader if rotate else cls)
         base.__init__(dataset, *args, **kw)
         out = LoaderPipeline(base)
     if one:
@@ -465,14 +469,12 @@ def _passes(dataset: Any) -> Optional[Tuple[int, int]]:
     return (int(dataset._nepochs) if mode == "repeat" else -1), int(dataset._limit)
 
 
-def _refills(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
-    """Whether ``WebLoader(dataset, batch_size=None)`` fills each ``.batched(n)`` batch from the
-    filtered stream, as webdataset does: the dataset's stages (``select``, a ``handler``) may drop
-    samples, and one rank (several ranks keep batches of positions, so they stay in lock step)."""
-    if getattr(dataset, "batch_size", None) is None or not hasattr(dataset, "_spec"):
+def _drops(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
+    """``WebLoader(dataset, batch_size=None)`` on one rank over per-sample stages that may
+    drop samples (``select``, a ``handler``)."""
+    if not hasattr(dataset, "_spec") or (args[0] if args else kw.get("batch_size", _MISSING)) is not None:
         return False
-    explicit = (args[0] if args else kw.get("batch_size", _MISSING)) is None
-    if not explicit or kw.get("collate_fn") is not None or dataset._spec[dataset._loader_from:]:
+    if kw.get("collate_fn") is not None or dataset._spec[dataset._loader_from:]:
         return False
     sample_stages = dataset._spec[:dataset._stream_from]
     drops = getattr(dataset, "handler", None) is not None or any(
@@ -483,22 +485,50 @@ def _refills(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
     return world.world_size == 1
 
 
-def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
+def _refills(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
+    """Whether ``WebLoader(dataset, batch_size=None)`` fills each ``.batched(n)`` batch from the
+    filtered stream, as webdataset does: the dataset's stages (``select``, a ``handler``) may drop
+    samples, and one rank (several ranks keep batches of positions, so they stay in lock step)."""
+    return getattr(dataset, "batch_size", None) is not None and _drops(dataset, args, kw)
+
+
+def _rotates(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
+    """Whether ``WebLoader(dataset, batch_size=None)`` follows webdataset's rotation of its
+    workers' filtered streams when the shard split applies (:mod:`resumewds.rotation`): stages
+    that may drop samples, one rank, one epoch per ``iter()``, no ``pad`` (samples, or a
+    ``.batched(n)`` refilled in each stream)."""
+    return kw.get("remainder", "keep") != "pad" and _drops(dataset, args, kw)
+
+
+def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any], rotate: bool = False) -> Any:
     """The loader of :func:`_refills`: the dataset's samples one by one (the engine's
     ``batch_size=None``), batched on the output stream by :class:`_RefillBatches`.  A batch is
     handed out as soon as its last sample is, so the loader's position then is just after that
-    sample and ``state_dict()`` / ``commit`` resume exactly after the batch."""
+    sample and ``state_dict()`` / ``commit`` resume exactly after the batch.  With ``rotate``
+    (:func:`_rotates`) the batches are filled in each worker's stream under the shard split
+    (:mod:`resumewds.rotation`), from the one sequence without it."""
     b = dataset._spec[dataset._stream_from]
     batch_stages = [st.fn for st in dataset._spec[dataset._stream_from + 1:dataset._loader_from]]
     ds = type(dataset)._with_stages(dataset)
     ds._spec = ds._spec[:ds._stream_from] + ds._spec[dataset._loader_from:]
     ds.collate_fn = None
     ds._compile()
+    stage = _RefillBatches(b.args["n"], b.args["collation_fn"], b.args["partial"], batch_stages)
+    if rotate:
+        rot: Any = object.__new__(_RotatingWebLoader)
+        rot.__init__(ds, *args, stream_stage=stage, **kw)
+        rot._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
+        # the refilled batches are the loader's items: re-mixing methods run on its stream
+        return LoaderPipeline(rot).compose(_items)
     base = object.__new__(cls)
     base.__init__(ds, *args, **dict(kw, worker_split=kw.get("worker_split") or "samples"))  # one filtered stream
     base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
-    stage = _RefillBatches(b.args["n"], b.args["collation_fn"], b.args["partial"], batch_stages)
     return LoaderPipeline(base).compose(stage)
+
+
+def _items(src: Iterator[Any]) -> Iterator[Any]:
+    """The loader's items as they are (a stage on its output stream)."""
+    return src
 
 
 class _RefillBatches:
@@ -576,3 +606,8 @@ class WebLoader(FluentLoader, ShardLoader):
         # webdataset's rules where the plan cannot apply them (route)
         out = route(cls, dataset, args, kw)  # (not ``or``: its truth would ask len(), which builds it)
         return out if out is not None else super().__new__(cls)
+
+
+class _RotatingWebLoader(WebLoader, RotatingLoader):
+    """WebLoader over stages that drop samples: webdataset's rotation of its workers'
+    filtered streams under the shard split (:mod:`resumewds.rotation`)."""

@@ -29,18 +29,9 @@ VARIANTS = ("local-w0", "local-w2", "http-w0", "pipe-w0", "corrupt-w0")
 NO_CONVERT = ("WebLoader(batch_size=None) does not apply torch's default_convert as webdataset's DataLoader does: "
               "numpy fields of a batch (the collated cls) stay numpy int64 arrays where webdataset gives torch "
               "int64 tensors")
-FILTERED_ROTATION = ("with num_workers=2 webdataset's DataLoader takes the workers' items round-robin after the "
-                     "client's "
-                     "select / handler dropped samples (and refills each worker's batches from its own filtered "
-                     "stream); resumewds's shard split interleaves the workers' positions, so once a sample is "
-                     "dropped the rotation (and, batched, the batches) differ")
 
 #: (pipeline, variant) -> the divergence resumewds shows today ("*": every variant)
-XFAIL: Dict[Tuple[str, str], str] = {
-    ("openclip_eval", "local-w2"): FILTERED_ROTATION,
-    ("dalle_pytorch", "local-w2"): FILTERED_ROTATION,
-    ("video2dataset", "local-w2"): FILTERED_ROTATION,
-}
+XFAIL: Dict[Tuple[str, str], str] = {}
 
 _universe: Dict[Tuple[str, str], Tuple[set, set]] = {}
 

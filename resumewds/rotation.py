@@ -1,0 +1,310 @@
+"""webdataset's worker rotation when the data set's stages drop samples.
+
+Under webdataset's worker split (:mod:`resumewds.shardsplit`) each DataLoader
+worker runs the whole pipeline over its own shards: its ``select`` and its
+handlers drop samples of its own stream, its ``.batched(n)`` fills each batch
+from that filtered stream (the last one short), and torch hands the workers'
+items out round-robin, a worker that is done dropping out.  Once a sample is
+dropped, which item comes next depends on what was dropped, so the order
+cannot be laid out in advance as the shard split's positions are.
+
+:class:`RotatingLoader` builds that order with the one engine: each worker's
+stream (:func:`~resumewds.shardsplit.worker_streams`) is run by its own
+:class:`~resumewds.shardloader.ShardLoader` over :class:`StreamLayout` (its
+positions are the stream's samples), the stream's own stage runs on its
+items (the wing's refilled ``.batched(n)``), and the streams' items are
+merged round-robin.  Where it stands is the *rotation*: per stream the
+position after the last sample of the last item delivered from it (its
+length once it is done) and the stream whose turn is next.  ``state_dict()``
+and ``commit`` record it (the journal's commit ``place``), so a resume runs
+each stream again from its own position: the samples it dropped after its
+last item are read and dropped again, nothing before them.  The order is a
+pure function of the data and ``W`` (the workers of the split, recorded as
+``config["worker_split"]``), so a resume is exact with any ``num_workers``:
+the DataLoader workers are shared out between the streams (0: all in the
+main process).
+
+The loader's ``position`` is the sum of the streams' positions (samples of
+the epoch read up to the items delivered).  An epoch ends when every stream
+is done: when the last item delivered came from the last stream with
+samples left and ended it, the loader's epoch has advanced by then; when
+that stream's last samples were dropped, the ``iter()`` after a resume at
+that point finds nothing left and ends the epoch.
+
+Example:
+    >>> loader = RotatingLoader(ds, batch_size=None, num_workers=2)   # doctest: +SKIP
+    >>> keys = [s["__key__"] for s in loader]   # webdataset's rotation  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+from .epochsource import _SampleLayout
+from .errors import StateError
+from .shardloader import ShardLoader
+from .shardsplit import worker_streams
+from .steplayout import Layout
+
+__all__ = ["RotatingLoader", "StreamLayout"]
+
+
+class _StreamSteps:
+    """One worker's stream of an epoch, in chunks of samples (positions: its samples)."""
+
+    def __init__(self, sequence: Any, chunk: int):
+        self.sequence = sequence
+        self.length = len(sequence)
+        self.grid = _SampleLayout(Layout(chunk))
+        self.batch_size = self.step_size = self.grid.batch_size
+        self.world_size, self.rank, self.remainder = 1, 0, "keep"
+
+    def end(self, total: int) -> int:
+        return self.length
+
+    def num_steps(self, total: int, start: int) -> int:
+        return self.grid.num_steps(self.length, start)
+
+    def position_after(self, total: int, start: int, step: int) -> int:
+        return self.grid.position_after(self.length, start, step)
+
+    def slots(self, total: int, start: int, step: int, rank: Optional[int] = None) -> List[Tuple[int, bool]]:
+        return self.grid.slots(self.length, start, step)
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """Worker ``worker`` of ``workers``'s own stream as a loader's layout: its
+    samples one by one, read ``chunk`` per step.
+
+    Example:
+        >>> from resumewds.plan import Plan
+        >>> steps = StreamLayout(2, 1, 4).bind(Plan([3, 2, 2], shuffle=False).epoch(0))
+        >>> steps.sequence.samples_at(range(steps.length)), steps.num_steps(7, 0)
+        ([(1, 0), (1, 1)], 1)
+    """
+
+    workers: int
+    worker: int
+    chunk: int = 64
+
+    @property
+    def batch_size(self) -> int:
+        return self.chunk
+
+    step_size = batch_size
+
+    def bind(self, ep: Any) -> _StreamSteps:
+        """The stream's steps of epoch ``ep``."""
+        return _StreamSteps(worker_streams(ep, self.workers)[self.worker], self.chunk)
+
+
+def _shares(num_workers: int, streams: int) -> List[int]:
+    """DataLoader workers per stream: ``num_workers`` shared out, the first streams first."""
+    return [num_workers // streams + (1 if w < num_workers % streams else 0) for w in range(streams)]
+
+
+class RotatingLoader(ShardLoader):
+    """A :class:`~resumewds.shardloader.ShardLoader` that follows webdataset's worker
+    rotation over filtered streams (see the module docs) when the shard split
+    applies (``num_workers >= 2`` or a state's split, one rank, ``batch_size=None``);
+    otherwise the engine's loader as it is.
+
+    ``stream_stage`` (an iterator of samples -> an iterator of items, e.g. a
+    refilled ``.batched(n)``) runs on each stream's samples, or on the one
+    sequence without the split.  A stage must hand an item out as soon as its
+    last sample arrived (never read ahead), so the stream's position then is
+    just after it.
+
+    Example:
+        >>> loader = RotatingLoader(ds, batch_size=None, num_workers=2)   # doctest: +SKIP
+        >>> it = iter(loader); first = next(it)                          # doctest: +SKIP
+        >>> loader.state_dict()["rotation"]                              # doctest: +SKIP
+        {'workers': 2, 'streams': [1, 0], 'next': 1}
+    """
+
+    def __init__(self, dataset: Any, *args: Any, stream_stage: Optional[Callable[[Iterator[Any]], Iterator[Any]]]
+                 = None, **kw: Any):
+        self._stream_stage = stream_stage
+        self._rot: Optional[Dict[str, Any]] = None  # {"epoch", "streams", "next"} of the epoch in progress
+        super().__init__(dataset, *args, **kw)
+
+    # ---- where the rotation stands ----------------------------------------------
+    @property
+    def rotation_workers(self) -> int:
+        """``W`` of the rotation this loader follows, or 0 (the engine's own order)."""
+        W = int(getattr(self, "_split_w", 0) or 0)
+        return W if W >= 2 and self.batch_size is None and self.world_size == 1 else 0
+
+    def _rotation(self) -> Dict[str, Any]:
+        """The rotation of the current epoch: ``{"workers", "streams", "next"}``."""
+        W = self.rotation_workers
+        rot = self._rot
+        if rot is None or rot["epoch"] != self.epoch or len(rot["streams"]) != W:
+            if self.position:
+                raise StateError(f"the loader stands at position {self.position} of epoch {self.epoch} without "
+                                 f"the rotation of its {W} workers' streams (a state of another order?)")
+            rot = {"epoch": self.epoch, "streams": [0] * W, "next": 0}
+            self._rot = rot
+        return {"workers": W, "streams": list(rot["streams"]), "next": int(rot["next"])}
+
+    def _set_rotation(self, rot: Optional[Dict[str, Any]], source: str) -> None:
+        """Adopt ``rot`` (a state's or a commit's rotation) at ``self.epoch``."""
+        W = self.rotation_workers
+        if rot is None:
+            if W and self.position:
+                raise StateError(f"{source} was taken at position {self.position} without the rotation of "
+                                 f"webdataset's {W} workers' filtered streams (another order, or an older "
+                                 "resumewds): it cannot resume this loader exactly; start the epoch again "
+                                 "(its position 0) or resume with the version that wrote it")
+            self._rot = None
+            return
+        n = int(rot.get("workers", 0))
+        streams = [int(p) for p in rot.get("streams", [])]
+        if not W or n != W or len(streams) != W or not 0 <= int(rot.get("next", 0)) < W:
+            raise StateError(f"{source} follows the rotation of {n} workers' streams; this loader follows "
+                             f"{W or 'none'} (num_workers={self.num_workers}, world size {self.world_size}, "
+                             f"batch_size={self.batch_size}): resume it with one rank and batch_size=None")
+        if sum(streams) != self.position:
+            raise StateError(f"{source}: the rotation's streams {streams} do not add up to its position "
+                             f"{self.position}")
+        self._rot = {"epoch": self.epoch, "streams": streams, "next": int(rot["next"])}
+
+    def _end_epoch(self) -> None:
+        self._rot = None
+        super()._end_epoch()
+
+    # ---- state -----------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """The loader's state (:meth:`ShardLoader.state_dict`), and under the rotation
+        ``"rotation": {"workers", "streams", "next"}`` (per-stream positions, the
+        stream whose turn is next)."""
+        sd = super().state_dict()
+        if self.rotation_workers:
+            sd["rotation"] = self._rotation()
+        return sd
+
+    get_state = state_dict
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue exactly after ``state``, with any ``num_workers``.
+
+        Raises:
+            StateError: as :meth:`ShardLoader.load_state_dict`; and a state
+                mid-epoch that lacks the rotation this loader follows, or has
+                one this loader cannot follow (another ``W``, several ranks,
+                ``batch_size``), naming both.
+        """
+        super().load_state_dict(state)
+        self._set_rotation(state.get("rotation"), "this state")
+
+    set_state = load_state_dict
+
+    def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
+        # ShardLoader._open_journal, and the commit's place (its rotation)
+        found = self._session.open(self.dataset, self._place(), resume, sync)
+        self.config = found.config
+        self._use_split(int(found.config.get("worker_split") or 0), kept=found.epoch is not None)
+        if found.epoch is not None:
+            self.epoch, self.position = found.epoch, found.position
+            self.steps_done, self.samples_total = found.steps_done, found.samples_total
+        self._failed_urls.update(found.failed_urls)
+        self._set_rotation((found.place or {}).get("rotation"), f"the commit of step {self.steps_done - 1} in {path}")
+
+    def commit(self, step: int, stats: Optional[bool] = None) -> None:
+        """Record atomically the position after ``step``, with the rotation (see
+        :meth:`ShardLoader.commit`)."""
+        if not self.rotation_workers:
+            return super().commit(step, stats)
+        self._session.commit(step, epoch=self.epoch, position=self.position, world_size=self.world_size,
+                             batch_size=self.batch_size, samples_total=self.samples_total,
+                             shards=self.dataset.manifest.shards,
+                             stats=self.stats() if self._session.wants_stats(stats) else None,
+                             place={"rotation": self._rotation()})
+        self.steps_done = step + 1
+
+    def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
+        """As :meth:`ShardLoader.skip_steps`; refused under the rotation (its steps
+        depend on what the stages drop, known only once read)."""
+        if self.rotation_workers and k:
+            raise StateError(f"skip_steps({k}): under webdataset's rotation of {self.rotation_workers} "
+                             "filtered streams the items ahead are known only once read; iterate past them")
+        return super().skip_steps(k, reason)
+
+    # ---- iteration --------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        self._take_world()
+        self._world_open = False
+        if not self.rotation_workers:
+            src = super().__iter__()
+            return self._stream_stage(src) if self._stream_stage is not None else src
+        return self._rotate(self.rotation_workers)
+
+    def _stream_loader(self, W: int, w: int, workers: int, start: int) -> ShardLoader:
+        """The engine's loader of stream ``w`` from its position ``start``."""
+        kw = dict(self.dataloader_kwargs)
+        sub = ShardLoader(self.dataset, None, workers, chunk_size=self._chunk, transport=self.transport,
+                          stall_timeout=self.stall_timeout, worker_split="samples", rank=0, world_size=1, **kw)
+        sub._world_open = False
+        sub.layout = StreamLayout(W, w, self._chunk)
+        sub._convert = self._convert
+        sub._session = self._session  # its consumption and events go to this loader's journal
+        sub.stats_ = self.stats_
+        sub._preempt_signals = self._preempt_signals  # its workers ignore them; this loader stops the run
+        sub.epoch, sub.position = self.epoch, int(start)
+        return sub
+
+    def _rotate(self, W: int) -> Iterator[Any]:
+        epoch = self.epoch
+        if self.preempted:
+            return
+        rot = self._rotation()
+        pos, turn = rot["streams"], rot["next"]
+        ep = self.dataset.plan.epoch(epoch)
+        for w in range(W):
+            self.dataset.steps_of(StreamLayout(W, w, self._chunk), epoch)  # webdataset's empty worker check
+        lengths = [len(s) for s in worker_streams(ep, W)]
+        shares = _shares(self.num_workers, W)
+        self._absorb(self.dataset.take_events())  # this process's events so far are this loader's
+        live = [pos[w] < lengths[w] for w in range(W)]
+        subs = [self._stream_loader(W, w, shares[w], pos[w]) if live[w] else None for w in range(W)]
+        raw: List[Any] = [None] * W
+        items: List[Any] = [None] * W
+        w = turn
+        try:
+            while any(live):
+                if not live[w]:
+                    w = (w + 1) % W
+                    continue
+                sub = subs[w]
+                assert sub is not None  # live
+                if raw[w] is None:
+                    raw[w] = iter(sub)
+                    items[w] = self._stream_stage(raw[w]) if self._stream_stage is not None else raw[w]
+                before = sub.samples_total
+                try:
+                    item = next(items[w])
+                except StopIteration:
+                    live[w], pos[w] = False, lengths[w]
+                    w = (w + 1) % W
+                    continue
+                if self.preempted:  # a step boundary: this item is not handed out
+                    return
+                pos[w] = lengths[w] if sub.epoch != epoch else sub.position
+                if pos[w] >= lengths[w]:
+                    live[w] = False
+                self.samples_total += sub.samples_total - before
+                self.batch_info, self.sample_is_pad = sub.batch_info, sub.sample_is_pad
+                w = (w + 1) % W
+                self._rot = {"epoch": epoch, "streams": list(pos), "next": w}
+                self.position = sum(pos)
+                if not any(live):
+                    self._end_epoch()  # the last item of the epoch: the state is the next epoch's start
+                yield item
+        finally:
+            for it in items + raw:
+                if it is not None and hasattr(it, "close"):
+                    it.close()  # its DataLoader's workers stop now
+        if self.epoch == epoch:
+            self._end_epoch()

@@ -1,0 +1,283 @@
+"""webdataset's worker rotation when the data set's stages drop samples (resumewds.rotation).
+
+With ``num_workers=2`` webdataset's DataLoader takes each worker's items from
+that worker's own pipeline: worker ``w`` reads shards ``[w::2]``, its
+``select`` / a handler drop samples of its own stream, its ``.batched(n)``
+fills each batch from its own filtered stream (the last one short), and
+torch hands the workers' items out round-robin, a worker that is done
+dropping out.  These tests compare whole sequences with webdataset 1.0.2
+(real DataLoader workers), then resume from ``state_dict()`` / the journal
+at several points (mid-epoch, at an epoch end) with other worker counts and
+compare with an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import warnings
+
+import pytest
+import webdataset as real
+
+import resumewds as ours
+from resumewds.errors import StateError
+from tests.conftest import subprocess_env
+
+LIBS = (real, ours)
+
+
+@pytest.fixture
+def urls(make_shards):
+    """5 shards x 23 samples (worker 0 reads 3 shards, worker 1 reads 2)."""
+    return make_shards(shards=5, samples=23)
+
+
+def _quiet(f, *a, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return f(*a, **kw)
+
+
+def _keep(s):
+    """Drops about a third of the samples, unevenly between the shards."""
+    return (int(s["__key__"][1:7]) * 7 + int(s["__key__"][-6:]) * 5) % 9 not in (1, 4, 6)
+
+
+def _fail_some(s):
+    """Raises on a few samples: a handler drops them."""
+    if (int(s["__key__"][-6:]) * 3 + int(s["__key__"][1:7])) % 7 == 2:
+        raise ValueError(f"bad sample {s['__key__']}")
+    return s
+
+
+def _dataset(lib, urls, how, batch):
+    ds = _quiet(lib.WebDataset, urls, shardshuffle=False, handler=lib.warn_and_continue)
+    if how == "select":
+        ds = ds.select(_keep)
+    else:  # a stage whose handler drops the samples it fails on
+        ds = ds.map(_fail_some, handler=lib.ignore_and_continue)
+    ds = ds.to_tuple("__key__", "cls")
+    if batch:
+        ds = ds.batched(batch, partial=True)
+    return ds
+
+
+def _loader(lib, urls, how="select", batch=0, workers=2, **kw):
+    return _quiet(lib.WebLoader, _dataset(lib, urls, how, batch), batch_size=None, num_workers=workers, **kw)
+
+
+def _keys(items, batch):
+    """Each item as plain data: a key, or a batch's keys."""
+    if batch:
+        return [tuple(b[0]) for b in items]
+    return [k for k, _ in items]
+
+
+def _run(loader, batch):
+    return _keys(_quiet(list, loader), batch)
+
+
+FORMS = [("select", 0), ("select", 4), ("handler", 0), ("handler", 5)]
+
+
+@pytest.mark.parametrize("how,batch", FORMS)
+def test_same_data_as_webdataset_with_two_workers(urls, how, batch):
+    ref = _run(_loader(real, urls, how, batch), batch)
+    got = _run(_loader(ours, urls, how, batch), batch)
+    assert got == ref
+    # the case tests something: the rotation differs from the one of the unfiltered positions
+    flat = [k for item in ref for k in (item if batch else [item])]
+    assert len(flat) < 5 * 23 and len(set(flat)) == len(flat)
+    if batch:
+        assert sorted({len(b) for b in ref})[0] < batch  # each worker's last batch is short
+
+
+@pytest.mark.parametrize("how,batch", FORMS)
+def test_same_data_as_webdataset_over_two_epochs(urls, how, batch):
+    ref, got = [], []
+    loaders = {lib: _loader(lib, urls, how, batch) for lib in LIBS}
+    for _ in range(2):
+        ref += _run(loaders[real], batch)
+        got += _run(loaders[ours], batch)
+    assert got == ref
+
+
+def _head(loader, n):
+    out = []
+    if n:
+        for item in loader:
+            out.append(item)
+            if len(out) == n:
+                break
+    return out
+
+
+@pytest.mark.parametrize("how,batch", FORMS)
+@pytest.mark.parametrize("after", [0, 2, 3])
+def test_resume_from_state_dict_with_another_worker_count(urls, how, batch, after):
+    # after: DataLoader workers of the resumed loader
+    full = _run(_loader(ours, urls, how, batch), batch)
+    assert full == _run(_loader(real, urls, how, batch), batch)  # webdataset's sequence
+    n = len(full)
+    for cut in sorted({1, 2, n // 2 - 1, n // 2, n - 2, n - 1}):
+        loader = _loader(ours, urls, how, batch)
+        head = _keys(_quiet(_head, loader, cut), batch)
+        state = loader.state_dict()
+        fresh = _loader(ours, urls, how, batch, workers=after)
+        fresh.load_state_dict(state)
+        rest = _run(fresh, batch)
+        assert head + rest == full, f"cut at {cut} of {n}"
+
+
+@pytest.mark.parametrize("how,batch", [("select", 0), ("select", 4)])
+def test_state_at_an_epoch_end_resumes_with_the_next_epoch(urls, how, batch):
+    loader = _loader(ours, urls, how, batch)
+    first = _run(loader, batch)
+    state = loader.state_dict()
+    assert state["epoch"] == 1 and state["position"] == 0
+    second = _run(loader, batch)
+    fresh = _loader(ours, urls, how, batch, workers=3)
+    fresh.load_state_dict(state)
+    assert _run(fresh, batch) == second == first  # no shuffle: every epoch the same
+    assert first == _run(_loader(real, urls, how, batch), batch)
+    # mid-epoch of the second epoch, 2 -> 0 workers
+    loader = _loader(ours, urls, how, batch)
+    _run(loader, batch)
+    head = _keys(_quiet(_head, loader, 5), batch)
+    state = loader.state_dict()
+    fresh = _loader(ours, urls, how, batch, workers=0)
+    fresh.load_state_dict(state)
+    assert head + _run(fresh, batch) == second
+
+
+def test_states_of_other_orders(urls):
+    # a state of one worker (one filtered stream) goes on with that order under 2 workers
+    full1 = _run(_loader(ours, urls, "select", 4, workers=1), 4)
+    one = _loader(ours, urls, "select", 4, workers=1)
+    head = _keys(_quiet(_head, one, 3), 4)
+    two = _loader(ours, urls, "select", 4, workers=2)
+    two.load_state_dict(one.state_dict())
+    assert head + _run(two, 4) == full1
+    # a rotation's state loads into a loader built with fewer workers: it follows the rotation
+    full = _run(_loader(ours, urls, "select", 4), 4)
+    two = _loader(ours, urls, "select", 4)
+    _quiet(_head, two, 3)
+    state = two.state_dict()
+    assert state["rotation"]["workers"] == 2 and sum(state["rotation"]["streams"]) == state["position"]
+    zero = _loader(ours, urls, "select", 4, workers=0)
+    zero.load_state_dict(state)
+    assert full[:3] + _run(zero, 4) == full
+    # mid-epoch without its rotation (another order): refused, never a silent restart
+    bare = {k: v for k, v in state.items() if k != "rotation"}
+    with pytest.raises(StateError, match="without the rotation of webdataset's 2 workers"):
+        _loader(ours, urls, "select", 4, workers=3).load_state_dict(bare)
+    # a rotation over another count of streams than the state's split: refused, naming both
+    odd = dict(state, rotation=dict(state["rotation"], workers=3))
+    with pytest.raises(StateError, match="rotation of 3 workers' streams; this loader follows 2"):
+        _loader(ours, urls, "select", 4).load_state_dict(odd)
+    # a loader that batches itself cannot follow the rotation: refused
+    plain = _quiet(ours.WebLoader, _dataset(ours, urls, "select", 0), batch_size=4, num_workers=2)
+    with pytest.raises(StateError, match="rotation of 2 workers' filtered streams"):
+        plain.load_state_dict(state)
+
+
+def test_a_preemption_stops_between_items_and_resumes_exactly(urls):
+    full = _run(_loader(ours, urls, "select", 4), 4)
+    loader = _loader(ours, urls, "select", 4, preempt=True)
+    got = []
+    try:
+        for b in loader:
+            got.append(tuple(b[0]))
+            if len(got) == 5:
+                loader.request_stop()
+        assert len(got) == 5 and loader.preempted
+        state = loader.state_dict()
+    finally:
+        loader.close()
+    fresh = _loader(ours, urls, "select", 4, workers=3)
+    fresh.load_state_dict(state)
+    assert got + _run(fresh, 4) == full
+
+
+def test_skip_steps_is_refused_under_the_rotation(urls):
+    loader = _loader(ours, urls, "select", 4)
+    with pytest.raises(StateError, match="skip_steps"):
+        loader.skip_steps(3)
+
+
+def test_unfiltered_forms_keep_their_order(urls):
+    # no stage drops samples: the shard split's own order, as before (and as webdataset's)
+    for lib_ds in ({lib: _quiet(lib.WebDataset, urls, shardshuffle=False).to_tuple("__key__", "cls").batched(4)
+                    for lib in LIBS},):
+        got = {lib: _keys(_quiet(list, _quiet(lib.WebLoader, ds, batch_size=None, num_workers=2)), 4)
+               for lib, ds in lib_ds.items()}
+        assert got[ours] == got[real]
+
+
+DRIVER = """
+import os, signal, sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {root!r})
+import resumewds as wds
+from tests.test_filtered_rotation import _dataset
+urls, out, kill_at = {urls!r}, {out!r}, int(sys.argv[1])
+ds = _dataset(wds, urls, "select", 4)
+loader = wds.WebLoader(ds, batch_size=None, num_workers=2, journal={journal!r}, resume=True)
+step = loader.steps_done
+with open(out, "a") as f:
+    for epoch in range(2):
+        for batch in loader:
+            if step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            f.write(" ".join(batch[0]) + "\\n")
+            f.flush()
+            loader.commit(step)
+            step += 1
+            if step >= 20:
+                break
+        if step >= 20:
+            break
+loader.close()
+"""
+
+
+def test_kill_9_and_resume_from_the_journal(urls, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def drive(name, kill_at):
+        out = str(tmp_path / f"{name}.txt")
+        code = DRIVER.format(root=root, urls=urls, out=out, journal=str(tmp_path / f"{name}.db"))
+        p = subprocess.run([sys.executable, "-c", code, str(kill_at)], env=subprocess_env(), cwd=root,
+                           capture_output=True, text=True, timeout=300)
+        return p, out
+
+    p, full = drive("full", -1)
+    assert p.returncode == 0, p.stderr
+    p, cut = drive("cut", 7)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    with open(cut) as f:
+        assert len(f.read().splitlines()) == 7
+    p, _ = drive("cut", -1)
+    assert p.returncode == 0, p.stderr
+    with open(full) as f, open(cut) as g:
+        ref, got = f.read().splitlines(), g.read().splitlines()
+    assert len(ref) == 20 and got == ref
+    wds = _loader(real, urls, "select", 4)
+    assert ref == [" ".join(k) for k in (_run(wds, 4) + _run(wds, 4))[:20]]  # webdataset's batches
+
+
+def test_the_commit_place_is_journaled(tmp_path):
+    from resumewds.journal import Journal, resolve_resume
+
+    path = str(tmp_path / "run.db")
+    place = {"rotation": {"workers": 2, "streams": [9, 4], "next": 1}}
+    with Journal(path) as j:
+        j.check_config({"seed": 1, "batch_size": None})
+        j.commit(0, epoch=0, position=5)
+        j.commit(1, epoch=0, position=13, place=place)
+        assert j.latest_commit()["place"] == place and j.commit_at(0)["place"] is None
+    assert resolve_resume(path)["place"] == place
+    assert resolve_resume(path, step=0)["place"] is None
