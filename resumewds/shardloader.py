@@ -474,8 +474,9 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         self.epoch, len(failed), "; ".join(naming(u, e) for u, e in sorted(failed.items())))
         skips, self._epoch_sample_skips = self._epoch_sample_skips, []
         if skips:
-            log.warning("epoch %d ended with %d sample(s) skipped by a stage's handler: %s%s", self.epoch,
-                        len(skips), "; ".join(skips[:5]), f"; ... ({len(skips) - 5} more)" if len(skips) > 5 else "")
+            log.warning("epoch %d ended with %d sample(s) skipped by a stage's handler or their digest: %s%s",
+                        self.epoch, len(skips), "; ".join(skips[:5]),
+                        f"; ... ({len(skips) - 5} more)" if len(skips) > 5 else "")
         self.epoch += 1
         self.position = 0
 
