@@ -67,7 +67,8 @@ def _import_worker_modules_now() -> None:
     """Import ``numpy.random`` before any worker starts, when torch brought numpy
     (torch's worker loop seeds it): forked workers inherit it instead of each
     importing it before its first batch (the shard store, which every worker
-    uses, is imported with this module already)."""
+    uses, is imported with this module already).  Called when a loader with
+    workers starts them; a loader with 0 workers never needs it."""
     if "numpy" in sys.modules:
         try:
             import numpy.random  # noqa: F401  # lazy: only when torch brought numpy
@@ -78,8 +79,6 @@ def _import_worker_modules_now() -> None:
 def _auto_partitions(ds: ShardDataset) -> bool:
     return getattr(ds, "partitions", 1) is None
 
-
-_import_worker_modules_now()  # this module already imports torch; the store is cheap beside it
 
 
 class ShardLoader(Preemptible, DataLoaderAttributes):
@@ -554,6 +553,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
                 kw.pop(k, None)
+        else:
+            _import_worker_modules_now()
         dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
         expected = 0
         it = iter(dl)

@@ -45,6 +45,27 @@ def test_local_reads_do_not_import_requests(tmp_path):
     assert json.loads(got) == [40, []]
 
 
+def test_a_local_loader_without_workers_or_journal_imports_none_of_their_modules(tmp_path):
+    """A WebLoader over local shards with 0 workers and no journal imports neither the
+    journal (sqlite3), nor the retry policy (tenacity), nor what workers need first
+    (numpy.random): its first call allocates less, and a process that has just imported
+    torch (one collection away from a full garbage collection) does not pay for one."""
+    got = _run(f"""
+        import json, os, sys
+        import torch
+        from resumewds import WebDataset, WebLoader, build_manifest, synth
+        d = {str(tmp_path)!r}
+        synth.write_shards(os.path.join(d, "s"), shards=2, samples=20)
+        build_manifest(os.path.join(d, "s", "shard-{{000000..000001}}.tar"), os.path.join(d, "m.json"),
+                       digests=True)
+        ds = WebDataset(os.path.join(d, "m.json"), shuffle=True, cache_dir=os.path.join(d, "c"))
+        n = sum(len(b["__key__"]) for b in WebLoader(ds, batch_size=8, num_workers=0))
+        heavy = ("tenacity", "sqlite3", "resumewds.journal", "numpy.random", "requests")
+        print(json.dumps([n, sorted(m for m in heavy if m in sys.modules)]))
+    """)
+    assert json.loads(got) == [40, []]
+
+
 def test_local_errors_translate_without_requests(tmp_path):
     """A missing local file still gives our one-line PermanentFetchError, requests still unloaded."""
     got = _run(f"""
