@@ -24,8 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -46,7 +46,7 @@ from .shardsplit import split_layout, split_workers
 from .shmbatch import BytesRing, Packed, ring_for
 from .stages import default_collate
 from .stats import Stats, event_record, flat_scalars, setup_logging
-from .watchdog import WorkerWatchdog, stall_limit
+from .watchdog import WorkerWatchdog, frozen_for_fork, stall_limit
 from .world import detect_world, late_world, resolve_partitions
 
 __all__ = ["STATE_FORMAT", "ShardLoader"]
@@ -61,19 +61,6 @@ _UNSET: Any = object()
 
 def _identity(x: Any) -> Any:
     return x
-
-
-def _import_worker_modules_now() -> None:
-    """Import ``numpy.random`` before any worker starts, when torch brought numpy
-    (torch's worker loop seeds it): forked workers inherit it instead of each
-    importing it before its first batch (the shard store, which every worker
-    uses, is imported with this module already).  Called when a loader with
-    workers starts them; a loader with 0 workers never needs it."""
-    if "numpy" in sys.modules:
-        try:
-            import numpy.random  # noqa: F401  # lazy: only when torch brought numpy
-        except ImportError:  # pragma: no cover
-            pass
 
 
 def _auto_partitions(ds: ShardDataset) -> bool:
@@ -553,11 +540,10 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
                 kw.pop(k, None)
-        else:
-            _import_worker_modules_now()
         dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
         expected = 0
-        it = iter(dl)
+        with frozen_for_fork() if self.num_workers else contextlib.nullcontext():
+            it = iter(dl)  # the workers fork here: they never scan what they inherited (resumewds.watchdog)
         watch = WorkerWatchdog(it, self.stall_timeout)  # stopped workers (resumewds.watchdog)
         nxt = watch.next_of()
         # torch pins a batch only where it is allowed to (an accelerator is
