@@ -13,7 +13,8 @@ v3) without hashing it whole (:func:`open_sampled`): its size and the
 manifest's last offset (the end-of-archive marker, one ``pread``) are checked
 at once, and each sample is then checked against its own digest when it is
 read (:mod:`resumewds.reading`).  Under ``verify="once"`` the whole-file check
-runs on a background thread (:func:`verify_later`), only to set the mark so
+runs on a background thread (:func:`verify_later`; the first starts
+:data:`CHECK_DELAY` after the thread does), only to set the mark so
 that later starts skip the per-sample hashing; what it finds never changes
 which samples are delivered (a failure leaves no mark, nothing else).
 """
@@ -25,6 +26,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any, Callable, Optional, Set, Tuple
 
 import xxhash
@@ -157,6 +159,11 @@ def open_sampled(shard: ShardInfo, policy: str, cache_dir: str, verified: Set[st
     return path, key
 
 
+#: seconds the background checks of a process wait before the first one starts: the
+#: first samples' reads of a cold disk come first (what is delivered never depends on it)
+CHECK_DELAY = 1.0
+
+
 class _Checks:
     """One background thread per process that hashes local shards whole, one
     after the other, to set their "verified" marks (:func:`verify_later`)."""
@@ -218,6 +225,7 @@ def _check_loop(q: queue.SimpleQueue[Tuple[ShardInfo, str, Set[str]]]) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):
         pass
+    time.sleep(CHECK_DELAY)
     while True:
         shard, cache_dir, verified = q.get()
         try:
