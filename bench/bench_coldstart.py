@@ -15,8 +15,8 @@ the rounds):
   later start of the same job on the same machine);
 * ``rw-first``  - a fresh ``cache_dir``: the shards were never verified on this machine
   (the first start of a job); the manifest has sample digests (v3, what ``resumewds
-  index`` writes by default); each shard is hashed whole before its first sample (as with
-  a v1 manifest: a shard that mismatches is then skipped whole, whatever the timing);
+  index`` writes by default); each sample is checked against its own digest as it is read,
+  the whole-file hash that sets the mark runs behind on a background thread;
 * ``wds``       - webdataset 1.0.2 on the same tars.
 
 The resumewds children also print where the time goes: ``import resumewds`` (not in the

@@ -1,11 +1,12 @@
 """Chaos row: a local shard corrupted in place (size kept), v3 manifest, ``--on-error skip``.
 
     shard corrupted in place, on_error=skip, v3    exact: the reference without the
-                                                   damaged shard, every run
+                                                   damaged sample, every run
 
-The rule (docs/DIGESTS.md, "Local shards: the whole file first"): a local
-shard's whole-file check passes before any of its samples is read, so a
-shard that mismatches is skipped whole.  Every run starts on a fresh cache
+The rule (docs/DIGESTS.md, "Local shards: each sample its own"): each sample
+of a local shard with per-sample digests is delivered once its own bytes
+match its digest, so the damaged sample alone is skipped, and the shard's
+other samples are delivered.  Every run starts on a fresh cache
 (the shards' first use on this machine): 0 and 2 workers, twice each, and a
 run stopped by ``--limit`` and resumed from its journal (0 and 2 workers),
 its committed lines followed by the rerun's compared whole with the
@@ -24,6 +25,7 @@ import resumewds as rw
 from chaos.crash import cat_cmd, committed_samples, compare, run
 from chaos.diskfaults import flip_byte
 from chaos.harness import BOUND, Row, Scenario, Suite, labelled, last_line, shard_paths
+from resumewds.tario import read_sample
 
 __all__ = ["NAME", "corrupted_in_place", "skip_rows"]
 
@@ -33,7 +35,7 @@ NAME = "shard corrupted in place, on_error=skip, v3"
 def corrupted_in_place(s: Suite) -> Row:
     """Flip one byte inside a sample of the third shard of a v3 copy of the data set."""
     row = Row(NAME, "exact")
-    d = s.tmp("skipwhole")
+    d = s.tmp("skipsample")
     root = os.path.join(d, "data")
     os.makedirs(root)
     paths = []
@@ -48,8 +50,14 @@ def corrupted_in_place(s: Suite) -> Row:
         return row
     bad = os.path.basename(paths[2])
     shard = rw.WebDataset(manifest).manifest.shards[2]
-    flip_byte(paths[2], int(shard.offsets[len(shard.offsets) // 2]) + 600)  # inside a middle sample's data
-    want = [ln for ln in s.ref if ln.split("\t")[0] != bad]
+    mid = len(shard.offsets) // 2
+    with open(paths[2], "rb") as f:
+        key = read_sample(f.fileno(), int(shard.offsets[mid]), int(shard.offsets[mid + 1]), paths[2])["__key__"]
+    flip_byte(paths[2], int(shard.offsets[mid]) + 600)  # inside a middle sample's data
+    want = [ln for ln in s.ref if ln.split("\t")[:2] != [bad, key]]
+    if len(want) != len(s.ref) - 1:
+        row.bad_exits.append(f"sample {key} of {bad} is not in the reference once")
+        return row
     row.faults = 1
     n = 0
 
@@ -64,8 +72,8 @@ def corrupted_in_place(s: Suite) -> Row:
         row.tally.add(compare(want, p.lines, s.data.digests))
         if p.rc != 0 or p.hung:
             row.bad_exits.append(f"{workers} workers: exit {p.rc}: {last_line(p.err)}")
-        elif f"skipped shard {paths[2]}" not in p.err:
-            row.bad_exits.append(f"{workers} workers: the skip of {bad} was not reported")
+        elif f"skipping sample {paths[2]}: sample {mid} " not in p.err or "skipped shard" in p.err:
+            row.bad_exits.append(f"{workers} workers: the skip of sample {mid} of {bad} was not reported alone")
     for workers in (0, 2):
         journal = os.path.join(d, f"run{workers}.db")
         first = run(cat_cmd(manifest, journal=journal, cache_dir=cache(), workers=workers, epochs=1,
@@ -78,7 +86,7 @@ def corrupted_in_place(s: Suite) -> Row:
         for p in (first, second):
             if p.rc != 0 or p.hung:
                 row.bad_exits.append(f"resume, {workers} workers: exit {p.rc}: {last_line(p.err)}")
-    row.note = f"{len(s.ref) - len(want)} samples of {bad} skipped whole in {row.runs} runs"
+    row.note = f"sample {mid} of {bad} skipped alone ({len(s.ref) - len(want)} sample) in {row.runs} runs"
     return row
 
 

@@ -25,7 +25,7 @@ from .plan import Layout
 from .preemption import _worker_signals
 from .stages import default_collate
 from .stats import worker_logging
-from .watchdog import die_with_parent
+from .watchdog import die_with_parent, freeze_inherited
 
 if TYPE_CHECKING:
     from .shardset import ShardDataset
@@ -197,6 +197,7 @@ class _EpochSource(IterableDataset):
         info = get_worker_info()
         w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
+            freeze_inherited()  # the parent's objects: never scanned by this worker's collections
             die_with_parent(self.parent)
             if self.ignore_signals:
                 _worker_signals(self.ignore_signals, self.stopping)

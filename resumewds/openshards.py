@@ -38,12 +38,16 @@ from .events import EventKind
 from .fetch import is_remote_url, local_path
 from .manifest import ShardInfo
 
-__all__ = ["RUN_BYTES", "ShardReader", "hint_pages", "run_length", "shard_failed", "shard_reader", "trusted"]
+__all__ = ["DIGEST_STAGE", "RUN_BYTES", "ShardReader", "hint_pages", "run_length", "shard_failed", "shard_reader",
+           "trusted"]
 
 log = logging.getLogger("resumewds")
 
 #: most bytes read with one pread when samples are consecutive
 RUN_BYTES = 4 << 20
+#: the ``stage`` of a ``sample_skip`` event for a sample that failed its digest
+#: (the step counts it skipped when it reads it: :func:`resumewds.steps.finish_step`)
+DIGEST_STAGE = "digest"
 
 
 class ShardReader:
@@ -83,6 +87,9 @@ class ShardReader:
         self.failed: Dict[int, str] = {}
         #: a handler said stop (``ignore_and_stop``): no more reads until :meth:`start`
         self.stopping = False
+        #: open local shards whose samples are checked one by one against their digests
+        #: (index -> the key of the file's "verified" mark; ``ShardStore.acquire_sampled``)
+        self.sampled: Dict[int, str] = {}
 
     def start(self) -> None:
         """A pass of steps starts: no shard failed, no handler's stop yet.
@@ -112,6 +119,21 @@ class ShardReader:
             self.stopping = True
             raise HandlerStop(str(exc)) from exc
         log.warning("skipping shard %s", naming(shard.url, exc))
+
+    def fail_sample(self, idx: int, j: int, shard: ShardInfo, exc: BaseException, key: str = "?") -> None:
+        """``on_error`` for sample ``j`` of shard ``idx`` alone (its bytes fail its
+        digest; the shard's other samples are read as usual): re-raise ``exc``
+        (a ``fail`` event), or skip the sample (a ``sample_skip`` event with its
+        ``key``, counted as a skipped sample), or (a webdataset handler
+        returning False) stop: :class:`~resumewds.errors.HandlerStop`."""
+        if self.on_error != "skip":
+            self.on_event(EventKind.FAIL, shard.url, error=str(exc), sample=j)
+            raise exc
+        self.on_event(EventKind.SAMPLE_SKIP, shard.url, key=key, sample=j, stage=DIGEST_STAGE, error=str(exc))
+        if self.handler is not None and not self.handler(exc):  # webdataset handler: stop
+            self.stopping = True
+            raise HandlerStop(str(exc)) from exc
+        log.warning("skipping sample %s", exc)
 
     def hint_pages(self, where: Sequence[Tuple[int, int]]) -> None:
         """Ask the kernel to start reading the byte ranges of a step's samples
@@ -154,10 +176,15 @@ class ShardReader:
             return hit[1]
         t0 = time.perf_counter()
         try:
+            opener = getattr(self.store, "acquire_sampled", None)
             for attempt in range(3):
-                # a local shard's whole-file check ends before any of its samples is
-                # read: a mismatch skips (or fails) the shard whole, whatever the timing
-                lease = self.store.acquire(shard)
+                # a local shard with per-sample digests is opened without hashing it
+                # whole: each of its samples is checked against its own digest (read);
+                # any other shard's whole-file check ends before its first sample
+                if opener is not None:
+                    lease, key = opener(shard)
+                else:
+                    lease, key = self.store.acquire(shard), None
                 try:
                     fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     break
@@ -175,9 +202,12 @@ class ShardReader:
         finally:
             self.wait += time.perf_counter() - t0
         self.open[idx] = (lease, fd)
+        if key is not None:
+            self.sampled[idx] = key
         while len(self.open) > self.limit:
             old, (old_lease, old_fd) = self.open.popitem(last=False)
             self.fast.pop(old, None)
+            self.sampled.pop(old, None)
             os.close(old_fd)
             old_lease.close()
         return fd
@@ -187,6 +217,7 @@ class ShardReader:
         if self.ranged is not None:
             self.ranged.close()
         self.fast.clear()
+        self.sampled.clear()
         while self.open:
             _, (lease, fd) = self.open.popitem()
             try:

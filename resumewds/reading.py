@@ -56,10 +56,12 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import xxhash
+
 from . import config, tario
 from . import fetch as F
 from .cache import sparse
-from .errors import FetchError, IntegrityError, ShardFormatError
+from .errors import ChecksumMismatch, FetchError, IntegrityError, ShardFormatError
 from .manifest import ShardInfo
 from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
 from .rangefetch import blame_ranged, end_budget, fetch_group, parse_in, shard_budget, verified_in
@@ -84,14 +86,48 @@ def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
     try:
         fd = reader.fd(shard_idx, shard)
         start, end = shard.sample_range(j)
-        verified = trusted(reader.store, shard)
-        sample = tario.read_sample(fd, start, end, shard.url, verified=verified)
-        reader.fast[shard_idx] = (fd, shard.offsets, shard.url, verified)
+        if _sampled(reader, shard_idx):
+            buf = tario._pread_range(fd, start, end, shard.url)
+            if not verified_in(buf, start, shard, j):
+                _bad_sample(reader, shard_idx, j, shard, buf, start, end)
+                return None
+            sample = tario.parse_sample(buf, shard.url, base=start, start=0, end=end - start, verified=True)
+        else:
+            verified = trusted(reader.store, shard)
+            sample = tario.read_sample(fd, start, end, shard.url, verified=verified)
+            reader.fast[shard_idx] = (fd, shard.offsets, shard.url, verified)
     except (FetchError, IntegrityError, ShardFormatError) as exc:
         reader.fail(shard_idx, shard, exc)
         return None
     sample["__url__"] = shard.url
     return sample
+
+
+def _sampled(reader: ShardReader, si: int) -> bool:
+    """Whether the open shard ``si``'s samples are still checked one by one
+    (a local shard with per-sample digests that this process has not
+    verified whole: :meth:`ShardReader.fd`)."""
+    key = reader.sampled.get(si)
+    if key is not None and reader.store.verified_key(key):
+        del reader.sampled[si]  # verified whole meanwhile (background): read as any verified shard
+        return False
+    return key is not None
+
+
+def _bad_sample(reader: ShardReader, si: int, j: int, shard: ShardInfo, buf: bytes, start: int, end: int) -> None:
+    """``on_error`` for sample ``j`` alone, whose bytes fail its digest (a local
+    shard read sample by sample): :class:`ChecksumMismatch` naming the file, the
+    sample, its key and its bytes, raised or the sample skipped."""
+    assert shard.sample_digests is not None
+    expected, actual = format(int(shard.sample_digests[j]), "016x"), xxhash.xxh3_64_hexdigest(buf)
+    try:
+        key = str(tario.parse_sample(buf, shard.url, base=start, start=0, end=end - start).get("__key__", "?"))
+    except Exception:  # the bytes are bad: the key may be unreadable too
+        key = "?"
+    exc = ChecksumMismatch(f"{F.local_path(shard.url)}: sample {j} (key {key}, bytes {start}-{end}): xxh3_64 "
+                           f"mismatch: expected {expected}, got {actual}", url=shard.url, expected=expected,
+                           actual=actual)
+    reader.fail_sample(si, j, shard, exc, key)
 
 
 def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
@@ -101,7 +137,9 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     a shard that cannot be fetched fails (or is skipped) once, and on a
     malformed sample it falls back to one-by-one reads of the open file,
     so the samples before the bad one are delivered exactly as they would
-    be one by one.
+    be one by one.  A local shard whose samples are checked one by one
+    against their digests returns the samples before the first that fails
+    (fewer than ``count``; at least one item).
     """
     r = shard_reader(ds)
     if count == 1 or shard_idx in r.failed or (r.ranged is not None and r.ranged.ready and any(
@@ -113,6 +151,8 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     except (FetchError, IntegrityError, ShardFormatError) as exc:
         r.fail(shard_idx, shard, exc)  # never a second fetch
         return [None] * count
+    if _sampled(r, shard_idx):  # each sample checked against its digest, in one pread
+        return _sampled_run(ds, r, shard_idx, shard, fd, j, count)
     try:
         assert shard.offsets is not None
         samples: List[Optional[Dict[str, Any]]] = list(
@@ -124,6 +164,31 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     for sample in samples:
         sample["__url__"] = url  # type: ignore[index]
     return samples
+
+
+def _sampled_run(ds: Any, r: ShardReader, si: int, shard: ShardInfo, fd: int, j: int,
+                 count: int) -> List[Optional[Dict[str, Any]]]:
+    """:func:`read_run` of a shard whose samples are checked one by one: the
+    samples up to the first that fails its digest (fewer than ``count``: the
+    engine reads that one next, on its own, and it follows ``on_error``)."""
+    assert shard.offsets is not None
+    lo, hi = int(shard.offsets[j]), int(shard.offsets[j + count])
+    try:
+        buf = tario._pread_range(fd, lo, hi, shard.url)
+    except ShardFormatError:
+        return [ds._read(si, j)]
+    out: List[Optional[Dict[str, Any]]] = []
+    for i in range(count):
+        a, b = int(shard.offsets[j + i]), int(shard.offsets[j + i + 1])
+        if not verified_in(buf, lo, shard, j + i):
+            return out if out else [ds._read(si, j)]
+        try:
+            sample = tario.parse_sample(buf, shard.url, base=a, start=a - lo, end=b - lo, verified=True)
+        except ShardFormatError:
+            return out if out else [ds._read(si, j)]
+        sample["__url__"] = shard.url
+        out.append(sample)
+    return out
 
 
 # ---- verified ranged reads and streaming while downloading ----

@@ -30,7 +30,6 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .errors import JournalError, ResumeWDSError
 from .events import EventKind, unjournaled_kinds
-from .journal import Journal, resolve_resume, shard_updates_from_events
 from .redact import redact_url
 from .schemes import is_remote_url
 from .world import resolve_partitions
@@ -160,6 +159,8 @@ class JournalSession:
         """Buffer ``events`` (and the shard state changes they imply) for the journal."""
         if self.path is None or not events:
             return
+        from .journal import shard_updates_from_events  # lazy: a loader without a journal never needs it
+
         self._events.extend(e for e in events if e.get("kind") not in _UNJOURNALED)
         self._shard_updates.extend(shard_updates_from_events(events))
         if len(self._events) > 10000:  # no journal, or no commits: keep memory bounded
@@ -207,6 +208,8 @@ class JournalSession:
             JournalError: the journal holds commits and ``resume`` is False,
                 is in use, or its configuration does not match.
         """
+        from .journal import Journal, resolve_resume  # lazy: a loader without a journal never needs it
+
         path = self.path
         assert path is not None
         step = None if resume is True else int(resume)
@@ -244,6 +247,8 @@ class JournalSession:
         stored = j.config()
         if not stored and point is not None and where.rank != 0:  # a rank new to the run
             assert self.path is not None  # open() has one
+            from .journal import Journal  # lazy: a loader without a journal never needs it
+
             with Journal(self.path, rank=0, readonly=True) as j0:
                 stored = j0.config()
         config = where.config

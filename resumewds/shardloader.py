@@ -24,8 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -46,7 +46,7 @@ from .shardsplit import split_layout, split_workers
 from .shmbatch import BytesRing, Packed, ring_for
 from .stages import default_collate
 from .stats import Stats, event_record, flat_scalars, setup_logging
-from .watchdog import WorkerWatchdog, stall_limit
+from .watchdog import WorkerWatchdog, frozen_for_fork, stall_limit
 from .world import detect_world, late_world, resolve_partitions
 
 __all__ = ["STATE_FORMAT", "ShardLoader"]
@@ -63,23 +63,9 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def _import_worker_modules_now() -> None:
-    """Import ``numpy.random`` before any worker starts, when torch brought numpy
-    (torch's worker loop seeds it): forked workers inherit it instead of each
-    importing it before its first batch (the shard store, which every worker
-    uses, is imported with this module already)."""
-    if "numpy" in sys.modules:
-        try:
-            import numpy.random  # noqa: F401  # lazy: only when torch brought numpy
-        except ImportError:  # pragma: no cover
-            pass
-
-
 def _auto_partitions(ds: ShardDataset) -> bool:
     return getattr(ds, "partitions", 1) is None
 
-
-_import_worker_modules_now()  # this module already imports torch; the store is cheap beside it
 
 
 class ShardLoader(Preemptible, DataLoaderAttributes):
@@ -477,8 +463,9 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         self.epoch, len(failed), "; ".join(naming(u, e) for u, e in sorted(failed.items())))
         skips, self._epoch_sample_skips = self._epoch_sample_skips, []
         if skips:
-            log.warning("epoch %d ended with %d sample(s) skipped by a stage's handler: %s%s", self.epoch,
-                        len(skips), "; ".join(skips[:5]), f"; ... ({len(skips) - 5} more)" if len(skips) > 5 else "")
+            log.warning("epoch %d ended with %d sample(s) skipped by a stage's handler or their digest: %s%s",
+                        self.epoch, len(skips), "; ".join(skips[:5]),
+                        f"; ... ({len(skips) - 5} more)" if len(skips) > 5 else "")
         self.epoch += 1
         self.position = 0
 
@@ -558,7 +545,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                 kw.pop(k, None)
         dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
         expected = 0
-        it = iter(dl)
+        with frozen_for_fork() if self.num_workers else contextlib.nullcontext():
+            it = iter(dl)  # the workers fork here: they never scan what they inherited (resumewds.watchdog)
         watch = WorkerWatchdog(it, self.stall_timeout)  # stopped workers (resumewds.watchdog)
         nxt = watch.next_of()
         # torch pins a batch only where it is allowed to (an accelerator is

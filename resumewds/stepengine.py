@@ -218,6 +218,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 # with one pread: fewer syscalls, and fewer GIL hand-offs to the
                 # prefetch threads
                 run = run_length(shards, gwhere, i, rb)
+                # (fewer than ``run`` when a sample fails its digest: the next slot reads it alone)
                 ahead = read_run(ds, si, j, run) if run > 1 else [read(ds, si, j)]
                 stopping = ds._stopping
                 ahead.reverse()

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import HandlerStop
 from .events import EventKind
-from .openshards import shard_reader
+from .openshards import DIGEST_STAGE, shard_reader
 
 __all__ = ["apply_stages", "collate_step", "finish_step", "read_or_stop", "read_run_or_stop", "start_steps"]
 
@@ -102,7 +102,8 @@ def finish_step(meta: Dict[str, Any], events: List[Dict[str, Any]], stopped: boo
     """The step's events, with the samples a stage's handler skipped counted as skipped
     (like ``on_error="skip"``), not filtered; ``stopped``: a handler said stop."""
     meta["events"] = events
-    handled = sum(1 for e in events if e.get("kind") == EventKind.SAMPLE_SKIP)
+    # a sample that failed its digest was counted skipped when it was read (openshards.DIGEST_STAGE)
+    handled = sum(1 for e in events if e.get("kind") == EventKind.SAMPLE_SKIP and e.get("stage") != DIGEST_STAGE)
     if handled:
         meta["skipped"] += handled
         meta["filtered"] = max(0, meta["filtered"] - handled)

@@ -45,6 +45,27 @@ def test_local_reads_do_not_import_requests(tmp_path):
     assert json.loads(got) == [40, []]
 
 
+def test_a_local_loader_without_workers_or_journal_imports_none_of_their_modules(tmp_path):
+    """A WebLoader over local shards with 0 workers and no journal imports neither the
+    journal (sqlite3), nor the retry policy (tenacity), nor what workers need first
+    (numpy.random): its first call allocates less, and a process that has just imported
+    torch (one collection away from a full garbage collection) does not pay for one."""
+    got = _run(f"""
+        import json, os, sys
+        import torch
+        from resumewds import WebDataset, WebLoader, build_manifest, synth
+        d = {str(tmp_path)!r}
+        synth.write_shards(os.path.join(d, "s"), shards=2, samples=20)
+        build_manifest(os.path.join(d, "s", "shard-{{000000..000001}}.tar"), os.path.join(d, "m.json"),
+                       digests=True)
+        ds = WebDataset(os.path.join(d, "m.json"), shuffle=True, cache_dir=os.path.join(d, "c"))
+        n = sum(len(b["__key__"]) for b in WebLoader(ds, batch_size=8, num_workers=0))
+        heavy = ("tenacity", "sqlite3", "resumewds.journal", "numpy.random", "requests")
+        print(json.dumps([n, sorted(m for m in heavy if m in sys.modules)]))
+    """)
+    assert json.loads(got) == [40, []]
+
+
 def test_local_errors_translate_without_requests(tmp_path):
     """A missing local file still gives our one-line PermanentFetchError, requests still unloaded."""
     got = _run(f"""
@@ -122,62 +143,92 @@ def _marks(cache_dir):
     return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
 
-def test_first_sample_comes_after_its_shard_is_hashed(tmp_path):
-    """v3 manifest, fresh cache: shard 0 is verified whole (and marked) before its first
-    sample is delivered; the next start finds the marks; same samples as a v1 run."""
+def _hashed_whole_on(monkeypatch):
+    """The names of the threads that hash a local shard whole from now on."""
+    import threading
+
+    from resumewds.cache import local
+
+    names = []
+    real = local.check_local
+
+    def counted(*args, **kw):
+        names.append(threading.current_thread().name)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(local, "check_local", counted)
+    return names
+
+
+def test_first_sample_comes_before_its_shard_is_hashed(tmp_path, monkeypatch):
+    """v3 manifest, fresh cache: no shard is hashed whole on the reading thread (each sample
+    is checked against its own digest); the background check marks both shards; the next
+    start finds the marks; same samples as a v1 run every time."""
     from resumewds import WebDataset
+    from resumewds.cache import local
 
     m3, m1 = _v3(tmp_path)
     want = [(s["__key__"], s["cls"]) for s in WebDataset(m1, cache_dir=str(tmp_path / "c1"))]
+    hashed = _hashed_whole_on(monkeypatch)
     it = iter(WebDataset(m3, cache_dir=str(tmp_path / "c3")))
     first = next(it)
-    assert _marks(str(tmp_path / "c3"))  # hashed whole (and marked) already
     got = [(first["__key__"], first["cls"])] + [(s["__key__"], s["cls"]) for s in it]
     assert got == want
+    assert set(hashed) <= {"resumewds-verify"}  # never on the reading thread
+    assert local.wait_checks(120)
     assert len(_marks(str(tmp_path / "c3"))) == 2
     ds2 = WebDataset(m3, cache_dir=str(tmp_path / "c3"))
     assert [(s["__key__"], s["cls"]) for s in ds2] == want
 
 
-def test_a_corrupt_shard_delivers_nothing(tmp_path):
-    """A byte flipped in sample 12 of a local shard (size kept): its whole-file check fails
-    before any sample: raise delivers nothing, skip skips it whole."""
+def test_a_corrupt_sample_follows_on_error_alone(tmp_path):
+    """A byte flipped in sample 12 of a local shard (size kept): raise (steps of one sample)
+    delivers samples 0-11 and names sample 12; skip delivers the 19 others; the shard gets no mark."""
     import pytest
 
     from resumewds import WebDataset
+    from resumewds.cache import local
     from resumewds.errors import ChecksumMismatch
     m3, _ = _v3(tmp_path, shards=1, samples=20)
     shard = WebDataset(m3).manifest.shards[0]
     path = str(tmp_path / "s" / "shard-000000.tar")
+    good = [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c0"))]
     _flip(path, int(shard.offsets[12]) + 700)  # inside sample 12's member data; the size is unchanged
     delivered = []
     with pytest.raises(ChecksumMismatch) as ei:
         for s in WebDataset(m3, cache_dir=str(tmp_path / "c")):
             delivered.append(s["__key__"])
-    assert delivered == []
-    assert "shard-000000.tar" in str(ei.value) and "\n" not in str(ei.value)
-    assert _marks(str(tmp_path / "c")) == []
-    assert [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c2"), on_error="skip")] == []
+    assert delivered == good[:12]
+    msg = str(ei.value)
+    assert path in msg and "sample 12 " in msg and good[12] in msg and "\n" not in msg
+    skipped = [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c2"), on_error="skip")]
+    assert skipped == good[:12] + good[13:]
+    assert local.wait_checks(120)
+    assert _marks(str(tmp_path / "c")) == [] and _marks(str(tmp_path / "c2")) == []
 
 
-def test_whole_file_mismatch_outside_every_sample_fails_the_shard(tmp_path):
-    """Bytes outside every sample's range (the tar's end blocks) differ: each sample would
-    match its digest, the whole-file check fails, and the shard fails before its first sample."""
+def test_whole_file_mismatch_outside_every_sample_delivers_every_sample(tmp_path):
+    """Bytes outside every sample's range (the tar's end blocks) differ: each sample matches
+    its digest and is delivered; the background whole-file check fails, so no mark is set
+    (the next start checks the samples one by one again); the store's whole-file check
+    (``resumewds verify``) still reports the file."""
     import pytest
 
     from resumewds import WebDataset
+    from resumewds.cache import ShardStore, local
     from resumewds.errors import ChecksumMismatch
 
     m3, _ = _v3(tmp_path, shards=1, samples=400)
     path = str(tmp_path / "s" / "shard-000000.tar")
+    want = [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c0"))]
     _flip(path, os.path.getsize(path) - 10)  # the trailing zero blocks
-    n = 0
-    with pytest.raises(ChecksumMismatch) as ei:
-        for _ in WebDataset(m3, cache_dir=str(tmp_path / "c")):
-            n += 1
-    assert n == 0
-    assert "xxh3_64 mismatch" in str(ei.value) and "sample" not in str(ei.value)
+    assert [s["__key__"] for s in WebDataset(m3, cache_dir=str(tmp_path / "c"))] == want
+    assert local.wait_checks(120)
     assert _marks(str(tmp_path / "c")) == []
+    ds = WebDataset(m3)
+    with pytest.raises(ChecksumMismatch) as ei:
+        ShardStore(str(tmp_path / "c3")).check_local(ds.manifest.shards[0], "always")
+    assert "xxh3_64 mismatch" in str(ei.value) and "sample" not in str(ei.value)
 
 
 def test_sample_verified_start_with_workers_is_exact(tmp_path):
@@ -292,3 +343,42 @@ def test_header_checksums_are_checked_unless_the_copy_was_verified(tmp_path):
         for s in WebDataset(m3, cache_dir=str(tmp_path / "c2")):
             delivered.append(s["__key__"])
     assert delivered == good[:len(delivered)] and len(delivered) <= 5
+
+
+def test_workers_never_scan_what_they_inherited(tmp_path):
+    """WebLoader (and a plain DataLoader over the data set) with 2 forked workers: in each
+    worker, while it reads, the objects it inherited are in the collector's permanent
+    generation (a full collection there scans only the worker's own objects); the main
+    process is left with nothing frozen; same batches as with 0 workers."""
+    got = _run(f"""
+        import gc, json, os
+        import torch
+        from torch.utils.data import DataLoader
+        from resumewds import WebDataset, WebLoader, build_manifest, synth
+        d = {str(tmp_path)!r}
+        synth.write_shards(os.path.join(d, "s"), shards=2, samples=20)
+        m = os.path.join(d, "m.json")
+        build_manifest(os.path.join(d, "s", "shard-{{000000..000001}}.tar"), m, digests=True)
+
+        def frozen(s):
+            s["frozen"] = gc.get_freeze_count()
+            return s
+
+        def keys(loader):
+            out, fr = [], []
+            for b in loader:
+                out += list(b["__key__"])
+                fr += [int(x) for x in b["frozen"]]
+            return out, fr
+
+        base = len(gc.get_objects())
+        ds = WebDataset(m, shuffle=True, cache_dir=os.path.join(d, "c")).map(frozen)
+        k0, f0 = keys(WebLoader(ds, batch_size=8, num_workers=0))
+        k2, f2 = keys(WebLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork"))
+        ds2 = WebDataset(m, cache_dir=os.path.join(d, "c2")).map(frozen)
+        f3 = [s["frozen"] for b in DataLoader(ds2, batch_size=8, num_workers=2, collate_fn=list,
+                                              multiprocessing_context="fork") for s in b]
+        print(json.dumps([k0 == k2, sorted(set(f0)), min(f2) > base // 2, min(f3) > base // 2, len(f3),
+                          gc.get_freeze_count()]))
+    """)
+    assert json.loads(got) == [True, [0], True, True, 40, 0]

@@ -54,20 +54,35 @@ def _keys(it: Any) -> List[Any]:
 
 # ---- direct iteration: each sample as soon as it is read ---------------------------------------
 
-def test_first_sample_waits_for_its_own_shard_only(tmp_path):
-    """Local v3 shards, fresh cache, shuffled window of 4 shards: when the first sample
-    is handed out, one shard has been hashed (its mark), not the four its step reads;
-    the whole sequence is that of a run in a warm cache."""
+def test_first_sample_waits_for_no_whole_shard(tmp_path, monkeypatch):
+    """Local v3 shards, fresh cache, shuffled window of 4 shards: the first sample (and
+    the whole epoch) is read without hashing any shard whole on the reading thread (each
+    sample is checked against its own digest; the whole-file checks that set the marks run
+    behind, on their own thread); the whole sequence is that of a run in a warm cache."""
+    import threading
+
+    from resumewds.cache import local
+
     m = _v3(str(tmp_path / "s"))
     warm = str(tmp_path / "warm")
     _keys(rw.WebDataset(m, shuffle=True, seed=5, cache_dir=warm))
+    assert local.wait_checks(120)
     want = _keys(rw.WebDataset(m, shuffle=True, seed=5, cache_dir=warm))
+    hashed = []
+    real = local.check_local
+
+    def counted(*args, **kw):
+        hashed.append(threading.current_thread().name)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(local, "check_local", counted)
     cache = str(tmp_path / "cold")
     ds = rw.WebDataset(m, shuffle=True, seed=5, cache_dir=cache)
     it = iter(ds)
     first = next(it)
-    assert len(_marks(cache)) == 1
     assert _keys([first]) + _keys(it) == want
+    assert set(hashed) <= {"resumewds-verify"}
+    assert local.wait_checks(120)
     assert len(_marks(cache)) == SHARDS
 
 

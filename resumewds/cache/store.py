@@ -361,6 +361,30 @@ class ShardStore:
         finally:
             self._budget_done(shard.url, budget, ok, reader)
 
+    def acquire_sampled(self, shard: ShardInfo) -> Tuple[LocalShard, Optional[str]]:
+        """Like :meth:`acquire`, for a data set's reader: a local shard with
+        per-sample digests is opened without hashing it whole (size and
+        end-of-archive checked), and the second item is then the key of its
+        "verified" mark: the reader checks each of its samples against its
+        digest (:func:`resumewds.cache.local.open_sampled`) until
+        :meth:`verified_key` says the background check
+        (``verify="once"``) verified the file whole.  None: read it as
+        :meth:`acquire` gives it.
+
+        Example:
+            >>> lease, key = store.acquire_sampled(shard)              # doctest: +SKIP
+        """
+        if is_remote_url(shard.url) or not is_local_url(shard.url) or not local.sampled(shard, self.verify):
+            return self.acquire(shard), None
+        path, key = local.open_sampled(shard, self.verify, self.cache_dir, self._verified_local, self.emit)
+        if key is not None and self.verify == "once":
+            local.verify_later(shard, key, self.cache_dir, self._verified_local)
+        return LocalShard(path, shard), key
+
+    def verified_key(self, key: str) -> bool:
+        """Whether this process verified the local file of mark ``key`` whole (:meth:`acquire_sampled`)."""
+        return key in self._verified_local
+
     # ---- local shards (resumewds.cache.local) ----------------------------------------------
     def _check_local(self, shard: ShardInfo, policy: str, progress: Optional[ProgressFn]) -> str:
         return local.check_local(shard, policy, progress, self.cache_dir, self._verified_local, self.emit)

@@ -33,14 +33,14 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
-from tenacity.stop import stop_base
-from tenacity.wait import wait_base
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 from ..errors import FetchError, ResumeWDSError, TransientFetchError
 from ..events import EventKind
@@ -147,48 +147,55 @@ class FetchBudget:
                                    f"{used:.1f}s (RESUMEWDS_FETCH_DEADLINE)", url)
 
 
-class _WaitHonouringRetryAfter(wait_base):
-    """Exponential jitter, but at least the server's Retry-After, and never
-    past the budget's deadline."""
+@functools.cache
+def _strategies() -> Tuple[Any, Any, str]:
+    """tenacity's strategies of ours, made on the first retry policy (tenacity is
+    imported then: a process that reads local shards only never imports it)."""
+    from tenacity import wait_exponential_jitter
+    from tenacity.stop import stop_base
+    from tenacity.wait import wait_base
 
-    def __init__(self, base: Callable[[RetryCallState], float], budget: FetchBudget):
-        self.base = base
-        self.budget = budget
+    class _WaitHonouringRetryAfter(wait_base):
+        """Exponential jitter, but at least the server's Retry-After, and never
+        past the budget's deadline."""
 
-    def __call__(self, rs: RetryCallState) -> float:
-        wait = float(self.base(rs))
-        exc = rs.outcome.exception() if rs.outcome is not None else None
-        ra = getattr(exc, "retry_after", None)
-        if ra is not None:
-            wait = max(wait, float(ra))
-        return min(wait, self.budget.remaining())
+        def __init__(self, base: Callable[[RetryCallState], float], budget: FetchBudget):
+            self.base = base
+            self.budget = budget
 
+        def __call__(self, rs: RetryCallState) -> float:
+            wait = float(self.base(rs))
+            exc = rs.outcome.exception() if rs.outcome is not None else None
+            ra = getattr(exc, "retry_after", None)
+            if ra is not None:
+                wait = max(wait, float(ra))
+            return min(wait, self.budget.remaining())
 
-class _StopWhenBudgetSpent(stop_base):
-    """Stop when the shared budget has no attempt or time left, or when the
-    server's Retry-After reaches past the deadline (waiting for it would
-    leave no time to try again: give up now, and say why)."""
+    class _StopWhenBudgetSpent(stop_base):
+        """Stop when the shared budget has no attempt or time left, or when the
+        server's Retry-After reaches past the deadline (waiting for it would
+        leave no time to try again: give up now, and say why)."""
 
-    def __init__(self, budget: FetchBudget):
-        self.budget = budget
-        self.reason: Optional[str] = None
+        def __init__(self, budget: FetchBudget):
+            self.budget = budget
+            self.reason: Optional[str] = None
 
-    def __call__(self, rs: RetryCallState) -> bool:
-        b = self.budget
-        if b.exhausted:
-            return True
-        exc = rs.outcome.exception() if rs.outcome is not None else None
-        ra = getattr(exc, "retry_after", None)
-        if ra is not None and ra >= b.remaining():
-            self.reason = (f"the server asks to retry after {ra:g}s, beyond what is left of the "
-                           f"{b.config.deadline:g}s fetch deadline ({b.remaining():.1f}s); giving up")
-            return True
-        return False
+        def __call__(self, rs: RetryCallState) -> bool:
+            b = self.budget
+            if b.exhausted:
+                return True
+            exc = rs.outcome.exception() if rs.outcome is not None else None
+            ra = getattr(exc, "retry_after", None)
+            if ra is not None and ra >= b.remaining():
+                self.reason = (f"the server asks to retry after {ra:g}s, beyond what is left of the "
+                               f"{b.config.deadline:g}s fetch deadline ({b.remaining():.1f}s); giving up")
+                return True
+            return False
 
-
-# tenacity 9 renamed wait_exponential_jitter's ``initial`` to ``multiplier``
-_JITTER_START = ("multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters
-                 else "initial")
+    # tenacity 9 renamed wait_exponential_jitter's ``initial`` to ``multiplier``
+    params = inspect.signature(wait_exponential_jitter.__init__).parameters
+    start = "multiplier" if "multiplier" in params else "initial"
+    return _WaitHonouringRetryAfter, _StopWhenBudgetSpent, start
 
 
 def _retry(config: FetchConfig, url: str, on_event: Optional[EventFn], budget: FetchBudget,
@@ -200,7 +207,10 @@ def _retry(config: FetchConfig, url: str, on_event: Optional[EventFn], budget: F
             wait = rs.next_action.sleep if rs.next_action is not None else 0.0
             on_event(EventKind.RETRY, url, attempt=rs.attempt_number, error=str(exc), wait=wait)
 
-    base = wait_exponential_jitter(**{_JITTER_START: config.backoff_initial}, max=config.backoff_max,
+    from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
+
+    _WaitHonouringRetryAfter, _StopWhenBudgetSpent, jitter_start = _strategies()
+    base = wait_exponential_jitter(**{jitter_start: config.backoff_initial}, max=config.backoff_max,
                                    jitter=config.backoff_initial)
     stop = _StopWhenBudgetSpent(budget)
     retrying = Retrying(
