@@ -528,6 +528,7 @@ def declare(ds: Any) -> None:
     rr = _ranged(ds)
     if hasattr(ds.store, "ranged_fill"):
         ds.store.ranged_fill = rr is not None and rr.active
+        ds.store.ranged_first = ds.store.ranged_fill and rr is not None and rr.steps == 0
 
 
 def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, part: bool = False) -> None:
@@ -622,7 +623,7 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
         # writes now, are candidates to wait for
         near = None if stream else cands.setdefault(si, [])
         pending[si] = _from_partial(rr, si, shards[si], js, stream, near if rr.steps else None,
-                                    sparse_near=near)
+                                    sparse_near=near if rr.steps else None)
     waits: Dict[int, List[int]] = {}
     if any(cands.values()):
         # While this step's ranges are fetched (RANGE_THREADS connections at once),
@@ -671,6 +672,7 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
     rr.trim(step)  # never what this step reads
     if not part:
         rr.steps += 1
+        rr.store.ranged_first = False  # the first batch is in: sparse downloads may widen
 
 
 def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 @pytest.fixture(autouse=True)
-def _sparse_on(monkeypatch):
-    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)  # opt-in (a trade of cold throughput for bytes)
+def _default(monkeypatch):
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)  # the default: on
+    monkeypatch.delenv("RESUMEWDS_SPARSE_PARTIALS", raising=False)
 
 SHARDS = 4
 SAMPLES = 600
@@ -196,15 +197,18 @@ def test_a_damaged_block_is_dropped_when_the_partial_is_reopened(v3, tmp_path):
     assert len(_records(m)) == len(recs) - 1 or st.have.total() < sum(r[1] - r[0] for r in recs)
 
 
-def test_the_environment_turns_sparse_partials_on(monkeypatch):
-    """``RESUMEWDS_SPARSE_PARTIALS`` is the switch; the module attribute wins over it."""
+def test_sparse_partials_are_on_by_default_and_the_environment_turns_them_off(monkeypatch):
+    """On by default; ``RESUMEWDS_SPARSE_PARTIALS=0`` turns them off; the module attribute wins."""
     from resumewds import config
 
     monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)
     monkeypatch.delenv("RESUMEWDS_SPARSE_PARTIALS", raising=False)
-    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is False
-    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "1")
     assert config.sparse_partials(sparse.SPARSE_PARTIALS) is True
+    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "0")
+    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is False
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)
+    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is True
+    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "1")
     monkeypatch.setattr(sparse, "SPARSE_PARTIALS", False)
     assert config.sparse_partials(sparse.SPARSE_PARTIALS) is False
     monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "maybe")

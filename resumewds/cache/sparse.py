@@ -42,6 +42,7 @@ import os
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import xxhash
@@ -50,20 +51,19 @@ from .. import config as _config
 from ..events import EventKind as K
 from ..fetch import FetchBudget, FetchResult, is_remote_url
 from ..manifest import ShardInfo
-from ..repair import RangeIgnored, fetch_range
 from ..schemes import is_remote_object
 from ..storeapi import StoreAPI
-from . import layout
+from . import layout, sparsepieces
 from .layout import NOFOLLOW, cache_error
+from .sparsepieces import RECORD_EVERY, fetch_pieces, record
 
 __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
-           "SparseState", "WAIT_STALL", "discard", "download", "eligible", "fetch_around", "keep_verified", "lookup",
-           "publish", "stream_instead", "verified_spans"]
+           "SparseState", "WAIT_STALL", "discard", "download", "drop_stale", "eligible", "fetch_around",
+           "keep_verified", "lookup", "publish", "stream_instead", "verified_spans"]
 
 #: fill shards by ranges into a sparse partial: True / False, or None (the default):
-#: ``RESUMEWDS_SPARSE_PARTIALS`` (default off). Opt-in: it saves the bytes the ranged
-#: reads would have fetched twice (1.00x the data set instead of up to 1.4x), but over a
-#: per-connection rate limit a shuffled cold epoch runs slower (docs/DIGESTS.md)
+#: ``RESUMEWDS_SPARSE_PARTIALS`` (default on; ``0``: off, the download fetches the
+#: ranged reads' bytes a second time, up to 1.4x the data set; docs/DIGESTS.md)
 SPARSE_PARTIALS: Optional[bool] = None
 #: one request of the background download asks for at most this many bytes (no ranged reads going on)
 CHUNK = 1 << 30
@@ -80,8 +80,6 @@ WAIT_STALL = 1.0
 FIRST_WAIT = 0.01
 #: missing ranges separated by a present island shorter than this are fetched in one request
 ISLAND = 4096
-#: the download appends a record at least every this many bytes (what another process sees)
-RECORD_EVERY = 1 << 20
 
 SUFFIX = ".sparse"
 MAP_SUFFIX = ".sparse.map"
@@ -139,11 +137,6 @@ class Ranges:
 
 def _tag(shard: ShardInfo) -> int:
     return int(shard.xxh3_64 or "0", 16)
-
-
-def _record(a: int, b: int, dig: int, tag: int) -> bytes:
-    head = struct.pack("<QQQQ", a, b, dig, tag)
-    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
 
 
 class SparseState:
@@ -228,11 +221,13 @@ class SparseState:
 _TOKENS = itertools.count(1)
 _STATES: Dict[str, SparseState] = {}
 _REG = threading.Lock()
+_KEEPER: Any = None  # writes the first step's ranges into sparse partials after they were delivered
 
 
 def _after_fork() -> None:
-    global _REG
+    global _REG, _KEEPER
     _REG = threading.Lock()
+    _KEEPER = None
     _STATES.clear()  # claims and conditions of the parent's threads do not cross a fork
 
 
@@ -268,8 +263,8 @@ def lookup(store: StoreAPI, shard: ShardInfo) -> Optional[SparseState]:
     with _REG:
         st = _STATES.get(base)
     if st is None:
-        if layout.lstat(base + MAP_SUFFIX) is None:
-            return None
+        if layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is None:
+            return None  # none, or a map left by a kill after its file was published (drop_stale)
         st = _state(base, shard)
     with st.cond:
         st.refresh()
@@ -288,7 +283,7 @@ def _may_create(store: Any, base: str) -> bool:
 # ---- the ranged reads' side ----------------------------------------------------------------
 
 def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable[[int, int], bytes],
-                 patient: bool = True) -> bytes:
+                 patient: bool = True, keep: Optional[Callable[[bytes], Any]] = None) -> bytes:
     """Bytes ``[lo, hi)`` of ``shard`` for a ranged read: ``fetch(a, b)`` asks the
     server for the parts that are not in the shard's sparse partial; the
     others are read from it.  While they are fetched this process's download
@@ -296,7 +291,9 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
     :data:`BUSY_CHUNK` at its rate), never fetched twice; not ``patient``
     (the first samples of an iteration), only when the download is about as
     close to their end as a request of their own would be.  The caller checks
-    every sample's digest, whatever its bytes came from.
+    every sample's digest, whatever its bytes came from; ``keep(data)`` (the
+    caller's :func:`keep_verified`) runs before the download may ask for these
+    bytes again: a gap is never handed back before its bytes are recorded.
 
     Example:
         >>> fetch_around(store, shard, 512, 4096, lambda a, b: b"\0" * (b - a))[:4]   # doctest: +SKIP
@@ -319,34 +316,64 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
                 break  # a download that does not progress: fetch the bytes ourselves
             st.cond.wait(0.01)
         parts = st.have.missing(lo, hi) if st.verified else [(lo, hi)]
+    later = False
     try:
-        done = _from_entry(st.base, lo, hi)  # published meanwhile: its bytes are there
-        if done is not None:
-            return done
-        if parts == [(lo, hi)]:
-            return fetch(lo, hi)
-        buf = bytearray(hi - lo)
-        at = lo
-        try:
-            fd = os.open(st.path, os.O_RDONLY | NOFOLLOW)
-        except OSError:
-            try:
-                fd = os.open(st.base, os.O_RDONLY | NOFOLLOW)  # published meanwhile
-            except OSError:
-                return fetch(lo, hi)
-        try:
-            for a, b in parts + [(hi, hi)]:
-                if at < a:  # present: from the file (checked by the caller with the rest)
-                    buf[at - lo:a - lo] = os.pread(fd, a - at, at)
-                if b > a:
-                    buf[a - lo:b - lo] = fetch(a, b)
-                at = b
-        finally:
-            os.close(fd)
-        return bytes(buf)
+        data = _around(st, lo, hi, parts, fetch)
+        if keep is not None and not patient:  # the first batch does not wait for the writing
+            _keeper().submit(_keep_then_release, st, token, keep, data)
+            later = True
+        elif keep is not None:
+            keep(data)  # recorded while still claimed
+        return data
+    finally:
+        if not later:
+            with st.cond:
+                st.release(token)
+
+
+def _keeper() -> Any:
+    global _KEEPER
+    with _REG:
+        if _KEEPER is None:
+            _KEEPER = ThreadPoolExecutor(1, thread_name_prefix="resumewds-keep")
+        return _KEEPER
+
+
+def _keep_then_release(st: SparseState, token: int, keep: Callable[[bytes], Any], data: bytes) -> None:
+    try:
+        keep(data)
     finally:
         with st.cond:
-            st.release(token)
+            st.release(token)  # only now may the download ask for these bytes
+
+
+def _around(st: SparseState, lo: int, hi: int, parts: List[Tuple[int, int]],
+            fetch: Callable[[int, int], bytes]) -> bytes:
+    """Bytes ``[lo, hi)``: ``parts`` fetched, the rest read from the sparse partial (or the entry)."""
+    done = _from_entry(st.base, lo, hi)  # published meanwhile: its bytes are there
+    if done is not None:
+        return done
+    if parts == [(lo, hi)]:
+        return fetch(lo, hi)
+    buf = bytearray(hi - lo)
+    at = lo
+    try:
+        fd = os.open(st.path, os.O_RDONLY | NOFOLLOW)
+    except OSError:
+        try:
+            fd = os.open(st.base, os.O_RDONLY | NOFOLLOW)  # published meanwhile
+        except OSError:
+            return fetch(lo, hi)
+    try:
+        for a, b in parts + [(hi, hi)]:
+            if at < a:  # present: from the file (checked by the caller with the rest)
+                buf[at - lo:a - lo] = os.pread(fd, a - at, at)
+            if b > a:
+                buf[a - lo:b - lo] = fetch(a, b)
+            at = b
+    finally:
+        os.close(fd)
+    return bytes(buf)
 
 
 def _from_entry(base: str, lo: int, hi: int) -> Optional[bytes]:
@@ -453,7 +480,7 @@ def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
             recs = []
             for a, b in spans:
                 os.pwrite(fd, mv[a - lo:b - lo], a)
-                recs.append(_record(a, b, xxhash.xxh3_64_intdigest(mv[a - lo:b - lo]), st.tag))
+                recs.append(record(a, b, xxhash.xxh3_64_intdigest(mv[a - lo:b - lo]), st.tag))
                 n += b - a
         finally:
             os.close(fd)
@@ -493,7 +520,7 @@ def _open(st: SparseState) -> None:
                 have = Ranges()
                 for a, b, dig in st.parse(raw):
                     if not have.covers(a, b) and xxhash.xxh3_64_intdigest(os.pread(fd, b - a, a)) == dig:
-                        keep.append(_record(a, b, dig, st.tag))
+                        keep.append(record(a, b, dig, st.tag))
                         have.add(a, b)
             finally:
                 os.close(fd)
@@ -530,59 +557,7 @@ def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[in
             break
         b = nb
     hurry = time.monotonic() - max(st.ranged_at, since) < BUSY_SECONDS
-    return a, min(b, a + (BUSY_CHUNK if hurry else CHUNK))
-
-
-class _Writer:
-    """The download's sink: bytes written where they belong (and made visible to
-    this process's readers at once), recorded every :data:`RECORD_EVERY` bytes
-    and at the end of each request."""
-
-    def __init__(self, st: SparseState, fd: int, token: int, a: int):
-        self.st, self.fd, self.token = st, fd, token
-        self.rec_at = self.pos = self.start = a
-        self.hasher = xxhash.xxh3_64()
-        self.received = 0
-        self.t0 = time.monotonic()
-
-    def __call__(self, at: int, chunk: bytes) -> None:
-        st = self.st
-        self.received += len(chunk)
-        if at != self.pos:  # (a retry resumes where the last one stopped: never)
-            self.flush()
-            self.rec_at = self.pos = at
-        try:
-            os.pwrite(self.fd, chunk, at)
-        except OSError as exc:
-            raise cache_error(exc, st.path, "write the download") from exc
-        self.hasher.update(chunk)
-        self.pos = at + len(chunk)
-        elapsed = time.monotonic() - self.t0
-        with st.cond:
-            st.have.add(at, self.pos)
-            c = st.claims.get(self.token)
-            if c is not None:
-                c[0] = self.pos
-            if elapsed > 0.005:
-                st.dl_rate = (self.pos - self.start) / elapsed
-            st.cond.notify_all()
-        if self.pos - self.rec_at >= RECORD_EVERY:
-            self.flush()
-
-    def flush(self) -> None:
-        """Record the bytes written since the last record (after them: they are in the file)."""
-        if self.pos > self.rec_at:
-            rec = _record(self.rec_at, self.pos, self.hasher.intdigest(), self.st.tag)
-            try:
-                mfd = os.open(self.st.map, os.O_WRONLY | os.O_APPEND | NOFOLLOW)
-                try:
-                    os.write(mfd, rec)
-                finally:
-                    os.close(mfd)
-            except OSError as exc:
-                raise cache_error(exc, self.st.map, "record the download") from exc
-        self.rec_at = self.pos
-        self.hasher.reset()
+    return a, min(b, a + (BUSY_CHUNK if hurry else min(CHUNK, sparsepieces.PIECE)))
 
 
 def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) -> Optional[FetchResult]:
@@ -605,44 +580,35 @@ def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) 
         raise cache_error(exc, st.path, "open the sparse partial") from exc
     kept = st.have.total()
     store.emit(K.FETCH_START, url, resumed_from=kept, sparse=True)
-    received = 0
-    requests = 0
-    cursor = 0
+    cursor = [0]
+
+    def next_piece() -> Optional[Tuple[int, int, int]]:
+        nxt = _next_chunk(st, cursor[0], t0)
+        if nxt is None:
+            return None
+        cursor[0] = nxt[1]
+        return nxt[0], nxt[1], st.claim(nxt[0], nxt[1], True)
+
+    def complete() -> bool:
+        with st.cond:
+            return not st.have.missing(0, st.size)
+
     try:
         fd = os.open(st.path, os.O_RDWR | NOFOLLOW)
     except OSError as exc:
         raise cache_error(exc, st.path, "open the sparse partial") from exc
     try:
-        while True:
-            with st.cond:
-                st.refresh()
-                nxt = _next_chunk(st, cursor, t0)
-                if nxt is None:
-                    if not st.have.missing(0, st.size):
-                        break
-                    st.cond.wait(0.05)  # only ranged reads in flight: their bytes, or their gaps back
-                    continue
-                a, b = nxt
-                token = st.claim(a, b, True)
-            w = _Writer(st, fd, token, a)
-            try:
-                fetch_range(url, a, b, config=store.fetch, budget=budget, session=store.session(), sink=w)
-                requests += 1
-            except RangeIgnored as exc:
-                if exc.status is None:  # no attempt left (the reader's ranges hold them): not the server's doing
-                    raise budget.exhausted_error(url) from exc
-                _NO_RANGE.add(url)  # a 200, a 416, another range: this shard streams, as before
-                discard(base)
-                return None
-            finally:
-                received += w.received
-                w.flush()
-                with st.cond:
-                    st.release(token)
-            cursor = b
+        res = fetch_pieces(st, fd, url, store, budget, next_piece, complete)
+        if res.no_range:
+            _NO_RANGE.add(url)  # a 200, a 416, another range: this shard streams, as before
+            discard(base)
+            return None
+        if res.error is not None:
+            raise res.error
         digest = layout.hash_file(st.path)[1]  # the assembled file, in order, once
     finally:
         os.close(fd)
+    received, requests = res.received, res.requests
     budget.fetched = True
     budget.take()  # one attempt per whole download, as streamed: a corrupt one is retried while the budget lasts
     seconds = time.monotonic() - t0
@@ -672,6 +638,32 @@ def publish(base: str) -> None:
     finally:
         os.close(mfd)
     _forget(base)
+
+
+def drop_stale(base: str) -> bool:
+    """Remove a map whose sparse file is gone (a kill -9 between :func:`publish`'s
+    rename and the map's removal), under its lock exclusive (a ranged read that
+    starts a sparse partial holds it shared until its file exists); whether one was.
+
+    Example:
+        >>> drop_stale("/cache/shards/ab12-shard-000000.tar")   # doctest: +SKIP
+        False
+    """
+    if layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is not None:
+        return False
+    try:
+        mfd = os.open(base + MAP_SUFFIX, os.O_RDWR | NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(mfd, fcntl.LOCK_EX)
+        if layout.lstat(base + SUFFIX) is not None or os.fstat(mfd).st_nlink == 0:
+            return False  # a ranged read started a sparse partial meanwhile, or gone already
+        layout.remove(base + MAP_SUFFIX)
+    finally:
+        os.close(mfd)
+    _forget(base)
+    return True
 
 
 def discard(base: str) -> None:
