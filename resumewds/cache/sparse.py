@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import bisect
 import fcntl
-import itertools
 import os
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +53,7 @@ from ..schemes import is_remote_object
 from ..storeapi import StoreAPI
 from . import layout, sparsepieces
 from .layout import NOFOLLOW, cache_error
+from .sparsemap import _REC, MAP_SUFFIX, SUFFIX, Ranges, SparseState
 from .sparsepieces import RECORD_EVERY, fetch_pieces, record
 
 __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
@@ -81,144 +80,13 @@ FIRST_WAIT = 0.01
 #: missing ranges separated by a present island shorter than this are fetched in one request
 ISLAND = 4096
 
-SUFFIX = ".sparse"
-MAP_SUFFIX = ".sparse.map"
-_REC = struct.Struct("<QQQQQ")  # start, end, xxh3 of the bytes, shard tag, xxh3 of the first 32 bytes
 _NO_RANGE: Set[str] = set()  # urls whose server answered a Range request wrongly (this process)
-
-
-class Ranges:
-    """Sorted disjoint ``[start, end)`` byte ranges."""
-
-    def __init__(self, spans: Optional[List[Tuple[int, int]]] = None) -> None:
-        self.spans: List[Tuple[int, int]] = list(spans or [])
-        self._total = sum(b - a for a, b in self.spans)
-
-    def add(self, a: int, b: int) -> None:
-        if b <= a:
-            return
-        s = self.spans
-        i = bisect.bisect_left(s, (a, a))
-        if i and s[i - 1][1] >= a:
-            i -= 1
-        j = i
-        gone = 0
-        while j < len(s) and s[j][0] <= b:
-            a, b = min(a, s[j][0]), max(b, s[j][1])
-            gone += s[j][1] - s[j][0]
-            j += 1
-        s[i:j] = [(a, b)]
-        self._total += b - a - gone
-
-    def covers(self, a: int, b: int) -> bool:
-        i = bisect.bisect_right(self.spans, (a, float("inf"))) - 1
-        return i >= 0 and self.spans[i][0] <= a and b <= self.spans[i][1]
-
-    def missing(self, lo: int, hi: int) -> List[Tuple[int, int]]:
-        out: List[Tuple[int, int]] = []
-        at = lo
-        s = self.spans
-        for k in range(max(0, bisect.bisect_right(s, (lo, float("inf"))) - 1), len(s)):
-            a, b = s[k]
-            if b <= at:
-                continue
-            if a >= hi:
-                break
-            if a > at:
-                out.append((at, min(a, hi)))
-            at = max(at, b)
-        if at < hi:
-            out.append((at, hi))
-        return out
-
-    def total(self) -> int:
-        return self._total
 
 
 def _tag(shard: ShardInfo) -> int:
     return int(shard.xxh3_64 or "0", 16)
 
 
-class SparseState:
-    """One process's view of a shard's sparse partial: what is present, what is in flight.
-
-    Attributes:
-        path: the ``.sparse`` file.
-        size, tag: the shard's size and xxh3_64 (records of another shard are ignored).
-        have: the ranges present (written before being added).
-        claims: ranges in flight, ``token -> [next byte, end, is download]``.
-        verified: the records were re-hashed by a download of this process
-            (else ``have`` is a hint: readers check each sample anyway).
-        cond: guards all of the above.
-    """
-
-    def __init__(self, base: str, size: int, tag: int):
-        self.base = base
-        self.path = base + SUFFIX
-        self.map = base + MAP_SUFFIX
-        self.size = size
-        self.tag = tag
-        self.have = Ranges()
-        self.claims: Dict[int, List[Any]] = {}
-        self.verified = False
-        self.ranged_at = -1e9  # when a ranged read of the shard last started (monotonic)
-        self.dl_rate = 0.0  # bytes/s of this process's download's current request
-        self.map_read = 0
-        self.map_ino: Optional[int] = None
-        self.cond = threading.Condition()
-
-    # ---- the map -------------------------------------------------------------------------
-    def refresh(self) -> None:
-        """Add the records appended to the map since the last look (under ``cond``)."""
-        try:
-            fd = os.open(self.map, os.O_RDONLY | NOFOLLOW)
-        except OSError:
-            return
-        try:
-            st = os.fstat(fd)
-            if st.st_ino != self.map_ino:  # a new map (rewritten, or discarded and started again)
-                self.map_ino, self.map_read = st.st_ino, 0
-            n = (st.st_size - self.map_read) // _REC.size * _REC.size
-            if n > 0:
-                raw = os.pread(fd, n, self.map_read)
-                self.map_read += len(raw)
-                for rec in self.parse(raw):
-                    self.have.add(rec[0], rec[1])
-        finally:
-            os.close(fd)
-
-    def parse(self, raw: bytes) -> List[Tuple[int, int, int]]:
-        """The records of ``raw`` that are whole, of this shard and within it: ``(start, end, xxh3)``."""
-        out = []
-        for off in range(0, len(raw) - _REC.size + 1, _REC.size):
-            a, b, dig, tag, check = _REC.unpack_from(raw, off)
-            if check != xxhash.xxh3_64_intdigest(raw[off:off + 32]) or tag != self.tag or not 0 <= a < b <= self.size:
-                continue  # torn, of another shard, or nonsense: not trusted
-            out.append((a, b, dig))
-        return out
-
-    def claim(self, a: int, b: int, download: bool) -> int:
-        token = next(_TOKENS)
-        self.claims[token] = [a, b, download]
-        return token
-
-    def release(self, token: int) -> None:
-        self.claims.pop(token, None)
-        self.cond.notify_all()
-
-    def download_claim(self, a: int, b: int) -> Optional[int]:
-        """How many bytes a download of this process still has to write before
-        ``[a, b)`` is in (it is writing them now), or None."""
-        for pos, end, dl in self.claims.values():
-            if dl and pos <= b and a < end and b <= end:
-                return max(0, b - pos)
-        return None
-
-    def claimed(self, a: int, b: int) -> bool:
-        return any(pos < b and a < end for pos, end, _ in self.claims.values())
-
-
-_TOKENS = itertools.count(1)
 _STATES: Dict[str, SparseState] = {}
 _REG = threading.Lock()
 _KEEPER: Any = None  # writes the first step's ranges into sparse partials after they were delivered
@@ -305,30 +173,64 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
     with st.cond:
         st.ranged_at = time.monotonic()
         token = st.claim(lo, hi, False)  # from now on the download leaves these bytes out
+        st.announce(lo, hi, False)  # ... and another process's download too
+        st.refresh()
         t_last, last = time.monotonic(), st.have.total()
         slack = max(64 << 10, int(st.dl_rate * FIRST_WAIT))
         while any(dl and pos < hi and lo < end and (patient or hi - pos <= hi - lo + slack)
-                  for pos, end, dl in st.claims.values()):
+                  for pos, end, dl in st.claims.values()) or (patient and st.foreign_claims(lo, hi)):
             now, total = time.monotonic(), st.have.total()
             if total > last:
                 t_last, last = now, total
             elif now - t_last > WAIT_STALL:
                 break  # a download that does not progress: fetch the bytes ourselves
             st.cond.wait(0.01)
-        parts = st.have.missing(lo, hi) if st.verified else [(lo, hi)]
+            st.refresh()  # another process's bytes arrive through the map
+        parts = st.have.missing(lo, hi)
+        verified = st.verified
     later = False
     try:
         data = _around(st, lo, hi, parts, fetch)
+        if not verified:  # another process's records: each sample checked, those that fail fetched
+            data = _checked(shard, lo, hi, data, parts, fetch)
         if keep is not None and not patient:  # the first batch does not wait for the writing
-            _keeper().submit(_keep_then_release, st, token, keep, data)
+            _keeper().submit(_keep_then_release, st, token, keep, data, lo, hi)
             later = True
         elif keep is not None:
             keep(data)  # recorded while still claimed
         return data
     finally:
         if not later:
-            with st.cond:
-                st.release(token)
+            _release(st, token, lo, hi)
+
+
+def _release(st: SparseState, token: int, lo: int, hi: int) -> None:
+    with st.cond:
+        st.release(token)  # only now may the download ask for these bytes
+    st.announce(lo, hi, True)
+
+
+def _checked(shard: ShardInfo, lo: int, hi: int, data: bytes, parts: List[Tuple[int, int]],
+             fetch: Callable[[int, int], bytes]) -> bytes:
+    """``data`` with every sample not wholly fetched (``parts``) checked against its
+    digest, and fetched when it fails (bytes of a sparse partial no download of
+    this process re-hashed)."""
+    if parts == [(lo, hi)]:
+        return data
+    off, dig = shard.offsets, shard.sample_digests
+    assert off is not None and dig is not None
+    fetched = Ranges(list(parts))
+    buf: Optional[bytearray] = None
+    n = len(off) - 1
+    j = bisect.bisect_left(off, lo, 0, n)
+    while j < n and int(off[j + 1]) <= hi:
+        a, b = int(off[j]), int(off[j + 1])
+        if not fetched.covers(a, b) and xxhash.xxh3_64_intdigest(memoryview(data)[a - lo:b - lo]) != int(dig[j]):
+            if buf is None:
+                buf = bytearray(data)
+            buf[a - lo:b - lo] = fetch(a, b)
+        j += 1
+    return data if buf is None else bytes(buf)
 
 
 def _keeper() -> Any:
@@ -339,12 +241,12 @@ def _keeper() -> Any:
         return _KEEPER
 
 
-def _keep_then_release(st: SparseState, token: int, keep: Callable[[bytes], Any], data: bytes) -> None:
+def _keep_then_release(st: SparseState, token: int, keep: Callable[[bytes], Any], data: bytes,
+                       lo: int, hi: int) -> None:
     try:
         keep(data)
     finally:
-        with st.cond:
-            st.release(token)  # only now may the download ask for these bytes
+        _release(st, token, lo, hi)
 
 
 def _around(st: SparseState, lo: int, hi: int, parts: List[Tuple[int, int]],
@@ -546,6 +448,8 @@ def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[in
     busy = Ranges(st.have.spans)
     for pos, end, _ in st.claims.values():
         busy.add(pos, end)
+    for a, b in st.foreign_claims():  # another process fetches them now
+        busy.add(a, b)
     gaps = busy.missing(0, st.size)
     if not gaps:
         return None

@@ -187,6 +187,7 @@ def fetch_pieces(st: Any, fd: int, url: str, store: Any, budget: Any,
             a, b, token = nxt
             if not helper and not getattr(store, "ranged_first", False):
                 spawned[0]()  # more pieces may follow: up to PIECE_CONNECTIONS at once (after the first step)
+            st.announce(a, b, False)  # other processes' readers wait for it rather than fetch it
             w = Writer(st, fd, token, a)
             try:
                 fetch_range(url, a, b, config=store.fetch, budget=budget, session=store.session(), sink=w)
@@ -200,6 +201,7 @@ def fetch_pieces(st: Any, fd: int, url: str, store: Any, budget: Any,
                 finally:
                     with st.cond:
                         st.release(token)
+                    st.announce(a, b, True)
             return True
         finally:
             _SLOTS.give()
