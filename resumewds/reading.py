@@ -24,7 +24,7 @@ A map of this module:
   read-ahead).  A shuffled window waits for the samples just past the end
   of a partial this process is downloading (:data:`WINDOW_AHEAD`), so that
   fewer bytes are fetched twice.  A shard whose download fills a sparse
-  partial (opt-in, :mod:`resumewds.cache.sparse`: :func:`declare` tells the store
+  partial (the default, :mod:`resumewds.cache.sparse`: :func:`declare` tells the store
   that this process reads by range) is read from there (``_from_sparse``),
   and the verified samples of every range are written into it, so that the
   download never fetches them again.  Switched off by

@@ -24,6 +24,8 @@ Where things are (read in this order)::
                  download's, so that no byte is fetched twice
     sparsepieces.py  a sparse download's gaps in pieces over several ranged
                  connections at once (each piece written, then recorded)
+    sparsemap.py the map as one process sees it: ranges present, and the
+                 ranges other processes (DataLoader workers) fetch now
     bulk.py      the CLI's passes over a manifest: verify_all, prefetch_all
 
 prefetch.py, bulk.py and :mod:`resumewds.repair` call the store back only

@@ -1,6 +1,6 @@
 """Sparse partial downloads: a shard filled by verified ranges, in any order.
 
-With :data:`SPARSE_PARTIALS` on (opt-in), a remote shard whose manifest has
+With :data:`SPARSE_PARTIALS` on (the default), a remote shard whose manifest has
 sample digests (v3), read by range in this process (``store.ranged_fill``,
 set by :func:`resumewds.reading.declare`), on a server that honours
 ``Range``, is downloaded into a pre-sized (sparse) file instead of
@@ -11,21 +11,26 @@ there and never downloaded again::
     <entry>.sparse      the shard's bytes at their offsets (holes where none arrived yet)
     <entry>.sparse.map  append-only records, one per range present:
                         start, end, xxh3_64 of the range, the shard's xxh3_64, and the
-                        record's own xxh3_64 (40 bytes, little-endian)
+                        record's own xxh3_64 (40 bytes, little-endian); and the
+                        claims of ranges being fetched (:mod:`resumewds.cache.sparsemap`)
 
-A ranged read (:func:`fetch_around`, :func:`keep_verified`) writes the
-samples of its range that match their digests, *then* appends their record,
-under the map's ``flock`` shared.  The download (:func:`download`, under the
-entry's download lock) asks only for the gaps no record covers and no ranged
-read of this process has in flight (claims in a :class:`SparseState`, shared
-with the readers, who wait for bytes it is writing now), records what it
-wrote every :data:`RECORD_EVERY` bytes, hashes the whole file in order once
+A ranged read (:func:`fetch_around`, :func:`keep_verified`) claims its range,
+writes the samples of its range that match their digests, *then* appends
+their record, under the map's ``flock`` shared, and only then gives the
+claim back.  The download (:func:`download`, under the entry's download
+lock) asks only for the gaps no record covers and no ranged read has in
+flight (claims in a :class:`SparseState`, shared with this process's
+readers, who wait for bytes it is writing now, and claim records in the map
+for the other processes'), in pieces over several connections at once
+(:mod:`resumewds.cache.sparsepieces`), each recorded every
+:data:`RECORD_EVERY` bytes; it hashes the whole file in order once
 complete, and the caller checks and repairs it before :func:`publish` renames
-it under the map's ``flock`` exclusive.  A record follows its bytes, every
-record's range is re-hashed when the download reopens the file (a machine
-crash may lose unsynced bytes), readers check every sample and the whole
-file is checked before it is published: a corrupt block is never trusted.
-docs/DIGESTS.md has the rules and the figures.
+it under the map's ``flock`` exclusive (a map a kill leaves after that
+rename is dropped by the next download of the entry: :func:`drop_stale`).
+A record follows its bytes, every record's range is re-hashed when the
+download reopens the file (a machine crash may lose unsynced bytes), readers
+check every sample and the whole file is checked before it is published: a
+corrupt block is never trusted.  docs/DIGESTS.md has the rules and the figures.
 
 Example:
     >>> r = Ranges(); r.add(0, 10); r.add(20, 30); r.add(10, 12)
@@ -68,7 +73,8 @@ SPARSE_PARTIALS: Optional[bool] = None
 CHUNK = 1 << 30
 #: ... and at most this many while ranged reads of the shard go on (within :data:`BUSY_SECONDS`):
 #: a reader waits for a sample in the range being written rather than fetching it a second time
-BUSY_CHUNK = 1 << 20
+#: (2 MB: 1 MB made more requests than a shuffled cold epoch gained from shorter waits)
+BUSY_CHUNK = 2 << 20
 #: ranged reads of a shard this recent make its download ask for :data:`BUSY_CHUNK` at a time
 BUSY_SECONDS = 1.0
 #: a ranged read waiting for the download to write its bytes gives up after this long without progress
@@ -444,7 +450,8 @@ def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[in
     ``cursor`` (else from the start) that nothing covers or claims, joined with
     the gaps that follow across islands shorter than :data:`ISLAND`; at most
     :data:`BUSY_CHUNK` bytes in the first :data:`BUSY_SECONDS` of the download
-    (``since``) and while ranged reads of the shard go on, else :data:`CHUNK`."""
+    (``since``) and while ranged reads of the shard go on, else :data:`CHUNK`
+    and a piece (:data:`~resumewds.cache.sparsepieces.PIECE`)."""
     busy = Ranges(st.have.spans)
     for pos, end, _ in st.claims.values():
         busy.add(pos, end)
