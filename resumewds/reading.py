@@ -587,12 +587,16 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
             lst = todo[si] = []
         lst.append(j)
     if not todo:
+        if not part:
+            rr.store.ranged_first = False  # a first step read from the cache: downloads go ahead
         return
     t0 = time.perf_counter()
     try:
         _prepare(reader, rr, todo, stream, set(where), part)
     finally:
         reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
+        if not part:
+            rr.store.ranged_first = False  # the first batch is in (or failed): sparse downloads go ahead
 
 
 def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
@@ -672,7 +676,6 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
     rr.trim(step)  # never what this step reads
     if not part:
         rr.steps += 1
-        rr.store.ranged_first = False  # the first batch is in: sparse downloads may widen
 
 
 def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:

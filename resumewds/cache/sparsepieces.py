@@ -6,9 +6,10 @@ connection per shard would make it slower than a streamed download plus the
 ranged reads' own connections, so the gaps are split into pieces of at most
 :data:`PIECE` bytes (the caller's ``next_piece`` picks and claims each one,
 in order) fetched by up to :data:`PIECE_CONNECTIONS` threads per shard and
-:data:`DOWNLOAD_CONNECTIONS` requests at once in the process; one per shard
-while the reader's first step is read (``store.ranged_first``: more
-connections would slow the first batch down).  Each piece
+:data:`DOWNLOAD_CONNECTIONS` requests at once in the process; none while the
+reader's first step is read (``store.ranged_first``, at most
+:data:`FIRST_STEP_WAIT` seconds: downloading then made the first batch
+slower; :data:`FIRST_STEP_CONNECTIONS`).  Each piece
 follows the sparse partial's rules: its bytes are written with ``pwrite``
 where they belong, *then* its record is appended to the map (every
 :data:`RECORD_EVERY` bytes and at its end); a piece's claim is given back
@@ -34,8 +35,8 @@ import xxhash
 from ..repair import RangeIgnored, fetch_range
 from .layout import cache_error
 
-__all__ = ["DOWNLOAD_CONNECTIONS", "PIECE", "PIECE_CONNECTIONS", "RECORD_EVERY", "Writer", "fetch_pieces",
-           "record"]
+__all__ = ["DOWNLOAD_CONNECTIONS", "FIRST_STEP_CONNECTIONS", "FIRST_STEP_WAIT", "PIECE", "PIECE_CONNECTIONS",
+           "RECORD_EVERY", "PiecesResult", "Writer", "fetch_pieces", "record"]
 
 #: a sparse download's pieces: at most this many bytes per request
 PIECE = 4 << 20
@@ -43,6 +44,12 @@ PIECE = 4 << 20
 PIECE_CONNECTIONS = 4
 #: ... and at most this many piece requests at once in the process (all shards' downloads)
 DOWNLOAD_CONNECTIONS = 8
+#: connections per shard while the reader's first step is read (``store.ranged_first``):
+#: 0, the download waits for it (at most :data:`FIRST_STEP_WAIT` seconds): a download at
+#: the same time made the first batch slower (bench/bench_firstbatch.py), 1: one, more: as after
+FIRST_STEP_CONNECTIONS = 0
+#: ... the longest a sparse download waits for the reader's first step
+FIRST_STEP_WAIT = 2.0
 #: the download appends a record at least every this many bytes (what another process sees)
 RECORD_EVERY = 1 << 20
 
@@ -167,12 +174,17 @@ def fetch_pieces(st: Any, fd: int, url: str, store: Any, budget: Any,
         (False, 8)
     """
     res = PiecesResult()
+    t0 = time.monotonic()
     stop = threading.Event()
     helpers: List[threading.Thread] = []
     spawned: List[Callable[[], None]] = []  # the main thread's spawn(), once a piece of its own is claimed
 
     def one(helper: bool) -> bool:
         """Fetch one piece: True when one was fetched (or is worth waiting for)."""
+        if (FIRST_STEP_CONNECTIONS <= 0 and getattr(store, "ranged_first", False) and not stop.is_set()
+                and time.monotonic() - t0 < FIRST_STEP_WAIT):
+            time.sleep(0.005)  # the reader's first step goes first
+            return True
         if not _SLOTS.take(wait=not helper):
             return False
         try:
@@ -185,7 +197,7 @@ def fetch_pieces(st: Any, fd: int, url: str, store: Any, budget: Any,
                     st.cond.wait(0.05)  # only claims in flight: their bytes, or their gaps back
                     return True
             a, b, token = nxt
-            if not helper and not getattr(store, "ranged_first", False):
+            if not helper and (FIRST_STEP_CONNECTIONS > 1 or not getattr(store, "ranged_first", False)):
                 spawned[0]()  # more pieces may follow: up to PIECE_CONNECTIONS at once (after the first step)
             st.announce(a, b, False)  # other processes' readers wait for it rather than fetch it
             w = Writer(st, fd, token, a)

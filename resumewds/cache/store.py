@@ -151,8 +151,8 @@ class ShardStore:
         #: a reader of this process fetches samples by range (resumewds.reading.declare):
         #: downloads of shards with sample digests fill sparse partials around those ranges
         self.ranged_fill = False
-        #: ... and has not finished its first step yet: sparse downloads use one connection
-        #: each meanwhile (more would slow the first batch down; resumewds.cache.sparsepieces)
+        #: ... and has not finished its first step yet: sparse downloads wait for it
+        #: (the first batch comes first; resumewds.cache.sparsepieces.FIRST_STEP_CONNECTIONS)
         self.ranged_first = False
         self._verified_local: Set[str] = set()
         self._init_runtime()
