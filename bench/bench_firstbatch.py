@@ -30,7 +30,11 @@ shuffled pipeline and iterates batches of 64:
 
 * ``resumewds``: ``WebDataset(manifest_url, shuffle=True).batched(64)``
   (window shuffle of 8 shards, manifest v3 with sample digests: the first
-  batches are verified ranged reads and reads of the partial downloads);
+  batches are verified ranged reads and reads of the partial downloads,
+  which are sparse partials: the default configuration);
+* ``resumewds-off``: the same with sparse partial downloads off
+  (``resumewds.cache.sparse.SPARSE_PARTIALS = False``: the whole-shard
+  download fetches the ranged bytes a second time); ``--no-off`` skips it;
 * ``resumewds-whole``: the same with ranged reads off
   (``WebDataset(..., ranged_reads=False)``: every shard is read once it
   is downloaded whole and verified);
@@ -51,16 +55,16 @@ Run::
     python bench/bench_firstbatch.py --throughput --quick --sizes 32 --prefetch-threads 2,4 --repeats 3 --no-whole
                                                  # old vs new default, interleaved, medians
 
-Also reported: the bytes fetched by range, which the whole-shard prefetch
-downloads a second time unless sparse partial downloads are on (as a share of
-the epoch's bytes).  ``--sent`` (or ``--sent-only``) adds one cold epoch per order
-(shuffled window, in order), with and without sparse partial downloads, each
-with a server of its own, and reports the bytes the server sent against the
-shards' bytes (target <= 1.02x); ``--sparse`` adds a resumewds variant with
-sparse partial downloads to the throughput comparison::
+Also reported: the bytes fetched by range (kept in the sparse partials by
+default; downloaded a second time by ``resumewds-off``), as a share of the
+epoch's bytes.  ``--sent`` (or ``--sent-only``) adds cold epochs, each with
+a server of its own: shuffled window and in order, with the default
+configuration and with sparse partials off, and a shuffled one through
+``WebLoader(num_workers=2)``; it reports the bytes the server sent against
+the shards' bytes (target <= 1.02x)::
 
     python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --sent-only
-    python bench/bench_firstbatch.py --throughput --quick --sizes 32 --no-whole --sparse --repeats 3
+    python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --no-whole --repeats 5
 """
 
 from __future__ import annotations
@@ -366,6 +370,13 @@ def main(argv: Any = None) -> int:
                          (f"cold throughput / webdataset, {mb} MB{label}", thr_ratio),
                          (f"extra bytes by range / epoch bytes, {mb} MB{label}", med(name, 3) / data_bytes)]
                 ok = ok and first_ratio <= 2 and thr_ratio >= 3
+            if "resumewds" in res and "resumewds-off" in res:  # the default against sparse partials off
+                print(f"{mb} MB shards: resumewds / resumewds-off: first batch "
+                      f"{med('resumewds', 0) / med('resumewds-off', 0):.2f}x (target <= 1), cold throughput "
+                      f"{rate('resumewds') / rate('resumewds-off'):.2f}x (target >= 1)")
+                rows += [(f"first batch / sparse partials off, {mb} MB", med("resumewds", 0) / med("resumewds-off", 0)),
+                         (f"cold throughput / sparse partials off, {mb} MB",
+                          rate("resumewds") / rate("resumewds-off"))]
     print("| metric | ratio |\n|---|---|")
     for k, v in rows:
         print(f"| {k} | {v:.2f}x |" if "extra" not in k else f"| {k} | {100 * v:.1f}% |")

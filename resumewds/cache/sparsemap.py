@@ -176,14 +176,20 @@ class SparseState:
         return out
 
     def _add(self, raw: bytes) -> None:
-        for a, b, _ in self.parse(raw):
-            self.have.add(a, b)
         me = os.getpid()
-        for a, b, v in self.parse(raw, self.tag ^ CLAIM):
-            if v & 0xFFFFFFFF != me:
-                self.foreign[(a, b, v & 0xFFFFFFFF)] = float(v >> 32)
-        for a, b, v in self.parse(raw, self.tag ^ RELEASE):
-            self.foreign.pop((a, b, v & 0xFFFFFFFF), None)
+        claim, release = self.tag ^ CLAIM, self.tag ^ RELEASE
+        for off in range(0, len(raw) - _REC.size + 1, _REC.size):
+            a, b, v, t, check = _REC.unpack_from(raw, off)
+            if (t not in (self.tag, claim, release) or not 0 <= a < b <= self.size
+                    or check != xxhash.xxh3_64_intdigest(raw[off:off + 32])):
+                continue  # of another shard, nonsense, or torn: not trusted
+            if t == self.tag:
+                self.have.add(a, b)
+            elif v & 0xFFFFFFFF != me:
+                if t == claim:
+                    self.foreign[(a, b, v & 0xFFFFFFFF)] = float(v >> 32)
+                else:
+                    self.foreign.pop((a, b, v & 0xFFFFFFFF), None)
 
     def foreign_claims(self, a: int = 0, b: int = -1) -> List[Tuple[int, int]]:
         """The ranges (overlapping ``[a, b)``) another live process is fetching now:

@@ -43,7 +43,7 @@ PIECE = 4 << 20
 #: ... fetched over at most this many connections at once per shard
 PIECE_CONNECTIONS = 4
 #: ... and at most this many piece requests at once in the process (all shards' downloads)
-DOWNLOAD_CONNECTIONS = 8
+DOWNLOAD_CONNECTIONS = 12
 #: connections per shard while the reader's first step is read (``store.ranged_first``):
 #: 0, the download waits for it (at most :data:`FIRST_STEP_WAIT` seconds): a download at
 #: the same time made the first batch slower (bench/bench_firstbatch.py), 1: one, more: as after
