@@ -59,7 +59,7 @@ from ..storeapi import StoreAPI
 from . import layout, sparsepieces
 from .layout import NOFOLLOW, cache_error
 from .sparsemap import _REC, MAP_SUFFIX, SUFFIX, Ranges, SparseState
-from .sparsepieces import RECORD_EVERY, fetch_pieces, record
+from .sparsepieces import RECORD_EVERY, after_first_step, fetch_pieces, record
 
 __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
            "SparseState", "WAIT_STALL", "discard", "download", "drop_stale", "eligible", "fetch_around",
@@ -180,7 +180,8 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
         st.ranged_at = time.monotonic()
         token = st.claim(lo, hi, False)  # from now on the download leaves these bytes out
         st.announce(lo, hi, False)  # ... and another process's download too
-        st.refresh()
+        if patient:
+            st.refresh()  # what other processes fetched, and fetch now
         t_last, last = time.monotonic(), st.have.total()
         slack = max(64 << 10, int(st.dl_rate * FIRST_WAIT))
         while any(dl and pos < hi and lo < end and (patient or hi - pos <= hi - lo + slack)
@@ -484,6 +485,7 @@ def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) 
     """
     st = _state(base, shard)
     url = shard.url
+    after_first_step(store)  # the reader's first batch comes first
     t0 = time.monotonic()
     try:
         _open(st)

@@ -36,7 +36,7 @@ from ..repair import RangeIgnored, fetch_range
 from .layout import cache_error
 
 __all__ = ["DOWNLOAD_CONNECTIONS", "FIRST_STEP_CONNECTIONS", "FIRST_STEP_WAIT", "PIECE", "PIECE_CONNECTIONS",
-           "RECORD_EVERY", "PiecesResult", "Writer", "fetch_pieces", "record"]
+           "RECORD_EVERY", "PiecesResult", "Writer", "after_first_step", "fetch_pieces", "record"]
 
 #: a sparse download's pieces: at most this many bytes per request
 PIECE = 4 << 20
@@ -160,6 +160,16 @@ class PiecesResult:
         self.lock = threading.Lock()
 
 
+def after_first_step(store: Any) -> None:
+    """With :data:`FIRST_STEP_CONNECTIONS` 0, wait (at most :data:`FIRST_STEP_WAIT`
+    seconds) while the store's reader reads its first step (``store.ranged_first``):
+    a sparse download neither opens its partial nor fetches before it."""
+    t0 = time.monotonic()
+    while (FIRST_STEP_CONNECTIONS <= 0 and getattr(store, "ranged_first", False)
+           and time.monotonic() - t0 < FIRST_STEP_WAIT):
+        time.sleep(0.005)
+
+
 def fetch_pieces(st: Any, fd: int, url: str, store: Any, budget: Any,
                  next_piece: Callable[[], Optional[Tuple[int, int, int]]],
                  complete: Callable[[], bool]) -> PiecesResult:
@@ -174,17 +184,12 @@ def fetch_pieces(st: Any, fd: int, url: str, store: Any, budget: Any,
         (False, 8)
     """
     res = PiecesResult()
-    t0 = time.monotonic()
     stop = threading.Event()
     helpers: List[threading.Thread] = []
     spawned: List[Callable[[], None]] = []  # the main thread's spawn(), once a piece of its own is claimed
 
     def one(helper: bool) -> bool:
         """Fetch one piece: True when one was fetched (or is worth waiting for)."""
-        if (FIRST_STEP_CONNECTIONS <= 0 and getattr(store, "ranged_first", False) and not stop.is_set()
-                and time.monotonic() - t0 < FIRST_STEP_WAIT):
-            time.sleep(0.005)  # the reader's first step goes first
-            return True
         if not _SLOTS.take(wait=not helper):
             return False
         try:
