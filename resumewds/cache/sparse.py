@@ -73,7 +73,7 @@ SPARSE_PARTIALS: Optional[bool] = None
 CHUNK = 1 << 30
 #: ... and at most this many while ranged reads of the shard go on (within :data:`BUSY_SECONDS`):
 #: a reader waits for a sample in the range being written rather than fetching it a second time
-#: (2 MB: 1 MB made more requests than a shuffled cold epoch gained from shorter waits)
+#: (2 MB: with 1 MB the extra requests cost a shuffled cold epoch more than the shorter waits save)
 BUSY_CHUNK = 2 << 20
 #: ranged reads of a shard this recent make its download ask for :data:`BUSY_CHUNK` at a time
 BUSY_SECONDS = 1.0

@@ -8,7 +8,7 @@ ranged reads' own connections, so the gaps are split into pieces of at most
 in order) fetched by up to :data:`PIECE_CONNECTIONS` threads per shard and
 :data:`DOWNLOAD_CONNECTIONS` requests at once in the process; none while the
 reader's first step is read (``store.ranged_first``, at most
-:data:`FIRST_STEP_WAIT` seconds: downloading then made the first batch
+:data:`FIRST_STEP_WAIT` seconds: downloading then makes the first batch
 slower; :data:`FIRST_STEP_CONNECTIONS`).  Each piece
 follows the sparse partial's rules: its bytes are written with ``pwrite``
 where they belong, *then* its record is appended to the map (every
@@ -46,7 +46,7 @@ PIECE_CONNECTIONS = 4
 DOWNLOAD_CONNECTIONS = 12
 #: connections per shard while the reader's first step is read (``store.ranged_first``):
 #: 0, the download waits for it (at most :data:`FIRST_STEP_WAIT` seconds): a download at
-#: the same time made the first batch slower (bench/bench_firstbatch.py), 1: one, more: as after
+#: the same time makes the first batch slower (bench/bench_firstbatch.py), 1: one, more: as after
 FIRST_STEP_CONNECTIONS = 0
 #: ... the longest a sparse download waits for the reader's first step
 FIRST_STEP_WAIT = 2.0
