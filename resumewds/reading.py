@@ -587,8 +587,7 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
             lst = todo[si] = []
         lst.append(j)
     if not todo:
-        if not part:
-            rr.store.ranged_first = False  # a first step read from the cache: downloads go ahead
+        rr.store.ranged_first = False  # a first step read from the cache: downloads go ahead
         return
     t0 = time.perf_counter()
     try:

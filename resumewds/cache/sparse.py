@@ -59,7 +59,7 @@ from ..storeapi import StoreAPI
 from . import layout, sparsepieces
 from .layout import NOFOLLOW, cache_error
 from .sparsemap import _REC, MAP_SUFFIX, SUFFIX, Ranges, SparseState
-from .sparsepieces import RECORD_EVERY, after_first_step, fetch_pieces, record
+from .sparsepieces import RECORD_EVERY, fetch_pieces, record
 
 __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
            "SparseState", "WAIT_STALL", "discard", "download", "drop_stale", "eligible", "fetch_around",
@@ -485,7 +485,6 @@ def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) 
     """
     st = _state(base, shard)
     url = shard.url
-    after_first_step(store)  # the reader's first batch comes first
     t0 = time.monotonic()
     try:
         _open(st)

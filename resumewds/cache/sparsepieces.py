@@ -34,6 +34,7 @@ import xxhash
 
 from ..repair import RangeIgnored, fetch_range
 from .layout import cache_error
+from .prefetch import THREAD_NAME as PREFETCH_THREAD
 
 __all__ = ["DOWNLOAD_CONNECTIONS", "FIRST_STEP_CONNECTIONS", "FIRST_STEP_WAIT", "PIECE", "PIECE_CONNECTIONS",
            "RECORD_EVERY", "PiecesResult", "Writer", "after_first_step", "fetch_pieces", "record"]
@@ -161,12 +162,18 @@ class PiecesResult:
 
 
 def after_first_step(store: Any) -> None:
-    """With :data:`FIRST_STEP_CONNECTIONS` 0, wait (at most :data:`FIRST_STEP_WAIT`
-    seconds) while the store's reader reads its first step (``store.ranged_first``):
-    a sparse download neither opens its partial nor fetches before it."""
+    """With :data:`FIRST_STEP_CONNECTIONS` 0, a prefetch thread's download waits
+    (at most :data:`FIRST_STEP_WAIT` seconds, and not once the prefetch stops)
+    while the store's reader reads its first step (``store.ranged_first``): it
+    fetches nothing before it (its partial is open: the first step's ranges
+    are kept there).  A reader's own download (the reader needs the shard
+    whole now) never waits."""
+    if threading.current_thread().name != PREFETCH_THREAD:
+        return
+    pf = getattr(store, "_prefetch", None)
     t0 = time.monotonic()
     while (FIRST_STEP_CONNECTIONS <= 0 and getattr(store, "ranged_first", False)
-           and time.monotonic() - t0 < FIRST_STEP_WAIT):
+           and time.monotonic() - t0 < FIRST_STEP_WAIT and not getattr(pf, "stopping", False)):
         time.sleep(0.005)
 
 
@@ -184,6 +191,7 @@ def fetch_pieces(st: Any, fd: int, url: str, store: Any, budget: Any,
         (False, 8)
     """
     res = PiecesResult()
+    after_first_step(store)  # the reader's first batch comes first
     stop = threading.Event()
     helpers: List[threading.Thread] = []
     spawned: List[Callable[[], None]] = []  # the main thread's spawn(), once a piece of its own is claimed
