@@ -30,7 +30,11 @@ shuffled pipeline and iterates batches of 64:
 
 * ``resumewds``: ``WebDataset(manifest_url, shuffle=True).batched(64)``
   (window shuffle of 8 shards, manifest v3 with sample digests: the first
-  batches are verified ranged reads and reads of the partial downloads);
+  batches are verified ranged reads and reads of the partial downloads,
+  which are sparse partials: the default configuration);
+* ``resumewds-off``: the same with sparse partial downloads off
+  (``resumewds.cache.sparse.SPARSE_PARTIALS = False``: the whole-shard
+  download fetches the ranged bytes a second time); ``--no-off`` skips it;
 * ``resumewds-whole``: the same with ranged reads off
   (``WebDataset(..., ranged_reads=False)``: every shard is read once it
   is downloaded whole and verified);
@@ -51,16 +55,16 @@ Run::
     python bench/bench_firstbatch.py --throughput --quick --sizes 32 --prefetch-threads 2,4 --repeats 3 --no-whole
                                                  # old vs new default, interleaved, medians
 
-Also reported: the bytes fetched by range, which the whole-shard prefetch
-downloads a second time unless sparse partial downloads are on (as a share of
-the epoch's bytes).  ``--sent`` (or ``--sent-only``) adds one cold epoch per order
-(shuffled window, in order), with and without sparse partial downloads, each
-with a server of its own, and reports the bytes the server sent against the
-shards' bytes (target <= 1.02x); ``--sparse`` adds a resumewds variant with
-sparse partial downloads to the throughput comparison::
+Also reported: the bytes fetched by range (kept in the sparse partials by
+default; downloaded a second time by ``resumewds-off``), as a share of the
+epoch's bytes.  ``--sent`` (or ``--sent-only``) adds cold epochs, each with
+a server of its own: shuffled window and in order, with the default
+configuration and with sparse partials off, and a shuffled one through
+``WebLoader(num_workers=2)``; it reports the bytes the server sent against
+the shards' bytes (target <= 1.02x)::
 
     python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --sent-only
-    python bench/bench_firstbatch.py --throughput --quick --sizes 32 --no-whole --sparse --repeats 3
+    python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --no-whole --repeats 5
 """
 
 from __future__ import annotations
@@ -114,14 +118,18 @@ def make_data(directory: str, shards: int, shard_mb: int, seed: int = 0,
 
 
 def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int = 0,
-                  ahead: float = -1, shuffle: bool = True, sparse: bool = False) -> Tuple[float, float, int, int]:
+                  ahead: float = -1, shuffle: bool = True, sparse: Any = None,
+                  workers: int = 0) -> Tuple[float, float, int, int]:
     """(seconds to the first batch, seconds for ``limit`` batches, payload bytes,
     bytes fetched by range: downloaded a second time by the whole-shard prefetch)."""
     import resumewds as rw
     from resumewds import reading
     from resumewds.cache import sparse as sparse_mod
 
-    sparse_mod.SPARSE_PARTIALS = sparse  # off (the default): the reader's ranges are downloaded again by the prefetch
+    # None: the default (on); False: the reader's ranges are downloaded again by the prefetch
+    sparse_mod.SPARSE_PARTIALS = sparse
+    if workers:
+        return _run_loader(url, cache, shuffle, workers, sparse)
     default_ahead = reading.WINDOW_AHEAD
     if ahead >= 0:
         reading.WINDOW_AHEAD = int(ahead * 1e6)
@@ -150,6 +158,36 @@ def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int =
         reading.WINDOW_AHEAD = default_ahead
     assert first is not None
     return first, total, nbytes, ranged_bytes
+
+
+def _run_loader(url: str, cache: str, shuffle: bool, workers: int, sparse: Any) -> Tuple[float, float, int, int]:
+    """One cold epoch of ``WebLoader(..., num_workers=workers)``, batches of 64: as :func:`run_resumewds`
+    (no range counter: the workers keep theirs)."""
+    import resumewds as rw
+
+    shutil.rmtree(cache, ignore_errors=True)
+    old = os.environ.get("RESUMEWDS_SPARSE_PARTIALS")
+    if sparse is not None:
+        os.environ["RESUMEWDS_SPARSE_PARTIALS"] = "1" if sparse else "0"  # workers started by spawn too
+    ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, shuffle=shuffle, seed=1)
+    loader = rw.WebLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=list)
+    t0 = time.perf_counter()
+    first = None
+    nbytes = 0
+    try:
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - t0
+            nbytes += sum(len(s["bin"]) for s in batch)
+    finally:
+        total = time.perf_counter() - t0
+        if old is None:
+            os.environ.pop("RESUMEWDS_SPARSE_PARTIALS", None)
+        else:
+            os.environ["RESUMEWDS_SPARSE_PARTIALS"] = old
+        ds.close()
+    assert first is not None
+    return first, total, nbytes, 0
 
 
 def run_webdataset(url: str, names: List[str], limit: int) -> Tuple[float, float, int, int]:
@@ -213,8 +251,10 @@ def main(argv: Any = None) -> int:
                        help="throughput mode: also one cold resumewds epoch per order (shuffled, in order), "
                             "each with a server of its own: the bytes it sent / the data set's bytes"),
         p.add_argument("--sparse", action="store_true",
-                       help="throughput mode: also a resumewds variant with sparse partial downloads on "
-                            "(resumewds.cache.sparse.SPARSE_PARTIALS)"),
+                       help="throughput mode: accepted for old command lines (sparse partial downloads are "
+                            "the default; the resumewds-off variant runs without them)"),
+        p.add_argument("--no-off", action="store_true",
+                       help="throughput mode: skip the resumewds-off variant (sparse partial downloads off)"),
         p.add_argument("--sent-only", action="store_true", help="throughput mode: only the --sent epochs"),
         p.add_argument("--throughput", action="store_true",
                        help="the cold-throughput comparison of one path (batched WebDataset, timed from the "
@@ -251,8 +291,8 @@ def main(argv: Any = None) -> int:
             variants["resumewds" + ("@" + tag if tag else "")] = (True, t, a)
     if not args.no_whole:
         variants["resumewds-whole"] = (False, threads[0], aheads[0])
-    if args.sparse:
-        variants["resumewds-sparse"] = (True, threads[0], aheads[0])
+    if not args.no_off:  # the default (sparse partial downloads) against them off, interleaved
+        variants["resumewds-off"] = (True, threads[0], aheads[0])
     with workdir(args, "firstbatch") as d:
         for mb in sizes:
             n = count.get(mb, 4)
@@ -263,15 +303,19 @@ def main(argv: Any = None) -> int:
                   f"{time.perf_counter() - t0:.1f}s; server limited to {args.rate:g} MB/s per connection",
                   flush=True)
             if args.sent or args.sent_only:
-                for shuffle, sparse in [(sh, sp) for sh in (True, False) for sp in (True, False)]:
+                # (shuffled, sparse partials: None = the default / False = off, DataLoader workers)
+                epochs = [(sh, sp, 0) for sh in (True, False) for sp in (None, False)] + [(True, None, 2)]
+                for shuffle, sparse, workers in epochs:
                     stats: Dict[str, Any] = {}
                     with served(os.path.join(d, f"d{mb}"), args.rate * 1e6, stats) as url:
                         out = run_resumewds(url, os.path.join(d, "cache"), True, limit=10 ** 9, shuffle=shuffle,
-                                            sparse=sparse)
+                                            sparse=sparse, workers=workers)
                     shutil.rmtree(os.path.join(d, "cache"), ignore_errors=True)
                     sent = sum(v for k, v in stats.get("bytes_by_path", {}).items() if k.endswith(".tar")) \
                         or int(stats.get("bytes_sent", 0))
-                    order = ("shuffled" if shuffle else "in order") + (", sparse partials" if sparse else "")
+                    order = (("shuffled" if shuffle else "in order") + (", sparse partials off" if sparse is False
+                                                                        else "")
+                             + (f", WebLoader num_workers={workers}" if workers else ""))
                     print(f"# {mb} MB shards, {order}: the server sent {sent / 1e6:.1f} MB for {data_bytes / 1e6:.1f} "
                           f"MB of shards ({sent / data_bytes:.3f}x); epoch {out[1]:.2f}s, "
                           f"{out[2] / 1e6 / out[1]:.1f} MB/s", flush=True)
@@ -290,7 +334,7 @@ def main(argv: Any = None) -> int:
                         else:
                             ranged, t, a = variants[name]
                             out = run_resumewds(url, cache, ranged, limit=10 ** 9, threads=t, ahead=a,
-                                                sparse=name == "resumewds-sparse")
+                                                sparse=False if name in ("resumewds-off", "resumewds-whole") else None)
                         res[name].append(out)
                         extra = f"  ranged {out[3] / 1e6:6.1f} MB ({100 * out[3] / data_bytes:4.1f}% extra)" \
                             if name in variants and variants[name][0] else ""
@@ -317,8 +361,8 @@ def main(argv: Any = None) -> int:
                          else "")
                 print(f"{mb} MB shards: cold throughput {name} {rate(name) / 1e6:.1f} MB/s, {whole}"
                       f"webdataset {rate('webdataset') / 1e6:.1f} MB/s  -> ratio {thr_ratio:.2f}x (target >= 3)")
-                again = ("kept in sparse partials, not downloaded again" if name == "resumewds-sparse"
-                         else "downloaded again by the whole-shard prefetch")
+                again = ("downloaded again by the whole-shard prefetch" if name == "resumewds-off"
+                         else "kept in sparse partials, not downloaded again")
                 print(f"{mb} MB shards: {name} fetched {med(name, 3) / 1e6:.1f} MB by range, {again}: "
                       f"{100 * med(name, 3) / data_bytes:.1f}% of the {data_bytes / 1e6:.0f} MB epoch")
                 label = "" if len(variants) == 1 or name == "resumewds" else f" ({name})"
@@ -326,6 +370,13 @@ def main(argv: Any = None) -> int:
                          (f"cold throughput / webdataset, {mb} MB{label}", thr_ratio),
                          (f"extra bytes by range / epoch bytes, {mb} MB{label}", med(name, 3) / data_bytes)]
                 ok = ok and first_ratio <= 2 and thr_ratio >= 3
+            if "resumewds" in res and "resumewds-off" in res:  # the default against sparse partials off
+                print(f"{mb} MB shards: resumewds / resumewds-off: first batch "
+                      f"{med('resumewds', 0) / med('resumewds-off', 0):.2f}x (target <= 1), cold throughput "
+                      f"{rate('resumewds') / rate('resumewds-off'):.2f}x (target >= 1)")
+                rows += [(f"first batch / sparse partials off, {mb} MB", med("resumewds", 0) / med("resumewds-off", 0)),
+                         (f"cold throughput / sparse partials off, {mb} MB",
+                          rate("resumewds") / rate("resumewds-off"))]
     print("| metric | ratio |\n|---|---|")
     for k, v in rows:
         print(f"| {k} | {v:.2f}x |" if "extra" not in k else f"| {k} | {100 * v:.1f}% |")

@@ -64,9 +64,11 @@ RESUMEWDS_S3_ANONYMOUS                                       0                 1
 RESUMEWDS_RANGED_READS                                       1                 0: no verified ranged reads / reads of
                                                                                the partial download of shards not
                                                                                cached yet (docs/DIGESTS.md)
-RESUMEWDS_SPARSE_PARTIALS                                    0                 1: ranged reads' bytes kept in a sparse
-                                                                               partial download, none fetched twice
-                                                                               (docs/DIGESTS.md)
+RESUMEWDS_SPARSE_PARTIALS                                    1                 0: the background download of a shard
+                                                                               read by range fetches it whole again
+                                                                               (1: ranged reads' bytes kept in a sparse
+                                                                               partial, none fetched twice;
+                                                                               docs/DIGESTS.md)
 RESUMEWDS_WORKER_STALL                                       60                seconds a DataLoader worker may stay
                                                                                stopped (SIGSTOP) while the loader waits
                                                                                for it (0: no limit; resumewds.watchdog)
@@ -214,7 +216,7 @@ VARS: Dict[str, Var] = {
     # sample-granular reads of remote v3 shards not cached yet (resumewds.reading)
     "ranged_reads": Var("RESUMEWDS_RANGED_READS", _bool, True),
     # ranged reads' bytes kept in a sparse partial download (resumewds.cache.sparse)
-    "sparse_partials": Var("RESUMEWDS_SPARSE_PARTIALS", _bool, False),
+    "sparse_partials": Var("RESUMEWDS_SPARSE_PARTIALS", _bool, True),
     # a stopped DataLoader worker (resumewds.watchdog)
     "worker_stall": Var("RESUMEWDS_WORKER_STALL", _float, 60.0, check=_non_negative),
 }
@@ -346,8 +348,8 @@ def ranged_reads(explicit: Optional[bool] = None) -> bool:
 def sparse_partials(explicit: Optional[bool] = None) -> bool:
     """Whether the background download of a shard read by range fills a sparse
     partial around the verified ranges, so no byte is fetched twice:
-    ``RESUMEWDS_SPARSE_PARTIALS`` (default off: it costs cold throughput over a
-    per-connection rate limit; docs/DIGESTS.md).
+    ``RESUMEWDS_SPARSE_PARTIALS`` (default on; ``0`` downloads such a shard
+    whole, its ranged bytes a second time; docs/DIGESTS.md).
 
     Example:
         >>> sparse_partials(True)

@@ -117,14 +117,18 @@ def fetch_group(rr: Any, on_event: Any, shard: Any, lo: int, hi: int, js: List[i
 
     # what the shard's sparse partial holds (or this process's download is writing) is not fetched again
     # (the first step, the first batch, waits only for a download about as close as its own request)
-    data = sparse.fetch_around(rr.store, shard, lo, hi, fetch, patient=rr.steps > 0)
+    def keep(data: bytes) -> None:
+        # the verified samples go into the shard's sparse partial (while the range is still
+        # claimed: the download never asks for them): never downloaded again
+        ok = {j for j in js if verified_in(data, lo, shard, j)}
+        kept = sparse.keep_verified(rr.store, shard, lo, data, sparse.verified_spans(shard, lo, hi, data, ok))
+        if kept:
+            with rr.lock:
+                rr.counters["range_kept"] += kept
+
+    # (the first step's ranges are written there once delivered: the first batch comes first)
+    data = sparse.fetch_around(rr.store, shard, lo, hi, fetch, patient=rr.steps > 0, keep=keep)
     bads = [j for j in js if not verified_in(data, lo, shard, j)]
-    # the verified samples go into the shard's sparse partial: never downloaded again
-    kept = sparse.keep_verified(rr.store, shard, lo, data,
-                                sparse.verified_spans(shard, lo, hi, data, set(js).difference(bads)))
-    if kept:
-        with rr.lock:
-            rr.counters["range_kept"] += kept
     for j in bads:
         a, b = shard.sample_range(j)
         on_event("range_verify_fail", shard.url, sample=j, start=a, end=b)

@@ -24,7 +24,7 @@ A map of this module:
   read-ahead).  A shuffled window waits for the samples just past the end
   of a partial this process is downloading (:data:`WINDOW_AHEAD`), so that
   fewer bytes are fetched twice.  A shard whose download fills a sparse
-  partial (opt-in, :mod:`resumewds.cache.sparse`: :func:`declare` tells the store
+  partial (the default, :mod:`resumewds.cache.sparse`: :func:`declare` tells the store
   that this process reads by range) is read from there (``_from_sparse``),
   and the verified samples of every range are written into it, so that the
   download never fetches them again.  Switched off by
@@ -593,6 +593,7 @@ def declare(ds: Any) -> None:
     rr = _ranged(ds)
     if hasattr(ds.store, "ranged_fill"):
         ds.store.ranged_fill = rr is not None and rr.active
+        ds.store.ranged_first = ds.store.ranged_fill and rr is not None and rr.steps == 0
 
 
 def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, part: bool = False) -> None:
@@ -651,12 +652,15 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
             lst = todo[si] = []
         lst.append(j)
     if not todo:
+        rr.store.ranged_first = False  # a first step read from the cache: downloads go ahead
         return
     t0 = time.perf_counter()
     try:
         _prepare(reader, rr, todo, stream, set(where), part)
     finally:
         reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
+        if not part:
+            rr.store.ranged_first = False  # the first batch is in (or failed): sparse downloads go ahead
 
 
 def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
@@ -687,7 +691,7 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
         # writes now, are candidates to wait for
         near = None if stream else cands.setdefault(si, [])
         pending[si] = _from_partial(rr, si, shards[si], js, stream, near if rr.steps else None,
-                                    sparse_near=near)
+                                    sparse_near=near if rr.steps else None)
     waits: Dict[int, List[int]] = {}
     if any(cands.values()):
         # While this step's ranges are fetched (RANGE_THREADS connections at once),

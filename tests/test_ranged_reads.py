@@ -17,6 +17,7 @@ import pytest
 import resumewds as rw
 from chaos.faultserver import FaultServer
 from resumewds import reading, synth, tario
+from resumewds.cache import sparsepieces
 from resumewds.errors import ChecksumMismatch
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -312,7 +313,8 @@ def test_a_mixture_reads_its_sources_by_range_too(tmp_path):
     roots = []
     for i in range(2):
         root = tmp_path / f"src{i}"
-        synth.write_shards(str(root), shards=2, samples=200, size_range=(1000, 4000), seed=20 + i)
+        # shards of ~2 MB: a sparse download fetches its pieces over several connections at once
+        synth.write_shards(str(root), shards=2, samples=800, size_range=(1000, 4000), seed=20 + i)
         rw.build_manifest(str(root / "shard-{000000..000001}.tar"), str(root / "manifest.json"), digests=True)
         roots.append(str(root))
 
@@ -428,6 +430,8 @@ def test_a_shuffled_window_waits_for_samples_just_past_a_growing_partial(v3, tmp
     truth = _truth(v3)
     warm = _warm(v3, tmp_path, shuffle=True)
     monkeypatch.setattr(reading, "WINDOW_STALL", 2.0)  # a loaded test machine: the download may pause
+    # the downloads run from the start (by default they wait for the first step): partials to wait for early
+    monkeypatch.setattr(sparsepieces, "FIRST_STEP_CONNECTIONS", 1)
     with FaultServer(v3, bytes_per_second=2_000_000) as srv:
         got, counters = _run(srv.url.rstrip("/") + "/", str(tmp_path / "cold"), shuffle=True)
     assert got == warm

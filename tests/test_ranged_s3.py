@@ -122,7 +122,7 @@ def test_s3_shards_fill_sparse_partials_around_the_ranged_reads(moto, proxy, tmp
     bytes the ranged reads kept are not downloaded again (client-side count), the epoch is exact."""
     from resumewds.cache import sparse
 
-    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)  # opt-in
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)  # the default: on
     root = str(tmp_path / "data")
     synth.write_shards(root, shards=3, samples=200, size_range=(2000, 8000), seed=5)
     rw.build_manifest(os.path.join(root, "shard-{000000..000002}.tar"), os.path.join(root, "manifest.json"),

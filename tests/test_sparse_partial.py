@@ -31,11 +31,13 @@ pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 @pytest.fixture(autouse=True)
-def _sparse_on(monkeypatch):
-    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)  # opt-in (a trade of cold throughput for bytes)
+def _default(monkeypatch):
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)  # the default: on
+    monkeypatch.delenv("RESUMEWDS_SPARSE_PARTIALS", raising=False)
 
 SHARDS = 4
 SAMPLES = 600
+TAGS: set = set()
 
 
 @pytest.fixture
@@ -44,6 +46,8 @@ def v3(tmp_path):
     synth.write_shards(str(root), shards=SHARDS, samples=SAMPLES, size_range=(2000, 8000), seed=3)
     rw.build_manifest(str(root / f"shard-{{000000..{SHARDS - 1:06d}}}.tar"), str(root / "manifest.json"),
                       digests=True)
+    TAGS.clear()  # the shards' xxh3_64: the tags of the records of bytes present (not of claims)
+    TAGS.update(int(s.xxh3_64, 16) for s in rw.load_manifest(str(root / "manifest.json")).shards)
     return str(root)
 
 
@@ -99,9 +103,11 @@ _CHILD = textwrap.dedent("""
 
 
 def _records(path):
+    """The map's records of bytes present: ``(start, end)``."""
     with open(path, "rb") as f:
         raw = f.read()
-    return [struct.unpack_from("<QQ", raw, off) for off in range(0, len(raw) - 39, 40)]
+    recs = [struct.unpack_from("<QQQQ", raw, off) for off in range(0, len(raw) - 39, 40)]
+    return [(a, b) for a, b, _, tag in recs if tag in TAGS]
 
 
 def _killed_mid_fill(v3, tmp_path):
@@ -196,15 +202,18 @@ def test_a_damaged_block_is_dropped_when_the_partial_is_reopened(v3, tmp_path):
     assert len(_records(m)) == len(recs) - 1 or st.have.total() < sum(r[1] - r[0] for r in recs)
 
 
-def test_the_environment_turns_sparse_partials_on(monkeypatch):
-    """``RESUMEWDS_SPARSE_PARTIALS`` is the switch; the module attribute wins over it."""
+def test_sparse_partials_are_on_by_default_and_the_environment_turns_them_off(monkeypatch):
+    """On by default; ``RESUMEWDS_SPARSE_PARTIALS=0`` turns them off; the module attribute wins."""
     from resumewds import config
 
     monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)
     monkeypatch.delenv("RESUMEWDS_SPARSE_PARTIALS", raising=False)
-    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is False
-    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "1")
     assert config.sparse_partials(sparse.SPARSE_PARTIALS) is True
+    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "0")
+    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is False
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)
+    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is True
+    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "1")
     monkeypatch.setattr(sparse, "SPARSE_PARTIALS", False)
     assert config.sparse_partials(sparse.SPARSE_PARTIALS) is False
     monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "maybe")

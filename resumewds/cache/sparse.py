@@ -1,6 +1,6 @@
 """Sparse partial downloads: a shard filled by verified ranges, in any order.
 
-With :data:`SPARSE_PARTIALS` on (opt-in), a remote shard whose manifest has
+With :data:`SPARSE_PARTIALS` on (the default), a remote shard whose manifest has
 sample digests (v3), read by range in this process (``store.ranged_fill``,
 set by :func:`resumewds.reading.declare`), on a server that honours
 ``Range``, is downloaded into a pre-sized (sparse) file instead of
@@ -11,21 +11,26 @@ there and never downloaded again::
     <entry>.sparse      the shard's bytes at their offsets (holes where none arrived yet)
     <entry>.sparse.map  append-only records, one per range present:
                         start, end, xxh3_64 of the range, the shard's xxh3_64, and the
-                        record's own xxh3_64 (40 bytes, little-endian)
+                        record's own xxh3_64 (40 bytes, little-endian); and the
+                        claims of ranges being fetched (:mod:`resumewds.cache.sparsemap`)
 
-A ranged read (:func:`fetch_around`, :func:`keep_verified`) writes the
-samples of its range that match their digests, *then* appends their record,
-under the map's ``flock`` shared.  The download (:func:`download`, under the
-entry's download lock) asks only for the gaps no record covers and no ranged
-read of this process has in flight (claims in a :class:`SparseState`, shared
-with the readers, who wait for bytes it is writing now), records what it
-wrote every :data:`RECORD_EVERY` bytes, hashes the whole file in order once
+A ranged read (:func:`fetch_around`, :func:`keep_verified`) claims its range,
+writes the samples of its range that match their digests, *then* appends
+their record, under the map's ``flock`` shared, and only then gives the
+claim back.  The download (:func:`download`, under the entry's download
+lock) asks only for the gaps no record covers and no ranged read has in
+flight (claims in a :class:`SparseState`, shared with this process's
+readers, who wait for bytes it is writing now, and claim records in the map
+for the other processes'), in pieces over several connections at once
+(:mod:`resumewds.cache.sparsepieces`), each recorded every
+:data:`RECORD_EVERY` bytes; it hashes the whole file in order once
 complete, and the caller checks and repairs it before :func:`publish` renames
-it under the map's ``flock`` exclusive.  A record follows its bytes, every
-record's range is re-hashed when the download reopens the file (a machine
-crash may lose unsynced bytes), readers check every sample and the whole
-file is checked before it is published: a corrupt block is never trusted.
-docs/DIGESTS.md has the rules and the figures.
+it under the map's ``flock`` exclusive (a map a kill leaves after that
+rename is dropped by the next download of the entry: :func:`drop_stale`).
+A record follows its bytes, every record's range is re-hashed when the
+download reopens the file (a machine crash may lose unsynced bytes), readers
+check every sample and the whole file is checked before it is published: a
+corrupt block is never trusted.  docs/DIGESTS.md has the rules and the figures.
 
 Example:
     >>> r = Ranges(); r.add(0, 10); r.add(20, 30); r.add(10, 12)
@@ -37,11 +42,10 @@ from __future__ import annotations
 
 import bisect
 import fcntl
-import itertools
 import os
-import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import xxhash
@@ -50,26 +54,27 @@ from .. import config as _config
 from ..events import EventKind as K
 from ..fetch import FetchBudget, FetchResult, is_remote_url
 from ..manifest import ShardInfo
-from ..repair import RangeIgnored, fetch_range
 from ..schemes import is_remote_object
 from ..storeapi import StoreAPI
-from . import layout
+from . import layout, sparsepieces
 from .layout import NOFOLLOW, cache_error
+from .sparsemap import _REC, MAP_SUFFIX, SUFFIX, Ranges, SparseState
+from .sparsepieces import RECORD_EVERY, fetch_pieces, record
 
 __all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
-           "SparseState", "WAIT_STALL", "discard", "download", "eligible", "fetch_around", "keep_verified", "lookup",
-           "publish", "stream_instead", "verified_spans"]
+           "SparseState", "WAIT_STALL", "discard", "download", "drop_stale", "eligible", "fetch_around",
+           "keep_verified", "lookup", "publish", "stream_instead", "verified_spans"]
 
 #: fill shards by ranges into a sparse partial: True / False, or None (the default):
-#: ``RESUMEWDS_SPARSE_PARTIALS`` (default off). Opt-in: it saves the bytes the ranged
-#: reads would have fetched twice (1.00x the data set instead of up to 1.4x), but over a
-#: per-connection rate limit a shuffled cold epoch runs slower (docs/DIGESTS.md)
+#: ``RESUMEWDS_SPARSE_PARTIALS`` (default on; ``0``: off, the download fetches the
+#: ranged reads' bytes a second time, up to 1.4x the data set; docs/DIGESTS.md)
 SPARSE_PARTIALS: Optional[bool] = None
 #: one request of the background download asks for at most this many bytes (no ranged reads going on)
 CHUNK = 1 << 30
 #: ... and at most this many while ranged reads of the shard go on (within :data:`BUSY_SECONDS`):
 #: a reader waits for a sample in the range being written rather than fetching it a second time
-BUSY_CHUNK = 1 << 20
+#: (2 MB: with 1 MB the extra requests cost a shuffled cold epoch more than the shorter waits save)
+BUSY_CHUNK = 2 << 20
 #: ranged reads of a shard this recent make its download ask for :data:`BUSY_CHUNK` at a time
 BUSY_SECONDS = 1.0
 #: a ranged read waiting for the download to write its bytes gives up after this long without progress
@@ -80,159 +85,23 @@ WAIT_STALL = 1.0
 FIRST_WAIT = 0.01
 #: missing ranges separated by a present island shorter than this are fetched in one request
 ISLAND = 4096
-#: the download appends a record at least every this many bytes (what another process sees)
-RECORD_EVERY = 1 << 20
 
-SUFFIX = ".sparse"
-MAP_SUFFIX = ".sparse.map"
-_REC = struct.Struct("<QQQQQ")  # start, end, xxh3 of the bytes, shard tag, xxh3 of the first 32 bytes
 _NO_RANGE: Set[str] = set()  # urls whose server answered a Range request wrongly (this process)
-
-
-class Ranges:
-    """Sorted disjoint ``[start, end)`` byte ranges."""
-
-    def __init__(self, spans: Optional[List[Tuple[int, int]]] = None) -> None:
-        self.spans: List[Tuple[int, int]] = list(spans or [])
-        self._total = sum(b - a for a, b in self.spans)
-
-    def add(self, a: int, b: int) -> None:
-        if b <= a:
-            return
-        s = self.spans
-        i = bisect.bisect_left(s, (a, a))
-        if i and s[i - 1][1] >= a:
-            i -= 1
-        j = i
-        gone = 0
-        while j < len(s) and s[j][0] <= b:
-            a, b = min(a, s[j][0]), max(b, s[j][1])
-            gone += s[j][1] - s[j][0]
-            j += 1
-        s[i:j] = [(a, b)]
-        self._total += b - a - gone
-
-    def covers(self, a: int, b: int) -> bool:
-        i = bisect.bisect_right(self.spans, (a, float("inf"))) - 1
-        return i >= 0 and self.spans[i][0] <= a and b <= self.spans[i][1]
-
-    def missing(self, lo: int, hi: int) -> List[Tuple[int, int]]:
-        out: List[Tuple[int, int]] = []
-        at = lo
-        s = self.spans
-        for k in range(max(0, bisect.bisect_right(s, (lo, float("inf"))) - 1), len(s)):
-            a, b = s[k]
-            if b <= at:
-                continue
-            if a >= hi:
-                break
-            if a > at:
-                out.append((at, min(a, hi)))
-            at = max(at, b)
-        if at < hi:
-            out.append((at, hi))
-        return out
-
-    def total(self) -> int:
-        return self._total
 
 
 def _tag(shard: ShardInfo) -> int:
     return int(shard.xxh3_64 or "0", 16)
 
 
-def _record(a: int, b: int, dig: int, tag: int) -> bytes:
-    head = struct.pack("<QQQQ", a, b, dig, tag)
-    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
-
-
-class SparseState:
-    """One process's view of a shard's sparse partial: what is present, what is in flight.
-
-    Attributes:
-        path: the ``.sparse`` file.
-        size, tag: the shard's size and xxh3_64 (records of another shard are ignored).
-        have: the ranges present (written before being added).
-        claims: ranges in flight, ``token -> [next byte, end, is download]``.
-        verified: the records were re-hashed by a download of this process
-            (else ``have`` is a hint: readers check each sample anyway).
-        cond: guards all of the above.
-    """
-
-    def __init__(self, base: str, size: int, tag: int):
-        self.base = base
-        self.path = base + SUFFIX
-        self.map = base + MAP_SUFFIX
-        self.size = size
-        self.tag = tag
-        self.have = Ranges()
-        self.claims: Dict[int, List[Any]] = {}
-        self.verified = False
-        self.ranged_at = -1e9  # when a ranged read of the shard last started (monotonic)
-        self.dl_rate = 0.0  # bytes/s of this process's download's current request
-        self.map_read = 0
-        self.map_ino: Optional[int] = None
-        self.cond = threading.Condition()
-
-    # ---- the map -------------------------------------------------------------------------
-    def refresh(self) -> None:
-        """Add the records appended to the map since the last look (under ``cond``)."""
-        try:
-            fd = os.open(self.map, os.O_RDONLY | NOFOLLOW)
-        except OSError:
-            return
-        try:
-            st = os.fstat(fd)
-            if st.st_ino != self.map_ino:  # a new map (rewritten, or discarded and started again)
-                self.map_ino, self.map_read = st.st_ino, 0
-            n = (st.st_size - self.map_read) // _REC.size * _REC.size
-            if n > 0:
-                raw = os.pread(fd, n, self.map_read)
-                self.map_read += len(raw)
-                for rec in self.parse(raw):
-                    self.have.add(rec[0], rec[1])
-        finally:
-            os.close(fd)
-
-    def parse(self, raw: bytes) -> List[Tuple[int, int, int]]:
-        """The records of ``raw`` that are whole, of this shard and within it: ``(start, end, xxh3)``."""
-        out = []
-        for off in range(0, len(raw) - _REC.size + 1, _REC.size):
-            a, b, dig, tag, check = _REC.unpack_from(raw, off)
-            if check != xxhash.xxh3_64_intdigest(raw[off:off + 32]) or tag != self.tag or not 0 <= a < b <= self.size:
-                continue  # torn, of another shard, or nonsense: not trusted
-            out.append((a, b, dig))
-        return out
-
-    def claim(self, a: int, b: int, download: bool) -> int:
-        token = next(_TOKENS)
-        self.claims[token] = [a, b, download]
-        return token
-
-    def release(self, token: int) -> None:
-        self.claims.pop(token, None)
-        self.cond.notify_all()
-
-    def download_claim(self, a: int, b: int) -> Optional[int]:
-        """How many bytes a download of this process still has to write before
-        ``[a, b)`` is in (it is writing them now), or None."""
-        for pos, end, dl in self.claims.values():
-            if dl and pos <= b and a < end and b <= end:
-                return max(0, b - pos)
-        return None
-
-    def claimed(self, a: int, b: int) -> bool:
-        return any(pos < b and a < end for pos, end, _ in self.claims.values())
-
-
-_TOKENS = itertools.count(1)
 _STATES: Dict[str, SparseState] = {}
 _REG = threading.Lock()
+_KEEPER: Any = None  # writes the first step's ranges into sparse partials after they were delivered
 
 
 def _after_fork() -> None:
-    global _REG
+    global _REG, _KEEPER
     _REG = threading.Lock()
+    _KEEPER = None
     _STATES.clear()  # claims and conditions of the parent's threads do not cross a fork
 
 
@@ -268,8 +137,8 @@ def lookup(store: StoreAPI, shard: ShardInfo) -> Optional[SparseState]:
     with _REG:
         st = _STATES.get(base)
     if st is None:
-        if layout.lstat(base + MAP_SUFFIX) is None:
-            return None
+        if layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is None:
+            return None  # none, or a map left by a kill after its file was published (drop_stale)
         st = _state(base, shard)
     with st.cond:
         st.refresh()
@@ -288,7 +157,7 @@ def _may_create(store: Any, base: str) -> bool:
 # ---- the ranged reads' side ----------------------------------------------------------------
 
 def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable[[int, int], bytes],
-                 patient: bool = True) -> bytes:
+                 patient: bool = True, keep: Optional[Callable[[bytes], Any]] = None) -> bytes:
     """Bytes ``[lo, hi)`` of ``shard`` for a ranged read: ``fetch(a, b)`` asks the
     server for the parts that are not in the shard's sparse partial; the
     others are read from it.  While they are fetched this process's download
@@ -296,7 +165,9 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
     :data:`BUSY_CHUNK` at its rate), never fetched twice; not ``patient``
     (the first samples of an iteration), only when the download is about as
     close to their end as a request of their own would be.  The caller checks
-    every sample's digest, whatever its bytes came from.
+    every sample's digest, whatever its bytes came from; ``keep(data)`` (the
+    caller's :func:`keep_verified`) runs before the download may ask for these
+    bytes again: a gap is never handed back before its bytes are recorded.
 
     Example:
         >>> fetch_around(store, shard, 512, 4096, lambda a, b: b"\0" * (b - a))[:4]   # doctest: +SKIP
@@ -308,45 +179,110 @@ def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable
     with st.cond:
         st.ranged_at = time.monotonic()
         token = st.claim(lo, hi, False)  # from now on the download leaves these bytes out
+        st.announce(lo, hi, False)  # ... and another process's download too
+        if patient:
+            st.refresh()  # what other processes fetched, and fetch now
         t_last, last = time.monotonic(), st.have.total()
         slack = max(64 << 10, int(st.dl_rate * FIRST_WAIT))
         while any(dl and pos < hi and lo < end and (patient or hi - pos <= hi - lo + slack)
-                  for pos, end, dl in st.claims.values()):
+                  for pos, end, dl in st.claims.values()) or (patient and st.foreign_claims(lo, hi)):
             now, total = time.monotonic(), st.have.total()
             if total > last:
                 t_last, last = now, total
             elif now - t_last > WAIT_STALL:
                 break  # a download that does not progress: fetch the bytes ourselves
             st.cond.wait(0.01)
-        parts = st.have.missing(lo, hi) if st.verified else [(lo, hi)]
+            st.refresh()  # another process's bytes arrive through the map
+        parts = st.have.missing(lo, hi)
+        verified = st.verified
+    later = False
     try:
-        done = _from_entry(st.base, lo, hi)  # published meanwhile: its bytes are there
-        if done is not None:
-            return done
-        if parts == [(lo, hi)]:
-            return fetch(lo, hi)
-        buf = bytearray(hi - lo)
-        at = lo
-        try:
-            fd = os.open(st.path, os.O_RDONLY | NOFOLLOW)
-        except OSError:
-            try:
-                fd = os.open(st.base, os.O_RDONLY | NOFOLLOW)  # published meanwhile
-            except OSError:
-                return fetch(lo, hi)
-        try:
-            for a, b in parts + [(hi, hi)]:
-                if at < a:  # present: from the file (checked by the caller with the rest)
-                    buf[at - lo:a - lo] = os.pread(fd, a - at, at)
-                if b > a:
-                    buf[a - lo:b - lo] = fetch(a, b)
-                at = b
-        finally:
-            os.close(fd)
-        return bytes(buf)
+        data = _around(st, lo, hi, parts, fetch)
+        if not verified:  # another process's records: each sample checked, those that fail fetched
+            data = _checked(shard, lo, hi, data, parts, fetch)
+        if keep is not None and not patient:  # the first batch does not wait for the writing
+            _keeper().submit(_keep_then_release, st, token, keep, data, lo, hi)
+            later = True
+        elif keep is not None:
+            keep(data)  # recorded while still claimed
+        return data
     finally:
-        with st.cond:
-            st.release(token)
+        if not later:
+            _release(st, token, lo, hi)
+
+
+def _release(st: SparseState, token: int, lo: int, hi: int) -> None:
+    with st.cond:
+        st.release(token)  # only now may the download ask for these bytes
+    st.announce(lo, hi, True)
+
+
+def _checked(shard: ShardInfo, lo: int, hi: int, data: bytes, parts: List[Tuple[int, int]],
+             fetch: Callable[[int, int], bytes]) -> bytes:
+    """``data`` with every sample not wholly fetched (``parts``) checked against its
+    digest, and fetched when it fails (bytes of a sparse partial no download of
+    this process re-hashed)."""
+    if parts == [(lo, hi)]:
+        return data
+    off, dig = shard.offsets, shard.sample_digests
+    assert off is not None and dig is not None
+    fetched = Ranges(list(parts))
+    buf: Optional[bytearray] = None
+    n = len(off) - 1
+    j = bisect.bisect_left(off, lo, 0, n)
+    while j < n and int(off[j + 1]) <= hi:
+        a, b = int(off[j]), int(off[j + 1])
+        if not fetched.covers(a, b) and xxhash.xxh3_64_intdigest(memoryview(data)[a - lo:b - lo]) != int(dig[j]):
+            if buf is None:
+                buf = bytearray(data)
+            buf[a - lo:b - lo] = fetch(a, b)
+        j += 1
+    return data if buf is None else bytes(buf)
+
+
+def _keeper() -> Any:
+    global _KEEPER
+    with _REG:
+        if _KEEPER is None:
+            _KEEPER = ThreadPoolExecutor(1, thread_name_prefix="resumewds-keep")
+        return _KEEPER
+
+
+def _keep_then_release(st: SparseState, token: int, keep: Callable[[bytes], Any], data: bytes,
+                       lo: int, hi: int) -> None:
+    try:
+        keep(data)
+    finally:
+        _release(st, token, lo, hi)
+
+
+def _around(st: SparseState, lo: int, hi: int, parts: List[Tuple[int, int]],
+            fetch: Callable[[int, int], bytes]) -> bytes:
+    """Bytes ``[lo, hi)``: ``parts`` fetched, the rest read from the sparse partial (or the entry)."""
+    done = _from_entry(st.base, lo, hi)  # published meanwhile: its bytes are there
+    if done is not None:
+        return done
+    if parts == [(lo, hi)]:
+        return fetch(lo, hi)
+    buf = bytearray(hi - lo)
+    at = lo
+    try:
+        fd = os.open(st.path, os.O_RDONLY | NOFOLLOW)
+    except OSError:
+        try:
+            fd = os.open(st.base, os.O_RDONLY | NOFOLLOW)  # published meanwhile
+        except OSError:
+            return fetch(lo, hi)
+    try:
+        for a, b in parts + [(hi, hi)]:
+            if at < a:  # present: from the file (checked by the caller with the rest)
+                buf[at - lo:a - lo] = os.pread(fd, a - at, at)
+            if b > a:
+                buf[a - lo:b - lo] = fetch(a, b)
+            at = b
+    finally:
+        os.close(fd)
+    return bytes(buf)
 
 
 def _from_entry(base: str, lo: int, hi: int) -> Optional[bytes]:
@@ -453,7 +389,7 @@ def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
             recs = []
             for a, b in spans:
                 os.pwrite(fd, mv[a - lo:b - lo], a)
-                recs.append(_record(a, b, xxhash.xxh3_64_intdigest(mv[a - lo:b - lo]), st.tag))
+                recs.append(record(a, b, xxhash.xxh3_64_intdigest(mv[a - lo:b - lo]), st.tag))
                 n += b - a
         finally:
             os.close(fd)
@@ -493,7 +429,7 @@ def _open(st: SparseState) -> None:
                 have = Ranges()
                 for a, b, dig in st.parse(raw):
                     if not have.covers(a, b) and xxhash.xxh3_64_intdigest(os.pread(fd, b - a, a)) == dig:
-                        keep.append(_record(a, b, dig, st.tag))
+                        keep.append(record(a, b, dig, st.tag))
                         have.add(a, b)
             finally:
                 os.close(fd)
@@ -515,10 +451,13 @@ def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[in
     ``cursor`` (else from the start) that nothing covers or claims, joined with
     the gaps that follow across islands shorter than :data:`ISLAND`; at most
     :data:`BUSY_CHUNK` bytes in the first :data:`BUSY_SECONDS` of the download
-    (``since``) and while ranged reads of the shard go on, else :data:`CHUNK`."""
+    (``since``) and while ranged reads of the shard go on, else :data:`CHUNK`
+    and a piece (:data:`~resumewds.cache.sparsepieces.PIECE`)."""
     busy = Ranges(st.have.spans)
     for pos, end, _ in st.claims.values():
         busy.add(pos, end)
+    for a, b in st.foreign_claims():  # another process fetches them now
+        busy.add(a, b)
     gaps = busy.missing(0, st.size)
     if not gaps:
         return None
@@ -530,59 +469,7 @@ def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[in
             break
         b = nb
     hurry = time.monotonic() - max(st.ranged_at, since) < BUSY_SECONDS
-    return a, min(b, a + (BUSY_CHUNK if hurry else CHUNK))
-
-
-class _Writer:
-    """The download's sink: bytes written where they belong (and made visible to
-    this process's readers at once), recorded every :data:`RECORD_EVERY` bytes
-    and at the end of each request."""
-
-    def __init__(self, st: SparseState, fd: int, token: int, a: int):
-        self.st, self.fd, self.token = st, fd, token
-        self.rec_at = self.pos = self.start = a
-        self.hasher = xxhash.xxh3_64()
-        self.received = 0
-        self.t0 = time.monotonic()
-
-    def __call__(self, at: int, chunk: bytes) -> None:
-        st = self.st
-        self.received += len(chunk)
-        if at != self.pos:  # (a retry resumes where the last one stopped: never)
-            self.flush()
-            self.rec_at = self.pos = at
-        try:
-            os.pwrite(self.fd, chunk, at)
-        except OSError as exc:
-            raise cache_error(exc, st.path, "write the download") from exc
-        self.hasher.update(chunk)
-        self.pos = at + len(chunk)
-        elapsed = time.monotonic() - self.t0
-        with st.cond:
-            st.have.add(at, self.pos)
-            c = st.claims.get(self.token)
-            if c is not None:
-                c[0] = self.pos
-            if elapsed > 0.005:
-                st.dl_rate = (self.pos - self.start) / elapsed
-            st.cond.notify_all()
-        if self.pos - self.rec_at >= RECORD_EVERY:
-            self.flush()
-
-    def flush(self) -> None:
-        """Record the bytes written since the last record (after them: they are in the file)."""
-        if self.pos > self.rec_at:
-            rec = _record(self.rec_at, self.pos, self.hasher.intdigest(), self.st.tag)
-            try:
-                mfd = os.open(self.st.map, os.O_WRONLY | os.O_APPEND | NOFOLLOW)
-                try:
-                    os.write(mfd, rec)
-                finally:
-                    os.close(mfd)
-            except OSError as exc:
-                raise cache_error(exc, self.st.map, "record the download") from exc
-        self.rec_at = self.pos
-        self.hasher.reset()
+    return a, min(b, a + (BUSY_CHUNK if hurry else min(CHUNK, sparsepieces.PIECE)))
 
 
 def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) -> Optional[FetchResult]:
@@ -605,44 +492,35 @@ def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) 
         raise cache_error(exc, st.path, "open the sparse partial") from exc
     kept = st.have.total()
     store.emit(K.FETCH_START, url, resumed_from=kept, sparse=True)
-    received = 0
-    requests = 0
-    cursor = 0
+    cursor = [0]
+
+    def next_piece() -> Optional[Tuple[int, int, int]]:
+        nxt = _next_chunk(st, cursor[0], t0)
+        if nxt is None:
+            return None
+        cursor[0] = nxt[1]
+        return nxt[0], nxt[1], st.claim(nxt[0], nxt[1], True)
+
+    def complete() -> bool:
+        with st.cond:
+            return not st.have.missing(0, st.size)
+
     try:
         fd = os.open(st.path, os.O_RDWR | NOFOLLOW)
     except OSError as exc:
         raise cache_error(exc, st.path, "open the sparse partial") from exc
     try:
-        while True:
-            with st.cond:
-                st.refresh()
-                nxt = _next_chunk(st, cursor, t0)
-                if nxt is None:
-                    if not st.have.missing(0, st.size):
-                        break
-                    st.cond.wait(0.05)  # only ranged reads in flight: their bytes, or their gaps back
-                    continue
-                a, b = nxt
-                token = st.claim(a, b, True)
-            w = _Writer(st, fd, token, a)
-            try:
-                fetch_range(url, a, b, config=store.fetch, budget=budget, session=store.session(), sink=w)
-                requests += 1
-            except RangeIgnored as exc:
-                if exc.status is None:  # no attempt left (the reader's ranges hold them): not the server's doing
-                    raise budget.exhausted_error(url) from exc
-                _NO_RANGE.add(url)  # a 200, a 416, another range: this shard streams, as before
-                discard(base)
-                return None
-            finally:
-                received += w.received
-                w.flush()
-                with st.cond:
-                    st.release(token)
-            cursor = b
+        res = fetch_pieces(st, fd, url, store, budget, next_piece, complete)
+        if res.no_range:
+            _NO_RANGE.add(url)  # a 200, a 416, another range: this shard streams, as before
+            discard(base)
+            return None
+        if res.error is not None:
+            raise res.error
         digest = layout.hash_file(st.path)[1]  # the assembled file, in order, once
     finally:
         os.close(fd)
+    received, requests = res.received, res.requests
     budget.fetched = True
     budget.take()  # one attempt per whole download, as streamed: a corrupt one is retried while the budget lasts
     seconds = time.monotonic() - t0
@@ -672,6 +550,32 @@ def publish(base: str) -> None:
     finally:
         os.close(mfd)
     _forget(base)
+
+
+def drop_stale(base: str) -> bool:
+    """Remove a map whose sparse file is gone (a kill -9 between :func:`publish`'s
+    rename and the map's removal), under its lock exclusive (a ranged read that
+    starts a sparse partial holds it shared until its file exists); whether one was.
+
+    Example:
+        >>> drop_stale("/cache/shards/ab12-shard-000000.tar")   # doctest: +SKIP
+        False
+    """
+    if layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is not None:
+        return False
+    try:
+        mfd = os.open(base + MAP_SUFFIX, os.O_RDWR | NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(mfd, fcntl.LOCK_EX)
+        if layout.lstat(base + SUFFIX) is not None or os.fstat(mfd).st_nlink == 0:
+            return False  # a ranged read started a sparse partial meanwhile, or gone already
+        layout.remove(base + MAP_SUFFIX)
+    finally:
+        os.close(mfd)
+    _forget(base)
+    return True
 
 
 def discard(base: str) -> None:

@@ -151,6 +151,9 @@ class ShardStore:
         #: a reader of this process fetches samples by range (resumewds.reading.declare):
         #: downloads of shards with sample digests fill sparse partials around those ranges
         self.ranged_fill = False
+        #: ... and has not finished its first step yet: sparse downloads wait for it
+        #: (the first batch comes first; resumewds.cache.sparsepieces.FIRST_STEP_CONNECTIONS)
+        self.ranged_first = False
         self._verified_local: Set[str] = set()
         self._init_runtime()
         _LIVE_STORES.add(self)
@@ -482,6 +485,7 @@ class ShardStore:
         budget = budget or FetchBudget(self.fetch)
         url = shard.url
         repairs = 0
+        sparse.drop_stale(base)  # a map left by a kill after its sparse file was published
         state, skey = self._check_entry(shard, base, policy, progress, known_bad)
         if state is EntryState.VERIFIED:
             self.emit(K.CACHE_HIT, url)

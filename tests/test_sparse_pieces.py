@@ -1,0 +1,209 @@
+"""Sparse partials by default: every byte fetched once, the download in concurrent pieces.
+
+Real FaultServers on 127.0.0.1 count the bytes they send; real DataLoader
+workers; real SIGKILL.  With default settings (no switch set), a cold epoch
+over http asks the server for at most 1.02x the data set's bytes, shuffled
+and in order, with 0 and 2 workers.  A sparse download fetches its gaps in
+pieces over several connections at once; killed mid-way it is resumed from
+its records and published verified.  A map left by a kill between the
+publish (``os.replace``) and its removal is dropped by the next open.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import xxhash
+
+import resumewds as rw
+from chaos.faultserver import FaultServer
+from resumewds import synth
+from resumewds.cache import ShardStore, sparse
+
+pytestmark = pytest.mark.usefixtures("cache_dir")
+
+SHARDS = 4
+SAMPLES = 600
+TAGS: set = set()
+
+
+@pytest.fixture(autouse=True)
+def _defaults(monkeypatch):
+    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)  # whatever the default is
+    monkeypatch.delenv("RESUMEWDS_SPARSE_PARTIALS", raising=False)
+    monkeypatch.delenv("RESUMEWDS_RANGED_READS", raising=False)
+
+
+@pytest.fixture
+def v3(tmp_path):
+    root = tmp_path / "srv"
+    synth.write_shards(str(root), shards=SHARDS, samples=SAMPLES, size_range=(2000, 8000), seed=3)
+    rw.build_manifest(str(root / f"shard-{{000000..{SHARDS - 1:06d}}}.tar"), str(root / "manifest.json"),
+                      digests=True)
+    TAGS.clear()  # the shards' xxh3_64: the tags of the records of bytes present (not of claims)
+    TAGS.update(int(s.xxh3_64, 16) for s in rw.load_manifest(str(root / "manifest.json")).shards)
+    return str(root)
+
+
+def _data_bytes(root):
+    return sum(os.path.getsize(os.path.join(root, n)) for n in os.listdir(root) if n.endswith(".tar"))
+
+
+def _tar_bytes(srv):
+    return sum(n for p, n in srv.bytes_by_path.items() if p.endswith(".tar"))
+
+
+def _epoch(url, cache, shuffle, workers, **kw):
+    ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, seed=7, shuffle=shuffle, **kw)
+    try:
+        if not workers:
+            return [(s["__key__"], bytes(s["bin"])) for s in ds]
+        loader = rw.WebLoader(ds, batch_size=16, num_workers=workers, collate_fn=list)
+        return [(s["__key__"], bytes(s["bin"])) for batch in loader for s in batch]
+    finally:
+        ds.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_cold_epoch_asks_for_each_byte_once_by_default(v3, tmp_path, shuffle, workers):
+    data = _data_bytes(v3)
+    with FaultServer(v3) as srv:
+        url = srv.url.rstrip("/") + "/"
+        _epoch(url, str(tmp_path / "w"), shuffle, workers, ranged_reads=False)
+        warm = _epoch(url, str(tmp_path / "w"), shuffle, workers, ranged_reads=False)
+    # per connection as slow as an object store's stream: the readers outrun the downloads
+    with FaultServer(v3, bytes_per_second=4_000_000) as srv:
+        cold = _epoch(srv.url.rstrip("/") + "/", str(tmp_path / "cold"), shuffle, workers)
+        sent = _tar_bytes(srv)
+    assert cold == warm  # exact: the uninterrupted warm run's sequence
+    assert sent <= 1.02 * data, f"{sent} bytes sent for {data} bytes of shards ({sent / data:.3f}x)"
+    names = os.listdir(tmp_path / "cold" / "shards")
+    assert len([n for n in names if n.endswith(".meta")]) == SHARDS  # every shard published, verified
+    assert not [n for n in names if n.endswith((".sparse", ".sparse.map", ".partial"))]
+
+
+def _records(path):
+    """The map's records of bytes present: ``(start, end)``."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    recs = [struct.unpack_from("<QQQQ", raw, off) for off in range(0, len(raw) - 39, 40)]
+    return [(a, b) for a, b, _, tag in recs if tag in TAGS]
+
+
+def _spans(recs):
+    r = sparse.Ranges()
+    for a, b in recs:
+        r.add(a, b)
+    return r.spans
+
+
+_DOWNLOAD = textwrap.dedent("""
+    import dataclasses, sys
+    import resumewds as rw
+    from resumewds.cache import ShardStore, sparsepieces
+    sparsepieces.RECORD_EVERY = 1 << 15  # records often: what the parent watches
+    root, url, cache, name = sys.argv[1:5]
+    m = rw.load_manifest(root + "/manifest.json")
+    shard = next(s for s in m.shards if s.url.endswith(name))
+    store = ShardStore(cache_dir=cache)
+    store.ranged_fill = True  # as while a reader reads by range: the download fills a sparse partial
+    store.ensure(dataclasses.replace(shard, url=url + name))
+""")
+
+
+def test_a_download_in_pieces_killed_then_resumed_is_published_verified(v3, tmp_path):
+    """The pieces of one shard arrive over several connections at once (the map
+    records disjoint spans); SIGKILL mid-way; the next download asks only for
+    what no record covers and publishes the shard verified."""
+    name = "shard-000000.tar"
+    cache = str(tmp_path / "c")
+    shards = os.path.join(cache, "shards")
+    size = os.path.getsize(os.path.join(v3, name))
+    env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with FaultServer(v3, bytes_per_second=500_000) as srv:
+        port = srv.port
+        child = subprocess.Popen([sys.executable, "-c", _DOWNLOAD, v3, srv.url.rstrip("/") + "/", cache, name],
+                                 env=env)
+        seen = []
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                maps = [os.path.join(shards, n) for n in os.listdir(shards)] if os.path.isdir(shards) else []
+                maps = [m for m in maps if m.endswith(".sparse.map")]
+                seen = _spans(_records(maps[0])) if maps else []
+                if len(seen) >= 2 and sum(b - a for a, b in seen) >= size // 8:
+                    break  # pieces at once: bytes of a later piece before the first one ended
+                assert child.poll() is None, "the download ended before it was killed"
+                time.sleep(0.01)
+            else:
+                pytest.fail(f"no two pieces downloading at once within 60 s: {seen}")
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+    recorded = sum(b - a for a, b in _spans(_records(os.path.join(shards, [n for n in os.listdir(shards)
+                                                                             if n.endswith(".sparse.map")][0]))))
+    m = rw.load_manifest(os.path.join(v3, "manifest.json"))
+    shard = next(s for s in m.shards if s.url.endswith(name))
+    with FaultServer(v3, port=port) as srv:
+        store = ShardStore(cache_dir=cache)
+        store.ranged_fill = True
+        path = store.ensure(dataclasses.replace(shard, url=srv.url.rstrip("/") + "/" + name))
+        sent = _tar_bytes(srv)
+    with open(path, "rb") as f:
+        assert xxhash.xxh3_64_hexdigest(f.read()) == shard.xxh3_64  # published verified
+    assert sent <= size - recorded + 64 * 1024, (sent, size, recorded)  # only what no record covered
+    assert not [n for n in os.listdir(shards) if n.endswith((".sparse", ".sparse.map"))]
+
+
+_KILLED_AT_PUBLISH = textwrap.dedent("""
+    import os, signal, sys
+    import resumewds as rw
+    from resumewds.cache import sparse
+    url, cache = sys.argv[1], sys.argv[2]
+
+    def publish(base):  # killed between the rename and the map's removal
+        os.replace(base + sparse.SUFFIX, base)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    sparse.publish = publish
+    ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, seed=7, shuffle=True)
+    for s in ds:
+        pass
+""")
+
+
+def test_a_map_left_by_a_kill_after_publish_is_dropped(v3, tmp_path):
+    cache = str(tmp_path / "c")
+    shards = os.path.join(cache, "shards")
+    with FaultServer(v3) as srv:
+        url = srv.url.rstrip("/") + "/"
+        _epoch(url, str(tmp_path / "w"), True, 0, ranged_reads=False)
+        warm = _epoch(url, str(tmp_path / "w"), True, 0, ranged_reads=False)
+    with FaultServer(v3, bytes_per_second=4_000_000) as srv:
+        port = srv.port
+        env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        child = subprocess.run([sys.executable, "-c", _KILLED_AT_PUBLISH, srv.url.rstrip("/") + "/", cache],
+                               env=env, timeout=120)
+    assert child.returncode == -signal.SIGKILL
+    names = os.listdir(shards)
+    stale = [n for n in names if n.endswith(".sparse.map") and n[: -len(".map")] not in names]
+    assert stale  # the published entry's map, left behind
+    entry = stale[0][: -len(".sparse.map")]
+    assert entry in names and entry + ".meta" not in names
+    with FaultServer(v3, port=port) as srv:  # the same urls: the same cache entries
+        again = _epoch(srv.url.rstrip("/") + "/", cache, True, 0)
+        by_path = dict(srv.bytes_by_path)
+    assert again == warm  # exact
+    names = os.listdir(shards)
+    assert len([n for n in names if n.endswith(".meta")]) == SHARDS
+    assert not [n for n in names if n.endswith((".sparse", ".sparse.map"))]  # the stale map is gone
+    assert by_path.get("/" + entry.split("-", 1)[1], 0) < os.path.getsize(os.path.join(shards, entry)) // 2  # adopted
