@@ -88,6 +88,10 @@ class StepPlan:
         return ()
 
 
+#: samples whose ranged reads a small step fetches ahead for the steps after it (:func:`run_steps`)
+READ_AHEAD = 64
+
+
 def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int,
               collate_fn: Optional[Callable[[List[Any]], Any]],
               batch_stages: Sequence[Callable[[Any], Any]],
@@ -138,7 +142,12 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     tags = [s.name for s in sources] if mixture else None
     stopping = False  # a handler said stop (steps.read_or_stop): this step is the last
     hint = True
-    for n, k in enumerate(plan.steps()):
+    order = plan.steps()
+    # small steps (a DataLoader worker's share of one sample at a time): the ranged reads of
+    # the next steps are fetched together, up to READ_AHEAD samples, not one request per step
+    upcoming = order if isinstance(order, (list, range)) and len(dss) == 1 else None
+    ahead_to = 1  # the steps before this index had their ranges asked for already
+    for n, k in enumerate(order):
         step = plan.step(k)
         slots, where, srcs = step
         meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
@@ -172,6 +181,15 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 later.append((s, pairs[1:]))
             else:
                 reading.prepare(dss[s], pairs, sources[s].stream)
+        if upcoming is not None and not hint and n >= ahead_to and srcs is None and len(where) < READ_AHEAD \
+                and not sources[0].stream:
+            more: List[Tuple[int, int]] = []
+            ahead_to = n + 1
+            while ahead_to < len(upcoming) and len(where) + len(more) < READ_AHEAD:
+                more.extend(plan.step(upcoming[ahead_to])[1])
+                ahead_to += 1
+            if more:
+                reading.prepare(dss[0], more, False, ahead=True)
         hint = False
         # per source: its reads of open shards (``fast``, not while ranged samples
         # wait to be taken), failed shards, stages, where its shards start
