@@ -88,6 +88,21 @@ class StepPlan:
         return ()
 
 
+def _prefetch(dss: Sequence[Any], todo: Iterable[Tuple[int, List[ShardInfo], int]]) -> None:
+    """Start the background downloads a step asks for (``StepPlan.prefetch``)."""
+    for s, shards, window in todo:
+        try:
+            dss[s].store.prefetch(shards, depth=len(shards), window=window)
+        except ResumeWDSError:
+            pass  # surfaces again when the shard is read
+
+
+def _by_range(ds: Any) -> bool:
+    """Whether ``ds`` reads the samples of shards not cached yet by range in this process."""
+    rr = openshards.shard_reader(ds).ranged
+    return rr is not None and bool(rr.active)
+
+
 #: samples whose ranged reads a small step fetches ahead for the steps after it (:func:`run_steps`)
 READ_AHEAD = 64
 
@@ -147,6 +162,9 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     # the next steps are fetched together, up to READ_AHEAD samples, not one request per step
     upcoming = order if isinstance(order, (list, range)) and len(dss) == 1 else None
     ahead_to = 1  # the steps before this index had their ranges asked for already
+    # the first step's background downloads start once its first sample is out when that
+    # sample is read by range (they would compete with its request for the CPU)
+    deferred: List[Tuple[int, List[ShardInfo], int]] = []
     for n, k in enumerate(order):
         step = plan.step(k)
         slots, where, srcs = step
@@ -155,11 +173,12 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                                 "positions": [], "slot_index": [], "pad_flags": []}
         if mixture:
             meta["sources"] = {}
-        for s, todo, window in plan.prefetch(n, k, step):
-            try:
-                dss[s].store.prefetch(todo, depth=len(todo), window=window)
-            except ResumeWDSError:
-                pass  # surfaces again when the shard is read
+        if deferred:
+            _prefetch(dss, deferred)
+        deferred = list(plan.prefetch(n, k, step))
+        if not (each and hint) or any(src.stream for src in sources):  # in order: the download is the read
+            _prefetch(dss, deferred)
+            deferred = []
         t_read = t_stages = 0.0
         t0 = clock()
         # each source's pairs: read ahead by the kernel (the first step), and the
@@ -190,6 +209,9 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 ahead_to += 1
             if more:
                 reading.prepare(dss[0], more, False, ahead=True)
+        if deferred and hint and not all(_by_range(dss[s]) for s in groups):
+            _prefetch(dss, deferred)  # a sample not read by range: the downloads are its reads
+            deferred = []
         hint = False
         # per source: its reads of open shards (``fast``, not while ranged samples
         # wait to be taken), failed shards, stages, where its shards start
@@ -214,6 +236,9 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         nslots = len(slots)
         ahead: List[Optional[Dict[str, Any]]] = []
         for i, (pos, pad) in enumerate(slots):
+            if deferred and i == 1:  # the first sample is out: the downloads start
+                _prefetch(dss, deferred)
+                deferred = []
             if later and i == 1:  # the first sample is out: the rest of the first step
                 for s, rest in ([] if stopping else later):
                     reading.prepare(dss[s], rest, sources[s].stream)
