@@ -64,3 +64,18 @@ def test_a_worker_fetches_the_ranges_of_its_next_steps_at_once(manifest_url, mon
     one_by_one = _worker0_keys(manifest_url, monkeypatch)
     assert most[0] == 1
     assert len(ahead) == 60 and ahead == one_by_one
+
+
+def test_the_first_sample_by_range_goes_before_the_background_downloads(tmp_path):
+    root = str(tmp_path / "slow")
+    paths = write_shards(root, shards=4, samples=30, size_range=(2000, 4000))
+    rw.build_manifest(paths, os.path.join(root, "manifest.json"), digests=True)
+    with FaultServer(root, bytes_per_second=100_000) as srv:  # a range: ~30 ms; a whole shard: ~1 s
+        ds = rw.WebDataset(f"http://{srv.host}:{srv.port}/manifest.json", seed=5, shuffle=True)
+        it = iter(ds)
+        next(it)
+        asked = [p for p in srv.request_log if p.endswith(".tar")]
+        # the first sample's range only: the window's downloads start once it is out
+        assert len(asked) == 1, asked
+        assert len([next(it) for _ in range(20)]) == 20
+        ds.close()
