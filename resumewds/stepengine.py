@@ -163,7 +163,8 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     upcoming = order if isinstance(order, (list, range)) and len(dss) == 1 else None
     ahead_to = 1  # the steps before this index had their ranges asked for already
     # the first step's background downloads start once its first sample is out when that
-    # sample is read by range (they would compete with its request for the CPU)
+    # sample is read by range (they would compete with its request for the CPU), or, with
+    # steps of one sample, once the next step's reads (and those read ahead) are asked for
     deferred: List[Tuple[int, List[ShardInfo], int]] = []
     for n, k in enumerate(order):
         step = plan.step(k)
@@ -173,12 +174,14 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                                 "positions": [], "slot_index": [], "pad_flags": []}
         if mixture:
             meta["sources"] = {}
-        if deferred:
-            _prefetch(dss, deferred)
-        deferred = list(plan.prefetch(n, k, step))
-        if not (each and hint) or any(src.stream for src in sources):  # in order: the download is the read
-            _prefetch(dss, deferred)
-            deferred = []
+        pf = list(plan.prefetch(n, k, step))
+        late = bool(deferred)  # the first step's downloads, still waiting: after this step's reads too
+        if each and hint and not any(src.stream for src in sources):  # in order: the download is the read
+            deferred = pf
+        elif late:
+            deferred += pf
+        else:
+            _prefetch(dss, pf)
         t_read = t_stages = 0.0
         t0 = clock()
         # each source's pairs: read ahead by the kernel (the first step), and the
@@ -209,6 +212,9 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 ahead_to += 1
             if more:
                 reading.prepare(dss[0], more, False, ahead=True)
+        if late:
+            _prefetch(dss, deferred)
+            deferred = []
         if deferred and hint and not all(_by_range(dss[s]) for s in groups):
             _prefetch(dss, deferred)  # a sample not read by range: the downloads are its reads
             deferred = []
