@@ -176,7 +176,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
             meta["sources"] = {}
         pf = list(plan.prefetch(n, k, step))
         late = bool(deferred)  # the first step's downloads, still waiting: after this step's reads too
-        if each and hint and not any(src.stream for src in sources):  # in order: the download is the read
+        if hint and not any(src.stream for src in sources):  # in order: the download is the read
             deferred = pf
         elif late:
             deferred += pf
@@ -215,8 +215,8 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         if late:
             _prefetch(dss, deferred)
             deferred = []
-        if deferred and hint and not all(_by_range(dss[s]) for s in groups):
-            _prefetch(dss, deferred)  # a sample not read by range: the downloads are its reads
+        if deferred and hint and not (each and all(_by_range(dss[s]) for s in groups)):
+            _prefetch(dss, deferred)  # a step read whole (its ranges are in), or not by range
             deferred = []
         hint = False
         # per source: its reads of open shards (``fast``, not while ranged samples
