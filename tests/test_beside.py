@@ -50,9 +50,11 @@ def test_pipeline_takes_the_manifest_beside_instead_of_downloading_every_shard(s
     total = sum(os.path.getsize(p) for p in paths)
     it = iter(_pipeline(urls))
     next(it)
-    sent = _shard_bytes(srv)  # the first sample's ranges, and whatever the prefetch has sent so far
+    sent = _shard_bytes(srv)
     assert sent < total / 2, (sent, total)  # indexing the shards itself downloads all of them first
     assert "/manifest.json" in srv.request_log
+    # before the first sample: the manifest beside the shards and the first sample's range, no more
+    assert len([p for p in srv.request_log if p.endswith(".tar")]) == 1, srv.request_log
 
 
 def test_pipeline_with_the_manifest_beside_delivers_the_sequence_of_indexing(served_shards, monkeypatch,
