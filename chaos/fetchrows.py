@@ -54,7 +54,8 @@ def tail_200_no_manifest(s: Suite) -> Row:
     try:
         for path in shard_paths(s.data):
             srv.script("/" + os.path.basename(path), [_cut_at_a_sample(path)])
-        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
+        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1),
+                env=child_env(RESUMEWDS_MANIFEST_BESIDE="0"), bound=BOUND)  # not the manifest beside either
         s.judge(row, p)
         row.faults += sum(srv.faults.values())
         if srv.faults["range200_tail"] == 0:

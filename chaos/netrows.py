@@ -41,7 +41,9 @@ def net(name: str, faults: str, *, max_per_path: int = 2, runs: int = 1, down: f
                     src = srv.url + "manifest.json"
                 if down:
                     srv.set_down(down)
-                p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
+                # without a manifest: not the one beside the shards either (resumewds.beside)
+                env = child_env(RESUMEWDS_MANIFEST_BESIDE="0") if no_manifest else None
+                p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1), env=env, bound=BOUND)
                 s.judge(row, p)
                 row.faults += sum(srv.faults.values())
             finally:
@@ -82,8 +84,9 @@ def hardening(name: str, faults: str, *, expect: str, max_per_path: int = 1, no_
         try:
             d = s.tmp("hard")
             src = s.brace_source(srv.url) if no_manifest else srv.url + "manifest.json"
+            extra = dict(env or {}, RESUMEWDS_MANIFEST_BESIDE="0") if no_manifest else (env or {})
             p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1, workers=workers),
-                    env=child_env(**(env or {})), bound=BOUND)
+                    env=child_env(**extra), bound=BOUND)
             s.judge(row, p)
             row.faults += sum(srv.faults.values())
             if not p.hung and p.seconds > within:
@@ -137,7 +140,8 @@ def changed_file_ignoring_if_range(s: Suite) -> Row:
     srv = serve(root, "truncate=1.0", seed=s.seed, max_faults_per_path=1, honour_if_range=False,
                 range_variant=".v2")
     try:
-        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
+        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1),
+                env=child_env(RESUMEWDS_MANIFEST_BESIDE="0"), bound=BOUND)
         s.judge(row, p)
         row.faults += sum(srv.faults.values())
     finally:

@@ -69,6 +69,9 @@ RESUMEWDS_SPARSE_PARTIALS                                    1                 0
                                                                                (1: ranged reads' bytes kept in a sparse
                                                                                partial, none fetched twice;
                                                                                docs/DIGESTS.md)
+RESUMEWDS_MANIFEST_BESIDE                                    1                 0: shards named one by one are indexed
+                                                                               even when a manifest.json beside them
+                                                                               lists them (resumewds.beside)
 RESUMEWDS_WORKER_STALL                                       60                seconds a DataLoader worker may stay
                                                                                stopped (SIGSTOP) while the loader waits
                                                                                for it (0: no limit; resumewds.watchdog)
@@ -217,6 +220,8 @@ VARS: Dict[str, Var] = {
     "ranged_reads": Var("RESUMEWDS_RANGED_READS", _bool, True),
     # ranged reads' bytes kept in a sparse partial download (resumewds.cache.sparse)
     "sparse_partials": Var("RESUMEWDS_SPARSE_PARTIALS", _bool, True),
+    # the manifest.json beside shards named one by one (resumewds.beside)
+    "manifest_beside": Var("RESUMEWDS_MANIFEST_BESIDE", _bool, True),
     # a stopped DataLoader worker (resumewds.watchdog)
     "worker_stall": Var("RESUMEWDS_WORKER_STALL", _float, 60.0, check=_non_negative),
 }
@@ -356,6 +361,17 @@ def sparse_partials(explicit: Optional[bool] = None) -> bool:
         True
     """
     return bool(value("sparse_partials", explicit))
+
+
+def manifest_beside(explicit: Optional[bool] = None) -> bool:
+    """Whether shards named one by one take their index from a ``manifest.json``
+    beside them (:mod:`resumewds.beside`): ``RESUMEWDS_MANIFEST_BESIDE``.
+
+    Example:
+        >>> manifest_beside(False)
+        False
+    """
+    return bool(value("manifest_beside", explicit))
 
 
 def _env(name: str) -> Optional[str]:

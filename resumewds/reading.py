@@ -596,7 +596,8 @@ def declare(ds: Any) -> None:
         ds.store.ranged_first = ds.store.ranged_fill and rr is not None and rr.steps == 0
 
 
-def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, part: bool = False) -> None:
+def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, part: bool = False,
+            ahead: bool = False) -> None:
     """Make the samples ``where`` of shards not cached yet ready, verified.
 
     Called once per step, before its samples are read: for each shard of
@@ -623,6 +624,9 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
             (at most :data:`WINDOW_AHEAD`), while the other ranges are fetched.
         part: ``where`` is the first part of a step (its first sample, fetched
             before the others): the next call, with the rest, reads as the same step.
+        ahead: ``where`` belongs to later steps (read ahead): a fetch that fails is
+            forgotten (the step that reads the sample fetches it again and fails as
+            it would have), and it counts as no step.
 
     Example:
         >>> prepare(ds, [(0, 5), (3, 17)])          # doctest: +SKIP
@@ -656,7 +660,7 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
         return
     t0 = time.perf_counter()
     try:
-        _prepare(reader, rr, todo, stream, set(where), part)
+        _prepare(reader, rr, todo, stream, set(where), part or ahead, ahead)
     finally:
         reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
         if not part:
@@ -664,7 +668,7 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
 
 
 def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
-             step: set, part: bool = False) -> None:
+             step: set, part: bool = False, ahead: bool = False) -> None:
     shards = reader.shards
     config = reader.store.fetch
     jobs: List[Tuple[int, Any, Any]] = []
@@ -736,7 +740,8 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
         end_budget(rr.store, shards[si].url, rr.budgets)  # this read of the shard failed
         for key in [k for k in rr.ready if k[0] == si]:
             rr.drop(key)  # this shard's samples follow on_error together
-        reader.fail(si, shards[si], failure)
+        if not ahead:
+            reader.fail(si, shards[si], failure)
     rr.trim(step)  # never what this step reads
     if not part:
         rr.steps += 1

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 from . import config, reading, warmup
 from ._torchreg import register_iterable_dataset
+from .beside import fill_from_beside
 from .cache import ShardStore
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
@@ -239,6 +240,10 @@ class ShardDataset:
         self.collate_fn: Optional[Callable[[List[Any]], Any]] = None
         self._compile()
         Plan([1], self.seed, shuffle, self.shuffle_window, self.plan_partitions)  # validate settings early
+        # over http(s) the manifest is resolved on a background thread from here: a fork waits for
+        # it (resumewds.warmup), so a DataLoader's workers inherit it instead of each fetching it
+        self._resolving: Optional[warmup.Background] = (
+            warmup.Background(self._resolve, "resumewds-manifest") if _names_http(self.urls) else None)
 
     # ---- fluent stages ---------------------------------------------------
     #: fluent stages return a copy (webdataset's compose); a subclass that builds
@@ -423,18 +428,30 @@ class ShardDataset:
     # ---- state shared with the loader ----------------------------------
     @property
     def manifest(self) -> Manifest:
-        """The resolved, indexed manifest (resolving and indexing on first use)."""
+        """The resolved, indexed manifest (resolving and indexing on first use, or
+        taking what the background resolution started at construction found)."""
         if self._manifest is None:
-            m = resolve_sources(self.urls, fetch_config=self.fetch,
-                                allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
-            if not m.indexed:
-                if self.handler is None:
-                    index_manifest(m, self.store, on_event=self._on_event)
-                else:
-                    self._index_skipped = {**(self._index_skipped or {}),
-                                           **index_skipping(m, self.store, self.handler, self._on_event)}
+            bg, self._resolving = getattr(self, "_resolving", None), None
+            m, skipped = bg.result() if bg is not None else self._resolve()
+            if skipped is not None:
+                self._index_skipped = {**(self._index_skipped or {}), **skipped}
             self._manifest = m
         return self._manifest
+
+    def _resolve(self) -> Tuple[Manifest, Optional[Dict[str, str]]]:
+        """The sources resolved and indexed (a manifest.json beside named shards first:
+        :mod:`resumewds.beside`); the shards skipped under a ``handler``."""
+        m = resolve_sources(self.urls, fetch_config=self.fetch,
+                            allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
+        if not m.indexed:
+            fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
+                             cache_dir=self.cache_dir)
+        if m.indexed:
+            return m, None
+        if self.handler is None:
+            index_manifest(m, self.store, on_event=self._on_event)
+            return m, None
+        return m, index_skipping(m, self.store, self.handler, self._on_event)
 
     @property
     def plan(self) -> Plan:
@@ -552,6 +569,7 @@ class ShardDataset:
     def __getstate__(self) -> Dict[str, Any]:
         _ = self.manifest  # index before pickling so workers never re-index
         d = dict(self.__dict__)
+        d["_resolving"] = None
         d["_store"] = None
         d["_reader"] = None
         d["_events"] = []

@@ -88,6 +88,25 @@ class StepPlan:
         return ()
 
 
+def _prefetch(dss: Sequence[Any], todo: Iterable[Tuple[int, List[ShardInfo], int]]) -> None:
+    """Start the background downloads a step asks for (``StepPlan.prefetch``)."""
+    for s, shards, window in todo:
+        try:
+            dss[s].store.prefetch(shards, depth=len(shards), window=window)
+        except ResumeWDSError:
+            pass  # surfaces again when the shard is read
+
+
+def _by_range(ds: Any) -> bool:
+    """Whether ``ds`` reads the samples of shards not cached yet by range in this process."""
+    rr = openshards.shard_reader(ds).ranged
+    return rr is not None and bool(rr.active)
+
+
+#: samples whose ranged reads a small step fetches ahead for the steps after it (:func:`run_steps`)
+READ_AHEAD = 64
+
+
 def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int,
               collate_fn: Optional[Callable[[List[Any]], Any]],
               batch_stages: Sequence[Callable[[Any], Any]],
@@ -138,7 +157,16 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     tags = [s.name for s in sources] if mixture else None
     stopping = False  # a handler said stop (steps.read_or_stop): this step is the last
     hint = True
-    for n, k in enumerate(plan.steps()):
+    order = plan.steps()
+    # small steps (a DataLoader worker's share of one sample at a time): the ranged reads of
+    # the next steps are fetched together, up to READ_AHEAD samples, not one request per step
+    upcoming = order if isinstance(order, (list, range)) and len(dss) == 1 else None
+    ahead_to = 1  # the steps before this index had their ranges asked for already
+    # the first step's background downloads start once its first sample is out when that
+    # sample is read by range (they would compete with its request for the CPU), or, with
+    # steps of one sample, once the next step's reads (and those read ahead) are asked for
+    deferred: List[Tuple[int, List[ShardInfo], int]] = []
+    for n, k in enumerate(order):
         step = plan.step(k)
         slots, where, srcs = step
         meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
@@ -146,11 +174,14 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                                 "positions": [], "slot_index": [], "pad_flags": []}
         if mixture:
             meta["sources"] = {}
-        for s, todo, window in plan.prefetch(n, k, step):
-            try:
-                dss[s].store.prefetch(todo, depth=len(todo), window=window)
-            except ResumeWDSError:
-                pass  # surfaces again when the shard is read
+        pf = list(plan.prefetch(n, k, step))
+        late = bool(deferred)  # the first step's downloads, still waiting: after this step's reads too
+        if hint and not any(src.stream for src in sources):  # in order: the download is the read
+            deferred = pf
+        elif late:
+            deferred += pf
+        else:
+            _prefetch(dss, pf)
         t_read = t_stages = 0.0
         t0 = clock()
         # each source's pairs: read ahead by the kernel (the first step), and the
@@ -172,6 +203,21 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 later.append((s, pairs[1:]))
             else:
                 reading.prepare(dss[s], pairs, sources[s].stream)
+        if upcoming is not None and not hint and n >= ahead_to and srcs is None and len(where) < READ_AHEAD \
+                and not sources[0].stream:
+            more: List[Tuple[int, int]] = []
+            ahead_to = n + 1
+            while ahead_to < len(upcoming) and len(where) + len(more) < READ_AHEAD:
+                more.extend(plan.step(upcoming[ahead_to])[1])
+                ahead_to += 1
+            if more:
+                reading.prepare(dss[0], more, False, ahead=True)
+        if late:
+            _prefetch(dss, deferred)
+            deferred = []
+        if deferred and hint and not (each and all(_by_range(dss[s]) for s in groups)):
+            _prefetch(dss, deferred)  # a step read whole (its ranges are in), or not by range
+            deferred = []
         hint = False
         # per source: its reads of open shards (``fast``, not while ranged samples
         # wait to be taken), failed shards, stages, where its shards start
@@ -196,6 +242,9 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         nslots = len(slots)
         ahead: List[Optional[Dict[str, Any]]] = []
         for i, (pos, pad) in enumerate(slots):
+            if deferred and i == 1:  # the first sample is out: the downloads start
+                _prefetch(dss, deferred)
+                deferred = []
             if later and i == 1:  # the first sample is out: the rest of the first step
                 for s, rest in ([] if stopping else later):
                     reading.prepare(dss[s], rest, sources[s].stream)

@@ -12,8 +12,15 @@ waits for the imports under way (``os.register_at_fork``): a DataLoader's
 forked workers then inherit the imported modules instead of each importing
 them again.
 
+The same holds for other work started early (:class:`Background`): a data set
+over http(s) resolves its manifest on a background thread from construction,
+and a fork waits for it, so a DataLoader's forked workers inherit the manifest
+instead of each fetching and parsing it again.
+
 Example:
     >>> import_in_background("json")   # already imported: nothing to do
+    >>> Background(lambda: 6 * 7).result()
+    42
     >>> wait()
 """
 
@@ -23,11 +30,13 @@ import importlib
 import os
 import sys
 import threading
-from typing import Dict
+import weakref
+from typing import Any, Callable, Dict, Optional
 
-__all__ = ["import_in_background", "wait"]
+__all__ = ["Background", "import_in_background", "wait"]
 
 _threads: Dict[str, threading.Thread] = {}
+_work: weakref.WeakSet[Background] = weakref.WeakSet()
 _lock = threading.Lock()
 
 
@@ -50,11 +59,49 @@ def import_in_background(name: str) -> None:
         t.start()
 
 
+class Background:
+    """``fn()`` run on a daemon thread from now; :meth:`result` waits for it.
+
+    Its exception (an ``Exception``) is raised by :meth:`result`, in the
+    caller's thread, as if the caller had run ``fn`` itself.  A fork waits for it.
+    """
+
+    def __init__(self, fn: Callable[[], Any], name: str = "resumewds-background"):
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        with _lock:
+            _work.add(self)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except Exception as exc:  # raised again by result(), in the caller's thread
+            self._error = exc
+
+    def join(self) -> None:
+        """Wait for ``fn`` to end (no-op from its own thread)."""
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def result(self) -> Any:
+        """``fn()``'s value, waiting for it; its exception is raised here."""
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def wait() -> None:
-    """Block until every background import has ended."""
+    """Block until every background import and :class:`Background` work has ended."""
     for t in list(_threads.values()):
         if t.is_alive() and t is not threading.current_thread():
             t.join()
+    with _lock:
+        work = list(_work)
+    for w in work:
+        w.join()
 
 
 if hasattr(os, "register_at_fork"):
