@@ -72,6 +72,9 @@ RESUMEWDS_SPARSE_PARTIALS                                    1                 0
 RESUMEWDS_MANIFEST_BESIDE                                    1                 0: shards named one by one are indexed
                                                                                even when a manifest.json beside them
                                                                                lists them (resumewds.beside)
+RESUMEWDS_FETCH_LITE                                         1                 0: the manifest and ranged reads over
+                                                                               http(s) go through requests too, not
+                                                                               http.client (resumewds.fetch.lite)
 RESUMEWDS_WORKER_STALL                                       60                seconds a DataLoader worker may stay
                                                                                stopped (SIGSTOP) while the loader waits
                                                                                for it (0: no limit; resumewds.watchdog)
@@ -222,6 +225,8 @@ VARS: Dict[str, Var] = {
     "sparse_partials": Var("RESUMEWDS_SPARSE_PARTIALS", _bool, True),
     # the manifest.json beside shards named one by one (resumewds.beside)
     "manifest_beside": Var("RESUMEWDS_MANIFEST_BESIDE", _bool, True),
+    # small GETs and ranged reads on http.client, not requests (resumewds.fetch.lite)
+    "fetch_lite": Var("RESUMEWDS_FETCH_LITE", _bool, True),
     # a stopped DataLoader worker (resumewds.watchdog)
     "worker_stall": Var("RESUMEWDS_WORKER_STALL", _float, 60.0, check=_non_negative),
 }
@@ -374,6 +379,18 @@ def manifest_beside(explicit: Optional[bool] = None) -> bool:
     return bool(value("manifest_beside", explicit))
 
 
+def fetch_lite(explicit: Optional[bool] = None) -> bool:
+    """Whether a remote manifest and the ranged reads over http(s) are sent with
+    ``http.client`` (:mod:`resumewds.fetch.lite`), not requests:
+    ``RESUMEWDS_FETCH_LITE``.
+
+    Example:
+        >>> fetch_lite(False)
+        False
+    """
+    return bool(value("fetch_lite", explicit))
+
+
 def _env(name: str) -> Optional[str]:
     raw = os.environ.get(name)
     return raw.strip() if raw is not None and raw.strip() != "" else None
@@ -425,7 +442,9 @@ __all__ = [
     "cache_dir",
     "cache_size",
     "cache_sync",
+    "fetch_lite",
     "fetch_settings",
+    "manifest_beside",
     "manifest_max_bytes",
     "parse_size",
     "ranged_reads",

@@ -319,7 +319,7 @@ class RangedReads:
             self._tl = threading.local()
         s = getattr(self._tl, "session", None)
         if s is None:
-            s = self._tl.session = F.new_session()
+            s = self._tl.session = F.new_lite_session()
             self._sessions.append(s)
         return s
 

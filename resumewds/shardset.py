@@ -30,6 +30,7 @@ from . import config, reading, warmup
 from ._torchreg import register_iterable_dataset
 from .beside import fill_from_beside
 from .cache import ShardStore
+from .fetch.lite import lite_enabled
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
@@ -197,8 +198,8 @@ class ShardDataset:
         if cache_size is not None and not isinstance(cache_size, str) and int(cache_size) < 0:
             cache_size = None  # webdataset's -1: unlimited
         self.urls = urls
-        if _names_http(self.urls):  # requests is imported while the manifest, plan and store are set up
-            warmup.import_in_background("requests")
+        if _names_http(self.urls) and not lite_enabled():  # requests is imported while the manifest,
+            warmup.import_in_background("requests")          # plan and store are set up
         self.seed = int(seed)
         shuffle = False if shuffle is None else shuffle
         self._shuffle = shuffle  # (not .shuffle: that is the fluent stage)

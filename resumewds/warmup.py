@@ -1,8 +1,10 @@
 """Imports started early, off the path to the first sample.
 
-A data set over http(s) will import requests (and urllib3 under it: 0.1-0.5 s)
-at its first fetch, which is on the path to the first sample.  Building the
-data set starts that import on a background thread instead
+A data set over http(s) reads its manifest and first ranges with
+``http.client`` (:mod:`resumewds.fetch.lite`); requests (and urllib3 under
+it: 0.1-0.5 s) is imported by the first whole-shard download.  With
+``RESUMEWDS_FETCH_LITE=0`` every fetch goes through requests, and building the
+data set starts that import on a background thread
 (:func:`import_in_background`), while the manifest, the plan and the store are
 set up; the first fetch then finds it done, or waits only for the rest of it.
 

@@ -29,9 +29,9 @@ from resumewds.schemes import TRANSPORTS, TransportEntry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "boot_id", "fetch_bytes", "fetch_to_file", "is_local_url",
-               "is_remote_object", "is_remote_url", "local_path", "new_session", "no_sleep", "parse_retry_after",
-               "scheme_of"]
+FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "LiteSession", "boot_id", "fetch_bytes", "fetch_to_file",
+               "is_local_url", "is_remote_object", "is_remote_url", "local_path", "new_lite_session", "new_session",
+               "no_sleep", "parse_retry_after", "scheme_of"]
 
 
 def test_the_package_face_is_its_api_and_internals_live_in_their_modules():

@@ -11,6 +11,7 @@ sequence with an uninterrupted warm run.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import struct
@@ -220,3 +221,27 @@ def test_sparse_partials_are_on_by_default_and_the_environment_turns_them_off(mo
     monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)
     with pytest.raises(ValueError, match="RESUMEWDS_SPARSE_PARTIALS"):
         config.sparse_partials(sparse.SPARSE_PARTIALS)
+
+
+def test_a_first_step_range_is_kept_in_a_cache_no_download_created_yet(v3, tmp_path):
+    """A DataLoader worker's first step reads by range before any download of its
+    process made the cache's directories: its verified samples still go into the
+    shard's sparse partial (else the download fetches them a second time)."""
+    from resumewds.cache import ShardStore
+
+    manifest = rw.load_manifest(os.path.join(v3, "manifest.json"))
+    shard = manifest.shards[1]
+    shard = dataclasses.replace(shard, url="http://127.0.0.1:9/" + os.path.basename(shard.url))  # never fetched
+    store = ShardStore(cache_dir=str(tmp_path / "fresh"))  # no directory yet
+    store.ranged_fill = True
+    lo, hi = shard.sample_range(3)
+    with open(os.path.join(v3, os.path.basename(shard.url)), "rb") as f:
+        f.seek(lo)
+        data = f.read(hi - lo)
+    kept = sparse.keep_verified(store, shard, lo, data, sparse.verified_spans(shard, lo, hi, data, set()))
+    assert kept == hi - lo
+    base = store.entry_path(shard.url)
+    assert [(a, b) for a, b in _records(base + ".sparse.map")] == [(lo, hi)]
+    with open(base + ".sparse", "rb") as f:
+        f.seek(lo)
+        assert f.read(hi - lo) == data

@@ -1,6 +1,8 @@
-"""Imports started early: a data set over http(s) imports requests on a background
-thread while it is being set up, and a fork waits for such an import to end (a child
-forked in the middle of it would find a module lock held by a thread it does not have)."""
+"""Imports started early: with RESUMEWDS_FETCH_LITE=0 a data set over http(s) imports
+requests on a background thread while it is being set up (by default its manifest and
+first ranged reads need no requests: resumewds.fetch.lite), and a fork waits for such an
+import to end (a child forked in the middle of it would find a module lock held by a
+thread it does not have)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,16 @@ import textwrap
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(code: str, tmp_path=None) -> str:
+def _run(code: str, tmp_path=None, **extra: str) -> str:
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + (str(tmp_path) if tmp_path else "")
-               + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
 
 
-def test_an_http_data_set_imports_requests_while_it_is_set_up():
-    got = _run("""
+CONSTRUCT = """
         import sys
         import resumewds as rw
         from resumewds import warmup
@@ -31,8 +32,15 @@ def test_an_http_data_set_imports_requests_while_it_is_set_up():
         ds = rw.WebDataset("http://127.0.0.1:9/manifest.json")   # nothing is fetched here
         warmup.wait()
         print(before, "requests" in sys.modules)
-    """)
-    assert got == "False True"
+    """
+
+
+def test_an_http_data_set_imports_requests_while_it_is_set_up_when_lite_is_off():
+    assert _run(CONSTRUCT, RESUMEWDS_FETCH_LITE="0") == "False True"
+
+
+def test_an_http_data_set_does_not_import_requests_to_be_set_up():
+    assert _run(CONSTRUCT, RESUMEWDS_FETCH_LITE="1") == "False False"
 
 
 def test_a_fork_waits_for_a_background_import(tmp_path):

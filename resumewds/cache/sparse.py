@@ -51,6 +51,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import xxhash
 
 from .. import config as _config
+from ..errors import CacheError
 from ..events import EventKind as K
 from ..fetch import FetchBudget, FetchResult, is_remote_url
 from ..manifest import ShardInfo
@@ -362,8 +363,14 @@ def _open_map(path: str, base: str) -> int:
 
 def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
                  spans: List[Tuple[int, int]]) -> int:
-    if layout.lstat(st.path) is None and (not _may_create(store, base) or layout.lstat(base) is not None):
-        return 0  # no room reserved for it, or published already
+    if layout.lstat(st.path) is None:
+        if not _may_create(store, base) or layout.lstat(base) is not None:
+            return 0  # no room reserved for it, or published already
+        # a DataLoader worker's first step may come before any download made the cache's directories
+        try:
+            store.ensure_dirs()
+        except CacheError:
+            return 0
     mfd = _open_map(st.map, base)
     if mfd < 0:
         return 0  # published meanwhile

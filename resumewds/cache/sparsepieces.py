@@ -215,7 +215,8 @@ def fetch_pieces(st: Any, fd: int, url: str, store: Any, budget: Any,
             st.announce(a, b, False)  # other processes' readers wait for it rather than fetch it
             w = Writer(st, fd, token, a)
             try:
-                fetch_range(url, a, b, config=store.fetch, budget=budget, session=store.session(), sink=w)
+                fetch_range(url, a, b, config=store.fetch, budget=budget, session=store.range_session(),
+                            sink=w)
                 with res.lock:
                     res.requests += 1
             finally:

@@ -43,6 +43,7 @@ from ..fetch import (
     fetch_to_file,
     is_local_url,
     is_remote_url,
+    new_lite_session,
     new_session,
 )
 from ..manifest import ShardInfo
@@ -248,12 +249,21 @@ class ShardStore:
             s = self._tl.session = new_session()
         return s
 
+    def range_session(self) -> Any:
+        """This thread's session for ranged reads (a :class:`~resumewds.fetch.LiteSession`:
+        no requests import; made on first use)."""
+        s = getattr(self._tl, "range_session", None)
+        if s is None:
+            s = self._tl.range_session = new_lite_session()
+        return s
+
     def close_session(self) -> None:
-        """Close this thread's HTTP session (its pooled connections)."""
-        s = getattr(self._tl, "session", None)
-        if s is not None:
-            s.close()
-            self._tl.session = None
+        """Close this thread's HTTP sessions (their pooled connections)."""
+        for name in ("session", "range_session"):
+            s = getattr(self._tl, name, None)
+            if s is not None:
+                s.close()
+                setattr(self._tl, name, None)
 
     # ---- the entries ------------------------------------------------------------------------
     @property
@@ -264,7 +274,10 @@ class ShardStore:
         """Where the cached copy of ``url`` lives (whether or not it exists)."""
         return layout.entry_path(self.shards_dir, url)
 
-    def _ensure_dirs(self) -> None:
+    def ensure_dirs(self) -> None:
+        """Create the cache directory and its ``shards/`` (private, mode 0700) if
+        they are missing, once per store; :class:`~resumewds.errors.CacheError`
+        naming the directory when it cannot be used."""
         if self._dirs_ready:
             return
         for d in (self.cache_dir, self.shards_dir):
@@ -281,6 +294,8 @@ class ShardStore:
         if not os.access(self.shards_dir, os.W_OK | os.X_OK):
             raise CacheError(f"{self.shards_dir}: cache directory is not writable (read-only?)")
         self._dirs_ready = True
+
+    _ensure_dirs = ensure_dirs
 
     def _make_durable(self, path: str) -> bool:
         """fsync ``path`` if this store syncs; True if it did (see ``sync``)."""

@@ -21,6 +21,8 @@ uses only those above it)::
                   _run_attempt (one attempt through a transport, errors mapped)
     local.py      file:// and plain paths                    TRANSPORTS["file"], ["local"]
     http.py       http(s):// with Range/If-Range resume      TRANSPORTS["http"], ["https"]
+    lite.py       LiteSession: the manifest and ranged reads over
+                  http(s) on http.client (no requests import)
     pipe.py       pipe:CMD, its process group, stall kill    TRANSPORTS["pipe"]
     s3.py         s3:// through boto3 (imported on first     TRANSPORTS["s3"]
                   use)
@@ -87,6 +89,7 @@ from ..schemes import is_local_url, is_remote_object, is_remote_url, local_path,
 from .download import fetch_bytes, fetch_to_file
 from .errormap import parse_retry_after
 from .http import new_session
+from .lite import LiteSession, new_lite_session
 from .partial import boot_id
 from .retry import FetchBudget
 from .settings import FetchConfig, FetchResult, no_sleep
@@ -95,6 +98,7 @@ __all__ = [
     "FetchBudget",
     "FetchConfig",
     "FetchResult",
+    "LiteSession",
     "boot_id",
     "fetch_bytes",
     "fetch_to_file",
@@ -102,6 +106,7 @@ __all__ = [
     "is_remote_object",
     "is_remote_url",
     "local_path",
+    "new_lite_session",
     "new_session",
     "no_sleep",
     "parse_retry_after",

@@ -22,11 +22,12 @@ import os
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import CacheError, FetchError
 from ..events import EventKind
 from .attempt import _Attempt
+from .lite import LiteSession, lite_enabled
 from .partial import _read_validator, _size_of
 from .retry import FetchBudget, _retry
 from .settings import EventFn, FetchConfig, FetchResult
@@ -133,7 +134,9 @@ def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Opt
         url: as for :func:`fetch_to_file`.
         config: default :meth:`FetchConfig.from_env`.
         on_event: receives ``retry`` (and ``fetch_start``/``fetch_done``).
-        session: a requests Session to use.
+        session: a requests Session to use (default: a
+            :class:`~resumewds.fetch.lite.LiteSession` for http(s), so that
+            a manifest does not wait for requests' import).
         max_bytes: refuse (permanently) anything larger.
 
     Raises:
@@ -143,10 +146,14 @@ def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Opt
         >>> fetch_bytes("http://127.0.0.1:8000/manifest.json")  # doctest: +SKIP
         b'{"format": ...'
     """
+    lite: Optional[LiteSession] = None
+    use: Any = session
+    if session is None and url.lower().startswith(("http://", "https://")) and lite_enabled():
+        use = lite = LiteSession()  # a small object: no requests import (resumewds.fetch.lite)
     with tempfile.TemporaryDirectory(prefix="resumewds-") as d:
         path = os.path.join(d, "object.partial")
         try:
-            fetch_to_file(url, path, config=config, on_event=on_event, session=session, max_bytes=max_bytes)
+            fetch_to_file(url, path, config=config, on_event=on_event, session=use, max_bytes=max_bytes)
             with open(path, "rb") as f:
                 return f.read()
         except CacheError as exc:
@@ -155,4 +162,7 @@ def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Opt
             raise  # an OSError too (webdataset's type for fetch failures), but not a local one
         except OSError as exc:
             raise CacheError(f"{url}: cannot read back the download from {d}: {exc}") from exc
+        finally:
+            if lite is not None:
+                lite.close()
 
