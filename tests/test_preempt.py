@@ -13,7 +13,10 @@ import time
 import pytest
 
 import resumewds as rw
-from conftest import REPO
+
+# not from conftest: a spawned DataLoader worker imports this module, and there
+# ``conftest`` is the repository root's
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
