@@ -30,7 +30,8 @@ def _env(cache_dir: str) -> dict:
     return env
 
 
-@pytest.mark.parametrize("workers,group", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("workers,group", [  # the group case by default; the others under -m slow
+    pytest.param(0, False, marks=pytest.mark.slow), pytest.param(2, False, marks=pytest.mark.slow), (2, True)])
 def test_cat_journal_sigterm_commits_what_it_printed_and_exits_143(make_shards, tmp_path, cache_dir,
                                                                    workers, group):
     paths = make_shards(shards=10, samples=300, size_range=(10, 20))

@@ -495,6 +495,7 @@ def _run_and_kill(cmd: List[str], cache: str, kill_when: str, lines: int = 0, bo
         return out.read().decode().splitlines(), killed
 
 
+@pytest.mark.slow  # kill -9 of cat over http: tests/test_crash.py (default run)
 def test_cat_survives_sigkill_mid_run(moto, bucket, data, proxy, tmp_path):
     """kill -9 of ``cat --journal`` inside a download, then twice mid-output;
     the committed output of the runs, joined, is the uninterrupted output."""

@@ -12,9 +12,9 @@ import textwrap
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(code: str, tmp_path=None) -> str:
+def _run(code: str, tmp_path=None, **env_vars: str) -> str:
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + (str(tmp_path) if tmp_path else "")
-               + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_vars)
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -31,7 +31,7 @@ def test_an_http_data_set_imports_requests_while_it_is_set_up():
         ds = rw.WebDataset("http://127.0.0.1:9/manifest.json")   # nothing is fetched here
         warmup.wait()
         print(before, "requests" in sys.modules)
-    """)
+    """, RESUMEWDS_FETCH_ATTEMPTS="1")  # the manifest's background fetch (nobody listens) gives up at once
     assert got == "False True"
 
 
