@@ -77,11 +77,11 @@ def _blocked_for_start(signals: Sequence[int], context: Any = None) -> Iterator[
 
     Example:
         >>> import signal
-        >>> with _blocked_for_start([signal.SIGUSR1]):
+        >>> with _blocked_for_start([signal.SIGUSR1], "fork"):
         ...     pass                       # iter(DataLoader(..., num_workers=2))
     """
-    method = _start_method(context)
-    if not signals or not hasattr(signal, "pthread_sigmask") or method not in ("fork", "spawn"):
+    method = _start_method(context) if signals and hasattr(signal, "pthread_sigmask") else None
+    if method not in ("fork", "spawn"):
         yield
         return
     if method == "spawn":
