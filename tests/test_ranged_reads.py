@@ -73,7 +73,7 @@ def _warm(root, tmp_path, **kw):
     return got
 
 
-@pytest.mark.parametrize("shuffle", [False, "shards", True])
+@pytest.mark.parametrize("shuffle", [pytest.param(False, marks=pytest.mark.slow), "shards", True])
 def test_first_sample_arrives_before_its_shard_is_downloaded(v3, tmp_path, shuffle):
     """Cold cache, a server at 1 MB/s per connection (a shard takes seconds): the first
     sample is delivered, verified, while its shard is still downloading; the epoch is

@@ -60,8 +60,8 @@ def _epoch(url, cache, shuffle, workers, **kw):
         ds.close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("shuffle,workers", [(True, 0), (True, 2), (False, 0),
+                                             pytest.param(False, 2, marks=pytest.mark.slow)])
 def test_a_cold_epoch_asks_for_each_byte_once_by_default(v3, tmp_path, shuffle, workers):
     data = data_bytes(v3)
     with FaultServer(v3) as srv:
