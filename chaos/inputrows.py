@@ -48,7 +48,9 @@ def fuzz_rows(cases: int) -> Scenario:
         row.bad_exits = [m for m, _ in r.failures]
         row.note = f"{r.data} parsed, {r.format_errors} ShardFormatError, slowest {r.slowest * 1000:.0f} ms"
         return row
-    return labelled("fuzz_rows", scenario)
+    sc = labelled("fuzz_rows", scenario)
+    sc.alone = True  # type: ignore[attr-defined]  # hypothesis builds ast objects: see chaos.run.run_matrix
+    return sc
 
 
 def malformed_through_cat(s: Suite) -> Row:
@@ -93,6 +95,9 @@ def malformed_through_cat(s: Suite) -> Row:
         row.tally.add(compare(good_lines, good_lines, s.data.digests))
         row.tally.delivered += len(p.lines) - len(good_lines)
     return row
+
+
+malformed_through_cat.alone = True  # type: ignore[attr-defined]  # hypothesis here too
 
 
 def _edited_manifest(s: Suite, d: str, edit: Callable[[dict], None]) -> str:

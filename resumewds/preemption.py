@@ -15,11 +15,13 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 import signal
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from multiprocessing import resource_tracker
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 __all__ = ["Preemptible"]
 
@@ -42,6 +44,10 @@ def _worker_signals(signals: Sequence[int], stopping: Any) -> None:
     then raise "worker exited unexpectedly" anywhere in the training step).
     But torch (and multiprocessing at exit) stop workers with SIGTERM too:
     once the main process has flagged ``stopping`` a SIGTERM ends the worker.
+
+    The parent forked the worker with these signals blocked
+    (:func:`_blocked_for_start`): one sent before this point waited, pending,
+    and reaches the handlers installed here when they are unblocked.
     """
     def on_term(signum: int, frame: Any) -> None:
         if stopping is None or stopping.value:
@@ -52,6 +58,51 @@ def _worker_signals(signals: Sequence[int], stopping: Any) -> None:
             signal.signal(sig, on_term)
         else:
             signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # a pending one runs on_term now
+
+
+@contextlib.contextmanager
+def _blocked_for_start(signals: Sequence[int], context: Any = None) -> Iterator[None]:
+    """Around the start of a loader's worker processes: ``signals`` blocked.
+
+    A worker starts with its parent's signal mask, and torch's worker start-up
+    installs its own SIGTERM handler (ending the worker unless the parent sent
+    the signal) long before :func:`_worker_signals` runs there.  A scheduler's
+    signal to the whole process group in between would kill the worker; blocked,
+    it waits until :func:`_worker_signals` unblocks it.  In this thread the mask
+    is restored after the start, which delivers what arrived meanwhile.
+    Nothing is blocked for a ``forkserver`` start: its server, started here the
+    first time, would keep the mask for every process it forks.
+
+    Example:
+        >>> import signal
+        >>> with _blocked_for_start([signal.SIGUSR1], "fork"):
+        ...     pass                       # iter(DataLoader(..., num_workers=2))
+    """
+    method = _start_method(context) if signals and hasattr(signal, "pthread_sigmask") else None
+    if method not in ("fork", "spawn"):
+        yield
+        return
+    if method == "spawn":
+        # a spawn starts multiprocessing's resource tracker the first time, and
+        # that start unblocks SIGTERM and SIGINT again: started first, here
+        resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _start_method(context: Any) -> Optional[str]:
+    """How a DataLoader with ``multiprocessing_context=context`` starts its workers."""
+    if context is None:
+        return multiprocessing.get_start_method()  # what the DataLoader would use (and fix) a moment later
+    if isinstance(context, str):
+        return context
+    get = getattr(context, "get_start_method", None)
+    return get() if callable(get) else None
 
 
 _LIVE_FLAGS: List[Any] = []  # flags of iterations still running (set at exit, see below)

@@ -17,15 +17,15 @@ A map of this module:
   HTTP/S3 ``Range`` (:func:`resumewds.repair.fetch_range`), each verified
   against its digest, and kept in :class:`RangedReads` until :func:`read`
   takes them (:func:`take_ready`); the whole-shard prefetch goes on and
-  later steps read the cache.  Its helpers: ``_from_partial`` (streaming
-  while downloading), ``_groups`` (coalescing), :mod:`resumewds.rangefetch`
+  later steps read the cache.  Its helpers: :mod:`resumewds.partialreads`
+  (streaming while downloading), ``_groups`` (coalescing), :mod:`resumewds.rangefetch`
   (fetch and verify, drawing from the shard's one fetch budget; a corrupt
   range sends the shard to the whole-shard path), ``_widen`` (optional
   read-ahead).  A shuffled window waits for the samples just past the end
   of a partial this process is downloading (:data:`WINDOW_AHEAD`), so that
   fewer bytes are fetched twice.  A shard whose download fills a sparse
   partial (the default, :mod:`resumewds.cache.sparse`: :func:`declare` tells the store
-  that this process reads by range) is read from there (``_from_sparse``),
+  that this process reads by range) is read from there (:mod:`resumewds.partialreads`),
   and the verified samples of every range are written into it, so that the
   download never fetches them again.  Switched off by
   ``WebDataset(ranged_reads=False)``, ``RESUMEWDS_RANGED_READS=0`` or
@@ -64,7 +64,8 @@ from .cache import sparse
 from .errors import ChecksumMismatch, FetchError, IntegrityError, ShardFormatError
 from .manifest import ShardInfo
 from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
-from .rangefetch import blame_ranged, end_budget, fetch_group, parse_in, shard_budget, verified_in
+from .partialreads import Waits, from_partial, wait_sparse
+from .rangefetch import blame_ranged, end_budget, fetch_group, shard_budget, verified_in
 from .repair import RangeIgnored
 from .schemes import is_remote_object
 
@@ -345,188 +346,6 @@ class RangedReads:
         self.ready_bytes = 0
 
 
-def _from_partial(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], stream: bool,
-                  near: Optional[List[Tuple[int, int]]] = None, ahead: int = STREAM_AHEAD,
-                  stall: float = STREAM_STALL, sparse_near: Optional[List[Tuple[int, int]]] = None) -> List[int]:
-    """Deliver the samples ``js`` whose bytes are in the partial download (verified);
-    return the others.  ``stream``: wait for a growing download to reach samples
-    that are at most ``ahead`` past its end (giving up after ``stall`` seconds
-    without growth).  ``near`` (not streaming): the samples at most
-    :data:`WINDOW_AHEAD` past the end of a partial this process's prefetch is
-    writing go there, with how far past the end they end, instead of into
-    the result (to be waited for, or not, by the caller)."""
-    assert shard.offsets is not None
-    st = sparse.lookup(rr.store, shard) if hasattr(rr.store, "entry_path") else None
-    if st is not None:
-        return _from_sparse(rr, si, shard, st, js, stream, sparse_near)
-    path = rr.store.entry_path(shard.url) + ".partial"
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return js
-    rest: List[int] = []
-    try:
-        size = os.fstat(fd).st_size
-        if near is not None and not (WINDOW_AHEAD > 0 and shard.url in _downloading(rr)):
-            near = None
-        for j in js:
-            a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
-            if b > size and stream and b - size <= ahead:
-                size = _wait_growth(fd, b, rr, shard, stall, longest=0.05 if stall >= STREAM_STALL else 0.004)
-                stream = size >= b  # a download that stalled is not waited for again
-            if b > size:
-                if near is not None and b - size <= WINDOW_AHEAD:
-                    near.append((j, b - size))
-                else:
-                    rest.append(j)
-                continue
-            buf = os.pread(fd, b - a, a)
-            if len(buf) != b - a or not verified_in(buf, a, shard, j):
-                rest.append(j)  # not (yet) the right bytes: fetch them by range
-                continue
-            try:
-                rr.put((si, j), parse_in(buf, a, shard, j), b - a, "partial")
-            except ShardFormatError:
-                rest.append(j)
-                continue
-    finally:
-        os.close(fd)
-    return rest
-
-
-def _from_sparse(rr: RangedReads, si: int, shard: ShardInfo, st: sparse.SparseState, js: List[int], stream: bool,
-                 near: Optional[List[Tuple[int, int]]] = None) -> List[int]:
-    """:func:`_from_partial` for a sparse partial (:mod:`resumewds.cache.sparse`):
-    the samples whose bytes are recorded there are read (each verified); one
-    that this process's download is writing now (or, ``stream``, that it
-    reaches within :data:`STREAM_AHEAD`) is waited for, or with ``near`` given,
-    put there with how many bytes the download still has to write before it."""
-    assert shard.offsets is not None
-    off = shard.offsets
-    rest: List[int] = []
-    waits: List[int] = []
-    with st.cond:
-        present = []
-        for j in js:
-            a, b = int(off[j]), int(off[j + 1])
-            if st.have.covers(a, b):
-                present.append(j)
-                continue
-            d = st.download_claim(a, b)
-            if d is None and stream:
-                d = _stream_distance(st, a, b)
-            if d is not None and (stream or (near is not None and WINDOW_AHEAD > 0)):
-                if stream:
-                    waits.append(j)
-                else:  # waited for if within the download's request (BUSY_CHUNK) or there in time,
-                    assert near is not None  # else fetched (cutting the request short)
-                    near.append((j, 0 if d <= sparse.BUSY_CHUNK else d))
-            else:
-                rest.append(j)
-    rest += _read_sparse(rr, si, shard, st, present)
-    if waits:
-        rest += _wait_sparse(rr, si, shard, st, waits, STREAM_STALL)
-    return sorted(rest)
-
-
-def _stream_distance(st: sparse.SparseState, a: int, b: int) -> Optional[int]:
-    """Bytes a download of this process has to write before reaching ``[a, b)``
-    when that is at most :data:`STREAM_AHEAD` past the range it writes now."""
-    for pos, end, dl in st.claims.values():
-        if dl and end <= a and b - end <= STREAM_AHEAD:
-            return b - pos
-    return None
-
-
-def _read_sparse(rr: RangedReads, si: int, shard: ShardInfo, st: sparse.SparseState, js: List[int]) -> List[int]:
-    """Deliver the samples ``js`` from the sparse partial, each verified; return those that fail."""
-    if not js:
-        return []
-    assert shard.offsets is not None
-    try:
-        fd = os.open(st.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return js
-    rest: List[int] = []
-    try:
-        for j in js:
-            a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
-            buf = os.pread(fd, b - a, a)
-            if len(buf) != b - a or not verified_in(buf, a, shard, j):
-                rest.append(j)  # not the right bytes (a block lost or damaged): fetch them by range
-                continue
-            try:
-                rr.put((si, j), parse_in(buf, a, shard, j), b - a, "partial")
-            except ShardFormatError:
-                rest.append(j)
-    finally:
-        os.close(fd)
-    return rest
-
-
-def _wait_sparse(rr: RangedReads, si: int, shard: ShardInfo, st: sparse.SparseState, js: List[int],
-                 stall: float) -> List[int]:
-    """Wait while this process's download writes the samples ``js`` (giving
-    up on one when no download is about to write it any more, or after
-    ``stall`` seconds without progress); deliver those that arrived, return the others."""
-    assert shard.offsets is not None
-    off = shard.offsets
-    left = list(js)
-    got: List[int] = []
-    given_up: List[int] = []
-    with st.cond:
-        last = st.have.total()
-        t_last = time.monotonic()
-        while left:
-            keep = []
-            for j in left:
-                a, b = int(off[j]), int(off[j + 1])
-                if st.have.covers(a, b):
-                    got.append(j)
-                elif st.download_claim(a, b) is None and _stream_distance(st, a, b) is None:
-                    given_up.append(j)
-                else:
-                    keep.append(j)
-            left = keep
-            if not left:
-                break
-            now = time.monotonic()
-            total = st.have.total()
-            if total > last:
-                last, t_last = total, now
-            elif now - t_last > stall:
-                break
-            st.cond.wait(0.02)
-    return _read_sparse(rr, si, shard, st, got) + given_up + left
-
-
-def _downloading(rr: RangedReads) -> Any:
-    """URLs a prefetch thread of this process is downloading now (a hint)."""
-    pf = getattr(rr.store, "_prefetch", None)
-    return getattr(pf, "current", ()) if pf is not None else ()
-
-
-def _wait_growth(fd: int, need: int, rr: RangedReads, shard: ShardInfo, stall: float = STREAM_STALL,
-                 longest: float = 0.05) -> int:
-    """Wait while the partial download grows towards ``need`` bytes (polling,
-    at most ``longest`` seconds between two looks); its size."""
-    size = os.fstat(fd).st_size
-    last, t_last = size, time.monotonic()
-    pause = 0.002
-    while size < need:
-        if os.fstat(fd).st_nlink == 0:
-            break  # removed (a failed download starts again): give up on this file
-        time.sleep(pause)
-        pause = min(pause * 2, longest)
-        size = os.fstat(fd).st_size
-        now = time.monotonic()
-        if size > last:
-            last, t_last = size, now
-        elif now - t_last > stall:
-            break
-    return size
-
-
 def _widen(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:
     """``js`` plus the samples of their aligned :data:`RANGE_BLOCK` not read ahead before."""
     assert shard.offsets is not None
@@ -688,14 +507,15 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
             jobs.append((si, budget, rr.pool().submit(fetch_group, rr, reader.on_event, shard, lo, hi, members, config,
                                                       budget, needed)))
 
+    waits_now = Waits(STREAM_AHEAD, STREAM_STALL, WINDOW_AHEAD)  # the knobs as they are now
     pending: Dict[int, List[int]] = {}
     cands: Dict[int, List[Tuple[int, int]]] = {}
     for si, js in todo.items():
         # shuffled: samples just past a growing partial, or that a sparse download
         # writes now, are candidates to wait for
         near = None if stream else cands.setdefault(si, [])
-        pending[si] = _from_partial(rr, si, shards[si], js, stream, near if rr.steps else None,
-                                    sparse_near=near if rr.steps else None)
+        pending[si] = from_partial(rr, si, shards[si], js, stream, waits_now, near if rr.steps else None,
+                                   sparse_near=near if rr.steps else None)
     waits: Dict[int, List[int]] = {}
     if any(cands.values()):
         # While this step's ranges are fetched (RANGE_THREADS connections at once),
@@ -715,8 +535,9 @@ def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], s
     for si, near_js in waits.items():
         if near_js:  # what the download does not reach in time: by range
             st = sparse.lookup(rr.store, shards[si])
-            rest = (_wait_sparse(rr, si, shards[si], st, near_js, WINDOW_STALL) if st is not None else
-                    _from_partial(rr, si, shards[si], near_js, True, ahead=WINDOW_AHEAD, stall=WINDOW_STALL))
+            rest = (wait_sparse(rr, si, shards[si], st, near_js, WINDOW_STALL, STREAM_AHEAD) if st is not None
+                    else from_partial(rr, si, shards[si], near_js, True, waits_now, ahead=WINDOW_AHEAD,
+                                      stall=WINDOW_STALL))
             rr.counters["window_waits"] += len(near_js)
             rr.counters["window_partial"] += len(near_js) - len(rest)
             submit(si, rest)

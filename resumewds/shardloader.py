@@ -39,7 +39,7 @@ from .handling import empty_epoch_error
 from .loader_compat import DataLoaderAttributes
 from .plan import Layout
 from .positions import hide_positions
-from .preemption import _LIVE_FLAGS, Preemptible, _preempt_signals, _stop_flag
+from .preemption import _LIVE_FLAGS, Preemptible, _blocked_for_start, _preempt_signals, _stop_flag
 from .session import JournalSession, LoaderPlace, process_group
 from .shardset import ShardDataset
 from .shardsplit import split_layout, split_workers
@@ -545,8 +545,12 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                 kw.pop(k, None)
         dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
         expected = 0
-        with frozen_for_fork() if self.num_workers else contextlib.nullcontext():
-            it = iter(dl)  # the workers fork here: they never scan what they inherited (resumewds.watchdog)
+        with contextlib.ExitStack() as starting:
+            if self.num_workers:  # the workers start here: they never scan what they inherited
+                starting.enter_context(frozen_for_fork())  # (resumewds.watchdog), and a preemption
+                starting.enter_context(_blocked_for_start(  # signal waits for their handlers
+                    self._preempt_signals, kw.get("multiprocessing_context")))
+            it = iter(dl)
         watch = WorkerWatchdog(it, self.stall_timeout)  # stopped workers (resumewds.watchdog)
         nxt = watch.next_of()
         # torch pins a batch only where it is allowed to (an accelerator is

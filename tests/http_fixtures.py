@@ -7,11 +7,15 @@ are in ``tests/conftest.py``.
 from __future__ import annotations
 
 import io
+import os
+import struct
 import tarfile
-from typing import List
+from typing import Any, List, Set, Tuple
 
 import xxhash
 
+import resumewds as rw
+from resumewds import synth
 from resumewds.fetch import FetchConfig, no_sleep
 from resumewds.manifest import ShardInfo
 
@@ -66,6 +70,35 @@ def fast_config(**kw) -> FetchConfig:
                 backoff_initial=0.01, backoff_max=0.05, sleep=no_sleep)
     base.update(kw)
     return FetchConfig(**base)
+
+
+def write_v3(root: str, shards: int, samples: int) -> Set[int]:
+    """v3 shards (per-sample digests, 2-8 kB samples) and their ``manifest.json``
+    in ``root``, as the sparse-partial tests serve them; returns the shards'
+    xxh3_64 as ints: the tags of a sparse map's records of bytes present (not
+    of claims), for :func:`sparse_records`."""
+    synth.write_shards(root, shards=shards, samples=samples, size_range=(2000, 8000), seed=3)
+    manifest = os.path.join(root, "manifest.json")
+    rw.build_manifest(os.path.join(root, f"shard-{{000000..{shards - 1:06d}}}.tar"), manifest, digests=True)
+    return {int(s.xxh3_64, 16) for s in rw.load_manifest(manifest).shards}
+
+
+def sparse_records(path: str, tags: Set[int]) -> List[Tuple[int, int]]:
+    """A sparse map's records of bytes present: ``(start, end)`` (``tags``: :func:`write_v3`'s)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    recs = [struct.unpack_from("<QQQQ", raw, off) for off in range(0, len(raw) - 39, 40)]
+    return [(a, b) for a, b, _, tag in recs if tag in tags]
+
+
+def data_bytes(root: str) -> int:
+    """The bytes of the ``.tar`` files in ``root``."""
+    return sum(os.path.getsize(os.path.join(root, n)) for n in os.listdir(root) if n.endswith(".tar"))
+
+
+def tar_bytes_sent(srv: Any) -> int:
+    """The bytes of ``.tar`` files a FaultServer sent."""
+    return sum(n for p, n in srv.bytes_by_path.items() if p.endswith(".tar"))
 
 
 _MOVED = ("_loopback_only", "served")

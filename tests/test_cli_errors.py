@@ -138,7 +138,7 @@ def _swap(s):
     s["offsets"][1], s["offsets"][2] = s["offsets"][2], s["offsets"][1]
 
 
-@pytest.mark.parametrize("edit,words", [
+_MALFORMED = [
     (_offset(1, -5), ["offsets[1]", "negative"]),
     (_swap, ["offsets go backwards"]),
     (_offset(1, 1024.0), ["offsets[1]", "not an integer"]),
@@ -149,8 +149,15 @@ def _swap(s):
     (_set("size", -1), ["'size'"]),
     (_set("xxh3_64", 12), ["'xxh3_64'"]),
     (_set("offsets", "0,1"), ["'offsets' must be a list"]),
-], ids=["negative", "backwards", "float", "huge-1e12", "huge-2^64", "huge-2^64-no-size", "samples-str",
-        "size-negative", "xxh-int", "offsets-str"])
+]
+_MALFORMED_IDS = ["negative", "backwards", "float", "huge-1e12", "huge-2^64", "huge-2^64-no-size", "samples-str",
+                  "size-negative", "xxh-int", "offsets-str"]
+_MALFORMED_DEFAULT = {"negative", "huge-2^64-no-size", "samples-str"}  # three CLI runs each: the rest under -m slow
+
+
+@pytest.mark.parametrize("edit,words", [
+    pytest.param(*case, id=i, marks=() if i in _MALFORMED_DEFAULT else pytest.mark.slow)
+    for case, i in zip(_MALFORMED, _MALFORMED_IDS)])
 def test_malformed_manifest_is_refused_on_load(data, edit, words):
     path = _edit(data, "bad.json", edit)
     for cmd in (["cat", path], ["verify", path], ["index", path, "-o", path + ".out.json"]):

@@ -76,7 +76,7 @@ def test_status_into_a_closed_pipe_exits_quietly(manifest, tmp_path, args):
     assert res.stderr == ""
 
 
-@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize("workers", [pytest.param("0", marks=pytest.mark.slow), "2"])
 def test_each_skipped_shard_is_one_line_naming_it_once(manifest, shards, workers):
     with open(shards[1], "r+b") as f:  # damage a sample of shard 1: that sample fails its digest
         f.seek(2000)

@@ -63,6 +63,7 @@ _RUNNER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_never_resume_from_the_same_point(make_shards, tmp_path):
     data = make_shards(shards=2, samples=30)
     journal = str(tmp_path / "run.db")
@@ -143,7 +144,7 @@ def test_unbatched_drop_and_pad_reference_shape(data):
     assert drop == [x for i, x in enumerate(keep) if i % 185 < 185 - 185 % CHUNK]
 
 
-@pytest.mark.parametrize("remainder", ["drop", "pad"])
+@pytest.mark.parametrize("remainder", ["pad", pytest.param("drop", marks=pytest.mark.slow)])
 def test_unbatched_resume_at_every_point_is_exact(data, remainder):
     ref = _reference(data, remainder)
     bad = []
@@ -293,7 +294,7 @@ _KILLED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("remainder,workers", [("drop", 2), ("pad", 0)])
+@pytest.mark.parametrize("remainder,workers", [("drop", 2), pytest.param("pad", 0, marks=pytest.mark.slow)])
 def test_unbatched_sigkill_through_the_journal_is_exact(data, tmp_path, remainder, workers):
     import random
     import signal

@@ -34,7 +34,10 @@ def test_one_example_per_framework():
     assert sorted(examples()) == sorted(FRAMEWORK_OF)
 
 
-@pytest.mark.parametrize("name", sorted(FRAMEWORK_OF))
+# the transformers example (about 12 s, most of it the import) under -m slow; its
+# integration stays in the default run (tests/test_integrations_transformers.py)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "transformers" else n
+                                  for n in sorted(FRAMEWORK_OF)])
 def test_example_runs(name, tmp_path, monkeypatch, cache_dir):
     pytest.importorskip(FRAMEWORK_OF[name])
     monkeypatch.chdir(tmp_path)

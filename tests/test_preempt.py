@@ -13,7 +13,10 @@ import time
 import pytest
 
 import resumewds as rw
-from conftest import REPO
+
+# not from conftest: a spawned DataLoader worker imports this module, and there
+# ``conftest`` is the repository root's
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -27,7 +30,8 @@ def _env(cache_dir: str) -> dict:
     return env
 
 
-@pytest.mark.parametrize("workers,group", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("workers,group", [  # the group case by default; the others under -m slow
+    pytest.param(0, False, marks=pytest.mark.slow), pytest.param(2, False, marks=pytest.mark.slow), (2, True)])
 def test_cat_journal_sigterm_commits_what_it_printed_and_exits_143(make_shards, tmp_path, cache_dir,
                                                                    workers, group):
     paths = make_shards(shards=10, samples=300, size_range=(10, 20))
@@ -140,3 +144,53 @@ def test_exit_with_a_live_iterator_does_not_hang(make_shards, cache_dir):
                        text=True, timeout=60)
     assert p.returncode == 0 and p.stdout == "bye\n", p.stderr
     assert "Traceback" not in p.stderr and "killed by signal" not in p.stderr, p.stderr
+
+
+def _term_myself(worker_id: int) -> None:
+    # runs in the worker after torch's own start-up (which installs torch's
+    # SIGTERM handler) and before the loader's first step there: where a
+    # scheduler's signal to the whole process group can land
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_outlive_a_sigterm_that_lands_while_they_start(make_shards, method):
+    """A preemption signal that reaches a worker before it installed its
+    handlers waits for them (blocked from the fork on): the worker outlives it
+    and the epoch is whole, instead of "worker exited unexpectedly"."""
+    if method not in __import__("multiprocessing").get_all_start_methods():
+        pytest.skip(f"no {method} start method here")
+    paths = make_shards(shards=4, samples=20)
+    fresh = rw.WebLoader(rw.WebDataset(paths), batch_size=4, num_workers=2,
+                         collate_fn=lambda s: [x["__key__"] for x in s])
+    ref = list(fresh)
+    loader = rw.WebLoader(rw.WebDataset(paths), batch_size=4, num_workers=2, preempt=True,
+                          worker_init_fn=_term_myself, multiprocessing_context=method,
+                          collate_fn=_keys)
+    try:
+        got = list(loader)
+    finally:
+        loader.close()
+    assert not loader.preempted  # the main process got no signal
+    assert got == ref
+
+
+def _keys(samples):
+    return [x["__key__"] for x in samples]
+
+
+def test_a_signal_to_the_main_process_while_workers_start_is_delivered_after():
+    from resumewds.preemption import _blocked_for_start
+
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    try:
+        with _blocked_for_start([signal.SIGUSR1], "fork"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+            assert got == []  # pending while the workers fork
+        assert got == [signal.SIGUSR1]  # delivered as the mask is restored
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+    finally:
+        signal.signal(signal.SIGUSR1, old)

@@ -73,7 +73,7 @@ def _warm(root, tmp_path, **kw):
     return got
 
 
-@pytest.mark.parametrize("shuffle", [False, "shards", True])
+@pytest.mark.parametrize("shuffle", [pytest.param(False, marks=pytest.mark.slow), "shards", True])
 def test_first_sample_arrives_before_its_shard_is_downloaded(v3, tmp_path, shuffle):
     """Cold cache, a server at 1 MB/s per connection (a shard takes seconds): the first
     sample is delivered, verified, while its shard is still downloading; the epoch is
@@ -207,7 +207,8 @@ def test_cold_webloader_with_workers_equals_the_warm_run(v3, tmp_path):
     assert cold == warm and ranged > SHARDS + 1  # more requests than one per shard: ranges
 
 
-@pytest.mark.parametrize("threads", [None, 2, 8])
+@pytest.mark.parametrize("threads", [pytest.param(None, marks=pytest.mark.slow), 2,
+                                     pytest.param(8, marks=pytest.mark.slow)])
 def test_the_cache_stays_within_its_budget_when_a_window_does_not_fit(v3, tmp_path, monkeypatch, threads):
     """cache_size of about one shard, a window of all three: the cache never holds more
     than cache_size (partial downloads included: prefetch reserves a shard's size

@@ -383,6 +383,7 @@ def test_cat_over_s3_prints_what_it_prints_over_local_files(moto, bucket, data, 
     assert cat(f"s3://{bucket}/data/shard-{{000000..000004}}.tar", *CAT_ARGS) == cat(local_pattern, *CAT_ARGS)
 
 
+@pytest.mark.slow  # each fault kind over s3: test_every_fault_kind_is_retried_and_a_cut_body_resumes_under_if_match
 def test_cat_with_injected_faults_prints_the_same(moto, bucket, data, proxy, cache_dir):
     upload(moto, bucket, data.root)
     want = cat(data.manifest, *CAT_ARGS)
@@ -427,6 +428,7 @@ def test_corrupt_cache_entry_is_repaired_and_a_bad_object_is_a_clear_error(moto,
 # ---------------------------------------------------------------------------
 # real processes: DataLoader workers, a journal, SIGKILL
 # ---------------------------------------------------------------------------
+@pytest.mark.slow  # cat over s3: test_cat_over_s3_prints_what_it_prints_over_local_files (default run)
 def test_cat_subprocess_with_workers_and_journal(moto, bucket, data, proxy, tmp_path):
     upload(moto, bucket, data.root)
     want = cat(data.manifest, *CAT_ARGS)
@@ -495,6 +497,7 @@ def _run_and_kill(cmd: List[str], cache: str, kill_when: str, lines: int = 0, bo
         return out.read().decode().splitlines(), killed
 
 
+@pytest.mark.slow  # kill -9 of cat over http: tests/test_crash.py (default run)
 def test_cat_survives_sigkill_mid_run(moto, bucket, data, proxy, tmp_path):
     """kill -9 of ``cat --journal`` inside a download, then twice mid-output;
     the committed output of the runs, joined, is the uninterrupted output."""

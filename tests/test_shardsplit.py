@@ -206,6 +206,7 @@ with open(out, "a") as f:
 """
 
 
+@pytest.mark.slow  # the split across worker counts: test_resume_across_worker_counts (default run)
 def test_kill9_resume_with_other_workers_keeps_the_split(tmp_path, after=3):
     import signal
     import subprocess

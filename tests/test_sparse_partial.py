@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -25,7 +24,7 @@ import xxhash
 
 import resumewds as rw
 from chaos.faultserver import FaultServer
-from resumewds import synth
+from http_fixtures import data_bytes, sparse_records, tar_bytes_sent, write_v3
 from resumewds.cache import sparse
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -43,17 +42,10 @@ TAGS: set = set()
 
 @pytest.fixture
 def v3(tmp_path):
-    root = tmp_path / "srv"
-    synth.write_shards(str(root), shards=SHARDS, samples=SAMPLES, size_range=(2000, 8000), seed=3)
-    rw.build_manifest(str(root / f"shard-{{000000..{SHARDS - 1:06d}}}.tar"), str(root / "manifest.json"),
-                      digests=True)
-    TAGS.clear()  # the shards' xxh3_64: the tags of the records of bytes present (not of claims)
-    TAGS.update(int(s.xxh3_64, 16) for s in rw.load_manifest(str(root / "manifest.json")).shards)
-    return str(root)
-
-
-def _data_bytes(root):
-    return sum(os.path.getsize(os.path.join(root, n)) for n in os.listdir(root) if n.endswith(".tar"))
+    root = str(tmp_path / "srv")
+    TAGS.clear()
+    TAGS.update(write_v3(root, SHARDS, SAMPLES))
+    return root
 
 
 def _keys(url, cache, **kw):
@@ -66,13 +58,9 @@ def _keys(url, cache, **kw):
         ds.close()
 
 
-def _tar_bytes(srv):
-    return sum(n for p, n in srv.bytes_by_path.items() if p.endswith(".tar"))
-
-
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_cold_epoch_fetches_each_byte_once(v3, tmp_path, shuffle):
-    data = _data_bytes(v3)
+    data = data_bytes(v3)
     with FaultServer(v3) as srv:
         url = srv.url.rstrip("/") + "/"
         warm, _ = _keys(url, str(tmp_path / "w"), shuffle=shuffle, ranged_reads=False)
@@ -80,7 +68,7 @@ def test_a_cold_epoch_fetches_each_byte_once(v3, tmp_path, shuffle):
     # per connection as slow as an object store's stream: the reader outruns the downloads
     with FaultServer(v3, bytes_per_second=4_000_000) as srv:
         cold, counters = _keys(srv.url.rstrip("/") + "/", str(tmp_path / "cold"), shuffle=shuffle)
-        sent = _tar_bytes(srv)
+        sent = tar_bytes_sent(srv)
     assert cold == warm
     if shuffle:  # a shuffled window reads ahead of every download: ranges, and kept
         assert counters["range_bytes"] > 0 and counters["range_kept"] > 0
@@ -104,11 +92,7 @@ _CHILD = textwrap.dedent("""
 
 
 def _records(path):
-    """The map's records of bytes present: ``(start, end)``."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    recs = [struct.unpack_from("<QQQQ", raw, off) for off in range(0, len(raw) - 39, 40)]
-    return [(a, b) for a, b, _, tag in recs if tag in TAGS]
+    return sparse_records(path, TAGS)
 
 
 def _killed_mid_fill(v3, tmp_path):
@@ -126,7 +110,7 @@ def _killed_mid_fill(v3, tmp_path):
             while time.monotonic() < deadline:
                 maps = [os.path.join(shards, n) for n in os.listdir(shards)] if os.path.isdir(shards) else []
                 maps = [m for m in maps if m.endswith(".sparse.map")]
-                if sum(b - a for m in maps for a, b in _records(m)) >= _data_bytes(v3) // 4:
+                if sum(b - a for m in maps for a, b in _records(m)) >= data_bytes(v3) // 4:
                     break
                 time.sleep(0.02)
             else:
@@ -165,10 +149,10 @@ def test_killed_mid_fill_then_a_rerun_finishes_exact(v3, tmp_path, corrupt):
             f.write(bytes([byte[0] ^ 0xFF]))
     with FaultServer(v3, port=port) as srv:  # the same urls: the same cache entries
         again, _ = _keys(srv.url.rstrip("/") + "/", cache, shuffle=True)
-        sent = _tar_bytes(srv)
+        sent = tar_bytes_sent(srv)
     assert again == warm  # exact: the same samples in the same order as an uninterrupted run
     # what the killed run had fetched and recorded was kept (but a damaged block, fetched again)
-    assert sent <= 1.02 * _data_bytes(v3) - recorded + (biggest if corrupt else 0), (sent, recorded)
+    assert sent <= 1.02 * data_bytes(v3) - recorded + (biggest if corrupt else 0), (sent, recorded)
     names = os.listdir(shards)
     assert len([n for n in names if n.endswith(".meta")]) == SHARDS
     assert not [n for n in names if n.endswith((".sparse", ".sparse.map"))]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -25,7 +24,7 @@ import xxhash
 
 import resumewds as rw
 from chaos.faultserver import FaultServer
-from resumewds import synth
+from http_fixtures import data_bytes, sparse_records, tar_bytes_sent, write_v3
 from resumewds.cache import ShardStore, sparse
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -44,21 +43,10 @@ def _defaults(monkeypatch):
 
 @pytest.fixture
 def v3(tmp_path):
-    root = tmp_path / "srv"
-    synth.write_shards(str(root), shards=SHARDS, samples=SAMPLES, size_range=(2000, 8000), seed=3)
-    rw.build_manifest(str(root / f"shard-{{000000..{SHARDS - 1:06d}}}.tar"), str(root / "manifest.json"),
-                      digests=True)
-    TAGS.clear()  # the shards' xxh3_64: the tags of the records of bytes present (not of claims)
-    TAGS.update(int(s.xxh3_64, 16) for s in rw.load_manifest(str(root / "manifest.json")).shards)
-    return str(root)
-
-
-def _data_bytes(root):
-    return sum(os.path.getsize(os.path.join(root, n)) for n in os.listdir(root) if n.endswith(".tar"))
-
-
-def _tar_bytes(srv):
-    return sum(n for p, n in srv.bytes_by_path.items() if p.endswith(".tar"))
+    root = str(tmp_path / "srv")
+    TAGS.clear()
+    TAGS.update(write_v3(root, SHARDS, SAMPLES))
+    return root
 
 
 def _epoch(url, cache, shuffle, workers, **kw):
@@ -74,10 +62,10 @@ def _epoch(url, cache, shuffle, workers, **kw):
         ds.close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("shuffle,workers", [(True, 0), (True, 2), (False, 0),
+                                             pytest.param(False, 2, marks=pytest.mark.slow)])
 def test_a_cold_epoch_asks_for_each_byte_once_by_default(v3, tmp_path, shuffle, workers):
-    data = _data_bytes(v3)
+    data = data_bytes(v3)
     with FaultServer(v3) as srv:
         url = srv.url.rstrip("/") + "/"
         _epoch(url, str(tmp_path / "w"), shuffle, workers, ranged_reads=False)
@@ -85,7 +73,7 @@ def test_a_cold_epoch_asks_for_each_byte_once_by_default(v3, tmp_path, shuffle, 
     # per connection as slow as an object store's stream: the readers outrun the downloads
     with FaultServer(v3, bytes_per_second=4_000_000) as srv:
         cold = _epoch(srv.url.rstrip("/") + "/", str(tmp_path / "cold"), shuffle, workers)
-        sent = _tar_bytes(srv)
+        sent = tar_bytes_sent(srv)
     assert cold == warm  # exact: the uninterrupted warm run's sequence
     assert sent <= 1.02 * data, f"{sent} bytes sent for {data} bytes of shards ({sent / data:.3f}x)"
     names = os.listdir(tmp_path / "cold" / "shards")
@@ -94,11 +82,7 @@ def test_a_cold_epoch_asks_for_each_byte_once_by_default(v3, tmp_path, shuffle, 
 
 
 def _records(path):
-    """The map's records of bytes present: ``(start, end)``."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    recs = [struct.unpack_from("<QQQQ", raw, off) for off in range(0, len(raw) - 39, 40)]
-    return [(a, b) for a, b, _, tag in recs if tag in TAGS]
+    return sparse_records(path, TAGS)
 
 
 def _spans(recs):
@@ -159,7 +143,7 @@ def test_a_download_in_pieces_killed_then_resumed_is_published_verified(v3, tmp_
         store = ShardStore(cache_dir=cache)
         store.ranged_fill = True
         path = store.ensure(dataclasses.replace(shard, url=srv.url.rstrip("/") + "/" + name))
-        sent = _tar_bytes(srv)
+        sent = tar_bytes_sent(srv)
     with open(path, "rb") as f:
         assert xxhash.xxh3_64_hexdigest(f.read()) == shard.xxh3_64  # published verified
     assert sent <= size - recorded + 64 * 1024, (sent, size, recorded)  # only what no record covered

@@ -302,7 +302,7 @@ WORKER_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_workers_log_their_events_once(served, tmp_path, context):
     script = tmp_path / "w.py"
     script.write_text(WORKER_SCRIPT)

@@ -249,7 +249,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("caches,want", [(["a", "a", "b", "b"], [0, 0, 1, 1]),
-                                         (["a", "a", "a", "a"], [0, 0, 0, 0])])
+                                         pytest.param(["a", "a", "a", "a"], [0, 0, 0, 0], marks=pytest.mark.slow)])
 def test_nodes_from_a_real_process_group(tmp_path, caches, want):
     """4 gloo processes without torchrun's variables: ranks that share a cache
     directory (here: per process RESUMEWDS_CACHE_DIR) are one node."""
