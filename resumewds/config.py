@@ -75,6 +75,9 @@ RESUMEWDS_MANIFEST_BESIDE                                    1                 0
 RESUMEWDS_FETCH_LITE                                         1                 0: the manifest and ranged reads over
                                                                                http(s) go through requests too, not
                                                                                http.client (resumewds.fetch.lite)
+RESUMEWDS_FORK_FREEZE                                        1                 0: a fork leaves the garbage collector
+                                                                               as it is (1: the heap is frozen for the
+                                                                               child, gc.freeze; resumewds.warmup)
 RESUMEWDS_WORKER_STALL                                       60                seconds a DataLoader worker may stay
                                                                                stopped (SIGSTOP) while the loader waits
                                                                                for it (0: no limit; resumewds.watchdog)
@@ -227,6 +230,8 @@ VARS: Dict[str, Var] = {
     "manifest_beside": Var("RESUMEWDS_MANIFEST_BESIDE", _bool, True),
     # small GETs and ranged reads on http.client, not requests (resumewds.fetch.lite)
     "fetch_lite": Var("RESUMEWDS_FETCH_LITE", _bool, True),
+    # a forked child (a DataLoader worker) starts with the heap it inherits frozen (resumewds.warmup)
+    "fork_freeze": Var("RESUMEWDS_FORK_FREEZE", _bool, True),
     # a stopped DataLoader worker (resumewds.watchdog)
     "worker_stall": Var("RESUMEWDS_WORKER_STALL", _float, 60.0, check=_non_negative),
 }
@@ -391,6 +396,18 @@ def fetch_lite(explicit: Optional[bool] = None) -> bool:
     return bool(value("fetch_lite", explicit))
 
 
+def fork_freeze(explicit: Optional[bool] = None) -> bool:
+    """Whether a fork freezes the heap for the child (``gc.freeze`` before it,
+    ``gc.unfreeze`` after it in the parent; :mod:`resumewds.warmup`):
+    ``RESUMEWDS_FORK_FREEZE``.
+
+    Example:
+        >>> fork_freeze(False)
+        False
+    """
+    return bool(value("fork_freeze", explicit))
+
+
 def _env(name: str) -> Optional[str]:
     raw = os.environ.get(name)
     return raw.strip() if raw is not None and raw.strip() != "" else None
@@ -444,6 +461,7 @@ __all__ = [
     "cache_sync",
     "fetch_lite",
     "fetch_settings",
+    "fork_freeze",
     "manifest_beside",
     "manifest_max_bytes",
     "parse_size",

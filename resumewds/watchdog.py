@@ -28,6 +28,11 @@
   170,000 objects and is close to a full collection; after a ``fork`` each
   worker would otherwise run one over all of them during its first step
   (0.1-0.6 s on a loaded 2-core machine, every page touched copied on write).
+  Every fork does the same once a data set of ours exists
+  (:mod:`resumewds.warmup`'s fork hook): a plain DataLoader's or a
+  ``StatefulDataLoader``'s worker then never runs that collection either,
+  also not before our code runs in it.  ``RESUMEWDS_FORK_FREEZE=0`` turns all
+  of it off.
 
 The limit is ``WebLoader(stall_timeout=...)``, else ``RESUMEWDS_WORKER_STALL``
 (seconds, default :data:`DEFAULT_STALL_SECONDS`; 0 disables the watchdog).
@@ -151,7 +156,7 @@ def freeze_inherited() -> None:
     if _FROZEN_IN == pid:
         return
     data = sys.modules.get("torch.utils.data")
-    if data is None or data.get_worker_info() is None:
+    if data is None or data.get_worker_info() is None or not config.fork_freeze():
         return
     _FROZEN_IN = pid
     gc.freeze()
@@ -171,7 +176,7 @@ def frozen_for_fork() -> Iterator[None]:
         >>> with frozen_for_fork():
         ...     pass                       # iter(DataLoader(..., num_workers=2))
     """
-    if not gc.isenabled() or gc.get_freeze_count():
+    if not gc.isenabled() or gc.get_freeze_count() or not config.fork_freeze():
         yield
         return
     gc.freeze()
