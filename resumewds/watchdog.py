@@ -19,8 +19,7 @@
   ``break``) stopped workers are killed too: torch's shutdown and Python's
   exit would otherwise wait forever to join them.
 
-* :func:`frozen_for_fork`: the parent's objects frozen while a WebLoader's
-  workers fork (then unfrozen); :func:`freeze_inherited` runs first in each DataLoader worker that reads a
+* :func:`freeze_inherited` runs first in each DataLoader worker that reads a
   data set of ours (a WebLoader's, or a plain DataLoader's / StatefulDataLoader's):
   the objects it inherited from its parent go to the garbage collector's
   permanent generation (``gc.freeze()``), so the worker's collections scan
@@ -28,11 +27,11 @@
   170,000 objects and is close to a full collection; after a ``fork`` each
   worker would otherwise run one over all of them during its first step
   (0.1-0.6 s on a loaded 2-core machine, every page touched copied on write).
-  Every fork does the same once a data set of ours exists
-  (:mod:`resumewds.warmup`'s fork hook): a plain DataLoader's or a
-  ``StatefulDataLoader``'s worker then never runs that collection either,
-  also not before our code runs in it.  ``RESUMEWDS_FORK_FREEZE=0`` turns all
-  of it off.
+  Before that, every fork freezes the heap for the child once a data set of
+  ours exists (:mod:`resumewds.warmup`'s fork hook, the parent unfreezes it
+  after): a worker then never runs that collection, also not while torch
+  starts it, before our code runs there.  ``RESUMEWDS_FORK_FREEZE=0`` turns
+  both off.
 
 The limit is ``WebLoader(stall_timeout=...)``, else ``RESUMEWDS_WORKER_STALL``
 (seconds, default :data:`DEFAULT_STALL_SECONDS`; 0 disables the watchdog).
@@ -44,7 +43,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -53,13 +51,13 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import config
 from .errors import ResumeWDSError
 
 __all__ = ["DEFAULT_STALL_SECONDS", "WorkerStallError", "WorkerWatchdog", "die_with_parent", "freeze_inherited",
-           "frozen_for_fork", "stall_limit", "worker_died"]
+           "stall_limit", "worker_died"]
 
 log = logging.getLogger("resumewds")
 
@@ -160,30 +158,6 @@ def freeze_inherited() -> None:
         return
     _FROZEN_IN = pid
     gc.freeze()
-
-
-@contextlib.contextmanager
-def frozen_for_fork() -> Iterator[None]:
-    """Around the start of a loader's worker processes in its parent: the
-    parent's objects are frozen (``gc.freeze()``) while the workers fork, and
-    unfrozen after, as Python's documentation advises: a worker's collections
-    (the first comes with torch's own imports in the worker, before any code
-    of ours runs there) then never scan the objects it inherited, and the
-    parent's collections are what they were.  Left alone when the process
-    froze objects itself or disabled the collector.
-
-    Example:
-        >>> with frozen_for_fork():
-        ...     pass                       # iter(DataLoader(..., num_workers=2))
-    """
-    if not gc.isenabled() or gc.get_freeze_count() or not config.fork_freeze():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def die_with_parent(parent: Optional[int]) -> None:
