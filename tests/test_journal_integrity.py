@@ -190,3 +190,74 @@ def test_record_is_one_fixed_width_field():
         assert parse_commit_record(rec) == (step, ts)
     assert parse_commit_record(" " * COMMIT_FIELD) is None
     assert parse_commit_record("x y") is None
+
+
+# ---- the journal's file removed or replaced while a run writes it ----------------------------------
+
+def _removed(j_dir, path):
+    shutil.rmtree(j_dir)
+
+
+def _replaced(j_dir, path):
+    # another file at the same path: a copy, as `cp backup/run.db run.db` would leave
+    shutil.copy2(path, path + ".copy")
+    os.replace(path + ".copy", path)
+
+
+def _moved(j_dir, path):
+    os.rename(path, path + ".old")
+
+
+@pytest.mark.parametrize("change", [_removed, _replaced, _moved], ids=["directory-removed", "replaced", "moved"])
+def test_a_commit_into_a_file_that_lost_its_path_is_refused(tmp_path, change):
+    j_dir = tmp_path / "journal"
+    j_dir.mkdir()
+    path = str(j_dir / "run.db")
+    j = Journal(path)
+    try:
+        for s in range(10):
+            j.commit(s, epoch=0, position=(s + 1) * 4)
+        change(str(j_dir), path)
+        with pytest.raises(JournalError) as ei:
+            j.commit(10, epoch=0, position=44)
+        msg = str(ei.value)
+        assert msg.startswith(f"{path}: the journal file was deleted or replaced while this run was writing it")
+        assert "its newest commit is step 9" in msg and "commit of step 10" in msg
+        with pytest.raises(JournalError, match="deleted or replaced"):  # every later write too
+            j.record_events([{"kind": "retry", "url": "a.tar"}])
+    finally:
+        j.close()
+
+
+def test_a_commit_after_the_lock_file_was_deleted_is_refused(path):
+    with Journal(path) as j:
+        j.commit(0, epoch=0, position=4)
+        os.unlink(lock_path(path))
+        with pytest.raises(JournalError, match=r"its lock file .* was deleted while this run was writing"):
+            j.commit(1, epoch=0, position=8)
+    assert _latest(path) == 0  # the journal itself is whole: a rerun resumes after step 0
+
+
+def test_cat_stops_when_its_journal_directory_is_removed(make_shards, tmp_path):
+    """``resumewds cat --journal`` whose journal directory is removed mid-run
+    ends with an error naming the journal (it used to finish with status 0,
+    its commits gone with the unlinked file)."""
+    data = make_shards(shards=4, samples=50)
+    j_dir = tmp_path / "journal"
+    j_dir.mkdir()
+    path = str(j_dir / "run.db")
+    p = subprocess.Popen([sys.executable, "-m", "resumewds", "cat", *data, "--epochs", "200", "--journal", path,
+                          "--commit-every", "50"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        for _ in range(120):  # two commits made
+            assert p.stdout.readline()
+        shutil.rmtree(str(j_dir))
+        rest = sum(1 for _ in p.stdout)
+        err = p.stderr.read()
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 1, err
+    assert rest < 200 * 200 - 120  # it stopped at the next commit, not at the end
+    assert f"Error: {path}: the journal file was deleted or replaced while this run was writing it" in err

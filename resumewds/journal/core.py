@@ -137,6 +137,7 @@ class Journal:
         self._lock: Optional[LockFile] = None
         self._conn: Optional[sqlite3.Connection] = None
         self._max_step: Optional[int] = None
+        self._file_id: Optional[Tuple[int, int]] = None  # (st_dev, st_ino) of the file the writer opened
         self._pending: Dict[Tuple[str, int], Tuple[int, Optional[int]]] = {}
         self._since = 0
         self._mutex = threading.RLock()
@@ -251,6 +252,11 @@ class Journal:
             newest = conn.execute("SELECT step, ts FROM commits ORDER BY step DESC LIMIT 1").fetchone()
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
+        try:  # what every write checks the path against (see _check_file)
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise self._err("cannot stat the journal file it just opened", exc) from exc
+        self._file_id = (st.st_dev, st.st_ino)
         # only now that the journal holds the run id durably (see LockFile.write_marker)
         lock.write_marker(self.run_id, self.rank,
                           None if newest is None else (int(newest[0]), float(newest[1])))
@@ -284,10 +290,50 @@ class Journal:
             raise JournalError(f"{self.path}: journal is closed")
         return self._conn
 
-    def _writable(self) -> sqlite3.Connection:
+    def _writable(self, what: str = "write") -> sqlite3.Connection:
         if self.readonly:
             raise JournalError(f"{self.path}: journal was opened read-only")
-        return self.conn
+        conn = self.conn
+        self._check_file(what)
+        return conn
+
+    def _check_file(self, what: str) -> None:
+        """Refuse to write once the journal's path no longer names the file this
+        writer opened, or its lock file was deleted.
+
+        SQLite keeps writing to the file it opened even when it was unlinked
+        (its directory removed, the file moved or replaced): every commit
+        would go into a file no one can open again, and the lock file that
+        makes a rerun refuse a missing journal (``deleted_error``) is gone
+        too, so a crash or a rerun would start again from the beginning.
+        One ``stat`` of the path (its device and inode) and one ``fstat`` of
+        the lock file (its link count) per write: a few microseconds.
+        """
+        if self._file_id is None:
+            return
+        try:
+            st = os.stat(self.path)
+            same = (st.st_dev, st.st_ino) == self._file_id
+        except OSError:  # gone, or its directory is (ENOENT, ENOTDIR)
+            same = False
+        lock_gone = self._lock is not None and self._lock.unlinked()
+        if same and not lock_gone:
+            return
+        newest = "it held no commit" if self._max_step is None else f"its newest commit is step {self._max_step}"
+        if not same:
+            raise JournalError(
+                f"{self.path}: the journal file was deleted or replaced while this run was writing it (its "
+                f"directory removed, or the file moved or overwritten): {newest}, and the path no longer "
+                f"names the file that holds it. Refusing the {what}: it would go into a file nobody can open again, and a "
+                f"crash or a rerun would start again from the beginning without a word. Stop the run; restore "
+                f"the journal (with its -wal and lock file) from a copy to resume, or resume from your "
+                f"checkpoint's loader state_dict() with a new journal path")
+        resume = "from the beginning" if self._max_step is None else f"after step {self._max_step}"
+        raise JournalError(
+            f"{self.path}: its lock file {lock_path(self.path)} was deleted while this run was writing the "
+            f"journal: another run could now open the journal at the same time, and a deleted journal would "
+            f"no longer be noticed. Refusing the {what}. Stop the run and rerun it: it resumes {resume} "
+            f"and makes the lock file again")
 
     # ---- life cycle ----------------------------------------------------
     def close(self) -> None:
@@ -587,7 +633,7 @@ class Journal:
                batch_size, ts, samples_total, None if stats is None else redact_text(dumps(stats)), deltas,
                None if place is None else json.dumps(place, separators=(",", ":")))
         with self._mutex:
-            conn = self._writable()
+            conn = self._writable(f"commit of step {step}")
             max_step = self._max_step
             try:
                 conn.execute("BEGIN")
