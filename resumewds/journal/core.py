@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -59,6 +60,7 @@ from .schema import (
     apply_migrations,
     check_schema,
     commit_row,
+    connect_readonly,
     dumps,
     loads,
     meta_get,
@@ -93,7 +95,8 @@ class Journal:
             ``rank_journal_path(path, r)``.
         rank: this process's rank.
         world_size: number of ranks; the default for ``commit``.
-        readonly: open ``mode=ro`` without taking the lock (for ``status``).
+        readonly: open ``mode=ro`` without taking the lock (for ``status``); also
+            on a read-only file system (:func:`~resumewds.journal.schema.connect_readonly`).
         synchronous: ``"NORMAL"`` (survives process crash) or ``"FULL"``
             (survives power loss too; one fsync per transaction).
         after_lock: called once the writer holds the lock, before the file
@@ -135,6 +138,7 @@ class Journal:
         self.run_id: Optional[str] = None
         self.schema_version: int = 0
         self._lock: Optional[LockFile] = None
+        self._copy_dir: Optional[str] = None  # a read-only copy's directory (see connect_readonly)
         self._conn: Optional[sqlite3.Connection] = None
         self._max_step: Optional[int] = None
         self._file_id: Optional[Tuple[int, int]] = None  # (st_dev, st_ino) of the file the writer opened
@@ -181,7 +185,15 @@ class Journal:
             if recorded_run_id(self.path):
                 raise deleted_error(self.path)
             raise self._err("no journal here")
-        conn = self._conn = self._connect(f"file:{uri_path(self.path)}?mode=ro")
+        try:  # also where nothing can be written (a read-only file system)
+            conn, self._copy_dir = connect_readonly(self.path, isolation_level=None, timeout=10.0,
+                                                    check_same_thread=False)
+        except (sqlite3.OperationalError, OSError) as exc:
+            raise self._err("cannot open journal", exc) from exc
+        except sqlite3.DatabaseError as exc:
+            raise self._err("journal is corrupt or not a SQLite database", exc) from exc
+        conn.row_factory = sqlite3.Row
+        self._conn = conn
         try:
             conn.execute("PRAGMA busy_timeout = 5000")
             self._check_integrity(conn)
@@ -355,6 +367,9 @@ class Journal:
             except sqlite3.Error:
                 pass
             self._conn = None
+        if self._copy_dir is not None:
+            shutil.rmtree(self._copy_dir, ignore_errors=True)
+            self._copy_dir = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
