@@ -45,6 +45,7 @@ from .epochsource import _SampleLayout
 from .errors import StateError
 from .shardloader import ShardLoader
 from .shardsplit import worker_streams
+from .skipping import check_steps
 from .steplayout import Layout
 
 __all__ = ["RotatingLoader", "StreamLayout"]
@@ -227,6 +228,7 @@ class RotatingLoader(ShardLoader):
     def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
         """As :meth:`ShardLoader.skip_steps`; refused under the rotation (its steps
         depend on what the stages drop, known only once read)."""
+        k = check_steps(k)
         if self.rotation_workers and k:
             raise StateError(f"skip_steps({k}): under webdataset's rotation of {self.rotation_workers} "
                              "filtered streams the items ahead are known only once read; iterate past them")

@@ -321,17 +321,23 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         Returns:
             ``{"first_step", "steps", "from": [epoch, position], "to": [...], "reason"}``.
 
+        Raises:
+            TypeError: ``k`` is not an int (a float, a bool).
+            ValueError: ``k`` is negative, or crosses more than
+                :data:`resumewds.skipping.MAX_WALKED_EPOCHS` epochs whose steps
+                differ (resampled shards, webdataset's worker split).
+
         Example:
             >>> loader = rw.WebLoader(ds, batch_size=32, journal="run.db", resume=999)  # doctest: +SKIP
             >>> loader.skip_steps(50, reason="loss spike at 1020")  # steps 1000..1049  # doctest: +SKIP
         """
-        if k < 0:
-            raise ValueError(f"skip_steps: cannot skip {k} steps")
+        k = skipping.check_steps(k)
         plan = self.dataset.plan
         first = int(self.steps_done)
         before = [int(self.epoch), int(self.position)]
-        epoch, position = skipping.advance(self.layout, lambda e: len(plan.epoch(e)), before[0], before[1], int(k),
-                                           layout_of=self._layout_of)
+        epoch, position = skipping.advance(self.layout, lambda e: len(plan.epoch(e)), before[0], before[1], k,
+                                           layout_of=self._layout_of, same_epochs=not hasattr(self.layout, "bind")
+                                           and bool(getattr(plan, "same_epochs", False)))
         detail: Dict[str, Any] = {"first_step": first, "steps": int(k), "from": before,
                                   "to": [epoch, position], "reason": reason}
         if k:
