@@ -139,9 +139,9 @@ def test_whole_epochs_counted_at_once_agree_with_walking_them(layout):
     for total in (10, 37, 40):
         per = layout.num_steps(total, 0)
         for start in sorted({0, 1, layout.step_size, total - 1, total}):
-            for steps in range(0, 3 * per + 3):
-                walked = advance(layout, lambda e: total, 2, start, steps)
-                assert advance(layout, lambda e: total, 2, start, steps, same_epochs=True) == walked, \
+            for steps in range(3 * per + 3):
+                walked = advance(layout, lambda e, t=total: t, 2, start, steps)
+                assert advance(layout, lambda e, t=total: t, 2, start, steps, same_epochs=True) == walked, \
                     (total, start, steps)
 
 

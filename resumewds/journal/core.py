@@ -331,15 +331,16 @@ class Journal:
         lock_gone = self._lock is not None and self._lock.unlinked()
         if same and not lock_gone:
             return
-        newest = "it held no commit" if self._max_step is None else f"its newest commit is step {self._max_step}"
+        newest = ("it held no commit" if self._max_step is None
+                  else f"its newest commit is step {self._max_step}")
         if not same:
             raise JournalError(
                 f"{self.path}: the journal file was deleted or replaced while this run was writing it (its "
                 f"directory removed, or the file moved or overwritten): {newest}, and the path no longer "
-                f"names the file that holds it. Refusing the {what}: it would go into a file nobody can open again, and a "
-                f"crash or a rerun would start again from the beginning without a word. Stop the run; restore "
-                f"the journal (with its -wal and lock file) from a copy to resume, or resume from your "
-                f"checkpoint's loader state_dict() with a new journal path")
+                f"names the file that holds it. Refusing the {what}: it would go into a file nobody can open "
+                f"again, and a crash or a rerun would start again from the beginning without a word. Stop "
+                f"the run; restore the journal (with its -wal and lock file) from a copy to resume, or "
+                f"resume from your checkpoint's loader state_dict() with a new journal path")
         resume = "from the beginning" if self._max_step is None else f"after step {self._max_step}"
         raise JournalError(
             f"{self.path}: its lock file {lock_path(self.path)} was deleted while this run was writing the "
