@@ -28,6 +28,7 @@ from .positions import hide_positions
 from .shardset import ShardDataset
 from .shardsplit import WorkerStream
 from .stages import Stage
+from .statecheck import CHECKSUM_KEY, check_seal, seal
 from .watchdog import freeze_inherited
 from .world import worker_info
 
@@ -264,20 +265,22 @@ class DirectDataset(ShardDataset):
         out["counts"] = list(out.get("counts") or [])
         out.update(format=DATASET_STATE, version=1, order=self._order_key())
         self._pinned = True
-        return out
+        return seal(out)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next ``iter()`` continues exactly after the state's last item.
 
         Raises:
-            StateError: not a dataset state, or taken with another order.
+            StateError: not a dataset state, changed after it was taken (its
+                checksum: :mod:`resumewds.statecheck`), or taken with another order.
         """
         if not isinstance(state, dict) or state.get("format") != DATASET_STATE:
             raise StateError("not a resumewds dataset state (missing format field)")
+        check_seal(state, "this dataset state")
         if state.get("order") != self._order_key():
             raise StateError(f"dataset state was taken with order {state.get('order')}, "
                              f"this dataset has {self._order_key()}")
-        self._pending = {k: v for k, v in state.items() if k not in ("format", "version", "order")}
+        self._pending = {k: v for k, v in state.items() if k not in ("format", "version", "order", CHECKSUM_KEY)}
         self.epoch = int(state["epoch"])
 
     get_state = state_dict

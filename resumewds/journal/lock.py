@@ -212,6 +212,16 @@ class LockFile:
             # the journal only weakens the check, it never refuses a good one
             pass
 
+    def unlinked(self) -> bool:
+        """True when the lock file this lock holds no longer has a name (deleted,
+        or replaced by another file): one ``fstat``."""
+        if self.fd is None:
+            return False
+        try:
+            return os.fstat(self.fd).st_nlink == 0
+        except OSError:
+            return False
+
     def release(self) -> None:
         """Drop the lock (closing the descriptor drops the flock); idempotent."""
         if self.fd is not None:

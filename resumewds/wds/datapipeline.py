@@ -71,6 +71,7 @@ from ..plan import Layout, Plan
 from ..positions import hide_positions
 from ..shardsplit import WorkerStream
 from ..stages import default_collate
+from ..statecheck import check_seal, seal
 from . import filters, tariterators
 from .handlers import reraise_exception
 from .shardlists import ResampledShards, SimpleShardList
@@ -488,7 +489,7 @@ class DataPipeline(WebDataset, IterableDataset):
         if not self._c.generic:
             d["config"] = self.config()
             d["step_size"] = self._layout().step_size
-        return d
+        return seal(d)
 
     get_state = state_dict
 
@@ -502,6 +503,7 @@ class DataPipeline(WebDataset, IterableDataset):
             raise StateError("not a resumewds DataPipeline state (missing format field)")
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"DataPipeline state version {state.get('version')} is newer than this resumewds")
+        check_seal(state, "this DataPipeline state")
         if not self._c.generic:
             mine = self.config()
             theirs = state.get("config") or {}

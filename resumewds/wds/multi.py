@@ -40,6 +40,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from ..errors import ResumeWDSError, StateError
 from ..plan import Layout
+from ..statecheck import check_seal, seal
 from .webdataset import WebDataset
 
 __all__ = ["MultiLoader"]
@@ -260,7 +261,7 @@ class MultiLoader:
         if self.exact:
             d["config"] = dict(self.config)
             d["step_size"] = self._layout().step_size
-        return d
+        return seal(d)
 
     get_state = state_dict
 
@@ -274,6 +275,7 @@ class MultiLoader:
             raise StateError("not a resumewds MultiLoader state (missing format field)")
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"MultiLoader state version {state.get('version')} is newer than this resumewds")
+        check_seal(state, "this MultiLoader state")
         if self.exact:
             theirs = state.get("config") or {}
             diffs = [k for k in self.config if theirs.get(k) != self.config.get(k)]
