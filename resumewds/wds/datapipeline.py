@@ -72,6 +72,7 @@ from ..positions import hide_positions
 from ..shardsplit import WorkerStream
 from ..stages import default_collate
 from . import filters, tariterators
+from .fluent import FluidInterface
 from .handlers import reraise_exception
 from .shardlists import ResampledShards, SimpleShardList
 from .splitters import worker_info
@@ -230,13 +231,23 @@ class DataPipeline(WebDataset, IterableDataset):
         self.pipeline = stages
         self.repetitions = 1
         self.nsamples = -1
-        self._c = _compile(stages)
-        c = self._c
+        self._seed_arg, self._kw = seed, dict(kw)
         self._warned = False
+        self._build(warn=True)
+
+    def _build(self, warn: bool) -> None:
+        """Compile ``self.pipeline`` (again, after :meth:`append`): the plan's settings and
+        stages.  A subclass's own ``__init__`` is never run again (webdataset's ``append``
+        only appends).  ``warn``: say now when a stage is opaque (else on the first ``iter()``)."""
+        c = self._c = _compile(self.pipeline)
+        seed, kw = self._seed_arg, dict(self._kw)
+        self._state: Dict[str, Any] = {"epoch": 0, "position": 0, "skip": 0}
         if c.generic:
             WebDataset.__init__(self, [], seed=0)
-            self._warn(c.opaque, whole=True)
-            self._state: Dict[str, Any] = {"epoch": 0, "position": 0, "skip": 0}
+            self._engine_key = None
+            self._built_spec = []
+            if warn:
+                self._warn(c.opaque, whole=True)
             return
         if seed is None:
             seed = next((s.seed for s in (c.sample_shuffle, c.shard_shuffle) if s is not None and
@@ -257,7 +268,15 @@ class DataPipeline(WebDataset, IterableDataset):
         mode: Any = "shards" if shuffled else False
         if c.sample_shuffle is not None and not self._native_shuffle:
             mode = True
-        WebDataset.__init__(self, list(c.source.urls), seed=int(seed), shuffle=mode, **extra, **kw)
+        key = (list(c.source.urls), int(seed), mode, extra, kw)
+        if getattr(self, "_engine_key", None) == key:
+            # the same source and settings (an append of a later stage): keep the engine,
+            # its manifest and a resolution in flight; only the stages are compiled again
+            self._spec, self.collate_fn = [], None
+            self._compile()
+        else:
+            WebDataset.__init__(self, list(c.source.urls), seed=int(seed), shuffle=mode, **extra, **kw)
+            self._engine_key = key
         self._bufsize: Optional[int] = None
         if c.sample_shuffle is not None:
             if self._native_shuffle:
@@ -271,11 +290,11 @@ class DataPipeline(WebDataset, IterableDataset):
                                partial=c.batch.partial)
             for st in c.per_batch:
                 WebDataset.map(self, st.fn)
-        if c.resampled:
+        if c.resampled and self.repetitions == 1:
             self.repetitions = sys.maxsize
-        if c.tail:
+        if c.tail and warn:
             self._warn(c.tail[0], whole=False)
-        self._state = {"epoch": 0, "position": 0, "skip": 0}
+        self._built_spec = list(self._spec)
 
     # ---- what is exact ----------------------------------------------------------
     @property
@@ -293,7 +312,7 @@ class DataPipeline(WebDataset, IterableDataset):
                       "a resume from state_dict() is not exact (state_dict()['exact'] is False). To make "
                       "it exact, use the stages resumewds compiles (SimpleShardList / ResampledShards, the "
                       "splitters, shuffle, tarfile_to_samples, the per-sample stages, batched)",
-                      stacklevel=3)
+                      stacklevel=4)
 
     # ---- the plan -----------------------------------------------------------------
     @property
@@ -443,6 +462,8 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def iterator(self) -> Iterator[Any]:
         """All repetitions (webdataset's name)."""
+        if not self._warned and not self.exact:  # built with append(): said on the first iter()
+            self._warn(self._c.tail[0] if self._c.tail else self._c.opaque, whole=self._c.generic)
         if self._c.generic:
             return self._generic_stream()
         # each iterator has its own copy of the state, taken now (two iterators at
@@ -526,13 +547,18 @@ class DataPipeline(WebDataset, IterableDataset):
         return self.pipeline[i]
 
     def append(self, f: Any) -> None:
-        """Add a stage at the end (rebuilds the compiled form)."""
-        self.__init__(*(self.pipeline + [f]), seed=self.seed)  # type: ignore[misc]
+        """Add a stage at the end, as webdataset's ``append`` (the compiled form is rebuilt;
+        a subclass's ``__init__`` is not run again)."""
+        self.pipeline.append(f)
+        self._warned = False
+        self._build(warn=False)
 
     def compose(self, *args: Any) -> DataPipeline:
-        """A copy with ``args`` appended."""
+        """A copy with ``args`` appended (this pipeline is unchanged)."""
         out = copy.copy(self)
-        out.__init__(*(self.pipeline + list(args)), seed=self.seed)  # type: ignore[misc]
+        out.pipeline = list(self.pipeline) + [a for a in args if a is not None]
+        out._warned = False
+        out._build(warn=False)
         return out
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DataPipeline:
@@ -568,3 +594,32 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def __repr__(self) -> str:
         return f"DataPipeline({', '.join(repr(s) for s in self.pipeline)}, exact={self.exact})"
+
+
+#: webdataset's ``FluidInterface`` methods: on a DataPipeline each returns a copy with that
+#: stage appended (``self.compose(filters.<name>(...))``), as webdataset's do
+FLUENT = ("batched", "unbatched", "listed", "unlisted", "log_keys", "shuffle", "map", "decode", "map_dict",
+          "select", "to_tuple", "map_tuple", "slice", "rename", "rsample", "rename_keys", "extract_keys",
+          "xdecode", "mcached", "lmdb_cached")
+
+
+def _fluent(name: str) -> Any:
+    fluid = getattr(FluidInterface, name)
+    engine = getattr(WebDataset, name)
+
+    def method(self: DataPipeline, *args: Any, **kw: Any) -> Any:
+        if not self._c.generic and self._spec != self._built_spec:
+            # the engine's stages were changed directly (a loader's compiled chain does):
+            # its stage on a copy of that engine form
+            out = copy.copy(self)
+            out._spec = list(self._spec)
+            return engine(out, *args, **kw)
+        return fluid(self, *args, **kw)
+
+    method.__name__ = name
+    method.__doc__ = f"A copy with ``{name}(...)`` appended (webdataset's ``FluidInterface.{name}``)."
+    return method
+
+
+for _name in FLUENT:
+    setattr(DataPipeline, _name, _fluent(_name))
