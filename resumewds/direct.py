@@ -86,11 +86,18 @@ class DirectDataset(ShardDataset):
         if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
             warn_foreign_loader(getattr(self, "_framework_guard", None))
         V = world * nworkers
-        W = 0 if custom else self.split_workers(nworkers, world)
+        kept: Optional[frozenset] = None
+        if custom:  # a splitter of your own: the shards it keeps (of the shard list, as webdataset's)
+            urls = [{"url": s.url} for s in self.manifest.shards]
+            for f in custom:
+                urls = list(f(iter(urls)))
+            kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
+        W = self.split_workers(nworkers, world)
         layout: Any
-        if W:  # webdataset's split: this worker's own shards, whole (resumewds.shardsplit)
+        if W:  # webdataset's split: this worker's own shards, whole (resumewds.shardsplit), of the kept ones
             chunk = self.batch_size or 64
-            layout = WorkerStream(W, worker, Layout(chunk))
+            keep = None if kept is None else frozenset(i for i, s in enumerate(self.manifest.shards) if s.url in kept)
+            layout = WorkerStream(W, worker, Layout(chunk), keep)
             lay: List[Any] = ["shards", W, worker, chunk]
         else:
             chunk = self.batch_size or (64 if V == 1 else 1)
@@ -118,11 +125,7 @@ class DirectDataset(ShardDataset):
         st["layout"] = lay
         self._advanced = False
         saved_stages = self.stages
-        if custom:
-            urls = [{"url": s.url} for s in self.manifest.shards]
-            for f in custom:
-                urls = list(f(iter(urls)))
-            kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
+        if kept is not None and not W:
             self.stages = [_KeepShards(kept)] + list(saved_stages)
         if any(s.kind == "stream" and s.name not in _KNOWN_STREAM for s in self._stream_stages()) \
                 and not self._warned_opaque:
