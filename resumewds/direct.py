@@ -111,15 +111,20 @@ class DirectDataset(ShardDataset):
                                  f"{st.get('layout')}, this iterator has {lay}: resume with the same "
                                  "world size and num_workers (or use WebLoader, which resumes "
                                  "under any layout)")
+            if 0 < self._limit <= st.get("served", 0) and (st.get("step") or st.get("skip")):
+                st = dict(self._fresh(st["epoch"] + 1), layout=st.get("layout"))  # its chunk was done: a new pass
             st["served"] = st.get("served", 0) if st.get("served", 0) < self._limit else 0  # a chunk done: a new one
         elif self._mode != "once" and self._cursor is not None:
-            st = dict(self._cursor, served=0, first=self._cursor["epoch"])
-            if self._limit < 1 and (st["step"] or st["skip"]) and self._advanced \
-                    and not self._pinned:
+            st = dict(self._cursor, first=self._cursor["epoch"])
+            done = 0 < self._limit <= st.get("served", 0)  # the last iter() gave its with_epoch(n) items
+            if (st["step"] or st["skip"]) and (done or (self._advanced and not self._pinned)):
                 # webdataset starts its pipeline again at each iter(): an iter() left mid-epoch
-                # is followed by the next epoch from its start (unless a state was taken since
-                # the last item: a run resumed from it continues there, and so does this one)
+                # (or a with_epoch(n) chunk done) is followed by the next epoch from its start
+                # (unless a state was taken since the last item of an unfinished chunk: a run
+                # resumed from it continues there, and so does this one)
                 st = dict(self._fresh(st["epoch"] + 1), layout=st.get("layout"))
+            elif done or not self._pinned:
+                st["served"] = 0
         else:
             st = self._fresh(self.epoch)
         st["layout"] = lay

@@ -468,12 +468,18 @@ class DataPipeline(WebDataset, IterableDataset):
             return self._generic_stream()
         # each iterator has its own copy of the state, taken now (two iterators at
         # once, as in RoundRobin([p, p]), are independent); state_dict() is the newest's
-        self._state = dict(self._state)
-        if not getattr(self, "_loaded", True) and self.repetitions == 1 and (self._state["position"] or
-                                                                            self._state["skip"]):
-            # a pass left before its end (``next(iter(p))``): each iter() is a new pass, as in
-            # webdataset; only load_state_dict() continues one
-            self._state = {"epoch": self._state["epoch"] + 1, "position": 0, "skip": 0}
+        st = self._state = dict(self._state)
+        limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else 0
+        done = bool(limit) and int(st.get("served", 0)) >= limit  # the last iter() gave its n items
+        # a state of this very point was loaded, or given away (a run resumed from it goes on here)
+        held = getattr(self, "_loaded", True) or st == getattr(self, "_given", None)
+        if (st["position"] or st["skip"]) and (done or not held):
+            # webdataset starts its pipeline again at each iter(): a new pass, the next epoch from
+            # its start (a smoke test's next(iter(p)), the end of a with_epoch(n) chunk)
+            st = self._state = {"epoch": st["epoch"] + 1, "position": 0, "skip": 0, "served": 0,
+                                **({"split": st["split"]} if "split" in st else {})}
+        elif done or not held:
+            st["served"] = 0
         self._loaded = False
         src: Any = self._compiled_stream(self._state)
         for f in self._c.tail:
@@ -490,13 +496,11 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def _limited(self, it: Iterator[Any], st: Dict[str, Any]) -> Iterator[Any]:
         """``with_epoch(n)``: ``n`` items per ``iter()``; ``st["served"]`` counts them (a resume
-        finishes the chunk the state was taken in)."""
-        served = int(st.get("served", 0))
-        st["served"] = served if served < self.nsamples else 0
-        for x in itertools.islice(it, self.nsamples - st["served"]):
+        finishes the chunk the state was taken in; at ``n`` the next ``iter()`` is a new pass)."""
+        st.setdefault("served", 0)
+        for x in itertools.islice(it, self.nsamples - int(st["served"])):
             st["served"] += 1
             yield x
-        st["served"] = 0
 
     # ---- state ----------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -506,6 +510,7 @@ class DataPipeline(WebDataset, IterableDataset):
         """
         d: Dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION, "exact": self.exact}
         d.update(self._state)
+        self._given = dict(self._state)
         if not self._c.generic:
             d["config"] = self.config()
             d["step_size"] = self._layout().step_size
