@@ -74,6 +74,7 @@ from ..stages import default_collate
 from . import filters, tariterators
 from .fluent import FluidInterface
 from .handlers import reraise_exception
+from .pipeline import add_length_method
 from .shardlists import ResampledShards, SimpleShardList
 from .splitters import worker_info
 from .utils import PipelineStage
@@ -584,8 +585,7 @@ class DataPipeline(WebDataset, IterableDataset):
             warnings.warn(".with_length() only sets the value of __len__ for compatibility with some "
                           "training environments. It does not change the number of samples in an epoch.", stacklevel=2)
         self.size = n
-        self.__class__ = type(type(self).__name__ + "_Length", (type(self),), {"__len__": lambda s: s.size})
-        return self
+        return add_length_method(self)
 
     def close(self) -> None:
         """Close open shards and the stages that have ``close``."""
