@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from .. import autodecode, runners
 from ..errors import HandlerStop
+from ..positions import hide_positions
 from ..stages import (
     ExtractKeys,
     Handled,
@@ -625,7 +626,20 @@ class BatchedStage(Stage):
         self.batchsize, self.collation_fn, self.partial = int(batchsize), collation_fn, partial
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        return runners.BatchRunner(self.batchsize, self.collation_fn, self.partial).run(iter(src))
+        # webdataset's _batched: a full batch goes out when the next sample comes in (or at the
+        # end), so a stream stage before it runs exactly as far as under webdataset
+        batch: List[Any] = []
+        for sample in src:
+            if len(batch) >= self.batchsize:
+                yield self._collate(batch)
+                batch = []
+            batch.append(sample)
+        if batch and (len(batch) == self.batchsize or self.partial):
+            yield self._collate(batch)
+
+    def _collate(self, batch: List[Any]) -> Any:
+        batch = [hide_positions(s) for s in batch]
+        return self.collation_fn(batch) if self.collation_fn is not None else batch
 
 
 def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
