@@ -105,6 +105,10 @@ _LAZY: Dict[str, str] = {
                      "warn_and_stop"), "wds.handlers"),
     **dict.fromkeys(("Manifest", "ShardInfo", "load_manifest"), "manifest"),
     "MultiLoader": "wds.multi",
+    **dict.fromkeys(("LRUCleanup", "pipe_cleaner"), "wds.filecache"),  # webdataset's cache module names
+    **dict.fromkeys(("with_epoch", "with_length"), "wds.extradatasets"),  # (they import torch)
+    "LMDBCached": "wds.filters",
+    "pytorch_weights_only": "autodecode",
     **dict.fromkeys(("RandomMix", "RoundRobin"), "wds.mix"),
     "MixedDataset": "mixdataset",
     "MixPlan": "mixture",
@@ -147,6 +151,8 @@ __all__ = [
     "JournalConfigMismatch",
     "JournalError",
     "JournalIncompleteCommit",
+    "LMDBCached",
+    "LRUCleanup",
     "Layout",
     "Manifest",
     "MissingKeyError",
@@ -206,7 +212,9 @@ __all__ = [
     "map_tuple",
     "non_empty",
     "numpy_dumps",
+    "pipe_cleaner",
     "pipelinefilter",
+    "pytorch_weights_only",
     "rename",
     "rename_keys",
     "repeatedly",
@@ -238,6 +246,8 @@ __all__ = [
     "utils",
     "warn_and_continue",
     "warn_and_stop",
+    "with_epoch",
+    "with_length",
     "xdecode",
 ]
 

@@ -135,6 +135,14 @@ def test_every_public_name_exists(module):
     assert not other, f"resumewds.{module}: of another kind than webdataset's (theirs, ours): {other}"
 
 
+def test_every_top_level_name_exists():
+    names = {n: _foreign(getattr(webdataset, n)) for n in dir(webdataset) if not n.startswith("_")}
+    missing = sorted(n for n in names if not hasattr(resumewds, n))
+    assert not missing, f"resumewds lacks webdataset's {missing}"
+    assert resumewds.LRUCleanup is resumewds.cache.LRUCleanup
+    assert resumewds.with_epoch is resumewds.extradatasets.with_epoch
+
+
 def test_every_exclusion_is_needed_and_foreign():
     used = {n for module, names in MODULES.items() for n, foreign in names.items()
             if foreign and not hasattr(importlib.import_module(f"resumewds.{module}"), n)}

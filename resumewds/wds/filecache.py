@@ -37,13 +37,18 @@ from . import gopen
 from .handlers import reraise_exception
 from .utils import obsolete
 
-__all__ = ["FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format", "default_cache_dir", "default_cache_size",
-           "download", "get_filetype", "gopen", "islocal", "magic_filetype", "pipe_cleaner", "reraise_exception",
-           "obsolete", "url_to_cache_name", "verbose_cache"]
+__all__ = ["CacheNameError", "FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format", "default_cache_dir",
+           "default_cache_size", "download", "get_filetype", "gopen", "islocal", "magic_filetype", "obsolete",
+           "pipe_cleaner", "reraise_exception", "url_to_cache_name", "verbose_cache"]
 
 default_cache_dir: str = config.value("cache_dir") or "./_cache"
 default_cache_size: float = float(config.value("cache_size") or 1e18)
 verbose_cache: int = int(bool(config.value("verbose_cache")))
+
+
+class CacheNameError(TypeError, AssertionError):
+    """A url of :func:`url_to_cache_name` that is not a string: a ``TypeError``, and the
+    ``AssertionError`` webdataset's ``assert`` raises there (code written for it catches that)."""
 
 
 def islocal(url: str) -> bool:
@@ -111,10 +116,10 @@ def url_to_cache_name(url: str, ndir: int = 0) -> str:
     usual schemes, else the quoted url (its last 128 characters).
 
     Raises:
-        TypeError: ``url`` is not a string.
+        CacheNameError: ``url`` is not a string (a ``TypeError``, also an ``AssertionError``).
     """
     if not isinstance(url, str):
-        raise TypeError(f"url_to_cache_name needs a string, got {type(url).__name__}")
+        raise CacheNameError(f"url_to_cache_name needs a string, got {type(url).__name__}")
     parsed = urlparse(url)
     if parsed.scheme in [None, "", "file", "http", "https", "ftp", "ftps", "gs", "s3", "ais"]:
         return "/".join(parsed.path.lstrip("/").split("/")[-1 - ndir:])

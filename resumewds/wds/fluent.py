@@ -128,9 +128,6 @@ class FluidInterface:
         return self.compose(Cached())
 
     def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
-        """Not supported (webdataset's LMDB cache).
-
-        Raises:
-            NotImplementedError: always.
-        """
-        raise NotImplementedError("lmdb_cached() is not supported by resumewds (see docs/COMPAT.md)")
+        """Keep the first complete pass in an LMDB database (:class:`resumewds.filters.LMDBCached`;
+        needs the ``lmdb`` package)."""
+        return self.compose(filters.LMDBCached(*args, **kw))
