@@ -243,6 +243,8 @@ class DataPipeline(WebDataset, IterableDataset):
         c = self._c = _compile(self.pipeline)
         seed, kw = self._seed_arg, dict(self._kw)
         self._state: Dict[str, Any] = {"epoch": 0, "position": 0, "skip": 0}
+        for name in ("_loaded", "_given"):  # a new pipeline: no state loaded or given away yet
+            self.__dict__.pop(name, None)
         if c.generic:
             WebDataset.__init__(self, [], seed=0)
             self._engine_key = None
