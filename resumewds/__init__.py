@@ -105,8 +105,12 @@ _LAZY: Dict[str, str] = {
                      "warn_and_stop"), "wds.handlers"),
     **dict.fromkeys(("Manifest", "ShardInfo", "load_manifest"), "manifest"),
     "MultiLoader": "wds.multi",
-    "RoundRobin": "wds.mix",
-    **dict.fromkeys(("MixedDataset", "RandomMix"), "mixdataset"),
+    **dict.fromkeys(("LRUCleanup", "pipe_cleaner"), "wds.filecache"),  # webdataset's cache module names
+    **dict.fromkeys(("with_epoch", "with_length"), "wds.extradatasets"),  # (they import torch)
+    "LMDBCached": "wds.filters",
+    "pytorch_weights_only": "autodecode",
+    **dict.fromkeys(("RandomMix", "RoundRobin"), "wds.mix"),
+    "MixedDataset": "mixdataset",
     "MixPlan": "mixture",
     **dict.fromkeys(("Layout", "Plan"), "plan"),
     **dict.fromkeys(("MultiShardSample", "ResampledShards", "SimpleShardList", "non_empty", "resampled", "shardspec",
@@ -147,6 +151,8 @@ __all__ = [
     "JournalConfigMismatch",
     "JournalError",
     "JournalIncompleteCommit",
+    "LMDBCached",
+    "LRUCleanup",
     "Layout",
     "Manifest",
     "MissingKeyError",
@@ -206,7 +212,9 @@ __all__ = [
     "map_tuple",
     "non_empty",
     "numpy_dumps",
+    "pipe_cleaner",
     "pipelinefilter",
+    "pytorch_weights_only",
     "rename",
     "rename_keys",
     "repeatedly",
@@ -238,6 +246,8 @@ __all__ = [
     "utils",
     "warn_and_continue",
     "warn_and_stop",
+    "with_epoch",
+    "with_length",
     "xdecode",
 ]
 

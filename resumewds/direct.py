@@ -87,11 +87,18 @@ class DirectDataset(ShardDataset):
         if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
             warn_foreign_loader(getattr(self, "_framework_guard", None))
         V = world * nworkers
-        W = 0 if custom else self.split_workers(nworkers, world)
+        kept: Optional[frozenset] = None
+        if custom:  # a splitter of your own: the shards it keeps (of the shard list, as webdataset's)
+            urls = [{"url": s.url} for s in self.manifest.shards]
+            for f in custom:
+                urls = list(f(iter(urls)))
+            kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
+        W = self.split_workers(nworkers, world)
         layout: Any
-        if W:  # webdataset's split: this worker's own shards, whole (resumewds.shardsplit)
+        if W:  # webdataset's split: this worker's own shards, whole (resumewds.shardsplit), of the kept ones
             chunk = self.batch_size or 64
-            layout = WorkerStream(W, worker, Layout(chunk))
+            keep = None if kept is None else frozenset(i for i, s in enumerate(self.manifest.shards) if s.url in kept)
+            layout = WorkerStream(W, worker, Layout(chunk), keep)
             lay: List[Any] = ["shards", W, worker, chunk]
         else:
             chunk = self.batch_size or (64 if V == 1 else 1)
@@ -105,25 +112,26 @@ class DirectDataset(ShardDataset):
                                  f"{st.get('layout')}, this iterator has {lay}: resume with the same "
                                  "world size and num_workers (or use WebLoader, which resumes "
                                  "under any layout)")
+            if 0 < self._limit <= st.get("served", 0) and (st.get("step") or st.get("skip")):
+                st = dict(self._fresh(st["epoch"] + 1), layout=st.get("layout"))  # its chunk was done: a new pass
             st["served"] = st.get("served", 0) if st.get("served", 0) < self._limit else 0  # a chunk done: a new one
         elif self._mode != "once" and self._cursor is not None:
-            st = dict(self._cursor, served=0, first=self._cursor["epoch"])
-            if self._limit < 1 and (st["step"] or st["skip"]) and self._advanced \
-                    and not self._pinned:
+            st = dict(self._cursor, first=self._cursor["epoch"])
+            done = 0 < self._limit <= st.get("served", 0)  # the last iter() gave its with_epoch(n) items
+            if (st["step"] or st["skip"]) and (done or (self._advanced and not self._pinned)):
                 # webdataset starts its pipeline again at each iter(): an iter() left mid-epoch
-                # is followed by the next epoch from its start (unless a state was taken since
-                # the last item: a run resumed from it continues there, and so does this one)
+                # (or a with_epoch(n) chunk done) is followed by the next epoch from its start
+                # (unless a state was taken since the last item of an unfinished chunk: a run
+                # resumed from it continues there, and so does this one)
                 st = dict(self._fresh(st["epoch"] + 1), layout=st.get("layout"))
+            elif done or not self._pinned:
+                st["served"] = 0
         else:
             st = self._fresh(self.epoch)
         st["layout"] = lay
         self._advanced = False
         saved_stages = self.stages
-        if custom:
-            urls = [{"url": s.url} for s in self.manifest.shards]
-            for f in custom:
-                urls = list(f(iter(urls)))
-            kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
+        if kept is not None and not W:
             self.stages = [_KeepShards(kept)] + list(saved_stages)
         if any(s.kind == "stream" and s.name not in _KNOWN_STREAM for s in self._stream_stages()) \
                 and not self._warned_opaque:

@@ -94,9 +94,31 @@ Example:
 
 from __future__ import annotations
 
+import importlib as _importlib
+import typing as _typing
+
 from ..config import parse_size
 from .layout import EntryState, ProgressFn
 from .store import SYNC_MODES, VERIFY_POLICIES, EventFn, LocalShard, ShardStore, default_cache_dir
 
-__all__ = ["EntryState", "EventFn", "LocalShard", "ProgressFn", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES",
-           "default_cache_dir", "parse_size"]
+__all__ = ["EntryState", "EventFn", "FileCache", "LRUCleanup", "LocalShard", "ProgressFn", "SYNC_MODES", "ShardStore",
+           "StreamingOpen", "VERIFY_POLICIES", "check_tar_format", "default_cache_dir", "default_cache_size",
+           "download", "get_filetype", "islocal", "magic_filetype", "obsolete", "parse_size", "pipe_cleaner",
+           "reraise_exception", "url_to_cache_name", "verbose_cache"]
+
+# webdataset's ``cache`` module names (its streaming FileCache, StreamingOpen, LRUCleanup...): the
+# WebDataset wing's (resumewds.wds.filecache), found here by webdataset's module name on first use.
+# The engine never uses them (it has the ShardStore above), so it imports no wing module.
+_WDS_NAMES = ("FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format", "default_cache_size", "download",
+              "get_filetype", "gopen", "islocal", "magic_filetype", "obsolete", "pipe_cleaner", "reraise_exception",
+              "url_to_cache_name", "verbose_cache")
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name in _WDS_NAMES:
+        return getattr(_importlib.import_module("resumewds.wds.filecache"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> _typing.List[str]:
+    return sorted(set(globals()) | set(_WDS_NAMES))
