@@ -100,7 +100,8 @@ def loader_records(data: str, ranks: int = 2, epochs: int = 2, batch: int = 8, s
 
 def check_two_rank_kill9(framework: str, shards: str, ref: str, run: str, framework_reference: bool = True) -> None:
     """Both ranks of a 2-process run SIGKILLed at step 14 (1 worker each; last checkpoint: step 12,
-    mid-epoch 1), resumed with 0 workers: each rank's record is the uninterrupted sequence.  That is
+    the start of epoch 1), resumed with 0 workers, SIGKILLed again at step 21 (the checkpoint of step 20,
+    taken after that resume), resumed with 2 workers: each rank's record is the uninterrupted sequence.  That is
     the loader's own split by rank (:func:`loader_records`: 2 epochs of 192 samples, 12 global steps
     of 2 x 8, each covering the data set once); with ``framework_reference`` an uninterrupted run
     under the framework is checked to be that too (a third launch)."""
@@ -116,7 +117,10 @@ def check_two_rank_kill9(framework: str, shards: str, ref: str, run: str, framew
     killed = torchrun(framework, shards, run, "--kill-at", "14", "--workers", "1")
     assert killed.returncode != 0 and b"Signal 9 (SIGKILL)" in killed.stderr, killed.stderr.decode()[-2000:]
     assert [len(r) for r in rank_records(run)] == [14, 14]
-    done = torchrun(framework, shards, run, "--resume", "--workers", "0")
+    killed = torchrun(framework, shards, run, "--resume", "--kill-at", "21", "--workers", "0")
+    assert killed.returncode != 0 and b"Signal 9 (SIGKILL)" in killed.stderr, killed.stderr.decode()[-2000:]
+    assert [len(r) for r in rank_records(run)] == [21, 21]
+    done = torchrun(framework, shards, run, "--resume", "--workers", "2")
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert rank_records(run) == reference
 

@@ -98,7 +98,8 @@ def test_two_processes_then_resume_on_one(shards, tmp_path):
     """Two processes (gloo on CPU) train on a torch DataLoader over the dataset, which
     prepare_loader turns into a WebLoader: each global step covers the reference's samples
     once (not half of them).  Both crash at step 7; one process resumes from the checkpoint of
-    step 4 and continues with exactly the reference's sequence from that global position."""
+    step 4, is SIGKILLed at step 10 and resumed from its checkpoint of step 8: it continues with exactly the
+    reference's sequence from that global position."""
     ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
     drv.main(["accelerate", "--data", shards, "--out", ref])
     reference = [line.split("\t")[1].split() for line in records(ref)]
@@ -117,7 +118,9 @@ def test_two_processes_then_resume_on_one(shards, tmp_path):
     for step in range(7):  # a global step of 2 x 8 samples: the reference's steps 2s and 2s+1
         assert per_rank[0][step] | per_rank[1][step] == set(reference[2 * step]) | set(reference[2 * step + 1])
         assert not per_rank[0][step] & per_rank[1][step]
-    assert driver(shards, run, "--resume", "--workers", "2") == 0  # one process, from the checkpoint of step 4
+    # one process, from the checkpoint of step 4; SIGKILLed at step 10 (its checkpoint of step 8), resumed
+    assert driver(shards, run, "--resume", "--kill-at", "10", "--workers", "2") == -9
+    assert driver(shards, run, "--resume", "--workers", "1") == 0
     assert [line.split("\t")[1].split() for line in records(run)] == reference[8:]
 
 
