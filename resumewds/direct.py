@@ -183,7 +183,9 @@ class DirectDataset(ShardDataset):
         runners = [s.runner(mix(self.seed, epoch, 0x5354, i)) for i, s in enumerate(stream)]
         for r, c in zip(runners, st.get("counts") or []):
             r.count = int(c)
-        skip = int(st.get("skip", 0))
+        # the chain runs again from the clean step: st["skip"] counts every item it hands out
+        # from there, the ones skipped now included (a state taken later counts them too)
+        skip, st["skip"] = int(st.get("skip", 0)), 0
         state = {"step": int(st["step"])}
 
         def source() -> Iterator[Any]:
@@ -226,10 +228,10 @@ class DirectDataset(ShardDataset):
         for r in runners:
             it = r.run(it)
         for item in until_stop(it):  # a handler's stop ends the epoch quietly
+            st["skip"] += 1
             if skip:
                 skip -= 1
                 continue
-            st["skip"] += 1
             st["served"] += 1
             self._advanced, self._pinned = True, False
             yield hide_positions(item)  # webdataset's keys only (position keys still readable)
@@ -268,7 +270,10 @@ class DirectDataset(ShardDataset):
         :meth:`load_state_dict` in the same worker.  No sample data: epoch, the
         last clean step, how many items to skip after it, stage counters.
         """
-        cur = self._cursor if self._cursor is not None else self._fresh(self.epoch)
+        if self._pending is not None:  # loaded, not iterated yet: where the next iter() starts
+            cur = self._pending
+        else:
+            cur = self._cursor if self._cursor is not None else self._fresh(self.epoch)
         out = {k: v for k, v in cur.items() if not k.startswith("_")}
         out["counts"] = list(out.get("counts") or [])
         out.update(format=DATASET_STATE, version=1, order=self._order_key())

@@ -35,6 +35,7 @@ from . import skipping
 from .epochsource import _HANDLER_STOP, BatchInfo, EmptyBatch, _EpochSource, _pin_memory, _SampleLayout, _WorkerFailure
 from .errors import ResumeWDSError, StateError, naming
 from .events import EventKind
+from .framecheck import warn_unsaved_loader
 from .handling import empty_epoch_error
 from .loader_compat import DataLoaderAttributes
 from .plan import Layout
@@ -534,6 +535,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
     def __iter__(self) -> Iterator[Any]:
         self._take_world()
         self._world_open = False
+        warn_unsaved_loader(self)  # a framework that would not save this loader's position: say so
         ds = self.dataset
         epoch, start = self.epoch, self.position
         total = len(ds.plan.epoch(epoch))

@@ -61,6 +61,23 @@ def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:
                      drop_last=loader.drop_last, pin_memory=loader.pin_memory, timeout=loader.timeout, **kwargs)
 
 
+def _mark_checkpointed(loader: Any, framework: str) -> None:
+    """Say that ``framework``'s checkpoints hold ``loader``'s position (no warning from
+    :func:`resumewds.framecheck.warn_unsaved_loader`): on the loader, the loaders it wraps, and
+    their data sets (which the loaders a rotation makes per epoch share)."""
+    seen = 0
+    obj = loader
+    while obj is not None and seen < 8:
+        for target in (obj, getattr(obj, "dataset", None)):
+            if target is not None:
+                try:
+                    target._checkpointed_by = framework
+                except AttributeError:  # an object without a __dict__
+                    pass
+        inner = getattr(obj, "loader", None)
+        obj, seen = (inner if inner is not obj else None), seen + 1
+
+
 def resumewds_loaders(obj: Any) -> List[Any]:
     """The resumewds loaders in ``obj``: a loader, a list / tuple / dict of them,
     or anything with ``flattened`` or ``iterables`` (Lightning's ``CombinedLoader``);
@@ -114,9 +131,13 @@ def _loaders_in(obj: Any, path: Set[int], depth: int) -> List[Any]:
 
 
 def _batches_done(loader: Any) -> Any:
-    """Batches of the current epoch already handed out (None when the loader cannot tell)."""
-    left = getattr(loader, "batches_left", None)
-    return None if left is None else len(loader) - left
+    """Batches of the current epoch already handed out (None when the loader cannot tell: a loader
+    of unknown length)."""
+    try:
+        left = getattr(loader, "batches_left", None)
+        return None if left is None else len(loader) - left
+    except TypeError:
+        return None
 
 
 def _skip_in_place(loader: Any, num_batches: int, framework: str) -> Any:
