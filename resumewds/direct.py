@@ -28,7 +28,6 @@ from .positions import hide_positions
 from .shardset import ShardDataset
 from .shardsplit import WorkerStream
 from .stages import Stage
-from .watchdog import freeze_inherited
 from .world import worker_info
 
 __all__ = ["DATASET_STATE", "DirectDataset"]
@@ -81,7 +80,6 @@ class DirectDataset(ShardDataset):
         see ``nodesplitter`` / ``workersplitter``) of epoch ``self.epoch``, through every
         stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
         moment resumes exactly after the last item yielded."""
-        freeze_inherited()  # in a DataLoader worker: the parent's objects are never scanned by its collections
         rank, world, worker, nworkers, custom = self._split()
         if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
             warn_foreign_loader(getattr(self, "_framework_guard", None))

@@ -7,25 +7,32 @@ checks that the manifest's samples end at the shard's end-of-archive marker
 names the samples that fail (for :mod:`resumewds.repair`, which re-fetches
 them by range, and ``resumewds verify``); :func:`index_key` fingerprints the
 index a copy was checked against.
+
+Bytes on their way in are checked too: a :class:`SampleSink` takes the body of
+a ranged read (:func:`resumewds.fetch.fetch_range`) and checks each sample of
+it against its digest as soon as its last byte has arrived, before anything
+keeps or delivers it; a sample that fails makes the request fail (retried from
+that sample on, under the shard's fetch budget).
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 from array import array
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import xxhash
 
 from . import tario
-from .errors import ChecksumMismatch, ShardFormatError
+from .errors import ChecksumMismatch, CorruptSample, ShardFormatError, TransientFetchError
 from .events import EventKind
-from .fetch import is_remote_url
+from .fetch import RangeSink, is_remote_url
 from .manifest import COMPRESSED_SUFFIXES
 from .sampledigests import file_sample_digests
 
-__all__ = ["BadSample", "bad_samples", "check_copy", "check_end", "check_samples", "index_key"]
+__all__ = ["BadSample", "SampleSink", "bad_samples", "check_copy", "check_end", "check_samples", "index_key"]
 
 
 @dataclass
@@ -177,6 +184,102 @@ def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
             except OSError:
                 pass
         raise
+
+
+class SampleSink(RangeSink):
+    """Bytes ``[start, end)`` of a shard, each sample checked against its digest as it arrives.
+
+    ``start`` and ``end`` lie on sample boundaries, or in the bytes no sample
+    covers (before the first sample, the end-of-archive marker after the
+    last).  Each sample whose bytes match its digest goes to
+    ``on_sample(j, offset, data)`` and counts as progress of the shard's fetch
+    budget; the bytes outside every sample go to ``on_raw(offset, data)``
+    unchecked (the whole-file checksum covers them).  A sample that fails its
+    digest raises :class:`~resumewds.errors.TransientFetchError` naming it:
+    :func:`~resumewds.fetch.fetch_range` retries from that sample (:attr:`at`).
+
+    Example:
+        >>> sink = SampleSink(shard, 0, 4096, budget, keep)       # doctest: +SKIP
+        >>> fetch_range(shard.url, 0, 4096, budget=budget, sink=sink)   # doctest: +SKIP
+        b''
+    """
+
+    def __init__(self, shard: Any, start: int, end: int, budget: Any,
+                 on_sample: Callable[[int, int, memoryview], None],
+                 on_raw: Optional[Callable[[int, memoryview], None]] = None):
+        super().__init__(start, budget)
+        assert shard.offsets is not None and shard.sample_digests is not None
+        self.shard = shard
+        self.end_at = end
+        self.on_sample = on_sample
+        self.on_raw = on_raw
+        self.buf = bytearray()
+        off = shard.offsets
+        self.n = len(off) - 1
+        self.first, self.last = int(off[0]), int(off[self.n])
+        self.j = bisect.bisect_left(off, start, 0, self.n) if self.first <= start < self.last else -1
+
+    def write(self, offset: int, chunk: Any) -> None:
+        self.buf += chunk
+        self._take()
+
+    def _unit(self) -> Optional[int]:
+        """Where the unit at :attr:`at` ends (a sample, or a run of uncovered bytes)."""
+        at = self.at
+        if at < self.first:
+            return min(self.first, self.end_at)
+        if at >= self.last:
+            return self.end_at
+        off = self.shard.offsets
+        if self.j < 0 or int(off[self.j]) != at:
+            self.j = bisect.bisect_left(off, at, 0, self.n)
+            if self.j >= self.n or int(off[self.j]) != at:
+                raise ValueError(f"{self.shard.url}: byte {at} is not where a sample starts")
+        return int(off[self.j + 1])
+
+    def _take(self) -> None:
+        used = 0
+        with memoryview(self.buf) as mv:
+            while True:
+                stop = self._unit()
+                if stop is None or stop <= self.at or self.at + (len(mv) - used) < stop:
+                    break
+                with mv[used:used + stop - self.at] as data:  # (the callbacks copy what they keep)
+                    self._one(stop, data)
+                used += stop - self.at
+                self.at = stop
+        if used:
+            del self.buf[:used]
+
+    def _one(self, stop: int, data: memoryview) -> None:
+        """The unit ``[at, stop)``: a sample, checked and handed on, or uncovered bytes."""
+        if not self.first <= self.at < self.last:
+            if self.on_raw is not None:
+                self.on_raw(self.at, data)
+            return
+        j = self.j
+        want = int(self.shard.sample_digests[j])
+        got = xxhash.xxh3_64_intdigest(data)
+        if got != want:
+            raise CorruptSample(
+                f"{self.shard.url}: sample {j} (bytes {self.at}-{stop}) arrived corrupt: xxh3_64 "
+                f"{got:016x}, the manifest says {want:016x}", self.shard.url, sample=j,
+                expected=format(want, "016x"), actual=format(got, "016x"))
+        self.on_sample(j, self.at, data)
+        self.j = j + 1
+        if self.budget is not None:
+            self.budget.progress()
+
+    def restart(self) -> None:
+        self.buf.clear()  # a retry asks again from the first byte not taken
+
+    def end(self) -> None:
+        if self.buf:  # (a body of the length asked for always ends on a unit's end)
+            raise TransientFetchError(f"{self.shard.url}: a range ended inside sample {self.j} "
+                                      f"(byte {self.at + len(self.buf)})", self.shard.url)
+
+    def data(self) -> bytes:
+        return b""
 
 
 def _key_of(path: str, start: int, end: int, url: str) -> str:

@@ -71,10 +71,6 @@ class StoreAPI(Protocol):
         """Create the cache's directories if they are missing (``CacheError`` if it cannot)."""
         ...
 
-    def range_session(self) -> Any:
-        """This thread's session for ranged reads (no requests import: resumewds.fetch.lite)."""
-        ...
-
     def close_session(self) -> None:
         """Close this thread's HTTP session."""
         ...

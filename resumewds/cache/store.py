@@ -22,7 +22,6 @@ import stat
 import sys
 import threading
 import time
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import config as _config
@@ -32,7 +31,6 @@ from ..errors import (
     ChecksumMismatch,
     PermanentFetchError,
     ResumeWDSError,
-    ShardFormatError,
     UnsafeSourceError,
 )
 from ..events import EventKind as K
@@ -43,7 +41,6 @@ from ..fetch import (
     fetch_to_file,
     is_local_url,
     is_remote_url,
-    new_lite_session,
     new_session,
 )
 from ..manifest import ShardInfo
@@ -64,24 +61,28 @@ SYNC_MODES = ("auto", "fsync", "boot")
 VERBOSE_KINDS = (K.CACHE_MISS, K.FETCH_DONE, K.REPAIR, K.VERIFY_FAIL, K.EVICT)
 
 
+def _from_manifest(shard: ShardInfo) -> str:
+    """`` (index from <manifest>)`` when the shard's index came from a manifest, else ""."""
+    where = getattr(shard, "index_source", None)
+    return f" (index from {where})" if where else ""
+
+
 def default_cache_dir() -> str:
     """``$RESUMEWDS_CACHE_DIR``, else ``$WDS_CACHE``, else ``$XDG_CACHE_HOME/resumewds``,
     else ``~/.cache/resumewds`` (see :func:`resumewds.config.cache_dir`)."""
     return _config.cache_dir()
 
 
-# A forked DataLoader worker inherits the store as it is: locks possibly held by
-# the prefetch thread, and the parent's HTTP connections.  Give the child fresh ones.
-_LIVE_STORES: weakref.WeakSet[ShardStore] = weakref.WeakSet()
+class _Runtime:
+    """A store's state that belongs to one process: what threads and forks must not share."""
 
-
-def _after_fork_in_child() -> None:
-    for store in list(_LIVE_STORES):
-        store._init_runtime()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    def __init__(self, store: ShardStore):
+        self.pid = os.getpid()
+        self.tl = threading.local()
+        self.mu = threading.Lock()
+        self.prefetch = Prefetcher(store)
+        self.dirs_ready = False
+        self.budgets: Dict[str, FetchBudget] = {}
 
 
 class ShardStore:
@@ -149,37 +150,40 @@ class ShardStore:
             raise ValueError(f"prefetch_threads must be >= 1, got {prefetch_threads}")
         self.prefetch_threads: Optional[int] = None if prefetch_threads is None else int(prefetch_threads)
         self.counters: Dict[str, int] = collections.Counter()
-        #: a reader of this process fetches samples by range (resumewds.reading.declare):
-        #: downloads of shards with sample digests fill sparse partials around those ranges
-        self.ranged_fill = False
-        #: ... and has not finished its first step yet: sparse downloads wait for it
-        #: (the first batch comes first; resumewds.cache.sparsepieces.FIRST_STEP_CONNECTIONS)
-        self.ranged_first = False
         self._verified_local: Set[str] = set()
-        self._init_runtime()
-        _LIVE_STORES.add(self)
+        self._rt: Optional[_Runtime] = None
 
-    # ---- runtime state: new after a fork and an unpickle ----------------------------------
-    _RUNTIME = ("_tl", "_mu", "_prefetch", "_dirs_ready", "_budgets")
+    # ---- runtime state: this process's own (threads, locks, connections) ------------------
+    def _runtime(self) -> _Runtime:
+        """This process's threads, locks, sessions and budgets: made on first use, and
+        made again in a forked child (a DataLoader worker) or after an unpickle, whose
+        parent's are not its own."""
+        rt = self._rt
+        if rt is None or rt.pid != os.getpid():
+            rt = self._rt = _Runtime(self)
+        return rt
 
-    def _init_runtime(self) -> None:
-        self._tl = threading.local()
-        self._mu = threading.Lock()
-        self._prefetch = Prefetcher(self)
-        self._dirs_ready = False
-        self._budgets: Dict[str, FetchBudget] = {}
+    @property
+    def _tl(self) -> threading.local:
+        return self._runtime().tl
+
+    @property
+    def _mu(self) -> Any:
+        return self._runtime().mu
+
+    @property
+    def _prefetch(self) -> Prefetcher:
+        return self._runtime().prefetch
+
+    @property
+    def _budgets(self) -> Dict[str, FetchBudget]:
+        return self._runtime().budgets
 
     def __getstate__(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
-        for k in self._RUNTIME:
-            d.pop(k, None)
+        d["_rt"] = None
         d["counters"] = collections.Counter()
         return d
-
-    def __setstate__(self, d: Dict[str, Any]) -> None:
-        self.__dict__.update(d)
-        self._init_runtime()
-        _LIVE_STORES.add(self)
 
     # the prefetcher's state under the names it had when it lived here
     @property
@@ -243,27 +247,18 @@ class ShardStore:
                 budget.done_at = time.monotonic()
 
     def session(self) -> Any:
-        """This thread's HTTP session (made on first use)."""
+        """This thread's HTTP session (a :class:`~resumewds.fetch.Session`, made on first use)."""
         s = getattr(self._tl, "session", None)
         if s is None:
             s = self._tl.session = new_session()
         return s
 
-    def range_session(self) -> Any:
-        """This thread's session for ranged reads (a :class:`~resumewds.fetch.LiteSession`:
-        no requests import; made on first use)."""
-        s = getattr(self._tl, "range_session", None)
-        if s is None:
-            s = self._tl.range_session = new_lite_session()
-        return s
-
     def close_session(self) -> None:
-        """Close this thread's HTTP sessions (their pooled connections)."""
-        for name in ("session", "range_session"):
-            s = getattr(self._tl, name, None)
-            if s is not None:
-                s.close()
-                setattr(self._tl, name, None)
+        """Close this thread's HTTP session (its pooled connections)."""
+        s = getattr(self._tl, "session", None)
+        if s is not None:
+            s.close()
+            self._tl.session = None
 
     # ---- the entries ------------------------------------------------------------------------
     @property
@@ -278,7 +273,8 @@ class ShardStore:
         """Create the cache directory and its ``shards/`` (private, mode 0700) if
         they are missing, once per store; :class:`~resumewds.errors.CacheError`
         naming the directory when it cannot be used."""
-        if self._dirs_ready:
+        rt = self._runtime()
+        if rt.dirs_ready:
             return
         for d in (self.cache_dir, self.shards_dir):
             try:
@@ -293,7 +289,7 @@ class ShardStore:
             raise CacheError(f"{self.shards_dir}: is a symlink; refusing to use it as the shard cache")
         if not os.access(self.shards_dir, os.W_OK | os.X_OK):
             raise CacheError(f"{self.shards_dir}: cache directory is not writable (read-only?)")
-        self._dirs_ready = True
+        rt.dirs_ready = True
 
     _ensure_dirs = ensure_dirs
 
@@ -529,6 +525,7 @@ class ShardStore:
             self.emit(K.REPAIR, url, attempt=repairs)
         self.emit(K.CACHE_MISS, url)
         streamed = base + ".partial"
+        limit = self.fetch.attempts if self.max_repairs is None else self.max_repairs + 1
         while True:
             if layout.lstat(streamed) is None:
                 layout.remove(streamed + ".etag")
@@ -536,8 +533,9 @@ class ShardStore:
             self.evict(reserve=shard.size or 0)
             res = None
             if sparse.eligible(self, shard) and layout.lstat(streamed) is None:
-                # by ranges, around those the reader fetched (None: the server mishandles Range)
-                res = sparse.download(self, shard, base, budget)
+                # sample by sample, each checked as it arrives, around what readers fetched
+                # (None: the server mishandles Range: streamed instead)
+                res = sparse.fill(self, shard, base, budget)
             if res is None:
                 # hashed from the bytes as they were written: no read-back
                 res = fetch_to_file(url, streamed, expected_size=shard.size, config=self.fetch,
@@ -553,7 +551,8 @@ class ShardStore:
                 bad = (str(shard.size), str(res.size), "size")
             elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
                 bad = (shard.xxh3_64, actual, "xxh3_64")
-                fixed = repair_download(self, shard, partial, budget)  # re-fetch only the samples that fail
+                # the samples that fail their digests, and the bytes no digest covers, fetched again
+                fixed = repair_download(self, shard, partial, budget)
                 if fixed is not None:
                     actual, bad = fixed, None
             elif shard.xxh3_64 is None and tar:
@@ -570,13 +569,14 @@ class ShardStore:
                 layout.remove(partial + ".etag")
             else:
                 sparse.discard(base)
-                sparse.stream_instead(url)  # ranges that stay wrong (a proxy?): a whole GET next
+                sparse.stream_instead(url)  # checked samples that still make a wrong file: a whole GET next
             repairs += 1
             if failure is None:
-                failure = ChecksumMismatch(f"download of {url}", bad[0], bad[1], what=bad[2])
-            budget.last_error = failure
-            # a corrupt download was a failed attempt of the same budget
-            if budget.exhausted or (self.max_repairs is not None and repairs > self.max_repairs):
+                failure = ChecksumMismatch(f"download of {url}{_from_manifest(shard)}", bad[0], bad[1], what=bad[2])
+            budget.fault(failure)
+            # a corrupt download is a fault without progress: the server is asked again,
+            # ``attempts`` times in all (``max_repairs`` + 1 with a cap of the store's own)
+            if repairs >= limit or budget.remaining() <= 0:
                 raise failure
             self.emit(K.REPAIR, url, attempt=repairs)
         if shard.xxh3_64 is not None:
@@ -599,10 +599,6 @@ class ShardStore:
         # With sync="fsync" the data was fsynced before the rename; the directory is not:
         # after a power cut the newest entries may be missing and are fetched again.
         self.evict()
-
-    @staticmethod
-    def _not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
-        return not_a_complete_tar(path, url, what)
 
     # ---- eviction (resumewds.cache.eviction) ------------------------------------------------
     def cached_bytes(self) -> int:

@@ -130,6 +130,7 @@ class _Attempt(_Partial):
         if self.max_bytes is not None and pace.n + len(data) > self.max_bytes:
             raise self._too_big(pace.n + len(data))
         pace.tick(len(data))
+        self.budget.progress()  # kept in the partial for a resume: a fault after it costs no attempt
 
     def _copy(self, readinto: Callable[[memoryview], int], sink: _Sink, pace: _Pace,
               sniff: bool = False) -> None:
