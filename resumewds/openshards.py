@@ -100,6 +100,8 @@ class ShardReader:
         """
         self.failed = {}
         self.stopping = False
+        if self.ranged is not None:
+            self.ranged.new_pass()
 
     def fail(self, idx: int, shard: ShardInfo, exc: BaseException) -> None:
         """``on_error`` for shard ``idx`` that cannot be fetched, verified or parsed:

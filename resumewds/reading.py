@@ -54,7 +54,16 @@ import xxhash
 from . import fetch as F
 from . import tario
 from .cache import sparse
-from .errors import ChecksumMismatch, FetchError, IntegrityError, PermanentFetchError, ResumeWDSError, ShardFormatError
+from .errors import (
+    ChecksumMismatch,
+    CorruptSample,
+    FetchError,
+    IntegrityError,
+    PermanentFetchError,
+    RangeIgnored,
+    ResumeWDSError,
+    ShardFormatError,
+)
 from .manifest import ShardInfo
 from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
 from .samplecheck import SampleSink
@@ -299,7 +308,7 @@ class RangedReads:
         with self.lock:
             b = self.budgets.get(url)
             if b is None:
-                b = self.budgets[url] = self.store._budget_for(url)
+                b = self.budgets[url] = self.store.budget_for(url)
             return b
 
     def end_budget(self, url: str) -> None:
@@ -307,7 +316,15 @@ class RangedReads:
         with self.lock:
             b = self.budgets.pop(url, None)
         if b is not None:
-            self.store._budget_done(url, b, False, True)
+            self.store.budget_done(url, b, False, True)
+
+    def new_pass(self) -> None:
+        """A pass of steps starts: its reads of every shard start afresh (budgets,
+        the shards sent to the whole-shard path)."""
+        for url in list(self.budgets):
+            self.end_budget(url)
+        self.off.clear()
+        self.touched.clear()
 
     def close(self) -> None:
         if self._pool is not None and self._pid == os.getpid():
@@ -482,13 +499,17 @@ def _ranged_sample(reader: ShardReader, rr: RangedReads, si: int, j: int) -> Any
 
 def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err: BaseException) -> Any:
     """A ranged read of shard ``si`` failed: a permanent error follows ``on_error``;
-    anything else (the server ignores Range, a range kept failing) sends the shard to
-    the whole-shard path (the cache's download, with a fresh budget and its checks)."""
-    rr.end_budget(shard.url)
+    a range the server does not serve, or that keeps arriving corrupt, sends the
+    shard to the whole-shard path (a whole GET, with attempts of its own, and the
+    cache's checks); any other failure (the budget spent on a server that does not
+    answer) is the shard's, as the whole-shard path would meet it too."""
     rr.forget(si)
-    if isinstance(err, PermanentFetchError):
+    if isinstance(err, PermanentFetchError) or not isinstance(err, (RangeIgnored, CorruptSample)):
+        rr.off.add(si)  # (its later samples: the whole-shard path meets the spent budget at once)
         reader.fail(si, shard, err)
         return None
+    rr.end_budget(shard.url)
+    sparse.stream_instead(shard.url)
     rr.off.add(si)
     return _WHOLE
 

@@ -21,7 +21,7 @@ import bisect
 import os
 from array import array
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import xxhash
 
@@ -195,8 +195,10 @@ class SampleSink(RangeSink):
     ``on_sample(j, offset, data)`` and counts as progress of the shard's fetch
     budget; the bytes outside every sample go to ``on_raw(offset, data)``
     unchecked (the whole-file checksum covers them).  A sample that fails its
-    digest raises :class:`~resumewds.errors.TransientFetchError` naming it:
-    :func:`~resumewds.fetch.fetch_range` retries from that sample (:attr:`at`).
+    digest is left out and the rest of the body still taken; at the body's
+    end :class:`~resumewds.errors.CorruptSample` names it, and the retry of
+    :func:`~resumewds.fetch.fetch_range` asks for the samples left out only.
+    The callbacks get a view of the bytes: they copy what they keep.
 
     Example:
         >>> sink = SampleSink(shard, 0, 4096, budget, keep)       # doctest: +SKIP
@@ -210,28 +212,40 @@ class SampleSink(RangeSink):
         super().__init__(start, budget)
         assert shard.offsets is not None and shard.sample_digests is not None
         self.shard = shard
-        self.end_at = end
         self.on_sample = on_sample
         self.on_raw = on_raw
+        self.todo: List[List[int]] = [[start, end]]  # what is still wanted, in order
+        self.stop = start  # where the request under way ends
         self.buf = bytearray()
+        self.bad: Optional[CorruptSample] = None  # the first sample of this request that arrived corrupt
         off = shard.offsets
         self.n = len(off) - 1
         self.first, self.last = int(off[0]), int(off[self.n])
-        self.j = bisect.bisect_left(off, start, 0, self.n) if self.first <= start < self.last else -1
+        self.j = -1
+
+    def wanted(self, end: int) -> Optional[Tuple[int, int]]:
+        if not self.todo:
+            return None
+        self.at, self.stop = self.todo[0]
+        return self.at, self.stop
+
+    def restart(self) -> None:
+        self.buf.clear()  # a retry asks again from the first byte not taken
+        self.bad = None
 
     def write(self, offset: int, chunk: Any) -> None:
         self.buf += chunk
         self._take()
 
-    def _unit(self) -> Optional[int]:
+    def _unit(self) -> int:
         """Where the unit at :attr:`at` ends (a sample, or a run of uncovered bytes)."""
         at = self.at
         if at < self.first:
-            return min(self.first, self.end_at)
+            return min(self.first, self.stop)
         if at >= self.last:
-            return self.end_at
+            return self.stop
         off = self.shard.offsets
-        if self.j < 0 or int(off[self.j]) != at:
+        if self.j < 0 or self.j >= self.n or int(off[self.j]) != at:
             self.j = bisect.bisect_left(off, at, 0, self.n)
             if self.j >= self.n or int(off[self.j]) != at:
                 raise ValueError(f"{self.shard.url}: byte {at} is not where a sample starts")
@@ -240,9 +254,9 @@ class SampleSink(RangeSink):
     def _take(self) -> None:
         used = 0
         with memoryview(self.buf) as mv:
-            while True:
+            while self.at < self.stop:
                 stop = self._unit()
-                if stop is None or stop <= self.at or self.at + (len(mv) - used) < stop:
+                if self.at + (len(mv) - used) < stop:
                     break
                 with mv[used:used + stop - self.at] as data:  # (the callbacks copy what they keep)
                     self._one(stop, data)
@@ -256,27 +270,40 @@ class SampleSink(RangeSink):
         if not self.first <= self.at < self.last:
             if self.on_raw is not None:
                 self.on_raw(self.at, data)
+            self._done(self.at, stop)
             return
         j = self.j
         want = int(self.shard.sample_digests[j])
         got = xxhash.xxh3_64_intdigest(data)
         if got != want:
-            raise CorruptSample(
-                f"{self.shard.url}: sample {j} (bytes {self.at}-{stop}) arrived corrupt: xxh3_64 "
-                f"{got:016x}, the manifest says {want:016x}", self.shard.url, sample=j,
-                expected=format(want, "016x"), actual=format(got, "016x"))
+            if self.bad is None:
+                self.bad = CorruptSample(
+                    f"{self.shard.url}: sample {j} (bytes {self.at}-{stop}) arrived corrupt: xxh3_64 "
+                    f"{got:016x}, the manifest says {want:016x}", self.shard.url, sample=j,
+                    expected=format(want, "016x"), actual=format(got, "016x"))
+            return  # still wanted: asked for again
         self.on_sample(j, self.at, data)
-        self.j = j + 1
+        self._done(self.at, stop)
         if self.budget is not None:
             self.budget.progress()
 
-    def restart(self) -> None:
-        self.buf.clear()  # a retry asks again from the first byte not taken
+    def _done(self, a: int, b: int) -> None:
+        """Bytes ``[a, b)`` are taken: out of :attr:`todo` (the last range that starts at or before ``a``)."""
+        k = next(i for i in range(len(self.todo) - 1, -1, -1) if self.todo[i][0] <= a)
+        r = self.todo[k]
+        if a == r[0]:
+            r[0] = b
+            if r[0] >= r[1]:
+                self.todo.pop(k)
+        else:  # a corrupt sample before it stays wanted: split the range
+            self.todo[k:k + 1] = [[r[0], a]] + ([[b, r[1]]] if b < r[1] else [])
 
     def end(self) -> None:
         if self.buf:  # (a body of the length asked for always ends on a unit's end)
-            raise TransientFetchError(f"{self.shard.url}: a range ended inside sample {self.j} "
+            raise TransientFetchError(f"{self.shard.url}: a range ended inside a sample "
                                       f"(byte {self.at + len(self.buf)})", self.shard.url)
+        if self.bad is not None:
+            raise self.bad
 
     def data(self) -> bytes:
         return b""

@@ -29,8 +29,10 @@ from ..compressed import open_view
 from ..errors import (
     CacheError,
     ChecksumMismatch,
+    CorruptSample,
     PermanentFetchError,
     ResumeWDSError,
+    TransientFetchError,
     UnsafeSourceError,
 )
 from ..events import EventKind as K
@@ -225,7 +227,7 @@ class ShardStore:
             self.counters[name] += 1
 
     # ---- the fetch budget of one read of one shard ------------------------------------------
-    def _budget_for(self, url: str) -> FetchBudget:
+    def budget_for(self, url: str) -> FetchBudget:
         """The budget this read of ``url`` draws from: the one a prefetch (or
         a concurrent reader) of this process started, if it is still live or
         failed recently, else a fresh one."""
@@ -236,7 +238,7 @@ class ShardStore:
                 b = self._budgets[url] = FetchBudget(self.fetch)
             return b
 
-    def _budget_done(self, url: str, budget: FetchBudget, ok: bool, reader: bool) -> None:
+    def budget_done(self, url: str, budget: FetchBudget, ok: bool, reader: bool) -> None:
         """A success, or a failure a reader has seen, ends the budget; a
         prefetch's failure keeps it for the reader to meet (at once)."""
         with self._mu:
@@ -366,14 +368,14 @@ class ShardStore:
             return LocalShard(self._check_local(shard, policy, progress), shard)
         if shard.url.startswith("pipe:") and not shard.trusted:
             raise UnsafeSourceError(f"{shard.url}: refusing to run a pipe: command from an untrusted manifest")
-        budget = self._budget_for(shard.url)
+        budget = self.budget_for(shard.url)
         ok = False
         try:
             ls = self._acquire_remote(shard, pin, policy, progress, budget, tar)
             ok = True
             return ls
         finally:
-            self._budget_done(shard.url, budget, ok, reader)
+            self.budget_done(shard.url, budget, ok, reader)
 
     def acquire_sampled(self, shard: ShardInfo) -> Tuple[LocalShard, Optional[str]]:
         """Like :meth:`acquire`, for a data set's reader: a local shard with
@@ -535,7 +537,15 @@ class ShardStore:
             if sparse.eligible(self, shard) and layout.lstat(streamed) is None:
                 # sample by sample, each checked as it arrives, around what readers fetched
                 # (None: the server mishandles Range: streamed instead)
-                res = sparse.fill(self, shard, base, budget)
+                try:
+                    res = sparse.fill(self, shard, base, budget)
+                except TransientFetchError as exc:
+                    if not isinstance(budget.last_error, CorruptSample):
+                        raise
+                    # its ranges keep arriving corrupt: a whole GET, with attempts of its own
+                    sparse.stream_instead(url)
+                    self.emit(K.RETRY, url, attempt=0, error=str(exc), wait=0.0)
+                    budget = FetchBudget(self.fetch)
             if res is None:
                 # hashed from the bytes as they were written: no read-back
                 res = fetch_to_file(url, streamed, expected_size=shard.size, config=self.fetch,

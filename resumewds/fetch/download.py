@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from ..errors import CacheError, FetchError, IntegrityError, RangeIgnored, ResumeWDSError, TransientFetchError
 from ..events import EventKind
@@ -162,12 +162,12 @@ def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Opt
 
 
 class RangeSink:
-    """Where :func:`fetch_range`'s bytes go: :meth:`write` takes them as they arrive,
-    :attr:`at` is the first byte still wanted (a retry asks from there on).
+    """Where :func:`fetch_range`'s bytes go: :meth:`write` takes them as they arrive;
+    :meth:`wanted` says which bytes to ask for next (a retry asks only for those).
 
     This one keeps every byte (:meth:`data`) and reports each chunk as progress;
     a verifying sink (:class:`resumewds.samplecheck.SampleSink`) keeps only what
-    matches its digests, and a retry starts again at the first byte it did not keep.
+    matches its digests, and asks again for what did not.
 
     Example:
         >>> s = RangeSink(10); s.write(10, b"abc"); s.at, s.data()
@@ -186,8 +186,12 @@ class RangeSink:
         if self.budget is not None:
             self.budget.progress()
 
+    def wanted(self, end: int) -> Optional[Tuple[int, int]]:
+        """The next bytes to ask for, ``(start, stop)`` within ``end``, or None: all in."""
+        return (self.at, end) if self.at < end else None
+
     def restart(self) -> None:
-        """A new attempt starts at :attr:`at` (a verifying sink drops what it held back)."""
+        """A new request starts (a verifying sink drops what it held back)."""
 
     def end(self) -> None:
         """The range's bytes are all in (a verifying sink checks what is left)."""
@@ -241,24 +245,28 @@ def fetch_range(url: str, start: int, end: int, *, config: Optional[FetchConfig]
         session = new_session()
 
     def attempt() -> None:
-        out.restart()
-        at = out.at
-        if at >= end:
-            return
-        pace = _Pace(url, cfg, budget, what=f"range {at}-{end - 1}")
+        while True:  # (a verifying sink may ask again for samples that arrived corrupt)
+            out.restart()
+            want = out.wanted(end)
+            if want is None:
+                return
+            one(*want)
+
+    def one(at: int, stop: int) -> None:
+        pace = _Pace(url, cfg, budget, what=f"range {at}-{stop - 1}")
         closer: Any = None
         try:
-            chunks, _validator, closer = transport.open_range(url, at, end, session, cfg, pace)
+            chunks, _validator, closer = transport.open_range(url, at, stop, session, cfg, pace)
             n = at
             for chunk in chunks:
-                if n + len(chunk) > end:
-                    raise RangeIgnored(f"{url}: range body longer than the {end - at} bytes asked for", url, 206)
+                if n + len(chunk) > stop:
+                    raise RangeIgnored(f"{url}: range body longer than the {stop - at} bytes asked for", url, 206)
                 pace.tick(len(chunk))
                 out.write(n, chunk)
                 n += len(chunk)
-            if n < end:
-                raise TransientFetchError(f"{url}: short range body: got {n - at} of {end - at} bytes "
-                                          f"(range {at}-{end - 1})", url, 206)
+            if n < stop:
+                raise TransientFetchError(f"{url}: short range body: got {n - at} of {stop - at} bytes "
+                                          f"(range {at}-{stop - 1})", url, 206)
             out.end()
         except (ResumeWDSError, IntegrityError):
             raise

@@ -135,6 +135,12 @@ def _cannot_write(exc: Any, url: str) -> ResumeWDSError:
                       f" while fetching {url}: {problem}")
 
 
+def _tls_reason(exc: Any) -> str:
+    """What the TLS layer said of a certificate that does not verify."""
+    inner = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else exc
+    return str(getattr(inner, "verify_message", None) or getattr(inner, "strerror", None) or inner)
+
+
 def _cert_failure(exc: Any) -> bool:
     """urllib3 wraps a certificate that does not verify (or a hostname mismatch) in its SSLError."""
     inner = exc.args[0] if exc.args else None
@@ -151,11 +157,11 @@ FETCH_ERRORS: Tuple[ErrorRule, ...] = (
                _U3 + "ProxySchemeUnknown"),
               says(_PERM, lambda e, u: f"invalid URL: {e}")),
     ErrorRule((ssl.SSLCertVerificationError,),
-              says(_PERM, lambda e, u: f"TLS certificate verification failed: {e} (REQUESTS_CA_BUNDLE / "
-                                       f"SSL_CERT_FILE name the CA bundle to trust)")),
+              says(_PERM, lambda e, u: f"TLS certificate verification failed: {_tls_reason(e)} (REQUESTS_CA_BUNDLE "
+                                       f"/ SSL_CERT_FILE name the CA bundle to trust)")),
     ErrorRule((_U3 + "SSLError",),
-              says(_PERM, lambda e, u: f"TLS certificate verification failed: {e} (REQUESTS_CA_BUNDLE / "
-                                       f"SSL_CERT_FILE name the CA bundle to trust)"), when=_cert_failure),
+              says(_PERM, lambda e, u: f"TLS certificate verification failed: {_tls_reason(e)} (REQUESTS_CA_BUNDLE "
+                                       f"/ SSL_CERT_FILE name the CA bundle to trust)"), when=_cert_failure),
     ErrorRule((_U3 + "SSLError", ssl.SSLError), says(_TRANS, lambda e, u: f"TLS error: {e}")),
     ErrorRule((_U3 + "NewConnectionError",), says(_TRANS, lambda e, u: f"connection error: {e}")),
     ErrorRule((_U3 + "ConnectTimeoutError",), says(_TRANS, lambda e, u: f"connect timeout: {e}")),

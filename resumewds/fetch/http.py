@@ -372,7 +372,7 @@ class HTTPTransport(Transport):
         if have and (validator is None or state.no_range
                      or (state.expected_size is not None and have > state.expected_size)):
             have = 0  # cannot prove the bytes belong to the current file (or no Range here): restart
-        headers = {}
+        headers = {"Accept-Encoding": "identity"}  # byte counts must be the file's, whatever the session
         if have:
             headers["Range"] = f"bytes={have}-"
             headers["If-Range"] = validator  # type: ignore[assignment]
@@ -433,6 +433,7 @@ class HTTPTransport(Transport):
                     if not append:
                         # emptied before the validator is recorded, so the pair always agrees
                         _write_validator(state.path, etag or resp.headers.get("Last-Modified"))
+                    state.keeps = bool(append or etag or resp.headers.get("Last-Modified"))
                     body = _Body(resp.raw)
                     state._copy(body.readinto, sink, pace, sniff=not append)
                     body.finish()
@@ -462,7 +463,7 @@ class HTTPTransport(Transport):
         if session is None:
             session = new_session()
         session.max_redirects = config.max_redirects
-        resp = session.get(url, {"Range": f"bytes={start}-{end - 1}"},
+        resp = session.get(url, {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"},
                            (pace.timeout(config.connect_timeout), pace.timeout(config.read_timeout)))
         try:
             if resp.status_code == 200:

@@ -15,9 +15,11 @@ requests in a row.  Two bounds end a read:
   shard and, separately, for each request (one request that keeps failing
   while others progress is given up too);
 * ``deadline`` seconds without progress (waits between attempts included; a
-  Retry-After that goes past it ends the read at once, saying so).  A body
-  that keeps arriving at ``min_rate`` or faster is progress, however long
-  the shard takes.
+  Retry-After that goes past it ends the read at once, saying so).  With a
+  ``min_rate`` (the default), which every attempt must keep up, progress
+  starts the deadline again: a shard that keeps arriving is never given up
+  on, however long it takes; with ``min_rate=0`` the deadline counts from the
+  read's start and also ends a body that is still arriving.
 
 Permanent errors (4xx other than 429, a TLS certificate that does not
 verify, a malformed URL, a missing file) are never retried.
@@ -97,12 +99,14 @@ class FetchBudget:
         return max(0.0, self.deadline_at - time.monotonic())
 
     def progress(self) -> None:
-        """Bytes were verified: the faults in a row start again from 0, the deadline from now."""
+        """Bytes were verified: the faults in a row start again from 0, and (with a
+        ``min_rate``, which each attempt keeps up) the deadline from now."""
         with self._lock:
             self.faults = 0
             self.progressed += 1
             self._mine.n = getattr(self._mine, "n", 0) + 1
-            self.deadline_at = max(self.deadline_at, time.monotonic() + float(self.config.deadline))
+            if self.config.min_rate:
+                self.deadline_at = max(self.deadline_at, time.monotonic() + float(self.config.deadline))
 
     def mine(self) -> int:
         """How many times the calling thread reported progress (its request's own progress)."""

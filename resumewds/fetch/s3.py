@@ -468,6 +468,7 @@ class S3Transport(Transport):
                     if not append:
                         # emptied before the validator is recorded, so the pair always agrees
                         _write_validator(state.path, etag)
+                    state.keeps = bool(append or etag)
                     if raw is not None:
                         raw.enforce_content_length = False  # we check lengths ourselves
                         reader = _Body(raw)
