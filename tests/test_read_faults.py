@@ -48,6 +48,7 @@ from chaos.crash import Dataset, Proc, committed_samples, compare, make_dataset,
 from chaos.faultserver import FaultServer
 from chaos.harness import Row, Suite, last_line, strict_error, tar_paths
 from chaos.readrows import (
+    FULL_RUNS,
     MANIFESTS,
     MODES,
     ROW_PROFILES,
@@ -58,6 +59,7 @@ from chaos.readrows import (
     replaced_row,
 )
 from chaos.run import format_table
+from http_fixtures import tar_bytes_sent
 
 BOUND = 120.0  # seconds one run may take before it counts as hung (not a speed target)
 HALF = 100  # samples a "half" manifest lists of a shard's 200
@@ -144,16 +146,19 @@ def _row_params():
             for prof in ROW_PROFILES:
                 for mode in MODES:
                     key = (transport, prof, version, mode)
-                    marks = () if key == ("http", "mixed30", "v3", "plain") else (pytest.mark.slow,)
-                    out.append(pytest.param(*key, id="-".join(key), marks=marks))
+                    if key == ("http", "mixed30", "v3", "plain"):  # the default run's case: one seed
+                        out.append(pytest.param(*key, 1, id="-".join(key)))
+                    else:
+                        out.append(pytest.param(*key, FULL_RUNS[mode], id="-".join(key), marks=pytest.mark.slow))
     return out
 
 
-@pytest.mark.parametrize("transport,profile,version,mode", _row_params())
-def test_a_fault_profile_changes_nothing_in_the_output(suite, transport, profile, version, mode):
+@pytest.mark.parametrize("transport,profile,version,mode,runs", _row_params())
+def test_a_fault_profile_changes_nothing_in_the_output(suite, transport, profile, version, mode, runs):
     """``cat --seed 2 --shuffle`` under the profile prints exactly the local output
-    (mode ``kill``: the committed output over a SIGKILL and the rerun)."""
-    row = profile_row(transport, profile, version, mode)(suite)
+    (mode ``kill``: the committed output over a SIGKILL and the rerun), with each of
+    ``runs`` server seeds."""
+    row = profile_row(transport, profile, version, mode, runs)(suite)
     if row.verdict == "SKIP":
         pytest.skip(row.skip)
     assert row.verdict == "PASS", format_row(row)
@@ -366,6 +371,26 @@ _FORK = textwrap.dedent("""
 """)
 
 
+def _fork_in_child(url: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _FORK, url], env=env, capture_output=True, text=True, timeout=30)
+
+
+def _forked(p: subprocess.CompletedProcess) -> tuple:
+    """(seconds the fork took, the child's ``gc.get_freeze_count()``)."""
+    assert p.returncode == 0, p.stderr[-2000:]
+    words = p.stdout.split()
+    return float(words[words.index("forked") + 1]), int(words[words.index("child_freeze_count") + 1])
+
+
+def test_a_child_the_user_forks_has_nothing_frozen(small, tmp_path):
+    """After ``WebDataset(url)`` (a server that answers), the user's own fork gets a
+    child whose garbage collector is the user's: ``gc.get_freeze_count() == 0``."""
+    with FaultServer(small.root) as srv:
+        _, frozen = _forked(_fork_in_child(srv.url + MANIFESTS["v3"],
+                                           read_env(RESUMEWDS_CACHE_DIR=str(tmp_path / "cache"))))
+    assert frozen == 0, f"the child the user forked has {frozen} objects frozen by gc.freeze()"
+
+
 def test_a_fork_after_a_data_set_over_a_silent_server_returns_at_once(tmp_path):
     """The user's ``os.fork()`` waits for nothing of ours, and the child's garbage
     collector is the user's: nothing frozen."""
@@ -373,17 +398,14 @@ def test_a_fork_after_a_data_set_over_a_silent_server_returns_at_once(tmp_path):
     try:
         env = read_env(RESUMEWDS_CACHE_DIR=str(tmp_path / "cache"))
         try:
-            p = subprocess.run([sys.executable, "-c", _FORK, f"http://127.0.0.1:{srv.port}/manifest.json"],
-                               env=env, capture_output=True, text=True, timeout=30)
+            p = _fork_in_child(f"http://127.0.0.1:{srv.port}/manifest.json", env)
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             where = "os.fork()" if "built" in out else "WebDataset(...)"
             pytest.fail(f"{where} over a server that never answers did not return within 30 s ({out!r})")
     finally:
         srv.stop()
-    assert p.returncode == 0, p.stderr[-2000:]
-    words = p.stdout.split()
-    took, frozen = float(words[words.index("forked") + 1]), int(words[words.index("child_freeze_count") + 1])
+    took, frozen = _forked(p)
     assert took < 5.0, f"os.fork() took {took:.1f} s"
     assert frozen == 0, f"the child the user forked has {frozen} objects frozen by gc.freeze()"
 
@@ -463,10 +485,6 @@ def test_a_tls_verification_failure_fails_at_once_without_retry(tmp_path):
 # ---------------------------------------------------------------------------
 # egress: each byte once
 # ---------------------------------------------------------------------------
-def _tar_bytes(srv: FaultServer) -> int:
-    return sum(n for path, n in srv.bytes_by_path.items() if path.endswith(".tar"))
-
-
 @pytest.mark.parametrize("workers", [pytest.param(0, marks=pytest.mark.slow), 2,
                                      pytest.param(3, marks=pytest.mark.slow)])
 def test_a_cold_epoch_asks_for_each_byte_once(small, tmp_path, workers):
@@ -474,7 +492,7 @@ def test_a_cold_epoch_asks_for_each_byte_once(small, tmp_path, workers):
     shards' bytes (per connection at an object store's stream rate, 4 MB/s)."""
     with FaultServer(small.root, bytes_per_second=4e6) as srv:
         p = _cat(srv.url + MANIFESTS["v3"], str(tmp_path / "cache"), workers)
-        sent = _tar_bytes(srv)
+        sent = tar_bytes_sent(srv)
     _exact(p, small.ref)
     assert sent <= 1.02 * small.nbytes, f"{sent} bytes sent for {small.nbytes} ({sent / small.nbytes:.3f}x)"
 
@@ -502,7 +520,7 @@ def test_three_kills_on_small_shards_fetch_each_byte_once(small, tmp_path):
                 kills += 1
             else:
                 assert p.rc == 0, f"exit {p.rc}: {last_line(p.err)}"
-        sent = _tar_bytes(srv)
+        sent = tar_bytes_sent(srv)
     assert kills == 3
     assert kept == small.ref
     assert sent <= 1.02 * small.nbytes, (f"{sent} bytes sent over 3 kills for {small.nbytes} "
