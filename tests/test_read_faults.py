@@ -153,6 +153,7 @@ def _row_params():
     return out
 
 
+@pytest.mark.timeout(1500)  # a bound on hangs: up to 3 runs (or 4 with kills) of READ_BOUND each
 @pytest.mark.parametrize("transport,profile,version,mode,runs", _row_params())
 def test_a_fault_profile_changes_nothing_in_the_output(suite, transport, profile, version, mode, runs):
     """``cat --seed 2 --shuffle`` under the profile prints exactly the local output
