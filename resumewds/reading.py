@@ -55,6 +55,7 @@ from . import fetch as F
 from . import tario
 from .cache import sparse
 from .errors import (
+    CacheError,
     ChecksumMismatch,
     CorruptSample,
     FetchError,
@@ -66,7 +67,7 @@ from .errors import (
 )
 from .manifest import ShardInfo
 from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
-from .samplecheck import SampleSink
+from .samplecheck import SampleSink, check_end_bytes
 
 __all__ = ["RUN_BYTES", "RangedReads", "ShardReader", "finish", "prepare", "read", "read_run", "run_length",
            "shard_failed", "shard_reader", "take_ready", "verified_in"]
@@ -607,11 +608,27 @@ def finish(ds: Any) -> None:
             if si in reader.failed or rr.cached(shard):
                 continue
             try:
-                rr.store.ensure(shard)
+                try:
+                    rr.store.ensure(shard)
+                except CacheError as exc:  # no room for it (a full disk): its end, by range
+                    _check_end_by_range(rr, shard, exc)
             except (FetchError, IntegrityError, ShardFormatError) as exc:
                 reader.fail(si, shard, exc)
     finally:
         reader.wait += time.perf_counter() - t0
+
+
+def _check_end_by_range(rr: RangedReads, shard: ShardInfo, why: BaseException) -> None:
+    """The check of a shard the cache cannot hold (every sample delivered was checked
+    against its digest): the 512 bytes after its last sample must be the end of the
+    archive; its whole-file checksum is not checked (said once, as a warning)."""
+    assert shard.offsets is not None and shard.size is not None
+    end = int(shard.offsets[-1])
+    block = F.fetch_range(shard.url, end, min(int(shard.size), end + 512), config=rr.store.fetch,
+                          budget=rr.budget(shard.url), session=rr.session(), on_event=rr.store.emit)
+    check_end_bytes(block, shard, shard.url)
+    log.warning("%s: the cache cannot hold it (%s): each of its samples was checked against its digest and "
+                "its end against the manifest, but not its whole-file xxh3_64", shard.url, why)
 
 
 def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:

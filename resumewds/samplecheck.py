@@ -32,7 +32,8 @@ from .fetch import RangeSink, is_remote_url
 from .manifest import COMPRESSED_SUFFIXES
 from .sampledigests import file_sample_digests
 
-__all__ = ["BadSample", "SampleSink", "bad_samples", "check_copy", "check_end", "check_samples", "index_key"]
+__all__ = ["BadSample", "SampleSink", "bad_samples", "check_copy", "check_end", "check_end_bytes", "check_samples",
+           "index_key"]
 
 
 @dataclass
@@ -148,8 +149,24 @@ def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
     end = int(shard.offsets[-1])
     with open(path, "rb") as f:
         block = os.pread(f.fileno(), 512, end)
+    check_end_bytes(block, shard, name or path)
+
+
+def check_end_bytes(block: bytes, shard: Any, name: str) -> None:
+    """:func:`check_end` of the 512 bytes that follow the manifest's last sample
+    (read from a copy, or fetched by range when no copy can be kept).
+
+    Raises:
+        ShardFormatError: they are not the end-of-archive marker.
+
+    Example:
+        >>> from resumewds.manifest import ShardInfo
+        >>> check_end_bytes(bytes(512), ShardInfo("a.tar", samples=1, offsets=[0, 1024]), "a.tar")
+    """
+    assert shard.offsets is not None
+    end = int(shard.offsets[-1])
     if len(block) == 512 and block.count(0) != 512:
-        raise ShardFormatError(f"{name or path}: the manifest lists {shard.samples} samples, ending at byte {end}, "
+        raise ShardFormatError(f"{name}: the manifest lists {shard.samples} samples, ending at byte {end}, "
                                "but the shard goes on there (no end-of-archive marker): a manifest made for a "
                                "subset or another version of the shard? Index it again (resumewds index) to "
                                "read all of it, or write the subset as its own shard", shard=shard.url)

@@ -85,6 +85,7 @@ class _Runtime:
         self.prefetch = Prefetcher(store)
         self.dirs_ready = False
         self.budgets: Dict[str, FetchBudget] = {}
+        self.validators: Dict[str, Any] = {}  # url -> (first validator seen, (old, new) once it changed)
 
 
 class ShardStore:
@@ -235,13 +236,21 @@ class ShardStore:
             b = self._budgets.get(url)
             now = time.monotonic()
             if b is None or (b.done_at is not None and now - b.done_at > self.fetch.deadline):
-                b = self._budgets[url] = FetchBudget(self.fetch)
+                b = self._budgets[url] = self._fresh_budget(url)
             return b
+
+    def _fresh_budget(self, url: str) -> FetchBudget:
+        """A new budget for ``url`` that remembers the validators this process saw of it."""
+        b = FetchBudget(self.fetch)
+        b.validator, b.changed = self._runtime().validators.get(url, (None, None))
+        return b
 
     def budget_done(self, url: str, budget: FetchBudget, ok: bool, reader: bool) -> None:
         """A success, or a failure a reader has seen, ends the budget; a
         prefetch's failure keeps it for the reader to meet (at once)."""
         with self._mu:
+            if budget.validator is not None:
+                self._runtime().validators[url] = (budget.validator, budget.changed)
             if ok or reader:
                 if self._budgets.get(url) is budget:
                     del self._budgets[url]
@@ -545,7 +554,8 @@ class ShardStore:
                     # its ranges keep arriving corrupt: a whole GET, with attempts of its own
                     sparse.stream_instead(url)
                     self.emit(K.RETRY, url, attempt=0, error=str(exc), wait=0.0)
-                    budget = FetchBudget(self.fetch)
+                    old, budget = budget, FetchBudget(self.fetch)
+                    budget.validator, budget.changed = old.validator, old.changed
             if res is None:
                 # hashed from the bytes as they were written: no read-back
                 res = fetch_to_file(url, streamed, expected_size=shard.size, config=self.fetch,
@@ -581,12 +591,18 @@ class ShardStore:
                 sparse.discard(base)
                 sparse.stream_instead(url)  # checked samples that still make a wrong file: a whole GET next
             repairs += 1
-            if failure is None:
+            if failure is None and budget.changed is not None:
+                failure = ChecksumMismatch(f"{url}: the object changed on the server while it was read, and "
+                                           f"its bytes no longer match the manifest{_from_manifest(shard)}: "
+                                           f"{bad[2]} {bad[1]}, expected {bad[0]}{budget.changed_note()}",
+                                           url=url, expected=bad[0], actual=bad[1], what=bad[2])
+            elif failure is None:
                 failure = ChecksumMismatch(f"download of {url}{_from_manifest(shard)}", bad[0], bad[1], what=bad[2])
             budget.fault(failure)
             # a corrupt download is a fault without progress: the server is asked again,
-            # ``attempts`` times in all (``max_repairs`` + 1 with a cap of the store's own)
-            if repairs >= limit or budget.remaining() <= 0:
+            # ``attempts`` times in all (``max_repairs`` + 1 with a cap of the store's own),
+            # unless the object changed on the server (its old bytes are not served any more)
+            if repairs >= limit or budget.remaining() <= 0 or budget.changed is not None:
                 raise failure
             self.emit(K.REPAIR, url, attempt=repairs)
         if shard.xxh3_64 is not None:

@@ -256,7 +256,8 @@ def fetch_range(url: str, start: int, end: int, *, config: Optional[FetchConfig]
         pace = _Pace(url, cfg, budget, what=f"range {at}-{stop - 1}")
         closer: Any = None
         try:
-            chunks, _validator, closer = transport.open_range(url, at, stop, session, cfg, pace)
+            chunks, validator, closer = transport.open_range(url, at, stop, session, cfg, pace)
+            budget.saw(validator)
             n = at
             for chunk in chunks:
                 if n + len(chunk) > stop:

@@ -384,6 +384,8 @@ class HTTPTransport(Transport):
         etag: Optional[str] = None
         with resp:
             code = resp.status_code
+            if code in (200, 206):
+                state.budget.saw(resp.headers.get("ETag") or resp.headers.get("Last-Modified"))
             if code == 416 and have:
                 m = _CONTENT_RANGE_UNSAT.match(resp.headers.get("Content-Range", ""))
                 if m and int(m.group(1)) == have:

@@ -91,6 +91,10 @@ class FetchBudget:
         self.deadline_at = self.started + float(config.deadline)
         self.last_error: Optional[BaseException] = None
         self.done_at: Optional[float] = None
+        #: the first validator (ETag, else Last-Modified) a response of the shard carried, and
+        #: ``(that, another)`` once a later one carried another: the object changed on the server
+        self.validator: Optional[str] = None
+        self.changed: Optional[Tuple[str, str]] = None
         self._lock = threading.Lock()
         self._mine = threading.local()  # progress made by the calling thread (one request at a time)
 
@@ -107,6 +111,24 @@ class FetchBudget:
             self._mine.n = getattr(self._mine, "n", 0) + 1
             if self.config.min_rate:
                 self.deadline_at = max(self.deadline_at, time.monotonic() + float(self.config.deadline))
+
+    def saw(self, validator: Optional[str]) -> None:
+        """A response of the shard carried ``validator`` (remembered; another one later
+        means the object changed on the server while it was read)."""
+        if not validator:
+            return
+        with self._lock:
+            if self.validator is None:
+                self.validator = validator
+            elif validator != self.validator and self.changed is None:
+                self.changed = (self.validator, validator)
+
+    def changed_note(self) -> str:
+        """What to add to a final error when the object changed on the server ("" if not)."""
+        if self.changed is None:
+            return ""
+        return (f" (validator {self.changed[0]}, then {self.changed[1]}): the bytes the manifest describes "
+                f"are no longer served there; index the shard again, or restore the object")
 
     def mine(self) -> int:
         """How many times the calling thread reported progress (its request's own progress)."""

@@ -442,6 +442,7 @@ class S3Transport(Transport):
         status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
         body = resp["Body"]
         raw = getattr(body, "_raw_stream", None)
+        state.budget.saw(resp.get("ETag"))
         try:
             length = int(resp.get("ContentLength") or 0)
             etag: Optional[str] = None
