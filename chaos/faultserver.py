@@ -373,7 +373,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._serve(head=True)
 
     def do_GET(self) -> None:
-        self._serve(head=False)
+        fs = self.fs
+        with fs._lock:
+            fs.inflight += 1
+            fs.most_inflight = max(fs.most_inflight, fs.inflight)
+        try:
+            self._serve(head=False)
+        finally:
+            with fs._lock:
+                fs.inflight -= 1
 
     # ---- helpers -------------------------------------------------------------
     def _abort(self) -> None:
@@ -475,6 +483,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         start, end = 0, size  # [start, end)
         partial = False
         rng_hdr = self.headers.get("Range")
+        with fs._lock:
+            fs.range_log.append((path, rng_hdr))
+            if rng_hdr:
+                fs.ranged[path] += 1
         ignored = bool(rng_hdr) and (kind == "ignore_range" or fs.ignore_range)
         if ignored:
             if kind != "ignore_range":

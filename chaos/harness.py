@@ -132,6 +132,25 @@ class Suite:
         kw.setdefault("seed", self.seed)
         return serve(root, faults, manifest=os.path.join(root, "manifest.json"), **kw)
 
+    def server_without_manifest(self, faults: str = "", **kw: Any) -> FaultServer:
+        """A fault server over the data set's shards alone (a copy without the
+        ``manifest.json`` beside them, made once): shards named one by one are
+        indexed from their bytes, as a data set without an index is."""
+        root = os.path.join(self.work, "bare")
+        with self._lock:
+            if not os.path.isdir(root):
+                tmp = root + ".tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+                for path in shard_paths(self.data):
+                    shutil.copy(path, tmp)
+                os.replace(tmp, root)
+        kw.setdefault("seed", self.seed)
+        kw.setdefault("stall_seconds", 3.0)
+        kw.setdefault("retry_after", 0.2)
+        kw.setdefault("manifest", self.data.manifest)  # (where the samples lie, for the faults)
+        return serve(root, faults, **kw)
+
     def brace_source(self, url: str) -> str:
         """``url{shard-a.tar,shard-b.tar,...}``: the data set's shards without a manifest."""
         return url + "{" + ",".join(sorted(os.path.basename(p) for p in shard_paths(self.data))) + "}"

@@ -210,12 +210,18 @@ class LoopbackFaultServer:
                 gate.wait(0.05)
 
     def reset_counters(self) -> None:
-        """Zero ``bytes_sent``, ``bytes_by_path``, ``requests``, ``request_log``,
-        ``connections`` and ``faults`` (and the per-path fault budget)."""
+        """Zero ``bytes_sent``, ``bytes_by_path``, ``requests``, ``ranged`` (requests
+        with a ``Range`` header, per path), ``request_log``, ``range_log``,
+        ``most_inflight`` (requests answered at once), ``connections`` and
+        ``faults`` (and the per-path fault budget)."""
         with self._lock:
             self.bytes_sent = 0
             self.bytes_by_path: Dict[str, int] = collections.Counter()
             self.requests: Dict[str, int] = collections.Counter()
+            self.ranged: Dict[str, int] = collections.Counter()
+            self.range_log: List[Any] = []  # (path, its Range header or None), in the order requests arrived
+            self.inflight = 0  # requests being answered now
+            self.most_inflight = 0  # ... at most, at once
             self.request_log: List[Any] = []  # in the order requests arrived
             self.connections = 0  # TCP connections accepted
             self.faults: Dict[str, int] = collections.Counter()
