@@ -44,7 +44,7 @@ import pytest
 
 import resumewds as rw
 from chaos import diskfaults
-from chaos.crash import Dataset, Proc, committed_samples, compare, make_dataset, run
+from chaos.crash import Dataset, Proc, committed_samples, make_dataset, run
 from chaos.faultserver import FaultServer
 from chaos.harness import Row, Suite, last_line, strict_error, tar_paths
 from chaos.readrows import (
