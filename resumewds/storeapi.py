@@ -71,6 +71,10 @@ class StoreAPI(Protocol):
         """Create the cache's directories if they are missing (``CacheError`` if it cannot)."""
         ...
 
+    def in_background(self) -> None:
+        """The calling thread downloads in the background: its events say so (``prefetch``)."""
+        ...
+
     def close_session(self) -> None:
         """Close this thread's HTTP session."""
         ...

@@ -209,6 +209,8 @@ class ShardStore:
     def emit(self, kind: str, url: str, **detail: Any) -> None:
         """Record an event: count it, print it under ``RESUMEWDS_VERBOSE_CACHE``,
         pass it to ``on_event``."""
+        if getattr(self._tl, "prefetching", False):
+            detail = dict(detail, prefetch=True)  # a background download's (stats tells them apart)
         key = str(kind)  # counters are keyed by the plain string
         with self._mu:
             self.counters[key] += 1
@@ -263,6 +265,11 @@ class ShardStore:
         if s is None:
             s = self._tl.session = new_session()
         return s
+
+    def in_background(self) -> None:
+        """The calling thread downloads in the background (a prefetch thread): the
+        events it emits carry ``prefetch=True`` (stats count its cache hits apart)."""
+        self._tl.prefetching = True
 
     def close_session(self) -> None:
         """Close this thread's HTTP session (its pooled connections)."""
