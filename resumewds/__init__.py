@@ -82,11 +82,6 @@ from .wds import gopen as _gopen_module  # noqa: E402
 sys.modules.setdefault(f"{__name__}.gopen", _gopen_module)
 gopen = _gopen_module.gopen
 
-# The data-set engine (sources, plan, cache, fetch, reading; no torch) loads with the
-# package, as webdataset's does with its own: a script's first ``WebDataset(...)`` does
-# not wait for some sixty modules (~18 ms) to load.
-from . import shardset as _engine  # noqa: E402,F401
-
 # Every other public name is loaded from its module on first use (PEP 562), so
 # that ``import resumewds`` does not import the mixtures, the writer, the
 # webdataset compatibility layers and the decoders a script may never touch.

@@ -29,7 +29,6 @@ from .shardset import ShardDataset
 from .shardsplit import WorkerStream
 from .stages import Stage
 from .statecheck import CHECKSUM_KEY, check_seal, seal
-from .watchdog import freeze_inherited
 from .world import worker_info
 
 __all__ = ["DATASET_STATE", "DirectDataset"]
@@ -82,7 +81,6 @@ class DirectDataset(ShardDataset):
         see ``nodesplitter`` / ``workersplitter``) of epoch ``self.epoch``, through every
         stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
         moment resumes exactly after the last item yielded."""
-        freeze_inherited()  # in a DataLoader worker: the parent's objects are never scanned by its collections
         rank, world, worker, nworkers, custom = self._split()
         if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
             warn_foreign_loader(getattr(self, "_framework_guard", None))

@@ -48,7 +48,7 @@ from .shmbatch import BytesRing, Packed, ring_for
 from .stages import default_collate
 from .statecheck import check_seal, seal
 from .stats import Stats, event_record, flat_scalars, setup_logging
-from .watchdog import WorkerWatchdog, stall_limit
+from .watchdog import WorkerWatchdog, frozen_for_fork, stall_limit
 from .world import detect_world, late_world, resolve_partitions
 
 __all__ = ["STATE_FORMAT", "ShardLoader"]
@@ -560,9 +560,9 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
         expected = 0
         with contextlib.ExitStack() as starting:
-            if self.num_workers:  # the workers start here (each fork freezes the heap for them:
-                # resumewds.warmup), and a preemption signal waits for their handlers
-                starting.enter_context(_blocked_for_start(
+            if self.num_workers:  # the workers start here: they never scan what they inherited
+                starting.enter_context(frozen_for_fork())  # (resumewds.watchdog), and a preemption
+                starting.enter_context(_blocked_for_start(  # signal waits for their handlers
                     self._preempt_signals, kw.get("multiprocessing_context")))
             it = iter(dl)
         watch = WorkerWatchdog(it, self.stall_timeout)  # stopped workers (resumewds.watchdog)

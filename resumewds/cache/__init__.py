@@ -18,14 +18,10 @@ Where things are (read in this order)::
     eviction.py  LRU within cache_size: scan, evict (never a pinned entry)
     prefetch.py  Prefetcher: the background download threads (prefetch_threads:
                  4 for a shuffled window, else 2), within cache_size
-    sparse.py    sparse partial downloads (.sparse + .sparse.map; the default,
-                 SPARSE_PARTIALS): a shard with sample digests filled by
-                 verified ranges in any order, the reader's and the
-                 download's, so that no byte is fetched twice
-    sparsepieces.py  a sparse download's gaps in pieces over several ranged
-                 connections at once (each piece written, then recorded)
-    sparsemap.py the map as one process sees it: ranges present, and the
-                 ranges other processes (DataLoader workers) fetch now
+    sparse.py    sparse partial downloads (.sparse + .sparse.map): a shard with
+                 sample digests filled by checked samples in any order, the
+                 readers' ranges and the download's pieces, so that no byte
+                 is fetched twice (claims in the map: across processes too)
     bulk.py      the CLI's passes over a manifest: verify_all, prefetch_all
 
 prefetch.py, bulk.py and :mod:`resumewds.repair` call the store back only
@@ -36,8 +32,9 @@ through its public protocol (:class:`resumewds.storeapi.StoreAPI`: ``ensure``,
 The life of one remote entry (details at :class:`~resumewds.cache.layout.EntryState`)::
 
     absent --download (.partial, hashed as written)--> partial
-    absent --(read by range) ranged reads and the download by ranges (.sparse,
-             .sparse.map; the whole file hashed in order once complete)--> partial
+    absent --(sample digests) readers' ranges and the download's pieces, each
+             sample checked as it arrives (.sparse, .sparse.map; the whole
+             file hashed in order once complete)--> partial
     partial --check size / xxh3_64 (or: a complete tar), os.replace, .meta--> verified
     verified --a reader holds .lock shared--> pinned --released--> verified
     verified --LRU over cache_size, not pinned--> evicted (absent)

@@ -192,7 +192,7 @@ class _LazyRemote(io.RawIOBase):
                 raise translate_s3_error(exc, self.url) from None
         from ..fetch import new_session  # lazy: fetch (tenacity) on first open
 
-        r = new_session().get(self.url, stream=True, timeout=(cfg.connect_timeout, cfg.read_timeout))
+        r = new_session().get(self.url, {}, (cfg.connect_timeout, cfg.read_timeout))
         if r.status_code >= 400:
             r.close()
             raise FileNotFoundError(f"{self.url}: HTTP {r.status_code}")
