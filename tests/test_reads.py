@@ -84,7 +84,7 @@ def test_a_bad_sample_inside_a_run_skips_as_one_by_one_reads_do(tmp_path, monkey
 
 
 class _NeverKept(dict):
-    """A ``ShardReader.fast`` that keeps nothing: every read the whole way (``ShardReader.read`` past its open-shard pread)."""
+    """A ``ShardReader.fast`` that keeps nothing: every read takes the whole path."""
 
     def __setitem__(self, key, value):
         pass
