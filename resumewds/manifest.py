@@ -45,10 +45,29 @@ described in :mod:`resumewds.digests` (the code that reads and writes it:
 :mod:`resumewds.sampledigests`).  A manifest without sample digests is still
 written as version 1 or 2.
 
+Version 4 keeps each shard's offsets and sample digests out of the JSON, in an
+index file per shard (``resumewds index`` writes it for data sets of more than
+:data:`INLINE_SAMPLES` samples; :mod:`resumewds.shardindex` has the format)::
+
+    {"format": "resumewds.manifest", "version": 4,
+     "index_dir": "manifest.json.index",        # relative to the manifest
+     "index_digests": true,                     # the files hold sample digests
+     "shards": [{"url": ..., "size": ..., "xxh3_64": ..., "samples": 1000,
+                 "index_xxh3_64": "5be0c2d1a4f36e07"}, ...]}  # <index_dir>/<it>.idx
+
+A process loads (and checks) a shard's index when it first reads the shard, so
+a manifest's memory depends on its shards, not its samples.  A version-4 shard
+with ``samples`` and no index is *counts only* (also what a wids shard index or
+img2dataset's ``*_stats.json`` give: :mod:`resumewds.foreignindex`): its offsets,
+digests and checksum are recorded when it is first opened
+(:class:`resumewds.shardindex.RecordBook`).
+
 Version history:
     1: first version (offsets inline).
     2: optional ``offsets_file`` / ``offsets_at``; inline offsets still valid.
     3: optional per-sample digests (``sample_xxh3_64`` or ``digests_at``).
+    4: optional per-shard index files (``index_dir``, ``index_xxh3_64``) and
+       counts-only shards (an optional ``md5``).
 
 Example:
     >>> m = Manifest([ShardInfo(url="/d/a.tar", size=3072, xxh3_64=None,
@@ -67,18 +86,23 @@ import sys
 import time
 import urllib.parse
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import xxhash
 
 from .arrayfile import ArrayFile, view_item
 from .errors import SourceError
+from .foreignindex import is_stats, is_wids, stats_entry, wids_entries
 from .sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
 from .schemes import is_remote_object
+from .shardindex import Counted, index_from_json, index_set_from_json, write_indexes
 
 FORMAT = "resumewds.manifest"
-VERSION = 3
+VERSION = 4
+#: ``offsets="auto"`` writes the offsets inline up to this many samples (a JSON of
+#: about 250 kB), and per-shard index files (version 4) above
+INLINE_SAMPLES = 10_000
 
 
 
@@ -150,6 +174,10 @@ class ShardInfo:
         trusted: False for a ``pipe:`` URL that came from a remote manifest.
         sample_digests: ``samples`` xxh3_64 ints, one per sample's byte
             range (manifest version 3), or None.
+        index: where the offsets and digests come from, when not from the
+            JSON: the shard's index file (a :class:`resumewds.shardindex.IndexRef`,
+            version 4), or what a counts-only source declared
+            (:class:`resumewds.shardindex.Counted`; recorded at the first open).
     """
 
     url: str
@@ -159,6 +187,7 @@ class ShardInfo:
     offsets: Optional[Sequence[int]] = None
     trusted: bool = True
     sample_digests: Optional[Sequence[int]] = None
+    index: Any = field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -169,10 +198,37 @@ class ShardInfo:
     def indexed(self) -> bool:
         return self.samples is not None and self.offsets is not None
 
+    @property
+    def num_samples(self) -> Optional[int]:
+        """The number of samples (``samples``)."""
+        return self.samples
+
+    @property
+    def compressed(self) -> bool:
+        """A ``.tar.gz`` / ``.tar.zst`` shard (its offsets are positions in the decompressed tar)."""
+        return self.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES)
+
+    @property
+    def offset_bound(self) -> Optional[int]:
+        """The bound of the offsets: the size, or None for a compressed shard."""
+        return None if self.compressed else self.size
+
     def sample_range(self, i: int) -> tuple[int, int]:
-        """Byte range ``(start, end)`` of sample ``i`` in this shard."""
-        assert self.offsets is not None
-        return int(self.offsets[i]), int(self.offsets[i + 1])
+        """Byte range ``(start, end)`` of sample ``i`` in this shard.
+
+        A counts-only shard (``index`` a :class:`~resumewds.shardindex.Counted`)
+        is recorded here, the first time: its open copy is scanned, or checked
+        against its record (:class:`~resumewds.shardindex.RecordBook`).
+        """
+        offsets = self.offsets
+        if offsets is None:
+            book = getattr(self.index, "book", None)
+            if book is not None:
+                book.record(self)
+            offsets = self.offsets
+            if offsets is None:
+                raise SourceError(f"{self.url}: shard is not indexed")
+        return int(offsets[i]), int(offsets[i + 1])
 
 
 def shard_basename(url: str) -> str:
@@ -254,29 +310,40 @@ class Manifest:
         """
         h = xxhash.xxh3_64()
         for s in self.shards:
-            h.update(f"{s.name}\0{s.size}\0{s.xxh3_64}\0{s.samples}\n".encode())
+            c = s.index if isinstance(s.index, Counted) else s  # a counts-only shard: what its source said
+            h.update(f"{s.name}\0{c.size}\0{c.xxh3_64}\0{s.samples}\n".encode())
         return h.hexdigest()
 
     # ---- (de)serialisation ---------------------------------------------
     def to_json(self, base: Optional[str] = None, offsets_file: Optional[str] = None,
                 side_digest: Optional[tuple[int, str]] = None, with_digests: bool = True,
-                digests_side: Optional[tuple[int, str]] = None) -> Dict[str, Any]:
+                digests_side: Optional[tuple[int, str]] = None,
+                index: Optional[tuple[str, bool, List[Optional[str]]]] = None) -> Dict[str, Any]:
         """The manifest as a JSON-able dict; urls made relative to ``base``.
 
         With ``offsets_file`` (a name relative to the manifest), offsets are
         not inlined: each shard gets ``offsets_at`` into that file, which
         :meth:`save` writes.  Sample digests (``with_digests``) make it
         version 3: inline, or in ``<manifest>.digests`` with an offsets file.
+        With ``index`` (``(index_dir, digests, each shard's index xxh3_64)``,
+        what :meth:`save` wrote) it is version 4: no offsets in the JSON.
         """
         out = []
         at = 0
         dat: Optional[int] = 0 if offsets_file is not None else None
-        for s in self.shards:
+        for k, s in enumerate(self.shards):
             url = s.url
             if base is not None:
                 url = _relative_url(url, base)
             d: Dict[str, Any] = {"url": url, "size": s.size, "xxh3_64": s.xxh3_64,
                                  "samples": s.samples}
+            if index is not None:
+                if index[2][k] is not None:
+                    d["index_xxh3_64"] = index[2][k]
+                elif isinstance(s.index, Counted) and s.index.md5 is not None:
+                    d["md5"] = s.index.md5
+                out.append(d)
+                continue
             if s.offsets is not None:
                 if offsets_file is not None:
                     d["offsets_at"] = at
@@ -291,9 +358,11 @@ class Manifest:
         has_digests = with_digests and any(s.sample_digests is not None for s in self.shards)
         doc: Dict[str, Any] = {
             "format": FORMAT,
-            "version": 3 if has_digests else 2 if offsets_file is not None else 1,
+            "version": 4 if index is not None else 3 if has_digests else 2 if offsets_file is not None else 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if index is not None:
+            doc["index_dir"], doc["index_digests"] = index[0], index[1]
         if offsets_file is not None:
             doc["offsets_file"] = offsets_file
             if side_digest is not None:
@@ -306,21 +375,31 @@ class Manifest:
         doc["shards"] = out
         return doc
 
-    def save(self, path: str, offsets: str = "inline", digests: bool = True) -> None:
+    def save(self, path: str, offsets: str = "inline", digests: bool = True,
+             created: Optional[str] = None) -> None:
         """Write the manifest atomically to ``path`` (urls relative to it).
 
         Args:
             path: the manifest file.
-            offsets: ``"inline"`` (version 1, offsets in the JSON) or
-                ``"file"`` (version 2, offsets in ``<path>.offsets``).
+            offsets: ``"inline"`` (version 1, offsets in the JSON), ``"file"``
+                (version 2, offsets in ``<path>.offsets``), ``"index"``
+                (version 4: an index file per shard in ``<path>.index/``), or
+                ``"auto"``: inline up to :data:`INLINE_SAMPLES` samples, else
+                ``"index"``.
             digests: write the shards' sample digests, if they have any
                 (version 3; with ``"file"`` in ``<path>.digests``); False
                 writes version 1 or 2 for older readers.
+            created: the ``created`` time to write (default: now).
         """
-        if offsets not in ("inline", "file"):
-            raise ValueError(f"offsets must be 'inline' or 'file', got {offsets!r}")
+        if offsets == "auto":
+            offsets = "inline" if sum(int(s.samples or 0) for s in self.shards) <= INLINE_SAMPLES else "index"
+        if offsets not in ("inline", "file", "index"):
+            raise ValueError(f"offsets must be 'inline', 'file', 'index' or 'auto', got {offsets!r}")
         base = os.path.dirname(os.path.abspath(path))
         side = None
+        index = None
+        if offsets == "index":
+            index = write_indexes(self.shards, path + ".index", digests)
         if offsets == "file":
             side = os.path.basename(path) + ".offsets"
             side_path = os.path.join(base, side)
@@ -346,9 +425,11 @@ class Manifest:
         digests_side = None
         if side is not None and digests and any(s.sample_digests is not None for s in self.shards):
             digests_side = write_side_file(os.path.join(base, os.path.basename(path) + ".digests"), self.shards)
-        data = json.dumps(self.to_json(base=base, offsets_file=side, side_digest=side_digest,
-                                       with_digests=digests, digests_side=digests_side),
-                          separators=(",", ":"))
+        doc = self.to_json(base=base, offsets_file=side, side_digest=side_digest, with_digests=digests,
+                           digests_side=digests_side, index=index)
+        if created is not None:
+            doc["created"] = created
+        data = json.dumps(doc, separators=(",", ":"))
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(data)
@@ -369,6 +450,8 @@ class Manifest:
         Raises:
             SourceError: wrong format, newer version, or malformed entries.
         """
+        if is_wids(data) or is_stats(data, location):
+            return cls.from_counts(data, location, trusted)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise SourceError(f"{location}: not a resumewds manifest (format field is missing or wrong)")
         version = data.get("version")
@@ -389,14 +472,29 @@ class Manifest:
             side.size = _opt_int(data.get("offsets_size"), location, "'offsets_size'")
             side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
         dside = side_file_from_json(data, location, resolve_url) if version >= 3 else None
+        iset = index_set_from_json(data, location, resolve_url) if version >= 4 else None
         out: List[ShardInfo] = []
         for i, d in enumerate(shards):
             info = _shard_from_json(d, i, location, side, trusted)
             if version >= 3 and isinstance(d, dict):
                 info.sample_digests = entry_from_json(d, f"{location}: shard {d['url']}", info.samples,
                                                       version, dside)
+            if version >= 4:
+                index_from_json(info, d, f"{location}: shard {d['url']}", location, iset)
             out.append(info)
         return cls(out, source=location)
+
+    @classmethod
+    def from_counts(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
+        """A wids shard index or an img2dataset ``*_stats.json`` as a counts-only
+        manifest (:mod:`resumewds.foreignindex`): each shard's url and sample
+        count, its declared size and md5; offsets and checksums are recorded at
+        its first open (:class:`resumewds.shardindex.RecordBook`)."""
+        entries = wids_entries(data, location, resolve_url) if is_wids(data) else [stats_entry(data, location)]
+        what = "the wids shard index " + location if is_wids(data) else location
+        return cls([ShardInfo(url=e.url, size=e.size, samples=e.samples,
+                              trusted=trusted or not e.url.startswith("pipe:"),
+                              index=Counted(what, size=e.size, md5=e.md5)) for e in entries], source=location)
 
 
 #: the largest offset or size a manifest may hold (int64, as in the side file)
