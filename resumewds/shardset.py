@@ -34,6 +34,7 @@ from .fetch.lite import lite_enabled
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
+from .shardindex import Counted
 from .openshards import ShardReader as _ShardReader
 from .plan import Layout, Plan, check_partitions, worker_steps
 from .shardsplit import SplitSequence, empty_worker_error
@@ -447,12 +448,19 @@ class ShardDataset:
         if not m.indexed:
             fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
                              cache_dir=self.cache_dir)
-        if m.indexed:
+        # counts-only shards (a wids shard index, img2dataset stats) are recorded when
+        # first opened (resumewds.shardindex.RecordBook): the plan needs their counts only
+        todo = [s for s in m.shards if not s.indexed and not isinstance(s.index, Counted)]
+        if not todo:
             return m, None
+        part = m if len(todo) == len(m.shards) else Manifest(todo)
         if self.handler is None:
-            index_manifest(m, self.store, on_event=self._on_event)
+            index_manifest(part, self.store, on_event=self._on_event)
+            m._starts = None
             return m, None
-        return m, index_skipping(m, self.store, self.handler, self._on_event)
+        skipped = index_skipping(part, self.store, self.handler, self._on_event)
+        m._starts = None
+        return m, skipped
 
     @property
     def plan(self) -> Plan:
