@@ -58,9 +58,7 @@ def is_stats(data: Any, location: str) -> bool:
             and location.split("?", 1)[0].endswith("_stats.json"))
 
 
-def _count(v: Any, where: str, what: str, optional: bool = False) -> Optional[int]:
-    if v is None and optional:
-        return None
+def _count(v: Any, where: str, what: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MAX:
         raise SourceError(f"{where}: {what} must be a non-negative integer, got {v!r}")
     return v
@@ -95,8 +93,9 @@ def wids_entries(data: Any, location: str, resolve: Callable[[str, str], str]) -
         if md5 is not None and (not isinstance(md5, str) or len(md5) != 32
                                 or md5.strip("0123456789abcdefABCDEF")):
             raise SourceError(f"{where}: 'md5sum' must be 32 hex digits, got {md5!r}")
-        out.append(Entry(url=resolve(d["url"], anchor), samples=int(_count(d.get("nsamples"), where, "'nsamples'")),
-                         size=_count(d.get("filesize"), where, "'filesize'", optional=True), md5=md5))
+        size = d.get("filesize")
+        out.append(Entry(url=resolve(d["url"], anchor), samples=_count(d.get("nsamples"), where, "'nsamples'"),
+                         size=None if size is None else _count(size, where, "'filesize'"), md5=md5))
     return out
 
 
@@ -113,4 +112,4 @@ def stats_entry(data: Any, location: str) -> Entry:
     url = head + ".tar" + ("?" + q if q else "")
     if not posixpath.basename(head):
         raise SourceError(f"{location}: an img2dataset stats file is named NNNNN_stats.json")
-    return Entry(url=url, samples=int(_count(data.get("successes"), location, "'successes'")))
+    return Entry(url=url, samples=_count(data.get("successes"), location, "'successes'"))

@@ -96,7 +96,7 @@ from .errors import SourceError
 from .foreignindex import is_stats, is_wids, stats_entry, wids_entries
 from .sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
 from .schemes import is_remote_object
-from .shardindex import Counted, index_from_json, index_set_from_json, write_indexes
+from .shardindex import COMPRESSED, Counted, index_from_json, index_set_from_json, write_indexes
 
 FORMAT = "resumewds.manifest"
 VERSION = 4
@@ -376,7 +376,7 @@ class Manifest:
         return doc
 
     def save(self, path: str, offsets: str = "inline", digests: bool = True,
-             created: Optional[str] = None) -> None:
+             created: Optional[str] = None) -> str:
         """Write the manifest atomically to ``path`` (urls relative to it).
 
         Args:
@@ -390,6 +390,9 @@ class Manifest:
                 (version 3; with ``"file"`` in ``<path>.digests``); False
                 writes version 1 or 2 for older readers.
             created: the ``created`` time to write (default: now).
+
+        Returns:
+            The form written: ``"inline"``, ``"file"`` or ``"index"``.
         """
         if offsets == "auto":
             offsets = "inline" if sum(int(s.samples or 0) for s in self.shards) <= INLINE_SAMPLES else "index"
@@ -436,6 +439,7 @@ class Manifest:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        return offsets
 
     @classmethod
     def from_json(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
@@ -503,7 +507,7 @@ MAX_OFFSET = (1 << 63) - 1
 
 #: names of compressed shards (resumewds.compressed): their ``size`` is the
 #: compressed file's, their offsets are positions in the decompressed tar
-COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd")
+COMPRESSED_SUFFIXES = COMPRESSED
 
 
 def _tar_size_bound(url: str, size: Optional[int]) -> Optional[int]:

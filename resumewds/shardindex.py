@@ -55,8 +55,9 @@ from .redact import cache_key_url
 from .sampledigests import file_sample_digests
 from .tarscan import scan_file
 
-__all__ = ["Counted", "IndexDigests", "IndexOffsets", "IndexRef", "IndexSet", "MAGIC", "decode", "encode", "index_bytes",
-           "index_from_json", "index_name", "index_set_from_json", "RecordBook", "write_index", "write_indexes"]
+__all__ = ["COMPRESSED", "Counted", "IndexDigests", "IndexOffsets", "IndexRef", "IndexSet", "MAGIC", "RecordBook",
+           "decode", "encode", "index_bytes", "index_from_json", "index_name", "index_set_from_json",
+           "scan_to_index", "write_index", "write_indexes"]
 
 MAGIC = b"RWDSIDX1"
 _HEAD = struct.Struct("<8sQQQQ")
@@ -65,6 +66,9 @@ _F_DIGESTS, _F_XXH = 1, 2
 BUDGET = 64 << 20
 #: the most recently loaded indexes are kept whatever their size (a reader's open shards)
 KEEP = 128
+#: names of compressed shards (no sample digests: their offsets are in the decompressed tar;
+#: resumewds.manifest.COMPRESSED_SUFFIXES)
+COMPRESSED = (".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd")
 
 Arrays = Tuple[array, Optional[array]]
 
@@ -205,13 +209,13 @@ class IndexSet:
     def bind(self, store_type: Any, **store_kwargs: Any) -> None:
         """Read remote index files through ``store_type(**store_kwargs)`` (its ``ensure``)."""
         self.store_args = (store_type, store_kwargs)
-        self._store = None
+        self._store: Any = None
 
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._loaded: OrderedDict[int, IndexRef] = OrderedDict()
         self._bytes = 0
-        self._store: Any = None
+        self._store = None
 
     def __getstate__(self) -> Dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_loaded", "_bytes", "_store")}
@@ -563,24 +567,49 @@ def _scan_record(shard: Any, path: str) -> bytes:
     """A counts-only shard's first record, from its copy at ``path``, checked
     against what its source declared."""
     counted: Counted = shard.index
-    idx = scan_file(path, shard.url)
-    if idx.samples != shard.samples:
-        raise ShardFormatError(f"{shard.url}: {counted.source} says it holds {shard.samples} samples, it holds "
+    return scan_to_index(path, shard.url, samples=shard.samples, size=counted.size, xxh3_64=counted.xxh3_64,
+                         md5=counted.md5, source=counted.source, digests=True)[0]
+
+
+def scan_to_index(path: str, url: str, *, samples: Optional[int] = None, size: Optional[int] = None,
+                  xxh3_64: Optional[str] = None, md5: Optional[str] = None, source: str = "the manifest",
+                  digests: bool = True) -> Tuple[bytes, Any]:
+    """Scan the local copy ``path`` of shard ``url`` into its index file's bytes,
+    checking what a source declared of it.
+
+    Args:
+        path: the copy.
+        url: the shard, for messages.
+        samples, size, xxh3_64, md5: what the source declared (None: nothing).
+        source: the source, for messages.
+        digests: put each sample's xxh3_64 in (not for compressed shards).
+
+    Returns:
+        ``(index bytes, the scan: a resumewds.tario.ShardIndex)``.
+
+    Raises:
+        ShardFormatError: not a tar, or not the declared number of samples.
+        ChecksumMismatch: not the declared size, xxh3_64 or md5.
+    """
+    idx = scan_file(path, url)
+    if samples is not None and idx.samples != samples:
+        raise ShardFormatError(f"{url}: {source} says it holds {samples} samples, it holds "
                                f"{idx.samples}; fix the source (or index the shards: resumewds index)",
-                               shard=shard.url, offset=None, problem="sample count")
-    if counted.size is not None and counted.size != idx.size:
-        raise ChecksumMismatch(f"{shard.url}: size {idx.size}, {counted.source} says {counted.size}",
-                               url=shard.url, expected=str(counted.size), actual=str(idx.size), what="size")
-    if counted.xxh3_64 is not None and counted.xxh3_64 != idx.xxh3_64:
-        raise ChecksumMismatch(f"{shard.url}: xxh3_64 {idx.xxh3_64}, {counted.source} says {counted.xxh3_64}",
-                               url=shard.url, expected=counted.xxh3_64, actual=idx.xxh3_64)
-    if counted.md5 is not None:
+                               shard=url, offset=None, problem="sample count")
+    if size is not None and size != idx.size:
+        raise ChecksumMismatch(f"{url}: size {idx.size}, {source} says {size}",
+                               url=url, expected=str(size), actual=str(idx.size), what="size")
+    if xxh3_64 is not None and xxh3_64 != idx.xxh3_64:
+        raise ChecksumMismatch(f"{url}: xxh3_64 {idx.xxh3_64}, {source} says {xxh3_64}",
+                               url=url, expected=xxh3_64, actual=idx.xxh3_64)
+    if md5 is not None:
         h = hashlib.md5()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-        if h.hexdigest() != counted.md5.lower():
-            raise ChecksumMismatch(f"{shard.url}: md5 {h.hexdigest()}, {counted.source} says {counted.md5}",
-                                   url=shard.url, expected=counted.md5, actual=h.hexdigest(), what="md5")
-    digests = file_sample_digests(path, idx.offsets) if shard.offset_bound is not None else None
-    return encode(idx.offsets, digests, idx.size, idx.xxh3_64)
+        if h.hexdigest() != md5.lower():
+            raise ChecksumMismatch(f"{url}: md5 {h.hexdigest()}, {source} says {md5}",
+                                   url=url, expected=md5, actual=h.hexdigest(), what="md5")
+    compressed = url.lower().split("?", 1)[0].endswith(COMPRESSED)
+    sample_digests = file_sample_digests(path, idx.offsets) if digests and not compressed else None
+    return encode(idx.offsets, sample_digests, idx.size, idx.xxh3_64), idx

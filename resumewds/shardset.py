@@ -34,9 +34,9 @@ from .fetch.lite import lite_enabled
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
-from .shardindex import Counted
 from .openshards import ShardReader as _ShardReader
 from .plan import Layout, Plan, check_partitions, worker_steps
+from .shardindex import Counted
 from .shardsplit import SplitSequence, empty_worker_error
 from .sources import Source, resolve_sources
 from .stages import (
