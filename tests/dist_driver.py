@@ -6,7 +6,10 @@ given data and, for every batch, appends one JSON line to
 ``OUT/<tag>.rank<r>.jsonl``::
 
     {"rank", "world", "workers", "node", "nodes", "partitions", "remainder", "step", "epoch",
-     "idx": [global positions], "keys": [...], "pads": [bools], "pads_stat"}
+     "idx": [global positions], "keys": [...], "pads": [bools], "pads_stat", "gen"}
+
+(``gen``: rank 0's start time, the same on every rank of one process group: under
+torchrun's elastic restarts it tells the generations of ranks apart.)
 
 then all-reduces the batch size (as DDP's gradient all-reduce would; it
 also keeps the ranks in lock step and fails fast if they disagree on the
@@ -51,7 +54,7 @@ def collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
             "pads": [bool(s.get("__pad__", False)) for s in samples]}
 
 
-def run(args: argparse.Namespace, remainder: str, journal: str | None) -> None:
+def run(args: argparse.Namespace, remainder: str, journal: str | None, gen: float) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     ds = rw.WebDataset(args.data, seed=args.seed, shuffle=args.shuffle,
                        shuffle_window=args.window, partitions=args.partitions)
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace, remainder: str, journal: str | None) -> None:
                         "partitions": loader.dataset.plan.partitions,
                         "remainder": remainder, "step": step, "epoch": epochs.pop(),
                         "idx": batch["idx"], "keys": batch["keys"], "pads": batch["pads"],
-                        "pads_stat": loader.stats().get("pads")}
+                        "pads_stat": loader.stats().get("pads"), "gen": gen}
                 out.write(json.dumps(line) + "\n")
                 out.flush()
                 n = torch.tensor([len(batch["keys"])], dtype=torch.int64)
@@ -134,10 +137,12 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"pid.rank{rank}"), "w") as f:
         f.write(str(os.getpid()))
+    gen = torch.tensor([time.time()], dtype=torch.float64)
+    dist.broadcast(gen, 0)
     try:
         for rem in args.remainders.split(","):
             journal = args.journal.replace("{remainder}", rem) if args.journal else None
-            run(args, rem, journal)
+            run(args, rem, journal, float(gen))
             dist.barrier()
     finally:
         dist.destroy_process_group()
