@@ -5,7 +5,7 @@ What ``resumewds index`` runs (:func:`run_index`):
 1. Each shard that is not indexed yet is fetched (remote ones through the
    verified cache, :class:`resumewds.cache.ShardStore`, whose downloads go
    through the one fetch core), scanned and hashed in a worker process
-   (``jobs`` of them), and its index file is written into ``<output>.index/``
+   (``jobs`` of them, each with :data:`THREADS` shards at once), and its index file is written into ``<output>.index/``
    (:mod:`resumewds.shardindex`; named by its own xxh3_64, so the same shard
    always gives the same file).  What a source declared of the shard (a wids
    index's counts and sizes, a manifest's checksum) is checked on the way.
@@ -40,8 +40,9 @@ import json
 import multiprocessing
 import os
 import shutil
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from .cache import ShardStore
@@ -59,7 +60,7 @@ from .shardindex import (
     write_index,
 )
 
-__all__ = ["JOURNAL_FORMAT", "default_jobs", "index_one", "journal_path", "run_index"]
+__all__ = ["JOURNAL_FORMAT", "THREADS", "default_jobs", "index_batch", "index_one", "journal_path", "run_index"]
 
 JOURNAL_FORMAT = "resumewds.indexing"
 #: seconds between two fsyncs of the journal (every line is flushed at once)
@@ -140,23 +141,49 @@ def _read_journal(path: str, shards: List[ShardInfo], index_dir: str, digests: b
     return done, str(head.get("created") or "")
 
 
+#: shards a worker process indexes at once, on threads of its own (hashing and reads overlap the
+#: Python framing of the others, as build_manifest's threads do)
+THREADS = 4
+
+
+def index_batch(tasks: List[Tuple[Any, ...]]) -> List[Record]:
+    """:func:`index_one` of each task, up to :data:`THREADS` at once (in a worker process)."""
+    if len(tasks) == 1:
+        return [index_one(tasks[0])]
+    with ThreadPoolExecutor(min(THREADS, len(tasks)), thread_name_prefix="resumewds-index") as pool:
+        return list(pool.map(index_one, tasks))
+
+
+def _batches(tasks: Iterator[Tuple[Any, ...]], size: int) -> Iterator[List[Tuple[Any, ...]]]:
+    batch: List[Tuple[Any, ...]] = []
+    for t in tasks:
+        batch.append(t)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def _results(tasks: Iterator[Tuple[Any, ...]], jobs: int) -> Iterator[Record]:
-    """Each task's record, in the order they finish (``jobs`` processes; 1: here)."""
+    """Each task's record as its batch finishes (``jobs`` processes, or this one for 1)."""
     if jobs <= 1:
-        for t in tasks:
-            yield index_one(t)
+        for batch in _batches(tasks, THREADS):
+            yield from index_batch(batch)
         return
-    ctx = multiprocessing.get_context("spawn")  # the parent may hold threads (a fetch, a store): no fork
+    # fork (cheap: no new interpreter importing the package) only when this process runs no other
+    # thread, whose locks a forked child could inherit held; else spawn
+    ctx = multiprocessing.get_context("fork" if threading.active_count() == 1 else "spawn")
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         running: Set[Future] = set()
-        for t in tasks:
-            running.add(pool.submit(index_one, t))
-            if len(running) >= 4 * jobs:
+        for batch in _batches(tasks, THREADS):
+            running.add(pool.submit(index_batch, batch))
+            if len(running) >= 2 * jobs:
                 done, running = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    yield fut.result()
+                    yield from fut.result()
         for fut in as_completed(running):
-            yield fut.result()
+            yield from fut.result()
 
 
 def run_index(manifest: Manifest, output: str, *, jobs: int = 1, offsets: str = "auto", digests: bool = True,

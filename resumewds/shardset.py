@@ -445,12 +445,14 @@ class ShardDataset:
         :mod:`resumewds.beside`); the shards skipped under a ``handler``."""
         m = resolve_sources(self.urls, fetch_config=self.fetch,
                             allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
-        if not m.indexed:
-            fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
-                             cache_dir=self.cache_dir)
         # counts-only shards (a wids shard index, img2dataset stats) are recorded when
         # first opened (resumewds.shardindex.RecordBook): the plan needs their counts only
         todo = [s for s in m.shards if not s.indexed and not isinstance(s.index, Counted)]
+        if not todo:
+            return m, None
+        fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
+                         cache_dir=self.cache_dir)
+        todo = [s for s in todo if not s.indexed]
         if not todo:
             return m, None
         part = m if len(todo) == len(m.shards) else Manifest(todo)
