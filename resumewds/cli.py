@@ -600,6 +600,9 @@ def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseExceptio
     if shard.indexed and (idx.samples != shard.samples or list(idx.offsets) != [int(x) for x in shard.offsets]):
         return False, ShardFormatError(shard.url, 0, f"holds {idx.samples} samples at other offsets than the "
                                        f"manifest's {shard.samples} (manifest does not match the shard)")
+    if shard.samples is not None and idx.samples != shard.samples:  # a counts-only source (a wids index)
+        return False, ShardFormatError(shard.url, 0, f"holds {idx.samples} samples, its source says "
+                                       f"{shard.samples}")
     return True, None
 
 

@@ -181,3 +181,17 @@ def test_index_set_pickles_without_what_it_loaded(data):
     iset: IndexSet = m.shards[0].index.set
     assert iset.loaded() == 6
     assert pickle.loads(pickle.dumps(iset)).loaded() == 0
+
+
+def test_verify_checks_the_counts_a_wids_index_declares(data, tmp_path):
+    from click.testing import CliRunner
+
+    from resumewds.cli import cli
+
+    paths, _, _ = data
+    doc = wids_doc(paths)
+    doc["shardlist"][4]["nsamples"] = 24
+    src = str(tmp_path / "wids.json")
+    json.dump(dict(doc, base=os.path.dirname(paths[0])), open(src, "w"))
+    r = CliRunner().invoke(cli, ["verify", src, "--cache-dir", str(tmp_path / "c")])
+    assert r.exit_code == 1 and "shard-000004.tar" in r.output and "holds 23 samples, its source says 24" in r.output
