@@ -45,22 +45,11 @@ described in :mod:`resumewds.digests` (the code that reads and writes it:
 :mod:`resumewds.sampledigests`).  A manifest without sample digests is still
 written as version 1 or 2.
 
-Version 4 keeps each shard's offsets and sample digests out of the JSON, in an
-index file per shard (``resumewds index`` writes it for data sets of more than
-:data:`INLINE_SAMPLES` samples; :mod:`resumewds.shardindex` has the format)::
-
-    {"format": "resumewds.manifest", "version": 4,
-     "index_dir": "manifest.json.index",        # relative to the manifest
-     "index_digests": true,                     # the files hold sample digests
-     "shards": [{"url": ..., "size": ..., "xxh3_64": ..., "samples": 1000,
-                 "index_xxh3_64": "5be0c2d1a4f36e07"}, ...]}  # <index_dir>/<it>.idx
-
-A process loads (and checks) a shard's index when it first reads the shard, so
-a manifest's memory depends on its shards, not its samples.  A version-4 shard
-with ``samples`` and no index is *counts only* (also what a wids shard index or
-img2dataset's ``*_stats.json`` give: :mod:`resumewds.foreignindex`): its offsets,
-digests and checksum are recorded when it is first opened
-(:class:`resumewds.shardindex.RecordBook`).
+Version 4 keeps each shard's offsets and sample digests in an index file of
+its own (``index_dir``, and ``index_xxh3_64`` per shard), loaded and checked
+when a process first reads the shard; a shard with ``samples`` and no index
+is *counts only*, as are those of a wids shard index or img2dataset's stats
+(:mod:`resumewds.shardindex`, :mod:`resumewds.foreignindex`, docs/DIGESTS.md).
 
 Version history:
     1: first version (offsets inline).
@@ -87,16 +76,17 @@ import time
 import urllib.parse
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import xxhash
 
+from . import shardindex
 from .arrayfile import ArrayFile, view_item
 from .errors import SourceError
 from .foreignindex import is_stats, is_wids, stats_entry, wids_entries
 from .sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
 from .schemes import is_remote_object
-from .shardindex import COMPRESSED, Counted, index_from_json, index_set_from_json, write_indexes
+from .shardindex import COMPRESSED, Counted, Entry
 
 FORMAT = "resumewds.manifest"
 VERSION = 4
@@ -214,12 +204,8 @@ class ShardInfo:
         return None if self.compressed else self.size
 
     def sample_range(self, i: int) -> tuple[int, int]:
-        """Byte range ``(start, end)`` of sample ``i`` in this shard.
-
-        A counts-only shard (``index`` a :class:`~resumewds.shardindex.Counted`)
-        is recorded here, the first time: its open copy is scanned, or checked
-        against its record (:class:`~resumewds.shardindex.RecordBook`).
-        """
+        """Byte range ``(start, end)`` of sample ``i`` in this shard (a counts-only shard is
+        recorded here the first time: :class:`~resumewds.shardindex.RecordBook`)."""
         offsets = self.offsets
         if offsets is None:
             book = getattr(self.index, "book", None)
@@ -325,8 +311,7 @@ class Manifest:
         not inlined: each shard gets ``offsets_at`` into that file, which
         :meth:`save` writes.  Sample digests (``with_digests``) make it
         version 3: inline, or in ``<manifest>.digests`` with an offsets file.
-        With ``index`` (``(index_dir, digests, each shard's index xxh3_64)``,
-        what :meth:`save` wrote) it is version 4: no offsets in the JSON.
+        ``index`` (what :meth:`save` wrote: ``(index_dir, digests, names)``) makes it version 4.
         """
         out = []
         at = 0
@@ -381,11 +366,8 @@ class Manifest:
 
         Args:
             path: the manifest file.
-            offsets: ``"inline"`` (version 1, offsets in the JSON), ``"file"``
-                (version 2, offsets in ``<path>.offsets``), ``"index"``
-                (version 4: an index file per shard in ``<path>.index/``), or
-                ``"auto"``: inline up to :data:`INLINE_SAMPLES` samples, else
-                ``"index"``.
+            offsets: ``"inline"`` (version 1), ``"file"`` (version 2: ``<path>.offsets``), ``"index"``
+                (version 4: ``<path>.index/``) or ``"auto"`` (inline up to :data:`INLINE_SAMPLES` samples).
             digests: write the shards' sample digests, if they have any
                 (version 3; with ``"file"`` in ``<path>.digests``); False
                 writes version 1 or 2 for older readers.
@@ -402,7 +384,7 @@ class Manifest:
         side = None
         index = None
         if offsets == "index":
-            index = write_indexes(self.shards, path + ".index", digests)
+            index = shardindex.write_indexes(self.shards, path + ".index", digests)
         if offsets == "file":
             side = os.path.basename(path) + ".offsets"
             side_path = os.path.join(base, side)
@@ -476,15 +458,20 @@ class Manifest:
             side.size = _opt_int(data.get("offsets_size"), location, "'offsets_size'")
             side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
         dside = side_file_from_json(data, location, resolve_url) if version >= 3 else None
-        iset = index_set_from_json(data, location, resolve_url) if version >= 4 else None
+        iset = shardindex.index_set_from_json(data, location, resolve_url) if version >= 4 else None
         out: List[ShardInfo] = []
+        resolve = url_resolver(location)
         for i, d in enumerate(shards):
-            info = _shard_from_json(d, i, location, side, trusted)
-            if version >= 3 and isinstance(d, dict):
+            fast = shardindex.shard_from_entry(d, ShardInfo, resolve, trusted, iset) if type(d) is Entry else None
+            if fast is not None:
+                out.append(fast)
+                continue
+            info = _shard_from_json(d, i, location, side, trusted, resolve)
+            if version >= 3 and isinstance(d, (dict, Entry)):
                 info.sample_digests = entry_from_json(d, f"{location}: shard {d['url']}", info.samples,
                                                       version, dside)
             if version >= 4:
-                index_from_json(info, d, f"{location}: shard {d['url']}", location, iset)
+                shardindex.index_from_json(info, d, location, iset)
             out.append(info)
         return cls(out, source=location)
 
@@ -590,12 +577,13 @@ def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], 
     return array("q", offsets)
 
 
-def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile], trusted: bool) -> ShardInfo:
+def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile], trusted: bool,
+                     resolve: Callable[[str], str]) -> ShardInfo:
     """One validated ``shards[i]`` entry."""
-    if not isinstance(d, dict) or not isinstance(d.get("url"), str) or not d["url"]:
+    if not isinstance(d, (dict, Entry)) or not isinstance(d.get("url"), str) or not d["url"]:
         raise SourceError(f"{location}: shard #{i} has no url")
     where = f"{location}: shard {d['url']}"
-    url = resolve_url(d["url"], location)
+    url = resolve(d["url"])
     size = _opt_int(d.get("size"), where, "'size'")
     samples = _opt_int(d.get("samples"), where, "'samples'")
     xxh = _opt_hex(d.get("xxh3_64"), where, "'xxh3_64'")
@@ -646,6 +634,31 @@ def resolve_url(url: str, location: str) -> str:
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(loc)), url))
 
 
+def url_resolver(location: str) -> Callable[[str], str]:
+    """:func:`resolve_url` for the many urls of one manifest (the location's part once;
+    a plain relative name, no ``.`` or empty segment, joined without parsing it).
+
+    Example:
+        >>> r = url_resolver("http://h/d/manifest.json?sig=1")
+        >>> r("a b.tar"), r("../x.tar"), r("/abs.tar")
+        ('http://h/d/a%20b.tar', 'http://h/x.tar', '/abs.tar')
+    """
+    head = location.split("#", 1)[0].split("?", 1)[0]
+    if location.startswith("s3://") or is_remote_object(location):
+        base, quote = head[:head.rindex("/") + 1], not location.startswith("s3://")
+    else:
+        loc = location[7:] if location.startswith("file://") else location
+        base, quote = os.path.join(os.path.dirname(os.path.abspath(loc)), ""), False
+
+    def resolve(url: str) -> str:
+        if (url[:1] in ("", ".", "/") or "//" in url or "/." in url or url.endswith("/") or ":" in url
+                or (quote and ("?" in url or "#" in url or "%" in url))):
+            return resolve_url(url, location)
+        return base + (urllib.parse.quote(url, safe="/") if quote else url)
+
+    return resolve
+
+
 def _relative_url(url: str, base: str) -> str:
     if url.startswith("pipe:") or "://" in url:
         return url
@@ -659,7 +672,7 @@ def _relative_url(url: str, base: str) -> str:
 def parse_manifest_bytes(raw: bytes, location: str, trusted: bool = True) -> Manifest:
     """Parse manifest JSON bytes, with a clear error for bad JSON."""
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_hook=shardindex.compact)  # shard entries compact as they are parsed
     except ValueError as exc:
         raise SourceError(f"{location}: manifest is not valid JSON: {exc}") from exc
     except RecursionError:  # "[[[[..." nested past the interpreter's limit

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 import sys
 import threading
@@ -55,9 +56,9 @@ from .redact import cache_key_url
 from .sampledigests import file_sample_digests
 from .tarscan import scan_file
 
-__all__ = ["COMPRESSED", "Counted", "IndexDigests", "IndexOffsets", "IndexRef", "IndexSet", "MAGIC", "RecordBook",
-           "decode", "encode", "index_bytes", "index_from_json", "index_name", "index_set_from_json",
-           "scan_to_index", "write_index", "write_indexes"]
+__all__ = ["COMPRESSED", "Counted", "Entry", "IndexDigests", "IndexOffsets", "IndexRef", "IndexSet", "MAGIC",
+           "RecordBook", "compact", "decode", "encode", "index_bytes", "index_from_json", "index_name",
+           "index_set_from_json", "scan_to_index", "shard_from_entry", "write_index", "write_indexes"]
 
 MAGIC = b"RWDSIDX1"
 _HEAD = struct.Struct("<8sQQQQ")
@@ -361,8 +362,12 @@ class IndexDigests(IndexOffsets):
 
 # ---- the manifest format (hooks called from resumewds.manifest) -----------------------
 
+_HEX16 = re.compile("[0-9a-f]{16}").fullmatch
+_HEX32 = re.compile("[0-9a-f]{32}").fullmatch
+
+
 def _hex16(v: Any) -> bool:
-    return isinstance(v, str) and len(v) == 16 and not v.strip("0123456789abcdef")
+    return isinstance(v, str) and _HEX16(v) is not None
 
 
 def index_set_from_json(data: Dict[str, Any], location: str, resolve: Any) -> Optional[IndexSet]:
@@ -379,11 +384,12 @@ def index_set_from_json(data: Dict[str, Any], location: str, resolve: Any) -> Op
     return IndexSet(resolve(name, location), digests=digests)
 
 
-def index_from_json(info: Any, d: Dict[str, Any], where: str, location: str, iset: Optional[IndexSet]) -> None:
+def index_from_json(info: Any, d: Any, location: str, iset: Optional[IndexSet]) -> None:
     """A version-4 entry's index file (lazy views of the shard's offsets and
     digests), or, for an entry with ``samples`` and no offsets, its counts-only
     record (:class:`Counted`)."""
     hx = d.get("index_xxh3_64")
+    where = f"{location}: shard {d.get('url')}"
     if hx is None:
         if info.samples is not None and info.offsets is None:
             md5 = d.get("md5")
@@ -402,6 +408,56 @@ def index_from_json(info: Any, d: Dict[str, Any], where: str, location: str, ise
     info.index, info.offsets = ref, IndexOffsets(ref)
     if iset.digests and not info.compressed:
         info.sample_digests = IndexDigests(ref)
+
+
+class Entry:
+    """A version-4 shard entry as the JSON parser met it (:func:`compact`): five
+    slots instead of a dict, so that a manifest of 100,000 shards is parsed
+    without 100,000 dicts alive at once.  Read like the dict (``get``, ``[]``)."""
+
+    __slots__ = KEYS = ("url", "size", "xxh3_64", "samples", "index_xxh3_64")
+
+    def __init__(self, d: Dict[str, Any]):
+        for k in self.KEYS:
+            setattr(self, k, d.get(k))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = getattr(self, key, None)
+        return default if v is None else v
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+def compact(d: Dict[str, Any]) -> Any:
+    """``json.loads``'s ``object_hook``: a plain version-4 shard entry (only
+    :attr:`Entry.KEYS`, an index file) becomes an :class:`Entry`; anything else
+    stays as it is."""
+    if "index_xxh3_64" in d and d.keys() <= _ENTRY_KEYS:
+        return Entry(d)
+    return d
+
+
+_ENTRY_KEYS = frozenset(Entry.KEYS)
+
+
+def shard_from_entry(e: Entry, make: Any, resolve: Any, trusted: bool, iset: Optional[IndexSet]) -> Any:
+    """The shard of a well-formed version-4 :class:`Entry` (``make``: the
+    :class:`~resumewds.manifest.ShardInfo` class; ``resolve``: the manifest's url
+    resolver), built without the general path's checks one by one: None when
+    anything is unusual, for the general path to take it (and name what is wrong)."""
+    url, size, xxh, samples, hx = e.url, e.size, e.xxh3_64, e.samples, e.index_xxh3_64
+    if (iset is None or type(url) is not str or not url or type(size) is not int or type(samples) is not int
+            or not 0 <= size < 1 << 63 or not 0 <= samples < 1 << 63 or type(xxh) is not str
+            or type(hx) is not str or _HEX32(xxh + hx) is None):
+        return None
+    url = resolve(url)
+    info = make(url=url, size=size, xxh3_64=xxh, samples=samples, trusted=trusted or not url.startswith("pipe:"))
+    ref = IndexRef(iset, hx, info)
+    info.index, info.offsets = ref, IndexOffsets(ref)
+    if iset.digests and (url.endswith(".tar") or not info.compressed):
+        info.sample_digests = IndexDigests(ref)
+    return info
 
 
 def write_indexes(shards: Sequence[Any], directory: str, digests: bool = True) -> Tuple[str, bool, list]:

@@ -195,3 +195,14 @@ def test_verify_checks_the_counts_a_wids_index_declares(data, tmp_path):
     json.dump(dict(doc, base=os.path.dirname(paths[0])), open(src, "w"))
     r = CliRunner().invoke(cli, ["verify", src, "--cache-dir", str(tmp_path / "c")])
     assert r.exit_code == 1 and "shard-000004.tar" in r.output and "holds 23 samples, its source says 24" in r.output
+
+
+@pytest.mark.parametrize("location", ["/d/sub/manifest.json", "file:///d/m.json", "rel/m.json",
+                                      "http://h/d/m.json?sig=1&x=2", "https://h/m.json#f", "s3://bucket/d/m.json"])
+@pytest.mark.parametrize("url", ["a.tar", "sub/a b.tar", "../up.tar", "./here.tar", "/abs.tar", "a%20b.tar",
+                                 "q?x=1.tar", "http://o/x.tar", "pipe:cat a.tar", "s3://b/k.tar", "a//b.tar",
+                                 "dir/", "shard #1.tar", "ü.tar"])
+def test_url_resolver_is_resolve_url(location, url):
+    from resumewds.manifest import resolve_url, url_resolver
+
+    assert url_resolver(location)(url) == resolve_url(url, location)
