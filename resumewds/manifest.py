@@ -86,7 +86,7 @@ from .errors import SourceError
 from .foreignindex import is_stats, is_wids, stats_entry, wids_entries
 from .sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
 from .schemes import is_remote_object
-from .shardindex import COMPRESSED, Counted, Entry
+from .shardindex import COMPRESSED, Counted
 
 FORMAT = "resumewds.manifest"
 VERSION = 4
@@ -164,10 +164,8 @@ class ShardInfo:
         trusted: False for a ``pipe:`` URL that came from a remote manifest.
         sample_digests: ``samples`` xxh3_64 ints, one per sample's byte
             range (manifest version 3), or None.
-        index: where the offsets and digests come from, when not from the
-            JSON: the shard's index file (a :class:`resumewds.shardindex.IndexRef`,
-            version 4), or what a counts-only source declared
-            (:class:`resumewds.shardindex.Counted`; recorded at the first open).
+        index: the shard's index file (version 4: :class:`resumewds.shardindex.IndexRef`), or what a
+            counts-only source declared (:class:`~resumewds.shardindex.Counted`), or None.
     """
 
     url: str
@@ -188,10 +186,7 @@ class ShardInfo:
     def indexed(self) -> bool:
         return self.samples is not None and self.offsets is not None
 
-    @property
-    def num_samples(self) -> Optional[int]:
-        """The number of samples (``samples``)."""
-        return self.samples
+    num_samples = property(lambda self: self.samples, doc="The number of samples (``samples``).")
 
     @property
     def compressed(self) -> bool:
@@ -424,7 +419,7 @@ class Manifest:
         return offsets
 
     @classmethod
-    def from_json(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
+    def from_json(cls, data: Any, location: str, trusted: bool = True, built: Any = None) -> Manifest:
         """Parse a manifest dict; relative urls resolve against ``location``.
 
         Args:
@@ -432,6 +427,7 @@ class Manifest:
             location: URL or path of the manifest file itself.
             trusted: whether ``pipe:`` urls in it may run (False for a manifest
                 fetched over the network, unless the user allows it).
+            built: the parser's :class:`resumewds.shardindex.EntryBuilder`, if it built shards.
 
         Raises:
             SourceError: wrong format, newer version, or malformed entries.
@@ -459,15 +455,20 @@ class Manifest:
             side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
         dside = side_file_from_json(data, location, resolve_url) if version >= 3 else None
         iset = shardindex.index_set_from_json(data, location, resolve_url) if version >= 4 else None
+        ready = [d for d in shards if type(d) is ShardInfo] if built is not None else []
+        for d in ready if version < 4 else []:  # an index before version 4 means nothing: ignored
+            d.index = d.offsets = None
+        if ready and version >= 4:
+            built.finish(ready, iset, location)
+            iset = built.iset
         out: List[ShardInfo] = []
-        resolve = url_resolver(location)
+        resolve = built.resolve if built is not None else url_resolver(location)
         for i, d in enumerate(shards):
-            fast = shardindex.shard_from_entry(d, ShardInfo, resolve, trusted, iset) if type(d) is Entry else None
-            if fast is not None:
-                out.append(fast)
+            if type(d) is ShardInfo:  # built as it was parsed (shardindex.EntryBuilder)
+                out.append(d)
                 continue
             info = _shard_from_json(d, i, location, side, trusted, resolve)
-            if version >= 3 and isinstance(d, (dict, Entry)):
+            if version >= 3 and isinstance(d, dict):
                 info.sample_digests = entry_from_json(d, f"{location}: shard {d['url']}", info.samples,
                                                       version, dside)
             if version >= 4:
@@ -477,10 +478,8 @@ class Manifest:
 
     @classmethod
     def from_counts(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
-        """A wids shard index or an img2dataset ``*_stats.json`` as a counts-only
-        manifest (:mod:`resumewds.foreignindex`): each shard's url and sample
-        count, its declared size and md5; offsets and checksums are recorded at
-        its first open (:class:`resumewds.shardindex.RecordBook`)."""
+        """A wids shard index or an img2dataset ``*_stats.json`` (:mod:`resumewds.foreignindex`)
+        as a counts-only manifest (:class:`resumewds.shardindex.RecordBook`)."""
         entries = wids_entries(data, location, resolve_url) if is_wids(data) else [stats_entry(data, location)]
         what = "the wids shard index " + location if is_wids(data) else location
         return cls([ShardInfo(url=e.url, size=e.size, samples=e.samples,
@@ -490,7 +489,6 @@ class Manifest:
 
 #: the largest offset or size a manifest may hold (int64, as in the side file)
 MAX_OFFSET = (1 << 63) - 1
-
 
 #: names of compressed shards (resumewds.compressed): their ``size`` is the
 #: compressed file's, their offsets are positions in the decompressed tar
@@ -580,7 +578,7 @@ def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], 
 def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile], trusted: bool,
                      resolve: Callable[[str], str]) -> ShardInfo:
     """One validated ``shards[i]`` entry."""
-    if not isinstance(d, (dict, Entry)) or not isinstance(d.get("url"), str) or not d["url"]:
+    if not isinstance(d, dict) or not isinstance(d.get("url"), str) or not d["url"]:
         raise SourceError(f"{location}: shard #{i} has no url")
     where = f"{location}: shard {d['url']}"
     url = resolve(d["url"])
@@ -639,9 +637,8 @@ def url_resolver(location: str) -> Callable[[str], str]:
     a plain relative name, no ``.`` or empty segment, joined without parsing it).
 
     Example:
-        >>> r = url_resolver("http://h/d/manifest.json?sig=1")
-        >>> r("a b.tar"), r("../x.tar"), r("/abs.tar")
-        ('http://h/d/a%20b.tar', 'http://h/x.tar', '/abs.tar')
+        >>> [url_resolver("http://h/d/m.json?sig=1")(u) for u in ("a b.tar", "../x.tar")]
+        ['http://h/d/a%20b.tar', 'http://h/x.tar']
     """
     head = location.split("#", 1)[0].split("?", 1)[0]
     if location.startswith("s3://") or is_remote_object(location):
@@ -671,13 +668,14 @@ def _relative_url(url: str, base: str) -> str:
 
 def parse_manifest_bytes(raw: bytes, location: str, trusted: bool = True) -> Manifest:
     """Parse manifest JSON bytes, with a clear error for bad JSON."""
+    built = shardindex.EntryBuilder(ShardInfo, url_resolver(location), trusted)
     try:
-        data = json.loads(raw, object_hook=shardindex.compact)  # shard entries compact as they are parsed
+        data = json.loads(raw, object_hook=built)  # plain v4 entries become shards as they are parsed
     except ValueError as exc:
         raise SourceError(f"{location}: manifest is not valid JSON: {exc}") from exc
     except RecursionError:  # "[[[[..." nested past the interpreter's limit
         raise SourceError(f"{location}: manifest is not valid JSON: nested too deeply") from None
-    return Manifest.from_json(data, location, trusted=trusted)
+    return Manifest.from_json(data, location, trusted=trusted, built=built)
 
 
 def load_manifest(path: str) -> Manifest:

@@ -56,9 +56,9 @@ from .redact import cache_key_url
 from .sampledigests import file_sample_digests
 from .tarscan import scan_file
 
-__all__ = ["COMPRESSED", "Counted", "Entry", "IndexDigests", "IndexOffsets", "IndexRef", "IndexSet", "MAGIC",
-           "RecordBook", "compact", "decode", "encode", "index_bytes", "index_from_json", "index_name",
-           "index_set_from_json", "scan_to_index", "shard_from_entry", "write_index", "write_indexes"]
+__all__ = ["COMPRESSED", "Counted", "EntryBuilder", "IndexDigests", "IndexOffsets", "IndexRef", "IndexSet", "MAGIC",
+           "RecordBook", "decode", "encode", "index_bytes", "index_from_json", "index_name", "index_set_from_json",
+           "scan_to_index", "write_index", "write_indexes"]
 
 MAGIC = b"RWDSIDX1"
 _HEAD = struct.Struct("<8sQQQQ")
@@ -410,54 +410,59 @@ def index_from_json(info: Any, d: Any, location: str, iset: Optional[IndexSet]) 
         info.sample_digests = IndexDigests(ref)
 
 
-class Entry:
-    """A version-4 shard entry as the JSON parser met it (:func:`compact`): five
-    slots instead of a dict, so that a manifest of 100,000 shards is parsed
-    without 100,000 dicts alive at once.  Read like the dict (``get``, ``[]``)."""
+class EntryBuilder:
+    """``json.loads``'s ``object_hook`` for a manifest: each plain, well-formed
+    version-4 shard entry (only ``url``, ``size``, ``xxh3_64``, ``samples``,
+    ``index_xxh3_64``) becomes its shard the moment it is parsed, so that a manifest
+    of 100,000 shards is read without 100,000 dicts alive at once (and without
+    the holes they leave in the heap); anything else stays a dict, for the general
+    path (:meth:`resumewds.manifest.Manifest.from_json`) to check and name.
 
-    __slots__ = KEYS = ("url", "size", "xxh3_64", "samples", "index_xxh3_64")
+    The shards' :class:`IndexSet` (:attr:`iset`) gets its location and digests
+    from the manifest's fields once the whole document is parsed (:meth:`finish`).
 
-    def __init__(self, d: Dict[str, Any]):
-        for k in self.KEYS:
-            setattr(self, k, d.get(k))
+    Args:
+        make: the shard class (:class:`resumewds.manifest.ShardInfo`).
+        resolve: the manifest's url resolver (:func:`resumewds.manifest.url_resolver`).
+        trusted: whether ``pipe:`` urls may run.
+    """
 
-    def get(self, key: str, default: Any = None) -> Any:
-        v = getattr(self, key, None)
-        return default if v is None else v
+    KEYS = frozenset(("url", "size", "xxh3_64", "samples", "index_xxh3_64"))
 
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
+    def __init__(self, make: Any, resolve: Any, trusted: bool):
+        self.make, self.resolve, self.trusted = make, resolve, trusted
+        self.iset = IndexSet("")
 
+    def __call__(self, d: Dict[str, Any]) -> Any:
+        if "index_xxh3_64" not in d or not d.keys() <= self.KEYS:
+            return d
+        url, size, xxh, samples, hx = d.get("url"), d.get("size"), d.get("xxh3_64"), d.get("samples"), \
+            d.get("index_xxh3_64")
+        if (type(url) is not str or not url or type(size) is not int or type(samples) is not int
+                or not 0 <= size < 1 << 63 or not 0 <= samples < 1 << 63 or type(xxh) is not str
+                or type(hx) is not str or _HEX32(xxh + hx) is None):
+            return d
+        url = self.resolve(url)
+        info = self.make(url=url, size=size, xxh3_64=xxh, samples=samples,
+                         trusted=self.trusted or not url.startswith("pipe:"))
+        ref = IndexRef(self.iset, hx, info)
+        info.index, info.offsets = ref, IndexOffsets(ref)
+        return info
 
-def compact(d: Dict[str, Any]) -> Any:
-    """``json.loads``'s ``object_hook``: a plain version-4 shard entry (only
-    :attr:`Entry.KEYS`, an index file) becomes an :class:`Entry`; anything else
-    stays as it is."""
-    if "index_xxh3_64" in d and d.keys() <= _ENTRY_KEYS:
-        return Entry(d)
-    return d
+    def finish(self, shards: Sequence[Any], found: Optional[IndexSet], where: str) -> None:
+        """Give :attr:`iset` the manifest's index directory and digests (``found``),
+        and the built ``shards`` their digests' views.
 
-
-_ENTRY_KEYS = frozenset(Entry.KEYS)
-
-
-def shard_from_entry(e: Entry, make: Any, resolve: Any, trusted: bool, iset: Optional[IndexSet]) -> Any:
-    """The shard of a well-formed version-4 :class:`Entry` (``make``: the
-    :class:`~resumewds.manifest.ShardInfo` class; ``resolve``: the manifest's url
-    resolver), built without the general path's checks one by one: None when
-    anything is unusual, for the general path to take it (and name what is wrong)."""
-    url, size, xxh, samples, hx = e.url, e.size, e.xxh3_64, e.samples, e.index_xxh3_64
-    if (iset is None or type(url) is not str or not url or type(size) is not int or type(samples) is not int
-            or not 0 <= size < 1 << 63 or not 0 <= samples < 1 << 63 or type(xxh) is not str
-            or type(hx) is not str or _HEX32(xxh + hx) is None):
-        return None
-    url = resolve(url)
-    info = make(url=url, size=size, xxh3_64=xxh, samples=samples, trusted=trusted or not url.startswith("pipe:"))
-    ref = IndexRef(iset, hx, info)
-    info.index, info.offsets = ref, IndexOffsets(ref)
-    if iset.digests and (url.endswith(".tar") or not info.compressed):
-        info.sample_digests = IndexDigests(ref)
-    return info
+        Raises:
+            SourceError: shards with an index file but no ``index_dir``.
+        """
+        if found is None:
+            raise SourceError(f"{where}: 'index_xxh3_64' needs 'index_dir' and 'samples'")
+        self.iset.location, self.iset.digests = found.location, found.digests
+        if found.digests:
+            for info in shards:
+                if info.index is not None and info.index.set is self.iset and not info.compressed:
+                    info.sample_digests = IndexDigests(info.index)
 
 
 def write_indexes(shards: Sequence[Any], directory: str, digests: bool = True) -> Tuple[str, bool, list]:
