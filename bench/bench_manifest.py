@@ -121,7 +121,7 @@ def main() -> int:
                    "first_s_min": min(r["first_s"] for r in runs),
                    "first_s_median": statistics.median(r["first_s"] for r in runs),
                    "data_bytes": data_bytes,
-                   "index_s": {j: t for j, t in idx_times.items()},
+                   "index_s": dict(idx_times),
                    "index_samples_per_s": {j: total / t for j, t in idx_times.items()}}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
