@@ -45,6 +45,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
+import xxhash
+
 from .cache import ShardStore
 from .errors import ResumeWDSError, SourceError
 from .manifest import Manifest, ShardInfo
@@ -127,13 +129,17 @@ def _read_journal(path: str, shards: List[ShardInfo], index_dir: str, digests: b
         try:
             rec = json.loads(raw)
             i = rec["i"]
-            s = shards[i]
+            s = shards[i] if isinstance(i, int) and i >= 0 else None
+            if s is None:
+                continue
             size, xxh, samples = _declared(s)[:3]
             ok = (rec["url"] == s.url and rec["digests"] == digests and size in (None, rec["size"])
                   and xxh in (None, rec["xxh3_64"]) and samples in (None, rec["samples"]))
-            compressed = s.compressed
-            ok = ok and os.path.getsize(os.path.join(index_dir, rec["index_xxh3_64"] + ".idx")) == \
-                index_bytes(int(rec["samples"]), digests and not compressed)
+            if ok:  # the index file is whole (written before its line, but maybe not yet on disk)
+                with open(os.path.join(index_dir, rec["index_xxh3_64"] + ".idx"), "rb") as f:
+                    buf = f.read()
+                ok = len(buf) == index_bytes(int(rec["samples"]), digests and not s.compressed) and \
+                    xxhash.xxh3_64_hexdigest(buf) == rec["index_xxh3_64"]
         except (ValueError, KeyError, IndexError, TypeError, OSError):
             continue  # the line a kill cut short, or an index file since removed
         if ok:

@@ -213,13 +213,14 @@ class IndexSet:
         self._store: Any = None
 
     def _init_runtime(self) -> None:
+        self._pid = os.getpid()  # a forked child starts its own bookkeeping (its lock may be held)
         self._lock = threading.Lock()
         self._loaded: OrderedDict[int, IndexRef] = OrderedDict()
         self._bytes = 0
         self._store = None
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_loaded", "_bytes", "_store")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_pid", "_lock", "_loaded", "_bytes", "_store")}
 
     def __setstate__(self, st: Dict[str, Any]) -> None:
         self.__dict__.update(st)
@@ -277,6 +278,8 @@ class IndexSet:
         return arrays
 
     def _keep(self, ref: IndexRef, arrays: Arrays, nbytes: int) -> None:
+        if self._pid != os.getpid():
+            self._init_runtime()
         with self._lock:
             ref.arrays = arrays
             if self._loaded.pop(id(ref), None) is None:
@@ -539,6 +542,7 @@ class RecordBook:
         self._init_runtime()
 
     def _init_runtime(self) -> None:
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._store: Any = None
         self._set: Optional[IndexSet] = None
@@ -567,6 +571,8 @@ class RecordBook:
                 the shard recorded at its first download.
             FetchError: it could not be fetched.
         """
+        if self._pid != os.getpid():  # a forked child: its own lock and store
+            self._init_runtime()
         with self._lock:
             if shard.offsets is not None:
                 return
