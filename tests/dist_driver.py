@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -111,6 +112,25 @@ def run(args: argparse.Namespace, remainder: str, journal: str | None, gen: floa
                    "samples": stats.get("samples")}, f)
 
 
+def elastic_group() -> None:
+    """The process group of a restarted generation of ranks.
+
+    torchrun (2.13) keeps one store in its agent for every round of an elastic
+    job and the workers' process group writes its keys there without a prefix
+    per attempt: a restarted rank can then read the address a rank of the dead
+    generation published, and gloo's connect is refused (or waits forever).
+    Here the keys get a prefix per restart count and world size; a set-up that
+    still fails times out after 45 s, and torchrun restarts the group again.
+    """
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    timeout = datetime.timedelta(seconds=45)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    prefix = f"resumewds-tests/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{world}"
+    dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
+                            timeout=timeout)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="manifest.json (local path or http url)")
@@ -131,8 +151,14 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--partitions", type=int, default=None,
                    help="WebDataset(partitions=); default: the number of nodes (or the run's)")
+    p.add_argument("--elastic", action="store_true",
+                   help="under torchrun's elastic restarts: the process group's keys in the agent's store "
+                        "get a prefix of their own per restart and world size (see elastic_group)")
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    if args.elastic:
+        elastic_group()
+    else:
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"pid.rank{rank}"), "w") as f:
