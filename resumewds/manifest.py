@@ -164,6 +164,8 @@ class ShardInfo:
         trusted: False for a ``pipe:`` URL that came from a remote manifest.
         sample_digests: ``samples`` xxh3_64 ints, one per sample's byte
             range (manifest version 3), or None.
+        index_source: the manifest its size, checksum and index came from (named
+            in the errors they cause), or None.
         index: the shard's index file (version 4: :class:`resumewds.shardindex.IndexRef`), or what a
             counts-only source declared (:class:`~resumewds.shardindex.Counted`), or None.
     """
@@ -175,6 +177,7 @@ class ShardInfo:
     offsets: Optional[Sequence[int]] = None
     trusted: bool = True
     sample_digests: Optional[Sequence[int]] = None
+    index_source: Optional[str] = None
     index: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -188,28 +191,19 @@ class ShardInfo:
 
     num_samples = property(lambda self: self.samples, doc="The number of samples (``samples``).")
 
-    @property
-    def compressed(self) -> bool:
-        """A ``.tar.gz`` / ``.tar.zst`` shard (its offsets are positions in the decompressed tar)."""
-        return self.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES)
-
-    @property
-    def offset_bound(self) -> Optional[int]:
-        """The bound of the offsets: the size, or None for a compressed shard."""
-        return None if self.compressed else self.size
+    compressed = property(lambda self: self.url.lower().split("?", 1)[0].endswith(COMPRESSED),
+                          doc="A ``.tar.gz`` / ``.tar.zst`` shard (offsets in the decompressed tar).")
+    offset_bound = property(lambda self: None if self.compressed else self.size,
+                            doc="The bound of the offsets: the size, or None for a compressed shard.")
 
     def sample_range(self, i: int) -> tuple[int, int]:
         """Byte range ``(start, end)`` of sample ``i`` in this shard (a counts-only shard is
         recorded here the first time: :class:`~resumewds.shardindex.RecordBook`)."""
-        offsets = self.offsets
-        if offsets is None:
-            book = getattr(self.index, "book", None)
-            if book is not None:
-                book.record(self)
-            offsets = self.offsets
-            if offsets is None:
-                raise SourceError(f"{self.url}: shard is not indexed")
-        return int(offsets[i]), int(offsets[i + 1])
+        if self.offsets is None and getattr(self.index, "book", None) is not None:
+            self.index.book.record(self)
+        if self.offsets is None:
+            raise SourceError(f"{self.url}: shard is not indexed")
+        return int(self.offsets[i]), int(self.offsets[i + 1])
 
 
 def shard_basename(url: str) -> str:
@@ -248,6 +242,10 @@ class Manifest:
         self.shards = shards
         self.source = source
         self._starts: Optional[array] = None
+        if source is not None:
+            for s in shards:
+                if s.index_source is None and s.indexed:
+                    s.index_source = source
 
     # ---- arithmetic -----------------------------------------------------
     @property

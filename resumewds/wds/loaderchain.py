@@ -63,6 +63,7 @@ from ..rotation import RotatingLoader
 from ..runners import BatchRunner, UnbatchRunner
 from ..shardloader import STATE_FORMAT, ShardLoader
 from ..stages import Handled, Stage, default_collation_fn
+from ..statecheck import seal
 from ..steps import apply_stages
 from ..world import detect_world
 from .fluent import FluidInterface
@@ -288,7 +289,7 @@ class LoaderPipeline(FluidInterface):
         sd = self.loader.state_dict()
         sd["chain_served"] = self._served
         self._pinned = True
-        return sd
+        return seal(sd)  # the checksum covers chain_served too (resumewds.statecheck)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue exactly after ``state`` (see :meth:`WebLoader.load_state_dict`)."""
