@@ -195,15 +195,17 @@ class IndexSet:
         location: the directory (path or URL) holding the ``<xxh3_64>.idx`` files.
         digests: whether the files hold sample digests.
         budget: bytes of loaded indexes kept per process.
+        keep: how many of the most recently loaded are kept whatever their size.
 
     A remote set reads its files through a store (:meth:`bind`: the verified
     cache, :class:`resumewds.cache.ShardStore`, built in each process).
     """
 
-    def __init__(self, location: str, digests: bool = True, budget: int = BUDGET):
+    def __init__(self, location: str, digests: bool = True, budget: int = BUDGET, keep: int = KEEP):
         self.location = location
         self.digests = digests
         self.budget = budget
+        self.keep = keep
         self.store_args: Optional[Tuple[Any, Dict[str, Any]]] = None
         self._init_runtime()
 
@@ -285,7 +287,7 @@ class IndexSet:
             if self._loaded.pop(id(ref), None) is None:
                 self._bytes += nbytes
             self._loaded[id(ref)] = ref
-            while self._bytes > self.budget and len(self._loaded) > KEEP:
+            while self._bytes > self.budget and len(self._loaded) > self.keep:
                 _, old = self._loaded.popitem(last=False)
                 if old.arrays is not None:
                     self._bytes -= _nbytes(old.arrays)
