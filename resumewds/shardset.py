@@ -37,6 +37,7 @@ from .manifest import Manifest, ShardInfo
 from .openshards import RUN_BYTES
 from .openshards import ShardReader as _ShardReader
 from .plan import Layout, Plan, check_partitions, worker_steps
+from .shardindex import Counted
 from .shardsplit import SplitSequence, empty_worker_error
 from .sources import Source, resolve_sources
 from .stages import (
@@ -436,15 +437,24 @@ class ShardDataset:
         :mod:`resumewds.beside`); the shards skipped under a ``handler``."""
         m = resolve_sources(self.urls, fetch_config=self.fetch,
                             allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
-        if not m.indexed:
-            fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
-                             cache_dir=self.cache_dir)
-        if m.indexed:
+        # counts-only shards (a wids shard index, img2dataset stats) are recorded when
+        # first opened (resumewds.shardindex.RecordBook): the plan needs their counts only
+        todo = [s for s in m.shards if not s.indexed and not isinstance(s.index, Counted)]
+        if not todo:
             return m, None
+        fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
+                         cache_dir=self.cache_dir)
+        todo = [s for s in todo if not s.indexed]
+        if not todo:
+            return m, None
+        part = m if len(todo) == len(m.shards) else Manifest(todo)
         if self.handler is None:
-            index_manifest(m, self.store, on_event=self._on_event)
+            index_manifest(part, self.store, on_event=self._on_event)
+            m._starts = None
             return m, None
-        return m, index_skipping(m, self.store, self.handler, self._on_event)
+        skipped = index_skipping(part, self.store, self.handler, self._on_event)
+        m._starts = None
+        return m, skipped
 
     @property
     def plan(self) -> Plan:
