@@ -76,7 +76,7 @@ class ShardReader:
     (:class:`resumewds.reading.RangedReads`); :meth:`read` and :meth:`read_run`
     read samples through all of them.
 
-    The data set keeps one (created on first use: :func:`shard_reader`) and asks it;
+    The data set keeps one (created on first use: :attr:`resumewds.shardset.ShardDataset.reader`) and asks it;
     pickling a data set for DataLoader workers drops it, so each process has its own.
 
     Args:
