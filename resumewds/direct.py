@@ -256,7 +256,7 @@ class DirectDataset(ShardDataset):
         restored is refused here with a :class:`resumewds.StateError` (torchdata
         would fail next with a bare ``AssertionError``).
         """
-        note_framework(self)
+        note_framework(self, "set_epoch")
         check_restored_state(self)
         super().set_epoch(epoch)
 

@@ -6,14 +6,14 @@ A resumewds data set iterated directly by a loader a training framework drives
 ``transformers.Trainer(train_dataset=...)``) loses or repeats data at a resume
 unless the framework's integration takes over.  Nothing here runs on the data
 path (no ``iter()``, no step).  Each framework asks the data set something
-before it iterates it: Lightning and the Trainer its length (through their
-loader's ``len()``), Accelerate's prepared loader sets its epoch.  The data
+just before it iterates it: Lightning its length (its loader's ``len()``),
+Accelerate's prepared loader (the Trainer's too) sets its epoch.  The data
 set's ``len()`` and ``set_epoch()`` call :func:`note_framework`, which looks
 once per data set at the module names of a few frames above
 (:func:`framework_caller`, never a frame's variables) and warns, once per
-process, when a framework drives the data set and its integration does not
-handle it (:func:`warn_foreign_loader`).  An integration says what it handles
-by marking the object (:func:`mark_checkpointed`).
+process, when a framework is about to iterate the data set and its
+integration does not handle it (:func:`warn_foreign_loader`).  An integration
+says what it handles by marking the object (:func:`mark_checkpointed`).
 
 :func:`check_restored_state` refuses, with a clear error, a torchdata
 ``StatefulDataLoader`` state of another ``num_workers`` that Accelerate
@@ -47,8 +47,12 @@ _PREFIXES = (("transformers.trainer", "transformers"), ("lightning.pytorch.", "l
              ("pytorch_lightning.", "lightning"), ("accelerate.", "accelerate"))
 
 #: frames :func:`note_framework` looks at above the data set's ``len()`` / ``set_epoch()`` (the deepest
-#: measured: the Trainer's ``len(loader)`` through Accelerate's shard of a data set, 6 frames)
-LOOK_DEPTH = 8
+#: measured is 3: Lightning's ``len()`` of a torch ``DataLoader``, through ``sized_len`` and ``has_len_all_ranks``)
+LOOK_DEPTH = 6
+
+#: what each framework asks a data set just before it iterates it through its own loader: Lightning the
+#: length (its loader's ``len()``), Accelerate's prepared loader (the Trainer's too) sets the epoch
+_ASKS_BEFORE_ITER = {"lightning": "len", "accelerate": "set_epoch", "transformers": "set_epoch"}
 
 #: what a framework's own loader does to a resumewds data set at a resume, and the fix
 FOREIGN_LOADER = {
@@ -97,8 +101,8 @@ UNSAVED_LOADER = {
 }
 
 _WARNED: Set[str] = set()
-#: the data sets :func:`note_framework` has looked for (each is looked for once)
-_LOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
+#: the framework each data set was found driven by (:func:`note_framework` looks once per data set)
+_FOUND: weakref.WeakKeyDictionary[Any, Optional[str]] = weakref.WeakKeyDictionary()
 
 
 def framework_caller(depth: int = LOOK_DEPTH, above: int = 0) -> Optional[str]:
@@ -145,22 +149,28 @@ def checkpointed_by(obj: Any) -> Optional[str]:
     return getattr(obj, "_checkpointed_by", None)
 
 
-def note_framework(dataset: Any) -> Optional[str]:
-    """Called by a data set's ``len()`` and ``set_epoch()``, which a framework calls before it
-    iterates the data set: the first call looks (:func:`framework_caller`, :data:`LOOK_DEPTH`
-    frames above the data set's method) and warns through :func:`warn_foreign_loader`; later calls
-    do nothing.
+def note_framework(dataset: Any, asked: str) -> Optional[str]:
+    """Called by a data set's ``len()`` (``asked="len"``) and ``set_epoch()`` (``"set_epoch"``).
+
+    The first call for a data set looks for the framework that drives it (:func:`framework_caller`,
+    :data:`LOOK_DEPTH` frames above the data set's method); every call where that framework asks
+    what it asks just before it iterates the data set through its own loader (Lightning the length,
+    Accelerate and the Trainer set the epoch) goes to :func:`warn_foreign_loader`.  A Trainer that
+    asked for the length of its ``train_dataset`` but trains on a loader given to ``attach`` never
+    sets that data set's epoch: nothing is said.
 
     Returns:
         The warning's text, or None.
     """
     try:
-        if dataset in _LOOKED:
-            return None
-        _LOOKED.add(dataset)
+        if dataset not in _FOUND:
+            _FOUND[dataset] = framework_caller(LOOK_DEPTH, above=2)
+        framework = _FOUND[dataset]
     except TypeError:  # neither hashable nor weakly referable: not looked for
         return None
-    return warn_foreign_loader(checkpointed_by(dataset), framework_caller(LOOK_DEPTH, above=2))
+    if framework is None or _ASKS_BEFORE_ITER.get(framework) != asked:
+        return None
+    return warn_foreign_loader(checkpointed_by(dataset), framework)
 
 
 def warn_foreign_loader(guarded: Optional[str] = None, framework: Optional[str] = None) -> Optional[str]:

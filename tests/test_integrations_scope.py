@@ -11,6 +11,7 @@ given there too (the workers' own copies of the data set say nothing)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import types
@@ -58,20 +59,17 @@ def _frameworks() -> Dict[Tuple[str, ...], Any]:
 
 
 def test_using_every_integration_changes_no_framework_module_or_class(shards, tmp_path):
-    import accelerate.accelerator  # noqa: F401  (every module an integration serves, loaded before)
-    import accelerate.data_loader  # noqa: F401
-    import lightning.pytorch.loops.fit_loop  # noqa: F401
-    import transformers.trainer  # noqa: F401
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     import resumewds as rw
-    import resumewds.integrations.accelerate  # noqa: F401
-    import resumewds.integrations.lightning  # noqa: F401
-    import resumewds.integrations.transformers  # noqa: F401
+    from resumewds.integrations.accelerate import prepare_loader
     from resumewds.integrations.stateful import load_state_dict
 
+    for name in ("accelerate.accelerator", "accelerate.data_loader", "lightning.pytorch.loops.fit_loop",
+                 "transformers.trainer", "resumewds.integrations.lightning", "resumewds.integrations.transformers"):
+        importlib.import_module(name)  # every module an integration serves, loaded before the snapshot
     before = _frameworks()
     data = ("--data", shards, "--epochs", "1")
     # Lightning: a StatefulDataLoader through ResumeWDSCallback (its fit loop serves both of Lightning's functions)
@@ -91,7 +89,7 @@ def test_using_every_integration_changes_no_framework_module_or_class(shards, tm
     load_state_dict(StatefulDataLoader(ds, batch_size=8), loader.state_dict())
     # an accelerator given to prepare_loader still skips other loaders as Accelerate does
     acc = Accelerator(cpu=True)
-    resumewds.integrations.accelerate.prepare_loader(acc, rw.WebLoader(ds, batch_size=8))
+    prepare_loader(acc, rw.WebLoader(ds, batch_size=8))
     assert [int(b) for b in acc.skip_first_batches(DataLoader(list(range(5)), batch_size=1), 3)] == [3, 4]
 
     after = _frameworks()
@@ -119,3 +117,39 @@ def test_the_data_set_warns_in_the_training_process_with_workers(shards, tmp_pat
     msgs = [str(w.message) for w in bare if "Lightning Trainer does not resume exactly" in str(w.message)]
     assert len(msgs) == 1 and "ResumeWDSCallback()" in msgs[0] and "resumewds.WebLoader" in msgs[0]
     assert not [w for w in served if "does not resume exactly" in str(w.message)]
+
+
+def test_a_trainer_given_a_train_dataset_and_an_attached_loader_says_nothing(shards, tmp_path):
+    """``Trainer(train_dataset=rw.WebDataset(...))`` asks the data set's length when it is built; trained on
+    the loader given to ``attach``, it never iterates that data set: no warning (without ``attach``, the
+    data set warns: tests/test_integrations_transformers.py)."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    import resumewds as rw
+    from resumewds.integrations.transformers import attach
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def forward(self, x: Any, keys: Any = None) -> Any:
+            return {"loss": self.lin(x).pow(2).mean()}
+
+    def tensors(samples: Any) -> Any:
+        return {"x": torch.ones(len(samples), 1)}
+
+    ds = rw.WebDataset(sorted(os.path.join(shards, f) for f in os.listdir(shards)), seed=1).to_tuple("__key__", "cls")
+    targs = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=3, save_strategy="no", logging_strategy="no",
+                              report_to="none", use_cpu=True, disable_tqdm=True, remove_unused_columns=False)
+    framecheck._WARNED.clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = Trainer(model=Tiny(), args=targs, train_dataset=ds, data_collator=tensors)
+            attach(trainer, rw.WebLoader(ds, batch_size=4, collate_fn=tensors))
+            trainer.train()
+    finally:
+        framecheck._WARNED.clear()
+    assert not [w for w in caught if str(w.message).startswith("resumewds:")]

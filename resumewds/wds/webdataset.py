@@ -162,7 +162,7 @@ class WebDatasetAPI(_Base):
         return self
 
     def __len__(self) -> int:
-        note_framework(self)  # a framework's loader asks before it iterates: is it one that loses data?
+        note_framework(self, "len")  # Lightning asks its loader's len() before it iterates: say what it loses
         if self._length is None:
             raise TypeError("WebDataset has no len(); use .with_length(n)")
         return self._length
