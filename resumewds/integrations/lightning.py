@@ -32,6 +32,12 @@ state to resume from: the callback trains on the equivalent
 and collate function; the WebLoader's order), which resumes exactly with any
 ``num_workers``.
 
+The callback changes the Trainer it is added to and nothing else: during
+``fit``, that Trainer's fit loop prepares the training loaders with the
+callback's steps (Lightning builds its data fetcher and iterates them the
+first time before any hook runs); Lightning's modules and classes, and every
+other trainer, stay as they are.
+
 Example::
 
     from resumewds.integrations.lightning import ResumeWDSCallback
@@ -244,10 +250,12 @@ class ResumeWDSCallback(_Callback):
         self._rank_states: Optional[List[List[Dict[str, Any]]]] = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """At the start of ``fit``: serve this trainer's fit loop (:func:`_serve_fit_loop`)."""
         if stage == "fit":
             _serve_fit_loop(self, trainer)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """At the end of ``fit``: this trainer's fit loop is Lightning's own again."""
         if stage == "fit":
             _unbind(trainer.fit_loop, "setup_data")
 
