@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .errors import ResumeWDSError, StateError
 from .fetch import is_remote_url, local_path
-from .framecheck import check_restored_state, warn_foreign_loader
+from .framecheck import check_restored_state, note_framework
 from .handling import empty_epoch_error, until_stop
 from .plan import Layout, mix
 from .positions import hide_positions
@@ -82,8 +82,6 @@ class DirectDataset(ShardDataset):
         stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
         moment resumes exactly after the last item yielded."""
         rank, world, worker, nworkers, custom = self._split()
-        if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
-            warn_foreign_loader(getattr(self, "_framework_guard", None))
         V = world * nworkers
         kept: Optional[frozenset] = None
         if custom:  # a splitter of your own: the shards it keeps (of the shard list, as webdataset's)
@@ -251,12 +249,15 @@ class DirectDataset(ShardDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start the next ``iter()`` at the beginning of ``epoch``.
 
-        A framework's loader calls this just before it iterates; a torchdata
-        ``StatefulDataLoader`` state of another ``num_workers`` restored into it
-        is refused here with a :class:`resumewds.StateError` (torchdata would
-        fail next with a bare ``AssertionError``).
+        A framework's loader calls this just before it iterates: a framework
+        whose own loader loses or repeats data at a resume is warned about
+        (:func:`resumewds.framecheck.note_framework`), and a torchdata
+        ``StatefulDataLoader`` state of another ``num_workers`` that Accelerate
+        restored is refused here with a :class:`resumewds.StateError` (torchdata
+        would fail next with a bare ``AssertionError``).
         """
-        check_restored_state()
+        note_framework(self, "set_epoch")
+        check_restored_state(self)
         super().set_epoch(epoch)
 
     # ---- state (torchdata StatefulDataLoader protocol) -------------------

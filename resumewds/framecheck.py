@@ -1,18 +1,25 @@
-"""Which training framework started an iteration of a data set, and what it costs a resume.
+"""Which training framework drives a data set, and what it costs a resume.
 
 A resumewds data set iterated directly by a loader a training framework drives
 (a torch ``DataLoader`` or torchdata ``StatefulDataLoader`` under Lightning's
 ``Trainer``, ``accelerator.prepare(DataLoader(...))`` under Accelerate,
-``transformers.Trainer(train_dataset=...)``) loses
-or repeats data at a resume unless the framework's integration takes over.
-:func:`framework_caller` finds the framework on the call stack (a forked
-DataLoader worker keeps its parent's stack, so the answer is the same in the
-worker), and :func:`warn_foreign_loader` says, once per process, what goes
-wrong and which resumewds loader or callback fixes it.  :func:`check_restored_state`
-refuses, with a clear error, a torchdata ``StatefulDataLoader`` state of
-another ``num_workers`` that a framework restored into the loader about to
-iterate the data set (torchdata alone fails with a bare ``AssertionError``).  No framework is
-imported: only the names of the modules on the stack are read.
+``transformers.Trainer(train_dataset=...)``) loses or repeats data at a resume
+unless the framework's integration takes over.  Nothing here runs on the data
+path (no ``iter()``, no step).  Each framework asks the data set something
+just before it iterates it: Lightning its length (its loader's ``len()``),
+Accelerate's prepared loader (the Trainer's too) sets its epoch.  The data
+set's ``len()`` and ``set_epoch()`` call :func:`note_framework`, which looks
+once per data set at the module names of a few frames above
+(:func:`framework_caller`, never a frame's variables) and warns, once per
+process, when a framework is about to iterate the data set and its
+integration does not handle it (:func:`warn_foreign_loader`).  An integration
+says what it handles by marking the object (:func:`mark_checkpointed`).
+
+:func:`check_restored_state` refuses, with a clear error, a torchdata
+``StatefulDataLoader`` state of another ``num_workers`` that Accelerate
+restored into the loader about to iterate the data set (torchdata alone fails
+with a bare ``AssertionError``); the loader is the one Accelerate records as
+iterated (``GradientState().active_dataloader``).  No framework is imported here.
 
 Example:
     >>> framework_caller() is None      # not called from a framework's code
@@ -24,18 +31,28 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
+import weakref
 from typing import Any, Dict, Optional, Set
 
 from .errors import StateError
 
-__all__ = ["FOREIGN_LOADER", "UNSAVED_LOADER", "check_restored_state", "framework_caller", "has_len",
-           "state_num_workers", "warn_foreign_loader", "warn_unsaved_loader", "worker_count_error"]
+__all__ = ["FOREIGN_LOADER", "LOOK_DEPTH", "UNSAVED_LOADER", "check_restored_state", "checkpointed_by",
+           "framework_caller", "has_len", "mark_checkpointed", "note_framework", "state_num_workers",
+           "warn_foreign_loader", "warn_unsaved_loader", "worker_count_error"]
 
 log = logging.getLogger("resumewds")
 
 #: module-name prefixes -> framework, the first found wins (transformers.Trainer runs Accelerate's loaders)
 _PREFIXES = (("transformers.trainer", "transformers"), ("lightning.pytorch.", "lightning"),
              ("pytorch_lightning.", "lightning"), ("accelerate.", "accelerate"))
+
+#: frames :func:`note_framework` looks at above the data set's ``len()`` / ``set_epoch()`` (the deepest
+#: measured is 3: Lightning's ``len()`` of a torch ``DataLoader``, through ``sized_len`` and ``has_len_all_ranks``)
+LOOK_DEPTH = 6
+
+#: what each framework asks a data set just before it iterates it through its own loader: Lightning the
+#: length (its loader's ``len()``), Accelerate's prepared loader (the Trainer's too) sets the epoch
+_ASKS_BEFORE_ITER = {"lightning": "len", "accelerate": "set_epoch", "transformers": "set_epoch"}
 
 #: what a framework's own loader does to a resumewds data set at a resume, and the fix
 FOREIGN_LOADER = {
@@ -84,12 +101,20 @@ UNSAVED_LOADER = {
 }
 
 _WARNED: Set[str] = set()
+#: the framework each data set was found driven by (:func:`note_framework` looks once per data set)
+_FOUND: weakref.WeakKeyDictionary[Any, Optional[str]] = weakref.WeakKeyDictionary()
 
 
-def framework_caller(depth: int = 400) -> Optional[str]:
-    """The framework (``"lightning"``, ``"accelerate"``, ``"transformers"``) whose code is on the
-    call stack, None if none is (at most ``depth`` frames are looked at)."""
-    frame = sys._getframe(1)
+def framework_caller(depth: int = LOOK_DEPTH, above: int = 0) -> Optional[str]:
+    """The framework (``"lightning"``, ``"accelerate"``, ``"transformers"``) whose code is among
+    ``depth`` frames, from ``above`` frames above the caller on; None if none is.  Only the
+    frames' module names are read.
+
+    Example:
+        >>> framework_caller(depth=3) is None
+        True
+    """
+    frame: Any = sys._getframe(1 + above)
     found: Optional[str] = None
     rank = len(_PREFIXES)
     while frame is not None and depth > 0:
@@ -98,29 +123,78 @@ def framework_caller(depth: int = 400) -> Optional[str]:
             if i < rank and (name.startswith(prefix) or name == prefix.rstrip(".")):
                 found, rank = framework, i
                 break
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
         depth -= 1
     return found
 
 
-def warn_foreign_loader(guarded: Optional[str] = None) -> Optional[str]:
-    """Warn (once per process) when a framework with a known resume problem drives this iteration.
+def mark_checkpointed(obj: Any, framework: str) -> None:
+    """Say that ``framework``'s integration keeps ``obj``'s position (a loader or a data set): no
+    warning from :func:`warn_unsaved_loader` or :func:`note_framework` for it.  An object without
+    attributes (``__slots__``) is left as it is.
 
-    Args:
-        guarded: the framework whose resumewds integration handles this data
-            set's loader (no warning for it).
+    Example:
+        >>> class Loader: pass
+        >>> loader = Loader(); mark_checkpointed(loader, "lightning"); checkpointed_by(loader)
+        'lightning'
+    """
+    try:
+        obj._checkpointed_by = framework
+    except AttributeError:
+        pass
+
+
+def checkpointed_by(obj: Any) -> Optional[str]:
+    """The framework whose integration keeps ``obj``'s position (:func:`mark_checkpointed`), or None."""
+    return getattr(obj, "_checkpointed_by", None)
+
+
+def note_framework(dataset: Any, asked: str) -> Optional[str]:
+    """Called by a data set's ``len()`` (``asked="len"``) and ``set_epoch()`` (``"set_epoch"``).
+
+    The first call for a data set looks for the framework that drives it (:func:`framework_caller`,
+    :data:`LOOK_DEPTH` frames above the data set's method); every call where that framework asks
+    what it asks just before it iterates the data set through its own loader (Lightning the length,
+    Accelerate and the Trainer set the epoch) goes to :func:`warn_foreign_loader`.  A Trainer that
+    asked for the length of its ``train_dataset`` but trains on a loader given to ``attach`` never
+    sets that data set's epoch: nothing is said.
 
     Returns:
         The warning's text, or None.
     """
-    framework = framework_caller()
+    try:
+        if dataset not in _FOUND:
+            _FOUND[dataset] = framework_caller(LOOK_DEPTH, above=2)
+        framework = _FOUND[dataset]
+    except TypeError:  # neither hashable nor weakly referable: not looked for
+        return None
+    if framework is None or _ASKS_BEFORE_ITER.get(framework) != asked:
+        return None
+    return warn_foreign_loader(checkpointed_by(dataset), framework)
+
+
+def warn_foreign_loader(guarded: Optional[str] = None, framework: Optional[str] = None) -> Optional[str]:
+    """Warn (once per process) that ``framework``'s own loader does not resume a resumewds data set exactly.
+
+    Args:
+        guarded: the framework whose resumewds integration handles this data
+            set's loader (no warning for it).
+        framework: the framework that drives the data set (:func:`framework_caller`).
+
+    Returns:
+        The warning's text, or None.
+
+    Example:
+        >>> warn_foreign_loader("lightning", "lightning") is None
+        True
+    """
     if framework is None or framework == guarded or framework not in FOREIGN_LOADER:
         return None
     msg = FOREIGN_LOADER[framework]
     if framework not in _WARNED:
         _WARNED.add(framework)
         log.warning("%s", msg)
-        warnings.warn(msg, UserWarning, stacklevel=3)
+        warnings.warn(msg, UserWarning, stacklevel=4)
     return msg
 
 
@@ -141,9 +215,9 @@ def has_len(loader: Any) -> bool:
 def warn_unsaved_loader(loader: Any) -> Optional[str]:
     """Warn (once per process) when ``loader`` is iterated where a framework would lose its position.
 
-    No call stack is read: an ``Accelerator`` exists in this process (``accelerate.state``
+    No frame is read: an ``Accelerator`` exists in this process (``accelerate.state``
     initialized), or Lightning is imported and the loader has no ``len()``.  A loader (or data set)
-    an integration handles carries ``_checkpointed_by`` (``prepare_loader``, ``attach``,
+    an integration handles is marked (:func:`mark_checkpointed`: ``prepare_loader``, ``attach``,
     ``ResumeWDSCallback``); a loader with a journal keeps its own position.
 
     Returns:
@@ -151,7 +225,7 @@ def warn_unsaved_loader(loader: Any) -> Optional[str]:
     """
     if getattr(loader, "journal", None) is not None:
         return None
-    if getattr(loader, "_checkpointed_by", None) or getattr(getattr(loader, "dataset", None), "_checkpointed_by", None):
+    if checkpointed_by(loader) or checkpointed_by(getattr(loader, "dataset", None)):
         return None
     found = []
     state = sys.modules.get("accelerate.state")
@@ -206,24 +280,37 @@ def state_num_workers(state: Dict[str, Any]) -> Optional[int]:
     return None
 
 
-def check_restored_state(depth: int = 12) -> None:
-    """Refuse a ``StatefulDataLoader`` state of another ``num_workers`` restored into the loader that
-    calls this (Accelerate's prepared loader calls the data set's ``set_epoch`` just before it iterates
-    its ``StatefulDataLoader``, ``base_dataloader``): the callers' ``self`` within ``depth`` frames.
+def _active_accelerate_loader() -> Any:
+    """The loader Accelerate is iterating now (``GradientState().active_dataloader``), None without an
+    ``Accelerator`` in this process (Accelerate is not imported for this)."""
+    state = sys.modules.get("accelerate.state")
+    initialized = getattr(state, "is_initialized", None)
+    if initialized is None or not initialized():
+        return None
+    return getattr(state.GradientState(), "active_dataloader", None)  # type: ignore[union-attr]
+
+
+def check_restored_state(dataset: Any = None) -> None:
+    """Refuse a ``StatefulDataLoader`` state of another ``num_workers`` restored into the loader
+    Accelerate is about to iterate over ``dataset`` (its prepared loader registers itself as the
+    active one, then sets the data set's epoch, then iterates its ``StatefulDataLoader``).
+
+    Args:
+        dataset: the data set whose ``set_epoch`` calls this; None: whatever the active loader iterates.
 
     Raises:
         StateError: the restored state was taken with another worker count.
     """
-    frame = sys._getframe(1)
-    while frame is not None and depth > 0:
-        obj = frame.f_locals.get("self")
-        for loader in (obj, getattr(obj, "base_dataloader", None)):
-            state = getattr(loader, "next_iter_state", None)
-            taken = state_num_workers(state) if isinstance(state, dict) else None
-            have = int(getattr(loader, "num_workers", 0) or 0)
-            if taken is not None and taken != have:
-                raise worker_count_error(taken, have, state="the restored StatefulDataLoader state",
-                                         loader="the loader", fix="resumewds.WebLoader (with Accelerate: "
-                                         "resumewds.integrations.accelerate.prepare_loader)")
-        frame = frame.f_back  # type: ignore[assignment]
-        depth -= 1
+    loader = _active_accelerate_loader()
+    if loader is None:
+        return
+    inner = getattr(loader, "dataset", None)
+    if dataset is not None and inner is not dataset and getattr(inner, "dataset", None) is not dataset:
+        return  # Accelerate iterates another data set (this one's epoch is set by someone else)
+    state = getattr(loader, "next_iter_state", None)
+    taken = state_num_workers(state) if isinstance(state, dict) else None
+    have = int(getattr(loader, "num_workers", 0) or 0)
+    if taken is not None and taken != have:
+        raise worker_count_error(taken, have, state="the restored StatefulDataLoader state",
+                                 loader="the loader", fix="resumewds.WebLoader (with Accelerate: "
+                                 "resumewds.integrations.accelerate.prepare_loader)")

@@ -18,7 +18,10 @@ What is exact, and what to do when the world size changes: docs/FRAMEWORKS.md.
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any, Dict, List, Optional, Set
+
+from ..framecheck import mark_checkpointed
 
 __all__ = ["resumewds_loaders"]
 
@@ -63,19 +66,57 @@ def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:
 
 def _mark_checkpointed(loader: Any, framework: str) -> None:
     """Say that ``framework``'s checkpoints hold ``loader``'s position (no warning from
-    :func:`resumewds.framecheck.warn_unsaved_loader`): on the loader, the loaders it wraps, and
-    their data sets (which the loaders a rotation makes per epoch share)."""
+    :mod:`resumewds.framecheck`): on the loader, the loaders it wraps, and their data sets (which
+    the loaders a rotation makes per epoch share)."""
     seen = 0
     obj = loader
     while obj is not None and seen < 8:
         for target in (obj, getattr(obj, "dataset", None)):
             if target is not None:
-                try:
-                    target._checkpointed_by = framework
-                except AttributeError:  # an object without a __dict__
-                    pass
+                mark_checkpointed(target, framework)
         inner = getattr(obj, "loader", None)
         obj, seen = (inner if inner is not obj else None), seen + 1
+
+
+def _rebind(obj: Any, method: str, **names: Any) -> None:
+    """Run ``obj.method``, for this object only, with ``names`` in place of the module globals of
+    those names that its class's method calls.
+
+    A framework that calls a module-level function at a point no hook reaches (Lightning's fit
+    loop builds its data fetcher, the Trainer skips the batches of a resumed epoch) is served on
+    the object given to the integration: the method becomes an attribute of that object, its
+    class's code run with a copy of its module's globals.  The framework's module and class stay as
+    they are, and so does every other object of the class.  :func:`_unbind` removes it.
+
+    Raises:
+        RuntimeError: the method no longer calls those names (another version of the framework).
+
+    Example:
+        >>> class Loop:
+        ...     def run(self):
+        ...         return len("abc")
+        >>> loop = Loop(); _rebind(loop, "run", len=lambda s: -1)
+        >>> loop.run(), Loop().run()
+        (-1, 3)
+    """
+    func = getattr(type(obj), method)
+    missing = sorted(set(names) - set(func.__code__.co_names))
+    if missing:
+        raise RuntimeError(f"resumewds: {type(obj).__qualname__}.{method} of this version of "
+                           f"{type(obj).__module__.split('.')[0]} does not call {', '.join(missing)}: the integration "
+                           "cannot serve it (see docs/FRAMEWORKS.md for the tested versions)")
+    scope = dict(func.__globals__)
+    scope.update(names)
+    clone = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__, func.__closure__)
+    clone.__kwdefaults__ = func.__kwdefaults__
+    clone.__qualname__ = func.__qualname__
+    clone.__doc__ = func.__doc__
+    setattr(obj, method, types.MethodType(clone, obj))
+
+
+def _unbind(obj: Any, method: str) -> None:
+    """Undo :func:`_rebind`: ``obj.method`` is its class's again."""
+    vars(obj).pop(method, None)
 
 
 def resumewds_loaders(obj: Any) -> List[Any]:

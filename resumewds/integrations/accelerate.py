@@ -32,14 +32,15 @@ Example::
 
 ``accelerator.skip_first_batches(loader, n)`` (Accelerate's recipe after
 ``load_state``) returns the loader itself: it is already where the checkpoint
-was taken, and nothing is read twice.  Importing this module does not import
-Accelerate; :func:`prepare_loader` uses the accelerator it is given.
+was taken, and nothing is read twice.  :func:`prepare_loader` changes the
+accelerator it is given and nothing else (its ``skip_first_batches`` becomes
+an attribute of that object; Accelerate's module and class, and every other
+accelerator, stay as they are).  Importing this module does not import
+Accelerate.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import logging
 from typing import Any, Dict, Iterator, Optional
 
@@ -128,7 +129,7 @@ def prepare_loader(accelerator: Any, loader: Any, device_placement: Optional[boo
                               non_blocking=bool(getattr(accelerator, "non_blocking", False)))
     accelerator.register_for_checkpointing(prepared)
     _mark_checkpointed(prepared, "accelerate")
-    _install_skip_hook()
+    _serve_skip(accelerator)
     return prepared
 
 
@@ -139,20 +140,22 @@ def _skip(loader: PreparedLoader, num_batches: int) -> PreparedLoader:
     return _skip_in_place(loader, num_batches, "accelerator.skip_first_batches")
 
 
-def _install_skip_hook() -> None:
-    """``accelerator.skip_first_batches(prepared_loader, n)`` returns the loader, already in place after
-    ``load_state`` (Accelerate's recipe would rebuild a DataLoader from its dataset)."""
-    mod = importlib.import_module("accelerate.accelerator")
-    original = getattr(mod, "skip_first_batches", None)
-    if original is None or getattr(original, "_resumewds", False):
-        return
+class _SkipFirstBatches:
+    """``accelerator.skip_first_batches`` of an accelerator given to :func:`prepare_loader`: a
+    :class:`PreparedLoader` is returned as it is, already in place after ``load_state`` (Accelerate's
+    recipe would rebuild a DataLoader from its dataset); any other loader goes to the accelerator's own."""
 
-    @functools.wraps(original)
-    def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    def __init__(self, accelerate_skip: Any):
+        self.accelerate_skip = accelerate_skip
+
+    def __call__(self, dataloader: Any, num_batches: int = 0) -> Any:
         if isinstance(dataloader, PreparedLoader):
             return _skip(dataloader, num_batches)
-        return original(dataloader, num_batches=num_batches)
+        return self.accelerate_skip(dataloader, num_batches=num_batches)
 
-    skip_first_batches._resumewds = True  # type: ignore[attr-defined]
-    setattr(mod, "skip_first_batches", skip_first_batches)  # noqa: B010 (a module global)
 
+def _serve_skip(accelerator: Any) -> None:
+    """Give ``accelerator`` (this one only: an attribute of the object) the skip of
+    :class:`_SkipFirstBatches`; once."""
+    if not isinstance(vars(accelerator).get("skip_first_batches"), _SkipFirstBatches):
+        accelerator.skip_first_batches = _SkipFirstBatches(accelerator.skip_first_batches)

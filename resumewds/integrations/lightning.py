@@ -32,6 +32,12 @@ state to resume from: the callback trains on the equivalent
 and collate function; the WebLoader's order), which resumes exactly with any
 ``num_workers``.
 
+The callback changes the Trainer it is added to and nothing else: during
+``fit``, that Trainer's fit loop prepares the training loaders with the
+callback's steps (Lightning builds its data fetcher and iterates them the
+first time before any hook runs); Lightning's modules and classes, and every
+other trainer, stay as they are.
+
 Example::
 
     from resumewds.integrations.lightning import ResumeWDSCallback
@@ -46,15 +52,22 @@ Importing this module imports Lightning (``lightning.pytorch``, else
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import warnings
 from typing import Any, Dict, List, Optional
 
 from ..errors import StateError
-from ..framecheck import has_len, worker_count_error
-from . import _check_world, _is_resumewds_loader, _mark_checkpointed, _webloader_for, resumewds_loaders
+from ..framecheck import has_len, mark_checkpointed, worker_count_error
+from . import (
+    _check_world,
+    _is_resumewds_loader,
+    _mark_checkpointed,
+    _rebind,
+    _unbind,
+    _webloader_for,
+    resumewds_loaders,
+)
 from .stateful import state_num_workers
 
 
@@ -99,7 +112,6 @@ def _set_epoch(loader: Any, epoch: int) -> None:
     """The data set of ``loader`` starts its next ``iter()`` at ``epoch`` (unless it is there already:
     a restored position of that epoch is kept)."""
     ds = loader.dataset
-    ds._framework_guard = "lightning"  # its loader is handled: no warning from the data set
     if int(getattr(ds, "epoch", -1)) != int(epoch):
         ds.set_epoch(epoch)
 
@@ -182,45 +194,40 @@ def _gather(obj: Any, world: int) -> List[Any]:
     return out
 
 
-def _install_fetcher_hook() -> None:
-    """Let :class:`ResumeWDSCallback` see the training loaders between Lightning's restore of their states
-    and its first ``iter()`` (``fit_loop._select_data_fetcher``), and turn off the prefetch that would save a
-    ``StatefulDataLoader``'s state one batch ahead.  Inert for a trainer without the callback."""
-    mod = importlib.import_module(_lightning().__name__ + ".loops.fit_loop")
-    original = getattr(mod, "_select_data_fetcher", None)
-    if original is None or getattr(original, "_resumewds", False):
-        return
+def _serve_fit_loop(callback: ResumeWDSCallback, trainer: Any) -> None:
+    """Let ``callback`` see ``trainer``'s training loaders where no hook reaches: as Lightning processes
+    them (a torch ``DataLoader`` over a resumewds data set becomes a WebLoader, before Lightning loads
+    the loaders' states), and between its restore of their states and its first ``iter()`` (when it
+    selects its data fetcher; the prefetch that would save a ``StatefulDataLoader``'s state one batch
+    ahead is turned off there).
 
-    @functools.wraps(original)
-    def _select_data_fetcher(trainer: Any, stage: Any) -> Any:
-        fetcher = original(trainer, stage)
-        callbacks = [c for c in getattr(trainer, "callbacks", ()) if isinstance(c, ResumeWDSCallback)]
-        if callbacks and getattr(trainer.fit_loop, "_combined_loader", None) is not None:
-            if _before_first_iter(callbacks[0], trainer) and hasattr(fetcher, "prefetch_batches"):
-                fetcher.prefetch_batches = 0  # the loader's state is then what was trained on
-        return fetcher
+    Lightning's fit loop calls both functions of its module inside ``setup_data``; this trainer's fit
+    loop runs ``setup_data`` with these two in their place (:func:`resumewds.integrations._rebind`):
+    Lightning's modules and classes, and every other trainer, stay as they are.
+    """
+    loop = trainer.fit_loop
+    scope = type(loop).setup_data.__globals__
+    lightning_process, lightning_select = scope["_process_dataloader"], scope["_select_data_fetcher"]
 
-    _select_data_fetcher._resumewds = True  # type: ignore[attr-defined]
-    setattr(mod, "_select_data_fetcher", _select_data_fetcher)  # noqa: B010 (a module global)
-
-    process = getattr(mod, "_process_dataloader", None)
-    if process is None or getattr(process, "_resumewds", False):
-        return
-
-    @functools.wraps(process)
     def _process_dataloader(trainer: Any, trainer_fn: Any, stage: Any, dataloader: Any) -> Any:
-        dataloader = process(trainer, trainer_fn, stage, dataloader)
-        if any(isinstance(c, ResumeWDSCallback) for c in getattr(trainer, "callbacks", ())):
-            converted = _webloader_for(dataloader, stateful=False)
-            if converted is not None:  # before Lightning loads the loaders' states: the WebLoader's is loaded
-                log.warning("resumewds: ResumeWDSCallback trains on a resumewds.WebLoader instead of the torch "
-                            "DataLoader over a resumewds WebDataset (the same batches per epoch, in the "
-                            "WebLoader's order: a DataLoader has no position to resume from)")
-                return converted
+        dataloader = lightning_process(trainer, trainer_fn, stage, dataloader)
+        converted = _webloader_for(dataloader, stateful=False)
+        if converted is not None:  # before Lightning loads the loaders' states: the WebLoader's is loaded
+            log.warning("resumewds: ResumeWDSCallback trains on a resumewds.WebLoader instead of the torch "
+                        "DataLoader over a resumewds WebDataset (the same batches per epoch, in the "
+                        "WebLoader's order: a DataLoader has no position to resume from)")
+            dataloader = converted
+        if hasattr(getattr(dataloader, "dataset", None), "iter_steps"):  # before Lightning asks for its len()
+            mark_checkpointed(dataloader.dataset, "lightning")
         return dataloader
 
-    _process_dataloader._resumewds = True  # type: ignore[attr-defined]
-    setattr(mod, "_process_dataloader", _process_dataloader)  # noqa: B010 (a module global)
+    def _select_data_fetcher(trainer: Any, stage: Any) -> Any:
+        fetcher = lightning_select(trainer, stage)
+        if _before_first_iter(callback, trainer) and hasattr(fetcher, "prefetch_batches"):
+            fetcher.prefetch_batches = 0  # the loader's state is then what was trained on
+        return fetcher
+
+    _rebind(loop, "setup_data", _process_dataloader=_process_dataloader, _select_data_fetcher=_select_data_fetcher)
 
 
 def _where(state: Dict[str, Any]) -> Any:
@@ -241,7 +248,16 @@ class ResumeWDSCallback(_Callback):
         self.strict = strict
         self._pending: Optional[List[Dict[str, Any]]] = None
         self._rank_states: Optional[List[List[Dict[str, Any]]]] = None
-        _install_fetcher_hook()
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """At the start of ``fit``: serve this trainer's fit loop (:func:`_serve_fit_loop`)."""
+        if stage == "fit":
+            _serve_fit_loop(self, trainer)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """At the end of ``fit``: this trainer's fit loop is Lightning's own again."""
+        if stage == "fit":
+            _unbind(trainer.fit_loop, "setup_data")
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         for dl in _foreign_loaders(trainer):  # before Lightning's iter() of this epoch (not the fit's first)

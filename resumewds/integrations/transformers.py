@@ -13,8 +13,11 @@ again, and which builds a plain DataLoader from the loader's ``dataset``.
   loads it from the checkpoint being resumed;
 * the Trainer's skip of the resumed epoch's first batches becomes a check
   that the loader is where the Trainer expects it: the loader is already
-  there, nothing is read twice, and the Trainer's step and epoch counters
-  stay its own.
+  there, nothing is read twice, and the Trainer's step, epoch and
+  gradient-accumulation counters stay its own.
+
+:func:`attach` changes the trainer it is given and nothing else: the
+Trainer's module and class, and every other trainer, stay as they are.
 
 Example::
 
@@ -37,10 +40,11 @@ import importlib
 import json
 import logging
 import os
+import types
 from typing import Any, Dict, Optional
 
 from ..errors import StateError
-from . import _check_world, _is_resumewds_loader, _mark_checkpointed, _skip_in_place
+from . import _check_world, _is_resumewds_loader, _mark_checkpointed, _rebind, _skip_in_place
 
 __all__ = ["attach", "ResumeWDSTrainerCallback", "STATE_FILE"]
 
@@ -123,21 +127,33 @@ def _check_skip(loader: Any, num_batches: int) -> Any:
     return _skip_in_place(loader, num_batches, "transformers.Trainer")
 
 
-def _install_skip_hook() -> None:
-    """Let ``transformers.trainer.skip_first_batches`` pass resumewds loaders through (checked)."""
-    mod = importlib.import_module("transformers.trainer")
-    original = getattr(mod, "skip_first_batches", None)
-    if original is None or getattr(original, "_resumewds", False):
-        return
+def _serve_skip(trainer: Any) -> None:
+    """The Trainer's skip of a resumed epoch's first batches, for ``trainer`` only: a resumewds loader
+    is checked and passed through (:func:`_check_skip`), any other goes to Accelerate's
+    ``skip_first_batches``.
 
-    @functools.wraps(original)
-    def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
-        if _is_resumewds_loader(dataloader):
-            return _check_skip(dataloader, num_batches)
-        return original(dataloader, num_batches)
+    The Trainer computes its step and gradient-accumulation counters of the resumed epoch only where
+    it skips (``TrainingArguments.ignore_data_skip`` would lose them: with
+    ``gradient_accumulation_steps`` that does not divide an epoch, the epoch's last partial
+    accumulation would join the next step), and it calls ``skip_first_batches`` as a function of its
+    module, a point no callback reaches.  The Trainer's methods that call it run, for this object
+    only, with this skip in its place (:func:`resumewds.integrations._rebind`).
+    """
+    cls = type(trainer)
+    methods = [name for name in dir(cls) if isinstance(getattr(cls, name, None), types.FunctionType)
+               and "skip_first_batches" in getattr(cls, name).__code__.co_names]
+    if not methods:
+        raise RuntimeError("resumewds: this version of transformers.Trainer skips a resumed epoch's batches "
+                           "elsewhere: attach() cannot serve it (see docs/FRAMEWORKS.md for the tested versions)")
+    for name in methods:
+        accelerate_skip = getattr(cls, name).__globals__["skip_first_batches"]
 
-    skip_first_batches._resumewds = True  # type: ignore[attr-defined]
-    setattr(mod, "skip_first_batches", skip_first_batches)  # noqa: B010 (a module global)
+        def skip_first_batches(dataloader: Any, num_batches: int = 0, _accelerate: Any = accelerate_skip) -> Any:
+            if _is_resumewds_loader(dataloader):
+                return _check_skip(dataloader, num_batches)
+            return _accelerate(dataloader, num_batches)
+
+        _rebind(trainer, name, skip_first_batches=skip_first_batches)
 
 
 def attach(trainer: Any, loader: Any) -> ResumeWDSTrainerCallback:
@@ -159,7 +175,7 @@ def attach(trainer: Any, loader: Any) -> ResumeWDSTrainerCallback:
     _mark_checkpointed(loader, "transformers")
     trainer.get_train_dataloader = lambda: loader
     trainer.add_callback(callback)
-    _install_skip_hook()
+    _serve_skip(trainer)
     train = trainer.train
 
     @functools.wraps(train)

@@ -23,6 +23,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
 
 from ..direct import DirectDataset
+from ..framecheck import note_framework
 from ..shardset import ShardDataset
 from ..sources import Source
 from ..stages import ExtractKeys, RenameKeys, SelectFiles, Stage
@@ -161,6 +162,7 @@ class WebDatasetAPI(_Base):
         return self
 
     def __len__(self) -> int:
+        note_framework(self, "len")  # Lightning asks its loader's len() before it iterates: say what it loses
         if self._length is None:
             raise TypeError("WebDataset has no len(); use .with_length(n)")
         return self._length
