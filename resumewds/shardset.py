@@ -39,7 +39,6 @@ from .plan import Layout, Plan, check_partitions, worker_steps
 from .shardsplit import SplitSequence, empty_worker_error
 from .sources import Source, resolve_sources
 from .stages import (
-    SKIPPED,
     Decoder,
     Handled,
     Map,
@@ -552,9 +551,6 @@ class ShardDataset:
         self._events.append(event_record(kind, url, detail))  # logs it, once, here
 
     def take_events(self) -> List[Dict[str, Any]]:
-        if SKIPPED:  # items a stage's handler skipped in this process
-            self._events.extend(SKIPPED)
-            SKIPPED.clear()
         ev, self._events = self._events, []
         return ev
 

@@ -38,7 +38,8 @@ import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from . import openshards, reading, steps, tario
-from .errors import ResumeWDSError
+from .errors import HandlerStop, ResumeWDSError
+from .handling import SkippedSample, report_stop
 from .manifest import ShardInfo
 
 __all__ = ["Slots", "Source", "StepPlan", "run_steps"]
@@ -296,10 +297,17 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 if per_src is not None:
                     per_src[cur] = per_src.get(cur, 0) + 1
             x = sample
-            for st in stages:
-                x = st(x)
-                if x is None:
-                    break
+            try:
+                for st in stages:
+                    x = st(x)
+                    if x is None:
+                        break
+            except SkippedSample as skip:  # a stage's handler skipped it: an event of its data set
+                skip.report(ds._on_event)
+                x = None
+            except HandlerStop as stop:
+                report_stop(stop, ds._on_event)
+                raise
             t0 = clock()
             t_stages += t0 - t1
             if x is None:
@@ -321,7 +329,8 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         meta["filtered"] = filtered
         meta["pads"] = pads
         t2 = clock()
-        batch = steps.collate_step(meta, out, collate_fn, batch_stages)
+        # (a mixture's events are its sources': a batch stage's skip is the first one's)
+        batch = steps.collate_step(meta, out, collate_fn, batch_stages, dss[0]._on_event)
         t_stages += clock() - t2
         meta["t_read"] = t_read
         meta["t_stages"] = t_stages

@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import HandlerStop
 from .events import EventKind
+from .handling import OnEvent, SkippedSample, report_stop
 from .openshards import DIGEST_STAGE, shard_reader
 
 __all__ = ["apply_stages", "collate_step", "finish_step", "read_or_stop", "read_run_or_stop", "start_steps"]
@@ -72,24 +73,33 @@ def read_run_or_stop(ds: Any, shard_idx: int, j: int, count: int) -> List[Option
         return [None] * count
 
 
-def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
-    """``x`` through ``stages``; None as soon as one returns None."""
-    for st in stages:
-        x = st(x)
-        if x is None:
-            return None
+def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any, on_event: Optional[OnEvent] = None) -> Any:
+    """``x`` through ``stages``; None as soon as one returns None, or a stage's handler
+    skips it (a ``sample_skip`` event of ``on_event``: the data set's; None: logged only)."""
+    try:
+        for st in stages:
+            x = st(x)
+            if x is None:
+                return None
+    except SkippedSample as skip:
+        skip.report(on_event)
+        return None
+    except HandlerStop as stop:
+        report_stop(stop, on_event)
+        raise
     return x
 
 
 def collate_step(meta: Dict[str, Any], out: List[Any],
                  collate_fn: Optional[Callable[[List[Any]], Any]],
-                 batch_stages: Sequence[Callable[[Any], Any]]) -> Any:
+                 batch_stages: Sequence[Callable[[Any], Any]], on_event: Optional[OnEvent] = None) -> Any:
     """The step's batch: ``out`` collated (``collate_fn`` None: the list itself, no
     batch stages), then the batch stages.  A batch stage's None drops the batch:
-    ``[]``, its samples counted as filtered, ``meta["batch_dropped"]``."""
+    ``[]``, its samples counted as filtered, ``meta["batch_dropped"]``; a batch stage's
+    handler that skips it records a ``sample_skip`` event of ``on_event``."""
     if collate_fn is None or not out:
         return out
-    batch = apply_stages(batch_stages, collate_fn(out))
+    batch = apply_stages(batch_stages, collate_fn(out), on_event)
     if batch is None:
         meta["filtered"] += len(out)
         meta["samples"] = 0

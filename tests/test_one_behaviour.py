@@ -263,14 +263,19 @@ def test_the_seed_default_is_one_setting_everywhere(shards, monkeypatch):
     assert rw.DataPipeline(rw.SimpleShardList(shards), rw.tarfile_to_samples()).seed == 5
 
 
-def test_sample_skip_is_an_event_kind_with_its_consumers():
+def test_sample_skip_is_an_event_kind_with_its_consumers(shards):
     assert events.EventKind.SAMPLE_SKIP == "sample_skip"
     spec = events.EVENTS[events.EventKind.SAMPLE_SKIP]
     assert spec.shard_state is None and spec.journaled
-    stages.record_skip({"__url__": "u", "__key__": "k"}, ValueError("x"), "map")
-    rec = [e for e in stages.SKIPPED if e["kind"] == events.EventKind.SAMPLE_SKIP]
-    assert rec and rec[-1]["key"] == "k"
-    stages.SKIPPED.clear()
+
+    def boom(s):
+        if s["__key__"].endswith("_000002"):
+            raise ValueError("x")
+        return s
+    ds = rw.WebDataset(shards[:1]).map(boom, handler=rw.ignore_and_continue)
+    assert len(list(ds)) == 36
+    rec = [e for e in ds.take_events() if e["kind"] == events.EventKind.SAMPLE_SKIP]
+    assert [(e["key"], e["stage"], e["error"]) for e in rec] == [("s000000_000002", "map", "ValueError: x")]
 
 
 def test_a_handler_stop_ends_a_stream_quietly_through_one_helper():
