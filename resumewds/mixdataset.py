@@ -395,6 +395,10 @@ class MixedDataset:
         """
         return _proportions(self.mixplan, self.names, epoch, position)
 
+    def cache_dirs(self) -> List[str]:
+        """The directories of the sources' shard caches (:meth:`resumewds.WebDataset.cache_dirs`)."""
+        return sorted({d for ds in self.datasets for d in ds.cache_dirs()})
+
     def take_events(self) -> List[Dict[str, Any]]:
         out: List[Dict[str, Any]] = []
         for ds in self.datasets:

@@ -209,7 +209,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
         self.remainder, self._chunk = remainder, int(self.batch_size or chunk_size)
-        self._bind_world(detect_world(rank, world_size, nodes=nodes))
+        self._bind_world(detect_world(rank, world_size, nodes=nodes, cache_dirs=dataset.cache_dirs()))
         # no world given nor found: looked up again until the first iteration (world.late_world)
         self._world_open = rank is None and world_size is None and self.world_size == 1
         dataset.use_partitions(resolve_partitions(dataset.partitions, self.world.nodes))

@@ -484,6 +484,17 @@ class ShardDataset:
                                      verify=self.verify, fetch=self.fetch, on_event=self._on_event)
         return self._store
 
+    def cache_dirs(self) -> List[str]:
+        """The directory of this data set's shard cache (its store's, from ``cache_dir=``, else
+        ``RESUMEWDS_CACHE_DIR``...): ranks on one host that share it are one node
+        (:func:`resumewds.world.node_key`).
+
+        Example:
+            >>> ShardDataset(["a.tar"], cache_dir="/tmp/c").cache_dirs()
+            ['/tmp/c']
+        """
+        return [self.store.cache_dir]
+
     #: a worker of the shard split without a shard raises (with ``empty_check``), as webdataset's
     #: ``WebDataset`` does; a ``DataPipeline`` (no such check in webdataset) sets it False
     _empty_worker_check = True
