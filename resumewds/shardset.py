@@ -143,7 +143,14 @@ class ShardDataset:
             like ``on_error="skip"``; False stops the iteration.
         allow_pickle: let decoders unpickle (pkl/pyd): off by default.
         allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
-            the network.
+            the network (and the local files it names).
+        allow_remote_local: let a manifest fetched over the network name local
+            files (absolute paths, ``file://``); None: ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
+        manifest_max_bytes: the largest manifest fetched over the network
+            (bytes or ``"1GiB"``); None: ``RESUMEWDS_MANIFEST_MAX_BYTES``, else 256 MiB.
+        cache_sync: how the cache makes its files durable (``"auto"``,
+            ``"fsync"`` or ``"boot"``, :class:`resumewds.cache.ShardStore`);
+            None: ``RESUMEWDS_CACHE_SYNC``, else ``"auto"``.
         prefetch: how many upcoming shards to download in the background.
         partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
             None: the number of nodes at the run's start (a resume keeps the
@@ -173,7 +180,9 @@ class ShardDataset:
                  shuffle_window: Optional[int] = None, cache_dir: Optional[str] = None,
                  cache_size: Union[int, str, None] = None, verify: str = "once", fetch: Any = None,
                  on_error: str = "raise", handler: Any = None, allow_pickle: bool = False,
-                 allow_remote_pipe: bool = False, prefetch: int = 4, partitions: Optional[int] = None,
+                 allow_remote_pipe: bool = False, allow_remote_local: Optional[bool] = None,
+                 manifest_max_bytes: Union[int, str, None] = None, cache_sync: Optional[str] = None,
+                 prefetch: int = 4, partitions: Optional[int] = None,
                  ranged_reads: Optional[bool] = None, resampled: bool = False, repeat: bool = False,
                  empty_check: bool = True, worker_split: Optional[str] = None):
         if on_error not in ON_ERROR:
@@ -203,6 +212,13 @@ class ShardDataset:
         self.handler = handler
         self.allow_pickle = allow_pickle
         self.allow_remote_pipe = allow_remote_pipe
+        self.allow_remote_local = allow_remote_local
+        if manifest_max_bytes is not None:
+            config.manifest_max_bytes(manifest_max_bytes)  # checked now (a ValueError naming it)
+        if cache_sync is not None:
+            config.cache_sync(cache_sync)
+        self.manifest_max_bytes = manifest_max_bytes
+        self.cache_sync = cache_sync
         self.prefetch_depth = int(prefetch)
         if ranged_reads is not None:
             warnings.warn("ranged_reads= is ignored: remote shards with sample digests are always read by "
@@ -432,11 +448,11 @@ class ShardDataset:
     def _resolve(self) -> Tuple[Manifest, Optional[Dict[str, str]]]:
         """The sources resolved and indexed (a manifest.json beside named shards first:
         :mod:`resumewds.beside`); the shards skipped under a ``handler``."""
-        m = resolve_sources(self.urls, fetch_config=self.fetch,
-                            allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
+        trust = {"allow_remote_pipe": self.allow_remote_pipe, "allow_remote_local": self.allow_remote_local,
+                 "manifest_max_bytes": self.manifest_max_bytes}
+        m = resolve_sources(self.urls, fetch_config=self.fetch, cache_dir=self.cache_dir, **trust)
         if not m.indexed:
-            fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
-                             cache_dir=self.cache_dir)
+            fill_from_beside(m, fetch_config=self.fetch, cache_dir=self.cache_dir, **trust)
         if m.indexed:
             return m, None
         if self.handler is None:
@@ -480,8 +496,8 @@ class ShardDataset:
     @property
     def store(self) -> Any:
         if self._store is None:
-            self._store = ShardStore(cache_dir=self.cache_dir, cache_size=self.cache_size,
-                                     verify=self.verify, fetch=self.fetch, on_event=self._on_event)
+            self._store = ShardStore(cache_dir=self.cache_dir, cache_size=self.cache_size, verify=self.verify,
+                                     fetch=self.fetch, on_event=self._on_event, sync=self.cache_sync)
         return self._store
 
     def cache_dirs(self) -> List[str]:

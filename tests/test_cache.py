@@ -670,6 +670,22 @@ def test_sync_mode_from_env_and_bad_values(monkeypatch, tmp_path):
     assert store_for(tmp_path, sync="fsync").sync == "fsync"
 
 
+@pytest.mark.parametrize("sync,synced", [("fsync", True), ("boot", False)])
+def test_a_data_set_chooses_its_cache_sync_over_the_environment(monkeypatch, tmp_path, sync, synced):
+    import resumewds as rw
+
+    root = tmp_path / "srv"
+    root.mkdir()
+    make_tar(str(root / "a.tar"))
+    monkeypatch.setenv("RESUMEWDS_CACHE_SYNC", "boot" if sync == "fsync" else "fsync")
+    with FaultServer(str(root)) as srv:
+        ds = rw.WebDataset(srv.url + "a.tar", cache_dir=str(tmp_path / "c"), cache_sync=sync)
+        assert len(list(ds)) == 8
+        assert _meta(ds.store.entry_path(srv.url + "a.tar"))["synced"] is synced
+    with pytest.raises(ValueError, match="cache_sync"):
+        rw.WebDataset(srv.url + "a.tar", cache_sync="sometimes")
+
+
 def test_prefetch_runs_in_parallel_and_fetches_an_evicted_shard_again(tmp_path):
     root = tmp_path / "srv"
     root.mkdir()

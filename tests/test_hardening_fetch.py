@@ -384,6 +384,38 @@ def test_remote_manifest_cannot_name_local_files(tmp_path, monkeypatch, local):
         assert len(resolve_sources(srv.url + "manifest.json", allow_remote_local=True).shards) == 2
 
 
+def test_allow_remote_local_is_an_argument_of_the_data_set_and_the_cli(tmp_path, monkeypatch):
+    """``allow_remote_local=`` beside ``allow_remote_pipe=``: on the data set (the argument wins over
+    ``RESUMEWDS_ALLOW_REMOTE_LOCAL``) and as ``--allow-remote-local`` of cat, verify and prefetch."""
+    import resumewds as rw
+    from resumewds.cli import cli
+
+    monkeypatch.delenv("RESUMEWDS_ALLOW_REMOTE_LOCAL", raising=False)
+    local = tmp_path / "local"
+    local.mkdir()
+    for name in ("a.tar", "b.tar"):
+        make_tar(str(local / name))
+    root = _manifest_server(tmp_path, [{"url": str(local / "a.tar")}, {"url": str(local / "b.tar")}])
+    with FaultServer(str(root)) as srv:
+        url = srv.url + "manifest.json"
+        with pytest.raises(UnsafeSourceError, match="allow_remote_local=True"):
+            list(rw.WebDataset(url))
+        assert len(list(rw.WebDataset(url, allow_remote_local=True))) == 16
+        monkeypatch.setenv("RESUMEWDS_ALLOW_REMOTE_LOCAL", "1")
+        with pytest.raises(UnsafeSourceError):
+            list(rw.WebDataset(url, allow_remote_local=False))
+        monkeypatch.delenv("RESUMEWDS_ALLOW_REMOTE_LOCAL")
+        refused = CliRunner().invoke(cli, ["cat", url])
+        assert refused.exit_code != 0 and "--allow-remote-local" in refused.output
+        res = CliRunner().invoke(cli, ["cat", url, "--allow-remote-local"])
+        assert res.exit_code == 0, res.output
+        assert len(res.stdout.splitlines()) == 16
+        for verb in ("verify", "prefetch"):
+            assert CliRunner().invoke(cli, [verb, url]).exit_code != 0
+            res = CliRunner().invoke(cli, [verb, url, "--allow-remote-local", "--cache-dir", str(tmp_path / "c")])
+            assert res.exit_code == 0, (verb, res.output)
+
+
 def test_remote_manifest_size_is_capped(tmp_path, monkeypatch):
     from resumewds.sources import resolve_sources
 
@@ -395,6 +427,13 @@ def test_remote_manifest_size_is_capped(tmp_path, monkeypatch):
         assert srv.requests["/manifest.json"] == 1
         with pytest.raises(PermanentFetchError, match="larger than"):  # also without a Content-Length
             fetch_bytes(srv.url + "manifest.json", fast_config(), max_bytes=100)
+        # an argument of the data set (and of resolve_sources) before the environment
+        assert len(resolve_sources(srv.url + "manifest.json", manifest_max_bytes="1MiB").shards) == 200
+        monkeypatch.delenv("RESUMEWDS_MANIFEST_MAX_BYTES")
+        import resumewds as rw
+
+        with pytest.raises(PermanentFetchError, match="larger than the 2000 bytes"):
+            _ = rw.WebDataset(srv.url + "manifest.json", manifest_max_bytes=2000).manifest
 
 
 # ---------------------------------------------------------------------------
