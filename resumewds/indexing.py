@@ -250,7 +250,7 @@ def salvage_shard(shard: Any, store: Any, exc: BaseException, stop: bool = False
             shard.offsets = [0]
         shard.offsets = list(shard.offsets) + [start + _STOP_SPAN]
         shard.samples = kept + 1
-        shard.stop_reason = str(exc)  # what dataset._shard_failed reports when it is reached
+        shard.stop_reason = str(exc)  # what openshards.shard_failed reports when it is reached
     elif not kept:
         shard.samples, shard.offsets = 0, [0]
     return kept

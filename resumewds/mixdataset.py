@@ -251,13 +251,6 @@ class MixedDataset:
         self._mix = None
         return self
 
-    def add_phase(self, at: int, weights: Weights) -> MixedDataset:
-        """From global position ``at`` on, mix with ``weights`` (a curriculum step)."""
-        self.phases.append((int(at), dict(weights) if isinstance(weights, dict) else list(weights)))
-        self._mix = None
-        _ = self.mixplan  # validate now
-        return self
-
     def map(self, fn: Callable[[Any], Any], handler: Any = None) -> MixedDataset:
         """Apply ``fn`` to each mixed sample (after the source's own stages), or to each
         batch after :meth:`batched`; a None result drops it.  ``handler=`` decides about

@@ -595,14 +595,6 @@ class ShardDataset:
         """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
         return reading.read(self, shard_idx, j)
 
-    def _shard_reader(self) -> _ShardReader:
-        """This process's open shards (created on first use)."""
-        return reading.shard_reader(self)
-
-    def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
-        """``on_error`` for a shard: raise, skip or stop (:func:`resumewds.reading.shard_failed`)."""
-        reading.shard_failed(self, shard_idx, shard, exc)
-
     @property
     def _run_bytes(self) -> int:
         """Most bytes one ``pread`` of consecutive samples reads (``_RUN_BYTES``; tests lower it)."""

@@ -254,7 +254,6 @@ def decode_pickle(stream: Any) -> Any:
     return autodecode.unpickle_loads(stream.read())
 
 
-_decode_bin, _decode_text, _decode_pickle = decode_bin, decode_text, decode_pickle
 default_decoders = [("*.bin", decode_bin), ("*.txt", decode_text), ("*.pyd", decode_pickle)]
 
 
