@@ -175,8 +175,7 @@ def test_pipe_command_dies_with_a_sigkilled_parent(tmp_path):
             if pidfile.exists() and pidfile.read_text().strip():
                 break
             time.sleep(0.05)
-        child = int(pidfile.read_text())
-        time.sleep(0.2)
+        child = int(pidfile.read_text())  # its death signal was set before the shell ran
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
 
