@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -24,6 +25,7 @@ from http_fixtures import (
     shard_for,
 )
 from resumewds.cache import ShardStore, default_cache_dir, parse_size
+from resumewds.cache.prefetch import THREAD_NAME
 from resumewds.errors import CacheError, ChecksumMismatch, PermanentFetchError, TransientFetchError, UnsafeSourceError
 from resumewds.fetch import fetch_to_file
 from resumewds.manifest import ShardInfo
@@ -434,6 +436,7 @@ def test_prefetch_downloads_in_background_and_swallows_errors(served, tmp_path):
     shards = [shard_for(srv.url + f"{n}.tar", d) for n, d in blobs.items()]
     missing = ShardInfo(url=srv.url + "missing.tar")
     st = store_for(tmp_path)
+    before = set(threading.enumerate())
     try:
         st.prefetch([missing] + shards, depth=3)
         deadline = time.monotonic() + 10
@@ -453,7 +456,7 @@ def test_prefetch_downloads_in_background_and_swallows_errors(served, tmp_path):
         assert read(clone.ensure(shards[0])) == blobs["a"]
     finally:
         st.close()
-    assert st._pf_threads == []
+    assert [t for t in threading.enumerate() if t.name == THREAD_NAME and t not in before] == []  # stopped
 
 
 def test_pipe_shards_are_cached_and_untrusted_ones_refused(tmp_path):

@@ -59,7 +59,6 @@ def test_every_kind_is_consumed(kind):
 def test_consumers_derive_from_the_table():
     assert stats.EVENT_COUNTERS == events.stats_counters()
     assert journal.ERROR_EVENT_KINDS == events.error_kinds()
-    assert journal._EVENT_SHARD_EFFECT == events.shard_effects()
     for name in events.stats_counters().values():
         assert name in stats.COUNTERS
     for state, _ in events.shard_effects().values():
