@@ -646,12 +646,20 @@ def test_the_deadline_holds_inside_one_attempt(moto, bucket, tmp_path):
     direct(moto).put_object(Bucket=bucket, Key="s.bin", Body=blob)
     with S3FaultProxy(moto, stall_seconds=60.0) as px:
         px.script(f"/{bucket}/s.bin", ["stall@0.5"] * 10)
-        c = cfg(read_timeout=30.0, deadline=1.5, s3=S3Options(endpoint_url=px.url))
+        # min_rate=0: the deadline counts from the first attempt
+        c = cfg(read_timeout=30.0, deadline=1.5, min_rate=0, s3=S3Options(endpoint_url=px.url))
         done, res = _in_thread(lambda: fetch_to_file(f"s3://{bucket}/s.bin", str(tmp_path / "p"), config=c), 20)
         # without the deadline inside the attempt: the 30 s read timeout, then a 60 s stall
         assert done and isinstance(res, TransientFetchError), res
         # each attempt's timeouts are cut to what is left (a second, shorter attempt may fit)
         assert 1 <= px.requests[f"/{bucket}/s.bin"] <= 4
+        # with a min_rate (the default) the deadline runs from the last progress: each stalled
+        # attempt is still cut at the deadline (not the 30 s read timeout), and the resumes finish it
+        px.script(f"/{bucket}/s.bin", ["stall@0.5"] * 4)
+        c = cfg(read_timeout=30.0, deadline=1.5, s3=S3Options(endpoint_url=px.url))
+        done, res = _in_thread(lambda: fetch_to_file(f"s3://{bucket}/s.bin", str(tmp_path / "q"), config=c), 25)
+        assert done and not isinstance(res, Exception), res
+        assert open(str(tmp_path / "q"), "rb").read() == blob
 
 
 def test_prefetch_and_reader_share_one_budget(moto, bucket, proxy, tmp_path, data):

@@ -313,11 +313,13 @@ class _Body:
 
     def finish(self) -> None:
         """After a complete sized body: mark http.client's response done (as
-        its own reads would have) so that the connection goes back to the pool."""
+        its own reads would have) and return the connection to the pool (idempotent:
+        a :class:`Response` releases it again when it closes; botocore's body does not)."""
         if self.kind != "sized" or self.left != 0:
             return
         self.fp.length = 0
         self.fp.close()
+        self.raw.release_conn()
 
 
 def _refuse_partial_200(state: _Attempt, resp: Response, have: int, length: Optional[int]) -> None:
