@@ -448,8 +448,9 @@ class ShardDataset:
     def _resolve(self) -> Tuple[Manifest, Optional[Dict[str, str]]]:
         """The sources resolved and indexed (a manifest.json beside named shards first:
         :mod:`resumewds.beside`); the shards skipped under a ``handler``."""
-        trust = {"allow_remote_pipe": self.allow_remote_pipe, "allow_remote_local": self.allow_remote_local,
-                 "manifest_max_bytes": self.manifest_max_bytes}
+        trust: Dict[str, Any] = {"allow_remote_pipe": self.allow_remote_pipe,
+                                 "allow_remote_local": self.allow_remote_local,
+                                 "manifest_max_bytes": self.manifest_max_bytes}
         m = resolve_sources(self.urls, fetch_config=self.fetch, cache_dir=self.cache_dir, **trust)
         if not m.indexed:
             fill_from_beside(m, fetch_config=self.fetch, cache_dir=self.cache_dir, **trust)

@@ -296,7 +296,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 per_shard[g] = per_shard.get(g, 0) + 1
                 if per_src is not None:
                     per_src[cur] = per_src.get(cur, 0) + 1
-            x = sample
+            x: Any = sample
             try:
                 for st in stages:
                     x = st(x)
