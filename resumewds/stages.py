@@ -44,11 +44,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from . import runners as r
 from .autodecode import Decoder, decode_image
 from .errors import DecodeError, HandlerStop, MissingKeyError
-from .handling import OnEvent, SkippedSample
+from .handling import OnEvent, SkippedSample, report_stop
 
 __all__ = ["Decoder", "ExtractKeys", "FieldError", "Handled", "Map", "MapDict", "MapTuple", "Rename",
-           "RenameKeys", "SampleTypeError", "Select", "SelectFiles", "Stage", "ToTuple", "decode_image",
-           "default_collate", "default_collation_fn", "getfirst", "list_collate"]
+           "RenameKeys", "SampleTypeError", "Select", "SelectFiles", "Stage", "ToTuple", "apply_stages",
+           "decode_image", "default_collate", "default_collation_fn", "getfirst", "list_collate"]
 
 
 class FieldError(DecodeError, ValueError):
@@ -459,3 +459,26 @@ def list_collate(samples: List[Any]) -> List[Any]:
     """No collation: the batch is the list of samples."""
     return list(samples)
 
+
+def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any, on_event: Optional[OnEvent] = None) -> Any:
+    """``x`` through ``stages``; None as soon as one returns None, or when a stage's handler
+    skips it (a ``sample_skip`` event of ``on_event``: the data set's; None: logged only).
+
+    Example:
+        >>> apply_stages([lambda x: x + 1, lambda x: x * 2], 3)
+        8
+        >>> apply_stages([lambda x: None, lambda x: x * 2], 3) is None
+        True
+    """
+    try:
+        for st in stages:
+            x = st(x)
+            if x is None:
+                return None
+    except SkippedSample as skip:
+        skip.report(on_event)
+        return None
+    except HandlerStop as stop:
+        report_stop(stop, on_event)
+        raise
+    return x

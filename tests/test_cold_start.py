@@ -305,7 +305,7 @@ def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
     WILLNEED); advice never raises, for a missing file or a remote url either."""
     import pytest
 
-    from resumewds import WebDataset, build_manifest, openshards, synth
+    from resumewds import WebDataset, build_manifest, synth
 
     synth.write_shards(str(tmp_path / "s"), shards=1, samples=200, size_range=(20000, 40000))
     path = str(tmp_path / "s" / "shard-000000.tar")
@@ -321,13 +321,13 @@ def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
     ds = WebDataset(str(tmp_path / "m.json"), cache_dir=str(tmp_path / "c"))
     assert local.wait_checks(60)  # no background check of the shard is queued or running
     assert _resident_pages(path) == 0  # nothing reads it by itself
-    openshards.hint_pages(ds, [(0, 150), (0, 190)])
+    ds.reader.hint_pages([(0, 150), (0, 190)])
     deadline = time.monotonic() + 60  # the kernel's read-ahead (asserts no duration)
     while not _resident_pages(path):
         assert time.monotonic() < deadline, "the advice read nothing ahead"
         time.sleep(0.02)
     os.unlink(path)  # a missing file: no error from the advice
-    openshards.hint_pages(ds, [(0, 1)])
+    ds.reader.hint_pages([(0, 1)])
 
 
 def test_header_checksums_are_checked_unless_the_copy_was_verified(tmp_path):

@@ -548,6 +548,24 @@ def test_index_of_s3_shards_then_cat_of_that_manifest(moto, bucket, data, proxy,
     assert cat(out, *CAT_ARGS) == cat(data.manifest, *CAT_ARGS)
 
 
+def test_index_of_s3_shards_in_two_processes_and_a_v4_manifest_read_from_s3(moto, bucket, data, proxy, cache_dir,
+                                                                             tmp_path):
+    """``resumewds index -j 2`` over s3 (each process fetching through the fetch core) into a
+    version-4 manifest; that manifest and its index files in a bucket: each index comes
+    through the cache when its shard is first read, and cat prints what it prints locally."""
+    upload(moto, bucket, data.root)
+    out = str(tmp_path / "v4" / "m.json")
+    os.makedirs(os.path.dirname(out))
+    res = CliRunner().invoke(cli, ["index", f"s3://{bucket}/data/shard-{{000000..000004}}.tar", "-o", out,
+                                   "-j", "2", "--offsets", "index"])
+    assert res.exit_code == 0, res.output
+    with open(out, "rb") as f:
+        direct(moto).put_object(Bucket=bucket, Key="v4/m.json", Body=f.read())
+    upload(moto, bucket, out + ".index", prefix="v4/m.json.index/")
+    assert cat(f"s3://{bucket}/v4/m.json", *CAT_ARGS) == cat(data.manifest, *CAT_ARGS)
+    assert sorted(n for p, n in proxy.requests.items() if p.endswith(".idx")) == [1] * 5, proxy.requests
+
+
 def test_explicit_endpoint_reaches_dataloader_workers(moto, bucket, data, proxy, cache_dir, monkeypatch):
     """FetchConfig(s3=S3Options(...)) pickles into worker processes and beats AWS_ENDPOINT_URL."""
     import pickle

@@ -62,9 +62,8 @@ from ..epochsource import BatchInfo, EmptyBatch
 from ..rotation import RotatingLoader
 from ..runners import BatchRunner, UnbatchRunner
 from ..shardloader import STATE_FORMAT, ShardLoader
-from ..stages import Handled, Stage, default_collation_fn
+from ..stages import Handled, Stage, apply_stages, default_collation_fn
 from ..statecheck import seal
-from ..steps import apply_stages
 from ..world import detect_world
 from .fluent import FluidInterface
 from .fluid import FluidWrapper
