@@ -513,10 +513,6 @@ class Decoder:
             return r
         return data
 
-    # resumewds 0.1 name
-    def decode_one(self, ext: str, data: bytes) -> Any:
-        return self.decode1(ext, data)
-
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         if not isinstance(sample, dict):
             raise DecodeError(f"decode expects a dict sample, got {type(sample).__name__} "

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import os
 import urllib.parse
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Union
 
 from .errors import ResumeWDSError
 from .fetch import FetchConfig
@@ -68,7 +68,8 @@ def _ignore(where: str, why: str) -> None:
         log.debug("%s: not used for the shards beside it: %s", where, why)
 
 
-def _load(where: str, fetch_config: Any, allow_remote_pipe: bool, cache_dir: Optional[str]) -> Optional[Manifest]:
+def _load(where: str, fetch_config: Any, allow_remote_pipe: bool, cache_dir: Optional[str],
+          allow_remote_local: Optional[bool], manifest_max_bytes: Union[int, str, None]) -> Optional[Manifest]:
     try:
         if scheme_of(where) == "local":
             if not os.path.isfile(where):
@@ -76,7 +77,7 @@ def _load(where: str, fetch_config: Any, allow_remote_pipe: bool, cache_dir: Opt
             return load_manifest(where)
         cfg = fetch_config or FetchConfig.from_env()
         once = dataclasses.replace(cfg, attempts=1, deadline=min(float(cfg.deadline), 60.0))
-        return _remote_manifest(where, once, allow_remote_pipe, cache_dir)
+        return _remote_manifest(where, once, allow_remote_pipe, cache_dir, allow_remote_local, manifest_max_bytes)
     except (ResumeWDSError, OSError, ValueError) as exc:
         _ignore(where, f"cannot read it ({exc})")
         return None
@@ -95,13 +96,15 @@ def _local_mismatch(shard: ShardInfo, entry: ShardInfo, newest: float) -> Option
 
 
 def fill_from_beside(m: Manifest, *, fetch_config: Any = None, allow_remote_pipe: bool = False,
-                     cache_dir: Optional[str] = None) -> int:
+                     cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None,
+                     manifest_max_bytes: Union[int, str, None] = None) -> int:
     """Give the shards of ``m`` not indexed yet the index of the ``manifest.json`` beside them.
 
     Args:
         m: the resolved sources (changed in place).
         fetch_config: for an http(s) manifest (one attempt is made).
-        allow_remote_pipe: as for :func:`resumewds.sources.resolve_sources`.
+        allow_remote_pipe, allow_remote_local, manifest_max_bytes: as for
+            :func:`resumewds.sources.resolve_sources`.
         cache_dir: where a version-2 manifest's offsets file is cached.
 
     Returns:
@@ -119,7 +122,7 @@ def fill_from_beside(m: Manifest, *, fetch_config: Any = None, allow_remote_pipe
                 groups.setdefault(where, []).append(s)
     filled = 0
     for where, shards in groups.items():
-        found = _load(where, fetch_config, allow_remote_pipe, cache_dir)
+        found = _load(where, fetch_config, allow_remote_pipe, cache_dir, allow_remote_local, manifest_max_bytes)
         if found is None:
             continue
         by_url = {e.url: e for e in found.shards}

@@ -353,6 +353,8 @@ def _dataset_options(f: Callable) -> Callable:
         click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
                      help="A shard that cannot be fetched or verified: stop, or skip it (and say so)."),
         click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
+        click.option("--allow-remote-local", is_flag=True, default=None,
+                     help="Allow a remote manifest to name local files (RESUMEWDS_ALLOW_REMOTE_LOCAL)."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Read timeout in seconds for http."),
         click.option("--attempts", type=click.IntRange(min=1), default=None, help="Fetch attempts per shard."),
@@ -364,8 +366,8 @@ def _dataset_options(f: Callable) -> Callable:
 
 def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle_mode: Optional[str],
                   shuffle_window: int, cache_dir: Optional[str], cache_size: Optional[str], verify: str,
-                  on_error: str, allow_remote_pipe: bool, timeout: Optional[float],
-                  attempts: Optional[int]) -> Any:
+                  on_error: str, allow_remote_pipe: bool, allow_remote_local: Optional[bool],
+                  timeout: Optional[float], attempts: Optional[int]) -> Any:
     from .dataset import WebDataset  # lazy: the dataset stack and resumewds.fetch (+90 ms on --help)
     from .sources import resolve_sources  # lazy: imports resumewds.fetch (+25 ms on --help)
 
@@ -373,12 +375,12 @@ def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle
     check_environment()
     fc = _fetch_config(timeout, attempts)
     manifest = resolve_sources(list(sources), fetch_config=fc, allow_remote_pipe=allow_remote_pipe,
-                               cache_dir=cache_dir)
+                               cache_dir=cache_dir, allow_remote_local=allow_remote_local)
     refuse_duplicate_shards(manifest)
     mode: Any = shuffle_mode or shuffle or False
     return WebDataset(manifest, seed=seed, shuffle=mode, shuffle_window=shuffle_window, cache_dir=cache_dir,
                       cache_size=cache_size, verify=verify, on_error=on_error,
-                      allow_remote_pipe=allow_remote_pipe, fetch=fc)
+                      allow_remote_pipe=allow_remote_pipe, allow_remote_local=allow_remote_local, fetch=fc)
 
 
 def _fetch_config(timeout: Optional[float], attempts: Optional[int]) -> Any:
@@ -563,11 +565,12 @@ def report(journal: str, output: str) -> None:
 
 
 def _store_and_shards(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
-                      allow_remote_pipe: bool) -> Any:
+                      allow_remote_pipe: bool, allow_remote_local: Optional[bool]) -> Any:
     from .cache import ShardStore  # lazy: the cache package and resumewds.fetch (+55 ms on --help)
     from .sources import resolve_sources  # lazy: imports resumewds.fetch (+25 ms on --help)
 
-    m = resolve_sources(list(sources), allow_remote_pipe=allow_remote_pipe)
+    m = resolve_sources(list(sources), allow_remote_pipe=allow_remote_pipe, cache_dir=cache_dir,
+                        allow_remote_local=allow_remote_local)
     return ShardStore(cache_dir=cache_dir, cache_size=cache_size, verify="always"), m
 
 
@@ -579,6 +582,8 @@ def _cache_pass_options(f: Callable) -> Callable:
         click.option("--cache-size", default=None, callback=_cache_size_option,
                      help='Cache size limit, e.g. "20GB".'),
         click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
+        click.option("--allow-remote-local", is_flag=True, default=None,
+                     help="Allow a remote manifest to name local files (RESUMEWDS_ALLOW_REMOTE_LOCAL)."),
         click.option("--progress/--no-progress", default=None,
                      help="Progress bar (default: when stderr is a terminal)."),
     ]
@@ -588,11 +593,12 @@ def _cache_pass_options(f: Callable) -> Callable:
 
 
 def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
-                allow_remote_pipe: bool, progress: Optional[bool], verb: str) -> None:
+                allow_remote_pipe: bool, allow_remote_local: Optional[bool], progress: Optional[bool],
+                verb: str) -> None:
     """Run ``verify_all`` or ``prefetch_all`` over the sources with a byte progress bar."""
     check_sources(sources)
     check_environment()
-    store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe)
+    store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe, allow_remote_local)
     if verb == "verify":
         from .digests import echo_range_repairs  # lazy: imports resumewds.fetch (+25 ms on --help)
 
@@ -659,7 +665,7 @@ def _report_results(results: Any, verb: str) -> None:
 @cli.command()
 @_cache_pass_options
 def verify(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
-           allow_remote_pipe: bool, progress: Optional[bool]) -> None:
+           allow_remote_pipe: bool, allow_remote_local: Optional[bool], progress: Optional[bool]) -> None:
     """Check every shard against the manifest's size and xxh3_64.
 
     Local shards are hashed in place; remote shards are checked in the
@@ -670,20 +676,20 @@ def verify(sources: List[str], cache_dir: Optional[str], cache_size: Optional[st
     Example:
         resumewds verify data/manifest.json
     """
-    _cache_pass(sources, cache_dir, cache_size, allow_remote_pipe, progress, "verify")
+    _cache_pass(sources, cache_dir, cache_size, allow_remote_pipe, allow_remote_local, progress, "verify")
 
 
 @cli.command()
 @_cache_pass_options
 def prefetch(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
-             allow_remote_pipe: bool, progress: Optional[bool]) -> None:
+             allow_remote_pipe: bool, allow_remote_local: Optional[bool], progress: Optional[bool]) -> None:
     """Download every remote shard into the cache, verified, ahead of a run.
 
     \b
     Example:
         resumewds prefetch http://host/data/manifest.json --cache-dir /scratch/cache
     """
-    _cache_pass(sources, cache_dir, cache_size, allow_remote_pipe, progress, "prefetch")
+    _cache_pass(sources, cache_dir, cache_size, allow_remote_pipe, allow_remote_local, progress, "prefetch")
 
 
 @cli.command()

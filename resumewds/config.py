@@ -312,8 +312,13 @@ def seed(explicit: Optional[int] = None) -> int:
     return int(value("seed", explicit))
 
 
-def manifest_max_bytes(explicit: Optional[int] = None) -> int:
-    """The largest remote manifest accepted, in bytes."""
+def manifest_max_bytes(explicit: Union[int, str, None] = None) -> int:
+    """The largest remote manifest accepted, in bytes (``explicit``: bytes or ``"1GiB"``)."""
+    if explicit is not None:
+        try:
+            explicit = parse_size(explicit)
+        except ValueError as exc:
+            raise ValueError(f"manifest_max_bytes: {exc}") from None
     return int(value("manifest_max_bytes", explicit))
 
 

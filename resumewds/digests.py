@@ -46,6 +46,7 @@ from typing import Any, List
 
 from .cache import ShardStore
 from .errors import ChecksumMismatch, IntegrityError
+from .events import EventKind
 from .fetch import is_remote_url, local_path
 from .manifest import COMPRESSED_SUFFIXES
 from .samplecheck import BadSample, bad_samples
@@ -111,10 +112,10 @@ def echo_range_repairs(echo: Any) -> Any:
     ``echo``, each sample of a cached copy that failed its digest and was
     re-fetched by range (``resumewds verify`` of remote shards)."""
     def on_event(kind: str, url: str, **d: Any) -> None:
-        if kind == "range_repair":
+        if kind == EventKind.RANGE_REPAIR:
             echo(f"BAD SAMPLE {url}: sample {d['sample']} (key {d['key']}, bytes {d['start']}-{d['end']}) "
                  f"in the cached copy: re-fetching its byte range")
-        elif kind == "range_repair_done":
+        elif kind == EventKind.RANGE_REPAIR_DONE:
             echo(f"repaired {url}: {d['samples']} samples, {d['bytes']} bytes fetched in {d['ranges']} ranges")
 
     return on_event

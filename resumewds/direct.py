@@ -176,7 +176,7 @@ class DirectDataset(ShardDataset):
         if self.empty_check and len(ep) == 0:
             raise empty_epoch_error(epoch, getattr(self, "_index_skipped", None))
         stream = self._stream_stages()
-        runners = [s.runner(mix(self.seed, epoch, 0x5354, i)) for i, s in enumerate(stream)]
+        runners = [s.runner(mix(self.seed, epoch, 0x5354, i), self._on_event) for i, s in enumerate(stream)]
         for r, c in zip(runners, st.get("counts") or []):
             r.count = int(c)
         # the chain runs again from the clean step: st["skip"] counts every item it hands out

@@ -279,7 +279,14 @@ class HandlerStop(Exception):
     Raised where the handler is asked (a stage, a shard read) and caught where
     the iteration can end quietly (:func:`resumewds.handling.until_stop`).
     Not a :class:`ResumeWDSError`: it is a signal, not a failure.
+
+    Attributes:
+        skipped: raised by a stage's handler: the item's
+            :class:`~resumewds.stages.SkippedSample`, until whatever runs the
+            stage records it (:func:`resumewds.stages.report_stop`); else None.
     """
+
+    skipped: Any = None
 
 
 __all__ = [

@@ -43,6 +43,8 @@ class EventKind(str, Enum):
     VERIFY_OK = "verify_ok"          # cache: a checksum / size check passed
     VERIFY_FAIL = "verify_fail"      # cache: a check failed (expected, actual)
     REPAIR = "repair"                # cache: a corrupt copy is fetched again
+    RANGE_REPAIR = "range_repair"    # repair: a cached sample failed its digest, its range is fetched again
+    RANGE_REPAIR_DONE = "range_repair_done"  # repair: a cached copy mended by ranges (bytes, samples)
     EVICT = "evict"                  # cache: an entry was removed for cache_size
     CACHE_HIT = "cache_hit"          # cache: a reader found the shard verified
     CACHE_MISS = "cache_miss"        # cache: a reader had to download it
@@ -103,6 +105,9 @@ EVENTS: Dict[EventKind, EventSpec] = {
                              lane=2, error=True),
     K.REPAIR: EventSpec("cache", counter="repairs", shard_state="downloading", shard_counter="repairs",
                         level=INFO, lane=3),
+    # a cached copy mended sample by sample (resumewds verify names each one); also a REPAIR
+    K.RANGE_REPAIR: EventSpec("repair", level=INFO),
+    K.RANGE_REPAIR_DONE: EventSpec("repair", level=INFO),
     K.EVICT: EventSpec("cache", counter="evictions", shard_state="pending", level=INFO, lane=6),
     K.CACHE_HIT: EventSpec("cache", counter="cache_hits", shard_state="verified", journaled=False),
     K.CACHE_MISS: EventSpec("cache", counter="cache_misses"),
@@ -112,7 +117,7 @@ EVENTS: Dict[EventKind, EventSpec] = {
                       error=True),
     # sample_skip: counted as skipped_samples through the step's meta; the loader warns
     # once per epoch with the keys; logged at INFO (RESUMEWDS_VERBOSE=1)
-    K.SAMPLE_SKIP: EventSpec("stages", level=INFO),
+    K.SAMPLE_SKIP: EventSpec("handling", level=INFO),
     K.RECOVERED: EventSpec("shardloader", shard_state="verified", level=INFO),
     K.RESUME: EventSpec("shardloader", level=INFO, lane=0),
     K.CONFIG_CHANGE: EventSpec("journal", lane=8),

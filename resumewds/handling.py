@@ -20,14 +20,17 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Mapping, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
 from .errors import HandlerStop
+from .events import EventKind
+from .stats import event_record
 
 Handler = Callable[[BaseException], bool]
 T = TypeVar("T")
 
-__all__ = ["Handler", "HandlerStop", "empty_epoch_error", "reraise_exception", "until_stop"]
+__all__ = ["Handler", "HandlerStop", "OnEvent", "SkippedSample", "empty_epoch_error", "report_stop",
+           "reraise_exception", "until_stop"]
 
 
 def until_stop(items: Iterable[T]) -> Iterator[T]:
@@ -45,7 +48,8 @@ def until_stop(items: Iterable[T]) -> Iterator[T]:
     """
     try:
         yield from items
-    except HandlerStop:
+    except HandlerStop as stop:
+        report_stop(stop, None)  # (logged, if no data set recorded it on its way)
         return
 
 
@@ -72,3 +76,53 @@ def empty_epoch_error(epoch: int, skipped: Optional[Mapping[str, str]]) -> Value
     return ValueError("\n".join([f"No samples found in dataset: epoch {epoch} has 0 samples, every shard was "
                                   f"skipped by the handler ({len(skipped)} shard{'s' if len(skipped) != 1 else ''}):",
                                   *lines, *more, "turn this check off with empty_check=False"]))
+
+
+#: where a data set's events go: ``on_event(kind, url, **detail)`` (its ``_on_event``)
+OnEvent = Callable[..., None]
+
+
+class SkippedSample(Exception):
+    """A stage's handler skipped an item.
+
+    Raised by :class:`resumewds.stages.Handled` when its handler says skip.
+    Whatever runs the stage (the step engine, a stream runner, a pipeline
+    stage) catches it, drops the item, and reports the skip to the events of
+    the data set it runs the stage for (:meth:`report`): each data set keeps
+    its own skips, however many are read in one process.
+
+    Example:
+        >>> from resumewds.stages import Handled
+        >>> seen = []
+        >>> try:
+        ...     Handled(int, lambda exc: True)({"__key__": "k", "__url__": "u"})
+        ... except SkippedSample as skip:
+        ...     skip.report(lambda kind, url, **d: seen.append((str(kind), url, d["key"])))
+        >>> seen
+        [('sample_skip', 'u', 'k')]
+    """
+
+    def __init__(self, item: Any, exc: BaseException, where: str):
+        url = key = None
+        if isinstance(item, dict):
+            url, key = item.get("__url__"), item.get("__key__")
+        self.url = str(url or "")
+        self.detail = {"key": key, "stage": where, "error": f"{type(exc).__name__}: {exc}"}
+        super().__init__(f"{where}: sample {key} skipped ({self.detail['error']})")
+
+    def report(self, on_event: Optional[OnEvent]) -> None:
+        """Record the skip as a ``sample_skip`` event of ``on_event`` (stats, journal); None:
+        logged only (a stage run by hand, no data set)."""
+        if on_event is None:
+            event_record(EventKind.SAMPLE_SKIP, self.url, self.detail)
+        else:
+            on_event(EventKind.SAMPLE_SKIP, self.url, **self.detail)
+
+
+def report_stop(stop: HandlerStop, on_event: Optional[OnEvent]) -> None:
+    """Record the item whose handler said stop (a :class:`~resumewds.stages.Handled` stage's ``HandlerStop``)
+    as a ``sample_skip`` event of ``on_event``, once, before the stop goes on up."""
+    skip = getattr(stop, "skipped", None)
+    if skip is not None:
+        stop.skipped = None
+        skip.report(on_event)

@@ -29,6 +29,7 @@ from .cache import ShardStore
 from .compressed import kind_of, salvage_compressed
 from .digests import add_sample_digests
 from .errors import CacheError, ChecksumMismatch, FetchError, IntegrityError, ShardFormatError, naming
+from .events import EventKind
 from .manifest import Manifest
 from .sources import Source, resolve_sources
 
@@ -128,7 +129,7 @@ def index_skipping(m: Manifest, store: Any, handler: Callable[[BaseException], A
             kept = salvage_shard(s, store, exc, stop)  # the samples before the damage, as webdataset
             skipped[s.url] = str(exc)
             if on_event is not None:
-                on_event("skip", s.url, error=str(exc), samples_kept=kept)
+                on_event(EventKind.SKIP, s.url, error=str(exc), samples_kept=kept)
             log.warning("skipping shard %s%s", naming(s.url, exc),
                         f" (kept its first {kept} samples)" if kept else "")
     m._starts = None

@@ -37,7 +37,9 @@ from .manifest import ShardInfo
 from .mixstatus import _proportions, format_mixture, mixture_status  # noqa: F401  (public here too)
 from .mixture import MixPlan, SourceStream, Weights
 from .plan import Layout, check_partitions, worker_steps
-from .stages import Handled, default_collate, list_collate
+from .plan import mix as seed_mix
+from .positions import hide_positions
+from .stages import Handled, Stage, default_collate, list_collate
 from .stepengine import Slots, Source, StepPlan, run_steps
 
 
@@ -236,6 +238,7 @@ class MixedDataset:
         self.stages: List[Callable[[Any], Any]] = []
         self.batch_stages: List[Callable[[Any], Any]] = []
         self.batch_size: Optional[int] = None
+        self.batch_partial = True
         self.collate_fn: Optional[Callable[[List[Any]], Any]] = None
         self.epoch = 0
         self._mix: Optional[MixPlan] = None
@@ -251,13 +254,6 @@ class MixedDataset:
         self._mix = None
         return self
 
-    def add_phase(self, at: int, weights: Weights) -> MixedDataset:
-        """From global position ``at`` on, mix with ``weights`` (a curriculum step)."""
-        self.phases.append((int(at), dict(weights) if isinstance(weights, dict) else list(weights)))
-        self._mix = None
-        _ = self.mixplan  # validate now
-        return self
-
     def map(self, fn: Callable[[Any], Any], handler: Any = None) -> MixedDataset:
         """Apply ``fn`` to each mixed sample (after the source's own stages), or to each
         batch after :meth:`batched`; a None result drops it.  ``handler=`` decides about
@@ -270,12 +266,24 @@ class MixedDataset:
 
     def batched(self, batch_size: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collate,
                 partial: bool = True) -> MixedDataset:
-        """Batch the mixed samples (the loader's ``remainder`` rules the last batch)."""
+        """Batch the mixed samples; later :meth:`map` calls apply to batches.  Iterated
+        directly, ``partial=False`` drops a short last batch (as a data set's ``.batched``);
+        under WebLoader the loader's ``remainder`` rules it."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = int(batch_size)
         self.collate_fn = collation_fn if collation_fn is not None else list_collate
+        self.batch_partial = bool(partial)
         return self
+
+    def stream_stages(self) -> List[Stage]:
+        """What runs on the mixed stream when the mixture is iterated directly: its
+        :meth:`batched` and the maps after it, as :class:`~resumewds.stages.Stage` s run by
+        the runners a data set's direct iteration uses (:mod:`resumewds.runners`)."""
+        if self.batch_size is None:
+            return []
+        return [Stage("batched", "batched", n=self.batch_size, collation_fn=self.collate_fn,
+                      partial=self.batch_partial)] + [Stage("sample", "map", fn) for fn in self.batch_stages]
 
     # ---- plan ---------------------------------------------------------------
     @property
@@ -395,6 +403,10 @@ class MixedDataset:
         """
         return _proportions(self.mixplan, self.names, epoch, position)
 
+    def cache_dirs(self) -> List[str]:
+        """The directories of the sources' shard caches (:meth:`resumewds.WebDataset.cache_dirs`)."""
+        return sorted({d for ds in self.datasets for d in ds.cache_dirs()})
+
     def take_events(self) -> List[Dict[str, Any]]:
         out: List[Dict[str, Any]] = []
         for ds in self.datasets:
@@ -435,10 +447,20 @@ class MixedDataset:
                              self.batch_stages, self.take_events, mixture=True)
 
     def __iter__(self) -> Iterator[Any]:
-        """Yield the samples of epoch ``self.epoch`` in order, in this process."""
-        layout = Layout(batch_size=64)
-        for _, batch, _ in until_stop(self.iter_steps(self.epoch, 0, layout, collate=False)):
-            yield from batch
+        """Yield the items of epoch ``self.epoch`` in order, in this process: the mixed samples
+        through each source's stages and the mixture's, then its :meth:`stream_stages`
+        (``batched`` and the maps after it), as a data set iterated directly runs them."""
+
+        def samples() -> Iterator[Any]:
+            for _, batch, _ in self.iter_steps(self.epoch, 0, Layout(batch_size=64), collate=False):
+                yield from batch
+
+        it: Iterator[Any] = samples()
+        on_event = self.datasets[0]._on_event  # (a mixture's events are its sources')
+        for i, st in enumerate(self.stream_stages()):
+            it = st.runner(seed_mix(self.seed, self.epoch, 0x5354, i), on_event).run(it)
+        for item in until_stop(it):
+            yield hide_positions(item)  # webdataset's keys only (position keys still readable)
 
 
 def RandomMix(datasets: Sequence[Any], probs: Optional[Sequence[float]] = None,

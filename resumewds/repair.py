@@ -43,6 +43,7 @@ import xxhash
 
 from . import tario
 from .errors import ChecksumMismatch, CorruptSample, FetchError, IntegrityError
+from .events import EventKind
 from .fetch import FetchBudget, fetch_range, is_remote_url
 from .samplecheck import BadSample, SampleSink, bad_samples
 from .storeapi import StoreAPI
@@ -151,7 +152,7 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
         before_fetch()
     for b in bads:
         if on_event is not None:
-            on_event("range_repair", shard.url, sample=b.index, key=b.key, start=b.start, end=b.end)
+            on_event(EventKind.RANGE_REPAIR, shard.url, sample=b.index, key=b.key, start=b.start, end=b.end)
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError:
@@ -187,13 +188,13 @@ def _run(store: StoreAPI, shard: Any, path: str, budget: Any, download: bool) ->
     def before_fetch() -> None:
         # the journal's shard states: (downloaded ->) corrupt -> downloading -> verified
         if download:
-            store.emit("verify_fail", shard.url, expected=shard.xxh3_64, actual="a corrupt download")
-        store.emit("repair", shard.url, attempt=1, ranged=True)
+            store.emit(EventKind.VERIFY_FAIL, shard.url, expected=shard.xxh3_64, actual="a corrupt download")
+        store.emit(EventKind.REPAIR, shard.url, attempt=1, ranged=True)
 
     r = repair_file(path, shard, config=store.fetch, budget=budget, session=store.session(),
                     on_event=store.emit, before_fetch=before_fetch)
     if r is not None:
-        store.emit("range_repair_done", shard.url, bytes=r.bytes_fetched, samples=len(r.samples),
+        store.emit(EventKind.RANGE_REPAIR_DONE, shard.url, bytes=r.bytes_fetched, samples=len(r.samples),
                     ranges=len(r.ranges))
     return r
 
@@ -224,7 +225,7 @@ def repair_entry(store: StoreAPI, shard: Any, base: str, budget: Any) -> bool:
         except OSError:
             pass
     store.write_meta(base, shard.url, r.xxh3_64, synced=True)
-    store.emit("verify_ok", shard.url)
+    store.emit(EventKind.VERIFY_OK, shard.url)
     return True
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
+from .errors import HandlerStop
+from .handling import OnEvent, SkippedSample, report_stop
 from .positions import hide_positions
 
 __all__ = ["BatchRunner", "LogKeysRunner", "MapRunner", "OpaqueRunner", "RSampleRunner", "Runner",
@@ -48,15 +50,26 @@ class Runner:
 
 
 class MapRunner(Runner):
-    def __init__(self, fn: Callable[[Any], Any]):
+    """A per-sample stage on the stream: None drops the item; a handler's skip is a
+    ``sample_skip`` event of ``on_event`` (the data set's; None: logged only)."""
+
+    def __init__(self, fn: Callable[[Any], Any], on_event: Optional[OnEvent] = None):
         super().__init__()
         self.fn = fn
+        self.on_event = on_event
 
     def run(self, src: Iterator[Any]) -> Iterator[Any]:
         fn = self.fn
         for x in src:
             self.count += 1
-            y = fn(x)
+            try:
+                y = fn(x)
+            except SkippedSample as skip:
+                skip.report(self.on_event)
+                continue
+            except HandlerStop as stop:
+                report_stop(stop, self.on_event)
+                raise
             if y is not None:
                 yield y
 

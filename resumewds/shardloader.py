@@ -209,7 +209,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
         self.remainder, self._chunk = remainder, int(self.batch_size or chunk_size)
-        self._bind_world(detect_world(rank, world_size, nodes=nodes))
+        self._bind_world(detect_world(rank, world_size, nodes=nodes, cache_dirs=dataset.cache_dirs()))
         # no world given nor found: looked up again until the first iteration (world.late_world)
         self._world_open = rank is None and world_size is None and self.world_size == 1
         dataset.use_partitions(resolve_partitions(dataset.partitions, self.world.nodes))
@@ -268,10 +268,6 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                            layout={"batch_size": self.batch_size, "world_size": self.world_size,
                                    "num_workers": self.num_workers, "remainder": self.remainder})
 
-    def _journal_config(self) -> Dict[str, Any]:
-        place = self._place()
-        return JournalSession.run_config(place.config, place.layout)
-
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
         found = self._session.open(self.dataset, self._place(), resume, sync)
         self.config = found.config
@@ -285,11 +281,6 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
     def _process_group(self) -> Any:
         """torch.distributed, when its default group is exactly this loader's world."""
         return process_group(self.rank, self.world_size)
-
-    def _resolve_together(self, path: str, step: Optional[int], resolve: Any
-                          ) -> Optional[Dict[str, Any]]:
-        """See :meth:`resumewds.session.JournalSession.resolve_together`."""
-        return self._session.resolve_together(self.rank, self.world_size, path, step, resolve)
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
         """Record atomically, in the journal, the position after ``step``.

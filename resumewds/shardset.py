@@ -41,7 +41,6 @@ from .shardindex import Counted
 from .shardsplit import SplitSequence, empty_worker_error
 from .sources import Source, resolve_sources
 from .stages import (
-    SKIPPED,
     Decoder,
     Handled,
     Map,
@@ -146,7 +145,14 @@ class ShardDataset:
             like ``on_error="skip"``; False stops the iteration.
         allow_pickle: let decoders unpickle (pkl/pyd): off by default.
         allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
-            the network.
+            the network (and the local files it names).
+        allow_remote_local: let a manifest fetched over the network name local
+            files (absolute paths, ``file://``); None: ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
+        manifest_max_bytes: the largest manifest fetched over the network
+            (bytes or ``"1GiB"``); None: ``RESUMEWDS_MANIFEST_MAX_BYTES``, else 256 MiB.
+        cache_sync: how the cache makes its files durable (``"auto"``,
+            ``"fsync"`` or ``"boot"``, :class:`resumewds.cache.ShardStore`);
+            None: ``RESUMEWDS_CACHE_SYNC``, else ``"auto"``.
         prefetch: how many upcoming shards to download in the background.
         partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
             None: the number of nodes at the run's start (a resume keeps the
@@ -176,7 +182,9 @@ class ShardDataset:
                  shuffle_window: Optional[int] = None, cache_dir: Optional[str] = None,
                  cache_size: Union[int, str, None] = None, verify: str = "once", fetch: Any = None,
                  on_error: str = "raise", handler: Any = None, allow_pickle: bool = False,
-                 allow_remote_pipe: bool = False, prefetch: int = 4, partitions: Optional[int] = None,
+                 allow_remote_pipe: bool = False, allow_remote_local: Optional[bool] = None,
+                 manifest_max_bytes: Union[int, str, None] = None, cache_sync: Optional[str] = None,
+                 prefetch: int = 4, partitions: Optional[int] = None,
                  ranged_reads: Optional[bool] = None, resampled: bool = False, repeat: bool = False,
                  empty_check: bool = True, worker_split: Optional[str] = None):
         if on_error not in ON_ERROR:
@@ -206,6 +214,13 @@ class ShardDataset:
         self.handler = handler
         self.allow_pickle = allow_pickle
         self.allow_remote_pipe = allow_remote_pipe
+        self.allow_remote_local = allow_remote_local
+        if manifest_max_bytes is not None:
+            config.manifest_max_bytes(manifest_max_bytes)  # checked now (a ValueError naming it)
+        if cache_sync is not None:
+            config.cache_sync(cache_sync)
+        self.manifest_max_bytes = manifest_max_bytes
+        self.cache_sync = cache_sync
         self.prefetch_depth = int(prefetch)
         if ranged_reads is not None:
             warnings.warn("ranged_reads= is ignored: remote shards with sample digests are always read by "
@@ -435,15 +450,16 @@ class ShardDataset:
     def _resolve(self) -> Tuple[Manifest, Optional[Dict[str, str]]]:
         """The sources resolved and indexed (a manifest.json beside named shards first:
         :mod:`resumewds.beside`); the shards skipped under a ``handler``."""
-        m = resolve_sources(self.urls, fetch_config=self.fetch,
-                            allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
+        trust: Dict[str, Any] = {"allow_remote_pipe": self.allow_remote_pipe,
+                                 "allow_remote_local": self.allow_remote_local,
+                                 "manifest_max_bytes": self.manifest_max_bytes}
+        m = resolve_sources(self.urls, fetch_config=self.fetch, cache_dir=self.cache_dir, **trust)
         # counts-only shards (a wids shard index, img2dataset stats) are recorded when
         # first opened (resumewds.shardindex.RecordBook): the plan needs their counts only
         todo = [s for s in m.shards if not s.indexed and not isinstance(s.index, Counted)]
         if not todo:
             return m, None
-        fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
-                         cache_dir=self.cache_dir)
+        fill_from_beside(m, fetch_config=self.fetch, cache_dir=self.cache_dir, **trust)
         todo = [s for s in todo if not s.indexed]
         if not todo:
             return m, None
@@ -492,9 +508,20 @@ class ShardDataset:
     @property
     def store(self) -> Any:
         if self._store is None:
-            self._store = ShardStore(cache_dir=self.cache_dir, cache_size=self.cache_size,
-                                     verify=self.verify, fetch=self.fetch, on_event=self._on_event)
+            self._store = ShardStore(cache_dir=self.cache_dir, cache_size=self.cache_size, verify=self.verify,
+                                     fetch=self.fetch, on_event=self._on_event, sync=self.cache_sync)
         return self._store
+
+    def cache_dirs(self) -> List[str]:
+        """The directory of this data set's shard cache (its store's, from ``cache_dir=``, else
+        ``RESUMEWDS_CACHE_DIR``...): ranks on one host that share it are one node
+        (:func:`resumewds.world.node_key`).
+
+        Example:
+            >>> ShardDataset(["a.tar"], cache_dir="/tmp/c").cache_dirs()
+            ['/tmp/c']
+        """
+        return [self.store.cache_dir]
 
     #: a worker of the shard split without a shard raises (with ``empty_check``), as webdataset's
     #: ``WebDataset`` does; a ``DataPipeline`` (no such check in webdataset) sets it False
@@ -563,9 +590,6 @@ class ShardDataset:
         self._events.append(event_record(kind, url, detail))  # logs it, once, here
 
     def take_events(self) -> List[Dict[str, Any]]:
-        if SKIPPED:  # items a stage's handler skipped in this process
-            self._events.extend(SKIPPED)
-            SKIPPED.clear()
         ev, self._events = self._events, []
         return ev
 

@@ -11,9 +11,10 @@ Accepted sources, alone or in a list:
   the manifest's own location.  ``pipe:`` urls in a manifest fetched over the
   network are refused unless ``allow_remote_pipe=True``: a remote file must
   not be able to run commands here; nor may it name local files (absolute
-  paths, ``file://``) unless ``allow_remote_local`` (or
-  ``RESUMEWDS_ALLOW_REMOTE_LOCAL=1``, or ``allow_remote_pipe``) says so.  A
-  remote manifest larger than ``RESUMEWDS_MANIFEST_MAX_BYTES`` is refused.
+  paths, ``file://``) unless ``allow_remote_local=True`` (else
+  ``RESUMEWDS_ALLOW_REMOTE_LOCAL=1``; or ``allow_remote_pipe``) says so.  A
+  remote manifest larger than ``manifest_max_bytes`` (else
+  ``RESUMEWDS_MANIFEST_MAX_BYTES``) is refused.
 
 Example:
     >>> expand_braces("s-{00..02}.tar")
@@ -88,9 +89,10 @@ def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
 
 
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
-                     cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None) -> Manifest:
+                     cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None,
+                     manifest_max_bytes: Union[int, str, None] = None) -> Manifest:
     cfg = fetch_config or FetchConfig.from_env()
-    raw = fetch_bytes(url, cfg, on_event=_log_manifest_event, max_bytes=config.manifest_max_bytes())
+    raw = fetch_bytes(url, cfg, on_event=_log_manifest_event, max_bytes=config.manifest_max_bytes(manifest_max_bytes))
     m = parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)
     # a remote file must not make us read (or reveal the size of) local files
     if not (allow_remote_pipe or config.allow_remote_local(allow_remote_local)):
@@ -101,8 +103,8 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
             if is_local_url(local):
                 raise UnsafeSourceError(
                     f"{url}: manifest fetched over the network names a local file ({local}); refusing to read "
-                    "local files for a remote manifest. Set RESUMEWDS_ALLOW_REMOTE_LOCAL=1 (or pass "
-                    "allow_remote_pipe=True / --allow-remote-pipe) if you trust it")
+                    "local files for a remote manifest. Pass allow_remote_local=True (--allow-remote-local, "
+                    "RESUMEWDS_ALLOW_REMOTE_LOCAL=1) if you trust it")
     sides_by_id: Dict[int, ArrayFile] = {id(s.offsets.file): s.offsets.file for s in m.shards
                                          if isinstance(s.offsets, LazyOffsets)}
     sides_by_id.update({id(s.sample_digests.file): s.sample_digests.file for s in m.shards
@@ -142,7 +144,8 @@ def bind_indexes(m: Manifest, cache_dir: Optional[str] = None, fetch_config: Any
 
 
 def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe: bool = False,
-                    cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None) -> Manifest:
+                    cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None,
+                    manifest_max_bytes: Union[int, str, None] = None) -> Manifest:
     """Resolve any accepted source into one :class:`Manifest`.
 
     Shards from plain paths and patterns are not indexed yet (see
@@ -157,6 +160,8 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
             the records of counts-only shards (a wids shard index) are kept.
         allow_remote_local: let remote manifests name local files (absolute
             paths, ``file://``); default ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
+        manifest_max_bytes: the largest remote manifest accepted (bytes or
+            ``"1GiB"``); default ``RESUMEWDS_MANIFEST_MAX_BYTES``, else 256 MiB.
 
     Raises:
         SourceError: an empty source list, bad pattern or scheme, bad manifest,
@@ -194,7 +199,7 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
                 flush()
                 if is_remote_object(url):
                     parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe, cache_dir,
-                                                  allow_remote_local))
+                                                  allow_remote_local, manifest_max_bytes))
                 else:
                     parts.append(load_manifest(_normalise(url)))
             else:

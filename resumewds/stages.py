@@ -44,13 +44,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from . import runners as r
 from .autodecode import Decoder, decode_image
 from .errors import DecodeError, HandlerStop, MissingKeyError
-from .events import EventKind
-from .stats import event_record
+from .handling import OnEvent, SkippedSample, report_stop
 
-__all__ = ["Decoder", "apply_stages", "ExtractKeys", "FieldError", "Handled", "Map", "MapDict", "MapTuple", "Rename",
-           "RenameKeys", "SKIPPED", "SampleTypeError", "Select", "SelectFiles", "Stage", "ToTuple",
-           "decode_image", "default_collate", "default_collation_fn", "getfirst", "list_collate",
-           "record_skip"]
+__all__ = ["Decoder", "ExtractKeys", "FieldError", "Handled", "Map", "MapDict", "MapTuple", "Rename",
+           "RenameKeys", "SampleTypeError", "Select", "SelectFiles", "Stage", "ToTuple", "apply_stages",
+           "decode_image", "default_collate", "default_collation_fn", "getfirst", "list_collate"]
 
 
 class FieldError(DecodeError, ValueError):
@@ -336,22 +334,12 @@ class SelectFiles:
 
 
 # ---- handlers: the handler= argument of stages ------------------------------
-#: samples skipped by a handler in this process, drained into the dataset's events
-SKIPPED: List[Dict[str, Any]] = []
-
-
-def record_skip(item: Any, exc: BaseException, where: str) -> None:
-    """Record an item a handler skipped (as an event ``sample_skip``: stats, journal)."""
-    url = key = None
-    if isinstance(item, dict):
-        url, key = item.get("__url__"), item.get("__key__")
-    SKIPPED.append(event_record(EventKind.SAMPLE_SKIP, str(url or ""), {
-        "key": key, "stage": where, "error": f"{type(exc).__name__}: {exc}"}))
-    del SKIPPED[:-10000]
-
-
 class Handled:
-    """Run ``fn`` under a webdataset ``handler``: re-raise, skip (True) or stop (False)."""
+    """Run ``fn`` under a webdataset ``handler``: re-raise, skip (True) or stop (False).
+
+    A skip raises :class:`~resumewds.handling.SkippedSample`, a stop :class:`~resumewds.errors.HandlerStop`
+    (holding the item's skip as ``skipped``): whatever runs the stage drops the item or
+    ends the iteration, and records it in its data set's events."""
 
     def __init__(self, fn: Callable[[Any], Any], handler: Callable[[BaseException], bool],
                  name: str = "map"):
@@ -362,14 +350,15 @@ class Handled:
     def __call__(self, item: Any) -> Any:
         try:
             return self.fn(item)
-        except HandlerStop:
+        except (HandlerStop, SkippedSample):
             raise
         except Exception as exc:
+            skip = SkippedSample(item, exc, self.name)
             if self.handler(exc):
-                record_skip(item, exc, self.name)
-                return None
-            record_skip(item, exc, self.name)
-            raise HandlerStop(str(exc)) from exc
+                raise skip from exc
+            stop = HandlerStop(str(exc))
+            stop.skipped = skip
+            raise stop from exc
 
 
 # ---- webdataset's default collation ----------------------------------------
@@ -436,12 +425,12 @@ class Stage:
     def __repr__(self) -> str:
         return f"Stage({self.name})"
 
-    def runner(self, key: int) -> Any:
+    def runner(self, key: int, on_event: Optional[OnEvent] = None) -> Any:
         """A fresh :class:`resumewds.runners.Runner` of this stage for one epoch (``key``: its
-        random stream)."""
+        random stream; ``on_event``: where a handler's skip goes, the data set's events)."""
         a = self.args
         if self.kind == "sample":
-            return r.MapRunner(self.fn)
+            return r.MapRunner(self.fn, on_event)
         if self.kind == "batched":
             return r.BatchRunner(a["n"], a["collation_fn"], a["partial"])
         if self.kind == "shuffle":
@@ -471,8 +460,9 @@ def list_collate(samples: List[Any]) -> List[Any]:
     return list(samples)
 
 
-def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
-    """``x`` through ``stages``; None as soon as one returns None.
+def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any, on_event: Optional[OnEvent] = None) -> Any:
+    """``x`` through ``stages``; None as soon as one returns None, or when a stage's handler
+    skips it (a ``sample_skip`` event of ``on_event``: the data set's; None: logged only).
 
     Example:
         >>> apply_stages([lambda x: x + 1, lambda x: x * 2], 3)
@@ -480,8 +470,15 @@ def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
         >>> apply_stages([lambda x: None, lambda x: x * 2], 3) is None
         True
     """
-    for st in stages:
-        x = st(x)
-        if x is None:
-            return None
+    try:
+        for st in stages:
+            x = st(x)
+            if x is None:
+                return None
+    except SkippedSample as skip:
+        skip.report(on_event)
+        return None
+    except HandlerStop as stop:
+        report_stop(stop, on_event)
+        raise
     return x

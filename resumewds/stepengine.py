@@ -47,6 +47,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 from . import reading
 from .errors import ResumeWDSError
 from .events import EventKind
+from .handling import OnEvent
 from .manifest import ShardInfo
 from .openshards import DIGEST_STAGE, run_length
 from .stages import apply_stages
@@ -200,9 +201,10 @@ class StepBuilder:
         self.t_stages = 0.0
 
     def add(self, i: int, sample: Dict[str, Any], shard: int, shard_name: str, source: int,
-            stages: Sequence[Callable[[Any], Any]]) -> Any:
+            stages: Sequence[Callable[[Any], Any]], on_event: Optional[OnEvent] = None) -> Any:
         """Slot ``i``'s sample, read from global shard ``shard`` of ``source``: tagged,
-        through the source's stages; what the step delivers, or None (filtered)."""
+        through the source's stages (a stage's handler's skip: an event of ``on_event``,
+        the source's); what the step delivers, or None (filtered or skipped)."""
         meta = self.meta
         # members only: __key__ and __url__ are the only dunder keys so far
         meta["bytes"] += sum(map(len, sample.values())) - len(sample["__key__"]) - len(sample["__url__"])
@@ -223,7 +225,7 @@ class StepBuilder:
                 per_src = meta["sources"]
                 per_src[source] = per_src.get(source, 0) + 1
         t0 = time.perf_counter()
-        x = apply_stages(stages, sample)
+        x = apply_stages(stages, sample, on_event)
         self.t_stages += time.perf_counter() - t0
         if x is None:
             meta["filtered"] += 1
@@ -233,7 +235,8 @@ class StepBuilder:
         return x
 
     def batch(self, collate_fn: Optional[Callable[[List[Any]], Any]],
-              batch_stages: Sequence[Callable[[Any], Any]], gwhere: Sequence[Tuple[int, int]]) -> Any:
+              batch_stages: Sequence[Callable[[Any], Any]], gwhere: Sequence[Tuple[int, int]],
+              on_event: Optional[OnEvent] = None) -> Any:
         """The step's batch: its samples collated (``collate_fn`` None: the list itself,
         no batch stages), then the batch stages; a batch stage's None drops the
         batch: ``[]``, its samples counted as filtered, ``meta["batch_dropped"]``.
@@ -249,7 +252,7 @@ class StepBuilder:
         if collate_fn is None or not out:
             return out
         t0 = time.perf_counter()
-        batch = apply_stages(batch_stages, collate_fn(out))
+        batch = apply_stages(batch_stages, collate_fn(out), on_event)
         self.t_stages += time.perf_counter() - t0
         if batch is None:
             meta["filtered"] += len(out)
@@ -376,14 +379,15 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 if name is None:
                     name = shard_names[g] = shards[g].name
                 src = 0 if srcs is None else srcs[i]
-                x = builder.add(i, sample, g, name, src, sources[src].stages)
+                x = builder.add(i, sample, g, name, src, sources[src].stages, readers[src].on_event)
                 if each and x is not None:
                     yield k, [x], None
             if i == 0:
                 scheduler.first_out()  # the first sample is out: the deferred downloads start
             t0 = clock()  # (the consumer's time is not the step's)
         builder.meta["skipped"] = skipped
-        batch = builder.batch(collate_fn, batch_stages, gwhere)
+        # (a mixture's events are its sources': a batch stage's skip is the first one's)
+        batch = builder.batch(collate_fn, batch_stages, gwhere, readers[0].on_event)
         stopped = any(r.stopping for r in readers)
         wait = 0.0
         for r in readers:

@@ -17,7 +17,8 @@ Where the answer comes from, first match wins:
    ``LOCAL_RANK`` when they are set (other launchers that set
    ``LOCAL_WORLD_SIZE`` must give every node the same number of ranks);
 4. without those variables, under ``torch.distributed``: one all-gather of
-   ``hostname:RESUMEWDS_CACHE_DIR`` groups the ranks that share a cache;
+   ``hostname:cache directory`` (the data set's, from its ``cache_dir=`` or
+   ``RESUMEWDS_CACHE_DIR``) groups the ranks that share a cache;
 5. else one node.
 
 Nodes must be numbered node-major with the same number of ranks each (rank
@@ -41,7 +42,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from . import config
 
@@ -155,9 +156,22 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
     return r, w
 
 
-def node_key() -> str:
-    """What identifies a shared cache: ``hostname:RESUMEWDS_CACHE_DIR``."""
-    return f"{socket.gethostname()}:{os.path.realpath(config.cache_dir())}"
+def node_key(cache_dirs: Union[str, Sequence[str], None] = None) -> str:
+    """What identifies a shared cache: ``hostname:directory`` of the cache(s) a rank uses.
+
+    Args:
+        cache_dirs: the directories of the rank's shard caches (its data set's
+            stores: :meth:`resumewds.WebDataset.cache_dirs`), one or several (a
+            mixture); None: the default (``RESUMEWDS_CACHE_DIR``...).  Symbolic
+            links are resolved, so two names of one directory are one cache.
+
+    Example:
+        >>> node_key("/a") == node_key(["/a"]) != node_key("/b")
+        True
+    """
+    dirs = [cache_dirs] if cache_dirs is None or isinstance(cache_dirs, str) else list(cache_dirs)
+    real = sorted({os.path.realpath(config.cache_dir(d)) for d in dirs})
+    return f"{socket.gethostname()}:{'|'.join(real)}"
 
 
 def nodes_from_keys(keys: list[str], rank: int) -> Tuple[int, int, str]:
@@ -185,7 +199,8 @@ def nodes_from_keys(keys: list[str], rank: int) -> Tuple[int, int, str]:
 
 
 def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *,
-                 nodes: Optional[int] = None, env: Optional[Mapping[str, str]] = None) -> World:
+                 nodes: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+                 cache_dirs: Union[str, Sequence[str], None] = None) -> World:
     """Rank, world size and node of this process (see the module docs).
 
     Args:
@@ -193,6 +208,9 @@ def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *
         nodes: the number of nodes (groups of ranks that share a cache);
             ranks are node-major: rank ``r`` is node ``r // (world_size // nodes)``.
         env: the environment to read (default ``os.environ``).
+        cache_dirs: the directories of this rank's shard caches (:func:`node_key`),
+            which group the ranks under ``torch.distributed`` without torchrun's
+            variables; None: the default cache directory.
 
     Raises:
         ValueError: a variable is not an integer, the rank is not in the
@@ -246,7 +264,7 @@ def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *
     if dist is not None and dist.get_world_size() == w and dist.get_rank() == r:
         keys: list[Any] = [None] * w
         try:
-            dist.all_gather_object(keys, node_key())
+            dist.all_gather_object(keys, node_key(cache_dirs))
         except Exception as exc:  # e.g. NCCL without a device set: locality only is lost
             return _fallback(r, w, f"all_gather_object failed: {exc}".splitlines()[0])
         node, n, why = nodes_from_keys([str(k) for k in keys], r)

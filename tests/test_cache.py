@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -24,6 +25,7 @@ from http_fixtures import (
     shard_for,
 )
 from resumewds.cache import ShardStore, default_cache_dir, parse_size
+from resumewds.cache.prefetch import THREAD_NAME
 from resumewds.errors import CacheError, ChecksumMismatch, PermanentFetchError, TransientFetchError, UnsafeSourceError
 from resumewds.fetch import fetch_to_file
 from resumewds.manifest import ShardInfo
@@ -434,6 +436,7 @@ def test_prefetch_downloads_in_background_and_swallows_errors(served, tmp_path):
     shards = [shard_for(srv.url + f"{n}.tar", d) for n, d in blobs.items()]
     missing = ShardInfo(url=srv.url + "missing.tar")
     st = store_for(tmp_path)
+    before = set(threading.enumerate())
     try:
         st.prefetch([missing] + shards, depth=3)
         deadline = time.monotonic() + 10
@@ -453,7 +456,7 @@ def test_prefetch_downloads_in_background_and_swallows_errors(served, tmp_path):
         assert read(clone.ensure(shards[0])) == blobs["a"]
     finally:
         st.close()
-    assert st._pf_threads == []
+    assert [t for t in threading.enumerate() if t.name == THREAD_NAME and t not in before] == []  # stopped
 
 
 def test_pipe_shards_are_cached_and_untrusted_ones_refused(tmp_path):
@@ -668,6 +671,22 @@ def test_sync_mode_from_env_and_bad_values(monkeypatch, tmp_path):
     monkeypatch.delenv("RESUMEWDS_CACHE_SYNC")
     assert store_for(tmp_path).sync == "boot"  # Linux has a boot id
     assert store_for(tmp_path, sync="fsync").sync == "fsync"
+
+
+@pytest.mark.parametrize("sync,synced", [("fsync", True), ("boot", False)])
+def test_a_data_set_chooses_its_cache_sync_over_the_environment(monkeypatch, tmp_path, sync, synced):
+    import resumewds as rw
+
+    root = tmp_path / "srv"
+    root.mkdir()
+    make_tar(str(root / "a.tar"))
+    monkeypatch.setenv("RESUMEWDS_CACHE_SYNC", "boot" if sync == "fsync" else "fsync")
+    with FaultServer(str(root)) as srv:
+        ds = rw.WebDataset(srv.url + "a.tar", cache_dir=str(tmp_path / "c"), cache_sync=sync)
+        assert len(list(ds)) == 8
+        assert _meta(ds.store.entry_path(srv.url + "a.tar"))["synced"] is synced
+    with pytest.raises(ValueError, match="cache_sync"):
+        rw.WebDataset(srv.url + "a.tar", cache_sync="sometimes")
 
 
 def test_prefetch_runs_in_parallel_and_fetches_an_evicted_shard_again(tmp_path):

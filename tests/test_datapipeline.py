@@ -26,6 +26,19 @@ def test_unshuffled_pipeline_matches_webdataset(shards):
     assert a == b and len(a) == 5 * 37
 
 
+@pytest.mark.parametrize("stage", ["rename_keys", "rename"])
+def test_a_stage_returning_a_new_dict_matches_webdataset(shards, stage):
+    """A per-sample stage whose result is a new dict (rename_keys, rename(keep=False)) gives
+    what webdataset's gives: the new dict as it is, no ``__key__`` added."""
+    kw = {"rename_keys": {"label": "cls"}, "rename": {"label": "cls", "keep": False}}[stage]
+
+    def run(lib):
+        return list(lib.DataPipeline(lib.SimpleShardList(shards[:2]), lib.tarfile_to_samples(),
+                                     getattr(lib, stage)(**kw)))
+    ours, theirs = run(wds), run(real_wds)
+    assert len(ours) == 74 and ours == theirs
+
+
 def test_batched_default_collation_matches_webdataset(shards):
     ours = list(DataPipeline(wds.SimpleShardList(shards), wds.tarfile_to_samples(), wds.decode(),
                              wds.to_tuple("cls", "txt"), wds.batched(16)))

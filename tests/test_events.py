@@ -3,6 +3,7 @@ somewhere in the package and consumed by at least one consumer."""
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -58,7 +59,6 @@ def test_every_kind_is_consumed(kind):
 def test_consumers_derive_from_the_table():
     assert stats.EVENT_COUNTERS == events.stats_counters()
     assert journal.ERROR_EVENT_KINDS == events.error_kinds()
-    assert journal._EVENT_SHARD_EFFECT == events.shard_effects()
     for name in events.stats_counters().values():
         assert name in stats.COUNTERS
     for state, _ in events.shard_effects().values():
@@ -88,9 +88,33 @@ def test_shard_effects_reach_the_journal(tmp_path):
                 assert row[counter] == 1, kind
 
 
-def test_literal_producers_left():
-    """fetch.py and cache.py (another owner) still emit literals: listed here
-    so the conversion is tracked; each literal must be a known kind."""
-    for module in ("fetch", "cache"):
-        for lit in re.findall(r'(?:_emit|on_event)\(\s*"([a-z_]+)"', _source(module)):
-            EventKind(lit)
+#: the calls that emit an event: ``emit(kind, url, ...)``, ``on_event(kind, ...)``, ``event_record(kind, ...)``
+_EMITTERS = {"emit", "_emit", "on_event", "_on_event", "event_record"}
+
+
+def _emissions():
+    """``(file:line, kind argument)`` of every event emitted in the package's code."""
+    for dirpath, _, names in os.walk(PKG):
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(dirpath, name)
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Call) or not node.args:
+                    continue
+                fn = node.func
+                called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+                if called in _EMITTERS:
+                    yield f"{os.path.relpath(path, PKG)}:{node.lineno}", node.args[0]
+
+
+def test_every_event_is_emitted_by_its_kind_in_the_table():
+    """No event kind is a string literal (one that is not in the table would bypass every
+    consumer, silently): each emission names an :class:`EventKind`."""
+    found = list(_emissions())
+    literals = [(where, arg.value) for where, arg in found
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+    assert literals == []
+    by_name = [where for where, arg in found if isinstance(arg, ast.Attribute)
+               and getattr(arg.value, "id", None) in ("EventKind", "K") and arg.attr in EventKind.__members__]
+    assert len(by_name) >= 20  # (the scan sees the package's emissions)

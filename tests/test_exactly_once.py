@@ -34,16 +34,18 @@ _RUNNER = textwrap.dedent("""
     import json, os, sys, time
     import resumewds as rw
     import resumewds.journal as J
-    data, journal, out, slow, go = sys.argv[1:]
+    data, journal, out, other, go = sys.argv[1:]
     ds = rw.WebDataset(json.loads(data))
     ds.manifest
-    if slow == "1":   # a slow file system: reading the run's files takes 3 s
+    if other:   # a slow file system: reading the run's files lasts until the other run is done
         real = J.resolve_resume
         def slow_resolve(*a, **k):
             point = real(*a, **k)
-            time.sleep(3)
+            while not os.path.exists(other):  # (it was refused, or it ran and wrote its keys)
+                time.sleep(0.005)
             return point
         J.resolve_resume = slow_resolve
+    open(out + ".ready", "w").close()
     while not os.path.exists(go):
         time.sleep(0.005)
     try:
@@ -69,11 +71,14 @@ def test_two_runs_started_together_never_resume_from_the_same_point(make_shards,
     journal = str(tmp_path / "run.db")
     go = str(tmp_path / "go")
     procs = []
-    for name, slow in (("fast", "0"), ("slow", "1")):
+    for name, other in (("fast", ""), ("slow", str(tmp_path / "fast"))):
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", _RUNNER, json.dumps(data), journal, str(tmp_path / name), slow, go],
+            [sys.executable, "-c", _RUNNER, json.dumps(data), journal, str(tmp_path / name), other, go],
             env=_env()))
-    time.sleep(4)  # both have imported torch and built their datasets by now
+    deadline = time.monotonic() + 120  # both have imported torch and built their datasets
+    while not all(os.path.exists(tmp_path / f"{n}.ready") for n in ("fast", "slow")):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
     open(go, "w").close()
     for p in procs:
         assert p.wait(timeout=120) == 0

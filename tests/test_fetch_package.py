@@ -88,9 +88,6 @@ def test_is_this_url_remote_has_one_answer(url, expected):
     assert (is_remote_url(url), is_remote_object(url), is_local_url(url)) == expected
     # the modules that ask use the registry's answer
     import resumewds.manifest as manifest
-    import resumewds.sourcecheck as sourcecheck
-
-    assert (sourcecheck._local_candidates(url) == []) is (not expected[2])
     from resumewds import urls  # enforce_security's "may this be opened?": the same table, "-" (stdin) allowed
 
     urls.enforce_security = True

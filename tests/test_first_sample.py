@@ -19,7 +19,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from typing import Any, List
 
 import pytest
@@ -174,22 +173,25 @@ def test_datapipeline_state_inside_the_first_step_resumes_exactly(tmp_path, monk
 # ---- a manifest without offsets: several shards indexed at once ------------------------------
 
 class _CountingStore(ShardStore):
-    """A real store that records how many ``ensure`` calls run at once."""
+    """A real store that records how many ``ensure`` calls run at once; with ``meet``, each
+    call waits (30 s at most) until ``meet`` calls have been in it together."""
 
-    def __init__(self, **kw: Any):
+    def __init__(self, meet: int = 0, **kw: Any):
         super().__init__(**kw)
-        self.lock = threading.Lock()
+        self.cond = threading.Condition()
         self.now = self.most = 0
+        self.meet = meet
 
     def ensure(self, shard: Any, *args: Any, **kw: Any) -> str:
-        with self.lock:
+        with self.cond:
             self.now += 1
             self.most = max(self.most, self.now)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.most >= self.meet, timeout=30)
         try:
-            time.sleep(0.05)  # long enough for the others to start
             return super().ensure(shard, *args, **kw)
         finally:
-            with self.lock:
+            with self.cond:
                 self.now -= 1
 
 
@@ -200,7 +202,7 @@ def _plain_manifest(m: Manifest) -> List[Any]:
 def test_index_manifest_indexes_shards_at_once_with_the_same_result(tmp_path, monkeypatch):
     synth.write_shards(str(tmp_path / "s"), shards=6, samples=20)
     pattern = str(tmp_path / "s" / "shard-{000000..000005}.tar")
-    store = _CountingStore(cache_dir=str(tmp_path / "c1"))
+    store = _CountingStore(meet=2, cache_dir=str(tmp_path / "c1"))
     at_once = indexing.index_manifest(resolve_sources(pattern), store)
     assert store.most > 1
     monkeypatch.setattr(indexing, "INDEX_THREADS", 1)

@@ -5,6 +5,7 @@ The real webdataset installed beside resumewds is the reference."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
@@ -351,3 +352,50 @@ def test_a_stopping_handler_resumes_to_the_same_stop(tmp_path, cache_dir):
         again.commit(step)
     assert got == ref and again.epoch == 1
     again.close()
+
+
+def _boom_every_10_at(r):
+    """A stage failing the samples whose number ends in ``r`` (each data set its own ``r``)."""
+    def boom(s):
+        if int(s["__key__"].rsplit("_", 1)[1]) % 10 == r:
+            raise ValueError(f"bad sample {s['__key__']}")
+        return s
+    return boom
+
+
+def _want_skips(paths, r):
+    return sorted((p, f"s{i:06d}_{j:06d}") for i, p in enumerate(paths) for j in range(37) if j % 10 == r)
+
+
+def test_two_data_sets_read_together_keep_their_own_skip_events(make_shards, tmp_path):
+    """Two data sets with skipping handlers read interleaved in one process: each one's events,
+    and each one's journal, hold exactly its own skipped samples."""
+    a_paths, b_paths = make_shards(subdir="a"), make_shards(subdir="b")
+    a = rw.WebDataset(a_paths).map(_boom_every_10_at(3), handler=rw.ignore_and_continue)
+    b = rw.WebDataset(b_paths).map(_boom_every_10_at(7), handler=rw.ignore_and_continue)
+    got = {"a": [], "b": []}
+    for _ in zip(a, b):  # one sample of each in turn
+        got["a"] += a.take_events()
+        got["b"] += b.take_events()
+    got["a"] += a.take_events()
+    got["b"] += b.take_events()
+    for name, paths, r in (("a", a_paths, 3), ("b", b_paths, 7)):
+        skips = sorted((e["url"], e["key"]) for e in got[name] if e["kind"] == "sample_skip")
+        assert skips == _want_skips(paths, r), name
+
+    # a loader with a journal stepped between the samples of a data set read directly
+    a = rw.WebDataset(a_paths).map(_boom_every_10_at(3), handler=rw.ignore_and_continue)
+    journal = str(tmp_path / "b.db")
+    lb = rw.WebLoader(b.to_tuple("__key__"), batch_size=8, num_workers=0, journal=journal)
+    it, steps = iter(a), 0
+    for step, _ in enumerate(lb):
+        next(it), next(it)  # two samples of a between two steps of the loader
+        lb.commit(step)
+        steps += 1
+    lb.close()
+    assert len(list(it)) == 5 * 37 - 20 - 2 * steps
+    skips = sorted((e["url"], e["key"]) for e in a.take_events() if e["kind"] == "sample_skip")
+    assert skips == _want_skips(a_paths, 3)
+    with sqlite3.connect(journal) as db:
+        rows = db.execute("select url, detail from events where kind = 'sample_skip'").fetchall()
+    assert sorted((u, json.loads(d)["key"]) for u, d in rows) == _want_skips(b_paths, 7)

@@ -175,8 +175,7 @@ def test_pipe_command_dies_with_a_sigkilled_parent(tmp_path):
             if pidfile.exists() and pidfile.read_text().strip():
                 break
             time.sleep(0.05)
-        child = int(pidfile.read_text())
-        time.sleep(0.2)
+        child = int(pidfile.read_text())  # its death signal was set before the shell ran
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
 
@@ -384,6 +383,38 @@ def test_remote_manifest_cannot_name_local_files(tmp_path, monkeypatch, local):
         assert len(resolve_sources(srv.url + "manifest.json", allow_remote_local=True).shards) == 2
 
 
+def test_allow_remote_local_is_an_argument_of_the_data_set_and_the_cli(tmp_path, monkeypatch):
+    """``allow_remote_local=`` beside ``allow_remote_pipe=``: on the data set (the argument wins over
+    ``RESUMEWDS_ALLOW_REMOTE_LOCAL``) and as ``--allow-remote-local`` of cat, verify and prefetch."""
+    import resumewds as rw
+    from resumewds.cli import cli
+
+    monkeypatch.delenv("RESUMEWDS_ALLOW_REMOTE_LOCAL", raising=False)
+    local = tmp_path / "local"
+    local.mkdir()
+    for name in ("a.tar", "b.tar"):
+        make_tar(str(local / name))
+    root = _manifest_server(tmp_path, [{"url": str(local / "a.tar")}, {"url": str(local / "b.tar")}])
+    with FaultServer(str(root)) as srv:
+        url = srv.url + "manifest.json"
+        with pytest.raises(UnsafeSourceError, match="allow_remote_local=True"):
+            list(rw.WebDataset(url))
+        assert len(list(rw.WebDataset(url, allow_remote_local=True))) == 16
+        monkeypatch.setenv("RESUMEWDS_ALLOW_REMOTE_LOCAL", "1")
+        with pytest.raises(UnsafeSourceError):
+            list(rw.WebDataset(url, allow_remote_local=False))
+        monkeypatch.delenv("RESUMEWDS_ALLOW_REMOTE_LOCAL")
+        refused = CliRunner().invoke(cli, ["cat", url])
+        assert refused.exit_code != 0 and "--allow-remote-local" in refused.output
+        res = CliRunner().invoke(cli, ["cat", url, "--allow-remote-local"])
+        assert res.exit_code == 0, res.output
+        assert len(res.stdout.splitlines()) == 16
+        for verb in ("verify", "prefetch"):
+            assert CliRunner().invoke(cli, [verb, url]).exit_code != 0
+            res = CliRunner().invoke(cli, [verb, url, "--allow-remote-local", "--cache-dir", str(tmp_path / "c")])
+            assert res.exit_code == 0, (verb, res.output)
+
+
 def test_remote_manifest_size_is_capped(tmp_path, monkeypatch):
     from resumewds.sources import resolve_sources
 
@@ -395,6 +426,13 @@ def test_remote_manifest_size_is_capped(tmp_path, monkeypatch):
         assert srv.requests["/manifest.json"] == 1
         with pytest.raises(PermanentFetchError, match="larger than"):  # also without a Content-Length
             fetch_bytes(srv.url + "manifest.json", fast_config(), max_bytes=100)
+        # an argument of the data set (and of resolve_sources) before the environment
+        assert len(resolve_sources(srv.url + "manifest.json", manifest_max_bytes="1MiB").shards) == 200
+        monkeypatch.delenv("RESUMEWDS_MANIFEST_MAX_BYTES")
+        import resumewds as rw
+
+        with pytest.raises(PermanentFetchError, match="larger than the 2000 bytes"):
+            _ = rw.WebDataset(srv.url + "manifest.json", manifest_max_bytes=2000).manifest
 
 
 # ---------------------------------------------------------------------------
@@ -428,11 +466,9 @@ def test_prefetch_stays_within_the_budget(served, tmp_path):
     st = ShardStore(cache_dir=str(tmp_path / "cache"), cache_size=2 * size, fetch=fast_config())
     shards = [shard_for(srv.url + f"s{i}.tar", d) for i, d in enumerate(datas)]
     st.prefetch(shards, depth=6)
-    for _ in range(500):
-        with st._pf_cond:
-            idle = not st._pf_queue and not st._pf_current
-        if idle:
-            break
+    deadline = time.monotonic() + 60  # every shard of the wish list decided: 2 fetched, 4 over budget
+    while st.counters["prefetch_over_budget"] < 4 or st.counters["fetch_done"] < 2:
+        assert time.monotonic() < deadline, dict(st.counters)
         time.sleep(0.01)
     assert st.cached_bytes() <= 2 * size
     assert sum(srv.requests.values()) == 2  # only what fits was fetched

@@ -260,6 +260,9 @@ def test_migrates_older_schema(path, monkeypatch):
         j.check_config(CONF)
         run_id = j.run_id
     assert _schema_version(path) == JOURNAL_SCHEMA_VERSION
+    db = sqlite_utils.Database(path)
+    applied = [r["name"] for r in db.query("SELECT name FROM _sqlite_migrations ORDER BY id")]
+    db.close()
     _patch_v2(monkeypatch)
     with Journal(path) as j:
         assert j.schema_version == NEXT and j.run_id == run_id
@@ -269,7 +272,7 @@ def test_migrates_older_schema(path, monkeypatch):
     assert _schema_version(path) == NEXT
     db = sqlite_utils.Database(path)
     assert [r["name"] for r in db.query("SELECT name FROM _sqlite_migrations ORDER BY id")] == \
-           [name for _, name, _ in jschema._MIGRATIONS]  # (patched: ends with m999_test_note)
+           applied + ["m999_test_note"]  # the new one applied once, after the others
     db.close()
 
 

@@ -256,6 +256,45 @@ def test_random_mix_signature(data_root):
         rw.MixedDataset([rw.WebDataset(paths[0]).batched(2), b])
 
 
+def _names(batch: List[Any]) -> List[str]:
+    """A batch stage: each sample's source and key (the mapped batch)."""
+    return [f"{x.get('__source__', '-')}/{x['__key__']}" for x in batch]
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_a_batched_mapped_mixture_iterated_directly_runs_its_stages(data_root, partial):
+    """``mix.batched(5, collation_fn=None).map(f)`` iterated directly: batches of 5 of the mixed
+    stream, each through ``f``, as a single data set's ``.batched(5, collation_fn=None).map(f)``
+    (both compared whole against their unbatched streams); the same under a WebLoader, and from
+    a loader's state after two batches."""
+    paths = _sources(data_root, 4)
+
+    def mix(batched: bool = True) -> Any:
+        m = rw.RandomMix([rw.WebDataset(paths[1], seed=1), rw.WebDataset(paths[2], seed=2)],
+                         probs=[0.5, 0.5]).with_epoch(23)
+        return m.batched(5, collation_fn=None, partial=partial).map(_names) if batched else m
+
+    def single(batched: bool = True) -> Any:
+        ds = rw.WebDataset(paths[3], seed=2, shuffle=True)  # 33 samples
+        return ds.batched(5, collation_fn=None, partial=partial).map(_names) if batched else ds
+
+    for make, n in ((single, 33), (mix, 23)):
+        items = [_names([x])[0] for x in make(batched=False)]
+        assert len(items) == n
+        want = [items[i:i + 5] for i in range(0, n, 5) if partial or i + 5 <= n]
+        assert list(make()) == want, make.__name__
+    # under a WebLoader (its remainder rules the last batch), and resumed after two batches
+    ld = rw.WebLoader(mix(), batch_size=None, remainder="keep" if partial else "drop")
+    assert list(ld) == want
+    ld = rw.WebLoader(mix(), batch_size=None, remainder="keep" if partial else "drop")
+    it = iter(ld)
+    head = [next(it), next(it)]
+    state = ld.state_dict()
+    again = rw.WebLoader(mix(), batch_size=None, remainder="keep" if partial else "drop")
+    again.load_state_dict(state)
+    assert head + list(again) == want
+
+
 # ---- kill -9 of a training script over HTTP with faults ---------------------------------
 
 @pytest.mark.slow

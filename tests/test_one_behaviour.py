@@ -49,6 +49,11 @@ def _each_form(shards, *calls):
 
 
 # ---- one callable per per-sample stage ------------------------------------------------
+def _same(items):
+    """Items as both forms compare them (a data set's samples also carry ``__local_path__``)."""
+    return [{k: v for k, v in x.items() if k != "__local_path__"} if isinstance(x, dict) else x for x in items]
+
+
 def test_each_per_sample_stage_is_one_callable_in_both_forms(shards):
     cases = {
         "map": ((lambda s: s,), {}, stages.Map),
@@ -57,18 +62,23 @@ def test_each_per_sample_stage_is_one_callable_in_both_forms(shards):
         "to_tuple": (("cls",), {}, stages.ToTuple),
         "rename": ((), {"label": "cls"}, stages.Rename),
         "select": ((bool,), {}, stages.Select),
-        "rename_keys": ((), {"label": "*.cls"}, stages.RenameKeys),
+        "rename_keys": ((), {"label": "cls"}, stages.RenameKeys),
         "extract_keys": (("*.cls",), {}, stages.ExtractKeys),
     }
     for name, (args, kw, cls) in cases.items():
         composed = getattr(filters, name)(*args, **kw)
         assert type(composed.fn) is cls, name
-        fluent = getattr(rw.WebDataset(shards[:1]), name)(*args, **kw)
-        assert type(fluent._spec[-1].fn) is cls, name
+        before = [("to_tuple", ("cls txt",), {})] if name == "map_tuple" else []
+        forms = _each_form(shards, *before, (name, args, kw))
+        fluent = _same(forms["fluent"]())
+        assert fluent and fluent == _same(forms["composed"]()), name  # the same items, whole, in both forms
     assert filters.getfirst is stages.getfirst
-    # decode and xdecode: one decoder class each
-    assert type(filters.decode("rgb8").fn) is type(rw.WebDataset(shards[:1]).decode("rgb8")._spec[-1].fn)
-    assert type(filters.xdecode(png=bytes).fn) is type(rw.WebDataset(shards[:1]).xdecode(png=bytes)._spec[-1].fn)
+    # decode and xdecode: the same decoded samples in both forms
+    xdecode_kw = {"txt": lambda stream: stream.read().decode(), "must_decode": False}
+    for call in (("decode", ("rgb8",), {}), ("xdecode", (), xdecode_kw)):
+        forms = _each_form(shards, call)
+        fluent = _same(forms["fluent"]())
+        assert fluent and fluent == _same(forms["composed"]()), call[0]
 
 
 def test_map_tuple_on_a_dict_is_one_error_in_every_form(shards):
@@ -105,10 +115,11 @@ def test_map_dict_changes_the_sample_in_place_as_webdataset_in_every_form(shards
 
     theirs_in, theirs_out = both(lambda s: next(real_wds.filters.map_dict(a=str)(iter([s]))))
     ours_in, ours_out = both(lambda s: next(filters.map_dict(a=str)(iter([s]))))
-    fluent_fn = rw.WebDataset(shards[:1]).map_dict(a=str)._spec[-1].fn
-    fl_in, fl_out = both(fluent_fn)
-    assert theirs_out is theirs_in and ours_out is ours_in and fl_out is fl_in
-    assert theirs_in == ours_in == fl_in == {"__key__": "k", "a": "1"}
+    assert theirs_out is theirs_in and ours_out is ours_in
+    assert theirs_in == ours_in == {"__key__": "k", "a": "1"}
+    seen = []  # the fluent form: the sample a stage before it handed on is changed in place
+    out = next(iter(rw.WebDataset(shards[:1]).map(lambda s: seen.append(s) or s).map_dict(cls=int)))
+    assert isinstance(seen[0]["cls"], int) and seen[0]["cls"] == out["cls"]
     # a missing field: a KeyError naming it, in every form
     for _form, run in _each_form(shards, ("map_dict", (), {"nope": str})).items():
         with pytest.raises(MissingKeyError, match="nope"):
@@ -263,14 +274,19 @@ def test_the_seed_default_is_one_setting_everywhere(shards, monkeypatch):
     assert rw.DataPipeline(rw.SimpleShardList(shards), rw.tarfile_to_samples()).seed == 5
 
 
-def test_sample_skip_is_an_event_kind_with_its_consumers():
+def test_sample_skip_is_an_event_kind_with_its_consumers(shards):
     assert events.EventKind.SAMPLE_SKIP == "sample_skip"
     spec = events.EVENTS[events.EventKind.SAMPLE_SKIP]
     assert spec.shard_state is None and spec.journaled
-    stages.record_skip({"__url__": "u", "__key__": "k"}, ValueError("x"), "map")
-    rec = [e for e in stages.SKIPPED if e["kind"] == events.EventKind.SAMPLE_SKIP]
-    assert rec and rec[-1]["key"] == "k"
-    stages.SKIPPED.clear()
+
+    def boom(s):
+        if s["__key__"].endswith("_000002"):
+            raise ValueError("x")
+        return s
+    ds = rw.WebDataset(shards[:1]).map(boom, handler=rw.ignore_and_continue)
+    assert len(list(ds)) == 36
+    rec = [e for e in ds.take_events() if e["kind"] == events.EventKind.SAMPLE_SKIP]
+    assert [(e["key"], e["stage"], e["error"]) for e in rec] == [("s000000_000002", "map", "ValueError: x")]
 
 
 def test_a_handler_stop_ends_a_stream_quietly_through_one_helper():

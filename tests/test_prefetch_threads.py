@@ -4,12 +4,14 @@ The default (None) is 4 for a shuffled window of several shards (all read
 at once) and 2 for an order that reads one shard after the other; an
 explicit number is used as given.  A real FaultServer on 127.0.0.1, slow
 enough that no download ends before all have started; the downloads at
-once are counted as the paths the server was asked for.
+once are the downloaders ``prefetch()`` starts, and the paths they ask the
+server for (the first shards of the wish list, in its order).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from chaos.faultserver import FaultServer
 from http_fixtures import fast_config, make_tar, shard_for
 from resumewds.cache import ShardStore
-from resumewds.cache.prefetch import PREFETCH_THREADS, WINDOW_PREFETCH_THREADS
+from resumewds.cache.prefetch import PREFETCH_THREADS, THREAD_NAME, WINDOW_PREFETCH_THREADS
 
 SHARDS = 6
 
@@ -39,11 +41,14 @@ def test_downloads_at_once(tmp_path, threads, window, expected):
         # 92 KB a shard at 16 KB/s: each download takes ~6 s, all start at once
         with FaultServer(str(root), bytes_per_second=16_000) as srv:
             shards = [shard_for(srv.url + f"{i}.tar", b) for i, b in enumerate(blobs)]
+            before = set(threading.enumerate())
             st.prefetch(shards, depth=SHARDS, window=window)
-            t0 = time.monotonic()
-            while len(srv.requests) < expected and time.monotonic() - t0 < 10:
+            # prefetch() starts its downloaders before it returns: one per download at once
+            assert len([t for t in threading.enumerate() if t.name == THREAD_NAME and t not in before]) == expected
+            t0 = time.monotonic()  # each of them asks the server (an event to wait for, asserts no duration)
+            while len(srv.requests) < expected:
+                assert time.monotonic() - t0 < 60, dict(srv.requests)
                 time.sleep(0.01)
-            time.sleep(0.3)  # a thread too many would have asked by now
             started = sorted(srv.requests)
             assert started == [f"/{i}.tar" for i in range(expected)]  # in wish-list order
             assert not any(os.path.exists(st.entry_path(s.url) + ".meta") for s in shards)

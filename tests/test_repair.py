@@ -236,11 +236,12 @@ def test_ranged_read_fetches_and_verifies_only_those_samples(big, tmp_path):
 
 def _states_valid(rec):
     """Replay the events through the journal's shard-state table: no invalid move."""
-    from resumewds.journal import _EVENT_SHARD_EFFECT, TRANSITIONS
+    from resumewds.events import shard_effects
+    from resumewds.journal import TRANSITIONS
 
-    state, bad = "pending", []
+    effects, state, bad = shard_effects(), "pending", []
     for kind, _, _ in rec.events:
-        new = _EVENT_SHARD_EFFECT.get(kind, (None, None))[0]
+        new = effects.get(kind, (None, None))[0]
         if new is not None and new != state:
             if new not in TRANSITIONS[state]:
                 bad.append((state, new, kind))

@@ -150,22 +150,32 @@ def test_pack_falls_back_to_the_queue_and_never_waits():
         ring.close()
 
 
-def test_transport_is_checked_and_spawn_uses_the_queue(big_shards):
-    ds = rw.WebDataset(big_shards)
+def test_transport_is_checked(big_shards):
     with pytest.raises(ValueError, match="transport"):
-        rw.WebLoader(ds, batch_size=8, transport="pipes")
-    loader = rw.WebLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="spawn")
-    assert loader._make_ring(dict(loader.dataloader_kwargs)) is None
-    loader = rw.WebLoader(ds, batch_size=8, num_workers=2, transport="queue")
-    assert loader._make_ring({}) is None
+        rw.WebLoader(rw.WebDataset(big_shards), batch_size=8, transport="pipes")
     assert transport.MIN_LEAF <= 2000  # the fixture's .bin payloads are packed
 
 
-def test_the_re_mixing_idiom_keeps_the_loaders_transport(big_shards):
-    """WebLoader(...).unbatched().batched(n) builds a new loader: it keeps transport=."""
-    ds = rw.WebDataset(big_shards).batched(4)
-    chained = rw.WebLoader(ds, batch_size=None, num_workers=2, transport="queue").unbatched().batched(8)
-    assert chained._build().transport == "queue"
+@pytest.mark.slow
+def test_spawned_workers_send_their_batches_through_the_queue(big_shards, unpacks):
+    """Spawned workers share no memory with the loader: their batches come through the
+    queue (none through the ring), the same as in process."""
+    stage = lambda ds: ds.to_tuple("__key__", "bin", "cls")
+    ref = _batches(big_shards, 0, "auto", stage)
+    spawned = _batches(big_shards, 2, "auto", stage, multiprocessing_context="spawn")
+    assert unpacks["n"] == 0 and spawned == ref
+
+
+def test_the_re_mixing_idiom_keeps_the_loaders_transport(big_shards, unpacks):
+    """WebLoader(...).unbatched().batched(n) builds a new loader: it keeps transport= (no
+    batch through the ring), and delivers what the in-process chain delivers."""
+    def chained(nw, tr):
+        ds = rw.WebDataset(big_shards).to_tuple("__key__", "bin").batched(4)
+        return [(list(b[0]), list(b[1])) for b in rw.WebLoader(ds, batch_size=None, num_workers=nw,
+                                                                 transport=tr).unbatched().batched(8)]
+    ref = chained(0, "auto")
+    assert chained(2, "queue") == ref and unpacks["n"] == 0
+    assert chained(2, "auto") == ref and unpacks["n"] > 0  # (where the ring is kept, it carries them)
 
 
 def test_shared_containers_stay_shared_and_a_cycle_falls_back():

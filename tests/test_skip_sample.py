@@ -164,12 +164,11 @@ def test_on_error_raise_names_the_sample_after_delivering_the_ones_before(data, 
 
 def test_the_mark_is_set_behind_the_samples_and_changes_nothing(tmp_path):
     """Undamaged shards, the background check not held: it verifies them whole and sets
-    their marks; the next start (its reader sees the marks) reads them without per-sample
-    hashing and delivers the same sequence.  A damaged shard never gets a mark."""
-    import time
-
+    their marks; the next start (whose reader trusts a marked shard whole) delivers the same
+    sequence.  A damaged shard never gets a mark."""
     import resumewds as rw
     from resumewds import synth
+    from resumewds.cache import local
 
     synth.write_shards(str(tmp_path / "s"), shards=2, samples=10)
     m = str(tmp_path / "m3.json")
@@ -181,11 +180,7 @@ def test_the_mark_is_set_behind_the_samples_and_changes_nothing(tmp_path):
     first = [s["__key__"] for s in ds]
     assert len(first) == 19
     marks = os.path.join(cache, "verified")
-    deadline = time.monotonic() + 60  # waits for the background thread, asserts no duration
-    while not [f for f in os.listdir(marks) if not f.startswith(".")] if os.path.isdir(marks) else True:
-        assert time.monotonic() < deadline, "the background check set no mark"
-        time.sleep(0.05)
-    time.sleep(0.5)  # the damaged shard's check (queued second) has ended too
+    assert local.wait_checks(120)  # both background checks have ended (asserts no duration)
     assert len([f for f in os.listdir(marks) if not f.startswith(".")]) == 1  # only the good shard
     ds2 = rw.WebDataset(m, shuffle=False, cache_dir=cache, on_error="skip")
     assert [s["__key__"] for s in ds2] == first

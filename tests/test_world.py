@@ -274,6 +274,37 @@ def test_nodes_from_a_real_process_group(tmp_path, caches, want):
     assert {g[4] for g in got} == {"torch.distributed"}
 
 
+_PG_LOADER = """
+import sys, json
+import torch.distributed as dist
+import resumewds as rw
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=int(sys.argv[3]))
+ld = rw.WebLoader(rw.WebDataset(sys.argv[4], cache_dir=sys.argv[5]), batch_size=2)
+print(json.dumps([ld.world.node, ld.world.nodes, ld.dataset.plan.partitions]))
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_with_their_own_cache_dir_are_nodes(tmp_path, shards):
+    """2 gloo processes on one host with one RESUMEWDS_CACHE_DIR, each data set with its own
+    ``cache_dir=``: they share no cache, so they are 2 nodes (each its partition)."""
+    pytest.importorskip("torch.distributed")
+    import json
+
+    env = subprocess_env()
+    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"):
+        env.pop(v, None)
+    env.update(OMP_NUM_THREADS="1", RESUMEWDS_CACHE_DIR=str(tmp_path / "shared"))
+    init = f"file://{tmp_path / 'pg'}"
+    procs = [subprocess.Popen([sys.executable, "-c", _PG_LOADER, init, str(r), "2", shards[0],
+                               str(tmp_path / f"cache{r}")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert [json.loads(o.strip().splitlines()[-1]) for o, _ in outs] == [[0, 2, 2], [1, 2, 2]]
+
+
 def test_bad_partitions_are_refused(shards):
     for bad in (0, -2, True, "3", 2.0):
         with pytest.raises(ValueError, match="partitions must be an integer"):

@@ -188,23 +188,6 @@ class ShardStore:
         d["counters"] = collections.Counter()
         return d
 
-    # the prefetcher's state under the names it had when it lived here
-    @property
-    def _pf_cond(self) -> threading.Condition:
-        return self._prefetch.cond
-
-    @property
-    def _pf_queue(self) -> collections.deque:
-        return self._prefetch.queue
-
-    @property
-    def _pf_current(self) -> Set[str]:
-        return self._prefetch.current
-
-    @property
-    def _pf_threads(self) -> List[threading.Thread]:
-        return self._prefetch.threads
-
     # ---- events -----------------------------------------------------------------------------
     def emit(self, kind: str, url: str, **detail: Any) -> None:
         """Record an event: count it, print it under ``RESUMEWDS_VERBOSE_CACHE``,

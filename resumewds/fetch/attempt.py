@@ -125,7 +125,7 @@ class _Attempt(_Partial):
 
     def _too_big(self, n: int) -> PermanentFetchError:
         return PermanentFetchError(f"{self.url}: larger than the {self.max_bytes} bytes accepted "
-                                   f"({n} bytes; RESUMEWDS_MANIFEST_MAX_BYTES)", self.url)
+                                   f"({n} bytes; manifest_max_bytes=, RESUMEWDS_MANIFEST_MAX_BYTES)", self.url)
 
     def _put(self, sink: _Sink, data: memoryview, pace: _Pace) -> None:
         sink.put(data)

@@ -87,9 +87,7 @@ from .lock import LockFile
 from .paths import rank_journal_path, run_journal_paths
 from .read import RunReader, read_commits, read_consumption, read_event_totals, read_events
 from .run import open_run, resolve_resume
-from .schema import _MIGRATIONS as _MIGRATIONS  # read by tests/test_journal.py
 from .schema import JOURNAL_SCHEMA_VERSION, MIGRATION_SET
-from .states import _EVENT_SHARD_EFFECT as _EVENT_SHARD_EFFECT  # tests/test_events.py, test_repair.py
 from .states import ERROR_EVENT_KINDS, SHARD_STATES, TRANSITIONS, ShardState, shard_updates_from_events
 from .status import status, summarize
 from .text import format_status

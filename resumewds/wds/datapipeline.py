@@ -69,8 +69,9 @@ from .. import config
 from ..errors import ResumeWDSError, StateError
 from ..plan import Layout, Plan
 from ..positions import hide_positions
+from ..shardset import ShardDataset
 from ..shardsplit import WorkerStream
-from ..stages import default_collate
+from ..stages import Stage, default_collate
 from ..statecheck import check_seal, seal
 from . import filters, tariterators
 from .fluent import FluidInterface
@@ -287,13 +288,15 @@ class DataPipeline(WebDataset, IterableDataset):
                 WebDataset.shuffle(self, c.sample_shuffle.bufsize, initial=c.sample_shuffle.initial)
             else:
                 self._bufsize = c.sample_shuffle.bufsize
+        # each stage's own callable, as webdataset's filter runs it (a .map() would give
+        # every dict result the sample's __key__: rename(keep=False), rename_keys...)
         for st in c.per_sample:
-            WebDataset.map(self, st.fn)
+            ShardDataset.compose(self, Stage("sample", "map", st.fn))
         if c.batch is not None:
             WebDataset.batched(self, c.batch.batchsize, collation_fn=c.batch.collation_fn,
                                partial=c.batch.partial)
             for st in c.per_batch:
-                WebDataset.map(self, st.fn)
+                ShardDataset.compose(self, Stage("sample", "map", st.fn))
         if c.resampled and self.repetitions == 1:
             self.repetitions = sys.maxsize
         if c.tail and warn:

@@ -86,7 +86,8 @@ class Stage:
 class SampleStage(Stage):
     """A stage that maps each item on its own: ``fn(x) -> y`` or None to drop ``x``.
 
-    ``fn`` raises :class:`StopPipeline` when the handler says stop.
+    ``fn`` raises :class:`StopPipeline` when the handler says stop.  Run on a stream
+    by hand, no data set holds its events: a handler's skip is logged.
     """
 
     def __init__(self, name: str, fn: Callable[[Any], Any]):
@@ -94,14 +95,7 @@ class SampleStage(Stage):
         self.fn = fn
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        return until_stop(self._run(src))
-
-    def _run(self, src: Iterable[Any]) -> Iterator[Any]:
-        fn = self.fn
-        for x in src:
-            y = fn(x)
-            if y is not None:
-                yield y
+        return until_stop(runners.MapRunner(self.fn).run(iter(src)))
 
 
 def _stage(name: str, fn: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
@@ -260,7 +254,6 @@ def decode_pickle(stream: Any) -> Any:
     return autodecode.unpickle_loads(stream.read())
 
 
-_decode_bin, _decode_text, _decode_pickle = decode_bin, decode_text, decode_pickle
 default_decoders = [("*.bin", decode_bin), ("*.txt", decode_text), ("*.pyd", decode_pickle)]
 
 

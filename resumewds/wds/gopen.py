@@ -114,8 +114,6 @@ class Pipe(io.RawIOBase):
             raise OSError(f"pipe:{cmd if isinstance(cmd, str) else ' '.join(map(str, cmd))}: "
                           f"exit status {self.status}{' ' + str(info) if info else ''}")
 
-    _check = wait_for_child
-
     def readable(self) -> bool:
         return self.mode.startswith("r")
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
 import tarfile
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Union
 
@@ -53,7 +52,6 @@ ExnHandler = Callable[[BaseException], bool]
 trace = False
 meta_prefix = "__"
 meta_suffix = "__"
-_META = re.compile(r"__[^/]*__($|/)")
 
 
 def base_plus_ext(path: str) -> Tuple[Optional[str], Optional[str]]:
@@ -70,27 +68,6 @@ def valid_sample(sample: Optional[Dict[str, Any]]) -> bool:
     """A non-empty dict sample with at least one member (not only dunder keys)."""
     return (sample is not None and isinstance(sample, dict) and len(sample) > 0
             and not sample.get("__bad__", False))
-
-
-class _PipeStream:
-    """A ``pipe:`` command's stdout; a non-zero exit status is an error at EOF."""
-
-    def __init__(self, cmd: str):
-        self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE)
-        self.stdout = self.proc.stdout
-
-    def read(self, n: int = -1) -> bytes:
-        b = self.stdout.read(n)  # type: ignore[union-attr]
-        if not b or (n is not None and n < 0):
-            rc = self.proc.wait()
-            if rc != 0:
-                raise OSError(f"pipe:{self.cmd}: exit status {rc}")
-        return b
-
-    def close(self) -> None:
-        self.stdout.close()  # type: ignore[union-attr]
-        self.proc.wait()
 
 
 def open_url(url: str) -> Any:

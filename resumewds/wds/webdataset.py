@@ -229,7 +229,8 @@ class WebDataset(WebDatasetAPI, DirectDataset):
             Default: ``"shards"`` if ``shardshuffle`` is set, else False.
         shuffle_window: shards per shuffle window.
         cache_dir, cache_size, verify, fetch, on_error, allow_pickle, allow_remote_pipe,
-        prefetch, partitions, ranged_reads: the engine's settings, as
+        allow_remote_local, manifest_max_bytes, cache_sync, prefetch, partitions,
+        ranged_reads: the engine's settings, as
             :class:`resumewds.shardset.ShardDataset` documents them.
         handler: webdataset's handler for shard and sample (tar) errors:
             ``reraise_exception`` (default, ``on_error="raise"``); a handler
