@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from torch.utils.data import DataLoader
 
@@ -217,6 +217,11 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self.samples_total = 0
         self.steps_done = 0
         self.stats_ = Stats()
+        # webdataset's new pass (see :meth:`_begin_iter`): an iter() handed an item out and did
+        # not finish, and whether a state was given away since that item
+        self._advanced = False
+        self._pinned = False
+        self._journal_place: Dict[str, Any] = {}  # the resumed commit's place beyond (epoch, position)
         self._session = JournalSession(journal)  # the journal: open/resume, events, commits
         #: the last batch handed out (see :class:`BatchInfo`), None before the first;
         #: with ``batch_size=None``, the chunk the last sample came from
@@ -279,6 +284,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             self.epoch, self.position = found.epoch, found.position
             self.steps_done, self.samples_total = found.steps_done, found.samples_total
         self._failed_urls.update(found.failed_urls)
+        self._journal_place = dict(found.place or {})
 
     def _process_group(self) -> Any:
         """torch.distributed, when its default group is exactly this loader's world."""
@@ -300,11 +306,18 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             step: the training step (any increasing int; ``resume=S`` finds it).
             stats: include a stats snapshot (default: at most every 5 s).
         """
+        self._commit(step, stats, None)
+
+    def _commit(self, step: int, stats: Optional[bool], place: Optional[Dict[str, Any]]) -> None:
+        """:meth:`commit`, with ``place``: where the loader stands beyond ``(epoch, position)``
+        (a wrapper's own progress, see :mod:`resumewds.wds.loaderchain`), or None."""
         self._session.commit(step, epoch=self.epoch, position=self.position, world_size=self.world_size,
                              batch_size=self.batch_size, samples_total=self.samples_total,
                              shards=self.dataset.manifest.shards,
-                             stats=self.stats() if self._session.wants_stats(stats) else None)
+                             stats=self.stats() if self._session.wants_stats(stats) else None,
+                             place=place or None)
         self.steps_done = step + 1
+        self._pinned = True
 
     def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
         """Skip the data of the next ``k`` steps on purpose (loss-spike recovery).
@@ -334,6 +347,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                                            layout_of=self._layout_of)
         detail: Dict[str, Any] = {"first_step": first, "steps": int(k), "from": before,
                                   "to": [epoch, position], "reason": reason}
+        self._pinned = True  # a place given: the next iter() starts there
         if k:
             self.epoch, self.position = epoch, position
             self._absorb([event_record(EventKind.SKIP_STEPS, "", detail)])
@@ -383,6 +397,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             ``{"format", "version", "epoch", "position", "samples_total",
             "steps_done", "config", "batch_size", "world_size"}``.
         """
+        self._pinned = True
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
                 "position": self.position, "samples_total": self.samples_total,
                 "steps_done": self.steps_done, "config": dict(self.config),
@@ -423,6 +438,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self.epoch, self.position = epoch, pos
         self.samples_total = int(state.get("samples_total", 0))
         self.steps_done = int(state.get("steps_done", 0))
+        self._pinned = True
         log.info("resuming from a state dict: epoch %d, position %d", epoch, pos)
         self._absorb([{"kind": EventKind.RESUME.value, "epoch": epoch, "position": pos,
                        "ts": time.time()}])
@@ -473,9 +489,9 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         """End the current epoch where the loader stands: the next ``iter()`` starts
         the next epoch at its beginning, and the rest of this one is not delivered.
 
-        This is webdataset's new pass over an endless stream: the wing's
-        :class:`~resumewds.wds.loaderchain.LoaderPipeline` calls it when an
-        ``iter()`` was left mid-epoch.  Nothing happens at an epoch's start.
+        This is webdataset's new pass (see :meth:`_begin_iter`), which an
+        ``iter()`` runs by itself after an ``iter()`` left mid-epoch.  Nothing
+        happens at an epoch's start.
 
         Example:
             >>> loader.end_epoch()      # doctest: +SKIP
@@ -486,6 +502,37 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             log.info("epoch %d ends at position %d: a new pass starts epoch %d", self.epoch, self.position,
                      self.epoch + 1)
             self._end_epoch()
+
+    def _begin_iter(self) -> None:
+        """webdataset's (and torch's) new pass: each ``iter()`` starts the data again.  An
+        ``iter()`` left mid-epoch (a smoke test's ``next(iter(loader))``, a ``break``) is
+        followed by the next epoch from its start, so a full pass after it is a whole epoch.
+        Unless a state was given away since the last item (:meth:`state_dict`, :meth:`commit`,
+        :meth:`load_state_dict`, :meth:`skip_steps`, a journal resume): a run resumed from
+        that state continues where it was taken, so this run continues there too, and both
+        deliver the same data.  An ``iter()`` that ended by an error keeps its place."""
+        if self._advanced and not self._pinned:
+            self.end_epoch()
+        self._advanced = False
+
+    def _hold_place(self) -> None:
+        """The next ``iter()`` continues where the loader stands (a wrapper decided)."""
+        self._advanced = False
+
+    def _mark(self) -> Tuple[Any, ...]:
+        """Where the loader stands, cheaply: :meth:`_rewind` goes back there."""
+        return (self.epoch, self.position, self.samples_total)
+
+    def _rewind(self, mark: Tuple[Any, ...]) -> None:
+        """Stand at ``mark`` (from :meth:`_mark`) again: the next ``iter()`` starts there."""
+        self.epoch, self.position, self.samples_total = mark[0], mark[1], mark[2]
+
+    def _use_dataset(self, dataset: Any) -> None:
+        """Run over ``dataset``: the same data and split in another order (a wrapper's
+        ``.shuffle(n)`` in the plan, see :mod:`resumewds.wds.loaderchain`), before any iteration."""
+        self.dataset = dataset
+        self.config = dataset.config()
+        self._use_split(self._split_w, kept=self._split_kept)
 
     def _bind_world(self, world: Any) -> None:
         self.world, self.rank, self.world_size = world, world.rank, world.world_size
@@ -522,6 +569,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
     def __iter__(self) -> Iterator[Any]:
         self._take_world()
         self._world_open = False
+        self._begin_iter()
         ds = self.dataset
         epoch, start = self.epoch, self.position
         total = len(ds.plan.epoch(epoch))
@@ -556,6 +604,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         # torch pins a batch only where it is allowed to (an accelerator is
         # present): the iterator says whether it does
         pin = bool(getattr(it, "_pin_memory", False)) and ring is not None
+        left = False  # the consumer left this iter() mid-epoch (closed it)
         try:
             while True:
                 t0 = time.perf_counter()
@@ -625,6 +674,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         self._end_epoch()
                     # one batch per step on every rank, even when nothing is left; the
                     # position keys hidden (readable, not listed), as direct iteration does
+                    self._advanced, self._pinned = True, False
                     yield hide_positions(batch) if n else EmptyBatch(info)
                     if halt:
                         return
@@ -646,6 +696,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         # one rank: the grid is contiguous, so a slot is a position
                         # (past ``total`` inside the padding, see _SampleLayout)
                         self.position = s0 + slot_of[i] + 1
+                    self._advanced, self._pinned = True, False
                     yield hide_positions(sample)
                 if n == 0:
                     owed.deliver(0, True)  # type: ignore[union-attr]  # read, all filtered or skipped
@@ -654,7 +705,12 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         self._end_epoch()
                 if halt:
                     return
+        except GeneratorExit:
+            left = True
+            raise
         finally:
+            if not left:  # ended (the epoch, a preemption, an error): the next iter() goes on from here
+                self._advanced = False
             if stopping is not None:
                 stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker
                 if stopping in _LIVE_FLAGS:
