@@ -228,6 +228,8 @@ class LoaderPipeline(FluidInterface):
                 op = _Each(_AsUnbatched(g.collation_fn or list))
                 if self._limit > 0 and not self._limit_items and self._unit > 1:  # the data set's with_epoch
                     extra.update(_limit=self._limit * self._unit, _limit_items=True, _unit=1)
+            if isinstance(op, (_Split, _Group)) and (self._unbatched or self._batch is not None):
+                op = None  # after re-mixing compiled into the loader: on the stream, as given
             if op is not None and _layout(ops + [op]) is not None:
                 ops.append(op)
             else:
@@ -348,7 +350,7 @@ class LoaderPipeline(FluidInterface):
             if self._rebatch is not None:
                 r = self._rebatch
                 src = BatchRunner(r["n"], r["collation_fn"] or list, r["partial"]).run(src)
-            src = self._native(((None, item) for item in src), self._ops) if self._ops else src
+            src = self._native(((None, item) for item in src), self._ops) if self._ops else src  # per item
             for f in self._post:
                 src = f(src)
             return self._handing(src)
@@ -379,10 +381,12 @@ class LoaderPipeline(FluidInterface):
             self._served = self._pass_done = 0
             loader.end_epoch()
         elif self._resume is not None:
-            (mark, self._pass_done, served), self._skip = self._resume
+            (mark, self._pass_done, served, counted), self._skip = self._resume
             if self._limit_items:
                 self._served = served
             loader._rewind(mark)
+            if counted is not None:  # its samples are delivered (and counted) again
+                loader._session.set_consumed(counted)
         loader._hold_place()  # decided here
         self._advanced = False
 
@@ -400,15 +404,21 @@ class LoaderPipeline(FluidInterface):
             if not left:
                 self._advanced = False
 
-    def _mark(self) -> Tuple[Any, int, int]:
-        return (self.loader._mark(), self._pass_done, self._served)
+    def _mark(self) -> Tuple[Any, int, int, Optional[Dict[Any, int]]]:
+        """The chain's place before the loader's next item: the loader's place, the pass's
+        epochs, the items served, and the consumption the journal counted so far."""
+        loader = self.loader
+        counted = loader._session.consumed_now() if loader.journal is not None else None
+        return (loader._mark(), self._pass_done, self._served, counted)
 
     def _passes(self) -> Iterator[Tuple[Any, Any]]:
         """The loader's items, pass after pass (``repeat`` / ``with_epoch`` decide how many),
-        each with the chain's place before it."""
+        each with the chain's place before it (None where no stage can hold a part of an item)."""
         loader = self.loader
         epochs = self._pass_done
-        mark = self._mark()
+        shape = _layout(self._ops)
+        marks = shape is not None and shape[1] is not None
+        mark = self._mark() if marks else None
         while self._nepochs < 1 or epochs < self._nepochs:
             got = 0
             start_epoch = loader.epoch
@@ -417,7 +427,7 @@ class LoaderPipeline(FluidInterface):
                 done = epochs + (loader.epoch != start_epoch)  # the item that ends an epoch advanced it
                 self._pass_done = done % self._nepochs if self._nepochs > 0 else 0
                 yield mark, item
-                mark = self._mark()
+                mark = self._mark() if marks else None
             if getattr(loader, "preempted", False):
                 return  # a preemption signal: the stream ends at this step boundary
             if loader.epoch != start_epoch:
@@ -425,7 +435,7 @@ class LoaderPipeline(FluidInterface):
             elif got == 0:
                 break  # no progress (an empty data set): never loop forever
             self._pass_done = epochs % self._nepochs if self._nepochs > 0 else 0
-            mark = self._mark()
+            mark = self._mark() if marks else None
 
     def _native(self, src: Iterator[Tuple[Any, Any]], ops: Sequence[Any]) -> Iterator[Any]:
         """The chain's own stream stages over ``(mark, item)``, keeping :attr:`_resume`: the
@@ -513,7 +523,7 @@ class LoaderPipeline(FluidInterface):
         if self._resume is None:
             done, served, skip = self._pass_done, self._served, 0
         else:
-            (_, done, served), skip = self._resume
+            (_, done, served, _), skip = self._resume
         return {"chain_served": served if self._limit_items else self._served, "chain_epochs": done,
                 "chain_skip": skip}
 
@@ -537,7 +547,7 @@ class LoaderPipeline(FluidInterface):
         self._served = int(chain.get("chain_served", 0))
         self._pass_done = int(chain.get("chain_epochs", 0))
         skip = int(chain.get("chain_skip", 0))
-        self._resume = ((self._base._mark(), self._pass_done, self._served), skip) if skip else None
+        self._resume = ((self._base._mark(), self._pass_done, self._served, None), skip) if skip else None
         self._skip = 0
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -566,7 +576,15 @@ class LoaderPipeline(FluidInterface):
         :meth:`WebLoader.commit` and :meth:`state_dict`)."""
         self._check_exact(f"commit({step})")
         place = {"chain": self._fields()}
-        self._at_resume(lambda: self.loader._commit(step, stats, place))
+        if self._resume is None:
+            self.loader._commit(step, stats, place)
+        else:  # at the place of the held samples: the consumption counted up to there, the rest later
+            session = self.loader._session
+            now, before = session.consumed_now(), self._resume[0][3] or {}
+            session.set_consumed(before)
+            self._at_resume(lambda: self.loader._commit(step, stats, place))
+            session.set_consumed({k: n - before.get(k, 0) for k, n in now.items()})
+            before.clear()  # committed: going back there takes back nothing more
         self._pinned = True
 
     get_state = state_dict
