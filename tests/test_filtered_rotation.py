@@ -365,7 +365,7 @@ def test_a_state_holds_the_samples_the_rebatcher_holds(urls):
     that item and the count of its samples handed out; taken twice, it is the same."""
     full = _stream(_chain(ours, urls, 2, False), 14)  # two epochs of 7 batches
     skips = []
-    for cut in range(1, 7):
+    for cut in range(1, 5):
         a = _chain(ours, urls, 2, False)
         head = _stream(a, cut)
         state = a.state_dict()
@@ -384,6 +384,24 @@ def test_a_state_of_another_chain_is_refused(urls):
     assert state["chain_skip"] == 4  # 12 = 8 + 4 of the second item
     with pytest.raises(StateError, match="unbatches its loader's items"):
         _loader(ours, urls, "select", 8).load_state_dict(state)
+
+
+def test_the_training_chain_stops_on_a_preemption_and_resumes_exactly(urls):
+    full = _stream(_chain(ours, urls, 2, False), 14)
+    chain = _chain(ours, urls, 2, False, preempt=True)
+    got = []
+    try:
+        for b in chain:
+            got.append(tuple(b[0]))
+            if len(got) == 3:
+                chain.request_stop()  # the next batch needs a refilled batch not handed out
+        state = chain.state_dict()
+    finally:
+        chain.close()
+    assert len(got) == 3 and state["chain_skip"] == 4  # the samples held are not lost
+    fresh = _chain(ours, urls, 0, False)
+    fresh.load_state_dict(state)
+    assert got + _stream(fresh, 11) == full
 
 
 CHAIN_DRIVER = """

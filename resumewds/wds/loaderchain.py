@@ -417,7 +417,7 @@ class LoaderPipeline(FluidInterface):
         loader = self.loader
         epochs = self._pass_done
         shape = _layout(self._ops)
-        marks = shape is not None and shape[1] is not None
+        marks = shape is not None and (shape[1] is not None or shape[3] is not None)  # a stage may hold
         mark = self._mark() if marks else None
         while self._nepochs < 1 or epochs < self._nepochs:
             got = 0
@@ -445,6 +445,7 @@ class LoaderPipeline(FluidInterface):
         pre, split, mid, group, post = shape
         skip, self._skip = self._skip, 0
         held: List[Any] = []
+        first: Any = None  # the place of the first sample held
         try:
             for mark, item in src:
                 x = apply_stages(pre, item)
@@ -456,6 +457,8 @@ class LoaderPipeline(FluidInterface):
                     if v is None:
                         continue
                     if group is not None:
+                        if not held:
+                            first = (mark, j)
                         held.append(v)
                         if len(held) < group.n:
                             continue
@@ -466,13 +469,15 @@ class LoaderPipeline(FluidInterface):
                     self._resume = (mark, j + 1) if j + 1 < len(parts) else None
                     yield v
                 skip = 0
-            if held and group is not None and group.partial:
-                v = apply_stages(post, group.finish(held))
-                if v is not None:
-                    self._resume = None
-                    yield v
         except HandlerStop:
-            return  # a handler's stop ends the stream quietly, as webdataset's stages do
+            pass  # a handler's stop ends the stream quietly, as webdataset's stages do
+        if held and getattr(self.loader, "preempted", False):
+            self._resume = first  # stopped at a step boundary: what is held comes after a resume
+        elif held and group is not None and group.partial:
+            v = apply_stages(post, group.finish(held))
+            if v is not None:
+                self._resume = None
+                yield v
 
     def _limited(self, src: Iterator[Any], limit: int) -> Iterator[Any]:
         served = self._served if self._served < limit else 0
