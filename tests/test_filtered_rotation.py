@@ -360,6 +360,26 @@ def test_the_training_chain_resumes_exactly_twice_with_other_worker_counts(urls,
     assert head + rest == full, f"cuts {cuts}"
 
 
+def test_batches_of_the_filtered_samples_are_webdatasets_and_resume_twice(urls):
+    """WebLoader(ds.select(f), batch_size=None).batched(m): full batches from the filtered
+    stream (webdataset's), not batches of positions."""
+    def make(lib, workers):
+        return _loader(lib, urls, "select", 0, workers=workers).batched(12)
+
+    full = _epochs(make(ours, 2), 2)
+    assert full == _epochs(make(real, 2), 2)
+    assert sorted({len(b) for b in full[0]}) == [5, 12]
+    flat = full[0] + full[1]
+    a = make(ours, 2)
+    head = _stream(a, 4)
+    b = make(ours, 0)
+    b.load_state_dict(a.state_dict())
+    head += _stream(b, 5)  # into the second epoch
+    c = make(ours, 3)
+    c.load_state_dict(b.state_dict())
+    assert head + _stream(c, len(flat) - len(head)) == flat
+
+
 def test_a_state_holds_the_samples_the_rebatcher_holds(urls):
     """Where a batch of 12 ends inside a refilled batch of 8, the state is the place before
     that item and the count of its samples handed out; taken twice, it is the same."""
@@ -384,6 +404,25 @@ def test_a_state_of_another_chain_is_refused(urls):
     assert state["chain_skip"] == 4  # 12 = 8 + 4 of the second item
     with pytest.raises(StateError, match="unbatches its loader's items"):
         _loader(ours, urls, "select", 8).load_state_dict(state)
+
+
+def test_the_training_chain_with_epoch_goes_on_over_the_stream(urls):
+    """.with_epoch(5): each iter() the next 5 batches; a chunk that ends inside a refilled batch
+    goes on with its held samples; each data epoch still ends with its short batch (webdataset
+    runs its loader's stages once per DataLoader pass)."""
+    full = _stream(_chain(ours, urls, 2), 20)
+    chain = _chain(ours, urls, 2).with_epoch(5)
+    chunks = [[tuple(b[0]) for b in chain] for _ in range(2)]
+    assert [len(c) for c in chunks] == [5, 5] and chunks[0] + chunks[1] == full[:10]
+    state = chain.state_dict()
+    assert state["chain_skip"] > 0  # 10 batches of 12 end inside a batch of 8
+    again = _chain(ours, urls, 0).with_epoch(5)
+    again.load_state_dict(state)
+    more = [tuple(b[0]) for b in again]
+    s2 = again.state_dict()
+    last = _chain(ours, urls, 3).with_epoch(5)
+    last.load_state_dict(s2)
+    assert more + [tuple(b[0]) for b in last] == full[10:20]
 
 
 def test_the_training_chain_stops_on_a_preemption_and_resumes_exactly(urls):

@@ -175,6 +175,10 @@ class LoaderPipeline(FluidInterface):
         self._served = 0
         self._unit = 1  # samples per item of ``_limit`` (a batched dataset's .with_epoch(n): its batches)
         self._limit_items = False  # _limit counts the loader's items (before _ops), not the chain's
+        # the passes are the data set's (route): one DataLoader pass in webdataset, which the
+        # re-batching stages run over across epochs; else (the chain's own .repeat / .with_epoch)
+        # they run per loader epoch, as webdataset's loader runs its stages per DataLoader pass
+        self._span = False
         self._rebatch: Optional[Dict[str, Any]] = None  # .batched(m) run on the stream of samples
         self._length: Optional[int] = None
         # the stream stages: the chain's own (_ops: per item, one unbatched, one batched: a state
@@ -446,8 +450,17 @@ class LoaderPipeline(FluidInterface):
         skip, self._skip = self._skip, 0
         held: List[Any] = []
         first: Any = None  # the place of the first sample held
+        epoch = None
         try:
             for mark, item in src:
+                if group is not None and not self._span:  # webdataset's loader stages run per pass
+                    if held and epoch is not None and mark[0][0] != epoch:  # of its DataLoader: an epoch
+                        v, held = (group.finish(held) if group.partial else None), []
+                        v = apply_stages(post, v) if v is not None else None
+                        if v is not None:
+                            self._resume = (mark, 0)
+                            yield v
+                    epoch = mark[0][0]
                 x = apply_stages(pre, item)
                 if x is None:
                     continue
@@ -757,6 +770,7 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
                 out._with(_unit=int(dataset.batch_size or 1))
         else:
             out = out.repeat(nepochs)
+        out = out._with(_span=True)
     return out
 
 
