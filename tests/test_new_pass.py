@@ -254,3 +254,31 @@ def test_a_state_in_a_repeat_pass_resumes_exactly_twice(urls, select, cuts):
     end = next(e for e in ends if e > m)  # a state at a pass's last item: the next pass is whole
     assert _keys(list(c)) == flat[m:end], f"cuts {cuts}"  # the rest of the training loop's pass
     assert _keys(list(c)) == passes[ends.index(end) + 1]  # and the next iter() is the next pass
+
+
+def test_a_repeat_pass_resumes_from_the_journal_twice(urls, tmp_path):
+    """The journal's commit records the pass's epochs as state_dict() does: each run's first
+    iter() is the rest of its pass, then whole passes."""
+    journal = str(tmp_path / "run.db")
+    loader = _repeat_loader(ours, urls, True, shuffled=True)
+    passes = [_keys(list(loader)) for _ in range(2)]
+    total = len(passes[0]) + len(passes[1])
+    got, per_iter, step = [], [], 0
+    for stop, workers in [(40, 0), (61, 2), (total, 3)]:  # into the pass's second epoch, into the next pass
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = ours.WebDataset(urls, shardshuffle=True, seed=5).select(_keep).to_tuple("__key__").batched(10)
+            run = ours.WebLoader(ds.repeat(2), batch_size=None, num_workers=workers, journal=journal, resume=True)
+        assert run.steps_done == step
+        while step < stop:
+            per_iter.append(0)
+            for batch in run:
+                got.append(list(batch[0]))
+                per_iter[-1] += 1
+                run.commit(step)
+                step += 1
+                if step == stop:
+                    break
+        run.close()
+    assert got == passes[0] + passes[1]
+    assert per_iter == [40, len(passes[0]) - 40, 61 - len(passes[0]), total - 61]  # the passes' ends kept

@@ -29,17 +29,29 @@ The other fluent methods of webdataset's ``WebLoader`` (``.map(f)``,
 run on the loader's output stream, as webdataset's do; a re-mixing method
 after one of them runs on the stream too.
 
-``state_dict()`` is the compiled loader's state plus the count of batches
-served in the current ``with_epoch`` chunk; ``commit(step)`` and the journal
-work as on the loader.
+Over webdataset's own items, which the chain cannot undo (a ``.batched(n)``
+refilled from a filtered stream, samples a ``select`` dropped from: see
+:func:`route`), ``.unbatched()``, ``.batched(m)`` and the per-item stages
+run on the loader's stream as the chain's own stages (:meth:`LoaderPipeline._native`),
+and ``.shuffle(n)`` is still the data set's.
+
+``state_dict()`` is the compiled loader's state plus the chain's place:
+``chain_served`` (items of the current ``with_epoch`` chunk), ``chain_epochs``
+(epochs done in the current ``repeat(n)`` pass) and ``chain_skip``: where the
+re-batching stages hold samples of an item partly handed out, the loader's
+state is its place before that item and ``chain_skip`` the number of its
+samples handed out, so a resume reads it again and hands out the rest.
+``commit(step)`` records the same place in the journal.  A stage run as
+given that holds items between items (``slice``, a buffer ``shuffle`` after
+a ``compose``) makes ``state_dict()`` / ``commit`` refuse (``StateError``).
 
 ``WebLoader(ds, batch_size=None)`` follows webdataset's loader where the plan
 alone would not (:func:`route`): a ``.batched(n)`` after a ``select`` is
 filled from the filtered stream (one rank), a dataset that goes on over
 epochs (``resampled``, ``.repeat()``, ``.with_epoch(n)``) is an endless
-stream (each ``iter()`` a new pass, as webdataset's: see
-:meth:`LoaderPipeline._new_pass`), and ``.unbatched()`` hands samples out as
-torch's ``default_convert`` of their batch made them.
+stream, and ``.unbatched()`` hands samples out as torch's ``default_convert``
+of their batch made them.  Each ``iter()`` is a new pass, as webdataset's
+(see :meth:`LoaderPipeline._start`).
 
 A dataset the plan cannot run (a ``DataPipeline`` with a stage resumewds
 cannot see through, or any other iterable dataset) gets webdataset's
@@ -154,7 +166,7 @@ def _layout(ops: Sequence[Any]) -> Optional[Tuple[List[Any], Any, List[Any], Any
                 return None
             parts[3], at = op, 4
         else:
-            parts[at if at in (0, 2, 4) else at + 1].append(op.fn)
+            parts[at].append(op.fn)  # (at: 0, 2 or 4, the per-item stages before, between, after)
     return parts[0], parts[1], parts[2], parts[3], parts[4]
 
 
@@ -604,6 +616,21 @@ class LoaderPipeline(FluidInterface):
             session.set_consumed({k: n - before.get(k, 0) for k, n in now.items()})
             before.clear()  # committed: going back there takes back nothing more
         self._pinned = True
+
+    def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
+        """Skip the data of the next ``k`` steps (see :meth:`WebLoader.skip_steps`).
+
+        Raises:
+            StateError: the chain re-batches the loader's items on its stream (its
+                batches are not the loader's steps).
+        """
+        shape = _layout(self._ops)
+        if k and (shape is None or shape[1] is not None or shape[3] is not None):
+            raise StateError(f"skip_steps({k}): this chain re-batches its loader's items on the stream, so "
+                             "its batches are not the loader's steps; iterate past the batches to skip")
+        out = self.loader.skip_steps(k, reason)
+        self._pinned = True
+        return out
 
     get_state = state_dict
     set_state = load_state_dict
