@@ -205,6 +205,7 @@ class RotatingLoader(ShardLoader):
         """
         super().load_state_dict(state)
         self._set_rotation(state.get("rotation"), "this state")
+        self._given()  # (with the rotation)
 
     set_state = load_state_dict
 
@@ -212,6 +213,8 @@ class RotatingLoader(ShardLoader):
         # ShardLoader._open_journal, and the commit's place (its rotation)
         super()._open_journal(path, resume, sync)
         self._set_rotation(self._journal_place.get("rotation"), f"the commit of step {self.steps_done - 1} in {path}")
+        if self._origin is not None:
+            self._given()  # (with the rotation)
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
         """Record atomically the position after ``step``, with the rotation (see
@@ -303,13 +306,14 @@ class RotatingLoader(ShardLoader):
                 if not any(live):
                     self._end_epoch()  # the last item of the epoch: the state is the next epoch's start
                 self._advanced, self._pinned = True, False
+                self._handed += 1
                 yield item
         except GeneratorExit:
             left = True
             raise
         finally:
             if not left:  # ended: the next iter() goes on from here (see ShardLoader._begin_iter)
-                self._advanced = False
+                self._advanced, self._origin = False, None
             for it in items + raw:
                 if it is not None and hasattr(it, "close"):
                     it.close()  # its DataLoader's workers stop now

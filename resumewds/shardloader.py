@@ -221,6 +221,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         # not finish, and whether a state was given away since that item
         self._advanced = False
         self._pinned = False
+        self._origin: Any = None  # a place given (a resume), while its first iter() may be left
+        self._handed = 0  # items the current iter() handed out
         self._journal_place: Dict[str, Any] = {}  # the resumed commit's place beyond (epoch, position)
         self._session = JournalSession(journal)  # the journal: open/resume, events, commits
         #: the last batch handed out (see :class:`BatchInfo`), None before the first;
@@ -285,6 +287,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             self.steps_done, self.samples_total = found.steps_done, found.samples_total
         self._failed_urls.update(found.failed_urls)
         self._journal_place = dict(found.place or {})
+        if found.epoch is not None:
+            self._given()
 
     def _process_group(self) -> Any:
         """torch.distributed, when its default group is exactly this loader's world."""
@@ -347,7 +351,6 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                                            layout_of=self._layout_of)
         detail: Dict[str, Any] = {"first_step": first, "steps": int(k), "from": before,
                                   "to": [epoch, position], "reason": reason}
-        self._pinned = True  # a place given: the next iter() starts there
         if k:
             self.epoch, self.position = epoch, position
             self._absorb([event_record(EventKind.SKIP_STEPS, "", detail)])
@@ -357,6 +360,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                 self.steps_done = first + int(k)
             log.info("skipped steps %d..%d: epoch %d position %d -> epoch %d position %d", first,
                      first + int(k) - 1, before[0], before[1], epoch, position)
+        self._given()  # a place given: the next iter() starts there
         return detail
 
     def _flush_journal(self) -> None:
@@ -438,7 +442,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self.epoch, self.position = epoch, pos
         self.samples_total = int(state.get("samples_total", 0))
         self.steps_done = int(state.get("steps_done", 0))
-        self._pinned = True
+        self._given()
         log.info("resuming from a state dict: epoch %d, position %d", epoch, pos)
         self._absorb([{"kind": EventKind.RESUME.value, "epoch": epoch, "position": pos,
                        "ts": time.time()}])
@@ -506,18 +510,36 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
     def _begin_iter(self) -> None:
         """webdataset's (and torch's) new pass: each ``iter()`` starts the data again.  An
         ``iter()`` left mid-epoch (a smoke test's ``next(iter(loader))``, a ``break``) is
-        followed by the next epoch from its start, so a full pass after it is a whole epoch.
-        Unless a state was given away since the last item (:meth:`state_dict`, :meth:`commit`,
-        :meth:`load_state_dict`, :meth:`skip_steps`, a journal resume): a run resumed from
-        that state continues where it was taken, so this run continues there too, and both
-        deliver the same data.  An ``iter()`` that ended by an error keeps its place."""
-        if self._advanced and not self._pinned:
-            self.end_epoch()
+        followed by the next epoch from its start, so a full pass after it is a whole epoch
+        (an ``iter()`` whose last item ended the epoch ended, whether or not it was asked for more).
+        Unless a state was given away since the last item (:meth:`state_dict`, :meth:`commit`):
+        a run resumed from that state continues where it was taken, so this run continues
+        there too, and both deliver the same data.  When the first ``iter()`` after a place was
+        given to the loader (a resume: :meth:`load_state_dict`, the journal, :meth:`skip_steps`)
+        is left after its first item (a smoke test right after the resume), the next starts at
+        that place again: the training loop continues where the resume says.  An ``iter()``
+        that ended (an error included) keeps its place."""
+        origin, self._origin = self._origin, None
+        handed, self._handed = self._handed, 0
+        if self._advanced and not self._pinned and self.position:  # left mid-epoch (at an epoch's
+            if origin is not None and handed == 1:  # end it ended, even if not asked for more)
+                self._rewind(origin[0])
+                self._session.set_consumed(origin[1])  # its samples are delivered (and counted) again
+            else:
+                self.end_epoch()
+        elif not self._advanced:
+            self._origin = origin  # nothing handed out from there yet
         self._advanced = False
+
+    def _given(self) -> None:
+        """A place was given to the loader (see :meth:`_begin_iter`)."""
+        self._origin = (self._mark(), self._session.consumed_now())
+        self._pinned, self._advanced = True, False
 
     def _hold_place(self) -> None:
         """The next ``iter()`` continues where the loader stands (a wrapper decided)."""
         self._advanced = False
+        self._origin = None
 
     def _mark(self) -> Tuple[Any, ...]:
         """Where the loader stands, cheaply: :meth:`_rewind` goes back there."""
@@ -675,6 +697,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                     # one batch per step on every rank, even when nothing is left; the
                     # position keys hidden (readable, not listed), as direct iteration does
                     self._advanced, self._pinned = True, False
+                    self._handed += 1
                     yield hide_positions(batch) if n else EmptyBatch(info)
                     if halt:
                         return
@@ -697,6 +720,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         # (past ``total`` inside the padding, see _SampleLayout)
                         self.position = s0 + slot_of[i] + 1
                     self._advanced, self._pinned = True, False
+                    self._handed += 1
                     yield hide_positions(sample)
                 if n == 0:
                     owed.deliver(0, True)  # type: ignore[union-attr]  # read, all filtered or skipped
@@ -710,7 +734,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             raise
         finally:
             if not left:  # ended (the epoch, a preemption, an error): the next iter() goes on from here
-                self._advanced = False
+                self._advanced, self._origin = False, None
             if stopping is not None:
                 stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker
                 if stopping in _LIVE_FLAGS:

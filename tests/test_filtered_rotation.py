@@ -397,6 +397,18 @@ def test_a_state_holds_the_samples_the_rebatcher_holds(urls):
     assert any(skips) and not all(skips)  # both kinds of state were taken
 
 
+def test_a_smoke_batch_after_a_resume_of_the_training_chain_loses_nothing(urls):
+    full = _stream(_chain(ours, urls, 2), 14)
+    a = _chain(ours, urls, 2)
+    head = _stream(a, 3)
+    state = a.state_dict()
+    assert state["chain_skip"] == 4
+    b = _chain(ours, urls, 0)
+    b.load_state_dict(state)
+    next(iter(b))  # a smoke test right after the resume
+    assert head + _stream(b, 11) == full
+
+
 def test_a_state_of_another_chain_is_refused(urls):
     a = _chain(ours, urls, 2, False)
     _stream(a, 1)

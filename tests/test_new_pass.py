@@ -181,6 +181,50 @@ def test_a_state_after_the_smoke_batch_continues_the_epoch(urls, form):
     assert _keys([first]) + rest == fresh
 
 
+@pytest.mark.parametrize("how", ["state", "journal"])
+def test_a_smoke_batch_after_a_resume_loses_nothing(urls, tmp_path, how):
+    """A script that smoke-tests its loader right after building it, resumed: the training
+    loop's iter() starts at the resume's place again (the smoke batch is not lost)."""
+    journal = str(tmp_path / "run.db")
+
+    def make(workers=0, **kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = ours.WebDataset(urls, shardshuffle=True, seed=3).to_tuple("__key__").batched(10)
+            return ours.WebLoader(ds, batch_size=None, num_workers=workers, **kw)
+
+    ref = make()
+    next(iter(ref))  # the uninterrupted run's smoke test: its training starts at epoch 1
+    epochs = [_keys(list(ref)) for _ in range(2)]
+    run = make(**({"journal": journal} if how == "journal" else {}))
+    next(iter(run))
+    got = []
+    for step, batch in enumerate(run):
+        got.append(list(batch[0]))
+        if how == "journal":
+            run.commit(step)
+        if step == 14:
+            break
+    state = run.state_dict()
+    run.close()
+    for workers in (2, 0):  # resumed twice, each time smoke-testing first
+        again = make(workers, **({"journal": journal, "resume": True} if how == "journal" else {}))
+        if how == "state":
+            again.load_state_dict(state)
+        next(iter(again))
+        target = 27 if workers == 2 else 40 + 9
+        while len(got) < target:  # the training loop's epochs
+            for batch in again:
+                got.append(list(batch[0]))
+                if how == "journal":
+                    again.commit(again.steps_done)
+                if len(got) == target:
+                    break
+        state = again.state_dict()
+        again.close()
+    assert got == epochs[0] + epochs[1][:9]
+
+
 # ---- .repeat(n) under WebLoader(batch_size=None): a state records how far into the pass ------
 
 def _keep(s):

@@ -185,6 +185,7 @@ class LoaderPipeline(FluidInterface):
         self._limit = -1
         self._nepochs = 1
         self._served = 0
+        self._chunk = 0  # the items of the chunk in progress (_limit, in samples with _unit)
         self._unit = 1  # samples per item of ``_limit`` (a batched dataset's .with_epoch(n): its batches)
         self._limit_items = False  # _limit counts the loader's items (before _ops), not the chain's
         # the passes are the data set's (route): one DataLoader pass in webdataset, which the
@@ -210,9 +211,10 @@ class LoaderPipeline(FluidInterface):
         self._pass: Any = None
         self._advanced = False
         self._pinned = False
-        chain = (getattr(base, "_journal_place", None) or {}).get("chain")
-        if chain:  # a journal resumed at a commit of this chain
-            self._adopt(chain)
+        self._origin: Any = None  # the place a resume gave, while its first iter() may be left
+        self._handed = 0  # items the current iter() handed out
+        if getattr(base, "_origin", None) is not None:  # a journal resumed (at a commit of this chain?)
+            self._adopt((getattr(base, "_journal_place", None) or {}).get("chain") or {})
 
     def _with(self, **kw: Any) -> LoaderPipeline:
         if self._built is not None:
@@ -384,19 +386,30 @@ class LoaderPipeline(FluidInterface):
         """webdataset starts its pipeline again at each ``iter()``: an ``iter()`` left
         before its end (mid-epoch, mid-pass, mid-chunk) is followed by a new pass, the next
         epoch from its start.  Unless a state was given away since the last item
-        (``state_dict()``, ``commit``, ``load_state_dict``): a run resumed from that state
-        continues where it was taken, so this run does too, and both give the same data
-        (see :meth:`ShardLoader._begin_iter`).  Continuing, the chain goes back to the
-        place of what its stream stages hold (:attr:`_resume`)."""
+        (``state_dict()``, ``commit``): a run resumed from that state continues where it was
+        taken, so this run does too, and both give the same data; and where the ``iter()``
+        left after its first item was the first after a resume (``load_state_dict``, the
+        journal: a smoke test), the next starts at the resume's place again (see
+        :meth:`ShardLoader._begin_iter`).  Continuing, the
+        chain goes back to the place of what its stream stages hold (:attr:`_resume`)."""
         prev, self._pass = self._pass, None
         if prev is not None and hasattr(prev, "close"):
             prev.close()  # its workers stop now, not when it is collected
         loader = self.loader
-        if self._advanced and not self._pinned:
-            self._resume, self._skip = None, 0
-            self._served = self._pass_done = 0
-            loader.end_epoch()
-        elif self._resume is not None:
+        origin, self._origin = self._origin, None
+        handed, self._handed = self._handed, 0
+        if self._advanced and not self._pinned and not self._done():
+            if origin is None or handed != 1:
+                self._resume, self._skip = None, 0
+                self._served = self._pass_done = 0
+                loader.end_epoch()
+            else:
+                self._resume, self._pass_done, self._served, mark, counted = origin
+                loader._rewind(mark)
+                loader._session.set_consumed(counted)
+        elif not self._advanced:
+            self._origin = origin  # nothing handed out from there yet
+        if self._resume is not None:
             (mark, self._pass_done, served, counted), self._skip = self._resume
             if self._limit_items:
                 self._served = served
@@ -406,19 +419,31 @@ class LoaderPipeline(FluidInterface):
         loader._hold_place()  # decided here
         self._advanced = False
 
+    def _done(self) -> bool:
+        """Whether the last ``iter()`` handed out all it had, even if its consumer, counting
+        its items (Lightning reads ``len()``), did not ask for the end: its chunk served, or
+        its pass (one epoch, ``repeat(n)``) ended with nothing held.  An endless stream is
+        never done."""
+        if self._limit > 0:
+            return self._served >= self._chunk and (not self._limit_items or self._resume is None)
+        if self._nepochs < 1:
+            return False
+        return self._resume is None and self._pass_done == 0 and self.loader.position == 0
+
     def _handing(self, src: Iterator[Any]) -> Iterator[Any]:
         """The chain's items as handed out: whether an ``iter()`` was left before its end."""
         left = False
         try:
             for item in src:
                 self._advanced, self._pinned = True, False
+                self._handed += 1
                 yield item
         except GeneratorExit:
             left = True
             raise
         finally:
             if not left:
-                self._advanced = False
+                self._advanced, self._origin = False, None
 
     def _mark(self) -> Tuple[Any, int, int, Optional[Dict[Any, int]]]:
         """The chain's place before the loader's next item: the loader's place, the pass's
@@ -505,6 +530,9 @@ class LoaderPipeline(FluidInterface):
                 yield v
 
     def _limited(self, src: Iterator[Any], limit: int) -> Iterator[Any]:
+        """``limit`` items of ``src``, counted in :attr:`_served` (``limit``: a chunk done, the
+        next ``iter()`` starts a new one)."""
+        self._chunk = limit
         served = self._served if self._served < limit else 0
         self._served = served
         for item in src:
@@ -512,9 +540,7 @@ class LoaderPipeline(FluidInterface):
             self._served = served
             yield item
             if served >= limit:
-                self._served = 0
                 return
-        self._served = 0
 
     def __len__(self) -> int:
         if self._length is not None:
@@ -574,11 +600,16 @@ class LoaderPipeline(FluidInterface):
         return sd
 
     def _adopt(self, chain: Dict[str, Any]) -> None:
+        """Stand at a state's (a commit's) chain place, the loader at its place: a resume."""
         self._served = int(chain.get("chain_served", 0))
         self._pass_done = int(chain.get("chain_epochs", 0))
         skip = int(chain.get("chain_skip", 0))
-        self._resume = ((self._base._mark(), self._pass_done, self._served, None), skip) if skip else None
+        loader = self._built if self._built is not None else self._base
+        self._resume = ((loader._mark(), self._pass_done, self._served, None), skip) if skip else None
         self._skip = 0
+        self._origin = (self._resume, self._pass_done, self._served, loader._mark(),
+                        loader._session.consumed_now())
+        self._pinned, self._advanced = True, False
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue exactly after ``state`` (see :meth:`WebLoader.load_state_dict`).
@@ -599,7 +630,6 @@ class LoaderPipeline(FluidInterface):
                              "with the same .repeat(n)")
         self.loader.load_state_dict(state)
         self._adopt(state)
-        self._pinned, self._advanced = True, False
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
         """Record the position after ``step`` in the journal, with the chain's place (see
