@@ -33,6 +33,7 @@ from tests.clients.pipelines import SPEC
 RESUME = {
     "openclip_eval": "journal",
     "wds_train_example": "journal",
+    "wds_smoke_test": "journal",
     "dalle_pytorch": "journal",
     "stable_diffusion": "journal",
     "latents_npy": "journal",
