@@ -30,14 +30,8 @@ shuffled pipeline and iterates batches of 64:
 
 * ``resumewds``: ``WebDataset(manifest_url, shuffle=True).batched(64)``
   (window shuffle of 8 shards, manifest v3 with sample digests: the first
-  batches are verified ranged reads and reads of the partial downloads,
-  which are sparse partials: the default configuration);
-* ``resumewds-off``: the same with sparse partial downloads off
-  (``resumewds.cache.sparse.SPARSE_PARTIALS = False``: the whole-shard
-  download fetches the ranged bytes a second time); ``--no-off`` skips it;
-* ``resumewds-whole``: the same with ranged reads off
-  (``WebDataset(..., ranged_reads=False)``: every shard is read once it
-  is downloaded whole and verified);
+  batches are verified ranged reads, kept in the shards' sparse partials,
+  which the background downloads fill around them);
 * ``webdataset``: webdataset 1.0.2's
   ``WebDataset(urls, shardshuffle=100).shuffle(1000).batched(64)`` over
   the same http urls (its curl pipe).
@@ -51,20 +45,15 @@ Run::
 
     python bench/bench_firstbatch.py --throughput --quick     # 32 MB and 256 MB shards, one repeat
     python bench/bench_firstbatch.py --throughput             # the same, 3 repeats (medians)
-    python bench/bench_firstbatch.py --throughput --quick --prefetch-threads 4   # more whole-shard downloads
-    python bench/bench_firstbatch.py --throughput --quick --sizes 32 --prefetch-threads 2,4 --repeats 3 --no-whole
-                                                 # old vs new default, interleaved, medians
+    python bench/bench_firstbatch.py --throughput --quick --sizes 32 --prefetch-threads 2,4 --repeats 3
+                                                 # whole-shard downloads at once, interleaved, medians
 
-Also reported: the bytes fetched by range (kept in the sparse partials by
-default; downloaded a second time by ``resumewds-off``), as a share of the
-epoch's bytes.  ``--sent`` (or ``--sent-only``) adds cold epochs, each with
-a server of its own: shuffled window and in order, with the default
-configuration and with sparse partials off, and a shuffled one through
-``WebLoader(num_workers=2)``; it reports the bytes the server sent against
-the shards' bytes (target <= 1.02x)::
+``--sent`` (or ``--sent-only``) adds cold epochs, each with a server of its
+own: shuffled window and in order, and shuffled through
+``WebLoader(num_workers=2)`` and ``=3``; it reports the bytes the server sent
+against the shards' bytes (target <= 1.02x)::
 
     python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --sent-only
-    python bench/bench_firstbatch.py --throughput --quick --sizes 32,256 --no-whole --repeats 5
 """
 
 from __future__ import annotations
@@ -117,33 +106,25 @@ def make_data(directory: str, shards: int, shard_mb: int, seed: int = 0,
     return names, os.path.join(directory, "manifest.json")
 
 
-def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int = 0,
-                  ahead: float = -1, shuffle: bool = True, sparse: Any = None,
+def run_resumewds(url: str, cache: str, limit: int, threads: int = 0, shuffle: bool = True,
                   workers: int = 0) -> Tuple[float, float, int, int]:
-    """(seconds to the first batch, seconds for ``limit`` batches, payload bytes,
-    bytes fetched by range: downloaded a second time by the whole-shard prefetch)."""
+    """(seconds to the first batch, seconds for ``limit`` batches, payload bytes, 0)."""
     import resumewds as rw
-    from resumewds import reading
-    from resumewds.cache import sparse as sparse_mod
 
-    # None: the default (on); False: the reader's ranges are downloaded again by the prefetch
-    sparse_mod.SPARSE_PARTIALS = sparse
-    if workers:
-        return _run_loader(url, cache, shuffle, workers, sparse)
-    default_ahead = reading.WINDOW_AHEAD
-    if ahead >= 0:
-        reading.WINDOW_AHEAD = int(ahead * 1e6)
     shutil.rmtree(cache, ignore_errors=True)
-    ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, shuffle=shuffle, seed=1,
-                       ranged_reads=ranged).batched(BATCH, collation_fn=None)
-    if threads:
-        ds.store.prefetch_threads = threads  # whole-shard downloads at once (default: 4 for a window, else 2)
+    ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, shuffle=shuffle, seed=1)
+    if workers:
+        it: Any = rw.WebLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=list)
+    else:
+        it = ds.batched(BATCH, collation_fn=None)
+        if threads:
+            it.store.prefetch_threads = threads  # whole-shard downloads at once (default: 4 for a window, else 2)
     t0 = time.perf_counter()
     first = None
     nbytes = 0
     n = 0
     try:
-        for batch in ds:
+        for batch in it:
             if first is None:
                 first = time.perf_counter() - t0
             nbytes += sum(len(s["bin"]) for s in batch)
@@ -152,39 +133,6 @@ def run_resumewds(url: str, cache: str, ranged: bool, limit: int, threads: int =
                 break
     finally:
         total = time.perf_counter() - t0
-        rr = ds._reader.ranged if ds._reader is not None else None
-        ranged_bytes = rr.counters["range_bytes"] if rr is not None else 0
-        ds.close()
-        reading.WINDOW_AHEAD = default_ahead
-    assert first is not None
-    return first, total, nbytes, ranged_bytes
-
-
-def _run_loader(url: str, cache: str, shuffle: bool, workers: int, sparse: Any) -> Tuple[float, float, int, int]:
-    """One cold epoch of ``WebLoader(..., num_workers=workers)``, batches of 64: as :func:`run_resumewds`
-    (no range counter: the workers keep theirs)."""
-    import resumewds as rw
-
-    shutil.rmtree(cache, ignore_errors=True)
-    old = os.environ.get("RESUMEWDS_SPARSE_PARTIALS")
-    if sparse is not None:
-        os.environ["RESUMEWDS_SPARSE_PARTIALS"] = "1" if sparse else "0"  # workers started by spawn too
-    ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, shuffle=shuffle, seed=1)
-    loader = rw.WebLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=list)
-    t0 = time.perf_counter()
-    first = None
-    nbytes = 0
-    try:
-        for batch in loader:
-            if first is None:
-                first = time.perf_counter() - t0
-            nbytes += sum(len(s["bin"]) for s in batch)
-    finally:
-        total = time.perf_counter() - t0
-        if old is None:
-            os.environ.pop("RESUMEWDS_SPARSE_PARTIALS", None)
-        else:
-            os.environ["RESUMEWDS_SPARSE_PARTIALS"] = old
         ds.close()
     assert first is not None
     return first, total, nbytes, 0
@@ -243,18 +191,9 @@ def main(argv: Any = None) -> int:
         p.add_argument("--prefetch-threads", default="0",
                        help="ShardStore.prefetch_threads for resumewds (0: the library default, 4 for a "
                             "shuffled window); a list (e.g. 2,0) runs one resumewds variant per value, interleaved"),
-        p.add_argument("--window-ahead", default="-1",
-                       help="resumewds.reading.WINDOW_AHEAD in MB (-1: the default); a list (e.g. 0,2): "
-                            "one variant per value, interleaved"),
-        p.add_argument("--no-whole", action="store_true", help="skip the whole-shard-reads variant"),
         p.add_argument("--sent", action="store_true",
                        help="throughput mode: also one cold resumewds epoch per order (shuffled, in order), "
                             "each with a server of its own: the bytes it sent / the data set's bytes"),
-        p.add_argument("--sparse", action="store_true",
-                       help="throughput mode: accepted for old command lines (sparse partial downloads are "
-                            "the default; the resumewds-off variant runs without them)"),
-        p.add_argument("--no-off", action="store_true",
-                       help="throughput mode: skip the resumewds-off variant (sparse partial downloads off)"),
         p.add_argument("--sent-only", action="store_true", help="throughput mode: only the --sent epochs"),
         p.add_argument("--throughput", action="store_true",
                        help="the cold-throughput comparison of one path (batched WebDataset, timed from the "
@@ -283,16 +222,9 @@ def main(argv: Any = None) -> int:
     count = {32: 8, 256: 2}  # the full run repeats more (a larger one took ~7 min on a loaded machine)
     rows: List[Tuple[str, float]] = []
     ok = True
-    aheads = [float(x) for x in str(args.window_ahead).split(",")]
-    variants: Dict[str, Tuple[bool, int, float]] = {}  # name -> (ranged reads, prefetch threads, ahead)
+    variants: Dict[str, int] = {}  # name -> prefetch threads
     for t in threads:
-        for a in aheads:
-            tag = (f"t{t}" if len(threads) > 1 else "") + (f"a{a:g}" if len(aheads) > 1 else "")
-            variants["resumewds" + ("@" + tag if tag else "")] = (True, t, a)
-    if not args.no_whole:
-        variants["resumewds-whole"] = (False, threads[0], aheads[0])
-    if not args.no_off:  # the default (sparse partial downloads) against them off, interleaved
-        variants["resumewds-off"] = (True, threads[0], aheads[0])
+        variants["resumewds" + (f"@t{t}" if len(threads) > 1 else "")] = t
     with workdir(args, "firstbatch") as d:
         for mb in sizes:
             n = count.get(mb, 4)
@@ -303,18 +235,16 @@ def main(argv: Any = None) -> int:
                   f"{time.perf_counter() - t0:.1f}s; server limited to {args.rate:g} MB/s per connection",
                   flush=True)
             if args.sent or args.sent_only:
-                # (shuffled, sparse partials: None = the default / False = off, DataLoader workers)
-                epochs = [(sh, sp, 0) for sh in (True, False) for sp in (None, False)] + [(True, None, 2)]
-                for shuffle, sparse, workers in epochs:
+                # (shuffled, DataLoader workers)
+                for shuffle, workers in [(True, 0), (False, 0), (True, 2), (True, 3)]:
                     stats: Dict[str, Any] = {}
                     with served(os.path.join(d, f"d{mb}"), args.rate * 1e6, stats) as url:
-                        out = run_resumewds(url, os.path.join(d, "cache"), True, limit=10 ** 9, shuffle=shuffle,
-                                            sparse=sparse, workers=workers)
+                        out = run_resumewds(url, os.path.join(d, "cache"), limit=10 ** 9, shuffle=shuffle,
+                                            workers=workers)
                     shutil.rmtree(os.path.join(d, "cache"), ignore_errors=True)
                     sent = sum(v for k, v in stats.get("bytes_by_path", {}).items() if k.endswith(".tar")) \
                         or int(stats.get("bytes_sent", 0))
-                    order = (("shuffled" if shuffle else "in order") + (", sparse partials off" if sparse is False
-                                                                        else "")
+                    order = (("shuffled" if shuffle else "in order")
                              + (f", WebLoader num_workers={workers}" if workers else ""))
                     print(f"# {mb} MB shards, {order}: the server sent {sent / 1e6:.1f} MB for {data_bytes / 1e6:.1f} "
                           f"MB of shards ({sent / data_bytes:.3f}x); epoch {out[1]:.2f}s, "
@@ -332,14 +262,10 @@ def main(argv: Any = None) -> int:
                         if name == "webdataset":
                             out = run_webdataset(url, names, limit=10 ** 9)
                         else:
-                            ranged, t, a = variants[name]
-                            out = run_resumewds(url, cache, ranged, limit=10 ** 9, threads=t, ahead=a,
-                                                sparse=False if name in ("resumewds-off", "resumewds-whole") else None)
+                            out = run_resumewds(url, cache, limit=10 ** 9, threads=variants[name])
                         res[name].append(out)
-                        extra = f"  ranged {out[3] / 1e6:6.1f} MB ({100 * out[3] / data_bytes:4.1f}% extra)" \
-                            if name in variants and variants[name][0] else ""
                         print(f"#   {name:16s} first batch {out[0]:6.2f}s  epoch {out[1]:6.2f}s  "
-                              f"{out[2] / 1e6 / out[1]:7.1f} MB/s{extra}", flush=True)
+                              f"{out[2] / 1e6 / out[1]:7.1f} MB/s", flush=True)
                         shutil.rmtree(os.path.join(d, "cache"), ignore_errors=True)
 
             def med(name: str, i: int, res: Dict[str, List[Tuple[float, float, int, int]]] = res) -> float:
@@ -348,38 +274,20 @@ def main(argv: Any = None) -> int:
             def rate(name: str, res: Dict[str, List[Tuple[float, float, int, int]]] = res) -> float:
                 return statistics.median(x[2] / x[1] for x in res[name])
 
-            for name, (ranged, _t, _a) in variants.items():
-                if not ranged:
-                    continue
+            for name in variants:
                 first_ratio = med(name, 0) / med("webdataset", 0)
                 thr_ratio = rate(name) / rate("webdataset")
-                whole = (f"whole-shard reads {med('resumewds-whole', 0):.2f}s, " if "resumewds-whole" in res
-                         else "")
-                print(f"{mb} MB shards: first batch {name} {med(name, 0):.2f}s, {whole}"
+                print(f"{mb} MB shards: first batch {name} {med(name, 0):.2f}s, "
                       f"webdataset {med('webdataset', 0):.2f}s  -> ratio {first_ratio:.2f}x (target <= 2)")
-                whole = (f"whole-shard reads {rate('resumewds-whole') / 1e6:.1f} MB/s, " if "resumewds-whole" in res
-                         else "")
-                print(f"{mb} MB shards: cold throughput {name} {rate(name) / 1e6:.1f} MB/s, {whole}"
+                print(f"{mb} MB shards: cold throughput {name} {rate(name) / 1e6:.1f} MB/s, "
                       f"webdataset {rate('webdataset') / 1e6:.1f} MB/s  -> ratio {thr_ratio:.2f}x (target >= 3)")
-                again = ("downloaded again by the whole-shard prefetch" if name == "resumewds-off"
-                         else "kept in sparse partials, not downloaded again")
-                print(f"{mb} MB shards: {name} fetched {med(name, 3) / 1e6:.1f} MB by range, {again}: "
-                      f"{100 * med(name, 3) / data_bytes:.1f}% of the {data_bytes / 1e6:.0f} MB epoch")
                 label = "" if len(variants) == 1 or name == "resumewds" else f" ({name})"
                 rows += [(f"first batch / webdataset, {mb} MB{label}", first_ratio),
-                         (f"cold throughput / webdataset, {mb} MB{label}", thr_ratio),
-                         (f"extra bytes by range / epoch bytes, {mb} MB{label}", med(name, 3) / data_bytes)]
+                         (f"cold throughput / webdataset, {mb} MB{label}", thr_ratio)]
                 ok = ok and first_ratio <= 2 and thr_ratio >= 3
-            if "resumewds" in res and "resumewds-off" in res:  # the default against sparse partials off
-                print(f"{mb} MB shards: resumewds / resumewds-off: first batch "
-                      f"{med('resumewds', 0) / med('resumewds-off', 0):.2f}x (target <= 1), cold throughput "
-                      f"{rate('resumewds') / rate('resumewds-off'):.2f}x (target >= 1)")
-                rows += [(f"first batch / sparse partials off, {mb} MB", med("resumewds", 0) / med("resumewds-off", 0)),
-                         (f"cold throughput / sparse partials off, {mb} MB",
-                          rate("resumewds") / rate("resumewds-off"))]
     print("| metric | ratio |\n|---|---|")
     for k, v in rows:
-        print(f"| {k} | {v:.2f}x |" if "extra" not in k else f"| {k} | {100 * v:.1f}% |")
+        print(f"| {k} | {v:.2f}x |")
     if args.sent_only:
         return 0
     print("PASS" if ok else "BELOW TARGET")

@@ -11,8 +11,10 @@ Fault kinds:
     reset           send part of the body, then close with SO_LINGER 0 (RST)
     500, 503, 429   error status (503 and 429 carry Retry-After)
     truncate        Content-Length says N, send fewer bytes, close
-    truncate_nolen  no Content-Length, close early (at a sample boundary when a
-                    manifest with offsets was given)
+    truncate_nolen  no Content-Length, close early: at a sample's start inside
+                    the range (the manifest's offsets when one was given, else
+                    the tar's own), else at a member's header, else anywhere
+    flip            flip one byte anywhere in the body
     flip_data       flip one byte inside a tar member's data
     flip_header     flip one byte inside a tar header block
     stall           send part of the body, then sleep ``stall_seconds``
@@ -52,10 +54,13 @@ Profiles: ``"reset=0.1,500=0.05,stall=0.02"`` gives per-request rates;
 ``"mixed:0.1,flip_data=0.01"``.  Integrity faults (flip_*) and ``down`` are
 only used when named.  A dict ``{"reset": 0.1}`` works too.  Tests can also
 script the next faults of one path exactly with :meth:`FaultServer.script`.
+``profile="mixed30"`` (or ``--profile``) injects a named profile of
+:data:`chaos.loopback.PROFILES` instead (what a user on a bad network sees).
 
 Run it::
 
     python -m chaos.faultserver ROOT --port 8000 --faults "mixed:0.1" --seed 1
+    python -m chaos.faultserver ROOT --profile mixed30 --seed 2
 
 Example:
     >>> import tempfile
@@ -76,20 +81,19 @@ import signal
 import socket
 import struct
 import sys
-import tarfile
 import threading
 import time
 import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from .loopback import LoopbackFaultServer, QuietServer
+from .loopback import PROFILES, LoopbackFaultServer, QuietServer
 
 TRANSPORT_FAULTS = ("reset", "500", "503", "429", "truncate", "truncate_nolen", "stall")
 STATUS_FAULTS = ("401", "403", "404", "410")
 HARDENING_FAULTS = ("retry_after_huge", "retry_after_date", "trickle", "gzip", "html200", "redirect_loop",
                     "ignore_range", "html502", "range416", "range200_tail", "range200_partial")
 RANGE_FAULTS = ("range416", "range200_tail", "range200_partial")
-ALL_FAULTS = TRANSPORT_FAULTS + ("flip_data", "flip_header", "down") + STATUS_FAULTS + HARDENING_FAULTS
+ALL_FAULTS = TRANSPORT_FAULTS + ("flip", "flip_data", "flip_header", "down") + STATUS_FAULTS + HARDENING_FAULTS
 
 
 def parse_faults(faults: Union[str, Dict[str, float], None]) -> Tuple[float, Dict[str, float]]:
@@ -132,26 +136,103 @@ def parse_faults(faults: Union[str, Dict[str, float], None]) -> Tuple[float, Dic
 
 
 class _Layout:
-    """Byte regions of a tar file: header blocks, member data, sample starts."""
+    """Byte regions of a tar file: header blocks, member data, sample starts.
 
-    def __init__(self, headers: List[Tuple[int, int]], data: List[Tuple[int, int]], boundaries: List[int]):
+    ``boundaries`` are where samples start (a manifest's offsets when the
+    server was given one, else ``samples``, read from the tar itself).
+    """
+
+    def __init__(self, headers: List[Tuple[int, int]], data: List[Tuple[int, int]], samples: List[int]):
         self.headers = headers
         self.data = data
-        self.boundaries = boundaries
+        self.samples = samples
+        self.boundaries = samples
+
+    def cuts(self, start: int, end: int) -> List[int]:
+        """Where a body of ``[start, end)`` can be cut at a sample's start, else
+        at a member's header (empty: neither lies strictly inside)."""
+        inside = [b for b in self.boundaries if start < b < end]
+        return inside or [h for h, _ in self.headers if start < h < end]
+
+
+_EXTENDED = b"xgLK"  # pax and GNU long-name headers: part of the member that follows
+
+
+def tar_layout(data: bytes, base: int = 0) -> _Layout:
+    """The tar headers, member data and sample starts found in ``data``, the
+    bytes at offset ``base`` of a tar file (a whole file or a range of one).
+
+    A header is a 512-byte block at a multiple of 512 of the file whose
+    checksum is right; a sample starts at the first member (or its extended
+    header) of each key, the name up to the first dot of its base name, as
+    webdataset groups them.
+
+    Example:
+        >>> import io, tarfile
+        >>> buf = io.BytesIO()
+        >>> with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        ...     for name in ("a.txt", "a.cls", "b.txt"):
+        ...         tf.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+        >>> tar_layout(buf.getvalue()).samples
+        [0, 1024]
+    """
+    headers: List[Tuple[int, int]] = []
+    regions: List[Tuple[int, int]] = []
+    samples: List[int] = []
+    key: Optional[bytes] = None
+    pending: Optional[int] = None  # an extended header's offset, waiting for its member
+    pos = -(-base // 512) * 512
+    end = base + len(data)
+    while pos + 512 <= end:
+        block = data[pos - base:pos - base + 512]
+        size = _header_size(block)
+        if size is None:
+            pos += 512
+            continue
+        headers.append((pos, pos + 512))
+        if size:
+            regions.append((pos + 512, pos + 512 + size))
+        if block[156:157] in (b"x", b"g", b"L", b"K"):
+            pending = pos if pending is None else pending
+        else:
+            name = block[:100].split(b"\0", 1)[0]
+            if block[257:262] == b"ustar" and block[345:500].strip(b"\0"):
+                name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+            stem, _, base_name = name.rpartition(b"/")
+            k = stem + b"/" + base_name.split(b".", 1)[0]
+            if k != key:
+                samples.append(pending if pending is not None else pos)
+                key = k
+            pending = None
+        pos += 512 + -(-size // 512) * 512
+    return _Layout(headers, regions, samples)
+
+
+def _header_size(block: bytes) -> Optional[int]:
+    """The member size of a valid tar header block, else None."""
+    if len(block) != 512 or block.count(0) == 512:
+        return None
+    try:
+        want = int(block[148:156].replace(b"\0", b" ").strip() or b"x", 8)
+    except ValueError:
+        return None
+    if want != sum(block[:148]) + 256 + sum(block[156:]):
+        return None
+    raw = block[124:136]
+    if raw[0] & 0x80:  # base-256 (GNU)
+        return int.from_bytes(raw[1:], "big")
+    try:
+        return int(raw.replace(b"\0", b" ").strip() or b"0", 8)
+    except ValueError:
+        return None
 
 
 def _tar_layout(path: str) -> _Layout:
-    headers: List[Tuple[int, int]] = []
-    data: List[Tuple[int, int]] = []
     try:
-        with tarfile.open(path, "r:") as tf:
-            for m in tf:
-                headers.append((m.offset, m.offset_data))
-                if m.isfile() and m.size > 0:
-                    data.append((m.offset_data, m.offset_data + m.size))
-    except (tarfile.TarError, OSError):
-        pass
-    return _Layout(headers, data, [])
+        with open(path, "rb") as f:
+            return tar_layout(f.read())
+    except OSError:
+        return _Layout([], [], [])
 
 
 class FaultServer(LoopbackFaultServer):
@@ -184,6 +265,8 @@ class FaultServer(LoopbackFaultServer):
         range_fault: a fault kind (one of :data:`RANGE_FAULTS`, or e.g.
             ``"flip_data"``) given to every Range request, and to no other
             (each counted as that fault).
+        profile: a named profile (:data:`chaos.loopback.PROFILES`): its faults
+            replace ``faults``, and its stall and Retry-After the server's.
 
     Counters (read them, or :meth:`reset_counters`): ``bytes_sent``,
     ``bytes_by_path``, ``requests`` (per path), ``faults`` (per kind).
@@ -201,7 +284,8 @@ class FaultServer(LoopbackFaultServer):
                  retry_after: float = 1, down_seconds: float = 1.0, manifest: Optional[str] = None,
                  bytes_per_second: Optional[float] = None, trickle_seconds: float = 0.5,
                  honour_if_range: bool = True, range_variant: Optional[str] = None,
-                 ignore_range: bool = False, range_fault: Optional[str] = None):
+                 ignore_range: bool = False, range_fault: Optional[str] = None,
+                 profile: Optional[str] = None):
         self.root_dir = os.path.abspath(root_dir)
         self.stall_seconds = stall_seconds
         self.retry_after = retry_after
@@ -219,6 +303,8 @@ class FaultServer(LoopbackFaultServer):
         if manifest:
             self._load_manifest(manifest)
         self._setup(host, port, seed, max_faults_per_path, *parse_faults(faults))
+        if profile is not None:
+            self.use_profile(profile)
 
     # ---- configuration ---------------------------------------------------
     def set_faults(self, faults: Union[str, Dict[str, float], None]) -> None:
@@ -250,7 +336,7 @@ class FaultServer(LoopbackFaultServer):
             lay = self._layouts.get(key)
         if lay is None:
             lay = _tar_layout(fs_path)
-            lay.boundaries = self._boundaries.get(os.path.basename(fs_path), [])
+            lay.boundaries = self._boundaries.get(os.path.basename(fs_path)) or lay.samples
             with self._lock:
                 self._layouts[key] = lay
         return lay
@@ -287,7 +373,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._serve(head=True)
 
     def do_GET(self) -> None:
-        self._serve(head=False)
+        fs = self.fs
+        with fs._lock:
+            fs.inflight += 1
+            fs.most_inflight = max(fs.most_inflight, fs.inflight)
+        try:
+            self._serve(head=False)
+        finally:
+            with fs._lock:
+                fs.inflight -= 1
 
     # ---- helpers -------------------------------------------------------------
     def _abort(self) -> None:
@@ -331,7 +425,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         fs = self.fs
         path, fs_path = self._resolve()
         fs.wait_if_held(path)
-        kind, rng = fs._decide(path)
+        kind, rng = fs._decide(path, self.headers.get("Range") or "")
         frac: Optional[float] = None
         if kind is not None and "@" in kind:
             kind, f = kind.split("@", 1)
@@ -389,6 +483,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         start, end = 0, size  # [start, end)
         partial = False
         rng_hdr = self.headers.get("Range")
+        with fs._lock:
+            fs.range_log.append((path, rng_hdr))
+            if rng_hdr:
+                fs.ranged[path] += 1
         ignored = bool(rng_hdr) and (kind == "ignore_range" or fs.ignore_range)
         if ignored:
             if kind != "ignore_range":
@@ -424,10 +522,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             f = frac if frac is not None else rng.uniform(0.1, 0.9)
             cut = start + max(0, min(length - 1, int(length * f)))
             if kind == "truncate_nolen" and frac is None:
-                bounds = [b for b in fs._layout(fs_path, st).boundaries if start < b < end]
+                bounds = fs._layout(fs_path, st).cuts(start, end)
                 if bounds:
                     cut = rng.choice(bounds)
         flip_at: Optional[int] = None
+        if kind == "flip" and length > 0:
+            flip_at = rng.randrange(start, end)
         if kind in ("flip_data", "flip_header"):
             lay = fs._layout(fs_path, st)
             regions = lay.data if kind == "flip_data" else [(h, h + 512) for h, _ in lay.headers]
@@ -579,6 +679,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--faults", default="", help='e.g. "reset=0.1,500=0.05" or "mixed:0.1"')
+    p.add_argument("--profile", default=None, choices=sorted(PROFILES),
+                   help="a named fault profile (replaces --faults and --stall-seconds)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-faults-per-path", type=int, default=None)
     p.add_argument("--stall-seconds", type=float, default=5.0)
@@ -590,7 +692,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     srv = FaultServer(a.root, host=a.host, port=a.port, faults=a.faults, seed=a.seed,
                       max_faults_per_path=a.max_faults_per_path, stall_seconds=a.stall_seconds,
                       retry_after=a.retry_after, manifest=a.manifest, bytes_per_second=a.bytes_per_second,
-                      ignore_range=a.ignore_range)
+                      ignore_range=a.ignore_range, profile=a.profile)
     srv.start()
     print(srv.url, flush=True)
     stop = threading.Event()

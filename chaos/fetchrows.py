@@ -50,12 +50,11 @@ def tail_200_no_manifest(s: Suite) -> Row:
     """Every resume answered 200 with ``Content-Range`` and only the tail: never published as the shard."""
     row = Row("200 with Content-Range tail, no manifest", "exact")
     d = s.tmp("tail200")
-    srv = s.server("", range_fault="range200_tail")
+    srv = s.server_without_manifest("", range_fault="range200_tail")
     try:
         for path in shard_paths(s.data):
             srv.script("/" + os.path.basename(path), [_cut_at_a_sample(path)])
-        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1),
-                env=child_env(RESUMEWDS_MANIFEST_BESIDE="0"), bound=BOUND)  # not the manifest beside either
+        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
         s.judge(row, p)
         row.faults += sum(srv.faults.values())
         if srv.faults["range200_tail"] == 0:

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import resumewds as rw
 from chaos.crash import Dataset, Proc, Tally, cat_cmd, compare, make_dataset, run
@@ -70,20 +70,43 @@ def serve(root: str, faults: str = "", *, manifest: Optional[str] = None, **kw: 
 
 
 class Suite:
-    """Data, reference outputs and servers shared by the scenarios."""
+    """Data, reference outputs and servers shared by the scenarios.
+
+    The data set (:attr:`data`) and its reference output (:attr:`ref`) are
+    made on first use; :meth:`shared` keeps what other rows share.
+    """
 
     def __init__(self, work: str, seed: int, quick: bool):
         self.work = work
         self.seed = seed
         self.quick = quick
-        self.data = make_dataset(os.path.join(work, "data"), shards=6, samples=60, size_range=(1000, 12000),
-                                 seed=seed)
-        ref = run(cat_cmd(self.data.manifest, workers=0, epochs=1), bound=120)
-        if ref.rc != 0:
-            raise RuntimeError(f"reference run failed: {ref.err[-2000:]}")
-        self.ref = ref.lines
         self._n = 0
         self._lock = threading.Lock()
+        self._shared: Dict[str, Any] = {}
+        self._shared_lock = threading.RLock()  # a shared thing may be made of another
+
+    @property
+    def data(self) -> Dataset:
+        """6 shards x 60 samples and their manifest (made on first use)."""
+        return self.shared("data", lambda: make_dataset(os.path.join(self.work, "data"), shards=6, samples=60,
+                                                        size_range=(1000, 12000), seed=self.seed))
+
+    @property
+    def ref(self) -> List[str]:
+        """What ``cat`` (:func:`chaos.crash.cat_cmd`, no workers, one epoch) prints over :attr:`data`."""
+        def make() -> List[str]:
+            ref = run(cat_cmd(self.data.manifest, workers=0, epochs=1), bound=120)
+            if ref.rc != 0:
+                raise RuntimeError(f"reference run failed: {ref.err[-2000:]}")
+            return ref.lines
+        return self.shared("ref", make)
+
+    def shared(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``'s result, made once per suite and then shared (rows run in threads)."""
+        with self._shared_lock:
+            if key not in self._shared:
+                self._shared[key] = make()
+            return self._shared[key]
 
     def tmp(self, name: str) -> str:
         with self._lock:
@@ -109,13 +132,36 @@ class Suite:
         kw.setdefault("seed", self.seed)
         return serve(root, faults, manifest=os.path.join(root, "manifest.json"), **kw)
 
+    def server_without_manifest(self, faults: str = "", **kw: Any) -> FaultServer:
+        """A fault server over the data set's shards alone (a copy without the
+        ``manifest.json`` beside them, made once): shards named one by one are
+        indexed from their bytes, as a data set without an index is."""
+        root = os.path.join(self.work, "bare")
+        with self._lock:
+            if not os.path.isdir(root):
+                tmp = root + ".tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+                for path in shard_paths(self.data):
+                    shutil.copy(path, tmp)
+                os.replace(tmp, root)
+        kw.setdefault("seed", self.seed)
+        kw.setdefault("stall_seconds", 3.0)
+        kw.setdefault("retry_after", 0.2)
+        kw.setdefault("manifest", self.data.manifest)  # (where the samples lie, for the faults)
+        return serve(root, faults, **kw)
+
     def brace_source(self, url: str) -> str:
         """``url{shard-a.tar,shard-b.tar,...}``: the data set's shards without a manifest."""
         return url + "{" + ",".join(sorted(os.path.basename(p) for p in shard_paths(self.data))) + "}"
 
-    def judge(self, row: Row, p: Proc, expect: Optional[str] = None) -> None:
-        """Count one run into ``row``."""
+    def judge(self, row: Row, p: Proc, expect: Optional[str] = None, data: Optional[Dataset] = None,
+              ref: Optional[List[str]] = None) -> None:
+        """Count one run into ``row`` (against ``data`` and its ``ref`` output, by
+        default the suite's)."""
         expect = expect or row.expect
+        data = data or self.data
+        ref = self.ref if ref is None else ref
         row.runs += 1
         if p.hung:
             row.hung += 1
@@ -126,11 +172,11 @@ class Suite:
         if p.clear_error:
             row.clear_errors += 1
         if expect == "exact" or (expect == "either" and ok_exact):
-            row.tally.add(compare(self.ref, got, self.data.digests))
+            row.tally.add(compare(ref, got, data.digests))
             if not ok_exact:
                 row.bad_exits.append(f"exit {p.rc}: {last_line(p.err)}")
         else:  # an error is expected (or allowed): what was printed must be a correct prefix
-            row.tally.add(compare(self.ref[:len(got)], got, self.data.digests))
+            row.tally.add(compare(ref[:len(got)], got, data.digests))
             if ok_exact and expect == "error":
                 row.bad_exits.append("exit 0 where an error was expected")
             elif not ok_exact and not p.clear_error:

@@ -31,7 +31,8 @@ def net(name: str, faults: str, *, max_per_path: int = 2, runs: int = 1, down: f
     def scenario(s: Suite) -> Row:
         row = Row(name, expect)
         for i in range(runs):
-            srv = s.server(faults, max_faults_per_path=max_per_path, seed=s.seed * 100 + i, **srv_kw)
+            make = s.server_without_manifest if no_manifest else s.server
+            srv = make(faults, max_faults_per_path=max_per_path, seed=s.seed * 100 + i, **srv_kw)
             try:
                 d = s.tmp("net")
                 if no_manifest:
@@ -41,9 +42,7 @@ def net(name: str, faults: str, *, max_per_path: int = 2, runs: int = 1, down: f
                     src = srv.url + "manifest.json"
                 if down:
                     srv.set_down(down)
-                # without a manifest: not the one beside the shards either (resumewds.beside)
-                env = child_env(RESUMEWDS_MANIFEST_BESIDE="0") if no_manifest else None
-                p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1), env=env, bound=BOUND)
+                p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
                 s.judge(row, p)
                 row.faults += sum(srv.faults.values())
             finally:
@@ -80,13 +79,13 @@ def hardening(name: str, faults: str, *, expect: str, max_per_path: int = 1, no_
     say ``says``; no shard may get more than ``max_requests`` requests."""
     def scenario(s: Suite) -> Row:
         row = Row(name, expect)
-        srv = s.server(faults, max_faults_per_path=max_per_path, **srv_kw)
+        srv = (s.server_without_manifest if no_manifest else s.server)(faults, max_faults_per_path=max_per_path,
+                                                                       **srv_kw)
         try:
             d = s.tmp("hard")
             src = s.brace_source(srv.url) if no_manifest else srv.url + "manifest.json"
-            extra = dict(env or {}, RESUMEWDS_MANIFEST_BESIDE="0") if no_manifest else (env or {})
             p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1, workers=workers),
-                    env=child_env(**extra), bound=BOUND)
+                    env=child_env(**(env or {})), bound=BOUND)
             s.judge(row, p)
             row.faults += sum(srv.faults.values())
             if not p.hung and p.seconds > within:
@@ -135,13 +134,13 @@ def changed_file_ignoring_if_range(s: Suite) -> Row:
     v2 = make_dataset(os.path.join(d, "v2"), shards=6, samples=60, size_range=(1000, 12000), seed=s.seed + 977)
     root = os.path.join(d, "srv")
     shutil.copytree(s.data.root, root)
+    os.unlink(os.path.join(root, "manifest.json"))  # shards named one by one, indexed from their bytes
     for path in shard_paths(v2):
         shutil.copy(path, os.path.join(root, os.path.basename(path) + ".v2"))
     srv = serve(root, "truncate=1.0", seed=s.seed, max_faults_per_path=1, honour_if_range=False,
                 range_variant=".v2")
     try:
-        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1),
-                env=child_env(RESUMEWDS_MANIFEST_BESIDE="0"), bound=BOUND)
+        p = run(cat_cmd(s.brace_source(srv.url), cache_dir=os.path.join(d, "cache"), epochs=1), bound=BOUND)
         s.judge(row, p)
         row.faults += sum(srv.faults.values())
     finally:

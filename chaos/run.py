@@ -35,7 +35,7 @@ Run::
 The rows live in the row modules (``chaos/netrows.py``, ``killrows.py``,
 ``workerfaults.py``, ``diskrows.py``, ``journalrows.py``, ``inputrows.py``,
 ``integrity.py``, ``s3rows.py``, ``fetchrows.py``, ``rangerows.py``,
-``skiprows.py``) on the shared harness (``chaos/harness.py``); this module
+``readrows.py``, ``skiprows.py``) on the shared harness (``chaos/harness.py``); this module
 puts them in order, runs them and prints the table.
 """
 
@@ -60,6 +60,7 @@ from chaos.journalrows import exactly_once_rows, journal_damage, journal_dir_ful
 from chaos.killrows import crash_cycles, mixture_kills
 from chaos.netrows import hardening_rows, transport_rows
 from chaos.rangerows import ranged_read_rows, sample_digest_rows
+from chaos.readrows import read_rows
 from chaos.s3rows import s3_rows
 from chaos.skiprows import skip_rows
 
@@ -96,6 +97,7 @@ def matrix(quick: bool) -> List[Scenario]:
         *fetch_fault_rows(),  # ... then wrong answers to Range, odd bodies (chaos/fetchrows.py)
         *sample_digest_rows(),
         *ranged_read_rows(),
+        *read_rows(quick),  # named fault profiles on every shard request, http and s3 (chaos/readrows.py)
         *skip_rows(),  # a local shard corrupted in place, skipped whole
         mixture_kills(3 if quick else 8),
     ]

@@ -15,6 +15,11 @@ Fault kinds (GET only; path-style urls ``/bucket/key``):
     reset      the real status and headers, part of the body, then an RST
     stall      the real status and headers, part of the body, then silence
                for ``stall_seconds`` (longer than the client's read timeout)
+    truncate   the real Content-Length, part of the body, then a clean close
+    truncate_nolen  no Content-Length, the body cut at a sample's start inside
+               it (else a member's header), then a clean close
+    flip       one byte of the body flipped (anywhere)
+    flip_data / flip_header  one byte flipped in member data / in a tar header
     403        403 ``AccessDenied`` (permanent)
     trickle    the real answer, its body at ``trickle_bytes_per_second``
                (every read arrives in time: only a minimum transfer rate
@@ -24,11 +29,16 @@ Fault kinds (GET only; path-style urls ``/bucket/key``):
 
 ``reset@0.5`` / ``stall@0.9`` cut the body at that fraction.  Profiles:
 ``"slowdown=0.1,reset=0.05"``, ``"mixed:0.2"`` (one of slowdown, 500, 503,
-reset, stall), or a dict.
+reset, stall), or a dict; ``profile="mixed30"`` (or ``--profile``) a named
+profile of :data:`chaos.loopback.PROFILES`, as for the file server.  The tar
+layout of a body (where a flip or a cut lands) is read from the bytes
+themselves (:func:`chaos.faultserver.tar_layout`), at the offset its
+``Content-Range`` gives.
 
 Run it::
 
     python -m chaos.s3proxy http://127.0.0.1:5000 --port 9000 --faults mixed:0.2
+    python -m chaos.s3proxy http://127.0.0.1:5000 --profile cut50
 
 Example:
     >>> p = S3FaultProxy("http://127.0.0.1:1")
@@ -52,10 +62,12 @@ import time
 import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from .loopback import LoopbackFaultServer, QuietServer
+from .faultserver import tar_layout
+from .loopback import PROFILES, LoopbackFaultServer, QuietServer
 
 TRANSPORT_FAULTS = ("slowdown", "500", "503", "reset", "stall")
-ALL_FAULTS = TRANSPORT_FAULTS + ("403", "trickle", "range416")
+BODY_FAULTS = ("truncate", "truncate_nolen", "flip", "flip_data", "flip_header")
+ALL_FAULTS = TRANSPORT_FAULTS + ("403", "trickle", "range416") + BODY_FAULTS
 _ERRORS = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -119,6 +131,8 @@ class S3FaultProxy(LoopbackFaultServer):
         retry_after: a Retry-After header on ``slowdown`` and ``503`` answers
             (None: none, as S3 itself sends).
         trickle_bytes_per_second: the body rate of a ``trickle`` fault.
+        profile: a named profile (:data:`chaos.loopback.PROFILES`): its faults
+            replace ``faults``, and its stall and Retry-After the proxy's.
 
     Counters: ``requests`` (GETs per path), ``faults`` (per kind),
     ``connections`` (TCP connections accepted),
@@ -135,7 +149,7 @@ class S3FaultProxy(LoopbackFaultServer):
                  faults: Union[str, Dict[str, float], None] = "", seed: int = 0,
                  max_faults_per_path: Optional[int] = None, stall_seconds: float = 5.0,
                  bytes_per_second: Optional[float] = None, retry_after: Optional[float] = None,
-                 trickle_bytes_per_second: float = 200.0):
+                 trickle_bytes_per_second: float = 200.0, profile: Optional[str] = None):
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -146,6 +160,8 @@ class S3FaultProxy(LoopbackFaultServer):
         self.retry_after = retry_after
         self.trickle_bytes_per_second = trickle_bytes_per_second
         self._setup(host, port, seed, max_faults_per_path, *parse_s3_faults(faults))
+        if profile is not None:
+            self.use_profile(profile)
 
     # ---- configuration -------------------------------------------------------
     def set_faults(self, faults: Union[str, Dict[str, float], None]) -> None:
@@ -243,7 +259,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         frac: Optional[float] = None
         rng = random.Random(0)
         if is_object:
-            kind, rng = px._decide(path)
+            kind, rng = px._decide(path, self.headers.get("Range") or "")
             if kind is not None and "@" in kind:
                 kind, f = kind.split("@", 1)
                 frac = float(f)
@@ -268,9 +284,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             conn.close()
         cut = len(data)
-        if kind in ("reset", "stall") and data:
+        if status >= 300 or not data:
+            kind = kind if kind in ("reset", "stall", "trickle") else None  # body faults hit object bytes only
+        if kind in ("reset", "stall", "truncate", "truncate_nolen") and data:
             at = frac if frac is not None else rng.uniform(0.1, 0.9)
             cut = max(0, min(len(data) - 1, int(len(data) * at)))
+            if kind == "truncate_nolen" and frac is None:
+                base = _range_start(out_headers)
+                bounds = tar_layout(data, base).cuts(base, base + len(data))
+                if bounds:
+                    cut = rng.choice(bounds) - base
+        if kind in ("flip", "flip_data", "flip_header") and data:
+            data = _flipped(data, _range_start(out_headers), kind, rng)
         self.send_response(status, reason)
         for k, v in out_headers:
             if k.lower() != "content-length":
@@ -278,6 +303,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if method == "HEAD":
             cl = next((v for k, v in out_headers if k.lower() == "content-length"), "0")
             self.send_header("Content-Length", cl)
+        elif kind == "truncate_nolen":
+            self.send_header("Connection", "close")
+            self.close_connection = True
         else:
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -309,6 +337,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if ahead > 0:
                     px._stopping.wait(ahead)
         if cut < len(data):
+            if kind in ("truncate", "truncate_nolen"):  # a clean close: the client sees an early end
+                try:
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                self.close_connection = True
+                return
             if kind == "stall":
                 try:
                     self.wfile.flush()
@@ -316,6 +352,34 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     pass
                 px._stopping.wait(px.stall_seconds)
             self._abort()
+
+
+def _range_start(headers: Sequence[Tuple[str, str]]) -> int:
+    """Where in the object a body starts (its ``Content-Range``; 0 without one)."""
+    for k, v in headers:
+        if k.lower() == "content-range":
+            try:
+                return int(v.split()[1].split("-", 1)[0])
+            except (IndexError, ValueError):
+                return 0
+    return 0
+
+
+def _flipped(data: bytes, base: int, kind: str, rng: random.Random) -> bytes:
+    """``data`` (object bytes from offset ``base``) with one byte flipped: anywhere
+    (``flip``), in member data or in a tar header (else anywhere)."""
+    at = rng.randrange(len(data))
+    if kind != "flip":
+        lay = tar_layout(data, base)
+        regions = lay.data if kind == "flip_data" else lay.headers
+        regions = [(max(a, base), min(b, base + len(data))) for a, b in regions
+                   if a < base + len(data) and b > base]
+        if regions:
+            a, b = rng.choice(regions)
+            at = rng.randrange(a, b) - base
+    out = bytearray(data)
+    out[at] ^= 0xFF
+    return bytes(out)
 
 
 S3FaultProxy.handler_class = _Handler
@@ -326,6 +390,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("upstream", help="the real S3 endpoint, http://host:port")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--faults", default="")
+    ap.add_argument("--profile", default=None, choices=sorted(PROFILES),
+                    help="a named fault profile (replaces --faults and --stall-seconds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-faults-per-path", type=int, default=None)
     ap.add_argument("--stall-seconds", type=float, default=5.0)
@@ -333,7 +399,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     px = S3FaultProxy(args.upstream, port=args.port, faults=args.faults, seed=args.seed,
                       max_faults_per_path=args.max_faults_per_path, stall_seconds=args.stall_seconds,
-                      bytes_per_second=args.bytes_per_second).start()
+                      bytes_per_second=args.bytes_per_second, profile=args.profile).start()
     print(px.url, flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())

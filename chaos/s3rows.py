@@ -21,16 +21,16 @@ from chaos.crash import cat_cmd, child_env, committed_samples, compare, run
 from chaos.harness import BOUND, Row, Scenario, Suite, labelled, last_line
 from chaos.s3proxy import S3FaultProxy
 
-__all__ = ["s3_missing_object", "s3_net", "s3_rows"]
+__all__ = ["S3_CREDS", "s3_bucket", "s3_client", "s3_endpoint", "s3_missing_object", "s3_net", "s3_ready", "s3_rows"]
 
-_S3_CREDS = {"AWS_ACCESS_KEY_ID": "chaos", "AWS_SECRET_ACCESS_KEY": "chaos", "AWS_DEFAULT_REGION": "us-east-1",
+S3_CREDS = {"AWS_ACCESS_KEY_ID": "chaos", "AWS_SECRET_ACCESS_KEY": "chaos", "AWS_DEFAULT_REGION": "us-east-1",
              "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
              "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
 _S3_LOCK = threading.Lock()
 _S3_SERVER: List[str] = []  # the moto endpoint, started once per process
 
 
-def _s3_endpoint() -> str:
+def s3_endpoint() -> str:
     """moto's server mode on 127.0.0.1 (started on first use, stopped at exit)."""
     with _S3_LOCK:
         if not _S3_SERVER:
@@ -44,19 +44,27 @@ def _s3_endpoint() -> str:
         return _S3_SERVER[0]
 
 
-def _s3_bucket(s: Suite, endpoint: str, name: str) -> str:
+def s3_client(endpoint: str) -> Any:
+    """A boto3 client of the moto server at ``endpoint`` (straight, not through a proxy)."""
     import boto3  # lazy: the optional s3 extra
 
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="chaos", aws_secret_access_key="chaos",
+                        region_name="us-east-1")
+
+
+def s3_bucket(s: Suite, endpoint: str, name: str, root: Optional[str] = None) -> str:
+    """A new bucket holding the files of ``root`` (default: the suite's data) under ``data/``."""
+    root = root or s.data.root
     bucket = f"chaos-{name}-{s.seed}-{random.Random().getrandbits(32):08x}"
-    c = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="chaos", aws_secret_access_key="chaos",
-                     region_name="us-east-1")
+    c = s3_client(endpoint)
     c.create_bucket(Bucket=bucket)
-    for fn in sorted(os.listdir(s.data.root)):
-        c.upload_file(os.path.join(s.data.root, fn), bucket, "data/" + fn)
+    for fn in sorted(os.listdir(root)):
+        if os.path.isfile(os.path.join(root, fn)):
+            c.upload_file(os.path.join(root, fn), bucket, "data/" + fn)
     return bucket
 
 
-def _s3_ready(row: Row) -> bool:
+def s3_ready(row: Row) -> bool:
     try:
         import boto3  # noqa: F401  # lazy: the optional s3 extra
         import moto.server  # noqa: F401  # lazy: moto[server] is a test extra
@@ -76,16 +84,16 @@ def s3_net(name: str, faults: str, *, max_per_path: int = 2, kills: int = 0,
     get more than ``max_requests`` GETs (the fetch hardening's checks)."""
     def scenario(s: Suite) -> Row:
         row = Row(name, "resume" if kills else expect)
-        if not _s3_ready(row):
+        if not s3_ready(row):
             return row
-        endpoint = _s3_endpoint()
-        bucket = _s3_bucket(s, endpoint, "k" if kills else "n")
+        endpoint = s3_endpoint()
+        bucket = s3_bucket(s, endpoint, "k" if kills else "n")
         px = S3FaultProxy(endpoint, faults=faults, seed=s.seed, max_faults_per_path=max_per_path,
                           stall_seconds=3.0, bytes_per_second=1.5e6 if kills else None, **proxy_kw).start()
         px.script(f"/{bucket}/data/manifest.json", [None] * 1000)
         try:
             d = s.tmp("s3")
-            env_ = child_env(AWS_ENDPOINT_URL=px.url, **_S3_CREDS, **(env or {}))
+            env_ = child_env(AWS_ENDPOINT_URL=px.url, **S3_CREDS, **(env or {}))
             src = f"s3://{bucket}/data/manifest.json"
             if not kills:
                 p = run(cat_cmd(src, cache_dir=os.path.join(d, "cache"), epochs=1, workers=workers), env=env_,
@@ -135,19 +143,16 @@ def s3_missing_object(s: Suite) -> Row:
     """A shard the manifest lists is not in the bucket: NoSuchKey, a clear error, no retries
     (at most one GET per reader: 2 workers and their prefetch threads)."""
     row = Row("s3: object missing from the bucket (NoSuchKey)", "error")
-    if not _s3_ready(row):
+    if not s3_ready(row):
         return row
-    import boto3  # lazy: the optional s3 extra
-
-    endpoint = _s3_endpoint()
-    bucket = _s3_bucket(s, endpoint, "m")
+    endpoint = s3_endpoint()
+    bucket = s3_bucket(s, endpoint, "m")
     shards = sorted(n for n in os.listdir(s.data.root) if n.endswith(".tar"))
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="chaos", aws_secret_access_key="chaos",
-                 region_name="us-east-1").delete_object(Bucket=bucket, Key="data/" + shards[len(shards) // 2])
+    s3_client(endpoint).delete_object(Bucket=bucket, Key="data/" + shards[len(shards) // 2])
     px = S3FaultProxy(endpoint).start()
     try:
         d = s.tmp("s3missing")
-        env = child_env(AWS_ENDPOINT_URL=px.url, **_S3_CREDS)
+        env = child_env(AWS_ENDPOINT_URL=px.url, **S3_CREDS)
         s.judge(row, run(cat_cmd(f"s3://{bucket}/data/manifest.json", cache_dir=os.path.join(d, "cache"),
                                  epochs=1), env=env, bound=BOUND))
         row.faults = 1

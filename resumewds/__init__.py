@@ -82,11 +82,6 @@ from .wds import gopen as _gopen_module  # noqa: E402
 sys.modules.setdefault(f"{__name__}.gopen", _gopen_module)
 gopen = _gopen_module.gopen
 
-# The data-set engine (sources, plan, cache, fetch, reading; no torch) loads with the
-# package, as webdataset's does with its own: a script's first ``WebDataset(...)`` does
-# not wait for some sixty modules (~18 ms) to load.
-from . import shardset as _engine  # noqa: E402,F401
-
 # Every other public name is loaded from its module on first use (PEP 562), so
 # that ``import resumewds`` does not import the mixtures, the writer, the
 # webdataset compatibility layers and the decoders a script may never touch.
@@ -105,8 +100,12 @@ _LAZY: Dict[str, str] = {
                      "warn_and_stop"), "wds.handlers"),
     **dict.fromkeys(("Manifest", "ShardInfo", "load_manifest"), "manifest"),
     "MultiLoader": "wds.multi",
-    "RoundRobin": "wds.mix",
-    **dict.fromkeys(("MixedDataset", "RandomMix"), "mixdataset"),
+    **dict.fromkeys(("LRUCleanup", "pipe_cleaner"), "wds.filecache"),  # webdataset's cache module names
+    **dict.fromkeys(("with_epoch", "with_length"), "wds.extradatasets"),  # (they import torch)
+    "LMDBCached": "wds.filters",
+    "pytorch_weights_only": "autodecode",
+    **dict.fromkeys(("RandomMix", "RoundRobin"), "wds.mix"),
+    "MixedDataset": "mixdataset",
     "MixPlan": "mixture",
     **dict.fromkeys(("Layout", "Plan"), "plan"),
     **dict.fromkeys(("MultiShardSample", "ResampledShards", "SimpleShardList", "non_empty", "resampled", "shardspec",
@@ -147,6 +146,8 @@ __all__ = [
     "JournalConfigMismatch",
     "JournalError",
     "JournalIncompleteCommit",
+    "LMDBCached",
+    "LRUCleanup",
     "Layout",
     "Manifest",
     "MissingKeyError",
@@ -206,7 +207,9 @@ __all__ = [
     "map_tuple",
     "non_empty",
     "numpy_dumps",
+    "pipe_cleaner",
     "pipelinefilter",
+    "pytorch_weights_only",
     "rename",
     "rename_keys",
     "repeatedly",
@@ -238,6 +241,8 @@ __all__ = [
     "utils",
     "warn_and_continue",
     "warn_and_stop",
+    "with_epoch",
+    "with_length",
     "xdecode",
 ]
 

@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -65,7 +66,7 @@ from .tenbin import decode_buffer
 __all__ = ["Continue", "Decoder", "DecodingError", "IMAGE_EXTENSIONS", "ImageHandler",
            "basichandlers", "cbor_loads", "decode_image", "decoders", "gzfilter",
            "handle_extension", "imagehandler", "imagespecs", "install_hint", "msgpack_loads", "npy_loads",
-           "npz_loads", "tenbin_loads", "torch_audio", "torch_loads", "torch_video",
+           "npz_loads", "pytorch_weights_only", "tenbin_loads", "torch_audio", "torch_loads", "torch_video",
            "unpickle_loads"]
 
 Handler = Callable[[str, bytes], Any]
@@ -114,8 +115,14 @@ def _security_check(what: str) -> None:
         raise EnforcedSecurityError(what)
 
 
+#: webdataset's switch: ``torch_loads`` with ``weights_only=True``; ``WDS_PYTORCH_WEIGHTS_ONLY=1``
+#: at import sets it, and so may your code (``wds.autodecode.pytorch_weights_only = True``)
+pytorch_weights_only: bool = bool(config.value("pytorch_weights_only"))
+
+
 def torch_loads(data: bytes) -> Any:
-    """``torch.load`` of a member (webdataset's, ``weights_only`` from ``WDS_PYTORCH_WEIGHTS_ONLY``).
+    """``torch.load`` of a member (webdataset's: ``weights_only`` when :data:`pytorch_weights_only`
+    is set, or ``WDS_PYTORCH_WEIGHTS_ONLY=1``).
 
     Raises:
         EnforcedSecurityError: ``urls.enforce_security`` is set.
@@ -123,7 +130,7 @@ def torch_loads(data: bytes) -> Any:
     _security_check("torch.loads is not allowed for security reasons when enforce_security is set.")
     import torch
 
-    weights_only = bool(config.value("pytorch_weights_only"))
+    weights_only = pytorch_weights_only or bool(config.value("pytorch_weights_only"))
     return torch.load(io.BytesIO(data), weights_only=weights_only, map_location="cpu")
 
 
@@ -579,3 +586,11 @@ def install_hint(exc: BaseException) -> str:
 
 
 default_decoder = Decoder([])
+
+
+def __getattr__(name: str) -> Any:
+    """webdataset's ``autodecode.utils`` (its module): ``resumewds.utils``, the WebDataset
+    wing's, found by webdataset's name on first use (the engine does not use it)."""
+    if name == "utils":
+        return importlib.import_module("resumewds.utils")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

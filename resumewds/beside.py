@@ -17,7 +17,9 @@ unreadable manifest.json (404, bad JSON, a server error: one attempt) is
 ignored the same way.  The index taken from it is the one indexing the shards
 would give, so the order is the same; the shards' bytes are verified against
 it as against any manifest (size and xxh3_64 when downloaded, each sample's
-digest in a ranged read).  ``RESUMEWDS_MANIFEST_BESIDE=0`` turns the look-up off.
+digest in a ranged read), and every error those checks raise names the
+manifest the index came from (``index from .../manifest.json``): a stale
+manifest beside the shards is then told from damaged shards.
 
 Example:
     >>> beside_url("http://h/d/shard-000001.tar?sig=x"), beside_url("pipe:cat a.tar")
@@ -32,7 +34,6 @@ import os
 import urllib.parse
 from typing import Any, Dict, List, Optional, Set
 
-from . import config
 from .errors import ResumeWDSError
 from .fetch import FetchConfig
 from .manifest import Manifest, ShardInfo, load_manifest
@@ -110,8 +111,6 @@ def fill_from_beside(m: Manifest, *, fetch_config: Any = None, allow_remote_pipe
         >>> fill_from_beside(Manifest([ShardInfo(url="pipe:cat a.tar")]))
         0
     """
-    if not config.manifest_beside():
-        return 0
     groups: Dict[str, List[ShardInfo]] = {}
     for s in m.shards:
         if not s.indexed:
@@ -139,6 +138,7 @@ def fill_from_beside(m: Manifest, *, fetch_config: Any = None, allow_remote_pipe
             e = by_url[s.url]
             s.size, s.xxh3_64, s.samples, s.offsets = e.size, e.xxh3_64, e.samples, e.offsets
             s.sample_digests = e.sample_digests
+            s.index_source = where
             filled += 1
         log.debug("%s: the index of %d shards taken from it", where, len(shards))
     if filled:

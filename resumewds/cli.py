@@ -24,6 +24,10 @@ is expected, a malformed manifest or shard, a bad option or environment
 variable) ends with one line ``Error: <what>: <problem>`` on stderr and exit
 status 1 (2 for a bad option), never a traceback.  Set ``RESUMEWDS_DEBUG=1``
 to see the traceback of an unexpected error.
+
+Ctrl-C (SIGINT) at any moment, start-up included, ends a command with
+``Aborted!`` on stderr and exit status 130; what a journal holds stays (a rerun
+of ``cat --journal`` continues after its last commit).  See :class:`_Interrupt`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -48,6 +53,35 @@ from .progress import NoBar as _NoBar  # noqa: F401
 from .progress import progress_bar as _progress
 from .redact import redact_text
 from .tario import sample_digest, scan_file
+
+
+class _Interrupt:
+    """Ctrl-C (SIGINT) of the ``resumewds`` process: never lost, whatever swallows it.
+
+    Python's own handler raises ``KeyboardInterrupt`` wherever the main
+    thread is; code that catches every error there loses it.  torch's
+    start-up imports numpy from C and clears any error that import raised, so
+    a Ctrl-C in that moment (about 0.1 s of ``cat``'s start-up) vanished and
+    the run went on to its end with status 0.  :func:`main` (the owner of this
+    process) installs :meth:`handler` instead, which raises the same way and
+    remembers the signal: :meth:`check` raises it again at the next step
+    (after the torch import, at each sample ``cat`` prints), and ``main``
+    ends with status 130 however the command ended.  Started with SIGINT
+    ignored (a background job), the process keeps ignoring it.
+    """
+
+    seen = False
+
+    @classmethod
+    def handler(cls, signum: int, frame: Any) -> None:
+        cls.seen = True
+        raise KeyboardInterrupt
+
+    @classmethod
+    def check(cls) -> None:
+        """Raise ``KeyboardInterrupt`` again if a Ctrl-C came (and was swallowed)."""
+        if cls.seen:
+            raise KeyboardInterrupt
 
 
 class _Group(click.Group):
@@ -381,6 +415,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
     quiet_numpy_warning()  # before the loader imports torch
     from .loader import WebLoader  # lazy: torch
 
+    _Interrupt.check()  # a Ctrl-C that torch's start-up swallowed
     if commit_every < 1:
         raise click.BadParameter("must be >= 1", param_hint="--commit-every")
     ds = _make_dataset(list(sources), **dsopts)
@@ -404,6 +439,7 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         with bar:
             while loader.epoch < epochs and (limit is None or n < limit) and not loader.preempted:
                 for sample in loader:
+                    _Interrupt.check()
                     _write(out, cat_line(sample) + "\n")
                     n += 1
                     since += 1
@@ -648,8 +684,27 @@ def demo(directory: Optional[str], shards: int, samples: int) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Console entry point (``resumewds`` and ``python -m resumewds``)."""
-    cli.main(args=argv, prog_name="resumewds")
+    """Console entry point (``resumewds`` and ``python -m resumewds``).
+
+    Owns this process's SIGINT while the command runs (:class:`_Interrupt`):
+    a Ctrl-C ends it with ``Aborted!`` and status 130.
+    """
+    own = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not when started ignoring it
+    previous = signal.signal(signal.SIGINT, _Interrupt.handler) if own else None
+    _Interrupt.seen = False
+    try:
+        cli.main(args=argv, prog_name="resumewds")
+    except BaseException as exc:
+        if not _Interrupt.seen:
+            raise
+        # click said "Aborted!" (or the Error: line) with status 1; otherwise the
+        # command ended on its own after a swallowed Ctrl-C, or failed because of it
+        if not (isinstance(exc, SystemExit) and exc.code == 1):
+            click.echo("Aborted!", err=True)
+        sys.exit(130)
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -61,23 +61,6 @@ RESUMEWDS_S3_ENDPOINT_URL      AWS_ENDPOINT_URL_S3,          boto3's           s
 RESUMEWDS_S3_ADDRESSING_STYLE                                auto              s3:// addressing: auto, path or virtual
 RESUMEWDS_S3_ANONYMOUS                                       0                 1: unsigned s3:// requests (public
                                                                                buckets)
-RESUMEWDS_RANGED_READS                                       1                 0: no verified ranged reads / reads of
-                                                                               the partial download of shards not
-                                                                               cached yet (docs/DIGESTS.md)
-RESUMEWDS_SPARSE_PARTIALS                                    1                 0: the background download of a shard
-                                                                               read by range fetches it whole again
-                                                                               (1: ranged reads' bytes kept in a sparse
-                                                                               partial, none fetched twice;
-                                                                               docs/DIGESTS.md)
-RESUMEWDS_MANIFEST_BESIDE                                    1                 0: shards named one by one are indexed
-                                                                               even when a manifest.json beside them
-                                                                               lists them (resumewds.beside)
-RESUMEWDS_FETCH_LITE                                         1                 0: the manifest and ranged reads over
-                                                                               http(s) go through requests too, not
-                                                                               http.client (resumewds.fetch.lite)
-RESUMEWDS_FORK_FREEZE                                        1                 0: a fork leaves the garbage collector
-                                                                               as it is (1: the heap is frozen for the
-                                                                               child, gc.freeze; resumewds.warmup)
 RESUMEWDS_WORKER_STALL                                       60                seconds a DataLoader worker may stay
                                                                                stopped (SIGSTOP) while the loader waits
                                                                                for it (0: no limit; resumewds.watchdog)
@@ -222,16 +205,6 @@ VARS: Dict[str, Var] = {
     "s3_addressing_style": Var("RESUMEWDS_S3_ADDRESSING_STYLE", lambda r: r.strip().lower(), "auto",
                                check=lambda v: None if v in S3_ADDRESSING else "must be auto, path or virtual"),
     "s3_anonymous": Var("RESUMEWDS_S3_ANONYMOUS", _bool, False),
-    # sample-granular reads of remote v3 shards not cached yet (resumewds.reading)
-    "ranged_reads": Var("RESUMEWDS_RANGED_READS", _bool, True),
-    # ranged reads' bytes kept in a sparse partial download (resumewds.cache.sparse)
-    "sparse_partials": Var("RESUMEWDS_SPARSE_PARTIALS", _bool, True),
-    # the manifest.json beside shards named one by one (resumewds.beside)
-    "manifest_beside": Var("RESUMEWDS_MANIFEST_BESIDE", _bool, True),
-    # small GETs and ranged reads on http.client, not requests (resumewds.fetch.lite)
-    "fetch_lite": Var("RESUMEWDS_FETCH_LITE", _bool, True),
-    # a forked child (a DataLoader worker) starts with the heap it inherits frozen (resumewds.warmup)
-    "fork_freeze": Var("RESUMEWDS_FORK_FREEZE", _bool, True),
     # a stopped DataLoader worker (resumewds.watchdog)
     "worker_stall": Var("RESUMEWDS_WORKER_STALL", _float, 60.0, check=_non_negative),
 }
@@ -349,65 +322,6 @@ def allow_remote_local(explicit: Optional[bool] = None) -> bool:
     return bool(value("allow_remote_local", explicit))
 
 
-def ranged_reads(explicit: Optional[bool] = None) -> bool:
-    """Whether remote v3 shards not cached yet are read sample by sample
-    (verified ranges, the partial download): ``RESUMEWDS_RANGED_READS``.
-
-    Example:
-        >>> ranged_reads(False)
-        False
-    """
-    return bool(value("ranged_reads", explicit))
-
-
-def sparse_partials(explicit: Optional[bool] = None) -> bool:
-    """Whether the background download of a shard read by range fills a sparse
-    partial around the verified ranges, so no byte is fetched twice:
-    ``RESUMEWDS_SPARSE_PARTIALS`` (default on; ``0`` downloads such a shard
-    whole, its ranged bytes a second time; docs/DIGESTS.md).
-
-    Example:
-        >>> sparse_partials(True)
-        True
-    """
-    return bool(value("sparse_partials", explicit))
-
-
-def manifest_beside(explicit: Optional[bool] = None) -> bool:
-    """Whether shards named one by one take their index from a ``manifest.json``
-    beside them (:mod:`resumewds.beside`): ``RESUMEWDS_MANIFEST_BESIDE``.
-
-    Example:
-        >>> manifest_beside(False)
-        False
-    """
-    return bool(value("manifest_beside", explicit))
-
-
-def fetch_lite(explicit: Optional[bool] = None) -> bool:
-    """Whether a remote manifest and the ranged reads over http(s) are sent with
-    ``http.client`` (:mod:`resumewds.fetch.lite`), not requests:
-    ``RESUMEWDS_FETCH_LITE``.
-
-    Example:
-        >>> fetch_lite(False)
-        False
-    """
-    return bool(value("fetch_lite", explicit))
-
-
-def fork_freeze(explicit: Optional[bool] = None) -> bool:
-    """Whether a fork freezes the heap for the child (``gc.freeze`` before it,
-    ``gc.unfreeze`` after it in the parent; :mod:`resumewds.warmup`):
-    ``RESUMEWDS_FORK_FREEZE``.
-
-    Example:
-        >>> fork_freeze(False)
-        False
-    """
-    return bool(value("fork_freeze", explicit))
-
-
 def _env(name: str) -> Optional[str]:
     raw = os.environ.get(name)
     return raw.strip() if raw is not None and raw.strip() != "" else None
@@ -459,16 +373,11 @@ __all__ = [
     "cache_dir",
     "cache_size",
     "cache_sync",
-    "fetch_lite",
     "fetch_settings",
-    "fork_freeze",
-    "manifest_beside",
     "manifest_max_bytes",
     "parse_size",
-    "ranged_reads",
     "s3_settings",
     "seed",
-    "sparse_partials",
     "value",
     "verbose_cache",
     "verbose_level",

@@ -28,7 +28,7 @@ from .positions import hide_positions
 from .shardset import ShardDataset
 from .shardsplit import WorkerStream
 from .stages import Stage
-from .watchdog import freeze_inherited
+from .statecheck import CHECKSUM_KEY, check_seal, seal
 from .world import worker_info
 
 __all__ = ["DATASET_STATE", "DirectDataset"]
@@ -81,16 +81,22 @@ class DirectDataset(ShardDataset):
         see ``nodesplitter`` / ``workersplitter``) of epoch ``self.epoch``, through every
         stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
         moment resumes exactly after the last item yielded."""
-        freeze_inherited()  # in a DataLoader worker: the parent's objects are never scanned by its collections
         rank, world, worker, nworkers, custom = self._split()
         if worker == 0:  # a framework's own loader that loses or repeats data at a resume: say so
             warn_foreign_loader(getattr(self, "_framework_guard", None))
         V = world * nworkers
-        W = 0 if custom else self.split_workers(nworkers, world)
+        kept: Optional[frozenset] = None
+        if custom:  # a splitter of your own: the shards it keeps (of the shard list, as webdataset's)
+            urls = [{"url": s.url} for s in self.manifest.shards]
+            for f in custom:
+                urls = list(f(iter(urls)))
+            kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
+        W = self.split_workers(nworkers, world)
         layout: Any
-        if W:  # webdataset's split: this worker's own shards, whole (resumewds.shardsplit)
+        if W:  # webdataset's split: this worker's own shards, whole (resumewds.shardsplit), of the kept ones
             chunk = self.batch_size or 64
-            layout = WorkerStream(W, worker, Layout(chunk))
+            keep = None if kept is None else frozenset(i for i, s in enumerate(self.manifest.shards) if s.url in kept)
+            layout = WorkerStream(W, worker, Layout(chunk), keep)
             lay: List[Any] = ["shards", W, worker, chunk]
         else:
             chunk = self.batch_size or (64 if V == 1 else 1)
@@ -104,25 +110,26 @@ class DirectDataset(ShardDataset):
                                  f"{st.get('layout')}, this iterator has {lay}: resume with the same "
                                  "world size and num_workers (or use WebLoader, which resumes "
                                  "under any layout)")
+            if 0 < self._limit <= st.get("served", 0) and (st.get("step") or st.get("skip")):
+                st = dict(self._fresh(st["epoch"] + 1), layout=st.get("layout"))  # its chunk was done: a new pass
             st["served"] = st.get("served", 0) if st.get("served", 0) < self._limit else 0  # a chunk done: a new one
         elif self._mode != "once" and self._cursor is not None:
-            st = dict(self._cursor, served=0, first=self._cursor["epoch"])
-            if self._limit < 1 and (st["step"] or st["skip"]) and self._advanced \
-                    and not self._pinned:
+            st = dict(self._cursor, first=self._cursor["epoch"])
+            done = 0 < self._limit <= st.get("served", 0)  # the last iter() gave its with_epoch(n) items
+            if (st["step"] or st["skip"]) and (done or (self._advanced and not self._pinned)):
                 # webdataset starts its pipeline again at each iter(): an iter() left mid-epoch
-                # is followed by the next epoch from its start (unless a state was taken since
-                # the last item: a run resumed from it continues there, and so does this one)
+                # (or a with_epoch(n) chunk done) is followed by the next epoch from its start
+                # (unless a state was taken since the last item of an unfinished chunk: a run
+                # resumed from it continues there, and so does this one)
                 st = dict(self._fresh(st["epoch"] + 1), layout=st.get("layout"))
+            elif done or not self._pinned:
+                st["served"] = 0
         else:
             st = self._fresh(self.epoch)
         st["layout"] = lay
         self._advanced = False
         saved_stages = self.stages
-        if custom:
-            urls = [{"url": s.url} for s in self.manifest.shards]
-            for f in custom:
-                urls = list(f(iter(urls)))
-            kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
+        if kept is not None and not W:
             self.stages = [_KeepShards(kept)] + list(saved_stages)
         if any(s.kind == "stream" and s.name not in _KNOWN_STREAM for s in self._stream_stages()) \
                 and not self._warned_opaque:
@@ -174,7 +181,9 @@ class DirectDataset(ShardDataset):
         runners = [s.runner(mix(self.seed, epoch, 0x5354, i)) for i, s in enumerate(stream)]
         for r, c in zip(runners, st.get("counts") or []):
             r.count = int(c)
-        skip = int(st.get("skip", 0))
+        # the chain runs again from the clean step: st["skip"] counts every item it hands out
+        # from there, the ones skipped now included (a state taken later counts them too)
+        skip, st["skip"] = int(st.get("skip", 0)), 0
         state = {"step": int(st["step"])}
 
         def source() -> Iterator[Any]:
@@ -217,10 +226,10 @@ class DirectDataset(ShardDataset):
         for r in runners:
             it = r.run(it)
         for item in until_stop(it):  # a handler's stop ends the epoch quietly
+            st["skip"] += 1
             if skip:
                 skip -= 1
                 continue
-            st["skip"] += 1
             st["served"] += 1
             self._advanced, self._pinned = True, False
             yield hide_positions(item)  # webdataset's keys only (position keys still readable)
@@ -259,25 +268,30 @@ class DirectDataset(ShardDataset):
         :meth:`load_state_dict` in the same worker.  No sample data: epoch, the
         last clean step, how many items to skip after it, stage counters.
         """
-        cur = self._cursor if self._cursor is not None else self._fresh(self.epoch)
+        if self._pending is not None:  # loaded, not iterated yet: where the next iter() starts
+            cur = self._pending
+        else:
+            cur = self._cursor if self._cursor is not None else self._fresh(self.epoch)
         out = {k: v for k, v in cur.items() if not k.startswith("_")}
         out["counts"] = list(out.get("counts") or [])
         out.update(format=DATASET_STATE, version=1, order=self._order_key())
         self._pinned = True
-        return out
+        return seal(out)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next ``iter()`` continues exactly after the state's last item.
 
         Raises:
-            StateError: not a dataset state, or taken with another order.
+            StateError: not a dataset state, changed after it was taken (its
+                checksum: :mod:`resumewds.statecheck`), or taken with another order.
         """
         if not isinstance(state, dict) or state.get("format") != DATASET_STATE:
             raise StateError("not a resumewds dataset state (missing format field)")
+        check_seal(state, "this dataset state")
         if state.get("order") != self._order_key():
             raise StateError(f"dataset state was taken with order {state.get('order')}, "
                              f"this dataset has {self._order_key()}")
-        self._pending = {k: v for k, v in state.items() if k not in ("format", "version", "order")}
+        self._pending = {k: v for k, v in state.items() if k not in ("format", "version", "order", CHECKSUM_KEY)}
         self.epoch = int(state["epoch"])
 
     get_state = state_dict

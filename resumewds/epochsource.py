@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optiona
 from torch.utils.data import IterableDataset, default_convert, get_worker_info
 
 from .errors import HandlerStop, ResumeWDSError
+from .journal.lock import close_inherited
 from .plan import Layout
 from .preemption import _worker_signals
 from .stages import default_collate
 from .stats import worker_logging
-from .watchdog import die_with_parent, freeze_inherited
+from .watchdog import die_with_parent
 
 if TYPE_CHECKING:
     from .shardset import ShardDataset
@@ -197,7 +198,7 @@ class _EpochSource(IterableDataset):
         info = get_worker_info()
         w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
-            freeze_inherited()  # the parent's objects: never scanned by this worker's collections
+            close_inherited()  # the journal's lock dies with the loader's process, not with its workers
             die_with_parent(self.parent)
             if self.ignore_signals:
                 _worker_signals(self.ignore_signals, self.stopping)

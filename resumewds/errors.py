@@ -10,6 +10,8 @@ decide what is transient by type alone::
     │   └── UnsafeSourceError     pipe: from an untrusted manifest, pickles off
     ├── FetchError                                                        OSError
     │   ├── TransientFetchError   timeouts, resets, 5xx, 429, short body
+    │   │   └── CorruptSample     a sample arrived that fails its digest (retried)
+    │   ├── RangeIgnored          a Range request answered otherwise (read the shard whole)
     │   └── PermanentFetchError   401/403/404, unknown scheme, missing file
     │       └── ShardNotFoundError  a local shard file does not exist     FileNotFoundError
     ├── CacheError                cache dir unusable (read-only, full)    OSError
@@ -105,8 +107,29 @@ class TransientFetchError(FetchError):
         super().__init__(msg, url, status, retry_after=retry_after, **fields)
 
 
+class CorruptSample(TransientFetchError):
+    """A sample arrived with bytes that fail its digest (retried from that sample).
+
+    Attributes:
+        sample: its index in the shard.
+        expected, actual: the digests, in hex.
+    """
+
+    sample: int
+    expected: str
+    actual: str
+
+    def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None, **fields: Any):
+        super().__init__(msg, url, status, **fields)
+
+
 class PermanentFetchError(FetchError):
     """A failure that retrying will not fix (404, 403, unknown scheme)."""
+
+
+class RangeIgnored(FetchError):
+    """The server answered a Range request with something other than that range
+    (a 200, a 416, another range): the shard is read whole instead."""
 
 
 class ShardNotFoundError(PermanentFetchError, FileNotFoundError):
@@ -263,6 +286,7 @@ __all__ = [
     "HandlerStop",
     "CacheError",
     "ChecksumMismatch",
+    "CorruptSample",
     "DecodeError",
     "FetchError",
     "IntegrityError",
@@ -271,6 +295,7 @@ __all__ = [
     "JournalIncompleteCommit",
     "MissingKeyError",
     "PermanentFetchError",
+    "RangeIgnored",
     "ResumeWDSError",
     "ShardFormatError",
     "ShardNotFoundError",

@@ -28,8 +28,8 @@ from typing import Any, Dict, Optional, Set
 
 from .errors import StateError
 
-__all__ = ["FOREIGN_LOADER", "check_restored_state", "framework_caller", "state_num_workers", "warn_foreign_loader",
-           "worker_count_error"]
+__all__ = ["FOREIGN_LOADER", "UNSAVED_LOADER", "check_restored_state", "framework_caller", "has_len",
+           "state_num_workers", "warn_foreign_loader", "warn_unsaved_loader", "worker_count_error"]
 
 log = logging.getLogger("resumewds")
 
@@ -61,6 +61,26 @@ FOREIGN_LOADER = {
         "(with several processes Accelerate also splits the batches on top of the data set's own split by rank). "
         "Fix: resumewds.integrations.transformers.attach(trainer, resumewds.WebLoader(dataset, batch_size=..., "
         "collate_fn=...)) before trainer.train(...)"),
+}
+
+#: what a framework does to a resumewds loader its integration does not handle, and the fix
+UNSAVED_LOADER = {
+    "accelerate": (
+        "resumewds: a WebLoader is iterated in a process with an Accelerator, and nothing saves its position: "
+        "accelerator.prepare(loader) returns a WebLoader unchanged (it is not a torch DataLoader), so "
+        "accelerator.save_state() does not write its state and load_state() does not restore it: a resume "
+        "starts the data over (samples lost and repeated). Fix: "
+        "loader = resumewds.integrations.accelerate.prepare_loader(accelerator, loader) instead of "
+        "accelerator.prepare(loader) (under transformers.Trainer: "
+        "resumewds.integrations.transformers.attach(trainer, loader)), or WebLoader(journal=...). A loader "
+        "only evaluated on needs no position: prepare_loader silences this too"),
+    "lightning": (
+        "resumewds: a WebLoader without len() (batch_size=None over a select or a handler: the number of items "
+        "of an epoch is unknown) is iterated in a process with Lightning: a Lightning Trainer prefetches one "
+        "batch from a loader of unknown length and checkpoints the loader's state one batch ahead of what was "
+        "trained on (a batch lost at each resume). Fix: add "
+        "resumewds.integrations.lightning.ResumeWDSCallback() to the Trainer's callbacks (it turns that "
+        "prefetch off), or give the WebLoader a batch_size (then len() is known)"),
 }
 
 _WARNED: Set[str] = set()
@@ -102,6 +122,50 @@ def warn_foreign_loader(guarded: Optional[str] = None) -> Optional[str]:
         log.warning("%s", msg)
         warnings.warn(msg, UserWarning, stacklevel=3)
     return msg
+
+
+def has_len(loader: Any) -> bool:
+    """Whether ``len(loader)`` is known (a WebLoader of one item per sample over a ``select``: not).
+
+    Example:
+        >>> has_len([1, 2]), has_len(iter([1, 2]))
+        (True, False)
+    """
+    try:
+        len(loader)
+    except TypeError:
+        return False
+    return True
+
+
+def warn_unsaved_loader(loader: Any) -> Optional[str]:
+    """Warn (once per process) when ``loader`` is iterated where a framework would lose its position.
+
+    No call stack is read: an ``Accelerator`` exists in this process (``accelerate.state``
+    initialized), or Lightning is imported and the loader has no ``len()``.  A loader (or data set)
+    an integration handles carries ``_checkpointed_by`` (``prepare_loader``, ``attach``,
+    ``ResumeWDSCallback``); a loader with a journal keeps its own position.
+
+    Returns:
+        The warning's text, or None.
+    """
+    if getattr(loader, "journal", None) is not None:
+        return None
+    if getattr(loader, "_checkpointed_by", None) or getattr(getattr(loader, "dataset", None), "_checkpointed_by", None):
+        return None
+    found = []
+    state = sys.modules.get("accelerate.state")
+    initialized = getattr(state, "is_initialized", None)
+    if initialized is not None and initialized():
+        found.append("accelerate")
+    if ("lightning.pytorch" in sys.modules or "pytorch_lightning" in sys.modules) and not has_len(loader):
+        found.append("lightning")
+    for framework in found:
+        if "unsaved:" + framework not in _WARNED:
+            _WARNED.add("unsaved:" + framework)
+            log.warning("%s", UNSAVED_LOADER[framework])
+            warnings.warn(UNSAVED_LOADER[framework], UserWarning, stacklevel=3)
+    return "\n".join(UNSAVED_LOADER[f] for f in found) or None
 
 
 def worker_count_error(taken: int, have: int, *, state: str, loader: str, fix: str) -> StateError:

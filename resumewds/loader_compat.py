@@ -26,7 +26,23 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from .stages import Handled
+
 __all__ = ["DataLoaderAttributes"]
+
+
+def _dropping_stage(dataset: Any) -> Optional[str]:
+    """What in ``dataset`` may drop a sample before it is handed out (a ``select``, a ``handler``), None if
+    nothing does."""
+    if getattr(dataset, "handler", None) is not None:
+        return "the data set's handler"
+    spec = getattr(dataset, "_spec", None) or []
+    for st in spec[:getattr(dataset, "_stream_from", 0)]:
+        if st.name == "select":
+            return "a .select(...)"
+        if isinstance(st.fn, Handled):  # a stage run under a handler
+            return f"a .{st.name}(..., handler=...)"
+    return None
 
 #: torch's DataLoader defaults for what WebLoader passes on to it
 _DEFAULTS: Dict[str, Any] = {
@@ -51,6 +67,7 @@ class DataLoaderAttributes:
 
     remainder: str
     layout: Any
+    dataset: Any
     epoch: int
     config: Dict[str, Any]
     position: int
@@ -130,7 +147,20 @@ class DataLoaderAttributes:
         """The loader's: a world set up after it was built (frameworks read ``len`` before iterating)."""
 
     def _items(self, start: int) -> int:
-        """Items (batches, or samples with ``batch_size=None``) from ``start`` to the epoch's end."""
+        """Items (batches, or samples with ``batch_size=None``) from ``start`` to the epoch's end.
+
+        Raises:
+            TypeError: one item per sample over stages that may drop samples: the count is not known
+                before the epoch is read.
+        """
+        dropping = _dropping_stage(self.dataset) if self.batch_size is None else None
+        if dropping is not None:
+            raise TypeError(f"len() of this WebLoader is unknown: it hands out one item per sample "
+                            f"(batch_size=None) and {dropping} may drop samples, so how many items an epoch has "
+                            "is known only once it is read (webdataset's loaders have no len() at all). A trainer "
+                            "then runs each epoch to its end; give a length with .with_length(n) if one needs it, "
+                            "or let the WebLoader batch (batch_size=B: batches of B positions, a dropped sample "
+                            "makes its batch shorter, so len() is exact)")
         self._take_world()
         total = int(self.config["samples"])
         layout = self._layout_of(self.epoch)
@@ -148,9 +178,17 @@ class DataLoaderAttributes:
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank (samples with ``batch_size=None``).
 
-        Not what is left of the current epoch: see :attr:`batches_left`.
+        Not what is left of the current epoch: see :attr:`batches_left`.  With
+        ``batch_size=None`` over stages that may drop samples (``select``, a
+        ``handler``) the count is not known in advance: a ``TypeError``, as
+        torch gives for an iterable of unknown length (the frameworks then run
+        each epoch to its end).
         """
         return self._items(0)
+
+    def __bool__(self) -> bool:
+        """Always true (``if loader:`` does not ask for the length)."""
+        return True
 
     @property
     def batches_left(self) -> int:

@@ -150,6 +150,8 @@ class ShardInfo:
         trusted: False for a ``pipe:`` URL that came from a remote manifest.
         sample_digests: ``samples`` xxh3_64 ints, one per sample's byte
             range (manifest version 3), or None.
+        index_source: the manifest its size, checksum and index came from (named
+            in the errors they cause), or None.
     """
 
     url: str
@@ -159,6 +161,7 @@ class ShardInfo:
     offsets: Optional[Sequence[int]] = None
     trusted: bool = True
     sample_digests: Optional[Sequence[int]] = None
+    index_source: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -211,6 +214,10 @@ class Manifest:
         self.shards = shards
         self.source = source
         self._starts: Optional[array] = None
+        if source is not None:
+            for s in shards:
+                if s.index_source is None and s.indexed:
+                    s.index_source = source
 
     # ---- arithmetic -----------------------------------------------------
     @property

@@ -80,7 +80,10 @@ class _MixEpoch:
 
 
 class _MixPlanView:
-    """What the loader reads of ``dataset.plan``: ``len(plan.epoch(e))``."""
+    """What the loader reads of ``dataset.plan``: ``len(plan.epoch(e))``, the same
+    for every epoch."""
+
+    same_epochs = True
 
     def __init__(self, n: int):
         self.n = n

@@ -33,13 +33,13 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from .errors import CacheError, HandlerStop, ShardFormatError, naming
+from .errors import CacheError, HandlerStop, IntegrityError, ShardFormatError, naming
 from .events import EventKind
 from .fetch import is_remote_url, local_path
 from .manifest import ShardInfo
 
-__all__ = ["DIGEST_STAGE", "RUN_BYTES", "ShardReader", "hint_pages", "run_length", "shard_failed", "shard_reader",
-           "trusted"]
+__all__ = ["DIGEST_STAGE", "RUN_BYTES", "ShardReader", "blame_manifest", "hint_pages", "run_length", "shard_failed",
+           "shard_reader", "trusted"]
 
 log = logging.getLogger("resumewds")
 
@@ -100,6 +100,8 @@ class ShardReader:
         """
         self.failed = {}
         self.stopping = False
+        if self.ranged is not None:
+            self.ranged.new_pass()
 
     def fail(self, idx: int, shard: ShardInfo, exc: BaseException) -> None:
         """``on_error`` for shard ``idx`` that cannot be fetched, verified or parsed:
@@ -109,6 +111,7 @@ class ShardReader:
         reason = getattr(shard, "stop_reason", None)
         if reason:  # the stop marker of tariterators.salvage_shard
             exc = ShardFormatError(f"{reason} (the handler stops here)", shard=shard.url)
+        blame_manifest(exc, shard)
         if self.on_error != "skip":
             # the loader takes this event with the error, to the journal and stats
             self.on_event(EventKind.FAIL, shard.url, error=str(exc))
@@ -126,6 +129,7 @@ class ShardReader:
         (a ``fail`` event), or skip the sample (a ``sample_skip`` event with its
         ``key``, counted as a skipped sample), or (a webdataset handler
         returning False) stop: :class:`~resumewds.errors.HandlerStop`."""
+        blame_manifest(exc, shard)
         if self.on_error != "skip":
             self.on_event(EventKind.FAIL, shard.url, error=str(exc), sample=j)
             raise exc
@@ -224,6 +228,22 @@ class ShardReader:
                 os.close(fd)
             finally:
                 lease.close()
+
+
+def blame_manifest(exc: BaseException, shard: ShardInfo) -> BaseException:
+    """``exc`` (a check of the shard's bytes against its index that failed) with the
+    manifest the index came from named in its message, in place: a stale manifest
+    (one found beside the shards, say) is then told from a damaged shard.
+
+    Example:
+        >>> e = blame_manifest(ShardFormatError("a.tar: bad"), ShardInfo("a.tar", index_source="m.json"))
+        >>> str(e)
+        'a.tar: bad (index from m.json)'
+    """
+    where = getattr(shard, "index_source", None)
+    if where and isinstance(exc, (IntegrityError, ShardFormatError)) and exc.args and where not in str(exc):
+        exc.args = (f"{exc.args[0]} (index from {where})",) + tuple(exc.args[1:])
+    return exc
 
 
 def shard_reader(ds: Any) -> ShardReader:

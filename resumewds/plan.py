@@ -254,6 +254,13 @@ class Plan:
     def total(self) -> int:
         return sum(self.counts)
 
+    @property
+    def same_epochs(self) -> bool:
+        """Every epoch holds every sample once (``total`` positions), in its own
+        order; False when shards are drawn with replacement (each epoch's length
+        differs)."""
+        return not self.algo.startswith("resampled")
+
     def epoch(self, e: int) -> EpochPlan:
         ep = self._epochs.get(e)
         if ep is None:

@@ -13,24 +13,19 @@ A map of this module:
   (same results, errors and skips as one by one).
 * :func:`prepare` -- called once per step before its samples are read: the
   samples of remote shards that are not verified cache entries yet (manifest
-  v3, per-sample digests) are read from the partial download or fetched by
-  HTTP/S3 ``Range`` (:func:`resumewds.repair.fetch_range`), each verified
-  against its digest, and kept in :class:`RangedReads` until :func:`read`
-  takes them (:func:`take_ready`); the whole-shard prefetch goes on and
-  later steps read the cache.  Its helpers: :mod:`resumewds.partialreads`
-  (streaming while downloading), ``_groups`` (coalescing), :mod:`resumewds.rangefetch`
-  (fetch and verify, drawing from the shard's one fetch budget; a corrupt
-  range sends the shard to the whole-shard path), ``_widen`` (optional
-  read-ahead).  A shuffled window waits for the samples just past the end
-  of a partial this process is downloading (:data:`WINDOW_AHEAD`), so that
-  fewer bytes are fetched twice.  A shard whose download fills a sparse
-  partial (the default, :mod:`resumewds.cache.sparse`: :func:`declare` tells the store
-  that this process reads by range) is read from there (:mod:`resumewds.partialreads`),
-  and the verified samples of every range are written into it, so that the
-  download never fetches them again.  Switched off by
-  ``WebDataset(ranged_reads=False)``, ``RESUMEWDS_RANGED_READS=0`` or
-  :data:`RANGED_READS`; the module attributes below are the tuning knobs.
-  docs/DIGESTS.md has the rules and the figures.
+  v3: per-sample digests) come from the shard's sparse partial
+  (:mod:`resumewds.cache.sparse`) when they are there, are waited for while
+  a download (or another read) of this process, or another process's
+  download, is fetching them, and are fetched by range otherwise
+  (:func:`resumewds.fetch.fetch_range`, neighbours coalesced, several
+  connections at once); each is checked against its digest as it arrives,
+  kept in the sparse partial (the download never asks for it again) and in
+  :class:`RangedReads` until :func:`read` takes it.  A range that cannot be
+  read (the server ignores ``Range``, or keeps failing) sends the shard to
+  the whole-shard path.  :func:`finish` checks, at the end of a pass, every
+  shard read this way whole (its size, checksum and end, through the cache),
+  so that a shard is never done without that check.  docs/DIGESTS.md has
+  the rules and the figures.
 
 The reading state is the data set's reader's (:class:`~resumewds.openshards.ShardReader`:
 open shards, failed shards, the ``on_error`` policy, the event sink, the ranged
@@ -46,8 +41,6 @@ Example:
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import logging
 import os
 import threading
@@ -58,19 +51,26 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import xxhash
 
-from . import config, tario
 from . import fetch as F
+from . import tario
 from .cache import sparse
-from .errors import ChecksumMismatch, FetchError, IntegrityError, ShardFormatError
+from .errors import (
+    CacheError,
+    ChecksumMismatch,
+    CorruptSample,
+    FetchError,
+    IntegrityError,
+    PermanentFetchError,
+    RangeIgnored,
+    ResumeWDSError,
+    ShardFormatError,
+)
 from .manifest import ShardInfo
 from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
-from .partialreads import Waits, from_partial, wait_sparse
-from .rangefetch import blame_ranged, end_budget, fetch_group, shard_budget, verified_in
-from .repair import RangeIgnored
-from .schemes import is_remote_object
+from .samplecheck import SampleSink, check_end_bytes
 
-__all__ = ["RANGED_READS", "RUN_BYTES", "RangedReads", "ShardReader", "declare", "prepare", "read", "read_run",
-           "run_length", "shard_failed", "shard_reader", "take_ready"]
+__all__ = ["RUN_BYTES", "RangedReads", "ShardReader", "finish", "prepare", "read", "read_run", "run_length",
+           "shard_failed", "shard_reader", "take_ready", "verified_in"]
 
 log = logging.getLogger("resumewds")
 
@@ -80,9 +80,10 @@ def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
     reader = shard_reader(ds)
     if shard_idx in reader.failed:
         return None
-    ready = _take(reader, shard_idx, j)
-    if ready is not None:
-        return ready
+    if reader.ranged is not None and shard_idx not in reader.open:
+        got = _ranged_sample(reader, reader.ranged, shard_idx, j)
+        if got is not _WHOLE:
+            return got
     shard = reader.shards[shard_idx]
     try:
         fd = reader.fd(shard_idx, shard)
@@ -143,9 +144,12 @@ def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[
     (fewer than ``count``; at least one item).
     """
     r = shard_reader(ds)
-    if count == 1 or shard_idx in r.failed or (r.ranged is not None and r.ranged.ready and any(
-            (shard_idx, j + i) in r.ranged.ready for i in range(count))):
-        return [ds._read(shard_idx, j + i) for i in range(count)]
+    rr = r.ranged
+    if count == 1 or shard_idx in r.failed or (rr is not None and shard_idx not in r.open and (
+            any((shard_idx, j + i) in rr.ready for i in range(count))
+            or (shard_idx not in rr.off and rr.can_range(shard_idx, r.shards[shard_idx])
+                and not rr.cached(r.shards[shard_idx])))):
+        return [ds._read(shard_idx, j + i) for i in range(count)]  # (not cached yet: by range, sample by sample)
     shard = r.shards[shard_idx]
     try:
         fd = r.fd(shard_idx, shard)
@@ -192,64 +196,49 @@ def _sampled_run(ds: Any, r: ShardReader, si: int, shard: ShardInfo, fd: int, j:
     return out
 
 
-# ---- verified ranged reads and streaming while downloading ----
+# ---- verified ranged reads ----
 
-#: read samples of shards that are not cached yet by range / from the partial download;
-#: False turns them off in this process whatever the dataset says (the switches:
-#: ``WebDataset(ranged_reads=...)`` and ``RESUMEWDS_RANGED_READS``, read once per
-#: dataset iteration and process)
-RANGED_READS = True
 #: neighbouring samples closer than this are fetched with one Range request
 RANGE_GAP = 64 * 1024
 #: one Range request fetches at most this many bytes (unless one sample is bigger)
 RANGE_MAX = 8 << 20
 #: Range requests of one step run on this many connections at once
 RANGE_THREADS = 4
-#: a Range request for a sample also fetches the rest of its aligned block of this
-#: many bytes (read ahead: a shuffled window reads every sample of its shards soon);
-#: 0 (default): off -- over loopback it cost bytes and no time; it pays where each
-#: request has a long first-byte latency (object stores far away)
-RANGE_BLOCK = 0
 #: most bytes of verified samples read ahead and kept until asked for (per process)
 READY_MAX = 64 << 20
-#: a sample this close past the end of a growing partial download is waited for
-#: (streaming) rather than fetched by range
-STREAM_AHEAD = 4 << 20
-#: how long the partial download may not grow before the wait gives up (seconds)
-STREAM_STALL = 1.0
-#: shuffled window: a sample at most this far past the end of a partial download
-#: that a prefetch thread of this process is writing is waited for (while the
-#: step's other ranges are fetched) rather than fetched by range and then
-#: downloaded a second time; 0: off
-WINDOW_AHEAD = 2 << 20
-#: ... giving up when the partial has not grown for this long (seconds)
-WINDOW_STALL = 0.2
+#: a sample a download is fetching now is waited for; the wait gives up (and fetches it by
+#: range) when nothing has arrived for this long (seconds)
+WAIT_STALL = 1.0
+
+
+def verified_in(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
+    """Whether sample ``j`` of ``shard``, within ``buf`` (which starts at byte ``lo``), matches its digest.
+
+    Example:
+        >>> verified_in(data, 0, shard, 3)      # doctest: +SKIP
+        True
+    """
+    assert shard.offsets is not None and shard.sample_digests is not None
+    a, b = int(shard.offsets[j]) - lo, int(shard.offsets[j + 1]) - lo
+    return xxhash.xxh3_64_intdigest(memoryview(buf)[a:b]) == int(shard.sample_digests[j])
 
 
 class RangedReads:
     """One process's verified reads of shards that are not in the cache yet.
 
-    For the samples of a step whose shard is remote (http/https), has
-    sample digests and offsets (manifest v3) and is not yet a verified
-    cache entry, :func:`prepare` reads each sample's bytes from the shard's
-    partial download when they have arrived there (streaming while the
-    prefetch thread downloads it), else fetches them with HTTP ``Range``
-    requests (neighbours coalesced), checks each sample against its digest,
-    and keeps the parsed samples in :attr:`ready` until :func:`read` hands
-    them out.  With :data:`RANGE_BLOCK` set, a range is widened to the
-    samples of its aligned block (read ahead: fewer, larger requests), kept
-    while they take at most :data:`READY_MAX` bytes (oldest dropped first).
-    Nothing unverified is ever kept.
+    For the samples of a step whose shard is remote (http(s), s3), has sample
+    digests and offsets (manifest v3) and is not yet a verified cache entry,
+    :func:`prepare` takes the samples the shard's sparse partial holds, and
+    starts fetching by range those that no download is fetching now; a read
+    (:func:`read`) then waits for its own sample only: its range, or the
+    download that is fetching it.  Every byte is checked against its sample's
+    digest before it is kept or delivered.
 
     Counters (per process): ``range_requests``, ``range_bytes``,
-    ``range_samples`` / ``partial_samples`` (delivered from a range / from a
-    partial download), ``range_ahead`` (samples read ahead),
-    ``range_refetches`` (a range fetched again: a sample it needed failed
-    its digest), ``range_dropped`` (a sample read ahead failed its digest
-    and was dropped), ``window_waits`` / ``window_partial`` (shuffled window:
-    samples just past a growing partial that were waited for / that the
-    download reached in time, so not fetched twice), ``range_kept`` (bytes of
-    verified ranges written into sparse partials: not downloaded again).
+    ``range_samples`` / ``partial_samples`` (delivered from a range / from the
+    sparse partial), ``waits`` (samples waited for while a download fetched
+    them), ``range_kept`` (bytes of ranges written into sparse partials: not
+    downloaded again).
     """
 
     def __init__(self, store: Any):
@@ -257,17 +246,15 @@ class RangedReads:
         # (shard, sample) -> (sample dict, bytes, "range" | "partial"), oldest first
         self.ready: OrderedDict[Tuple[int, int], Tuple[Dict[str, Any], int, str]] = OrderedDict()
         self.ready_bytes = 0
-        self.steps = 0  # steps prepared
-        self.ahead: Dict[int, set] = {}  # per shard: samples ever read ahead (not read ahead twice)
-        self.off: set = set()  # shards read whole (no digests, not http, server ignores Range)
+        self.pending: Dict[Tuple[int, int], Any] = {}  # (shard, sample) -> the future fetching it
+        self.off: set = set()  # shards read whole (not ranged, or their ranges failed)
         self.eligible: Dict[int, bool] = {}
+        self.touched: Dict[int, ShardInfo] = {}  # shards read by range in this pass: checked whole at its end
         self.budgets: Dict[str, Any] = {}  # per url: the fetch budget its ranged reads draw from
-        self.active = True
         self.counters = {"range_requests": 0, "range_bytes": 0, "range_samples": 0, "partial_samples": 0,
-                         "range_ahead": 0, "range_refetches": 0, "range_dropped": 0, "window_waits": 0,
-                         "window_partial": 0, "range_kept": 0}
+                         "waits": 0, "range_kept": 0}
         self._pool: Any = None
-        self._tl: Any = None
+        self._tl = threading.local()
         self._sessions: List[Any] = []
         self._pid = os.getpid()
         self.lock = threading.Lock()
@@ -286,29 +273,17 @@ class RangedReads:
         self.counters[hit[2] + "_samples"] += 1
         return hit[0]
 
-    def drop(self, key: Tuple[int, int]) -> None:
-        hit = self.ready.pop(key, None)
-        if hit is not None:
-            self.ready_bytes -= hit[1]
-
-    def trim(self, keep: set) -> None:
-        """Drop the oldest samples read ahead while over :data:`READY_MAX` (not ``keep``)."""
-        if self.ready_bytes <= READY_MAX:
-            return
-        for key in [k for k in self.ready if k not in keep]:
-            self.drop(key)
-            if self.ready_bytes <= READY_MAX:
-                return
+    def forget(self, si: int) -> None:
+        """Drop what is ready or pending of shard ``si`` (it is read whole now, or failed)."""
+        for key in [k for k in self.ready if k[0] == si]:
+            self.ready_bytes -= self.ready.pop(key)[1]
+        for key in [k for k in self.pending if k[0] == si]:
+            del self.pending[key]
 
     def can_range(self, si: int, shard: ShardInfo) -> bool:
-        """Static part: an http(s) or s3 shard with its size, offsets and sample digests."""
         ok = self.eligible.get(si)
         if ok is None:
-            url = shard.url.lower()
-            ok = (is_remote_object(url) and shard.sample_digests is not None
-                  and shard.offsets is not None and shard.size is not None
-                  and hasattr(self.store, "entry_path") and hasattr(self.store, "fetch"))
-            self.eligible[si] = ok
+            ok = self.eligible[si] = sparse.eligible(self.store, shard)
         return ok
 
     def cached(self, shard: ShardInfo) -> bool:
@@ -316,12 +291,11 @@ class RangedReads:
         return os.path.exists(self.store.entry_path(shard.url) + ".meta")
 
     def session(self) -> Any:
-        if self._tl is None:
-            self._tl = threading.local()
         s = getattr(self._tl, "session", None)
         if s is None:
-            s = self._tl.session = F.new_lite_session()
-            self._sessions.append(s)
+            s = self._tl.session = F.new_session()
+            with self.lock:
+                self._sessions.append(s)
         return s
 
     def pool(self) -> Any:
@@ -330,122 +304,107 @@ class RangedReads:
             self._pid = os.getpid()
         return self._pool
 
+    def budget(self, url: str) -> Any:
+        """The shard's fetch budget for this read (the store's, shared with its download)."""
+        with self.lock:
+            b = self.budgets.get(url)
+            if b is None:
+                b = self.budgets[url] = self.store.budget_for(url)
+            return b
+
+    def end_budget(self, url: str) -> None:
+        """This read of ``url`` is over: the next one starts with a budget of its own."""
+        with self.lock:
+            b = self.budgets.pop(url, None)
+        if b is not None:
+            self.store.budget_done(url, b, False, True)
+
+    def new_pass(self) -> None:
+        """A pass of steps starts: its reads of every shard start afresh (budgets,
+        the shards sent to the whole-shard path)."""
+        for url in list(self.budgets):
+            self.end_budget(url)
+        self.off.clear()
+        self.touched.clear()
+
     def close(self) -> None:
         if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown(wait=True)
         self._pool = None
         for url in list(self.budgets):
-            end_budget(self.store, url, self.budgets)  # the next iteration's reads have budgets of their own
+            self.end_budget(url)
         for s in self._sessions:
-            try:
-                s.close()
-            except Exception:  # pragma: no cover - closing is best effort
-                pass
+            s.close()
         self._sessions = []
+        self._tl = threading.local()
+        self.pending.clear()
         self.ready.clear()
         self.ready_bytes = 0
 
 
-def _widen(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:
-    """``js`` plus the samples of their aligned :data:`RANGE_BLOCK` not read ahead before."""
-    assert shard.offsets is not None
-    if rr.ready_bytes >= READY_MAX or RANGE_BLOCK <= 0:
-        return js
-    off = shard.offsets
-    n = len(off) - 1
-    done = rr.ahead.setdefault(si, set())
-    out = set(js)
-    for j in js:
-        a0 = int(off[j]) // RANGE_BLOCK * RANGE_BLOCK
-        lo = bisect.bisect_left(off, a0, 0, n)  # first sample starting in the block
-        k = lo
-        while k < n and int(off[k + 1]) <= a0 + RANGE_BLOCK:
-            if k not in done and (si, k) not in rr.ready:
-                out.add(k)
-            k += 1
-    extra = out.difference(js)
-    done.update(extra)
-    return sorted(out)
-
-
-def _groups(shard: ShardInfo, js: List[int], have: Any = None) -> List[Tuple[int, int, List[int]]]:
-    """Coalesce samples into ``(start, end, samples)`` ranges (not across bytes
-    already in the shard's sparse partial, ``have``: they would be fetched twice)."""
-    assert shard.offsets is not None
-    off = shard.offsets
-    out: List[Tuple[int, int, List[int]]] = []
-    for j in sorted(set(js)):
-        a, b = int(off[j]), int(off[j + 1])
-        if out and a - out[-1][1] <= RANGE_GAP and b - out[-1][0] <= RANGE_MAX and (
-                have is None or a == out[-1][1] or have.missing(out[-1][1], a) == [(out[-1][1], a)]):
-            lo, _, members = out[-1]
-            out[-1] = (lo, b, members + [j])
-        else:
-            out.append((a, b, [j]))
-    return out
+_WHOLE = object()  # (a ranged read's answer: read this shard the whole-shard way)
 
 
 def _ranged(ds: Any) -> Optional[RangedReads]:
-    """The data set's ranged reads in this process (made on first use), or None when off."""
-    if not RANGED_READS or ds.prefetch_depth <= 0:
+    """The data set's ranged reads in this process (made on first use), or None (no prefetch)."""
+    if ds.prefetch_depth <= 0:
         return None
     reader = shard_reader(ds)
-    rr = reader.ranged
-    if rr is None:
-        rr = reader.ranged = RangedReads(ds.store)
-        # WebDataset(ranged_reads=...), else RESUMEWDS_RANGED_READS (default on)
-        rr.active = (config.ranged_reads(getattr(ds, "ranged_reads", None))
-                     and any(rr.can_range(i, s) for i, s in enumerate(reader.shards)))
-    return rr
+    if reader.ranged is None:
+        reader.ranged = RangedReads(ds.store)
+    return reader.ranged
 
 
-def declare(ds: Any) -> None:
-    """Before an iteration's first prefetch: tell the data set's store whether
-    this process reads shards by range, so that its downloads fill sparse
-    partials around the ranges (:mod:`resumewds.cache.sparse`) instead of
-    downloading them again.
-
-    Example:
-        >>> declare(ds); ds.store.ranged_fill       # doctest: +SKIP
-        True
-    """
-    rr = _ranged(ds)
-    if hasattr(ds.store, "ranged_fill"):
-        ds.store.ranged_fill = rr is not None and rr.active
-        ds.store.ranged_first = ds.store.ranged_fill and rr is not None and rr.steps == 0
+def _groups(shard: ShardInfo, js: List[int], e: sparse.Entry, alone: Optional[int] = None) -> List[Tuple[int, int]]:
+    """The samples ``js`` coalesced into ``(first, last)`` runs of samples fetched with one
+    request each: neighbours closer than :data:`RANGE_GAP`, at most :data:`RANGE_MAX` bytes,
+    never across bytes present or in flight (they would be fetched twice); ``alone`` (a
+    step's first sample) first, in a request of its own, so that it waits for no other."""
+    off = shard.offsets
+    assert off is not None
+    busy = e.busy()
+    out: List[Tuple[int, int]] = []
+    rest = sorted(set(js))
+    if alone is not None and alone in rest:
+        rest.remove(alone)
+        first: List[Tuple[int, int]] = [(alone, alone)]
+    else:
+        first = []
+    for j in rest:
+        if out and alone is not None and out[-1][1] < alone < j:
+            out.append((j, j))  # (never across the sample fetched alone)
+            continue
+        if out:
+            f, last = out[-1]
+            a, gap_a, b = int(off[f]), int(off[last + 1]), int(off[j + 1])
+            gap_b = int(off[j])
+            if gap_b - gap_a <= RANGE_GAP and b - a <= RANGE_MAX and \
+                    (gap_a == gap_b or busy.missing(gap_a, gap_b) == [(gap_a, gap_b)]):
+                out[-1] = (f, j)
+                continue
+        out.append((j, j))
+    return first + out
 
 
 def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, part: bool = False,
             ahead: bool = False) -> None:
-    """Make the samples ``where`` of shards not cached yet ready, verified.
+    """Start making the samples ``where`` of shards not cached yet ready, verified.
 
-    Called once per step, before its samples are read: for each shard of
-    the step that is remote, has sample digests and is not a verified
-    cache entry, its samples are read from its partial download or fetched
-    by range (in parallel over :data:`RANGE_THREADS` connections) and
-    checked against their digests; :func:`read` then hands them out.  The
-    cached shards (and everything when :data:`RANGED_READS` is off) are
-    left to the usual whole-shard path.  Every request draws from the
-    shard's one fetch budget (shared with its whole-shard download); a
-    range whose bytes fail a digest costs one attempt and, like a server
-    that ignores ``Range`` (or answers 416), makes the shard a whole-shard
-    read; a fetch that fails for good follows ``on_error`` for its shard.
+    Called once per step, before its samples are read (and for the samples
+    of the next steps, read ahead): for each shard of the step that is
+    remote, has sample digests and is not a verified cache entry, the
+    samples its sparse partial holds are read (each checked against its
+    digest), and those that no download is fetching now are fetched by range
+    (in parallel over :data:`RANGE_THREADS` connections, in the order given:
+    a step's first sample first); :func:`read` waits for its own sample only.
+    The cached shards are left to the whole-shard path.  Every request draws
+    from the shard's one fetch budget (shared with its download).
 
     Args:
         ds: the dataset.
         where: the step's ``(shard index, sample index)`` pairs.
-        stream: the order reads shards front to back (unshuffled or
-            ``shuffle="shards"``): wait for the partial download to reach a
-            sample just past its end instead of fetching it by range.  Not
-            streaming (a shuffled window), after the first step: wait only
-            for the samples within the bytes the step fetches by range per
-            connection past the end of a partial this process is downloading
-            (at most :data:`WINDOW_AHEAD`), while the other ranges are fetched.
-        part: ``where`` is the first part of a step (its first sample, fetched
-            before the others): the next call, with the rest, reads as the same step.
-        ahead: ``where`` belongs to later steps (read ahead): a fetch that fails is
-            forgotten (the step that reads the sample fetches it again and fails as
-            it would have), and it counts as no step.
+        stream, part, ahead: accepted for the callers; the rule is the same for
+            every order (what a download fetches now is waited for).
 
     Example:
         >>> prepare(ds, [(0, 5), (3, 17)])          # doctest: +SKIP
@@ -453,20 +412,17 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
         'sample000017'
     """
     rr = _ranged(ds)
-    if rr is None or not rr.active:
-        return  # off, or no shard can be read by range (local shards, manifest without digests)
+    if rr is None:
+        return
     reader = shard_reader(ds)
     shards = reader.shards
     todo: Dict[int, List[int]] = {}
-    seen: set = set()
     for si, j in where:
-        if si in reader.open or si in reader.failed or si in rr.off or (si, j) in rr.ready:
+        if si in reader.open or si in reader.failed or si in rr.off or (si, j) in rr.ready \
+                or (si, j) in rr.pending:
             continue
         lst = todo.get(si)
         if lst is None:
-            if si in seen:
-                continue
-            seen.add(si)
             if not rr.can_range(si, shards[si]):
                 rr.off.add(si)
                 continue
@@ -474,106 +430,210 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
                 continue
             lst = todo[si] = []
         lst.append(j)
-    if not todo:
-        rr.store.ranged_first = False  # a first step read from the cache: downloads go ahead
-        return
+    head = where[0] if where else None
+    for si, js in todo.items():
+        _start(rr, si, shards[si], js, head[1] if head is not None and head[0] == si else None)
+
+
+def _start(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], alone: Optional[int] = None) -> None:
+    """Deliver what the sparse partial holds of ``js``; fetch by range what no download fetches now."""
+    off = shard.offsets
+    assert off is not None
+    rr.touched[si] = shard
+    e = sparse.entry(rr.store, shard)
+    with e.cond:
+        with e.deciding(rr.store):  # (another process decides after this one's claims are in the map)
+            e.refresh()
+            present = sparse.read_present(e, shard, js)
+            fetch = [j for j in js if j not in present and not e.in_flight(int(off[j]), int(off[j + 1]))]
+            if fetch and rr.cached(shard):
+                fetch = []  # published meanwhile: read() takes it from the cache
+            groups = _groups(shard, fetch, e, alone)
+            for f, last in groups:
+                e.announce(int(off[f]), int(off[last + 1]), False)
+        for f, last in groups:
+            token = e.claim(int(off[f]), int(off[last + 1]), False)
+            mine = set(js)
+            fut = rr.pool().submit(_fetch_group, rr, shard, e, f, last, token, mine)
+            for j in range(f, last + 1):
+                if j in mine:
+                    rr.pending[(si, j)] = fut
+    _deliver(rr, si, shard, present, "partial")
+
+
+def _ranged_sample(reader: ShardReader, rr: RangedReads, si: int, j: int) -> Any:
+    """Sample ``j`` of shard ``si`` read by range: ready, awaited, or fetched now;
+    :data:`_WHOLE` when the shard is read the whole-shard way (None: skipped)."""
+    hit = rr.take((si, j))
+    if hit is not None:
+        return hit
+    shard = reader.shards[si]
+    if si in rr.off or not rr.can_range(si, shard) or rr.cached(shard):
+        return _WHOLE
     t0 = time.perf_counter()
     try:
-        _prepare(reader, rr, todo, stream, set(where), part or ahead, ahead)
+        fut = rr.pending.get((si, j))
+        if fut is None:  # not prepared (a read on its own), or a download fetches it now
+            _start(rr, si, shard, [j])
+            hit = rr.take((si, j))
+            if hit is not None:
+                return hit
+            fut = rr.pending.get((si, j))
+        if fut is None:
+            left = _wait(rr, si, shard, [j])
+            if left:
+                _start(rr, si, shard, left)  # the download went elsewhere, or stalled: by range
+                fut = rr.pending.get((si, j))
+        if fut is not None:
+            try:
+                got = fut.result()
+            except ResumeWDSError as err:
+                return _failed(reader, rr, si, shard, err)
+            for k in got:
+                rr.pending.pop((si, k), None)
+            _deliver(rr, si, shard, got, "range")
+        hit = rr.take((si, j))
+        return hit if hit is not None else _WHOLE  # (bytes that are not a sample: the whole path says why)
     finally:
         reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
-        if not part:
-            rr.store.ranged_first = False  # the first batch is in (or failed): sparse downloads go ahead
 
 
-def _prepare(reader: ShardReader, rr: RangedReads, todo: Dict[int, List[int]], stream: bool,
-             step: set, part: bool = False, ahead: bool = False) -> None:
-    shards = reader.shards
-    config = reader.store.fetch
-    jobs: List[Tuple[int, Any, Any]] = []
+def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err: BaseException) -> Any:
+    """A ranged read of shard ``si`` failed: a permanent error follows ``on_error``;
+    a range the server does not serve, or that keeps arriving corrupt, sends the
+    shard to the whole-shard path (a whole GET, with attempts of its own, and the
+    cache's checks); any other failure (the budget spent on a server that does not
+    answer) is the shard's, as the whole-shard path would meet it too."""
+    rr.forget(si)
+    if isinstance(err, PermanentFetchError) or not isinstance(err, (RangeIgnored, CorruptSample)):
+        rr.off.add(si)  # (its later samples: the whole-shard path meets the spent budget at once)
+        reader.fail(si, shard, err)
+        return None
+    rr.end_budget(shard.url)
+    sparse.stream_instead(shard.url)
+    rr.off.add(si)
+    return _WHOLE
 
-    def submit(si: int, rest: List[int]) -> None:
-        shard = shards[si]
-        if not rest or rr.cached(shard):
-            return  # nothing left, or published meanwhile: the cache serves it
-        budget = shard_budget(rr.store, shard.url, config, rr.budgets)  # the shard's one budget, shared
-        needed = set(rest)
-        # the first step reads no more than it needs (the first batch comes first)
-        wide = _widen(rr, si, shard, rest) if rr.steps else rest
-        st = sparse.lookup(rr.store, shard)
-        with (st.cond if st is not None else contextlib.nullcontext()):
-            groups = _groups(shard, wide, st.have if st is not None else None)
-        for lo, hi, members in groups:
-            jobs.append((si, budget, rr.pool().submit(fetch_group, rr, reader.on_event, shard, lo, hi, members, config,
-                                                      budget, needed)))
 
-    waits_now = Waits(STREAM_AHEAD, STREAM_STALL, WINDOW_AHEAD)  # the knobs as they are now
-    pending: Dict[int, List[int]] = {}
-    cands: Dict[int, List[Tuple[int, int]]] = {}
-    for si, js in todo.items():
-        # shuffled: samples just past a growing partial, or that a sparse download
-        # writes now, are candidates to wait for
-        near = None if stream else cands.setdefault(si, [])
-        pending[si] = from_partial(rr, si, shards[si], js, stream, waits_now, near if rr.steps else None,
-                                   sparse_near=near if rr.steps else None)
-    waits: Dict[int, List[int]] = {}
-    if any(cands.values()):
-        # While this step's ranges are fetched (RANGE_THREADS connections at once),
-        # a download on one connection at the same rate grows by about their bytes
-        # over RANGE_THREADS: a sample that close past a partial's end is there by
-        # the time the ranges are, so waiting for it costs the step nothing.
-        nbytes = sum(shards[si].sample_range(j)[1] - shards[si].sample_range(j)[0]
-                     for si, lst in pending.items() for j in lst)
-        nbytes += sum(shards[si].sample_range(j)[1] - shards[si].sample_range(j)[0]
-                      for si, c in cands.items() for j, _ in c)
-        limit = min(WINDOW_AHEAD, nbytes // max(1, RANGE_THREADS))
-        for si, c in cands.items():
-            pending[si] += [j for j, d in c if d > limit]
-            waits[si] = [j for j, d in c if d <= limit]
-    for si, rest in pending.items():
-        submit(si, rest)
-    for si, near_js in waits.items():
-        if near_js:  # what the download does not reach in time: by range
-            st = sparse.lookup(rr.store, shards[si])
-            rest = (wait_sparse(rr, si, shards[si], st, near_js, WINDOW_STALL, STREAM_AHEAD) if st is not None
-                    else from_partial(rr, si, shards[si], near_js, True, waits_now, ahead=WINDOW_AHEAD,
-                                      stall=WINDOW_STALL))
-            rr.counters["window_waits"] += len(near_js)
-            rr.counters["window_partial"] += len(near_js) - len(rest)
-            submit(si, rest)
-    errors: Dict[int, BaseException] = {}
-    for si, _, fut in jobs:
+def _deliver(rr: RangedReads, si: int, shard: ShardInfo, got: Dict[int, Any], source: str) -> None:
+    off = shard.offsets
+    assert off is not None
+    for j, data in got.items():
         try:
-            got = fut.result()
-        except RangeIgnored:
-            rr.off.add(si)  # the cache's whole-shard read serves it (also after a corrupt range)
-            continue
-        except (FetchError, IntegrityError, ShardFormatError) as err:
-            errors.setdefault(si, blame_ranged(err))
-            continue
-        off = shards[si].offsets
-        assert off is not None
-        need = todo[si]
-        for j, sample in got.items():
-            rr.put((si, j), sample, int(off[j + 1]) - int(off[j]), "range")
-        rr.counters["range_ahead"] += sum(1 for j in got if j not in need)
-    for si, failure in errors.items():
-        end_budget(rr.store, shards[si].url, rr.budgets)  # this read of the shard failed
-        for key in [k for k in rr.ready if k[0] == si]:
-            rr.drop(key)  # this shard's samples follow on_error together
-        if not ahead:
-            reader.fail(si, shards[si], failure)
-    rr.trim(step)  # never what this step reads
-    if not part:
-        rr.steps += 1
+            sample = tario.parse_sample(data, shard.url, base=int(off[j]), start=0, end=len(data),
+                                        verified=True)  # its digest checked
+        except ShardFormatError:
+            continue  # a sample the manifest's digest vouches for, yet not a tar sample: read() reports it
+        sample["__url__"] = shard.url
+        rr.put((si, j), sample, len(data), source)
+
+
+def _wait(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:
+    """Wait while a download fetches the samples ``js`` (giving up on one that is no
+    longer in flight, or after :data:`WAIT_STALL` seconds without progress); deliver
+    those that arrived, return the others (to fetch by range)."""
+    off = shard.offsets
+    assert off is not None
+    e = sparse.entry(rr.store, shard)
+    left = list(js)
+    with e.cond:
+        last, t_last = e.have.total(), time.monotonic()
+        while left:
+            e.refresh()  # (another process's download records its bytes in the map)
+            left = [j for j in left if not e.have.covers(int(off[j]), int(off[j + 1]))
+                    and e.in_flight(int(off[j]), int(off[j + 1]))]
+            if not left:
+                break
+            now, total = time.monotonic(), e.have.total()
+            if total > last:
+                last, t_last = total, now
+            elif now - t_last > WAIT_STALL:
+                break  # a download that does not progress: fetch the bytes ourselves
+            e.cond.wait(0.01)
+        got = sparse.read_present(e, shard, js)
+    rr.counters["waits"] += len(js)
+    _deliver(rr, si, shard, got, "partial")
+    return [j for j in js if j not in got]
+
+
+def _fetch_group(rr: RangedReads, shard: ShardInfo, e: sparse.Entry, first: int, last: int, token: int,
+                 needed: set) -> Dict[int, bytes]:
+    """Fetch samples ``first..last`` of ``shard`` by range, each checked as it arrives and
+    kept in the sparse partial; the bytes of those ``needed``."""
+    off = shard.offsets
+    assert off is not None
+    lo, hi = int(off[first]), int(off[last + 1])
+    got: Dict[int, bytes] = {}
+    w = sparse.Writer(rr.store, e)
+    budget = rr.budget(shard.url)
+
+    def take(j: int, at: int, data: Any) -> None:
+        if j in needed:
+            got[j] = bytes(data)
+        w.put(at, data)
+
+    try:
+        F.fetch_range(shard.url, lo, hi, config=rr.store.fetch, budget=budget, session=rr.session(),
+                      on_event=rr.store.emit, sink=SampleSink(shard, lo, hi, budget, take))
+    finally:
+        w.close()
+        with e.cond:
+            e.release(token)
+        e.announce(lo, hi, True)
+        with rr.lock:
+            rr.counters["range_requests"] += 1
+            rr.counters["range_bytes"] += hi - lo
+            rr.counters["range_kept"] += w.kept
+    return got
+
+
+def finish(ds: Any) -> None:
+    """The end of a pass: every shard this process read by range is checked whole
+    through the cache (its download finished, its size, xxh3_64 and end of archive
+    checked, then published), so that no shard is done without that check; a check
+    that fails follows ``on_error`` (raised, or recorded as a failed shard), naming
+    the shard and the manifest its index came from.
+
+    Example:
+        >>> finish(ds)        # doctest: +SKIP
+    """
+    reader = shard_reader(ds)
+    rr = reader.ranged
+    if rr is None or not rr.touched:
+        return
+    touched, rr.touched = rr.touched, {}
+    t0 = time.perf_counter()
+    try:
+        for si, shard in touched.items():
+            if si in reader.failed or rr.cached(shard):
+                continue
+            try:
+                try:
+                    rr.store.ensure(shard)
+                except CacheError as exc:  # no room for it (a full disk): its end, by range
+                    _check_end_by_range(rr, shard, exc)
+            except (FetchError, IntegrityError, ShardFormatError) as exc:
+                reader.fail(si, shard, exc)
+    finally:
+        reader.wait += time.perf_counter() - t0
+
+
+def _check_end_by_range(rr: RangedReads, shard: ShardInfo, why: BaseException) -> None:
+    """The check of a shard the cache cannot hold (every sample delivered was checked
+    against its digest): the 512 bytes after its last sample must be the end of the
+    archive; its whole-file checksum is not checked (said once, as a warning)."""
+    assert shard.offsets is not None and shard.size is not None
+    end = int(shard.offsets[-1])
+    block = F.fetch_range(shard.url, end, min(int(shard.size), end + 512), config=rr.store.fetch,
+                          budget=rr.budget(shard.url), session=rr.session(), on_event=rr.store.emit)
+    check_end_bytes(block, shard, shard.url)
+    log.warning("%s: the cache cannot hold it (%s): each of its samples was checked against its digest and "
+                "its end against the manifest, but not its whole-file xxh3_64", shard.url, why)
 
 
 def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:
     """A sample :func:`prepare` made ready, or None."""
-    return _take(shard_reader(ds), si, j)
-
-
-def _take(r: ShardReader, si: int, j: int) -> Optional[Dict[str, Any]]:
+    r = shard_reader(ds)
     if r.ranged is None or not r.ranged.ready:
         return None
     return r.ranged.take((si, j))

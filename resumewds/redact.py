@@ -128,6 +128,42 @@ def cache_key_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "&".join(kept), parts.fragment))
 
 
+def scrub(exc: BaseException) -> BaseException:
+    """``exc`` and every exception of its chain (causes, contexts, and exceptions
+    held in their ``args``) with their messages redacted, in place; returns ``exc``.
+
+    The package raises its own, redacted errors ``from`` the foreign exception it
+    met (an urllib3 or botocore error whose message may quote a presigned URL);
+    scrubbing that one too means no printed traceback shows a secret.
+
+    Example:
+        >>> str(scrub(OSError("GET http://h/a.tar?sig=s3cret failed")))
+        'GET http://h/a.tar?sig=REDACTED failed'
+    """
+    seen = set()
+    todo: List[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        try:
+            args = tuple(redact_text(a) if isinstance(a, str) else a for a in e.args)
+            if args != e.args:
+                e.args = args
+            for name in ("url", "filename", "msg", "reason"):
+                v = getattr(e, name, None)
+                if isinstance(v, str) and redact_text(v) != v:
+                    setattr(e, name, redact_text(v))
+        except Exception:  # an exception type that refuses new args: leave it
+            pass
+        todo.extend(a for a in e.args if isinstance(a, BaseException))
+        for nxt in (e.__cause__, e.__context__, getattr(e, "reason", None)):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+    return exc
+
+
 class RedactingFilter(logging.Filter):
     """A logging filter that redacts the message of every record it sees
     (installed on the ``resumewds`` loggers by this module)."""
@@ -159,4 +195,4 @@ install_log_filter()
 
 
 __all__ = ["REDACTED", "RedactingFilter", "SECRET_PARAMS", "cache_key_url", "install_log_filter", "redact_text",
-           "redact_url"]
+           "redact_url", "scrub"]

@@ -45,6 +45,8 @@ from .epochsource import _SampleLayout
 from .errors import StateError
 from .shardloader import ShardLoader
 from .shardsplit import worker_streams
+from .skipping import check_steps
+from .statecheck import seal
 from .steplayout import Layout
 
 __all__ = ["RotatingLoader", "StreamLayout"]
@@ -98,6 +100,31 @@ class StreamLayout:
     def bind(self, ep: Any) -> _StreamSteps:
         """The stream's steps of epoch ``ep``."""
         return _StreamSteps(worker_streams(ep, self.workers)[self.worker], self.chunk)
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _rotation_fields(rot: Any, source: str) -> Tuple[int, List[int], int]:
+    """``(workers, streams, next)`` of a state's or a commit's rotation, refused
+    (naming the field) unless it is ``{"workers": W, "streams": [W positions >= 0],
+    "next": 0 <= n < W}``."""
+    def bad(field: str, want: str, got: Any) -> StateError:
+        return StateError(f"{source}: its rotation.{field} must be {want}, got {got!r} (a state written by "
+                          "another program, edited or damaged)")
+
+    if not isinstance(rot, dict):
+        raise StateError(f"{source}: its rotation must be a dict {{'workers', 'streams', 'next'}}, got a "
+                         f"{type(rot).__name__}: {rot!r} (a state written by another program, edited or damaged)")
+    n, streams, nxt = rot.get("workers"), rot.get("streams"), rot.get("next", 0)
+    if not isinstance(n, int) or not _is_count(n):
+        raise bad("workers", "a count of workers", n)
+    if not isinstance(streams, (list, tuple)) or not all(_is_count(p) for p in streams):
+        raise bad("streams", "a list of each stream's position (ints >= 0)", streams)
+    if not isinstance(nxt, int) or not _is_count(nxt) or nxt >= max(len(streams), 1):
+        raise bad("next", f"the stream whose turn is next (0 to {max(len(streams), 1) - 1})", nxt)
+    return n, [int(p) for p in streams], nxt
 
 
 def _shares(num_workers: int, streams: int) -> List[int]:
@@ -160,16 +187,21 @@ class RotatingLoader(ShardLoader):
                                  "(its position 0) or resume with the version that wrote it")
             self._rot = None
             return
-        n = int(rot.get("workers", 0))
-        streams = [int(p) for p in rot.get("streams", [])]
-        if not W or n != W or len(streams) != W or not 0 <= int(rot.get("next", 0)) < W:
+        n, streams, nxt = _rotation_fields(rot, source)
+        if not W or n != W or len(streams) != W:
             raise StateError(f"{source} follows the rotation of {n} workers' streams; this loader follows "
                              f"{W or 'none'} (num_workers={self.num_workers}, world size {self.world_size}, "
                              f"batch_size={self.batch_size}): resume it with one rank and batch_size=None")
+        lengths = [len(s) for s in worker_streams(self.dataset.plan.epoch(self.epoch), W)]
+        for w, (p, length) in enumerate(zip(streams, lengths)):
+            if p > length:
+                raise StateError(f"{source}: rotation.streams {streams}: stream {w} stands at sample {p} of "
+                                 f"its {length} in epoch {self.epoch}: not a place this data's rotation can "
+                                 "be at (a state of other data, edited or damaged)")
         if sum(streams) != self.position:
             raise StateError(f"{source}: the rotation's streams {streams} do not add up to its position "
                              f"{self.position}")
-        self._rot = {"epoch": self.epoch, "streams": streams, "next": int(rot["next"])}
+        self._rot = {"epoch": self.epoch, "streams": streams, "next": nxt}
 
     def _end_epoch(self) -> None:
         self._rot = None
@@ -190,7 +222,7 @@ class RotatingLoader(ShardLoader):
         sd = super().state_dict()
         if self.rotation_workers:
             sd["rotation"] = self._rotation()
-        return sd
+        return seal(sd)
 
     get_state = state_dict
 
@@ -229,6 +261,7 @@ class RotatingLoader(ShardLoader):
     def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
         """As :meth:`ShardLoader.skip_steps`; refused under the rotation (its steps
         depend on what the stages drop, known only once read)."""
+        k = check_steps(k)
         if self.rotation_workers and k:
             raise StateError(f"skip_steps({k}): under webdataset's rotation of {self.rotation_workers} "
                              "filtered streams the items ahead are known only once read; iterate past them")

@@ -7,25 +7,33 @@ checks that the manifest's samples end at the shard's end-of-archive marker
 names the samples that fail (for :mod:`resumewds.repair`, which re-fetches
 them by range, and ``resumewds verify``); :func:`index_key` fingerprints the
 index a copy was checked against.
+
+Bytes on their way in are checked too: a :class:`SampleSink` takes the body of
+a ranged read (:func:`resumewds.fetch.fetch_range`) and checks each sample of
+it against its digest as soon as its last byte has arrived, before anything
+keeps or delivers it; a sample that fails makes the request fail (retried from
+that sample on, under the shard's fetch budget).
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 from array import array
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import xxhash
 
 from . import tario
-from .errors import ChecksumMismatch, ShardFormatError
+from .errors import ChecksumMismatch, CorruptSample, ShardFormatError, TransientFetchError
 from .events import EventKind
-from .fetch import is_remote_url
+from .fetch import RangeSink, is_remote_url
 from .manifest import COMPRESSED_SUFFIXES
 from .sampledigests import file_sample_digests
 
-__all__ = ["BadSample", "bad_samples", "check_copy", "check_end", "check_samples", "index_key"]
+__all__ = ["BadSample", "SampleSink", "bad_samples", "check_copy", "check_end", "check_end_bytes", "check_samples",
+           "index_key"]
 
 
 @dataclass
@@ -141,8 +149,24 @@ def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
     end = int(shard.offsets[-1])
     with open(path, "rb") as f:
         block = os.pread(f.fileno(), 512, end)
+    check_end_bytes(block, shard, name or path)
+
+
+def check_end_bytes(block: bytes, shard: Any, name: str) -> None:
+    """:func:`check_end` of the 512 bytes that follow the manifest's last sample
+    (read from a copy, or fetched by range when no copy can be kept).
+
+    Raises:
+        ShardFormatError: they are not the end-of-archive marker.
+
+    Example:
+        >>> from resumewds.manifest import ShardInfo
+        >>> check_end_bytes(bytes(512), ShardInfo("a.tar", samples=1, offsets=[0, 1024]), "a.tar")
+    """
+    assert shard.offsets is not None
+    end = int(shard.offsets[-1])
     if len(block) == 512 and block.count(0) != 512:
-        raise ShardFormatError(f"{name or path}: the manifest lists {shard.samples} samples, ending at byte {end}, "
+        raise ShardFormatError(f"{name}: the manifest lists {shard.samples} samples, ending at byte {end}, "
                                "but the shard goes on there (no end-of-archive marker): a manifest made for a "
                                "subset or another version of the shard? Index it again (resumewds index) to "
                                "read all of it, or write the subset as its own shard", shard=shard.url)
@@ -177,6 +201,129 @@ def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
             except OSError:
                 pass
         raise
+
+
+class SampleSink(RangeSink):
+    """Bytes ``[start, end)`` of a shard, each sample checked against its digest as it arrives.
+
+    ``start`` and ``end`` lie on sample boundaries, or in the bytes no sample
+    covers (before the first sample, the end-of-archive marker after the
+    last).  Each sample whose bytes match its digest goes to
+    ``on_sample(j, offset, data)`` and counts as progress of the shard's fetch
+    budget; the bytes outside every sample go to ``on_raw(offset, data)``
+    unchecked (the whole-file checksum covers them).  A sample that fails its
+    digest is left out and the rest of the body still taken; at the body's
+    end :class:`~resumewds.errors.CorruptSample` names it, and the retry of
+    :func:`~resumewds.fetch.fetch_range` asks for the samples left out only.
+    The callbacks get a view of the bytes: they copy what they keep.
+
+    Example:
+        >>> sink = SampleSink(shard, 0, 4096, budget, keep)       # doctest: +SKIP
+        >>> fetch_range(shard.url, 0, 4096, budget=budget, sink=sink)   # doctest: +SKIP
+        b''
+    """
+
+    def __init__(self, shard: Any, start: int, end: int, budget: Any,
+                 on_sample: Callable[[int, int, memoryview], None],
+                 on_raw: Optional[Callable[[int, memoryview], None]] = None):
+        super().__init__(start, budget)
+        assert shard.offsets is not None and shard.sample_digests is not None
+        self.shard = shard
+        self.on_sample = on_sample
+        self.on_raw = on_raw
+        self.todo: List[List[int]] = [[start, end]]  # what is still wanted, in order
+        self.stop = start  # where the request under way ends
+        self.buf = bytearray()
+        self.bad: Optional[CorruptSample] = None  # the first sample of this request that arrived corrupt
+        off = shard.offsets
+        self.n = len(off) - 1
+        self.first, self.last = int(off[0]), int(off[self.n])
+        self.j = -1
+
+    def wanted(self, end: int) -> Optional[Tuple[int, int]]:
+        if not self.todo:
+            return None
+        self.at, self.stop = self.todo[0]
+        return self.at, self.stop
+
+    def restart(self) -> None:
+        self.buf.clear()  # a retry asks again from the first byte not taken
+        self.bad = None
+
+    def write(self, offset: int, chunk: Any) -> None:
+        self.buf += chunk
+        self._take()
+
+    def _unit(self) -> int:
+        """Where the unit at :attr:`at` ends (a sample, or a run of uncovered bytes)."""
+        at = self.at
+        if at < self.first:
+            return min(self.first, self.stop)
+        if at >= self.last:
+            return self.stop
+        off = self.shard.offsets
+        if self.j < 0 or self.j >= self.n or int(off[self.j]) != at:
+            self.j = bisect.bisect_left(off, at, 0, self.n)
+            if self.j >= self.n or int(off[self.j]) != at:
+                raise ValueError(f"{self.shard.url}: byte {at} is not where a sample starts")
+        return int(off[self.j + 1])
+
+    def _take(self) -> None:
+        used = 0
+        with memoryview(self.buf) as mv:
+            while self.at < self.stop:
+                stop = self._unit()
+                if self.at + (len(mv) - used) < stop:
+                    break
+                with mv[used:used + stop - self.at] as data:  # (the callbacks copy what they keep)
+                    self._one(stop, data)
+                used += stop - self.at
+                self.at = stop
+        if used:
+            del self.buf[:used]
+
+    def _one(self, stop: int, data: memoryview) -> None:
+        """The unit ``[at, stop)``: a sample, checked and handed on, or uncovered bytes."""
+        if not self.first <= self.at < self.last:
+            if self.on_raw is not None:
+                self.on_raw(self.at, data)
+            self._done(self.at, stop)
+            return
+        j = self.j
+        want = int(self.shard.sample_digests[j])
+        got = xxhash.xxh3_64_intdigest(data)
+        if got != want:
+            if self.bad is None:
+                self.bad = CorruptSample(
+                    f"{self.shard.url}: sample {j} (bytes {self.at}-{stop}) arrived corrupt: xxh3_64 "
+                    f"{got:016x}, the manifest says {want:016x}", self.shard.url, sample=j,
+                    expected=format(want, "016x"), actual=format(got, "016x"))
+            return  # still wanted: asked for again
+        self.on_sample(j, self.at, data)
+        self._done(self.at, stop)
+        if self.budget is not None:
+            self.budget.progress()
+
+    def _done(self, a: int, b: int) -> None:
+        """Bytes ``[a, b)`` are taken: out of :attr:`todo` (the last range that starts at or before ``a``)."""
+        k = next(i for i in range(len(self.todo) - 1, -1, -1) if self.todo[i][0] <= a)
+        r = self.todo[k]
+        if a == r[0]:
+            r[0] = b
+            if r[0] >= r[1]:
+                self.todo.pop(k)
+        else:  # a corrupt sample before it stays wanted: split the range
+            self.todo[k:k + 1] = [[r[0], a]] + ([[b, r[1]]] if b < r[1] else [])
+
+    def end(self) -> None:
+        if self.buf:  # (a body of the length asked for always ends on a unit's end)
+            raise TransientFetchError(f"{self.shard.url}: a range ended inside a sample "
+                                      f"(byte {self.at + len(self.buf)})", self.shard.url)
+        if self.bad is not None:
+            raise self.bad
+
+    def data(self) -> bytes:
+        return b""
 
 
 def _key_of(path: str, start: int, end: int, url: str) -> str:

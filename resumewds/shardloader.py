@@ -35,6 +35,7 @@ from . import skipping
 from .epochsource import _HANDLER_STOP, BatchInfo, EmptyBatch, _EpochSource, _pin_memory, _SampleLayout, _WorkerFailure
 from .errors import ResumeWDSError, StateError, naming
 from .events import EventKind
+from .framecheck import warn_unsaved_loader
 from .handling import empty_epoch_error
 from .loader_compat import DataLoaderAttributes
 from .plan import Layout
@@ -45,8 +46,9 @@ from .shardset import ShardDataset
 from .shardsplit import split_layout, split_workers
 from .shmbatch import BytesRing, Packed, ring_for
 from .stages import default_collate
+from .statecheck import check_seal, seal
 from .stats import Stats, event_record, flat_scalars, setup_logging
-from .watchdog import WorkerWatchdog, stall_limit
+from .watchdog import WorkerWatchdog, frozen_for_fork, stall_limit
 from .world import detect_world, late_world, resolve_partitions
 
 __all__ = ["STATE_FORMAT", "ShardLoader"]
@@ -338,17 +340,23 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         Returns:
             ``{"first_step", "steps", "from": [epoch, position], "to": [...], "reason"}``.
 
+        Raises:
+            TypeError: ``k`` is not an int (a float, a bool).
+            ValueError: ``k`` is negative, or crosses more than
+                :data:`resumewds.skipping.MAX_WALKED_EPOCHS` epochs whose steps
+                differ (resampled shards, webdataset's worker split).
+
         Example:
             >>> loader = rw.WebLoader(ds, batch_size=32, journal="run.db", resume=999)  # doctest: +SKIP
             >>> loader.skip_steps(50, reason="loss spike at 1020")  # steps 1000..1049  # doctest: +SKIP
         """
-        if k < 0:
-            raise ValueError(f"skip_steps: cannot skip {k} steps")
+        k = skipping.check_steps(k)
         plan = self.dataset.plan
         first = int(self.steps_done)
         before = [int(self.epoch), int(self.position)]
-        epoch, position = skipping.advance(self.layout, lambda e: len(plan.epoch(e)), before[0], before[1], int(k),
-                                           layout_of=self._layout_of)
+        epoch, position = skipping.advance(self.layout, lambda e: len(plan.epoch(e)), before[0], before[1], k,
+                                           layout_of=self._layout_of, same_epochs=not hasattr(self.layout, "bind")
+                                           and bool(getattr(plan, "same_epochs", False)))
         detail: Dict[str, Any] = {"first_step": first, "steps": int(k), "from": before,
                                   "to": [epoch, position], "reason": reason}
         if k:
@@ -399,13 +407,14 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
 
         Returns:
             ``{"format", "version", "epoch", "position", "samples_total",
-            "steps_done", "config", "batch_size", "world_size"}``.
+            "steps_done", "config", "batch_size", "world_size", "checksum"}``
+            (``checksum``: :mod:`resumewds.statecheck`).
         """
         self._pinned = True
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
-                "position": self.position, "samples_total": self.samples_total,
-                "steps_done": self.steps_done, "config": dict(self.config),
-                "batch_size": self.batch_size, "world_size": self.world_size}
+        return seal({"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
+                     "position": self.position, "samples_total": self.samples_total,
+                     "steps_done": self.steps_done, "config": dict(self.config),
+                     "batch_size": self.batch_size, "world_size": self.world_size})
 
     get_state = state_dict
 
@@ -414,14 +423,18 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
 
         Raises:
             StateError: the state is not a resumewds state, is newer than
-                this version, or was taken on different data or order settings.
+                this version, was changed after it was taken (its checksum),
+                or was taken on different data or order settings.
         """
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StateError("not a resumewds loader state (missing format field)")
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"loader state version {state.get('version')} is newer than this resumewds")
-        if state.get("rotation") and not hasattr(self, "rotation_workers"):  # resumewds.rotation's
-            raise StateError(f"this state follows webdataset's rotation of {state['rotation'].get('workers')} "
+        check_seal(state, "this loader state")
+        rot = state.get("rotation")
+        if rot and not hasattr(self, "rotation_workers"):  # resumewds.rotation's
+            workers = rot.get("workers") if isinstance(rot, dict) else "?"
+            raise StateError(f"this state follows webdataset's rotation of {workers} "
                              "workers' filtered streams: resume it with WebLoader(ds, batch_size=None) on one rank")
         cfg = state.get("config", {})
         if _auto_partitions(self.dataset):  # adopt the state's partitions
@@ -591,6 +604,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
     def __iter__(self) -> Iterator[Any]:
         self._take_world()
         self._world_open = False
+        warn_unsaved_loader(self)  # a framework that would not save this loader's position: say so
         self._begin_iter()
         ds = self.dataset
         epoch, start = self.epoch, self.position
@@ -616,9 +630,9 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         dl = DataLoader(src, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kw)
         expected = 0
         with contextlib.ExitStack() as starting:
-            if self.num_workers:  # the workers start here (each fork freezes the heap for them:
-                # resumewds.warmup), and a preemption signal waits for their handlers
-                starting.enter_context(_blocked_for_start(
+            if self.num_workers:  # the workers start here: they never scan what they inherited
+                starting.enter_context(frozen_for_fork())  # (resumewds.watchdog), and a preemption
+                starting.enter_context(_blocked_for_start(  # signal waits for their handlers
                     self._preempt_signals, kw.get("multiprocessing_context")))
             it = iter(dl)
         watch = WorkerWatchdog(it, self.stall_timeout)  # stopped workers (resumewds.watchdog)

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from . import config, reading, warmup
+from . import config, reading
 from ._torchreg import register_iterable_dataset
 from .beside import fill_from_beside
 from .cache import ShardStore
-from .fetch.lite import lite_enabled
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
@@ -68,12 +68,6 @@ ON_ERROR = ("raise", "skip")
 #: how DataLoader workers share an epoch (``worker_split=``): webdataset's shards per worker, or
 #: the engine's split of the sample sequence (:mod:`resumewds.shardsplit`, :mod:`resumewds.steplayout`)
 WORKER_SPLITS = ("shards", "samples")
-
-
-def _names_http(urls: Any) -> bool:
-    """Whether a data set's source (a url, a list of them, a manifest url) is fetched over http(s)."""
-    first = urls if isinstance(urls, str) else (urls[0] if isinstance(urls, (list, tuple)) and urls else None)
-    return isinstance(first, str) and first[:8].lower().startswith(("http://", "https://"))
 
 
 #: fewest shards in a window of ``.shuffle(n)`` compiled into the plan
@@ -155,9 +149,9 @@ class ShardDataset:
         partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
             None: the number of nodes at the run's start (a resume keeps the
             run's recorded count); 1: one order over all shards.
-        ranged_reads: read remote v3 shards that are not cached yet sample by
-            sample (verified ranges, the partial download; docs/DIGESTS.md);
-            None: ``RESUMEWDS_RANGED_READS`` (default on).
+        ranged_reads: accepted for compatibility and ignored: remote v3 shards
+            that are not cached yet are always read sample by sample (verified
+            ranges; docs/DIGESTS.md); a warning says so when it is given.
         resampled: draw each epoch's shards with replacement (deterministic:
             a pure function of seed, epoch and position); iteration goes on
             over epochs (use ``.with_epoch(n)``).
@@ -198,8 +192,6 @@ class ShardDataset:
         if cache_size is not None and not isinstance(cache_size, str) and int(cache_size) < 0:
             cache_size = None  # webdataset's -1: unlimited
         self.urls = urls
-        if _names_http(self.urls) and not lite_enabled():  # requests is imported while the manifest,
-            warmup.import_in_background("requests")          # plan and store are set up
         self.seed = int(seed)
         shuffle = False if shuffle is None else shuffle
         self._shuffle = shuffle  # (not .shuffle: that is the fluent stage)
@@ -213,7 +205,10 @@ class ShardDataset:
         self.allow_pickle = allow_pickle
         self.allow_remote_pipe = allow_remote_pipe
         self.prefetch_depth = int(prefetch)
-        self.ranged_reads = ranged_reads  # None: RESUMEWDS_RANGED_READS (resumewds.reading.prepare)
+        if ranged_reads is not None:
+            warnings.warn("ranged_reads= is ignored: remote shards with sample digests are always read by "
+                          "verified ranges until they are cached (docs/DIGESTS.md)", DeprecationWarning,
+                          stacklevel=2)
         self.resampled = bool(resampled)
         self.empty_check = empty_check
         if worker_split is not None and worker_split not in WORKER_SPLITS:
@@ -241,10 +236,6 @@ class ShardDataset:
         self.collate_fn: Optional[Callable[[List[Any]], Any]] = None
         self._compile()
         Plan([1], self.seed, shuffle, self.shuffle_window, self.plan_partitions)  # validate settings early
-        # over http(s) the manifest is resolved on a background thread from here: a fork waits for
-        # it (resumewds.warmup), so a DataLoader's workers inherit it instead of each fetching it
-        self._resolving: Optional[warmup.Background] = (
-            warmup.Background(self._resolve, "resumewds-manifest") if _names_http(self.urls) else None)
 
     # ---- fluent stages ---------------------------------------------------
     #: fluent stages return a copy (webdataset's compose); a subclass that builds
@@ -436,11 +427,11 @@ class ShardDataset:
     # ---- state shared with the loader ----------------------------------
     @property
     def manifest(self) -> Manifest:
-        """The resolved, indexed manifest (resolving and indexing on first use, or
-        taking what the background resolution started at construction found)."""
+        """The resolved, indexed manifest (resolved and indexed on first use, in the
+        calling thread: a loader does it before its workers start, so that they
+        inherit it)."""
         if self._manifest is None:
-            bg, self._resolving = getattr(self, "_resolving", None), None
-            m, skipped = bg.result() if bg is not None else self._resolve()
+            m, skipped = self._resolve()
             if skipped is not None:
                 self._index_skipped = {**(self._index_skipped or {}), **skipped}
             self._manifest = m
@@ -577,7 +568,6 @@ class ShardDataset:
     def __getstate__(self) -> Dict[str, Any]:
         _ = self.manifest  # index before pickling so workers never re-index
         d = dict(self.__dict__)
-        d["_resolving"] = None
         d["_store"] = None
         d["_reader"] = None
         d["_events"] = []

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from .epochplan import EpochPlan
 from .errors import StateError
@@ -50,13 +50,18 @@ __all__ = ["Bound", "ShardSplit", "SplitSequence", "WorkerStream", "empty_worker
 _TAG_WORKER = 0x574F524B4552  # "WORKER"
 
 
-def worker_streams(ep: EpochPlan, workers: int) -> List[EpochPlan]:
+def worker_streams(ep: EpochPlan, workers: int, keep: Optional[AbstractSet[int]] = None) -> List[EpochPlan]:
     """Each worker's stream: the epoch's shards ``[w::workers]``, in the plan's way.
+
+    ``keep``: only these shards (by index) are split, as webdataset's
+    ``split_by_worker`` after a node splitter of your own splits what that kept.
 
     Example:
         >>> from resumewds.plan import Plan
         >>> [s.shard_order for s in worker_streams(Plan([1, 1, 1], shuffle=False).epoch(0), 2)]
         [[0, 2], [1]]
+        >>> [s.shard_order for s in worker_streams(Plan([1, 1, 1], shuffle=False).epoch(0), 2, keep={1, 2})]
+        [[1], [2]]
     """
     if ep.partitions != 1:
         raise ValueError("the shard split needs an epoch of one partition")
@@ -64,6 +69,8 @@ def worker_streams(ep: EpochPlan, workers: int) -> List[EpochPlan]:
     if W < 1:
         raise ValueError(f"the shard split needs at least one worker, got {workers}")
     segs = list(zip(ep.seg_shard, ep.seg_first, ep.seg_count))  # whole shards (or draws), in epoch order
+    if keep is not None:
+        segs = [sg for sg in segs if int(sg[0]) in keep]
     out = []
     for w in range(W):
         key = None if ep.window_key is None else mix(ep.window_key, _TAG_WORKER, w)
@@ -391,6 +398,7 @@ class WorkerStream:
     workers: int
     worker: int
     grid: Any
+    keep: Optional[AbstractSet[int]] = None  # the shards split (None: all; see worker_streams)
 
     @property
     def step_size(self) -> int:
@@ -400,7 +408,7 @@ class WorkerStream:
         """The worker's steps of epoch ``ep``."""
         if isinstance(ep, Bound):
             return ep
-        return Bound(self.grid, worker_streams(ep, self.workers)[self.worker])
+        return Bound(self.grid, worker_streams(ep, self.workers, self.keep)[self.worker])
 
 
 def split_workers(ds: Any, num_workers: int, world_size: int, remainder: str = "keep",

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
 from typing import Any, Deque, Dict, Iterable, Optional, Tuple
 
@@ -91,7 +90,6 @@ COUNTERS = ("samples", "batches", "bytes", "pads", "skipped_samples", "filtered"
 #: every duration, in seconds
 TIMERS = ("t_fetch", "t_fetch_wait", "t_read", "t_stages", "t_wait")
 
-PREFETCH_THREAD = "resumewds-prefetch"  # the name cache.ShardStore gives its thread
 
 
 class Stats:
@@ -290,15 +288,13 @@ def event_record(kind: str, url: str, detail: Dict[str, Any]) -> Dict[str, Any]:
     """Build the event dict a worker attaches to its batch, and log it.
 
     ``kind`` is an :class:`resumewds.events.EventKind` (or its string);
-    the record holds its plain string value.  Events from the prefetch
-    thread get ``prefetch=True`` (see ``cache_hits``).  Logged once, here,
-    in the process where the event happened.
+    the record holds its plain string value.  Events of a background
+    download carry ``prefetch=True`` (the store adds it; see ``cache_hits``).
+    Logged once, here, in the process where the event happened.
     """
     kind = str(getattr(kind, "value", kind))
     ev: Dict[str, Any] = {"kind": kind, "url": url, "ts": time.time()}
     ev.update(detail)
-    if threading.current_thread().name == PREFETCH_THREAD:
-        ev["prefetch"] = True
     level = level_of(kind)
     if log.isEnabledFor(level):
         log.log(level, "%s", _describe(kind, url, detail))

@@ -97,12 +97,6 @@ def _prefetch(dss: Sequence[Any], todo: Iterable[Tuple[int, List[ShardInfo], int
             pass  # surfaces again when the shard is read
 
 
-def _by_range(ds: Any) -> bool:
-    """Whether ``ds`` reads the samples of shards not cached yet by range in this process."""
-    rr = openshards.shard_reader(ds).ranged
-    return rr is not None and bool(rr.active)
-
-
 #: samples whose ranged reads a small step fetches ahead for the steps after it (:func:`run_steps`)
 READ_AHEAD = 64
 
@@ -139,7 +133,6 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     dss = [s.ds for s in sources]
     for ds in dss:
         steps.start_steps(ds)  # no shard failed, no handler's stop yet (workers: a fresh copy anyway)
-        reading.declare(ds)  # before the first prefetch: downloads fill around the ranged reads
     offsets: List[int] = []
     shards: List[ShardInfo] = []  # every source's shards, one list (global index = offset + local)
     for ds in dss:
@@ -156,15 +149,13 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     names: Dict[int, str] = {}
     tags = [s.name for s in sources] if mixture else None
     stopping = False  # a handler said stop (steps.read_or_stop): this step is the last
-    hint = True
     order = plan.steps()
     # small steps (a DataLoader worker's share of one sample at a time): the ranged reads of
-    # the next steps are fetched together, up to READ_AHEAD samples, not one request per step
+    # the next steps are started together, up to READ_AHEAD samples, not one request per step
     upcoming = order if isinstance(order, (list, range)) and len(dss) == 1 else None
     ahead_to = 1  # the steps before this index had their ranges asked for already
-    # the first step's background downloads start once its first sample is out when that
-    # sample is read by range (they would compete with its request for the CPU), or, with
-    # steps of one sample, once the next step's reads (and those read ahead) are asked for
+    # a shuffled pass's first step: its ranged reads go first, its background downloads start
+    # once its first sample is out (they would compete with those reads for the first batch)
     deferred: List[Tuple[int, List[ShardInfo], int]] = []
     for n, k in enumerate(order):
         step = plan.step(k)
@@ -175,35 +166,25 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         if mixture:
             meta["sources"] = {}
         pf = list(plan.prefetch(n, k, step))
-        late = bool(deferred)  # the first step's downloads, still waiting: after this step's reads too
-        if hint and not any(src.stream for src in sources):  # in order: the download is the read
+        if n == 0 and not all(src.stream for src in sources):
             deferred = pf
-        elif late:
-            deferred += pf
         else:
-            _prefetch(dss, pf)
+            _prefetch(dss, pf)  # in order, the download is the read: it starts first
         t_read = t_stages = 0.0
         t0 = clock()
         # each source's pairs: read ahead by the kernel (the first step), and the
-        # samples of its shards not cached yet fetched by verified ranges
+        # samples of its shards not cached yet started by verified ranges
         if srcs is None:
             groups = {0: where}
         else:
             groups = {}
             for i, s in enumerate(srcs):
                 groups.setdefault(s, []).append(where[i])
-        later: List[Tuple[int, Any]] = []  # (source, pairs) prepared after the first sample
         for s, pairs in groups.items():
-            if hint:  # the first step: its reads start at once (cold disk)
+            if n == 0:  # the first step: its reads start at once (cold disk)
                 openshards.hint_pages(dss[s], pairs)
-            if each and hint and srcs is None and len(pairs) > 1 and not sources[s].stream:
-                # the first sample of the pass does not wait for the step's other ranges
-                # (a shuffled window: its samples are read one by one, never as runs)
-                reading.prepare(dss[s], pairs[:1], sources[s].stream, part=True)
-                later.append((s, pairs[1:]))
-            else:
-                reading.prepare(dss[s], pairs, sources[s].stream)
-        if upcoming is not None and not hint and n >= ahead_to and srcs is None and len(where) < READ_AHEAD \
+            reading.prepare(dss[s], pairs, sources[s].stream)
+        if upcoming is not None and n and n >= ahead_to and srcs is None and len(where) < READ_AHEAD \
                 and not sources[0].stream:
             more: List[Tuple[int, int]] = []
             ahead_to = n + 1
@@ -212,13 +193,6 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
                 ahead_to += 1
             if more:
                 reading.prepare(dss[0], more, False, ahead=True)
-        if late:
-            _prefetch(dss, deferred)
-            deferred = []
-        if deferred and hint and not (each and all(_by_range(dss[s]) for s in groups)):
-            _prefetch(dss, deferred)  # a step read whole (its ranges are in), or not by range
-            deferred = []
-        hint = False
         # per source: its reads of open shards (``fast``, not while ranged samples
         # wait to be taken), failed shards, stages, where its shards start
         state: List[Tuple[Any, ...]] = []
@@ -245,14 +219,6 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
             if deferred and i == 1:  # the first sample is out: the downloads start
                 _prefetch(dss, deferred)
                 deferred = []
-            if later and i == 1:  # the first sample is out: the rest of the first step
-                for s, rest in ([] if stopping else later):
-                    reading.prepare(dss[s], rest, sources[s].stream)
-                    rd = openshards.shard_reader(dss[s])
-                    if rd.ranged is not None and rd.ranged.ready:
-                        state[s] = (state[s][0], None, None) + state[s][3:]  # ranged samples wait: no fast reads
-                ds, fast, touch, failed, stages, off, stream, rb = state[cur]
-                later = []
             si, j = where[i]
             if srcs is not None and srcs[i] != cur:
                 cur = srcs[i]
@@ -369,6 +335,11 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         failed_now = {shards[offsets[s] + i].url: e for s, r in enumerate(readers) for i, e in r.failed.items()}
         if failed_now:
             meta["failed"] = failed_now
+        if deferred:  # (a step of one sample)
+            _prefetch(dss, deferred)
+            deferred = []
         yield k, ([] if each else batch), meta
         if stopping:  # the samples before the stop were delivered: no more steps
             return
+    for ds in dss:  # the pass is over: every shard read by range is checked whole
+        reading.finish(ds)

@@ -71,8 +71,8 @@ class StoreAPI(Protocol):
         """Create the cache's directories if they are missing (``CacheError`` if it cannot)."""
         ...
 
-    def range_session(self) -> Any:
-        """This thread's session for ranged reads (no requests import: resumewds.fetch.lite)."""
+    def in_background(self) -> None:
+        """The calling thread downloads in the background: its events say so (``prefetch``)."""
         ...
 
     def close_session(self) -> None:

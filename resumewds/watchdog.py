@@ -19,19 +19,13 @@
   ``break``) stopped workers are killed too: torch's shutdown and Python's
   exit would otherwise wait forever to join them.
 
-* :func:`freeze_inherited` runs first in each DataLoader worker that reads a
-  data set of ours (a WebLoader's, or a plain DataLoader's / StatefulDataLoader's):
-  the objects it inherited from its parent go to the garbage collector's
-  permanent generation (``gc.freeze()``), so the worker's collections scan
-  its own objects only.  A process that has just imported torch holds some
-  170,000 objects and is close to a full collection; after a ``fork`` each
-  worker would otherwise run one over all of them during its first step
-  (0.1-0.6 s on a loaded 2-core machine, every page touched copied on write).
-  Before that, every fork freezes the heap for the child once a data set of
-  ours exists (:mod:`resumewds.warmup`'s fork hook, the parent unfreezes it
-  after): a worker then never runs that collection, also not while torch
-  starts it, before our code runs there.  ``RESUMEWDS_FORK_FREEZE=0`` turns
-  both off.
+* :func:`frozen_for_fork`: around the start of a WebLoader's own workers,
+  the parent's objects are frozen (``gc.freeze()``) and unfrozen right after
+  (the parent's collections are what they were), as Python's documentation
+  advises for a process that forks: a worker's collections then never scan
+  (nor copy on write) the ~170,000 objects a process that imported torch
+  holds.  Nothing else in the process is touched: a fork the user makes, or
+  the workers of a loader that is not ours, are left as they are.
 
 The limit is ``WebLoader(stall_timeout=...)``, else ``RESUMEWDS_WORKER_STALL``
 (seconds, default :data:`DEFAULT_STALL_SECONDS`; 0 disables the watchdog).
@@ -43,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -51,12 +46,12 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import config
 from .errors import ResumeWDSError
 
-__all__ = ["DEFAULT_STALL_SECONDS", "WorkerStallError", "WorkerWatchdog", "die_with_parent", "freeze_inherited",
+__all__ = ["DEFAULT_STALL_SECONDS", "WorkerStallError", "WorkerWatchdog", "die_with_parent", "frozen_for_fork",
            "stall_limit", "worker_died"]
 
 log = logging.getLogger("resumewds")
@@ -135,29 +130,25 @@ def _gone(pid: int) -> bool:
     return _proc_state(pid) in ("Z", "X")
 
 
-_FROZEN_IN = 0  # the pid whose inherited objects were frozen
-
-
-def freeze_inherited() -> None:
-    """In a DataLoader worker process, once: move every object it inherited
-    from its parent to the garbage collector's permanent generation
-    (``gc.freeze()``), as Python's documentation advises for forked
-    children: its collections then never scan (nor copy on write) the
-    parent's objects.  Objects created in the worker are collected as usual.
-    A no-op outside a DataLoader worker.
+@contextlib.contextmanager
+def frozen_for_fork() -> Iterator[None]:
+    """Around the start of a loader's worker processes in its parent: the
+    parent's objects are frozen (``gc.freeze()``) while the workers fork, and
+    unfrozen after.  Left alone when the process froze objects itself or
+    disabled the collector.
 
     Example:
-        >>> freeze_inherited()   # the main process: nothing happens
+        >>> with frozen_for_fork():
+        ...     pass                       # iter(DataLoader(..., num_workers=2))
     """
-    global _FROZEN_IN
-    pid = os.getpid()
-    if _FROZEN_IN == pid:
+    if not gc.isenabled() or gc.get_freeze_count():
+        yield
         return
-    data = sys.modules.get("torch.utils.data")
-    if data is None or data.get_worker_info() is None or not config.fork_freeze():
-        return
-    _FROZEN_IN = pid
     gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def die_with_parent(parent: Optional[int]) -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import gzip
+import importlib
 import io
 import json
 import os
@@ -679,3 +680,12 @@ class ShardWriter:
 
     def __exit__(self, *args: Any) -> None:
         self.close()
+
+
+def __getattr__(name: str) -> Any:
+    """webdataset's ``writer.gopen`` (its ``gopen`` function, as ``from . import gopen`` finds
+    it there): :func:`resumewds.gopen`, the WebDataset wing's, found by webdataset's name on
+    first use (the writer does not use it)."""
+    if name == "gopen":
+        return importlib.import_module("resumewds.gopen").gopen
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

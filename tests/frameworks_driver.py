@@ -82,12 +82,14 @@ def torchrun(framework: str, shards: str, out: str, *argv: str) -> Any:
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def loader_records(data: str, ranks: int = 2, epochs: int = 2, batch: int = 8) -> List[List[str]]:
+def loader_records(data: str, ranks: int = 2, epochs: int = 2, batch: int = 8, select: bool = False
+                   ) -> List[List[str]]:
     """The record each rank of a ``ranks``-process run must have: the loader's own split by rank
     (``rank=`` / ``world_size=`` given), read here in one process, without a framework."""
     out = []
     for r in range(ranks):
-        loader = make_loader(argparse.Namespace(data=data, batch=batch, workers=0), rank=r, world_size=ranks)
+        loader = make_loader(argparse.Namespace(data=data, batch=batch, workers=0, select=select), rank=r,
+                             world_size=ranks)
         lines: List[str] = []
         while loader.epoch < epochs:
             for keys, _cls in loader:
@@ -98,7 +100,8 @@ def loader_records(data: str, ranks: int = 2, epochs: int = 2, batch: int = 8) -
 
 def check_two_rank_kill9(framework: str, shards: str, ref: str, run: str, framework_reference: bool = True) -> None:
     """Both ranks of a 2-process run SIGKILLed at step 14 (1 worker each; last checkpoint: step 12,
-    mid-epoch 1), resumed with 0 workers: each rank's record is the uninterrupted sequence.  That is
+    the start of epoch 1), resumed with 0 workers, SIGKILLed again at step 21 (the checkpoint of step 20,
+    taken after that resume), resumed with 2 workers: each rank's record is the uninterrupted sequence.  That is
     the loader's own split by rank (:func:`loader_records`: 2 epochs of 192 samples, 12 global steps
     of 2 x 8, each covering the data set once); with ``framework_reference`` an uninterrupted run
     under the framework is checked to be that too (a third launch)."""
@@ -114,9 +117,28 @@ def check_two_rank_kill9(framework: str, shards: str, ref: str, run: str, framew
     killed = torchrun(framework, shards, run, "--kill-at", "14", "--workers", "1")
     assert killed.returncode != 0 and b"Signal 9 (SIGKILL)" in killed.stderr, killed.stderr.decode()[-2000:]
     assert [len(r) for r in rank_records(run)] == [14, 14]
-    done = torchrun(framework, shards, run, "--resume", "--workers", "0")
+    killed = torchrun(framework, shards, run, "--resume", "--kill-at", "21", "--workers", "0")
+    assert killed.returncode != 0 and b"Signal 9 (SIGKILL)" in killed.stderr, killed.stderr.decode()[-2000:]
+    assert [len(r) for r in rank_records(run)] == [21, 21]
+    done = torchrun(framework, shards, run, "--resume", "--workers", "2")
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert rank_records(run) == reference
+
+
+def crash_and_resume(framework: str, data: str, out: str, cuts: List[int], *argv: str) -> List[str]:
+    """A run in this process crashed at each step of ``cuts`` (``--raise-at``), each time resumed from
+    its latest checkpoint, then run to its end: its record (what the model trained on)."""
+    for i, cut in enumerate(cuts):
+        try:
+            main([framework, "--data", data, "--out", out, "--raise-at", str(cut), *argv,
+                  *(("--resume",) if i else ())])
+        except Crash:
+            pass
+        else:
+            raise AssertionError(f"the run ended before step {cut}")
+    main([framework, "--data", data, "--out", out, *argv, *(("--resume",) if cuts else ())])
+    with open(record_path(out)) as f:
+        return f.read().splitlines()
 
 
 class Crash(RuntimeError):
@@ -130,11 +152,34 @@ def maybe_die(args: Any, step: int) -> None:
         raise Crash(f"crash at step {step}")
 
 
-def make_loader(args: Any, **kw: Any) -> Any:
+def keep(sample: Any) -> bool:
+    """``--select``: the samples kept (4 of 5: an epoch of 8 shards of 25 has 160, 20 batches of 8)."""
+    return int(sample["__key__"].rsplit("_", 1)[1]) % 5 != 2
+
+
+def make_dataset(args: Any) -> Any:
+    """The data set: samples shuffled in windows of 2 shards, or with ``--shardshuffle N`` webdataset's
+    ``WebDataset(urls, shardshuffle=N)`` (each DataLoader worker its own shards)."""
     import resumewds as rw
 
     shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
-    ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
+    if getattr(args, "shardshuffle", 0):
+        ds = rw.WebDataset(shards, shardshuffle=args.shardshuffle, seed=11)
+    else:
+        ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2)
+    return ds.select(keep) if getattr(args, "select", False) else ds
+
+
+def make_loader(args: Any, collate: Any = None, **kw: Any) -> Any:
+    """``WebLoader(ds, batch_size=B)``; with ``--select``, webdataset's form of a filtered data set:
+    ``WebLoader(ds.select(f).batched(B), batch_size=None)`` (batches filled from the filtered stream)."""
+    import resumewds as rw
+
+    ds = make_dataset(args).to_tuple("__key__", "cls")
+    if getattr(args, "select", False):
+        batched = ds.batched(args.batch, collation_fn=collate) if collate else ds.batched(args.batch)
+        return rw.WebLoader(batched, batch_size=None, num_workers=args.workers, **kw)
+    kw = dict(kw, collate_fn=collate) if collate else kw
     return rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, **kw)
 
 
@@ -144,15 +189,15 @@ def foreign_loader(args: Any) -> Any:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     cls = StatefulDataLoader if args.form == "stateful" else DataLoader
-    return cls(make_loader(args).dataset, batch_size=args.batch, num_workers=args.workers)
+    return cls(make_dataset(args).to_tuple("__key__", "cls"), batch_size=args.batch, num_workers=args.workers)
 
 
-def direct_records(data: str, workers: int, epochs: int = 2, batch: int = 8) -> List[str]:
+def direct_records(data: str, workers: int, epochs: int = 2, batch: int = 8, shardshuffle: int = 0) -> List[str]:
     """The record of an exact run over ``DataLoader(dataset, num_workers=workers)``: epoch ``e`` is what the
     loader gives after ``dataset.set_epoch(e)``, read here without a framework."""
     from torch.utils.data import DataLoader
 
-    ds = make_loader(argparse.Namespace(data=data, batch=batch, workers=0)).dataset
+    ds = make_dataset(argparse.Namespace(data=data, shardshuffle=shardshuffle)).to_tuple("__key__", "cls")
     lines: List[str] = []
     for epoch in range(epochs):
         ds.set_epoch(epoch)
@@ -212,7 +257,7 @@ def run_lightning(args: Any) -> None:
             if args.resume:
                 cut_record(args.out, self.global_step)
 
-    callbacks: List[Any] = [ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=STEPS_PER_CKPT,
+    callbacks: List[Any] = [ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=args.ckpt_every,
                                             save_last=True, save_top_k=-1)]
     if args.callback:
         callbacks.append(ResumeWDSCallback())
@@ -235,7 +280,7 @@ def run_lightning(args: Any) -> None:
 
         callbacks.append(CommitOnSave())
     ddp = {"strategy": "ddp", "devices": args.devices} if args.devices > 1 else {"devices": 1}
-    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", **ddp, logger=False,
+    trainer = L.Trainer(max_epochs=args.epochs, max_steps=args.max_steps, accelerator="cpu", **ddp, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
                         default_root_dir=args.out, num_sanity_val_steps=0, **reload)
     class Journaled(Tiny):
@@ -282,7 +327,7 @@ def run_accelerate(args: Any) -> None:
     if args.journal:  # the journal holds the data position: commit before each save_state, resume= its step
         if args.resume:
             acc.load_state()
-            acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
+            acc.project_configuration.iteration = counter.step // args.ckpt_every
             cut_record(args.out, counter.step)
         loader = make_loader(args, journal=os.path.join(args.out, "run.db"),
                              resume=counter.step - 1 if counter.step else False)
@@ -291,11 +336,13 @@ def run_accelerate(args: Any) -> None:
         from torch.utils.data import DataLoader
 
         loader = prepare_loader(acc, DataLoader(make_loader(args).dataset, batch_size=args.batch))
+    elif args.prepare:  # Accelerate's own line, which leaves a WebLoader out of its checkpoints
+        loader = acc.prepare(make_loader(args))
     else:
         loader = prepare_loader(acc, make_loader(args))
     if args.resume and not args.journal:
         acc.load_state()  # the latest checkpoint (Accelerate does not restore its save counter)
-        acc.project_configuration.iteration = counter.step // STEPS_PER_CKPT
+        acc.project_configuration.iteration = counter.step // args.ckpt_every
         cut_record(args.out, counter.step)
         if args.skip:  # Accelerate's recipe: skip the batches of the epoch already trained on
             loader = acc.skip_first_batches(loader, counter.step % len(loader))
@@ -308,7 +355,7 @@ def run_accelerate(args: Any) -> None:
             opt.step()
             opt.zero_grad()
             counter.step += 1
-            if counter.step % STEPS_PER_CKPT == 0:
+            if counter.step % args.ckpt_every == 0:
                 if args.journal:  # the documented hook: commit, then save the checkpoint
                     loader.commit(counter.step - 1)
                     if counter.step == args.kill_in_save:  # committed, the checkpoint not written
@@ -328,7 +375,6 @@ def run_transformers(args: Any) -> None:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    import resumewds as rw
     from resumewds.integrations.transformers import attach
 
     class Tiny(torch.nn.Module):
@@ -351,15 +397,13 @@ def run_transformers(args: Any) -> None:
                 cut_record(args.out, state.global_step)
 
     targs = TrainingArguments(output_dir=os.path.join(args.out, "hf"), num_train_epochs=args.epochs,
-                              save_strategy="steps", save_steps=STEPS_PER_CKPT, logging_strategy="no",
-                              report_to="none", use_cpu=True, disable_tqdm=True, seed=3,
+                              save_strategy="steps", save_steps=args.ckpt_every, max_steps=args.max_steps,
+                              logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, seed=3,
                               gradient_accumulation_steps=args.accumulate, remove_unused_columns=False,
                               ignore_data_skip=args.journal)
     trainer = Record(model=Tiny(), args=targs, callbacks=[Cut()])
-    shards = sorted(glob.glob(os.path.join(args.data, "*.tar")))
-    ds = rw.WebDataset(shards, seed=11, shuffle=True, shuffle_window=2).to_tuple("__key__", "cls")
     if not args.journal:
-        attach(trainer, rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate))
+        attach(trainer, make_loader(args, collate=hf_collate))
         trainer.train(resume_from_checkpoint=True if args.resume else None)
         return
     # the journal holds the data position: commit at each save, resume= the restored checkpoint's step
@@ -367,8 +411,8 @@ def run_transformers(args: Any) -> None:
 
     folder = get_last_checkpoint(targs.output_dir) if args.resume else None
     step = int(folder.rsplit("-", 1)[1]) if folder else 0
-    loader = rw.WebLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=hf_collate,
-                          journal=os.path.join(args.out, "run.db"), resume=step - 1 if step else False)
+    loader = make_loader(args, collate=hf_collate, journal=os.path.join(args.out, "run.db"),
+                         resume=step - 1 if step else False)
     write_resumed_at(args, loader.steps_done)
 
     class CommitOnSave(TrainerCallback):  # the documented hook
@@ -393,6 +437,11 @@ def main(argv: Any = None) -> None:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-steps", type=int, default=-1, help="lightning, transformers: max_steps")
+    p.add_argument("--ckpt-every", type=int, default=STEPS_PER_CKPT, help="a checkpoint every N steps")
+    p.add_argument("--shardshuffle", type=int, default=0, help="the data set: WebDataset(urls, shardshuffle=N)")
+    p.add_argument("--select", action="store_true",
+                   help="the loader: WebLoader(ds.select(f).batched(B), batch_size=None) (not with --form)")
     p.add_argument("--accumulate", type=int, default=1, help="transformers: gradient_accumulation_steps")
     p.add_argument("--esb", action="store_true", help="Lightning: read estimated_stepping_batches")
     p.add_argument("--devices", type=int, default=1, help="Lightning: processes of strategy='ddp' (gloo on CPU)")
@@ -403,6 +452,7 @@ def main(argv: Any = None) -> None:
     p.add_argument("--form", choices=["webloader", "dataloader", "stateful"], default="webloader",
                    help="lightning: the training loader (a WebLoader, or a torch / torchdata loader over the data set)")
     p.add_argument("--dataloader", action="store_true", help="accelerate: a torch DataLoader over the dataset")
+    p.add_argument("--prepare", action="store_true", help="accelerate: accelerator.prepare(WebLoader(...))")
     p.add_argument("--skip", action="store_true", help="accelerate: accelerator.skip_first_batches after load_state")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

@@ -1,5 +1,5 @@
 """A manifest.json beside shards named one by one (resumewds.beside), and the manifest
-resolved before DataLoader workers fork (resumewds.warmup.Background)."""
+resolved before a WebLoader's workers fork."""
 
 from __future__ import annotations
 
@@ -53,20 +53,24 @@ def test_pipeline_takes_the_manifest_beside_instead_of_downloading_every_shard(s
     sent = _shard_bytes(srv)
     assert sent < total / 2, (sent, total)  # indexing the shards itself downloads all of them first
     assert "/manifest.json" in srv.request_log
-    # before the first sample: the manifest beside the shards and the first sample's range, no more
-    assert len([p for p in srv.request_log if p.endswith(".tar")]) == 1, srv.request_log
+    # before the first sample: the manifest beside the shards and the first step's ranges
+    # (the first sample's own first), no whole-shard GET
+    assert all(r is not None for p, r in srv.range_log if p.endswith(".tar")), srv.range_log
 
 
 def test_pipeline_with_the_manifest_beside_delivers_the_sequence_of_indexing(served_shards, monkeypatch,
                                                                              tmp_path):
-    _, srv, urls = served_shards
+    paths, srv, urls = served_shards
     found = _keys(_pipeline(urls))
     assert "/manifest.json" in srv.request_log
-    monkeypatch.setenv("RESUMEWDS_MANIFEST_BESIDE", "0")
+    bare = tmp_path / "bare"  # the same shards with no manifest beside them: indexed from their bytes
+    bare.mkdir()
+    for p in paths:
+        os.link(p, bare / os.path.basename(p))
     monkeypatch.setenv("RESUMEWDS_CACHE_DIR", str(tmp_path / "cache2"))
-    srv.reset_counters()
-    indexed = _keys(_pipeline(urls))
-    assert "/manifest.json" not in srv.request_log
+    with FaultServer(str(bare)) as other:
+        indexed = _keys(_pipeline([f"http://{other.host}:{other.port}/{os.path.basename(p)}" for p in paths]))
+        assert other.requests.get("/manifest.json", 0) == 1 and "/manifest.json" not in other.bytes_by_path
     assert len(found) == 4 * 24 and found == indexed
 
 
@@ -94,13 +98,19 @@ def test_a_local_shard_newer_than_the_manifest_beside_is_indexed(tmp_path, caplo
     assert any("not used" in r.getMessage() for r in caplog.records)
 
 
-def test_forked_workers_do_not_fetch_the_manifest(served_shards):
+def test_a_webloaders_workers_do_not_fetch_the_manifest(served_shards):
+    """The WebLoader resolves the manifest before its workers fork: one fetch. A plain
+    torch DataLoader forks before anything of ours runs: each worker fetches it once
+    (nothing of ours waits at a fork), and the data is the same."""
     _, srv, urls = served_shards
     manifest_url = urls[0].rsplit("/", 1)[0] + "/manifest.json"
     ds = rw.WebDataset(manifest_url, seed=1, shuffle=True)
-    dl = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=list,
-                    multiprocessing_context="fork")
-    n = sum(len(b) for b in dl)
-    assert n == 4 * 24
-    # fetched once, in the main process before the fork (each worker fetched it itself before)
+    with rw.WebLoader(ds, batch_size=8, num_workers=2, collate_fn=list) as ld:
+        mine = sorted(s["__key__"] for b in ld for s in b)
+    assert len(mine) == 4 * 24
     assert srv.request_log.count("/manifest.json") == 1, srv.request_log
+    srv.reset_counters()
+    ds = rw.WebDataset(manifest_url, seed=1, shuffle=True)
+    dl = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=list, multiprocessing_context="fork")
+    assert sorted(s["__key__"] for b in dl for s in b) == mine
+    assert srv.request_log.count("/manifest.json") <= 2, srv.request_log

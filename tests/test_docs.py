@@ -6,11 +6,13 @@
   or ``CHANGELOG.md`` (a copy drifts: keep one source and link to it). A copy
   that must exist is a generated block, ``<!-- BEGIN GENERATED name -->`` ...
   ``<!-- END GENERATED name -->``, whose text must equal what its generator
-  makes from the source; ``python tests/test_docs.py --fix`` rewrites them.
+  makes from the source (the errors tree in ``docs/USAGE.md``);
+  ``python tests/test_docs.py --fix`` rewrites them.
 * Every relative link and ``#anchor`` in the Markdown files resolves.
 * Facts the README and docs state are checked against the code: the loader
-  state's keys, the ``loader.stats()`` fields, the CLI commands, the
-  ``RESUMEWDS_*`` variables, the ``resumewds cat`` line-format contract.
+  state's keys and the ``resumewds cat`` line-format contract (``docs/USAGE.md``),
+  the ``loader.stats()`` fields (``docs/STATS.md``), the CLI commands (the
+  README), the ``RESUMEWDS_*`` variables (every Markdown file).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
+USAGE = "docs/USAGE.md"  # the user's manual: the state keys, the cat contract, the errors tree
 
 
 def _read(rel: str) -> str:
@@ -213,15 +216,15 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 
 def test_generated_blocks_match_their_sources():
-    found = 0
+    found = set()
     for rel in markdown_files():
         text = _read(rel)
         for name, body in generated_blocks(text):
-            found += 1
+            found.add((rel, name))
             assert name in GENERATORS, f"{rel}: no generator for the block {name!r}"
             assert body == GENERATORS[name](), (f"{rel}: the generated block {name!r} drifted from its "
                                                 f"source; run python tests/test_docs.py --fix")
-    assert found, "README.md has no generated block (the errors tree)"
+    assert (USAGE, "errors-tree") in found, f"{USAGE} has no generated block of the errors tree"
 
 
 def test_readme_copies_no_paragraph_of_another_document():
@@ -287,7 +290,7 @@ def _section(text: str, heading: str) -> str:
 
 
 def test_cat_line_format_contract_is_kept_verbatim():
-    section = _section(_read("README.md"), "### The `resumewds cat` line format (a stable contract)")
+    section = _section(_read(USAGE), "### The `resumewds cat` line format (a stable contract)")
     lines = [ln for ln in section.splitlines() if ln.strip() and not ln.startswith("```")]
     want = CAT_CONTRACT.splitlines()
     it = iter(lines)
@@ -298,8 +301,8 @@ def test_cat_line_format_contract_is_kept_verbatim():
 def test_documented_state_keys_are_the_state_dicts_keys(shards):
     import resumewds as rw
 
-    m = re.search(r"The state is a dict with the keys\s+((?:`\w+`(?:,\s+|\s+and\s+)?)+)", _read("README.md"))
-    assert m, "README.md no longer lists the loader state's keys"
+    m = re.search(r"The state is a dict with the keys\s+((?:`\w+`(?:,\s+|\s+and\s+)?)+)", _read(USAGE))
+    assert m, f"{USAGE} no longer lists the loader state's keys"
     documented = set(re.findall(r"`(\w+)`", m.group(1)))
     loader = rw.WebLoader(rw.WebDataset(shards), batch_size=4)
     try:
@@ -338,7 +341,13 @@ def test_readme_names_every_cli_command_and_no_other():
     assert named_flat == set(cli.commands)
 
 
+#: dated history: it names variables as they were then (a removed one, where it says so)
+HISTORY = ("CHANGELOG.md", "bench/README.md")
+
+
 def test_documented_environment_variables_exist():
+    """Every RESUMEWDS_* variable the manual (README, docs/) names is read by the
+    code; the history files may name removed ones, the CHANGELOG where it says so."""
     source = ""
     for root, _, files in os.walk(os.path.join(REPO, "resumewds")):
         for n in files:
@@ -347,10 +356,16 @@ def test_documented_environment_variables_exist():
                     source += f.read()
     unknown = set()
     for rel in markdown_files():
+        if rel in HISTORY:
+            continue
         for var in re.findall(r"RESUMEWDS_[A-Z0-9_]*[A-Z0-9]", _read(rel)):
             if var not in source:
                 unknown.add(f"{rel}: {var}")
     assert not unknown
+    removed = [v for v in set(re.findall(r"RESUMEWDS_[A-Z0-9_]*[A-Z0-9]", _read("CHANGELOG.md"))) if v not in source]
+    said = _read("CHANGELOG.md").split("**Removed**")
+    assert all(any(v in part.split("\n- ")[0] for part in said[1:]) for v in removed), \
+        f"variables gone from the code that no **Removed** entry of the CHANGELOG names: {removed}"
 
 
 def main(argv: List[str]) -> int:

@@ -305,11 +305,10 @@ def test_every_foreign_exception_is_translated():
 
     url = "http://127.0.0.1:1/a.tar"
     cases = [
-        (requests.exceptions.ConnectTimeout("x"), TransientFetchError),
-        (requests.exceptions.ReadTimeout("x"), TransientFetchError),
-        (requests.exceptions.ConnectionError("x"), TransientFetchError),
-        (requests.exceptions.ChunkedEncodingError("x"), TransientFetchError),
-        (requests.exceptions.InvalidURL("x"), PermanentFetchError),
+        (urllib3.exceptions.ConnectTimeoutError("x"), TransientFetchError),
+        (urllib3.exceptions.ReadTimeoutError(None, url, "x"), TransientFetchError),
+        (urllib3.exceptions.NewConnectionError(None, "x"), TransientFetchError),
+        (urllib3.exceptions.LocationParseError("x"), PermanentFetchError),
         (urllib3.exceptions.ProtocolError("x"), TransientFetchError),
         (ConnectionResetError(errno.ECONNRESET, "reset"), TransientFetchError),
         (socket.timeout("t"), TransientFetchError),
@@ -561,30 +560,45 @@ def test_connections_are_reused_across_shards_but_not_after_a_cut(served, tmp_pa
         assert srv.connections == 2  # and that one is reused again
 
 
-def test_session_reads_proxy_settings_once_per_origin(monkeypatch):
-    from resumewds.fetch import new_session
+def test_the_session_goes_through_the_proxy_the_environment_names(tmp_path, monkeypatch):
+    """HTTP_PROXY takes a fetch through a proxy (which sees the absolute URL),
+    NO_PROXY keeps a host off it, and credentials in the proxy's URL go as
+    Proxy-Authorization."""
+    import base64
+    import http.server
+    import threading
 
-    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
-    monkeypatch.setenv("NO_PROXY", "skip.invalid")
-    calls: List[str] = []
-    real = requests.utils.get_environ_proxies
+    seen: List[Any] = []
 
-    def counting(*a: Any, **kw: Any) -> Any:
-        calls.append(a[0])
-        return real(*a, **kw)
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Proxy-Authorization")))
+            body = b"through the proxy"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-    monkeypatch.setattr(requests.sessions, "get_environ_proxies", counting)
-    s = new_session()
-    want = requests.Session().merge_environment_settings("http://host.invalid/a.tar", {}, True, None, None)
-    calls.clear()
-    for name in ("a.tar", "b.tar", "c.tar"):
-        got = s.merge_environment_settings(f"http://host.invalid/{name}", {}, True, None, None)
-        assert got == want and got["proxies"]["http"] == "http://127.0.0.1:9"
-    assert len(calls) == 1  # once for the origin, not once per request
-    assert s.merge_environment_settings("http://skip.invalid/a.tar", {}, True, None, None)["proxies"] == {}
-    got["proxies"]["http"] = "changed"  # callers may mutate what they get
-    assert s.merge_environment_settings("http://host.invalid/d.tar", {}, True, None, None)["proxies"]["http"] \
-        == "http://127.0.0.1:9"
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    direct = tmp_path / "direct"
+    direct.mkdir()
+    (direct / "a.bin").write_bytes(b"served directly")
+    try:
+        monkeypatch.setenv("HTTP_PROXY", f"http://bob:pw@127.0.0.1:{srv.server_address[1]}")
+        with FaultServer(str(direct)) as origin:
+            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+            assert fetch_bytes(origin.url + "a.bin", fast_config()) == b"served directly"
+            assert seen == []  # NO_PROXY: straight to the origin
+            monkeypatch.setenv("NO_PROXY", "skip.invalid")
+            assert fetch_bytes("http://host.invalid/d/a.tar?x=1", fast_config()) == b"through the proxy"
+        assert seen == [("http://host.invalid/d/a.tar?x=1", "Basic " + base64.b64encode(b"bob:pw").decode())]
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.mark.parametrize("cmd", ["sleep {S}", "printf abc; sleep {S}", "(sleep {S} &) ; printf abc"])

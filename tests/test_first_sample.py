@@ -26,7 +26,7 @@ import pytest
 
 import resumewds as rw
 from chaos.faultserver import FaultServer
-from resumewds import indexing, synth
+from resumewds import indexing, synth, tario
 from resumewds.cache import ShardStore
 from resumewds.errors import ShardNotFoundError
 from resumewds.manifest import Manifest
@@ -102,23 +102,28 @@ def test_state_inside_the_first_step_resumes_exactly(tmp_path, n):
 
 
 def test_first_sample_over_http_fetches_one_range_first(tmp_path):
-    """Remote v3 shards, cold cache, a server at 1 MB/s per connection: when the first
-    sample is handed out, one sample has been fetched by range (or read from the partial
-    download), not the 64 of its step; the epoch is the warm run's."""
+    """Remote v3 shards, cold cache, a server at 1 MB/s per connection: the first request
+    for a shard is the first sample's own range (not the 64 samples of its step, nor the
+    shard), and it is handed out before the shard is downloaded; the epoch is the warm run's."""
     root = str(tmp_path / "srv")
     _v3(root, shards=3, samples=200, size_range=(1000, 4000), seed=5)
     with FaultServer(root) as srv:
         url = srv.url.rstrip("/") + "/manifest.json"
         warm = str(tmp_path / "warm")
-        _keys(rw.WebDataset(url, shuffle=True, seed=5, cache_dir=warm, ranged_reads=False))
-        want = _keys(rw.WebDataset(url, shuffle=True, seed=5, cache_dir=warm, ranged_reads=False))
+        _keys(rw.WebDataset(url, shuffle=True, seed=5, cache_dir=warm))
+        want = _keys(rw.WebDataset(url, shuffle=True, seed=5, cache_dir=warm))
     with FaultServer(root, bytes_per_second=1_000_000) as srv:
         url = srv.url.rstrip("/") + "/manifest.json"
         ds = rw.WebDataset(url, shuffle=True, seed=5, cache_dir=str(tmp_path / "cold"))
         it = iter(ds)
         first = next(it)
-        c = ds._reader.ranged.counters
-        assert c["range_samples"] + c["partial_samples"] == 1
+        path = "/" + first["__url__"].rsplit("/", 1)[1]
+        shard = next(s for s in ds.manifest.shards if s.url == first["__url__"])
+        keys = [x["__key__"] for x in tario.iter_samples_file(os.path.join(root, path[1:]))]
+        j = keys.index(first["__key__"])
+        a, b = shard.sample_range(j)
+        assert (path, f"bytes={a}-{b - 1}") in srv.range_log  # the first sample's own range
+        assert srv.bytes_by_path[path] < os.path.getsize(os.path.join(root, path[1:]))  # the shard: not yet
         got = _keys([first]) + _keys(it)
         ds.close()
     assert got == want

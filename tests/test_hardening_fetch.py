@@ -571,8 +571,6 @@ def test_cat_with_workers_warns_once_and_ends_within_cache_size(tmp_path):
 def test_identity_is_asked_for_whatever_the_session(tmp_path):
     import http.server
 
-    import requests
-
     seen: list = []
     body = make_tar(str(tmp_path / "a.tar"))
 
@@ -590,7 +588,10 @@ def test_identity_is_asked_for_whatever_the_session(tmp_path):
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        with requests.Session() as plain:  # a caller's session: gzip, deflate by default
+        from resumewds.fetch import new_session
+
+        with new_session() as plain:  # a caller's session, its headers changed
+            plain.headers["Accept-Encoding"] = "gzip, deflate"
             fetch_to_file(f"http://127.0.0.1:{httpd.server_address[1]}/a.tar", str(tmp_path / "p"),
                           config=fast_config(), session=plain)
     finally:

@@ -61,7 +61,7 @@ def test_public_names_resolve_sorted_and_documented():
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # import name -> distribution name, where they differ
-DIST_OF = {"PIL": "pillow", "sqlite_utils": "sqlite-utils", "yaml": "pyyaml"}
+DIST_OF = {"PIL": "pillow", "sqlite_utils": "sqlite-utils", "yaml": "pyyaml", "zmq": "pyzmq"}
 
 
 def _pyproject() -> dict:

@@ -98,7 +98,8 @@ def test_two_processes_then_resume_on_one(shards, tmp_path):
     """Two processes (gloo on CPU) train on a torch DataLoader over the dataset, which
     prepare_loader turns into a WebLoader: each global step covers the reference's samples
     once (not half of them).  Both crash at step 7; one process resumes from the checkpoint of
-    step 4 and continues with exactly the reference's sequence from that global position."""
+    step 4, is SIGKILLed at step 10 and resumed from its checkpoint of step 8: it continues with exactly the
+    reference's sequence from that global position."""
     ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
     drv.main(["accelerate", "--data", shards, "--out", ref])
     reference = [line.split("\t")[1].split() for line in records(ref)]
@@ -117,7 +118,9 @@ def test_two_processes_then_resume_on_one(shards, tmp_path):
     for step in range(7):  # a global step of 2 x 8 samples: the reference's steps 2s and 2s+1
         assert per_rank[0][step] | per_rank[1][step] == set(reference[2 * step]) | set(reference[2 * step + 1])
         assert not per_rank[0][step] & per_rank[1][step]
-    assert driver(shards, run, "--resume", "--workers", "2") == 0  # one process, from the checkpoint of step 4
+    # one process, from the checkpoint of step 4; SIGKILLed at step 10 (its checkpoint of step 8), resumed
+    assert driver(shards, run, "--resume", "--kill-at", "10", "--workers", "2") == -9
+    assert driver(shards, run, "--resume", "--workers", "1") == 0
     assert [line.split("\t")[1].split() for line in records(run)] == reference[8:]
 
 
@@ -206,3 +209,41 @@ def test_stateful_dataloader_state_of_another_worker_count_is_a_state_error(shar
     with pytest.raises(rw.StateError, match="taken with num_workers=2, the loader has num_workers=1.*"
                                             "prepare_loader"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("form", ["webloader", "select"])
+def test_checkpoints_at_an_epochs_last_batch_resume_exactly(shards, tmp_path, form):
+    """``save_state`` every 5 steps: the last batch of epoch 0 is step 25 (20 with ``select``: webdataset's
+    filtered form ``WebLoader(ds.select(f).batched(8), batch_size=None)``).  Crashed after it, resumed, crashed
+    after the next checkpoint, resumed: the whole record is the loader's own sequence over 2 epochs."""
+    argv = ("--ckpt-every", "5") + (("--select",) if form == "select" else ())
+    cuts = [22, 27] if form == "select" else [27, 33]
+    exact = drv.loader_records(shards, ranks=1, select=form == "select")[0]
+    assert drv.crash_and_resume("accelerate", shards, str(tmp_path / "run"), cuts, *argv) == exact
+
+
+def test_accelerator_prepare_of_a_webloader_is_warned(shards, tmp_path):
+    """``accelerator.prepare(rw.WebLoader(...))`` (Accelerate's own line) returns the loader unchanged and
+    leaves it out of save_state / load_state: the loader warns when it is first iterated, naming
+    prepare_loader (and a resume indeed starts the data over: what the warning is about); a loader given
+    to prepare_loader is not warned about."""
+    import warnings
+
+    from resumewds import framecheck
+
+    framecheck._WARNED.clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = drv.crash_and_resume("accelerate", shards, str(tmp_path / "run"), [14], "--prepare")
+        unsaved = [str(w.message) for w in caught if "nothing saves its position" in str(w.message)]
+        framecheck._WARNED.clear()
+        with warnings.catch_warnings(record=True) as quiet:
+            warnings.simplefilter("always")
+            exact = drv.crash_and_resume("accelerate", shards, str(tmp_path / "ok"), [14])
+    finally:
+        framecheck._WARNED.clear()
+    assert unsaved and "accelerator.prepare(loader) returns a WebLoader unchanged" in unsaved[0]
+    assert "resumewds.integrations.accelerate.prepare_loader(accelerator, loader)" in unsaved[0]
+    assert not [w for w in quiet if "nothing saves its position" in str(w.message)]
+    assert exact == drv.loader_records(shards, ranks=1)[0] and got != exact

@@ -135,3 +135,49 @@ def test_journal_commit_on_save_resumes_at_the_restored_checkpoint(shards, tmp_p
     assert driver(shards, run, "--journal", "--resume") == 0
     assert resumed_at() == 28
     assert records(run) == records(ref)
+
+
+@pytest.mark.parametrize("max_steps", [-1, 35])
+def test_checkpoints_at_an_epochs_last_batch_resume_exactly(shards, tmp_path, max_steps):
+    """A checkpoint every 5 steps: step 25 is epoch 0's last batch.  Crashed after it, resumed, crashed
+    again after the checkpoint of step 30, resumed: the whole record is the uninterrupted run's (2 epochs,
+    or ``max_steps=35``, which ends in epoch 1)."""
+    argv = ("--ckpt-every", "5", "--max-steps", str(max_steps))
+    ref = drv.crash_and_resume("lightning", shards, str(tmp_path / "ref"), [], *argv)
+    assert ref == drv.loader_records(shards, ranks=1)[0][:max_steps if max_steps > 0 else STEPS]
+    assert drv.crash_and_resume("lightning", shards, str(tmp_path / "run"), [27, 33], *argv) == ref
+
+
+@pytest.mark.parametrize("max_steps,cuts", [(-1, [22, 27]), (30, [22, 27]), pytest.param(-1, [13, 22, 37],
+                                                                                         marks=pytest.mark.slow)])
+def test_a_filtered_batched_loader_resumes_exactly(shards, tmp_path, max_steps, cuts):
+    """webdataset's form of a filtered data set, ``WebLoader(ds.select(f).batched(8), batch_size=None)``:
+    an epoch has 20 batches, which cannot be known before it is read, so the loader has no len() and
+    the callback turns Lightning's prefetch off.  A checkpoint at epoch 0's last batch (step 20), a crash
+    after it and another after the checkpoint of step 25, two resumes: the whole record is the loader's own
+    sequence (no data epoch trained twice), for 2 epochs and for ``max_steps=30``."""
+    argv = ("--select", "--ckpt-every", "5", "--max-steps", str(max_steps))
+    exact = drv.loader_records(shards, ranks=1, select=True)[0][:30 if max_steps > 0 else 40]
+    assert drv.crash_and_resume("lightning", shards, str(tmp_path / "ref"), [], *argv) == exact
+    assert drv.crash_and_resume("lightning", shards, str(tmp_path / "run"), cuts, *argv) == exact
+
+
+def test_a_loader_without_len_and_without_the_callback_is_warned(shards, tmp_path):
+    """Without ResumeWDSCallback, Lightning prefetches one batch from a loader of unknown length and
+    checkpoints its state a batch ahead: the loader warns, naming the callback (and the record of a
+    resumed run indeed misses a batch: what the warning is about)."""
+    import warnings
+
+    from resumewds import framecheck
+
+    framecheck._WARNED.clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = drv.crash_and_resume("lightning", shards, str(tmp_path / "run"), [13], "--select", "--ckpt-every",
+                                       "5", "--no-callback")
+    finally:
+        framecheck._WARNED.clear()
+    msgs = [str(w.message) for w in caught if "WebLoader without len()" in str(w.message)]
+    assert msgs and "ResumeWDSCallback()" in msgs[0] and "one batch ahead" in msgs[0]
+    assert len(got) == 39 and got != drv.loader_records(shards, ranks=1, select=True)[0]

@@ -146,11 +146,14 @@ def test_ddp_journal_commit_on_save_is_exact(shards, tmp_path):
 def test_ddp_torch_dataloader_kill9_is_exact(shards, tmp_path):
     """A torch DataLoader over the data set, with ResumeWDSCallback (trained on as the equivalent
     WebLoader, built once the processes are set up): both ranks SIGKILLed at step 10 (1 worker each),
-    resumed with 0 workers: each rank's whole record is the loader's own split by rank."""
+    resumed with 0 workers, SIGKILLed again at step 18 (the checkpoint of step 16, taken after that
+    resume), resumed with 2 workers: each rank's whole record is the loader's own split by rank."""
     run = str(tmp_path / "run")
     assert driver(shards, run, "--kill-at", "10", "--form", "dataloader", "--workers", "1") == -9
     wait_gone(run)
-    assert driver(shards, run, "--resume", "--form", "dataloader", "--workers", "0") == 0
+    assert driver(shards, run, "--resume", "--kill-at", "18", "--form", "dataloader", "--workers", "0") == -9
+    wait_gone(run)
+    assert driver(shards, run, "--resume", "--form", "dataloader", "--workers", "2") == 0
     assert rank_records(run) == drv.loader_records(shards)
 
 
@@ -159,8 +162,9 @@ def test_ddp_stateful_dataloader_kill9_is_exact(shards, tmp_path):
     """A torchdata StatefulDataLoader over the data set, with ResumeWDSCallback: Lightning keeps rank 0's
     loader state only and gives it to every rank (rank 1 would get rank 0's share: a StateError); the
     callback keeps each rank's.  An uninterrupted run covers the data set once per epoch, epochs in their
-    own orders; both ranks SIGKILLed at step 10, resumed (1 worker each): each rank's whole record is
-    the uninterrupted run's."""
+    own orders; both ranks SIGKILLed at step 10, resumed (1 worker each), SIGKILLed again at step 18 (the
+    checkpoint of step 16, taken after that resume), resumed: each rank's whole record is the uninterrupted
+    run's."""
     ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
     form = ("--form", "stateful", "--workers", "1")
     assert driver(shards, ref, *form) == 0
@@ -173,6 +177,8 @@ def test_ddp_stateful_dataloader_kill9_is_exact(shards, tmp_path):
         per_epoch.append(keys)
     assert per_epoch[0] != per_epoch[1]
     assert driver(shards, run, "--kill-at", "10", *form) == -9
+    wait_gone(run)
+    assert driver(shards, run, "--resume", "--kill-at", "18", *form) == -9
     wait_gone(run)
     assert driver(shards, run, "--resume", *form) == 0
     assert rank_records(run) == reference

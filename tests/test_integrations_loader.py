@@ -81,3 +81,39 @@ def test_a_world_set_up_after_the_loader_was_built(make_shards, monkeypatch, tmp
     assert len(fixed) == -(-TOTAL // 8) and len(keys_of(fixed)) == TOTAL
     with pytest.raises(ValueError, match="opened its journal .*j.db as the only rank, and now runs as rank 1 of 4"):
         next(iter(journaled))
+
+
+def keep(sample) -> bool:
+    return sample["__index__"] % 4 != 1
+
+
+@pytest.mark.parametrize("form", ["select", "select-batched", "handler-batched"])
+def test_a_loader_of_samples_that_may_be_dropped_has_no_len(make_shards, form):
+    """One item per sample (batch_size=None) over stages that may drop samples: how many items an epoch
+    has is unknown until it is read, so len() is a TypeError (as for webdataset's loaders), never a count
+    of positions (which made trainers size epochs eightfold); with_length(n) gives one; a loader that
+    batches positions (batch_size=8) keeps its exact len()."""
+    shards = make_shards()
+
+    def make():
+        ds = rw.WebDataset(shards, seed=3, shuffle=True)
+        if form == "select":
+            return rw.WebLoader(ds.select(keep).to_tuple("__key__"), batch_size=None)
+        if form == "select-batched":
+            return rw.WebLoader(ds.select(keep).to_tuple("__key__").batched(8), batch_size=None)
+        return rw.WebLoader(ds.decode(handler=rw.warn_and_continue).to_tuple("__key__").batched(8), batch_size=None)
+
+    loader = make()
+    with pytest.raises(TypeError, match="len.. of this WebLoader is unknown.*batch_size=None.*may drop samples"):
+        len(loader)
+    if form == "select":
+        assert bool(loader)  # ``if loader:`` does not ask for the length
+    kept = sum(1 for _ in rw.WebDataset(shards).select(keep)) if form != "handler-batched" else TOTAL
+    assert kept < TOTAL or form == "handler-batched"
+    items = sum(1 for _ in loader)
+    assert items == (kept if form == "select" else -(-kept // 8))
+    assert len(make().with_length(items)) == items
+    filtered = rw.WebLoader(rw.WebDataset(shards, seed=3, shuffle=True).select(keep).to_tuple("__key__"),
+                            batch_size=8)
+    assert len(filtered) == sum(1 for _ in filtered) == -(-TOTAL // 8)
+    assert len(rw.WebLoader(rw.WebDataset(shards, seed=3).to_tuple("__key__"), batch_size=None)) == TOTAL

@@ -162,3 +162,17 @@ def test_a_web_dataset_as_train_dataset_is_warned(shards, tmp_path):
     msgs = [str(w.message) for w in natural if str(w.message).startswith("resumewds: transformers.Trainer")]
     assert len(msgs) == 1 and "resumewds.integrations.transformers.attach(trainer" in msgs[0]
     assert not [w for w in attached if str(w.message).startswith("resumewds:")]
+
+
+@pytest.mark.parametrize("form", [pytest.param("webloader", marks=pytest.mark.slow), "select"])
+def test_max_steps_across_an_epoch_with_checkpoints_at_its_last_batch(shards, tmp_path, form):
+    """``max_steps=30`` over epochs of 20 batches (batches of 10; with ``select``, webdataset's filtered form
+    ``WebLoader(ds.select(f).batched(8), batch_size=None)``, which has no len(): the Trainer then runs epochs
+    until max_steps, where a len() counting positions made it stop after one epoch), a checkpoint every 5
+    steps (step 20 is epoch 0's last batch): uninterrupted, and crashed after step 20's checkpoint and after
+    step 25's, resumed twice: the whole record is the loader's own sequence."""
+    argv = ("--select",) if form == "select" else ("--batch", "10")
+    argv += ("--ckpt-every", "5", "--max-steps", "30")
+    exact = drv.loader_records(shards, ranks=1, select=form == "select", batch=8 if form == "select" else 10)[0]
+    assert drv.crash_and_resume("transformers", shards, str(tmp_path / "ref"), [], *argv) == exact[:30]
+    assert drv.crash_and_resume("transformers", shards, str(tmp_path / "run"), [22, 27], *argv) == exact[:30]

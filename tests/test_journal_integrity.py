@@ -190,3 +190,187 @@ def test_record_is_one_fixed_width_field():
         assert parse_commit_record(rec) == (step, ts)
     assert parse_commit_record(" " * COMMIT_FIELD) is None
     assert parse_commit_record("x y") is None
+
+
+# ---- the journal's file removed or replaced while a run writes it ----------------------------------
+
+def _removed(j_dir, path):
+    shutil.rmtree(j_dir)
+
+
+def _replaced(j_dir, path):
+    # another file at the same path: a copy, as `cp backup/run.db run.db` would leave
+    shutil.copy2(path, path + ".copy")
+    os.replace(path + ".copy", path)
+
+
+def _moved(j_dir, path):
+    os.rename(path, path + ".old")
+
+
+@pytest.mark.parametrize("change", [_removed, _replaced, _moved], ids=["directory-removed", "replaced", "moved"])
+def test_a_commit_into_a_file_that_lost_its_path_is_refused(tmp_path, change):
+    j_dir = tmp_path / "journal"
+    j_dir.mkdir()
+    path = str(j_dir / "run.db")
+    j = Journal(path)
+    try:
+        for s in range(10):
+            j.commit(s, epoch=0, position=(s + 1) * 4)
+        change(str(j_dir), path)
+        with pytest.raises(JournalError) as ei:
+            j.commit(10, epoch=0, position=44)
+        msg = str(ei.value)
+        assert msg.startswith(f"{path}: the journal file was deleted or replaced while this run was writing it")
+        assert "its newest commit is step 9" in msg and "commit of step 10" in msg
+        with pytest.raises(JournalError, match="deleted or replaced"):  # every later write too
+            j.record_events([{"kind": "retry", "url": "a.tar"}])
+    finally:
+        j.close()
+
+
+def test_a_commit_after_the_lock_file_was_deleted_is_refused(path):
+    with Journal(path) as j:
+        j.commit(0, epoch=0, position=4)
+        os.unlink(lock_path(path))
+        with pytest.raises(JournalError, match=r"its lock file .* was deleted while this run was writing"):
+            j.commit(1, epoch=0, position=8)
+    assert _latest(path) == 0  # the journal itself is whole: a rerun resumes after step 0
+
+
+def test_cat_stops_when_its_journal_directory_is_removed(make_shards, tmp_path):
+    """``resumewds cat --journal`` whose journal directory is removed mid-run
+    ends with an error naming the journal (it used to finish with status 0,
+    its commits gone with the unlinked file)."""
+    data = make_shards(shards=4, samples=50)
+    j_dir = tmp_path / "journal"
+    j_dir.mkdir()
+    path = str(j_dir / "run.db")
+    p = subprocess.Popen([sys.executable, "-m", "resumewds", "cat", *data, "--epochs", "200", "--journal", path,
+                          "--commit-every", "50"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        for _ in range(120):  # two commits made
+            assert p.stdout.readline()
+        shutil.rmtree(str(j_dir))
+        rest = sum(1 for _ in p.stdout)
+        err = p.stderr.read()
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 1, err
+    assert rest < 200 * 200 - 120  # it stopped at the next commit, not at the end
+    assert f"Error: {path}: the journal file was deleted or replaced while this run was writing it" in err
+
+
+# ---- reading a journal where nothing can be written --------------------------------------------
+
+# run in the read-only view: proves that the directory cannot be written, then `resumewds status --json`
+READ_ONLY_STATUS = textwrap.dedent("""
+    import errno, os, sys
+    d = sys.argv[1]
+    try:
+        open(os.path.join(d, "probe"), "w").close()
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+    else:
+        sys.exit("the directory can be written: this is not a read-only location")
+    from resumewds.cli import main
+    main(["status", "--json", os.path.join(d, "run.db")])
+""")
+
+
+def _mount_works() -> bool:
+    """A read-only bind mount in a private mount namespace (root with CAP_SYS_ADMIN)."""
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "sh", "-c", "mount --bind / / && mount -o remount,ro,bind / /"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+
+def _without_dac_override() -> None:
+    """In a child of root, before exec: give up the capabilities that ignore file
+    permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), so that a directory of mode
+    0555 is read-only to it, as to anyone else.  Root keeps a capability across exec
+    when it is in the bounding set, the inheritable set or the ambient set: all three."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), what)
+
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        check(libc.prctl(24, cap, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL (EINVAL before Linux 4.3: nothing to clear)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    hdr, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    check(libc.capget(ctypes.byref(hdr), data), "capget")
+    data[0].inheritable = data[1].inheritable = 0
+    check(libc.capset(ctypes.byref(hdr), data), "capset")
+
+
+def _status_read_only(d: str, how: str) -> subprocess.CompletedProcess:
+    """``resumewds status --json`` of ``d/run.db`` with ``d`` read-only, ``how``:
+
+    * ``"mount"``: ``d`` bind-mounted read-only (EROFS) in a mount namespace of its own;
+    * ``"permissions"``: ``d`` mode 0555 (EACCES); a root test run reads it without the
+      capabilities that ignore permissions (:func:`_without_dac_override`).
+
+    The child first proves that it cannot write ``d``.
+    """
+    cmd = [sys.executable, "-c", READ_ONLY_STATUS, d]
+    kw = {}
+    if how == "mount":
+        cmd = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" "$1" '
+               '&& shift && exec "$@"', "sh", d, *cmd]
+    else:
+        os.chmod(d, 0o555)
+        if os.geteuid() == 0:
+            kw = dict(preexec_fn=_without_dac_override)
+    try:
+        return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120, **kw)
+    finally:
+        os.chmod(d, 0o755)
+
+
+
+
+@pytest.mark.parametrize("how", ["permissions", "mount"])
+@pytest.mark.parametrize("left", ["closed", "killed", "wal-without-shm"])
+def test_status_of_a_journal_on_a_read_only_location(tmp_path, how, left):
+    """A journal on a read-only location reads as it is (it used to be "corrupt
+    or not a SQLite database"), including the commits still in its ``-wal``:
+    opening the file alone (``immutable=1``) would show step 80, a silent rewind."""
+    if how == "mount" and not _mount_works():
+        pytest.skip("no read-only bind mount here (needs root with CAP_SYS_ADMIN); 'permissions' covers it")
+    open_dir = str(tmp_path / "journal")
+    os.mkdir(open_dir)
+    path = os.path.join(open_dir, "run.db")
+    if left == "closed":
+        with Journal(path) as j:
+            for s in range(200):
+                j.commit(s, epoch=0, position=(s + 1) * 4, batch_size=4)
+        assert not os.path.exists(path + "-wal") and not os.path.exists(path + "-shm")
+    else:
+        _killed_run(path, n=200, ckpt=80)
+        if left == "wal-without-shm":
+            os.unlink(path + "-shm")
+    for f in os.listdir(open_dir):
+        os.chmod(os.path.join(open_dir, f), 0o644)
+    before = sorted(os.listdir(open_dir))
+    res = _status_read_only(open_dir, how)
+    assert res.returncode == 0, res.stderr
+    st = json.loads(res.stdout)
+    assert st["latest"]["step"] == 199 and st["latest"]["position"] == 800
+    assert st["resume"]["step"] == 199 and st["ranks"][0]["commits"] == 200
+    assert sorted(os.listdir(open_dir)) == before  # nothing written there

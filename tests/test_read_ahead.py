@@ -4,32 +4,17 @@ steps after them together (resumewds.stepengine.READ_AHEAD), and deliver the sam
 from __future__ import annotations
 
 import os
-import threading
 from typing import List
 
 import pytest
 
 import resumewds as rw
-import resumewds.reading
 import resumewds.stepengine
 import resumewds.wds.webdataset
 from chaos.faultserver import FaultServer
 from resumewds.synth import write_shards
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
-
-
-@pytest.fixture
-def manifest_url(tmp_path):
-    root = str(tmp_path / "srv")
-    paths = write_shards(root, shards=4, samples=30, size_range=(2000, 4000))
-    rw.build_manifest(paths, os.path.join(root, "manifest.json"), digests=True)
-    srv = FaultServer(root, bytes_per_second=200_000)  # whole downloads take ~0.5 s: ranges serve
-    srv.start()
-    try:
-        yield f"http://{srv.host}:{srv.port}/manifest.json"
-    finally:
-        srv.stop()
 
 
 def _worker0_keys(url: str, monkeypatch) -> List[str]:
@@ -39,43 +24,46 @@ def _worker0_keys(url: str, monkeypatch) -> List[str]:
     return [s["__key__"] for s in ds]
 
 
-def test_a_worker_fetches_the_ranges_of_its_next_steps_at_once(manifest_url, monkeypatch, tmp_path):
-    inflight, most = [0], [0]
-    lock = threading.Lock()
-    real = resumewds.reading.fetch_group
+def _most_at_once(url: str, monkeypatch, srv: FaultServer) -> List[str]:
+    srv.reset_counters()
+    keys = _worker0_keys(url, monkeypatch)
+    return keys
 
-    def counted(*a, **kw):
-        with lock:
-            inflight[0] += 1
-            most[0] = max(most[0], inflight[0])
-        try:
-            return real(*a, **kw)
-        finally:
-            with lock:
-                inflight[0] -= 1
 
-    monkeypatch.setattr(resumewds.reading, "fetch_group", counted)
-    ahead = _worker0_keys(manifest_url, monkeypatch)
-    assert most[0] >= 2  # one sample per step, one request at a time, without the read-ahead
-
-    monkeypatch.setattr(resumewds.stepengine, "READ_AHEAD", 0)
-    monkeypatch.setenv("RESUMEWDS_CACHE_DIR", str(tmp_path / "cache2"))
-    most[0] = 0
-    one_by_one = _worker0_keys(manifest_url, monkeypatch)
-    assert most[0] == 1
+def test_a_worker_fetches_the_ranges_of_its_next_steps_at_once(tmp_path, monkeypatch):
+    """Worker 0's steps hold one sample each: with the read-ahead, the ranges of its
+    next steps are asked for together (neighbours in one request: fewer requests
+    than samples); without it, one request per sample; the same samples either way."""
+    root = str(tmp_path / "srv")
+    paths = write_shards(root, shards=4, samples=30, size_range=(2000, 4000))
+    rw.build_manifest(paths, os.path.join(root, "manifest.json"), digests=True)
+    with FaultServer(root, bytes_per_second=200_000) as srv:  # whole downloads take ~0.5 s: ranges serve
+        url = f"http://{srv.host}:{srv.port}/manifest.json"
+        monkeypatch.setenv("RESUMEWDS_CACHE_SIZE", "1")  # no background download: ranges only
+        ahead = _most_at_once(url, monkeypatch, srv)
+        n_ahead = sum(n for p, n in srv.ranged.items() if p.endswith(".tar"))
+        monkeypatch.setattr(resumewds.stepengine, "READ_AHEAD", 0)
+        monkeypatch.setenv("RESUMEWDS_CACHE_DIR", str(tmp_path / "cache2"))
+        one_by_one = _most_at_once(url, monkeypatch, srv)
+        n_plain = sum(n for p, n in srv.ranged.items() if p.endswith(".tar"))
+    assert n_ahead < n_plain // 2, (n_ahead, n_plain)
     assert len(ahead) == 60 and ahead == one_by_one
 
 
 def test_the_first_sample_by_range_goes_before_the_background_downloads(tmp_path):
+    """A shuffled pass's first sample comes by a range of its own, asked for first;
+    until it is out, the server is asked for ranges of the first step only (the
+    background downloads start after it)."""
     root = str(tmp_path / "slow")
     paths = write_shards(root, shards=4, samples=30, size_range=(2000, 4000))
     rw.build_manifest(paths, os.path.join(root, "manifest.json"), digests=True)
     with FaultServer(root, bytes_per_second=100_000) as srv:  # a range: ~30 ms; a whole shard: ~1 s
         ds = rw.WebDataset(f"http://{srv.host}:{srv.port}/manifest.json", seed=5, shuffle=True)
         it = iter(ds)
-        next(it)
-        asked = [p for p in srv.request_log if p.endswith(".tar")]
-        # the first sample's range only: the window's downloads start once it is out
-        assert len(asked) == 1, asked
+        first = next(it)
+        asked = [(p, r) for p, r in srv.range_log if p.endswith(".tar")]
+        assert asked and all(r is not None for _, r in asked), asked  # ranges only
+        a, b = (int(x) for x in asked[0][1].split("=")[1].split("-"))
+        assert asked[0][0].endswith(first["__url__"].rsplit("/", 1)[1]) and b + 1 - a <= 8000  # its own range
         assert len([next(it) for _ in range(20)]) == 20
         ds.close()

@@ -129,3 +129,64 @@ def test_skip_without_a_journal_moves_the_state(data):
     assert _steps(b) == ref[6:]
     with pytest.raises(ValueError):
         b.skip_steps(-1)
+
+
+@pytest.mark.parametrize("layout", [Layout(4), Layout(4, remainder="drop"), Layout(3, world_size=2, remainder="pad"),
+                                    Layout(5, world_size=4, rank=3, nodes=2)], ids=str)
+def test_whole_epochs_counted_at_once_agree_with_walking_them(layout):
+    """``same_epochs`` counts the epochs skipped with one division; it lands where
+    walking them one by one does, from any position, for every step count."""
+    for total in (10, 37, 40):
+        per = layout.num_steps(total, 0)
+        for start in sorted({0, 1, layout.step_size, total - 1, total}):
+            for steps in range(3 * per + 3):
+                walked = advance(layout, lambda e, t=total: t, 2, start, steps)
+                assert advance(layout, lambda e, t=total: t, 2, start, steps, same_epochs=True) == walked, \
+                    (total, start, steps)
+
+
+@pytest.mark.parametrize("k", [2.7, True, "3", None, -1])
+def test_skip_steps_refuses_what_is_not_a_step_count(data, k):
+    loader = rw.WebLoader(_ds(data), batch_size=BATCH)
+    _steps(loader, stop_at=2)
+    before = loader.state_dict()
+    with pytest.raises(ValueError if k == -1 else TypeError, match=r"skip_steps\(") as ei:
+        loader.skip_steps(k)
+    assert "non-negative int" in str(ei.value) or "negative number" in str(ei.value)
+    assert loader.state_dict() == before  # nothing moved
+
+
+# skips 10**12 steps and prints where the loader stands (a subprocess: walking the
+# epochs one by one would take days, the test gives it two minutes)
+HUGE_SKIP = """
+import sys, resumewds as rw
+shuffle, journal = sys.argv[1], sys.argv[2]
+ds = rw.WebDataset(sys.argv[3:], seed=3, shuffle=shuffle)
+loader = rw.WebLoader(ds, batch_size=8, journal=journal)
+try:
+    d = loader.skip_steps(10 ** 12)
+    print(d["to"][0], d["to"][1], loader.steps_done)
+except ValueError as exc:
+    print("refused:", exc)
+loader.close()
+"""
+
+
+@pytest.mark.parametrize("shuffle", ["window", "resampled"])
+def test_a_huge_skip_is_arithmetic_or_refused(data, tmp_path, shuffle):
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    journal = str(tmp_path / "run.db")
+    res = subprocess.run([sys.executable, "-c", HUGE_SKIP, shuffle, journal, *data], env=subprocess_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    if shuffle == "window":  # 185 samples: 24 steps of 8 per epoch, the same every epoch
+        whole, rest = divmod(10 ** 12, 24)
+        assert res.stdout.split() == [str(whole), str(rest * 8), str(10 ** 12)]
+        assert status(journal)["latest"]["step"] == 10 ** 12 - 1
+    else:  # resampled shards: each epoch's steps differ, each would have to be laid out
+        assert res.stdout.startswith("refused: skip_steps: ")
+        assert "cross more than 1000 epochs whose steps differ" in res.stdout

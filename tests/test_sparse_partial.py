@@ -1,12 +1,12 @@
-"""Sparse partial downloads: every byte of a cold epoch fetched once.
+"""Sparse partial downloads killed mid-fill: a rerun keeps what was recorded and is exact.
 
 A real FaultServer on 127.0.0.1 serves v3 shards (per-sample digests).  A
-cold epoch reads its first samples by HTTP Range (verified) while the
-background download fills each shard; the samples fetched by range are
-written into the shard's sparse partial (``<entry>.sparse``, recorded in
-``<entry>.sparse.map``) and the download asks only for the rest.  The
-server's byte counter is compared with the data set's bytes; the delivered
-sequence with an uninterrupted warm run.
+cold shuffled epoch in a child process reads its samples by HTTP Range while
+the background downloads fill each shard; both write the samples they
+checked into the shard's sparse partial (``<entry>.sparse``, recorded in
+``<entry>.sparse.map``).  SIGKILLed mid-fill, a rerun asks only for what no
+record covers (a block damaged on disk meanwhile is found by the whole-file
+check and fetched again) and delivers the uninterrupted run's sequence.
 """
 
 from __future__ import annotations
@@ -30,11 +30,6 @@ from resumewds.cache import sparse
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
-@pytest.fixture(autouse=True)
-def _default(monkeypatch):
-    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)  # the default: on
-    monkeypatch.delenv("RESUMEWDS_SPARSE_PARTIALS", raising=False)
-
 SHARDS = 4
 SAMPLES = 600
 TAGS: set = set()
@@ -51,34 +46,9 @@ def v3(tmp_path):
 def _keys(url, cache, **kw):
     ds = rw.WebDataset(url + "manifest.json", cache_dir=cache, seed=7, **kw)
     try:
-        got = [(s["__key__"], bytes(s["bin"])) for s in ds]
-        rr = ds._reader.ranged if ds._reader is not None else None
-        return got, dict(rr.counters) if rr is not None else {}
+        return [(s["__key__"], bytes(s["bin"])) for s in ds]
     finally:
         ds.close()
-
-
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_a_cold_epoch_fetches_each_byte_once(v3, tmp_path, shuffle):
-    data = data_bytes(v3)
-    with FaultServer(v3) as srv:
-        url = srv.url.rstrip("/") + "/"
-        warm, _ = _keys(url, str(tmp_path / "w"), shuffle=shuffle, ranged_reads=False)
-        warm, _ = _keys(url, str(tmp_path / "w"), shuffle=shuffle, ranged_reads=False)
-    # per connection as slow as an object store's stream: the reader outruns the downloads
-    with FaultServer(v3, bytes_per_second=4_000_000) as srv:
-        cold, counters = _keys(srv.url.rstrip("/") + "/", str(tmp_path / "cold"), shuffle=shuffle)
-        sent = tar_bytes_sent(srv)
-    assert cold == warm
-    if shuffle:  # a shuffled window reads ahead of every download: ranges, and kept
-        assert counters["range_bytes"] > 0 and counters["range_kept"] > 0
-    else:  # in order a sample is read by range, or waited for in the growing download
-        assert counters.get("range_kept", 0) == counters.get("range_bytes", 0)
-    assert sent <= 1.02 * data, f"{sent} bytes sent for {data} bytes of shards ({sent / data:.3f}x)"
-    shards_dir = tmp_path / "cold" / "shards"
-    names = os.listdir(shards_dir)
-    assert len([n for n in names if n.endswith(".meta")]) == SHARDS  # every shard published, verified
-    assert not [n for n in names if n.endswith((".sparse", ".sparse.map", ".partial"))]
 
 
 _CHILD = textwrap.dedent("""
@@ -102,8 +72,7 @@ def _killed_mid_fill(v3, tmp_path):
     shards = os.path.join(cache, "shards")
     with FaultServer(v3, bytes_per_second=1_000_000) as srv:
         port = srv.port
-        env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   RESUMEWDS_SPARSE_PARTIALS="1")  # the user's switch, end to end
+        env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
         child = subprocess.Popen([sys.executable, "-c", _CHILD, srv.url.rstrip("/") + "/", cache], env=env)
         try:
             deadline = time.monotonic() + 60
@@ -131,8 +100,8 @@ def _killed_mid_fill(v3, tmp_path):
 def test_killed_mid_fill_then_a_rerun_finishes_exact(v3, tmp_path, corrupt):
     with FaultServer(v3) as srv:
         url = srv.url.rstrip("/") + "/"
-        _keys(url, str(tmp_path / "w"), shuffle=True, ranged_reads=False)
-        warm, _ = _keys(url, str(tmp_path / "w"), shuffle=True, ranged_reads=False)
+        _keys(url, str(tmp_path / "w"), shuffle=True)
+        warm = _keys(url, str(tmp_path / "w"), shuffle=True)
     cache, shards, recorded, port = _killed_mid_fill(v3, tmp_path)
     maps = sorted((os.path.join(shards, n) for n in os.listdir(shards) if n.endswith(".sparse.map")),
                   key=lambda m: -len(_records(m)))
@@ -148,7 +117,7 @@ def test_killed_mid_fill_then_a_rerun_finishes_exact(v3, tmp_path, corrupt):
             f.seek((a + b) // 2)
             f.write(bytes([byte[0] ^ 0xFF]))
     with FaultServer(v3, port=port) as srv:  # the same urls: the same cache entries
-        again, _ = _keys(srv.url.rstrip("/") + "/", cache, shuffle=True)
+        again = _keys(srv.url.rstrip("/") + "/", cache, shuffle=True)
         sent = tar_bytes_sent(srv)
     assert again == warm  # exact: the same samples in the same order as an uninterrupted run
     # what the killed run had fetched and recorded was kept (but a damaged block, fetched again)
@@ -165,48 +134,6 @@ def test_killed_mid_fill_then_a_rerun_finishes_exact(v3, tmp_path, corrupt):
             assert digest in {s.xxh3_64 for s in manifest.shards}
 
 
-def test_a_damaged_block_is_dropped_when_the_partial_is_reopened(v3, tmp_path):
-    cache, shards, _, _ = _killed_mid_fill(v3, tmp_path)
-    m = max((os.path.join(shards, n) for n in os.listdir(shards) if n.endswith(".sparse.map")),
-            key=lambda m: len(_records(m)))
-    recs = _records(m)
-    a, b = max(recs, key=lambda r: r[1] - r[0])
-    with open(m[: -len(".map")], "r+b") as f:
-        f.seek((a + b) // 2)
-        byte = f.read(1)
-        f.seek((a + b) // 2)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    base = m[: -len(".sparse.map")]
-    manifest = rw.load_manifest(os.path.join(v3, "manifest.json"))
-    name = os.path.basename(base).split("-", 1)[1]
-    shard = next(s for s in manifest.shards if s.url.endswith(name))
-    st = sparse.SparseState(base, int(shard.size), int(shard.xxh3_64, 16))
-    sparse._open(st)  # what a download does first
-    assert not st.have.covers((a + b) // 2, (a + b) // 2 + 1)  # the damaged block is not trusted
-    assert st.have.total() > 0  # the others are kept
-    assert len(_records(m)) == len(recs) - 1 or st.have.total() < sum(r[1] - r[0] for r in recs)
-
-
-def test_sparse_partials_are_on_by_default_and_the_environment_turns_them_off(monkeypatch):
-    """On by default; ``RESUMEWDS_SPARSE_PARTIALS=0`` turns them off; the module attribute wins."""
-    from resumewds import config
-
-    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)
-    monkeypatch.delenv("RESUMEWDS_SPARSE_PARTIALS", raising=False)
-    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is True
-    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "0")
-    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is False
-    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", True)
-    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is True
-    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "1")
-    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", False)
-    assert config.sparse_partials(sparse.SPARSE_PARTIALS) is False
-    monkeypatch.setenv("RESUMEWDS_SPARSE_PARTIALS", "maybe")
-    monkeypatch.setattr(sparse, "SPARSE_PARTIALS", None)
-    with pytest.raises(ValueError, match="RESUMEWDS_SPARSE_PARTIALS"):
-        config.sparse_partials(sparse.SPARSE_PARTIALS)
-
-
 def test_a_first_step_range_is_kept_in_a_cache_no_download_created_yet(v3, tmp_path):
     """A DataLoader worker's first step reads by range before any download of its
     process made the cache's directories: its verified samples still go into the
@@ -217,13 +144,13 @@ def test_a_first_step_range_is_kept_in_a_cache_no_download_created_yet(v3, tmp_p
     shard = manifest.shards[1]
     shard = dataclasses.replace(shard, url="http://127.0.0.1:9/" + os.path.basename(shard.url))  # never fetched
     store = ShardStore(cache_dir=str(tmp_path / "fresh"))  # no directory yet
-    store.ranged_fill = True
     lo, hi = shard.sample_range(3)
     with open(os.path.join(v3, os.path.basename(shard.url)), "rb") as f:
         f.seek(lo)
         data = f.read(hi - lo)
-    kept = sparse.keep_verified(store, shard, lo, data, sparse.verified_spans(shard, lo, hi, data, set()))
-    assert kept == hi - lo
+    with sparse.Writer(store, sparse.entry(store, shard)) as w:
+        w.put(lo, data)
+    assert w.kept == hi - lo
     base = store.entry_path(shard.url)
     assert [(a, b) for a, b in _records(base + ".sparse.map")] == [(lo, hi)]
     with open(base + ".sparse", "rb") as f:

@@ -33,7 +33,8 @@ def _key(x):
 
 
 def _cuts(make, cuts):
-    """For each cut k: items[:k] + resumed rest == the uninterrupted items."""
+    """For each cut k: items[:k] + resumed rest == the uninterrupted items; and resumed twice:
+    items[:k], then a state taken after that resume (halfway through the rest), then the rest."""
     ref = [_key(x) for x in make()]
     assert ref, "empty reference"
     for k in cuts:
@@ -47,6 +48,17 @@ def _cuts(make, cuts):
         b.load_state_dict(state)
         got += [_key(x) for x in b]
         assert got == ref, f"resume after {k} items diverged"
+        b = make()
+        b.load_state_dict(state)
+        second = b.state_dict()  # taken after the resume, before any item: where it starts
+        it = iter(b)
+        got = ref[:k] + [_key(next(it)) for _ in range((len(ref) - k) // 2)]
+        third = b.state_dict()
+        del it
+        for s, n in ((second, k), (third, len(got))):
+            c = make()
+            c.load_state_dict(s)
+            assert got[:n] + [_key(x) for x in c] == ref, f"a state taken after a resume at {k} diverged"
     return ref
 
 

@@ -18,14 +18,10 @@ Where things are (read in this order)::
     eviction.py  LRU within cache_size: scan, evict (never a pinned entry)
     prefetch.py  Prefetcher: the background download threads (prefetch_threads:
                  4 for a shuffled window, else 2), within cache_size
-    sparse.py    sparse partial downloads (.sparse + .sparse.map; the default,
-                 SPARSE_PARTIALS): a shard with sample digests filled by
-                 verified ranges in any order, the reader's and the
-                 download's, so that no byte is fetched twice
-    sparsepieces.py  a sparse download's gaps in pieces over several ranged
-                 connections at once (each piece written, then recorded)
-    sparsemap.py the map as one process sees it: ranges present, and the
-                 ranges other processes (DataLoader workers) fetch now
+    sparse.py    sparse partial downloads (.sparse + .sparse.map): a shard with
+                 sample digests filled by checked samples in any order, the
+                 readers' ranges and the download's pieces, so that no byte
+                 is fetched twice (claims in the map: across processes too)
     bulk.py      the CLI's passes over a manifest: verify_all, prefetch_all
 
 prefetch.py, bulk.py and :mod:`resumewds.repair` call the store back only
@@ -36,8 +32,9 @@ through its public protocol (:class:`resumewds.storeapi.StoreAPI`: ``ensure``,
 The life of one remote entry (details at :class:`~resumewds.cache.layout.EntryState`)::
 
     absent --download (.partial, hashed as written)--> partial
-    absent --(read by range) ranged reads and the download by ranges (.sparse,
-             .sparse.map; the whole file hashed in order once complete)--> partial
+    absent --(sample digests) readers' ranges and the download's pieces, each
+             sample checked as it arrives (.sparse, .sparse.map; the whole
+             file hashed in order once complete)--> partial
     partial --check size / xxh3_64 (or: a complete tar), os.replace, .meta--> verified
     verified --a reader holds .lock shared--> pinned --released--> verified
     verified --LRU over cache_size, not pinned--> evicted (absent)
@@ -94,9 +91,31 @@ Example:
 
 from __future__ import annotations
 
+import importlib as _importlib
+import typing as _typing
+
 from ..config import parse_size
 from .layout import EntryState, ProgressFn
 from .store import SYNC_MODES, VERIFY_POLICIES, EventFn, LocalShard, ShardStore, default_cache_dir
 
-__all__ = ["EntryState", "EventFn", "LocalShard", "ProgressFn", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES",
-           "default_cache_dir", "parse_size"]
+__all__ = ["EntryState", "EventFn", "FileCache", "LRUCleanup", "LocalShard", "ProgressFn", "SYNC_MODES", "ShardStore",
+           "StreamingOpen", "VERIFY_POLICIES", "check_tar_format", "default_cache_dir", "default_cache_size",
+           "download", "get_filetype", "islocal", "magic_filetype", "obsolete", "parse_size", "pipe_cleaner",
+           "reraise_exception", "url_to_cache_name", "verbose_cache"]
+
+# webdataset's ``cache`` module names (its streaming FileCache, StreamingOpen, LRUCleanup...): the
+# WebDataset wing's (resumewds.wds.filecache), found here by webdataset's module name on first use.
+# The engine never uses them (it has the ShardStore above), so it imports no wing module.
+_WDS_NAMES = ("FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format", "default_cache_size", "download",
+              "get_filetype", "gopen", "islocal", "magic_filetype", "obsolete", "pipe_cleaner", "reraise_exception",
+              "url_to_cache_name", "verbose_cache")
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name in _WDS_NAMES:
+        return getattr(_importlib.import_module("resumewds.wds.filecache"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> _typing.List[str]:
+    return sorted(set(globals()) | set(_WDS_NAMES))

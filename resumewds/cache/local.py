@@ -27,7 +27,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 import xxhash
 
@@ -168,20 +168,22 @@ class _Checks:
     """One background thread per process that hashes local shards whole, one
     after the other, to set their "verified" marks (:func:`verify_later`)."""
 
-    lock = threading.Condition()
     q: Optional[queue.SimpleQueue[Tuple[ShardInfo, str, Set[str]]]] = None
     pid = 0
     queued: Set[Tuple[str, str]] = set()  # (cache_dir, key)
     pending = 0  # checks queued or running in this process
 
 
-def _after_fork() -> None:  # the parent's thread and lock state are not the child's
-    _Checks.lock = threading.Condition()
-    _Checks.q, _Checks.pid, _Checks.queued, _Checks.pending = None, 0, set(), 0
+_LOCKS: Dict[int, threading.Condition] = {}
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+def _lock() -> threading.Condition:
+    """This process's lock of the checks (a forked child's own: never one its parent's threads held)."""
+    pid = os.getpid()
+    lock = _LOCKS.get(pid)
+    if lock is None:
+        lock = _LOCKS.setdefault(pid, threading.Condition())
+    return lock
 
 
 def verify_later(shard: ShardInfo, key: str, cache_dir: str, verified: Set[str]) -> None:
@@ -197,7 +199,7 @@ def verify_later(shard: ShardInfo, key: str, cache_dir: str, verified: Set[str])
     Example:
         >>> verify_later(shard, key, cache_dir, store_verified)          # doctest: +SKIP
     """
-    with _Checks.lock:
+    with _lock():
         if _Checks.q is None or _Checks.pid != os.getpid():  # a forked worker starts its own
             _Checks.q, _Checks.pid, _Checks.queued, _Checks.pending = queue.SimpleQueue(), os.getpid(), set(), 0
             threading.Thread(target=_check_loop, args=(_Checks.q,), name="resumewds-verify", daemon=True).start()
@@ -216,8 +218,8 @@ def wait_checks(timeout: Optional[float] = None) -> bool:
         >>> wait_checks(60)                                              # doctest: +SKIP
         True
     """
-    with _Checks.lock:
-        return _Checks.lock.wait_for(lambda: _Checks.pending == 0 or _Checks.pid != os.getpid(), timeout)
+    with _lock():
+        return _lock().wait_for(lambda: _Checks.pending == 0 or _Checks.pid != os.getpid(), timeout)
 
 
 def _check_loop(q: queue.SimpleQueue[Tuple[ShardInfo, str, Set[str]]]) -> None:
@@ -242,9 +244,9 @@ def _check_loop(q: queue.SimpleQueue[Tuple[ShardInfo, str, Set[str]]]) -> None:
         finally:
             if fd >= 0:
                 os.close(fd)
-            with _Checks.lock:
+            with _lock():
                 _Checks.pending -= 1
-                _Checks.lock.notify_all()
+                _lock().notify_all()
 
 
 def _quiet(kind: str, url: str = "", **detail: Any) -> None:

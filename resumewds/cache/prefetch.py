@@ -62,7 +62,7 @@ WINDOW_PREFETCH_THREADS = 4
 
 log = logging.getLogger("resumewds.cache")
 
-THREAD_NAME = "resumewds-prefetch"  # resumewds.stats.PREFETCH_THREAD
+THREAD_NAME = "resumewds-prefetch"  # (for a reader of stack dumps)
 
 
 def _mb(n: int) -> str:
@@ -203,6 +203,7 @@ class Prefetcher:
 
     # ---- the threads -------------------------------------------------------------------
     def _loop(self) -> None:
+        self.store.in_background()  # this thread's events are a background download's
         try:
             self._work()
         finally:

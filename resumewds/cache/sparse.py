@@ -1,36 +1,46 @@
-"""Sparse partial downloads: a shard filled by verified ranges, in any order.
+"""Sparse partial downloads: a shard filled by verified samples, in any order, by any process.
 
-With :data:`SPARSE_PARTIALS` on (the default), a remote shard whose manifest has
-sample digests (v3), read by range in this process (``store.ranged_fill``,
-set by :func:`resumewds.reading.declare`), on a server that honours
-``Range``, is downloaded into a pre-sized (sparse) file instead of
-a streamed ``.partial``, so that the samples the reader fetched by range
-(:mod:`resumewds.reading`, verified against their digests) are written
-there and never downloaded again::
+A remote shard that the manifest describes sample by sample (its size,
+xxh3_64, offsets and per-sample digests: manifest v3), on a transport that
+serves byte ranges (http(s), s3), is downloaded into a pre-sized file, and
+every byte that arrives is checked before it is kept: each sample against
+its digest as its last byte arrives (:class:`~resumewds.samplecheck.SampleSink`),
+the few bytes no sample covers (before the first, the end-of-archive marker)
+by the whole-file xxh3_64 once the file is complete.  Two kinds of writers
+fill it, through the one fetch core (:func:`resumewds.fetch.fetch_range`):
+
+* the download (:func:`fill`, under the entry's download lock: one process
+  at a time) asks for the gaps in order, in sample-aligned pieces of at most
+  :data:`PIECE` bytes;
+* a reader that needs samples before the download reaches them fetches
+  them by range (:mod:`resumewds.reading`) and keeps them here, so that the
+  download never asks for them again.
+
+On disk, beside the entry (:mod:`resumewds.cache.layout`)::
 
     <entry>.sparse      the shard's bytes at their offsets (holes where none arrived yet)
-    <entry>.sparse.map  append-only records, one per range present:
-                        start, end, xxh3_64 of the range, the shard's xxh3_64, and the
-                        record's own xxh3_64 (40 bytes, little-endian); and the
-                        claims of ranges being fetched (:mod:`resumewds.cache.sparsemap`)
+    <entry>.sparse.map  append-only records of 40 bytes (little-endian): start, end,
+                        a value, a tag, the xxh3_64 of the first 32 bytes
 
-A ranged read (:func:`fetch_around`, :func:`keep_verified`) claims its range,
-writes the samples of its range that match their digests, *then* appends
-their record, under the map's ``flock`` shared, and only then gives the
-claim back.  The download (:func:`download`, under the entry's download
-lock) asks only for the gaps no record covers and no ranged read has in
-flight (claims in a :class:`SparseState`, shared with this process's
-readers, who wait for bytes it is writing now, and claim records in the map
-for the other processes'), in pieces over several connections at once
-(:mod:`resumewds.cache.sparsepieces`), each recorded every
-:data:`RECORD_EVERY` bytes; it hashes the whole file in order once
-complete, and the caller checks and repairs it before :func:`publish` renames
-it under the map's ``flock`` exclusive (a map a kill leaves after that
-rename is dropped by the next download of the entry: :func:`drop_stale`).
-A record follows its bytes, every record's range is re-hashed when the
-download reopens the file (a machine crash may lose unsynced bytes), readers
-check every sample and the whole file is checked before it is published: a
-corrupt block is never trusted.  docs/DIGESTS.md has the rules and the figures.
+A record tagged with the shard's xxh3_64 says that bytes ``[start, end)`` are
+in the file, verified (its value: their xxh3_64); it is appended only after
+the bytes were written.  A record tagged with that xor :data:`CLAIM` says
+that a process (its pid, the value) is fetching ``[start, end)`` now, and one
+tagged xor :data:`RELEASE` that it no longer does: DataLoader workers share
+the cache, not their threads, so a reader waits for bytes another process's
+download is fetching instead of fetching them twice, and the download leaves
+out what another process's reader fetches.  A claim is a hint, never a reason
+to trust bytes: it counts while its process lives, for at most
+:data:`CLAIM_TTL` seconds, until its bytes are recorded.  Records of another
+version of the shard (another tag), torn or nonsensical ones are ignored.
+
+Within a process, an :class:`Entry` holds what is present and what is in
+flight (the download's piece, the readers' ranges), under one condition.
+Records are hints to skip fetching, never a reason to trust bytes: a reader
+checks every sample it reads back, and the whole file is hashed (then
+checked and, if need be, repaired) before it is published.  Writers hold the
+map's ``flock`` shared; :func:`publish` renames the file into place under it
+exclusive, so no write lands in a published entry.
 
 Example:
     >>> r = Ranges(); r.add(0, 10); r.add(20, 30); r.add(10, 12)
@@ -41,113 +51,351 @@ Example:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import fcntl
 import os
+import struct
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import xxhash
 
-from .. import config as _config
-from ..errors import CacheError
+from ..errors import CacheError, RangeIgnored
 from ..events import EventKind as K
-from ..fetch import FetchBudget, FetchResult, is_remote_url
+from ..fetch import FetchBudget, FetchResult, fetch_range, is_remote_url
+from ..fetch.transport import transport_for
 from ..manifest import ShardInfo
-from ..schemes import is_remote_object
-from ..storeapi import StoreAPI
-from . import layout, sparsepieces
+from ..samplecheck import SampleSink
+from . import layout
 from .layout import NOFOLLOW, cache_error
-from .sparsemap import _REC, MAP_SUFFIX, SUFFIX, Ranges, SparseState
-from .sparsepieces import RECORD_EVERY, fetch_pieces, record
 
-__all__ = ["BUSY_CHUNK", "BUSY_SECONDS", "CHUNK", "FIRST_WAIT", "ISLAND", "RECORD_EVERY", "Ranges", "SPARSE_PARTIALS",
-           "SparseState", "WAIT_STALL", "discard", "download", "drop_stale", "eligible", "fetch_around",
-           "keep_verified", "lookup", "publish", "stream_instead", "verified_spans"]
+__all__ = ["CLAIM", "CLAIM_TTL", "LOOK_EVERY", "MAP_SUFFIX", "PIECE", "RECORD_EVERY", "RELEASE", "SUFFIX", "Entry",
+           "Ranges", "Writer", "discard", "drop_stale", "eligible", "entry", "fill", "lookup", "publish",
+           "read_present", "record", "stream_instead"]
 
-#: fill shards by ranges into a sparse partial: True / False, or None (the default):
-#: ``RESUMEWDS_SPARSE_PARTIALS`` (default on; ``0``: off, the download fetches the
-#: ranged reads' bytes a second time, up to 1.4x the data set; docs/DIGESTS.md)
-SPARSE_PARTIALS: Optional[bool] = None
-#: one request of the background download asks for at most this many bytes (no ranged reads going on)
-CHUNK = 1 << 30
-#: ... and at most this many while ranged reads of the shard go on (within :data:`BUSY_SECONDS`):
-#: a reader waits for a sample in the range being written rather than fetching it a second time
-#: (2 MB: with 1 MB the extra requests cost a shuffled cold epoch more than the shorter waits save)
-BUSY_CHUNK = 2 << 20
-#: ranged reads of a shard this recent make its download ask for :data:`BUSY_CHUNK` at a time
-BUSY_SECONDS = 1.0
-#: a ranged read waiting for the download to write its bytes gives up after this long without progress
-WAIT_STALL = 1.0
-#: ... and, for the first samples of an iteration, only when the download is about as close to
-#: their end as a request of their own: at most this many seconds (at the download's rate, at
-#: least 64 kB) more to write than that request would fetch (about a request's first-byte latency)
-FIRST_WAIT = 0.01
-#: missing ranges separated by a present island shorter than this are fetched in one request
-ISLAND = 4096
+#: the download asks for at most this many bytes per request (sample-aligned): between two
+#: pieces it skips what readers fetched meanwhile
+PIECE = 4 << 20
+#: a writer records what it wrote at least every this many bytes (what a kill may lose)
+RECORD_EVERY = 64 << 10
+#: the tag of a claim record (bytes a process fetches now): the shard's xxh3_64 xor this
+CLAIM = 0x636C61696D000001
+#: ... of a release record (that fetch ended)
+RELEASE = 0x72656C6561730002
+#: another process's claim counts for at most this many seconds
+CLAIM_TTL = 30.0
 
-_NO_RANGE: Set[str] = set()  # urls whose server answered a Range request wrongly (this process)
+SUFFIX = ".sparse"
+MAP_SUFFIX = ".sparse.map"
+_REC = struct.Struct("<QQQQQ")  # start, end, value, tag, xxh3 of the first 32 bytes
+
+_NO_RANGE: Set[str] = set()  # urls read whole instead (the server mishandles Range), this process
+
+
+def record(a: int, b: int, value: int, tag: int) -> bytes:
+    """The map's record of bytes ``[a, b)`` with ``value``, of the shard (or claim) ``tag``.
+
+    Example:
+        >>> len(record(0, 512, 7, 9))
+        40
+    """
+    head = struct.pack("<QQQQ", a, b, value & 0xFFFFFFFFFFFFFFFF, tag & 0xFFFFFFFFFFFFFFFF)
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+class Ranges:
+    """Sorted disjoint ``[start, end)`` byte ranges."""
+
+    def __init__(self, spans: Optional[List[Tuple[int, int]]] = None) -> None:
+        self.spans: List[Tuple[int, int]] = []
+        self._total = 0
+        for a, b in spans or []:
+            self.add(a, b)
+
+    def add(self, a: int, b: int) -> None:
+        if b <= a:
+            return
+        s = self.spans
+        i = bisect.bisect_left(s, (a, a))
+        if i and s[i - 1][1] >= a:
+            i -= 1
+        j = i
+        gone = 0
+        while j < len(s) and s[j][0] <= b:
+            a, b = min(a, s[j][0]), max(b, s[j][1])
+            gone += s[j][1] - s[j][0]
+            j += 1
+        s[i:j] = [(a, b)]
+        self._total += b - a - gone
+
+    def covers(self, a: int, b: int) -> bool:
+        i = bisect.bisect_right(self.spans, (a, float("inf"))) - 1
+        return i >= 0 and self.spans[i][0] <= a and b <= self.spans[i][1]
+
+    def missing(self, lo: int, hi: int) -> List[Tuple[int, int]]:
+        out: List[Tuple[int, int]] = []
+        at = lo
+        s = self.spans
+        for k in range(max(0, bisect.bisect_right(s, (lo, float("inf"))) - 1), len(s)):
+            a, b = s[k]
+            if b <= at:
+                continue
+            if a >= hi:
+                break
+            if a > at:
+                out.append((at, min(a, hi)))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+    def total(self) -> int:
+        return self._total
 
 
 def _tag(shard: ShardInfo) -> int:
     return int(shard.xxh3_64 or "0", 16)
 
 
-_STATES: Dict[str, SparseState] = {}
+class Entry:
+    """One shard's sparse partial as this process sees it.
+
+    Attributes:
+        path, map: the ``.sparse`` file and its map.
+        size, tag: the shard's size and xxh3_64 (records of another version are ignored).
+        have: the ranges present (written, then added).
+        claims: the ranges this process fetches now, ``token -> [next byte, end, by the download]``.
+        downloading: this process's download of the shard is running.
+        cond: guards all of the above.
+    """
+
+    def __init__(self, base: str, size: int, tag: int, offsets: Any = None):
+        self.base = base
+        self.offsets = offsets
+        self.path = base + SUFFIX
+        self.map = base + MAP_SUFFIX
+        self.size = size
+        self.tag = tag
+        self.have = Ranges()
+        self.claims: Dict[int, List[Any]] = {}
+        self.downloading = False
+        self.cond = threading.Condition()
+        # other processes' claims: (start, end, pid) -> when it was seen
+        self.foreign: Dict[Tuple[int, int, int], float] = {}
+        self._read = 0
+        self._ino: Optional[int] = None
+        self._tokens = 0
+
+    # ---- the map (call under ``cond``) -----------------------------------------------------
+    def refresh(self) -> None:
+        """Add the records appended to the map since the last look."""
+        try:
+            fd = os.open(self.map, os.O_RDONLY | NOFOLLOW)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if st.st_ino != self._ino:  # a new map (the partial discarded and started again)
+                self._ino, self._read = st.st_ino, 0
+                self.foreign = {}
+            n = (st.st_size - self._read) // _REC.size * _REC.size
+            if n > 0:
+                raw = os.pread(fd, n, self._read)
+                self._read += len(raw)
+                claim, release, me, now = self.tag ^ CLAIM, self.tag ^ RELEASE, os.getpid(), time.time()
+                for off in range(0, len(raw) - _REC.size + 1, _REC.size):
+                    a, b, v, t, check = _REC.unpack_from(raw, off)
+                    if check != xxhash.xxh3_64_intdigest(raw[off:off + 32]) or not 0 <= a < b <= self.size:
+                        continue  # torn or nonsense: not trusted
+                    if t == self.tag:
+                        if self._aligned(a) and self._aligned(b):  # (an older writer's records may not be)
+                            self.have.add(a, b)
+                    elif t == claim and v & 0xFFFFFFFF != me:
+                        self.foreign[(a, b, v & 0xFFFFFFFF)] = now
+                    elif t == release:
+                        self.foreign.pop((a, b, v & 0xFFFFFFFF), None)
+        finally:
+            os.close(fd)
+
+    def _aligned(self, x: int) -> bool:
+        """``x`` is a sample's boundary, or lies where no sample is (before the first, after the last)."""
+        off = self.offsets
+        if off is None:
+            return True
+        n = len(off) - 1
+        if x <= int(off[0]) or x >= int(off[n]):
+            return True
+        k = bisect.bisect_left(off, x, 0, n)
+        return int(off[k]) == x
+
+    def foreign_claims(self) -> List[Tuple[int, int]]:
+        """The ranges other processes fetch now: claimed less than :data:`CLAIM_TTL`
+        seconds ago, by a process alive, not released, not present yet."""
+        if not self.foreign:
+            return []
+        now = time.time()
+        out = []
+        for key, seen in list(self.foreign.items()):
+            a, b, pid = key
+            if self.have.covers(a, b) or now - seen > CLAIM_TTL or not _alive(pid):
+                del self.foreign[key]
+            else:
+                out.append((a, b))
+        return out
+
+    # ---- in flight in this process (call under ``cond``) -----------------------------------
+    def claim(self, a: int, b: int, download: bool) -> int:
+        self._tokens += 1
+        self.claims[self._tokens] = [a, b, download]
+        return self._tokens
+
+    def release(self, token: int) -> None:
+        self.claims.pop(token, None)
+        self.cond.notify_all()
+
+    def in_flight(self, a: int, b: int) -> bool:
+        """Bytes ``[a, b)`` are being fetched now (by this process, or by another one)."""
+        if any(pos <= a and b <= end for pos, end, _ in self.claims.values()):
+            return True
+        return any(x <= a and b <= y for x, y in self.foreign_claims())
+
+    def busy(self) -> Ranges:
+        """What is present or being fetched (by this process or another)."""
+        r = Ranges(self.have.spans)
+        for pos, end, _ in self.claims.values():
+            r.add(pos, end)
+        for a, b in self.foreign_claims():
+            r.add(a, b)
+        return r
+
+    @contextlib.contextmanager
+    def deciding(self, store: Any) -> Iterator[None]:
+        """One process at a time decides what to fetch and claims it: the map's lock,
+        exclusive, for as long as the caller looks at the map and announces its claim
+        (never while it waits).  Without a cache directory to hold the map, a no-op."""
+        fd = -1
+        try:
+            if layout.lstat(self.base) is None:  # (published: nothing is fetched)
+                store.ensure_dirs()
+                fd = os.open(self.map, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except (OSError, CacheError):
+            if fd >= 0:
+                os.close(fd)
+            fd = -1
+        try:
+            yield
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def announce(self, a: int, b: int, done: bool) -> None:
+        """Tell the other processes that this one fetches ``[a, b)`` now (or, ``done``, no
+        longer): a record appended to an existing map (a hint: never created for it)."""
+        try:
+            fd = os.open(self.map, os.O_WRONLY | os.O_APPEND | NOFOLLOW)
+        except OSError:
+            return
+        try:
+            os.write(fd, record(a, b, os.getpid(), self.tag ^ (RELEASE if done else CLAIM)))
+        except OSError:
+            pass  # a full disk: the claim is a hint
+        finally:
+            os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: it exists
+    return True
+
+
+_STATES: Dict[str, Entry] = {}
+_STATES_PID = os.getpid()
 _REG = threading.Lock()
-_KEEPER: Any = None  # writes the first step's ranges into sparse partials after they were delivered
 
 
-def _after_fork() -> None:
-    global _REG, _KEEPER
-    _REG = threading.Lock()
-    _KEEPER = None
-    _STATES.clear()  # claims and conditions of the parent's threads do not cross a fork
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
-
-
-def _state(base: str, shard: ShardInfo) -> SparseState:
+def entry(store: Any, shard: ShardInfo) -> Entry:
+    """The shard's :class:`Entry` in this process (made on first use; its files may not exist yet)."""
+    global _STATES_PID, _REG
     assert shard.size is not None
-    with _REG:
-        st = _STATES.get(base)
-        if st is None or st.size != shard.size or st.tag != _tag(shard):
-            st = _STATES[base] = SparseState(base, int(shard.size), _tag(shard))
-        return st
-
-
-def eligible(store: StoreAPI, shard: ShardInfo) -> bool:
-    """A shard filled by ranges: the store's reader reads by range
-    (``store.ranged_fill``), and the shard is remote (http/s3), with its size,
-    xxh3_64, offsets and sample digests, on a server not seen to mishandle ``Range``."""
-    return (_config.sparse_partials(SPARSE_PARTIALS) and getattr(store, "ranged_fill", False)
-            and is_remote_object(shard.url) and is_remote_url(shard.url)
-            and shard.size is not None and shard.xxh3_64 is not None and shard.offsets is not None
-            and shard.sample_digests is not None and shard.url not in _NO_RANGE)
-
-
-def lookup(store: StoreAPI, shard: ShardInfo) -> Optional[SparseState]:
-    """The shard's sparse partial as this process sees it (its map read up to
-    now), or None when there is none (read the ``.partial`` or by range)."""
-    if not eligible(store, shard):
-        return None
+    if _STATES_PID != os.getpid():  # a forked child: the parent's conditions and claims are not its own
+        _STATES.clear()
+        _REG = threading.Lock()
+        _STATES_PID = os.getpid()
     base = store.entry_path(shard.url)
     with _REG:
-        st = _STATES.get(base)
-    if st is None:
-        if layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is None:
-            return None  # none, or a map left by a kill after its file was published (drop_stale)
-        st = _state(base, shard)
-    with st.cond:
-        st.refresh()
-    return st
+        e = _STATES.get(base)
+        if e is None or e.size != shard.size or e.tag != _tag(shard):
+            e = _STATES[base] = Entry(base, int(shard.size), _tag(shard), shard.offsets)
+        return e
 
+
+def eligible(store: Any, shard: ShardInfo) -> bool:
+    """A shard filled by verified samples: remote, on a transport that serves
+    ranges, with its size, xxh3_64, offsets and sample digests, on a server not
+    seen to mishandle ``Range``."""
+    if (shard.size is None or shard.xxh3_64 is None or shard.offsets is None or shard.sample_digests is None
+            or shard.url in _NO_RANGE or not is_remote_url(shard.url) or not hasattr(store, "entry_path")):
+        return False
+    try:
+        return bool(transport_for(shard.url).ranged)
+    except Exception:  # an unknown scheme: not this path (the fetch reports it)
+        return False
+
+
+def lookup(store: Any, shard: ShardInfo) -> Optional[Entry]:
+    """The shard's entry with what its map says now, or None when the shard
+    is not filled by samples."""
+    if not eligible(store, shard):
+        return None
+    e = entry(store, shard)
+    with e.cond:
+        e.refresh()
+    return e
+
+
+def stream_instead(url: str) -> None:
+    """``url``'s server mishandles ``Range``: this process downloads it whole, streamed."""
+    _NO_RANGE.add(url)
+
+
+def read_present(e: Entry, shard: ShardInfo, js: List[int]) -> Dict[int, bytes]:
+    """The bytes of the samples ``js`` that the sparse partial holds, each checked
+    against its digest (a sample that fails is left out: fetch it again)."""
+    off, dig = shard.offsets, shard.sample_digests
+    assert off is not None and dig is not None
+    want = [j for j in js if e.have.covers(int(off[j]), int(off[j + 1]))]
+    out: Dict[int, bytes] = {}
+    if not want:
+        return out
+    try:
+        fd = os.open(e.path, os.O_RDONLY | NOFOLLOW)
+    except OSError:
+        try:
+            fd = os.open(e.base, os.O_RDONLY | NOFOLLOW)  # published meanwhile
+        except OSError:
+            return out
+    try:
+        for j in want:
+            a, b = int(off[j]), int(off[j + 1])
+            data = os.pread(fd, b - a, a)
+            if len(data) == b - a and xxhash.xxh3_64_intdigest(data) == int(dig[j]):
+                out[j] = data
+    finally:
+        os.close(fd)
+    return out
+
+
+# ---- writing ------------------------------------------------------------------------------
 
 def _may_create(store: Any, base: str) -> bool:
-    """A ranged read may start a sparse partial: no cache budget, or the shard's
+    """A reader may start a sparse partial: no cache budget, or the shard's
     download has its room reserved (else its bytes would not be counted)."""
     if store.cache_size is None:
         return True
@@ -155,397 +403,274 @@ def _may_create(store: Any, base: str) -> bool:
     return pf is not None and pf.reserved_for(base)
 
 
-# ---- the ranged reads' side ----------------------------------------------------------------
+class Writer:
+    """Verified bytes written into a shard's sparse partial, then recorded.
 
-def fetch_around(store: Any, shard: ShardInfo, lo: int, hi: int, fetch: Callable[[int, int], bytes],
-                 patient: bool = True, keep: Optional[Callable[[bytes], Any]] = None) -> bytes:
-    """Bytes ``[lo, hi)`` of ``shard`` for a ranged read: ``fetch(a, b)`` asks the
-    server for the parts that are not in the shard's sparse partial; the
-    others are read from it.  While they are fetched this process's download
-    leaves them out; a part the download is writing now is waited for (at most
-    :data:`BUSY_CHUNK` at its rate), never fetched twice; not ``patient``
-    (the first samples of an iteration), only when the download is about as
-    close to their end as a request of their own would be.  The caller checks
-    every sample's digest, whatever its bytes came from; ``keep(data)`` (the
-    caller's :func:`keep_verified`) runs before the download may ask for these
-    bytes again: a gap is never handed back before its bytes are recorded.
+    Made per request (a piece of the download, a reader's range).  It takes
+    the map's lock shared for each write (and looks that the map is still
+    there), so that no byte lands in an entry that was published meanwhile;
+    it records a run of bytes at least every
+    :data:`RECORD_EVERY` bytes and when it closes.  Once it cannot write (no
+    room for a reader's bytes in the cache budget, a full disk, the entry
+    published meanwhile) it drops what it is given: a reader still delivers
+    its samples; the download raises (``strict``).
 
     Example:
-        >>> fetch_around(store, shard, 512, 4096, lambda a, b: b"\0" * (b - a))[:4]   # doctest: +SKIP
-        b'\x00\x00\x00\x00'
+        >>> with Writer(store, e) as w:                        # doctest: +SKIP
+        ...     w.put(512, data)
     """
-    if not eligible(store, shard) or not hasattr(store, "entry_path"):
-        return fetch(lo, hi)
-    st = _state(store.entry_path(shard.url), shard)
-    with st.cond:
-        st.ranged_at = time.monotonic()
-        token = st.claim(lo, hi, False)  # from now on the download leaves these bytes out
-        st.announce(lo, hi, False)  # ... and another process's download too
-        if patient:
-            st.refresh()  # what other processes fetched, and fetch now
-        t_last, last = time.monotonic(), st.have.total()
-        slack = max(64 << 10, int(st.dl_rate * FIRST_WAIT))
-        while any(dl and pos < hi and lo < end and (patient or hi - pos <= hi - lo + slack)
-                  for pos, end, dl in st.claims.values()) or (patient and st.foreign_claims(lo, hi)):
-            now, total = time.monotonic(), st.have.total()
-            if total > last:
-                t_last, last = now, total
-            elif now - t_last > WAIT_STALL:
-                break  # a download that does not progress: fetch the bytes ourselves
-            st.cond.wait(0.01)
-            st.refresh()  # another process's bytes arrive through the map
-        parts = st.have.missing(lo, hi)
-        verified = st.verified
-    later = False
-    try:
-        data = _around(st, lo, hi, parts, fetch)
-        if not verified:  # another process's records: each sample checked, those that fail fetched
-            data = _checked(shard, lo, hi, data, parts, fetch)
-        if keep is not None and not patient:  # the first batch does not wait for the writing
-            _keeper().submit(_keep_then_release, st, token, keep, data, lo, hi)
-            later = True
-        elif keep is not None:
-            keep(data)  # recorded while still claimed
-        return data
-    finally:
-        if not later:
-            _release(st, token, lo, hi)
 
+    def __init__(self, store: Any, e: Entry, strict: bool = False):
+        self.store = store
+        self.e = e
+        self.strict = strict
+        self.ok = True
+        self.kept = 0
+        self.fd = -1
+        self.mfd = -1
+        self.run: Optional[List[int]] = None  # [start, end] of the run written since the last record
+        self.hasher = xxhash.xxh3_64()
 
-def _release(st: SparseState, token: int, lo: int, hi: int) -> None:
-    with st.cond:
-        st.release(token)  # only now may the download ask for these bytes
-    st.announce(lo, hi, True)
-
-
-def _checked(shard: ShardInfo, lo: int, hi: int, data: bytes, parts: List[Tuple[int, int]],
-             fetch: Callable[[int, int], bytes]) -> bytes:
-    """``data`` with every sample not wholly fetched (``parts``) checked against its
-    digest, and fetched when it fails (bytes of a sparse partial no download of
-    this process re-hashed)."""
-    if parts == [(lo, hi)]:
-        return data
-    off, dig = shard.offsets, shard.sample_digests
-    assert off is not None and dig is not None
-    fetched = Ranges(list(parts))
-    buf: Optional[bytearray] = None
-    n = len(off) - 1
-    j = bisect.bisect_left(off, lo, 0, n)
-    while j < n and int(off[j + 1]) <= hi:
-        a, b = int(off[j]), int(off[j + 1])
-        if not fetched.covers(a, b) and xxhash.xxh3_64_intdigest(memoryview(data)[a - lo:b - lo]) != int(dig[j]):
-            if buf is None:
-                buf = bytearray(data)
-            buf[a - lo:b - lo] = fetch(a, b)
-        j += 1
-    return data if buf is None else bytes(buf)
-
-
-def _keeper() -> Any:
-    global _KEEPER
-    with _REG:
-        if _KEEPER is None:
-            _KEEPER = ThreadPoolExecutor(1, thread_name_prefix="resumewds-keep")
-        return _KEEPER
-
-
-def _keep_then_release(st: SparseState, token: int, keep: Callable[[bytes], Any], data: bytes,
-                       lo: int, hi: int) -> None:
-    try:
-        keep(data)
-    finally:
-        _release(st, token, lo, hi)
-
-
-def _around(st: SparseState, lo: int, hi: int, parts: List[Tuple[int, int]],
-            fetch: Callable[[int, int], bytes]) -> bytes:
-    """Bytes ``[lo, hi)``: ``parts`` fetched, the rest read from the sparse partial (or the entry)."""
-    done = _from_entry(st.base, lo, hi)  # published meanwhile: its bytes are there
-    if done is not None:
-        return done
-    if parts == [(lo, hi)]:
-        return fetch(lo, hi)
-    buf = bytearray(hi - lo)
-    at = lo
-    try:
-        fd = os.open(st.path, os.O_RDONLY | NOFOLLOW)
-    except OSError:
+    def _open(self) -> bool:
+        e = self.e
         try:
-            fd = os.open(st.base, os.O_RDONLY | NOFOLLOW)  # published meanwhile
-        except OSError:
-            return fetch(lo, hi)
-    try:
-        for a, b in parts + [(hi, hi)]:
-            if at < a:  # present: from the file (checked by the caller with the rest)
-                buf[at - lo:a - lo] = os.pread(fd, a - at, at)
-            if b > a:
-                buf[a - lo:b - lo] = fetch(a, b)
-            at = b
-    finally:
-        os.close(fd)
-    return bytes(buf)
-
-
-def _from_entry(base: str, lo: int, hi: int) -> Optional[bytes]:
-    """Bytes ``[lo, hi)`` of the published entry ``base``, or None (not published)."""
-    try:
-        fd = os.open(base, os.O_RDONLY | NOFOLLOW)
-        try:
-            data = os.pread(fd, hi - lo, lo)
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-    return data if len(data) == hi - lo else None
-
-
-def keep_verified(store: Any, shard: ShardInfo, lo: int, data: Any, spans: List[Tuple[int, int]]) -> int:
-    """Write the verified ``spans`` of ``data`` (bytes ``lo..``) into the shard's
-    sparse partial, then record them; bytes written (0 when it has none and may
-    not start one, or when it is being published).  Never raises for the cache's
-    sake: the sample is delivered anyway.
-
-    Example:
-        >>> keep_verified(store, shard, 0, data, [(512, 4096)])   # doctest: +SKIP
-        3584
-    """
-    if not spans or not eligible(store, shard):
-        return 0
-    base = store.entry_path(shard.url)
-    st = _state(base, shard)
-    with st.cond:
-        spans = [span for span in spans if not st.have.covers(*span)]
-    if not spans:
-        return 0
-    try:
-        return _write_spans(store, st, base, lo, data, spans)
-    except OSError:
-        return 0  # a full or read-only cache: the ranged read still delivers
-
-
-def verified_spans(shard: ShardInfo, lo: int, hi: int, data: Any, ok: Set[int]) -> List[Tuple[int, int]]:
-    """The byte ranges of the samples lying wholly in ``data`` (bytes ``[lo, hi)`` of
-    ``shard``) that match their digests (those in ``ok`` are known to), neighbours joined.
-
-    Example:
-        >>> verified_spans(shard, 0, 4096, data, {0})   # doctest: +SKIP
-        [(512, 4096)]
-    """
-    off, dig = shard.offsets, shard.sample_digests
-    assert off is not None and dig is not None
-    mv = memoryview(data)
-    n = len(off) - 1
-    j = bisect.bisect_left(off, lo, 0, n)
-    out: List[Tuple[int, int]] = []
-    while j < n and int(off[j + 1]) <= hi:
-        a, b = int(off[j]), int(off[j + 1])
-        if j in ok or xxhash.xxh3_64_intdigest(mv[a - lo:b - lo]) == int(dig[j]):
-            if out and out[-1][1] == a:
-                out[-1] = (out[-1][0], b)
-            else:
-                out.append((a, b))
-        j += 1
-    return out
-
-
-def _open_map(path: str, base: str) -> int:
-    """The map, open for appending with its lock shared (another one if the
-    download rewrote it meanwhile), or -1 once the entry is published."""
-    while True:
-        mfd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600)
-        fcntl.flock(mfd, fcntl.LOCK_SH)
-        if os.fstat(mfd).st_nlink > 0:
-            return mfd
-        os.close(mfd)  # rewritten by a download opening the partial, or published, or discarded
-        if layout.lstat(base) is not None:
-            return -1
-
-
-def _write_spans(store: Any, st: SparseState, base: str, lo: int, data: Any,
-                 spans: List[Tuple[int, int]]) -> int:
-    if layout.lstat(st.path) is None:
-        if not _may_create(store, base) or layout.lstat(base) is not None:
-            return 0  # no room reserved for it, or published already
-        # a DataLoader worker's first step may come before any download made the cache's directories
-        try:
-            store.ensure_dirs()
-        except CacheError:
-            return 0
-    mfd = _open_map(st.map, base)
-    if mfd < 0:
-        return 0  # published meanwhile
-    try:
-        try:
-            fd = os.open(st.path, os.O_RDWR | NOFOLLOW)
-            created = False
-        except FileNotFoundError:
-            if layout.lstat(base) is not None:  # published meanwhile: this map is a stray
-                if os.fstat(mfd).st_size == 0:
-                    layout.remove(st.map)
-                return 0
-            fd = os.open(st.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
-            created = True
-        try:
+            if layout.lstat(e.path) is None:
+                if layout.lstat(e.base) is not None:
+                    return False  # published already
+                if not self.strict and not _may_create(self.store, e.base):
+                    return False
+                self.store.ensure_dirs()
+            mfd = os.open(e.map, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600)
+            self.mfd = mfd
+            if os.fstat(mfd).st_nlink == 0 or layout.lstat(e.base) is not None:
+                return False  # published or discarded meanwhile
+            fd = os.open(e.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+            self.fd = fd
             size = os.fstat(fd).st_size
             if size == 0:
-                os.ftruncate(fd, st.size)
-            elif size != st.size:
-                return 0  # another shard's leftover: the download discards it
-            mv = memoryview(data)
-            n = 0
-            recs = []
-            for a, b in spans:
-                os.pwrite(fd, mv[a - lo:b - lo], a)
-                recs.append(record(a, b, xxhash.xxh3_64_intdigest(mv[a - lo:b - lo]), st.tag))
-                n += b - a
-        finally:
-            os.close(fd)
-        os.write(mfd, b"".join(recs))  # after the bytes: a record never describes bytes not written
-        if created and layout.lstat(base) is not None:
-            layout.remove(st.path)  # published while this one was started: a stray
-            layout.remove(st.map)
-            return 0
-    finally:
-        os.close(mfd)
-    with st.cond:
-        for a, b in spans:
-            st.have.add(a, b)
-        st.cond.notify_all()
-    return n
+                os.ftruncate(fd, e.size)
+            elif size != e.size:
+                return False  # another version's leftover: the download starts it again
+        except OSError as exc:
+            self._drop()
+            if self.strict:
+                raise cache_error(exc, e.path, "write the sparse partial") from exc
+            return False
+        except CacheError:
+            self._drop()
+            if self.strict:
+                raise
+            return False
+        return True
 
-
-# ---- the download's side (under the entry's download lock) ---------------------------------
-
-def _open(st: SparseState) -> None:
-    """Start or resume the sparse partial: a file of the shard's size whose map
-    holds only records whose bytes re-hash right (the map rewritten with them)."""
-    with st.cond:
-        mfd = os.open(st.map, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+    def put(self, a: int, data: Any) -> None:
+        """Write the verified bytes ``data`` at offset ``a`` (and make them visible in this process)."""
+        if not self.ok:
+            return
+        if self.fd < 0 and not self._open():
+            self.ok = False
+            self._drop()
+            if self.strict:
+                raise CacheError(f"{self.e.path}: cannot write the sparse partial (published or removed meanwhile)")
+            return
         try:
-            fcntl.flock(mfd, fcntl.LOCK_EX)  # no ranged write while the map is rewritten
-            fd = os.open(st.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+            if self.run is not None and self.run[1] != a:
+                self.flush()
+            fcntl.flock(self.mfd, fcntl.LOCK_SH)
             try:
-                size = os.fstat(fd).st_size
-                raw = b""
-                if size == st.size:
-                    raw = os.pread(mfd, os.fstat(mfd).st_size, 0)
-                else:
-                    os.ftruncate(fd, 0)  # another shard's, or new: nothing in it is kept
-                    os.ftruncate(fd, st.size)
-                keep = []
-                have = Ranges()
-                for a, b, dig in st.parse(raw):
-                    if not have.covers(a, b) and xxhash.xxh3_64_intdigest(os.pread(fd, b - a, a)) == dig:
-                        keep.append(record(a, b, dig, st.tag))
-                        have.add(a, b)
+                if os.fstat(self.mfd).st_nlink == 0:  # published or discarded meanwhile
+                    raise FileNotFoundError(2, "the sparse partial is gone")
+                os.pwrite(self.fd, data, a)
             finally:
-                os.close(fd)
-            tmp = st.map + ".tmp"
-            with open(tmp, "wb") as f:
-                f.write(b"".join(keep))
-            os.replace(tmp, st.map)
+                fcntl.flock(self.mfd, fcntl.LOCK_UN)
+        except OSError as exc:
+            self.ok = False
+            self._drop()
+            if self.strict:
+                raise cache_error(exc, self.e.path, "write the download") from exc
+            return
+        n = len(data)
+        if self.run is None:
+            self.run = [a, a]
+        self.run[1] = a + n
+        self.hasher.update(data)
+        self.kept += n
+        with self.e.cond:
+            self.e.have.add(a, a + n)
+            self.e.cond.notify_all()
+        if self.run[1] - self.run[0] >= RECORD_EVERY:
+            self.flush()
+
+    def put_sample(self, j: int, a: int, data: Any) -> None:
+        """:meth:`put` for a :class:`~resumewds.samplecheck.SampleSink`'s checked sample ``j``."""
+        self.put(a, data)
+
+    def flush(self) -> None:
+        """Record the run written since the last record (the bytes are in the file)."""
+        run, self.run = self.run, None
+        if run is None or self.mfd < 0:
+            self.hasher.reset()
+            return
+        rec = record(run[0], run[1], self.hasher.intdigest(), self.e.tag)
+        self.hasher.reset()
+        try:
+            os.write(self.mfd, rec)  # one write of 40 bytes, appended whole
+        except OSError as exc:
+            if self.strict:
+                raise cache_error(exc, self.e.map, "record the download") from exc
+
+    def _drop(self) -> None:
+        for name in ("fd", "mfd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, -1)
+
+    def close(self) -> None:
+        """Record what is left and let go of the files."""
+        try:
+            if self.ok:
+                self.flush()
         finally:
-            os.close(mfd)  # the lock goes with the old map's inode
-        st.have = have
-        mst = layout.lstat(st.map)
-        st.map_ino = mst.st_ino if mst is not None else None
-        st.map_read = len(keep) * _REC.size
-        st.verified = True
+            self._drop()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
-def _next_chunk(st: SparseState, cursor: int, since: float) -> Optional[Tuple[int, int]]:
-    """The next range to download (under ``cond``): the first gap at or after
-    ``cursor`` (else from the start) that nothing covers or claims, joined with
-    the gaps that follow across islands shorter than :data:`ISLAND`; at most
-    :data:`BUSY_CHUNK` bytes in the first :data:`BUSY_SECONDS` of the download
-    (``since``) and while ranged reads of the shard go on, else :data:`CHUNK`
-    and a piece (:data:`~resumewds.cache.sparsepieces.PIECE`)."""
-    busy = Ranges(st.have.spans)
-    for pos, end, _ in st.claims.values():
-        busy.add(pos, end)
-    for a, b in st.foreign_claims():  # another process fetches them now
-        busy.add(a, b)
-    gaps = busy.missing(0, st.size)
-    if not gaps:
-        return None
-    i = next((k for k, g in enumerate(gaps) if g[1] > cursor), 0)
-    a, b = gaps[i]
-    a = max(a, cursor) if gaps[i][0] < cursor < b else a
-    for na, nb in gaps[i + 1:]:
-        if na - b >= ISLAND or st.claimed(b, na) or nb - a > BUSY_CHUNK:
-            break
-        b = nb
-    hurry = time.monotonic() - max(st.ranged_at, since) < BUSY_SECONDS
-    return a, min(b, a + (BUSY_CHUNK if hurry else min(CHUNK, sparsepieces.PIECE)))
+def _piece(shard: ShardInfo, a: int, b: int) -> int:
+    """Where a piece of the gap ``[a, b)`` ends: at most :data:`PIECE` bytes on, on a
+    sample's boundary (one sample at least)."""
+    if b - a <= PIECE:
+        return b
+    off = shard.offsets
+    assert off is not None
+    n = len(off) - 1
+    want = a + PIECE
+    if want <= int(off[0]) or want >= int(off[n]):
+        return min(b, max(want, int(off[0]) if want <= int(off[0]) else int(off[n])))
+    k = bisect.bisect_right(off, want, 0, n + 1) - 1  # the last sample start at or before want
+    end = int(off[k])
+    if end <= a:
+        end = int(off[k + 1])
+    return min(b, end)
 
 
-def download(store: StoreAPI, shard: ShardInfo, base: str, budget: FetchBudget) -> Optional[FetchResult]:
-    """Fill ``base + ".sparse"`` with every byte no record covers, by ranges (under
-    the entry's download lock); its :class:`~resumewds.fetch.FetchResult` (the
+class _Skip(Exception):
+    """The rest of a piece is present, or another process fetches it now: stop it here."""
+
+
+#: a download looks at the map for what other processes brought at least every this many bytes
+LOOK_EVERY = 256 << 10
+
+
+def _skipping(e: Entry, w: Writer) -> Any:
+    """The download's sample callback: write it, and every :data:`LOOK_EVERY` bytes stop
+    the piece (:class:`_Skip`) when what follows is present or another process fetches it."""
+    seen = [0]
+
+    def put(j: int, a: int, data: Any) -> None:
+        w.put(a, data)
+        seen[0] += len(data)
+        if seen[0] < LOOK_EVERY:
+            return
+        seen[0] = 0
+        off = e.offsets
+        nxt = j + 1
+        if off is None or nxt >= len(off) - 1:
+            return
+        x, y = int(off[nxt]), int(off[nxt + 1])
+        with e.cond:
+            e.refresh()
+            if e.have.covers(x, y) or any(ca <= x and y <= cb for ca, cb in e.foreign_claims()):
+                raise _Skip()
+
+    return put
+
+
+def fill(store: Any, shard: ShardInfo, base: str, budget: FetchBudget) -> Optional[FetchResult]:
+    """Fetch every byte of ``base + ".sparse"`` that no record covers and no reader
+    of this process fetches (under the entry's download lock), each sample
+    checked as it arrives; the :class:`~resumewds.fetch.FetchResult` (with the
     xxh3_64 of the whole file, hashed in order), or None when the server does
-    not honour ``Range`` (the sparse partial is discarded: download it the
-    streamed way).
+    not serve ``Range`` (the partial is discarded: download it streamed).
 
     Raises:
-        TransientFetchError / PermanentFetchError: as a whole-shard download.
+        TransientFetchError / PermanentFetchError: the fetch budget was spent.
         CacheError: the partial cannot be written.
     """
-    st = _state(base, shard)
+    e = entry(store, shard)
     url = shard.url
     t0 = time.monotonic()
-    try:
-        _open(st)
-    except OSError as exc:
-        raise cache_error(exc, st.path, "open the sparse partial") from exc
-    kept = st.have.total()
+    with e.cond:
+        e.refresh()
+        kept = e.have.total()
+        e.downloading = True
     store.emit(K.FETCH_START, url, resumed_from=kept, sparse=True)
-    cursor = [0]
-
-    def next_piece() -> Optional[Tuple[int, int, int]]:
-        nxt = _next_chunk(st, cursor[0], t0)
-        if nxt is None:
-            return None
-        cursor[0] = nxt[1]
-        return nxt[0], nxt[1], st.claim(nxt[0], nxt[1], True)
-
-    def complete() -> bool:
-        with st.cond:
-            return not st.have.missing(0, st.size)
-
+    received = requests = 0
+    cursor = 0
+    session = store.session()
     try:
-        fd = os.open(st.path, os.O_RDWR | NOFOLLOW)
-    except OSError as exc:
-        raise cache_error(exc, st.path, "open the sparse partial") from exc
-    try:
-        res = fetch_pieces(st, fd, url, store, budget, next_piece, complete)
-        if res.no_range:
-            _NO_RANGE.add(url)  # a 200, a 416, another range: this shard streams, as before
-            discard(base)
-            return None
-        if res.error is not None:
-            raise res.error
-        digest = layout.hash_file(st.path)[1]  # the assembled file, in order, once
+        while True:
+            with e.cond:
+                with e.deciding(store):
+                    e.refresh()
+                    gaps = e.busy().missing(0, e.size)
+                    if gaps:
+                        a, b = next(((x, y) for x, y in gaps if y > cursor), gaps[0])
+                        b = _piece(shard, a, b)
+                        token = e.claim(a, b, True)
+                        e.announce(a, b, False)
+                if not gaps:
+                    if not e.have.missing(0, e.size):
+                        break
+                    # only readers' ranges left (this process's, or another's): their bytes, or their gaps
+                    e.cond.wait(0.05)
+                    continue
+            w = Writer(store, e, strict=True)
+            try:
+                sink = SampleSink(shard, a, b, budget, on_sample=_skipping(e, w), on_raw=w.put)
+                fetch_range(url, a, b, config=store.fetch, budget=budget, session=session, sink=sink,
+                            on_event=store.emit)
+                requests += 1
+            except _Skip:
+                requests += 1  # the rest of the piece is there already (another process's reader): the next gap
+            finally:
+                received += w.kept
+                try:
+                    w.close()
+                finally:
+                    with e.cond:
+                        e.release(token)
+                    e.announce(a, b, True)
+            cursor = b
+    except RangeIgnored:
+        stream_instead(url)
+        discard(base)
+        return None
     finally:
-        os.close(fd)
-    received, requests = res.received, res.requests
-    budget.fetched = True
-    budget.take()  # one attempt per whole download, as streamed: a corrupt one is retried while the budget lasts
+        with e.cond:
+            e.downloading = False
+            e.cond.notify_all()
+    digest = layout.hash_file(e.path)[1]  # the assembled file, in order, once
     seconds = time.monotonic() - t0
     store.emit(K.FETCH_DONE, url, bytes=received, seconds=seconds, resumed_from=kept, sparse=True,
                requests=requests)
-    return FetchResult(url=url, path=st.path, size=st.size, bytes=received, resumed_from=kept, seconds=seconds,
+    return FetchResult(url=url, path=e.path, size=e.size, bytes=received, resumed_from=kept, seconds=seconds,
                        attempts=requests, xxh3_64=digest)
 
 
-def stream_instead(url: str) -> None:
-    """A sparse download of ``url`` failed its whole-file check past a ranged
-    repair: its later downloads (in this process) stream a ``.partial``."""
-    _NO_RANGE.add(url)
-
+# ---- the entry's end ----------------------------------------------------------------------
 
 def publish(base: str) -> None:
     """Rename the finished sparse partial to the entry ``base`` and drop its
-    map, with the map locked exclusive (no ranged write lands in the entry)."""
+    map, with the map locked exclusive (no write lands in the entry)."""
     mfd = layout.open_file(base + MAP_SUFFIX, os.O_RDWR | os.O_CREAT, "open the sparse map")
     try:
         fcntl.flock(mfd, fcntl.LOCK_EX)
@@ -560,16 +685,16 @@ def publish(base: str) -> None:
 
 
 def drop_stale(base: str) -> bool:
-    """Remove a map whose sparse file is gone (a kill -9 between :func:`publish`'s
-    rename and the map's removal), under its lock exclusive (a ranged read that
-    starts a sparse partial holds it shared until its file exists); whether one was.
+    """Remove a map left beside a published entry (a kill between :func:`publish`'s
+    rename and the map's removal); whether one was.
 
     Example:
         >>> drop_stale("/cache/shards/ab12-shard-000000.tar")   # doctest: +SKIP
         False
     """
-    if layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is not None:
-        return False
+    if (layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is not None
+            or layout.lstat(base) is None):
+        return False  # (a map alone, no file yet: readers' claims of a partial about to start)
     try:
         mfd = os.open(base + MAP_SUFFIX, os.O_RDWR | NOFOLLOW)
     except OSError:
@@ -577,7 +702,7 @@ def drop_stale(base: str) -> bool:
     try:
         fcntl.flock(mfd, fcntl.LOCK_EX)
         if layout.lstat(base + SUFFIX) is not None or os.fstat(mfd).st_nlink == 0:
-            return False  # a ranged read started a sparse partial meanwhile, or gone already
+            return False  # a reader started a sparse partial meanwhile, or gone already
         layout.remove(base + MAP_SUFFIX)
     finally:
         os.close(mfd)
@@ -586,7 +711,7 @@ def drop_stale(base: str) -> bool:
 
 
 def discard(base: str) -> None:
-    """Remove the sparse partial and its map (a failed check: start again)."""
+    """Remove the sparse partial and its map (start again, or read the shard whole)."""
     try:
         mfd = os.open(base + MAP_SUFFIX, os.O_RDWR | NOFOLLOW)
     except OSError:
@@ -604,7 +729,7 @@ def discard(base: str) -> None:
 
 def _forget(base: str) -> None:
     with _REG:
-        st = _STATES.pop(base, None)
-    if st is not None:
-        with st.cond:
-            st.cond.notify_all()
+        e = _STATES.pop(base, None)
+    if e is not None:
+        with e.cond:
+            e.cond.notify_all()  # (its bytes are in the published entry now, or gone)

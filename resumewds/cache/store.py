@@ -22,7 +22,6 @@ import stat
 import sys
 import threading
 import time
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import config as _config
@@ -30,9 +29,10 @@ from ..compressed import open_view
 from ..errors import (
     CacheError,
     ChecksumMismatch,
+    CorruptSample,
     PermanentFetchError,
     ResumeWDSError,
-    ShardFormatError,
+    TransientFetchError,
     UnsafeSourceError,
 )
 from ..events import EventKind as K
@@ -43,7 +43,6 @@ from ..fetch import (
     fetch_to_file,
     is_local_url,
     is_remote_url,
-    new_lite_session,
     new_session,
 )
 from ..manifest import ShardInfo
@@ -64,24 +63,29 @@ SYNC_MODES = ("auto", "fsync", "boot")
 VERBOSE_KINDS = (K.CACHE_MISS, K.FETCH_DONE, K.REPAIR, K.VERIFY_FAIL, K.EVICT)
 
 
+def _from_manifest(shard: ShardInfo) -> str:
+    """`` (index from <manifest>)`` when the shard's index came from a manifest, else ""."""
+    where = getattr(shard, "index_source", None)
+    return f" (index from {where})" if where else ""
+
+
 def default_cache_dir() -> str:
     """``$RESUMEWDS_CACHE_DIR``, else ``$WDS_CACHE``, else ``$XDG_CACHE_HOME/resumewds``,
     else ``~/.cache/resumewds`` (see :func:`resumewds.config.cache_dir`)."""
     return _config.cache_dir()
 
 
-# A forked DataLoader worker inherits the store as it is: locks possibly held by
-# the prefetch thread, and the parent's HTTP connections.  Give the child fresh ones.
-_LIVE_STORES: weakref.WeakSet[ShardStore] = weakref.WeakSet()
+class _Runtime:
+    """A store's state that belongs to one process: what threads and forks must not share."""
 
-
-def _after_fork_in_child() -> None:
-    for store in list(_LIVE_STORES):
-        store._init_runtime()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    def __init__(self, store: ShardStore):
+        self.pid = os.getpid()
+        self.tl = threading.local()
+        self.mu = threading.Lock()
+        self.prefetch = Prefetcher(store)
+        self.dirs_ready = False
+        self.budgets: Dict[str, FetchBudget] = {}
+        self.validators: Dict[str, Any] = {}  # url -> (first validator seen, (old, new) once it changed)
 
 
 class ShardStore:
@@ -149,37 +153,40 @@ class ShardStore:
             raise ValueError(f"prefetch_threads must be >= 1, got {prefetch_threads}")
         self.prefetch_threads: Optional[int] = None if prefetch_threads is None else int(prefetch_threads)
         self.counters: Dict[str, int] = collections.Counter()
-        #: a reader of this process fetches samples by range (resumewds.reading.declare):
-        #: downloads of shards with sample digests fill sparse partials around those ranges
-        self.ranged_fill = False
-        #: ... and has not finished its first step yet: sparse downloads wait for it
-        #: (the first batch comes first; resumewds.cache.sparsepieces.FIRST_STEP_CONNECTIONS)
-        self.ranged_first = False
         self._verified_local: Set[str] = set()
-        self._init_runtime()
-        _LIVE_STORES.add(self)
+        self._rt: Optional[_Runtime] = None
 
-    # ---- runtime state: new after a fork and an unpickle ----------------------------------
-    _RUNTIME = ("_tl", "_mu", "_prefetch", "_dirs_ready", "_budgets")
+    # ---- runtime state: this process's own (threads, locks, connections) ------------------
+    def _runtime(self) -> _Runtime:
+        """This process's threads, locks, sessions and budgets: made on first use, and
+        made again in a forked child (a DataLoader worker) or after an unpickle, whose
+        parent's are not its own."""
+        rt = self._rt
+        if rt is None or rt.pid != os.getpid():
+            rt = self._rt = _Runtime(self)
+        return rt
 
-    def _init_runtime(self) -> None:
-        self._tl = threading.local()
-        self._mu = threading.Lock()
-        self._prefetch = Prefetcher(self)
-        self._dirs_ready = False
-        self._budgets: Dict[str, FetchBudget] = {}
+    @property
+    def _tl(self) -> threading.local:
+        return self._runtime().tl
+
+    @property
+    def _mu(self) -> Any:
+        return self._runtime().mu
+
+    @property
+    def _prefetch(self) -> Prefetcher:
+        return self._runtime().prefetch
+
+    @property
+    def _budgets(self) -> Dict[str, FetchBudget]:
+        return self._runtime().budgets
 
     def __getstate__(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
-        for k in self._RUNTIME:
-            d.pop(k, None)
+        d["_rt"] = None
         d["counters"] = collections.Counter()
         return d
-
-    def __setstate__(self, d: Dict[str, Any]) -> None:
-        self.__dict__.update(d)
-        self._init_runtime()
-        _LIVE_STORES.add(self)
 
     # the prefetcher's state under the names it had when it lived here
     @property
@@ -202,6 +209,8 @@ class ShardStore:
     def emit(self, kind: str, url: str, **detail: Any) -> None:
         """Record an event: count it, print it under ``RESUMEWDS_VERBOSE_CACHE``,
         pass it to ``on_event``."""
+        if getattr(self._tl, "prefetching", False):
+            detail = dict(detail, prefetch=True)  # a background download's (stats tells them apart)
         key = str(kind)  # counters are keyed by the plain string
         with self._mu:
             self.counters[key] += 1
@@ -221,7 +230,7 @@ class ShardStore:
             self.counters[name] += 1
 
     # ---- the fetch budget of one read of one shard ------------------------------------------
-    def _budget_for(self, url: str) -> FetchBudget:
+    def budget_for(self, url: str) -> FetchBudget:
         """The budget this read of ``url`` draws from: the one a prefetch (or
         a concurrent reader) of this process started, if it is still live or
         failed recently, else a fresh one."""
@@ -229,13 +238,21 @@ class ShardStore:
             b = self._budgets.get(url)
             now = time.monotonic()
             if b is None or (b.done_at is not None and now - b.done_at > self.fetch.deadline):
-                b = self._budgets[url] = FetchBudget(self.fetch)
+                b = self._budgets[url] = self._fresh_budget(url)
             return b
 
-    def _budget_done(self, url: str, budget: FetchBudget, ok: bool, reader: bool) -> None:
+    def _fresh_budget(self, url: str) -> FetchBudget:
+        """A new budget for ``url`` that remembers the validators this process saw of it."""
+        b = FetchBudget(self.fetch)
+        b.validator, b.changed = self._runtime().validators.get(url, (None, None))
+        return b
+
+    def budget_done(self, url: str, budget: FetchBudget, ok: bool, reader: bool) -> None:
         """A success, or a failure a reader has seen, ends the budget; a
         prefetch's failure keeps it for the reader to meet (at once)."""
         with self._mu:
+            if budget.validator is not None:
+                self._runtime().validators[url] = (budget.validator, budget.changed)
             if ok or reader:
                 if self._budgets.get(url) is budget:
                     del self._budgets[url]
@@ -243,27 +260,23 @@ class ShardStore:
                 budget.done_at = time.monotonic()
 
     def session(self) -> Any:
-        """This thread's HTTP session (made on first use)."""
+        """This thread's HTTP session (a :class:`~resumewds.fetch.Session`, made on first use)."""
         s = getattr(self._tl, "session", None)
         if s is None:
             s = self._tl.session = new_session()
         return s
 
-    def range_session(self) -> Any:
-        """This thread's session for ranged reads (a :class:`~resumewds.fetch.LiteSession`:
-        no requests import; made on first use)."""
-        s = getattr(self._tl, "range_session", None)
-        if s is None:
-            s = self._tl.range_session = new_lite_session()
-        return s
+    def in_background(self) -> None:
+        """The calling thread downloads in the background (a prefetch thread): the
+        events it emits carry ``prefetch=True`` (stats count its cache hits apart)."""
+        self._tl.prefetching = True
 
     def close_session(self) -> None:
-        """Close this thread's HTTP sessions (their pooled connections)."""
-        for name in ("session", "range_session"):
-            s = getattr(self._tl, name, None)
-            if s is not None:
-                s.close()
-                setattr(self._tl, name, None)
+        """Close this thread's HTTP session (its pooled connections)."""
+        s = getattr(self._tl, "session", None)
+        if s is not None:
+            s.close()
+            self._tl.session = None
 
     # ---- the entries ------------------------------------------------------------------------
     @property
@@ -278,7 +291,8 @@ class ShardStore:
         """Create the cache directory and its ``shards/`` (private, mode 0700) if
         they are missing, once per store; :class:`~resumewds.errors.CacheError`
         naming the directory when it cannot be used."""
-        if self._dirs_ready:
+        rt = self._runtime()
+        if rt.dirs_ready:
             return
         for d in (self.cache_dir, self.shards_dir):
             try:
@@ -293,7 +307,7 @@ class ShardStore:
             raise CacheError(f"{self.shards_dir}: is a symlink; refusing to use it as the shard cache")
         if not os.access(self.shards_dir, os.W_OK | os.X_OK):
             raise CacheError(f"{self.shards_dir}: cache directory is not writable (read-only?)")
-        self._dirs_ready = True
+        rt.dirs_ready = True
 
     _ensure_dirs = ensure_dirs
 
@@ -370,14 +384,14 @@ class ShardStore:
             return LocalShard(self._check_local(shard, policy, progress), shard)
         if shard.url.startswith("pipe:") and not shard.trusted:
             raise UnsafeSourceError(f"{shard.url}: refusing to run a pipe: command from an untrusted manifest")
-        budget = self._budget_for(shard.url)
+        budget = self.budget_for(shard.url)
         ok = False
         try:
             ls = self._acquire_remote(shard, pin, policy, progress, budget, tar)
             ok = True
             return ls
         finally:
-            self._budget_done(shard.url, budget, ok, reader)
+            self.budget_done(shard.url, budget, ok, reader)
 
     def acquire_sampled(self, shard: ShardInfo) -> Tuple[LocalShard, Optional[str]]:
         """Like :meth:`acquire`, for a data set's reader: a local shard with
@@ -529,6 +543,7 @@ class ShardStore:
             self.emit(K.REPAIR, url, attempt=repairs)
         self.emit(K.CACHE_MISS, url)
         streamed = base + ".partial"
+        limit = self.fetch.attempts if self.max_repairs is None else self.max_repairs + 1
         while True:
             if layout.lstat(streamed) is None:
                 layout.remove(streamed + ".etag")
@@ -536,8 +551,18 @@ class ShardStore:
             self.evict(reserve=shard.size or 0)
             res = None
             if sparse.eligible(self, shard) and layout.lstat(streamed) is None:
-                # by ranges, around those the reader fetched (None: the server mishandles Range)
-                res = sparse.download(self, shard, base, budget)
+                # sample by sample, each checked as it arrives, around what readers fetched
+                # (None: the server mishandles Range: streamed instead)
+                try:
+                    res = sparse.fill(self, shard, base, budget)
+                except TransientFetchError as exc:
+                    if not isinstance(budget.last_error, CorruptSample):
+                        raise
+                    # its ranges keep arriving corrupt: a whole GET, with attempts of its own
+                    sparse.stream_instead(url)
+                    self.emit(K.RETRY, url, attempt=0, error=str(exc), wait=0.0)
+                    old, budget = budget, FetchBudget(self.fetch)
+                    budget.validator, budget.changed = old.validator, old.changed
             if res is None:
                 # hashed from the bytes as they were written: no read-back
                 res = fetch_to_file(url, streamed, expected_size=shard.size, config=self.fetch,
@@ -553,7 +578,8 @@ class ShardStore:
                 bad = (str(shard.size), str(res.size), "size")
             elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
                 bad = (shard.xxh3_64, actual, "xxh3_64")
-                fixed = repair_download(self, shard, partial, budget)  # re-fetch only the samples that fail
+                # the samples that fail their digests, and the bytes no digest covers, fetched again
+                fixed = repair_download(self, shard, partial, budget)
                 if fixed is not None:
                     actual, bad = fixed, None
             elif shard.xxh3_64 is None and tar:
@@ -570,13 +596,20 @@ class ShardStore:
                 layout.remove(partial + ".etag")
             else:
                 sparse.discard(base)
-                sparse.stream_instead(url)  # ranges that stay wrong (a proxy?): a whole GET next
+                sparse.stream_instead(url)  # checked samples that still make a wrong file: a whole GET next
             repairs += 1
-            if failure is None:
-                failure = ChecksumMismatch(f"download of {url}", bad[0], bad[1], what=bad[2])
-            budget.last_error = failure
-            # a corrupt download was a failed attempt of the same budget
-            if budget.exhausted or (self.max_repairs is not None and repairs > self.max_repairs):
+            if failure is None and budget.changed is not None:
+                failure = ChecksumMismatch(f"{url}: the object changed on the server while it was read, and "
+                                           f"its bytes no longer match the manifest{_from_manifest(shard)}: "
+                                           f"{bad[2]} {bad[1]}, expected {bad[0]}{budget.changed_note()}",
+                                           url=url, expected=bad[0], actual=bad[1], what=bad[2])
+            elif failure is None:
+                failure = ChecksumMismatch(f"download of {url}{_from_manifest(shard)}", bad[0], bad[1], what=bad[2])
+            budget.fault(failure)
+            # a corrupt download is a fault without progress: the server is asked again,
+            # ``attempts`` times in all (``max_repairs`` + 1 with a cap of the store's own),
+            # unless the object changed on the server (its old bytes are not served any more)
+            if repairs >= limit or budget.remaining() <= 0 or budget.changed is not None:
                 raise failure
             self.emit(K.REPAIR, url, attempt=repairs)
         if shard.xxh3_64 is not None:
@@ -599,10 +632,6 @@ class ShardStore:
         # With sync="fsync" the data was fsynced before the rename; the directory is not:
         # after a power cut the newest entries may be missing and are fetched again.
         self.evict()
-
-    @staticmethod
-    def _not_a_complete_tar(path: str, url: str, what: str = "download of") -> Optional[ShardFormatError]:
-        return not_a_complete_tar(path, url, what)
 
     # ---- eviction (resumewds.cache.eviction) ------------------------------------------------
     def cached_bytes(self) -> int:

@@ -20,17 +20,18 @@ uses only those above it)::
                   TRANSPORTS, keyed by scheme_of, is resumewds.schemes);
                   _run_attempt (one attempt through a transport, errors mapped)
     local.py      file:// and plain paths                    TRANSPORTS["file"], ["local"]
-    http.py       http(s):// with Range/If-Range resume      TRANSPORTS["http"], ["https"]
-    lite.py       LiteSession: the manifest and ranged reads over
-                  http(s) on http.client (no requests import)
+    http.py       http(s):// on urllib3 (Session: the one       TRANSPORTS["http"], ["https"]
+                  http client), Range/If-Range resume, ranges
     pipe.py       pipe:CMD, its process group, stall kill    TRANSPORTS["pipe"]
     s3.py         s3:// through boto3 (imported on first     TRANSPORTS["s3"]
                   use)
-    download.py   fetch_to_file / fetch_bytes: the one driver of every scheme
+    download.py   fetch_to_file / fetch_bytes / fetch_range: the drivers of
+                  every scheme, every request under the one retry policy
 
 One download (``fetch_to_file(url, partial)``; the cache does the last two)::
 
-    budget     FetchBudget: attempts and deadline, shared per shard and read
+    budget     FetchBudget: faults in a row without progress and time without
+               progress, shared per shard and read (every request of the shard)
       -> attempt   retry._retry runs _run_attempt until success or budget spent;
                    a TransientFetchError is retried, anything else is final
       -> transport TRANSPORTS[scheme_of(url)].attempt(state): opens the source,
@@ -64,18 +65,20 @@ has the foreign exceptions)::
                 Content-Encoding other than identity, an HTML page (200)
                 where a shard of known size was expected, a ``pipe:``
                 command exiting non-zero or writing nothing for
-                ``read_timeout`` seconds (its process group is killed)
+                ``read_timeout`` seconds (its process group is killed), a
+                sample whose bytes fail its digest (a verifying sink)
     permanent   401, 403, 404, 410 and other 4xx, more than ``max_redirects``
                 redirects (a loop), an HTML page (200) where a shard of
                 unknown size was expected, an object larger than
-                ``max_bytes``, unknown scheme, missing local file
+                ``max_bytes``, a TLS certificate that does not verify, a
+                malformed URL, unknown scheme, missing local file
     CacheError  the destination cannot be written (read-only, disk full)
 
 Environment: every ``RESUMEWDS_FETCH_*`` variable (and ``GOPEN_VERBOSE``) is
 read by :meth:`FetchConfig.from_env` through :mod:`resumewds.config`, which
 lists them; :class:`~resumewds.cache.ShardStore`, the CLI and remote manifest
-fetches all use it.  requests (and urllib3) is imported at the first http(s)
-fetch and boto3 at the first s3 fetch, not with this package.
+fetches all use it.  urllib3 is imported at the first http(s) fetch and boto3
+at the first s3 fetch, not with this package.
 
 Example:
     >>> cfg = FetchConfig(attempts=3, sleep=no_sleep)
@@ -86,10 +89,9 @@ Example:
 from __future__ import annotations
 
 from ..schemes import is_local_url, is_remote_object, is_remote_url, local_path, scheme_of
-from .download import fetch_bytes, fetch_to_file
+from .download import RangeSink, fetch_bytes, fetch_range, fetch_to_file
 from .errormap import parse_retry_after
-from .http import new_session
-from .lite import LiteSession, new_lite_session
+from .http import Session, new_session
 from .partial import boot_id
 from .retry import FetchBudget
 from .settings import FetchConfig, FetchResult, no_sleep
@@ -98,15 +100,16 @@ __all__ = [
     "FetchBudget",
     "FetchConfig",
     "FetchResult",
-    "LiteSession",
+    "RangeSink",
+    "Session",
     "boot_id",
     "fetch_bytes",
+    "fetch_range",
     "fetch_to_file",
     "is_local_url",
     "is_remote_object",
     "is_remote_url",
     "local_path",
-    "new_lite_session",
     "new_session",
     "no_sleep",
     "parse_retry_after",

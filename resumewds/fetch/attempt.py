@@ -110,6 +110,8 @@ class _Attempt(_Partial):
         self.max_bytes = max_bytes
         self.attempts = 0
         self.no_range = False  # the server answered a Range request wrongly: whole GETs only
+        #: this attempt's bytes are kept for a resume (a validator proves them): they are progress
+        self.keeps = False
         self._buf: Optional[memoryview] = None
 
     def buffer(self) -> memoryview:
@@ -130,6 +132,8 @@ class _Attempt(_Partial):
         if self.max_bytes is not None and pace.n + len(data) > self.max_bytes:
             raise self._too_big(pace.n + len(data))
         pace.tick(len(data))
+        if self.keeps:
+            self.budget.progress()  # kept in the partial for a resume: a fault after it costs no attempt
 
     def _copy(self, readinto: Callable[[memoryview], int], sink: _Sink, pace: _Pace,
               sniff: bool = False) -> None:

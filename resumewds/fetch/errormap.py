@@ -4,7 +4,7 @@ As httpx does it: one table per boundary, read top to bottom, first match
 wins; a transport's attempt raises whatever its library raises, and
 :func:`resumewds.fetch.transport._run_attempt` maps what the transport
 ``catches`` through the transport's table, ``raise Ours(msg) from exc``.
-Names of classes in libraries imported lazily (requests, urllib3, botocore)
+Names of classes in libraries imported lazily (urllib3, botocore)
 are written as dotted strings: such a row matches nothing until its module
 has been imported (and none of its exceptions can exist before).
 
@@ -13,21 +13,28 @@ transport puts its botocore rows, :data:`resumewds.fetch.s3.S3_ERRORS`, in
 front of it)::
 
     _SinkError (writing the partial)         CacheError  (ENOSPC, EROFS, EACCES, ...)
-    requests InvalidURL/MissingSchema/...    permanent   invalid URL
-    requests TooManyRedirects                permanent   a redirect loop
-    requests ConnectTimeout                  transient   connect timeout
-    ReadTimeout, socket.timeout, urllib3     transient   read timeout (stalled)
-      ReadTimeoutError (and requests'
-      ConnectionError wrapping one)
-    requests ConnectionError                 transient   connection error
-    ChunkedEncodingError, ContentDecoding-   transient   broken response body
-      Error, urllib3 HTTPError, HTTPException
-    requests RequestException                transient   request failed
+    urllib3 LocationParseError, URL-         permanent   invalid URL
+      SchemeUnknown, ProxySchemeUnknown
+    a TLS certificate that does not verify   permanent   TLS certificate verification failed
+      (ssl.SSLCertVerificationError, or
+      urllib3's SSLError wrapping one)
+    urllib3 SSLError, ssl.SSLError           transient   TLS error (a handshake cut short)
+    urllib3 NewConnectionError               transient   connection error (refused, no route, DNS)
+    urllib3 ConnectTimeoutError              transient   connect timeout
+    urllib3 ReadTimeoutError,                transient   read timeout (stalled)
+      socket.timeout
+    urllib3 ProxyError                       transient   proxy error
+    urllib3 ProtocolError / HTTPError,       transient   broken response body
+      http.client HTTPException
     FileNotFoundError                        permanent   no such file
     IsADirectory/NotADirectory/Permission    permanent   cannot read
     ConnectionError, any other OSError       transient   connection error
     subprocess.SubprocessError               transient   command failed
     anything else                            FetchError  unexpected <type>
+
+Every foreign exception is scrubbed when it is translated
+(:func:`resumewds.redact.scrub`): the error raised ``from`` it, and it,
+print no credential or presigned signature.
 
 HTTP statuses (:func:`_status_error`): 429 and 5xx are transient (with the
 server's Retry-After), every other non-success status is permanent; the
@@ -49,16 +56,15 @@ import email.utils
 import http.client
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 from ..errors import CacheError, FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError, os_problem
-
-if TYPE_CHECKING:
-    import requests
+from ..redact import scrub
 
 Builder = Callable[[Any, str], ResumeWDSError]
 """``build(exc, url) -> our error`` (raised ``from exc`` by the caller)."""
@@ -129,33 +135,41 @@ def _cannot_write(exc: Any, url: str) -> ResumeWDSError:
                       f" while fetching {url}: {problem}")
 
 
-def _wraps_read_timeout(exc: Any) -> bool:
-    """requests wraps read timeouts met while streaming a body in a ConnectionError."""
+def _tls_reason(exc: Any) -> str:
+    """What the TLS layer said of a certificate that does not verify."""
+    inner = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else exc
+    return str(getattr(inner, "verify_message", None) or getattr(inner, "strerror", None) or inner)
+
+
+def _cert_failure(exc: Any) -> bool:
+    """urllib3 wraps a certificate that does not verify (or a hostname mismatch) in its SSLError."""
     inner = exc.args[0] if exc.args else None
-    return isinstance(inner, resolve_types(("urllib3.exceptions.ReadTimeoutError",)))
+    return isinstance(inner, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc)
 
 
-_RX = "requests.exceptions."
+_U3 = "urllib3.exceptions."
 _PERM, _TRANS = PermanentFetchError, TransientFetchError
 
 #: http(s), file://, local paths and ``pipe:``: foreign exception -> ours (first match wins)
 FETCH_ERRORS: Tuple[ErrorRule, ...] = (
     ErrorRule((_SinkError,), _cannot_write),
-    ErrorRule((_RX + "InvalidURL", _RX + "MissingSchema", _RX + "InvalidSchema"),
+    ErrorRule((_U3 + "LocationParseError", _U3 + "LocationValueError", _U3 + "URLSchemeUnknown",
+               _U3 + "ProxySchemeUnknown"),
               says(_PERM, lambda e, u: f"invalid URL: {e}")),
-    ErrorRule((_RX + "TooManyRedirects",),
-              says(_PERM, lambda e, u: "too many redirects (a redirect loop?; more than "
-                                       f"RESUMEWDS_FETCH_MAX_REDIRECTS are not followed): {e}")),
-    ErrorRule((_RX + "ConnectTimeout",), says(_TRANS, lambda e, u: f"connect timeout: {e}")),
-    ErrorRule((_RX + "ReadTimeout", socket.timeout, TimeoutError, "urllib3.exceptions.ReadTimeoutError"),
+    ErrorRule((ssl.SSLCertVerificationError,),
+              says(_PERM, lambda e, u: f"TLS certificate verification failed: {_tls_reason(e)} (REQUESTS_CA_BUNDLE "
+                                       f"/ SSL_CERT_FILE name the CA bundle to trust)")),
+    ErrorRule((_U3 + "SSLError",),
+              says(_PERM, lambda e, u: f"TLS certificate verification failed: {_tls_reason(e)} (REQUESTS_CA_BUNDLE "
+                                       f"/ SSL_CERT_FILE name the CA bundle to trust)"), when=_cert_failure),
+    ErrorRule((_U3 + "SSLError", ssl.SSLError), says(_TRANS, lambda e, u: f"TLS error: {e}")),
+    ErrorRule((_U3 + "NewConnectionError",), says(_TRANS, lambda e, u: f"connection error: {e}")),
+    ErrorRule((_U3 + "ConnectTimeoutError",), says(_TRANS, lambda e, u: f"connect timeout: {e}")),
+    ErrorRule((_U3 + "ReadTimeoutError", socket.timeout, TimeoutError),
               says(_TRANS, lambda e, u: f"read timeout (stalled): {e}")),
-    ErrorRule((_RX + "ConnectionError",), says(_TRANS, lambda e, u: f"read timeout (stalled): {e}"),
-              when=_wraps_read_timeout),
-    ErrorRule((_RX + "ConnectionError",), says(_TRANS, lambda e, u: f"connection error: {e}")),
-    ErrorRule((_RX + "ChunkedEncodingError", _RX + "ContentDecodingError", "urllib3.exceptions.HTTPError",
-               http.client.HTTPException),
+    ErrorRule((_U3 + "ProxyError",), says(_TRANS, lambda e, u: f"proxy error: {e}")),
+    ErrorRule((_U3 + "HTTPError", http.client.HTTPException),
               says(_TRANS, lambda e, u: f"broken response body: {e}")),
-    ErrorRule((_RX + "RequestException",), says(_TRANS, lambda e, u: f"request failed: {e}")),
     ErrorRule((FileNotFoundError,), says(_PERM, lambda e, u: f"no such file: {e.filename or u}")),
     ErrorRule((IsADirectoryError, NotADirectoryError, PermissionError),
               says(_PERM, lambda e, u: f"cannot read: {e.strerror or e}")),
@@ -178,6 +192,7 @@ def translate(exc: BaseException, url: str, rules: Sequence[ErrorRule] = FETCH_E
     """
     if isinstance(exc, ResumeWDSError):
         return exc
+    scrub(exc)  # the error is raised from it: its message must not print a secret either
     for rule in rules:
         if rule.matches(exc):
             return rule.build(exc, url)
@@ -189,7 +204,7 @@ def _translate(exc: BaseException, url: str) -> ResumeWDSError:
     return translate(exc, url, FETCH_ERRORS)
 
 
-def _status_error(url: str, resp: requests.Response) -> FetchError:
+def _status_error(url: str, resp: Any) -> FetchError:
     """The error for a non-success HTTP status."""
     code = resp.status_code
     reason = resp.reason or ""

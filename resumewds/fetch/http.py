@@ -1,10 +1,19 @@
-"""``http://`` and ``https://``: a requests GET per attempt, resumed with Range/If-Range.
+"""``http://`` and ``https://`` on urllib3: one client, Range/If-Range resume, ranged reads.
 
-requests (and urllib3 under it) is imported at the first http(s) attempt,
-not with this module: local, ``file://`` and ``pipe:`` reads never load it
-(about 0.1 s in each DataLoader worker).
+Every http(s) byte the package fetches (a manifest, a whole shard, a ranged
+read of samples, a piece of a download, a repair) goes through a
+:class:`Session`: a urllib3 ``PoolManager`` (keep-alive per origin) that
+follows redirects itself (at most ``max_redirects``; a redirect loop is
+permanent), takes its proxy from ``HTTP(S)_PROXY`` / ``NO_PROXY``, its CA
+bundle from ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` / ``SSL_CERT_FILE`` or
+certifi, and its credentials from the URL's user info or ``~/.netrc`` (sent
+to that host only, never across a redirect to another).  urllib3 is imported
+at the first http(s) fetch (about 25 ms with torch loaded; requests, which
+the package no longer uses, costs about 0.16 s).  urllib3's own retries are
+off: the package's retry policy (:mod:`resumewds.fetch.retry`) decides.
 
-Range resume::
+Whole downloads (:class:`HTTPTransport`, one attempt of
+:func:`resumewds.fetch.fetch_to_file`)::
 
     partial has N > 0 bytes and a validator in <partial>.etag
         -> GET  Range: bytes=N-   If-Range: <ETag or Last-Modified>
@@ -18,14 +27,18 @@ Range resume::
     otherwise
         -> GET (no Range), truncate, save the response's validator
 
+Ranged reads (:func:`open_range`, for :func:`resumewds.fetch.fetch_range`):
+``Range: bytes=a-b`` must come back as a 206 of exactly that range; a 200, a
+416 or another range is :class:`~resumewds.errors.RangeIgnored` (the caller
+reads the shard whole instead).
+
 Refused (permanent): an HTML page where a shard of unknown size was
 expected, more than ``max_redirects`` redirects, a body larger than
-``max_bytes``.  Transient (retried within the budget, and the error once it
-is spent): a Content-Encoding other than identity (its bytes are not the
+``max_bytes``, a TLS certificate that does not verify, a malformed URL.
+Transient: a Content-Encoding other than identity (its bytes are not the
 file's), an HTML page where a shard of known size was expected, a body
 shorter than its Content-Length / Content-Range.  Statuses are mapped by
-:func:`~resumewds.fetch.errormap._status_error`, whatever the body (an HTML
-page with a 5xx is a 5xx: transient).
+:func:`~resumewds.fetch.errormap._status_error`, whatever the body.
 
 Example:
     >>> TRANSPORT.name, TRANSPORT.resumable
@@ -34,76 +47,230 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import http.client
+import netrc
+import os
 import re
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Dict, Optional
+import urllib.request
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
 
-from ..errors import PermanentFetchError, TransientFetchError
+from ..errors import PermanentFetchError, RangeIgnored, TransientFetchError
 from .attempt import _Attempt, _HtmlBody, _Pace
 from .errormap import _status_error
 from .partial import _ETAG_SUFFIX, _read_validator, _remove_quietly, _Sink, _size_of, _write_validator
 from .transport import Transport
 
-if TYPE_CHECKING:  # requests (and urllib3 under it) is imported at the first http(s) fetch: ~0.1 s
-    import requests  # that local shards, file:// and pipe: never pay, in each DataLoader worker
+if TYPE_CHECKING:  # urllib3 is imported at the first http(s) fetch
+    pass
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 _CONTENT_RANGE_UNSAT = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$")
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
-def _requests() -> Any:
-    """The requests module, imported at the first http(s) fetch (not at import:
-    local, file:// and pipe: reads, e.g. in every DataLoader worker, never load it)."""
-    import requests
-
-    return requests
-
-
-_SESSION_CLASS: Optional[type] = None
-
-
-def _session_class() -> type:
-    """``_Session`` (below), defined at the first http(s) fetch, when requests is imported."""
-    global _SESSION_CLASS
-    if _SESSION_CLASS is None:
-        base: Any = _requests().Session
-
-        class _Session(base):
-            """A Session that reads the environment (proxies, CA bundle) once per
-            origin instead of on every request (requests scans ``os.environ`` twice
-            per request: about 0.4 ms, several % of a shard's download)."""
-
-            def __init__(self) -> None:
-                super().__init__()
-                self._env_cache: Dict[Any, Dict[str, Any]] = {}
-
-            def merge_environment_settings(self, url, proxies, stream, verify, cert):
-                if proxies or not self.trust_env:
-                    return super().merge_environment_settings(url, proxies, stream, verify, cert)
-                p = urllib.parse.urlsplit(url)
-                key = (p.scheme, p.netloc, stream, verify, cert)
-                try:
-                    hit = self._env_cache.get(key)
-                except TypeError:  # an unhashable verify/cert: no caching
-                    return super().merge_environment_settings(url, proxies, stream, verify, cert)
-                if hit is None:
-                    hit = super().merge_environment_settings(url, proxies, stream, verify, cert)
-                    if len(self._env_cache) > 256:
-                        self._env_cache.clear()
-                    self._env_cache[key] = hit
-                return dict(hit, proxies=dict(hit["proxies"]))
-
-        _SESSION_CLASS = _Session
-    return _SESSION_CLASS
+def _cafile() -> Optional[str]:
+    """The CA bundle: ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``, ``SSL_CERT_FILE``, else certifi's."""
+    for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"):
+        v = os.environ.get(var)
+        if v:
+            return v
+    try:
+        import certifi  # lazy: only for https
+    except ImportError:  # pragma: no cover - certifi is a dependency
+        return None
+    return str(certifi.where())
 
 
-def new_session() -> requests.Session:
-    """A requests Session for fetching shards (imports requests on first use)."""
-    s = _session_class()()
-    s.headers["Accept-Encoding"] = "identity"  # byte counts must be the file's
-    s.headers["User-Agent"] = "resumewds"
-    return s
+def _netrc_auth(host: str) -> Optional[Tuple[str, str]]:
+    """``(login, password)`` for ``host`` from ``$NETRC`` or ``~/.netrc`` (None if none)."""
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    if not os.path.isfile(path):
+        return None
+    try:
+        found = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    if not found:
+        return None
+    login, _, password = found
+    return login or "", password or ""
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode("ascii")
+
+
+class Response:
+    """One response of :class:`Session` (a urllib3 response, not yet read).
+
+    Attributes:
+        url: the URL that answered (after redirects).
+        status_code, reason, headers: the status line and the (case-insensitive) headers.
+        raw: the urllib3 ``HTTPResponse`` (its body unread).
+    """
+
+    def __init__(self, raw: Any, url: str):
+        self.raw = raw
+        self.url = url
+        self.status_code = int(raw.status)
+        self.reason = raw.reason or ""
+        self.headers = raw.headers
+
+    def iter_content(self, chunk_size: int = 1 << 16) -> Iterator[bytes]:
+        """The body in pieces of up to ``chunk_size`` bytes, as they arrive."""
+        while True:
+            data = self.raw.read1(chunk_size) if hasattr(self.raw, "read1") else self.raw.read(chunk_size)
+            if not data:
+                return
+            yield data
+
+    def close(self) -> None:
+        """Hand the connection back when the body was read to its end, else close it."""
+        raw = self.raw
+        try:
+            fp = getattr(raw, "_fp", None)
+            done = fp is None or fp.isclosed() or getattr(fp, "length", None) == 0
+            if done:
+                raw.release_conn()
+            else:
+                raw.close()
+        except Exception:  # pragma: no cover - closing is best effort
+            pass
+
+    def __enter__(self) -> Response:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Session:
+    """The package's http(s) client: urllib3 pools, redirects, proxies, credentials.
+
+    One per thread (urllib3's pools are thread-safe, but a thread's own pool
+    keeps its connections warm); never used across a fork (:meth:`get` in
+    another process than the one that made it starts new pools).
+
+    Example:
+        >>> with Session() as s:                                             # doctest: +SKIP
+        ...     with s.get("http://127.0.0.1:8000/a.tar", {"Range": "bytes=0-511"}, (10, 30)) as r:
+        ...         r.status_code
+        206
+    """
+
+    def __init__(self) -> None:
+        self.headers: Dict[str, str] = {"User-Agent": "resumewds", "Accept-Encoding": "identity"}
+        self.max_redirects = 10
+        self._managers: Dict[Optional[str], Any] = {}
+        self._pid = os.getpid()
+
+    def _manager(self, scheme: str, host: str) -> Any:
+        import urllib3
+
+        if self._pid != os.getpid():  # a forked child: the parent's connections are not ours
+            self._managers = {}
+            self._pid = os.getpid()
+        proxy = None
+        proxies = urllib.request.getproxies()
+        candidate = proxies.get(scheme) or proxies.get("all")
+        if candidate and not urllib.request.proxy_bypass(host):
+            proxy = candidate if "://" in candidate else "http://" + candidate
+        mgr = self._managers.get(proxy)
+        if mgr is None:
+            kw: Dict[str, Any] = dict(num_pools=32, maxsize=4, retries=False, cert_reqs="CERT_REQUIRED",
+                                      ca_certs=_cafile())
+            if proxy is None:
+                mgr = urllib3.PoolManager(**kw)
+            else:
+                p = urllib.parse.urlsplit(proxy)
+                headers = None
+                if p.username is not None:
+                    headers = urllib3.make_headers(
+                        proxy_basic_auth=f"{urllib.parse.unquote(p.username)}:"
+                                         f"{urllib.parse.unquote(p.password or '')}")
+                mgr = urllib3.ProxyManager(proxy, proxy_headers=headers, **kw)
+            self._managers[proxy] = mgr
+        return mgr
+
+    def get(self, url: str, headers: Optional[Dict[str, str]] = None,
+            timeout: Tuple[Optional[float], Optional[float]] = (None, None)) -> Response:
+        """GET ``url`` (its body not read yet), following redirects.
+
+        Raises:
+            PermanentFetchError: a malformed URL, or more than ``max_redirects``
+                redirects.
+            urllib3 / OSError exceptions: mapped by the caller's error map.
+        """
+        import urllib3
+
+        hdrs = dict(self.headers)
+        hdrs.update(headers or {})
+        first = urllib.parse.urlsplit(url)
+        auth_host = first.hostname
+        auth: Optional[str] = None
+        if first.username is not None:
+            auth = _basic(urllib.parse.unquote(first.username), urllib.parse.unquote(first.password or ""))
+        elif first.hostname and "authorization" not in {k.lower() for k in hdrs}:
+            creds = _netrc_auth(first.hostname)
+            if creds is not None:
+                auth = _basic(*creds)
+        tmo = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        asked, seen = url, 0
+        while True:
+            parts = urllib.parse.urlsplit(url)
+            scheme = parts.scheme.lower()
+            if scheme not in ("http", "https") or not parts.hostname:
+                raise PermanentFetchError(f"{asked}: invalid URL: {url!r} is not an http(s) URL with a host", asked)
+            send = dict(hdrs)
+            if auth is not None and parts.hostname == auth_host:
+                send["Authorization"] = auth
+            netloc = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+            if parts.port is not None:
+                netloc += f":{parts.port}"
+            bare = urllib.parse.urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+            raw = self._manager(scheme, parts.hostname).urlopen(
+                "GET", bare, headers=send, redirect=False, retries=False, preload_content=False,
+                decode_content=False, timeout=tmo, assert_same_host=False)
+            location = raw.headers.get("Location")
+            if raw.status not in _REDIRECTS or not location:
+                return Response(raw, url)
+            raw.drain_conn()
+            raw.release_conn()
+            seen += 1
+            if seen > self.max_redirects:
+                raise PermanentFetchError(
+                    f"{asked}: too many redirects (a redirect loop?; more than RESUMEWDS_FETCH_MAX_REDIRECTS "
+                    f"are not followed): exceeded {self.max_redirects} redirects (the last to {location})",
+                    asked, int(raw.status))
+            url = urllib.parse.urljoin(url, location)
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        managers, self._managers = self._managers, {}
+        if self._pid != os.getpid():
+            return  # a forked child: the sockets are the parent's
+        for mgr in managers.values():
+            try:
+                mgr.clear()
+            except Exception:  # pragma: no cover - closing is best effort
+                pass
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def new_session() -> Session:
+    """A :class:`Session` for fetching shards (urllib3 is imported at its first request).
+
+    Example:
+        >>> s = new_session(); s.close()
+    """
+    return Session()
 
 
 class _Body:
@@ -112,11 +279,8 @@ class _Body:
     file as they arrive, so a kill loses almost nothing).
 
     With a Content-Length the socket under urllib3's ``http.client``
-    response is read directly, and a body read to its end hands the
-    connection back to the pool (:meth:`finish`), so the next shard from the
-    same server skips the TCP (and TLS) handshake and slow start.  Chunked
-    and close-delimited bodies go through ``http.client``'s ``read1``;
-    anything else falls back to ``raw.read`` (one copy more).
+    response is read directly; chunked and close-delimited bodies go through
+    ``http.client``'s ``read1``; anything else through ``raw.read``.
     """
 
     def __init__(self, raw: Any):
@@ -149,15 +313,14 @@ class _Body:
 
     def finish(self) -> None:
         """After a complete sized body: mark http.client's response done (as
-        its own reads would have) and return the connection to the pool."""
+        its own reads would have) so that the connection goes back to the pool."""
         if self.kind != "sized" or self.left != 0:
             return
         self.fp.length = 0
         self.fp.close()
-        self.raw.release_conn()
 
 
-def _refuse_partial_200(state: _Attempt, resp: Any, have: int, length: Optional[int]) -> None:
+def _refuse_partial_200(state: _Attempt, resp: Response, have: int, length: Optional[int]) -> None:
     """A 200 is the whole file: refuse one that says (``Content-Range`` of a
     part) or shows (shorter than the known size, in answer to a Range
     request) that it is not, and make the next attempts whole GETs without
@@ -183,11 +346,23 @@ def _refuse_partial_200(state: _Attempt, resp: Any, have: int, length: Optional[
                               f"without Range", state.url, 200)
 
 
+def _refuse_encoding(url: str, resp: Response) -> None:
+    enc = (resp.headers.get("Content-Encoding") or "").strip().lower()
+    if enc not in ("", "identity"):
+        # transient: one such answer (a cache or proxy's glitch) is retried; a server that
+        # always does it ends the read with this message when the budget is spent
+        raise TransientFetchError(
+            f"{url}: the server sent a {enc}-encoded body (Content-Encoding: {enc}) although "
+            f"resumewds asks for identity; its bytes are not the file's. Serve the file as it is "
+            f"(no compression on the fly)", url, resp.status_code)
+
+
 class HTTPTransport(Transport):
-    """http(s): one GET per attempt, through ``state.session`` (created on first use)."""
+    """http(s): one GET per attempt, through ``state.session`` (a :class:`Session`, made on first use)."""
 
     name = "http"
     resumable = True
+    ranged = True
 
     def attempt(self, state: _Attempt) -> None:
         cfg = state.config
@@ -204,12 +379,13 @@ class HTTPTransport(Transport):
         if state.session is None:
             state.session = new_session()
         state.session.max_redirects = cfg.max_redirects
-        resp = state.session.get(state.url, headers=headers, stream=True,
-                                 timeout=(pace.timeout(cfg.connect_timeout), pace.timeout(cfg.read_timeout)),
-                                 allow_redirects=True)
+        resp = state.session.get(state.url, headers,
+                                 (pace.timeout(cfg.connect_timeout), pace.timeout(cfg.read_timeout)))
         etag: Optional[str] = None
         with resp:
             code = resp.status_code
+            if code in (200, 206):
+                state.budget.saw(resp.headers.get("ETag") or resp.headers.get("Last-Modified"))
             if code == 416 and have:
                 m = _CONTENT_RANGE_UNSAT.match(resp.headers.get("Content-Range", ""))
                 if m and int(m.group(1)) == have:
@@ -253,23 +429,14 @@ class HTTPTransport(Transport):
                     etag = None  # If-Range needs a strong validator
             else:
                 raise _status_error(state.url, resp)
-            enc = (resp.headers.get("Content-Encoding") or "").strip().lower()
-            if enc not in ("", "identity"):
-                # transient: one such answer (a cache or proxy's glitch) is retried; a server that
-                # always does it ends the read with this message when the budget is spent
-                raise TransientFetchError(
-                    f"{state.url}: the server sent a {enc}-encoded body (Content-Encoding: {enc}) although "
-                    f"resumewds asks for identity; its bytes are not the file's. Serve the file as it is "
-                    f"(no compression on the fly)", state.url, code)
+            _refuse_encoding(state.url, resp)
             try:
                 with _Sink(state, append=append) as sink:
                     if not append:
                         # emptied before the validator is recorded, so the pair always agrees
                         _write_validator(state.path, etag or resp.headers.get("Last-Modified"))
-                    raw = resp.raw
-                    # we check lengths ourselves; urllib3's check would drop the bytes of a short last read
-                    raw.enforce_content_length = False
-                    body = _Body(raw)
+                    state.keeps = bool(append or etag or resp.headers.get("Last-Modified"))
+                    body = _Body(resp.raw)
                     state._copy(body.readinto, sink, pace, sniff=not append)
                     body.finish()
             except _HtmlBody as html:
@@ -287,6 +454,48 @@ class HTTPTransport(Transport):
             raise TransientFetchError(f"{state.url}: short body: got {size - start} of {want_total - start} bytes",
                                       state.url, code)
         state._check_expected(size)
+
+    def open_range(self, url: str, start: int, end: int, session: Any, config: Any,
+                   pace: _Pace) -> Tuple[Iterator[bytes], Optional[str], Any]:
+        """GET bytes ``[start, end)``: ``(chunks, validator, closer)``.
+
+        Raises:
+            RangeIgnored: a 200, a 416, another range, an encoded body.
+        """
+        if session is None:
+            session = new_session()
+        session.max_redirects = config.max_redirects
+        resp = session.get(url, {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"},
+                           (pace.timeout(config.connect_timeout), pace.timeout(config.read_timeout)))
+        try:
+            if resp.status_code == 200:
+                raise RangeIgnored(f"{url}: the server ignored Range (HTTP 200)", url, 200)
+            if resp.status_code == 416:  # a plain GET may well serve it: read the shard whole
+                raise RangeIgnored(f"{url}: HTTP 416 for bytes {start}-{end - 1} (Content-Range "
+                                   f"{resp.headers.get('Content-Range')!r})", url, 416)
+            if resp.status_code != 206:
+                raise _status_error(url, resp)
+            check_content_range(url, "Content-Range", resp.headers.get("Content-Range"), start, end)
+            enc = (resp.headers.get("Content-Encoding") or "").strip().lower()
+            if enc not in ("", "identity"):
+                raise RangeIgnored(f"{url}: {enc}-encoded range body", url, 206)
+        except BaseException:
+            resp.raw.close()
+            raise
+        validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
+        return resp.iter_content(1 << 18), validator, resp
+
+
+def check_content_range(url: str, field: str, got: Optional[str], start: int, end: int) -> None:
+    """Refuse (:class:`~resumewds.errors.RangeIgnored`) an answer whose ``Content-Range``
+    (http) or ``ContentRange`` (s3) is not exactly bytes ``start``..``end - 1``.
+
+    Example:
+        >>> check_content_range("http://h/a", "Content-Range", "bytes 0-9/100", 0, 10)
+    """
+    m = _CONTENT_RANGE.match(got or "")
+    if not m or int(m.group(1)) != start or int(m.group(2)) != end - 1:
+        raise RangeIgnored(f"{url}: asked for bytes {start}-{end - 1}, got {field} {got!r}", url, 206)
 
 
 TRANSPORT = HTTPTransport()

@@ -1,34 +1,50 @@
 """The retry policy: one :class:`FetchBudget` per shard and read, spent by tenacity.
 
-Budget: the attempts of one shard for one read draw from one
-:class:`FetchBudget` (``attempts`` and ``deadline``), shared by the prefetch
-thread and the reader.  The deadline bounds everything: waits between
-attempts (a Retry-After past it ends the fetch at once), each attempt's
-timeouts (:class:`resumewds.fetch.attempt._Pace`), and the body itself
-(checked after every read, with a minimum transfer rate, so a trickle ends
-too).
+Every request for a shard's bytes (a whole download's attempt, a ranged read
+of samples, a piece of a download, a repair) runs under :func:`_retry` and
+draws from the shard's one budget, shared by every thread of the process
+that reads or downloads it.  A fault costs an attempt only when it made no
+progress: bytes verified since the last fault (a sample that matched its
+digest, a whole download's bytes appended to its partial file) reset the
+count.  So a network that breaks a third of the responses still delivers
+every shard, while a server that answers nothing fails after ``attempts``
+requests in a row.  Two bounds end a read:
 
-The policy is tenacity's ``Retrying`` with two strategies of ours, small
-callables in tenacity's own style (``wait_base`` / ``stop_base``, so ``+``
-and ``|`` compose them):
+* ``attempts`` faults in a row without progress (a transient error, a
+  corrupt sample, a short body that brought nothing new), counted for the
+  shard and, separately, for each request (one request that keeps failing
+  while others progress is given up too);
+* ``deadline`` seconds without progress (waits between attempts included; a
+  Retry-After that goes past it ends the read at once, saying so).  With a
+  ``min_rate`` (the default), which every attempt must keep up, progress
+  starts the deadline again: a shard that keeps arriving is never given up
+  on, however long it takes; with ``min_rate=0`` the deadline counts from the
+  read's start and also ends a body that is still arriving.
+
+Permanent errors (4xx other than 429, a TLS certificate that does not
+verify, a malformed URL, a missing file) are never retried.
+
+The policy is tenacity's ``Retrying`` with strategies of ours in tenacity's
+own style (``wait_base`` / ``stop_base``)::
 
     retry   only a :class:`~resumewds.errors.TransientFetchError`
-    wait    exponential backoff with jitter, at least the server's
-            Retry-After, never past the deadline (:class:`_WaitHonouringRetryAfter`)
-    stop    the budget has no attempt or time left, or a Retry-After reaches
-            past the deadline (:class:`_StopWhenBudgetSpent`)
+    wait    none after an attempt that brought bytes (a cut body, a sample
+            that arrived corrupt); else exponential backoff with jitter by the
+            request's faults in a row, at least the server's Retry-After,
+            never past the deadline
+    stop    the budget is spent (either bound above), or a Retry-After
+            reaches past the deadline
     sleep   ``FetchConfig.sleep`` (injectable: tests do not wait)
-
-Every request for a shard's bytes draws from that budget: whole-shard
-attempts (:func:`resumewds.fetch.transport._run_attempt`) and ranged reads and
-repairs (:func:`resumewds.repair.fetch_range`, which gives a successful
-request's attempt back with :meth:`FetchBudget.refund`).
 
 Example:
     >>> from resumewds.fetch import FetchConfig, no_sleep
-    >>> b = FetchBudget(FetchConfig(attempts=1, sleep=no_sleep))
-    >>> b.take(), b.exhausted
-    (True, True)
+    >>> b = FetchBudget(FetchConfig(attempts=2, sleep=no_sleep))
+    >>> b.fault(OSError("reset")); b.exhausted
+    False
+    >>> b.fault(OSError("reset")); b.exhausted
+    True
+    >>> b.progress(); b.exhausted
+    False
 """
 
 from __future__ import annotations
@@ -37,114 +53,109 @@ import functools
 import inspect
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
 
-from ..errors import FetchError, ResumeWDSError, TransientFetchError
+from ..errors import CorruptSample, FetchError, IntegrityError, ResumeWDSError, TransientFetchError
 from ..events import EventKind
 from .settings import EventFn, FetchConfig
 
 
 class FetchBudget:
-    """The attempts and the time one read of one shard may spend, shared.
-
-    The prefetch thread and the reader that later wants the same shard draw
-    from one budget, so a dead server costs one ``deadline`` (or one run of
-    ``attempts``), not two.  Waiting for another thread's download of the
-    shard spends the same deadline.
-
-    Every request for the shard draws an attempt with :meth:`hold` (whole
-    downloads and ranged reads alike) and ends it with :meth:`spend` (it
-    failed, or a whole download's attempt) or :meth:`refund` (a ranged
-    request that succeeded gives its attempt back).  While every attempt
-    left is held by requests in flight, :meth:`hold` waits for one of them
-    to end: the requests in flight never exceed the attempts left.
+    """What one read of one shard may still spend, shared by its requests.
 
     Attributes:
-        attempts_left: attempts not yet made (or held by requests in flight).
-        held: requests in flight holding an attempt.
-        deadline_at: ``time.monotonic()`` past which nothing more is tried.
-        last_error: the error of the last attempt that failed, if any.
-        fetched: a whole-shard download of this read succeeded (a ranged
-            request that finds no attempt left reads the shard whole instead).
+        faults: faults in a row without progress (any request of the shard).
+        progressed: how many times bytes were verified (a request compares it
+            before and after its own faults).
+        deadline_at: ``time.monotonic()`` past which nothing more is tried
+            (``deadline`` seconds after the last progress).
+        last_error: the error of the last fault, if any.
+        done_at: when the read that used it ended in failure (the store keeps
+            a failed budget a while, so that a reader meets a prefetch's
+            failure at once).
 
     Example:
-        >>> b = FetchBudget(FetchConfig(attempts=2, deadline=5))
-        >>> b.take(), b.take(), b.take()
-        (True, True, False)
+        >>> b = FetchBudget(FetchConfig(attempts=3, deadline=5))
+        >>> b.remaining() <= 5, b.exhausted
+        (True, False)
     """
 
     def __init__(self, config: FetchConfig):
         self.config = config
-        self.attempts_left = int(config.attempts)
-        self.held = 0
-        self.fetched = False
+        self.faults = 0
+        self.progressed = 0
         self.started = time.monotonic()
         self.deadline_at = self.started + float(config.deadline)
         self.last_error: Optional[BaseException] = None
         self.done_at: Optional[float] = None
-        self._lock = threading.Condition()
+        #: the first validator (ETag, else Last-Modified) a response of the shard carried, and
+        #: ``(that, another)`` once a later one carried another: the object changed on the server
+        self.validator: Optional[str] = None
+        self.changed: Optional[Tuple[str, str]] = None
+        self._lock = threading.Lock()
+        self._mine = threading.local()  # progress made by the calling thread (one request at a time)
 
     def remaining(self) -> float:
         """Seconds left before the deadline (0 when past it)."""
         return max(0.0, self.deadline_at - time.monotonic())
 
-    def take(self) -> bool:
-        """Use one attempt (not held: spent at once); False when none (or no time) is left."""
+    def progress(self) -> None:
+        """Bytes were verified: the faults in a row start again from 0, and (with a
+        ``min_rate``, which each attempt keeps up) the deadline from now."""
         with self._lock:
-            if self.attempts_left <= 0 or self.remaining() <= 0:
-                return False
-            self.attempts_left -= 1
-            return True
+            self.faults = 0
+            self.progressed += 1
+            self._mine.n = getattr(self._mine, "n", 0) + 1
+            if self.config.min_rate:
+                self.deadline_at = max(self.deadline_at, time.monotonic() + float(self.config.deadline))
 
-    def hold(self) -> bool:
-        """Take one attempt for a request about to be made, to be ended by
-        :meth:`spend` or :meth:`refund`; while the attempts left are all held
-        by requests in flight, wait for one to end.  False when none (or no
-        time) is left."""
+    def saw(self, validator: Optional[str]) -> None:
+        """A response of the shard carried ``validator`` (remembered; another one later
+        means the object changed on the server while it was read)."""
+        if not validator:
+            return
         with self._lock:
-            while self.attempts_left <= 0 and self.held > 0 and self.remaining() > 0:
-                self._lock.wait(min(self.remaining(), 1.0))
-            if self.attempts_left <= 0 or self.remaining() <= 0:
-                return False
-            self.attempts_left -= 1
-            self.held += 1
-            return True
+            if self.validator is None:
+                self.validator = validator
+            elif validator != self.validator and self.changed is None:
+                self.changed = (self.validator, validator)
 
-    def spend(self) -> None:
-        """End a held attempt: it stays used (a failure, or a whole download)."""
-        with self._lock:
-            self.held = max(0, self.held - 1)
-            self._lock.notify_all()
+    def changed_note(self) -> str:
+        """What to add to a final error when the object changed on the server ("" if not)."""
+        if self.changed is None:
+            return ""
+        return (f" (validator {self.changed[0]}, then {self.changed[1]}): the bytes the manifest describes "
+                f"are no longer served there; index the shard again, or restore the object")
 
-    def refund(self) -> None:
-        """End a held attempt by giving it back (a ranged request that
-        succeeded), and restart the deadline: only failed requests stay
-        spent, and a read that keeps succeeding is not running out of time."""
+    def mine(self) -> int:
+        """How many times the calling thread reported progress (its request's own progress)."""
+        return int(getattr(self._mine, "n", 0))
+
+    def fault(self, exc: BaseException) -> None:
+        """A request failed without progress since the last fault (or at all)."""
         with self._lock:
-            self.held = max(0, self.held - 1)
-            self.attempts_left = min(int(self.config.attempts), self.attempts_left + 1)
-            self.deadline_at = max(self.deadline_at, time.monotonic() + float(self.config.deadline))
-            self._lock.notify_all()
+            self.faults += 1
+            if isinstance(exc, (FetchError, IntegrityError)):
+                self.last_error = exc
 
     @property
     def exhausted(self) -> bool:
-        """No time left, or no attempt left and none held by a request in flight."""
-        return (self.attempts_left <= 0 and self.held <= 0) or self.remaining() <= 0
+        """``attempts`` faults in a row without progress, or no time left."""
+        return self.faults >= int(self.config.attempts) or self.remaining() <= 0
 
     def exhausted_error(self, url: str) -> ResumeWDSError:
-        """The error to raise when nothing is left (the last failure, if known:
-        a fetch error, or the mismatch of a corrupt download)."""
+        """The error to raise when nothing is left (the last failure, if known)."""
         if isinstance(self.last_error, ResumeWDSError):
             return self.last_error
         used = time.monotonic() - self.started
-        if self.attempts_left <= 0:
-            return TransientFetchError(f"{url}: all {self.config.attempts} fetch attempts used "
-                                       f"(RESUMEWDS_FETCH_ATTEMPTS)", url)
-        return TransientFetchError(f"{url}: fetch deadline of {self.config.deadline:g}s reached after "
-                                   f"{used:.1f}s (RESUMEWDS_FETCH_DEADLINE)", url)
+        if self.faults >= int(self.config.attempts):
+            return TransientFetchError(f"{url}: {self.config.attempts} fetch attempts in a row failed without "
+                                       f"progress (RESUMEWDS_FETCH_ATTEMPTS)", url)
+        return TransientFetchError(f"{url}: fetch deadline of {self.config.deadline:g}s without progress reached "
+                                   f"after {used:.1f}s (RESUMEWDS_FETCH_DEADLINE)", url)
 
 
 @functools.cache
@@ -156,33 +167,42 @@ def _strategies() -> Tuple[Any, Any, str]:
     from tenacity.wait import wait_base
 
     class _WaitHonouringRetryAfter(wait_base):
-        """Exponential jitter, but at least the server's Retry-After, and never
-        past the budget's deadline."""
+        """Exponential jitter by the request's faults in a row, at least the
+        server's Retry-After, never past the budget's deadline."""
 
-        def __init__(self, base: Callable[[RetryCallState], float], budget: FetchBudget):
+        def __init__(self, base: Any, budget: FetchBudget, own: List[int]):
             self.base = base
             self.budget = budget
+            self.own = own
 
         def __call__(self, rs: RetryCallState) -> float:
-            wait = float(self.base(rs))
             exc = rs.outcome.exception() if rs.outcome is not None else None
+            if self.own[1] or isinstance(exc, CorruptSample):
+                return 0.0  # it brought bytes before it broke, or bytes that were wrong: no need to back off
+            # the backoff grows with the faults in a row, not with the attempts
+            saved = rs.attempt_number
+            rs.attempt_number = max(1, self.own[0])
+            try:
+                wait = float(self.base(rs))
+            finally:
+                rs.attempt_number = saved
             ra = getattr(exc, "retry_after", None)
             if ra is not None:
                 wait = max(wait, float(ra))
             return min(wait, self.budget.remaining())
 
     class _StopWhenBudgetSpent(stop_base):
-        """Stop when the shared budget has no attempt or time left, or when the
-        server's Retry-After reaches past the deadline (waiting for it would
-        leave no time to try again: give up now, and say why)."""
+        """Stop when the shard's budget, or this request's own faults in a row,
+        are spent, or when the server's Retry-After reaches past the deadline."""
 
-        def __init__(self, budget: FetchBudget):
+        def __init__(self, budget: FetchBudget, own: List[int]):
             self.budget = budget
+            self.own = own
             self.reason: Optional[str] = None
 
         def __call__(self, rs: RetryCallState) -> bool:
             b = self.budget
-            if b.exhausted:
+            if b.exhausted or self.own[0] >= int(b.config.attempts):
                 return True
             exc = rs.outcome.exception() if rs.outcome is not None else None
             ra = getattr(exc, "retry_after", None)
@@ -200,7 +220,30 @@ def _strategies() -> Tuple[Any, Any, str]:
 
 def _retry(config: FetchConfig, url: str, on_event: Optional[EventFn], budget: FetchBudget,
            fn: Callable[..., Any], *args: Any) -> Any:
-    """Call ``fn(*args)`` until it succeeds or ``budget`` is spent."""
+    """Call ``fn(*args)`` until it succeeds, fails for good, or ``budget`` is spent.
+
+    Each failure is a fault of the budget (:meth:`FetchBudget.fault`);
+    ``fn`` reports its progress itself (:meth:`FetchBudget.progress`, as
+    bytes are verified).  A request whose faults in a row, without progress
+    of the shard between them, reach ``attempts`` is given up too.
+    """
+    own = [0, 0]  # this request's faults in a row without progress of its own; whether the last one progressed
+
+    def call(*a: Any) -> Any:
+        if budget.exhausted:
+            raise budget.exhausted_error(url)
+        before = budget.mine()
+        try:
+            return fn(*a)
+        except BaseException as exc:
+            if isinstance(exc, TransientFetchError):
+                own[1] = int(budget.mine() != before)
+                own[0] = 1 if own[1] else own[0] + 1
+                budget.fault(exc)
+            elif isinstance(exc, FetchError):
+                budget.last_error = exc
+            raise
+
     def before_sleep(rs: RetryCallState) -> None:
         if on_event is not None:
             exc = rs.outcome.exception() if rs.outcome is not None else None
@@ -212,27 +255,22 @@ def _retry(config: FetchConfig, url: str, on_event: Optional[EventFn], budget: F
     _WaitHonouringRetryAfter, _StopWhenBudgetSpent, jitter_start = _strategies()
     base = wait_exponential_jitter(**{jitter_start: config.backoff_initial}, max=config.backoff_max,
                                    jitter=config.backoff_initial)
-    stop = _StopWhenBudgetSpent(budget)
+    stop = _StopWhenBudgetSpent(budget, own)
     retrying = Retrying(
         retry=retry_if_exception_type(TransientFetchError),
         stop=stop,
-        wait=_WaitHonouringRetryAfter(base, budget),
+        wait=_WaitHonouringRetryAfter(base, budget, own),
         sleep=config.sleep,
         reraise=True,
         before_sleep=before_sleep,
     )
     try:
-        return retrying(fn, *args)
+        return retrying(call, *args)
     except TransientFetchError as exc:
         if stop.reason:
             err = TransientFetchError(f"{exc}: {stop.reason}", url, getattr(exc, "status", None),
-                                     retry_after=getattr(exc, "retry_after", None))
+                                      retry_after=getattr(exc, "retry_after", None))
             budget.last_error = err
-            budget.attempts_left = 0  # the server said not before the deadline: nobody may ask sooner
-            raise err from exc
-        budget.last_error = exc
+            budget.faults = max(budget.faults, int(config.attempts))  # the server said not before the deadline
+            raise err from None
         raise
-    except FetchError as exc:
-        budget.last_error = exc
-        raise
-

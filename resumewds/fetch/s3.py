@@ -75,19 +75,19 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import urllib3.exceptions
 
 from ..config import S3_ADDRESSING, s3_settings
-from ..errors import FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError
+from ..errors import FetchError, PermanentFetchError, RangeIgnored, ResumeWDSError, TransientFetchError
 
 # the package's partial-file machinery (sidecar validator, hashing writer, body
 # reader, pacing, error map), shared so that every transport keeps one contract
 from .attempt import _Attempt, _HtmlBody, _Pace
 from .download import _download, fetch_bytes
 from .errormap import FETCH_ERRORS, ErrorRule, _SinkError, parse_retry_after, says, translate
-from .http import _CONTENT_RANGE, _Body
+from .http import _CONTENT_RANGE, _Body, check_content_range
 from .partial import _ETAG_SUFFIX, _read_validator, _remove_quietly, _Sink, _size_of, _write_validator
 from .retry import FetchBudget
 from .settings import EventFn, FetchConfig, FetchResult
@@ -205,18 +205,17 @@ def scheme_hint(scheme: str) -> str:
 # clients: one per (process, options, timeouts), shared by threads (boto3
 # clients are thread-safe, their creation is not)
 # ---------------------------------------------------------------------------
+# (keyed by the pid: a forked child makes its own, and its own lock, never the parent's)
 _CLIENTS: Dict[Tuple[Any, ...], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
+_LOCKS: Dict[int, threading.Lock] = {}
 
 
-def _reset_after_fork() -> None:
-    global _CLIENTS_LOCK
-    _CLIENTS_LOCK = threading.Lock()
-    _CLIENTS.clear()  # the parent's connections are not ours to reuse
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
+def _clients_lock() -> threading.Lock:
+    pid = os.getpid()
+    lock = _LOCKS.get(pid)
+    if lock is None:
+        lock = _LOCKS.setdefault(pid, threading.Lock())
+    return lock
 
 
 def _import_boto(url: str) -> Any:
@@ -263,7 +262,7 @@ def client_for(url: str, config: FetchConfig, timeouts: Optional[Tuple[float, fl
         # we hash every byte ourselves; botocore's CRC would be a second pass
         kw["response_checksum_validation"] = "when_required"
         kw["request_checksum_calculation"] = "when_required"
-    with _CLIENTS_LOCK:
+    with _clients_lock():
         client = _CLIENTS.get(key)
         if client is None:
             try:
@@ -384,6 +383,7 @@ class S3Transport(Transport):
 
     name = "s3"
     resumable = True
+    ranged = True
     # botocore's, urllib3's, OSError, our sink's: all mapped, none leaks
     catches = (_BX + "BotoCoreError", _BX + "ClientError", OSError, _SinkError, urllib3.exceptions.HTTPError,
                http.client.HTTPException)
@@ -442,6 +442,7 @@ class S3Transport(Transport):
         status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
         body = resp["Body"]
         raw = getattr(body, "_raw_stream", None)
+        state.budget.saw(resp.get("ETag"))
         try:
             length = int(resp.get("ContentLength") or 0)
             etag: Optional[str] = None
@@ -468,6 +469,7 @@ class S3Transport(Transport):
                     if not append:
                         # emptied before the validator is recorded, so the pair always agrees
                         _write_validator(state.path, etag)
+                    state.keeps = bool(append or etag)
                     if raw is not None:
                         raw.enforce_content_length = False  # we check lengths ourselves
                         reader = _Body(raw)
@@ -491,6 +493,34 @@ class S3Transport(Transport):
             raise TransientFetchError(f"{state.url}: short body: got {size - start} of {want_total - start} bytes",
                                       state.url, status)
         state._check_expected(size)
+
+
+    def open_range(self, url: str, start: int, end: int, session: Any, config: Any,
+                   pace: _Pace) -> Tuple[Iterator[bytes], Optional[str], Any]:
+        """A ranged GetObject of bytes ``[start, end)``: ``(chunks, ETag, body)``.
+
+        Raises:
+            RangeIgnored: another status or range (a 416: a whole GetObject may serve it).
+        """
+        bucket, key = parse_s3_url(url)
+        client = client_for(url, config, (pace.timeout(config.connect_timeout), pace.timeout(config.read_timeout)))
+        try:
+            resp = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        except Exception as exc:
+            err = translate_s3_error(exc, url)
+            if getattr(err, "status", None) == 416:
+                raise RangeIgnored(f"{err} (bytes {start}-{end - 1})", url, 416) from None
+            raise
+        body = resp["Body"]
+        try:
+            status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
+            if status != 206:
+                raise RangeIgnored(f"{url}: S3 answered a Range GetObject with HTTP {status}", url, status)
+            check_content_range(url, "ContentRange", resp.get("ContentRange"), start, end)
+        except BaseException:
+            body.close()
+            raise
+        return iter(lambda: body.read(1 << 18), b""), resp.get("ETag") or None, body
 
 
 def _read_into(body: Any, buf: memoryview) -> int:  # pragma: no cover - fallback

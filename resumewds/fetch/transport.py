@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import http.client
 import subprocess
-from typing import TYPE_CHECKING, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
 
-from ..errors import PermanentFetchError, ResumeWDSError
+from ..errors import PermanentFetchError, RangeIgnored, ResumeWDSError
 from ..schemes import TRANSPORTS, scheme_of
 from .errormap import FETCH_ERRORS, ErrorRule, TypeRef, _SinkError, resolve_types, translate
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 #: what an attempt of the built-in transports may raise that the error map translates
 DEFAULT_CATCHES: Tuple[TypeRef, ...] = (
-    "requests.exceptions.RequestException", "urllib3.exceptions.HTTPError", http.client.HTTPException,
+    "urllib3.exceptions.HTTPError", http.client.HTTPException,
     OSError, subprocess.SubprocessError, _SinkError,
 )
 
@@ -58,6 +58,9 @@ class Transport:
 
     name: str = "?"
     resumable: bool = False
+    #: it serves byte ranges (:meth:`open_range`): a shard with per-sample digests is
+    #: then read by verified ranges and downloaded in sample-aligned pieces
+    ranged: bool = False
     catches: Tuple[TypeRef, ...] = DEFAULT_CATCHES
     errors: Tuple[ErrorRule, ...] = FETCH_ERRORS
 
@@ -68,6 +71,16 @@ class Transport:
     def attempt(self, state: _Attempt) -> None:
         """One attempt: write what is missing of ``state.url`` into ``state.path``."""
         raise NotImplementedError
+
+    def open_range(self, url: str, start: int, end: int, session: Any, config: Any,
+                   pace: Any) -> Tuple[Iterator[bytes], Optional[str], Any]:
+        """Open bytes ``[start, end)`` of ``url``: ``(chunks, validator, closer)`` (its
+        body as it arrives, the object's ETag or Last-Modified, what to close).
+
+        Raises:
+            RangeIgnored: the source answered with something else than that range.
+        """
+        raise RangeIgnored(f"{url}: {self.name} sources are not read by range", url)
 
     def maps(self, exc: BaseException) -> bool:
         """Whether ``exc`` is one the error map translates (see ``catches``)."""
@@ -93,22 +106,13 @@ def transport_for(url: str) -> Transport:
 
 
 def _run_attempt(state: _Attempt, transport: Transport) -> None:
-    """One attempt, drawn from the shared budget; what the transport catches is mapped by its table."""
-    budget = state.budget
-    if not budget.hold():  # waits while ranged requests of the shard hold the attempts left
-        raise budget.exhausted_error(state.url)
+    """One attempt of a whole download; what the transport catches is mapped by its table."""
     state.attempts += 1
     try:
         transport.attempt(state)
-    except ResumeWDSError as exc:
-        budget.last_error = exc
+    except ResumeWDSError:
         raise
     except Exception as exc:
         if not transport.maps(exc):
             raise
-        err = transport.translate(exc, state.url)
-        budget.last_error = err
-        raise err from exc
-    finally:
-        budget.spend()  # a whole download's attempt stays used, success or not
-    budget.fetched = True
+        raise transport.translate(exc, state.url) from exc

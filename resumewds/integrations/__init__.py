@@ -18,7 +18,7 @@ What is exact, and what to do when the world size changes: docs/FRAMEWORKS.md.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 __all__ = ["resumewds_loaders"]
 
@@ -61,34 +61,83 @@ def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:
                      drop_last=loader.drop_last, pin_memory=loader.pin_memory, timeout=loader.timeout, **kwargs)
 
 
+def _mark_checkpointed(loader: Any, framework: str) -> None:
+    """Say that ``framework``'s checkpoints hold ``loader``'s position (no warning from
+    :func:`resumewds.framecheck.warn_unsaved_loader`): on the loader, the loaders it wraps, and
+    their data sets (which the loaders a rotation makes per epoch share)."""
+    seen = 0
+    obj = loader
+    while obj is not None and seen < 8:
+        for target in (obj, getattr(obj, "dataset", None)):
+            if target is not None:
+                try:
+                    target._checkpointed_by = framework
+                except AttributeError:  # an object without a __dict__
+                    pass
+        inner = getattr(obj, "loader", None)
+        obj, seen = (inner if inner is not obj else None), seen + 1
+
+
 def resumewds_loaders(obj: Any) -> List[Any]:
     """The resumewds loaders in ``obj``: a loader, a list / tuple / dict of them,
     or anything with ``flattened`` or ``iterables`` (Lightning's ``CombinedLoader``);
     in a stable order (dict keys in their order).
 
+    A container that holds itself (a ``flattened`` that returns the object, or
+    a list with itself in it) is followed once.
+
+    Raises:
+        ValueError: the containers nest more than ``_MAX_NESTING`` deep (a
+            ``flattened`` that makes a new container each time it is read).
+
     Example:
         >>> resumewds_loaders([1, {"a": "x"}])
         []
     """
-    if obj is None:
+    return _loaders_in(obj, set(), 0)
+
+
+_MAX_NESTING = 100
+
+
+def _loaders_in(obj: Any, path: Set[int], depth: int) -> List[Any]:
+    """:func:`resumewds_loaders` of ``obj`` inside the containers ``path`` (their ids)."""
+    if obj is None or id(obj) in path:
         return []
     if _is_resumewds_loader(obj):
         return [obj]
+    if depth >= _MAX_NESTING:
+        raise ValueError(f"resumewds_loaders: containers nest more than {_MAX_NESTING} levels deep at "
+                         f"{type(obj).__name__} (does its `flattened` or `iterables` make a new container "
+                         "each time it is read?)")
     if isinstance(obj, (list, tuple)):
-        return [x for item in obj for x in resumewds_loaders(item)]
-    if isinstance(obj, dict):
-        return [x for item in obj.values() for x in resumewds_loaders(item)]
-    for attr in ("flattened", "iterables"):
-        inner = getattr(obj, attr, None)
-        if inner is not None and inner is not obj and not isinstance(inner, (str, bytes)):
-            return resumewds_loaders(inner)
-    return []
+        items: Any = obj
+    elif isinstance(obj, dict):
+        items = obj.values()
+    else:
+        items = None
+        for attr in ("flattened", "iterables"):
+            inner = getattr(obj, attr, None)
+            if inner is not None and inner is not obj and not isinstance(inner, (str, bytes)):
+                items = [inner]
+                break
+        if items is None:
+            return []
+    path.add(id(obj))
+    try:
+        return [x for item in items for x in _loaders_in(item, path, depth + 1)]
+    finally:
+        path.discard(id(obj))
 
 
 def _batches_done(loader: Any) -> Any:
-    """Batches of the current epoch already handed out (None when the loader cannot tell)."""
-    left = getattr(loader, "batches_left", None)
-    return None if left is None else len(loader) - left
+    """Batches of the current epoch already handed out (None when the loader cannot tell: a loader
+    of unknown length)."""
+    try:
+        left = getattr(loader, "batches_left", None)
+        return None if left is None else len(loader) - left
+    except TypeError:
+        return None
 
 
 def _skip_in_place(loader: Any, num_batches: int, framework: str) -> Any:

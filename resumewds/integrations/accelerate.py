@@ -44,7 +44,7 @@ import logging
 from typing import Any, Dict, Iterator, Optional
 
 from ..errors import StateError
-from . import _check_world, _is_resumewds_loader, _skip_in_place, _webloader_for
+from . import _check_world, _is_resumewds_loader, _mark_checkpointed, _skip_in_place, _webloader_for
 
 __all__ = ["prepare_loader", "PreparedLoader"]
 
@@ -127,6 +127,7 @@ def prepare_loader(accelerator: Any, loader: Any, device_placement: Optional[boo
     prepared = PreparedLoader(loader, accelerator.device if place else None,
                               non_blocking=bool(getattr(accelerator, "non_blocking", False)))
     accelerator.register_for_checkpointing(prepared)
+    _mark_checkpointed(prepared, "accelerate")
     _install_skip_hook()
     return prepared
 

@@ -53,8 +53,8 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from ..errors import StateError
-from ..framecheck import worker_count_error
-from . import _check_world, _is_resumewds_loader, _webloader_for, resumewds_loaders
+from ..framecheck import has_len, worker_count_error
+from . import _check_world, _is_resumewds_loader, _mark_checkpointed, _webloader_for, resumewds_loaders
 from .stateful import state_num_workers
 
 
@@ -116,14 +116,22 @@ def _start_at_epoch(loader: Any, epoch: int) -> None:
 def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
     """Prepare the foreign training loaders before Lightning's first ``iter()`` of this fit (it happens
     before any hook: the restored epoch, the state's worker count, a DataLoader resumed mid-epoch).
-    True when one of them has a state (Lightning must then not prefetch)."""
+    True when one of them has a state, or a resumewds loader has no length (Lightning must then not
+    prefetch: it would checkpoint the loader's state one batch ahead of what was trained on)."""
     loop = trainer.fit_loop
     epoch = int(loop.epoch_progress.current.processed)
     progress = loop.epoch_loop.batch_progress
     mid_epoch = bool(loop.restarting and progress.current.completed and not progress.is_last_batch)
+    stateful = False
     for loader in _train_loaders(trainer):
         _start_at_epoch(loader, epoch)
-    stateful = False
+        _mark_checkpointed(loader, "lightning")
+        if not has_len(loader):
+            stateful = True
+            if mid_epoch and int(loader.epoch) == epoch + 1 and not int(loader.position):
+                # the checkpoint was taken at the last batch of its epoch (the loader stands at the next
+                # one), which Lightning could not know without a length: it resumes that epoch's end
+                progress.is_last_batch = True
     foreign = _foreign_loaders(trainer)
     _load_own_rank_states(callback, trainer, [dl for dl in foreign if hasattr(dl, "state_dict")])
     for dl in foreign:

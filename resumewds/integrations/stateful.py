@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from ..errors import StateError
 from ..framecheck import state_num_workers, worker_count_error
 
 __all__ = ["load_state_dict", "state_num_workers"]
@@ -38,9 +39,20 @@ def load_state_dict(dataloader: Any, state: Dict[str, Any]) -> None:
         state: what its ``state_dict()`` returned in an earlier run.
 
     Raises:
-        StateError: the state was taken with another worker count (torchdata
-            would fail at the next ``iter()`` with a bare ``AssertionError``).
+        TypeError: ``dataloader`` has no ``load_state_dict`` (None, a torch
+            ``DataLoader``: it has no state to restore).
+        StateError: ``state`` is not a dict, or was taken with another worker
+            count (torchdata would fail at the next ``iter()`` with a bare
+            ``AssertionError``).
     """
+    if not callable(getattr(dataloader, "load_state_dict", None)):
+        kind = "None" if dataloader is None else f"a {type(dataloader).__module__}.{type(dataloader).__qualname__}"
+        raise TypeError(f"load_state_dict: expected a torchdata StatefulDataLoader (a loader with load_state_dict), "
+                        f"got {kind}, which has no state to restore. Build the loader as "
+                        "torchdata.stateful_dataloader.StatefulDataLoader(...), or train with resumewds.WebLoader")
+    if not isinstance(state, dict):
+        raise StateError(f"load_state_dict: expected the dict a StatefulDataLoader's state_dict() returned, got "
+                         f"{'None' if state is None else 'a ' + type(state).__name__}")
     taken = state_num_workers(state)
     have = int(getattr(dataloader, "num_workers", 0) or 0)
     if taken is not None and taken != have:

@@ -40,7 +40,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ..errors import StateError
-from . import _check_world, _is_resumewds_loader, _skip_in_place
+from . import _check_world, _is_resumewds_loader, _mark_checkpointed, _skip_in_place
 
 __all__ = ["attach", "ResumeWDSTrainerCallback", "STATE_FILE"]
 
@@ -156,6 +156,7 @@ def attach(trainer: Any, loader: Any) -> ResumeWDSTrainerCallback:
         raise TypeError(f"attach needs a resumewds.WebLoader, got {type(loader).__name__}")
     callback = ResumeWDSTrainerCallback(loader)
     loader._resumewds_hf_callback = callback
+    _mark_checkpointed(loader, "transformers")
     trainer.get_train_dataloader = lambda: loader
     trainer.add_callback(callback)
     _install_skip_hook()

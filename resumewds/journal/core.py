@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -59,6 +60,7 @@ from .schema import (
     apply_migrations,
     check_schema,
     commit_row,
+    connect_readonly,
     dumps,
     loads,
     meta_get,
@@ -93,7 +95,8 @@ class Journal:
             ``rank_journal_path(path, r)``.
         rank: this process's rank.
         world_size: number of ranks; the default for ``commit``.
-        readonly: open ``mode=ro`` without taking the lock (for ``status``).
+        readonly: open ``mode=ro`` without taking the lock (for ``status``); also
+            on a read-only file system (:func:`~resumewds.journal.schema.connect_readonly`).
         synchronous: ``"NORMAL"`` (survives process crash) or ``"FULL"``
             (survives power loss too; one fsync per transaction).
         after_lock: called once the writer holds the lock, before the file
@@ -135,8 +138,10 @@ class Journal:
         self.run_id: Optional[str] = None
         self.schema_version: int = 0
         self._lock: Optional[LockFile] = None
+        self._copy_dir: Optional[str] = None  # a read-only copy's directory (see connect_readonly)
         self._conn: Optional[sqlite3.Connection] = None
         self._max_step: Optional[int] = None
+        self._file_id: Optional[Tuple[int, int]] = None  # (st_dev, st_ino) of the file the writer opened
         self._pending: Dict[Tuple[str, int], Tuple[int, Optional[int]]] = {}
         self._since = 0
         self._mutex = threading.RLock()
@@ -180,7 +185,15 @@ class Journal:
             if recorded_run_id(self.path):
                 raise deleted_error(self.path)
             raise self._err("no journal here")
-        conn = self._conn = self._connect(f"file:{uri_path(self.path)}?mode=ro")
+        try:  # also where nothing can be written (a read-only file system)
+            conn, self._copy_dir = connect_readonly(self.path, isolation_level=None, timeout=10.0,
+                                                    check_same_thread=False)
+        except (sqlite3.OperationalError, OSError) as exc:
+            raise self._err("cannot open journal", exc) from exc
+        except sqlite3.DatabaseError as exc:
+            raise self._err("journal is corrupt or not a SQLite database", exc) from exc
+        conn.row_factory = sqlite3.Row
+        self._conn = conn
         try:
             conn.execute("PRAGMA busy_timeout = 5000")
             self._check_integrity(conn)
@@ -251,6 +264,11 @@ class Journal:
             newest = conn.execute("SELECT step, ts FROM commits ORDER BY step DESC LIMIT 1").fetchone()
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
+        try:  # what every write checks the path against (see _check_file)
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise self._err("cannot stat the journal file it just opened", exc) from exc
+        self._file_id = (st.st_dev, st.st_ino)
         # only now that the journal holds the run id durably (see LockFile.write_marker)
         lock.write_marker(self.run_id, self.rank,
                           None if newest is None else (int(newest[0]), float(newest[1])))
@@ -284,10 +302,51 @@ class Journal:
             raise JournalError(f"{self.path}: journal is closed")
         return self._conn
 
-    def _writable(self) -> sqlite3.Connection:
+    def _writable(self, what: str = "write") -> sqlite3.Connection:
         if self.readonly:
             raise JournalError(f"{self.path}: journal was opened read-only")
-        return self.conn
+        conn = self.conn
+        self._check_file(what)
+        return conn
+
+    def _check_file(self, what: str) -> None:
+        """Refuse to write once the journal's path no longer names the file this
+        writer opened, or its lock file was deleted.
+
+        SQLite keeps writing to the file it opened even when it was unlinked
+        (its directory removed, the file moved or replaced): every commit
+        would go into a file no one can open again, and the lock file that
+        makes a rerun refuse a missing journal (``deleted_error``) is gone
+        too, so a crash or a rerun would start again from the beginning.
+        One ``stat`` of the path (its device and inode) and one ``fstat`` of
+        the lock file (its link count) per write: a few microseconds.
+        """
+        if self._file_id is None:
+            return
+        try:
+            st = os.stat(self.path)
+            same = (st.st_dev, st.st_ino) == self._file_id
+        except OSError:  # gone, or its directory is (ENOENT, ENOTDIR)
+            same = False
+        lock_gone = self._lock is not None and self._lock.unlinked()
+        if same and not lock_gone:
+            return
+        newest = ("it held no commit" if self._max_step is None
+                  else f"its newest commit is step {self._max_step}")
+        if not same:
+            raise JournalError(
+                f"{self.path}: the journal file was deleted or replaced while this run was writing it (its "
+                f"directory removed, or the file moved or overwritten): {newest}, and the path no longer "
+                f"names the file that holds it. Refusing the {what}: it would go into a file nobody can open "
+                f"again, and a crash or a rerun would start again from the beginning without a word. Stop "
+                f"the run; restore the journal (with its -wal and lock file) from a copy to resume, or "
+                f"resume from your checkpoint's loader state_dict() with a new journal path")
+        resume = "from the beginning" if self._max_step is None else f"after step {self._max_step}"
+        raise JournalError(
+            f"{self.path}: its lock file {lock_path(self.path)} was deleted while this run was writing the "
+            f"journal: another run could now open the journal at the same time, and a deleted journal would "
+            f"no longer be noticed. Refusing the {what}. Stop the run and rerun it: it resumes {resume} "
+            f"and makes the lock file again")
 
     # ---- life cycle ----------------------------------------------------
     def close(self) -> None:
@@ -309,6 +368,9 @@ class Journal:
             except sqlite3.Error:
                 pass
             self._conn = None
+        if self._copy_dir is not None:
+            shutil.rmtree(self._copy_dir, ignore_errors=True)
+            self._copy_dir = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -587,7 +649,7 @@ class Journal:
                batch_size, ts, samples_total, None if stats is None else redact_text(dumps(stats)), deltas,
                None if place is None else json.dumps(place, separators=(",", ":")))
         with self._mutex:
-            conn = self._writable()
+            conn = self._writable(f"commit of step {step}")
             max_step = self._max_step
             try:
                 conn.execute("BEGIN")

@@ -22,7 +22,11 @@ Fork safety: a flock belongs to the open file description, which ``fork()``
 shares.  A DataLoader worker forked while the journal is open would keep
 the lock alive after its parent was killed (until the worker notices,
 seconds later), and the rerun would be refused.  Every held lock descriptor
-is in ``_CHILD_CLOSE``; a forked child closes its copies at once.
+is in ``_CHILD_CLOSE``; a WebLoader's workers close their copies first thing
+(:func:`close_inherited`).  Nothing else in the process is touched: a process
+the user forks while the journal is open holds its copy until it exits (or
+execs: the descriptor is close-on-exec), and a rerun meanwhile is refused
+with the pid recorded, never let in beside it.
 """
 
 from __future__ import annotations
@@ -36,21 +40,27 @@ from typing import Any, Dict, Optional, Set, Tuple
 
 from ..errors import JournalError
 
-# lock descriptors this process holds; a forked child closes its copies
-_CHILD_CLOSE: Set[int] = set()
+# lock descriptors this process holds (with the pid that opened them): a loader's forked
+# worker closes its copies (close_inherited)
+_CHILD_CLOSE: Set[Tuple[int, int]] = set()
 
 
-def _close_lock_fds_in_child() -> None:
-    for fd in list(_CHILD_CLOSE):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _CHILD_CLOSE.clear()
+def close_inherited() -> None:
+    """In a process forked while journals were open (a loader's worker): close the
+    copies of their lock descriptors it inherited, so that the lock dies with its
+    owner.  A no-op in the process that opened them.
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_lock_fds_in_child)
+    Example:
+        >>> close_inherited()
+    """
+    me = os.getpid()
+    for pid, fd in list(_CHILD_CLOSE):
+        if pid != me:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            _CHILD_CLOSE.discard((pid, fd))
 
 
 def lock_path(file: str) -> str:
@@ -175,7 +185,7 @@ class LockFile:
                                    f"(lock {self.path})") from exc
             raise self._err(f"cannot lock {self.path}", exc) from exc
         self.fd = fd
-        _CHILD_CLOSE.add(fd)
+        _CHILD_CLOSE.add((os.getpid(), fd))
 
     def write_marker(self, run_id: Optional[str], rank: int,
                      last_commit: Optional[Tuple[int, float]] = None) -> None:
@@ -212,10 +222,20 @@ class LockFile:
             # the journal only weakens the check, it never refuses a good one
             pass
 
+    def unlinked(self) -> bool:
+        """True when the lock file this lock holds no longer has a name (deleted,
+        or replaced by another file): one ``fstat``."""
+        if self.fd is None:
+            return False
+        try:
+            return os.fstat(self.fd).st_nlink == 0
+        except OSError:
+            return False
+
     def release(self) -> None:
         """Drop the lock (closing the descriptor drops the flock); idempotent."""
         if self.fd is not None:
-            _CHILD_CLOSE.discard(self.fd)
+            _CHILD_CLOSE.discard((os.getpid(), self.fd))
             try:
                 os.close(self.fd)
             except OSError:

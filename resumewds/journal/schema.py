@@ -26,7 +26,10 @@ in 4.0); pyproject.toml says so.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sqlite3
+import tempfile
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
@@ -163,6 +166,79 @@ def meta_get(conn: sqlite3.Connection, key: str) -> Optional[str]:
     return None if row is None else row[0]
 
 
+#: what SQLite answers when a read-only open cannot make or use the WAL index (``-shm``):
+#: SQLITE_CANTOPEN (read-only file system), SQLITE_READONLY_CANTINIT, SQLITE_READONLY_DIRECTORY
+_NO_WAL_INDEX = {14: "unable to open database file", 1288: "attempt to write a readonly database",
+                 1544: "attempt to write a readonly database"}
+
+
+def _no_wal_index(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    return code in _NO_WAL_INDEX if code is not None else str(exc) in _NO_WAL_INDEX.values()
+
+
+def connect_readonly(file: str, **kwargs: Any) -> Tuple[sqlite3.Connection, Optional[str]]:
+    """A read-only connection to journal ``file``, also where nothing can be written.
+
+    A journal is in WAL mode, and SQLite reads one read-only (``mode=ro``)
+    only when its shared-memory index ``<file>-shm`` exists or can be made.
+    Where the directory is not writable (a read-only file system, a
+    directory of another user) and there is no usable ``-shm``, it answers
+    "unable to open database file" or "attempt to write a readonly
+    database".  Then:
+
+    * no ``<file>-wal``, or an empty one: every commit is in the file
+      itself; it is opened ``immutable=1`` (nothing can change it there);
+    * a ``-wal`` with frames (a run killed, or a copy taken mid-run):
+      ``immutable=1`` would ignore the commits in it and show an older
+      step; the file and its ``-wal`` are copied to a temporary directory
+      and the copy is opened.
+
+    Args:
+        file: the journal file.
+        **kwargs: passed to :func:`sqlite3.connect`.
+
+    Returns:
+        The connection (its first read already made) and the temporary
+        directory to remove once it is closed (None when not copied).
+
+    Raises:
+        sqlite3.Error, OSError: the file cannot be read at all.
+        JournalError: a copy was needed and no temporary directory is writable.
+
+    Example:
+        >>> conn, copied = connect_readonly("run.db")   # doctest: +SKIP
+    """
+    uri = f"file:{uri_path(file)}"
+    conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, **kwargs)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # SQLite opens on first use
+        return conn, None
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if not _no_wal_index(exc):
+            raise
+    wal = file + "-wal"
+    if not os.path.exists(wal) or os.path.getsize(wal) == 0:
+        conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, **kwargs)
+        return conn, None
+    try:
+        copy_dir = tempfile.mkdtemp(prefix="resumewds-journal-")
+    except OSError as exc:
+        raise JournalError(f"{file}: its directory is read-only and its write-ahead log {wal} holds commits: "
+                           f"reading them needs a copy in a writable temporary directory, and none could be "
+                           f"made ({exc}); set TMPDIR to a writable directory") from exc
+    try:
+        copy = os.path.join(copy_dir, os.path.basename(file))
+        shutil.copyfile(file, copy)
+        shutil.copyfile(wal, copy + "-wal")
+        conn = sqlite3.connect(f"file:{uri_path(copy)}?mode=ro", uri=True, **kwargs)
+    except BaseException:
+        shutil.rmtree(copy_dir, ignore_errors=True)
+        raise
+    return conn, copy_dir
+
+
 def never_initialised(file: str) -> bool:
     """True for a journal file that holds no table at all and whose lock file
     names no run: a creation that failed (say, on a full disk) before the
@@ -172,7 +248,7 @@ def never_initialised(file: str) -> bool:
         return False
     ours = {*TABLES, MIGRATIONS_TABLE}
     try:
-        conn = sqlite3.connect(f"file:{uri_path(file)}?mode=ro", uri=True)
+        conn, copied = connect_readonly(file)
         try:
             tables = {r[0] for r in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
@@ -184,7 +260,9 @@ def never_initialised(file: str) -> bool:
                 conn.execute("SELECT count(*) FROM commits").fetchone()[0] == 0
         finally:
             conn.close()
-    except sqlite3.Error:
+            if copied:
+                shutil.rmtree(copied, ignore_errors=True)
+    except (sqlite3.Error, OSError):
         return False
 
 

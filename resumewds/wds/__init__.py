@@ -2,7 +2,8 @@
 
 Each module here has the name of one of webdataset's (``filters``,
 ``shardlists``, ``tariterators``, ``gopen``, ``utils``, ``handlers``,
-``splitters``, ``mix``, ``compat``, ``pipeline``...) and forwards to the one
+``splitters``, ``mix``, ``compat``, ``pipeline``, ``extradatasets``,
+``pytorch``, ``typecheck``...) and forwards to the one
 engine below it: the stage callables (:mod:`resumewds.stages`), the stream
 runners (:mod:`resumewds.runners`), the plan, the cache and the step engine.
 The core never imports this package (a test checks it); ``import resumewds
@@ -16,7 +17,7 @@ Example:
 """
 
 #: webdataset's module names that live in this wing (``resumewds.<name>`` is ``resumewds.wds.<name>``)
-MODULES = ("compat", "datapipeline", "filters", "fluid", "gopen", "handlers", "loaderchain", "mix", "multi",
-           "pipeline", "shardlists", "splitters", "tariterators", "utils")
+MODULES = ("compat", "datapipeline", "extradatasets", "filters", "fluid", "gopen", "handlers", "loaderchain", "mix",
+           "multi", "pipeline", "pytorch", "shardlists", "splitters", "tariterators", "typecheck", "utils")
 
 __all__ = ["MODULES"]

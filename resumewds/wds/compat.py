@@ -19,16 +19,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from .. import autodecode, cache  # noqa: F401  (webdataset's compat.autodecode, compat.cache)
 from .._torchreg import register_iterable_dataset
+from . import filters, shardlists, utils  # noqa: F401  (webdataset's compat.filters, ...)
+from .filters import pipelinefilter
 from .fluent import Cached, FluidInterface
+from .handlers import reraise_exception
+from .tariterators import group_by_keys, tar_file_expander
 from .webdataset import WebDataset
 
-if TYPE_CHECKING:  # loaded on first use (both import torch): see __getattr__
+if TYPE_CHECKING:  # loaded on first use (they import torch): see __getattr__
+    from .datapipeline import DataPipeline
     from .fluid import FluidWrapper
     from .loaderchain import WebLoader
 
-__all__ = ["Cached", "FluidInterface", "FluidWrapper", "MockDataset", "WebDataset", "WebLoader",
-           "check_empty"]
+__all__ = ["Cached", "DataPipeline", "FluidInterface", "FluidWrapper", "MockDataset", "WebDataset", "WebLoader",
+           "check_empty", "group_by_keys", "pipelinefilter", "reraise_exception", "tar_file_expander"]
 
 
 class MockDataset:
@@ -74,4 +80,10 @@ def __getattr__(name: str) -> Any:
         from .fluid import FluidWrapper  # lazy: a DataPipeline, imports torch
 
         return FluidWrapper
-    raise AttributeError(f"module 'resumewds.compat' has no attribute {name!r}")
+    if name == "DataPipeline":
+        from .datapipeline import DataPipeline  # lazy: a torch IterableDataset
+
+        return DataPipeline
+    from .pytorch import torch_name  # lazy: DataLoader (imports torch)
+
+    return torch_name("resumewds.compat", name)

@@ -71,8 +71,11 @@ from ..plan import Layout, Plan
 from ..positions import hide_positions
 from ..shardsplit import WorkerStream
 from ..stages import default_collate
+from ..statecheck import check_seal, seal
 from . import filters, tariterators
+from .fluent import FluidInterface
 from .handlers import reraise_exception
+from .pipeline import add_length_method
 from .shardlists import ResampledShards, SimpleShardList
 from .splitters import worker_info
 from .utils import PipelineStage
@@ -230,13 +233,25 @@ class DataPipeline(WebDataset, IterableDataset):
         self.pipeline = stages
         self.repetitions = 1
         self.nsamples = -1
-        self._c = _compile(stages)
-        c = self._c
+        self._seed_arg, self._kw = seed, dict(kw)
         self._warned = False
+        self._build(warn=True)
+
+    def _build(self, warn: bool) -> None:
+        """Compile ``self.pipeline`` (again, after :meth:`append`): the plan's settings and
+        stages.  A subclass's own ``__init__`` is never run again (webdataset's ``append``
+        only appends).  ``warn``: say now when a stage is opaque (else on the first ``iter()``)."""
+        c = self._c = _compile(self.pipeline)
+        seed, kw = self._seed_arg, dict(self._kw)
+        self._state: Dict[str, Any] = {"epoch": 0, "position": 0, "skip": 0}
+        for name in ("_loaded", "_given"):  # a new pipeline: no state loaded or given away yet
+            self.__dict__.pop(name, None)
         if c.generic:
             WebDataset.__init__(self, [], seed=0)
-            self._warn(c.opaque, whole=True)
-            self._state: Dict[str, Any] = {"epoch": 0, "position": 0, "skip": 0}
+            self._engine_key = None
+            self._built_spec = []
+            if warn:
+                self._warn(c.opaque, whole=True)
             return
         if seed is None:
             seed = next((s.seed for s in (c.sample_shuffle, c.shard_shuffle) if s is not None and
@@ -257,7 +272,15 @@ class DataPipeline(WebDataset, IterableDataset):
         mode: Any = "shards" if shuffled else False
         if c.sample_shuffle is not None and not self._native_shuffle:
             mode = True
-        WebDataset.__init__(self, list(c.source.urls), seed=int(seed), shuffle=mode, **extra, **kw)
+        key = (list(c.source.urls), int(seed), mode, extra, kw)
+        if getattr(self, "_engine_key", None) == key:
+            # the same source and settings (an append of a later stage): keep the engine,
+            # its manifest and a resolution in flight; only the stages are compiled again
+            self._spec, self.collate_fn = [], None
+            self._compile()
+        else:
+            WebDataset.__init__(self, list(c.source.urls), seed=int(seed), shuffle=mode, **extra, **kw)
+            self._engine_key = key
         self._bufsize: Optional[int] = None
         if c.sample_shuffle is not None:
             if self._native_shuffle:
@@ -271,11 +294,11 @@ class DataPipeline(WebDataset, IterableDataset):
                                partial=c.batch.partial)
             for st in c.per_batch:
                 WebDataset.map(self, st.fn)
-        if c.resampled:
+        if c.resampled and self.repetitions == 1:
             self.repetitions = sys.maxsize
-        if c.tail:
+        if c.tail and warn:
             self._warn(c.tail[0], whole=False)
-        self._state = {"epoch": 0, "position": 0, "skip": 0}
+        self._built_spec = list(self._spec)
 
     # ---- what is exact ----------------------------------------------------------
     @property
@@ -293,7 +316,7 @@ class DataPipeline(WebDataset, IterableDataset):
                       "a resume from state_dict() is not exact (state_dict()['exact'] is False). To make "
                       "it exact, use the stages resumewds compiles (SimpleShardList / ResampledShards, the "
                       "splitters, shuffle, tarfile_to_samples, the per-sample stages, batched)",
-                      stacklevel=3)
+                      stacklevel=4)
 
     # ---- the plan -----------------------------------------------------------------
     @property
@@ -443,16 +466,24 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def iterator(self) -> Iterator[Any]:
         """All repetitions (webdataset's name)."""
+        if not self._warned and not self.exact:  # built with append(): said on the first iter()
+            self._warn(self._c.tail[0] if self._c.tail else self._c.opaque, whole=self._c.generic)
         if self._c.generic:
             return self._generic_stream()
         # each iterator has its own copy of the state, taken now (two iterators at
         # once, as in RoundRobin([p, p]), are independent); state_dict() is the newest's
-        self._state = dict(self._state)
-        if not getattr(self, "_loaded", True) and self.repetitions == 1 and (self._state["position"] or
-                                                                            self._state["skip"]):
-            # a pass left before its end (``next(iter(p))``): each iter() is a new pass, as in
-            # webdataset; only load_state_dict() continues one
-            self._state = {"epoch": self._state["epoch"] + 1, "position": 0, "skip": 0}
+        st = self._state = dict(self._state)
+        limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else 0
+        done = bool(limit) and int(st.get("served", 0)) >= limit  # the last iter() gave its n items
+        # a state of this very point was loaded, or given away (a run resumed from it goes on here)
+        held = getattr(self, "_loaded", True) or st == getattr(self, "_given", None)
+        if (st["position"] or st["skip"]) and (done or not held):
+            # webdataset starts its pipeline again at each iter(): a new pass, the next epoch from
+            # its start (a smoke test's next(iter(p)), the end of a with_epoch(n) chunk)
+            st = self._state = {"epoch": st["epoch"] + 1, "position": 0, "skip": 0, "served": 0,
+                                **({"split": st["split"]} if "split" in st else {})}
+        elif done or not held:
+            st["served"] = 0
         self._loaded = False
         src: Any = self._compiled_stream(self._state)
         for f in self._c.tail:
@@ -469,13 +500,11 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def _limited(self, it: Iterator[Any], st: Dict[str, Any]) -> Iterator[Any]:
         """``with_epoch(n)``: ``n`` items per ``iter()``; ``st["served"]`` counts them (a resume
-        finishes the chunk the state was taken in)."""
-        served = int(st.get("served", 0))
-        st["served"] = served if served < self.nsamples else 0
-        for x in itertools.islice(it, self.nsamples - st["served"]):
+        finishes the chunk the state was taken in; at ``n`` the next ``iter()`` is a new pass)."""
+        st.setdefault("served", 0)
+        for x in itertools.islice(it, self.nsamples - int(st["served"])):
             st["served"] += 1
             yield x
-        st["served"] = 0
 
     # ---- state ----------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -485,10 +514,11 @@ class DataPipeline(WebDataset, IterableDataset):
         """
         d: Dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION, "exact": self.exact}
         d.update(self._state)
+        self._given = dict(self._state)
         if not self._c.generic:
             d["config"] = self.config()
             d["step_size"] = self._layout().step_size
-        return d
+        return seal(d)
 
     get_state = state_dict
 
@@ -502,6 +532,7 @@ class DataPipeline(WebDataset, IterableDataset):
             raise StateError("not a resumewds DataPipeline state (missing format field)")
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"DataPipeline state version {state.get('version')} is newer than this resumewds")
+        check_seal(state, "this DataPipeline state")
         if not self._c.generic:
             mine = self.config()
             theirs = state.get("config") or {}
@@ -526,13 +557,18 @@ class DataPipeline(WebDataset, IterableDataset):
         return self.pipeline[i]
 
     def append(self, f: Any) -> None:
-        """Add a stage at the end (rebuilds the compiled form)."""
-        self.__init__(*(self.pipeline + [f]), seed=self.seed)  # type: ignore[misc]
+        """Add a stage at the end, as webdataset's ``append`` (the compiled form is rebuilt;
+        a subclass's ``__init__`` is not run again)."""
+        self.pipeline.append(f)
+        self._warned = False
+        self._build(warn=False)
 
     def compose(self, *args: Any) -> DataPipeline:
-        """A copy with ``args`` appended."""
+        """A copy with ``args`` appended (this pipeline is unchanged)."""
         out = copy.copy(self)
-        out.__init__(*(self.pipeline + list(args)), seed=self.seed)  # type: ignore[misc]
+        out.pipeline = list(self.pipeline) + [a for a in args if a is not None]
+        out._warned = False
+        out._build(warn=False)
         return out
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DataPipeline:
@@ -553,8 +589,7 @@ class DataPipeline(WebDataset, IterableDataset):
             warnings.warn(".with_length() only sets the value of __len__ for compatibility with some "
                           "training environments. It does not change the number of samples in an epoch.", stacklevel=2)
         self.size = n
-        self.__class__ = type(type(self).__name__ + "_Length", (type(self),), {"__len__": lambda s: s.size})
-        return self
+        return add_length_method(self)
 
     def close(self) -> None:
         """Close open shards and the stages that have ``close``."""
@@ -568,3 +603,32 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def __repr__(self) -> str:
         return f"DataPipeline({', '.join(repr(s) for s in self.pipeline)}, exact={self.exact})"
+
+
+#: webdataset's ``FluidInterface`` methods: on a DataPipeline each returns a copy with that
+#: stage appended (``self.compose(filters.<name>(...))``), as webdataset's do
+FLUENT = ("batched", "unbatched", "listed", "unlisted", "log_keys", "shuffle", "map", "decode", "map_dict",
+          "select", "to_tuple", "map_tuple", "slice", "rename", "rsample", "rename_keys", "extract_keys",
+          "xdecode", "mcached", "lmdb_cached")
+
+
+def _fluent(name: str) -> Any:
+    fluid = getattr(FluidInterface, name)
+    engine = getattr(WebDataset, name)
+
+    def method(self: DataPipeline, *args: Any, **kw: Any) -> Any:
+        if not self._c.generic and self._spec != self._built_spec:
+            # the engine's stages were changed directly (a loader's compiled chain does):
+            # its stage on a copy of that engine form
+            out = copy.copy(self)
+            out._spec = list(self._spec)
+            return engine(out, *args, **kw)
+        return fluid(self, *args, **kw)
+
+    method.__name__ = name
+    method.__doc__ = f"A copy with ``{name}(...)`` appended (webdataset's ``FluidInterface.{name}``)."
+    return method
+
+
+for _name in FLUENT:
+    setattr(DataPipeline, _name, _fluent(_name))

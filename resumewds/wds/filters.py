@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from .. import autodecode, runners
 from ..errors import HandlerStop
+from ..positions import hide_positions
 from ..stages import (
     ExtractKeys,
     Handled,
@@ -52,14 +53,16 @@ from ..stages import (
     default_collation_fn,
     getfirst,
 )
+from . import utils  # noqa: F401  (webdataset's filters.utils)
 from .handlers import reraise_exception, until_stop
 from .utils import PipelineStage
 
-__all__ = ["Stage", "SampleStage", "associate", "batched", "decode", "default_collation_fn", "detshuffle",
-           "extract_keys", "identity", "parse_field_spec", "transform_with",
-           "getfirst", "info", "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter",
-           "rename", "rename_keys", "rsample", "select", "shuffle", "slice", "to_tuple",
-           "unbatched", "unlisted", "xdecode"]
+__all__ = ["Cached", "FilterFunction", "LMDBCached", "RestCurried", "SampleStage", "Stage", "associate", "batched",
+           "combine_values", "compose", "compose2", "decode", "decode_bin", "decode_pickle", "decode_text",
+           "default_collation_fn", "detshuffle", "dict2tuple", "extract_keys", "find_decoder", "getfirst",
+           "identity", "info", "log_keys", "map", "map_dict", "map_tuple", "parse_field_spec", "pick",
+           "pipeline", "pipelinefilter", "rename", "rename_keys", "rsample", "select", "shuffle", "slice",
+           "to_tuple", "transform_with", "tuple2dict", "unbatched", "unlisted", "xdecode"]
 
 ExnHandler = Callable[[BaseException], bool]
 
@@ -238,19 +241,44 @@ def decode(*args: Any, handler: ExnHandler = reraise_exception, **kw: Any) -> Sa
     return _stage("decode", autodecode.Decoder(args, **kw), handler)  # the fluent .decode's decoder
 
 
-def _decode_bin(stream: Any) -> bytes:
+def decode_bin(stream: Any) -> bytes:
+    """The bytes of a stream (an ``xdecode`` decoder, webdataset's)."""
     return stream.read()
 
 
-def _decode_text(stream: Any) -> str:
+def decode_text(stream: Any) -> str:
+    """A stream's bytes as UTF-8 text (an ``xdecode`` decoder, webdataset's)."""
     return stream.read().decode("utf-8")
 
 
-def _decode_pickle(stream: Any) -> Any:
+def decode_pickle(stream: Any) -> Any:
+    """A pickle from a stream (an ``xdecode`` decoder, webdataset's; runs code from the data).
+
+    Raises:
+        EnforcedSecurityError: ``resumewds.utils.enforce_security`` is set.
+    """
     return autodecode.unpickle_loads(stream.read())
 
 
-default_decoders = [("*.bin", _decode_bin), ("*.txt", _decode_text), ("*.pyd", _decode_pickle)]
+_decode_bin, _decode_text, _decode_pickle = decode_bin, decode_text, decode_pickle
+default_decoders = [("*.bin", decode_bin), ("*.txt", decode_text), ("*.pyd", decode_pickle)]
+
+
+def find_decoder(decoders: Sequence[Any], path: str) -> Any:
+    """The decoder of ``path``: the last ``(pattern, decoder)`` whose glob matches its
+    file name (None: none; metadata ``__...`` keys: identity), as webdataset's ``xdecode``.
+
+    Example:
+        >>> find_decoder(default_decoders, "sample.txt") is decode_text
+        True
+    """
+    fname = re.sub(r".*/", "", path)
+    if fname.startswith("__"):
+        return lambda x: x
+    for pattern, fun in list(decoders)[::-1]:
+        if fnmatch(fname.lower(), pattern) or fnmatch("." + fname.lower(), pattern):
+            return fun
+    return None
 
 
 class _XDecode:
@@ -259,13 +287,7 @@ class _XDecode:
         self.must_decode = must_decode
 
     def _find(self, path: str) -> Any:
-        fname = re.sub(r".*/", "", path)
-        if fname.startswith("__"):
-            return lambda x: x
-        for pattern, fun in self.decoders[::-1]:
-            if fnmatch(fname.lower(), pattern) or fnmatch("." + fname.lower(), pattern):
-                return fun
-        return None
+        return find_decoder(self.decoders, path)
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         new: Dict[str, Any] = {}
@@ -289,6 +311,241 @@ def xdecode(*args: Any, must_decode: bool = True, defaults: Sequence[Any] = defa
             **kw: Callable[[Any], Any]) -> SampleStage:
     """Stage: decode fields by glob pattern with stream decoders (``xdecode(png=imread)``)."""
     return SampleStage("xdecode", _XDecode(args, must_decode, defaults, kw))
+
+
+# ---- webdataset's helpers: currying, composition, collation ------------------------------
+
+class Cached:
+    """webdataset's ``Cached()`` stage: the first complete pass is kept in memory
+    and every later pass replays it instead of reading its input.
+
+    A pass that stops early is not kept.  In a ``DataPipeline`` it is a stage
+    the plan cannot see through (the pipeline says it is not exactly
+    resumable); ``WebDataset`` reads by position from the verified cache, so
+    it rarely needs one (``.mcached()`` is not supported).
+    """
+
+    def __init__(self) -> None:
+        self.cached: Optional[List[Any]] = None
+
+    def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
+        if self.cached is not None:
+            yield from self.cached
+            return
+        temp: List[Any] = []
+        for sample in source:
+            temp.append(sample)
+            yield sample
+        self.cached = temp
+
+    run = __call__  # webdataset's PipelineStage.run
+
+    def invoke(self, source: Iterable[Any]) -> Iterator[Any]:
+        """webdataset's ``PipelineStage.invoke``."""
+        return self(source)
+
+
+class FilterFunction:
+    """``f`` with its arguments after the data: ``FilterFunction(f, *a, **kw)(data)`` is
+    ``f(data, *a, **kw)`` (webdataset's picklable curried stage).
+
+    Example:
+        >>> FilterFunction(lambda data, n: data[:n], 2)("abc")
+        'ab'
+    """
+
+    def __init__(self, f: Callable[..., Any], *args: Any, **kw: Any):
+        self.f, self.args, self.kw = f, args, kw
+
+    def __call__(self, data: Any) -> Any:
+        return self.f(data, *self.args, **self.kw)
+
+    def __str__(self) -> str:
+        return f"<{self.f.__name__} {self.args} {self.kw}>"
+
+    __repr__ = __str__
+
+
+class RestCurried:
+    """``RestCurried(f)(*a, **kw)`` is ``FilterFunction(f, *a, **kw)`` (webdataset's).
+
+    Example:
+        >>> RestCurried(lambda data, n: data[:n])(1)("abc")
+        'a'
+    """
+
+    def __init__(self, f: Callable[..., Any]):
+        self.f = f
+
+    def __call__(self, *args: Any, **kw: Any) -> FilterFunction:
+        return FilterFunction(self.f, *args, **kw)
+
+
+def compose2(f: Callable[[Any], Any], g: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``g(f(x))`` (webdataset's).
+
+    Example:
+        >>> compose2(str, len)(1234)
+        4
+    """
+    return lambda x: g(f(x))
+
+
+def compose(*args: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The functions composed left to right: ``compose(f, g)(x)`` is ``g(f(x))``;
+    one function is itself (webdataset's, used to chain stages into one stage).
+
+    Raises:
+        TypeError: no function.
+
+    Example:
+        >>> list(compose(map(lambda x: x + 1), select(lambda x: x % 2 == 0))(iter(range(5))))
+        [2, 4]
+    """
+    return functools.reduce(compose2, args)
+
+
+def pipeline(source: Any, *args: Callable[[Any], Any]) -> Any:
+    """``source`` through the stages ``args`` (webdataset's ``pipeline``).
+
+    Example:
+        >>> list(pipeline(iter(range(4)), map(lambda x: x * 10), slice(2)))
+        [0, 10]
+    """
+    if len(args) == 0:
+        return source
+    return compose(*args)(source)
+
+
+def pick(buf: List[Any], rng: Any) -> Any:
+    """Remove and return an item of ``buf`` at random (webdataset's shuffle-buffer pick:
+    ``rng.randint``, the last item moved into its place).
+
+    Example:
+        >>> buf = [1, 2, 3]; x = pick(buf, random.Random(0)); sorted(buf + [x])
+        [1, 2, 3]
+    """
+    k = rng.randint(0, len(buf) - 1)
+    sample = buf[k]
+    buf[k] = buf[-1]
+    buf.pop()
+    return sample
+
+
+def combine_values(b: Sequence[Any], combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
+    """One field of a batch collated as webdataset's ``default_collation_fn`` does: numbers
+    as a numpy array, torch tensors stacked, numpy arrays as one array, anything else a list.
+
+    Raises:
+        ValueError: tensors or arrays of different shapes.
+
+    Example:
+        >>> combine_values([1, 2]).tolist(), combine_values(["a", "b"])
+        ([1, 2], ['a', 'b'])
+    """
+    import numpy as np
+
+    torch = sys.modules.get("torch")
+    if isinstance(b[0], (int, float)):
+        return np.array(list(b)) if combine_scalars else b
+    if torch is not None and isinstance(b[0], torch.Tensor):
+        if combine_tensors:
+            shapes = {x.shape for x in b}
+            if len(shapes) != 1:
+                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
+            return torch.stack(list(b))
+        return b
+    if isinstance(b[0], np.ndarray):
+        if combine_tensors:
+            shapes = {x.shape for x in b}
+            if len(shapes) != 1:
+                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
+            return np.array(list(b))
+        return b
+    return list(b)
+
+
+def tuple2dict(sample: Any) -> Dict[Any, Any]:
+    """A tuple as ``{index: field}`` (a dict is returned as it is).
+
+    Example:
+        >>> tuple2dict(("a", "b"))
+        {0: 'a', 1: 'b'}
+    """
+    if isinstance(sample, dict):
+        return sample
+    return dict(enumerate(sample))
+
+
+def dict2tuple(d: Dict[int, Any]) -> tuple:
+    """``{0: a, 1: b}`` as ``(a, b)`` (the inverse of :func:`tuple2dict`).
+
+    Example:
+        >>> dict2tuple({0: "a", 1: "b"})
+        ('a', 'b')
+    """
+    return tuple(d[i] for i in range(1 + max(d.keys())))
+
+
+class LMDBCached(PipelineStage):
+    """webdataset's ``LMDBCached(fname, map_size, pickler, chunksize)``: the first complete
+    pass is written to an LMDB database, and every later pass (in any process) reads it
+    from there instead of its input.  Needs the ``lmdb`` package.
+
+    A stage the plan cannot see through: in a ``DataPipeline`` it runs on the stream
+    and the pipeline is not exactly resumable (it says so).
+
+    Raises:
+        ImportError: ``lmdb`` is not installed.
+    """
+
+    def __init__(self, fname: str, map_size: float = 1e12, pickler: Any = None, chunksize: int = 500):
+        import pickle
+
+        import lmdb  # type: ignore[import-not-found]  # an optional dependency, as in webdataset
+
+        self.db = lmdb.open(fname, readonly=False, map_size=int(map_size))
+        self.pickler = pickle if pickler is None else pickler
+        self.chunksize = chunksize
+
+    def is_complete(self) -> bool:
+        """Whether a complete pass is in the database."""
+        with self.db.begin(write=False) as txn:
+            return txn.get(b"_") is not None
+
+    def add_samples(self, samples: Iterable[Any]) -> None:
+        """Write ``(key, sample)`` pairs."""
+        with self.db.begin(write=True) as txn:
+            for key, sample in samples:
+                txn.put(key.encode(), self.pickler.dumps(sample))
+
+    def run(self, source: Iterable[Any]) -> Iterator[Any]:
+        """The database's samples when complete, else ``source``'s, written as they pass."""
+        if self.is_complete():
+            with self.db.begin(write=False) as txn:
+                for key, value in txn.cursor():
+                    if key != b"_":
+                        yield self.pickler.loads(value)
+            return
+        buffer: List[Any] = []
+        for i, sample in enumerate(source):
+            key = (isinstance(sample, dict) and sample.get("__key__")) or str(i)
+            buffer.append((key, sample))
+            if len(buffer) >= self.chunksize:
+                self.add_samples(buffer)
+                buffer = []
+            yield sample
+        if buffer:
+            self.add_samples(buffer)
+        with self.db.begin(write=True) as txn:
+            txn.put(b"_", b"1")
+
+
+def __getattr__(name: str) -> Any:
+    """``TorchTensor``: torch's ``Tensor`` (webdataset's name here), loaded on first use."""
+    from .pytorch import torch_name  # lazy: imports torch
+
+    return torch_name(__name__, name)
 
 
 # ---- stream stages -------------------------------------------------------------------
@@ -369,7 +626,20 @@ class BatchedStage(Stage):
         self.batchsize, self.collation_fn, self.partial = int(batchsize), collation_fn, partial
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        return runners.BatchRunner(self.batchsize, self.collation_fn, self.partial).run(iter(src))
+        # webdataset's _batched: a full batch goes out when the next sample comes in (or at the
+        # end), so a stream stage before it runs exactly as far as under webdataset
+        batch: List[Any] = []
+        for sample in src:
+            if len(batch) >= self.batchsize:
+                yield self._collate(batch)
+                batch = []
+            batch.append(sample)
+        if batch and (len(batch) == self.batchsize or self.partial):
+            yield self._collate(batch)
+
+    def _collate(self, batch: List[Any]) -> Any:
+        batch = [hide_positions(s) for s in batch]
+        return self.collation_fn(batch) if self.collation_fn is not None else batch
 
 
 def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,

@@ -1,4 +1,4 @@
-"""webdataset's ``FluidInterface``: the fluent methods of a pipeline, each one stage; ``Cached``.
+"""webdataset's ``FluidInterface``: the fluent methods of a pipeline, each one stage.
 
 A class with a ``compose(stage)`` method (webdataset's ``DataPipeline``
 contract) gets ``.shuffle(n)``, ``.map(f)``, ``.batched(n)``... from this
@@ -15,41 +15,12 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, List, Optional
+from typing import Any, Optional
 
 from . import filters
+from .filters import Cached
 
 __all__ = ["Cached", "FluidInterface"]
-
-
-class Cached:
-    """webdataset's ``Cached()`` stage: the first complete pass is kept in memory
-    and every later pass replays it instead of reading its input.
-
-    A pass that stops early is not kept.  In a ``DataPipeline`` it is a stage
-    the plan cannot see through (the pipeline says it is not exactly
-    resumable); ``WebDataset`` reads by position from the verified cache, so
-    it rarely needs one (``.mcached()`` is not supported).
-    """
-
-    def __init__(self) -> None:
-        self.cached: Optional[List[Any]] = None
-
-    def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
-        if self.cached is not None:
-            yield from self.cached
-            return
-        temp: List[Any] = []
-        for sample in source:
-            temp.append(sample)
-            yield sample
-        self.cached = temp
-
-    run = __call__  # webdataset's PipelineStage.run
-
-    def invoke(self, source: Iterable[Any]) -> Iterator[Any]:
-        """webdataset's ``PipelineStage.invoke``."""
-        return self(source)
 
 
 def _stage(name: str, *args: Any, **kw: Any) -> Any:
@@ -157,9 +128,6 @@ class FluidInterface:
         return self.compose(Cached())
 
     def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
-        """Not supported (webdataset's LMDB cache).
-
-        Raises:
-            NotImplementedError: always.
-        """
-        raise NotImplementedError("lmdb_cached() is not supported by resumewds (see docs/COMPAT.md)")
+        """Keep the first complete pass in an LMDB database (:class:`resumewds.filters.LMDBCached`;
+        needs the ``lmdb`` package)."""
+        return self.compose(filters.LMDBCached(*args, **kw))

@@ -21,17 +21,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from .datapipeline import DataPipeline
-from .fluent import FluidInterface
 
 __all__ = ["FluidWrapper"]
-
-# webdataset's FluidInterface methods
-_FLUENT = ("batched", "unbatched", "listed", "unlisted", "log_keys", "shuffle", "map", "decode", "map_dict",
-           "select", "to_tuple", "map_tuple", "slice", "rename", "rsample", "rename_keys",
-           "extract_keys", "xdecode", "mcached")
 
 
 class FluidWrapper(DataPipeline):
@@ -46,20 +40,3 @@ class FluidWrapper(DataPipeline):
     def __init__(self, initial: Any, *more: Any, **kw: Any):
         super().__init__(initial, *more, **kw)
 
-
-def _fluent(name: str) -> Callable[..., Any]:
-    compiled = getattr(DataPipeline, name)
-    generic = getattr(FluidInterface, name)
-
-    def method(self: FluidWrapper, *args: Any, **kw: Any) -> Any:
-        if not self._c.generic:
-            return compiled(self, *args, **kw)
-        return generic(self, *args, **kw)
-
-    method.__name__ = name
-    method.__doc__ = f"Append ``{name}(...)`` (webdataset's ``FluidInterface.{name}``)."
-    return method
-
-
-for _name in _FLUENT:
-    setattr(FluidWrapper, _name, _fluent(_name))

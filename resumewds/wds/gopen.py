@@ -40,43 +40,81 @@ from __future__ import annotations
 
 # The fetch package (tenacity, ~0.1 s) is imported on first use: `import resumewds` loads this module.
 import io
+import os
+import re
 import subprocess
 import sys
-from typing import IO, Any, Callable, Dict, cast
+from subprocess import PIPE
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, cast
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from .. import config
 from ..urls import check_source_allowed, rewrite_url
+from . import utils  # noqa: F401  (webdataset's gopen.utils)
 
-__all__ = ["Pipe", "gopen", "gopen_schemes", "reader", "rewrite_url"]
+__all__ = ["PIPE", "Pipe", "gopen", "gopen_ais", "gopen_curl", "gopen_error", "gopen_file", "gopen_gsutil",
+           "gopen_hf", "gopen_htgs", "gopen_pipe", "gopen_remote", "gopen_schemes", "info", "reader",
+           "rewrite_url", "set_options"]
+
+
+#: webdataset's ``gopen.info``: extra context shown in a pipe's exit-status error (yours to fill)
+info: Dict[str, Any] = {}
 
 
 class Pipe(io.RawIOBase):
-    """A shell command's stdout (mode ``"rb"``) or stdin (``"wb"``) as a stream.
+    """A command's stdout (mode ``"r..."``) or stdin (``"w..."``) as a stream: webdataset's
+    ``Pipe(*args, mode=, timeout=7200.0, ignore_errors=False, ignore_status=[], **kw)``.
 
-    A non-zero exit status not in ``ignore_status`` raises ``OSError`` at
-    end of stream (reading) or on close.
+    ``args`` and ``kw`` go to ``subprocess.Popen`` (``Pipe("cmd", mode="rb", shell=True)``,
+    ``Pipe(["curl", url], mode="rb")``).  An exit status other than 0, those in
+    ``ignore_status`` and a kill by SIGPIPE raises ``OSError`` at end of stream
+    (reading) or on close, unless ``ignore_errors``.
+
+    Example:
+        >>> Pipe("printf hi", mode="rb", shell=True).read()
+        b'hi'
     """
 
-    def __init__(self, cmd: str, mode: str = "rb", ignore_status: tuple = (141,)):
+    def __init__(self, *args: Any, mode: Optional[str] = None, timeout: float = 7200.0,
+                 ignore_errors: bool = False, ignore_status: Sequence[int] = (), **kw: Any):
         super().__init__()
-        self.cmd, self.mode, self.ignore_status = cmd, mode, tuple(ignore_status)
-        if mode.startswith("r"):
-            self.proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE)
+        if not mode or mode[0] not in "rw":
+            raise ValueError(f"Pipe {args}: unknown mode {mode!r} (use 'rb' or 'wb')")
+        self.mode, self.timeout, self.ignore_errors = mode, timeout, ignore_errors
+        self.ignore_status = [0] + list(ignore_status)
+        self.args = (args, kw)
+        self.status: Optional[int] = None
+        popen: Any = subprocess.Popen  # (Popen's overloads do not take *args)
+        if mode[0] == "r":
+            self.proc = popen(*args, stdout=subprocess.PIPE, **kw)
             self.stream = cast(IO[bytes], self.proc.stdout)
         else:
-            self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE)
+            self.proc = popen(*args, stdin=subprocess.PIPE, **kw)
             self.stream = cast(IO[bytes], self.proc.stdin)
-        self._checked = False
 
-    def _check(self) -> None:
-        if self._checked:
+    def __str__(self) -> str:
+        return f"<Pipe {self.args}>"
+
+    def check_status(self) -> None:
+        """Check the exit status if the command has ended."""
+        if self.proc.poll() is not None:
+            self.wait_for_child()
+
+    def wait_for_child(self) -> None:
+        """Wait for the command; an exit status not ignored raises ``OSError``."""
+        if self.status is not None:
             return
-        self._checked = True
-        rc = self.proc.wait()
-        if rc != 0 and rc not in self.ignore_status and rc != -13:  # -13: killed by SIGPIPE
-            raise OSError(f"pipe:{self.cmd}: exit status {rc}")
+        self.status = self.proc.wait(self.timeout)
+        if config.value("log_opens") or int(os.environ.get("GOPEN_VERBOSE", 0) or 0):
+            print(f"pipe exit [{self.status} {os.getpid()}:{self.proc.pid}] {self.args} {info}", file=sys.stderr)
+        # -13: killed by SIGPIPE (a reader that stopped early)
+        if self.status not in self.ignore_status and self.status != -13 and not self.ignore_errors:
+            cmd = self.args[0][0] if self.args[0] else self.args
+            raise OSError(f"pipe:{cmd if isinstance(cmd, str) else ' '.join(map(str, cmd))}: "
+                          f"exit status {self.status}{' ' + str(info) if info else ''}")
+
+    _check = wait_for_child
 
     def readable(self) -> bool:
         return self.mode.startswith("r")
@@ -87,7 +125,7 @@ class Pipe(io.RawIOBase):
     def readinto(self, b: Any) -> int:
         n = self.stream.readinto(b)  # type: ignore[attr-defined]
         if not n:
-            self._check()
+            self.wait_for_child()
         return int(n or 0)
 
     def write(self, b: Any) -> int:
@@ -99,11 +137,32 @@ class Pipe(io.RawIOBase):
         try:
             self.stream.close()
             if not self.readable():
-                self._check()
+                self.wait_for_child()
             else:
                 self.proc.wait()
         finally:
             super().close()
+
+
+def set_options(obj: Any, timeout: Optional[float] = None, ignore_errors: Optional[bool] = None,
+                ignore_status: Optional[Sequence[int]] = None, handler: Any = None) -> bool:
+    """Change a :class:`Pipe`'s options after ``gopen`` (webdataset's); False for any other stream.
+
+    Example:
+        >>> set_options(io.BytesIO(), timeout=1)
+        False
+    """
+    if not isinstance(obj, Pipe):
+        return False
+    if timeout is not None:
+        obj.timeout = timeout
+    if ignore_errors is not None:
+        obj.ignore_errors = ignore_errors
+    if ignore_status is not None:
+        obj.ignore_status = list(ignore_status)
+    if handler is not None:
+        obj.handler = handler  # type: ignore[attr-defined]
+    return True
 
 
 class _LazyRemote(io.RawIOBase):
@@ -133,7 +192,7 @@ class _LazyRemote(io.RawIOBase):
                 raise translate_s3_error(exc, self.url) from None
         from ..fetch import new_session  # lazy: fetch (tenacity) on first open
 
-        r = new_session().get(self.url, stream=True, timeout=(cfg.connect_timeout, cfg.read_timeout))
+        r = new_session().get(self.url, {}, (cfg.connect_timeout, cfg.read_timeout))
         if r.status_code >= 400:
             r.close()
             raise FileNotFoundError(f"{self.url}: HTTP {r.status_code}")
@@ -193,9 +252,56 @@ def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
 
 
 def gopen_pipe(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
-    """Open ``pipe:CMD``: CMD's stdout (``"rb"``) or stdin (``"wb"``)."""
+    """Open ``pipe:CMD``: CMD's stdout (``"rb"``) or stdin (``"wb"``), in a shell."""
     cmd = url[5:] if url.startswith("pipe:") else url
-    return io.BufferedReader(Pipe(cmd, mode)) if mode == "rb" else Pipe(cmd, mode)
+    pipe = Pipe(cmd, mode=mode, shell=True, ignore_status=[141])  # 141: SIGPIPE after an early close
+    return io.BufferedReader(pipe) if mode == "rb" else pipe
+
+
+def _command(args: List[str], mode: str, bufsize: int, read_ok: List[int], write: Optional[List[str]],
+             write_ok: List[int]) -> Pipe:
+    if mode[0] == "r":
+        return Pipe(args, mode=mode, bufsize=bufsize, ignore_status=read_ok)
+    if mode[0] == "w" and write is not None:
+        return Pipe(write, mode=mode, bufsize=bufsize, ignore_status=write_ok)
+    raise ValueError(f"{mode}: {'cannot write' if mode[0] == 'w' else 'unknown mode'}")
+
+
+def gopen_curl(url: str, mode: str = "rb", bufsize: int = 8192) -> Pipe:
+    """Read a URL with ``curl`` (with retries), or write it with ``curl -X PUT`` (webdataset's)."""
+    return _command(["curl", "--connect-timeout", "30", "--retry", "30", "--retry-delay", "2", "-f", "-s", "-L",
+                     url], mode, bufsize, [141, 23], ["curl", "-f", "-s", "-X", "PUT", "-L", "-T", "-", url],
+                    [141, 26])
+
+
+def gopen_htgs(url: str, mode: str = "rb", bufsize: int = 8192) -> Pipe:
+    """Read an ``htgs://`` URL (``gs://`` over http) with ``curl``; it cannot be written."""
+    return _command(["curl", "-s", "-L", re.sub(r"(?i)^htgs://", "gs://", url)], mode, bufsize, [141, 23],
+                    None, [])
+
+
+def gopen_hf(url: str, mode: str = "rb", bufsize: int = 8192) -> Pipe:
+    """Read an ``hf://`` URL (a Hugging Face Hub file) with ``curl`` and your token
+    (needs ``huggingface_hub``); it cannot be written."""
+    if mode[0] != "r":
+        return _command([], mode, bufsize, [], None, [])
+    from huggingface_hub import HfFileSystem, get_token, hf_hub_url  # an optional dependency, as in webdataset
+
+    path: Any = HfFileSystem().resolve_path(url)
+    http_url = hf_hub_url(repo_id=path.repo_id, filename=path.path_in_repo, repo_type=path.repo_type,
+                          revision=path.revision)
+    return _command(["curl", "--connect-timeout", "30", "--retry", "30", "--retry-delay", "2", "-f", "-s", "-L",
+                     "-H", f"Authorization:Bearer {get_token()}", http_url], mode, bufsize, [141, 23], None, [])
+
+
+def gopen_gsutil(url: str, mode: str = "rb", bufsize: int = 8192) -> Pipe:
+    """Read (``gsutil cat``) or write (``gsutil cp -``) a ``gs://`` URL."""
+    return _command(["gsutil", "cat", url], mode, bufsize, [141, 23], ["gsutil", "cp", "-", url], [141, 26])
+
+
+def gopen_ais(url: str, mode: str = "rb", bufsize: int = 8192) -> Pipe:
+    """Read (``ais get``) or write (``ais put``) an AIStore URL."""
+    return _command(["ais", "get", url, "-"], mode, bufsize, [141, 23], ["ais", "put", "-", url], [141, 26])
 
 
 def gopen_file(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
@@ -228,6 +334,13 @@ gopen_schemes: Dict[str, Callable[..., Any]] = {
     "http": gopen_remote,
     "https": gopen_remote,
     "s3": gopen_remote,
+    "ais": gopen_ais,
+    "sftp": gopen_curl,
+    "ftps": gopen_curl,
+    "scp": gopen_curl,
+    "gs": gopen_gsutil,
+    "htgs": gopen_htgs,
+    "hf": gopen_hf,
 }
 
 

@@ -78,6 +78,7 @@ from ..runners import BatchRunner, UnbatchRunner
 from ..shardloader import STATE_FORMAT, ShardLoader
 from ..shardset import ShardDataset
 from ..stages import Handled, Stage, default_collation_fn
+from ..statecheck import seal
 from ..steps import apply_stages
 from ..world import detect_world
 from . import filters
@@ -597,7 +598,7 @@ class LoaderPipeline(FluidInterface):
         sd = self._at_resume(self.loader.state_dict)
         sd.update(self._fields())
         self._pinned = True
-        return sd
+        return seal(sd)  # the checksum covers chain_served too (resumewds.statecheck)
 
     def _adopt(self, chain: Dict[str, Any]) -> None:
         """Stand at a state's (a commit's) chain place, the loader at its place: a resume."""

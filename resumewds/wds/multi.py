@@ -40,14 +40,46 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from ..errors import ResumeWDSError, StateError
 from ..plan import Layout
+from ..statecheck import check_seal, seal
 from .webdataset import WebDataset
 
-__all__ = ["MultiLoader"]
+__all__ = ["EOF", "MultiLoader", "all_pids", "reader", "the_protocol"]
 
 STATE_FORMAT = "resumewds.multiloader"
 STATE_VERSION = 1
 _CHUNK = 64
 all_pids: weakref.WeakSet[Any] = weakref.WeakSet()
+#: the pickle protocol of :func:`reader`'s messages (webdataset's)
+the_protocol = pickle.HIGHEST_PROTOCOL
+
+
+class EOF:
+    """The end of one reader's stream (webdataset's message; its keyword arguments become
+    attributes: ``EOF(index=2).index``)."""
+
+    def __init__(self, **kw: Any):
+        self.__dict__.update(kw)
+
+
+def reader(dataset: Any, sockname: str, index: int, num_workers: int) -> None:
+    """webdataset's zmq reader process: send each sample of ``dataset``, pickled, to the
+    zmq PUSH socket ``sockname``, then an :class:`EOF` with ``index`` (``WORKER`` and
+    ``NUM_WORKERS`` are set in the environment first).  Needs ``pyzmq``; this module's
+    :class:`MultiLoader` uses pipes instead.
+
+    Raises:
+        ImportError: ``zmq`` is not installed.
+    """
+    import zmq  # type: ignore[import-not-found]  # an optional dependency, as webdataset's multi needs it
+
+    os.environ["WORKER"] = str(index)
+    os.environ["NUM_WORKERS"] = str(num_workers)
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.connect(sockname)
+    for sample in dataset:
+        sock.send(pickle.dumps(sample, protocol=the_protocol))
+    sock.send(pickle.dumps(EOF(index=index)))
+    sock.close()
 
 
 def _die_with_parent() -> None:
@@ -260,7 +292,7 @@ class MultiLoader:
         if self.exact:
             d["config"] = dict(self.config)
             d["step_size"] = self._layout().step_size
-        return d
+        return seal(d)
 
     get_state = state_dict
 
@@ -274,6 +306,7 @@ class MultiLoader:
             raise StateError("not a resumewds MultiLoader state (missing format field)")
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"MultiLoader state version {state.get('version')} is newer than this resumewds")
+        check_seal(state, "this MultiLoader state")
         if self.exact:
             theirs = state.get("config") or {}
             diffs = [k for k in self.config if theirs.get(k) != self.config.get(k)]

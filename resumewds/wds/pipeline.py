@@ -42,7 +42,25 @@ from .utils import PipelineStage
 __all__ = ["DataPipeline",  # noqa: F822  (module __getattr__: loaded on first use)
            "Decoder", "ExtractKeys", "FieldError", "Handled", "HandlerStop", "Map", "MapDict",
            "MapTuple", "PipelineStage", "Rename", "RenameKeys", "SampleTypeError", "Select", "SelectFiles", "Stage",
-           "ToTuple", "decode_image", "default_collate", "default_collation_fn", "getfirst", "list_collate"]
+           "ToTuple", "add_length_method", "decode_image", "default_collate", "default_collation_fn", "getfirst",
+           "list_collate"]
+
+
+def add_length_method(obj: Any) -> Any:
+    """Give ``obj`` a ``__len__`` returning ``obj.size`` (its class becomes a subclass
+    ``<name>_Length``), as webdataset's ``with_length`` does; returns ``obj``.
+
+    Example:
+        >>> class P: size = 3
+        >>> len(add_length_method(P()))
+        3
+    """
+
+    def length(self: Any) -> int:
+        return self.size
+
+    obj.__class__ = type(obj.__class__.__name__ + "_Length", (obj.__class__,), {"__len__": length})
+    return obj
 
 
 def __getattr__(name: str) -> Any:
@@ -50,4 +68,6 @@ def __getattr__(name: str) -> Any:
         from .datapipeline import DataPipeline  # lazy: a torch IterableDataset (imports torch)
 
         return DataPipeline
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .pytorch import torch_name  # lazy: DataLoader, IterableDataset (imports torch)
+
+    return torch_name(__name__, name)

@@ -24,17 +24,33 @@ import random
 import re
 import sys
 import time
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .. import config
 from ..urls import expand_braces
-from .filters import _Generic
+from . import utils  # noqa: F401  (webdataset's shardlists.utils)
+from .filters import _Generic, pipelinefilter
 from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
+from .utils import is_iterable, obsolete
 
-__all__ = ["DirectoryShardList", "MultiShardSample", "ResampledShardList", "ResampledShards", "SimpleShardList",
-           "envsubst", "expand_source", "expand_urls", "non_empty", "resampled", "shardspec", "single_node_only",
-           "split_by_node", "split_by_worker"]
+__all__ = ["DirectoryShardList", "MSSource", "MultiShardSample", "ResampledShardList", "ResampledShards",
+           "SimpleShardList", "default_rng", "envlookup", "envsubst", "expand", "expand_source", "expand_urls",
+           "is_iterable", "non_empty", "obsolete", "pipelinefilter", "resampled", "resampled_", "shardspec",
+           "single_node_only", "split_by_node", "split_by_worker"]
+
+
+def envlookup(m: re.Match) -> str:
+    """The environment variable ``WDS_<name>`` of a ``${name}`` match (webdataset's).
+
+    Raises:
+        ValueError: ``WDS_<name>`` is not set.
+    """
+    key = "WDS_" + m.group(1)
+    if key not in os.environ:
+        raise ValueError(f"{m.string}: missing environment variable {key}")
+    return os.environ[key]
 
 
 def envsubst(s: str) -> str:
@@ -43,13 +59,17 @@ def envsubst(s: str) -> str:
     Raises:
         ValueError: ``WDS_NAME`` is not set.
     """
-    def look(m: re.Match[str]) -> str:
-        key = "WDS_" + m.group(1)
-        if key not in os.environ:
-            raise ValueError(f"{s}: missing environment variable {key}")
-        return os.environ[key]
+    return re.sub(r"\$\{(\w+)\}", envlookup, s)
 
-    return re.sub(r"\$\{(\w+)\}", look, s)
+
+def expand(s: str) -> str:
+    """``~`` and ``$VARS`` expanded (webdataset's, for shard specs).
+
+    Example:
+        >>> expand("$HOME") == os.path.expanduser("~")
+        True
+    """
+    return os.path.expanduser(os.path.expandvars(s))
 
 
 def expand_urls(urls: str) -> List[str]:
@@ -346,6 +366,20 @@ class DirectoryShardList:
             self.cleanup_files_without_processes()
 
 
+@dataclass
+class MSSource:
+    """One source of a :class:`MultiShardSample` spec (webdataset's)."""
+
+    name: str = ""
+    perepoch: int = -1
+    resample: bool = False
+    urls: List[str] = field(default_factory=list)
+
+
+#: webdataset's module-level generator (kept for code that seeds or draws from it)
+default_rng = random.Random()
+
+
 class MultiShardSample:
     """Shards from a YAML (or dict) spec of several sources: webdataset's (obsolete there) class.
 
@@ -386,11 +420,8 @@ class MultiShardSample:
             raise ValueError(f"{fname}: a shard spec has only prefix, datasets and buckets, got "
                              f"{list(spec) if isinstance(spec, dict) else type(spec).__name__}")
 
-        def expand(x: str) -> str:
-            return os.path.expanduser(os.path.expandvars(x))
-
         prefix = expand(spec.get("prefix", ""))
-        self.sources: List[Dict[str, Any]] = []
+        self.sources: List[MSSource] = []
         for ds in spec["datasets"]:
             if not set(ds).issubset({"buckets", "name", "shards", "resample", "choose"}):
                 raise ValueError(f"{fname}: unknown keys in dataset {list(ds)}")
@@ -411,8 +442,8 @@ class MultiShardSample:
                 raise ValueError(f"perepoch {nsample} must be no greater than the number of shards")
             if nsample > 0 and resample > 0:
                 raise ValueError("specify only one of perepoch or choose")
-            self.sources.append({"name": ds.get("name", "@" + bucket), "urls": urls, "perepoch": nsample,
-                                 "resample": resample})
+            self.sources.append(MSSource(name=ds.get("name", "@" + bucket), urls=urls, perepoch=nsample,
+                                         resample=resample))
 
     def set_epoch(self, seed: int) -> None:
         """Reseed the shard selection (the same seed on every node gives the same shards)."""
@@ -422,14 +453,14 @@ class MultiShardSample:
         """This epoch's urls."""
         result: List[str] = []
         for source in self.sources:
-            if source["resample"] > 0:
-                chosen = self.rng.choices(source["urls"], k=source["resample"])
-            elif source["perepoch"] > 0:
-                chosen = list(source["urls"])
+            if source.resample > 0:
+                chosen = self.rng.choices(source.urls, k=int(source.resample))
+            elif source.perepoch > 0:
+                chosen = list(source.urls)
                 self.rng.shuffle(chosen)
-                chosen = chosen[:source["perepoch"]]
+                chosen = chosen[:source.perepoch]
             else:
-                chosen = list(source["urls"])
+                chosen = list(source.urls)
             result += chosen
         self.rng.shuffle(result)
         return result
@@ -439,7 +470,9 @@ class MultiShardSample:
             yield {"url": shard}
 
 
-def _resampled(src: Any, n: int = sys.maxsize) -> Iterator[Any]:
+def resampled_(src: Any, n: int = sys.maxsize) -> Iterator[Any]:
+    """``n`` items drawn with replacement from everything ``src`` yields (webdataset's
+    generator form of :func:`resampled`; seeded from ``os.urandom``)."""
     items = list(src)
     rng = random.Random(int.from_bytes(os.urandom(8), "little"))
     for _ in range(n):
@@ -453,7 +486,7 @@ def resampled(n: int = sys.maxsize) -> Any:
         >>> len(list(resampled(5)(iter(["a.tar", "b.tar"]))))
         5
     """
-    return _Generic("resampled", _resampled, n)
+    return _Generic("resampled", resampled_, n)
 
 
 def non_empty(src: Any) -> Iterator[Any]:
@@ -476,3 +509,10 @@ def shardspec(spec: str) -> Union[SimpleShardList, MultiShardSample]:
     if spec.endswith(".yaml"):
         return MultiShardSample(spec)
     return SimpleShardList(spec)
+
+
+def __getattr__(name: str) -> Any:
+    """``IterableDataset``: torch's (webdataset's name here), loaded on first use."""
+    from .pytorch import torch_name  # lazy: imports torch
+
+    return torch_name(__name__, name)

@@ -36,14 +36,23 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Uni
 from ..indexing import framed_prefix, salvage_shard
 from ..tario import split_key
 from ..urls import expand_braces
-from .gopen import gopen
+from . import (
+    filters,  # noqa: F401  (webdataset's tariterators.filters)
+    gopen,  # webdataset's tariterators.gopen is the module
+)
 from .handlers import reraise_exception
 
-__all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "salvage_shard", "shardlist",
+__all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "meta_prefix", "meta_suffix", "salvage_shard",
+           "shardlist", "trace",
            "tar_file_expander", "tar_file_iterator", "tarfile_samples", "tarfile_to_samples", "url_opener",
            "valid_sample"]
 
 ExnHandler = Callable[[BaseException], bool]
+#: webdataset's module settings: ``trace`` prints each member :func:`group_by_keys` groups;
+#: metadata keys of a sample start with ``meta_prefix`` and end with ``meta_suffix``
+trace = False
+meta_prefix = "__"
+meta_suffix = "__"
 _META = re.compile(r"__[^/]*__($|/)")
 
 
@@ -87,7 +96,7 @@ class _PipeStream:
 def open_url(url: str) -> Any:
     """A readable binary stream for a local path, ``file:`` url, ``pipe:`` command or http(s) url
     (:func:`resumewds.gopen.gopen`: ``GOPEN_REWRITE`` and ``utils.enforce_security`` apply)."""
-    return gopen(url, "rb")
+    return gopen.gopen(url, "rb")
 
 
 def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
@@ -183,6 +192,8 @@ def group_by_keys(data: Iterable[Dict[str, Any]],
                 continue
             fname, value = filesample["fname"], filesample["data"]
             prefix, suffix = keys(fname)
+            if trace:
+                print(prefix, suffix, current.keys() if isinstance(current, dict) else None)
             if prefix is None:
                 continue
             if lcase:

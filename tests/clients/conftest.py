@@ -15,7 +15,7 @@ from typing import Dict, List
 import pytest
 
 from chaos.faultserver import FaultServer
-from tests.clients.shards import LAYOUTS, corrupt_copy, write_layout
+from tests.clients.shards import LAYOUTS, MODALITIES, corrupt_copy, modality_paths, write_layout
 
 
 @dataclass
@@ -39,7 +39,8 @@ class Corpus:
         raise ValueError(how)
 
 
-BAD_EXT = {"imgtxt": "jpg", "imgcls": "jpg", "latent": "npy", "audio": "wav", "video": "json"}
+BAD_EXT = {"imgtxt": "jpg", "imgcls": "jpg", "latent": "npy", "audio": "wav", "video": "json", "tokens": "json",
+           "modal": "jpg"}
 
 
 @pytest.fixture
@@ -57,6 +58,8 @@ def corpus(tmp_path_factory):
     for layout in LAYOUTS:
         paths[layout] = write_layout(os.path.join(root, layout), layout)
         corrupt_copy(paths[layout], os.path.join(root, f"{layout}-bad"), BAD_EXT[layout])
+        for modality, ext in MODALITIES.get(layout, {}).items():  # the damage in each modality's shards
+            corrupt_copy(modality_paths(paths[layout], modality), os.path.join(root, f"{layout}-bad_{modality}"), ext)
     saved = {k: os.environ.get(k) for k in ("RESUMEWDS_CACHE_DIR", "NO_PROXY")}
     os.environ["RESUMEWDS_CACHE_DIR"] = os.path.join(root, "_rwcache")
     os.environ["NO_PROXY"] = "127.0.0.1,localhost"

@@ -146,7 +146,8 @@ def _first_diff(a: List[Any], b: List[Any]) -> str:
     return f"lengths {len(a)} vs {len(b)}"
 
 
-def compare(mode: str, ref: List[Epoch], got: List[Epoch], universe: Optional[Tuple[set, set]] = None) -> List[str]:
+def compare(mode: str, ref: List[Epoch], got: List[Epoch], universe: Optional[Tuple[set, set]] = None,
+            repeats: bool = False) -> List[str]:
     """Differences of ``got`` (resumewds) from ``ref`` (webdataset); empty when they agree.
 
     * ``ordered``: the same items in the same order, every epoch.
@@ -154,6 +155,10 @@ def compare(mode: str, ref: List[Epoch], got: List[Epoch], universe: Optional[Tu
     * ``sample``: the order and the selection are random in webdataset: per
       epoch the same number of items and batch shapes, every row one the
       client can deliver (``universe``), no repeated row where webdataset has none.
+
+    ``repeats``: also which epochs deliver the very rows of the first one (webdataset
+    starts each worker's pipeline again at every epoch: with seeded stages and fresh
+    DataLoader workers, every epoch is the first one again).
     """
     errs = []
     extra = sorted({k for g in got for k in g.extra_keys})
@@ -190,6 +195,10 @@ def compare(mode: str, ref: List[Epoch], got: List[Epoch], universe: Optional[Tu
                 errs.append(f"epoch {e}: {len(g.rows) - len(set(g.rows))} repeated rows (webdataset: none)")
         else:
             raise ValueError(mode)
+    if repeats and ref and got:
+        same = [[Counter(e.rows) == Counter(run[0].rows) for e in run[1:]] for run in (ref, got)]
+        if same[0] != same[1]:
+            errs.append(f"epochs that repeat the first one's rows: {same[1]} vs webdataset's {same[0]}")
     if len(ref) != len(got):
         errs.append(f"{len(got)} epochs vs {len(ref)}")
     return errs

@@ -20,7 +20,9 @@ import io
 import json
 import logging
 import math
+import os
 import random
+import re
 import sys
 import wave
 from dataclasses import dataclass
@@ -573,6 +575,320 @@ def video(wds, urls, workers=0, train=True, loader_kw=None, **_):
     return Client(wds.WebLoader(dset, batch_size=None, num_workers=workers, **(loader_kw or {})), batched=False)
 
 
+# ------------------------------------------------------------------- open_lm
+# mlfoundations/open_lm, open_lm/data.py: get_wds_dataset: per source a DataPipeline(SimpleShardList,
+# detshuffle2(seed=), split_by_node, split_by_worker, its own tarfile_to_samples_nothrow, shuffle(rng=
+# Random(seed + epoch)), map_dict(json=preprocess_json), to_tuple("json"), select(filter_lt_seqlen),
+# batched(partial=not is_train)); webdataset.mix.RandomMix(datasets, probs=train_data_mix_weights,
+# longest=True); then each source's .with_epoch(num_worker_batches) (after the mixture was made);
+# WebLoader(dataset, batch_size=None, shuffle=False, num_workers=, persistent_workers=). open_lm's
+# main seeds random and torch (random_seed(args.seed)) before it builds the data.
+def _preprocess_json(text, vocab_size):
+    return [x % vocab_size if isinstance(x, int) else 0 for x in json.loads(text.decode())]
+
+
+def _filter_lt_seqlen(seq_len, x):
+    return len(x[0]) > seq_len
+
+
+def openlm(wds, urls, workers=0, train=True, loader_kw=None, **_):
+    random.seed(0)
+    torch.manual_seed(0)
+    c = _openclip_classes(wds)
+    shared_epoch = SharedEpoch(0)
+    shards = wds.shardlists.expand_urls(urls)
+    sources, weights, num_samples = [shards[:2], shards[2:]], [0.7, 0.3], [32, 32]
+    datasets = []
+    for input_shards in sources:
+        pipeline = [wds.SimpleShardList(input_shards)]
+        if train:
+            pipeline.extend([c["detshuffle2"](bufsize=4, initial=2, seed=0, epoch=shared_epoch),
+                             wds.split_by_node, wds.split_by_worker, c["tarfile_to_samples_nothrow"],
+                             wds.shuffle(bufsize=20, initial=5, rng=random.Random(0 + shared_epoch.get_value()))])
+        else:
+            pipeline.extend([wds.split_by_worker, wds.tarfile_to_samples(handler=log_and_continue)])
+        pipeline.extend([wds.map_dict(json=partial(_preprocess_json, vocab_size=40)), wds.to_tuple("json"),
+                         wds.select(partial(_filter_lt_seqlen, 8)), wds.batched(4, partial=not train)])
+        datasets.append(wds.DataPipeline(*pipeline))
+    dataset = wds.mix.RandomMix(datasets, probs=weights if train else None, longest=True)
+    if train:
+        for ii in range(len(datasets)):
+            num_batches = math.ceil(num_samples[ii] / 4)
+            datasets[ii] = datasets[ii].with_epoch(math.ceil(num_batches / max(1, workers)))
+    loader = wds.WebLoader(dataset, batch_size=None, shuffle=False, num_workers=workers,
+                           persistent_workers=workers > 0, **(loader_kw or {}))
+    return Client(loader, set_epoch=shared_epoch.set_value)
+
+
+# ------------------------------------------------------------- DALLE2-pytorch
+# lucidrains/DALLE2-pytorch, dalle2_pytorch/dataloaders/decoder_loader.py: ImageEmbeddingDataset(
+# wds.DataPipeline, wds.compat.FluidInterface), whose __init__ calls super().__init__() and builds the
+# pipeline with self.append(...): SimpleShardList, filters.shuffle(1000), skip_unassociated_shards (a
+# pipelinefilter), tarfile_to_samples(handler=), decode("pilrgb", handler=), insert_embedding (a
+# pipelinefilter reading each shard's embeddings), join_embeddings, key_verifier, map(self.preproc),
+# to_tuple(*keys); create_image_embedding_dataloader: ds.shuffle(1000) when shuffle_num (a copy, unused)
+# and DataLoader(ds, num_workers=, batch_size=, prefetch_factor=2, pin_memory=True, shuffle=False).
+# The embeddings are a function of the key here (DALLE2 reads them from .npy files per shard).
+def _dalle2_classes(wds):
+    def unassociated_shard_skipper(tarfiles, embedding_shards, handler=wds.handlers.reraise_exception):
+        for tarfile in tarfiles:
+            try:
+                if int(tarfile["url"].split("-")[-1].split(".")[0]) in embedding_shards:
+                    yield tarfile
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                break
+
+    def embedding_inserter(samples, index_width, sample_key="npy", handler=wds.handlers.reraise_exception):
+        for sample in samples:
+            try:
+                index = int(sample["__key__"][-index_width:])
+                if index % 13 == 7:
+                    raise RuntimeError(f"Webdataset had a sample, but no embedding was found: {sample['__key__']}")
+                sample[sample_key] = torch.full((4,), float(index))
+                yield sample
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                break
+
+    def join_embeddings(samples, handler=wds.handlers.reraise_exception):
+        for sample in samples:
+            sample["emb"] = {}
+            if "img_emb" in sample:
+                sample["emb"]["img"] = sample["img_emb"]
+            yield sample
+
+    def verify_keys(samples, required_keys, handler=wds.handlers.reraise_exception):
+        for sample in samples:
+            try:
+                for key in required_keys:
+                    if key not in sample:
+                        raise KeyError(f"Sample {sample['__key__']} missing {key}. Has keys {sample.keys()}")
+                yield sample
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                break
+
+    skip_unassociated_shards = wds.filters.pipelinefilter(unassociated_shard_skipper)
+    insert_embedding = wds.filters.pipelinefilter(embedding_inserter)
+    key_verifier = wds.filters.pipelinefilter(verify_keys)
+
+    class ImageEmbeddingDataset(wds.DataPipeline, wds.compat.FluidInterface):
+        def __init__(self, urls, img_embedding_shards=None, index_width=4, img_preproc=None, extra_keys=(),
+                     handler=wds.handlers.reraise_exception, shuffle_shards=True):
+            super().__init__()
+            keys = ["jpg", "emb"] + list(extra_keys)
+            self.img_preproc = img_preproc
+            self.append(wds.SimpleShardList(urls))
+            if shuffle_shards:
+                self.append(wds.filters.shuffle(1000))
+            if img_embedding_shards is not None:
+                self.append(skip_unassociated_shards(embedding_shards=img_embedding_shards, handler=handler))
+            self.append(wds.tarfile_to_samples(handler=handler))
+            self.append(wds.decode("pilrgb", handler=handler))
+            if img_embedding_shards is not None:
+                self.append(insert_embedding(index_width=index_width, sample_key="img_emb", handler=handler))
+            self.append(join_embeddings)
+            self.append(key_verifier(required_keys=keys, handler=handler))
+            self.append(wds.map(self.preproc))
+            self.append(wds.to_tuple(*keys))
+
+        def preproc(self, sample):
+            if self.img_preproc is not None:
+                sample["jpg"] = self.img_preproc(sample["jpg"])
+            return sample
+
+    return ImageEmbeddingDataset
+
+
+def dalle2_decoder(wds, urls, workers=0, train=True, **_):
+    ds = _dalle2_classes(wds)(urls, img_embedding_shards={0, 1, 2, 3, 4}, img_preproc=to_tensor,
+                              extra_keys=["txt"], handler=wds.handlers.warn_and_continue, shuffle_shards=train)
+    if train:
+        ds.shuffle(1000)
+    loader = DataLoader(ds, num_workers=workers, batch_size=8, prefetch_factor=2 if workers else None,
+                        pin_memory=False, shuffle=False)
+    return Client(loader)
+
+
+# ------------------------------------------------------------------------ ml-4m
+# apple/ml-4m, fourm/data/unified_datasets.py: build_wds_fm_pretraining_dataloader: DataPipeline(
+# ResampledShards(path with [mod1,mod2] modality folders), partial(multi_tarfile_samples,
+# modality_name_map=) (wds.tarfile_samples on each modality's tar, zipped into one sample),
+# shuffle(n), decode(wds_decoder), wds.filters.compose(partial(repeat_fn, n_repeats=)), shuffle(n),
+# map(remove_extensions), its own pipelinefilter map (filter_metadata, the transform),
+# batched(bs, collation_fn=default_collate, partial=False)).with_epoch(n);
+# WebLoader(datapipe, num_workers=, batch_size=None).
+def _ml4m_classes(wds):
+    import braceexpand
+    from torch.utils.data._utils.collate import default_collate
+
+    def _keyless_map(data, f, handler=wds.filters.reraise_exception):
+        for sample in data:
+            try:
+                result = f(sample)
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                break
+            if result is None:
+                continue
+            yield result
+
+    keyless_map = wds.filters.pipelinefilter(_keyless_map)
+
+    def multi_tarfile_samples(src_iter, modality_name_map=None, handler=wds.handlers.warn_and_continue):
+        for src in src_iter:
+            multi_tar_urls = src["url"].translate(str.maketrans("[]", "{}"))
+            match = re.search(r"\{([^}]*)\}", multi_tar_urls)
+            modality_names = match.group(1).split(",") if match else [None]
+            urls_ = list(braceexpand.braceexpand(multi_tar_urls)) if match else [multi_tar_urls]
+            tar_iters = [wds.tarfile_samples([{"url": tar_url}]) for tar_url in urls_]
+            try:
+                for multi_tar_files in zip(*tar_iters):
+                    merged = {"__key__": multi_tar_files[0]["__key__"], "__url__": src["url"]}
+                    for modality_name, modality_dict in zip(modality_names, multi_tar_files):
+                        key = modality_dict.pop("__key__")
+                        modality_dict.pop("__url__")
+                        if key != merged["__key__"]:
+                            raise ValueError(f"Divergence detected! {key} vs {merged['__key__']}")
+                        for k, v in modality_dict.items():
+                            if len(modality_dict) > 1 or modality_name is None:
+                                merged[k] = v
+                            else:
+                                name = (modality_name_map or {}).get(modality_name, modality_name)
+                                merged[f"{name}.{k}"] = v
+                    yield merged
+            except Exception as e:
+                if handler(e):
+                    continue
+                break
+
+    def wds_decoder(key, value):
+        if key.endswith(".jpg") or key == "jpg":
+            return Image.open(io.BytesIO(value))
+        return None
+
+    def repeat_fn(src, n_repeats=5):
+        for sample in src:
+            for _ in range(n_repeats):
+                yield sample
+
+    def remove_extensions(sample):
+        return {os.path.splitext(k)[0]: v for k, v in sample.items()}
+
+    def filter_metadata(sample, metadata=("__key__", "__url__")):
+        return {k: v for k, v in sample.items() if k not in metadata}
+
+    def transform(sample):
+        return {"rgb": to_tensor(sample["rgb"].convert("RGB")), "caption": tokenize(sample["caption"])[0]}
+
+    return dict(keyless_map=keyless_map, multi_tarfile_samples=multi_tarfile_samples, wds_decoder=wds_decoder,
+                repeat_fn=repeat_fn, remove_extensions=remove_extensions, filter_metadata=filter_metadata,
+                transform=transform, default_collate=default_collate)
+
+
+def ml4m(wds, urls, workers=0, train=True, loader_kw=None, **_):
+    c = _ml4m_classes(wds)
+    data_path = re.sub(r"/(modal(?:-bad)?)/", r"/\1_[rgb,caption]/", urls)  # one folder per modality
+    n_repeats, batch_size = (2, 4) if train else (1, 4)
+    stages = [wds.ResampledShards(data_path) if train else wds.SimpleShardList(data_path),
+              partial(c["multi_tarfile_samples"], modality_name_map=None)]
+    if train:
+        stages.append(wds.shuffle(20))
+    stages += [wds.decode(c["wds_decoder"]), wds.filters.compose(partial(c["repeat_fn"], n_repeats=n_repeats))]
+    if train:
+        stages.append(wds.shuffle(20))
+    stages += [wds.map(c["remove_extensions"]), c["keyless_map"](c["filter_metadata"]),
+               c["keyless_map"](c["transform"]),
+               wds.batched(batch_size, collation_fn=c["default_collate"], partial=not train)]
+    datapipe = wds.DataPipeline(*stages)
+    if train:
+        datapipe = datapipe.with_epoch(64 // (1 * max(1, workers) * batch_size))
+    return Client(wds.WebLoader(datapipe, num_workers=workers, batch_size=None, **(loader_kw or {})))
+
+
+# --------------------------------------------------------------- CLIP_benchmark
+# LAION-AI/CLIP_benchmark, clip_benchmark/datasets/builder.py: build_wds_dataset: WebDataset(tar
+# pattern, cache_dir=, nodesplitter=lambda src: src).decode(wds.autodecode.ImageHandler("pil",
+# extensions=["webp", "png", "jpg", "jpeg"])).to_tuple(["webp", "png", "jpg", "jpeg"], "cls")
+# .map_tuple(transform, None); clip_benchmark/cli.py: DataLoader(dataset.batched(batch_size),
+# batch_size=None, shuffle=False, num_workers=).
+def clip_benchmark(wds, urls, workers=0, train=True, **_):
+    dataset = (wds.WebDataset(urls, cache_dir=None, nodesplitter=lambda src: src)
+               .decode(wds.autodecode.ImageHandler("pil", extensions=["webp", "png", "jpg", "jpeg"]))
+               .to_tuple(["webp", "png", "jpg", "jpeg"], "cls")
+               .map_tuple(lambda img: to_tensor(img.convert("RGB")), None))
+    batched = dataset.batched(8)
+    return Client(DataLoader(batched, batch_size=None, shuffle=False, num_workers=workers), dataset=batched)
+
+
+# ------------------------------------------------------------------------- CLAP
+# LAION-AI/CLAP, src/laion_clap/training/data.py: get_wds_dataset: DataPipeline(SimpleShardList,
+# detshuffle(bufsize, initial, seed=args.seed), split_by_node, split_by_worker,
+# tarfile_to_samples(handler=log_and_continue), shuffle(bufsize, initial, rng=random.Random(args.seed)),
+# decode(wds.torch_audio), batched(batch_size, partial=False, collation_fn=partial(
+# collate_fn_with_preprocess, ...))).with_epoch(num_worker_batches); WebLoader(dataset,
+# batch_size=None, shuffle=False, num_workers=, pin_memory=True, prefetch_factor=). torch_audio needs
+# torchaudio: a decoder of the same form reads the wav here.
+def _clap_audio(key, data):
+    extension = re.sub(r".*[.]", "", key)  # webdataset's torch_audio: the key is ".wav"
+    if extension not in "flac mp3 sox wav m4a ogg wma".split():
+        return None
+    return _decode_wav(data)[None], 8000  # torch_audio's (waveform [channels, n], sample rate)
+
+
+def _clap_collate(batch, max_len=64):
+    out = []
+    for sample in batch:
+        audio, _sr = sample["wav"]
+        audio = audio[0][:max_len]
+        audio = torch.nn.functional.pad(audio, (0, max_len - audio.shape[0]))
+        out.append({"__key__": sample["__key__"], "waveform": audio, "text": tokenize(sample["txt"])[0],
+                    "longer": torch.tensor([False])})
+    return {k: (torch.stack([s[k] for s in out]) if isinstance(out[0][k], torch.Tensor) else [s[k] for s in out])
+            for k in out[0]}
+
+
+def clap(wds, urls, workers=0, train=True, loader_kw=None, **_):
+    seed, batch_size, num_samples = 3, 8, 48  # --train-num-samples below the data's 80: an epoch is a part of it
+    pipeline = [wds.SimpleShardList(urls)]
+    if train:
+        pipeline.extend([wds.detshuffle(bufsize=8, initial=2, seed=seed), wds.split_by_node, wds.split_by_worker,
+                         wds.tarfile_to_samples(handler=log_and_continue),
+                         wds.shuffle(bufsize=40, initial=10, rng=random.Random(seed))])
+    else:
+        pipeline.extend([wds.split_by_worker, wds.tarfile_to_samples(handler=log_and_continue)])
+    pipeline.append(wds.decode(_clap_audio))
+    pipeline.append(wds.batched(batch_size, partial=not train, collation_fn=_clap_collate))
+    dataset = wds.DataPipeline(*pipeline)
+    if train:
+        num_batches = math.ceil(num_samples / batch_size)
+        dataset = dataset.with_epoch(math.ceil(num_batches / max(1, workers)))
+    loader = wds.WebLoader(dataset, batch_size=None, shuffle=False, num_workers=workers, pin_memory=False,
+                           prefetch_factor=2 if workers else None, **(loader_kw or {}))
+    return Client(loader)
+
+
+# ------------------------------------------------------------- a smoke test
+# webdataset/webdataset, examples/train-resnet50-wds.ipynb: "images, classes = next(iter(trainloader))"
+# (a look at one batch) before the training loop walks the loader; WebLoader(batch_size=None) over
+# WebDataset(...).batched(b), and the re-batching chain .unbatched().batched(m).with_epoch(k).
+def smoke_next(wds, urls, workers=0, train=True, chain=False, loader_kw=None, **_):
+    ds = (wds.WebDataset(urls, shardshuffle=False).decode("pil").to_tuple("jpg;png", "cls")
+          .map_tuple(to_tensor, identity).batched(16))
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, **(loader_kw or {}))
+    if chain:
+        loader = loader.unbatched().batched(24).with_epoch(5)  # 5 batches: the 120 samples of an epoch
+    if train:
+        images, classes = next(iter(loader))  # the smoke test
+        assert images.ndim == 4
+    return Client(loader)
+
+
 # ------------------------------------------------------------------ registry
 @dataclass
 class Spec:
@@ -585,6 +901,7 @@ class Spec:
     kw: Optional[dict] = None
     epochs: int = 2
     bad_ext: str = "jpg"
+    repeats: bool = False  # also compare which epochs repeat the first one's rows ("sample" mode)
 
 
 SPECS: List[Spec] = [
@@ -615,6 +932,19 @@ SPECS: List[Spec] = [
          bad_ext="wav"),
     Spec("video2dataset", video, "video", "ordered", "iejMac/video2dataset video2dataset/dataloader/dataloader.py",
          bad_ext="json"),
+    Spec("openlm_mix", openlm, "tokens", "ordered", "mlfoundations/open_lm open_lm/data.py get_wds_dataset",
+         bad_ext="json"),
+    Spec("dalle2_decoder", dalle2_decoder, "imgtxt", "multiset",
+         "lucidrains/DALLE2-pytorch dalle2_pytorch/dataloaders/decoder_loader.py"),
+    Spec("ml4m_modalities", ml4m, "modal", "sample",
+         "apple/ml-4m fourm/data/unified_datasets.py build_wds_fm_pretraining_dataloader"),
+    Spec("clip_benchmark", clip_benchmark, "imgcls", "ordered",
+         "LAION-AI/CLIP_benchmark clip_benchmark/datasets/builder.py build_wds_dataset"),
+    Spec("clap", clap, "audio", "sample", "LAION-AI/CLAP src/laion_clap/training/data.py get_wds_dataset",
+         bad_ext="wav", epochs=3, repeats=True),
+    Spec("smoke_next", smoke_next, "imgcls", "ordered", "webdataset/webdataset examples/train-resnet50-wds.ipynb"),
+    Spec("smoke_next_chain", partial(smoke_next, chain=True), "imgcls", "ordered",
+         "webdataset/webdataset examples/train-resnet50-wds.ipynb (re-batching chain)"),
 ]
 
 SPEC = {s.name: s for s in SPECS}

@@ -42,6 +42,8 @@ RESUME = {
     "wds_datapipeline": "state",
     "clip_retrieval": "state",
     "lavis_laion": "state",
+    "clip_benchmark": "state",
+    "clap": "journal",
 }
 #: DataLoader workers of the journal runs (the state runs iterate in the process)
 WORKERS = {"openclip_eval": 2, "video2dataset": 2}

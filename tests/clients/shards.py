@@ -106,6 +106,19 @@ def _video(shard: int, i: int, idx: int) -> List[Member]:
     return members
 
 
+def _tokens(shard: int, i: int, idx: int) -> List[Member]:
+    """A pre-tokenized text (open_lm's json list of token ids), 6 to 29 tokens long."""
+    key = f"tok{shard:02d}_{i:04d}"
+    ids = [(idx * 31 + j * 7) % 50 for j in range(6 + (idx * 5) % 24)]
+    return [(f"{key}.json", json.dumps(ids).encode()), (f"{key}.txt", repr(ids).encode())]
+
+
+def _modal(shard: int, i: int, idx: int) -> List[Member]:
+    """One sample of every modality (each also written to a tar of its own: :data:`MODALITIES`)."""
+    key = f"mod{shard:02d}_{i:04d}"
+    return [(f"{key}.jpg", image_bytes(idx, "JPEG")), (f"{key}.txt", f"a caption of {idx}".encode())]
+
+
 LAYOUTS: Dict[str, Tuple[Callable[[int, int, int], List[Member]], int, int]] = {
     # name: (sample maker, shards, samples per shard)
     "imgtxt": (_imgtxt, 6, 22),
@@ -113,19 +126,39 @@ LAYOUTS: Dict[str, Tuple[Callable[[int, int, int], List[Member]], int, int]] = {
     "latent": (_latent, 4, 20),
     "audio": (_audio, 4, 20),
     "video": (_video, 4, 20),
+    "tokens": (_tokens, 4, 24),
+    "modal": (_modal, 4, 16),
 }
+
+#: layouts also written one modality per tar (ml-4m's shard_root_<modality>/ directories):
+#: layout -> {modality: member extension}; ``<dir>_<modality>/`` holds that modality's shards
+MODALITIES: Dict[str, Dict[str, str]] = {"modal": {"rgb": "jpg", "caption": "txt"}}
 
 
 def write_layout(directory: str, layout: str) -> List[str]:
-    """Write the shards of ``layout`` under ``directory``; return their paths."""
+    """Write the shards of ``layout`` under ``directory``; return their paths.
+
+    A layout of :data:`MODALITIES` is also written one modality per tar, in
+    ``<directory>_<modality>/`` (same shard names, same keys, same order).
+    """
     make, nshards, per = LAYOUTS[layout]
     os.makedirs(directory, exist_ok=True)
     paths = []
     for s in range(nshards):
         path = os.path.join(directory, f"{layout}-{s:06d}.tar")
-        _tar(path, [make(s, i, s * per + i) for i in range(per)])
+        samples = [make(s, i, s * per + i) for i in range(per)]
+        _tar(path, samples)
         paths.append(path)
+        for modality, ext in MODALITIES.get(layout, {}).items():
+            os.makedirs(f"{directory}_{modality}", exist_ok=True)
+            _tar(os.path.join(f"{directory}_{modality}", os.path.basename(path)),
+                 [[m for m in members if m[0].endswith("." + ext)] for members in samples])
     return paths
+
+
+def modality_paths(paths: List[str], modality: str) -> List[str]:
+    """The paths of one modality's shards of a layout written by :func:`write_layout`."""
+    return [os.path.join(os.path.dirname(p) + "_" + modality, os.path.basename(p)) for p in paths]
 
 
 def corrupt_copy(src: List[str], directory: str, bad_member_ext: str) -> List[str]:

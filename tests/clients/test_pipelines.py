@@ -30,8 +30,20 @@ NO_CONVERT = ("WebLoader(batch_size=None) does not apply torch's default_convert
               "numpy fields of a batch (the collated cls) stay numpy int64 arrays where webdataset gives torch "
               "int64 tensors")
 
+SMOKE = ("fixed on branch loader: next(iter(loader)) (a smoke test) takes its batch from the first epoch, which then "
+         "lacks it; webdataset starts a new pass at the next iter()")
+RESTART = ("WebLoader over a DataPipeline(...).with_epoch(n) goes on with the stream at each iter(), so an epoch "
+           "spans two passes and repeats samples; webdataset starts each worker's pipeline again: in process the "
+           "next pass, under fresh DataLoader workers the first one again (the loader chain's passes, "
+           "resumewds/wds/loaderchain.py, must follow the data set's with_epoch as its direct iteration does)")
+_CLEAN = ("local-w0", "local-w2", "http-w0", "pipe-w0")  # (the damaged copy raises on both: no handler there)
+
 #: (pipeline, variant) -> the divergence resumewds shows today ("*": every variant)
-XFAIL: Dict[Tuple[str, str], str] = {}
+XFAIL: Dict[Tuple[str, str], str] = {
+    **{("smoke_next", v): SMOKE for v in _CLEAN},
+    **{("smoke_next_chain", v): SMOKE for v in _CLEAN},
+    **{("clap", v): RESTART for v in _CLEAN},
+}
 
 _universe: Dict[Tuple[str, str], Tuple[set, set]] = {}
 
@@ -74,5 +86,5 @@ def test_same_data(corpus, spec, variant, tmp_path, no_handler_sleep):
         return
     assert got.error is None, f"{spec.name} ({variant}): resumewds raises {got.error!r}"
     assert sum(len(e.rows) for e in ref) > 0, "webdataset delivered nothing: the case tests nothing"
-    errs = compare(spec.mode, ref, got, universe)
+    errs = compare(spec.mode, ref, got, universe, repeats=spec.repeats)
     assert not errs, f"{spec.name} ({variant}): " + "; ".join(errs)

@@ -1,0 +1,267 @@
+"""webdataset's ``cache`` module API: ``FileCache``, ``StreamingOpen``, ``LRUCleanup`` and helpers.
+
+These are webdataset 1.0.2's stream openers for a pipeline of your own
+(``DataPipeline(SimpleShardList(urls), ..., wds.cache.FileCache(cache_dir=...),
+pipelinefilter(tar_file_expander)(), ...)``): ``StreamingOpen`` opens each
+url with :func:`resumewds.gopen`, ``FileCache`` downloads it into a
+directory first (named by ``url_to_name``) and opens the copy, and
+``LRUCleanup`` keeps that directory under a size.  They are reached as
+``resumewds.cache.<name>`` (webdataset's module name); ``resumewds.cache``
+itself is the engine's verified shard cache, which ``WebDataset`` and the
+plan use instead.
+
+The defaults are webdataset's, read through :mod:`resumewds.config`:
+``default_cache_dir`` is ``$RESUMEWDS_CACHE_DIR`` / ``$WDS_CACHE``, else
+``./_cache``; ``default_cache_size`` is ``$WDS_CACHE_SIZE`` (bytes), else
+1e18; ``verbose_cache`` is ``$WDS_VERBOSE_CACHE``.
+
+Example:
+    >>> url_to_cache_name("http://host/data/shard-000001.tar")
+    'shard-000001.tar'
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from urllib.parse import urlparse
+
+from .. import config
+from . import gopen
+from .handlers import reraise_exception
+from .utils import obsolete
+
+__all__ = ["CacheNameError", "FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format", "default_cache_dir",
+           "default_cache_size", "download", "get_filetype", "gopen", "islocal", "magic_filetype", "obsolete",
+           "pipe_cleaner", "reraise_exception", "url_to_cache_name", "verbose_cache"]
+
+default_cache_dir: str = config.value("cache_dir") or "./_cache"
+default_cache_size: float = float(config.value("cache_size") or 1e18)
+verbose_cache: int = int(bool(config.value("verbose_cache")))
+
+
+class CacheNameError(TypeError, AssertionError):
+    """A url of :func:`url_to_cache_name` that is not a string: a ``TypeError``, and the
+    ``AssertionError`` webdataset's ``assert`` raises there (code written for it catches that)."""
+
+
+def islocal(url: str) -> bool:
+    """Whether ``url`` names a local file (no scheme, or ``file:``).
+
+    Example:
+        >>> islocal("/data/a.tar"), islocal("http://h/a.tar")
+        (True, False)
+    """
+    return urlparse(url).scheme in ["", "file"]
+
+
+def get_filetype(fname: str) -> str:
+    """The ``file`` command's description of ``fname``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        OSError: the ``file`` command is not available.
+    """
+    if not os.path.exists(fname):
+        raise FileNotFoundError(fname)
+    try:
+        subprocess.run(["file", "."], stdout=subprocess.DEVNULL, check=True)
+    except (subprocess.SubprocessError, FileNotFoundError):
+        raise OSError("UNIX/Linux file command not available") from None
+    return subprocess.run(["file", fname], stdout=subprocess.PIPE, text=True, check=True).stdout
+
+
+def magic_filetype(fname: str) -> str:
+    """``"<fname>: gzip compressed data"``, ``"...: POSIX tar archive"`` or ``"...: data"``,
+    from the first bytes of the file."""
+    with open(fname, "rb") as f:
+        header = f.read(512)
+    if len(header) >= 2 and header[0:2] == b"\x1f\x8b":
+        return f"{fname}: gzip compressed data"
+    if len(header) > 261 and header[257:262] == b"ustar":
+        return f"{fname}: POSIX tar archive"
+    return f"{fname}: data"
+
+
+def check_tar_format(fname: str) -> bool:
+    """Whether ``fname`` looks like a tar archive (or a gzip of one).
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    if not os.path.exists(fname):
+        raise FileNotFoundError(fname)
+    ftype = magic_filetype(fname).lower()
+    return "tar archive" in ftype or "gzip compressed" in ftype
+
+
+@obsolete
+def pipe_cleaner(spec: str) -> str:
+    """The URL inside a ``pipe:`` command (obsolete in webdataset: raises unless ``ALLOW_OBSOLETE=1``)."""
+    if spec.startswith("pipe:"):
+        for word in spec[5:].split(" "):
+            if re.match(r"^(https?|hdfs|gs|ais|s3):", word):
+                return word
+    return spec
+
+
+def url_to_cache_name(url: str, ndir: int = 0) -> str:
+    """The cache file name of ``url``: its last ``ndir + 1`` path components for the
+    usual schemes, else the quoted url (its last 128 characters).
+
+    Raises:
+        CacheNameError: ``url`` is not a string (a ``TypeError``, also an ``AssertionError``).
+    """
+    if not isinstance(url, str):
+        raise CacheNameError(f"url_to_cache_name needs a string, got {type(url).__name__}")
+    parsed = urlparse(url)
+    if parsed.scheme in [None, "", "file", "http", "https", "ftp", "ftps", "gs", "s3", "ais"]:
+        return "/".join(parsed.path.lstrip("/").split("/")[-1 - ndir:])
+    return urllib.parse.quote(url, safe="_+{}*,-")[-128:]
+
+
+class LRUCleanup:
+    """Delete the least recently used files of ``cache_dir`` (by ``keyfn``, ctime by
+    default) until it holds at most ``cache_size`` bytes; at most every ``interval`` s."""
+
+    def __init__(self, cache_dir: Optional[str] = None, cache_size: int = int(1e12),
+                 keyfn: Callable[[str], float] = os.path.getctime, verbose: bool = False,
+                 interval: Optional[float] = 30):
+        self.cache_dir, self.cache_size, self.keyfn = cache_dir, cache_size, keyfn
+        self.verbose, self.interval = verbose, interval
+        self.last_run = 0.0
+
+    def set_cache_dir(self, cache_dir: str) -> None:
+        """Clean ``cache_dir`` from now on."""
+        self.cache_dir = cache_dir
+
+    def cleanup(self) -> None:
+        """One cleanup pass (nothing if one ran less than ``interval`` s ago)."""
+        if self.cache_dir is None or not os.path.exists(self.cache_dir):
+            return
+        if self.interval is not None and time.time() - self.last_run < self.interval:
+            return
+        try:
+            files: List[str] = []
+            for dirpath, _, filenames in os.walk(self.cache_dir):
+                files.extend(os.path.join(dirpath, f) for f in filenames)
+            total = sum(os.path.getsize(f) for f in files)
+            if total <= self.cache_size:
+                return
+            files.sort(key=self.keyfn, reverse=True)
+            while files and total > self.cache_size:
+                fname = files.pop()
+                total -= os.path.getsize(fname)
+                if self.verbose:
+                    print(f"# deleting {fname}", file=sys.stderr)
+                os.remove(fname)
+        except OSError:
+            pass
+        self.last_run = time.time()
+
+
+def download(url: str, dest: str, chunk_size: int = 1024 ** 2, verbose: bool = False) -> None:
+    """Copy ``url`` (anything :func:`resumewds.gopen` opens) to ``dest`` (written under a
+    temporary name, then renamed)."""
+    temp = dest + f".temp{os.getpid()}"
+    with gopen.gopen(url) as stream, open(temp, "wb") as f:
+        while True:
+            data = stream.read(chunk_size)
+            if not data:
+                break
+            f.write(data)
+    os.rename(temp, dest)
+
+
+class StreamingOpen:
+    """A stage: each url (or ``{"url": ...}``) as ``{"url", "stream"}`` (plus
+    ``local_path`` for a local file), opened as it comes; ``handler`` decides about an
+    error (skip the url, or stop)."""
+
+    def __init__(self, verbose: bool = False, handler: Callable[[BaseException], bool] = reraise_exception):
+        self.verbose, self.handler = verbose, handler
+
+    def __call__(self, urls: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+        for url in urls:
+            if isinstance(url, dict):
+                url = url["url"]
+            parsed = urlparse(url)
+            try:
+                if parsed.scheme in ["", "file"]:
+                    yield dict(url=url, stream=open(parsed.path, "rb"), local_path=parsed.path)
+                else:
+                    yield dict(url=url, stream=gopen.gopen(url))
+            except Exception as exn:
+                if self.handler(exn):
+                    continue
+                break
+
+
+class FileCache:
+    """A stage: each url downloaded into ``cache_dir`` (once; named by ``url_to_name``,
+    checked by ``validator``) and opened from there: ``{"url", "stream", "local_path"}``.
+    Local files are opened where they are.  A failed download is retried (up to 10
+    times, waiting 1 s, then 1.5 times longer) while ``handler`` says go on.
+    ``cache_size > 0`` keeps the directory under that size (:class:`LRUCleanup`)."""
+
+    def __init__(self, cache_dir: Optional[str] = None, *, url_to_name: Callable[[str], str] = url_to_cache_name,
+                 verbose: bool = False, validator: Optional[Callable[[str], bool]] = check_tar_format,
+                 handler: Callable[[BaseException], bool] = reraise_exception, cache_size: int = -1,
+                 cache_cleanup_interval: int = 30):
+        self.url_to_name, self.validator, self.handler = url_to_name, validator, handler
+        self.cache_dir = default_cache_dir if cache_dir is None else cache_dir
+        self.verbose = verbose
+        self.cleaner = LRUCleanup(self.cache_dir, cache_size, verbose=verbose,
+                                  interval=cache_cleanup_interval) if cache_size > 0 else None
+
+    def get_file(self, url: str) -> str:
+        """The local path of ``url``'s copy (downloaded now if missing).
+
+        Raises:
+            ValueError: a cache name with ``/``, or a download the validator refuses
+                (it is deleted).
+        """
+        if islocal(url):
+            return urlparse(url).path
+        cache_name = self.url_to_name(url)
+        if "/" in cache_name:
+            raise ValueError(f"bad cache name {cache_name} for {url}")
+        os.makedirs(os.path.join(self.cache_dir, os.path.dirname(cache_name)), exist_ok=True)
+        dest = os.path.join(self.cache_dir, cache_name)
+        if not os.path.exists(dest):
+            if self.verbose:
+                print(f"# downloading {url} to {dest}", file=sys.stderr)
+            if self.cleaner is not None:
+                self.cleaner.cleanup()
+            download(url, dest, verbose=self.verbose)
+            if self.validator and not self.validator(dest):
+                ftype = magic_filetype(dest)
+                with open(dest, "rb") as f:
+                    data = f.read(200)
+                os.remove(dest)
+                raise ValueError(f"{dest} ({url}) is not a tar archive, but a {ftype}, contains {data!r}")
+        return dest
+
+    def __call__(self, urls: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+        for url in urls:
+            if isinstance(url, dict):
+                url = url["url"]
+            delay = 1.0
+            for _ in range(10):
+                try:
+                    dest = self.get_file(url)
+                    stream: io.IOBase = open(dest, "rb")
+                except Exception as exn:
+                    if self.handler(exn):
+                        time.sleep(delay)
+                        delay *= 1.5
+                        continue
+                    break
+                yield dict(url=url, stream=stream, local_path=dest)
+                break
