@@ -391,8 +391,8 @@ class LoaderPipeline(FluidInterface):
         taken, so this run does too, and both give the same data; and where the ``iter()``
         left after its first item was the first after a resume (``load_state_dict``, the
         journal: a smoke test), the next starts at the resume's place again (see
-        :meth:`ShardLoader._begin_iter`).  Continuing, the
-        chain goes back to the place of what its stream stages hold (:attr:`_resume`)."""
+        :meth:`ShardLoader._begin_iter`).  Continuing, the chain goes back to the place of
+        what its stream stages hold (:attr:`_resume`)."""
         prev, self._pass = self._pass, None
         if prev is not None and hasattr(prev, "close"):
             prev.close()  # its workers stop now, not when it is collected
