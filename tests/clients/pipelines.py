@@ -301,18 +301,6 @@ def wds_train_example(wds, urls, workers=0, train=True, loader_kw=None, **_):
     return Client(loader)
 
 
-# webdataset/webdataset examples/train-resnet50-wds.ipynb (and many scripts built from it): the
-# loader is smoke-tested right after it is built, ``images, classes = next(iter(trainloader))``,
-# then trained on epoch after epoch (no shuffle here, so both libraries' order is comparable).
-def wds_smoke_test(wds, urls, workers=0, train=True, loader_kw=None, **_):
-    ds = wds.WebDataset(urls, shardshuffle=False).decode("rgb").to_tuple("png;jpg", "cls")
-    ds = ds.map_tuple(_hwc_to_chw, identity).batched(12)
-    loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, **(loader_kw or {}))
-    images, classes = next(iter(loader))
-    assert images.shape[0] == len(classes) > 0, (images.shape, len(classes))
-    return Client(loader)
-
-
 # webdataset/webdataset README.md, the DataPipeline form (SimpleShardList,
 # split_by_worker, tarfile_to_samples, decode, to_tuple, map_tuple, batched)
 # under a torch DataLoader(batch_size=None).
@@ -918,8 +906,6 @@ SPECS: List[Spec] = [
     Spec("wds_readme", wds_readme, "imgcls", "multiset", "webdataset/webdataset README.md"),
     Spec("wds_train_example", wds_train_example, "imgcls", "sample",
          "webdataset/webdataset examples/train-resnet50-wds.ipynb"),
-    Spec("wds_smoke_test", wds_smoke_test, "imgcls", "ordered",
-         "webdataset/webdataset examples/train-resnet50-wds.ipynb (next(iter(loader)) before training)"),
     Spec("wds_datapipeline", wds_datapipeline, "imgcls", "ordered",
          "webdataset/webdataset README.md (DataPipeline form)", kw={"train": False}),
     Spec("lavis_laion", lavis, "imgcls", "sample", "salesforce/LAVIS lavis/datasets/datasets/laion_dataset.py"),
