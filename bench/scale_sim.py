@@ -219,6 +219,152 @@ def make_rank_files(path: str, ranks: int, steps: int) -> None:
 
 # ---------------------------------------------------------------------------
 
+PROBE = r"""
+import json, pickle, sys, time
+def rss():
+    with open("/proc/self/status") as f:
+        return {k: int(v.split()[0]) * 1024 for k, _, v in (l.partition(":") for l in f) if k in ("VmRSS", "VmHWM")}
+import resumewds
+from resumewds.plan import Layout, Plan
+from resumewds.sources import resolve_sources
+path, warm, B, R, rank, W, P = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
+resolve_sources(warm)  # a one-shard manifest of the same form first: the code it needs is loaded
+m0 = rss(); t0 = time.perf_counter(); c0 = time.process_time()
+m = resolve_sources(path)
+t1 = time.perf_counter(); m1 = rss(); c1 = time.process_time()
+ep = Plan(m.counts, seed=7, shuffle=True, window=W, partitions=P).epoch(0)
+t2 = time.perf_counter(); m2 = rss(); c2 = time.process_time()
+total = m.total_samples
+n = 0
+for pos, _ in Layout(B, R, rank, "keep", nodes=P).slots(total, 0, 0):
+    s, j = ep.sample_at(pos)
+    a, b = m.shards[s].sample_range(j)
+    d = m.shards[s].sample_digests[j]
+    n += b > a
+t3 = time.perf_counter(); m3 = rss(); c3 = time.process_time()
+print(json.dumps({"load_s": t1 - t0, "plan_s": t2 - t1, "step_s": t3 - t2, "samples": n,
+                  "load_cpu": c1 - c0, "plan_cpu": c2 - c1, "step_cpu": c3 - c2,
+                  "rss_manifest": m1["VmRSS"] - m0["VmRSS"], "rss_total": m3["VmRSS"] - m0["VmRSS"],
+                  "peak": m3["VmHWM"] - m0["VmRSS"], "pickle": len(pickle.dumps(m.shards))}))
+"""
+
+
+def _probe(path: str, warm: str, B: int, R: int, rank: int, W: int, P: int) -> Dict[str, Any]:
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", PROBE, path, warm, str(B), str(R), str(rank), str(W), str(P)],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def write_scaled(d: str, S: int, n: int, sample_bytes: int, fmt: str, need: set) -> str:
+    """A synthetic manifest of ``S`` shards x ``n`` samples in format ``fmt`` (``"index"``:
+    version 4; ``"file"``: version 3 with side files, written sparse; ``"inline"``), whose
+    binary parts are real only for the shards in ``need`` (the ones the probe reads):
+    every figure is what a process of a real data set of that size would see."""
+    import struct
+
+    import xxhash
+
+    from resumewds.sampledigests import encode_inline
+    from resumewds.shardindex import MAGIC, encode, index_name
+
+    size = n * sample_bytes + 1024
+    offs = array("q", range(0, n * sample_bytes + 1, sample_bytes))
+    digs = array("Q", ((i * 0x9E3779B97F4A7C15) & (2 ** 64 - 1) for i in range(n)))
+    body = offs.tobytes() + digs.tobytes()
+    path = os.path.join(d, f"{fmt}.json")
+    idir = path + ".index"
+    os.makedirs(idir, exist_ok=True)
+    head = {"format": "resumewds.manifest", "version": {"index": 4, "file": 3, "inline": 3}[fmt],
+            "created": "2026-12-04T00:00:00Z"}
+    if fmt == "index":
+        head.update(index_dir=os.path.basename(idir), index_digests=True)
+    if fmt == "file":
+        head.update(offsets_file=f"{fmt}.json.offsets", digests_file=f"{fmt}.json.digests")
+        for side, count in ((".offsets", S * (n + 1)), (".digests", S * n)):
+            with open(path + side, "wb") as f:
+                f.truncate(8 * count)  # sparse: only the shards read are written
+    inline_offs = json.dumps(offs.tolist()) if fmt == "inline" else ""
+    inline_digs = encode_inline(digs) if fmt == "inline" else ""
+    with open(path, "w") as f:
+        f.write(json.dumps(head)[:-1] + ', "shards": [')
+        for k in range(S):
+            xxh = f"{(k * 2654435761 + 12345) % (1 << 64):016x}"
+            e = f'{{"url": "train/shard-{k:06d}.tar", "size": {size}, "xxh3_64": "{xxh}", "samples": {n}'
+            if fmt == "index":
+                h = xxhash.xxh3_64(struct.pack("<8sQQQQ", MAGIC, n, size, int(xxh, 16), 3))
+                h.update(body)
+                e += f', "index_xxh3_64": "{h.hexdigest()}"'
+                if k in need:
+                    buf = encode(offs, digs, size, xxh)
+                    assert xxhash.xxh3_64_hexdigest(buf) == h.hexdigest()
+                    with open(os.path.join(idir, index_name(h.hexdigest())), "wb") as g:
+                        g.write(buf)
+            elif fmt == "file":
+                e += f', "offsets_at": {k * (n + 1)}, "digests_at": {k * n}'
+                if k in need:
+                    for side, arr, at in ((".offsets", offs, k * (n + 1)), (".digests", digs, k * n)):
+                        with open(path + side, "r+b") as g:
+                            g.seek(8 * at)
+                            g.write(arr.tobytes())
+            else:
+                e += f', "offsets": {inline_offs}, "sample_xxh3_64": "{inline_digs}"'
+            f.write(("" if k == 0 else ", ") + e + "}")
+        f.write("]}")
+    return path
+
+
+def manifest_at_scale(t: Table, figures: Dict[str, Any], args: argparse.Namespace, S: int, n: int,
+                      R: int, B: int, W: int) -> None:
+    """Section 4: a fresh process per format loads the manifest, builds the plan and
+    reads the offsets and digests of one rank's first step, at full size."""
+    P = max(1, R // args.ranks_per_node)
+    rank = R // 2
+    total = S * n
+    ep = Plan([n] * S, seed=7, shuffle=True, window=W, partitions=P).epoch(0)
+    need = {ep.sample_at(pos)[0] for pos, _ in Layout(B, R, rank, "keep", nodes=P).slots(total, 0, 0)}
+    d = tempfile.mkdtemp(prefix="rw-scale-manifest-", dir=args.tmp)
+    t.section(f"the manifest in one process, measured: {S:,} shards x {n:,} samples, rank {rank} of {R:,}, "
+              f"partitions {P}")
+    small = max(1, S // args.old_scale)
+    try:
+        for fmt, shards, note in (("index", S, "version 4: index file per shard"),
+                                  ("file", S, "version 3, offsets + digests side files (mmap)"),
+                                  ("inline", small, f"version 3 inline, at {small:,} shards")):
+            t0 = time.perf_counter()
+            path = write_scaled(d, shards, n, args.sample_bytes, fmt, need if shards == S else
+                                {s % shards for s in need})
+            made = time.perf_counter() - t0
+            os.makedirs(os.path.join(d, "warm"), exist_ok=True)
+            warm = write_scaled(os.path.join(d, "warm"), 1, n, args.sample_bytes, fmt, {0})
+            r = _probe(path, warm, B, R if shards == S else args.ranks_per_node,
+                       rank if shards == S else 0, W, P if shards == S else 1)
+            scale = S / shards
+            side = sum(os.path.getsize(path + x) for x in (".offsets", ".digests") if os.path.exists(path + x))
+            t.add(f"{note}: manifest.json", f"{fmt_bytes(os.path.getsize(path) * scale)}"
+                  + (f" (+ side files {fmt_bytes(side)}, fetched whole before the first sample when remote)"
+                     if side else "") + (f" (x {scale:,.0f}: linear)" if scale > 1 else ""))
+            t.add("  load (resolve_sources)", f"{fmt_bytes(r['rss_manifest'] * scale)} per process"
+                  + (f" (x {scale:,.0f})" if scale > 1 else "") + f"; CPU {r['load_cpu'] * scale:.2f} s",
+                  r["load_s"] * scale)
+            t.add("  plan (Plan + epoch 0)", f"CPU {r['plan_cpu']:.2f} s", r["plan_s"])
+            t.add(f"  first step: {B} samples' offsets and digests", f"{r['samples']} samples; "
+                  f"CPU {r['step_cpu']:.3f} s", r["step_s"], f"{fmt_bytes(r['rss_total'] * scale)} total / "
+                  f"{fmt_bytes(r['peak'] * scale)} peak")
+            t.add("  load + plan + first step", f"CPU {(r['load_cpu'] * scale + r['plan_cpu'] + r['step_cpu']):.2f} s",
+                  r["load_s"] * scale + r["plan_s"] + r["step_s"])
+            t.add("  the shards pickled for a spawned worker", fmt_bytes(r["pickle"] * scale))
+            figures[f"manifest_{fmt}"] = dict(r, scale=scale, json_bytes=os.path.getsize(path) * scale,
+                                              write_s=made)
+            for name in os.listdir(d):
+                p = os.path.join(d, name)
+                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shards", type=int, default=100_000)
@@ -235,10 +381,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--journal-ranks", type=int, default=None,
                    help="rank files for the resolve_resume timing (default: --ranks)")
     p.add_argument("--quick", action="store_true", help="1,000 shards x 1,000 samples, 64 ranks")
+    p.add_argument("--old-scale", type=int, default=1000,
+                   help="the inline (old) manifest is measured at 1/N of the shards and scaled (its cost is linear)")
+    p.add_argument("--tmp", default=None, help="where the synthetic manifests are written (default: $TMPDIR)")
+    p.add_argument("--no-manifest", action="store_true", help="skip the measured manifest section")
     p.add_argument("--json", default=None, help="also write the figures here")
     args = p.parse_args(argv)
     if args.quick:
         args.shards, args.samples, args.ranks, args.journal_seconds = 1000, 1000, 64, 0.5
+        args.old_scale = 1
     jranks = args.journal_ranks or args.ranks
     S, n, R, B, W = args.shards, args.samples, args.ranks, args.batch, args.window
     total = S * n
@@ -304,7 +455,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     del got
 
     # 4. manifest memory ---------------------------------------------------
-    t.section("manifest in memory, per process (rank or worker)")
+    if not args.no_manifest:
+        manifest_at_scale(t, figures, args, S, n, R, B, W)
+    t.section("manifest in memory, per process (rank or worker): the arithmetic")
 
     def records() -> List[ShardInfo]:
         return [ShardInfo(url=f"https://data.example.com/ds/train/shard-{i:06d}.tar",

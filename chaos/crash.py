@@ -85,8 +85,10 @@ class Dataset:
 
 
 def make_dataset(root: str, shards: int = 8, samples: int = 100, size_range: Tuple[int, int] = (2000, 20000),
-                 seed: int = 3, images: bool = False) -> Dataset:
-    """Write shards + manifest.json under ``root`` and read back every sample's digest."""
+                 seed: int = 3, images: bool = False, offsets: str = "auto") -> Dataset:
+    """Write shards + manifest.json under ``root`` and read back every sample's digest
+    (``offsets``: the manifest's form, :meth:`resumewds.manifest.Manifest.save`; ``"index"``
+    is version 4, with sample digests)."""
     import resumewds as rw
     from resumewds.synth import write_shards
     from resumewds.tario import iter_samples_file, sample_digest
@@ -94,7 +96,7 @@ def make_dataset(root: str, shards: int = 8, samples: int = 100, size_range: Tup
     paths = write_shards(root, shards=shards, samples=samples, size_range=size_range, seed=seed,
                          images=images, image_side=32)
     manifest = os.path.join(root, "manifest.json")
-    rw.build_manifest(paths, manifest)
+    rw.build_manifest(paths, manifest, offsets=offsets, digests=offsets == "index")
     digests = {}
     for p in paths:
         for s in iter_samples_file(p):
@@ -331,12 +333,12 @@ class Harness:
     """Shared state of crash runs: the data, a throttled server, the reference outputs."""
 
     def __init__(self, work: str, seed: int = 0, bytes_per_second: float = 3e6,
-                 shards: int = 8, samples: int = 100):
+                 shards: int = 8, samples: int = 100, offsets: str = "auto"):
         from chaos.faultserver import FaultServer
 
         self.work = work
         self.seed = seed
-        self.data = make_dataset(os.path.join(work, "data"), shards=shards, samples=samples)
+        self.data = make_dataset(os.path.join(work, "data"), shards=shards, samples=samples, offsets=offsets)
         self.server = FaultServer(self.data.root, bytes_per_second=bytes_per_second, seed=seed).start()
         self.url = self.server.url + "manifest.json"
         self._ref_cat: Optional[Tuple[List[str], Tuple[float, float]]] = None

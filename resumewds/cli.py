@@ -217,36 +217,55 @@ def cli() -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Where to write manifest.json (urls are stored relative to it).")
 @click.option("--cache-dir", default=None, help="Cache for remote shards.")
-@click.option("--offsets", type=click.Choice(["auto", "inline", "file"]), default="auto", show_default=True,
-              help="Sample offsets inline in the JSON, or in a memory-mapped side file "
-                   "(auto: a side file above 1,000,000 samples).")
+@click.option("--cache-size", default=None, callback=_cache_size_option,
+              help='Cache size limit for remote shards, e.g. "20GB" (default: RESUMEWDS_CACHE_SIZE).')
+@click.option("--offsets", type=click.Choice(["auto", "inline", "file", "index"]), default="auto",
+              show_default=True,
+              help="Sample offsets inline in the JSON, in a memory-mapped side file (version 2/3), or in an "
+                   "index file per shard (version 4; auto: inline up to 10,000 samples, else index).")
 @click.option("--digests/--no-digests", default=True, show_default=True,
               help="Record each sample's xxh3_64 (manifest version 3); --no-digests writes "
                    "version 1/2 for older readers.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Shards indexed at once, each in its own process (default: the CPUs, at most 8).")
+@click.option("--counts-only", is_flag=True,
+              help="Read no shard: write the sample counts the sources give (a wids shard index, img2dataset's "
+                   "*_stats.json); each shard's checksum and offsets are recorded when it is first read.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
-def index(sources: List[str], output: str, cache_dir: Optional[str], offsets: str, digests: bool,
-          progress: Optional[bool]) -> None:
+def index(sources: List[str], output: str, cache_dir: Optional[str], cache_size: Optional[str], offsets: str,
+          digests: bool, jobs: Optional[int], counts_only: bool, progress: Optional[bool]) -> None:
     """Index shards: sizes, xxh3_64, sample counts and sample byte ranges.
+
+    Shards are indexed in parallel processes.  What is done is kept in
+    OUTPUT.indexing: an index that is interrupted (even killed) continues
+    where it stopped when the same command runs again, and ends with the
+    manifest a clean run writes.  A wids shard index (or img2dataset's
+    NNNNN_stats.json files) may be given as the source.
 
     \b
     Example:
         resumewds index data/shard-*.tar -o data/manifest.json
-        resumewds index 'http://host/d/shard-{0000..0099}.tar' -o manifest.json
+        resumewds index 'http://host/d/shard-{0000..0099}.tar' -o manifest.json -j 16
+        resumewds index data/wids-index.json -o data/manifest.json --counts-only
     """
-    from .cache import ShardStore  # lazy: the cache package and resumewds.fetch (+55 ms on --help)
-    from .dataset import build_manifest  # lazy: the dataset stack and resumewds.fetch (+90 ms on --help)
+    from .indexrun import default_jobs, run_index  # lazy: the dataset stack and resumewds.fetch (+90 ms on --help)
     from .sourcecheck import warn_duplicate_content  # lazy: imports resumewds.fetch (+25 ms on --help)
     from .sources import resolve_sources  # lazy: imports resumewds.fetch (+25 ms on --help)
 
     check_sources(sources)
     check_output(output)
     check_environment()
-    resolved = resolve_sources(list(sources))
+    resolved = resolve_sources(list(sources), cache_dir=cache_dir)
     refuse_duplicate_shards(resolved)
-    n = len(resolved.shards)
-    store = ShardStore(cache_dir=cache_dir)
+    n = sum(1 for s in resolved.shards if not s.indexed)
+
+    def resumed(done: int, todo: int) -> None:
+        click.echo(f"{output}: continuing an interrupted index: {done} of {todo} shards already done", err=True)
+
     with _progress(n, "indexing", progress, unit="shards") as bar:
-        m = build_manifest(resolved, output, store=store, progress=bar.update, offsets=offsets, digests=digests)
+        m = run_index(resolved, output, jobs=jobs or default_jobs(), offsets=offsets, digests=digests,
+                      cache_dir=cache_dir, cache_size=cache_size, counts_only=counts_only, progress=bar.update,
+                      on_resume=resumed)
     warn_duplicate_content(m.shards)
     click.echo(f"{output}: {len(m.shards)} shards, {m.total_samples} samples, "
                f"{sum(s.size or 0 for s in m.shards)} bytes", err=True)
@@ -617,6 +636,9 @@ def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseExceptio
     if shard.indexed and (idx.samples != shard.samples or list(idx.offsets) != [int(x) for x in shard.offsets]):
         return False, ShardFormatError(shard.url, 0, f"holds {idx.samples} samples at other offsets than the "
                                        f"manifest's {shard.samples} (manifest does not match the shard)")
+    if shard.samples is not None and idx.samples != shard.samples:  # a counts-only source (a wids index)
+        return False, ShardFormatError(shard.url, 0, f"holds {idx.samples} samples, its source says "
+                                       f"{shard.samples}")
     return True, None
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from torch.utils.data import IterableDataset, default_convert, get_worker_info
 
 from .errors import HandlerStop, ResumeWDSError
-from .journal.lock import close_inherited
 from .plan import Layout
 from .preemption import _worker_signals
 from .stages import default_collate
@@ -198,7 +198,9 @@ class _EpochSource(IterableDataset):
         info = get_worker_info()
         w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
-            close_inherited()  # the journal's lock dies with the loader's process, not with its workers
+            lock = sys.modules.get("resumewds.journal.lock")  # (not loaded: no journal was open to inherit)
+            if lock is not None:
+                lock.close_inherited()  # the journal's lock dies with the loader's process, not with its workers
             die_with_parent(self.parent)
             if self.ignore_signals:
                 _worker_signals(self.ignore_signals, self.stopping)

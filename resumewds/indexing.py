@@ -63,6 +63,11 @@ def index_manifest(manifest: Manifest, store: Any = None,
             raise ChecksumMismatch(s.url, str(s.size), str(idx.size), what="size")
         if s.xxh3_64 is not None and s.xxh3_64 != idx.xxh3_64:
             raise ChecksumMismatch(s.url, s.xxh3_64, idx.xxh3_64)
+        if s.samples is not None and s.samples != idx.samples:
+            raise ShardFormatError(f"{s.url}: {getattr(s.index, 'source', 'the manifest')} says it holds "
+                                   f"{s.samples} samples, it holds {idx.samples}", shard=s.url, offset=None,
+                                   problem="sample count")
+        s.index = None  # indexed now: its offsets come from the scan
         s.size, s.xxh3_64, s.samples, s.offsets = idx.size, idx.xxh3_64, idx.samples, idx.offsets
         log.debug("indexed %s: %d samples, %d bytes in %.3fs", s.url, idx.samples, idx.size,
                   time.perf_counter() - t0)
@@ -141,8 +146,10 @@ def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = N
         store: shard cache for remote shards (default: a new ShardStore).
         progress: called with 1 after each shard is indexed.
         offsets: ``"inline"`` (offsets in the JSON), ``"file"`` (a binary
-            side file, memory-mapped by readers: for very large data sets),
-            or ``"auto"``: a side file above 1,000,000 samples.
+            side file, memory-mapped by readers), ``"index"`` (an index file
+            per shard, manifest version 4: for large data sets), or ``"auto"``:
+            inline up to 10,000 samples, else ``"index"``
+            (:meth:`resumewds.manifest.Manifest.save`).
         digests: also record each sample's xxh3_64 (manifest version 3,
             :mod:`resumewds.digests`; ``resumewds index`` does by default).
 
@@ -159,8 +166,6 @@ def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = N
     if digests:
         add_sample_digests(m, store)
     if output is not None:
-        if offsets == "auto":
-            offsets = "file" if m.total_samples > 1_000_000 else "inline"
         m.save(output, offsets=offsets)
     return m
 
@@ -250,7 +255,7 @@ def salvage_shard(shard: Any, store: Any, exc: BaseException, stop: bool = False
             shard.offsets = [0]
         shard.offsets = list(shard.offsets) + [start + _STOP_SPAN]
         shard.samples = kept + 1
-        shard.stop_reason = str(exc)  # what dataset._shard_failed reports when it is reached
+        shard.stop_reason = str(exc)  # what the reader reports when it is reached (ShardReader.fail)
     elif not kept:
         shard.samples, shard.offsets = 0, [0]
     return kept

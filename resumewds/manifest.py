@@ -45,10 +45,18 @@ described in :mod:`resumewds.digests` (the code that reads and writes it:
 :mod:`resumewds.sampledigests`).  A manifest without sample digests is still
 written as version 1 or 2.
 
+Version 4 keeps each shard's offsets and sample digests in an index file of
+its own (``index_dir``, and ``index_xxh3_64`` per shard), loaded and checked
+when a process first reads the shard; a shard with ``samples`` and no index
+is *counts only*, as are those of a wids shard index or img2dataset's stats
+(:mod:`resumewds.shardindex`, :mod:`resumewds.foreignindex`, docs/DIGESTS.md).
+
 Version history:
     1: first version (offsets inline).
     2: optional ``offsets_file`` / ``offsets_at``; inline offsets still valid.
     3: optional per-sample digests (``sample_xxh3_64`` or ``digests_at``).
+    4: optional per-shard index files (``index_dir``, ``index_xxh3_64``) and
+       counts-only shards (an optional ``md5``).
 
 Example:
     >>> m = Manifest([ShardInfo(url="/d/a.tar", size=3072, xxh3_64=None,
@@ -67,18 +75,24 @@ import sys
 import time
 import urllib.parse
 from array import array
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import xxhash
 
+from . import shardindex
 from .arrayfile import ArrayFile, view_item
 from .errors import SourceError
+from .foreignindex import is_stats, is_wids, stats_entry, wids_entries
 from .sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
 from .schemes import is_remote_object
+from .shardindex import COMPRESSED, Counted
 
 FORMAT = "resumewds.manifest"
-VERSION = 3
+VERSION = 4
+#: ``offsets="auto"`` writes the offsets inline up to this many samples (a JSON of
+#: about 250 kB), and per-shard index files (version 4) above
+INLINE_SAMPLES = 10_000
 
 
 
@@ -152,6 +166,8 @@ class ShardInfo:
             range (manifest version 3), or None.
         index_source: the manifest its size, checksum and index came from (named
             in the errors they cause), or None.
+        index: the shard's index file (version 4: :class:`resumewds.shardindex.IndexRef`), or what a
+            counts-only source declared (:class:`~resumewds.shardindex.Counted`), or None.
     """
 
     url: str
@@ -162,6 +178,7 @@ class ShardInfo:
     trusted: bool = True
     sample_digests: Optional[Sequence[int]] = None
     index_source: Optional[str] = None
+    index: Any = field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -172,9 +189,20 @@ class ShardInfo:
     def indexed(self) -> bool:
         return self.samples is not None and self.offsets is not None
 
+    num_samples = property(lambda self: self.samples, doc="The number of samples (``samples``).")
+
+    compressed = property(lambda self: self.url.lower().split("?", 1)[0].endswith(COMPRESSED),
+                          doc="A ``.tar.gz`` / ``.tar.zst`` shard (offsets in the decompressed tar).")
+    offset_bound = property(lambda self: None if self.compressed else self.size,
+                            doc="The bound of the offsets: the size, or None for a compressed shard.")
+
     def sample_range(self, i: int) -> tuple[int, int]:
-        """Byte range ``(start, end)`` of sample ``i`` in this shard."""
-        assert self.offsets is not None
+        """Byte range ``(start, end)`` of sample ``i`` in this shard (a counts-only shard is
+        recorded here the first time: :class:`~resumewds.shardindex.RecordBook`)."""
+        if self.offsets is None and getattr(self.index, "book", None) is not None:
+            self.index.book.record(self)
+        if self.offsets is None:
+            raise SourceError(f"{self.url}: shard is not indexed")
         return int(self.offsets[i]), int(self.offsets[i + 1])
 
 
@@ -261,29 +289,39 @@ class Manifest:
         """
         h = xxhash.xxh3_64()
         for s in self.shards:
-            h.update(f"{s.name}\0{s.size}\0{s.xxh3_64}\0{s.samples}\n".encode())
+            c = s.index if isinstance(s.index, Counted) else s  # a counts-only shard: what its source said
+            h.update(f"{s.name}\0{c.size}\0{c.xxh3_64}\0{s.samples}\n".encode())
         return h.hexdigest()
 
     # ---- (de)serialisation ---------------------------------------------
     def to_json(self, base: Optional[str] = None, offsets_file: Optional[str] = None,
                 side_digest: Optional[tuple[int, str]] = None, with_digests: bool = True,
-                digests_side: Optional[tuple[int, str]] = None) -> Dict[str, Any]:
+                digests_side: Optional[tuple[int, str]] = None,
+                index: Optional[tuple[str, bool, List[Optional[str]]]] = None) -> Dict[str, Any]:
         """The manifest as a JSON-able dict; urls made relative to ``base``.
 
         With ``offsets_file`` (a name relative to the manifest), offsets are
         not inlined: each shard gets ``offsets_at`` into that file, which
         :meth:`save` writes.  Sample digests (``with_digests``) make it
         version 3: inline, or in ``<manifest>.digests`` with an offsets file.
+        ``index`` (what :meth:`save` wrote: ``(index_dir, digests, names)``) makes it version 4.
         """
         out = []
         at = 0
         dat: Optional[int] = 0 if offsets_file is not None else None
-        for s in self.shards:
+        for k, s in enumerate(self.shards):
             url = s.url
             if base is not None:
                 url = _relative_url(url, base)
             d: Dict[str, Any] = {"url": url, "size": s.size, "xxh3_64": s.xxh3_64,
                                  "samples": s.samples}
+            if index is not None:
+                if index[2][k] is not None:
+                    d["index_xxh3_64"] = index[2][k]
+                elif isinstance(s.index, Counted) and s.index.md5 is not None:
+                    d["md5"] = s.index.md5
+                out.append(d)
+                continue
             if s.offsets is not None:
                 if offsets_file is not None:
                     d["offsets_at"] = at
@@ -298,9 +336,11 @@ class Manifest:
         has_digests = with_digests and any(s.sample_digests is not None for s in self.shards)
         doc: Dict[str, Any] = {
             "format": FORMAT,
-            "version": 3 if has_digests else 2 if offsets_file is not None else 1,
+            "version": 4 if index is not None else 3 if has_digests else 2 if offsets_file is not None else 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if index is not None:
+            doc["index_dir"], doc["index_digests"] = index[0], index[1]
         if offsets_file is not None:
             doc["offsets_file"] = offsets_file
             if side_digest is not None:
@@ -313,21 +353,31 @@ class Manifest:
         doc["shards"] = out
         return doc
 
-    def save(self, path: str, offsets: str = "inline", digests: bool = True) -> None:
+    def save(self, path: str, offsets: str = "inline", digests: bool = True,
+             created: Optional[str] = None) -> str:
         """Write the manifest atomically to ``path`` (urls relative to it).
 
         Args:
             path: the manifest file.
-            offsets: ``"inline"`` (version 1, offsets in the JSON) or
-                ``"file"`` (version 2, offsets in ``<path>.offsets``).
+            offsets: ``"inline"`` (version 1), ``"file"`` (version 2: ``<path>.offsets``), ``"index"``
+                (version 4: ``<path>.index/``) or ``"auto"`` (inline up to :data:`INLINE_SAMPLES` samples).
             digests: write the shards' sample digests, if they have any
                 (version 3; with ``"file"`` in ``<path>.digests``); False
                 writes version 1 or 2 for older readers.
+            created: the ``created`` time to write (default: now).
+
+        Returns:
+            The form written: ``"inline"``, ``"file"`` or ``"index"``.
         """
-        if offsets not in ("inline", "file"):
-            raise ValueError(f"offsets must be 'inline' or 'file', got {offsets!r}")
+        if offsets == "auto":
+            offsets = "inline" if sum(int(s.samples or 0) for s in self.shards) <= INLINE_SAMPLES else "index"
+        if offsets not in ("inline", "file", "index"):
+            raise ValueError(f"offsets must be 'inline', 'file', 'index' or 'auto', got {offsets!r}")
         base = os.path.dirname(os.path.abspath(path))
         side = None
+        index = None
+        if offsets == "index":
+            index = shardindex.write_indexes(self.shards, path + ".index", digests)
         if offsets == "file":
             side = os.path.basename(path) + ".offsets"
             side_path = os.path.join(base, side)
@@ -353,18 +403,21 @@ class Manifest:
         digests_side = None
         if side is not None and digests and any(s.sample_digests is not None for s in self.shards):
             digests_side = write_side_file(os.path.join(base, os.path.basename(path) + ".digests"), self.shards)
-        data = json.dumps(self.to_json(base=base, offsets_file=side, side_digest=side_digest,
-                                       with_digests=digests, digests_side=digests_side),
-                          separators=(",", ":"))
+        doc = self.to_json(base=base, offsets_file=side, side_digest=side_digest, with_digests=digests,
+                           digests_side=digests_side, index=index)
+        if created is not None:
+            doc["created"] = created
+        data = json.dumps(doc, separators=(",", ":"))
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        return offsets
 
     @classmethod
-    def from_json(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
+    def from_json(cls, data: Any, location: str, trusted: bool = True, built: Any = None) -> Manifest:
         """Parse a manifest dict; relative urls resolve against ``location``.
 
         Args:
@@ -372,10 +425,13 @@ class Manifest:
             location: URL or path of the manifest file itself.
             trusted: whether ``pipe:`` urls in it may run (False for a manifest
                 fetched over the network, unless the user allows it).
+            built: the parser's :class:`resumewds.shardindex.EntryBuilder`, if it built shards.
 
         Raises:
             SourceError: wrong format, newer version, or malformed entries.
         """
+        if is_wids(data) or is_stats(data, location):
+            return cls.from_counts(data, location, trusted)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise SourceError(f"{location}: not a resumewds manifest (format field is missing or wrong)")
         version = data.get("version")
@@ -396,23 +452,45 @@ class Manifest:
             side.size = _opt_int(data.get("offsets_size"), location, "'offsets_size'")
             side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
         dside = side_file_from_json(data, location, resolve_url) if version >= 3 else None
+        iset = shardindex.index_set_from_json(data, location, resolve_url) if version >= 4 else None
+        ready = [d for d in shards if type(d) is ShardInfo] if built is not None else []
+        for d in ready if version < 4 else []:  # an index before version 4 means nothing: ignored
+            d.index = d.offsets = None
+        if ready and version >= 4:
+            built.finish(ready, iset, location)
+            iset = built.iset
         out: List[ShardInfo] = []
+        resolve = built.resolve if built is not None else url_resolver(location)
         for i, d in enumerate(shards):
-            info = _shard_from_json(d, i, location, side, trusted)
+            if type(d) is ShardInfo:  # built as it was parsed (shardindex.EntryBuilder)
+                out.append(d)
+                continue
+            info = _shard_from_json(d, i, location, side, trusted, resolve)
             if version >= 3 and isinstance(d, dict):
                 info.sample_digests = entry_from_json(d, f"{location}: shard {d['url']}", info.samples,
                                                       version, dside)
+            if version >= 4:
+                shardindex.index_from_json(info, d, location, iset)
             out.append(info)
         return cls(out, source=location)
+
+    @classmethod
+    def from_counts(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
+        """A wids shard index or an img2dataset ``*_stats.json`` (:mod:`resumewds.foreignindex`)
+        as a counts-only manifest (:class:`resumewds.shardindex.RecordBook`)."""
+        entries = wids_entries(data, location, resolve_url) if is_wids(data) else [stats_entry(data, location)]
+        what = "the wids shard index " + location if is_wids(data) else location
+        return cls([ShardInfo(url=e.url, size=e.size, samples=e.samples,
+                              trusted=trusted or not e.url.startswith("pipe:"),
+                              index=Counted(what, size=e.size, md5=e.md5)) for e in entries], source=location)
 
 
 #: the largest offset or size a manifest may hold (int64, as in the side file)
 MAX_OFFSET = (1 << 63) - 1
 
-
 #: names of compressed shards (resumewds.compressed): their ``size`` is the
 #: compressed file's, their offsets are positions in the decompressed tar
-COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd")
+COMPRESSED_SUFFIXES = COMPRESSED
 
 
 def _tar_size_bound(url: str, size: Optional[int]) -> Optional[int]:
@@ -495,12 +573,13 @@ def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], 
     return array("q", offsets)
 
 
-def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile], trusted: bool) -> ShardInfo:
+def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile], trusted: bool,
+                     resolve: Callable[[str], str]) -> ShardInfo:
     """One validated ``shards[i]`` entry."""
     if not isinstance(d, dict) or not isinstance(d.get("url"), str) or not d["url"]:
         raise SourceError(f"{location}: shard #{i} has no url")
     where = f"{location}: shard {d['url']}"
-    url = resolve_url(d["url"], location)
+    url = resolve(d["url"])
     size = _opt_int(d.get("size"), where, "'size'")
     samples = _opt_int(d.get("samples"), where, "'samples'")
     xxh = _opt_hex(d.get("xxh3_64"), where, "'xxh3_64'")
@@ -551,6 +630,30 @@ def resolve_url(url: str, location: str) -> str:
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(loc)), url))
 
 
+def url_resolver(location: str) -> Callable[[str], str]:
+    """:func:`resolve_url` for the many urls of one manifest (the location's part once;
+    a plain relative name, no ``.`` or empty segment, joined without parsing it).
+
+    Example:
+        >>> [url_resolver("http://h/d/m.json?sig=1")(u) for u in ("a b.tar", "../x.tar")]
+        ['http://h/d/a%20b.tar', 'http://h/x.tar']
+    """
+    head = location.split("#", 1)[0].split("?", 1)[0]
+    if location.startswith("s3://") or is_remote_object(location):
+        base, quote = head[:head.rindex("/") + 1], not location.startswith("s3://")
+    else:
+        loc = location[7:] if location.startswith("file://") else location
+        base, quote = os.path.join(os.path.dirname(os.path.abspath(loc)), ""), False
+
+    def resolve(url: str) -> str:
+        if (url[:1] in ("", ".", "/") or "//" in url or "/." in url or url.endswith("/") or ":" in url
+                or (quote and ("?" in url or "#" in url or "%" in url))):
+            return resolve_url(url, location)
+        return base + (urllib.parse.quote(url, safe="/") if quote else url)
+
+    return resolve
+
+
 def _relative_url(url: str, base: str) -> str:
     if url.startswith("pipe:") or "://" in url:
         return url
@@ -563,13 +666,14 @@ def _relative_url(url: str, base: str) -> str:
 
 def parse_manifest_bytes(raw: bytes, location: str, trusted: bool = True) -> Manifest:
     """Parse manifest JSON bytes, with a clear error for bad JSON."""
+    built = shardindex.EntryBuilder(ShardInfo, url_resolver(location), trusted)
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_hook=built)  # plain v4 entries become shards as they are parsed
     except ValueError as exc:
         raise SourceError(f"{location}: manifest is not valid JSON: {exc}") from exc
     except RecursionError:  # "[[[[..." nested past the interpreter's limit
         raise SourceError(f"{location}: manifest is not valid JSON: nested too deeply") from None
-    return Manifest.from_json(data, location, trusted=trusted)
+    return Manifest.from_json(data, location, trusted=trusted, built=built)
 
 
 def load_manifest(path: str) -> Manifest:

@@ -136,7 +136,7 @@ class _MixSteps(StepPlan):
         for src, idxs in want.items():
             ds = self.mix.datasets[src]
             if ds.prefetch_depth > 0:
-                todo = [ds.manifest.shards[s] for s in idxs if s not in ds._failed]
+                todo = [ds.manifest.shards[s] for s in idxs if s not in ds.reader.failed]
                 if todo:
                     out.append((src, todo, 0))
         return out
@@ -209,7 +209,7 @@ class MixedDataset:
         if not self.datasets:
             raise ValueError("MixedDataset needs at least one dataset")
         for i, ds in enumerate(self.datasets):
-            if not hasattr(ds, "_read") or not hasattr(ds, "manifest"):
+            if not hasattr(ds, "reader") or not hasattr(ds, "manifest"):
                 raise TypeError(f"mixture source {i} is a {type(ds).__name__}, not a resumewds.WebDataset")
             if getattr(ds, "batch_size", None) is not None:
                 raise ValueError(f"mixture source {i} is batched(); batch the mixture instead")

@@ -1,42 +1,28 @@
-"""Shard reading: from ``(shard index, sample index)`` to a sample dict.
+"""Verified ranged reads: samples of remote shards before the shard is cached.
 
-What :class:`resumewds.shardset.ShardDataset` calls to read the samples of
-a step, apart from the order (:mod:`resumewds.plan`), the stages
-(:mod:`resumewds.stages`) and the open shards (:mod:`resumewds.openshards`).
-A map of this module:
+:func:`prepare` is called once per step before its samples are read: the
+samples of remote shards that are not verified cache entries yet (manifest
+v3: per-sample digests) come from the shard's sparse partial
+(:mod:`resumewds.cache.sparse`) when they are there, are waited for while a
+download (or another read) of this process, or another process's download,
+is fetching them, and are fetched by range otherwise
+(:func:`resumewds.fetch.fetch_range`, neighbours coalesced, several
+connections at once); each is checked against its digest as it arrives,
+kept in the sparse partial (the download never asks for it again) and in
+:class:`RangedReads` until the reader's :meth:`~resumewds.openshards.ShardReader.read`
+takes it.  A range that cannot be read (the server ignores ``Range``, or
+keeps failing) sends the shard to the whole-shard path.  :func:`finish`
+checks, at the end of a pass, every shard read this way whole (its size,
+checksum and end, through the cache), so that a shard is never done without
+that check.  docs/DIGESTS.md has the rules and the figures.
 
-* :func:`read` -- one sample (``tario.read_sample`` on the open copy, which
-  ``acquire`` verified first: a local shard's whole-file xxh3_64 is checked
-  before any of its samples is read, so a shard that mismatches is skipped
-  whole under ``on_error="skip"``, the same in every run and resume);
-  :func:`read_run` -- consecutive samples of one shard with one ``pread``
-  (same results, errors and skips as one by one).
-* :func:`prepare` -- called once per step before its samples are read: the
-  samples of remote shards that are not verified cache entries yet (manifest
-  v3: per-sample digests) come from the shard's sparse partial
-  (:mod:`resumewds.cache.sparse`) when they are there, are waited for while
-  a download (or another read) of this process, or another process's
-  download, is fetching them, and are fetched by range otherwise
-  (:func:`resumewds.fetch.fetch_range`, neighbours coalesced, several
-  connections at once); each is checked against its digest as it arrives,
-  kept in the sparse partial (the download never asks for it again) and in
-  :class:`RangedReads` until :func:`read` takes it.  A range that cannot be
-  read (the server ignores ``Range``, or keeps failing) sends the shard to
-  the whole-shard path.  :func:`finish` checks, at the end of a pass, every
-  shard read this way whole (its size, checksum and end, through the cache),
-  so that a shard is never done without that check.  docs/DIGESTS.md has
-  the rules and the figures.
-
-The reading state is the data set's reader's (:class:`~resumewds.openshards.ShardReader`:
-open shards, failed shards, the ``on_error`` policy, the event sink, the ranged
-reads); the functions here take the data set and ask its reader
-(:func:`~resumewds.openshards.shard_reader`).  Pickling a data set for
-DataLoader workers drops the reader (``__getstate__``).
+The ranged reads are the data set's reader's (:class:`~resumewds.openshards.ShardReader`,
+``reader.ranged``), made on first use when the reader may read by range.
 
 Example:
-    >>> ds = WebDataset("data/shard-{000000..000003}.tar")            # doctest: +SKIP
-    >>> read(ds, 0, 5)["__key__"]                                     # doctest: +SKIP
-    'sample000005'
+    >>> prepare(reader, [(0, 5), (3, 17)])                   # doctest: +SKIP
+    >>> reader.read(3, 17)["__key__"]                         # doctest: +SKIP
+    'sample000017'
 """
 
 from __future__ import annotations
@@ -49,14 +35,11 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import xxhash
-
 from . import fetch as F
 from . import tario
 from .cache import sparse
 from .errors import (
     CacheError,
-    ChecksumMismatch,
     CorruptSample,
     FetchError,
     IntegrityError,
@@ -66,134 +49,12 @@ from .errors import (
     ShardFormatError,
 )
 from .manifest import ShardInfo
-from .openshards import RUN_BYTES, ShardReader, run_length, shard_failed, shard_reader, trusted
+from .openshards import WHOLE, ShardReader
 from .samplecheck import SampleSink, check_end_bytes
 
-__all__ = ["RUN_BYTES", "RangedReads", "ShardReader", "finish", "prepare", "read", "read_run", "run_length",
-           "shard_failed", "shard_reader", "take_ready", "verified_in"]
+__all__ = ["RangedReads", "finish", "prepare"]
 
 log = logging.getLogger("resumewds")
-
-
-def read(ds: Any, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
-    """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
-    reader = shard_reader(ds)
-    if shard_idx in reader.failed:
-        return None
-    if reader.ranged is not None and shard_idx not in reader.open:
-        got = _ranged_sample(reader, reader.ranged, shard_idx, j)
-        if got is not _WHOLE:
-            return got
-    shard = reader.shards[shard_idx]
-    try:
-        fd = reader.fd(shard_idx, shard)
-        start, end = shard.sample_range(j)
-        if _sampled(reader, shard_idx):
-            buf = tario._pread_range(fd, start, end, shard.url)
-            if not verified_in(buf, start, shard, j):
-                _bad_sample(reader, shard_idx, j, shard, buf, start, end)
-                return None
-            sample = tario.parse_sample(buf, shard.url, base=start, start=0, end=end - start, verified=True)
-        else:
-            verified = trusted(reader.store, shard)
-            sample = tario.read_sample(fd, start, end, shard.url, verified=verified)
-            reader.fast[shard_idx] = (fd, shard.offsets, shard.url, verified)
-    except (FetchError, IntegrityError, ShardFormatError) as exc:
-        reader.fail(shard_idx, shard, exc)
-        return None
-    sample["__url__"] = shard.url
-    return sample
-
-
-def _sampled(reader: ShardReader, si: int) -> bool:
-    """Whether the open shard ``si``'s samples are still checked one by one
-    (a local shard with per-sample digests that this process has not
-    verified whole: :meth:`ShardReader.fd`)."""
-    key = reader.sampled.get(si)
-    if key is not None and reader.store.verified_key(key):
-        del reader.sampled[si]  # verified whole meanwhile (background): read as any verified shard
-        return False
-    return key is not None
-
-
-def _bad_sample(reader: ShardReader, si: int, j: int, shard: ShardInfo, buf: bytes, start: int, end: int) -> None:
-    """``on_error`` for sample ``j`` alone, whose bytes fail its digest (a local
-    shard read sample by sample): :class:`ChecksumMismatch` naming the file, the
-    sample, its key and its bytes, raised or the sample skipped."""
-    assert shard.sample_digests is not None
-    expected, actual = format(int(shard.sample_digests[j]), "016x"), xxhash.xxh3_64_hexdigest(buf)
-    try:
-        key = str(tario.parse_sample(buf, shard.url, base=start, start=0, end=end - start).get("__key__", "?"))
-    except Exception:  # the bytes are bad: the key may be unreadable too
-        key = "?"
-    exc = ChecksumMismatch(f"{F.local_path(shard.url)}: sample {j} (key {key}, bytes {start}-{end}): xxh3_64 "
-                           f"mismatch: expected {expected}, got {actual}", url=shard.url, expected=expected,
-                           actual=actual)
-    reader.fail_sample(si, j, shard, exc, key)
-
-
-def read_run(ds: Any, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
-    """Samples ``j .. j+count-1`` of one shard with one ``pread``.
-
-    Same results, errors and skips as ``count`` calls of :func:`read`:
-    a shard that cannot be fetched fails (or is skipped) once, and on a
-    malformed sample it falls back to one-by-one reads of the open file,
-    so the samples before the bad one are delivered exactly as they would
-    be one by one.  A local shard whose samples are checked one by one
-    against their digests returns the samples before the first that fails
-    (fewer than ``count``; at least one item).
-    """
-    r = shard_reader(ds)
-    rr = r.ranged
-    if count == 1 or shard_idx in r.failed or (rr is not None and shard_idx not in r.open and (
-            any((shard_idx, j + i) in rr.ready for i in range(count))
-            or (shard_idx not in rr.off and rr.can_range(shard_idx, r.shards[shard_idx])
-                and not rr.cached(r.shards[shard_idx])))):
-        return [ds._read(shard_idx, j + i) for i in range(count)]  # (not cached yet: by range, sample by sample)
-    shard = r.shards[shard_idx]
-    try:
-        fd = r.fd(shard_idx, shard)
-    except (FetchError, IntegrityError, ShardFormatError) as exc:
-        r.fail(shard_idx, shard, exc)  # never a second fetch
-        return [None] * count
-    if _sampled(r, shard_idx):  # each sample checked against its digest, in one pread
-        return _sampled_run(ds, r, shard_idx, shard, fd, j, count)
-    try:
-        assert shard.offsets is not None
-        samples: List[Optional[Dict[str, Any]]] = list(
-            tario.read_samples(fd, shard.offsets, j, j + count - 1, shard.url,
-                               verified=trusted(r.store, shard)))
-    except ShardFormatError:
-        return [ds._read(shard_idx, j + i) for i in range(count)]
-    url = shard.url
-    for sample in samples:
-        sample["__url__"] = url  # type: ignore[index]
-    return samples
-
-
-def _sampled_run(ds: Any, r: ShardReader, si: int, shard: ShardInfo, fd: int, j: int,
-                 count: int) -> List[Optional[Dict[str, Any]]]:
-    """:func:`read_run` of a shard whose samples are checked one by one: the
-    samples up to the first that fails its digest (fewer than ``count``: the
-    engine reads that one next, on its own, and it follows ``on_error``)."""
-    assert shard.offsets is not None
-    lo, hi = int(shard.offsets[j]), int(shard.offsets[j + count])
-    try:
-        buf = tario._pread_range(fd, lo, hi, shard.url)
-    except ShardFormatError:
-        return [ds._read(si, j)]
-    out: List[Optional[Dict[str, Any]]] = []
-    for i in range(count):
-        a, b = int(shard.offsets[j + i]), int(shard.offsets[j + i + 1])
-        if not verified_in(buf, lo, shard, j + i):
-            return out if out else [ds._read(si, j)]
-        try:
-            sample = tario.parse_sample(buf, shard.url, base=a, start=a - lo, end=b - lo, verified=True)
-        except ShardFormatError:
-            return out if out else [ds._read(si, j)]
-        sample["__url__"] = shard.url
-        out.append(sample)
-    return out
 
 
 # ---- verified ranged reads ----
@@ -209,18 +70,6 @@ READY_MAX = 64 << 20
 #: a sample a download is fetching now is waited for; the wait gives up (and fetches it by
 #: range) when nothing has arrived for this long (seconds)
 WAIT_STALL = 1.0
-
-
-def verified_in(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
-    """Whether sample ``j`` of ``shard``, within ``buf`` (which starts at byte ``lo``), matches its digest.
-
-    Example:
-        >>> verified_in(data, 0, shard, 3)      # doctest: +SKIP
-        True
-    """
-    assert shard.offsets is not None and shard.sample_digests is not None
-    a, b = int(shard.offsets[j]) - lo, int(shard.offsets[j + 1]) - lo
-    return xxhash.xxh3_64_intdigest(memoryview(buf)[a:b]) == int(shard.sample_digests[j])
 
 
 class RangedReads:
@@ -279,6 +128,19 @@ class RangedReads:
             self.ready_bytes -= self.ready.pop(key)[1]
         for key in [k for k in self.pending if k[0] == si]:
             del self.pending[key]
+
+    def sample(self, reader: ShardReader, si: int, j: int) -> Any:
+        """Sample ``j`` of shard ``si`` read by range: ready, awaited, or fetched now;
+        :data:`~resumewds.openshards.WHOLE` when the shard is read the whole-shard
+        way (None: skipped)."""
+        return _ranged_sample(reader, self, si, j)
+
+    def by_range(self, reader: ShardReader, si: int, j: int, count: int) -> bool:
+        """Whether samples ``j .. j+count-1`` of shard ``si`` (not open) are read by
+        range, one by one: some are ready, or the shard is not cached yet."""
+        shard = reader.shards[si]
+        return any((si, j + i) in self.ready for i in range(count)) or (
+            si not in self.off and self.can_range(si, shard) and not self.cached(shard))
 
     def can_range(self, si: int, shard: ShardInfo) -> bool:
         ok = self.eligible.get(si)
@@ -342,16 +204,12 @@ class RangedReads:
         self.ready_bytes = 0
 
 
-_WHOLE = object()  # (a ranged read's answer: read this shard the whole-shard way)
-
-
-def _ranged(ds: Any) -> Optional[RangedReads]:
-    """The data set's ranged reads in this process (made on first use), or None (no prefetch)."""
-    if ds.prefetch_depth <= 0:
+def _ranged(reader: ShardReader) -> Optional[RangedReads]:
+    """The reader's ranged reads (made on first use), or None (it reads shards whole)."""
+    if not reader.can_range:
         return None
-    reader = shard_reader(ds)
     if reader.ranged is None:
-        reader.ranged = RangedReads(ds.store)
+        reader.ranged = RangedReads(reader.store)
     return reader.ranged
 
 
@@ -386,8 +244,7 @@ def _groups(shard: ShardInfo, js: List[int], e: sparse.Entry, alone: Optional[in
     return first + out
 
 
-def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, part: bool = False,
-            ahead: bool = False) -> None:
+def prepare(reader: ShardReader, where: Sequence[Tuple[int, int]]) -> None:
     """Start making the samples ``where`` of shards not cached yet ready, verified.
 
     Called once per step, before its samples are read (and for the samples
@@ -401,20 +258,17 @@ def prepare(ds: Any, where: Sequence[Tuple[int, int]], stream: bool = False, *, 
     from the shard's one fetch budget (shared with its download).
 
     Args:
-        ds: the dataset.
+        reader: the data set's reader (:class:`~resumewds.openshards.ShardReader`).
         where: the step's ``(shard index, sample index)`` pairs.
-        stream, part, ahead: accepted for the callers; the rule is the same for
-            every order (what a download fetches now is waited for).
 
     Example:
-        >>> prepare(ds, [(0, 5), (3, 17)])          # doctest: +SKIP
-        >>> read(ds, 3, 17)["__key__"]               # verified, from a range   # doctest: +SKIP
+        >>> prepare(reader, [(0, 5), (3, 17)])          # doctest: +SKIP
+        >>> reader.read(3, 17)["__key__"]               # verified, from a range   # doctest: +SKIP
         'sample000017'
     """
-    rr = _ranged(ds)
+    rr = _ranged(reader)
     if rr is None:
         return
-    reader = shard_reader(ds)
     shards = reader.shards
     todo: Dict[int, List[int]] = {}
     for si, j in where:
@@ -463,13 +317,13 @@ def _start(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], alone: Opt
 
 def _ranged_sample(reader: ShardReader, rr: RangedReads, si: int, j: int) -> Any:
     """Sample ``j`` of shard ``si`` read by range: ready, awaited, or fetched now;
-    :data:`_WHOLE` when the shard is read the whole-shard way (None: skipped)."""
+    :data:`WHOLE` when the shard is read the whole-shard way (None: skipped)."""
     hit = rr.take((si, j))
     if hit is not None:
         return hit
     shard = reader.shards[si]
     if si in rr.off or not rr.can_range(si, shard) or rr.cached(shard):
-        return _WHOLE
+        return WHOLE
     t0 = time.perf_counter()
     try:
         fut = rr.pending.get((si, j))
@@ -493,7 +347,7 @@ def _ranged_sample(reader: ShardReader, rr: RangedReads, si: int, j: int) -> Any
                 rr.pending.pop((si, k), None)
             _deliver(rr, si, shard, got, "range")
         hit = rr.take((si, j))
-        return hit if hit is not None else _WHOLE  # (bytes that are not a sample: the whole path says why)
+        return hit if hit is not None else WHOLE  # (bytes that are not a sample: the whole path says why)
     finally:
         reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
 
@@ -512,7 +366,7 @@ def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err
     rr.end_budget(shard.url)
     sparse.stream_instead(shard.url)
     rr.off.add(si)
-    return _WHOLE
+    return WHOLE
 
 
 def _deliver(rr: RangedReads, si: int, shard: ShardInfo, got: Dict[int, Any], source: str) -> None:
@@ -587,7 +441,7 @@ def _fetch_group(rr: RangedReads, shard: ShardInfo, e: sparse.Entry, first: int,
     return got
 
 
-def finish(ds: Any) -> None:
+def finish(reader: ShardReader) -> None:
     """The end of a pass: every shard this process read by range is checked whole
     through the cache (its download finished, its size, xxh3_64 and end of archive
     checked, then published), so that no shard is done without that check; a check
@@ -595,9 +449,8 @@ def finish(ds: Any) -> None:
     the shard and the manifest its index came from.
 
     Example:
-        >>> finish(ds)        # doctest: +SKIP
+        >>> finish(reader)        # doctest: +SKIP
     """
-    reader = shard_reader(ds)
     rr = reader.ranged
     if rr is None or not rr.touched:
         return
@@ -629,11 +482,3 @@ def _check_end_by_range(rr: RangedReads, shard: ShardInfo, why: BaseException) -
     check_end_bytes(block, shard, shard.url)
     log.warning("%s: the cache cannot hold it (%s): each of its samples was checked against its digest and "
                 "its end against the manifest, but not its whole-file xxh3_64", shard.url, why)
-
-
-def take_ready(ds: Any, si: int, j: int) -> Optional[Dict[str, Any]]:
-    """A sample :func:`prepare` made ready, or None."""
-    r = shard_reader(ds)
-    if r.ranged is None or not r.ranged.ready:
-        return None
-    return r.ranged.take((si, j))

@@ -27,15 +27,17 @@ import logging
 import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from . import config, reading
+from . import config
 from ._torchreg import register_iterable_dataset
 from .beside import fill_from_beside
 from .cache import ShardStore
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
+from .openshards import RUN_BYTES
 from .openshards import ShardReader as _ShardReader
 from .plan import Layout, Plan, check_partitions, worker_steps
+from .shardindex import Counted
 from .shardsplit import SplitSequence, empty_worker_error
 from .sources import Source, resolve_sources
 from .stages import (
@@ -61,7 +63,7 @@ __all__ = ["ON_ERROR", "WORKER_SPLITS", "ShardDataset"]
 
 log = logging.getLogger("resumewds")
 
-_RUN_BYTES = reading.RUN_BYTES  # most bytes read with one pread (tests lower it)
+_RUN_BYTES = RUN_BYTES  # most bytes read with one pread (tests lower it)
 
 ON_ERROR = ("raise", "skip")
 
@@ -442,15 +444,24 @@ class ShardDataset:
         :mod:`resumewds.beside`); the shards skipped under a ``handler``."""
         m = resolve_sources(self.urls, fetch_config=self.fetch,
                             allow_remote_pipe=self.allow_remote_pipe, cache_dir=self.cache_dir)
-        if not m.indexed:
-            fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
-                             cache_dir=self.cache_dir)
-        if m.indexed:
+        # counts-only shards (a wids shard index, img2dataset stats) are recorded when
+        # first opened (resumewds.shardindex.RecordBook): the plan needs their counts only
+        todo = [s for s in m.shards if not s.indexed and not isinstance(s.index, Counted)]
+        if not todo:
             return m, None
+        fill_from_beside(m, fetch_config=self.fetch, allow_remote_pipe=self.allow_remote_pipe,
+                         cache_dir=self.cache_dir)
+        todo = [s for s in todo if not s.indexed]
+        if not todo:
+            return m, None
+        part = m if len(todo) == len(m.shards) else Manifest(todo)
         if self.handler is None:
-            index_manifest(m, self.store, on_event=self._on_event)
+            index_manifest(part, self.store, on_event=self._on_event)
+            m._starts = None
             return m, None
-        return m, index_skipping(m, self.store, self.handler, self._on_event)
+        skipped = index_skipping(part, self.store, self.handler, self._on_event)
+        m._starts = None
+        return m, skipped
 
     @property
     def plan(self) -> Plan:
@@ -574,39 +585,27 @@ class ShardDataset:
         d["_plan"] = None
         return d
 
-    # ---- reading (resumewds.reading) ------------------------------------------------
-    def _read(self, shard_idx: int, j: int) -> Optional[Dict[str, Any]]:
-        """Read sample ``j`` of shard ``shard_idx``; None if the shard is skipped."""
-        return reading.read(self, shard_idx, j)
-
-    def _shard_reader(self) -> _ShardReader:
-        """This process's open shards (created on first use)."""
-        return reading.shard_reader(self)
-
-    def _shard_failed(self, shard_idx: int, shard: ShardInfo, exc: BaseException) -> None:
-        """``on_error`` for a shard: raise, skip or stop (:func:`resumewds.reading.shard_failed`)."""
-        reading.shard_failed(self, shard_idx, shard, exc)
-
+    # ---- reading (resumewds.openshards) ---------------------------------------------
     @property
-    def _run_bytes(self) -> int:
-        """Most bytes one ``pread`` of consecutive samples reads (``_RUN_BYTES``; tests lower it)."""
-        return _RUN_BYTES
+    def reader(self) -> _ShardReader:
+        """This process's reading state and read path (made on first use; pickling drops it).
 
-    def _read_run(self, shard_idx: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
-        """Samples ``j .. j+count-1`` of one shard with one ``pread`` (:func:`resumewds.reading.read_run`)."""
-        return reading.read_run(self, shard_idx, j, count)
+        Sized to the shards a step can touch: a shuffled window reads its shards at
+        once (one window per partition of this rank's node); in order, two are
+        enough (fewer pins: the ``cache_size`` budget holds better).
 
-    @property
-    def _failed(self) -> Dict[int, str]:
-        """The shards that failed in this pass of steps (its reader's; index -> error)."""
-        r = self._reader
-        return r.failed if r is not None else {}
-
-    @property
-    def _stopping(self) -> bool:
-        """A handler said stop in this pass of steps (its reader's)."""
-        r = self._reader
-        return r is not None and r.stopping
+        Example:
+            >>> ds.reader.read(0, 5)["__key__"]        # doctest: +SKIP
+            'sample000005'
+        """
+        if self._reader is None:
+            parts = min(self.plan_partitions, 8)
+            windowed = str(self.plan.algo).endswith("window")
+            self._reader = _ShardReader(self.store, self.shuffle_window * parts + 2 if windowed else parts + 1,
+                                        self.manifest.shards, on_error=self.on_error, handler=self.handler,
+                                        on_event=self._on_event, ranged=self.prefetch_depth > 0,
+                                        run_bytes=_RUN_BYTES)
+        return self._reader
 
     def iter_steps(self, epoch: int, start: int, layout: Layout, worker: int = 0,
                    num_workers: int = 1, collate: bool = True,

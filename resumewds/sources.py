@@ -42,6 +42,7 @@ from .manifest import (
 )
 from .sampledigests import LazyDigests
 from .schemes import is_local_url, is_remote_object, is_remote_url
+from .shardindex import Counted, IndexRef, IndexSet, RecordBook
 from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
 from .stats import event_record, setup_logging
 from .urls import check_source_allowed, expand_braces, rewrite_url
@@ -95,6 +96,7 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
     if not (allow_remote_pipe or config.allow_remote_local(allow_remote_local)):
         sides = [s.offsets.file.path for s in m.shards if isinstance(s.offsets, LazyOffsets)]
         sides += [s.sample_digests.file.path for s in m.shards if isinstance(s.sample_digests, LazyDigests)]
+        sides += [iset.location for iset in _index_sets(m)]
         for local in [s.url for s in m.shards] + sides:
             if is_local_url(local):
                 raise UnsafeSourceError(
@@ -112,6 +114,30 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
             if is_remote_object(side.path):
                 side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64),
                                          tar=False)
+    return bind_indexes(m, cache_dir, cfg)  # version 4's index files come through the verified cache too
+
+
+def _index_sets(m: Manifest) -> List[IndexSet]:
+    """The index file sets of a version-4 manifest's shards."""
+    return list({id(s.index.set): s.index.set for s in m.shards if isinstance(s.index, IndexRef)}.values())
+
+
+def bind_indexes(m: Manifest, cache_dir: Optional[str] = None, fetch_config: Any = None) -> Manifest:
+    """Give ``m``'s version-4 index files and counts-only shards their store: a
+    remote index file comes through the verified cache in ``cache_dir``, and a
+    counts-only shard's record lives there (:mod:`resumewds.shardindex`).
+
+    Example:
+        >>> bind_indexes(resolve_sources("/d/manifest.json"), cache_dir="/tmp/c")  # doctest: +SKIP
+    """
+    kwargs = {"cache_dir": cache_dir, "fetch": fetch_config}
+    for iset in _index_sets(m):
+        iset.bind(ShardStore, **kwargs)
+    book: Optional[RecordBook] = None
+    for s in m.shards:
+        if isinstance(s.index, Counted) and s.offsets is None:
+            book = book or RecordBook(ShardStore, **kwargs)
+            s.index.book = book
     return m
 
 
@@ -127,7 +153,8 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
         fetch_config: for remote manifests (default ``FetchConfig.from_env()``).
         allow_remote_pipe: trust remote manifests: their ``pipe:`` urls may
             run, and they may name local files.
-        cache_dir: where a remote manifest's offsets file is cached.
+        cache_dir: where a remote manifest's offsets or index files are cached, and
+            the records of counts-only shards (a wids shard index) are kept.
         allow_remote_local: let remote manifests name local files (absolute
             paths, ``file://``); default ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
 
@@ -176,7 +203,7 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
                     check_local_shard(url[7:] if url.startswith("file://") else url)
                 loose.append(ShardInfo(url=_normalise(url)))
     flush()
-    m = concat(parts)
+    m = bind_indexes(concat(parts), cache_dir, fetch_config)
     if not m.shards:
         raise SourceError(f"{src!r}: no shards")
     warn_duplicate_content(m.shards)

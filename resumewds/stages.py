@@ -47,7 +47,7 @@ from .errors import DecodeError, HandlerStop, MissingKeyError
 from .events import EventKind
 from .stats import event_record
 
-__all__ = ["Decoder", "ExtractKeys", "FieldError", "Handled", "Map", "MapDict", "MapTuple", "Rename",
+__all__ = ["Decoder", "apply_stages", "ExtractKeys", "FieldError", "Handled", "Map", "MapDict", "MapTuple", "Rename",
            "RenameKeys", "SKIPPED", "SampleTypeError", "Select", "SelectFiles", "Stage", "ToTuple",
            "decode_image", "default_collate", "default_collation_fn", "getfirst", "list_collate",
            "record_skip"]
@@ -470,3 +470,18 @@ def list_collate(samples: List[Any]) -> List[Any]:
     """No collation: the batch is the list of samples."""
     return list(samples)
 
+
+def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any) -> Any:
+    """``x`` through ``stages``; None as soon as one returns None.
+
+    Example:
+        >>> apply_stages([lambda x: x + 1, lambda x: x * 2], 3)
+        8
+        >>> apply_stages([lambda x: None, lambda x: x * 2], 3) is None
+        True
+    """
+    for st in stages:
+        x = st(x)
+        if x is None:
+            return None
+    return x

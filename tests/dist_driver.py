@@ -6,7 +6,10 @@ given data and, for every batch, appends one JSON line to
 ``OUT/<tag>.rank<r>.jsonl``::
 
     {"rank", "world", "workers", "node", "nodes", "partitions", "remainder", "step", "epoch",
-     "idx": [global positions], "keys": [...], "pads": [bools], "pads_stat"}
+     "idx": [global positions], "keys": [...], "pads": [bools], "pads_stat", "gen"}
+
+(``gen``: rank 0's start time, the same on every rank of one process group: under
+torchrun's elastic restarts it tells the generations of ranks apart.)
 
 then all-reduces the batch size (as DDP's gradient all-reduce would; it
 also keeps the ranks in lock step and fails fast if they disagree on the
@@ -30,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -51,7 +55,7 @@ def collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
             "pads": [bool(s.get("__pad__", False)) for s in samples]}
 
 
-def run(args: argparse.Namespace, remainder: str, journal: str | None) -> None:
+def run(args: argparse.Namespace, remainder: str, journal: str | None, gen: float) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     ds = rw.WebDataset(args.data, seed=args.seed, shuffle=args.shuffle,
                        shuffle_window=args.window, partitions=args.partitions)
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace, remainder: str, journal: str | None) -> None:
                         "partitions": loader.dataset.plan.partitions,
                         "remainder": remainder, "step": step, "epoch": epochs.pop(),
                         "idx": batch["idx"], "keys": batch["keys"], "pads": batch["pads"],
-                        "pads_stat": loader.stats().get("pads")}
+                        "pads_stat": loader.stats().get("pads"), "gen": gen}
                 out.write(json.dumps(line) + "\n")
                 out.flush()
                 n = torch.tensor([len(batch["keys"])], dtype=torch.int64)
@@ -108,6 +112,25 @@ def run(args: argparse.Namespace, remainder: str, journal: str | None) -> None:
                    "samples": stats.get("samples")}, f)
 
 
+def elastic_group() -> None:
+    """The process group of a restarted generation of ranks.
+
+    torchrun (2.13) keeps one store in its agent for every round of an elastic
+    job and the workers' process group writes its keys there without a prefix
+    per attempt: a restarted rank can then read the address a rank of the dead
+    generation published, and gloo's connect is refused (or waits forever).
+    Here the keys get a prefix per restart count and world size; a set-up that
+    still fails times out after 45 s, and torchrun restarts the group again.
+    """
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    timeout = datetime.timedelta(seconds=45)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    prefix = f"resumewds-tests/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{world}"
+    dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
+                            timeout=timeout)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="manifest.json (local path or http url)")
@@ -128,16 +151,24 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--partitions", type=int, default=None,
                    help="WebDataset(partitions=); default: the number of nodes (or the run's)")
+    p.add_argument("--elastic", action="store_true",
+                   help="under torchrun's elastic restarts: the process group's keys in the agent's store "
+                        "get a prefix of their own per restart and world size (see elastic_group)")
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    if args.elastic:
+        elastic_group()
+    else:
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"pid.rank{rank}"), "w") as f:
         f.write(str(os.getpid()))
+    gen = torch.tensor([time.time()], dtype=torch.float64)
+    dist.broadcast(gen, 0)
     try:
         for rem in args.remainders.split(","):
             journal = args.journal.replace("{remainder}", rem) if args.journal else None
-            run(args, rem, journal)
+            run(args, rem, journal, float(gen))
             dist.barrier()
     finally:
         dist.destroy_process_group()

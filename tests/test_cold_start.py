@@ -82,23 +82,29 @@ def test_local_errors_translate_without_requests(tmp_path):
     assert json.loads(got) == [True, False]
 
 
-def test_http_fetch_imports_requests_when_needed():
-    """The http(s) path loads requests at its first use and keeps the session subclass."""
-    got = _run("""
-        import json, sys
-        from resumewds.fetch import new_session
-        before = "requests" in sys.modules
-        s = new_session()
-        import requests
-        print(json.dumps([before, isinstance(s, requests.Session), s.headers["Accept-Encoding"],
-                          type(s) is type(new_session())]))
+def test_http_fetch_never_imports_requests(tmp_path):
+    """The http(s) path is urllib3's pool (one fetch core): a whole download from a real
+    server does not import requests, and its session asks for identity."""
+    (tmp_path / "a.bin").write_bytes(b"x" * 5000)
+    got = _run(f"""
+        import functools, http.server, json, sys, threading
+        from resumewds.fetch import fetch_to_file, new_session
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory={str(tmp_path)!r})
+        handler.log_message = lambda *a: None
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        res = fetch_to_file("http://127.0.0.1:%d/a.bin" % srv.server_port, {str(tmp_path / "b.bin")!r})
+        srv.shutdown()
+        print(json.dumps([res.size, new_session().headers.get("Accept-Encoding"),
+                          "requests" in sys.modules]))
     """)
-    assert json.loads(got) == [False, True, "identity", True]
+    assert json.loads(got) == [5000, "identity", False]
 
 
 def test_workers_inherit_the_store_modules(tmp_path):
-    """resumewds.cache loads with the package, numpy.random with the WebLoader, both
-    before the workers fork: each worker finds them already imported when it starts."""
+    """resumewds.cache loads with the first data set (not with the package), numpy.random
+    with the WebLoader, both before the workers fork: each worker finds them already
+    imported when it starts."""
     from resumewds import build_manifest, synth  # the data is written here: build_manifest imports the store
 
     synth.write_shards(str(tmp_path / "s"), shards=2, samples=20)
@@ -108,13 +114,14 @@ def test_workers_inherit_the_store_modules(tmp_path):
         import torch
         import resumewds as rw
         d = {str(tmp_path)!r}
-        parent = "resumewds.cache" in sys.modules
+        light = "resumewds.cache" not in sys.modules
 
         def init(worker_id):
             with open(os.path.join(d, "w%d.json" % worker_id), "w") as f:
                 json.dump(["resumewds.cache" in sys.modules, "numpy.random" in sys.modules], f)
 
         ds = rw.WebDataset(os.path.join(d, "m.json"), cache_dir=os.path.join(d, "c")).to_tuple("__key__", "cls")
+        parent = light and "resumewds.cache" in sys.modules
         loader = rw.WebLoader(ds, batch_size=8, num_workers=2, worker_init_fn=init,
                               multiprocessing_context="fork")
         keys = [k for batch in loader for k in batch[0]]
@@ -122,7 +129,7 @@ def test_workers_inherit_the_store_modules(tmp_path):
         print(json.dumps([parent, len(keys), len(set(keys)), seen]))
     """)
     parent, n, distinct, seen = json.loads(got)
-    assert parent  # the data-set engine loads with the package
+    assert parent  # not with the package; with the data set
     assert (n, distinct) == (40, 40)
     assert seen == [[True, True], [True, True]]
 
@@ -262,9 +269,9 @@ def test_sample_verified_start_with_workers_is_exact(tmp_path):
 
 
 def test_import_resumewds_loads_only_what_it_uses():
-    """The data-set engine (shardset, cache, fetch; no torch) loads with the package, so
-    that a script's first ``WebDataset(...)`` does not wait for it; the other public
-    names load their modules on first use; every one resolves to its module's object."""
+    """``import resumewds`` loads the exceptions and webdataset's ``gopen``, nothing of the
+    engine (shardset, cache, fetch) and no torch: every other public name loads its module
+    on first use, and every one resolves to its module's object."""
     got = _run("""
         import json, sys
         import resumewds as rw
@@ -272,7 +279,7 @@ def test_import_resumewds_loads_only_what_it_uses():
                 "journal", "wds.datapipeline", "wds.webdataset")
         engine = ("shardset", "cache", "fetch", "reading")
         before = (sorted(m for m in lazy if "resumewds." + m in sys.modules),
-                  all("resumewds." + m in sys.modules for m in engine))
+                  any("resumewds." + m in sys.modules for m in engine))
         import resumewds.filters, resumewds.dataset, resumewds.writer, resumewds.sources
         same = (rw.map is resumewds.filters.map and rw.WebDataset is resumewds.dataset.WebDataset
                 and rw.TarWriter is resumewds.writer.TarWriter and callable(rw.gopen)
@@ -280,7 +287,7 @@ def test_import_resumewds_loads_only_what_it_uses():
         rw.WebLoader
         print(json.dumps([before, same, "resumewds.cache" in sys.modules, "torch" in sys.modules]))
     """)
-    assert json.loads(got) == [[[], True], True, True, True]
+    assert json.loads(got) == [[[], False], True, True, True]
 
 
 def _resident_pages(path):
@@ -298,7 +305,7 @@ def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
     WILLNEED); advice never raises, for a missing file or a remote url either."""
     import pytest
 
-    from resumewds import WebDataset, build_manifest, openshards, synth
+    from resumewds import WebDataset, build_manifest, synth
 
     synth.write_shards(str(tmp_path / "s"), shards=1, samples=200, size_range=(20000, 40000))
     path = str(tmp_path / "s" / "shard-000000.tar")
@@ -312,13 +319,13 @@ def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
     ds = WebDataset(str(tmp_path / "m.json"), cache_dir=str(tmp_path / "c"))
     time.sleep(0.2)
     assert _resident_pages(path) == 0  # nothing reads it by itself
-    openshards.hint_pages(ds, [(0, 150), (0, 190)])
+    ds.reader.hint_pages([(0, 150), (0, 190)])
     deadline = time.monotonic() + 10
     while not _resident_pages(path) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _resident_pages(path) > 0
     os.unlink(path)  # a missing file: no error from the advice
-    openshards.hint_pages(ds, [(0, 1)])
+    ds.reader.hint_pages([(0, 1)])
 
 
 def test_header_checksums_are_checked_unless_the_copy_was_verified(tmp_path):
@@ -350,10 +357,11 @@ def test_header_checksums_are_checked_unless_the_copy_was_verified(tmp_path):
 
 
 def test_workers_never_scan_what_they_inherited(tmp_path):
-    """WebLoader (and a plain DataLoader over the data set) with 2 forked workers: in each
-    worker, while it reads, the objects it inherited are in the collector's permanent
-    generation (a full collection there scans only the worker's own objects); the main
-    process is left with nothing frozen; same batches as with 0 workers."""
+    """WebLoader with 2 forked workers: in each worker, while it reads, the objects it
+    inherited are in the collector's permanent generation (a full collection there scans
+    only the worker's own objects); the main process is left with nothing frozen; same
+    batches as with 0 workers.  (Only the WebLoader's own workers: a torch DataLoader's
+    workers are left as torch makes them, since resumewds hooks no fork.)"""
     got = _run(f"""
         import gc, json, os
         import torch
@@ -382,7 +390,7 @@ def test_workers_never_scan_what_they_inherited(tmp_path):
         ds2 = WebDataset(m, cache_dir=os.path.join(d, "c2")).map(frozen)
         f3 = [s["frozen"] for b in DataLoader(ds2, batch_size=8, num_workers=2, collate_fn=list,
                                               multiprocessing_context="fork") for s in b]
-        print(json.dumps([k0 == k2, sorted(set(f0)), min(f2) > base // 2, min(f3) > base // 2, len(f3),
+        print(json.dumps([k0 == k2, sorted(set(f0)), min(f2) > base // 2, sorted(set(f3)), len(f3),
                           gc.get_freeze_count()]))
     """)
-    assert json.loads(got) == [True, [0], True, True, 40, 0]
+    assert json.loads(got) == [True, [0], True, [0], 40, 0]

@@ -54,3 +54,25 @@ def test_tally_add():
     t = Tally(expected=1)
     t.add(Tally(expected=2, lost=1))
     assert (t.expected, t.lost, t.ok) == (3, 1, False)
+
+
+@pytest.fixture(scope="module")
+def harness_v4(tmp_path_factory):
+    h = Harness(str(tmp_path_factory.mktemp("crash4")), seed=6, shards=5, samples=60, offsets="index")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.mark.slow
+def test_cat_survives_sigkills_on_a_v4_manifest(harness_v4):
+    """The same kills over http with a version-4 manifest: each shard's index file comes
+    through the cache when a process first reads the shard."""
+    with open(harness_v4.data.manifest) as f:
+        assert '"version":4' in f.read()
+    rep = harness_v4.crash_cat(3, random.Random(3), bound=90)
+    print(format_report(rep))
+    assert rep.kills >= 3
+    assert rep.ok, format_report(rep)
+    assert rep.tally.delivered == rep.tally.expected > 0

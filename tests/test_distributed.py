@@ -79,15 +79,17 @@ class Job:
     """One torchrun launch, its output in ``log`` (stdout and stderr)."""
 
     def __init__(self, nproc: int, script: str, args: Sequence[str], cache_dir: str, log: str,
-                 nnodes: int = 1, node_rank: int = 0, master_port: Optional[int] = None):
+                 nnodes: int = 1, node_rank: int = 0, master_port: Optional[int] = None,
+                 launch: Optional[Sequence[str]] = None, env: Optional[Dict[str, str]] = None):
         self.log = log
         nodes = [f"--nnodes={nnodes}", f"--node_rank={node_rank}"] if nnodes > 1 else []
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *nodes,
-               "--master_addr=127.0.0.1", f"--master_port={master_port or free_port()}", script, *args]
+        where = list(launch) if launch is not None else \
+            ["--master_addr=127.0.0.1", f"--master_port={master_port or free_port()}", *nodes]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *where, script, *args]
         self._out = open(log, "ab")
         # own session: the test can kill the whole tree, and nothing else
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env=child_env(cache_dir), start_new_session=True)
+                                     env={**child_env(cache_dir), **(env or {})}, start_new_session=True)
 
     def text(self) -> str:
         with open(self.log, errors="replace") as f:
@@ -450,6 +452,132 @@ def test_kill_and_resume_with_other_world_sizes(data, plan, tmp_path, remainder=
         assert all(x["latest_step"] == s + n for x in st["ranks"] if x["rank"] < world)
         assert resolve_resume(jp)["world_size"] == world
         assert st["events_by_kind"].get("resume", 0) >= world
+
+
+# ---------------------------------------------------------------------------
+# torchrun's own elastic restarts: a rank killed, the workers restarted by torchrun
+# ---------------------------------------------------------------------------
+
+#: the elastic agent's own log (its restarts and rendezvous) in the job's output
+AGENT_LOG = {"LOGLEVEL": "INFO"}
+
+
+def elastic(port: int, host: Optional[bool] = None) -> List[str]:
+    """torchrun's elastic launch: 1 to 2 nodes, 3 restarts, c10d rendezvous on 127.0.0.1
+    (short timeouts: a dead node is forgotten after 2 s of missed heartbeats).  The
+    driver runs with ``--elastic`` (its process group's keys prefixed per restart:
+    ``dist_driver.elastic_group``)."""
+    conf = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=60"
+    if host is not None:
+        conf += f",is_host={int(host)}"
+    return ["--nnodes=1:2", "--max_restarts=3", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+            "--rdzv_id=elastic", f"--rdzv_conf={conf}", "--monitor_interval=0.2"]
+
+
+def generations(lines: Dict[int, List[dict]]) -> Tuple[Dict[int, List[dict]], List[Tuple[int, int]]]:
+    """What each rank delivered for good under elastic restarts: a generation of
+    ranks (``gen``) counts up to the step the next one resumed at (later steps
+    were not committed by every rank, so they are delivered again); returns
+    those lines by rank, and each generation's ``(world size, first step)``."""
+    gens: Dict[float, Tuple[int, int]] = {}
+    for ls in lines.values():
+        for ln in ls:
+            w, first = gens.get(ln["gen"], (ln["world"], ln["step"]))
+            gens[ln["gen"]] = (w, min(first, ln["step"]))
+    order = sorted(gens)
+    until = {g: gens[order[i + 1]][1] if i + 1 < len(order) else float("inf") for i, g in enumerate(order)}
+    kept: Dict[int, List[dict]] = {}
+    for r, ls in lines.items():
+        good = [ln for ln in ls if ln["step"] < until[ln["gen"]]]
+        if good:
+            kept[r] = sorted(good, key=lambda ln: ln["step"])
+    return kept, [gens[g] for g in order]
+
+
+def union_in_order(kept: Dict[int, List[dict]]) -> List[Tuple[int, int, str]]:
+    """``delivered`` over generations of different world sizes: each step's samples
+    from the ranks of the generation that delivered it, by position."""
+    by_step: Dict[int, List[dict]] = {}
+    for ls in kept.values():
+        for ln in ls:
+            by_step.setdefault(ln["step"], []).append(ln)
+    seq = []
+    for k in sorted(by_step):
+        lns = by_step[k]
+        assert len({ln["gen"] for ln in lns}) == 1, f"step {k} kept from two generations"
+        assert sorted(ln["rank"] for ln in lns) == list(range(lns[0]["world"])), f"step {k}: ranks missing"
+        seq.extend(sorted((ln["epoch"], i, key) for ln in lns
+                          for i, key, pad in zip(ln["idx"], ln["keys"], ln["pads"]) if not pad))
+    return seq
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_torchrun_restarts_a_killed_rank_and_the_union_is_the_uninterrupted_run(data, plan, tmp_path):
+    """``torchrun --nnodes=1:2 --max-restarts=3`` (c10d on 127.0.0.1), 2 ranks x 1 worker:
+    rank 1 is SIGKILLed mid-epoch; torchrun restarts the workers, which resume from the
+    journal.  What the ranks delivered, each generation up to the step the next one
+    resumed at, is the uninterrupted global sequence: nothing lost, nothing twice."""
+    total, batch, epochs = SHARDS * SAMPLES, 4, 2
+    out = str(tmp_path / "out")
+    journal = os.path.join(out, "run.db")
+    os.makedirs(out)
+    args = ["--data", os.path.join(data, "manifest.json"), "--epochs", str(epochs), "--batch", str(batch),
+            "--seed", str(SEED), "--window", str(WINDOW), "--out", out, "--tag", "e", "--journal", journal,
+            "--resume", "--workers", "1", "--step-sleep", "0.05", "--elastic"]
+    job = Job(2, DRIVER, args, str(tmp_path / "cache"), str(tmp_path / "e.log"), launch=elastic(free_port()),
+              env=AGENT_LOG)
+    kill_at = Layout(batch, 2, 0, "keep").num_steps(total, 0) // 2  # the middle of epoch 0
+    wait_for(lambda: any(ln["step"] >= kill_at for ln in read_log(out, "e").get(1, [])), 120,
+             f"step {kill_at}", job)
+    with open(os.path.join(out, "pid.rank1")) as f:
+        os.kill(int(f.read()), signal.SIGKILL)
+    job.wait(270)
+    lines = read_log(out, "e")
+    kept, gens = generations(lines)
+    print("generations (world size, first step):", gens)
+    assert len(gens) >= 2 and all(w == 2 for w, _ in gens), gens  # restarted by torchrun, same world
+    first_gen = min(ln["gen"] for ln in lines[1])
+    killed_at = max(ln["step"] for ln in lines[1] if ln["gen"] == first_gen)  # the killed rank's last step
+    assert kill_at <= killed_at and 0 < gens[1][1] <= killed_at + 1, gens  # resumed where it was killed
+    assert union_in_order(kept) == full_sequence(plan, total, epochs)
+    assert status(journal)["events_by_kind"].get("resume", 0) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_torchrun_elastic_world_shrinks_after_a_node_dies(data, plan, tmp_path):
+    """Two torchrun agents (nodes) of 1 rank each, ``--nnodes=1:2``: the second node is
+    SIGKILLed whole mid-epoch; the first's worker fails, torchrun restarts it, and the
+    rendezvous completes with 1 node: the run resumes from the journal at world size 1
+    and finishes.  The union over the generations is the uninterrupted sequence."""
+    total, batch, epochs = SHARDS * SAMPLES, 4, 2
+    out = str(tmp_path / "out")
+    journal = os.path.join(out, "run.db")
+    os.makedirs(out)
+    args = ["--data", os.path.join(data, "manifest.json"), "--epochs", str(epochs), "--batch", str(batch),
+            "--seed", str(SEED), "--window", str(WINDOW), "--partitions", "1", "--out", out, "--tag", "w",
+            "--journal", journal, "--resume", "--workers", "0", "--step-sleep", "0.05", "--elastic"]
+    port = free_port()
+    # node a hosts the rendezvous store (b connects to it, retrying until it is up), so that
+    # the run outlives node b
+    a = Job(1, DRIVER, args, str(tmp_path / "cache"), str(tmp_path / "a.log"), launch=elastic(port, host=True),
+            env=AGENT_LOG)
+    b = Job(1, DRIVER, args, str(tmp_path / "cache"), str(tmp_path / "b.log"), launch=elastic(port, host=False),
+            env=AGENT_LOG)
+    kill_at = Layout(batch, 2, 0, "keep").num_steps(total, 0) // 2
+
+    def two_ranks_past_kill_at() -> bool:
+        return any(ln["world"] == 2 and ln["step"] >= kill_at for ln in read_log(out, "w").get(1, []))
+
+    wait_for(two_ranks_past_kill_at, 120, f"step {kill_at} at world size 2", a)
+    kill_all([b])  # node b fails whole: its agent and its worker
+    a.wait(270)
+    kept, gens = generations(read_log(out, "w"))
+    print("generations (world size, first step):", gens)
+    worlds = [w for w, _ in gens]
+    assert 2 in worlds and worlds[-1] == 1 and gens[-1][1] > 0, gens  # the world shrank; resumed, not restarted
+    assert union_in_order(kept) == full_sequence(plan, total, epochs)
 
 
 # ---------------------------------------------------------------------------

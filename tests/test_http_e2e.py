@@ -154,7 +154,7 @@ def test_a_shard_that_cannot_be_fetched_is_tried_once_per_read_of_a_run(data, tm
                                cache_dir=str(tmp_path / on_error))
             if on_error == "skip":
                 keys = [s["__key__"] for s in rw.WebLoader(ds, batch_size=None, num_workers=0)]
-                assert len(keys) == 5 * 40 and ds._failed.keys() == {2}
+                assert len(keys) == 5 * 40 and ds.reader.failed.keys() == {2}
             else:
                 with pytest.raises(TransientFetchError, match="503"):
                     list(rw.WebLoader(ds, batch_size=None, num_workers=0))

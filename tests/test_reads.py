@@ -84,7 +84,7 @@ def test_a_bad_sample_inside_a_run_skips_as_one_by_one_reads_do(tmp_path, monkey
 
 
 class _NeverKept(dict):
-    """A ``ShardReader.fast`` that keeps nothing: every read through ``reading.read``."""
+    """A ``ShardReader.fast`` that keeps nothing: every read takes the whole path."""
 
     def __setitem__(self, key, value):
         pass
@@ -105,7 +105,7 @@ def _without_fast_reads(monkeypatch):
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_reads_of_open_shards_match_read_and_its_errors(tmp_path, monkeypatch, on_error):
     """The loader reads samples of open shards itself (``ShardReader.fast``):
-    the same samples as ``reading.read`` gives, and when a shard is cut short
+    the same samples as the whole path gives, and when a shard is cut short
     under its open file, the same error (or skip) for that shard."""
     paths = _shards(tmp_path, n=2, per=30)
     manifest = rw.build_manifest(paths)
@@ -153,7 +153,7 @@ def test_reads_of_open_shards_match_read_and_its_errors(tmp_path, monkeypatch, o
     _without_fast_reads(monkeypatch)
     calls["read_sample"] = 0
     slow = deliver(True)
-    assert calls["read_sample"] > 4  # every sample through reading.read this time
+    assert calls["read_sample"] > 4  # every sample the whole way this time
     assert fast[0] == slow[0] and len(fast[0]) < len(whole)
     assert type(fast[1]) is type(slow[1]) and str(fast[1]) == str(slow[1])
     if on_error == "raise":

@@ -105,6 +105,27 @@ def test_resume_explicit(data, w1, w2, n):
     check_resume(data, 7, 2, 8, w1, w2, n)
 
 
+@pytest.fixture(scope="module")
+def data_v4(data, tmp_path_factory) -> str:
+    """The same shards through a version-4 manifest (an index file per shard)."""
+    out = str(tmp_path_factory.mktemp("v4") / "manifest.json")
+    rw.build_manifest(data, out, offsets="index", digests=True)
+    return out
+
+
+@pytest.mark.parametrize("w1,w2,n", [(0, 3, 5), (2, 1, 24), (3, 0, 31)])
+def test_resume_explicit_on_a_v4_manifest(data, data_v4, w1, w2, n):
+    v4 = run(rw.WebLoader(dataset(data_v4), batch_size=8, num_workers=0))
+    assert v4 == reference(data, 7, 2, 8)
+    check_resume(data_v4, 7, 2, 8, w1, w2, n)
+    # a state taken on the paths resumes on the version-4 manifest of the same data
+    first = rw.WebLoader(dataset(data), batch_size=8, num_workers=w1)
+    head = run(first, stop_after=n)
+    fresh = rw.WebLoader(dataset(data_v4), batch_size=8, num_workers=w2)
+    fresh.load_state_dict(first.state_dict())
+    assert head + run(fresh) == v4
+
+
 @settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(seed=st.integers(0, 3), window=st.integers(1, 5), batch=st.sampled_from([6, 11, 16]),

@@ -548,6 +548,24 @@ def test_index_of_s3_shards_then_cat_of_that_manifest(moto, bucket, data, proxy,
     assert cat(out, *CAT_ARGS) == cat(data.manifest, *CAT_ARGS)
 
 
+def test_index_of_s3_shards_in_two_processes_and_a_v4_manifest_read_from_s3(moto, bucket, data, proxy, cache_dir,
+                                                                             tmp_path):
+    """``resumewds index -j 2`` over s3 (each process fetching through the fetch core) into a
+    version-4 manifest; that manifest and its index files in a bucket: each index comes
+    through the cache when its shard is first read, and cat prints what it prints locally."""
+    upload(moto, bucket, data.root)
+    out = str(tmp_path / "v4" / "m.json")
+    os.makedirs(os.path.dirname(out))
+    res = CliRunner().invoke(cli, ["index", f"s3://{bucket}/data/shard-{{000000..000004}}.tar", "-o", out,
+                                   "-j", "2", "--offsets", "index"])
+    assert res.exit_code == 0, res.output
+    with open(out, "rb") as f:
+        direct(moto).put_object(Bucket=bucket, Key="v4/m.json", Body=f.read())
+    upload(moto, bucket, out + ".index", prefix="v4/m.json.index/")
+    assert cat(f"s3://{bucket}/v4/m.json", *CAT_ARGS) == cat(data.manifest, *CAT_ARGS)
+    assert sorted(n for p, n in proxy.requests.items() if p.endswith(".idx")) == [1] * 5, proxy.requests
+
+
 def test_explicit_endpoint_reaches_dataloader_workers(moto, bucket, data, proxy, cache_dir, monkeypatch):
     """FetchConfig(s3=S3Options(...)) pickles into worker processes and beats AWS_ENDPOINT_URL."""
     import pickle
@@ -646,12 +664,20 @@ def test_the_deadline_holds_inside_one_attempt(moto, bucket, tmp_path):
     direct(moto).put_object(Bucket=bucket, Key="s.bin", Body=blob)
     with S3FaultProxy(moto, stall_seconds=60.0) as px:
         px.script(f"/{bucket}/s.bin", ["stall@0.5"] * 10)
-        c = cfg(read_timeout=30.0, deadline=1.5, s3=S3Options(endpoint_url=px.url))
+        # min_rate=0: the deadline counts from the first attempt
+        c = cfg(read_timeout=30.0, deadline=1.5, min_rate=0, s3=S3Options(endpoint_url=px.url))
         done, res = _in_thread(lambda: fetch_to_file(f"s3://{bucket}/s.bin", str(tmp_path / "p"), config=c), 20)
         # without the deadline inside the attempt: the 30 s read timeout, then a 60 s stall
         assert done and isinstance(res, TransientFetchError), res
         # each attempt's timeouts are cut to what is left (a second, shorter attempt may fit)
         assert 1 <= px.requests[f"/{bucket}/s.bin"] <= 4
+        # with a min_rate (the default) the deadline runs from the last progress: each stalled
+        # attempt is still cut at the deadline (not the 30 s read timeout), and the resumes finish it
+        px.script(f"/{bucket}/s.bin", ["stall@0.5"] * 4)
+        c = cfg(read_timeout=30.0, deadline=1.5, s3=S3Options(endpoint_url=px.url))
+        done, res = _in_thread(lambda: fetch_to_file(f"s3://{bucket}/s.bin", str(tmp_path / "q"), config=c), 25)
+        assert done and not isinstance(res, Exception), res
+        assert open(str(tmp_path / "q"), "rb").read() == blob
 
 
 def test_prefetch_and_reader_share_one_budget(moto, bucket, proxy, tmp_path, data):

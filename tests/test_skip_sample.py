@@ -189,5 +189,5 @@ def test_the_mark_is_set_behind_the_samples_and_changes_nothing(tmp_path):
     assert len([f for f in os.listdir(marks) if not f.startswith(".")]) == 1  # only the good shard
     ds2 = rw.WebDataset(m, shuffle=False, cache_dir=cache, on_error="skip")
     assert [s["__key__"] for s in ds2] == first
-    reader = ds2._reader
+    reader = ds2.reader
     assert 0 not in reader.sampled and 1 in reader.sampled  # the good shard: read as verified

@@ -273,19 +273,32 @@ def test_load_state_dict_logs_resume(shards, caplog, quiet_logger):
     assert "resuming from a state dict: epoch 0, position 16" in _messages(caplog)
 
 
-def test_event_record_logs_once_and_tags_prefetch(caplog, quiet_logger):
+def test_event_record_logs_once_and_a_background_downloads_events_are_tagged(caplog, quiet_logger, tmp_path):
     import threading
+
+    from resumewds.cache import ShardStore
 
     caplog.set_level(logging.INFO, logger="resumewds")
     ev = event_record("fetch_done", "http://h/a.tar", {"bytes": 2_000_000, "seconds": 0.5})
     assert ev["kind"] == "fetch_done" and ev["bytes"] == 2_000_000 and "prefetch" not in ev
     assert _messages(caplog) == ["fetched http://h/a.tar: 2000000 bytes in 0.500s (4.0 MB/s)"]
-    out = []
-    t = threading.Thread(target=lambda: out.append(event_record("cache_miss", "u", {})),
-                         name="resumewds-prefetch")
+    seen = []
+    store = ShardStore(str(tmp_path / "cache"), on_event=lambda kind, url, **d: seen.append((kind, d)))
+
+    def background():
+        store.in_background()
+        store.emit("cache_miss", "u")
+
+    # a thread's name says nothing: only a thread that says it downloads in the background is tagged
+    t = threading.Thread(target=background, name="not-a-prefetch-name")
     t.start()
     t.join()
-    assert out[0]["prefetch"] is True
+    named = threading.Thread(target=lambda: store.emit("cache_miss", "v"), name="resumewds-prefetch")
+    named.start()
+    named.join()
+    store.emit("cache_hit", "w")
+    assert seen == [("cache_miss", {"prefetch": True}), ("cache_miss", {}), ("cache_hit", {})]
+    store.close()
 
 
 WORKER_SCRIPT = textwrap.dedent("""

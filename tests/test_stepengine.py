@@ -15,7 +15,6 @@ import os
 import pytest
 
 import resumewds as rw
-from resumewds import reading, tario
 from resumewds.plan import Layout
 from resumewds.synth import write_shards
 
@@ -118,35 +117,6 @@ def test_the_loader_hands_out_the_same_batches_for_a_mixture_of_one(two_dirs):
     assert run(rw.MixedDataset([ds()], weights=[1])) == run(ds())
 
 
-def test_mixture_sources_read_in_order_take_runs_and_reads_of_open_shards(tmp_path, monkeypatch):
-    """An in-order source of a mixture is read as a data set is: runs of consecutive
-    samples in one pread, and a shuffled source's samples of open shards read by
-    the engine (not one ``reading.read`` per sample)."""
-    a = write_shards(str(tmp_path / "a"), shards=2, samples=60, prefix="a")
-    b = write_shards(str(tmp_path / "b"), shards=2, samples=10, prefix="b")
-    calls = {"run": 0, "read": 0}
-    real_run, real_read = reading.read_run, reading.read
-
-    def run(ds, si, j, count):
-        calls["run"] += 1
-        return real_run(ds, si, j, count)
-
-    def read(ds, si, j):
-        calls["read"] += 1
-        return real_read(ds, si, j)
-
-    monkeypatch.setattr(reading, "read_run", run)
-    monkeypatch.setattr(reading, "read", read)
-    # weights 6:1, interleaved evenly: a's samples come six neighbours at a time
-    mix = rw.MixedDataset([rw.WebDataset(a), rw.WebDataset(b, shuffle=True, seed=3)], weights=[6, 1], seed=4)
-    got = [s["__key__"] for s in mix]
-    assert sorted(got) == sorted(s["__key__"] for p in a + b for s in tario.iter_samples_file(p, p))
-    assert calls["run"] >= len(got) // 7 - 2  # a: one pread per run of neighbours
-    # b (and a's odd one out): the first step reads through reading.read (nothing is
-    # open yet), later steps read open shards themselves
-    assert calls["read"] < len(got) // 4, calls
-
-
 def test_the_engine_reads_runs_in_a_mixture_as_in_the_data_set(tmp_path, monkeypatch):
     """The same source alone and as a mixture's only source: the same preads."""
     a = write_shards(str(tmp_path / "a"), shards=3, samples=25)
@@ -195,18 +165,17 @@ def test_a_data_set_asks_its_reader_and_a_copy_or_a_worker_has_its_own(tmp_path)
     man = _damaged(tmp_path)
     ds = rw.WebDataset(man, on_error="skip", prefetch=0)
     steps = list(ds.iter_steps(0, 0, Layout(batch_size=4), collate=False))
-    assert set(ds._failed) == {1} and ds._failed is ds._reader.failed
+    assert set(ds.reader.failed) == {1}
     assert any(e["kind"] == "skip" for _, _, m in steps for e in m["events"])
-    # a DataLoader worker's copy: no reader, nothing failed yet
+    # a DataLoader worker's copy: a reader of its own, nothing failed yet
     clone = pickle.loads(pickle.dumps(ds))
-    assert clone._reader is None and clone._failed == {} and not clone._stopping
+    assert clone.reader is not ds.reader and clone.reader.failed == {} and not clone.reader.stopping
     # a fluent copy (copy.copy: __getstate__) reads with a reader of its own: its skips are
     # its events, not ds's
     copy = ds.map(lambda s: s)
-    assert copy._reader is None
     got = list(copy.iter_steps(0, 0, Layout(batch_size=4), collate=False))
     assert any(e["kind"] == "skip" for _, _, m in got for e in m["events"])
-    assert ds.take_events() == [] and set(ds._failed) == {1} and copy._reader is not ds._reader
+    assert ds.take_events() == [] and set(ds.reader.failed) == {1} and copy.reader is not ds.reader
     # the next pass tries the shard again (and skips it again)
     list(ds.iter_steps(1, 0, Layout(batch_size=4), collate=False))
-    assert set(ds._failed) == {1}
+    assert set(ds.reader.failed) == {1}

@@ -510,15 +510,57 @@ class ShardStore:
     def _fill(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
               known_bad: Optional[Tuple[int, int]], budget: Optional[FetchBudget] = None,
               tar: bool = True) -> None:
-        """Under the download lock: make ``base`` a verified entry."""
+        """Under the download lock: make ``base`` a verified entry.
+
+        The entry that is there is kept when it checks out, adopted when a known
+        checksum proves it, or repaired (only the samples that fail fetched
+        again); otherwise the shard is downloaded (sample by sample around what
+        readers fetched, or streamed whole), checked and published, the server
+        asked again after a corrupt download as long as the budget allows.
+        """
         budget = budget or FetchBudget(self.fetch)
-        url = shard.url
-        repairs = 0
         sparse.drop_stale(base)  # a map left by a kill after its sparse file was published
-        state, skey = self._check_entry(shard, base, policy, progress, known_bad)
+        repaired = self._keep_entry(shard, base, policy, progress, known_bad, budget)
+        if repaired is None:
+            return
+        self.emit(K.CACHE_MISS, shard.url)
+        streamed = base + ".partial"
+        limit = self.fetch.attempts if self.max_repairs is None else self.max_repairs + 1
+        repairs = repaired
+        while True:
+            res, budget = self._download(shard, base, streamed, budget)
+            partial = res.path
+            synced = self._make_durable(partial)
+            if progress is not None:
+                progress(res.size)
+            actual, failure = self._judge(shard, res, budget, tar)
+            if failure is None:
+                break
+            if partial == streamed:
+                layout.remove(partial)
+                layout.remove(partial + ".etag")
+            else:
+                sparse.discard(base)
+                sparse.stream_instead(shard.url)  # checked samples that still make a wrong file: a whole GET next
+            repairs += 1
+            budget.fault(failure)
+            # a corrupt download is a fault without progress: the server is asked again,
+            # ``attempts`` times in all (``max_repairs`` + 1 with a cap of the store's own),
+            # unless the object changed on the server (its old bytes are not served any more)
+            if repairs >= limit or budget.remaining() <= 0 or budget.changed is not None:
+                raise failure
+            self.emit(K.REPAIR, shard.url, attempt=repairs)
+        self._publish(shard, base, partial, streamed, actual, synced)
+
+    def _keep_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
+                    known_bad: Optional[Tuple[int, int]], budget: FetchBudget) -> Optional[int]:
+        """The entry at ``base`` kept (verified, adopted or repaired in place): None;
+        otherwise it is removed and the repairs spent on it are returned (0 or 1)."""
+        url = shard.url
+        state, _ = self._check_entry(shard, base, policy, progress, known_bad)
         if state is EntryState.VERIFIED:
             self.emit(K.CACHE_HIT, url)
-            return
+            return None
         if state is EntryState.UNTRUSTED:
             # killed between publish and meta: adopt it if a known checksum proves it
             if shard.xxh3_64 is not None:
@@ -527,94 +569,91 @@ class ShardStore:
                     self.emit(K.VERIFY_OK, url)
                     self.write_meta(base, url, actual, synced=self._make_durable(base))
                     self.emit(K.CACHE_HIT, url)
-                    return
+                    return None
             layout.remove(base)
-        elif state is EntryState.CORRUPT:
-            repairs += 1
-            if (self.max_repairs is None or repairs <= self.max_repairs) and \
-                    repair_entry(self, shard, base, budget):  # re-fetch only the samples that fail
-                self.emit(K.CACHE_HIT, url)
-                return
-            layout.remove(base + ".meta")
-            layout.remove(base)
-            if self.max_repairs is not None and repairs > self.max_repairs:
-                raise ChecksumMismatch(f"cached copy of {url} ({base})", shard.xxh3_64 or str(shard.size),
-                                       "a corrupt cached copy")
-            self.emit(K.REPAIR, url, attempt=repairs)
-        self.emit(K.CACHE_MISS, url)
-        streamed = base + ".partial"
-        limit = self.fetch.attempts if self.max_repairs is None else self.max_repairs + 1
-        while True:
-            if layout.lstat(streamed) is None:
-                layout.remove(streamed + ".etag")
-            # the download is about to add up to shard.size bytes: make room first
-            self.evict(reserve=shard.size or 0)
-            res = None
-            if sparse.eligible(self, shard) and layout.lstat(streamed) is None:
-                # sample by sample, each checked as it arrives, around what readers fetched
-                # (None: the server mishandles Range: streamed instead)
-                try:
-                    res = sparse.fill(self, shard, base, budget)
-                except TransientFetchError as exc:
-                    if not isinstance(budget.last_error, CorruptSample):
-                        raise
-                    # its ranges keep arriving corrupt: a whole GET, with attempts of its own
-                    sparse.stream_instead(url)
-                    self.emit(K.RETRY, url, attempt=0, error=str(exc), wait=0.0)
-                    old, budget = budget, FetchBudget(self.fetch)
-                    budget.validator, budget.changed = old.validator, old.changed
-            if res is None:
-                # hashed from the bytes as they were written: no read-back
-                res = fetch_to_file(url, streamed, expected_size=shard.size, config=self.fetch,
-                                    on_event=self.emit, session=self.session(), budget=budget)
-            partial = res.path
-            synced = self._make_durable(partial)
-            if progress is not None:
-                progress(res.size)
-            bad: Optional[Tuple[str, str, str]] = None
-            failure: Optional[ResumeWDSError] = None
-            actual = res.xxh3_64
-            if shard.size is not None and res.size != shard.size:
-                bad = (str(shard.size), str(res.size), "size")
-            elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
-                bad = (shard.xxh3_64, actual, "xxh3_64")
-                # the samples that fail their digests, and the bytes no digest covers, fetched again
-                fixed = repair_download(self, shard, partial, budget)
-                if fixed is not None:
-                    actual, bad = fixed, None
-            elif shard.xxh3_64 is None and tar:
-                # nothing to check it against: at least it must be a complete
-                # tar, or one bad response (an error page) would be kept for good
-                failure = not_a_complete_tar(partial, url)
-                if failure is not None:
-                    bad = ("a complete tar", str(failure), "format")
-            if bad is None:
-                break
-            self.emit(K.VERIFY_FAIL, url, expected=bad[0], actual=bad[1])
-            if partial == streamed:
-                layout.remove(partial)
-                layout.remove(partial + ".etag")
-            else:
-                sparse.discard(base)
-                sparse.stream_instead(url)  # checked samples that still make a wrong file: a whole GET next
-            repairs += 1
-            if failure is None and budget.changed is not None:
-                failure = ChecksumMismatch(f"{url}: the object changed on the server while it was read, and "
-                                           f"its bytes no longer match the manifest{_from_manifest(shard)}: "
-                                           f"{bad[2]} {bad[1]}, expected {bad[0]}{budget.changed_note()}",
-                                           url=url, expected=bad[0], actual=bad[1], what=bad[2])
-            elif failure is None:
-                failure = ChecksumMismatch(f"download of {url}{_from_manifest(shard)}", bad[0], bad[1], what=bad[2])
-            budget.fault(failure)
-            # a corrupt download is a fault without progress: the server is asked again,
-            # ``attempts`` times in all (``max_repairs`` + 1 with a cap of the store's own),
-            # unless the object changed on the server (its old bytes are not served any more)
-            if repairs >= limit or budget.remaining() <= 0 or budget.changed is not None:
-                raise failure
-            self.emit(K.REPAIR, url, attempt=repairs)
+            return 0
+        if state is not EntryState.CORRUPT:
+            return 0
+        if (self.max_repairs is None or self.max_repairs >= 1) and \
+                repair_entry(self, shard, base, budget):  # re-fetch only the samples that fail
+            self.emit(K.CACHE_HIT, url)
+            return None
+        layout.remove(base + ".meta")
+        layout.remove(base)
+        if self.max_repairs is not None and self.max_repairs < 1:
+            raise ChecksumMismatch(f"cached copy of {url} ({base})", shard.xxh3_64 or str(shard.size),
+                                   "a corrupt cached copy")
+        self.emit(K.REPAIR, url, attempt=1)
+        return 1
+
+    def _download(self, shard: ShardInfo, base: str, streamed: str, budget: FetchBudget) -> Tuple[Any, FetchBudget]:
+        """One download of ``shard``: sample by sample, each checked as it arrives, around
+        what readers fetched (a sparse partial), or streamed whole to ``streamed`` (the
+        server mishandles ``Range``, its ranges keep arriving corrupt, or a stream was
+        started already); the result and the budget the next attempt draws from."""
+        if layout.lstat(streamed) is None:
+            layout.remove(streamed + ".etag")
+        # the download is about to add up to shard.size bytes: make room first
+        self.evict(reserve=shard.size or 0)
+        res = None
+        if sparse.eligible(self, shard) and layout.lstat(streamed) is None:
+            try:
+                res = sparse.fill(self, shard, base, budget)  # (None: streamed instead)
+            except TransientFetchError as exc:
+                if not isinstance(budget.last_error, CorruptSample):
+                    raise
+                # its ranges keep arriving corrupt: a whole GET, with attempts of its own
+                sparse.stream_instead(shard.url)
+                self.emit(K.RETRY, shard.url, attempt=0, error=str(exc), wait=0.0)
+                old, budget = budget, FetchBudget(self.fetch)
+                budget.validator, budget.changed = old.validator, old.changed
+        if res is None:
+            # hashed from the bytes as they were written: no read-back
+            res = fetch_to_file(shard.url, streamed, expected_size=shard.size, config=self.fetch,
+                                on_event=self.emit, session=self.session(), budget=budget)
+        return res, budget
+
+    def _judge(self, shard: ShardInfo, res: Any, budget: FetchBudget, tar: bool
+               ) -> Tuple[str, Optional[ResumeWDSError]]:
+        """A finished download against the manifest: ``(xxh3_64, None)`` when it holds
+        (the samples that fail their digests, and the bytes no digest covers, fetched
+        again first), else ``(xxh3_64, the error)`` (a ``verify_fail`` event)."""
+        url = shard.url
+        bad: Optional[Tuple[str, str, str]] = None
+        failure: Optional[ResumeWDSError] = None
+        actual = res.xxh3_64
+        if shard.size is not None and res.size != shard.size:
+            bad = (str(shard.size), str(res.size), "size")
+        elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
+            bad = (shard.xxh3_64, actual, "xxh3_64")
+            fixed = repair_download(self, shard, res.path, budget)
+            if fixed is not None:
+                actual, bad = fixed, None
+        elif shard.xxh3_64 is None and tar:
+            # nothing to check it against: at least it must be a complete
+            # tar, or one bad response (an error page) would be kept for good
+            failure = not_a_complete_tar(res.path, url)
+            if failure is not None:
+                bad = ("a complete tar", str(failure), "format")
+        if bad is None:
+            return actual, None
+        self.emit(K.VERIFY_FAIL, url, expected=bad[0], actual=bad[1])
+        if failure is None and budget.changed is not None:
+            failure = ChecksumMismatch(f"{url}: the object changed on the server while it was read, and "
+                                       f"its bytes no longer match the manifest{_from_manifest(shard)}: "
+                                       f"{bad[2]} {bad[1]}, expected {bad[0]}{budget.changed_note()}",
+                                       url=url, expected=bad[0], actual=bad[1], what=bad[2])
+        elif failure is None:
+            failure = ChecksumMismatch(f"download of {url}{_from_manifest(shard)}", bad[0], bad[1], what=bad[2])
+        return actual, failure
+
+    def _publish(self, shard: ShardInfo, base: str, partial: str, streamed: str, actual: str, synced: bool) -> None:
+        """A download that holds becomes the entry: its samples checked (where they end,
+        their digests), renamed (or the sparse partial published) and its meta written."""
+        url = shard.url
         if shard.xxh3_64 is not None:
             try:
-                check_copy(partial, shard, self.emit, discard=True)  # the samples: where they end, their digests
+                check_copy(partial, shard, self.emit, discard=True)
             except ResumeWDSError:
                 if partial != streamed:
                     sparse.discard(base)

@@ -313,11 +313,13 @@ class _Body:
 
     def finish(self) -> None:
         """After a complete sized body: mark http.client's response done (as
-        its own reads would have) so that the connection goes back to the pool."""
+        its own reads would have) and return the connection to the pool (idempotent:
+        a :class:`Response` releases it again when it closes; botocore's body does not)."""
         if self.kind != "sized" or self.left != 0:
             return
         self.fp.length = 0
         self.fp.close()
+        self.raw.release_conn()
 
 
 def _refuse_partial_200(state: _Attempt, resp: Response, have: int, length: Optional[int]) -> None:
@@ -357,6 +359,72 @@ def _refuse_encoding(url: str, resp: Response) -> None:
             f"(no compression on the fly)", url, resp.status_code)
 
 
+def _resumed(state: _Attempt, resp: Response, have: int, validator: Optional[str]) -> Tuple[int, Optional[int]]:
+    """A 206 for a resume at byte ``have``: its first byte and the length it ends at,
+    once its Content-Range and its validator show that the rest comes from the same
+    version of the file."""
+    m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+    if not m or int(m.group(1)) != have:
+        _remove_quietly(state.path + _ETAG_SUFFIX)
+        raise TransientFetchError(f"{state.url}: HTTP 206 with unexpected Content-Range "
+                                  f"{resp.headers.get('Content-Range')!r} for byte {have}; restarting",
+                                  state.url, 206)
+    # a server that ignores If-Range sends the range of whatever
+    # the file is now: the rest must come from the same version
+    got = resp.headers.get("ETag") if (validator or "").startswith(('"', "W/")) \
+        else resp.headers.get("Last-Modified")
+    if got != validator:
+        _remove_quietly(state.path + _ETAG_SUFFIX)
+        _remove_quietly(state.path)
+        raise TransientFetchError(f"{state.url}: the file changed on the server during the download "
+                                  f"(HTTP 206 with validator {got!r}, the partial download was of "
+                                  f"{validator!r}; the server ignored If-Range); starting over",
+                                  state.url, 206)
+    return int(m.group(1)), int(m.group(2)) + 1
+
+
+def _whole(state: _Attempt, resp: Response, have: int) -> Tuple[Optional[int], Optional[str]]:
+    """A 200: its announced length (refused over ``max_bytes``, or when it is a
+    partial body sent as a whole one) and its strong ETag, if any."""
+    want_total = None
+    cl = resp.headers.get("Content-Length")
+    if cl is not None and cl.isdigit():
+        want_total = int(cl)
+        if state.max_bytes is not None and want_total > state.max_bytes:
+            raise state._too_big(want_total)
+    _refuse_partial_200(state, resp, have, want_total)
+    # the validator goes first: a crash mid-body leaves a resumable pair
+    etag = resp.headers.get("ETag")
+    if etag and etag.startswith("W/"):
+        etag = None  # If-Range needs a strong validator
+    return want_total, etag
+
+
+def _write_body(state: _Attempt, resp: Response, pace: _Pace, append: bool, etag: Optional[str]) -> None:
+    """The body into the partial file (appended for a resume; a new download records
+    its validator first, so that the pair always agrees); an HTML page where a shard
+    was expected is refused (a wrong body: retried when the size is known)."""
+    try:
+        with _Sink(state, append=append) as sink:
+            if not append:
+                # emptied before the validator is recorded, so the pair always agrees
+                _write_validator(state.path, etag or resp.headers.get("Last-Modified"))
+            state.keeps = bool(append or etag or resp.headers.get("Last-Modified"))
+            body = _Body(resp.raw)
+            state._copy(body.readinto, sink, pace, sniff=not append)
+            body.finish()
+    except _HtmlBody as html:
+        _remove_quietly(state.path + _ETAG_SUFFIX)
+        _remove_quietly(state.path)
+        ctype = resp.headers.get("Content-Type") or "none"
+        snippet = " ".join(html.head.decode("utf-8", "replace").split())[:80]
+        # known size (a manifest): a wrong body, retried like a corrupt one; unknown: nothing
+        # says a retry would get a shard (a login page, a wrong URL): a clear error at once
+        cls = PermanentFetchError if state.expected_size is None else TransientFetchError
+        raise cls(f"{state.url}: HTTP {resp.status_code} but the body is an HTML page, not a shard "
+                  f"(Content-Type: {ctype}; it begins {snippet!r})", state.url, resp.status_code) from None
+
+
 class HTTPTransport(Transport):
     """http(s): one GET per attempt, through ``state.session`` (a :class:`Session`, made on first use)."""
 
@@ -381,7 +449,6 @@ class HTTPTransport(Transport):
         state.session.max_redirects = cfg.max_redirects
         resp = state.session.get(state.url, headers,
                                  (pace.timeout(cfg.connect_timeout), pace.timeout(cfg.read_timeout)))
-        etag: Optional[str] = None
         with resp:
             code = resp.status_code
             if code in (200, 206):
@@ -394,61 +461,13 @@ class HTTPTransport(Transport):
                 raise TransientFetchError(f"{state.url}: HTTP 416 for a resume at byte {have}; restarting",
                                           state.url, 416)
             if code == 206 and have:
-                m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
-                if not m or int(m.group(1)) != have:
-                    _remove_quietly(state.path + _ETAG_SUFFIX)
-                    raise TransientFetchError(f"{state.url}: HTTP 206 with unexpected Content-Range "
-                                              f"{resp.headers.get('Content-Range')!r} for byte {have}; restarting",
-                                              state.url, 206)
-                # a server that ignores If-Range sends the range of whatever
-                # the file is now: the rest must come from the same version
-                got = resp.headers.get("ETag") if (validator or "").startswith(('"', "W/")) \
-                    else resp.headers.get("Last-Modified")
-                if got != validator:
-                    _remove_quietly(state.path + _ETAG_SUFFIX)
-                    _remove_quietly(state.path)
-                    raise TransientFetchError(f"{state.url}: the file changed on the server during the download "
-                                              f"(HTTP 206 with validator {got!r}, the partial download was of "
-                                              f"{validator!r}; the server ignored If-Range); starting over",
-                                              state.url, 206)
-                start, end_incl = int(m.group(1)), int(m.group(2))
-                want_total: Optional[int] = end_incl + 1
-                append = True
+                (start, want_total), etag = _resumed(state, resp, have, validator), None
             elif code == 200:
-                start, append = 0, False
-                want_total = None
-                cl = resp.headers.get("Content-Length")
-                if cl is not None and cl.isdigit():
-                    want_total = int(cl)
-                    if state.max_bytes is not None and want_total > state.max_bytes:
-                        raise state._too_big(want_total)
-                _refuse_partial_200(state, resp, have, want_total)
-                # the validator goes first: a crash mid-body leaves a resumable pair
-                etag = resp.headers.get("ETag")
-                if etag and etag.startswith("W/"):
-                    etag = None  # If-Range needs a strong validator
+                start, (want_total, etag) = 0, _whole(state, resp, have)
             else:
                 raise _status_error(state.url, resp)
             _refuse_encoding(state.url, resp)
-            try:
-                with _Sink(state, append=append) as sink:
-                    if not append:
-                        # emptied before the validator is recorded, so the pair always agrees
-                        _write_validator(state.path, etag or resp.headers.get("Last-Modified"))
-                    state.keeps = bool(append or etag or resp.headers.get("Last-Modified"))
-                    body = _Body(resp.raw)
-                    state._copy(body.readinto, sink, pace, sniff=not append)
-                    body.finish()
-            except _HtmlBody as html:
-                _remove_quietly(state.path + _ETAG_SUFFIX)
-                _remove_quietly(state.path)
-                ctype = resp.headers.get("Content-Type") or "none"
-                snippet = " ".join(html.head.decode("utf-8", "replace").split())[:80]
-                # known size (a manifest): a wrong body, retried like a corrupt one; unknown: nothing
-                # says a retry would get a shard (a login page, a wrong URL): a clear error at once
-                cls = PermanentFetchError if state.expected_size is None else TransientFetchError
-                raise cls(f"{state.url}: HTTP {code} but the body is an HTML page, not a shard "
-                          f"(Content-Type: {ctype}; it begins {snippet!r})", state.url, code) from None
+            _write_body(state, resp, pace, append=code == 206, etag=etag)
         size = _size_of(state.path)
         if want_total is not None and size < want_total:
             raise TransientFetchError(f"{state.url}: short body: got {size - start} of {want_total - start} bytes",

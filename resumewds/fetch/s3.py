@@ -378,6 +378,35 @@ def _near_deadline(t: float, left: float) -> float:
 # ---------------------------------------------------------------------------
 # the transport
 # ---------------------------------------------------------------------------
+def _write_object(state: _Attempt, resp: Any, pace: _Pace, append: bool, etag: Optional[str], status: int) -> None:
+    """A GetObject body into the partial file (appended for a resume; a new download
+    records its validator first); an HTML page where the object was expected is refused."""
+    body = resp["Body"]
+    raw = getattr(body, "_raw_stream", None)
+    try:
+        with _Sink(state, append=append) as sink:
+            if not append:
+                # emptied before the validator is recorded, so the pair always agrees
+                _write_validator(state.path, etag)
+            state.keeps = bool(append or etag)
+            if raw is not None:
+                raw.enforce_content_length = False  # we check lengths ourselves
+                reader = _Body(raw)
+                state._copy(reader.readinto, sink, pace, sniff=not append)
+                reader.finish()
+            else:  # pragma: no cover - a botocore without _raw_stream
+                state._copy(lambda buf: _read_into(body, buf), sink, pace, sniff=not append)
+    except _HtmlBody as html:
+        _remove_quietly(state.path + _ETAG_SUFFIX)
+        _remove_quietly(state.path)
+        ctype = (resp.get("ContentType") or "none")
+        snippet = " ".join(html.head.decode("utf-8", "replace").split())[:80]
+        raise PermanentFetchError(f"{state.url}: S3 GetObject answered HTTP {status} but the body is an "
+                                  f"HTML page, not the object (Content-Type: {ctype}; it begins "
+                                  f"{snippet!r}); is the endpoint an S3 API endpoint?", state.url,
+                                  status) from None
+
+
 class S3Transport(Transport):
     """``s3://bucket/key``: GetObject per attempt, resumed with Range and If-Match on the ETag."""
 
@@ -410,38 +439,39 @@ class S3Transport(Transport):
             raise
         return int(head.get("ContentLength", -1)) == have
 
-    def attempt(self, state: _Attempt) -> None:
+    def _get(self, state: _Attempt, bucket: str, key: str, have: int, validator: Optional[str]) -> Tuple[Any, int]:
+        """GetObject for this attempt: the rest after byte ``have`` of the same object
+        (``IfMatch``), or the whole object; ``(response, have)``, ``have`` 0 when it
+        starts over, None for the response when the partial is already complete."""
         import botocore.exceptions as bx
 
+        client = self._client(state)
+        if have:
+            try:
+                return client.get_object(Bucket=bucket, Key=key, Range=f"bytes={have}-", IfMatch=validator), have
+            except bx.ClientError as exc:
+                code, status, _, _ = _client_error_parts(exc)
+                if status == 412 or code == "PreconditionFailed":
+                    pass  # the object was replaced since the partial began: start over
+                elif status == 416 or code == "InvalidRange":
+                    if self._complete(state, bucket, key, have, validator):
+                        return None, have  # the partial is already complete
+                else:
+                    raise
+        return client.get_object(Bucket=bucket, Key=key), 0
+
+    def attempt(self, state: _Attempt) -> None:
         bucket, key = parse_s3_url(state.url)
-
-        def get(**kw: Any) -> Any:
-            return self._client(state).get_object(Bucket=bucket, Key=key, **kw)
-
         pace = _Pace(state.url, state.config, state.budget)
         have = _size_of(state.path)
         validator = _read_validator(state.path) if have else None
         if have and (validator is None or (state.expected_size is not None and have > state.expected_size)):
             have = 0  # cannot prove the bytes belong to the current object: restart
-        resp = None
-        if have:
-            try:
-                resp = get(Range=f"bytes={have}-", IfMatch=validator)
-            except bx.ClientError as exc:
-                code, status, _, _ = _client_error_parts(exc)
-                if status == 412 or code == "PreconditionFailed":
-                    have = 0  # the object was replaced since the partial began: start over
-                elif status == 416 or code == "InvalidRange":
-                    if self._complete(state, bucket, key, have, validator):
-                        return  # the partial is already complete
-                    have = 0
-                else:
-                    raise
+        resp, have = self._get(state, bucket, key, have, validator)
         if resp is None:
-            resp = get()
+            return
         status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
         body = resp["Body"]
-        raw = getattr(body, "_raw_stream", None)
         state.budget.saw(resp.get("ETag"))
         try:
             length = int(resp.get("ContentLength") or 0)
@@ -464,28 +494,7 @@ class S3Transport(Transport):
             want_total = start + length
             if state.max_bytes is not None and want_total > state.max_bytes:
                 raise state._too_big(want_total)
-            try:
-                with _Sink(state, append=append) as sink:
-                    if not append:
-                        # emptied before the validator is recorded, so the pair always agrees
-                        _write_validator(state.path, etag)
-                    state.keeps = bool(append or etag)
-                    if raw is not None:
-                        raw.enforce_content_length = False  # we check lengths ourselves
-                        reader = _Body(raw)
-                        state._copy(reader.readinto, sink, pace, sniff=not append)
-                        reader.finish()
-                    else:  # pragma: no cover - a botocore without _raw_stream
-                        state._copy(lambda buf: _read_into(body, buf), sink, pace, sniff=not append)
-            except _HtmlBody as html:
-                _remove_quietly(state.path + _ETAG_SUFFIX)
-                _remove_quietly(state.path)
-                ctype = (resp.get("ContentType") or "none")
-                snippet = " ".join(html.head.decode("utf-8", "replace").split())[:80]
-                raise PermanentFetchError(f"{state.url}: S3 GetObject answered HTTP {status} but the body is an "
-                                          f"HTML page, not the object (Content-Type: {ctype}; it begins "
-                                          f"{snippet!r}); is the endpoint an S3 API endpoint?", state.url,
-                                          status) from None
+            _write_object(state, resp, pace, append, etag, status)
         finally:
             body.close()
         size = _size_of(state.path)
@@ -493,7 +502,6 @@ class S3Transport(Transport):
             raise TransientFetchError(f"{state.url}: short body: got {size - start} of {want_total - start} bytes",
                                       state.url, status)
         state._check_expected(size)
-
 
     def open_range(self, url: str, start: int, end: int, session: Any, config: Any,
                    pace: _Pace) -> Tuple[Iterator[bytes], Optional[str], Any]:

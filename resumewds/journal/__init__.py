@@ -12,8 +12,9 @@ Where things are (every name below is importable from ``resumewds.journal``)::
     states.py   the shard state machine: ShardState, SHARD_STATES,
                 TRANSITIONS; events -> shard updates (shard_updates_from_events)
     paths.py    rank files: rank_journal_path, run_journal_paths
-    lock.py     the lock file and run-id protocol (LockFile), and the
-                fork-safety hook that closes lock descriptors in children
+    lock.py     the lock file and run-id protocol (LockFile), and
+                close_inherited (a loader's forked worker closes its copies
+                of the lock descriptors)
     core.py     Journal: one rank's file (open, config, events, shards,
                 commits, consumption)
     run.py      a whole run: open_run, resolve_resume (the newest step every

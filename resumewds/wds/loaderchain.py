@@ -77,9 +77,8 @@ from ..rotation import RotatingLoader
 from ..runners import BatchRunner, UnbatchRunner
 from ..shardloader import STATE_FORMAT, ShardLoader
 from ..shardset import ShardDataset
-from ..stages import Handled, Stage, default_collation_fn
+from ..stages import Handled, Stage, apply_stages, default_collation_fn
 from ..statecheck import seal
-from ..steps import apply_stages
 from ..world import detect_world
 from . import filters
 from .fluent import Cached, FluidInterface
