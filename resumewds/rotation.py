@@ -207,6 +207,13 @@ class RotatingLoader(ShardLoader):
         self._rot = None
         super()._end_epoch()
 
+    def _mark(self) -> Tuple[Any, ...]:
+        return super()._mark() + (self._rot,)  # (``_rot`` is replaced, never changed in place)
+
+    def _rewind(self, mark: Tuple[Any, ...]) -> None:
+        super()._rewind(mark)
+        self._rot = mark[3]
+
     # ---- state -----------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """The loader's state (:meth:`ShardLoader.state_dict`), and under the rotation
@@ -230,31 +237,26 @@ class RotatingLoader(ShardLoader):
         """
         super().load_state_dict(state)
         self._set_rotation(state.get("rotation"), "this state")
+        self._given()  # (with the rotation)
 
     set_state = load_state_dict
 
     def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
         # ShardLoader._open_journal, and the commit's place (its rotation)
-        found = self._session.open(self.dataset, self._place(), resume, sync)
-        self.config = found.config
-        self._use_split(int(found.config.get("worker_split") or 0), kept=found.epoch is not None)
-        if found.epoch is not None:
-            self.epoch, self.position = found.epoch, found.position
-            self.steps_done, self.samples_total = found.steps_done, found.samples_total
-        self._failed_urls.update(found.failed_urls)
-        self._set_rotation((found.place or {}).get("rotation"), f"the commit of step {self.steps_done - 1} in {path}")
+        super()._open_journal(path, resume, sync)
+        self._set_rotation(self._journal_place.get("rotation"), f"the commit of step {self.steps_done - 1} in {path}")
+        if self._origin is not None:
+            self._given()  # (with the rotation)
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
         """Record atomically the position after ``step``, with the rotation (see
         :meth:`ShardLoader.commit`)."""
-        if not self.rotation_workers:
-            return super().commit(step, stats)
-        self._session.commit(step, epoch=self.epoch, position=self.position, world_size=self.world_size,
-                             batch_size=self.batch_size, samples_total=self.samples_total,
-                             shards=self.dataset.manifest.shards,
-                             stats=self.stats() if self._session.wants_stats(stats) else None,
-                             place={"rotation": self._rotation()})
-        self.steps_done = step + 1
+        self._commit(step, stats, None)
+
+    def _commit(self, step: int, stats: Optional[bool], place: Optional[Dict[str, Any]]) -> None:
+        if self.rotation_workers:
+            place = dict(place or {}, rotation=self._rotation())
+        super()._commit(step, stats, place)
 
     def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
         """As :meth:`ShardLoader.skip_steps`; refused under the rotation (its steps
@@ -269,7 +271,7 @@ class RotatingLoader(ShardLoader):
     def __iter__(self) -> Iterator[Any]:
         self._take_world()
         self._world_open = False
-        if not self.rotation_workers:
+        if not self.rotation_workers:  # (ShardLoader.__iter__ starts a new pass where one is due)
             src = super().__iter__()
             return self._stream_stage(src) if self._stream_stage is not None else src
         return self._rotate(self.rotation_workers)
@@ -289,6 +291,7 @@ class RotatingLoader(ShardLoader):
         return sub
 
     def _rotate(self, W: int) -> Iterator[Any]:
+        self._begin_iter()
         epoch = self.epoch
         if self.preempted:
             return
@@ -305,6 +308,7 @@ class RotatingLoader(ShardLoader):
         raw: List[Any] = [None] * W
         items: List[Any] = [None] * W
         w = turn
+        left = False
         try:
             while any(live):
                 if not live[w]:
@@ -334,8 +338,15 @@ class RotatingLoader(ShardLoader):
                 self.position = sum(pos)
                 if not any(live):
                     self._end_epoch()  # the last item of the epoch: the state is the next epoch's start
+                self._advanced, self._pinned = True, False
+                self._handed += 1
                 yield item
+        except GeneratorExit:
+            left = True
+            raise
         finally:
+            if not left:  # ended: the next iter() goes on from here (see ShardLoader._begin_iter)
+                self._advanced, self._origin = False, None
             for it in items + raw:
                 if it is not None and hasattr(it, "close"):
                     it.close()  # its DataLoader's workers stop now

@@ -155,6 +155,11 @@ class JournalSession:
         """The consumption counted since the last commit: ``{(shard, epoch): n}``."""
         return dict(self._consumed)
 
+    def set_consumed(self, consumed: Dict[Tuple[int, int], int]) -> None:
+        """Count ``consumed`` as the consumption since the last commit (a loader that goes
+        back to an earlier place, to deliver its samples again, takes back what it counted)."""
+        self._consumed = {k: n for k, n in consumed.items() if n}
+
     def record(self, events: List[Dict[str, Any]]) -> None:
         """Buffer ``events`` (and the shard state changes they imply) for the journal."""
         if self.path is None or not events:

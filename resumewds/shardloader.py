@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from torch.utils.data import DataLoader
 
@@ -219,6 +219,13 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self.samples_total = 0
         self.steps_done = 0
         self.stats_ = Stats()
+        # webdataset's new pass (see :meth:`_begin_iter`): an iter() handed an item out and did
+        # not finish, and whether a state was given away since that item
+        self._advanced = False
+        self._pinned = False
+        self._origin: Any = None  # a place given (a resume), while its first iter() may be left
+        self._handed = 0  # items the current iter() handed out
+        self._journal_place: Dict[str, Any] = {}  # the resumed commit's place beyond (epoch, position)
         self._session = JournalSession(journal)  # the journal: open/resume, events, commits
         #: the last batch handed out (see :class:`BatchInfo`), None before the first;
         #: with ``batch_size=None``, the chunk the last sample came from
@@ -277,6 +284,9 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             self.epoch, self.position = found.epoch, found.position
             self.steps_done, self.samples_total = found.steps_done, found.samples_total
         self._failed_urls.update(found.failed_urls)
+        self._journal_place = dict(found.place or {})
+        if found.epoch is not None:
+            self._given()
 
     def _process_group(self) -> Any:
         """torch.distributed, when its default group is exactly this loader's world."""
@@ -293,11 +303,18 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             step: the training step (any increasing int; ``resume=S`` finds it).
             stats: include a stats snapshot (default: at most every 5 s).
         """
+        self._commit(step, stats, None)
+
+    def _commit(self, step: int, stats: Optional[bool], place: Optional[Dict[str, Any]]) -> None:
+        """:meth:`commit`, with ``place``: where the loader stands beyond ``(epoch, position)``
+        (a wrapper's own progress, see :mod:`resumewds.wds.loaderchain`), or None."""
         self._session.commit(step, epoch=self.epoch, position=self.position, world_size=self.world_size,
                              batch_size=self.batch_size, samples_total=self.samples_total,
                              shards=self.dataset.manifest.shards,
-                             stats=self.stats() if self._session.wants_stats(stats) else None)
+                             stats=self.stats() if self._session.wants_stats(stats) else None,
+                             place=place or None)
         self.steps_done = step + 1
+        self._pinned = True
 
     def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
         """Skip the data of the next ``k`` steps on purpose (loss-spike recovery).
@@ -342,6 +359,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                 self.steps_done = first + int(k)
             log.info("skipped steps %d..%d: epoch %d position %d -> epoch %d position %d", first,
                      first + int(k) - 1, before[0], before[1], epoch, position)
+        self._given()  # a place given: the next iter() starts there
         return detail
 
     def _flush_journal(self) -> None:
@@ -383,6 +401,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             "steps_done", "config", "batch_size", "world_size", "checksum"}``
             (``checksum``: :mod:`resumewds.statecheck`).
         """
+        self._pinned = True
         return seal({"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
                      "position": self.position, "samples_total": self.samples_total,
                      "steps_done": self.steps_done, "config": dict(self.config),
@@ -427,6 +446,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self.epoch, self.position = epoch, pos
         self.samples_total = int(state.get("samples_total", 0))
         self.steps_done = int(state.get("steps_done", 0))
+        self._given()
         log.info("resuming from a state dict: epoch %d, position %d", epoch, pos)
         self._absorb([{"kind": EventKind.RESUME.value, "epoch": epoch, "position": pos,
                        "ts": time.time()}])
@@ -477,9 +497,9 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         """End the current epoch where the loader stands: the next ``iter()`` starts
         the next epoch at its beginning, and the rest of this one is not delivered.
 
-        This is webdataset's new pass over an endless stream: the wing's
-        :class:`~resumewds.wds.loaderchain.LoaderPipeline` calls it when an
-        ``iter()`` was left mid-epoch.  Nothing happens at an epoch's start.
+        This is webdataset's new pass (see :meth:`_begin_iter`), which an
+        ``iter()`` runs by itself after an ``iter()`` left mid-epoch.  Nothing
+        happens at an epoch's start.
 
         Example:
             >>> loader.end_epoch()      # doctest: +SKIP
@@ -490,6 +510,55 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             log.info("epoch %d ends at position %d: a new pass starts epoch %d", self.epoch, self.position,
                      self.epoch + 1)
             self._end_epoch()
+
+    def _begin_iter(self) -> None:
+        """webdataset's (and torch's) new pass: each ``iter()`` starts the data again.  An
+        ``iter()`` left mid-epoch (a smoke test's ``next(iter(loader))``, a ``break``) is
+        followed by the next epoch from its start, so a full pass after it is a whole epoch
+        (an ``iter()`` whose last item ended the epoch ended, whether or not it was asked for more).
+        Unless a state was given away since the last item (:meth:`state_dict`, :meth:`commit`):
+        a run resumed from that state continues where it was taken, so this run continues
+        there too, and both deliver the same data.  When the first ``iter()`` after a place was
+        given to the loader (a resume: :meth:`load_state_dict`, the journal, :meth:`skip_steps`)
+        is left after its first item (a smoke test right after the resume), the next starts at
+        that place again: the training loop continues where the resume says.  An ``iter()``
+        that ended (an error included) keeps its place."""
+        origin, self._origin = self._origin, None
+        handed, self._handed = self._handed, 0
+        if self._advanced and not self._pinned and self.position:  # left mid-epoch (at an epoch's
+            if origin is not None and handed == 1:  # end it ended, even if not asked for more)
+                self._rewind(origin[0])
+                self._session.set_consumed(origin[1])  # its samples are delivered (and counted) again
+            else:
+                self.end_epoch()
+        elif not self._advanced:
+            self._origin = origin  # nothing handed out from there yet
+        self._advanced = False
+
+    def _given(self) -> None:
+        """A place was given to the loader (see :meth:`_begin_iter`)."""
+        self._origin = (self._mark(), self._session.consumed_now())
+        self._pinned, self._advanced = True, False
+
+    def _hold_place(self) -> None:
+        """The next ``iter()`` continues where the loader stands (a wrapper decided)."""
+        self._advanced = False
+        self._origin = None
+
+    def _mark(self) -> Tuple[Any, ...]:
+        """Where the loader stands, cheaply: :meth:`_rewind` goes back there."""
+        return (self.epoch, self.position, self.samples_total)
+
+    def _rewind(self, mark: Tuple[Any, ...]) -> None:
+        """Stand at ``mark`` (from :meth:`_mark`) again: the next ``iter()`` starts there."""
+        self.epoch, self.position, self.samples_total = mark[0], mark[1], mark[2]
+
+    def _use_dataset(self, dataset: Any) -> None:
+        """Run over ``dataset``: the same data and split in another order (a wrapper's
+        ``.shuffle(n)`` in the plan, see :mod:`resumewds.wds.loaderchain`), before any iteration."""
+        self.dataset = dataset
+        self.config = dataset.config()
+        self._use_split(self._split_w, kept=self._split_kept)
 
     def _bind_world(self, world: Any) -> None:
         self.world, self.rank, self.world_size = world, world.rank, world.world_size
@@ -527,6 +596,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self._take_world()
         self._world_open = False
         warn_unsaved_loader(self)  # a framework that would not save this loader's position: say so
+        self._begin_iter()
         ds = self.dataset
         epoch, start = self.epoch, self.position
         total = len(ds.plan.epoch(epoch))
@@ -561,6 +631,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         # torch pins a batch only where it is allowed to (an accelerator is
         # present): the iterator says whether it does
         pin = bool(getattr(it, "_pin_memory", False)) and ring is not None
+        left = False  # the consumer left this iter() mid-epoch (closed it)
         try:
             while True:
                 t0 = time.perf_counter()
@@ -630,6 +701,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         self._end_epoch()
                     # one batch per step on every rank, even when nothing is left; the
                     # position keys hidden (readable, not listed), as direct iteration does
+                    self._advanced, self._pinned = True, False
+                    self._handed += 1
                     yield hide_positions(batch) if n else EmptyBatch(info)
                     if halt:
                         return
@@ -651,6 +724,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         # one rank: the grid is contiguous, so a slot is a position
                         # (past ``total`` inside the padding, see _SampleLayout)
                         self.position = s0 + slot_of[i] + 1
+                    self._advanced, self._pinned = True, False
+                    self._handed += 1
                     yield hide_positions(sample)
                 if n == 0:
                     owed.deliver(0, True)  # type: ignore[union-attr]  # read, all filtered or skipped
@@ -659,7 +734,12 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                         self._end_epoch()
                 if halt:
                     return
+        except GeneratorExit:
+            left = True
+            raise
         finally:
+            if not left:  # ended (the epoch, a preemption, an error): the next iter() goes on from here
+                self._advanced, self._origin = False, None
             if stopping is not None:
                 stopping.value = 1  # from here on a SIGTERM (torch's shutdown) ends a worker
                 if stopping in _LIVE_FLAGS:

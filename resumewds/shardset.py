@@ -306,12 +306,7 @@ class ShardDataset:
             # compose() is webdataset's DataPipeline.compose)
             ds = self
         else:
-            ds = copy.copy(self)
-            ds._spec = list(self._spec)
-            ds._events = []
-            ds._cursor = None
-            ds._pending = None
-            ds._advanced = ds._pinned = False
+            ds = self._derived()
         for st in stages:
             if not isinstance(st, Stage):
                 if not callable(st):
@@ -319,6 +314,18 @@ class ShardDataset:
                 st = Stage("stream", getattr(st, "__name__", "compose"), st)
             ds._spec.append(st)
         ds._compile()
+        return ds
+
+    def _derived(self) -> ShardDataset:
+        """A copy with its own list of stages and no iteration in progress (the same data,
+        manifest and settings): what a fluent stage returns, and what a loader restructures
+        instead of the caller's object (a ``DataPipeline`` included)."""
+        ds = copy.copy(self)
+        ds._spec = list(self._spec)
+        ds._events = []
+        ds._cursor = None
+        ds._pending = None
+        ds._advanced = ds._pinned = False
         return ds
 
     def _sample(self, name: str, fn: Callable[[Any], Any], handler: Any = None) -> ShardDataset:

@@ -86,6 +86,23 @@ def test_webloader_slice_matches_webdataset(urls):
     assert [(type(b[1]), list(b[1])) for b in got[ours]] == [(type(b[1]), list(b[1])) for b in got[real]]
 
 
+def test_a_stream_stage_a_state_cannot_hold_refuses_to_give_one(urls):
+    """After a stage run as given (.slice, a user's generator), a re-mixing stage holds items a
+    state cannot hold: iterating is webdataset's, state_dict() / commit are refused, naming the fix."""
+    def mine(src):
+        yield from src
+
+    chains = [ours.WebLoader(_batched_pipeline(ours, urls), batch_size=None).slice(30).unbatched().batched(16),
+              ours.WebLoader(_batched_pipeline(ours, urls), batch_size=None).compose(mine).shuffle(20)]
+    for chain in chains:
+        assert len(_quiet(list, chain)) > 0
+        with pytest.raises(ours.StateError, match=r"runs on the loader's output stream.*before \.compose"):
+            chain.state_dict()
+    # stages that hold nothing between items keep their state
+    plain = ours.WebLoader(_batched_pipeline(ours, urls), batch_size=None).compose(mine).map(lambda b: b)
+    assert plain.state_dict()["position"] == 0
+
+
 # ---- pipe: URLs and handlers ---------------------------------------------------------
 
 def test_braces_in_a_pipe_url_expand_like_webdataset(urls):
@@ -263,6 +280,33 @@ def test_a_smoke_test_next_then_a_full_pass(urls):
     q = _batched_pipeline(ours, urls)
     q.load_state_dict(state)
     assert _keys(list(q)) == _keys(got[real][1])[10:]  # a loaded state continues its pass
+
+
+# ---- a loader never changes the pipeline it is built over ------------------------------
+
+@pytest.mark.parametrize("handler", [True, False])
+def test_building_a_loader_leaves_the_pipeline_as_it_was(urls, handler):
+    """WebLoader(p) restructures a copy of ``p``: ``p`` itself, a second loader over it and a
+    loader built each epoch keep ``p``'s batches (with a handler the loader refills them from
+    the filtered stream; without, a re-mixing chain undoes them in its own copy)."""
+    def make(lib):
+        return lib.DataPipeline(lib.SimpleShardList(urls), lib.split_by_worker,
+                                lib.tarfile_to_samples(**({"handler": lib.warn_and_continue} if handler else {})),
+                                lib.to_tuple("__key__", "cls"), lib.batched(8))
+
+    got = {}
+    for lib in LIBS:
+        p = make(lib)
+        direct = _keys(p)
+        loaders = []
+        for _ in range(2):  # a loader built each epoch, as a training script may
+            chain = _quiet(lib.WebLoader, p, batch_size=None, num_workers=0)
+            loaders.append([len(b[0]) for b in chain])
+            remix = _quiet(lib.WebLoader, p, batch_size=None, num_workers=0).unbatched().batched(16)
+            loaders.append([len(b[0]) for b in remix])
+        got[lib] = (direct, _keys(p), loaders)
+    assert got[ours] == got[real]
+    assert got[ours][0] == got[ours][1] and got[ours][2][0][:3] == [8, 8, 8]
 
 
 # ---- resume of direct iteration and of the re-mixing chain -----------------------------
@@ -473,6 +517,46 @@ def test_a_rebatching_chain_under_with_epoch_resumes_exactly(urls):
     again.load_state_dict(chain.state_dict())
     assert _keys(head) + _keys(list(again)) == ref[1]
     assert _keys(list(again)) == ref[2]
+
+
+def _scaled(batch):
+    """A batch-level transform (a map on the loader's batches before re-mixing)."""
+    keys, cls = batch
+    return keys, [int(c) * 10 for c in cls]
+
+
+def _remix_after_a_map(urls, workers, **kw):
+    ds = ours.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls").batched(10)
+    return ours.WebLoader(ds, batch_size=None, num_workers=workers, **kw).map(_scaled).unbatched().batched(16)
+
+
+def test_a_journal_counts_each_sample_once_across_resumes_of_a_remix_chain(urls, tmp_path):
+    """A re-batcher holding samples of a batch partly handed out: a commit there records the
+    place before that batch, and the consumption up to it (the rest is counted when the
+    resumed run hands it out again)."""
+    from resumewds.journal import read_consumption
+
+    def run(path, stops):
+        out, step = [], 0
+        for stop, workers in stops:  # each run ends after ``stop`` steps, its commits kept
+            chain = _remix_after_a_map(urls, workers, journal=path, resume=True)
+            assert chain.steps_done == step
+            while step < stop:
+                for batch in chain:
+                    out.append(list(batch[0]))
+                    chain.commit(step)
+                    step += 1
+                    if step >= stop:
+                        break
+            if step == 7:
+                assert chain.state_dict()["chain_skip"] == 2  # 112 = 11 batches of 10 and 2
+            chain.close()
+        return out
+
+    full = run(str(tmp_path / "full.db"), [(60, 0)])  # 25 batches an epoch: into the third
+    got = run(str(tmp_path / "cut.db"), [(7, 0), (33, 2), (60, 3)])
+    assert got == full
+    assert read_consumption(str(tmp_path / "cut.db")) == read_consumption(str(tmp_path / "full.db"))
 
 
 def test_a_loader_that_batches_itself_keeps_one_epoch_per_iter(urls):

@@ -290,3 +290,217 @@ def test_the_commit_place_is_journaled(tmp_path):
         assert j.latest_commit()["place"] == place and j.commit_at(0)["place"] is None
     assert resolve_resume(path)["place"] == place
     assert resolve_resume(path, step=0)["place"] is None
+
+
+# ---- webdataset's training chain over the filtered stream ------------------------------------
+# WebLoader(ds.select(f).batched(8), batch_size=None).unbatched().shuffle(n).batched(m): the loader
+# hands out the refilled batches (the rotation above), the chain unbatches and re-batches them on
+# its stream, and .shuffle(n) is the data set's (in the plan). The re-batcher holds samples of
+# an item partly handed out; a state records the place before that item and how many of its
+# samples were handed out, so it resumes exactly.
+
+def _chain(lib, urls, workers=2, shuffle=True, **kw):
+    loader = _loader(lib, urls, "select", 8, workers=workers, **kw).unbatched()
+    if shuffle:
+        loader = loader.shuffle(100)
+    return loader.batched(12)
+
+
+def _stream(loader, n):
+    """The next ``n`` items of ``loader``, over as many ``iter()`` as it takes."""
+    out = []
+    while len(out) < n:
+        before = len(out)
+        for item in loader:
+            out.append(tuple(item[0]))
+            if len(out) == n:
+                break
+        if len(out) == before:
+            break
+    return out
+
+
+def _epochs(loader, n):
+    return [[tuple(b[0]) for b in _quiet(list, loader)] for _ in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_training_chain_over_a_select_is_webdatasets(urls, workers):
+    ref = _epochs(_chain(real, urls, workers, shuffle=False), 2)
+    assert _epochs(_chain(ours, urls, workers, shuffle=False), 2) == ref
+    assert sorted({len(b) for b in ref[0]}) == [5, 12]  # full batches, the last one short
+    # with .shuffle(100): the same every run (seeded by the data set's seed and epoch), a new
+    # order each epoch, and the same samples as webdataset's (whose buffer is not seeded)
+    got = _epochs(_chain(ours, urls, workers), 2)
+    assert _epochs(_chain(ours, urls, workers), 2) == got
+    assert got[0] != got[1] and got[0] != ref[0]
+    for mine, theirs in zip(got, ref):
+        assert sorted(k for b in mine for k in b) == sorted(k for b in theirs for k in b)
+        assert [len(b) for b in mine] == [len(b) for b in theirs]
+
+
+# (first cut, second cut) in items: states with samples held back (chain_skip) and without, one
+# across an epoch's end; each form's first pair in the default run, the rest under -m slow
+_CUTS = [(2, 3), (4, 6), (1, 5), (6, 1), (3, 9)]
+
+
+@pytest.mark.parametrize("shuffle,cuts", [
+    (shuffle, cuts) if cuts == _CUTS[0] else pytest.param(shuffle, cuts, marks=pytest.mark.slow)
+    for shuffle in (True, False) for cuts in _CUTS])
+def test_the_training_chain_resumes_exactly_twice_with_other_worker_counts(urls, shuffle, cuts):
+    n = 2 * len(_epochs(_chain(ours, urls, 2, shuffle), 1)[0])
+    full = _stream(_chain(ours, urls, 2, shuffle), n)  # two epochs
+    a = _chain(ours, urls, 2, shuffle)
+    head = _stream(a, cuts[0])
+    s1 = a.state_dict()
+    b = _chain(ours, urls, 0, shuffle)  # resumed without workers ...
+    b.load_state_dict(s1)
+    head += _stream(b, cuts[1])
+    s2 = b.state_dict()
+    c = _chain(ours, urls, 3, shuffle)  # ... then with 3
+    c.load_state_dict(s2)
+    rest = _stream(c, n - len(head))
+    assert head + rest == full, f"cuts {cuts}"
+
+
+def test_batches_of_the_filtered_samples_are_webdatasets_and_resume_twice(urls):
+    """WebLoader(ds.select(f), batch_size=None).batched(m): full batches from the filtered
+    stream (webdataset's), not batches of positions."""
+    def make(lib, workers):
+        return _loader(lib, urls, "select", 0, workers=workers).batched(12)
+
+    full = _epochs(make(ours, 2), 2)
+    assert full == _epochs(make(real, 2), 2)
+    assert sorted({len(b) for b in full[0]}) == [5, 12]
+    flat = full[0] + full[1]
+    a = make(ours, 2)
+    head = _stream(a, 4)
+    b = make(ours, 0)
+    b.load_state_dict(a.state_dict())
+    head += _stream(b, 5)  # into the second epoch
+    c = make(ours, 3)
+    c.load_state_dict(b.state_dict())
+    assert head + _stream(c, len(flat) - len(head)) == flat
+
+
+def test_a_state_holds_the_samples_the_rebatcher_holds(urls):
+    """Where a batch of 12 ends inside a refilled batch of 8, the state is the place before
+    that item and the count of its samples handed out; taken twice, it is the same."""
+    full = _stream(_chain(ours, urls, 2, False), 14)  # two epochs of 7 batches
+    skips = []
+    for cut in range(1, 5):
+        a = _chain(ours, urls, 2, False)
+        head = _stream(a, cut)
+        state = a.state_dict()
+        assert a.state_dict() == state
+        skips.append(state["chain_skip"])
+        b = _chain(ours, urls, 2, False)
+        b.load_state_dict(state)
+        assert head + _stream(b, len(full) - cut) == full, f"cut {cut}"
+    assert any(skips) and not all(skips)  # both kinds of state were taken
+
+
+def test_a_smoke_batch_after_a_resume_of_the_training_chain_loses_nothing(urls):
+    full = _stream(_chain(ours, urls, 2), 14)
+    a = _chain(ours, urls, 2)
+    head = _stream(a, 3)
+    state = a.state_dict()
+    assert state["chain_skip"] == 4
+    b = _chain(ours, urls, 0)
+    b.load_state_dict(state)
+    next(iter(b))  # a smoke test right after the resume
+    assert head + _stream(b, 11) == full
+
+
+def test_a_state_of_another_chain_is_refused(urls):
+    a = _chain(ours, urls, 2, False)
+    _stream(a, 1)
+    state = a.state_dict()
+    assert state["chain_skip"] == 4  # 12 = 8 + 4 of the second item
+    with pytest.raises(StateError, match="unbatches its loader's items"):
+        _loader(ours, urls, "select", 8).load_state_dict(state)
+
+
+def test_the_training_chain_with_epoch_goes_on_over_the_stream(urls):
+    """.with_epoch(5): each iter() the next 5 batches; a chunk that ends inside a refilled batch
+    goes on with its held samples; each data epoch still ends with its short batch (webdataset
+    runs its loader's stages once per DataLoader pass)."""
+    full = _stream(_chain(ours, urls, 2), 20)
+    chain = _chain(ours, urls, 2).with_epoch(5)
+    chunks = [[tuple(b[0]) for b in chain] for _ in range(2)]
+    assert [len(c) for c in chunks] == [5, 5] and chunks[0] + chunks[1] == full[:10]
+    state = chain.state_dict()
+    assert state["chain_skip"] > 0  # 10 batches of 12 end inside a batch of 8
+    again = _chain(ours, urls, 0).with_epoch(5)
+    again.load_state_dict(state)
+    more = [tuple(b[0]) for b in again]
+    s2 = again.state_dict()
+    last = _chain(ours, urls, 3).with_epoch(5)
+    last.load_state_dict(s2)
+    assert more + [tuple(b[0]) for b in last] == full[10:20]
+
+
+def test_the_training_chain_stops_on_a_preemption_and_resumes_exactly(urls):
+    full = _stream(_chain(ours, urls, 2, False), 14)
+    chain = _chain(ours, urls, 2, False, preempt=True)
+    got = []
+    try:
+        for b in chain:
+            got.append(tuple(b[0]))
+            if len(got) == 3:
+                chain.request_stop()  # the next batch needs a refilled batch not handed out
+        state = chain.state_dict()
+    finally:
+        chain.close()
+    assert len(got) == 3 and state["chain_skip"] == 4  # the samples held are not lost
+    fresh = _chain(ours, urls, 0, False)
+    fresh.load_state_dict(state)
+    assert got + _stream(fresh, 11) == full
+
+
+CHAIN_DRIVER = """
+import os, signal, sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {root!r})
+import resumewds as wds
+from tests.test_filtered_rotation import _chain
+urls, out, kill_at, workers = {urls!r}, {out!r}, int(sys.argv[1]), int(sys.argv[2])
+chain = _chain(wds, urls, workers, journal={journal!r}, resume=True)
+step = chain.steps_done
+with open(out, "a") as f:
+    while step < 20:
+        for batch in chain:
+            if step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            f.write(" ".join(batch[0]) + "\\n")
+            f.flush()
+            chain.commit(step)
+            step += 1
+            if step >= 20:
+                break
+chain.close()
+"""
+
+
+@pytest.mark.slow  # in-process resumes: test_the_training_chain_resumes_exactly_twice_with_other_worker_counts
+def test_the_training_chain_survives_kill_9_twice(urls, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def drive(name, kill_at, workers):
+        out = str(tmp_path / f"{name}.txt")
+        code = CHAIN_DRIVER.format(root=root, urls=urls, out=out, journal=str(tmp_path / f"{name}.db"))
+        p = subprocess.run([sys.executable, "-c", code, str(kill_at), str(workers)], env=subprocess_env(),
+                           cwd=root, capture_output=True, text=True, timeout=300)
+        return p, out
+
+    p, full = drive("full", -1, 2)
+    assert p.returncode == 0, p.stderr
+    p, cut = drive("cut", 5, 2)  # a state with samples held back (see test_a_state_holds...)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    p, _ = drive("cut", 11, 0)  # after the first resume, with no workers; the second epoch
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    p, _ = drive("cut", -1, 3)
+    assert p.returncode == 0, p.stderr
+    with open(full) as f, open(cut) as g:
+        ref, got = f.read().splitlines(), g.read().splitlines()
+    assert len(ref) == 20 and got == ref

@@ -29,17 +29,29 @@ The other fluent methods of webdataset's ``WebLoader`` (``.map(f)``,
 run on the loader's output stream, as webdataset's do; a re-mixing method
 after one of them runs on the stream too.
 
-``state_dict()`` is the compiled loader's state plus the count of batches
-served in the current ``with_epoch`` chunk; ``commit(step)`` and the journal
-work as on the loader.
+Over webdataset's own items, which the chain cannot undo (a ``.batched(n)``
+refilled from a filtered stream, samples a ``select`` dropped from: see
+:func:`route`), ``.unbatched()``, ``.batched(m)`` and the per-item stages
+run on the loader's stream as the chain's own stages (:meth:`LoaderPipeline._native`),
+and ``.shuffle(n)`` is still the data set's.
+
+``state_dict()`` is the compiled loader's state plus the chain's place:
+``chain_served`` (items of the current ``with_epoch`` chunk), ``chain_epochs``
+(epochs done in the current ``repeat(n)`` pass) and ``chain_skip``: where the
+re-batching stages hold samples of an item partly handed out, the loader's
+state is its place before that item and ``chain_skip`` the number of its
+samples handed out, so a resume reads it again and hands out the rest.
+``commit(step)`` records the same place in the journal.  A stage run as
+given that holds items between items (``slice``, a buffer ``shuffle`` after
+a ``compose``) makes ``state_dict()`` / ``commit`` refuse (``StateError``).
 
 ``WebLoader(ds, batch_size=None)`` follows webdataset's loader where the plan
 alone would not (:func:`route`): a ``.batched(n)`` after a ``select`` is
 filled from the filtered stream (one rank), a dataset that goes on over
 epochs (``resampled``, ``.repeat()``, ``.with_epoch(n)``) is an endless
-stream (each ``iter()`` a new pass, as webdataset's: see
-:meth:`LoaderPipeline._new_pass`), and ``.unbatched()`` hands samples out as
-torch's ``default_convert`` of their batch made them.
+stream, and ``.unbatched()`` hands samples out as torch's ``default_convert``
+of their batch made them.  Each ``iter()`` is a new pass, as webdataset's
+(see :meth:`LoaderPipeline._start`).
 
 A dataset the plan cannot run (a ``DataPipeline`` with a stage resumewds
 cannot see through, or any other iterable dataset) gets webdataset's
@@ -56,16 +68,20 @@ from __future__ import annotations
 import copy
 import sys
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..epochsource import BatchInfo, EmptyBatch
+from ..errors import HandlerStop, StateError
+from ..positions import hide_positions
 from ..rotation import RotatingLoader
 from ..runners import BatchRunner, UnbatchRunner
 from ..shardloader import STATE_FORMAT, ShardLoader
+from ..shardset import ShardDataset
 from ..stages import Handled, Stage, apply_stages, default_collation_fn
 from ..statecheck import seal
 from ..world import detect_world
-from .fluent import FluidInterface
+from . import filters
+from .fluent import Cached, FluidInterface
 from .fluid import FluidWrapper
 
 __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPipeline", "WebLoader", "route",
@@ -77,27 +93,128 @@ _RESUMEWDS_ONLY = ("rank", "world_size", "remainder", "journal", "resume", "verb
                    "journal_sync", "nodes", "preempt", "transport", "worker_split")
 
 
+class _Each:
+    """A per-item stage of the chain's stream: ``fn(item)`` -> an item, or None to drop it."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+
+
+class _Split:
+    """``unbatched()`` / ``unlisted()`` on the chain's stream: an item -> its samples."""
+
+    def __init__(self, listed: bool):
+        self.listed = listed
+
+    def __call__(self, item: Any) -> List[Any]:
+        return list(UnbatchRunner(self.listed).run(iter([item])))
+
+
+class _Group:
+    """``batched(n)`` on the chain's stream (``after``: the batch stages of a refilled
+    data set batch, then torch's ``default_convert``, as a ``DataLoader(batch_size=None)``)."""
+
+    def __init__(self, n: int, collation_fn: Any, partial: bool, after: Sequence[Any] = (),
+                 convert: bool = False):
+        self.n, self.collation_fn, self.partial = int(n), collation_fn, bool(partial)
+        self.after, self.convert = list(after), convert
+
+    def finish(self, items: List[Any]) -> Any:
+        items = [hide_positions(s) for s in items]
+        batch = self.collation_fn(items) if self.collation_fn is not None else items
+        batch = apply_stages(self.after, batch)
+        if batch is not None and self.convert:
+            from torch.utils.data import default_convert  # lazy: torch is loaded with the loader anyway
+
+            batch = default_convert(batch)
+        return batch
+
+
+# stream stages whose output depends on what they hold between items (a count, a buffer, a
+# random draw): on the loader's output stream a state cannot hold that
+_HOLDING = ("shuffle", "detshuffle", "batched", "unbatched", "unlisted", "slice", "rsample")
+
+
+def _op_of(stage: Any) -> Any:
+    """The chain's own form of ``stage`` (:class:`_Each`, :class:`_Split`, :class:`_Group`),
+    or None: a stage the chain runs as given, on its stream."""
+    if isinstance(stage, filters.SampleStage):
+        return _Each(stage.fn)
+    if isinstance(stage, _BatchOfOne):
+        return _Each(stage.one)
+    if isinstance(stage, filters.BatchedStage):
+        return _Group(stage.batchsize, stage.collation_fn, stage.partial)
+    if isinstance(stage, _RefillBatches):
+        return _Group(stage.n, stage.collation_fn, stage.partial, stage.batch_stages, convert=True)
+    if isinstance(stage, filters.Stage) and getattr(stage, "name", None) in ("unbatched", "unlisted"):
+        return _Split(stage.name == "unlisted")
+    return None
+
+
+def _layout(ops: Sequence[Any]) -> Optional[Tuple[List[Any], Any, List[Any], Any, List[Any]]]:
+    """``ops`` as ``(each*, split, each*, group, each*)`` (split, group: None if absent), the
+    shapes whose state is a place of the loader and a count of samples: None otherwise."""
+    parts: List[Any] = [[], None, [], None, []]
+    at = 0
+    for op in ops:
+        if isinstance(op, _Split):
+            if at > 0:
+                return None
+            parts[1], at = op, 2
+        elif isinstance(op, _Group):
+            if at > 2:
+                return None
+            parts[3], at = op, 4
+        else:
+            parts[at].append(op.fn)  # (at: 0, 2 or 4, the per-item stages before, between, after)
+    return parts[0], parts[1], parts[2], parts[3], parts[4]
+
+
 class LoaderPipeline(FluidInterface):
     """A WebLoader with webdataset's fluent re-mixing chain compiled in (see module docs)."""
 
-    def __init__(self, base: Any):
+    def __init__(self, base: Any, fixed: bool = False):
         self._base = base
+        # the loader's items are what webdataset's loader hands out and cannot be undone (a
+        # .batched(n) refilled from a filtered stream, samples a select dropped from): the
+        # re-mixing methods run on its stream (_ops), and .shuffle(n) is the plan's
+        self._fixed = bool(fixed or getattr(base, "_stream_items", False))
         self._unbatched = False
         self._shuffle = 0
         self._batch: Optional[Dict[str, Any]] = None
         self._limit = -1
         self._nepochs = 1
         self._served = 0
+        self._chunk = 0  # the items of the chunk in progress (_limit, in samples with _unit)
         self._unit = 1  # samples per item of ``_limit`` (a batched dataset's .with_epoch(n): its batches)
+        self._limit_items = False  # _limit counts the loader's items (before _ops), not the chain's
+        # the passes are the data set's (route): one DataLoader pass in webdataset, which the
+        # re-batching stages run over across epochs; else (the chain's own .repeat / .with_epoch)
+        # they run per loader epoch, as webdataset's loader runs its stages per DataLoader pass
+        self._span = False
         self._rebatch: Optional[Dict[str, Any]] = None  # .batched(m) run on the stream of samples
         self._length: Optional[int] = None
-        self._post: List[Any] = []  # stages on the output stream (map, to_tuple, slice, ...)
+        # the stream stages: the chain's own (_ops: per item, one unbatched, one batched: a state
+        # holds what they hold), then the others as given (_post: map after a compose, ...)
+        self._ops: List[Any] = []
+        self._post: List[Any] = []
         self._built: Any = None
-        # webdataset's new pass per iter() of an endless stream (see __iter__): the pass in
-        # progress, whether it handed an item out, and whether a state was given away since
+        # where the chain stands beyond the loader: epochs done in a repeat(n) pass, and the
+        # place to replay from when the stream stages hold samples of items already read:
+        # ``(mark, skip)``: the loader at ``mark`` (its place before that item), the first
+        # ``skip`` samples of that item delivered (None: the loader's place, nothing held)
+        self._pass_done = 0
+        self._resume: Optional[Tuple[Any, int]] = None
+        self._skip = 0
+        # webdataset's new pass per iter() (see _start): the pass in progress, whether it
+        # handed an item out and did not end, and whether a state was given away since
         self._pass: Any = None
         self._advanced = False
         self._pinned = False
+        self._origin: Any = None  # the place a resume gave, while its first iter() may be left
+        self._handed = 0  # items the current iter() handed out
+        if getattr(base, "_origin", None) is not None:  # a journal resumed (at a commit of this chain?)
+            self._adopt((getattr(base, "_journal_place", None) or {}).get("chain") or {})
 
     def _with(self, **kw: Any) -> LoaderPipeline:
         if self._built is not None:
@@ -107,15 +224,40 @@ class LoaderPipeline(FluidInterface):
             setattr(out, k, v)
         return out
 
+    @property
+    def _streaming(self) -> bool:
+        """Whether the re-mixing methods run on the loader's stream (not in its settings)."""
+        return bool(self._fixed or self._ops or self._post)
+
     # ---- the fluent methods ---------------------------------------------------
     def compose(self, *stages: Any) -> LoaderPipeline:
         """Run ``stages`` (webdataset's stage callables) on the output stream."""
-        return self._with(_post=self._post + [s for s in stages if s is not None])
+        ops, post = list(self._ops), list(self._post)
+        extra: Dict[str, Any] = {}
+        for s in stages:
+            if s is None:
+                continue
+            op = None if post else _op_of(s)
+            if isinstance(op, _Split) and ops and isinstance(ops[-1], _Group) and ops[-1].convert \
+                    and ops[-1].partial and not ops[-1].after and _layout(ops[:-1]) == ([], None, [], None, []):
+                # a refilled data set batch unbatched again: each sample as webdataset's
+                # loader hands it out (its batch collated and converted, split again)
+                g = ops.pop()
+                op = _Each(_AsUnbatched(g.collation_fn or list))
+                if self._limit > 0 and not self._limit_items and self._unit > 1:  # the data set's with_epoch
+                    extra.update(_limit=self._limit * self._unit, _limit_items=True, _unit=1)
+            if isinstance(op, (_Split, _Group)) and (self._unbatched or self._batch is not None):
+                op = None  # after re-mixing compiled into the loader: on the stream, as given
+            if op is not None and _layout(ops + [op]) is not None:
+                ops.append(op)
+            else:
+                post.append(s)
+        return self._with(_ops=ops, _post=post, **extra)
 
     def unbatched(self) -> LoaderPipeline:
         """Yield single samples (see module docs)."""
-        if self._post:
-            return FluidInterface.unbatched(self)
+        if self._streaming:
+            return self.compose(filters.unbatched())
         return self._with(_unbatched=True, _batch=None)
 
     def shuffle(self, size: int, **kw: Any) -> LoaderPipeline:
@@ -129,18 +271,19 @@ class LoaderPipeline(FluidInterface):
         """Batches of ``batchsize`` consecutive positions (see module docs)."""
         if batchsize < 1:
             raise ValueError(f"batch_size must be >= 1, got {batchsize}")
-        if self._post:
-            return FluidInterface.batched(self, batchsize, collation_fn, partial)
+        if self._streaming:
+            return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
         return self._with(_batch={"n": int(batchsize), "collation_fn": collation_fn,
                                   "partial": bool(partial)})
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing over epochs."""
-        return self._with(_limit=int(max(nsamples, nbatches)), _nepochs=-1, _unit=1)
+        return self._with(_limit=int(max(nsamples, nbatches)), _nepochs=-1, _unit=1, _limit_items=False)
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """``nepochs`` loader epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
-        return self._with(_nepochs=int(nepochs) if nepochs > 0 else -1, _limit=int(nbatches), _unit=1)
+        return self._with(_nepochs=int(nepochs) if nepochs > 0 else -1, _limit=int(nbatches), _unit=1,
+                          _limit_items=False)
 
     def with_length(self, n: int, silent: bool = False) -> LoaderPipeline:
         """Give the chain a ``__len__`` (it does not change an epoch)."""
@@ -156,6 +299,10 @@ class LoaderPipeline(FluidInterface):
 
     def _build(self) -> Any:
         base = self._base
+        if self._streaming:
+            if self._shuffle:  # the data set's .shuffle(n), in the plan: the same loader in that order
+                base._use_dataset(_shuffled(base.dataset, self._shuffle))
+            return base
         if not (self._unbatched or self._shuffle or self._batch):
             return base
         ds = base.dataset
@@ -164,7 +311,7 @@ class LoaderPipeline(FluidInterface):
                 raise ValueError("WebLoader(...).unbatched(): the dataset has stages after .batched(); "
                                  "re-mixing needs its batches to be plain consecutive samples")
             undone = ds._spec[ds._stream_from].args["collation_fn"]
-            ds = type(ds)._with_stages(ds)
+            ds = ds._derived()  # (never the caller's data set, a DataPipeline included)
             ds._spec = ds._spec[:ds._stream_from]
             if undone is not None and getattr(base, "_convert", False):
                 # webdataset's loader converted each batch (torch's default_convert) before
@@ -173,13 +320,12 @@ class LoaderPipeline(FluidInterface):
             ds.collate_fn = None
             ds._compile()
         if self._shuffle:
-            ds = ds.shuffle(self._shuffle)
+            ds = _shuffled(ds, self._shuffle)
         if self._batch is not None:
             bs: Optional[int] = self._batch["n"]
             collate = self._batch["collation_fn"] or list
             remainder = base.remainder if self._batch["partial"] else "drop"
-            if self._nepochs < 0 and (getattr(ds, "resampled", False) or getattr(getattr(ds, "_c", None),
-                                                                                 "resampled", False)):
+            if self._nepochs < 0 and _resampled(ds):
                 # resampled shards are an endless stream in webdataset: every batch is full. The
                 # samples at the end of a plan epoch that do not fill one are left to other epochs
                 remainder = "drop"
@@ -209,71 +355,192 @@ class LoaderPipeline(FluidInterface):
         base.journal = None
         return new
 
+    # ---- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        self._new_pass()
-        src: Iterator[Any] = self._passes()
-        self._pass = src
-        _ = self.loader  # built: it decides _rebatch and _unit
+        loader = self.loader  # built: it decides _rebatch and _unit
+        self._start()
+        pairs: Iterator[Any] = self._passes()
+        self._pass = pairs
         if self._unbatched and self._unit > 1 and self._limit > 0 and (self._rebatch or self._batch is None):
             # the dataset's .with_epoch(n) counted its batches: an iter() is n of them, in samples.
             # A batch is handed out right after its last sample, so chain_served (samples) is exact
-            src = self._limited(src, self._limit * self._unit)
+            src: Iterator[Any] = self._limited((item for _, item in pairs), self._limit * self._unit)
             if self._rebatch is not None:
                 r = self._rebatch
                 src = BatchRunner(r["n"], r["collation_fn"] or list, r["partial"]).run(src)
+            src = self._native(((None, item) for item in src), self._ops) if self._ops else src  # per item
             for f in self._post:
                 src = f(src)
-            return src
+            return self._handing(src)
+        if self._limit > 0 and self._limit_items:
+            pairs = self._limited(pairs, self._limit)
+        src = self._native(pairs, self._ops) if self._ops else (item for _, item in pairs)
         for f in self._post:
             src = f(src)
-        if self._limit < 1:
-            return src
-        return self._limited(src, self._limit)
+        if self._limit > 0 and not self._limit_items:
+            src = self._limited(src, self._limit)
+        del loader
+        return self._handing(src)
 
-    def _limited(self, src: Iterator[Any], limit: int) -> Iterator[Any]:
-        served, self._served = self._served, 0
-        if served >= limit:
-            served = 0
-        for item in src:
-            served += 1
-            self._served = served
-            yield item
-            if served >= limit:
-                self._served = 0
-                return
-        self._served = 0
-
-    def _new_pass(self) -> None:
-        """webdataset starts its pipeline again at each ``iter()`` of an endless stream
-        (``.repeat()``, resampled shards): an ``iter()`` left mid-epoch is followed by the
-        next epoch from its start.  Unless a state was given away since the last item
-        (``state_dict()``, ``commit``, ``load_state_dict``): a run resumed from that state
-        continues where it was taken, so this run does too, and both give the same data."""
+    def _start(self) -> None:
+        """webdataset starts its pipeline again at each ``iter()``: an ``iter()`` left
+        before its end (mid-epoch, mid-pass, mid-chunk) is followed by a new pass, the next
+        epoch from its start.  Unless a state was given away since the last item
+        (``state_dict()``, ``commit``): a run resumed from that state continues where it was
+        taken, so this run does too, and both give the same data; and where the ``iter()``
+        left after its first item was the first after a resume (``load_state_dict``, the
+        journal: a smoke test), the next starts at the resume's place again (see
+        :meth:`ShardLoader._begin_iter`).  Continuing, the chain goes back to the place of
+        what its stream stages hold (:attr:`_resume`)."""
         prev, self._pass = self._pass, None
-        endless = self._nepochs < 1 and self._limit < 1
         if prev is not None and hasattr(prev, "close"):
             prev.close()  # its workers stop now, not when it is collected
-        if endless and prev is not None and self._advanced and not self._pinned:
-            self.loader.end_epoch()
+        loader = self.loader
+        origin, self._origin = self._origin, None
+        handed, self._handed = self._handed, 0
+        if self._advanced and not self._pinned and not self._done():
+            if origin is None or handed != 1:
+                self._resume, self._skip = None, 0
+                self._served = self._pass_done = 0
+                loader.end_epoch()
+            else:
+                self._resume, self._pass_done, self._served, mark, counted = origin
+                loader._rewind(mark)
+                loader._session.set_consumed(counted)
+        elif not self._advanced:
+            self._origin = origin  # nothing handed out from there yet
+        if self._resume is not None:
+            (mark, self._pass_done, served, counted), self._skip = self._resume
+            if self._limit_items:
+                self._served = served
+            loader._rewind(mark)
+            if counted is not None:  # its samples are delivered (and counted) again
+                loader._session.set_consumed(counted)
+        loader._hold_place()  # decided here
         self._advanced = False
 
-    def _passes(self) -> Iterator[Any]:
-        """The loader's items, pass after pass (``repeat`` / ``with_epoch`` decide how many)."""
+    def _done(self) -> bool:
+        """Whether the last ``iter()`` handed out all it had, even if its consumer, counting
+        its items (Lightning reads ``len()``), did not ask for the end: its chunk served, or
+        its pass (one epoch, ``repeat(n)``) ended with nothing held.  An endless stream is
+        never done."""
+        if self._limit > 0:
+            return self._served >= self._chunk and (not self._limit_items or self._resume is None)
+        if self._nepochs < 1:
+            return False
+        return self._resume is None and self._pass_done == 0 and self.loader.position == 0
+
+    def _handing(self, src: Iterator[Any]) -> Iterator[Any]:
+        """The chain's items as handed out: whether an ``iter()`` was left before its end."""
+        left = False
+        try:
+            for item in src:
+                self._advanced, self._pinned = True, False
+                self._handed += 1
+                yield item
+        except GeneratorExit:
+            left = True
+            raise
+        finally:
+            if not left:
+                self._advanced, self._origin = False, None
+
+    def _mark(self) -> Tuple[Any, int, int, Optional[Dict[Any, int]]]:
+        """The chain's place before the loader's next item: the loader's place, the pass's
+        epochs, the items served, and the consumption the journal counted so far."""
         loader = self.loader
-        epochs = 0
+        counted = loader._session.consumed_now() if loader.journal is not None else None
+        return (loader._mark(), self._pass_done, self._served, counted)
+
+    def _passes(self) -> Iterator[Tuple[Any, Any]]:
+        """The loader's items, pass after pass (``repeat`` / ``with_epoch`` decide how many),
+        each with the chain's place before it (None where no stage can hold a part of an item)."""
+        loader = self.loader
+        epochs = self._pass_done
+        shape = _layout(self._ops)
+        marks = shape is not None and (shape[1] is not None or shape[3] is not None)  # a stage may hold
+        mark = self._mark() if marks else None
         while self._nepochs < 1 or epochs < self._nepochs:
             got = 0
             start_epoch = loader.epoch
             for item in loader:
                 got += 1
-                self._advanced, self._pinned = True, False
-                yield item
+                done = epochs + (loader.epoch != start_epoch)  # the item that ends an epoch advanced it
+                self._pass_done = done % self._nepochs if self._nepochs > 0 else 0
+                yield mark, item
+                mark = self._mark() if marks else None
             if getattr(loader, "preempted", False):
                 return  # a preemption signal: the stream ends at this step boundary
             if loader.epoch != start_epoch:
                 epochs += 1
             elif got == 0:
                 break  # no progress (an empty data set): never loop forever
+            self._pass_done = epochs % self._nepochs if self._nepochs > 0 else 0
+            mark = self._mark() if marks else None
+
+    def _native(self, src: Iterator[Tuple[Any, Any]], ops: Sequence[Any]) -> Iterator[Any]:
+        """The chain's own stream stages over ``(mark, item)``, keeping :attr:`_resume`: the
+        place of the oldest sample not yet handed out, at each item handed out."""
+        shape = _layout(ops)
+        assert shape is not None  # compose() keeps _ops in this shape
+        pre, split, mid, group, post = shape
+        skip, self._skip = self._skip, 0
+        held: List[Any] = []
+        first: Any = None  # the place of the first sample held
+        epoch = None
+        try:
+            for mark, item in src:
+                if group is not None and not self._span:  # webdataset's loader stages run per pass
+                    if held and epoch is not None and mark[0][0] != epoch:  # of its DataLoader: an epoch
+                        v, held = (group.finish(held) if group.partial else None), []
+                        v = apply_stages(post, v) if v is not None else None
+                        if v is not None:
+                            self._resume = (mark, 0)
+                            yield v
+                    epoch = mark[0][0]
+                x = apply_stages(pre, item)
+                if x is None:
+                    continue
+                parts = split(x) if split is not None else [x]
+                for j in range(skip, len(parts)):
+                    v = apply_stages(mid, parts[j])
+                    if v is None:
+                        continue
+                    if group is not None:
+                        if not held:
+                            first = (mark, j)
+                        held.append(v)
+                        if len(held) < group.n:
+                            continue
+                        v, held = group.finish(held), []
+                    v = apply_stages(post, v)
+                    if v is None:
+                        continue
+                    self._resume = (mark, j + 1) if j + 1 < len(parts) else None
+                    yield v
+                skip = 0
+        except HandlerStop:
+            pass  # a handler's stop ends the stream quietly, as webdataset's stages do
+        if held and getattr(self.loader, "preempted", False):
+            self._resume = first  # stopped at a step boundary: what is held comes after a resume
+        elif held and group is not None and group.partial:
+            v = apply_stages(post, group.finish(held))
+            if v is not None:
+                self._resume = None
+                yield v
+
+    def _limited(self, src: Iterator[Any], limit: int) -> Iterator[Any]:
+        """``limit`` items of ``src``, counted in :attr:`_served` (``limit``: a chunk done, the
+        next ``iter()`` starts a new one)."""
+        self._chunk = limit
+        served = self._served if self._served < limit else 0
+        self._served = served
+        for item in src:
+            served += 1
+            self._served = served
+            yield item
+            if served >= limit:
+                return
 
     def __len__(self) -> int:
         if self._length is not None:
@@ -282,24 +549,118 @@ class LoaderPipeline(FluidInterface):
             return self._limit
         return len(self.loader)
 
-    # ---- state, journal, stats: the compiled loader's --------------------------
+    # ---- state, journal, stats: the compiled loader's and the chain's --------------
+    def _check_exact(self, what: str) -> None:
+        """Refuse to give a state away where the stream holds what a state cannot."""
+        for s in self._post:
+            name = getattr(s, "name", None) or ("mcached" if isinstance(s, Cached) else None)
+            if name in _HOLDING or name == "mcached":
+                raise StateError(
+                    f"{what}: .{name}() runs on the loader's output stream after a stage resumewds runs as "
+                    "given, where it holds items (a buffer, a count, a random draw) that a state cannot "
+                    "hold, so a resume would lose or repeat data. Call the loader's .unbatched(), "
+                    ".shuffle(n) and .batched(m) before .compose(...)/.slice()/.rsample() (resumewds runs "
+                    "them exactly), or put the stage in the data set")
+
+    def _at_resume(self, f: Callable[[], Any]) -> Any:
+        """``f()`` with the loader at the chain's place (:attr:`_resume`)."""
+        if self._resume is None:
+            return f()
+        loader = self.loader
+        now = loader._mark()
+        loader._rewind(self._resume[0][0])
+        try:
+            return f()
+        finally:
+            loader._rewind(now)
+
+    def _fields(self) -> Dict[str, int]:
+        """The chain's place beyond the loader's (see :meth:`state_dict`)."""
+        if self._resume is None:
+            done, served, skip = self._pass_done, self._served, 0
+        else:
+            (_, done, served, _), skip = self._resume
+        return {"chain_served": served if self._limit_items else self._served, "chain_epochs": done,
+                "chain_skip": skip}
+
     def state_dict(self) -> Dict[str, Any]:
-        """The compiled loader's state, plus ``chain_served`` (items of the current ``with_epoch``)."""
-        sd = self.loader.state_dict()
-        sd["chain_served"] = self._served
+        """The compiled loader's state, plus the chain's place: ``chain_served`` (items of the
+        current ``with_epoch``), ``chain_epochs`` (epochs done in the current ``repeat(n)``
+        pass) and ``chain_skip``; when the re-batching stages hold samples not yet handed out,
+        the loader's state is its place before the item that holds the first of them, and
+        ``chain_skip`` how many samples of that item were handed out.
+
+        Raises:
+            StateError: a stage on the stream holds what a state cannot (see :meth:`_check_exact`).
+        """
+        self._check_exact("state_dict()")
+        sd = self._at_resume(self.loader.state_dict)
+        sd.update(self._fields())
         self._pinned = True
         return seal(sd)  # the checksum covers chain_served too (resumewds.statecheck)
 
+    def _adopt(self, chain: Dict[str, Any]) -> None:
+        """Stand at a state's (a commit's) chain place, the loader at its place: a resume."""
+        self._served = int(chain.get("chain_served", 0))
+        self._pass_done = int(chain.get("chain_epochs", 0))
+        skip = int(chain.get("chain_skip", 0))
+        loader = self._built if self._built is not None else self._base
+        self._resume = ((loader._mark(), self._pass_done, self._served, None), skip) if skip else None
+        self._skip = 0
+        self._origin = (self._resume, self._pass_done, self._served, loader._mark(),
+                        loader._session.consumed_now())
+        self._pinned, self._advanced = True, False
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Continue exactly after ``state`` (see :meth:`WebLoader.load_state_dict`)."""
+        """Continue exactly after ``state`` (see :meth:`WebLoader.load_state_dict`).
+
+        Raises:
+            StateError: as the loader's; and a state whose chain place this chain cannot
+                have (samples held by an ``.unbatched()`` it does not run, more epochs
+                than its ``repeat(n)``).
+        """
+        skip, done = int(state.get("chain_skip", 0)), int(state.get("chain_epochs", 0))
+        shape = _layout(self._ops)
+        if skip and (shape is None or shape[1] is None):
+            raise StateError(f"this state was taken {skip} samples into an item of a chain that unbatches its "
+                             "loader's items (.unbatched()); this chain does not: resume it with the same chain")
+        if done and not 0 < done < max(self._nepochs, 1):
+            raise StateError(f"this state was taken {done} epochs into a pass; this chain's passes have "
+                             f"{self._nepochs if self._nepochs > 0 else 'no set number of'} epochs: resume it "
+                             "with the same .repeat(n)")
         self.loader.load_state_dict(state)
-        self._served = int(state.get("chain_served", 0))
-        self._pinned = True
+        self._adopt(state)
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
-        """Record the position after ``step`` in the journal (see :meth:`WebLoader.commit`)."""
-        self.loader.commit(step, stats)
+        """Record the position after ``step`` in the journal, with the chain's place (see
+        :meth:`WebLoader.commit` and :meth:`state_dict`)."""
+        self._check_exact(f"commit({step})")
+        place = {"chain": self._fields()}
+        if self._resume is None:
+            self.loader._commit(step, stats, place)
+        else:  # at the place of the held samples: the consumption counted up to there, the rest later
+            session = self.loader._session
+            now, before = session.consumed_now(), self._resume[0][3] or {}
+            session.set_consumed(before)
+            self._at_resume(lambda: self.loader._commit(step, stats, place))
+            session.set_consumed({k: n - before.get(k, 0) for k, n in now.items()})
+            before.clear()  # committed: going back there takes back nothing more
         self._pinned = True
+
+    def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
+        """Skip the data of the next ``k`` steps (see :meth:`WebLoader.skip_steps`).
+
+        Raises:
+            StateError: the chain re-batches the loader's items on its stream (its
+                batches are not the loader's steps).
+        """
+        shape = _layout(self._ops)
+        if k and (shape is None or shape[1] is not None or shape[3] is not None):
+            raise StateError(f"skip_steps({k}): this chain re-batches its loader's items on the stream, so "
+                             "its batches are not the loader's steps; iterate past the batches to skip")
+        out = self.loader.skip_steps(k, reason)
+        self._pinned = True
+        return out
 
     get_state = state_dict
     set_state = load_state_dict
@@ -320,6 +681,17 @@ class LoaderPipeline(FluidInterface):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _resampled(ds: Any) -> bool:
+    return bool(getattr(ds, "resampled", False) or getattr(getattr(ds, "_c", None), "resampled", False))
+
+
+def _shuffled(ds: Any, size: int) -> Any:
+    """``ds`` with the data set's ``.shuffle(size)`` (a copy: never the caller's data set)."""
+    if hasattr(ds, "_derived"):
+        return ShardDataset.shuffle(ds._derived(), size)
+    return ds.shuffle(size)
 
 
 class _AsUnbatched:
@@ -443,15 +815,19 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     else:
         base = object.__new__(_RotatingWebLoader if rotate else cls)
         base.__init__(dataset, *args, **kw)
-        out = LoaderPipeline(base)
+        # samples a select drops, one by one: a .batched(m) after them is filled from the stream
+        out = LoaderPipeline(base, fixed=_drops(dataset, args, kw))
     if one:
         out = out.compose(_BatchOfOne(kw.get("collate_fn")))
     if passes is not None:
         nepochs, limit = passes
         if limit > 0:  # items of the dataset: its batches when it is batched (see LoaderPipeline.__iter__)
-            out = out.with_epoch(limit * max(1, out._base.num_workers))._with(_unit=int(dataset.batch_size or 1))
+            out = out.with_epoch(limit * max(1, out._base.num_workers))
+            out = out._with(_limit_items=True) if out._fixed and not out._ops else \
+                out._with(_unit=int(dataset.batch_size or 1))
         else:
             out = out.repeat(nepochs)
+        out = out._with(_span=True)
     return out
 
 
@@ -502,33 +878,32 @@ def _rotates(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
 
 def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any], rotate: bool = False) -> Any:
     """The loader of :func:`_refills`: the dataset's samples one by one (the engine's
-    ``batch_size=None``), batched on the output stream by :class:`_RefillBatches`.  A batch is
-    handed out as soon as its last sample is, so the loader's position then is just after that
-    sample and ``state_dict()`` / ``commit`` resume exactly after the batch.  With ``rotate``
-    (:func:`_rotates`) the batches are filled in each worker's stream under the shard split
-    (:mod:`resumewds.rotation`), from the one sequence without it."""
+    ``batch_size=None``), batched by :class:`_RefillBatches` as each epoch's stream goes
+    (webdataset's pipeline runs again each epoch: a batch never spans two), under the
+    shard split in each worker's stream (:func:`_rotates`, :mod:`resumewds.rotation`), else
+    in the one sequence.  A batch is handed out as soon as its last sample is, so the
+    loader's position then is just after that sample and ``state_dict()`` / ``commit``
+    resume exactly after the batch.  Over resampled shards (one endless stream in
+    webdataset) the batches are filled on the chain's stream, across the plan's epochs."""
     b = dataset._spec[dataset._stream_from]
     batch_stages = [st.fn for st in dataset._spec[dataset._stream_from + 1:dataset._loader_from]]
-    ds = type(dataset)._with_stages(dataset)
+    ds = dataset._derived()  # (never the caller's data set, a DataPipeline included)
     ds._spec = ds._spec[:ds._stream_from] + ds._spec[dataset._loader_from:]
     ds.collate_fn = None
     ds._compile()
     stage = _RefillBatches(b.args["n"], b.args["collation_fn"], b.args["partial"], batch_stages)
-    if rotate:
-        rot: Any = object.__new__(_RotatingWebLoader)
-        rot.__init__(ds, *args, stream_stage=stage, **kw)
-        rot._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
-        # the refilled batches are the loader's items: re-mixing methods run on its stream
-        return LoaderPipeline(rot).compose(_items)
-    base = object.__new__(cls)
-    base.__init__(ds, *args, **dict(kw, worker_split=kw.get("worker_split") or "samples"))  # one filtered stream
-    base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
-    return LoaderPipeline(base).compose(stage)
-
-
-def _items(src: Iterator[Any]) -> Iterator[Any]:
-    """The loader's items as they are (a stage on its output stream)."""
-    return src
+    if not rotate:
+        kw = dict(kw, worker_split=kw.get("worker_split") or "samples")  # one filtered stream
+    if _resampled(dataset):
+        base = object.__new__(cls)
+        base.__init__(ds, *args, **kw)
+        base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
+        return LoaderPipeline(base, fixed=True).compose(stage)
+    rot: Any = object.__new__(_RotatingWebLoader)
+    rot.__init__(ds, *args, stream_stage=stage, **kw)
+    rot._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
+    # the refilled batches are the loader's items: re-mixing methods run on its stream
+    return LoaderPipeline(rot, fixed=True)
 
 
 class _RefillBatches:
@@ -554,12 +929,14 @@ class _BatchOfOne:
     def __init__(self, collate_fn: Any):
         self.collate_fn = collate_fn
 
-    def __call__(self, src: Iterator[Any]) -> Iterator[Any]:
+    def one(self, item: Any) -> Any:
         from torch.utils.data import default_collate
 
-        fn = self.collate_fn or default_collate
+        return (self.collate_fn or default_collate)([item])
+
+    def __call__(self, src: Iterator[Any]) -> Iterator[Any]:
         for item in src:
-            yield fn([item])
+            yield self.one(item)
 
 
 _warned_stream: set = set()
@@ -611,3 +988,5 @@ class WebLoader(FluentLoader, ShardLoader):
 class _RotatingWebLoader(WebLoader, RotatingLoader):
     """WebLoader over stages that drop samples: webdataset's rotation of its workers'
     filtered streams under the shard split (:mod:`resumewds.rotation`)."""
+
+    _stream_items = True  # its items are webdataset's (see LoaderPipeline)

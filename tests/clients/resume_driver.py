@@ -33,6 +33,7 @@ from tests.clients.pipelines import SPEC
 RESUME = {
     "openclip_eval": "journal",
     "wds_train_example": "journal",
+    "smoke_next_chain": "journal",  # the smoke test right after the journal's resume
     "dalle_pytorch": "journal",
     "stable_diffusion": "journal",
     "latents_npy": "journal",
