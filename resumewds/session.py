@@ -260,7 +260,7 @@ class JournalSession:
         if stored and _auto_partitions(dataset):  # a resume keeps the run's partitions
             dataset.use_partitions(resolve_partitions(None, where.nodes, stored))
             config = dict(config, **dataset.config())
-        if stored:  # and the run's worker split (resumewds.shardsplit), whatever num_workers
+        if stored:  # and the run's worker split (resumewds.wds.shardsplit), whatever num_workers
             config = {k: v for k, v in config.items() if k != "worker_split"}
             if stored.get("worker_split"):
                 config["worker_split"] = stored["worker_split"]

@@ -1,4 +1,4 @@
-"""webdataset's worker rotation when the data set's stages drop samples (resumewds.rotation).
+"""webdataset's worker rotation when the data set's stages drop samples (resumewds.wds.rotation).
 
 With ``num_workers=2`` webdataset's DataLoader takes each worker's items from
 that worker's own pipeline: worker ``w`` reads shards ``[w::2]``, its
