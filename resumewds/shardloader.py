@@ -719,7 +719,7 @@ class ShardLoader(Preemptible):
             >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=None)
             >>> sub = loader.sub_loader(Layout(4), 0, 5)
             >>> [s["__key__"] for s in sub]
-            ['sample000005', 'sample000006', 'sample000007']
+            ['s000000_000005', 's000000_000006', 's000000_000007']
         """
         sub = ShardLoader(self.dataset, None, num_workers, chunk_size=self._chunk, transport=self.transport,
                           stall_timeout=self.stall_timeout, rank=0, world_size=1, convert=self.convert,

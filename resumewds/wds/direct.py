@@ -78,7 +78,7 @@ class DirectDataset(ShardDataset):
     Example:
         >>> ds = DirectDataset("data/shard-{000000..000003}.tar").with_epoch(3)
         >>> [s["__key__"] for s in ds]
-        ['sample000000', 'sample000001', 'sample000002']
+        ['s000000_000000', 's000000_000001', 's000000_000002']
     """
 
     #: a worker of the shard split without a shard raises (with ``empty_check``), as webdataset's

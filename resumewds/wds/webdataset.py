@@ -117,7 +117,7 @@ class WebDatasetAPI(FluidInterface, _Base):
             >>> import resumewds as wds
             >>> ds = wds.WebDataset("data/shard-000000.tar").compose(wds.map(lambda s: s["__key__"]))
             >>> next(iter(ds))
-            'sample000000'
+            's000000_000000'
         """
         return self.with_stages(self.stage_specs + tuple(engine_specs(stages)))
 
