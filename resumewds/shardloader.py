@@ -855,7 +855,8 @@ class ShardLoader(Preemptible):
                 self.stats_.update(meta, wait)
                 self._absorb(meta.get("events") or [])
                 # unbatched, a step's samples count as consumed one by one, as handed out
-                owed = None if self._collate else self._session.consume_step(epoch, meta)
+                # (one rank: with the samples a stage dropped before each, as the position passes them)
+                owed = None if self._collate else self._session.consume_step(epoch, meta, self.world_size == 1)
                 for si, n in meta.get("shards", {}).items():
                     if owed is None:
                         self._session.consume(si, epoch, n)

@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 import resumewds
 from resumewds.plan import Plan
 from resumewds.shardset import ShardDataset
-from resumewds.wds.shardsplit import ShardSplit, SplitSequence, WorkerStream, split_workers, worker_streams
 from resumewds.steplayout import Layout
+from resumewds.wds.shardsplit import ShardSplit, SplitSequence, WorkerStream, split_workers, worker_streams
 
 
 def reference(counts: List[int], order: List[int], W: int, b: int, drop: bool) -> List[List[Tuple[int, int]]]:
