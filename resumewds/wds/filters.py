@@ -552,7 +552,10 @@ class LMDBCached(PipelineStage):
 
 
 def __getattr__(name: str) -> Any:
-    """``TorchTensor``: torch's ``Tensor`` (webdataset's name here), loaded on first use."""
+    """``TorchTensor``: torch's ``Tensor`` (webdataset's name here), loaded on first use; any
+    other name (``__path__``, which ``from .filters import x`` asks for) without loading torch."""
+    if name != "TorchTensor":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .pytorch import torch_name  # lazy: imports torch
 
     return torch_name(__name__, name)
