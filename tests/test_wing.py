@@ -62,9 +62,13 @@ def _is_core(name: str) -> bool:
     return not (name in FACES or name in APPS or name.startswith(("resumewds.wds", "resumewds.integrations")))
 
 
-def _forbidden(target: str) -> bool:
+def _wing(target: str) -> bool:
     wing_alias = target.split(".")[1] in MODULES if target.count(".") >= 1 else False
-    return target.startswith("resumewds.wds") or target in FACES - {"resumewds"} or wing_alias
+    return target.startswith("resumewds.wds") or wing_alias
+
+
+def _forbidden(target: str) -> bool:
+    return _wing(target) or target in FACES - {"resumewds"}
 
 
 def test_the_core_never_imports_the_wing_or_the_faces():
@@ -74,6 +78,17 @@ def test_the_core_never_imports_the_wing_or_the_faces():
         if not _is_core(me):
             continue
         bad += [f"{me} imports {t}" for t in sorted(_imports(path)) if _forbidden(t)]
+    assert bad == [], "\n".join(bad)
+
+
+def test_only_the_faces_import_the_wing():
+    """The applications built on the faces (the CLI, the demo, the integrations) go through them too."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        me = _modname(path)
+        if me in FACES or me.startswith("resumewds.wds"):
+            continue
+        bad += [f"{me} imports {t}" for t in sorted(_imports(path)) if _wing(t)]
     assert bad == [], "\n".join(bad)
 
 

@@ -208,6 +208,7 @@ class WebDataset(WebDatasetAPI, DirectDataset):
         resampled: draw each epoch's shards with replacement (deterministic:
             a pure function of seed, epoch and position); iteration goes on
             over epochs (use ``.with_epoch(n)``).
+        repeat: iterate over epochs without end (as ``.repeat()``).
         shardshuffle: webdataset's shard shuffle: True or N > 0 permutes the
             shard order per epoch (``shuffle="shards"``); False/None/0: manifest order.
         detshuffle: accepted; our shuffles are always deterministic.
