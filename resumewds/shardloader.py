@@ -682,7 +682,14 @@ class ShardLoader(Preemptible):
 
     def rewind(self, mark: Tuple[Any, ...]) -> None:
         """Stand at ``mark`` (from :meth:`mark`) again: the next ``iter()`` starts there (see
-        :meth:`hold_place`)."""
+        :meth:`hold_place`).
+
+        Example:
+            >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=2)
+            >>> it = iter(loader); first = next(it); here = loader.mark(); second = next(it)
+            >>> loader.rewind(here); loader.position
+            2
+        """
         self.epoch, self.position, self.samples_total = mark[0], mark[1], mark[2]
         self.adopt_place(mark[3], None)
 
@@ -705,7 +712,12 @@ class ShardLoader(Preemptible):
 
     @property
     def preempt_signals(self) -> Tuple[int, ...]:
-        """The signals this loader stops on at a step boundary (``preempt=``; ``()``: none)."""
+        """The signals this loader stops on at a step boundary (``preempt=``; ``()``: none).
+
+        Example:
+            >>> rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=2).preempt_signals
+            ()
+        """
         return tuple(self._preempt_signals)
 
     def sub_loader(self, layout: Any, num_workers: int, position: int) -> ShardLoader:

@@ -89,7 +89,12 @@ class StreamStage:
     def spec(self) -> Optional[Stage]:
         """This stage as a :class:`~resumewds.stages.Stage` spec of the engine (what
         ``WebDataset(...).compose(stage)`` and the fluent methods append), or None: a stage
-        the engine runs as given, on the stream."""
+        the engine runs as given, on the stream.
+
+        Example:
+            >>> batched(4).spec().args["n"], info().spec() is None
+            (4, True)
+        """
         return None
 
     def __repr__(self) -> str:
