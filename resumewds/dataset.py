@@ -1,7 +1,7 @@
 """``WebDataset``: the engine's data set with webdataset's constructor and fluent methods.
 
 :class:`WebDataset` (defined in the wing, :mod:`resumewds.wds.webdataset`)
-composes :class:`resumewds.direct.DirectDataset` (the engine's data set,
+composes :class:`resumewds.wds.direct.DirectDataset` (the engine's data set,
 :class:`resumewds.shardset.ShardDataset`, iterable directly) with
 :class:`resumewds.wds.webdataset.WebDatasetAPI` (webdataset 1.0.2's
 constructor arguments and the fluent methods the engine has no name for).

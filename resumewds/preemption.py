@@ -161,7 +161,7 @@ class Preemptible:
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.preempted and self.preempt_signal == signum:
             # the second one: the previous handler (the default ends the process)
-            self._restore_handlers()
+            self.release_signals()
             os.kill(os.getpid(), signum)
             return
         self.preempt_signal = signum  # nothing else here: no locks, no I/O in a signal handler
@@ -176,7 +176,13 @@ class Preemptible:
         for sig in self._preempt_signals:
             self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
-    def _restore_handlers(self) -> None:
+    def release_signals(self) -> None:
+        """Give the signals ``preempt=`` took back to their previous handlers (``close()`` does;
+        a loader that hands its run over to another one does it first).
+
+        Example:
+            >>> p = Preemptible(); p._old_handlers = {}; p.release_signals()
+        """
         for sig, old in self._old_handlers.items():
             try:
                 signal.signal(sig, old if old is not None else signal.SIG_DFL)

@@ -79,9 +79,14 @@ class StepConsumption:
     A commit between two samples of a step (``resumewds cat --limit 250``
     with steps of 64) then records the samples delivered so far, not the
     whole step.  ``meta["sample_shards"]`` (the shard index of each
-    delivered sample, None for padding) says whose sample each one is; the
-    step's other reads (filtered or skipped samples) are counted with its
-    last sample.  Without it the whole step counts at once.
+    delivered sample, None for padding) says whose sample each one is.
+    With ``by_slot`` (one rank: the position after a sample is just after
+    its slot) and ``meta["slot_shards"]`` (each slot's shard, when the step
+    dropped samples), a sample handed out also counts the samples a stage
+    dropped before it in the step: the position passed them, and a run
+    resumed there never reads them again.  Otherwise the step's other reads
+    (filtered or skipped samples) are counted with its last sample.
+    Without ``sample_shards`` the whole step counts at once.
 
     Example:
         >>> s = JournalSession(None)
@@ -90,14 +95,22 @@ class StepConsumption:
         {(3, 0): 1}
         >>> c.deliver(1, True); s.consumed_now()
         {(3, 0): 2, (4, 0): 1}
+        >>> s = JournalSession(None)                  # slot 0 (shard 3) dropped by a select
+        >>> c = s.consume_step(0, {"shards": {3: 2, 4: 1}, "sample_shards": [3, 4], "slot_index": [1, 2],
+        ...                        "slot_shards": [3, 3, 4]}, by_slot=True)
+        >>> c.deliver(0, False); s.consumed_now()
+        {(3, 0): 2}
     """
 
-    __slots__ = ("session", "epoch", "owed", "of")
+    __slots__ = ("session", "epoch", "owed", "of", "slots", "slot_of", "passed")
 
-    def __init__(self, session: JournalSession, epoch: int, meta: Dict[str, Any]):
+    def __init__(self, session: JournalSession, epoch: int, meta: Dict[str, Any], by_slot: bool = False):
         self.session, self.epoch = session, epoch
         self.owed: Dict[int, int] = dict(meta.get("shards") or {})
         self.of: Optional[List[Optional[int]]] = meta.get("sample_shards")
+        self.slots: Optional[List[Optional[int]]] = meta.get("slot_shards") if by_slot else None
+        self.slot_of: List[int] = meta.get("slot_index") or []
+        self.passed = 0  # the slots counted so far (with ``slots``)
         if self.of is None:
             self.deliver(0, True)
 
@@ -111,6 +124,14 @@ class StepConsumption:
                 if n:
                     self.session.consume(si, self.epoch, n)
             owed.clear()
+            return
+        if self.slots is not None and i < len(self.slot_of):  # every slot up to this sample's
+            upto = self.slot_of[i] + 1
+            for shard in self.slots[self.passed:upto]:
+                if shard is not None and owed.get(shard):
+                    self.session.consume(shard, self.epoch, 1)
+                    owed[shard] -= 1
+            self.passed = max(self.passed, upto)
             return
         one = self.of[i] if self.of is not None and i < len(self.of) else None
         if one is not None and owed.get(one):
@@ -147,9 +168,10 @@ class JournalSession:
         key = (shard, epoch)
         self._consumed[key] = self._consumed.get(key, 0) + n
 
-    def consume_step(self, epoch: int, meta: Dict[str, Any]) -> StepConsumption:
-        """The consumption of an unbatched step, counted as its samples are handed out."""
-        return StepConsumption(self, epoch, meta)
+    def consume_step(self, epoch: int, meta: Dict[str, Any], by_slot: bool = False) -> StepConsumption:
+        """The consumption of an unbatched step, counted as its samples are handed out (``by_slot``:
+        with the samples dropped before each, see :class:`StepConsumption`)."""
+        return StepConsumption(self, epoch, meta, by_slot)
 
     def consumed_now(self) -> Dict[Tuple[int, int], int]:
         """The consumption counted since the last commit: ``{(shard, epoch): n}``."""
@@ -260,7 +282,7 @@ class JournalSession:
         if stored and _auto_partitions(dataset):  # a resume keeps the run's partitions
             dataset.use_partitions(resolve_partitions(None, where.nodes, stored))
             config = dict(config, **dataset.config())
-        if stored:  # and the run's worker split (resumewds.shardsplit), whatever num_workers
+        if stored:  # and the run's worker split (resumewds.wds.shardsplit), whatever num_workers
             config = {k: v for k, v in config.items() if k != "worker_split"}
             if stored.get("worker_split"):
                 config["worker_split"] = stored["worker_split"]

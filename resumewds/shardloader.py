@@ -7,7 +7,20 @@ loader checks every step number it receives, so an out-of-order delivery is
 an error, not a silent divergence.  ``state_dict()`` is therefore just
 ``{epoch, position}`` plus the configuration it must agree with, and it loads
 into a loader with any ``num_workers`` or world size.  :class:`resumewds.WebLoader`
-is this class with webdataset's fluent loader methods (the wing).
+is this class with webdataset's fluent loader methods, DataLoader's attributes and
+webdataset's shard split (the wing, :mod:`resumewds.wds.loaderchain`).
+
+What code built on the engine (the wing) uses, besides the loader's own API:
+:class:`SplitPolicy` and :attr:`ShardLoader.split_policy` (another split of an
+epoch between DataLoader workers than the engine's); the place hooks
+:meth:`ShardLoader.extra_place` / :meth:`ShardLoader.adopt_place` (what a
+subclass records beyond ``(epoch, position)`` in states and commits),
+``commit(step, place=...)`` and :attr:`ShardLoader.resumed_place` (a wrapper's);
+:meth:`ShardLoader.mark` / :meth:`ShardLoader.rewind` / :meth:`ShardLoader.hold_place`
+(go back to an earlier place; decide a new pass), :attr:`ShardLoader.session`
+(the journal session and its consumption counts), :meth:`ShardLoader.use_dataset`,
+:meth:`ShardLoader.sub_loader`, :attr:`ShardLoader.preempt_signals` and
+:meth:`~resumewds.preemption.Preemptible.release_signals`.
 
 Example:
     >>> import resumewds as rw
@@ -27,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 from torch.utils.data import DataLoader
 
@@ -37,13 +50,11 @@ from .errors import ResumeWDSError, StateError, naming
 from .events import EventKind
 from .framecheck import warn_unsaved_loader
 from .handling import empty_epoch_error
-from .loader_compat import DataLoaderAttributes
 from .plan import Layout
 from .positions import hide_positions
 from .preemption import _LIVE_FLAGS, Preemptible, _blocked_for_start, _preempt_signals, _stop_flag
 from .session import JournalSession, LoaderPlace, process_group
 from .shardset import ShardDataset
-from .shardsplit import split_layout, split_workers
 from .shmbatch import BytesRing, Packed, ring_for
 from .stages import default_collate
 from .statecheck import check_seal, seal
@@ -51,7 +62,7 @@ from .stats import Stats, event_record, flat_scalars, setup_logging
 from .watchdog import WorkerWatchdog, frozen_for_fork, stall_limit
 from .world import detect_world, late_world, resolve_partitions
 
-__all__ = ["STATE_FORMAT", "ShardLoader"]
+__all__ = ["STATE_FORMAT", "ShardLoader", "SplitPolicy"]
 
 log = logging.getLogger("resumewds")
 
@@ -69,8 +80,35 @@ def _auto_partitions(ds: ShardDataset) -> bool:
     return getattr(ds, "partitions", 1) is None
 
 
+class SplitPolicy(Protocol):
+    """Another way DataLoader workers share an epoch than the engine's split of the sample
+    sequence: ``W``, the workers it splits between (recorded as ``config["worker_split"]``,
+    kept by a state or a journal whatever ``num_workers``), and the layout of that split.
+    webdataset's shard split is one (:data:`resumewds.wds.shardsplit.SHARD_SPLIT`).
 
-class ShardLoader(Preemptible, DataLoaderAttributes):
+    Example:
+        >>> class EveryOther:                                   # doctest: +SKIP
+        ...     def workers(self, dataset, num_workers, world_size, remainder, mode=None):
+        ...         return 2 if num_workers >= 2 and world_size == 1 else 0
+        ...     def layout(self, dataset, workers, world_size, batch_size, remainder, chunk):
+        ...         return MyEpochLayout(workers, batch_size or 1)   # an EpochLayout
+        >>> class MyLoader(ShardLoader):                        # doctest: +SKIP
+        ...     split_policy = EveryOther()
+    """
+
+    def workers(self, dataset: Any, num_workers: int, world_size: int, remainder: str,
+                mode: Optional[str] = None) -> int:
+        """``W`` of the split a new loader follows (0: the engine's split); ``mode``: the
+        loader's ``worker_split=``."""
+
+    def layout(self, dataset: Any, workers: int, world_size: int, batch_size: Optional[int], remainder: str,
+               chunk: int) -> Any:
+        """The loader's layout (an :class:`~resumewds.steplayout.EpochLayout`) of the split over
+        ``workers``; raises :class:`~resumewds.errors.StateError` where it cannot go on (another
+        world size)."""
+
+
+class ShardLoader(Preemptible):
     """A resumable loader over a :class:`~resumewds.dataset.WebDataset`.
 
     Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's
@@ -84,10 +122,15 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         num_workers: DataLoader worker processes (any number; resume works
             across different counts).  2 or more on one rank under
             webdataset's worker split: webdataset's order, kept by a resume
-            whatever its ``num_workers`` (:mod:`resumewds.shardsplit`).
+            whatever its ``num_workers`` (:mod:`resumewds.wds.shardsplit`).
         worker_split: ``"shards"``, ``"samples"``, or None: the data set's
-            (:meth:`~resumewds.shardset.ShardDataset.worker_split_mode`).
+            (:meth:`~resumewds.wds.direct.DirectDataset.worker_split_mode`); the
+            engine's loader alone (no :attr:`split_policy`) knows ``"samples"`` only.
         collate_fn: how to collate a batch (default: torch's default_collate).
+        convert: with ``batch_size=None``: each item through torch's ``default_convert``,
+            as a DataLoader does with automatic batching off.  None (default): when no
+            ``collate_fn`` is given; False: items as they are (a stage after the loader
+            converts them itself).
         rank, world_size: override torch.distributed / RANK / WORLD_SIZE (neither given and a world
             of 1 found: looked up again at the first len() or iteration, see docs/FRAMEWORKS.md).
         nodes: groups of ranks that share a cache (default: from torchrun's
@@ -174,7 +217,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                  journal_sync: str = "NORMAL", nodes: Optional[int] = None,
                  preempt: Union[bool, Sequence[int]] = False, transport: str = "auto",
                  stall_timeout: Optional[float] = None, worker_split: Optional[str] = None,
-                 **dataloader_kwargs: Any):
+                 convert: Optional[bool] = None, **dataloader_kwargs: Any):
         if not (isinstance(dataset, ShardDataset) or hasattr(dataset, "iter_steps")):  # or a MixedDataset
             raise TypeError(f"WebLoader needs a resumewds.WebDataset, got {type(dataset).__name__}")
         for bad in ("shuffle", "sampler", "batch_sampler"):
@@ -204,7 +247,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             self._collate_fn = (collate_fn or default_collate) if self._collate else None
         # batch_size=None asked for, and no collate_fn: each item goes through torch's
         # default_convert, as in a DataLoader (and webdataset's WebLoader) with automatic batching off
-        self._convert = batch_size is None and collate_fn is None
+        #: whether each item goes through torch's ``default_convert`` (``convert=``)
+        self.convert = (batch_size is None and collate_fn is None) if convert is None else bool(convert)
         if self.batch_size is not None and int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         self.num_workers = int(num_workers)
@@ -244,13 +288,36 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self._preempt_signals = _preempt_signals(preempt)
         # resolve + index in the main process, once, before any worker starts
         self.config = dataset.config()
-        self._use_split(split_workers(dataset, self.num_workers, self.world_size, remainder, worker_split))
+        policy = self.split_policy
+        if policy is None and worker_split not in (None, "samples"):
+            raise ValueError(f"worker_split={worker_split!r}: the engine's loader splits the sample sequence "
+                             "between its workers ('samples'); resumewds.WebLoader also follows webdataset's "
+                             "split ('shards')")
+        self._use_split(policy.workers(dataset, self.num_workers, self.world_size, remainder, worker_split)
+                        if policy is not None else 0)
         self._absorb(dataset.take_events())
         if journal is not None:
             self._open_journal(journal, resume, journal_sync)
         self._install_preemption()
 
+    #: another split of an epoch between DataLoader workers than the engine's split of the sample
+    #: sequence (None: that one only); :class:`resumewds.WebLoader` gives webdataset's shard split
+    split_policy: Optional[SplitPolicy] = None
+
     # ---- journal (resumewds/session.py) --------------------------------------
+    @property
+    def session(self) -> JournalSession:
+        """The loader's :class:`~resumewds.session.JournalSession`: its journal, the events it
+        buffers and the consumption counted since the last commit (a wrapper that goes back to
+        an earlier place takes back what it counted, ``session.set_consumed(...)``).
+
+        Example:
+            >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=4)
+            >>> first = next(iter(loader)); loader.session.consumed_now()
+            {(0, 0): 4}
+        """
+        return self._session
+
     @property
     def journal(self) -> Any:
         """The open :class:`resumewds.journal.Journal` (None without one)."""
@@ -286,13 +353,60 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self._failed_urls.update(found.failed_urls)
         self._journal_place = dict(found.place or {})
         if found.epoch is not None:
+            self.adopt_place(self._journal_place, f"the commit of step {self.steps_done - 1} in {path}")
             self._given()
+
+    @property
+    def resumed_place(self) -> Optional[Dict[str, Any]]:
+        """While this loader stands at a place it was given (a journal's commit, :meth:`load_state_dict`,
+        :meth:`skip_steps`) and has not iterated since: what the journal commit it resumed at
+        recorded beyond ``(epoch, position)`` (``commit(step, place=...)``; ``{}``: nothing).
+        Else None.
+
+        Example:
+            >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=4,
+            ...                       journal="run.db")
+            >>> for step, batch in enumerate(loader):
+            ...     loader.commit(step, place={"mine": step})
+            >>> loader.close()
+            >>> again = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=4,
+            ...                      journal="run.db", resume=True)
+            >>> again.resumed_place
+            {'mine': 1}
+            >>> again.close()
+        """
+        return dict(self._journal_place) if self._origin is not None else None
+
+    # ---- the place hooks: what a subclass records beyond (epoch, position) ------------
+    def extra_place(self) -> Dict[str, Any]:
+        """Hook: where this loader stands beyond ``(epoch, position)``, as JSON-able fields
+        added to :meth:`state_dict` and to each commit's place (and kept by :meth:`mark`).
+        ``{}`` here; webdataset's worker rotation records its per-stream positions
+        (:mod:`resumewds.wds.rotation`).
+
+        Example:
+            >>> class Counting(ShardLoader):                          # doctest: +SKIP
+            ...     def extra_place(self): return {"seen": self.seen}
+            ...     def adopt_place(self, place, source): self.seen = place.get("seen", 0)
+        """
+        return {}
+
+    def adopt_place(self, place: Dict[str, Any], source: Optional[str]) -> None:
+        """Hook: stand at ``place``'s fields beyond ``(epoch, position)`` (the loader is already at
+        its epoch and position): a state given to :meth:`load_state_dict`, a journal commit's
+        place, or (``source`` None) a :meth:`mark` this loader made.  Raise
+        :class:`~resumewds.errors.StateError` naming ``source`` for a place it cannot stand at.
+        Nothing here.
+
+        Example:
+            >>> loader.adopt_place({}, "this state")                  # doctest: +SKIP
+        """
 
     def _process_group(self) -> Any:
         """torch.distributed, when its default group is exactly this loader's world."""
         return process_group(self.rank, self.world_size)
 
-    def commit(self, step: int, stats: Optional[bool] = None) -> None:
+    def commit(self, step: int, stats: Optional[bool] = None, place: Optional[Dict[str, Any]] = None) -> None:
         """Record atomically, in the journal, the position after ``step``.
 
         Call it after the training step that consumed the last batch (and,
@@ -302,12 +416,14 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         Args:
             step: the training step (any increasing int; ``resume=S`` finds it).
             stats: include a stats snapshot (default: at most every 5 s).
-        """
-        self._commit(step, stats, None)
+            place: JSON-able fields of a wrapper's own progress beyond ``(epoch, position)``,
+                recorded with the commit (with :meth:`extra_place`'s); a loader resumed
+                at it finds them in :attr:`resumed_place`.
 
-    def _commit(self, step: int, stats: Optional[bool], place: Optional[Dict[str, Any]]) -> None:
-        """:meth:`commit`, with ``place``: where the loader stands beyond ``(epoch, position)``
-        (a wrapper's own progress, see :mod:`resumewds.wds.loaderchain`), or None."""
+        Example:
+            >>> loader.commit(41)                                      # doctest: +SKIP
+        """
+        place = {**self.extra_place(), **(place or {})}
         self._session.commit(step, epoch=self.epoch, position=self.position, world_size=self.world_size,
                              batch_size=self.batch_size, samples_total=self.samples_total,
                              shards=self.dataset.manifest.shards,
@@ -399,13 +515,16 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         Returns:
             ``{"format", "version", "epoch", "position", "samples_total",
             "steps_done", "config", "batch_size", "world_size", "checksum"}``
-            (``checksum``: :mod:`resumewds.statecheck`).
+            (``checksum``: :mod:`resumewds.statecheck`), and the fields of
+            :meth:`extra_place`.
         """
+        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
+                 "position": self.position, "samples_total": self.samples_total,
+                 "steps_done": self.steps_done, "config": dict(self.config),
+                 "batch_size": self.batch_size, "world_size": self.world_size}
+        state.update(self.extra_place())
         self._pinned = True
-        return seal({"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
-                     "position": self.position, "samples_total": self.samples_total,
-                     "steps_done": self.steps_done, "config": dict(self.config),
-                     "batch_size": self.batch_size, "world_size": self.world_size})
+        return seal(state)
 
     get_state = state_dict
 
@@ -422,11 +541,6 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         if int(state.get("version", 0)) > STATE_VERSION:
             raise StateError(f"loader state version {state.get('version')} is newer than this resumewds")
         check_seal(state, "this loader state")
-        rot = state.get("rotation")
-        if rot and not hasattr(self, "rotation_workers"):  # resumewds.rotation's
-            workers = rot.get("workers") if isinstance(rot, dict) else "?"
-            raise StateError(f"this state follows webdataset's rotation of {workers} "
-                             "workers' filtered streams: resume it with WebLoader(ds, batch_size=None) on one rank")
         cfg = state.get("config", {})
         if _auto_partitions(self.dataset):  # adopt the state's partitions
             self.dataset.use_partitions(int(cfg.get("partitions") or 1))
@@ -446,6 +560,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self.epoch, self.position = epoch, pos
         self.samples_total = int(state.get("samples_total", 0))
         self.steps_done = int(state.get("steps_done", 0))
+        self.adopt_place(state, "this state")
         self._given()
         log.info("resuming from a state dict: epoch %d, position %d", epoch, pos)
         self._absorb([{"kind": EventKind.RESUME.value, "epoch": epoch, "position": pos,
@@ -478,7 +593,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             writer.add_scalar(prefix + k, v, step)
 
     # ---- iteration ----------------------------------------------------------
-    # __len__ (a whole epoch) and DataLoader's attributes: resumewds/loader_compat.py
+    # DataLoader's attributes and a whole epoch's len(): the wing's WebLoader (resumewds.wds.loader_compat)
 
     def _end_epoch(self) -> None:
         failed, self._epoch_failed = self._epoch_failed, {}
@@ -527,7 +642,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         handed, self._handed = self._handed, 0
         if self._advanced and not self._pinned and self.position:  # left mid-epoch (at an epoch's
             if origin is not None and handed == 1:  # end it ended, even if not asked for more)
-                self._rewind(origin[0])
+                self.rewind(origin[0])
                 self._session.set_consumed(origin[1])  # its samples are delivered (and counted) again
             else:
                 self.end_epoch()
@@ -537,28 +652,96 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
 
     def _given(self) -> None:
         """A place was given to the loader (see :meth:`_begin_iter`)."""
-        self._origin = (self._mark(), self._session.consumed_now())
+        self._origin = (self.mark(), self._session.consumed_now())
         self._pinned, self._advanced = True, False
 
-    def _hold_place(self) -> None:
-        """The next ``iter()`` continues where the loader stands (a wrapper decided)."""
+    def hold_place(self) -> None:
+        """The next ``iter()`` continues where the loader stands, whatever the last one did (a
+        wrapper that iterates the loader decided about webdataset's new pass itself).
+
+        Example:
+            >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=2)
+            >>> first = next(iter(loader)); loader.hold_place()
+            >>> loader.position, len(list(loader))
+            (2, 3)
+        """
         self._advanced = False
         self._origin = None
 
-    def _mark(self) -> Tuple[Any, ...]:
-        """Where the loader stands, cheaply: :meth:`_rewind` goes back there."""
-        return (self.epoch, self.position, self.samples_total)
+    def mark(self) -> Tuple[Any, ...]:
+        """Where the loader stands, cheaply (its place and :meth:`extra_place`): :meth:`rewind`
+        goes back there.  The consumption counted since is the session's (:attr:`session`).
 
-    def _rewind(self, mark: Tuple[Any, ...]) -> None:
-        """Stand at ``mark`` (from :meth:`_mark`) again: the next ``iter()`` starts there."""
+        Example:
+            >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=2)
+            >>> here = loader.mark(); first = next(iter(loader))
+            >>> loader.rewind(here); loader.position
+            0
+        """
+        return (self.epoch, self.position, self.samples_total, self.extra_place())
+
+    def rewind(self, mark: Tuple[Any, ...]) -> None:
+        """Stand at ``mark`` (from :meth:`mark`) again: the next ``iter()`` starts there (see
+        :meth:`hold_place`).
+
+        Example:
+            >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=2)
+            >>> it = iter(loader); first = next(it); here = loader.mark(); second = next(it)
+            >>> loader.rewind(here); loader.position
+            2
+        """
         self.epoch, self.position, self.samples_total = mark[0], mark[1], mark[2]
+        self.adopt_place(mark[3], None)
 
-    def _use_dataset(self, dataset: Any) -> None:
-        """Run over ``dataset``: the same data and split in another order (a wrapper's
-        ``.shuffle(n)`` in the plan, see :mod:`resumewds.wds.loaderchain`), before any iteration."""
+    def use_dataset(self, dataset: Any) -> None:
+        """Run over ``dataset`` instead, before any iteration: the same data and split in
+        another order (a wrapper's ``.shuffle(n)`` compiled into the plan,
+        :mod:`resumewds.wds.loaderchain`).
+
+        Example:
+            >>> from resumewds.stages import Stage
+            >>> ds = rw.WebDataset("data/shard-{000000..000003}.tar", shardshuffle=False)
+            >>> loader = rw.WebLoader(ds, batch_size=4)
+            >>> loader.use_dataset(ds.with_stages([Stage("shuffle", "shuffle", n=100, initial=100)]))
+            >>> loader.config["shuffle"] == "manifest_window"
+            True
+        """
         self.dataset = dataset
         self.config = dataset.config()
         self._use_split(self._split_w, kept=self._split_kept)
+
+    @property
+    def preempt_signals(self) -> Tuple[int, ...]:
+        """The signals this loader stops on at a step boundary (``preempt=``; ``()``: none).
+
+        Example:
+            >>> rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=2).preempt_signals
+            ()
+        """
+        return tuple(self._preempt_signals)
+
+    def sub_loader(self, layout: Any, num_workers: int, position: int) -> ShardLoader:
+        """A loader of ``layout``'s steps of this loader's epoch from ``position``, run on this
+        loader's behalf: one sample per item, its consumption and events in this loader's
+        session and stats, its workers ignoring this loader's preemption signals (this loader
+        stops the run), each item converted as this loader's (webdataset's worker rotation runs
+        one per worker's stream, :mod:`resumewds.wds.rotation`).
+
+        Example:
+            >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=None)
+            >>> sub = loader.sub_loader(Layout(4), 0, 5)
+            >>> [s["__key__"] for s in sub]
+            ['s000000_000005', 's000000_000006', 's000000_000007']
+        """
+        sub = ShardLoader(self.dataset, None, num_workers, chunk_size=self._chunk, transport=self.transport,
+                          stall_timeout=self.stall_timeout, rank=0, world_size=1, convert=self.convert,
+                          **self.dataloader_kwargs)
+        sub.layout = layout
+        sub._session = self._session
+        sub.stats_ = self.stats_
+        sub._preempt_signals = self._preempt_signals
+        sub.epoch, sub.position = self.epoch, int(position)
+        return sub
 
     def _bind_world(self, world: Any) -> None:
         self.world, self.rank, self.world_size = world, world.rank, world.world_size
@@ -569,9 +752,13 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
             # chosen for one rank, and the world found at the first iteration is larger
             self._split_w = 0
             self.config = {k: v for k, v in self.config.items() if k != "worker_split"}
-        if getattr(self, "_split_w", 0):  # webdataset's worker split (resumewds.shardsplit)
-            self.layout = split_layout(self.dataset, self._split_w, self.world_size, self.batch_size,
-                                       self.remainder, self._chunk)
+        if getattr(self, "_split_w", 0):  # another split (SplitPolicy): webdataset's shard split
+            if self.split_policy is None:
+                raise StateError(f"this run follows a split of its epochs between {self._split_w} DataLoader "
+                                 "workers (config['worker_split']: webdataset's shard split); the engine's "
+                                 "loader has no such split: resume it with resumewds.WebLoader")
+            self.layout = self.split_policy.layout(self.dataset, self._split_w, self.world_size, self.batch_size,
+                                                   self.remainder, self._chunk)
 
     def _use_split(self, workers: int, kept: bool = False) -> None:
         """Follow the shard split over ``workers`` (0: the sample split): part of the order
@@ -583,7 +770,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         self._bind_world(self.world)
 
     def _layout_of(self, epoch: int) -> Any:
-        """The layout of epoch ``epoch``'s steps (a shard split bound to the epoch)."""
+        """The layout of epoch ``epoch``'s steps (an EpochLayout bound to the epoch)."""
         return self.dataset.steps_of(self.layout, epoch) if hasattr(self.layout, "bind") else self.layout
 
     def _take_world(self) -> None:
@@ -614,7 +801,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         ring = self._make_ring(kw)
         src = _EpochSource(ds, epoch, start, layout, collate=self._collate,
                            collate_fn=self._collate_fn, ignore_signals=self._preempt_signals,
-                           stopping=stopping, ring=ring, convert=self._convert)
+                           stopping=stopping, ring=ring, convert=self.convert)
         if self.num_workers == 0:
             for k in ("prefetch_factor", "persistent_workers"):
                 kw.pop(k, None)
@@ -680,7 +867,8 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
                 self.stats_.update(meta, wait)
                 self._absorb(meta.get("events") or [])
                 # unbatched, a step's samples count as consumed one by one, as handed out
-                owed = None if self._collate else self._session.consume_step(epoch, meta)
+                # (one rank: with the samples a stage dropped before each, as the position passes them)
+                owed = None if self._collate else self._session.consume_step(epoch, meta, self.world_size == 1)
                 for si, n in meta.get("shards", {}).items():
                     if owed is None:
                         self._session.consume(si, epoch, n)
@@ -764,7 +952,7 @@ class ShardLoader(Preemptible, DataLoaderAttributes):
         """Flush pending journal events, close the journal, release the
         shards this process holds open (num_workers=0 reads in this process)
         and restore the signal handlers ``preempt`` replaced."""
-        self._restore_handlers()
+        self.release_signals()
         try:
             self._session.close()
         finally:

@@ -8,16 +8,19 @@ local or cached shards (:mod:`resumewds.tario`, :mod:`resumewds.cache`,
 :mod:`resumewds.reading`), and running the stages.  It never reads a sample
 it does not deliver, so resuming at position ``n`` costs the same for any ``n``.
 
-It does not import torch; :class:`resumewds.WebLoader` wraps it in a
-DataLoader.  Iterating it directly yields samples of epoch 0 (or of
-``ds.epoch``) in order, in this process (:class:`resumewds.direct.DirectDataset`).
-:class:`resumewds.WebDataset` is this class with webdataset's constructor
-arguments and fluent methods (the wing, :mod:`resumewds.wds.webdataset`).
+It does not import torch; the engine's loader (:mod:`resumewds.shardloader`)
+wraps it in a DataLoader.  Its stages are :class:`~resumewds.stages.Stage`
+specs (:attr:`ShardDataset.stage_specs`, :meth:`ShardDataset.with_stages`);
+:class:`resumewds.WebDataset` is this class with webdataset's constructor,
+fluent methods and direct iteration (the wing, :mod:`resumewds.wds.webdataset`).
 
 Example:
-    >>> ds = (ShardDataset("data/shard-{000000..000003}.tar", seed=7, shuffle=True)  # doctest: +SKIP
-    ...       .decode("pil").to_tuple("jpg;png", "cls"))
-    >>> img, cls = next(iter(ds))                                                   # doctest: +SKIP
+    >>> from resumewds.stages import Map, Stage, ToTuple
+    >>> ds = ShardDataset("data/shard-{000000..000003}.tar", seed=7, shuffle=True).with_stages(
+    ...     [Stage("sample", "to_tuple", ToTuple("__key__", "cls"))])
+    >>> steps = ds.iter_steps(0, 0, Layout(4))
+    >>> k, batch, meta = next(steps); k, len(batch), meta["samples"]
+    (0, 2, 4)
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import config
 from ._torchreg import register_iterable_dataset
@@ -38,38 +41,20 @@ from .openshards import RUN_BYTES
 from .openshards import ShardReader as _ShardReader
 from .plan import Layout, Plan, check_partitions, worker_steps
 from .shardindex import Counted
-from .shardsplit import SplitSequence, empty_worker_error
 from .sources import Source, resolve_sources
-from .stages import (
-    Decoder,
-    Handled,
-    Map,
-    MapDict,
-    MapTuple,
-    Rename,
-    Select,
-    Stage,
-    ToTuple,
-    default_collate,
-    default_collation_fn,
-    list_collate,
-)
+from .stages import Stage, default_collate, list_collate
 from .stats import event_record
 from .stepengine import Slots, StepPlan, run_steps
 from .stepengine import Source as _StepSource
+from .steplayout import EpochLayout
 
-__all__ = ["ON_ERROR", "WORKER_SPLITS", "ShardDataset"]
+__all__ = ["ON_ERROR", "ShardDataset"]
 
 log = logging.getLogger("resumewds")
 
 _RUN_BYTES = RUN_BYTES  # most bytes read with one pread (tests lower it)
 
 ON_ERROR = ("raise", "skip")
-
-#: how DataLoader workers share an epoch (``worker_split=``): webdataset's shards per worker, or
-#: the engine's split of the sample sequence (:mod:`resumewds.shardsplit`, :mod:`resumewds.steplayout`)
-WORKER_SPLITS = ("shards", "samples")
-
 
 #: fewest shards in a window of ``.shuffle(n)`` compiled into the plan
 _BUFFER_MIN_WINDOW = 8
@@ -113,12 +98,12 @@ class _EpochSteps(StepPlan):
 class ShardDataset:
     """A resumable, deterministic data set over tar shards: the engine's data set.
 
-    A *definition*: sources, seed, shuffle settings and a list of stages.  It
-    produces the steps of any ``(epoch, start position, layout, worker)``
-    (:meth:`iter_steps`); :class:`resumewds.direct.DirectDataset` adds direct
-    iteration, as webdataset iterates.  :class:`resumewds.WebDataset`
-    is this class with webdataset's constructor and fluent methods
-    (:class:`resumewds.wds.webdataset.WebDatasetAPI`).
+    A *definition*: sources, seed, shuffle settings and a list of stage specs
+    (:attr:`stage_specs`, :meth:`with_stages`, :meth:`compose`).  It produces
+    the steps of any ``(epoch, start position, layout, worker)``
+    (:meth:`iter_steps`).  :class:`resumewds.WebDataset` is this class with
+    webdataset's constructor, fluent methods and direct iteration (the wing:
+    :mod:`resumewds.wds.webdataset`, :mod:`resumewds.wds.direct`).
 
     Args:
         urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json,
@@ -161,21 +146,14 @@ class ShardDataset:
             that are not cached yet are always read sample by sample (verified
             ranges; docs/DIGESTS.md); a warning says so when it is given.
         resampled: draw each epoch's shards with replacement (deterministic:
-            a pure function of seed, epoch and position); iteration goes on
-            over epochs (use ``.with_epoch(n)``).
-        repeat: iterate over epochs without end.
+            a pure function of seed, epoch and position).
         empty_check: raise ValueError when an epoch has no samples at all
-            (and, with the shard split, when a DataLoader worker gets no shard).
-        worker_split: how DataLoader workers (``num_workers >= 2``, one rank)
-            share an epoch: ``"samples"`` (default here): the steps of the one
-            sample sequence, the same data for any worker count;
-            ``"shards"``: webdataset's ``split_by_worker``, each worker its own
-            shards, batches interleaved round-robin (:mod:`resumewds.shardsplit`).
-            None: ``"samples"`` (:class:`resumewds.WebDataset` picks
-            webdataset's split for webdataset's forms, docs/COMPAT.md).
+            (and, with a layout that checks it, when a DataLoader worker gets no shard).
 
     Example:
-        >>> ds = ShardDataset(["a.tar", "b.tar"], seed=3).decode().to_tuple("txt", "cls")  # doctest: +SKIP
+        >>> from resumewds.stages import Stage, ToTuple
+        >>> spec = Stage("sample", "to_tuple", ToTuple("txt", "cls"))
+        >>> ds = ShardDataset(["a.tar", "b.tar"], seed=3).compose(spec)  # doctest: +SKIP
     """
 
     def __init__(self, urls: Source, *, seed: Optional[int] = None, shuffle: Union[bool, str, None] = False,
@@ -185,8 +163,7 @@ class ShardDataset:
                  allow_remote_pipe: bool = False, allow_remote_local: Optional[bool] = None,
                  manifest_max_bytes: Union[int, str, None] = None, cache_sync: Optional[str] = None,
                  prefetch: int = 4, partitions: Optional[int] = None,
-                 ranged_reads: Optional[bool] = None, resampled: bool = False, repeat: bool = False,
-                 empty_check: bool = True, worker_split: Optional[str] = None):
+                 ranged_reads: Optional[bool] = None, resampled: bool = False, empty_check: bool = True):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if verify not in ("once", "always", "never"):
@@ -228,20 +205,8 @@ class ShardDataset:
                           stacklevel=2)
         self.resampled = bool(resampled)
         self.empty_check = empty_check
-        if worker_split is not None and worker_split not in WORKER_SPLITS:
-            raise ValueError(f"worker_split must be one of {WORKER_SPLITS} or None, got {worker_split!r}")
-        self.worker_split = worker_split
         self._spec: List[Stage] = []
-        # iteration mode: once / repeat / with_epoch (webdataset's repetitions, nsamples)
-        self._mode = "forever" if (self.resampled or repeat) else "once"
-        self._nepochs = -1
-        self._limit = -1
         self.epoch = 0
-        self._cursor: Optional[Dict[str, Any]] = None
-        self._pending: Optional[Dict[str, Any]] = None
-        self._advanced = False  # direct iteration: the last iter() handed an item out
-        self._pinned = False  # ... and no state was taken after it (resumewds.direct)
-        self._warned_opaque = False
         self._manifest: Optional[Manifest] = None
         self._plan: Optional[Plan] = None
         self._store: Any = None
@@ -254,10 +219,102 @@ class ShardDataset:
         self._compile()
         Plan([1], self.seed, shuffle, self.shuffle_window, self.plan_partitions)  # validate settings early
 
-    # ---- fluent stages ---------------------------------------------------
-    #: fluent stages return a copy (webdataset's compose); a subclass that builds
-    #: itself with them sets this True (or overrides compose()) to append in place
-    _mutable_fluent = False
+    # ---- stages: the engine's stage specs -----------------------------------
+    @property
+    def stage_specs(self) -> Tuple[Stage, ...]:
+        """The data set's stages, in order, as :class:`~resumewds.stages.Stage` specs (read-only:
+        :meth:`with_stages` gives a copy with others).
+
+        Example:
+            >>> from resumewds.stages import Map, Stage
+            >>> ds = ShardDataset("data/shard-000000.tar").compose(Stage("sample", "map", Map(str)))
+            >>> [(st.kind, st.name) for st in ds.stage_specs]
+            [('sample', 'map')]
+        """
+        return tuple(self._spec)
+
+    @property
+    def stream_from(self) -> int:
+        """The index in :attr:`stage_specs` of the first stage not run where each sample is read:
+        the stages before it are per-sample stages and ``shuffle`` specs (compiled into the plan).
+
+        Example:
+            >>> from resumewds.stages import Map, Stage
+            >>> ds = ShardDataset("data/shard-000000.tar").compose(
+            ...     Stage("sample", "map", Map(str)), Stage("batched", "batched", n=4, collation_fn=None, partial=True))
+            >>> ds.stream_from, ds.batch_size
+            (1, 4)
+        """
+        return self._stream_from
+
+    @property
+    def loader_from(self) -> int:
+        """The index in :attr:`stage_specs` of the first stage the engine's loader does not run:
+        before it, the per-sample prefix, one ``batched`` spec and the per-batch ``sample``
+        specs after it (:attr:`batch_stages`); from it on, stream stages (``unbatched``, ``slice``...).
+
+        Example:
+            >>> from resumewds.stages import Stage
+            >>> batched = Stage("batched", "batched", n=4, collation_fn=None, partial=True)
+            >>> ds = ShardDataset("data/shard-000000.tar").compose(batched, Stage("stream", "unbatched"))
+            >>> ds.stream_from, ds.loader_from
+            (0, 1)
+        """
+        return self._loader_from
+
+    def with_stages(self, specs: Sequence[Stage]) -> ShardDataset:
+        """A copy whose stages are ``specs`` (the same data, manifest and settings, no iteration in
+        progress; this data set is unchanged): how code built on the engine restructures a data
+        set's stages (a loader that runs part of them itself).
+
+        Args:
+            specs: :class:`~resumewds.stages.Stage` specs, e.g. a slice of :attr:`stage_specs`.
+
+        Raises:
+            TypeError: an item of ``specs`` is not a ``Stage``.
+
+        Example:
+            >>> from resumewds.stages import Map, Stage
+            >>> ds = ShardDataset("data/shard-000000.tar").compose(Stage("sample", "map", Map(str)),
+            ...                                                    Stage("stream", "unbatched"))
+            >>> cut = ds.with_stages(ds.stage_specs[:ds.stream_from])
+            >>> len(cut.stage_specs), len(ds.stage_specs)
+            (1, 2)
+        """
+        ds = self._derived()
+        ds._set_stages(specs)
+        return ds
+
+    def compose(self, *stages: Any) -> ShardDataset:
+        """A copy with more stages: :class:`~resumewds.stages.Stage` specs, or generator
+        functions ``f(iterator) -> iterator`` (webdataset's ``compose(f)``), run over each
+        worker's stream; an opaque generator replays an epoch from its start on resume.
+
+        Example:
+            >>> from resumewds.stages import Select, Stage
+            >>> ds = ShardDataset("data/shard-000000.tar").compose(Stage("sample", "select", Select(bool)))
+            >>> ds.stage_specs
+            (Stage(select),)
+        """
+        specs = []
+        for st in stages:
+            if not isinstance(st, Stage):
+                if not callable(st):
+                    raise TypeError(f"compose() needs callables, got {st!r}")
+                st = Stage("stream", getattr(st, "__name__", "compose"), st)
+            specs.append(st)
+        return self.with_stages(self.stage_specs + tuple(specs))
+
+    def _set_stages(self, specs: Sequence[Stage]) -> None:
+        """Use ``specs`` as this data set's stages, in place (:meth:`with_stages` on its copy; a
+        subclass that builds its own stages, a ``DataPipeline`` compiling itself)."""
+        specs = list(specs)
+        bad = next((st for st in specs if not isinstance(st, Stage)), None)
+        if bad is not None:
+            raise TypeError(f"with_stages() needs resumewds.stages.Stage specs, got {bad!r}")
+        self._spec = specs
+        self.collate_fn = None  # (the batched spec's, if any, is compiled again)
+        self._compile()
 
     def _compile(self) -> None:
         """Split the stages: the per-sample prefix (run where the sample is read), the
@@ -292,139 +349,17 @@ class ShardDataset:
         self.collate_fn = collate
         self._plan = None
 
-    def compose(self, *stages: Any) -> ShardDataset:
-        """A copy with more stages: a :class:`~resumewds.stages.Stage`, or (webdataset's
-        ``compose(f)``) a generator function ``f(iterator) -> iterator``, run over
-        each worker's stream; an opaque generator replays an epoch from its start on resume."""
-        return ShardDataset._with_stages(self, *stages)
-
-    def _with_stages(self, *stages: Any) -> ShardDataset:
-        """``compose`` itself (the fluent methods call this, so a subclass may override
-        ``compose`` with webdataset's DataPipeline signature)."""
-        if self._mutable_fluent or type(self).compose is not ShardDataset.compose:
-            # a subclass building itself stage by stage: resumewds.DataPipeline (whose
-            # compose() is webdataset's DataPipeline.compose)
-            ds = self
-        else:
-            ds = self._derived()
-        for st in stages:
-            if not isinstance(st, Stage):
-                if not callable(st):
-                    raise TypeError(f"compose() needs callables, got {st!r}")
-                st = Stage("stream", getattr(st, "__name__", "compose"), st)
-            ds._spec.append(st)
-        ds._compile()
-        return ds
-
     def _derived(self) -> ShardDataset:
         """A copy with its own list of stages and no iteration in progress (the same data,
-        manifest and settings): what a fluent stage returns, and what a loader restructures
-        instead of the caller's object (a ``DataPipeline`` included)."""
+        manifest and settings)."""
         ds = copy.copy(self)
         ds._spec = list(self._spec)
         ds._events = []
-        ds._cursor = None
-        ds._pending = None
-        ds._advanced = ds._pinned = False
+        ds._fresh_copy()
         return ds
 
-    def _sample(self, name: str, fn: Callable[[Any], Any], handler: Any = None) -> ShardDataset:
-        if handler is not None and handler is not reraise_exception:
-            fn = Handled(fn, handler, name)
-        return ShardDataset._with_stages(self, Stage("sample", name, fn))
-
-    def decode(self, *handlers: Union[str, Callable[[str, bytes], Any]],
-               allow_pickle: Optional[bool] = None, handler: Any = None, only: Any = None,
-               partial: bool = False, pre: Any = None, post: Any = None) -> ShardDataset:
-        """Decode members: image specs ("pil", "rgb8", "torchrgb"...) and/or callables
-        ``(key, data) -> value or None``; ``only=`` limits decoding to those extensions,
-        ``handler=`` handles a decoding error (skip / stop)."""
-        ap = self.allow_pickle if allow_pickle is None else allow_pickle
-        dec = Decoder(handlers, allow_pickle=ap, only=only, partial=partial, pre=pre, post=post)
-        return self._sample("decode", dec, handler)
-
-    def to_tuple(self, *specs: str, missing_is_error: bool = True, none_is_error: Optional[bool] = None,
-                 handler: Any = None) -> ShardDataset:
-        """Turn samples into tuples: ``to_tuple("jpg;png", "cls")`` or ``to_tuple("jpg;png cls")``."""
-        return self._sample("to_tuple", ToTuple(*specs, missing_is_error=missing_is_error,
-                                                none_is_error=none_is_error), handler)
-
-    def map(self, fn: Callable[[Any], Any], handler: Any = None) -> ShardDataset:
-        """Apply ``fn`` to each item (a sample, or a batch after ``batched``); a None
-        result drops it; ``handler=`` decides about an exception (skip or stop)."""
-        return self._sample("map", Map(fn), handler)
-
-    def map_dict(self, handler: Any = None, **fns: Callable[[Any], Any]) -> ShardDataset:
-        """Apply functions to named fields of dict samples (a missing field: KeyError)."""
-        return self._sample("map_dict", MapDict(**fns), handler)
-
-    def map_tuple(self, *fns: Optional[Callable[[Any], Any]], handler: Any = None) -> ShardDataset:
-        """Apply functions to the fields of tuple samples, by position."""
-        return self._sample("map_tuple", MapTuple(*fns), handler)
-
-    def select(self, predicate: Callable[[Any], bool], **kw: Any) -> ShardDataset:
-        """Keep only the items for which ``predicate`` is true.
-
-        Under WebLoader, filtering happens inside a batch: the batch of
-        positions ``[k*B, (k+1)*B)`` keeps its survivors, so batches may be
-        smaller, and resume stays exact.  Iterated directly, ``.batched(n)``
-        fills each batch from the filtered stream, as webdataset does.
-        """
-        return self._sample("select", Select(predicate))
-
-    def rename(self, keep: bool = True, handler: Any = None, **kw: str) -> ShardDataset:
-        """Rename fields: ``rename(image="jpg;png", label="cls")`` (webdataset's ``keep``)."""
-        return self._sample("rename", Rename(keep=keep, **kw), handler)
-
-    def shuffle(self, size: int, initial: int = 100, **kw: Any) -> ShardDataset:
-        """Shuffle, exactly resumable and without a buffer of samples.
-
-        Before any ``batched`` / ``slice`` / ... stage, ``.shuffle(n)`` is
-        compiled into the plan: samples are shuffled uniformly within windows
-        of whole shards holding at least ``3 * n`` samples (on average) and at
-        least 8 shards, so
-        the mixing is at least that of webdataset's buffer of ``n`` (whose
-        effective span is about ``2n``), and a resume recomputes any position
-        in O(1).  After such a stage it is webdataset's buffer shuffle, with
-        every pick a hash of (seed, epoch, count).  ``size < 1``: no shuffle.
-        """
-        if size < 1:
-            return self
-        return ShardDataset._with_stages(self, Stage("shuffle", "shuffle", n=int(size), initial=int(initial)))
-
-    def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
-                partial: bool = True) -> ShardDataset:
-        """Batch items; later stages apply to batches.
-
-        The default collation is webdataset's (numbers -> numpy array, tensors
-        and arrays stacked, anything else a list); ``collation_fn=None``
-        gives lists.  Iterated directly, ``partial=False`` drops a short last
-        batch; under WebLoader the loader's ``remainder`` decides.
-        """
-        if batchsize < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batchsize}")
-        return ShardDataset._with_stages(self, Stage("batched", "batched", n=int(batchsize), collation_fn=collation_fn,
-                                  partial=bool(partial)))
-
-    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> ShardDataset:
-        """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items.
-
-        As in webdataset, each ``iter()`` is a new pass: one left mid-epoch is
-        followed by the next epoch from its start, unless a state was taken
-        since its last item (then the next ``iter()`` continues there, as a
-        run resumed from that state would)."""
-        if nepochs > 0:
-            self._mode, self._nepochs = ("once" if nepochs == 1 and nbatches < 1 else "repeat"), int(nepochs)
-        else:
-            self._mode, self._nepochs = "forever", -1
-        self._limit = int(nbatches)
-        return self
-
-    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> ShardDataset:
-        """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing the
-        stream over epochs (the next ``iter()`` goes on where this one stopped)."""
-        self._mode, self._nepochs, self._limit = "forever", -1, int(max(nsamples, nbatches))
-        return self
+    def _fresh_copy(self) -> None:
+        """Called on a copy :meth:`with_stages` made: a subclass forgets its iteration in progress here."""
 
     def __bool__(self) -> bool:
         return True
@@ -436,10 +371,9 @@ class ShardDataset:
         self.close()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next ``iter()`` at the beginning of ``epoch`` (like a DistributedSampler)."""
+        """The epoch of the next iteration (like a DistributedSampler's)."""
         self.epoch = int(epoch)
-        self._cursor = None
-        self._pending = None
+
 
     # ---- state shared with the loader ----------------------------------
     @property
@@ -530,49 +464,18 @@ class ShardDataset:
         """
         return [self.store.cache_dir]
 
-    #: a worker of the shard split without a shard raises (with ``empty_check``), as webdataset's
-    #: ``WebDataset`` does; a ``DataPipeline`` (no such check in webdataset) sets it False
-    _empty_worker_check = True
-
-    def worker_split_mode(self) -> str:
-        """``"shards"`` or ``"samples"``: how DataLoader workers share an epoch (``worker_split``)."""
-        return self.worker_split or "samples"
-
-    def split_workers(self, num_workers: int, world_size: int = 1, mode: Optional[str] = None) -> int:
-        """``W`` of the shard split for ``num_workers`` DataLoader workers, or 0 (the sample split).
-
-        The shard split applies with ``mode`` (default: :meth:`worker_split_mode`)
-        ``"shards"``, ``num_workers >= 2``, one rank, one partition and shards
-        read once per epoch (not ``resampled``).
+    def steps_of(self, layout: Union[Layout, EpochLayout], epoch: int) -> Any:
+        """``layout``'s steps of epoch ``epoch``: an :class:`~resumewds.steplayout.EpochLayout`
+        bound to the epoch's plan (its ``bind`` may raise, e.g. a worker of webdataset's shard
+        split without a shard); any other layout as it is.
 
         Example:
-            >>> ShardDataset(["a.tar"], worker_split="shards").split_workers(2)
-            2
-        """
-        if ((mode or self.worker_split_mode()) != "shards" or int(num_workers) < 2 or int(world_size) != 1
-                or self.plan_partitions != 1 or self.resampled):
-            return 0
-        return int(num_workers)
-
-    def steps_of(self, layout: Any, epoch: int) -> Any:
-        """``layout`` for epoch ``epoch``: a shard split (:mod:`resumewds.shardsplit`)
-        bound to the epoch's plan; any other layout as it is.
-
-        Raises:
-            ValueError: with ``empty_check``, a worker of the shard split gets no shard
-                (as webdataset's ``split_by_worker`` then raises).
+            >>> ds = ShardDataset("data/shard-{000000..000003}.tar")
+            >>> ds.steps_of(Layout(4), 0) == Layout(4)
+            True
         """
         bind = getattr(layout, "bind", None)
-        if bind is None:
-            return layout
-        ep = self.plan.epoch(epoch)
-        bound = bind(ep)
-        seq = bound.sequence
-        if self.empty_check and self._empty_worker_check:
-            empty = 0 in seq.shard_counts if isinstance(seq, SplitSequence) else not len(seq.seg_shard)
-            if empty:
-                raise empty_worker_error(layout.workers, len(ep.seg_shard))
-        return bound
+        return layout if bind is None else bind(self.plan.epoch(epoch))
 
     def config(self) -> Dict[str, Any]:
         """What the delivered order depends on (checked on resume).
@@ -640,9 +543,10 @@ class ShardDataset:
         Args:
             epoch: the epoch.
             start: global position to start from.
-            layout: batch size, world size, rank, remainder policy; or a
-                shard split (:class:`resumewds.shardsplit.ShardSplit`, bound or
-                not), whose steps are webdataset's workers' batches.
+            layout: batch size, world size, rank, remainder policy (a
+                :class:`~resumewds.steplayout.Layout`); or an
+                :class:`~resumewds.steplayout.EpochLayout`, bound or not (webdataset's
+                shard split: its steps are webdataset's workers' batches).
             worker, num_workers: this DataLoader worker's share (round-robin
                 over steps).
             collate: collate samples with the batch's collate function; if
@@ -665,7 +569,7 @@ class ShardDataset:
         (:func:`resumewds.stepengine.run_steps`), this data set its one source.
         """
         ep = self.plan.epoch(epoch)
-        if hasattr(layout, "bind"):  # a shard split (resumewds.shardsplit): its steps of this epoch
+        if hasattr(layout, "bind"):  # an EpochLayout (resumewds.steplayout): its steps of this epoch
             layout = layout.bind(ep)
         ep = getattr(layout, "sequence", ep)  # the epoch as the layout delivers it
         collate_fn = collate_fn or self.collate_fn or default_collate

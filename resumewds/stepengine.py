@@ -248,6 +248,8 @@ class StepBuilder:
             meta["pad_flags"] = [bool(slots[i][1]) for i in index]
             if collate_fn is None:  # handed out one by one: whose each sample is (consumption)
                 meta["sample_shards"] = [None if slots[i][1] else gwhere[i][0] for i in index]
+                if len(index) < len(slots):  # some dropped: whose each slot is (counted as the position passes)
+                    meta["slot_shards"] = [None if pad else gwhere[j][0] for j, (_, pad) in enumerate(slots)]
         meta["samples"] = len(out)
         if collate_fn is None or not out:
             return out
@@ -343,7 +345,8 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     ``slot_index``, ``pad_flags``, then ``t_read``, ``t_stages``,
     ``t_fetch_wait``, ``events`` and, when they apply, ``sources``,
     ``sample_shards`` (not collating: each delivered sample's global shard
-    index, None for padding), ``batch_dropped``, ``stopped``, ``failed``.
+    index, None for padding), ``slot_shards`` (not collating, and samples
+    dropped: each slot's), ``batch_dropped``, ``stopped``, ``failed``.
     """
     readers = [s.ds.reader for s in sources]
     for r in readers:

@@ -25,15 +25,18 @@ advance the position.
 
 :class:`Layout` is pure arithmetic over positions (the sequence itself is
 :mod:`resumewds.plan`'s); :func:`worker_steps` deals a rank's steps to its
-DataLoader workers.
+DataLoader workers.  A layout whose steps depend on the epoch (webdataset's
+shard split, :mod:`resumewds.wds.shardsplit`) is an :class:`EpochLayout`: bound
+to an epoch's plan it gives a :class:`BoundLayout`, the steps of that epoch
+over its own sequence of the epoch's samples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Protocol, Tuple
 
-__all__ = ["REMAINDERS", "Layout", "worker_steps"]
+__all__ = ["REMAINDERS", "BoundLayout", "EpochLayout", "Layout", "worker_steps"]
 
 REMAINDERS = ("keep", "pad", "drop")
 
@@ -144,3 +147,51 @@ class Layout:
 def worker_steps(num_steps: int, worker: int, num_workers: int) -> range:
     """Steps produced by DataLoader worker ``worker`` (round-robin order)."""
     return range(worker, num_steps, max(1, num_workers))
+
+
+class BoundLayout(Protocol):
+    """An :class:`EpochLayout` bound to one epoch: its steps over ``sequence``.
+
+    What the engine reads (:meth:`resumewds.shardset.ShardDataset.iter_steps`, the
+    engine's loader): ``batch_size`` / ``step_size`` (positions per step),
+    ``num_steps`` / ``position_after`` / ``slots`` as :class:`Layout` has them, ``end``
+    (the position after the last sample delivered), and ``sequence``: the epoch as this
+    layout delivers it, read as an :class:`~resumewds.epochplan.EpochPlan` (``len()``,
+    ``samples_at``, ``window_of``, ``window_shards``, ``shards_from``).
+
+    Example:
+        >>> from resumewds.plan import Plan
+        >>> from resumewds.wds.shardsplit import ShardSplit
+        >>> bound = ShardSplit(2, unit=2).bind(Plan([3, 1, 2], shuffle=False).epoch(0))
+        >>> bound.slots(6, 0, 0), bound.sequence.samples_at([0, 1, 2])
+        ([(0, False), (1, False)], [(0, 0), (0, 1), (1, 0)])
+    """
+
+    batch_size: int
+    step_size: int
+    sequence: Any
+
+    def num_steps(self, total: int, start: int) -> int: ...
+
+    def position_after(self, total: int, start: int, step: int) -> int: ...
+
+    def slots(self, total: int, start: int, step: int) -> List[Tuple[int, bool]]: ...
+
+    def end(self, total: int) -> int: ...
+
+
+class EpochLayout(Protocol):
+    """A layout whose steps depend on the epoch: anything with ``bind(epoch_plan)``
+    returning a :class:`BoundLayout` (and raising there what makes the epoch impossible
+    to lay out, e.g. a DataLoader worker without a shard).  The engine binds it with
+    :meth:`resumewds.shardset.ShardDataset.steps_of` and reads the bound steps only.
+
+    Example:
+        >>> from resumewds.plan import Plan
+        >>> from resumewds.wds.shardsplit import ShardSplit
+        >>> bound = ShardSplit(2, unit=2).bind(Plan([3, 1, 2], shuffle=False).epoch(0))
+        >>> bound.num_steps(6, 0), bound.slots(6, 0, 1)
+        (4, [(2, False)])
+    """
+
+    def bind(self, ep: Any) -> BoundLayout: ...

@@ -1,4 +1,4 @@
-"""webdataset's worker rotation when the data set's stages drop samples (resumewds.rotation).
+"""webdataset's worker rotation when the data set's stages drop samples (resumewds.wds.rotation).
 
 With ``num_workers=2`` webdataset's DataLoader takes each worker's items from
 that worker's own pipeline: worker ``w`` reads shards ``[w::2]``, its
@@ -276,6 +276,40 @@ def test_kill_9_and_resume_from_the_journal(urls, tmp_path):
     assert len(ref) == 20 and got == ref
     wds = _loader(real, urls, "select", 4)
     assert ref == [" ".join(k) for k in (_run(wds, 4) + _run(wds, 4))[:20]]  # webdataset's batches
+    # the journal's consumption too: the samples the select dropped before the kill's place included
+    from resumewds.journal import read_consumption
+
+    assert read_consumption(str(tmp_path / "cut.db")) == read_consumption(str(tmp_path / "full.db"))
+
+
+def _epoch_with_commits(urls, path, batch, stops):
+    """Epoch 0 of the rotation over a select, a commit after each item: each run of ``stops``
+    (``(items, workers)``; None: to the epoch's end) resumes from the journal, then stops there."""
+    step = 0
+    for stop, workers in stops:
+        loader = _loader(ours, urls, "select", batch, workers=workers, journal=path, resume=True)
+        assert loader.steps_done == step
+        for _ in _quiet(iter, loader):
+            loader.commit(step)
+            step += 1
+            if step == stop:
+                break
+        assert stop is not None or loader.epoch == 1
+        loader.close()
+
+
+@pytest.mark.parametrize("batch", [0, 4])
+def test_the_journal_counts_the_dropped_samples_across_a_resume(urls, tmp_path, batch):
+    """The samples a select dropped are consumed as the position passes them: a run that stopped
+    between two items of one read step, and resumed from its journal, records the same
+    consumption as one that did not stop."""
+    from resumewds.journal import read_consumption
+
+    full, cut = str(tmp_path / "full.db"), str(tmp_path / "cut.db")
+    _epoch_with_commits(urls, full, batch, [(None, 2)])
+    _epoch_with_commits(urls, cut, batch, [(5, 2), (None, 0)])  # 5 items: inside both streams' first step
+    assert read_consumption(cut) == read_consumption(full)
+    assert {u: r["samples"] for u, r in read_consumption(full)[0].items()} == dict.fromkeys(urls, 23)
 
 
 def test_the_commit_place_is_journaled(tmp_path):

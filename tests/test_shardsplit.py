@@ -1,4 +1,4 @@
-"""webdataset's worker split (resumewds.shardsplit): the pure layout, and loaders that follow it.
+"""webdataset's worker split (resumewds.wds.shardsplit): the pure layout, and loaders that follow it.
 
 The reference is written out by hand: worker ``w`` reads the epoch's shards
 ``[w::W]`` front to back, cuts its stream into batches (its last one short,
@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 import resumewds
 from resumewds.plan import Plan
 from resumewds.shardset import ShardDataset
-from resumewds.shardsplit import ShardSplit, SplitSequence, WorkerStream, worker_streams
 from resumewds.steplayout import Layout
+from resumewds.wds.shardsplit import ShardSplit, SplitSequence, WorkerStream, split_workers, worker_streams
 
 
 def reference(counts: List[int], order: List[int], W: int, b: int, drop: bool) -> List[List[Tuple[int, int]]]:
@@ -246,7 +246,7 @@ def test_the_rule_picks_webdatasets_split_only_for_webdatasets_forms(tmp_path):
     assert W(urls, shardshuffle=False, workersplitter=None).split_workers(2) == 0
     assert W(urls, shardshuffle=False, worker_split="samples").split_workers(2) == 0
     assert W(urls, shuffle=True, worker_split="shards").split_workers(3) == 3
-    assert ShardDataset(urls).split_workers(2) == 0  # the engine's own data set
+    assert split_workers(ShardDataset(urls), 2, 1) == 0  # the engine's own data set: no shard split
     with pytest.raises(ValueError, match="worker_split"):
         W(urls, worker_split="shard")
     with warnings.catch_warnings():

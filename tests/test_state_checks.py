@@ -1,6 +1,6 @@
 """A loader state that was changed after it was taken is refused (its checksum,
 resumewds.statecheck), and a rotation that no run can stand at is refused
-naming its field (resumewds.rotation); states as earlier versions wrote them
+naming its field (resumewds.wds.rotation); states as earlier versions wrote them
 (no checksum) and states that went through a checkpoint's round trip (JSON,
 pickle, torch.save) load and resume exactly.
 

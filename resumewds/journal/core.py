@@ -620,7 +620,7 @@ class Journal:
             samples_total: cumulative samples delivered by this rank.
             stats: optional JSON-able snapshot (``loader.stats()``).
             place: where the loader stands beyond ``(epoch, position)``
-                (JSON-able; the worker rotation's, :mod:`resumewds.rotation`).
+                (JSON-able; the worker rotation's, :mod:`resumewds.wds.rotation`).
             materialize: also bring the ``consumption`` table up to date in
                 this transaction (otherwise done every ``CONSUMPTION_EVERY``
                 commits; the deltas are in the commit row either way, so a

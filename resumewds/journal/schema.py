@@ -78,7 +78,7 @@ def _m002_commit_consumed(db: sqlite_utils.Database) -> None:
 
 def _m003_commit_place(db: sqlite_utils.Database) -> None:
     """Version 3: a commit row may carry where its loader stands beyond ``(epoch,
-    position)`` (JSON; the worker rotation's per-stream positions, :mod:`resumewds.rotation`)."""
+    position)`` (JSON; the worker rotation's per-stream positions, :mod:`resumewds.wds.rotation`)."""
     db.execute("ALTER TABLE commits ADD COLUMN place TEXT")
 
 

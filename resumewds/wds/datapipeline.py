@@ -44,7 +44,7 @@ order per epoch and goes on forever instead of drawing with replacement;
 ``split_by_node`` splits the global sample sequence, not the shard list (so
 any number of nodes works, with nothing seen twice).  ``split_by_worker``
 is webdataset's on one rank: each DataLoader worker reads its own shards
-(:mod:`resumewds.shardsplit`; ``worker_split="samples"`` asks for the split
+(:mod:`resumewds.wds.shardsplit`; ``worker_split="samples"`` asks for the split
 of the sample sequence instead).
 
 Example:
@@ -56,9 +56,7 @@ Example:
 from __future__ import annotations
 
 import copy
-import inspect
 import itertools
-import math
 import sys
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -67,17 +65,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import config
 from ..errors import ResumeWDSError, StateError
-from ..plan import Layout, Plan
+from ..plan import Layout
 from ..positions import hide_positions
-from ..shardset import ShardDataset
-from ..shardsplit import WorkerStream
 from ..stages import Stage, default_collate
 from ..statecheck import check_seal, seal
 from . import filters, tariterators
-from .fluent import FluidInterface
 from .handlers import reraise_exception
 from .pipeline import add_length_method
 from .shardlists import ResampledShards, SimpleShardList
+from .shardsplit import WorkerStream
 from .splitters import worker_info
 from .utils import PipelineStage
 from .webdataset import WebDataset
@@ -99,13 +95,6 @@ def _splitter_name(stage: Any) -> Optional[str]:
     if name in _SPLITTERS and mod.startswith("resumewds"):
         return name
     return None
-
-
-def _ctor_params() -> set:
-    try:
-        return set(inspect.signature(WebDataset.__init__).parameters)
-    except (TypeError, ValueError):  # pragma: no cover
-        return set()
 
 
 class _Unpositioned:
@@ -250,7 +239,6 @@ class DataPipeline(WebDataset, IterableDataset):
         if c.generic:
             WebDataset.__init__(self, [], seed=0)
             self._engine_key = None
-            self._built_spec = []
             if warn:
                 self._warn(c.opaque, whole=True)
             return
@@ -262,52 +250,50 @@ class DataPipeline(WebDataset, IterableDataset):
             seed = src_seed if isinstance(src_seed, int) and not isinstance(src_seed, bool) else config.seed()
         shuffled = c.shard_shuffle is not None or c.resampled or (
             isinstance(c.source, SimpleShardList) and c.source.seed is not None)
-        params = _ctor_params()
-        h = c.handler
-        extra: Dict[str, Any] = {}
-        if "handler" in params:
-            extra["handler"] = h
-        else:
-            kw.setdefault("on_error", "raise" if h is reraise_exception else "skip")
-        self._native_shuffle = callable(getattr(WebDataset, "shuffle", None))
         mode: Any = "shards" if shuffled else False
-        if c.sample_shuffle is not None and not self._native_shuffle:
-            mode = True
-        key = (list(c.source.urls), int(seed), mode, extra, kw)
-        if getattr(self, "_engine_key", None) == key:
-            # the same source and settings (an append of a later stage): keep the engine,
-            # its manifest and a resolution in flight; only the stages are compiled again
-            self._spec, self.collate_fn = [], None
-            self._compile()
-        else:
-            WebDataset.__init__(self, list(c.source.urls), seed=int(seed), shuffle=mode, **extra, **kw)
+        key = (list(c.source.urls), int(seed), mode, c.handler, kw)
+        if getattr(self, "_engine_key", None) != key:
+            WebDataset.__init__(self, list(c.source.urls), seed=int(seed), shuffle=mode, handler=c.handler, **kw)
             self._engine_key = key
-        self._bufsize: Optional[int] = None
-        if c.sample_shuffle is not None:
-            if self._native_shuffle:
-                WebDataset.shuffle(self, c.sample_shuffle.bufsize, initial=c.sample_shuffle.initial)
-            else:
-                self._bufsize = c.sample_shuffle.bufsize
+        # else the same source and settings (an append of a later stage): keep the engine, its
+        # manifest and a resolution in flight; only the stages are compiled again
+        specs: List[Stage] = []
+        sh = c.sample_shuffle
+        if sh is not None and sh.bufsize >= 1:  # the plan's seeded shuffle
+            specs.append(Stage("shuffle", "shuffle", n=int(sh.bufsize), initial=int(sh.initial)))
         # each stage's own callable, as webdataset's filter runs it (a .map() would give
         # every dict result the sample's __key__: rename(keep=False), rename_keys...)
-        for st in c.per_sample:
-            ShardDataset.compose(self, Stage("sample", "map", st.fn))
+        specs += [Stage("sample", "map", st.fn) for st in c.per_sample]
         if c.batch is not None:
-            WebDataset.batched(self, c.batch.batchsize, collation_fn=c.batch.collation_fn,
-                               partial=c.batch.partial)
-            for st in c.per_batch:
-                ShardDataset.compose(self, Stage("sample", "map", st.fn))
+            specs.append(Stage("batched", "batched", n=c.batch.batchsize, collation_fn=c.batch.collation_fn,
+                               partial=bool(c.batch.partial)))
+            specs += [Stage("sample", "map", st.fn) for st in c.per_batch]
+        self._set_stages(specs)
         if c.resampled and self.repetitions == 1:
             self.repetitions = sys.maxsize
         if c.tail and warn:
             self._warn(c.tail[0], whole=False)
-        self._built_spec = list(self._spec)
 
     # ---- what is exact ----------------------------------------------------------
     @property
     def exact(self) -> bool:
         """True when the whole pipeline is compiled into the plan (exact resume)."""
         return not self._c.generic and not self._c.tail
+
+    @property
+    def compiled(self) -> _Compiled:
+        """What the stages say, for the plan: the source, the splitters, the shuffles, the
+        per-sample stages, the batch, and ``tail``: the stages that run on the stream
+        (``generic``: the plan sees through none; ``opaque``: the first it cannot see through).
+
+        Example:
+            >>> import resumewds as wds
+            >>> p = wds.DataPipeline(wds.SimpleShardList("data/shard-000000.tar"), wds.tarfile_to_samples(),
+            ...                      wds.map(str))
+            >>> p.compiled.generic, len(p.compiled.per_sample)
+            (False, 1)
+        """
+        return self._c
 
     def _warn(self, stage: Any, whole: bool) -> None:
         if self._warned:
@@ -322,14 +308,6 @@ class DataPipeline(WebDataset, IterableDataset):
                       stacklevel=4)
 
     # ---- the plan -----------------------------------------------------------------
-    @property
-    def plan(self) -> Plan:
-        if self._plan is None and getattr(self, "_bufsize", None):
-            m = self.manifest
-            avg = max(1.0, m.total_samples / max(1, len(m.shards)))
-            self.shuffle_window = max(2, min(len(m.shards), math.ceil(self._bufsize / avg) + 1))  # type: ignore[operator]
-        return WebDataset.plan.fget(self)  # type: ignore[attr-defined]
-
     def __getstate__(self) -> Dict[str, Any]:
         if self._c.generic:
             d = dict(self.__dict__)
@@ -350,7 +328,7 @@ class DataPipeline(WebDataset, IterableDataset):
                                  "iterate it directly or in a torch DataLoader instead of WebLoader")
         return WebDataset.iter_steps(self, *args, **kw)
 
-    _empty_worker_check = False  # webdataset's DataPipeline: a worker without shards yields nothing
+    empty_worker_check = False  # webdataset's DataPipeline: a worker without shards yields nothing
 
     def worker_split_mode(self) -> str:
         """``worker_split`` if given, else ``"shards"`` with a ``split_by_worker``
@@ -384,7 +362,7 @@ class DataPipeline(WebDataset, IterableDataset):
             worker, nw = info.id, info.num_workers
         layout: Any = self._layout()
         W = self.split_workers(nw, layout.world_size) if info is not None else 0
-        if W:  # webdataset's split_by_worker: this worker's own shards (resumewds.shardsplit)
+        if W:  # webdataset's split_by_worker: this worker's own shards (resumewds.wds.shardsplit)
             layout, worker, nw = WorkerStream(W, worker, layout), 0, 1
         split = [layout.worker, W] if W else None
         if (st.get("position") or st.get("skip")) and st.get("split", split) != split:
@@ -567,11 +545,13 @@ class DataPipeline(WebDataset, IterableDataset):
         self._build(warn=False)
 
     def compose(self, *args: Any) -> DataPipeline:
-        """A copy with ``args`` appended (this pipeline is unchanged)."""
+        """A copy with ``args`` appended, each with :meth:`append` (this pipeline is unchanged),
+        as webdataset's ``DataPipeline.compose``; None is left out."""
         out = copy.copy(self)
-        out.pipeline = list(self.pipeline) + [a for a in args if a is not None]
-        out._warned = False
-        out._build(warn=False)
+        out.pipeline = list(self.pipeline)
+        for a in args:
+            if a is not None:
+                out.append(a)
         return out
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DataPipeline:
@@ -607,31 +587,3 @@ class DataPipeline(WebDataset, IterableDataset):
     def __repr__(self) -> str:
         return f"DataPipeline({', '.join(repr(s) for s in self.pipeline)}, exact={self.exact})"
 
-
-#: webdataset's ``FluidInterface`` methods: on a DataPipeline each returns a copy with that
-#: stage appended (``self.compose(filters.<name>(...))``), as webdataset's do
-FLUENT = ("batched", "unbatched", "listed", "unlisted", "log_keys", "shuffle", "map", "decode", "map_dict",
-          "select", "to_tuple", "map_tuple", "slice", "rename", "rsample", "rename_keys", "extract_keys",
-          "xdecode", "mcached", "lmdb_cached")
-
-
-def _fluent(name: str) -> Any:
-    fluid = getattr(FluidInterface, name)
-    engine = getattr(WebDataset, name)
-
-    def method(self: DataPipeline, *args: Any, **kw: Any) -> Any:
-        if not self._c.generic and self._spec != self._built_spec:
-            # the engine's stages were changed directly (a loader's compiled chain does):
-            # its stage on a copy of that engine form
-            out = copy.copy(self)
-            out._spec = list(self._spec)
-            return engine(out, *args, **kw)
-        return fluid(self, *args, **kw)
-
-    method.__name__ = name
-    method.__doc__ = f"A copy with ``{name}(...)`` appended (webdataset's ``FluidInterface.{name}``)."
-    return method
-
-
-for _name in FLUENT:
-    setattr(DataPipeline, _name, _fluent(_name))

@@ -49,6 +49,7 @@ from ..stages import (
     Rename,
     RenameKeys,
     Select,
+    Stage,
     ToTuple,
     default_collation_fn,
     getfirst,
@@ -57,8 +58,8 @@ from . import utils  # noqa: F401  (webdataset's filters.utils)
 from .handlers import reraise_exception, until_stop
 from .utils import PipelineStage
 
-__all__ = ["Cached", "FilterFunction", "LMDBCached", "RestCurried", "SampleStage", "Stage", "associate", "batched",
-           "combine_values", "compose", "compose2", "decode", "decode_bin", "decode_pickle", "decode_text",
+__all__ = ["Cached", "FilterFunction", "LMDBCached", "RestCurried", "SampleStage", "StreamStage", "associate",
+           "batched", "combine_values", "compose", "compose2", "decode", "decode_bin", "decode_pickle", "decode_text",
            "default_collation_fn", "detshuffle", "dict2tuple", "extract_keys", "find_decoder", "getfirst",
            "identity", "info", "log_keys", "map", "map_dict", "map_tuple", "parse_field_spec", "pick",
            "pipeline", "pipelinefilter", "rename", "rename_keys", "rsample", "select", "shuffle", "slice",
@@ -71,19 +72,36 @@ ExnHandler = Callable[[BaseException], bool]
 StopPipeline = HandlerStop
 
 
-class Stage:
-    """A stage: ``stage(iterator) -> iterator``.  ``name`` says what it is."""
+class StreamStage:
+    """A stage over a stream, webdataset's form: ``stage(iterator) -> iterator``.  ``name``
+    says what it is; :meth:`spec` is the same stage as the engine runs it.
+
+    Example:
+        >>> list(select(lambda x: x > 1)(iter([1, 2, 3]))), select(bool).spec()
+        ([2, 3], Stage(select))
+    """
 
     name = "stage"
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
         raise NotImplementedError
 
+    def spec(self) -> Optional[Stage]:
+        """This stage as a :class:`~resumewds.stages.Stage` spec of the engine (what
+        ``WebDataset(...).compose(stage)`` and the fluent methods append), or None: a stage
+        the engine runs as given, on the stream.
+
+        Example:
+            >>> batched(4).spec().args["n"], info().spec() is None
+            (4, True)
+        """
+        return None
+
     def __repr__(self) -> str:
         return f"<{self.name}>"
 
 
-class SampleStage(Stage):
+class SampleStage(StreamStage):
     """A stage that maps each item on its own: ``fn(x) -> y`` or None to drop ``x``.
 
     ``fn`` raises :class:`StopPipeline` when the handler says stop.  Run on a stream
@@ -97,12 +115,16 @@ class SampleStage(Stage):
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
         return until_stop(runners.MapRunner(self.fn).run(iter(src)))
 
+    def spec(self) -> Stage:
+        """A per-sample spec of the same callable."""
+        return Stage("sample", self.name, self.fn)
+
 
 def _stage(name: str, fn: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
     return SampleStage(name, fn if handler is reraise_exception else Handled(fn, handler, name))
 
 
-class _Generic(Stage):
+class _Generic(StreamStage):
     def __init__(self, name: str, f: Callable[..., Iterator[Any]], *args: Any, **kw: Any):
         self.name, self.f, self.args, self.kw = name, f, args, kw
 
@@ -110,9 +132,9 @@ class _Generic(Stage):
         return self.f(iter(src), *self.args, **self.kw)
 
 
-def pipelinefilter(f: Callable[..., Iterator[Any]]) -> Callable[..., Stage]:
+def pipelinefilter(f: Callable[..., Iterator[Any]]) -> Callable[..., StreamStage]:
     """Turn ``f(src, *args, **kw)`` into a stage factory ``f(*args, **kw)(src)`` (webdataset's helper)."""
-    def factory(*args: Any, **kw: Any) -> Stage:
+    def factory(*args: Any, **kw: Any) -> StreamStage:
         return _Generic(getattr(f, "__name__", "stage"), f, *args, **kw)
     factory.__name__ = getattr(f, "__name__", "stage")
     factory.__doc__ = f.__doc__
@@ -535,7 +557,10 @@ class LMDBCached(PipelineStage):
 
 
 def __getattr__(name: str) -> Any:
-    """``TorchTensor``: torch's ``Tensor`` (webdataset's name here), loaded on first use."""
+    """``TorchTensor``: torch's ``Tensor`` (webdataset's name here), loaded on first use; any
+    other name (``__path__``, which ``from .filters import x`` asks for) without loading torch."""
+    if name != "TorchTensor":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .pytorch import torch_name  # lazy: imports torch
 
     return torch_name(__name__, name)
@@ -543,7 +568,7 @@ def __getattr__(name: str) -> Any:
 
 # ---- stream stages -------------------------------------------------------------------
 
-class ShuffleStage(Stage):
+class ShuffleStage(StreamStage):
     """``shuffle(bufsize, initial)``: a buffer shuffle on a stream; the plan's seeded shuffle in a DataPipeline."""
 
     name = "shuffle"
@@ -559,6 +584,10 @@ class ShuffleStage(Stage):
                                         else int((os.getpid() + time.time()) * 1e9))
         return runners.ShuffleRunner(self.bufsize, self.initial,
                                      pick=lambda n: rng.randint(0, n - 1)).run(iter(src))
+
+    def spec(self) -> Optional[Stage]:
+        """The engine's ``shuffle`` (compiled into the plan before ``batched``; ``bufsize < 1``: none)."""
+        return Stage("shuffle", "shuffle", n=self.bufsize, initial=self.initial)
 
 
 def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
@@ -602,12 +631,16 @@ class detshuffle(ShuffleStage, PipelineStage):
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
         return self.run(src)
 
+    def spec(self) -> Optional[Stage]:
+        """None: composed on a data set it runs as given (each run over a stream is its next epoch)."""
+        return None
+
 
 # webdataset's default collation: the one the fluent ``.batched(n)`` uses
 # (resumewds.pipeline.default_collation_fn, imported above)
 
 
-class BatchedStage(Stage):
+class BatchedStage(StreamStage):
     """``batched(n)``: lists of ``n`` samples, collated."""
 
     name = "batched"
@@ -634,6 +667,11 @@ class BatchedStage(Stage):
         batch = [hide_positions(s) for s in batch]
         return self.collation_fn(batch) if self.collation_fn is not None else batch
 
+    def spec(self) -> Stage:
+        """The engine's ``batched`` (what its loader runs)."""
+        return Stage("batched", "batched", n=self.batchsize, collation_fn=self.collation_fn,
+                     partial=bool(self.partial))
+
 
 def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
             partial: bool = True) -> BatchedStage:
@@ -641,22 +679,32 @@ def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], An
     return BatchedStage(batchsize, collation_fn, partial)
 
 
-class _RunnerStage(Stage):
-    """A stream stage run by its :mod:`resumewds.runners` runner (the fluent form's)."""
+class _RunnerStage(StreamStage):
+    """A stream stage run by its :mod:`resumewds.runners` runner (the fluent form's); ``args``:
+    its engine spec's arguments."""
 
-    def __init__(self, name: str, make: Callable[[], Any]):
-        self.name, self.make = name, make
+    def __init__(self, name: str, make: Callable[[], Any], **args: Any):
+        self.name, self.make, self.args = name, make, args
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
         return self.make().run(iter(src))
 
+    def spec(self) -> Stage:
+        """The engine's stream stage of the same name (its runner keyed by seed, epoch and count)."""
+        args = dict(self.args)
+        if self.name == "rsample":
+            args["p"] = float(args["p"])
+            if not 0.0 <= args["p"] <= 1.0:
+                raise ValueError(f"rsample: p must be in [0, 1], got {self.args['p']}")
+        return Stage("stream", self.name, **args)
 
-def unbatched() -> Stage:
+
+def unbatched() -> StreamStage:
     """Stage: split batches back into samples."""
     return _RunnerStage("unbatched", functools.partial(runners.UnbatchRunner, False))
 
 
-def unlisted() -> Stage:
+def unlisted() -> StreamStage:
     """Stage: flatten lists of samples (each must be a list, as in webdataset)."""
     return _RunnerStage("unlisted", functools.partial(runners.UnbatchRunner, True))
 
@@ -674,14 +722,14 @@ class _RandomKeyRSample:
         return runners.RSampleRunner(self.p, random.getrandbits(64))
 
 
-def rsample(p: float = 0.5) -> Stage:
+def rsample(p: float = 0.5) -> StreamStage:
     """Stage: keep each sample with probability ``p`` (random: not exactly resumable)."""
-    return _RunnerStage("rsample", _RandomKeyRSample(p))
+    return _RunnerStage("rsample", _RandomKeyRSample(p), p=p)
 
 
-def slice(*args: Any) -> Stage:
+def slice(*args: Any) -> StreamStage:
     """Stage: ``itertools.islice`` of the stream."""
-    return _RunnerStage("slice", functools.partial(runners.SliceRunner, *args))
+    return _RunnerStage("slice", functools.partial(runners.SliceRunner, *args), args=args)
 
 
 def _info(data: Iterator[Any], fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50,
@@ -699,14 +747,14 @@ def _info(data: Iterator[Any], fmt: Optional[str] = None, n: int = 3, every: int
 
 
 def info(fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50, stream: Any = None,
-         name: str = "") -> Stage:
+         name: str = "") -> StreamStage:
     """Stage: print the first ``n`` samples (to stderr)."""
     return _Generic("info", _info, fmt, n, every, width, stream, name)
 
 
-def log_keys(logfile: Optional[str] = None) -> Stage:
+def log_keys(logfile: Optional[str] = None) -> StreamStage:
     """Stage: append ``index, worker, rank, key`` of each sample to ``logfile``."""
-    return _RunnerStage("log_keys", functools.partial(runners.LogKeysRunner, logfile))
+    return _RunnerStage("log_keys", functools.partial(runners.LogKeysRunner, logfile), logfile=logfile)
 
 
 _ = builtins  # map/slice shadow builtins here on purpose (webdataset's names)

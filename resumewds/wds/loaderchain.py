@@ -65,7 +65,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import sys
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -73,16 +72,17 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from ..epochsource import BatchInfo, EmptyBatch
 from ..errors import HandlerStop, StateError
 from ..positions import hide_positions
-from ..rotation import RotatingLoader
 from ..runners import BatchRunner, UnbatchRunner
 from ..shardloader import STATE_FORMAT, ShardLoader
-from ..shardset import ShardDataset
 from ..stages import Handled, Stage, apply_stages, default_collation_fn
 from ..statecheck import seal
 from ..world import detect_world
 from . import filters
 from .fluent import Cached, FluidInterface
 from .fluid import FluidWrapper
+from .loader_compat import DataLoaderAttributes
+from .rotation import RotatingLoader, refuse_rotation
+from .shardsplit import SHARD_SPLIT
 
 __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPipeline", "WebLoader", "route",
            "stream_loader"]
@@ -90,7 +90,7 @@ __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPip
 _MISSING: Any = object()
 # WebLoader's own arguments, which a torch DataLoader does not take
 _RESUMEWDS_ONLY = ("rank", "world_size", "remainder", "journal", "resume", "verbose", "chunk_size",
-                   "journal_sync", "nodes", "preempt", "transport", "worker_split")
+                   "journal_sync", "nodes", "preempt", "transport", "worker_split", "convert")
 
 
 class _Each:
@@ -146,7 +146,7 @@ def _op_of(stage: Any) -> Any:
         return _Group(stage.batchsize, stage.collation_fn, stage.partial)
     if isinstance(stage, _RefillBatches):
         return _Group(stage.n, stage.collation_fn, stage.partial, stage.batch_stages, convert=True)
-    if isinstance(stage, filters.Stage) and getattr(stage, "name", None) in ("unbatched", "unlisted"):
+    if isinstance(stage, filters.StreamStage) and getattr(stage, "name", None) in ("unbatched", "unlisted"):
         return _Split(stage.name == "unlisted")
     return None
 
@@ -170,15 +170,27 @@ def _layout(ops: Sequence[Any]) -> Optional[Tuple[List[Any], Any, List[Any], Any
     return parts[0], parts[1], parts[2], parts[3], parts[4]
 
 
-class LoaderPipeline(FluidInterface):
-    """A WebLoader with webdataset's fluent re-mixing chain compiled in (see module docs)."""
+#: a chain's settings (``LoaderPipeline(base, **settings)``, each kept as ``_<name>``); a fluent
+#: method returns a new chain with some of them changed
+_SETTINGS = ("fixed", "unbatched", "shuffle", "batch", "limit", "nepochs", "unit", "limit_items", "span",
+             "length", "ops", "post")
 
-    def __init__(self, base: Any, fixed: bool = False):
+
+class LoaderPipeline(FluidInterface):
+    """A WebLoader with webdataset's fluent re-mixing chain compiled in (see module docs).
+
+    Args:
+        base: the WebLoader.
+        fixed: the loader's items are webdataset's and cannot be undone (see below).
+        **settings: the chain's settings (:data:`_SETTINGS`), as a fluent method changed them.
+    """
+
+    def __init__(self, base: Any, fixed: bool = False, **settings: Any):
         self._base = base
         # the loader's items are what webdataset's loader hands out and cannot be undone (a
         # .batched(n) refilled from a filtered stream, samples a select dropped from): the
         # re-mixing methods run on its stream (_ops), and .shuffle(n) is the plan's
-        self._fixed = bool(fixed or getattr(base, "_stream_items", False))
+        self._fixed = bool(fixed or getattr(base, "stream_items", False))
         self._unbatched = False
         self._shuffle = 0
         self._batch: Optional[Dict[str, Any]] = None
@@ -213,16 +225,21 @@ class LoaderPipeline(FluidInterface):
         self._pinned = False
         self._origin: Any = None  # the place a resume gave, while its first iter() may be left
         self._handed = 0  # items the current iter() handed out
-        if getattr(base, "_origin", None) is not None:  # a journal resumed (at a commit of this chain?)
-            self._adopt((getattr(base, "_journal_place", None) or {}).get("chain") or {})
+        for k, v in settings.items():
+            if k not in _SETTINGS:
+                raise TypeError(f"LoaderPipeline: no setting {k!r}")
+            setattr(self, "_" + k, v)
+        resumed = getattr(base, "resumed_place", None)  # a journal resumed (at a commit of this chain?)
+        if resumed is not None:
+            self._adopt(resumed.get("chain") or {})
 
     def _with(self, **kw: Any) -> LoaderPipeline:
+        """This chain with the settings ``kw`` changed (a new chain over the same loader)."""
         if self._built is not None:
             raise ValueError("add the WebLoader's fluent stages before iterating it")
-        out = copy.copy(self)
-        for k, v in kw.items():
-            setattr(out, k, v)
-        return out
+        settings = {k: getattr(self, "_" + k) for k in _SETTINGS}
+        settings.update(kw)
+        return type(self)(self._base, **settings)
 
     @property
     def _streaming(self) -> bool:
@@ -245,26 +262,26 @@ class LoaderPipeline(FluidInterface):
                 g = ops.pop()
                 op = _Each(_AsUnbatched(g.collation_fn or list))
                 if self._limit > 0 and not self._limit_items and self._unit > 1:  # the data set's with_epoch
-                    extra.update(_limit=self._limit * self._unit, _limit_items=True, _unit=1)
+                    extra.update(limit=self._limit * self._unit, limit_items=True, unit=1)
             if isinstance(op, (_Split, _Group)) and (self._unbatched or self._batch is not None):
                 op = None  # after re-mixing compiled into the loader: on the stream, as given
             if op is not None and _layout(ops + [op]) is not None:
                 ops.append(op)
             else:
                 post.append(s)
-        return self._with(_ops=ops, _post=post, **extra)
+        return self._with(ops=ops, post=post, **extra)
 
     def unbatched(self) -> LoaderPipeline:
         """Yield single samples (see module docs)."""
         if self._streaming:
             return self.compose(filters.unbatched())
-        return self._with(_unbatched=True, _batch=None)
+        return self._with(unbatched=True, batch=None)
 
     def shuffle(self, size: int, **kw: Any) -> LoaderPipeline:
         """Shuffle within windows of about ``3 * size`` samples, in the plan (see module docs)."""
         if self._post:
             return FluidInterface.shuffle(self, size, **kw)
-        return self._with(_shuffle=max(self._shuffle, int(size))) if size >= 1 else self
+        return self._with(shuffle=max(self._shuffle, int(size))) if size >= 1 else self
 
     def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
                 partial: bool = True) -> LoaderPipeline:
@@ -273,21 +290,40 @@ class LoaderPipeline(FluidInterface):
             raise ValueError(f"batch_size must be >= 1, got {batchsize}")
         if self._streaming:
             return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
-        return self._with(_batch={"n": int(batchsize), "collation_fn": collation_fn,
+        return self._with(batch={"n": int(batchsize), "collation_fn": collation_fn,
                                   "partial": bool(partial)})
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing over epochs."""
-        return self._with(_limit=int(max(nsamples, nbatches)), _nepochs=-1, _unit=1, _limit_items=False)
+        return self._with(limit=int(max(nsamples, nbatches)), nepochs=-1, unit=1, limit_items=False)
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> LoaderPipeline:
         """``nepochs`` loader epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items."""
-        return self._with(_nepochs=int(nepochs) if nepochs > 0 else -1, _limit=int(nbatches), _unit=1,
-                          _limit_items=False)
+        return self._with(nepochs=int(nepochs) if nepochs > 0 else -1, limit=int(nbatches), unit=1,
+                          limit_items=False)
 
     def with_length(self, n: int, silent: bool = False) -> LoaderPipeline:
         """Give the chain a ``__len__`` (it does not change an epoch)."""
-        return self._with(_length=int(n))
+        return self._with(length=int(n))
+
+    def dataset_passes(self, nepochs: int, limit: int, unit: int = 1) -> LoaderPipeline:
+        """webdataset's passes of a data set that goes on over epochs (``resampled``, ``.repeat()``,
+        ``.with_epoch(n)``): each ``iter()`` is one DataLoader pass, endless or ``limit`` items per
+        DataLoader worker (items of the data set: batches of ``unit`` samples when it is batched),
+        the re-batching stages running across its epochs (see :func:`route`).
+
+        Example:
+            >>> chain = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=None).unbatched()
+            >>> len(list(chain.dataset_passes(-1, 5)))
+            5
+        """
+        if limit > 0:  # items of the dataset (with_epoch): its batches when it is batched (see __iter__)
+            kw: Dict[str, Any] = dict(limit=limit * max(1, self._base.num_workers), nepochs=-1, unit=1,
+                                      limit_items=False)
+            kw.update({"limit_items": True} if self._fixed and not self._ops else {"unit": int(unit)})
+        else:  # (repeat)
+            kw = dict(nepochs=int(nepochs) if nepochs > 0 else -1, limit=-1, unit=1, limit_items=False)
+        return self._with(span=True, **kw)
 
     # ---- the compiled loader ----------------------------------------------------
     @property
@@ -301,24 +337,23 @@ class LoaderPipeline(FluidInterface):
         base = self._base
         if self._streaming:
             if self._shuffle:  # the data set's .shuffle(n), in the plan: the same loader in that order
-                base._use_dataset(_shuffled(base.dataset, self._shuffle))
+                base.use_dataset(_shuffled(base.dataset, self._shuffle))
             return base
         if not (self._unbatched or self._shuffle or self._batch):
             return base
         ds = base.dataset
         if ds.batch_size is not None:
-            if ds._spec[ds._stream_from + 1:]:
+            specs, cut = ds.stage_specs, ds.stream_from
+            if specs[cut + 1:]:
                 raise ValueError("WebLoader(...).unbatched(): the dataset has stages after .batched(); "
                                  "re-mixing needs its batches to be plain consecutive samples")
-            undone = ds._spec[ds._stream_from].args["collation_fn"]
-            ds = ds._derived()  # (never the caller's data set, a DataPipeline included)
-            ds._spec = ds._spec[:ds._stream_from]
-            if undone is not None and getattr(base, "_convert", False):
+            undone = specs[cut].args["collation_fn"]
+            kept = list(specs[:cut])
+            if undone is not None and getattr(base, "convert", False):
                 # webdataset's loader converted each batch (torch's default_convert) before
                 # unbatching it: each sample comes back as that made it
-                ds._spec.append(Stage("sample", "as_unbatched", _AsUnbatched(undone)))
-            ds.collate_fn = None
-            ds._compile()
+                kept.append(Stage("sample", "as_unbatched", _AsUnbatched(undone)))
+            ds = ds.with_stages(kept)  # (a copy: never the caller's data set, a DataPipeline included)
         if self._shuffle:
             ds = _shuffled(ds, self._shuffle)
         if self._batch is not None:
@@ -337,10 +372,10 @@ class LoaderPipeline(FluidInterface):
         elif self._unbatched:
             bs, collate, remainder = None, None, base.remainder
         else:
-            bs, collate, remainder = base.batch_size, base._collate_fn, base.remainder
-        preempt = tuple(getattr(base, "_preempt_signals", ()))
+            bs, collate, remainder = base.batch_size, base.collate_fn, base.remainder
+        preempt = tuple(getattr(base, "preempt_signals", ()))
         if preempt:
-            base._restore_handlers()  # the new loader takes the signals over (and their previous handlers)
+            base.release_signals()  # the new loader takes the signals over (and their previous handlers)
         new = object.__new__(WebLoader)  # the compiled loader itself (WebLoader() would route ``ds`` again)
         WebLoader.__init__(new, ds, batch_size=bs, num_workers=base.num_workers, collate_fn=collate,
                            rank=base.rank, world_size=base.world_size, remainder=remainder,
@@ -405,18 +440,18 @@ class LoaderPipeline(FluidInterface):
                 loader.end_epoch()
             else:
                 self._resume, self._pass_done, self._served, mark, counted = origin
-                loader._rewind(mark)
-                loader._session.set_consumed(counted)
+                loader.rewind(mark)
+                loader.session.set_consumed(counted)
         elif not self._advanced:
             self._origin = origin  # nothing handed out from there yet
         if self._resume is not None:
             (mark, self._pass_done, served, counted), self._skip = self._resume
             if self._limit_items:
                 self._served = served
-            loader._rewind(mark)
+            loader.rewind(mark)
             if counted is not None:  # its samples are delivered (and counted) again
-                loader._session.set_consumed(counted)
-        loader._hold_place()  # decided here
+                loader.session.set_consumed(counted)
+        loader.hold_place()  # decided here
         self._advanced = False
 
     def _done(self) -> bool:
@@ -449,8 +484,8 @@ class LoaderPipeline(FluidInterface):
         """The chain's place before the loader's next item: the loader's place, the pass's
         epochs, the items served, and the consumption the journal counted so far."""
         loader = self.loader
-        counted = loader._session.consumed_now() if loader.journal is not None else None
-        return (loader._mark(), self._pass_done, self._served, counted)
+        counted = loader.session.consumed_now() if loader.journal is not None else None
+        return (loader.mark(), self._pass_done, self._served, counted)
 
     def _passes(self) -> Iterator[Tuple[Any, Any]]:
         """The loader's items, pass after pass (``repeat`` / ``with_epoch`` decide how many),
@@ -567,12 +602,12 @@ class LoaderPipeline(FluidInterface):
         if self._resume is None:
             return f()
         loader = self.loader
-        now = loader._mark()
-        loader._rewind(self._resume[0][0])
+        now = loader.mark()
+        loader.rewind(self._resume[0][0])
         try:
             return f()
         finally:
-            loader._rewind(now)
+            loader.rewind(now)
 
     def _fields(self) -> Dict[str, int]:
         """The chain's place beyond the loader's (see :meth:`state_dict`)."""
@@ -605,10 +640,10 @@ class LoaderPipeline(FluidInterface):
         self._pass_done = int(chain.get("chain_epochs", 0))
         skip = int(chain.get("chain_skip", 0))
         loader = self._built if self._built is not None else self._base
-        self._resume = ((loader._mark(), self._pass_done, self._served, None), skip) if skip else None
+        self._resume = ((loader.mark(), self._pass_done, self._served, None), skip) if skip else None
         self._skip = 0
-        self._origin = (self._resume, self._pass_done, self._served, loader._mark(),
-                        loader._session.consumed_now())
+        self._origin = (self._resume, self._pass_done, self._served, loader.mark(),
+                        loader.session.consumed_now())
         self._pinned, self._advanced = True, False
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -637,12 +672,12 @@ class LoaderPipeline(FluidInterface):
         self._check_exact(f"commit({step})")
         place = {"chain": self._fields()}
         if self._resume is None:
-            self.loader._commit(step, stats, place)
+            self.loader.commit(step, stats, place=place)
         else:  # at the place of the held samples: the consumption counted up to there, the rest later
-            session = self.loader._session
+            session = self.loader.session
             now, before = session.consumed_now(), self._resume[0][3] or {}
             session.set_consumed(before)
-            self._at_resume(lambda: self.loader._commit(step, stats, place))
+            self._at_resume(lambda: self.loader.commit(step, stats, place=place))
             session.set_consumed({k: n - before.get(k, 0) for k, n in now.items()})
             before.clear()  # committed: going back there takes back nothing more
         self._pinned = True
@@ -684,13 +719,14 @@ class LoaderPipeline(FluidInterface):
 
 
 def _resampled(ds: Any) -> bool:
-    return bool(getattr(ds, "resampled", False) or getattr(getattr(ds, "_c", None), "resampled", False))
+    return bool(getattr(ds, "resampled", False) or getattr(getattr(ds, "compiled", None), "resampled", False))
 
 
 def _shuffled(ds: Any, size: int) -> Any:
-    """``ds`` with the data set's ``.shuffle(size)`` (a copy: never the caller's data set)."""
-    if hasattr(ds, "_derived"):
-        return ShardDataset.shuffle(ds._derived(), size)
+    """``ds`` with the data set's ``.shuffle(size)``, compiled into the plan (a copy: never the
+    caller's data set)."""
+    if hasattr(ds, "with_stages"):
+        return ds.with_stages(ds.stage_specs + (Stage("shuffle", "shuffle", n=int(size), initial=100),))
     return ds.shuffle(size)
 
 
@@ -765,7 +801,7 @@ def _opaque(dataset: Any) -> Any:
 
         # a torch data set runs as webdataset's loader would run it; anything else is refused
         return type(dataset).__name__ if isinstance(dataset, Dataset) else None
-    c = getattr(dataset, "_c", None)  # a DataPipeline's compiled form
+    c = getattr(dataset, "compiled", None)  # a DataPipeline's compiled form
     if c is not None and (c.generic or c.tail):
         return c.tail[0] if c.tail else c.opaque
     return None
@@ -789,7 +825,7 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     what = _opaque(dataset)
     if what is not None:
         return stream_loader(dataset, what, *args, **kw)
-    c = getattr(dataset, "_c", None)  # a DataPipeline's compiled form (None: a WebDataset, a MixedDataset)
+    c = getattr(dataset, "compiled", None)  # a DataPipeline's compiled form (None: a WebDataset, a MixedDataset)
     nw = kw.get("num_workers", args[1] if len(args) > 1 else 0)
     if c is not None and isinstance(nw, int) and nw > 1 and not (c.worker_split or c.resampled) \
             and "split" not in _warned_stream:
@@ -807,7 +843,7 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     one = c is not None and dataset.batch_size is not None and not args and "batch_size" not in kw
     rotate = passes in (None, (1, -1)) and _rotates(dataset, args, kw)
     if not (passes or refill or one):
-        # the filtered samples of webdataset's workers, round-robin (resumewds.rotation): its
+        # the filtered samples of webdataset's workers, round-robin (resumewds.wds.rotation): its
         # own __init__ runs next, as WebLoader's would
         return object.__new__(_RotatingWebLoader) if rotate else None
     if refill:
@@ -820,14 +856,7 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     if one:
         out = out.compose(_BatchOfOne(kw.get("collate_fn")))
     if passes is not None:
-        nepochs, limit = passes
-        if limit > 0:  # items of the dataset: its batches when it is batched (see LoaderPipeline.__iter__)
-            out = out.with_epoch(limit * max(1, out._base.num_workers))
-            out = out._with(_limit_items=True) if out._fixed and not out._ops else \
-                out._with(_unit=int(dataset.batch_size or 1))
-        else:
-            out = out.repeat(nepochs)
-        out = out._with(_span=True)
+        out = out.dataset_passes(*passes, unit=int(dataset.batch_size or 1))
     return out
 
 
@@ -839,20 +868,17 @@ def _passes(dataset: Any) -> Optional[Tuple[int, int]]:
         if reps == 1:
             return None
         return (-1 if reps >= sys.maxsize else reps), limit
-    mode = getattr(dataset, "_mode", "once")
-    if mode == "once":
-        return None
-    return (int(dataset._nepochs) if mode == "repeat" else -1), int(dataset._limit)
+    return getattr(dataset, "passes", None)  # (resumewds.wds.direct.DirectDataset.passes)
 
 
 def _drops(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
     """``WebLoader(dataset, batch_size=None)`` on one rank over per-sample stages that may
     drop samples (``select``, a ``handler``)."""
-    if not hasattr(dataset, "_spec") or (args[0] if args else kw.get("batch_size", _MISSING)) is not None:
+    if not hasattr(dataset, "stage_specs") or (args[0] if args else kw.get("batch_size", _MISSING)) is not None:
         return False
-    if kw.get("collate_fn") is not None or dataset._spec[dataset._loader_from:]:
+    if kw.get("collate_fn") is not None or dataset.stage_specs[dataset.loader_from:]:
         return False
-    sample_stages = dataset._spec[:dataset._stream_from]
+    sample_stages = dataset.stage_specs[:dataset.stream_from]
     drops = getattr(dataset, "handler", None) is not None or any(
         st.name == "select" or isinstance(st.fn, Handled) for st in sample_stages)
     if not drops:
@@ -870,7 +896,7 @@ def _refills(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
 
 def _rotates(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
     """Whether ``WebLoader(dataset, batch_size=None)`` follows webdataset's rotation of its
-    workers' filtered streams when the shard split applies (:mod:`resumewds.rotation`): stages
+    workers' filtered streams when the shard split applies (:mod:`resumewds.wds.rotation`): stages
     that may drop samples, one rank, one epoch per ``iter()``, no ``pad`` (samples, or a
     ``.batched(n)`` refilled in each stream)."""
     return kw.get("remainder", "keep") != "pad" and _drops(dataset, args, kw)
@@ -880,28 +906,25 @@ def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any], rotate
     """The loader of :func:`_refills`: the dataset's samples one by one (the engine's
     ``batch_size=None``), batched by :class:`_RefillBatches` as each epoch's stream goes
     (webdataset's pipeline runs again each epoch: a batch never spans two), under the
-    shard split in each worker's stream (:func:`_rotates`, :mod:`resumewds.rotation`), else
+    shard split in each worker's stream (:func:`_rotates`, :mod:`resumewds.wds.rotation`), else
     in the one sequence.  A batch is handed out as soon as its last sample is, so the
     loader's position then is just after that sample and ``state_dict()`` / ``commit``
     resume exactly after the batch.  Over resampled shards (one endless stream in
     webdataset) the batches are filled on the chain's stream, across the plan's epochs."""
-    b = dataset._spec[dataset._stream_from]
-    batch_stages = [st.fn for st in dataset._spec[dataset._stream_from + 1:dataset._loader_from]]
-    ds = dataset._derived()  # (never the caller's data set, a DataPipeline included)
-    ds._spec = ds._spec[:ds._stream_from] + ds._spec[dataset._loader_from:]
-    ds.collate_fn = None
-    ds._compile()
+    specs, cut, end = dataset.stage_specs, dataset.stream_from, dataset.loader_from
+    b = specs[cut]
+    batch_stages = [st.fn for st in specs[cut + 1:end]]
+    ds = dataset.with_stages(specs[:cut] + specs[end:])  # (a copy: never the caller's data set)
     stage = _RefillBatches(b.args["n"], b.args["collation_fn"], b.args["partial"], batch_stages)
     if not rotate:
         kw = dict(kw, worker_split=kw.get("worker_split") or "samples")  # one filtered stream
+    kw = dict(kw, convert=False)  # torch's default_convert runs on each batch, as webdataset's DataLoader's
     if _resampled(dataset):
         base = object.__new__(cls)
         base.__init__(ds, *args, **kw)
-        base._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
         return LoaderPipeline(base, fixed=True).compose(stage)
     rot: Any = object.__new__(_RotatingWebLoader)
     rot.__init__(ds, *args, stream_stage=stage, **kw)
-    rot._convert = False  # torch's default_convert runs on each batch, as webdataset's DataLoader's
     # the refilled batches are the loader's items: re-mixing methods run on its stream
     return LoaderPipeline(rot, fixed=True)
 
@@ -976,17 +999,25 @@ def stream_loader(dataset: Any, what: Any, *args: Any, **kw: Any) -> Any:
         return FluidWrapper(DataLoader(dataset, *args, **kw))
 
 
-class WebLoader(FluentLoader, ShardLoader):
+class WebLoader(FluentLoader, ShardLoader, DataLoaderAttributes):
     __doc__ = ShardLoader.__doc__
+
+    #: webdataset's shard split (each DataLoader worker its own shards), passed into the engine
+    split_policy = SHARD_SPLIT
 
     def __new__(cls, dataset: Any = None, *args: Any, **kw: Any) -> Any:
         # webdataset's rules where the plan cannot apply them (route)
         out = route(cls, dataset, args, kw)  # (not ``or``: its truth would ask len(), which builds it)
         return out if out is not None else super().__new__(cls)
 
+    def adopt_place(self, place: Dict[str, Any], source: Optional[str]) -> None:
+        """A state (a commit) of webdataset's worker rotation is refused: this loader does not
+        follow it (:mod:`resumewds.wds.rotation`)."""
+        refuse_rotation(place, source)
 
-class _RotatingWebLoader(WebLoader, RotatingLoader):
+
+class _RotatingWebLoader(RotatingLoader, WebLoader):
     """WebLoader over stages that drop samples: webdataset's rotation of its workers'
-    filtered streams under the shard split (:mod:`resumewds.rotation`)."""
+    filtered streams under the shard split (:mod:`resumewds.wds.rotation`)."""
 
-    _stream_items = True  # its items are webdataset's (see LoaderPipeline)
+    stream_items = True  # its items are webdataset's (see LoaderPipeline)

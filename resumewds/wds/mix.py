@@ -190,13 +190,13 @@ def exact_source(ds: Any) -> bool:
         >>> exact_source([1, 2, 3])
         False
     """
-    c = getattr(ds, "_c", None)  # a DataPipeline's compiled form
+    c = getattr(ds, "compiled", None)  # a DataPipeline's compiled form
     if c is not None and (c.generic or c.tail):
         return False
-    spec = getattr(ds, "_spec", None)
-    if spec is None or not hasattr(ds, "iter_steps") or getattr(ds, "batch_size", None) is not None:
+    specs = getattr(ds, "stage_specs", None)
+    if specs is None or not hasattr(ds, "iter_steps") or getattr(ds, "batch_size", None) is not None:
         return False
-    return not spec[ds._stream_from:]
+    return not specs[ds.stream_from:]
 
 
 def RandomMix(datasets: Sequence[Any], probs: Optional[Sequence[float]] = None,

@@ -1,14 +1,15 @@
 """webdataset's ``WebDataset`` constructor and fluent methods, over the engine's data set.
 
 :class:`WebDatasetAPI` is a mixin: ``resumewds.WebDataset`` is
-``WebDatasetAPI`` + :class:`resumewds.shardset.ShardDataset`.  It takes
+``WebDatasetAPI`` + :class:`resumewds.wds.direct.DirectDataset` (the engine's data set,
+:class:`resumewds.shardset.ShardDataset`, iterated directly).  It takes
 webdataset 1.0.2's constructor arguments (``shardshuffle``, ``nodesplitter``,
 ``workersplitter``, ``select_files``, ``mode``, ``url_to_name``...) and maps
-them onto the engine's settings, and adds webdataset's fluent methods that
-the engine has no name for; each one only appends one of the engine's stage
-specs (:class:`resumewds.stages.Stage`), which the engine runs as it runs any
-other (per-sample stages where samples are read, stream stages through
-:mod:`resumewds.runners`).
+them onto the engine's settings; its fluent methods are webdataset's
+(:class:`resumewds.wds.fluent.FluidInterface`, each ``self.compose(filters.X(...))``),
+and its ``compose`` appends each stage's engine spec (:class:`resumewds.stages.Stage`),
+which the engine runs as it runs any other (per-sample stages where samples
+are read, stream stages through :mod:`resumewds.runners`).
 
 Example:
     >>> import resumewds as wds
@@ -22,13 +23,12 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
 
-from ..direct import DirectDataset
 from ..framecheck import note_framework
-from ..shardset import ShardDataset
 from ..sources import Source
-from ..stages import ExtractKeys, RenameKeys, SelectFiles, Stage
+from ..stages import SelectFiles, Stage
 from ..world import worker_info
-from . import filters
+from .direct import DirectDataset
+from .fluent import FluidInterface, engine_specs
 from .splitters import single_node_only, split_by_node, split_by_worker
 
 if TYPE_CHECKING:
@@ -72,10 +72,11 @@ def _wds_urls(urls: Any) -> Any:
     return urls
 
 
-class WebDatasetAPI(_Base):
-    """webdataset's ``WebDataset`` constructor, and the fluent methods the engine has no name for.
+class WebDatasetAPI(FluidInterface, _Base):
+    """webdataset's ``WebDataset`` constructor and ``compose``, with webdataset's fluent methods
+    (:class:`~resumewds.wds.fluent.FluidInterface`).
 
-    A mixin over :class:`~resumewds.shardset.ShardDataset`: see
+    A mixin over :class:`~resumewds.wds.direct.DirectDataset`: see
     :class:`resumewds.WebDataset` for the arguments.
     """
 
@@ -101,56 +102,24 @@ class WebDatasetAPI(_Base):
         self.workersplitter = workersplitter
         self._length: Optional[int] = None
         if select_files is not None or rename_files is not None:
-            self._spec.insert(0, Stage("sample", "select_files", SelectFiles(select_files, rename_files)))
-            self._compile()
+            first = Stage("sample", "select_files", SelectFiles(select_files, rename_files))
+            self._set_stages((first,) + self.stage_specs)
 
-    def rename_keys(self, *args: Any, **kw: Any) -> Any:
-        """webdataset's ``rename_keys``: rename fields by glob patterns."""
-        opts = {k: kw.pop(k) for k in ("keep_unselected", "must_match", "duplicate_is_error") if k in kw}
-        return self._sample("rename_keys", RenameKeys(*args, **opts, **kw))
+    def compose(self, *stages: Any) -> Any:
+        """A copy with ``stages`` appended (webdataset's ``compose``): webdataset's stages
+        (:mod:`resumewds.filters`) as the engine runs the fluent method of the same name
+        (``ds.compose(wds.shuffle(n))`` is ``ds.shuffle(n)``), engine
+        :class:`~resumewds.stages.Stage` specs as they are, and any other generator function
+        ``f(iterator) -> iterator`` run over each worker's stream (opaque: a resume replays
+        its epoch from the start).
 
-    def extract_keys(self, *patterns: Any, **kw: Any) -> Any:
-        """webdataset's ``extract_keys``: a tuple of the fields matching glob patterns."""
-        return self._sample("extract_keys", ExtractKeys(*patterns, **kw))
-
-    def xdecode(self, *args: Any, **kw: Any) -> Any:
-        """webdataset's ``xdecode`` (decoders chosen by glob patterns on the key)."""
-        return self._sample("xdecode", filters.xdecode(*args, **kw).fn)
-
-    def listed(self, batchsize: int, partial: bool = True) -> Any:
-        """Lists of ``batchsize`` items, without collation."""
-        return self.batched(batchsize, collation_fn=None, partial=partial)
-
-    def unbatched(self) -> Any:
-        """Split collated batches back into samples."""
-        return ShardDataset._with_stages(self, Stage("stream", "unbatched"))
-
-    def unlisted(self) -> Any:
-        """Split lists (from ``listed``) back into items."""
-        return ShardDataset._with_stages(self, Stage("stream", "unlisted"))
-
-    def slice(self, *args: Optional[int]) -> Any:
-        """``itertools.islice`` over each worker's stream of an epoch."""
-        return ShardDataset._with_stages(self, Stage("stream", "slice", args=args))
-
-    def rsample(self, p: float = 0.5) -> Any:
-        """Keep each item with probability ``p`` (deterministic per seed, epoch and count)."""
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"rsample: p must be in [0, 1], got {p}")
-        return ShardDataset._with_stages(self, Stage("stream", "rsample", p=float(p)))
-
-    def log_keys(self, logfile: Optional[str] = None) -> Any:
-        """Append ``index, worker, rank, key`` lines to ``logfile`` (None: off)."""
-        return ShardDataset._with_stages(self, Stage("stream", "log_keys", logfile=logfile))
-
-    def mcached(self) -> Any:
-        """Not supported: samples are read by position, never kept in memory."""
-        raise NotImplementedError("mcached() is not supported by resumewds: the page cache and the "
-                                  "verified shard cache already keep reads cheap")
-
-    def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
-        """Not supported (see docs/COMPAT.md)."""
-        raise NotImplementedError("lmdb_cached() is not supported by resumewds")
+        Example:
+            >>> import resumewds as wds
+            >>> ds = wds.WebDataset("data/shard-000000.tar").compose(wds.map(lambda s: s["__key__"]))
+            >>> next(iter(ds))
+            's000000_000000'
+        """
+        return self.with_stages(self.stage_specs + tuple(engine_specs(stages)))
 
     def with_length(self, n: int, silent: bool = False) -> Any:
         """Give the dataset a ``__len__`` of ``n`` (it does not change an epoch)."""
@@ -239,6 +208,7 @@ class WebDataset(WebDatasetAPI, DirectDataset):
         resampled: draw each epoch's shards with replacement (deterministic:
             a pure function of seed, epoch and position); iteration goes on
             over epochs (use ``.with_epoch(n)``).
+        repeat: iterate over epochs without end (as ``.repeat()``).
         shardshuffle: webdataset's shard shuffle: True or N > 0 permutes the
             shard order per epoch (``shuffle="shards"``); False/None/0: manifest order.
         detshuffle: accepted; our shuffles are always deterministic.
@@ -256,7 +226,7 @@ class WebDataset(WebDatasetAPI, DirectDataset):
             workers' batches round-robin (the same data as webdataset; a
             state resumes it with any ``num_workers``).  ``"samples"``:
             resumewds's split of the one sample sequence (the same data for
-            any worker count).  See :mod:`resumewds.shardsplit`.
+            any worker count).  See :mod:`resumewds.wds.shardsplit`.
         select_files, rename_files: webdataset's member filters (by
             ``"<key>.<ext>"`` name).
         empty_check: raise ValueError when an epoch has no samples at all.

@@ -22,6 +22,13 @@ it resumes exactly, with any number of workers executing it:
   delivered in step order.
 * :class:`WorkerStream`: one worker's own stream (direct iteration in a
   worker of a plain torch DataLoader: the interleave is torch's).
+* :data:`SHARD_SPLIT`: the policy the wing's loaders give the engine's loader
+  (:class:`resumewds.shardloader.SplitPolicy`): when the shard split applies,
+  and its layout.
+
+Each layout here is an :class:`~resumewds.steplayout.EpochLayout`: bound to an
+epoch it checks, with ``check``, that every worker has a shard (webdataset's
+``empty_check``).
 
 Example:
     >>> from resumewds.plan import Plan
@@ -36,18 +43,22 @@ Example:
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
-from .epochplan import EpochPlan
-from .errors import StateError
-from .keyed import mix
-from .steplayout import Layout
+from ..epochplan import EpochPlan
+from ..errors import StateError
+from ..keyed import mix
+from ..steplayout import Layout
 
-__all__ = ["Bound", "ShardSplit", "SplitSequence", "WorkerStream", "empty_worker_error", "split_layout",
-           "split_workers", "worker_streams"]
+__all__ = ["SHARD_SPLIT", "WORKER_SPLITS", "Bound", "ShardSplit", "ShardSplitPolicy", "SplitSequence",
+           "WorkerStream", "empty_worker_error", "split_layout", "split_workers", "worker_streams"]
 
 _TAG_WORKER = 0x574F524B4552  # "WORKER"
+
+#: how DataLoader workers share an epoch (``worker_split=``): webdataset's shards per worker, or
+#: the engine's split of the sample sequence (:mod:`resumewds.steplayout`)
+WORKER_SPLITS = ("shards", "samples")
 
 
 def worker_streams(ep: EpochPlan, workers: int, keep: Optional[AbstractSet[int]] = None) -> List[EpochPlan]:
@@ -343,6 +354,8 @@ class ShardSplit:
         unit: samples per batch (1: samples handed out one by one).
         drop: each worker's short last batch is dropped.
         chunk: with ``unit=1``, samples per step.
+        check: binding an epoch in which a worker gets no shard raises
+            (:func:`empty_worker_error`, webdataset's ``empty_check``).
 
     Example:
         >>> from resumewds.plan import Plan
@@ -355,6 +368,7 @@ class ShardSplit:
     unit: int = 1
     drop: bool = False
     chunk: int = 64
+    check: bool = field(default=False, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -376,11 +390,10 @@ class ShardSplit:
         """The steps of epoch ``ep`` (its :class:`SplitSequence`)."""
         if isinstance(ep, Bound):
             return ep
-        if self.unit > 1:
-            seq = SplitSequence(ep, self.workers, self.unit, self.drop)
-            return Bound(_Units(seq), seq)
-        seq = SplitSequence(ep, self.workers, 1, False)
-        return Bound(Layout(self.chunk), seq)
+        seq = SplitSequence(ep, self.workers, self.unit if self.unit > 1 else 1, self.drop and self.unit > 1)
+        if self.check and 0 in seq.shard_counts:
+            raise empty_worker_error(self.workers, len(ep.seg_shard))
+        return Bound(_Units(seq) if self.unit > 1 else Layout(self.chunk), seq)
 
 
 @dataclass(frozen=True)
@@ -399,6 +412,7 @@ class WorkerStream:
     worker: int
     grid: Any
     keep: Optional[AbstractSet[int]] = None  # the shards split (None: all; see worker_streams)
+    check: bool = field(default=False, repr=False)  # a worker without a shard raises (empty_worker_error)
 
     @property
     def step_size(self) -> int:
@@ -408,7 +422,10 @@ class WorkerStream:
         """The worker's steps of epoch ``ep``."""
         if isinstance(ep, Bound):
             return ep
-        return Bound(self.grid, worker_streams(ep, self.workers, self.keep)[self.worker])
+        seq = worker_streams(ep, self.workers, self.keep)[self.worker]
+        if self.check and not len(seq.seg_shard):
+            raise empty_worker_error(self.workers, len(ep.seg_shard))
+        return Bound(self.grid, seq)
 
 
 def split_workers(ds: Any, num_workers: int, world_size: int, remainder: str = "keep",
@@ -416,9 +433,9 @@ def split_workers(ds: Any, num_workers: int, world_size: int, remainder: str = "
     """``W`` of the shard split a loader of ``ds`` follows, or 0 (the sample split).
 
     ``mode`` (the loader's ``worker_split``) overrides the data set's
-    (:meth:`resumewds.shardset.ShardDataset.split_workers`); a data set
-    without one (a mixture) and ``remainder="pad"`` (resumewds's own padding)
-    keep the sample split.
+    (:meth:`resumewds.wds.direct.DirectDataset.split_workers`); a data set
+    without one (a mixture, the engine's own data set) and ``remainder="pad"``
+    (resumewds's own padding) keep the sample split.
 
     Example:
         >>> split_workers(object(), 2, 1)
@@ -450,4 +467,31 @@ def split_layout(ds: Any, workers: int, world_size: int, batch_size: Optional[in
                          f"one rank; it cannot go on with {world_size} ranks")
     drop = remainder == "drop" or (getattr(ds, "batch_size", None) is not None
                                    and not getattr(ds, "batch_partial", True))
-    return ShardSplit(int(workers), unit=int(batch_size or 1), drop=drop, chunk=int(chunk))
+    check = bool(getattr(ds, "empty_check", False) and getattr(ds, "empty_worker_check", True))
+    return ShardSplit(int(workers), unit=int(batch_size or 1), drop=drop, chunk=int(chunk), check=check)
+
+
+class ShardSplitPolicy:
+    """webdataset's shard split as the engine loader's split policy
+    (:class:`resumewds.shardloader.SplitPolicy`): :func:`split_workers` and
+    :func:`split_layout`.  :class:`resumewds.WebLoader` gives it to the engine
+    (:attr:`resumewds.shardloader.ShardLoader.split_policy`).
+
+    Example:
+        >>> SHARD_SPLIT.layout(None, 2, 1, None, "keep", 64)
+        ShardSplit(workers=2, unit=1, drop=False, chunk=64)
+    """
+
+    def workers(self, dataset: Any, num_workers: int, world_size: int, remainder: str,
+                mode: Optional[str] = None) -> int:
+        """``W`` of the split a loader of ``dataset`` follows, or 0 (:func:`split_workers`)."""
+        return split_workers(dataset, num_workers, world_size, remainder, mode)
+
+    def layout(self, dataset: Any, workers: int, world_size: int, batch_size: Optional[int], remainder: str,
+               chunk: int) -> ShardSplit:
+        """The loader's layout of the split over ``workers`` (:func:`split_layout`)."""
+        return split_layout(dataset, workers, world_size, batch_size, remainder, chunk)
+
+
+#: the policy object :class:`resumewds.WebLoader` passes into the engine
+SHARD_SPLIT = ShardSplitPolicy()

@@ -5,7 +5,9 @@ what runs when a data set is iterated directly (in this process, or in each
 worker of a plain torch ``DataLoader`` or torchdata's ``StatefulDataLoader``):
 this process's share of an epoch through every stage, the stream stages
 (``unbatched``, ``slice``, a buffer ``shuffle`` after ``batched``...) included,
-``repeat`` / ``with_epoch`` over epochs, and the torchdata state protocol
+``repeat`` / ``with_epoch`` over epochs, webdataset's worker split
+(``worker_split``: each DataLoader worker its own shards,
+:mod:`resumewds.wds.shardsplit`), and the torchdata state protocol
 (``state_dict`` / ``load_state_dict``) that resumes exactly after the last
 item yielded.  The steps it reads are the engine's (:meth:`~resumewds.shardset.ShardDataset.iter_steps`).
 
@@ -19,17 +21,18 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .errors import ResumeWDSError, StateError
-from .fetch import is_remote_url, local_path
-from .framecheck import check_restored_state, note_framework
-from .handling import empty_epoch_error, until_stop
-from .plan import Layout, mix
-from .positions import hide_positions
-from .shardset import ShardDataset
-from .shardsplit import WorkerStream
-from .stages import Stage
-from .statecheck import CHECKSUM_KEY, check_seal, seal
-from .world import worker_info
+from ..errors import ResumeWDSError, StateError
+from ..fetch import is_remote_url, local_path
+from ..framecheck import check_restored_state, note_framework
+from ..handling import empty_epoch_error, until_stop
+from ..plan import Layout, mix
+from ..positions import hide_positions
+from ..shardset import ShardDataset
+from ..sources import Source
+from ..stages import Stage
+from ..statecheck import CHECKSUM_KEY, check_seal, seal
+from ..world import worker_info
+from .shardsplit import WORKER_SPLITS, WorkerStream
 
 __all__ = ["DATASET_STATE", "DirectDataset"]
 
@@ -61,7 +64,111 @@ class _KeepShards:
 
 class DirectDataset(ShardDataset):
     """A :class:`~resumewds.shardset.ShardDataset` that is also iterated directly:
-    this process's share, every stage, exact state (the torchdata protocol)."""
+    this process's share, every stage, exact state (the torchdata protocol).
+
+    Args:
+        urls, **kw: as :class:`~resumewds.shardset.ShardDataset`.
+        repeat: iterate over epochs without end (``resampled`` shards too).
+        worker_split: how DataLoader workers (``num_workers >= 2``, one rank)
+            share an epoch: ``"samples"``: the steps of the one sample sequence,
+            the same data for any worker count; ``"shards"``: webdataset's
+            ``split_by_worker``, each worker its own shards, batches interleaved
+            round-robin (:mod:`resumewds.wds.shardsplit`); None: :meth:`worker_split_mode`.
+
+    Example:
+        >>> ds = DirectDataset("data/shard-{000000..000003}.tar").with_epoch(3)
+        >>> [s["__key__"] for s in ds]
+        ['s000000_000000', 's000000_000001', 's000000_000002']
+    """
+
+    #: a worker of the shard split without a shard raises (with ``empty_check``), as webdataset's
+    #: ``WebDataset`` does; a ``DataPipeline`` (no such check in webdataset) sets it False
+    empty_worker_check = True
+
+    def __init__(self, urls: Source, *, repeat: bool = False, worker_split: Optional[str] = None, **kw: Any):
+        if worker_split is not None and worker_split not in WORKER_SPLITS:
+            raise ValueError(f"worker_split must be one of {WORKER_SPLITS} or None, got {worker_split!r}")
+        super().__init__(urls, **kw)
+        self.worker_split = worker_split
+        # iteration mode: once / repeat / with_epoch (webdataset's repetitions, nsamples)
+        self._mode = "forever" if (self.resampled or repeat) else "once"
+        self._nepochs = -1
+        self._limit = -1
+        self._warned_opaque = False
+        self._fresh_copy()
+
+    def _fresh_copy(self) -> None:
+        self._cursor: Optional[Dict[str, Any]] = None
+        self._pending: Optional[Dict[str, Any]] = None
+        self._advanced = False  # the last iter() handed an item out
+        self._pinned = False  # ... and no state was taken after it
+
+    # ---- passes: repeat / with_epoch ----------------------------------------------
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> DirectDataset:
+        """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items.
+
+        As in webdataset, each ``iter()`` is a new pass: one left mid-epoch is
+        followed by the next epoch from its start, unless a state was taken
+        since its last item (then the next ``iter()`` continues there, as a
+        run resumed from that state would).
+
+        Example:
+            >>> ds = DirectDataset("data/shard-000000.tar").repeat(2)
+            >>> len(list(ds))
+            16
+        """
+        if nepochs > 0:
+            self._mode, self._nepochs = ("once" if nepochs == 1 and nbatches < 1 else "repeat"), int(nepochs)
+        else:
+            self._mode, self._nepochs = "forever", -1
+        self._limit = int(nbatches)
+        return self
+
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DirectDataset:
+        """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing the
+        stream over epochs (the next ``iter()`` goes on where this one stopped).
+
+        Example:
+            >>> ds = DirectDataset("data/shard-000000.tar").with_epoch(5)
+            >>> [len(list(ds)) for _ in range(3)]
+            [5, 5, 5]
+        """
+        self._mode, self._nepochs, self._limit = "forever", -1, int(max(nsamples, nbatches))
+        return self
+
+    @property
+    def passes(self) -> Optional[Tuple[int, int]]:
+        """``(epochs, items)`` of one ``iter()`` when it goes on over epochs (``-1``: no
+        limit; ``resampled``, ``repeat``, ``with_epoch``), None for one epoch per ``iter()``.
+
+        Example:
+            >>> DirectDataset("data/shard-000000.tar").with_epoch(5).passes
+            (-1, 5)
+        """
+        if self._mode == "once":
+            return None
+        return (self._nepochs if self._mode == "repeat" else -1), self._limit
+
+    # ---- webdataset's worker split ----------------------------------------------------
+    def worker_split_mode(self) -> str:
+        """``"shards"`` or ``"samples"``: how DataLoader workers share an epoch (``worker_split``)."""
+        return self.worker_split or "samples"
+
+    def split_workers(self, num_workers: int, world_size: int = 1, mode: Optional[str] = None) -> int:
+        """``W`` of the shard split for ``num_workers`` DataLoader workers, or 0 (the sample split).
+
+        The shard split applies with ``mode`` (default: :meth:`worker_split_mode`)
+        ``"shards"``, ``num_workers >= 2``, one rank, one partition and shards
+        read once per epoch (not ``resampled``).
+
+        Example:
+            >>> DirectDataset("data/shard-000000.tar", worker_split="shards").split_workers(2)
+            2
+        """
+        if ((mode or self.worker_split_mode()) != "shards" or int(num_workers) < 2 or int(world_size) != 1
+                or self.plan_partitions != 1 or self.resampled):
+            return 0
+        return int(num_workers)
 
     # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----
     def _split(self) -> Tuple[int, int, int, int, List[Any]]:
@@ -74,7 +181,7 @@ class DirectDataset(ShardDataset):
         return {"epoch": int(epoch), "step": 0, "skip": 0, "counts": [], "served": 0, "first": int(epoch)}
 
     def _stream_stages(self) -> List[Stage]:
-        return self._spec[self._stream_from:]
+        return list(self.stage_specs[self.stream_from:])
 
     def __iter__(self) -> Iterator[Any]:
         """Iterate as webdataset does: this process's share (rank and DataLoader worker,
@@ -91,10 +198,10 @@ class DirectDataset(ShardDataset):
             kept = frozenset(d["url"] if isinstance(d, dict) else d for d in urls)
         W = self.split_workers(nworkers, world)
         layout: Any
-        if W:  # webdataset's split: this worker's own shards, whole (resumewds.shardsplit), of the kept ones
+        if W:  # webdataset's split: this worker's own shards, whole (resumewds.wds.shardsplit), of the kept ones
             chunk = self.batch_size or 64
             keep = None if kept is None else frozenset(i for i, s in enumerate(self.manifest.shards) if s.url in kept)
-            layout = WorkerStream(W, worker, Layout(chunk), keep)
+            layout = WorkerStream(W, worker, Layout(chunk), keep, check=self.empty_check and self.empty_worker_check)
             lay: List[Any] = ["shards", W, worker, chunk]
         else:
             chunk = self.batch_size or (64 if V == 1 else 1)
@@ -259,6 +366,8 @@ class DirectDataset(ShardDataset):
         note_framework(self, "set_epoch")
         check_restored_state(self)
         super().set_epoch(epoch)
+        self._cursor = None
+        self._pending = None
 
     # ---- state (torchdata StatefulDataLoader protocol) -------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -303,5 +412,5 @@ class DirectDataset(ShardDataset):
             d = dict(self.plan.describe())
         except ResumeWDSError:
             raise
-        d["stages"] = [s.name for s in self._spec]
+        d["stages"] = [s.name for s in self.stage_specs]
         return d

@@ -1,6 +1,6 @@
 """webdataset's worker rotation when the data set's stages drop samples.
 
-Under webdataset's worker split (:mod:`resumewds.shardsplit`) each DataLoader
+Under webdataset's worker split (:mod:`resumewds.wds.shardsplit`) each DataLoader
 worker runs the whole pipeline over its own shards: its ``select`` and its
 handlers drop samples of its own stream, its ``.batched(n)`` fills each batch
 from that filtered stream (the last one short), and torch hands the workers'
@@ -9,14 +9,16 @@ dropped, which item comes next depends on what was dropped, so the order
 cannot be laid out in advance as the shard split's positions are.
 
 :class:`RotatingLoader` builds that order with the one engine: each worker's
-stream (:func:`~resumewds.shardsplit.worker_streams`) is run by its own
-:class:`~resumewds.shardloader.ShardLoader` over :class:`StreamLayout` (its
+stream (:func:`~resumewds.wds.shardsplit.worker_streams`) is run by its own engine
+loader (:meth:`~resumewds.shardloader.ShardLoader.sub_loader`) over :class:`StreamLayout` (its
 positions are the stream's samples), the stream's own stage runs on its
 items (the wing's refilled ``.batched(n)``), and the streams' items are
 merged round-robin.  Where it stands is the *rotation*: per stream the
 position after the last sample of the last item delivered from it (its
 length once it is done) and the stream whose turn is next.  ``state_dict()``
-and ``commit`` record it (the journal's commit ``place``), so a resume runs
+and ``commit`` record it (the journal's commit ``place``) through the engine
+loader's place hooks (:meth:`~resumewds.shardloader.ShardLoader.extra_place`,
+:meth:`~resumewds.shardloader.ShardLoader.adopt_place`), so a resume runs
 each stream again from its own position: the samples it dropped after its
 last item are read and dropped again, nothing before them.  The order is a
 pure function of the data and ``W`` (the workers of the split, recorded as
@@ -38,16 +40,14 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .epochsource import _SampleLayout
-from .errors import StateError
-from .shardloader import ShardLoader
-from .shardsplit import worker_streams
-from .skipping import check_steps
-from .statecheck import seal
-from .steplayout import Layout
+from ..errors import StateError
+from ..shardloader import ShardLoader
+from ..skipping import check_steps
+from ..steplayout import Layout
+from .shardsplit import empty_worker_error, worker_streams
 
 __all__ = ["RotatingLoader", "StreamLayout"]
 
@@ -58,7 +58,7 @@ class _StreamSteps:
     def __init__(self, sequence: Any, chunk: int):
         self.sequence = sequence
         self.length = len(sequence)
-        self.grid = _SampleLayout(Layout(chunk))
+        self.grid = Layout(chunk)
         self.batch_size = self.step_size = self.grid.batch_size
         self.world_size, self.rank, self.remainder = 1, 0, "keep"
 
@@ -77,8 +77,10 @@ class _StreamSteps:
 
 @dataclass(frozen=True)
 class StreamLayout:
-    """Worker ``worker`` of ``workers``'s own stream as a loader's layout: its
-    samples one by one, read ``chunk`` per step.
+    """Worker ``worker`` of ``workers``'s own stream as a loader's layout (an
+    :class:`~resumewds.steplayout.EpochLayout`): its samples one by one, read ``chunk``
+    per step; with ``check``, binding an epoch in which it has no shard raises
+    (webdataset's ``empty_check``).
 
     Example:
         >>> from resumewds.plan import Plan
@@ -90,6 +92,7 @@ class StreamLayout:
     workers: int
     worker: int
     chunk: int = 64
+    check: bool = field(default=False, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -99,7 +102,10 @@ class StreamLayout:
 
     def bind(self, ep: Any) -> _StreamSteps:
         """The stream's steps of epoch ``ep``."""
-        return _StreamSteps(worker_streams(ep, self.workers)[self.worker], self.chunk)
+        stream = worker_streams(ep, self.workers)[self.worker]
+        if self.check and not len(stream.seg_shard):
+            raise empty_worker_error(self.workers, len(ep.seg_shard))
+        return _StreamSteps(stream, self.chunk)
 
 
 def _is_count(x: Any) -> bool:
@@ -127,16 +133,32 @@ def _rotation_fields(rot: Any, source: str) -> Tuple[int, List[int], int]:
     return n, [int(p) for p in streams], nxt
 
 
+def refuse_rotation(place: Dict[str, Any], source: Optional[str]) -> None:
+    """A loader that does not follow the rotation refuses a place that has one.
+
+    Example:
+        >>> refuse_rotation({"rotation": {"workers": 2}}, "this state")
+        Traceback (most recent call last):
+        ...
+        resumewds.errors.StateError: this state follows webdataset's rotation of 2 workers' filtered streams: ...
+    """
+    rot = place.get("rotation")
+    if rot and source is not None:
+        workers = rot.get("workers") if isinstance(rot, dict) else "?"
+        raise StateError(f"{source} follows webdataset's rotation of {workers} workers' filtered streams: "
+                         "resume it with WebLoader(ds, batch_size=None) on one rank")
+
+
 def _shares(num_workers: int, streams: int) -> List[int]:
     """DataLoader workers per stream: ``num_workers`` shared out, the first streams first."""
     return [num_workers // streams + (1 if w < num_workers % streams else 0) for w in range(streams)]
 
 
 class RotatingLoader(ShardLoader):
-    """A :class:`~resumewds.shardloader.ShardLoader` that follows webdataset's worker
-    rotation over filtered streams (see the module docs) when the shard split
-    applies (``num_workers >= 2`` or a state's split, one rank, ``batch_size=None``);
-    otherwise the engine's loader as it is.
+    """An engine loader (:class:`~resumewds.shardloader.ShardLoader`) that follows webdataset's
+    worker rotation over filtered streams (see the module docs) when the shard split applies
+    (``num_workers >= 2`` or a state's split, one rank, ``batch_size=None``); otherwise the
+    engine's loader as it is.
 
     ``stream_stage`` (an iterator of samples -> an iterator of items, e.g. a
     refilled ``.batched(n)``) runs on each stream's samples, or on the one
@@ -161,7 +183,7 @@ class RotatingLoader(ShardLoader):
     @property
     def rotation_workers(self) -> int:
         """``W`` of the rotation this loader follows, or 0 (the engine's own order)."""
-        W = int(getattr(self, "_split_w", 0) or 0)
+        W = int(self.config.get("worker_split") or 0)
         return W if W >= 2 and self.batch_size is None and self.world_size == 1 else 0
 
     def _rotation(self) -> Dict[str, Any]:
@@ -203,60 +225,22 @@ class RotatingLoader(ShardLoader):
                              f"{self.position}")
         self._rot = {"epoch": self.epoch, "streams": streams, "next": nxt}
 
-    def _end_epoch(self) -> None:
-        self._rot = None
-        super()._end_epoch()
+    # ---- the engine loader's place hooks: the rotation in states, commits and marks -----
+    def extra_place(self) -> Dict[str, Any]:
+        """Under the rotation: ``{"rotation": {"workers", "streams", "next"}}`` (per-stream
+        positions, the stream whose turn is next), in each state and commit."""
+        return {"rotation": self._rotation()} if self.rotation_workers else {}
 
-    def _mark(self) -> Tuple[Any, ...]:
-        return super()._mark() + (self._rot,)  # (``_rot`` is replaced, never changed in place)
-
-    def _rewind(self, mark: Tuple[Any, ...]) -> None:
-        super()._rewind(mark)
-        self._rot = mark[3]
-
-    # ---- state -----------------------------------------------------------------------
-    def state_dict(self) -> Dict[str, Any]:
-        """The loader's state (:meth:`ShardLoader.state_dict`), and under the rotation
-        ``"rotation": {"workers", "streams", "next"}`` (per-stream positions, the
-        stream whose turn is next)."""
-        sd = super().state_dict()
-        if self.rotation_workers:
-            sd["rotation"] = self._rotation()
-        return seal(sd)
-
-    get_state = state_dict
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Continue exactly after ``state``, with any ``num_workers``.
-
-        Raises:
-            StateError: as :meth:`ShardLoader.load_state_dict`; and a state
-                mid-epoch that lacks the rotation this loader follows, or has
-                one this loader cannot follow (another ``W``, several ranks,
-                ``batch_size``), naming both.
-        """
-        super().load_state_dict(state)
-        self._set_rotation(state.get("rotation"), "this state")
-        self._given()  # (with the rotation)
-
-    set_state = load_state_dict
-
-    def _open_journal(self, path: str, resume: Union[bool, int], sync: str) -> None:
-        # ShardLoader._open_journal, and the commit's place (its rotation)
-        super()._open_journal(path, resume, sync)
-        self._set_rotation(self._journal_place.get("rotation"), f"the commit of step {self.steps_done - 1} in {path}")
-        if self._origin is not None:
-            self._given()  # (with the rotation)
-
-    def commit(self, step: int, stats: Optional[bool] = None) -> None:
-        """Record atomically the position after ``step``, with the rotation (see
-        :meth:`ShardLoader.commit`)."""
-        self._commit(step, stats, None)
-
-    def _commit(self, step: int, stats: Optional[bool], place: Optional[Dict[str, Any]]) -> None:
-        if self.rotation_workers:
-            place = dict(place or {}, rotation=self._rotation())
-        super()._commit(step, stats, place)
+    def adopt_place(self, place: Dict[str, Any], source: Optional[str]) -> None:
+        """A state's or a commit's rotation (refused, naming the field, where this loader cannot
+        stand at it: another ``W``, several ranks, ``batch_size``, a mid-epoch place without one),
+        or a :meth:`mark` of this loader's (``source`` None)."""
+        rot = place.get("rotation")
+        if source is None:
+            self._rot = None if rot is None else {"epoch": self.epoch, "streams": list(rot["streams"]),
+                                                  "next": int(rot["next"])}
+            return
+        self._set_rotation(rot, source)
 
     def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
         """As :meth:`ShardLoader.skip_steps`; refused under the rotation (its steps
@@ -276,20 +260,6 @@ class RotatingLoader(ShardLoader):
             return self._stream_stage(src) if self._stream_stage is not None else src
         return self._rotate(self.rotation_workers)
 
-    def _stream_loader(self, W: int, w: int, workers: int, start: int) -> ShardLoader:
-        """The engine's loader of stream ``w`` from its position ``start``."""
-        kw = dict(self.dataloader_kwargs)
-        sub = ShardLoader(self.dataset, None, workers, chunk_size=self._chunk, transport=self.transport,
-                          stall_timeout=self.stall_timeout, worker_split="samples", rank=0, world_size=1, **kw)
-        sub._world_open = False
-        sub.layout = StreamLayout(W, w, self._chunk)
-        sub._convert = self._convert
-        sub._session = self._session  # its consumption and events go to this loader's journal
-        sub.stats_ = self.stats_
-        sub._preempt_signals = self._preempt_signals  # its workers ignore them; this loader stops the run
-        sub.epoch, sub.position = self.epoch, int(start)
-        return sub
-
     def _rotate(self, W: int) -> Iterator[Any]:
         self._begin_iter()
         epoch = self.epoch
@@ -298,13 +268,15 @@ class RotatingLoader(ShardLoader):
         rot = self._rotation()
         pos, turn = rot["streams"], rot["next"]
         ep = self.dataset.plan.epoch(epoch)
+        check = bool(self.dataset.empty_check and getattr(self.dataset, "empty_worker_check", True))
         for w in range(W):
-            self.dataset.steps_of(StreamLayout(W, w, self._chunk), epoch)  # webdataset's empty worker check
+            self.dataset.steps_of(StreamLayout(W, w, self._chunk, check=check), epoch)  # webdataset's empty check
         lengths = [len(s) for s in worker_streams(ep, W)]
         shares = _shares(self.num_workers, W)
         self._absorb(self.dataset.take_events())  # this process's events so far are this loader's
         live = [pos[w] < lengths[w] for w in range(W)]
-        subs = [self._stream_loader(W, w, shares[w], pos[w]) if live[w] else None for w in range(W)]
+        subs = [self.sub_loader(StreamLayout(W, w, self._chunk), shares[w], pos[w]) if live[w] else None
+                for w in range(W)]
         raw: List[Any] = [None] * W
         items: List[Any] = [None] * W
         w = turn

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from .stages import Handled
+from ..stages import Handled
 
 __all__ = ["DataLoaderAttributes"]
 
@@ -36,13 +36,14 @@ def _dropping_stage(dataset: Any) -> Optional[str]:
     nothing does."""
     if getattr(dataset, "handler", None) is not None:
         return "the data set's handler"
-    spec = getattr(dataset, "_spec", None) or []
-    for st in spec[:getattr(dataset, "_stream_from", 0)]:
+    specs = getattr(dataset, "stage_specs", ())
+    for st in specs[:getattr(dataset, "stream_from", 0)]:
         if st.name == "select":
             return "a .select(...)"
         if isinstance(st.fn, Handled):  # a stage run under a handler
             return f"a .{st.name}(..., handler=...)"
     return None
+
 
 #: torch's DataLoader defaults for what WebLoader passes on to it
 _DEFAULTS: Dict[str, Any] = {
@@ -60,7 +61,8 @@ _DEFAULTS: Dict[str, Any] = {
 class DataLoaderAttributes:
     """A mixin: DataLoader's read-only attributes and an epoch-sized ``__len__``.
 
-    The class mixing it in has ``remainder``, ``layout``, ``config``,
+    The class mixing it in is an engine loader (:class:`resumewds.shardloader.ShardLoader`,
+    before this mixin in the bases): its ``remainder``, ``layout``, ``config``,
     ``position``, ``batch_size``, ``world_size``, ``num_workers``,
     ``dataloader_kwargs`` and ``_collate_fn`` (:class:`resumewds.WebLoader`).
     """
