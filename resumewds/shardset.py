@@ -31,6 +31,7 @@ from . import config
 from ._torchreg import register_iterable_dataset
 from .beside import fill_from_beside
 from .cache import ShardStore
+from .events import event_record
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
@@ -54,7 +55,6 @@ from .stages import (
     default_collation_fn,
     list_collate,
 )
-from .stats import event_record
 from .stepengine import Slots, StepPlan, run_steps
 from .stepengine import Source as _StepSource
 
