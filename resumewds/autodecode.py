@@ -111,7 +111,7 @@ def _ext(key: str) -> str:
 # ---- basic data types -------------------------------------------------------
 
 def _security_check(what: str) -> None:
-    if urls.enforce_security:
+    if urls.secure():
         raise EnforcedSecurityError(what)
 
 

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optiona
 from torch.utils.data import IterableDataset, default_convert, get_worker_info
 
 from .errors import HandlerStop, ResumeWDSError
+from .events import worker_logging
 from .plan import Layout
 from .preemption import _worker_signals
 from .stages import default_collate
-from .stats import worker_logging
 from .watchdog import die_with_parent
 
 if TYPE_CHECKING:

@@ -29,9 +29,14 @@ Example:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+
+from .config import verbose_level  # RESUMEWDS_VERBOSE is read (and checked) there
+
+log = logging.getLogger("resumewds")
 
 
 class EventKind(str, Enum):
@@ -71,7 +76,7 @@ class EventSpec:
         counter: the :class:`resumewds.stats.Stats` counter it increments, or None.
         shard_state: the journal shard state it moves the shard to, or None.
         shard_counter: the journal ``shards`` column it increments, or None.
-        level: the log level :func:`resumewds.stats.event_record` logs it at.
+        level: the log level :func:`event_record` logs it at.
         lane: its row on the report's timeline (0 = top), or None.
         error: listed among ``status``' ``last_errors``.
         journaled: written to the journal's ``events`` table (False for the
@@ -171,5 +176,102 @@ def level_of(kind: str) -> int:
         return logging.DEBUG
 
 
-__all__ = ["EVENTS", "EventKind", "EventSpec", "error_kinds", "info_kinds", "level_of",
-           "shard_effects", "stats_counters", "timeline_kinds", "unjournaled_kinds"]
+__all__ = ["EVENTS", "EventKind", "EventSpec", "INFO_EVENTS", "error_kinds", "event_record", "info_kinds",
+           "level_of", "setup_logging", "shard_effects", "stats_counters", "timeline_kinds", "unjournaled_kinds",
+           "worker_logging"]
+
+
+# ---- logging: each event logged once, where it happened ----------------------------
+
+_FORMAT = "%(asctime)s resumewds[%(process)d] %(levelname)s %(message)s"
+
+
+def _mb_per_s(nbytes: float, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e6:.1f} MB/s" if seconds > 0 else "-"
+
+
+def _describe(kind: str, url: str, d: Dict[str, Any]) -> str:
+    if kind == EventKind.FETCH_DONE:
+        b, s = d.get("bytes") or 0, d.get("seconds") or 0.0
+        resumed = f", resumed at byte {d['resumed_from']}" if d.get("resumed_from") else ""
+        return f"fetched {url}: {b} bytes in {s:.3f}s ({_mb_per_s(b, s)}{resumed})"
+    if kind == EventKind.RETRY:
+        return (f"retry {url}: attempt {d.get('attempt')} failed ({d.get('error')}); "
+                f"next in {float(d.get('wait') or 0):.2f}s")
+    if kind == EventKind.VERIFY_OK:
+        return f"verified {url}"
+    if kind == EventKind.VERIFY_FAIL:
+        return f"verification failed {url}: expected {d.get('expected')}, got {d.get('actual')}"
+    if kind == EventKind.REPAIR:
+        return f"repairing {url} (attempt {d.get('attempt')})"
+    if kind == EventKind.EVICT:
+        return f"evicted {url} ({d.get('bytes')} bytes)"
+    if kind in (EventKind.SKIP, EventKind.FAIL):
+        return f"{kind} {url}: {d.get('error')}"
+    if kind == EventKind.FETCH_START:
+        return f"fetching {url}" + (f" from byte {d['resumed_from']}" if d.get("resumed_from") else "")
+    extra = {k: v for k, v in d.items() if k not in ("kind", "url", "ts")}
+    return f"{kind} {url} {extra}" if extra else f"{kind} {url}"
+
+
+#: logged at INFO (``RESUMEWDS_VERBOSE=1``); everything else at DEBUG (from the events table)
+INFO_EVENTS = info_kinds()
+
+
+def event_record(kind: str, url: str, detail: Dict[str, Any]) -> Dict[str, Any]:
+    """Build the event dict a worker attaches to its batch, and log it.
+
+    ``kind`` is an :class:`EventKind` (or its string);
+    the record holds its plain string value.  Events of a background
+    download carry ``prefetch=True`` (the store adds it; see ``cache_hits``).
+    Logged once, here, in the process where the event happened.
+    """
+    kind = str(getattr(kind, "value", kind))
+    ev: Dict[str, Any] = {"kind": kind, "url": url, "ts": time.time()}
+    ev.update(detail)
+    level = level_of(kind)
+    if log.isEnabledFor(level):
+        log.log(level, "%s", _describe(kind, url, detail))
+    return ev
+
+
+def _level_from(verbose: bool) -> Optional[int]:
+    return {2: logging.DEBUG, 1: logging.INFO}.get(verbose_level(verbose))
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Make the ``resumewds`` logger talk: INFO with ``verbose`` or
+    ``RESUMEWDS_VERBOSE=1``, DEBUG with ``RESUMEWDS_VERBOSE=2``.
+
+    Adds one stderr handler only if the application configured none;
+    otherwise records go to the application's handlers.
+    """
+    level = _level_from(verbose)
+    if level is None:
+        return
+    logger = logging.getLogger("resumewds")
+    if logger.level == logging.NOTSET or logger.level > level:
+        logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter(_FORMAT))
+        logger.addHandler(h)
+
+
+def worker_logging(level: int) -> None:
+    """In a DataLoader worker: use the main process's ``resumewds`` level.
+
+    A no-op after ``fork`` (the configuration is inherited); after
+    ``spawn`` the worker starts unconfigured, so this sets the level and a
+    stderr handler.
+    """
+    logger = logging.getLogger("resumewds")
+    if not level or logger.level != logging.NOTSET:
+        return
+    logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter(_FORMAT))
+        logger.addHandler(h)
+
+

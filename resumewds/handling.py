@@ -23,8 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
 from .errors import HandlerStop
-from .events import EventKind
-from .stats import event_record
+from .events import EventKind, event_record
 
 Handler = Callable[[BaseException], bool]
 T = TypeVar("T")

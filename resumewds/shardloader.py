@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader
 from . import skipping
 from .epochsource import _HANDLER_STOP, BatchInfo, EmptyBatch, _EpochSource, _pin_memory, _SampleLayout, _WorkerFailure
 from .errors import ResumeWDSError, StateError, naming
-from .events import EventKind
+from .events import EventKind, event_record, setup_logging
 from .framecheck import warn_unsaved_loader
 from .handling import empty_epoch_error
 from .plan import Layout
@@ -58,7 +58,7 @@ from .shardset import ShardDataset
 from .shmbatch import BytesRing, Packed, ring_for
 from .stages import default_collate
 from .statecheck import check_seal, seal
-from .stats import Stats, event_record, flat_scalars, setup_logging
+from .stats import Stats, flat_scalars
 from .watchdog import WorkerWatchdog, frozen_for_fork, stall_limit
 from .world import detect_world, late_world, resolve_partitions
 

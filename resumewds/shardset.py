@@ -34,6 +34,7 @@ from . import config
 from ._torchreg import register_iterable_dataset
 from .beside import fill_from_beside
 from .cache import ShardStore
+from .events import event_record
 from .handling import reraise_exception
 from .indexing import index_manifest, index_skipping
 from .manifest import Manifest, ShardInfo
@@ -43,7 +44,6 @@ from .plan import Layout, Plan, check_partitions, worker_steps
 from .shardindex import Counted
 from .sources import Source, resolve_sources
 from .stages import Stage, default_collate, list_collate
-from .stats import event_record
 from .stepengine import Slots, StepPlan, run_steps
 from .stepengine import Source as _StepSource
 from .steplayout import EpochLayout

@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from . import config
 from .cache import ShardStore
 from .errors import SourceError, UnsafeSourceError
+from .events import event_record, setup_logging
 from .fetch import FetchConfig, fetch_bytes
 from .manifest import (
     ArrayFile,
@@ -45,7 +46,6 @@ from .sampledigests import LazyDigests
 from .schemes import is_local_url, is_remote_object, is_remote_url
 from .shardindex import Counted, IndexRef, IndexSet, RecordBook
 from .sourcecheck import CHECK_LIMIT, check_local_shard, warn_duplicate_content
-from .stats import event_record, setup_logging
 from .urls import check_source_allowed, expand_braces, rewrite_url
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], Manifest]

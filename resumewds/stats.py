@@ -74,8 +74,7 @@ import logging
 import time
 from typing import Any, Deque, Dict, Iterable, Optional, Tuple
 
-from .config import verbose_level  # RESUMEWDS_VERBOSE is read (and checked) there
-from .events import EventKind, info_kinds, level_of, stats_counters
+from .events import EventKind, stats_counters
 
 log = logging.getLogger("resumewds")
 
@@ -245,101 +244,4 @@ def flat_scalars(snapshot: Dict[str, Any]) -> Dict[str, float]:
     return out
 
 
-# ---------------------------------------------------------------------------
-# Logging
-# ---------------------------------------------------------------------------
-
-_FORMAT = "%(asctime)s resumewds[%(process)d] %(levelname)s %(message)s"
-
-
-def _mb_per_s(nbytes: float, seconds: float) -> str:
-    return f"{nbytes / seconds / 1e6:.1f} MB/s" if seconds > 0 else "-"
-
-
-def _describe(kind: str, url: str, d: Dict[str, Any]) -> str:
-    if kind == EventKind.FETCH_DONE:
-        b, s = d.get("bytes") or 0, d.get("seconds") or 0.0
-        resumed = f", resumed at byte {d['resumed_from']}" if d.get("resumed_from") else ""
-        return f"fetched {url}: {b} bytes in {s:.3f}s ({_mb_per_s(b, s)}{resumed})"
-    if kind == EventKind.RETRY:
-        return (f"retry {url}: attempt {d.get('attempt')} failed ({d.get('error')}); "
-                f"next in {float(d.get('wait') or 0):.2f}s")
-    if kind == EventKind.VERIFY_OK:
-        return f"verified {url}"
-    if kind == EventKind.VERIFY_FAIL:
-        return f"verification failed {url}: expected {d.get('expected')}, got {d.get('actual')}"
-    if kind == EventKind.REPAIR:
-        return f"repairing {url} (attempt {d.get('attempt')})"
-    if kind == EventKind.EVICT:
-        return f"evicted {url} ({d.get('bytes')} bytes)"
-    if kind in (EventKind.SKIP, EventKind.FAIL):
-        return f"{kind} {url}: {d.get('error')}"
-    if kind == EventKind.FETCH_START:
-        return f"fetching {url}" + (f" from byte {d['resumed_from']}" if d.get("resumed_from") else "")
-    extra = {k: v for k, v in d.items() if k not in ("kind", "url", "ts")}
-    return f"{kind} {url} {extra}" if extra else f"{kind} {url}"
-
-
-#: logged at INFO (``RESUMEWDS_VERBOSE=1``); everything else at DEBUG (from the events table)
-INFO_EVENTS = info_kinds()
-
-
-def event_record(kind: str, url: str, detail: Dict[str, Any]) -> Dict[str, Any]:
-    """Build the event dict a worker attaches to its batch, and log it.
-
-    ``kind`` is an :class:`resumewds.events.EventKind` (or its string);
-    the record holds its plain string value.  Events of a background
-    download carry ``prefetch=True`` (the store adds it; see ``cache_hits``).
-    Logged once, here, in the process where the event happened.
-    """
-    kind = str(getattr(kind, "value", kind))
-    ev: Dict[str, Any] = {"kind": kind, "url": url, "ts": time.time()}
-    ev.update(detail)
-    level = level_of(kind)
-    if log.isEnabledFor(level):
-        log.log(level, "%s", _describe(kind, url, detail))
-    return ev
-
-
-def _level_from(verbose: bool) -> Optional[int]:
-    return {2: logging.DEBUG, 1: logging.INFO}.get(verbose_level(verbose))
-
-
-def setup_logging(verbose: bool = False) -> None:
-    """Make the ``resumewds`` logger talk: INFO with ``verbose`` or
-    ``RESUMEWDS_VERBOSE=1``, DEBUG with ``RESUMEWDS_VERBOSE=2``.
-
-    Adds one stderr handler only if the application configured none;
-    otherwise records go to the application's handlers.
-    """
-    level = _level_from(verbose)
-    if level is None:
-        return
-    logger = logging.getLogger("resumewds")
-    if logger.level == logging.NOTSET or logger.level > level:
-        logger.setLevel(level)
-    if not logger.handlers and not logging.getLogger().handlers:
-        h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter(_FORMAT))
-        logger.addHandler(h)
-
-
-def worker_logging(level: int) -> None:
-    """In a DataLoader worker: use the main process's ``resumewds`` level.
-
-    A no-op after ``fork`` (the configuration is inherited); after
-    ``spawn`` the worker starts unconfigured, so this sets the level and a
-    stderr handler.
-    """
-    logger = logging.getLogger("resumewds")
-    if not level or logger.level != logging.NOTSET:
-        return
-    logger.setLevel(level)
-    if not logger.handlers and not logging.getLogger().handlers:
-        h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter(_FORMAT))
-        logger.addHandler(h)
-
-
-__all__ = ["COUNTERS", "EVENT_COUNTERS", "Stats", "TIMERS", "event_record", "flat_scalars",
-           "setup_logging", "worker_logging"]
+__all__ = ["COUNTERS", "EVENT_COUNTERS", "Stats", "TIMERS", "flat_scalars"]

@@ -9,9 +9,11 @@
 * :data:`enforce_security` (``WDS_SECURE`` / ``RESUMEWDS_SECURE``; off unless
   set) and :func:`check_source_allowed`: when set, local paths, ``file:``
   URLs and ``pipe:`` commands are refused as sources, ``GOPEN_REWRITE`` is
-  refused, and decoders refuse pickle-based members.  It is read at each use;
-  ``resumewds.utils.enforce_security`` (webdataset's place for it) reads and
-  sets this same value.
+  refused, and decoders refuse pickle-based members.  It is read at each use
+  (:func:`secure`): on when this module's :data:`enforce_security` is set, or
+  the switch of a module that :func:`watch_security_switch` was given
+  (``resumewds.utils.enforce_security``, webdataset's place for it, once the
+  wing is loaded).
 
 Example:
     >>> expand_braces("s-{00..02}.tar")
@@ -32,16 +34,47 @@ from . import config
 from .errors import SourceError, UnsafeSourceError
 from .schemes import is_local_url
 
-__all__ = ["EnforcedSecurityError", "check_source_allowed", "enforce_security", "expand_braces", "rewrite_url"]
+__all__ = ["EnforcedSecurityError", "check_source_allowed", "enforce_security", "expand_braces", "rewrite_url",
+           "secure", "watch_security_switch"]
 
 #: refuse local, ``file:`` and ``pipe:`` sources, URL rewriting and unpickling
 enforce_security: bool = bool(config.value("secure"))
+_switches: List[object] = []  # objects whose own ``enforce_security`` turns the policy on too
+
+
+def watch_security_switch(holder: object) -> None:
+    """Let ``holder.enforce_security`` turn the policy on too (read at each use).
+
+    webdataset's code sets ``webdataset.utils.enforce_security``: the wing's
+    ``utils`` module hands itself here, so that setting it at run time works as in
+    webdataset.
+
+    Example:
+        >>> class Switch: enforce_security = False
+        >>> watch_security_switch(Switch); secure()
+        False
+        >>> Switch.enforce_security = True; secure()
+        True
+        >>> Switch.enforce_security = False; _switches.remove(Switch)
+    """
+    if not any(h is holder for h in _switches):
+        _switches.append(holder)
+
+
+def secure() -> bool:
+    """Whether the security policy is on: :data:`enforce_security`, or a watched switch.
+
+    Example:
+        >>> secure()   # WDS_SECURE / RESUMEWDS_SECURE unset
+        False
+    """
+    return bool(enforce_security) or any(bool(getattr(h, "enforce_security", False)) for h in _switches)
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 
 class EnforcedSecurityError(UnsafeSourceError, ValueError):
-    """Refused because :data:`enforce_security` is set: a pickle-based member,
+    """Refused because :data:`enforce_security` is set (:func:`secure`): a pickle-based member,
     a local or ``pipe:`` source, a ``GOPEN_REWRITE`` rewrite.
 
     A ``ValueError`` too, as webdataset raises in the same places; the
@@ -57,7 +90,7 @@ def check_source_allowed(url: str) -> None:
     Example:
         >>> check_source_allowed("/data/shard-000000.tar")  # enforce_security is off
     """
-    if not enforce_security:
+    if not secure():
         return
     if url.startswith("pipe:"):
         raise EnforcedSecurityError(f"gopen_pipe: unsafe_gopen is False, cannot open pipe URLs: {url} "
@@ -73,7 +106,7 @@ def check_unpickling_allowed(what: str) -> None:
     Example:
         >>> check_unpickling_allowed("unpickling a .pyd member")  # enforce_security is off
     """
-    if enforce_security:
+    if secure():
         raise EnforcedSecurityError(what)
 
 
@@ -90,7 +123,7 @@ def rewrite_url(url: str) -> str:
     rules = config.value("gopen_rewrite")
     if not rules:
         return url
-    if enforce_security:
+    if secure():
         raise EnforcedSecurityError(
             "rewrite_url: unsafe_gopen is False, cannot rewrite URLs using environment variables "
             f"(GOPEN_REWRITE is set; resumewds.utils.enforce_security is on): {url}")

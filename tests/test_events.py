@@ -38,7 +38,7 @@ def test_the_table_covers_every_kind():
 def test_kinds_are_strings_for_old_comparisons():
     assert EventKind.SKIP == "skip" and "fail" == EventKind.FAIL
     assert json.dumps({"kind": EventKind.RETRY}) == '{"kind": "retry"}'
-    assert stats.event_record(EventKind.SKIP, "u", {})["kind"].__class__ is str
+    assert events.event_record(EventKind.SKIP, "u", {})["kind"].__class__ is str
 
 
 @pytest.mark.parametrize("kind", list(EventKind), ids=lambda k: k.value)

@@ -24,8 +24,9 @@ from conftest import N_SAMPLES, N_SHARDS, PY, raw_samples, subprocess_env
 from http_fixtures import fast_config
 from resumewds.cli import _NoBar, _progress, cli
 from resumewds.dataset import WebDataset, build_manifest
+from resumewds.events import event_record
 from resumewds.loader import WebLoader
-from resumewds.stats import COUNTERS, TIMERS, Stats, event_record, flat_scalars
+from resumewds.stats import COUNTERS, TIMERS, Stats, flat_scalars
 
 TOTAL = N_SHARDS * N_SAMPLES  # 185
 

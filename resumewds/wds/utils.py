@@ -13,9 +13,11 @@ unless set).  When True:
 * ``GOPEN_REWRITE`` URL rewriting is refused.
 
 It is read at each use, so setting ``resumewds.utils.enforce_security =
-True`` at run time works as it does in webdataset: this module's
-``enforce_security`` reads and sets :data:`resumewds.urls.enforce_security`,
-the one place the policy is kept.
+True`` at run time works as it does in webdataset: the engine watches this
+module's switch (:func:`resumewds.urls.watch_security_switch`) besides its
+own.  It starts as the environment says; the policy is on while either is
+set (turning it off at run time after ``WDS_SECURE=1`` takes unsetting
+both: the stricter of the two wins).
 
 Example:
     >>> import resumewds.utils
@@ -34,7 +36,6 @@ import importlib
 import itertools
 import re
 import sys
-import types
 import warnings
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -42,12 +43,15 @@ from .. import config, urls
 from ..urls import EnforcedSecurityError, check_source_allowed, expand_braces
 from ..world import worker_info
 
-__all__ = ["EnforcedSecurityError",  # noqa: F822  (enforce_security: a property of this module)
-           "ObsoleteException", "PipelineStage", "check_source_allowed",
+__all__ = ["EnforcedSecurityError", "ObsoleteException", "PipelineStage", "check_source_allowed",
            "compute_sample_weights", "deprecated", "enforce_security", "fnmatch_with_braces",
            "glob_with_braces", "guess_batchsize", "identity", "is_iterable", "lookup_sym", "make_seed",
            "obsolete", "pytorch_worker_info", "pytorch_worker_seed", "repeatedly", "repeatedly0",
            "safe_eval"]
+
+#: webdataset's switch (``WDS_SECURE``): local and ``pipe:`` sources, URL rewriting and unpickling refused
+enforce_security: bool = urls.enforce_security
+urls.watch_security_switch(sys.modules[__name__])
 
 def identity(x: Any) -> Any:
     """Return ``x`` (webdataset's ``utils.identity``)."""
@@ -275,18 +279,3 @@ def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
     ws = np.array([p[1] for p in n_w_pairs])
     weighted = ns * ws
     return weighted / np.amax(weighted)
-
-
-class _UtilsModule(types.ModuleType):
-    """This module, whose ``enforce_security`` is :data:`resumewds.urls.enforce_security`."""
-
-    @property
-    def enforce_security(self) -> bool:
-        return urls.enforce_security
-
-    @enforce_security.setter
-    def enforce_security(self, value: bool) -> None:
-        urls.enforce_security = value
-
-
-sys.modules[__name__].__class__ = _UtilsModule
