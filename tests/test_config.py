@@ -123,7 +123,7 @@ def test_no_other_module_reads_resumewds_variables():
 
 
 def test_verbose_is_read_through_config(monkeypatch):
-    from resumewds.stats import _level_from
+    from resumewds.events import _level_from
 
     monkeypatch.setenv("RESUMEWDS_VERBOSE", "2")
     assert _level_from(False) == 10
