@@ -191,7 +191,7 @@ def test_wing_modules_load_lazily_and_gopen_stays_a_function():
             "from resumewds.shardlists import SimpleShardList\n"
             "import resumewds.utils as u, resumewds.urls as core\n"
             "u.enforce_security = True\n"
-            "assert core.enforce_security is True\n"
+            "assert core.secure() is True\n"
             "sys.modules['webdataset'] = rw  # the package under another name: its wing too\n"
             "import webdataset.mix\n"
             "assert webdataset.mix is sys.modules['resumewds.wds.mix']\n"
