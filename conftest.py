@@ -32,6 +32,13 @@ for _name in ("lightning", "transformers"):
     if importlib.util.find_spec(_name) is None:
         collect_ignore.append(f"resumewds/integrations/{_name}.py")
 
+# webdataset's module names (resumewds/filters.py, ...) hand over the wing's module: their
+# examples are collected there (resumewds/wds/), not twice
+for _path in sorted(os.listdir(os.path.join(os.path.dirname(__file__), "resumewds"))):
+    _file = os.path.join(os.path.dirname(__file__), "resumewds", _path)
+    if _path.endswith(".py") and "sys.modules[__name__] = " in open(_file).read():
+        collect_ignore.append(f"resumewds/{_path}")
+
 DOCTEST_SHARDS = 4
 DOCTEST_SAMPLES = 8
 

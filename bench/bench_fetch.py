@@ -49,8 +49,8 @@ def main(argv=None) -> int:
     from resumewds import load_manifest
     from resumewds.cache import ShardStore
     from resumewds.fetch import FetchConfig
-    from resumewds.manifest import Manifest, ShardInfo
-    from resumewds.tario import sample_digest
+    from resumewds.manifest._manifest import Manifest, ShardInfo
+    from resumewds.tar import sample_digest
 
     print(C.machine_note())
     # throughput data: realistic shard sizes (per-shard fsyncs and bookkeeping

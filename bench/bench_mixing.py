@@ -78,7 +78,7 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from resumewds.plan import Layout, Plan  # noqa: E402
+from resumewds.plan._plan import Layout, Plan  # noqa: E402
 
 BATCH = 64
 

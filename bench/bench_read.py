@@ -35,7 +35,8 @@ def plain(args, d: str, table: C.Table) -> None:
     import webdataset as wds
 
     import resumewds as rw
-    from resumewds import load_manifest, tario
+    from resumewds import load_manifest
+    from resumewds.tar import _io as tario
 
     shards, samples = (8, 500) if args.quick else (32, 1000)
     repeats = args.repeats or (3 if args.quick else 5)

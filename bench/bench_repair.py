@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     from chaos.faultserver import FaultServer
     from resumewds.cache import ShardStore
     from resumewds.fetch import FetchConfig
-    from resumewds.manifest import load_manifest
+    from resumewds.manifest._manifest import load_manifest
     from resumewds.writer import ShardWriter
 
     print(C.machine_note())

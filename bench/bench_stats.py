@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     args = C.parse_args(__doc__.split("\n")[0], argv)
     warnings.filterwarnings("ignore")
     import resumewds as rw
-    from resumewds import stats as stats_mod
+    from resumewds.run import _stats as stats_mod
 
     print(C.machine_note())
     shards, samples = (8, 500) if args.quick else (16, 1000)

@@ -57,8 +57,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from resumewds.manifest import ShardInfo  # noqa: E402
-from resumewds.plan import Layout, Plan, permutation, worker_steps  # noqa: E402
+from resumewds.manifest._manifest import ShardInfo  # noqa: E402
+from resumewds.plan import Layout, Plan, worker_steps  # noqa: E402
+from resumewds.plan._keyed import permutation  # noqa: E402
 
 MB = 1 << 20
 
@@ -267,8 +268,8 @@ def write_scaled(d: str, S: int, n: int, sample_bytes: int, fmt: str, need: set)
 
     import xxhash
 
-    from resumewds.sampledigests import encode_inline
-    from resumewds.shardindex import MAGIC, encode, index_name
+    from resumewds.manifest import encode_inline
+    from resumewds.manifest._shardindex import MAGIC, encode, index_name
 
     size = n * sample_bytes + 1024
     offs = array("q", range(0, n * sample_bytes + 1, sample_bytes))
@@ -513,7 +514,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.makedirs(os.path.dirname(jpath))
         _, sec, _ = measure(lambda: make_rank_files(jpath, jranks, 3), trace=False)
         t.add(f"create {jranks:,} rank files (3 commits each)", "", sec)
-        from resumewds.journal import resolve_resume, status
+        from resumewds.journal import resolve_resume
+        from resumewds.journal._status import status
 
         point, sec, mem = measure(lambda: resolve_resume(jpath), trace=True)
         assert point["step"] == 1 and point["skipped_incomplete"][0]["missing_ranks"] == [jranks - 1]

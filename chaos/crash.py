@@ -91,7 +91,8 @@ def make_dataset(root: str, shards: int = 8, samples: int = 100, size_range: Tup
     is version 4, with sample digests)."""
     import resumewds as rw
     from resumewds.synth import write_shards
-    from resumewds.tario import iter_samples_file, sample_digest
+    from resumewds.tar import sample_digest
+    from resumewds.tar._scan import iter_samples_file
 
     paths = write_shards(root, shards=shards, samples=samples, size_range=size_range, seed=seed,
                          images=images, image_side=32)

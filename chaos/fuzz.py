@@ -12,7 +12,7 @@ octal that Python's ``int`` would take but tar does not (``-1``, ``1_0``),
 all with valid checksums so the size is parsed (a pax ``size=0``
 then a negative base-256 size after the last sample looped forever in
 ``index`` and ``cat``).  The result goes through
-every entry point of :mod:`resumewds.tario` (``scan_buffer``,
+every entry point of :mod:`resumewds.tar` (``scan_buffer``,
 ``iter_samples_bytes``, ``scan_file`` and, when the scan succeeds,
 ``read_sample`` of every indexed sample).  Every case must end in data or a
 :class:`~resumewds.errors.ShardFormatError` within ``bound`` seconds; any
@@ -49,8 +49,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
-from resumewds import tario
 from resumewds.errors import ShardFormatError
+from resumewds.tar import _io as tario
 
 
 @dataclasses.dataclass

@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Tuple
 
 from chaos.crash import Proc, cat_cmd, child_env, compare, run
 from chaos.harness import BOUND, Row, Scenario, Suite, cli, labelled, last_line, shard_paths, strict_error
-from resumewds.cli import unescape_field
+from resumewds.cli._main import unescape_field
 
 __all__ = ["bad_cli_input", "bad_manifest", "crafted_tar_sizes", "escaped_keys", "fuzz_rows",
            "input_hardening_rows", "malformed_manifest_input", "malformed_through_cat", "stdout_full_with_journal"]

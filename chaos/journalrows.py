@@ -29,7 +29,7 @@ from typing import IO, List, Sequence, Tuple
 from chaos import diskfaults
 from chaos.crash import Proc, cat_cmd, child_env, committed_samples, compare, run
 from chaos.harness import BOUND, Row, Scenario, Suite, labelled, last_line
-from resumewds.journal import status
+from resumewds.journal._status import status
 
 __all__ = ["exactly_once_rows", "fail_is_journaled", "journal_damage", "journal_dir_full",
            "journal_started_together", "journal_two_writers", "sigterm_cycles"]

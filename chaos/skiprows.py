@@ -25,7 +25,7 @@ import resumewds as rw
 from chaos.crash import cat_cmd, committed_samples, compare, run
 from chaos.diskfaults import flip_byte
 from chaos.harness import BOUND, Row, Scenario, Suite, labelled, last_line, shard_paths
-from resumewds.tario import read_sample
+from resumewds.tar._io import read_sample
 
 __all__ = ["NAME", "corrupted_in_place", "skip_rows"]
 

@@ -54,7 +54,7 @@ import xxhash  # noqa: E402
 
 import resumewds as rw  # noqa: E402
 from resumewds.journal import resolve_resume  # noqa: E402
-from resumewds.mixdataset import at_step  # noqa: E402
+from resumewds.mixing import at_step  # noqa: E402
 
 
 def collate(batch: List[Dict[str, Any]]) -> Dict[str, Any]:

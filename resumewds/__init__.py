@@ -23,11 +23,11 @@ Example:
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.util
 import sys
-from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List
+
+from . import _lazy
 
 # Loaded with the package: the exceptions (light, and what ``except rw.X`` needs).
 from .errors import (
@@ -49,35 +49,21 @@ from .errors import (
     TransientFetchError,
     UnsafeSourceError,
 )
-from .wds import MODULES as _WING
 
-
-class _WingAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``import resumewds.<name>`` for a module of the WebDataset wing gives
-    ``resumewds.wds.<name>``: one module object under both names, as
-    webdataset's users write ``wds.filters``, ``from resumewds.shardlists import ...``."""
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
-                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
-        pkg, _, name = fullname.rpartition(".")
-        if name not in _WING or sys.modules.get(pkg) is not sys.modules[__name__]:
-            return None  # (the package under another name too: sys.modules["webdataset"] = resumewds)
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        module = importlib.import_module(f"{__name__}.wds.{spec.name.rpartition('.')[2]}")
-        self._spec = module.__spec__  # the import system sets __spec__ to the alias's: restored below
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = self._spec  # already executed under its own name
-
-
-sys.meta_path.insert(0, _WingAliases())  # before any other finder: the wing answers its names
-
+# webdataset's module names (``import resumewds.filters``, ``from resumewds.shardlists import
+# ...``) are small modules of this package that hand over the wing's module: one module object
+# under both names, and nothing hooked into the import system.
 # ``gopen``, a submodule and a function, as in webdataset: the module is registered under
 # its alias now, so that importing it later cannot rebind ``resumewds.gopen`` to the module.
-from .wds import gopen as _gopen_module  # noqa: E402
+from .wds import gopen as _gopen_module
+
+# webdataset's names for what its modules of those names hold beside the engine's: its
+# ``cache`` module's streaming file cache, its ``autodecode.utils``
+_lazy.forward(f"{__name__}.cache", ("FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format",
+                                    "default_cache_size", "download", "get_filetype", "gopen", "islocal",
+                                    "magic_filetype", "obsolete", "pipe_cleaner", "reraise_exception",
+                                    "url_to_cache_name", "verbose_cache"), f"{__name__}.wds.filecache")
+_lazy.forward(f"{__name__}.autodecode", ("utils",), f"{__name__}.wds.utils", whole=True)
 
 sys.modules.setdefault(f"{__name__}.gopen", _gopen_module)
 gopen = _gopen_module.gopen
@@ -91,7 +77,7 @@ _LAZY: Dict[str, str] = {
                      "imagehandler", "torch_audio", "torch_loads", "torch_video"), "autodecode"),
     **dict.fromkeys(("Cached", "FluidInterface", "MockDataset"), "wds.compat"),
     **dict.fromkeys(("WebDataset", "build_manifest", "index_manifest"), "dataset"),
-    **dict.fromkeys(("BadSample", "add_sample_digests", "bad_samples"), "digests"),
+    **dict.fromkeys(("BadSample", "add_sample_digests", "bad_samples"), "sources"),
     **dict.fromkeys(("associate", "batched", "decode", "detshuffle", "extract_keys", "getfirst", "info",
                      "log_keys", "map", "map_dict", "map_tuple", "pipelinefilter", "rename", "rename_keys",
                      "rsample", "select", "shuffle", "slice", "to_tuple", "transform_with", "unbatched",
@@ -105,24 +91,24 @@ _LAZY: Dict[str, str] = {
     "LMDBCached": "wds.filters",
     "pytorch_weights_only": "autodecode",
     **dict.fromkeys(("RandomMix", "RoundRobin"), "wds.mix"),
-    "MixedDataset": "mixdataset",
-    "MixPlan": "mixture",
+    "MixedDataset": "mixing",
+    "MixPlan": "mixing",
     **dict.fromkeys(("Layout", "Plan"), "plan"),
     **dict.fromkeys(("MultiShardSample", "ResampledShards", "SimpleShardList", "non_empty", "resampled", "shardspec",
                      "single_node_only", "split_by_node", "split_by_worker"), "wds.shardlists"),
     **dict.fromkeys(("tarfile_samples", "tarfile_to_samples"), "wds.tariterators"),
     "default_collation_fn": "stages",
-    **dict.fromkeys(("sample_digest", "scan_file"), "tario"),
+    **dict.fromkeys(("sample_digest", "scan_file"), "tar"),
     **dict.fromkeys(("PipelineStage", "repeatedly"), "wds.utils"),
-    **dict.fromkeys(("World", "detect_world"), "world"),
-    "WorkerStallError": "watchdog",  # a stopped DataLoader worker (no torch import)
+    **dict.fromkeys(("World", "detect_world"), "plan"),
+    "WorkerStallError": "run",  # a stopped DataLoader worker (no torch import)
     **dict.fromkeys(("ShardWriter", "TarWriter", "numpy_dumps", "torch_dumps"), "writer"),
     "gopen_schemes": "wds.gopen",
     # torch: WebLoader imports it; keep `import resumewds` light for the CLI
     **dict.fromkeys(("WebLoader", "EmptyBatch", "BatchInfo"), "loader"),
     "DataPipeline": "wds.datapipeline",  # a torch IterableDataset: imports torch
     "FluidWrapper": "wds.fluid",  # a DataPipeline: imports torch
-    "S3Options": "fetch.s3",  # s3:// settings: the s3 transport's module (boto3 is imported at the first fetch)
+    "S3Options": "fetch",  # s3:// settings: the s3 transport's module (boto3 is imported at the first fetch)
 }
 
 __version__ = "0.1.0"

@@ -37,7 +37,7 @@ tb`` (tenbin: list of arrays), ``mp msg msgpack`` (needs ``msgpack``),
 Security (a difference from webdataset, which unpickles by default):
 ``pkl pickle pyd`` members are decoded only with ``allow_pickle=True``,
 and ``pth`` is loaded with ``weights_only=True`` unless
-``allow_pickle=True``.  With ``resumewds.urls.enforce_security`` (``resumewds.utils``) set
+``allow_pickle=True``.  With ``resumewds.sources.enforce_security`` (``resumewds.utils``) set
 (env ``WDS_SECURE=1``, as in webdataset) all of them are refused.
 
 Example:
@@ -50,7 +50,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import os
@@ -59,8 +58,9 @@ import tempfile
 from functools import partial as _partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
-from . import config, urls
+from . import _lazy, config
 from .errors import DecodeError, UnsafeSourceError
+from .sources import _urls as urls
 from .tenbin import decode_buffer
 
 __all__ = ["Continue", "Decoder", "DecodingError", "IMAGE_EXTENSIONS", "ImageHandler",
@@ -585,8 +585,6 @@ default_decoder = Decoder([])
 
 
 def __getattr__(name: str) -> Any:
-    """webdataset's ``autodecode.utils`` (its module): ``resumewds.utils``, the WebDataset
-    wing's, found by webdataset's name on first use (the engine does not use it)."""
-    if name == "utils":
-        return importlib.import_module("resumewds.utils")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """webdataset's ``autodecode.utils`` (its module): the WebDataset wing's, forwarded by the
+    package's face (the engine does not use it)."""
+    return _lazy.forwarded(__name__, name)

@@ -63,7 +63,7 @@ RESUMEWDS_S3_ANONYMOUS                                       0                 1
                                                                                buckets)
 RESUMEWDS_WORKER_STALL                                       60                seconds a DataLoader worker may stay
                                                                                stopped (SIGSTOP) while the loader waits
-                                                                               for it (0: no limit; resumewds.watchdog)
+                                                                               for it (0: no limit; resumewds.run)
 ============================== ============================= ================= =========================================
 
 For ``s3://`` (:func:`s3_settings`) the standard AWS variables are read here
@@ -205,7 +205,7 @@ VARS: Dict[str, Var] = {
     "s3_addressing_style": Var("RESUMEWDS_S3_ADDRESSING_STYLE", lambda r: r.strip().lower(), "auto",
                                check=lambda v: None if v in S3_ADDRESSING else "must be auto, path or virtual"),
     "s3_anonymous": Var("RESUMEWDS_S3_ANONYMOUS", _bool, False),
-    # a stopped DataLoader worker (resumewds.watchdog)
+    # a stopped DataLoader worker (resumewds.run)
     "worker_stall": Var("RESUMEWDS_WORKER_STALL", _float, 60.0, check=_non_negative),
 }
 
@@ -333,7 +333,7 @@ def _env(name: str) -> Optional[str]:
 
 
 def s3_settings() -> Dict[str, Any]:
-    """The :class:`resumewds.fetch.s3.S3Options` fields the environment gives.
+    """The :class:`resumewds.fetch._s3.S3Options` fields the environment gives.
 
     ``endpoint_url``: ``RESUMEWDS_S3_ENDPOINT_URL``, else (unless
     ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true) ``AWS_ENDPOINT_URL_S3``,

@@ -1,11 +1,11 @@
 """``WebDataset``: the engine's data set with webdataset's constructor and fluent methods.
 
 :class:`WebDataset` (defined in the wing, :mod:`resumewds.wds.webdataset`)
-composes :class:`resumewds.wds.direct.DirectDataset` (the engine's data set,
-:class:`resumewds.shardset.ShardDataset`, iterable directly) with
+composes :class:`resumewds.wds._direct.DirectDataset` (the engine's data set,
+:class:`resumewds.read.ShardDataset`, iterable directly) with
 :class:`resumewds.wds.webdataset.WebDatasetAPI` (webdataset 1.0.2's
 constructor arguments and the fluent methods the engine has no name for).
-:func:`build_manifest` and :func:`index_manifest` are :mod:`resumewds.indexing`'s.
+:func:`build_manifest` and :func:`index_manifest` are :mod:`resumewds.sources`'s.
 This module and the package's ``__init__`` present these names; the core
 imports neither.
 
@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from .indexing import build_manifest, index_manifest
+from .sources import build_manifest, index_manifest
 from .wds.webdataset import WebDataset
 
 __all__ = ["WebDataset", "build_manifest", "index_manifest"]

@@ -277,13 +277,13 @@ class HandlerStop(Exception):
     """A handler returned False (``ignore_and_stop``, ``warn_and_stop``): stop iterating.
 
     Raised where the handler is asked (a stage, a shard read) and caught where
-    the iteration can end quietly (:func:`resumewds.handling.until_stop`).
+    the iteration can end quietly (:func:`resumewds.stages.until_stop`).
     Not a :class:`ResumeWDSError`: it is a signal, not a failure.
 
     Attributes:
         skipped: raised by a stage's handler: the item's
-            :class:`~resumewds.stages.SkippedSample`, until whatever runs the
-            stage records it (:func:`resumewds.stages.report_stop`); else None.
+            :class:`~resumewds.stages._stages.SkippedSample`, until whatever runs the
+            stage records it (:func:`resumewds.stages._stages.report_stop`); else None.
     """
 
     skipped: Any = None

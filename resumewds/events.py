@@ -73,7 +73,7 @@ class EventSpec:
 
     Attributes:
         producer: the module that emits it (documentation; checked by the test).
-        counter: the :class:`resumewds.stats.Stats` counter it increments, or None.
+        counter: the :class:`resumewds.run._stats.Stats` counter it increments, or None.
         shard_state: the journal shard state it moves the shard to, or None.
         shard_counter: the journal ``shards`` column it increments, or None.
         level: the log level :func:`event_record` logs it at.
@@ -111,23 +111,23 @@ EVENTS: Dict[EventKind, EventSpec] = {
     K.REPAIR: EventSpec("cache", counter="repairs", shard_state="downloading", shard_counter="repairs",
                         level=INFO, lane=3),
     # a cached copy mended sample by sample (resumewds verify names each one); also a REPAIR
-    K.RANGE_REPAIR: EventSpec("repair", level=INFO),
-    K.RANGE_REPAIR_DONE: EventSpec("repair", level=INFO),
+    K.RANGE_REPAIR: EventSpec("cache._repair", level=INFO),
+    K.RANGE_REPAIR_DONE: EventSpec("cache._repair", level=INFO),
     K.EVICT: EventSpec("cache", counter="evictions", shard_state="pending", level=INFO, lane=6),
     K.CACHE_HIT: EventSpec("cache", counter="cache_hits", shard_state="verified", journaled=False),
     K.CACHE_MISS: EventSpec("cache", counter="cache_misses"),
     # skip: Stats keeps {url: error} (shards_skipped); the dataset logs the warning itself
-    K.SKIP: EventSpec("openshards", shard_state="failed", lane=4, error=True),
-    K.FAIL: EventSpec("openshards", counter="failures", shard_state="failed", level=INFO, lane=5,
+    K.SKIP: EventSpec("read._shards", shard_state="failed", lane=4, error=True),
+    K.FAIL: EventSpec("read._shards", counter="failures", shard_state="failed", level=INFO, lane=5,
                       error=True),
     # sample_skip: counted as skipped_samples through the step's meta; the loader warns
     # once per epoch with the keys; logged at INFO (RESUMEWDS_VERBOSE=1)
-    K.SAMPLE_SKIP: EventSpec("handling", level=INFO),
-    K.RECOVERED: EventSpec("shardloader", shard_state="verified", level=INFO),
-    K.RESUME: EventSpec("shardloader", level=INFO, lane=0),
+    K.SAMPLE_SKIP: EventSpec("stages._handling", level=INFO),
+    K.RECOVERED: EventSpec("run._loader", shard_state="verified", level=INFO),
+    K.RESUME: EventSpec("run._loader", level=INFO, lane=0),
     K.CONFIG_CHANGE: EventSpec("journal", lane=8),
     K.REWIND: EventSpec("journal", lane=7),
-    K.SKIP_STEPS: EventSpec("shardloader", level=INFO, lane=10),
+    K.SKIP_STEPS: EventSpec("run._loader", level=INFO, lane=10),
     K.INVALID_TRANSITION: EventSpec("journal", lane=9, error=True),
 }
 

@@ -1,7 +1,7 @@
 """``WebLoader``: the engine's loader with webdataset's fluent loader methods.
 
 :class:`WebLoader` (defined in the wing, :mod:`resumewds.wds.loaderchain`)
-composes :class:`resumewds.shardloader.ShardLoader` (torch's DataLoader with
+composes :class:`resumewds.run.ShardLoader` (torch's DataLoader with
 an exact, layout-independent resume: ``state_dict``, ``commit``, the
 journal, preemption, stats) with :class:`resumewds.wds.loaderchain.FluentLoader`
 (webdataset's ``.unbatched().shuffle(n).batched(m).with_epoch(k)`` on a

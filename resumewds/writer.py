@@ -24,7 +24,7 @@ shards to one manifest.  Entries are kept sorted by url.
 
 For ``.tgz`` / ``.tar.gz`` output the size and checksum are the compressed
 file's and the offsets are positions in the uncompressed tar stream (what
-the reader uses after decompressing, see :mod:`resumewds.compressed`).
+the reader uses after decompressing, see :mod:`resumewds.tar`).
 
 Example:
     >>> import tempfile, os
@@ -53,8 +53,9 @@ from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import xxhash
 
-from . import tario, urls
 from .manifest import Manifest, ShardInfo, load_manifest
+from .sources import _urls as urls
+from .tar import _io as tario
 from .tenbin import encode_buffer
 
 __all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
@@ -258,7 +259,7 @@ def make_encoder(spec: Union[bool, None, Dict[str, Callable[[Any], bytes]], Call
 
 class _DigestTap:
     """Wraps the tar stream's file object: hashes each sample's uncompressed
-    bytes (:mod:`resumewds.digests`) as tarfile writes them."""
+    bytes (:mod:`resumewds.sources`) as tarfile writes them."""
 
     def __init__(self, inner: Any):
         self.inner = inner
@@ -460,7 +461,7 @@ class TarWriter:
         self.close()
 
     def _plan_members(self, names: List[str]) -> List[bool]:
-        """Mirror the reader's grouping (:func:`resumewds.tario._group`) for these
+        """Mirror the reader's grouping (:func:`resumewds.tar._io._group`) for these
         member names: which of them starts a new sample.
 
         Raises:

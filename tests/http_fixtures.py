@@ -16,8 +16,9 @@ import xxhash
 
 import resumewds as rw
 from resumewds import synth
-from resumewds.fetch import FetchConfig, no_sleep
-from resumewds.manifest import ShardInfo
+from resumewds.fetch import FetchConfig
+from resumewds.fetch._settings import no_sleep
+from resumewds.manifest._manifest import ShardInfo
 
 
 def make_tar(path: str, samples: int = 8, payload: int = 1000, seed: int = 0) -> bytes:

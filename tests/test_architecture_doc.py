@@ -21,7 +21,7 @@ _DEF = r"(?:^|\n)[ \t]*(?:def|class|async def)\s+{0}\b|(?:^|\n)[ \t]*(?:self\.)?
 
 
 def _layout_block(text: str) -> List[str]:
-    m = re.search(r"## Repository layout\s*\n```[^\n]*\n(.*?)\n```", text, re.S)
+    m = re.search(r"## Repository layout\s*\n(?:[^`]|`[^`])*?```[^\n]*\n(.*?)\n```", text, re.S)
     assert m, "docs/ARCHITECTURE.md has no '## Repository layout' code block"
     return m.group(1).splitlines()
 
@@ -69,7 +69,9 @@ def _modules_named(name: str, sources: Dict[str, str]) -> List[str]:
 
 
 def _defines(src: str, name: str) -> bool:
-    return re.search(_DEF.format(re.escape(name)), src) is not None
+    """``src`` defines or assigns ``name``, or (a package's face) loads it on first use."""
+    return (re.search(_DEF.format(re.escape(name)), src) is not None
+            or re.search(r'^\s*"' + re.escape(name) + r'"\s*:', src, re.M) is not None)
 
 
 def dangling_names(text: str) -> List[str]:
@@ -141,9 +143,70 @@ def test_every_backticked_name_exists():
 
 def test_a_stale_name_is_caught():
     doc = ("## Repository layout\n```\nresumewds/\n  gone.py   a module that was removed\n"
-           "  fetch/\n    settings.py  FetchConfig\n```\n"
+           "  fetch/\n    _settings.py  FetchConfig\n```\n"
            "`dataset._NOT_THERE` and `FetchConfig.no_such_field` and `_nowhere_at_all`; "
-           "`epochplan.sample_at` is fine.\n")
+           "`plan._epoch.cut_partitions` is fine.\n")
     assert ("resumewds/gone.py" in {p for p, _ in layout_paths(doc)})
-    assert ("resumewds/fetch/settings.py" in {p for p, _ in layout_paths(doc)})
+    assert ("resumewds/fetch/_settings.py" in {p for p, _ in layout_paths(doc)})
     assert sorted(dangling_names(doc)) == ["FetchConfig.no_such_field", "_nowhere_at_all", "dataset._NOT_THERE"]
+
+
+def _folder_order(text: str) -> List[str]:
+    """The folders of the layout table, bottom (imports nothing of ours) first."""
+    return re.findall(r"^\| `(\w+)/` \|", text, re.M)
+
+
+def _imported_folders(path: str, module: str) -> Set[str]:
+    """The package's folders that a module imports (anywhere in it: lazy imports count)."""
+    import ast
+
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    is_pkg = path.endswith("__init__.py")
+    out: Set[str] = set()
+    for node in ast.walk(tree):
+        targets: List[str] = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module if is_pkg else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                target = base + ("." + node.module if node.module else "")
+            else:
+                target = node.module or ""
+            targets = [target] if node.module else [f"{target}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        for t in targets:
+            parts = t.split(".")
+            if parts[0] == "resumewds" and len(parts) > 1 and os.path.isdir(os.path.join(PKG, parts[1])):
+                out.add(parts[1])
+    return out
+
+
+def folder_imports() -> Dict[str, Set[str]]:
+    """folder -> the other folders its modules import."""
+    out: Dict[str, Set[str]] = {}
+    for rel in _sources():
+        parts = rel[:-3].split(os.sep)
+        if len(parts) < 2:
+            continue  # a top-level module
+        module = "resumewds." + ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        here = parts[0]
+        out.setdefault(here, set()).update(_imported_folders(os.path.join(PKG, rel), module) - {here})
+    return out
+
+
+def test_each_folder_imports_only_the_folders_listed_above_it():
+    with open(DOC, encoding="utf-8") as f:
+        order = _folder_order(f.read())
+    folders = {d for d in os.listdir(PKG) if os.path.isfile(os.path.join(PKG, d, "__init__.py"))}
+    assert sorted(order) == sorted(folders), "docs/ARCHITECTURE.md's folder table and resumewds/ differ"
+    rank = {f: i for i, f in enumerate(order)}
+    upward = sorted(f"{f} imports {g}" for f, gs in folder_imports().items() for g in gs if rank[g] > rank[f])
+    assert upward == [], upward
+
+
+def test_an_upward_import_is_caught(tmp_path):
+    (tmp_path / "m.py").write_text("def late():\n    from ..cli import main\n")
+    assert _imported_folders(str(tmp_path / "m.py"), "resumewds.fetch.m") == {"cli"}

@@ -1,4 +1,4 @@
-"""A manifest.json beside shards named one by one (resumewds.beside), and the manifest
+"""A manifest.json beside shards named one by one (resumewds.sources), and the manifest
 resolved before a WebLoader's workers fork."""
 
 from __future__ import annotations

@@ -24,11 +24,13 @@ from http_fixtures import (
     make_tar,
     shard_for,
 )
-from resumewds.cache import ShardStore, default_cache_dir, parse_size
-from resumewds.cache.prefetch import THREAD_NAME
+from resumewds.cache import ShardStore
+from resumewds.cache._prefetch import THREAD_NAME
+from resumewds.cache._store import default_cache_dir
+from resumewds.config import parse_size
 from resumewds.errors import CacheError, ChecksumMismatch, PermanentFetchError, TransientFetchError, UnsafeSourceError
 from resumewds.fetch import fetch_to_file
-from resumewds.manifest import ShardInfo
+from resumewds.manifest._manifest import ShardInfo
 
 KB = 1024
 FORK = multiprocessing.get_context("fork")
@@ -596,7 +598,7 @@ def test_unsynced_entry_is_rehashed_after_a_reboot(served, tmp_path, monkeypatch
     is hashed again at first use, whatever the policy, and repaired if the
     crash ate bytes; within the boot that wrote it, it is trusted."""
     import resumewds.fetch as F
-    from resumewds.fetch import partial
+    from resumewds.fetch import _partial as partial
 
     root, srv = served
     datas = [make_tar(os.path.join(root, f"{n}.tar"), seed=i) for i, n in enumerate("ab")]
@@ -624,7 +626,7 @@ def test_unsynced_entry_is_rehashed_after_a_reboot(served, tmp_path, monkeypatch
 
 
 def test_unsynced_entry_without_a_checksum_is_refetched_after_a_reboot(served, tmp_path, monkeypatch):
-    from resumewds.fetch import partial
+    from resumewds.fetch import _partial as partial
 
     root, srv = served
     data = make_tar(os.path.join(root, "a.tar"), payload=2 * KB)
@@ -748,7 +750,7 @@ def test_entry_removed_by_a_repairer_while_being_hashed_is_looked_at_again(serve
 
 
 def test_reader_acquires_again_when_a_verified_entry_vanishes_before_it_is_opened(served, tmp_path, monkeypatch):
-    from resumewds.openshards import ShardReader as _ShardReader
+    from resumewds.read._shards import ShardReader as _ShardReader
 
     root, srv = served
     data = make_tar(os.path.join(root, "a.tar"))
@@ -786,10 +788,10 @@ def test_reader_acquires_again_when_a_verified_entry_vanishes_before_it_is_opene
 
 
 def test_entry_states_through_one_entrys_life(served, tmp_path):
-    """EntryState (resumewds.cache.layout) as the store classifies one real entry:
+    """EntryState (resumewds.cache) as the store classifies one real entry:
     absent -> verified (downloaded) -> corrupt (bytes changed on disk) -> repaired
     -> untrusted (meta lost) -> evicted (absent again)."""
-    from resumewds.cache import EntryState
+    from resumewds.cache._layout import EntryState
 
     root, srv = served
     data = make_tar(os.path.join(root, "a.tar"), payload=3 * KB)

@@ -11,7 +11,8 @@ import json
 import os
 
 from http_fixtures import digest, make_tar, shard_for
-from resumewds.cache import ShardStore, layout
+from resumewds.cache import ShardStore
+from resumewds.cache import _layout as layout
 
 
 def _store(tmp_path, **kw) -> ShardStore:
@@ -147,7 +148,7 @@ def test_local_shard_replaced_same_size_and_mtime_is_verified_again(tmp_path):
 
 
 def test_a_use_is_recorded_for_the_evictor(served, tmp_path):
-    from resumewds.cache import eviction
+    from resumewds.cache import _eviction as eviction
 
     root, srv = served
     data = make_tar(os.path.join(root, "a.tar"))

@@ -15,9 +15,9 @@ import xxhash
 from click.testing import CliRunner
 
 from conftest import PY, raw_samples, subprocess_env
-from resumewds.cli import cli
-from resumewds.manifest import load_manifest
-from resumewds.plan import Plan
+from resumewds.cli._main import cli
+from resumewds.manifest._manifest import load_manifest
+from resumewds.plan._plan import Plan
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -33,7 +33,7 @@ def indexed(shards, tmp_path) -> str:
 
 
 def expected_lines(manifest_path: str, seed: int, shuffle, epochs: int, window: int = 8) -> List[str]:
-    """What cat must print, computed without the loader or resumewds.tario."""
+    """What cat must print, computed without the loader or resumewds.tar."""
     m = load_manifest(manifest_path)
     raw: Dict[int, list] = {i: raw_samples(s.url) for i, s in enumerate(m.shards)}
     plan = Plan([len(raw[i]) for i in range(len(raw))], seed=seed, shuffle=shuffle, window=window)
@@ -128,7 +128,8 @@ def test_every_command_has_help():
 # SHARD and KEY are escaped; plain keys are byte-identical
 # ---------------------------------------------------------------------------
 
-from resumewds.cli import _Bar, escape_field, unescape_field  # noqa: E402
+from resumewds.cli import unescape_field  # noqa: E402
+from resumewds.cli._main import _Bar, escape_field  # noqa: E402
 
 NASTY_KEYS = ["tab\there", "new\nline", "back\\slash", "cr\rx", "plain-key_01", "sp ace"]
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import PY, subprocess_env
-from resumewds.cli import cli
+from resumewds.cli._main import cli
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
               pytest.mark.usefixtures("cache_dir")]
@@ -54,7 +54,7 @@ def test_cat_limit_consumption_equals_delivered(manifest, tmp_path, workers):
     res = CliRunner().invoke(cli, ["cat", manifest, "--journal", journal, "--chunk", "16",
                                    "--workers", str(workers), "--shuffle"])
     assert res.exit_code == 0, res.output
-    from resumewds.journal import read_consumption
+    from resumewds.journal._read import read_consumption
 
     by_url = read_consumption(journal)[0]
     assert sum(c["samples"] for c in by_url.values()) == 185
@@ -112,7 +112,7 @@ def test_library_skip_warnings_name_the_shard_once(manifest, shards, caplog):
 
 def test_cat_without_numpy_prints_no_numpy_warning(manifest):
     shim = ("import sys\nsys.modules['numpy'] = None  # the minimal install: no numpy\n"
-            "from resumewds.cli import main\nmain(sys.argv[1:])\n")
+            "from resumewds.cli._main import main\nmain(sys.argv[1:])\n")
     res = subprocess.run([PY, "-c", shim, "cat", manifest, "--limit", "3"], capture_output=True, text=True,
                          env=subprocess_env(), timeout=600)
     assert res.returncode == 0, res.stderr

@@ -154,7 +154,7 @@ def _hashed_whole_on(monkeypatch):
     """The names of the threads that hash a local shard whole from now on."""
     import threading
 
-    from resumewds.cache import local
+    from resumewds.cache import _local as local
 
     names = []
     real = local.check_local
@@ -172,7 +172,7 @@ def test_first_sample_comes_before_its_shard_is_hashed(tmp_path, monkeypatch):
     is checked against its own digest); the background check marks both shards; the next
     start finds the marks; same samples as a v1 run every time."""
     from resumewds import WebDataset
-    from resumewds.cache import local
+    from resumewds.cache import _local as local
 
     m3, m1 = _v3(tmp_path)
     want = [(s["__key__"], s["cls"]) for s in WebDataset(m1, cache_dir=str(tmp_path / "c1"))]
@@ -194,7 +194,7 @@ def test_a_corrupt_sample_follows_on_error_alone(tmp_path):
     import pytest
 
     from resumewds import WebDataset
-    from resumewds.cache import local
+    from resumewds.cache import _local as local
     from resumewds.errors import ChecksumMismatch
     m3, _ = _v3(tmp_path, shards=1, samples=20)
     shard = WebDataset(m3).manifest.shards[0]
@@ -222,7 +222,8 @@ def test_whole_file_mismatch_outside_every_sample_delivers_every_sample(tmp_path
     import pytest
 
     from resumewds import WebDataset
-    from resumewds.cache import ShardStore, local
+    from resumewds.cache import ShardStore
+    from resumewds.cache import _local as local
     from resumewds.errors import ChecksumMismatch
 
     m3, _ = _v3(tmp_path, shards=1, samples=400)
@@ -275,9 +276,9 @@ def test_import_resumewds_loads_only_what_it_uses():
     got = _run("""
         import json, sys
         import resumewds as rw
-        lazy = ("dataset", "writer", "mixture", "mixdataset", "compat", "filters", "shardlists", "loader",
-                "journal", "wds.datapipeline", "wds.webdataset")
-        engine = ("shardset", "cache", "fetch", "reading")
+        lazy = ("dataset", "writer", "mixing._plan", "mixdataset", "compat", "filters", "shardlists", "loader",
+                "journal._core", "wds.datapipeline", "wds.webdataset")
+        engine = ("read._dataset", "cache._store", "fetch._download", "read._ranged")
         before = (sorted(m for m in lazy if "resumewds." + m in sys.modules),
                   any("resumewds." + m in sys.modules for m in engine))
         import resumewds.filters, resumewds.dataset, resumewds.writer, resumewds.sources
@@ -285,7 +286,7 @@ def test_import_resumewds_loads_only_what_it_uses():
                 and rw.TarWriter is resumewds.writer.TarWriter and callable(rw.gopen)
                 and rw.filters is resumewds.filters and "WebDataset" in dir(rw))
         rw.WebLoader
-        print(json.dumps([before, same, "resumewds.cache" in sys.modules, "torch" in sys.modules]))
+        print(json.dumps([before, same, "resumewds.cache._store" in sys.modules, "torch" in sys.modules]))
     """)
     assert json.loads(got) == [[[], False], True, True, True]
 
@@ -316,7 +317,7 @@ def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
     os.close(fd)
     if _resident_pages(path) != 0:
         pytest.skip("no fincore, or this filesystem keeps the pages (tmpfs)")
-    from resumewds.cache import local
+    from resumewds.cache import _local as local
 
     ds = WebDataset(str(tmp_path / "m.json"), cache_dir=str(tmp_path / "c"))
     assert local.wait_checks(60)  # no background check of the shard is queued or running

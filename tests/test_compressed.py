@@ -1,4 +1,4 @@
-"""Tests for resumewds.compressed: .tar.gz / .tgz / .tar.zst shards, decompressed once into the cache."""
+"""Tests for resumewds.tar: .tar.gz / .tgz / .tar.zst shards, decompressed once into the cache."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import webdataset as real_wds
 import xxhash
 
 import resumewds as rw
-from resumewds import compressed, tario
 from resumewds.errors import ChecksumMismatch, ShardFormatError
+from resumewds.tar import _compressed as compressed
+from resumewds.tar import _io as tario
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -149,7 +150,7 @@ def _webdataset_reads(path, stop):
 
 def _salvaged_reads(path, store):
     """Ours: salvage the shard, then read its samples by offset from the cache's prefix copy."""
-    from resumewds.manifest import ShardInfo
+    from resumewds.manifest._manifest import ShardInfo
 
     sv = compressed.salvage_compressed(path)
     s = ShardInfo(url=path)
@@ -194,7 +195,7 @@ def test_salvage_is_stable_and_never_cached_as_complete(shards, tmp_path, cache_
     import sys
 
     from resumewds.cache import ShardStore
-    from resumewds.manifest import ShardInfo
+    from resumewds.manifest._manifest import ShardInfo
 
     gz = gzip.compress(open(shards[0], "rb").read(), mtime=0)
     cut = tmp_path / "cut.tgz"
@@ -202,7 +203,7 @@ def test_salvage_is_stable_and_never_cached_as_complete(shards, tmp_path, cache_
     a, b = compressed.salvage_compressed(str(cut)), compressed.salvage_compressed(str(cut))
     assert a.index == b.index and 0 < a.index.samples < 37
     # another process frames the same positions (what a resumed run rebuilds its plan from)
-    code = ("import sys; from resumewds import compressed; "
+    code = ("import sys; from resumewds.tar import _compressed as compressed; "
             "print(compressed.salvage_compressed(sys.argv[1]).index.offsets)")
     other = subprocess.run([sys.executable, "-c", code, str(cut)], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == str(a.index.offsets)

@@ -1,4 +1,4 @@
-"""Tests for resumewds.datapipeline: webdataset's composable API, compiled into the plan."""
+"""Tests for resumewds.wds.datapipeline: webdataset's composable API, compiled into the plan."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import webdataset as real_wds
 
 import resumewds as wds
-from resumewds.datapipeline import DataPipeline
+from resumewds.wds.datapipeline import DataPipeline
 
 
 def _keys(xs):

@@ -11,12 +11,12 @@ from click.testing import CliRunner
 
 import resumewds as rw
 from chaos.diskfaults import flip_byte
-from resumewds import digests as dg
-from resumewds.cli import cli
+from resumewds.cli._main import cli
 from resumewds.errors import SourceError
-from resumewds.manifest import load_manifest, parse_manifest_bytes
+from resumewds.manifest._manifest import load_manifest, parse_manifest_bytes
+from resumewds.sources import _digests as dg
 from resumewds.synth import write_shards
-from resumewds.tario import scan_file
+from resumewds.tar import scan_file
 from resumewds.writer import ShardWriter
 
 
@@ -193,7 +193,7 @@ def test_bad_samples_none_when_intact(data):
 def test_remote_side_file_comes_through_the_cache(data, tmp_path):
     from chaos.faultserver import FaultServer
     from resumewds.errors import UnsafeSourceError
-    from resumewds.sources import resolve_sources
+    from resumewds.sources._resolve import resolve_sources
 
     local = load_manifest(_index(data, "--offsets", "file"))
     with FaultServer(str(data)) as srv:

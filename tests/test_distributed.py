@@ -30,10 +30,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 
 import resumewds as rw
-from resumewds.journal import resolve_resume, run_journal_paths, status
-from resumewds.plan import Layout, Plan
+from resumewds.journal import resolve_resume, run_journal_paths
+from resumewds.journal._status import status
+from resumewds.plan._plan import Layout, Plan
+from resumewds.plan._world import world_from_env
 from resumewds.synth import write_shards
-from resumewds.world import world_from_env
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -352,7 +353,7 @@ def test_two_ranks_balanced_split_shared_cache_and_journals(data, plan, tmp_path
     # -- `resumewds status` reads every rank's file ---------------------------
     from click.testing import CliRunner
 
-    from resumewds.cli import cli
+    from resumewds.cli._main import cli
 
     res = CliRunner().invoke(cli, ["status", os.path.join(out, "keep.db"), "--json"])
     assert res.exit_code == 0, res.output

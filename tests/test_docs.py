@@ -331,7 +331,7 @@ def test_documented_stats_fields_are_the_stats_fields(shards):
 
 
 def test_readme_names_every_cli_command_and_no_other():
-    from resumewds.cli import cli
+    from resumewds.cli._main import cli
 
     text = _read("README.md")
     block = re.search(r"## Command line\n\n```\n(.*?)```", text, re.S)

@@ -182,7 +182,7 @@ def _user_stages(lib, urls):
 
 @pytest.mark.parametrize("kind", ["generator", "pipeline_stage", "resampled", "nothrow"])
 def test_a_user_stage_under_webloader_runs_as_webdataset(urls, kind, monkeypatch):
-    monkeypatch.setattr(ours.loaderchain, "_warned_stream", set())  # each case warns (once)
+    monkeypatch.setattr(ours.wds.loaderchain, "_warned_stream", set())  # each case warns (once)
     got = {}
     for lib in LIBS:
         p = _quiet(lib.DataPipeline, *_user_stages(lib, urls)[kind])
@@ -251,7 +251,7 @@ def test_a_resampled_remix_chain_yields_full_batches(urls):
 
 
 def test_no_worker_splitter_warns_and_hands_each_sample_once(urls, monkeypatch):
-    monkeypatch.setattr(ours.loaderchain, "_warned_stream", set())
+    monkeypatch.setattr(ours.wds.loaderchain, "_warned_stream", set())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = _keys(real.WebLoader(_batched_pipeline(real, urls), batch_size=None, num_workers=2))
@@ -534,7 +534,7 @@ def test_a_journal_counts_each_sample_once_across_resumes_of_a_remix_chain(urls,
     """A re-batcher holding samples of a batch partly handed out: a commit there records the
     place before that batch, and the consumption up to it (the rest is counted when the
     resumed run hands it out again)."""
-    from resumewds.journal import read_consumption
+    from resumewds.journal._read import read_consumption
 
     def run(path, stops):
         out, step = [], 0

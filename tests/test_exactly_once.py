@@ -261,7 +261,7 @@ def test_skipped_shard_is_retried_next_epoch_with_any_worker_count(make_shards, 
         loader.commit(step)
         step += 1
     assert len(seen) == 30
-    from resumewds.journal import status
+    from resumewds.journal._status import status
 
     row = {s["url"]: s for s in status(journal)["shards"]["list"]}
     assert row[paths[1]]["state"] == "failed"

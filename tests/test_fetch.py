@@ -26,15 +26,10 @@ from http_fixtures import (
     make_blob,
     make_tar,
 )
-from resumewds.errors import (
-    CacheError,
-    FetchError,
-    PermanentFetchError,
-    ResumeWDSError,
-    TransientFetchError,
-)
-from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file, no_sleep, parse_retry_after
-from resumewds.fetch.errormap import _translate
+from resumewds.errors import CacheError, FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError
+from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file
+from resumewds.fetch._errormap import _translate, parse_retry_after
+from resumewds.fetch._settings import no_sleep
 
 KB = 1024
 
@@ -301,7 +296,7 @@ def test_parse_retry_after():
 
 
 def test_every_foreign_exception_is_translated():
-    from resumewds.fetch.errormap import _SinkError
+    from resumewds.fetch._errormap import _SinkError
 
     url = "http://127.0.0.1:1/a.tar"
     cases = [
@@ -456,7 +451,7 @@ def test_partial_from_an_earlier_boot_is_not_resumed(served, tmp_path, monkeypat
     """Unsynced bytes of a partial may have been lost to the crash that ended
     the boot, so only a partial written in this boot is resumed."""
     import resumewds.fetch as F
-    from resumewds.fetch import partial
+    from resumewds.fetch import _partial as partial
 
     root, srv = served
     size = 256 * KB
@@ -506,7 +501,7 @@ class _ChunkedHandler(http.server.BaseHTTPRequestHandler):
 
 
 def test_chunked_bodies_and_the_direct_read_path(tmp_path):
-    from resumewds.fetch.http import _Body
+    from resumewds.fetch._http import _Body
 
     data = os.urandom(3 * 1024 * KB + 11)
     handler = type("H", (_ChunkedHandler,), {"data": data})

@@ -29,10 +29,11 @@ import pytest
 import resumewds as rw
 from chaos.faultserver import FaultServer
 from http_fixtures import Recorder, digest, fast_config, make_tar, shard_for
-from resumewds import synth, tario
+from resumewds import synth
 from resumewds.cache import ShardStore
 from resumewds.errors import PermanentFetchError, TransientFetchError
 from resumewds.fetch import fetch_to_file
+from resumewds.tar import _io as tario
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -100,7 +101,7 @@ def test_ranged_reads_spend_the_shards_one_budget(v3, tmp_path, monkeypatch):
         ds.close()
         took = time.monotonic() - t0
         per_shard = {p: n for p, n in srv.requests.items() if p.endswith(".tar")}
-    from resumewds.reading import RANGE_THREADS
+    from resumewds.read._ranged import RANGE_THREADS
 
     assert per_shard and max(per_shard.values()) <= 2 + RANGE_THREADS + 1, per_shard
     assert took < 30, took

@@ -12,6 +12,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import types
 from typing import Any, List, cast
 
 import pytest
@@ -21,36 +22,40 @@ import xxhash
 import resumewds.fetch as F
 from resumewds.errors import CacheError, FetchError, PermanentFetchError, TransientFetchError
 from resumewds.events import EventKind
-from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file, is_remote_url, no_sleep, scheme_of
-from resumewds.fetch.errormap import FETCH_ERRORS, _SinkError, translate
-from resumewds.fetch.partial import _Sink
-from resumewds.fetch.transport import Transport, transport_for
-from resumewds.schemes import TRANSPORTS, TransportEntry
+from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file, is_remote_url, scheme_of, transport_for
+from resumewds.fetch._errormap import FETCH_ERRORS, _SinkError, translate
+from resumewds.fetch._partial import _Sink
+from resumewds.fetch._schemes import TRANSPORTS, TransportEntry
+from resumewds.fetch._settings import no_sleep
+from resumewds.fetch._transport import Transport
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "RangeSink", "Session", "boot_id", "fetch_bytes",
-               "fetch_range", "fetch_to_file", "is_local_url", "is_remote_object", "is_remote_url", "local_path",
-               "new_session", "no_sleep", "parse_retry_after", "scheme_of"]
+FETCH_NAMES = ["FetchBudget", "FetchConfig", "FetchResult", "RangeSink", "S3Options", "Session", "boot_id",
+               "client_for", "fetch_bytes", "fetch_range", "fetch_to_file", "is_local_url", "is_remote_object",
+               "is_remote_url", "local_path", "new_session", "no_sleep", "parse_retry_after", "parse_s3_url",
+               "scheme_hint", "scheme_of", "translate_s3_error", "transport_for"]
 
 
 def test_the_package_face_is_its_api_and_internals_live_in_their_modules():
     """resumewds.fetch hands on its API alone; an internal name is imported
-    from the module that defines it, and s3 lives at resumewds.fetch.s3."""
+    from the module that defines it, and s3 lives at resumewds.fetch."""
     import resumewds
-    import resumewds.fetch.s3
+    import resumewds.fetch._s3
 
     assert sorted(F.__all__) == FETCH_NAMES and all(hasattr(F, n) for n in FETCH_NAMES)
-    assert not [n for n in vars(F) if n.startswith("_") and not n.startswith("__")]
-    from resumewds.fetch.partial import boot_id
+    # (beside the lazy face's own table and imports: each name loads its module on first use)
+    assert not [n for n in vars(F) if n.startswith("_") and not n.startswith("__")
+                and n not in ("_LAZY", "_importlib", "_typing") and not isinstance(getattr(F, n), types.ModuleType)]
+    from resumewds.fetch import boot_id
 
     assert F.boot_id is boot_id  # its cache, partial._BOOT_ID, is what tests replace
     assert not os.path.exists(os.path.join(os.path.dirname(resumewds.__file__), "s3.py"))  # one path: fetch.s3
-    assert resumewds.S3Options is resumewds.fetch.s3.S3Options
+    assert resumewds.S3Options is resumewds.fetch._s3.S3Options
 
 
 def test_registry_has_one_entry_per_scheme():
-    assert {s: e.module.rsplit(".", 1)[1] for s, e in TRANSPORTS.items()} == {
+    assert {s: e.module.rsplit(".", 1)[1].lstrip("_") for s, e in TRANSPORTS.items()} == {
         "file": "local", "local": "local", "http": "http", "https": "http", "pipe": "pipe", "s3": "s3"}
     for url, name in [("/d/a.tar", "local"), ("file:///d/a.tar", "local"), ("http://h/a.tar", "http"),
                       ("HTTPS://h/a.tar", "http"), ("pipe:cat a.tar", "pipe"), ("s3://b/a.tar", "s3")]:
@@ -76,7 +81,7 @@ URL_CLASSES = [
     ("HTTPS://h/a.tar", (True, True, False)),
     ("s3://bucket/a.tar", (True, True, False)),
     ("pipe:curl -s http://h/a.tar", (True, False, False)),  # downloaded (cached), but no object to join or range
-    ("gs://bucket/a.tar", (False, False, False)),  # unknown: refused with a hint (see resumewds.fetch.s3.scheme_hint)
+    ("gs://bucket/a.tar", (False, False, False)),  # unknown: refused with a hint (see resumewds.fetch.scheme_hint)
     ("-", (False, False, True)),  # a path named "-" (stdin is the webdataset drop-in's business)
 ]
 
@@ -87,8 +92,10 @@ def test_is_this_url_remote_has_one_answer(url, expected):
 
     assert (is_remote_url(url), is_remote_object(url), is_local_url(url)) == expected
     # the modules that ask use the registry's answer
-    import resumewds.manifest as manifest
-    from resumewds import urls  # enforce_security's "may this be opened?": the same table, "-" (stdin) allowed
+    import resumewds.manifest._manifest as manifest
+    from resumewds.sources import (
+        _urls as urls,  # enforce_security's "may this be opened?": the same table, "-" (stdin) allowed
+    )
 
     urls.enforce_security = True
     try:
@@ -202,7 +209,7 @@ def test_local_and_pipe_fetches_load_neither_urllib3_nor_boto3(tmp_path):
     src.write_bytes(b"y" * 100)
     code = ("import sys\nfrom resumewds.fetch import fetch_bytes\n"
             f"assert fetch_bytes({str(src)!r}) == fetch_bytes('pipe:cat {src}') == b'y' * 100\n"
-            "print(sorted(m for m in ('requests', 'urllib3', 'boto3', 'botocore', 'resumewds.fetch.s3', 'torch')"
+            "print(sorted(m for m in ('requests', 'urllib3', 'boto3', 'botocore', 'resumewds.fetch._s3', 'torch')"
             " if m in sys.modules))\n")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

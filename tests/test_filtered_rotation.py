@@ -1,4 +1,4 @@
-"""webdataset's worker rotation when the data set's stages drop samples (resumewds.wds.rotation).
+"""webdataset's worker rotation when the data set's stages drop samples (resumewds.wds._rotation).
 
 With ``num_workers=2`` webdataset's DataLoader takes each worker's items from
 that worker's own pipeline: worker ``w`` reads shards ``[w::2]``, its
@@ -277,7 +277,7 @@ def test_kill_9_and_resume_from_the_journal(urls, tmp_path):
     wds = _loader(real, urls, "select", 4)
     assert ref == [" ".join(k) for k in (_run(wds, 4) + _run(wds, 4))[:20]]  # webdataset's batches
     # the journal's consumption too: the samples the select dropped before the kill's place included
-    from resumewds.journal import read_consumption
+    from resumewds.journal._read import read_consumption
 
     assert read_consumption(str(tmp_path / "cut.db")) == read_consumption(str(tmp_path / "full.db"))
 
@@ -303,7 +303,7 @@ def test_the_journal_counts_the_dropped_samples_across_a_resume(urls, tmp_path, 
     """The samples a select dropped are consumed as the position passes them: a run that stopped
     between two items of one read step, and resumed from its journal, records the same
     consumption as one that did not stop."""
-    from resumewds.journal import read_consumption
+    from resumewds.journal._read import read_consumption
 
     full, cut = str(tmp_path / "full.db"), str(tmp_path / "cut.db")
     _epoch_with_commits(urls, full, batch, [(None, 2)])

@@ -25,11 +25,13 @@ import pytest
 
 import resumewds as rw
 from chaos.faultserver import FaultServer
-from resumewds import indexing, synth, tario
+from resumewds import synth
 from resumewds.cache import ShardStore
 from resumewds.errors import ShardNotFoundError
-from resumewds.manifest import Manifest
-from resumewds.sources import resolve_sources
+from resumewds.manifest._manifest import Manifest
+from resumewds.sources import _indexing as indexing
+from resumewds.sources._resolve import resolve_sources
+from resumewds.tar import _io as tario
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS, SAMPLES = 4, 30  # a shuffled window of 4 shards: the first step of 64 touches all of them
@@ -60,7 +62,7 @@ def test_first_sample_waits_for_no_whole_shard(tmp_path, monkeypatch):
     behind, on their own thread); the whole sequence is that of a run in a warm cache."""
     import threading
 
-    from resumewds.cache import local
+    from resumewds.cache import _local as local
 
     m = _v3(str(tmp_path / "s"))
     warm = str(tmp_path / "warm")

@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 
-from resumewds import tario
 from resumewds.errors import ShardFormatError
+from resumewds.tar import _io as tario
 
 NAMES = [
     ["k.jpg", "k.cls", "k.txt"],

@@ -39,7 +39,7 @@ from resumewds.errors import (
     UnsafeSourceError,
 )
 from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file
-from resumewds.manifest import ShardInfo
+from resumewds.manifest._manifest import ShardInfo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KB = 1024
@@ -331,7 +331,7 @@ def test_cat_uses_the_environment_fetch_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("RESUMEWDS_FETCH_BACKOFF_MAX", "0.02")
     with FaultServer(str(root)) as srv:
         srv.script("/a.tar", ["500"] * 100)
-        res = CliRunner().invoke(__import__("resumewds.cli", fromlist=["cli"]).cli,
+        res = CliRunner().invoke(__import__("resumewds.cli._main", fromlist=["cli"]).cli,
                                  ["cat", srv.url + "a.tar", "--cache-dir", str(tmp_path / "c")])
         n = srv.requests["/a.tar"]
     assert res.exit_code == 1 and "Error:" in res.output and "500" in res.output
@@ -339,14 +339,14 @@ def test_cat_uses_the_environment_fetch_settings(tmp_path, monkeypatch):
 
 
 def test_cat_refuses_attempts_zero(tmp_path):
-    from resumewds.cli import cli
+    from resumewds.cli._main import cli
 
     res = CliRunner().invoke(cli, ["cat", str(tmp_path / "a.tar"), "--attempts", "0"])
     assert res.exit_code == 2 and "--attempts" in res.output and "Traceback" not in res.output
 
 
 def test_manifest_retries_are_logged_and_use_the_environment(tmp_path, monkeypatch, caplog):
-    from resumewds.sources import resolve_sources
+    from resumewds.sources._resolve import resolve_sources
 
     root = _manifest_server(tmp_path, [{"url": "a.tar"}])
     monkeypatch.setenv("RESUMEWDS_VERBOSE", "1")
@@ -370,7 +370,7 @@ def test_manifest_retries_are_logged_and_use_the_environment(tmp_path, monkeypat
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("local", ["/etc/passwd", "file:///etc/hostname"])
 def test_remote_manifest_cannot_name_local_files(tmp_path, monkeypatch, local):
-    from resumewds.sources import resolve_sources
+    from resumewds.sources._resolve import resolve_sources
 
     monkeypatch.delenv("RESUMEWDS_ALLOW_REMOTE_LOCAL", raising=False)
     root = _manifest_server(tmp_path, [{"url": "a.tar"}, {"url": local}])
@@ -387,7 +387,7 @@ def test_allow_remote_local_is_an_argument_of_the_data_set_and_the_cli(tmp_path,
     """``allow_remote_local=`` beside ``allow_remote_pipe=``: on the data set (the argument wins over
     ``RESUMEWDS_ALLOW_REMOTE_LOCAL``) and as ``--allow-remote-local`` of cat, verify and prefetch."""
     import resumewds as rw
-    from resumewds.cli import cli
+    from resumewds.cli._main import cli
 
     monkeypatch.delenv("RESUMEWDS_ALLOW_REMOTE_LOCAL", raising=False)
     local = tmp_path / "local"
@@ -416,7 +416,7 @@ def test_allow_remote_local_is_an_argument_of_the_data_set_and_the_cli(tmp_path,
 
 
 def test_remote_manifest_size_is_capped(tmp_path, monkeypatch):
-    from resumewds.sources import resolve_sources
+    from resumewds.sources._resolve import resolve_sources
 
     root = _manifest_server(tmp_path, [{"url": f"s{i}.tar"} for i in range(200)])
     monkeypatch.setenv("RESUMEWDS_MANIFEST_MAX_BYTES", "1KiB")
@@ -481,7 +481,7 @@ def test_prefetch_budget_holds_when_a_download_is_published_during_the_scan(serv
     the cache scan's listdir and its lstat is in neither name: the budget counts a
     reserved shard by its reservation, never by what the scan happened to see
     (subtracting its on-disk size let a third shard "fit" in a two-shard cache)."""
-    from resumewds.cache import eviction
+    from resumewds.cache import _eviction as eviction
 
     root, srv = served
     datas = _tars(root, 3)

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import resumewds as rw
 from chaos.faultserver import FaultServer
-from resumewds.cli import cli
+from resumewds.cli._main import cli
 from resumewds.synth import write_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,7 +148,8 @@ def test_a_shard_that_cannot_be_fetched_is_tried_once_per_read_of_a_run(data, tm
     """Unshuffled samples are read in runs; a shard whose fetch fails costs one
     retry budget, not one per sample of the run (on_error skip and raise)."""
     from resumewds.errors import TransientFetchError
-    from resumewds.fetch import FetchConfig, no_sleep
+    from resumewds.fetch import FetchConfig
+    from resumewds.fetch._settings import no_sleep
 
     cfg = FetchConfig(attempts=2, backoff_initial=0.001, backoff_max=0.001, sleep=no_sleep)
     for on_error in ("skip", "raise"):

@@ -23,9 +23,9 @@ try:
 except ImportError:  # pragma: no cover
     tomllib = None
 
-LIGHT = ["resumewds", "resumewds.cli", "resumewds.fetch", "resumewds.cache", "resumewds.journal",
-         "resumewds.plan", "resumewds.tario", "resumewds.manifest", "resumewds.sources",
-         "resumewds.dataset", "resumewds.stats", "resumewds.errors"]
+LIGHT = ["resumewds", "resumewds.cli._main", "resumewds.fetch", "resumewds.cache", "resumewds.journal",
+         "resumewds.plan._plan", "resumewds.tar._io", "resumewds.manifest", "resumewds.sources._resolve",
+         "resumewds.dataset", "resumewds.run._stats", "resumewds.errors"]
 
 
 def test_core_modules_do_not_import_torch():
@@ -37,7 +37,7 @@ def test_core_modules_do_not_import_torch():
 
 
 def test_cli_help_does_not_import_torch():
-    code = ("import sys\nfrom resumewds.cli import main\n"
+    code = ("import sys\nfrom resumewds.cli._main import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "print('TORCH' if 'torch' in sys.modules else 'NOTORCH', file=sys.stderr)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

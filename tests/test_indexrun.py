@@ -20,7 +20,7 @@ import pytest
 import resumewds as rw
 from chaos.faultserver import FaultServer
 from conftest import REPO
-from resumewds.tario import scan_file
+from resumewds.tar import scan_file
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 

@@ -167,7 +167,7 @@ def test_prepared_torch_dataloader_over_a_web_dataset_is_warned(shards):
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
-    from resumewds import framecheck
+    from resumewds.run import _framecheck as framecheck
 
     acc = Accelerator(cpu=True)
     ds = rw.WebDataset(sorted(os.path.join(shards, f) for f in os.listdir(shards)), seed=1).decode().to_tuple("cls")
@@ -229,7 +229,7 @@ def test_accelerator_prepare_of_a_webloader_is_warned(shards, tmp_path):
     to prepare_loader is not warned about."""
     import warnings
 
-    from resumewds import framecheck
+    from resumewds.run import _framecheck as framecheck
 
     framecheck._WARNED.clear()
     try:

@@ -168,7 +168,7 @@ def test_a_loader_without_len_and_without_the_callback_is_warned(shards, tmp_pat
     resumed run indeed misses a batch: what the warning is about)."""
     import warnings
 
-    from resumewds import framecheck
+    from resumewds.run import _framecheck as framecheck
 
     framecheck._WARNED.clear()
     try:

@@ -22,8 +22,8 @@ pytest.importorskip("torchdata.stateful_dataloader")
 
 import frameworks_driver as drv
 
-from resumewds import framecheck
 from resumewds.errors import StateError
+from resumewds.run import _framecheck as framecheck
 from resumewds.synth import write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")

@@ -27,7 +27,7 @@ pytest.importorskip("torchdata.stateful_dataloader")
 
 import frameworks_driver as drv
 
-from resumewds import framecheck
+from resumewds.run import _framecheck as framecheck
 from resumewds.synth import write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

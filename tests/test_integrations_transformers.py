@@ -123,8 +123,8 @@ def test_a_web_dataset_as_train_dataset_is_warned(shards, tmp_path):
     from transformers import Trainer, TrainingArguments
 
     import resumewds as rw
-    from resumewds import framecheck
     from resumewds.integrations.transformers import attach
+    from resumewds.run import _framecheck as framecheck
 
     class Tiny(torch.nn.Module):
         def __init__(self):

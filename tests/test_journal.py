@@ -19,18 +19,12 @@ import sqlite_utils
 
 from resumewds import journal as jmod
 from resumewds.errors import JournalConfigMismatch, JournalError, JournalIncompleteCommit
-from resumewds.journal import (
-    JOURNAL_SCHEMA_VERSION,
-    SHARD_STATES,
-    Journal,
-    format_status,
-    rank_journal_path,
-    resolve_resume,
-    run_journal_paths,
-    shard_updates_from_events,
-    status,
-)
-from resumewds.journal import schema as jschema  # the migrations live here
+from resumewds.journal import Journal, format_status, resolve_resume, run_journal_paths, shard_updates_from_events
+from resumewds.journal import _schema as jschema  # the migrations live here
+from resumewds.journal._paths import rank_journal_path
+from resumewds.journal._schema import JOURNAL_SCHEMA_VERSION
+from resumewds.journal._states import SHARD_STATES
+from resumewds.journal._status import status
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

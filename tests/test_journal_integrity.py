@@ -18,8 +18,9 @@ import textwrap
 import pytest
 
 from resumewds.errors import JournalError
-from resumewds.journal import Journal, rank_journal_path
-from resumewds.journal.lock import COMMIT_FIELD, lock_path, parse_commit_record, read_lock_info
+from resumewds.journal import Journal
+from resumewds.journal._lock import COMMIT_FIELD, lock_path, parse_commit_record, read_lock_info
+from resumewds.journal._paths import rank_journal_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -182,7 +183,7 @@ def test_old_lock_file_without_record_is_accepted(path):
 
 
 def test_record_is_one_fixed_width_field():
-    from resumewds.journal.lock import commit_record
+    from resumewds.journal._lock import commit_record
 
     for step, ts in ((0, 0.0), (12345678901234, 1.7e9 + 0.123456789), (-1, 1e-300)):
         rec = commit_record(step, ts)

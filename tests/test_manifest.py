@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 import resumewds as rw
 from chaos.faultserver import FaultServer
-from resumewds.cli import cli
+from resumewds.cli._main import cli
 from resumewds.errors import ChecksumMismatch, SourceError
-from resumewds.manifest import LazyOffsets, load_manifest
+from resumewds.manifest._manifest import LazyOffsets, load_manifest
 from resumewds.synth import write_shards
 
 
@@ -99,7 +99,8 @@ def test_remote_v2_manifest_offsets_come_verified_through_the_cache(data, tmp_pa
 
 from array import array  # noqa: E402
 
-from resumewds.manifest import Manifest, validate_offsets  # noqa: E402
+from resumewds.manifest import Manifest  # noqa: E402
+from resumewds.manifest._manifest import validate_offsets  # noqa: E402
 
 
 def _doc(**shard):
@@ -189,7 +190,7 @@ def test_lazy_offsets_count_is_the_sequence_method(data, tmp_path):
     (b'{"format": "resumewds.manifest", "version": true, "shards": []}', "'version' must be a positive integer"),
 ])
 def test_hostile_json_is_a_source_error(raw, words):
-    from resumewds.manifest import parse_manifest_bytes
+    from resumewds.manifest._manifest import parse_manifest_bytes
 
     with pytest.raises(SourceError, match=words):
         parse_manifest_bytes(raw, "/d/m.json")

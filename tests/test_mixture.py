@@ -1,4 +1,4 @@
-"""The mixing plan (resumewds/mixture.py): bound, exact counts, phases, streams.
+"""The mixing plan (resumewds/mixing/_plan.py): bound, exact counts, phases, streams.
 
 Pure functions only (no I/O, no torch): property tests with hypothesis.
 The stated bound: for source i at tree depth d_i (<= ceil(log2 K)), every
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resumewds.mixture import MixPlan, SourceStream, Splitter, integer_weights, resampled_epoch
+from resumewds.mixing._plan import MixPlan, SourceStream, Splitter, integer_weights, resampled_epoch
 
 sizes_st = st.lists(st.integers(1, 5000), min_size=2, max_size=5)
 

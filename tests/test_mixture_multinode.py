@@ -40,7 +40,7 @@ import pytest
 
 import resumewds as rw
 from resumewds.journal import resolve_resume
-from resumewds.plan import Layout
+from resumewds.plan._plan import Layout
 from resumewds.synth import write_shards
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -32,8 +32,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import resumewds as rw
-from resumewds.mixture import MixPlan, SourceStream, resampled_epoch
-from resumewds.plan import Plan, cut_partitions, draw_shards, mix, permutation, resampled_shards
+from resumewds.mixing._plan import MixPlan, SourceStream, resampled_epoch
+from resumewds.plan import Plan, draw_shards, mix
+from resumewds.plan._epoch import cut_partitions
+from resumewds.plan._keyed import permutation
+from resumewds.plan._plan import resampled_shards
 from resumewds.synth import write_shards
 
 # recorded with the code before partitions and draw_shards (commit edace4e)
@@ -335,7 +338,7 @@ def test_an_explicit_other_partition_count_is_refused_at_resume(data_root, tmp_p
                       journal=journal, resume=True)
     assert ld.dataset.plan_partitions == 2 and (ld.epoch, ld.position) == (0, 24)
     # status/report compute the mixture from the journal's config alone, partitions included
-    from resumewds.mixdataset import mixture_status
+    from resumewds.mixing import mixture_status
 
     mx = ld.stats()["mixture"]
     assert mixture_status(ld.config, 0, 24) == mx and [s["delivered"] for s in mx["sources"]] == [12, 12]

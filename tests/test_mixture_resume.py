@@ -328,8 +328,8 @@ def test_state_dict_refuses_other_sources_or_first_weights(data_root):
 
 
 def test_status_shows_the_mixture_from_the_journal_alone(data_root, tmp_path):
-    from resumewds.journal import status
-    from resumewds.mixdataset import format_mixture, mixture_status
+    from resumewds.journal._status import status
+    from resumewds.mixing import format_mixture, mixture_status
 
     mk = Mix(data_root, 3, [1, 1, 0], phases=[(24, {2: 1.0, 0: 1.0})], epoch_size=80)
     j = str(tmp_path / "st.db")

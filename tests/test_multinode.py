@@ -34,7 +34,7 @@ import pytest
 
 import resumewds as rw
 from resumewds.journal import resolve_resume
-from resumewds.plan import Layout, Plan
+from resumewds.plan._plan import Layout, Plan
 from resumewds.synth import write_shards
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -16,9 +16,11 @@ import pytest
 import webdataset as real_wds
 
 import resumewds as rw
-from resumewds import config, events, filters, positions, stages
+from resumewds import config, errors, events, filters
 from resumewds.errors import DecodeError, MissingKeyError
-from resumewds.plan import Layout
+from resumewds.plan._plan import Layout
+from resumewds.stages import _positions as positions
+from resumewds.stages import _stages as stages
 from resumewds.synth import write_shards
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -228,12 +230,12 @@ def test_a_stage_stop_in_a_mixture_ends_direct_iteration_quietly(shards):
         got = [k for k, in ds]  # no HandlerStop escapes: the epoch ends at the step of the stop
         assert len(got) < size and "s000000_000005" not in got
         steps = ds.iter_steps(0, 0, Layout(batch_size=2), collate=False)
-        with pytest.raises(rw.stages.HandlerStop):  # the step engines: the same exception
+        with pytest.raises(rw.errors.HandlerStop):  # the step engines: the same exception
             list(steps)
 
 
 def test_a_batch_map_returning_none_is_dropped_and_counted_in_a_mixture_like_the_data_set(shards):
-    from resumewds.stages import default_collate
+    from resumewds.stages._stages import default_collate
 
     drop_odd = lambda b: None if any(k.endswith("5") for k in b["__key__"]) else b
     alone = rw.WebDataset(shards[:2]).batched(4, collation_fn=default_collate).map(drop_odd)
@@ -290,14 +292,14 @@ def test_sample_skip_is_an_event_kind_with_its_consumers(shards):
 
 
 def test_a_handler_stop_ends_a_stream_quietly_through_one_helper():
-    from resumewds.handling import until_stop
+    from resumewds.stages import until_stop
 
     def gen():
         yield 1
-        raise stages.HandlerStop("stop")
+        raise errors.HandlerStop("stop")
 
     assert list(until_stop(gen())) == [1]
-    assert filters.StopPipeline is stages.HandlerStop
+    assert filters.StopPipeline is errors.HandlerStop
 
 
 def test_no_pickle_aliases_are_left_in_filters():

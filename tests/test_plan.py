@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resumewds.plan import ORDERS, REMAINDERS, Layout, Plan, mix, permutation, worker_steps
+from resumewds.plan import Layout, Plan, mix, worker_steps
+from resumewds.plan._keyed import permutation
+from resumewds.plan._layout import REMAINDERS
+from resumewds.plan._plan import ORDERS
 
 counts_st = st.lists(st.integers(0, 30), min_size=1, max_size=12)
 
@@ -234,7 +237,7 @@ def test_one_partition_is_the_unpartitioned_order():
 
 
 def test_cut_partitions_splits_at_most_one_shard_per_boundary():
-    from resumewds.plan import cut_partitions
+    from resumewds.plan._epoch import cut_partitions
 
     counts = [7, 0, 3, 9, 1, 4]
     parts = cut_partitions(counts, [3, 1, 0, 5, 2, 4], 4)
@@ -383,7 +386,7 @@ def _feistel_reference(m: int, key: int, i: int) -> int:
 def test_tabulated_feistel_is_the_hashed_one(m, key):
     """The round functions looked up in tables (halves of up to TABLE_BITS
     bits) give the very permutation the definition hashes for."""
-    from resumewds.plan import FeistelPermutation
+    from resumewds.plan._plan import FeistelPermutation
 
     class Hashed(FeistelPermutation):
         __slots__ = ()
@@ -397,7 +400,7 @@ def test_tabulated_feistel_is_the_hashed_one(m, key):
 
 
 def test_large_feistel_is_hashed_per_lookup_as_defined():
-    from resumewds.plan import FeistelPermutation
+    from resumewds.plan._plan import FeistelPermutation
 
     m = (1 << 30) + 12345  # halves of 15 and 16 bits: above TABLE_BITS
     p = FeistelPermutation(m, 11)

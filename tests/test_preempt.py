@@ -180,7 +180,7 @@ def _keys(samples):
 
 
 def test_a_signal_to_the_main_process_while_workers_start_is_delivered_after():
-    from resumewds.preemption import _blocked_for_start
+    from resumewds.run._preemption import _blocked_for_start
 
     got = []
     old = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))

@@ -19,7 +19,7 @@ import pytest
 from chaos.faultserver import FaultServer
 from http_fixtures import fast_config, make_tar, shard_for
 from resumewds.cache import ShardStore
-from resumewds.cache.prefetch import PREFETCH_THREADS, THREAD_NAME, WINDOW_PREFETCH_THREADS
+from resumewds.cache._prefetch import PREFETCH_THREADS, THREAD_NAME, WINDOW_PREFETCH_THREADS
 
 SHARDS = 6
 

@@ -45,7 +45,7 @@ EXCLUDED: Dict[str, str] = {
     "itt": "itertools, as webdataset.utils names it (import itertools)",
     **dict.fromkeys(("Popen", "SimpleNamespace", "islice", "partial", "reduce", "urlparse"), _STDLIB_NAME),
     **dict.fromkeys(("Callable", "Iterable", "Optional", "Set", "Union"), _TYPING),
-    "braceexpand": "the braceexpand package (resumewds expands braces itself: resumewds.urls.expand_braces)",
+    "braceexpand": "the braceexpand package (resumewds expands braces itself: resumewds.sources._urls.expand_braces)",
     "np": "numpy (import numpy as np)",
     "yaml": "PyYAML (import yaml)",
     "zmq": "pyzmq, which webdataset.multi imports at its top (resumewds.multi.reader imports it when called)",

@@ -17,8 +17,9 @@ import pytest
 
 import resumewds as rw
 from chaos.faultserver import FaultServer
-from resumewds import synth, tario
+from resumewds import synth
 from resumewds.errors import ChecksumMismatch
+from resumewds.tar import _io as tario
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 

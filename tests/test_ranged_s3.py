@@ -14,7 +14,8 @@ moto_server = pytest.importorskip("moto.server")
 
 import resumewds as rw  # noqa: E402
 from chaos.s3proxy import S3FaultProxy  # noqa: E402
-from resumewds import synth, tario  # noqa: E402
+from resumewds import synth  # noqa: E402
+from resumewds.tar import _io as tario  # noqa: E402
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 

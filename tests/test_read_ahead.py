@@ -1,5 +1,5 @@
 """Small steps (a DataLoader worker's share, one sample per step) fetch the ranges of the
-steps after them together (resumewds.stepengine.READ_AHEAD), and deliver the same sequence."""
+steps after them together (resumewds.read._engine.READ_AHEAD), and deliver the same sequence."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import List
 import pytest
 
 import resumewds as rw
-import resumewds.stepengine
+import resumewds.read._engine
 import resumewds.wds.webdataset
 from chaos.faultserver import FaultServer
 from resumewds.synth import write_shards
@@ -42,7 +42,7 @@ def test_a_worker_fetches_the_ranges_of_its_next_steps_at_once(tmp_path, monkeyp
         monkeypatch.setenv("RESUMEWDS_CACHE_SIZE", "1")  # no background download: ranges only
         ahead = _most_at_once(url, monkeypatch, srv)
         n_ahead = sum(n for p, n in srv.ranged.items() if p.endswith(".tar"))
-        monkeypatch.setattr(resumewds.stepengine, "READ_AHEAD", 0)
+        monkeypatch.setattr(resumewds.read._engine, "READ_AHEAD", 0)
         monkeypatch.setenv("RESUMEWDS_CACHE_DIR", str(tmp_path / "cache2"))
         one_by_one = _most_at_once(url, monkeypatch, srv)
         n_plain = sum(n for p, n in srv.ranged.items() if p.endswith(".tar"))
@@ -63,7 +63,10 @@ def test_the_first_sample_by_range_goes_before_the_background_downloads(tmp_path
         first = next(it)
         asked = [(p, r) for p, r in srv.range_log if p.endswith(".tar")]
         assert asked and all(r is not None for _, r in asked), asked  # ranges only
-        a, b = (int(x) for x in asked[0][1].split("=")[1].split("-"))
-        assert asked[0][0].endswith(first["__url__"].rsplit("/", 1)[1]) and b + 1 - a <= 8000  # its own range
+        # its own range, asked for first: the first step's other ranges are sent right after
+        # it from other threads, so the server may see one of them arrive first
+        own = [(p, r) for p, r in asked[:2] if p.endswith(first["__url__"].rsplit("/", 1)[1])
+               and int(r.split("=")[1].split("-")[1]) + 1 - int(r.split("=")[1].split("-")[0]) <= 8000]
+        assert own, asked
         assert len([next(it) for _ in range(20)]) == 20
         ds.close()

@@ -8,10 +8,10 @@ import os
 import pytest
 
 import resumewds as rw
-import resumewds.shardset as D
+import resumewds.read._dataset as D
 from conftest import tar_bytes
-from resumewds import tario
-from resumewds.manifest import Manifest
+from resumewds.manifest._manifest import Manifest
+from resumewds.tar import _io as tario
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -91,7 +91,7 @@ class _NeverKept(dict):
 
 
 def _without_fast_reads(monkeypatch):
-    from resumewds import reading
+    from resumewds.read import _ranged as reading
 
     real = reading.ShardReader.__init__
 

@@ -15,8 +15,8 @@ import xxhash
 from chaos.diskfaults import flip_byte as _flip
 from chaos.faultserver import FaultServer
 from resumewds.cache import ShardStore
-from resumewds.manifest import load_manifest
-from resumewds.repair import coalesce
+from resumewds.cache._repair import coalesce
+from resumewds.manifest._manifest import load_manifest
 from resumewds.writer import ShardWriter
 from tests.http_fixtures import Recorder
 from tests.http_fixtures import fast_config as _fast_config
@@ -186,7 +186,7 @@ def test_server_that_ignores_range_falls_back(big, tmp_path):
 def test_cli_verify_names_and_repairs_remote_samples(big, tmp_path):
     from click.testing import CliRunner
 
-    from resumewds.cli import cli
+    from resumewds.cli._main import cli
 
     cache = str(tmp_path / "cache")
     with FaultServer(str(big)) as srv:
@@ -208,9 +208,9 @@ def test_cli_verify_names_and_repairs_remote_samples(big, tmp_path):
 
 
 def test_ranged_read_fetches_and_verifies_only_those_samples(big, tmp_path):
+    from resumewds.cache._repair import read_samples_by_range
     from resumewds.errors import ChecksumMismatch
-    from resumewds.repair import read_samples_by_range
-    from resumewds.tario import iter_samples_file
+    from resumewds.tar._scan import iter_samples_file
 
     with FaultServer(str(big)) as srv:
         shard, st, rec = _setup(big, tmp_path, srv)
@@ -237,7 +237,7 @@ def test_ranged_read_fetches_and_verifies_only_those_samples(big, tmp_path):
 def _states_valid(rec):
     """Replay the events through the journal's shard-state table: no invalid move."""
     from resumewds.events import shard_effects
-    from resumewds.journal import TRANSITIONS
+    from resumewds.journal._states import TRANSITIONS
 
     effects, state, bad = shard_effects(), "pending", []
     for kind, _, _ in rec.events:

@@ -20,11 +20,13 @@ from click.testing import CliRunner
 
 from chaos.faultserver import FaultServer
 from http_fixtures import fast_config
-from resumewds.cli import cli
+from resumewds.cli._main import cli
 from resumewds.dataset import WebDataset, build_manifest
 from resumewds.journal import Journal
 from resumewds.loader import WebLoader
-from resumewds.report import ReportError, hit_rate_series, load_run, render_report, throughput_series, write_report
+from resumewds.report import write_report
+from resumewds.report._page import ReportError, render_report
+from resumewds.report._rundata import hit_rate_series, load_run, throughput_series
 
 CHARTS = ("throughput", "cache", "events", "shards")
 
@@ -258,9 +260,9 @@ def test_evicted_shards_are_not_pending(tmp_path):
 def test_report_uses_only_public_journal_functions():
     import inspect
 
-    import resumewds.report as report
-    import resumewds.reportfigs as reportfigs
-    import resumewds.rundata as rundata
+    import resumewds.report._figs as reportfigs
+    import resumewds.report._page as report
+    import resumewds.report._rundata as rundata
 
     src = "".join(inspect.getsource(m) for m in (report, rundata, reportfigs))
     for private in ("_open_run", "_close_all", "conn.execute", "SELECT ", "._db("):

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import resumewds as rw
 from conftest import N_SAMPLES, N_SHARDS
-from resumewds import tario
 from resumewds.errors import StateError
 from resumewds.synth import write_shards
+from resumewds.tar import _io as tario
 
 EPOCHS = 2
 

@@ -25,11 +25,12 @@ moto_server = pytest.importorskip("moto.server")
 
 from chaos.crash import cat_cmd, child_env, committed_samples, compare, make_dataset, run  # noqa: E402
 from chaos.s3proxy import S3FaultProxy  # noqa: E402
-from resumewds.cli import cli  # noqa: E402
+from resumewds.cli._main import cli  # noqa: E402
 from resumewds.errors import PermanentFetchError, SourceError, TransientFetchError  # noqa: E402
-from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file, no_sleep  # noqa: E402
-from resumewds.fetch.s3 import S3Options, client_for, resolve_options, translate_s3_error  # noqa: E402
-from resumewds.sources import resolve_sources  # noqa: E402
+from resumewds.fetch import FetchConfig, client_for, fetch_bytes, fetch_to_file, translate_s3_error  # noqa: E402  # noqa: E402
+from resumewds.fetch._s3 import S3Options, resolve_options  # noqa: E402
+from resumewds.fetch._settings import no_sleep  # noqa: E402
+from resumewds.sources._resolve import resolve_sources  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -339,8 +340,8 @@ def test_error_code_table(code, status, kind):
 
 
 def test_boto3_is_imported_only_when_an_s3_url_is_fetched(tmp_path):
-    code = ("import sys, resumewds, resumewds.cli, resumewds.fetch.s3, resumewds.cache\n"
-            "from resumewds.sources import resolve_sources\n"
+    code = ("import sys, resumewds, resumewds.cli._main, resumewds.fetch._s3, resumewds.cache\n"
+            "from resumewds.sources._resolve import resolve_sources\n"
             "m = resolve_sources('s3://bkt/data/shard-{0..3}.tar')\n"
             "assert [s.url for s in m.shards][-1] == 's3://bkt/data/shard-3.tar'\n"
             "print(sorted(x for x in ('boto3', 'botocore', 'torch') if x in sys.modules))\n")
@@ -571,7 +572,7 @@ def test_explicit_endpoint_reaches_dataloader_workers(moto, bucket, data, proxy,
     import pickle
 
     from resumewds import WebDataset, WebLoader
-    from resumewds.cli import cat_line
+    from resumewds.cli._main import cat_line
 
     upload(moto, bucket, data.root)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing there
@@ -589,7 +590,7 @@ def test_explicit_endpoint_reaches_dataloader_workers(moto, bucket, data, proxy,
 
 def test_without_boto3_an_s3_url_is_a_one_line_error(tmp_path):
     code = ("import sys\nsys.modules['boto3'] = None  # as if the [s3] extra were not installed\n"
-            "from resumewds.cli import main\nmain(['cat', 's3://bkt/data/manifest.json'])\n")
+            "from resumewds.cli._main import main\nmain(['cat', 's3://bkt/data/manifest.json'])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=child_env(RESUMEWDS_CACHE_DIR=str(tmp_path / "cache")))
     assert out.returncode == 1
@@ -684,7 +685,7 @@ def test_prefetch_and_reader_share_one_budget(moto, bucket, proxy, tmp_path, dat
     import time
 
     from resumewds.cache import ShardStore
-    from resumewds.manifest import ShardInfo
+    from resumewds.manifest._manifest import ShardInfo
 
     with open(os.path.join(data.root, "shard-000000.tar"), "rb") as f:
         raw = f.read()
@@ -718,7 +719,7 @@ def test_corrupt_and_incomplete_downloads_spend_the_budget(moto, bucket, proxy, 
 
     from resumewds.cache import ShardStore
     from resumewds.errors import ChecksumMismatch, ShardFormatError
-    from resumewds.manifest import ShardInfo
+    from resumewds.manifest._manifest import ShardInfo
 
     with open(os.path.join(data.root, "shard-000001.tar"), "rb") as f:
         raw = f.read()
@@ -773,7 +774,7 @@ def test_s3_settings_are_read_by_config(monkeypatch):
     monkeypatch.setenv("AWS_REGION", "eu-west-3")
     o = S3Options.from_env()
     assert (o.anonymous, o.addressing_style, o.region) == (True, "path", "eu-west-3")
-    with open(os.path.join(os.path.dirname(config.__file__), "fetch", "s3.py")) as f:  # the transport
+    with open(os.path.join(os.path.dirname(config.__file__), "fetch", "_s3.py")) as f:  # the transport
         src = f.read()
     assert "os.environ" not in src and "getenv(" not in src  # config is the one place
 
@@ -783,7 +784,7 @@ def test_verify_replaces_an_incomplete_cached_copy_without_checksum(moto, bucket
     import xxhash
 
     from resumewds.cache import ShardStore
-    from resumewds.manifest import ShardInfo
+    from resumewds.manifest._manifest import ShardInfo
 
     with open(os.path.join(data.root, "shard-000002.tar"), "rb") as f:
         raw = f.read()

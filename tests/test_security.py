@@ -19,8 +19,8 @@ import resumewds as rw
 from chaos.faultserver import FaultServer
 from resumewds.cache import ShardStore
 from resumewds.errors import CacheError, DecodeError, UnsafeSourceError
-from resumewds.manifest import ShardInfo
-from resumewds.sources import resolve_sources
+from resumewds.manifest._manifest import ShardInfo
+from resumewds.sources._resolve import resolve_sources
 from tests.conftest import PY, subprocess_env, tar_bytes
 
 pytestmark = pytest.mark.usefixtures("cache_dir")

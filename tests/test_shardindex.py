@@ -16,9 +16,9 @@ import pytest
 
 import resumewds as rw
 from resumewds.errors import ChecksumMismatch, ShardFormatError, SourceError
-from resumewds.manifest import load_manifest
-from resumewds.shardindex import IndexSet
-from resumewds.tario import scan_file
+from resumewds.manifest import IndexSet
+from resumewds.manifest._manifest import load_manifest
+from resumewds.tar import scan_file
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -183,7 +183,7 @@ def test_index_set_pickles_without_what_it_loaded(data):
 def test_verify_checks_the_counts_a_wids_index_declares(data, tmp_path):
     from click.testing import CliRunner
 
-    from resumewds.cli import cli
+    from resumewds.cli._main import cli
 
     paths, _, _ = data
     doc = wids_doc(paths)
@@ -200,6 +200,6 @@ def test_verify_checks_the_counts_a_wids_index_declares(data, tmp_path):
                                  "q?x=1.tar", "http://o/x.tar", "pipe:cat a.tar", "s3://b/k.tar", "a//b.tar",
                                  "dir/", "shard #1.tar", "ü.tar"])
 def test_url_resolver_is_resolve_url(location, url):
-    from resumewds.manifest import resolve_url, url_resolver
+    from resumewds.manifest._manifest import resolve_url, url_resolver
 
     assert url_resolver(location)(url) == resolve_url(url, location)

@@ -1,4 +1,4 @@
-"""webdataset's worker split (resumewds.wds.shardsplit): the pure layout, and loaders that follow it.
+"""webdataset's worker split (resumewds.wds._shardsplit): the pure layout, and loaders that follow it.
 
 The reference is written out by hand: worker ``w`` reads the epoch's shards
 ``[w::W]`` front to back, cuts its stream into batches (its last one short,
@@ -19,10 +19,10 @@ import pytest
 from torch.utils.data import DataLoader
 
 import resumewds
-from resumewds.plan import Plan
-from resumewds.shardset import ShardDataset
-from resumewds.steplayout import Layout
-from resumewds.wds.shardsplit import ShardSplit, SplitSequence, WorkerStream, split_workers, worker_streams
+from resumewds.plan import Layout
+from resumewds.plan._plan import Plan
+from resumewds.read import ShardDataset
+from resumewds.wds._shardsplit import ShardSplit, SplitSequence, WorkerStream, split_workers, worker_streams
 
 
 def reference(counts: List[int], order: List[int], W: int, b: int, drop: bool) -> List[List[Tuple[int, int]]]:

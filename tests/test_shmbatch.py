@@ -1,4 +1,4 @@
-"""Batches out of real DataLoader workers through shared memory (resumewds.shmbatch).
+"""Batches out of real DataLoader workers through shared memory (resumewds.run).
 
 Every test compares whole sequences: what ``transport="auto"`` (the shared
 ring) delivers must be exactly what the old path (``transport="queue"``,
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import resumewds as rw
-from resumewds import shmbatch as transport
-from resumewds.shmbatch import MIN_PACK, BytesRing, Packed
+from resumewds.run import _shmbatch as transport
+from resumewds.run._shmbatch import MIN_PACK, BytesRing, Packed
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -334,7 +334,7 @@ def test_pin_memory_pins_what_the_ring_delivered(big_shards, unpacks, monkeypatc
     accelerator present), the loader pins the unpacked batch itself.  Here,
     without an accelerator, torch is told one is present and pinning records
     what it is given."""
-    import resumewds.shardloader as L
+    import resumewds.run._loader as L
 
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))

@@ -38,7 +38,7 @@ def data(tmp_path, monkeypatch):
     reference: a good run's keys without that sample."""
     import resumewds as rw
     from resumewds import synth
-    from resumewds.cache import local
+    from resumewds.cache import _local as local
 
     synth.write_shards(str(tmp_path / "s"), shards=SHARDS, samples=SAMPLES)
     m = str(tmp_path / "m3.json")
@@ -168,7 +168,7 @@ def test_the_mark_is_set_behind_the_samples_and_changes_nothing(tmp_path):
     sequence.  A damaged shard never gets a mark."""
     import resumewds as rw
     from resumewds import synth
-    from resumewds.cache import local
+    from resumewds.cache import _local as local
 
     synth.write_shards(str(tmp_path / "s"), shards=2, samples=10)
     m = str(tmp_path / "m3.json")

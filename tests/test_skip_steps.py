@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 import resumewds as rw
-from resumewds.journal import status
-from resumewds.journal.text import format_status
-from resumewds.plan import Layout
-from resumewds.skipping import advance
+from resumewds.journal import format_status
+from resumewds.journal._status import status
+from resumewds.plan._plan import Layout
+from resumewds.run._skipping import advance
 
 EPOCHS = 2
 BATCH = 8

@@ -11,9 +11,10 @@ import pytest
 
 import resumewds as rw
 from resumewds.errors import ShardFormatError, SourceError, UnsafeSourceError
-from resumewds.manifest import FORMAT, VERSION, Manifest, load_manifest, parse_manifest_bytes
-from resumewds.sources import expand_braces, resolve_sources
-from resumewds.tario import sample_digest
+from resumewds.manifest import Manifest, load_manifest, parse_manifest_bytes
+from resumewds.manifest._manifest import FORMAT, VERSION
+from resumewds.sources._resolve import expand_braces, resolve_sources
+from resumewds.tar import sample_digest
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 

@@ -25,7 +25,7 @@ import xxhash
 import resumewds as rw
 from chaos.faultserver import FaultServer
 from http_fixtures import data_bytes, sparse_records, tar_bytes_sent, write_v3
-from resumewds.cache import sparse
+from resumewds.cache import _sparse as sparse
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 

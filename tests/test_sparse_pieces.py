@@ -24,7 +24,8 @@ import xxhash
 import resumewds as rw
 from chaos.faultserver import FaultServer
 from http_fixtures import data_bytes, sparse_records, tar_bytes_sent, write_v3
-from resumewds.cache import ShardStore, sparse
+from resumewds.cache import ShardStore
+from resumewds.cache import _sparse as sparse
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -142,7 +143,7 @@ def test_a_download_killed_then_resumed_asks_only_for_what_no_record_covers(v3, 
 _KILLED_AT_PUBLISH = textwrap.dedent("""
     import os, signal, sys
     import resumewds as rw
-    from resumewds.cache import sparse
+    from resumewds.cache import _sparse as sparse
     url, cache = sys.argv[1], sys.argv[2]
 
     def publish(base):  # killed between the rename and the map's removal

@@ -1,6 +1,6 @@
 """A loader state that was changed after it was taken is refused (its checksum,
-resumewds.statecheck), and a rotation that no run can stand at is refused
-naming its field (resumewds.wds.rotation); states as earlier versions wrote them
+resumewds.run), and a rotation that no run can stand at is refused
+naming its field (resumewds.wds._rotation); states as earlier versions wrote them
 (no checksum) and states that went through a checkpoint's round trip (JSON,
 pickle, torch.save) load and resume exactly.
 
@@ -22,7 +22,7 @@ import torch
 import resumewds as rw
 from resumewds.errors import StateError
 from resumewds.multi import MultiLoader
-from resumewds.statecheck import seal
+from resumewds.run import seal
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

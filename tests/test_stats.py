@@ -22,11 +22,11 @@ from click.testing import CliRunner
 from chaos.faultserver import FaultServer
 from conftest import N_SAMPLES, N_SHARDS, PY, raw_samples, subprocess_env
 from http_fixtures import fast_config
-from resumewds.cli import _NoBar, _progress, cli
+from resumewds.cli._main import _NoBar, _progress, cli
 from resumewds.dataset import WebDataset, build_manifest
 from resumewds.events import event_record
 from resumewds.loader import WebLoader
-from resumewds.stats import COUNTERS, TIMERS, Stats, flat_scalars
+from resumewds.run._stats import COUNTERS, TIMERS, Stats, flat_scalars
 
 TOTAL = N_SHARDS * N_SAMPLES  # 185
 
@@ -196,7 +196,7 @@ def test_retries_and_repairs_with_faults(served, tmp_path):
     assert (s["verify_failures"], s["repairs"]) == (1, 1)
     assert s["shards_downloaded"] == N_SHARDS + 1  # the repair downloads shard 3 again
     assert s["samples"] == TOTAL and s["shards_skipped"] == 0
-    from resumewds.journal import status
+    from resumewds.journal._status import status
 
     st = status(str(tmp_path / "run.db"))
     assert (st["counts"]["retries"], st["counts"]["repairs"], st["counts"]["verify_failures"]) == (2, 1, 1)

@@ -1,6 +1,6 @@
 """The one step engine: a data set and a mixture of one source are the same steps.
 
-:func:`resumewds.stepengine.run_steps` reads the steps of a data set and of a
+:func:`resumewds.read.run_steps` reads the steps of a data set and of a
 mixture; a single data set is the mixture of one source.  A mixture of one
 source delivers the same samples, batches and ``meta`` as the data set alone
 (less the mixture's own ``__source__`` tag and ``meta["sources"]``), through
@@ -15,7 +15,7 @@ import os
 import pytest
 
 import resumewds as rw
-from resumewds.plan import Layout
+from resumewds.plan._plan import Layout
 from resumewds.synth import write_shards
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -134,7 +134,7 @@ def test_the_engine_reads_runs_in_a_mixture_as_in_the_data_set(tmp_path, monkeyp
 # ---- the reading state is the reader's -------------------------------------------------------
 def test_the_reader_owns_failed_shards_its_policy_and_its_events(tmp_path):
     from resumewds.errors import HandlerStop, ShardFormatError
-    from resumewds.openshards import ShardReader
+    from resumewds.read._shards import ShardReader
 
     man = _damaged(tmp_path)
     shards = rw.load_manifest(man).shards

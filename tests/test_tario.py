@@ -1,4 +1,4 @@
-"""Tests for resumewds.tario: grouping identical to WebDataset's, every tar
+"""Tests for resumewds.tar: grouping identical to WebDataset's, every tar
 dialect we meet in the wild, strict errors, and a hypothesis fuzz."""
 
 from __future__ import annotations
@@ -20,17 +20,10 @@ from hypothesis import strategies as st
 from conftest import tar_bytes
 from resumewds import sample_digest, scan_file
 from resumewds.errors import ShardFormatError
-from resumewds.tario import (
-    BLOCK,
-    iter_members,
-    iter_samples_bytes,
-    iter_samples_file,
-    parse_sample,
-    read_sample,
-    read_samples,
-    scan_buffer,
-    split_key,
-)
+from resumewds.tar import split_key
+from resumewds.tar._frame import BLOCK, iter_members
+from resumewds.tar._io import parse_sample, read_sample, read_samples
+from resumewds.tar._scan import iter_samples_bytes, iter_samples_file, scan_buffer
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -487,7 +480,7 @@ def test_dangling_extended_header_before_end_marker(tmp_path):
 # ---------------------------------------------------------------------------
 
 from chaos.fuzz import base256, crafted_size_tar, fuzz_tar_reader, raw_header, size_attack_shards  # noqa: E402
-from resumewds.tario import entry_size  # noqa: E402
+from resumewds.tar._frame import entry_size  # noqa: E402
 
 
 def test_crafted_pax_zero_then_negative_base256_size_after_last_sample(tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import resumewds as wds
-from resumewds.plan import resampled_shards
+from resumewds.plan._plan import resampled_shards
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 

@@ -28,8 +28,11 @@ import resumewds
 from resumewds.wds import MODULES
 
 PKG = pathlib.Path(resumewds.__file__).parent
-FACES = {"resumewds", "resumewds.dataset", "resumewds.loader"}
-APPS = {"resumewds.cli", "resumewds.demo", "resumewds.__main__"}
+#: the faces: the package, dataset.py and loader.py, and webdataset's module names at the top level
+#: (``resumewds/filters.py`` is ``resumewds.wds.filters`` under webdataset's name)
+FACES = {"resumewds", "resumewds.dataset", "resumewds.loader"} | {
+    f"resumewds.{p.stem}" for p in PKG.glob("*.py") if p.stem in MODULES}
+APPS = {"resumewds.cli", "resumewds.cli._main", "resumewds.cli._demo", "resumewds.__main__"}
 
 
 def _modname(path: pathlib.Path) -> str:
@@ -93,9 +96,9 @@ def test_only_the_faces_import_the_wing():
 
 
 def test_the_check_sees_a_core_module_that_imports_the_wing(tmp_path):
-    fake = tmp_path / "shardset.py"
-    fake.write_text((PKG / "shardset.py").read_text() + "\n\ndef _late():\n    from .wds import filters\n")
-    found = {t for t in _imports(fake, "resumewds.shardset") if _forbidden(t)}
+    fake = tmp_path / "_dataset.py"
+    fake.write_text((PKG / "read" / "_dataset.py").read_text() + "\n\ndef _late():\n    from ..wds import filters\n")
+    found = {t for t in _imports(fake, "resumewds.read._dataset") if _forbidden(t)}
     assert found == {"resumewds.wds", "resumewds.wds.filters"}
 
 
@@ -105,11 +108,11 @@ WEBDATASET_SEMANTICS = ("rotation", "shardsplit", "direct", "loader_compat")
 
 @pytest.mark.parametrize("name", WEBDATASET_SEMANTICS)
 def test_webdatasets_semantics_live_in_the_wing(name, tmp_path):
-    assert (PKG / "wds" / f"{name}.py").is_file() and not (PKG / f"{name}.py").exists()
+    assert (PKG / "wds" / f"_{name}.py").is_file() and not list(PKG.rglob(f"{name}.py"))
     # a core module that imports it (lazily, inside a function) is seen
-    fake = tmp_path / "shardloader.py"
-    fake.write_text((PKG / "shardloader.py").read_text() + f"\n\ndef _late():\n    from .wds import {name}\n")
-    assert f"resumewds.wds.{name}" in {t for t in _imports(fake, "resumewds.shardloader") if _forbidden(t)}
+    fake = tmp_path / "_loader.py"
+    fake.write_text((PKG / "run" / "_loader.py").read_text() + f"\n\ndef _late():\n    from ..wds import _{name}\n")
+    assert f"resumewds.wds._{name}" in {t for t in _imports(fake, "resumewds.run._loader") if _forbidden(t)}
 
 
 # ---- the wing uses the engine's public API, never another object's private names ----------------
@@ -189,7 +192,7 @@ def test_wing_modules_load_lazily_and_gopen_stays_a_function():
             "import resumewds.gopen\n"
             "assert callable(rw.gopen) and not isinstance(rw.gopen, type(sys))\n"
             "from resumewds.shardlists import SimpleShardList\n"
-            "import resumewds.utils as u, resumewds.urls as core\n"
+            "import resumewds.utils as u, resumewds.sources._urls as core\n"
             "u.enforce_security = True\n"
             "assert core.secure() is True\n"
             "sys.modules['webdataset'] = rw  # the package under another name: its wing too\n"

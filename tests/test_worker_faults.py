@@ -25,7 +25,7 @@ import pytest
 
 import resumewds as rw
 from conftest import REPO
-from resumewds.watchdog import _proc_state
+from resumewds.run._watchdog import _proc_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -96,7 +96,7 @@ def test_loader_as_pid_1_with_workers(make_shards, tmp_path, cache_dir):
 
 _SUBREAPER = textwrap.dedent("""
     import ctypes, os, sys
-    from resumewds.watchdog import die_with_parent
+    from resumewds.run._watchdog import die_with_parent
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER: orphans below come to us
     r, w = os.pipe()
@@ -128,7 +128,7 @@ def test_orphan_adopted_by_a_subreaper_exits(cache_dir):
 
 
 def test_die_with_parent_keeps_a_worker_whose_parent_lives(cache_dir):
-    code = ("import os; from resumewds.watchdog import die_with_parent\n"
+    code = ("import os; from resumewds.run._watchdog import die_with_parent\n"
             "die_with_parent(os.getppid()); die_with_parent(1 if os.getppid() == 1 else os.getppid())\n"
             "print('alive')")
     p = subprocess.run([sys.executable, "-c", code], env=_env(cache_dir), capture_output=True, text=True,
@@ -166,7 +166,7 @@ def test_cat_with_a_stopped_worker_ends_with_an_error_naming_it(make_shards, tmp
 _DRIVER = textwrap.dedent("""
     import os, sys
     import resumewds as rw
-    from resumewds.watchdog import WorkerStallError
+    from resumewds.run import WorkerStallError
     stall, timeout, paths = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
     kw = {"timeout": timeout} if timeout else {}
     loader = rw.WebLoader(rw.WebDataset(paths), batch_size=4, num_workers=2, stall_timeout=stall, **kw)
@@ -214,7 +214,7 @@ def test_api_with_a_stopped_worker_raises_and_exits(make_shards, cache_dir, stal
 def test_stall_timeout_setting(make_shards, monkeypatch):
     """The parameter wins over RESUMEWDS_WORKER_STALL, which wins over the default; a
     re-batched chain (loaderchain) keeps it; a bad value is an error naming it."""
-    from resumewds.watchdog import DEFAULT_STALL_SECONDS
+    from resumewds.run._watchdog import DEFAULT_STALL_SECONDS
 
     paths = make_shards(shards=2, samples=10)
     assert rw.WebLoader(rw.WebDataset(paths), batch_size=4).stall_timeout == DEFAULT_STALL_SECONDS == 60

@@ -1,4 +1,4 @@
-"""resumewds.world (rank / node identity) and the node-local plan through WebLoader.
+"""resumewds.plan (rank / node identity) and the node-local plan through WebLoader.
 
 The in-process loader tests run every rank of a world one after another in
 this process (explicit ``rank=``/``world_size=``/``nodes=``, no process
@@ -18,14 +18,15 @@ import pytest
 
 import resumewds as rw
 from conftest import subprocess_env
-from resumewds.world import World, detect_world, nodes_from_keys, resolve_partitions
+from resumewds.plan import detect_world, resolve_partitions
+from resumewds.plan._world import World, nodes_from_keys
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
             "GROUP_RANK": "1"}
 
 
 def test_world_module_does_not_import_torch():
-    code = ("import sys, resumewds.world as w\n"
+    code = ("import sys, resumewds.plan._world as w\n"
             "w.detect_world(env={'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_WORLD_SIZE': '1'})\n"
             "print(sum(m == 'torch' or m.startswith('torch.') for m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -240,7 +241,7 @@ def test_journal_records_partitions_and_refuses_a_change(tmp_path, make_shards):
 _PG = """
 import os, sys, json
 import torch.distributed as dist
-from resumewds.world import detect_world
+from resumewds.plan import detect_world
 dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=int(sys.argv[3]))
 w = detect_world()
 print(json.dumps([w.rank, w.world_size, w.node, w.nodes, w.source]))

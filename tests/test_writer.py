@@ -16,8 +16,8 @@ from webdataset import writer as real_writer
 
 import resumewds as rw
 from conftest import REPO
-from resumewds import tario
-from resumewds.manifest import load_manifest
+from resumewds.manifest._manifest import load_manifest
+from resumewds.tar import _io as tario
 from resumewds.writer import ShardWriter, TarWriter
 
 pytestmark = pytest.mark.usefixtures("cache_dir")

@@ -7,29 +7,29 @@ file (:class:`LocalShard`).
 
 Where things are (read in this order)::
 
-    layout.py    one entry on disk: its files (shard, .partial, .meta, .lock, .dl),
+    _layout.py   one entry on disk: its files (shard, .partial, .meta, .lock, .dl),
                  the meta format, EntryState (the entry's life, documented at the
                  enum), and the symlink-refusing file primitives
-    locks.py     the pin (LocalShard, released on close) and the download lock
+    _locks.py    the pin (LocalShard, released on close) and the download lock
                  (lock_download: waits for another downloader within the budget)
-    local.py     local shards: verified in place, the "verified" marks
-    store.py     ShardStore: acquire, classify an entry, fill / adopt / repair and
+    _local.py    local shards: verified in place, the "verified" marks
+    _store.py    ShardStore: acquire, classify an entry, fill / adopt / repair and
                  publish it; the per-shard fetch budgets; the fork registry
-    eviction.py  LRU within cache_size: scan, evict (never a pinned entry)
-    prefetch.py  Prefetcher: the background download threads (prefetch_threads:
+    _eviction.py LRU within cache_size: scan, evict (never a pinned entry)
+    _prefetch.py Prefetcher: the background download threads (prefetch_threads:
                  4 for a shuffled window, else 2), within cache_size
-    sparse.py    sparse partial downloads (.sparse + .sparse.map): a shard with
+    _sparse.py   sparse partial downloads (.sparse + .sparse.map): a shard with
                  sample digests filled by checked samples in any order, the
                  readers' ranges and the download's pieces, so that no byte
                  is fetched twice (claims in the map: across processes too)
-    bulk.py      the CLI's passes over a manifest: verify_all, prefetch_all
+    _bulk.py     the CLI's passes over a manifest: verify_all, prefetch_all
 
-prefetch.py, bulk.py and :mod:`resumewds.repair` call the store back only
-through its public protocol (:class:`resumewds.storeapi.StoreAPI`: ``ensure``,
+prefetch.py, _bulk.py and :mod:`resumewds.cache` call the store back only
+through its public protocol (:class:`resumewds.cache._storeapi.StoreAPI`: ``ensure``,
 ``check_local``, ``emit``, ``count``, ``evict``, ``session``, ``close_session``,
 ``write_meta``); the store imports them, never the other way round.
 
-The life of one remote entry (details at :class:`~resumewds.cache.layout.EntryState`)::
+The life of one remote entry (details at :class:`~resumewds.cache._layout.EntryState`)::
 
     absent --download (.partial, hashed as written)--> partial
     absent --(sample digests) readers' ranges and the download's pieces, each
@@ -63,12 +63,12 @@ size or mtime changed since its meta was written (for local files: once per
 (path, size, mtime), remembered in memory and under ``cache_dir/verified``);
 ``"always"`` hashes at every acquire; ``"never"`` only compares sizes.
 
-Budget: ``cache_size`` is a limit (see :mod:`resumewds.cache.eviction`).
+Budget: ``cache_size`` is a limit (see :mod:`resumewds.cache`).
 When one shuffle window alone does not fit, a warning says so once, with
 the numbers.
 
 Downloads without a known checksum are checked to be complete tars (the
-framer of :mod:`resumewds.tario` scans them) before they are published, so
+framer of :mod:`resumewds.tar` scans them) before they are published, so
 one bad response (an error page) is never kept as the shard; a corrupt
 download is a failed attempt of the shard's fetch budget
 (:class:`resumewds.fetch.FetchBudget`), shared by the prefetch thread and
@@ -91,31 +91,43 @@ Example:
 
 from __future__ import annotations
 
-import importlib as _importlib
 import typing as _typing
 
+from .. import _lazy
 from ..config import parse_size
-from .layout import EntryState, ProgressFn
-from .store import SYNC_MODES, VERIFY_POLICIES, EventFn, LocalShard, ShardStore, default_cache_dir
 
-__all__ = ["EntryState", "EventFn", "FileCache", "LRUCleanup", "LocalShard", "ProgressFn", "SYNC_MODES", "ShardStore",
-           "StreamingOpen", "VERIFY_POLICIES", "check_tar_format", "default_cache_dir", "default_cache_size",
-           "download", "get_filetype", "islocal", "magic_filetype", "obsolete", "parse_size", "pipe_cleaner",
-           "reraise_exception", "url_to_cache_name", "verbose_cache"]
+if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
+    from ._layout import EntryState, ProgressFn
+    from ._local import verify_later
+    from ._locks import LocalShard
+    from ._samplecheck import BadSample, SampleSink, bad_samples, check_end_bytes
+    from ._store import SYNC_MODES, VERIFY_POLICIES, EventFn, ShardStore, default_cache_dir
 
-# webdataset's ``cache`` module names (its streaming FileCache, StreamingOpen, LRUCleanup...): the
-# WebDataset wing's (resumewds.wds.filecache), found here by webdataset's module name on first use.
-# The engine never uses them (it has the ShardStore above), so it imports no wing module.
-_WDS_NAMES = ("FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format", "default_cache_size", "download",
-              "get_filetype", "gopen", "islocal", "magic_filetype", "obsolete", "pipe_cleaner", "reraise_exception",
-              "url_to_cache_name", "verbose_cache")
+# every name loads its module on first use (PEP 562): importing one module of this
+# package (or the package) loads nothing else of it
+_LAZY: _typing.Dict[str, str] = {
+    "bad_samples": "_samplecheck",
+    "BadSample": "_samplecheck",
+    "check_end_bytes": "_samplecheck",
+    "default_cache_dir": "_store",
+    "EntryState": "_layout",
+    "EventFn": "_store",
+    "LocalShard": "_locks",
+    "ProgressFn": "_layout",
+    "SampleSink": "_samplecheck",
+    "ShardStore": "_store",
+    "SYNC_MODES": "_store",
+    "verify_later": "_local",
+    "VERIFY_POLICIES": "_store",
+}
 
+__all__ = ["bad_samples", "BadSample", "check_end_bytes", "check_tar_format", "default_cache_dir",
+           "default_cache_size", "download", "EntryState", "EventFn", "FileCache", "get_filetype",
+           "islocal", "LocalShard", "LRUCleanup", "magic_filetype", "obsolete", "parse_size",
+           "pipe_cleaner", "ProgressFn", "reraise_exception", "SampleSink", "ShardStore", "StreamingOpen",
+           "SYNC_MODES", "url_to_cache_name", "verbose_cache", "verify_later", "VERIFY_POLICIES"]
 
-def __getattr__(name: str) -> _typing.Any:
-    if name in _WDS_NAMES:
-        return getattr(_importlib.import_module("resumewds.wds.filecache"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> _typing.List[str]:
-    return sorted(set(globals()) | set(_WDS_NAMES))
+# webdataset's ``cache`` module names (its streaming FileCache, StreamingOpen, LRUCleanup...) are the
+# WebDataset wing's, forwarded here by the package's face (resumewds/__init__.py, _lazy.forward):
+# the engine never uses them (it has the ShardStore above) and names no wing module.
+__getattr__, __dir__ = _lazy.attach(__name__, _LAZY)

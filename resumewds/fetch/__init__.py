@@ -3,29 +3,29 @@
 A map of the package (read it top to bottom: at import time each module
 uses only those above it)::
 
-    settings.py   FetchConfig (timeouts, attempts, deadline, rates; from the
+    _settings.py  FetchConfig (timeouts, attempts, deadline, rates; from the
                   environment through resumewds.config), FetchResult
-    errormap.py   the error map: one table from a foreign exception (requests,
+    _errormap.py  the error map: one table from a foreign exception (requests,
                   urllib3, OSError, subprocess) to our error class and message;
                   HTTP status -> error; Retry-After parsing
-    retry.py      FetchBudget (attempts + deadline of one shard and read, shared
+    _retry.py     FetchBudget (attempts + deadline of one shard and read, shared
                   by prefetch thread and reader) and the tenacity policy
-    partial.py    the partial-file writer: <partial> written and hashed as bytes
+    _partial.py   the partial-file writer: <partial> written and hashed as bytes
                   arrive, its <partial>.etag validator sidecar (with the boot
                   id, boot_id())
-    attempt.py    _Attempt (the state of one call's attempts: partial, budget,
+    _attempt.py   _Attempt (the state of one call's attempts: partial, budget,
                   buffer, copy loop), _Pace (deadline and minimum rate inside an
                   attempt)
-    transport.py  the Transport interface and transport_for (the registry,
-                  TRANSPORTS, keyed by scheme_of, is resumewds.schemes);
+    _transport.py the Transport interface and transport_for (the registry,
+                  TRANSPORTS, keyed by scheme_of, is resumewds.fetch);
                   _run_attempt (one attempt through a transport, errors mapped)
-    local.py      file:// and plain paths                    TRANSPORTS["file"], ["local"]
-    http.py       http(s):// on urllib3 (Session: the one       TRANSPORTS["http"], ["https"]
+    _local.py     file:// and plain paths                    TRANSPORTS["file"], ["local"]
+    _http.py      http(s):// on urllib3 (Session: the one       TRANSPORTS["http"], ["https"]
                   http client), Range/If-Range resume, ranges
-    pipe.py       pipe:CMD, its process group, stall kill    TRANSPORTS["pipe"]
-    s3.py         s3:// through boto3 (imported on first     TRANSPORTS["s3"]
+    _pipe.py      pipe:CMD, its process group, stall kill    TRANSPORTS["pipe"]
+    _s3.py        s3:// through boto3 (imported on first     TRANSPORTS["s3"]
                   use)
-    download.py   fetch_to_file / fetch_bytes / fetch_range: the drivers of
+    _download.py  fetch_to_file / fetch_bytes / fetch_range: the drivers of
                   every scheme, every request under the one retry policy
 
 One download (``fetch_to_file(url, partial)``; the cache does the last two)::
@@ -49,8 +49,8 @@ Events: ``fetch_start`` and ``fetch_done`` (download.py) and ``retry``
 
 Where to add a transport: a module here with a :class:`Transport`
 subclass and ``TRANSPORT = ...``, one line in
-:data:`~resumewds.fetch.transport.TRANSPORTS` (see
-:mod:`resumewds.fetch.transport`).  Budget, retries, events, the partial
+:data:`~resumewds.fetch._transport.TRANSPORTS` (see
+:mod:`resumewds.fetch`).  Budget, retries, events, the partial
 file, hashing and the gopen log come with it.
 
 Classification (each transport's docstring has its own rows; the error map
@@ -88,30 +88,52 @@ Example:
 
 from __future__ import annotations
 
-from ..schemes import is_local_url, is_remote_object, is_remote_url, local_path, scheme_of
-from .download import RangeSink, fetch_bytes, fetch_range, fetch_to_file
-from .errormap import parse_retry_after
-from .http import Session, new_session
-from .partial import boot_id
-from .retry import FetchBudget
-from .settings import FetchConfig, FetchResult, no_sleep
+import typing as _typing
 
-__all__ = [
-    "FetchBudget",
-    "FetchConfig",
-    "FetchResult",
-    "RangeSink",
-    "Session",
-    "boot_id",
-    "fetch_bytes",
-    "fetch_range",
-    "fetch_to_file",
-    "is_local_url",
-    "is_remote_object",
-    "is_remote_url",
-    "local_path",
-    "new_session",
-    "no_sleep",
-    "parse_retry_after",
-    "scheme_of",
-]
+from .. import _lazy
+
+if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
+    from ._download import RangeSink, fetch_bytes, fetch_range, fetch_to_file
+    from ._errormap import parse_retry_after
+    from ._http import Session, new_session
+    from ._partial import boot_id
+    from ._retry import FetchBudget
+    from ._s3 import S3Options, client_for, parse_s3_url, scheme_hint, translate_s3_error
+    from ._schemes import is_local_url, is_remote_object, is_remote_url, local_path, scheme_of
+    from ._settings import FetchConfig, FetchResult, no_sleep
+    from ._transport import transport_for
+
+# every name loads its module on first use (PEP 562): importing one module of this
+# package (or the package) loads nothing else of it
+_LAZY: _typing.Dict[str, str] = {
+    "boot_id": "_partial",
+    "client_for": "_s3",
+    "fetch_bytes": "_download",
+    "fetch_range": "_download",
+    "fetch_to_file": "_download",
+    "FetchBudget": "_retry",
+    "FetchConfig": "_settings",
+    "FetchResult": "_settings",
+    "is_local_url": "_schemes",
+    "is_remote_object": "_schemes",
+    "is_remote_url": "_schemes",
+    "local_path": "_schemes",
+    "new_session": "_http",
+    "no_sleep": "_settings",
+    "parse_retry_after": "_errormap",
+    "parse_s3_url": "_s3",
+    "RangeSink": "_download",
+    "S3Options": "_s3",
+    "scheme_hint": "_s3",
+    "scheme_of": "_schemes",
+    "Session": "_http",
+    "translate_s3_error": "_s3",
+    "transport_for": "_transport",
+}
+
+__all__ = ["S3Options", "boot_id", "client_for", "fetch_bytes", "fetch_range", "fetch_to_file", "FetchBudget",
+           "FetchConfig", "FetchResult", "is_local_url", "is_remote_object", "is_remote_url", "local_path",
+           "new_session", "no_sleep", "parse_retry_after", "parse_s3_url", "RangeSink", "scheme_hint",
+           "scheme_of", "Session", "translate_s3_error", "transport_for"]
+
+__getattr__, __dir__ = _lazy.attach(__name__, _LAZY)

@@ -45,7 +45,7 @@ import logging
 from typing import Any, Dict, Iterator, Optional
 
 from ..errors import StateError
-from . import _check_world, _is_resumewds_loader, _mark_checkpointed, _skip_in_place, _webloader_for
+from ._common import _check_world, _is_resumewds_loader, _mark_checkpointed, _skip_in_place, _webloader_for
 
 __all__ = ["prepare_loader", "PreparedLoader"]
 

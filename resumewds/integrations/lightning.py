@@ -58,8 +58,8 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from ..errors import StateError
-from ..framecheck import has_len, mark_checkpointed, worker_count_error
-from . import (
+from ..run import has_len, mark_checkpointed, worker_count_error
+from ._common import (
     _check_world,
     _is_resumewds_loader,
     _mark_checkpointed,

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ..errors import StateError
-from ..framecheck import state_num_workers, worker_count_error
+from ..run import state_num_workers, worker_count_error
 
 __all__ = ["load_state_dict", "state_num_workers"]
 

@@ -44,7 +44,7 @@ import types
 from typing import Any, Dict, Optional
 
 from ..errors import StateError
-from . import _check_world, _is_resumewds_loader, _mark_checkpointed, _rebind, _skip_in_place
+from ._common import _check_world, _is_resumewds_loader, _mark_checkpointed, _rebind, _skip_in_place
 
 __all__ = ["attach", "ResumeWDSTrainerCallback", "STATE_FILE"]
 

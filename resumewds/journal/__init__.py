@@ -6,23 +6,23 @@ attach events to the batches they yield and the loader calls the journal.
 
 Where things are (every name below is importable from ``resumewds.journal``)::
 
-    schema.py   the tables, the migrations (sqlite-utils' Migrations) and
+    _schema.py  the tables, the migrations (sqlite-utils' Migrations) and
                 JOURNAL_SCHEMA_VERSION; the checks made on open (newer
                 schema refused, a failed creation recognised)
-    states.py   the shard state machine: ShardState, SHARD_STATES,
+    _states.py  the shard state machine: ShardState, SHARD_STATES,
                 TRANSITIONS; events -> shard updates (shard_updates_from_events)
-    paths.py    rank files: rank_journal_path, run_journal_paths
-    lock.py     the lock file and run-id protocol (LockFile), and
+    _paths.py   rank files: rank_journal_path, run_journal_paths
+    _lock.py    the lock file and run-id protocol (LockFile), and
                 close_inherited (a loader's forked worker closes its copies
                 of the lock descriptors)
-    core.py     Journal: one rank's file (open, config, events, shards,
+    _core.py    Journal: one rank's file (open, config, events, shards,
                 commits, consumption)
-    run.py      a whole run: open_run, resolve_resume (the newest step every
+    _run.py     a whole run: open_run, resolve_resume (the newest step every
                 rank committed alike)
-    read.py     the public read API: RunReader and read_commits / read_events /
+    _read.py    the public read API: RunReader and read_commits / read_events /
                 read_event_totals / read_consumption (status, report, tools)
-    status.py   status(): the ``resumewds status --json`` summary
-    text.py     format_status(): its text
+    _status.py  status(): the ``resumewds status --json`` summary
+    _text.py    format_status(): its text
 
 What a journal holds::
 
@@ -82,15 +82,47 @@ Example:
 
 from __future__ import annotations
 
-from .core import CONSUMPTION_EVERY, Journal
-from .lock import LockFile
-from .paths import rank_journal_path, run_journal_paths
-from .read import RunReader, read_commits, read_consumption, read_event_totals, read_events
-from .run import open_run, resolve_resume
-from .schema import JOURNAL_SCHEMA_VERSION, MIGRATION_SET
-from .states import ERROR_EVENT_KINDS, SHARD_STATES, TRANSITIONS, ShardState, shard_updates_from_events
-from .status import status, summarize
-from .text import format_status
+import typing as _typing
+
+from .. import _lazy
+
+if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
+    from ._core import CONSUMPTION_EVERY, Journal
+    from ._lock import LockFile
+    from ._paths import rank_journal_path, run_journal_paths
+    from ._read import RunReader, read_commits, read_consumption, read_event_totals, read_events
+    from ._run import open_run, resolve_resume
+    from ._schema import JOURNAL_SCHEMA_VERSION, MIGRATION_SET
+    from ._states import ERROR_EVENT_KINDS, SHARD_STATES, TRANSITIONS, ShardState, shard_updates_from_events
+    from ._status import status, summarize
+    from ._text import format_status
+
+# every name loads its module on first use (PEP 562): importing one module of this
+# package (or the package) loads nothing else of it
+_LAZY: _typing.Dict[str, str] = {
+    "CONSUMPTION_EVERY": "_core",
+    "ERROR_EVENT_KINDS": "_states",
+    "format_status": "_text",
+    "Journal": "_core",
+    "JOURNAL_SCHEMA_VERSION": "_schema",
+    "LockFile": "_lock",
+    "MIGRATION_SET": "_schema",
+    "open_run": "_run",
+    "rank_journal_path": "_paths",
+    "read_commits": "_read",
+    "read_consumption": "_read",
+    "read_event_totals": "_read",
+    "read_events": "_read",
+    "resolve_resume": "_run",
+    "run_journal_paths": "_paths",
+    "RunReader": "_read",
+    "SHARD_STATES": "_states",
+    "shard_updates_from_events": "_states",
+    "ShardState": "_states",
+    "status": "_status",
+    "summarize": "_status",
+    "TRANSITIONS": "_states",
+}
 
 __all__ = [
     "CONSUMPTION_EVERY",
@@ -116,3 +148,5 @@ __all__ = [
     "status",
     "summarize",
 ]
+
+__getattr__, __dir__ = _lazy.attach(__name__, _LAZY)

@@ -5,7 +5,7 @@ Each module here has the name of one of webdataset's (``filters``,
 ``splitters``, ``mix``, ``compat``, ``pipeline``, ``extradatasets``,
 ``pytorch``, ``typecheck``...) and forwards to the one
 engine below it: the stage callables (:mod:`resumewds.stages`), the stream
-runners (:mod:`resumewds.runners`), the plan, the cache and the step engine.
+runners (:mod:`resumewds.stages`), the plan, the cache and the step engine.
 The core never imports this package (a test checks it); ``import resumewds
 as wds`` reaches every module here as ``wds.<name>``, and ``import
 resumewds.<name>`` works too, as with webdataset.
@@ -17,7 +17,7 @@ Example:
 """
 
 #: webdataset's module names that live in this wing (``resumewds.<name>`` is ``resumewds.wds.<name>``)
-MODULES = ("compat", "datapipeline", "extradatasets", "filters", "fluid", "gopen", "handlers", "loaderchain", "mix",
-           "multi", "pipeline", "pytorch", "shardlists", "splitters", "tariterators", "typecheck", "utils")
+MODULES = ("compat", "extradatasets", "filters", "gopen", "handlers", "mix", "multi", "pipeline", "pytorch",
+           "shardlists", "tariterators", "typecheck", "utils")
 
 __all__ = ["MODULES"]

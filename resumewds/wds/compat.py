@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from .. import autodecode, cache  # noqa: F401  (webdataset's compat.autodecode, compat.cache)
-from .._torchreg import register_iterable_dataset
+from ..read import register_iterable_dataset
 from . import filters, shardlists, utils  # noqa: F401  (webdataset's compat.filters, ...)
+from ._fluent import Cached, FluidInterface
 from .filters import pipelinefilter
-from .fluent import Cached, FluidInterface
 from .handlers import reraise_exception
 from .tariterators import group_by_keys, tar_file_expander
 from .webdataset import WebDataset

@@ -44,7 +44,7 @@ order per epoch and goes on forever instead of drawing with replacement;
 ``split_by_node`` splits the global sample sequence, not the shard list (so
 any number of nodes works, with nothing seen twice).  ``split_by_worker``
 is webdataset's on one rank: each DataLoader worker reads its own shards
-(:mod:`resumewds.wds.shardsplit`; ``worker_split="samples"`` asks for the split
+(:mod:`resumewds.wds._shardsplit`; ``worker_split="samples"`` asks for the split
 of the sample sequence instead).
 
 Example:
@@ -66,16 +66,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .. import config
 from ..errors import ResumeWDSError, StateError
 from ..plan import Layout
-from ..positions import hide_positions
-from ..stages import Stage, default_collate
-from ..statecheck import check_seal, seal
+from ..run import check_seal, seal
+from ..stages import Stage, default_collate, hide_positions
 from . import filters, tariterators
+from ._shardsplit import WorkerStream
 from .handlers import reraise_exception
-from .pipeline import add_length_method
 from .shardlists import ResampledShards, SimpleShardList
-from .shardsplit import WorkerStream
 from .splitters import worker_info
-from .utils import PipelineStage
+from .utils import PipelineStage, add_length_method
 from .webdataset import WebDataset
 
 __all__ = ["DataPipeline"]
@@ -362,7 +360,7 @@ class DataPipeline(WebDataset, IterableDataset):
             worker, nw = info.id, info.num_workers
         layout: Any = self._layout()
         W = self.split_workers(nw, layout.world_size) if info is not None else 0
-        if W:  # webdataset's split_by_worker: this worker's own shards (resumewds.wds.shardsplit)
+        if W:  # webdataset's split_by_worker: this worker's own shards (resumewds.wds._shardsplit)
             layout, worker, nw = WorkerStream(W, worker, layout), 0, 1
         split = [layout.worker, W] if W else None
         if (st.get("position") or st.get("skip")) and st.get("split", split) != split:

@@ -37,22 +37,28 @@ import time
 from fnmatch import fnmatch
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
-from .. import autodecode, runners
+from .. import autodecode
 from ..errors import HandlerStop
-from ..positions import hide_positions
 from ..stages import (
     ExtractKeys,
     Handled,
+    LogKeysRunner,
     Map,
     MapDict,
+    MapRunner,
     MapTuple,
     Rename,
     RenameKeys,
+    RSampleRunner,
     Select,
+    ShuffleRunner,
+    SliceRunner,
     Stage,
     ToTuple,
+    UnbatchRunner,
     default_collation_fn,
     getfirst,
+    hide_positions,
 )
 from . import utils  # noqa: F401  (webdataset's filters.utils)
 from .handlers import reraise_exception, until_stop
@@ -113,7 +119,7 @@ class SampleStage(StreamStage):
         self.fn = fn
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        return until_stop(runners.MapRunner(self.fn).run(iter(src)))
+        return until_stop(MapRunner(self.fn).run(iter(src)))
 
     def spec(self) -> Stage:
         """A per-sample spec of the same callable."""
@@ -582,7 +588,7 @@ class ShuffleStage(StreamStage):
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
         rng = self.rng or random.Random(self.seed if self.seed is not None
                                         else int((os.getpid() + time.time()) * 1e9))
-        return runners.ShuffleRunner(self.bufsize, self.initial,
+        return ShuffleRunner(self.bufsize, self.initial,
                                      pick=lambda n: rng.randint(0, n - 1)).run(iter(src))
 
     def spec(self) -> Optional[Stage]:
@@ -680,7 +686,7 @@ def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], An
 
 
 class _RunnerStage(StreamStage):
-    """A stream stage run by its :mod:`resumewds.runners` runner (the fluent form's); ``args``:
+    """A stream stage run by its :mod:`resumewds.stages` runner (the fluent form's); ``args``:
     its engine spec's arguments."""
 
     def __init__(self, name: str, make: Callable[[], Any], **args: Any):
@@ -701,12 +707,12 @@ class _RunnerStage(StreamStage):
 
 def unbatched() -> StreamStage:
     """Stage: split batches back into samples."""
-    return _RunnerStage("unbatched", functools.partial(runners.UnbatchRunner, False))
+    return _RunnerStage("unbatched", functools.partial(UnbatchRunner, False))
 
 
 def unlisted() -> StreamStage:
     """Stage: flatten lists of samples (each must be a list, as in webdataset)."""
-    return _RunnerStage("unlisted", functools.partial(runners.UnbatchRunner, True))
+    return _RunnerStage("unlisted", functools.partial(UnbatchRunner, True))
 
 
 class _RandomKeyRSample:
@@ -719,7 +725,7 @@ class _RandomKeyRSample:
     def __call__(self) -> Any:
         if not 0.0 <= self.p <= 1.0:
             raise ValueError(f"rsample: p must be in [0, 1], got {self.p}")
-        return runners.RSampleRunner(self.p, random.getrandbits(64))
+        return RSampleRunner(self.p, random.getrandbits(64))
 
 
 def rsample(p: float = 0.5) -> StreamStage:
@@ -729,7 +735,7 @@ def rsample(p: float = 0.5) -> StreamStage:
 
 def slice(*args: Any) -> StreamStage:
     """Stage: ``itertools.islice`` of the stream."""
-    return _RunnerStage("slice", functools.partial(runners.SliceRunner, *args), args=args)
+    return _RunnerStage("slice", functools.partial(SliceRunner, *args), args=args)
 
 
 def _info(data: Iterator[Any], fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50,
@@ -754,7 +760,7 @@ def info(fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50
 
 def log_keys(logfile: Optional[str] = None) -> StreamStage:
     """Stage: append ``index, worker, rank, key`` of each sample to ``logfile``."""
-    return _RunnerStage("log_keys", functools.partial(runners.LogKeysRunner, logfile), logfile=logfile)
+    return _RunnerStage("log_keys", functools.partial(LogKeysRunner, logfile), logfile=logfile)
 
 
 _ = builtins  # map/slice shadow builtins here on purpose (webdataset's names)

@@ -4,7 +4,7 @@
 methods, as in webdataset 1.0.2: ``.shuffle(n)``, ``.map(f)``,
 ``.batched(n)``, ``.decode(...)``, ``.to_tuple(...)``... each append the
 composable stage of the same name (:mod:`resumewds.filters`, through
-:class:`resumewds.wds.fluent.FluidInterface`).  ``initial``
+:class:`resumewds.wds._fluent.FluidInterface`).  ``initial``
 is usually an arbitrary iterable (a :class:`resumewds.mix.RoundRobin`, a
 generator dataset...): then the pipeline runs as webdataset's does and is
 not exactly resumable (it says so: a warning once, ``.exact`` is False).

@@ -13,9 +13,9 @@ Semantics are webdataset 1.0.2's:
   ``RESUMEWDS_GOPEN_REWRITE``) rewrites the start of a URL first (the
   prefixes are regular expressions, as in webdataset); the first rule that
   changes the URL wins.
-* With :data:`resumewds.urls.enforce_security` set, local files,
+* With :data:`resumewds.sources.enforce_security` set, local files,
   ``file:`` URLs, ``pipe:`` commands and ``GOPEN_REWRITE`` are refused with
-  :class:`resumewds.urls.EnforcedSecurityError` (a ``ValueError``) and
+  :class:`resumewds.sources.EnforcedSecurityError` (a ``ValueError``) and
   webdataset's messages; remote URLs and ``"-"`` still open.
 * ``pipe:CMD`` runs CMD in a shell; a non-zero exit status (other than
   141, SIGPIPE after an early close) is an ``OSError`` at end of stream.
@@ -50,7 +50,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from .. import config
-from ..urls import check_source_allowed, rewrite_url
+from ..sources import check_source_allowed, rewrite_url
 from . import utils  # noqa: F401  (webdataset's gopen.utils)
 
 __all__ = ["PIPE", "Pipe", "gopen", "gopen_ais", "gopen_curl", "gopen_error", "gopen_file", "gopen_gsutil",
@@ -179,13 +179,13 @@ class _LazyRemote(io.RawIOBase):
 
         cfg = FetchConfig.from_env()
         if self.url.startswith("s3://"):
-            from ..fetch.s3 import client_for, parse_s3_url  # lazy: fetch (tenacity) on first open
+            from ..fetch import client_for, parse_s3_url  # lazy: fetch (tenacity) on first open
 
             bucket, key = parse_s3_url(self.url)
             try:
                 return client_for(self.url, cfg).get_object(Bucket=bucket, Key=key)["Body"]
             except Exception as exc:
-                from ..fetch.s3 import translate_s3_error  # lazy: fetch (tenacity) on first open
+                from ..fetch import translate_s3_error  # lazy: fetch (tenacity) on first open
 
                 raise translate_s3_error(exc, self.url) from None
         from ..fetch import new_session  # lazy: fetch (tenacity) on first open
@@ -316,7 +316,7 @@ def gopen_remote(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> 
 
 def gopen_error(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
     """The ``__default__`` handler: an unknown scheme is a ``ValueError``."""
-    from ..fetch.s3 import scheme_hint  # lazy: fetch (tenacity) on first open
+    from ..fetch import scheme_hint  # lazy: fetch (tenacity) on first open
 
     scheme = urlparse(url).scheme
     raise ValueError(f"gopen: {url}: unsupported URL scheme {scheme!r} "

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import warnings
 
-from ..handling import Handler, HandlerStop, empty_epoch_error, reraise_exception, until_stop
+from ..errors import HandlerStop
+from ..stages import Handler, empty_epoch_error, reraise_exception, until_stop
 
 __all__ = ["Handler", "HandlerStop", "empty_epoch_error", "ignore_and_continue", "ignore_and_stop", "reraise_exception",
            "until_stop", "warn_and_continue", "warn_and_stop"]

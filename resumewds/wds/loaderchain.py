@@ -69,20 +69,16 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..epochsource import BatchInfo, EmptyBatch
 from ..errors import HandlerStop, StateError
-from ..positions import hide_positions
-from ..runners import BatchRunner, UnbatchRunner
-from ..shardloader import STATE_FORMAT, ShardLoader
-from ..stages import Handled, Stage, apply_stages, default_collation_fn
-from ..statecheck import seal
-from ..world import detect_world
+from ..plan import detect_world
+from ..run import STATE_FORMAT, BatchInfo, EmptyBatch, ShardLoader, seal
+from ..stages import BatchRunner, Handled, Stage, UnbatchRunner, apply_stages, default_collation_fn, hide_positions
 from . import filters
-from .fluent import Cached, FluidInterface
+from ._fluent import Cached, FluidInterface
+from ._loader_compat import DataLoaderAttributes
+from ._rotation import RotatingLoader, refuse_rotation
+from ._shardsplit import SHARD_SPLIT
 from .fluid import FluidWrapper
-from .loader_compat import DataLoaderAttributes
-from .rotation import RotatingLoader, refuse_rotation
-from .shardsplit import SHARD_SPLIT
 
 __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPipeline", "WebLoader", "route",
            "stream_loader"]
@@ -632,7 +628,7 @@ class LoaderPipeline(FluidInterface):
         sd = self._at_resume(self.loader.state_dict)
         sd.update(self._fields())
         self._pinned = True
-        return seal(sd)  # the checksum covers chain_served too (resumewds.statecheck)
+        return seal(sd)  # the checksum covers chain_served too (resumewds.run)
 
     def _adopt(self, chain: Dict[str, Any]) -> None:
         """Stand at a state's (a commit's) chain place, the loader at its place: a resume."""
@@ -843,7 +839,7 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     one = c is not None and dataset.batch_size is not None and not args and "batch_size" not in kw
     rotate = passes in (None, (1, -1)) and _rotates(dataset, args, kw)
     if not (passes or refill or one):
-        # the filtered samples of webdataset's workers, round-robin (resumewds.wds.rotation): its
+        # the filtered samples of webdataset's workers, round-robin (resumewds.wds._rotation): its
         # own __init__ runs next, as WebLoader's would
         return object.__new__(_RotatingWebLoader) if rotate else None
     if refill:
@@ -868,7 +864,7 @@ def _passes(dataset: Any) -> Optional[Tuple[int, int]]:
         if reps == 1:
             return None
         return (-1 if reps >= sys.maxsize else reps), limit
-    return getattr(dataset, "passes", None)  # (resumewds.wds.direct.DirectDataset.passes)
+    return getattr(dataset, "passes", None)  # (resumewds.wds._direct.DirectDataset.passes)
 
 
 def _drops(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
@@ -896,7 +892,7 @@ def _refills(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
 
 def _rotates(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
     """Whether ``WebLoader(dataset, batch_size=None)`` follows webdataset's rotation of its
-    workers' filtered streams when the shard split applies (:mod:`resumewds.wds.rotation`): stages
+    workers' filtered streams when the shard split applies (:mod:`resumewds.wds._rotation`): stages
     that may drop samples, one rank, one epoch per ``iter()``, no ``pad`` (samples, or a
     ``.batched(n)`` refilled in each stream)."""
     return kw.get("remainder", "keep") != "pad" and _drops(dataset, args, kw)
@@ -906,7 +902,7 @@ def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any], rotate
     """The loader of :func:`_refills`: the dataset's samples one by one (the engine's
     ``batch_size=None``), batched by :class:`_RefillBatches` as each epoch's stream goes
     (webdataset's pipeline runs again each epoch: a batch never spans two), under the
-    shard split in each worker's stream (:func:`_rotates`, :mod:`resumewds.wds.rotation`), else
+    shard split in each worker's stream (:func:`_rotates`, :mod:`resumewds.wds._rotation`), else
     in the one sequence.  A batch is handed out as soon as its last sample is, so the
     loader's position then is just after that sample and ``state_dict()`` / ``commit``
     resume exactly after the batch.  Over resampled shards (one endless stream in
@@ -1012,12 +1008,12 @@ class WebLoader(FluentLoader, ShardLoader, DataLoaderAttributes):
 
     def adopt_place(self, place: Dict[str, Any], source: Optional[str]) -> None:
         """A state (a commit) of webdataset's worker rotation is refused: this loader does not
-        follow it (:mod:`resumewds.wds.rotation`)."""
+        follow it (:mod:`resumewds.wds._rotation`)."""
         refuse_rotation(place, source)
 
 
 class _RotatingWebLoader(RotatingLoader, WebLoader):
     """WebLoader over stages that drop samples: webdataset's rotation of its workers'
-    filtered streams under the shard split (:mod:`resumewds.wds.rotation`)."""
+    filtered streams under the shard split (:mod:`resumewds.wds._rotation`)."""
 
     stream_items = True  # its items are webdataset's (see LoaderPipeline)

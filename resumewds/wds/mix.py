@@ -12,7 +12,7 @@ remaining sources until all are exhausted (``longest=True``).  It is a torch
 * every source is a data set resumewds runs exactly (a ``WebDataset`` or a
   compiled ``DataPipeline``, neither batched nor with stages after its
   compiled part): :class:`resumewds.MixedDataset`, deterministic and exactly
-  resumable at any worker count (:func:`resumewds.mixdataset.RandomMix`,
+  resumable at any worker count (:func:`resumewds.mixing.RandomMix`,
   ``docs/MIXTURES.md``);
 * anything else (a ``DataPipeline`` with a stage of your own, batched
   sources, any iterable): :class:`StreamMix`, webdataset's ``RandomMix``:
@@ -44,9 +44,9 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from .._torchreg import register_iterable_dataset
-from ..mixdataset import MixedDataset
-from ..mixdataset import RandomMix as ExactRandomMix
+from ..mixing import MixedDataset
+from ..mixing import RandomMix as ExactRandomMix
+from ..read import register_iterable_dataset
 
 __all__ = ["RandomMix", "RoundRobin", "StreamMix", "random_samples", "round_robin_longest",
            "round_robin_shortest"]
@@ -205,7 +205,7 @@ def RandomMix(datasets: Sequence[Any], probs: Optional[Sequence[float]] = None,
 
     Sources resumewds runs exactly (:func:`exact_source`) give the
     deterministic, exactly resumable :class:`resumewds.MixedDataset`
-    (:func:`resumewds.mixdataset.RandomMix`); any other source gives
+    (:func:`resumewds.mixing.RandomMix`); any other source gives
     :class:`StreamMix`, webdataset's own mixing (its data, an approximate
     resume).  See the module docs.
 

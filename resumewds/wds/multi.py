@@ -40,7 +40,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from ..errors import ResumeWDSError, StateError
 from ..plan import Layout
-from ..statecheck import check_seal, seal
+from ..run import check_seal, seal
 from .webdataset import WebDataset
 
 __all__ = ["EOF", "MultiLoader", "all_pids", "reader", "the_protocol"]

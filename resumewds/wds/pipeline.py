@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..autodecode import Decoder, decode_image
 from ..errors import HandlerStop
 from ..stages import (
-    Decoder,
     ExtractKeys,
     FieldError,
     Handled,
@@ -31,36 +31,18 @@ from ..stages import (
     SelectFiles,
     Stage,
     ToTuple,
-    decode_image,
     default_collate,
     default_collation_fn,
     getfirst,
     list_collate,
 )
-from .utils import PipelineStage
+from .utils import PipelineStage, add_length_method
 
 __all__ = ["DataPipeline",  # noqa: F822  (module __getattr__: loaded on first use)
            "Decoder", "ExtractKeys", "FieldError", "Handled", "HandlerStop", "Map", "MapDict",
            "MapTuple", "PipelineStage", "Rename", "RenameKeys", "SampleTypeError", "Select", "SelectFiles", "Stage",
            "ToTuple", "add_length_method", "decode_image", "default_collate", "default_collation_fn", "getfirst",
            "list_collate"]
-
-
-def add_length_method(obj: Any) -> Any:
-    """Give ``obj`` a ``__len__`` returning ``obj.size`` (its class becomes a subclass
-    ``<name>_Length``), as webdataset's ``with_length`` does; returns ``obj``.
-
-    Example:
-        >>> class P: size = 3
-        >>> len(add_length_method(P()))
-        3
-    """
-
-    def length(self: Any) -> int:
-        return self.size
-
-    obj.__class__ = type(obj.__class__.__name__ + "_Length", (obj.__class__,), {"__len__": length})
-    return obj
 
 
 def __getattr__(name: str) -> Any:

@@ -29,7 +29,7 @@ from itertools import islice
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .. import config
-from ..urls import expand_braces
+from ..sources import expand_braces
 from . import utils  # noqa: F401  (webdataset's shardlists.utils)
 from .filters import _Generic, pipelinefilter
 from .splitters import single_node_only, split_by_node, split_by_worker, worker_info

@@ -6,7 +6,7 @@ composable pipeline), exactly as in webdataset 1.0.2.  Passed to
 :class:`resumewds.WebDataset` as ``nodesplitter=`` / ``workersplitter=``,
 the dataset recognises them and maps them onto its own layouts, so exact
 resume is kept: ``split_by_worker`` on one rank is webdataset's split (each
-DataLoader worker its own shards, :mod:`resumewds.wds.shardsplit`), the others a
+DataLoader worker its own shards, :mod:`resumewds.wds._shardsplit`), the others a
 split of the global sample sequence (:mod:`resumewds.plan`); a user callable
 there is applied to the shard list instead (it must be deterministic for a
 resume to be exact).
@@ -28,7 +28,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any, Iterable, Iterator
 
-from ..world import node_info, worker_info
+from ..plan import node_info, worker_info
 
 __all__ = ["pytorch_worker_info", "single_node_only", "split_by_node", "split_by_worker", "worker_info"]
 

@@ -9,7 +9,7 @@ into the plan, which reads each sample by seeking in the verified cache
 (exact resume); ``handler`` then decides what a bad shard does (skip or
 raise), as in ``WebDataset(handler=...)``.
 
-Grouping is :mod:`resumewds.tario`'s (byte-compatible with webdataset's):
+Grouping is :mod:`resumewds.tar`'s (byte-compatible with webdataset's):
 the key is the path up to the first dot of the basename, extensions are
 lower-cased, a repeated extension in one sample is a ``ValueError``.
 
@@ -32,9 +32,8 @@ import re
 import tarfile
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Union
 
-from ..indexing import framed_prefix, salvage_shard
-from ..tario import split_key
-from ..urls import expand_braces
+from ..sources import expand_braces, framed_prefix, salvage_shard
+from ..tar import split_key
 from . import (
     filters,  # noqa: F401  (webdataset's tariterators.filters)
     gopen,  # webdataset's tariterators.gopen is the module

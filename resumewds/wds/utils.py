@@ -14,7 +14,7 @@ unless set).  When True:
 
 It is read at each use, so setting ``resumewds.utils.enforce_security =
 True`` at run time works as it does in webdataset: the engine watches this
-module's switch (:func:`resumewds.urls.watch_security_switch`) besides its
+module's switch (:func:`resumewds.sources.watch_security_switch`) besides its
 own.  It starts as the environment says; the policy is on while either is
 set (turning it off at run time after ``WDS_SECURE=1`` takes unsetting
 both: the stricter of the two wins).
@@ -39,19 +39,19 @@ import sys
 import warnings
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from .. import config, urls
-from ..urls import EnforcedSecurityError, check_source_allowed, expand_braces
-from ..world import worker_info
+from .. import config, sources
+from ..plan import worker_info
+from ..sources import EnforcedSecurityError, check_source_allowed, expand_braces
 
-__all__ = ["EnforcedSecurityError", "ObsoleteException", "PipelineStage", "check_source_allowed",
+__all__ = ["EnforcedSecurityError", "ObsoleteException", "PipelineStage", "add_length_method", "check_source_allowed",
            "compute_sample_weights", "deprecated", "enforce_security", "fnmatch_with_braces",
            "glob_with_braces", "guess_batchsize", "identity", "is_iterable", "lookup_sym", "make_seed",
            "obsolete", "pytorch_worker_info", "pytorch_worker_seed", "repeatedly", "repeatedly0",
            "safe_eval"]
 
 #: webdataset's switch (``WDS_SECURE``): local and ``pipe:`` sources, URL rewriting and unpickling refused
-enforce_security: bool = urls.enforce_security
-urls.watch_security_switch(sys.modules[__name__])
+enforce_security: bool = sources.enforce_security
+sources.watch_security_switch(sys.modules[__name__])
 
 def identity(x: Any) -> Any:
     """Return ``x`` (webdataset's ``utils.identity``)."""
@@ -214,7 +214,7 @@ def lookup_sym(sym: str, modules: Sequence[str]) -> Any:
 
 
 def pytorch_worker_info(group: Any = None) -> Tuple[int, int, int, int]:
-    """``(rank, world_size, worker, num_workers)`` (:func:`resumewds.world.worker_info`)."""
+    """``(rank, world_size, worker, num_workers)`` (:func:`resumewds.plan.worker_info`)."""
     return worker_info(group)
 
 
@@ -279,3 +279,20 @@ def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
     ws = np.array([p[1] for p in n_w_pairs])
     weighted = ns * ws
     return weighted / np.amax(weighted)
+
+
+def add_length_method(obj: Any) -> Any:
+    """Give ``obj`` a ``__len__`` returning ``obj.size`` (its class becomes a subclass
+    ``<name>_Length``), as webdataset's ``with_length`` does; returns ``obj``.
+
+    Example:
+        >>> class P: size = 3
+        >>> len(add_length_method(P()))
+        3
+    """
+
+    def length(self: Any) -> int:
+        return self.size
+
+    obj.__class__ = type(obj.__class__.__name__ + "_Length", (obj.__class__,), {"__len__": length})
+    return obj

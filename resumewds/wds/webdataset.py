@@ -1,15 +1,15 @@
 """webdataset's ``WebDataset`` constructor and fluent methods, over the engine's data set.
 
 :class:`WebDatasetAPI` is a mixin: ``resumewds.WebDataset`` is
-``WebDatasetAPI`` + :class:`resumewds.wds.direct.DirectDataset` (the engine's data set,
-:class:`resumewds.shardset.ShardDataset`, iterated directly).  It takes
+``WebDatasetAPI`` + :class:`resumewds.wds._direct.DirectDataset` (the engine's data set,
+:class:`resumewds.read.ShardDataset`, iterated directly).  It takes
 webdataset 1.0.2's constructor arguments (``shardshuffle``, ``nodesplitter``,
 ``workersplitter``, ``select_files``, ``mode``, ``url_to_name``...) and maps
 them onto the engine's settings; its fluent methods are webdataset's
-(:class:`resumewds.wds.fluent.FluidInterface`, each ``self.compose(filters.X(...))``),
+(:class:`resumewds.wds._fluent.FluidInterface`, each ``self.compose(filters.X(...))``),
 and its ``compose`` appends each stage's engine spec (:class:`resumewds.stages.Stage`),
 which the engine runs as it runs any other (per-sample stages where samples
-are read, stream stages through :mod:`resumewds.runners`).
+are read, stream stages through :mod:`resumewds.stages`).
 
 Example:
     >>> import resumewds as wds
@@ -23,12 +23,12 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
 
-from ..framecheck import note_framework
+from ..plan import worker_info
+from ..run import note_framework
 from ..sources import Source
 from ..stages import SelectFiles, Stage
-from ..world import worker_info
-from .direct import DirectDataset
-from .fluent import FluidInterface, engine_specs
+from ._direct import DirectDataset
+from ._fluent import FluidInterface, engine_specs
 from .splitters import single_node_only, split_by_node, split_by_worker
 
 if TYPE_CHECKING:
@@ -74,9 +74,9 @@ def _wds_urls(urls: Any) -> Any:
 
 class WebDatasetAPI(FluidInterface, _Base):
     """webdataset's ``WebDataset`` constructor and ``compose``, with webdataset's fluent methods
-    (:class:`~resumewds.wds.fluent.FluidInterface`).
+    (:class:`~resumewds.wds._fluent.FluidInterface`).
 
-    A mixin over :class:`~resumewds.wds.direct.DirectDataset`: see
+    A mixin over :class:`~resumewds.wds._direct.DirectDataset`: see
     :class:`resumewds.WebDataset` for the arguments.
     """
 
@@ -200,7 +200,7 @@ class WebDataset(WebDatasetAPI, DirectDataset):
         cache_dir, cache_size, verify, fetch, on_error, allow_pickle, allow_remote_pipe,
         allow_remote_local, manifest_max_bytes, cache_sync, prefetch, partitions,
         ranged_reads: the engine's settings, as
-            :class:`resumewds.shardset.ShardDataset` documents them.
+            :class:`resumewds.read.ShardDataset` documents them.
         handler: webdataset's handler for shard and sample (tar) errors:
             ``reraise_exception`` (default, ``on_error="raise"``); a handler
             returning True skips the shard like ``on_error="skip"``; False
@@ -226,7 +226,7 @@ class WebDataset(WebDatasetAPI, DirectDataset):
             workers' batches round-robin (the same data as webdataset; a
             state resumes it with any ``num_workers``).  ``"samples"``:
             resumewds's split of the one sample sequence (the same data for
-            any worker count).  See :mod:`resumewds.wds.shardsplit`.
+            any worker count).  See :mod:`resumewds.wds._shardsplit`.
         select_files, rename_files: webdataset's member filters (by
             ``"<key>.<ext>"`` name).
         empty_check: raise ValueError when an epoch has no samples at all.

@@ -27,7 +27,7 @@ class _ThisTree(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if not fullname.startswith("resumewds.") or fullname.split(".")[1] in WING:
             return None  # the wing's modules under the package's name: resumewds' own finder
-        # a subpackage's module (resumewds.cache.layout) is looked up in its parent
+        # a subpackage's module (resumewds.cache) is looked up in its parent
         # package's path, which this finder found in this tree too
         where = list(path) if path is not None and fullname.count(".") > 1 else list(resumewds.__path__)
         spec = importlib.machinery.PathFinder.find_spec(fullname, where)

@@ -1,0 +1,66 @@
+"""A package face whose names load their modules on first use (PEP 562).
+
+Each subpackage's ``__init__`` lists its names and the private module of
+each; importing the package (or one module of it) loads nothing else of it.
+
+Where webdataset gives one of the engine's modules a name of its own (its
+``cache.FileCache``, its ``autodecode.utils``), the name is *forwarded*:
+the package's top-level face, which may name the WebDataset wing, says
+where it lives (:func:`forward`), so that no engine module names the wing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Tuple
+
+#: (package, name) -> (the module that holds it, whether the name is that module itself)
+FORWARDS: Dict[Tuple[str, str], Tuple[str, bool]] = {}
+
+
+def forward(package: str, names: Iterable[str], module: str, whole: bool = False) -> None:
+    """``package.<name>`` is ``module.<name>`` (``whole``: the module itself), found on first use.
+
+    Example:
+        >>> forward("json", ["JSONDecodeError"], "json.decoder")
+        >>> forwarded("json", "JSONDecodeError").__name__
+        'JSONDecodeError'
+    """
+    for name in names:
+        FORWARDS[(package, name)] = (module, whole)
+
+
+def forwarded(package: str, name: str) -> Any:
+    """What :func:`forward` says ``package.<name>`` is; AttributeError for anything else."""
+    where = FORWARDS.get((package, name))
+    if where is None:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    module = importlib.import_module(where[0])
+    return module if where[1] else getattr(module, name)
+
+
+def attach(package: str, names: Dict[str, str]) -> Tuple[Callable[[str], Any], Callable[[], List[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``: ``names`` maps a name to the module
+    (relative to ``package``) that defines it; a forwarded name (:func:`forward`) is found too.
+
+    Example:
+        >>> import json.encoder
+        >>> getattr_, dir_ = attach("json", {"JSONEncoder": "encoder"})
+        >>> getattr_("JSONEncoder") is json.encoder.JSONEncoder
+        True
+    """
+
+    def __getattr__(name: str) -> Any:
+        module = names.get(name)
+        if module is not None:
+            value = getattr(importlib.import_module(f"{package}.{module}"), name)
+            setattr(sys.modules[package], name, value)  # (found once)
+            return value
+        return forwarded(package, name)
+
+    def __dir__() -> List[str]:
+        face = sys.modules[package]
+        return sorted(set(vars(face)) | set(getattr(face, "__all__", ())) | {n for p, n in FORWARDS if p == package})
+
+    return __getattr__, __dir__

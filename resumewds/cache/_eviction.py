@@ -1,0 +1,178 @@
+"""Eviction: keep the cache within ``cache_size``, least recently used first.
+
+``cache_size`` is a limit.  Before a download, entries not in use are
+evicted to make room for it (:func:`evict` with ``reserve``); when a reader
+releases a shard, what exceeds the budget goes; prefetch only fetches a
+shard that fits (and never evicts what it fetched for later: ``keep``); the
+only excess is shards pinned by readers at that moment.
+
+An entry is evicted only with its pin lock (``.lock``) taken exclusive and
+non-blocking: an entry a reader pins, or one being downloaded, is skipped.
+"Recently used" is the newer atime of the shard file and its ``.meta``,
+which every acquire sets (:func:`resumewds.cache._layout.touch`); a partial
+download counts by the newer of its atime and mtime (a sparse one by its
+full size, whatever of it has arrived).
+
+Decompressed copies of ``.tar.gz`` / ``.tar.zst`` shards
+(``<cache_dir>/decompressed``, made by :func:`resumewds.tar.open_view`)
+are entries of the budget like any other: counted, and evicted least
+recently used first under their own pin lock, which a reader of the copy
+holds shared.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import stat
+from typing import Any, Callable, List, Optional, Set, Tuple
+
+from ..events import EventKind
+from . import _layout as layout
+from ._layout import NOFOLLOW, PARTIAL_FILES, PARTIAL_SUFFIXES, SIDE_SUFFIXES, cache_error
+
+EmitFn = Callable[..., Any]
+
+#: The folder of decompressed copies, beside ``shards/`` in a cache directory.
+DECOMPRESSED_DIR = "decompressed"
+
+
+def copies_dir(shards_dir: str) -> str:
+    """The decompressed copies' folder of the cache whose entries are in ``shards_dir``."""
+    return os.path.join(os.path.dirname(shards_dir), DECOMPRESSED_DIR)
+
+
+def scan_copies(copies: str) -> List[Tuple[str, int, int, bool]]:
+    """``(path, size, last_used_ns, False)`` for the finished decompressed copies in ``copies``."""
+    out: List[Tuple[str, int, int, bool]] = []
+    try:
+        names = os.listdir(copies)
+    except FileNotFoundError:
+        return out
+    except OSError as exc:
+        raise cache_error(exc, copies, "list") from exc
+    for name in names:
+        if not name.endswith(".tar"):
+            continue  # its .meta / .lock, or a copy being written (.partial.<pid>)
+        path = os.path.join(copies, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((path, st.st_size, max(st.st_atime_ns, st.st_mtime_ns), False))
+    return out
+
+
+def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
+    """``(base, size, last_used_ns, is_partial)`` for the entries and partial downloads."""
+    out: List[Tuple[str, int, int, bool]] = []
+    try:
+        names = os.listdir(shards_dir)
+    except FileNotFoundError:
+        return out
+    except OSError as exc:
+        raise cache_error(exc, shards_dir, "list") from exc
+    seen: Set[str] = set()
+    for name in names:
+        tail = next((t for t in PARTIAL_SUFFIXES if name.endswith(t)), None)
+        partial = tail is not None
+        if not partial and name.endswith(SIDE_SUFFIXES):
+            continue
+        path = os.path.join(shards_dir, name)
+        base = path[: -len(tail)] if tail is not None else path
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if not partial:
+                continue
+            # published (renamed to its entry) after the listing: in neither name
+            # unless looked up again, and the cache would look a shard smaller
+            try:
+                st, path, partial = os.lstat(base), base, False
+            except OSError:
+                continue
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or base in seen:
+            continue
+        seen.add(base)
+        out.append((base, st.st_size, max(st.st_atime_ns, st.st_mtime_ns) if partial
+                    else layout.last_used_ns(base, st), partial))
+    return out
+
+
+def cached_bytes(shards_dir: str) -> int:
+    """Bytes in the cache (entries, partial downloads and decompressed copies)."""
+    return sum(size for _, size, _, _ in scan(shards_dir) + scan_copies(copies_dir(shards_dir)))
+
+
+def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int = 0,
+          keep: Optional[Set[str]] = None, reserved: Optional[Set[str]] = None) -> int:
+    """Evict least recently used entries not in use (nor in ``keep``, a set
+    of entry paths) until the cache plus ``reserve`` bytes fits
+    ``cache_size``; return the bytes left.
+
+    ``reserved``: entry paths whose full size the caller already counts in
+    ``reserve`` (downloads under way): left out of the total and never
+    evicted, whatever the scan saw of them (a partial, the published entry).
+
+    Each eviction is reported as ``emit("evict", url, bytes=, path=)``
+    (``url`` is "" for a partial download, which has no meta).
+    """
+    if cache_size is None:
+        return 0
+    entries = scan(shards_dir)
+    if reserved:
+        entries = [e for e in entries if e[0] not in reserved]
+    copies = scan_copies(copies_dir(shards_dir))
+    is_copy = {e[0] for e in copies}
+    entries += copies
+    total = sum(e[1] for e in entries)
+    if total + reserve <= cache_size:
+        return total
+    for base, size, _, partial in sorted(entries, key=lambda e: e[2]):
+        if total + reserve <= cache_size:
+            break
+        if keep and base in keep:
+            continue
+        try:
+            fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # pinned by a reader or being downloaded
+            if base in is_copy:
+                url = _copy_url(base)
+                layout.remove(base + ".meta")
+                layout.remove(base)
+            elif partial:
+                # a partial download (streamed or sparse) has no meta yet
+                url = layout.url_of(base)
+                for side in PARTIAL_FILES:
+                    layout.remove(base + side)
+            else:
+                url = layout.url_of(base)
+                layout.remove(base + ".meta")
+                layout.remove(base)
+            total -= size
+            emit(EventKind.EVICT, url, bytes=size, path=base)
+        finally:
+            os.close(fd)
+    return total
+
+
+def _copy_url(path: str) -> str:
+    """The url a decompressed copy's meta names ("" if unreadable)."""
+    try:
+        with open(path + ".meta") as f:
+            return str(json.load(f).get("url", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+__all__ = ["DECOMPRESSED_DIR", "cached_bytes", "copies_dir", "evict", "scan", "scan_copies"]

@@ -1,0 +1,253 @@
+"""Local shards (plain paths, ``file://``): verified in place, never copied into the cache.
+
+A local shard is hashed where it is (whole file, then the manifest's samples:
+:func:`resumewds.cache._samplecheck.check_copy`, :func:`check_local`).  Under
+``verify="once"`` a success is remembered in memory and as an empty mark file
+``<cache_dir>/verified/<key>``, where the key covers the file's path, size,
+mtime, device, inode and ctime (``utime`` cannot fake the last three), its
+expected checksum and the manifest's index of it; a changed file, or another
+index, is hashed again.
+
+A data set's reader opens a local shard with per-sample digests (manifest
+v3) without hashing it whole (:func:`open_sampled`): its size and the
+manifest's last offset (the end-of-archive marker, one ``pread``) are checked
+at once, and each sample is then checked against its own digest when it is
+read (:mod:`resumewds.read`).  Under ``verify="once"`` the whole-file check
+runs on a background thread (:func:`verify_later`; the first starts
+:data:`CHECK_DELAY` after the thread does), only to set the mark so
+that later starts skip the per-sample hashing; what it finds never changes
+which samples are delivered (a failure leaves no mark, nothing else).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Set, Tuple
+
+import xxhash
+
+from ..errors import ChecksumMismatch, PermanentFetchError, ShardNotFoundError
+from ..events import EventKind as K
+from ..fetch import local_path
+from ..manifest import ShardInfo
+from ._layout import HASH_CHUNK, NOFOLLOW, ProgressFn
+from ._samplecheck import check_copy, check_end, index_key
+
+__all__ = ["check_local", "open_sampled", "sampled", "verify_later", "wait_checks"]
+
+log = logging.getLogger("resumewds")
+
+
+def check_local(shard: ShardInfo, policy: str, progress: Optional[ProgressFn], cache_dir: str,
+                verified: Set[str], emit: Callable[..., Any]) -> str:
+    """Verify the local shard ``shard`` in place under the verify ``policy``; its path.
+
+    Args:
+        shard: a shard whose url is a local path or ``file://`` URL.
+        policy: "once", "always" or "never" (sizes only).
+        progress: called with the number of bytes hashed, as they are.
+        cache_dir: the store's directory (its ``verified/`` marks).
+        verified: the keys verified by this process (added to).
+        emit: the store's ``emit``.
+
+    Raises:
+        ShardNotFoundError / PermanentFetchError: it cannot be read.
+        ChecksumMismatch: its size, checksum or a sample digest is wrong.
+        ShardFormatError: the manifest lists fewer samples than it holds.
+    """
+    path, st = _stat_sized(shard, emit)
+    if shard.xxh3_64 is None or policy == "never":
+        return path
+    key = _mark_key(path, st, shard)
+    marker = os.path.join(cache_dir, "verified", key)
+    if policy == "once" and (key in verified or os.path.exists(marker)):
+        verified.add(key)
+        return path
+    try:
+        with open(path, "rb") as f:
+            h = xxhash.xxh3_64()
+            while True:
+                b = f.read(HASH_CHUNK)
+                if not b:
+                    break
+                h.update(b)
+                if progress is not None:
+                    progress(len(b))
+    except OSError as exc:
+        raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
+    actual = h.hexdigest()
+    if actual != shard.xxh3_64.lower():
+        emit(K.VERIFY_FAIL, shard.url, expected=shard.xxh3_64, actual=actual)
+        raise ChecksumMismatch(path, shard.xxh3_64, actual)
+    check_copy(path, shard, emit)  # the manifest's samples: where they end, their digests
+    emit(K.VERIFY_OK, shard.url)
+    verified.add(key)
+    try:  # best effort: a read-only cache dir falls back to memory
+        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600))
+    except OSError:
+        pass
+    return path
+
+
+def _stat_sized(shard: ShardInfo, emit: Callable[..., Any]) -> Tuple[str, os.stat_result]:
+    """The shard's path and ``stat``, its size checked against the manifest's."""
+    path = local_path(shard.url)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as exc:
+        raise ShardNotFoundError(f"{path}: no such file", shard.url) from exc
+    except OSError as exc:
+        raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
+    if shard.size is not None and st.st_size != shard.size:
+        emit(K.VERIFY_FAIL, shard.url, expected=str(shard.size), actual=str(st.st_size))
+        raise ChecksumMismatch(path, str(shard.size), str(st.st_size), what="size")
+    return path, st
+
+
+def _mark_key(path: str, st: os.stat_result, shard: ShardInfo) -> str:
+    """The key of the shard's "verified" mark (see the module docstring)."""
+    assert shard.xxh3_64 is not None
+    return xxhash.xxh3_64(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
+                          f"{st.st_ctime_ns}\0{shard.xxh3_64.lower()}{index_key(shard)}".encode()
+                          ).hexdigest()  # utime cannot fake dev, inode or ctime
+
+
+def sampled(shard: ShardInfo, policy: str) -> bool:
+    """Whether a reader checks the local ``shard``'s samples one by one
+    (per-sample digests, offsets, ``verify`` "once" or "always") instead of
+    hashing it whole before its first sample."""
+    return (policy in ("once", "always") and shard.sample_digests is not None and shard.offsets is not None
+            and shard.xxh3_64 is not None and not getattr(shard, "salvaged", False))
+
+
+def open_sampled(shard: ShardInfo, policy: str, cache_dir: str, verified: Set[str],
+                 emit: Callable[..., Any]) -> Tuple[str, Optional[str]]:
+    """Open the local ``shard`` (per-sample digests: :func:`sampled`) for a
+    reader without hashing it whole: its path, and the key of its "verified"
+    mark when its samples must be checked one by one (None: this machine
+    verified the file whole, ``verify="once"``).
+
+    Checked here, at once: the size (``stat``) and that the manifest's
+    samples end at the shard's end-of-archive marker (one ``pread``).
+
+    Example:
+        >>> path, key = open_sampled(shard, "once", cache_dir, set(), emit)   # doctest: +SKIP
+
+    Raises:
+        ShardNotFoundError / PermanentFetchError: it cannot be read.
+        ChecksumMismatch: its size is wrong.
+        ShardFormatError: the manifest lists fewer samples than it holds.
+    """
+    path, st = _stat_sized(shard, emit)
+    key = _mark_key(path, st, shard)
+    if policy == "once" and (key in verified or os.path.exists(os.path.join(cache_dir, "verified", key))):
+        verified.add(key)
+        return path, None
+    try:
+        check_end(path, shard)
+    except OSError as exc:
+        raise PermanentFetchError(f"{path}: cannot read: {exc.strerror or exc}", shard.url) from exc
+    except Exception as exc:
+        emit(K.VERIFY_FAIL, shard.url, expected="end-of-archive", actual="more samples")
+        raise exc
+    return path, key
+
+
+#: seconds the background checks of a process wait before the first one starts: the
+#: first samples' reads of a cold disk come first (what is delivered never depends on it)
+CHECK_DELAY = 1.0
+
+
+class _Checks:
+    """One background thread per process that hashes local shards whole, one
+    after the other, to set their "verified" marks (:func:`verify_later`)."""
+
+    q: Optional[queue.SimpleQueue[Tuple[ShardInfo, str, Set[str]]]] = None
+    pid = 0
+    queued: Set[Tuple[str, str]] = set()  # (cache_dir, key)
+    pending = 0  # checks queued or running in this process
+
+
+_LOCKS: Dict[int, threading.Condition] = {}
+
+
+def _lock() -> threading.Condition:
+    """This process's lock of the checks (a forked child's own: never one its parent's threads held)."""
+    pid = os.getpid()
+    lock = _LOCKS.get(pid)
+    if lock is None:
+        lock = _LOCKS.setdefault(pid, threading.Condition())
+    return lock
+
+
+def verify_later(shard: ShardInfo, key: str, cache_dir: str, verified: Set[str]) -> None:
+    """Hash the local ``shard`` whole on this process's background thread and,
+    if it matches (whole file and every sample), set its "verified" mark
+    (``<cache_dir>/verified/<key>``) and add ``key`` to ``verified``.
+
+    Only the mark depends on it: a failure is logged at debug level and
+    leaves no mark (the reader goes on checking the samples one by one, each
+    sample's fate its own).  Processes that check the same file take turns
+    (an ``flock`` on ``<cache_dir>/verify.lock``): the second finds the mark and hashes nothing.
+
+    Example:
+        >>> verify_later(shard, key, cache_dir, store_verified)          # doctest: +SKIP
+    """
+    with _lock():
+        if _Checks.q is None or _Checks.pid != os.getpid():  # a forked worker starts its own
+            _Checks.q, _Checks.pid, _Checks.queued, _Checks.pending = queue.SimpleQueue(), os.getpid(), set(), 0
+            threading.Thread(target=_check_loop, args=(_Checks.q,), name="resumewds-verify", daemon=True).start()
+        if (cache_dir, key) in _Checks.queued:
+            return
+        _Checks.queued.add((cache_dir, key))
+        _Checks.pending += 1
+        _Checks.q.put((shard, cache_dir, verified))
+
+
+def wait_checks(timeout: Optional[float] = None) -> bool:
+    """Wait until this process's background checks (:func:`verify_later`) have
+    ended; False if ``timeout`` seconds passed first.
+
+    Example:
+        >>> wait_checks(60)                                              # doctest: +SKIP
+        True
+    """
+    with _lock():
+        return _lock().wait_for(lambda: _Checks.pending == 0 or _Checks.pid != os.getpid(), timeout)
+
+
+def _check_loop(q: queue.SimpleQueue[Tuple[ShardInfo, str, Set[str]]]) -> None:
+    try:  # Linux: a thread's own nice value; the reads the samples wait for come first
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+    time.sleep(CHECK_DELAY)
+    while True:
+        shard, cache_dir, verified = q.get()
+        try:
+            os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+            fd = os.open(os.path.join(cache_dir, "verify.lock"), os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+        except OSError:
+            fd = -1
+        try:
+            if fd >= 0:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            check_local(shard, "once", None, cache_dir, verified, _quiet)
+        except Exception as exc:  # the samples are checked one by one: nothing else depends on it
+            log.debug("background check of %s: %s", shard.url, exc)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            with _lock():
+                _Checks.pending -= 1
+                _lock().notify_all()
+
+
+def _quiet(kind: str, url: str = "", **detail: Any) -> None:
+    """The background check's events go nowhere (the reads report each sample)."""

@@ -1,0 +1,338 @@
+"""Checking a copy of a shard against what the manifest says of its samples.
+
+After a copy's whole file passed its xxh3_64, the store (:mod:`resumewds.cache`)
+checks that the manifest's samples end at the shard's end-of-archive marker
+(:func:`check_end`) and that every sample matches its digest
+(:func:`check_samples`), both through :func:`check_copy`; :func:`bad_samples`
+names the samples that fail (for :mod:`resumewds.cache`, which re-fetches
+them by range, and ``resumewds verify``); :func:`index_key` fingerprints the
+index a copy was checked against.
+
+Bytes on their way in are checked too: a :class:`SampleSink` takes the body of
+a ranged read (:func:`resumewds.fetch.fetch_range`) and checks each sample of
+it against its digest as soon as its last byte has arrived, before anything
+keeps or delivers it; a sample that fails makes the request fail (retried from
+that sample on, under the shard's fetch budget).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from array import array
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+import xxhash
+
+from ..errors import ChecksumMismatch, CorruptSample, ShardFormatError, TransientFetchError
+from ..events import EventKind
+from ..fetch import RangeSink, is_remote_url
+from ..manifest import COMPRESSED_SUFFIXES, file_sample_digests
+from ..tar import _io as tario
+
+__all__ = ["BadSample", "SampleSink", "bad_samples", "check_copy", "check_end", "check_end_bytes", "check_samples",
+           "index_key"]
+
+
+@dataclass
+class BadSample:
+    """A sample whose bytes do not match its digest.
+
+    Attributes:
+        shard: the shard's url.
+        index: the sample's index in the shard.
+        key: its ``__key__`` as read from the (bad) bytes, or ``"?"``.
+        start, end: its byte range.
+        expected, actual: hex digests.
+    """
+
+    shard: str
+    index: int
+    key: str
+    start: int
+    end: int
+    expected: str
+    actual: str
+
+    def __str__(self) -> str:
+        return (f"{self.shard}: sample {self.index} (key {self.key}, bytes {self.start}-{self.end}) "
+                f"xxh3_64 mismatch: expected {self.expected}, got {self.actual}")
+
+
+def bad_samples(path: str, shard: Any) -> List[BadSample]:
+    """The samples of the local copy ``path`` that fail their digests.
+
+    Args:
+        path: the file to check (the shard itself, or its cached copy).
+        shard: its :class:`~resumewds.manifest.ShardInfo` (with
+            ``offsets`` and ``sample_digests``).
+
+    Returns:
+        The failing samples, in order (empty if none, or no digests).
+    """
+    if shard.sample_digests is None or shard.offsets is None:
+        return []
+    offsets = [int(x) for x in shard.offsets]
+    actual = file_sample_digests(path, offsets)
+    out: List[BadSample] = []
+    for i, (want, got) in enumerate(zip(shard.sample_digests, actual)):
+        if int(want) != got:
+            out.append(BadSample(shard.url, i, _key_of(path, offsets[i], offsets[i + 1], shard.url),
+                                 offsets[i], offsets[i + 1], format(int(want), "016x"), format(got, "016x")))
+    return out
+
+
+def check_samples(path: str, shard: Any, name: Optional[str] = None) -> None:
+    """Raise when a sample of ``path`` fails its manifest digest (no-op without digests).
+
+    The rule everywhere: a per-sample digest that does not match means the
+    sample is damaged, even when the whole file matches its xxh3_64 (the
+    manifest's two checksums disagree).  The store checks it after the
+    whole-file hash (``verify="once"`` and ``"always"``, ``resumewds
+    verify``); a remote shard's damaged samples are fetched again by range.
+
+    Raises:
+        ChecksumMismatch: naming the file, the first failing sample (index,
+            key, byte range) and how many fail.
+    """
+    bads = bad_samples(path, shard)
+    if not bads:
+        return
+    b = bads[0]
+    more = f" ({len(bads)} of {shard.samples} samples fail their digests)" if len(bads) > 1 else ""
+    raise ChecksumMismatch(f"{name or path}: sample {b.index} (key {b.key}, bytes {b.start}-{b.end}): xxh3_64 "
+                           f"mismatch: expected {b.expected}, got {b.actual}{more}", url=shard.url,
+                           expected=b.expected, actual=b.actual)
+
+
+def index_key(shard: Any) -> str:
+    """A fingerprint of what the manifest says of the shard's samples beyond
+    its whole-file checksum (their number, the end of the last one, their
+    digests; "" without offsets), for the store's "verified" marks: a copy
+    checked against another index is not checked against this one.
+
+    Example:
+        >>> from resumewds.manifest import ShardInfo
+        >>> index_key(ShardInfo(url="a.tar")), index_key(ShardInfo(url="a.tar", samples=1, offsets=[0, 1024]))
+        ('', '\\x001\\x001024')
+    """
+    if shard.offsets is None:
+        return ""
+    key = f"\0{shard.samples}\0{int(shard.offsets[-1])}"
+    d = shard.sample_digests
+    if d is None:
+        return key
+    part = d[:] if not isinstance(d, list) else array("Q", d)
+    raw = part.tobytes() if hasattr(part, "tobytes") else bytes(part)
+    return key + "\0" + xxhash.xxh3_64_hexdigest(raw)
+
+
+def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
+    """The manifest's last offset must be the shard's end-of-archive marker.
+
+    A manifest that lists fewer samples than the shard holds (made for a
+    subset of it, or for another version of the file) would deliver only
+    those samples, silently: with any manifest version it is refused when
+    the shard is verified.  Compressed shards (offsets in the decompressed
+    tar) are left to their own reader, and the prefix kept of a damaged shard
+    under a handler (``salvaged``) ends before the damage by design.
+
+    Raises:
+        ShardFormatError: naming the file, the samples listed and where the
+            shard goes on.
+    """
+    if (shard.offsets is None or getattr(shard, "salvaged", False)  # a damaged shard's prefix (a handler's)
+            or shard.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES)):
+        return
+    end = int(shard.offsets[-1])
+    with open(path, "rb") as f:
+        block = os.pread(f.fileno(), 512, end)
+    check_end_bytes(block, shard, name or path)
+
+
+def check_end_bytes(block: bytes, shard: Any, name: str) -> None:
+    """:func:`check_end` of the 512 bytes that follow the manifest's last sample
+    (read from a copy, or fetched by range when no copy can be kept).
+
+    Raises:
+        ShardFormatError: they are not the end-of-archive marker.
+
+    Example:
+        >>> from resumewds.manifest import ShardInfo
+        >>> check_end_bytes(bytes(512), ShardInfo("a.tar", samples=1, offsets=[0, 1024]), "a.tar")
+    """
+    assert shard.offsets is not None
+    end = int(shard.offsets[-1])
+    if len(block) == 512 and block.count(0) != 512:
+        raise ShardFormatError(f"{name}: the manifest lists {shard.samples} samples, ending at byte {end}, "
+                               "but the shard goes on there (no end-of-archive marker): a manifest made for a "
+                               "subset or another version of the shard? Index it again (resumewds index) to "
+                               "read all of it, or write the subset as its own shard", shard=shard.url)
+
+
+def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
+    """What the store checks of a copy whose whole file just passed its
+    xxh3_64: that the manifest's samples end at the shard's end
+    (:func:`check_end`) and that every sample matches its digest
+    (:func:`check_samples`).  On a failure: a ``verify_fail`` event via
+    ``emit``, the file removed if ``discard`` (a download), and the error.
+    Fetching a remote shard again cannot help: its whole file is the one
+    indexed.
+
+    Raises:
+        ShardFormatError: the manifest lists fewer samples than the shard holds.
+        ChecksumMismatch: a sample fails its digest.
+    """
+    if shard.offsets is None:
+        return
+    name = f"{shard.url} ({path})" if is_remote_url(shard.url) else path
+    try:
+        check_end(path, shard, name)
+        if shard.sample_digests is not None:
+            check_samples(path, shard, name)
+    except (ChecksumMismatch, ShardFormatError) as exc:
+        emit(EventKind.VERIFY_FAIL, shard.url, expected=getattr(exc, "expected", None) or "end-of-archive",
+             actual=getattr(exc, "actual", None) or "more samples")
+        if discard:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
+
+
+class SampleSink(RangeSink):
+    """Bytes ``[start, end)`` of a shard, each sample checked against its digest as it arrives.
+
+    ``start`` and ``end`` lie on sample boundaries, or in the bytes no sample
+    covers (before the first sample, the end-of-archive marker after the
+    last).  Each sample whose bytes match its digest goes to
+    ``on_sample(j, offset, data)`` and counts as progress of the shard's fetch
+    budget; the bytes outside every sample go to ``on_raw(offset, data)``
+    unchecked (the whole-file checksum covers them).  A sample that fails its
+    digest is left out and the rest of the body still taken; at the body's
+    end :class:`~resumewds.errors.CorruptSample` names it, and the retry of
+    :func:`~resumewds.fetch.fetch_range` asks for the samples left out only.
+    The callbacks get a view of the bytes: they copy what they keep.
+
+    Example:
+        >>> sink = SampleSink(shard, 0, 4096, budget, keep)       # doctest: +SKIP
+        >>> fetch_range(shard.url, 0, 4096, budget=budget, sink=sink)   # doctest: +SKIP
+        b''
+    """
+
+    def __init__(self, shard: Any, start: int, end: int, budget: Any,
+                 on_sample: Callable[[int, int, memoryview], None],
+                 on_raw: Optional[Callable[[int, memoryview], None]] = None):
+        super().__init__(start, budget)
+        assert shard.offsets is not None and shard.sample_digests is not None
+        self.shard = shard
+        self.on_sample = on_sample
+        self.on_raw = on_raw
+        self.todo: List[List[int]] = [[start, end]]  # what is still wanted, in order
+        self.stop = start  # where the request under way ends
+        self.buf = bytearray()
+        self.bad: Optional[CorruptSample] = None  # the first sample of this request that arrived corrupt
+        off = shard.offsets
+        self.n = len(off) - 1
+        self.first, self.last = int(off[0]), int(off[self.n])
+        self.j = -1
+
+    def wanted(self, end: int) -> Optional[Tuple[int, int]]:
+        if not self.todo:
+            return None
+        self.at, self.stop = self.todo[0]
+        return self.at, self.stop
+
+    def restart(self) -> None:
+        self.buf.clear()  # a retry asks again from the first byte not taken
+        self.bad = None
+
+    def write(self, offset: int, chunk: Any) -> None:
+        self.buf += chunk
+        self._take()
+
+    def _unit(self) -> int:
+        """Where the unit at :attr:`at` ends (a sample, or a run of uncovered bytes)."""
+        at = self.at
+        if at < self.first:
+            return min(self.first, self.stop)
+        if at >= self.last:
+            return self.stop
+        off = self.shard.offsets
+        if self.j < 0 or self.j >= self.n or int(off[self.j]) != at:
+            self.j = bisect.bisect_left(off, at, 0, self.n)
+            if self.j >= self.n or int(off[self.j]) != at:
+                raise ValueError(f"{self.shard.url}: byte {at} is not where a sample starts")
+        return int(off[self.j + 1])
+
+    def _take(self) -> None:
+        used = 0
+        with memoryview(self.buf) as mv:
+            while self.at < self.stop:
+                stop = self._unit()
+                if self.at + (len(mv) - used) < stop:
+                    break
+                with mv[used:used + stop - self.at] as data:  # (the callbacks copy what they keep)
+                    self._one(stop, data)
+                used += stop - self.at
+                self.at = stop
+        if used:
+            del self.buf[:used]
+
+    def _one(self, stop: int, data: memoryview) -> None:
+        """The unit ``[at, stop)``: a sample, checked and handed on, or uncovered bytes."""
+        if not self.first <= self.at < self.last:
+            if self.on_raw is not None:
+                self.on_raw(self.at, data)
+            self._done(self.at, stop)
+            return
+        j = self.j
+        want = int(self.shard.sample_digests[j])
+        got = xxhash.xxh3_64_intdigest(data)
+        if got != want:
+            if self.bad is None:
+                self.bad = CorruptSample(
+                    f"{self.shard.url}: sample {j} (bytes {self.at}-{stop}) arrived corrupt: xxh3_64 "
+                    f"{got:016x}, the manifest says {want:016x}", self.shard.url, sample=j,
+                    expected=format(want, "016x"), actual=format(got, "016x"))
+            return  # still wanted: asked for again
+        self.on_sample(j, self.at, data)
+        self._done(self.at, stop)
+        if self.budget is not None:
+            self.budget.progress()
+
+    def _done(self, a: int, b: int) -> None:
+        """Bytes ``[a, b)`` are taken: out of :attr:`todo` (the last range that starts at or before ``a``)."""
+        k = next(i for i in range(len(self.todo) - 1, -1, -1) if self.todo[i][0] <= a)
+        r = self.todo[k]
+        if a == r[0]:
+            r[0] = b
+            if r[0] >= r[1]:
+                self.todo.pop(k)
+        else:  # a corrupt sample before it stays wanted: split the range
+            self.todo[k:k + 1] = [[r[0], a]] + ([[b, r[1]]] if b < r[1] else [])
+
+    def end(self) -> None:
+        if self.buf:  # (a body of the length asked for always ends on a unit's end)
+            raise TransientFetchError(f"{self.shard.url}: a range ended inside a sample "
+                                      f"(byte {self.at + len(self.buf)})", self.shard.url)
+        if self.bad is not None:
+            raise self.bad
+
+    def data(self) -> bytes:
+        return b""
+
+
+def _key_of(path: str, start: int, end: int, url: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return "?"
+    try:
+        return str(tario.read_sample(fd, start, end, url).get("__key__", "?"))
+    except Exception:  # the bytes are bad: the key may be unreadable too
+        return "?"
+    finally:
+        os.close(fd)

@@ -1,0 +1,734 @@
+"""Sparse partial downloads: a shard filled by verified samples, in any order, by any process.
+
+A remote shard that the manifest describes sample by sample (its size,
+xxh3_64, offsets and per-sample digests: manifest v3), on a transport that
+serves byte ranges (http(s), s3), is downloaded into a pre-sized file, and
+every byte that arrives is checked before it is kept: each sample against
+its digest as its last byte arrives (:class:`~resumewds.cache.SampleSink`),
+the few bytes no sample covers (before the first, the end-of-archive marker)
+by the whole-file xxh3_64 once the file is complete.  Two kinds of writers
+fill it, through the one fetch core (:func:`resumewds.fetch.fetch_range`):
+
+* the download (:func:`fill`, under the entry's download lock: one process
+  at a time) asks for the gaps in order, in sample-aligned pieces of at most
+  :data:`PIECE` bytes;
+* a reader that needs samples before the download reaches them fetches
+  them by range (:mod:`resumewds.read`) and keeps them here, so that the
+  download never asks for them again.
+
+On disk, beside the entry (:mod:`resumewds.cache`)::
+
+    <entry>.sparse      the shard's bytes at their offsets (holes where none arrived yet)
+    <entry>.sparse.map  append-only records of 40 bytes (little-endian): start, end,
+                        a value, a tag, the xxh3_64 of the first 32 bytes
+
+A record tagged with the shard's xxh3_64 says that bytes ``[start, end)`` are
+in the file, verified (its value: their xxh3_64); it is appended only after
+the bytes were written.  A record tagged with that xor :data:`CLAIM` says
+that a process (its pid, the value) is fetching ``[start, end)`` now, and one
+tagged xor :data:`RELEASE` that it no longer does: DataLoader workers share
+the cache, not their threads, so a reader waits for bytes another process's
+download is fetching instead of fetching them twice, and the download leaves
+out what another process's reader fetches.  A claim is a hint, never a reason
+to trust bytes: it counts while its process lives, for at most
+:data:`CLAIM_TTL` seconds, until its bytes are recorded.  Records of another
+version of the shard (another tag), torn or nonsensical ones are ignored.
+
+Within a process, an :class:`Entry` holds what is present and what is in
+flight (the download's piece, the readers' ranges), under one condition.
+Records are hints to skip fetching, never a reason to trust bytes: a reader
+checks every sample it reads back, and the whole file is hashed (then
+checked and, if need be, repaired) before it is published.  Writers hold the
+map's ``flock`` shared; :func:`publish` renames the file into place under it
+exclusive, so no write lands in a published entry.
+
+Example:
+    >>> r = Ranges(); r.add(0, 10); r.add(20, 30); r.add(10, 12)
+    >>> r.spans, r.covers(0, 12), r.missing(0, 40)
+    ([(0, 12), (20, 30)], True, [(12, 20), (30, 40)])
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import fcntl
+import os
+import struct
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+
+import xxhash
+
+from ..errors import CacheError, RangeIgnored
+from ..events import EventKind as K
+from ..fetch import FetchBudget, FetchResult, fetch_range, is_remote_url, transport_for
+from ..manifest import ShardInfo
+from . import _layout as layout
+from ._layout import NOFOLLOW, cache_error
+from ._samplecheck import SampleSink
+
+__all__ = ["CLAIM", "CLAIM_TTL", "LOOK_EVERY", "MAP_SUFFIX", "PIECE", "RECORD_EVERY", "RELEASE", "SUFFIX", "Entry",
+           "Ranges", "Writer", "discard", "drop_stale", "eligible", "entry", "fill", "lookup", "publish",
+           "read_present", "record", "stream_instead"]
+
+#: the download asks for at most this many bytes per request (sample-aligned): between two
+#: pieces it skips what readers fetched meanwhile
+PIECE = 4 << 20
+#: a writer records what it wrote at least every this many bytes (what a kill may lose)
+RECORD_EVERY = 64 << 10
+#: the tag of a claim record (bytes a process fetches now): the shard's xxh3_64 xor this
+CLAIM = 0x636C61696D000001
+#: ... of a release record (that fetch ended)
+RELEASE = 0x72656C6561730002
+#: another process's claim counts for at most this many seconds
+CLAIM_TTL = 30.0
+
+SUFFIX = ".sparse"
+MAP_SUFFIX = ".sparse.map"
+_REC = struct.Struct("<QQQQQ")  # start, end, value, tag, xxh3 of the first 32 bytes
+
+_NO_RANGE: Set[str] = set()  # urls read whole instead (the server mishandles Range), this process
+
+
+def record(a: int, b: int, value: int, tag: int) -> bytes:
+    """The map's record of bytes ``[a, b)`` with ``value``, of the shard (or claim) ``tag``.
+
+    Example:
+        >>> len(record(0, 512, 7, 9))
+        40
+    """
+    head = struct.pack("<QQQQ", a, b, value & 0xFFFFFFFFFFFFFFFF, tag & 0xFFFFFFFFFFFFFFFF)
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+class Ranges:
+    """Sorted disjoint ``[start, end)`` byte ranges."""
+
+    def __init__(self, spans: Optional[List[Tuple[int, int]]] = None) -> None:
+        self.spans: List[Tuple[int, int]] = []
+        self._total = 0
+        for a, b in spans or []:
+            self.add(a, b)
+
+    def add(self, a: int, b: int) -> None:
+        if b <= a:
+            return
+        s = self.spans
+        i = bisect.bisect_left(s, (a, a))
+        if i and s[i - 1][1] >= a:
+            i -= 1
+        j = i
+        gone = 0
+        while j < len(s) and s[j][0] <= b:
+            a, b = min(a, s[j][0]), max(b, s[j][1])
+            gone += s[j][1] - s[j][0]
+            j += 1
+        s[i:j] = [(a, b)]
+        self._total += b - a - gone
+
+    def covers(self, a: int, b: int) -> bool:
+        i = bisect.bisect_right(self.spans, (a, float("inf"))) - 1
+        return i >= 0 and self.spans[i][0] <= a and b <= self.spans[i][1]
+
+    def missing(self, lo: int, hi: int) -> List[Tuple[int, int]]:
+        out: List[Tuple[int, int]] = []
+        at = lo
+        s = self.spans
+        for k in range(max(0, bisect.bisect_right(s, (lo, float("inf"))) - 1), len(s)):
+            a, b = s[k]
+            if b <= at:
+                continue
+            if a >= hi:
+                break
+            if a > at:
+                out.append((at, min(a, hi)))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+    def total(self) -> int:
+        return self._total
+
+
+def _tag(shard: ShardInfo) -> int:
+    return int(shard.xxh3_64 or "0", 16)
+
+
+class Entry:
+    """One shard's sparse partial as this process sees it.
+
+    Attributes:
+        path, map: the ``.sparse`` file and its map.
+        size, tag: the shard's size and xxh3_64 (records of another version are ignored).
+        have: the ranges present (written, then added).
+        claims: the ranges this process fetches now, ``token -> [next byte, end, by the download]``.
+        downloading: this process's download of the shard is running.
+        cond: guards all of the above.
+    """
+
+    def __init__(self, base: str, size: int, tag: int, offsets: Any = None):
+        self.base = base
+        self.offsets = offsets
+        self.path = base + SUFFIX
+        self.map = base + MAP_SUFFIX
+        self.size = size
+        self.tag = tag
+        self.have = Ranges()
+        self.claims: Dict[int, List[Any]] = {}
+        self.downloading = False
+        self.cond = threading.Condition()
+        # other processes' claims: (start, end, pid) -> when it was seen
+        self.foreign: Dict[Tuple[int, int, int], float] = {}
+        self._read = 0
+        self._ino: Optional[int] = None
+        self._tokens = 0
+
+    # ---- the map (call under ``cond``) -----------------------------------------------------
+    def refresh(self) -> None:
+        """Add the records appended to the map since the last look."""
+        try:
+            fd = os.open(self.map, os.O_RDONLY | NOFOLLOW)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if st.st_ino != self._ino:  # a new map (the partial discarded and started again)
+                self._ino, self._read = st.st_ino, 0
+                self.foreign = {}
+            n = (st.st_size - self._read) // _REC.size * _REC.size
+            if n > 0:
+                raw = os.pread(fd, n, self._read)
+                self._read += len(raw)
+                claim, release, me, now = self.tag ^ CLAIM, self.tag ^ RELEASE, os.getpid(), time.time()
+                for off in range(0, len(raw) - _REC.size + 1, _REC.size):
+                    a, b, v, t, check = _REC.unpack_from(raw, off)
+                    if check != xxhash.xxh3_64_intdigest(raw[off:off + 32]) or not 0 <= a < b <= self.size:
+                        continue  # torn or nonsense: not trusted
+                    if t == self.tag:
+                        if self._aligned(a) and self._aligned(b):  # (an older writer's records may not be)
+                            self.have.add(a, b)
+                    elif t == claim and v & 0xFFFFFFFF != me:
+                        self.foreign[(a, b, v & 0xFFFFFFFF)] = now
+                    elif t == release:
+                        self.foreign.pop((a, b, v & 0xFFFFFFFF), None)
+        finally:
+            os.close(fd)
+
+    def _aligned(self, x: int) -> bool:
+        """``x`` is a sample's boundary, or lies where no sample is (before the first, after the last)."""
+        off = self.offsets
+        if off is None:
+            return True
+        n = len(off) - 1
+        if x <= int(off[0]) or x >= int(off[n]):
+            return True
+        k = bisect.bisect_left(off, x, 0, n)
+        return int(off[k]) == x
+
+    def foreign_claims(self) -> List[Tuple[int, int]]:
+        """The ranges other processes fetch now: claimed less than :data:`CLAIM_TTL`
+        seconds ago, by a process alive, not released, not present yet."""
+        if not self.foreign:
+            return []
+        now = time.time()
+        out = []
+        for key, seen in list(self.foreign.items()):
+            a, b, pid = key
+            if self.have.covers(a, b) or now - seen > CLAIM_TTL or not _alive(pid):
+                del self.foreign[key]
+            else:
+                out.append((a, b))
+        return out
+
+    # ---- in flight in this process (call under ``cond``) -----------------------------------
+    def claim(self, a: int, b: int, download: bool) -> int:
+        self._tokens += 1
+        self.claims[self._tokens] = [a, b, download]
+        return self._tokens
+
+    def release(self, token: int) -> None:
+        self.claims.pop(token, None)
+        self.cond.notify_all()
+
+    def in_flight(self, a: int, b: int) -> bool:
+        """Bytes ``[a, b)`` are being fetched now (by this process, or by another one)."""
+        if any(pos <= a and b <= end for pos, end, _ in self.claims.values()):
+            return True
+        return any(x <= a and b <= y for x, y in self.foreign_claims())
+
+    def busy(self) -> Ranges:
+        """What is present or being fetched (by this process or another)."""
+        r = Ranges(self.have.spans)
+        for pos, end, _ in self.claims.values():
+            r.add(pos, end)
+        for a, b in self.foreign_claims():
+            r.add(a, b)
+        return r
+
+    @contextlib.contextmanager
+    def deciding(self, store: Any) -> Iterator[None]:
+        """One process at a time decides what to fetch and claims it: the map's lock,
+        exclusive, for as long as the caller looks at the map and announces its claim
+        (never while it waits).  Without a cache directory to hold the map, a no-op."""
+        fd = -1
+        try:
+            if layout.lstat(self.base) is None:  # (published: nothing is fetched)
+                store.ensure_dirs()
+                fd = os.open(self.map, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except (OSError, CacheError):
+            if fd >= 0:
+                os.close(fd)
+            fd = -1
+        try:
+            yield
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def announce(self, a: int, b: int, done: bool) -> None:
+        """Tell the other processes that this one fetches ``[a, b)`` now (or, ``done``, no
+        longer): a record appended to an existing map (a hint: never created for it)."""
+        try:
+            fd = os.open(self.map, os.O_WRONLY | os.O_APPEND | NOFOLLOW)
+        except OSError:
+            return
+        try:
+            os.write(fd, record(a, b, os.getpid(), self.tag ^ (RELEASE if done else CLAIM)))
+        except OSError:
+            pass  # a full disk: the claim is a hint
+        finally:
+            os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: it exists
+    return True
+
+
+_STATES: Dict[str, Entry] = {}
+_STATES_PID = os.getpid()
+_REG = threading.Lock()
+
+
+def entry(store: Any, shard: ShardInfo) -> Entry:
+    """The shard's :class:`Entry` in this process (made on first use; its files may not exist yet)."""
+    global _STATES_PID, _REG
+    assert shard.size is not None
+    if _STATES_PID != os.getpid():  # a forked child: the parent's conditions and claims are not its own
+        _STATES.clear()
+        _REG = threading.Lock()
+        _STATES_PID = os.getpid()
+    base = store.entry_path(shard.url)
+    with _REG:
+        e = _STATES.get(base)
+        if e is None or e.size != shard.size or e.tag != _tag(shard):
+            e = _STATES[base] = Entry(base, int(shard.size), _tag(shard), shard.offsets)
+        return e
+
+
+def eligible(store: Any, shard: ShardInfo) -> bool:
+    """A shard filled by verified samples: remote, on a transport that serves
+    ranges, with its size, xxh3_64, offsets and sample digests, on a server not
+    seen to mishandle ``Range``."""
+    if (shard.size is None or shard.xxh3_64 is None or shard.offsets is None or shard.sample_digests is None
+            or shard.url in _NO_RANGE or not is_remote_url(shard.url) or not hasattr(store, "entry_path")):
+        return False
+    try:
+        return bool(transport_for(shard.url).ranged)
+    except Exception:  # an unknown scheme: not this path (the fetch reports it)
+        return False
+
+
+def lookup(store: Any, shard: ShardInfo) -> Optional[Entry]:
+    """The shard's entry with what its map says now, or None when the shard
+    is not filled by samples."""
+    if not eligible(store, shard):
+        return None
+    e = entry(store, shard)
+    with e.cond:
+        e.refresh()
+    return e
+
+
+def stream_instead(url: str) -> None:
+    """``url``'s server mishandles ``Range``: this process downloads it whole, streamed."""
+    _NO_RANGE.add(url)
+
+
+def read_present(e: Entry, shard: ShardInfo, js: List[int]) -> Dict[int, bytes]:
+    """The bytes of the samples ``js`` that the sparse partial holds, each checked
+    against its digest (a sample that fails is left out: fetch it again)."""
+    off, dig = shard.offsets, shard.sample_digests
+    assert off is not None and dig is not None
+    want = [j for j in js if e.have.covers(int(off[j]), int(off[j + 1]))]
+    out: Dict[int, bytes] = {}
+    if not want:
+        return out
+    try:
+        fd = os.open(e.path, os.O_RDONLY | NOFOLLOW)
+    except OSError:
+        try:
+            fd = os.open(e.base, os.O_RDONLY | NOFOLLOW)  # published meanwhile
+        except OSError:
+            return out
+    try:
+        for j in want:
+            a, b = int(off[j]), int(off[j + 1])
+            data = os.pread(fd, b - a, a)
+            if len(data) == b - a and xxhash.xxh3_64_intdigest(data) == int(dig[j]):
+                out[j] = data
+    finally:
+        os.close(fd)
+    return out
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+def _may_create(store: Any, base: str) -> bool:
+    """A reader may start a sparse partial: no cache budget, or the shard's
+    download has its room reserved (else its bytes would not be counted)."""
+    if store.cache_size is None:
+        return True
+    pf = getattr(store, "_prefetch", None)
+    return pf is not None and pf.reserved_for(base)
+
+
+class Writer:
+    """Verified bytes written into a shard's sparse partial, then recorded.
+
+    Made per request (a piece of the download, a reader's range).  It takes
+    the map's lock shared for each write (and looks that the map is still
+    there), so that no byte lands in an entry that was published meanwhile;
+    it records a run of bytes at least every
+    :data:`RECORD_EVERY` bytes and when it closes.  Once it cannot write (no
+    room for a reader's bytes in the cache budget, a full disk, the entry
+    published meanwhile) it drops what it is given: a reader still delivers
+    its samples; the download raises (``strict``).
+
+    Example:
+        >>> with Writer(store, e) as w:                        # doctest: +SKIP
+        ...     w.put(512, data)
+    """
+
+    def __init__(self, store: Any, e: Entry, strict: bool = False):
+        self.store = store
+        self.e = e
+        self.strict = strict
+        self.ok = True
+        self.kept = 0
+        self.fd = -1
+        self.mfd = -1
+        self.run: Optional[List[int]] = None  # [start, end] of the run written since the last record
+        self.hasher = xxhash.xxh3_64()
+
+    def _open(self) -> bool:
+        e = self.e
+        try:
+            if layout.lstat(e.path) is None:
+                if layout.lstat(e.base) is not None:
+                    return False  # published already
+                if not self.strict and not _may_create(self.store, e.base):
+                    return False
+                self.store.ensure_dirs()
+            mfd = os.open(e.map, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600)
+            self.mfd = mfd
+            if os.fstat(mfd).st_nlink == 0 or layout.lstat(e.base) is not None:
+                return False  # published or discarded meanwhile
+            fd = os.open(e.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+            self.fd = fd
+            size = os.fstat(fd).st_size
+            if size == 0:
+                os.ftruncate(fd, e.size)
+            elif size != e.size:
+                return False  # another version's leftover: the download starts it again
+        except OSError as exc:
+            self._drop()
+            if self.strict:
+                raise cache_error(exc, e.path, "write the sparse partial") from exc
+            return False
+        except CacheError:
+            self._drop()
+            if self.strict:
+                raise
+            return False
+        return True
+
+    def put(self, a: int, data: Any) -> None:
+        """Write the verified bytes ``data`` at offset ``a`` (and make them visible in this process)."""
+        if not self.ok:
+            return
+        if self.fd < 0 and not self._open():
+            self.ok = False
+            self._drop()
+            if self.strict:
+                raise CacheError(f"{self.e.path}: cannot write the sparse partial (published or removed meanwhile)")
+            return
+        try:
+            if self.run is not None and self.run[1] != a:
+                self.flush()
+            fcntl.flock(self.mfd, fcntl.LOCK_SH)
+            try:
+                if os.fstat(self.mfd).st_nlink == 0:  # published or discarded meanwhile
+                    raise FileNotFoundError(2, "the sparse partial is gone")
+                os.pwrite(self.fd, data, a)
+            finally:
+                fcntl.flock(self.mfd, fcntl.LOCK_UN)
+        except OSError as exc:
+            self.ok = False
+            self._drop()
+            if self.strict:
+                raise cache_error(exc, self.e.path, "write the download") from exc
+            return
+        n = len(data)
+        if self.run is None:
+            self.run = [a, a]
+        self.run[1] = a + n
+        self.hasher.update(data)
+        self.kept += n
+        with self.e.cond:
+            self.e.have.add(a, a + n)
+            self.e.cond.notify_all()
+        if self.run[1] - self.run[0] >= RECORD_EVERY:
+            self.flush()
+
+    def put_sample(self, j: int, a: int, data: Any) -> None:
+        """:meth:`put` for a :class:`~resumewds.cache.SampleSink`'s checked sample ``j``."""
+        self.put(a, data)
+
+    def flush(self) -> None:
+        """Record the run written since the last record (the bytes are in the file)."""
+        run, self.run = self.run, None
+        if run is None or self.mfd < 0:
+            self.hasher.reset()
+            return
+        rec = record(run[0], run[1], self.hasher.intdigest(), self.e.tag)
+        self.hasher.reset()
+        try:
+            os.write(self.mfd, rec)  # one write of 40 bytes, appended whole
+        except OSError as exc:
+            if self.strict:
+                raise cache_error(exc, self.e.map, "record the download") from exc
+
+    def _drop(self) -> None:
+        for name in ("fd", "mfd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, -1)
+
+    def close(self) -> None:
+        """Record what is left and let go of the files."""
+        try:
+            if self.ok:
+                self.flush()
+        finally:
+            self._drop()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _piece(shard: ShardInfo, a: int, b: int) -> int:
+    """Where a piece of the gap ``[a, b)`` ends: at most :data:`PIECE` bytes on, on a
+    sample's boundary (one sample at least)."""
+    if b - a <= PIECE:
+        return b
+    off = shard.offsets
+    assert off is not None
+    n = len(off) - 1
+    want = a + PIECE
+    if want <= int(off[0]) or want >= int(off[n]):
+        return min(b, max(want, int(off[0]) if want <= int(off[0]) else int(off[n])))
+    k = bisect.bisect_right(off, want, 0, n + 1) - 1  # the last sample start at or before want
+    end = int(off[k])
+    if end <= a:
+        end = int(off[k + 1])
+    return min(b, end)
+
+
+class _Skip(Exception):
+    """The rest of a piece is present, or another process fetches it now: stop it here."""
+
+
+#: a download looks at the map for what other processes brought at least every this many bytes
+LOOK_EVERY = 256 << 10
+
+
+def _skipping(e: Entry, w: Writer) -> Any:
+    """The download's sample callback: write it, and every :data:`LOOK_EVERY` bytes stop
+    the piece (:class:`_Skip`) when what follows is present or another process fetches it."""
+    seen = [0]
+
+    def put(j: int, a: int, data: Any) -> None:
+        w.put(a, data)
+        seen[0] += len(data)
+        if seen[0] < LOOK_EVERY:
+            return
+        seen[0] = 0
+        off = e.offsets
+        nxt = j + 1
+        if off is None or nxt >= len(off) - 1:
+            return
+        x, y = int(off[nxt]), int(off[nxt + 1])
+        with e.cond:
+            e.refresh()
+            if e.have.covers(x, y) or any(ca <= x and y <= cb for ca, cb in e.foreign_claims()):
+                raise _Skip()
+
+    return put
+
+
+def fill(store: Any, shard: ShardInfo, base: str, budget: FetchBudget) -> Optional[FetchResult]:
+    """Fetch every byte of ``base + ".sparse"`` that no record covers and no reader
+    of this process fetches (under the entry's download lock), each sample
+    checked as it arrives; the :class:`~resumewds.fetch.FetchResult` (with the
+    xxh3_64 of the whole file, hashed in order), or None when the server does
+    not serve ``Range`` (the partial is discarded: download it streamed).
+
+    Raises:
+        TransientFetchError / PermanentFetchError: the fetch budget was spent.
+        CacheError: the partial cannot be written.
+    """
+    e = entry(store, shard)
+    url = shard.url
+    t0 = time.monotonic()
+    with e.cond:
+        e.refresh()
+        kept = e.have.total()
+        e.downloading = True
+    store.emit(K.FETCH_START, url, resumed_from=kept, sparse=True)
+    received = requests = 0
+    cursor = 0
+    session = store.session()
+    try:
+        while True:
+            with e.cond:
+                with e.deciding(store):
+                    e.refresh()
+                    gaps = e.busy().missing(0, e.size)
+                    if gaps:
+                        a, b = next(((x, y) for x, y in gaps if y > cursor), gaps[0])
+                        b = _piece(shard, a, b)
+                        token = e.claim(a, b, True)
+                        e.announce(a, b, False)
+                if not gaps:
+                    if not e.have.missing(0, e.size):
+                        break
+                    # only readers' ranges left (this process's, or another's): their bytes, or their gaps
+                    e.cond.wait(0.05)
+                    continue
+            w = Writer(store, e, strict=True)
+            try:
+                sink = SampleSink(shard, a, b, budget, on_sample=_skipping(e, w), on_raw=w.put)
+                fetch_range(url, a, b, config=store.fetch, budget=budget, session=session, sink=sink,
+                            on_event=store.emit)
+                requests += 1
+            except _Skip:
+                requests += 1  # the rest of the piece is there already (another process's reader): the next gap
+            finally:
+                received += w.kept
+                try:
+                    w.close()
+                finally:
+                    with e.cond:
+                        e.release(token)
+                    e.announce(a, b, True)
+            cursor = b
+    except RangeIgnored:
+        stream_instead(url)
+        discard(base)
+        return None
+    finally:
+        with e.cond:
+            e.downloading = False
+            e.cond.notify_all()
+    digest = layout.hash_file(e.path)[1]  # the assembled file, in order, once
+    seconds = time.monotonic() - t0
+    store.emit(K.FETCH_DONE, url, bytes=received, seconds=seconds, resumed_from=kept, sparse=True,
+               requests=requests)
+    return FetchResult(url=url, path=e.path, size=e.size, bytes=received, resumed_from=kept, seconds=seconds,
+                       attempts=requests, xxh3_64=digest)
+
+
+# ---- the entry's end ----------------------------------------------------------------------
+
+def publish(base: str) -> None:
+    """Rename the finished sparse partial to the entry ``base`` and drop its
+    map, with the map locked exclusive (no write lands in the entry)."""
+    mfd = layout.open_file(base + MAP_SUFFIX, os.O_RDWR | os.O_CREAT, "open the sparse map")
+    try:
+        fcntl.flock(mfd, fcntl.LOCK_EX)
+        try:
+            os.replace(base + SUFFIX, base)
+        except OSError as exc:
+            raise cache_error(exc, os.path.dirname(base), "publish the download") from exc
+        layout.remove(base + MAP_SUFFIX)
+    finally:
+        os.close(mfd)
+    _forget(base)
+
+
+def drop_stale(base: str) -> bool:
+    """Remove a map left beside a published entry (a kill between :func:`publish`'s
+    rename and the map's removal); whether one was.
+
+    Example:
+        >>> drop_stale("/cache/shards/ab12-shard-000000.tar")   # doctest: +SKIP
+        False
+    """
+    if (layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is not None
+            or layout.lstat(base) is None):
+        return False  # (a map alone, no file yet: readers' claims of a partial about to start)
+    try:
+        mfd = os.open(base + MAP_SUFFIX, os.O_RDWR | NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(mfd, fcntl.LOCK_EX)
+        if layout.lstat(base + SUFFIX) is not None or os.fstat(mfd).st_nlink == 0:
+            return False  # a reader started a sparse partial meanwhile, or gone already
+        layout.remove(base + MAP_SUFFIX)
+    finally:
+        os.close(mfd)
+    _forget(base)
+    return True
+
+
+def discard(base: str) -> None:
+    """Remove the sparse partial and its map (start again, or read the shard whole)."""
+    try:
+        mfd = os.open(base + MAP_SUFFIX, os.O_RDWR | NOFOLLOW)
+    except OSError:
+        mfd = -1
+    try:
+        if mfd >= 0:
+            fcntl.flock(mfd, fcntl.LOCK_EX)
+        layout.remove(base + SUFFIX)
+        layout.remove(base + MAP_SUFFIX)
+    finally:
+        if mfd >= 0:
+            os.close(mfd)
+    _forget(base)
+
+
+def _forget(base: str) -> None:
+    with _REG:
+        e = _STATES.pop(base, None)
+    if e is not None:
+        with e.cond:
+            e.cond.notify_all()  # (its bytes are in the published entry now, or gone)

@@ -1,0 +1,197 @@
+"""The world layout: which positions of an epoch each rank delivers at each step.
+
+A *position* ``p`` is how many samples of the epoch sequence have been
+delivered over all ranks.  From a start position ``p0`` a *step* covers
+``batch_size * world_size`` positions, and rank ``r`` takes the r-th
+``batch_size`` slice.  With ``nodes`` (groups of ranks that
+share a cache, ranks numbered node-major) node ``n`` takes the step's
+positions ``p % nodes == n`` and its local ranks slices of those: the step
+still covers the same contiguous positions, and a node whose count divides
+``partitions`` reads only its own partitions' shards.  The final, short step
+is handled by the ``remainder`` policy:
+
+* ``"keep"`` (default): the leftover ``m`` samples are split into
+  ``world_size`` parts whose sizes differ by at most one (contiguous with
+  one node; with nodes, each node splits its own positions among its
+  ranks); the ranks that would get nothing get one *padding* sample each
+  (from the start of the epoch, from their node's positions), so that every
+  rank yields the same number of batches.
+* ``"pad"``: the last step is filled to full size with samples from the
+  start of the epoch's sequence, marked as padding.
+* ``"drop"``: the leftover samples are not delivered this epoch.
+
+Padding samples carry ``__pad__ = True`` and are counted in stats; they never
+advance the position.
+
+:class:`Layout` is pure arithmetic over positions (the sequence itself is
+:mod:`resumewds.plan`'s); :func:`worker_steps` deals a rank's steps to its
+DataLoader workers.  A layout whose steps depend on the epoch (webdataset's
+shard split, :mod:`resumewds.wds._shardsplit`) is an :class:`EpochLayout`: bound
+to an epoch's plan it gives a :class:`BoundLayout`, the steps of that epoch
+over its own sequence of the epoch's samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Protocol, Tuple
+
+__all__ = ["REMAINDERS", "BoundLayout", "EpochLayout", "Layout", "worker_steps"]
+
+REMAINDERS = ("keep", "pad", "drop")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How an epoch's sequence is cut into steps and split across ranks.
+
+    A step is always a contiguous range of ``batch_size * world_size``
+    positions, whatever the layout.  With ``nodes`` > 1 the ranks are grouped
+    node-major (ranks ``n*L .. n*L+L-1`` are node ``n``, ``L = world_size //
+    nodes``): node ``n`` takes the step's positions ``p % nodes == n`` (exactly
+    ``batch_size * L`` of a full step) and its local rank ``l`` the l-th
+    ``batch_size`` of them.  With one node that is the r-th contiguous slice.
+
+    Attributes:
+        batch_size: samples per rank per step.
+        world_size: number of ranks.
+        rank: this rank.
+        remainder: ``"keep"``, ``"pad"`` or ``"drop"`` (see module docs).
+        nodes: groups of ranks that share a cache (must divide world_size).
+
+    Example:
+        >>> [Layout(2, 4, r, nodes=2).slots(100, 0, 0) for r in (0, 2)]
+        [[(0, False), (2, False)], [(1, False), (3, False)]]
+    """
+
+    batch_size: int
+    world_size: int = 1
+    rank: int = 0
+    remainder: str = "keep"
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in a world of size {self.world_size}")
+        if self.remainder not in REMAINDERS:
+            raise ValueError(f"remainder must be one of {REMAINDERS}, got {self.remainder!r}")
+        if self.nodes < 1 or self.world_size % self.nodes:
+            raise ValueError(f"{self.nodes} nodes cannot split a world of {self.world_size} ranks "
+                             "evenly")
+
+    @property
+    def step_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nodes
+
+    def num_steps(self, total: int, start: int) -> int:
+        """Steps from position ``start`` to the end of an epoch of ``total``."""
+        left = max(0, total - start)
+        full, rem = divmod(left, self.step_size)
+        if rem and self.remainder != "drop":
+            return full + 1
+        return full
+
+    def position_after(self, total: int, start: int, step: int) -> int:
+        """Global position once steps ``0..step`` from ``start`` are delivered."""
+        p = start + (step + 1) * self.step_size
+        n = self.num_steps(total, start)
+        if step + 1 >= n:
+            return total
+        return p
+
+    def slots(self, total: int, start: int, step: int, rank: Optional[int] = None
+              ) -> List[Tuple[int, bool]]:
+        """Positions rank ``rank`` delivers at ``step``: ``[(position, is_pad)]``.
+
+        Padding slots carry a real position to read (a sample from the start
+        of the epoch, of the rank's node when there are nodes) and
+        ``is_pad=True``.
+        """
+        r = self.rank if rank is None else rank
+        b, N = self.batch_size, self.nodes
+        L = self.world_size // N
+        n, lr = divmod(r, L)
+        s0 = start + step * self.step_size
+        left = total - s0
+        if left <= 0:
+            return []
+        f = s0 + (n - s0) % N  # the node's first position of the step
+        if left >= self.step_size:
+            return [(f + N * (lr * b + j), False) for j in range(b)]
+        # the final, short step
+        if self.remainder == "drop":
+            return []
+        if self.remainder == "pad":
+            out = []
+            for j in range(b):
+                g = f + N * (lr * b + j)
+                out.append((g, False) if g < total else ((g - total) % total, True))
+            return out
+        mine = max(0, (total - f + N - 1) // N)  # the node's positions in [s0, total)
+        q, extra = divmod(mine, L)
+        if q == 0:
+            if lr < mine:
+                return [(f + N * lr, False)]
+            return [((n + N * (lr - mine)) % total, True)]
+        lo = lr * q + min(lr, extra)
+        size = q + (1 if lr < extra else 0)
+        return [(f + N * (lo + j), False) for j in range(size)]
+
+
+def worker_steps(num_steps: int, worker: int, num_workers: int) -> range:
+    """Steps produced by DataLoader worker ``worker`` (round-robin order)."""
+    return range(worker, num_steps, max(1, num_workers))
+
+
+class BoundLayout(Protocol):
+    """An :class:`EpochLayout` bound to one epoch: its steps over ``sequence``.
+
+    What the engine reads (:meth:`resumewds.read.ShardDataset.iter_steps`, the
+    engine's loader): ``batch_size`` / ``step_size`` (positions per step),
+    ``num_steps`` / ``position_after`` / ``slots`` as :class:`Layout` has them, ``end``
+    (the position after the last sample delivered), and ``sequence``: the epoch as this
+    layout delivers it, read as an :class:`~resumewds.plan.EpochPlan` (``len()``,
+    ``samples_at``, ``window_of``, ``window_shards``, ``shards_from``).
+
+    Example:
+        >>> from resumewds.plan import Plan
+        >>> from resumewds.wds._shardsplit import ShardSplit
+        >>> bound = ShardSplit(2, unit=2).bind(Plan([3, 1, 2], shuffle=False).epoch(0))
+        >>> bound.slots(6, 0, 0), bound.sequence.samples_at([0, 1, 2])
+        ([(0, False), (1, False)], [(0, 0), (0, 1), (1, 0)])
+    """
+
+    batch_size: int
+    step_size: int
+    sequence: Any
+
+    def num_steps(self, total: int, start: int) -> int: ...
+
+    def position_after(self, total: int, start: int, step: int) -> int: ...
+
+    def slots(self, total: int, start: int, step: int) -> List[Tuple[int, bool]]: ...
+
+    def end(self, total: int) -> int: ...
+
+
+class EpochLayout(Protocol):
+    """A layout whose steps depend on the epoch: anything with ``bind(epoch_plan)``
+    returning a :class:`BoundLayout` (and raising there what makes the epoch impossible
+    to lay out, e.g. a DataLoader worker without a shard).  The engine binds it with
+    :meth:`resumewds.read.ShardDataset.steps_of` and reads the bound steps only.
+
+    Example:
+        >>> from resumewds.plan import Plan
+        >>> from resumewds.wds._shardsplit import ShardSplit
+        >>> bound = ShardSplit(2, unit=2).bind(Plan([3, 1, 2], shuffle=False).epoch(0))
+        >>> bound.num_steps(6, 0), bound.slots(6, 0, 1)
+        (4, [(2, False)])
+    """
+
+    def bind(self, ep: Any) -> BoundLayout: ...

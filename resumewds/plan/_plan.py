@@ -1,0 +1,286 @@
+"""The delivered order: a pure function of (sample counts, seed, epoch, shuffle).
+
+Nothing here does I/O or keeps hidden RNG state, and nothing depends on
+Python's :mod:`random` or on hash randomisation: every random choice is an
+xxh3_64 hash of integers, so the same seed gives the same order on any machine
+and any Python version.
+
+**The epoch sequence.**  For epoch ``e`` the plan orders all ``N`` samples of
+the manifest:
+
+1. The shard order is a permutation of the shards: shards are sorted by
+   ``xxh3_64(shard_index, seed=mix(seed, e, "shards"))``.
+2. The permuted shards are cut into *windows* of ``window`` consecutive shards.
+3. Within window ``w``, its ``M`` samples (numbered in permuted shard order,
+   then in shard order) are permuted by a keyed *random-access* permutation
+   of ``range(M)`` (:class:`~resumewds.plan.FeistelPermutation`: a 4-round Feistel network
+   whose round function is xxh3_64 keyed by ``mix(seed, e, "window", w)``,
+   cycle-walked onto ``range(M)``).  Any position is computed in O(1)
+   without building the window's permutation, so a rank that needs 32
+   samples of an 80,000-sample window pays for 32, not 80,000.
+4. The epoch sequence is the windows one after another.
+
+**Partitions (node-local plan).**  With ``partitions=P`` > 1 the shards, in
+a seed-only permutation (manifest order without shuffle), are cut once for
+the whole run into P runs of equal sample counts (``c`` or ``c + 1``; a shard
+that straddles a cut is split into two pieces).  Each epoch orders every
+partition on its own exactly as above (its pieces permuted by the epoch's
+shard hash, windows, Feistel), and position ``p`` is sample ``p // P`` of
+partition ``p % P``: the epoch sequence is the round-robin interleave of the
+partitions (as MosaicML Streaming interleaves its canonical nodes).  With
+``P = 1`` it is the sequence above, unchanged.
+
+With ``shuffle=False`` the sequence is manifest order.  The ``"shards"``
+algorithm permutes shards but keeps each shard's samples in order (fully
+sequential reads).  Algorithms are plain callables registered in
+:data:`ORDERS`.
+
+Positions and steps, and how a step's positions are split across nodes,
+ranks and workers (the ``remainder`` policy, padding), are
+:mod:`resumewds.plan`.  The keyed hashes, permutations and draws are
+:mod:`resumewds.plan`; one epoch's sequence with random access and the cut
+into partitions is :mod:`resumewds.plan`.  This module holds the orders
+(one function per ``shuffle`` algorithm) and :class:`Plan` (all epochs of a
+run); every public name of those three modules is importable from here too.
+
+Example:
+    >>> plan = Plan([3, 2, 4], seed=7, shuffle=True, window=2)
+    >>> ep = plan.epoch(0)
+    >>> len(ep), sorted(ep.sample_at(i) for i in range(len(ep)))[:3]
+    (9, [(0, 0), (0, 1), (0, 2)])
+    >>> Plan([3, 2], shuffle=False).epoch(5).sample_at(3)
+    (1, 0)
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable, Dict, List, Sequence
+
+import xxhash
+
+from ._epoch import EpochPlan, Segment, check_partitions, cut_partitions
+from ._keyed import DRAW_SCHEMES, FeistelPermutation, draw_shards, mix, permutation
+from ._layout import REMAINDERS, Layout, worker_steps
+
+__all__ = [
+    # the orders and the plan of a run (defined here)
+    "ORDERS", "OrderFn", "Plan", "manifest_order", "manifest_window_order", "resampled_order",
+    "resampled_parts", "resampled_shards", "resampled_window_order", "shard_order", "window_order",
+    # from resumewds.plan, resumewds.plan and resumewds.plan
+    "DRAW_SCHEMES", "EpochPlan", "FeistelPermutation", "Layout", "REMAINDERS", "Segment",
+    "check_partitions", "cut_partitions", "draw_shards", "mix", "permutation", "worker_steps",
+]
+
+_TAG_SHARDS = 0x5348415244  # "SHARD"
+_TAG_WINDOW = 0x57494E444F57  # "WINDOW"
+_TAG_PARTS = 0x5041525453  # "PARTS"
+
+
+def _epoch_sorted(parts: List[List[Segment]], key: int) -> List[List[Segment]]:
+    """Each partition's segments sorted by a keyed hash of their shard index
+    (the order :func:`permutation` gives whole shards)."""
+    h = xxhash.xxh3_64_intdigest
+    pk = struct.Struct("<Q").pack
+    return [sorted(part, key=lambda seg: (h(pk(seg[0]), key), seg[0])) for part in parts]
+
+
+OrderFn = Callable[..., EpochPlan]
+
+
+def window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                 partitions: int = 1) -> EpochPlan:
+    """Permute shards per epoch, shuffle samples within windows of shards.
+
+    With partitions, the shards are cut into partitions once for the run
+    (after a seed-only permutation) and permuted per epoch within each."""
+    if partitions == 1:
+        order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
+        return EpochPlan(counts, order, window, mix(seed, epoch, _TAG_WINDOW))
+    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
+    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
+                     parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
+
+
+def shard_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                partitions: int = 1) -> EpochPlan:
+    """Permute shards per epoch; samples stay in order inside each shard."""
+    if partitions == 1:
+        order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
+        return EpochPlan(counts, order, 1, None)
+    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
+    return EpochPlan(counts, None, 1, None, parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
+
+
+def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                   partitions: int = 1) -> EpochPlan:
+    """No shuffling: manifest order every epoch (with partitions: the
+    round-robin interleave of ``partitions`` contiguous runs of it)."""
+    if partitions == 1:
+        return EpochPlan(counts, range(len(counts)), 1, None)
+    return EpochPlan(counts, None, 1, None, parts=cut_partitions(counts, range(len(counts)), partitions))
+
+
+# ---- orders for the WebDataset drop-in ---------------------------
+# ``.shuffle(n)`` on a WebDataset is compiled into a windowed order (samples
+# shuffled within windows of whole shards, see resumewds.dataset), and
+# ``resampled=True`` draws each epoch's shards with replacement.  Both are pure
+# functions of (seed, epoch, position), like every order here.
+_TAG_RESAMPLE = 0x524553414D50  # "RESAMP"
+
+
+def manifest_window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                          partitions: int = 1) -> EpochPlan:
+    """Shards in manifest order; samples shuffled within windows of ``window`` shards
+    (with partitions: contiguous runs of manifest order, each windowed on its own)."""
+    if partitions == 1:
+        return EpochPlan(counts, range(len(counts)), window, mix(seed, epoch, _TAG_WINDOW))
+    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
+                     parts=cut_partitions(counts, range(len(counts)), partitions))
+
+
+
+def resampled_shards(n: int, seed: int, epoch: int) -> List[int]:
+    """Epoch ``epoch``'s ``n`` shard draws, with replacement (webdataset's ``resampled=True``).
+
+    Example:
+        >>> d = resampled_shards(4, seed=1, epoch=0)
+        >>> len(d) == 4 and all(0 <= s < 4 for s in d) and d == resampled_shards(4, 1, 0)
+        True
+    """
+    return draw_shards(n, mix(seed, epoch, _TAG_RESAMPLE))[0]
+
+
+def resampled_parts(counts: Sequence[int], seed: int, epoch: int, partitions: int) -> List[List[Segment]]:
+    """Each partition's draws, with replacement, from its own pieces of shards.
+
+    The partitions are the run's (:func:`cut_partitions` after the seed-only
+    permutation, as the windowed order cuts them); partition ``q`` draws its
+    pieces with :func:`draw_shards` (key ``mix(seed, epoch, "RESAMP", q)``)
+    until it holds its own sample count, so the epoch keeps the data set's
+    size and a node reads only its partitions' shards.
+
+    Example:
+        >>> parts = resampled_parts([4, 4, 4, 4], seed=1, epoch=0, partitions=2)
+        >>> [sum(n for _, _, n in p) for p in parts]
+        [8, 8]
+    """
+    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
+    out: List[List[Segment]] = []
+    for q, segs in enumerate(parts):
+        draws, taken = draw_shards(len(segs), mix(seed, epoch, _TAG_RESAMPLE, q),
+                                   sizes=[n for _, _, n in segs])
+        out.append([(segs[d][0], segs[d][1], t) for d, t in zip(draws, taken)])
+    return out
+
+
+def resampled_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                    partitions: int = 1) -> EpochPlan:
+    """Shards drawn with replacement per epoch; samples of each draw in shard order.
+
+    With partitions: :func:`resampled_parts` (each partition draws from its own shards)."""
+    if partitions == 1:
+        return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), 1, None)
+    return EpochPlan(counts, None, 1, None, parts=resampled_parts(counts, seed, epoch, partitions))
+
+
+def resampled_window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
+                           partitions: int = 1) -> EpochPlan:
+    """Shards drawn with replacement per epoch; samples shuffled within windows of draws."""
+    if partitions == 1:
+        return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), window,
+                         mix(seed, epoch, _TAG_WINDOW))
+    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
+                     parts=resampled_parts(counts, seed, epoch, partitions))
+
+
+ORDERS: Dict[str, OrderFn] = {
+    "window": window_order,
+    "shards": shard_order,
+    "none": manifest_order,
+    "manifest_window": manifest_window_order,
+    "resampled": resampled_order,
+    "resampled_window": resampled_window_order,
+}
+
+
+class Plan:
+    """All epochs of a data set's delivered order.
+
+    Args:
+        counts: samples per shard, in manifest order.
+        seed: the run's seed.
+        shuffle: False for manifest order; True (or ``"window"``) for the
+            windowed shuffle; ``"shards"`` to shuffle shard order only.
+        window: shards per shuffle window (``"window"`` order only).
+        partitions: how many node-local partitions the epoch is cut into
+            (1: one sequence over all shards, the order of earlier versions).
+            The shards are cut once for the run into ``partitions`` runs of
+            equal sample counts; each epoch orders each partition on its own
+            (shards permuted, windows, Feistel) and position ``p`` is sample
+            ``p // P`` of partition ``p % P``.  A node whose ranks take the
+            positions ``p % nodes == node`` (:class:`Layout` with ``nodes``)
+            then reads only its own partitions when ``nodes`` divides
+            ``partitions``.
+
+    Example:
+        >>> p = Plan([2, 2], seed=1)
+        >>> sorted(p.epoch(0).sample_at(i) for i in range(4))
+        [(0, 0), (0, 1), (1, 0), (1, 1)]
+        >>> q = Plan([4, 4, 4, 4], seed=1, partitions=2).epoch(0)
+        >>> sorted({q.sample_at(p)[0] for p in range(0, 16, 2)}) == sorted(q.partition_shards(0))
+        True
+    """
+
+    def __init__(self, counts: Sequence[int], seed: int = 0, shuffle: bool | str = True,
+                 window: int = 8, partitions: int = 1):
+        if shuffle is True:
+            shuffle = "window"
+        elif shuffle is False or shuffle is None:
+            shuffle = "none"
+        if shuffle not in ORDERS:
+            raise ValueError(f"unknown shuffle {shuffle!r}; choose one of {sorted(ORDERS)}")
+        if int(window) < 1:
+            raise ValueError(f"shuffle window must be at least 1 shard, got {window}")
+        partitions = check_partitions(partitions)
+        self.counts = [int(c) for c in counts]
+        self.seed = int(seed)
+        self.algo = str(shuffle)
+        self.window = int(window)
+        self.partitions = int(partitions)
+        self._epochs: Dict[int, EpochPlan] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def same_epochs(self) -> bool:
+        """Every epoch holds every sample once (``total`` positions), in its own
+        order; False when shards are drawn with replacement (each epoch's length
+        differs)."""
+        return not self.algo.startswith("resampled")
+
+    def epoch(self, e: int) -> EpochPlan:
+        ep = self._epochs.get(e)
+        if ep is None:
+            fn = ORDERS[self.algo]
+            if self.partitions == 1:
+                ep = fn(self.counts, self.seed, e, self.window)
+            else:
+                ep = fn(self.counts, self.seed, e, self.window, partitions=self.partitions)
+            if len(self._epochs) >= 2:
+                self._epochs.pop(next(iter(self._epochs)))
+            self._epochs[e] = ep
+        return ep
+
+    def describe(self) -> Dict[str, object]:
+        """The settings the order depends on (for the journal's config check).
+
+        ``partitions`` appears only when it is not 1, so that journals and
+        states of earlier versions (one partition) still match."""
+        d: Dict[str, object] = {"seed": self.seed, "shuffle": self.algo,
+                                "shuffle_window": self.window if self.algo.endswith("window") else None}
+        if self.partitions != 1:
+            d["partitions"] = self.partitions
+        return d

@@ -1,0 +1,233 @@
+"""What a loader's DataLoader workers run, and what comes back from them.
+
+:class:`_EpochSource` is the ``IterableDataset`` each worker iterates: one
+epoch's steps of a data set from a position, for that worker's share
+(:meth:`resumewds.read.ShardDataset.iter_steps`); :class:`_SampleLayout`
+is the layout of a loader without ``batch_size`` (one sample per step);
+:class:`_WorkerFailure` carries one of our errors to the main process intact;
+:class:`BatchInfo` and :class:`EmptyBatch` describe what the loader handed out.
+
+Example:
+    >>> EmptyBatch(BatchInfo(0, 3, 0, (), 0, 0, True)).info.step
+    3
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+from torch.utils.data import IterableDataset, default_convert, get_worker_info
+
+from ..errors import HandlerStop, ResumeWDSError
+from ..events import worker_logging
+from ..plan import Layout
+from ..stages import default_collate
+from ._preemption import _worker_signals
+from ._watchdog import die_with_parent
+
+if TYPE_CHECKING:
+    from ..read import ShardDataset
+
+__all__ = ["BatchInfo", "EmptyBatch"]
+
+
+class _WorkerFailure:
+    """One of our errors, raised in a DataLoader worker, on its way to the main process.
+
+    The worker yields it in place of its next step instead of raising, so
+    the exception object itself is pickled through the result queue: the
+    main process re-raises it with its type and fields (``url``, ``status``,
+    ...), where torch would rebuild ``type(traceback_text)``.
+    """
+
+    def __init__(self, exc: ResumeWDSError, worker: int):
+        self.exc = exc
+        self.worker = worker
+
+
+#: what a worker yields in place of the step where a webdataset handler said stop
+_HANDLER_STOP = "resumewds-handler-stop"
+
+
+class BatchInfo(NamedTuple):
+    """What the loader knows about the batch it handed out last (``loader.batch_info``).
+
+    ``pads`` survives any stage: after ``to_tuple`` the samples lose their
+    ``__pad__`` key, this does not.  Mask the loss with it, e.g.
+    ``keep = ~torch.tensor(loader.batch_info.pads)``.
+
+    Attributes:
+        epoch: the epoch of the batch.
+        step: the step's index from where this ``iter(loader)`` started.
+        samples: samples in the batch (padding included).
+        pads: per sample, whether it is padding (``remainder`` "pad"/"keep").
+        skipped: samples of the step lost to shards skipped (``on_error="skip"``).
+        filtered: samples of the step removed by ``select``, a stage
+            returning None, or a batch stage returning None.
+        empty: the step lost every sample: the batch is an :class:`EmptyBatch`.
+    """
+
+    epoch: int
+    step: int
+    samples: int
+    pads: Tuple[bool, ...]
+    skipped: int
+    filtered: int
+    empty: bool
+
+
+class EmptyBatch(list):
+    """The batch of a step that lost all its samples (filtered or skipped).
+
+    Every rank yields exactly one batch per step, whatever ``select``,
+    stages returning None and ``on_error="skip"`` remove, so that ranks of a
+    DDP job stay in lock step (a rank that yielded nothing would leave the
+    others waiting in the gradient all-reduce).  When a rank's share of a
+    step is empty it gets this instead: an empty, falsy ``list`` with the
+    step's ``info`` (:class:`BatchInfo`).  It is counted in the
+    ``empty_batches`` stat.  A DDP loop must still take part in the
+    all-reduce, for instance with a zero loss::
+
+        for batch in loader:
+            if isinstance(batch, rw.EmptyBatch):
+                loss = sum(p.sum() for p in model.parameters()) * 0.0
+            else:
+                loss = criterion(model(batch[0]), batch[1])
+            loss.backward(); opt.step(); loader.commit(step)
+
+    Example:
+        >>> b = EmptyBatch(BatchInfo(0, 3, 0, (), 0, 4, True))
+        >>> (len(b), bool(b), b.info.filtered)
+        (0, False, 4)
+    """
+
+    def __init__(self, info: BatchInfo):
+        super().__init__()
+        self.info = info
+
+    def __repr__(self) -> str:
+        return (f"EmptyBatch(epoch={self.info.epoch}, step={self.info.step}, "
+                f"skipped={self.info.skipped}, filtered={self.info.filtered})")
+
+    def __reduce__(self) -> Any:
+        return (EmptyBatch, (self.info,))
+
+
+class _SampleLayout:
+    """The chunk layout of ``batch_size=None`` on one rank: a grid fixed to the epoch.
+
+    With one rank and no batches the position moves sample by sample, so a
+    resume can start in the middle of a chunk.  The tail of the epoch must
+    not be worked out from that position (it would move with it): here it is
+    a property of the epoch alone.
+
+    * ``"keep"``: every sample, in chunks of ``batch_size`` from ``start``.
+    * ``"drop"``: the last ``total % batch_size`` positions of the epoch are
+      not delivered, whatever the start.
+    * ``"pad"``: the epoch is followed by ``(-total) % batch_size`` padding
+      samples (copies of positions 0, 1, ... marked ``__pad__``).  While they
+      are handed out the position counts on past ``total`` (``total + i``
+      after ``i`` pads), so a resume inside the padding delivers exactly the
+      pads that are left; the epoch ends after the last one.
+
+    Duck-types :class:`resumewds.plan.Layout` (``num_steps``, ``slots``,
+    ``position_after``), which is what ``WebDataset.iter_steps`` uses.
+    """
+
+    def __init__(self, base: Layout):
+        self.batch_size = base.batch_size
+        self.world_size = 1
+        self.rank = 0
+        self.remainder = base.remainder
+        self.step_size = base.batch_size
+
+    def end(self, total: int) -> int:
+        """The position after the last sample this layout delivers in an epoch."""
+        b = self.batch_size
+        if self.remainder == "drop":
+            return total - total % b
+        if self.remainder == "pad" and total:
+            return total + (-total) % b
+        return total
+
+    def num_steps(self, total: int, start: int) -> int:
+        left = self.end(total) - start
+        return 0 if left <= 0 else -(-left // self.batch_size)
+
+    def position_after(self, total: int, start: int, step: int) -> int:
+        p = start + (step + 1) * self.batch_size
+        return total if p >= self.end(total) else p
+
+    def slots(self, total: int, start: int, step: int, rank: Optional[int] = None
+              ) -> List[Tuple[int, bool]]:
+        s0 = start + step * self.batch_size
+        stop = min(s0 + self.batch_size, self.end(total))
+        return [(g, False) if g < total else ((g - total) % total, True) for g in range(s0, stop)]
+
+
+def _pin_memory(batch: Any, device: Optional[str]) -> Any:
+    """torch's ``pin_memory`` of a batch (what its pin thread does to the queue's)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory(batch, device) if device else pin_memory(batch)
+
+
+class _EpochSource(IterableDataset):
+    """What each DataLoader worker iterates: its round-robin share of steps."""
+
+    def __init__(self, ds: ShardDataset, epoch: int, start: int, layout: Layout, collate: bool,
+                 collate_fn: Any = None, ignore_signals: Sequence[int] = (),
+                 stopping: Any = None, ring: Any = None, convert: bool = False):
+        self.ds = ds
+        self.ring = ring  # a shmbatch.BytesRing inherited by forked workers, or None
+        self.collate_fn = collate_fn
+        self.convert = convert  # torch's default_convert on each item (DataLoader's batch_size=None)
+        self.ignore_signals = tuple(ignore_signals)
+        self.stopping = stopping  # shared flag: the main process is shutting the workers down
+        self.epoch = epoch
+        self.start = start
+        self.layout = layout
+        self.collate = collate
+        self.log_level = logging.getLogger("resumewds").level  # for spawned workers
+        self.parent = os.getpid()  # the main process: a worker whose parent is gone exits
+
+    def __iter__(self) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
+        info = get_worker_info()
+        w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            lock = sys.modules.get("resumewds.journal._lock")  # (not loaded: no journal was open to inherit)
+            if lock is not None:
+                lock.close_inherited()  # the journal's lock dies with the loader's process, not with its workers
+            die_with_parent(self.parent)
+            if self.ignore_signals:
+                _worker_signals(self.ignore_signals, self.stopping)
+        if info is not None:
+            worker_logging(self.log_level)
+        ring = self.ring if info is not None else None
+        collate_fn = self.collate_fn
+        if ring is not None and ring.tensors is not None and self.collate and collate_fn is default_collate:
+            collate_fn = ring.tensors.collate(w)  # the same batches, large tensors stacked into slots
+        try:
+            steps = self.ds.iter_steps(self.epoch, self.start, self.layout, w, nw,
+                                       collate=self.collate, collate_fn=collate_fn)
+            if self.convert:  # as torch's DataLoader(batch_size=None) does: numpy arrays become tensors
+                steps = ((k, default_convert(b) if k >= 0 else b, m) for k, b, m in steps)
+            if ring is None:
+                yield from steps
+            else:
+                pack = ring.pack
+                for k, batch, meta in steps:
+                    yield k, pack(w, batch), meta
+        except ResumeWDSError as exc:
+            if info is None:
+                raise  # in the main process already
+            # the shard's "fail" event travels with the error (journal, stats)
+            yield -1, _WorkerFailure(exc, w), {"events": self.ds.take_events()}
+        except HandlerStop:  # a handler said stop (ignore_and_stop): the epoch ends at this step
+            yield -1, _HANDLER_STOP, {"events": self.ds.take_events()}
+        finally:
+            if info is not None:
+                self.ds.close()
