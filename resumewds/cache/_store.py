@@ -578,9 +578,10 @@ class ShardStore:
             try:
                 res = sparse.fill(self, shard, base, budget)  # (None: streamed instead)
             except TransientFetchError as exc:
-                if not isinstance(budget.last_error, CorruptSample):
-                    raise
-                # its ranges keep arriving corrupt: a whole GET, with attempts of its own
+                if not (isinstance(budget.last_error, CorruptSample) or exc.status == 206):
+                    raise  # (a server that does not answer, or stalls: a whole GET would meet it too)
+                # its ranges keep arriving corrupt or cut short: a whole GET (resumed where a
+                # cut leaves it), with attempts of its own
                 sparse.stream_instead(shard.url)
                 self.emit(K.RETRY, shard.url, attempt=0, error=str(exc), wait=0.0)
                 old, budget = budget, FetchBudget(self.fetch)

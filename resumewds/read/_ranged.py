@@ -47,6 +47,7 @@ from ..errors import (
     RangeIgnored,
     ResumeWDSError,
     ShardFormatError,
+    TransientFetchError,
 )
 from ..manifest import ShardInfo
 from ..tar import _io as tario
@@ -354,12 +355,14 @@ def _ranged_sample(reader: ShardReader, rr: RangedReads, si: int, j: int) -> Any
 
 def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err: BaseException) -> Any:
     """A ranged read of shard ``si`` failed: a permanent error follows ``on_error``;
-    a range the server does not serve, or that keeps arriving corrupt, sends the
-    shard to the whole-shard path (a whole GET, with attempts of its own, and the
-    cache's checks); any other failure (the budget spent on a server that does not
-    answer) is the shard's, as the whole-shard path would meet it too."""
+    a range the server does not serve, or that keeps arriving corrupt or cut short,
+    sends the shard to the whole-shard path (a whole GET, with attempts of its own,
+    resumed where a cut left it, and the cache's checks); any other failure (the
+    budget spent on a server that does not answer, or stalls) is the shard's, as
+    the whole-shard path would meet it too."""
     rr.forget(si)
-    if isinstance(err, PermanentFetchError) or not isinstance(err, (RangeIgnored, CorruptSample)):
+    cut = isinstance(err, TransientFetchError) and err.status == 206  # bodies cut short: it answers
+    if isinstance(err, PermanentFetchError) or not (isinstance(err, (RangeIgnored, CorruptSample)) or cut):
         rr.off.add(si)  # (its later samples: the whole-shard path meets the spent budget at once)
         reader.fail(si, shard, err)
         return None
