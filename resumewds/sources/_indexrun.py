@@ -264,10 +264,11 @@ def run_index(manifest: Manifest, output: str, *, jobs: int = 1, offsets: str = 
                 progress(1)
     if failed:
         failed.sort(key=lambda r: r["i"])
-        lines = "\n".join(f"  {r['url']}: {r['error']}" for r in failed[:10])
-        more = f"\n  ... and {len(failed) - 10} more" if len(failed) > 10 else ""
-        raise SourceError(f"{len(failed)} of {len(shards)} shards could not be indexed (the {len(done)} indexed "
-                          f"are kept in {jpath}: fix these and run the same command again):\n{lines}{more}")
+        which = "; ".join(f"{r['url']}: {r['error']}" for r in failed[:5])
+        more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+        # one line, as every error of the CLI (its last stderr line names the shards)
+        raise SourceError(f"{len(failed)} of {len(shards)} shards could not be indexed: {which}{more} (the "
+                          f"{len(done)} indexed are kept in {jpath}: fix these and run the same command again)")
     _adopt(shards, done, IndexSet(index_dir, digests=digests))
     manifest._starts = None
     written = manifest.save(output, offsets=offsets, digests=digests, created=created)
