@@ -261,6 +261,52 @@ def test_206_of_a_changed_file_is_not_spliced(tmp_path):
     assert "changed on the server" in rec.kinds("retry")[0]["error"]
 
 
+def _new_version(path: str, seed: int) -> bytes:
+    """Replace the tar at ``path`` by another of the same size (a new ETag)."""
+    data = make_tar(path, seed=seed, payload=4 * KB)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    return data
+
+
+def test_a_change_one_reader_saw_is_named_to_the_next_reader_of_the_cache(tmp_path):
+    """Two stores on one cache (two DataLoader workers): the first sees the object
+    replaced between its two requests; the second, which only ever gets the new
+    bytes, still says the object changed (at once, not after its whole budget)."""
+    root = tmp_path / "srv"
+    root.mkdir()
+    path = str(root / "a.tar")
+    old = make_tar(path, seed=1, payload=4 * KB)
+    cache = str(tmp_path / "cache")
+    with FaultServer(str(root)) as srv:
+        shard = shard_for(srv.url + "a.tar", old)  # size and xxh3_64, no sample digests: whole GETs
+        srv.script("/a.tar", ["truncate@0.5"])
+        srv.at_request("/a.tar", 1, lambda: _new_version(path, seed=2))
+        for _ in range(2):
+            with pytest.raises(ChecksumMismatch, match="changed on the server"):
+                ShardStore(cache_dir=cache, fetch=fast_config()).acquire(shard)
+        assert srv.requests["/a.tar"] == 3
+
+
+def test_a_partial_of_a_replaced_object_makes_the_next_reader_name_the_change(tmp_path):
+    """A reader gives up half way (its partial and validator stay); the object is
+    replaced; another reader resumes, the server refuses the old version: the
+    error says the object changed, not merely that the checksum differs."""
+    root = tmp_path / "srv"
+    root.mkdir()
+    path = str(root / "a.tar")
+    old = make_tar(path, seed=1, payload=4 * KB)
+    cache = str(tmp_path / "cache")
+    with FaultServer(str(root)) as srv:
+        shard = shard_for(srv.url + "a.tar", old)
+        srv.script("/a.tar", ["truncate@0.5"])
+        with pytest.raises(TransientFetchError):
+            ShardStore(cache_dir=cache, fetch=fast_config(attempts=1)).acquire(shard)
+        _new_version(path, seed=2)
+        with pytest.raises(ChecksumMismatch, match="changed on the server"):
+            ShardStore(cache_dir=cache, fetch=fast_config()).acquire(shard)
+
+
 # ---------------------------------------------------------------------------
 # 6, 18. encodings, HTML pages, incomplete tars, redirect loops
 # ---------------------------------------------------------------------------

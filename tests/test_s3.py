@@ -744,6 +744,32 @@ def test_corrupt_and_incomplete_downloads_spend_the_budget(moto, bucket, proxy, 
     st.close()
 
 
+def test_an_object_replaced_between_two_requests_is_named_by_every_reader(moto, bucket, proxy, tmp_path, data):
+    """The object is replaced between the first reader's two requests (the first cut
+    at half); that reader, and the next one on the same cache (another DataLoader
+    worker), which only ever gets the new object, both say it changed."""
+    import xxhash
+
+    from resumewds.cache import ShardStore
+    from resumewds.errors import ChecksumMismatch
+    from resumewds.manifest._manifest import ShardInfo
+
+    with open(os.path.join(data.root, "shard-000001.tar"), "rb") as f:
+        raw = f.read()
+    new = bytearray(raw)
+    new[700] ^= 0xFF
+    s3 = direct(moto)
+    s3.put_object(Bucket=bucket, Key="r.tar", Body=raw)
+    path = f"/{bucket}/r.tar"
+    proxy.script(path, ["truncate@0.5"])
+    proxy.at_request(path, 1, lambda: s3.put_object(Bucket=bucket, Key="r.tar", Body=bytes(new)))
+    shard = ShardInfo(url=f"s3://{bucket}/r.tar", size=len(raw), xxh3_64=xxhash.xxh3_64_hexdigest(raw))
+    for _ in range(2):
+        with pytest.raises(ChecksumMismatch, match="changed on the server"):
+            ShardStore(cache_dir=str(tmp_path / "cache"), fetch=cfg()).ensure(shard)
+    assert proxy.requests[path] == 4  # cut, If-Match refused, the new object; the next reader: once
+
+
 def test_max_bytes_html_pages_and_gopen_verbose(moto, bucket, proxy, tmp_path, capfd):
     s3 = direct(moto)
     s3.put_object(Bucket=bucket, Key="big.json", Body=b"{" + b" " * 5000 + b"}")

@@ -36,6 +36,8 @@ from ..errors import (
 )
 from ..events import EventKind as K
 from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_local_url, is_remote_url, new_session
+from ..fetch._errormap import _SinkError
+from ..fetch._partial import _read_validator, _write_validator
 from ..manifest import ShardInfo
 from ..redact import redact_url
 from ..tar import open_view
@@ -520,6 +522,13 @@ class ShardStore:
             else:
                 sparse.discard(base)
                 sparse.stream_instead(shard.url)  # checked samples that still make a wrong file: a whole GET next
+            if budget.changed is not None:
+                # the version first seen stays in the sidecar, without a partial: the next reader
+                # of the shard (another process) learns that the object changed (see _download)
+                try:
+                    _write_validator(streamed, budget.validator)
+                except _SinkError:
+                    pass  # only that reader's word "changed" is lost
             repairs += 1
             budget.fault(failure)
             # a corrupt download is a fault without progress: the server is asked again,
@@ -570,6 +579,7 @@ class ShardStore:
         server mishandles ``Range``, its ranges keep arriving corrupt, or a stream was
         started already); the result and the budget the next attempt draws from."""
         if layout.lstat(streamed) is None:
+            budget.saw(_read_validator(streamed))  # what an earlier read of it saw first, if it changed since
             layout.remove(streamed + ".etag")
         # the download is about to add up to shard.size bytes: make room first
         self.evict(reserve=shard.size or 0)

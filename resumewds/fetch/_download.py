@@ -92,7 +92,9 @@ def _download(transport: Transport, url: str, partial_path: str, *, expected_siz
     transport.check(url)
     budget = budget or FetchBudget(cfg)
     t0 = time.monotonic()
-    resumed_from = _size_of(partial_path) if transport.resumable and _read_validator(partial_path) else 0
+    validator = _read_validator(partial_path) if transport.resumable else None
+    budget.saw(validator)  # the version the partial began with: another one now means the object changed
+    resumed_from = _size_of(partial_path) if validator else 0
     if on_event is not None:
         on_event(EventKind.FETCH_START, url, resumed_from=resumed_from)
     if cfg.log_opens:

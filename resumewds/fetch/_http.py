@@ -359,6 +359,13 @@ def _refuse_encoding(url: str, resp: Response) -> None:
             f"(no compression on the fly)", url, resp.status_code)
 
 
+def _validator(headers: Any) -> Optional[str]:
+    """A response's validator as a partial's sidecar keeps it (comparable with it):
+    its strong ETag, else its Last-Modified."""
+    etag = headers.get("ETag")
+    return etag if etag and not etag.startswith("W/") else headers.get("Last-Modified")
+
+
 def _resumed(state: _Attempt, resp: Response, have: int, validator: Optional[str]) -> Tuple[int, Optional[int]]:
     """A 206 for a resume at byte ``have``: its first byte and the length it ends at,
     once its Content-Range and its validator show that the rest comes from the same
@@ -452,7 +459,7 @@ class HTTPTransport(Transport):
         with resp:
             code = resp.status_code
             if code in (200, 206):
-                state.budget.saw(resp.headers.get("ETag") or resp.headers.get("Last-Modified"))
+                state.budget.saw(_validator(resp.headers))
             if code == 416 and have:
                 m = _CONTENT_RANGE_UNSAT.match(resp.headers.get("Content-Range", ""))
                 if m and int(m.group(1)) == have:
@@ -501,8 +508,7 @@ class HTTPTransport(Transport):
         except BaseException:
             resp.raw.close()
             raise
-        validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
-        return resp.iter_content(1 << 18), validator, resp
+        return resp.iter_content(1 << 18), _validator(resp.headers), resp
 
 
 def check_content_range(url: str, field: str, got: Optional[str], start: int, end: int) -> None:
