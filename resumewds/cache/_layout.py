@@ -5,7 +5,8 @@ and (a sanitised tail of) its basename, in ``<cache_dir>/shards/``::
 
     <key>-<basename>               the shard (published by os.replace, never written in place)
     <key>-<basename>.partial       the download under way (resumable)
-    <key>-<basename>.partial.etag  the partial's If-Range validator and boot id (fetch's sidecar)
+    <key>-<basename>.partial.etag  the partial's If-Range validator and boot id (fetch's sidecar); alone:
+                                   the version a failed read saw first, the object changed since
     <key>-<basename>.sparse        or: a download filled by verified ranges, in any order
     <key>-<basename>.sparse.map    its records of the ranges present (resumewds.cache)
     <key>-<basename>.meta          JSON, written after the shard: url, size, xxh3_64,
