@@ -1,16 +1,7 @@
 """Shard lists with webdataset's names: the first stage of a :class:`~resumewds.DataPipeline`.
 
-``SimpleShardList(urls)`` and ``ResampledShards(urls)`` iterate ``{"url":
-...}`` dicts as in webdataset 1.0.2, so they work as stages of a generic
-pipeline.  Inside a :class:`resumewds.DataPipeline` they are not iterated:
-the pipeline reads their urls and seed and compiles them into the
-deterministic plan (see :mod:`resumewds.datapipeline`).
-
-Differences from webdataset, inside a DataPipeline: ``ResampledShards``
-draws every shard once per epoch in a seeded random order, epoch after
-epoch, instead of drawing shards with replacement (so a resume is exact and
-no shard is over-represented); ``SimpleShardList(urls, seed=s)`` shuffles
-the shard order per epoch with the plan's seed.
+They iterate ``{"url": ...}`` dicts as in webdataset 1.0.2; inside a DataPipeline they are
+compiled into the deterministic plan instead (differences: docs/COMPAT.md).
 
 Example:
     >>> [d["url"] for d in SimpleShardList("s-{0..2}.tar")]
@@ -167,22 +158,9 @@ class SimpleShardList:
 class ResampledShards:
     """An endless stream of shards drawn at random, with replacement, from ``urls`` (webdataset's class).
 
-    Standalone (iterated, or as the source of a generic pipeline) it is webdataset
-    1.0.2's: each ``iter()`` starts a new epoch (``self.epoch`` counts from -1) and
-    draws ``nshards`` urls with ``random.Random(make_seed(worker_seed(), epoch,
-    seed))``; ``deterministic=False`` (the default) mixes in the pid, the time and
-    ``os.urandom`` as webdataset does, so two runs differ.  As the first stage of a
-    :class:`resumewds.DataPipeline` it is compiled into the plan instead (every
-    shard once per epoch in a seeded order, epoch after epoch; see docs/COMPAT.md).
-
-    Args:
-        urls: a brace pattern, a list of urls or an iterable of them.
-        nshards: how many shards one iteration yields.
-        seed: the seed.
-        worker_seed: a callable giving this worker's seed (default: ``rank * 1000 + worker``).
-        deterministic: seed only from ``worker_seed()``, the epoch and ``seed``.
-        max_urls: at most this many urls from an iterable.
-        empty_check: refuse an empty list.
+    Standalone it is webdataset 1.0.2's (each ``iter()`` a new epoch, seeded with
+    ``make_seed(worker_seed(), epoch, seed)``, plus pid, time and ``os.urandom`` unless
+    ``deterministic``); in a :class:`resumewds.DataPipeline` it is compiled into the plan.
 
     Raises:
         ValueError: ``empty_check`` and no urls.
@@ -258,28 +236,9 @@ def get_pid_from_filename(fname: str) -> Optional[int]:
 class DirectoryShardList:
     """Shards taken from a directory as they appear: webdataset 1.0.2's work queue.
 
-    Each iteration claims a file matching ``pattern`` by renaming it to
-    ``name._PID_`` (so several processes can share one directory), yields
-    ``{"url": claimed_name}``, and after the consumer asks for the next shard
-    recycles it by ``mode``: ``"unlink"`` deletes it, ``"keep"`` renames it
-    ``name._done_``, ``"resample"`` puts it back under its own name.  Files
-    claimed by processes that are gone are recycled the same way.  With
-    ``poll=None`` the iteration ends when no file matches; otherwise it waits
-    ``poll`` seconds and looks again, for up to ``timeout`` seconds.
-
-    This is a consuming queue whose order depends on the file system, the
-    clock and other processes, so it cannot be part of the deterministic plan:
-    a :class:`resumewds.DataPipeline` starting with it runs as webdataset does
-    (not exactly resumable; see docs/COMPAT.md).
-
-    Args:
-        path: the directory; must end with ``/`` and exist.
-        pattern: a glob (with ``{a,b}`` alternatives) relative to ``path``.
-        poll: seconds between looks when the directory is empty; None stops instead.
-        timeout: give up after this many seconds without a file.
-        mode: ``"resample"``, ``"unlink"`` or ``"keep"``.
-        select: ``"random"`` or ``"oldest"`` (by modification time).
-        fate: unused (as in webdataset).
+    Each iteration claims a file matching ``pattern`` by renaming it ``name._PID_``, yields it, then
+    recycles it by ``mode`` (``"unlink"``, ``"keep"``: ``name._done_``, ``"resample"``: back).
+    ``poll=None`` ends when no file matches.  Never part of the plan (not exactly resumable).
 
     Raises:
         ValueError: ``path`` does not end with ``/`` or is not a directory; an unknown ``select``
@@ -289,10 +248,8 @@ class DirectoryShardList:
         >>> import tempfile, pathlib
         >>> d = tempfile.mkdtemp() + "/"; pathlib.Path(d + "a.tar").touch()
         >>> ds = DirectoryShardList(d, "*.tar", poll=None, mode="unlink")
-        >>> [os.path.basename(x["url"]).split("._")[0] for x in ds]
-        ['a.tar']
-        >>> os.listdir(d)
-        []
+        >>> [os.path.basename(x["url"]).split("._")[0] for x in ds], os.listdir(d)
+        (['a.tar'], [])
     """
 
     def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.tgz}", poll: Optional[float] = 1,
@@ -383,12 +340,6 @@ default_rng = random.Random()
 class MultiShardSample:
     """Shards from a YAML (or dict) spec of several sources: webdataset's (obsolete there) class.
 
-    The spec has ``prefix``, ``buckets`` and ``datasets``; each dataset has
-    ``shards`` (brace patterns), an optional ``name``, ``buckets``, ``resample: n``
-    (draw n with replacement) or ``choose: n`` (n without replacement).  Each
-    ``iter()`` yields one epoch's urls, shuffled with ``self.rng``
-    (``set_epoch(seed)`` reseeds it).  Not compiled into the plan (see docs/COMPAT.md).
-
     Raises:
         ValueError: unknown keys, more than one bucket, ``choose`` larger than the
             shard list, or both ``choose`` and ``resample``.
@@ -471,8 +422,7 @@ class MultiShardSample:
 
 
 def resampled_(src: Any, n: int = sys.maxsize) -> Iterator[Any]:
-    """``n`` items drawn with replacement from everything ``src`` yields (webdataset's
-    generator form of :func:`resampled`; seeded from ``os.urandom``)."""
+    """``n`` items drawn with replacement from everything ``src`` yields (seeded from ``os.urandom``)."""
     items = list(src)
     rng = random.Random(int.from_bytes(os.urandom(8), "little"))
     for _ in range(n):
