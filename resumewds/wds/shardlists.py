@@ -23,8 +23,8 @@ from .. import config
 from ..sources import expand_braces
 from . import utils  # noqa: F401  (webdataset's shardlists.utils)
 from .filters import _Generic, pipelinefilter
-from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
-from .utils import is_iterable, obsolete
+from .splitters import single_node_only, split_by_node, split_by_worker
+from .utils import is_iterable, make_seed, obsolete, pytorch_worker_seed
 
 __all__ = ["DirectoryShardList", "MSSource", "MultiShardSample", "ResampledShardList", "ResampledShards",
            "SimpleShardList", "default_rng", "envlookup", "envsubst", "expand", "expand_source", "expand_urls",
@@ -98,30 +98,6 @@ def expand_source(source: Union[str, Iterable[str]], max_urls: int = int(1e9)) -
     if hasattr(source, "__iter__") and not isinstance(source, (bytes, bytearray)):
         return list(islice(source, max_urls))
     raise ValueError(f"cannot handle {type(source)}")
-
-
-def make_seed(*args: Any) -> int:
-    """webdataset's ``utils.make_seed``: a 31-bit seed from ``args`` (``hash`` of each, combined).
-
-    Example:
-        >>> make_seed(1, 0, 0)
-        961
-    """
-    seed = 0
-    for arg in args:
-        seed = (seed * 31 + hash(arg)) & 0x7FFFFFFF
-    return seed
-
-
-def pytorch_worker_seed(group: Any = None) -> int:
-    """webdataset's ``utils.pytorch_worker_seed``: ``rank * 1000 + worker``.
-
-    Example:
-        >>> pytorch_worker_seed() if "RANK" not in os.environ else 0
-        0
-    """
-    rank, _, worker, _ = worker_info(group)
-    return rank * 1000 + worker
 
 
 class SimpleShardList:

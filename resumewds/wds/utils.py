@@ -1,30 +1,14 @@
 """Names shared with webdataset's ``wds.utils`` module.
 
-``enforce_security`` has webdataset 1.0.2's meaning and default (the
-``WDS_SECURE`` environment variable, or ours, ``RESUMEWDS_SECURE``; off
-unless set).  When True:
-
-* decoders refuse every pickle-based member (``pkl``, ``pickle``, ``pyd``,
-  ``pth``) even with ``allow_pickle=True``;
-* shard sources that are local files (plain paths, ``file:`` URLs, local
-  manifests) or ``pipe:`` commands are refused, by ``WebDataset``,
-  ``DataPipeline``, ``resumewds.gopen.gopen`` and ``tarfile_to_samples``
-  alike; only remote URLs (``http(s)://``, ``s3://``) and ``"-"`` are opened;
-* ``GOPEN_REWRITE`` URL rewriting is refused.
-
-It is read at each use, so setting ``resumewds.utils.enforce_security =
-True`` at run time works as it does in webdataset: the engine watches this
-module's switch (:func:`resumewds.sources.watch_security_switch`) besides its
-own.  It starts as the environment says; the policy is on while either is
-set (turning it off at run time after ``WDS_SECURE=1`` takes unsetting
-both: the stricter of the two wins).
+``enforce_security`` has webdataset 1.0.2's meaning and default (``WDS_SECURE`` or
+``RESUMEWDS_SECURE``; off unless set): when True, pickle members, local and ``pipe:`` sources
+and ``GOPEN_REWRITE`` are refused.  It is read at each use, so setting it at run time works
+(:func:`resumewds.sources.watch_security_switch`); the policy is on while either switch is set.
 
 Example:
     >>> import resumewds.utils
     >>> isinstance(resumewds.utils.enforce_security, bool)
     True
-    >>> len(list(repeatedly(range(3), nepochs=2)))
-    6
 """
 
 from __future__ import annotations
@@ -90,13 +74,8 @@ def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: O
                batchsize: Callable[[Any], int] = guess_batchsize) -> Iterator[Any]:
     """Iterate ``source`` again and again (webdataset 1.0.2's ``utils.repeatedly``).
 
-    Stops after ``nepochs`` full passes, after ``nbatches`` items in all, or
-    once the items' sizes (``batchsize(item)``) add up to ``nsamples``,
-    whichever comes first; with none of them it goes on forever.
-
-    Differences from webdataset: ``batchsize`` is used (webdataset ignores
-    it and always calls ``guess_batchsize``), and a pass that yields nothing
-    ends the iteration instead of looping forever.
+    Stops after ``nepochs`` passes, ``nbatches`` items, or once ``batchsize(item)`` adds up to
+    ``nsamples``.  Unlike webdataset's, ``batchsize`` is used, and an empty pass ends it.
 
     Example:
         >>> len(list(repeatedly(range(3), nbatches=10)))
@@ -127,11 +106,6 @@ def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: O
 class PipelineStage:
     """webdataset's base class of a stage object: ``run(src)`` returns the stage's iterator.
 
-    A :class:`resumewds.DataPipeline` calls ``stage.run(src)`` for an instance
-    (``stage.run()`` for the source), as webdataset does; such a stage is run on
-    the stream, not compiled into the plan (:class:`resumewds.detshuffle` is one
-    that is compiled).
-
     Example:
         >>> class Twice(PipelineStage):
         ...     def run(self, src):
@@ -150,12 +124,11 @@ class PipelineStage:
 
 
 def make_seed(*args: Any) -> int:
-    """A 31-bit seed from ``args`` (webdataset's: ``hash`` of each; salted for strings,
-    so deterministic only within one process unless PYTHONHASHSEED is set).
+    """A 31-bit seed from ``args`` (webdataset's: ``hash`` of each, so salted for strings).
 
     Example:
-        >>> 0 <= make_seed(1, 2, 3) < 2 ** 31
-        True
+        >>> make_seed(1, 0, 0)
+        961
     """
     seed = 0
     for arg in args:
@@ -213,9 +186,8 @@ def lookup_sym(sym: str, modules: Sequence[str]) -> Any:
     return None
 
 
-def pytorch_worker_info(group: Any = None) -> Tuple[int, int, int, int]:
-    """``(rank, world_size, worker, num_workers)`` (:func:`resumewds.plan.worker_info`)."""
-    return worker_info(group)
+#: ``(rank, world_size, worker, num_workers)`` (:func:`resumewds.plan.worker_info`)
+pytorch_worker_info = worker_info
 
 
 def pytorch_worker_seed(group: Any = None) -> int:
@@ -282,8 +254,7 @@ def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
 
 
 def add_length_method(obj: Any) -> Any:
-    """Give ``obj`` a ``__len__`` returning ``obj.size`` (its class becomes a subclass
-    ``<name>_Length``), as webdataset's ``with_length`` does; returns ``obj``.
+    """Give ``obj`` a ``__len__`` returning ``obj.size`` (webdataset's ``with_length``); returns ``obj``.
 
     Example:
         >>> class P: size = 3
