@@ -1,17 +1,8 @@
 """Streaming tar stages with webdataset's names: ``tarfile_to_samples`` and its parts.
 
-These run a shard list through ``url_opener`` -> ``tar_file_expander`` ->
-``group_by_keys`` as webdataset 1.0.2 does (one pass over each stream,
-``.tar.gz`` included), for generic pipelines.  Inside a
-:class:`resumewds.DataPipeline` whose earlier stages are all recognised,
-``tarfile_to_samples(handler=...)`` is not run this way: it is compiled
-into the plan, which reads each sample by seeking in the verified cache
-(exact resume); ``handler`` then decides what a bad shard does (skip or
-raise), as in ``WebDataset(handler=...)``.
-
-Grouping is :mod:`resumewds.tar`'s (byte-compatible with webdataset's):
-the key is the path up to the first dot of the basename, extensions are
-lower-cased, a repeated extension in one sample is a ``ValueError``.
+``url_opener`` -> ``tar_file_expander`` -> ``group_by_keys``, as webdataset 1.0.2 runs them, for
+generic pipelines; in a :class:`resumewds.DataPipeline` ``tarfile_to_samples(handler=...)`` is
+compiled into the plan instead.  Grouping is :mod:`resumewds.tar`'s (byte-compatible).
 
 Example:
     >>> import io, tarfile
@@ -46,8 +37,7 @@ __all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "meta_prefix", "me
            "valid_sample"]
 
 ExnHandler = Callable[[BaseException], bool]
-#: webdataset's module settings: ``trace`` prints each member :func:`group_by_keys` groups;
-#: metadata keys of a sample start with ``meta_prefix`` and end with ``meta_suffix``
+#: webdataset's module settings (``trace``: print each member :func:`group_by_keys` groups)
 trace = False
 meta_prefix = "__"
 meta_suffix = "__"
@@ -70,15 +60,13 @@ def valid_sample(sample: Optional[Dict[str, Any]]) -> bool:
 
 
 def open_url(url: str) -> Any:
-    """A readable binary stream for a local path, ``file:`` url, ``pipe:`` command or http(s) url
-    (:func:`resumewds.gopen.gopen`: ``GOPEN_REWRITE`` and ``utils.enforce_security`` apply)."""
+    """A readable binary stream of ``url`` (:func:`resumewds.gopen.gopen`)."""
     return gopen.gopen(url, "rb")
 
 
 def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
                **kw: Any) -> Iterator[Dict[str, Any]]:
-    """Add a freshly opened ``stream`` to each ``{"url": ...}`` dict (as webdataset: the
-    same dict seen twice, e.g. after ``resampled``, is opened again)."""
+    """Add a freshly opened ``stream`` to each ``{"url": ...}`` dict."""
     for sample in data:
         url = sample["url"]
         try:
@@ -240,8 +228,7 @@ def tarfile_to_samples(handler: ExnHandler = reraise_exception,
     """Stage: shard urls in, samples out (see the module docs).
 
     Example:
-        >>> stage = tarfile_to_samples()
-        >>> stage  # doctest: +ELLIPSIS
+        >>> tarfile_to_samples()
         tarfile_to_samples(handler=reraise_exception)
     """
     return TarfileToSamples(handler, select_files, rename_files)
