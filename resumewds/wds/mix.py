@@ -1,34 +1,11 @@
 """webdataset's ``mix`` module: ``RoundRobin``, ``RandomMix`` and ``random_samples``.
 
-:class:`RoundRobin` interleaves datasets one item each in turn, with
-webdataset 1.0.2's semantics: it stops when the first source runs out
-(``longest=False``, even in the middle of a round), or goes on with the
-remaining sources until all are exhausted (``longest=True``).  It is a torch
-``IterableDataset`` once torch is imported.  This module imports torch
-(:class:`StreamMix` is a torch ``IterableDataset``, as webdataset's ``RandomMix``).
-
-:func:`RandomMix` picks the form by its sources:
-
-* every source is a data set resumewds runs exactly (a ``WebDataset`` or a
-  compiled ``DataPipeline``, neither batched nor with stages after its
-  compiled part): :class:`resumewds.MixedDataset`, deterministic and exactly
-  resumable at any worker count (:func:`resumewds.mixing.RandomMix`,
-  ``docs/MIXTURES.md``);
-* anything else (a ``DataPipeline`` with a stage of your own, batched
-  sources, any iterable): :class:`StreamMix`, webdataset's ``RandomMix``:
-  each item is drawn from a source with :func:`random_samples` (Python's
-  ``random``), so it gives webdataset's data.  It keeps no state: its resume
-  is approximate, as webdataset's (under ``WebLoader`` it runs as
-  webdataset's loader, which says so; ``state_dict()["exact"]`` is False).
-
-Resume: ``RoundRobin`` and ``StreamMix`` keep no state of their own and are
-not exactly resumable (nor are webdataset's).
+:class:`RoundRobin` and :class:`StreamMix` (webdataset's ``RandomMix``) have webdataset 1.0.2's
+semantics and keep no state (not exactly resumable, as webdataset's).  :func:`RandomMix` gives the
+exact :class:`resumewds.MixedDataset` where every source is one resumewds runs exactly
+(:func:`exact_source`), else :class:`StreamMix`.  This module imports torch.
 
 Example:
-    >>> list(RoundRobin([[1, 2, 3], "ab"]))
-    [1, 'a', 2, 'b', 3]
-    >>> list(RoundRobin([[1, 2, 3], "ab"], longest=True))
-    [1, 'a', 2, 'b', 3]
     >>> list(RoundRobin([[1], "abc"], longest=True))
     [1, 'a', 'b', 'c']
     >>> import random; random.seed(0)
@@ -95,10 +72,8 @@ class RoundRobin:
     """Interleave ``datasets`` round-robin (webdataset's ``RoundRobin``).
 
     Args:
-        datasets: iterables (our datasets, pipelines, lists, arrays...);
-            each is iterated afresh by every ``iter(...)``.
-        longest: go on until every source is exhausted (default: stop at
-            the first exhausted one).
+        datasets: iterables, each iterated afresh by every ``iter(...)``.
+        longest: go on until every source is exhausted (default: stop at the first).
 
     Example:
         >>> list(RoundRobin([range(3), range(10, 12)]))
@@ -124,11 +99,8 @@ def random_samples(sources: List[Iterator[Any]], probs: Optional[Sequence[float]
                    longest: bool = False) -> Iterator[Any]:
     """Items drawn from ``sources`` at random, by ``probs`` (webdataset's ``random_samples``).
 
-    Each draw is ``random.random()`` (Python's global generator, as webdataset's:
-    ``random.seed`` makes it repeatable) against the cumulative normalised
-    ``probs`` (default: equal).  An exhausted source ends the stream, or with
-    ``longest=True`` drops out (its probability too) until none is left.
-    ``sources`` (a list) is consumed.
+    Each draw is ``random.random()`` (Python's global generator, as webdataset's).  An exhausted
+    source ends the stream, or with ``longest=True`` drops out.  ``sources`` is consumed.
 
     Example:
         >>> random.seed(1)
@@ -149,17 +121,7 @@ def random_samples(sources: List[Iterator[Any]], probs: Optional[Sequence[float]
 
 
 class StreamMix(IterableDataset):
-    """webdataset's ``RandomMix``: items of ``datasets`` drawn at random by ``probs``.
-
-    Each ``iter()`` iterates every dataset afresh and draws with
-    :func:`random_samples`.  It keeps no state (its resume is approximate,
-    as webdataset's); :func:`RandomMix` gives it for sources resumewds
-    cannot mix exactly.
-
-    Args:
-        datasets: the sources (any iterables).
-        probs: relative probabilities (default: equal).
-        longest: go on until every source is exhausted (default: stop at the first).
+    """webdataset's ``RandomMix``: items of ``datasets`` drawn at random by ``probs`` (no state).
 
     Example:
         >>> random.seed(0)
@@ -182,9 +144,8 @@ class StreamMix(IterableDataset):
 
 
 def exact_source(ds: Any) -> bool:
-    """Whether :class:`resumewds.MixedDataset` can mix ``ds`` exactly: a data set of the
-    plan (``WebDataset``, a compiled ``DataPipeline``), not batched, with no stage after
-    its compiled part (the mixture runs a source's per-sample stages only).
+    """Whether :class:`resumewds.MixedDataset` can mix ``ds`` exactly: a data set of the plan, not
+    batched, with no stage after its compiled part.
 
     Example:
         >>> exact_source([1, 2, 3])
@@ -201,13 +162,7 @@ def exact_source(ds: Any) -> bool:
 
 def RandomMix(datasets: Sequence[Any], probs: Optional[Sequence[float]] = None,
               longest: bool = False) -> Union[MixedDataset, StreamMix]:
-    """webdataset's ``RandomMix(datasets, probs=None, longest=False)``.
-
-    Sources resumewds runs exactly (:func:`exact_source`) give the
-    deterministic, exactly resumable :class:`resumewds.MixedDataset`
-    (:func:`resumewds.mixing.RandomMix`); any other source gives
-    :class:`StreamMix`, webdataset's own mixing (its data, an approximate
-    resume).  See the module docs.
+    """webdataset's ``RandomMix(datasets, probs=None, longest=False)`` (see the module docs).
 
     Example:
         >>> type(RandomMix([[1, 2], [3]])).__name__
