@@ -45,12 +45,7 @@ register_iterable_dataset(MockDataset)
 
 
 def check_empty(source: Iterable[Any]) -> Iterator[Any]:
-    """Pass ``source`` through; raise ValueError at its end if it yielded nothing.
-
-    Example:
-        >>> list(check_empty([1]))
-        [1]
-    """
+    """Pass ``source`` through; raise ValueError at its end if it yielded nothing."""
     count = 0
     for sample in source:
         yield sample

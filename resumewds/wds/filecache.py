@@ -36,18 +36,11 @@ verbose_cache: int = int(bool(config.value("verbose_cache")))
 
 
 class CacheNameError(TypeError, AssertionError):
-    """A non-string url of :func:`url_to_cache_name`: a ``TypeError``, and the ``AssertionError``
-    webdataset's ``assert`` raises there.
-    """
+    """A non-string url of :func:`url_to_cache_name`: a ``TypeError``, and webdataset's ``AssertionError``."""
 
 
 def islocal(url: str) -> bool:
-    """Whether ``url`` names a local file (no scheme, or ``file:``).
-
-    Example:
-        >>> islocal("/data/a.tar"), islocal("http://h/a.tar")
-        (True, False)
-    """
+    """Whether ``url`` names a local file (no scheme, or ``file:``)."""
     return urlparse(url).scheme in ["", "file"]
 
 
@@ -79,11 +72,7 @@ def magic_filetype(fname: str) -> str:
 
 
 def check_tar_format(fname: str) -> bool:
-    """Whether ``fname`` looks like a tar archive (or a gzip of one).
-
-    Raises:
-        FileNotFoundError: no such file.
-    """
+    """Whether ``fname`` looks like a tar archive (or a gzip of one)."""
     if not os.path.exists(fname):
         raise FileNotFoundError(fname)
     ftype = magic_filetype(fname).lower()
@@ -101,11 +90,7 @@ def pipe_cleaner(spec: str) -> str:
 
 
 def url_to_cache_name(url: str, ndir: int = 0) -> str:
-    """The cache file name of ``url``: its last ``ndir + 1`` path components, else the quoted url.
-
-    Raises:
-        CacheNameError: ``url`` is not a string.
-    """
+    """The cache file name of ``url``: its last ``ndir + 1`` path components, else the quoted url."""
     if not isinstance(url, str):
         raise CacheNameError(f"url_to_cache_name needs a string, got {type(url).__name__}")
     parsed = urlparse(url)
@@ -188,9 +173,7 @@ class StreamingOpen:
 
 
 class FileCache:
-    """A stage: each url downloaded into ``cache_dir`` (once) and opened from there, retried while
-    ``handler`` says go on; ``cache_size > 0`` keeps the directory under that size.
-    """
+    """A stage: each url downloaded into ``cache_dir`` (once) and opened from there (retried while ``handler`` says)."""
 
     def __init__(self, cache_dir: Optional[str] = None, *, url_to_name: Callable[[str], str] = url_to_cache_name,
                  verbose: bool = False, validator: Optional[Callable[[str], bool]] = check_tar_format,

@@ -129,12 +129,7 @@ def pipelinefilter(f: Callable[..., Iterator[Any]]) -> Callable[..., StreamStage
 
 
 def parse_field_spec(fields: Any) -> List[List[str]]:
-    """``"jpg;png cls"`` (or a list) as lists of alternatives (webdataset's helper).
-
-    Example:
-        >>> parse_field_spec("jpg;png cls")
-        [['jpg', 'png'], ['cls']]
-    """
+    """``"jpg;png cls"`` (or a list) as lists of alternatives (webdataset's helper)."""
     if isinstance(fields, str):
         fields = fields.split()
     return [f.split(";") for f in fields]
@@ -253,11 +248,7 @@ def decode_text(stream: Any) -> str:
 
 
 def decode_pickle(stream: Any) -> Any:
-    """A pickle from a stream (an ``xdecode`` decoder, webdataset's; runs code from the data).
-
-    Raises:
-        EnforcedSecurityError: ``resumewds.utils.enforce_security`` is set.
-    """
+    """A pickle from a stream (an ``xdecode`` decoder, webdataset's; runs code from the data)."""
     return autodecode.unpickle_loads(stream.read())
 
 
@@ -265,12 +256,7 @@ default_decoders = [("*.bin", decode_bin), ("*.txt", decode_text), ("*.pyd", dec
 
 
 def find_decoder(decoders: Sequence[Any], path: str) -> Any:
-    """The decoder of ``path``: the last ``(pattern, decoder)`` whose glob matches its file name.
-
-    Example:
-        >>> find_decoder(default_decoders, "sample.txt") is decode_text
-        True
-    """
+    """The decoder of ``path``: the last ``(pattern, decoder)`` whose glob matches its file name."""
     fname = re.sub(r".*/", "", path)
     if fname.startswith("__"):
         return lambda x: x
@@ -341,13 +327,7 @@ class Cached:
 
 
 class FilterFunction:
-    """``f`` with its arguments after the data: ``FilterFunction(f, *a, **kw)(data)`` is
-    ``f(data, *a, **kw)`` (webdataset's picklable curried stage).
-
-    Example:
-        >>> FilterFunction(lambda data, n: data[:n], 2)("abc")
-        'ab'
-    """
+    """``FilterFunction(f, *a, **kw)(data)`` is ``f(data, *a, **kw)`` (webdataset's picklable curried stage)."""
 
     def __init__(self, f: Callable[..., Any], *args: Any, **kw: Any):
         self.f, self.args, self.kw = f, args, kw
@@ -362,12 +342,7 @@ class FilterFunction:
 
 
 class RestCurried:
-    """``RestCurried(f)(*a, **kw)`` is ``FilterFunction(f, *a, **kw)`` (webdataset's).
-
-    Example:
-        >>> RestCurried(lambda data, n: data[:n])(1)("abc")
-        'a'
-    """
+    """``RestCurried(f)(*a, **kw)`` is ``FilterFunction(f, *a, **kw)`` (webdataset's)."""
 
     def __init__(self, f: Callable[..., Any]):
         self.f = f
@@ -377,44 +352,24 @@ class RestCurried:
 
 
 def compose2(f: Callable[[Any], Any], g: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``g(f(x))`` (webdataset's).
-
-    Example:
-        >>> compose2(str, len)(1234)
-        4
-    """
+    """``g(f(x))`` (webdataset's)."""
     return lambda x: g(f(x))
 
 
 def compose(*args: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The functions composed left to right: ``compose(f, g)(x)`` is ``g(f(x))``.
-
-    Example:
-        >>> list(compose(map(lambda x: x + 1), select(lambda x: x % 2 == 0))(iter(range(5))))
-        [2, 4]
-    """
+    """The functions composed left to right: ``compose(f, g)(x)`` is ``g(f(x))``."""
     return functools.reduce(compose2, args)
 
 
 def pipeline(source: Any, *args: Callable[[Any], Any]) -> Any:
-    """``source`` through the stages ``args`` (webdataset's ``pipeline``).
-
-    Example:
-        >>> list(pipeline(iter(range(4)), map(lambda x: x * 10), slice(2)))
-        [0, 10]
-    """
+    """``source`` through the stages ``args`` (webdataset's ``pipeline``)."""
     if len(args) == 0:
         return source
     return compose(*args)(source)
 
 
 def pick(buf: List[Any], rng: Any) -> Any:
-    """Remove and return an item of ``buf`` at random (webdataset's shuffle-buffer pick).
-
-    Example:
-        >>> buf = [1, 2, 3]; x = pick(buf, random.Random(0)); sorted(buf + [x])
-        [1, 2, 3]
-    """
+    """Remove and return an item of ``buf`` at random (webdataset's shuffle-buffer pick)."""
     k = rng.randint(0, len(buf) - 1)
     sample = buf[k]
     buf[k] = buf[-1]
@@ -449,24 +404,14 @@ def combine_values(b: Sequence[Any], combine_tensors: bool = True, combine_scala
 
 
 def tuple2dict(sample: Any) -> Dict[Any, Any]:
-    """A tuple as ``{index: field}`` (a dict is returned as it is).
-
-    Example:
-        >>> tuple2dict(("a", "b"))
-        {0: 'a', 1: 'b'}
-    """
+    """A tuple as ``{index: field}`` (a dict is returned as it is)."""
     if isinstance(sample, dict):
         return sample
     return dict(enumerate(sample))
 
 
 def dict2tuple(d: Dict[int, Any]) -> tuple:
-    """``{0: a, 1: b}`` as ``(a, b)`` (the inverse of :func:`tuple2dict`).
-
-    Example:
-        >>> dict2tuple({0: "a", 1: "b"})
-        ('a', 'b')
-    """
+    """``{0: a, 1: b}`` as ``(a, b)`` (the inverse of :func:`tuple2dict`)."""
     return tuple(d[i] for i in range(1 + max(d.keys())))
 
 

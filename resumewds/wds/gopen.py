@@ -122,12 +122,7 @@ class Pipe(io.RawIOBase):
 
 def set_options(obj: Any, timeout: Optional[float] = None, ignore_errors: Optional[bool] = None,
                 ignore_status: Optional[Sequence[int]] = None, handler: Any = None) -> bool:
-    """Change a :class:`Pipe`'s options after ``gopen`` (webdataset's); False for any other stream.
-
-    Example:
-        >>> set_options(io.BytesIO(), timeout=1)
-        False
-    """
+    """Change a :class:`Pipe`'s options after ``gopen`` (webdataset's); False for any other stream."""
     if not isinstance(obj, Pipe):
         return False
     if timeout is not None:

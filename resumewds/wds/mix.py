@@ -30,12 +30,7 @@ __all__ = ["RandomMix", "RoundRobin", "StreamMix", "random_samples", "round_robi
 
 
 def round_robin_shortest(*sources: Iterator[Any]) -> Iterator[Any]:
-    """One item from each iterator in turn, until one of them is exhausted.
-
-    Example:
-        >>> list(round_robin_shortest(iter([1, 2]), iter("abc")))
-        [1, 'a', 2, 'b']
-    """
+    """One item from each iterator in turn, until one of them is exhausted."""
     if not sources:
         return
     i = 0
@@ -97,16 +92,7 @@ register_iterable_dataset(RoundRobin)
 
 def random_samples(sources: List[Iterator[Any]], probs: Optional[Sequence[float]] = None,
                    longest: bool = False) -> Iterator[Any]:
-    """Items drawn from ``sources`` at random, by ``probs`` (webdataset's ``random_samples``).
-
-    Each draw is ``random.random()`` (Python's global generator, as webdataset's).  An exhausted
-    source ends the stream, or with ``longest=True`` drops out.  ``sources`` is consumed.
-
-    Example:
-        >>> random.seed(1)
-        >>> list(random_samples([iter("ab"), iter("xy")], [1, 3]))
-        ['a', 'x', 'y']
-    """
+    """Items drawn from ``sources`` at random, by ``probs`` (webdataset's ``random_samples``)."""
     probs = [1] * len(sources) if probs is None else list(probs)
     while len(sources) > 0:
         cum = (np.array(probs) / np.sum(probs)).cumsum()
@@ -121,13 +107,7 @@ def random_samples(sources: List[Iterator[Any]], probs: Optional[Sequence[float]
 
 
 class StreamMix(IterableDataset):
-    """webdataset's ``RandomMix``: items of ``datasets`` drawn at random by ``probs`` (no state).
-
-    Example:
-        >>> random.seed(0)
-        >>> sorted(StreamMix([[1, 2], [3]], longest=True))
-        [1, 2, 3]
-    """
+    """webdataset's ``RandomMix``: items of ``datasets`` drawn at random by ``probs`` (no state)."""
 
     def __init__(self, datasets: Sequence[Iterable[Any]], probs: Optional[Sequence[float]] = None,
                  longest: bool = False):
@@ -144,13 +124,7 @@ class StreamMix(IterableDataset):
 
 
 def exact_source(ds: Any) -> bool:
-    """Whether :class:`resumewds.MixedDataset` can mix ``ds`` exactly: a data set of the plan, not
-    batched, with no stage after its compiled part.
-
-    Example:
-        >>> exact_source([1, 2, 3])
-        False
-    """
+    """Whether :class:`resumewds.MixedDataset` can mix ``ds`` exactly (a plan's, unbatched, no stream stage)."""
     c = getattr(ds, "compiled", None)  # a DataPipeline's compiled form
     if c is not None and (c.generic or c.tail):
         return False

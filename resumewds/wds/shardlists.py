@@ -33,11 +33,7 @@ __all__ = ["DirectoryShardList", "MSSource", "MultiShardSample", "ResampledShard
 
 
 def envlookup(m: re.Match) -> str:
-    """The environment variable ``WDS_<name>`` of a ``${name}`` match (webdataset's).
-
-    Raises:
-        ValueError: ``WDS_<name>`` is not set.
-    """
+    """The environment variable ``WDS_<name>`` of a ``${name}`` match (webdataset's)."""
     key = "WDS_" + m.group(1)
     if key not in os.environ:
         raise ValueError(f"{m.string}: missing environment variable {key}")
@@ -45,31 +41,17 @@ def envlookup(m: re.Match) -> str:
 
 
 def envsubst(s: str) -> str:
-    """Replace ``${NAME}`` with the environment variable ``WDS_NAME`` (webdataset's rule).
-
-    Raises:
-        ValueError: ``WDS_NAME`` is not set.
-    """
+    """Replace ``${NAME}`` with the environment variable ``WDS_NAME`` (webdataset's rule)."""
     return re.sub(r"\$\{(\w+)\}", envlookup, s)
 
 
 def expand(s: str) -> str:
-    """``~`` and ``$VARS`` expanded (webdataset's, for shard specs).
-
-    Example:
-        >>> expand("$HOME") == os.path.expanduser("~")
-        True
-    """
+    """``~`` and ``$VARS`` expanded (webdataset's, for shard specs)."""
     return os.path.expanduser(os.path.expandvars(s))
 
 
 def expand_urls(urls: str) -> List[str]:
-    """Expand ``::``-joined brace patterns (and ``${NAME}`` from ``WDS_NAME``) into a list of urls.
-
-    Example:
-        >>> expand_urls("a-{0..1}.tar::b.tar")
-        ['a-0.tar', 'a-1.tar', 'b.tar']
-    """
+    """Expand ``::``-joined brace patterns (and ``${NAME}`` from ``WDS_NAME``) into a list of urls."""
     out: List[str] = []
     for part in urls.split("::"):
         for _ in range(10):
@@ -82,15 +64,7 @@ def expand_urls(urls: str) -> List[str]:
 
 
 def expand_source(source: Union[str, Iterable[str]], max_urls: int = int(1e9)) -> List[str]:
-    """A string pattern, a list of urls or any iterable of urls (its first ``max_urls``), as a list.
-
-    Raises:
-        ValueError: ``source`` is none of these.
-
-    Example:
-        >>> expand_source(iter(["a.tar", "b.tar", "c.tar"]), max_urls=2)
-        ['a.tar', 'b.tar']
-    """
+    """A string pattern, a list of urls or any iterable of urls (its first ``max_urls``), as a list."""
     if isinstance(source, str):
         return expand_urls(source)
     if isinstance(source, list):

@@ -44,12 +44,7 @@ meta_suffix = "__"
 
 
 def base_plus_ext(path: str) -> Tuple[Optional[str], Optional[str]]:
-    """``(key, extension)`` of a member name, or ``(None, None)``.
-
-    Example:
-        >>> base_plus_ext("dir/a.seg.png")
-        ('dir/a', 'seg.png')
-    """
+    """``(key, extension)`` of a member name, or ``(None, None)``."""
     return split_key(path)
 
 
@@ -141,11 +136,7 @@ def group_by_keys(data: Iterable[Dict[str, Any]],
                   keys: Callable[[str], Tuple[Optional[str], Optional[str]]] = base_plus_ext, lcase: bool = True,
                   suffixes: Optional[Any] = None,
                   handler: ExnHandler = reraise_exception) -> Iterator[Dict[str, Any]]:
-    """Group consecutive members with the same key into samples.
-
-    Raises:
-        ValueError: a repeated extension within one sample.
-    """
+    """Group consecutive members with the same key into samples."""
     current: Optional[Dict[str, Any]] = None
     for filesample in data:
         try:

@@ -124,12 +124,7 @@ class PipelineStage:
 
 
 def make_seed(*args: Any) -> int:
-    """A 31-bit seed from ``args`` (webdataset's: ``hash`` of each, so salted for strings).
-
-    Example:
-        >>> make_seed(1, 0, 0)
-        961
-    """
+    """A 31-bit seed from ``args`` (webdataset's: ``hash`` of each, so salted for strings)."""
     seed = 0
     for arg in args:
         seed = (seed * 31 + hash(arg)) & 0x7FFFFFFF
@@ -137,35 +132,17 @@ def make_seed(*args: Any) -> int:
 
 
 def glob_with_braces(pattern: str) -> List[str]:
-    """``glob`` of every brace expansion of ``pattern``.
-
-    Example:
-        >>> glob_with_braces("/nonexistent-{a,b}/*.tar")
-        []
-    """
+    """``glob`` of every brace expansion of ``pattern``."""
     return [f for pat in expand_braces(pattern) for f in glob.glob(pat)]
 
 
 def fnmatch_with_braces(filename: str, pattern: str) -> bool:
-    """``fnmatch`` against any brace expansion of ``pattern``.
-
-    Example:
-        >>> fnmatch_with_braces("a.jpg", "*.{jpg,png}"), fnmatch_with_braces("a.txt", "*.{jpg,png}")
-        (True, False)
-    """
+    """``fnmatch`` against any brace expansion of ``pattern``."""
     return any(fnmatch.fnmatch(filename, pat) for pat in expand_braces(pattern))
 
 
 def safe_eval(s: str, expr: str = "{}") -> Any:
-    """``eval(expr.format(s))`` for an ``s`` made only of letters, digits and ``_``.
-
-    Raises:
-        ValueError: ``s`` has other characters.
-
-    Example:
-        >>> safe_eval("12", "{} + 1")
-        13
-    """
+    """``eval(expr.format(s))`` for an ``s`` made only of letters, digits and ``_``."""
     if re.sub("[^A-Za-z0-9_]", "", s) != s:
         raise ValueError(f"safe_eval: illegal characters in: '{s}'")
     return eval(expr.format(s))  # webdataset's helper; input restricted above
@@ -197,8 +174,7 @@ def pytorch_worker_seed(group: Any = None) -> int:
 
 
 def deprecated(arg: Any = None) -> Any:
-    """Decorator (``@deprecated`` or ``@deprecated("reason")``): warn with a
-    ``DeprecationWarning`` on each call."""
+    """Decorator (``@deprecated`` or ``@deprecated("reason")``): warn with a ``DeprecationWarning`` on each call."""
     reason = None if callable(arg) else arg
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -220,8 +196,7 @@ class ObsoleteException(Exception):
 
 
 def obsolete(func: Optional[Callable[..., Any]] = None, *, reason: Optional[str] = None) -> Any:
-    """Decorator: calls raise :class:`ObsoleteException` unless ``ALLOW_OBSOLETE=1``
-    (or ``RESUMEWDS_ALLOW_OBSOLETE=1``) is set."""
+    """Decorator: calls raise :class:`ObsoleteException` unless ``ALLOW_OBSOLETE=1`` is set."""
     if func is None:
         return functools.partial(obsolete, reason=reason)
     f = func
@@ -239,12 +214,7 @@ def obsolete(func: Optional[Callable[..., Any]] = None, *, reason: Optional[str]
 
 
 def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
-    """``n * w`` of each ``(n, w)`` pair, scaled so the largest is 1 (a numpy array).
-
-    Example:
-        >>> compute_sample_weights([(10, 1.0), (5, 1.0)]).tolist()
-        [1.0, 0.5]
-    """
+    """``n * w`` of each ``(n, w)`` pair, scaled so the largest is 1 (a numpy array)."""
     import numpy as np
 
     ns = np.array([p[0] for p in n_w_pairs])
@@ -254,13 +224,7 @@ def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
 
 
 def add_length_method(obj: Any) -> Any:
-    """Give ``obj`` a ``__len__`` returning ``obj.size`` (webdataset's ``with_length``); returns ``obj``.
-
-    Example:
-        >>> class P: size = 3
-        >>> len(add_length_method(P()))
-        3
-    """
+    """Give ``obj`` a ``__len__`` returning ``obj.size`` (webdataset's ``with_length``); returns ``obj``."""
 
     def length(self: Any) -> int:
         return self.size
