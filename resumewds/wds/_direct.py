@@ -82,7 +82,6 @@ class DirectDataset(ShardDataset):
         self._advanced = False  # the last iter() handed an item out
         self._pinned = False  # ... and no state was taken after it
 
-    # ---- passes: repeat / with_epoch ----------------------------------------------
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> DirectDataset:
         """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items.
 
@@ -121,7 +120,6 @@ class DirectDataset(ShardDataset):
             return None
         return (self._nepochs if self._mode == "repeat" else -1), self._limit
 
-    # ---- webdataset's worker split ----------------------------------------------------
     def worker_split_mode(self) -> str:
         """``"shards"`` or ``"samples"``: how DataLoader workers share an epoch (``worker_split``)."""
         return self.worker_split or "samples"
@@ -138,7 +136,6 @@ class DirectDataset(ShardDataset):
             return 0
         return int(num_workers)
 
-    # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----
     def _split(self) -> Tuple[int, int, int, int, List[Any]]:
         """``(rank, world, worker, num_workers, custom splitters)`` for this process."""
         rank, world, worker, nworkers = worker_info()
@@ -323,7 +320,6 @@ class DirectDataset(ShardDataset):
         self._cursor = None
         self._pending = None
 
-    # ---- state (torchdata StatefulDataLoader protocol) -------------------
     def state_dict(self) -> Dict[str, Any]:
         """Where this process's iteration is (in a DataLoader worker, that worker's): no sample data."""
         if self._pending is not None:  # loaded, not iterated yet: where the next iter() starts

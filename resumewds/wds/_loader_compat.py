@@ -66,7 +66,6 @@ class DataLoaderAttributes:
     dataloader_kwargs: Dict[str, Any]
     _collate_fn: Any
 
-    # ---- what a sampler-based DataLoader has and this loader does not ------------
     @property
     def sampler(self) -> None:
         """None: the order is the dataset's plan (its seed and shuffle settings)."""
@@ -87,7 +86,6 @@ class DataLoaderAttributes:
         """The collate function of batches (None with ``batch_size=None``)."""
         return self._collate_fn
 
-    # ---- DataLoader keyword arguments: as given, or torch's defaults -------------
     def _dl_kwarg(self, name: str) -> Any:
         return self.dataloader_kwargs.get(name, _DEFAULTS[name])
 
@@ -131,7 +129,6 @@ class DataLoaderAttributes:
         value = self.dataloader_kwargs.get("prefetch_factor")
         return 2 if value is None else int(value)
 
-    # ---- lengths ---------------------------------------------------------------
     def _take_world(self) -> None:
         """The loader's: a world set up after it was built (frameworks read ``len`` before iterating)."""
 

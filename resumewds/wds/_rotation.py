@@ -135,7 +135,6 @@ class RotatingLoader(ShardLoader):
         self._rot: Optional[Dict[str, Any]] = None  # {"epoch", "streams", "next"} of the epoch in progress
         super().__init__(dataset, *args, **kw)
 
-    # ---- where the rotation stands ----------------------------------------------
     @property
     def rotation_workers(self) -> int:
         """``W`` of the rotation this loader follows, or 0 (the engine's own order)."""
@@ -181,7 +180,6 @@ class RotatingLoader(ShardLoader):
                              f"{self.position}")
         self._rot = {"epoch": self.epoch, "streams": streams, "next": nxt}
 
-    # ---- the engine loader's place hooks: the rotation in states, commits and marks -----
     def extra_place(self) -> Dict[str, Any]:
         """Under the rotation: ``{"rotation": {"workers", "streams", "next"}}``, in each state and commit."""
         return {"rotation": self._rotation()} if self.rotation_workers else {}
@@ -205,7 +203,6 @@ class RotatingLoader(ShardLoader):
                              "filtered streams the items ahead are known only once read; iterate past them")
         return super().skip_steps(k, reason)
 
-    # ---- iteration --------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._take_world()
         self._world_open = False

@@ -101,7 +101,6 @@ class SplitSequence:
     def __len__(self) -> int:
         return self.total
 
-    # ---- the round-robin of units ---------------------------------------
     def _before_round(self, r: int) -> int:
         """Units delivered before round ``r``: ``sum(min(units_w, r))``."""
         i = bisect.bisect_left(self._sorted, r)  # workers with fewer than r units give all of theirs
@@ -209,7 +208,6 @@ class SplitSequence:
                 out[n] = pair
         return out
 
-    # ---- what to prefetch -----------------------------------------------
     def window_of(self, d: int) -> int:
         """An id of the window holding position ``d`` (its worker's window)."""
         w, i = self.locate(d)

@@ -216,7 +216,6 @@ class DataPipeline(WebDataset, IterableDataset):
         if c.tail and warn:
             self._warn(c.tail[0], whole=False)
 
-    # ---- what is exact ----------------------------------------------------------
     @property
     def exact(self) -> bool:
         """True when the whole pipeline is compiled into the plan (exact resume)."""
@@ -248,7 +247,6 @@ class DataPipeline(WebDataset, IterableDataset):
                       "splitters, shuffle, tarfile_to_samples, the per-sample stages, batched)",
                       stacklevel=4)
 
-    # ---- the plan -----------------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
         if self._c.generic:
             d = dict(self.__dict__)
@@ -291,7 +289,6 @@ class DataPipeline(WebDataset, IterableDataset):
             return Layout(self.batch_size, world, rank, "keep" if (b is None or b.partial) else "drop")
         return Layout(_CHUNK, world, rank, "keep")
 
-    # ---- iteration -----------------------------------------------------------------
     def _compiled_stream(self, st: Dict[str, Any]) -> Iterator[Any]:
         """Compiled outputs from the state ``st`` on, epoch after epoch; updates ``st``."""
         worker, nw = 0, 1
@@ -422,7 +419,6 @@ class DataPipeline(WebDataset, IterableDataset):
             st["served"] += 1
             yield x
 
-    # ---- state ----------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """Where direct iteration is (``exact``: False when a stage runs outside the plan)."""
         d: Dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION, "exact": self.exact}
@@ -464,7 +460,6 @@ class DataPipeline(WebDataset, IterableDataset):
 
     set_state = load_state_dict
 
-    # ---- webdataset's DataPipeline methods -------------------------------------------
     def stage(self, i: int) -> Any:
         """Stage ``i`` as given."""
         return self.pipeline[i]
@@ -516,4 +511,3 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def __repr__(self) -> str:
         return f"DataPipeline({', '.join(repr(s) for s in self.pipeline)}, exact={self.exact})"
-

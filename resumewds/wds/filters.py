@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import builtins
 import functools
 import io
 import os
@@ -182,8 +181,6 @@ def associate(associator: Any) -> SampleStage:
     return SampleStage("associate", _Associate(associator))
 
 
-# ---- per-sample stages: the callables of resumewds.pipeline, one per webdataset name ----
-
 def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: ``f(sample)``; None drops the sample; a dict result keeps ``__key__``."""
     return _stage("map", Map(f), handler)
@@ -297,8 +294,6 @@ def xdecode(*args: Any, must_decode: bool = True, defaults: Sequence[Any] = defa
     """Stage: decode fields by glob pattern with stream decoders (``xdecode(png=imread)``)."""
     return SampleStage("xdecode", _XDecode(args, must_decode, defaults, kw))
 
-
-# ---- webdataset's helpers: currying, composition, collation ------------------------------
 
 class Cached:
     """webdataset's ``Cached()`` stage: the first complete pass is kept in memory and replayed.
@@ -474,8 +469,6 @@ def __getattr__(name: str) -> Any:
     return torch_name(__name__, name)
 
 
-# ---- stream stages -------------------------------------------------------------------
-
 class ShuffleStage(StreamStage):
     """``shuffle(bufsize, initial)``: a buffer shuffle on a stream; the plan's seeded shuffle in a DataPipeline."""
 
@@ -648,11 +641,6 @@ def log_keys(logfile: Optional[str] = None) -> StreamStage:
     """Stage: append ``index, worker, rank, key`` of each sample to ``logfile``."""
     return _RunnerStage("log_keys", functools.partial(LogKeysRunner, logfile), logfile=logfile)
 
-
-_ = builtins  # map/slice shadow builtins here on purpose (webdataset's names)
-
-
-# ---- webdataset's generator forms (``_map(data, f)`` ...), for code and tests that call them ----
 
 def _shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: Any = None,
              seed: Optional[int] = None, handler: Any = None) -> Iterator[Any]:

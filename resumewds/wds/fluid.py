@@ -23,4 +23,3 @@ class FluidWrapper(DataPipeline):
 
     def __init__(self, initial: Any, *more: Any, **kw: Any):
         super().__init__(initial, *more, **kw)
-

@@ -188,7 +188,6 @@ class LoaderPipeline(FluidInterface):
         """Whether the re-mixing methods run on the loader's stream (not in its settings)."""
         return bool(self._fixed or self._ops or self._post)
 
-    # ---- the fluent methods ---------------------------------------------------
     def compose(self, *stages: Any) -> LoaderPipeline:
         """Run ``stages`` (webdataset's stage callables) on the output stream."""
         ops, post = list(self._ops), list(self._post)
@@ -264,7 +263,6 @@ class LoaderPipeline(FluidInterface):
             kw = dict(nepochs=int(nepochs) if nepochs > 0 else -1, limit=-1, unit=1, limit_items=False)
         return self._with(span=True, **kw)
 
-    # ---- the compiled loader ----------------------------------------------------
     @property
     def loader(self) -> Any:
         """The WebLoader the chain compiles into (built on first use)."""
@@ -325,7 +323,6 @@ class LoaderPipeline(FluidInterface):
         base.journal = None
         return new
 
-    # ---- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         loader = self.loader  # built: it decides _rebatch and _unit
         self._start()
@@ -509,7 +506,6 @@ class LoaderPipeline(FluidInterface):
             return self._limit
         return len(self.loader)
 
-    # ---- state, journal, stats: the compiled loader's and the chain's --------------
     def _check_exact(self, what: str) -> None:
         """Refuse to give a state away where the stream holds what a state cannot."""
         for s in self._post:

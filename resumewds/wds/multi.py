@@ -141,7 +141,6 @@ class MultiLoader:
         if self.exact:
             self.config = dataset.config()  # resolve and index once, before forking
 
-    # ---- processes -----------------------------------------------------------------
     def kill(self) -> None:
         """Kill the worker processes and close their pipes."""
         for p in self.pids:
@@ -193,7 +192,6 @@ class MultiLoader:
                               f"the last item handed out is in state_dict(): epoch {self.epoch}, "
                               f"position {self.position}")
 
-    # ---- iteration -------------------------------------------------------------------
     def _layout(self) -> Layout:
         bs = self.dataset.batch_size
         return Layout(int(bs) if bs is not None else _CHUNK)
@@ -261,7 +259,6 @@ class MultiLoader:
         finally:
             self.kill()
 
-    # ---- state --------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """Load it into any MultiLoader over the same dataset (any worker count)."""
         d = {"format": STATE_FORMAT, "version": STATE_VERSION, "exact": self.exact, "epoch": self.epoch,

@@ -1,7 +1,7 @@
 """webdataset's ``pytorch`` module: torch's ``DataLoader``, ``IterableDataset`` and ``Tensor``.
 
-Each is torch's own, else an empty stand-in class, as in webdataset.  Importing this module
-imports torch; the other wing modules that have these names resolve them from here on first use.
+Importing this module imports torch; the wing's other modules that have these names resolve
+them from here on first use.
 
 Example:
     >>> import torch.utils.data
@@ -13,25 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor as TorchTensor
+from torch.utils.data import DataLoader, IterableDataset
+
 __all__ = ["DataLoader", "IterableDataset", "TorchTensor", "torch_name"]
-
-try:
-    from torch.utils.data import DataLoader, IterableDataset
-except ModuleNotFoundError:  # pragma: no cover - torch is installed with resumewds's loader
-
-    class IterableDataset:  # type: ignore[no-redef]
-        """Empty stand-in for torch's ``IterableDataset`` when torch is not installed."""
-
-    class DataLoader:  # type: ignore[no-redef]
-        """Empty stand-in for torch's ``DataLoader`` when torch is not installed."""
-
-
-try:
-    from torch import Tensor as TorchTensor
-except ModuleNotFoundError:  # pragma: no cover
-
-    class TorchTensor:  # type: ignore[no-redef]
-        """Empty stand-in for torch's ``Tensor`` when torch is not installed."""
 
 
 def torch_name(module: str, name: str) -> Any:

@@ -37,6 +37,7 @@ __all__ = ["EnforcedSecurityError", "ObsoleteException", "PipelineStage", "add_l
 enforce_security: bool = sources.enforce_security
 sources.watch_security_switch(sys.modules[__name__])
 
+
 def identity(x: Any) -> Any:
     """Return ``x`` (webdataset's ``utils.identity``)."""
     return x
@@ -100,8 +101,6 @@ def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: O
         if not seen or (nepochs is not None and epoch >= nepochs):
             return
 
-
-# ---- webdataset.utils' other helpers ---------------------------------------------
 
 class PipelineStage:
     """webdataset's base class of a stage object: ``run(src)`` returns the stage's iterator.
