@@ -47,14 +47,7 @@ class _StreamSteps:
 
 @dataclass(frozen=True)
 class StreamLayout:
-    """Worker ``worker`` of ``workers``'s own stream as a loader's layout, read ``chunk`` per step.
-
-    Example:
-        >>> from resumewds.plan import Plan
-        >>> steps = StreamLayout(2, 1, 4).bind(Plan([3, 2, 2], shuffle=False).epoch(0))
-        >>> steps.sequence.samples_at(range(steps.length)), steps.num_steps(7, 0)
-        ([(1, 0), (1, 1)], 1)
-    """
+    """Worker ``worker`` of ``workers``'s own stream as a loader's layout, read ``chunk`` per step."""
 
     workers: int
     worker: int

@@ -3,17 +3,13 @@
 webdataset's ``split_by_worker`` gives worker ``w`` of ``W`` the shards ``w, w+W, ...``; each
 worker batches its own stream and torch's DataLoader hands the workers' batches out round-robin.
 Here that order is a pure function of (epoch plan, ``W``, batch size), so it resumes exactly with
-any number of workers executing it: :func:`worker_streams` (each worker's stream),
-:class:`SplitSequence` (the epoch as delivered), :class:`ShardSplit` (the loader's layout over
-it), :class:`WorkerStream` (one worker's own stream), :data:`SHARD_SPLIT` (the engine's policy).
+any number of workers executing it.
 
 Example:
     >>> from resumewds.plan import Plan
     >>> seq = SplitSequence(Plan([3, 1, 2], shuffle=False).epoch(0), workers=2, unit=2)
-    >>> [seq.unit_range(k) for k in range(seq.num_units)]
-    [(0, 2), (2, 3), (3, 5), (5, 6)]
-    >>> seq.samples_at(range(6))
-    [(0, 0), (0, 1), (1, 0), (0, 2), (2, 0), (2, 1)]
+    >>> [seq.unit_range(k) for k in range(seq.num_units)], seq.samples_at(range(6))
+    ([(0, 2), (2, 3), (3, 5), (5, 6)], [(0, 0), (0, 1), (1, 0), (0, 2), (2, 0), (2, 1)])
 """
 
 from __future__ import annotations
@@ -35,13 +31,7 @@ WORKER_SPLITS = ("shards", "samples")
 
 
 def worker_streams(ep: EpochPlan, workers: int, keep: Optional[AbstractSet[int]] = None) -> List[EpochPlan]:
-    """Each worker's stream: the epoch's shards ``[w::workers]`` (only those in ``keep``), in the plan's way.
-
-    Example:
-        >>> from resumewds.plan import Plan
-        >>> [s.shard_order for s in worker_streams(Plan([1, 1, 1], shuffle=False).epoch(0), 2)]
-        [[0, 2], [1]]
-    """
+    """Each worker's stream: the epoch's shards ``[w::workers]`` (only those in ``keep``), in the plan's way."""
     if ep.partitions != 1:
         raise ValueError("the shard split needs an epoch of one partition")
     W = int(workers)
@@ -59,12 +49,7 @@ def worker_streams(ep: EpochPlan, workers: int, keep: Optional[AbstractSet[int]]
 
 
 def empty_worker_error(workers: int, shards: int) -> ValueError:
-    """webdataset's error when a DataLoader worker gets no shard (``empty_check``).
-
-    Example:
-        >>> str(empty_worker_error(4, 2)).splitlines()[0]
-        'No samples found in dataset; perhaps you have fewer shards than workers.'
-    """
+    """webdataset's error when a DataLoader worker gets no shard (``empty_check``)."""
     return ValueError("No samples found in dataset; perhaps you have fewer shards than workers.\n"
                       f"The shard split gives each of {workers} DataLoader workers its own shards, and the "
                       f"epoch has {shards}: use fewer workers, worker_split=\"samples\", or turn this check "
@@ -72,11 +57,7 @@ def empty_worker_error(workers: int, shards: int) -> ValueError:
 
 
 class SplitSequence:
-    """The epoch as webdataset's DataLoader delivers it: the workers' units, round-robin.
-
-    ``unit``: samples per unit (a worker's batch); ``drop``: a worker's short last unit is not
-    delivered.  It reads as an :class:`~resumewds.plan.EpochPlan` to the step engine.
-    """
+    """The epoch as webdataset's DataLoader delivers it: the workers' units (batches), round-robin."""
 
     def __init__(self, ep: EpochPlan, workers: int, unit: int = 1, drop: bool = False):
         if int(unit) < 1:
@@ -299,14 +280,7 @@ class _Units:
 
 @dataclass(frozen=True)
 class ShardSplit:
-    """webdataset's worker split as a loader's layout (``workers``: ``W``, what a state records).
-
-    Example:
-        >>> from resumewds.plan import Plan
-        >>> steps = ShardSplit(2, unit=2).bind(Plan([3, 1, 2], shuffle=False).epoch(0))
-        >>> [steps.slots(6, 0, k) for k in range(steps.num_steps(6, 0))][:2]
-        [[(0, False), (1, False)], [(2, False)]]
-    """
+    """webdataset's worker split as a loader's layout (``workers``: ``W``, what a state records)."""
 
     workers: int
     unit: int = 1
@@ -366,12 +340,7 @@ class WorkerStream:
 
 def split_workers(ds: Any, num_workers: int, world_size: int, remainder: str = "keep",
                   mode: Optional[str] = None) -> int:
-    """``W`` of the shard split a loader of ``ds`` follows, or 0 (the sample split).
-
-    Example:
-        >>> split_workers(object(), 2, 1)
-        0
-    """
+    """``W`` of the shard split a loader of ``ds`` follows, or 0 (the sample split)."""
     if mode is not None and mode not in ("shards", "samples"):
         raise ValueError(f"worker_split must be 'shards', 'samples' or None, got {mode!r}")
     fn = getattr(ds, "split_workers", None)
@@ -382,15 +351,7 @@ def split_workers(ds: Any, num_workers: int, world_size: int, remainder: str = "
 
 def split_layout(ds: Any, workers: int, world_size: int, batch_size: Optional[int], remainder: str,
                  chunk: int) -> ShardSplit:
-    """The loader's layout of the shard split over ``workers``.
-
-    Raises:
-        StateError: more than one rank.
-
-    Example:
-        >>> split_layout(None, 2, 1, 8, "keep", 8)
-        ShardSplit(workers=2, unit=8, drop=False, chunk=8)
-    """
+    """The loader's layout of the shard split over ``workers`` (one rank only: else ``StateError``)."""
     if world_size != 1:
         raise StateError(f"this run follows webdataset's shard split over {workers} DataLoader workers on "
                          f"one rank; it cannot go on with {world_size} ranks")
