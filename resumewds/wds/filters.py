@@ -2,12 +2,9 @@
 
 Each factory returns a stage, ``stage(iterator) -> iterator``, as webdataset 1.0.2's.  Inside a
 :class:`~resumewds.DataPipeline` the per-sample stages, ``shuffle`` and ``batched`` are compiled
-into the deterministic plan (exactly resumable); other stages run as given, on the stream.
-``handler(exn)``: True skips the sample, False stops the iteration, else it re-raises.
+into the deterministic plan; other stages run as given, on the stream.
 
 Example:
-    >>> list(map(lambda x: x * 2)(iter([1, 2, 3])))
-    [2, 4, 6]
     >>> list(batched(2, collation_fn=None)(iter(range(5))))
     [[0, 1], [2, 3], [4]]
 """
@@ -66,12 +63,7 @@ StopPipeline = HandlerStop
 
 
 class StreamStage:
-    """A stage over a stream, webdataset's form: ``stage(iterator) -> iterator``.
-
-    Example:
-        >>> list(select(lambda x: x > 1)(iter([1, 2, 3]))), select(bool).spec()
-        ([2, 3], Stage(select))
-    """
+    """A stage over a stream, webdataset's form: ``stage(iterator) -> iterator``."""
 
     name = "stage"
 
@@ -373,15 +365,7 @@ def pick(buf: List[Any], rng: Any) -> Any:
 
 
 def combine_values(b: Sequence[Any], combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
-    """One field of a batch collated as webdataset's ``default_collation_fn`` does.
-
-    Raises:
-        ValueError: tensors or arrays of different shapes.
-
-    Example:
-        >>> combine_values([1, 2]).tolist(), combine_values(["a", "b"])
-        ([1, 2], ['a', 'b'])
-    """
+    """One field of a batch collated as webdataset's ``default_collation_fn`` does."""
     import numpy as np
 
     torch = sys.modules.get("torch")

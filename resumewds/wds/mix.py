@@ -1,9 +1,8 @@
 """webdataset's ``mix`` module: ``RoundRobin``, ``RandomMix`` and ``random_samples``.
 
 :class:`RoundRobin` and :class:`StreamMix` (webdataset's ``RandomMix``) have webdataset 1.0.2's
-semantics and keep no state (not exactly resumable, as webdataset's).  :func:`RandomMix` gives the
-exact :class:`resumewds.MixedDataset` where every source is one resumewds runs exactly
-(:func:`exact_source`), else :class:`StreamMix`.  This module imports torch.
+semantics and keep no state.  :func:`RandomMix` gives the exact :class:`resumewds.MixedDataset`
+where every source is one resumewds runs exactly (:func:`exact_source`), else :class:`StreamMix`.
 
 Example:
     >>> list(RoundRobin([[1], "abc"], longest=True))
@@ -44,12 +43,7 @@ def round_robin_shortest(*sources: Iterator[Any]) -> Iterator[Any]:
 
 
 def round_robin_longest(*sources: Iterator[Any]) -> Iterator[Any]:
-    """One item from each iterator in turn; an exhausted one drops out, until none is left.
-
-    Example:
-        >>> list(round_robin_longest(iter([1, 2]), iter("abc")))
-        [1, 'a', 2, 'b', 'c']
-    """
+    """One item from each iterator in turn; an exhausted one drops out, until none is left."""
     live: List[Iterator[Any]] = list(sources)
     i = 0
     while live:

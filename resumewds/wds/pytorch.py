@@ -1,12 +1,6 @@
 """webdataset's ``pytorch`` module: torch's ``DataLoader``, ``IterableDataset`` and ``Tensor``.
 
-Importing this module imports torch; the wing's other modules that have these names resolve
-them from here on first use.
-
-Example:
-    >>> import torch.utils.data
-    >>> IterableDataset is torch.utils.data.IterableDataset
-    True
+The wing's other modules that have these names resolve them from here on first use.
 """
 
 from __future__ import annotations
@@ -21,9 +15,6 @@ __all__ = ["DataLoader", "IterableDataset", "TorchTensor", "torch_name"]
 
 def torch_name(module: str, name: str) -> Any:
     """``name`` for a module's PEP 562 ``__getattr__``: the torch names, loaded on first use.
-
-    Raises:
-        AttributeError: any other name.
 
     Example:
         >>> torch_name("resumewds.shardlists", "IterableDataset") is IterableDataset

@@ -3,17 +3,6 @@
 ``url_opener`` -> ``tar_file_expander`` -> ``group_by_keys``, as webdataset 1.0.2 runs them, for
 generic pipelines; in a :class:`resumewds.DataPipeline` ``tarfile_to_samples(handler=...)`` is
 compiled into the plan instead.  Grouping is :mod:`resumewds.tar`'s (byte-compatible).
-
-Example:
-    >>> import io, tarfile
-    >>> buf = io.BytesIO()
-    >>> with tarfile.open(fileobj=buf, mode="w") as t:
-    ...     for name, data in [("a.txt", b"hi"), ("a.cls", b"1")]:
-    ...         ti = tarfile.TarInfo(name); ti.size = len(data)
-    ...         t.addfile(ti, io.BytesIO(data))
-    >>> _ = buf.seek(0)
-    >>> [sorted(s) for s in group_by_keys(tar_file_expander([{"url": "mem", "stream": buf}]))]
-    [['__key__', '__url__', 'cls', 'txt']]
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Names shared with webdataset's ``wds.utils`` module.
 
 ``enforce_security`` has webdataset 1.0.2's meaning and default (``WDS_SECURE`` or
-``RESUMEWDS_SECURE``; off unless set): when True, pickle members, local and ``pipe:`` sources
-and ``GOPEN_REWRITE`` are refused.  It is read at each use, so setting it at run time works
-(:func:`resumewds.sources.watch_security_switch`); the policy is on while either switch is set.
-
-Example:
-    >>> import resumewds.utils
-    >>> isinstance(resumewds.utils.enforce_security, bool)
-    True
+``RESUMEWDS_SECURE``): local and ``pipe:`` sources, URL rewriting and unpickling refused.
+It is read at each use, so setting it at run time works (the policy is on while either is set).
 """
 
 from __future__ import annotations
@@ -55,12 +49,7 @@ def is_iterable(obj: Any) -> bool:
 
 
 def guess_batchsize(batch: Any) -> int:
-    """The batch size of a batch: the length of its first field.
-
-    Example:
-        >>> guess_batchsize(([1, 2, 3], [0, 1, 0]))
-        3
-    """
+    """The batch size of a batch: the length of its first field."""
     return len(batch[0])
 
 
