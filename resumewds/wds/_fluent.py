@@ -21,11 +21,7 @@ def _handled(handler: Any) -> Dict[str, Any]:
 
 
 def engine_specs(stages: Any) -> List[Stage]:
-    """``stages`` as the engine's specs: a :class:`~resumewds.wds.filters.StreamStage` by its ``spec()``,
-    anything else it cannot see through as an opaque stream stage run as given.
-
-    Raises:
-        TypeError: a stage that is not callable.
+    """``stages`` as the engine's specs; a stage it cannot see through becomes an opaque stream stage.
 
     Example:
         >>> from resumewds.wds import filters

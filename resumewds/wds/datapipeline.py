@@ -147,12 +147,6 @@ class DataPipeline(WebDataset, IterableDataset):
         seed: seed of the plan (default: the shuffle stage's ``seed=``, else the shard
             list's, else :func:`resumewds.config.seed`).
         **kw: passed to :class:`resumewds.WebDataset` when compiled.
-
-    Attributes:
-        exact: True when every stage was compiled (resume is exact).
-
-    Example:
-        >>> p = DataPipeline(SimpleShardList(["a.tar"]), tarfile_to_samples(), to_tuple("txt"))  # doctest: +SKIP
     """
 
     def __init__(self, *args: Any, seed: Optional[int] = None, **kw: Any):
@@ -225,13 +219,6 @@ class DataPipeline(WebDataset, IterableDataset):
     def compiled(self) -> _Compiled:
         """What the stages say, for the plan (``tail``: the stages run on the stream; ``generic``:
         the plan sees through none; ``opaque``: the first it cannot see through).
-
-        Example:
-            >>> import resumewds as wds
-            >>> p = wds.DataPipeline(wds.SimpleShardList("data/shard-000000.tar"), wds.tarfile_to_samples(),
-            ...                      wds.map(str))
-            >>> p.compiled.generic, len(p.compiled.per_sample)
-            (False, 1)
         """
         return self._c
 

@@ -127,13 +127,7 @@ _SETTINGS = ("fixed", "unbatched", "shuffle", "batch", "limit", "nepochs", "unit
 
 
 class LoaderPipeline(FluidInterface):
-    """A WebLoader with webdataset's fluent re-mixing chain compiled in (see module docs).
-
-    Args:
-        base: the WebLoader.
-        fixed: the loader's items are webdataset's and cannot be undone.
-        **settings: the chain's settings (:data:`_SETTINGS`).
-    """
+    """A WebLoader with webdataset's fluent re-mixing chain compiled in (see module docs)."""
 
     def __init__(self, base: Any, fixed: bool = False, **settings: Any):
         self._base = base
@@ -247,14 +241,7 @@ class LoaderPipeline(FluidInterface):
         return self._with(length=int(n))
 
     def dataset_passes(self, nepochs: int, limit: int, unit: int = 1) -> LoaderPipeline:
-        """webdataset's passes of a data set that goes on over epochs: each ``iter()`` is one DataLoader
-        pass, endless or ``limit`` items (batches of ``unit`` samples) per DataLoader worker.
-
-        Example:
-            >>> chain = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=None).unbatched()
-            >>> len(list(chain.dataset_passes(-1, 5)))
-            5
-        """
+        """webdataset's passes of a data set that goes on over epochs (``limit`` items per worker)."""
         if limit > 0:  # items of the dataset (with_epoch): its batches when it is batched (see __iter__)
             kw: Dict[str, Any] = dict(limit=limit * max(1, self._base.num_workers), nepochs=-1, unit=1,
                                       limit_items=False)
@@ -854,10 +841,7 @@ _warned_stream: set = set()
 
 
 def stream_loader(dataset: Any, what: Any, *args: Any, **kw: Any) -> Any:
-    """webdataset's ``WebLoader``: ``FluidWrapper(DataLoader(dataset, *args, **kw))``.
-
-    For a dataset the plan cannot run (``what`` names the stage); warns once that resume is then
-    approximate.
+    """webdataset's ``WebLoader`` (a ``FluidWrapper`` over a ``DataLoader``) for a dataset the plan cannot run.
 
     Raises:
         ValueError: ``journal=`` / ``resume=``, which need the plan.

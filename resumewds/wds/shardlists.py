@@ -2,10 +2,6 @@
 
 They iterate ``{"url": ...}`` dicts as in webdataset 1.0.2; inside a DataPipeline they are
 compiled into the deterministic plan instead (differences: docs/COMPAT.md).
-
-Example:
-    >>> [d["url"] for d in SimpleShardList("s-{0..2}.tar")]
-    ['s-0.tar', 's-1.tar', 's-2.tar']
 """
 
 from __future__ import annotations
@@ -75,11 +71,7 @@ def expand_source(source: Union[str, Iterable[str]], max_urls: int = int(1e9)) -
 
 
 class SimpleShardList:
-    """The shards of ``urls``, in order (or shuffled with ``seed``).
-
-    Args:
-        urls: a brace pattern (``::`` joins several) or a list of urls.
-        seed: None keeps the order; an int (or True) shuffles it.
+    """The shards of ``urls`` (a brace pattern or a list), in order, or shuffled with ``seed``.
 
     Example:
         >>> len(SimpleShardList(["a.tar", "b.tar"]))
@@ -108,12 +100,8 @@ class SimpleShardList:
 class ResampledShards:
     """An endless stream of shards drawn at random, with replacement, from ``urls`` (webdataset's class).
 
-    Standalone it is webdataset 1.0.2's (each ``iter()`` a new epoch, seeded with
-    ``make_seed(worker_seed(), epoch, seed)``, plus pid, time and ``os.urandom`` unless
-    ``deterministic``); in a :class:`resumewds.DataPipeline` it is compiled into the plan.
-
-    Raises:
-        ValueError: ``empty_check`` and no urls.
+    Standalone it is webdataset 1.0.2's (seeded with ``make_seed(worker_seed(), epoch, seed)``, plus
+    pid, time and ``os.urandom`` unless ``deterministic``); in a DataPipeline it is compiled into the plan.
 
     Example:
         >>> rs = ResampledShards(["a.tar", "b.tar"], nshards=3, deterministic=True)
@@ -189,10 +177,6 @@ class DirectoryShardList:
     Each iteration claims a file matching ``pattern`` by renaming it ``name._PID_``, yields it, then
     recycles it by ``mode`` (``"unlink"``, ``"keep"``: ``name._done_``, ``"resample"``: back).
     ``poll=None`` ends when no file matches.  Never part of the plan (not exactly resumable).
-
-    Raises:
-        ValueError: ``path`` does not end with ``/`` or is not a directory; an unknown ``select``
-            or ``mode``.
 
     Example:
         >>> import tempfile, pathlib
@@ -289,10 +273,6 @@ default_rng = random.Random()
 
 class MultiShardSample:
     """Shards from a YAML (or dict) spec of several sources: webdataset's (obsolete there) class.
-
-    Raises:
-        ValueError: unknown keys, more than one bucket, ``choose`` larger than the
-            shard list, or both ``choose`` and ``resample``.
 
     Example:
         >>> ms = MultiShardSample({"datasets": [{"name": "a", "shards": "a-{0..2}.tar"}]})
