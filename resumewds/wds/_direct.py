@@ -49,11 +49,8 @@ class _KeepShards:
 class DirectDataset(ShardDataset):
     """A :class:`~resumewds.read.ShardDataset` that is also iterated directly, with exact state.
 
-    Args:
-        urls, **kw: as :class:`~resumewds.read.ShardDataset`.
-        repeat: iterate over epochs without end.
-        worker_split: ``"samples"`` (the one sample sequence), ``"shards"`` (webdataset's
-            ``split_by_worker``) or None (:meth:`worker_split_mode`).
+    ``worker_split``: ``"samples"`` (the one sample sequence), ``"shards"`` (webdataset's
+    ``split_by_worker``) or None (:meth:`worker_split_mode`).
 
     Example:
         >>> ds = DirectDataset("data/shard-{000000..000003}.tar").with_epoch(3)

@@ -1,12 +1,9 @@
 """webdataset's worker rotation when the data set's stages drop samples.
 
-Under webdataset's worker split each DataLoader worker filters (and batches) its own stream and
-torch hands the workers' items out round-robin, so which item comes next depends on what was
-dropped.  :class:`RotatingLoader` runs each worker's stream with its own engine loader
-(:meth:`~resumewds.run.ShardLoader.sub_loader`) and merges their items round-robin.  Where it
-stands, the *rotation* (each stream's position after its last item delivered, and whose turn
-is next), goes into each state and commit through the engine's place hooks, so a resume is
-exact with any ``num_workers``.  The loader's ``position`` is the sum of the streams' positions.
+Each of webdataset's DataLoader workers filters its own stream and torch hands their items out
+round-robin.  :class:`RotatingLoader` runs each worker's stream with its own engine loader and
+merges their items so; the *rotation* (each stream's position, whose turn is next) goes into
+each state and commit, so a resume is exact with any ``num_workers``.
 """
 
 from __future__ import annotations

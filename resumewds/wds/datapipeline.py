@@ -5,10 +5,6 @@ shuffles, ``tarfile_to_samples``, the per-sample stages, ``batched``) into a
 :class:`resumewds.WebDataset` (it is one), which resumes exactly.  Any other stage still runs,
 on the stream, with every stage after it; then the pipeline warns once, ``exact`` is False and
 ``state_dict()["exact"]`` says so.  The deliberate differences: docs/COMPAT.md.
-
-Example:
-    >>> pipeline = DataPipeline(SimpleShardList("data/shard-{000000..000003}.tar"),  # doctest: +SKIP
-    ...                         tarfile_to_samples(), shuffle(1000), decode(), to_tuple("txt cls"))
 """
 
 from __future__ import annotations

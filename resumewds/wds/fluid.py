@@ -3,10 +3,6 @@
 ``FluidWrapper(initial)`` is ``DataPipeline(initial)`` with the fluent stage methods, as in
 webdataset 1.0.2: over an arbitrary iterable it runs as webdataset's (not exactly resumable,
 ``.exact`` is False).  This module imports torch.
-
-Example:
-    >>> sorted(FluidWrapper([3, 1, 2]).shuffle(10))             # doctest: +SKIP
-    [1, 2, 3]
 """
 
 from __future__ import annotations

@@ -45,13 +45,8 @@ info: Dict[str, Any] = {}
 class Pipe(io.RawIOBase):
     """A command's stdout (mode ``"r..."``) or stdin (``"w..."``) as a stream: webdataset's ``Pipe``.
 
-    ``args`` and ``kw`` go to ``subprocess.Popen``.  An exit status other than 0, those in
-    ``ignore_status`` and SIGPIPE raises ``OSError`` at end of stream or on close, unless
-    ``ignore_errors``.
-
-    Example:
-        >>> Pipe("printf hi", mode="rb", shell=True).read()
-        b'hi'
+    An exit status other than 0, those in ``ignore_status`` and SIGPIPE raises ``OSError`` at end of
+    stream or on close, unless ``ignore_errors``.
     """
 
     def __init__(self, *args: Any, mode: Optional[str] = None, timeout: float = 7200.0,
@@ -186,17 +181,11 @@ class _LazyRemote(io.RawIOBase):
 def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
     """Open ``url`` for reading (``"rb"``) or writing (``"wb"``): webdataset's ``gopen``.
 
-    Args:
-        url: a local path, ``file:`` URL, ``pipe:CMD``, ``http(s)://`` or
-            ``s3://`` URL, or ``"-"`` (stdin / stdout).
-        mode: ``"rb"`` or ``"wb"``.
-        bufsize: buffer size of the returned stream.
-        **kw: accepted for webdataset compatibility and ignored.
+    ``**kw`` is accepted for webdataset compatibility and ignored.
 
     Raises:
         ValueError: an unknown mode, or writing to a remote URL.
-        EnforcedSecurityError: a local or ``pipe:`` source while
-            ``resumewds.utils.enforce_security`` is on.
+        EnforcedSecurityError: a local or ``pipe:`` source while ``enforce_security`` is on.
 
     Example:
         >>> gopen("pipe:echo hello").read()

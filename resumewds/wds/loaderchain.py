@@ -11,10 +11,6 @@ webdataset's do; over items the chain cannot undo (see :func:`route`) the re-mix
 ``chain_epochs``, ``chain_skip``: see :meth:`LoaderPipeline.state_dict`).  A stage run as given
 that holds items between items makes ``state_dict()`` / ``commit`` refuse (``StateError``).
 A dataset the plan cannot run gets webdataset's ``WebLoader``: :func:`stream_loader`.
-
-Example:
-    >>> chain = (WebLoader(ds, batch_size=None, num_workers=2)   # doctest: +SKIP
-    ...          .unbatched().shuffle(1000).batched(64).with_epoch(100))
 """
 
 from __future__ import annotations

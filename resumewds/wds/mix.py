@@ -58,11 +58,7 @@ def round_robin_longest(*sources: Iterator[Any]) -> Iterator[Any]:
 
 
 class RoundRobin:
-    """Interleave ``datasets`` round-robin (webdataset's ``RoundRobin``).
-
-    Args:
-        datasets: iterables, each iterated afresh by every ``iter(...)``.
-        longest: go on until every source is exhausted (default: stop at the first).
+    """Interleave ``datasets`` round-robin, each iterated afresh by every ``iter(...)`` (webdataset's).
 
     Example:
         >>> list(RoundRobin([range(3), range(10, 12)]))

@@ -5,9 +5,6 @@ the plan's steps ``k % W == w`` and the loader hands them out in step order (one
 sequence, resumable with any worker count); over anything else every worker iterates the
 dataset and items come as they arrive, as in webdataset.  A worker that dies is reported
 (:class:`resumewds.errors.ResumeWDSError`) within ``poll_interval`` instead of a hang.
-
-Example:
-    >>> loader = MultiLoader(ds, workers=4)              # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -109,13 +106,9 @@ def _worker(dataset: Any, conn: Any, others: List[Any], index: int, num_workers:
 
 
 class MultiLoader:
-    """Iterate ``dataset`` in ``workers`` processes (webdataset's signature).
+    """Iterate ``dataset`` in ``workers`` processes (webdataset's signature; ``prefix`` is unused).
 
-    Args:
-        dataset: a :class:`resumewds.WebDataset` / DataPipeline (exact mode) or any iterable.
-        workers: number of processes.
-        prefix: accepted for compatibility (unused).
-        poll_interval: seconds between checks that the awaited worker is alive.
+    ``poll_interval``: seconds between checks that the awaited worker is alive.
 
     Example:
         >>> MultiLoader(range(3), workers=1).workers

@@ -68,8 +68,6 @@ def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: O
     ``nsamples``.  Unlike webdataset's, ``batchsize`` is used, and an empty pass ends it.
 
     Example:
-        >>> len(list(repeatedly(range(3), nbatches=10)))
-        10
         >>> len(list(repeatedly([[[1, 1], [2, 2]]] * 3, nsamples=10)))
         5
     """

@@ -2,10 +2,6 @@
 
 ``resumewds.WebDataset`` is :class:`WebDatasetAPI` (webdataset 1.0.2's constructor arguments
 mapped onto the engine's settings, and ``compose``) + :class:`resumewds.wds._direct.DirectDataset`.
-
-Example:
-    >>> import resumewds as wds
-    >>> ds = wds.WebDataset("data/shard-{000000..000003}.tar", shardshuffle=100)  # doctest: +SKIP
 """
 
 from __future__ import annotations
