@@ -2,11 +2,6 @@
 
 webdataset 1.0.2's stream openers for a pipeline of your own, reached as
 ``resumewds.cache.<name>`` (``resumewds.cache`` itself is the engine's verified shard cache).
-The defaults are webdataset's, read through :mod:`resumewds.config`.
-
-Example:
-    >>> url_to_cache_name("http://host/data/shard-000001.tar")
-    'shard-000001.tar'
 """
 
 from __future__ import annotations
@@ -45,12 +40,7 @@ def islocal(url: str) -> bool:
 
 
 def get_filetype(fname: str) -> str:
-    """The ``file`` command's description of ``fname``.
-
-    Raises:
-        FileNotFoundError: no such file.
-        OSError: the ``file`` command is not available.
-    """
+    """The ``file`` command's description of ``fname`` (``OSError``: no ``file`` command)."""
     if not os.path.exists(fname):
         raise FileNotFoundError(fname)
     try:
@@ -186,11 +176,7 @@ class FileCache:
                                   interval=cache_cleanup_interval) if cache_size > 0 else None
 
     def get_file(self, url: str) -> str:
-        """The local path of ``url``'s copy (downloaded now if missing).
-
-        Raises:
-            ValueError: a cache name with ``/``, or a download the validator refuses.
-        """
+        """The local path of ``url``'s copy (downloaded now if missing; refused by ``validator``: deleted)."""
         if islocal(url):
             return urlparse(url).path
         cache_name = self.url_to_name(url)

@@ -1,10 +1,8 @@
 """webdataset's ``gopen``: open a local path, ``file:`` URL, ``pipe:`` command,
 ``http(s)://`` or ``s3://`` URL, or ``"-"`` as a binary stream.
 
-The opener of the streaming stages and of user code; the plan's reads seek in the verified
-cache instead.  Semantics are webdataset 1.0.2's (``GOPEN_REWRITE``, ``enforce_security``,
-``pipe:`` exit statuses); differences (a remote URL opens on its first read and cannot be
-written): docs/COMPAT.md.
+The opener of the streaming stages and of user code (the plan's reads seek in the verified cache),
+with webdataset 1.0.2's semantics; differences: docs/COMPAT.md.
 
 Example:
     >>> import os, tempfile

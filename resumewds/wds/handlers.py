@@ -2,11 +2,6 @@
 
 A handler re-raises to stop with the exception, returns True to skip what failed, or False to
 stop quietly.  Unlike webdataset 1.0.2's, the ``warn_and_*`` handlers do not sleep 0.5 s.
-
-Example:
-    >>> from resumewds.handlers import ignore_and_continue
-    >>> ignore_and_continue(ValueError("bad sample"))
-    True
 """
 
 from __future__ import annotations

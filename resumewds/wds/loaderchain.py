@@ -1,16 +1,10 @@
 """webdataset's WebLoader fluent methods, with exact semantics.
 
-A resumewds loader already hands out one global sequence, so webdataset's re-mixing chain
+A resumewds loader hands out one global sequence, so webdataset's re-mixing chain
 (``loader.unbatched().shuffle(n).batched(m).with_epoch(k)``) compiles into the loader's own
-settings and stays exactly resumable: ``.shuffle(n)`` is the data set's (in the plan),
-``.batched(m)`` takes consecutive positions, ``.with_epoch(k)`` / ``.repeat(n)`` count
-``iter()``'s items or epochs.  The other fluent methods run on the output stream, as
-webdataset's do; over items the chain cannot undo (see :func:`route`) the re-mixing methods do too.
-
-``state_dict()`` is the compiled loader's state plus the chain's place (``chain_served``,
-``chain_epochs``, ``chain_skip``: see :meth:`LoaderPipeline.state_dict`).  A stage run as given
-that holds items between items makes ``state_dict()`` / ``commit`` refuse (``StateError``).
-A dataset the plan cannot run gets webdataset's ``WebLoader``: :func:`stream_loader`.
+settings and stays exactly resumable (see :class:`LoaderPipeline`); the other fluent methods
+run on the output stream, as webdataset's do.  A dataset the plan cannot run gets webdataset's
+``WebLoader``: :func:`stream_loader`.
 """
 
 from __future__ import annotations
@@ -530,7 +524,7 @@ class LoaderPipeline(FluidInterface):
         stands before, when the re-batching stages hold some.
 
         Raises:
-            StateError: a stage on the stream holds what a state cannot.
+            StateError: a stage on the stream holds what a state cannot (a buffer, a count).
         """
         self._check_exact("state_dict()")
         sd = self._at_resume(self.loader.state_dict)

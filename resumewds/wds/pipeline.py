@@ -1,10 +1,5 @@
 """webdataset's ``pipeline`` module: ``DataPipeline`` (loaded on first use), and the stage
 callables of :mod:`resumewds.stages`.
-
-Example:
-    >>> from resumewds.pipeline import ToTuple
-    >>> ToTuple("txt")({"txt": "hi"})
-    ('hi',)
 """
 
 from __future__ import annotations

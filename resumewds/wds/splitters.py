@@ -1,13 +1,7 @@
-"""Node and worker splitters with webdataset's names and protocol.
+"""Node and worker splitters with webdataset's names and protocol (importing it never imports torch).
 
-Plain generator functions over any iterable, as in webdataset 1.0.2.  Passed to
-:class:`resumewds.WebDataset` as ``nodesplitter=`` / ``workersplitter=`` (or in a DataPipeline)
-they are recognised and mapped onto the plan's layouts; a callable of your own is applied to
-the shard list instead.  Importing this module never imports torch.
-
-Example:
-    >>> list(split_by_worker(range(5)))      # not in a DataLoader worker: everything
-    [0, 1, 2, 3, 4]
+Plain generator functions over any iterable, as in webdataset 1.0.2; passed to a WebDataset or
+a DataPipeline they are mapped onto the plan's layouts.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """webdataset's ``typecheck`` module: the list of its modules to type-check at run time.
 
-resumewds installs no import hook (webdataset's installs ``typeguard``'s): ``modules`` is the
-list only; run ``typeguard`` yourself to check types at run time.
-
-Example:
-    >>> "filters" in modules
-    True
+resumewds installs no import hook (webdataset's installs ``typeguard``'s): ``modules`` is the list only.
 """
 
 from __future__ import annotations
