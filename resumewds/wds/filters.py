@@ -368,7 +368,7 @@ def combine_values(b: Sequence[Any], combine_tensors: bool = True, combine_scala
     """One field of a batch collated as webdataset's ``default_collation_fn`` does."""
     import numpy as np
 
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     if isinstance(b[0], (int, float)):
         return np.array(list(b)) if combine_scalars else b
     is_tensor = torch is not None and isinstance(b[0], torch.Tensor)
