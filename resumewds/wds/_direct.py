@@ -1,19 +1,8 @@
 """Direct iteration of a data set, as webdataset iterates: ``for sample in ds``.
 
-:class:`DirectDataset` is a :class:`resumewds.read.ShardDataset` with
-what runs when a data set is iterated directly (in this process, or in each
-worker of a plain torch ``DataLoader`` or torchdata's ``StatefulDataLoader``):
-this process's share of an epoch through every stage, the stream stages
-(``unbatched``, ``slice``, a buffer ``shuffle`` after ``batched``...) included,
-``repeat`` / ``with_epoch`` over epochs, webdataset's worker split
-(``worker_split``: each DataLoader worker its own shards,
-:mod:`resumewds.wds._shardsplit`), and the torchdata state protocol
-(``state_dict`` / ``load_state_dict``) that resumes exactly after the last
-item yielded.  The steps it reads are the engine's (:meth:`~resumewds.read.ShardDataset.iter_steps`).
-
-Example:
-    >>> ds = resumewds.WebDataset("data/shard-{000000..000003}.tar").decode()  # doctest: +SKIP
-    >>> first = next(iter(ds)); state = ds.state_dict()                      # doctest: +SKIP
+:class:`DirectDataset`: this process's share of an epoch through every stage (stream stages
+included), ``repeat`` / ``with_epoch``, webdataset's worker split, and the torchdata state
+protocol, which resumes exactly after the last item yielded.
 """
 
 from __future__ import annotations
@@ -21,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..errors import ResumeWDSError, StateError
+from ..errors import StateError
 from ..fetch import is_remote_url, local_path
 from ..plan import Layout, mix, worker_info
 from ..read import ShardDataset
@@ -40,8 +29,7 @@ _KNOWN_STREAM = ("unbatched", "unlisted", "slice", "rsample", "log_keys")
 
 
 class _NoPadLayout(Layout):
-    """The split of direct iteration: like WebLoader's, but a share that would get a
-    padding sample (fewer leftover samples than workers) gets nothing, as in webdataset."""
+    """WebLoader's split, but a share that would get a padding sample gets nothing, as in webdataset."""
 
     def slots(self, total: int, start: int, step: int, rank: Optional[int] = None
               ) -> List[Tuple[int, bool]]:
@@ -59,17 +47,10 @@ class _KeepShards:
 
 
 class DirectDataset(ShardDataset):
-    """A :class:`~resumewds.read.ShardDataset` that is also iterated directly:
-    this process's share, every stage, exact state (the torchdata protocol).
+    """A :class:`~resumewds.read.ShardDataset` that is also iterated directly, with exact state.
 
-    Args:
-        urls, **kw: as :class:`~resumewds.read.ShardDataset`.
-        repeat: iterate over epochs without end (``resampled`` shards too).
-        worker_split: how DataLoader workers (``num_workers >= 2``, one rank)
-            share an epoch: ``"samples"``: the steps of the one sample sequence,
-            the same data for any worker count; ``"shards"``: webdataset's
-            ``split_by_worker``, each worker its own shards, batches interleaved
-            round-robin (:mod:`resumewds.wds._shardsplit`); None: :meth:`worker_split_mode`.
+    ``worker_split``: ``"samples"`` (the one sample sequence), ``"shards"`` (webdataset's
+    ``split_by_worker``) or None (:meth:`worker_split_mode`).
 
     Example:
         >>> ds = DirectDataset("data/shard-{000000..000003}.tar").with_epoch(3)
@@ -77,8 +58,7 @@ class DirectDataset(ShardDataset):
         ['s000000_000000', 's000000_000001', 's000000_000002']
     """
 
-    #: a worker of the shard split without a shard raises (with ``empty_check``), as webdataset's
-    #: ``WebDataset`` does; a ``DataPipeline`` (no such check in webdataset) sets it False
+    #: a worker of the shard split without a shard raises (with ``empty_check``); not a DataPipeline's
     empty_worker_check = True
 
     def __init__(self, urls: Source, *, repeat: bool = False, worker_split: Optional[str] = None, **kw: Any):
@@ -99,14 +79,8 @@ class DirectDataset(ShardDataset):
         self._advanced = False  # the last iter() handed an item out
         self._pinned = False  # ... and no state was taken after it
 
-    # ---- passes: repeat / with_epoch ----------------------------------------------
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> DirectDataset:
         """Iterate ``nepochs`` epochs per ``iter()`` (forever if < 1), at most ``nbatches`` items.
-
-        As in webdataset, each ``iter()`` is a new pass: one left mid-epoch is
-        followed by the next epoch from its start, unless a state was taken
-        since its last item (then the next ``iter()`` continues there, as a
-        run resumed from that state would).
 
         Example:
             >>> ds = DirectDataset("data/shard-000000.tar").repeat(2)
@@ -121,8 +95,7 @@ class DirectDataset(ShardDataset):
         return self
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DirectDataset:
-        """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing the
-        stream over epochs (the next ``iter()`` goes on where this one stopped).
+        """Each ``iter()`` yields ``max(nsamples, nbatches)`` items, continuing the stream over epochs.
 
         Example:
             >>> ds = DirectDataset("data/shard-000000.tar").with_epoch(5)
@@ -134,8 +107,7 @@ class DirectDataset(ShardDataset):
 
     @property
     def passes(self) -> Optional[Tuple[int, int]]:
-        """``(epochs, items)`` of one ``iter()`` when it goes on over epochs (``-1``: no
-        limit; ``resampled``, ``repeat``, ``with_epoch``), None for one epoch per ``iter()``.
+        """``(epochs, items)`` of one ``iter()`` (``-1``: no limit), None for one epoch per ``iter()``.
 
         Example:
             >>> DirectDataset("data/shard-000000.tar").with_epoch(5).passes
@@ -145,17 +117,12 @@ class DirectDataset(ShardDataset):
             return None
         return (self._nepochs if self._mode == "repeat" else -1), self._limit
 
-    # ---- webdataset's worker split ----------------------------------------------------
     def worker_split_mode(self) -> str:
         """``"shards"`` or ``"samples"``: how DataLoader workers share an epoch (``worker_split``)."""
         return self.worker_split or "samples"
 
     def split_workers(self, num_workers: int, world_size: int = 1, mode: Optional[str] = None) -> int:
         """``W`` of the shard split for ``num_workers`` DataLoader workers, or 0 (the sample split).
-
-        The shard split applies with ``mode`` (default: :meth:`worker_split_mode`)
-        ``"shards"``, ``num_workers >= 2``, one rank, one partition and shards
-        read once per epoch (not ``resampled``).
 
         Example:
             >>> DirectDataset("data/shard-000000.tar", worker_split="shards").split_workers(2)
@@ -166,10 +133,8 @@ class DirectDataset(ShardDataset):
             return 0
         return int(num_workers)
 
-    # ---- direct iteration (webdataset's semantics, torch DataLoader workers) ----
     def _split(self) -> Tuple[int, int, int, int, List[Any]]:
-        """``(rank, world, worker, num_workers, custom splitters)`` for this process:
-        every rank and every DataLoader worker takes its own share."""
+        """``(rank, world, worker, num_workers, custom splitters)`` for this process."""
         rank, world, worker, nworkers = worker_info()
         return rank, world, worker, nworkers, []
 
@@ -180,10 +145,7 @@ class DirectDataset(ShardDataset):
         return list(self.stage_specs[self.stream_from:])
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterate as webdataset does: this process's share (rank and DataLoader worker,
-        see ``nodesplitter`` / ``workersplitter``) of epoch ``self.epoch``, through every
-        stage; ``repeat`` / ``with_epoch`` go on over epochs.  ``state_dict()`` at any
-        moment resumes exactly after the last item yielded."""
+        """Iterate this process's share of epoch ``self.epoch`` through every stage, as webdataset does."""
         rank, world, worker, nworkers, custom = self._split()
         V = world * nworkers
         kept: Optional[frozenset] = None
@@ -218,10 +180,7 @@ class DirectDataset(ShardDataset):
             st = dict(self._cursor, first=self._cursor["epoch"])
             done = 0 < self._limit <= st.get("served", 0)  # the last iter() gave its with_epoch(n) items
             if (st["step"] or st["skip"]) and (done or (self._advanced and not self._pinned)):
-                # webdataset starts its pipeline again at each iter(): an iter() left mid-epoch
-                # (or a with_epoch(n) chunk done) is followed by the next epoch from its start
-                # (unless a state was taken since the last item of an unfinished chunk: a run
-                # resumed from it continues there, and so does this one)
+                # webdataset starts its pipeline again at each iter(): the next epoch from its start
                 st = dict(self._fresh(st["epoch"] + 1), layout=st.get("layout"))
             elif done or not self._pinned:
                 st["served"] = 0
@@ -282,8 +241,7 @@ class DirectDataset(ShardDataset):
         runners = [s.runner(mix(self.seed, epoch, 0x5354, i), self._on_event) for i, s in enumerate(stream)]
         for r, c in zip(runners, st.get("counts") or []):
             r.count = int(c)
-        # the chain runs again from the clean step: st["skip"] counts every item it hands out
-        # from there, the ones skipped now included (a state taken later counts them too)
+        # from the clean step: st["skip"] counts every item handed out, the ones skipped now included
         skip, st["skip"] = int(st.get("skip", 0)), 0
         state = {"step": int(st["step"])}
 
@@ -294,8 +252,6 @@ class DirectDataset(ShardDataset):
             local = self.cache_dir is not None
             on_disk: Dict[str, Optional[str]] = {}
             current = -1
-            # each sample as soon as it is read (the first one is not held back by
-            # the reads of the rest of its step), then the step's meta
             for k, batch, meta in self.iter_steps(epoch, start, layout, 0, 1, collate=False, each=True):
                 if k != current:  # step k starts: a clean point if no stage holds items
                     current = k
@@ -352,12 +308,8 @@ class DirectDataset(ShardDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start the next ``iter()`` at the beginning of ``epoch``.
 
-        A framework's loader calls this just before it iterates: a framework
-        whose own loader loses or repeats data at a resume is warned about
-        (:func:`resumewds.run.note_framework`), and a torchdata
-        ``StatefulDataLoader`` state of another ``num_workers`` that Accelerate
-        restored is refused here with a :class:`resumewds.StateError` (torchdata
-        would fail next with a bare ``AssertionError``).
+        A framework's loader calls this before it iterates: it warns about a framework that loses
+        data at a resume, and refuses a torchdata state of another ``num_workers`` (``StateError``).
         """
         note_framework(self, "set_epoch")
         check_restored_state(self)
@@ -365,15 +317,8 @@ class DirectDataset(ShardDataset):
         self._cursor = None
         self._pending = None
 
-    # ---- state (torchdata StatefulDataLoader protocol) -------------------
     def state_dict(self) -> Dict[str, Any]:
-        """Where this process's iteration is: resume exactly after the last item yielded.
-
-        Inside a torch DataLoader worker this is that worker's state, which is
-        what torchdata's ``StatefulDataLoader`` collects and hands back to
-        :meth:`load_state_dict` in the same worker.  No sample data: epoch, the
-        last clean step, how many items to skip after it, stage counters.
-        """
+        """Where this process's iteration is (in a DataLoader worker, that worker's): no sample data."""
         if self._pending is not None:  # loaded, not iterated yet: where the next iter() starts
             cur = self._pending
         else:
@@ -388,8 +333,7 @@ class DirectDataset(ShardDataset):
         """The next ``iter()`` continues exactly after the state's last item.
 
         Raises:
-            StateError: not a dataset state, changed after it was taken (its
-                checksum: :mod:`resumewds.run`), or taken with another order.
+            StateError: not a dataset state, changed after it was taken, or taken with another order.
         """
         if not isinstance(state, dict) or state.get("format") != DATASET_STATE:
             raise StateError("not a resumewds dataset state (missing format field)")
@@ -404,9 +348,6 @@ class DirectDataset(ShardDataset):
     set_state = load_state_dict
 
     def _order_key(self) -> Dict[str, Any]:
-        try:
-            d = dict(self.plan.describe())
-        except ResumeWDSError:
-            raise
+        d = dict(self.plan.describe())
         d["stages"] = [s.name for s in self.stage_specs]
         return d

@@ -1,21 +1,7 @@
 """webdataset's ``FluidInterface``: the fluent methods of a pipeline, each one stage.
 
-The one fluent face of the package: each method returns
-``self.compose(<the stage of the same name>)`` built by :mod:`resumewds.wds.filters`,
-the one implementation of each stage, as webdataset 1.0.2's ``FluidInterface``
-does.  A class with a ``compose(stage)`` method (webdataset's ``DataPipeline``
-contract) gets ``.shuffle(n)``, ``.map(f)``, ``.batched(n)``... from this mixin:
-:class:`resumewds.DataPipeline` and :class:`resumewds.FluidWrapper` append the
-stage to their pipeline; :class:`resumewds.WebDataset` appends its engine spec
-(:meth:`resumewds.wds.filters.StreamStage.spec`, see :func:`engine_specs`), so
-``ds.shuffle(n)`` and ``ds.compose(wds.shuffle(n))`` are one stage.
-
-Example:
-    >>> class P(FluidInterface):
-    ...     def __init__(self): self.stages = []
-    ...     def compose(self, stage): self.stages.append(stage); return self
-    >>> len(P().map(str).batched(2).stages)
-    2
+Each method returns ``self.compose(<the stage of the same name>)`` from :mod:`resumewds.wds.filters`,
+as webdataset 1.0.2's does, so ``ds.shuffle(n)`` and ``ds.compose(wds.shuffle(n))`` are one stage.
 """
 
 from __future__ import annotations
@@ -35,13 +21,7 @@ def _handled(handler: Any) -> Dict[str, Any]:
 
 
 def engine_specs(stages: Any) -> List[Stage]:
-    """``stages`` (webdataset's stages, engine :class:`~resumewds.stages.Stage` specs, or
-    generator functions ``f(iterator) -> iterator``) as the engine's specs: a
-    :class:`~resumewds.wds.filters.StreamStage` by its :meth:`~resumewds.wds.filters.StreamStage.spec`,
-    anything else it cannot see through as an opaque stream stage run as given.
-
-    Raises:
-        TypeError: a stage that is not callable.
+    """``stages`` as the engine's specs; a stage it cannot see through becomes an opaque stream stage.
 
     Example:
         >>> from resumewds.wds import filters
@@ -66,11 +46,7 @@ def engine_specs(stages: Any) -> List[Stage]:
 
 
 class FluidInterface:
-    """webdataset's fluent mixin: each method returns ``self.compose(<the stage>)``.
-
-    For a class with a ``compose(stage)`` method (webdataset's ``DataPipeline``
-    contract): :class:`resumewds.WebDataset`, :class:`resumewds.DataPipeline`,
-    :class:`resumewds.fluid.FluidWrapper`, a WebLoader's chain and pipelines of your own.
+    """webdataset's fluent mixin, for a class with a ``compose(stage)`` method.
 
     Example:
         >>> class P(FluidInterface):
@@ -85,11 +61,7 @@ class FluidInterface:
 
     def batched(self, batchsize: int, collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
                 partial: bool = True) -> Any:
-        """Batches of ``batchsize`` (``filters.batched``; ``collation_fn=None``: lists).
-
-        Iterated directly, ``partial=False`` drops a short last batch; under
-        WebLoader the loader's ``remainder`` decides.
-        """
+        """Batches of ``batchsize`` (``collation_fn=None``: lists)."""
         return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
 
     def unbatched(self) -> Any:
@@ -109,33 +81,25 @@ class FluidInterface:
         return self.compose(filters.log_keys(logfile))
 
     def shuffle(self, size: int, **kw: Any) -> Any:
-        """A shuffle of ``size`` (no-op if ``size < 1``; ``filters.shuffle``'s ``initial``,
-        ``rng``, ``seed``).
+        """A shuffle of ``size`` (no-op if ``size < 1``).
 
-        On a :class:`resumewds.WebDataset`, before any ``batched`` / ``slice`` /
-        ... stage, ``.shuffle(n)`` is compiled into the plan: samples are
-        shuffled uniformly within windows of whole shards holding at least
-        ``3 * n`` samples (on average) and at least 8 shards, so the mixing is
-        at least that of webdataset's buffer of ``n`` (whose effective span is
-        about ``2n``), and a resume recomputes any position in O(1).  After
-        such a stage it is webdataset's buffer shuffle, with every pick a hash
-        of (seed, epoch, count).  Elsewhere: a buffer shuffle on the stream.
+        On a :class:`resumewds.WebDataset`, before any stream stage, it is compiled into the plan:
+        samples shuffled within windows of whole shards holding at least ``3 * n`` samples (and 8
+        shards), at least webdataset's buffer's mixing.  Elsewhere: a buffer shuffle on the stream.
         """
         if size < 1:
             return self
         return self.compose(filters.shuffle(size, **kw))
 
     def map(self, f: Callable[[Any], Any], handler: Any = None) -> Any:
-        """Apply ``f`` to each item (a sample, or a batch after ``batched``); a None
-        result drops it; ``handler=`` decides about an exception (skip or stop)."""
+        """Apply ``f`` to each item; a None result drops it; ``handler=`` decides about an exception."""
         return self.compose(filters.map(f, **_handled(handler)))
 
     def decode(self, *args: Any, pre: Any = None, post: Any = None, only: Any = None, partial: bool = False,
                handler: Any = None, allow_pickle: Optional[bool] = None) -> Any:
-        """Decode members: image specs (``"pil"``, ``"rgb8"``, ``"torchrgb"``...) and/or callables
-        ``(key, data) -> value or None``; ``only=`` limits decoding to those extensions,
-        ``handler=`` handles a decoding error (skip / stop); ``allow_pickle``: default, the
-        host's ``allow_pickle`` setting (a data set's), else False."""
+        """Decode members: image specs (``"pil"``, ``"rgb8"``...) and/or callables ``(key, data)``;
+        ``allow_pickle`` defaults to the host's setting.
+        """
         if allow_pickle is None:
             allow_pickle = bool(getattr(self, "allow_pickle", False))
         return self.compose(filters.decode(*args, pre=pre, post=post, only=only, partial=partial,
@@ -146,13 +110,7 @@ class FluidInterface:
         return self.compose(filters.map_dict(**_handled(handler), **kw))
 
     def select(self, predicate: Callable[[Any], bool], **kw: Any) -> Any:
-        """Keep only the items for which ``predicate`` is true.
-
-        Under WebLoader, filtering happens inside a batch: the batch of
-        positions ``[k*B, (k+1)*B)`` keeps its survivors, so batches may be
-        smaller, and resume stays exact.  Iterated directly, ``.batched(n)``
-        fills each batch from the filtered stream, as webdataset does.
-        """
+        """Keep only the items for which ``predicate`` is true."""
         return self.compose(filters.select(predicate, **kw))
 
     def to_tuple(self, *args: str, **kw: Any) -> Any:
@@ -168,15 +126,13 @@ class FluidInterface:
         return self.compose(filters.slice(*args))
 
     def rename(self, **kw: Any) -> Any:
-        """Rename fields: ``rename(image="jpg;png", label="cls")`` (``keep``, ``handler`` as
-        ``filters.rename``)."""
+        """Rename fields: ``rename(image="jpg;png", label="cls")``."""
         if kw.get("handler", 0) is None:
             del kw["handler"]
         return self.compose(filters.rename(**kw))
 
     def rsample(self, p: float = 0.5) -> Any:
-        """Keep each item with probability ``p`` (on a WebDataset: deterministic per seed,
-        epoch and count)."""
+        """Keep each item with probability ``p``."""
         return self.compose(filters.rsample(p))
 
     def rename_keys(self, *args: Any, **kw: Any) -> Any:
@@ -196,6 +152,5 @@ class FluidInterface:
         return self.compose(Cached())
 
     def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
-        """Keep the first complete pass in an LMDB database (:class:`resumewds.filters.LMDBCached`;
-        needs the ``lmdb`` package)."""
+        """Keep the first complete pass in an LMDB database (:class:`resumewds.filters.LMDBCached`)."""
         return self.compose(LMDBCached(*args, **kw))

@@ -1,15 +1,9 @@
 """The attributes of ``torch.utils.data.DataLoader`` that frameworks read from a loader.
 
-PyTorch Lightning, Hugging Face Accelerate and ``transformers.Trainer`` take
-any iterable as a training loader, but read some of a DataLoader's attributes
-from it (``drop_last``, ``batch_size``, ``sampler``, ``num_workers``, ...) and
-``len(loader)`` to size an epoch.  :class:`DataLoaderAttributes` gives
-:class:`resumewds.WebLoader` those attributes, with the values that describe
-what it does: no sampler (the order is the dataset's plan), ``drop_last``
-when ``remainder="drop"``, the DataLoader keyword arguments it was given (or
-torch's defaults), and a ``__len__`` that counts the batches of a *whole*
-epoch on this rank, whatever the position: a framework that reads the length
-after restoring a state (Lightning does) then sizes every epoch right.
+Lightning, Accelerate and ``transformers.Trainer`` read some of a DataLoader's attributes
+(``drop_last``, ``sampler``, ``num_workers``...) and ``len(loader)``: :class:`DataLoaderAttributes`
+gives :class:`resumewds.WebLoader` the values that describe what it does, and a ``__len__`` that
+counts a *whole* epoch on this rank whatever the position (so a resumed framework sizes epochs right).
 
 Example:
     >>> import resumewds as rw
@@ -32,8 +26,7 @@ __all__ = ["DataLoaderAttributes"]
 
 
 def _dropping_stage(dataset: Any) -> Optional[str]:
-    """What in ``dataset`` may drop a sample before it is handed out (a ``select``, a ``handler``), None if
-    nothing does."""
+    """What in ``dataset`` may drop a sample before it is handed out, None if nothing does."""
     if getattr(dataset, "handler", None) is not None:
         return "the data set's handler"
     specs = getattr(dataset, "stage_specs", ())
@@ -59,13 +52,7 @@ _DEFAULTS: Dict[str, Any] = {
 
 
 class DataLoaderAttributes:
-    """A mixin: DataLoader's read-only attributes and an epoch-sized ``__len__``.
-
-    The class mixing it in is an engine loader (:class:`resumewds.run.ShardLoader`,
-    before this mixin in the bases): its ``remainder``, ``layout``, ``config``,
-    ``position``, ``batch_size``, ``world_size``, ``num_workers``,
-    ``dataloader_kwargs`` and ``_collate_fn`` (:class:`resumewds.WebLoader`).
-    """
+    """A mixin of an engine loader: DataLoader's read-only attributes and an epoch-sized ``__len__``."""
 
     remainder: str
     layout: Any
@@ -79,7 +66,6 @@ class DataLoaderAttributes:
     dataloader_kwargs: Dict[str, Any]
     _collate_fn: Any
 
-    # ---- what a sampler-based DataLoader has and this loader does not ------------
     @property
     def sampler(self) -> None:
         """None: the order is the dataset's plan (its seed and shuffle settings)."""
@@ -100,7 +86,6 @@ class DataLoaderAttributes:
         """The collate function of batches (None with ``batch_size=None``)."""
         return self._collate_fn
 
-    # ---- DataLoader keyword arguments: as given, or torch's defaults -------------
     def _dl_kwarg(self, name: str) -> Any:
         return self.dataloader_kwargs.get(name, _DEFAULTS[name])
 
@@ -144,7 +129,6 @@ class DataLoaderAttributes:
         value = self.dataloader_kwargs.get("prefetch_factor")
         return 2 if value is None else int(value)
 
-    # ---- lengths ---------------------------------------------------------------
     def _take_world(self) -> None:
         """The loader's: a world set up after it was built (frameworks read ``len`` before iterating)."""
 
@@ -152,8 +136,7 @@ class DataLoaderAttributes:
         """Items (batches, or samples with ``batch_size=None``) from ``start`` to the epoch's end.
 
         Raises:
-            TypeError: one item per sample over stages that may drop samples: the count is not known
-                before the epoch is read.
+            TypeError: one item per sample over stages that may drop samples.
         """
         dropping = _dropping_stage(self.dataset) if self.batch_size is None else None
         if dropping is not None:
@@ -178,13 +161,10 @@ class DataLoaderAttributes:
         return self.layout
 
     def __len__(self) -> int:
-        """Batches in a whole epoch on this rank (samples with ``batch_size=None``).
+        """Batches in a whole epoch on this rank (samples with ``batch_size=None``; see :attr:`batches_left`).
 
-        Not what is left of the current epoch: see :attr:`batches_left`.  With
-        ``batch_size=None`` over stages that may drop samples (``select``, a
-        ``handler``) the count is not known in advance: a ``TypeError``, as
-        torch gives for an iterable of unknown length (the frameworks then run
-        each epoch to its end).
+        A ``TypeError`` with ``batch_size=None`` over stages that may drop samples, as torch gives
+        for an iterable of unknown length.
         """
         return self._items(0)
 

@@ -1,41 +1,9 @@
 """webdataset's worker rotation when the data set's stages drop samples.
 
-Under webdataset's worker split (:mod:`resumewds.wds._shardsplit`) each DataLoader
-worker runs the whole pipeline over its own shards: its ``select`` and its
-handlers drop samples of its own stream, its ``.batched(n)`` fills each batch
-from that filtered stream (the last one short), and torch hands the workers'
-items out round-robin, a worker that is done dropping out.  Once a sample is
-dropped, which item comes next depends on what was dropped, so the order
-cannot be laid out in advance as the shard split's positions are.
-
-:class:`RotatingLoader` builds that order with the one engine: each worker's
-stream (:func:`~resumewds.wds._shardsplit.worker_streams`) is run by its own engine
-loader (:meth:`~resumewds.run.ShardLoader.sub_loader`) over :class:`StreamLayout` (its
-positions are the stream's samples), the stream's own stage runs on its
-items (the wing's refilled ``.batched(n)``), and the streams' items are
-merged round-robin.  Where it stands is the *rotation*: per stream the
-position after the last sample of the last item delivered from it (its
-length once it is done) and the stream whose turn is next.  ``state_dict()``
-and ``commit`` record it (the journal's commit ``place``) through the engine
-loader's place hooks (:meth:`~resumewds.run.ShardLoader.extra_place`,
-:meth:`~resumewds.run.ShardLoader.adopt_place`), so a resume runs
-each stream again from its own position: the samples it dropped after its
-last item are read and dropped again, nothing before them.  The order is a
-pure function of the data and ``W`` (the workers of the split, recorded as
-``config["worker_split"]``), so a resume is exact with any ``num_workers``:
-the DataLoader workers are shared out between the streams (0: all in the
-main process).
-
-The loader's ``position`` is the sum of the streams' positions (samples of
-the epoch read up to the items delivered).  An epoch ends when every stream
-is done: when the last item delivered came from the last stream with
-samples left and ended it, the loader's epoch has advanced by then; when
-that stream's last samples were dropped, the ``iter()`` after a resume at
-that point finds nothing left and ends the epoch.
-
-Example:
-    >>> loader = RotatingLoader(ds, batch_size=None, num_workers=2)   # doctest: +SKIP
-    >>> keys = [s["__key__"] for s in loader]   # webdataset's rotation  # doctest: +SKIP
+Each of webdataset's DataLoader workers filters its own stream and torch hands their items out
+round-robin.  :class:`RotatingLoader` runs each worker's stream with its own engine loader and
+merges their items so; the *rotation* (each stream's position, whose turn is next) goes into
+each state and commit, so a resume is exact with any ``num_workers``.
 """
 
 from __future__ import annotations
@@ -76,17 +44,7 @@ class _StreamSteps:
 
 @dataclass(frozen=True)
 class StreamLayout:
-    """Worker ``worker`` of ``workers``'s own stream as a loader's layout (an
-    :class:`~resumewds.plan.EpochLayout`): its samples one by one, read ``chunk``
-    per step; with ``check``, binding an epoch in which it has no shard raises
-    (webdataset's ``empty_check``).
-
-    Example:
-        >>> from resumewds.plan import Plan
-        >>> steps = StreamLayout(2, 1, 4).bind(Plan([3, 2, 2], shuffle=False).epoch(0))
-        >>> steps.sequence.samples_at(range(steps.length)), steps.num_steps(7, 0)
-        ([(1, 0), (1, 1)], 1)
-    """
+    """Worker ``worker`` of ``workers``'s own stream as a loader's layout, read ``chunk`` per step."""
 
     workers: int
     worker: int
@@ -112,9 +70,9 @@ def _is_count(x: Any) -> bool:
 
 
 def _rotation_fields(rot: Any, source: str) -> Tuple[int, List[int], int]:
-    """``(workers, streams, next)`` of a state's or a commit's rotation, refused
-    (naming the field) unless it is ``{"workers": W, "streams": [W positions >= 0],
-    "next": 0 <= n < W}``."""
+    """``(workers, streams, next)`` of a state's or a commit's rotation, refused (naming the field)
+    unless well formed.
+    """
     def bad(field: str, want: str, got: Any) -> StateError:
         return StateError(f"{source}: its rotation.{field} must be {want}, got {got!r} (a state written by "
                           "another program, edited or damaged)")
@@ -154,22 +112,11 @@ def _shares(num_workers: int, streams: int) -> List[int]:
 
 
 class RotatingLoader(ShardLoader):
-    """An engine loader (:class:`~resumewds.run.ShardLoader`) that follows webdataset's
-    worker rotation over filtered streams (see the module docs) when the shard split applies
-    (``num_workers >= 2`` or a state's split, one rank, ``batch_size=None``); otherwise the
-    engine's loader as it is.
+    """An engine loader that follows webdataset's worker rotation over filtered streams (see the module
+    docs) when the shard split applies; otherwise the engine's loader as it is.
 
-    ``stream_stage`` (an iterator of samples -> an iterator of items, e.g. a
-    refilled ``.batched(n)``) runs on each stream's samples, or on the one
-    sequence without the split.  A stage must hand an item out as soon as its
-    last sample arrived (never read ahead), so the stream's position then is
-    just after it.
-
-    Example:
-        >>> loader = RotatingLoader(ds, batch_size=None, num_workers=2)   # doctest: +SKIP
-        >>> it = iter(loader); first = next(it)                          # doctest: +SKIP
-        >>> loader.state_dict()["rotation"]                              # doctest: +SKIP
-        {'workers': 2, 'streams': [1, 0], 'next': 1}
+    ``stream_stage`` (samples -> items, e.g. a refilled ``.batched(n)``) runs on each stream; it must
+    hand an item out as soon as its last sample arrived (never read ahead).
     """
 
     def __init__(self, dataset: Any, *args: Any, stream_stage: Optional[Callable[[Iterator[Any]], Iterator[Any]]]
@@ -178,7 +125,6 @@ class RotatingLoader(ShardLoader):
         self._rot: Optional[Dict[str, Any]] = None  # {"epoch", "streams", "next"} of the epoch in progress
         super().__init__(dataset, *args, **kw)
 
-    # ---- where the rotation stands ----------------------------------------------
     @property
     def rotation_workers(self) -> int:
         """``W`` of the rotation this loader follows, or 0 (the engine's own order)."""
@@ -224,16 +170,14 @@ class RotatingLoader(ShardLoader):
                              f"{self.position}")
         self._rot = {"epoch": self.epoch, "streams": streams, "next": nxt}
 
-    # ---- the engine loader's place hooks: the rotation in states, commits and marks -----
     def extra_place(self) -> Dict[str, Any]:
-        """Under the rotation: ``{"rotation": {"workers", "streams", "next"}}`` (per-stream
-        positions, the stream whose turn is next), in each state and commit."""
+        """Under the rotation: ``{"rotation": {"workers", "streams", "next"}}``, in each state and commit."""
         return {"rotation": self._rotation()} if self.rotation_workers else {}
 
     def adopt_place(self, place: Dict[str, Any], source: Optional[str]) -> None:
-        """A state's or a commit's rotation (refused, naming the field, where this loader cannot
-        stand at it: another ``W``, several ranks, ``batch_size``, a mid-epoch place without one),
-        or a :meth:`mark` of this loader's (``source`` None)."""
+        """A state's or a commit's rotation (refused where this loader cannot stand at it), or a
+        :meth:`mark` of this loader's (``source`` None).
+        """
         rot = place.get("rotation")
         if source is None:
             self._rot = None if rot is None else {"epoch": self.epoch, "streams": list(rot["streams"]),
@@ -242,15 +186,13 @@ class RotatingLoader(ShardLoader):
         self._set_rotation(rot, source)
 
     def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
-        """As :meth:`ShardLoader.skip_steps`; refused under the rotation (its steps
-        depend on what the stages drop, known only once read)."""
+        """As :meth:`ShardLoader.skip_steps`; refused under the rotation (its steps are known once read)."""
         k = check_steps(k)
         if self.rotation_workers and k:
             raise StateError(f"skip_steps({k}): under webdataset's rotation of {self.rotation_workers} "
                              "filtered streams the items ahead are known only once read; iterate past them")
         return super().skip_steps(k, reason)
 
-    # ---- iteration --------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._take_world()
         self._world_open = False

@@ -1,43 +1,15 @@
 """webdataset's worker split: each DataLoader worker reads its own shards, the loader interleaves.
 
-webdataset's ``split_by_worker`` gives worker ``w`` of ``W`` the shards
-``w, w+W, w+2W ...``; each worker reads its shards front to back, batches
-its own stream (its last batch short), and torch's DataLoader hands the
-workers' batches out round-robin (worker 0's first, worker 1's first,
-worker 0's second...; a worker that is done drops out of the rotation).
-Here that order is a pure function of (epoch plan, ``W``, batch size), so
-it resumes exactly, with any number of workers executing it:
-
-* :func:`worker_streams`: worker ``w``'s stream is the epoch's shard order
-  ``[w::W]`` read in the plan's way (front to back; with a windowed shuffle,
-  windows of its own shards, permuted by a key of the epoch and ``w``).
-* :class:`SplitSequence`: the epoch as the DataLoader delivers it: the
-  streams cut into *units* of ``unit`` samples (a worker's batches; its last
-  one short, or dropped with ``drop``), interleaved round-robin.  Position
-  ``d`` is the d-th sample delivered, as everywhere (:mod:`resumewds.plan`).
-* :class:`ShardSplit`: the loader's layout over it (what a state records:
-  ``W``); bound to an epoch (:meth:`ShardSplit.bind`) its steps are the
-  units (batches) or, for single samples (``unit=1``), chunks of them.
-  The steps are dealt to whatever DataLoader workers run (any number) and
-  delivered in step order.
-* :class:`WorkerStream`: one worker's own stream (direct iteration in a
-  worker of a plain torch DataLoader: the interleave is torch's).
-* :data:`SHARD_SPLIT`: the policy the wing's loaders give the engine's loader
-  (:class:`resumewds.run._loader.SplitPolicy`): when the shard split applies,
-  and its layout.
-
-Each layout here is an :class:`~resumewds.plan.EpochLayout`: bound to an
-epoch it checks, with ``check``, that every worker has a shard (webdataset's
-``empty_check``).
+webdataset's ``split_by_worker`` gives worker ``w`` of ``W`` the shards ``w, w+W, ...``; each
+worker batches its own stream and torch's DataLoader hands the workers' batches out round-robin.
+Here that order is a pure function of (epoch plan, ``W``, batch size), so it resumes exactly with
+any number of workers executing it.
 
 Example:
     >>> from resumewds.plan import Plan
-    >>> ep = Plan([3, 1, 2], shuffle=False).epoch(0)
-    >>> seq = SplitSequence(ep, workers=2, unit=2)
-    >>> [seq.unit_range(k) for k in range(seq.num_units)]
-    [(0, 2), (2, 3), (3, 5), (5, 6)]
-    >>> seq.samples_at(range(6))
-    [(0, 0), (0, 1), (1, 0), (0, 2), (2, 0), (2, 1)]
+    >>> seq = SplitSequence(Plan([3, 1, 2], shuffle=False).epoch(0), workers=2, unit=2)
+    >>> [seq.unit_range(k) for k in range(seq.num_units)], seq.samples_at(range(6))
+    ([(0, 2), (2, 3), (3, 5), (5, 6)], [(0, 0), (0, 1), (1, 0), (0, 2), (2, 0), (2, 1)])
 """
 
 from __future__ import annotations
@@ -54,24 +26,12 @@ __all__ = ["SHARD_SPLIT", "WORKER_SPLITS", "Bound", "ShardSplit", "ShardSplitPol
 
 _TAG_WORKER = 0x574F524B4552  # "WORKER"
 
-#: how DataLoader workers share an epoch (``worker_split=``): webdataset's shards per worker, or
-#: the engine's split of the sample sequence (:mod:`resumewds.plan`)
+#: how DataLoader workers share an epoch (``worker_split=``)
 WORKER_SPLITS = ("shards", "samples")
 
 
 def worker_streams(ep: EpochPlan, workers: int, keep: Optional[AbstractSet[int]] = None) -> List[EpochPlan]:
-    """Each worker's stream: the epoch's shards ``[w::workers]``, in the plan's way.
-
-    ``keep``: only these shards (by index) are split, as webdataset's
-    ``split_by_worker`` after a node splitter of your own splits what that kept.
-
-    Example:
-        >>> from resumewds.plan import Plan
-        >>> [s.shard_order for s in worker_streams(Plan([1, 1, 1], shuffle=False).epoch(0), 2)]
-        [[0, 2], [1]]
-        >>> [s.shard_order for s in worker_streams(Plan([1, 1, 1], shuffle=False).epoch(0), 2, keep={1, 2})]
-        [[1], [2]]
-    """
+    """Each worker's stream: the epoch's shards ``[w::workers]`` (only those in ``keep``), in the plan's way."""
     if ep.partitions != 1:
         raise ValueError("the shard split needs an epoch of one partition")
     W = int(workers)
@@ -89,12 +49,7 @@ def worker_streams(ep: EpochPlan, workers: int, keep: Optional[AbstractSet[int]]
 
 
 def empty_worker_error(workers: int, shards: int) -> ValueError:
-    """webdataset's error when a DataLoader worker gets no shard (``empty_check``).
-
-    Example:
-        >>> str(empty_worker_error(4, 2)).splitlines()[0]
-        'No samples found in dataset; perhaps you have fewer shards than workers.'
-    """
+    """webdataset's error when a DataLoader worker gets no shard (``empty_check``)."""
     return ValueError("No samples found in dataset; perhaps you have fewer shards than workers.\n"
                       f"The shard split gives each of {workers} DataLoader workers its own shards, and the "
                       f"epoch has {shards}: use fewer workers, worker_split=\"samples\", or turn this check "
@@ -102,20 +57,7 @@ def empty_worker_error(workers: int, shards: int) -> ValueError:
 
 
 class SplitSequence:
-    """The epoch as webdataset's DataLoader delivers it: the workers' units, round-robin.
-
-    Args:
-        ep: the epoch's plan (one partition).
-        workers: ``W``, the workers the shards are split between.
-        unit: samples per unit (a worker's batch; 1: samples one by one).
-        drop: a worker's short last unit is not delivered (``partial=False``,
-            ``drop_last``).
-
-    ``len()`` is the epoch's sample count; the units cover positions
-    ``0 .. end`` (``end`` < ``len()`` only with ``drop``).  ``samples_at``,
-    ``window_of``, ``window_shards`` and ``shards_from`` are those of an
-    :class:`~resumewds.plan.EpochPlan`, so the step engine reads it as one.
-    """
+    """The epoch as webdataset's DataLoader delivers it: the workers' units (batches), round-robin."""
 
     def __init__(self, ep: EpochPlan, workers: int, unit: int = 1, drop: bool = False):
         if int(unit) < 1:
@@ -140,7 +82,6 @@ class SplitSequence:
     def __len__(self) -> int:
         return self.total
 
-    # ---- the round-robin of units ---------------------------------------
     def _before_round(self, r: int) -> int:
         """Units delivered before round ``r``: ``sum(min(units_w, r))``."""
         i = bisect.bisect_left(self._sorted, r)  # workers with fewer than r units give all of theirs
@@ -241,7 +182,6 @@ class SplitSequence:
             prev = d
             w, r, d0 = cur
             where.append((w, r * b + d - d0))
-        # each worker's local indices, looked up in its stream in one call (runs of a window)
         out: List[Any] = [None] * len(where)
         for w in {w for w, _ in where}:
             idx = [n for n, (v, _) in enumerate(where) if v == w]
@@ -249,7 +189,6 @@ class SplitSequence:
                 out[n] = pair
         return out
 
-    # ---- what to prefetch -----------------------------------------------
     def window_of(self, d: int) -> int:
         """An id of the window holding position ``d`` (its worker's window)."""
         w, i = self.locate(d)
@@ -282,9 +221,7 @@ class SplitSequence:
 
 
 class Bound:
-    """A layout bound to an epoch: its steps (``num_steps``, ``slots``,
-    ``position_after``, as :class:`~resumewds.plan.Layout`) over ``sequence``,
-    which stands for the epoch's plan where samples are looked up."""
+    """A layout bound to an epoch: its steps over ``sequence`` (which stands for the epoch's plan)."""
 
     def __init__(self, grid: Any, sequence: Any):
         self.grid = grid
@@ -343,24 +280,7 @@ class _Units:
 
 @dataclass(frozen=True)
 class ShardSplit:
-    """webdataset's worker split as a loader's layout (see the module docs).
-
-    Attributes:
-        workers: ``W``, the workers the shards are split between (what a
-            state records; the DataLoader workers that execute it may be more
-            or fewer).
-        unit: samples per batch (1: samples handed out one by one).
-        drop: each worker's short last batch is dropped.
-        chunk: with ``unit=1``, samples per step.
-        check: binding an epoch in which a worker gets no shard raises
-            (:func:`empty_worker_error`, webdataset's ``empty_check``).
-
-    Example:
-        >>> from resumewds.plan import Plan
-        >>> steps = ShardSplit(2, unit=2).bind(Plan([3, 1, 2], shuffle=False).epoch(0))
-        >>> [steps.slots(6, 0, k) for k in range(steps.num_steps(6, 0))][:2]
-        [[(0, False), (1, False)], [(2, False)]]
-    """
+    """webdataset's worker split as a loader's layout (``workers``: ``W``, what a state records)."""
 
     workers: int
     unit: int = 1
@@ -396,15 +316,7 @@ class ShardSplit:
 
 @dataclass(frozen=True)
 class WorkerStream:
-    """One worker's own stream, cut into steps by ``grid`` (direct iteration in a
-    DataLoader worker: torch interleaves the workers).
-
-    Example:
-        >>> from resumewds.plan import Plan
-        >>> b = WorkerStream(2, 1, Layout(4)).bind(Plan([1, 2, 3], shuffle=False).epoch(0))
-        >>> b.sequence.samples_at(range(len(b.sequence)))
-        [(1, 0), (1, 1)]
-    """
+    """One worker's own stream, cut into steps by ``grid`` (torch interleaves the workers)."""
 
     workers: int
     worker: int
@@ -428,17 +340,7 @@ class WorkerStream:
 
 def split_workers(ds: Any, num_workers: int, world_size: int, remainder: str = "keep",
                   mode: Optional[str] = None) -> int:
-    """``W`` of the shard split a loader of ``ds`` follows, or 0 (the sample split).
-
-    ``mode`` (the loader's ``worker_split``) overrides the data set's
-    (:meth:`resumewds.wds._direct.DirectDataset.split_workers`); a data set
-    without one (a mixture, the engine's own data set) and ``remainder="pad"``
-    (resumewds's own padding) keep the sample split.
-
-    Example:
-        >>> split_workers(object(), 2, 1)
-        0
-    """
+    """``W`` of the shard split a loader of ``ds`` follows, or 0 (the sample split)."""
     if mode is not None and mode not in ("shards", "samples"):
         raise ValueError(f"worker_split must be 'shards', 'samples' or None, got {mode!r}")
     fn = getattr(ds, "split_workers", None)
@@ -449,17 +351,7 @@ def split_workers(ds: Any, num_workers: int, world_size: int, remainder: str = "
 
 def split_layout(ds: Any, workers: int, world_size: int, batch_size: Optional[int], remainder: str,
                  chunk: int) -> ShardSplit:
-    """The loader's layout of the shard split over ``workers``: batches of
-    ``batch_size`` (None: samples, ``chunk`` per step); a worker's short last
-    batch dropped with ``remainder="drop"`` or the data set's ``batched(partial=False)``.
-
-    Raises:
-        StateError: more than one rank (a run of the shard split goes on on one rank).
-
-    Example:
-        >>> split_layout(None, 2, 1, 8, "keep", 8)
-        ShardSplit(workers=2, unit=8, drop=False, chunk=8)
-    """
+    """The loader's layout of the shard split over ``workers`` (one rank only: else ``StateError``)."""
     if world_size != 1:
         raise StateError(f"this run follows webdataset's shard split over {workers} DataLoader workers on "
                          f"one rank; it cannot go on with {world_size} ranks")
@@ -470,15 +362,7 @@ def split_layout(ds: Any, workers: int, world_size: int, batch_size: Optional[in
 
 
 class ShardSplitPolicy:
-    """webdataset's shard split as the engine loader's split policy
-    (:class:`resumewds.run._loader.SplitPolicy`): :func:`split_workers` and
-    :func:`split_layout`.  :class:`resumewds.WebLoader` gives it to the engine
-    (:attr:`resumewds.run.ShardLoader.split_policy`).
-
-    Example:
-        >>> SHARD_SPLIT.layout(None, 2, 1, None, "keep", 64)
-        ShardSplit(workers=2, unit=1, drop=False, chunk=64)
-    """
+    """webdataset's shard split as the engine loader's split policy (:func:`split_workers`, :func:`split_layout`)."""
 
     def workers(self, dataset: Any, num_workers: int, world_size: int, remainder: str,
                 mode: Optional[str] = None) -> int:

@@ -1,18 +1,10 @@
 """webdataset's ``compat`` module names: ``WebDataset``, ``WebLoader``, ``MockDataset``,
-``FluidInterface``, ``FluidWrapper`` (:mod:`resumewds.fluid`), ``check_empty`` and the
-``Cached`` stage.
-
-``import resumewds as wds`` exposes the same names at the top level;
-``from resumewds import compat`` (or ``webdataset.compat`` through an
-alias) finds them here too.  See docs/COMPAT.md for the semantics.
+``FluidInterface``, ``FluidWrapper``, ``check_empty`` and the ``Cached`` stage (docs/COMPAT.md).
 
 Example:
     >>> from resumewds.compat import MockDataset
     >>> list(MockDataset((1, 2), 2))
     [(1, 2), (1, 2)]
-    >>> stage = Cached()
-    >>> list(stage(iter([1, 2]))), list(stage(iter([])))   # the second pass replays the first
-    ([1, 2], [1, 2])
 """
 
 from __future__ import annotations
@@ -38,10 +30,7 @@ __all__ = ["Cached", "DataPipeline", "FluidInterface", "FluidWrapper", "MockData
 
 
 class MockDataset:
-    """webdataset's ``MockDataset(sample, length)``: ``sample``, ``length`` times.
-
-    A torch ``IterableDataset`` once torch is imported.
-    """
+    """webdataset's ``MockDataset(sample, length)``: ``sample``, ``length`` times."""
 
     def __init__(self, sample: Any, length: int):
         self.sample = sample
@@ -56,12 +45,7 @@ register_iterable_dataset(MockDataset)
 
 
 def check_empty(source: Iterable[Any]) -> Iterator[Any]:
-    """Pass ``source`` through; raise ValueError at its end if it yielded nothing.
-
-    Example:
-        >>> list(check_empty([1]))
-        [1]
-    """
+    """Pass ``source`` through; raise ValueError at its end if it yielded nothing."""
     count = 0
     for sample in source:
         yield sample

@@ -1,56 +1,10 @@
 """``DataPipeline``: webdataset's composable API, compiled into the deterministic plan.
 
-::
-
-    pipeline = wds.DataPipeline(
-        wds.SimpleShardList(urls),          # or wds.ResampledShards(urls)
-        wds.split_by_node, wds.split_by_worker,
-        wds.tarfile_to_samples(handler=wds.warn_and_continue),
-        wds.shuffle(1000),
-        wds.decode("torchrgb"), wds.to_tuple("jpg;png", "cls"), wds.map(augment),
-        wds.batched(64),
-    )
-
-A DataPipeline reads its stages and, when it can see through them, *compiles*
-them into a :class:`resumewds.WebDataset` (it is one): the shard list and
-its seed, the splitters (mapped onto the plan's rank/worker layout), the
-shard-level and sample-level ``shuffle`` (the plan's seeded shuffles),
-``tarfile_to_samples`` (seeking reads from the verified cache; its handler
-picks skip or raise for a bad shard), the per-sample stages and
-``batched``.  Such a pipeline resumes exactly: ``state_dict()`` /
-``load_state_dict()`` when iterated directly, or through
-``resumewds.WebLoader(pipeline, ...)`` with any number of workers.
-
-Recognised: ``SimpleShardList``, ``ResampledShards``, ``split_by_node``,
-``split_by_worker``, ``single_node_only``, ``shuffle`` (before
-``tarfile_to_samples``: shard order; after: samples), ``tarfile_to_samples``
-/ ``tarfile_samples``, ``decode``, ``map``, ``map_dict``, ``map_tuple``,
-``to_tuple``, ``select``, ``rename``, ``rename_keys``, ``extract_keys``,
-``xdecode`` and ``batched`` (then per-batch ``map``/``map_tuple``...).
-
-Anything else (your own generator, ``unbatched``, ``slice``, ``rsample``...)
-still runs, on the stream of what the compiled part delivers, with every
-stage after it.  Then the pipeline is no longer exactly resumable: it warns
-once when built, ``pipeline.exact`` is False and ``state_dict()["exact"]``
-says so (a resume then restarts that stream at the saved position of the
-compiled part, which is exact only if your stage keeps no state).  A
-pipeline whose source or url-level stages are not recognised runs entirely
-as webdataset does (no plan, no state).
-
-Semantics that differ from webdataset, on purpose: ``shuffle(n)`` is the
-plan's seeded shuffle (not a buffer fed in arrival order), so the same seed
-gives the same order on every run; ``ResampledShards`` shuffles the shard
-order per epoch and goes on forever instead of drawing with replacement;
-``split_by_node`` splits the global sample sequence, not the shard list (so
-any number of nodes works, with nothing seen twice).  ``split_by_worker``
-is webdataset's on one rank: each DataLoader worker reads its own shards
-(:mod:`resumewds.wds._shardsplit`; ``worker_split="samples"`` asks for the split
-of the sample sequence instead).
-
-Example:
-    >>> pipeline = DataPipeline(SimpleShardList("data/shard-{000000..000003}.tar"),  # doctest: +SKIP
-    ...                         tarfile_to_samples(), shuffle(1000), decode(), to_tuple("txt cls"))
-    >>> it = iter(pipeline); first = next(it); state = pipeline.state_dict()     # doctest: +SKIP
+A DataPipeline compiles the stages it can see through (the shard lists, the splitters, the
+shuffles, ``tarfile_to_samples``, the per-sample stages, ``batched``) into a
+:class:`resumewds.WebDataset` (it is one), which resumes exactly.  Any other stage still runs,
+on the stream, with every stage after it; then the pipeline warns once, ``exact`` is False and
+``state_dict()["exact"]`` says so.  The deliberate differences: docs/COMPAT.md.
 """
 
 from __future__ import annotations
@@ -81,7 +35,7 @@ __all__ = ["DataPipeline"]
 STATE_FORMAT = "resumewds.datapipeline"
 STATE_VERSION = 1
 _CHUNK = 64  # positions per step when the pipeline is not batched
-_SPLITTERS = ("split_by_node", "split_by_worker", "single_node_only")
+_SPLITTERS = {"split_by_node": "node_split", "split_by_worker": "worker_split", "single_node_only": "single_node"}
 _PER_SAMPLE = ("decode", "map", "map_dict", "map_tuple", "to_tuple", "select", "rename", "rename_keys",
                "extract_keys", "xdecode", "associate")
 _PER_BATCH = ("map", "map_dict", "map_tuple", "to_tuple", "decode", "rename")
@@ -142,12 +96,8 @@ def _compile(stages: List[Any]) -> _Compiled:
     while i < len(stages):
         st = stages[i]
         name = _splitter_name(st)
-        if name == "split_by_node":
-            c.node_split = True
-        elif name == "split_by_worker":
-            c.worker_split = True
-        elif name == "single_node_only":
-            c.single_node = True
+        if name is not None:
+            setattr(c, _SPLITTERS[name], True)
         elif isinstance(st, filters.ShuffleStage) and c.shard_shuffle is None:
             c.shard_shuffle = st
         else:
@@ -170,12 +120,8 @@ def _compile(stages: List[Any]) -> _Compiled:
             if isinstance(st, filters.SampleStage) and st.name in _PER_SAMPLE:
                 c.per_sample.append(st)
                 continue
-            if isinstance(st, filters.ShuffleStage) and c.sample_shuffle is None and not c.per_sample:
-                c.sample_shuffle = st
-                continue
             if isinstance(st, filters.ShuffleStage) and c.sample_shuffle is None:
-                # a buffer shuffle after per-sample stages reorders the same
-                # samples: the plan's shuffle before them gives the same set
+                # (after per-sample stages too: the plan's shuffle before them gives the same set)
                 c.sample_shuffle = st
                 continue
             if isinstance(st, filters.BatchedStage):
@@ -194,19 +140,9 @@ class DataPipeline(WebDataset, IterableDataset):
 
     Args:
         *stages: the stages (None skipped, lists spliced in), source first.
-        seed: seed of the plan (default: the shuffle stage's ``seed=``, else
-            the shard list's, else :func:`resumewds.config.seed`: ``RESUMEWDS_SEED``,
-            ``WDS_SEED``, 0).
-        **kw: passed to :class:`resumewds.WebDataset` when compiled
-            (``cache_dir``, ``cache_size``, ``verify``, ``allow_pickle``...).
-
-    Attributes:
-        exact: True when every stage was compiled (resume is exact).
-
-    Example:
-        >>> p = DataPipeline(SimpleShardList(["a.tar"]), tarfile_to_samples(), to_tuple("txt"))  # doctest: +SKIP
-        >>> p.exact                                                                               # doctest: +SKIP
-        True
+        seed: seed of the plan (default: the shuffle stage's ``seed=``, else the shard
+            list's, else :func:`resumewds.config.seed`).
+        **kw: passed to :class:`resumewds.WebDataset` when compiled.
     """
 
     def __init__(self, *args: Any, seed: Optional[int] = None, **kw: Any):
@@ -226,9 +162,9 @@ class DataPipeline(WebDataset, IterableDataset):
         self._build(warn=True)
 
     def _build(self, warn: bool) -> None:
-        """Compile ``self.pipeline`` (again, after :meth:`append`): the plan's settings and
-        stages.  A subclass's own ``__init__`` is never run again (webdataset's ``append``
-        only appends).  ``warn``: say now when a stage is opaque (else on the first ``iter()``)."""
+        """Compile ``self.pipeline`` (again, after :meth:`append`; a subclass's ``__init__`` is not
+        run again).  ``warn``: say now when a stage is opaque (else on the first ``iter()``).
+        """
         c = self._c = _compile(self.pipeline)
         seed, kw = self._seed_arg, dict(self._kw)
         self._state: Dict[str, Any] = {"epoch": 0, "position": 0, "skip": 0}
@@ -253,14 +189,12 @@ class DataPipeline(WebDataset, IterableDataset):
         if getattr(self, "_engine_key", None) != key:
             WebDataset.__init__(self, list(c.source.urls), seed=int(seed), shuffle=mode, handler=c.handler, **kw)
             self._engine_key = key
-        # else the same source and settings (an append of a later stage): keep the engine, its
-        # manifest and a resolution in flight; only the stages are compiled again
+        # else the same source and settings (an append): keep the engine; only the stages are compiled again
         specs: List[Stage] = []
         sh = c.sample_shuffle
         if sh is not None and sh.bufsize >= 1:  # the plan's seeded shuffle
             specs.append(Stage("shuffle", "shuffle", n=int(sh.bufsize), initial=int(sh.initial)))
-        # each stage's own callable, as webdataset's filter runs it (a .map() would give
-        # every dict result the sample's __key__: rename(keep=False), rename_keys...)
+        # each stage's own callable, as webdataset's filter runs it (not .map(), which keeps __key__)
         specs += [Stage("sample", "map", st.fn) for st in c.per_sample]
         if c.batch is not None:
             specs.append(Stage("batched", "batched", n=c.batch.batchsize, collation_fn=c.batch.collation_fn,
@@ -272,7 +206,6 @@ class DataPipeline(WebDataset, IterableDataset):
         if c.tail and warn:
             self._warn(c.tail[0], whole=False)
 
-    # ---- what is exact ----------------------------------------------------------
     @property
     def exact(self) -> bool:
         """True when the whole pipeline is compiled into the plan (exact resume)."""
@@ -280,16 +213,8 @@ class DataPipeline(WebDataset, IterableDataset):
 
     @property
     def compiled(self) -> _Compiled:
-        """What the stages say, for the plan: the source, the splitters, the shuffles, the
-        per-sample stages, the batch, and ``tail``: the stages that run on the stream
-        (``generic``: the plan sees through none; ``opaque``: the first it cannot see through).
-
-        Example:
-            >>> import resumewds as wds
-            >>> p = wds.DataPipeline(wds.SimpleShardList("data/shard-000000.tar"), wds.tarfile_to_samples(),
-            ...                      wds.map(str))
-            >>> p.compiled.generic, len(p.compiled.per_sample)
-            (False, 1)
+        """What the stages say, for the plan (``tail``: the stages run on the stream; ``generic``:
+        the plan sees through none; ``opaque``: the first it cannot see through).
         """
         return self._c
 
@@ -305,7 +230,6 @@ class DataPipeline(WebDataset, IterableDataset):
                       "splitters, shuffle, tarfile_to_samples, the per-sample stages, batched)",
                       stacklevel=4)
 
-    # ---- the plan -----------------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
         if self._c.generic:
             d = dict(self.__dict__)
@@ -329,8 +253,7 @@ class DataPipeline(WebDataset, IterableDataset):
     empty_worker_check = False  # webdataset's DataPipeline: a worker without shards yields nothing
 
     def worker_split_mode(self) -> str:
-        """``worker_split`` if given, else ``"shards"`` with a ``split_by_worker``
-        stage (webdataset's split: each DataLoader worker its own shards), else ``"samples"``."""
+        """``worker_split`` if given, else ``"shards"`` with a ``split_by_worker`` stage, else ``"samples"``."""
         if self.worker_split is not None:
             return self.worker_split
         c = self._c
@@ -349,13 +272,11 @@ class DataPipeline(WebDataset, IterableDataset):
             return Layout(self.batch_size, world, rank, "keep" if (b is None or b.partial) else "drop")
         return Layout(_CHUNK, world, rank, "keep")
 
-    # ---- iteration -----------------------------------------------------------------
     def _compiled_stream(self, st: Dict[str, Any]) -> Iterator[Any]:
         """Compiled outputs from the state ``st`` on, epoch after epoch; updates ``st``."""
         worker, nw = 0, 1
         info = get_worker_info()
-        # ResampledShards: each worker draws its own sequence (webdataset seeds it by
-        # rank and worker); here each takes its own share of the endless plan
+        # ResampledShards: each worker takes its own share of the endless plan
         if info is not None and (self._c.worker_split or self._c.resampled):
             worker, nw = info.id, info.num_workers
         layout: Any = self._layout()
@@ -378,8 +299,7 @@ class DataPipeline(WebDataset, IterableDataset):
             total = len(steps.sequence if W else self.plan.epoch(epoch))
             delivered = 0
             try:
-                # unbatched: each sample as soon as it is read (``(k, [sample], None)``),
-                # then the step's ``(k, [], meta)``; batched: one item per step
+                # unbatched: each sample as read (``(k, [sample], None)``), then ``(k, [], meta)``
                 current, n = -1, 0
                 for k, batch, _meta in WebDataset.iter_steps(self, epoch, start, steps, worker, nw,
                                                              collate=batched, collate_fn=collate_fn,
@@ -449,16 +369,14 @@ class DataPipeline(WebDataset, IterableDataset):
             self._warn(self._c.tail[0] if self._c.tail else self._c.opaque, whole=self._c.generic)
         if self._c.generic:
             return self._generic_stream()
-        # each iterator has its own copy of the state, taken now (two iterators at
-        # once, as in RoundRobin([p, p]), are independent); state_dict() is the newest's
+        # each iterator has its own copy of the state (RoundRobin([p, p])); state_dict() is the newest's
         st = self._state = dict(self._state)
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else 0
         done = bool(limit) and int(st.get("served", 0)) >= limit  # the last iter() gave its n items
         # a state of this very point was loaded, or given away (a run resumed from it goes on here)
         held = getattr(self, "_loaded", True) or st == getattr(self, "_given", None)
         if (st["position"] or st["skip"]) and (done or not held):
-            # webdataset starts its pipeline again at each iter(): a new pass, the next epoch from
-            # its start (a smoke test's next(iter(p)), the end of a with_epoch(n) chunk)
+            # webdataset starts its pipeline again at each iter(): the next epoch from its start
             st = self._state = {"epoch": st["epoch"] + 1, "position": 0, "skip": 0, "served": 0,
                                 **({"split": st["split"]} if "split" in st else {})}
         elif done or not held:
@@ -478,19 +396,14 @@ class DataPipeline(WebDataset, IterableDataset):
         return it
 
     def _limited(self, it: Iterator[Any], st: Dict[str, Any]) -> Iterator[Any]:
-        """``with_epoch(n)``: ``n`` items per ``iter()``; ``st["served"]`` counts them (a resume
-        finishes the chunk the state was taken in; at ``n`` the next ``iter()`` is a new pass)."""
+        """``with_epoch(n)``: ``n`` items per ``iter()``, counted in ``st["served"]``."""
         st.setdefault("served", 0)
         for x in itertools.islice(it, self.nsamples - int(st["served"])):
             st["served"] += 1
             yield x
 
-    # ---- state ----------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """Where direct iteration is: ``{"epoch", "position", "skip", "exact", "config"...}``.
-
-        ``exact`` is False when a stage runs outside the plan (see the module docs).
-        """
+        """Where direct iteration is (``exact``: False when a stage runs outside the plan)."""
         d: Dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION, "exact": self.exact}
         d.update(self._state)
         self._given = dict(self._state)
@@ -530,21 +443,18 @@ class DataPipeline(WebDataset, IterableDataset):
 
     set_state = load_state_dict
 
-    # ---- webdataset's DataPipeline methods -------------------------------------------
     def stage(self, i: int) -> Any:
         """Stage ``i`` as given."""
         return self.pipeline[i]
 
     def append(self, f: Any) -> None:
-        """Add a stage at the end, as webdataset's ``append`` (the compiled form is rebuilt;
-        a subclass's ``__init__`` is not run again)."""
+        """Add a stage at the end, as webdataset's ``append`` (the compiled form is rebuilt)."""
         self.pipeline.append(f)
         self._warned = False
         self._build(warn=False)
 
     def compose(self, *args: Any) -> DataPipeline:
-        """A copy with ``args`` appended, each with :meth:`append` (this pipeline is unchanged),
-        as webdataset's ``DataPipeline.compose``; None is left out."""
+        """A copy with ``args`` appended (this pipeline is unchanged), as webdataset's."""
         out = copy.copy(self)
         out.pipeline = list(self.pipeline)
         for a in args:
@@ -584,4 +494,3 @@ class DataPipeline(WebDataset, IterableDataset):
 
     def __repr__(self) -> str:
         return f"DataPipeline({', '.join(repr(s) for s in self.pipeline)}, exact={self.exact})"
-

@@ -1,12 +1,8 @@
 """webdataset's ``extradatasets`` module: ``MockDataset``, ``repeatedly``, ``with_epoch``, ``with_length``.
 
-The classes of webdataset 1.0.2's module lack the methods that would run
-them (``repeatedly`` reads an attribute it never sets, ``with_epoch`` and
-``with_length`` have no ``__iter__``); here each does what its docstring
-there says, as a torch ``IterableDataset`` and as a pipeline stage
-(``invoke`` / ``run``).  The fluent ``.repeat()``, ``.with_epoch(n)`` and
-``.with_length(n)`` of a data set or pipeline are the usual way (they keep
-exact resume); these wrappers run on the stream and keep no state.
+webdataset 1.0.2's classes here lack the methods that would run them; each of these does what
+its docstring there says, as a torch ``IterableDataset`` and as a pipeline stage.  They run on
+the stream and keep no state (the fluent ``.repeat()`` / ``.with_epoch(n)`` keep exact resume).
 
 Example:
     >>> list(with_epoch([1, 2, 3], 2)), len(with_length([1, 2, 3], 10))
@@ -27,8 +23,7 @@ __all__ = ["IterableDataset", "MockDataset", "PipelineStage", "repeatedly", "wit
 
 
 class repeatedly(IterableDataset, PipelineStage):
-    """``source`` iterated again and again: at most ``nepochs`` passes and ``nbatches``
-    items (None: no limit), as :func:`resumewds.utils.repeatedly`; ``len()`` is ``length``.
+    """``source`` iterated again and again (:func:`resumewds.utils.repeatedly`); ``len()`` is ``length``.
 
     Example:
         >>> list(repeatedly([1, 2], nepochs=2))
@@ -56,9 +51,8 @@ class repeatedly(IterableDataset, PipelineStage):
 
 
 class with_epoch(IterableDataset):
-    """``length`` items of ``dataset`` per ``iter()``, going on over its passes: the
-    next ``iter()`` continues where this one stopped, starting ``dataset`` again when it
-    runs out (webdataset's nominal epoch).  ``len()`` is ``length``.
+    """``length`` items of ``dataset`` per ``iter()``, the next ``iter()`` continuing where this one
+    stopped (webdataset's nominal epoch).
 
     Example:
         >>> e = with_epoch([1, 2, 3], 2)

@@ -1,23 +1,7 @@
 """webdataset's ``cache`` module API: ``FileCache``, ``StreamingOpen``, ``LRUCleanup`` and helpers.
 
-These are webdataset 1.0.2's stream openers for a pipeline of your own
-(``DataPipeline(SimpleShardList(urls), ..., wds.cache.FileCache(cache_dir=...),
-pipelinefilter(tar_file_expander)(), ...)``): ``StreamingOpen`` opens each
-url with :func:`resumewds.gopen`, ``FileCache`` downloads it into a
-directory first (named by ``url_to_name``) and opens the copy, and
-``LRUCleanup`` keeps that directory under a size.  They are reached as
-``resumewds.cache.<name>`` (webdataset's module name); ``resumewds.cache``
-itself is the engine's verified shard cache, which ``WebDataset`` and the
-plan use instead.
-
-The defaults are webdataset's, read through :mod:`resumewds.config`:
-``default_cache_dir`` is ``$RESUMEWDS_CACHE_DIR`` / ``$WDS_CACHE``, else
-``./_cache``; ``default_cache_size`` is ``$WDS_CACHE_SIZE`` (bytes), else
-1e18; ``verbose_cache`` is ``$WDS_VERBOSE_CACHE``.
-
-Example:
-    >>> url_to_cache_name("http://host/data/shard-000001.tar")
-    'shard-000001.tar'
+webdataset 1.0.2's stream openers for a pipeline of your own, reached as
+``resumewds.cache.<name>`` (``resumewds.cache`` itself is the engine's verified shard cache).
 """
 
 from __future__ import annotations
@@ -47,27 +31,16 @@ verbose_cache: int = int(bool(config.value("verbose_cache")))
 
 
 class CacheNameError(TypeError, AssertionError):
-    """A url of :func:`url_to_cache_name` that is not a string: a ``TypeError``, and the
-    ``AssertionError`` webdataset's ``assert`` raises there (code written for it catches that)."""
+    """A non-string url of :func:`url_to_cache_name`: a ``TypeError``, and webdataset's ``AssertionError``."""
 
 
 def islocal(url: str) -> bool:
-    """Whether ``url`` names a local file (no scheme, or ``file:``).
-
-    Example:
-        >>> islocal("/data/a.tar"), islocal("http://h/a.tar")
-        (True, False)
-    """
+    """Whether ``url`` names a local file (no scheme, or ``file:``)."""
     return urlparse(url).scheme in ["", "file"]
 
 
 def get_filetype(fname: str) -> str:
-    """The ``file`` command's description of ``fname``.
-
-    Raises:
-        FileNotFoundError: no such file.
-        OSError: the ``file`` command is not available.
-    """
+    """The ``file`` command's description of ``fname`` (``OSError``: no ``file`` command)."""
     if not os.path.exists(fname):
         raise FileNotFoundError(fname)
     try:
@@ -78,8 +51,7 @@ def get_filetype(fname: str) -> str:
 
 
 def magic_filetype(fname: str) -> str:
-    """``"<fname>: gzip compressed data"``, ``"...: POSIX tar archive"`` or ``"...: data"``,
-    from the first bytes of the file."""
+    """``"<fname>: gzip compressed data"``, ``"...: POSIX tar archive"`` or ``"...: data"``."""
     with open(fname, "rb") as f:
         header = f.read(512)
     if len(header) >= 2 and header[0:2] == b"\x1f\x8b":
@@ -90,11 +62,7 @@ def magic_filetype(fname: str) -> str:
 
 
 def check_tar_format(fname: str) -> bool:
-    """Whether ``fname`` looks like a tar archive (or a gzip of one).
-
-    Raises:
-        FileNotFoundError: no such file.
-    """
+    """Whether ``fname`` looks like a tar archive (or a gzip of one)."""
     if not os.path.exists(fname):
         raise FileNotFoundError(fname)
     ftype = magic_filetype(fname).lower()
@@ -112,12 +80,7 @@ def pipe_cleaner(spec: str) -> str:
 
 
 def url_to_cache_name(url: str, ndir: int = 0) -> str:
-    """The cache file name of ``url``: its last ``ndir + 1`` path components for the
-    usual schemes, else the quoted url (its last 128 characters).
-
-    Raises:
-        CacheNameError: ``url`` is not a string (a ``TypeError``, also an ``AssertionError``).
-    """
+    """The cache file name of ``url``: its last ``ndir + 1`` path components, else the quoted url."""
     if not isinstance(url, str):
         raise CacheNameError(f"url_to_cache_name needs a string, got {type(url).__name__}")
     parsed = urlparse(url)
@@ -127,8 +90,7 @@ def url_to_cache_name(url: str, ndir: int = 0) -> str:
 
 
 class LRUCleanup:
-    """Delete the least recently used files of ``cache_dir`` (by ``keyfn``, ctime by
-    default) until it holds at most ``cache_size`` bytes; at most every ``interval`` s."""
+    """Delete the least recently used files of ``cache_dir`` until it holds at most ``cache_size`` bytes."""
 
     def __init__(self, cache_dir: Optional[str] = None, cache_size: int = int(1e12),
                  keyfn: Callable[[str], float] = os.path.getctime, verbose: bool = False,
@@ -167,8 +129,7 @@ class LRUCleanup:
 
 
 def download(url: str, dest: str, chunk_size: int = 1024 ** 2, verbose: bool = False) -> None:
-    """Copy ``url`` (anything :func:`resumewds.gopen` opens) to ``dest`` (written under a
-    temporary name, then renamed)."""
+    """Copy ``url`` to ``dest`` (written under a temporary name, then renamed)."""
     temp = dest + f".temp{os.getpid()}"
     with gopen.gopen(url) as stream, open(temp, "wb") as f:
         while True:
@@ -180,9 +141,7 @@ def download(url: str, dest: str, chunk_size: int = 1024 ** 2, verbose: bool = F
 
 
 class StreamingOpen:
-    """A stage: each url (or ``{"url": ...}``) as ``{"url", "stream"}`` (plus
-    ``local_path`` for a local file), opened as it comes; ``handler`` decides about an
-    error (skip the url, or stop)."""
+    """A stage: each url as ``{"url", "stream"}`` (plus ``local_path`` for a local file)."""
 
     def __init__(self, verbose: bool = False, handler: Callable[[BaseException], bool] = reraise_exception):
         self.verbose, self.handler = verbose, handler
@@ -204,11 +163,7 @@ class StreamingOpen:
 
 
 class FileCache:
-    """A stage: each url downloaded into ``cache_dir`` (once; named by ``url_to_name``,
-    checked by ``validator``) and opened from there: ``{"url", "stream", "local_path"}``.
-    Local files are opened where they are.  A failed download is retried (up to 10
-    times, waiting 1 s, then 1.5 times longer) while ``handler`` says go on.
-    ``cache_size > 0`` keeps the directory under that size (:class:`LRUCleanup`)."""
+    """A stage: each url downloaded into ``cache_dir`` (once) and opened from there (retried while ``handler`` says)."""
 
     def __init__(self, cache_dir: Optional[str] = None, *, url_to_name: Callable[[str], str] = url_to_cache_name,
                  verbose: bool = False, validator: Optional[Callable[[str], bool]] = check_tar_format,
@@ -221,12 +176,7 @@ class FileCache:
                                   interval=cache_cleanup_interval) if cache_size > 0 else None
 
     def get_file(self, url: str) -> str:
-        """The local path of ``url``'s copy (downloaded now if missing).
-
-        Raises:
-            ValueError: a cache name with ``/``, or a download the validator refuses
-                (it is deleted).
-        """
+        """The local path of ``url``'s copy (downloaded now if missing; refused by ``validator``: deleted)."""
         if islocal(url):
             return urlparse(url).path
         cache_name = self.url_to_name(url)

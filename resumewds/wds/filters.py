@@ -1,32 +1,16 @@
 """Pipeline stages with webdataset's names and semantics, for :class:`resumewds.DataPipeline`.
 
-Each factory (``shuffle(1000)``, ``decode("rgb8")``, ``to_tuple("jpg cls")``,
-``map(f)``, ``batched(64)``...) returns a stage: a callable that takes an
-iterator and returns one, exactly as webdataset 1.0.2's stages do, so they
-also work in a generic pipeline or by hand (``list(map(f)(iter(xs)))``).
-
-Inside a :class:`~resumewds.DataPipeline` the per-sample stages (``decode``,
-``map``, ``map_dict``, ``map_tuple``, ``to_tuple``, ``select``,
-``rename``, ``rename_keys``, ``extract_keys``, ``xdecode``), ``shuffle``
-and ``batched`` are *recognised*: they are compiled into the deterministic
-plan (a sample-level ``shuffle(n)`` becomes the plan's seeded window
-shuffle, a shard-level one the shard order shuffle), which resumes exactly.
-Other stages (``unbatched``, ``slice``, ``rsample``, ``info``, your own
-generators) run as given, on the stream.
-
-``handler=`` follows webdataset: ``handler(exn)`` True skips the sample
-(counted as filtered), False stops the iteration, or it re-raises.
+Each factory returns a stage, ``stage(iterator) -> iterator``, as webdataset 1.0.2's.  Inside a
+:class:`~resumewds.DataPipeline` the per-sample stages, ``shuffle`` and ``batched`` are compiled
+into the deterministic plan; other stages run as given, on the stream.
 
 Example:
-    >>> list(map(lambda x: x * 2)(iter([1, 2, 3])))
-    [2, 4, 6]
     >>> list(batched(2, collation_fn=None)(iter(range(5))))
     [[0, 1], [2, 3], [4]]
 """
 
 from __future__ import annotations
 
-import builtins
 import functools
 import io
 import os
@@ -79,13 +63,7 @@ StopPipeline = HandlerStop
 
 
 class StreamStage:
-    """A stage over a stream, webdataset's form: ``stage(iterator) -> iterator``.  ``name``
-    says what it is; :meth:`spec` is the same stage as the engine runs it.
-
-    Example:
-        >>> list(select(lambda x: x > 1)(iter([1, 2, 3]))), select(bool).spec()
-        ([2, 3], Stage(select))
-    """
+    """A stage over a stream, webdataset's form: ``stage(iterator) -> iterator``."""
 
     name = "stage"
 
@@ -93,9 +71,7 @@ class StreamStage:
         raise NotImplementedError
 
     def spec(self) -> Optional[Stage]:
-        """This stage as a :class:`~resumewds.stages.Stage` spec of the engine (what
-        ``WebDataset(...).compose(stage)`` and the fluent methods append), or None: a stage
-        the engine runs as given, on the stream.
+        """This stage as the engine's :class:`~resumewds.stages.Stage`, or None: run as given, on the stream.
 
         Example:
             >>> batched(4).spec().args["n"], info().spec() is None
@@ -108,11 +84,7 @@ class StreamStage:
 
 
 class SampleStage(StreamStage):
-    """A stage that maps each item on its own: ``fn(x) -> y`` or None to drop ``x``.
-
-    ``fn`` raises :class:`StopPipeline` when the handler says stop.  Run on a stream
-    by hand, no data set holds its events: a handler's skip is logged.
-    """
+    """A stage that maps each item on its own: ``fn(x) -> y`` or None to drop ``x``."""
 
     def __init__(self, name: str, fn: Callable[[Any], Any]):
         self.name = name
@@ -148,12 +120,7 @@ def pipelinefilter(f: Callable[..., Iterator[Any]]) -> Callable[..., StreamStage
 
 
 def parse_field_spec(fields: Any) -> List[List[str]]:
-    """``"jpg;png cls"`` (or a list) as lists of alternatives (webdataset's helper).
-
-    Example:
-        >>> parse_field_spec("jpg;png cls")
-        [['jpg', 'png'], ['cls']]
-    """
+    """``"jpg;png cls"`` (or a list) as lists of alternatives (webdataset's helper)."""
     if isinstance(fields, str):
         fields = fields.split()
     return [f.split(";") for f in fields]
@@ -199,16 +166,12 @@ class _Associate:
 def associate(associator: Any) -> SampleStage:
     """Stage: add ``associator(key)`` (a callable) or ``associator[key]`` (a dict) to each sample.
 
-    A function of the sample's key, so a DataPipeline compiles it into the plan like ``map``.
-
     Example:
         >>> list(associate({"a": {"cls": 1}})(iter([{"__key__": "a"}, {"__key__": "b"}])))
         [{'__key__': 'a', 'cls': 1}, {'__key__': 'b'}]
     """
     return SampleStage("associate", _Associate(associator))
 
-
-# ---- per-sample stages: the callables of resumewds.pipeline, one per webdataset name ----
 
 def map(f: Callable[[Any], Any], handler: ExnHandler = reraise_exception) -> SampleStage:
     """Stage: ``f(sample)``; None drops the sample; a dict result keeps ``__key__``."""
@@ -274,11 +237,7 @@ def decode_text(stream: Any) -> str:
 
 
 def decode_pickle(stream: Any) -> Any:
-    """A pickle from a stream (an ``xdecode`` decoder, webdataset's; runs code from the data).
-
-    Raises:
-        EnforcedSecurityError: ``resumewds.utils.enforce_security`` is set.
-    """
+    """A pickle from a stream (an ``xdecode`` decoder, webdataset's; runs code from the data)."""
     return autodecode.unpickle_loads(stream.read())
 
 
@@ -286,13 +245,7 @@ default_decoders = [("*.bin", decode_bin), ("*.txt", decode_text), ("*.pyd", dec
 
 
 def find_decoder(decoders: Sequence[Any], path: str) -> Any:
-    """The decoder of ``path``: the last ``(pattern, decoder)`` whose glob matches its
-    file name (None: none; metadata ``__...`` keys: identity), as webdataset's ``xdecode``.
-
-    Example:
-        >>> find_decoder(default_decoders, "sample.txt") is decode_text
-        True
-    """
+    """The decoder of ``path``: the last ``(pattern, decoder)`` whose glob matches its file name."""
     fname = re.sub(r".*/", "", path)
     if fname.startswith("__"):
         return lambda x: x
@@ -334,16 +287,10 @@ def xdecode(*args: Any, must_decode: bool = True, defaults: Sequence[Any] = defa
     return SampleStage("xdecode", _XDecode(args, must_decode, defaults, kw))
 
 
-# ---- webdataset's helpers: currying, composition, collation ------------------------------
-
 class Cached:
-    """webdataset's ``Cached()`` stage: the first complete pass is kept in memory
-    and every later pass replays it instead of reading its input.
+    """webdataset's ``Cached()`` stage: the first complete pass is kept in memory and replayed.
 
-    A pass that stops early is not kept.  In a ``DataPipeline`` it is a stage
-    the plan cannot see through (the pipeline says it is not exactly
-    resumable); ``WebDataset`` reads by position from the verified cache, so
-    it rarely needs one (``.mcached()`` is not supported).
+    In a ``DataPipeline`` a stage the plan cannot see through (not exactly resumable).
     """
 
     def __init__(self) -> None:
@@ -367,13 +314,7 @@ class Cached:
 
 
 class FilterFunction:
-    """``f`` with its arguments after the data: ``FilterFunction(f, *a, **kw)(data)`` is
-    ``f(data, *a, **kw)`` (webdataset's picklable curried stage).
-
-    Example:
-        >>> FilterFunction(lambda data, n: data[:n], 2)("abc")
-        'ab'
-    """
+    """``FilterFunction(f, *a, **kw)(data)`` is ``f(data, *a, **kw)`` (webdataset's picklable curried stage)."""
 
     def __init__(self, f: Callable[..., Any], *args: Any, **kw: Any):
         self.f, self.args, self.kw = f, args, kw
@@ -388,12 +329,7 @@ class FilterFunction:
 
 
 class RestCurried:
-    """``RestCurried(f)(*a, **kw)`` is ``FilterFunction(f, *a, **kw)`` (webdataset's).
-
-    Example:
-        >>> RestCurried(lambda data, n: data[:n])(1)("abc")
-        'a'
-    """
+    """``RestCurried(f)(*a, **kw)`` is ``FilterFunction(f, *a, **kw)`` (webdataset's)."""
 
     def __init__(self, f: Callable[..., Any]):
         self.f = f
@@ -403,49 +339,24 @@ class RestCurried:
 
 
 def compose2(f: Callable[[Any], Any], g: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``g(f(x))`` (webdataset's).
-
-    Example:
-        >>> compose2(str, len)(1234)
-        4
-    """
+    """``g(f(x))`` (webdataset's)."""
     return lambda x: g(f(x))
 
 
 def compose(*args: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The functions composed left to right: ``compose(f, g)(x)`` is ``g(f(x))``;
-    one function is itself (webdataset's, used to chain stages into one stage).
-
-    Raises:
-        TypeError: no function.
-
-    Example:
-        >>> list(compose(map(lambda x: x + 1), select(lambda x: x % 2 == 0))(iter(range(5))))
-        [2, 4]
-    """
+    """The functions composed left to right: ``compose(f, g)(x)`` is ``g(f(x))``."""
     return functools.reduce(compose2, args)
 
 
 def pipeline(source: Any, *args: Callable[[Any], Any]) -> Any:
-    """``source`` through the stages ``args`` (webdataset's ``pipeline``).
-
-    Example:
-        >>> list(pipeline(iter(range(4)), map(lambda x: x * 10), slice(2)))
-        [0, 10]
-    """
+    """``source`` through the stages ``args`` (webdataset's ``pipeline``)."""
     if len(args) == 0:
         return source
     return compose(*args)(source)
 
 
 def pick(buf: List[Any], rng: Any) -> Any:
-    """Remove and return an item of ``buf`` at random (webdataset's shuffle-buffer pick:
-    ``rng.randint``, the last item moved into its place).
-
-    Example:
-        >>> buf = [1, 2, 3]; x = pick(buf, random.Random(0)); sorted(buf + [x])
-        [1, 2, 3]
-    """
+    """Remove and return an item of ``buf`` at random (webdataset's shuffle-buffer pick)."""
     k = rng.randint(0, len(buf) - 1)
     sample = buf[k]
     buf[k] = buf[-1]
@@ -454,67 +365,38 @@ def pick(buf: List[Any], rng: Any) -> Any:
 
 
 def combine_values(b: Sequence[Any], combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
-    """One field of a batch collated as webdataset's ``default_collation_fn`` does: numbers
-    as a numpy array, torch tensors stacked, numpy arrays as one array, anything else a list.
-
-    Raises:
-        ValueError: tensors or arrays of different shapes.
-
-    Example:
-        >>> combine_values([1, 2]).tolist(), combine_values(["a", "b"])
-        ([1, 2], ['a', 'b'])
-    """
+    """One field of a batch collated as webdataset's ``default_collation_fn`` does."""
     import numpy as np
 
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     if isinstance(b[0], (int, float)):
         return np.array(list(b)) if combine_scalars else b
-    if torch is not None and isinstance(b[0], torch.Tensor):
-        if combine_tensors:
-            shapes = {x.shape for x in b}
-            if len(shapes) != 1:
-                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
-            return torch.stack(list(b))
+    is_tensor = torch is not None and isinstance(b[0], torch.Tensor)
+    if not (is_tensor or isinstance(b[0], np.ndarray)):
+        return list(b)
+    if not combine_tensors:
         return b
-    if isinstance(b[0], np.ndarray):
-        if combine_tensors:
-            shapes = {x.shape for x in b}
-            if len(shapes) != 1:
-                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
-            return np.array(list(b))
-        return b
-    return list(b)
+    shapes = {x.shape for x in b}
+    if len(shapes) != 1:
+        raise ValueError(f"all shapes must be equal in collation, got {shapes}")
+    return torch.stack(list(b)) if is_tensor else np.array(list(b))
 
 
 def tuple2dict(sample: Any) -> Dict[Any, Any]:
-    """A tuple as ``{index: field}`` (a dict is returned as it is).
-
-    Example:
-        >>> tuple2dict(("a", "b"))
-        {0: 'a', 1: 'b'}
-    """
+    """A tuple as ``{index: field}`` (a dict is returned as it is)."""
     if isinstance(sample, dict):
         return sample
     return dict(enumerate(sample))
 
 
 def dict2tuple(d: Dict[int, Any]) -> tuple:
-    """``{0: a, 1: b}`` as ``(a, b)`` (the inverse of :func:`tuple2dict`).
-
-    Example:
-        >>> dict2tuple({0: "a", 1: "b"})
-        ('a', 'b')
-    """
+    """``{0: a, 1: b}`` as ``(a, b)`` (the inverse of :func:`tuple2dict`)."""
     return tuple(d[i] for i in range(1 + max(d.keys())))
 
 
 class LMDBCached(PipelineStage):
-    """webdataset's ``LMDBCached(fname, map_size, pickler, chunksize)``: the first complete
-    pass is written to an LMDB database, and every later pass (in any process) reads it
-    from there instead of its input.  Needs the ``lmdb`` package.
-
-    A stage the plan cannot see through: in a ``DataPipeline`` it runs on the stream
-    and the pipeline is not exactly resumable (it says so).
+    """webdataset's ``LMDBCached``: the first complete pass is written to an LMDB database, and
+    later passes read it from there.  Not exactly resumable in a ``DataPipeline``.
 
     Raises:
         ImportError: ``lmdb`` is not installed.
@@ -563,16 +445,13 @@ class LMDBCached(PipelineStage):
 
 
 def __getattr__(name: str) -> Any:
-    """``TorchTensor``: torch's ``Tensor`` (webdataset's name here), loaded on first use; any
-    other name (``__path__``, which ``from .filters import x`` asks for) without loading torch."""
+    """``TorchTensor``: torch's ``Tensor``, loaded on first use."""
     if name != "TorchTensor":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .pytorch import torch_name  # lazy: imports torch
 
     return torch_name(__name__, name)
 
-
-# ---- stream stages -------------------------------------------------------------------
 
 class ShuffleStage(StreamStage):
     """``shuffle(bufsize, initial)``: a buffer shuffle on a stream; the plan's seeded shuffle in a DataPipeline."""
@@ -603,22 +482,13 @@ def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random
 
 
 class detshuffle(ShuffleStage, PipelineStage):
-    """``detshuffle(bufsize, initial, seed, epoch)``: a buffer shuffle that is the same on every run.
-
-    As webdataset 1.0.2's: each run over a stream is a new epoch (``self.epoch``
-    counts from ``epoch``, default -1, so the first run is epoch 0) and shuffles
-    with ``random.Random(seed + epoch)``: two pipelines built alike give the same
-    order, and each further iteration a new one.  Inside a
-    :class:`resumewds.DataPipeline` it is compiled like :func:`shuffle` with
-    ``seed=`` (the plan's seeded shuffle, also a new order each epoch).
+    """A buffer shuffle that is the same on every run: each run is a new epoch, ``Random(seed + epoch)``.
 
     Example:
         >>> s = detshuffle(10, seed=3)
         >>> a = list(s(iter(range(20)))); b = list(s(iter(range(20))))
         >>> sorted(a) == list(range(20)), a != b, s.epoch
         (True, True, 1)
-        >>> a == list(detshuffle(10, seed=3)(iter(range(20))))
-        True
     """
 
     name = "detshuffle"
@@ -642,10 +512,6 @@ class detshuffle(ShuffleStage, PipelineStage):
         return None
 
 
-# webdataset's default collation: the one the fluent ``.batched(n)`` uses
-# (resumewds.pipeline.default_collation_fn, imported above)
-
-
 class BatchedStage(StreamStage):
     """``batched(n)``: lists of ``n`` samples, collated."""
 
@@ -658,8 +524,7 @@ class BatchedStage(StreamStage):
         self.batchsize, self.collation_fn, self.partial = int(batchsize), collation_fn, partial
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
-        # webdataset's _batched: a full batch goes out when the next sample comes in (or at the
-        # end), so a stream stage before it runs exactly as far as under webdataset
+        # webdataset's _batched: a full batch goes out when the next sample comes in (or at the end)
         batch: List[Any] = []
         for sample in src:
             if len(batch) >= self.batchsize:
@@ -686,8 +551,7 @@ def batched(batchsize: int = 20, collation_fn: Optional[Callable[[List[Any]], An
 
 
 class _RunnerStage(StreamStage):
-    """A stream stage run by its :mod:`resumewds.stages` runner (the fluent form's); ``args``:
-    its engine spec's arguments."""
+    """A stream stage run by its :mod:`resumewds.stages` runner; ``args``: its engine spec's arguments."""
 
     def __init__(self, name: str, make: Callable[[], Any], **args: Any):
         self.name, self.make, self.args = name, make, args
@@ -716,8 +580,7 @@ def unlisted() -> StreamStage:
 
 
 class _RandomKeyRSample:
-    """``rsample``'s runner with a key drawn from ``random`` per run (``random.seed``
-    repeats it, as webdataset's draws from ``random``)."""
+    """``rsample``'s runner with a key drawn from ``random`` per run, as webdataset's."""
 
     def __init__(self, p: float):
         self.p = p
@@ -762,11 +625,6 @@ def log_keys(logfile: Optional[str] = None) -> StreamStage:
     """Stage: append ``index, worker, rank, key`` of each sample to ``logfile``."""
     return _RunnerStage("log_keys", functools.partial(LogKeysRunner, logfile), logfile=logfile)
 
-
-_ = builtins  # map/slice shadow builtins here on purpose (webdataset's names)
-
-
-# ---- webdataset's generator forms (``_map(data, f)`` ...), for code and tests that call them ----
 
 def _shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: Any = None,
              seed: Optional[int] = None, handler: Any = None) -> Iterator[Any]:

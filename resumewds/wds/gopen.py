@@ -1,28 +1,8 @@
 """webdataset's ``gopen``: open a local path, ``file:`` URL, ``pipe:`` command,
 ``http(s)://`` or ``s3://`` URL, or ``"-"`` as a binary stream.
 
-This is the opener of the streaming stages (``tarfile_to_samples`` outside
-the plan, ``url_opener``) and of user code that calls ``wds.gopen``.  The
-plan's reads do not use it: they seek in the verified cache, which fetches
-with :mod:`resumewds.fetch` (retries, deadlines, checksums).
-
-Semantics are webdataset 1.0.2's:
-
-* ``mode`` is ``"rb"`` or ``"wb"``; ``"-"`` is stdin / stdout.
-* ``GOPEN_REWRITE="prefix1=replacement1;prefix2=replacement2"`` (or ours,
-  ``RESUMEWDS_GOPEN_REWRITE``) rewrites the start of a URL first (the
-  prefixes are regular expressions, as in webdataset); the first rule that
-  changes the URL wins.
-* With :data:`resumewds.sources.enforce_security` set, local files,
-  ``file:`` URLs, ``pipe:`` commands and ``GOPEN_REWRITE`` are refused with
-  :class:`resumewds.sources.EnforcedSecurityError` (a ``ValueError``) and
-  webdataset's messages; remote URLs and ``"-"`` still open.
-* ``pipe:CMD`` runs CMD in a shell; a non-zero exit status (other than
-  141, SIGPIPE after an early close) is an ``OSError`` at end of stream.
-
-Difference: a remote URL is opened lazily, on the first read (webdataset
-starts ``curl`` at once and reports its errors on read too); writing to a
-remote URL is not supported (``ValueError``).
+The opener of the streaming stages and of user code (the plan's reads seek in the verified cache),
+with webdataset 1.0.2's semantics; differences: docs/COMPAT.md.
 
 Example:
     >>> import os, tempfile
@@ -32,8 +12,6 @@ Example:
     >>> with gopen("file://" + p) as f:
     ...     f.read()
     b'hello'
-    >>> gopen("pipe:printf hi").read()
-    b'hi'
 """
 
 from __future__ import annotations
@@ -63,17 +41,10 @@ info: Dict[str, Any] = {}
 
 
 class Pipe(io.RawIOBase):
-    """A command's stdout (mode ``"r..."``) or stdin (``"w..."``) as a stream: webdataset's
-    ``Pipe(*args, mode=, timeout=7200.0, ignore_errors=False, ignore_status=[], **kw)``.
+    """A command's stdout (mode ``"r..."``) or stdin (``"w..."``) as a stream: webdataset's ``Pipe``.
 
-    ``args`` and ``kw`` go to ``subprocess.Popen`` (``Pipe("cmd", mode="rb", shell=True)``,
-    ``Pipe(["curl", url], mode="rb")``).  An exit status other than 0, those in
-    ``ignore_status`` and a kill by SIGPIPE raises ``OSError`` at end of stream
-    (reading) or on close, unless ``ignore_errors``.
-
-    Example:
-        >>> Pipe("printf hi", mode="rb", shell=True).read()
-        b'hi'
+    An exit status other than 0, those in ``ignore_status`` and SIGPIPE raises ``OSError`` at end of
+    stream or on close, unless ``ignore_errors``.
     """
 
     def __init__(self, *args: Any, mode: Optional[str] = None, timeout: float = 7200.0,
@@ -144,12 +115,7 @@ class Pipe(io.RawIOBase):
 
 def set_options(obj: Any, timeout: Optional[float] = None, ignore_errors: Optional[bool] = None,
                 ignore_status: Optional[Sequence[int]] = None, handler: Any = None) -> bool:
-    """Change a :class:`Pipe`'s options after ``gopen`` (webdataset's); False for any other stream.
-
-    Example:
-        >>> set_options(io.BytesIO(), timeout=1)
-        False
-    """
+    """Change a :class:`Pipe`'s options after ``gopen`` (webdataset's); False for any other stream."""
     if not isinstance(obj, Pipe):
         return False
     if timeout is not None:
@@ -213,21 +179,11 @@ class _LazyRemote(io.RawIOBase):
 def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
     """Open ``url`` for reading (``"rb"``) or writing (``"wb"``): webdataset's ``gopen``.
 
-    Args:
-        url: a local path, ``file:`` URL, ``pipe:CMD``, ``http(s)://`` or
-            ``s3://`` URL, or ``"-"`` (stdin / stdout).
-        mode: ``"rb"`` or ``"wb"``.
-        bufsize: buffer size of the returned stream (local files use the
-            default buffering, as webdataset does).
-        **kw: accepted for webdataset compatibility and ignored.
-
-    Returns:
-        A binary file-like object.
+    ``**kw`` is accepted for webdataset compatibility and ignored.
 
     Raises:
         ValueError: an unknown mode, or writing to a remote URL.
-        EnforcedSecurityError: a local or ``pipe:`` source while
-            ``resumewds.utils.enforce_security`` is on.
+        EnforcedSecurityError: a local or ``pipe:`` source while ``enforce_security`` is on.
 
     Example:
         >>> gopen("pipe:echo hello").read()
@@ -279,8 +235,7 @@ def gopen_htgs(url: str, mode: str = "rb", bufsize: int = 8192) -> Pipe:
 
 
 def gopen_hf(url: str, mode: str = "rb", bufsize: int = 8192) -> Pipe:
-    """Read an ``hf://`` URL (a Hugging Face Hub file) with ``curl`` and your token
-    (needs ``huggingface_hub``); it cannot be written."""
+    """Read an ``hf://`` URL with ``curl`` and your token (needs ``huggingface_hub``)."""
     if mode[0] != "r":
         return _command([], mode, bufsize, [], None, [])
     from huggingface_hub import HfFileSystem, get_token, hf_hub_url  # an optional dependency, as in webdataset

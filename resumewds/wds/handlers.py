@@ -1,23 +1,7 @@
-"""Exception handlers with webdataset's names and protocol.
+"""Exception handlers with webdataset's names and protocol: ``handler(exn) -> bool``.
 
-A handler is a callable ``handler(exn) -> bool``: it re-raises the exception
-to stop with it, returns True to skip what failed and continue, or returns
-False to stop iterating quietly.  They are the ``handler=`` arguments of
-:class:`resumewds.WebDataset`, its stages and the composable pipeline.
-
-Difference from webdataset 1.0.2: ``warn_and_continue`` / ``warn_and_stop``
-do not sleep 0.5 s after warning (webdataset sleeps so the warning stays on
-screen); a skipped item is counted in the loader's stats and the journal
-instead.
-
-Example:
-    >>> from resumewds.handlers import ignore_and_continue, reraise_exception
-    >>> ignore_and_continue(ValueError("bad sample"))
-    True
-    >>> reraise_exception(ValueError("bad sample"))
-    Traceback (most recent call last):
-    ...
-    ValueError: bad sample
+A handler re-raises to stop with the exception, returns True to skip what failed, or False to
+stop quietly.  Unlike webdataset 1.0.2's, the ``warn_and_*`` handlers do not sleep 0.5 s.
 """
 
 from __future__ import annotations

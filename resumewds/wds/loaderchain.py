@@ -1,66 +1,10 @@
 """webdataset's WebLoader fluent methods, with exact semantics.
 
-webdataset's training examples re-mix samples across DataLoader workers::
-
-    loader = wds.WebLoader(ds, batch_size=None, num_workers=N)
-    loader = loader.unbatched().shuffle(1000).batched(64).with_epoch(k)
-
-Each worker of a webdataset loader reads its own shards, so without the
-re-mixing a batch holds samples of one worker's shards.  A resumewds loader
-already hands out one global sequence (every batch is the next
-``batch_size`` positions of the plan, whichever worker built it), so the
-chain compiles into the loader's own settings and stays exactly resumable:
-
-* ``.unbatched()``: the loader yields single samples (``batch_size=None``);
-  a dataset ``.batched(b)`` without stages after it is undone (its batches
-  were the consecutive positions anyway).
-* ``.shuffle(n)``: the dataset's ``.shuffle(n)``: samples are shuffled within
-  windows of whole shards holding about ``3n`` samples, in the plan, so a
-  resume recomputes the order (no buffer to lose).
-* ``.batched(m, collation_fn=, partial=)``: batches of ``m`` consecutive
-  positions of that order (webdataset's default collation; ``partial=False``
-  is the loader's ``remainder="drop"``).
-* ``.with_epoch(k)``: each ``iter()`` yields ``k`` batches, continuing the
-  stream over the loader's epochs; ``.repeat(n)``: ``n`` loader epochs per
-  ``iter()``.
-
-The other fluent methods of webdataset's ``WebLoader`` (``.map(f)``,
-``.to_tuple(...)``, ``.select(p)``, ``.slice(n)``, ``.compose(stage)``...)
-run on the loader's output stream, as webdataset's do; a re-mixing method
-after one of them runs on the stream too.
-
-Over webdataset's own items, which the chain cannot undo (a ``.batched(n)``
-refilled from a filtered stream, samples a ``select`` dropped from: see
-:func:`route`), ``.unbatched()``, ``.batched(m)`` and the per-item stages
-run on the loader's stream as the chain's own stages (:meth:`LoaderPipeline._native`),
-and ``.shuffle(n)`` is still the data set's.
-
-``state_dict()`` is the compiled loader's state plus the chain's place:
-``chain_served`` (items of the current ``with_epoch`` chunk), ``chain_epochs``
-(epochs done in the current ``repeat(n)`` pass) and ``chain_skip``: where the
-re-batching stages hold samples of an item partly handed out, the loader's
-state is its place before that item and ``chain_skip`` the number of its
-samples handed out, so a resume reads it again and hands out the rest.
-``commit(step)`` records the same place in the journal.  A stage run as
-given that holds items between items (``slice``, a buffer ``shuffle`` after
-a ``compose``) makes ``state_dict()`` / ``commit`` refuse (``StateError``).
-
-``WebLoader(ds, batch_size=None)`` follows webdataset's loader where the plan
-alone would not (:func:`route`): a ``.batched(n)`` after a ``select`` is
-filled from the filtered stream (one rank), a dataset that goes on over
-epochs (``resampled``, ``.repeat()``, ``.with_epoch(n)``) is an endless
-stream, and ``.unbatched()`` hands samples out as torch's ``default_convert``
-of their batch made them.  Each ``iter()`` is a new pass, as webdataset's
-(see :meth:`LoaderPipeline._start`).
-
-A dataset the plan cannot run (a ``DataPipeline`` with a stage resumewds
-cannot see through, or any other iterable dataset) gets webdataset's
-``WebLoader`` instead: :func:`stream_loader` (see there).
-
-Example:
-    >>> chain = (WebLoader(ds, batch_size=None, num_workers=2)   # doctest: +SKIP
-    ...          .unbatched().shuffle(1000).batched(64).with_epoch(100))
-    >>> for batch in chain: ...                                    # doctest: +SKIP
+A resumewds loader hands out one global sequence, so webdataset's re-mixing chain
+(``loader.unbatched().shuffle(n).batched(m).with_epoch(k)``) compiles into the loader's own
+settings and stays exactly resumable (see :class:`LoaderPipeline`); the other fluent methods
+run on the output stream, as webdataset's do.  A dataset the plan cannot run gets webdataset's
+``WebLoader``: :func:`stream_loader`.
 """
 
 from __future__ import annotations
@@ -173,19 +117,11 @@ _SETTINGS = ("fixed", "unbatched", "shuffle", "batch", "limit", "nepochs", "unit
 
 
 class LoaderPipeline(FluidInterface):
-    """A WebLoader with webdataset's fluent re-mixing chain compiled in (see module docs).
-
-    Args:
-        base: the WebLoader.
-        fixed: the loader's items are webdataset's and cannot be undone (see below).
-        **settings: the chain's settings (:data:`_SETTINGS`), as a fluent method changed them.
-    """
+    """A WebLoader with webdataset's fluent re-mixing chain compiled in (see module docs)."""
 
     def __init__(self, base: Any, fixed: bool = False, **settings: Any):
         self._base = base
-        # the loader's items are what webdataset's loader hands out and cannot be undone (a
-        # .batched(n) refilled from a filtered stream, samples a select dropped from): the
-        # re-mixing methods run on its stream (_ops), and .shuffle(n) is the plan's
+        # the loader's items cannot be undone: the re-mixing methods run on its stream
         self._fixed = bool(fixed or getattr(base, "stream_items", False))
         self._unbatched = False
         self._shuffle = 0
@@ -196,26 +132,20 @@ class LoaderPipeline(FluidInterface):
         self._chunk = 0  # the items of the chunk in progress (_limit, in samples with _unit)
         self._unit = 1  # samples per item of ``_limit`` (a batched dataset's .with_epoch(n): its batches)
         self._limit_items = False  # _limit counts the loader's items (before _ops), not the chain's
-        # the passes are the data set's (route): one DataLoader pass in webdataset, which the
-        # re-batching stages run over across epochs; else (the chain's own .repeat / .with_epoch)
-        # they run per loader epoch, as webdataset's loader runs its stages per DataLoader pass
+        # the passes are the data set's (route): the re-batching stages run across its epochs
         self._span = False
         self._rebatch: Optional[Dict[str, Any]] = None  # .batched(m) run on the stream of samples
         self._length: Optional[int] = None
-        # the stream stages: the chain's own (_ops: per item, one unbatched, one batched: a state
-        # holds what they hold), then the others as given (_post: map after a compose, ...)
+        # the stream stages: the chain's own (_ops, whose state a state holds), then the others as given
         self._ops: List[Any] = []
         self._post: List[Any] = []
         self._built: Any = None
-        # where the chain stands beyond the loader: epochs done in a repeat(n) pass, and the
-        # place to replay from when the stream stages hold samples of items already read:
-        # ``(mark, skip)``: the loader at ``mark`` (its place before that item), the first
-        # ``skip`` samples of that item delivered (None: the loader's place, nothing held)
+        # epochs done in a repeat(n) pass; where to replay from when the stream stages hold samples:
+        # ``(mark, skip)``: the loader's place before that item, and its samples already delivered
         self._pass_done = 0
         self._resume: Optional[Tuple[Any, int]] = None
         self._skip = 0
-        # webdataset's new pass per iter() (see _start): the pass in progress, whether it
-        # handed an item out and did not end, and whether a state was given away since
+        # webdataset's new pass per iter() (see _start)
         self._pass: Any = None
         self._advanced = False
         self._pinned = False
@@ -242,7 +172,6 @@ class LoaderPipeline(FluidInterface):
         """Whether the re-mixing methods run on the loader's stream (not in its settings)."""
         return bool(self._fixed or self._ops or self._post)
 
-    # ---- the fluent methods ---------------------------------------------------
     def compose(self, *stages: Any) -> LoaderPipeline:
         """Run ``stages`` (webdataset's stage callables) on the output stream."""
         ops, post = list(self._ops), list(self._post)
@@ -253,8 +182,7 @@ class LoaderPipeline(FluidInterface):
             op = None if post else _op_of(s)
             if isinstance(op, _Split) and ops and isinstance(ops[-1], _Group) and ops[-1].convert \
                     and ops[-1].partial and not ops[-1].after and _layout(ops[:-1]) == ([], None, [], None, []):
-                # a refilled data set batch unbatched again: each sample as webdataset's
-                # loader hands it out (its batch collated and converted, split again)
+                # a refilled data set batch unbatched again
                 g = ops.pop()
                 op = _Each(_AsUnbatched(g.collation_fn or list))
                 if self._limit > 0 and not self._limit_items and self._unit > 1:  # the data set's with_epoch
@@ -303,16 +231,7 @@ class LoaderPipeline(FluidInterface):
         return self._with(length=int(n))
 
     def dataset_passes(self, nepochs: int, limit: int, unit: int = 1) -> LoaderPipeline:
-        """webdataset's passes of a data set that goes on over epochs (``resampled``, ``.repeat()``,
-        ``.with_epoch(n)``): each ``iter()`` is one DataLoader pass, endless or ``limit`` items per
-        DataLoader worker (items of the data set: batches of ``unit`` samples when it is batched),
-        the re-batching stages running across its epochs (see :func:`route`).
-
-        Example:
-            >>> chain = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=None).unbatched()
-            >>> len(list(chain.dataset_passes(-1, 5)))
-            5
-        """
+        """webdataset's passes of a data set that goes on over epochs (``limit`` items per worker)."""
         if limit > 0:  # items of the dataset (with_epoch): its batches when it is batched (see __iter__)
             kw: Dict[str, Any] = dict(limit=limit * max(1, self._base.num_workers), nepochs=-1, unit=1,
                                       limit_items=False)
@@ -321,7 +240,6 @@ class LoaderPipeline(FluidInterface):
             kw = dict(nepochs=int(nepochs) if nepochs > 0 else -1, limit=-1, unit=1, limit_items=False)
         return self._with(span=True, **kw)
 
-    # ---- the compiled loader ----------------------------------------------------
     @property
     def loader(self) -> Any:
         """The WebLoader the chain compiles into (built on first use)."""
@@ -346,8 +264,7 @@ class LoaderPipeline(FluidInterface):
             undone = specs[cut].args["collation_fn"]
             kept = list(specs[:cut])
             if undone is not None and getattr(base, "convert", False):
-                # webdataset's loader converted each batch (torch's default_convert) before
-                # unbatching it: each sample comes back as that made it
+                # webdataset's loader converted each batch before unbatching it
                 kept.append(Stage("sample", "as_unbatched", _AsUnbatched(undone)))
             ds = ds.with_stages(kept)  # (a copy: never the caller's data set, a DataPipeline included)
         if self._shuffle:
@@ -357,12 +274,10 @@ class LoaderPipeline(FluidInterface):
             collate = self._batch["collation_fn"] or list
             remainder = base.remainder if self._batch["partial"] else "drop"
             if self._nepochs < 0 and _resampled(ds):
-                # resampled shards are an endless stream in webdataset: every batch is full. The
-                # samples at the end of a plan epoch that do not fill one are left to other epochs
+                # resampled shards are an endless stream in webdataset: every batch is full
                 remainder = "drop"
             if self._unit > 1 and self._unbatched and self._limit > 0 and base.world_size == 1:
-                # webdataset's loader re-batches the n * (dataset batches) samples of an iter():
-                # samples here, limited in samples and batched on the stream (see __iter__)
+                # webdataset's loader re-batches the n * (dataset batches) samples of an iter()
                 self._rebatch = dict(self._batch)
                 bs, collate, remainder = None, None, base.remainder
         elif self._unbatched:
@@ -379,22 +294,19 @@ class LoaderPipeline(FluidInterface):
                            preempt=preempt or False, stall_timeout=base.stall_timeout,
                            worker_split="samples",  # positions are samples of the one sequence
                            **base.dataloader_kwargs)
-        # the base loader's resume point and journal carry over (positions are samples)
         new.epoch, new.position = base.epoch, base.position
         new.steps_done, new.samples_total = base.steps_done, base.samples_total
         new.journal, new.journal_path = base.journal, base.journal_path
         base.journal = None
         return new
 
-    # ---- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         loader = self.loader  # built: it decides _rebatch and _unit
         self._start()
         pairs: Iterator[Any] = self._passes()
         self._pass = pairs
         if self._unbatched and self._unit > 1 and self._limit > 0 and (self._rebatch or self._batch is None):
-            # the dataset's .with_epoch(n) counted its batches: an iter() is n of them, in samples.
-            # A batch is handed out right after its last sample, so chain_served (samples) is exact
+            # the dataset's .with_epoch(n) counted its batches: an iter() is n of them, in samples
             src: Iterator[Any] = self._limited((item for _, item in pairs), self._limit * self._unit)
             if self._rebatch is not None:
                 r = self._rebatch
@@ -414,15 +326,11 @@ class LoaderPipeline(FluidInterface):
         return self._handing(src)
 
     def _start(self) -> None:
-        """webdataset starts its pipeline again at each ``iter()``: an ``iter()`` left
-        before its end (mid-epoch, mid-pass, mid-chunk) is followed by a new pass, the next
-        epoch from its start.  Unless a state was given away since the last item
-        (``state_dict()``, ``commit``): a run resumed from that state continues where it was
-        taken, so this run does too, and both give the same data; and where the ``iter()``
-        left after its first item was the first after a resume (``load_state_dict``, the
-        journal: a smoke test), the next starts at the resume's place again (see
-        :meth:`ShardLoader._begin_iter`).  Continuing, the chain goes back to the place of
-        what its stream stages hold (:attr:`_resume`)."""
+        """webdataset starts its pipeline again at each ``iter()``: one left before its end is followed
+        by the next epoch from its start, unless a state was given away since its last item (then it
+        continues, as a run resumed from that state would), or it was the first ``iter()`` after a
+        resume and left after one item (then it starts at the resume's place again).
+        """
         prev, self._pass = self._pass, None
         if prev is not None and hasattr(prev, "close"):
             prev.close()  # its workers stop now, not when it is collected
@@ -451,10 +359,9 @@ class LoaderPipeline(FluidInterface):
         self._advanced = False
 
     def _done(self) -> bool:
-        """Whether the last ``iter()`` handed out all it had, even if its consumer, counting
-        its items (Lightning reads ``len()``), did not ask for the end: its chunk served, or
-        its pass (one epoch, ``repeat(n)``) ended with nothing held.  An endless stream is
-        never done."""
+        """Whether the last ``iter()`` handed out all it had (its chunk served, or its pass ended with
+        nothing held), even if its consumer did not ask for the end.
+        """
         if self._limit > 0:
             return self._served >= self._chunk and (not self._limit_items or self._resume is None)
         if self._nepochs < 1:
@@ -477,15 +384,13 @@ class LoaderPipeline(FluidInterface):
                 self._advanced, self._origin = False, None
 
     def _mark(self) -> Tuple[Any, int, int, Optional[Dict[Any, int]]]:
-        """The chain's place before the loader's next item: the loader's place, the pass's
-        epochs, the items served, and the consumption the journal counted so far."""
+        """The chain's place before the loader's next item (loader place, pass epochs, served, counted)."""
         loader = self.loader
         counted = loader.session.consumed_now() if loader.journal is not None else None
         return (loader.mark(), self._pass_done, self._served, counted)
 
     def _passes(self) -> Iterator[Tuple[Any, Any]]:
-        """The loader's items, pass after pass (``repeat`` / ``with_epoch`` decide how many),
-        each with the chain's place before it (None where no stage can hold a part of an item)."""
+        """The loader's items, pass after pass, each with the chain's place before it (None: no stage holds)."""
         loader = self.loader
         epochs = self._pass_done
         shape = _layout(self._ops)
@@ -510,8 +415,7 @@ class LoaderPipeline(FluidInterface):
             mark = self._mark() if marks else None
 
     def _native(self, src: Iterator[Tuple[Any, Any]], ops: Sequence[Any]) -> Iterator[Any]:
-        """The chain's own stream stages over ``(mark, item)``, keeping :attr:`_resume`: the
-        place of the oldest sample not yet handed out, at each item handed out."""
+        """The chain's own stream stages over ``(mark, item)``, keeping :attr:`_resume` current."""
         shape = _layout(ops)
         assert shape is not None  # compose() keeps _ops in this shape
         pre, split, mid, group, post = shape
@@ -561,8 +465,7 @@ class LoaderPipeline(FluidInterface):
                 yield v
 
     def _limited(self, src: Iterator[Any], limit: int) -> Iterator[Any]:
-        """``limit`` items of ``src``, counted in :attr:`_served` (``limit``: a chunk done, the
-        next ``iter()`` starts a new one)."""
+        """``limit`` items of ``src``, counted in :attr:`_served`."""
         self._chunk = limit
         served = self._served if self._served < limit else 0
         self._served = served
@@ -580,7 +483,6 @@ class LoaderPipeline(FluidInterface):
             return self._limit
         return len(self.loader)
 
-    # ---- state, journal, stats: the compiled loader's and the chain's --------------
     def _check_exact(self, what: str) -> None:
         """Refuse to give a state away where the stream holds what a state cannot."""
         for s in self._post:
@@ -615,14 +517,14 @@ class LoaderPipeline(FluidInterface):
                 "chain_skip": skip}
 
     def state_dict(self) -> Dict[str, Any]:
-        """The compiled loader's state, plus the chain's place: ``chain_served`` (items of the
-        current ``with_epoch``), ``chain_epochs`` (epochs done in the current ``repeat(n)``
-        pass) and ``chain_skip``; when the re-batching stages hold samples not yet handed out,
-        the loader's state is its place before the item that holds the first of them, and
-        ``chain_skip`` how many samples of that item were handed out.
+        """The compiled loader's state, plus the chain's place.
+
+        ``chain_served``: items of the current ``with_epoch``; ``chain_epochs``: epochs done in the
+        current ``repeat(n)`` pass; ``chain_skip``: samples handed out of the item the loader's state
+        stands before, when the re-batching stages hold some.
 
         Raises:
-            StateError: a stage on the stream holds what a state cannot (see :meth:`_check_exact`).
+            StateError: a stage on the stream holds what a state cannot (a buffer, a count).
         """
         self._check_exact("state_dict()")
         sd = self._at_resume(self.loader.state_dict)
@@ -646,9 +548,7 @@ class LoaderPipeline(FluidInterface):
         """Continue exactly after ``state`` (see :meth:`WebLoader.load_state_dict`).
 
         Raises:
-            StateError: as the loader's; and a state whose chain place this chain cannot
-                have (samples held by an ``.unbatched()`` it does not run, more epochs
-                than its ``repeat(n)``).
+            StateError: as the loader's; and a chain place this chain cannot have.
         """
         skip, done = int(state.get("chain_skip", 0)), int(state.get("chain_epochs", 0))
         shape = _layout(self._ops)
@@ -663,8 +563,7 @@ class LoaderPipeline(FluidInterface):
         self._adopt(state)
 
     def commit(self, step: int, stats: Optional[bool] = None) -> None:
-        """Record the position after ``step`` in the journal, with the chain's place (see
-        :meth:`WebLoader.commit` and :meth:`state_dict`)."""
+        """Record the position after ``step`` in the journal, with the chain's place."""
         self._check_exact(f"commit({step})")
         place = {"chain": self._fields()}
         if self._resume is None:
@@ -682,8 +581,7 @@ class LoaderPipeline(FluidInterface):
         """Skip the data of the next ``k`` steps (see :meth:`WebLoader.skip_steps`).
 
         Raises:
-            StateError: the chain re-batches the loader's items on its stream (its
-                batches are not the loader's steps).
+            StateError: the chain re-batches the loader's items on its stream.
         """
         shape = _layout(self._ops)
         if k and (shape is None or shape[1] is not None or shape[3] is not None):
@@ -719,18 +617,16 @@ def _resampled(ds: Any) -> bool:
 
 
 def _shuffled(ds: Any, size: int) -> Any:
-    """``ds`` with the data set's ``.shuffle(size)``, compiled into the plan (a copy: never the
-    caller's data set)."""
+    """``ds`` (a copy) with the data set's ``.shuffle(size)`` compiled into the plan."""
     if hasattr(ds, "with_stages"):
         return ds.with_stages(ds.stage_specs + (Stage("shuffle", "shuffle", n=int(size), initial=100),))
     return ds.shuffle(size)
 
 
 class _AsUnbatched:
-    """A sample as webdataset's ``WebLoader(ds.batched(n), batch_size=None).unbatched()`` hands
-    it out: its batch collated (``collation_fn``), through torch's ``default_convert`` (what a
-    ``DataLoader(batch_size=None)`` does), split again; per sample, so exact for any field-wise
-    collation (numbers become 0-d tensors, numpy arrays tensors, tuples stay tuples)."""
+    """A sample as webdataset's ``WebLoader(ds.batched(n), batch_size=None).unbatched()`` hands it
+    out: collated, through torch's ``default_convert``, split again.
+    """
 
     def __init__(self, collation_fn: Callable[[List[Any]], Any]):
         self.collation_fn = collation_fn
@@ -742,10 +638,7 @@ class _AsUnbatched:
 
 
 class FluentLoader:
-    """webdataset's ``WebLoader`` fluent methods, for :class:`resumewds.WebLoader`.
-
-    Each returns a :class:`LoaderPipeline` over the loader (see the module docs).
-    """
+    """webdataset's ``WebLoader`` fluent methods: each returns a :class:`LoaderPipeline`."""
 
     def unbatched(self) -> LoaderPipeline:
         """Single samples: ``loader.unbatched().shuffle(n).batched(m)`` re-mixes exactly."""
@@ -806,15 +699,9 @@ def _opaque(dataset: Any) -> Any:
 def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
     """What ``WebLoader(dataset, *args, **kw)`` returns (None: the WebLoader itself).
 
-    * a dataset the plan cannot run: :func:`stream_loader` (webdataset's WebLoader);
-    * ``batch_size=None`` over ``.select(...)`` (or a handler) and ``.batched(n)``, one
-      rank: batches filled from the filtered stream (:func:`_refills`);
-    * a dataset that goes on over epochs (``resampled``, ``.repeat()``,
-      ``.with_epoch(n)``): each ``iter()`` is webdataset's pass, endless or ``n``
-      items per DataLoader worker, as webdataset's workers each yield ``n``
-      (:func:`_passes`);
-    * a batched ``DataPipeline`` and no ``batch_size``: torch's default
-      ``batch_size=1`` collates each batch into a batch of one, as webdataset's does.
+    A dataset the plan cannot run: :func:`stream_loader`; ``batch_size=None`` over stages that drop
+    samples and ``.batched(n)``, one rank: batches refilled from the stream; a dataset that goes on
+    over epochs: webdataset's passes; a batched ``DataPipeline`` without ``batch_size``: batches of one.
     """
     if dataset is None:
         return None
@@ -830,24 +717,20 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
                       f"{nw} DataLoader workers every shard ({nw} copies of each sample per epoch). resumewds "
                       "hands each sample out once (its loader splits the positions among the workers); add "
                       "wds.split_by_worker to say so and silence this warning", stacklevel=3)
-    # webdataset's passes (endless, or n items per iter()) for webdataset's loader form, where the
-    # loader does not batch (batch_size=None, or torch's default); a loader that batches itself
-    # (WebLoader(ds, batch_size=64)) keeps resumewds' one epoch per iter()
+    # webdataset's passes where the loader does not batch; one that does keeps one epoch per iter()
     batching = args[0] if args else kw.get("batch_size", _MISSING)
     passes = _passes(dataset) if batching is None or batching is _MISSING else None
     refill = _refills(dataset, args, kw)
     one = c is not None and dataset.batch_size is not None and not args and "batch_size" not in kw
     rotate = passes in (None, (1, -1)) and _rotates(dataset, args, kw)
     if not (passes or refill or one):
-        # the filtered samples of webdataset's workers, round-robin (resumewds.wds._rotation): its
-        # own __init__ runs next, as WebLoader's would
+        # the filtered samples of webdataset's workers, round-robin (resumewds.wds._rotation)
         return object.__new__(_RotatingWebLoader) if rotate else None
     if refill:
         out = _refill_loader(cls, dataset, args, kw, rotate)
     else:
         base = object.__new__(_RotatingWebLoader if rotate else cls)
         base.__init__(dataset, *args, **kw)
-        # samples a select drops, one by one: a .batched(m) after them is filled from the stream
         out = LoaderPipeline(base, fixed=_drops(dataset, args, kw))
     if one:
         out = out.compose(_BatchOfOne(kw.get("collate_fn")))
@@ -857,8 +740,7 @@ def route(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any]) -> Any:
 
 
 def _passes(dataset: Any) -> Optional[Tuple[int, int]]:
-    """``(epochs, items)`` of one ``iter()`` of a dataset that goes on over epochs (``-1``:
-    no limit), as its direct iteration runs them; None: one epoch per ``iter()``."""
+    """``(epochs, items)`` of one ``iter()`` (``-1``: no limit); None: one epoch per ``iter()``."""
     if hasattr(dataset, "repetitions"):  # a DataPipeline: webdataset's repetitions / nsamples
         reps, limit = int(dataset.repetitions), int(getattr(dataset, "nsamples", -1))
         if reps == 1:
@@ -868,8 +750,7 @@ def _passes(dataset: Any) -> Optional[Tuple[int, int]]:
 
 
 def _drops(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
-    """``WebLoader(dataset, batch_size=None)`` on one rank over per-sample stages that may
-    drop samples (``select``, a ``handler``)."""
+    """``WebLoader(dataset, batch_size=None)`` on one rank over per-sample stages that may drop samples."""
     if not hasattr(dataset, "stage_specs") or (args[0] if args else kw.get("batch_size", _MISSING)) is not None:
         return False
     if kw.get("collate_fn") is not None or dataset.stage_specs[dataset.loader_from:]:
@@ -884,29 +765,19 @@ def _drops(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
 
 
 def _refills(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
-    """Whether ``WebLoader(dataset, batch_size=None)`` fills each ``.batched(n)`` batch from the
-    filtered stream, as webdataset does: the dataset's stages (``select``, a ``handler``) may drop
-    samples, and one rank (several ranks keep batches of positions, so they stay in lock step)."""
+    """Whether each ``.batched(n)`` batch is refilled from the filtered stream, as webdataset does."""
     return getattr(dataset, "batch_size", None) is not None and _drops(dataset, args, kw)
 
 
 def _rotates(dataset: Any, args: Any, kw: Dict[str, Any]) -> bool:
-    """Whether ``WebLoader(dataset, batch_size=None)`` follows webdataset's rotation of its
-    workers' filtered streams when the shard split applies (:mod:`resumewds.wds._rotation`): stages
-    that may drop samples, one rank, one epoch per ``iter()``, no ``pad`` (samples, or a
-    ``.batched(n)`` refilled in each stream)."""
+    """Whether the loader follows webdataset's rotation of its workers' filtered streams."""
     return kw.get("remainder", "keep") != "pad" and _drops(dataset, args, kw)
 
 
 def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any], rotate: bool = False) -> Any:
-    """The loader of :func:`_refills`: the dataset's samples one by one (the engine's
-    ``batch_size=None``), batched by :class:`_RefillBatches` as each epoch's stream goes
-    (webdataset's pipeline runs again each epoch: a batch never spans two), under the
-    shard split in each worker's stream (:func:`_rotates`, :mod:`resumewds.wds._rotation`), else
-    in the one sequence.  A batch is handed out as soon as its last sample is, so the
-    loader's position then is just after that sample and ``state_dict()`` / ``commit``
-    resume exactly after the batch.  Over resampled shards (one endless stream in
-    webdataset) the batches are filled on the chain's stream, across the plan's epochs."""
+    """The loader of :func:`_refills`: samples one by one, batched by :class:`_RefillBatches` per
+    epoch's stream, so that a state taken after a batch resumes exactly after it.
+    """
     specs, cut, end = dataset.stage_specs, dataset.stream_from, dataset.loader_from
     b = specs[cut]
     batch_stages = [st.fn for st in specs[cut + 1:end]]
@@ -921,13 +792,11 @@ def _refill_loader(cls: Any, dataset: Any, args: Any, kw: Dict[str, Any], rotate
         return LoaderPipeline(base, fixed=True).compose(stage)
     rot: Any = object.__new__(_RotatingWebLoader)
     rot.__init__(ds, *args, stream_stage=stage, **kw)
-    # the refilled batches are the loader's items: re-mixing methods run on its stream
     return LoaderPipeline(rot, fixed=True)
 
 
 class _RefillBatches:
-    """``.batched(n)`` and the batch stages after it, on the loader's output stream, then
-    torch's ``default_convert`` (what a ``DataLoader(batch_size=None)`` does to each item)."""
+    """``.batched(n)`` and its batch stages on the loader's stream, then torch's ``default_convert``."""
 
     def __init__(self, n: int, collation_fn: Any, partial: bool, batch_stages: List[Any]):
         self.n, self.collation_fn, self.partial = n, collation_fn, partial
@@ -962,12 +831,7 @@ _warned_stream: set = set()
 
 
 def stream_loader(dataset: Any, what: Any, *args: Any, **kw: Any) -> Any:
-    """webdataset's ``WebLoader``: ``FluidWrapper(DataLoader(dataset, *args, **kw))``.
-
-    For a dataset the plan cannot run (``what`` names the stage): it runs as in
-    webdataset (each DataLoader worker runs the whole pipeline; split shards
-    with ``split_by_worker``), with the fluent methods on the stream, and warns
-    once that resume is then approximate.
+    """webdataset's ``WebLoader`` (a ``FluidWrapper`` over a ``DataLoader``) for a dataset the plan cannot run.
 
     Raises:
         ValueError: ``journal=`` / ``resume=``, which need the plan.
@@ -1002,18 +866,15 @@ class WebLoader(FluentLoader, ShardLoader, DataLoaderAttributes):
     split_policy = SHARD_SPLIT
 
     def __new__(cls, dataset: Any = None, *args: Any, **kw: Any) -> Any:
-        # webdataset's rules where the plan cannot apply them (route)
         out = route(cls, dataset, args, kw)  # (not ``or``: its truth would ask len(), which builds it)
         return out if out is not None else super().__new__(cls)
 
     def adopt_place(self, place: Dict[str, Any], source: Optional[str]) -> None:
-        """A state (a commit) of webdataset's worker rotation is refused: this loader does not
-        follow it (:mod:`resumewds.wds._rotation`)."""
+        """A state (a commit) of webdataset's worker rotation is refused."""
         refuse_rotation(place, source)
 
 
 class _RotatingWebLoader(RotatingLoader, WebLoader):
-    """WebLoader over stages that drop samples: webdataset's rotation of its workers'
-    filtered streams under the shard split (:mod:`resumewds.wds._rotation`)."""
+    """WebLoader over stages that drop samples: webdataset's rotation of its workers' streams."""
 
     stream_items = True  # its items are webdataset's (see LoaderPipeline)

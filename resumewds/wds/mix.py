@@ -1,34 +1,10 @@
 """webdataset's ``mix`` module: ``RoundRobin``, ``RandomMix`` and ``random_samples``.
 
-:class:`RoundRobin` interleaves datasets one item each in turn, with
-webdataset 1.0.2's semantics: it stops when the first source runs out
-(``longest=False``, even in the middle of a round), or goes on with the
-remaining sources until all are exhausted (``longest=True``).  It is a torch
-``IterableDataset`` once torch is imported.  This module imports torch
-(:class:`StreamMix` is a torch ``IterableDataset``, as webdataset's ``RandomMix``).
-
-:func:`RandomMix` picks the form by its sources:
-
-* every source is a data set resumewds runs exactly (a ``WebDataset`` or a
-  compiled ``DataPipeline``, neither batched nor with stages after its
-  compiled part): :class:`resumewds.MixedDataset`, deterministic and exactly
-  resumable at any worker count (:func:`resumewds.mixing.RandomMix`,
-  ``docs/MIXTURES.md``);
-* anything else (a ``DataPipeline`` with a stage of your own, batched
-  sources, any iterable): :class:`StreamMix`, webdataset's ``RandomMix``:
-  each item is drawn from a source with :func:`random_samples` (Python's
-  ``random``), so it gives webdataset's data.  It keeps no state: its resume
-  is approximate, as webdataset's (under ``WebLoader`` it runs as
-  webdataset's loader, which says so; ``state_dict()["exact"]`` is False).
-
-Resume: ``RoundRobin`` and ``StreamMix`` keep no state of their own and are
-not exactly resumable (nor are webdataset's).
+:class:`RoundRobin` and :class:`StreamMix` (webdataset's ``RandomMix``) have webdataset 1.0.2's
+semantics and keep no state.  :func:`RandomMix` gives the exact :class:`resumewds.MixedDataset`
+where every source is one resumewds runs exactly (:func:`exact_source`), else :class:`StreamMix`.
 
 Example:
-    >>> list(RoundRobin([[1, 2, 3], "ab"]))
-    [1, 'a', 2, 'b', 3]
-    >>> list(RoundRobin([[1, 2, 3], "ab"], longest=True))
-    [1, 'a', 2, 'b', 3]
     >>> list(RoundRobin([[1], "abc"], longest=True))
     [1, 'a', 'b', 'c']
     >>> import random; random.seed(0)
@@ -53,12 +29,7 @@ __all__ = ["RandomMix", "RoundRobin", "StreamMix", "random_samples", "round_robi
 
 
 def round_robin_shortest(*sources: Iterator[Any]) -> Iterator[Any]:
-    """One item from each iterator in turn, until one of them is exhausted.
-
-    Example:
-        >>> list(round_robin_shortest(iter([1, 2]), iter("abc")))
-        [1, 'a', 2, 'b']
-    """
+    """One item from each iterator in turn, until one of them is exhausted."""
     if not sources:
         return
     i = 0
@@ -72,12 +43,7 @@ def round_robin_shortest(*sources: Iterator[Any]) -> Iterator[Any]:
 
 
 def round_robin_longest(*sources: Iterator[Any]) -> Iterator[Any]:
-    """One item from each iterator in turn; an exhausted one drops out, until none is left.
-
-    Example:
-        >>> list(round_robin_longest(iter([1, 2]), iter("abc")))
-        [1, 'a', 2, 'b', 'c']
-    """
+    """One item from each iterator in turn; an exhausted one drops out, until none is left."""
     live: List[Iterator[Any]] = list(sources)
     i = 0
     while live:
@@ -92,13 +58,7 @@ def round_robin_longest(*sources: Iterator[Any]) -> Iterator[Any]:
 
 
 class RoundRobin:
-    """Interleave ``datasets`` round-robin (webdataset's ``RoundRobin``).
-
-    Args:
-        datasets: iterables (our datasets, pipelines, lists, arrays...);
-            each is iterated afresh by every ``iter(...)``.
-        longest: go on until every source is exhausted (default: stop at
-            the first exhausted one).
+    """Interleave ``datasets`` round-robin, each iterated afresh by every ``iter(...)`` (webdataset's).
 
     Example:
         >>> list(RoundRobin([range(3), range(10, 12)]))
@@ -122,19 +82,7 @@ register_iterable_dataset(RoundRobin)
 
 def random_samples(sources: List[Iterator[Any]], probs: Optional[Sequence[float]] = None,
                    longest: bool = False) -> Iterator[Any]:
-    """Items drawn from ``sources`` at random, by ``probs`` (webdataset's ``random_samples``).
-
-    Each draw is ``random.random()`` (Python's global generator, as webdataset's:
-    ``random.seed`` makes it repeatable) against the cumulative normalised
-    ``probs`` (default: equal).  An exhausted source ends the stream, or with
-    ``longest=True`` drops out (its probability too) until none is left.
-    ``sources`` (a list) is consumed.
-
-    Example:
-        >>> random.seed(1)
-        >>> list(random_samples([iter("ab"), iter("xy")], [1, 3]))
-        ['a', 'x', 'y']
-    """
+    """Items drawn from ``sources`` at random, by ``probs`` (webdataset's ``random_samples``)."""
     probs = [1] * len(sources) if probs is None else list(probs)
     while len(sources) > 0:
         cum = (np.array(probs) / np.sum(probs)).cumsum()
@@ -149,23 +97,7 @@ def random_samples(sources: List[Iterator[Any]], probs: Optional[Sequence[float]
 
 
 class StreamMix(IterableDataset):
-    """webdataset's ``RandomMix``: items of ``datasets`` drawn at random by ``probs``.
-
-    Each ``iter()`` iterates every dataset afresh and draws with
-    :func:`random_samples`.  It keeps no state (its resume is approximate,
-    as webdataset's); :func:`RandomMix` gives it for sources resumewds
-    cannot mix exactly.
-
-    Args:
-        datasets: the sources (any iterables).
-        probs: relative probabilities (default: equal).
-        longest: go on until every source is exhausted (default: stop at the first).
-
-    Example:
-        >>> random.seed(0)
-        >>> sorted(StreamMix([[1, 2], [3]], longest=True))
-        [1, 2, 3]
-    """
+    """webdataset's ``RandomMix``: items of ``datasets`` drawn at random by ``probs`` (no state)."""
 
     def __init__(self, datasets: Sequence[Iterable[Any]], probs: Optional[Sequence[float]] = None,
                  longest: bool = False):
@@ -182,14 +114,7 @@ class StreamMix(IterableDataset):
 
 
 def exact_source(ds: Any) -> bool:
-    """Whether :class:`resumewds.MixedDataset` can mix ``ds`` exactly: a data set of the
-    plan (``WebDataset``, a compiled ``DataPipeline``), not batched, with no stage after
-    its compiled part (the mixture runs a source's per-sample stages only).
-
-    Example:
-        >>> exact_source([1, 2, 3])
-        False
-    """
+    """Whether :class:`resumewds.MixedDataset` can mix ``ds`` exactly (a plan's, unbatched, no stream stage)."""
     c = getattr(ds, "compiled", None)  # a DataPipeline's compiled form
     if c is not None and (c.generic or c.tail):
         return False
@@ -201,13 +126,7 @@ def exact_source(ds: Any) -> bool:
 
 def RandomMix(datasets: Sequence[Any], probs: Optional[Sequence[float]] = None,
               longest: bool = False) -> Union[MixedDataset, StreamMix]:
-    """webdataset's ``RandomMix(datasets, probs=None, longest=False)``.
-
-    Sources resumewds runs exactly (:func:`exact_source`) give the
-    deterministic, exactly resumable :class:`resumewds.MixedDataset`
-    (:func:`resumewds.mixing.RandomMix`); any other source gives
-    :class:`StreamMix`, webdataset's own mixing (its data, an approximate
-    resume).  See the module docs.
+    """webdataset's ``RandomMix(datasets, probs=None, longest=False)`` (see the module docs).
 
     Example:
         >>> type(RandomMix([[1, 2], [3]])).__name__

@@ -1,30 +1,10 @@
 """``MultiLoader``: webdataset's multiprocess loader, with exact state and no hangs.
 
-``MultiLoader(dataset, workers=4)`` runs ``workers`` processes and yields
-what they produce, like webdataset 1.0.2's (which uses zmq; this one uses
-one pipe per worker).
-
-* Over a :class:`resumewds.WebDataset` (or an exactly resumable
-  :class:`resumewds.DataPipeline`), worker ``w`` produces the steps ``k``
-  with ``k % workers == w`` of the plan, and the loader hands them out in
-  step order: the same sequence as iterating the dataset in one process,
-  for any number of workers, and ``state_dict()`` / ``load_state_dict()``
-  resume it exactly (also with another worker count).  One ``iter()`` is
-  the rest of the current epoch; then the epoch advances.
-* Over anything else (a generic iterable), every worker iterates the
-  dataset with ``WORKER`` / ``NUM_WORKERS`` set, and items are yielded as
-  they arrive, as in webdataset (``state_dict()["exact"]`` is False).
-
-A worker that dies (SIGKILL, out of memory) is noticed within
-``poll_interval`` seconds: the loader raises :class:`resumewds.errors.ResumeWDSError`
-naming the worker and its exit status instead of waiting forever
-(webdataset's hangs); the state still points just after the last item
-handed out.  Workers die with the parent process (Linux).
-
-Example:
-    >>> loader = MultiLoader(ds, workers=4)              # doctest: +SKIP
-    >>> for batch in loader: ...                         # doctest: +SKIP
-    >>> state = loader.state_dict()                      # doctest: +SKIP
+Over a :class:`resumewds.WebDataset` (or an exact DataPipeline) worker ``w`` of ``W`` produces
+the plan's steps ``k % W == w`` and the loader hands them out in step order (one process's
+sequence, resumable with any worker count); over anything else every worker iterates the
+dataset and items come as they arrive, as in webdataset.  A worker that dies is reported
+(:class:`resumewds.errors.ResumeWDSError`) within ``poll_interval`` instead of a hang.
 """
 
 from __future__ import annotations
@@ -54,18 +34,15 @@ the_protocol = pickle.HIGHEST_PROTOCOL
 
 
 class EOF:
-    """The end of one reader's stream (webdataset's message; its keyword arguments become
-    attributes: ``EOF(index=2).index``)."""
+    """The end of one reader's stream (webdataset's message; keyword arguments become attributes)."""
 
     def __init__(self, **kw: Any):
         self.__dict__.update(kw)
 
 
 def reader(dataset: Any, sockname: str, index: int, num_workers: int) -> None:
-    """webdataset's zmq reader process: send each sample of ``dataset``, pickled, to the
-    zmq PUSH socket ``sockname``, then an :class:`EOF` with ``index`` (``WORKER`` and
-    ``NUM_WORKERS`` are set in the environment first).  Needs ``pyzmq``; this module's
-    :class:`MultiLoader` uses pipes instead.
+    """webdataset's zmq reader process: send each sample of ``dataset``, pickled, to ``sockname``,
+    then an :class:`EOF`.  Needs ``pyzmq`` (:class:`MultiLoader` uses pipes).
 
     Raises:
         ImportError: ``zmq`` is not installed.
@@ -129,15 +106,9 @@ def _worker(dataset: Any, conn: Any, others: List[Any], index: int, num_workers:
 
 
 class MultiLoader:
-    """Iterate ``dataset`` in ``workers`` processes (webdataset's signature).
+    """Iterate ``dataset`` in ``workers`` processes (webdataset's signature; ``prefix`` is unused).
 
-    Args:
-        dataset: a :class:`resumewds.WebDataset` / DataPipeline (exact mode) or any iterable.
-        workers: number of processes.
-        verbose: print worker starts and ends.
-        nokill: do not kill the processes of a previous iteration first.
-        prefix: accepted for compatibility (webdataset's zmq socket prefix; unused).
-        poll_interval: seconds between checks that the awaited worker is alive.
+    ``poll_interval``: seconds between checks that the awaited worker is alive.
 
     Example:
         >>> MultiLoader(range(3), workers=1).workers
@@ -163,7 +134,6 @@ class MultiLoader:
         if self.exact:
             self.config = dataset.config()  # resolve and index once, before forking
 
-    # ---- processes -----------------------------------------------------------------
     def kill(self) -> None:
         """Kill the worker processes and close their pipes."""
         for p in self.pids:
@@ -215,7 +185,6 @@ class MultiLoader:
                               f"the last item handed out is in state_dict(): epoch {self.epoch}, "
                               f"position {self.position}")
 
-    # ---- iteration -------------------------------------------------------------------
     def _layout(self) -> Layout:
         bs = self.dataset.batch_size
         return Layout(int(bs) if bs is not None else _CHUNK)
@@ -283,10 +252,8 @@ class MultiLoader:
         finally:
             self.kill()
 
-    # ---- state --------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """``{"epoch", "position", "skip", "exact", "config"}``: load it into any MultiLoader
-        over the same dataset (any worker count)."""
+        """Load it into any MultiLoader over the same dataset (any worker count)."""
         d = {"format": STATE_FORMAT, "version": STATE_VERSION, "exact": self.exact, "epoch": self.epoch,
              "position": self.position, "skip": self.skip}
         if self.exact:

@@ -1,14 +1,5 @@
-"""webdataset's ``pipeline`` module: ``DataPipeline``, and the stage callables.
-
-``resumewds.pipeline.DataPipeline`` is :class:`resumewds.wds.datapipeline.DataPipeline`
-(loaded on first use: it is a torch ``IterableDataset``).  The per-sample stage
-callables and collations that resumewds has always offered here are those of
-:mod:`resumewds.stages`, the one implementation of each stage.
-
-Example:
-    >>> from resumewds.pipeline import ToTuple
-    >>> ToTuple("txt")({"txt": "hi"})
-    ('hi',)
+"""webdataset's ``pipeline`` module: ``DataPipeline`` (loaded on first use), and the stage
+callables of :mod:`resumewds.stages`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """webdataset's ``pytorch`` module: torch's ``DataLoader``, ``IterableDataset`` and ``Tensor``.
 
-As in webdataset, each is torch's own when torch is installed, else an empty
-stand-in class (so that code naming them imports without torch).  Importing
-this module imports torch; the other wing modules that have these names
-(webdataset's ``compat.DataLoader``, ``shardlists.IterableDataset``,
-``filters.TorchTensor``...) resolve them from here on first use.
-
-Example:
-    >>> import torch.utils.data
-    >>> IterableDataset is torch.utils.data.IterableDataset
-    True
+Each is torch's own, else an empty stand-in class, as webdataset's; the wing's other modules
+that have these names resolve them from here on first use.
 """
 
 from __future__ import annotations
@@ -38,11 +30,7 @@ except ModuleNotFoundError:  # pragma: no cover
 
 
 def torch_name(module: str, name: str) -> Any:
-    """``name`` (one of ``__all__`` but this) for a module's PEP 562 ``__getattr__``: the
-    torch names webdataset's modules import, loaded (with torch) on first use.
-
-    Raises:
-        AttributeError: any other name (the module has no such attribute).
+    """``name`` for a module's PEP 562 ``__getattr__``: the torch names, loaded on first use.
 
     Example:
         >>> torch_name("resumewds.shardlists", "IterableDataset") is IterableDataset

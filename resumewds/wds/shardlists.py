@@ -1,20 +1,7 @@
 """Shard lists with webdataset's names: the first stage of a :class:`~resumewds.DataPipeline`.
 
-``SimpleShardList(urls)`` and ``ResampledShards(urls)`` iterate ``{"url":
-...}`` dicts as in webdataset 1.0.2, so they work as stages of a generic
-pipeline.  Inside a :class:`resumewds.DataPipeline` they are not iterated:
-the pipeline reads their urls and seed and compiles them into the
-deterministic plan (see :mod:`resumewds.datapipeline`).
-
-Differences from webdataset, inside a DataPipeline: ``ResampledShards``
-draws every shard once per epoch in a seeded random order, epoch after
-epoch, instead of drawing shards with replacement (so a resume is exact and
-no shard is over-represented); ``SimpleShardList(urls, seed=s)`` shuffles
-the shard order per epoch with the plan's seed.
-
-Example:
-    >>> [d["url"] for d in SimpleShardList("s-{0..2}.tar")]
-    ['s-0.tar', 's-1.tar', 's-2.tar']
+They iterate ``{"url": ...}`` dicts as in webdataset 1.0.2; inside a DataPipeline they are
+compiled into the deterministic plan instead (differences: docs/COMPAT.md).
 """
 
 from __future__ import annotations
@@ -32,8 +19,8 @@ from .. import config
 from ..sources import expand_braces
 from . import utils  # noqa: F401  (webdataset's shardlists.utils)
 from .filters import _Generic, pipelinefilter
-from .splitters import single_node_only, split_by_node, split_by_worker, worker_info
-from .utils import is_iterable, obsolete
+from .splitters import single_node_only, split_by_node, split_by_worker
+from .utils import is_iterable, make_seed, obsolete, pytorch_worker_seed
 
 __all__ = ["DirectoryShardList", "MSSource", "MultiShardSample", "ResampledShardList", "ResampledShards",
            "SimpleShardList", "default_rng", "envlookup", "envsubst", "expand", "expand_source", "expand_urls",
@@ -42,11 +29,7 @@ __all__ = ["DirectoryShardList", "MSSource", "MultiShardSample", "ResampledShard
 
 
 def envlookup(m: re.Match) -> str:
-    """The environment variable ``WDS_<name>`` of a ``${name}`` match (webdataset's).
-
-    Raises:
-        ValueError: ``WDS_<name>`` is not set.
-    """
+    """The environment variable ``WDS_<name>`` of a ``${name}`` match (webdataset's)."""
     key = "WDS_" + m.group(1)
     if key not in os.environ:
         raise ValueError(f"{m.string}: missing environment variable {key}")
@@ -54,31 +37,17 @@ def envlookup(m: re.Match) -> str:
 
 
 def envsubst(s: str) -> str:
-    """Replace ``${NAME}`` with the environment variable ``WDS_NAME`` (webdataset's rule).
-
-    Raises:
-        ValueError: ``WDS_NAME`` is not set.
-    """
+    """Replace ``${NAME}`` with the environment variable ``WDS_NAME`` (webdataset's rule)."""
     return re.sub(r"\$\{(\w+)\}", envlookup, s)
 
 
 def expand(s: str) -> str:
-    """``~`` and ``$VARS`` expanded (webdataset's, for shard specs).
-
-    Example:
-        >>> expand("$HOME") == os.path.expanduser("~")
-        True
-    """
+    """``~`` and ``$VARS`` expanded (webdataset's, for shard specs)."""
     return os.path.expanduser(os.path.expandvars(s))
 
 
 def expand_urls(urls: str) -> List[str]:
-    """Expand ``::``-joined brace patterns (and ``${NAME}`` from ``WDS_NAME``) into a list of urls.
-
-    Example:
-        >>> expand_urls("a-{0..1}.tar::b.tar")
-        ['a-0.tar', 'a-1.tar', 'b.tar']
-    """
+    """Expand ``::``-joined brace patterns (and ``${NAME}`` from ``WDS_NAME``) into a list of urls."""
     out: List[str] = []
     for part in urls.split("::"):
         for _ in range(10):
@@ -91,15 +60,7 @@ def expand_urls(urls: str) -> List[str]:
 
 
 def expand_source(source: Union[str, Iterable[str]], max_urls: int = int(1e9)) -> List[str]:
-    """A string pattern, a list of urls or any iterable of urls (its first ``max_urls``), as a list.
-
-    Raises:
-        ValueError: ``source`` is none of these.
-
-    Example:
-        >>> expand_source(iter(["a.tar", "b.tar", "c.tar"]), max_urls=2)
-        ['a.tar', 'b.tar']
-    """
+    """A string pattern, a list of urls or any iterable of urls (its first ``max_urls``), as a list."""
     if isinstance(source, str):
         return expand_urls(source)
     if isinstance(source, list):
@@ -109,36 +70,8 @@ def expand_source(source: Union[str, Iterable[str]], max_urls: int = int(1e9)) -
     raise ValueError(f"cannot handle {type(source)}")
 
 
-def make_seed(*args: Any) -> int:
-    """webdataset's ``utils.make_seed``: a 31-bit seed from ``args`` (``hash`` of each, combined).
-
-    Example:
-        >>> make_seed(1, 0, 0)
-        961
-    """
-    seed = 0
-    for arg in args:
-        seed = (seed * 31 + hash(arg)) & 0x7FFFFFFF
-    return seed
-
-
-def pytorch_worker_seed(group: Any = None) -> int:
-    """webdataset's ``utils.pytorch_worker_seed``: ``rank * 1000 + worker``.
-
-    Example:
-        >>> pytorch_worker_seed() if "RANK" not in os.environ else 0
-        0
-    """
-    rank, _, worker, _ = worker_info(group)
-    return rank * 1000 + worker
-
-
 class SimpleShardList:
-    """The shards of ``urls``, in order (or shuffled with ``seed``).
-
-    Args:
-        urls: a brace pattern (``::`` joins several) or a list of urls.
-        seed: None keeps the order; an int (or True) shuffles it.
+    """The shards of ``urls`` (a brace pattern or a list), in order, or shuffled with ``seed``.
 
     Example:
         >>> len(SimpleShardList(["a.tar", "b.tar"]))
@@ -167,25 +100,8 @@ class SimpleShardList:
 class ResampledShards:
     """An endless stream of shards drawn at random, with replacement, from ``urls`` (webdataset's class).
 
-    Standalone (iterated, or as the source of a generic pipeline) it is webdataset
-    1.0.2's: each ``iter()`` starts a new epoch (``self.epoch`` counts from -1) and
-    draws ``nshards`` urls with ``random.Random(make_seed(worker_seed(), epoch,
-    seed))``; ``deterministic=False`` (the default) mixes in the pid, the time and
-    ``os.urandom`` as webdataset does, so two runs differ.  As the first stage of a
-    :class:`resumewds.DataPipeline` it is compiled into the plan instead (every
-    shard once per epoch in a seeded order, epoch after epoch; see docs/COMPAT.md).
-
-    Args:
-        urls: a brace pattern, a list of urls or an iterable of them.
-        nshards: how many shards one iteration yields.
-        seed: the seed.
-        worker_seed: a callable giving this worker's seed (default: ``rank * 1000 + worker``).
-        deterministic: seed only from ``worker_seed()``, the epoch and ``seed``.
-        max_urls: at most this many urls from an iterable.
-        empty_check: refuse an empty list.
-
-    Raises:
-        ValueError: ``empty_check`` and no urls.
+    Standalone it is webdataset 1.0.2's (seeded with ``make_seed(worker_seed(), epoch, seed)``, plus
+    pid, time and ``os.urandom`` unless ``deterministic``); in a DataPipeline it is compiled into the plan.
 
     Example:
         >>> rs = ResampledShards(["a.tar", "b.tar"], nshards=3, deterministic=True)
@@ -258,41 +174,16 @@ def get_pid_from_filename(fname: str) -> Optional[int]:
 class DirectoryShardList:
     """Shards taken from a directory as they appear: webdataset 1.0.2's work queue.
 
-    Each iteration claims a file matching ``pattern`` by renaming it to
-    ``name._PID_`` (so several processes can share one directory), yields
-    ``{"url": claimed_name}``, and after the consumer asks for the next shard
-    recycles it by ``mode``: ``"unlink"`` deletes it, ``"keep"`` renames it
-    ``name._done_``, ``"resample"`` puts it back under its own name.  Files
-    claimed by processes that are gone are recycled the same way.  With
-    ``poll=None`` the iteration ends when no file matches; otherwise it waits
-    ``poll`` seconds and looks again, for up to ``timeout`` seconds.
-
-    This is a consuming queue whose order depends on the file system, the
-    clock and other processes, so it cannot be part of the deterministic plan:
-    a :class:`resumewds.DataPipeline` starting with it runs as webdataset does
-    (not exactly resumable; see docs/COMPAT.md).
-
-    Args:
-        path: the directory; must end with ``/`` and exist.
-        pattern: a glob (with ``{a,b}`` alternatives) relative to ``path``.
-        poll: seconds between looks when the directory is empty; None stops instead.
-        timeout: give up after this many seconds without a file.
-        mode: ``"resample"``, ``"unlink"`` or ``"keep"``.
-        select: ``"random"`` or ``"oldest"`` (by modification time).
-        fate: unused (as in webdataset).
-
-    Raises:
-        ValueError: ``path`` does not end with ``/`` or is not a directory; an unknown ``select``
-            or ``mode``.
+    Each iteration claims a file matching ``pattern`` by renaming it ``name._PID_``, yields it, then
+    recycles it by ``mode`` (``"unlink"``, ``"keep"``: ``name._done_``, ``"resample"``: back).
+    ``poll=None`` ends when no file matches.  Never part of the plan (not exactly resumable).
 
     Example:
         >>> import tempfile, pathlib
         >>> d = tempfile.mkdtemp() + "/"; pathlib.Path(d + "a.tar").touch()
         >>> ds = DirectoryShardList(d, "*.tar", poll=None, mode="unlink")
-        >>> [os.path.basename(x["url"]).split("._")[0] for x in ds]
-        ['a.tar']
-        >>> os.listdir(d)
-        []
+        >>> [os.path.basename(x["url"]).split("._")[0] for x in ds], os.listdir(d)
+        (['a.tar'], [])
     """
 
     def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.tgz}", poll: Optional[float] = 1,
@@ -383,16 +274,6 @@ default_rng = random.Random()
 class MultiShardSample:
     """Shards from a YAML (or dict) spec of several sources: webdataset's (obsolete there) class.
 
-    The spec has ``prefix``, ``buckets`` and ``datasets``; each dataset has
-    ``shards`` (brace patterns), an optional ``name``, ``buckets``, ``resample: n``
-    (draw n with replacement) or ``choose: n`` (n without replacement).  Each
-    ``iter()`` yields one epoch's urls, shuffled with ``self.rng``
-    (``set_epoch(seed)`` reseeds it).  Not compiled into the plan (see docs/COMPAT.md).
-
-    Raises:
-        ValueError: unknown keys, more than one bucket, ``choose`` larger than the
-            shard list, or both ``choose`` and ``resample``.
-
     Example:
         >>> ms = MultiShardSample({"datasets": [{"name": "a", "shards": "a-{0..2}.tar"}]})
         >>> sorted(d["url"] for d in ms)
@@ -471,8 +352,7 @@ class MultiShardSample:
 
 
 def resampled_(src: Any, n: int = sys.maxsize) -> Iterator[Any]:
-    """``n`` items drawn with replacement from everything ``src`` yields (webdataset's
-    generator form of :func:`resampled`; seeded from ``os.urandom``)."""
+    """``n`` items drawn with replacement from everything ``src`` yields (seeded from ``os.urandom``)."""
     items = list(src)
     rng = random.Random(int.from_bytes(os.urandom(8), "little"))
     for _ in range(n):

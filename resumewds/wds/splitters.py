@@ -1,26 +1,7 @@
-"""Node and worker splitters with webdataset's names and protocol.
+"""Node and worker splitters with webdataset's names and protocol (importing it never imports torch).
 
-``split_by_node``, ``split_by_worker`` and ``single_node_only`` are plain
-generator functions over any iterable (shard dicts ``{"url": ...}`` in a
-composable pipeline), exactly as in webdataset 1.0.2.  Passed to
-:class:`resumewds.WebDataset` as ``nodesplitter=`` / ``workersplitter=``,
-the dataset recognises them and maps them onto its own layouts, so exact
-resume is kept: ``split_by_worker`` on one rank is webdataset's split (each
-DataLoader worker its own shards, :mod:`resumewds.wds._shardsplit`), the others a
-split of the global sample sequence (:mod:`resumewds.plan`); a user callable
-there is applied to the shard list instead (it must be deterministic for a
-resume to be exact).
-
-Rank and world size come from an initialised ``torch.distributed`` group if
-torch is already imported, else ``RANK`` / ``WORLD_SIZE`` (then
-``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``); the worker from torch's
-``get_worker_info()``.  Importing this module never imports torch.
-
-Example:
-    >>> list(split_by_worker(range(5)))      # not in a DataLoader worker: everything
-    [0, 1, 2, 3, 4]
-    >>> list(single_node_only(["a.tar"]))
-    ['a.tar']
+Plain generator functions over any iterable, as in webdataset 1.0.2; passed to a WebDataset or
+a DataPipeline they are mapped onto the plan's layouts.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """Streaming tar stages with webdataset's names: ``tarfile_to_samples`` and its parts.
 
-These run a shard list through ``url_opener`` -> ``tar_file_expander`` ->
-``group_by_keys`` as webdataset 1.0.2 does (one pass over each stream,
-``.tar.gz`` included), for generic pipelines.  Inside a
-:class:`resumewds.DataPipeline` whose earlier stages are all recognised,
-``tarfile_to_samples(handler=...)`` is not run this way: it is compiled
-into the plan, which reads each sample by seeking in the verified cache
-(exact resume); ``handler`` then decides what a bad shard does (skip or
-raise), as in ``WebDataset(handler=...)``.
-
-Grouping is :mod:`resumewds.tar`'s (byte-compatible with webdataset's):
-the key is the path up to the first dot of the basename, extensions are
-lower-cased, a repeated extension in one sample is a ``ValueError``.
-
-Example:
-    >>> import io, tarfile
-    >>> buf = io.BytesIO()
-    >>> with tarfile.open(fileobj=buf, mode="w") as t:
-    ...     for name, data in [("a.txt", b"hi"), ("a.cls", b"1")]:
-    ...         ti = tarfile.TarInfo(name); ti.size = len(data)
-    ...         t.addfile(ti, io.BytesIO(data))
-    >>> _ = buf.seek(0)
-    >>> [sorted(s) for s in group_by_keys(tar_file_expander([{"url": "mem", "stream": buf}]))]
-    [['__key__', '__url__', 'cls', 'txt']]
+``url_opener`` -> ``tar_file_expander`` -> ``group_by_keys``, as webdataset 1.0.2 runs them, for
+generic pipelines; in a :class:`resumewds.DataPipeline` ``tarfile_to_samples(handler=...)`` is
+compiled into the plan instead.  Grouping is :mod:`resumewds.tar`'s (byte-compatible).
 """
 
 from __future__ import annotations
@@ -46,20 +26,14 @@ __all__ = ["base_plus_ext", "framed_prefix", "group_by_keys", "meta_prefix", "me
            "valid_sample"]
 
 ExnHandler = Callable[[BaseException], bool]
-#: webdataset's module settings: ``trace`` prints each member :func:`group_by_keys` groups;
-#: metadata keys of a sample start with ``meta_prefix`` and end with ``meta_suffix``
+#: webdataset's module settings (``trace``: print each member :func:`group_by_keys` groups)
 trace = False
 meta_prefix = "__"
 meta_suffix = "__"
 
 
 def base_plus_ext(path: str) -> Tuple[Optional[str], Optional[str]]:
-    """``(key, extension)`` of a member name, or ``(None, None)``.
-
-    Example:
-        >>> base_plus_ext("dir/a.seg.png")
-        ('dir/a', 'seg.png')
-    """
+    """``(key, extension)`` of a member name, or ``(None, None)``."""
     return split_key(path)
 
 
@@ -70,15 +44,13 @@ def valid_sample(sample: Optional[Dict[str, Any]]) -> bool:
 
 
 def open_url(url: str) -> Any:
-    """A readable binary stream for a local path, ``file:`` url, ``pipe:`` command or http(s) url
-    (:func:`resumewds.gopen.gopen`: ``GOPEN_REWRITE`` and ``utils.enforce_security`` apply)."""
+    """A readable binary stream of ``url`` (:func:`resumewds.gopen.gopen`)."""
     return gopen.gopen(url, "rb")
 
 
 def url_opener(data: Iterable[Dict[str, Any]], handler: ExnHandler = reraise_exception,
                **kw: Any) -> Iterator[Dict[str, Any]]:
-    """Add a freshly opened ``stream`` to each ``{"url": ...}`` dict (as webdataset: the
-    same dict seen twice, e.g. after ``resampled``, is opened again)."""
+    """Add a freshly opened ``stream`` to each ``{"url": ...}`` dict."""
     for sample in data:
         url = sample["url"]
         try:
@@ -153,11 +125,7 @@ def group_by_keys(data: Iterable[Dict[str, Any]],
                   keys: Callable[[str], Tuple[Optional[str], Optional[str]]] = base_plus_ext, lcase: bool = True,
                   suffixes: Optional[Any] = None,
                   handler: ExnHandler = reraise_exception) -> Iterator[Dict[str, Any]]:
-    """Group consecutive members with the same key into samples.
-
-    Raises:
-        ValueError: a repeated extension within one sample.
-    """
+    """Group consecutive members with the same key into samples."""
     current: Optional[Dict[str, Any]] = None
     for filesample in data:
         try:
@@ -240,8 +208,7 @@ def tarfile_to_samples(handler: ExnHandler = reraise_exception,
     """Stage: shard urls in, samples out (see the module docs).
 
     Example:
-        >>> stage = tarfile_to_samples()
-        >>> stage  # doctest: +ELLIPSIS
+        >>> tarfile_to_samples()
         tarfile_to_samples(handler=reraise_exception)
     """
     return TarfileToSamples(handler, select_files, rename_files)

@@ -1,30 +1,8 @@
 """Names shared with webdataset's ``wds.utils`` module.
 
-``enforce_security`` has webdataset 1.0.2's meaning and default (the
-``WDS_SECURE`` environment variable, or ours, ``RESUMEWDS_SECURE``; off
-unless set).  When True:
-
-* decoders refuse every pickle-based member (``pkl``, ``pickle``, ``pyd``,
-  ``pth``) even with ``allow_pickle=True``;
-* shard sources that are local files (plain paths, ``file:`` URLs, local
-  manifests) or ``pipe:`` commands are refused, by ``WebDataset``,
-  ``DataPipeline``, ``resumewds.gopen.gopen`` and ``tarfile_to_samples``
-  alike; only remote URLs (``http(s)://``, ``s3://``) and ``"-"`` are opened;
-* ``GOPEN_REWRITE`` URL rewriting is refused.
-
-It is read at each use, so setting ``resumewds.utils.enforce_security =
-True`` at run time works as it does in webdataset: the engine watches this
-module's switch (:func:`resumewds.sources.watch_security_switch`) besides its
-own.  It starts as the environment says; the policy is on while either is
-set (turning it off at run time after ``WDS_SECURE=1`` takes unsetting
-both: the stricter of the two wins).
-
-Example:
-    >>> import resumewds.utils
-    >>> isinstance(resumewds.utils.enforce_security, bool)
-    True
-    >>> len(list(repeatedly(range(3), nepochs=2)))
-    6
+``enforce_security`` has webdataset 1.0.2's meaning and default (``WDS_SECURE`` or
+``RESUMEWDS_SECURE``): local and ``pipe:`` sources, URL rewriting and unpickling refused.
+It is read at each use, so setting it at run time works (the policy is on while either is set).
 """
 
 from __future__ import annotations
@@ -53,6 +31,7 @@ __all__ = ["EnforcedSecurityError", "ObsoleteException", "PipelineStage", "add_l
 enforce_security: bool = sources.enforce_security
 sources.watch_security_switch(sys.modules[__name__])
 
+
 def identity(x: Any) -> Any:
     """Return ``x`` (webdataset's ``utils.identity``)."""
     return x
@@ -70,12 +49,7 @@ def is_iterable(obj: Any) -> bool:
 
 
 def guess_batchsize(batch: Any) -> int:
-    """The batch size of a batch: the length of its first field.
-
-    Example:
-        >>> guess_batchsize(([1, 2, 3], [0, 1, 0]))
-        3
-    """
+    """The batch size of a batch: the length of its first field."""
     return len(batch[0])
 
 
@@ -90,17 +64,10 @@ def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: O
                batchsize: Callable[[Any], int] = guess_batchsize) -> Iterator[Any]:
     """Iterate ``source`` again and again (webdataset 1.0.2's ``utils.repeatedly``).
 
-    Stops after ``nepochs`` full passes, after ``nbatches`` items in all, or
-    once the items' sizes (``batchsize(item)``) add up to ``nsamples``,
-    whichever comes first; with none of them it goes on forever.
-
-    Differences from webdataset: ``batchsize`` is used (webdataset ignores
-    it and always calls ``guess_batchsize``), and a pass that yields nothing
-    ends the iteration instead of looping forever.
+    Stops after ``nepochs`` passes, ``nbatches`` items, or once ``batchsize(item)`` adds up to
+    ``nsamples``.  Unlike webdataset's, ``batchsize`` is used, and an empty pass ends it.
 
     Example:
-        >>> len(list(repeatedly(range(3), nbatches=10)))
-        10
         >>> len(list(repeatedly([[[1, 1], [2, 2]]] * 3, nsamples=10)))
         5
     """
@@ -122,15 +89,8 @@ def repeatedly(source: Iterable[Any], nepochs: Optional[int] = None, nbatches: O
             return
 
 
-# ---- webdataset.utils' other helpers ---------------------------------------------
-
 class PipelineStage:
     """webdataset's base class of a stage object: ``run(src)`` returns the stage's iterator.
-
-    A :class:`resumewds.DataPipeline` calls ``stage.run(src)`` for an instance
-    (``stage.run()`` for the source), as webdataset does; such a stage is run on
-    the stream, not compiled into the plan (:class:`resumewds.detshuffle` is one
-    that is compiled).
 
     Example:
         >>> class Twice(PipelineStage):
@@ -150,13 +110,7 @@ class PipelineStage:
 
 
 def make_seed(*args: Any) -> int:
-    """A 31-bit seed from ``args`` (webdataset's: ``hash`` of each; salted for strings,
-    so deterministic only within one process unless PYTHONHASHSEED is set).
-
-    Example:
-        >>> 0 <= make_seed(1, 2, 3) < 2 ** 31
-        True
-    """
+    """A 31-bit seed from ``args`` (webdataset's: ``hash`` of each, so salted for strings)."""
     seed = 0
     for arg in args:
         seed = (seed * 31 + hash(arg)) & 0x7FFFFFFF
@@ -164,35 +118,17 @@ def make_seed(*args: Any) -> int:
 
 
 def glob_with_braces(pattern: str) -> List[str]:
-    """``glob`` of every brace expansion of ``pattern``.
-
-    Example:
-        >>> glob_with_braces("/nonexistent-{a,b}/*.tar")
-        []
-    """
+    """``glob`` of every brace expansion of ``pattern``."""
     return [f for pat in expand_braces(pattern) for f in glob.glob(pat)]
 
 
 def fnmatch_with_braces(filename: str, pattern: str) -> bool:
-    """``fnmatch`` against any brace expansion of ``pattern``.
-
-    Example:
-        >>> fnmatch_with_braces("a.jpg", "*.{jpg,png}"), fnmatch_with_braces("a.txt", "*.{jpg,png}")
-        (True, False)
-    """
+    """``fnmatch`` against any brace expansion of ``pattern``."""
     return any(fnmatch.fnmatch(filename, pat) for pat in expand_braces(pattern))
 
 
 def safe_eval(s: str, expr: str = "{}") -> Any:
-    """``eval(expr.format(s))`` for an ``s`` made only of letters, digits and ``_``.
-
-    Raises:
-        ValueError: ``s`` has other characters.
-
-    Example:
-        >>> safe_eval("12", "{} + 1")
-        13
-    """
+    """``eval(expr.format(s))`` for an ``s`` made only of letters, digits and ``_``."""
     if re.sub("[^A-Za-z0-9_]", "", s) != s:
         raise ValueError(f"safe_eval: illegal characters in: '{s}'")
     return eval(expr.format(s))  # webdataset's helper; input restricted above
@@ -213,9 +149,8 @@ def lookup_sym(sym: str, modules: Sequence[str]) -> Any:
     return None
 
 
-def pytorch_worker_info(group: Any = None) -> Tuple[int, int, int, int]:
-    """``(rank, world_size, worker, num_workers)`` (:func:`resumewds.plan.worker_info`)."""
-    return worker_info(group)
+#: ``(rank, world_size, worker, num_workers)`` (:func:`resumewds.plan.worker_info`)
+pytorch_worker_info = worker_info
 
 
 def pytorch_worker_seed(group: Any = None) -> int:
@@ -225,8 +160,7 @@ def pytorch_worker_seed(group: Any = None) -> int:
 
 
 def deprecated(arg: Any = None) -> Any:
-    """Decorator (``@deprecated`` or ``@deprecated("reason")``): warn with a
-    ``DeprecationWarning`` on each call."""
+    """Decorator (``@deprecated`` or ``@deprecated("reason")``): warn with a ``DeprecationWarning`` on each call."""
     reason = None if callable(arg) else arg
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -248,8 +182,7 @@ class ObsoleteException(Exception):
 
 
 def obsolete(func: Optional[Callable[..., Any]] = None, *, reason: Optional[str] = None) -> Any:
-    """Decorator: calls raise :class:`ObsoleteException` unless ``ALLOW_OBSOLETE=1``
-    (or ``RESUMEWDS_ALLOW_OBSOLETE=1``) is set."""
+    """Decorator: calls raise :class:`ObsoleteException` unless ``ALLOW_OBSOLETE=1`` is set."""
     if func is None:
         return functools.partial(obsolete, reason=reason)
     f = func
@@ -267,12 +200,7 @@ def obsolete(func: Optional[Callable[..., Any]] = None, *, reason: Optional[str]
 
 
 def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
-    """``n * w`` of each ``(n, w)`` pair, scaled so the largest is 1 (a numpy array).
-
-    Example:
-        >>> compute_sample_weights([(10, 1.0), (5, 1.0)]).tolist()
-        [1.0, 0.5]
-    """
+    """``n * w`` of each ``(n, w)`` pair, scaled so the largest is 1 (a numpy array)."""
     import numpy as np
 
     ns = np.array([p[0] for p in n_w_pairs])
@@ -282,14 +210,7 @@ def compute_sample_weights(n_w_pairs: Sequence[Tuple[float, float]]) -> Any:
 
 
 def add_length_method(obj: Any) -> Any:
-    """Give ``obj`` a ``__len__`` returning ``obj.size`` (its class becomes a subclass
-    ``<name>_Length``), as webdataset's ``with_length`` does; returns ``obj``.
-
-    Example:
-        >>> class P: size = 3
-        >>> len(add_length_method(P()))
-        3
-    """
+    """Give ``obj`` a ``__len__`` returning ``obj.size`` (webdataset's ``with_length``); returns ``obj``."""
 
     def length(self: Any) -> int:
         return self.size

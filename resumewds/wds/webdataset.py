@@ -1,20 +1,7 @@
 """webdataset's ``WebDataset`` constructor and fluent methods, over the engine's data set.
 
-:class:`WebDatasetAPI` is a mixin: ``resumewds.WebDataset`` is
-``WebDatasetAPI`` + :class:`resumewds.wds._direct.DirectDataset` (the engine's data set,
-:class:`resumewds.read.ShardDataset`, iterated directly).  It takes
-webdataset 1.0.2's constructor arguments (``shardshuffle``, ``nodesplitter``,
-``workersplitter``, ``select_files``, ``mode``, ``url_to_name``...) and maps
-them onto the engine's settings; its fluent methods are webdataset's
-(:class:`resumewds.wds._fluent.FluidInterface`, each ``self.compose(filters.X(...))``),
-and its ``compose`` appends each stage's engine spec (:class:`resumewds.stages.Stage`),
-which the engine runs as it runs any other (per-sample stages where samples
-are read, stream stages through :mod:`resumewds.stages`).
-
-Example:
-    >>> import resumewds as wds
-    >>> ds = wds.WebDataset("data/shard-{000000..000003}.tar", shardshuffle=100)  # doctest: +SKIP
-    >>> ds = ds.shuffle(1000).decode("pil").to_tuple("jpg;png", "cls").batched(64)  # doctest: +SKIP
+``resumewds.WebDataset`` is :class:`WebDatasetAPI` (webdataset 1.0.2's constructor arguments
+mapped onto the engine's settings, and ``compose``) + :class:`resumewds.wds._direct.DirectDataset`.
 """
 
 from __future__ import annotations
@@ -73,12 +60,7 @@ def _wds_urls(urls: Any) -> Any:
 
 
 class WebDatasetAPI(FluidInterface, _Base):
-    """webdataset's ``WebDataset`` constructor and ``compose``, with webdataset's fluent methods
-    (:class:`~resumewds.wds._fluent.FluidInterface`).
-
-    A mixin over :class:`~resumewds.wds._direct.DirectDataset`: see
-    :class:`resumewds.WebDataset` for the arguments.
-    """
+    """webdataset's ``WebDataset`` constructor and ``compose`` (a mixin: see :class:`resumewds.WebDataset`)."""
 
     def __init__(self, urls: Source, handler: Any = None, mode: Optional[str] = None,
                  resampled: bool = False, repeat: bool = False, shardshuffle: Any = None,
@@ -106,12 +88,11 @@ class WebDatasetAPI(FluidInterface, _Base):
             self._set_stages((first,) + self.stage_specs)
 
     def compose(self, *stages: Any) -> Any:
-        """A copy with ``stages`` appended (webdataset's ``compose``): webdataset's stages
-        (:mod:`resumewds.filters`) as the engine runs the fluent method of the same name
-        (``ds.compose(wds.shuffle(n))`` is ``ds.shuffle(n)``), engine
-        :class:`~resumewds.stages.Stage` specs as they are, and any other generator function
-        ``f(iterator) -> iterator`` run over each worker's stream (opaque: a resume replays
-        its epoch from the start).
+        """A copy with ``stages`` appended (webdataset's ``compose``).
+
+        webdataset's stages run as the fluent method of the same name, engine
+        :class:`~resumewds.stages.Stage` specs as they are, and any other generator function over
+        each worker's stream (opaque: a resume replays its epoch from the start).
 
         Example:
             >>> import resumewds as wds
@@ -137,11 +118,9 @@ class WebDatasetAPI(FluidInterface, _Base):
         return self._length
 
     def worker_split_mode(self) -> str:
-        """How DataLoader workers share an epoch: ``worker_split`` if given, else
-        ``"shards"`` (webdataset's ``split_by_worker``: each worker its own shards)
-        when webdataset's worker split is in force (``workersplitter`` left as is or
-        ``split_by_worker``) and no ``shuffle=`` asked for resumewds's own order;
-        ``"samples"`` otherwise."""
+        """``worker_split`` if given, else ``"shards"`` while webdataset's worker split is in force and
+        no ``shuffle=`` asked for resumewds's own order, else ``"samples"``.
+        """
         if self.worker_split is not None:
             return self.worker_split
         ws = self.workersplitter
@@ -149,8 +128,7 @@ class WebDatasetAPI(FluidInterface, _Base):
         return "shards" if kind == "split_by_worker" and not self._order_asked else "samples"
 
     def _split(self) -> Tuple[int, int, int, int, List[Any]]:
-        """``(rank, world, worker, num_workers, custom splitters)`` for this process:
-        webdataset's ``nodesplitter`` / ``workersplitter``, mapped onto the engine's split."""
+        """``(rank, world, worker, num_workers, custom splitters)``: webdataset's splitters, mapped."""
         custom: List[Any] = []
         rank, world = 0, 1
         ns = self.nodesplitter
@@ -177,64 +155,29 @@ class WebDatasetAPI(FluidInterface, _Base):
 class WebDataset(WebDatasetAPI, DirectDataset):
     """A resumable, deterministic WebDataset; also webdataset 1.0.2's ``WebDataset``.
 
-    ``import resumewds as wds`` runs webdataset code unchanged: the
-    constructor takes webdataset's arguments and every fluent stage
-    (docs/COMPAT.md lists the exact semantics and differences).  It is a
-    ``torch.utils.data.IterableDataset`` (registered when torch is imported,
-    so ``import resumewds`` stays torch-free): a plain torch ``DataLoader``
-    works, each worker taking its own shards (webdataset's ``split_by_worker``), and
-    ``state_dict()`` / ``load_state_dict()`` speak torchdata's
-    ``StatefulDataLoader`` protocol.
+    It takes webdataset's arguments and every fluent stage (differences: docs/COMPAT.md), is a
+    ``torch.utils.data.IterableDataset`` (registered when torch is imported), and its
+    ``state_dict()`` / ``load_state_dict()`` speak torchdata's ``StatefulDataLoader`` protocol.
 
     Args:
-        urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json,
-            or a list of them, or a :class:`~resumewds.manifest.Manifest`;
-            also webdataset's ``"a.tar::b-{0..3}.tar"`` and ``file:/abs/path``.
-        seed: seed of the order (same seed, same order on any machine);
-            None: ``WDS_SEED`` if set, else 0.
-        shuffle: False: manifest order; True / ``"window"``: shard order
-            permuted per epoch and samples shuffled within windows of
-            ``shuffle_window`` shards; ``"shards"``: shard order only.
-            Default: ``"shards"`` if ``shardshuffle`` is set, else False.
-        shuffle_window: shards per shuffle window.
-        cache_dir, cache_size, verify, fetch, on_error, allow_pickle, allow_remote_pipe,
-        allow_remote_local, manifest_max_bytes, cache_sync, prefetch, partitions,
-        ranged_reads: the engine's settings, as
-            :class:`resumewds.read.ShardDataset` documents them.
-        handler: webdataset's handler for shard and sample (tar) errors:
-            ``reraise_exception`` (default, ``on_error="raise"``); a handler
-            returning True skips the shard like ``on_error="skip"``; False
-            stops the iteration.
-        resampled: draw each epoch's shards with replacement (deterministic:
-            a pure function of seed, epoch and position); iteration goes on
-            over epochs (use ``.with_epoch(n)``).
-        repeat: iterate over epochs without end (as ``.repeat()``).
-        shardshuffle: webdataset's shard shuffle: True or N > 0 permutes the
-            shard order per epoch (``shuffle="shards"``); False/None/0: manifest order.
-        detshuffle: accepted; our shuffles are always deterministic.
-        nodesplitter, workersplitter: ``split_by_node``, ``split_by_worker``,
-            ``single_node_only`` (ours or webdataset's) map onto the rank /
-            worker split; None: no split (every rank / worker sees everything,
-            as in webdataset); a user callable gets the shard list
-            (``{"url": ...}`` dicts) and keeps what it yields.
-        worker_split: how DataLoader workers share an epoch on one rank.
-            None (default): ``"shards"`` while webdataset's worker split is in
-            force (``workersplitter`` left as is, or ``split_by_worker``) and
-            ``shuffle=`` is not given, else ``"samples"``.  ``"shards"``:
-            webdataset's ``split_by_worker``: worker ``w`` of ``W`` reads the
-            epoch's shards ``w, w+W, ...`` and the DataLoader interleaves the
-            workers' batches round-robin (the same data as webdataset; a
-            state resumes it with any ``num_workers``).  ``"samples"``:
-            resumewds's split of the one sample sequence (the same data for
-            any worker count).  See :mod:`resumewds.wds._shardsplit`.
-        select_files, rename_files: webdataset's member filters (by
-            ``"<key>.<ext>"`` name).
-        empty_check: raise ValueError when an epoch has no samples at all.
-        url_to_name, cache_size semantics, verbose, mode: accepted for
-            compatibility (our cache names entries by URL digest).
+        urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json, a list of them,
+            or a :class:`~resumewds.manifest.Manifest`; also ``"a.tar::b-{0..3}.tar"``.
+        seed: seed of the order; None: ``WDS_SEED`` if set, else 0.
+        shuffle: False: manifest order; True / ``"window"``: shard order permuted per epoch
+            and samples shuffled within windows of ``shuffle_window`` shards; ``"shards"``:
+            shard order only.  Default: ``"shards"`` if ``shardshuffle`` is set, else False.
+        handler: webdataset's handler for shard and sample errors (True skips the shard,
+            False stops the iteration; default ``reraise_exception``).
+        resampled: draw each epoch's shards with replacement (deterministic); iteration goes
+            on over epochs.
+        shardshuffle: True or N > 0 permutes the shard order per epoch.
+        nodesplitter, workersplitter: the built-in splitters map onto the rank / worker split;
+            None: no split; a callable of your own gets the shard list.
+        worker_split: ``"shards"`` (webdataset's ``split_by_worker``), ``"samples"`` (the one
+            sample sequence) or None (:meth:`worker_split_mode`).
+        **engine: the engine's settings, as :class:`resumewds.read.ShardDataset` documents them.
 
     Example:
-        >>> ds = WebDataset(["a.tar", "b.tar"], seed=3).decode().to_tuple("txt", "cls")  # doctest: +SKIP
         >>> ds = (WebDataset("shards-{000..099}.tar", shardshuffle=100)            # doctest: +SKIP
         ...       .shuffle(1000).decode("pil").to_tuple("jpg;png", "cls").batched(64))
     """
