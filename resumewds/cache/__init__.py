@@ -22,19 +22,14 @@ resumable ``.partial`` or an entry without meta (re-verified or fetched
 again).  Locks are ``fcntl.flock`` locks: they die with their process.
 
 Durability (``sync``): ``"fsync"`` fsyncs a download before publishing;
-``"boot"`` (what ``"auto"`` means where the kernel gives a boot id) does
-not, and records the boot id in the meta: the entry is trusted within its
-boot and hashed again on first use in a later one (unsynced bytes are lost
-only by a crash that ends the boot).
+``"boot"`` (what ``"auto"`` means where the kernel gives a boot id) records
+the boot id in the meta instead: the entry is hashed again on first use in
+a later boot (only a crash that ends the boot loses unsynced bytes).
 
 Verify policies: ``"once"`` hashes at download and again when the file's
 size or mtime changed since its meta (local files: once per file, marked
 under ``cache_dir/verified``); ``"always"`` at every acquire; ``"never"``
-compares sizes only.  A download without a known checksum must be a complete tar.
-
-Environment (see :mod:`resumewds.config`): ``RESUMEWDS_CACHE_DIR`` /
-``WDS_CACHE``, ``RESUMEWDS_CACHE_SIZE`` / ``WDS_CACHE_SIZE``,
-``RESUMEWDS_CACHE_SYNC``, ``RESUMEWDS_VERBOSE_CACHE`` / ``WDS_VERBOSE_CACHE``.
+compares sizes only.  Environment: ``RESUMEWDS_CACHE_*``, ``WDS_CACHE*`` (see :mod:`resumewds.config`).
 
 Example:
     >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)

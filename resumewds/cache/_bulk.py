@@ -25,8 +25,7 @@ Outcome = Tuple[ShardInfo, bool, Optional[BaseException]]
 
 def verify_all(store: StoreAPI, shards: Sequence[ShardInfo],
                progress: Optional[ProgressFn] = None) -> List[Outcome]:
-    """Hash every shard now (policy "always"): local ones in place, remote ones in the cache
-    (fetched or repaired when missing or corrupt).
+    """Hash every shard now (policy "always"); remote ones are fetched or repaired when missing or corrupt.
 
     Example:
         >>> from resumewds import load_manifest
@@ -92,6 +91,3 @@ def prefetch_all(store: StoreAPI, shards: Sequence[ShardInfo], progress: Optiona
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel,
                                                thread_name_prefix="resumewds-prefetch-all") as ex:
         return list(ex.map(one, shards))
-
-
-__all__ = ["prefetch_all", "verify_all"]

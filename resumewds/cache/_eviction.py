@@ -1,13 +1,11 @@
 """Eviction: keep the cache within ``cache_size``, least recently used first.
 
 Room is made before a download (``reserve``) and when a reader releases a
-shard; prefetch fetches only what fits and never evicts what it fetched for
-later (``keep``).  The only excess is shards pinned by readers.  An entry is
-evicted only with its ``.lock`` taken exclusive and non-blocking, so a pinned
-or downloading entry is skipped.  "Recently used": the newer atime of the
-shard and its ``.meta`` (:func:`resumewds.cache._layout.touch`); a partial
-by its atime and mtime.  Decompressed copies (``<cache_dir>/decompressed``)
-are entries of the budget like any other.
+shard; only shards pinned by readers may exceed the budget.  An entry is
+evicted only with its ``.lock`` taken exclusive and non-blocking (not pinned,
+not downloading).  "Recently used": the newer atime of the shard and its
+``.meta`` (:func:`resumewds.cache._layout.touch`).  Decompressed copies
+(``<cache_dir>/decompressed``) count like any other entry.
 """
 
 from __future__ import annotations
@@ -33,16 +31,19 @@ def copies_dir(shards_dir: str) -> str:
     return os.path.join(os.path.dirname(shards_dir), DECOMPRESSED_DIR)
 
 
+def _listdir(d: str) -> List[str]:
+    try:
+        return os.listdir(d)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise cache_error(exc, d, "list") from exc
+
+
 def scan_copies(copies: str) -> List[Tuple[str, int, int, bool]]:
     """``(path, size, last_used_ns, False)`` for the finished decompressed copies in ``copies``."""
     out: List[Tuple[str, int, int, bool]] = []
-    try:
-        names = os.listdir(copies)
-    except FileNotFoundError:
-        return out
-    except OSError as exc:
-        raise cache_error(exc, copies, "list") from exc
-    for name in names:
+    for name in _listdir(copies):
         if not name.endswith(".tar"):
             continue  # its .meta / .lock, or a copy being written (.partial.<pid>)
         path = os.path.join(copies, name)
@@ -58,14 +59,8 @@ def scan_copies(copies: str) -> List[Tuple[str, int, int, bool]]:
 def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
     """``(base, size, last_used_ns, is_partial)`` for the entries and partial downloads."""
     out: List[Tuple[str, int, int, bool]] = []
-    try:
-        names = os.listdir(shards_dir)
-    except FileNotFoundError:
-        return out
-    except OSError as exc:
-        raise cache_error(exc, shards_dir, "list") from exc
     seen: Set[str] = set()
-    for name in names:
+    for name in _listdir(shards_dir):
         tail = next((t for t in PARTIAL_SUFFIXES if name.endswith(t)), None)
         partial = tail is not None
         if not partial and name.endswith(SIDE_SUFFIXES):
@@ -159,6 +154,3 @@ def _copy_url(path: str) -> str:
             return str(json.load(f).get("url", ""))
     except (OSError, ValueError, AttributeError):
         return ""
-
-
-__all__ = ["DECOMPRESSED_DIR", "cached_bytes", "copies_dir", "evict", "scan", "scan_copies"]

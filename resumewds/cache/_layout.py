@@ -13,9 +13,8 @@ xxh3_64 of its URL and a sanitised tail of its basename::
     <key>-<basename>.lock          pin lock: readers LOCK_SH, the evictor LOCK_EX|LOCK_NB
     <key>-<basename>.dl            download lock: one downloader at a time
 
-``<cache_dir>/verified/<key>`` marks a local file as verified.  Everything
-here refuses symlinks inside the cache directory and turns an ``OSError``
-into a one-line :class:`~resumewds.errors.CacheError` (:func:`cache_error`).
+Everything here refuses symlinks in the cache directory and turns an
+``OSError`` into a one-line :class:`~resumewds.errors.CacheError`.
 """
 
 from __future__ import annotations
@@ -65,10 +64,8 @@ class EntryState(str, Enum):
         UNTRUSTED --(.dl: adopted if a known checksum proves it, else
                      removed and fetched again)-----------------------------> VERIFIED
 
-    ABSENT may have a ``.partial`` that the next download resumes (unless an
-    earlier boot wrote it without fsync).  A kill at any instant leaves a
-    resumable ``.partial`` or a shard without meta (UNTRUSTED), never a shard
-    trusted unchecked.
+    ABSENT may hold a ``.partial`` that the next download resumes.  A kill at
+    any instant leaves a ``.partial`` or a shard without meta (UNTRUSTED).
     """
 
     ABSENT = "missing"       # no shard file (perhaps a .partial download)
@@ -169,8 +166,7 @@ def identity(st: os.stat_result) -> Dict[str, int]:
 def moved(st: os.stat_result, meta: Dict[str, Any]) -> Optional[bool]:
     """True if the shard file is not the one (or not as) the meta recorded: another
     inode or device (replaced), or another ctime (written in place); None for a
-    meta without these fields.
-    """
+    meta without these fields."""
     known = [meta.get(k) for k in ("dev", "ino", "ctime_ns")]
     if not all(isinstance(v, int) for v in known):
         return None
@@ -219,7 +215,6 @@ def hash_file(path: str, progress: Optional[ProgressFn] = None) -> Tuple[int, st
     return n, h.hexdigest()
 
 
-# ---- the meta file --------------------------------------------------------------------
 def read_meta(base: str) -> Optional[Dict[str, Any]]:
     """The entry's meta, or None when missing or unreadable (the entry is then UNTRUSTED)."""
     path = base + ".meta"
@@ -283,8 +278,7 @@ def _publish_meta(base: str, meta: Dict[str, Any]) -> None:
 
 def url_of(base: str) -> str:
     """The URL the entry's meta names, or "" (a partial has no meta yet: events then
-    carry only the path, so the journal invents no shard row for a file name).
-    """
+    carry only the path, so the journal invents no shard row for a file name)."""
     try:
         meta = read_meta(base)
     except CacheError:
@@ -301,9 +295,3 @@ def not_a_complete_tar(path: str, url: str, what: str = "download of") -> Option
     except OSError as exc:
         raise cache_error(exc, path, "read back the download") from exc
     return None
-
-
-__all__ = ["EntryState", "PARTIAL_FILES", "PARTIAL_SUFFIXES", "SIDE_SUFFIXES", "cache_error", "entry_path",
-           "hash_file", "identity", "lstat", "moved",
-           "last_used_ns", "names", "not_a_complete_tar", "open_file", "read_meta", "remove", "signature", "touch",
-           "url_of", "write_meta"]

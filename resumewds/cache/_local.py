@@ -2,14 +2,10 @@
 
 Under ``verify="once"`` a success is remembered in memory and as an empty
 mark ``<cache_dir>/verified/<key>``; the key covers the file's path, size,
-mtime, device, inode and ctime, its checksum and the manifest's index of it,
-so a changed file, or another index, is hashed again.
-
-A reader opens a shard with sample digests without hashing it whole
-(:func:`open_sampled`: size and end-of-archive checked at once, each sample
-checked as it is read).  Under ``verify="once"`` the whole-file check runs
-on a background thread (:func:`verify_later`) only to set the mark; what it
-finds never changes which samples are delivered.
+mtime, device, inode, ctime, checksum and index, so a changed file is hashed
+again.  A reader opens a shard with sample digests unhashed
+(:func:`open_sampled`) and checks each sample as it reads it; the whole-file
+check then runs in the background (:func:`verify_later`) only to set the mark.
 """
 
 from __future__ import annotations
@@ -31,8 +27,6 @@ from ..manifest import ShardInfo
 from ._layout import HASH_CHUNK, NOFOLLOW, ProgressFn
 from ._samplecheck import check_copy, check_end, index_key
 
-__all__ = ["check_local", "open_sampled", "sampled", "verify_later", "wait_checks"]
-
 log = logging.getLogger("resumewds")
 
 
@@ -43,7 +37,6 @@ def check_local(shard: ShardInfo, policy: str, progress: Optional[ProgressFn], c
     Args:
         cache_dir: the store's directory (its ``verified/`` marks).
         verified: the keys verified by this process (added to).
-        emit: the store's ``emit``.
 
     Raises:
         ShardNotFoundError / PermanentFetchError: it cannot be read.
@@ -119,9 +112,6 @@ def open_sampled(shard: ShardInfo, policy: str, cache_dir: str, verified: Set[st
     """Open a local shard for a reader without hashing it whole: its path, and its mark's key
     when its samples must be checked one by one (None: verified whole, ``verify="once"``).
 
-    Example:
-        >>> path, key = open_sampled(shard, "once", cache_dir, set(), emit)   # doctest: +SKIP
-
     Raises:
         ShardNotFoundError / PermanentFetchError: it cannot be read.
         ChecksumMismatch: its size is wrong.
@@ -161,11 +151,7 @@ _LOCKS: Dict[int, threading.Condition] = {}
 
 def _lock() -> threading.Condition:
     """This process's lock of the checks (a forked child's own: never one its parent's threads held)."""
-    pid = os.getpid()
-    lock = _LOCKS.get(pid)
-    if lock is None:
-        lock = _LOCKS.setdefault(pid, threading.Condition())
-    return lock
+    return _LOCKS.setdefault(os.getpid(), threading.Condition())
 
 
 def verify_later(shard: ShardInfo, key: str, cache_dir: str, verified: Set[str]) -> None:
@@ -190,12 +176,7 @@ def verify_later(shard: ShardInfo, key: str, cache_dir: str, verified: Set[str])
 
 
 def wait_checks(timeout: Optional[float] = None) -> bool:
-    """Wait until this process's background checks have ended; False if ``timeout`` passed first.
-
-    Example:
-        >>> wait_checks(60)                                              # doctest: +SKIP
-        True
-    """
+    """Wait until this process's background checks have ended; False if ``timeout`` passed first."""
     with _lock():
         return _lock().wait_for(lambda: _Checks.pending == 0 or _Checks.pid != os.getpid(), timeout)
 

@@ -17,13 +17,10 @@ from ..fetch import FetchBudget
 from ..manifest import ShardInfo
 from . import _layout as layout
 
-__all__ = ["LocalShard", "lock_download"]
-
 
 def lock_download(dl: int, url: str, budget: FetchBudget, base: str) -> None:
     """Take the download lock ``dl`` of entry ``base``, waiting for another downloader no longer
-    than the budget leaves; past it, only while that download's partial grows at ``min_rate``.
-    """
+    than the budget leaves; past it, only while that download's partial grows at ``min_rate``."""
     try:
         fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return

@@ -1,14 +1,11 @@
 """Prefetch: download the next shards in background threads, within ``cache_size``.
 
 One :class:`Prefetcher` per store and process.  Its threads (named
-``resumewds-prefetch``: :mod:`resumewds.run` tells prefetch events by it)
-take the next shard of the wish list and acquire it unpinned through the
-store, as a reader would; a prefetch's failure is kept for the reader to
-meet at once.  With a ``cache_size``, a shard is prefetched only when it
-fits: its size is reserved while it downloads (threads must not each count
-the same free space), and room is made only from what was read, never from
-what prefetch fetched for later (``keep``).  A shard another process
-downloads is waited for, not fetched twice.
+``resumewds-prefetch``) acquire the wish list's shards unpinned through the
+store, as a reader would; a failure is kept for the reader to meet at once.
+With a ``cache_size``, a shard is prefetched only when it fits: its size is
+reserved while it downloads, and room is made only from what was read,
+never from what prefetch fetched for later (``keep``).
 """
 
 from __future__ import annotations
@@ -76,7 +73,6 @@ class Prefetcher:
         self._fit = threading.Lock()
         self._reserved: Dict[str, int] = {}
 
-    # ---- the wish list -----------------------------------------------------------------
     def schedule(self, shards: Sequence[ShardInfo], depth: int, window: int) -> None:
         """See :meth:`resumewds.cache.ShardStore.prefetch`."""
         store = self.store
@@ -133,15 +129,13 @@ class Prefetcher:
         with self.cond:
             self.keep = set()
 
-    # ---- within the budget -------------------------------------------------------------
     def looks_cached(self, url: str) -> bool:
         """A cheap hint (one stat): the entry has been published."""
         return layout.lstat(self.store.entry_path(url) + ".meta") is not None
 
     def fits(self, shard: ShardInfo) -> bool:
         """Whether prefetching ``shard`` stays within ``cache_size``; if so, its size is reserved
-        until :meth:`unreserve`.
-        """
+        until :meth:`unreserve`."""
         store = self.store
         if store.cache_size is None or self.looks_cached(shard.url):
             return True
@@ -168,7 +162,6 @@ class Prefetcher:
         with self._fit:
             self._reserved.pop(self.store.entry_path(shard.url), None)
 
-    # ---- the threads -------------------------------------------------------------------
     def _loop(self) -> None:
         self.store.in_background()  # this thread's events are a background download's
         try:
@@ -199,6 +192,3 @@ class Prefetcher:
             finally:
                 with self.cond:
                     self.current.discard(shard.url)
-
-
-__all__ = ["PREFETCH_THREADS", "Prefetcher", "WINDOW_PREFETCH_THREADS", "first_worker"]

@@ -1,16 +1,11 @@
 """Block repair: fix a corrupt shard copy by re-fetching only its bad samples.
 
-A copy whose whole-shard xxh3_64 fails is checked sample by sample; the
-samples that fail, plus the bytes no digest covers (before the first sample,
-the tar trailer), are fetched by ``Range`` (neighbours coalesced), each
-checked as it arrives, written in place, and the whole-shard check runs
-again.  One flipped byte in a 32 MB shard costs one sample, not the shard.
-The requests draw from the shard's :class:`~resumewds.fetch.FetchBudget`.
-
-The caller fetches the whole shard instead (None) when the shard has no
-sample digests or is not remote, more than :data:`MAX_FRACTION` of it fails,
-the server ignores ``Range`` or keeps sending other bytes, or the repaired
-file still fails.
+The samples that fail their digests, and the bytes no digest covers, are
+fetched by ``Range`` (neighbours coalesced) under the shard's fetch budget,
+each checked as it arrives and written in place; then the whole-shard check
+runs again.  One flipped byte in a 32 MB shard costs one sample, not the
+shard.  None (fetch the whole shard) when more than :data:`MAX_FRACTION`
+fails, the server ignores ``Range`` or sends other bytes, or the result fails.
 
 Example:
     >>> r = repair_file("/cache/ab12.tar", shard, config=cfg)   # doctest: +SKIP
@@ -33,8 +28,6 @@ from ..fetch import FetchBudget, fetch_range, is_remote_url
 from ._samplecheck import BadSample, SampleSink, bad_samples
 from ._storeapi import StoreAPI
 
-__all__ = ["RangeRepair", "coalesce", "repair_download", "repair_entry", "repair_file"]
-
 #: above this fraction of the shard failing, a whole-shard fetch is used instead
 MAX_FRACTION = 0.25
 #: neighbouring ranges closer than this are fetched in one request
@@ -43,15 +36,7 @@ COALESCE_GAP = 64 * 1024
 
 @dataclass
 class RangeRepair:
-    """What :func:`repair_file` did.
-
-    Attributes:
-        ok: the file now passes its whole-shard check.
-        samples: the samples that failed their digests (and were re-fetched).
-        ranges: the byte ranges requested, ``[(start, end)]``.
-        bytes_fetched: body bytes received.
-        xxh3_64: the repaired file's digest.
-    """
+    """What :func:`repair_file` did: the bad samples, the ranges asked, the bytes received, the new digest."""
 
     ok: bool
     samples: List[BadSample] = field(default_factory=list)
@@ -86,12 +71,9 @@ def _hash_file(path: str) -> str:
 
 def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, session: Any = None,
                 on_event: Any = None, before_fetch: Any = None) -> Optional[RangeRepair]:
-    """Repair the local copy ``path`` of the remote ``shard`` in place, by range.
+    """Repair the local copy ``path`` (written in place: a private copy) of the remote ``shard``, by range.
 
     Args:
-        path: the corrupt copy (written in place: pass a private copy).
-        shard: its :class:`~resumewds.manifest.ShardInfo`, with ``size``,
-            ``xxh3_64``, ``offsets`` and ``sample_digests``.
         on_event: ``on_event(kind, url, **detail)``: ``range_repair`` per bad sample.
         before_fetch: called once the ranges are known, before any is fetched.
 

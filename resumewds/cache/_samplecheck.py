@@ -22,9 +22,6 @@ from ..fetch import RangeSink, is_remote_url
 from ..manifest import COMPRESSED_SUFFIXES, file_sample_digests
 from ..tar import _io as tario
 
-__all__ = ["BadSample", "SampleSink", "bad_samples", "check_copy", "check_end", "check_end_bytes", "check_samples",
-           "index_key"]
-
 
 @dataclass
 class BadSample:
@@ -150,8 +147,7 @@ def check_end_bytes(block: bytes, shard: Any, name: str) -> None:
 def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
     """:func:`check_end` and :func:`check_samples` of a copy whose whole file passed its xxh3_64.
 
-    On a failure: a ``verify_fail`` event, the file removed if ``discard`` (a
-    download), and the error (fetching again cannot help: the file is the one indexed).
+    On a failure: a ``verify_fail`` event, the file removed if ``discard``, the error.
 
     Raises:
         ShardFormatError: the manifest lists fewer samples than the shard holds.
@@ -178,13 +174,11 @@ def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
 class SampleSink(RangeSink):
     """Bytes ``[start, end)`` of a shard, each sample checked against its digest as it arrives.
 
-    ``start`` and ``end`` lie on sample boundaries or outside every sample.  A
-    sample that matches goes to ``on_sample(j, offset, data)`` and counts as
-    progress of the fetch budget; bytes outside every sample go to
-    ``on_raw(offset, data)`` (the whole-file checksum covers them).  A sample
-    that fails is left out; at the body's end a
-    :class:`~resumewds.errors.CorruptSample` names it, and the retry asks for
-    what was left out only.  Callbacks get a view: they copy what they keep.
+    A sample that matches goes to ``on_sample(j, offset, data)`` (progress of
+    the fetch budget); bytes outside every sample go to ``on_raw(offset, data)``
+    (the whole-file checksum covers them).  A sample that fails is left out and
+    named by a :class:`~resumewds.errors.CorruptSample` at the body's end; the
+    retry asks only for what is missing.  Callbacks copy what they keep.
 
     Example:
         >>> sink = SampleSink(shard, 0, 4096, budget, keep)       # doctest: +SKIP
@@ -290,9 +284,6 @@ class SampleSink(RangeSink):
                                       f"(byte {self.at + len(self.buf)})", self.shard.url)
         if self.bad is not None:
             raise self.bad
-
-    def data(self) -> bytes:
-        return b""
 
 
 def _key_of(path: str, start: int, end: int, url: str) -> str:

@@ -1,14 +1,12 @@
 """Sparse partial downloads: a shard filled by verified samples, in any order, by any process.
 
-A remote shard with per-sample digests (manifest v3) on a transport that
-serves ranges is downloaded into a pre-sized file.  Every sample is checked
-against its digest as its last byte arrives (:class:`~resumewds.cache.SampleSink`);
-the bytes no sample covers are checked by the whole-file xxh3_64 once the
-file is complete.  Two kinds of writers fill it, both through
-:func:`resumewds.fetch.fetch_range`: the download (:func:`fill`, under the
-entry's download lock) asks for the gaps in order, in sample-aligned pieces
-of at most :data:`PIECE` bytes; a reader that needs samples sooner fetches
-them by range (:mod:`resumewds.read`) and keeps them here.
+A remote shard with per-sample digests (manifest v3) on a ranged transport
+is downloaded into a pre-sized file; each sample is checked against its
+digest as its last byte arrives (:class:`~resumewds.cache.SampleSink`), the
+bytes no sample covers by the whole-file xxh3_64.  The download
+(:func:`fill`, under the download lock) asks for the gaps in order, in
+sample-aligned pieces of at most :data:`PIECE` bytes; a reader that needs
+samples sooner fetches them by range (:mod:`resumewds.read`) and keeps them here.
 
 On disk, beside the entry::
 
@@ -16,19 +14,14 @@ On disk, beside the entry::
     <entry>.sparse.map  append-only records of 40 bytes (little-endian): start, end,
                         a value, a tag, the xxh3_64 of the first 32 bytes
 
-A record tagged with the shard's xxh3_64 says that ``[start, end)`` is in
-the file, verified; it is appended after the bytes were written.  Tagged
-xor :data:`CLAIM`, it says that a process (its pid: the value) fetches
-``[start, end)`` now; xor :data:`RELEASE`, that it no longer does.  So
-DataLoader workers, which share the cache but not their threads, fetch no
-byte twice.  A claim counts while its process lives, for at most
-:data:`CLAIM_TTL` seconds.  Records of another version (another tag), torn
-or nonsensical ones are ignored.
-
-Records are hints to skip fetching, never a reason to trust bytes: a reader
-checks every sample it reads back, and the whole file is hashed before it is
-published.  Writers hold the map's ``flock`` shared; :func:`publish` renames
-the file under it exclusive, so no write lands in a published entry.
+A record tagged with the shard's xxh3_64 says ``[start, end)`` is written and
+verified; tagged xor :data:`CLAIM`, that a process (the value: its pid)
+fetches it now; xor :data:`RELEASE`, that it no longer does (a claim counts
+while its process lives, for at most :data:`CLAIM_TTL` seconds).  So
+DataLoader workers fetch no byte twice.  Records are hints, never a reason
+to trust bytes: a reader checks every sample it reads back, and the whole
+file is hashed before it is published.  Writers hold the map's ``flock``
+shared; :func:`publish` renames the file under it exclusive.
 
 Example:
     >>> r = Ranges(); r.add(0, 10); r.add(20, 30); r.add(10, 12)
@@ -56,10 +49,6 @@ from ..manifest import ShardInfo
 from . import _layout as layout
 from ._layout import NOFOLLOW, cache_error
 from ._samplecheck import SampleSink
-
-__all__ = ["CLAIM", "CLAIM_TTL", "LOOK_EVERY", "MAP_SUFFIX", "PIECE", "RECORD_EVERY", "RELEASE", "SUFFIX", "Entry",
-           "Ranges", "Writer", "discard", "drop_stale", "eligible", "entry", "fill", "lookup", "publish",
-           "read_present", "record", "stream_instead"]
 
 #: the download asks for at most this many bytes per request (sample-aligned): between two
 #: pieces it skips what readers fetched meanwhile
@@ -255,8 +244,7 @@ class Entry:
     @contextlib.contextmanager
     def deciding(self, store: Any) -> Iterator[None]:
         """The map's lock, exclusive, while the caller decides what to fetch and announces its claim
-        (never while it waits): one process at a time.  A no-op without a cache directory.
-        """
+        (never while it waits): one process at a time.  A no-op without a cache directory."""
         fd = -1
         try:
             if layout.lstat(self.base) is None:  # (published: nothing is fetched)
@@ -275,8 +263,7 @@ class Entry:
 
     def announce(self, a: int, b: int, done: bool) -> None:
         """Tell other processes this one fetches ``[a, b)`` now (or, ``done``, no longer): a hint
-        appended to an existing map, never created for it.
-        """
+        appended to an existing map, never created for it."""
         try:
             fd = os.open(self.map, os.O_WRONLY | os.O_APPEND | NOFOLLOW)
         except OSError:
@@ -322,8 +309,7 @@ def entry(store: Any, shard: ShardInfo) -> Entry:
 
 def eligible(store: Any, shard: ShardInfo) -> bool:
     """A shard filled by verified samples: remote, on a ranged transport, with size,
-    xxh3_64, offsets and sample digests, on a server not seen to mishandle ``Range``.
-    """
+    xxh3_64, offsets and sample digests, on a server not seen to mishandle ``Range``."""
     if (shard.size is None or shard.xxh3_64 is None or shard.offsets is None or shard.sample_digests is None
             or shard.url in _NO_RANGE or not is_remote_url(shard.url) or not hasattr(store, "entry_path")):
         return False
@@ -350,8 +336,7 @@ def stream_instead(url: str) -> None:
 
 def read_present(e: Entry, shard: ShardInfo, js: List[int]) -> Dict[int, bytes]:
     """The samples ``js`` that the sparse partial holds, each checked against its digest
-    (one that fails is left out: fetch it again).
-    """
+    (one that fails is left out: fetch it again)."""
     off, dig = shard.offsets, shard.sample_digests
     assert off is not None and dig is not None
     want = [j for j in js if e.have.covers(int(off[j]), int(off[j + 1]))]
@@ -376,8 +361,6 @@ def read_present(e: Entry, shard: ShardInfo, js: List[int]) -> Dict[int, bytes]:
     return out
 
 
-# ---- writing ------------------------------------------------------------------------------
-
 def _may_create(store: Any, base: str) -> bool:
     """A reader may start a sparse partial: no cache budget, or the download has its room reserved."""
     if store.cache_size is None:
@@ -389,15 +372,10 @@ def _may_create(store: Any, base: str) -> bool:
 class Writer:
     """Verified bytes written into a shard's sparse partial, then recorded (one per request).
 
-    Each write holds the map's lock shared and checks that the map is still there,
-    so no byte lands in an entry published meanwhile; a run of bytes is recorded
-    every :data:`RECORD_EVERY` bytes and at close.  Once it cannot write (no room
-    in the cache budget, a full disk, the entry published) it drops what it is
-    given: a reader still delivers its samples; the download (``strict``) raises.
-
-    Example:
-        >>> with Writer(store, e) as w:                        # doctest: +SKIP
-        ...     w.put(512, data)
+    Each write holds the map's lock shared and checks the map is still there (no
+    byte lands in a published entry); runs are recorded every :data:`RECORD_EVERY`
+    bytes and at close.  Once it cannot write it drops what it is given (a
+    reader still delivers its samples); the download (``strict``) raises.
     """
 
     def __init__(self, store: Any, e: Entry, strict: bool = False):
@@ -435,11 +413,6 @@ class Writer:
             self._drop()
             if self.strict:
                 raise cache_error(exc, e.path, "write the sparse partial") from exc
-            return False
-        except CacheError:
-            self._drop()
-            if self.strict:
-                raise
             return False
         return True
 
@@ -547,8 +520,7 @@ LOOK_EVERY = 256 << 10
 
 def _skipping(e: Entry, w: Writer) -> Any:
     """The download's sample callback: write it, and every :data:`LOOK_EVERY` bytes stop the
-    piece (:class:`_Skip`) when what follows is present or another process fetches it.
-    """
+    piece (:class:`_Skip`) when what follows is present or another process fetches it."""
     seen = [0]
 
     def put(j: int, a: int, data: Any) -> None:
@@ -574,13 +546,9 @@ def fill(store: Any, shard: ShardInfo, base: str, budget: FetchBudget) -> Option
     """Fetch every byte of the sparse partial that no record covers and no reader of this
     process fetches (under the download lock), each sample checked as it arrives.
 
-    Returns the :class:`~resumewds.fetch.FetchResult` (the whole file's xxh3_64,
-    hashed in order), or None when the server does not serve ``Range`` (the
-    partial is discarded: download it streamed).
-
-    Raises:
-        TransientFetchError / PermanentFetchError: the fetch budget was spent.
-        CacheError: the partial cannot be written.
+    Returns the :class:`~resumewds.fetch.FetchResult`, or None when the server
+    does not serve ``Range`` (the partial is discarded: download it streamed).
+    Raises what the fetch budget's end raises, or CacheError.
     """
     e = entry(store, shard)
     url = shard.url
@@ -643,8 +611,6 @@ def fill(store: Any, shard: ShardInfo, base: str, budget: FetchBudget) -> Option
                        attempts=requests, xxh3_64=digest)
 
 
-# ---- the entry's end ----------------------------------------------------------------------
-
 def publish(base: str) -> None:
     """Rename the finished sparse partial to ``base`` and drop its map, the map locked exclusive."""
     mfd = layout.open_file(base + MAP_SUFFIX, os.O_RDWR | os.O_CREAT, "open the sparse map")
@@ -661,12 +627,7 @@ def publish(base: str) -> None:
 
 
 def drop_stale(base: str) -> bool:
-    """Remove a map left beside a published entry (a kill inside :func:`publish`); whether one was.
-
-    Example:
-        >>> drop_stale("/cache/shards/ab12-shard-000000.tar")   # doctest: +SKIP
-        False
-    """
+    """Remove a map left beside a published entry (a kill inside :func:`publish`); whether one was."""
     if (layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is not None
             or layout.lstat(base) is None):
         return False  # (a map alone, no file yet: readers' claims of a partial about to start)

@@ -86,13 +86,12 @@ class ShardStore:
         cache_dir: where remote shards are kept (see :func:`default_cache_dir`).
         cache_size: byte budget (int or "20GB"); default ``$RESUMEWDS_CACHE_SIZE``
             (or ``$WDS_CACHE_SIZE``), else unlimited.  Only shards being read may exceed it.
-        verify: "once", "always" or "never" (see :mod:`resumewds.cache`).
+        verify: "once", "always" or "never"; sync: "auto" (default, or
+            ``$RESUMEWDS_CACHE_SYNC``), "fsync" or "boot" (see :mod:`resumewds.cache`).
         fetch: retry/timeout policy; default ``FetchConfig.from_env()``.
         on_event: ``on_event(kind, url, **detail)``, kind an :class:`~resumewds.events.EventKind`.
         max_repairs: an extra cap on how many failed verifications of one shard are
             fetched again before ChecksumMismatch; None: only the fetch budget decides.
-        sync: "auto" (default, or ``$RESUMEWDS_CACHE_SYNC``), "fsync" or "boot"
-            (see :mod:`resumewds.cache`).
         prefetch_threads: shards :meth:`prefetch` downloads at once; None: 4 for a
             shuffled window of several shards, else 2.
 
@@ -195,8 +194,7 @@ class ShardStore:
     # ---- the fetch budget of one read of one shard ------------------------------------------
     def budget_for(self, url: str) -> FetchBudget:
         """The budget this read of ``url`` draws from: this process's prefetch's (or a concurrent
-        reader's) if it is live or failed recently, else a fresh one.
-        """
+        reader's) if it is live or failed recently, else a fresh one."""
         with self._mu:
             b = self._budgets.get(url)
             now = time.monotonic()
@@ -308,12 +306,11 @@ class ShardStore:
         """Like :meth:`acquire` but unpinned; returns the path.
 
         Args:
-            tar: the object is a tar shard (checked to be a complete tar when its
-                checksum is unknown); False for other files (an offsets file).
+            tar: a tar shard (checked to be a complete tar when its checksum is
+                unknown); False for other files (an offsets file).
             policy: the verify policy of this call; None: the store's ``verify``.
             progress: called with the number of bytes hashed or fetched.
-            reader: False for a prefetch: its failure keeps the shard's fetch budget
-                spent for the reader to meet.
+            reader: False for a prefetch: its failure is kept for the reader to meet.
         """
         ls = self._acquire(shard, pin=False, policy=policy, progress=progress, tar=tar, reader=reader)
         return ls.path
@@ -349,10 +346,9 @@ class ShardStore:
     def acquire_sampled(self, shard: ShardInfo) -> Tuple[LocalShard, Optional[str]]:
         """Like :meth:`acquire`, for a reader: a local shard with sample digests is opened unhashed.
 
-        The second item is then its "verified" mark's key: the reader checks each
-        sample against its digest until :meth:`verified_key` says the background
-        check (``verify="once"``) verified the file whole.  None: read it as
-        :meth:`acquire` gives it.
+        The second item is then its mark's key: the reader checks each sample until
+        :meth:`verified_key` says the background check verified the file whole
+        (None: read it as :meth:`acquire` gives it).
 
         Example:
             >>> lease, key = store.acquire_sampled(shard)              # doctest: +SKIP
@@ -504,8 +500,7 @@ class ShardStore:
     def _keep_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
                     known_bad: Optional[Tuple[int, int]], budget: FetchBudget) -> Optional[int]:
         """None when the entry is kept (verified, adopted or repaired in place); else it is removed
-        and the repairs spent on it are returned (0 or 1).
-        """
+        and the repairs spent on it are returned (0 or 1)."""
         url = shard.url
         state, _ = self._check_entry(shard, base, policy, progress, known_bad)
         if state is EntryState.VERIFIED:
@@ -538,8 +533,7 @@ class ShardStore:
 
     def _download(self, shard: ShardInfo, base: str, streamed: str, budget: FetchBudget) -> Tuple[Any, FetchBudget]:
         """One download: a sparse partial filled sample by sample, or streamed whole to ``streamed``
-        (no Range, ranges corrupt, or a stream started already); the result and the budget next drawn from.
-        """
+        (no Range, ranges corrupt, or a stream started already); the result and the budget next drawn from."""
         if layout.lstat(streamed) is None:
             layout.remove(streamed + ".etag")
         # the download is about to add up to shard.size bytes: make room first
@@ -566,8 +560,7 @@ class ShardStore:
     def _judge(self, shard: ShardInfo, res: Any, budget: FetchBudget, tar: bool
                ) -> Tuple[str, Optional[ResumeWDSError]]:
         """A finished download against the manifest: ``(xxh3_64, None)`` when it holds (bad samples
-        repaired first), else ``(xxh3_64, the error)`` after a ``verify_fail`` event.
-        """
+        repaired first), else ``(xxh3_64, the error)`` after a ``verify_fail`` event."""
         url = shard.url
         bad: Optional[Tuple[str, str, str]] = None
         failure: Optional[ResumeWDSError] = None
@@ -689,5 +682,3 @@ class ShardStore:
         """Download every remote shard into the cache, for ``resumewds prefetch``."""
         return prefetch_all(self, shards, progress, parallel)
 
-
-__all__ = ["LocalShard", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES", "default_cache_dir"]

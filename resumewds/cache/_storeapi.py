@@ -1,9 +1,7 @@
 """StoreAPI: what a :class:`~resumewds.cache.ShardStore` offers the code it calls back.
 
-Prefetch, the CLI's bulk passes and the ranged repair take the store as a
-parameter typed by this Protocol and never import it, so the imports run one
-way.  It has its own module because those modules, which the store imports,
-need it too.
+Prefetch, bulk and repair take the store typed by this Protocol and never
+import it (the store imports them); it has its own module because they need it too.
 """
 
 from __future__ import annotations
@@ -12,8 +10,6 @@ from typing import Any, Callable, Optional, Protocol, Set
 
 from ..fetch import FetchConfig
 from ..manifest import ShardInfo
-
-__all__ = ["StoreAPI"]
 
 
 class StoreAPI(Protocol):
