@@ -28,7 +28,8 @@ from http_fixtures import (
 )
 from resumewds.errors import CacheError, FetchError, PermanentFetchError, ResumeWDSError, TransientFetchError
 from resumewds.fetch import FetchConfig, fetch_bytes, fetch_to_file
-from resumewds.fetch._errormap import _translate, parse_retry_after
+from resumewds.fetch._errormap import parse_retry_after
+from resumewds.fetch._errormap import translate as _translate
 from resumewds.fetch._settings import no_sleep
 
 KB = 1024

@@ -207,33 +207,6 @@ def test_cli_verify_names_and_repairs_remote_samples(big, tmp_path):
     assert _hash(entry) == shard.xxh3_64 and sent <= 0.01 * shard.size
 
 
-def test_ranged_read_fetches_and_verifies_only_those_samples(big, tmp_path):
-    from resumewds.cache._repair import read_samples_by_range
-    from resumewds.errors import ChecksumMismatch
-    from resumewds.tar._scan import iter_samples_file
-
-    with FaultServer(str(big)) as srv:
-        shard, st, rec = _setup(big, tmp_path, srv)
-        got = read_samples_by_range(shard, 10, 12, config=fast_config())
-        sent = srv.bytes_sent
-        want = list(iter_samples_file(str(big / "big-00.tar")))[10:13]
-        assert [(s["__key__"], s["bin"]) for s in got] == [(s["__key__"], s["bin"]) for s in want]
-        assert sent == shard.sample_range(12)[1] - shard.sample_range(10)[0]  # those 3 samples only
-        name = "/" + os.path.basename(shard.url)
-        srv.script(name, ["flip_data"])  # one corrupt response: fetched again, verified, delivered
-        again = read_samples_by_range(shard, 200, 201, config=fast_config(), on_event=rec)
-        assert [s["__key__"] for s in again] == ["s0200", "s0201"] and srv.faults["flip_data"] == 1
-        retried = [d["error"] for d in rec.kinds("retry")]
-        assert len(retried) == 1 and ("sample 200 " in retried[0] or "sample 201 " in retried[0])
-        srv.script(name, ["flip_data", "flip_data"])  # corrupt every time: refused, never delivered
-        with pytest.raises(ChecksumMismatch) as ei:
-            read_samples_by_range(shard, 5, 5, config=fast_config(attempts=2))
-        assert "sample 5 (bytes" in str(ei.value)
-    shard.sample_digests = None
-    with pytest.raises(ValueError):
-        read_samples_by_range(shard, 0, 0, config=fast_config())
-
-
 def _states_valid(rec):
     """Replay the events through the journal's shard-state table: no invalid move."""
     from resumewds.events import shard_effects

@@ -1,88 +1,35 @@
 """ShardStore: a verified, self-repairing, size-bounded cache of remote shards.
 
-Local shards (plain paths, ``file://``) are read where they are and only
-verified.  Remote shards (http, https, ``s3://``, ``pipe:``) are downloaded
-once into ``<cache_dir>/shards/`` and handed to readers as a pinned local
-file (:class:`LocalShard`).
+Local shards (plain paths, ``file://``) are verified where they are; remote
+shards (http, https, ``s3://``, ``pipe:``) are downloaded once into
+``<cache_dir>/shards/`` and handed to readers pinned (:class:`LocalShard`).
 
-Where things are (read in this order)::
+The modules::
 
-    _layout.py   one entry on disk: its files (shard, .partial, .meta, .lock, .dl),
-                 the meta format, EntryState (the entry's life, documented at the
-                 enum), and the symlink-refusing file primitives
-    _locks.py    the pin (LocalShard, released on close) and the download lock
-                 (lock_download: waits for another downloader within the budget)
+    _layout.py   one entry on disk: its files, the meta, EntryState (its life), file primitives
+    _locks.py    the pin (LocalShard) and the download lock
     _local.py    local shards: verified in place, the "verified" marks
-    _store.py    ShardStore: acquire, classify an entry, fill / adopt / repair and
-                 publish it; the per-shard fetch budgets; the fork registry
-    _eviction.py LRU within cache_size: scan, evict (never a pinned entry)
-    _prefetch.py Prefetcher: the background download threads (prefetch_threads:
-                 4 for a shuffled window, else 2), within cache_size
-    _sparse.py   sparse partial downloads (.sparse + .sparse.map): a shard with
-                 sample digests filled by checked samples in any order, the
-                 readers' ranges and the download's pieces, so that no byte
-                 is fetched twice (claims in the map: across processes too)
-    _bulk.py     the CLI's passes over a manifest: verify_all, prefetch_all
+    _store.py    ShardStore: acquire, fill / adopt / repair / publish an entry; fetch budgets
+    _eviction.py LRU within cache_size (never a pinned entry)
+    _prefetch.py Prefetcher: the background download threads, within cache_size
+    _sparse.py   sparse partials: a shard with sample digests filled by checked samples
+    _bulk.py     the CLI's passes: verify_all, prefetch_all
 
-prefetch.py, _bulk.py and :mod:`resumewds.cache` call the store back only
-through its public protocol (:class:`resumewds.cache._storeapi.StoreAPI`: ``ensure``,
-``check_local``, ``emit``, ``count``, ``evict``, ``session``, ``close_session``,
-``write_meta``); the store imports them, never the other way round.
+Prefetch, bulk and repair call the store back only through
+:class:`resumewds.cache._storeapi.StoreAPI`.  A data file is trusted only
+with a ``.meta`` written after it, so a kill at any instant leaves a
+resumable ``.partial`` or an entry without meta (re-verified or fetched
+again).  Locks are ``fcntl.flock`` locks: they die with their process.
 
-The life of one remote entry (details at :class:`~resumewds.cache._layout.EntryState`)::
+Durability (``sync``): ``"fsync"`` fsyncs a download before publishing;
+``"boot"`` (what ``"auto"`` means where the kernel gives a boot id) records
+the boot id in the meta instead: the entry is hashed again on first use in
+a later boot (only a crash that ends the boot loses unsynced bytes).
 
-    absent --download (.partial, hashed as written)--> partial
-    absent --(sample digests) readers' ranges and the download's pieces, each
-             sample checked as it arrives (.sparse, .sparse.map; the whole
-             file hashed in order once complete)--> partial
-    partial --check size / xxh3_64 (or: a complete tar), os.replace, .meta--> verified
-    verified --a reader holds .lock shared--> pinned --released--> verified
-    verified --LRU over cache_size, not pinned--> evicted (absent)
-    corrupt --ranged repair of the bad samples, else fetched again--> repaired (verified)
-
-A data file is only ever trusted together with a ``.meta`` written after it,
-so a process killed at any instant leaves either a resumable ``.partial`` or
-an entry without meta, which is re-verified (when a checksum is known) or
-fetched again.  Locks are ``fcntl.flock`` locks: they vanish with the process
-that held them, so a killed process never blocks the others.
-
-Durability (``sync``): a download is verified from the bytes as they are
-written.  With ``sync="fsync"`` it is also fsynced before it is published.
-With ``sync="boot"`` (the default, ``"auto"``, wherever the kernel gives a
-boot id) it is not: its meta records ``synced: false`` and this boot's id.
-Unsynced bytes survive anything but a kernel crash or a power cut, and those
-end the boot; so an unsynced entry is trusted as verified within the boot that
-wrote it, and is hashed again (whatever the verify policy) the first time it
-is used in a later boot; a partial download from an earlier boot is not
-resumed.  A crash can therefore never make the cache serve bytes that were
-not verified, and a download does not wait for the disk.  Where there is no
-boot id (not Linux), ``"auto"`` means ``"fsync"``.
-
-Verify policies: ``"once"`` hashes at download and again whenever the file's
-size or mtime changed since its meta was written (for local files: once per
-(path, size, mtime), remembered in memory and under ``cache_dir/verified``);
-``"always"`` hashes at every acquire; ``"never"`` only compares sizes.
-
-Budget: ``cache_size`` is a limit (see :mod:`resumewds.cache`).
-When one shuffle window alone does not fit, a warning says so once, with
-the numbers.
-
-Downloads without a known checksum are checked to be complete tars (the
-framer of :mod:`resumewds.tar` scans them) before they are published, so
-one bad response (an error page) is never kept as the shard; a corrupt
-download is a failed attempt of the shard's fetch budget
-(:class:`resumewds.fetch.FetchBudget`), shared by the prefetch thread and
-the reader.
-
-Events (``on_event``) are :class:`resumewds.events.EventKind` members.
-
-Environment (read through :mod:`resumewds.config`, which lists every
-variable): ``RESUMEWDS_CACHE_DIR`` / ``WDS_CACHE`` (default
-``$XDG_CACHE_HOME/resumewds`` or ``~/.cache/resumewds``),
-``RESUMEWDS_CACHE_SIZE`` / ``WDS_CACHE_SIZE`` (e.g. ``20GB``),
-``RESUMEWDS_CACHE_SYNC`` (``auto``, ``fsync`` or ``boot``),
-``RESUMEWDS_VERBOSE_CACHE`` / ``WDS_VERBOSE_CACHE``, and the
-``RESUMEWDS_FETCH_*`` variables.
+Verify policies: ``"once"`` hashes at download and again when the file's
+size or mtime changed since its meta (local files: once per file, marked
+under ``cache_dir/verified``); ``"always"`` at every acquire; ``"never"``
+compares sizes only.  Environment: ``RESUMEWDS_CACHE_*``, ``WDS_CACHE*`` (see :mod:`resumewds.config`).
 
 Example:
     >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)

@@ -1,7 +1,6 @@
-"""The bulk passes over a whole manifest that the CLI runs: ``resumewds verify`` and ``resumewds prefetch``.
+"""The CLI's passes over a whole manifest: ``resumewds verify`` and ``resumewds prefetch``.
 
-Both go through the store's ordinary acquire path (locks, verification,
-repair and the fetch budget are the same as for a reader) and report one
+Both go through the store's ordinary acquire path and report one
 ``(shard, ok, error)`` per shard, in input order, instead of stopping at the
 first failure.
 """
@@ -26,19 +25,7 @@ Outcome = Tuple[ShardInfo, bool, Optional[BaseException]]
 
 def verify_all(store: StoreAPI, shards: Sequence[ShardInfo],
                progress: Optional[ProgressFn] = None) -> List[Outcome]:
-    """Hash every shard now (policy "always"), for ``resumewds verify``.
-
-    Local shards are hashed in place; remote shards are checked in the
-    cache, and fetched (and repaired) when missing or corrupt.
-
-    Args:
-        store: the cache.
-        shards: the manifest's shards.
-        progress: called with the number of bytes hashed, as they are.
-
-    Returns:
-        ``[(shard, ok, error)]`` in input order; ``error`` is the
-        ResumeWDSError (or None).
+    """Hash every shard now (policy "always"); remote ones are fetched or repaired when missing or corrupt.
 
     Example:
         >>> from resumewds import load_manifest
@@ -70,21 +57,11 @@ def verify_all(store: StoreAPI, shards: Sequence[ShardInfo],
 
 def prefetch_all(store: StoreAPI, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
                  parallel: int = 2) -> List[Outcome]:
-    """Download every remote shard into the cache, for ``resumewds prefetch``.
-
-    Local shards are skipped (reported ok).  With a ``cache_size`` smaller
-    than the data set, early shards are evicted by later ones.
+    """Download every remote shard into the cache (local shards: reported ok).
 
     Args:
-        store: the cache.
-        shards: the manifest's shards.
         progress: called with each shard's size once it is in the cache.
-        parallel: shards in flight at once (threads; each has its own
-            HTTP session).  Two keep the network busy while the other
-            shard is fsynced and hashed.
-
-    Returns:
-        ``[(shard, ok, error)]`` in input order.
+        parallel: shards in flight at once (threads, each with its own HTTP session).
 
     Example:
         >>> from resumewds import load_manifest
@@ -114,6 +91,3 @@ def prefetch_all(store: StoreAPI, shards: Sequence[ShardInfo], progress: Optiona
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel,
                                                thread_name_prefix="resumewds-prefetch-all") as ex:
         return list(ex.map(one, shards))
-
-
-__all__ = ["prefetch_all", "verify_all"]

@@ -1,23 +1,11 @@
 """Eviction: keep the cache within ``cache_size``, least recently used first.
 
-``cache_size`` is a limit.  Before a download, entries not in use are
-evicted to make room for it (:func:`evict` with ``reserve``); when a reader
-releases a shard, what exceeds the budget goes; prefetch only fetches a
-shard that fits (and never evicts what it fetched for later: ``keep``); the
-only excess is shards pinned by readers at that moment.
-
-An entry is evicted only with its pin lock (``.lock``) taken exclusive and
-non-blocking: an entry a reader pins, or one being downloaded, is skipped.
-"Recently used" is the newer atime of the shard file and its ``.meta``,
-which every acquire sets (:func:`resumewds.cache._layout.touch`); a partial
-download counts by the newer of its atime and mtime (a sparse one by its
-full size, whatever of it has arrived).
-
-Decompressed copies of ``.tar.gz`` / ``.tar.zst`` shards
-(``<cache_dir>/decompressed``, made by :func:`resumewds.tar.open_view`)
-are entries of the budget like any other: counted, and evicted least
-recently used first under their own pin lock, which a reader of the copy
-holds shared.
+Room is made before a download (``reserve``) and when a reader releases a
+shard; only shards pinned by readers may exceed the budget.  An entry is
+evicted only with its ``.lock`` taken exclusive and non-blocking (not pinned,
+not downloading).  "Recently used": the newer atime of the shard and its
+``.meta`` (:func:`resumewds.cache._layout.touch`).  Decompressed copies
+(``<cache_dir>/decompressed``) count like any other entry.
 """
 
 from __future__ import annotations
@@ -43,16 +31,19 @@ def copies_dir(shards_dir: str) -> str:
     return os.path.join(os.path.dirname(shards_dir), DECOMPRESSED_DIR)
 
 
+def _listdir(d: str) -> List[str]:
+    try:
+        return os.listdir(d)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise cache_error(exc, d, "list") from exc
+
+
 def scan_copies(copies: str) -> List[Tuple[str, int, int, bool]]:
     """``(path, size, last_used_ns, False)`` for the finished decompressed copies in ``copies``."""
     out: List[Tuple[str, int, int, bool]] = []
-    try:
-        names = os.listdir(copies)
-    except FileNotFoundError:
-        return out
-    except OSError as exc:
-        raise cache_error(exc, copies, "list") from exc
-    for name in names:
+    for name in _listdir(copies):
         if not name.endswith(".tar"):
             continue  # its .meta / .lock, or a copy being written (.partial.<pid>)
         path = os.path.join(copies, name)
@@ -68,14 +59,8 @@ def scan_copies(copies: str) -> List[Tuple[str, int, int, bool]]:
 def scan(shards_dir: str) -> List[Tuple[str, int, int, bool]]:
     """``(base, size, last_used_ns, is_partial)`` for the entries and partial downloads."""
     out: List[Tuple[str, int, int, bool]] = []
-    try:
-        names = os.listdir(shards_dir)
-    except FileNotFoundError:
-        return out
-    except OSError as exc:
-        raise cache_error(exc, shards_dir, "list") from exc
     seen: Set[str] = set()
-    for name in names:
+    for name in _listdir(shards_dir):
         tail = next((t for t in PARTIAL_SUFFIXES if name.endswith(t)), None)
         partial = tail is not None
         if not partial and name.endswith(SIDE_SUFFIXES):
@@ -110,16 +95,12 @@ def cached_bytes(shards_dir: str) -> int:
 
 def evict(shards_dir: str, cache_size: Optional[int], emit: EmitFn, reserve: int = 0,
           keep: Optional[Set[str]] = None, reserved: Optional[Set[str]] = None) -> int:
-    """Evict least recently used entries not in use (nor in ``keep``, a set
-    of entry paths) until the cache plus ``reserve`` bytes fits
-    ``cache_size``; return the bytes left.
+    """Evict least recently used entries not in use (nor in ``keep``) until the cache plus
+    ``reserve`` fits ``cache_size``; the bytes left.
 
-    ``reserved``: entry paths whose full size the caller already counts in
-    ``reserve`` (downloads under way): left out of the total and never
-    evicted, whatever the scan saw of them (a partial, the published entry).
-
-    Each eviction is reported as ``emit("evict", url, bytes=, path=)``
-    (``url`` is "" for a partial download, which has no meta).
+    ``reserved``: entries the caller counts in ``reserve`` (downloads under
+    way): left out of the total and never evicted.  Each eviction is
+    ``emit("evict", url, bytes=, path=)`` (``url`` "" for a partial).
     """
     if cache_size is None:
         return 0
@@ -173,6 +154,3 @@ def _copy_url(path: str) -> str:
             return str(json.load(f).get("url", ""))
     except (OSError, ValueError, AttributeError):
         return ""
-
-
-__all__ = ["DECOMPRESSED_DIR", "cached_bytes", "copies_dir", "evict", "scan", "scan_copies"]

@@ -1,26 +1,21 @@
 """One cache entry on disk: its files, its meta, its state, and the safe file primitives.
 
-Every remote shard ``url`` has one entry, named after the xxh3_64 of its URL
-and (a sanitised tail of) its basename, in ``<cache_dir>/shards/``::
+Every remote shard has one entry in ``<cache_dir>/shards/``, named after the
+xxh3_64 of its URL and a sanitised tail of its basename::
 
     <key>-<basename>               the shard (published by os.replace, never written in place)
     <key>-<basename>.partial       the download under way (resumable)
     <key>-<basename>.partial.etag  the partial's If-Range validator and boot id (fetch's sidecar); alone:
                                    the version a failed read saw first, the object changed since
     <key>-<basename>.sparse        or: a download filled by verified ranges, in any order
-    <key>-<basename>.sparse.map    its records of the ranges present (resumewds.cache)
+    <key>-<basename>.sparse.map    its records of the ranges present
     <key>-<basename>.meta          JSON, written after the shard: url, size, xxh3_64,
                                    mtime_ns, dev, ino, ctime_ns, last_used, synced, boot
     <key>-<basename>.lock          pin lock: readers LOCK_SH, the evictor LOCK_EX|LOCK_NB
     <key>-<basename>.dl            download lock: one downloader at a time
 
-and ``<cache_dir>/verified/<key>`` marks a local file (path, size, mtime,
-checksum) as verified.  A data file is only ever trusted together with a
-``.meta`` written after it (see :class:`EntryState`).
-
-Everything here refuses to follow symlinks inside the cache directory and
-turns an ``OSError`` into a one-line :class:`~resumewds.errors.CacheError`
-(:func:`cache_error`, worded by :func:`resumewds.errors.os_problem`).
+Everything here refuses symlinks in the cache directory and turns an
+``OSError`` into a one-line :class:`~resumewds.errors.CacheError`.
 """
 
 from __future__ import annotations
@@ -70,14 +65,8 @@ class EntryState(str, Enum):
         UNTRUSTED --(.dl: adopted if a known checksum proves it, else
                      removed and fetched again)-----------------------------> VERIFIED
 
-    A *partial* entry is ABSENT with a ``.partial`` download that the next
-    download resumes (unless it was written in an earlier boot without
-    fsync); a *pinned* entry is VERIFIED with readers holding ``.lock``
-    shared.  A process killed at any instant leaves either a resumable
-    ``.partial`` or a shard without meta (UNTRUSTED): never a shard that is
-    trusted without having been checked.
-
-    The values are the strings the store has always used internally.
+    ABSENT may hold a ``.partial`` that the next download resumes.  A kill at
+    any instant leaves a ``.partial`` or a shard without meta (UNTRUSTED).
     """
 
     ABSENT = "missing"       # no shard file (perhaps a .partial download)
@@ -149,12 +138,11 @@ def remove(path: str) -> None:
 
 
 def touch(path: str) -> None:
-    """Record a use of the entry ``path``: set the atime of its ``.meta`` to
-    now, keeping its mtime (:func:`signature` compares it).
+    """Record a use of the entry ``path``: the atime of its ``.meta`` set to now, its mtime kept.
 
-    Not the shard file's own atime: setting it would move the shard's
-    ctime, which the meta records (:func:`moved`).  The evictor takes the
-    newer of both atimes (:func:`last_used_ns`)."""
+    Not the shard's own atime: that would move the shard's ctime, which the
+    meta records (:func:`moved`).
+    """
     try:
         st = os.lstat(path + ".meta")
         if stat.S_ISREG(st.st_mode):
@@ -164,8 +152,7 @@ def touch(path: str) -> None:
 
 
 def last_used_ns(base: str, st: os.stat_result) -> int:
-    """When the entry ``base`` (whose shard file's stat is ``st``) was last
-    used: the newer atime of the shard file and its meta (see :func:`touch`)."""
+    """When the entry was last used: the newer atime of the shard file (``st``) and its meta."""
     try:
         return max(st.st_atime_ns, os.lstat(base + ".meta").st_atime_ns)
     except OSError:
@@ -173,16 +160,14 @@ def last_used_ns(base: str, st: os.stat_result) -> int:
 
 
 def identity(st: os.stat_result) -> Dict[str, int]:
-    """What the meta records of the shard file besides size and mtime: what
-    ``utime`` cannot set back (device, inode, ctime)."""
+    """What the meta records besides size and mtime: what ``utime`` cannot set back."""
     return {"dev": st.st_dev, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
 
 
 def moved(st: os.stat_result, meta: Dict[str, Any]) -> Optional[bool]:
-    """True if the shard file is not the one (or not as) the meta recorded:
-    another inode or device (replaced, e.g. by another user of a shared
-    cache), or a changed ctime (written in place, even with size and mtime
-    set back); None for a meta written before these were recorded."""
+    """True if the shard file is not the one (or not as) the meta recorded: another
+    inode or device (replaced), or another ctime (written in place); None for a
+    meta without these fields."""
     known = [meta.get(k) for k in ("dev", "ino", "ctime_ns")]
     if not all(isinstance(v, int) for v in known):
         return None
@@ -231,10 +216,8 @@ def hash_file(path: str, progress: Optional[ProgressFn] = None) -> Tuple[int, st
     return n, h.hexdigest()
 
 
-# ---- the meta file --------------------------------------------------------------------
 def read_meta(base: str) -> Optional[Dict[str, Any]]:
-    """The entry's meta, or None when it is missing or unreadable (then the
-    entry is UNTRUSTED); a symlinked meta is refused."""
+    """The entry's meta, or None when missing or unreadable (the entry is then UNTRUSTED)."""
     path = base + ".meta"
     try:
         fd = os.open(path, os.O_RDONLY | NOFOLLOW)
@@ -258,9 +241,9 @@ def read_meta(base: str) -> Optional[Dict[str, Any]]:
 def write_meta(base: str, url: str, xxh: Optional[str], synced: bool) -> None:
     """Publish the meta of the shard file ``base`` (its size and mtime as they are now).
 
-    The shard file is made private to the user first (mode 0600, like
-    everything the cache creates), which moves its ctime: the meta records
-    the ctime after that."""
+    The shard is made mode 0600 first, which moves its ctime: the meta records
+    the ctime after that.
+    """
     st = lstat(base)
     if st is None:
         raise CacheError(f"{base}: vanished before its meta was written")
@@ -295,9 +278,8 @@ def _publish_meta(base: str, meta: Dict[str, Any]) -> None:
 
 
 def url_of(base: str) -> str:
-    """The URL the entry's meta names, or "" (a partial download has no meta yet:
-    events then carry only the path, so the journal does not invent a shard row
-    for a file name)."""
+    """The URL the entry's meta names, or "" (a partial has no meta yet: events then
+    carry only the path, so the journal invents no shard row for a file name)."""
     try:
         meta = read_meta(base)
     except CacheError:
@@ -314,9 +296,3 @@ def not_a_complete_tar(path: str, url: str, what: str = "download of") -> Option
     except OSError as exc:
         raise cache_error(exc, path, "read back the download") from exc
     return None
-
-
-__all__ = ["EntryState", "PARTIAL_FILES", "PARTIAL_SUFFIXES", "SIDE_SUFFIXES", "cache_error", "entry_path",
-           "hash_file", "identity", "lstat", "moved",
-           "last_used_ns", "names", "not_a_complete_tar", "open_file", "read_meta", "remove", "signature", "touch",
-           "url_of", "write_meta"]

@@ -1,22 +1,11 @@
 """Local shards (plain paths, ``file://``): verified in place, never copied into the cache.
 
-A local shard is hashed where it is (whole file, then the manifest's samples:
-:func:`resumewds.cache._samplecheck.check_copy`, :func:`check_local`).  Under
-``verify="once"`` a success is remembered in memory and as an empty mark file
-``<cache_dir>/verified/<key>``, where the key covers the file's path, size,
-mtime, device, inode and ctime (``utime`` cannot fake the last three), its
-expected checksum and the manifest's index of it; a changed file, or another
-index, is hashed again.
-
-A data set's reader opens a local shard with per-sample digests (manifest
-v3) without hashing it whole (:func:`open_sampled`): its size and the
-manifest's last offset (the end-of-archive marker, one ``pread``) are checked
-at once, and each sample is then checked against its own digest when it is
-read (:mod:`resumewds.read`).  Under ``verify="once"`` the whole-file check
-runs on a background thread (:func:`verify_later`; the first starts
-:data:`CHECK_DELAY` after the thread does), only to set the mark so
-that later starts skip the per-sample hashing; what it finds never changes
-which samples are delivered (a failure leaves no mark, nothing else).
+Under ``verify="once"`` a success is remembered in memory and as an empty
+mark ``<cache_dir>/verified/<key>``; the key covers the file's path, size,
+mtime, device, inode, ctime, checksum and index, so a changed file is hashed
+again.  A reader opens a shard with sample digests unhashed
+(:func:`open_sampled`) and checks each sample as it reads it; the whole-file
+check then runs in the background (:func:`verify_later`) only to set the mark.
 """
 
 from __future__ import annotations
@@ -38,22 +27,16 @@ from ..manifest import ShardInfo
 from ._layout import HASH_CHUNK, NOFOLLOW, ProgressFn
 from ._samplecheck import check_copy, check_end, index_key
 
-__all__ = ["check_local", "open_sampled", "sampled", "verify_later", "wait_checks"]
-
 log = logging.getLogger("resumewds")
 
 
 def check_local(shard: ShardInfo, policy: str, progress: Optional[ProgressFn], cache_dir: str,
                 verified: Set[str], emit: Callable[..., Any]) -> str:
-    """Verify the local shard ``shard`` in place under the verify ``policy``; its path.
+    """Verify the local shard in place under the verify ``policy``; its path.
 
     Args:
-        shard: a shard whose url is a local path or ``file://`` URL.
-        policy: "once", "always" or "never" (sizes only).
-        progress: called with the number of bytes hashed, as they are.
         cache_dir: the store's directory (its ``verified/`` marks).
         verified: the keys verified by this process (added to).
-        emit: the store's ``emit``.
 
     Raises:
         ShardNotFoundError / PermanentFetchError: it cannot be read.
@@ -119,25 +102,15 @@ def _mark_key(path: str, st: os.stat_result, shard: ShardInfo) -> str:
 
 
 def sampled(shard: ShardInfo, policy: str) -> bool:
-    """Whether a reader checks the local ``shard``'s samples one by one
-    (per-sample digests, offsets, ``verify`` "once" or "always") instead of
-    hashing it whole before its first sample."""
+    """Whether a reader checks the local shard's samples one by one instead of hashing it whole first."""
     return (policy in ("once", "always") and shard.sample_digests is not None and shard.offsets is not None
             and shard.xxh3_64 is not None and not getattr(shard, "salvaged", False))
 
 
 def open_sampled(shard: ShardInfo, policy: str, cache_dir: str, verified: Set[str],
                  emit: Callable[..., Any]) -> Tuple[str, Optional[str]]:
-    """Open the local ``shard`` (per-sample digests: :func:`sampled`) for a
-    reader without hashing it whole: its path, and the key of its "verified"
-    mark when its samples must be checked one by one (None: this machine
-    verified the file whole, ``verify="once"``).
-
-    Checked here, at once: the size (``stat``) and that the manifest's
-    samples end at the shard's end-of-archive marker (one ``pread``).
-
-    Example:
-        >>> path, key = open_sampled(shard, "once", cache_dir, set(), emit)   # doctest: +SKIP
+    """Open a local shard for a reader without hashing it whole: its path, and its mark's key
+    when its samples must be checked one by one (None: verified whole, ``verify="once"``).
 
     Raises:
         ShardNotFoundError / PermanentFetchError: it cannot be read.
@@ -165,8 +138,7 @@ CHECK_DELAY = 1.0
 
 
 class _Checks:
-    """One background thread per process that hashes local shards whole, one
-    after the other, to set their "verified" marks (:func:`verify_later`)."""
+    """This process's background thread that hashes local shards whole to set their marks."""
 
     q: Optional[queue.SimpleQueue[Tuple[ShardInfo, str, Set[str]]]] = None
     pid = 0
@@ -179,22 +151,15 @@ _LOCKS: Dict[int, threading.Condition] = {}
 
 def _lock() -> threading.Condition:
     """This process's lock of the checks (a forked child's own: never one its parent's threads held)."""
-    pid = os.getpid()
-    lock = _LOCKS.get(pid)
-    if lock is None:
-        lock = _LOCKS.setdefault(pid, threading.Condition())
-    return lock
+    return _LOCKS.setdefault(os.getpid(), threading.Condition())
 
 
 def verify_later(shard: ShardInfo, key: str, cache_dir: str, verified: Set[str]) -> None:
-    """Hash the local ``shard`` whole on this process's background thread and,
-    if it matches (whole file and every sample), set its "verified" mark
-    (``<cache_dir>/verified/<key>``) and add ``key`` to ``verified``.
+    """Hash the local ``shard`` whole in the background and, if it matches, set its "verified" mark.
 
-    Only the mark depends on it: a failure is logged at debug level and
-    leaves no mark (the reader goes on checking the samples one by one, each
-    sample's fate its own).  Processes that check the same file take turns
-    (an ``flock`` on ``<cache_dir>/verify.lock``): the second finds the mark and hashes nothing.
+    A failure is logged at debug level and leaves no mark (the reader goes on
+    checking samples one by one).  Processes take turns on one file (an
+    ``flock`` on ``<cache_dir>/verify.lock``): the second finds the mark.
 
     Example:
         >>> verify_later(shard, key, cache_dir, store_verified)          # doctest: +SKIP
@@ -211,13 +176,7 @@ def verify_later(shard: ShardInfo, key: str, cache_dir: str, verified: Set[str])
 
 
 def wait_checks(timeout: Optional[float] = None) -> bool:
-    """Wait until this process's background checks (:func:`verify_later`) have
-    ended; False if ``timeout`` seconds passed first.
-
-    Example:
-        >>> wait_checks(60)                                              # doctest: +SKIP
-        True
-    """
+    """Wait until this process's background checks have ended; False if ``timeout`` passed first."""
     with _lock():
         return _lock().wait_for(lambda: _Checks.pending == 0 or _Checks.pid != os.getpid(), timeout)
 

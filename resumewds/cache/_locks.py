@@ -1,12 +1,8 @@
 """An entry's two locks as a reader meets them: the pin (:class:`LocalShard`) and the download lock.
 
-Both are ``fcntl.flock`` locks on files beside the entry (see
-:mod:`resumewds.cache`), so they vanish with the process that held
-them and a killed process never blocks the others.  ``.lock`` pins: a reader
-holds it shared while it reads, and :class:`LocalShard` releases it on
-:meth:`~LocalShard.close`; the evictor needs it exclusive.  ``.dl`` admits
-one downloader at a time: :func:`lock_download` waits for another
-downloader within the reader's fetch budget.
+Both are ``fcntl.flock`` locks beside the entry, gone with the process that
+held them.  ``.lock``: readers hold it shared, the evictor needs it
+exclusive.  ``.dl``: one downloader at a time.
 """
 
 from __future__ import annotations
@@ -21,15 +17,10 @@ from ..fetch import FetchBudget
 from ..manifest import ShardInfo
 from . import _layout as layout
 
-__all__ = ["LocalShard", "lock_download"]
-
 
 def lock_download(dl: int, url: str, budget: FetchBudget, base: str) -> None:
-    """Take the download lock ``dl`` of entry ``base``, waiting for another
-    downloader (a prefetch thread, another process) no longer than what is
-    left of the budget; past it, only while that download is seen to
-    progress at the minimum rate (its ``.partial`` grows), as a download of
-    our own would be let finish."""
+    """Take the download lock ``dl`` of entry ``base``, waiting for another downloader no longer
+    than the budget leaves; past it, only while that download's partial grows at ``min_rate``."""
     try:
         fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return
@@ -88,8 +79,7 @@ class LocalShard:
         return self._lock_fd is not None
 
     def close(self) -> None:
-        """Release the pin (the entry may be evicted afterwards, and the
-        store evicts what its ``cache_size`` no longer holds)."""
+        """Release the pin (then the store evicts what its ``cache_size`` no longer holds)."""
         self._release(hook=True)
 
     def _release(self, hook: bool) -> None:

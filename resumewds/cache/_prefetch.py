@@ -1,38 +1,11 @@
 """Prefetch: download the next shards in background threads, within ``cache_size``.
 
-One :class:`Prefetcher` per :class:`~resumewds.cache.ShardStore` (a new one
-after a fork or an unpickle: threads and locks do not cross either).  Up to
-``prefetch_threads`` threads, named ``resumewds-prefetch`` (the name
-:mod:`resumewds.run` tells prefetch events by), each take the next shard
-of the wish list and acquire it unpinned through the store, as a reader
-would, but without spending the reader's view of the fetch budget (a
-prefetch's failure is kept for the reader to meet at once).
-
-With a ``cache_size``, a shard is only prefetched when it fits: its size is
-*reserved* while it downloads, so that threads running at once do not each
-count the same free space, and room is made only from what was read, never
-from what prefetch fetched for later (the ``keep`` set, which a reader's
-acquire takes the shard out of).
-
-How many threads: ``ShardStore(prefetch_threads=N)``; None (the default)
-means :data:`WINDOW_PREFETCH_THREADS` (4) when the
-reader shuffles a window of several shards (``window`` > 1 in
-:meth:`schedule`: it reads them all at once) and
-:data:`PREFETCH_THREADS` (2) otherwise (unshuffled,
-``shuffle="shards"``, mixtures: the shard read next must not share its
-bandwidth with later ones).  Where each connection is rate-limited (object
-stores, CDNs), a shuffled cold epoch's throughput grows with the downloads
-running at once: 8 shards of 32 MB at 50 MB/s per connection, 4 threads gave
-4.2-4.4x webdataset's cold throughput against 2.3-3.2x with 2, and halved the bytes
-that verified ranged reads (:mod:`resumewds.read`) fetch before the
-whole-shard download reaches them (21-37% of the epoch instead of 43-67%); in
-order and unthrottled (bench/bench_fetch.py) 4 threads were slower (cold 2.4x
-webdataset's against 3.0x), hence 2 there.  More threads do not loosen the
-budget: each download reserves its shard's size first, so ``cache_size``
-bounds all of them together (fewer start when fewer fit).  Each thread holds
-one connection while it downloads; in DataLoader workers every worker has its
-own threads, but a shard another process is downloading is waited for, not
-fetched twice.
+One :class:`Prefetcher` per store and process.  Its threads (named
+``resumewds-prefetch``) acquire the wish list's shards unpinned through the
+store, as a reader would; a failure is kept for the reader to meet at once.
+With a ``cache_size``, a shard is prefetched only when it fits: its size is
+reserved while it downloads, and room is made only from what was read,
+never from what prefetch fetched for later (``keep``).
 """
 
 from __future__ import annotations
@@ -48,16 +21,13 @@ from ..manifest import ShardInfo
 from . import _layout as layout
 from ._storeapi import StoreAPI
 
-#: ``prefetch_threads=None`` (the default): whole-shard downloads at once for an
-#: order that reads one shard after the other (unshuffled, ``shuffle="shards"``,
-#: mixtures): the shard read next is not slowed down by downloads of later ones
+#: ``prefetch_threads=None``: downloads at once for an order that reads one shard after the
+#: other: the shard read next must not share its bandwidth (in order and unthrottled,
+#: bench/bench_fetch.py, 4 threads gave 2.4x webdataset's cold throughput against 3.0x with 2)
 PREFETCH_THREADS = 2
-#: ... and for a shuffled window, which reads all its shards at once: over a
-#: per-connection rate limit, cold throughput grows with the connections (8
-#: shards of 32 MB: 4.2-4.4x webdataset's against 2.3-3.2x with 2;
-#: bench/bench_firstbatch.py) and fewer bytes are fetched twice (by range, then
-#: whole).  Each download reserves its shard's size, so ``cache_size`` bounds
-#: them all (see Prefetcher)
+#: ... and for a shuffled window, read all at once: over a per-connection rate limit, cold
+#: throughput grows with the connections (8 shards of 32 MB: 4.2-4.4x webdataset's against
+#: 2.3-3.2x with 2; bench/bench_firstbatch.py) and ranged reads fetch half as many bytes
 WINDOW_PREFETCH_THREADS = 4
 
 log = logging.getLogger("resumewds.cache")
@@ -70,8 +40,7 @@ def _mb(n: int) -> str:
 
 
 def first_worker() -> bool:
-    """False in a DataLoader worker other than worker 0 (so that a warning
-    every worker would give is given once).  Never imports torch."""
+    """False in a DataLoader worker other than worker 0 (a warning is given once); imports no torch."""
     data = sys.modules.get("torch.utils.data")
     get = getattr(data, "get_worker_info", None)
     if get is None:
@@ -88,11 +57,8 @@ class Prefetcher:
 
     Attributes:
         cond: guards ``queue``, ``current``, ``keep`` and ``stopping``.
-        queue: shards still to prefetch, in order.
         current: URLs a prefetch thread is fetching now.
-        keep: entry paths fetched (or being fetched) for later: not evicted
-            to make room until a reader has acquired them.
-        threads: the running threads.
+        keep: entry paths fetched (or being fetched) for later: not evicted until read.
     """
 
     def __init__(self, store: StoreAPI):
@@ -107,7 +73,6 @@ class Prefetcher:
         self._fit = threading.Lock()
         self._reserved: Dict[str, int] = {}
 
-    # ---- the wish list -----------------------------------------------------------------
     def schedule(self, shards: Sequence[ShardInfo], depth: int, window: int) -> None:
         """See :meth:`resumewds.cache.ShardStore.prefetch`."""
         store = self.store
@@ -135,9 +100,7 @@ class Prefetcher:
             self.cond.notify_all()
 
     def threads_for(self, window: int) -> int:
-        """Downloads at once: ``prefetch_threads``, or when that is None, more
-        for a shuffled window of several shards (read all at once) than for
-        an order that reads one shard after the other."""
+        """Downloads at once: ``prefetch_threads``, else by whether a shuffled window is read at once."""
         n = self.store.prefetch_threads
         if n is None:
             n = WINDOW_PREFETCH_THREADS if window > 1 else PREFETCH_THREADS
@@ -166,15 +129,13 @@ class Prefetcher:
         with self.cond:
             self.keep = set()
 
-    # ---- within the budget -------------------------------------------------------------
     def looks_cached(self, url: str) -> bool:
         """A cheap hint (one stat): the entry has been published."""
         return layout.lstat(self.store.entry_path(url) + ".meta") is not None
 
     def fits(self, shard: ShardInfo) -> bool:
-        """Whether prefetching ``shard`` stays within ``cache_size``; if so,
-        its size is reserved until :meth:`unreserve` (prefetch threads
-        running at once must not each count the same free space)."""
+        """Whether prefetching ``shard`` stays within ``cache_size``; if so, its size is reserved
+        until :meth:`unreserve`."""
         store = self.store
         if store.cache_size is None or self.looks_cached(shard.url):
             return True
@@ -201,7 +162,6 @@ class Prefetcher:
         with self._fit:
             self._reserved.pop(self.store.entry_path(shard.url), None)
 
-    # ---- the threads -------------------------------------------------------------------
     def _loop(self) -> None:
         self.store.in_background()  # this thread's events are a background download's
         try:
@@ -232,6 +192,3 @@ class Prefetcher:
             finally:
                 with self.cond:
                     self.current.discard(shard.url)
-
-
-__all__ = ["PREFETCH_THREADS", "Prefetcher", "WINDOW_PREFETCH_THREADS", "first_worker"]

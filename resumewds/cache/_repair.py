@@ -1,30 +1,11 @@
 """Block repair: fix a corrupt shard copy by re-fetching only its bad samples.
 
-A cached entry (or a finished download) whose whole-shard xxh3_64 fails is
-checked sample by sample against the manifest's sample digests
-(:mod:`resumewds.sources`, checked by :mod:`resumewds.cache`); the byte ranges of the samples that fail, plus
-the few bytes no digest covers (before the first sample, and the
-end-of-archive marker after the last), are fetched with HTTP ``Range``
-requests (neighbours coalesced into one request), each fetched sample is
-checked against its digest, written in place, and the whole-shard check
-runs again.  One flipped byte in a 32 MB shard then costs one sample's range
-plus the tar trailer, not the shard.
-
-The requests go through :mod:`resumewds.fetch`'s machinery: the same
-timeouts (connect/read, shortened to the fetch deadline), the same retry
-policy drawn from the same :class:`~resumewds.fetch.FetchBudget` as the
-whole-shard fetch, and the same error mapping.
-
-The caller falls back to a whole-shard fetch (returns None) when:
-
-* the shard has no sample digests or offsets, or is not http(s);
-* more than ``max_fraction`` of the shard fails (a whole fetch is cheaper);
-* the server ignores ``Range`` (HTTP 200) or sends another range;
-* a fetched sample does not match its digest (the server holds other
-  bytes), or the repaired file still fails the whole-shard check.
-
-State of one repair: ``CORRUPT -> (ranges fetched, each sample verified) ->
-WHOLE CHECK -> OK`` or ``-> FALLBACK`` (whole-shard refetch by the caller).
+The samples that fail their digests, and the bytes no digest covers, are
+fetched by ``Range`` (neighbours coalesced) under the shard's fetch budget,
+each checked as it arrives and written in place; then the whole-shard check
+runs again.  One flipped byte in a 32 MB shard costs one sample, not the
+shard.  None (fetch the whole shard) when more than :data:`MAX_FRACTION`
+fails, the server ignores ``Range`` or sends other bytes, or the result fails.
 
 Example:
     >>> r = repair_file("/cache/ab12.tar", shard, config=cfg)   # doctest: +SKIP
@@ -37,18 +18,15 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import xxhash
 
-from ..errors import ChecksumMismatch, CorruptSample, FetchError, IntegrityError
+from ..errors import FetchError, IntegrityError
 from ..events import EventKind
 from ..fetch import FetchBudget, fetch_range, is_remote_url
-from ..tar import _io as tario
 from ._samplecheck import BadSample, SampleSink, bad_samples
 from ._storeapi import StoreAPI
-
-__all__ = ["RangeRepair", "coalesce", "read_samples_by_range", "repair_download", "repair_entry", "repair_file"]
 
 #: above this fraction of the shard failing, a whole-shard fetch is used instead
 MAX_FRACTION = 0.25
@@ -58,15 +36,7 @@ COALESCE_GAP = 64 * 1024
 
 @dataclass
 class RangeRepair:
-    """What :func:`repair_file` did.
-
-    Attributes:
-        ok: the file now passes its whole-shard check.
-        samples: the samples that failed their digests (and were re-fetched).
-        ranges: the byte ranges requested, ``[(start, end)]``.
-        bytes_fetched: body bytes received.
-        xxh3_64: the repaired file's digest.
-    """
+    """What :func:`repair_file` did: the bad samples, the ranges asked, the bytes received, the new digest."""
 
     ok: bool
     samples: List[BadSample] = field(default_factory=list)
@@ -100,30 +70,18 @@ def _hash_file(path: str) -> str:
 
 
 def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, session: Any = None,
-                on_event: Any = None, max_fraction: float = MAX_FRACTION,
-                before_fetch: Any = None) -> Optional[RangeRepair]:
-    """Repair the local copy ``path`` of the remote ``shard`` in place, by range.
+                on_event: Any = None, before_fetch: Any = None) -> Optional[RangeRepair]:
+    """Repair the local copy ``path`` (written in place: a private copy) of the remote ``shard``, by range.
 
     Args:
-        path: the corrupt copy (written in place: pass a private copy).
-        shard: its :class:`~resumewds.manifest.ShardInfo`, with ``size``,
-            ``xxh3_64``, ``offsets`` and ``sample_digests``.
-        config: the :class:`~resumewds.fetch.FetchConfig`.
-        budget: the :class:`~resumewds.fetch.FetchBudget` to draw from.
-        session: a requests session.
-        on_event: ``on_event(kind, url, **detail)``: ``range_repair`` per
-            bad sample (index, key, start, end).
-        max_fraction: repair by range only when at most this fraction of
-            the shard fails.
+        on_event: ``on_event(kind, url, **detail)``: ``range_repair`` per bad sample.
         before_fetch: called once the ranges are known, before any is fetched.
 
     Returns:
-        A :class:`RangeRepair` (``ok`` True when the file now passes), or
-        None when the caller must fetch the whole shard instead.
+        A :class:`RangeRepair` whose file now passes, or None: fetch the whole shard.
 
     Raises:
-        PermanentFetchError: the server refuses the shard (404...): a whole
-            fetch would fail too.
+        PermanentFetchError: the server refuses the shard (404...).
     """
 
     if (shard.sample_digests is None or shard.offsets is None or shard.size is None
@@ -144,7 +102,7 @@ def repair_file(path: str, shard: Any, *, config: Any, budget: Any = None, sessi
     # bytes no sample digest covers: before the first sample, and the tar trailer
     uncovered = [(0, offsets[0]), (offsets[-1], size)]
     wanted = [(b.start, b.end) for b in bads] + uncovered
-    if sum(b - a for a, b in wanted) > max_fraction * size:
+    if sum(b - a for a, b in wanted) > MAX_FRACTION * size:
         return None
     ranges = coalesce(wanted)
     result = RangeRepair(ok=False, samples=bads, ranges=ranges)
@@ -200,13 +158,10 @@ def _run(store: StoreAPI, shard: Any, path: str, budget: Any, download: bool) ->
 
 
 def repair_entry(store: StoreAPI, shard: Any, base: str, budget: Any) -> bool:
-    """Repair the corrupt cache entry ``base`` by range (under its download lock).
+    """Repair the corrupt entry ``base`` by range (under its download lock); False: fetch it whole.
 
-    The entry is repaired in a private copy that replaces it atomically, so
-    a reader holding the old file keeps reading the old inode.
-
-    Returns:
-        True if the entry is now verified (meta written); False: fetch it whole.
+    Repaired in a private copy that replaces it atomically: a reader of the old
+    file keeps its inode.
     """
     if shard.sample_digests is None or not shard.indexed:
         return False
@@ -230,66 +185,8 @@ def repair_entry(store: StoreAPI, shard: Any, base: str, budget: Any) -> bool:
 
 
 def repair_download(store: StoreAPI, shard: Any, partial: str, budget: Any) -> Optional[str]:
-    """Repair a finished download ``partial`` that failed its whole-shard check.
-
-    Returns:
-        The file's xxh3_64 once it passes, or None (fetch it whole again).
-    """
+    """Repair a finished download that failed its whole-shard check: its xxh3_64, or None."""
     if shard.sample_digests is None or not shard.indexed:
         return None
     r = _run(store, shard, partial, budget, download=True)
     return r.xxh3_64 if r is not None else None
-
-
-# ---- verified ranged reads of one run of samples (the loader reads through resumewds.read._ranged.prepare) ----
-
-def read_samples_by_range(shard: Any, first: int, last: int, *, config: Any, budget: Any = None,
-                          session: Any = None, on_event: Any = None) -> List[Any]:
-    """Fetch samples ``first..last`` (inclusive) of a remote shard with one Range
-    request, verify each against its digest, and parse them.
-
-    A sample is never returned before its bytes match its digest: a sample
-    that arrives corrupt is fetched again, under the fetch budget's rule (a
-    fault without progress costs an attempt), and when the budget is spent
-    :class:`~resumewds.errors.ChecksumMismatch` names the sample.
-
-    Args:
-        shard: a remote :class:`~resumewds.manifest.ShardInfo` with offsets
-            and sample digests.
-        first, last: sample indices in the shard.
-        config, budget, session, on_event: as :func:`fetch_range`.
-
-    Returns:
-        The parsed samples (``{"__key__": ..., ext: bytes}``), in order.
-
-    Raises:
-        ValueError: the shard has no digests or offsets, or bad indices.
-        RangeIgnored: the server does not serve ranges (read the shard whole).
-        ChecksumMismatch: a sample still fails its digest when the budget is spent.
-
-    Example:
-        >>> [s["__key__"] for s in read_samples_by_range(shard, 10, 11, config=cfg)]  # doctest: +SKIP
-        ['s0010', 's0011']
-    """
-
-    if shard.sample_digests is None or shard.offsets is None:
-        raise ValueError(f"{shard.url}: no sample digests in the manifest: cannot verify a ranged read")
-    if not 0 <= first <= last < int(shard.samples):
-        raise ValueError(f"{shard.url}: samples {first}..{last} are not in 0..{int(shard.samples) - 1}")
-    budget = budget or FetchBudget(config)
-    lo, hi = int(shard.offsets[first]), int(shard.offsets[last + 1])
-    got: Dict[int, bytes] = {}
-
-    def keep(j: int, at: int, data: Any) -> None:
-        got[j] = bytes(data)
-
-    try:
-        fetch_range(shard.url, lo, hi, config=config, budget=budget, session=session, on_event=on_event,
-                    sink=SampleSink(shard, lo, hi, budget, keep))
-    except CorruptSample as exc:  # still corrupt when the budget was spent
-        a, b = shard.sample_range(exc.sample)
-        raise ChecksumMismatch(f"{shard.url} sample {exc.sample} (bytes {a}-{b}, ranged read)", exc.expected,
-                               exc.actual) from None
-    return [tario.parse_sample(got[i], shard.url, base=int(shard.offsets[i]), start=0, end=len(got[i]),
-                               verified=True)  # digests checked as they arrived
-            for i in range(first, last + 1)]

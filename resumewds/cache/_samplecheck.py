@@ -1,18 +1,9 @@
-"""Checking a copy of a shard against what the manifest says of its samples.
+"""Checking a copy of a shard, and bytes on their way in, against the manifest's samples.
 
-After a copy's whole file passed its xxh3_64, the store (:mod:`resumewds.cache`)
-checks that the manifest's samples end at the shard's end-of-archive marker
-(:func:`check_end`) and that every sample matches its digest
-(:func:`check_samples`), both through :func:`check_copy`; :func:`bad_samples`
-names the samples that fail (for :mod:`resumewds.cache`, which re-fetches
-them by range, and ``resumewds verify``); :func:`index_key` fingerprints the
-index a copy was checked against.
-
-Bytes on their way in are checked too: a :class:`SampleSink` takes the body of
-a ranged read (:func:`resumewds.fetch.fetch_range`) and checks each sample of
-it against its digest as soon as its last byte has arrived, before anything
-keeps or delivers it; a sample that fails makes the request fail (retried from
-that sample on, under the shard's fetch budget).
+:func:`check_copy` checks a copy whose whole file passed its xxh3_64: its
+samples end at the end-of-archive marker (:func:`check_end`) and match their
+digests (:func:`check_samples`).  A :class:`SampleSink` checks each sample of
+a ranged read as its last byte arrives, before anything keeps or delivers it.
 """
 
 from __future__ import annotations
@@ -30,9 +21,6 @@ from ..events import EventKind
 from ..fetch import RangeSink, is_remote_url
 from ..manifest import COMPRESSED_SUFFIXES, file_sample_digests
 from ..tar import _io as tario
-
-__all__ = ["BadSample", "SampleSink", "bad_samples", "check_copy", "check_end", "check_end_bytes", "check_samples",
-           "index_key"]
 
 
 @dataclass
@@ -61,15 +49,11 @@ class BadSample:
 
 
 def bad_samples(path: str, shard: Any) -> List[BadSample]:
-    """The samples of the local copy ``path`` that fail their digests.
+    """The samples of the local copy ``path`` that fail their digests, in order (empty without digests).
 
     Args:
         path: the file to check (the shard itself, or its cached copy).
-        shard: its :class:`~resumewds.manifest.ShardInfo` (with
-            ``offsets`` and ``sample_digests``).
-
-    Returns:
-        The failing samples, in order (empty if none, or no digests).
+        shard: its :class:`~resumewds.manifest.ShardInfo` (``offsets``, ``sample_digests``).
     """
     if shard.sample_digests is None or shard.offsets is None:
         return []
@@ -84,17 +68,13 @@ def bad_samples(path: str, shard: Any) -> List[BadSample]:
 
 
 def check_samples(path: str, shard: Any, name: Optional[str] = None) -> None:
-    """Raise when a sample of ``path`` fails its manifest digest (no-op without digests).
+    """Raise when a sample of ``path`` fails its digest (no-op without digests).
 
-    The rule everywhere: a per-sample digest that does not match means the
-    sample is damaged, even when the whole file matches its xxh3_64 (the
-    manifest's two checksums disagree).  The store checks it after the
-    whole-file hash (``verify="once"`` and ``"always"``, ``resumewds
-    verify``); a remote shard's damaged samples are fetched again by range.
+    A sample digest that does not match means a damaged sample even when the
+    whole file matches its xxh3_64 (the manifest's two checksums disagree).
 
     Raises:
-        ChecksumMismatch: naming the file, the first failing sample (index,
-            key, byte range) and how many fail.
+        ChecksumMismatch: naming the file, the first failing sample and how many fail.
     """
     bads = bad_samples(path, shard)
     if not bads:
@@ -107,10 +87,8 @@ def check_samples(path: str, shard: Any, name: Optional[str] = None) -> None:
 
 
 def index_key(shard: Any) -> str:
-    """A fingerprint of what the manifest says of the shard's samples beyond
-    its whole-file checksum (their number, the end of the last one, their
-    digests; "" without offsets), for the store's "verified" marks: a copy
-    checked against another index is not checked against this one.
+    """A fingerprint of the manifest's samples of the shard (count, end, digests; "" without
+    offsets), for the "verified" marks: a copy checked against another index is not checked.
 
     Example:
         >>> from resumewds.manifest import ShardInfo
@@ -131,16 +109,12 @@ def index_key(shard: Any) -> str:
 def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
     """The manifest's last offset must be the shard's end-of-archive marker.
 
-    A manifest that lists fewer samples than the shard holds (made for a
-    subset of it, or for another version of the file) would deliver only
-    those samples, silently: with any manifest version it is refused when
-    the shard is verified.  Compressed shards (offsets in the decompressed
-    tar) are left to their own reader, and the prefix kept of a damaged shard
-    under a handler (``salvaged``) ends before the damage by design.
+    A manifest that lists fewer samples than the shard holds (made for a subset,
+    or another version) would silently deliver only those.  Compressed shards
+    and a damaged shard's salvaged prefix are left alone.
 
     Raises:
-        ShardFormatError: naming the file, the samples listed and where the
-            shard goes on.
+        ShardFormatError: naming the file, the samples listed and where the shard goes on.
     """
     if (shard.offsets is None or getattr(shard, "salvaged", False)  # a damaged shard's prefix (a handler's)
             or shard.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES)):
@@ -152,8 +126,7 @@ def check_end(path: str, shard: Any, name: Optional[str] = None) -> None:
 
 
 def check_end_bytes(block: bytes, shard: Any, name: str) -> None:
-    """:func:`check_end` of the 512 bytes that follow the manifest's last sample
-    (read from a copy, or fetched by range when no copy can be kept).
+    """:func:`check_end` of the 512 bytes after the manifest's last sample.
 
     Raises:
         ShardFormatError: they are not the end-of-archive marker.
@@ -172,13 +145,9 @@ def check_end_bytes(block: bytes, shard: Any, name: str) -> None:
 
 
 def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
-    """What the store checks of a copy whose whole file just passed its
-    xxh3_64: that the manifest's samples end at the shard's end
-    (:func:`check_end`) and that every sample matches its digest
-    (:func:`check_samples`).  On a failure: a ``verify_fail`` event via
-    ``emit``, the file removed if ``discard`` (a download), and the error.
-    Fetching a remote shard again cannot help: its whole file is the one
-    indexed.
+    """:func:`check_end` and :func:`check_samples` of a copy whose whole file passed its xxh3_64.
+
+    On a failure: a ``verify_fail`` event, the file removed if ``discard``, the error.
 
     Raises:
         ShardFormatError: the manifest lists fewer samples than the shard holds.
@@ -205,16 +174,11 @@ def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
 class SampleSink(RangeSink):
     """Bytes ``[start, end)`` of a shard, each sample checked against its digest as it arrives.
 
-    ``start`` and ``end`` lie on sample boundaries, or in the bytes no sample
-    covers (before the first sample, the end-of-archive marker after the
-    last).  Each sample whose bytes match its digest goes to
-    ``on_sample(j, offset, data)`` and counts as progress of the shard's fetch
-    budget; the bytes outside every sample go to ``on_raw(offset, data)``
-    unchecked (the whole-file checksum covers them).  A sample that fails its
-    digest is left out and the rest of the body still taken; at the body's
-    end :class:`~resumewds.errors.CorruptSample` names it, and the retry of
-    :func:`~resumewds.fetch.fetch_range` asks for the samples left out only.
-    The callbacks get a view of the bytes: they copy what they keep.
+    A sample that matches goes to ``on_sample(j, offset, data)`` (progress of
+    the fetch budget); bytes outside every sample go to ``on_raw(offset, data)``
+    (the whole-file checksum covers them).  A sample that fails is left out and
+    named by a :class:`~resumewds.errors.CorruptSample` at the body's end; the
+    retry asks only for what is missing.  Callbacks copy what they keep.
 
     Example:
         >>> sink = SampleSink(shard, 0, 4096, budget, keep)       # doctest: +SKIP
@@ -304,7 +268,7 @@ class SampleSink(RangeSink):
             self.budget.progress()
 
     def _done(self, a: int, b: int) -> None:
-        """Bytes ``[a, b)`` are taken: out of :attr:`todo` (the last range that starts at or before ``a``)."""
+        """Bytes ``[a, b)`` are taken: out of :attr:`todo`."""
         k = next(i for i in range(len(self.todo) - 1, -1, -1) if self.todo[i][0] <= a)
         r = self.todo[k]
         if a == r[0]:
@@ -320,9 +284,6 @@ class SampleSink(RangeSink):
                                       f"(byte {self.at + len(self.buf)})", self.shard.url)
         if self.bad is not None:
             raise self.bad
-
-    def data(self) -> bytes:
-        return b""
 
 
 def _key_of(path: str, start: int, end: int, url: str) -> str:

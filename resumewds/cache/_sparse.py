@@ -1,46 +1,27 @@
 """Sparse partial downloads: a shard filled by verified samples, in any order, by any process.
 
-A remote shard that the manifest describes sample by sample (its size,
-xxh3_64, offsets and per-sample digests: manifest v3), on a transport that
-serves byte ranges (http(s), s3), is downloaded into a pre-sized file, and
-every byte that arrives is checked before it is kept: each sample against
-its digest as its last byte arrives (:class:`~resumewds.cache.SampleSink`),
-the few bytes no sample covers (before the first, the end-of-archive marker)
-by the whole-file xxh3_64 once the file is complete.  Two kinds of writers
-fill it, through the one fetch core (:func:`resumewds.fetch.fetch_range`):
+A remote shard with per-sample digests (manifest v3) on a ranged transport
+is downloaded into a pre-sized file; each sample is checked against its
+digest as its last byte arrives (:class:`~resumewds.cache.SampleSink`), the
+bytes no sample covers by the whole-file xxh3_64.  The download
+(:func:`fill`, under the download lock) asks for the gaps in order, in
+sample-aligned pieces of at most :data:`PIECE` bytes; a reader that needs
+samples sooner fetches them by range (:mod:`resumewds.read`) and keeps them here.
 
-* the download (:func:`fill`, under the entry's download lock: one process
-  at a time) asks for the gaps in order, in sample-aligned pieces of at most
-  :data:`PIECE` bytes;
-* a reader that needs samples before the download reaches them fetches
-  them by range (:mod:`resumewds.read`) and keeps them here, so that the
-  download never asks for them again.
-
-On disk, beside the entry (:mod:`resumewds.cache`)::
+On disk, beside the entry::
 
     <entry>.sparse      the shard's bytes at their offsets (holes where none arrived yet)
     <entry>.sparse.map  append-only records of 40 bytes (little-endian): start, end,
                         a value, a tag, the xxh3_64 of the first 32 bytes
 
-A record tagged with the shard's xxh3_64 says that bytes ``[start, end)`` are
-in the file, verified (its value: their xxh3_64); it is appended only after
-the bytes were written.  A record tagged with that xor :data:`CLAIM` says
-that a process (its pid, the value) is fetching ``[start, end)`` now, and one
-tagged xor :data:`RELEASE` that it no longer does: DataLoader workers share
-the cache, not their threads, so a reader waits for bytes another process's
-download is fetching instead of fetching them twice, and the download leaves
-out what another process's reader fetches.  A claim is a hint, never a reason
-to trust bytes: it counts while its process lives, for at most
-:data:`CLAIM_TTL` seconds, until its bytes are recorded.  Records of another
-version of the shard (another tag), torn or nonsensical ones are ignored.
-
-Within a process, an :class:`Entry` holds what is present and what is in
-flight (the download's piece, the readers' ranges), under one condition.
-Records are hints to skip fetching, never a reason to trust bytes: a reader
-checks every sample it reads back, and the whole file is hashed (then
-checked and, if need be, repaired) before it is published.  Writers hold the
-map's ``flock`` shared; :func:`publish` renames the file into place under it
-exclusive, so no write lands in a published entry.
+A record tagged with the shard's xxh3_64 says ``[start, end)`` is written and
+verified; tagged xor :data:`CLAIM`, that a process (the value: its pid)
+fetches it now; xor :data:`RELEASE`, that it no longer does (a claim counts
+while its process lives, for at most :data:`CLAIM_TTL` seconds).  So
+DataLoader workers fetch no byte twice.  Records are hints, never a reason
+to trust bytes: a reader checks every sample it reads back, and the whole
+file is hashed before it is published.  Writers hold the map's ``flock``
+shared; :func:`publish` renames the file under it exclusive.
 
 Example:
     >>> r = Ranges(); r.add(0, 10); r.add(20, 30); r.add(10, 12)
@@ -68,10 +49,6 @@ from ..manifest import ShardInfo
 from . import _layout as layout
 from ._layout import NOFOLLOW, cache_error
 from ._samplecheck import SampleSink
-
-__all__ = ["CLAIM", "CLAIM_TTL", "LOOK_EVERY", "MAP_SUFFIX", "PIECE", "RECORD_EVERY", "RELEASE", "SUFFIX", "Entry",
-           "Ranges", "Writer", "discard", "drop_stale", "eligible", "entry", "fill", "lookup", "publish",
-           "read_present", "record", "stream_instead"]
 
 #: the download asks for at most this many bytes per request (sample-aligned): between two
 #: pieces it skips what readers fetched meanwhile
@@ -158,15 +135,12 @@ def _tag(shard: ShardInfo) -> int:
 
 
 class Entry:
-    """One shard's sparse partial as this process sees it.
+    """One shard's sparse partial as this process sees it; ``cond`` guards its state.
 
     Attributes:
-        path, map: the ``.sparse`` file and its map.
-        size, tag: the shard's size and xxh3_64 (records of another version are ignored).
         have: the ranges present (written, then added).
         claims: the ranges this process fetches now, ``token -> [next byte, end, by the download]``.
         downloading: this process's download of the shard is running.
-        cond: guards all of the above.
     """
 
     def __init__(self, base: str, size: int, tag: int, offsets: Any = None):
@@ -229,8 +203,7 @@ class Entry:
         return int(off[k]) == x
 
     def foreign_claims(self) -> List[Tuple[int, int]]:
-        """The ranges other processes fetch now: claimed less than :data:`CLAIM_TTL`
-        seconds ago, by a process alive, not released, not present yet."""
+        """The ranges other processes fetch now (claimed within :data:`CLAIM_TTL`, alive, not released or present)."""
         if not self.foreign:
             return []
         now = time.time()
@@ -270,9 +243,8 @@ class Entry:
 
     @contextlib.contextmanager
     def deciding(self, store: Any) -> Iterator[None]:
-        """One process at a time decides what to fetch and claims it: the map's lock,
-        exclusive, for as long as the caller looks at the map and announces its claim
-        (never while it waits).  Without a cache directory to hold the map, a no-op."""
+        """The map's lock, exclusive, while the caller decides what to fetch and announces its claim
+        (never while it waits): one process at a time.  A no-op without a cache directory."""
         fd = -1
         try:
             if layout.lstat(self.base) is None:  # (published: nothing is fetched)
@@ -290,8 +262,8 @@ class Entry:
                 os.close(fd)
 
     def announce(self, a: int, b: int, done: bool) -> None:
-        """Tell the other processes that this one fetches ``[a, b)`` now (or, ``done``, no
-        longer): a record appended to an existing map (a hint: never created for it)."""
+        """Tell other processes this one fetches ``[a, b)`` now (or, ``done``, no longer): a hint
+        appended to an existing map, never created for it."""
         try:
             fd = os.open(self.map, os.O_WRONLY | os.O_APPEND | NOFOLLOW)
         except OSError:
@@ -336,9 +308,8 @@ def entry(store: Any, shard: ShardInfo) -> Entry:
 
 
 def eligible(store: Any, shard: ShardInfo) -> bool:
-    """A shard filled by verified samples: remote, on a transport that serves
-    ranges, with its size, xxh3_64, offsets and sample digests, on a server not
-    seen to mishandle ``Range``."""
+    """A shard filled by verified samples: remote, on a ranged transport, with size,
+    xxh3_64, offsets and sample digests, on a server not seen to mishandle ``Range``."""
     if (shard.size is None or shard.xxh3_64 is None or shard.offsets is None or shard.sample_digests is None
             or shard.url in _NO_RANGE or not is_remote_url(shard.url) or not hasattr(store, "entry_path")):
         return False
@@ -349,8 +320,7 @@ def eligible(store: Any, shard: ShardInfo) -> bool:
 
 
 def lookup(store: Any, shard: ShardInfo) -> Optional[Entry]:
-    """The shard's entry with what its map says now, or None when the shard
-    is not filled by samples."""
+    """The shard's entry with what its map says now, or None when it is not filled by samples."""
     if not eligible(store, shard):
         return None
     e = entry(store, shard)
@@ -365,8 +335,8 @@ def stream_instead(url: str) -> None:
 
 
 def read_present(e: Entry, shard: ShardInfo, js: List[int]) -> Dict[int, bytes]:
-    """The bytes of the samples ``js`` that the sparse partial holds, each checked
-    against its digest (a sample that fails is left out: fetch it again)."""
+    """The samples ``js`` that the sparse partial holds, each checked against its digest
+    (one that fails is left out: fetch it again)."""
     off, dig = shard.offsets, shard.sample_digests
     assert off is not None and dig is not None
     want = [j for j in js if e.have.covers(int(off[j]), int(off[j + 1]))]
@@ -391,11 +361,8 @@ def read_present(e: Entry, shard: ShardInfo, js: List[int]) -> Dict[int, bytes]:
     return out
 
 
-# ---- writing ------------------------------------------------------------------------------
-
 def _may_create(store: Any, base: str) -> bool:
-    """A reader may start a sparse partial: no cache budget, or the shard's
-    download has its room reserved (else its bytes would not be counted)."""
+    """A reader may start a sparse partial: no cache budget, or the download has its room reserved."""
     if store.cache_size is None:
         return True
     pf = getattr(store, "_prefetch", None)
@@ -403,20 +370,12 @@ def _may_create(store: Any, base: str) -> bool:
 
 
 class Writer:
-    """Verified bytes written into a shard's sparse partial, then recorded.
+    """Verified bytes written into a shard's sparse partial, then recorded (one per request).
 
-    Made per request (a piece of the download, a reader's range).  It takes
-    the map's lock shared for each write (and looks that the map is still
-    there), so that no byte lands in an entry that was published meanwhile;
-    it records a run of bytes at least every
-    :data:`RECORD_EVERY` bytes and when it closes.  Once it cannot write (no
-    room for a reader's bytes in the cache budget, a full disk, the entry
-    published meanwhile) it drops what it is given: a reader still delivers
-    its samples; the download raises (``strict``).
-
-    Example:
-        >>> with Writer(store, e) as w:                        # doctest: +SKIP
-        ...     w.put(512, data)
+    Each write holds the map's lock shared and checks the map is still there (no
+    byte lands in a published entry); runs are recorded every :data:`RECORD_EVERY`
+    bytes and at close.  Once it cannot write it drops what it is given (a
+    reader still delivers its samples); the download (``strict``) raises.
     """
 
     def __init__(self, store: Any, e: Entry, strict: bool = False):
@@ -454,11 +413,6 @@ class Writer:
             self._drop()
             if self.strict:
                 raise cache_error(exc, e.path, "write the sparse partial") from exc
-            return False
-        except CacheError:
-            self._drop()
-            if self.strict:
-                raise
             return False
         return True
 
@@ -500,10 +454,6 @@ class Writer:
         if self.run[1] - self.run[0] >= RECORD_EVERY:
             self.flush()
 
-    def put_sample(self, j: int, a: int, data: Any) -> None:
-        """:meth:`put` for a :class:`~resumewds.cache.SampleSink`'s checked sample ``j``."""
-        self.put(a, data)
-
     def flush(self) -> None:
         """Record the run written since the last record (the bytes are in the file)."""
         run, self.run = self.run, None
@@ -544,8 +494,7 @@ class Writer:
 
 
 def _piece(shard: ShardInfo, a: int, b: int) -> int:
-    """Where a piece of the gap ``[a, b)`` ends: at most :data:`PIECE` bytes on, on a
-    sample's boundary (one sample at least)."""
+    """Where a piece of the gap ``[a, b)`` ends: at most :data:`PIECE` bytes on, on a sample boundary."""
     if b - a <= PIECE:
         return b
     off = shard.offsets
@@ -570,8 +519,8 @@ LOOK_EVERY = 256 << 10
 
 
 def _skipping(e: Entry, w: Writer) -> Any:
-    """The download's sample callback: write it, and every :data:`LOOK_EVERY` bytes stop
-    the piece (:class:`_Skip`) when what follows is present or another process fetches it."""
+    """The download's sample callback: write it, and every :data:`LOOK_EVERY` bytes stop the
+    piece (:class:`_Skip`) when what follows is present or another process fetches it."""
     seen = [0]
 
     def put(j: int, a: int, data: Any) -> None:
@@ -594,15 +543,12 @@ def _skipping(e: Entry, w: Writer) -> Any:
 
 
 def fill(store: Any, shard: ShardInfo, base: str, budget: FetchBudget) -> Optional[FetchResult]:
-    """Fetch every byte of ``base + ".sparse"`` that no record covers and no reader
-    of this process fetches (under the entry's download lock), each sample
-    checked as it arrives; the :class:`~resumewds.fetch.FetchResult` (with the
-    xxh3_64 of the whole file, hashed in order), or None when the server does
-    not serve ``Range`` (the partial is discarded: download it streamed).
+    """Fetch every byte of the sparse partial that no record covers and no reader of this
+    process fetches (under the download lock), each sample checked as it arrives.
 
-    Raises:
-        TransientFetchError / PermanentFetchError: the fetch budget was spent.
-        CacheError: the partial cannot be written.
+    Returns the :class:`~resumewds.fetch.FetchResult`, or None when the server
+    does not serve ``Range`` (the partial is discarded: download it streamed).
+    Raises what the fetch budget's end raises, or CacheError.
     """
     e = entry(store, shard)
     url = shard.url
@@ -665,11 +611,8 @@ def fill(store: Any, shard: ShardInfo, base: str, budget: FetchBudget) -> Option
                        attempts=requests, xxh3_64=digest)
 
 
-# ---- the entry's end ----------------------------------------------------------------------
-
 def publish(base: str) -> None:
-    """Rename the finished sparse partial to the entry ``base`` and drop its
-    map, with the map locked exclusive (no write lands in the entry)."""
+    """Rename the finished sparse partial to ``base`` and drop its map, the map locked exclusive."""
     mfd = layout.open_file(base + MAP_SUFFIX, os.O_RDWR | os.O_CREAT, "open the sparse map")
     try:
         fcntl.flock(mfd, fcntl.LOCK_EX)
@@ -684,13 +627,7 @@ def publish(base: str) -> None:
 
 
 def drop_stale(base: str) -> bool:
-    """Remove a map left beside a published entry (a kill between :func:`publish`'s
-    rename and the map's removal); whether one was.
-
-    Example:
-        >>> drop_stale("/cache/shards/ab12-shard-000000.tar")   # doctest: +SKIP
-        False
-    """
+    """Remove a map left beside a published entry (a kill inside :func:`publish`); whether one was."""
     if (layout.lstat(base + MAP_SUFFIX) is None or layout.lstat(base + SUFFIX) is not None
             or layout.lstat(base) is None):
         return False  # (a map alone, no file yet: readers' claims of a partial about to start)

@@ -1,13 +1,9 @@
 """The store: a verified local file for each shard (fill, verify, repair, publish).
 
-:class:`ShardStore` hands readers a :class:`~resumewds.cache._locks.LocalShard`.
-Local shards are verified in place (:mod:`resumewds.cache`); a remote
-shard's entry (:mod:`resumewds.cache`) is looked at under its pin
-lock, and filled, repaired (:mod:`resumewds.cache`) or adopted under its
-download lock (:mod:`resumewds.cache`); eviction and prefetch are
-:mod:`resumewds.cache` and :mod:`resumewds.cache`.  The
-modules it calls back through (prefetch, bulk, repair) see only its public
-protocol, :class:`resumewds.cache._storeapi.StoreAPI`.
+:class:`ShardStore` hands readers a :class:`~resumewds.cache._locks.LocalShard`:
+local shards verified in place, remote entries looked at under their pin
+lock and filled, repaired or adopted under their download lock.  Prefetch,
+bulk and repair see only its protocol, :class:`resumewds.cache._storeapi.StoreAPI`.
 
 A reader never upgrades its pin: an upgrade waits for every other reader's
 pin, and a reader that pins a shard and then idles would block it forever.
@@ -91,24 +87,15 @@ class ShardStore:
     Args:
         cache_dir: where remote shards are kept (see :func:`default_cache_dir`).
         cache_size: byte budget (int or "20GB"); default ``$RESUMEWDS_CACHE_SIZE``
-            (or ``$WDS_CACHE_SIZE``), else unlimited.  Shards being read may
-            exceed it, nothing else does.
-        verify: "once", "always" or "never" (see :mod:`resumewds.cache`).
+            (or ``$WDS_CACHE_SIZE``), else unlimited.  Only shards being read may exceed it.
+        verify: "once", "always" or "never"; sync: "auto" (default, or
+            ``$RESUMEWDS_CACHE_SYNC``), "fsync" or "boot" (see :mod:`resumewds.cache`).
         fetch: retry/timeout policy; default ``FetchConfig.from_env()``.
-        on_event: ``on_event(kind, url, **detail)``; kinds (an
-            :class:`~resumewds.events.EventKind`, equal to its string)
-            ``cache_hit``, ``cache_miss``, ``verify_ok``, ``verify_fail``,
-            ``repair``, ``evict``, ``fetch_start``, ``fetch_done``, ``retry``.
-        max_repairs: an extra cap on how many failed verifications of one
-            shard are fetched again before giving up with ChecksumMismatch;
-            None (the default): only the fetch budget decides, as a corrupt
-            download counts as a failed attempt of it.
-        sync: "auto" (default, or ``$RESUMEWDS_CACHE_SYNC``), "fsync" or
-            "boot": how a download is made safe against a crash of the
-            machine (see :mod:`resumewds.cache`).
-        prefetch_threads: shards :meth:`prefetch` downloads at once; None
-            (default): :data:`~resumewds.cache._prefetch.WINDOW_PREFETCH_THREADS` (4) for a shuffled
-            window of several shards, else :data:`~resumewds.cache._prefetch.PREFETCH_THREADS` (2).
+        on_event: ``on_event(kind, url, **detail)``, kind an :class:`~resumewds.events.EventKind`.
+        max_repairs: an extra cap on how many failed verifications of one shard are
+            fetched again before ChecksumMismatch; None: only the fetch budget decides.
+        prefetch_threads: shards :meth:`prefetch` downloads at once; None: 4 for a
+            shuffled window of several shards, else 2.
 
     Attributes:
         counters: events seen by kind, plus ``bytes_fetched`` and ``bytes_evicted``.
@@ -155,9 +142,7 @@ class ShardStore:
 
     # ---- runtime state: this process's own (threads, locks, connections) ------------------
     def _runtime(self) -> _Runtime:
-        """This process's threads, locks, sessions and budgets: made on first use, and
-        made again in a forked child (a DataLoader worker) or after an unpickle, whose
-        parent's are not its own."""
+        """This process's threads, locks, sessions and budgets: made again in a forked child or after an unpickle."""
         rt = self._rt
         if rt is None or rt.pid != os.getpid():
             rt = self._rt = _Runtime(self)
@@ -187,8 +172,7 @@ class ShardStore:
 
     # ---- events -----------------------------------------------------------------------------
     def emit(self, kind: str, url: str, **detail: Any) -> None:
-        """Record an event: count it, print it under ``RESUMEWDS_VERBOSE_CACHE``,
-        pass it to ``on_event``."""
+        """Count an event, print it under ``RESUMEWDS_VERBOSE_CACHE``, pass it to ``on_event``."""
         if getattr(self._tl, "prefetching", False):
             detail = dict(detail, prefetch=True)  # a background download's (stats tells them apart)
         key = str(kind)  # counters are keyed by the plain string
@@ -211,9 +195,8 @@ class ShardStore:
 
     # ---- the fetch budget of one read of one shard ------------------------------------------
     def budget_for(self, url: str) -> FetchBudget:
-        """The budget this read of ``url`` draws from: the one a prefetch (or
-        a concurrent reader) of this process started, if it is still live or
-        failed recently, else a fresh one."""
+        """The budget this read of ``url`` draws from: this process's prefetch's (or a concurrent
+        reader's) if it is live or failed recently, else a fresh one."""
         with self._mu:
             b = self._budgets.get(url)
             now = time.monotonic()
@@ -228,8 +211,7 @@ class ShardStore:
         return b
 
     def budget_done(self, url: str, budget: FetchBudget, ok: bool, reader: bool) -> None:
-        """A success, or a failure a reader has seen, ends the budget; a
-        prefetch's failure keeps it for the reader to meet (at once)."""
+        """A success, or a failure a reader saw, ends the budget; a prefetch's failure keeps it for the reader."""
         with self._mu:
             if budget.validator is not None:
                 self._runtime().validators[url] = (budget.validator, budget.changed)
@@ -247,8 +229,7 @@ class ShardStore:
         return s
 
     def in_background(self) -> None:
-        """The calling thread downloads in the background (a prefetch thread): the
-        events it emits carry ``prefetch=True`` (stats count its cache hits apart)."""
+        """The calling thread is a prefetch thread: its events carry ``prefetch=True``."""
         self._tl.prefetching = True
 
     def close_session(self) -> None:
@@ -268,9 +249,7 @@ class ShardStore:
         return layout.entry_path(self.shards_dir, url)
 
     def ensure_dirs(self) -> None:
-        """Create the cache directory and its ``shards/`` (private, mode 0700) if
-        they are missing, once per store; :class:`~resumewds.errors.CacheError`
-        naming the directory when it cannot be used."""
+        """Create the cache directory and its ``shards/`` (mode 0700) once per store; a CacheError if unusable."""
         rt = self._runtime()
         if rt.dirs_ready:
             return
@@ -305,17 +284,14 @@ class ShardStore:
         return layout.read_meta(base)
 
     def write_meta(self, base: str, url: str, xxh3_64: Optional[str], synced: bool) -> None:
-        """Publish the meta that makes the file ``base`` the verified entry of ``url``
-        (see :func:`resumewds.cache._layout.write_meta`)."""
+        """Publish the meta that makes the file ``base`` the verified entry of ``url``."""
         layout.write_meta(base, url, xxh3_64, synced)
 
     _write_meta = write_meta  # the name it had before it was public
 
     # ---- public API -------------------------------------------------------------------------
     def acquire(self, shard: ShardInfo) -> LocalShard:
-        """A verified local file for ``shard``, pinned until closed.
-
-        Use as a context manager: ``with store.acquire(shard) as ls: os.pread(...)``.
+        """A verified local file for ``shard``, pinned until closed (a context manager).
 
         Raises:
             PermanentFetchError / TransientFetchError: it could not be fetched.
@@ -332,21 +308,17 @@ class ShardStore:
         """Like :meth:`acquire` but unpinned; returns the path.
 
         Args:
-            shard: what to fetch.
-            tar: the object is a tar shard (checked to be a complete tar
-                before it is published when its checksum is unknown); False
-                for other files (a manifest's offsets file).
+            tar: a tar shard (checked to be a complete tar when its checksum is
+                unknown); False for other files (an offsets file).
             policy: the verify policy of this call; None: the store's ``verify``.
-            progress: called with the number of bytes hashed or fetched, as they are.
-            reader: False for a prefetch: its failure keeps the shard's fetch
-                budget spent for the reader to meet (see :mod:`resumewds.cache`).
+            progress: called with the number of bytes hashed or fetched.
+            reader: False for a prefetch: its failure is kept for the reader to meet.
         """
         ls = self._acquire(shard, pin=False, policy=policy, progress=progress, tar=tar, reader=reader)
         return ls.path
 
     def check_local(self, shard: ShardInfo, policy: str = "always", progress: Optional[ProgressFn] = None) -> str:
-        """Verify the local (not cached) shard ``shard`` in place under the verify
-        ``policy``; returns its path.
+        """Verify the local shard in place under ``policy``; returns its path.
 
         Raises:
             ShardNotFoundError / PermanentFetchError: it cannot be read.
@@ -374,14 +346,11 @@ class ShardStore:
             self.budget_done(shard.url, budget, ok, reader)
 
     def acquire_sampled(self, shard: ShardInfo) -> Tuple[LocalShard, Optional[str]]:
-        """Like :meth:`acquire`, for a data set's reader: a local shard with
-        per-sample digests is opened without hashing it whole (size and
-        end-of-archive checked), and the second item is then the key of its
-        "verified" mark: the reader checks each of its samples against its
-        digest (:func:`resumewds.cache._local.open_sampled`) until
-        :meth:`verified_key` says the background check
-        (``verify="once"``) verified the file whole.  None: read it as
-        :meth:`acquire` gives it.
+        """Like :meth:`acquire`, for a reader: a local shard with sample digests is opened unhashed.
+
+        The second item is then its mark's key: the reader checks each sample until
+        :meth:`verified_key` says the background check verified the file whole
+        (None: read it as :meth:`acquire` gives it).
 
         Example:
             >>> lease, key = store.acquire_sampled(shard)              # doctest: +SKIP
@@ -492,11 +461,9 @@ class ShardStore:
               tar: bool = True) -> None:
         """Under the download lock: make ``base`` a verified entry.
 
-        The entry that is there is kept when it checks out, adopted when a known
-        checksum proves it, or repaired (only the samples that fail fetched
-        again); otherwise the shard is downloaded (sample by sample around what
-        readers fetched, or streamed whole), checked and published, the server
-        asked again after a corrupt download as long as the budget allows.
+        The entry there is kept, adopted (a known checksum proves it) or repaired;
+        otherwise the shard is downloaded, checked and published, asked again after
+        a corrupt download while the budget allows.
         """
         budget = budget or FetchBudget(self.fetch)
         sparse.drop_stale(base)  # a map left by a kill after its sparse file was published
@@ -541,8 +508,8 @@ class ShardStore:
 
     def _keep_entry(self, shard: ShardInfo, base: str, policy: str, progress: Optional[ProgressFn],
                     known_bad: Optional[Tuple[int, int]], budget: FetchBudget) -> Optional[int]:
-        """The entry at ``base`` kept (verified, adopted or repaired in place): None;
-        otherwise it is removed and the repairs spent on it are returned (0 or 1)."""
+        """None when the entry is kept (verified, adopted or repaired in place); else it is removed
+        and the repairs spent on it are returned (0 or 1)."""
         url = shard.url
         state, _ = self._check_entry(shard, base, policy, progress, known_bad)
         if state is EntryState.VERIFIED:
@@ -574,10 +541,8 @@ class ShardStore:
         return 1
 
     def _download(self, shard: ShardInfo, base: str, streamed: str, budget: FetchBudget) -> Tuple[Any, FetchBudget]:
-        """One download of ``shard``: sample by sample, each checked as it arrives, around
-        what readers fetched (a sparse partial), or streamed whole to ``streamed`` (the
-        server mishandles ``Range``, its ranges keep arriving corrupt, or a stream was
-        started already); the result and the budget the next attempt draws from."""
+        """One download: a sparse partial filled sample by sample, or streamed whole to ``streamed``
+        (no Range, ranges corrupt, or a stream started already); the result and the budget next drawn from."""
         if layout.lstat(streamed) is None:
             budget.saw(_read_validator(streamed))  # what an earlier read of it saw first, if it changed since
             layout.remove(streamed + ".etag")
@@ -604,9 +569,8 @@ class ShardStore:
 
     def _judge(self, shard: ShardInfo, res: Any, budget: FetchBudget, tar: bool
                ) -> Tuple[str, Optional[ResumeWDSError]]:
-        """A finished download against the manifest: ``(xxh3_64, None)`` when it holds
-        (the samples that fail their digests, and the bytes no digest covers, fetched
-        again first), else ``(xxh3_64, the error)`` (a ``verify_fail`` event)."""
+        """A finished download against the manifest: ``(xxh3_64, None)`` when it holds (bad samples
+        repaired first), else ``(xxh3_64, the error)`` after a ``verify_fail`` event."""
         url = shard.url
         bad: Optional[Tuple[str, str, str]] = None
         failure: Optional[ResumeWDSError] = None
@@ -637,8 +601,7 @@ class ShardStore:
         return actual, failure
 
     def _publish(self, shard: ShardInfo, base: str, partial: str, streamed: str, actual: str, synced: bool) -> None:
-        """A download that holds becomes the entry: its samples checked (where they end,
-        their digests), renamed (or the sparse partial published) and its meta written."""
+        """A download that holds becomes the entry: its samples checked, renamed, its meta written."""
         url = shard.url
         if shard.xxh3_64 is not None:
             try:
@@ -677,35 +640,28 @@ class ShardStore:
 
     def evict(self, reserve: int = 0, keep: Optional[Set[str]] = None,
                reserved: Optional[Set[str]] = None) -> int:
-        """Evict least recently used entries until the cache plus ``reserve``
-        fits ``cache_size``; see :func:`resumewds.cache._eviction.evict`."""
+        """Evict least recently used entries until the cache plus ``reserve`` fits ``cache_size``."""
         return eviction.evict(self.shards_dir, self.cache_size, self.emit, reserve, keep, reserved)
 
     _evict = evict  # the name it had before it was public
 
     def _evict_on_release(self) -> None:
-        """A pin was released: what is no longer in use may go, except what
-        prefetch fetched for later."""
+        """A pin was released: what is not in use may go, except what prefetch fetched for later."""
         self.evict(keep=self._prefetch.kept())
 
     # ---- prefetch (resumewds.cache) ------------------------------------------------
     def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2, window: int = 0) -> None:
         """Download the next ``depth`` remote shards in background threads.
 
-        Up to ``prefetch_threads`` shards download at once, each over its own
-        connection.  Replaces any earlier wish list; shards already cached or
-        being downloaded are left out.  With a ``cache_size``, a shard is
-        only prefetched when it fits in the budget (after evicting entries
-        not in use); the reader fetches the others when it gets to them.
-        Errors are swallowed here; they show up again, at once (the prefetch
-        spent the shard's fetch budget), when the shard is acquired.
+        Replaces any earlier wish list.  With a ``cache_size``, a shard is prefetched
+        only when it fits (after evicting entries not in use).  Errors show up when
+        the shard is acquired (the prefetch spent its fetch budget).
 
         Args:
             shards: the upcoming shards, in the order they will be read.
             depth: how many of them to fetch ahead.
-            window: how many of the first ``shards`` are one shuffle window
-                (read at the same time); if their sizes add up to more than
-                ``cache_size``, a warning says so, once.
+            window: how many of the first ``shards`` are one shuffle window; if they
+                add up to more than ``cache_size``, a warning says so, once.
         """
         self._prefetch.schedule(shards, depth, window)
 
@@ -728,15 +684,11 @@ class ShardStore:
     # ---- the CLI's bulk passes (resumewds.cache) ---------------------------------------
     def verify_all(self, shards: Sequence[ShardInfo],
                    progress: Optional[ProgressFn] = None) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
-        """Hash every shard now (policy "always"), for ``resumewds verify``;
-        see :func:`resumewds.cache._bulk.verify_all`."""
+        """Hash every shard now (policy "always"), for ``resumewds verify``."""
         return verify_all(self, shards, progress)
 
     def prefetch_all(self, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
                      parallel: int = 2) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
-        """Download every remote shard into the cache, for ``resumewds prefetch``;
-        see :func:`resumewds.cache._bulk.prefetch_all`."""
+        """Download every remote shard into the cache, for ``resumewds prefetch``."""
         return prefetch_all(self, shards, progress, parallel)
 
-
-__all__ = ["LocalShard", "SYNC_MODES", "ShardStore", "VERIFY_POLICIES", "default_cache_dir"]

@@ -1,15 +1,7 @@
-"""One attempt: the state the attempts of one fetch share, and its pacing.
+"""One attempt: the state the attempts of one fetch share (:class:`_Attempt`), and its pacing.
 
-:class:`_Attempt` is the partial file (:class:`~resumewds.fetch._partial._Partial`:
-path, hasher, bytes received) plus what every transport needs: the url,
-``expected_size``, ``max_bytes``, the config, the shared budget, a requests
-session (http only) and a read buffer.  Its helpers are the copy loop every
-transport uses: :meth:`_Attempt._copy` reads into the buffer, sniffs the
-first bytes for an HTML page, writes through the sink and ticks the pace.
-
-:class:`_Pace` bounds one attempt in time (a minimum rate, or the deadline).
-The step that runs one attempt through a transport is
-:func:`resumewds.fetch._transport._run_attempt`.
+:meth:`_Attempt._copy` is every transport's copy loop: read into the
+thread's buffer, sniff for an HTML page, write through the sink, tick the pace.
 
 Example:
     >>> from resumewds.fetch import FetchBudget, FetchConfig
@@ -37,10 +29,9 @@ class _Pace:
     """Bounds one attempt in time: a minimum rate, or the fetch deadline.
 
     ``tick(n)`` after every read: slower than ``min_rate`` bytes/s over
-    ``rate_window`` seconds (a body that trickles, which no per-read timeout
-    ever catches), the attempt fails (transient).  A body that keeps the
-    minimum rate is let finish even past the deadline (a large shard on a
-    slow link is not a failure); with ``min_rate=0`` the deadline ends it.
+    ``rate_window`` seconds (a trickle no per-read timeout catches) fails the
+    attempt (transient).  A body keeping the minimum rate may finish past the
+    deadline; with ``min_rate=0`` the deadline ends it.
     """
 
     def __init__(self, url: str, config: FetchConfig, budget: FetchBudget, what: str = "body"):
@@ -73,8 +64,7 @@ class _Pace:
         return max(0.01, min(t, self.budget.remaining()))
 
     def body_timeout(self, t: float) -> float:
-        """The wait for the next bytes of a body: ``t``, or with no minimum
-        rate (then the deadline is the body's only bound) what is left of it."""
+        """The wait for a body's next bytes: ``t``, or without a minimum rate what is left of the deadline."""
         return t if self.config.min_rate else self.timeout(t)
 
 
@@ -92,12 +82,7 @@ class _HtmlBody(Exception):
 
 
 class _Attempt(_Partial):
-    """State shared by the attempts of one fetch_to_file call.
-
-    ``hasher`` holds the xxh3_64 of the first ``hashed`` bytes of the partial
-    file, updated as bytes are written, so the finished file need not be read
-    back to be verified.
-    """
+    """State shared by the attempts of one fetch_to_file call (the partial file, hashed as written)."""
 
     def __init__(self, url: str, path: str, expected_size: Optional[int], config: FetchConfig,
                  session: Any, budget: FetchBudget, max_bytes: Optional[int] = None):

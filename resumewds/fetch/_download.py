@@ -1,17 +1,5 @@
 """The fetch core's drivers: :func:`fetch_to_file`, :func:`fetch_bytes` and :func:`fetch_range`.
 
-``fetch_to_file(url, partial)`` picks the url's transport
-(:func:`~resumewds.fetch.transport_for`), lets it refuse a url it
-cannot read, emits ``fetch_start``, and runs attempts under the retry policy
-(:func:`~resumewds.fetch._retry._retry`, drawing from the shared
-:class:`~resumewds.fetch.FetchBudget`) until one succeeds; it then returns a
-:class:`~resumewds.fetch.FetchResult` with the file's xxh3_64 and emits
-``fetch_done``.  ``fetch_bytes`` is the same call into a temporary file.  ``fetch_range(url,
-a, b)`` asks the url's transport for bytes ``[a, b)`` (http(s) ``Range``, s3
-ranged GetObject) under the same retry policy and budget; a sink given to it
-takes the bytes as they arrive (a sample-verifying sink: every byte checked
-before it is kept) and the retries resume where the sink says.
-
 Example:
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp(); src = os.path.join(d, "a.bin")
@@ -48,31 +36,26 @@ def fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] =
                   config: Optional[FetchConfig] = None, on_event: Optional[EventFn] = None,
                   session: Optional[Session] = None, budget: Optional[FetchBudget] = None,
                   max_bytes: Optional[int] = None) -> FetchResult:
-    """Download ``url`` into ``partial_path``, resuming what is already there.
+    """Download ``url`` (http(s)://, s3://, file://, a path, ``pipe:CMD``) into ``partial_path``.
 
     Args:
-        url: http(s)://, s3:// (:mod:`resumewds.fetch`), file://, a local path, or ``pipe:CMD``.
         partial_path: destination; bytes already in it are kept when the server
-            proves (If-Range, and the validator of the 206) that they belong
-            to the same file.  The validator lives in ``partial_path + ".etag"``.
+            proves (If-Range, the 206's validator, kept in ``partial_path + ".etag"``)
+            that they are of the same file.
         expected_size: size the finished file must reach, if known.
-        config: retry and timeout policy (default :meth:`FetchConfig.from_env`).
-        on_event: ``on_event(kind, url, **detail)`` for ``fetch_start``,
-            ``fetch_done`` and ``retry``.
-        session: the :class:`~resumewds.fetch._http.Session` to use (http(s); one is created if None).
-        budget: the attempts and deadline to draw from, shared with others
-            fetching the same shard for the same read (a fresh one if None).
+        on_event: ``on_event(kind, url, **detail)``: ``fetch_start``, ``fetch_done``, ``retry``.
+        session: the :class:`~resumewds.fetch._http.Session` to use (http(s); made if None).
+        budget: the attempts and deadline to draw from, shared by everyone
+            fetching the shard for the same read (a fresh one if None).
         max_bytes: refuse (permanently) a source larger than this.
 
     Returns:
-        A :class:`FetchResult` (with the file's xxh3_64).  The file is
-        written, not fsynced.
+        A :class:`FetchResult` with the file's xxh3_64 (written, not fsynced).
 
     Raises:
         TransientFetchError: still failing when the budget is spent.
-        PermanentFetchError: a status or source that retrying will not fix
-            (4xx, a redirect loop, an HTML page for a shard of unknown size,
-            more than ``max_bytes``).
+        PermanentFetchError: what retrying will not fix (4xx, a redirect loop,
+            an HTML page for a shard of unknown size, more than ``max_bytes``).
         CacheError: ``partial_path`` cannot be written.
 
     Example:
@@ -110,12 +93,6 @@ def _download(transport: Transport, url: str, partial_path: str, *, expected_siz
     finally:
         if own_session and state.session is not None:
             state.session.close()
-    return _fetched(url, partial_path, state, cfg, on_event, t0)
-
-
-def _fetched(url: str, partial_path: str, state: _Attempt, cfg: FetchConfig,
-             on_event: Optional[EventFn], t0: float) -> FetchResult:
-    """A finished download's result, its ``fetch_done`` event and gopen line (every transport)."""
     size = _size_of(partial_path)
     kept = max(0, size - state.received)
     seconds = time.monotonic() - t0
@@ -129,21 +106,8 @@ def _fetched(url: str, partial_path: str, state: _Attempt, cfg: FetchConfig,
 
 def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Optional[EventFn] = None,
                 session: Optional[Session] = None, max_bytes: Optional[int] = None) -> bytes:
-    """Fetch a small object (e.g. a remote manifest.json) into memory.
-
-    The same code as :func:`fetch_to_file` (sources, classification, retry
-    budget, stall and rate limits, Range resume within the call), through a
-    temporary file.
-
-    Args:
-        url: as for :func:`fetch_to_file`.
-        config: default :meth:`FetchConfig.from_env`.
-        on_event: receives ``retry`` (and ``fetch_start``/``fetch_done``).
-        session: the :class:`~resumewds.fetch._http.Session` to use (http(s); one is made if None).
-        max_bytes: refuse (permanently) anything larger.
-
-    Raises:
-        TransientFetchError, PermanentFetchError: as for :func:`fetch_to_file`.
+    """Fetch a small object (e.g. a remote manifest.json) into memory: :func:`fetch_to_file`
+    through a temporary file (its arguments, its errors).
 
     Example:
         >>> fetch_bytes("http://127.0.0.1:8000/manifest.json")  # doctest: +SKIP
@@ -165,11 +129,10 @@ def fetch_bytes(url: str, config: Optional[FetchConfig] = None, *, on_event: Opt
 
 class RangeSink:
     """Where :func:`fetch_range`'s bytes go: :meth:`write` takes them as they arrive;
-    :meth:`wanted` says which bytes to ask for next (a retry asks only for those).
+    :meth:`wanted` says which to ask for next (a retry asks only for those).
 
-    This one keeps every byte (:meth:`data`) and reports each chunk as progress;
-    a verifying sink (:class:`resumewds.cache.SampleSink`) keeps only what
-    matches its digests, and asks again for what did not.
+    This one keeps every byte and reports each chunk as progress; a verifying
+    sink (:class:`resumewds.cache.SampleSink`) keeps only what matches its digests.
 
     Example:
         >>> s = RangeSink(10); s.write(10, b"abc"); s.at, s.data()
@@ -208,25 +171,19 @@ def fetch_range(url: str, start: int, end: int, *, config: Optional[FetchConfig]
                 on_event: Optional[EventFn] = None, sink: Optional[RangeSink] = None) -> bytes:
     """Bytes ``[start, end)`` of ``url`` (http(s) ``Range``, s3 ranged GetObject), retried.
 
-    Every request runs under the retry policy (:mod:`resumewds.fetch`)
-    and draws from ``budget``, the shard's one budget: a fault costs an
-    attempt only when the request brought no progress.  A response must be a
-    206 of exactly the range asked; a shorter body is retried from where it
-    stopped.
+    Every request draws from ``budget``, the shard's one budget.  A response must
+    be a 206 of exactly the range asked; a short body is retried from where it stopped.
 
     Args:
-        url: an http(s) or s3 url.
-        start, end: the byte range, ``end`` excluded.
         config, budget, session, on_event: as for :func:`fetch_to_file`.
         sink: where the bytes go (default: a :class:`RangeSink` that keeps them
-            all, returned); a retry asks for ``[sink.at, end)``.
+            all, returned); a retry asks for what ``sink.wanted`` says.
 
     Returns:
         The bytes (``b""`` when a ``sink`` took them).
 
     Raises:
-        RangeIgnored: the source answered with something other than that
-            range (a 200, a 416, another range): read the object whole instead.
+        RangeIgnored: a 200, a 416 or another range: read the object whole instead.
         TransientFetchError / PermanentFetchError: as :func:`fetch_to_file`.
         IntegrityError: what the sink raises for bytes that stay wrong.
 

@@ -1,28 +1,21 @@
 """The error map: every foreign exception met while fetching becomes one of ours here.
 
-As httpx does it: one table per boundary, read top to bottom, first match
-wins; a transport's attempt raises whatever its library raises, and
-:func:`resumewds.fetch._transport._run_attempt` maps what the transport
-``catches`` through the transport's table, ``raise Ours(msg) from exc``.
-Names of classes in libraries imported lazily (urllib3, botocore)
-are written as dotted strings: such a row matches nothing until its module
-has been imported (and none of its exceptions can exist before).
+One table per boundary, read top to bottom, first match wins;
+:func:`resumewds.fetch._transport._run_attempt` maps what a transport
+``catches`` through its table, ``raise Ours(msg) from exc``.  Classes of
+lazily imported libraries (urllib3, botocore) are dotted strings: such a row
+matches nothing until its module is imported.
 
-:data:`FETCH_ERRORS` (http(s), file, local paths, ``pipe:``; the s3
-transport puts its botocore rows, :data:`resumewds.fetch._s3.S3_ERRORS`, in
-front of it)::
+:data:`FETCH_ERRORS` (the s3 transport puts its botocore rows in front)::
 
     _SinkError (writing the partial)         CacheError  (ENOSPC, EROFS, EACCES, ...)
     urllib3 LocationParseError, URL-         permanent   invalid URL
       SchemeUnknown, ProxySchemeUnknown
     a TLS certificate that does not verify   permanent   TLS certificate verification failed
-      (ssl.SSLCertVerificationError, or
-      urllib3's SSLError wrapping one)
     urllib3 SSLError, ssl.SSLError           transient   TLS error (a handshake cut short)
     urllib3 NewConnectionError               transient   connection error (refused, no route, DNS)
     urllib3 ConnectTimeoutError              transient   connect timeout
-    urllib3 ReadTimeoutError,                transient   read timeout (stalled)
-      socket.timeout
+    urllib3 ReadTimeoutError, socket.timeout transient   read timeout (stalled)
     urllib3 ProxyError                       transient   proxy error
     urllib3 ProtocolError / HTTPError,       transient   broken response body
       http.client HTTPException
@@ -32,16 +25,8 @@ front of it)::
     subprocess.SubprocessError               transient   command failed
     anything else                            FetchError  unexpected <type>
 
-Every foreign exception is scrubbed when it is translated
-(:func:`resumewds.redact.scrub`): the error raised ``from`` it, and it,
-print no credential or presigned signature.
-
-HTTP statuses (:func:`_status_error`): 429 and 5xx are transient (with the
-server's Retry-After), every other non-success status is permanent; the
-status decides, not the body (a proxy's HTML "502 Bad Gateway" page is a 5xx).  What
-else is transient or permanent is raised as ours by the transports
-themselves (a short body, an HTML page, a command that stalls, ...; see
-:mod:`resumewds.fetch`).
+HTTP statuses (:func:`_status_error`): 429 and 5xx are transient, whatever
+the body; other failures are permanent.
 
 Example:
     >>> type(translate(FileNotFoundError(2, "gone", "/d/a.tar"), "/d/a.tar")).__name__
@@ -83,8 +68,7 @@ class _SinkError(Exception):
 
 
 def resolve_types(refs: Sequence[TypeRef]) -> Tuple[type, ...]:
-    """The classes ``refs`` name that exist now (a dotted name whose module is
-    not imported yet names nothing).
+    """The classes ``refs`` name that exist now (a dotted name whose module is not imported names nothing).
 
     Example:
         >>> resolve_types((OSError, "no.such.module.Error"))
@@ -104,13 +88,7 @@ def resolve_types(refs: Sequence[TypeRef]) -> Tuple[type, ...]:
 
 @dataclass(frozen=True)
 class ErrorRule:
-    """One row of an error map.
-
-    Attributes:
-        types: the exceptions it matches (see :data:`TypeRef`).
-        build: makes our error from the exception and the url.
-        when: a further condition on the exception, if any.
-    """
+    """One row of an error map: the exceptions it matches, how to build ours, an optional condition."""
 
     types: Tuple[TypeRef, ...]
     build: Builder
@@ -149,6 +127,8 @@ def _cert_failure(exc: Any) -> bool:
 
 _U3 = "urllib3.exceptions."
 _PERM, _TRANS = PermanentFetchError, TransientFetchError
+_TLS_FAILED = says(_PERM, lambda e, u: f"TLS certificate verification failed: {_tls_reason(e)} (REQUESTS_CA_BUNDLE "
+                                       f"/ SSL_CERT_FILE name the CA bundle to trust)")
 
 #: http(s), file://, local paths and ``pipe:``: foreign exception -> ours (first match wins)
 FETCH_ERRORS: Tuple[ErrorRule, ...] = (
@@ -156,12 +136,8 @@ FETCH_ERRORS: Tuple[ErrorRule, ...] = (
     ErrorRule((_U3 + "LocationParseError", _U3 + "LocationValueError", _U3 + "URLSchemeUnknown",
                _U3 + "ProxySchemeUnknown"),
               says(_PERM, lambda e, u: f"invalid URL: {e}")),
-    ErrorRule((ssl.SSLCertVerificationError,),
-              says(_PERM, lambda e, u: f"TLS certificate verification failed: {_tls_reason(e)} (REQUESTS_CA_BUNDLE "
-                                       f"/ SSL_CERT_FILE name the CA bundle to trust)")),
-    ErrorRule((_U3 + "SSLError",),
-              says(_PERM, lambda e, u: f"TLS certificate verification failed: {_tls_reason(e)} (REQUESTS_CA_BUNDLE "
-                                       f"/ SSL_CERT_FILE name the CA bundle to trust)"), when=_cert_failure),
+    ErrorRule((ssl.SSLCertVerificationError,), _TLS_FAILED),
+    ErrorRule((_U3 + "SSLError",), _TLS_FAILED, when=_cert_failure),
     ErrorRule((_U3 + "SSLError", ssl.SSLError), says(_TRANS, lambda e, u: f"TLS error: {e}")),
     ErrorRule((_U3 + "NewConnectionError",), says(_TRANS, lambda e, u: f"connection error: {e}")),
     ErrorRule((_U3 + "ConnectTimeoutError",), says(_TRANS, lambda e, u: f"connect timeout: {e}")),
@@ -183,8 +159,7 @@ def translate(exc: BaseException, url: str, rules: Sequence[ErrorRule] = FETCH_E
     """Map a foreign exception met while fetching ``url`` to one of ours, by ``rules``.
 
     One of ours is returned as it is; an exception no rule matches becomes a
-    plain :class:`~resumewds.errors.FetchError` ("unexpected ...").  The
-    caller raises the result ``from exc``.
+    plain :class:`~resumewds.errors.FetchError`.  The caller raises it ``from exc``.
 
     Example:
         >>> str(translate(ValueError("odd"), "http://h/a.tar"))
@@ -197,11 +172,6 @@ def translate(exc: BaseException, url: str, rules: Sequence[ErrorRule] = FETCH_E
         if rule.matches(exc):
             return rule.build(exc, url)
     return FetchError(f"{url}: unexpected {type(exc).__name__}: {exc}", url)
-
-
-def _translate(exc: BaseException, url: str) -> ResumeWDSError:
-    """:func:`translate` by :data:`FETCH_ERRORS` (the name the rest of the package uses)."""
-    return translate(exc, url, FETCH_ERRORS)
 
 
 def _status_error(url: str, resp: Any) -> FetchError:

@@ -1,19 +1,10 @@
 """``http://`` and ``https://`` on urllib3: one client, Range/If-Range resume, ranged reads.
 
-Every http(s) byte the package fetches (a manifest, a whole shard, a ranged
-read of samples, a piece of a download, a repair) goes through a
-:class:`Session`: a urllib3 ``PoolManager`` (keep-alive per origin) that
-follows redirects itself (at most ``max_redirects``; a redirect loop is
-permanent), takes its proxy from ``HTTP(S)_PROXY`` / ``NO_PROXY``, its CA
-bundle from ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` / ``SSL_CERT_FILE`` or
-certifi, and its credentials from the URL's user info or ``~/.netrc`` (sent
-to that host only, never across a redirect to another).  urllib3 is imported
-at the first http(s) fetch (about 25 ms with torch loaded; requests, which
-the package no longer uses, costs about 0.16 s).  urllib3's own retries are
-off: the package's retry policy (:mod:`resumewds.fetch`) decides.
-
-Whole downloads (:class:`HTTPTransport`, one attempt of
-:func:`resumewds.fetch.fetch_to_file`)::
+Every http(s) byte goes through a :class:`Session`: urllib3 pools, redirects
+followed by us (a loop is permanent), the proxy from ``HTTP(S)_PROXY`` /
+``NO_PROXY``, the CA bundle from ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` /
+``SSL_CERT_FILE`` or certifi, credentials from the URL or ``~/.netrc`` (sent
+to that host only).  urllib3's own retries are off.  Whole downloads::
 
     partial has N > 0 bytes and a validator in <partial>.etag
         -> GET  Range: bytes=N-   If-Range: <ETag or Last-Modified>
@@ -21,24 +12,13 @@ Whole downloads (:class:`HTTPTransport`, one attempt of
            206 with another validator (server ignored If-Range)  start over
            200 (file changed, or server ignores Range)  restart from zero
            200 with the Content-Range of a part, or shorter than the known
-               size (a broken server)  transient; the next attempts are
-               whole GETs without Range, from byte 0
+               size (a broken server)  transient; then whole GETs from byte 0
            416 (bytes */N)  the partial is already complete
     otherwise
         -> GET (no Range), truncate, save the response's validator
 
-Ranged reads (:func:`open_range`, for :func:`resumewds.fetch.fetch_range`):
-``Range: bytes=a-b`` must come back as a 206 of exactly that range; a 200, a
-416 or another range is :class:`~resumewds.errors.RangeIgnored` (the caller
-reads the shard whole instead).
-
-Refused (permanent): an HTML page where a shard of unknown size was
-expected, more than ``max_redirects`` redirects, a body larger than
-``max_bytes``, a TLS certificate that does not verify, a malformed URL.
-Transient: a Content-Encoding other than identity (its bytes are not the
-file's), an HTML page where a shard of known size was expected, a body
-shorter than its Content-Length / Content-Range.  Statuses are mapped by
-:func:`~resumewds.fetch._errormap._status_error`, whatever the body.
+A Content-Encoding, or an HTML page for a shard of known size, is
+transient; an HTML page for a shard of unknown size is permanent.
 
 Example:
     >>> TRANSPORT.name, TRANSPORT.resumable
@@ -103,12 +83,11 @@ def _basic(user: str, password: str) -> str:
 
 
 class Response:
-    """One response of :class:`Session` (a urllib3 response, not yet read).
+    """One response of :class:`Session` (a urllib3 response, its body not read yet).
 
     Attributes:
         url: the URL that answered (after redirects).
-        status_code, reason, headers: the status line and the (case-insensitive) headers.
-        raw: the urllib3 ``HTTPResponse`` (its body unread).
+        raw: the urllib3 ``HTTPResponse``.
     """
 
     def __init__(self, raw: Any, url: str):
@@ -149,9 +128,8 @@ class Response:
 class Session:
     """The package's http(s) client: urllib3 pools, redirects, proxies, credentials.
 
-    One per thread (urllib3's pools are thread-safe, but a thread's own pool
-    keeps its connections warm); never used across a fork (:meth:`get` in
-    another process than the one that made it starts new pools).
+    One per thread (a thread's own pool keeps its connections warm); a forked
+    child's first request starts new pools.
 
     Example:
         >>> with Session() as s:                                             # doctest: +SKIP
@@ -199,8 +177,7 @@ class Session:
         """GET ``url`` (its body not read yet), following redirects.
 
         Raises:
-            PermanentFetchError: a malformed URL, or more than ``max_redirects``
-                redirects.
+            PermanentFetchError: a malformed URL, or more than ``max_redirects`` redirects.
             urllib3 / OSError exceptions: mapped by the caller's error map.
         """
         import urllib3
@@ -274,13 +251,10 @@ def new_session() -> Session:
 
 
 class _Body:
-    """Reads a response body into our buffer: ``readinto(buf) -> n``, 0 at
-    its end, returning what one socket read gives (bytes reach the partial
-    file as they arrive, so a kill loses almost nothing).
+    """Reads a response body into our buffer, what one socket read gives (``readinto(buf) -> n``, 0 at the end).
 
-    With a Content-Length the socket under urllib3's ``http.client``
-    response is read directly; chunked and close-delimited bodies go through
-    ``http.client``'s ``read1``; anything else through ``raw.read``.
+    A sized body is read from the socket under ``http.client`` directly;
+    chunked and close-delimited ones through ``read1``.
     """
 
     def __init__(self, raw: Any):
@@ -312,9 +286,8 @@ class _Body:
         return len(data)
 
     def finish(self) -> None:
-        """After a complete sized body: mark http.client's response done (as
-        its own reads would have) and return the connection to the pool (idempotent:
-        a :class:`Response` releases it again when it closes; botocore's body does not)."""
+        """After a complete sized body: mark http.client's response done and return the connection
+        to the pool (idempotent; botocore's body does not release it itself)."""
         if self.kind != "sized" or self.left != 0:
             return
         self.fp.length = 0
@@ -323,11 +296,8 @@ class _Body:
 
 
 def _refuse_partial_200(state: _Attempt, resp: Response, have: int, length: Optional[int]) -> None:
-    """A 200 is the whole file: refuse one that says (``Content-Range`` of a
-    part) or shows (shorter than the known size, in answer to a Range
-    request) that it is not, and make the next attempts whole GETs without
-    Range, from byte 0 (a broken server must never get a tail published as
-    the whole shard)."""
+    """Refuse a 200 that says (a part's ``Content-Range``) or shows (shorter than the known size)
+    that it is not the whole file; the next attempts are whole GETs from byte 0."""
     cr = resp.headers.get("Content-Range")
     why = None
     if cr is not None:
@@ -367,9 +337,8 @@ def _validator(headers: Any) -> Optional[str]:
 
 
 def _resumed(state: _Attempt, resp: Response, have: int, validator: Optional[str]) -> Tuple[int, Optional[int]]:
-    """A 206 for a resume at byte ``have``: its first byte and the length it ends at,
-    once its Content-Range and its validator show that the rest comes from the same
-    version of the file."""
+    """A 206 for a resume at byte ``have``: its first byte and end, once its Content-Range
+    and validator show the rest is of the same version."""
     m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
     if not m or int(m.group(1)) != have:
         _remove_quietly(state.path + _ETAG_SUFFIX)
@@ -391,8 +360,7 @@ def _resumed(state: _Attempt, resp: Response, have: int, validator: Optional[str
 
 
 def _whole(state: _Attempt, resp: Response, have: int) -> Tuple[Optional[int], Optional[str]]:
-    """A 200: its announced length (refused over ``max_bytes``, or when it is a
-    partial body sent as a whole one) and its strong ETag, if any."""
+    """A 200: its announced length (refused over ``max_bytes``, or as a part) and its strong ETag."""
     want_total = None
     cl = resp.headers.get("Content-Length")
     if cl is not None and cl.isdigit():
@@ -408,9 +376,8 @@ def _whole(state: _Attempt, resp: Response, have: int) -> Tuple[Optional[int], O
 
 
 def _write_body(state: _Attempt, resp: Response, pace: _Pace, append: bool, etag: Optional[str]) -> None:
-    """The body into the partial file (appended for a resume; a new download records
-    its validator first, so that the pair always agrees); an HTML page where a shard
-    was expected is refused (a wrong body: retried when the size is known)."""
+    """The body into the partial (appended for a resume; a new download records its validator
+    first); an HTML page where a shard was expected is refused."""
     try:
         with _Sink(state, append=append) as sink:
             if not append:
@@ -483,11 +450,8 @@ class HTTPTransport(Transport):
 
     def open_range(self, url: str, start: int, end: int, session: Any, config: Any,
                    pace: _Pace) -> Tuple[Iterator[bytes], Optional[str], Any]:
-        """GET bytes ``[start, end)``: ``(chunks, validator, closer)``.
-
-        Raises:
-            RangeIgnored: a 200, a 416, another range, an encoded body.
-        """
+        """GET bytes ``[start, end)``: ``(chunks, validator, closer)``; RangeIgnored for a 200, 416,
+        another range or an encoded body."""
         if session is None:
             session = new_session()
         session.max_redirects = config.max_redirects
@@ -512,8 +476,7 @@ class HTTPTransport(Transport):
 
 
 def check_content_range(url: str, field: str, got: Optional[str], start: int, end: int) -> None:
-    """Refuse (:class:`~resumewds.errors.RangeIgnored`) an answer whose ``Content-Range``
-    (http) or ``ContentRange`` (s3) is not exactly bytes ``start``..``end - 1``.
+    """Refuse (RangeIgnored) a ``Content-Range`` (http) or ``ContentRange`` (s3) other than bytes ``start..end-1``.
 
     Example:
         >>> check_content_range("http://h/a", "Content-Range", "bytes 0-9/100", 0, 10)

@@ -1,8 +1,7 @@
 """``file://`` urls and plain paths: copied into the partial file, from zero every attempt.
 
-A missing file is permanent (``no such file``), a directory or an
-unreadable file too (``cannot read``); a file shorter than
-``expected_size`` is transient (it may still be being written).
+A missing or unreadable file is permanent; one shorter than ``expected_size``
+is transient (it may still be being written).
 
 Example:
     >>> TRANSPORT.name, TRANSPORT.resumable

@@ -1,20 +1,9 @@
-"""The partial-file writer: ``<cache>/<entry>.partial`` and its validator sidecar.
+"""The partial-file writer: ``<entry>.partial``, hashed as written, and its ``.etag`` sidecar.
 
-A download is written into a ``.partial`` file as bytes arrive (a kill loses
-almost nothing) and hashed as it is written (xxh3_64), so the finished file
-need not be read back to be verified.  Next to it, ``<partial>.etag`` holds
-the validator that proves the bytes belong to the current version of the
-source, for a ranged resume::
-
-    {"validator": "<ETag or Last-Modified>", "boot": "<boot id>"}
-
-A partial written in an earlier boot may have lost unsynced bytes to the
-crash that ended it: its sidecar is ignored and the download restarts.  The
-file is opened with ``O_NOFOLLOW`` and a restart creates a new file rather
-than truncating the old one (see :class:`_Sink`).  Errors writing either
-file are :class:`~resumewds.fetch._errormap._SinkError`, which the error map
-turns into a :class:`~resumewds.errors.CacheError` (the destination's
-fault, not the source's).
+The sidecar, ``{"validator": "<ETag or Last-Modified>", "boot": "<boot id>"}``,
+proves the partial's bytes are of the source's current version, for a ranged
+resume.  Write errors are :class:`~resumewds.fetch._errormap._SinkError`
+(the error map makes them a CacheError: the destination's fault).
 
 Example:
     >>> import os, tempfile
@@ -44,9 +33,8 @@ _BOOT_ID: object = _UNSET  # boot_id's cache (tests replace it: resumewds.fetch.
 def boot_id() -> Optional[str]:
     """This boot's id (Linux), or None where the kernel does not say.
 
-    Bytes written without an fsync can only be lost by a kernel crash or a
-    power cut, and both end the boot; data written in *this* boot and still
-    readable is therefore as good as it was when it was written.
+    Unsynced bytes are lost only by a kernel crash or a power cut, which end the
+    boot: data written in this boot and still readable is as good as written.
 
     Example:
         >>> b = boot_id()
@@ -64,13 +52,8 @@ def boot_id() -> Optional[str]:
 
 
 def _read_validator(partial_path: str) -> Optional[str]:
-    """The partial's validator, or None when its bytes cannot be trusted.
-
-    The sidecar is ``{"validator": V, "boot": B}``.  A partial written in an
-    earlier boot may have lost unsynced bytes to the crash that ended it, so
-    it is not resumed.  (A plain-text sidecar from an older version is
-    accepted as it is.)
-    """
+    """The partial's validator, or None when its bytes cannot be trusted (written in an earlier
+    boot, which may have lost unsynced bytes).  A plain-text sidecar is accepted as it is."""
     try:
         with open(partial_path + _ETAG_SUFFIX) as f:
             raw = f.read().strip()
@@ -117,12 +100,8 @@ def _size_of(path: str) -> int:
 
 
 class _Partial:
-    """A partial file and the xxh3_64 of its first ``hashed`` bytes.
-
-    ``hasher`` is updated as bytes are written (:class:`_Sink`), so the
-    finished file need not be read back to be verified; bytes kept from an
-    earlier call are hashed from disk once (:meth:`hash_prefix`).
-    """
+    """A partial file and the xxh3_64 of its first ``hashed`` bytes (bytes kept from an earlier
+    call are hashed from disk once: :meth:`hash_prefix`)."""
 
     def __init__(self, path: str):
         self.path = path

@@ -1,13 +1,10 @@
 """``pipe:CMD``: a shell command's stdout, from zero every attempt, never allowed to hang.
 
-The command runs in its own process group and gets SIGKILL if this process
-dies (``PR_SET_PDEATHSIG``).  It is stalled, its whole group killed and the
-attempt failed (transient), when it writes nothing for ``read_timeout``
-seconds, writes slower than ``min_rate``, runs past the fetch deadline
-(``min_rate=0``), or does not exit ``read_timeout`` seconds after closing
-its stdout; a non-zero exit is transient too, with the tail of its stderr.
-:func:`~resumewds.fetch.fetch_bytes` goes through the same transport (the
-same stall timeout).
+The command runs in its own process group and dies with this process.  When
+it writes nothing for ``read_timeout`` seconds, slower than ``min_rate``,
+past the deadline (``min_rate=0``), or does not exit ``read_timeout`` seconds
+after closing its stdout, its group is killed and the attempt fails
+(transient); a non-zero exit is transient too, with its stderr's tail.
 
 Example:
     >>> TRANSPORT.name, TRANSPORT.resumable
@@ -74,11 +71,8 @@ def _popen(cmd: str, **kw: Any) -> subprocess.Popen:
 
 
 def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:
-    """SIGKILL a ``pipe:`` command's process group (and reap the command).
-
-    Only called while a member is known to be alive (the command itself, or
-    whoever holds its stdout open), so the group id cannot have been reused.
-    """
+    """SIGKILL a command's process group (and reap it); called only while a member is known
+    alive, so the group id cannot have been reused."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -93,14 +87,7 @@ class PipeTransport(Transport):
     name = "pipe"
 
     def attempt(self, state: _Attempt) -> None:
-        """Run the command (in its own process group) and keep its stdout.
-
-        A command that writes nothing for ``read_timeout`` seconds, writes
-        slower than ``min_rate``, runs past the fetch deadline, or does not
-        exit ``read_timeout`` seconds after closing its stdout, is stalled:
-        its whole process group is killed and the attempt fails (transient).
-        The command gets SIGKILL if this process dies (PR_SET_PDEATHSIG).
-        """
+        """Run the command and keep its stdout (the module docstring says when it is killed)."""
         cmd = state.url[len("pipe:"):]
         pace = _Pace(state.url, state.config, state.budget, what="command's output")
         timeout = state.config.read_timeout

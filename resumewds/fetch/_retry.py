@@ -1,39 +1,18 @@
 """The retry policy: one :class:`FetchBudget` per shard and read, spent by tenacity.
 
-Every request for a shard's bytes (a whole download's attempt, a ranged read
-of samples, a piece of a download, a repair) runs under :func:`_retry` and
-draws from the shard's one budget, shared by every thread of the process
-that reads or downloads it.  A fault costs an attempt only when it made no
-progress: bytes verified since the last fault (a sample that matched its
-digest, a whole download's bytes appended to its partial file) reset the
-count.  So a network that breaks a third of the responses still delivers
-every shard, while a server that answers nothing fails after ``attempts``
-requests in a row.  Two bounds end a read:
-
-* ``attempts`` faults in a row without progress (a transient error, a
-  corrupt sample, a short body that brought nothing new), counted for the
-  shard and, separately, for each request (one request that keeps failing
-  while others progress is given up too);
-* ``deadline`` seconds without progress (waits between attempts included; a
-  Retry-After that goes past it ends the read at once, saying so).  With a
-  ``min_rate`` (the default), which every attempt must keep up, progress
-  starts the deadline again: a shard that keeps arriving is never given up
-  on, however long it takes; with ``min_rate=0`` the deadline counts from the
-  read's start and also ends a body that is still arriving.
-
-Permanent errors (4xx other than 429, a TLS certificate that does not
-verify, a malformed URL, a missing file) are never retried.
-
-The policy is tenacity's ``Retrying`` with strategies of ours in tenacity's
-own style (``wait_base`` / ``stop_base``)::
+Every request for a shard's bytes runs under :func:`_retry` and draws from
+the shard's one budget, shared by this process's threads.  A fault costs an
+attempt only without progress (bytes verified since the last fault), so a
+network that breaks a third of the responses still delivers every shard.
+A read ends after ``attempts`` faults in a row without progress (of the
+shard, or of one request while others progress), or ``deadline`` seconds
+without progress, waits included; with ``min_rate=0`` the deadline counts
+from the read's start.  Permanent errors are never retried.  The policy::
 
     retry   only a :class:`~resumewds.errors.TransientFetchError`
-    wait    none after an attempt that brought bytes (a cut body, a sample
-            that arrived corrupt); else exponential backoff with jitter by the
-            request's faults in a row, at least the server's Retry-After,
-            never past the deadline
-    stop    the budget is spent (either bound above), or a Retry-After
-            reaches past the deadline
+    wait    none after an attempt that brought bytes; else exponential jitter by
+            the request's faults in a row, at least Retry-After, never past the deadline
+    stop    the budget is spent, or a Retry-After reaches past the deadline
     sleep   ``FetchConfig.sleep`` (injectable: tests do not wait)
 
 Example:
@@ -68,14 +47,9 @@ class FetchBudget:
 
     Attributes:
         faults: faults in a row without progress (any request of the shard).
-        progressed: how many times bytes were verified (a request compares it
-            before and after its own faults).
-        deadline_at: ``time.monotonic()`` past which nothing more is tried
-            (``deadline`` seconds after the last progress).
-        last_error: the error of the last fault, if any.
-        done_at: when the read that used it ended in failure (the store keeps
-            a failed budget a while, so that a reader meets a prefetch's
-            failure at once).
+        deadline_at: ``time.monotonic()`` past which nothing more is tried.
+        done_at: when the read ended in failure (a failed budget is kept a
+            while, so that a reader meets a prefetch's failure at once).
 
     Example:
         >>> b = FetchBudget(FetchConfig(attempts=3, deadline=5))
@@ -103,8 +77,7 @@ class FetchBudget:
         return max(0.0, self.deadline_at - time.monotonic())
 
     def progress(self) -> None:
-        """Bytes were verified: the faults in a row start again from 0, and (with a
-        ``min_rate``, which each attempt keeps up) the deadline from now."""
+        """Bytes were verified: the faults in a row start from 0, and (with a ``min_rate``) the deadline from now."""
         with self._lock:
             self.faults = 0
             self.progressed += 1
@@ -113,8 +86,7 @@ class FetchBudget:
                 self.deadline_at = max(self.deadline_at, time.monotonic() + float(self.config.deadline))
 
     def saw(self, validator: Optional[str]) -> None:
-        """A response of the shard carried ``validator`` (remembered; another one later
-        means the object changed on the server while it was read)."""
+        """A response carried ``validator``; another one later means the object changed on the server."""
         if not validator:
             return
         with self._lock:
@@ -131,7 +103,7 @@ class FetchBudget:
                 f"are no longer served there; index the shard again, or restore the object")
 
     def mine(self) -> int:
-        """How many times the calling thread reported progress (its request's own progress)."""
+        """How many times the calling thread reported progress."""
         return int(getattr(self._mine, "n", 0))
 
     def fault(self, exc: BaseException) -> None:
@@ -160,15 +132,13 @@ class FetchBudget:
 
 @functools.cache
 def _strategies() -> Tuple[Any, Any, str]:
-    """tenacity's strategies of ours, made on the first retry policy (tenacity is
-    imported then: a process that reads local shards only never imports it)."""
+    """Our tenacity strategies, made on first use (a process reading local shards never imports tenacity)."""
     from tenacity import wait_exponential_jitter
     from tenacity.stop import stop_base
     from tenacity.wait import wait_base
 
     class _WaitHonouringRetryAfter(wait_base):
-        """Exponential jitter by the request's faults in a row, at least the
-        server's Retry-After, never past the budget's deadline."""
+        """Exponential jitter by the request's faults in a row, at least Retry-After, within the deadline."""
 
         def __init__(self, base: Any, budget: FetchBudget, own: List[int]):
             self.base = base
@@ -192,8 +162,7 @@ def _strategies() -> Tuple[Any, Any, str]:
             return min(wait, self.budget.remaining())
 
     class _StopWhenBudgetSpent(stop_base):
-        """Stop when the shard's budget, or this request's own faults in a row,
-        are spent, or when the server's Retry-After reaches past the deadline."""
+        """Stop when the budget or the request's faults are spent, or Retry-After reaches past the deadline."""
 
         def __init__(self, budget: FetchBudget, own: List[int]):
             self.budget = budget
@@ -222,10 +191,8 @@ def _retry(config: FetchConfig, url: str, on_event: Optional[EventFn], budget: F
            fn: Callable[..., Any], *args: Any) -> Any:
     """Call ``fn(*args)`` until it succeeds, fails for good, or ``budget`` is spent.
 
-    Each failure is a fault of the budget (:meth:`FetchBudget.fault`);
-    ``fn`` reports its progress itself (:meth:`FetchBudget.progress`, as
-    bytes are verified).  A request whose faults in a row, without progress
-    of the shard between them, reach ``attempts`` is given up too.
+    Each failure is a fault of the budget; ``fn`` reports its own progress
+    (:meth:`FetchBudget.progress`, as bytes are verified).
     """
     own = [0, 0]  # this request's faults in a row without progress of its own; whether the last one progressed
 

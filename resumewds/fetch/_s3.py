@@ -1,64 +1,27 @@
 """``s3://bucket/key``: Amazon S3 and S3-compatible stores as a fetch transport.
 
-The same contract as :mod:`resumewds.fetch`, through boto3
-(``pip install 'resumewds[s3]'``; imported only when an s3 url is fetched):
+The contract of :mod:`resumewds.fetch` through boto3 (``pip install
+'resumewds[s3]'``, imported only when an s3 url is fetched): our retry
+policy and :class:`~resumewds.fetch.FetchBudget` (botocore's retries off),
+the FetchConfig's timeouts cut to the deadline, fetch's pacing of the body,
+``max_bytes``, an HTML page (a wrong endpoint) permanent, and a ranged
+resume guarded by the object's ETag::
 
-* one retry policy, ours (tenacity, :class:`~resumewds.fetch.FetchConfig`):
-  botocore's own retries are off (``total_max_attempts=1``);
-* the shared :class:`~resumewds.fetch.FetchBudget` (``attempts`` and
-  ``deadline`` of one read of one shard, shared by the prefetch thread and the
-  reader; a corrupt download counts against it, in the cache);
-* ``connect_timeout`` / ``read_timeout`` from the FetchConfig (a stalled body
-  is a read timeout), both shortened to what is left of the deadline; the
-  body goes through fetch's own pacing (``_Pace``: the deadline inside an
-  attempt and the minimum transfer rate, ``min_rate`` over ``rate_window``,
-  checked after every read, as for http); a Retry-After beyond the deadline
-  ends the fetch at once;
-* ``max_bytes`` (remote manifests), an HTML page where an object was
-  expected (a wrong endpoint: a web console) is permanent, ``GOPEN_VERBOSE``
-  logs each open;
-* ranged resume of a partial download, guarded by the object's ETag::
+    partial has N > 0 bytes and the object's ETag in <partial>.etag
+        -> GetObject Range: bytes=N-  If-Match: <ETag>
+           206 (Content-Range starts at N)  append
+           412 PreconditionFailed (the object was replaced)  restart from zero
+           416 InvalidRange  HeadObject If-Match: complete when its size is N
+    otherwise
+        -> GetObject, truncate, save the response's ETag
 
-      partial has N > 0 bytes and the object's ETag in <partial>.etag
-          -> GetObject Range: bytes=N-  If-Match: <ETag>
-             206 (Content-Range starts at N)  append
-             412 PreconditionFailed (the object was replaced)  restart from zero
-             416 InvalidRange  HeadObject If-Match: complete when its size is N
-      otherwise
-          -> GetObject, truncate, save the response's ETag
-
-* bytes hashed as they are written, the partial file, its sidecar and the
-  events (``fetch_start``, ``retry``, ``fetch_done``) are the package's own
-  (:mod:`resumewds.fetch`, :mod:`resumewds.fetch`): this
-  module is one entry of :data:`resumewds.fetch._transport.TRANSPORTS`;
-* errors mapped into our tree (:data:`S3_ERRORS`, in front of the package's
-  :data:`~resumewds.fetch._errormap.FETCH_ERRORS`)::
-
-      PermanentFetchError  NoSuchKey, NoSuchBucket, AccessDenied,
-                           InvalidAccessKeyId, SignatureDoesNotMatch, other
-                           4xx, no credentials, a malformed s3 url
-      TransientFetchError  SlowDown, Throttling*, RequestTimeout, InternalError,
-                           ServiceUnavailable, any 5xx or 429, connection
-                           resets, connect/read timeouts, a short body
-
-A stored ``Content-Encoding`` is object metadata: S3 serves the stored bytes
-as they are (no decoding on the fly), so unlike http it is not refused; the
-size and checksum of the manifest still guard the bytes.
-
-Settings (defaults, then environment, then ``FetchConfig(s3=S3Options(...))``;
-the environment is read by :func:`resumewds.config.s3_settings`):
-
-    credentials        boto3's standard chain: AWS_ACCESS_KEY_ID /
-                       AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE
-                       and ~/.aws/{credentials,config}, SSO, web identity,
-                       container and instance roles
-    endpoint_url       RESUMEWDS_S3_ENDPOINT_URL, else AWS_ENDPOINT_URL_S3,
-                       else AWS_ENDPOINT_URL (MinIO, R2, GCS interoperability);
-                       AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true ignores the AWS_ ones
-    region             AWS_REGION, else AWS_DEFAULT_REGION (else boto3's default)
-    profile            AWS_PROFILE (read by boto3)
-    addressing_style   RESUMEWDS_S3_ADDRESSING_STYLE: auto (default), path, virtual
-    anonymous          RESUMEWDS_S3_ANONYMOUS=1: unsigned requests (public buckets)
+Errors: :data:`S3_ERRORS` (by error code: :data:`TRANSIENT_CODES`,
+:data:`PERMANENT_CODES`, else 5xx and 429 transient, other 4xx permanent),
+in front of :data:`~resumewds.fetch._errormap.FETCH_ERRORS`.  A stored
+``Content-Encoding`` is metadata (S3 serves the stored bytes), so unlike
+http it is not refused.  Settings: defaults, then the environment
+(:func:`resumewds.config.s3_settings`), then ``FetchConfig(s3=S3Options(...))``;
+docs/S3.md has the table.
 
 Example:
     >>> parse_s3_url("s3://bucket/data/shard-000.tar")
@@ -98,20 +61,13 @@ _ADDRESSING = S3_ADDRESSING
 
 @dataclass(frozen=True)
 class S3Options:
-    """Where and how to reach an S3 (or S3-compatible) store.
-
-    Every field left at None (``addressing_style`` at "auto", ``anonymous``
-    at False) falls back to the environment (see the module docstring);
-    credentials always come from boto3's standard chain.
+    """Where and how to reach an S3 (or S3-compatible) store; fields left at their defaults
+    come from the environment, credentials from boto3's standard chain.
 
     Attributes:
-        endpoint_url: e.g. ``http://127.0.0.1:9000`` (MinIO),
-            ``https://<account>.r2.cloudflarestorage.com`` (R2),
-            ``https://storage.googleapis.com`` (GCS with HMAC keys).
+        endpoint_url: e.g. ``http://127.0.0.1:9000`` (MinIO), ``https://storage.googleapis.com`` (GCS).
         region: the bucket's region (``auto`` for R2).
-        profile: a profile of ``~/.aws/config``.
-        addressing_style: ``auto``, ``path`` (most self-hosted stores) or
-            ``virtual``.
+        addressing_style: ``auto``, ``path`` (most self-hosted stores) or ``virtual``.
         anonymous: send unsigned requests (public buckets).
 
     Example:
@@ -134,12 +90,7 @@ class S3Options:
 
     @classmethod
     def from_env(cls) -> S3Options:
-        """The options the environment gives.
-
-        Raises:
-            ValueError: RESUMEWDS_S3_ADDRESSING_STYLE or RESUMEWDS_S3_ANONYMOUS
-                has a value it cannot have.
-        """
+        """The options the environment gives (ValueError for a bad RESUMEWDS_S3_* value)."""
         return cls(**s3_settings())
 
 
@@ -201,11 +152,8 @@ def scheme_hint(scheme: str) -> str:
     return _HINTS.get(scheme.lower(), "")
 
 
-# ---------------------------------------------------------------------------
-# clients: one per (process, options, timeouts), shared by threads (boto3
-# clients are thread-safe, their creation is not)
-# ---------------------------------------------------------------------------
-# (keyed by the pid: a forked child makes its own, and its own lock, never the parent's)
+# ---- clients: one per (process, options, timeouts), shared by threads (boto3 clients are
+# thread-safe, their creation is not); keyed by the pid: a forked child makes its own, and its own lock
 _CLIENTS: Dict[Tuple[Any, ...], Any] = {}
 _LOCKS: Dict[int, threading.Lock] = {}
 
@@ -229,10 +177,9 @@ def _import_boto(url: str) -> Any:
 
 
 def client_for(url: str, config: FetchConfig, timeouts: Optional[Tuple[float, float]] = None) -> Any:
-    """The boto3 S3 client this process uses for ``config`` (created once).
+    """The boto3 S3 client this process uses for ``config`` (created once), its retries off.
 
-    Its own retries are off and its timeouts are ``config``'s (or
-    ``timeouts``: ``(connect, read)``, shorter ones near a fetch deadline).
+    ``timeouts``: ``(connect, read)``, shorter ones near a fetch deadline.
 
     Raises:
         PermanentFetchError: boto3 is missing, or the endpoint is malformed.
@@ -279,9 +226,7 @@ def client_for(url: str, config: FetchConfig, timeouts: Optional[Tuple[float, fl
     return client
 
 
-# ---------------------------------------------------------------------------
-# error translation: botocore's errors into our tree (the rest is fetch's)
-# ---------------------------------------------------------------------------
+# ---- error translation: botocore's errors into our tree (the rest is fetch's) ----
 TRANSIENT_CODES = frozenset({
     "SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
     "RequestThrottledException", "TooManyRequestsException", "RequestLimitExceeded",
@@ -375,9 +320,7 @@ def _near_deadline(t: float, left: float) -> float:
     return v
 
 
-# ---------------------------------------------------------------------------
-# the transport
-# ---------------------------------------------------------------------------
+# ---- the transport ----
 def _write_object(state: _Attempt, resp: Any, pace: _Pace, append: bool, etag: Optional[str], status: int) -> None:
     """A GetObject body into the partial file (appended for a resume; a new download
     records its validator first); an HTML page where the object was expected is refused."""
@@ -543,29 +486,7 @@ TRANSPORT = S3Transport()
 def s3_fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int] = None,
                      config: Optional[FetchConfig] = None, on_event: Optional[EventFn] = None,
                      budget: Optional[FetchBudget] = None, max_bytes: Optional[int] = None) -> FetchResult:
-    """:func:`resumewds.fetch.fetch_to_file` for an ``s3://`` url.
-
-    Args:
-        url: ``s3://bucket/key``.
-        partial_path: destination; bytes already in it are kept when the
-            object's ETag (in ``partial_path + ".etag"``) still matches.
-        expected_size: size the finished file must reach, if known.
-        config: retry, timeout and S3 settings (default
-            :meth:`FetchConfig.from_env`).
-        on_event: ``on_event(kind, url, **detail)`` for ``fetch_start``,
-            ``fetch_done`` and ``retry``.
-        budget: the attempts and deadline to draw from, shared with others
-            fetching the same shard for the same read (a fresh one if None).
-        max_bytes: refuse (permanently) an object larger than this.
-
-    Returns:
-        A :class:`~resumewds.fetch.FetchResult` with the file's xxh3_64.
-
-    Raises:
-        TransientFetchError: still failing when the budget is spent.
-        PermanentFetchError: NoSuchKey, AccessDenied, no credentials, an HTML
-            page, more than ``max_bytes``, ...
-        CacheError: ``partial_path`` cannot be written.
+    """:func:`resumewds.fetch.fetch_to_file` for an ``s3://`` url (its arguments, its errors).
 
     Example:
         >>> s3_fetch_to_file("s3://b", "/tmp/x")  # doctest: +IGNORE_EXCEPTION_DETAIL
@@ -579,25 +500,5 @@ def s3_fetch_to_file(url: str, partial_path: str, *, expected_size: Optional[int
 
 def s3_fetch_bytes(url: str, config: Optional[FetchConfig] = None, *,
                    on_event: Optional[EventFn] = None, max_bytes: Optional[int] = None) -> bytes:
-    """:func:`resumewds.fetch.fetch_bytes` for an ``s3://`` url (a manifest).
-
-    The same path as every other object (through a temporary file).
-
-    Raises:
-        TransientFetchError, PermanentFetchError: as for :func:`s3_fetch_to_file`.
-    """
+    """:func:`resumewds.fetch.fetch_bytes` for an ``s3://`` url (a manifest)."""
     return fetch_bytes(url, config, on_event=on_event, max_bytes=max_bytes)
-
-
-__all__ = [
-    "PERMANENT_CODES",
-    "S3Options",
-    "TRANSIENT_CODES",
-    "client_for",
-    "parse_s3_url",
-    "resolve_options",
-    "s3_fetch_bytes",
-    "s3_fetch_to_file",
-    "scheme_hint",
-    "translate_s3_error",
-]

@@ -1,10 +1,4 @@
-"""What one fetch may do (:class:`FetchConfig`) and what it did (:class:`FetchResult`).
-
-Environment: every ``RESUMEWDS_FETCH_*`` variable (and ``GOPEN_VERBOSE``) is
-read by :meth:`FetchConfig.from_env` through :mod:`resumewds.config`, which
-lists them; :class:`~resumewds.cache.ShardStore`, the CLI and remote manifest
-fetches all use it.  Nothing in :mod:`resumewds.fetch` reads ``os.environ``
-itself.
+"""What one fetch may do (:class:`FetchConfig`, the one settings object) and what it did (:class:`FetchResult`).
 
 Example:
     >>> cfg = FetchConfig(attempts=3, sleep=no_sleep)
@@ -30,39 +24,25 @@ def no_sleep(seconds: float) -> None:
 
 @dataclass
 class FetchConfig:
-    """How hard to try when fetching one shard.
-
-    Build it with :meth:`from_env` to honour ``RESUMEWDS_FETCH_*`` (defaults,
-    then the environment, then your keywords; see :mod:`resumewds.config`).
+    """How hard to try when fetching one shard (:meth:`from_env` honours ``RESUMEWDS_FETCH_*``).
 
     Attributes:
-        connect_timeout: seconds to establish a connection.
-        read_timeout: seconds to wait for the next bytes of a response; a
-            stalled body fails with a (transient) read timeout.
-        attempts: attempts per shard and read, the first one included.  A
-            download that arrives corrupt counts as a failed attempt.
-        deadline: seconds per shard and read over all attempts and waits
-            (a server's Retry-After that goes past it ends the fetch at once;
-            no attempt starts after it, and the timeouts of one are cut to
-            it).  A body still arriving at ``min_rate`` or faster is let
-            finish; with ``min_rate=0`` the deadline also ends a body.
-        backoff_initial: first wait between attempts, doubled each time, plus
-            up to ``backoff_initial`` of jitter.
-        backoff_max: cap on one wait (a server's Retry-After may exceed it,
-            never the deadline).
-        chunk_size: bytes per read/write.
-        min_rate: bytes per second a body (or a ``pipe:`` command's output)
-            must keep up over ``rate_window`` seconds; a slower one (a
-            trickle) fails the attempt (transient).  0 disables it.
-        rate_window: seconds over which ``min_rate`` is measured.
-        max_redirects: redirects followed before a URL fails (permanent: a
-            redirect loop does not heal by retrying).
-        log_opens: one stderr line per source opened and closed, with url
-            and byte count (``GOPEN_VERBOSE=1``, as webdataset's gopen).
-        sleep: how to wait; injectable so tests do not wait.  Must be a
-            module-level function so that the config pickles.
-        s3: a :class:`resumewds.fetch._s3.S3Options` (endpoint, region, ...) for
-            ``s3://`` urls; None: from the environment.
+        read_timeout: seconds to wait for the next bytes (a stalled body is a
+            transient read timeout).
+        attempts: attempts per shard and read, the first included; a corrupt
+            download counts as a failed attempt.
+        deadline: seconds per shard and read without progress, attempts and waits
+            included (a Retry-After past it ends the fetch at once).  A body
+            arriving at ``min_rate`` is let finish; with ``min_rate=0`` the
+            deadline also ends a body.
+        backoff_initial: first wait between attempts, doubled each time, plus up
+            to as much jitter; ``backoff_max`` caps one wait (not a Retry-After).
+        min_rate: bytes per second a body (or a ``pipe:`` command's output) must
+            keep up over ``rate_window`` seconds, else the attempt fails; 0: off.
+        max_redirects: redirects followed before a URL fails (permanent).
+        log_opens: a stderr line per source opened and closed (``GOPEN_VERBOSE=1``).
+        sleep: how to wait (tests inject one); module-level so the config pickles.
+        s3: a :class:`resumewds.fetch._s3.S3Options`; None: from the environment.
     """
 
     connect_timeout: float = 10.0
@@ -95,9 +75,7 @@ class FetchConfig:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> FetchConfig:
-        """Defaults, then ``RESUMEWDS_FETCH_*`` variables, then ``overrides``.
-
-        ``None`` overrides are ignored (an unset CLI flag).
+        """Defaults, then ``RESUMEWDS_FETCH_*`` variables, then ``overrides`` (``None`` ones ignored).
 
         Raises:
             ValueError: a variable or override is not a valid value.
@@ -114,16 +92,11 @@ class FetchResult:
     """What one :func:`fetch_to_file` call did.
 
     Attributes:
-        url: the source.
         path: the file written (``partial_path``).
-        size: the file's final size.
         bytes: bytes received by this call (all attempts).
-        resumed_from: bytes already in the file when the call began and kept.
-        seconds: wall time of the call.
-        attempts: attempts made.
-        xxh3_64: hex xxh3_64 of the whole file, computed from the bytes as
-            they were written (bytes kept from an earlier call are hashed from
-            disk), so that a caller need not read the file back to verify it.
+        resumed_from: bytes already in the file when the call began, kept.
+        xxh3_64: hex xxh3_64 of the whole file, computed as the bytes were
+            written, so the caller need not read the file back to verify it.
     """
 
     url: str

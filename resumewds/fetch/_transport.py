@@ -1,21 +1,10 @@
-"""The transports: one :class:`Transport` per scheme, found through the registry.
+"""The transports: one :class:`Transport` per scheme, imported on first use through the registry.
 
-:data:`resumewds.fetch._schemes.TRANSPORTS` is the one table from a url's scheme to
-the module whose ``TRANSPORT`` reads it, and what such a source is (remote,
-located: :func:`resumewds.fetch.is_remote_url` and its siblings answer
-from it).  A transport module is imported the first time a url of its
-scheme is fetched: ``s3`` brings boto3 in only then, and ``http`` imports
-requests only inside its first attempt.
-
-To add a transport (say ``gs://``): write ``resumewds/fetch/gs.py`` with a
-``Transport`` subclass whose :meth:`Transport.attempt` writes the source
-through ``state``'s sink (see :mod:`resumewds.fetch`, the shortest;
-:mod:`resumewds.fetch` for a ranged resume), name the foreign exceptions
-it may raise in ``catches`` and put rows for them in front of
-:data:`~resumewds.fetch._errormap.FETCH_ERRORS` in ``errors``, set
-``TRANSPORT = GsTransport()``, and add ``"gs": TransportEntry(
-"resumewds.fetch.gs", remote=True)`` to :data:`resumewds.fetch._schemes.TRANSPORTS`.  Budget, retries, events, the
-partial file, hashing and the gopen log come with it.
+To add one (say ``gs://``): a module whose ``Transport`` subclass writes
+the source through ``state``'s sink in :meth:`Transport.attempt`, names its
+foreign exceptions in ``catches`` with their rows in ``errors`` (in front of
+:data:`~resumewds.fetch._errormap.FETCH_ERRORS`), sets ``TRANSPORT``, and a
+``TransportEntry`` in :data:`resumewds.fetch._schemes.TRANSPORTS`.
 
 Example:
     >>> transport_for("https://h/a.tar").name
@@ -47,10 +36,8 @@ class Transport:
     """Reads one kind of source into the partial file, one attempt at a time.
 
     Attributes:
-        name: for messages and tests.
-        resumable: a partial file with a validator sidecar is resumed from
-            (the ``resumed_from`` of ``fetch_start``); else every attempt
-            starts from zero.
+        resumable: a partial file with a validator sidecar is resumed from;
+            else every attempt starts from zero.
         catches: the foreign exceptions an attempt may raise, translated by
             ``errors``; anything else propagates as it is (a bug).
         errors: the transport's error map (first match wins).
@@ -65,8 +52,7 @@ class Transport:
     errors: Tuple[ErrorRule, ...] = FETCH_ERRORS
 
     def check(self, url: str) -> None:
-        """Refuse (:class:`~resumewds.errors.PermanentFetchError`) a url this
-        transport cannot read, before any attempt or event."""
+        """Refuse (PermanentFetchError) a url this transport cannot read, before any attempt or event."""
 
     def attempt(self, state: _Attempt) -> None:
         """One attempt: write what is missing of ``state.url`` into ``state.path``."""
@@ -74,8 +60,7 @@ class Transport:
 
     def open_range(self, url: str, start: int, end: int, session: Any, config: Any,
                    pace: Any) -> Tuple[Iterator[bytes], Optional[str], Any]:
-        """Open bytes ``[start, end)`` of ``url``: ``(chunks, validator, closer)`` (its
-        body as it arrives, the object's ETag or Last-Modified, what to close).
+        """Open bytes ``[start, end)`` of ``url``: ``(chunks, validator, closer)``.
 
         Raises:
             RangeIgnored: the source answered with something else than that range.
