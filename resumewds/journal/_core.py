@@ -1,30 +1,13 @@
 """The ``Journal`` class: one rank's journal file, its writer and its own reads.
 
-Durability:
-    The journal runs in WAL mode.  Every change is one transaction.  With the
-    default ``synchronous="NORMAL"`` a transaction is in the WAL file (written
-    with ``write(2)``) when ``commit`` returns, so it survives kill -9 or any
-    other crash of the *process*; a power loss or kernel crash may lose the
-    last transactions (never corrupting the file).  ``synchronous="FULL"``
-    fsyncs the WAL on every transaction and survives power loss as well, at
-    the cost of one fsync per commit (milliseconds instead of microseconds).
-
-Cost:
-    ``commit`` is the hot path: raw ``sqlite3`` statements (cached by the
-    driver), one ``BEGIN``/``COMMIT``, no sqlite-utils helpers; tens of
-    thousands of commits per second with ``synchronous="NORMAL"``.  Commits
-    are kept for the whole run (any step can be resumed from); a commit row
-    is ~100 bytes.  ``PRAGMA quick_check`` runs on every open.
-
-URLs: what the journal records (shard rows, events, consumption, config,
-stats) goes through :mod:`resumewds.redact` first: no password or presigned
-signature is ever written; :meth:`Journal.shard` looks a URL up the same way.
-
-Consumption (schema version 2): a commit row carries its consumption deltas;
-the ``consumption`` table is brought up to date every ``CONSUMPTION_EVERY``
-commits, at epoch ends, on close and on the next open
-(``_meta.consumption_through``); :meth:`Journal.consumption` adds the deltas
-not folded in yet, so readers are always up to date.
+Durability: WAL mode, one transaction per change.  ``synchronous="NORMAL"``
+survives kill -9 (a power loss may lose the last transactions, never
+corrupting the file); ``"FULL"`` fsyncs every transaction and survives power
+loss too.  ``commit`` is the hot path: raw cached ``sqlite3`` statements, one
+``BEGIN``/``COMMIT``.  What is recorded goes through :mod:`resumewds.redact`
+first.  A commit row carries its consumption deltas; the ``consumption``
+table folds them in every ``CONSUMPTION_EVERY`` commits, at epoch ends, on
+close and on open (``_meta.consumption_through``), and readers add the rest.
 """
 
 from __future__ import annotations
@@ -95,22 +78,17 @@ class Journal:
             ``rank_journal_path(path, r)``.
         rank: this process's rank.
         world_size: number of ranks; the default for ``commit``.
-        readonly: open ``mode=ro`` without taking the lock (for ``status``); also
-            on a read-only file system (:func:`~resumewds.journal._schema.connect_readonly`).
+        readonly: open ``mode=ro`` without taking the lock (for ``status``).
         synchronous: ``"NORMAL"`` (survives process crash) or ``"FULL"``
             (survives power loss too; one fsync per transaction).
         after_lock: called once the writer holds the lock, before the file
-            is opened or created; its result is ``self.after_lock_result``.
-            The loader reads the run's resume point here, so that two runs
-            started together can never both resume from the same point: the
-            second one is refused at the lock before it reads anything.
+            is opened; its result is ``self.after_lock_result`` (the loader
+            reads its resume point here, so two runs never share one).
 
     Raises:
-        JournalError: the file is corrupt, truncated, not a database, has a
-            newer schema, is in use by another writer, was deleted while
-            its lock file stayed, or lost commits its lock file records
-            (its ``-wal`` deleted or truncated: see :mod:`resumewds.journal`).
-            The message names the file.
+        JournalError: the file is corrupt, not a journal, newer, in use by
+            another writer, or deleted or lost commits its lock file
+            records.  The message names the file.
 
     A Journal lives in the main process only; it refuses to be pickled.
 
@@ -310,17 +288,9 @@ class Journal:
         return conn
 
     def _check_file(self, what: str) -> None:
-        """Refuse to write once the journal's path no longer names the file this
-        writer opened, or its lock file was deleted.
-
-        SQLite keeps writing to the file it opened even when it was unlinked
-        (its directory removed, the file moved or replaced): every commit
-        would go into a file no one can open again, and the lock file that
-        makes a rerun refuse a missing journal (``deleted_error``) is gone
-        too, so a crash or a rerun would start again from the beginning.
-        One ``stat`` of the path (its device and inode) and one ``fstat`` of
-        the lock file (its link count) per write: a few microseconds.
-        """
+        """Refuse to write once the path no longer names the file this writer
+        opened (SQLite would keep writing to the unlinked file, lost to any
+        rerun), or its lock file was deleted."""
         if self._file_id is None:
             return
         try:
@@ -418,11 +388,8 @@ class Journal:
     def check_config(self, config: Dict[str, Any], *,
                      compatible_keys: Sequence[str] = ("batch_size", "world_size",
                                                        "num_workers", "rank")) -> List[str]:
-        """Store the run configuration, or check a resume against it.
-
-        The first call stores ``config``.  Later calls compare key by key
-        (values compared as JSON, so tuples equal lists; a key present on
-        only one side differs from the other side's ``None``).
+        """Store the run configuration, or check a resume against it key by key
+        (values compared as JSON; a key on one side only differs).
 
         Args:
             config: JSON-serializable values by key.
@@ -495,14 +462,10 @@ class Journal:
     def update_shards(self, updates: List[Dict[str, Any]]) -> None:
         """Apply shard updates in one transaction.
 
-        Each update is ``{"url": ..., <column>: value, "+<counter>": n}``;
-        columns are ``name, state, bytes, xxh3_64, attempts, retries, repairs,
-        last_error, cache_path``; counters (``attempts, retries, repairs,
-        bytes``) may be incremented with a ``+`` prefix; an optional ``ts``
-        sets ``updated`` (default: now).  An unknown url is
-        inserted as ``pending`` first (``name`` defaults to its basename).
-        A state change outside ``TRANSITIONS`` is applied and an
-        ``invalid_transition`` event is recorded with it.
+        Each update is ``{"url": ..., <column>: value, "+<counter>": n}``
+        (``SHARD_COLUMNS``; a ``+`` increments a counter; ``ts`` sets
+        ``updated``).  An unknown url is inserted as ``pending`` first; a
+        state change outside ``TRANSITIONS`` also records ``invalid_transition``.
 
         Raises:
             ValueError: unknown column or state, or no url.
@@ -575,11 +538,8 @@ class Journal:
         return rows[::-1]
 
     def consumption(self, epoch: Optional[int] = None) -> List[Dict[str, Any]]:
-        """Consumption rows (this rank), optionally of one epoch.
-
-        Up to date with the latest commit: the table plus the deltas carried
-        by commits not yet folded into it (schema version 2).
-        """
+        """Consumption rows (this rank), optionally of one epoch, up to date with
+        the latest commit (the table plus the deltas not folded in yet)."""
         with self._mutex:
             conn = self.conn
             if epoch is None:
@@ -609,26 +569,18 @@ class Journal:
         """Record that ``step`` was reached, in one transaction.
 
         Args:
-            step: the training step (int) whose batches have all been handed out.
+            step: the training step whose batches have all been handed out.
             epoch, position: the global position after this step (samples of
                 ``epoch`` delivered over all ranks).
             consumed: ``{(url, epoch): (delta_samples, total_samples_in_shard)}``
-                added to this rank's consumption rows; ``complete`` is set when
-                the row's samples reach the total.
-            world_size: ranks in this run (default: the journal's).
-            batch_size: per-rank batch size, recorded for resume checks.
+                added to this rank's consumption rows.
             samples_total: cumulative samples delivered by this rank.
             stats: optional JSON-able snapshot (``loader.stats()``).
-            place: where the loader stands beyond ``(epoch, position)``
-                (JSON-able; the worker rotation's, :mod:`resumewds.wds._rotation`).
-            materialize: also bring the ``consumption`` table up to date in
-                this transaction (otherwise done every ``CONSUMPTION_EVERY``
-                commits; the deltas are in the commit row either way, so a
-                crash loses nothing: the next open folds them in).
+            place: where the loader stands beyond ``(epoch, position)`` (JSON-able).
+            materialize: also bring the ``consumption`` table up to date now.
 
-        A step at or below the newest committed one means the run was resumed
-        from an earlier step: the commits from that step on (the abandoned
-        timeline) are replaced and a ``rewind`` event says which.
+        A step at or below the newest committed one (a resume from an earlier
+        step) replaces the commits from that step on, with a ``rewind`` event.
         Consumption counts are deliveries, so replayed samples count again.
 
         Raises:
@@ -677,8 +629,7 @@ class Journal:
                 self._lock.record_commit(step, ts)  # checked on the next open (journal.lock)
 
     def _materialize(self, conn: sqlite3.Connection, step: int, ts: float) -> None:
-        """Add the pending consumption deltas to ``consumption`` (inside the
-        caller's transaction) and record that commits up to ``step`` are in."""
+        """Fold the pending deltas into ``consumption`` (caller's transaction)."""
         for (url, ep), (delta, total) in self._pending.items():
             conn.execute(_SQL_CONSUME, (url, ep, delta, total,
                                         int(total is not None and delta >= total), ts))
@@ -687,8 +638,7 @@ class Journal:
         self._since = 0
 
     def _catch_up_consumption(self, conn: sqlite3.Connection) -> None:
-        """On open: fold in the deltas of commits after ``consumption_through``
-        (a crash between materialisations loses nothing)."""
+        """On open: fold in the deltas of commits after ``consumption_through``."""
         if self.schema_version < 2:
             return
         last = None
@@ -725,7 +675,6 @@ class Journal:
         with self._mutex:
             return commit_row(self.conn.execute(
                 "SELECT * FROM commits WHERE step = ?", (step,)).fetchone())
-
 
 
 def unfolded_deltas(conn: sqlite3.Connection) -> Iterator[Tuple[int, str, int, int, Optional[int]]]:

@@ -1,9 +1,4 @@
-"""Where the files of a run are: one journal per rank, next to rank 0's.
-
-A run's journal path is rank 0's file; rank r writes
-``<stem>.rank<r><suffix>`` next to it (:func:`rank_journal_path`).  Readers
-find the other ranks by listing the directory (:func:`rank_files`).
-"""
+"""Where the files of a run are: one journal per rank, next to rank 0's."""
 
 from __future__ import annotations
 
@@ -46,8 +41,7 @@ def rank_files(path: str) -> List[Tuple[int, str]]:
 
 
 def run_journal_paths(path: str) -> List[str]:
-    """``path`` (rank 0, whether or not it exists) followed by the existing
-    rank files of the same run, sorted by rank.
+    """``path`` (rank 0, existing or not), then the run's existing rank files.
 
     Example:
         >>> run_journal_paths("no/such/dir/run.db")

@@ -1,14 +1,9 @@
 """The public read API: what ``resumewds status``, ``report`` and tools read.
 
-:class:`RunReader` opens every rank file of a run read-only once (no lock is
-taken, nothing is migrated) and answers questions about the whole run as
-plain, JSON-able data; the ``read_*`` functions open a reader for one
-question.  Callers outside the journal read through here, never through a
-journal's connection or tables.
-
-A journal that cannot be read (corrupt, a newer schema, rank 0 deleted
-while its lock file or other rank files remain) raises ``JournalError``; a
-run with no files at all reads as empty.
+:class:`RunReader` opens every rank file of a run read-only once and answers
+questions about the whole run as plain, JSON-able data; each ``read_*``
+function opens a reader for one question.  Callers outside the journal read
+through here.  A run with no files at all reads as empty.
 
 Example:
     >>> with Journal("run.db") as j:
@@ -34,14 +29,9 @@ from ._states import ERROR_EVENT_KINDS
 class RunReader:
     """Every rank file of the run at ``path`` (rank 0's file), open read-only.
 
-    Args:
-        path: the run's journal path (rank 0's file).
-
     Raises:
         JournalError: a file is unreadable, or rank 0's journal is missing
             while its lock file or other rank files remain.
-
-    Use as a context manager (or call :meth:`close`).
 
     Example:
         >>> with Journal("run.db", rank=0, world_size=2) as j:
@@ -232,8 +222,7 @@ class RunReader:
 
 
 def read_commits(path: str) -> Dict[int, List[Dict[str, Any]]]:
-    """Every rank's commits, oldest first: ``{rank: [{step, epoch, position,
-    ts, samples_total, stats}]}`` (``stats`` parsed, or None).
+    """:meth:`RunReader.commits` of the run at ``path``.
 
     Example:
         >>> read_commits("run.db")      # no journal: nothing to read
@@ -244,22 +233,18 @@ def read_commits(path: str) -> Dict[int, List[Dict[str, Any]]]:
 
 
 def read_events(path: str, kinds: Sequence[str], limit_per_kind: int = 5000) -> List[Dict[str, Any]]:
-    """The newest ``limit_per_kind`` events of each kind, every rank, oldest
-    first: ``[{ts, rank, kind, url, detail}]`` (``detail`` parsed)."""
+    """:meth:`RunReader.events` of the run at ``path``."""
     with RunReader(path) as run:
         return run.events(kinds, limit_per_kind)
 
 
 def read_event_totals(path: str) -> Dict[str, Any]:
-    """Totals over every rank and loader of the run: ``{"downloads": {count,
-    bytes, seconds}, "evicted": {url: n}, "last_evict": {url: ts},
-    "last_fetch": {url: ts}}``."""
+    """:meth:`RunReader.event_totals` of the run at ``path``."""
     with RunReader(path) as run:
         return run.event_totals()
 
 
 def read_consumption(path: str) -> Dict[int, Dict[str, Dict[str, Any]]]:
-    """Samples consumed per epoch and shard, summed over ranks, up to the
-    latest commit: ``{epoch: {url: {"samples": n, "total": t}}}``."""
+    """:meth:`RunReader.consumption` of the run at ``path``."""
     with RunReader(path) as run:
         return run.consumption()

@@ -20,9 +20,7 @@ from ._schema import commit_row, never_initialised
 
 def open_run(path: str) -> Dict[int, Journal]:
     """Read-only journals of every rank file that exists, by rank ({} when
-    the run has no files at all).  A missing rank 0 with any trace of the
-    run left (its lock file's run id, other rank files) is a JournalError.
-    The caller closes them (:func:`close_all`)."""
+    none).  A missing rank 0 with any trace of the run left is a JournalError."""
     files = rank_files(path)
     if not os.path.exists(path):
         if recorded_run_id(path):
@@ -73,14 +71,13 @@ _MAX_SKIPPED_REPORTED = 20
 def resolve_resume(path: str, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """Where a run should resume: a step every rank of its layout committed.
 
-    Reads every journal file of the run read-only.  A commit of step S made
-    under world size W is complete when ranks 0..W-1 all have step S with the
-    same ``(epoch, position, world_size)``.
+    A step S committed under world size W is complete when ranks 0..W-1 all
+    have it with the same ``(epoch, position, world_size)``.
 
     Args:
         path: the run's journal path (rank 0's file).
-        step: a specific step (e.g. the step of the model checkpoint being
-            loaded), or None for the latest complete step.
+        step: a specific step (the model checkpoint's), or None for the latest
+            complete step.
 
     Returns:
         None when the run has no journal at all, or no commit yet (start from

@@ -1,9 +1,4 @@
-"""Status aggregation: the ``resumewds status --json`` summary of a whole run.
-
-Built from a :class:`~resumewds.journal.RunReader` (every rank file,
-read-only); :func:`resumewds.journal.format_status` renders it as text
-and :func:`resumewds.report._rundata.complete_status` completes it for display.
-"""
+"""The ``resumewds status --json`` summary of a whole run, from a RunReader."""
 
 from __future__ import annotations
 
@@ -139,11 +134,9 @@ def active_rate(run: RunReader, rank: int, window: int
                 ) -> Tuple[Optional[float], Optional[float], Optional[float]]:
     """``(samples/s, steps/s, active seconds)`` over ``rank``'s last ``window`` commits.
 
-    Only the time a process was running counts: between two commits with
-    a restart (a ``resume`` event) in between, the time from the restart
-    to the later commit counts, not the idle time before it.  So a run
-    that worked 10 minutes, stopped for a day and worked 10 more shows its
-    own speed.  Nones when fewer than two commits, or no time passed.
+    Only the time a process was running counts: across a restart (a
+    ``resume`` event) the idle time before it is left out.  Nones when fewer
+    than two commits, or no time passed.
     """
     conn = run.journal(rank).conn
     rows = list(conn.execute(
