@@ -1,12 +1,4 @@
-"""ArrayFile: a manifest's binary side file, a flat little-endian array of 8-byte integers.
-
-The side files of a manifest (the offsets of version 2, the sample digests of
-version 3) are such arrays, memory-mapped on first use per process, so every
-process of a node shares one copy in the page cache.  One shard's part of a
-file is a slice of it (:func:`view_item` indexes it as a sequence of its own).
-:class:`resumewds.manifest._manifest.OffsetsFile` (int64) and
-:class:`resumewds.manifest.DigestsFile` (uint64) are the two kinds.
-"""
+"""ArrayFile: a manifest's binary side file, a flat little-endian array of 8-byte integers."""
 
 from __future__ import annotations
 
@@ -20,11 +12,9 @@ from ..errors import SourceError
 __all__ = ["ArrayFile", "view_item"]
 
 class ArrayFile:
-    """A little-endian file of 8-byte integers, memory-mapped on first use per process.
-
-    Pickles as its path only, so DataLoader workers map it themselves.  The
-    side files of the manifest are these: :class:`OffsetsFile` (int64) and
-    :class:`resumewds.manifest.DigestsFile` (uint64).
+    """A little-endian file of 8-byte integers, memory-mapped on first use per process
+    (a node's processes share one copy in the page cache); pickles as its path only.
+    The kinds: ``OffsetsFile`` (int64, version 2), ``DigestsFile`` (uint64, version 3).
     """
 
     typecode: Literal["q", "Q"] = "q"  #: the array's item type (8 bytes)

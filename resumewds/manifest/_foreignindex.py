@@ -13,10 +13,6 @@
 * img2dataset's per-shard ``NNNNN_stats.json`` (beside ``NNNNN.tar``): the
   shard holds ``successes`` samples.
 
-Each gives, per shard, its url, its sample count and what else it declares
-(:class:`Entry`); :mod:`resumewds.manifest` turns them into counts-only shards
-(:class:`resumewds.manifest.Counted`).
-
 Example:
     >>> doc = {"__kind__": "wids-shard-index-v1", "shardlist": [{"url": "a.tar", "nsamples": 3}]}
     >>> [(e.url, e.samples) for e in wids_entries(doc, "/d/index.json", lambda u, loc: "/d/" + u)]
@@ -68,10 +64,7 @@ def wids_entries(data: Any, location: str, resolve: Callable[[str, str], str]) -
     """The shards of a wids shard index at ``location``.
 
     Args:
-        data: the parsed JSON.
-        location: the file's path or URL.
-        resolve: ``resolve(url, location)`` joins a relative url to a location
-            (:func:`resumewds.manifest._manifest.resolve_url`).
+        resolve: ``resolve(url, location)`` joins a relative url to a location.
 
     Raises:
         SourceError: no ``shardlist``, or an entry without a url or a count.

@@ -18,45 +18,19 @@ is needed to verify them and to read any sample by seeking::
       ]
     }
 
-Sample ``i``'s byte range starts at its first header block (including any
-pax/GNU long-name header) and ends after its last member's padding, so a
-reader can ``pread`` just that range.  Entries that the grouping skips
-(directories, top-level ``__*__`` files) fall inside the following sample's
-range and are skipped again when it is read.  ``offsets[-1]`` is the offset of
-the end-of-archive marker.
+Sample ``i``'s byte range starts at its first header block (pax/GNU
+long-name headers included) and ends after its last member's padding;
+entries the grouping skips fall inside the next sample's range.
+``offsets[-1]`` is the offset of the end-of-archive marker.
 
-For very large data sets the offsets can live in a binary side file instead
-(``resumewds index --offsets file``; written as version 2)::
-
-    {"format": "resumewds.manifest", "version": 2,
-     "offsets_file": "manifest.json.offsets",   # relative to the manifest
-     "shards": [{"url": ..., "size": ..., "xxh3_64": ..., "samples": 1000,
-                 "offsets_at": 0}, ...]}       # index of the shard's first offset
-
-The side file is a flat array of little-endian int64: shard k's offsets are
-the ``samples + 1`` values starting at ``offsets_at``.  It is memory-mapped
-on first use, so every process of a node shares one copy in the page cache
-and a worker touches only the pages of the shards it reads (a 10^9-sample
-data set costs 8 GB of file, not 8 GB of Python memory per process).
-
-Version 3 adds per-sample xxh3_64 digests (``sample_xxh3_64`` inline, or
-``digests_file`` / ``digests_at`` beside the offsets file); the format is
-described in :mod:`resumewds.sources` (the code that reads and writes it:
-:mod:`resumewds.manifest`).  A manifest without sample digests is still
-written as version 1 or 2.
-
-Version 4 keeps each shard's offsets and sample digests in an index file of
-its own (``index_dir``, and ``index_xxh3_64`` per shard), loaded and checked
-when a process first reads the shard; a shard with ``samples`` and no index
-is *counts only*, as are those of a wids shard index or img2dataset's stats
-(:mod:`resumewds.manifest`, :mod:`resumewds.manifest`, docs/DIGESTS.md).
-
-Version history:
+Version history (versions 3 and 4: docs/DIGESTS.md):
     1: first version (offsets inline).
-    2: optional ``offsets_file`` / ``offsets_at``; inline offsets still valid.
+    2: optional ``offsets_file`` (a memory-mapped flat array of little-endian
+       int64) with ``offsets_at`` per shard: its first of ``samples + 1``.
     3: optional per-sample digests (``sample_xxh3_64`` or ``digests_at``).
     4: optional per-shard index files (``index_dir``, ``index_xxh3_64``) and
        counts-only shards (an optional ``md5``).
+A manifest is written at the lowest version that holds it.
 
 Example:
     >>> m = Manifest([ShardInfo(url="/d/a.tar", size=3072, xxh3_64=None,
@@ -95,7 +69,6 @@ VERSION = 4
 INLINE_SAMPLES = 10_000
 
 
-
 class OffsetsFile(ArrayFile):
     """The v2 offsets side file (``manifest.json.offsets``): int64 sample offsets."""
 
@@ -107,12 +80,8 @@ class OffsetsFile(ArrayFile):
 class LazyOffsets(Sequence[int]):
     """One shard's offsets, read from an :class:`OffsetsFile` when indexed.
 
-    The slice is validated on first use in each process, as inline offsets
-    are on load (:func:`validate_offsets`): it must lie inside the file, and
-    its values must be non-negative, non-decreasing and within the shard's
-    size.  ``len()`` is the number of offsets (``samples + 1``); ``count()``
-    is :class:`Sequence`'s method (an int attribute used to shadow it; the
-    length is also ``.length``).
+    Validated on first use in each process (:func:`validate_offsets`).
+    ``len()`` (also ``.length``) is the number of offsets, ``samples + 1``.
     """
 
     __slots__ = ("file", "start", "length", "size", "where", "_ok")
@@ -281,12 +250,8 @@ class Manifest:
         return k, index - int(starts[k])
 
     def digest(self) -> str:
-        """A hash of what the manifest says (urls' basenames, sizes, counts).
-
-        Used by the journal to refuse resuming on different data.  Absolute
-        locations are left out so that a data set moved to another directory
-        or mirror still matches.
-        """
+        """A hash of what the manifest says (urls' basenames, sizes, counts), for
+        refusing a resume on other data; a data set moved elsewhere still matches."""
         h = xxhash.xxh3_64()
         for s in self.shards:
             c = s.index if isinstance(s.index, Counted) else s  # a counts-only shard: what its source said
@@ -299,13 +264,7 @@ class Manifest:
                 digests_side: Optional[tuple[int, str]] = None,
                 index: Optional[tuple[str, bool, List[Optional[str]]]] = None) -> Dict[str, Any]:
         """The manifest as a JSON-able dict; urls made relative to ``base``.
-
-        With ``offsets_file`` (a name relative to the manifest), offsets are
-        not inlined: each shard gets ``offsets_at`` into that file, which
-        :meth:`save` writes.  Sample digests (``with_digests``) make it
-        version 3: inline, or in ``<manifest>.digests`` with an offsets file.
-        ``index`` (what :meth:`save` wrote: ``(index_dir, digests, names)``) makes it version 4.
-        """
+        The side files named (``offsets_file``, ``index``) are :meth:`save`'s."""
         out = []
         at = 0
         dat: Optional[int] = 0 if offsets_file is not None else None
@@ -358,12 +317,9 @@ class Manifest:
         """Write the manifest atomically to ``path`` (urls relative to it).
 
         Args:
-            path: the manifest file.
             offsets: ``"inline"`` (version 1), ``"file"`` (version 2: ``<path>.offsets``), ``"index"``
                 (version 4: ``<path>.index/``) or ``"auto"`` (inline up to :data:`INLINE_SAMPLES` samples).
-            digests: write the shards' sample digests, if they have any
-                (version 3; with ``"file"`` in ``<path>.digests``); False
-                writes version 1 or 2 for older readers.
+            digests: write the shards' sample digests, if any (False: for older readers).
             created: the ``created`` time to write (default: now).
 
         Returns:
@@ -421,10 +377,7 @@ class Manifest:
         """Parse a manifest dict; relative urls resolve against ``location``.
 
         Args:
-            data: the parsed JSON.
-            location: URL or path of the manifest file itself.
-            trusted: whether ``pipe:`` urls in it may run (False for a manifest
-                fetched over the network, unless the user allows it).
+            trusted: whether ``pipe:`` urls in it may run.
             built: the parser's :class:`resumewds.manifest._shardindex.EntryBuilder`, if it built shards.
 
         Raises:
@@ -526,15 +479,6 @@ def _show(v: Any) -> str:
 def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], where: str) -> array:
     """Check one shard's inline offsets; return them as an int64 array.
 
-    A manifest is input: its offsets decide how many bytes a reader asks
-    for, so they are checked before anything is allocated from them.
-
-    Args:
-        offsets: the manifest's list (``samples + 1`` entries).
-        samples: the shard's sample count (validated).
-        size: the shard's size in bytes, if known.
-        where: ``"<manifest>: shard <url>"`` for messages.
-
     Raises:
         SourceError: not a list of ``samples + 1`` integers, negative,
             going backwards, or past the shard's size.
@@ -551,8 +495,7 @@ def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], 
         raise SourceError(f"{where}: 'offsets' must be a list of integers, got {_show(offsets)}")
     if len(offsets) != samples + 1:
         raise SourceError(f"{where}: offsets has {len(offsets)} entries, expected samples+1 = {samples + 1}")
-    # the common case at C speed (a manifest's load time is on every start's path): all
-    # plain ints, non-negative, never going backwards; anything else gets the loop's message
+    # the common case at C speed; anything else gets the loop's message
     if set(map(type, offsets)) <= {int} and (not offsets or offsets[0] >= 0) and sorted(offsets) == offsets:
         last = offsets[-1] if offsets else 0
         if (size is None or last <= size) and last <= MAX_OFFSET:
@@ -615,10 +558,8 @@ def resolve_url(url: str, location: str) -> str:
         >>> resolve_url("shard #1.tar", "http://h/d/manifest.json")
         'http://h/d/shard%20%231.tar'
 
-    A relative name is a file name, as in a local manifest: joined to an
-    http(s) location, every character a URL reserves (``#``, ``?``, ``%``,
-    spaces, ``:``...) is percent-encoded, ``/`` kept.  Absolute URLs are
-    used as they are.
+    A relative name is a file name: joined to an http(s) location, every
+    reserved character but ``/`` is percent-encoded.
     """
     if url.startswith("pipe:") or "://" in url or os.path.isabs(url):
         return url

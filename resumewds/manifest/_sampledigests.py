@@ -1,10 +1,8 @@
 """Per-sample checksums: the arithmetic and the manifest format (version 3).
 
-What a sample digest is and how a manifest stores them is described in
-:mod:`resumewds.sources` (the public face of sample digests); this module
-holds the code below the manifest: computing digests, the inline form, the
-side file (:class:`DigestsFile`, one shard's part a :class:`LazyDigests`) and
-the hooks :mod:`resumewds.manifest` calls to write and read them.
+The format: docs/DIGESTS.md, "Manifest version 3".  Here: computing digests,
+the inline form, the side file (:class:`DigestsFile`, :class:`LazyDigests`)
+and the manifest's hooks to write and read them.
 
 Example:
     >>> ds = sample_digests(b"a" * 1024 + b"b" * 512, [0, 1024, 1536])
@@ -50,11 +48,8 @@ def sample_digests(buf: Any, offsets: Sequence[int]) -> array:
 
 
 def file_sample_digests(path: str, offsets: Sequence[int]) -> array:
-    """:func:`sample_digests` of a local file (memory-mapped, no copy).
-
-    Ranges past the end of the file hash what is there (a truncated file
-    then fails those samples).
-    """
+    """:func:`sample_digests` of a local file (memory-mapped; ranges past its end
+    hash what is there, so a truncated file fails those samples)."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return sample_digests(b"", offsets)
@@ -93,10 +88,7 @@ def decode_inline(text: Any, samples: int, where: str) -> array:
 
 
 class DigestsFile(ArrayFile):
-    """The v3 digests side file (``manifest.json.digests``): uint64 sample digests.
-
-    Memory-mapped on first use per process; pickles as its path only.
-    """
+    """The v3 digests side file (``manifest.json.digests``): uint64 sample digests."""
 
     typecode = "Q"
     what = "digests"
