@@ -1,26 +1,9 @@
 """Turn what the user passes (paths, URLs, brace patterns, manifests) into a Manifest.
 
-Accepted sources, alone or in a list:
-
-* local paths (relative ones are made absolute) and ``file://`` URLs;
-* ``http://``, ``https://`` and ``s3://`` URLs (s3: :mod:`resumewds.fetch`);
-* ``pipe:CMD`` (WebDataset's convention: CMD writes the shard to stdout);
-* brace patterns, expanded like the shell: ``shard-{000000..000031}.tar``,
-  ``{train,val}-0.tar``;
-* a ``manifest.json`` (local or http), whose relative urls resolve against
-  the manifest's own location.  ``pipe:`` urls in a manifest fetched over the
-  network are refused unless ``allow_remote_pipe=True``: a remote file must
-  not be able to run commands here; nor may it name local files (absolute
-  paths, ``file://``) unless ``allow_remote_local=True`` (else
-  ``RESUMEWDS_ALLOW_REMOTE_LOCAL=1``; or ``allow_remote_pipe``) says so.  A
-  remote manifest larger than ``manifest_max_bytes`` (else
-  ``RESUMEWDS_MANIFEST_MAX_BYTES``) is refused.
-
-Example:
-    >>> expand_braces("s-{00..02}.tar")
-    ['s-00.tar', 's-01.tar', 's-02.tar']
-    >>> expand_braces("{a,b}{1..2}")
-    ['a1', 'a2', 'b1', 'b2']
+Accepted, alone or in a list: local paths and ``file://`` URLs, ``http(s)://``
+and ``s3://`` URLs, ``pipe:CMD``, brace patterns, and ``manifest.json`` files
+(local or remote; a remote one may not run ``pipe:`` commands or name local
+files without the user's leave).
 """
 
 from __future__ import annotations
@@ -78,16 +61,12 @@ def _is_manifest(url: str) -> bool:
 
 
 def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
-    """Manifest fetches log their retries like shard fetches (``RESUMEWDS_VERBOSE=1``).
-
-    Only retries: a manifest's download is not a shard's (stats and the
-    journal count shards)."""
+    """Manifest fetches log their retries like shard fetches (only retries: stats and
+    the journal count shards)."""
     if kind != "retry":
         return
     setup_logging()
     event_record(kind, url, detail)
-
-
 
 
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
@@ -127,9 +106,8 @@ def _index_sets(m: Manifest) -> List[IndexSet]:
 
 
 def bind_indexes(m: Manifest, cache_dir: Optional[str] = None, fetch_config: Any = None) -> Manifest:
-    """Give ``m``'s version-4 index files and counts-only shards their store: a
-    remote index file comes through the verified cache in ``cache_dir``, and a
-    counts-only shard's record lives there (:mod:`resumewds.manifest`).
+    """Give ``m``'s version-4 index files and counts-only shards their store (the
+    verified cache in ``cache_dir``).
 
     Example:
         >>> bind_indexes(resolve_sources("/d/manifest.json"), cache_dir="/tmp/c")  # doctest: +SKIP
@@ -150,16 +128,14 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
                     manifest_max_bytes: Union[int, str, None] = None) -> Manifest:
     """Resolve any accepted source into one :class:`Manifest`.
 
-    Shards from plain paths and patterns are not indexed yet (see
-    :func:`resumewds.dataset.index_manifest`).
+    Shards from plain paths and patterns are not indexed yet (:func:`resumewds.sources.index_manifest`).
 
     Args:
-        src: what the user passed.
         fetch_config: for remote manifests (default ``FetchConfig.from_env()``).
         allow_remote_pipe: trust remote manifests: their ``pipe:`` urls may
             run, and they may name local files.
-        cache_dir: where a remote manifest's offsets or index files are cached, and
-            the records of counts-only shards (a wids shard index) are kept.
+        cache_dir: where a remote manifest's side files and counts-only shards'
+            records are kept.
         allow_remote_local: let remote manifests name local files (absolute
             paths, ``file://``); default ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
         manifest_max_bytes: the largest remote manifest accepted (bytes or
