@@ -1,18 +1,8 @@
 """ShardDataset: the engine's data set, composing source, cache, plan, tar reading and stages.
 
-A :class:`ShardDataset` is a *definition*: sources, seed, shuffle settings and a
-list of stages.  It produces batches for any ``(epoch, start position,
-layout, worker)`` by computing which global positions those are
-(:mod:`resumewds.plan`), reading exactly those samples' byte ranges from
-local or cached shards (:mod:`resumewds.tar`, :mod:`resumewds.cache`,
-:mod:`resumewds.read`), and running the stages.  It never reads a sample
-it does not deliver, so resuming at position ``n`` costs the same for any ``n``.
-
-It does not import torch; the engine's loader (:mod:`resumewds.run`)
-wraps it in a DataLoader.  Its stages are :class:`~resumewds.stages.Stage`
-specs (:attr:`ShardDataset.stage_specs`, :meth:`ShardDataset.with_stages`);
-:class:`resumewds.WebDataset` is this class with webdataset's constructor,
-fluent methods and direct iteration (the wing, :mod:`resumewds.wds.webdataset`).
+It computes which global positions a step holds (:mod:`resumewds.plan`) and
+reads exactly those samples' byte ranges, so resuming at position ``n`` costs
+the same for any ``n``.  It does not import torch.
 
 Example:
     >>> from resumewds.stages import Map, Stage, ToTuple
@@ -94,11 +84,9 @@ class ShardDataset:
     """A resumable, deterministic data set over tar shards: the engine's data set.
 
     A *definition*: sources, seed, shuffle settings and a list of stage specs
-    (:attr:`stage_specs`, :meth:`with_stages`, :meth:`compose`).  It produces
-    the steps of any ``(epoch, start position, layout, worker)``
-    (:meth:`iter_steps`).  :class:`resumewds.WebDataset` is this class with
-    webdataset's constructor, fluent methods and direct iteration (the wing:
-    :mod:`resumewds.wds.webdataset`, :mod:`resumewds.wds._direct`).
+    (:attr:`stage_specs`, :meth:`with_stages`, :meth:`compose`), producing the
+    steps of any ``(epoch, start position, layout, worker)`` (:meth:`iter_steps`).
+    :class:`resumewds.WebDataset` is this class with webdataset's face.
 
     Args:
         urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json,
@@ -113,12 +101,8 @@ class ShardDataset:
             (:class:`resumewds.cache.ShardStore`).
         fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
         on_error: ``"raise"`` (default) stops at a shard that cannot be
-            fetched or verified (recording it as failed); ``"skip"`` skips its
-            samples, records it as failed and reports it in stats and the
-            journal.  A skipped shard is skipped for the rest of the epoch
-            (by each process that reads it) and tried again in the next
-            epoch, whatever ``num_workers``; once it delivers samples again
-            the journal no longer calls it failed.
+            fetched or verified; ``"skip"`` skips it for the rest of the epoch
+            (tried again in the next), recorded as failed.
         handler: a handler for shard and sample (tar) errors
             (:mod:`resumewds.stages`): ``reraise_exception`` (default,
             ``on_error="raise"``); a handler returning True skips the shard
@@ -137,9 +121,7 @@ class ShardDataset:
         partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
             None: the number of nodes at the run's start (a resume keeps the
             run's recorded count); 1: one order over all shards.
-        ranged_reads: accepted for compatibility and ignored: remote v3 shards
-            that are not cached yet are always read sample by sample (verified
-            ranges; docs/DIGESTS.md); a warning says so when it is given.
+        ranged_reads: accepted for compatibility and ignored (with a warning).
         resampled: draw each epoch's shards with replacement (deterministic:
             a pure function of seed, epoch and position).
         empty_check: raise ValueError when an epoch has no samples at all
@@ -258,12 +240,8 @@ class ShardDataset:
         return self._loader_from
 
     def with_stages(self, specs: Sequence[Stage]) -> ShardDataset:
-        """A copy whose stages are ``specs`` (the same data, manifest and settings, no iteration in
-        progress; this data set is unchanged): how code built on the engine restructures a data
-        set's stages (a loader that runs part of them itself).
-
-        Args:
-            specs: :class:`~resumewds.stages.Stage` specs, e.g. a slice of :attr:`stage_specs`.
+        """A copy whose stages are ``specs`` (e.g. a slice of :attr:`stage_specs`; the same
+        data, manifest and settings, no iteration in progress).
 
         Raises:
             TypeError: an item of ``specs`` is not a ``Stage``.
@@ -373,9 +351,8 @@ class ShardDataset:
     # ---- state shared with the loader ----------------------------------
     @property
     def manifest(self) -> Manifest:
-        """The resolved, indexed manifest (resolved and indexed on first use, in the
-        calling thread: a loader does it before its workers start, so that they
-        inherit it)."""
+        """The resolved, indexed manifest (on first use, in the calling thread: a loader
+        does it before its workers start, so that they inherit it)."""
         if self._manifest is None:
             m, skipped = self._resolve()
             if skipped is not None:
@@ -510,11 +487,8 @@ class ShardDataset:
     # ---- reading (resumewds.read) ---------------------------------------------
     @property
     def reader(self) -> _ShardReader:
-        """This process's reading state and read path (made on first use; pickling drops it).
-
-        Sized to the shards a step can touch: a shuffled window reads its shards at
-        once (one window per partition of this rank's node); in order, two are
-        enough (fewer pins: the ``cache_size`` budget holds better).
+        """This process's reading state and read path (made on first use; pickling drops it),
+        sized to the shards a step can touch (a window per partition when shuffled).
 
         Example:
             >>> ds.reader.read(0, 5)["__key__"]        # doctest: +SKIP
@@ -536,32 +510,16 @@ class ShardDataset:
         """Yield ``(step, batch, meta)`` for this worker's steps of an epoch.
 
         Args:
-            epoch: the epoch.
             start: global position to start from.
-            layout: batch size, world size, rank, remainder policy (a
-                :class:`~resumewds.plan.Layout`); or an
-                :class:`~resumewds.plan.EpochLayout`, bound or not (webdataset's
-                shard split: its steps are webdataset's workers' batches).
+            layout: a :class:`~resumewds.plan.Layout`, or an
+                :class:`~resumewds.plan.EpochLayout`, bound or not.
             worker, num_workers: this DataLoader worker's share (round-robin
                 over steps).
-            collate: collate samples with the batch's collate function; if
-                False the batch is the list of samples.
+            collate: collate samples; if False the batch is the list of samples.
             collate_fn: the collate function (default: the one of
                 ``batched()``, else torch-free ``default_collate``).
-            each: with ``collate=False``: each delivered sample as soon as it
-                is read, ``(step, [sample], None)``, then ``(step, [], meta)``
-                (:func:`resumewds.read.run_steps`).
-
-        ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
-        ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
-        per shard index), ``positions``, ``slot_index`` and ``pad_flags``
-        (per delivered sample: its epoch position, its index in the step's
-        slots, whether it is padding), ``sample_shards`` (without
-        ``collate``: each delivered sample's shard index, None for padding),
-        ``batch_dropped`` (a batch stage
-        returned None), ``t_read``, ``t_stages`` and ``t_fetch_wait``
-        (seconds), ``events``.  The steps are read by the one step engine
-        (:func:`resumewds.read.run_steps`), this data set its one source.
+            each: with ``collate=False``: each sample as soon as it is read
+                (:func:`resumewds.read.run_steps`, which also lists ``meta``).
         """
         ep = self.plan.epoch(epoch)
         if hasattr(layout, "bind"):  # an EpochLayout (resumewds.plan): its steps of this epoch

@@ -1,37 +1,12 @@
 """The step engine: one loop that reads, tags, stages and collates the steps of any data set.
 
-:meth:`resumewds.read.ShardDataset.iter_steps` (one data set) and
-:meth:`resumewds.mixing.MixedDataset.iter_steps` (several, mixed) both
-run :func:`run_steps`; a single data set is a mixture of one source.  What
-differs between them is only *which* samples a step holds, which a
-:class:`StepPlan` says: per step, each slot's ``(position, pad)``, its
-``(shard, sample)`` in its source and its source, and the shards to fetch
-in the background.  Everything else happens here, the same way for both,
-in three parts:
-
-* :class:`Scheduler` -- what starts ahead of the reads: the background
-  downloads the plan asks for (a shuffled pass's first step defers them
-  until its first sample is out), the kernel's read-ahead of the first
-  step's local byte ranges, the verified ranged reads of each step's
-  samples not cached yet (:func:`resumewds.read._ranged.prepare`) and, when
-  steps are small, of the next steps' (:data:`READ_AHEAD` samples);
-* the reads, through each source's reader
-  (:meth:`resumewds.read._shards.ShardReader.read`, the one read path;
-  consecutive samples of one shard with one ``pread``,
-  :meth:`~resumewds.read._shards.ShardReader.read_run`, when the source reads
-  its shards front to back); a handler's stop ends the step for every
-  source, and it is the last one;
-* :class:`StepBuilder` -- the assembly of a step: the tags
-  (``__epoch__``, ``__index__``, ``__shard__``, ``__source__`` for mixtures,
-  ``__pad__`` when the step has padding), the per-sample stages, the
-  collation and batch stages (a batch stage's None drops the batch, its
-  samples counted as filtered), the step's ``meta`` (counts, timings,
-  events, failed shards; a sample a stage's handler skipped counts as
-  skipped, not filtered).
-
-A stage whose handler says stop raises :class:`~resumewds.errors.HandlerStop`
-out of the engine; direct iteration ends there
-(:func:`resumewds.stages.until_stop`), a WebLoader ends the epoch.
+``ShardDataset.iter_steps`` and ``MixedDataset.iter_steps`` both run
+:func:`run_steps` (a single data set is a mixture of one source); a
+:class:`StepPlan` says only *which* samples a step holds.  Here: the
+:class:`Scheduler` (downloads, read-ahead and ranged reads started ahead of
+the reads), the reads through each source's reader, and the
+:class:`StepBuilder` (tags, stages, collation, the step's ``meta``).  A
+handler's stop ends the step for every source, and it is the last one.
 
 Example:
     >>> src = Source(ds, ds.stages, stream=True)                          # doctest: +SKIP
@@ -115,19 +90,11 @@ class Scheduler:
     """What a pass of steps starts ahead of its reads.
 
     Before each step (:meth:`before`): the background downloads the plan asks
-    for (in order, the download is the read: it starts first; a shuffled
-    pass's first step keeps them until its first sample is out,
-    :meth:`first_out`, as they would compete with that step's reads), the
-    kernel's read-ahead of the first step's local byte ranges, and the
-    verified ranged reads of the step's samples not cached yet.  Small steps
-    (a DataLoader worker's share of one sample at a time) of one source in a
-    shuffled order also start the ranged reads of the next steps, up to
-    :data:`READ_AHEAD` samples together, not one request per step.
-
-    Args:
-        sources: the sources read.
-        plan: the pass's steps.
-        order: the pass's steps, in order (``plan.steps()``).
+    for (a shuffled pass's first step defers them until its first sample is
+    out, :meth:`first_out`: they would compete with its reads), the kernel's
+    read-ahead of the first step, and the ranged reads of the step's samples
+    not cached yet; small shuffled steps of one source also those of the next
+    steps, up to :data:`READ_AHEAD` samples together.
     """
 
     def __init__(self, sources: Sequence[Source], plan: StepPlan, order: Iterable[int]):
@@ -188,8 +155,7 @@ class StepBuilder:
         self.slots = slots
         self.epoch = epoch
         self.names = names
-        # with padding in a step, every sample carries __pad__ (True/False), so that
-        # collation keeps the flag for the whole batch
+        # with padding in a step, every sample carries __pad__, so collation keeps the flag
         self.any_pad = any(p for _, p in slots)
         self.meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
                                      "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
@@ -333,10 +299,7 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         take_events: the events of the step (drained at its end).
         mixture: ``meta["sources"]`` (samples per source) and ``__source__`` tags.
         each: without collation only: each delivered sample as soon as it is read,
-            ``(step, [sample], None)``, then the step's ``(step, [], meta)`` (the same
-            samples, in the same order).  The first sample of a pass is then not held
-            back by the reads of the rest of its step: the first step's ranged reads
-            fetch the first sample's range first, then the others.
+            ``(step, [sample], None)``, then the step's ``(step, [], meta)``.
 
     ``meta`` has ``worker``, ``step``, ``samples``, ``pads``, ``skipped``,
     ``filtered``, ``bytes``, ``shards`` (samples per global shard index: a

@@ -1,23 +1,12 @@
 """Verified ranged reads: samples of remote shards before the shard is cached.
 
-:func:`prepare` is called once per step before its samples are read: the
-samples of remote shards that are not verified cache entries yet (manifest
-v3: per-sample digests) come from the shard's sparse partial
-(:mod:`resumewds.cache`) when they are there, are waited for while a
-download (or another read) of this process, or another process's download,
-is fetching them, and are fetched by range otherwise
-(:func:`resumewds.fetch.fetch_range`, neighbours coalesced, several
-connections at once); each is checked against its digest as it arrives,
-kept in the sparse partial (the download never asks for it again) and in
-:class:`RangedReads` until the reader's :meth:`~resumewds.read._shards.ShardReader.read`
-takes it.  A range that cannot be read (the server ignores ``Range``, or
-keeps failing) sends the shard to the whole-shard path.  :func:`finish`
-checks, at the end of a pass, every shard read this way whole (its size,
-checksum and end, through the cache), so that a shard is never done without
-that check.  docs/DIGESTS.md has the rules and the figures.
-
-The ranged reads are the data set's reader's (:class:`~resumewds.read._shards.ShardReader`,
-``reader.ranged``), made on first use when the reader may read by range.
+:func:`prepare` (once per step) takes the samples of remote shards with
+per-sample digests that are not cached yet from the shard's sparse partial,
+waits for those a download is fetching, and fetches the rest by range; each
+is checked against its digest as it arrives and kept until the reader takes
+it.  A range the server will not serve sends the shard to the whole-shard
+path; :func:`finish` checks every shard read this way whole at the end of a
+pass.  docs/DIGESTS.md has the rules and the figures.
 
 Example:
     >>> prepare(reader, [(0, 5), (3, 17)])                   # doctest: +SKIP
@@ -57,9 +46,6 @@ __all__ = ["RangedReads", "finish", "prepare"]
 
 log = logging.getLogger("resumewds")
 
-
-# ---- verified ranged reads ----
-
 #: neighbouring samples closer than this are fetched with one Range request
 RANGE_GAP = 64 * 1024
 #: one Range request fetches at most this many bytes (unless one sample is bigger)
@@ -74,21 +60,13 @@ WAIT_STALL = 1.0
 
 
 class RangedReads:
-    """One process's verified reads of shards that are not in the cache yet.
+    """One process's verified reads of shards that are not in the cache yet
+    (``reader.ranged``, made on first use).
 
-    For the samples of a step whose shard is remote (http(s), s3), has sample
-    digests and offsets (manifest v3) and is not yet a verified cache entry,
-    :func:`prepare` takes the samples the shard's sparse partial holds, and
-    starts fetching by range those that no download is fetching now; a read
-    (:func:`read`) then waits for its own sample only: its range, or the
-    download that is fetching it.  Every byte is checked against its sample's
-    digest before it is kept or delivered.
-
-    Counters (per process): ``range_requests``, ``range_bytes``,
-    ``range_samples`` / ``partial_samples`` (delivered from a range / from the
-    sparse partial), ``waits`` (samples waited for while a download fetched
-    them), ``range_kept`` (bytes of ranges written into sparse partials: not
-    downloaded again).
+    Counters: ``range_requests``, ``range_bytes``, ``range_samples`` /
+    ``partial_samples`` (delivered from a range / from the sparse partial),
+    ``waits`` (samples waited for while a download fetched them), ``range_kept``
+    (bytes of ranges written into sparse partials).
     """
 
     def __init__(self, store: Any):
@@ -215,10 +193,9 @@ def _ranged(reader: ShardReader) -> Optional[RangedReads]:
 
 
 def _groups(shard: ShardInfo, js: List[int], e: sparse.Entry, alone: Optional[int] = None) -> List[Tuple[int, int]]:
-    """The samples ``js`` coalesced into ``(first, last)`` runs of samples fetched with one
-    request each: neighbours closer than :data:`RANGE_GAP`, at most :data:`RANGE_MAX` bytes,
-    never across bytes present or in flight (they would be fetched twice); ``alone`` (a
-    step's first sample) first, in a request of its own, so that it waits for no other."""
+    """The samples ``js`` coalesced into ``(first, last)`` runs fetched with one request
+    each (gaps up to :data:`RANGE_GAP`, at most :data:`RANGE_MAX` bytes, never across bytes
+    present or in flight); ``alone`` (a step's first sample) first, in a request of its own."""
     off = shard.offsets
     assert off is not None
     busy = e.busy()
@@ -248,18 +225,11 @@ def _groups(shard: ShardInfo, js: List[int], e: sparse.Entry, alone: Optional[in
 def prepare(reader: ShardReader, where: Sequence[Tuple[int, int]]) -> None:
     """Start making the samples ``where`` of shards not cached yet ready, verified.
 
-    Called once per step, before its samples are read (and for the samples
-    of the next steps, read ahead): for each shard of the step that is
-    remote, has sample digests and is not a verified cache entry, the
-    samples its sparse partial holds are read (each checked against its
-    digest), and those that no download is fetching now are fetched by range
-    (in parallel over :data:`RANGE_THREADS` connections, in the order given:
-    a step's first sample first); :func:`read` waits for its own sample only.
-    The cached shards are left to the whole-shard path.  Every request draws
-    from the shard's one fetch budget (shared with its download).
+    Called once per step, before its samples are read (and for read-ahead).
+    Requests run over :data:`RANGE_THREADS` connections, a step's first sample
+    first, each drawing from the shard's one fetch budget.
 
     Args:
-        reader: the data set's reader (:class:`~resumewds.read._shards.ShardReader`).
         where: the step's ``(shard index, sample index)`` pairs.
 
     Example:
@@ -354,12 +324,9 @@ def _ranged_sample(reader: ShardReader, rr: RangedReads, si: int, j: int) -> Any
 
 
 def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err: BaseException) -> Any:
-    """A ranged read of shard ``si`` failed: a permanent error follows ``on_error``;
-    a range the server does not serve, or that keeps arriving corrupt or cut short,
-    sends the shard to the whole-shard path (a whole GET, with attempts of its own,
-    resumed where a cut left it, and the cache's checks); any other failure (the
-    budget spent on a server that does not answer, or stalls) is the shard's, as
-    the whole-shard path would meet it too."""
+    """A ranged read of shard ``si`` failed: a range the server does not serve, or
+    that keeps arriving corrupt or cut short, sends the shard to the whole-shard
+    path; any other failure follows ``on_error`` (the whole path would meet it too)."""
     rr.forget(si)
     cut = isinstance(err, TransientFetchError) and err.status == 206  # bodies cut short: it answers
     if isinstance(err, PermanentFetchError) or not (isinstance(err, (RangeIgnored, CorruptSample)) or cut):
@@ -446,10 +413,7 @@ def _fetch_group(rr: RangedReads, shard: ShardInfo, e: sparse.Entry, first: int,
 
 def finish(reader: ShardReader) -> None:
     """The end of a pass: every shard this process read by range is checked whole
-    through the cache (its download finished, its size, xxh3_64 and end of archive
-    checked, then published), so that no shard is done without that check; a check
-    that fails follows ``on_error`` (raised, or recorded as a failed shard), naming
-    the shard and the manifest its index came from.
+    through the cache (size, xxh3_64, end of archive); a failure follows ``on_error``.
 
     Example:
         >>> finish(reader)        # doctest: +SKIP
