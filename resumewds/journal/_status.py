@@ -16,16 +16,12 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
 
     This is the ``resumewds status --json`` contract.  Fields:
 
-    - ``path`` (str): the run's journal path (rank 0's file).
-    - ``run_id`` (str | None): rank 0's run id.
-    - ``schema_version`` (int): rank 0's schema version.
-    - ``generated`` (float): Unix time this summary was made.
-    - ``config`` (dict): rank 0's stored run configuration.
+    - ``path`` (str, rank 0's file), ``generated`` (float, Unix time), and rank
+      0's ``run_id`` (str | None), ``schema_version`` (int) and ``config`` (dict).
     - ``latest`` (dict | None): rank 0's newest commit: ``step``, ``epoch``,
       ``position``, ``world_size``, ``batch_size``, ``ts``, ``samples_total``.
-    - ``resume`` (dict | None): what ``resolve_resume(path)`` returns
-      (None: would start from the beginning).
-    - ``resume_error`` (str | None): why no resume point could be found.
+    - ``resume`` (dict | None): ``resolve_resume(path)`` (None: from the
+      beginning); ``resume_error`` (str | None): why there is none.
     - ``ranks`` (list): per rank file, by rank: ``rank``, ``path``,
       ``latest_step`` (int | None), ``epoch``, ``position``, ``ts`` (of that
       commit), ``samples_total``, ``commits`` (number of commit rows).
@@ -47,10 +43,8 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
       ``url``, ``detail`` (dict | None).
     - ``throughput`` (dict): from each rank's last ``throughput_window``
       commits: ``samples_per_s`` (sum over ranks, None if unknown),
-      ``steps_per_s`` (rank 0), ``per_rank`` ([{``rank``,
-      ``samples_per_s``}]), ``window_s`` (rank 0's active time in the
-      window: the time between a restart and the commit before it, when no
-      process ran, is left out; see :func:`active_rate`).
+      ``steps_per_s`` (rank 0), ``per_rank`` ([{``rank``, ``samples_per_s``}]),
+      ``window_s`` (rank 0's active time in the window: :func:`active_rate`).
     - ``consumption`` (dict): for rank 0's latest epoch (``epoch``), summed
       over ranks: ``shards_started``, ``shards_complete`` (samples reached the
       shard total), ``samples``.

@@ -5,11 +5,14 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-from typing import Any, Dict, Literal, Optional
+from array import array
+from typing import Any, Dict, Iterable, Literal, Optional, Sequence
+
+import xxhash
 
 from ..errors import SourceError
 
-__all__ = ["ArrayFile", "view_item"]
+__all__ = ["ArrayFile", "view_item", "write_array_file"]
 
 class ArrayFile:
     """A little-endian file of 8-byte integers, memory-mapped on first use per process
@@ -59,6 +62,29 @@ class ArrayFile:
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"path": self.path, "size": self.size, "xxh3_64": self.xxh3_64, "_mm": None, "_view": None}
+
+
+def write_array_file(path: str, parts: Iterable[Optional[Sequence[int]]], typecode: Literal["q", "Q"]
+                     ) -> tuple[int, str]:
+    """Write the ``parts`` (None: skipped), in order, to ``path`` atomically as one
+    little-endian array: ``(size, xxh3_64)`` of the file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    h = xxhash.xxh3_64()
+    with open(tmp, "wb") as f:
+        for part in parts:
+            if part is None:
+                continue
+            a = array(typecode, (int(x) for x in part))
+            if sys.byteorder != "little":  # pragma: no cover
+                a.byteswap()
+            b = a.tobytes()
+            h.update(b)
+            f.write(b)
+        f.flush()
+        os.fsync(f.fileno())
+    size = os.path.getsize(tmp)
+    os.replace(tmp, path)
+    return size, h.hexdigest()
 
 
 def view_item(view: Any, start: int, length: int, i: Any) -> Any:

@@ -45,7 +45,6 @@ import bisect
 import json
 import os
 import posixpath
-import sys
 import time
 import urllib.parse
 from array import array
@@ -57,7 +56,7 @@ import xxhash
 from ..errors import SourceError
 from ..fetch import is_remote_object
 from . import _shardindex as shardindex
-from ._arrayfile import ArrayFile, view_item
+from ._arrayfile import ArrayFile, view_item, write_array_file
 from ._foreignindex import is_stats, is_wids, stats_entry, wids_entries
 from ._sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
 from ._shardindex import COMPRESSED, Counted
@@ -334,28 +333,10 @@ class Manifest:
         index = None
         if offsets == "index":
             index = shardindex.write_indexes(self.shards, path + ".index", digests)
+        side_digest = None
         if offsets == "file":
             side = os.path.basename(path) + ".offsets"
-            side_path = os.path.join(base, side)
-            tmp_side = f"{side_path}.tmp.{os.getpid()}"
-            with open(tmp_side, "wb") as f:
-                for s in self.shards:
-                    if s.offsets is None:
-                        continue
-                    a = array("q", (int(x) for x in s.offsets))
-                    if sys.byteorder != "little":  # pragma: no cover
-                        a.byteswap()
-                    a.tofile(f)
-                f.flush()
-                os.fsync(f.fileno())
-            with open(tmp_side, "rb") as f:
-                h = xxhash.xxh3_64()
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            side_digest = (os.path.getsize(tmp_side), h.hexdigest())
-            os.replace(tmp_side, side_path)
-        else:
-            side_digest = None
+            side_digest = write_array_file(os.path.join(base, side), (s.offsets for s in self.shards), "q")
         digests_side = None
         if side is not None and digests and any(s.sample_digests is not None for s in self.shards):
             digests_side = write_side_file(os.path.join(base, os.path.basename(path) + ".digests"), self.shards)

@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 import xxhash
 
 from ..errors import SourceError
-from ._arrayfile import ArrayFile, view_item
+from ._arrayfile import ArrayFile, view_item, write_array_file
 
 __all__ = ["DigestsFile", "HEX", "LazyDigests", "decode_inline", "encode_inline", "entry_from_json",
            "entry_to_json", "file_sample_digests", "sample_digests", "side_file_from_json", "write_side_file"]
@@ -134,23 +134,7 @@ def entry_to_json(shard: Any, d: Dict[str, Any], at: Optional[int]) -> None:
 
 def write_side_file(path: str, shards: Sequence[Any]) -> tuple[int, str]:
     """Write every shard's digests (in order) to ``path`` atomically: (size, xxh3_64)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    h = xxhash.xxh3_64()
-    with open(tmp, "wb") as f:
-        for s in shards:
-            if s.sample_digests is None:
-                continue
-            a = array("Q", (int(x) for x in s.sample_digests))
-            if sys.byteorder != "little":  # pragma: no cover
-                a.byteswap()
-            b = a.tobytes()
-            h.update(b)
-            f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
-    size = os.path.getsize(tmp)
-    os.replace(tmp, path)
-    return size, h.hexdigest()
+    return write_array_file(path, (s.sample_digests for s in shards), "Q")
 
 
 def side_file_from_json(data: Dict[str, Any], location: str, resolve: Any) -> Optional[DigestsFile]:

@@ -52,8 +52,6 @@ RANGE_GAP = 64 * 1024
 RANGE_MAX = 8 << 20
 #: Range requests of one step run on this many connections at once
 RANGE_THREADS = 4
-#: most bytes of verified samples read ahead and kept until asked for (per process)
-READY_MAX = 64 << 20
 #: a sample a download is fetching now is waited for; the wait gives up (and fetches it by
 #: range) when nothing has arrived for this long (seconds)
 WAIT_STALL = 1.0
@@ -71,9 +69,8 @@ class RangedReads:
 
     def __init__(self, store: Any):
         self.store = store
-        # (shard, sample) -> (sample dict, bytes, "range" | "partial"), oldest first
-        self.ready: OrderedDict[Tuple[int, int], Tuple[Dict[str, Any], int, str]] = OrderedDict()
-        self.ready_bytes = 0
+        # (shard, sample) -> (sample dict, "range" | "partial"), oldest first
+        self.ready: OrderedDict[Tuple[int, int], Tuple[Dict[str, Any], str]] = OrderedDict()
         self.pending: Dict[Tuple[int, int], Any] = {}  # (shard, sample) -> the future fetching it
         self.off: set = set()  # shards read whole (not ranged, or their ranges failed)
         self.eligible: Dict[int, bool] = {}
@@ -87,24 +84,22 @@ class RangedReads:
         self._pid = os.getpid()
         self.lock = threading.Lock()
 
-    def put(self, key: Tuple[int, int], sample: Dict[str, Any], nbytes: int, source: str) -> None:
+    def put(self, key: Tuple[int, int], sample: Dict[str, Any], source: str) -> None:
         if key in self.ready:
             return
-        self.ready[key] = (sample, nbytes, source)
-        self.ready_bytes += nbytes
+        self.ready[key] = (sample, source)
 
     def take(self, key: Tuple[int, int]) -> Optional[Dict[str, Any]]:
         hit = self.ready.pop(key, None)
         if hit is None:
             return None
-        self.ready_bytes -= hit[1]
-        self.counters[hit[2] + "_samples"] += 1
+        self.counters[hit[1] + "_samples"] += 1
         return hit[0]
 
     def forget(self, si: int) -> None:
         """Drop what is ready or pending of shard ``si`` (it is read whole now, or failed)."""
         for key in [k for k in self.ready if k[0] == si]:
-            self.ready_bytes -= self.ready.pop(key)[1]
+            del self.ready[key]
         for key in [k for k in self.pending if k[0] == si]:
             del self.pending[key]
 
@@ -180,7 +175,6 @@ class RangedReads:
         self._tl = threading.local()
         self.pending.clear()
         self.ready.clear()
-        self.ready_bytes = 0
 
 
 def _ranged(reader: ShardReader) -> Optional[RangedReads]:
@@ -349,7 +343,7 @@ def _deliver(rr: RangedReads, si: int, shard: ShardInfo, got: Dict[int, Any], so
         except ShardFormatError:
             continue  # a sample the manifest's digest vouches for, yet not a tar sample: read() reports it
         sample["__url__"] = shard.url
-        rr.put((si, j), sample, len(data), source)
+        rr.put((si, j), sample, source)
 
 
 def _wait(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:

@@ -81,16 +81,6 @@ def check_source_allowed(url: str) -> None:
                                     "(resumewds.utils.enforce_security / WDS_SECURE is set)")
 
 
-def check_unpickling_allowed(what: str) -> None:
-    """Raise :class:`EnforcedSecurityError` with ``what`` if :data:`enforce_security` is set.
-
-    Example:
-        >>> check_unpickling_allowed("unpickling a .pyd member")  # enforce_security is off
-    """
-    if secure():
-        raise EnforcedSecurityError(what)
-
-
 def rewrite_url(url: str) -> str:
     """``url`` after the ``GOPEN_REWRITE`` rules (unchanged when none is set).
 
