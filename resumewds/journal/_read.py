@@ -194,12 +194,12 @@ class RunReader:
         return {"downloads": downloads, "evicted": evicted, "last_evict": last_evict,
                 "last_fetch": last_fetch}
 
-    def consumption(self) -> Dict[int, Dict[str, Dict[str, Any]]]:
-        """Samples consumed per epoch and shard, summed over ranks, up to the
-        latest commit: ``{epoch: {url: {"samples": n, "total": t}}}``."""
+    def consumption(self, epoch: Optional[int] = None) -> Dict[int, Dict[str, Dict[str, Any]]]:
+        """Samples consumed per epoch (optionally one) and shard, summed over ranks, up
+        to the latest commit: ``{epoch: {url: {"samples": n, "total": t}}}``."""
         out: Dict[int, Dict[str, Dict[str, Any]]] = {}
         for j in self.journals.values():
-            for row in j.consumption():
+            for row in j.consumption(epoch):
                 c = out.setdefault(int(row["epoch"]), {}).setdefault(
                     row["url"], {"samples": 0, "total": row["total"]})
                 c["samples"] += row["samples"] or 0
@@ -210,15 +210,10 @@ class RunReader:
     def epoch_consumption(self, epoch: int) -> Dict[str, Any]:
         """One epoch summed over ranks: ``{"epoch", "shards_started",
         "shards_complete" (samples reached the shard total), "samples"}``."""
-        agg: Dict[str, List[Optional[int]]] = {}
-        for j in self.journals.values():
-            for row in j.consumption(epoch):
-                a = agg.setdefault(row["url"], [0, None])
-                a[0] = (a[0] or 0) + row["samples"]
-                a[1] = row["total"] if row["total"] is not None else a[1]
-        return {"epoch": epoch, "shards_started": len(agg),
-                "shards_complete": sum(1 for s, t in agg.values() if t is not None and (s or 0) >= t),
-                "samples": sum(s or 0 for s, _ in agg.values())}
+        shards = self.consumption(epoch).get(epoch, {}).values()
+        return {"epoch": epoch, "shards_started": len(shards),
+                "shards_complete": sum(1 for c in shards if c["total"] is not None and c["samples"] >= c["total"]),
+                "samples": sum(c["samples"] for c in shards)}
 
 
 def read_commits(path: str) -> Dict[int, List[Dict[str, Any]]]:

@@ -2,14 +2,7 @@
 
 The format: docs/DIGESTS.md, "Manifest version 3".  Here: computing digests,
 the inline form, the side file (:class:`DigestsFile`, :class:`LazyDigests`)
-and the manifest's hooks to write and read them.
-
-Example:
-    >>> ds = sample_digests(b"a" * 1024 + b"b" * 512, [0, 1024, 1536])
-    >>> encode_inline(ds) == format(ds[0], "016x") + format(ds[1], "016x")
-    True
-    >>> list(decode_inline(encode_inline(ds), 2, "m.json: shard a.tar")) == list(ds)
-    True
+and the manifest's hooks to write and read them (example: :mod:`resumewds.sources`).
 """
 
 from __future__ import annotations

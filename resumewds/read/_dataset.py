@@ -46,9 +46,7 @@ _BUFFER_MIN_WINDOW = 8
 
 
 class _EpochSteps(StepPlan):
-    """The steps of one epoch of a data set (:func:`resumewds.read.run_steps`'s plan):
-    its plan's samples at the layout's slots; prefetch: the window of a step's first
-    position and then ``prefetch`` shards beyond it, once per window."""
+    """The steps of one epoch of a data set (:func:`resumewds.read.run_steps`'s plan)."""
 
     def __init__(self, ds: ShardDataset, ep: Any, layout: Layout, start: int, worker: int, num_workers: int):
         self.ds, self.ep, self.layout, self.start = ds, ep, layout, start
@@ -72,8 +70,7 @@ class _EpochSteps(StepPlan):
         if w == self.last_window:
             return ()
         self.last_window = w
-        # this window's shards (a shuffled window touches all of them at once) and
-        # then ``prefetch`` shards beyond it; cached ones are left out by the store
+        # this window's shards (a shuffled window touches them all at once), then ``prefetch`` more
         here = ep.window_shards(w)
         shards = self.ds.manifest.shards
         upcoming = [shards[i] for i in ep.shards_from(first, len(here) + self.ds.prefetch_depth)]
@@ -97,35 +94,25 @@ class ShardDataset:
             permuted per epoch and samples shuffled within windows of
             ``shuffle_window`` shards; ``"shards"``: shard order only.
         shuffle_window: shards per shuffle window.
-        cache_dir, cache_size, verify: passed to the shard cache
+        cache_dir, cache_size, verify, fetch: passed to the shard cache
             (:class:`resumewds.cache.ShardStore`).
-        fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
         on_error: ``"raise"`` (default) stops at a shard that cannot be
             fetched or verified; ``"skip"`` skips it for the rest of the epoch
             (tried again in the next), recorded as failed.
-        handler: a handler for shard and sample (tar) errors
-            (:mod:`resumewds.stages`): ``reraise_exception`` (default,
-            ``on_error="raise"``); a handler returning True skips the shard
-            like ``on_error="skip"``; False stops the iteration.
+        handler: a handler for shard and sample errors (:mod:`resumewds.stages`):
+            True skips like ``on_error="skip"``; False stops the iteration.
         allow_pickle: let decoders unpickle (pkl/pyd): off by default.
-        allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
-            the network (and the local files it names).
-        allow_remote_local: let a manifest fetched over the network name local
-            files (absolute paths, ``file://``); None: ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
-        manifest_max_bytes: the largest manifest fetched over the network
-            (bytes or ``"1GiB"``); None: ``RESUMEWDS_MANIFEST_MAX_BYTES``, else 256 MiB.
-        cache_sync: how the cache makes its files durable (``"auto"``,
-            ``"fsync"`` or ``"boot"``, :class:`resumewds.cache.ShardStore`);
+        allow_remote_pipe, allow_remote_local, manifest_max_bytes: the trust given
+            to remote manifests (:func:`resumewds.sources.resolve_sources`).
+        cache_sync: ``"auto"``, ``"fsync"`` or ``"boot"`` (:class:`resumewds.cache.ShardStore`);
             None: ``RESUMEWDS_CACHE_SYNC``, else ``"auto"``.
         prefetch: how many upcoming shards to download in the background.
         partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
             None: the number of nodes at the run's start (a resume keeps the
             run's recorded count); 1: one order over all shards.
         ranged_reads: accepted for compatibility and ignored (with a warning).
-        resampled: draw each epoch's shards with replacement (deterministic:
-            a pure function of seed, epoch and position).
-        empty_check: raise ValueError when an epoch has no samples at all
-            (and, with a layout that checks it, when a DataLoader worker gets no shard).
+        resampled: draw each epoch's shards with replacement (deterministically).
+        empty_check: raise ValueError when an epoch (or a worker of a shard split) gets no samples.
 
     Example:
         >>> from resumewds.stages import Stage, ToTuple
@@ -212,8 +199,7 @@ class ShardDataset:
 
     @property
     def stream_from(self) -> int:
-        """The index in :attr:`stage_specs` of the first stage not run where each sample is read:
-        the stages before it are per-sample stages and ``shuffle`` specs (compiled into the plan).
+        """The index in :attr:`stage_specs` of the first stage not run where each sample is read.
 
         Example:
             >>> from resumewds.stages import Map, Stage
@@ -226,9 +212,8 @@ class ShardDataset:
 
     @property
     def loader_from(self) -> int:
-        """The index in :attr:`stage_specs` of the first stage the engine's loader does not run:
-        before it, the per-sample prefix, one ``batched`` spec and the per-batch ``sample``
-        specs after it (:attr:`batch_stages`); from it on, stream stages (``unbatched``, ``slice``...).
+        """The index in :attr:`stage_specs` of the first stage the engine's loader does not run
+        (after the per-sample prefix, one ``batched`` spec and its :attr:`batch_stages`).
 
         Example:
             >>> from resumewds.stages import Stage
@@ -279,8 +264,7 @@ class ShardDataset:
         return self.with_stages(self.stage_specs + tuple(specs))
 
     def _set_stages(self, specs: Sequence[Stage]) -> None:
-        """Use ``specs`` as this data set's stages, in place (:meth:`with_stages` on its copy; a
-        subclass that builds its own stages, a ``DataPipeline`` compiling itself)."""
+        """Use ``specs`` as this data set's stages, in place (:meth:`with_stages` on its copy)."""
         specs = list(specs)
         bad = next((st for st in specs if not isinstance(st, Stage)), None)
         if bad is not None:
@@ -290,9 +274,8 @@ class ShardDataset:
         self._compile()
 
     def _compile(self) -> None:
-        """Split the stages: the per-sample prefix (run where the sample is read), the
-        ``.shuffle(n)`` compiled into the plan, one ``.batched`` and the maps after it
-        (what WebLoader runs), and the stream stages after that."""
+        """Split the stages: the per-sample prefix and ``.shuffle(n)`` (into the plan), one
+        ``.batched`` and the maps after it (what WebLoader runs), the stream stages."""
         p = self._spec
         i, stages, buffer = 0, [], 0
         while i < len(p) and p[i].kind in ("sample", "shuffle"):
@@ -323,8 +306,7 @@ class ShardDataset:
         self._plan = None
 
     def _derived(self) -> ShardDataset:
-        """A copy with its own list of stages and no iteration in progress (the same data,
-        manifest and settings)."""
+        """A copy with its own list of stages and no iteration in progress."""
         ds = copy.copy(self)
         ds._spec = list(self._spec)
         ds._events = []
@@ -361,8 +343,7 @@ class ShardDataset:
         return self._manifest
 
     def _resolve(self) -> Tuple[Manifest, Optional[Dict[str, str]]]:
-        """The sources resolved and indexed (a manifest.json beside named shards first:
-        :mod:`resumewds.sources`); the shards skipped under a ``handler``."""
+        """The sources resolved and indexed; the shards skipped under a ``handler``."""
         trust: Dict[str, Any] = {"allow_remote_pipe": self.allow_remote_pipe,
                                  "allow_remote_local": self.allow_remote_local,
                                  "manifest_max_bytes": self.manifest_max_bytes}
@@ -426,9 +407,8 @@ class ShardDataset:
         return self._store
 
     def cache_dirs(self) -> List[str]:
-        """The directory of this data set's shard cache (its store's, from ``cache_dir=``, else
-        ``RESUMEWDS_CACHE_DIR``...): ranks on one host that share it are one node
-        (:func:`resumewds.plan._world.node_key`).
+        """The directory of this data set's shard cache: ranks on one host that share it are
+        one node (:func:`resumewds.plan._world.node_key`).
 
         Example:
             >>> ShardDataset(["a.tar"], cache_dir="/tmp/c").cache_dirs()
@@ -438,8 +418,7 @@ class ShardDataset:
 
     def steps_of(self, layout: Union[Layout, EpochLayout], epoch: int) -> Any:
         """``layout``'s steps of epoch ``epoch``: an :class:`~resumewds.plan.EpochLayout`
-        bound to the epoch's plan (its ``bind`` may raise, e.g. a worker of webdataset's shard
-        split without a shard); any other layout as it is.
+        bound to the epoch's plan; any other layout as it is.
 
         Example:
             >>> ds = ShardDataset("data/shard-{000000..000003}.tar")

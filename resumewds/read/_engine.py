@@ -40,11 +40,9 @@ class Source:
     """One data set the engine reads from, and what it does with its samples.
 
     Args:
-        ds: the data set (:class:`~resumewds.read.ShardDataset`: its
-            manifest, store and :attr:`~resumewds.read.ShardDataset.reader`).
+        ds: the data set (its manifest, store and reader).
         stages: the per-sample stages its samples go through.
-        stream: its order reads each shard front to back (not a shuffled
-            window): consecutive samples are read as runs.
+        stream: its order reads each shard front to back: consecutive samples are read as runs.
         name: the ``__source__`` tag of its samples (mixtures), or None.
     """
 
@@ -145,7 +143,6 @@ class StepBuilder:
     """The assembly of one step: its samples tagged and staged, its batch and its ``meta``.
 
     Args:
-        k, worker, epoch: the step, the worker (``meta["worker"]``), the ``__epoch__`` tag.
         slots: the step's ``(position, pad)`` per slot.
         names: the ``__source__`` tag per source (mixtures), or None.
     """
@@ -167,9 +164,8 @@ class StepBuilder:
 
     def add(self, i: int, sample: Dict[str, Any], shard: int, shard_name: str, source: int,
             stages: Sequence[Callable[[Any], Any]], on_event: Optional[OnEvent] = None) -> Any:
-        """Slot ``i``'s sample, read from global shard ``shard`` of ``source``: tagged,
-        through the source's stages (a stage's handler's skip: an event of ``on_event``,
-        the source's); what the step delivers, or None (filtered or skipped)."""
+        """Slot ``i``'s sample, read from global shard ``shard`` of ``source``, tagged and
+        staged: what the step delivers, or None (filtered or skipped)."""
         meta = self.meta
         # members only: __key__ and __url__ are the only dunder keys so far
         meta["bytes"] += sum(map(len, sample.values())) - len(sample["__key__"]) - len(sample["__url__"])
@@ -202,10 +198,9 @@ class StepBuilder:
     def batch(self, collate_fn: Optional[Callable[[List[Any]], Any]],
               batch_stages: Sequence[Callable[[Any], Any]], gwhere: Sequence[Tuple[int, int]],
               on_event: Optional[OnEvent] = None) -> Any:
-        """The step's batch: its samples collated (``collate_fn`` None: the list itself,
-        no batch stages), then the batch stages; a batch stage's None drops the
-        batch: ``[]``, its samples counted as filtered, ``meta["batch_dropped"]``.
-        ``gwhere[i]``: slot ``i``'s global ``(shard, sample)`` (``meta["sample_shards"]``)."""
+        """The step's batch: its samples collated (``collate_fn`` None: the list itself),
+        then the batch stages; a batch stage's None drops the batch (``[]``, its samples
+        counted as filtered).  ``gwhere[i]``: slot ``i``'s global ``(shard, sample)``."""
         meta, out, slots = self.meta, self.out, self.slots
         index = meta["slot_index"]
         if index:
@@ -230,10 +225,8 @@ class StepBuilder:
 
     def finish(self, events: List[Dict[str, Any]], stopped: bool, t_read: float, t_wait: float,
                failed: Dict[str, str]) -> Dict[str, Any]:
-        """The step's ``meta``: its events (a sample a stage's handler skipped counted
-        as skipped, like ``on_error="skip"``, not filtered), timings, failed shards,
-        ``stopped`` (a handler said stop: the samples before it are delivered, then
-        no more steps)."""
+        """The step's ``meta``: its events (a sample a stage's handler skipped counted as
+        skipped, not filtered), timings, failed shards, ``stopped`` (a handler's stop)."""
         meta = self.meta
         meta["t_read"] = t_read
         meta["t_stages"] = self.t_stages
@@ -254,8 +247,7 @@ class StepBuilder:
 def _samples(sources: Sequence[Source], readers: List[Any], shards: Sequence[ShardInfo],
              gwhere: List[Tuple[int, int]], step: Slots) -> Iterator[Tuple[int, Optional[Dict[str, Any]]]]:
     """Slot by slot, ``(i, sample or None)`` of one step, read through each source's
-    reader; consecutive samples of one shard of a streaming source with one ``pread``.
-    After a handler's stop (any source's reader), the step's later slots give None."""
+    reader (runs of a streaming source with one ``pread``); None after a handler's stop."""
     _, where, srcs = step
     n = len(where)
     ahead: List[Optional[Dict[str, Any]]] = []
@@ -269,8 +261,7 @@ def _samples(sources: Sequence[Source], readers: List[Any], shards: Sequence[Sha
         elif stopping:  # a handler's stop ends the step for every source
             sample = None
         elif sources[cur].stream and i + 1 < n and gwhere[i + 1] == (gwhere[i][0], j + 1):
-            # consecutive samples of one shard (the rule unshuffled) are read with one
-            # pread: fewer syscalls, and fewer GIL hand-offs to the prefetch threads
+            # one pread: fewer syscalls, and fewer GIL hand-offs to the prefetch threads
             run = run_length(shards, gwhere, i, r.run_bytes)
             # (fewer than ``run`` when a sample fails its digest: the next slot reads it alone)
             ahead = r.read_run(si, j, run) if run > 1 else [r.read(si, j)]
@@ -291,8 +282,6 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     """Yield ``(step, batch, meta)`` for the plan's steps of ``epoch``.
 
     Args:
-        sources: the data sets read (one: a single data set).
-        plan: the steps and their slots.
         epoch, worker: the ``__epoch__`` tag; ``meta["worker"]``.
         collate_fn: the collation (then the ``batch_stages``); None: the batch
             is the list of samples.

@@ -7,11 +7,6 @@ is checked against its digest as it arrives and kept until the reader takes
 it.  A range the server will not serve sends the shard to the whole-shard
 path; :func:`finish` checks every shard read this way whole at the end of a
 pass.  docs/DIGESTS.md has the rules and the figures.
-
-Example:
-    >>> prepare(reader, [(0, 5), (3, 17)])                   # doctest: +SKIP
-    >>> reader.read(3, 17)["__key__"]                         # doctest: +SKIP
-    'sample000017'
 """
 
 from __future__ import annotations
@@ -407,11 +402,7 @@ def _fetch_group(rr: RangedReads, shard: ShardInfo, e: sparse.Entry, first: int,
 
 def finish(reader: ShardReader) -> None:
     """The end of a pass: every shard this process read by range is checked whole
-    through the cache (size, xxh3_64, end of archive); a failure follows ``on_error``.
-
-    Example:
-        >>> finish(reader)        # doctest: +SKIP
-    """
+    through the cache (size, xxh3_64, end of archive); a failure follows ``on_error``."""
     rr = reader.ranged
     if rr is None or not rr.touched:
         return

@@ -101,10 +101,7 @@ class ShardReader:
         self._misses: Dict[int, int] = {}
 
     def start(self) -> None:
-        """A pass of steps starts: no shard failed, no handler's stop yet.
-
-        A shard skipped under ``on_error="skip"`` is tried again by the next pass.
-        """
+        """A pass of steps starts: no shard failed (a skipped shard is tried again), no stop."""
         self.failed = {}
         self.stopping = False
         if self.ranged is not None:
@@ -329,9 +326,7 @@ class ShardReader:
         try:
             opener = getattr(self.store, "acquire_sampled", None)
             for attempt in range(3):
-                # a local shard with per-sample digests is opened without hashing it
-                # whole: each of its samples is checked against its own digest (read);
-                # any other shard's whole-file check ends before its first sample
+                # a local shard with sample digests is opened without hashing it whole
                 if opener is not None:
                     lease, key = opener(shard)
                 else:
@@ -340,8 +335,7 @@ class ShardReader:
                     fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     break
                 except FileNotFoundError as exc:
-                    # removed after it was verified (damaged from outside and
-                    # repaired by another process): acquire it again
+                    # removed after it was verified (repaired by another process): again
                     lease.close()
                     if attempt == 2:
                         raise CacheError(f"{lease.path}: removed again and again between being "
@@ -378,12 +372,7 @@ class ShardReader:
 
 
 def verified_in(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
-    """Whether sample ``j`` of ``shard``, within ``buf`` (which starts at byte ``lo``), matches its digest.
-
-    Example:
-        >>> verified_in(data, 0, shard, 3)      # doctest: +SKIP
-        True
-    """
+    """Whether sample ``j`` of ``shard``, within ``buf`` (which starts at byte ``lo``), matches its digest."""
     assert shard.offsets is not None and shard.sample_digests is not None
     a, b = int(shard.offsets[j]) - lo, int(shard.offsets[j + 1]) - lo
     return xxhash.xxh3_64_intdigest(memoryview(buf)[a:b]) == int(shard.sample_digests[j])
@@ -405,9 +394,8 @@ def blame_manifest(exc: BaseException, shard: ShardInfo) -> BaseException:
 
 
 def trusted(store: Any, shard: ShardInfo) -> bool:
-    """Whether the open copy of ``shard`` matched its xxh3_64 (the store
-    verifies every copy that has one, unless ``verify="never"``): its
-    samples are then parsed without recomputing header checksums."""
+    """Whether the open copy of ``shard`` matched its xxh3_64 (its samples are then
+    parsed without recomputing header checksums)."""
     return shard.xxh3_64 is not None and getattr(store, "verify", "never") != "never"
 
 

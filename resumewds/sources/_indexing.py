@@ -6,11 +6,6 @@ does it for any source and writes a manifest.json; :func:`index_skipping` is
 indexing under a ``handler=`` (webdataset's), where a shard that cannot be
 fetched or indexed is skipped, or keeps the samples before its damage
 (:func:`salvage_shard`, :func:`framed_prefix`), as webdataset's stream reader would.
-
-Example:
-    >>> m = build_manifest("data/shard-{000000..000031}.tar", "data/manifest.json")  # doctest: +SKIP
-    >>> m.total_samples                                                            # doctest: +SKIP
-    32000
 """
 
 from __future__ import annotations

@@ -107,11 +107,7 @@ def _index_sets(m: Manifest) -> List[IndexSet]:
 
 def bind_indexes(m: Manifest, cache_dir: Optional[str] = None, fetch_config: Any = None) -> Manifest:
     """Give ``m``'s version-4 index files and counts-only shards their store (the
-    verified cache in ``cache_dir``).
-
-    Example:
-        >>> bind_indexes(resolve_sources("/d/manifest.json"), cache_dir="/tmp/c")  # doctest: +SKIP
-    """
+    verified cache in ``cache_dir``)."""
     kwargs = {"cache_dir": cache_dir, "fetch": fetch_config}
     for iset in _index_sets(m):
         iset.bind(ShardStore, **kwargs)
