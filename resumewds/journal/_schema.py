@@ -122,14 +122,9 @@ def check_schema(conn: sqlite3.Connection, file: str) -> int:
     return v
 
 
-def table_exists(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (name,)).fetchone() is not None
-
-
 def meta_get(conn: sqlite3.Connection, key: str) -> Optional[str]:
     """``_meta[key]`` (None when absent or before the schema exists)."""
-    if not table_exists(conn, "_meta"):
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_meta'").fetchone() is None:
         return None
     row = conn.execute("SELECT value FROM _meta WHERE key = ?", (key,)).fetchone()
     return None if row is None else row[0]

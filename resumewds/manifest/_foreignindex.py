@@ -1,17 +1,7 @@
 """The shard lists other tools write, read as counts-only sources.
 
-* webdataset's ``wids`` shard index (``wids-index create``, and many training
-  code bases)::
-
-      {"__kind__": "wids-shard-index-v1", "wids_version": 1, "base": "...",
-       "shardlist": [{"url": "shard-000000.tar", "nsamples": 1000,
-                      "filesize": 10485760, "md5sum": "..."}, ...]}
-
-  Relative urls resolve against ``base`` when given (itself relative to the
-  file), else against the file's own location, as ``wids.ShardListDataset``
-  documents.  ``filesize`` and ``md5sum`` are optional.
-* img2dataset's per-shard ``NNNNN_stats.json`` (beside ``NNNNN.tar``): the
-  shard holds ``successes`` samples.
+webdataset's ``wids`` shard index and img2dataset's per-shard
+``NNNNN_stats.json``: docs/DIGESTS.md, "Counts-only sources".
 
 Example:
     >>> doc = {"__kind__": "wids-shard-index-v1", "shardlist": [{"url": "a.tar", "nsamples": 3}]}

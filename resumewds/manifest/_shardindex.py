@@ -325,10 +325,6 @@ _HEX16 = re.compile("[0-9a-f]{16}").fullmatch
 _HEX32 = re.compile("[0-9a-f]{32}").fullmatch
 
 
-def _hex16(v: Any) -> bool:
-    return isinstance(v, str) and _HEX16(v) is not None
-
-
 def index_set_from_json(data: Dict[str, Any], location: str, resolve: Any) -> Optional[IndexSet]:
     """A version-4 manifest's ``index_dir`` (validated; ``resolve(name, location)``
     joins it to the manifest's location), or None."""
@@ -357,7 +353,7 @@ def index_from_json(info: Any, d: Any, location: str, iset: Optional[IndexSet]) 
                 raise SourceError(f"{where}: 'md5' must be 32 hex digits, got {md5!r}")
             info.index = Counted(location, size=info.size, xxh3_64=info.xxh3_64, md5=md5)
         return
-    if not _hex16(hx):
+    if not isinstance(hx, str) or _HEX16(hx) is None:
         raise SourceError(f"{where}: 'index_xxh3_64' must be 16 lower-case hex digits, got {hx!r}")
     if iset is None or info.samples is None:
         raise SourceError(f"{where}: 'index_xxh3_64' needs 'index_dir' and 'samples'")

@@ -102,7 +102,38 @@ class RangedReads:
         """Sample ``j`` of shard ``si`` read by range: ready, awaited, or fetched now;
         :data:`~resumewds.read._shards.WHOLE` when the shard is read the whole-shard
         way (None: skipped)."""
-        return _ranged_sample(reader, self, si, j)
+        hit = self.take((si, j))
+        if hit is not None:
+            return hit
+        shard = reader.shards[si]
+        if si in self.off or not self.can_range(si, shard) or self.cached(shard):
+            return WHOLE
+        t0 = time.perf_counter()
+        try:
+            fut = self.pending.get((si, j))
+            if fut is None:  # not prepared (a read on its own), or a download fetches it now
+                _start(self, si, shard, [j])
+                hit = self.take((si, j))
+                if hit is not None:
+                    return hit
+                fut = self.pending.get((si, j))
+            if fut is None:
+                left = _wait(self, si, shard, [j])
+                if left:
+                    _start(self, si, shard, left)  # the download went elsewhere, or stalled: by range
+                    fut = self.pending.get((si, j))
+            if fut is not None:
+                try:
+                    got = fut.result()
+                except ResumeWDSError as err:
+                    return _failed(reader, self, si, shard, err)
+                for k in got:
+                    self.pending.pop((si, k), None)
+                _deliver(self, si, shard, got, "range")
+            hit = self.take((si, j))
+            return hit if hit is not None else WHOLE  # (bytes that are not a sample: the whole path says why)
+        finally:
+            reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
 
     def by_range(self, reader: ShardReader, si: int, j: int, count: int) -> bool:
         """Whether samples ``j .. j+count-1`` of shard ``si`` (not open) are read by
@@ -273,43 +304,6 @@ def _start(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], alone: Opt
                 if j in mine:
                     rr.pending[(si, j)] = fut
     _deliver(rr, si, shard, present, "partial")
-
-
-def _ranged_sample(reader: ShardReader, rr: RangedReads, si: int, j: int) -> Any:
-    """Sample ``j`` of shard ``si`` read by range: ready, awaited, or fetched now;
-    :data:`WHOLE` when the shard is read the whole-shard way (None: skipped)."""
-    hit = rr.take((si, j))
-    if hit is not None:
-        return hit
-    shard = reader.shards[si]
-    if si in rr.off or not rr.can_range(si, shard) or rr.cached(shard):
-        return WHOLE
-    t0 = time.perf_counter()
-    try:
-        fut = rr.pending.get((si, j))
-        if fut is None:  # not prepared (a read on its own), or a download fetches it now
-            _start(rr, si, shard, [j])
-            hit = rr.take((si, j))
-            if hit is not None:
-                return hit
-            fut = rr.pending.get((si, j))
-        if fut is None:
-            left = _wait(rr, si, shard, [j])
-            if left:
-                _start(rr, si, shard, left)  # the download went elsewhere, or stalled: by range
-                fut = rr.pending.get((si, j))
-        if fut is not None:
-            try:
-                got = fut.result()
-            except ResumeWDSError as err:
-                return _failed(reader, rr, si, shard, err)
-            for k in got:
-                rr.pending.pop((si, k), None)
-            _deliver(rr, si, shard, got, "range")
-        hit = rr.take((si, j))
-        return hit if hit is not None else WHOLE  # (bytes that are not a sample: the whole path says why)
-    finally:
-        reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
 
 
 def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err: BaseException) -> Any:

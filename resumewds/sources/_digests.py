@@ -37,10 +37,6 @@ __all__ = ["BadSample", "DigestsFile", "LazyDigests", "add_sample_digests", "bad
            "decode_inline", "echo_range_repairs", "encode_inline", "file_sample_digests", "sample_digests"]
 
 
-def _digestible(shard: Any) -> bool:
-    return shard.indexed and not shard.url.lower().endswith(COMPRESSED_SUFFIXES)
-
-
 def add_sample_digests(manifest: Any, store: Any = None) -> Any:
     """Compute the sample digests of every indexed, uncompressed shard (in place).
 
@@ -54,7 +50,7 @@ def add_sample_digests(manifest: Any, store: Any = None) -> Any:
     if store is None:
         store = ShardStore()
     for s in manifest.shards:
-        if s.sample_digests is None and _digestible(s):
+        if s.sample_digests is None and s.indexed and not s.url.lower().endswith(COMPRESSED_SUFFIXES):
             s.sample_digests = file_sample_digests(store.ensure(s), s.offsets)
     return manifest
 

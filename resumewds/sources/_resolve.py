@@ -36,11 +36,6 @@ from ._urls import check_source_allowed, expand_braces, rewrite_url
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], Manifest]
 
 
-def _balanced(cmd: str) -> bool:
-    """A ``pipe:`` command's braces are expanded as webdataset does, unless they do not pair up."""
-    return cmd.count("{") == cmd.count("}")
-
-
 def _normalise(url: str) -> str:
     if is_remote_url(url):
         return url
@@ -53,11 +48,6 @@ def _normalise(url: str) -> str:
     if url.startswith("file://"):
         url = url[7:]
     return os.path.abspath(os.path.expanduser(url))
-
-
-def _is_manifest(url: str) -> bool:
-    base = url.split("?", 1)[0]
-    return base.endswith(".json")
 
 
 def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
@@ -165,11 +155,13 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
     for item in items:
         if not isinstance(item, str) or not item:
             raise SourceError(f"{item!r}: not a shard URL or path")
-        urls = expand_braces(item) if not item.startswith("pipe:") or _balanced(item) else [item]
+        # a pipe: command's braces are expanded as webdataset does, unless they do not pair up
+        balanced = item.count("{") == item.count("}")
+        urls = expand_braces(item) if not item.startswith("pipe:") or balanced else [item]
         for url in urls:
             url = rewrite_url(url)  # GOPEN_REWRITE and utils.enforce_security, as webdataset's gopen
             check_source_allowed(url)
-            if _is_manifest(url) and not url.startswith("pipe:"):
+            if url.split("?", 1)[0].endswith(".json") and not url.startswith("pipe:"):
                 flush()
                 if is_remote_object(url):
                     parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe, cache_dir,
