@@ -83,29 +83,9 @@ _LAZY: _typing.Dict[str, str] = {
     "TRANSITIONS": "_states",
 }
 
-__all__ = [
-    "CONSUMPTION_EVERY",
-    "ERROR_EVENT_KINDS",
-    "JOURNAL_SCHEMA_VERSION",
-    "Journal",
-    "LockFile",
-    "MIGRATION_SET",
-    "RunReader",
-    "SHARD_STATES",
-    "ShardState",
-    "TRANSITIONS",
-    "format_status",
-    "open_run",
-    "rank_journal_path",
-    "read_commits",
-    "read_consumption",
-    "read_event_totals",
-    "read_events",
-    "resolve_resume",
-    "run_journal_paths",
-    "shard_updates_from_events",
-    "status",
-    "summarize",
-]
+__all__ = ["CONSUMPTION_EVERY", "ERROR_EVENT_KINDS", "JOURNAL_SCHEMA_VERSION", "Journal", "LockFile",
+           "MIGRATION_SET", "RunReader", "SHARD_STATES", "ShardState", "TRANSITIONS", "format_status", "open_run",
+           "rank_journal_path", "read_commits", "read_consumption", "read_event_totals", "read_events",
+           "resolve_resume", "run_journal_paths", "shard_updates_from_events", "status", "summarize"]
 
 __getattr__, __dir__ = _lazy.attach(__name__, _LAZY)

@@ -1,27 +1,14 @@
 """Shard descriptions and the versioned manifest format.
 
 A manifest is a JSON file that lists a data set's shards in order, with what
-is needed to verify them and to read any sample by seeking::
+is needed to verify them and to read any sample by seeking (the format:
+docs/USAGE.md, "The manifest"): per shard ``url`` (relative to the manifest
+when possible), ``size``, ``xxh3_64``, ``samples`` and ``offsets``.
 
-    {
-      "format": "resumewds.manifest",
-      "version": 1,
-      "created": "2026-11-29T21:50:00Z",
-      "shards": [
-        {
-          "url": "shard-000000.tar",      # relative to the manifest when possible
-          "size": 10485760,               # bytes
-          "xxh3_64": "9f2c1e0a5b7d3c11",  # hex digest of the whole file
-          "samples": 1000,                # number of samples
-          "offsets": [0, 10752, ...]      # samples+1 ints: sample i is bytes
-        }                                 #   [offsets[i], offsets[i+1])
-      ]
-    }
-
-Sample ``i``'s byte range starts at its first header block (pax/GNU
-long-name headers included) and ends after its last member's padding;
-entries the grouping skips fall inside the next sample's range.
-``offsets[-1]`` is the offset of the end-of-archive marker.
+Sample ``i``'s byte range ``[offsets[i], offsets[i+1])`` starts at its first
+header block (pax/GNU long-name headers included) and ends after its last
+member's padding; entries the grouping skips fall inside the next sample's
+range.  ``offsets[-1]`` is the offset of the end-of-archive marker.
 
 Version history (versions 3 and 4: docs/DIGESTS.md):
     1: first version (offsets inline).
@@ -70,10 +57,6 @@ INLINE_SAMPLES = 10_000
 
 class OffsetsFile(ArrayFile):
     """The v2 offsets side file (``manifest.json.offsets``): int64 sample offsets."""
-
-    def slice(self, start: int, count: int, size: Optional[int] = None,
-              where: Optional[str] = None) -> LazyOffsets:
-        return LazyOffsets(self, start, count, size=size, where=where)
 
 
 class LazyOffsets(Sequence[int]):
@@ -329,15 +312,11 @@ class Manifest:
         if offsets not in ("inline", "file", "index"):
             raise ValueError(f"offsets must be 'inline', 'file', 'index' or 'auto', got {offsets!r}")
         base = os.path.dirname(os.path.abspath(path))
-        side = None
-        index = None
-        if offsets == "index":
-            index = shardindex.write_indexes(self.shards, path + ".index", digests)
-        side_digest = None
+        side = side_digest = digests_side = None
+        index = shardindex.write_indexes(self.shards, path + ".index", digests) if offsets == "index" else None
         if offsets == "file":
             side = os.path.basename(path) + ".offsets"
             side_digest = write_array_file(os.path.join(base, side), (s.offsets for s in self.shards), "q")
-        digests_side = None
         if side is not None and digests and any(s.sample_digests is not None for s in self.shards):
             digests_side = write_side_file(os.path.join(base, os.path.basename(path) + ".digests"), self.shards)
         doc = self.to_json(base=base, offsets_file=side, side_digest=side_digest, with_digests=digests,
@@ -381,10 +360,9 @@ class Manifest:
         if data.get("offsets_file") is not None:
             if not isinstance(data["offsets_file"], str):
                 raise SourceError(f"{location}: 'offsets_file' must be a string")
-            side = OffsetsFile(resolve_url(data["offsets_file"], location))
-        if side is not None:
-            side.size = _opt_int(data.get("offsets_size"), location, "'offsets_size'")
-            side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
+            side = OffsetsFile(resolve_url(data["offsets_file"], location),
+                               _opt_int(data.get("offsets_size"), location, "'offsets_size'"),
+                               _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'"))
         dside = side_file_from_json(data, location, resolve_url) if version >= 3 else None
         iset = shardindex.index_set_from_json(data, location, resolve_url) if version >= 4 else None
         ready = [d for d in shards if type(d) is ShardInfo] if built is not None else []
@@ -517,7 +495,7 @@ def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile],
         entries = side.entries_on_disk()
         if entries is not None and at + samples + 1 > entries:
             raise SourceError(f"{where}: needs offsets {at}..{at + samples} but {side.path} holds {entries}")
-        offsets = side.slice(at, samples + 1, size=_tar_size_bound(url, size), where=where)
+        offsets = LazyOffsets(side, at, samples + 1, size=_tar_size_bound(url, size), where=where)
     elif offsets is not None:
         if samples is None:
             raise SourceError(f"{where}: 'offsets' without 'samples'")
@@ -580,10 +558,9 @@ def _relative_url(url: str, base: str) -> str:
     if url.startswith("pipe:") or "://" in url:
         return url
     try:
-        rel = os.path.relpath(os.path.abspath(url), base)
+        return os.path.relpath(os.path.abspath(url), base)
     except ValueError:
         return url
-    return rel
 
 
 def parse_manifest_bytes(raw: bytes, location: str, trusted: bool = True) -> Manifest:
@@ -614,7 +591,5 @@ def load_manifest(path: str) -> Manifest:
 
 
 def concat(manifests: Iterable[Manifest]) -> Manifest:
-    shards: List[ShardInfo] = []
-    for m in manifests:
-        shards.extend(m.shards)
-    return Manifest(shards)
+    """The shards of ``manifests``, in order, as one manifest."""
+    return Manifest([s for m in manifests for s in m.shards])

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -149,13 +150,7 @@ def index_batch(tasks: List[Tuple[Any, ...]]) -> List[Record]:
 
 
 def _batches(tasks: Iterator[Tuple[Any, ...]], size: int) -> Iterator[List[Tuple[Any, ...]]]:
-    batch: List[Tuple[Any, ...]] = []
-    for t in tasks:
-        batch.append(t)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
+    while batch := list(itertools.islice(tasks, size)):
         yield batch
 
 
