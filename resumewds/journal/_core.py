@@ -134,7 +134,6 @@ class Journal:
             self.close()
             raise
 
-    # ---- opening -------------------------------------------------------
     def _err(self, what: str, exc: Optional[BaseException] = None) -> JournalError:
         detail = f": {exc}" if exc is not None else ""
         return JournalError(f"{self.path}: {what}{detail}")
@@ -252,8 +251,7 @@ class Journal:
                           None if newest is None else (int(newest[0]), float(newest[1])))
 
     def _check_last_commit(self, conn: sqlite3.Connection) -> None:
-        """Refuse a journal that no longer holds the newest commit its lock
-        file records (a deleted or truncated ``-wal``: see journal.lock)."""
+        """Refuse a journal that lost the newest commit its lock file records."""
         info = read_lock_info(lock_path(self.path))
         if info.get("run_id") != self.run_id:
             return  # no marker, or another run's: nothing recorded about this journal
@@ -318,10 +316,8 @@ class Journal:
             f"no longer be noticed. Refusing the {what}. Stop the run and rerun it: it resumes {resume} "
             f"and makes the lock file again")
 
-    # ---- life cycle ----------------------------------------------------
     def close(self) -> None:
-        """Bring consumption up to date, close the database and release the
-        lock (idempotent)."""
+        """Bring consumption up to date, close the database, release the lock (idempotent)."""
         with self._mutex:
             try:
                 if self._conn is not None and not self.readonly and self._pending:
@@ -359,7 +355,6 @@ class Journal:
         mode = "ro" if self.readonly else "rw"
         return f"<Journal {self.path!r} rank={self.rank} {mode}>"
 
-    # ---- transactions --------------------------------------------------
     def _transaction(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         with self._mutex:
             return self._transaction_locked(body)
@@ -379,7 +374,6 @@ class Journal:
             raise self._err("write failed", exc) from exc
         return result
 
-    # ---- config --------------------------------------------------------
     def config(self) -> Dict[str, Any]:
         """The stored run configuration (empty before ``check_config``)."""
         return {r["key"]: json.loads(r["value"])
@@ -436,7 +430,6 @@ class Journal:
 
         return self._transaction(body)
 
-    # ---- events and shards ---------------------------------------------
     def record_events(self, events: List[Dict[str, Any]]) -> None:
         """Append events in one transaction.
 
@@ -560,7 +553,6 @@ class Journal:
                 r["complete"] = int(r["total"] is not None and r["samples"] >= r["total"])
             return sorted(rows.values(), key=lambda r: (r["epoch"], r["url"]))
 
-    # ---- commits -------------------------------------------------------
     def commit(self, step: int, *, epoch: int, position: int,
                consumed: Optional[Dict[Tuple[str, int], Tuple[int, Optional[int]]]] = None,
                world_size: Optional[int] = None, batch_size: Optional[int] = None,

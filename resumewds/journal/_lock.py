@@ -200,8 +200,7 @@ class LockFile:
             pass
 
     def unlinked(self) -> bool:
-        """True when the lock file this lock holds no longer has a name (deleted,
-        or replaced by another file): one ``fstat``."""
+        """True when the lock file this lock holds was deleted or replaced (one ``fstat``)."""
         if self.fd is None:
             return False
         try:

@@ -67,7 +67,6 @@ class RunReader:
     def _by_rank(self) -> List[Tuple[int, Journal]]:
         return sorted(self.journals.items())
 
-    # ---- one rank ------------------------------------------------------
     def journal(self, rank: int = 0) -> Journal:
         """Rank ``rank``'s read-only journal (its ``run_id``, ``config()``,
         ``latest_commit()``, ``commit_at()``, ``consumption()``, ``events()``)."""
@@ -77,7 +76,6 @@ class RunReader:
         """The number of commit rows of ``rank``."""
         return int(self.journals[rank].conn.execute("SELECT count(*) FROM commits").fetchone()[0])
 
-    # ---- the whole run -------------------------------------------------
     def resume_point(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """:func:`resumewds.journal.resolve_resume` of this run."""
         return resolve_in(self.journals, self.path, step)

@@ -50,8 +50,7 @@ def close_all(journals: Dict[int, Journal]) -> None:
 
 def _check_step(journals: Dict[int, Journal], step: int, ref: Dict[str, Any]
                 ) -> Tuple[List[int], List[int], int]:
-    """(missing ranks, disagreeing ranks, world size) of ``step`` judged
-    against rank 0's commit ``ref``."""
+    """(missing ranks, disagreeing ranks, world size) of ``step`` against rank 0's ``ref``."""
     world = int(ref["world_size"])
     missing: List[int] = []
     disagree: List[int] = []

@@ -198,7 +198,6 @@ class Manifest:
                 if s.index_source is None and s.indexed:
                     s.index_source = source
 
-    # ---- arithmetic -----------------------------------------------------
     @property
     def indexed(self) -> bool:
         return all(s.indexed for s in self.shards)
@@ -240,7 +239,6 @@ class Manifest:
             h.update(f"{s.name}\0{c.size}\0{c.xxh3_64}\0{s.samples}\n".encode())
         return h.hexdigest()
 
-    # ---- (de)serialisation ---------------------------------------------
     def to_json(self, base: Optional[str] = None, offsets_file: Optional[str] = None,
                 side_digest: Optional[tuple[int, str]] = None, with_digests: bool = True,
                 digests_side: Optional[tuple[int, str]] = None,

@@ -326,8 +326,7 @@ _HEX32 = re.compile("[0-9a-f]{32}").fullmatch
 
 
 def index_set_from_json(data: Dict[str, Any], location: str, resolve: Any) -> Optional[IndexSet]:
-    """A version-4 manifest's ``index_dir`` (validated; ``resolve(name, location)``
-    joins it to the manifest's location), or None."""
+    """A version-4 manifest's ``index_dir`` (validated, resolved), or None."""
     name = data.get("index_dir")
     if name is None:
         return None
@@ -557,8 +556,7 @@ def _hash_file(path: str) -> Tuple[int, str]:
 
 
 def _scan_record(shard: Any, path: str) -> bytes:
-    """A counts-only shard's first record, from its copy at ``path``, checked
-    against what its source declared."""
+    """A counts-only shard's first record, from its copy at ``path``, checked."""
     counted: Counted = shard.index
     return scan_to_index(path, shard.url, samples=shard.samples, size=counted.size, xxh3_64=counted.xxh3_64,
                          md5=counted.md5, source=counted.source, digests=True)[0]

@@ -99,9 +99,8 @@ class RangedReads:
             del self.pending[key]
 
     def sample(self, reader: ShardReader, si: int, j: int) -> Any:
-        """Sample ``j`` of shard ``si`` read by range: ready, awaited, or fetched now;
-        :data:`~resumewds.read._shards.WHOLE` when the shard is read the whole-shard
-        way (None: skipped)."""
+        """Sample ``j`` of shard ``si`` read by range (None: skipped), or
+        :data:`~resumewds.read._shards.WHOLE`: read the shard the whole-shard way."""
         hit = self.take((si, j))
         if hit is not None:
             return hit
@@ -182,8 +181,7 @@ class RangedReads:
             self.store.budget_done(url, b, False, True)
 
     def new_pass(self) -> None:
-        """A pass of steps starts: its reads of every shard start afresh (budgets,
-        the shards sent to the whole-shard path)."""
+        """A pass of steps starts: budgets and shards sent to the whole-shard path reset."""
         for url in list(self.budgets):
             self.end_budget(url)
         self.off.clear()
@@ -307,9 +305,8 @@ def _start(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], alone: Opt
 
 
 def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err: BaseException) -> Any:
-    """A ranged read of shard ``si`` failed: a range the server does not serve, or
-    that keeps arriving corrupt or cut short, sends the shard to the whole-shard
-    path; any other failure follows ``on_error`` (the whole path would meet it too)."""
+    """A ranged read of shard ``si`` failed: a range not served, corrupt or cut short sends
+    the shard to the whole-shard path; any other failure follows ``on_error``."""
     rr.forget(si)
     cut = isinstance(err, TransientFetchError) and err.status == 206  # bodies cut short: it answers
     if isinstance(err, PermanentFetchError) or not (isinstance(err, (RangeIgnored, CorruptSample)) or cut):
@@ -336,9 +333,8 @@ def _deliver(rr: RangedReads, si: int, shard: ShardInfo, got: Dict[int, Any], so
 
 
 def _wait(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:
-    """Wait while a download fetches the samples ``js`` (giving up on one that is no
-    longer in flight, or after :data:`WAIT_STALL` seconds without progress); deliver
-    those that arrived, return the others (to fetch by range)."""
+    """Wait while a download fetches the samples ``js`` (at most :data:`WAIT_STALL` seconds
+    without progress); deliver those that arrived, return the others."""
     off = shard.offsets
     assert off is not None
     e = sparse.entry(rr.store, shard)
@@ -418,9 +414,8 @@ def finish(reader: ShardReader) -> None:
 
 
 def _check_end_by_range(rr: RangedReads, shard: ShardInfo, why: BaseException) -> None:
-    """The check of a shard the cache cannot hold (every sample delivered was checked
-    against its digest): the 512 bytes after its last sample must be the end of the
-    archive; its whole-file checksum is not checked (said once, as a warning)."""
+    """The check of a shard the cache cannot hold: the 512 bytes after its last sample
+    must be the end of the archive (its whole-file checksum is not checked: a warning)."""
     assert shard.offsets is not None and shard.size is not None
     end = int(shard.offsets[-1])
     block = F.fetch_range(shard.url, end, min(int(shard.size), end + 512), config=rr.store.fetch,

@@ -107,7 +107,6 @@ class ShardReader:
         if self.ranged is not None:
             self.ranged.new_pass()
 
-    # ---- the read path -------------------------------------------------------------
 
     def read(self, si: int, j: int) -> Optional[Dict[str, Any]]:
         """Sample ``j`` of shard ``si``, with its ``__url__``; None when it is skipped.
@@ -252,7 +251,6 @@ class ShardReader:
                                actual=actual)
         self.fail_sample(si, j, shard, exc, key)
 
-    # ---- the policy, the open shards -------------------------------------------------
 
     def fail(self, idx: int, shard: ShardInfo, exc: BaseException) -> None:
         """``on_error`` for shard ``idx`` that cannot be fetched, verified or parsed:

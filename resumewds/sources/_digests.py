@@ -82,9 +82,8 @@ def check_results(store: Any, results: List[Any], echo: Any) -> List[Any]:
 
 
 def echo_range_repairs(echo: Any) -> Any:
-    """An ``on_event`` for :class:`~resumewds.cache.ShardStore` that names, via
-    ``echo``, each sample of a cached copy that failed its digest and was
-    re-fetched by range (``resumewds verify`` of remote shards)."""
+    """An ``on_event`` for :class:`~resumewds.cache.ShardStore` that ``echo``-s each sample
+    re-fetched by range after failing its digest (``resumewds verify`` of remote shards)."""
     def on_event(kind: str, url: str, **d: Any) -> None:
         if kind == EventKind.RANGE_REPAIR:
             echo(f"BAD SAMPLE {url}: sample {d['sample']} (key {d['key']}, bytes {d['start']}-{d['end']}) "

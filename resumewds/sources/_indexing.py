@@ -78,9 +78,8 @@ def _scan_one(store: Any, shard: Any) -> Tuple[Any, float]:
 
 
 def _scanned(store: Any, todo: List[Any]) -> Iterator[Tuple[Any, float]]:
-    """Each shard's scan, in ``todo``'s order, up to :data:`INDEX_THREADS` at once (the
-    first failure in order raises).  With a ``cache_size`` budget, one by one (a
-    shard fetched is scanned before the next fetch can evict it)."""
+    """Each shard's scan, in order, up to :data:`INDEX_THREADS` at once (with a
+    ``cache_size`` budget one by one: a fetch could evict a shard not scanned yet)."""
     if len(todo) == 1 or INDEX_THREADS <= 1 or getattr(store, "cache_size", None) is not None:
         for s in todo:
             yield _scan_one(store, s)

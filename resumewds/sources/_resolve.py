@@ -51,8 +51,7 @@ def _normalise(url: str) -> str:
 
 
 def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
-    """Manifest fetches log their retries like shard fetches (only retries: stats and
-    the journal count shards)."""
+    """Manifest fetches log their retries like shard fetches (nothing else: not a shard)."""
     if kind != "retry":
         return
     setup_logging()
@@ -96,8 +95,7 @@ def _index_sets(m: Manifest) -> List[IndexSet]:
 
 
 def bind_indexes(m: Manifest, cache_dir: Optional[str] = None, fetch_config: Any = None) -> Manifest:
-    """Give ``m``'s version-4 index files and counts-only shards their store (the
-    verified cache in ``cache_dir``)."""
+    """Give ``m``'s version-4 index files and counts-only shards their store (``cache_dir``)."""
     kwargs = {"cache_dir": cache_dir, "fetch": fetch_config}
     for iset in _index_sets(m):
         iset.bind(ShardStore, **kwargs)
