@@ -22,11 +22,9 @@ counters), ``consumption`` ((url, epoch) -> samples, total, complete),
 Each event kind's effect is in :data:`resumewds.events.EVENTS`; a shard move
 outside ``TRANSITIONS`` is applied and recorded as ``invalid_transition``.
 
-Locking: the one writer of a rank file holds ``flock`` on ``<file>.lock``,
-which also records the run id and newest commit, so a deleted journal or one
-that lost commits is an error, never a silent fresh run or rewind (_lock.py).
-Readers take no lock and never migrate. Schema versions and migrations:
-docs/ARCHITECTURE.md, "Journal schema".
+One writer per rank file, under a lock file that also guards against a
+deleted journal or lost commits (_lock.py); readers take no lock and never
+migrate.  Schema versions: docs/ARCHITECTURE.md, "Journal schema".
 
 Example:
     >>> import os, tempfile

@@ -108,7 +108,6 @@ class Journal:
             raise ValueError(f"synchronous must be one of {_SYNC_MODES}, got {synchronous!r}")
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-        self.base_path = path
         self.path = rank_journal_path(path, rank)
         self.rank = rank
         self.world_size = world_size
@@ -142,8 +141,7 @@ class Journal:
         try:
             # check_same_thread off: a checkpoint thread may commit; self._mutex
             # serialises our own use of the connection.
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0,
-                                   check_same_thread=False)
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0, check_same_thread=False)
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
         conn.row_factory = sqlite3.Row
@@ -231,8 +229,7 @@ class Journal:
             with db.atomic():
                 for key, value in (("run_id", uuid.uuid4().hex), ("rank", str(self.rank)),
                                    ("created", str(time.time()))):
-                    db.execute("INSERT OR IGNORE INTO _meta (key, value) VALUES (?, ?)",
-                               [key, value])
+                    db.execute("INSERT OR IGNORE INTO _meta (key, value) VALUES (?, ?)", [key, value])
             self.run_id = meta_get(conn, "run_id")
             row = conn.execute("SELECT max(step) FROM commits").fetchone()
             self._max_step = row[0]
@@ -407,8 +404,7 @@ class Journal:
                 conn.executemany("INSERT INTO config (key, value, updated) VALUES (?, ?, ?)",
                                  [(k, v, now) for k, v in sorted(new.items())])
                 return []
-            differ = sorted(k for k in set(old) | set(new)
-                            if old.get(k, "null") != new.get(k, "null"))
+            differ = sorted(k for k in set(old) | set(new) if old.get(k, "null") != new.get(k, "null"))
             bad = [k for k in differ if k not in compatible_keys]
             if bad:
                 diffs = {k: (loads(old.get(k)), loads(new.get(k))) for k in bad}
@@ -586,8 +582,7 @@ class Journal:
             for (u, e), (d, t) in consumed.items():
                 red[(redact_url(u), e)] = (red.get((redact_url(u), e), (0, None))[0] + d, t)
             consumed = red
-            deltas = json.dumps([[u, e, d, t] for (u, e), (d, t) in consumed.items()],
-                                separators=(",", ":"))
+            deltas = json.dumps([[u, e, d, t] for (u, e), (d, t) in consumed.items()], separators=(",", ":"))
         row = (step, int(epoch), int(position), self.rank,
                self.world_size if world_size is None else int(world_size),
                batch_size, ts, samples_total, None if stats is None else redact_text(dumps(stats)), deltas,
@@ -623,8 +618,7 @@ class Journal:
     def _materialize(self, conn: sqlite3.Connection, step: int, ts: float) -> None:
         """Fold the pending deltas into ``consumption`` (caller's transaction)."""
         for (url, ep), (delta, total) in self._pending.items():
-            conn.execute(_SQL_CONSUME, (url, ep, delta, total,
-                                        int(total is not None and delta >= total), ts))
+            conn.execute(_SQL_CONSUME, (url, ep, delta, total, int(total is not None and delta >= total), ts))
         conn.execute(_SQL_THROUGH, (str(step),))
         self._pending.clear()
         self._since = 0
@@ -665,8 +659,7 @@ class Journal:
     def commit_at(self, step: int) -> Optional[Dict[str, Any]]:
         """This rank's commit of ``step``, or None."""
         with self._mutex:
-            return commit_row(self.conn.execute(
-                "SELECT * FROM commits WHERE step = ?", (step,)).fetchone())
+            return commit_row(self.conn.execute("SELECT * FROM commits WHERE step = ?", (step,)).fetchone())
 
 
 def unfolded_deltas(conn: sqlite3.Connection) -> Iterator[Tuple[int, str, int, int, Optional[int]]]:

@@ -97,14 +97,10 @@ def commit_record(step: int, ts: float) -> str:
 
 def parse_commit_record(text: Any) -> Optional[Tuple[int, float]]:
     """``(step, ts)`` from a ``last_commit`` field; None when empty or malformed."""
-    if not isinstance(text, str):
-        return None
-    parts = text.split()
-    if len(parts) != 2:
-        return None
     try:
-        return int(parts[0]), float(parts[1])
-    except ValueError:
+        step, ts = text.split()
+        return int(step), float(ts)
+    except (AttributeError, TypeError, ValueError):  # not a string, or not two numbers
         return None
 
 

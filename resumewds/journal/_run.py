@@ -115,8 +115,7 @@ def resolve_in(journals: Dict[int, Journal], path: str, step: Optional[int] = No
             raise JournalIncompleteCommit(f"{path}: step {step} was never committed by rank 0")
         missing, disagree, world = _check_step(journals, step, ref)
         if missing or disagree:
-            raise JournalIncompleteCommit(_incomplete_msg(path, step, world, missing,
-                                                          disagree, journals))
+            raise JournalIncompleteCommit(_incomplete_msg(path, step, world, missing, disagree, journals))
         return _resume_dict(journals, ref, world, [], 0, j0.run_id)
     cur = j0.conn.execute("SELECT * FROM commits ORDER BY step DESC")
     any_commit = False
@@ -129,8 +128,7 @@ def resolve_in(journals: Dict[int, Journal], path: str, step: Optional[int] = No
             return _resume_dict(journals, ref, world, skipped, n_skipped, j0.run_id)
         n_skipped += 1
         if len(skipped) < _MAX_SKIPPED_REPORTED:
-            skipped.append({"step": ref["step"], "missing_ranks": missing,
-                            "disagreeing_ranks": disagree})
+            skipped.append({"step": ref["step"], "missing_ranks": missing, "disagreeing_ranks": disagree})
     if not any_commit:
         if any(j.latest_commit() is not None for r, j in journals.items() if r):
             raise JournalIncompleteCommit(f"{path}: other ranks committed steps but rank 0 "

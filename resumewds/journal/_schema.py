@@ -84,8 +84,7 @@ def _recording_version(version: int, fn: Callable[[sqlite_utils.Database], None]
                        ) -> Callable[[sqlite_utils.Database], None]:
     def run(db: sqlite_utils.Database) -> None:
         fn(db)
-        db.execute("INSERT OR REPLACE INTO _meta (key, value) VALUES ('schema_version', ?)",
-                   [str(version)])
+        db.execute("INSERT OR REPLACE INTO _meta (key, value) VALUES ('schema_version', ?)", [str(version)])
     run.__name__ = fn.__name__
     return run
 

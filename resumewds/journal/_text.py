@@ -66,6 +66,4 @@ def format_status(st: Dict[str, Any]) -> str:
 
 
 def _fmt_ts(ts: Optional[float]) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

@@ -252,8 +252,7 @@ class Manifest:
             url = s.url
             if base is not None:
                 url = _relative_url(url, base)
-            d: Dict[str, Any] = {"url": url, "size": s.size, "xxh3_64": s.xxh3_64,
-                                 "samples": s.samples}
+            d: Dict[str, Any] = {"url": url, "size": s.size, "xxh3_64": s.xxh3_64, "samples": s.samples}
             if index is not None:
                 if index[2][k] is not None:
                     d["index_xxh3_64"] = index[2][k]

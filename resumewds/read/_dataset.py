@@ -467,12 +467,7 @@ class ShardDataset:
     @property
     def reader(self) -> _ShardReader:
         """This process's reading state and read path (made on first use; pickling drops it),
-        sized to the shards a step can touch (a window per partition when shuffled).
-
-        Example:
-            >>> ds.reader.read(0, 5)["__key__"]        # doctest: +SKIP
-            'sample000005'
-        """
+        sized to the shards a step can touch (a window per partition when shuffled)."""
         if self._reader is None:
             parts = min(self.plan_partitions, 8)
             windowed = str(self.plan.algo).endswith("window")

@@ -241,20 +241,9 @@ def _groups(shard: ShardInfo, js: List[int], e: sparse.Entry, alone: Optional[in
 
 
 def prepare(reader: ShardReader, where: Sequence[Tuple[int, int]]) -> None:
-    """Start making the samples ``where`` of shards not cached yet ready, verified.
-
-    Called once per step, before its samples are read (and for read-ahead).
-    Requests run over :data:`RANGE_THREADS` connections, a step's first sample
-    first, each drawing from the shard's one fetch budget.
-
-    Args:
-        where: the step's ``(shard index, sample index)`` pairs.
-
-    Example:
-        >>> prepare(reader, [(0, 5), (3, 17)])          # doctest: +SKIP
-        >>> reader.read(3, 17)["__key__"]               # verified, from a range   # doctest: +SKIP
-        'sample000017'
-    """
+    """Start making the samples ``where`` (``(shard, sample)`` pairs) of shards not cached yet
+    ready, verified: once per step before its samples are read (and for read-ahead), over
+    :data:`RANGE_THREADS` connections, a step's first sample first."""
     rr = _ranged(reader)
     if rr is None:
         return
