@@ -244,8 +244,7 @@ class Journal:
             raise self._err("cannot stat the journal file it just opened", exc) from exc
         self._file_id = (st.st_dev, st.st_ino)
         # only now that the journal holds the run id durably (see LockFile.write_marker)
-        lock.write_marker(self.run_id, self.rank,
-                          None if newest is None else (int(newest[0]), float(newest[1])))
+        lock.write_marker(self.run_id, self.rank, None if newest is None else (int(newest[0]), float(newest[1])))
 
     def _check_last_commit(self, conn: sqlite3.Connection) -> None:
         """Refuse a journal that lost the newest commit its lock file records."""
@@ -296,8 +295,7 @@ class Journal:
         lock_gone = self._lock is not None and self._lock.unlinked()
         if same and not lock_gone:
             return
-        newest = ("it held no commit" if self._max_step is None
-                  else f"its newest commit is step {self._max_step}")
+        newest = "it held no commit" if self._max_step is None else f"its newest commit is step {self._max_step}"
         if not same:
             raise JournalError(
                 f"{self.path}: the journal file was deleted or replaced while this run was writing it (its "
@@ -356,8 +354,9 @@ class Journal:
         with self._mutex:
             return self._transaction_locked(body)
 
-    def _transaction_locked(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
-        conn = self._writable()
+    def _transaction_locked(self, body: Callable[[sqlite3.Connection], Any], what: str = "write",
+                            undo: Optional[Callable[[], None]] = None) -> Any:
+        conn = self._writable(what)
         try:
             conn.execute("BEGIN")
             try:
@@ -366,9 +365,11 @@ class Journal:
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if undo is not None:
+                    undo()
                 raise
         except sqlite3.Error as exc:
-            raise self._err("write failed", exc) from exc
+            raise self._err(f"{what} failed", exc) from exc
         return result
 
     def config(self) -> Dict[str, Any]:
@@ -587,30 +588,21 @@ class Journal:
                self.world_size if world_size is None else int(world_size),
                batch_size, ts, samples_total, None if stats is None else redact_text(dumps(stats)), deltas,
                None if place is None else json.dumps(place, separators=(",", ":")))
+
+        def body(conn: sqlite3.Connection) -> None:
+            if max_step is not None and step <= max_step:
+                self._rewind(conn, step, max_step, ts)
+            conn.execute(_SQL_COMMIT_INSERT, row)
+            for key, (delta, total) in (consumed or {}).items():
+                self._pending[key] = (self._pending.get(key, (0, None))[0] + delta, total)
+            self._since += 1
+            if self._since >= CONSUMPTION_EVERY or materialize:
+                self._materialize(conn, step, ts)
+
         with self._mutex:
-            conn = self._writable(f"commit of step {step}")
             max_step = self._max_step
-            try:
-                conn.execute("BEGIN")
-                try:
-                    if max_step is not None and step <= max_step:
-                        self._rewind(conn, step, max_step, ts)
-                    conn.execute(_SQL_COMMIT_INSERT, row)
-                    if consumed:
-                        for key, (delta, total) in consumed.items():
-                            d0, _ = self._pending.get(key, (0, None))
-                            self._pending[key] = (d0 + delta, total)
-                    self._since += 1
-                    if self._since >= CONSUMPTION_EVERY or materialize:
-                        self._materialize(conn, step, ts)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    self._pending.clear()  # rebuilt from the commit rows on the next open
-                    raise
-            except sqlite3.Error as exc:
-                raise self._err(f"commit of step {step} failed", exc) from exc
+            # a failed commit's pending deltas are rebuilt from the commit rows on the next open
+            self._transaction_locked(body, f"commit of step {step}", undo=self._pending.clear)
             self._max_step = step
             if self._lock is not None:
                 self._lock.record_commit(step, ts)  # checked on the next open (journal.lock)
@@ -629,8 +621,7 @@ class Journal:
             return
         last = None
         for step, url, ep, delta, total in unfolded_deltas(conn):
-            d0, _ = self._pending.get((url, ep), (0, None))
-            self._pending[(url, ep)] = (d0 + delta, total)
+            self._pending[(url, ep)] = (self._pending.get((url, ep), (0, None))[0] + delta, total)
             last = step
         if last is not None:
             self._transaction_locked(lambda c: self._materialize(c, last, time.time()))
@@ -653,8 +644,7 @@ class Journal:
     def latest_commit(self) -> Optional[Dict[str, Any]]:
         """The newest commit of this rank as a dict (``stats`` parsed), or None."""
         with self._mutex:
-            return commit_row(self.conn.execute(
-                "SELECT * FROM commits ORDER BY step DESC LIMIT 1").fetchone())
+            return commit_row(self.conn.execute("SELECT * FROM commits ORDER BY step DESC LIMIT 1").fetchone())
 
     def commit_at(self, step: int) -> Optional[Dict[str, Any]]:
         """This rank's commit of ``step``, or None."""

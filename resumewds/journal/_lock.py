@@ -153,8 +153,7 @@ class LockFile:
                          | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise self._err(f"lock file {self.path} is a symbolic link; refusing to follow it",
-                                exc) from exc
+                raise self._err(f"lock file {self.path} is a symbolic link; refusing to follow it", exc) from exc
             raise self._err(f"cannot open lock file {self.path}", exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

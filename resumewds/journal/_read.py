@@ -173,8 +173,7 @@ class RunReader:
             for url, ts in j.conn.execute("SELECT url, max(ts) FROM events WHERE kind IN (?, ?, ?) "
                                           "GROUP BY url", seen):
                 last_fetch[url] = max(ts or 0, last_fetch.get(url, 0))
-        return {"downloads": downloads, "evicted": evicted, "last_evict": last_evict,
-                "last_fetch": last_fetch}
+        return {"downloads": downloads, "evicted": evicted, "last_evict": last_evict, "last_fetch": last_fetch}
 
     def consumption(self, epoch: Optional[int] = None) -> Dict[int, Dict[str, Dict[str, Any]]]:
         """Samples consumed per epoch (optionally one) and shard, summed over ranks, up

@@ -65,8 +65,7 @@ TRANSITIONS: Dict[str, FrozenSet[str]] = {
 }
 
 # the columns of a shards row an update may set, and those it may increment
-SHARD_COLUMNS = ("name", "state", "bytes", "xxh3_64", "attempts", "retries", "repairs",
-                 "last_error", "cache_path")
+SHARD_COLUMNS = ("name", "state", "bytes", "xxh3_64", "attempts", "retries", "repairs", "last_error", "cache_path")
 COUNTER_COLUMNS = ("attempts", "retries", "repairs", "bytes")
 
 # event kind -> (new state or None, counter to bump or None): from resumewds.events.EVENTS

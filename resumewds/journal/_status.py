@@ -26,11 +26,8 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
       ``latest_step`` (int | None), ``epoch``, ``position``, ``ts`` (of that
       commit), ``samples_total``, ``commits`` (number of commit rows).
     - ``shards`` (dict): ``total`` (int); ``counts`` ({state: n} with every
-      state of ``SHARD_STATES``); ``list``: one dict per url (``url``,
-      ``name``, ``state``, ``bytes``, ``xxh3_64``, ``attempts``, ``retries``,
-      ``repairs``, ``last_error``, ``cache_path``, ``first_seen``,
-      ``updated``).  A url in several rank files shows the most recently
-      updated row's state and fields, with counters summed over ranks.
+      state of ``SHARD_STATES``); ``list``: one dict per url, the ``shards``
+      table's columns (:meth:`RunReader.shards`: over all rank files).
     - ``counts`` (dict): event totals over all ranks: ``retries``,
       ``repairs``, ``failures`` (``fail``), ``skips``, ``evictions``,
       ``verify_failures``, ``config_changes``, ``rewinds``, ``step_skips``.

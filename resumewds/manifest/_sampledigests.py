@@ -28,11 +28,7 @@ _MAX_ENTRIES = ((1 << 63) - 1) // 8
 
 
 def sample_digests(buf: Any, offsets: Sequence[int]) -> array:
-    """xxh3_64 of each sample's range of ``buf`` (bytes, mmap, memoryview).
-
-    Returns:
-        ``array("Q")`` of ``len(offsets) - 1`` digests.
-    """
+    """xxh3_64 of each sample's range of ``buf`` (bytes, mmap, memoryview), as an ``array("Q")``."""
     mv = memoryview(buf)
     out = array("Q")
     for i in range(len(offsets) - 1):

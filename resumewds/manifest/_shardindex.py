@@ -80,11 +80,8 @@ def encode(offsets: Sequence[int], digests: Optional[Sequence[int]], size: Optio
 
 
 def header(buf: bytes, where: str) -> Tuple[int, int, Optional[str], bool]:
-    """``(samples, size, xxh3_64 or None, has digests)`` of an index file's bytes.
-
-    Raises:
-        SourceError: not an index file, or a size that does not match its header.
-    """
+    """``(samples, size, xxh3_64 or None, has digests)`` of an index file's bytes (a
+    SourceError: not an index file, or of a size its header does not give)."""
     if len(buf) < _HEAD.size or buf[:8] != MAGIC:
         raise SourceError(f"{where}: not a resumewds shard index (bad magic)")
     _, samples, size, xxh, flags = _HEAD.unpack_from(buf)

@@ -54,11 +54,7 @@ def local_shard_problem(path: str) -> Optional[str]:
 
 
 def check_local_shard(path: str) -> None:
-    """Raise when the local ``path`` cannot be a shard.
-
-    Raises:
-        SourceError: naming the path and what to pass instead.
-    """
+    """Raise SourceError (naming ``path`` and what to pass instead) when it cannot be a shard."""
     problem = local_shard_problem(path)
     if problem is not None:
         raise SourceError(problem)

@@ -84,8 +84,7 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
         store = ShardStore(cache_dir=cache_dir, fetch=cfg)
         for side in sides_by_id.values():
             if is_remote_object(side.path):
-                side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64),
-                                         tar=False)
+                side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64), tar=False)
     return bind_indexes(m, cache_dir, cfg)  # version 4's index files come through the verified cache too
 
 
