@@ -122,8 +122,6 @@ def lost_commits_error(file: str, recorded: Tuple[int, float], newest: Optional[
 class LockFile:
     """The writer's exclusive lock on ``<file>.lock`` (``file``: one rank's journal).
 
-    Errors are ``JournalError`` naming ``file`` first, like every journal error.
-
     Example:
         >>> lock = LockFile("run.db")
         >>> lock.acquire(); lock.write_marker("abc", rank=0)

@@ -8,8 +8,7 @@ from typing import List, Tuple
 
 
 def rank_journal_path(path: str, rank: int) -> str:
-    """The journal file of ``rank``: ``path`` itself for rank 0, else
-    ``<stem>.rank<r><suffix>``.
+    """The journal file of ``rank``: ``path`` itself for rank 0, else ``<stem>.rank<r><suffix>``.
 
     Example:
         >>> rank_journal_path("/x/run.db", 0), rank_journal_path("/x/run.db", 1)

@@ -68,8 +68,7 @@ class RunReader:
         return sorted(self.journals.items())
 
     def journal(self, rank: int = 0) -> Journal:
-        """Rank ``rank``'s read-only journal (its ``run_id``, ``config()``,
-        ``latest_commit()``, ``commit_at()``, ``consumption()``, ``events()``)."""
+        """Rank ``rank``'s read-only :class:`Journal`."""
         return self.journals[rank]
 
     def commit_count(self, rank: int) -> int:

@@ -102,12 +102,8 @@ def applied_migrations(conn: sqlite3.Connection) -> List[str]:
 
 
 def check_schema(conn: sqlite3.Connection, file: str) -> int:
-    """The file's schema version (0: none yet).
-
-    Raises:
-        JournalError: the schema is newer than this code (a higher version,
-            or applied steps it does not know); the message names ``file``.
-    """
+    """The file's schema version (0: none yet); a JournalError naming ``file`` when it is
+    newer than this code (a higher version, or applied steps it does not know)."""
     version = meta_get(conn, "schema_version")
     v = int(version) if version and version.isdigit() else 0
     known = {name for _, name, _ in _MIGRATIONS}

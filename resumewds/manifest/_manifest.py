@@ -176,11 +176,8 @@ def shard_basename(url: str) -> str:
 
 
 class Manifest:
-    """An ordered list of shards plus prefix sums of their sample counts.
-
-    Args:
-        shards: the shards, in manifest order.
-        source: where the manifest came from (for messages), if anywhere.
+    """An ordered list of shards plus prefix sums of their sample counts; ``source``: where
+    the manifest came from (for messages), if anywhere.
 
     Example:
         >>> m = Manifest([ShardInfo("a.tar", samples=2, offsets=[0, 10, 20]),

@@ -209,12 +209,8 @@ class IndexSet:
                               "run `resumewds index` again (or restore the manifest's index directory)") from exc
 
     def load(self, ref: IndexRef) -> Arrays:
-        """``ref``'s offsets and digests, read and checked now.
-
-        Raises:
-            SourceError: the file is missing, damaged, stale or of another shard.
-            FetchError: a remote file could not be fetched.
-        """
+        """``ref``'s offsets and digests, read and checked now (SourceError: the file is missing,
+        damaged, stale or of another shard; FetchError: a remote one could not be fetched)."""
         shard = ref.shard
         where = f"{self.path_of(ref)} (index of {shard.url})"
         buf = self._read(ref, where)

@@ -377,8 +377,7 @@ def verified_in(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
 
 
 def blame_manifest(exc: BaseException, shard: ShardInfo) -> BaseException:
-    """``exc`` (a failed check of the shard's bytes against its index) naming, in
-    place, the manifest the index came from: a stale manifest is told from a damaged shard.
+    """``exc`` (a failed check of the shard's bytes) naming, in place, the manifest its index came from.
 
     Example:
         >>> e = blame_manifest(ShardFormatError("a.tar: bad"), ShardInfo("a.tar", index_source="m.json"))

@@ -84,14 +84,8 @@ def fill_from_beside(m: Manifest, *, fetch_config: Any = None, allow_remote_pipe
                      manifest_max_bytes: Union[int, str, None] = None) -> int:
     """Give the shards of ``m`` not indexed yet the index of the ``manifest.json`` beside them.
 
-    Args:
-        m: the resolved sources (changed in place).
-        fetch_config: for an http(s) manifest (one attempt is made).
-        allow_remote_pipe, allow_remote_local, manifest_max_bytes, cache_dir: as
-            for :func:`resumewds.sources.resolve_sources`.
-
-    Returns:
-        How many shards were filled in.
+    ``m`` is changed in place; the other arguments are :func:`resumewds.sources.resolve_sources`'s
+    (one attempt is made at an http(s) manifest).  Returns how many shards were filled in.
 
     Example:
         >>> fill_from_beside(Manifest([ShardInfo(url="pipe:cat a.tar")]))

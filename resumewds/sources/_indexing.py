@@ -95,14 +95,9 @@ def _scanned(store: Any, todo: List[Any]) -> Iterator[Tuple[Any, float]]:
 
 def index_skipping(m: Manifest, store: Any, handler: Callable[[BaseException], Any],
                    on_event: Optional[Callable[..., None]] = None) -> Dict[str, str]:
-    """Index ``m`` shard by shard under ``handler`` (webdataset's ``handler=``): a shard
-    that cannot be fetched or indexed goes to the handler, and if it does not
-    re-raise, the shard is skipped (or keeps the samples before its damage:
-    :func:`salvage_shard`) and recorded.
-
-    Returns:
-        ``{url: error}`` of the shards skipped (whole or in part).
-    """
+    """Index ``m`` shard by shard under ``handler`` (webdataset's ``handler=``): a shard that
+    cannot be fetched or indexed goes to the handler and, unless it re-raises, is skipped
+    (or :func:`salvage_shard`-d).  Returns ``{url: error}`` of the shards skipped."""
     skipped: Dict[str, str] = {}
     for s in m.shards:
         if s.indexed:
