@@ -55,11 +55,7 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
 
 
 def summarize(run: RunReader, *, last_errors: int = 10, throughput_window: int = 50) -> Dict[str, Any]:
-    """:func:`status` of a run already open.
-
-    Raises:
-        JournalError: the run has no journal file.
-    """
+    """:func:`status` of a run already open (JournalError: it has no journal file)."""
     path = run.path
     if not run:
         raise JournalError(f"{path}: no journal here")

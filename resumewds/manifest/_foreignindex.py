@@ -51,14 +51,8 @@ def _count(v: Any, where: str, what: str) -> int:
 
 
 def wids_entries(data: Any, location: str, resolve: Callable[[str, str], str]) -> List[Entry]:
-    """The shards of a wids shard index at ``location``.
-
-    Args:
-        resolve: ``resolve(url, location)`` joins a relative url to a location.
-
-    Raises:
-        SourceError: no ``shardlist``, or an entry without a url or a count.
-    """
+    """The shards of a wids shard index at ``location`` (``resolve(url, location)`` joins a
+    relative url to it); SourceError: no ``shardlist``, or an entry without a url or a count."""
     shards = data.get("shardlist")
     if not isinstance(shards, list) or not shards:
         raise SourceError(f"{location}: a wids shard index needs a non-empty 'shardlist'")

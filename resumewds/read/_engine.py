@@ -140,12 +140,8 @@ class Scheduler:
 
 
 class StepBuilder:
-    """The assembly of one step: its samples tagged and staged, its batch and its ``meta``.
-
-    Args:
-        slots: the step's ``(position, pad)`` per slot.
-        names: the ``__source__`` tag per source (mixtures), or None.
-    """
+    """The assembly of one step: its samples tagged and staged, its batch and its ``meta``
+    (``slots``: each slot's ``(position, pad)``; ``names``: each source's ``__source__`` tag)."""
 
     def __init__(self, k: int, worker: int, epoch: int, slots: List[Tuple[int, bool]],
                  names: Optional[List[Optional[str]]]):
