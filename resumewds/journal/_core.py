@@ -1,30 +1,13 @@
 """The ``Journal`` class: one rank's journal file, its writer and its own reads.
 
-Durability:
-    The journal runs in WAL mode.  Every change is one transaction.  With the
-    default ``synchronous="NORMAL"`` a transaction is in the WAL file (written
-    with ``write(2)``) when ``commit`` returns, so it survives kill -9 or any
-    other crash of the *process*; a power loss or kernel crash may lose the
-    last transactions (never corrupting the file).  ``synchronous="FULL"``
-    fsyncs the WAL on every transaction and survives power loss as well, at
-    the cost of one fsync per commit (milliseconds instead of microseconds).
-
-Cost:
-    ``commit`` is the hot path: raw ``sqlite3`` statements (cached by the
-    driver), one ``BEGIN``/``COMMIT``, no sqlite-utils helpers; tens of
-    thousands of commits per second with ``synchronous="NORMAL"``.  Commits
-    are kept for the whole run (any step can be resumed from); a commit row
-    is ~100 bytes.  ``PRAGMA quick_check`` runs on every open.
-
-URLs: what the journal records (shard rows, events, consumption, config,
-stats) goes through :mod:`resumewds.redact` first: no password or presigned
-signature is ever written; :meth:`Journal.shard` looks a URL up the same way.
-
-Consumption (schema version 2): a commit row carries its consumption deltas;
-the ``consumption`` table is brought up to date every ``CONSUMPTION_EVERY``
-commits, at epoch ends, on close and on the next open
-(``_meta.consumption_through``); :meth:`Journal.consumption` adds the deltas
-not folded in yet, so readers are always up to date.
+Durability: WAL mode, one transaction per change.  ``synchronous="NORMAL"``
+survives kill -9 (a power loss may lose the last transactions, never
+corrupting the file); ``"FULL"`` fsyncs every transaction and survives power
+loss too.  ``commit`` is the hot path: raw cached ``sqlite3`` statements, one
+``BEGIN``/``COMMIT``.  What is recorded goes through :mod:`resumewds.redact`
+first.  A commit row carries its consumption deltas; the ``consumption``
+table folds them in every ``CONSUMPTION_EVERY`` commits, at epoch ends, on
+close and on open (``_meta.consumption_through``), and readers add the rest.
 """
 
 from __future__ import annotations
@@ -95,22 +78,17 @@ class Journal:
             ``rank_journal_path(path, r)``.
         rank: this process's rank.
         world_size: number of ranks; the default for ``commit``.
-        readonly: open ``mode=ro`` without taking the lock (for ``status``); also
-            on a read-only file system (:func:`~resumewds.journal._schema.connect_readonly`).
+        readonly: open ``mode=ro`` without taking the lock (for ``status``).
         synchronous: ``"NORMAL"`` (survives process crash) or ``"FULL"``
             (survives power loss too; one fsync per transaction).
         after_lock: called once the writer holds the lock, before the file
-            is opened or created; its result is ``self.after_lock_result``.
-            The loader reads the run's resume point here, so that two runs
-            started together can never both resume from the same point: the
-            second one is refused at the lock before it reads anything.
+            is opened; its result is ``self.after_lock_result`` (the loader
+            reads its resume point here, so two runs never share one).
 
     Raises:
-        JournalError: the file is corrupt, truncated, not a database, has a
-            newer schema, is in use by another writer, was deleted while
-            its lock file stayed, or lost commits its lock file records
-            (its ``-wal`` deleted or truncated: see :mod:`resumewds.journal`).
-            The message names the file.
+        JournalError: the file is corrupt, not a journal, newer, in use by
+            another writer, or deleted or lost commits its lock file
+            records.  The message names the file.
 
     A Journal lives in the main process only; it refuses to be pickled.
 
@@ -130,7 +108,6 @@ class Journal:
             raise ValueError(f"synchronous must be one of {_SYNC_MODES}, got {synchronous!r}")
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-        self.base_path = path
         self.path = rank_journal_path(path, rank)
         self.rank = rank
         self.world_size = world_size
@@ -156,7 +133,6 @@ class Journal:
             self.close()
             raise
 
-    # ---- opening -------------------------------------------------------
     def _err(self, what: str, exc: Optional[BaseException] = None) -> JournalError:
         detail = f": {exc}" if exc is not None else ""
         return JournalError(f"{self.path}: {what}{detail}")
@@ -165,8 +141,7 @@ class Journal:
         try:
             # check_same_thread off: a checkpoint thread may commit; self._mutex
             # serialises our own use of the connection.
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0,
-                                   check_same_thread=False)
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0, check_same_thread=False)
         except sqlite3.Error as exc:
             raise self._err("cannot open journal", exc) from exc
         conn.row_factory = sqlite3.Row
@@ -254,8 +229,7 @@ class Journal:
             with db.atomic():
                 for key, value in (("run_id", uuid.uuid4().hex), ("rank", str(self.rank)),
                                    ("created", str(time.time()))):
-                    db.execute("INSERT OR IGNORE INTO _meta (key, value) VALUES (?, ?)",
-                               [key, value])
+                    db.execute("INSERT OR IGNORE INTO _meta (key, value) VALUES (?, ?)", [key, value])
             self.run_id = meta_get(conn, "run_id")
             row = conn.execute("SELECT max(step) FROM commits").fetchone()
             self._max_step = row[0]
@@ -270,12 +244,10 @@ class Journal:
             raise self._err("cannot stat the journal file it just opened", exc) from exc
         self._file_id = (st.st_dev, st.st_ino)
         # only now that the journal holds the run id durably (see LockFile.write_marker)
-        lock.write_marker(self.run_id, self.rank,
-                          None if newest is None else (int(newest[0]), float(newest[1])))
+        lock.write_marker(self.run_id, self.rank, None if newest is None else (int(newest[0]), float(newest[1])))
 
     def _check_last_commit(self, conn: sqlite3.Connection) -> None:
-        """Refuse a journal that no longer holds the newest commit its lock
-        file records (a deleted or truncated ``-wal``: see journal.lock)."""
+        """Refuse a journal that lost the newest commit its lock file records."""
         info = read_lock_info(lock_path(self.path))
         if info.get("run_id") != self.run_id:
             return  # no marker, or another run's: nothing recorded about this journal
@@ -310,17 +282,9 @@ class Journal:
         return conn
 
     def _check_file(self, what: str) -> None:
-        """Refuse to write once the journal's path no longer names the file this
-        writer opened, or its lock file was deleted.
-
-        SQLite keeps writing to the file it opened even when it was unlinked
-        (its directory removed, the file moved or replaced): every commit
-        would go into a file no one can open again, and the lock file that
-        makes a rerun refuse a missing journal (``deleted_error``) is gone
-        too, so a crash or a rerun would start again from the beginning.
-        One ``stat`` of the path (its device and inode) and one ``fstat`` of
-        the lock file (its link count) per write: a few microseconds.
-        """
+        """Refuse to write once the path no longer names the file this writer
+        opened (SQLite would keep writing to the unlinked file, lost to any
+        rerun), or its lock file was deleted."""
         if self._file_id is None:
             return
         try:
@@ -331,8 +295,7 @@ class Journal:
         lock_gone = self._lock is not None and self._lock.unlinked()
         if same and not lock_gone:
             return
-        newest = ("it held no commit" if self._max_step is None
-                  else f"its newest commit is step {self._max_step}")
+        newest = "it held no commit" if self._max_step is None else f"its newest commit is step {self._max_step}"
         if not same:
             raise JournalError(
                 f"{self.path}: the journal file was deleted or replaced while this run was writing it (its "
@@ -348,10 +311,8 @@ class Journal:
             f"no longer be noticed. Refusing the {what}. Stop the run and rerun it: it resumes {resume} "
             f"and makes the lock file again")
 
-    # ---- life cycle ----------------------------------------------------
     def close(self) -> None:
-        """Bring consumption up to date, close the database and release the
-        lock (idempotent)."""
+        """Bring consumption up to date, close the database, release the lock (idempotent)."""
         with self._mutex:
             try:
                 if self._conn is not None and not self.readonly and self._pending:
@@ -389,13 +350,13 @@ class Journal:
         mode = "ro" if self.readonly else "rw"
         return f"<Journal {self.path!r} rank={self.rank} {mode}>"
 
-    # ---- transactions --------------------------------------------------
     def _transaction(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         with self._mutex:
             return self._transaction_locked(body)
 
-    def _transaction_locked(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
-        conn = self._writable()
+    def _transaction_locked(self, body: Callable[[sqlite3.Connection], Any], what: str = "write",
+                            undo: Optional[Callable[[], None]] = None) -> Any:
+        conn = self._writable(what)
         try:
             conn.execute("BEGIN")
             try:
@@ -404,12 +365,13 @@ class Journal:
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if undo is not None:
+                    undo()
                 raise
         except sqlite3.Error as exc:
-            raise self._err("write failed", exc) from exc
+            raise self._err(f"{what} failed", exc) from exc
         return result
 
-    # ---- config --------------------------------------------------------
     def config(self) -> Dict[str, Any]:
         """The stored run configuration (empty before ``check_config``)."""
         return {r["key"]: json.loads(r["value"])
@@ -418,11 +380,8 @@ class Journal:
     def check_config(self, config: Dict[str, Any], *,
                      compatible_keys: Sequence[str] = ("batch_size", "world_size",
                                                        "num_workers", "rank")) -> List[str]:
-        """Store the run configuration, or check a resume against it.
-
-        The first call stores ``config``.  Later calls compare key by key
-        (values compared as JSON, so tuples equal lists; a key present on
-        only one side differs from the other side's ``None``).
+        """Store the run configuration, or check a resume against it key by key
+        (values compared as JSON; a key on one side only differs).
 
         Args:
             config: JSON-serializable values by key.
@@ -446,8 +405,7 @@ class Journal:
                 conn.executemany("INSERT INTO config (key, value, updated) VALUES (?, ?, ?)",
                                  [(k, v, now) for k, v in sorted(new.items())])
                 return []
-            differ = sorted(k for k in set(old) | set(new)
-                            if old.get(k, "null") != new.get(k, "null"))
+            differ = sorted(k for k in set(old) | set(new) if old.get(k, "null") != new.get(k, "null"))
             bad = [k for k in differ if k not in compatible_keys]
             if bad:
                 diffs = {k: (loads(old.get(k)), loads(new.get(k))) for k in bad}
@@ -469,7 +427,6 @@ class Journal:
 
         return self._transaction(body)
 
-    # ---- events and shards ---------------------------------------------
     def record_events(self, events: List[Dict[str, Any]]) -> None:
         """Append events in one transaction.
 
@@ -495,14 +452,10 @@ class Journal:
     def update_shards(self, updates: List[Dict[str, Any]]) -> None:
         """Apply shard updates in one transaction.
 
-        Each update is ``{"url": ..., <column>: value, "+<counter>": n}``;
-        columns are ``name, state, bytes, xxh3_64, attempts, retries, repairs,
-        last_error, cache_path``; counters (``attempts, retries, repairs,
-        bytes``) may be incremented with a ``+`` prefix; an optional ``ts``
-        sets ``updated`` (default: now).  An unknown url is
-        inserted as ``pending`` first (``name`` defaults to its basename).
-        A state change outside ``TRANSITIONS`` is applied and an
-        ``invalid_transition`` event is recorded with it.
+        Each update is ``{"url": ..., <column>: value, "+<counter>": n}``
+        (``SHARD_COLUMNS``; a ``+`` increments a counter; ``ts`` sets
+        ``updated``).  An unknown url is inserted as ``pending`` first; a
+        state change outside ``TRANSITIONS`` also records ``invalid_transition``.
 
         Raises:
             ValueError: unknown column or state, or no url.
@@ -575,11 +528,8 @@ class Journal:
         return rows[::-1]
 
     def consumption(self, epoch: Optional[int] = None) -> List[Dict[str, Any]]:
-        """Consumption rows (this rank), optionally of one epoch.
-
-        Up to date with the latest commit: the table plus the deltas carried
-        by commits not yet folded into it (schema version 2).
-        """
+        """Consumption rows (this rank), optionally of one epoch, up to date with
+        the latest commit (the table plus the deltas not folded in yet)."""
         with self._mutex:
             conn = self.conn
             if epoch is None:
@@ -600,7 +550,6 @@ class Journal:
                 r["complete"] = int(r["total"] is not None and r["samples"] >= r["total"])
             return sorted(rows.values(), key=lambda r: (r["epoch"], r["url"]))
 
-    # ---- commits -------------------------------------------------------
     def commit(self, step: int, *, epoch: int, position: int,
                consumed: Optional[Dict[Tuple[str, int], Tuple[int, Optional[int]]]] = None,
                world_size: Optional[int] = None, batch_size: Optional[int] = None,
@@ -609,26 +558,18 @@ class Journal:
         """Record that ``step`` was reached, in one transaction.
 
         Args:
-            step: the training step (int) whose batches have all been handed out.
+            step: the training step whose batches have all been handed out.
             epoch, position: the global position after this step (samples of
                 ``epoch`` delivered over all ranks).
             consumed: ``{(url, epoch): (delta_samples, total_samples_in_shard)}``
-                added to this rank's consumption rows; ``complete`` is set when
-                the row's samples reach the total.
-            world_size: ranks in this run (default: the journal's).
-            batch_size: per-rank batch size, recorded for resume checks.
+                added to this rank's consumption rows.
             samples_total: cumulative samples delivered by this rank.
             stats: optional JSON-able snapshot (``loader.stats()``).
-            place: where the loader stands beyond ``(epoch, position)``
-                (JSON-able; the worker rotation's, :mod:`resumewds.wds._rotation`).
-            materialize: also bring the ``consumption`` table up to date in
-                this transaction (otherwise done every ``CONSUMPTION_EVERY``
-                commits; the deltas are in the commit row either way, so a
-                crash loses nothing: the next open folds them in).
+            place: where the loader stands beyond ``(epoch, position)`` (JSON-able).
+            materialize: also bring the ``consumption`` table up to date now.
 
-        A step at or below the newest committed one means the run was resumed
-        from an earlier step: the commits from that step on (the abandoned
-        timeline) are replaced and a ``rewind`` event says which.
+        A step at or below the newest committed one (a resume from an earlier
+        step) replaces the commits from that step on, with a ``rewind`` event.
         Consumption counts are deliveries, so replayed samples count again.
 
         Raises:
@@ -642,59 +583,45 @@ class Journal:
             for (u, e), (d, t) in consumed.items():
                 red[(redact_url(u), e)] = (red.get((redact_url(u), e), (0, None))[0] + d, t)
             consumed = red
-            deltas = json.dumps([[u, e, d, t] for (u, e), (d, t) in consumed.items()],
-                                separators=(",", ":"))
+            deltas = json.dumps([[u, e, d, t] for (u, e), (d, t) in consumed.items()], separators=(",", ":"))
         row = (step, int(epoch), int(position), self.rank,
                self.world_size if world_size is None else int(world_size),
                batch_size, ts, samples_total, None if stats is None else redact_text(dumps(stats)), deltas,
                None if place is None else json.dumps(place, separators=(",", ":")))
+
+        def body(conn: sqlite3.Connection) -> None:
+            if max_step is not None and step <= max_step:
+                self._rewind(conn, step, max_step, ts)
+            conn.execute(_SQL_COMMIT_INSERT, row)
+            for key, (delta, total) in (consumed or {}).items():
+                self._pending[key] = (self._pending.get(key, (0, None))[0] + delta, total)
+            self._since += 1
+            if self._since >= CONSUMPTION_EVERY or materialize:
+                self._materialize(conn, step, ts)
+
         with self._mutex:
-            conn = self._writable(f"commit of step {step}")
             max_step = self._max_step
-            try:
-                conn.execute("BEGIN")
-                try:
-                    if max_step is not None and step <= max_step:
-                        self._rewind(conn, step, max_step, ts)
-                    conn.execute(_SQL_COMMIT_INSERT, row)
-                    if consumed:
-                        for key, (delta, total) in consumed.items():
-                            d0, _ = self._pending.get(key, (0, None))
-                            self._pending[key] = (d0 + delta, total)
-                    self._since += 1
-                    if self._since >= CONSUMPTION_EVERY or materialize:
-                        self._materialize(conn, step, ts)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    self._pending.clear()  # rebuilt from the commit rows on the next open
-                    raise
-            except sqlite3.Error as exc:
-                raise self._err(f"commit of step {step} failed", exc) from exc
+            # a failed commit's pending deltas are rebuilt from the commit rows on the next open
+            self._transaction_locked(body, f"commit of step {step}", undo=self._pending.clear)
             self._max_step = step
             if self._lock is not None:
                 self._lock.record_commit(step, ts)  # checked on the next open (journal.lock)
 
     def _materialize(self, conn: sqlite3.Connection, step: int, ts: float) -> None:
-        """Add the pending consumption deltas to ``consumption`` (inside the
-        caller's transaction) and record that commits up to ``step`` are in."""
+        """Fold the pending deltas into ``consumption`` (caller's transaction)."""
         for (url, ep), (delta, total) in self._pending.items():
-            conn.execute(_SQL_CONSUME, (url, ep, delta, total,
-                                        int(total is not None and delta >= total), ts))
+            conn.execute(_SQL_CONSUME, (url, ep, delta, total, int(total is not None and delta >= total), ts))
         conn.execute(_SQL_THROUGH, (str(step),))
         self._pending.clear()
         self._since = 0
 
     def _catch_up_consumption(self, conn: sqlite3.Connection) -> None:
-        """On open: fold in the deltas of commits after ``consumption_through``
-        (a crash between materialisations loses nothing)."""
+        """On open: fold in the deltas of commits after ``consumption_through``."""
         if self.schema_version < 2:
             return
         last = None
         for step, url, ep, delta, total in unfolded_deltas(conn):
-            d0, _ = self._pending.get((url, ep), (0, None))
-            self._pending[(url, ep)] = (d0 + delta, total)
+            self._pending[(url, ep)] = (self._pending.get((url, ep), (0, None))[0] + delta, total)
             last = step
         if last is not None:
             self._transaction_locked(lambda c: self._materialize(c, last, time.time()))
@@ -717,15 +644,12 @@ class Journal:
     def latest_commit(self) -> Optional[Dict[str, Any]]:
         """The newest commit of this rank as a dict (``stats`` parsed), or None."""
         with self._mutex:
-            return commit_row(self.conn.execute(
-                "SELECT * FROM commits ORDER BY step DESC LIMIT 1").fetchone())
+            return commit_row(self.conn.execute("SELECT * FROM commits ORDER BY step DESC LIMIT 1").fetchone())
 
     def commit_at(self, step: int) -> Optional[Dict[str, Any]]:
         """This rank's commit of ``step``, or None."""
         with self._mutex:
-            return commit_row(self.conn.execute(
-                "SELECT * FROM commits WHERE step = ?", (step,)).fetchone())
-
+            return commit_row(self.conn.execute("SELECT * FROM commits WHERE step = ?", (step,)).fetchone())
 
 
 def unfolded_deltas(conn: sqlite3.Connection) -> Iterator[Tuple[int, str, int, int, Optional[int]]]:

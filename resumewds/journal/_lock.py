@@ -1,32 +1,17 @@
 """The lock file and run-id protocol of a journal file, and its fork safety.
 
-A writer holds an exclusive ``flock`` on ``<file>.lock`` for as long as it
-is open (:class:`LockFile`); a second writer of the same rank file gets
-``JournalError`` ("already in use by pid N").  Once the journal holds its
-run id durably, the writer records ``{"pid", "run_id", "rank", "journal"}``
-in the lock file (:meth:`LockFile.write_marker`), so a journal deleted while
-its lock file stayed is reported (:func:`deleted_error`) instead of silently
-starting a fresh run.  Delete the lock file too to really start over.
-Readers take no lock; they only read the marker (:func:`recorded_run_id`).
+A writer holds an exclusive ``flock`` on ``<file>.lock`` while open
+(:class:`LockFile`).  Once the journal holds its run id durably the lock file
+records ``{"pid", "run_id", "rank", "journal"}`` and, overwritten in place
+after every commit, ``"last_commit": "<step> <ts>"``: a journal deleted while
+its lock file stayed (:func:`deleted_error`), or one whose ``-wal`` was lost
+(:func:`lost_commits_error`), is refused instead of silently starting over or
+rewinding.  Readers take no lock.
 
-The marker also holds the newest commit, ``"last_commit": "<step> <ts>"``
-(a fixed-width field the writer overwrites in place with one ``pwrite``
-after every commit, :meth:`LockFile.record_commit`).  The commits live in
-the journal's write-ahead log (``<file>-wal``) until SQLite checkpoints
-them into the main file; a ``-wal`` deleted or truncated while the run was
-stopped (or a journal copied without it) would silently take the run back
-to an older step.  On open, the writer checks that the journal still holds
-the recorded commit (:func:`lost_commits_error`) and refuses it otherwise.
-
-Fork safety: a flock belongs to the open file description, which ``fork()``
-shares.  A DataLoader worker forked while the journal is open would keep
-the lock alive after its parent was killed (until the worker notices,
-seconds later), and the rerun would be refused.  Every held lock descriptor
-is in ``_CHILD_CLOSE``; a WebLoader's workers close their copies first thing
-(:func:`close_inherited`).  Nothing else in the process is touched: a process
-the user forks while the journal is open holds its copy until it exits (or
-execs: the descriptor is close-on-exec), and a rerun meanwhile is refused
-with the pid recorded, never let in beside it.
+A flock belongs to the open file description, which ``fork()`` shares: a
+loader's forked workers close their copies first thing
+(:func:`close_inherited`), so the lock dies with its owner.  Nothing else in
+the process is touched (the descriptor is close-on-exec).
 """
 
 from __future__ import annotations
@@ -112,14 +97,10 @@ def commit_record(step: int, ts: float) -> str:
 
 def parse_commit_record(text: Any) -> Optional[Tuple[int, float]]:
     """``(step, ts)`` from a ``last_commit`` field; None when empty or malformed."""
-    if not isinstance(text, str):
-        return None
-    parts = text.split()
-    if len(parts) != 2:
-        return None
     try:
-        return int(parts[0]), float(parts[1])
-    except ValueError:
+        step, ts = text.split()
+        return int(step), float(ts)
+    except (AttributeError, TypeError, ValueError):  # not a string, or not two numbers
         return None
 
 
@@ -140,8 +121,6 @@ def lost_commits_error(file: str, recorded: Tuple[int, float], newest: Optional[
 
 class LockFile:
     """The writer's exclusive lock on ``<file>.lock`` (``file``: one rank's journal).
-
-    Errors are ``JournalError`` naming ``file`` first, like every journal error.
 
     Example:
         >>> lock = LockFile("run.db")
@@ -172,8 +151,7 @@ class LockFile:
                          | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise self._err(f"lock file {self.path} is a symbolic link; refusing to follow it",
-                                exc) from exc
+                raise self._err(f"lock file {self.path} is a symbolic link; refusing to follow it", exc) from exc
             raise self._err(f"cannot open lock file {self.path}", exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -190,10 +168,7 @@ class LockFile:
     def write_marker(self, run_id: Optional[str], rank: int,
                      last_commit: Optional[Tuple[int, float]] = None) -> None:
         """Record this process, the run and its newest commit ``(step, ts)``
-        in the lock file (write, then trim, so a kill in between never
-        leaves an empty marker).  Called only once the journal holds the
-        run id durably, so the marker never points at a journal that was
-        never written."""
+        (write, then trim: a kill in between never leaves an empty marker)."""
         assert self.fd is not None, "write_marker needs the lock"
         record = commit_record(*last_commit) if last_commit is not None else " " * COMMIT_FIELD
         # last key: its value ends 2 bytes ('"}') before the end of the payload
@@ -208,23 +183,17 @@ class LockFile:
         self._commit_at = len(payload) - 2 - COMMIT_FIELD
 
     def record_commit(self, step: int, ts: float) -> None:
-        """Overwrite the marker's ``last_commit`` field in place: one
-        ``pwrite``, no fsync (a record older than the journal is harmless;
-        with ``synchronous="FULL"`` the journal's fsync came first, so the
-        record is never ahead of it).  A no-op before :meth:`write_marker`;
-        a failed write is ignored (the commit is in the journal already)."""
+        """Overwrite the marker's ``last_commit`` in place: one ``pwrite``, no
+        fsync (a record older than the journal only weakens the check)."""
         if self.fd is None or self._commit_at is None:
             return
         try:
             os.pwrite(self.fd, commit_record(step, ts).encode(), self._commit_at)
         except OSError:
-            # the commit itself is in the journal: a record left older than
-            # the journal only weakens the check, it never refuses a good one
             pass
 
     def unlinked(self) -> bool:
-        """True when the lock file this lock holds no longer has a name (deleted,
-        or replaced by another file): one ``fstat``."""
+        """True when the lock file this lock holds was deleted or replaced (one ``fstat``)."""
         if self.fd is None:
             return False
         try:

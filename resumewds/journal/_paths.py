@@ -1,9 +1,4 @@
-"""Where the files of a run are: one journal per rank, next to rank 0's.
-
-A run's journal path is rank 0's file; rank r writes
-``<stem>.rank<r><suffix>`` next to it (:func:`rank_journal_path`).  Readers
-find the other ranks by listing the directory (:func:`rank_files`).
-"""
+"""Where the files of a run are: one journal per rank, next to rank 0's."""
 
 from __future__ import annotations
 
@@ -13,8 +8,7 @@ from typing import List, Tuple
 
 
 def rank_journal_path(path: str, rank: int) -> str:
-    """The journal file of ``rank``: ``path`` itself for rank 0, else
-    ``<stem>.rank<r><suffix>``.
+    """The journal file of ``rank``: ``path`` itself for rank 0, else ``<stem>.rank<r><suffix>``.
 
     Example:
         >>> rank_journal_path("/x/run.db", 0), rank_journal_path("/x/run.db", 1)
@@ -46,8 +40,7 @@ def rank_files(path: str) -> List[Tuple[int, str]]:
 
 
 def run_journal_paths(path: str) -> List[str]:
-    """``path`` (rank 0, whether or not it exists) followed by the existing
-    rank files of the same run, sorted by rank.
+    """``path`` (rank 0, existing or not), then the run's existing rank files.
 
     Example:
         >>> run_journal_paths("no/such/dir/run.db")

@@ -1,14 +1,9 @@
 """The public read API: what ``resumewds status``, ``report`` and tools read.
 
-:class:`RunReader` opens every rank file of a run read-only once (no lock is
-taken, nothing is migrated) and answers questions about the whole run as
-plain, JSON-able data; the ``read_*`` functions open a reader for one
-question.  Callers outside the journal read through here, never through a
-journal's connection or tables.
-
-A journal that cannot be read (corrupt, a newer schema, rank 0 deleted
-while its lock file or other rank files remain) raises ``JournalError``; a
-run with no files at all reads as empty.
+:class:`RunReader` opens every rank file of a run read-only once and answers
+questions about the whole run as plain, JSON-able data; each ``read_*``
+function opens a reader for one question.  Callers outside the journal read
+through here.  A run with no files at all reads as empty.
 
 Example:
     >>> with Journal("run.db") as j:
@@ -34,14 +29,9 @@ from ._states import ERROR_EVENT_KINDS
 class RunReader:
     """Every rank file of the run at ``path`` (rank 0's file), open read-only.
 
-    Args:
-        path: the run's journal path (rank 0's file).
-
     Raises:
         JournalError: a file is unreadable, or rank 0's journal is missing
             while its lock file or other rank files remain.
-
-    Use as a context manager (or call :meth:`close`).
 
     Example:
         >>> with Journal("run.db", rank=0, world_size=2) as j:
@@ -77,33 +67,14 @@ class RunReader:
     def _by_rank(self) -> List[Tuple[int, Journal]]:
         return sorted(self.journals.items())
 
-    # ---- one rank ------------------------------------------------------
     def journal(self, rank: int = 0) -> Journal:
-        """Rank ``rank``'s read-only journal (its ``run_id``, ``config()``,
-        ``latest_commit()``, ``commit_at()``, ``consumption()``, ``events()``)."""
+        """Rank ``rank``'s read-only :class:`Journal`."""
         return self.journals[rank]
 
     def commit_count(self, rank: int) -> int:
         """The number of commit rows of ``rank``."""
         return int(self.journals[rank].conn.execute("SELECT count(*) FROM commits").fetchone()[0])
 
-    def rate(self, rank: int, window: int) -> Tuple[Optional[float], Optional[float], Optional[float]]:
-        """``(samples/s, steps/s, seconds spanned)`` over ``rank``'s last
-        ``window`` commits (Nones when fewer than two, or no time passed)."""
-        rows = list(self.journals[rank].conn.execute(
-            "SELECT step, ts, samples_total FROM commits ORDER BY step DESC LIMIT ?", (window,)))
-        if len(rows) < 2:
-            return None, None, None
-        last, first = rows[0], rows[-1]
-        dt = last["ts"] - first["ts"]
-        if dt <= 0:
-            return None, None, None
-        samples = None
-        if last["samples_total"] is not None and first["samples_total"] is not None:
-            samples = (last["samples_total"] - first["samples_total"]) / dt
-        return samples, (last["step"] - first["step"]) / dt, dt
-
-    # ---- the whole run -------------------------------------------------
     def resume_point(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """:func:`resumewds.journal.resolve_resume` of this run."""
         return resolve_in(self.journals, self.path, step)
@@ -201,15 +172,14 @@ class RunReader:
             for url, ts in j.conn.execute("SELECT url, max(ts) FROM events WHERE kind IN (?, ?, ?) "
                                           "GROUP BY url", seen):
                 last_fetch[url] = max(ts or 0, last_fetch.get(url, 0))
-        return {"downloads": downloads, "evicted": evicted, "last_evict": last_evict,
-                "last_fetch": last_fetch}
+        return {"downloads": downloads, "evicted": evicted, "last_evict": last_evict, "last_fetch": last_fetch}
 
-    def consumption(self) -> Dict[int, Dict[str, Dict[str, Any]]]:
-        """Samples consumed per epoch and shard, summed over ranks, up to the
-        latest commit: ``{epoch: {url: {"samples": n, "total": t}}}``."""
+    def consumption(self, epoch: Optional[int] = None) -> Dict[int, Dict[str, Dict[str, Any]]]:
+        """Samples consumed per epoch (optionally one) and shard, summed over ranks, up
+        to the latest commit: ``{epoch: {url: {"samples": n, "total": t}}}``."""
         out: Dict[int, Dict[str, Dict[str, Any]]] = {}
         for j in self.journals.values():
-            for row in j.consumption():
+            for row in j.consumption(epoch):
                 c = out.setdefault(int(row["epoch"]), {}).setdefault(
                     row["url"], {"samples": 0, "total": row["total"]})
                 c["samples"] += row["samples"] or 0
@@ -220,20 +190,14 @@ class RunReader:
     def epoch_consumption(self, epoch: int) -> Dict[str, Any]:
         """One epoch summed over ranks: ``{"epoch", "shards_started",
         "shards_complete" (samples reached the shard total), "samples"}``."""
-        agg: Dict[str, List[Optional[int]]] = {}
-        for j in self.journals.values():
-            for row in j.consumption(epoch):
-                a = agg.setdefault(row["url"], [0, None])
-                a[0] = (a[0] or 0) + row["samples"]
-                a[1] = row["total"] if row["total"] is not None else a[1]
-        return {"epoch": epoch, "shards_started": len(agg),
-                "shards_complete": sum(1 for s, t in agg.values() if t is not None and (s or 0) >= t),
-                "samples": sum(s or 0 for s, _ in agg.values())}
+        shards = self.consumption(epoch).get(epoch, {}).values()
+        return {"epoch": epoch, "shards_started": len(shards),
+                "shards_complete": sum(1 for c in shards if c["total"] is not None and c["samples"] >= c["total"]),
+                "samples": sum(c["samples"] for c in shards)}
 
 
 def read_commits(path: str) -> Dict[int, List[Dict[str, Any]]]:
-    """Every rank's commits, oldest first: ``{rank: [{step, epoch, position,
-    ts, samples_total, stats}]}`` (``stats`` parsed, or None).
+    """:meth:`RunReader.commits` of the run at ``path``.
 
     Example:
         >>> read_commits("run.db")      # no journal: nothing to read
@@ -244,22 +208,18 @@ def read_commits(path: str) -> Dict[int, List[Dict[str, Any]]]:
 
 
 def read_events(path: str, kinds: Sequence[str], limit_per_kind: int = 5000) -> List[Dict[str, Any]]:
-    """The newest ``limit_per_kind`` events of each kind, every rank, oldest
-    first: ``[{ts, rank, kind, url, detail}]`` (``detail`` parsed)."""
+    """:meth:`RunReader.events` of the run at ``path``."""
     with RunReader(path) as run:
         return run.events(kinds, limit_per_kind)
 
 
 def read_event_totals(path: str) -> Dict[str, Any]:
-    """Totals over every rank and loader of the run: ``{"downloads": {count,
-    bytes, seconds}, "evicted": {url: n}, "last_evict": {url: ts},
-    "last_fetch": {url: ts}}``."""
+    """:meth:`RunReader.event_totals` of the run at ``path``."""
     with RunReader(path) as run:
         return run.event_totals()
 
 
 def read_consumption(path: str) -> Dict[int, Dict[str, Dict[str, Any]]]:
-    """Samples consumed per epoch and shard, summed over ranks, up to the
-    latest commit: ``{epoch: {url: {"samples": n, "total": t}}}``."""
+    """:meth:`RunReader.consumption` of the run at ``path``."""
     with RunReader(path) as run:
         return run.consumption()

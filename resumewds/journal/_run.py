@@ -20,9 +20,7 @@ from ._schema import commit_row, never_initialised
 
 def open_run(path: str) -> Dict[int, Journal]:
     """Read-only journals of every rank file that exists, by rank ({} when
-    the run has no files at all).  A missing rank 0 with any trace of the
-    run left (its lock file's run id, other rank files) is a JournalError.
-    The caller closes them (:func:`close_all`)."""
+    none).  A missing rank 0 with any trace of the run left is a JournalError."""
     files = rank_files(path)
     if not os.path.exists(path):
         if recorded_run_id(path):
@@ -52,8 +50,7 @@ def close_all(journals: Dict[int, Journal]) -> None:
 
 def _check_step(journals: Dict[int, Journal], step: int, ref: Dict[str, Any]
                 ) -> Tuple[List[int], List[int], int]:
-    """(missing ranks, disagreeing ranks, world size) of ``step`` judged
-    against rank 0's commit ``ref``."""
+    """(missing ranks, disagreeing ranks, world size) of ``step`` against rank 0's ``ref``."""
     world = int(ref["world_size"])
     missing: List[int] = []
     disagree: List[int] = []
@@ -73,14 +70,13 @@ _MAX_SKIPPED_REPORTED = 20
 def resolve_resume(path: str, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """Where a run should resume: a step every rank of its layout committed.
 
-    Reads every journal file of the run read-only.  A commit of step S made
-    under world size W is complete when ranks 0..W-1 all have step S with the
-    same ``(epoch, position, world_size)``.
+    A step S committed under world size W is complete when ranks 0..W-1 all
+    have it with the same ``(epoch, position, world_size)``.
 
     Args:
         path: the run's journal path (rank 0's file).
-        step: a specific step (e.g. the step of the model checkpoint being
-            loaded), or None for the latest complete step.
+        step: a specific step (the model checkpoint's), or None for the latest
+            complete step.
 
     Returns:
         None when the run has no journal at all, or no commit yet (start from
@@ -119,8 +115,7 @@ def resolve_in(journals: Dict[int, Journal], path: str, step: Optional[int] = No
             raise JournalIncompleteCommit(f"{path}: step {step} was never committed by rank 0")
         missing, disagree, world = _check_step(journals, step, ref)
         if missing or disagree:
-            raise JournalIncompleteCommit(_incomplete_msg(path, step, world, missing,
-                                                          disagree, journals))
+            raise JournalIncompleteCommit(_incomplete_msg(path, step, world, missing, disagree, journals))
         return _resume_dict(journals, ref, world, [], 0, j0.run_id)
     cur = j0.conn.execute("SELECT * FROM commits ORDER BY step DESC")
     any_commit = False
@@ -133,8 +128,7 @@ def resolve_in(journals: Dict[int, Journal], path: str, step: Optional[int] = No
             return _resume_dict(journals, ref, world, skipped, n_skipped, j0.run_id)
         n_skipped += 1
         if len(skipped) < _MAX_SKIPPED_REPORTED:
-            skipped.append({"step": ref["step"], "missing_ranks": missing,
-                            "disagreeing_ranks": disagree})
+            skipped.append({"step": ref["step"], "missing_ranks": missing, "disagreeing_ranks": disagree})
     if not any_commit:
         if any(j.latest_commit() is not None for r, j in journals.items() if r):
             raise JournalIncompleteCommit(f"{path}: other ranks committed steps but rank 0 "

@@ -1,26 +1,10 @@
 """The journal's tables, their migrations, and the checks made on open.
 
-Migrations are sqlite-utils' own (:class:`sqlite_utils.Migrations`, set
-``MIGRATION_SET``, recorded in ``_sqlite_migrations``).  ``_MIGRATIONS`` is
-the append-only list of ``(version, name, function)``; version k's function
-leaves the schema at k and records ``_meta.schema_version = k`` in the same
-transaction as sqlite-utils' record of the step.
-
-A new migration: write ``_m00N_<what>(db)`` below, append ``(N, name, fn)``
-to ``_MIGRATIONS``, set ``JOURNAL_SCHEMA_VERSION = N``, and note it in the
-version history of ``resumewds/journal/__init__.py`` and in
-``docs/ARCHITECTURE.md``.  Never edit or reorder a released step: journals
-written by older versions replay only the steps they lack.
-
-What sqlite-utils' ``Migrations`` does not do, and what this module adds:
-
-* a schema *version number* (``_meta.schema_version``, which ``status``
-  shows and older resumewds builds read): written by each step itself;
-* refusing a journal written by a newer resumewds (a version above ours, or
-  applied steps we do not know): :func:`check_schema`;
-
-The journal needs sqlite-utils 4 (``Migrations`` and ``db.atomic()`` are new
-in 4.0); pyproject.toml says so.
+Migrations are sqlite-utils 4's ``Migrations`` (set ``MIGRATION_SET``).  Each
+step also records ``_meta.schema_version`` in its own transaction, and
+:func:`check_schema` refuses a journal from a newer resumewds.  A new step:
+``_m00N_<what>(db)`` appended to ``_MIGRATIONS``, ``JOURNAL_SCHEMA_VERSION =
+N``, a line in docs/ARCHITECTURE.md; never edit or reorder a released step.
 """
 
 from __future__ import annotations
@@ -70,20 +54,16 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
 
 
 def _m002_commit_consumed(db: sqlite_utils.Database) -> None:
-    """Version 2: each commit row carries its own consumption deltas (JSON),
-    so the hot path writes one row; the ``consumption`` table is brought up to
-    date every few commits and on open (``_meta.consumption_through``)."""
+    """Version 2: each commit row carries its own consumption deltas (JSON)."""
     db.execute("ALTER TABLE commits ADD COLUMN consumed TEXT")
 
 
 def _m003_commit_place(db: sqlite_utils.Database) -> None:
-    """Version 3: a commit row may carry where its loader stands beyond ``(epoch,
-    position)`` (JSON; the worker rotation's per-stream positions, :mod:`resumewds.wds._rotation`)."""
+    """Version 3: a commit row may carry its loader's place beyond ``(epoch, position)``."""
     db.execute("ALTER TABLE commits ADD COLUMN place TEXT")
 
 
-# (version, name, function); version k's function leaves the schema at k.
-# Append only: never edit or reorder a released step.
+# (version, name, function); append only
 _MIGRATIONS: List[Tuple[int, str, Callable[[sqlite_utils.Database], None]]] = [
     (1, "m001_initial", _m001_initial),
     (2, "m002_commit_consumed", _m002_commit_consumed),
@@ -92,12 +72,7 @@ _MIGRATIONS: List[Tuple[int, str, Callable[[sqlite_utils.Database], None]]] = [
 JOURNAL_SCHEMA_VERSION: int = 3
 
 
-# ---------------------------------------------------------------------------
-# Applying and reading migrations
-# ---------------------------------------------------------------------------
-
 def _migrations() -> Any:
-    """The migration set, on sqlite-utils' ``Migrations``."""
     import sqlite_utils  # lazy: ~60 ms of import, paid only by a loader that opens a journal
     migrations = sqlite_utils.Migrations(MIGRATION_SET)
     for version, name, fn in _MIGRATIONS:
@@ -109,16 +84,13 @@ def _recording_version(version: int, fn: Callable[[sqlite_utils.Database], None]
                        ) -> Callable[[sqlite_utils.Database], None]:
     def run(db: sqlite_utils.Database) -> None:
         fn(db)
-        db.execute("INSERT OR REPLACE INTO _meta (key, value) VALUES ('schema_version', ?)",
-                   [str(version)])
+        db.execute("INSERT OR REPLACE INTO _meta (key, value) VALUES ('schema_version', ?)", [str(version)])
     run.__name__ = fn.__name__
     return run
 
 
 def apply_migrations(db: sqlite_utils.Database) -> int:
-    """Bring the schema to ``JOURNAL_SCHEMA_VERSION``, one transaction per
-    step (the step, its ``schema_version`` and sqlite-utils' record of it
-    commit together); returns the version reached."""
+    """Bring the schema to ``JOURNAL_SCHEMA_VERSION`` (one transaction per step)."""
     _migrations().apply(db)
     return JOURNAL_SCHEMA_VERSION
 
@@ -130,12 +102,8 @@ def applied_migrations(conn: sqlite3.Connection) -> List[str]:
 
 
 def check_schema(conn: sqlite3.Connection, file: str) -> int:
-    """The file's schema version (0: none yet).
-
-    Raises:
-        JournalError: the schema is newer than this code (a higher version,
-            or applied steps it does not know); the message names ``file``.
-    """
+    """The file's schema version (0: none yet); a JournalError naming ``file`` when it is
+    newer than this code (a higher version, or applied steps it does not know)."""
     version = meta_get(conn, "schema_version")
     v = int(version) if version and version.isdigit() else 0
     known = {name for _, name, _ in _MIGRATIONS}
@@ -149,18 +117,9 @@ def check_schema(conn: sqlite3.Connection, file: str) -> int:
     return v
 
 
-# ---------------------------------------------------------------------------
-# Small readers and the JSON columns
-# ---------------------------------------------------------------------------
-
-def table_exists(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (name,)).fetchone() is not None
-
-
 def meta_get(conn: sqlite3.Connection, key: str) -> Optional[str]:
     """``_meta[key]`` (None when absent or before the schema exists)."""
-    if not table_exists(conn, "_meta"):
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_meta'").fetchone() is None:
         return None
     row = conn.execute("SELECT value FROM _meta WHERE key = ?", (key,)).fetchone()
     return None if row is None else row[0]
@@ -180,34 +139,17 @@ def _no_wal_index(exc: sqlite3.Error) -> bool:
 def connect_readonly(file: str, **kwargs: Any) -> Tuple[sqlite3.Connection, Optional[str]]:
     """A read-only connection to journal ``file``, also where nothing can be written.
 
-    A journal is in WAL mode, and SQLite reads one read-only (``mode=ro``)
-    only when its shared-memory index ``<file>-shm`` exists or can be made.
-    Where the directory is not writable (a read-only file system, a
-    directory of another user) and there is no usable ``-shm``, it answers
-    "unable to open database file" or "attempt to write a readonly
-    database".  Then:
-
-    * no ``<file>-wal``, or an empty one: every commit is in the file
-      itself; it is opened ``immutable=1`` (nothing can change it there);
-    * a ``-wal`` with frames (a run killed, or a copy taken mid-run):
-      ``immutable=1`` would ignore the commits in it and show an older
-      step; the file and its ``-wal`` are copied to a temporary directory
-      and the copy is opened.
-
-    Args:
-        file: the journal file.
-        **kwargs: passed to :func:`sqlite3.connect`.
+    SQLite opens a WAL journal ``mode=ro`` only when its ``-shm`` index exists
+    or can be made.  Where it cannot: with no (or an empty) ``-wal`` the file
+    is opened ``immutable=1``; a ``-wal`` with frames would be ignored that
+    way, so file and ``-wal`` are copied to a temporary directory instead.
 
     Returns:
-        The connection (its first read already made) and the temporary
-        directory to remove once it is closed (None when not copied).
+        The connection and the temporary directory to remove once it is
+        closed (None when not copied).
 
     Raises:
-        sqlite3.Error, OSError: the file cannot be read at all.
         JournalError: a copy was needed and no temporary directory is writable.
-
-    Example:
-        >>> conn, copied = connect_readonly("run.db")   # doctest: +SKIP
     """
     uri = f"file:{uri_path(file)}"
     conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, **kwargs)
@@ -240,10 +182,8 @@ def connect_readonly(file: str, **kwargs: Any) -> Tuple[sqlite3.Connection, Opti
 
 
 def never_initialised(file: str) -> bool:
-    """True for a journal file that holds no table at all and whose lock file
-    names no run: a creation that failed (say, on a full disk) before the
-    schema was written.  Nothing was ever committed to it, so a rerun may
-    start fresh; the writer creates the schema in it."""
+    """True for a journal whose creation failed before the schema was written
+    (no table but ours, no version, no commit, no run in its lock file)."""
     if recorded_run_id(file):
         return False
     ours = {*TABLES, MIGRATIONS_TABLE}

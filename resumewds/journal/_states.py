@@ -9,18 +9,11 @@ The lifecycle of one shard row::
     any state ------------------------------------+-> failed (retries exhausted,
                                                              skipped, unreadable)
 
-A file already in the cache goes pending -> verified (or -> corrupt);
-verified -> pending when the cache evicts it; failed -> downloading when a
-later run retries it; failed -> verified (a ``recovered`` event) when a
-shard that failed delivers samples again (a local shard, or one the cache
-already held).  A move outside ``TRANSITIONS`` is still applied (the reporter
-saw it happen; the journal is a record, not an authority) and an
-``invalid_transition`` event is written next to it, so a bookkeeping slip
-never stops a training run.
-
-Which event moves a row where is not written here: it is each kind's
-``shard_state`` / ``shard_counter`` in :data:`resumewds.events.EVENTS`
-(``_EVENT_SHARD_EFFECT``); :func:`shard_updates_from_events` applies it.
+Also: a cached file goes pending -> verified; eviction verified -> pending;
+failed -> verified when a failed shard delivers again (``recovered``).  A
+move outside ``TRANSITIONS`` is applied (the journal is a record, not an
+authority) with an ``invalid_transition`` event.  Which event moves a row
+where is each kind's entry in :data:`resumewds.events.EVENTS`.
 """
 
 from __future__ import annotations
@@ -34,9 +27,7 @@ from ..events import EventKind, error_kinds, shard_effects
 class ShardState(str, Enum):
     """The state of one shard in the journal (``shards.state``).
 
-    A ``str`` enum: ``ShardState.VERIFIED == "verified"``; the column holds
-    the plain string value.  A row is inserted as ``PENDING`` the first
-    time an update names its url.
+    A ``str`` enum: ``ShardState.VERIFIED == "verified"``.
 
     Example:
         >>> ShardState("corrupt") is ShardState.CORRUPT, str(ShardState.FAILED)
@@ -74,8 +65,7 @@ TRANSITIONS: Dict[str, FrozenSet[str]] = {
 }
 
 # the columns of a shards row an update may set, and those it may increment
-SHARD_COLUMNS = ("name", "state", "bytes", "xxh3_64", "attempts", "retries", "repairs",
-                 "last_error", "cache_path")
+SHARD_COLUMNS = ("name", "state", "bytes", "xxh3_64", "attempts", "retries", "repairs", "last_error", "cache_path")
 COUNTER_COLUMNS = ("attempts", "retries", "repairs", "bytes")
 
 # event kind -> (new state or None, counter to bump or None): from resumewds.events.EVENTS
@@ -86,10 +76,8 @@ ERROR_EVENT_KINDS = error_kinds()
 
 
 def shard_updates_from_events(events: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Translate cache/fetch events into ``Journal.update_shards`` updates.
-
-    The effect of each kind is its ``shard_state`` / ``shard_counter`` in
-    :data:`resumewds.events.EVENTS`; other kinds are ignored.
+    """Translate cache/fetch events into ``Journal.update_shards`` updates
+    (each kind's effect in :data:`resumewds.events.EVENTS`; others ignored).
 
     Example:
         >>> shard_updates_from_events([{"kind": "retry", "url": "a.tar", "error": "reset"}])

@@ -1,9 +1,4 @@
-"""Status aggregation: the ``resumewds status --json`` summary of a whole run.
-
-Built from a :class:`~resumewds.journal.RunReader` (every rank file,
-read-only); :func:`resumewds.journal.format_status` renders it as text
-and :func:`resumewds.report._rundata.complete_status` completes it for display.
-"""
+"""The ``resumewds status --json`` summary of a whole run, from a RunReader."""
 
 from __future__ import annotations
 
@@ -21,25 +16,18 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
 
     This is the ``resumewds status --json`` contract.  Fields:
 
-    - ``path`` (str): the run's journal path (rank 0's file).
-    - ``run_id`` (str | None): rank 0's run id.
-    - ``schema_version`` (int): rank 0's schema version.
-    - ``generated`` (float): Unix time this summary was made.
-    - ``config`` (dict): rank 0's stored run configuration.
+    - ``path`` (str, rank 0's file), ``generated`` (float, Unix time), and rank
+      0's ``run_id`` (str | None), ``schema_version`` (int) and ``config`` (dict).
     - ``latest`` (dict | None): rank 0's newest commit: ``step``, ``epoch``,
       ``position``, ``world_size``, ``batch_size``, ``ts``, ``samples_total``.
-    - ``resume`` (dict | None): what ``resolve_resume(path)`` returns
-      (None: would start from the beginning).
-    - ``resume_error`` (str | None): why no resume point could be found.
+    - ``resume`` (dict | None): ``resolve_resume(path)`` (None: from the
+      beginning); ``resume_error`` (str | None): why there is none.
     - ``ranks`` (list): per rank file, by rank: ``rank``, ``path``,
       ``latest_step`` (int | None), ``epoch``, ``position``, ``ts`` (of that
       commit), ``samples_total``, ``commits`` (number of commit rows).
     - ``shards`` (dict): ``total`` (int); ``counts`` ({state: n} with every
-      state of ``SHARD_STATES``); ``list``: one dict per url (``url``,
-      ``name``, ``state``, ``bytes``, ``xxh3_64``, ``attempts``, ``retries``,
-      ``repairs``, ``last_error``, ``cache_path``, ``first_seen``,
-      ``updated``).  A url in several rank files shows the most recently
-      updated row's state and fields, with counters summed over ranks.
+      state of ``SHARD_STATES``); ``list``: one dict per url, the ``shards``
+      table's columns (:meth:`RunReader.shards`: over all rank files).
     - ``counts`` (dict): event totals over all ranks: ``retries``,
       ``repairs``, ``failures`` (``fail``), ``skips``, ``evictions``,
       ``verify_failures``, ``config_changes``, ``rewinds``, ``step_skips``.
@@ -52,10 +40,8 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
       ``url``, ``detail`` (dict | None).
     - ``throughput`` (dict): from each rank's last ``throughput_window``
       commits: ``samples_per_s`` (sum over ranks, None if unknown),
-      ``steps_per_s`` (rank 0), ``per_rank`` ([{``rank``,
-      ``samples_per_s``}]), ``window_s`` (rank 0's active time in the
-      window: the time between a restart and the commit before it, when no
-      process ran, is left out; see :func:`active_rate`).
+      ``steps_per_s`` (rank 0), ``per_rank`` ([{``rank``, ``samples_per_s``}]),
+      ``window_s`` (rank 0's active time in the window: :func:`active_rate`).
     - ``consumption`` (dict): for rank 0's latest epoch (``epoch``), summed
       over ranks: ``shards_started``, ``shards_complete`` (samples reached the
       shard total), ``samples``.
@@ -69,11 +55,7 @@ def status(path: str, *, last_errors: int = 10, throughput_window: int = 50) -> 
 
 
 def summarize(run: RunReader, *, last_errors: int = 10, throughput_window: int = 50) -> Dict[str, Any]:
-    """:func:`status` of a run already open.
-
-    Raises:
-        JournalError: the run has no journal file.
-    """
+    """:func:`status` of a run already open (JournalError: it has no journal file)."""
     path = run.path
     if not run:
         raise JournalError(f"{path}: no journal here")
@@ -139,11 +121,9 @@ def active_rate(run: RunReader, rank: int, window: int
                 ) -> Tuple[Optional[float], Optional[float], Optional[float]]:
     """``(samples/s, steps/s, active seconds)`` over ``rank``'s last ``window`` commits.
 
-    Only the time a process was running counts: between two commits with
-    a restart (a ``resume`` event) in between, the time from the restart
-    to the later commit counts, not the idle time before it.  So a run
-    that worked 10 minutes, stopped for a day and worked 10 more shows its
-    own speed.  Nones when fewer than two commits, or no time passed.
+    Only the time a process was running counts: across a restart (a
+    ``resume`` event) the idle time before it is left out.  Nones when fewer
+    than two commits, or no time passed.
     """
     conn = run.journal(rank).conn
     rows = list(conn.execute(

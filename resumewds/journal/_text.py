@@ -10,13 +10,9 @@ from ._schema import dumps
 
 
 def format_status(st: Dict[str, Any]) -> str:
-    """Human-readable text of a ``status()`` dict, for ``resumewds status``.
-
-    A mixture run's dict (completed by :func:`resumewds.report._rundata.complete_status`)
-    also has ``mixture``: one line per source (delivered samples and fraction
-    against the current phase's weight), after the phase index and position.
-    Any other run's text has no mixture line.
-    """
+    """Human-readable text of a ``status()`` dict, for ``resumewds status``
+    (a mixture run's, completed by ``report._rundata.complete_status``, adds
+    one line per source)."""
     lines = [f"journal  {st['path']}  (run {st.get('run_id')}, schema v{st.get('schema_version')})"]
     latest = st.get("latest")
     if latest is None:
@@ -70,6 +66,4 @@ def format_status(st: Dict[str, Any]) -> str:
 
 
 def _fmt_ts(ts: Optional[float]) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

@@ -16,7 +16,7 @@ import typing as _typing
 
 from .. import _lazy
 
-if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
+if _typing.TYPE_CHECKING:
     from ._arrayfile import ArrayFile
     from ._manifest import (
         COMPRESSED_SUFFIXES,
@@ -48,8 +48,7 @@ if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
         write_index,
     )
 
-# every name loads its module on first use (PEP 562): importing one module of this
-# package (or the package) loads nothing else of it
+# each name loads its module on first use (PEP 562)
 _LAZY: _typing.Dict[str, str] = {
     "ArrayFile": "_arrayfile",
     "COMPRESSED_SUFFIXES": "_manifest",

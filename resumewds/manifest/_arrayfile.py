@@ -1,30 +1,23 @@
-"""ArrayFile: a manifest's binary side file, a flat little-endian array of 8-byte integers.
-
-The side files of a manifest (the offsets of version 2, the sample digests of
-version 3) are such arrays, memory-mapped on first use per process, so every
-process of a node shares one copy in the page cache.  One shard's part of a
-file is a slice of it (:func:`view_item` indexes it as a sequence of its own).
-:class:`resumewds.manifest._manifest.OffsetsFile` (int64) and
-:class:`resumewds.manifest.DigestsFile` (uint64) are the two kinds.
-"""
+"""ArrayFile: a manifest's binary side file, a flat little-endian array of 8-byte integers."""
 
 from __future__ import annotations
 
 import mmap
 import os
 import sys
-from typing import Any, Dict, Literal, Optional
+from array import array
+from typing import Any, Dict, Iterable, Literal, Optional, Sequence
+
+import xxhash
 
 from ..errors import SourceError
 
-__all__ = ["ArrayFile", "view_item"]
+__all__ = ["ArrayFile", "view_item", "write_array_file"]
 
 class ArrayFile:
-    """A little-endian file of 8-byte integers, memory-mapped on first use per process.
-
-    Pickles as its path only, so DataLoader workers map it themselves.  The
-    side files of the manifest are these: :class:`OffsetsFile` (int64) and
-    :class:`resumewds.manifest.DigestsFile` (uint64).
+    """A little-endian file of 8-byte integers, memory-mapped on first use per process
+    (a node's processes share one copy in the page cache); pickles as its path only.
+    The kinds: ``OffsetsFile`` (int64, version 2), ``DigestsFile`` (uint64, version 3).
     """
 
     typecode: Literal["q", "Q"] = "q"  #: the array's item type (8 bytes)
@@ -69,6 +62,29 @@ class ArrayFile:
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"path": self.path, "size": self.size, "xxh3_64": self.xxh3_64, "_mm": None, "_view": None}
+
+
+def write_array_file(path: str, parts: Iterable[Optional[Sequence[int]]], typecode: Literal["q", "Q"]
+                     ) -> tuple[int, str]:
+    """Write the ``parts`` (None: skipped), in order, to ``path`` atomically as one
+    little-endian array: ``(size, xxh3_64)`` of the file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    h = xxhash.xxh3_64()
+    with open(tmp, "wb") as f:
+        for part in parts:
+            if part is None:
+                continue
+            a = array(typecode, (int(x) for x in part))
+            if sys.byteorder != "little":  # pragma: no cover
+                a.byteswap()
+            b = a.tobytes()
+            h.update(b)
+            f.write(b)
+        f.flush()
+        os.fsync(f.fileno())
+    size = os.path.getsize(tmp)
+    os.replace(tmp, path)
+    return size, h.hexdigest()
 
 
 def view_item(view: Any, start: int, length: int, i: Any) -> Any:

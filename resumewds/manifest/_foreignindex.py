@@ -1,21 +1,7 @@
 """The shard lists other tools write, read as counts-only sources.
 
-* webdataset's ``wids`` shard index (``wids-index create``, and many training
-  code bases)::
-
-      {"__kind__": "wids-shard-index-v1", "wids_version": 1, "base": "...",
-       "shardlist": [{"url": "shard-000000.tar", "nsamples": 1000,
-                      "filesize": 10485760, "md5sum": "..."}, ...]}
-
-  Relative urls resolve against ``base`` when given (itself relative to the
-  file), else against the file's own location, as ``wids.ShardListDataset``
-  documents.  ``filesize`` and ``md5sum`` are optional.
-* img2dataset's per-shard ``NNNNN_stats.json`` (beside ``NNNNN.tar``): the
-  shard holds ``successes`` samples.
-
-Each gives, per shard, its url, its sample count and what else it declares
-(:class:`Entry`); :mod:`resumewds.manifest` turns them into counts-only shards
-(:class:`resumewds.manifest.Counted`).
+webdataset's ``wids`` shard index and img2dataset's per-shard
+``NNNNN_stats.json``: docs/DIGESTS.md, "Counts-only sources".
 
 Example:
     >>> doc = {"__kind__": "wids-shard-index-v1", "shardlist": [{"url": "a.tar", "nsamples": 3}]}
@@ -65,17 +51,8 @@ def _count(v: Any, where: str, what: str) -> int:
 
 
 def wids_entries(data: Any, location: str, resolve: Callable[[str, str], str]) -> List[Entry]:
-    """The shards of a wids shard index at ``location``.
-
-    Args:
-        data: the parsed JSON.
-        location: the file's path or URL.
-        resolve: ``resolve(url, location)`` joins a relative url to a location
-            (:func:`resumewds.manifest._manifest.resolve_url`).
-
-    Raises:
-        SourceError: no ``shardlist``, or an entry without a url or a count.
-    """
+    """The shards of a wids shard index at ``location`` (``resolve(url, location)`` joins a
+    relative url to it); SourceError: no ``shardlist``, or an entry without a url or a count."""
     shards = data.get("shardlist")
     if not isinstance(shards, list) or not shards:
         raise SourceError(f"{location}: a wids shard index needs a non-empty 'shardlist'")

@@ -1,62 +1,23 @@
 """Shard descriptions and the versioned manifest format.
 
 A manifest is a JSON file that lists a data set's shards in order, with what
-is needed to verify them and to read any sample by seeking::
+is needed to verify them and to read any sample by seeking (the format:
+docs/USAGE.md, "The manifest"): per shard ``url`` (relative to the manifest
+when possible), ``size``, ``xxh3_64``, ``samples`` and ``offsets``.
 
-    {
-      "format": "resumewds.manifest",
-      "version": 1,
-      "created": "2026-11-29T21:50:00Z",
-      "shards": [
-        {
-          "url": "shard-000000.tar",      # relative to the manifest when possible
-          "size": 10485760,               # bytes
-          "xxh3_64": "9f2c1e0a5b7d3c11",  # hex digest of the whole file
-          "samples": 1000,                # number of samples
-          "offsets": [0, 10752, ...]      # samples+1 ints: sample i is bytes
-        }                                 #   [offsets[i], offsets[i+1])
-      ]
-    }
+Sample ``i``'s byte range ``[offsets[i], offsets[i+1])`` starts at its first
+header block (pax/GNU long-name headers included) and ends after its last
+member's padding; entries the grouping skips fall inside the next sample's
+range.  ``offsets[-1]`` is the offset of the end-of-archive marker.
 
-Sample ``i``'s byte range starts at its first header block (including any
-pax/GNU long-name header) and ends after its last member's padding, so a
-reader can ``pread`` just that range.  Entries that the grouping skips
-(directories, top-level ``__*__`` files) fall inside the following sample's
-range and are skipped again when it is read.  ``offsets[-1]`` is the offset of
-the end-of-archive marker.
-
-For very large data sets the offsets can live in a binary side file instead
-(``resumewds index --offsets file``; written as version 2)::
-
-    {"format": "resumewds.manifest", "version": 2,
-     "offsets_file": "manifest.json.offsets",   # relative to the manifest
-     "shards": [{"url": ..., "size": ..., "xxh3_64": ..., "samples": 1000,
-                 "offsets_at": 0}, ...]}       # index of the shard's first offset
-
-The side file is a flat array of little-endian int64: shard k's offsets are
-the ``samples + 1`` values starting at ``offsets_at``.  It is memory-mapped
-on first use, so every process of a node shares one copy in the page cache
-and a worker touches only the pages of the shards it reads (a 10^9-sample
-data set costs 8 GB of file, not 8 GB of Python memory per process).
-
-Version 3 adds per-sample xxh3_64 digests (``sample_xxh3_64`` inline, or
-``digests_file`` / ``digests_at`` beside the offsets file); the format is
-described in :mod:`resumewds.sources` (the code that reads and writes it:
-:mod:`resumewds.manifest`).  A manifest without sample digests is still
-written as version 1 or 2.
-
-Version 4 keeps each shard's offsets and sample digests in an index file of
-its own (``index_dir``, and ``index_xxh3_64`` per shard), loaded and checked
-when a process first reads the shard; a shard with ``samples`` and no index
-is *counts only*, as are those of a wids shard index or img2dataset's stats
-(:mod:`resumewds.manifest`, :mod:`resumewds.manifest`, docs/DIGESTS.md).
-
-Version history:
+Version history (versions 3 and 4: docs/DIGESTS.md):
     1: first version (offsets inline).
-    2: optional ``offsets_file`` / ``offsets_at``; inline offsets still valid.
+    2: optional ``offsets_file`` (a memory-mapped flat array of little-endian
+       int64) with ``offsets_at`` per shard: its first of ``samples + 1``.
     3: optional per-sample digests (``sample_xxh3_64`` or ``digests_at``).
     4: optional per-shard index files (``index_dir``, ``index_xxh3_64``) and
        counts-only shards (an optional ``md5``).
+A manifest is written at the lowest version that holds it.
 
 Example:
     >>> m = Manifest([ShardInfo(url="/d/a.tar", size=3072, xxh3_64=None,
@@ -71,7 +32,6 @@ import bisect
 import json
 import os
 import posixpath
-import sys
 import time
 import urllib.parse
 from array import array
@@ -83,7 +43,7 @@ import xxhash
 from ..errors import SourceError
 from ..fetch import is_remote_object
 from . import _shardindex as shardindex
-from ._arrayfile import ArrayFile, view_item
+from ._arrayfile import ArrayFile, view_item, write_array_file
 from ._foreignindex import is_stats, is_wids, stats_entry, wids_entries
 from ._sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
 from ._shardindex import COMPRESSED, Counted
@@ -95,24 +55,15 @@ VERSION = 4
 INLINE_SAMPLES = 10_000
 
 
-
 class OffsetsFile(ArrayFile):
     """The v2 offsets side file (``manifest.json.offsets``): int64 sample offsets."""
-
-    def slice(self, start: int, count: int, size: Optional[int] = None,
-              where: Optional[str] = None) -> LazyOffsets:
-        return LazyOffsets(self, start, count, size=size, where=where)
 
 
 class LazyOffsets(Sequence[int]):
     """One shard's offsets, read from an :class:`OffsetsFile` when indexed.
 
-    The slice is validated on first use in each process, as inline offsets
-    are on load (:func:`validate_offsets`): it must lie inside the file, and
-    its values must be non-negative, non-decreasing and within the shard's
-    size.  ``len()`` is the number of offsets (``samples + 1``); ``count()``
-    is :class:`Sequence`'s method (an int attribute used to shadow it; the
-    length is also ``.length``).
+    Validated on first use in each process (:func:`validate_offsets`).
+    ``len()`` (also ``.length``) is the number of offsets, ``samples + 1``.
     """
 
     __slots__ = ("file", "start", "length", "size", "where", "_ok")
@@ -225,11 +176,8 @@ def shard_basename(url: str) -> str:
 
 
 class Manifest:
-    """An ordered list of shards plus prefix sums of their sample counts.
-
-    Args:
-        shards: the shards, in manifest order.
-        source: where the manifest came from (for messages), if anywhere.
+    """An ordered list of shards plus prefix sums of their sample counts; ``source``: where
+    the manifest came from (for messages), if anywhere.
 
     Example:
         >>> m = Manifest([ShardInfo("a.tar", samples=2, offsets=[0, 10, 20]),
@@ -247,7 +195,6 @@ class Manifest:
                 if s.index_source is None and s.indexed:
                     s.index_source = source
 
-    # ---- arithmetic -----------------------------------------------------
     @property
     def indexed(self) -> bool:
         return all(s.indexed for s in self.shards)
@@ -281,31 +228,20 @@ class Manifest:
         return k, index - int(starts[k])
 
     def digest(self) -> str:
-        """A hash of what the manifest says (urls' basenames, sizes, counts).
-
-        Used by the journal to refuse resuming on different data.  Absolute
-        locations are left out so that a data set moved to another directory
-        or mirror still matches.
-        """
+        """A hash of what the manifest says (urls' basenames, sizes, counts), for
+        refusing a resume on other data; a data set moved elsewhere still matches."""
         h = xxhash.xxh3_64()
         for s in self.shards:
             c = s.index if isinstance(s.index, Counted) else s  # a counts-only shard: what its source said
             h.update(f"{s.name}\0{c.size}\0{c.xxh3_64}\0{s.samples}\n".encode())
         return h.hexdigest()
 
-    # ---- (de)serialisation ---------------------------------------------
     def to_json(self, base: Optional[str] = None, offsets_file: Optional[str] = None,
                 side_digest: Optional[tuple[int, str]] = None, with_digests: bool = True,
                 digests_side: Optional[tuple[int, str]] = None,
                 index: Optional[tuple[str, bool, List[Optional[str]]]] = None) -> Dict[str, Any]:
         """The manifest as a JSON-able dict; urls made relative to ``base``.
-
-        With ``offsets_file`` (a name relative to the manifest), offsets are
-        not inlined: each shard gets ``offsets_at`` into that file, which
-        :meth:`save` writes.  Sample digests (``with_digests``) make it
-        version 3: inline, or in ``<manifest>.digests`` with an offsets file.
-        ``index`` (what :meth:`save` wrote: ``(index_dir, digests, names)``) makes it version 4.
-        """
+        The side files named (``offsets_file``, ``index``) are :meth:`save`'s."""
         out = []
         at = 0
         dat: Optional[int] = 0 if offsets_file is not None else None
@@ -313,8 +249,7 @@ class Manifest:
             url = s.url
             if base is not None:
                 url = _relative_url(url, base)
-            d: Dict[str, Any] = {"url": url, "size": s.size, "xxh3_64": s.xxh3_64,
-                                 "samples": s.samples}
+            d: Dict[str, Any] = {"url": url, "size": s.size, "xxh3_64": s.xxh3_64, "samples": s.samples}
             if index is not None:
                 if index[2][k] is not None:
                     d["index_xxh3_64"] = index[2][k]
@@ -358,12 +293,9 @@ class Manifest:
         """Write the manifest atomically to ``path`` (urls relative to it).
 
         Args:
-            path: the manifest file.
             offsets: ``"inline"`` (version 1), ``"file"`` (version 2: ``<path>.offsets``), ``"index"``
                 (version 4: ``<path>.index/``) or ``"auto"`` (inline up to :data:`INLINE_SAMPLES` samples).
-            digests: write the shards' sample digests, if they have any
-                (version 3; with ``"file"`` in ``<path>.digests``); False
-                writes version 1 or 2 for older readers.
+            digests: write the shards' sample digests, if any (False: for older readers).
             created: the ``created`` time to write (default: now).
 
         Returns:
@@ -374,33 +306,11 @@ class Manifest:
         if offsets not in ("inline", "file", "index"):
             raise ValueError(f"offsets must be 'inline', 'file', 'index' or 'auto', got {offsets!r}")
         base = os.path.dirname(os.path.abspath(path))
-        side = None
-        index = None
-        if offsets == "index":
-            index = shardindex.write_indexes(self.shards, path + ".index", digests)
+        side = side_digest = digests_side = None
+        index = shardindex.write_indexes(self.shards, path + ".index", digests) if offsets == "index" else None
         if offsets == "file":
             side = os.path.basename(path) + ".offsets"
-            side_path = os.path.join(base, side)
-            tmp_side = f"{side_path}.tmp.{os.getpid()}"
-            with open(tmp_side, "wb") as f:
-                for s in self.shards:
-                    if s.offsets is None:
-                        continue
-                    a = array("q", (int(x) for x in s.offsets))
-                    if sys.byteorder != "little":  # pragma: no cover
-                        a.byteswap()
-                    a.tofile(f)
-                f.flush()
-                os.fsync(f.fileno())
-            with open(tmp_side, "rb") as f:
-                h = xxhash.xxh3_64()
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            side_digest = (os.path.getsize(tmp_side), h.hexdigest())
-            os.replace(tmp_side, side_path)
-        else:
-            side_digest = None
-        digests_side = None
+            side_digest = write_array_file(os.path.join(base, side), (s.offsets for s in self.shards), "q")
         if side is not None and digests and any(s.sample_digests is not None for s in self.shards):
             digests_side = write_side_file(os.path.join(base, os.path.basename(path) + ".digests"), self.shards)
         doc = self.to_json(base=base, offsets_file=side, side_digest=side_digest, with_digests=digests,
@@ -421,10 +331,7 @@ class Manifest:
         """Parse a manifest dict; relative urls resolve against ``location``.
 
         Args:
-            data: the parsed JSON.
-            location: URL or path of the manifest file itself.
-            trusted: whether ``pipe:`` urls in it may run (False for a manifest
-                fetched over the network, unless the user allows it).
+            trusted: whether ``pipe:`` urls in it may run.
             built: the parser's :class:`resumewds.manifest._shardindex.EntryBuilder`, if it built shards.
 
         Raises:
@@ -447,10 +354,9 @@ class Manifest:
         if data.get("offsets_file") is not None:
             if not isinstance(data["offsets_file"], str):
                 raise SourceError(f"{location}: 'offsets_file' must be a string")
-            side = OffsetsFile(resolve_url(data["offsets_file"], location))
-        if side is not None:
-            side.size = _opt_int(data.get("offsets_size"), location, "'offsets_size'")
-            side.xxh3_64 = _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'")
+            side = OffsetsFile(resolve_url(data["offsets_file"], location),
+                               _opt_int(data.get("offsets_size"), location, "'offsets_size'"),
+                               _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'"))
         dside = side_file_from_json(data, location, resolve_url) if version >= 3 else None
         iset = shardindex.index_set_from_json(data, location, resolve_url) if version >= 4 else None
         ready = [d for d in shards if type(d) is ShardInfo] if built is not None else []
@@ -526,15 +432,6 @@ def _show(v: Any) -> str:
 def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], where: str) -> array:
     """Check one shard's inline offsets; return them as an int64 array.
 
-    A manifest is input: its offsets decide how many bytes a reader asks
-    for, so they are checked before anything is allocated from them.
-
-    Args:
-        offsets: the manifest's list (``samples + 1`` entries).
-        samples: the shard's sample count (validated).
-        size: the shard's size in bytes, if known.
-        where: ``"<manifest>: shard <url>"`` for messages.
-
     Raises:
         SourceError: not a list of ``samples + 1`` integers, negative,
             going backwards, or past the shard's size.
@@ -551,8 +448,7 @@ def validate_offsets(offsets: Sequence[int], samples: int, size: Optional[int], 
         raise SourceError(f"{where}: 'offsets' must be a list of integers, got {_show(offsets)}")
     if len(offsets) != samples + 1:
         raise SourceError(f"{where}: offsets has {len(offsets)} entries, expected samples+1 = {samples + 1}")
-    # the common case at C speed (a manifest's load time is on every start's path): all
-    # plain ints, non-negative, never going backwards; anything else gets the loop's message
+    # the common case at C speed; anything else gets the loop's message
     if set(map(type, offsets)) <= {int} and (not offsets or offsets[0] >= 0) and sorted(offsets) == offsets:
         last = offsets[-1] if offsets else 0
         if (size is None or last <= size) and last <= MAX_OFFSET:
@@ -593,7 +489,7 @@ def _shard_from_json(d: Any, i: int, location: str, side: Optional[OffsetsFile],
         entries = side.entries_on_disk()
         if entries is not None and at + samples + 1 > entries:
             raise SourceError(f"{where}: needs offsets {at}..{at + samples} but {side.path} holds {entries}")
-        offsets = side.slice(at, samples + 1, size=_tar_size_bound(url, size), where=where)
+        offsets = LazyOffsets(side, at, samples + 1, size=_tar_size_bound(url, size), where=where)
     elif offsets is not None:
         if samples is None:
             raise SourceError(f"{where}: 'offsets' without 'samples'")
@@ -615,10 +511,8 @@ def resolve_url(url: str, location: str) -> str:
         >>> resolve_url("shard #1.tar", "http://h/d/manifest.json")
         'http://h/d/shard%20%231.tar'
 
-    A relative name is a file name, as in a local manifest: joined to an
-    http(s) location, every character a URL reserves (``#``, ``?``, ``%``,
-    spaces, ``:``...) is percent-encoded, ``/`` kept.  Absolute URLs are
-    used as they are.
+    A relative name is a file name: joined to an http(s) location, every
+    reserved character but ``/`` is percent-encoded.
     """
     if url.startswith("pipe:") or "://" in url or os.path.isabs(url):
         return url
@@ -658,10 +552,9 @@ def _relative_url(url: str, base: str) -> str:
     if url.startswith("pipe:") or "://" in url:
         return url
     try:
-        rel = os.path.relpath(os.path.abspath(url), base)
+        return os.path.relpath(os.path.abspath(url), base)
     except ValueError:
         return url
-    return rel
 
 
 def parse_manifest_bytes(raw: bytes, location: str, trusted: bool = True) -> Manifest:
@@ -692,7 +585,5 @@ def load_manifest(path: str) -> Manifest:
 
 
 def concat(manifests: Iterable[Manifest]) -> Manifest:
-    shards: List[ShardInfo] = []
-    for m in manifests:
-        shards.extend(m.shards)
-    return Manifest(shards)
+    """The shards of ``manifests``, in order, as one manifest."""
+    return Manifest([s for m in manifests for s in m.shards])

@@ -1,17 +1,8 @@
 """Per-sample checksums: the arithmetic and the manifest format (version 3).
 
-What a sample digest is and how a manifest stores them is described in
-:mod:`resumewds.sources` (the public face of sample digests); this module
-holds the code below the manifest: computing digests, the inline form, the
-side file (:class:`DigestsFile`, one shard's part a :class:`LazyDigests`) and
-the hooks :mod:`resumewds.manifest` calls to write and read them.
-
-Example:
-    >>> ds = sample_digests(b"a" * 1024 + b"b" * 512, [0, 1024, 1536])
-    >>> encode_inline(ds) == format(ds[0], "016x") + format(ds[1], "016x")
-    True
-    >>> list(decode_inline(encode_inline(ds), 2, "m.json: shard a.tar")) == list(ds)
-    True
+The format: docs/DIGESTS.md, "Manifest version 3".  Here: computing digests,
+the inline form, the side file (:class:`DigestsFile`, :class:`LazyDigests`)
+and the manifest's hooks to write and read them (example: :mod:`resumewds.sources`).
 """
 
 from __future__ import annotations
@@ -25,7 +16,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 import xxhash
 
 from ..errors import SourceError
-from ._arrayfile import ArrayFile, view_item
+from ._arrayfile import ArrayFile, view_item, write_array_file
 
 __all__ = ["DigestsFile", "HEX", "LazyDigests", "decode_inline", "encode_inline", "entry_from_json",
            "entry_to_json", "file_sample_digests", "sample_digests", "side_file_from_json", "write_side_file"]
@@ -37,11 +28,7 @@ _MAX_ENTRIES = ((1 << 63) - 1) // 8
 
 
 def sample_digests(buf: Any, offsets: Sequence[int]) -> array:
-    """xxh3_64 of each sample's range of ``buf`` (bytes, mmap, memoryview).
-
-    Returns:
-        ``array("Q")`` of ``len(offsets) - 1`` digests.
-    """
+    """xxh3_64 of each sample's range of ``buf`` (bytes, mmap, memoryview), as an ``array("Q")``."""
     mv = memoryview(buf)
     out = array("Q")
     for i in range(len(offsets) - 1):
@@ -50,11 +37,8 @@ def sample_digests(buf: Any, offsets: Sequence[int]) -> array:
 
 
 def file_sample_digests(path: str, offsets: Sequence[int]) -> array:
-    """:func:`sample_digests` of a local file (memory-mapped, no copy).
-
-    Ranges past the end of the file hash what is there (a truncated file
-    then fails those samples).
-    """
+    """:func:`sample_digests` of a local file (memory-mapped; ranges past its end
+    hash what is there, so a truncated file fails those samples)."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return sample_digests(b"", offsets)
@@ -93,10 +77,7 @@ def decode_inline(text: Any, samples: int, where: str) -> array:
 
 
 class DigestsFile(ArrayFile):
-    """The v3 digests side file (``manifest.json.digests``): uint64 sample digests.
-
-    Memory-mapped on first use per process; pickles as its path only.
-    """
+    """The v3 digests side file (``manifest.json.digests``): uint64 sample digests."""
 
     typecode = "Q"
     what = "digests"
@@ -142,23 +123,7 @@ def entry_to_json(shard: Any, d: Dict[str, Any], at: Optional[int]) -> None:
 
 def write_side_file(path: str, shards: Sequence[Any]) -> tuple[int, str]:
     """Write every shard's digests (in order) to ``path`` atomically: (size, xxh3_64)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    h = xxhash.xxh3_64()
-    with open(tmp, "wb") as f:
-        for s in shards:
-            if s.sample_digests is None:
-                continue
-            a = array("Q", (int(x) for x in s.sample_digests))
-            if sys.byteorder != "little":  # pragma: no cover
-                a.byteswap()
-            b = a.tobytes()
-            h.update(b)
-            f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
-    size = os.path.getsize(tmp)
-    os.replace(tmp, path)
-    return size, h.hexdigest()
+    return write_array_file(path, (s.sample_digests for s in shards), "Q")
 
 
 def side_file_from_json(data: Dict[str, Any], location: str, resolve: Any) -> Optional[DigestsFile]:

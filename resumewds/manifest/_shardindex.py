@@ -1,34 +1,10 @@
 """Per-shard sample indexes (manifest version 4): the file format, lazy and verified loading.
 
-A version-4 manifest keeps one small record per shard in its JSON (url, size,
-xxh3_64, sample count, and the xxh3_64 of the shard's *index file*); each
-shard's sample offsets and sample digests live in that index file, in the
-directory named by the manifest's ``index_dir``, under the name
-``<index_xxh3_64>.idx``.  A process loads a shard's index when it first needs
-an offset or a digest of it (a reader opening the shard), checks it, and keeps
-it in a bounded cache (:class:`IndexSet`): a manifest's memory depends on its
-shards, not on its samples.
-
-The file (little-endian)::
-
-    magic     8 bytes  b"RWDSIDX1"
-    samples   uint64
-    size      uint64   the shard's size in bytes
-    xxh3_64   uint64   the shard's xxh3_64 (flag 2; else 0)
-    flags     uint64   1: sample digests present, 2: the shard's xxh3_64 present
-    offsets   (samples + 1) x int64: sample i is bytes [offsets[i], offsets[i+1])
-    digests   samples x uint64 (flag 1): each sample's xxh3_64
-
-What is checked when an index is loaded (:meth:`IndexSet.load`): the file's
-own xxh3_64 against the manifest's ``index_xxh3_64`` (a damaged or stale file
-is a :class:`~resumewds.errors.SourceError` naming it and the shard), its
-header against the shard's record (sample count, size, xxh3_64: an index of
-another shard is refused the same way), and the offsets (non-decreasing,
-within the shard).  Nothing is ever read from an index that failed.
-
-Remote manifests' index files come through the verified cache
-(:meth:`resumewds.cache.ShardStore.ensure`, which fetches through the one fetch
-core and checks size and xxh3_64), once per machine.
+Each shard's offsets and sample digests live in ``<index_dir>/<index_xxh3_64>.idx``,
+loaded when a process first needs them, checked, and kept in a bounded cache
+(:class:`IndexSet`).  The file layout and what is checked on load:
+docs/DIGESTS.md, "Manifest version 4".  Also here: counts-only shards
+(:class:`Counted`, :class:`RecordBook`).
 
 Example:
     >>> buf = encode([0, 1024, 2048], [7, 9], size=3072, xxh3_64="00000000000000ff")
@@ -91,14 +67,7 @@ def index_name(xxh3_64: str) -> str:
 
 def encode(offsets: Sequence[int], digests: Optional[Sequence[int]], size: Optional[int],
            xxh3_64: Optional[str]) -> bytes:
-    """One shard's index file (see the module docstring).
-
-    Args:
-        offsets: ``samples + 1`` byte offsets.
-        digests: ``samples`` sample digests, or None.
-        size: the shard's size in bytes.
-        xxh3_64: the shard's xxh3_64 (hex), or None.
-    """
+    """One shard's index file: ``samples + 1`` offsets, ``samples`` digests or None."""
     samples = len(offsets) - 1
     flags = (_F_DIGESTS if digests is not None else 0) | (_F_XXH if xxh3_64 is not None else 0)
     head = _HEAD.pack(MAGIC, samples, int(size or 0), int(xxh3_64, 16) if xxh3_64 is not None else 0, flags)
@@ -111,11 +80,8 @@ def encode(offsets: Sequence[int], digests: Optional[Sequence[int]], size: Optio
 
 
 def header(buf: bytes, where: str) -> Tuple[int, int, Optional[str], bool]:
-    """``(samples, size, xxh3_64 or None, has digests)`` of an index file's bytes.
-
-    Raises:
-        SourceError: not an index file, or a size that does not match its header.
-    """
+    """``(samples, size, xxh3_64 or None, has digests)`` of an index file's bytes (a
+    SourceError: not an index file, or of a size its header does not give)."""
     if len(buf) < _HEAD.size or buf[:8] != MAGIC:
         raise SourceError(f"{where}: not a resumewds shard index (bad magic)")
     _, samples, size, xxh, flags = _HEAD.unpack_from(buf)
@@ -131,11 +97,8 @@ def decode(buf: bytes, where: str, *, samples: Optional[int] = None, size: Optio
     """Parse and check an index file: ``(offsets, digests or None)``.
 
     Args:
-        buf: the file's bytes.
-        where: names the file and the shard in messages.
         samples, size, xxh3_64: what the manifest says of the shard (None: not checked).
-        bound: the offsets' upper bound (the shard's size; None for a compressed shard, whose
-            offsets are positions in the decompressed tar).
+        bound: the offsets' upper bound (None for a compressed shard).
 
     Raises:
         SourceError: the header disagrees with the manifest's shard, or the
@@ -184,21 +147,9 @@ def write_index(directory: str, buf: bytes) -> str:
 
 class IndexSet:
     """The index files of one manifest (a local directory or a remote prefix), loaded
-    on demand, checked, and kept within :data:`BUDGET` bytes per process (the
-    :data:`KEEP` most recently loaded whatever their size; older ones are dropped
-    and loaded again when needed).
-
-    Pickles without what it loaded: a DataLoader worker loads the indexes of
-    the shards it reads, never all of them.
-
-    Args:
-        location: the directory (path or URL) holding the ``<xxh3_64>.idx`` files.
-        digests: whether the files hold sample digests.
-        budget: bytes of loaded indexes kept per process.
-        keep: how many of the most recently loaded are kept whatever their size.
-
-    A remote set reads its files through a store (:meth:`bind`: the verified
-    cache, :class:`resumewds.cache.ShardStore`, built in each process).
+    on demand, checked, and kept within ``budget`` bytes per process (the ``keep``
+    most recently loaded whatever their size).  Pickles without what it loaded.
+    A remote set reads its files through a store (:meth:`bind`).
     """
 
     def __init__(self, location: str, digests: bool = True, budget: int = BUDGET, keep: int = KEEP):
@@ -258,12 +209,8 @@ class IndexSet:
                               "run `resumewds index` again (or restore the manifest's index directory)") from exc
 
     def load(self, ref: IndexRef) -> Arrays:
-        """``ref``'s offsets and digests, read and checked now (see the module docstring).
-
-        Raises:
-            SourceError: the file is missing, damaged, stale or of another shard.
-            FetchError: a remote file could not be fetched.
-        """
+        """``ref``'s offsets and digests, read and checked now (SourceError: the file is missing,
+        damaged, stale or of another shard; FetchError: a remote one could not be fetched)."""
         shard = ref.shard
         where = f"{self.path_of(ref)} (index of {shard.url})"
         buf = self._read(ref, where)
@@ -371,13 +318,8 @@ _HEX16 = re.compile("[0-9a-f]{16}").fullmatch
 _HEX32 = re.compile("[0-9a-f]{32}").fullmatch
 
 
-def _hex16(v: Any) -> bool:
-    return isinstance(v, str) and _HEX16(v) is not None
-
-
 def index_set_from_json(data: Dict[str, Any], location: str, resolve: Any) -> Optional[IndexSet]:
-    """A version-4 manifest's ``index_dir`` (validated; ``resolve(name, location)``
-    joins it to the manifest's location), or None."""
+    """A version-4 manifest's ``index_dir`` (validated, resolved), or None."""
     name = data.get("index_dir")
     if name is None:
         return None
@@ -403,7 +345,7 @@ def index_from_json(info: Any, d: Any, location: str, iset: Optional[IndexSet]) 
                 raise SourceError(f"{where}: 'md5' must be 32 hex digits, got {md5!r}")
             info.index = Counted(location, size=info.size, xxh3_64=info.xxh3_64, md5=md5)
         return
-    if not _hex16(hx):
+    if not isinstance(hx, str) or _HEX16(hx) is None:
         raise SourceError(f"{where}: 'index_xxh3_64' must be 16 lower-case hex digits, got {hx!r}")
     if iset is None or info.samples is None:
         raise SourceError(f"{where}: 'index_xxh3_64' needs 'index_dir' and 'samples'")
@@ -417,19 +359,10 @@ def index_from_json(info: Any, d: Any, location: str, iset: Optional[IndexSet]) 
 
 class EntryBuilder:
     """``json.loads``'s ``object_hook`` for a manifest: each plain, well-formed
-    version-4 shard entry (only ``url``, ``size``, ``xxh3_64``, ``samples``,
-    ``index_xxh3_64``) becomes its shard the moment it is parsed, so that a manifest
-    of 100,000 shards is read without 100,000 dicts alive at once (and without
-    the holes they leave in the heap); anything else stays a dict, for the general
-    path (:meth:`resumewds.manifest.Manifest.from_json`) to check and name.
-
-    The shards' :class:`IndexSet` (:attr:`iset`) gets its location and digests
-    from the manifest's fields once the whole document is parsed (:meth:`finish`).
-
-    Args:
-        make: the shard class (:class:`resumewds.manifest.ShardInfo`).
-        resolve: the manifest's url resolver (:func:`resumewds.manifest._manifest.url_resolver`).
-        trusted: whether ``pipe:`` urls may run.
+    version-4 shard entry (only :attr:`KEYS`) becomes its shard (``make``) as it is
+    parsed, so a large manifest never holds a dict per shard; anything else stays
+    a dict for :meth:`resumewds.manifest.Manifest.from_json` to check and name.
+    :meth:`finish` gives :attr:`iset` the manifest's index directory.
     """
 
     KEYS = frozenset(("url", "size", "xxh3_64", "samples", "index_xxh3_64"))
@@ -471,10 +404,8 @@ class EntryBuilder:
 
 
 def write_indexes(shards: Sequence[Any], directory: str, digests: bool = True) -> Tuple[str, bool, list]:
-    """Write each indexed shard's index file into ``directory`` (version 4).
-
-    Sample digests go in when ``digests`` and every plain-tar shard has them.
-    An index already there (same name: same content) is kept.
+    """Write each indexed shard's index file into ``directory`` (version 4), with
+    sample digests when ``digests`` and every plain-tar shard has them.
 
     Returns:
         ``(the directory's name, digests written, each shard's index xxh3_64 or None)``.
@@ -500,13 +431,8 @@ def write_indexes(shards: Sequence[Any], directory: str, digests: bool = True) -
 # ---- shards known by their counts only (a wids index, img2dataset's stats) --------------
 
 class Counted:
-    """What a counts-only source says of a shard (its ``ShardInfo.index`` until it
-    is recorded): the sample count is the shard's ``samples``; here the size and
-    checksums it declared (None: not declared) and the source, for messages.
-
-    The shard's offsets, digests and xxh3_64 are recorded by its :class:`RecordBook`
-    the first time a reader opens it (:meth:`resumewds.manifest.ShardInfo.sample_range`).
-    """
+    """What a counts-only source declared of a shard (its ``ShardInfo.index`` until
+    its :class:`RecordBook` records it): size and checksums (None: not declared)."""
 
     __slots__ = ("book", "size", "xxh3_64", "md5", "source")
 
@@ -524,19 +450,11 @@ class Counted:
 class RecordBook:
     """The records of counts-only shards: ``<cache_dir>/records/<key>.idx`` (an
     index file named by the shard's URL), written when a shard is first opened
-    and checked against every later copy of it.
-
-    :meth:`record` is called with the copy the reader opened: without a record
-    it scans the copy (the sample count and declared size must match the
-    source's, a declared md5 too), writes the record and gives the shard its
-    offsets, digests and xxh3_64; with one, it hashes the copy and refuses it
-    unless it is the recorded shard (:class:`~resumewds.errors.ChecksumMismatch`),
-    then loads the record.  A process that recorded or checked a shard then
-    verifies every later copy of it against its xxh3_64 like any indexed shard.
+    (its scan checked against what the source declared) and checked against
+    every later copy of it (docs/DIGESTS.md, "Counts-only sources").
 
     Args:
-        store_type, store_kwargs: the store that gives a shard's local copy
-            (:class:`resumewds.cache.ShardStore`, built in each process).
+        store_type, store_kwargs: the store that gives a shard's local copy.
     """
 
     def __init__(self, store_type: Any, **store_kwargs: Any):
@@ -565,7 +483,7 @@ class RecordBook:
 
     def record(self, shard: Any) -> None:
         """Give the counts-only ``shard`` its offsets, digests and xxh3_64 from its
-        local copy, recorded or checked against its record (see the class).
+        local copy, recorded or checked against its record.
 
         Raises:
             ShardFormatError: the copy does not hold the samples the source declared.
@@ -609,9 +527,7 @@ class RecordBook:
 
 
 def _recorded(path: str, where: str, samples: int) -> Optional[bytes]:
-    """The record at ``path`` if it is usable for ``samples`` samples; a missing,
-    unreadable or damaged one, or one for another count (the source changed), is
-    recorded again."""
+    """The record at ``path`` if usable for ``samples`` samples, else None (recorded again)."""
     try:
         with open(path, "rb") as f:
             buf = f.read()
@@ -633,8 +549,7 @@ def _hash_file(path: str) -> Tuple[int, str]:
 
 
 def _scan_record(shard: Any, path: str) -> bytes:
-    """A counts-only shard's first record, from its copy at ``path``, checked
-    against what its source declared."""
+    """A counts-only shard's first record, from its copy at ``path``, checked."""
     counted: Counted = shard.index
     return scan_to_index(path, shard.url, samples=shard.samples, size=counted.size, xxh3_64=counted.xxh3_64,
                          md5=counted.md5, source=counted.source, digests=True)[0]
@@ -647,10 +562,7 @@ def scan_to_index(path: str, url: str, *, samples: Optional[int] = None, size: O
     checking what a source declared of it.
 
     Args:
-        path: the copy.
-        url: the shard, for messages.
         samples, size, xxh3_64, md5: what the source declared (None: nothing).
-        source: the source, for messages.
         digests: put each sample's xxh3_64 in (not for compressed shards).
 
     Returns:

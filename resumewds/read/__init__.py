@@ -23,8 +23,7 @@ if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
     from ._shards import ShardReader
     from ._torchreg import register_iterable_dataset
 
-# every name loads its module on first use (PEP 562): importing one module of this
-# package (or the package) loads nothing else of it
+# each name loads its module on first use (PEP 562)
 _LAZY: _typing.Dict[str, str] = {
     "RangedReads": "_ranged",
     "register_iterable_dataset": "_torchreg",

@@ -1,18 +1,8 @@
 """ShardDataset: the engine's data set, composing source, cache, plan, tar reading and stages.
 
-A :class:`ShardDataset` is a *definition*: sources, seed, shuffle settings and a
-list of stages.  It produces batches for any ``(epoch, start position,
-layout, worker)`` by computing which global positions those are
-(:mod:`resumewds.plan`), reading exactly those samples' byte ranges from
-local or cached shards (:mod:`resumewds.tar`, :mod:`resumewds.cache`,
-:mod:`resumewds.read`), and running the stages.  It never reads a sample
-it does not deliver, so resuming at position ``n`` costs the same for any ``n``.
-
-It does not import torch; the engine's loader (:mod:`resumewds.run`)
-wraps it in a DataLoader.  Its stages are :class:`~resumewds.stages.Stage`
-specs (:attr:`ShardDataset.stage_specs`, :meth:`ShardDataset.with_stages`);
-:class:`resumewds.WebDataset` is this class with webdataset's constructor,
-fluent methods and direct iteration (the wing, :mod:`resumewds.wds.webdataset`).
+It computes which global positions a step holds (:mod:`resumewds.plan`) and
+reads exactly those samples' byte ranges, so resuming at position ``n`` costs
+the same for any ``n``.  It does not import torch.
 
 Example:
     >>> from resumewds.stages import Map, Stage, ToTuple
@@ -56,9 +46,7 @@ _BUFFER_MIN_WINDOW = 8
 
 
 class _EpochSteps(StepPlan):
-    """The steps of one epoch of a data set (:func:`resumewds.read.run_steps`'s plan):
-    its plan's samples at the layout's slots; prefetch: the window of a step's first
-    position and then ``prefetch`` shards beyond it, once per window."""
+    """The steps of one epoch of a data set (:func:`resumewds.read.run_steps`'s plan)."""
 
     def __init__(self, ds: ShardDataset, ep: Any, layout: Layout, start: int, worker: int, num_workers: int):
         self.ds, self.ep, self.layout, self.start = ds, ep, layout, start
@@ -82,8 +70,7 @@ class _EpochSteps(StepPlan):
         if w == self.last_window:
             return ()
         self.last_window = w
-        # this window's shards (a shuffled window touches all of them at once) and
-        # then ``prefetch`` shards beyond it; cached ones are left out by the store
+        # this window's shards (a shuffled window touches them all at once), then ``prefetch`` more
         here = ep.window_shards(w)
         shards = self.ds.manifest.shards
         upcoming = [shards[i] for i in ep.shards_from(first, len(here) + self.ds.prefetch_depth)]
@@ -94,11 +81,9 @@ class ShardDataset:
     """A resumable, deterministic data set over tar shards: the engine's data set.
 
     A *definition*: sources, seed, shuffle settings and a list of stage specs
-    (:attr:`stage_specs`, :meth:`with_stages`, :meth:`compose`).  It produces
-    the steps of any ``(epoch, start position, layout, worker)``
-    (:meth:`iter_steps`).  :class:`resumewds.WebDataset` is this class with
-    webdataset's constructor, fluent methods and direct iteration (the wing:
-    :mod:`resumewds.wds.webdataset`, :mod:`resumewds.wds._direct`).
+    (:attr:`stage_specs`, :meth:`with_stages`, :meth:`compose`), producing the
+    steps of any ``(epoch, start position, layout, worker)`` (:meth:`iter_steps`).
+    :class:`resumewds.WebDataset` is this class with webdataset's face.
 
     Args:
         urls: a path, URL, brace pattern, ``pipe:`` command or manifest.json,
@@ -109,41 +94,25 @@ class ShardDataset:
             permuted per epoch and samples shuffled within windows of
             ``shuffle_window`` shards; ``"shards"``: shard order only.
         shuffle_window: shards per shuffle window.
-        cache_dir, cache_size, verify: passed to the shard cache
+        cache_dir, cache_size, verify, fetch: passed to the shard cache
             (:class:`resumewds.cache.ShardStore`).
-        fetch: a :class:`resumewds.fetch.FetchConfig` (timeouts, retries).
         on_error: ``"raise"`` (default) stops at a shard that cannot be
-            fetched or verified (recording it as failed); ``"skip"`` skips its
-            samples, records it as failed and reports it in stats and the
-            journal.  A skipped shard is skipped for the rest of the epoch
-            (by each process that reads it) and tried again in the next
-            epoch, whatever ``num_workers``; once it delivers samples again
-            the journal no longer calls it failed.
-        handler: a handler for shard and sample (tar) errors
-            (:mod:`resumewds.stages`): ``reraise_exception`` (default,
-            ``on_error="raise"``); a handler returning True skips the shard
-            like ``on_error="skip"``; False stops the iteration.
+            fetched or verified; ``"skip"`` skips it for the rest of the epoch
+            (tried again in the next), recorded as failed.
+        handler: a handler for shard and sample errors (:mod:`resumewds.stages`):
+            True skips like ``on_error="skip"``; False stops the iteration.
         allow_pickle: let decoders unpickle (pkl/pyd): off by default.
-        allow_remote_pipe: accept ``pipe:`` urls from a manifest fetched over
-            the network (and the local files it names).
-        allow_remote_local: let a manifest fetched over the network name local
-            files (absolute paths, ``file://``); None: ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
-        manifest_max_bytes: the largest manifest fetched over the network
-            (bytes or ``"1GiB"``); None: ``RESUMEWDS_MANIFEST_MAX_BYTES``, else 256 MiB.
-        cache_sync: how the cache makes its files durable (``"auto"``,
-            ``"fsync"`` or ``"boot"``, :class:`resumewds.cache.ShardStore`);
+        allow_remote_pipe, allow_remote_local, manifest_max_bytes: the trust given
+            to remote manifests (:func:`resumewds.sources.resolve_sources`).
+        cache_sync: ``"auto"``, ``"fsync"`` or ``"boot"`` (:class:`resumewds.cache.ShardStore`);
             None: ``RESUMEWDS_CACHE_SYNC``, else ``"auto"``.
         prefetch: how many upcoming shards to download in the background.
         partitions: node-local partitions of the order (:class:`resumewds.plan.Plan`);
             None: the number of nodes at the run's start (a resume keeps the
             run's recorded count); 1: one order over all shards.
-        ranged_reads: accepted for compatibility and ignored: remote v3 shards
-            that are not cached yet are always read sample by sample (verified
-            ranges; docs/DIGESTS.md); a warning says so when it is given.
-        resampled: draw each epoch's shards with replacement (deterministic:
-            a pure function of seed, epoch and position).
-        empty_check: raise ValueError when an epoch has no samples at all
-            (and, with a layout that checks it, when a DataLoader worker gets no shard).
+        ranged_reads: accepted for compatibility and ignored (with a warning).
+        resampled: draw each epoch's shards with replacement (deterministically).
+        empty_check: raise ValueError when an epoch (or a worker of a shard split) gets no samples.
 
     Example:
         >>> from resumewds.stages import Stage, ToTuple
@@ -230,8 +199,7 @@ class ShardDataset:
 
     @property
     def stream_from(self) -> int:
-        """The index in :attr:`stage_specs` of the first stage not run where each sample is read:
-        the stages before it are per-sample stages and ``shuffle`` specs (compiled into the plan).
+        """The index in :attr:`stage_specs` of the first stage not run where each sample is read.
 
         Example:
             >>> from resumewds.stages import Map, Stage
@@ -244,9 +212,8 @@ class ShardDataset:
 
     @property
     def loader_from(self) -> int:
-        """The index in :attr:`stage_specs` of the first stage the engine's loader does not run:
-        before it, the per-sample prefix, one ``batched`` spec and the per-batch ``sample``
-        specs after it (:attr:`batch_stages`); from it on, stream stages (``unbatched``, ``slice``...).
+        """The index in :attr:`stage_specs` of the first stage the engine's loader does not run
+        (after the per-sample prefix, one ``batched`` spec and its :attr:`batch_stages`).
 
         Example:
             >>> from resumewds.stages import Stage
@@ -258,12 +225,8 @@ class ShardDataset:
         return self._loader_from
 
     def with_stages(self, specs: Sequence[Stage]) -> ShardDataset:
-        """A copy whose stages are ``specs`` (the same data, manifest and settings, no iteration in
-        progress; this data set is unchanged): how code built on the engine restructures a data
-        set's stages (a loader that runs part of them itself).
-
-        Args:
-            specs: :class:`~resumewds.stages.Stage` specs, e.g. a slice of :attr:`stage_specs`.
+        """A copy whose stages are ``specs`` (e.g. a slice of :attr:`stage_specs`; the same
+        data, manifest and settings, no iteration in progress).
 
         Raises:
             TypeError: an item of ``specs`` is not a ``Stage``.
@@ -301,8 +264,7 @@ class ShardDataset:
         return self.with_stages(self.stage_specs + tuple(specs))
 
     def _set_stages(self, specs: Sequence[Stage]) -> None:
-        """Use ``specs`` as this data set's stages, in place (:meth:`with_stages` on its copy; a
-        subclass that builds its own stages, a ``DataPipeline`` compiling itself)."""
+        """Use ``specs`` as this data set's stages, in place (:meth:`with_stages` on its copy)."""
         specs = list(specs)
         bad = next((st for st in specs if not isinstance(st, Stage)), None)
         if bad is not None:
@@ -312,9 +274,8 @@ class ShardDataset:
         self._compile()
 
     def _compile(self) -> None:
-        """Split the stages: the per-sample prefix (run where the sample is read), the
-        ``.shuffle(n)`` compiled into the plan, one ``.batched`` and the maps after it
-        (what WebLoader runs), and the stream stages after that."""
+        """Split the stages: the per-sample prefix and ``.shuffle(n)`` (into the plan), one
+        ``.batched`` and the maps after it (what WebLoader runs), the stream stages."""
         p = self._spec
         i, stages, buffer = 0, [], 0
         while i < len(p) and p[i].kind in ("sample", "shuffle"):
@@ -345,8 +306,7 @@ class ShardDataset:
         self._plan = None
 
     def _derived(self) -> ShardDataset:
-        """A copy with its own list of stages and no iteration in progress (the same data,
-        manifest and settings)."""
+        """A copy with its own list of stages and no iteration in progress."""
         ds = copy.copy(self)
         ds._spec = list(self._spec)
         ds._events = []
@@ -373,9 +333,8 @@ class ShardDataset:
     # ---- state shared with the loader ----------------------------------
     @property
     def manifest(self) -> Manifest:
-        """The resolved, indexed manifest (resolved and indexed on first use, in the
-        calling thread: a loader does it before its workers start, so that they
-        inherit it)."""
+        """The resolved, indexed manifest (on first use, in the calling thread: a loader
+        does it before its workers start, so that they inherit it)."""
         if self._manifest is None:
             m, skipped = self._resolve()
             if skipped is not None:
@@ -384,8 +343,7 @@ class ShardDataset:
         return self._manifest
 
     def _resolve(self) -> Tuple[Manifest, Optional[Dict[str, str]]]:
-        """The sources resolved and indexed (a manifest.json beside named shards first:
-        :mod:`resumewds.sources`); the shards skipped under a ``handler``."""
+        """The sources resolved and indexed; the shards skipped under a ``handler``."""
         trust: Dict[str, Any] = {"allow_remote_pipe": self.allow_remote_pipe,
                                  "allow_remote_local": self.allow_remote_local,
                                  "manifest_max_bytes": self.manifest_max_bytes}
@@ -449,9 +407,8 @@ class ShardDataset:
         return self._store
 
     def cache_dirs(self) -> List[str]:
-        """The directory of this data set's shard cache (its store's, from ``cache_dir=``, else
-        ``RESUMEWDS_CACHE_DIR``...): ranks on one host that share it are one node
-        (:func:`resumewds.plan._world.node_key`).
+        """The directory of this data set's shard cache: ranks on one host that share it are
+        one node (:func:`resumewds.plan._world.node_key`).
 
         Example:
             >>> ShardDataset(["a.tar"], cache_dir="/tmp/c").cache_dirs()
@@ -461,8 +418,7 @@ class ShardDataset:
 
     def steps_of(self, layout: Union[Layout, EpochLayout], epoch: int) -> Any:
         """``layout``'s steps of epoch ``epoch``: an :class:`~resumewds.plan.EpochLayout`
-        bound to the epoch's plan (its ``bind`` may raise, e.g. a worker of webdataset's shard
-        split without a shard); any other layout as it is.
+        bound to the epoch's plan; any other layout as it is.
 
         Example:
             >>> ds = ShardDataset("data/shard-{000000..000003}.tar")
@@ -510,16 +466,8 @@ class ShardDataset:
     # ---- reading (resumewds.read) ---------------------------------------------
     @property
     def reader(self) -> _ShardReader:
-        """This process's reading state and read path (made on first use; pickling drops it).
-
-        Sized to the shards a step can touch: a shuffled window reads its shards at
-        once (one window per partition of this rank's node); in order, two are
-        enough (fewer pins: the ``cache_size`` budget holds better).
-
-        Example:
-            >>> ds.reader.read(0, 5)["__key__"]        # doctest: +SKIP
-            'sample000005'
-        """
+        """This process's reading state and read path (made on first use; pickling drops it),
+        sized to the shards a step can touch (a window per partition when shuffled)."""
         if self._reader is None:
             parts = min(self.plan_partitions, 8)
             windowed = str(self.plan.algo).endswith("window")
@@ -536,32 +484,16 @@ class ShardDataset:
         """Yield ``(step, batch, meta)`` for this worker's steps of an epoch.
 
         Args:
-            epoch: the epoch.
             start: global position to start from.
-            layout: batch size, world size, rank, remainder policy (a
-                :class:`~resumewds.plan.Layout`); or an
-                :class:`~resumewds.plan.EpochLayout`, bound or not (webdataset's
-                shard split: its steps are webdataset's workers' batches).
+            layout: a :class:`~resumewds.plan.Layout`, or an
+                :class:`~resumewds.plan.EpochLayout`, bound or not.
             worker, num_workers: this DataLoader worker's share (round-robin
                 over steps).
-            collate: collate samples with the batch's collate function; if
-                False the batch is the list of samples.
+            collate: collate samples; if False the batch is the list of samples.
             collate_fn: the collate function (default: the one of
                 ``batched()``, else torch-free ``default_collate``).
-            each: with ``collate=False``: each delivered sample as soon as it
-                is read, ``(step, [sample], None)``, then ``(step, [], meta)``
-                (:func:`resumewds.read.run_steps`).
-
-        ``meta`` has: ``worker``, ``step``, ``samples`` (delivered),
-        ``pads``, ``skipped``, ``filtered``, ``bytes``, ``shards`` (samples
-        per shard index), ``positions``, ``slot_index`` and ``pad_flags``
-        (per delivered sample: its epoch position, its index in the step's
-        slots, whether it is padding), ``sample_shards`` (without
-        ``collate``: each delivered sample's shard index, None for padding),
-        ``batch_dropped`` (a batch stage
-        returned None), ``t_read``, ``t_stages`` and ``t_fetch_wait``
-        (seconds), ``events``.  The steps are read by the one step engine
-        (:func:`resumewds.read.run_steps`), this data set its one source.
+            each: with ``collate=False``: each sample as soon as it is read
+                (:func:`resumewds.read.run_steps`, which also lists ``meta``).
         """
         ep = self.plan.epoch(epoch)
         if hasattr(layout, "bind"):  # an EpochLayout (resumewds.plan): its steps of this epoch

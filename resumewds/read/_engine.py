@@ -1,37 +1,12 @@
 """The step engine: one loop that reads, tags, stages and collates the steps of any data set.
 
-:meth:`resumewds.read.ShardDataset.iter_steps` (one data set) and
-:meth:`resumewds.mixing.MixedDataset.iter_steps` (several, mixed) both
-run :func:`run_steps`; a single data set is a mixture of one source.  What
-differs between them is only *which* samples a step holds, which a
-:class:`StepPlan` says: per step, each slot's ``(position, pad)``, its
-``(shard, sample)`` in its source and its source, and the shards to fetch
-in the background.  Everything else happens here, the same way for both,
-in three parts:
-
-* :class:`Scheduler` -- what starts ahead of the reads: the background
-  downloads the plan asks for (a shuffled pass's first step defers them
-  until its first sample is out), the kernel's read-ahead of the first
-  step's local byte ranges, the verified ranged reads of each step's
-  samples not cached yet (:func:`resumewds.read._ranged.prepare`) and, when
-  steps are small, of the next steps' (:data:`READ_AHEAD` samples);
-* the reads, through each source's reader
-  (:meth:`resumewds.read._shards.ShardReader.read`, the one read path;
-  consecutive samples of one shard with one ``pread``,
-  :meth:`~resumewds.read._shards.ShardReader.read_run`, when the source reads
-  its shards front to back); a handler's stop ends the step for every
-  source, and it is the last one;
-* :class:`StepBuilder` -- the assembly of a step: the tags
-  (``__epoch__``, ``__index__``, ``__shard__``, ``__source__`` for mixtures,
-  ``__pad__`` when the step has padding), the per-sample stages, the
-  collation and batch stages (a batch stage's None drops the batch, its
-  samples counted as filtered), the step's ``meta`` (counts, timings,
-  events, failed shards; a sample a stage's handler skipped counts as
-  skipped, not filtered).
-
-A stage whose handler says stop raises :class:`~resumewds.errors.HandlerStop`
-out of the engine; direct iteration ends there
-(:func:`resumewds.stages.until_stop`), a WebLoader ends the epoch.
+``ShardDataset.iter_steps`` and ``MixedDataset.iter_steps`` both run
+:func:`run_steps` (a single data set is a mixture of one source); a
+:class:`StepPlan` says only *which* samples a step holds.  Here: the
+:class:`Scheduler` (downloads, read-ahead and ranged reads started ahead of
+the reads), the reads through each source's reader, and the
+:class:`StepBuilder` (tags, stages, collation, the step's ``meta``).  A
+handler's stop ends the step for every source, and it is the last one.
 
 Example:
     >>> src = Source(ds, ds.stages, stream=True)                          # doctest: +SKIP
@@ -65,11 +40,9 @@ class Source:
     """One data set the engine reads from, and what it does with its samples.
 
     Args:
-        ds: the data set (:class:`~resumewds.read.ShardDataset`: its
-            manifest, store and :attr:`~resumewds.read.ShardDataset.reader`).
+        ds: the data set (its manifest, store and reader).
         stages: the per-sample stages its samples go through.
-        stream: its order reads each shard front to back (not a shuffled
-            window): consecutive samples are read as runs.
+        stream: its order reads each shard front to back: consecutive samples are read as runs.
         name: the ``__source__`` tag of its samples (mixtures), or None.
     """
 
@@ -115,19 +88,11 @@ class Scheduler:
     """What a pass of steps starts ahead of its reads.
 
     Before each step (:meth:`before`): the background downloads the plan asks
-    for (in order, the download is the read: it starts first; a shuffled
-    pass's first step keeps them until its first sample is out,
-    :meth:`first_out`, as they would compete with that step's reads), the
-    kernel's read-ahead of the first step's local byte ranges, and the
-    verified ranged reads of the step's samples not cached yet.  Small steps
-    (a DataLoader worker's share of one sample at a time) of one source in a
-    shuffled order also start the ranged reads of the next steps, up to
-    :data:`READ_AHEAD` samples together, not one request per step.
-
-    Args:
-        sources: the sources read.
-        plan: the pass's steps.
-        order: the pass's steps, in order (``plan.steps()``).
+    for (a shuffled pass's first step defers them until its first sample is
+    out, :meth:`first_out`: they would compete with its reads), the kernel's
+    read-ahead of the first step, and the ranged reads of the step's samples
+    not cached yet; small shuffled steps of one source also those of the next
+    steps, up to :data:`READ_AHEAD` samples together.
     """
 
     def __init__(self, sources: Sequence[Source], plan: StepPlan, order: Iterable[int]):
@@ -175,21 +140,15 @@ class Scheduler:
 
 
 class StepBuilder:
-    """The assembly of one step: its samples tagged and staged, its batch and its ``meta``.
-
-    Args:
-        k, worker, epoch: the step, the worker (``meta["worker"]``), the ``__epoch__`` tag.
-        slots: the step's ``(position, pad)`` per slot.
-        names: the ``__source__`` tag per source (mixtures), or None.
-    """
+    """The assembly of one step: its samples tagged and staged, its batch and its ``meta``
+    (``slots``: each slot's ``(position, pad)``; ``names``: each source's ``__source__`` tag)."""
 
     def __init__(self, k: int, worker: int, epoch: int, slots: List[Tuple[int, bool]],
                  names: Optional[List[Optional[str]]]):
         self.slots = slots
         self.epoch = epoch
         self.names = names
-        # with padding in a step, every sample carries __pad__ (True/False), so that
-        # collation keeps the flag for the whole batch
+        # with padding in a step, every sample carries __pad__, so collation keeps the flag
         self.any_pad = any(p for _, p in slots)
         self.meta: Dict[str, Any] = {"worker": worker, "step": k, "samples": 0, "pads": 0,
                                      "skipped": 0, "filtered": 0, "bytes": 0, "shards": {},
@@ -201,9 +160,8 @@ class StepBuilder:
 
     def add(self, i: int, sample: Dict[str, Any], shard: int, shard_name: str, source: int,
             stages: Sequence[Callable[[Any], Any]], on_event: Optional[OnEvent] = None) -> Any:
-        """Slot ``i``'s sample, read from global shard ``shard`` of ``source``: tagged,
-        through the source's stages (a stage's handler's skip: an event of ``on_event``,
-        the source's); what the step delivers, or None (filtered or skipped)."""
+        """Slot ``i``'s sample, read from global shard ``shard`` of ``source``, tagged and
+        staged: what the step delivers, or None (filtered or skipped)."""
         meta = self.meta
         # members only: __key__ and __url__ are the only dunder keys so far
         meta["bytes"] += sum(map(len, sample.values())) - len(sample["__key__"]) - len(sample["__url__"])
@@ -236,10 +194,9 @@ class StepBuilder:
     def batch(self, collate_fn: Optional[Callable[[List[Any]], Any]],
               batch_stages: Sequence[Callable[[Any], Any]], gwhere: Sequence[Tuple[int, int]],
               on_event: Optional[OnEvent] = None) -> Any:
-        """The step's batch: its samples collated (``collate_fn`` None: the list itself,
-        no batch stages), then the batch stages; a batch stage's None drops the
-        batch: ``[]``, its samples counted as filtered, ``meta["batch_dropped"]``.
-        ``gwhere[i]``: slot ``i``'s global ``(shard, sample)`` (``meta["sample_shards"]``)."""
+        """The step's batch: its samples collated (``collate_fn`` None: the list itself),
+        then the batch stages; a batch stage's None drops the batch (``[]``, its samples
+        counted as filtered).  ``gwhere[i]``: slot ``i``'s global ``(shard, sample)``."""
         meta, out, slots = self.meta, self.out, self.slots
         index = meta["slot_index"]
         if index:
@@ -264,10 +221,8 @@ class StepBuilder:
 
     def finish(self, events: List[Dict[str, Any]], stopped: bool, t_read: float, t_wait: float,
                failed: Dict[str, str]) -> Dict[str, Any]:
-        """The step's ``meta``: its events (a sample a stage's handler skipped counted
-        as skipped, like ``on_error="skip"``, not filtered), timings, failed shards,
-        ``stopped`` (a handler said stop: the samples before it are delivered, then
-        no more steps)."""
+        """The step's ``meta``: its events (a sample a stage's handler skipped counted as
+        skipped, not filtered), timings, failed shards, ``stopped`` (a handler's stop)."""
         meta = self.meta
         meta["t_read"] = t_read
         meta["t_stages"] = self.t_stages
@@ -288,8 +243,7 @@ class StepBuilder:
 def _samples(sources: Sequence[Source], readers: List[Any], shards: Sequence[ShardInfo],
              gwhere: List[Tuple[int, int]], step: Slots) -> Iterator[Tuple[int, Optional[Dict[str, Any]]]]:
     """Slot by slot, ``(i, sample or None)`` of one step, read through each source's
-    reader; consecutive samples of one shard of a streaming source with one ``pread``.
-    After a handler's stop (any source's reader), the step's later slots give None."""
+    reader (runs of a streaming source with one ``pread``); None after a handler's stop."""
     _, where, srcs = step
     n = len(where)
     ahead: List[Optional[Dict[str, Any]]] = []
@@ -303,8 +257,7 @@ def _samples(sources: Sequence[Source], readers: List[Any], shards: Sequence[Sha
         elif stopping:  # a handler's stop ends the step for every source
             sample = None
         elif sources[cur].stream and i + 1 < n and gwhere[i + 1] == (gwhere[i][0], j + 1):
-            # consecutive samples of one shard (the rule unshuffled) are read with one
-            # pread: fewer syscalls, and fewer GIL hand-offs to the prefetch threads
+            # one pread: fewer syscalls, and fewer GIL hand-offs to the prefetch threads
             run = run_length(shards, gwhere, i, r.run_bytes)
             # (fewer than ``run`` when a sample fails its digest: the next slot reads it alone)
             ahead = r.read_run(si, j, run) if run > 1 else [r.read(si, j)]
@@ -325,18 +278,13 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
     """Yield ``(step, batch, meta)`` for the plan's steps of ``epoch``.
 
     Args:
-        sources: the data sets read (one: a single data set).
-        plan: the steps and their slots.
         epoch, worker: the ``__epoch__`` tag; ``meta["worker"]``.
         collate_fn: the collation (then the ``batch_stages``); None: the batch
             is the list of samples.
         take_events: the events of the step (drained at its end).
         mixture: ``meta["sources"]`` (samples per source) and ``__source__`` tags.
         each: without collation only: each delivered sample as soon as it is read,
-            ``(step, [sample], None)``, then the step's ``(step, [], meta)`` (the same
-            samples, in the same order).  The first sample of a pass is then not held
-            back by the reads of the rest of its step: the first step's ranged reads
-            fetch the first sample's range first, then the others.
+            ``(step, [sample], None)``, then the step's ``(step, [], meta)``.
 
     ``meta`` has ``worker``, ``step``, ``samples``, ``pads``, ``skipped``,
     ``filtered``, ``bytes``, ``shards`` (samples per global shard index: a

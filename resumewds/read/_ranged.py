@@ -1,28 +1,12 @@
 """Verified ranged reads: samples of remote shards before the shard is cached.
 
-:func:`prepare` is called once per step before its samples are read: the
-samples of remote shards that are not verified cache entries yet (manifest
-v3: per-sample digests) come from the shard's sparse partial
-(:mod:`resumewds.cache`) when they are there, are waited for while a
-download (or another read) of this process, or another process's download,
-is fetching them, and are fetched by range otherwise
-(:func:`resumewds.fetch.fetch_range`, neighbours coalesced, several
-connections at once); each is checked against its digest as it arrives,
-kept in the sparse partial (the download never asks for it again) and in
-:class:`RangedReads` until the reader's :meth:`~resumewds.read._shards.ShardReader.read`
-takes it.  A range that cannot be read (the server ignores ``Range``, or
-keeps failing) sends the shard to the whole-shard path.  :func:`finish`
-checks, at the end of a pass, every shard read this way whole (its size,
-checksum and end, through the cache), so that a shard is never done without
-that check.  docs/DIGESTS.md has the rules and the figures.
-
-The ranged reads are the data set's reader's (:class:`~resumewds.read._shards.ShardReader`,
-``reader.ranged``), made on first use when the reader may read by range.
-
-Example:
-    >>> prepare(reader, [(0, 5), (3, 17)])                   # doctest: +SKIP
-    >>> reader.read(3, 17)["__key__"]                         # doctest: +SKIP
-    'sample000017'
+:func:`prepare` (once per step) takes the samples of remote shards with
+per-sample digests that are not cached yet from the shard's sparse partial,
+waits for those a download is fetching, and fetches the rest by range; each
+is checked against its digest as it arrives and kept until the reader takes
+it.  A range the server will not serve sends the shard to the whole-shard
+path; :func:`finish` checks every shard read this way whole at the end of a
+pass.  docs/DIGESTS.md has the rules and the figures.
 """
 
 from __future__ import annotations
@@ -57,45 +41,31 @@ __all__ = ["RangedReads", "finish", "prepare"]
 
 log = logging.getLogger("resumewds")
 
-
-# ---- verified ranged reads ----
-
 #: neighbouring samples closer than this are fetched with one Range request
 RANGE_GAP = 64 * 1024
 #: one Range request fetches at most this many bytes (unless one sample is bigger)
 RANGE_MAX = 8 << 20
 #: Range requests of one step run on this many connections at once
 RANGE_THREADS = 4
-#: most bytes of verified samples read ahead and kept until asked for (per process)
-READY_MAX = 64 << 20
 #: a sample a download is fetching now is waited for; the wait gives up (and fetches it by
 #: range) when nothing has arrived for this long (seconds)
 WAIT_STALL = 1.0
 
 
 class RangedReads:
-    """One process's verified reads of shards that are not in the cache yet.
+    """One process's verified reads of shards that are not in the cache yet
+    (``reader.ranged``, made on first use).
 
-    For the samples of a step whose shard is remote (http(s), s3), has sample
-    digests and offsets (manifest v3) and is not yet a verified cache entry,
-    :func:`prepare` takes the samples the shard's sparse partial holds, and
-    starts fetching by range those that no download is fetching now; a read
-    (:func:`read`) then waits for its own sample only: its range, or the
-    download that is fetching it.  Every byte is checked against its sample's
-    digest before it is kept or delivered.
-
-    Counters (per process): ``range_requests``, ``range_bytes``,
-    ``range_samples`` / ``partial_samples`` (delivered from a range / from the
-    sparse partial), ``waits`` (samples waited for while a download fetched
-    them), ``range_kept`` (bytes of ranges written into sparse partials: not
-    downloaded again).
+    Counters: ``range_requests``, ``range_bytes``, ``range_samples`` /
+    ``partial_samples`` (delivered from a range / from the sparse partial),
+    ``waits`` (samples waited for while a download fetched them), ``range_kept``
+    (bytes of ranges written into sparse partials).
     """
 
     def __init__(self, store: Any):
         self.store = store
-        # (shard, sample) -> (sample dict, bytes, "range" | "partial"), oldest first
-        self.ready: OrderedDict[Tuple[int, int], Tuple[Dict[str, Any], int, str]] = OrderedDict()
-        self.ready_bytes = 0
+        # (shard, sample) -> (sample dict, "range" | "partial"), oldest first
+        self.ready: OrderedDict[Tuple[int, int], Tuple[Dict[str, Any], str]] = OrderedDict()
         self.pending: Dict[Tuple[int, int], Any] = {}  # (shard, sample) -> the future fetching it
         self.off: set = set()  # shards read whole (not ranged, or their ranges failed)
         self.eligible: Dict[int, bool] = {}
@@ -109,32 +79,60 @@ class RangedReads:
         self._pid = os.getpid()
         self.lock = threading.Lock()
 
-    def put(self, key: Tuple[int, int], sample: Dict[str, Any], nbytes: int, source: str) -> None:
+    def put(self, key: Tuple[int, int], sample: Dict[str, Any], source: str) -> None:
         if key in self.ready:
             return
-        self.ready[key] = (sample, nbytes, source)
-        self.ready_bytes += nbytes
+        self.ready[key] = (sample, source)
 
     def take(self, key: Tuple[int, int]) -> Optional[Dict[str, Any]]:
         hit = self.ready.pop(key, None)
         if hit is None:
             return None
-        self.ready_bytes -= hit[1]
-        self.counters[hit[2] + "_samples"] += 1
+        self.counters[hit[1] + "_samples"] += 1
         return hit[0]
 
     def forget(self, si: int) -> None:
         """Drop what is ready or pending of shard ``si`` (it is read whole now, or failed)."""
         for key in [k for k in self.ready if k[0] == si]:
-            self.ready_bytes -= self.ready.pop(key)[1]
+            del self.ready[key]
         for key in [k for k in self.pending if k[0] == si]:
             del self.pending[key]
 
     def sample(self, reader: ShardReader, si: int, j: int) -> Any:
-        """Sample ``j`` of shard ``si`` read by range: ready, awaited, or fetched now;
-        :data:`~resumewds.read._shards.WHOLE` when the shard is read the whole-shard
-        way (None: skipped)."""
-        return _ranged_sample(reader, self, si, j)
+        """Sample ``j`` of shard ``si`` read by range (None: skipped), or
+        :data:`~resumewds.read._shards.WHOLE`: read the shard the whole-shard way."""
+        hit = self.take((si, j))
+        if hit is not None:
+            return hit
+        shard = reader.shards[si]
+        if si in self.off or not self.can_range(si, shard) or self.cached(shard):
+            return WHOLE
+        t0 = time.perf_counter()
+        try:
+            fut = self.pending.get((si, j))
+            if fut is None:  # not prepared (a read on its own), or a download fetches it now
+                _start(self, si, shard, [j])
+                hit = self.take((si, j))
+                if hit is not None:
+                    return hit
+                fut = self.pending.get((si, j))
+            if fut is None:
+                left = _wait(self, si, shard, [j])
+                if left:
+                    _start(self, si, shard, left)  # the download went elsewhere, or stalled: by range
+                    fut = self.pending.get((si, j))
+            if fut is not None:
+                try:
+                    got = fut.result()
+                except ResumeWDSError as err:
+                    return _failed(reader, self, si, shard, err)
+                for k in got:
+                    self.pending.pop((si, k), None)
+                _deliver(self, si, shard, got, "range")
+            hit = self.take((si, j))
+            return hit if hit is not None else WHOLE  # (bytes that are not a sample: the whole path says why)
+        finally:
+            reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
 
     def by_range(self, reader: ShardReader, si: int, j: int, count: int) -> bool:
         """Whether samples ``j .. j+count-1`` of shard ``si`` (not open) are read by
@@ -183,8 +181,7 @@ class RangedReads:
             self.store.budget_done(url, b, False, True)
 
     def new_pass(self) -> None:
-        """A pass of steps starts: its reads of every shard start afresh (budgets,
-        the shards sent to the whole-shard path)."""
+        """A pass of steps starts: budgets and shards sent to the whole-shard path reset."""
         for url in list(self.budgets):
             self.end_budget(url)
         self.off.clear()
@@ -202,7 +199,6 @@ class RangedReads:
         self._tl = threading.local()
         self.pending.clear()
         self.ready.clear()
-        self.ready_bytes = 0
 
 
 def _ranged(reader: ShardReader) -> Optional[RangedReads]:
@@ -215,10 +211,9 @@ def _ranged(reader: ShardReader) -> Optional[RangedReads]:
 
 
 def _groups(shard: ShardInfo, js: List[int], e: sparse.Entry, alone: Optional[int] = None) -> List[Tuple[int, int]]:
-    """The samples ``js`` coalesced into ``(first, last)`` runs of samples fetched with one
-    request each: neighbours closer than :data:`RANGE_GAP`, at most :data:`RANGE_MAX` bytes,
-    never across bytes present or in flight (they would be fetched twice); ``alone`` (a
-    step's first sample) first, in a request of its own, so that it waits for no other."""
+    """The samples ``js`` coalesced into ``(first, last)`` runs fetched with one request
+    each (gaps up to :data:`RANGE_GAP`, at most :data:`RANGE_MAX` bytes, never across bytes
+    present or in flight); ``alone`` (a step's first sample) first, in a request of its own."""
     off = shard.offsets
     assert off is not None
     busy = e.busy()
@@ -246,27 +241,9 @@ def _groups(shard: ShardInfo, js: List[int], e: sparse.Entry, alone: Optional[in
 
 
 def prepare(reader: ShardReader, where: Sequence[Tuple[int, int]]) -> None:
-    """Start making the samples ``where`` of shards not cached yet ready, verified.
-
-    Called once per step, before its samples are read (and for the samples
-    of the next steps, read ahead): for each shard of the step that is
-    remote, has sample digests and is not a verified cache entry, the
-    samples its sparse partial holds are read (each checked against its
-    digest), and those that no download is fetching now are fetched by range
-    (in parallel over :data:`RANGE_THREADS` connections, in the order given:
-    a step's first sample first); :func:`read` waits for its own sample only.
-    The cached shards are left to the whole-shard path.  Every request draws
-    from the shard's one fetch budget (shared with its download).
-
-    Args:
-        reader: the data set's reader (:class:`~resumewds.read._shards.ShardReader`).
-        where: the step's ``(shard index, sample index)`` pairs.
-
-    Example:
-        >>> prepare(reader, [(0, 5), (3, 17)])          # doctest: +SKIP
-        >>> reader.read(3, 17)["__key__"]               # verified, from a range   # doctest: +SKIP
-        'sample000017'
-    """
+    """Start making the samples ``where`` (``(shard, sample)`` pairs) of shards not cached yet
+    ready, verified: once per step before its samples are read (and for read-ahead), over
+    :data:`RANGE_THREADS` connections, a step's first sample first."""
     rr = _ranged(reader)
     if rr is None:
         return
@@ -316,50 +293,9 @@ def _start(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], alone: Opt
     _deliver(rr, si, shard, present, "partial")
 
 
-def _ranged_sample(reader: ShardReader, rr: RangedReads, si: int, j: int) -> Any:
-    """Sample ``j`` of shard ``si`` read by range: ready, awaited, or fetched now;
-    :data:`WHOLE` when the shard is read the whole-shard way (None: skipped)."""
-    hit = rr.take((si, j))
-    if hit is not None:
-        return hit
-    shard = reader.shards[si]
-    if si in rr.off or not rr.can_range(si, shard) or rr.cached(shard):
-        return WHOLE
-    t0 = time.perf_counter()
-    try:
-        fut = rr.pending.get((si, j))
-        if fut is None:  # not prepared (a read on its own), or a download fetches it now
-            _start(rr, si, shard, [j])
-            hit = rr.take((si, j))
-            if hit is not None:
-                return hit
-            fut = rr.pending.get((si, j))
-        if fut is None:
-            left = _wait(rr, si, shard, [j])
-            if left:
-                _start(rr, si, shard, left)  # the download went elsewhere, or stalled: by range
-                fut = rr.pending.get((si, j))
-        if fut is not None:
-            try:
-                got = fut.result()
-            except ResumeWDSError as err:
-                return _failed(reader, rr, si, shard, err)
-            for k in got:
-                rr.pending.pop((si, k), None)
-            _deliver(rr, si, shard, got, "range")
-        hit = rr.take((si, j))
-        return hit if hit is not None else WHOLE  # (bytes that are not a sample: the whole path says why)
-    finally:
-        reader.wait += time.perf_counter() - t0  # waiting for bytes, as in store.acquire (t_fetch_wait)
-
-
 def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err: BaseException) -> Any:
-    """A ranged read of shard ``si`` failed: a permanent error follows ``on_error``;
-    a range the server does not serve, or that keeps arriving corrupt or cut short,
-    sends the shard to the whole-shard path (a whole GET, with attempts of its own,
-    resumed where a cut left it, and the cache's checks); any other failure (the
-    budget spent on a server that does not answer, or stalls) is the shard's, as
-    the whole-shard path would meet it too."""
+    """A ranged read of shard ``si`` failed: a range not served, corrupt or cut short sends
+    the shard to the whole-shard path; any other failure follows ``on_error``."""
     rr.forget(si)
     cut = isinstance(err, TransientFetchError) and err.status == 206  # bodies cut short: it answers
     if isinstance(err, PermanentFetchError) or not (isinstance(err, (RangeIgnored, CorruptSample)) or cut):
@@ -382,13 +318,12 @@ def _deliver(rr: RangedReads, si: int, shard: ShardInfo, got: Dict[int, Any], so
         except ShardFormatError:
             continue  # a sample the manifest's digest vouches for, yet not a tar sample: read() reports it
         sample["__url__"] = shard.url
-        rr.put((si, j), sample, len(data), source)
+        rr.put((si, j), sample, source)
 
 
 def _wait(rr: RangedReads, si: int, shard: ShardInfo, js: List[int]) -> List[int]:
-    """Wait while a download fetches the samples ``js`` (giving up on one that is no
-    longer in flight, or after :data:`WAIT_STALL` seconds without progress); deliver
-    those that arrived, return the others (to fetch by range)."""
+    """Wait while a download fetches the samples ``js`` (at most :data:`WAIT_STALL` seconds
+    without progress); deliver those that arrived, return the others."""
     off = shard.offsets
     assert off is not None
     e = sparse.entry(rr.store, shard)
@@ -446,14 +381,7 @@ def _fetch_group(rr: RangedReads, shard: ShardInfo, e: sparse.Entry, first: int,
 
 def finish(reader: ShardReader) -> None:
     """The end of a pass: every shard this process read by range is checked whole
-    through the cache (its download finished, its size, xxh3_64 and end of archive
-    checked, then published), so that no shard is done without that check; a check
-    that fails follows ``on_error`` (raised, or recorded as a failed shard), naming
-    the shard and the manifest its index came from.
-
-    Example:
-        >>> finish(reader)        # doctest: +SKIP
-    """
+    through the cache (size, xxh3_64, end of archive); a failure follows ``on_error``."""
     rr = reader.ranged
     if rr is None or not rr.touched:
         return
@@ -475,9 +403,8 @@ def finish(reader: ShardReader) -> None:
 
 
 def _check_end_by_range(rr: RangedReads, shard: ShardInfo, why: BaseException) -> None:
-    """The check of a shard the cache cannot hold (every sample delivered was checked
-    against its digest): the 512 bytes after its last sample must be the end of the
-    archive; its whole-file checksum is not checked (said once, as a warning)."""
+    """The check of a shard the cache cannot hold: the 512 bytes after its last sample
+    must be the end of the archive (its whole-file checksum is not checked: a warning)."""
     assert shard.offsets is not None and shard.size is not None
     end = int(shard.offsets[-1])
     block = F.fetch_range(shard.url, end, min(int(shard.size), end + 512), config=rr.store.fetch,

@@ -1,27 +1,10 @@
 """A data set's open shards, and the one path that reads their samples.
 
-* :class:`ShardReader` -- a data set's reading state in one process: its open
-  shards (the pinned cache leases of :meth:`resumewds.cache.ShardStore.acquire`
-  and their file descriptors, least recently used closed first; ``wait`` sums
-  the seconds blocked in ``acquire``, the ``t_fetch_wait`` stat), the shards
-  that failed in this pass of steps (``failed``, reset by ``start``), a
-  handler's stop (``stopping``), the ``on_error`` / webdataset ``handler``
-  policy for a shard that cannot be fetched, verified or parsed (``fail``:
-  raise, recording a ``fail`` event; skip it for the rest of the pass, a
-  ``skip`` event; or stop), the event sink (``on_event``), the ranged reads
-  (``ranged``, :mod:`resumewds.read`) and the kernel's read-ahead of a
-  step's local byte ranges (``hint_pages``).  Its :meth:`~ShardReader.read`
-  and :meth:`~ShardReader.read_run` are the one way a sample is read: a
-  local shard's whole-file xxh3_64 is checked before any of its samples is
-  read (``acquire``), so a shard that mismatches is skipped whole under
-  ``on_error="skip"``, the same in every run and resume; a local shard with
-  per-sample digests is read sample by sample, each checked.
-* :func:`run_length` -- how many of a step's next samples are consecutive
-  samples of one shard (at most :data:`RUN_BYTES`: one ``pread``).
-
-The data set makes its reader on first use
-(:attr:`resumewds.read.ShardDataset.reader`); pickling a data set for
-DataLoader workers drops it, so each process has its own.
+A local shard's whole-file xxh3_64 is checked before any of its samples is
+read, so a shard that mismatches is skipped whole under ``on_error="skip"``,
+the same in every run and resume; a local shard with per-sample digests is
+read sample by sample, each checked.  :func:`run_length`: how many of a
+step's next samples one ``pread`` reads.
 
 Example:
     >>> run_length([], [(0, 1)], 0)
@@ -70,24 +53,16 @@ DIGEST_STAGE = "digest"
 class ShardReader:
     """A data set's reading state in one process, and its one read path.
 
-    Its open shards (pinned cache leases and file descriptors, LRU), the shards
-    that failed in this pass of steps, a handler's stop, its ``on_error`` /
-    ``handler`` policy, where its events go, its ranged reads
-    (:class:`resumewds.read._ranged.RangedReads`); :meth:`read` and :meth:`read_run`
-    read samples through all of them.
-
-    The data set keeps one (created on first use: :attr:`resumewds.read.ShardDataset.reader`) and asks it;
-    pickling a data set for DataLoader workers drops it, so each process has its own.
+    Its open shards (pinned cache leases and fds, LRU), the shards that failed
+    in this pass of steps, a handler's stop, its ``on_error`` / ``handler``
+    policy, its event sink and its ranged reads.  The data set makes one per
+    process (:attr:`resumewds.read.ShardDataset.reader`; pickling drops it).
 
     Args:
-        store: the shard cache (:class:`resumewds.cache.ShardStore`).
         limit: most shards kept open.
-        shards: the data set's shards (its manifest's), by index.
-        on_error: ``"raise"`` or ``"skip"`` (:class:`resumewds.read.ShardDataset`).
         handler: webdataset's handler for a shard's error (None: ``on_error`` alone).
         on_event: the event sink, ``on_event(kind, url, **detail)``.
-        ranged: samples of remote shards not cached yet may be read by verified
-            ranges (:func:`resumewds.read._ranged.prepare`).
+        ranged: samples of remote shards not cached yet may be read by verified ranges.
         run_bytes: most bytes one ``pread`` of consecutive samples reads (:meth:`read_run`).
 
     Example:
@@ -126,29 +101,19 @@ class ShardReader:
         self._misses: Dict[int, int] = {}
 
     def start(self) -> None:
-        """A pass of steps starts: no shard failed, no handler's stop yet.
-
-        ``on_error="skip"``: a shard that failed is skipped for the rest of
-        the pass by the process that saw it fail, and tried again by the next
-        pass (the next epoch, or a resume), with 0 workers as with N.
-        """
+        """A pass of steps starts: no shard failed (a skipped shard is tried again), no stop."""
         self.failed = {}
         self.stopping = False
         if self.ranged is not None:
             self.ranged.new_pass()
 
-    # ---- the read path -------------------------------------------------------------
 
     def read(self, si: int, j: int) -> Optional[Dict[str, Any]]:
         """Sample ``j`` of shard ``si``, with its ``__url__``; None when it is skipped.
 
-        An open shard's sample: one ``pread`` and a parse (by the member pattern
-        of its earlier samples when its bytes are verified).  Anything else (a
-        shard not open yet, a sample fetched by range, a local shard whose
-        samples are checked one by one, a short read or a malformed sample)
-        takes the whole path, which acquires the shard and raises or skips as
-        ``on_error`` / ``handler`` say.  A handler's stop makes this read, and
-        every later one until :meth:`start`, give None.
+        An open shard's sample: one ``pread`` and a parse.  Anything else takes the
+        whole path, which acquires the shard and raises or skips as ``on_error`` /
+        ``handler`` say.  After a handler's stop, None until :meth:`start`.
         """
         if self.stopping or si in self.failed:
             return None
@@ -180,13 +145,10 @@ class ShardReader:
     def read_run(self, si: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
         """Samples ``j .. j+count-1`` of shard ``si`` with one ``pread``.
 
-        Same results, errors and skips as ``count`` calls of :meth:`read`: a
-        shard that cannot be fetched fails (or is skipped) once, and on a
-        malformed sample it falls back to one-by-one reads of the open file,
-        so the samples before the bad one are delivered exactly as they would
-        be one by one.  A local shard whose samples are checked one by one
-        against their digests returns the samples before the first that fails
-        (fewer than ``count``; at least one item).
+        Same results, errors and skips as ``count`` calls of :meth:`read` (a
+        malformed sample falls back to one-by-one reads), except that a shard
+        read sample by sample against its digests returns the samples before
+        the first that fails (fewer than ``count``; at least one item).
         """
         if self.stopping:
             return [None] * count
@@ -247,9 +209,7 @@ class ShardReader:
         return samples
 
     def _sampled(self, si: int) -> bool:
-        """Whether the open shard ``si``'s samples are still checked one by one
-        (a local shard with per-sample digests that this process has not
-        verified whole: :meth:`fd`)."""
+        """Whether the open shard ``si``'s samples are still checked one by one."""
         key = self.sampled.get(si)
         if key is not None and self.store.verified_key(key):
             del self.sampled[si]  # verified whole meanwhile (background): read as any verified shard
@@ -258,8 +218,7 @@ class ShardReader:
 
     def _sampled_run(self, si: int, shard: ShardInfo, fd: int, j: int, count: int) -> List[Optional[Dict[str, Any]]]:
         """:meth:`read_run` of a shard whose samples are checked one by one: the
-        samples up to the first that fails its digest (fewer than ``count``: the
-        engine reads that one next, on its own, and it follows ``on_error``)."""
+        samples up to the first that fails its digest (read next, on its own)."""
         assert shard.offsets is not None
         lo, hi = int(shard.offsets[j]), int(shard.offsets[j + count])
         try:
@@ -280,9 +239,7 @@ class ShardReader:
         return out
 
     def _bad_sample(self, si: int, j: int, shard: ShardInfo, buf: bytes, start: int, end: int) -> None:
-        """``on_error`` for sample ``j`` alone, whose bytes fail its digest (a local
-        shard read sample by sample): :class:`ChecksumMismatch` naming the file, the
-        sample, its key and its bytes, raised or the sample skipped."""
+        """``on_error`` for sample ``j`` alone, whose bytes fail its digest."""
         assert shard.sample_digests is not None
         expected, actual = format(int(shard.sample_digests[j]), "016x"), xxhash.xxh3_64_hexdigest(buf)
         try:
@@ -294,13 +251,11 @@ class ShardReader:
                                actual=actual)
         self.fail_sample(si, j, shard, exc, key)
 
-    # ---- the policy, the open shards -------------------------------------------------
 
     def fail(self, idx: int, shard: ShardInfo, exc: BaseException) -> None:
         """``on_error`` for shard ``idx`` that cannot be fetched, verified or parsed:
-        record it as failed and re-raise ``exc`` (a ``fail`` event), or record it
-        as skipped (a ``skip`` event), or (a webdataset handler returning False)
-        stop: :class:`~resumewds.errors.HandlerStop`, and :attr:`stopping` is set."""
+        re-raise ``exc`` (a ``fail`` event), skip the shard for this pass (a
+        ``skip`` event), or (a handler returning False) raise HandlerStop."""
         reason = getattr(shard, "stop_reason", None)
         if reason:  # the stop marker of tariterators.salvage_shard
             exc = ShardFormatError(f"{reason} (the handler stops here)", shard=shard.url)
@@ -318,10 +273,7 @@ class ShardReader:
 
     def fail_sample(self, idx: int, j: int, shard: ShardInfo, exc: BaseException, key: str = "?") -> None:
         """``on_error`` for sample ``j`` of shard ``idx`` alone (its bytes fail its
-        digest; the shard's other samples are read as usual): re-raise ``exc``
-        (a ``fail`` event), or skip the sample (a ``sample_skip`` event with its
-        ``key``, counted as a skipped sample), or (a webdataset handler
-        returning False) stop: :class:`~resumewds.errors.HandlerStop`."""
+        digest), as :meth:`fail` with a ``sample_skip`` event for a skip."""
         blame_manifest(exc, shard)
         if self.on_error != "skip":
             self.on_event(EventKind.FAIL, shard.url, error=str(exc), sample=j)
@@ -333,11 +285,8 @@ class ShardReader:
         log.warning("skipping sample %s", exc)
 
     def hint_pages(self, where: Sequence[Tuple[int, int]]) -> None:
-        """Ask the kernel to start reading the byte ranges of a step's samples
-        of local shards (``posix_fadvise(WILLNEED)``), all at once: from a cold
-        disk they then arrive in parallel instead of one ``pread`` after the
-        other.  Advice only: the reads, their verification and errors are the
-        usual ones; nothing here raises."""
+        """``posix_fadvise(WILLNEED)`` the byte ranges of a step's samples of local
+        shards, all at once, so a cold disk reads them in parallel.  Never raises."""
         advise = getattr(os, "posix_fadvise", None)
         if advise is None:
             return
@@ -375,9 +324,7 @@ class ShardReader:
         try:
             opener = getattr(self.store, "acquire_sampled", None)
             for attempt in range(3):
-                # a local shard with per-sample digests is opened without hashing it
-                # whole: each of its samples is checked against its own digest (read);
-                # any other shard's whole-file check ends before its first sample
+                # a local shard with sample digests is opened without hashing it whole
                 if opener is not None:
                     lease, key = opener(shard)
                 else:
@@ -386,8 +333,7 @@ class ShardReader:
                     fd = os.open(lease.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     break
                 except FileNotFoundError as exc:
-                    # removed after it was verified (damaged from outside and
-                    # repaired by another process): acquire it again
+                    # removed after it was verified (repaired by another process): again
                     lease.close()
                     if attempt == 2:
                         raise CacheError(f"{lease.path}: removed again and again between being "
@@ -424,21 +370,14 @@ class ShardReader:
 
 
 def verified_in(buf: Any, lo: int, shard: ShardInfo, j: int) -> bool:
-    """Whether sample ``j`` of ``shard``, within ``buf`` (which starts at byte ``lo``), matches its digest.
-
-    Example:
-        >>> verified_in(data, 0, shard, 3)      # doctest: +SKIP
-        True
-    """
+    """Whether sample ``j`` of ``shard``, within ``buf`` (which starts at byte ``lo``), matches its digest."""
     assert shard.offsets is not None and shard.sample_digests is not None
     a, b = int(shard.offsets[j]) - lo, int(shard.offsets[j + 1]) - lo
     return xxhash.xxh3_64_intdigest(memoryview(buf)[a:b]) == int(shard.sample_digests[j])
 
 
 def blame_manifest(exc: BaseException, shard: ShardInfo) -> BaseException:
-    """``exc`` (a check of the shard's bytes against its index that failed) with the
-    manifest the index came from named in its message, in place: a stale manifest
-    (one found beside the shards, say) is then told from a damaged shard.
+    """``exc`` (a failed check of the shard's bytes) naming, in place, the manifest its index came from.
 
     Example:
         >>> e = blame_manifest(ShardFormatError("a.tar: bad"), ShardInfo("a.tar", index_source="m.json"))
@@ -452,9 +391,8 @@ def blame_manifest(exc: BaseException, shard: ShardInfo) -> BaseException:
 
 
 def trusted(store: Any, shard: ShardInfo) -> bool:
-    """Whether the open copy of ``shard`` matched its xxh3_64 (the store
-    verifies every copy that has one, unless ``verify="never"``): its
-    samples are then parsed without recomputing header checksums."""
+    """Whether the open copy of ``shard`` matched its xxh3_64 (its samples are then
+    parsed without recomputing header checksums)."""
     return shard.xxh3_64 is not None and getattr(store, "verify", "never") != "never"
 
 

@@ -1,13 +1,9 @@
 """Make resumewds datasets ``torch.utils.data.IterableDataset``s without importing torch.
 
-torch's ``IterableDataset`` is an ABC (its metaclass is ``ABCMeta``), so a
-class registered with ``IterableDataset.register(cls)`` passes every
-``isinstance`` / ``issubclass`` check torch's ``DataLoader`` makes.  The
-registration happens as soon as torch's ``torch.utils.data.dataset`` module
-exists: at once if it is already imported, otherwise right after it is
-imported (a tiny meta-path hook that wraps that one module's loader and then
-removes itself).  ``import resumewds`` therefore never imports torch, and a
-``DataLoader(resumewds.WebDataset(...))`` works whenever torch is imported.
+torch's ``IterableDataset`` is an ABC: ``IterableDataset.register(cls)`` passes
+every check ``DataLoader`` makes.  It is done once ``torch.utils.data.dataset``
+exists: at once, or right after its import (a meta-path hook that wraps that
+one module's loader and then removes itself).
 
 Example:
     >>> class Demo: ...

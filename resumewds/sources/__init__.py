@@ -34,8 +34,7 @@ if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
         watch_security_switch,
     )
 
-# every name loads its module on first use (PEP 562): importing one module of this
-# package (or the package) loads nothing else of it
+# each name loads its module on first use (PEP 562)
 _LAZY: _typing.Dict[str, str] = {
     "watch_security_switch": "_urls",
     "add_sample_digests": "_digests",

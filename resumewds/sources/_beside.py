@@ -1,25 +1,10 @@
 """A ``manifest.json`` beside shards given by name: their index without reading them.
 
-Shards named one by one (``["http://h/d/a-0.tar", ...]``, a brace pattern,
-webdataset's ``SimpleShardList``) come without an index, and the plan needs
-every shard's sample count before the first sample.  When the shards' own
-directory (the same URL prefix) holds a ``manifest.json`` (what ``resumewds
-index`` writes), :func:`fill_from_beside` takes each shard's index from it
-(one small GET, or one read of a local file, per directory) instead of
-downloading and scanning the shards.
-
-It is used only when it lists every one of those shards that lie in its
-directory, indexed (it may list more: a subset of a data set is fine); for
-local shards, each file must also have the size the manifest gives and be no
-newer than the manifest.  Otherwise it is ignored, with one debug-level log
-line saying why, and the shards are indexed as without it.  A missing or
-unreadable manifest.json (404, bad JSON, a server error: one attempt) is
-ignored the same way.  The index taken from it is the one indexing the shards
-would give, so the order is the same; the shards' bytes are verified against
-it as against any manifest (size and xxh3_64 when downloaded, each sample's
-digest in a ranged read), and every error those checks raise names the
-manifest the index came from (``index from .../manifest.json``): a stale
-manifest beside the shards is then told from damaged shards.
+Shards named one by one come without an index; when their directory holds a
+``manifest.json`` listing every one of them, indexed (for local shards: same
+size, no newer), :func:`fill_from_beside` takes their index from it instead
+of downloading and scanning them; otherwise it is ignored with one debug log
+line.  The rules and why: docs/COMPAT.md, "Shards named one by one".
 
 Example:
     >>> beside_url("http://h/d/shard-000001.tar?sig=x"), beside_url("pipe:cat a.tar")
@@ -99,15 +84,8 @@ def fill_from_beside(m: Manifest, *, fetch_config: Any = None, allow_remote_pipe
                      manifest_max_bytes: Union[int, str, None] = None) -> int:
     """Give the shards of ``m`` not indexed yet the index of the ``manifest.json`` beside them.
 
-    Args:
-        m: the resolved sources (changed in place).
-        fetch_config: for an http(s) manifest (one attempt is made).
-        allow_remote_pipe, allow_remote_local, manifest_max_bytes: as for
-            :func:`resumewds.sources.resolve_sources`.
-        cache_dir: where a version-2 manifest's offsets file is cached.
-
-    Returns:
-        How many shards were filled in.
+    ``m`` is changed in place; the other arguments are :func:`resumewds.sources.resolve_sources`'s
+    (one attempt is made at an http(s) manifest).  Returns how many shards were filled in.
 
     Example:
         >>> fill_from_beside(Manifest([ShardInfo(url="pipe:cat a.tar")]))

@@ -1,10 +1,7 @@
 """Local sources that cannot be shards, refused before any work with a hint.
 
 A directory is not a shard; a missing path with ``*``, ``?`` or ``[`` in it
-is a glob no shell expanded (quoted on a command line, or passed from a
-program: ``WebDataset("data/*.tar")``).  The command line and
-:func:`resumewds.sources.resolve_sources` (so :class:`~resumewds.WebDataset`)
-say so in the same words.
+is a glob no shell expanded.  The CLI and :func:`resolve_sources` say so alike.
 """
 
 from __future__ import annotations
@@ -57,11 +54,7 @@ def local_shard_problem(path: str) -> Optional[str]:
 
 
 def check_local_shard(path: str) -> None:
-    """Raise when the local ``path`` cannot be a shard.
-
-    Raises:
-        SourceError: naming the path and what to pass instead.
-    """
+    """Raise SourceError (naming ``path`` and what to pass instead) when it cannot be a shard."""
     problem = local_shard_problem(path)
     if problem is not None:
         raise SourceError(problem)
@@ -69,9 +62,8 @@ def check_local_shard(path: str) -> None:
 
 def _local_candidates(source: str) -> List[str]:
     """The local paths a source names (brace patterns expanded); [] for URLs."""
-    if not is_local_url(source):  # the transport registry's answer
+    if not is_local_url(source):
         return []
-
     try:
         items = expand_braces(source)
     except ResumeWDSError:

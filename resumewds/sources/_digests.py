@@ -1,35 +1,10 @@
 """Per-sample checksums: the public face, and the passes over a whole manifest.
 
-This module is what users import: the names of its ``__all__``, and the
-operations over a manifest that go through the shard store
-(:func:`add_sample_digests`) or serve ``resumewds verify``
-(:func:`check_results`, :func:`echo_range_repairs`).  The code below the
-manifest and the store lives in :mod:`resumewds.manifest` (the arithmetic
-and the manifest format) and :mod:`resumewds.cache` (checking a copy's
-samples); their public names are re-exported here.
-
 Each sample's byte range ``[offsets[i], offsets[i+1])`` gets an xxh3_64
-digest (seed 0) of exactly those bytes, so a reader can verify one sample
-without the rest of its shard, and a repair can re-fetch only the samples
-that fail (:mod:`resumewds.cache`).
-
-In the manifest (version 3) the digests are stored one of two ways:
-
-* inline, as one string of 16 lower-case hex digits per sample, in sample
-  order (``"sample_xxh3_64": "9f2c...0b11"``, ``16 * samples`` characters).
-  Fixed width makes it compact (no per-item JSON quotes or commas: 16
-  bytes per sample, an offsets entry costs about as much) and trivial to
-  validate (length and alphabet);
-* in a side file next to the manifest, as the v2 offsets are: a flat array
-  of little-endian uint64, memory-mapped on first use; shard k's digests are
-  the ``samples`` values from its ``digests_at``; the manifest records the
-  file (``digests_file``) and its size and xxh3_64 (``digests_size``,
-  ``digests_xxh3_64``).  ``resumewds index --offsets file`` writes both side
-  files.
-
-Compressed shards (``.tar.gz``...) get no sample digests: their ranges are
-positions in the decompressed stream, which can be neither read in place
-nor fetched by range.
+digest (seed 0) of exactly those bytes, so one sample can be verified, and
+repaired, alone; compressed shards get none.  The format: docs/DIGESTS.md.
+Here: the public names (re-exported from :mod:`resumewds.manifest` and
+:mod:`resumewds.cache`) and the passes over a whole manifest.
 
 Example:
     >>> ds = sample_digests(b"a" * 1024 + b"b" * 512, [0, 1024, 1536])
@@ -62,10 +37,6 @@ __all__ = ["BadSample", "DigestsFile", "LazyDigests", "add_sample_digests", "bad
            "decode_inline", "echo_range_repairs", "encode_inline", "file_sample_digests", "sample_digests"]
 
 
-def _digestible(shard: Any) -> bool:
-    return shard.indexed and not shard.url.lower().endswith(COMPRESSED_SUFFIXES)
-
-
 def add_sample_digests(manifest: Any, store: Any = None) -> Any:
     """Compute the sample digests of every indexed, uncompressed shard (in place).
 
@@ -79,18 +50,15 @@ def add_sample_digests(manifest: Any, store: Any = None) -> Any:
     if store is None:
         store = ShardStore()
     for s in manifest.shards:
-        if s.sample_digests is None and _digestible(s):
+        if s.sample_digests is None and s.indexed and not s.url.lower().endswith(COMPRESSED_SUFFIXES):
             s.sample_digests = file_sample_digests(store.ensure(s), s.offsets)
     return manifest
 
 
 def check_results(store: Any, results: List[Any], echo: Any) -> List[Any]:
-    """``resumewds verify``'s sample check: name the samples that fail their digests.
-
-    For each local shard that failed its whole-file check (or had none),
-    hash its samples and call ``echo`` with one ``BAD SAMPLE ...`` line per
-    failing sample (shard, sample index, key, byte range).  A shard without
-    a whole-file checksum whose samples fail is failed.
+    """``resumewds verify``'s sample check: ``echo`` one ``BAD SAMPLE ...`` line per
+    failing sample of each local shard that failed its whole-file check (or had
+    none, in which case failing samples fail the shard).
 
     Returns:
         ``results`` with such shards marked failed.
@@ -114,9 +82,8 @@ def check_results(store: Any, results: List[Any], echo: Any) -> List[Any]:
 
 
 def echo_range_repairs(echo: Any) -> Any:
-    """An ``on_event`` for :class:`~resumewds.cache.ShardStore` that names, via
-    ``echo``, each sample of a cached copy that failed its digest and was
-    re-fetched by range (``resumewds verify`` of remote shards)."""
+    """An ``on_event`` for :class:`~resumewds.cache.ShardStore` that ``echo``-s each sample
+    re-fetched by range after failing its digest (``resumewds verify`` of remote shards)."""
     def on_event(kind: str, url: str, **d: Any) -> None:
         if kind == EventKind.RANGE_REPAIR:
             echo(f"BAD SAMPLE {url}: sample {d['sample']} (key {d['key']}, bytes {d['start']}-{d['end']}) "

@@ -6,11 +6,6 @@ does it for any source and writes a manifest.json; :func:`index_skipping` is
 indexing under a ``handler=`` (webdataset's), where a shard that cannot be
 fetched or indexed is skipped, or keeps the samples before its damage
 (:func:`salvage_shard`, :func:`framed_prefix`), as webdataset's stream reader would.
-
-Example:
-    >>> m = build_manifest("data/shard-{000000..000031}.tar", "data/manifest.json")  # doctest: +SKIP
-    >>> m.total_samples                                                            # doctest: +SKIP
-    32000
 """
 
 from __future__ import annotations
@@ -41,18 +36,12 @@ log = logging.getLogger("resumewds")
 def index_manifest(manifest: Manifest, store: Any = None,
                    progress: Optional[Callable[[int], None]] = None,
                    on_event: Optional[Callable[..., None]] = None) -> Manifest:
-    """Index every shard of ``manifest`` that is not indexed yet (in place).
-
-    Remote shards are fetched into the cache first.  A shard whose manifest
-    checksum or size disagrees with its bytes raises ChecksumMismatch.
+    """Index every shard of ``manifest`` that is not indexed yet (in place; remote
+    shards fetched into ``store`` first).  A shard whose manifest checksum or
+    size disagrees with its bytes raises ChecksumMismatch.
 
     Args:
-        manifest: the manifest to complete.
-        store: a :class:`resumewds.cache.ShardStore` (default: a new one).
         progress: called with 1 after each shard.
-
-    Returns:
-        The same manifest, now indexed.
     """
     todo = [s for s in manifest.shards if not s.indexed]
     if not todo:
@@ -89,12 +78,8 @@ def _scan_one(store: Any, shard: Any) -> Tuple[Any, float]:
 
 
 def _scanned(store: Any, todo: List[Any]) -> Iterator[Tuple[Any, float]]:
-    """Each shard's scan, in ``todo``'s order, up to :data:`INDEX_THREADS` fetched and
-    scanned at once: a manifest without offsets is indexed in about the time of its
-    largest shards, not of all of them one after the other.  The first shard (in
-    order) that fails raises, as one by one; the shards after it are not waited for.
-    With a ``cache_size`` budget, one by one (a shard fetched is scanned before the
-    next fetch can evict it)."""
+    """Each shard's scan, in order, up to :data:`INDEX_THREADS` at once (with a
+    ``cache_size`` budget one by one: a fetch could evict a shard not scanned yet)."""
     if len(todo) == 1 or INDEX_THREADS <= 1 or getattr(store, "cache_size", None) is not None:
         for s in todo:
             yield _scan_one(store, s)
@@ -110,14 +95,9 @@ def _scanned(store: Any, todo: List[Any]) -> Iterator[Tuple[Any, float]]:
 
 def index_skipping(m: Manifest, store: Any, handler: Callable[[BaseException], Any],
                    on_event: Optional[Callable[..., None]] = None) -> Dict[str, str]:
-    """Index ``m`` shard by shard under ``handler`` (webdataset's ``handler=``): a shard
-    that cannot be fetched or indexed goes to the handler, and if it does not
-    re-raise, the shard is skipped (or keeps the samples before its damage:
-    :func:`salvage_shard`) and recorded.
-
-    Returns:
-        ``{url: error}`` of the shards skipped (whole or in part).
-    """
+    """Index ``m`` shard by shard under ``handler`` (webdataset's ``handler=``): a shard that
+    cannot be fetched or indexed goes to the handler and, unless it re-raises, is skipped
+    (or :func:`salvage_shard`-d).  Returns ``{url: error}`` of the shards skipped."""
     skipped: Dict[str, str] = {}
     for s in m.shards:
         if s.indexed:
@@ -146,13 +126,9 @@ def build_manifest(urls: Source, output: Optional[str] = None, *, store: Any = N
         output: where to write the manifest (urls relative to it), or None.
         store: shard cache for remote shards (default: a new ShardStore).
         progress: called with 1 after each shard is indexed.
-        offsets: ``"inline"`` (offsets in the JSON), ``"file"`` (a binary
-            side file, memory-mapped by readers), ``"index"`` (an index file
-            per shard, manifest version 4: for large data sets), or ``"auto"``:
-            inline up to 10,000 samples, else ``"index"``
-            (:meth:`resumewds.manifest.Manifest.save`).
-        digests: also record each sample's xxh3_64 (manifest version 3,
-            :mod:`resumewds.sources`; ``resumewds index`` does by default).
+        offsets: as for :meth:`resumewds.manifest.Manifest.save` (``"auto"``:
+            inline up to 10,000 samples, else an index file per shard).
+        digests: also record each sample's xxh3_64 (manifest version 3).
 
     Returns:
         The indexed :class:`~resumewds.manifest.Manifest`.
@@ -176,16 +152,9 @@ def framed_prefix(path: str, shard: Optional[str] = None) -> Optional[Any]:
     :class:`resumewds.tar._io.ShardIndex` (None if the file is a compressed shard,
     cannot be read, or has no such sample).
 
-    webdataset, reading a truncated or otherwise damaged shard under a handler
-    that continues, yields the samples it grouped before the error.  Here a
-    sample is kept when a member of the *next* sample was framed whole (header
-    checksum verified, data present) before the damage: those byte ranges are
-    exactly the bytes webdataset reads for them.  The sample in progress at the
-    damage is not kept, since its members may be incomplete (webdataset yields
-    it with whichever members it read), so this gives one or two samples fewer
-    than webdataset, never a different one.  The index's ``size`` and
-    ``xxh3_64`` are the damaged file's, so the cache verifies what is read
-    against the bytes that were indexed.
+    A sample is kept when a member of the *next* sample was framed whole before
+    the damage (docs/COMPAT.md, "A damaged shard"); ``size`` and ``xxh3_64``
+    are the damaged file's.
 
     Example:
         >>> import io, tarfile, tempfile
@@ -231,20 +200,11 @@ def salvage_shard(shard: Any, store: Any, exc: BaseException, stop: bool = False
     """Under a handler that skipped ``shard`` at indexing (``exc``), keep the samples before the damage.
 
     Only for a shard with no checksum or size in the manifest and a
-    :class:`~resumewds.errors.ShardFormatError` (a damaged archive, or damaged
-    gzip / zstd data): its :func:`framed_prefix` (for a compressed shard, the
-    prefix webdataset's stream reader decodes and frames:
-    :func:`resumewds.tar.salvage_compressed`) becomes the shard's
-    index (size, xxh3_64, offsets), so the plan, the cache's verification and a
-    resume all see the same samples.  A shard whose manifest has a checksum or
-    size that the file does not match (``ChecksumMismatch``), or a fetch error,
-    keeps the rule that its bytes are not read: no samples.
+    :class:`~resumewds.errors.ShardFormatError`: its :func:`framed_prefix` (or
+    :func:`resumewds.tar.salvage_compressed`'s) becomes the shard's index.
 
-    ``stop``: the handler returned False (``ignore_and_stop``): webdataset stops
-    at the damage, so the shard gets one more position after the kept samples
-    whose byte range can never be read; reaching it in the plan's order is a
-    read error that goes to the handler again, which stops the iteration there
-    (the epoch, under :class:`resumewds.WebLoader`), the same way every run.
+    ``stop``: the handler returned False: the shard gets one more, unreadable,
+    position after the kept samples, where the iteration stops every run.
 
     Returns:
         How many samples were kept (0: none, the shard is skipped whole).

@@ -2,32 +2,20 @@
 
 What ``resumewds index`` runs (:func:`run_index`):
 
-1. Each shard that is not indexed yet is fetched (remote ones through the
-   verified cache, :class:`resumewds.cache.ShardStore`, whose downloads go
-   through the one fetch core), scanned and hashed in a worker process
-   (``jobs`` of them, each with :data:`THREADS` shards at once), and its index file is written into ``<output>.index/``
-   (:mod:`resumewds.manifest`; named by its own xxh3_64, so the same shard
-   always gives the same file).  What a source declared of the shard (a wids
-   index's counts and sizes, a manifest's checksum) is checked on the way.
-2. The parent appends one line per finished shard to ``<output>.indexing``
-   (JSON lines), flushed at once: a run killed at any point, even with
-   ``kill -9``, leaves every shard it finished there, and the same command run
-   again continues with the others.  A record is used again only for the same
-   shard (position and url), made with the same ``digests``, agreeing with what
-   the sources declare now, with its index file still there.
-3. When every shard is done, the manifest is written in the chosen format
-   (``auto``: inline up to :data:`resumewds.manifest._manifest.INLINE_SAMPLES` samples,
-   else version 4), with the ``created`` time of the first start, and the
-   journal is removed: a resumed run's output equals a clean run's.
+1. Each shard not indexed yet is fetched (remote ones through the verified
+   cache), scanned and hashed in a worker process (``jobs`` of them, each with
+   :data:`THREADS` shards at once), checked against what its source declared,
+   and its index file written into ``<output>.index/``.
+2. The parent appends one JSON line per finished shard to ``<output>.indexing``,
+   flushed at once: after a kill the same command continues with the others
+   (a record counts only if it still matches: see :func:`_read_journal`).
+3. When every shard is done, the manifest is written (with the ``created``
+   time of the first start) and the journal removed: a resumed run's output
+   equals a clean run's.
 
-A shard that fails (a 404, a checksum that does not match, a count a wids index
-got wrong) does not stop the others: the run ends with an error listing the
-failed shards, and keeps the rest for the next run.
-
-With ``counts_only`` nothing is read: the manifest gets each shard's url,
-count and declared size (from a wids index or img2dataset's stats), and the
-checksum and offsets of a shard are recorded when it is first opened
-(:class:`resumewds.manifest.RecordBook`).
+A failing shard does not stop the others: the run ends with an error listing
+them and keeps the rest.  With ``counts_only`` nothing is read: the manifest
+gets the counts the sources declare (:class:`resumewds.manifest.RecordBook`).
 
 Example:
     >>> from resumewds.sources import resolve_sources
@@ -36,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -110,9 +99,8 @@ def index_one(task: Tuple[Any, ...]) -> Record:
 
 def _read_journal(path: str, shards: List[ShardInfo], index_dir: str, digests: bool) -> Tuple[Dict[int, Record], str]:
     """The shards a journal holds as done, and its start time.  A record counts
-    when it is of the same shard (position and url), agrees with what the
-    sources declare now, was made with the same ``digests``, and its index file
-    is still there: a source fixed after a failure keeps the others' work.
+    when it is of the same shard (position and url), agrees with the sources
+    now, was made with the same ``digests``, and its index file is whole.
 
     Raises:
         SourceError: the file is not an indexing journal.
@@ -162,13 +150,7 @@ def index_batch(tasks: List[Tuple[Any, ...]]) -> List[Record]:
 
 
 def _batches(tasks: Iterator[Tuple[Any, ...]], size: int) -> Iterator[List[Tuple[Any, ...]]]:
-    batch: List[Tuple[Any, ...]] = []
-    for t in tasks:
-        batch.append(t)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
+    while batch := list(itertools.islice(tasks, size)):
         yield batch
 
 
@@ -201,23 +183,16 @@ def run_index(manifest: Manifest, output: str, *, jobs: int = 1, offsets: str = 
 
     Args:
         manifest: the shards (resolved sources); completed in place.
-        output: the manifest file to write.
         jobs: worker processes (1: in this process).
-        offsets: ``"auto"``, ``"inline"``, ``"file"`` or ``"index"`` (:meth:`Manifest.save`).
-        digests: record each sample's xxh3_64.
+        offsets: as for :meth:`Manifest.save`.
         cache_dir, cache_size, fetch: the cache and fetch settings for remote shards.
         counts_only: read nothing; write the counts the sources declare (version 4).
-        progress: called with the number of shards done, as they finish (and once
-            with those a resumed run finds done).
+        progress: called with the number of shards done, as they finish.
         on_resume: ``on_resume(done, total)`` when an interrupted run is continued.
 
-    Returns:
-        The indexed manifest (also written to ``output``).
-
     Raises:
-        SourceError: some shards could not be indexed (the message lists them;
-            the others are kept for the next run), or ``counts_only`` with a
-            shard whose count is unknown.
+        SourceError: some shards could not be indexed (the message lists them),
+            or ``counts_only`` with a shard whose count is unknown.
     """
     shards = manifest.shards
     index_dir = output + ".index"

@@ -1,26 +1,9 @@
 """Turn what the user passes (paths, URLs, brace patterns, manifests) into a Manifest.
 
-Accepted sources, alone or in a list:
-
-* local paths (relative ones are made absolute) and ``file://`` URLs;
-* ``http://``, ``https://`` and ``s3://`` URLs (s3: :mod:`resumewds.fetch`);
-* ``pipe:CMD`` (WebDataset's convention: CMD writes the shard to stdout);
-* brace patterns, expanded like the shell: ``shard-{000000..000031}.tar``,
-  ``{train,val}-0.tar``;
-* a ``manifest.json`` (local or http), whose relative urls resolve against
-  the manifest's own location.  ``pipe:`` urls in a manifest fetched over the
-  network are refused unless ``allow_remote_pipe=True``: a remote file must
-  not be able to run commands here; nor may it name local files (absolute
-  paths, ``file://``) unless ``allow_remote_local=True`` (else
-  ``RESUMEWDS_ALLOW_REMOTE_LOCAL=1``; or ``allow_remote_pipe``) says so.  A
-  remote manifest larger than ``manifest_max_bytes`` (else
-  ``RESUMEWDS_MANIFEST_MAX_BYTES``) is refused.
-
-Example:
-    >>> expand_braces("s-{00..02}.tar")
-    ['s-00.tar', 's-01.tar', 's-02.tar']
-    >>> expand_braces("{a,b}{1..2}")
-    ['a1', 'a2', 'b1', 'b2']
+Accepted, alone or in a list: local paths and ``file://`` URLs, ``http(s)://``
+and ``s3://`` URLs, ``pipe:CMD``, brace patterns, and ``manifest.json`` files
+(local or remote; a remote one may not run ``pipe:`` commands or name local
+files without the user's leave).
 """
 
 from __future__ import annotations
@@ -53,11 +36,6 @@ from ._urls import check_source_allowed, expand_braces, rewrite_url
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], Manifest]
 
 
-def _balanced(cmd: str) -> bool:
-    """A ``pipe:`` command's braces are expanded as webdataset does, unless they do not pair up."""
-    return cmd.count("{") == cmd.count("}")
-
-
 def _normalise(url: str) -> str:
     if is_remote_url(url):
         return url
@@ -72,22 +50,12 @@ def _normalise(url: str) -> str:
     return os.path.abspath(os.path.expanduser(url))
 
 
-def _is_manifest(url: str) -> bool:
-    base = url.split("?", 1)[0]
-    return base.endswith(".json")
-
-
 def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
-    """Manifest fetches log their retries like shard fetches (``RESUMEWDS_VERBOSE=1``).
-
-    Only retries: a manifest's download is not a shard's (stats and the
-    journal count shards)."""
+    """Manifest fetches log their retries like shard fetches (nothing else: not a shard)."""
     if kind != "retry":
         return
     setup_logging()
     event_record(kind, url, detail)
-
-
 
 
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
@@ -116,8 +84,7 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
         store = ShardStore(cache_dir=cache_dir, fetch=cfg)
         for side in sides_by_id.values():
             if is_remote_object(side.path):
-                side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64),
-                                         tar=False)
+                side.path = store.ensure(ShardInfo(url=side.path, size=side.size, xxh3_64=side.xxh3_64), tar=False)
     return bind_indexes(m, cache_dir, cfg)  # version 4's index files come through the verified cache too
 
 
@@ -127,13 +94,7 @@ def _index_sets(m: Manifest) -> List[IndexSet]:
 
 
 def bind_indexes(m: Manifest, cache_dir: Optional[str] = None, fetch_config: Any = None) -> Manifest:
-    """Give ``m``'s version-4 index files and counts-only shards their store: a
-    remote index file comes through the verified cache in ``cache_dir``, and a
-    counts-only shard's record lives there (:mod:`resumewds.manifest`).
-
-    Example:
-        >>> bind_indexes(resolve_sources("/d/manifest.json"), cache_dir="/tmp/c")  # doctest: +SKIP
-    """
+    """Give ``m``'s version-4 index files and counts-only shards their store (``cache_dir``)."""
     kwargs = {"cache_dir": cache_dir, "fetch": fetch_config}
     for iset in _index_sets(m):
         iset.bind(ShardStore, **kwargs)
@@ -150,16 +111,14 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
                     manifest_max_bytes: Union[int, str, None] = None) -> Manifest:
     """Resolve any accepted source into one :class:`Manifest`.
 
-    Shards from plain paths and patterns are not indexed yet (see
-    :func:`resumewds.dataset.index_manifest`).
+    Shards from plain paths and patterns are not indexed yet (:func:`resumewds.sources.index_manifest`).
 
     Args:
-        src: what the user passed.
         fetch_config: for remote manifests (default ``FetchConfig.from_env()``).
         allow_remote_pipe: trust remote manifests: their ``pipe:`` urls may
             run, and they may name local files.
-        cache_dir: where a remote manifest's offsets or index files are cached, and
-            the records of counts-only shards (a wids shard index) are kept.
+        cache_dir: where a remote manifest's side files and counts-only shards'
+            records are kept.
         allow_remote_local: let remote manifests name local files (absolute
             paths, ``file://``); default ``RESUMEWDS_ALLOW_REMOTE_LOCAL``.
         manifest_max_bytes: the largest remote manifest accepted (bytes or
@@ -193,11 +152,13 @@ def resolve_sources(src: Source, *, fetch_config: Any = None, allow_remote_pipe:
     for item in items:
         if not isinstance(item, str) or not item:
             raise SourceError(f"{item!r}: not a shard URL or path")
-        urls = expand_braces(item) if not item.startswith("pipe:") or _balanced(item) else [item]
+        # a pipe: command's braces are expanded as webdataset does, unless they do not pair up
+        balanced = item.count("{") == item.count("}")
+        urls = expand_braces(item) if not item.startswith("pipe:") or balanced else [item]
         for url in urls:
             url = rewrite_url(url)  # GOPEN_REWRITE and utils.enforce_security, as webdataset's gopen
             check_source_allowed(url)
-            if _is_manifest(url) and not url.startswith("pipe:"):
+            if url.split("?", 1)[0].endswith(".json") and not url.startswith("pipe:"):
                 flush()
                 if is_remote_object(url):
                     parts.append(_remote_manifest(url, fetch_config, allow_remote_pipe, cache_dir,

@@ -1,27 +1,16 @@
 """Shard URLs as users write them: brace patterns, rewrite rules and the security policy.
 
-* :func:`expand_braces` expands shell-style brace patterns
-  (``shard-{000000..000031}.tar``, ``{train,val}-0.tar``).
 * :func:`rewrite_url` applies the ``GOPEN_REWRITE`` rules
-  (``"prefix1=replacement1;prefix2=replacement2"``, or ours,
-  ``RESUMEWDS_GOPEN_REWRITE``; the prefixes are regular expressions, as in
-  webdataset; the first rule that changes the URL wins).
-* :data:`enforce_security` (``WDS_SECURE`` / ``RESUMEWDS_SECURE``; off unless
-  set) and :func:`check_source_allowed`: when set, local paths, ``file:``
-  URLs and ``pipe:`` commands are refused as sources, ``GOPEN_REWRITE`` is
-  refused, and decoders refuse pickle-based members.  It is read at each use
-  (:func:`secure`): on when this module's :data:`enforce_security` is set, or
-  the switch of a module that :func:`watch_security_switch` was given
-  (``resumewds.utils.enforce_security``, webdataset's place for it, once the
-  wing is loaded).
+  (``"prefix1=replacement1;prefix2=replacement2"``, or
+  ``RESUMEWDS_GOPEN_REWRITE``; regular-expression prefixes, the first rule
+  that changes the URL wins, as in webdataset).
+* :data:`enforce_security` (``WDS_SECURE`` / ``RESUMEWDS_SECURE``): when on
+  (:func:`secure`, read at each use), local, ``file:`` and ``pipe:`` sources,
+  ``GOPEN_REWRITE`` and pickle-based members are refused.
 
 Example:
-    >>> expand_braces("s-{00..02}.tar")
-    ['s-00.tar', 's-01.tar', 's-02.tar']
     >>> expand_braces("{a,b}{1..2}")
     ['a1', 'a2', 'b1', 'b2']
-    >>> rewrite_url("http://example.com/a.tar")  # no GOPEN_REWRITE set
-    'http://example.com/a.tar'
 """
 
 from __future__ import annotations
@@ -43,11 +32,8 @@ _switches: List[object] = []  # objects whose own ``enforce_security`` turns the
 
 
 def watch_security_switch(holder: object) -> None:
-    """Let ``holder.enforce_security`` turn the policy on too (read at each use).
-
-    webdataset's code sets ``webdataset.utils.enforce_security``: the wing's
-    ``utils`` module hands itself here, so that setting it at run time works as in
-    webdataset.
+    """Let ``holder.enforce_security`` turn the policy on too (read at each use): the
+    wing's ``utils`` module, where webdataset's code sets it.
 
     Example:
         >>> class Switch: enforce_security = False
@@ -74,18 +60,13 @@ _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 
 class EnforcedSecurityError(UnsafeSourceError, ValueError):
-    """Refused because :data:`enforce_security` is set (:func:`secure`): a pickle-based member,
-    a local or ``pipe:`` source, a ``GOPEN_REWRITE`` rewrite.
-
-    A ``ValueError`` too, as webdataset raises in the same places; the
-    message starts with webdataset's (``"gopen: unsafe_gopen is False, ..."``).
-    """
+    """Refused because :data:`enforce_security` is set (:func:`secure`).  A
+    ``ValueError`` too, with webdataset's message, as webdataset raises."""
 
 
 def check_source_allowed(url: str) -> None:
-    """Raise :class:`EnforcedSecurityError` if :data:`enforce_security` forbids opening ``url``.
-
-    Forbidden when set: local paths, ``file:`` URLs and ``pipe:`` commands.
+    """Raise :class:`EnforcedSecurityError` if :data:`enforce_security` forbids opening
+    ``url`` (a local path, ``file:`` URL or ``pipe:`` command).
 
     Example:
         >>> check_source_allowed("/data/shard-000000.tar")  # enforce_security is off
@@ -98,16 +79,6 @@ def check_source_allowed(url: str) -> None:
     if url != "-" and is_local_url(url):  # "-" is stdin / stdout: allowed, as in webdataset
         raise EnforcedSecurityError(f"gopen: unsafe_gopen is False, cannot open local files: {url} "
                                     "(resumewds.utils.enforce_security / WDS_SECURE is set)")
-
-
-def check_unpickling_allowed(what: str) -> None:
-    """Raise :class:`EnforcedSecurityError` with ``what`` if :data:`enforce_security` is set.
-
-    Example:
-        >>> check_unpickling_allowed("unpickling a .pyd member")  # enforce_security is off
-    """
-    if secure():
-        raise EnforcedSecurityError(what)
 
 
 def rewrite_url(url: str) -> str:
