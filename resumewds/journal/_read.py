@@ -75,6 +75,22 @@ class RunReader:
         """The number of commit rows of ``rank``."""
         return int(self.journals[rank].conn.execute("SELECT count(*) FROM commits").fetchone()[0])
 
+    def rate(self, rank: int, window: int) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+        """``(samples/s, steps/s, seconds spanned)`` over ``rank``'s last ``window`` commits
+        (Nones when fewer than two, or no time passed)."""
+        rows = list(self.journals[rank].conn.execute(
+            "SELECT step, ts, samples_total FROM commits ORDER BY step DESC LIMIT ?", (window,)))
+        if len(rows) < 2:
+            return None, None, None
+        last, first = rows[0], rows[-1]
+        dt = last["ts"] - first["ts"]
+        if dt <= 0:
+            return None, None, None
+        samples = None
+        if last["samples_total"] is not None and first["samples_total"] is not None:
+            samples = (last["samples_total"] - first["samples_total"]) / dt
+        return samples, (last["step"] - first["step"]) / dt, dt
+
     def resume_point(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """:func:`resumewds.journal.resolve_resume` of this run."""
         return resolve_in(self.journals, self.path, step)
