@@ -251,6 +251,10 @@ class Entry:
                 store.ensure_dirs()
                 fd = os.open(self.map, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                if layout.lstat(self.base) is not None:  # published between the look and the open
+                    os.close(fd)
+                    fd = -1
+                    drop_stale(self.base)  # (the map this open may have created)
         except (OSError, CacheError):
             if fd >= 0:
                 os.close(fd)
@@ -400,8 +404,12 @@ class Writer:
                 self.store.ensure_dirs()
             mfd = os.open(e.map, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600)
             self.mfd = mfd
-            if os.fstat(mfd).st_nlink == 0 or layout.lstat(e.base) is not None:
-                return False  # published or discarded meanwhile
+            if os.fstat(mfd).st_nlink == 0:
+                return False  # discarded meanwhile
+            if layout.lstat(e.base) is not None:  # published meanwhile
+                self._drop()
+                drop_stale(e.base)  # (the map this open may have created)
+                return False
             fd = os.open(e.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
             self.fd = fd
             size = os.fstat(fd).st_size
