@@ -41,16 +41,12 @@ Accelerate.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, Iterator, Optional
 
 from ..errors import StateError
 from ._common import _check_world, _is_resumewds_loader, _mark_checkpointed, _skip_in_place, _webloader_for
 
 __all__ = ["prepare_loader", "PreparedLoader"]
-
-log = logging.getLogger("resumewds")
-
 
 def _as_webloader(loader: Any) -> Any:
     """``loader`` if it is a resumewds loader; a WebLoader for a torch DataLoader over a
