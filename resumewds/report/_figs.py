@@ -1,9 +1,5 @@
-"""The report's charts: plotly figures of a run's :func:`~resumewds.report._rundata.load_run` data.
-
-One builder per chart, ``build(go, data) -> Figure or None`` (None: nothing
-recorded yet); ``go`` is ``plotly.graph_objects``, passed in by
-:func:`resumewds.report._page.render_report` (the only place plotly is imported).
-Every time chart spans the whole run, so the charts line up by eye.
+"""The report's charts: one builder per chart, ``build(go, data) -> Figure or None`` (None: nothing
+recorded); ``go`` is ``plotly.graph_objects``, passed in by the page.
 """
 
 from __future__ import annotations
