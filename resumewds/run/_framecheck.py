@@ -193,9 +193,7 @@ def warn_unsaved_loader(loader: Any) -> Optional[str]:
     if checkpointed_by(loader) or checkpointed_by(getattr(loader, "dataset", None)):
         return None
     found = []
-    state = sys.modules.get("accelerate.state")
-    initialized = getattr(state, "is_initialized", None)
-    if initialized is not None and initialized():
+    if _accelerate_state() is not None:
         found.append("accelerate")
     if ("lightning.pytorch" in sys.modules or "pytorch_lightning" in sys.modules) and not has_len(loader):
         found.append("lightning")
@@ -243,15 +241,12 @@ def state_num_workers(state: Dict[str, Any]) -> Optional[int]:
     return None
 
 
-def _active_accelerate_loader() -> Any:
-    """The loader Accelerate iterates now (``GradientState().active_dataloader``); None without an
-    ``Accelerator`` (Accelerate is not imported for this).
-    """
+def _accelerate_state() -> Any:
+    """``accelerate.state`` where an ``Accelerator`` exists in this process, else None (Accelerate is
+    not imported for this)."""
     state = sys.modules.get("accelerate.state")
     initialized = getattr(state, "is_initialized", None)
-    if initialized is None or not initialized():
-        return None
-    return getattr(state.GradientState(), "active_dataloader", None)  # type: ignore[union-attr]
+    return state if initialized is not None and initialized() else None
 
 
 def check_restored_state(dataset: Any = None) -> None:
@@ -261,7 +256,8 @@ def check_restored_state(dataset: Any = None) -> None:
     Raises:
         StateError: the restored state was taken with another worker count.
     """
-    loader = _active_accelerate_loader()
+    accelerate = _accelerate_state()
+    loader = None if accelerate is None else getattr(accelerate.GradientState(), "active_dataloader", None)
     if loader is None:
         return
     inner = getattr(loader, "dataset", None)

@@ -39,7 +39,7 @@ from ..stages import default_collate, empty_epoch_error, hide_positions
 from . import _skipping as skipping
 from ._framecheck import warn_unsaved_loader
 from ._preemption import _LIVE_FLAGS, Preemptible, _blocked_for_start, _preempt_signals, _stop_flag
-from ._session import JournalSession, LoaderPlace, process_group
+from ._session import JournalSession, LoaderPlace
 from ._shmbatch import BytesRing, Packed, ring_for
 from ._statecheck import check_seal, seal
 from ._stats import Stats, flat_scalars
@@ -364,10 +364,6 @@ class ShardLoader(Preemptible):
         Example:
             >>> loader.adopt_place({}, "this state")                  # doctest: +SKIP
         """
-
-    def _process_group(self) -> Any:
-        """torch.distributed, when its default group is exactly this loader's world."""
-        return process_group(self.rank, self.world_size)
 
     def commit(self, step: int, stats: Optional[bool] = None, place: Optional[Dict[str, Any]] = None) -> None:
         """Record atomically, in the journal, the position after ``step``.

@@ -189,13 +189,6 @@ class JournalSession:
             self._shard_updates = []
 
     # ---- open / resume -------------------------------------------------------
-    @staticmethod
-    def run_config(config: Dict[str, Any], layout: Dict[str, Any]) -> Dict[str, Any]:
-        """The configuration a journal stores and a resume must agree with: ``config`` and ``layout``."""
-        cfg = dict(config)
-        cfg.update(layout)
-        return cfg
-
     def open(self, dataset: Any, where: LoaderPlace, resume: Union[bool, int], sync: str) -> Resumed:
         """Open the journal for a loader of ``dataset`` at ``where`` and find where it resumes.
 
@@ -214,8 +207,6 @@ class JournalSession:
         resolved: Dict[str, Any] = {}
 
         def find_point() -> Optional[Dict[str, Any]]:
-            # runs under this rank's journal lock (item: two runs started
-            # together must not both read the same resume point)
             resolved["done"] = True
             return self.resolve_together(where.rank, where.world_size, path, step, resolve_resume)
 
@@ -260,7 +251,7 @@ class JournalSession:
         # a dataset may declare keys that can change here (a mixture's new phase)
         evolves = getattr(dataset, "compatible_config", None)
         extra = tuple(evolves(j.config(), point)) if evolves is not None else ()
-        j.check_config(self.run_config(config, where.layout),
+        j.check_config({**config, **where.layout},  # what the journal stores and a resume agrees with
                        compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
         remote = [{"url": sh.url} for sh in dataset.manifest.shards
                   if is_remote_url(sh.url)]

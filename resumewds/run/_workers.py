@@ -175,7 +175,6 @@ class _EpochSource(IterableDataset):
             die_with_parent(self.parent)
             if self.ignore_signals:
                 _worker_signals(self.ignore_signals, self.stopping)
-        if info is not None:
             worker_logging(self.log_level)
         ring = self.ring if info is not None else None
         collate_fn = self.collate_fn
