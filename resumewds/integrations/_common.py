@@ -25,8 +25,7 @@ def _is_resumewds_loader(obj: Any) -> bool:
 def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:
     """The WebLoader equivalent to a torch ``DataLoader`` over a resumewds data set (same batch size,
     workers, collate function...); None for anything else (unless ``stateful``, also for a loader with
-    its own state).
-    """
+    its own state)."""
     from torch.utils.data import DataLoader
 
     from ..loader import WebLoader  # lazy: imports torch, as the line above
@@ -51,8 +50,7 @@ def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:
 
 def _mark_checkpointed(loader: Any, framework: str) -> None:
     """Say that ``framework``'s checkpoints hold ``loader``'s position: on the loader, the loaders it
-    wraps, and their data sets.
-    """
+    wraps, and their data sets."""
     seen = 0
     obj = loader
     while obj is not None and seen < 8:
@@ -160,8 +158,7 @@ def _batches_done(loader: Any) -> Any:
 
 def _skip_in_place(loader: Any, num_batches: int, framework: str) -> Any:
     """A framework asks to skip the first ``num_batches`` of a restored loader: it is there already
-    (a warning where the counts differ: the framework's epoch boundaries move).
-    """
+    (a warning where the counts differ: the framework's epoch boundaries move)."""
     done = _batches_done(loader)
     if num_batches and done is not None and done != num_batches:
         log.warning("resumewds: %s counts %d batches trained in this epoch, the restored loader %d (world size "

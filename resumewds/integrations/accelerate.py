@@ -42,8 +42,7 @@ def _as_webloader(loader: Any) -> Any:
 
 class PreparedLoader:
     """A resumewds loader whose batches go to ``device`` (see :func:`prepare_loader`); everything else,
-    state included, is the loader's.
-    """
+    state included, is the loader's."""
 
     def __init__(self, loader: Any, device: Any = None, non_blocking: bool = False):
         self.loader = loader
@@ -116,8 +115,7 @@ def _skip(loader: PreparedLoader, num_batches: int) -> PreparedLoader:
 class _SkipFirstBatches:
     """``skip_first_batches`` of an accelerator given to :func:`prepare_loader`: a
     :class:`PreparedLoader` is returned as it is (already in place after ``load_state``), any other
-    loader goes to the accelerator's own.
-    """
+    loader goes to the accelerator's own."""
 
     def __init__(self, accelerate_skip: Any):
         self.accelerate_skip = accelerate_skip

@@ -70,8 +70,7 @@ def _train_loaders(trainer: Any) -> List[Any]:
 
 def _foreign_loaders(trainer: Any) -> List[Any]:
     """The training loaders that iterate a resumewds data set directly (a torch ``DataLoader``, a
-    torchdata ``StatefulDataLoader``), which Lightning resumes its own way.
-    """
+    torchdata ``StatefulDataLoader``), which Lightning resumes its own way."""
     combined = getattr(trainer.fit_loop, "_combined_loader", None)
     flat = getattr(combined, "flattened", None) or []
     return [dl for dl in flat if not _is_resumewds_loader(dl)
@@ -87,8 +86,7 @@ def _set_epoch(loader: Any, epoch: int) -> None:
 
 def _start_at_epoch(loader: Any, epoch: int) -> None:
     """A resumewds loader Lightning built afresh for a later epoch (``reload_dataloaders_every_n_epochs``)
-    starts at that epoch, unless it has moved or had a state loaded.
-    """
+    starts at that epoch, unless it has moved or had a state loaded."""
     if epoch > 0 and (int(loader.epoch), int(loader.position), int(loader.steps_done)) == (0, 0, 0):
         log.info("resumewds: a new training loader for epoch %d starts at that epoch", epoch)
         loader.epoch = epoch
@@ -98,8 +96,7 @@ def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
     """Prepare the foreign training loaders before Lightning's first ``iter()`` of this fit (the
     restored epoch, the state's worker count, a DataLoader resumed mid-epoch).  True when Lightning
     must not prefetch: one of them has a state, or a resumewds loader has no length (the checkpointed
-    state would be one batch ahead).
-    """
+    state would be one batch ahead)."""
     loop = trainer.fit_loop
     epoch = int(loop.epoch_progress.current.processed)
     progress = loop.epoch_loop.batch_progress
@@ -139,8 +136,7 @@ def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
 
 def _load_own_rank_states(callback: ResumeWDSCallback, trainer: Any, loaders: List[Any]) -> None:
     """Under several processes each rank loads its own ``StatefulDataLoader`` state (Lightning loaded
-    rank 0's into every rank).
-    """
+    rank 0's into every rank)."""
     per_rank, callback._rank_states = callback._rank_states, None
     if not per_rank or not loaders:
         return
@@ -169,8 +165,7 @@ def _serve_fit_loop(callback: ResumeWDSCallback, trainer: Any) -> None:
     """Let ``callback`` see ``trainer``'s training loaders where no hook reaches: as Lightning processes
     them (a torch ``DataLoader`` becomes a WebLoader) and when it selects its data fetcher (between
     the restore of their states and the first ``iter()``).  Only this trainer's fit loop runs
-    ``setup_data`` with the two in place of its module's functions (:func:`_rebind`).
-    """
+    ``setup_data`` with the two in place of its module's functions (:func:`_rebind`)."""
     loop = trainer.fit_loop
     scope = type(loop).setup_data.__globals__
     lightning_process, lightning_select = scope["_process_dataloader"], scope["_select_data_fetcher"]

@@ -52,8 +52,7 @@ def _write_json(path: str, state: Dict[str, Any]) -> None:
 
 class ResumeWDSTrainerCallback(_TrainerCallback):
     """Write the loader's state into each checkpoint folder; load it back when training resumes
-    (``output_dir``: where the ``checkpoint-<step>`` folders go; default ``args.output_dir``).
-    """
+    (``output_dir``: where the ``checkpoint-<step>`` folders go; default ``args.output_dir``)."""
 
     def __init__(self, loader: Any, output_dir: Optional[str] = None):
         self.loader = loader
@@ -110,13 +109,10 @@ def _check_skip(loader: Any, num_batches: int) -> Any:
 
 def _serve_skip(trainer: Any) -> None:
     """The Trainer's skip of a resumed epoch's first batches, for ``trainer`` only: a resumewds loader is
-    checked and passed through (:func:`_check_skip`), any other goes to Accelerate's.
-
-    The Trainer computes its step and gradient-accumulation counters only where it skips (so
-    ``ignore_data_skip`` would lose them), and calls ``skip_first_batches`` as a module function no
-    callback reaches: its methods that call it run, for this object only, with this skip in its place
-    (:func:`_rebind`).
-    """
+    checked and passed through (:func:`_check_skip`), any other goes to Accelerate's.  The Trainer
+    computes its step and gradient-accumulation counters only where it skips (``ignore_data_skip``
+    would lose them) and calls ``skip_first_batches`` as a module function no callback reaches: its
+    methods that call it run, for this object only, with this skip in its place (:func:`_rebind`)."""
     cls = type(trainer)
     methods = [name for name in dir(cls) if isinstance(getattr(cls, name, None), types.FunctionType)
                and "skip_first_batches" in getattr(cls, name).__code__.co_names]

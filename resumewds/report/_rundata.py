@@ -100,11 +100,8 @@ def load_run(path: str) -> Dict[str, Any]:
 
 
 def full_status(path: str) -> Dict[str, Any]:
-    """What ``resumewds status`` shows: the journal's summary completed by :func:`complete_status`.
-
-    Raises:
-        JournalError: no journal at ``path``, or an unreadable file.
-    """
+    """What ``resumewds status`` shows: the journal's summary completed by :func:`complete_status` (a
+    :class:`~resumewds.errors.JournalError` where no readable journal is at ``path``)."""
     with RunReader(path) as run:
         st = summarize(run)
         if st.get("run_id") is None and st.get("latest") is None:
@@ -179,8 +176,7 @@ def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, 
 def _add_mixture(st: Dict[str, Any]) -> None:
     """``st["mixture"]``, for a mixture run only: per-source delivered vs requested at the latest
     commit (:func:`resumewds.mixing.mixture_status`, equal to the live ``loader.stats()["mixture"]``);
-    a config that cannot be evaluated gets ``st["mixture_error"]``.
-    """
+    a config that cannot be evaluated gets ``st["mixture_error"]``."""
     cfg = st.get("config") or {}
     if not cfg.get("mixture_sources"):
         return

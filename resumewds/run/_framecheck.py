@@ -38,8 +38,7 @@ _PREFIXES = (("transformers.trainer", "transformers"), ("lightning.pytorch.", "l
 #: measured is 3: Lightning's ``len()`` of a torch ``DataLoader``, through ``sized_len`` and ``has_len_all_ranks``)
 LOOK_DEPTH = 6
 
-#: what each framework asks a data set just before it iterates it through its own loader: Lightning the
-#: length (its loader's ``len()``), Accelerate's prepared loader (the Trainer's too) sets the epoch
+#: what each framework asks a data set just before it iterates it through its own loader
 _ASKS_BEFORE_ITER = {"lightning": "len", "accelerate": "set_epoch", "transformers": "set_epoch"}
 
 #: what a framework's own loader does to a resumewds data set at a resume, and the fix
@@ -138,8 +137,7 @@ def checkpointed_by(obj: Any) -> Optional[str]:
 def note_framework(dataset: Any, asked: str) -> Optional[str]:
     """Called by a data set's ``len()`` (``asked="len"``) and ``set_epoch()``: warns where the framework
     that drives it (looked for once) asks what it asks just before it iterates through its own loader.
-    Returns the warning's text, or None.
-    """
+    Returns the warning's text, or None."""
     try:
         if dataset not in _FOUND:
             _FOUND[dataset] = framework_caller(LOOK_DEPTH, above=2)
@@ -186,8 +184,7 @@ def has_len(loader: Any) -> bool:
 def warn_unsaved_loader(loader: Any) -> Optional[str]:
     """Warn (once per process) when ``loader`` is iterated where a framework would lose its position:
     an ``Accelerator`` exists, or Lightning is imported and the loader has no ``len()``.  A loader
-    with a journal, or one an integration marked, is left alone.  Returns the warning's text, or None.
-    """
+    with a journal, or one an integration marked, is left alone.  Returns the warning's text, or None."""
     if getattr(loader, "journal", None) is not None:
         return None
     if checkpointed_by(loader) or checkpointed_by(getattr(loader, "dataset", None)):
@@ -250,12 +247,9 @@ def _accelerate_state() -> Any:
 
 
 def check_restored_state(dataset: Any = None) -> None:
-    """Refuse a ``StatefulDataLoader`` state of another ``num_workers`` restored into the loader
-    Accelerate is about to iterate over ``dataset`` (None: whatever the active loader iterates).
-
-    Raises:
-        StateError: the restored state was taken with another worker count.
-    """
+    """Refuse (a :class:`~resumewds.errors.StateError`) a ``StatefulDataLoader`` state of another
+    ``num_workers`` restored into the loader Accelerate is about to iterate over ``dataset`` (None:
+    whatever the active loader iterates)."""
     accelerate = _accelerate_state()
     loader = None if accelerate is None else getattr(accelerate.GradientState(), "active_dataloader", None)
     if loader is None:

@@ -87,8 +87,7 @@ class SplitPolicy(Protocol):
     def layout(self, dataset: Any, workers: int, world_size: int, batch_size: Optional[int], remainder: str,
                chunk: int) -> Any:
         """The loader's layout (an :class:`~resumewds.plan.EpochLayout`) of the split over ``workers``;
-        raises :class:`~resumewds.errors.StateError` where it cannot go on.
-        """
+        raises :class:`~resumewds.errors.StateError` where it cannot go on."""
 
 
 class _StepAt(NamedTuple):
@@ -464,8 +463,7 @@ class ShardLoader(Preemptible):
     def state_dict(self) -> Dict[str, Any]:
         """The loader's position, loadable into any loader over the same data: ``{"format", "version",
         "epoch", "position", "samples_total", "steps_done", "config", "batch_size", "world_size",
-        "checksum"}`` and the fields of :meth:`extra_place`.
-        """
+        "checksum"}`` and the fields of :meth:`extra_place`."""
         state = {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
                  "position": self.position, "samples_total": self.samples_total,
                  "steps_done": self.steps_done, "config": dict(self.config),
@@ -527,8 +525,7 @@ class ShardLoader(Preemptible):
 
     def to_tensorboard(self, writer: Any, step: Optional[int] = None, prefix: str = "data/") -> None:
         """Write the numeric stats to a TensorBoard ``SummaryWriter`` (anything with ``add_scalar``) as
-        ``prefix + name`` (:func:`resumewds.run._stats.flat_scalars`) at ``step`` (default: ``steps_done``).
-        """
+        ``prefix + name`` (:func:`resumewds.run._stats.flat_scalars`) at ``step`` (default: ``steps_done``)."""
         step = step if step is not None else self.steps_done
         for k, v in flat_scalars(self.stats()).items():
             writer.add_scalar(prefix + k, v, step)
@@ -568,8 +565,7 @@ class ShardLoader(Preemptible):
         epoch from its start, unless a state was given away since its last item (:meth:`state_dict`,
         :meth:`commit`: a run resumed from it continues there, so this one does too).  The first
         ``iter()`` after a place was given (a resume), left after its first item, is followed by that
-        place again.  An ``iter()`` that ended (an error included) keeps its place.
-        """
+        place again.  An ``iter()`` that ended (an error included) keeps its place."""
         origin, self._origin = self._origin, None
         handed, self._handed = self._handed, 0
         if self._advanced and not self._pinned and self.position:  # left mid-epoch (at an epoch's
@@ -821,8 +817,7 @@ class ShardLoader(Preemptible):
 
     def _account(self, meta: Dict[str, Any], epoch: int, wait: float) -> Any:
         """A step's stats, events and consumption; unbatched, the consumption owed as its samples are
-        handed out.
-        """
+        handed out."""
         self.stats_.update(meta, wait)
         self._absorb(meta.get("events") or [])
         # unbatched, a step's samples count as consumed one by one, as handed out
@@ -889,8 +884,7 @@ class ShardLoader(Preemptible):
 
     def close(self) -> None:
         """Flush and close the journal, release the shards this process holds open and restore the
-        signal handlers ``preempt`` replaced.
-        """
+        signal handlers ``preempt`` replaced."""
         self.release_signals()
         try:
             self._session.close()

@@ -32,13 +32,11 @@ def _preempt_signals(preempt: Union[bool, Sequence[int]]) -> Tuple[int, ...]:
 
 
 def _worker_signals(signals: Sequence[int], stopping: Any) -> None:
-    """In a worker: outlive the preemption signals the main process handles.
-
-    A signal to the whole process group must not kill the workers before the main process reaches its
-    step boundary, yet torch and multiprocessing stop workers with SIGTERM too: once ``stopping`` is
-    set a SIGTERM ends the worker.  A signal sent before this point waited, blocked
-    (:func:`_blocked_for_start`), and reaches the handlers installed here when unblocked.
-    """
+    """In a worker: outlive the preemption signals the main process handles.  A signal to the whole
+    process group must not kill the workers before the main process reaches its step boundary, yet
+    torch and multiprocessing stop workers with SIGTERM too: once ``stopping`` is set a SIGTERM ends
+    the worker.  A signal sent before this point waited, blocked (:func:`_blocked_for_start`), and
+    reaches the handlers installed here when unblocked."""
     def on_term(signum: int, frame: Any) -> None:
         if stopping is None or stopping.value:
             os._exit(0)  # being shut down: leave quietly (a signal death would be reported)
@@ -127,8 +125,7 @@ class Preemptible:
 
     def request_stop(self) -> None:
         """Stop at the next step boundary, as a preemption signal would (safe from a signal handler or
-        another thread); :meth:`clear_stop` continues in this process.
-        """
+        another thread); :meth:`clear_stop` continues in this process."""
         self.preempted = True
 
     def clear_stop(self) -> None:

@@ -34,8 +34,7 @@ __all__ = ["JournalSession", "LoaderPlace", "Resumed", "StepConsumption", "proce
 @dataclass
 class LoaderPlace:
     """Where a loader stands, as a session needs it: its rank, world, nodes, the data set's ``config``
-    and the loader's ``layout`` (batch_size, world_size, num_workers, remainder).
-    """
+    and the loader's ``layout`` (batch_size, world_size, num_workers, remainder)."""
 
     rank: int
     world_size: int
@@ -47,8 +46,7 @@ class LoaderPlace:
 @dataclass
 class Resumed:
     """What opening a journal found: where the loader resumes (``epoch`` None: no commit), the
-    configuration after adopting the run's partitions, and the shards recorded as failed.
-    """
+    configuration after adopting the run's partitions, and the shards recorded as failed."""
 
     config: Dict[str, Any]
     epoch: Optional[int] = None
@@ -150,8 +148,7 @@ class JournalSession:
 
     def consume_step(self, epoch: int, meta: Dict[str, Any], by_slot: bool = False) -> StepConsumption:
         """The consumption of an unbatched step, counted as its samples are handed out
-        (:class:`StepConsumption`).
-        """
+        (:class:`StepConsumption`)."""
         return StepConsumption(self, epoch, meta, by_slot)
 
     def consumed_now(self) -> Dict[Tuple[int, int], int]:
@@ -160,8 +157,7 @@ class JournalSession:
 
     def set_consumed(self, consumed: Dict[Tuple[int, int], int]) -> None:
         """Count ``consumed`` as the consumption since the last commit (a loader that goes back to an
-        earlier place takes back what it counted).
-        """
+        earlier place takes back what it counted)."""
         self._consumed = {k: n for k, n in consumed.items() if n}
 
     def record(self, events: List[Dict[str, Any]]) -> None:
@@ -257,10 +253,9 @@ class JournalSession:
                   if is_remote_url(sh.url)]
         if remote and j.latest_commit() is None:
             j.update_shards(remote)  # every remote shard starts as 'pending'
-        if point is None:
-            if j.latest_commit() is not None and resume is False:
-                raise JournalError(f"{self.path}: journal already holds commits; pass resume=True to "
-                                   "continue that run, or use a new journal path")
+        if point is None and resume is False and j.latest_commit() is not None:
+            raise JournalError(f"{self.path}: journal already holds commits; pass resume=True to "
+                               "continue that run, or use a new journal path")
         out = Resumed(config=config)
         if point is not None:
             out.epoch = int(point["epoch"])
@@ -331,8 +326,7 @@ class JournalSession:
                place: Optional[Dict[str, Any]] = None) -> None:
         """Record atomically the position after ``step`` (see ``WebLoader.commit``); ``shards``: the
         manifest's (consumption is recorded by url), ``stats``: a snapshot or None, ``place``: where the
-        loader stands beyond ``(epoch, position)``.
-        """
+        loader stands beyond ``(epoch, position)``."""
         if self.journal is None:
             raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
         if stats is not None:

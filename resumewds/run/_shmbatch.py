@@ -95,8 +95,7 @@ class _SlotTensor:
 def _small_tensor(x: Any) -> bool:
     """A tensor the slot carries and gives back exactly: plain, contiguous, dense, CPU, no autograd,
     names or lazy conj/neg bits, 1 byte to :data:`MAX_TENSOR` (torch would send each as a new
-    shared-memory segment whose descriptor crosses a socket, about 0.4 ms of CPU per tensor).
-    """
+    shared-memory segment whose descriptor crosses a socket, about 0.4 ms of CPU per tensor)."""
     try:
         return (x.device.type == "cpu" and x.layout is _STRIDED[0] and not x.requires_grad
                 and x.is_contiguous() and not x.is_quantized and not any(getattr(x, "names", None) or ())
@@ -150,8 +149,7 @@ def _strip(x: Any, leaves: List[bytes], ids: Dict[int, Any], refs: List[int],
            slot_of: Optional[Callable[[Any], Optional[_SlotTensor]]] = None) -> Any:
     """``x`` with every large leaf replaced by its marker, in walk order.  ``ids`` (``id()`` -> leaf
     index or stripped copy) keeps an object referenced twice shared; ``slot_of`` marks a tensor that
-    lies in a tensor slot.
-    """
+    lies in a tensor slot."""
     t = type(x)
     if t is bytes:
         if len(x) < MIN_LEAF:
@@ -202,8 +200,7 @@ _REFILLED = (list, tuple, dict, _SlotTensor)
 
 def _fill(x: Any, leaf: Callable[[int, Any], Any], refs: Any, done: Dict[int, Any]) -> Any:
     """The inverse of :func:`_strip`: each marker back through ``leaf(index, marker)`` (a slot
-    tensor's: ``leaf(-1, marker)``); what the skeleton shares is rebuilt once.
-    """
+    tensor's: ``leaf(-1, marker)``); what the skeleton shares is rebuilt once."""
     t = type(x)
     if x is _LEAF or t is _TensorLeaf:
         return leaf(next(refs), x)
@@ -339,8 +336,7 @@ class TensorSlots:
     # ---- main process side ----------------------------------------------------
     def tensor(self, m: _SlotTensor, views: Dict[int, Any]) -> Any:
         """The tensor ``m`` stands for, over the slot's memory (no copy); the slot is released when every
-        tensor over it is gone (``views``: one batch's slot buffers, one release per slot and batch).
-        """
+        tensor over it is gone (``views``: one batch's slot buffers, one release per slot and batch)."""
         import torch  # lazy: torch (heavy), only where tensors are handled
 
         buf = views.get(m.slot)
@@ -397,8 +393,7 @@ class BytesRing:
     # ---- worker side ------------------------------------------------------
     def pack(self, worker: int, batch: Any) -> Any:
         """``batch`` as a :class:`Packed` in this worker's next slot, or ``batch`` itself (little in bytes,
-        too large, slot busy).
-        """
+        too large, slot busy)."""
         if _TENSOR is None:
             _tensor_type()
         leaves: List[Any] = []

@@ -1,10 +1,9 @@
 """The checksum of a loader state: an edited or damaged state is refused, never loaded.
 
-Every resumewds ``state_dict()`` ends with :func:`seal` (``"checksum"``: xxh3_64 of the state's
-canonical form, compact JSON that survives ``torch.save``, pickle and JSON round trips) and every
-``load_state_dict()`` starts with :func:`check_seal`: a position moved by hand would otherwise
-load silently, losing some samples and repeating others.  A state without a checksum (an earlier
-resumewds) loads as before.  A wrapper that adds keys seals again.
+Every resumewds ``state_dict()`` ends with :func:`seal` (xxh3_64 of the state's canonical JSON,
+which survives ``torch.save``, pickle and JSON round trips) and every ``load_state_dict()`` starts
+with :func:`check_seal`: a position moved by hand would otherwise load silently, losing some
+samples and repeating others.  A state without a checksum (an earlier resumewds) loads as before.
 
 Example:
     >>> state = seal({"format": "resumewds.loader", "epoch": 0, "position": 64})
@@ -77,12 +76,8 @@ def seal(state: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def check_seal(state: Dict[str, Any], what: str) -> None:
-    """Refuse ``state`` when its checksum does not match its content (none: passes); ``what`` names
-    the state in the message.
-
-    Raises:
-        StateError: the checksum is not the state's.
-    """
+    """Refuse ``state`` (a :class:`~resumewds.errors.StateError`) when its checksum does not match its
+    content; a state without one passes.  ``what`` names the state in the message."""
     if not isinstance(state, dict) or CHECKSUM_KEY not in state:
         return
     got = state[CHECKSUM_KEY]

@@ -106,8 +106,7 @@ class Stats:
 
     def observe_queue(self, it: Any) -> None:
         """Record the DataLoader iterator's outstanding tasks (torch's private ``_tasks_outstanding`` /
-        ``_task_info``); None for a single-process iterator.
-        """
+        ``_task_info``); None for a single-process iterator."""
         depth = getattr(it, "_tasks_outstanding", None)
         if depth is None:
             return

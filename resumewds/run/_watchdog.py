@@ -1,16 +1,12 @@
-"""The life of a loader's DataLoader workers: dying with the parent, and stopped workers.
+"""The life of a loader's DataLoader workers: they die with the parent (:func:`die_with_parent`), a
+stopped one is named and killed (:class:`WorkerStallError`), and they fork with the parent's
+objects frozen (:func:`frozen_for_fork`).
 
-* :func:`die_with_parent`: the kernel kills a worker when the main process dies
-  (``PR_SET_PDEATHSIG``); the parent is the pid recorded there, so PID 1 is a parent like any other.
-* :class:`WorkerWatchdog`: a worker stopped by a signal (state ``T``) never delivers its steps and
-  the loader, which takes them in order, would wait forever.  Time counts only while the worker is
-  stopped *and* the loader waits (a stop of the whole process group counts nothing); past the
-  limit the worker is killed and :class:`WorkerStallError` names it.  However an iteration ends,
-  stopped workers are killed: torch's shutdown and Python's exit would wait to join them.
-* :func:`frozen_for_fork`: ``gc.freeze()`` around the start of the loader's own workers, so their
-  collections never scan (nor copy on write) the parent's objects; nothing else is touched.
-
-The limit: ``stall_timeout=``, else ``RESUMEWDS_WORKER_STALL``, else :data:`DEFAULT_STALL_SECONDS`.
+A worker stopped by a signal (state ``T``) never delivers its steps, and the loader, which takes
+them in order, would wait forever.  :class:`WorkerWatchdog` counts time only while the worker is
+stopped *and* the loader waits (a stop of the whole process group counts nothing); past the limit
+(``stall_timeout=``, ``RESUMEWDS_WORKER_STALL``, :data:`DEFAULT_STALL_SECONDS`) it kills the worker.
+However an iteration ends, stopped workers are killed: a shutdown would wait to join them.
 
 Example:
     >>> _proc_state(os.getpid()) in ("R", "S", None)
@@ -66,8 +62,7 @@ class WorkerStallError(ResumeWDSError, RuntimeError):
 
 def stall_limit(explicit: Optional[float] = None) -> float:
     """Seconds a stopped worker may hold the loader up: ``explicit``, else ``RESUMEWDS_WORKER_STALL``,
-    else :data:`DEFAULT_STALL_SECONDS` (0: no limit).
-    """
+    else :data:`DEFAULT_STALL_SECONDS` (0: no limit)."""
     if explicit is not None and not float(explicit) >= 0:
         raise ValueError(f"stall_timeout={explicit!r}: must be >= 0 seconds (0: no limit)")
     return float(config.value("worker_stall", None if explicit is None else float(explicit)))
@@ -129,13 +124,11 @@ def frozen_for_fork() -> Iterator[None]:
 
 
 def die_with_parent(parent: Optional[int]) -> None:
-    """In a DataLoader worker: be killed (SIGKILL) when the main process dies (Linux).
-
-    torch's workers notice a SIGKILLed parent only while idle, and one blocked flushing its result
-    queue would keep cache pins and memory forever.  ``parent``: the main process's pid, recorded
-    before the workers started; if it died before ``prctl`` took effect the worker exits now (our
-    parent may differ from it: a ``forkserver`` worker).
-    """
+    """In a DataLoader worker: be killed (SIGKILL) when the main process dies (Linux).  torch's workers
+    notice a SIGKILLed parent only while idle, and one blocked flushing its result queue would keep
+    cache pins and memory forever.  ``parent``: the main process's pid, recorded before the workers
+    started; if it died before ``prctl`` took effect the worker exits now (our parent may differ from
+    it: a ``forkserver`` worker)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -171,11 +164,8 @@ def _close_live() -> None:
 
 
 class WorkerWatchdog:
-    """Watches the workers of one DataLoader iterator for stops (see the module doc).
-
-    ``limit`` (:func:`stall_limit`) 0 or less: no thread, but stopped workers are still named in
-    errors and killed at :meth:`close`.
-    """
+    """Watches the workers of one DataLoader iterator for stops (see the module doc); with a ``limit``
+    of 0 or less no thread runs, but stopped workers are still named in errors and killed at :meth:`close`."""
 
     def __init__(self, it: Any, limit: float):
         self._it = it
@@ -244,8 +234,7 @@ class WorkerWatchdog:
 
     def _kill(self, pid: int) -> None:
         """SIGKILL a worker, first taken out of torch's SIGCHLD check so that its death raises inside
-        ``next(it)``, not anywhere in the main thread.
-        """
+        ``next(it)``, not anywhere in the main thread."""
         self._killed.append(pid)
         try:
             from torch.utils.data._utils import signal_handling
@@ -269,8 +258,7 @@ class WorkerWatchdog:
 
     def explain(self, exc: BaseException) -> Optional[ResumeWDSError]:
         """The error to raise for ``exc`` from ``next(it)``: the stall, a stopped worker named when
-        DataLoader's own ``timeout`` expired, else :func:`worker_died`'s (or None).
-        """
+        DataLoader's own ``timeout`` expired, else :func:`worker_died`'s (or None)."""
         if self.stalled is not None:
             return self.stalled
         if isinstance(exc, RuntimeError) and "DataLoader timed out" in str(exc):

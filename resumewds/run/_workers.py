@@ -29,8 +29,7 @@ __all__ = ["BatchInfo", "EmptyBatch"]
 
 class _WorkerFailure:
     """One of our errors from a worker, yielded instead of raised so that the exception itself is
-    pickled: the main process re-raises it with its type and fields (torch would rebuild it from text).
-    """
+    pickled: the main process re-raises it with its type and fields (torch would rebuild it from text)."""
 
     def __init__(self, exc: ResumeWDSError, worker: int):
         self.exc = exc

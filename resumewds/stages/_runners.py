@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
+import xxhash
+
 from ..errors import HandlerStop
 from ._handling import OnEvent, SkippedSample, report_stop
 from ._positions import hide_positions
@@ -42,8 +44,7 @@ class Runner:
 
 class MapRunner(Runner):
     """A per-sample stage on the stream: None drops the item; a handler's skip is a ``sample_skip``
-    event of ``on_event``.
-    """
+    event of ``on_event``."""
 
     def __init__(self, fn: Callable[[Any], Any], on_event: Optional[OnEvent] = None):
         super().__init__()
@@ -142,8 +143,6 @@ class SliceRunner(Runner):
 
 
 def unit(key: int, i: int) -> float:
-    import xxhash
-
     return xxhash.xxh3_64_intdigest(i.to_bytes(8, "little"), key & ((1 << 64) - 1)) / float(1 << 64)
 
 
@@ -162,8 +161,7 @@ class RSampleRunner(Runner):
 
 class ShuffleRunner(Runner):
     """A buffer shuffle (webdataset's algorithm); ``pick(n)`` chooses the index in a buffer of ``n``
-    (default: a hash of ``(key, picks so far)``, exact on resume; ``filters.shuffle`` passes ``rng.randint``).
-    """
+    (default: a hash of ``(key, picks so far)``, exact on resume; ``filters.shuffle`` passes ``rng.randint``)."""
 
     def __init__(self, size: int, initial: int, key: int = 0,
                  pick: Optional[Callable[[int], int]] = None):

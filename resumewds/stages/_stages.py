@@ -14,7 +14,9 @@ Example:
 from __future__ import annotations
 
 import operator
+import re
 import sys
+from fnmatch import fnmatch
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import DecodeError, HandlerStop, MissingKeyError
@@ -109,8 +111,7 @@ def _where(sample: Any) -> str:
 
 class MapDict:
     """``map_dict``: apply functions to named fields, in place; a missing field is a
-    :class:`~resumewds.errors.MissingKeyError` (a ``KeyError``, as in webdataset).
-    """
+    :class:`~resumewds.errors.MissingKeyError` (a ``KeyError``, as in webdataset)."""
 
     def __init__(self, **fns: Callable[[Any], Any]):
         if not fns:
@@ -135,8 +136,7 @@ class MapDict:
 
 class MapTuple:
     """``map_tuple``: apply functions to tuple fields by position (None: unchanged); as in webdataset,
-    the first ``min(len(fns), len(sample))`` fields are mapped and the rest kept.
-    """
+    the first ``min(len(fns), len(sample))`` fields are mapped and the rest kept."""
 
     def __init__(self, *fns: Optional[Callable[[Any], Any]]):
         for f in fns:
@@ -156,8 +156,7 @@ class MapTuple:
 
 class Rename:
     """``rename(image="jpg;png", label="cls")``: new names from the first present old one; the renamed
-    fields are dropped (``keep=True``, webdataset's default) or only the new fields kept (``keep=False``).
-    """
+    fields are dropped (``keep=True``, webdataset's default) or only the new fields kept (``keep=False``)."""
 
     def __init__(self, keep: bool = True, **kw: Union[str, Sequence[str]]):
         self.map = {new: (old.split(";") if isinstance(old, str) else list(old)) for new, old in kw.items()}
@@ -209,8 +208,6 @@ class ExtractKeys:
         self.ignore_missing = ignore_missing
 
     def __call__(self, sample: Dict[str, Any]) -> Tuple[Any, ...]:
-        from fnmatch import fnmatch
-
         out = []
         for pats in self.patterns:
             matches = [k for k in sample if any(fnmatch("." + k, p) or fnmatch(k, p) for p in pats)]
@@ -235,9 +232,6 @@ class RenameKeys:
         self.duplicate_is_error = duplicate_is_error
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        import re
-        from fnmatch import fnmatch
-
         new: Dict[str, Any] = {}
         matched = {p: False for p, _ in self.renamings}
         for path, value in sample.items():
@@ -264,8 +258,7 @@ class RenameKeys:
 
 class SelectFiles:
     """The ``select_files=`` / ``rename_files=`` arguments of WebDataset, on a read sample (each gets
-    a member's name ``"<key>.<extension>"``; a renamed member stays in its sample).
-    """
+    a member's name ``"<key>.<extension>"``; a renamed member stays in its sample)."""
 
     def __init__(self, select_files: Optional[Callable[[str], bool]] = None,
                  rename_files: Optional[Callable[[str], str]] = None):
@@ -295,8 +288,7 @@ class SelectFiles:
 # ---- handlers: the handler= argument of stages ------------------------------
 class Handled:
     """Run ``fn`` under a webdataset ``handler``: re-raise, skip (True: :class:`SkippedSample`) or stop
-    (False: :class:`~resumewds.errors.HandlerStop` holding the skip as ``skipped``).
-    """
+    (False: :class:`~resumewds.errors.HandlerStop` holding the skip as ``skipped``)."""
 
     def __init__(self, fn: Callable[[Any], Any], handler: Callable[[BaseException], bool],
                  name: str = "map"):
@@ -359,11 +351,8 @@ def default_collation_fn(samples: List[Any], combine_tensors: bool = True,
 
 
 class Stage:
-    """One fluent stage of a :class:`resumewds.WebDataset` (a picklable description).
-
-    ``kind`` is ``"sample"`` (a function of one item, None drops it),
-    ``"shuffle"`` (``.shuffle(n)``), ``"batched"`` or ``"stream"``.
-    """
+    """One fluent stage of a :class:`resumewds.WebDataset` (a picklable description); ``kind`` is
+    ``"sample"`` (a function of one item, None drops it), ``"shuffle"``, ``"batched"`` or ``"stream"``."""
 
     def __init__(self, kind: str, name: str, fn: Any = None, **args: Any):
         self.kind, self.name, self.fn, self.args = kind, name, fn, args
@@ -373,8 +362,7 @@ class Stage:
 
     def runner(self, key: int, on_event: Optional[OnEvent] = None) -> Any:
         """A fresh runner of this stage for one epoch (``key``: its random stream; ``on_event``: where a
-        handler's skip goes).
-        """
+        handler's skip goes)."""
         a = self.args
         if self.kind == "sample":
             return r.MapRunner(self.fn, on_event)
