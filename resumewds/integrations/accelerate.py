@@ -105,13 +105,6 @@ def prepare_loader(accelerator: Any, loader: Any, device_placement: Optional[boo
     return prepared
 
 
-def _skip(loader: PreparedLoader, num_batches: int) -> PreparedLoader:
-    if num_batches and not loader.restored:
-        raise StateError(f"accelerator.skip_first_batches({num_batches}) on a resumewds loader whose state was not "
-                         "loaded: accelerator.load_state() restores its position (then skipping is not needed)")
-    return _skip_in_place(loader, num_batches, "accelerator.skip_first_batches")
-
-
 class _SkipFirstBatches:
     """``skip_first_batches`` of an accelerator given to :func:`prepare_loader`: a
     :class:`PreparedLoader` is returned as it is (already in place after ``load_state``), any other
@@ -121,9 +114,12 @@ class _SkipFirstBatches:
         self.accelerate_skip = accelerate_skip
 
     def __call__(self, dataloader: Any, num_batches: int = 0) -> Any:
-        if isinstance(dataloader, PreparedLoader):
-            return _skip(dataloader, num_batches)
-        return self.accelerate_skip(dataloader, num_batches=num_batches)
+        if not isinstance(dataloader, PreparedLoader):
+            return self.accelerate_skip(dataloader, num_batches=num_batches)
+        if num_batches and not dataloader.restored:
+            raise StateError(f"accelerator.skip_first_batches({num_batches}) on a resumewds loader whose state was not "
+                             "loaded: accelerator.load_state() restores its position (then skipping is not needed)")
+        return _skip_in_place(dataloader, num_batches, "accelerator.skip_first_batches")
 
 
 def _serve_skip(accelerator: Any) -> None:
