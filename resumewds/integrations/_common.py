@@ -16,10 +16,8 @@ def _is_resumewds_loader(obj: Any) -> bool:
     """A WebLoader, or a loader chain over one (their states have the resumewds format)."""
     from ..loader import WebLoader  # lazy: imports torch; `import resumewds.integrations` stays light
 
-    if isinstance(obj, WebLoader):
-        return True
-    return hasattr(obj, "loader") and isinstance(getattr(obj, "loader", None), WebLoader) and hasattr(
-        obj, "load_state_dict")
+    return isinstance(obj, WebLoader) or (isinstance(getattr(obj, "loader", None), WebLoader)
+                                          and hasattr(obj, "load_state_dict"))
 
 
 def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:

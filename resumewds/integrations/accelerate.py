@@ -86,8 +86,7 @@ def prepare_loader(accelerator: Any, loader: Any, device_placement: Optional[boo
         loader: a :class:`resumewds.WebLoader` (or a loader chain over one), or a torch ``DataLoader``
             over a resumewds ``WebDataset``.  Create it after the Accelerator, so that it sees the rank
             and world size.
-        device_placement: move batches to ``accelerator.device`` (default:
-            ``accelerator.device_placement``).
+        device_placement: move batches to ``accelerator.device`` (default: ``accelerator.device_placement``).
 
     Returns:
         The loader, registered with ``accelerator.register_for_checkpointing``.

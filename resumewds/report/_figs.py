@@ -58,13 +58,10 @@ def _throughput_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
         xs, ys = throughput_series(commits, min_dt, breaks=_resumes(data, r))
         if xs:
             any_points = True
-            fig.add_trace(go.Scatter(x=[_dt(x) for x in xs], y=ys, mode="lines", name=f"rank {r}",
-                                     connectgaps=False,
-                                     line=dict(color=color, width=2),
-                                     fill="tozeroy" if i == 0 else "none",
+            fig.add_trace(go.Scatter(x=[_dt(x) for x in xs], y=ys, mode="lines", name=f"rank {r}", connectgaps=False,
+                                     line=dict(color=color, width=2), fill="tozeroy" if i == 0 else "none",
                                      fillcolor="rgba(9,132,227,0.08)",
-                                     hovertemplate="%{y:,.0f} samples/s<br>%{x}<extra>rank " + str(r)
-                                     + "</extra>"))
+                                     hovertemplate="%{y:,.0f} samples/s<br>%{x}<extra>rank " + str(r) + "</extra>"))
         snaps = [(c["ts"], c["stats"].get("recent_samples_per_s")) for c in commits
                  if c.get("stats") and c["stats"].get("recent_samples_per_s") is not None]
         if snaps:

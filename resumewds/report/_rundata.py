@@ -63,18 +63,13 @@ def _strided(rows: List[Dict[str, Any]], limit: int) -> List[Dict[str, Any]]:
 
 
 def load_run(path: str) -> Dict[str, Any]:
-    """Everything the report draws, as JSON-able data, from one :class:`~resumewds.journal.RunReader`.
-
-    Returns:
-        ``{"status": complete_status(...), "commits": {rank: [...]}, "events": [...], "consumption":
-        {url: {samples, total}}, "downloads": {count, bytes, seconds}, "evicted": {url: n},
-        "latest_stats": rank 0's newest stats snapshot or None}``.  At most :data:`MAX_POINTS`
-        commits per rank (strided) and :data:`MAX_EVENTS` events per kind (the newest);
-        ``consumption`` is the latest epoch with any; downloads and evictions are summed over every
-        rank and loader of the run.
-
-    Raises:
-        JournalError: no journal at ``path``, or an unreadable file.
+    """Everything the report draws, as JSON-able data, from one :class:`~resumewds.journal.RunReader`:
+    ``{"status", "commits": {rank: [...]}, "events", "consumption": {url: {samples, total}}, "downloads":
+    {count, bytes, seconds}, "evicted": {url: n}, "latest_stats"}`` (rank 0's newest snapshot or None).
+    At most :data:`MAX_POINTS` commits per rank (strided) and :data:`MAX_EVENTS` events per kind (the
+    newest); ``consumption`` is the latest epoch with any; downloads and evictions are summed over
+    every rank and loader.  Raises :class:`~resumewds.errors.JournalError` where no readable journal is
+    at ``path``.
     """
     with RunReader(path) as run:
         st = summarize(run)
@@ -155,9 +150,7 @@ def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, 
     cfg_shards = (st.get("config") or {}).get("shards")
     sh["total"] = max(len(listed), int(cfg_shards or 0), int(sh.get("total") or 0))
     latest = st.get("latest") or {}
-    done = None
-    if latest.get("position") == 0 and (latest.get("epoch") or 0) > 0:
-        done = int(latest["epoch"])
+    done = int(latest["epoch"]) if latest.get("position") == 0 and (latest.get("epoch") or 0) > 0 else None
     st["complete_epochs"] = done if done is not None else int(latest.get("epoch") or 0)
     _add_mixture(st)
     cons = st.get("consumption") or {}

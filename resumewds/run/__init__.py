@@ -39,16 +39,24 @@ if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
 
 # the loader imports torch: every name loads its module on first use (PEP 562), so that
 # the torch-free modules here (the watchdog, the state checksum, stats) stay torch-free
-_LAZY: _typing.Dict[str, str] = {name: module for module, names in {
-    "_framecheck": "check_restored_state has_len mark_checkpointed note_framework state_num_workers "
-                   "worker_count_error",
-    "_loader": "STATE_FORMAT ShardLoader",
-    "_skipping": "check_steps",
-    "_statecheck": "CHECKSUM_KEY check_seal seal",
-    "_stats": "Stats",
-    "_watchdog": "WorkerStallError",
-    "_workers": "BatchInfo EmptyBatch",
-}.items() for name in names.split()}
+_LAZY: _typing.Dict[str, str] = {
+    "BatchInfo": "_workers",
+    "CHECKSUM_KEY": "_statecheck",
+    "EmptyBatch": "_workers",
+    "STATE_FORMAT": "_loader",
+    "ShardLoader": "_loader",
+    "Stats": "_stats",
+    "WorkerStallError": "_watchdog",
+    "check_restored_state": "_framecheck",
+    "check_seal": "_statecheck",
+    "check_steps": "_skipping",
+    "has_len": "_framecheck",
+    "mark_checkpointed": "_framecheck",
+    "note_framework": "_framecheck",
+    "seal": "_statecheck",
+    "state_num_workers": "_framecheck",
+    "worker_count_error": "_framecheck",
+}
 
 __all__ = ["BatchInfo", "check_restored_state", "check_seal", "check_steps", "CHECKSUM_KEY", "EmptyBatch",
            "has_len", "mark_checkpointed", "note_framework", "seal", "ShardLoader", "STATE_FORMAT",

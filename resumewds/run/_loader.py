@@ -357,11 +357,8 @@ class ShardLoader(Preemptible):
 
     def adopt_place(self, place: Dict[str, Any], source: Optional[str]) -> None:
         """Hook: stand at ``place``'s fields beyond ``(epoch, position)`` (a loaded state, a journal
-        commit's place, or, ``source`` None, a :meth:`mark`); raise
-        :class:`~resumewds.errors.StateError` naming ``source`` for a place it cannot stand at.
-
-        Example:
-            >>> loader.adopt_place({}, "this state")                  # doctest: +SKIP
+        commit's place, or, ``source`` None, a :meth:`mark`); raise :class:`~resumewds.errors.StateError`
+        naming ``source`` for a place it cannot stand at.
         """
 
     def commit(self, step: int, stats: Optional[bool] = None, place: Optional[Dict[str, Any]] = None) -> None:

@@ -59,10 +59,6 @@ class Resumed:
 _UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
 
 
-def _auto_partitions(ds: Any) -> bool:
-    return getattr(ds, "partitions", 1) is None
-
-
 class StepConsumption:
     """A step's samples counted as consumed one by one as they are handed out.
 
@@ -124,12 +120,7 @@ class StepConsumption:
 
 
 class JournalSession:
-    """One loader's journal (``path`` None: only the consumption count is kept).
-
-    Example:
-        >>> s = JournalSession("run.db")                   # doctest: +SKIP
-        >>> s.open(ds, place, resume=True, sync="NORMAL")  # doctest: +SKIP
-    """
+    """One loader's journal (``path`` None: only the consumption count is kept)."""
 
     def __init__(self, path: Optional[str]):
         self.path = path
@@ -237,7 +228,7 @@ class JournalSession:
             with Journal(self.path, rank=0, readonly=True) as j0:
                 stored = j0.config()
         config = where.config
-        if stored and _auto_partitions(dataset):  # a resume keeps the run's partitions
+        if stored and getattr(dataset, "partitions", 1) is None:  # a resume keeps the run's partitions
             dataset.use_partitions(resolve_partitions(None, where.nodes, stored))
             config = dict(config, **dataset.config())
         if stored:  # and the run's worker split (resumewds.wds._shardsplit), whatever num_workers

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import mmap
 import multiprocessing
 import weakref
@@ -29,17 +30,14 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 #: leaves smaller than this stay in the pickled skeleton (a class label, a key)
 MIN_LEAF = 1024
-#: a batch with fewer bytes than this in large leaves goes through the queue
-#: (unless it holds a small tensor, which the queue sends expensively)
+#: a batch with fewer bytes than this in large leaves goes through the queue (unless it holds a small tensor)
 MIN_PACK = 64 * 1024
-#: tensors up to this size travel in the slot; larger ones keep torch's own
-#: path (a collated batch tensor is already in shared memory: no copy there)
+#: tensors up to this size travel in the slot; larger ones keep torch's own path (shared memory already)
 MAX_TENSOR = 1 << 20
 
 log = logging.getLogger("resumewds")
 
-#: bytes of one tensor slot (virtual memory: a page costs memory only once
-#: a batch has used it); a larger batch tensor takes torch's own path
+#: bytes of one tensor slot (virtual memory: a page costs memory once used); larger tensors take torch's path
 TENSOR_SLOT_BYTES = 64 << 20
 
 _TENSOR: Any = None  # torch.Tensor, once a worker packs (no torch import here before that)
@@ -70,9 +68,6 @@ class _TensorLeaf:
     def __setstate__(self, st: Tuple[Any, ...]) -> None:
         self.dtype, self.shape = st
 
-    def __repr__(self) -> str:
-        return f"<tensor leaf {self.dtype} {tuple(self.shape)}>"
-
 
 class _SlotTensor:
     """The marker for a tensor in a :class:`TensorSlots` slot: where, dtype, shape."""
@@ -87,9 +82,6 @@ class _SlotTensor:
 
     def __setstate__(self, st: Tuple[Any, ...]) -> None:
         self.slot, self.offset, self.dtype, self.shape = st
-
-    def __repr__(self) -> str:
-        return f"<slot tensor {self.slot}+{self.offset} {self.dtype} {tuple(self.shape)}>"
 
 
 def _small_tensor(x: Any) -> bool:
@@ -112,9 +104,6 @@ class _Leaf:
 
     def __reduce__(self) -> str:
         return "_LEAF"
-
-    def __repr__(self) -> str:
-        return "<leaf>"
 
 
 _LEAF = _Leaf()
@@ -220,12 +209,6 @@ def _fill(x: Any, leaf: Callable[[int, Any], Any], refs: Any, done: Dict[int, An
         res = out if t is list else tuple(out)
     done[id(x)] = res
     return res
-
-
-def _uint8() -> Any:
-    import torch  # lazy: torch (heavy), only where tensors are handled
-
-    return torch.uint8
 
 
 def _slot_view(mm: mmap.mmap, offset: int, n: int) -> Any:
@@ -344,10 +327,7 @@ class TensorSlots:
             assert self.mm is not None, "unpack after close"
             buf = views[m.slot] = (ctypes.c_uint8 * self.slot_bytes).from_buffer(self.mm, m.slot * self.slot_bytes)
             weakref.finalize(buf, self._release, m.slot)
-        numel = 1
-        for d in m.shape:
-            numel *= d
-        return torch.frombuffer(buf, dtype=m.dtype, count=numel, offset=m.offset).view(m.shape)
+        return torch.frombuffer(buf, dtype=m.dtype, count=math.prod(m.shape), offset=m.offset).view(m.shape)
 
     def _release(self, idx: int) -> None:
         if not self._closed:
@@ -435,7 +415,8 @@ class BytesRing:
             if type(b) is bytes:
                 mm[base + a:base + e] = b
             else:
-                _slot_view(mm, base + a, e - a).copy_(b.reshape(-1).view(_uint8()))
+                dst = _slot_view(mm, base + a, e - a)
+                dst.copy_(b.reshape(-1).view(dst.dtype))
         self._seq[worker] = seq + 1
         return Packed(worker, seq, skeleton, refs, offsets)
 

@@ -50,13 +50,39 @@ if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
 
 # every name loads its module on first use (PEP 562): importing one module of this
 # package (or the package) loads nothing else of it
-_LAZY: _typing.Dict[str, str] = {name: module for module, names in {
-    "_handling": "Handler OnEvent empty_epoch_error reraise_exception until_stop",
-    "_positions": "hide_positions",
-    "_runners": "BatchRunner LogKeysRunner MapRunner RSampleRunner ShuffleRunner SliceRunner UnbatchRunner",
-    "_stages": "ExtractKeys FieldError Handled Map MapDict MapTuple Rename RenameKeys SampleTypeError Select "
-               "SelectFiles Stage ToTuple apply_stages default_collate default_collation_fn getfirst list_collate",
-}.items() for name in names.split()}
+_LAZY: _typing.Dict[str, str] = {
+    "LogKeysRunner": "_runners",
+    "MapRunner": "_runners",
+    "RSampleRunner": "_runners",
+    "ShuffleRunner": "_runners",
+    "SliceRunner": "_runners",
+    "apply_stages": "_stages",
+    "BatchRunner": "_runners",
+    "default_collate": "_stages",
+    "default_collation_fn": "_stages",
+    "empty_epoch_error": "_handling",
+    "ExtractKeys": "_stages",
+    "FieldError": "_stages",
+    "getfirst": "_stages",
+    "Handled": "_stages",
+    "Handler": "_handling",
+    "hide_positions": "_positions",
+    "list_collate": "_stages",
+    "Map": "_stages",
+    "MapDict": "_stages",
+    "MapTuple": "_stages",
+    "OnEvent": "_handling",
+    "Rename": "_stages",
+    "RenameKeys": "_stages",
+    "reraise_exception": "_handling",
+    "SampleTypeError": "_stages",
+    "Select": "_stages",
+    "SelectFiles": "_stages",
+    "Stage": "_stages",
+    "ToTuple": "_stages",
+    "UnbatchRunner": "_runners",
+    "until_stop": "_handling",
+}
 
 __all__ = ["apply_stages", "BatchRunner", "default_collate", "default_collation_fn", "empty_epoch_error",
            "ExtractKeys", "FieldError", "getfirst", "Handled", "Handler", "hide_positions", "list_collate",
