@@ -16,16 +16,14 @@ def _is_resumewds_loader(obj: Any) -> bool:
     """A WebLoader, or a loader chain over one (their states have the resumewds format)."""
     from ..loader import WebLoader  # lazy: imports torch; `import resumewds.integrations` stays light
 
-    if isinstance(obj, WebLoader):
-        return True
-    return hasattr(obj, "loader") and isinstance(getattr(obj, "loader", None), WebLoader) and hasattr(
-        obj, "load_state_dict")
+    return isinstance(obj, WebLoader) or (isinstance(getattr(obj, "loader", None), WebLoader)
+                                          and hasattr(obj, "load_state_dict"))
 
 
 def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:
-    """The WebLoader equivalent to a torch ``DataLoader`` over a resumewds data set (the same batch size,
-    workers, collate function...), None for anything else (and, unless ``stateful``, for a loader with
-    its own state: a torchdata ``StatefulDataLoader``)."""
+    """The WebLoader equivalent to a torch ``DataLoader`` over a resumewds data set (same batch size,
+    workers, collate function...); None for anything else (unless ``stateful``, also for a loader with
+    its own state)."""
     from torch.utils.data import DataLoader
 
     from ..loader import WebLoader  # lazy: imports torch, as the line above
@@ -49,9 +47,8 @@ def _webloader_for(loader: Any, stateful: bool = True) -> Optional[Any]:
 
 
 def _mark_checkpointed(loader: Any, framework: str) -> None:
-    """Say that ``framework``'s checkpoints hold ``loader``'s position (no warning from
-    :mod:`resumewds.run`): on the loader, the loaders it wraps, and their data sets (which
-    the loaders a rotation makes per epoch share)."""
+    """Say that ``framework``'s checkpoints hold ``loader``'s position: on the loader, the loaders it
+    wraps, and their data sets."""
     seen = 0
     obj = loader
     while obj is not None and seen < 8:
@@ -63,14 +60,10 @@ def _mark_checkpointed(loader: Any, framework: str) -> None:
 
 
 def _rebind(obj: Any, method: str, **names: Any) -> None:
-    """Run ``obj.method``, for this object only, with ``names`` in place of the module globals of
-    those names that its class's method calls.
-
-    A framework that calls a module-level function at a point no hook reaches (Lightning's fit
-    loop builds its data fetcher, the Trainer skips the batches of a resumed epoch) is served on
-    the object given to the integration: the method becomes an attribute of that object, its
-    class's code run with a copy of its module's globals.  The framework's module and class stay as
-    they are, and so does every other object of the class.  :func:`_unbind` removes it.
+    """Run ``obj.method``, for this object only, with ``names`` in place of the module globals its
+    class's method calls (a framework calls a module-level function at a point no hook reaches).
+    The framework's module and class, and every other object, stay as they are; :func:`_unbind`
+    undoes it.
 
     Raises:
         RuntimeError: the method no longer calls those names (another version of the framework).
@@ -104,16 +97,13 @@ def _unbind(obj: Any, method: str) -> None:
 
 
 def resumewds_loaders(obj: Any) -> List[Any]:
-    """The resumewds loaders in ``obj``: a loader, a list / tuple / dict of them,
-    or anything with ``flattened`` or ``iterables`` (Lightning's ``CombinedLoader``);
-    in a stable order (dict keys in their order).
-
-    A container that holds itself (a ``flattened`` that returns the object, or
-    a list with itself in it) is followed once.
+    """The resumewds loaders in ``obj`` (a loader, a list / tuple / dict of them, or anything with
+    ``flattened`` or ``iterables``, as Lightning's ``CombinedLoader``), in a stable order; a container
+    that holds itself is followed once.
 
     Raises:
-        ValueError: the containers nest more than ``_MAX_NESTING`` deep (a
-            ``flattened`` that makes a new container each time it is read).
+        ValueError: containers nest more than ``_MAX_NESTING`` deep (a ``flattened`` that makes a new
+            container each time it is read).
 
     Example:
         >>> resumewds_loaders([1, {"a": "x"}])
@@ -156,8 +146,7 @@ def _loaders_in(obj: Any, path: Set[int], depth: int) -> List[Any]:
 
 
 def _batches_done(loader: Any) -> Any:
-    """Batches of the current epoch already handed out (None when the loader cannot tell: a loader
-    of unknown length)."""
+    """Batches of the current epoch already handed out (None: a loader of unknown length)."""
     try:
         left = getattr(loader, "batches_left", None)
         return None if left is None else len(loader) - left
@@ -166,12 +155,8 @@ def _batches_done(loader: Any) -> Any:
 
 
 def _skip_in_place(loader: Any, num_batches: int, framework: str) -> Any:
-    """A framework asks to skip the first ``num_batches`` of a restored loader: it is there already.
-
-    The data continues exactly at the restored position either way; when the
-    framework's count differs (world size or batch size changed), a warning
-    says that its epoch boundaries move.
-    """
+    """A framework asks to skip the first ``num_batches`` of a restored loader: it is there already
+    (a warning where the counts differ: the framework's epoch boundaries move)."""
     done = _batches_done(loader)
     if num_batches and done is not None and done != num_batches:
         log.warning("resumewds: %s counts %d batches trained in this epoch, the restored loader %d (world size "
@@ -181,8 +166,7 @@ def _skip_in_place(loader: Any, num_batches: int, framework: str) -> Any:
 
 
 def _check_world(loader: Any, world_size: int, framework: str, hint: str) -> None:
-    """Refuse a loader built for another world size than the framework runs (it would read the
-    wrong share of every step, or the same data on every rank)."""
+    """Refuse a loader built for another world size than the framework runs."""
     base = getattr(loader, "loader", loader)
     take = getattr(base, "_take_world", None)
     if take is not None:  # built before the framework set up its processes: the world of now

@@ -1,21 +1,10 @@
 """Hugging Face Accelerate: a WebLoader's position travels in ``save_state`` / ``load_state``.
 
-``accelerator.prepare`` leaves an object that is not a torch DataLoader as it
-is, and Accelerate's own way of resuming a loader, ``skip_first_batches``,
-rebuilds a DataLoader from the loader's ``dataset``: both miss what a
-:class:`resumewds.WebLoader` does.  :func:`prepare_loader` instead
-
-* registers the loader with ``accelerator.register_for_checkpointing``, so
-  that ``save_state`` writes its ``state_dict()`` and ``load_state`` loads it
-  back (exact, with any ``num_workers`` and world size);
-* returns it wrapped in :class:`PreparedLoader`, which moves each batch to
-  ``accelerator.device`` as a prepared DataLoader would, and is otherwise the
-  loader (``len``, ``epoch``, ``state_dict``, ``commit``, ...);
-* turns a torch ``DataLoader`` over a resumewds ``WebDataset`` into a
-  WebLoader with the same batch size, workers and collate function: each rank
-  then reads its share once (``accelerator.prepare`` on such a DataLoader
-  splits batches across processes on top of the dataset's own split by
-  rank, and every rank sees half the data with 2 processes).
+:func:`prepare_loader` registers the loader for checkpointing, places its batches on the device,
+turns a torch ``DataLoader`` over a resumewds data set into the equivalent WebLoader, and makes
+this accelerator's ``skip_first_batches`` return a restored loader as it is (nothing is read
+twice).  Why ``accelerator.prepare`` alone does not resume exactly: docs/FRAMEWORKS.md.  Importing
+this module does not import Accelerate.
 
 Example::
 
@@ -29,19 +18,10 @@ Example::
     while loader.epoch < epochs:
         for batch in loader:
             ...; accelerator.save_state()  # now and then
-
-``accelerator.skip_first_batches(loader, n)`` (Accelerate's recipe after
-``load_state``) returns the loader itself: it is already where the checkpoint
-was taken, and nothing is read twice.  :func:`prepare_loader` changes the
-accelerator it is given and nothing else (its ``skip_first_batches`` becomes
-an attribute of that object; Accelerate's module and class, and every other
-accelerator, stay as they are).  Importing this module does not import
-Accelerate.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, Iterator, Optional
 
 from ..errors import StateError
@@ -49,12 +29,8 @@ from ._common import _check_world, _is_resumewds_loader, _mark_checkpointed, _sk
 
 __all__ = ["prepare_loader", "PreparedLoader"]
 
-log = logging.getLogger("resumewds")
-
-
 def _as_webloader(loader: Any) -> Any:
-    """``loader`` if it is a resumewds loader; a WebLoader for a torch DataLoader over a
-    resumewds dataset; a TypeError for anything else."""
+    """``loader`` as a resumewds loader (a torch DataLoader over a resumewds data set converted)."""
     if _is_resumewds_loader(loader):
         return loader
     converted = _webloader_for(loader)
@@ -65,11 +41,8 @@ def _as_webloader(loader: Any) -> Any:
 
 
 class PreparedLoader:
-    """A resumewds loader whose batches go to ``device`` (see :func:`prepare_loader`).
-
-    Everything else is the loader's: attributes are looked up on it, and
-    ``state_dict`` / ``load_state_dict`` are its own.
-    """
+    """A resumewds loader whose batches go to ``device`` (see :func:`prepare_loader`); everything else,
+    state included, is the loader's."""
 
     def __init__(self, loader: Any, device: Any = None, non_blocking: bool = False):
         self.loader = loader
@@ -110,12 +83,10 @@ def prepare_loader(accelerator: Any, loader: Any, device_placement: Optional[boo
 
     Args:
         accelerator: an ``accelerate.Accelerator``.
-        loader: a :class:`resumewds.WebLoader` (or a loader chain over one), or
-            a torch ``DataLoader`` over a resumewds ``WebDataset`` (it becomes a
-            WebLoader).  Create it after the Accelerator, so that it sees the
-            rank and world size (from torch.distributed or the environment).
-        device_placement: move batches to ``accelerator.device`` (default:
-            ``accelerator.device_placement``).
+        loader: a :class:`resumewds.WebLoader` (or a loader chain over one), or a torch ``DataLoader``
+            over a resumewds ``WebDataset``.  Create it after the Accelerator, so that it sees the rank
+            and world size.
+        device_placement: move batches to ``accelerator.device`` (default: ``accelerator.device_placement``).
 
     Returns:
         The loader, registered with ``accelerator.register_for_checkpointing``.
@@ -133,29 +104,24 @@ def prepare_loader(accelerator: Any, loader: Any, device_placement: Optional[boo
     return prepared
 
 
-def _skip(loader: PreparedLoader, num_batches: int) -> PreparedLoader:
-    if num_batches and not loader.restored:
-        raise StateError(f"accelerator.skip_first_batches({num_batches}) on a resumewds loader whose state was not "
-                         "loaded: accelerator.load_state() restores its position (then skipping is not needed)")
-    return _skip_in_place(loader, num_batches, "accelerator.skip_first_batches")
-
-
 class _SkipFirstBatches:
-    """``accelerator.skip_first_batches`` of an accelerator given to :func:`prepare_loader`: a
-    :class:`PreparedLoader` is returned as it is, already in place after ``load_state`` (Accelerate's
-    recipe would rebuild a DataLoader from its dataset); any other loader goes to the accelerator's own."""
+    """``skip_first_batches`` of an accelerator given to :func:`prepare_loader`: a
+    :class:`PreparedLoader` is returned as it is (already in place after ``load_state``), any other
+    loader goes to the accelerator's own."""
 
     def __init__(self, accelerate_skip: Any):
         self.accelerate_skip = accelerate_skip
 
     def __call__(self, dataloader: Any, num_batches: int = 0) -> Any:
-        if isinstance(dataloader, PreparedLoader):
-            return _skip(dataloader, num_batches)
-        return self.accelerate_skip(dataloader, num_batches=num_batches)
+        if not isinstance(dataloader, PreparedLoader):
+            return self.accelerate_skip(dataloader, num_batches=num_batches)
+        if num_batches and not dataloader.restored:
+            raise StateError(f"accelerator.skip_first_batches({num_batches}) on a resumewds loader whose state was not "
+                             "loaded: accelerator.load_state() restores its position (then skipping is not needed)")
+        return _skip_in_place(dataloader, num_batches, "accelerator.skip_first_batches")
 
 
 def _serve_skip(accelerator: Any) -> None:
-    """Give ``accelerator`` (this one only: an attribute of the object) the skip of
-    :class:`_SkipFirstBatches`; once."""
+    """Give this ``accelerator`` (an attribute of the object only) :class:`_SkipFirstBatches`, once."""
     if not isinstance(vars(accelerator).get("skip_first_batches"), _SkipFirstBatches):
         accelerator.skip_first_batches = _SkipFirstBatches(accelerator.skip_first_batches)

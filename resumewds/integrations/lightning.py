@@ -1,42 +1,12 @@
 """PyTorch Lightning: a WebLoader resumes exactly through ``Trainer.fit(ckpt_path=...)``.
 
-Lightning saves the state of a training loader that has ``state_dict`` /
-``load_state_dict`` in its checkpoints and loads it back when it builds the
-loader at resume; a :class:`resumewds.WebLoader` returned by
-``train_dataloader()`` (or passed to ``fit``) continues exactly where the
-checkpoint was taken, and ``len(loader)`` is a whole epoch, so every later
-epoch has the right length.
-
-One case Lightning misses: when something reads ``trainer.estimated_stepping_batches``
-before the checkpoint is restored (``configure_optimizers`` sizing a
-OneCycleLR, typically), Lightning builds the loader early and never loads the
-saved state into it: the run silently starts again at epoch 0.
-:class:`ResumeWDSCallback` closes that gap: it stores the loaders' states in
-the checkpoint itself and, when training starts, loads them into any
-resumewds loader Lightning left at a different position (with a warning
-naming the cause).  It also accepts checkpoints written without it (it then
-uses Lightning's own copy of the state).
-
-The callback also serves a torchdata ``StatefulDataLoader`` (or a torch
-``DataLoader``) over a resumewds ``WebDataset``, which Lightning alone
-resumes wrongly: it sets the data set's epoch at each epoch (Lightning calls
-only a sampler's ``set_epoch``), turns off Lightning's one-batch prefetch for
-the training loader (Lightning would save the ``StatefulDataLoader``'s state
-one batch ahead of what was trained on), and refuses a ``StatefulDataLoader``
-state of another ``num_workers`` with :class:`resumewds.StateError`: a
-``StatefulDataLoader`` then resumes exactly (under several processes the
-callback keeps every rank's state: Lightning keeps rank 0's only, and would
-give it to every rank).  A torch ``DataLoader`` has no
-state to resume from: the callback trains on the equivalent
-:class:`resumewds.WebLoader` instead (the same data set, batch size, workers
-and collate function; the WebLoader's order), which resumes exactly with any
-``num_workers``.
-
-The callback changes the Trainer it is added to and nothing else: during
-``fit``, that Trainer's fit loop prepares the training loaders with the
-callback's steps (Lightning builds its data fetcher and iterates them the
-first time before any hook runs); Lightning's modules and classes, and every
-other trainer, stay as they are.
+Lightning checkpoints a training loader's ``state_dict`` and loads it back, which resumes a
+:class:`resumewds.WebLoader` exactly, except when ``trainer.estimated_stepping_batches`` is read
+before the restore (Lightning then never loads the state).  :class:`ResumeWDSCallback` closes that
+gap, turns Lightning's one-batch prefetch off for a loader without ``len()``, and serves a torchdata
+``StatefulDataLoader`` or torch ``DataLoader`` over a resumewds data set (its epochs, every rank's
+state; a DataLoader becomes the equivalent WebLoader).  It changes only the Trainer it is added
+to.  What is exact, and why: docs/FRAMEWORKS.md.
 
 Example::
 
@@ -46,8 +16,7 @@ Example::
                         ModelCheckpoint(dirpath="ckpt", every_n_train_steps=50, save_last=True)])
     trainer.fit(model, train_dataloaders=loader, ckpt_path="last")
 
-Importing this module imports Lightning (``lightning.pytorch``, else
-``pytorch_lightning``); importing ``resumewds`` does not.
+Importing this module imports Lightning (``lightning.pytorch``, else ``pytorch_lightning``).
 """
 
 from __future__ import annotations
@@ -101,7 +70,7 @@ def _train_loaders(trainer: Any) -> List[Any]:
 
 def _foreign_loaders(trainer: Any) -> List[Any]:
     """The training loaders that iterate a resumewds data set directly (a torch ``DataLoader``, a
-    torchdata ``StatefulDataLoader``): not resumewds loaders, so Lightning resumes them its own way."""
+    torchdata ``StatefulDataLoader``), which Lightning resumes its own way."""
     combined = getattr(trainer.fit_loop, "_combined_loader", None)
     flat = getattr(combined, "flattened", None) or []
     return [dl for dl in flat if not _is_resumewds_loader(dl)
@@ -109,27 +78,25 @@ def _foreign_loaders(trainer: Any) -> List[Any]:
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:
-    """The data set of ``loader`` starts its next ``iter()`` at ``epoch`` (unless it is there already:
-    a restored position of that epoch is kept)."""
+    """The data set of ``loader`` starts its next ``iter()`` at ``epoch`` (unless it is there already)."""
     ds = loader.dataset
     if int(getattr(ds, "epoch", -1)) != int(epoch):
         ds.set_epoch(epoch)
 
 
 def _start_at_epoch(loader: Any, epoch: int) -> None:
-    """A resumewds loader Lightning built afresh for a later epoch (``reload_dataloaders_every_n_epochs``
-    calls ``train_dataloader()`` again) starts at that epoch, not at epoch 0: each epoch then has its own
-    order, as with the one loader.  A loader that has moved or had a state loaded is left where it is."""
+    """A resumewds loader Lightning built afresh for a later epoch (``reload_dataloaders_every_n_epochs``)
+    starts at that epoch, unless it has moved or had a state loaded."""
     if epoch > 0 and (int(loader.epoch), int(loader.position), int(loader.steps_done)) == (0, 0, 0):
         log.info("resumewds: a new training loader for epoch %d starts at that epoch", epoch)
         loader.epoch = epoch
 
 
 def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
-    """Prepare the foreign training loaders before Lightning's first ``iter()`` of this fit (it happens
-    before any hook: the restored epoch, the state's worker count, a DataLoader resumed mid-epoch).
-    True when one of them has a state, or a resumewds loader has no length (Lightning must then not
-    prefetch: it would checkpoint the loader's state one batch ahead of what was trained on)."""
+    """Prepare the foreign training loaders before Lightning's first ``iter()`` of this fit (the
+    restored epoch, the state's worker count, a DataLoader resumed mid-epoch).  True when Lightning
+    must not prefetch: one of them has a state, or a resumewds loader has no length (the checkpointed
+    state would be one batch ahead)."""
     loop = trainer.fit_loop
     epoch = int(loop.epoch_progress.current.processed)
     progress = loop.epoch_loop.batch_progress
@@ -168,8 +135,8 @@ def _before_first_iter(callback: ResumeWDSCallback, trainer: Any) -> bool:
 
 
 def _load_own_rank_states(callback: ResumeWDSCallback, trainer: Any, loaders: List[Any]) -> None:
-    """Under several processes, each rank loads its own ``StatefulDataLoader`` state (Lightning loaded
-    rank 0's into every rank: the data set's share of another rank)."""
+    """Under several processes each rank loads its own ``StatefulDataLoader`` state (Lightning loaded
+    rank 0's into every rank)."""
     per_rank, callback._rank_states = callback._rank_states, None
     if not per_rank or not loaders:
         return
@@ -196,15 +163,9 @@ def _gather(obj: Any, world: int) -> List[Any]:
 
 def _serve_fit_loop(callback: ResumeWDSCallback, trainer: Any) -> None:
     """Let ``callback`` see ``trainer``'s training loaders where no hook reaches: as Lightning processes
-    them (a torch ``DataLoader`` over a resumewds data set becomes a WebLoader, before Lightning loads
-    the loaders' states), and between its restore of their states and its first ``iter()`` (when it
-    selects its data fetcher; the prefetch that would save a ``StatefulDataLoader``'s state one batch
-    ahead is turned off there).
-
-    Lightning's fit loop calls both functions of its module inside ``setup_data``; this trainer's fit
-    loop runs ``setup_data`` with these two in their place (:func:`resumewds.integrations._rebind`):
-    Lightning's modules and classes, and every other trainer, stay as they are.
-    """
+    them (a torch ``DataLoader`` becomes a WebLoader) and when it selects its data fetcher (between
+    the restore of their states and the first ``iter()``).  Only this trainer's fit loop runs
+    ``setup_data`` with the two in place of its module's functions (:func:`_rebind`)."""
     loop = trainer.fit_loop
     scope = type(loop).setup_data.__globals__
     lightning_process, lightning_select = scope["_process_dataloader"], scope["_select_data_fetcher"]
@@ -238,9 +199,8 @@ class ResumeWDSCallback(_Callback):
     """Keep the training WebLoaders' positions in Lightning checkpoints and make sure they are loaded.
 
     Args:
-        strict: a checkpoint being resumed that holds no state for a
-            resumewds loader raises :class:`resumewds.StateError` (default
-            False: a warning, and the loader starts where it is).
+        strict: a checkpoint that holds no state for a resumewds loader raises
+            :class:`resumewds.StateError` (default False: a warning).
     """
 
     def __init__(self, strict: bool = False):

@@ -1,12 +1,9 @@
 """torchdata's ``StatefulDataLoader``: a clear error where it fails with a bare ``AssertionError``.
 
-A ``StatefulDataLoader`` state holds one snapshot per DataLoader worker, and
-torchdata restores it only into a loader with the same ``num_workers``.
-Given another count it fails at the next ``iter()``, far from the cause, with
-an ``AssertionError`` without a message (or one naming a private key).  No
-code of the dataset runs before that assertion, so the dataset cannot explain
-it: :func:`load_state_dict` checks the worker count when the state is loaded
-and raises a :class:`resumewds.StateError` that says what to do.
+torchdata restores a state (one snapshot per worker) only into the same ``num_workers``, and
+otherwise fails at the next ``iter()`` before any code of the data set runs.
+:func:`load_state_dict` checks the count when the state is loaded.  :class:`resumewds.WebLoader`
+resumes under any ``num_workers``.  Importing this module imports neither torch nor torchdata.
 
 Example::
 
@@ -15,10 +12,6 @@ Example::
 
     loader = StatefulDataLoader(rw.WebDataset(shards, seed=7), batch_size=32, num_workers=4)
     load_state_dict(loader, checkpoint["data"])   # instead of loader.load_state_dict(...)
-
-:class:`resumewds.WebLoader` resumes under any ``num_workers`` (and world
-size); use it when the worker count may change between runs.  Importing this
-module imports neither torch nor torchdata.
 """
 
 from __future__ import annotations
@@ -34,16 +27,9 @@ __all__ = ["load_state_dict", "state_num_workers"]
 def load_state_dict(dataloader: Any, state: Dict[str, Any]) -> None:
     """``dataloader.load_state_dict(state)``, refusing a state taken with another ``num_workers``.
 
-    Args:
-        dataloader: a torchdata ``StatefulDataLoader``.
-        state: what its ``state_dict()`` returned in an earlier run.
-
     Raises:
-        TypeError: ``dataloader`` has no ``load_state_dict`` (None, a torch
-            ``DataLoader``: it has no state to restore).
-        StateError: ``state`` is not a dict, or was taken with another worker
-            count (torchdata would fail at the next ``iter()`` with a bare
-            ``AssertionError``).
+        TypeError: ``dataloader`` has no ``load_state_dict`` (a torch ``DataLoader``: no state).
+        StateError: ``state`` is not a dict, or was taken with another worker count.
     """
     if not callable(getattr(dataloader, "load_state_dict", None)):
         kind = "None" if dataloader is None else f"a {type(dataloader).__module__}.{type(dataloader).__qualname__}"

@@ -1,23 +1,11 @@
 """``transformers.Trainer``: a WebLoader resumes exactly through ``train(resume_from_checkpoint=...)``.
 
-On its own, the Trainer resumes a loader by fast-forwarding: it rebuilds it
-and skips the batches already trained on in the current epoch (Accelerate's
-``skip_first_batches``), which for an iterable loader means reading them
-again, and which builds a plain DataLoader from the loader's ``dataset``.
-:func:`attach` makes it restore the WebLoader's state instead:
-
-* the Trainer trains on the loader (``get_train_dataloader`` returns it);
-* a :class:`ResumeWDSTrainerCallback` writes the loader's ``state_dict()``
-  into each checkpoint folder (``resumewds_loader.json``, written before
-  the Trainer's own ``trainer_state.json``) and, when ``train`` resumes,
-  loads it from the checkpoint being resumed;
-* the Trainer's skip of the resumed epoch's first batches becomes a check
-  that the loader is where the Trainer expects it: the loader is already
-  there, nothing is read twice, and the Trainer's step, epoch and
-  gradient-accumulation counters stay its own.
-
-:func:`attach` changes the trainer it is given and nothing else: the
-Trainer's module and class, and every other trainer, stay as they are.
+:func:`attach` makes the Trainer train on the loader, write its state into each checkpoint folder
+(:data:`STATE_FILE`, before the Trainer's ``trainer_state.json``) and load it back at a resume;
+the Trainer's skip of the resumed epoch's first batches becomes a check that the loader is already
+there (nothing read twice; the Trainer's counters stay its own).  A checkpoint without the
+loader's state raises :class:`resumewds.StateError`.  Only the trainer given changes; details:
+docs/FRAMEWORKS.md.
 
 Example::
 
@@ -27,9 +15,6 @@ Example::
     attach(trainer, rw.WebLoader(ds, batch_size=16, num_workers=4))
     trainer.train(resume_from_checkpoint=resuming)
 
-A checkpoint folder without the loader's state (written without
-:func:`attach`) cannot be resumed exactly: ``train`` then raises
-:class:`resumewds.StateError` instead of silently starting the data over.
 Importing this module imports transformers; importing ``resumewds`` does not.
 """
 
@@ -66,13 +51,8 @@ def _write_json(path: str, state: Dict[str, Any]) -> None:
 
 
 class ResumeWDSTrainerCallback(_TrainerCallback):
-    """Write the loader's state into each checkpoint folder; load it back when training resumes.
-
-    Args:
-        loader: the resumewds loader the Trainer trains on.
-        output_dir: where the Trainer writes its ``checkpoint-<step>`` folders
-            (default: ``args.output_dir``).
-    """
+    """Write the loader's state into each checkpoint folder; load it back when training resumes
+    (``output_dir``: where the ``checkpoint-<step>`` folders go; default ``args.output_dir``)."""
 
     def __init__(self, loader: Any, output_dir: Optional[str] = None):
         self.loader = loader
@@ -128,17 +108,11 @@ def _check_skip(loader: Any, num_batches: int) -> Any:
 
 
 def _serve_skip(trainer: Any) -> None:
-    """The Trainer's skip of a resumed epoch's first batches, for ``trainer`` only: a resumewds loader
-    is checked and passed through (:func:`_check_skip`), any other goes to Accelerate's
-    ``skip_first_batches``.
-
-    The Trainer computes its step and gradient-accumulation counters of the resumed epoch only where
-    it skips (``TrainingArguments.ignore_data_skip`` would lose them: with
-    ``gradient_accumulation_steps`` that does not divide an epoch, the epoch's last partial
-    accumulation would join the next step), and it calls ``skip_first_batches`` as a function of its
-    module, a point no callback reaches.  The Trainer's methods that call it run, for this object
-    only, with this skip in its place (:func:`resumewds.integrations._rebind`).
-    """
+    """The Trainer's skip of a resumed epoch's first batches, for ``trainer`` only: a resumewds loader is
+    checked and passed through (:func:`_check_skip`), any other goes to Accelerate's.  The Trainer
+    computes its step and gradient-accumulation counters only where it skips (``ignore_data_skip``
+    would lose them) and calls ``skip_first_batches`` as a module function no callback reaches: its
+    methods that call it run, for this object only, with this skip in its place (:func:`_rebind`)."""
     cls = type(trainer)
     methods = [name for name in dir(cls) if isinstance(getattr(cls, name, None), types.FunctionType)
                and "skip_first_batches" in getattr(cls, name).__code__.co_names]
@@ -161,9 +135,8 @@ def attach(trainer: Any, loader: Any) -> ResumeWDSTrainerCallback:
 
     Args:
         trainer: a ``transformers.Trainer`` (its ``train_dataset`` is not used).
-        loader: a :class:`resumewds.WebLoader` (or a loader chain over one)
-            yielding what the model takes (a dict of tensors, typically: give
-            the WebLoader a ``collate_fn`` that builds it).
+        loader: a :class:`resumewds.WebLoader` (or a loader chain over one) yielding what the model
+            takes (give it a ``collate_fn`` that builds the dict of tensors).
 
     Returns:
         The callback added to the trainer.

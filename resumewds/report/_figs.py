@@ -1,9 +1,5 @@
-"""The report's charts: plotly figures of a run's :func:`~resumewds.report._rundata.load_run` data.
-
-One builder per chart, ``build(go, data) -> Figure or None`` (None: nothing
-recorded yet); ``go`` is ``plotly.graph_objects``, passed in by
-:func:`resumewds.report._page.render_report` (the only place plotly is imported).
-Every time chart spans the whole run, so the charts line up by eye.
+"""The report's charts: one builder per chart, ``build(go, data) -> Figure or None`` (None: nothing
+recorded); ``go`` is ``plotly.graph_objects``, passed in by the page.
 """
 
 from __future__ import annotations
@@ -48,26 +44,24 @@ def _shared_x(fig: Any, data: Dict[str, Any]) -> None:
 _PALETTE = ["#0984e3", "#e17055", "#00b894", "#6c5ce7", "#fdcb6e", "#636e72"]
 
 
+def _resumes(data: Dict[str, Any], rank: int) -> List[float]:
+    return [e["ts"] for e in data["events"] if e["kind"] == "resume" and e.get("rank") == rank and e.get("ts")]
+
+
 def _throughput_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
     fig = go.Figure()
     rng = _time_range(data)
     min_dt = (rng[1] - rng[0]) / 150 if rng else 0.0
-    palette = _PALETTE
     any_points = False
     for i, (r, commits) in enumerate(sorted(data["commits"].items())):
-        color = palette[i % len(palette)]
-        resumes = [e["ts"] for e in data["events"] if e["kind"] == "resume" and e.get("rank") == r
-                   and e.get("ts")]
-        xs, ys = throughput_series(commits, min_dt, breaks=resumes)
+        color = _PALETTE[i % len(_PALETTE)]
+        xs, ys = throughput_series(commits, min_dt, breaks=_resumes(data, r))
         if xs:
             any_points = True
-            fig.add_trace(go.Scatter(x=[_dt(x) for x in xs], y=ys, mode="lines", name=f"rank {r}",
-                                     connectgaps=False,
-                                     line=dict(color=color, width=2),
-                                     fill="tozeroy" if i == 0 else "none",
+            fig.add_trace(go.Scatter(x=[_dt(x) for x in xs], y=ys, mode="lines", name=f"rank {r}", connectgaps=False,
+                                     line=dict(color=color, width=2), fill="tozeroy" if i == 0 else "none",
                                      fillcolor="rgba(9,132,227,0.08)",
-                                     hovertemplate="%{y:,.0f} samples/s<br>%{x}<extra>rank " + str(r)
-                                     + "</extra>"))
+                                     hovertemplate="%{y:,.0f} samples/s<br>%{x}<extra>rank " + str(r) + "</extra>"))
         snaps = [(c["ts"], c["stats"].get("recent_samples_per_s")) for c in commits
                  if c.get("stats") and c["stats"].get("recent_samples_per_s") is not None]
         if snaps:
@@ -94,9 +88,7 @@ def _hit_rate_fig(go: Any, data: Dict[str, Any]) -> Optional[Any]:
     any_points = False
     for i, (r, commits) in enumerate(sorted(data["commits"].items())):
         color = "#2e9e5b" if len(data["commits"]) == 1 else _PALETTE[i % len(_PALETTE)]
-        resumes = [e["ts"] for e in data["events"] if e["kind"] == "resume" and e.get("rank") == r
-                   and e.get("ts")]
-        xs, interval, cumulative = hit_rate_series(commits, breaks=resumes)
+        xs, interval, cumulative = hit_rate_series(commits, breaks=_resumes(data, r))
         if not any(v is not None for v in cumulative):
             continue
         any_points = True

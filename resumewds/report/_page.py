@@ -1,34 +1,10 @@
-"""``resumewds report``: one self-contained HTML page about a run.
+"""``resumewds report``: one self-contained HTML page about a run (every rank file of its journal).
 
-The page reads every rank file of a journal (:func:`resumewds.journal.run_journal_paths`)
-and shows:
-
-- a summary header: run id, epoch and position, samples delivered, shard
-  states, retries / repairs / failures / evictions / resumes, throughput,
-  cache hit rate, the resume point;
-- throughput over time (samples/s per rank, from the commits' ``ts`` and
-  ``samples_total``; dots: the loader's own ``recent_samples_per_s`` from
-  the stats snapshots; dashed lines: resumes);
-- cache hit rate over time (from the stats snapshots' ``cache_hits`` and
-  ``cache_misses``, per interval and cumulative);
-- a timeline of retries, repairs, verification failures, skips, failures,
-  evictions and resumes (the journal's events; hover for url and error);
-- a map of the shards, one square per shard, coloured by state (hover for
-  bytes, attempts, retries, repairs, last error and consumption);
-- the latest errors.
-
-plotly.js is embedded in the page (no CDN): it renders offline, from a file,
-years later.  plotly (the Python package) is imported only here, only when a
-report is made; without it :func:`write_report` raises ``ReportError``
-telling the user to ``pip install 'resumewds[report]'``.
-
-This module makes the page (summary, tables, layout) and is what callers
-use; the data comes from :mod:`resumewds.report` (the journal read once,
-as plain data: :func:`load_run`, :func:`full_status` and the series are
-defined there and importable from here) and the charts from
-:mod:`resumewds.report`.  Big runs stay small: at most ``MAX_POINTS``
-throughput points per rank (commits are strided) and ``MAX_EVENTS`` events
-per kind (the newest).
+A summary header, then the charts of :data:`resumewds.report._figs.CHARTS` (throughput, cache hit
+rate, a timeline of the journal's events, a map of the shards), a mixture's per-source table and
+the latest errors.  plotly.js is embedded (no CDN: the page renders offline, years later); plotly
+is imported only here, only when a report is made (without it: :class:`ReportError`).  The data
+comes from :mod:`resumewds.report._rundata`.
 
 Example:
     >>> write_report("run.db", "report.html")        # doctest: +SKIP
@@ -45,14 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ..errors import ResumeWDSError
 from ._figs import CHARTS
-from ._rundata import (
-    STATE_COLORS,
-    complete_status,
-    full_status,
-    hit_rate_series,
-    load_run,
-    throughput_series,
-)
+from ._rundata import STATE_COLORS, load_run
 
 
 class ReportError(ResumeWDSError):
@@ -68,11 +37,6 @@ def _require_plotly() -> Any:
                           "(or: pip install plotly)") from exc
     return go
 
-
-
-# ---------------------------------------------------------------------------
-# The page
-# ---------------------------------------------------------------------------
 
 _CSS = """
 :root { --fg:#2d3436; --muted:#636e72; --card:#fff; --bg:#f4f6f8; --line:#e3e8ec; }
@@ -292,18 +256,9 @@ def render_report(data: Dict[str, Any]) -> str:
 
 
 def write_report(journal: str, output: str) -> str:
-    """Write the report of the run whose journal is ``journal`` to ``output``.
-
-    The file is written to ``output + ".tmp"`` and renamed, so a reader never
-    sees half a page.
-
-    Args:
-        journal: the run's journal path (rank 0's file; other ranks' files
-            next to it are read too).
-        output: the HTML file to write.
-
-    Returns:
-        ``output``.
+    """Write the report of the run whose journal is ``journal`` (rank 0's file; the other ranks'
+    files next to it are read too) to ``output``, through a temporary file renamed (a reader never
+    sees half a page).  Returns ``output``.
 
     Raises:
         ReportError: plotly is not installed.
@@ -318,5 +273,4 @@ def write_report(journal: str, output: str) -> str:
     return output
 
 
-__all__ = ["ReportError", "complete_status", "full_status", "hit_rate_series", "load_run", "render_report",
-           "throughput_series", "write_report"]
+__all__ = ["ReportError", "render_report", "write_report"]

@@ -1,16 +1,6 @@
-"""A run as plain data, read from its journal (every rank file): no HTML, no plotly.
-
-* :func:`full_status`: what ``resumewds status`` shows, the journal's
-  :func:`~resumewds.journal` completed by :func:`complete_status`
-  (local shards, finished epochs, evictions, a mixture's per-source counts);
-* :func:`load_run`: everything the report (:mod:`resumewds.report`) draws,
-  JSON-able; big runs stay small: at most ``MAX_POINTS`` commits per rank
-  (strided) and ``MAX_EVENTS`` events per kind (the newest);
-* :func:`throughput_series`, :func:`hit_rate_series`: the plotted series
-  (pure: data in, lists out).
-
-The journal is read only through its public read API
-(:class:`~resumewds.journal.RunReader`, :func:`~resumewds.journal.summarize`).
+"""A run as plain data, read from its journal (every rank file) through its public read API: no
+HTML, no plotly.  :func:`full_status` is what ``resumewds status`` shows, :func:`load_run` what
+the report draws, :func:`throughput_series` / :func:`hit_rate_series` the plotted series (pure).
 
 Example:
     >>> with rw.journal.Journal("run.db") as j:
@@ -62,10 +52,6 @@ STATE_COLORS: Dict[str, str] = {
 }
 
 
-# ---------------------------------------------------------------------------
-# Reading the journal (all ranks)
-# ---------------------------------------------------------------------------
-
 def _strided(rows: List[Dict[str, Any]], limit: int) -> List[Dict[str, Any]]:
     if len(rows) <= limit:
         return rows
@@ -77,26 +63,13 @@ def _strided(rows: List[Dict[str, Any]], limit: int) -> List[Dict[str, Any]]:
 
 
 def load_run(path: str) -> Dict[str, Any]:
-    """Everything the report draws, as plain data (JSON-able).
-
-    Reads the journal only through its public read API: one
-    :class:`~resumewds.journal.RunReader` (every rank file, opened once) and
-    :func:`~resumewds.journal.summarize` (what ``status()`` returns).
-
-    Returns:
-        ``{"status": journal.status(path) completed by :func:`complete_status`,
-        "commits": {rank: [...]}, "events": [...], "consumption": {url:
-        {samples, total}}, "downloads": {count, bytes, seconds}, "evicted":
-        {url: n}, "latest_stats": rank 0's newest stats snapshot or None}``;
-        commits carry ``step, epoch, position, ts, samples_total, stats``
-        (parsed), events ``ts, rank, kind, url, detail`` (parsed).
-        ``consumption`` is the epoch shown (the latest one with any
-        consumption: a finished run shows its last epoch, not the empty next
-        one).  Downloads and evictions are summed over every rank and every
-        loader of the run.
-
-    Raises:
-        JournalError: no journal at ``path``, or an unreadable file.
+    """Everything the report draws, as JSON-able data, from one :class:`~resumewds.journal.RunReader`:
+    ``{"status", "commits": {rank: [...]}, "events", "consumption": {url: {samples, total}}, "downloads":
+    {count, bytes, seconds}, "evicted": {url: n}, "latest_stats"}`` (rank 0's newest snapshot or None).
+    At most :data:`MAX_POINTS` commits per rank (strided) and :data:`MAX_EVENTS` events per kind (the
+    newest); ``consumption`` is the latest epoch with any; downloads and evictions are summed over
+    every rank and loader.  Raises :class:`~resumewds.errors.JournalError` where no readable journal is
+    at ``path``.
     """
     with RunReader(path) as run:
         st = summarize(run)
@@ -122,19 +95,8 @@ def load_run(path: str) -> Dict[str, Any]:
 
 
 def full_status(path: str) -> Dict[str, Any]:
-    """What ``resumewds status`` shows: :func:`resumewds.journal`
-    completed by :func:`complete_status` (local shards, finished epochs,
-    evictions), from one :class:`~resumewds.journal.RunReader`.
-
-    Raises:
-        JournalError: no journal at ``path``, or an unreadable file.
-
-    Example:
-        >>> with rw.journal.Journal("run.db") as j:
-        ...     j.commit(1, epoch=0, position=5, consumed={("data/a.tar", 0): (5, 5)})
-        >>> full_status("run.db")["shards"]["counts"]
-        {'read': 1}
-    """
+    """What ``resumewds status`` shows: the journal's summary completed by :func:`complete_status` (a
+    :class:`~resumewds.errors.JournalError` where no readable journal is at ``path``)."""
     with RunReader(path) as run:
         st = summarize(run)
         if st.get("run_id") is None and st.get("latest") is None:
@@ -144,21 +106,13 @@ def full_status(path: str) -> Dict[str, Any]:
 
 def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, Any]]],
                     totals: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Fill in what :func:`resumewds.journal` leaves out, for ``status`` and ``report``.
+    """Fill in what the journal's summary leaves out (changes ``st`` in place and returns it).
 
-    * Shards read from local files have no cache state: they are counted as
-      ``read`` (from the journal's consumption of every epoch) instead of the
-      run showing "shards 0".  ``shards.total`` is at least the run's
-      configured shard count.
+    * Shards read from local files have no cache state: they count as ``read`` (from the
+      consumption of every epoch); ``shards.total`` is at least the configured shard count.
     * A shard the cache evicted is ``evicted``, not ``pending``.
-    * A run whose latest commit is at position 0 of epoch e > 0 has
-      finished epoch e - 1: ``complete_epochs`` says so, and ``consumption``
-      shows that epoch (not the empty next one) with ``complete: True``.
-
-    Args:
-        st: a ``status()`` dict (changed in place and returned).
-        by_epoch: :func:`resumewds.journal.read_consumption` of the run.
-        totals: :func:`resumewds.journal.read_event_totals` of the run.
+    * A latest commit at position 0 of epoch e > 0 finished epoch e - 1: ``complete_epochs`` says
+      so, and ``consumption`` shows that epoch with ``complete: True``.
 
     Example:
         >>> st = {"shards": {"total": 0, "counts": {}, "list": []}, "config": {"shards": 1},
@@ -196,9 +150,7 @@ def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, 
     cfg_shards = (st.get("config") or {}).get("shards")
     sh["total"] = max(len(listed), int(cfg_shards or 0), int(sh.get("total") or 0))
     latest = st.get("latest") or {}
-    done = None
-    if latest.get("position") == 0 and (latest.get("epoch") or 0) > 0:
-        done = int(latest["epoch"])
+    done = int(latest["epoch"]) if latest.get("position") == 0 and (latest.get("epoch") or 0) > 0 else None
     st["complete_epochs"] = done if done is not None else int(latest.get("epoch") or 0)
     _add_mixture(st)
     cons = st.get("consumption") or {}
@@ -215,14 +167,9 @@ def complete_status(st: Dict[str, Any], by_epoch: Dict[int, Dict[str, Dict[str, 
 
 
 def _add_mixture(st: Dict[str, Any]) -> None:
-    """``st["mixture"]``: per-source delivered vs requested, for a mixture run only.
-
-    Computed from the journal's config and the latest commit alone
-    (:func:`resumewds.mixing.mixture_status`), so it equals the live
-    ``loader.stats()["mixture"]`` at that commit.  A run that is not a mixture
-    gets no key (its status is unchanged); a mixture config that cannot be
-    evaluated gets ``st["mixture_error"]``, a one-line reason.
-    """
+    """``st["mixture"]``, for a mixture run only: per-source delivered vs requested at the latest
+    commit (:func:`resumewds.mixing.mixture_status`, equal to the live ``loader.stats()["mixture"]``);
+    a config that cannot be evaluated gets ``st["mixture_error"]``."""
     cfg = st.get("config") or {}
     if not cfg.get("mixture_sources"):
         return
@@ -236,19 +183,11 @@ def _add_mixture(st: Dict[str, Any]) -> None:
         st["mixture"] = mx
 
 
-# ---------------------------------------------------------------------------
-# Series (pure: data in, lists out)
-# ---------------------------------------------------------------------------
-
 def throughput_series(commits: List[Dict[str, Any]], min_dt: float = 0.0, breaks: Sequence[float] = ()
                       ) -> Tuple[List[float], List[Optional[float]]]:
-    """``(ts, samples/s)`` between commits of one rank at least ``min_dt`` apart.
-
-    Each point is the rate since the previous point (so ``min_dt`` smooths
-    a commit-per-step run).  A commit whose ``samples_total`` went down (a
-    fresh loader without a journal) starts over.  A resume (a time in
-    ``breaks``) between two commits is downtime, not slow progress: no rate
-    is drawn across it; a ``None`` point (a gap in the line) is put there.
+    """``(ts, samples/s)`` between commits of one rank at least ``min_dt`` apart (each point: the rate
+    since the previous one).  A drop in ``samples_total`` (a fresh loader) starts over; a resume (a
+    time in ``breaks``) is a gap (a ``None`` point), not slow progress.
 
     Example:
         >>> throughput_series([{"ts": 0, "samples_total": 0}, {"ts": 2, "samples_total": 10}])
@@ -288,11 +227,8 @@ def throughput_series(commits: List[Dict[str, Any]], min_dt: float = 0.0, breaks
 
 def hit_rate_series(commits: List[Dict[str, Any]], breaks: Sequence[float] = ()
                     ) -> Tuple[List[float], List[Optional[float]], List[Optional[float]]]:
-    """``(ts, interval hit rate, cumulative hit rate)`` from stats snapshots.
-
-    The cumulative rate restarts with each loader (its counters start at 0);
-    an interval without shard opens has rate None (a gap).  A resume (a
-    time in ``breaks``) between two snapshots is a gap in both lines.
+    """``(ts, interval hit rate, cumulative hit rate)`` from stats snapshots; the cumulative rate
+    restarts with each loader, an interval without opens is None, a resume (``breaks``) a gap.
 
     Example:
         >>> snaps = [{"ts": 1, "stats": {"cache_hits": 0, "cache_misses": 2}},

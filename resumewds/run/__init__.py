@@ -1,6 +1,5 @@
 """Running a data set under torch's DataLoader: ShardLoader (exact, layout-independent resume), its
-workers, its journal session, preemption, the stall watchdog, state checksums, stats and skipped
-steps.
+workers, journal session, preemption, stall watchdog, state checksums, stats and skipped steps.
 
 Where things are (private modules; import from this package)::
 

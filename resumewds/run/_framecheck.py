@@ -1,25 +1,13 @@
 """Which training framework drives a data set, and what it costs a resume.
 
-A resumewds data set iterated directly by a loader a training framework drives
-(a torch ``DataLoader`` or torchdata ``StatefulDataLoader`` under Lightning's
-``Trainer``, ``accelerator.prepare(DataLoader(...))`` under Accelerate,
-``transformers.Trainer(train_dataset=...)``) loses or repeats data at a resume
-unless the framework's integration takes over.  Nothing here runs on the data
-path (no ``iter()``, no step).  Each framework asks the data set something
-just before it iterates it: Lightning its length (its loader's ``len()``),
-Accelerate's prepared loader (the Trainer's too) sets its epoch.  The data
-set's ``len()`` and ``set_epoch()`` call :func:`note_framework`, which looks
-once per data set at the module names of a few frames above
-(:func:`framework_caller`, never a frame's variables) and warns, once per
-process, when a framework is about to iterate the data set and its
-integration does not handle it (:func:`warn_foreign_loader`).  An integration
-says what it handles by marking the object (:func:`mark_checkpointed`).
-
-:func:`check_restored_state` refuses, with a clear error, a torchdata
-``StatefulDataLoader`` state of another ``num_workers`` that Accelerate
-restored into the loader about to iterate the data set (torchdata alone fails
-with a bare ``AssertionError``); the loader is the one Accelerate records as
-iterated (``GradientState().active_dataloader``).  No framework is imported here.
+A resumewds data set iterated by a loader a framework drives (Lightning, Accelerate, the
+transformers Trainer) loses or repeats data at a resume unless the framework's integration takes
+over.  Nothing here runs on the data path: the data set's ``len()`` and ``set_epoch()`` (what each
+framework asks just before it iterates) call :func:`note_framework`, which reads the module names
+of a few frames above, once per data set, and warns once per process
+(:func:`warn_foreign_loader`).  An integration marks what it handles (:func:`mark_checkpointed`).
+:func:`check_restored_state` refuses a ``StatefulDataLoader`` state of another ``num_workers`` that
+Accelerate restored (torchdata fails with a bare ``AssertionError``).  No framework is imported.
 
 Example:
     >>> framework_caller() is None      # not called from a framework's code
@@ -50,8 +38,7 @@ _PREFIXES = (("transformers.trainer", "transformers"), ("lightning.pytorch.", "l
 #: measured is 3: Lightning's ``len()`` of a torch ``DataLoader``, through ``sized_len`` and ``has_len_all_ranks``)
 LOOK_DEPTH = 6
 
-#: what each framework asks a data set just before it iterates it through its own loader: Lightning the
-#: length (its loader's ``len()``), Accelerate's prepared loader (the Trainer's too) sets the epoch
+#: what each framework asks a data set just before it iterates it through its own loader
 _ASKS_BEFORE_ITER = {"lightning": "len", "accelerate": "set_epoch", "transformers": "set_epoch"}
 
 #: what a framework's own loader does to a resumewds data set at a resume, and the fix
@@ -106,9 +93,8 @@ _FOUND: weakref.WeakKeyDictionary[Any, Optional[str]] = weakref.WeakKeyDictionar
 
 
 def framework_caller(depth: int = LOOK_DEPTH, above: int = 0) -> Optional[str]:
-    """The framework (``"lightning"``, ``"accelerate"``, ``"transformers"``) whose code is among
-    ``depth`` frames, from ``above`` frames above the caller on; None if none is.  Only the
-    frames' module names are read.
+    """The framework whose code is among ``depth`` frames from ``above`` frames above the caller on
+    (None: none); only module names are read.
 
     Example:
         >>> framework_caller(depth=3) is None
@@ -129,9 +115,8 @@ def framework_caller(depth: int = LOOK_DEPTH, above: int = 0) -> Optional[str]:
 
 
 def mark_checkpointed(obj: Any, framework: str) -> None:
-    """Say that ``framework``'s integration keeps ``obj``'s position (a loader or a data set): no
-    warning from :func:`warn_unsaved_loader` or :func:`note_framework` for it.  An object without
-    attributes (``__slots__``) is left as it is.
+    """Say that ``framework``'s integration keeps ``obj``'s position: no warning for it (an object
+    without attributes is left as it is).
 
     Example:
         >>> class Loader: pass
@@ -150,18 +135,9 @@ def checkpointed_by(obj: Any) -> Optional[str]:
 
 
 def note_framework(dataset: Any, asked: str) -> Optional[str]:
-    """Called by a data set's ``len()`` (``asked="len"``) and ``set_epoch()`` (``"set_epoch"``).
-
-    The first call for a data set looks for the framework that drives it (:func:`framework_caller`,
-    :data:`LOOK_DEPTH` frames above the data set's method); every call where that framework asks
-    what it asks just before it iterates the data set through its own loader (Lightning the length,
-    Accelerate and the Trainer set the epoch) goes to :func:`warn_foreign_loader`.  A Trainer that
-    asked for the length of its ``train_dataset`` but trains on a loader given to ``attach`` never
-    sets that data set's epoch: nothing is said.
-
-    Returns:
-        The warning's text, or None.
-    """
+    """Called by a data set's ``len()`` (``asked="len"``) and ``set_epoch()``: warns where the framework
+    that drives it (looked for once) asks what it asks just before it iterates through its own loader.
+    Returns the warning's text, or None."""
     try:
         if dataset not in _FOUND:
             _FOUND[dataset] = framework_caller(LOOK_DEPTH, above=2)
@@ -174,15 +150,8 @@ def note_framework(dataset: Any, asked: str) -> Optional[str]:
 
 
 def warn_foreign_loader(guarded: Optional[str] = None, framework: Optional[str] = None) -> Optional[str]:
-    """Warn (once per process) that ``framework``'s own loader does not resume a resumewds data set exactly.
-
-    Args:
-        guarded: the framework whose resumewds integration handles this data
-            set's loader (no warning for it).
-        framework: the framework that drives the data set (:func:`framework_caller`).
-
-    Returns:
-        The warning's text, or None.
+    """Warn (once per process) that ``framework``'s own loader does not resume a resumewds data set
+    exactly, unless ``guarded`` (the framework whose integration handles it) is that one.
 
     Example:
         >>> warn_foreign_loader("lightning", "lightning") is None
@@ -213,24 +182,15 @@ def has_len(loader: Any) -> bool:
 
 
 def warn_unsaved_loader(loader: Any) -> Optional[str]:
-    """Warn (once per process) when ``loader`` is iterated where a framework would lose its position.
-
-    No frame is read: an ``Accelerator`` exists in this process (``accelerate.state``
-    initialized), or Lightning is imported and the loader has no ``len()``.  A loader (or data set)
-    an integration handles is marked (:func:`mark_checkpointed`: ``prepare_loader``, ``attach``,
-    ``ResumeWDSCallback``); a loader with a journal keeps its own position.
-
-    Returns:
-        The warning's text, or None.
-    """
+    """Warn (once per process) when ``loader`` is iterated where a framework would lose its position:
+    an ``Accelerator`` exists, or Lightning is imported and the loader has no ``len()``.  A loader
+    with a journal, or one an integration marked, is left alone.  Returns the warning's text, or None."""
     if getattr(loader, "journal", None) is not None:
         return None
     if checkpointed_by(loader) or checkpointed_by(getattr(loader, "dataset", None)):
         return None
     found = []
-    state = sys.modules.get("accelerate.state")
-    initialized = getattr(state, "is_initialized", None)
-    if initialized is not None and initialized():
+    if _accelerate_state() is not None:
         found.append("accelerate")
     if ("lightning.pytorch" in sys.modules or "pytorch_lightning" in sys.modules) and not has_len(loader):
         found.append("lightning")
@@ -243,10 +203,8 @@ def warn_unsaved_loader(loader: Any) -> Optional[str]:
 
 
 def worker_count_error(taken: int, have: int, *, state: str, loader: str, fix: str) -> StateError:
-    """The refusal of a ``StatefulDataLoader`` state restored into another worker count.
-
-    ``state`` and ``loader`` name the two sides in the caller's words, ``fix``
-    the resumewds loader to train with instead.
+    """The refusal of a ``StatefulDataLoader`` state restored into another worker count (``state``,
+    ``loader``: the two sides in the caller's words; ``fix``: the loader to train with instead).
 
     Example:
         >>> str(worker_count_error(2, 1, state="this state", loader="the loader", fix="resumewds.WebLoader"))[:73]
@@ -280,28 +238,20 @@ def state_num_workers(state: Dict[str, Any]) -> Optional[int]:
     return None
 
 
-def _active_accelerate_loader() -> Any:
-    """The loader Accelerate is iterating now (``GradientState().active_dataloader``), None without an
-    ``Accelerator`` in this process (Accelerate is not imported for this)."""
+def _accelerate_state() -> Any:
+    """``accelerate.state`` where an ``Accelerator`` exists in this process, else None (Accelerate is
+    not imported for this)."""
     state = sys.modules.get("accelerate.state")
     initialized = getattr(state, "is_initialized", None)
-    if initialized is None or not initialized():
-        return None
-    return getattr(state.GradientState(), "active_dataloader", None)  # type: ignore[union-attr]
+    return state if initialized is not None and initialized() else None
 
 
 def check_restored_state(dataset: Any = None) -> None:
-    """Refuse a ``StatefulDataLoader`` state of another ``num_workers`` restored into the loader
-    Accelerate is about to iterate over ``dataset`` (its prepared loader registers itself as the
-    active one, then sets the data set's epoch, then iterates its ``StatefulDataLoader``).
-
-    Args:
-        dataset: the data set whose ``set_epoch`` calls this; None: whatever the active loader iterates.
-
-    Raises:
-        StateError: the restored state was taken with another worker count.
-    """
-    loader = _active_accelerate_loader()
+    """Refuse (a :class:`~resumewds.errors.StateError`) a ``StatefulDataLoader`` state of another
+    ``num_workers`` restored into the loader Accelerate is about to iterate over ``dataset`` (None:
+    whatever the active loader iterates)."""
+    accelerate = _accelerate_state()
+    loader = None if accelerate is None else getattr(accelerate.GradientState(), "active_dataloader", None)
     if loader is None:
         return
     inner = getattr(loader, "dataset", None)

@@ -1,26 +1,13 @@
 """ShardLoader: torch's DataLoader with an exact, layout-independent resume (the engine's loader).
 
-The main process owns the position.  Workers produce whole steps (the step
-numbers are a pure function of the position, see :mod:`resumewds.plan`);
-the DataLoader returns them round-robin, which is the global order; the
-loader checks every step number it receives, so an out-of-order delivery is
-an error, not a silent divergence.  ``state_dict()`` is therefore just
-``{epoch, position}`` plus the configuration it must agree with, and it loads
-into a loader with any ``num_workers`` or world size.  :class:`resumewds.WebLoader`
-is this class with webdataset's fluent loader methods, DataLoader's attributes and
-webdataset's shard split (the wing, :mod:`resumewds.wds.loaderchain`).
-
-What code built on the engine (the wing) uses, besides the loader's own API:
-:class:`SplitPolicy` and :attr:`ShardLoader.split_policy` (another split of an
-epoch between DataLoader workers than the engine's); the place hooks
-:meth:`ShardLoader.extra_place` / :meth:`ShardLoader.adopt_place` (what a
-subclass records beyond ``(epoch, position)`` in states and commits),
-``commit(step, place=...)`` and :attr:`ShardLoader.resumed_place` (a wrapper's);
-:meth:`ShardLoader.mark` / :meth:`ShardLoader.rewind` / :meth:`ShardLoader.hold_place`
-(go back to an earlier place; decide a new pass), :attr:`ShardLoader.session`
-(the journal session and its consumption counts), :meth:`ShardLoader.use_dataset`,
-:meth:`ShardLoader.sub_loader`, :attr:`ShardLoader.preempt_signals` and
-:meth:`~resumewds.run._preemption.Preemptible.release_signals`.
+The main process owns the position.  Workers produce whole steps (step numbers are a pure function
+of the position, :mod:`resumewds.plan`); the DataLoader returns them round-robin, the global order,
+and the loader checks every step number it receives (an out-of-order delivery is an error).
+``state_dict()`` is ``{epoch, position}`` plus the configuration it must agree with, and loads into
+any ``num_workers`` or world size.  :class:`resumewds.WebLoader` is this class with webdataset's
+loader face (:mod:`resumewds.wds.loaderchain`), which also uses the hooks :class:`SplitPolicy`,
+:meth:`ShardLoader.extra_place` / :meth:`ShardLoader.adopt_place`, :meth:`ShardLoader.mark` /
+:meth:`ShardLoader.rewind` / :meth:`ShardLoader.hold_place` and :meth:`ShardLoader.sub_loader`.
 
 Example:
     >>> import resumewds as rw
@@ -52,7 +39,7 @@ from ..stages import default_collate, empty_epoch_error, hide_positions
 from . import _skipping as skipping
 from ._framecheck import warn_unsaved_loader
 from ._preemption import _LIVE_FLAGS, Preemptible, _blocked_for_start, _preempt_signals, _stop_flag
-from ._session import JournalSession, LoaderPlace, process_group
+from ._session import JournalSession, LoaderPlace
 from ._shmbatch import BytesRing, Packed, ring_for
 from ._statecheck import check_seal, seal
 from ._stats import Stats, flat_scalars
@@ -78,10 +65,9 @@ def _auto_partitions(ds: ShardDataset) -> bool:
 
 
 class SplitPolicy(Protocol):
-    """Another way DataLoader workers share an epoch than the engine's split of the sample
-    sequence: ``W``, the workers it splits between (recorded as ``config["worker_split"]``,
-    kept by a state or a journal whatever ``num_workers``), and the layout of that split.
-    webdataset's shard split is one (:data:`resumewds.wds._shardsplit.SHARD_SPLIT`).
+    """Another split of an epoch between DataLoader workers than the engine's split of the sample
+    sequence: ``W`` workers (recorded as ``config["worker_split"]``, kept whatever ``num_workers``)
+    and its layout.  webdataset's shard split is one (:data:`resumewds.wds._shardsplit.SHARD_SPLIT`).
 
     Example:
         >>> class EveryOther:                                   # doctest: +SKIP
@@ -100,14 +86,12 @@ class SplitPolicy(Protocol):
 
     def layout(self, dataset: Any, workers: int, world_size: int, batch_size: Optional[int], remainder: str,
                chunk: int) -> Any:
-        """The loader's layout (an :class:`~resumewds.plan.EpochLayout`) of the split over
-        ``workers``; raises :class:`~resumewds.errors.StateError` where it cannot go on (another
-        world size)."""
+        """The loader's layout (an :class:`~resumewds.plan.EpochLayout`) of the split over ``workers``;
+        raises :class:`~resumewds.errors.StateError` where it cannot go on."""
 
 
 class _StepAt(NamedTuple):
-    """Where a step is: its epoch and index, the iteration's start position, the epoch's
-    total, its layout, and whether it is the epoch's last step."""
+    """Where a step is: epoch, index, the iteration's start, the epoch's total, layout, last step."""
 
     epoch: int
     step: int
@@ -118,8 +102,7 @@ class _StepAt(NamedTuple):
 
 
 class _EpochRun:
-    """One iteration's DataLoader: its iterator, the stall watchdog, the shared ring and the
-    workers' stop flag; :meth:`close` shuts it down."""
+    """One iteration's DataLoader, iterator, watchdog, ring and workers' stop flag."""
 
     def __init__(self, dl: Any, it: Any, watch: WorkerWatchdog, ring: Optional[BytesRing],
                  stopping: Any) -> None:
@@ -144,94 +127,47 @@ class _EpochRun:
 class ShardLoader(Preemptible):
     """A resumable loader over a :class:`~resumewds.dataset.WebDataset`.
 
-    Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's
-    last batch is handed out, ``loader.epoch`` advances and the position
-    returns to 0.
+    Each ``iter(loader)`` runs the rest of the current epoch; when an epoch's last batch is handed
+    out, ``loader.epoch`` advances and the position returns to 0.
 
     Args:
         dataset: the WebDataset.
-        batch_size: samples per batch per rank; None yields single samples.
-            If the dataset was ``.batched(n)``, leave this None (or n).
-        num_workers: DataLoader worker processes (any number; resume works
-            across different counts).  2 or more on one rank under
-            webdataset's worker split: webdataset's order, kept by a resume
-            whatever its ``num_workers`` (:mod:`resumewds.wds._shardsplit`).
-        worker_split: ``"shards"``, ``"samples"``, or None: the data set's
-            (:meth:`~resumewds.wds._direct.DirectDataset.worker_split_mode`); the
-            engine's loader alone (no :attr:`split_policy`) knows ``"samples"`` only.
+        batch_size: samples per batch per rank; None yields single samples.  If the dataset was
+            ``.batched(n)``, leave this None (or n).
+        num_workers: DataLoader worker processes (a resume works across counts).
+        worker_split: ``"shards"``, ``"samples"``, or None: the data set's; the engine's loader
+            alone (no :attr:`split_policy`) knows ``"samples"`` only.
         collate_fn: how to collate a batch (default: torch's default_collate).
-        convert: with ``batch_size=None``: each item through torch's ``default_convert``,
-            as a DataLoader does with automatic batching off.  None (default): when no
-            ``collate_fn`` is given; False: items as they are (a stage after the loader
-            converts them itself).
+        convert: with ``batch_size=None``, each item through torch's ``default_convert`` as a
+            DataLoader does; None (default): when no ``collate_fn`` is given.
         rank, world_size: override torch.distributed / RANK / WORLD_SIZE (neither given and a world
             of 1 found: looked up again at the first len() or iteration, see docs/FRAMEWORKS.md).
-        nodes: groups of ranks that share a cache (default: from torchrun's
-            LOCAL_WORLD_SIZE, see :mod:`resumewds.plan`); each node reads its
-            own partitions of the data set.
-        remainder: the final short step of an epoch: ``"keep"``, ``"pad"`` or
-            ``"drop"`` (see :mod:`resumewds.plan`).  Every rank always yields
-            the same number of batches.  With ``batch_size=None`` on one
-            rank the chunks lie on a grid fixed to the epoch, so the dropped
-            tail (``"drop"``) and the padding (``"pad"``) are the same for
-            any resume position (see :class:`_SampleLayout`).
-        journal: path of a SQLite journal (see :mod:`resumewds.journal`);
-            ``commit(step)`` records positions there.
-        resume: with a journal: True resumes at the latest complete commit,
-            an int resumes at that step's commit, False starts fresh (and
-            refuses a journal that already holds commits).
-        verbose: log fetches, retries, repairs, evictions and resumes (also
-            ``RESUMEWDS_VERBOSE=1``).
+        nodes: groups of ranks that share a cache (default: from LOCAL_WORLD_SIZE).
+        remainder: the final short step of an epoch: ``"keep"``, ``"pad"`` or ``"drop"`` (see
+            :mod:`resumewds.plan`); every rank yields the same number of batches.
+        journal: path of a SQLite journal; ``commit(step)`` records positions there.
+        resume: with a journal: True resumes at the latest complete commit, an int at that step's
+            commit, False starts fresh (and refuses a journal that holds commits).
+        verbose: log fetches, retries, repairs, evictions and resumes (also ``RESUMEWDS_VERBOSE=1``).
         chunk_size: samples per worker task when ``batch_size`` is None.
-        transport: how batches leave the DataLoader workers.  ``"auto"``
-            (default): with ``fork`` workers, the large ``bytes`` and the
-            small tensors in a batch travel through shared memory inherited
-            by the workers, and with the default ``collate_fn`` the workers
-            stack large batch tensors into reused shared slots (handed out
-            without a copy; a slot is reused once every tensor over it is
-            garbage) (:mod:`resumewds.run`); everything else goes
-            through torch's queue.  The batches delivered are equal either
-            way (same types, values and sharing); a batch tensor over a slot
-            is not resizable in place.  ``"queue"``: everything pickled
-            through torch's queue.
-        preempt: stop at the next step boundary on a signal (preemption by
-            Slurm, Kubernetes, spot instances: SIGTERM, then SIGKILL after a
-            grace period).  False (default): signals keep their handlers;
-            True: SIGTERM and SIGUSR1; or a list of signals.  On the first
-            such signal ``loader.preempted`` becomes True and the current
-            ``for batch in loader`` ends before its next batch (with
-            ``batch_size=None``, at the end of the current chunk), so the
-            loop body that is running finishes its step; checkpoint,
-            ``commit`` and exit (143 is the usual code for SIGTERM).  A
-            second signal runs the previous handler (the default: die).
-            DataLoader workers ignore these signals: the main process shuts
-            them down.  See :meth:`request_stop` and ``examples/train.py``.
-        stall_timeout: seconds a worker may stay stopped (SIGSTOP: state T)
-            while the loader waits for its batches; then it is killed and
-            :class:`~resumewds.run._watchdog.WorkerStallError` names it.  None
-            (default): ``RESUMEWDS_WORKER_STALL``, else 60; 0: no limit.
-            Stopped workers are killed when an iteration ends, so exit never
-            waits for them (see :mod:`resumewds.run`).
-        **dataloader_kwargs: passed to torch's DataLoader (pin_memory,
-            timeout, prefetch_factor, multiprocessing_context, ...).
+        transport: ``"auto"`` (default): with ``fork`` workers, bytes, small tensors and (default
+            collation) large batch tensors travel through shared memory (:mod:`resumewds.run._shmbatch`;
+            the batches are equal either way, a tensor over a slot is not resizable in place);
+            ``"queue"``: everything pickled through torch's queue.
+        preempt: stop at the next step boundary on a signal (False: none; True: SIGTERM and SIGUSR1;
+            or a list).  ``loader.preempted`` becomes True and the current ``for batch in loader``
+            ends before its next batch; checkpoint, ``commit`` and exit.  A second signal runs the
+            previous handler.  Workers ignore these signals.  See :meth:`request_stop`.
+        stall_timeout: seconds a worker may stay stopped (SIGSTOP) while the loader waits for it;
+            then it is killed and :class:`~resumewds.run._watchdog.WorkerStallError` names it.
+            None: ``RESUMEWDS_WORKER_STALL``, else 60; 0: no limit.
+        **dataloader_kwargs: passed to torch's DataLoader (pin_memory, timeout, prefetch_factor, ...).
 
-    Batches that lose samples (batched loaders): a sample stage that returns
-    None, ``select``, and ``on_error="skip"`` remove samples from their
-    batch (counted as ``filtered`` / ``skipped_samples``); a batch stage
-    (``.batched(n).map(f)``) that returns None removes the whole batch, in
-    the same way (counted as ``filtered``).  A step whose batch lost every
-    sample still yields one batch on every rank: an :class:`EmptyBatch`
-    (empty, falsy, with ``.info``; counted as ``empty_batches``), so DDP
-    ranks stay in lock step.  ``loader.batch_info`` describes the last
-    batch, including its pad mask, which ``to_tuple`` cannot carry.  With
-    ``batch_size=None`` samples are yielded one by one and nothing is
-    yielded for a removed sample.
-
-    Errors: a shard that fails under ``on_error="raise"`` is recorded as
-    ``failed`` in the journal (a ``fail`` event, the ``failures`` stat)
-    before the error propagates; an error raised in a DataLoader worker
-    reaches the caller as the same exception object (type and fields), not
-    torch's re-wrapped traceback text.
+    Samples a stage or ``on_error="skip"`` removes leave their batch (counted as ``filtered`` /
+    ``skipped_samples``); a step that lost every sample still yields an :class:`EmptyBatch` on every
+    rank (DDP lock step).  ``loader.batch_info`` describes the last batch, pad mask included.  A shard
+    that fails under ``on_error="raise"`` is recorded as ``failed`` in the journal before the error
+    propagates; an error raised in a worker reaches the caller as the same exception object.
 
     Example:
         >>> ds = rw.WebDataset("data/shard-{000000..000003}.tar").decode("rgb8").to_tuple("jpg;png", "cls")
@@ -340,9 +276,8 @@ class ShardLoader(Preemptible):
     # ---- journal (resumewds/run/_session.py) --------------------------------------
     @property
     def session(self) -> JournalSession:
-        """The loader's :class:`~resumewds.run._session.JournalSession`: its journal, the events it
-        buffers and the consumption counted since the last commit (a wrapper that goes back to
-        an earlier place takes back what it counted, ``session.set_consumed(...)``).
+        """The loader's :class:`~resumewds.run._session.JournalSession`: its journal, buffered events and the
+        consumption counted since the last commit.
 
         Example:
             >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=4)
@@ -391,10 +326,8 @@ class ShardLoader(Preemptible):
 
     @property
     def resumed_place(self) -> Optional[Dict[str, Any]]:
-        """While this loader stands at a place it was given (a journal's commit, :meth:`load_state_dict`,
-        :meth:`skip_steps`) and has not iterated since: what the journal commit it resumed at
-        recorded beyond ``(epoch, position)`` (``commit(step, place=...)``; ``{}``: nothing).
-        Else None.
+        """While the loader stands at a place it was given and has not iterated since: what the journal
+        commit it resumed at recorded beyond ``(epoch, position)`` (``commit(step, place=...)``); else None.
 
         Example:
             >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=4,
@@ -412,10 +345,8 @@ class ShardLoader(Preemptible):
 
     # ---- the place hooks: what a subclass records beyond (epoch, position) ------------
     def extra_place(self) -> Dict[str, Any]:
-        """Hook: where this loader stands beyond ``(epoch, position)``, as JSON-able fields
-        added to :meth:`state_dict` and to each commit's place (and kept by :meth:`mark`).
-        ``{}`` here; webdataset's worker rotation records its per-stream positions
-        (:mod:`resumewds.wds._rotation`).
+        """Hook: where this loader stands beyond ``(epoch, position)``, as JSON-able fields added to
+        :meth:`state_dict` and to each commit's place (and kept by :meth:`mark`).
 
         Example:
             >>> class Counting(ShardLoader):                          # doctest: +SKIP
@@ -425,33 +356,22 @@ class ShardLoader(Preemptible):
         return {}
 
     def adopt_place(self, place: Dict[str, Any], source: Optional[str]) -> None:
-        """Hook: stand at ``place``'s fields beyond ``(epoch, position)`` (the loader is already at
-        its epoch and position): a state given to :meth:`load_state_dict`, a journal commit's
-        place, or (``source`` None) a :meth:`mark` this loader made.  Raise
-        :class:`~resumewds.errors.StateError` naming ``source`` for a place it cannot stand at.
-        Nothing here.
-
-        Example:
-            >>> loader.adopt_place({}, "this state")                  # doctest: +SKIP
+        """Hook: stand at ``place``'s fields beyond ``(epoch, position)`` (a loaded state, a journal
+        commit's place, or, ``source`` None, a :meth:`mark`); raise :class:`~resumewds.errors.StateError`
+        naming ``source`` for a place it cannot stand at.
         """
-
-    def _process_group(self) -> Any:
-        """torch.distributed, when its default group is exactly this loader's world."""
-        return process_group(self.rank, self.world_size)
 
     def commit(self, step: int, stats: Optional[bool] = None, place: Optional[Dict[str, Any]] = None) -> None:
         """Record atomically, in the journal, the position after ``step``.
 
-        Call it after the training step that consumed the last batch (and,
-        ideally, right after saving the model checkpoint for that step).  A
-        commit that returned survives kill -9.
+        Call it after the training step that consumed the last batch (ideally right after saving the
+        model checkpoint for that step).  A commit that returned survives kill -9.
 
         Args:
             step: the training step (any increasing int; ``resume=S`` finds it).
             stats: include a stats snapshot (default: at most every 5 s).
-            place: JSON-able fields of a wrapper's own progress beyond ``(epoch, position)``,
-                recorded with the commit (with :meth:`extra_place`'s); a loader resumed
-                at it finds them in :attr:`resumed_place`.
+            place: JSON-able fields of a wrapper's own progress, recorded with the commit (see
+                :attr:`resumed_place`).
 
         Example:
             >>> loader.commit(41)                                      # doctest: +SKIP
@@ -468,23 +388,19 @@ class ShardLoader(Preemptible):
     def skip_steps(self, k: int, reason: str = "") -> Dict[str, Any]:
         """Skip the data of the next ``k`` steps on purpose (loss-spike recovery).
 
-        Call it between passes, typically right after resuming at the step of
-        the checkpoint you rewound to.  The position moves past the samples
-        of steps ``steps_done .. steps_done + k - 1`` (crossing epoch ends),
-        nothing of them is read, ``steps_done`` grows by ``k``, and with a
-        journal the skip is committed at once as step ``steps_done - 1``
-        with a ``skip_steps`` event (``resumewds status`` and the report show
-        it).  The same at any worker count and world size: every rank calls
-        it with the same ``k``.  See :mod:`resumewds.run`.
+        Call it between passes, typically right after resuming at the step of the checkpoint you rewound
+        to.  The position moves past the samples of the next ``k`` steps (crossing epoch ends) without
+        reading them, ``steps_done`` grows by ``k``, and with a journal the skip is committed at once with
+        a ``skip_steps`` event.  The same at any worker count and world size: every rank calls it with
+        the same ``k``.
 
         Returns:
             ``{"first_step", "steps", "from": [epoch, position], "to": [...], "reason"}``.
 
         Raises:
-            TypeError: ``k`` is not an int (a float, a bool).
+            TypeError: ``k`` is not an int.
             ValueError: ``k`` is negative, or crosses more than
-                :data:`resumewds.run._skipping.MAX_WALKED_EPOCHS` epochs whose steps
-                differ (resampled shards, webdataset's worker split).
+                :data:`resumewds.run._skipping.MAX_WALKED_EPOCHS` epochs whose steps differ.
 
         Example:
             >>> loader = rw.WebLoader(ds, batch_size=32, journal="run.db", resume=999)  # doctest: +SKIP
@@ -527,8 +443,7 @@ class ShardLoader(Preemptible):
         self._session.record(events)
 
     def _failed_now(self, exc: BaseException, events: List[Dict[str, Any]]) -> None:
-        """An error ends the iteration: record its events (the shard's ``fail``)
-        in stats and, at once, in the journal, before the error propagates."""
+        """An error ends the iteration: its events go to stats and, at once, to the journal."""
         try:
             self._absorb(events)
             self._flush_journal()
@@ -543,14 +458,9 @@ class ShardLoader(Preemptible):
 
     # ---- state --------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """The loader's position: load it into any loader over the same data.
-
-        Returns:
-            ``{"format", "version", "epoch", "position", "samples_total",
-            "steps_done", "config", "batch_size", "world_size", "checksum"}``
-            (``checksum``: :mod:`resumewds.run`), and the fields of
-            :meth:`extra_place`.
-        """
+        """The loader's position, loadable into any loader over the same data: ``{"format", "version",
+        "epoch", "position", "samples_total", "steps_done", "config", "batch_size", "world_size",
+        "checksum"}`` and the fields of :meth:`extra_place`."""
         state = {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch,
                  "position": self.position, "samples_total": self.samples_total,
                  "steps_done": self.steps_done, "config": dict(self.config),
@@ -565,9 +475,8 @@ class ShardLoader(Preemptible):
         """Continue from ``state`` (from any num_workers / world size).
 
         Raises:
-            StateError: the state is not a resumewds state, is newer than
-                this version, was changed after it was taken (its checksum),
-                or was taken on different data or order settings.
+            StateError: not a resumewds state, newer than this version, changed after it was taken, or
+                taken on different data or order settings.
         """
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StateError("not a resumewds loader state (missing format field)")
@@ -612,15 +521,8 @@ class ShardLoader(Preemptible):
         return s
 
     def to_tensorboard(self, writer: Any, step: Optional[int] = None, prefix: str = "data/") -> None:
-        """Write the numeric stats to a TensorBoard ``SummaryWriter`` (or anything
-        with ``add_scalar(tag, value, step)``): ``data/samples_per_s``,
-        ``data/worker0/samples``, ... (see :func:`resumewds.run._stats.flat_scalars`).
-
-        Args:
-            writer: e.g. ``torch.utils.tensorboard.SummaryWriter(logdir)``.
-            step: the global step (default: ``steps_done``).
-            prefix: tag prefix.
-        """
+        """Write the numeric stats to a TensorBoard ``SummaryWriter`` (anything with ``add_scalar``) as
+        ``prefix + name`` (:func:`resumewds.run._stats.flat_scalars`) at ``step`` (default: ``steps_done``)."""
         step = step if step is not None else self.steps_done
         for k, v in flat_scalars(self.stats()).items():
             writer.add_scalar(prefix + k, v, step)
@@ -642,12 +544,8 @@ class ShardLoader(Preemptible):
         self.position = 0
 
     def end_epoch(self) -> None:
-        """End the current epoch where the loader stands: the next ``iter()`` starts
-        the next epoch at its beginning, and the rest of this one is not delivered.
-
-        This is webdataset's new pass (see :meth:`_begin_iter`), which an
-        ``iter()`` runs by itself after an ``iter()`` left mid-epoch.  Nothing
-        happens at an epoch's start.
+        """End the current epoch where the loader stands (webdataset's new pass, :meth:`_begin_iter`): the
+        next ``iter()`` starts the next epoch.  Nothing happens at an epoch's start.
 
         Example:
             >>> loader.end_epoch()      # doctest: +SKIP
@@ -660,17 +558,11 @@ class ShardLoader(Preemptible):
             self._end_epoch()
 
     def _begin_iter(self) -> None:
-        """webdataset's (and torch's) new pass: each ``iter()`` starts the data again.  An
-        ``iter()`` left mid-epoch (a smoke test's ``next(iter(loader))``, a ``break``) is
-        followed by the next epoch from its start, so a full pass after it is a whole epoch
-        (an ``iter()`` whose last item ended the epoch ended, whether or not it was asked for more).
-        Unless a state was given away since the last item (:meth:`state_dict`, :meth:`commit`):
-        a run resumed from that state continues where it was taken, so this run continues
-        there too, and both deliver the same data.  When the first ``iter()`` after a place was
-        given to the loader (a resume: :meth:`load_state_dict`, the journal, :meth:`skip_steps`)
-        is left after its first item (a smoke test right after the resume), the next starts at
-        that place again: the training loop continues where the resume says.  An ``iter()``
-        that ended (an error included) keeps its place."""
+        """webdataset's (and torch's) new pass: an ``iter()`` left mid-epoch is followed by the next
+        epoch from its start, unless a state was given away since its last item (:meth:`state_dict`,
+        :meth:`commit`: a run resumed from it continues there, so this one does too).  The first
+        ``iter()`` after a place was given (a resume), left after its first item, is followed by that
+        place again.  An ``iter()`` that ended (an error included) keeps its place."""
         origin, self._origin = self._origin, None
         handed, self._handed = self._handed, 0
         if self._advanced and not self._pinned and self.position:  # left mid-epoch (at an epoch's
@@ -689,8 +581,7 @@ class ShardLoader(Preemptible):
         self._pinned, self._advanced = True, False
 
     def hold_place(self) -> None:
-        """The next ``iter()`` continues where the loader stands, whatever the last one did (a
-        wrapper that iterates the loader decided about webdataset's new pass itself).
+        """The next ``iter()`` continues where the loader stands, whatever the last one did.
 
         Example:
             >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=2)
@@ -727,9 +618,8 @@ class ShardLoader(Preemptible):
         self.adopt_place(mark[3], None)
 
     def use_dataset(self, dataset: Any) -> None:
-        """Run over ``dataset`` instead, before any iteration: the same data and split in
-        another order (a wrapper's ``.shuffle(n)`` compiled into the plan,
-        :mod:`resumewds.wds.loaderchain`).
+        """Run over ``dataset`` instead, before any iteration: the same data and split in another order (a
+        wrapper's ``.shuffle(n)`` compiled into the plan).
 
         Example:
             >>> from resumewds.stages import Stage
@@ -754,11 +644,9 @@ class ShardLoader(Preemptible):
         return tuple(self._preempt_signals)
 
     def sub_loader(self, layout: Any, num_workers: int, position: int) -> ShardLoader:
-        """A loader of ``layout``'s steps of this loader's epoch from ``position``, run on this
-        loader's behalf: one sample per item, its consumption and events in this loader's
-        session and stats, its workers ignoring this loader's preemption signals (this loader
-        stops the run), each item converted as this loader's (webdataset's worker rotation runs
-        one per worker's stream, :mod:`resumewds.wds._rotation`).
+        """A loader of ``layout``'s steps of this epoch from ``position``, run on this loader's behalf: one
+        sample per item, its consumption and events in this loader's session and stats, its workers
+        ignoring this loader's preemption signals (webdataset's worker rotation runs one per stream).
 
         Example:
             >>> loader = rw.WebLoader(rw.WebDataset("data/shard-000000.tar"), batch_size=None)
@@ -794,8 +682,7 @@ class ShardLoader(Preemptible):
                                                    self.remainder, self._chunk)
 
     def _use_split(self, workers: int, kept: bool = False) -> None:
-        """Follow the shard split over ``workers`` (0: the sample split): part of the order
-        (``config["worker_split"]``), kept by a state or a journal whatever ``num_workers``."""
+        """Follow the split over ``workers`` (0: the sample split), recorded in ``config["worker_split"]``."""
         self._split_w, self._split_kept = int(workers), bool(kept and workers)  # kept: a run's, not ours
         self.config = {k: v for k, v in self.config.items() if k != "worker_split"}
         if self._split_w:
@@ -897,8 +784,7 @@ class ShardLoader(Preemptible):
         return _EpochRun(dl, it, WorkerWatchdog(it, self.stall_timeout), ring, stopping)
 
     def _next_step(self, run: _EpochRun) -> Optional[Tuple[int, Any, Dict[str, Any]]]:
-        """The next ``(step, batch, meta)`` from the workers, None at the end; a worker's
-        failure in this process is recorded, a stopped worker is named."""
+        """The next ``(step, batch, meta)`` from the workers, None at the end."""
         try:
             return run.nxt()
         except StopIteration:
@@ -913,8 +799,7 @@ class ShardLoader(Preemptible):
             raise mapped from None
 
     def _received(self, run: _EpochRun, batch: Any, meta: Dict[str, Any]) -> Any:
-        """A batch as it came from a worker: unpacked from the shared ring (and pinned, where
-        torch pins), or the worker's failure raised."""
+        """A batch as it came from a worker: unpacked from the ring (and pinned), or its failure raised."""
         if type(batch) is Packed:
             batch = run.ring.unpack(batch)  # type: ignore[union-attr]
             if run.pin:  # torch's pin thread saw only the Packed marker: pin what it stood for
@@ -928,8 +813,8 @@ class ShardLoader(Preemptible):
         return batch
 
     def _account(self, meta: Dict[str, Any], epoch: int, wait: float) -> Any:
-        """A step's stats, events and consumption (recovered shards too); unbatched, the
-        consumption owed as its samples are handed out (None when counted here)."""
+        """A step's stats, events and consumption; unbatched, the consumption owed as its samples are
+        handed out."""
         self.stats_.update(meta, wait)
         self._absorb(meta.get("events") or [])
         # unbatched, a step's samples count as consumed one by one, as handed out
@@ -945,8 +830,7 @@ class ShardLoader(Preemptible):
         return owed
 
     def _hand_out(self, batch: Any, meta: Dict[str, Any], owed: Any, at: _StepAt) -> Iterator[Any]:
-        """Step ``at.step``'s batch (or, unbatched, its samples one by one), the position
-        moved past what is handed out."""
+        """Step ``at.step``'s batch (unbatched: its samples one by one), the position moved past them."""
         n = int(meta.get("samples", 0))
         info = BatchInfo(at.epoch, at.step, n, tuple(meta.get("pad_flags") or ()),
                          int(meta.get("skipped", 0)), int(meta.get("filtered", 0)), n == 0)
@@ -989,17 +873,15 @@ class ShardLoader(Preemptible):
             self._end_epoch()
 
     def _make_ring(self, kw: Dict[str, Any]) -> Optional[BytesRing]:
-        """The shared-memory transport of this iteration's workers, or None
-        (no workers, ``transport="queue"``, or workers that are not forked)."""
+        """This iteration's shared-memory transport, or None (no forked workers, ``transport="queue"``)."""
         if self.num_workers <= 0 or self.transport != "auto":
             return None
         return ring_for(self.num_workers, kw, self.dataset.manifest.shards, self.layout.batch_size,
                         tensors=self._collate and self._collate_fn is default_collate)
 
     def close(self) -> None:
-        """Flush pending journal events, close the journal, release the
-        shards this process holds open (num_workers=0 reads in this process)
-        and restore the signal handlers ``preempt`` replaced."""
+        """Flush and close the journal, release the shards this process holds open and restore the
+        signal handlers ``preempt`` replaced."""
         self.release_signals()
         try:
             self._session.close()

@@ -1,10 +1,5 @@
-"""Preemption signals: the loader stops at a step boundary; its workers outlive the signal.
-
-A scheduler about to preempt a job signals it (SIGTERM, SIGUSR1...).  The
-loader (:class:`resumewds.WebLoader` with ``preempt=``) catches the signal in
-the main process and stops at the end of the current step; its DataLoader
-workers must not die first (:func:`_worker_signals`), but must still leave
-when the loader shuts them down (the shared flag of :func:`_stop_flag`).
+"""Preemption signals: the loader stops at a step boundary; its workers outlive the signal, and still
+leave when the loader shuts them down (:func:`_stop_flag`).
 
 Example:
     >>> import signal
@@ -37,18 +32,11 @@ def _preempt_signals(preempt: Union[bool, Sequence[int]]) -> Tuple[int, ...]:
 
 
 def _worker_signals(signals: Sequence[int], stopping: Any) -> None:
-    """In a worker: outlive the preemption signals the main process handles.
-
-    A scheduler that signals the whole process group must not kill the
-    workers before the main process reaches its step boundary (torch would
-    then raise "worker exited unexpectedly" anywhere in the training step).
-    But torch (and multiprocessing at exit) stop workers with SIGTERM too:
-    once the main process has flagged ``stopping`` a SIGTERM ends the worker.
-
-    The parent forked the worker with these signals blocked
-    (:func:`_blocked_for_start`): one sent before this point waited, pending,
-    and reaches the handlers installed here when they are unblocked.
-    """
+    """In a worker: outlive the preemption signals the main process handles.  A signal to the whole
+    process group must not kill the workers before the main process reaches its step boundary, yet
+    torch and multiprocessing stop workers with SIGTERM too: once ``stopping`` is set a SIGTERM ends
+    the worker.  A signal sent before this point waited, blocked (:func:`_blocked_for_start`), and
+    reaches the handlers installed here when unblocked."""
     def on_term(signum: int, frame: Any) -> None:
         if stopping is None or stopping.value:
             os._exit(0)  # being shut down: leave quietly (a signal death would be reported)
@@ -64,16 +52,9 @@ def _worker_signals(signals: Sequence[int], stopping: Any) -> None:
 
 @contextlib.contextmanager
 def _blocked_for_start(signals: Sequence[int], context: Any = None) -> Iterator[None]:
-    """Around the start of a loader's worker processes: ``signals`` blocked.
-
-    A worker starts with its parent's signal mask, and torch's worker start-up
-    installs its own SIGTERM handler (ending the worker unless the parent sent
-    the signal) long before :func:`_worker_signals` runs there.  A scheduler's
-    signal to the whole process group in between would kill the worker; blocked,
-    it waits until :func:`_worker_signals` unblocks it.  In this thread the mask
-    is restored after the start, which delivers what arrived meanwhile.
-    Nothing is blocked for a ``forkserver`` start: its server, started here the
-    first time, would keep the mask for every process it forks.
+    """``signals`` blocked around the start of a loader's workers: torch's worker start-up installs its
+    own SIGTERM handler long before :func:`_worker_signals` runs, and a group signal in between would
+    kill the worker.  Nothing is blocked for ``forkserver`` (its server would keep the mask).
 
     Example:
         >>> import signal
@@ -129,9 +110,8 @@ def _stop_flag() -> Any:
 
 
 class Preemptible:
-    """A loader's side of preemption: ``preempted``, :meth:`request_stop`, and the
-    signal handlers ``preempt=`` installs (the loader's ``__iter__`` stops at the
-    next step boundary once ``preempted`` is True).
+    """A loader's side of preemption: ``preempted``, :meth:`request_stop`, and the handlers ``preempt=``
+    installs.
 
     Example:
         >>> p = Preemptible(); p.preempted = False; p.request_stop(); p.preempted
@@ -144,13 +124,8 @@ class Preemptible:
     _preempt_signals: Tuple[int, ...]
 
     def request_stop(self) -> None:
-        """Stop at the next step boundary, as a preemption signal would.
-
-        Safe to call from a signal handler or another thread.  The current
-        ``for batch in loader`` ends before its next batch; ``preempted`` is
-        True.  Iterating again clears nothing: call :meth:`clear_stop` to
-        continue in this process.
-        """
+        """Stop at the next step boundary, as a preemption signal would (safe from a signal handler or
+        another thread); :meth:`clear_stop` continues in this process."""
         self.preempted = True
 
     def clear_stop(self) -> None:
@@ -177,8 +152,7 @@ class Preemptible:
             self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
     def release_signals(self) -> None:
-        """Give the signals ``preempt=`` took back to their previous handlers (``close()`` does;
-        a loader that hands its run over to another one does it first).
+        """Give the signals ``preempt=`` took back to their previous handlers (``close()`` does).
 
         Example:
             >>> p = Preemptible(); p._old_handlers = {}; p.release_signals()

@@ -1,16 +1,8 @@
-"""The journal session of a :class:`~resumewds.loader.WebLoader`.
-
-Everything the loader does with its SQLite journal lives here: opening it
-(under this rank's lock) and resolving the resume point, once for all ranks
-when a process group exists; checking the run's configuration; turning the
-resume point into the loader's position; buffering the events and shard
-state changes the workers report until the next commit; recording what each
-step consumed; and the commit itself.  The loader keeps thin calls
-(``_open_journal``, ``commit``, ``_flush_journal``, ``close``) and applies
-what :meth:`JournalSession.open` returns (:class:`Resumed`).
-
-The journal module itself is imported only when a journal is opened or
-events are buffered for one (it is not on the journal-free path).
+"""A loader's journal session: open and resolve the resume point (under this rank's lock, once for
+all ranks with a process group), check the run's configuration, buffer the events and shard state
+changes the workers report, count what each step consumed, and commit.  The loader applies what
+:meth:`JournalSession.open` returns (:class:`Resumed`).  The journal module is imported only when
+a journal is used.
 
 Example:
     >>> s = JournalSession(None)      # no journal: only the consumption count
@@ -41,9 +33,8 @@ __all__ = ["JournalSession", "LoaderPlace", "Resumed", "StepConsumption", "proce
 
 @dataclass
 class LoaderPlace:
-    """Where a loader stands, as a journal session needs it: this rank in its world,
-    the nodes, the data set's ``config`` and the loader's ``layout``
-    (batch_size, world_size, num_workers, remainder)."""
+    """Where a loader stands, as a session needs it: its rank, world, nodes, the data set's ``config``
+    and the loader's ``layout`` (batch_size, world_size, num_workers, remainder)."""
 
     rank: int
     world_size: int
@@ -54,9 +45,8 @@ class LoaderPlace:
 
 @dataclass
 class Resumed:
-    """What opening a journal found: where the loader resumes (``epoch`` is None
-    without a commit), the data set's configuration after adopting the run's
-    partitions, and the shards the run recorded as failed."""
+    """What opening a journal found: where the loader resumes (``epoch`` None: no commit), the
+    configuration after adopting the run's partitions, and the shards recorded as failed."""
 
     config: Dict[str, Any]
     epoch: Optional[int] = None
@@ -69,24 +59,14 @@ class Resumed:
 _UNJOURNALED = unjournaled_kinds()  # per-open chatter: shard effects only, no event rows
 
 
-def _auto_partitions(ds: Any) -> bool:
-    return getattr(ds, "partitions", 1) is None
-
-
 class StepConsumption:
     """A step's samples counted as consumed one by one as they are handed out.
 
-    A commit between two samples of a step (``resumewds cat --limit 250``
-    with steps of 64) then records the samples delivered so far, not the
-    whole step.  ``meta["sample_shards"]`` (the shard index of each
-    delivered sample, None for padding) says whose sample each one is.
-    With ``by_slot`` (one rank: the position after a sample is just after
-    its slot) and ``meta["slot_shards"]`` (each slot's shard, when the step
-    dropped samples), a sample handed out also counts the samples a stage
-    dropped before it in the step: the position passed them, and a run
-    resumed there never reads them again.  Otherwise the step's other reads
-    (filtered or skipped samples) are counted with its last sample.
-    Without ``sample_shards`` the whole step counts at once.
+    A commit between two samples of a step then records only the samples delivered so far.
+    ``meta["sample_shards"]`` names each delivered sample's shard (None: padding).  With ``by_slot``
+    (one rank) and ``meta["slot_shards"]``, a sample also counts the samples a stage dropped before it
+    (the position passed them); otherwise a step's other reads count with its last sample.  Without
+    ``sample_shards`` the whole step counts at once.
 
     Example:
         >>> s = JournalSession(None)
@@ -140,18 +120,7 @@ class StepConsumption:
 
 
 class JournalSession:
-    """One loader's journal: open/resume, buffered events, consumption and commits.
-
-    Args:
-        path: the journal's path, or None (no journal: only the consumption
-            count is kept, and events are not buffered).
-
-    Example:
-        >>> s = JournalSession("run.db")                   # doctest: +SKIP
-        >>> s.open(ds, place, resume=True, sync="NORMAL")  # doctest: +SKIP
-        >>> s.commit(9, epoch=0, position=640, world_size=1, batch_size=64,  # doctest: +SKIP
-        ...          samples_total=640, shards=ds.manifest.shards)
-    """
+    """One loader's journal (``path`` None: only the consumption count is kept)."""
 
     def __init__(self, path: Optional[str]):
         self.path = path
@@ -169,8 +138,8 @@ class JournalSession:
         self._consumed[key] = self._consumed.get(key, 0) + n
 
     def consume_step(self, epoch: int, meta: Dict[str, Any], by_slot: bool = False) -> StepConsumption:
-        """The consumption of an unbatched step, counted as its samples are handed out (``by_slot``:
-        with the samples dropped before each, see :class:`StepConsumption`)."""
+        """The consumption of an unbatched step, counted as its samples are handed out
+        (:class:`StepConsumption`)."""
         return StepConsumption(self, epoch, meta, by_slot)
 
     def consumed_now(self) -> Dict[Tuple[int, int], int]:
@@ -178,8 +147,8 @@ class JournalSession:
         return dict(self._consumed)
 
     def set_consumed(self, consumed: Dict[Tuple[int, int], int]) -> None:
-        """Count ``consumed`` as the consumption since the last commit (a loader that goes
-        back to an earlier place, to deliver its samples again, takes back what it counted)."""
+        """Count ``consumed`` as the consumption since the last commit (a loader that goes back to an
+        earlier place takes back what it counted)."""
         self._consumed = {k: n for k, n in consumed.items() if n}
 
     def record(self, events: List[Dict[str, Any]]) -> None:
@@ -207,33 +176,15 @@ class JournalSession:
             self._shard_updates = []
 
     # ---- open / resume -------------------------------------------------------
-    @staticmethod
-    def run_config(config: Dict[str, Any], layout: Dict[str, Any]) -> Dict[str, Any]:
-        """The configuration a journal stores and a resume must agree with: the data
-        set's ``config`` and the loader's ``layout`` (batch_size, world_size, num_workers,
-        remainder)."""
-        cfg = dict(config)
-        cfg.update(layout)
-        return cfg
-
     def open(self, dataset: Any, where: LoaderPlace, resume: Union[bool, int], sync: str) -> Resumed:
-        """Open the journal at ``self.path`` for a loader of ``dataset`` at ``where``,
-        and find where it resumes.
+        """Open the journal for a loader of ``dataset`` at ``where`` and find where it resumes.
 
-        The resume point is read under this rank's journal lock (two runs
-        started together never both resume from the same commit), once for
-        all ranks with a process group (:meth:`resolve_together`).  Adopts the
-        run's partitions when the dataset chose none.
-
-        Returns:
-            Where the loader resumes (epoch, position, steps done, samples
-            delivered by this rank; None without a commit), the data set's
-            configuration after adopting the run's partitions, and the shards
-            the run recorded as failed.
+        The resume point is read under this rank's journal lock (two runs started together never both
+        resume from the same commit), once for all ranks with a process group (:meth:`resolve_together`).
 
         Raises:
-            JournalError: the journal holds commits and ``resume`` is False,
-                is in use, or its configuration does not match.
+            JournalError: the journal holds commits and ``resume`` is False, is in use, or its
+                configuration does not match.
         """
         from ..journal import Journal, resolve_resume  # lazy: a loader without a journal never needs it
 
@@ -243,8 +194,6 @@ class JournalSession:
         resolved: Dict[str, Any] = {}
 
         def find_point() -> Optional[Dict[str, Any]]:
-            # runs under this rank's journal lock (item: two runs started
-            # together must not both read the same resume point)
             resolved["done"] = True
             return self.resolve_together(where.rank, where.world_size, path, step, resolve_resume)
 
@@ -279,7 +228,7 @@ class JournalSession:
             with Journal(self.path, rank=0, readonly=True) as j0:
                 stored = j0.config()
         config = where.config
-        if stored and _auto_partitions(dataset):  # a resume keeps the run's partitions
+        if stored and getattr(dataset, "partitions", 1) is None:  # a resume keeps the run's partitions
             dataset.use_partitions(resolve_partitions(None, where.nodes, stored))
             config = dict(config, **dataset.config())
         if stored:  # and the run's worker split (resumewds.wds._shardsplit), whatever num_workers
@@ -289,16 +238,15 @@ class JournalSession:
         # a dataset may declare keys that can change here (a mixture's new phase)
         evolves = getattr(dataset, "compatible_config", None)
         extra = tuple(evolves(j.config(), point)) if evolves is not None else ()
-        j.check_config(self.run_config(config, where.layout),
+        j.check_config({**config, **where.layout},  # what the journal stores and a resume agrees with
                        compatible_keys=("batch_size", "world_size", "num_workers", "rank") + extra)
         remote = [{"url": sh.url} for sh in dataset.manifest.shards
                   if is_remote_url(sh.url)]
         if remote and j.latest_commit() is None:
             j.update_shards(remote)  # every remote shard starts as 'pending'
-        if point is None:
-            if j.latest_commit() is not None and resume is False:
-                raise JournalError(f"{self.path}: journal already holds commits; pass resume=True to "
-                                   "continue that run, or use a new journal path")
+        if point is None and resume is False and j.latest_commit() is not None:
+            raise JournalError(f"{self.path}: journal already holds commits; pass resume=True to "
+                               "continue that run, or use a new journal path")
         out = Resumed(config=config)
         if point is not None:
             out.epoch = int(point["epoch"])
@@ -329,14 +277,10 @@ class JournalSession:
                          ) -> Optional[Dict[str, Any]]:
         """Find the resume point once for all ranks, before any rank opens its journal.
 
-        With a process group, rank 0 runs ``resolve(path, step)`` and
-        broadcasts the answer (or its error): every rank starts from the same
-        point, the run's files are read once instead of once per rank (at
-        1,000 ranks, 1,000 opens instead of 1,000,000), and no rank creates
-        its journal file while rank 0 is still reading the run's files (a
-        fresh rank file next to a missing rank 0 file reads as a damaged
-        run).  Without a process group (ranks started by hand) every rank
-        resolves on its own; start them after the previous run has stopped.
+        With a process group rank 0 resolves and broadcasts the answer (or its error): every rank starts
+        from the same point, the run's files are read once, and no rank creates its file while rank 0
+        still reads them (a fresh rank file next to a missing rank 0 file reads as a damaged run).
+        Without one (ranks started by hand) each rank resolves on its own.
         """
         dist = process_group(rank, world_size)
         if dist is None:
@@ -371,16 +315,9 @@ class JournalSession:
     def commit(self, step: int, *, epoch: int, position: int, world_size: int, batch_size: Optional[int],
                samples_total: int, shards: Sequence[Any], stats: Optional[Dict[str, Any]] = None,
                place: Optional[Dict[str, Any]] = None) -> None:
-        """Record atomically the position after ``step`` (see ``WebLoader.commit``).
-
-        Args:
-            step: the training step.
-            epoch, position: where the loader is after that step.
-            world_size, batch_size, samples_total: the layout and this rank's sample count.
-            shards: the manifest's shards (consumption is recorded by url).
-            stats: a stats snapshot to record with it, or None.
-            place: where the loader stands beyond ``(epoch, position)``, or None.
-        """
+        """Record atomically the position after ``step`` (see ``WebLoader.commit``); ``shards``: the
+        manifest's (consumption is recorded by url), ``stats``: a snapshot or None, ``place``: where the
+        loader stands beyond ``(epoch, position)``."""
         if self.journal is None:
             raise JournalError("commit() needs a journal: WebLoader(..., journal='run.db')")
         if stats is not None:
@@ -409,7 +346,7 @@ class JournalSession:
 
 
 def process_group(rank: int, world_size: int) -> Any:
-    """torch.distributed, when its default group is exactly this world (``rank`` of ``world_size``)."""
+    """torch.distributed, when its default group is exactly this world."""
     if world_size < 2:
         return None
     try:

@@ -1,48 +1,13 @@
-"""Batches out of DataLoader workers without pickling their bytes.
+"""Batches out of forked DataLoader workers without pickling their bytes.
 
-A batch of raw samples is mostly ``bytes`` (a JPEG, a token file...).  Sent
-through torch's result queue it is pickled in the worker (one copy), pushed
-through a pipe 64 KB at a time (a copy into the kernel and one out, with a
-wake-up of the other side per chunk) and unpickled (one more copy): about
-2.4x the CPU of reading it in-process.
-
-:class:`BytesRing` is an anonymous shared mapping created by the main
-process before the workers fork (so they inherit it: no file, no file
-descriptor passing, no page faults after the first use).  Each worker owns
-``slots`` fixed slots, used in turn.  A worker copies the batch's large
-``bytes`` leaves into its next slot and sends, in their place, a small
-:class:`Packed` (the batch's skeleton with markers, the slot, the offsets);
-the main process copies each leaf out into a new ``bytes`` (the one copy a
-delivered ``bytes`` object needs), rebuilds the very same structure and
-marks the slot free.  The user gets the same objects as before: same
-container types, same ``bytes`` values, a ``bytes`` object that appeared
-twice in a batch still appears twice as one object.
-
-A worker never waits for a slot: if its next slot is still in use, the batch
-is larger than a slot, or holds little in ``bytes`` (less than
-:data:`MIN_PACK`), it goes through the queue as before.  So the transport
-cannot deadlock and cannot change what is delivered, only how.  Only exact
-``list``/``tuple``/``dict`` containers are walked.  Small tensors (a batch's
-labels: plain, contiguous CPU tensors up to :data:`MAX_TENSOR`) travel in
-the slot too, and the main process copies each into a new tensor of the
-same dtype and shape: torch would send each as a new shared-memory segment
-whose file descriptor crosses a socket, about 0.4 ms of CPU per tensor.
-Anything else (numpy arrays, user classes, tensors that are neither small
-nor collated into a tensor slot) is pickled as usual.
-
-Large batch tensors (a batch of decoded images) have their own slots
-(:class:`TensorSlots`): in a worker, torch's ``default_collate`` stacks each
-batch into a new shared-memory segment, and the first write of each of its
-pages faults (8 ms of a 12.6 MB batch here, 120 us/sample, against 0.4 ms
-to stack into memory already used).  With the default collation, a worker
-stacks into a free slot of its own instead, one used before; the main
-process hands out a tensor over that very memory (no copy) and the slot is
-free again once every tensor over it has been garbage collected.  A worker
-whose slots are all still held, or a batch tensor larger than a slot, takes
-torch's path: nothing waits.
-
-Used by :class:`resumewds.loader.WebLoader` with ``fork`` workers (the
-Linux default); other start methods use the queue alone.
+Through torch's result queue a batch of ``bytes`` is pickled, piped 64 KB at a time and unpickled:
+about 2.4x the CPU of reading it in-process.  :class:`BytesRing` is an anonymous shared mapping the
+workers inherit at fork; each worker owns ``slots`` slots, used in turn.  A worker copies a batch's
+large ``bytes`` leaves and small tensors into its next slot and sends a :class:`Packed` skeleton;
+the main process copies them out and rebuilds the very same structure (same types, values and
+sharing).  Large batch tensors are collated into :class:`TensorSlots` and handed out without a copy.
+A worker never waits: a busy slot, a batch too large or with too little in bytes (:data:`MIN_PACK`)
+goes through the queue, so the transport changes how batches travel, never what is delivered.
 
 Example:
     >>> ring = BytesRing(num_workers=1, slots=2, slot_bytes=1 << 20)
@@ -57,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import mmap
 import multiprocessing
 import weakref
@@ -64,17 +30,14 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 #: leaves smaller than this stay in the pickled skeleton (a class label, a key)
 MIN_LEAF = 1024
-#: a batch with fewer bytes than this in large leaves goes through the queue
-#: (unless it holds a small tensor, which the queue sends expensively)
+#: a batch with fewer bytes than this in large leaves goes through the queue (unless it holds a small tensor)
 MIN_PACK = 64 * 1024
-#: tensors up to this size travel in the slot; larger ones keep torch's own
-#: path (a collated batch tensor is already in shared memory: no copy there)
+#: tensors up to this size travel in the slot; larger ones keep torch's own path (shared memory already)
 MAX_TENSOR = 1 << 20
 
-#: bytes of one tensor slot (virtual memory: a page costs memory only once
-#: a batch has used it); a larger batch tensor takes torch's own path
 log = logging.getLogger("resumewds")
 
+#: bytes of one tensor slot (virtual memory: a page costs memory once used); larger tensors take torch's path
 TENSOR_SLOT_BYTES = 64 << 20
 
 _TENSOR: Any = None  # torch.Tensor, once a worker packs (no torch import here before that)
@@ -105,9 +68,6 @@ class _TensorLeaf:
     def __setstate__(self, st: Tuple[Any, ...]) -> None:
         self.dtype, self.shape = st
 
-    def __repr__(self) -> str:
-        return f"<tensor leaf {self.dtype} {tuple(self.shape)}>"
-
 
 class _SlotTensor:
     """The marker for a tensor in a :class:`TensorSlots` slot: where, dtype, shape."""
@@ -123,16 +83,11 @@ class _SlotTensor:
     def __setstate__(self, st: Tuple[Any, ...]) -> None:
         self.slot, self.offset, self.dtype, self.shape = st
 
-    def __repr__(self) -> str:
-        return f"<slot tensor {self.slot}+{self.offset} {self.dtype} {tuple(self.shape)}>"
-
 
 def _small_tensor(x: Any) -> bool:
-    """A tensor the slot can carry and give back exactly: a plain, contiguous,
-    dense CPU tensor without autograd, names (older torch) or lazy conj/neg bits, 1 byte to
-    :data:`MAX_TENSOR`.  torch sends each tensor out of a worker as a new
-    shared-memory segment whose file descriptor goes through a socket (about
-    0.4 ms of CPU per tensor here, 6 us/sample for a batch's 64 labels)."""
+    """A tensor the slot carries and gives back exactly: plain, contiguous, dense, CPU, no autograd,
+    names or lazy conj/neg bits, 1 byte to :data:`MAX_TENSOR` (torch would send each as a new
+    shared-memory segment whose descriptor crosses a socket, about 0.4 ms of CPU per tensor)."""
     try:
         return (x.device.type == "cpu" and x.layout is _STRIDED[0] and not x.requires_grad
                 and x.is_contiguous() and not x.is_quantized and not any(getattr(x, "names", None) or ())
@@ -149,9 +104,6 @@ class _Leaf:
 
     def __reduce__(self) -> str:
         return "_LEAF"
-
-    def __repr__(self) -> str:
-        return "<leaf>"
 
 
 _LEAF = _Leaf()
@@ -184,13 +136,9 @@ _WALKED = (list, tuple, dict)
 
 def _strip(x: Any, leaves: List[bytes], ids: Dict[int, Any], refs: List[int],
            slot_of: Optional[Callable[[Any], Optional[_SlotTensor]]] = None) -> Any:
-    """``x`` with every large ``bytes`` leaf replaced by :data:`_LEAF` (walk order).
-
-    ``ids`` maps ``id()`` of what was seen to its leaf index (a ``bytes``) or
-    its stripped copy (a container): an object referenced twice is stripped
-    once, so the pickled skeleton shares it as the batch did.  ``slot_of``
-    gives the marker of a tensor that lies in a tensor slot (or None).
-    """
+    """``x`` with every large leaf replaced by its marker, in walk order.  ``ids`` (``id()`` -> leaf
+    index or stripped copy) keeps an object referenced twice shared; ``slot_of`` marks a tensor that
+    lies in a tensor slot."""
     t = type(x)
     if t is bytes:
         if len(x) < MIN_LEAF:
@@ -240,9 +188,8 @@ _REFILLED = (list, tuple, dict, _SlotTensor)
 
 
 def _fill(x: Any, leaf: Callable[[int, Any], Any], refs: Any, done: Dict[int, Any]) -> Any:
-    """The inverse of :func:`_strip`: each marker back to its leaf, ``leaf(index,
-    marker)`` (a container the skeleton shares is rebuilt once and shared; a
-    slot tensor's marker is ``leaf(-1, marker)``, once per marker object)."""
+    """The inverse of :func:`_strip`: each marker back through ``leaf(index, marker)`` (a slot
+    tensor's: ``leaf(-1, marker)``); what the skeleton shares is rebuilt once."""
     t = type(x)
     if x is _LEAF or t is _TensorLeaf:
         return leaf(next(refs), x)
@@ -264,35 +211,20 @@ def _fill(x: Any, leaf: Callable[[int, Any], Any], refs: Any, done: Dict[int, An
     return res
 
 
-def _uint8() -> Any:
-    import torch  # lazy: torch (heavy), only where tensors are handled
-
-    return torch.uint8
-
-
 def _slot_view(mm: mmap.mmap, offset: int, n: int) -> Any:
-    """``n`` bytes of the mapping at ``offset`` as a uint8 tensor (no copy; the
-    caller copies into or out of it at once and drops it)."""
+    """``n`` bytes of the mapping at ``offset`` as a uint8 tensor (no copy)."""
     import torch  # lazy: torch (heavy), only where tensors are handled
 
     return torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=offset)
 
 
 class TensorSlots:
-    """Per-worker reusable buffers a worker collates its batch tensors into
-    (one anonymous shared mapping, inherited by forked workers).
+    """Per-worker reusable buffers a worker collates its batch tensors into (one shared mapping).
 
-    A slot is free for its worker when the main process holds no tensor over
-    it (``held``, a lock-protected shared array: the main process's last
-    reads of a slot are ordered before its release, and that before the
-    worker's next writes) and the worker itself holds none (tensors it still
-    references: a batch stage may keep one).  The worker takes the lowest
-    free slot, so only as many slots as are in flight ever use memory.
-
-    Args:
-        num_workers: DataLoader workers.
-        slots: slots per worker.
-        slot_bytes: bytes per slot (virtual memory until used).
+    A slot is free when the main process holds no tensor over it (``held``: a lock-protected shared
+    array that orders the main process's last reads before the worker's next writes) and the worker
+    holds none either (a batch stage may keep one).  The lowest free slot is taken, so only as many
+    slots as are in flight ever use memory.
 
     Example:
         >>> import torch
@@ -334,8 +266,7 @@ class TensorSlots:
         return None
 
     def collate(self, worker: int) -> Callable[[List[Any]], Any]:
-        """torch's ``default_collate``, with batch tensors over
-        :data:`MAX_TENSOR` bytes stacked into a free slot of ``worker``."""
+        """torch's ``default_collate``, batch tensors over :data:`MAX_TENSOR` stacked into a free slot."""
         import torch  # lazy: torch (heavy), only where tensors are handled
         from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map  # lazy: torch
 
@@ -387,9 +318,8 @@ class TensorSlots:
 
     # ---- main process side ----------------------------------------------------
     def tensor(self, m: _SlotTensor, views: Dict[int, Any]) -> Any:
-        """The tensor ``m`` stands for, over the slot's memory (no copy); the
-        slot is released when every tensor over it is gone.  ``views``: the
-        slots' buffers of one batch (one release per slot and batch)."""
+        """The tensor ``m`` stands for, over the slot's memory (no copy); the slot is released when every
+        tensor over it is gone (``views``: one batch's slot buffers, one release per slot and batch)."""
         import torch  # lazy: torch (heavy), only where tensors are handled
 
         buf = views.get(m.slot)
@@ -397,18 +327,14 @@ class TensorSlots:
             assert self.mm is not None, "unpack after close"
             buf = views[m.slot] = (ctypes.c_uint8 * self.slot_bytes).from_buffer(self.mm, m.slot * self.slot_bytes)
             weakref.finalize(buf, self._release, m.slot)
-        numel = 1
-        for d in m.shape:
-            numel *= d
-        return torch.frombuffer(buf, dtype=m.dtype, count=numel, offset=m.offset).view(m.shape)
+        return torch.frombuffer(buf, dtype=m.dtype, count=math.prod(m.shape), offset=m.offset).view(m.shape)
 
     def _release(self, idx: int) -> None:
         if not self._closed:
             self.held[idx] = 0
 
     def close(self) -> None:
-        """Unmap, unless batches handed out still use the memory (then the
-        mapping goes with the last of them)."""
+        """Unmap, unless batches handed out still use the memory (it then goes with the last of them)."""
         self._closed = True
         if self.mm is not None:
             try:
@@ -424,19 +350,9 @@ class TensorSlots:
 class BytesRing:
     """Per-worker slots in one anonymous shared mapping (inherited by forked workers).
 
-    The only state the two sides share besides the bytes is, per worker, the
-    number of its batches the main process has copied out (``consumed``, in a
-    lock-protected ``multiprocessing`` array: the lock orders the main
-    process's reads of a slot before the worker's next writes to it, on any
-    CPU).  A worker writes batch ``seq`` into slot ``seq % slots`` only when
-    ``seq - consumed < slots``.
-
-    Args:
-        num_workers: DataLoader workers.
-        slots: slots per worker (torch keeps ``prefetch_factor`` batches of a
-            worker in flight; one more is being copied out).
-        slot_bytes: bytes per slot (virtual memory: a page costs memory only
-            once a batch has used it).
+    Besides the bytes, the two sides share only ``consumed`` (per worker, the batches the main process
+    has copied out, in a lock-protected array that orders those reads before the worker's next writes).
+    A worker writes batch ``seq`` into slot ``seq % slots`` only when ``seq - consumed < slots``.
     """
 
     def __init__(self, num_workers: int, slots: int, slot_bytes: int, tensor_slots: int = 0,
@@ -456,8 +372,8 @@ class BytesRing:
 
     # ---- worker side ------------------------------------------------------
     def pack(self, worker: int, batch: Any) -> Any:
-        """``batch`` as a :class:`Packed` in this worker's next slot, or ``batch``
-        itself when it does not qualify (little in bytes, too large, slot busy)."""
+        """``batch`` as a :class:`Packed` in this worker's next slot, or ``batch`` itself (little in bytes,
+        too large, slot busy)."""
         if _TENSOR is None:
             _tensor_type()
         leaves: List[Any] = []
@@ -499,7 +415,8 @@ class BytesRing:
             if type(b) is bytes:
                 mm[base + a:base + e] = b
             else:
-                _slot_view(mm, base + a, e - a).copy_(b.reshape(-1).view(_uint8()))
+                dst = _slot_view(mm, base + a, e - a)
+                dst.copy_(b.reshape(-1).view(dst.dtype))
         self._seq[worker] = seq + 1
         return Packed(worker, seq, skeleton, refs, offsets)
 
@@ -548,11 +465,9 @@ class BytesRing:
 
 def ring_for(num_workers: int, kw: Dict[str, Any], shards: Any, batch_size: int,
              tensors: bool) -> Optional[BytesRing]:
-    """A :class:`BytesRing` sized for ``num_workers`` forked DataLoader workers
-    (``kw``: the DataLoader's keyword arguments) delivering batches of
-    ``batch_size`` samples of ``shards``, or None where workers are not forked
-    or there is no shared memory.  ``tensors``: with tensor slots (the default
-    collation, which the workers then do into them).
+    """A :class:`BytesRing` for ``num_workers`` forked workers (``kw``: the DataLoader's arguments) sized
+    for batches of ``batch_size`` samples of ``shards``; None where workers are not forked.
+    ``tensors``: with tensor slots (the default collation).
 
     Example:
         >>> ring_for(2, {"multiprocessing_context": "spawn"}, [], 8, True) is None

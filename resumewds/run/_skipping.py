@@ -1,21 +1,5 @@
-"""Skipping training steps on purpose: loss-spike recovery.
-
-When a run's loss spikes, a common remedy (Megatron-LM's
-``--skip-train-iteration-range``) is to rewind to a checkpoint taken before
-the spike and skip the data of the steps that led to it.  With resumewds
-this is one explicit, journaled operation: resume at the model checkpoint's
-step ``S`` (``WebLoader(..., resume=S - 1)`` restores the commit of step
-``S - 1``, or ``load_state_dict`` of the state saved with it), then call
-:meth:`resumewds.loader.WebLoader.skip_steps` with ``K``.  The loader moves
-its position past the samples of steps ``S .. S+K-1`` without reading them
-(crossing epoch ends as the run would have), counts them as done
-(``steps_done`` becomes ``S + K``), and, with a journal, commits step
-``S + K - 1`` at once with a ``skip_steps`` event, so a crash right after
-the skip resumes after it, and ``resumewds status`` and the report show it.
-
-Positions are global (see :mod:`resumewds.plan`), so the skip means the same
-data at any worker count and any world size: every rank calls
-``skip_steps(K)`` and each skips its share of the same steps.
+"""Skipping training steps on purpose (loss-spike recovery, as Megatron-LM's
+``--skip-train-iteration-range``): the arithmetic of ``WebLoader.skip_steps`` (docs: its docstring).
 
 Example:
     >>> from resumewds.plan import Layout
@@ -37,10 +21,6 @@ MAX_WALKED_EPOCHS = 1000
 
 def check_steps(k: Any) -> int:
     """``k`` as a number of steps to skip: a non-negative int (a bool or a float is refused).
-
-    Raises:
-        TypeError: ``k`` is not an int (``2.7``, ``True``, ``"3"``).
-        ValueError: ``k`` is negative.
 
     Example:
         >>> check_steps(3)
@@ -66,23 +46,10 @@ def advance(layout: Any, totals: Callable[[int], int], epoch: int, position: int
             layout_of: Optional[Callable[[int], Any]] = None, same_epochs: bool = False) -> Tuple[int, int]:
     """``(epoch, position)`` after ``steps`` more steps from ``(epoch, position)``.
 
-    ``layout`` (or ``layout_of(epoch)``, a layout whose steps depend on the
-    epoch, as the shard split's do) cuts an epoch of ``totals(epoch)`` samples
-    into steps (its ``num_steps(total, start)`` and ``position_after(total, start, step)``);
-    an epoch whose steps are all taken ends, and the next starts at 0.  A
-    skip that ends exactly at an epoch's end stays there, as a commit at the
-    epoch's last step does (the next pass ends that epoch).
-
-    ``same_epochs``: every epoch has the same samples and steps (the plan's
-    and the layout's word): the whole epochs skipped are counted with one
-    division, whatever ``steps``.  Otherwise each epoch crossed is laid out
-    to count its steps, and a skip over more than :data:`MAX_WALKED_EPOCHS`
-    of them is refused.
-
-    Raises:
-        TypeError, ValueError: ``steps`` is not a non-negative int
-            (:func:`check_steps`); an epoch has no steps; the skip crosses
-            more than :data:`MAX_WALKED_EPOCHS` epochs that differ.
+    ``layout`` (or ``layout_of(epoch)``) cuts an epoch of ``totals(epoch)`` samples into steps; a skip
+    that ends exactly at an epoch's end stays there, as a commit at its last step does.
+    ``same_epochs``: every epoch has the same steps, so whole epochs are counted with one division;
+    otherwise each epoch crossed is laid out, and more than :data:`MAX_WALKED_EPOCHS` are refused.
     """
     steps = check_steps(steps)
 

@@ -1,27 +1,9 @@
 """The checksum of a loader state: an edited or damaged state is refused, never loaded.
 
-Every ``state_dict()`` of a resumewds loader (:class:`~resumewds.WebLoader`,
-its loader chains, :class:`~resumewds.wds.DataPipeline`, ``MultiLoader``,
-and a data set's own state under torchdata) ends with :func:`seal`: a
-``"checksum"`` entry, the xxh3_64 of the state's canonical form, and its
-``load_state_dict()`` starts with :func:`check_seal`.  A state whose fields
-were changed after it was taken (by hand, by a tool, by a damaged file) then
-fails with a :class:`~resumewds.errors.StateError` instead of resuming at a
-position nobody took: a position moved within its epoch would otherwise
-load silently, losing some samples and repeating others.
-
-The canonical form is compact JSON with sorted keys, every key a string,
-tuples as lists and integral floats as ints, so the checksum survives the
-round trips that checkpoints make (``torch.save``, pickle, JSON, as
-``transformers.Trainer``'s checkpoint folder holds it).
-
-A state without a checksum (written by an earlier resumewds) loads as before:
-it goes through every other check of ``load_state_dict``.  The checksum
-guards against accidents, not against someone who removes it on purpose.
-
-A ``state_dict()`` that adds keys to an inner loader's state seals it again
-(:func:`seal` replaces the checksum); the inner ``load_state_dict`` checks
-the whole state.
+Every resumewds ``state_dict()`` ends with :func:`seal` (xxh3_64 of the state's canonical JSON,
+which survives ``torch.save``, pickle and JSON round trips) and every ``load_state_dict()`` starts
+with :func:`check_seal`: a position moved by hand would otherwise load silently, losing some
+samples and repeating others.  A state without a checksum (an earlier resumewds) loads as before.
 
 Example:
     >>> state = seal({"format": "resumewds.loader", "epoch": 0, "position": 64})
@@ -71,8 +53,7 @@ def _plain(x: Any) -> Any:
 
 
 def canonical(state: Dict[str, Any]) -> bytes:
-    """The bytes the checksum is taken of: ``state`` without its checksum, as
-    compact JSON with sorted string keys.
+    """The bytes the checksum is taken of: ``state`` without its checksum, as compact sorted JSON.
 
     Example:
         >>> canonical({"b": (1, 2.0), 3: None, "checksum": "x"})
@@ -95,18 +76,8 @@ def seal(state: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def check_seal(state: Dict[str, Any], what: str) -> None:
-    """Refuse ``state`` when its checksum does not match its content.
-
-    A state without a checksum (an earlier resumewds wrote it) passes.
-
-    Args:
-        state: a loader state, as ``load_state_dict`` received it.
-        what: the state in the caller's words (``"this state"``), for the message.
-
-    Raises:
-        StateError: the checksum is not the state's, naming the fields a
-            state has and what to do.
-    """
+    """Refuse ``state`` (a :class:`~resumewds.errors.StateError`) when its checksum does not match its
+    content; a state without one passes.  ``what`` names the state in the message."""
     if not isinstance(state, dict) or CHECKSUM_KEY not in state:
         return
     got = state[CHECKSUM_KEY]

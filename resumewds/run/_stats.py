@@ -1,62 +1,9 @@
 """Counters and rates, aggregated in the main process from worker metadata.
 
-Workers never share memory with the main process; every batch they produce
-carries a small ``meta`` dict (see :meth:`resumewds.dataset.WebDataset.iter_steps`)
-and :class:`Stats` folds it in; the cache/fetch events the batch carries are
-counted by :meth:`Stats.events` (the loader sends every event through one
-path, which also feeds the journal).  Collecting costs a few dict updates per
-batch, not per sample.
-
-Fields of :meth:`Stats.snapshot` (``WebLoader.stats()`` adds ``epoch``,
-``position``, ``samples_total``, ``rank``, ``world_size``, ``num_workers``;
-``docs/STATS.md`` has the same table for readers of the README).  Counts are
-since the loader was created, summed over its DataLoader workers:
-
-- ``samples``, ``batches``: delivered to the caller.
-- ``bytes``: member bytes of the delivered samples (before decoding).
-- ``pads``, ``skipped_samples``, ``filtered``: padded copies
-  (``remainder="pad"``), samples of skipped shards, samples dropped by
-  ``select`` (or a stage / batch stage returning None).
-- ``empty_batches``: steps whose batch lost every sample; the loader handed
-  out an :class:`resumewds.loader.EmptyBatch` for each (batched loaders).
-- ``elapsed``: seconds since the loader was created.
-- ``samples_per_s``: ``samples / elapsed``.
-- ``recent_samples_per_s``: samples/s over the last ``window`` seconds of
-  batches (falls back to ``samples_per_s`` with fewer than 2 batches there).
-- ``shards_downloaded``, ``bytes_fetched``: completed downloads (repairs
-  included) and the bytes they received.
-- ``cache_hits``, ``cache_misses``, ``cache_hit_rate``: shard opens by
-  readers that found the shard verified in the cache / had to download it;
-  rate = hits / (hits + misses), None before any open.  Downloads made
-  ahead by the prefetch thread count as ``prefetch_fetches`` instead, so a
-  prefetch that keeps up shows as hits.  Local files are not cached and not
-  counted.
-- ``retries``: failed fetch attempts that were retried.
-- ``verifications``, ``verify_failures``, ``repairs``: checksum checks that
-  passed / failed, and corrupt copies fetched again.
-- ``evictions``, ``bytes_evicted``: cache entries removed to honour
-  ``cache_size``.
-- ``failures``: shards given up on (``fail`` events).
-- ``shards_skipped``, ``failed_shards``: distinct shards skipped under
-  ``on_error="skip"`` and ``{url: error}``.
-- ``t_fetch``: seconds spent downloading (foreground or prefetch, summed
-  over workers: it can exceed ``elapsed``).
-- ``t_fetch_wait``: seconds readers blocked opening a shard (download,
-  verification, or another worker's download of it).  Part of ``t_read``.
-- ``t_read``: seconds reading samples (including ``t_fetch_wait``).
-- ``t_stages``: seconds in decode/map/select/collate and batch stages.
-- ``t_wait``: seconds the main process blocked waiting for the next batch
-  (near 0: data loading keeps up with training).
-- ``per_worker_samples``: ``{worker: samples}``; ``per_worker``:
-  ``{worker: {samples, batches, t_read, t_stages}}`` (imbalance shows here).
-- ``queue_depth``: batches requested from workers and not yet handed out
-  (torch's ``_tasks_outstanding``) after the latest batch; ``per_worker_queue``
-  ``{worker: outstanding}``; both None without worker processes.
-
-Logging: :func:`event_record` logs every event once, in the process where it
-happens (a worker logs its own fetches); the main process does not log the
-events again when it absorbs them.  Workers inherit the logging set-up on
-``fork``; under ``spawn``/``forkserver`` :func:`worker_logging` repeats it.
+Every batch a worker produces carries a small ``meta`` dict that :meth:`Stats.update` folds in; the
+events it carries are counted by :meth:`Stats.events` (the same path feeds the journal).  The fields
+of :meth:`Stats.snapshot` are documented once, in ``docs/STATS.md``.  Every event is logged once, in
+the process where it happens (:func:`resumewds.events.event_record`).
 
 Example:
     >>> s = Stats()
@@ -70,13 +17,10 @@ Example:
 from __future__ import annotations
 
 import collections
-import logging
 import time
 from typing import Any, Deque, Dict, Iterable, Optional, Tuple
 
 from ..events import EventKind, stats_counters
-
-log = logging.getLogger("resumewds")
 
 #: event kind -> counter it increments (derived from :data:`resumewds.events.EVENTS`)
 EVENT_COUNTERS = stats_counters()
@@ -90,13 +34,8 @@ COUNTERS = ("samples", "batches", "bytes", "pads", "skipped_samples", "filtered"
 TIMERS = ("t_fetch", "t_fetch_wait", "t_read", "t_stages", "t_wait")
 
 
-
 class Stats:
-    """Loader statistics.
-
-    Args:
-        window: seconds over which ``recent_samples_per_s`` is computed.
-    """
+    """Loader statistics (``window``: seconds of ``recent_samples_per_s``)."""
 
     def __init__(self, window: float = 10.0):
         self.window = window
@@ -109,12 +48,7 @@ class Stats:
         self.per_worker_queue: Optional[Dict[int, int]] = None
 
     def update(self, meta: Dict[str, Any], wait: float = 0.0) -> None:
-        """Fold in one batch's ``meta`` (its ``events`` go to :meth:`events`).
-
-        Args:
-            meta: the batch's metadata from ``WebDataset.iter_steps``.
-            wait: seconds the main process waited for this batch.
-        """
+        """Fold in one batch's ``meta`` (``wait``: seconds the main process waited for it)."""
         c = self.c
         n = int(meta.get("samples", 0))
         t_read = meta.get("t_read", 0.0)
@@ -171,11 +105,8 @@ class Stats:
                 c[name] += 1
 
     def observe_queue(self, it: Any) -> None:
-        """Record the DataLoader iterator's outstanding tasks (total, per worker).
-
-        Uses torch's private ``_tasks_outstanding`` / ``_task_info`` when
-        present; leaves None for a single-process iterator.
-        """
+        """Record the DataLoader iterator's outstanding tasks (torch's private ``_tasks_outstanding`` /
+        ``_task_info``); None for a single-process iterator."""
         depth = getattr(it, "_tasks_outstanding", None)
         if depth is None:
             return
@@ -189,7 +120,7 @@ class Stats:
             self.per_worker_queue = per
 
     def snapshot(self) -> Dict[str, Any]:
-        """A JSON-able dict of every counter and rate (fields: module docstring)."""
+        """A JSON-able dict of every counter and rate (fields: ``docs/STATS.md``)."""
         c = self.c
         now = time.time()
         elapsed = max(1e-9, now - self.started)
@@ -219,10 +150,7 @@ class Stats:
 
 
 def flat_scalars(snapshot: Dict[str, Any]) -> Dict[str, float]:
-    """The numeric fields of a snapshot, nested dicts flattened with ``/``.
-
-    ``per_worker`` becomes ``worker0/samples`` ...; None and non-numbers are
-    left out.  This is what :meth:`WebLoader.to_tensorboard` writes.
+    """The numeric fields of a snapshot, nested dicts flattened with ``/`` (what ``to_tensorboard`` writes).
 
     Example:
         >>> flat_scalars({"samples": 3, "cache_hit_rate": None, "per_worker": {0: {"samples": 3}}})

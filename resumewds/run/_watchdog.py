@@ -1,34 +1,12 @@
-"""The life of a WebLoader's DataLoader workers: dying with the parent, and stopped workers.
+"""The life of a loader's DataLoader workers: they die with the parent (:func:`die_with_parent`), a
+stopped one is named and killed (:class:`WorkerStallError`), and they fork with the parent's
+objects frozen (:func:`frozen_for_fork`).
 
-* :func:`die_with_parent` runs first in each worker: the kernel kills the
-  worker when the process that started it dies (``PR_SET_PDEATHSIG``), and a
-  worker whose parent died before that took effect exits at once.  The
-  parent is the pid recorded in the main process, not "pid 1": a loader
-  running as PID 1 (a container entrypoint without an init) is a parent
-  like any other, and an orphan adopted by a subreaper is still an orphan.
-* :class:`WorkerWatchdog` watches the workers of one ``iter(loader)`` from a
-  thread of the main process.  A worker stopped by a signal (``SIGSTOP``,
-  ``SIGTSTP``...: state ``T`` in ``/proc/PID/stat``) never delivers its
-  steps, and the loader, which takes them in order, would wait for it
-  forever.  Time is counted only while the worker is stopped *and* the
-  loader is waiting for a batch (a slow download or a slow training step
-  counts nothing; neither does a stop of the whole process group, e.g.
-  Ctrl-Z, since the watchdog stops with it).  Past the limit the worker is
-  killed and the loader raises :class:`WorkerStallError` naming it.  When an
-  iteration ends any other way (an error, DataLoader's own ``timeout``, a
-  ``break``) stopped workers are killed too: torch's shutdown and Python's
-  exit would otherwise wait forever to join them.
-
-* :func:`frozen_for_fork`: around the start of a WebLoader's own workers,
-  the parent's objects are frozen (``gc.freeze()``) and unfrozen right after
-  (the parent's collections are what they were), as Python's documentation
-  advises for a process that forks: a worker's collections then never scan
-  (nor copy on write) the ~170,000 objects a process that imported torch
-  holds.  Nothing else in the process is touched: a fork the user makes, or
-  the workers of a loader that is not ours, are left as they are.
-
-The limit is ``WebLoader(stall_timeout=...)``, else ``RESUMEWDS_WORKER_STALL``
-(seconds, default :data:`DEFAULT_STALL_SECONDS`; 0 disables the watchdog).
+A worker stopped by a signal (state ``T``) never delivers its steps, and the loader, which takes
+them in order, would wait forever.  :class:`WorkerWatchdog` counts time only while the worker is
+stopped *and* the loader waits (a stop of the whole process group counts nothing); past the limit
+(``stall_timeout=``, ``RESUMEWDS_WORKER_STALL``, :data:`DEFAULT_STALL_SECONDS`) it kills the worker.
+However an iteration ends, stopped workers are killed: a shutdown would wait to join them.
 
 Example:
     >>> _proc_state(os.getpid()) in ("R", "S", None)
@@ -83,12 +61,8 @@ class WorkerStallError(ResumeWDSError, RuntimeError):
 
 
 def stall_limit(explicit: Optional[float] = None) -> float:
-    """Seconds a stopped worker may hold the loader up: ``explicit``, else
-    ``RESUMEWDS_WORKER_STALL``, else :data:`DEFAULT_STALL_SECONDS` (0: no limit).
-
-    Raises:
-        ValueError: a negative or non-numeric value (naming where it came from).
-    """
+    """Seconds a stopped worker may hold the loader up: ``explicit``, else ``RESUMEWDS_WORKER_STALL``,
+    else :data:`DEFAULT_STALL_SECONDS` (0: no limit)."""
     if explicit is not None and not float(explicit) >= 0:
         raise ValueError(f"stall_timeout={explicit!r}: must be >= 0 seconds (0: no limit)")
     return float(config.value("worker_stall", None if explicit is None else float(explicit)))
@@ -132,10 +106,8 @@ def _gone(pid: int) -> bool:
 
 @contextlib.contextmanager
 def frozen_for_fork() -> Iterator[None]:
-    """Around the start of a loader's worker processes in its parent: the
-    parent's objects are frozen (``gc.freeze()``) while the workers fork, and
-    unfrozen after.  Left alone when the process froze objects itself or
-    disabled the collector.
+    """The parent's objects frozen (``gc.freeze()``) while the workers fork, unfrozen after; left alone
+    when the process froze objects itself or disabled the collector.
 
     Example:
         >>> with frozen_for_fork():
@@ -152,19 +124,11 @@ def frozen_for_fork() -> Iterator[None]:
 
 
 def die_with_parent(parent: Optional[int]) -> None:
-    """In a DataLoader worker: be killed (SIGKILL) when the main process dies (Linux).
-
-    When the main process is SIGKILLed, torch's workers notice only while
-    idle, and a worker blocked flushing its result queue (whose read end the
-    other workers still hold) never exits: it would keep cache pins and
-    memory forever.  ``PR_SET_PDEATHSIG`` has the kernel kill it instead.
-
-    Args:
-        parent: the main process's pid, recorded there before the workers
-            started.  If it died before ``prctl`` took effect the worker
-            exits now.  Our parent may legitimately differ from it (a
-            ``forkserver`` worker): then only a dead ``parent`` counts.
-    """
+    """In a DataLoader worker: be killed (SIGKILL) when the main process dies (Linux).  torch's workers
+    notice a SIGKILLed parent only while idle, and one blocked flushing its result queue would keep
+    cache pins and memory forever.  ``parent``: the main process's pid, recorded before the workers
+    started; if it died before ``prctl`` took effect the worker exits now (our parent may differ from
+    it: a ``forkserver`` worker)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -200,14 +164,8 @@ def _close_live() -> None:
 
 
 class WorkerWatchdog:
-    """Watches the workers of one DataLoader iterator for stops (see the module doc).
-
-    Args:
-        it: torch's multiprocessing DataLoader iterator (any other iterator:
-            nothing is watched).
-        limit: seconds (see :func:`stall_limit`); 0 or less: no thread, but
-            stopped workers are still named in errors and killed at :meth:`close`.
-    """
+    """Watches the workers of one DataLoader iterator for stops (see the module doc); with a ``limit``
+    of 0 or less no thread runs, but stopped workers are still named in errors and killed at :meth:`close`."""
 
     def __init__(self, it: Any, limit: float):
         self._it = it
@@ -275,9 +233,8 @@ class WorkerWatchdog:
             f"the last commit is intact: rerun to continue; {_HINT}", pid, wid, held)
 
     def _kill(self, pid: int) -> None:
-        """SIGKILL a worker (it works on a stopped process), first taking it out of
-        torch's SIGCHLD check so that its death raises inside ``next(it)`` (torch
-        polls its workers every few seconds), not anywhere in the main thread."""
+        """SIGKILL a worker, first taken out of torch's SIGCHLD check so that its death raises inside
+        ``next(it)``, not anywhere in the main thread."""
         self._killed.append(pid)
         try:
             from torch.utils.data._utils import signal_handling
@@ -300,9 +257,8 @@ class WorkerWatchdog:
                 if p not in self._killed and (_proc_state(p) == "T" or _stop_pending(p))]
 
     def explain(self, exc: BaseException) -> Optional[ResumeWDSError]:
-        """The error to raise for ``exc`` from ``next(it)``: the stall when this
-        watchdog killed a worker, a stopped worker named when DataLoader's own
-        ``timeout`` expired, else :func:`worker_died`'s mapping (or None)."""
+        """The error to raise for ``exc`` from ``next(it)``: the stall, a stopped worker named when
+        DataLoader's own ``timeout`` expired, else :func:`worker_died`'s (or None)."""
         if self.stalled is not None:
             return self.stalled
         if isinstance(exc, RuntimeError) and "DataLoader timed out" in str(exc):
@@ -314,8 +270,7 @@ class WorkerWatchdog:
         return worker_died(exc)
 
     def close(self) -> None:
-        """Stop watching and kill the workers that are stopped now (torch's
-        shutdown and Python's exit could not join them).  Idempotent."""
+        """Stop watching and kill the workers stopped now (a shutdown could not join them).  Idempotent."""
         self._done.set()
         _LIVE.discard(self)
         if self._thread is not None and self._thread is not threading.current_thread():

@@ -1,11 +1,4 @@
-"""What a loader's DataLoader workers run, and what comes back from them.
-
-:class:`_EpochSource` is the ``IterableDataset`` each worker iterates: one
-epoch's steps of a data set from a position, for that worker's share
-(:meth:`resumewds.read.ShardDataset.iter_steps`); :class:`_SampleLayout`
-is the layout of a loader without ``batch_size`` (one sample per step);
-:class:`_WorkerFailure` carries one of our errors to the main process intact;
-:class:`BatchInfo` and :class:`EmptyBatch` describe what the loader handed out.
+"""What a loader's DataLoader workers run (:class:`_EpochSource`), and what comes back from them.
 
 Example:
     >>> EmptyBatch(BatchInfo(0, 3, 0, (), 0, 0, True)).info.step
@@ -35,13 +28,8 @@ __all__ = ["BatchInfo", "EmptyBatch"]
 
 
 class _WorkerFailure:
-    """One of our errors, raised in a DataLoader worker, on its way to the main process.
-
-    The worker yields it in place of its next step instead of raising, so
-    the exception object itself is pickled through the result queue: the
-    main process re-raises it with its type and fields (``url``, ``status``,
-    ...), where torch would rebuild ``type(traceback_text)``.
-    """
+    """One of our errors from a worker, yielded instead of raised so that the exception itself is
+    pickled: the main process re-raises it with its type and fields (torch would rebuild it from text)."""
 
     def __init__(self, exc: ResumeWDSError, worker: int):
         self.exc = exc
@@ -55,8 +43,7 @@ _HANDLER_STOP = "resumewds-handler-stop"
 class BatchInfo(NamedTuple):
     """What the loader knows about the batch it handed out last (``loader.batch_info``).
 
-    ``pads`` survives any stage: after ``to_tuple`` the samples lose their
-    ``__pad__`` key, this does not.  Mask the loss with it, e.g.
+    ``pads`` survives any stage (``to_tuple`` drops ``__pad__``): mask the loss with it, e.g.
     ``keep = ~torch.tensor(loader.batch_info.pads)``.
 
     Attributes:
@@ -65,8 +52,7 @@ class BatchInfo(NamedTuple):
         samples: samples in the batch (padding included).
         pads: per sample, whether it is padding (``remainder`` "pad"/"keep").
         skipped: samples of the step lost to shards skipped (``on_error="skip"``).
-        filtered: samples of the step removed by ``select``, a stage
-            returning None, or a batch stage returning None.
+        filtered: samples removed by ``select`` or a stage / batch stage returning None.
         empty: the step lost every sample: the batch is an :class:`EmptyBatch`.
     """
 
@@ -82,14 +68,9 @@ class BatchInfo(NamedTuple):
 class EmptyBatch(list):
     """The batch of a step that lost all its samples (filtered or skipped).
 
-    Every rank yields exactly one batch per step, whatever ``select``,
-    stages returning None and ``on_error="skip"`` remove, so that ranks of a
-    DDP job stay in lock step (a rank that yielded nothing would leave the
-    others waiting in the gradient all-reduce).  When a rank's share of a
-    step is empty it gets this instead: an empty, falsy ``list`` with the
-    step's ``info`` (:class:`BatchInfo`).  It is counted in the
-    ``empty_batches`` stat.  A DDP loop must still take part in the
-    all-reduce, for instance with a zero loss::
+    Every rank yields exactly one batch per step so that DDP ranks stay in lock step; a rank whose
+    share of a step is empty gets this empty, falsy ``list`` with the step's ``info`` (counted in
+    ``empty_batches``).  A DDP loop still takes part in the all-reduce, e.g. with a zero loss::
 
         for batch in loader:
             if isinstance(batch, rw.EmptyBatch):
@@ -119,22 +100,11 @@ class EmptyBatch(list):
 class _SampleLayout:
     """The chunk layout of ``batch_size=None`` on one rank: a grid fixed to the epoch.
 
-    With one rank and no batches the position moves sample by sample, so a
-    resume can start in the middle of a chunk.  The tail of the epoch must
-    not be worked out from that position (it would move with it): here it is
-    a property of the epoch alone.
-
-    * ``"keep"``: every sample, in chunks of ``batch_size`` from ``start``.
-    * ``"drop"``: the last ``total % batch_size`` positions of the epoch are
-      not delivered, whatever the start.
-    * ``"pad"``: the epoch is followed by ``(-total) % batch_size`` padding
-      samples (copies of positions 0, 1, ... marked ``__pad__``).  While they
-      are handed out the position counts on past ``total`` (``total + i``
-      after ``i`` pads), so a resume inside the padding delivers exactly the
-      pads that are left; the epoch ends after the last one.
-
-    Duck-types :class:`resumewds.plan.Layout` (``num_steps``, ``slots``,
-    ``position_after``), which is what ``WebDataset.iter_steps`` uses.
+    A resume may start mid-chunk, so the tail is a property of the epoch alone: ``"drop"`` leaves out
+    the last ``total % batch_size`` positions; ``"pad"`` follows the epoch with ``(-total) %
+    batch_size`` pads (copies of positions 0, 1, ...), the position counting on past ``total`` so a
+    resume inside the padding delivers exactly the pads left.  Duck-types
+    :class:`resumewds.plan.Layout`.
     """
 
     def __init__(self, base: Layout):
@@ -204,7 +174,6 @@ class _EpochSource(IterableDataset):
             die_with_parent(self.parent)
             if self.ignore_signals:
                 _worker_signals(self.ignore_signals, self.stopping)
-        if info is not None:
             worker_logging(self.log_level)
         ring = self.ring if info is not None else None
         collate_fn = self.collate_fn

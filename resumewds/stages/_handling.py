@@ -1,21 +1,7 @@
-"""The handler protocol: what a ``handler=`` argument is, and where a stop ends a stream.
-
-A handler is a callable ``handler(exn) -> bool`` (webdataset's protocol): it
-re-raises the exception to stop with it, returns True to skip what failed
-and continue, or returns False to stop iterating quietly, which the stage or
-shard read that asked signals with :class:`~resumewds.errors.HandlerStop`.
-:func:`until_stop` is where a stream ends at that signal;
-:func:`reraise_exception` is the default handler; :func:`empty_epoch_error`
-is the error of an epoch whose every shard a handler skipped.  webdataset's
-other handlers (``ignore_and_continue``, ``warn_and_stop``...) are in
-:mod:`resumewds.wds.handlers`.
-
-Example:
-    >>> def gen():
-    ...     yield 1
-    ...     raise HandlerStop("bad shard")
-    >>> list(until_stop(gen()))
-    [1]
+"""The handler protocol: ``handler(exn) -> bool`` (webdataset's) re-raises to stop with the error,
+returns True to skip and continue, or False to stop quietly (signalled by
+:class:`~resumewds.errors.HandlerStop`, ended by :func:`until_stop`).  webdataset's other handlers
+are in :mod:`resumewds.wds.handlers`.
 """
 
 from __future__ import annotations
@@ -33,10 +19,8 @@ __all__ = ["Handler", "HandlerStop", "OnEvent", "SkippedSample", "empty_epoch_er
 
 
 def until_stop(items: Iterable[T]) -> Iterator[T]:
-    """``items``, ended quietly where a handler says stop (:class:`HandlerStop`).
-
-    The one place a stream turns a handler's stop into its end: a composable
-    stage, a data set's or a mixture's direct iteration, a DataPipeline.
+    """``items``, ended quietly where a handler says stop: the one place a stream turns a handler's stop
+    into its end.
 
     Example:
         >>> def gen():
@@ -58,10 +42,8 @@ def reraise_exception(exn: BaseException) -> bool:
 
 
 def empty_epoch_error(epoch: int, skipped: Optional[Mapping[str, str]]) -> ValueError:
-    """The error of an epoch of 0 samples: names the shards a handler skipped, and why.
-
-    webdataset raises ``ValueError("No samples found in dataset ...")`` there
-    (``empty_check``); an epoch whose every shard was skipped is no success.
+    """The error of an epoch of 0 samples (webdataset's ``empty_check``), naming the shards a handler
+    skipped and why.
 
     Example:
         >>> str(empty_epoch_error(0, {"a.tar": "empty file"})).splitlines()[0]
@@ -82,13 +64,8 @@ OnEvent = Callable[..., None]
 
 
 class SkippedSample(Exception):
-    """A stage's handler skipped an item.
-
-    Raised by :class:`resumewds.stages.Handled` when its handler says skip.
-    Whatever runs the stage (the step engine, a stream runner, a pipeline
-    stage) catches it, drops the item, and reports the skip to the events of
-    the data set it runs the stage for (:meth:`report`): each data set keeps
-    its own skips, however many are read in one process.
+    """A stage's handler skipped an item (raised by :class:`resumewds.stages.Handled`): whatever runs the
+    stage drops the item and reports the skip to its own data set's events (:meth:`report`).
 
     Example:
         >>> from resumewds.stages import Handled
@@ -110,8 +87,7 @@ class SkippedSample(Exception):
         super().__init__(f"{where}: sample {key} skipped ({self.detail['error']})")
 
     def report(self, on_event: Optional[OnEvent]) -> None:
-        """Record the skip as a ``sample_skip`` event of ``on_event`` (stats, journal); None:
-        logged only (a stage run by hand, no data set)."""
+        """Record the skip as a ``sample_skip`` event of ``on_event`` (None: logged only)."""
         if on_event is None:
             event_record(EventKind.SAMPLE_SKIP, self.url, self.detail)
         else:
@@ -119,8 +95,7 @@ class SkippedSample(Exception):
 
 
 def report_stop(stop: HandlerStop, on_event: Optional[OnEvent]) -> None:
-    """Record the item whose handler said stop (a :class:`~resumewds.stages.Handled` stage's ``HandlerStop``)
-    as a ``sample_skip`` event of ``on_event``, once, before the stop goes on up."""
+    """Record the item whose handler said stop as a ``sample_skip`` event, once."""
     skip = getattr(stop, "skipped", None)
     if skip is not None:
         stop.skipped = None

@@ -1,15 +1,5 @@
-"""The position keys each sample carries, and how they are hidden from webdataset code.
-
-Every sample read by the plan carries its global position: ``__epoch__``,
-``__index__`` and ``__shard__``.  The stages before ``.batched`` see them as
-plain keys; what is handed out (direct iteration, webdataset's way, and a
-loader's samples and dict batches) is a :class:`Sample`, which answers them
-when asked but does not list them.
-
-Example:
-    >>> s = hide_positions({"__key__": "k", "__epoch__": 0, "__index__": 7, "__shard__": "x"})
-    >>> sorted(s), s["__index__"]
-    (['__key__'], 7)
+"""The position keys each sample carries (``__epoch__``, ``__index__``, ``__shard__``): plain keys to
+the stages before ``.batched``, hidden (readable, not listed) in what is handed out.
 """
 
 from __future__ import annotations
@@ -24,14 +14,9 @@ POSITION_KEYS = ("__epoch__", "__index__", "__shard__")
 
 
 class Sample(dict):
-    """A sample dict whose position keys (``__epoch__``, ``__index__``, ``__shard__``)
-    can be read (``s["__index__"]``, ``s.get``, ``in``, ``to_tuple("__index__")``) but are
-    not listed: ``keys()``, iteration, ``len``, ``items``, collation, ``json.dumps``,
-    ``==`` and copies see exactly the keys webdataset 1.0.2 yields.
-
-    What direct iteration (webdataset's way: ``for s in ds``, a torch DataLoader,
-    a DataPipeline) and a loader (its samples, and its batches collated from dicts,
-    ``batch["__index__"]``) hand out.
+    """A sample dict whose position keys can be read (``s["__index__"]``, ``get``, ``in``, ``to_tuple``)
+    but are not listed: ``keys()``, ``len``, collation, ``json.dumps``, ``==`` and copies see exactly
+    the keys webdataset 1.0.2 yields.
 
     Example:
         >>> s = hide_positions({"__key__": "k", "txt": b"a", "__epoch__": 0, "__index__": 7, "__shard__": "x"})

@@ -1,14 +1,9 @@
-"""The stream stages: one runner per stage, whichever form runs it.
+"""The stream stages (``batched``, ``unbatched``, ``unlisted``, ``slice``, ``rsample``, a buffer
+``shuffle``, ``log_keys``, a user generator): one runner per stage, whichever form runs it.
 
-A stream stage changes how many items flow (``batched``, ``unbatched``,
-``unlisted``, ``slice``, ``rsample``, a buffer ``shuffle``, ``log_keys``, a
-user generator).  The same runner runs the fluent form
-(``WebDataset(...).batched(n)``, through :meth:`resumewds.stages.Stage.runner`)
-and the composable one (``filters.batched(n)``, in a DataPipeline or by hand):
-only where the randomness comes from differs (the fluent form hashes
-``(seed, epoch, stage, count)``, so a state is exact; ``filters.shuffle``
-draws from its ``rng`` / ``seed``, ``filters.rsample`` from ``random``, as
-webdataset's do).
+The fluent form (:meth:`resumewds.stages.Stage.runner`) and the composable one (``filters.batched(n)``)
+differ only in where randomness comes from: the fluent form hashes ``(seed, epoch, stage, count)``,
+so a state is exact; ``filters.shuffle`` / ``filters.rsample`` draw as webdataset's do.
 
 Example:
     >>> list(BatchRunner(2, None, True).run(iter(range(5))))
@@ -21,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
+import xxhash
+
 from ..errors import HandlerStop
 from ._handling import OnEvent, SkippedSample, report_stop
 from ._positions import hide_positions
@@ -29,17 +26,13 @@ __all__ = ["BatchRunner", "LogKeysRunner", "MapRunner", "OpaqueRunner", "RSample
            "ShuffleRunner", "SliceRunner", "UnbatchRunner", "unit"]
 
 
-# Stages that change how many items flow (batched, unbatched, slice, a shuffle
-# buffer placed after batching, rsample, arbitrary generators) run over the
-# stream of one worker's share of an epoch.  Each runner reports how many
-# items it holds (``buffered``) and how many it has taken in (``count``); the
-# dataset records a *clean point* whenever every runner is empty, and a state
-# is "replay from that clean point, skip k outputs": exact, and it stores no
-# sample bytes.  In the fluent form every random choice is a hash of (seed,
-# epoch, stage, count).
-
 class Runner:
-    """One stream stage's run over one epoch (see above)."""
+    """One stream stage's run over one worker's share of an epoch.
+
+    It reports how many items it holds (``buffered``) and has taken in (``count``): the data set
+    records a *clean point* whenever every runner is empty, and a state is "replay from that clean
+    point, skip k outputs" (exact, no sample bytes stored).
+    """
 
     def __init__(self) -> None:
         self.count = 0
@@ -50,8 +43,8 @@ class Runner:
 
 
 class MapRunner(Runner):
-    """A per-sample stage on the stream: None drops the item; a handler's skip is a
-    ``sample_skip`` event of ``on_event`` (the data set's; None: logged only)."""
+    """A per-sample stage on the stream: None drops the item; a handler's skip is a ``sample_skip``
+    event of ``on_event``."""
 
     def __init__(self, fn: Callable[[Any], Any], on_event: Optional[OnEvent] = None):
         super().__init__()
@@ -150,8 +143,6 @@ class SliceRunner(Runner):
 
 
 def unit(key: int, i: int) -> float:
-    import xxhash
-
     return xxhash.xxh3_64_intdigest(i.to_bytes(8, "little"), key & ((1 << 64) - 1)) / float(1 << 64)
 
 
@@ -169,12 +160,8 @@ class RSampleRunner(Runner):
 
 
 class ShuffleRunner(Runner):
-    """A buffer shuffle (webdataset's algorithm).
-
-    ``pick(n)`` chooses the index in a buffer of ``n``; default: a hash of
-    ``(key, picks so far)`` (the fluent form: exact on resume); the
-    composable ``filters.shuffle`` passes its ``rng.randint``.
-    """
+    """A buffer shuffle (webdataset's algorithm); ``pick(n)`` chooses the index in a buffer of ``n``
+    (default: a hash of ``(key, picks so far)``, exact on resume; ``filters.shuffle`` passes ``rng.randint``)."""
 
     def __init__(self, size: int, initial: int, key: int = 0,
                  pick: Optional[Callable[[int], int]] = None):

@@ -1,64 +1,39 @@
-"""WebDataset-style stages and decoders.
+"""The per-sample stages (plain callables on one sample, or on one batch after ``batched``), the
+fluent :class:`Stage` and the collations.
 
-Stages are plain callables applied to one sample (a dict, or a tuple after
-``to_tuple``) or, after ``batched``, to one batch.  They run inside the
-DataLoader workers; every one of them is deterministic given the sample, so
-resuming never depends on what a stage saw before.  A stage that wants
-randomness should seed it from ``sample["__index__"]`` and
-``sample["__epoch__"]`` (the sample's global position), which are the same
-in every run and every layout.
-
-Decoders map ``(extension, bytes)`` to a value.  The extension's last
-dot-component picks the decoder (``seg.png`` decodes as ``png``).  Built in:
-
-===================  =====================================================
-extensions           result
-===================  =====================================================
-txt, text            ``str`` (UTF-8)
-cls, cls2, index,    ``int``
-inx, id
-json, jsn            parsed JSON
-npy                  ``numpy.ndarray`` (``allow_pickle=False``)
-pth, pt              ``torch.load(..., weights_only=True)``
-pkl, pickle, pyd     only with ``allow_pickle=True``: a shard from elsewhere
-                     must not run code here
-jpg, jpeg, png, ...  images through PIL; the image spec picks the form:
-                     ``"pil"`` (``PIL.Image``), ``"rgb8"`` / ``"l8"``
-                     (uint8 numpy HWC / HW), ``"rgb"`` / ``"l"`` (float
-                     numpy in [0, 1]), ``"torchrgb8"``, ``"torchrgb"``,
-                     ``"torchl8"``, ``"torchl"`` (CHW tensors)
-===================  =====================================================
+Every stage is deterministic given the sample, so a resume never depends on what a stage saw
+before; a stage that wants randomness seeds it from ``sample["__index__"]`` and
+``sample["__epoch__"]`` (the same in every run and layout).  The decoders: :mod:`resumewds.autodecode`
+(the table: docs/USAGE.md).
 
 Example:
-    >>> d = Decoder(["rgb8"])
-    >>> d({"__key__": "k", "cls": b"3", "txt": b"hi"})["cls"]
-    3
+    >>> ToTuple("txt cls")({"txt": "hi", "cls": 3})
+    ('hi', 3)
 """
 
 from __future__ import annotations
 
 import operator
+import re
 import sys
+from fnmatch import fnmatch
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..autodecode import Decoder, decode_image
 from ..errors import DecodeError, HandlerStop, MissingKeyError
 from . import _runners as r
 from ._handling import OnEvent, SkippedSample, report_stop
 
-__all__ = ["Decoder", "ExtractKeys", "FieldError", "Handled", "Map", "MapDict", "MapTuple", "Rename",
-           "RenameKeys", "SampleTypeError", "Select", "SelectFiles", "Stage", "ToTuple", "apply_stages",
-           "decode_image", "default_collate", "default_collation_fn", "getfirst", "list_collate"]
+__all__ = ["ExtractKeys", "FieldError", "Handled", "Map", "MapDict", "MapTuple", "Rename", "RenameKeys",
+           "SampleTypeError", "Select", "SelectFiles", "Stage", "ToTuple", "apply_stages", "default_collate",
+           "default_collation_fn", "getfirst", "list_collate"]
 
 
 class FieldError(DecodeError, ValueError):
-    """A field a stage needs is missing (``to_tuple``, ``rename``, ``getfirst``): also a
-    ``ValueError``, which is what webdataset raises there."""
+    """A field a stage needs is missing: also a ``ValueError``, as webdataset raises there."""
 
 
 class SampleTypeError(DecodeError, TypeError):
-    """A stage got a sample of the wrong kind (``map_tuple`` on a dict, ``map_dict`` on a
-    tuple): webdataset asserts there; here it is a ``TypeError`` naming the stage."""
+    """A stage got a sample of the wrong kind (webdataset asserts there): a ``TypeError`` naming it."""
 
 
 def getfirst(sample: Dict[str, Any], keys: Union[str, Sequence[str]], default: Any = None,
@@ -86,11 +61,9 @@ def getfirst(sample: Dict[str, Any], keys: Union[str, Sequence[str]], default: A
 class ToTuple:
     """``to_tuple``: pick fields into a tuple; ``"jpg;png"`` takes the first present.
 
-    As in webdataset, a single argument with spaces is split:
-    ``ToTuple("jpg;png cls")`` is ``ToTuple("jpg;png", "cls")``.  A missing
-    field raises :class:`FieldError` (a ``ValueError``) unless
-    ``missing_is_error=False``, which gives None; ``none_is_error`` (default:
-    ``missing_is_error``) also refuses fields whose value is None.
+    As in webdataset, one argument with spaces is split (``ToTuple("jpg;png cls")``).  A missing
+    field raises :class:`FieldError` unless ``missing_is_error=False`` (None); ``none_is_error``
+    (default: ``missing_is_error``) also refuses None values.
     """
 
     _pick: Any
@@ -137,12 +110,8 @@ def _where(sample: Any) -> str:
 
 
 class MapDict:
-    """``map_dict``: apply functions to named fields, in place (as in webdataset).
-
-    A missing field is a :class:`~resumewds.errors.MissingKeyError` (a
-    ``KeyError``, as in webdataset); a sample that is not a dict is a
-    :class:`SampleTypeError`.
-    """
+    """``map_dict``: apply functions to named fields, in place; a missing field is a
+    :class:`~resumewds.errors.MissingKeyError` (a ``KeyError``, as in webdataset)."""
 
     def __init__(self, **fns: Callable[[Any], Any]):
         if not fns:
@@ -166,12 +135,8 @@ class MapDict:
 
 
 class MapTuple:
-    """``map_tuple``: apply functions to tuple fields by position (None: unchanged).
-
-    As in webdataset, the first ``min(len(fns), len(sample))`` fields are
-    mapped and the rest are kept; a sample that is not a tuple or list is a
-    :class:`SampleTypeError`.
-    """
+    """``map_tuple``: apply functions to tuple fields by position (None: unchanged); as in webdataset,
+    the first ``min(len(fns), len(sample))`` fields are mapped and the rest kept."""
 
     def __init__(self, *fns: Optional[Callable[[Any], Any]]):
         for f in fns:
@@ -190,12 +155,8 @@ class MapTuple:
 
 
 class Rename:
-    """``rename(image="jpg;png", label="cls")``: new names from the first present old one.
-
-    webdataset's semantics: by default (``keep=True``) the renamed source
-    fields are dropped and every other field is kept; ``keep=False`` keeps
-    only the new fields.  A missing source is a :class:`FieldError`.
-    """
+    """``rename(image="jpg;png", label="cls")``: new names from the first present old one; the renamed
+    fields are dropped (``keep=True``, webdataset's default) or only the new fields kept (``keep=False``)."""
 
     def __init__(self, keep: bool = True, **kw: Union[str, Sequence[str]]):
         self.map = {new: (old.split(";") if isinstance(old, str) else list(old)) for new, old in kw.items()}
@@ -247,8 +208,6 @@ class ExtractKeys:
         self.ignore_missing = ignore_missing
 
     def __call__(self, sample: Dict[str, Any]) -> Tuple[Any, ...]:
-        from fnmatch import fnmatch
-
         out = []
         for pats in self.patterns:
             matches = [k for k in sample if any(fnmatch("." + k, p) or fnmatch(k, p) for p in pats)]
@@ -273,9 +232,6 @@ class RenameKeys:
         self.duplicate_is_error = duplicate_is_error
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        import re
-        from fnmatch import fnmatch
-
         new: Dict[str, Any] = {}
         matched = {p: False for p, _ in self.renamings}
         for path, value in sample.items():
@@ -301,12 +257,8 @@ class RenameKeys:
 
 
 class SelectFiles:
-    """The ``select_files=`` / ``rename_files=`` arguments of WebDataset, on a read sample.
-
-    ``select_files(name)`` and ``rename_files(name)`` get each member's name
-    ``"<key>.<extension>"``; a renamed member keeps the sample it was read in
-    (resumewds groups members when it indexes a shard).
-    """
+    """The ``select_files=`` / ``rename_files=`` arguments of WebDataset, on a read sample (each gets
+    a member's name ``"<key>.<extension>"``; a renamed member stays in its sample)."""
 
     def __init__(self, select_files: Optional[Callable[[str], bool]] = None,
                  rename_files: Optional[Callable[[str], str]] = None):
@@ -335,11 +287,8 @@ class SelectFiles:
 
 # ---- handlers: the handler= argument of stages ------------------------------
 class Handled:
-    """Run ``fn`` under a webdataset ``handler``: re-raise, skip (True) or stop (False).
-
-    A skip raises :class:`~resumewds.stages._handling.SkippedSample`, a stop :class:`~resumewds.errors.HandlerStop`
-    (holding the item's skip as ``skipped``): whatever runs the stage drops the item or
-    ends the iteration, and records it in its data set's events."""
+    """Run ``fn`` under a webdataset ``handler``: re-raise, skip (True: :class:`SkippedSample`) or stop
+    (False: :class:`~resumewds.errors.HandlerStop` holding the skip as ``skipped``)."""
 
     def __init__(self, fn: Callable[[Any], Any], handler: Callable[[BaseException], bool],
                  name: str = "map"):
@@ -370,22 +319,14 @@ def _combine(b: List[Any], combine_tensors: bool = True, combine_scalars: bool =
 
             return np.array(list(b))
         return list(b)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(first, torch.Tensor):
-        if combine_tensors:
+    for lib, kind in ((sys.modules.get("torch"), "Tensor"), (sys.modules.get("numpy"), "ndarray")):
+        if lib is not None and isinstance(first, getattr(lib, kind)):
+            if not combine_tensors:
+                return list(b)
             shapes = {x.shape for x in b}
             if len(shapes) != 1:
                 raise ValueError(f"all shapes must be equal in collation, got {shapes}")
-            return torch.stack(list(b))
-        return list(b)
-    npm = sys.modules.get("numpy")
-    if npm is not None and isinstance(first, npm.ndarray):
-        if combine_tensors:
-            shapes = {x.shape for x in b}
-            if len(shapes) != 1:
-                raise ValueError(f"all shapes must be equal in collation, got {shapes}")
-            return npm.array(list(b))
-        return list(b)
+            return lib.stack(list(b)) if kind == "Tensor" else lib.array(list(b))
     return list(b)
 
 
@@ -409,15 +350,9 @@ def default_collation_fn(samples: List[Any], combine_tensors: bool = True,
     return result
 
 
-# ---- stream stages: their runners are in resumewds.stages (one per stage, both forms) ----
-
-
 class Stage:
-    """One fluent stage of a :class:`resumewds.WebDataset` (a picklable description).
-
-    ``kind`` is ``"sample"`` (a function of one item, None drops it),
-    ``"shuffle"`` (``.shuffle(n)``), ``"batched"`` or ``"stream"``.
-    """
+    """One fluent stage of a :class:`resumewds.WebDataset` (a picklable description); ``kind`` is
+    ``"sample"`` (a function of one item, None drops it), ``"shuffle"``, ``"batched"`` or ``"stream"``."""
 
     def __init__(self, kind: str, name: str, fn: Any = None, **args: Any):
         self.kind, self.name, self.fn, self.args = kind, name, fn, args
@@ -426,8 +361,8 @@ class Stage:
         return f"Stage({self.name})"
 
     def runner(self, key: int, on_event: Optional[OnEvent] = None) -> Any:
-        """A fresh :class:`resumewds.stages._runners.Runner` of this stage for one epoch (``key``: its
-        random stream; ``on_event``: where a handler's skip goes, the data set's events)."""
+        """A fresh runner of this stage for one epoch (``key``: its random stream; ``on_event``: where a
+        handler's skip goes)."""
         a = self.args
         if self.kind == "sample":
             return r.MapRunner(self.fn, on_event)
@@ -461,8 +396,8 @@ def list_collate(samples: List[Any]) -> List[Any]:
 
 
 def apply_stages(stages: Sequence[Callable[[Any], Any]], x: Any, on_event: Optional[OnEvent] = None) -> Any:
-    """``x`` through ``stages``; None as soon as one returns None, or when a stage's handler
-    skips it (a ``sample_skip`` event of ``on_event``: the data set's; None: logged only).
+    """``x`` through ``stages``; None as soon as one returns None or a handler skips it (a
+    ``sample_skip`` event of ``on_event``; None: logged only).
 
     Example:
         >>> apply_stages([lambda x: x + 1, lambda x: x * 2], 3)
