@@ -1,18 +1,9 @@
 """Every setting read from the environment, in one place, with one precedence.
 
-A setting's value is, in this order (later wins):
-
-1. the default below;
-2. the environment: our ``RESUMEWDS_*`` variable, else its webdataset alias
-   (``WDS_*``, ``GOPEN_VERBOSE``) when that is set: ours win when both are;
-3. an explicit argument (a constructor keyword, a CLI flag).
-
-Every value is validated whichever way it came, with an error naming the
-variable (or argument) and what is wrong.  Nothing else in resumewds reads
-``RESUMEWDS_*`` itself: the other modules call the functions here
-(:func:`fetch_settings`, :func:`cache_dir`, :func:`cache_size`, ...) or take
-the config objects built from them (:class:`resumewds.fetch.FetchConfig`).
-An empty variable counts as unset.
+Later wins: the default below; the environment (``RESUMEWDS_*``, else its
+webdataset alias); an explicit argument (a keyword, a CLI flag).  An empty
+variable counts as unset; every value is validated, with an error naming the
+variable or argument.  Nothing else in resumewds reads ``RESUMEWDS_*``.
 
 ============================== ============================= ================= =========================================
 Variable                       webdataset alias              Default           Meaning
@@ -66,11 +57,7 @@ RESUMEWDS_WORKER_STALL                                       60                s
                                                                                for it (0: no limit; resumewds.run)
 ============================== ============================= ================= =========================================
 
-For ``s3://`` (:func:`s3_settings`) the standard AWS variables are read here
-too: ``AWS_ENDPOINT_URL_S3`` then ``AWS_ENDPOINT_URL`` (unless
-``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true, as boto3 does), ``AWS_REGION``
-then ``AWS_DEFAULT_REGION``, and ``AWS_PROFILE``; credentials are left to
-boto3's standard chain.
+For ``s3://``, :func:`s3_settings` also reads the standard AWS variables.
 
 Example:
     >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)
@@ -98,11 +85,7 @@ _UNITS = {"": 1, "b": 1,
 def parse_size(s: Union[int, float, str]) -> int:
     """Parse a byte count: ``1234``, ``"500MiB"``, ``"20GB"``, ``"1.5G"``.
 
-    ``KB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` and the bare
-    letters ``K/M/G/T`` powers of 1024.
-
-    Raises:
-        ValueError: not a size.
+    ``KB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` and ``K/M/G/T`` powers of 1024.
 
     Example:
         >>> parse_size("500MiB"), parse_size("1.5G"), parse_size("2kb")
@@ -232,8 +215,7 @@ def value(setting: str, explicit: Any = None) -> Any:
     """One setting: ``explicit`` if not None, else the environment, else the default.
 
     Raises:
-        ValueError: the value (from wherever it came) is not valid; the
-            message names the variable or argument.
+        ValueError: the value is not valid (naming the variable or argument).
 
     Example:
         >>> value("seed", 7)
@@ -255,11 +237,7 @@ def value(setting: str, explicit: Any = None) -> Any:
 def fetch_settings(**explicit: Any) -> Dict[str, Any]:
     """FetchConfig fields: defaults, then ``RESUMEWDS_FETCH_*``, then ``explicit``.
 
-    Only fields in :data:`FETCH_VARS` come from the environment; other
-    ``explicit`` keywords (``sleep``, ``chunk_size``) pass through.
-
-    Raises:
-        ValueError: a variable or argument is out of range or not a number.
+    Other ``explicit`` keywords (``sleep``, ``chunk_size``) pass through.
     """
     out: Dict[str, Any] = {}
     for field in FETCH_VARS:
@@ -338,12 +316,8 @@ def s3_settings() -> Dict[str, Any]:
     ``endpoint_url``: ``RESUMEWDS_S3_ENDPOINT_URL``, else (unless
     ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true) ``AWS_ENDPOINT_URL_S3``,
     else ``AWS_ENDPOINT_URL``; ``region``: ``AWS_REGION``, else
-    ``AWS_DEFAULT_REGION``; ``profile``: ``AWS_PROFILE``.
-
-    Raises:
-        ValueError: ``RESUMEWDS_S3_ADDRESSING_STYLE`` or
-            ``RESUMEWDS_S3_ANONYMOUS`` has a value it cannot have (the
-            message names the variable).
+    ``AWS_DEFAULT_REGION``; ``profile``: ``AWS_PROFILE``.  Credentials are
+    boto3's standard chain.
 
     Example:
         >>> sorted(s3_settings())
