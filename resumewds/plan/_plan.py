@@ -1,9 +1,7 @@
 """The delivered order: a pure function of (sample counts, seed, epoch, shuffle).
 
-Nothing here does I/O or keeps hidden RNG state, and nothing depends on
-Python's :mod:`random` or on hash randomisation: every random choice is an
-xxh3_64 hash of integers, so the same seed gives the same order on any machine
-and any Python version.
+Every random choice is an xxh3_64 hash of integers (no I/O, no RNG state, no
+:mod:`random`): the same seed gives the same order on any machine and Python.
 
 **The epoch sequence.**  For epoch ``e`` the plan orders all ``N`` samples of
 the manifest:
@@ -11,37 +9,15 @@ the manifest:
 1. The shard order is a permutation of the shards: shards are sorted by
    ``xxh3_64(shard_index, seed=mix(seed, e, "shards"))``.
 2. The permuted shards are cut into *windows* of ``window`` consecutive shards.
-3. Within window ``w``, its ``M`` samples (numbered in permuted shard order,
-   then in shard order) are permuted by a keyed *random-access* permutation
-   of ``range(M)`` (:class:`~resumewds.plan.FeistelPermutation`: a 4-round Feistel network
-   whose round function is xxh3_64 keyed by ``mix(seed, e, "window", w)``,
-   cycle-walked onto ``range(M)``).  Any position is computed in O(1)
-   without building the window's permutation, so a rank that needs 32
-   samples of an 80,000-sample window pays for 32, not 80,000.
+3. Within window ``w``, its ``M`` samples (in permuted shard order, then in
+   shard order) are permuted by :class:`~resumewds.plan.FeistelPermutation`
+   keyed by ``mix(seed, e, "window", w)``: any position in O(1).
 4. The epoch sequence is the windows one after another.
 
-**Partitions (node-local plan).**  With ``partitions=P`` > 1 the shards, in
-a seed-only permutation (manifest order without shuffle), are cut once for
-the whole run into P runs of equal sample counts (``c`` or ``c + 1``; a shard
-that straddles a cut is split into two pieces).  Each epoch orders every
-partition on its own exactly as above (its pieces permuted by the epoch's
-shard hash, windows, Feistel), and position ``p`` is sample ``p // P`` of
-partition ``p % P``: the epoch sequence is the round-robin interleave of the
-partitions (as MosaicML Streaming interleaves its canonical nodes).  With
-``P = 1`` it is the sequence above, unchanged.
-
-With ``shuffle=False`` the sequence is manifest order.  The ``"shards"``
-algorithm permutes shards but keeps each shard's samples in order (fully
-sequential reads).  Algorithms are plain callables registered in
-:data:`ORDERS`.
-
-Positions and steps, and how a step's positions are split across nodes,
-ranks and workers (the ``remainder`` policy, padding), are
-:mod:`resumewds.plan`.  The keyed hashes, permutations and draws are
-:mod:`resumewds.plan`; one epoch's sequence with random access and the cut
-into partitions is :mod:`resumewds.plan`.  This module holds the orders
-(one function per ``shuffle`` algorithm) and :class:`Plan` (all epochs of a
-run); every public name of those three modules is importable from here too.
+With ``partitions=P`` > 1 each partition is ordered so, and position ``p`` is
+sample ``p // P`` of partition ``p % P`` (docs/SCALE.md, *The node-local plan*).
+``shuffle=False`` is manifest order; ``"shards"`` permutes shards but keeps
+each shard's samples in order.  The algorithms are registered in :data:`ORDERS`.
 
 Example:
     >>> plan = Plan([3, 2, 4], seed=7, shuffle=True, window=2)
@@ -67,7 +43,7 @@ __all__ = [
     # the orders and the plan of a run (defined here)
     "ORDERS", "OrderFn", "Plan", "manifest_order", "manifest_window_order", "resampled_order",
     "resampled_parts", "resampled_shards", "resampled_window_order", "shard_order", "window_order",
-    # from resumewds.plan, resumewds.plan and resumewds.plan
+    # from the other modules of resumewds.plan
     "DRAW_SCHEMES", "EpochPlan", "FeistelPermutation", "Layout", "REMAINDERS", "Segment",
     "check_partitions", "cut_partitions", "draw_shards", "mix", "permutation", "worker_steps",
 ]
@@ -121,11 +97,7 @@ def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int,
     return EpochPlan(counts, None, 1, None, parts=cut_partitions(counts, range(len(counts)), partitions))
 
 
-# ---- orders for the WebDataset drop-in ---------------------------
-# ``.shuffle(n)`` on a WebDataset is compiled into a windowed order (samples
-# shuffled within windows of whole shards, see resumewds.dataset), and
-# ``resampled=True`` draws each epoch's shards with replacement.  Both are pure
-# functions of (seed, epoch, position), like every order here.
+# ---- orders for the WebDataset drop-in (``.shuffle(n)``, ``resampled=True``) ----
 _TAG_RESAMPLE = 0x524553414D50  # "RESAMP"
 
 
@@ -154,11 +126,8 @@ def resampled_shards(n: int, seed: int, epoch: int) -> List[int]:
 def resampled_parts(counts: Sequence[int], seed: int, epoch: int, partitions: int) -> List[List[Segment]]:
     """Each partition's draws, with replacement, from its own pieces of shards.
 
-    The partitions are the run's (:func:`cut_partitions` after the seed-only
-    permutation, as the windowed order cuts them); partition ``q`` draws its
-    pieces with :func:`draw_shards` (key ``mix(seed, epoch, "RESAMP", q)``)
-    until it holds its own sample count, so the epoch keeps the data set's
-    size and a node reads only its partitions' shards.
+    Partition ``q`` (the run's cut) draws its pieces until it holds its own
+    sample count: the epoch keeps its size and a node reads only its shards.
 
     Example:
         >>> parts = resampled_parts([4, 4, 4, 4], seed=1, epoch=0, partitions=2)
@@ -213,15 +182,8 @@ class Plan:
         shuffle: False for manifest order; True (or ``"window"``) for the
             windowed shuffle; ``"shards"`` to shuffle shard order only.
         window: shards per shuffle window (``"window"`` order only).
-        partitions: how many node-local partitions the epoch is cut into
-            (1: one sequence over all shards, the order of earlier versions).
-            The shards are cut once for the run into ``partitions`` runs of
-            equal sample counts; each epoch orders each partition on its own
-            (shards permuted, windows, Feistel) and position ``p`` is sample
-            ``p // P`` of partition ``p % P``.  A node whose ranks take the
-            positions ``p % nodes == node`` (:class:`Layout` with ``nodes``)
-            then reads only its own partitions when ``nodes`` divides
-            ``partitions``.
+        partitions: node-local partitions the epoch is cut into (1: one
+            sequence over all shards); see the module docstring.
 
     Example:
         >>> p = Plan([2, 2], seed=1)
