@@ -20,25 +20,11 @@ phase offset.  The left child's ``j``-th position is then number
 ``floor((jA + f)/B)`` of that child, the right child's number the rest.
 Locating a position walks one root-to-leaf path: O(log K) integer ops.
 
-**The bound (tested in tests/test_mixture.py).**  For every source ``i`` at
-depth ``d_i`` (``d_i <= ceil(log2 K)``; 0 when alone) and every prefix of
-``n`` positions of a phase, the count ``c_i(n)`` of positions given to ``i``
-satisfies ``|c_i(n) - n * w_i| < d_i``, where ``w_i`` is its normalised
-weight: each split adds an error in ``(-1, 1)`` and passes its parent's error
-on scaled by ``A/B <= 1``.  So two sources never differ from the weights by a
-whole sample, five by less than 3 samples over *any* prefix, at any length;
-i.i.d. draws (webdataset's RandomMix) drift by about ``sqrt(n w (1-w))``
-(~500 samples after a million).  With ``repeat``/``choose`` counts the
-integer weights are the per-epoch counts, so every epoch of ``L`` positions
-delivers exactly those counts.
-
-**Phases (curriculum).**  ``phases=[(0, w0), (g1, w1), ...]``: from global
-position ``g1`` (samples delivered over all ranks since the run's start, i.e.
-``epoch * epoch_size + position``) on, the weights are ``w1``.  A source
-stream continues where the previous phase left it (its base is the exact
-count delivered before ``g1``), so no sample is repeated or skipped by a
-change, and positions before ``g1`` map exactly as they did without the
-phase.
+A source at depth ``d`` of the tree is within ``d`` samples of its weight's
+share over any prefix (docs/MIXTURES.md, *The bound*).  **Phases**
+(``phases=[(0, w0), (g1, w1), ...]``, ``g`` a global position): a source
+stream continues where the previous phase left it, so a change repeats or
+skips nothing, and positions before ``g1`` map as they did without it.
 
 Example:
     >>> mp = MixPlan([100, 10], weights=[3, 1], seed=1)
@@ -55,7 +41,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from fractions import Fraction
-from math import gcd
+from math import gcd, lcm
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..plan import EpochPlan, FeistelPermutation, Plan, check_partitions, draw_shards, mix
@@ -67,10 +53,6 @@ _TAG_BLOCK = 0x424C4F43  # "BLOC"
 _TAG_PART = 0x50415254  # "PART"
 
 Weights = Union[Sequence[float], Dict[int, float]]
-
-
-def _lcm(a: int, b: int) -> int:
-    return a // gcd(a, b) * b
 
 
 def integer_weights(weights: Sequence[Union[int, float, Fraction]]) -> List[int]:
@@ -96,13 +78,9 @@ def integer_weights(weights: Sequence[Union[int, float, Fraction]]) -> List[int]
         fr.append(f)
     if not any(fr):
         raise ValueError(f"mixture weights {list(weights)!r}: at least one must be positive")
-    den = 1
-    for f in fr:
-        den = _lcm(den, f.denominator)
+    den = lcm(*(f.denominator for f in fr))
     ints = [int(f * den) for f in fr]
-    g = 0
-    for v in ints:
-        g = gcd(g, v)
+    g = gcd(*ints)
     return [v // g for v in ints]
 
 
@@ -194,22 +172,13 @@ class MixPlan:
         phases: later phases as ``[(global_position, weights), ...]``;
             ``weights`` is a list (one per source) or a dict ``{index: w}``
             (missing sources: 0).  Positions must increase and be > 0.
-        block: 1 (default): the source pattern is the plain low-discrepancy
-            sequence (1:1 alternates).  ``B > 1``: positions are also
-            shuffled within blocks of ``B`` (a keyed Feistel permutation per
-            block), so the pattern looks random, with the deterministic bound
-            :meth:`prefix_bounds`; a phase then starts at the next block
-            boundary at or after its position.
-        partitions: node-local partitions (``P``, as a single data set's
-            plan): position ``p`` of an epoch belongs to partition ``p % P``,
-            which has its own mixture (:meth:`part`; same weights and phases,
-            its own seed) over partition ``p % P`` of every source
-            (:meth:`SourceStream.at`).  1: the one mixture of earlier versions.
+        block: ``B > 1`` also shuffles positions within blocks of ``B``
+            (bound: :meth:`prefix_bounds`; a phase starts at a block boundary).
+        partitions: node-local partitions (``P``): position ``p`` is fed by
+            partition ``p % P``'s own mixture (:meth:`part`).
 
-    Per-source options: a source with ``repeat`` or ``choose`` has that
-    absolute count per epoch; the other sources share the rest of the epoch
-    by their weights (a source without weight, repeat or choose counts once:
-    ``choose = size``).  All arithmetic is exact (fractions).
+    Sources with ``repeat``/``choose`` have that count per epoch; the others
+    share the rest by weight (none given: ``choose = size``).  docs/MIXTURES.md.
 
     Example:
         >>> MixPlan([10, 20], choose=[5, None], repeat=[None, 2]).epoch_size
