@@ -1,18 +1,10 @@
 """Decoders with webdataset 1.0.2's specs, handlers and protocol.
 
-A *handler* is a callable ``handler(key, data) -> value or None``.  ``key``
-is what webdataset passes: the member's extension with a leading dot
-(``".jpg"``, ``".seg.png"``, ``".json.gz"``); ``data`` is its bytes.  A
-handler returns the decoded value, None to pass the member on to the next
-handler, or :class:`Continue` to hand a new ``(key, data)`` on (that is how
-``*.gz`` members are decompressed and then decoded by their inner
-extension).  A :class:`Decoder` tries ``pre`` (default ``[gzfilter]``), then
-its handlers, then ``post`` (default ``[basichandlers]``); a member no
-handler claims stays bytes.
-
-The key also compares equal to its dotless form (``key == "jpg"`` is True
-for ``".jpg"``): handlers written for resumewds 0.1, which passed the
-extension without the dot, keep working.
+A *handler* is ``handler(key, data) -> value``, None (not mine) or
+:class:`Continue` (a new ``(key, data)``, as ``*.gz`` members are handed on);
+``key`` is the extension with a leading dot (``".seg.png"``), and also equals
+its dotless form.  A :class:`Decoder` tries ``pre`` (``[gzfilter]``), its
+handlers, then ``post`` (``[basichandlers]``); an unclaimed member stays bytes.
 
 Image specs (strings given to ``decode``) are webdataset's:
 
@@ -34,11 +26,9 @@ cls2 index inx id`` (int), ``json jsn``, ``npy`` and ``npz`` (numpy), ``ten
 tb`` (tenbin: list of arrays), ``mp msg msgpack`` (needs ``msgpack``),
 ``cbor`` (needs ``cbor2`` or ``cbor``), ``pth pt`` (``torch.load``).
 
-Security (a difference from webdataset, which unpickles by default):
-``pkl pickle pyd`` members are decoded only with ``allow_pickle=True``,
-and ``pth`` is loaded with ``weights_only=True`` unless
-``allow_pickle=True``.  With ``resumewds.sources.enforce_security`` (``resumewds.utils``) set
-(env ``WDS_SECURE=1``, as in webdataset) all of them are refused.
+Security (unlike webdataset): ``pkl pickle pyd`` need ``allow_pickle=True``,
+and ``pth`` loads with ``weights_only=True`` without it; ``WDS_SECURE=1``
+refuses all of them.
 
 Example:
     >>> d = Decoder(["rgb8"])

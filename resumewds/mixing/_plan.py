@@ -382,11 +382,8 @@ class MixPlan:
     def where(self, epoch: int, position: int) -> Tuple[int, int, int]:
         """``(source, partition, q)`` of ``position`` in mixed epoch ``epoch``.
 
-        ``q`` is the index in partition ``partition`` of the source's stream
-        (:meth:`SourceStream.at`).  One partition: ``(source, 0, q)`` of
-        :meth:`locate`.  With ``P`` partitions, position ``p`` belongs to
-        partition ``r = p % P``, whose own mixture (:meth:`part`) places its
-        ``epoch * part_positions(r) + p // P``-th position.
+        ``q``: the index in that partition of the source's stream
+        (:meth:`SourceStream.at`); partition ``p % P``'s mixture places it.
 
         Example:
             >>> mp = MixPlan([100, 10], weights=[3, 1], seed=1, partitions=2)
@@ -497,12 +494,8 @@ def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool 
                     window: int = 8) -> Tuple[EpochPlan, List[int]]:
     """One epoch of shards drawn *with replacement* (webdataset's ``resampled=True``).
 
-    Draw ``d`` picks shard ``xxh3(seed, epoch, d) mod S``; draws continue
-    until the epoch holds exactly ``sum(counts)`` samples (the last draw is
-    cut short), so an epoch has the data set's size and position ``q`` of
-    the endless stream is epoch ``q // N``: O(1) to find.  The draws are
-    then read like shards of a normal epoch (windowed sample shuffle with
-    ``shuffle=True``).
+    Draws continue until the epoch holds exactly ``sum(counts)`` samples
+    (the last cut short), so stream position ``q`` is in epoch ``q // N``.
 
     Returns:
         The epoch's :class:`~resumewds.plan.EpochPlan` over *draws* and the
@@ -580,9 +573,8 @@ class SourceStream:
     def at(self, q: int, part: int = 0) -> Tuple[int, int]:
         """``(shard, sample_in_shard)`` of index ``q`` of the stream of partition ``part``.
 
-        With ``P`` partitions, partition ``part`` is an endless stream of its
-        own: source epoch ``q // size``, its sample ``q % size`` (position
-        ``(q % size) * P + part`` of the source's partitioned plan).
+        Partition ``part``'s index ``q`` is position ``(q % size) * P + part``
+        of source epoch ``q // size`` of the partitioned plan.
 
         Example:
             >>> st = SourceStream([2, 2], seed=0, shuffle=False, partitions=2)
