@@ -1,34 +1,18 @@
 """The world layout: which positions of an epoch each rank delivers at each step.
 
-A *position* ``p`` is how many samples of the epoch sequence have been
-delivered over all ranks.  From a start position ``p0`` a *step* covers
-``batch_size * world_size`` positions, and rank ``r`` takes the r-th
-``batch_size`` slice.  With ``nodes`` (groups of ranks that
-share a cache, ranks numbered node-major) node ``n`` takes the step's
-positions ``p % nodes == n`` and its local ranks slices of those: the step
-still covers the same contiguous positions, and a node whose count divides
-``partitions`` reads only its own partitions' shards.  The final, short step
-is handled by the ``remainder`` policy:
+A *position* ``p`` counts the samples of the epoch sequence delivered over
+all ranks; a *step* covers ``batch_size * world_size`` positions (see
+:class:`Layout`).  The final, short step follows ``remainder``:
 
-* ``"keep"`` (default): the leftover ``m`` samples are split into
-  ``world_size`` parts whose sizes differ by at most one (contiguous with
-  one node; with nodes, each node splits its own positions among its
-  ranks); the ranks that would get nothing get one *padding* sample each
-  (from the start of the epoch, from their node's positions), so that every
-  rank yields the same number of batches.
-* ``"pad"``: the last step is filled to full size with samples from the
-  start of the epoch's sequence, marked as padding.
+* ``"keep"`` (default): the leftover samples are split into ``world_size``
+  parts differing by at most one; a rank that would get nothing gets one
+  *padding* sample, so every rank yields the same number of batches.
+* ``"pad"``: the last step is filled up from the start of the epoch, as padding.
 * ``"drop"``: the leftover samples are not delivered this epoch.
 
-Padding samples carry ``__pad__ = True`` and are counted in stats; they never
-advance the position.
-
-:class:`Layout` is pure arithmetic over positions (the sequence itself is
-:mod:`resumewds.plan`'s); :func:`worker_steps` deals a rank's steps to its
-DataLoader workers.  A layout whose steps depend on the epoch (webdataset's
-shard split, :mod:`resumewds.wds._shardsplit`) is an :class:`EpochLayout`: bound
-to an epoch's plan it gives a :class:`BoundLayout`, the steps of that epoch
-over its own sequence of the epoch's samples.
+Padding samples carry ``__pad__ = True``; they never advance the position.
+An :class:`EpochLayout` (webdataset's shard split) depends on the epoch: bound
+to an epoch's plan it gives a :class:`BoundLayout`.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """Who this process is in the job: rank, world size and node.
 
-A *node* is a group of ranks that share one shard cache (in practice: one
-machine and one cache directory).  The plan gives each node its own
-partitions of the data set (:mod:`resumewds.plan`), so a node downloads about
-1/nodes of the data instead of all of it; the ranks of one node fetch each
-shard once through the shared cache.
-
-Where the answer comes from, first match wins:
-
-1. explicit arguments (``WebLoader(rank=, world_size=, nodes=)``);
-2. rank and world size from an initialized ``torch.distributed`` group, else
-   ``RANK`` / ``WORLD_SIZE`` (else ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``: one
-   node);
-3. nodes from torchrun's ``LOCAL_WORLD_SIZE`` (ranks per node), checked
-   against ``GROUP_WORLD_SIZE``, ``GROUP_RANK`` or ``NODE_RANK`` and
-   ``LOCAL_RANK`` when they are set (other launchers that set
-   ``LOCAL_WORLD_SIZE`` must give every node the same number of ranks);
-4. without those variables, under ``torch.distributed``: one all-gather of
-   ``hostname:cache directory`` (the data set's, from its ``cache_dir=`` or
-   ``RESUMEWDS_CACHE_DIR``) groups the ranks that share a cache;
-5. else one node.
-
-Nodes must be numbered node-major with the same number of ranks each (rank
-``r`` is node ``r // ranks_per_node``, as torchrun numbers them).  When the
-ranks are laid out otherwise, the loader falls back to one node (correct,
-only without locality) and logs why.
-
-Nothing here imports torch at module level: :func:`detect_world` imports
-``torch.distributed`` only to ask whether a process group exists.
+A *node* is a group of ranks that share one shard cache; the plan gives each
+node its own partitions.  Where the answer comes from (explicit arguments,
+``torch.distributed``, torchrun's variables, an all-gather of
+``hostname:cache directory``, else one node) is docs/SCALE.md, *Node
+identity*.  Nodes must be numbered node-major with equal ranks each, else the
+loader falls back to one node and logs why.  No module-level torch import.
 
 Example:
     >>> w = detect_world(5, 8, nodes=2)

@@ -1,44 +1,19 @@
 """Compressed shards (``.tar.gz`` / ``.tgz``, and ``.tar.zst`` with ``zstandard``).
 
-Random access needs an uncompressed tar, so a compressed shard is
-decompressed once and then read by seeking, like any other shard:
+A compressed shard is decompressed once and then read by seeking.  The
+manifest's ``size``/``xxh3_64`` are the compressed file's, its ``offsets``
+the uncompressed stream's.  :func:`open_view` returns the decompressed copy
+``<cache_dir>/decompressed/<xxh3 of the compressed file>.tar``, made once
+(under a lock, temporary name, synced, renamed) and shared by every process;
+it counts against ``cache_size`` (a view holds its ``.lock`` shared).
+Compression is recognised by magic bytes, not the name.
 
-* The manifest describes the compressed file (``size`` and ``xxh3_64`` are
-  the compressed bytes', which the cache fetches and verifies as usual) and
-  the *uncompressed* stream's sample offsets (``offsets``).  Indexing
-  (:func:`resumewds.tar.scan_file`, through :mod:`resumewds.tar`)
-  hashes the compressed file and scans a decompressed copy.
-* Reading: :meth:`resumewds.cache.ShardStore.acquire` hands the verified
-  compressed file to :func:`open_view`, which returns the decompressed copy
-  under ``<cache_dir>/decompressed/<xxh3 of the compressed file>.tar``,
-  made once (under a lock, written to a temporary name, synced, renamed)
-  and shared by every process; a copy whose size no longer matches its
-  ``.meta`` is made again.
-
-Damaged compressed shards (webdataset's handler semantics):
-:func:`salvage_compressed` decodes a truncated or corrupt ``.tar.gz`` the
-way webdataset 1.0.2 reads it (``tarfile`` stream mode: the same gzip header
-parse, the same 512-byte then 10240-byte input chunks, so a corrupt deflate
-block loses exactly the output tarfile loses) and frames what tarfile would
-deliver from it: the members read whole before the damage (the sample in
-progress keeps the members it has, as webdataset's ``group_by_keys`` yields
-it), and whether webdataset's reader raises there (``raised``) or ends the
-shard quietly (a cut inside a tar header, or damage after the end-of-archive
-blocks).  The same file always gives the same samples, so positions are
-stable across runs.  :func:`open_view` serves such a shard (one whose
-:class:`~resumewds.manifest.ShardInfo` has ``salvaged = True``) from a copy
-named ``...-<size>.prefix.tar`` whose ``.meta`` says ``"complete": false``:
-it is never taken for the complete decompression, which a shard read without
-salvaging still needs (and fails on).  zstd (which webdataset 1.0.2 does not
-read) is salvaged the same way, frame by frame, in 1 MiB input chunks.
-
-Compression is recognised by the file's magic bytes, not its name.
-Decompressed copies count against ``cache_size`` like any entry: room is
-made before one is written, and a copy no reader holds is evicted least
-recently used first (a view holds the copy's ``.lock`` shared while open).
-
-The codecs (magic bytes, gzip/zstd stream readers, whole-file
-decompression) are :mod:`resumewds.tar`, below :mod:`resumewds.tar`.
+:func:`salvage_compressed` reads a truncated or corrupt shard as webdataset
+1.0.2's ``tarfile`` stream mode does (same input chunks, so a corrupt
+deflate block loses exactly what tarfile loses), and says whether
+webdataset raises there (``raised``).  Such a shard (``salvaged = True``) is
+served from a ``...-<size>.prefix.tar`` copy marked ``"complete": false``,
+never taken for the complete decompression.  zstd is salvaged frame by frame.
 """
 
 from __future__ import annotations
