@@ -1,18 +1,8 @@
 """One sample read by its byte range: the loader's seek-and-parse path.
 
-:func:`read_sample` reads one sample given its byte range in a local shard,
-with one ``pread``; :func:`read_samples` reads a run of consecutive samples
-with one.  :func:`parse_sample` frames a range held in memory (a fast path
-for plain ustar members; anything else through the strict framer of
-:mod:`resumewds.tar`), and :func:`parse_sample_as` frames verified bytes
-by the member pattern of an earlier sample of the shard.  Every range must
-hold exactly one whole sample, or :class:`~resumewds.errors.ShardFormatError`
-names the shard and byte.  :func:`sample_digest` is the ``resumewds cat``
-digest of a sample.
-
-Whole archives (a shard's index, streaming all samples) are
-:mod:`resumewds.tar`'s; the names of both modules, and of
-:mod:`resumewds.tar`, are importable from here too.
+One ``pread`` per sample (:func:`read_sample`) or per run of samples
+(:func:`read_samples`); every range must hold exactly one whole sample, or
+:class:`~resumewds.errors.ShardFormatError` names the shard and byte.
 
 Example:
     >>> idx = scan_file("data/shard-000000.tar")
@@ -59,20 +49,12 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
                  end: Optional[int] = None, verified: bool = False) -> Dict[str, Any]:
     """Parse one sample's byte range ``buf[start:end]`` (``base`` = its offset in the shard).
 
-    Plain ustar/GNU members take a fast path; anything else (pax or GNU
-    long-name headers, skipped entries, a checksum that needs the signed
-    sum) goes through :func:`iter_members`, which handles every case.
-
-    ``verified=True`` says the bytes already matched an xxh3_64 digest (the
-    shard's or the sample's, from a manifest whose offsets our scanner wrote
-    after it checked every header): the fast path then skips recomputing
-    the header checksums (a third of its time), which cannot fail on those
-    bytes.  Every structural check (types, sizes inside the range, one key
-    per sample, no stray bytes) still runs.
+    Plain ustar/GNU members take a fast path; anything else goes through
+    :func:`iter_members`.  ``verified=True`` (the bytes matched an xxh3_64
+    digest) skips recomputing header checksums; every structural check runs.
 
     Returns:
-        ``{"__key__": key, ext: bytes, ...}`` (``__url__`` is added by the
-        caller).
+        ``{"__key__": key, ext: bytes, ...}`` (the caller adds ``__url__``).
 
     Raises:
         ShardFormatError: malformed headers, or the range does not hold
@@ -195,17 +177,10 @@ def parse_sample_as(buf: bytes, members: Members, start: int = 0,
     ``members`` (:func:`member_pattern` of an earlier sample of the shard),
     or None when they are not: the caller then takes :func:`parse_sample`.
 
-    Almost every shard holds samples of one pattern (each a ``.cls``, a
-    ``.jpg``, a ``.txt``, in that order).  Knowing it, a member's header
-    is checked with two ``startswith`` (the key and the extension, then a
-    NUL) instead of decoding and splitting its name: the same sample for
-    half the cost of the general path.  Every member is still checked in
-    full otherwise (a regular file, no ustar prefix, the usual 11-digit
-    size field, inside the range; the range ends with the last member).
-    Anything else (another pattern, a name that needs the general rules,
-    pax or GNU headers, an unusual size field) returns None, never a
-    different sample.  For verified bytes only: header checksums are not
-    recomputed, as in :func:`parse_sample` with ``verified=True``.
+    Knowing the pattern, a header's name is checked with two ``startswith``
+    instead of decoded and split (half the cost); everything else about each
+    member is still checked.  Anything unusual returns None, never a
+    different sample.  Verified bytes only (checksums are not recomputed).
 
     Example:
         >>> import io, tarfile

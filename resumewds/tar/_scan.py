@@ -1,13 +1,7 @@
 """Whole tar archives, walked once: a shard's index, or all of its samples in order.
 
-* :func:`scan_file` walks a whole local shard once (memory-mapped; a gzip or
-  zstd shard through :mod:`resumewds.tar`), and returns its size,
-  xxh3_64 and the byte range of every sample: the index a manifest records.
-* :func:`iter_samples_bytes` / :func:`iter_samples_file` stream every sample
-  of an archive, validated as they go.
-
-The framing and grouping are :mod:`resumewds.tar`'s; reading one sample
-by its byte range (how the loader seeks) is :mod:`resumewds.tar`'s.
+:func:`scan_file` gives the index a manifest records; :func:`iter_samples_bytes`
+and :func:`iter_samples_file` stream every sample, validated as they go.
 
 Example:
     >>> import io, tarfile
@@ -88,16 +82,8 @@ def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
 def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
     """Index a local shard: size, xxh3_64 and each sample's byte range.
 
-    Args:
-        path: local file.
-        shard: name for error messages (default: ``path``).
-
-    Returns:
-        A :class:`ShardIndex`.
-
-    Raises:
-        ShardFormatError: the file is not a well-formed tar archive.
-        OSError: the file cannot be read.
+    ``shard``: the name in error messages (default: ``path``).  Raises
+    ShardFormatError (not a well-formed tar) or OSError.
 
     Example:
         >>> idx = scan_file("data/shard-000000.tar")
