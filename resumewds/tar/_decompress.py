@@ -1,10 +1,6 @@
 """Compressed shard codecs: gzip and zstd by magic bytes, and whole-file decompression.
 
-The bottom of the compressed-shard support: :mod:`resumewds.tar` scans a
-shard through :func:`decompressed` when its first bytes say it is
-compressed, and :mod:`resumewds.tar` (decompressed copies in the
-cache, salvage of damaged files) builds on both.  zstd needs the optional
-``zstandard`` package, imported at the first zstd shard.
+zstd needs the optional ``zstandard`` package, imported at the first zstd shard.
 
 Example:
     >>> kind_of_bytes(b"\\x1f\\x8b\\x08\\x00"), kind_of_bytes(b"ustar")
