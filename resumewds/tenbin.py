@@ -1,18 +1,10 @@
 """webdataset's tenbin format (``.ten`` members): a list of numpy arrays in one buffer.
 
-The buffer is a series of chunks ``b"~TenBin~" | length (int64) | bytes``
-padded to a multiple of 64 bytes; each array is a header chunk (dtype code,
-8-byte info string, ndim, dims, as int64) followed by a data chunk.
-Little-endian, as webdataset writes it on the usual hosts (webdataset uses
-the host's byte order).
-
-The functions are webdataset 1.0.2's, by name and meaning: the buffer
-(:func:`encode_buffer` / :func:`decode_buffer`), its chunks and headers,
-streams (:func:`write` / :func:`read`) and ``.ten`` files (:func:`save` /
-:func:`load`).  Two corrections: ``uint32`` is supported (webdataset's type
-table misspells it), and :func:`check_infos` / :func:`check_acceptable_input_type`
-check what their names say (webdataset's raise for any required info, and
-for every type that is not 64-bit).
+Chunks ``b"~TenBin~" | length (int64) | bytes`` padded to 64 bytes; each
+array is a header chunk (dtype code, 8-byte info, ndim, dims) and a data
+chunk, little-endian.  The functions are webdataset 1.0.2's, with two fixes:
+``uint32`` works, and :func:`check_infos` / :func:`check_acceptable_input_type`
+check what their names say.
 
 Example:
     >>> import numpy as np
