@@ -83,10 +83,7 @@ def _env_int(*names: str, env: Optional[Mapping[str, str]] = None) -> Optional[i
 
 
 def _process_group() -> Any:
-    """``torch.distributed`` if a default process group is initialized, else None.
-
-    A process group is only ever initialized after ``torch.distributed`` was
-    imported, so this never imports torch itself."""
+    """``torch.distributed`` if a default process group is initialized, else None (never imports torch)."""
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
@@ -99,14 +96,9 @@ def _process_group() -> Any:
 def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
     """Rank and world size: explicit arguments, else torch.distributed, else env.
 
-    Each explicit argument overrides on its own.  Without an initialized
-    process group the environment is read: ``RANK`` / ``WORLD_SIZE`` (set by
-    torchrun), else ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (launchers that set
-    only the per-node variables, i.e. a single node); neither means (0, 1).
-
-    Raises:
-        ValueError: an environment variable is not an integer, or the result
-            is not a valid rank in a world of that size.
+    Each explicit argument overrides on its own.  The environment:
+    ``RANK``/``WORLD_SIZE``, else ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (one
+    node), else (0, 1).  ValueError for a non-integer or an invalid rank.
 
     Example:
         >>> world_from_env(1, 4)
@@ -137,11 +129,8 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
 def node_key(cache_dirs: Union[str, Sequence[str], None] = None) -> str:
     """What identifies a shared cache: ``hostname:directory`` of the cache(s) a rank uses.
 
-    Args:
-        cache_dirs: the directories of the rank's shard caches (its data set's
-            stores: :meth:`resumewds.WebDataset.cache_dirs`), one or several (a
-            mixture); None: the default (``RESUMEWDS_CACHE_DIR``...).  Symbolic
-            links are resolved, so two names of one directory are one cache.
+    ``cache_dirs``: :meth:`resumewds.WebDataset.cache_dirs` (None: the
+    default); symbolic links are resolved, so two names of one directory match.
 
     Example:
         >>> node_key("/a") == node_key(["/a"]) != node_key("/b")
@@ -155,8 +144,7 @@ def node_key(cache_dirs: Union[str, Sequence[str], None] = None) -> str:
 def nodes_from_keys(keys: list[str], rank: int) -> Tuple[int, int, str]:
     """``(node, nodes, why)`` from every rank's :func:`node_key` (rank order).
 
-    ``why`` is empty when the keys form node-major groups of equal size;
-    otherwise ``(0, 1, reason)``: one node.
+    Keys not in node-major groups of equal size give ``(0, 1, reason)``.
 
     Example:
         >>> nodes_from_keys(["a", "a", "b", "b"], 2)
@@ -183,12 +171,9 @@ def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *
 
     Args:
         rank, world_size: override torch.distributed / the environment.
-        nodes: the number of nodes (groups of ranks that share a cache);
-            ranks are node-major: rank ``r`` is node ``r // (world_size // nodes)``.
+        nodes: the number of nodes (ranks are node-major).
         env: the environment to read (default ``os.environ``).
-        cache_dirs: the directories of this rank's shard caches (:func:`node_key`),
-            which group the ranks under ``torch.distributed`` without torchrun's
-            variables; None: the default cache directory.
+        cache_dirs: this rank's shard caches (:func:`node_key`).
 
     Raises:
         ValueError: a variable is not an integer, the rank is not in the
@@ -261,16 +246,8 @@ def _fallback(rank: int, world_size: int, why: str) -> World:
 def resolve_partitions(requested: Optional[int], nodes: int, stored: Any = None) -> int:
     """The partition count of a run.
 
-    Args:
-        requested: the dataset's ``partitions`` (None: automatic).
-        nodes: nodes of this launch.
-        stored: the run's recorded configuration (journal config or state
-            dict ``config``), or None for a new run.  A recorded run without
-            a ``partitions`` key has one partition.
-
-    Returns:
-        ``requested`` if given; else the recorded count (a resume keeps the
-        run's order, whatever the new node count); else ``nodes``.
+    ``requested`` if given; else the count in ``stored`` (the run's recorded
+    config: a resume keeps the run's order; no key means 1); else ``nodes``.
 
     Example:
         >>> resolve_partitions(None, 4), resolve_partitions(None, 4, {"seed": 1})
@@ -334,12 +311,8 @@ def late_world(built: World, journal_path: Optional[str] = None) -> Optional[Wor
     or None when there is still no other.
 
     A framework may set up the processes after the loader was built (Lightning's
-    DDP does rank 0's inside ``fit``): the loader then takes the world of its first
-    ``len()`` or iteration.  Same nodes as when it was built (no collective call
-    here: the other ranks may not be asking).
-
-    Raises:
-        ValueError: the loader opened a journal as the only rank.
+    DDP, inside ``fit``).  Same nodes as built (no collective call: the other
+    ranks may not be asking).  ValueError if the loader opened a journal alone.
 
     Example:
         >>> late_world(World(0, 1)) if "WORLD_SIZE" not in os.environ else None
