@@ -93,9 +93,8 @@ class Layout:
               ) -> List[Tuple[int, bool]]:
         """Positions rank ``rank`` delivers at ``step``: ``[(position, is_pad)]``.
 
-        Padding slots carry a real position to read (a sample from the start
-        of the epoch, of the rank's node when there are nodes) and
-        ``is_pad=True``.
+        A padding slot carries a real position to read (from the start of the
+        epoch, of the rank's node) and ``is_pad=True``.
         """
         r = self.rank if rank is None else rank
         b, N = self.batch_size, self.nodes
@@ -136,12 +135,9 @@ def worker_steps(num_steps: int, worker: int, num_workers: int) -> range:
 class BoundLayout(Protocol):
     """An :class:`EpochLayout` bound to one epoch: its steps over ``sequence``.
 
-    What the engine reads (:meth:`resumewds.read.ShardDataset.iter_steps`, the
-    engine's loader): ``batch_size`` / ``step_size`` (positions per step),
-    ``num_steps`` / ``position_after`` / ``slots`` as :class:`Layout` has them, ``end``
-    (the position after the last sample delivered), and ``sequence``: the epoch as this
-    layout delivers it, read as an :class:`~resumewds.plan.EpochPlan` (``len()``,
-    ``samples_at``, ``window_of``, ``window_shards``, ``shards_from``).
+    As :class:`Layout`, plus ``end`` (the position after the last sample
+    delivered) and ``sequence``: the epoch as this layout delivers it, read as
+    an :class:`~resumewds.plan.EpochPlan`.
 
     Example:
         >>> from resumewds.plan import Plan
@@ -165,10 +161,8 @@ class BoundLayout(Protocol):
 
 
 class EpochLayout(Protocol):
-    """A layout whose steps depend on the epoch: anything with ``bind(epoch_plan)``
-    returning a :class:`BoundLayout` (and raising there what makes the epoch impossible
-    to lay out, e.g. a DataLoader worker without a shard).  The engine binds it with
-    :meth:`resumewds.read.ShardDataset.steps_of` and reads the bound steps only.
+    """A layout whose steps depend on the epoch: ``bind(epoch_plan)`` gives a
+    :class:`BoundLayout`, or raises what makes the epoch impossible to lay out.
 
     Example:
         >>> from resumewds.plan import Plan
