@@ -117,18 +117,14 @@ def torch_loads(data: bytes) -> Any:
     Raises:
         EnforcedSecurityError: ``urls.enforce_security`` is set.
     """
+    return _torch_weights(data, pytorch_weights_only or bool(config.value("pytorch_weights_only")))
+
+
+def _torch_weights(data: bytes, weights_only: bool = True) -> Any:
     _security_check("torch.loads is not allowed for security reasons when enforce_security is set.")
     import torch
 
-    weights_only = pytorch_weights_only or bool(config.value("pytorch_weights_only"))
     return torch.load(io.BytesIO(data), weights_only=weights_only, map_location="cpu")
-
-
-def _torch_weights(data: bytes) -> Any:
-    _security_check("torch.loads is not allowed for security reasons when enforce_security is set.")
-    import torch
-
-    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
 def unpickle_loads(data: bytes) -> Any:
@@ -200,8 +196,7 @@ decoders: Dict[str, Callable[[bytes], Any]] = {
 def basichandlers(key: str, data: bytes) -> Any:
     """Decode the basic types by the key's last extension (see :data:`decoders`).
 
-    Inside a :class:`Decoder` this is replaced by a variant that applies the
-    ``allow_pickle`` rule; called directly it decodes whatever it is given.
+    A :class:`Decoder` uses a variant that applies its ``allow_pickle`` rule.
 
     Example:
         >>> basichandlers(".cls", b"7"), basichandlers(".png", b"..")
@@ -280,11 +275,8 @@ _PIL_CHANNELS = {"L": 0, "RGB": 3, "RGBA": 4}  # 8-bit modes packed by _pil_arra
 
 
 def _pil_array(img: Any) -> Any:
-    """``numpy.asarray(img)``, the same read-only uint8 array, without its
-    second copy: Pillow's ``tobytes`` packs the pixels in 64 KB pieces and
-    joins them; one piece of the whole image is one copy fewer (about 20 us
-    of a 256x256 RGB image's 700).  Any other mode, or a Pillow whose
-    encoder API differs, takes ``numpy.asarray``."""
+    """``numpy.asarray(img)`` without its second copy (Pillow's ``tobytes`` joins 64 KB pieces;
+    one piece of the whole image is one copy fewer); other modes take ``numpy.asarray``."""
     import numpy as np
 
     ch = _PIL_CHANNELS.get(img.mode)
@@ -322,9 +314,7 @@ def decode_image(spec: str, data: bytes) -> Any:
 
     with PIL.Image.open(io.BytesIO(data)) as img:
         img.load()
-        # convert() to the mode the image already has is a plain copy: an
-        # array is copied out of the image anyway, so only "pil" needs it
-        # (it hands out a plain Image, not the file's JpegImageFile)
+        # a convert() to the same mode is a plain copy: only "pil" needs it (a plain Image)
         if atype == "pil" or img.mode != mode.upper():
             img = img.convert(mode.upper())
     if atype == "pil":
@@ -346,12 +336,8 @@ def decode_image(spec: str, data: bytes) -> Any:
 class ImageHandler:
     """Decode images with extension in ``extensions`` by an image spec.
 
-    Args:
-        imagespec: one of :data:`imagespecs` (``"rgb8"``, ``"torchrgb"``, ``"pil"``...).
-        extensions: extensions handled (default: :data:`IMAGE_EXTENSIONS`).
-
-    Raises:
-        ValueError: unknown spec.
+    ``imagespec`` is one of :data:`imagespecs` (else ValueError); ``extensions``
+    defaults to :data:`IMAGE_EXTENSIONS`.
 
     Example:
         >>> ImageHandler("rgb8")(".cls", b"1") is None
@@ -445,18 +431,12 @@ class Decoder:
             ``(key, data) -> value | None | Continue``.
         pre: handlers tried first (default ``[gzfilter]``).
         post: handlers tried last (default ``[basichandlers]``).
-        only: extensions to decode (a list or a space-separated string);
-            other members are left as they are.
-        partial: leave members that are not bytes as they are; without it
-            (the default, as webdataset) such a member is an error.
-        allow_pickle: decode pkl/pickle/pyd and ``pth`` without
-            ``weights_only`` (off by default: unpickling runs code from the
-            shard).
+        only: extensions to decode (a list or a space-separated string).
+        partial: leave members that are not bytes as they are (else an error).
+        allow_pickle: decode pkl/pickle/pyd and ``pth`` without ``weights_only``.
 
     Raises (when called):
-        DecodeError: a member failed, naming the shard, sample and member
-            (attributes ``url``, ``key``, ``k`` as webdataset's
-            ``DecodingError``).
+        DecodeError: naming shard, sample and member (``url``, ``key``, ``k``).
         UnsafeSourceError: a pickle member without ``allow_pickle``.
 
     Example:
@@ -575,6 +555,5 @@ default_decoder = Decoder([])
 
 
 def __getattr__(name: str) -> Any:
-    """webdataset's ``autodecode.utils`` (its module): the WebDataset wing's, forwarded by the
-    package's face (the engine does not use it)."""
+    """webdataset's ``autodecode.utils``, forwarded by the package's face."""
     return _lazy.forwarded(__name__, name)
