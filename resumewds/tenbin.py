@@ -31,11 +31,7 @@ short_to_long: Dict[str, str] = {v: k for k, v in long_to_short.items()}
 
 
 def bytelen(a: Any) -> int:
-    """The size in bytes of an array or a bytes-like object.
-
-    Raises:
-        ValueError: neither.
-    """
+    """The size in bytes of an array or a bytes-like object (ValueError: neither)."""
     if hasattr(a, "nbytes"):
         return int(a.nbytes)
     if isinstance(a, (bytearray, bytes)):
@@ -44,11 +40,7 @@ def bytelen(a: Any) -> int:
 
 
 def bytedata(a: Any) -> Any:
-    """The bytes of an array (its buffer) or of a bytes-like object.
-
-    Raises:
-        ValueError: neither.
-    """
+    """The bytes of an array (its buffer) or of a bytes-like object (ValueError: neither)."""
     if isinstance(a, (bytearray, bytes, memoryview)):
         return a
     if hasattr(a, "data"):
@@ -122,11 +114,7 @@ def encode_header(a: Any, info: str = "") -> Any:
 
 
 def decode_header(h: Any) -> Any:
-    """``(shape, dtype, info)`` of a header chunk.
-
-    Raises:
-        ValueError: an unsupported type code.
-    """
+    """``(shape, dtype, info)`` of a header chunk (ValueError: an unsupported type code)."""
     import numpy as np
 
     hv = np.frombuffer(h, dtype="<i8")
@@ -200,11 +188,7 @@ def encode_chunks(chunks: Sequence[Any]) -> bytearray:
 
 
 def decode_chunks(buf: Union[bytes, bytearray, memoryview]) -> List[Any]:
-    """The chunks of a buffer.
-
-    Raises:
-        ValueError: bad magic bytes.
-    """
+    """The chunks of a buffer (ValueError: bad magic bytes)."""
     buf = bytes(buf)
     result = []
     offset, total = 0, len(buf)
@@ -251,11 +235,7 @@ def write_chunk(stream: BinaryIO, buf: Any) -> None:
 
 
 def read_chunk(stream: BinaryIO) -> Optional[bytes]:
-    """Read one chunk from a stream (None at its end).
-
-    Raises:
-        ValueError: bad magic bytes or a negative length.
-    """
+    """Read one chunk from a stream (None at its end) (ValueError: bad magic bytes or a negative length)."""
     head = stream.read(8)
     if head == b"":
         return None
@@ -277,11 +257,7 @@ def write(stream: BinaryIO, arrays: Sequence[Any], infos: Optional[Sequence[str]
 
 
 def read(stream: BinaryIO, n: int = sys.maxsize, infos: Any = False) -> Any:
-    """Read up to ``n`` arrays from a stream.
-
-    Raises:
-        ValueError: the stream ends after a header.
-    """
+    """Read up to ``n`` arrays from a stream (ValueError: the stream ends after a header)."""
     chunks: List[Any] = []
     for _ in range(n):
         header = read_chunk(stream)
@@ -295,11 +271,7 @@ def read(stream: BinaryIO, n: int = sys.maxsize, infos: Any = False) -> Any:
 
 
 def save(fname: str, *args: Any, infos: Optional[Sequence[str]] = None, nocheck: bool = False) -> None:
-    """Save arrays to a ``.ten`` file.
-
-    Raises:
-        ValueError: a name without ``.ten`` (unless ``nocheck``).
-    """
+    """Save arrays to a ``.ten`` file (ValueError: a name without ``.ten`` (unless ``nocheck``))."""
     if not nocheck and not fname.endswith(".ten"):
         raise ValueError("file name should end in .ten")
     with open(fname, "wb") as stream:
@@ -307,11 +279,7 @@ def save(fname: str, *args: Any, infos: Optional[Sequence[str]] = None, nocheck:
 
 
 def load(fname: str, infos: Any = False, nocheck: bool = False) -> Any:
-    """Load the arrays of a ``.ten`` file.
-
-    Raises:
-        ValueError: a name without ``.ten`` (unless ``nocheck``).
-    """
+    """Load the arrays of a ``.ten`` file (ValueError: a name without ``.ten`` (unless ``nocheck``))."""
     if not nocheck and not fname.endswith(".ten"):
         raise ValueError("file name should end in .ten")
     with open(fname, "rb") as stream:

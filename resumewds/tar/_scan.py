@@ -52,11 +52,7 @@ class ShardIndex:
 
 
 def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
-    """Index an archive held in ``buf``: (offsets, keys, end_of_data).
-
-    Raises:
-        ShardFormatError: on any malformation.
-    """
+    """Index an archive held in ``buf``: ``(offsets, keys, end_of_data)``; ShardFormatError on any malformation."""
     starts: List[int] = []
     keys: List[str] = []
     eoa: List[Optional[int]] = []
