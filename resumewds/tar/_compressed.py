@@ -47,11 +47,9 @@ _META_NAME = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 def _gzip_prefix(f: Any, write: Callable[[bytes], Any]) -> Tuple[int, Optional[str]]:
     """Decode gzip data as ``tarfile.open(mode="r|*")`` does; ``(bytes written, error or None)``.
 
-    A port of tarfile's ``_StreamProxy`` / ``_Stream`` (Python 3.10-3.13):
-    the first read is 512 bytes, then 10240-byte chunks; one gzip member
-    (raw deflate after tarfile's header parse, no CRC check).  ``error`` is
-    None when the data simply ends (truncation, or the member's end), else
-    why tarfile raises (reads past the returned bytes raise there).
+    A port of tarfile's ``_StreamProxy`` / ``_Stream`` (3.10-3.13): a 512-byte
+    read, then 10240-byte chunks; one member, no CRC check.  ``error`` is None
+    when the data simply ends, else why tarfile raises there.
     """
     pending = [f.read(512)]
     buf = b""
@@ -141,13 +139,11 @@ def decompress_prefix(src: str, dst: Any, kind: str, shard: Optional[str] = None
                       ) -> Tuple[int, str, int, Optional[str]]:
     """Decompress what decodes of a possibly damaged compressed file into ``dst``.
 
-    For gzip, exactly the bytes webdataset 1.0.2's reader (``tarfile`` in
-    stream mode) decodes before it fails; deterministic for a given file.
+    For gzip, exactly what webdataset 1.0.2's reader decodes before it fails.
 
     Returns:
-        ``(compressed size, compressed xxh3_64, good bytes written, error)``:
-        ``error`` is None when the data only ends early (or is whole), else why
-        decoding stops (corrupt data).
+        ``(compressed size, compressed xxh3_64, good bytes written, error)``;
+        ``error`` is None when the data only ends early (or is whole).
 
     Example:
         >>> import gzip, io
@@ -253,14 +249,11 @@ class Salvage:
     """What webdataset 1.0.2 reads of a damaged compressed shard (:func:`salvage_compressed`).
 
     Attributes:
-        index: a :class:`resumewds.tar._io.ShardIndex`: ``size`` and ``xxh3_64``
-            of the compressed file (what the cache verifies), ``offsets`` and
-            ``keys`` of the samples read before the damage (the last one may
-            lack members after the damage, as webdataset yields it).
+        index: a ShardIndex: the compressed file's ``size``/``xxh3_64``, the
+            ``offsets``/``keys`` of the samples before the damage.
         good: decompressed bytes that decode before the damage.
-        error: a :class:`ShardFormatError` naming the shard, what is wrong and where.
-        raised: True if webdataset's reader raises after these samples (its
-            handler is called); False if it ends the shard quietly there.
+        error: a :class:`ShardFormatError` naming the shard, what and where.
+        raised: whether webdataset's reader raises after these samples.
     """
 
     index: Any
@@ -295,12 +288,7 @@ def _salvage_into(path: str, out: Any, kind: str, name: str) -> Salvage:
 def salvage_compressed(path: str, shard: Optional[str] = None) -> Optional[Salvage]:
     """What webdataset 1.0.2 would read of a damaged ``.tar.gz`` / ``.tar.zst`` file.
 
-    For a shard without a checksum read under a handler that continues or
-    stops: the samples before the damage and whether webdataset's reader
-    raises after them.  Deterministic for a given file (stable positions).
-
-    Returns:
-        A :class:`Salvage`, or None if ``path`` is not compressed.
+    Deterministic for a given file (stable positions); None if ``path`` is not compressed.
 
     Example:
         >>> sv = salvage_compressed("cut.tgz")          # doctest: +SKIP
@@ -383,9 +371,7 @@ def open_view(store: Any, lease: Any) -> Any:
     try:
         fcntl.flock(lock, fcntl.LOCK_SH)  # the pin: no evictor removes a copy while it is read
         if not _copy_ok(dst, not salvaged):
-            # made under a lock of its own: waiting for the pin's exclusive lock
-            # would wait for every reader of the copy, and a reader may be a
-            # DataLoader worker that waits for this process's next batch
+            # under a lock of its own: the pin's exclusive lock would wait for every reader
             maker = os.open(dst + ".mk", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:
                 fcntl.flock(maker, fcntl.LOCK_EX)
