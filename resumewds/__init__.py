@@ -50,15 +50,11 @@ from .errors import (
     UnsafeSourceError,
 )
 
-# webdataset's module names (``import resumewds.filters``, ``from resumewds.shardlists import
-# ...``) are small modules of this package that hand over the wing's module: one module object
-# under both names, and nothing hooked into the import system.
-# ``gopen``, a submodule and a function, as in webdataset: the module is registered under
+# ``gopen`` is a submodule and a function, as in webdataset: the module is registered under
 # its alias now, so that importing it later cannot rebind ``resumewds.gopen`` to the module.
 from .wds import gopen as _gopen_module
 
-# webdataset's names for what its modules of those names hold beside the engine's: its
-# ``cache`` module's streaming file cache, its ``autodecode.utils``
+# webdataset's names in its ``cache`` and ``autodecode`` modules beside the engine's
 _lazy.forward(f"{__name__}.cache", ("FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format",
                                     "default_cache_size", "download", "get_filetype", "gopen", "islocal",
                                     "magic_filetype", "obsolete", "pipe_cleaner", "reraise_exception",
@@ -68,9 +64,7 @@ _lazy.forward(f"{__name__}.autodecode", ("utils",), f"{__name__}.wds.utils", who
 sys.modules.setdefault(f"{__name__}.gopen", _gopen_module)
 gopen = _gopen_module.gopen
 
-# Every other public name is loaded from its module on first use (PEP 562), so
-# that ``import resumewds`` does not import the mixtures, the writer, the
-# webdataset compatibility layers and the decoders a script may never touch.
+# Every other public name is loaded from its module on first use (PEP 562).
 _MODULES = ("filters", "shardlists", "tariterators", "tenbin", "utils")  # in __all__
 _LAZY: Dict[str, str] = {
     **dict.fromkeys(("Continue", "Decoder", "DecodingError", "basichandlers", "gzfilter", "handle_extension",

@@ -1,12 +1,8 @@
 """A package face whose names load their modules on first use (PEP 562).
 
-Each subpackage's ``__init__`` lists its names and the private module of
-each; importing the package (or one module of it) loads nothing else of it.
-
-Where webdataset gives one of the engine's modules a name of its own (its
-``cache.FileCache``, its ``autodecode.utils``), the name is *forwarded*:
-the package's top-level face, which may name the WebDataset wing, says
-where it lives (:func:`forward`), so that no engine module names the wing.
+Where webdataset gives an engine module a name of its own (``cache.FileCache``),
+the top-level face says where it lives (:func:`forward`), so that no engine
+module names the WebDataset wing.
 """
 
 from __future__ import annotations
