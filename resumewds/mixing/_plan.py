@@ -1,27 +1,11 @@
 """The mixing plan: which source feeds each position of a mixed stream.
 
-A pure function, like :mod:`resumewds.plan`: no I/O, no RNG state, no
-Python :mod:`random`.  Given the sources' sizes, their weights (or per-source
-``repeat`` / ``choose`` counts, as MosaicML Streaming's ``Stream``) and the
-seed, :meth:`MixPlan.locate` maps a position of the mixed stream to
-``(source, q)``: ``q`` is the index in that source's *own* endless stream
-(:class:`SourceStream`: the source's epochs one after another, each its own
-deterministic order, or with ``resampled=True`` its shards drawn with
-replacement).  Resume at any position is therefore O(number of phases +
-log K), whatever the worker count or world size.
-
-**The interleave: a tree of two-way Bresenham splits.**  The active sources
-of a phase (weight > 0) are the leaves of a balanced binary tree; node
-weights are exact integers (the weights as fractions over a common
-denominator).  A node of weight ``B`` whose left child weighs ``A`` sends the
-``j``-th position it receives to the left iff ``floor(((j+1)A + f)/B) >
-floor((jA + f)/B)``, where ``f = xxh3(seed, phase, node) mod B`` is a seeded
-phase offset.  The left child's ``j``-th position is then number
-``floor((jA + f)/B)`` of that child, the right child's number the rest.
-Locating a position walks one root-to-leaf path: O(log K) integer ops.
-
-A source at depth ``d`` of the tree is within ``d`` samples of its weight's
-share over any prefix (docs/MIXTURES.md, *The bound*).  **Phases**
+A pure function (no I/O, no RNG state): :meth:`MixPlan.locate` maps a
+position to ``(source, q)``, ``q`` the index in that source's own endless
+stream (:class:`SourceStream`), in O(phases + log K) at any worker count or
+world size.  The interleave is a tree of two-way Bresenham splits
+(:class:`Splitter`; docs/MIXTURES.md), and a source at depth ``d`` is within
+``d`` samples of its weight's share over any prefix.  **Phases**
 (``phases=[(0, w0), (g1, w1), ...]``, ``g`` a global position): a source
 stream continues where the previous phase left it, so a change repeats or
 skips nothing, and positions before ``g1`` map as they did without it.
@@ -87,9 +71,12 @@ def integer_weights(weights: Sequence[Union[int, float, Fraction]]) -> List[int]
 class Splitter:
     """The interleave of one phase: position ``j`` -> ``(source, index)``.
 
+    The active sources are the leaves of a balanced binary tree; a node of
+    weight ``B`` whose left child weighs ``A`` sends its ``j``-th position left
+    iff ``floor(((j+1)A + f)/B) > floor((jA + f)/B)``, ``f`` a seeded offset.
+
     Args:
-        weights: integer weight per source (0: the source gets nothing; it
-            is not a leaf, so adding a zero-weight source changes nothing).
+        weights: integer weight per source (0: not a leaf; changes nothing).
         key: seed of the split offsets.
 
     Example:
@@ -162,12 +149,10 @@ class MixPlan:
     Args:
         sizes: samples per (source) epoch of each source.
         weights: relative weights (``probs``); None: see ``repeat``/``choose``.
-        repeat: per source, a multiplier of its size per epoch (Streaming's
-            ``repeat``), or None.
-        choose: per source, samples per epoch (Streaming's ``choose``), or None.
-        epoch_size: positions per mixed epoch (``with_epoch(n)``).  Default:
-            the sum of the per-source epoch counts (``repeat``/``choose``,
-            else its size).
+        repeat: per source, a multiplier of its size per epoch, or None.
+        choose: per source, samples per epoch, or None.
+        epoch_size: positions per mixed epoch; default: the sum of the
+            per-source epoch counts.
         seed: seed of the interleave.
         phases: later phases as ``[(global_position, weights), ...]``;
             ``weights`` is a list (one per source) or a dict ``{index: w}``
@@ -456,18 +441,14 @@ class MixPlan:
     def bounds(self, phase: int = 0) -> List[int]:
         """Per source ``d_i``: within a phase, ``|c_i(n) - n w_i| < d_i`` (0: exact).
 
-        With ``P`` partitions each partition keeps its own bound, so the whole
-        stream's is ``P d_i`` (and a node's, reading ``P / N`` partitions,
-        ``(P / N) d_i``)."""
+        With ``P`` partitions the whole stream's is ``P d_i``."""
         sp = self.splitter(phase)
         return [self.partitions * sp.bound(i) for i in range(len(self.sizes))]
 
     def prefix_bounds(self, phase: int = 0) -> List[float]:
         """Per source, the bound on ``|c_i(n) - n w_i|`` over any prefix of a phase.
 
-        ``d_i`` without blocks; with ``block=B`` (positions shuffled within
-        blocks of ``B``) ``3 d_i + B w_i (1 - w_i)``: exact Bresenham counts at
-        every block boundary, a permuted block in between.
+        ``d_i`` without blocks; with ``block=B``, ``3 d_i + B w_i (1 - w_i)``.
         """
         d = self.bounds(phase)
         if self.block == 1:
@@ -524,9 +505,8 @@ def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool 
 class SourceStream:
     """A source's endless stream: index ``q`` -> ``(shard, sample_in_shard)``.
 
-    Epoch ``r = q // N`` of the source, position ``q % N`` in it: the
-    source's own deterministic order (:class:`~resumewds.plan.Plan` with its
-    seed and shuffle), or with ``resampled=True`` :func:`resampled_epoch`.
+    Position ``q % N`` of the source's epoch ``q // N``: its own
+    :class:`~resumewds.plan.Plan`, or :func:`resampled_epoch`.
 
     Example:
         >>> st = SourceStream([2, 2], seed=0, shuffle=False)
