@@ -42,8 +42,7 @@ class Member:
 
     Attributes:
         name: full path inside the archive (after pax / GNU long names).
-        header: offset of the member's first header block (extended headers
-            included), relative to the buffer the member was parsed from.
+        header: offset of its first header block (extended headers included).
         data: offset of the member's data.
         size: data size in bytes.
         end: offset just past the member's padded data.
@@ -182,24 +181,10 @@ def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] 
                  base: int = 0, archive_end: bool = True) -> Generator[Member, None, Optional[int]]:
     """Yield the regular-file members in ``buf[start:end]``.
 
-    Args:
-        buf: the bytes (a whole archive, or one sample's range).
-        shard: name used in error messages.
-        start: offset of the first header in ``buf``.
-        end: offset to stop at (default: end of ``buf``).
-        base: added to offsets in error messages (the range's offset in the
-            shard) so that errors name the absolute byte.
-        archive_end: require an end-of-archive zero block before ``end``
-            (True for a whole archive; False for a sample range, which must
-            end exactly at a member boundary).
-
-    Raises:
-        ShardFormatError: bad checksum, truncated header or member, missing
-            end-of-archive marker, malformed extended header or size.
-
-    Returns:
-        (the generator's return value) the end-of-archive marker's offset
-        when ``archive_end`` is True, else None.
+    ``base`` is added to offsets in error messages (the range's offset in the
+    shard).  ``archive_end``: require an end-of-archive zero block before
+    ``end`` (a whole archive), else the range must end at a member boundary.
+    Returns (as the generator's value) the marker's offset, or None.
     """
     n = len(buf) if end is None else end
     off = start

@@ -53,12 +53,8 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
     :func:`iter_members`.  ``verified=True`` (the bytes matched an xxh3_64
     digest) skips recomputing header checksums; every structural check runs.
 
-    Returns:
-        ``{"__key__": key, ext: bytes, ...}`` (the caller adds ``__url__``).
-
-    Raises:
-        ShardFormatError: malformed headers, or the range does not hold
-            exactly one sample (a stale manifest).
+    Returns ``{"__key__": key, ext: bytes, ...}``; ShardFormatError when the
+    range does not hold exactly one well-formed sample (a stale manifest).
     """
     n = len(buf) if end is None else end
     if start < 0 or n > len(buf) or start > n:
@@ -154,10 +150,9 @@ PATTERN_MISSES = 16
 
 def learn_pattern(patterns: Dict[Any, Members], misses: Dict[Any, int], key: Any,
                   sample: Dict[str, Any], previous: Optional[Members]) -> None:
-    """What to try next for shard ``key`` once :func:`parse_sample` framed
-    ``sample``: its pattern (``previous`` is None the first time, or the
-    pattern that missed), or ``()`` once the shard missed
-    :data:`PATTERN_MISSES` times (its patterns keep changing: no more tries).
+    """What to try next for shard ``key`` once :func:`parse_sample` framed ``sample``
+    (``previous``: None, or the pattern that missed): its pattern, or ``()`` after
+    :data:`PATTERN_MISSES` misses.
 
     Example:
         >>> pats, misses = {}, {}
@@ -250,10 +245,8 @@ CHECKED_PREAD = 64 << 20  # ranges above this are checked against the file size 
 
 
 def _pread_range(fd: int, start: int, end: int, shard: str) -> bytes:
-    """``pread`` of ``[start, end)``, checked against the file's real size
-    first: the range comes from a manifest, and ``os.pread`` allocates the
-    whole length before reading (a bad offset of 10^12 was a MemoryError,
-    2^64 an OverflowError)."""
+    """``pread`` of ``[start, end)``, checked against the file's size first (``os.pread``
+    allocates the whole length: a bad manifest offset would be a MemoryError)."""
     if not (0 <= start <= end):
         raise ShardFormatError(shard, max(0, start), f"bad sample range [{start}, {end}) "
                                "(manifest does not match the shard)")
@@ -274,19 +267,14 @@ def read_sample(fd: int, start: int, end: int, shard: str, verified: bool = Fals
     (``verified``: the file matched its digest, see :func:`parse_sample`).
 
     Raises:
-        ShardFormatError: a range that is backwards or past the end of the
-            file (the manifest does not match it), or a malformed sample.
+        ShardFormatError: a range backwards or past the end, or a malformed sample.
     """
     return parse_sample(_pread_range(fd, start, end, shard), shard, base=start, verified=verified)
 
 
 def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: str,
                  verified: bool = False) -> List[Dict[str, Any]]:
-    """Read samples ``first..last`` (inclusive, contiguous) with one ``pread``.
-
-    Raises:
-        ShardFormatError: as :func:`read_sample`.
-    """
+    """Read samples ``first..last`` (inclusive, contiguous) with one ``pread`` (errors: :func:`read_sample`)."""
     lo, hi = int(offsets[first]), int(offsets[last + 1])
     buf = _pread_range(fd, lo, hi, shard)
     out = []
@@ -307,8 +295,7 @@ def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: 
 def sample_digest(sample: Dict[str, Any]) -> str:
     """The ``resumewds cat`` digest: xxh3_64 of member bytes in extension order.
 
-    Only raw members count (keys not starting with ``__``); they are
-    concatenated in ascending order of extension name.
+    Only raw members count (keys not starting with ``__``).
 
     Example:
         >>> sample_digest({"__key__": "a", "txt": b"hi", "cls": b"1"}) == \\

@@ -109,9 +109,8 @@ def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
 def iter_samples_bytes(data: Buffer, shard: str) -> Iterator[Dict[str, Any]]:
     """Stream the samples of a whole archive held in memory (or an mmap).
 
-    The archive is validated as it goes; a malformation raises before any
-    sample of the bad region is yielded (a sample is yielded only once the
-    next sample, or the end-of-archive marker, proves it complete).
+    Validated as it goes: a sample is yielded only once the next sample, or
+    the end-of-archive marker, proves it complete.
     """
     for key, members in _group(iter_members(data, shard), shard):
         sample: Dict[str, Any] = {"__key__": key, "__url__": shard}
