@@ -107,9 +107,12 @@ _LAZY: Dict[str, str] = {
 
 __version__ = "0.1.0"
 
-# the exceptions imported above, webdataset's module names, ``gopen`` and the lazy names
-__all__ = sorted({*(n for n, v in globals().items() if isinstance(v, type) and issubclass(v, ResumeWDSError)),
-                  *_MODULES, "gopen", *_LAZY})
+# the exceptions imported above, then webdataset's module names, ``gopen`` and the lazy names
+__all__ = ["CacheError", "ChecksumMismatch", "DecodeError", "FetchError", "IntegrityError", "JournalConfigMismatch",
+           "JournalError", "JournalIncompleteCommit", "MissingKeyError", "PermanentFetchError", "ResumeWDSError",
+           "ShardFormatError", "ShardNotFoundError", "SourceError", "StateError", "TransientFetchError",
+           "UnsafeSourceError"]
+__all__ = sorted({*__all__, *_MODULES, "gopen", *_LAZY})
 
 
 def __getattr__(name: str) -> Any:
