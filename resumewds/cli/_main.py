@@ -280,32 +280,44 @@ def cat_line(sample: dict) -> str:
             f"{sample_digest(sample)}")
 
 
-def _dataset_options(f: Callable) -> Callable:
-    opts = [
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the order."),
-        click.option("--shuffle", "shuffle", flag_value="window", default=None,
-                     help="Shuffle: shard order per epoch and samples within windows of shards."),
-        click.option("--shuffle-mode", "shuffle_mode", type=click.Choice(["window", "shards", "none"]),
-                     default=None, help="Explicit order algorithm (overrides --shuffle)."),
-        click.option("--shuffle-window", type=click.IntRange(min=1), default=8, show_default=True,
-                     help="Shards per shuffle window."),
-        click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR)."),
-        click.option("--cache-size", default=None, callback=_cache_size_option,
-                     help='Cache size limit, e.g. "20GB" (RESUMEWDS_CACHE_SIZE).'),
-        click.option("--verify", type=click.Choice(["once", "always", "never"]), default="once",
-                     show_default=True, help="When to verify shard checksums."),
-        click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
-                     help="A shard that cannot be fetched or verified: stop, or skip it (and say so)."),
-        click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
-        click.option("--allow-remote-local", is_flag=True, default=None,
-                     help="Allow a remote manifest to name local files (RESUMEWDS_ALLOW_REMOTE_LOCAL)."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-                     help="Read timeout in seconds for http."),
-        click.option("--attempts", type=click.IntRange(min=1), default=None, help="Fetch attempts per shard."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+def _options(*opts: Callable) -> Callable[[Callable], Callable]:
+    """One decorator for several click options, applied in the order listed."""
+
+    def apply(f: Callable) -> Callable:
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return apply
+
+
+_CACHE_DIR = click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR).")
+_ALLOW_REMOTE = (
+    click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
+    click.option("--allow-remote-local", is_flag=True, default=None,
+                 help="Allow a remote manifest to name local files (RESUMEWDS_ALLOW_REMOTE_LOCAL)."),
+)
+
+_dataset_options = _options(
+    click.option("--seed", type=int, default=0, show_default=True, help="Seed of the order."),
+    click.option("--shuffle", "shuffle", flag_value="window", default=None,
+                 help="Shuffle: shard order per epoch and samples within windows of shards."),
+    click.option("--shuffle-mode", "shuffle_mode", type=click.Choice(["window", "shards", "none"]),
+                 default=None, help="Explicit order algorithm (overrides --shuffle)."),
+    click.option("--shuffle-window", type=click.IntRange(min=1), default=8, show_default=True,
+                 help="Shards per shuffle window."),
+    _CACHE_DIR,
+    click.option("--cache-size", default=None, callback=_cache_size_option,
+                 help='Cache size limit, e.g. "20GB" (RESUMEWDS_CACHE_SIZE).'),
+    click.option("--verify", type=click.Choice(["once", "always", "never"]), default="once",
+                 show_default=True, help="When to verify shard checksums."),
+    click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+                 help="A shard that cannot be fetched or verified: stop, or skip it (and say so)."),
+    *_ALLOW_REMOTE,
+    click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+                 help="Read timeout in seconds for http."),
+    click.option("--attempts", type=click.IntRange(min=1), default=None, help="Fetch attempts per shard."),
+)
 
 
 def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle_mode: Optional[str],
@@ -502,22 +514,14 @@ def report(journal: str, output: str) -> None:
     click.echo(f"wrote {output}", err=True)
 
 
-def _cache_pass_options(f: Callable) -> Callable:
-    """The arguments shared by ``verify`` and ``prefetch``."""
-    opts = [
-        click.argument("sources", nargs=-1, required=True),
-        click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR)."),
-        click.option("--cache-size", default=None, callback=_cache_size_option,
-                     help='Cache size limit, e.g. "20GB".'),
-        click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
-        click.option("--allow-remote-local", is_flag=True, default=None,
-                     help="Allow a remote manifest to name local files (RESUMEWDS_ALLOW_REMOTE_LOCAL)."),
-        click.option("--progress/--no-progress", default=None,
-                     help="Progress bar (default: when stderr is a terminal)."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+#: the arguments shared by ``verify`` and ``prefetch``
+_cache_pass_options = _options(
+    click.argument("sources", nargs=-1, required=True),
+    _CACHE_DIR,
+    click.option("--cache-size", default=None, callback=_cache_size_option, help='Cache size limit, e.g. "20GB".'),
+    *_ALLOW_REMOTE,
+    click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal)."),
+)
 
 
 def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
