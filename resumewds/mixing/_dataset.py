@@ -330,9 +330,7 @@ class MixedDataset:
         """
         mp = self.mixplan
         d = mp.describe()
-        # "manifest" (also checked by load_state_dict) covers the sources, the
-        # interleave seed, the epoch size and the first phase's weights; later
-        # phases are only in mixture_phases (the journal checks them)
+        # "manifest" covers all but the later phases (mixture_phases: the journal checks them)
         h = xxhash.xxh3_64(self.manifest.digest().encode())
         h.update(repr((self._sources_config(), self.seed, mp.epoch_size, d["phases"][0], mp.block)).encode())
         return {"manifest": h.hexdigest(), "samples": mp.epoch_size,

@@ -467,9 +467,7 @@ class MixPlan:
         return d
 
 
-# ---------------------------------------------------------------------------
-# One source's endless stream.
-# ---------------------------------------------------------------------------
+# ---- one source's endless stream ------------------------------------------
 
 def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool | str = True,
                     window: int = 8) -> Tuple[EpochPlan, List[int]]:

@@ -53,10 +53,8 @@ class FeistelPermutation:
 
     __slots__ = ("m", "a", "b", "keys", "_pack", "_rounds", "_mask_b", "_tables")
     ROUNDS = 4
-    #: with halves of at most this many bits, each round function is tabulated
-    #: when the permutation is made: a half takes 2**bits values, so a window
-    #: of m samples costs about 4 * sqrt(2m) hashes once (~0.1 ms for 10,000
-    #: samples) instead of 4 per lookup (a quarter of a lookup's time is left)
+    #: halves of at most this many bits: each round function is tabulated once
+    #: (about 4 * sqrt(2m) hashes) instead of 4 hashes per lookup
     TABLE_BITS = 12
 
     def __init__(self, m: int, key: int):
@@ -66,13 +64,10 @@ class FeistelPermutation:
         self.b = bits - self.a      # bits of the right half
         self.keys = [mix(key, r) for r in range(self.ROUNDS)]
         self._pack = struct.Struct("<Q").pack
-        # round r's key and the mask of its new right half: the halves swap
-        # widths every round (a bits, then b), and after an even number of
-        # rounds they are back to (a, b)
+        # round r's key and the mask of its new right half (the halves swap widths every round)
         self._mask_b = (1 << self.b) - 1
         self._rounds = [(k, (1 << (self.a if r % 2 == 0 else self.b)) - 1) for r, k in enumerate(self.keys)]
-        # round r's function over every value of its input half (b bits in even
-        # rounds, a in odd ones): the same values __getitem__ would hash
+        # round r's function over every value of its input half (what __getitem__ would hash)
         self._tables: Optional[List[List[int]]] = None
         if self.ROUNDS == 4 and self.m > 1 and max(self.a, self.b) <= self.TABLE_BITS:
             h, pk = xxhash.xxh3_64_intdigest, self._pack

@@ -29,7 +29,7 @@ __all__ = [
     # one sample's byte range (defined here)
     "CHECKED_PREAD", "Members", "PATTERN_MISSES", "learn_pattern", "member_pattern", "parse_sample",
     "parse_sample_as", "read_sample", "read_samples", "sample_digest",
-    # from resumewds.tar and resumewds.tar
+    # from the framer and the scanner
     "BLOCK", "Buffer", "Member", "ShardIndex", "entry_size", "iter_members", "iter_samples_bytes",
     "iter_samples_file", "scan_buffer", "scan_file", "split_key",
 ]
@@ -38,8 +38,7 @@ _NUL = b"\0"
 _USTAR = b"ustar\x00"
 
 
-# name, size, chksum, typeflag, magic and the first prefix byte of a ustar
-# header, in one unpack
+# name, size, chksum, typeflag, magic and the first prefix byte of a ustar header
 _HDR = struct.Struct("100s24x12s12x8sB100x6s82xB166x")
 _FIELD_END = (0, 32)  # NUL, space
 _SP = b" "
@@ -83,8 +82,7 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
             # C-level translate), minus the checksum field, plus 8 spaces (256) is exact
             if stored != sum(buf[off:off + BLOCK].translate(None, _NUL)) - sum(chk) + 256:
                 return _parse_sample_slow(buf, shard, base, start, n)
-        # the octal branch of entry_size, inlined (base-256 and pax sizes
-        # take the slow path, which calls entry_size itself)
+        # the octal branch of entry_size, inlined (base-256 takes the slow path)
         if rawsize[0] & 0x80:
             return _parse_sample_slow(buf, shard, base, start, n)
         digits = rawsize[:11]
@@ -103,9 +101,7 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
         if nxt > n:
             return _parse_sample_slow(buf, shard, base, start, n)
         name = rawname.split(_NUL, 1)[0].decode("utf-8", "surrogateescape")
-        # _KEY_RE without the regex: the key ends at the first dot of the
-        # basename; the rare rest (no dot, a dot first, a name that starts
-        # with "_", which may be a "__" entry) goes through _KEY_RE
+        # _KEY_RE without the regex; the rare rest (no dot, a dot or "_" first) goes through it
         slash = name.rfind("/")
         dot = name.find(".", slash + 1)
         if dot > slash + 1 and name[0] != "_":

@@ -66,9 +66,7 @@ def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
         starts.append(group[0][1].header)
         keys.append(key)
         last_end = group[-1][1].end
-    # The end-of-archive marker's offset closes the last sample's range (past
-    # any trailing skipped entries): iter_members returns it, found by the
-    # same validated walk that framed every member.
+    # the end-of-archive marker closes the last sample's range (past trailing skipped entries)
     end = eoa[0] if eoa and eoa[0] is not None else last_end
     if not starts:
         return [end], keys, end
