@@ -35,7 +35,7 @@ import xxhash
 from ..errors import CacheError, ShardFormatError
 from ..redact import redact_url
 from . import _io as tario
-from ._decompress import _CHUNK, decompress_file, kind_of
+from ._decompress import _CHUNK, decompress_file, kind_of, zstandard_module
 
 # kind_of is resumewds.tar's: the webdataset drop-in's reader asks it here
 __all__ = ["Salvage", "decompress_prefix", "kind_of", "open_view", "salvage_compressed"]
@@ -109,11 +109,7 @@ def _gzip_prefix(f: Any, write: Callable[[bytes], Any]) -> Tuple[int, Optional[s
 
 def _zstd_prefix(f: Any, write: Callable[[bytes], Any], shard: str) -> Tuple[int, Optional[str]]:
     """Decode zstd frames in 1 MiB input chunks until the data ends or is corrupt."""
-    try:
-        import zstandard  # lazy: optional dependency (the [formats] extra)
-    except ImportError:
-        raise ShardFormatError(shard, 0, "zstd-compressed shard: install the 'zstandard' package "
-                               "(pip install resumewds[formats]) to read it") from None
+    zstandard = zstandard_module(shard)
     dctx = zstandard.ZstdDecompressor()
     dobj = dctx.decompressobj()
     n = 0
