@@ -268,8 +268,6 @@ imagespecs: Dict[str, tuple] = {
 }
 """spec -> (array type, element type, colour mode), as in webdataset."""
 
-IMAGE_SPECS = frozenset(imagespecs)
-
 
 _PIL_CHANNELS = {"L": 0, "RGB": 3, "RGBA": 4}  # 8-bit modes packed by _pil_array (0: no channel axis)
 

@@ -342,22 +342,6 @@ def all_variables() -> Dict[str, Var]:
     return out
 
 
-__all__ = [
-    "FETCH_VARS",
-    "S3_ADDRESSING",
-    "VARS",
-    "Var",
-    "all_variables",
-    "allow_remote_local",
-    "cache_dir",
-    "cache_size",
-    "cache_sync",
-    "fetch_settings",
-    "manifest_max_bytes",
-    "parse_size",
-    "s3_settings",
-    "seed",
-    "value",
-    "verbose_cache",
-    "verbose_level",
-]
+__all__ = ["FETCH_VARS", "S3_ADDRESSING", "VARS", "Var", "all_variables", "allow_remote_local", "cache_dir",
+           "cache_size", "cache_sync", "fetch_settings", "manifest_max_bytes", "parse_size", "s3_settings", "seed",
+           "value", "verbose_cache", "verbose_level"]

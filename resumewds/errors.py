@@ -264,25 +264,7 @@ class HandlerStop(Exception):
     skipped: Any = None
 
 
-__all__ = [
-    "HandlerStop",
-    "CacheError",
-    "ChecksumMismatch",
-    "CorruptSample",
-    "DecodeError",
-    "FetchError",
-    "IntegrityError",
-    "JournalConfigMismatch",
-    "JournalError",
-    "JournalIncompleteCommit",
-    "MissingKeyError",
-    "PermanentFetchError",
-    "RangeIgnored",
-    "ResumeWDSError",
-    "ShardFormatError",
-    "ShardNotFoundError",
-    "SourceError",
-    "StateError",
-    "TransientFetchError",
-    "UnsafeSourceError",
-]
+__all__ = ["HandlerStop", "CacheError", "ChecksumMismatch", "CorruptSample", "DecodeError", "FetchError",
+           "IntegrityError", "JournalConfigMismatch", "JournalError", "JournalIncompleteCommit", "MissingKeyError",
+           "PermanentFetchError", "RangeIgnored", "ResumeWDSError", "ShardFormatError", "ShardNotFoundError",
+           "SourceError", "StateError", "TransientFetchError", "UnsafeSourceError"]
