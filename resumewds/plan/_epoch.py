@@ -121,28 +121,17 @@ class EpochPlan:
 
     def window_shards(self, w: int) -> List[int]:
         """Shard indices of window ``w`` (in epoch order)."""
-        out: List[int] = []
-        for k in range(self.win_seg[w], self.win_seg[w + 1]):
-            s = self.seg_shard[k]
-            if s not in out:
-                out.append(s)
-        return out
+        return list(dict.fromkeys(self.seg_shard[self.win_seg[w]:self.win_seg[w + 1]]))
 
     @property
     def shard_order(self) -> List[int]:
         """The shards in local epoch order (each once)."""
-        seen: Dict[int, None] = {}
-        for s in self.seg_shard:
-            seen.setdefault(s, None)
-        return list(seen)
+        return list(dict.fromkeys(self.seg_shard))
 
     def partition_shards(self, q: int) -> List[int]:
         """The shards (or pieces of them) partition ``q`` reads this epoch."""
-        out: Dict[int, None] = {}
-        for k in range(self.win_seg[self.part_win[q]], self.win_seg[self.part_win[q + 1]]):
-            if self.seg_count[k]:
-                out.setdefault(self.seg_shard[k], None)
-        return list(out)
+        segs = range(self.win_seg[self.part_win[q]], self.win_seg[self.part_win[q + 1]])
+        return list(dict.fromkeys(self.seg_shard[k] for k in segs if self.seg_count[k]))
 
     def sample_at(self, p: int) -> Tuple[int, int]:
         """``(shard_index, sample_in_shard)`` of position ``p`` of this epoch."""
