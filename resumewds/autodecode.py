@@ -21,10 +21,7 @@ spec                       result
 ``pill`` / ``pilrgba``     ``PIL.Image`` converted to L / RGBA
 =========================  ===============================================
 
-Members decoded by ``basichandlers``: ``txt text transcript`` (str), ``cls
-cls2 index inx id`` (int), ``json jsn``, ``npy`` and ``npz`` (numpy), ``ten
-tb`` (tenbin: list of arrays), ``mp msg msgpack`` (needs ``msgpack``),
-``cbor`` (needs ``cbor2`` or ``cbor``), ``pth pt`` (``torch.load``).
+The other members ``basichandlers`` decodes are in :data:`decoders`.
 
 Security (unlike webdataset): ``pkl pickle pyd`` need ``allow_pickle=True``,
 and ``pth`` loads with ``weights_only=True`` without it; ``WDS_SECURE=1``
@@ -111,12 +108,8 @@ pytorch_weights_only: bool = bool(config.value("pytorch_weights_only"))
 
 
 def torch_loads(data: bytes) -> Any:
-    """``torch.load`` of a member (webdataset's: ``weights_only`` when :data:`pytorch_weights_only`
-    is set, or ``WDS_PYTORCH_WEIGHTS_ONLY=1``).
-
-    Raises:
-        EnforcedSecurityError: ``urls.enforce_security`` is set.
-    """
+    """``torch.load`` of a member (``weights_only`` when :data:`pytorch_weights_only` is set, or
+    ``WDS_PYTORCH_WEIGHTS_ONLY=1``); EnforcedSecurityError under ``enforce_security``."""
     return _torch_weights(data, pytorch_weights_only or bool(config.value("pytorch_weights_only")))
 
 
@@ -128,11 +121,7 @@ def _torch_weights(data: bytes, weights_only: bool = True) -> Any:
 
 
 def unpickle_loads(data: bytes) -> Any:
-    """``pickle.loads`` (runs code from the data: only for trusted data).
-
-    Raises:
-        EnforcedSecurityError: ``urls.enforce_security`` is set.
-    """
+    """``pickle.loads`` (runs code from the data); EnforcedSecurityError under ``enforce_security``."""
     _security_check("Unpickling is not allowed for security reasons when enforce_security is set.")
     return pickle.loads(data)
 
@@ -241,10 +230,7 @@ def call_extension_handler(key: str, data: bytes, f: Callable[[bytes], Any],
 def handle_extension(extensions: str, f: Callable[[bytes], Any]) -> Handler:
     """A handler that calls ``f(data)`` for members with one of ``extensions``.
 
-    Args:
-        extensions: space-separated, case-insensitive; ``"seg.jpg"`` matches
-            only ``*.seg.jpg`` members.
-        f: decoder of the bytes.
+    ``extensions``: space-separated, case-insensitive; ``"seg.jpg"`` matches only ``*.seg.jpg``.
 
     Example:
         >>> h = handle_extension("txt text", lambda b: b.decode().upper())
@@ -299,11 +285,7 @@ def _pil_array(img: Any) -> Any:
 
 
 def decode_image(spec: str, data: bytes) -> Any:
-    """Decode image bytes with PIL into the form named by ``spec`` (see :data:`imagespecs`).
-
-    Raises:
-        ValueError: unknown spec.
-    """
+    """Decode image bytes with PIL into the form named by ``spec`` (:data:`imagespecs`; else ValueError)."""
     try:
         atype, etype, mode = imagespecs[spec]
     except KeyError:

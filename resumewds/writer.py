@@ -59,11 +59,7 @@ WRITE_BUFFER = 4 << 20
 # ---- encoders (webdataset's defaults) -----------------------------------------
 
 def imageencoder(image: Any, format: str = "PNG") -> bytes:
-    """Encode a PIL image or a uint8/float numpy array (values in [0, 1]) as image bytes.
-
-    Raises:
-        ValueError: float values outside [0, 1].
-    """
+    """Encode a PIL image or a uint8/float numpy array (values in [0, 1], else ValueError) as image bytes."""
     import numpy as np
     import PIL.Image
 
@@ -225,11 +221,7 @@ def encode_based_on_extension(sample: Dict[str, Any],
 
 def make_encoder(spec: Union[bool, None, Dict[str, Callable[[Any], bytes]], Callable[[Dict], Dict]]
                  ) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
-    """``True``: default encoders; ``False``/None: none; a dict: ext -> encoder; or a callable.
-
-    Raises:
-        ValueError: an unknown spec.
-    """
+    """``True``: default encoders; ``False``/None: none; a dict: ext -> encoder; or a callable (else ValueError)."""
     if spec is False or spec is None:
         return lambda x: x
     if spec is True:
@@ -316,8 +308,7 @@ def _fsync_dir(path: str) -> None:
 def update_manifest(manifest: str, info: Optional[ShardInfo], drop: Optional[str] = None) -> None:
     """Add ``info`` to (or drop the entry ``drop`` from) the manifest file, under a lock.
 
-    Entries are matched by absolute url and kept sorted by url.  A missing
-    or unreadable manifest starts empty.
+    Entries are matched by absolute url, sorted by url; an unreadable manifest starts empty.
     """
     os.makedirs(os.path.dirname(os.path.abspath(manifest)) or ".", exist_ok=True)
     lock = os.open(manifest + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -448,8 +439,7 @@ class TarWriter:
         member names: which of them starts a new sample, and the key and extensions after them.
 
         Raises:
-            ValueError: a repeated extension in one sample (the reader would
-                refuse the shard), before anything of the sample is written.
+            ValueError: a repeated extension (readers refuse such a shard), before any is written.
         """
         key, exts = self._key, set(self._exts)
         starts = []
@@ -473,8 +463,7 @@ class TarWriter:
         """Encode and write one sample; returns the bytes of member data written.
 
         Raises:
-            ValueError: no ``__key__``, a value that is not bytes after
-                encoding, or a repeated extension in one sample.
+            ValueError: no ``__key__``, a value not bytes after encoding, or a repeated extension.
         """
         obj = self.encoder(obj)
         if "__key__" not in obj:

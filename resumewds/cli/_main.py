@@ -116,13 +116,11 @@ def check_output(path: str, option: str = "-o") -> None:
 
 
 def _cache_size_option(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
-    """Validate ``--cache-size`` at parse time (the parser lives in cache.py)."""
+    """Validate ``--cache-size`` at parse time."""
     if value is None:
         return None
-    from ..config import parse_size
-
     try:
-        parse_size(value)
+        config.parse_size(value)
     except (ValueError, ResumeWDSError) as exc:
         raise click.BadParameter(str(exc)) from None
     return value
