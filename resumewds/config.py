@@ -239,12 +239,8 @@ def fetch_settings(**explicit: Any) -> Dict[str, Any]:
 
     Other ``explicit`` keywords (``sleep``, ``chunk_size``) pass through.
     """
-    out: Dict[str, Any] = {}
-    for field in FETCH_VARS:
-        out[field] = value(field, explicit.get(field))
-    for k, v in explicit.items():
-        if k not in FETCH_VARS:
-            out[k] = v
+    out = {field: value(field, explicit.get(field)) for field in FETCH_VARS}
+    out.update({k: v for k, v in explicit.items() if k not in FETCH_VARS})
     return out
 
 
@@ -258,14 +254,19 @@ def cache_dir(explicit: Optional[str] = None) -> str:
     return os.path.join(xdg, "resumewds")
 
 
+def _explicit_size(explicit: Union[int, str, None], name: str) -> Optional[int]:
+    if explicit is None:
+        return None
+    try:
+        return parse_size(explicit)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
 def cache_size(explicit: Union[int, str, None] = None) -> Optional[int]:
     """The cache budget in bytes, or None for unlimited."""
-    if explicit is not None:
-        try:
-            return parse_size(explicit)
-        except ValueError as exc:
-            raise ValueError(f"cache_size: {exc}") from None
-    return value("cache_size")
+    size = _explicit_size(explicit, "cache_size")
+    return value("cache_size") if size is None else size
 
 
 def cache_sync(explicit: Optional[str] = None) -> str:
@@ -292,12 +293,7 @@ def seed(explicit: Optional[int] = None) -> int:
 
 def manifest_max_bytes(explicit: Union[int, str, None] = None) -> int:
     """The largest remote manifest accepted, in bytes (``explicit``: bytes or ``"1GiB"``)."""
-    if explicit is not None:
-        try:
-            explicit = parse_size(explicit)
-        except ValueError as exc:
-            raise ValueError(f"manifest_max_bytes: {exc}") from None
-    return int(value("manifest_max_bytes", explicit))
+    return int(value("manifest_max_bytes", _explicit_size(explicit, "manifest_max_bytes")))
 
 
 def allow_remote_local(explicit: Optional[bool] = None) -> bool:
@@ -337,9 +333,7 @@ def s3_settings() -> Dict[str, Any]:
 
 def all_variables() -> Dict[str, Var]:
     """Every variable this module reads, by variable name (for docs and tests)."""
-    out = {v.name: v for v in FETCH_VARS.values()}
-    out.update({v.name: v for v in VARS.values()})
-    return out
+    return {v.name: v for v in [*FETCH_VARS.values(), *VARS.values()]}
 
 
 __all__ = ["FETCH_VARS", "S3_ADDRESSING", "VARS", "Var", "all_variables", "allow_remote_local", "cache_dir",
