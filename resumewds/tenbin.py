@@ -49,11 +49,7 @@ def bytedata(a: Any) -> Any:
 
 
 def check_acceptable_input_type(data: Sequence[Any], allow64: bool) -> None:
-    """Check that every array has a tenbin type (and is not 64-bit unless ``allow64``).
-
-    Raises:
-        ValueError: an unsupported type, or a 64-bit one without ``allow64``.
-    """
+    """Check that every array has a tenbin type and is not 64-bit unless ``allow64`` (else ValueError)."""
     for a in data:
         if a.dtype.name not in long_to_short:
             raise ValueError(f"unsupported array type {a.dtype.name}")
@@ -78,11 +74,7 @@ def unstr64(i: int) -> str:
 
 def check_infos(data: Any, infos: Sequence[str], required_infos: Any = None) -> Any:
     """``data``; with ``required_infos=True``, ``(data, infos)``; with a list of infos,
-    ``data`` after checking each against the actual one.
-
-    Raises:
-        ValueError: ``required_infos`` of another type, or an info that differs.
-    """
+    ``data`` after checking each against the actual one (ValueError if one differs)."""
     if required_infos is False or required_infos is None:
         return data
     if required_infos is True:
@@ -98,8 +90,7 @@ def check_infos(data: Any, infos: Sequence[str], required_infos: Any = None) -> 
 def encode_header(a: Any, info: str = "") -> Any:
     """The header chunk of an array (dtype code, ``info``, ndim, dims, as int64).
 
-    Raises:
-        ValueError: 10+ dimensions, a non-contiguous size, or an unsupported type.
+    ValueError for 10+ dimensions, a non-contiguous size, or an unsupported type.
     """
     import numpy as np
 
@@ -126,11 +117,7 @@ def decode_header(h: Any) -> Any:
 
 
 def encode_list(arrays: Sequence[Any], infos: Optional[Sequence[str]] = None) -> List[Any]:
-    """Header and data chunks of each array (``infos`` cycled; default ``""``).
-
-    Raises:
-        ValueError: ``infos`` of another length than ``arrays``.
-    """
+    """Header and data chunks of each array (``infos``: one per array; default ``""``)."""
     import numpy as np
 
     if infos is None:
@@ -203,11 +190,7 @@ def decode_chunks(buf: Union[bytes, bytearray, memoryview]) -> List[Any]:
 
 
 def encode_buffer(arrays: List[Any], infos: Optional[Sequence[str]] = None) -> bytes:
-    """Encode a list of numpy arrays into one buffer.
-
-    Raises:
-        ValueError: not a list, an unsupported dtype, or 10+ dimensions.
-    """
+    """Encode a list of numpy arrays into one buffer (ValueError: not a list, or an array tenbin cannot hold)."""
     if not isinstance(arrays, list):
         raise ValueError("requires list")
     if infos is not None and len(infos) != len(arrays):
@@ -218,8 +201,7 @@ def encode_buffer(arrays: List[Any], infos: Optional[Sequence[str]] = None) -> b
 def decode_buffer(buf: Union[bytes, bytearray, memoryview], infos: Any = False) -> Any:
     """Decode a buffer into a list of numpy arrays (``infos=True``: ``(arrays, infos)``).
 
-    Raises:
-        ValueError: bad magic bytes or an unsupported dtype.
+    ValueError for bad magic bytes or an unsupported dtype.
     """
     return decode_list(decode_chunks(buf), infos=infos)
 

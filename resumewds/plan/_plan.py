@@ -41,8 +41,7 @@ from ._layout import REMAINDERS, Layout, worker_steps
 
 __all__ = [
     # the orders and the plan of a run (defined here)
-    "ORDERS", "OrderFn", "Plan", "manifest_order", "manifest_window_order", "resampled_order",
-    "resampled_parts", "resampled_shards", "resampled_window_order", "shard_order", "window_order",
+    "ORDERS", "OrderFn", "Plan", "resampled_parts", "resampled_shards",
     # from the other modules of resumewds.plan
     "DRAW_SCHEMES", "EpochPlan", "FeistelPermutation", "Layout", "REMAINDERS", "Segment",
     "check_partitions", "cut_partitions", "draw_shards", "mix", "permutation", "worker_steps",
@@ -51,6 +50,7 @@ __all__ = [
 _TAG_SHARDS = 0x5348415244  # "SHARD"
 _TAG_WINDOW = 0x57494E444F57  # "WINDOW"
 _TAG_PARTS = 0x5041525453  # "PARTS"
+_TAG_RESAMPLE = 0x524553414D50  # "RESAMP"
 
 
 def _epoch_sorted(parts: List[List[Segment]], key: int) -> List[List[Segment]]:
@@ -62,54 +62,6 @@ def _epoch_sorted(parts: List[List[Segment]], key: int) -> List[List[Segment]]:
 
 
 OrderFn = Callable[..., EpochPlan]
-
-
-def window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                 partitions: int = 1) -> EpochPlan:
-    """Permute shards per epoch, shuffle samples within windows of shards.
-
-    With partitions, the shards are cut into partitions once for the run
-    (after a seed-only permutation) and permuted per epoch within each."""
-    if partitions == 1:
-        order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
-        return EpochPlan(counts, order, window, mix(seed, epoch, _TAG_WINDOW))
-    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
-    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
-                     parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
-
-
-def shard_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                partitions: int = 1) -> EpochPlan:
-    """Permute shards per epoch; samples stay in order inside each shard."""
-    if partitions == 1:
-        order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
-        return EpochPlan(counts, order, 1, None)
-    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
-    return EpochPlan(counts, None, 1, None, parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
-
-
-def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                   partitions: int = 1) -> EpochPlan:
-    """No shuffling: manifest order every epoch (with partitions: the
-    round-robin interleave of ``partitions`` contiguous runs of it)."""
-    if partitions == 1:
-        return EpochPlan(counts, range(len(counts)), 1, None)
-    return EpochPlan(counts, None, 1, None, parts=cut_partitions(counts, range(len(counts)), partitions))
-
-
-# ---- orders for the WebDataset drop-in (``.shuffle(n)``, ``resampled=True``) ----
-_TAG_RESAMPLE = 0x524553414D50  # "RESAMP"
-
-
-def manifest_window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                          partitions: int = 1) -> EpochPlan:
-    """Shards in manifest order; samples shuffled within windows of ``window`` shards
-    (with partitions: contiguous runs of manifest order, each windowed on its own)."""
-    if partitions == 1:
-        return EpochPlan(counts, range(len(counts)), window, mix(seed, epoch, _TAG_WINDOW))
-    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
-                     parts=cut_partitions(counts, range(len(counts)), partitions))
-
 
 
 def resampled_shards(n: int, seed: int, epoch: int) -> List[int]:
@@ -143,33 +95,39 @@ def resampled_parts(counts: Sequence[int], seed: int, epoch: int, partitions: in
     return out
 
 
-def resampled_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                    partitions: int = 1) -> EpochPlan:
-    """Shards drawn with replacement per epoch; samples of each draw in shard order.
+def _order(shards: str, windowed: bool) -> OrderFn:
+    """An order of :data:`ORDERS`: the shards ``"permuted"`` per epoch, in ``"manifest"`` order or
+    ``"resampled"`` (drawn with replacement); samples shuffled within windows of ``window`` shards
+    when ``windowed``, else in shard order.  With partitions the shards are cut once for the run
+    (after a seed-only permutation) and each partition is ordered on its own."""
 
-    With partitions: :func:`resampled_parts` (each partition draws from its own shards)."""
-    if partitions == 1:
-        return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), 1, None)
-    return EpochPlan(counts, None, 1, None, parts=resampled_parts(counts, seed, epoch, partitions))
+    def order(counts: Sequence[int], seed: int, epoch: int, window: int, partitions: int = 1) -> EpochPlan:
+        n = len(counts)
+        w, key = (window, mix(seed, epoch, _TAG_WINDOW)) if windowed else (1, None)
+        if shards == "manifest":
+            if partitions == 1:
+                return EpochPlan(counts, range(n), w, key)
+            return EpochPlan(counts, None, w, key, parts=cut_partitions(counts, range(n), partitions))
+        if shards == "resampled":
+            if partitions == 1:
+                return EpochPlan(counts, resampled_shards(n, seed, epoch), w, key)
+            return EpochPlan(counts, None, w, key, parts=resampled_parts(counts, seed, epoch, partitions))
+        if partitions == 1:
+            return EpochPlan(counts, permutation(n, mix(seed, epoch, _TAG_SHARDS)), w, key)
+        parts = cut_partitions(counts, permutation(n, mix(seed, _TAG_PARTS)), partitions)
+        return EpochPlan(counts, None, w, key, parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
 
-
-def resampled_window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                           partitions: int = 1) -> EpochPlan:
-    """Shards drawn with replacement per epoch; samples shuffled within windows of draws."""
-    if partitions == 1:
-        return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), window,
-                         mix(seed, epoch, _TAG_WINDOW))
-    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
-                     parts=resampled_parts(counts, seed, epoch, partitions))
+    return order
 
 
 ORDERS: Dict[str, OrderFn] = {
-    "window": window_order,
-    "shards": shard_order,
-    "none": manifest_order,
-    "manifest_window": manifest_window_order,
-    "resampled": resampled_order,
-    "resampled_window": resampled_window_order,
+    "window": _order("permuted", windowed=True),
+    "shards": _order("permuted", windowed=False),
+    "none": _order("manifest", windowed=False),
+    # the WebDataset drop-in's: ``.shuffle(n)`` and ``resampled=True``
+    "manifest_window": _order("manifest", windowed=True),
+    "resampled": _order("resampled", windowed=False),
+    "resampled_window": _order("resampled", windowed=True),
 }
 
 
