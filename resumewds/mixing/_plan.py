@@ -401,14 +401,15 @@ class MixPlan:
     def delivered_global(self, g: int) -> List[int]:
         """Per-source counts of positions ``0 .. g-1`` (all phases)."""
         if self.partitions > 1:
-            out = [0] * len(self.sizes)
-            for r in range(self.partitions):
-                for i, n in enumerate(self.part(r).delivered_global(self.part_count(r, g))):
-                    out[i] += n
-            return out
+            return self._parts_sum("delivered_global", g)
         ph = self.phase_of(max(0, g))
         c = self._phase_counts(ph, max(0, g) - self.phase_starts[ph])
         return [a + b for a, b in zip(self._base(ph), c)]
+
+    def _parts_sum(self, what: str, g: int) -> Any:
+        """The per-source sum over the partitions of their own ``what`` up to global position ``g``."""
+        return [sum(t) for t in zip(*(getattr(self.part(r), what)(self.part_count(r, g))
+                                      for r in range(self.partitions)))]
 
     def delivered(self, epoch: int, position: int) -> List[int]:
         """Per-source counts delivered before ``position`` of ``epoch``."""
@@ -418,11 +419,7 @@ class MixPlan:
         """Per source, what the weights ask of positions ``0 .. g-1``: each phase's
         normalised weights over its span (with partitions: each partition's spans)."""
         if self.partitions > 1:
-            out = [0.0] * len(self.sizes)
-            for r in range(self.partitions):
-                for i, x in enumerate(self.part(r).expected_global(self.part_count(r, g))):
-                    out[i] += x
-            return out
+            return self._parts_sum("expected_global", g)
         ph = self.phase_of(max(0, g))
         want = [0.0] * len(self.sizes)
         for p, start in enumerate(self.phase_starts[:ph + 1]):
