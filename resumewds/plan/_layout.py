@@ -29,19 +29,11 @@ REMAINDERS = ("keep", "pad", "drop")
 class Layout:
     """How an epoch's sequence is cut into steps and split across ranks.
 
-    A step is always a contiguous range of ``batch_size * world_size``
-    positions, whatever the layout.  With ``nodes`` > 1 the ranks are grouped
-    node-major (ranks ``n*L .. n*L+L-1`` are node ``n``, ``L = world_size //
-    nodes``): node ``n`` takes the step's positions ``p % nodes == n`` (exactly
-    ``batch_size * L`` of a full step) and its local rank ``l`` the l-th
-    ``batch_size`` of them.  With one node that is the r-th contiguous slice.
-
-    Attributes:
-        batch_size: samples per rank per step.
-        world_size: number of ranks.
-        rank: this rank.
-        remainder: ``"keep"``, ``"pad"`` or ``"drop"`` (see module docs).
-        nodes: groups of ranks that share a cache (must divide world_size).
+    A step is a contiguous range of ``batch_size * world_size`` positions; rank
+    ``r`` takes its r-th ``batch_size`` slice.  With ``nodes`` (node-major,
+    dividing ``world_size``) node ``n`` takes the positions ``p % nodes == n``
+    and its local rank ``l`` the l-th ``batch_size`` of them.  ``remainder``:
+    ``"keep"``, ``"pad"`` or ``"drop"`` (see the module docs).
 
     Example:
         >>> [Layout(2, 4, r, nodes=2).slots(100, 0, 0) for r in (0, 2)]
