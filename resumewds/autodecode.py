@@ -164,14 +164,10 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8")
 
 
-def _json(data: bytes) -> Any:
-    return json.loads(data)
-
-
 decoders: Dict[str, Callable[[bytes], Any]] = {
     "txt": _text, "text": _text, "transcript": _text,
     "cls": int, "cls2": int, "index": int, "inx": int, "id": int,
-    "json": _json, "jsn": _json,
+    "json": json.loads, "jsn": json.loads,
     "pkl": unpickle_loads, "pickle": unpickle_loads, "pyd": unpickle_loads,
     "pth": torch_loads, "pt": torch_loads,
     "ten": tenbin_loads, "tb": tenbin_loads,
