@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import gzip
@@ -298,9 +299,8 @@ def _fsync_dir(path: str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -536,10 +536,8 @@ class TarWriter:
         if f is not None:
             f.close()
         if self._tmp is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self._tmp)
-            except OSError:
-                pass
         if self._proc is not None:
             self._proc.wait()
 

@@ -7,6 +7,7 @@ twice and rerun.  Each must equal the uninterrupted sequence.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -109,10 +110,8 @@ def _remove_run(journal: str) -> None:
     """Delete the journal files of an earlier demo run (every rank, SQLite's side files, the lock)."""
     for path in run_journal_paths(journal):
         for suffix in ("", "-wal", "-shm", "-journal", ".lock"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path + suffix)
-            except FileNotFoundError:
-                pass
 
 
 def _crash_demo(directory: str, manifest: str, seed: int) -> bool:

@@ -367,10 +367,7 @@ class MixedDataset:
         return sorted({d for ds in self.datasets for d in ds.cache_dirs()})
 
     def take_events(self) -> List[Dict[str, Any]]:
-        out: List[Dict[str, Any]] = []
-        for ds in self.datasets:
-            out.extend(ds.take_events())
-        return out
+        return [ev for ds in self.datasets for ev in ds.take_events()]
 
     def __getstate__(self) -> Dict[str, Any]:
         _ = self.manifest  # every source indexed before workers start

@@ -32,10 +32,7 @@ class World:
     """This process's place in the job.
 
     Attributes:
-        rank: global rank.
-        world_size: number of ranks.
-        node: this rank's node (``rank // ranks_per_node``).
-        nodes: number of nodes (groups of ranks that share a cache).
+        node: this rank's node (``rank // ranks_per_node``) of ``nodes``.
         source: where the node grouping came from (``"args"``, ``"env"``,
             ``"torch.distributed"``, ``"single"``, or ``"fallback: ..."``).
 
@@ -169,11 +166,8 @@ def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *
                  cache_dirs: Union[str, Sequence[str], None] = None) -> World:
     """Rank, world size and node of this process (see the module docs).
 
-    Args:
-        rank, world_size: override torch.distributed / the environment.
-        nodes: the number of nodes (ranks are node-major).
-        env: the environment to read (default ``os.environ``).
-        cache_dirs: this rank's shard caches (:func:`node_key`).
+    ``rank``, ``world_size`` and ``nodes`` (node-major) override what is
+    detected; ``cache_dirs``: this rank's shard caches (:func:`node_key`).
 
     Raises:
         ValueError: a variable is not an integer, the rank is not in the

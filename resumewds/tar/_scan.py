@@ -68,8 +68,6 @@ def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
         last_end = group[-1][1].end
     # the end-of-archive marker closes the last sample's range (past trailing skipped entries)
     end = eoa[0] if eoa and eoa[0] is not None else last_end
-    if not starts:
-        return [end], keys, end
     return starts + [end], keys, end
 
 
