@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -135,7 +136,7 @@ def scrub(exc: BaseException) -> BaseException:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        try:
+        with contextlib.suppress(Exception):  # an exception type that refuses new args: leave it
             args = tuple(redact_text(a) if isinstance(a, str) else a for a in e.args)
             if args != e.args:
                 e.args = args
@@ -143,8 +144,6 @@ def scrub(exc: BaseException) -> BaseException:
                 v = getattr(e, name, None)
                 if isinstance(v, str) and redact_text(v) != v:
                     setattr(e, name, redact_text(v))
-        except Exception:  # an exception type that refuses new args: leave it
-            pass
         todo.extend(a for a in e.args if isinstance(a, BaseException))
         for nxt in (e.__cause__, e.__context__, getattr(e, "reason", None)):
             if isinstance(nxt, BaseException):

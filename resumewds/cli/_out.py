@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -36,12 +37,10 @@ def flush(out: Any) -> None:
 
 def detach_stdout() -> None:
     """Point fd 1 at /dev/null so the interpreter's final flush cannot fail again."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 def quiet_numpy_warning() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -73,11 +74,9 @@ class Bar:
 
     def __exit__(self, *a: Any) -> None:
         self._draw()
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.file.write("\n")
             self.file.flush()
-        except (OSError, ValueError):
-            pass
 
     def update(self, n: int) -> None:
         self.pos += n
@@ -105,11 +104,9 @@ class Bar:
         now = self.clock() if now is None else now
         self._last = now
         self.redraws += 1
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.file.write("\r" + self.line(now) + "\x1b[K")
             self.file.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def _fmt_eta(s: float) -> str:

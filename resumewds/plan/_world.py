@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -82,11 +83,9 @@ def _env_int(*names: str, env: Optional[Mapping[str, str]] = None) -> Optional[i
 def _process_group() -> Any:
     """``torch.distributed`` if a default process group is initialized, else None (never imports torch)."""
     dist = sys.modules.get("torch.distributed")
-    try:
+    with contextlib.suppress(Exception):  # torch without distributed
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist
-    except Exception:  # pragma: no cover - torch without distributed
-        pass
     return None
 
 
