@@ -22,10 +22,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
-from typing import Any, Dict, List
+from typing import Dict
 
 from . import _lazy
 
@@ -114,21 +112,4 @@ __all__ = ["CacheError", "ChecksumMismatch", "DecodeError", "FetchError", "Integ
            "UnsafeSourceError"]
 __all__ = sorted({*__all__, *_MODULES, "gopen", *_LAZY})
 
-
-def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        # every submodule is an attribute, as webdataset's are (``wds.handlers``,
-        # ``wds.writer``...) whether or not something imported it first
-        if name not in _MODULES and (name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None):
-            raise AttributeError(f"module 'resumewds' has no attribute {name!r}")
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        m = importlib.import_module(f".{mod}", __name__)
-        value = getattr(m, name)
-    globals()[name] = value  # resolved once
-    return value
-
-
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy.attach(__name__, _LAZY, submodules=_MODULES)
