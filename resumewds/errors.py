@@ -24,11 +24,9 @@ from exc``); what is transient is told by type alone::
         ├── JournalConfigMismatch resume with an incompatible configuration
         └── JournalIncompleteCommit a step that not every rank committed
 
-The second column is what webdataset 1.0.2 raises in the same situation, so
-code written for it keeps catching what it caught.  Every class is
-message-first, ``Cls(message, *, field=value)``: it pickles with its fields
-across a DataLoader worker.  ``ChecksumMismatch(url, expected, actual)`` and
-``ShardFormatError(shard, offset, problem)`` are still accepted.
+The second column is what webdataset 1.0.2 raises there.  Every class is
+``Cls(message, *, field=value)`` and pickles with its fields across a DataLoader
+worker; the older positional forms of ChecksumMismatch and ShardFormatError work.
 
 Example:
     >>> from resumewds.errors import ShardFormatError, ResumeWDSError
@@ -256,9 +254,8 @@ class HandlerStop(Exception):
     a signal, not a failure (not a :class:`ResumeWDSError`).
 
     Attributes:
-        skipped: raised by a stage's handler: the item's
-            :class:`~resumewds.stages._stages.SkippedSample`, until whatever runs the
-            stage records it (:func:`resumewds.stages._stages.report_stop`); else None.
+        skipped: raised by a stage's handler: the item's ``SkippedSample``, until
+            whatever runs the stage records it; else None.
     """
 
     skipped: Any = None

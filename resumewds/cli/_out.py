@@ -63,10 +63,7 @@ class SkipLines:
 
     While open, the library's own skip warnings are left out, so that each
     skipped shard is named once: ``resumewds: skipped shard URL: problem``.
-
-    Args:
-        failed: the loader's ``{url: error}`` of failed shards (``loader.stats_.failed``).
-        echo: writes one line (to stderr).
+    ``failed`` is the loader's ``{url: error}`` (``loader.stats_.failed``).
     """
 
     def __init__(self, failed: dict, echo: Callable[[str], Any]):

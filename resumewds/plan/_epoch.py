@@ -29,14 +29,10 @@ class EpochPlan:
     ``part_start(p % P) + p // P``.
 
     Args:
-        counts: samples per shard.
-        shard_order: the shards, in epoch order (one partition); ignored when
-            ``parts`` is given.
+        shard_order: the shards, in epoch order (one partition; or ``parts``:
+            the partitions' segments ``(shard, first sample, count)``).
         window: segments (shards, or pieces of shards) per window.
-        window_key: the Feistel key of the epoch; None keeps the samples of a
-            window in order.
-        parts: the partitions' segments ``(shard, first sample, count)`` in
-            epoch order, sized as :func:`cut_partitions` cuts them.
+        window_key: the Feistel key of the epoch; None keeps a window's samples in order.
     """
 
     def __init__(self, counts: Sequence[int], shard_order: Optional[Sequence[int]], window: int,

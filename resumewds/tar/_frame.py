@@ -43,8 +43,6 @@ class Member:
     Attributes:
         name: full path inside the archive (after pax / GNU long names).
         header: offset of its first header block (extended headers included).
-        data: offset of the member's data.
-        size: data size in bytes.
         end: offset just past the member's padded data.
     """
 
