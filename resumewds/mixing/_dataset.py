@@ -141,22 +141,16 @@ class MixedDataset:
     Args:
         datasets: the sources (each a :class:`~resumewds.dataset.WebDataset`,
             not ``batched``: the mixture batches).
-        weights: relative weights (any scale); None: see ``repeat``/``choose``
-            (a source with neither counts once per epoch: ``choose=size``).
-        repeat: per source, times its size per epoch (Streaming's ``repeat``).
-        choose: per source, samples per epoch (Streaming's ``choose``).
+        weights, repeat, choose, epoch_size, block: as :class:`MixPlan`'s
+            (``epoch_size`` also ``.with_epoch(n)``).
         resampled: per source (or one bool for all): draw its shards with
             replacement.  Default: the source's own ``resampled``.
-        epoch_size: positions per epoch (also ``.with_epoch(n)``); default:
-            the sum of the per-source counts.
         seed: seed of the interleave; None: :func:`resumewds.config.seed`.
         phases: curriculum: ``[(global_position, weights), ...]`` (a step's
             position: :func:`at_step`).  Adding a phase at or after a
             journal's resume point is a recorded change; any other change of
             sources or weights is refused (JournalConfigMismatch).
         names: a name per source (stats and samples' ``__source__``).
-        block: > 1 shuffles positions within blocks of that many (see
-            :class:`~resumewds.mixing._plan.MixPlan`).
         partitions: node-local partitions, as a single data set's; None: the
             number of nodes at the run's start (a resume keeps the run's).
 

@@ -136,7 +136,6 @@ class Plan:
 
     Args:
         counts: samples per shard, in manifest order.
-        seed: the run's seed.
         shuffle: False for manifest order; True (or ``"window"``) for the
             windowed shuffle; ``"shards"`` to shuffle shard order only.
         window: shards per shuffle window (``"window"`` order only).
