@@ -546,14 +546,10 @@ def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Option
 
 
 def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseException]]:
-    """Read a shard that passed :meth:`ShardStore.verify_all` through the tar framer.
+    """``(ok, error)`` of a shard that passed :meth:`ShardStore.verify_all`, read through the tar framer.
 
-    Without a checksum the bytes are a whole tar archive only once the framer
-    has walked them (an empty file, a gzip or a text file is never "ok"); a
-    manifest's index must match too.
-
-    Returns:
-        ``(ok, error)``.
+    Without a checksum the bytes are a whole tar archive only once the framer has
+    walked them (an empty file or a gzip is never "ok"); a manifest's index must match.
     """
     from ..fetch import is_remote_url, local_path
 

@@ -300,12 +300,10 @@ def worker_info(group: Any = None) -> Tuple[int, int, int, int]:
 
 
 def late_world(built: World, journal_path: Optional[str] = None) -> Optional[World]:
-    """The world of now for a loader built with ``built`` (world size 1, no rank or world size given),
-    or None when there is still no other.
+    """The world of now for a loader built alone (``built``: world size 1, none given), or None.
 
-    A framework may set up the processes after the loader was built (Lightning's
-    DDP, inside ``fit``).  Same nodes as built (no collective call: the other
-    ranks may not be asking).  ValueError if the loader opened a journal alone.
+    A framework may set up the processes later (Lightning's DDP, inside ``fit``).
+    Same nodes as built (no collective call); ValueError if a journal was opened alone.
 
     Example:
         >>> late_world(World(0, 1)) if "WORLD_SIZE" not in os.environ else None
