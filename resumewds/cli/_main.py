@@ -17,7 +17,7 @@ import os
 import re
 import signal
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import click
 
@@ -92,16 +92,6 @@ def _describe_error(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return "out of memory (an input asks for more than this machine has)"
     return str(exc) or type(exc).__name__
-
-
-def check_sources(sources: Sequence[str]) -> None:
-    """:func:`resumewds.sources.check_sources` as a ``ClickException``, before any work."""
-    from ..sources import check_sources as check  # lazy (as every import in a function here): --help stays fast
-
-    try:
-        check(sources)
-    except ResumeWDSError as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 def check_output(path: str, option: str = "-o") -> None:
@@ -193,7 +183,8 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], cache_size:
         resumewds index 'http://host/d/shard-{0000..0099}.tar' -o manifest.json -j 16
         resumewds index data/wids-index.json -o data/manifest.json --counts-only
     """
-    from ..sources import default_jobs, resolve_sources, run_index, warn_duplicate_content
+    # lazy, as every import in a function here: --help stays fast
+    from ..sources import check_sources, default_jobs, resolve_sources, run_index, warn_duplicate_content
 
     check_sources(sources)
     check_output(output)
@@ -323,7 +314,7 @@ def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle
                   on_error: str, allow_remote_pipe: bool, allow_remote_local: Optional[bool],
                   timeout: Optional[float], attempts: Optional[int]) -> Any:
     from ..dataset import WebDataset
-    from ..sources import resolve_sources
+    from ..sources import check_sources, resolve_sources
 
     check_sources(sources)
     check_environment()
@@ -527,7 +518,7 @@ def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Option
                 verb: str) -> None:
     """Run ``verify_all`` or ``prefetch_all`` over the sources with a byte progress bar."""
     from ..cache import ShardStore
-    from ..sources import check_results, echo_range_repairs, resolve_sources
+    from ..sources import check_results, check_sources, echo_range_repairs, resolve_sources
 
     check_sources(sources)
     check_environment()
