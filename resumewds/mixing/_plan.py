@@ -42,10 +42,8 @@ Weights = Union[Sequence[float], Dict[int, float]]
 def integer_weights(weights: Sequence[Union[int, float, Fraction]]) -> List[int]:
     """Exact integer weights with the same ratios (floats read as short decimals).
 
-    ``[0.3, 0.7] -> [3, 7]``, ``[1, 2] -> [1, 2]``, ``[0.5, 0.5, 0] -> [1, 1, 0]``.
-
-    Raises:
-        ValueError: a weight is negative or not finite, or all are zero.
+    ``[0.3, 0.7] -> [3, 7]``, ``[0.5, 0.5, 0] -> [1, 1, 0]``; ValueError if a weight is
+    negative or not finite, or all are zero.
 
     Example:
         >>> integer_weights([0.25, 0.75])
@@ -473,9 +471,8 @@ def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool 
     Draws continue until the epoch holds exactly ``sum(counts)`` samples
     (the last cut short), so stream position ``q`` is in epoch ``q // N``.
 
-    Returns:
-        The epoch's :class:`~resumewds.plan.EpochPlan` over *draws* and the
-        draws' shard indices: ``draws[d]`` is the shard of draw ``d``.
+    Returns the epoch's :class:`~resumewds.plan.EpochPlan` over *draws*, and ``draws``
+    (``draws[d]``: the shard of draw ``d``).
 
     Example:
         >>> ep, draws = resampled_epoch([3, 3], seed=1, epoch=0, shuffle=False)

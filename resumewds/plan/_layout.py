@@ -127,9 +127,8 @@ def worker_steps(num_steps: int, worker: int, num_workers: int) -> range:
 class BoundLayout(Protocol):
     """An :class:`EpochLayout` bound to one epoch: its steps over ``sequence``.
 
-    As :class:`Layout`, plus ``end`` (the position after the last sample
-    delivered) and ``sequence``: the epoch as this layout delivers it, read as
-    an :class:`~resumewds.plan.EpochPlan`.
+    As :class:`Layout`, plus ``end`` (the position after the last sample) and
+    ``sequence`` (the epoch as delivered, an :class:`~resumewds.plan.EpochPlan`).
 
     Example:
         >>> from resumewds.plan import Plan
