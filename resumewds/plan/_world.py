@@ -294,9 +294,7 @@ def worker_info(group: Any = None) -> Tuple[int, int, int, int]:
         >>> worker_info()[2:]
         (0, 1)
     """
-    rank, world = node_info(group)
-    worker, nworkers = torch_worker()
-    return rank, world, worker, nworkers
+    return (*node_info(group), *torch_worker())
 
 
 def late_world(built: World, journal_path: Optional[str] = None) -> Optional[World]:
