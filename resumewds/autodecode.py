@@ -68,8 +68,6 @@ IMAGE_EXTENSIONS: List[str] = (
 PICKLE_EXTS = frozenset({"pkl", "pickle", "pyd"})
 
 DecodingError = DecodeError  # webdataset's name for a failed decode
-
-
 EnforcedSecurityError = urls.EnforcedSecurityError  # refused under enforce_security (a ValueError)
 
 

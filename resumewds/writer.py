@@ -342,9 +342,7 @@ class TarWriter:
         user, group, mode: owner names and mode of each member.
         compress: True / ``"gz"`` / ``"bz2"`` / ``"xz"``, False for none;
             None picks by the file name.
-        encoder: True (default encoders by extension), False (values must
-            be bytes or str), a dict ext -> encoder, or a callable on the
-            whole sample.
+        encoder: as :func:`make_encoder` (True: the default encoders by extension).
         keep_meta: also write ``_``-prefixed fields.
         mtime: members' mtime (fix it for reproducible files; default now).
         format: ignored, as webdataset 1.0.2 does (archives are PAX).
@@ -550,8 +548,6 @@ class ShardWriter:
         maxcount: samples per shard at most.
         maxsize: member bytes per shard at most (closed once it reaches this).
         post: called with each finished shard's name.
-        start_shard: number of the first shard.
-        verbose: print a line per shard.
         opener: ``opener(name) -> stream`` to open shards yourself (no manifest).
         manifest: default ``manifest.json`` next to the shards (local
             paths); a path; or False for none.
