@@ -3,16 +3,11 @@
 Every random choice is an xxh3_64 hash of integers (no I/O, no RNG state, no
 :mod:`random`): the same seed gives the same order on any machine and Python.
 
-**The epoch sequence.**  For epoch ``e`` the plan orders all ``N`` samples of
-the manifest:
-
-1. The shard order is a permutation of the shards: shards are sorted by
-   ``xxh3_64(shard_index, seed=mix(seed, e, "shards"))``.
-2. The permuted shards are cut into *windows* of ``window`` consecutive shards.
-3. Within window ``w``, its ``M`` samples (in permuted shard order, then in
-   shard order) are permuted by :class:`~resumewds.plan.FeistelPermutation`
-   keyed by ``mix(seed, e, "window", w)``: any position in O(1).
-4. The epoch sequence is the windows one after another.
+**The epoch sequence** of epoch ``e``: the shards sorted by
+``xxh3_64(shard_index, seed=mix(seed, e, "shards"))``, cut into *windows* of
+``window`` shards; window ``w``'s samples permuted by
+:class:`~resumewds.plan.FeistelPermutation` keyed by ``mix(seed, e, "window",
+w)`` (any position in O(1)); the windows one after another.
 
 With ``partitions=P`` > 1 each partition is ordered so, and position ``p`` is
 sample ``p // P`` of partition ``p % P`` (docs/SCALE.md, *The node-local plan*).
