@@ -169,8 +169,7 @@ def _hash_file(path: str) -> Tuple[int, str]:
 
 
 class _Replay:
-    """The decoded prefix as tarfile's ``_Stream`` presents it: reads within it
-    succeed; a read past it returns short (the data ended) or raises (corrupt)."""
+    """The decoded prefix as tarfile's ``_Stream`` presents it: a read past it is short or raises."""
 
     def __init__(self, mm: Any, good: int, error: Optional[str]):
         self.mm, self.good, self.error, self.pos = mm, good, error, 0
@@ -202,12 +201,8 @@ class _Replay:
 
 def _frame_prefix(mm: Any, good: int, error: Optional[str], shard: str
                   ) -> Tuple[List[int], List[str], Optional[str]]:
-    """The samples tarfile (as webdataset 1.0.2 drives it) delivers from a decoded prefix.
-
-    Returns:
-        ``(offsets, keys, raised)``: ``raised`` is the error webdataset's reader
-        raises after them, or None when it ends the shard without an error.
-    """
+    """``(offsets, keys, raised)`` of the samples tarfile (as webdataset 1.0.2 drives it) delivers
+    from a decoded prefix; ``raised``: the error its reader raises after them, or None."""
     members: List[Any] = []
     raised: Optional[str] = None
     try:

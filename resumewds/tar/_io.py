@@ -130,8 +130,7 @@ Members = Tuple[Tuple[str, bytes], ...]
 
 
 def member_pattern(sample: Dict[str, Any]) -> Members:
-    """What :func:`parse_sample_as` expects of the next samples: ``sample``'s
-    members in order, each as ``(ext, b"." + ext)``.
+    """What :func:`parse_sample_as` expects of the next samples: ``sample``'s members as ``(ext, b"." + ext)``.
 
     Example:
         >>> member_pattern({"cls": b"1", "jpg": b"...", "__key__": "k"})
