@@ -22,10 +22,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
-from typing import Any, Dict, List
+from typing import Dict
 
 from . import _lazy
 
@@ -50,15 +48,11 @@ from .errors import (
     UnsafeSourceError,
 )
 
-# webdataset's module names (``import resumewds.filters``, ``from resumewds.shardlists import
-# ...``) are small modules of this package that hand over the wing's module: one module object
-# under both names, and nothing hooked into the import system.
-# ``gopen``, a submodule and a function, as in webdataset: the module is registered under
+# ``gopen`` is a submodule and a function, as in webdataset: the module is registered under
 # its alias now, so that importing it later cannot rebind ``resumewds.gopen`` to the module.
 from .wds import gopen as _gopen_module
 
-# webdataset's names for what its modules of those names hold beside the engine's: its
-# ``cache`` module's streaming file cache, its ``autodecode.utils``
+# webdataset's names in its ``cache`` and ``autodecode`` modules beside the engine's
 _lazy.forward(f"{__name__}.cache", ("FileCache", "LRUCleanup", "StreamingOpen", "check_tar_format",
                                     "default_cache_size", "download", "get_filetype", "gopen", "islocal",
                                     "magic_filetype", "obsolete", "pipe_cleaner", "reraise_exception",
@@ -68,9 +62,7 @@ _lazy.forward(f"{__name__}.autodecode", ("utils",), f"{__name__}.wds.utils", who
 sys.modules.setdefault(f"{__name__}.gopen", _gopen_module)
 gopen = _gopen_module.gopen
 
-# Every other public name is loaded from its module on first use (PEP 562), so
-# that ``import resumewds`` does not import the mixtures, the writer, the
-# webdataset compatibility layers and the decoders a script may never touch.
+# Every other public name is loaded from its module on first use (PEP 562).
 _MODULES = ("filters", "shardlists", "tariterators", "tenbin", "utils")  # in __all__
 _LAZY: Dict[str, str] = {
     **dict.fromkeys(("Continue", "Decoder", "DecodingError", "basichandlers", "gzfilter", "handle_extension",
@@ -113,140 +105,11 @@ _LAZY: Dict[str, str] = {
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BadSample",
-    "BatchInfo",
-    "CacheError",
-    "Cached",
-    "ChecksumMismatch",
-    "Continue",
-    "DataPipeline",
-    "DecodeError",
-    "Decoder",
-    "DecodingError",
-    "EmptyBatch",
-    "FetchError",
-    "FluidInterface",
-    "FluidWrapper",
-    "IntegrityError",
-    "JournalConfigMismatch",
-    "JournalError",
-    "JournalIncompleteCommit",
-    "LMDBCached",
-    "LRUCleanup",
-    "Layout",
-    "Manifest",
-    "MissingKeyError",
-    "MixPlan",
-    "MixedDataset",
-    "MockDataset",
-    "MultiLoader",
-    "MultiShardSample",
-    "PermanentFetchError",
-    "PipelineStage",
-    "Plan",
-    "RandomMix",
-    "ResampledShards",
-    "ResumeWDSError",
-    "RoundRobin",
-    "S3Options",
-    "ShardFormatError",
-    "ShardInfo",
-    "ShardNotFoundError",
-    "ShardWriter",
-    "SimpleShardList",
-    "SourceError",
-    "StateError",
-    "TarWriter",
-    "TransientFetchError",
-    "UnsafeSourceError",
-    "WebDataset",
-    "WebLoader",
-    "WorkerStallError",
-    "World",
-    "add_sample_digests",
-    "associate",
-    "bad_samples",
-    "basichandlers",
-    "batched",
-    "build_manifest",
-    "decode",
-    "default_collation_fn",
-    "detect_world",
-    "detshuffle",
-    "extract_keys",
-    "filters",
-    "getfirst",
-    "gopen",
-    "gopen_schemes",
-    "gzfilter",
-    "handle_extension",
-    "ignore_and_continue",
-    "ignore_and_stop",
-    "imagehandler",
-    "index_manifest",
-    "info",
-    "load_manifest",
-    "log_keys",
-    "map",
-    "map_dict",
-    "map_tuple",
-    "non_empty",
-    "numpy_dumps",
-    "pipe_cleaner",
-    "pipelinefilter",
-    "pytorch_weights_only",
-    "rename",
-    "rename_keys",
-    "repeatedly",
-    "reraise_exception",
-    "resampled",
-    "rsample",
-    "sample_digest",
-    "scan_file",
-    "select",
-    "shardlists",
-    "shardspec",
-    "shuffle",
-    "single_node_only",
-    "slice",
-    "split_by_node",
-    "split_by_worker",
-    "tarfile_samples",
-    "tarfile_to_samples",
-    "tariterators",
-    "tenbin",
-    "to_tuple",
-    "torch_audio",
-    "torch_dumps",
-    "torch_loads",
-    "torch_video",
-    "transform_with",
-    "unbatched",
-    "unlisted",
-    "utils",
-    "warn_and_continue",
-    "warn_and_stop",
-    "with_epoch",
-    "with_length",
-    "xdecode",
-]
+# the exceptions imported above, then webdataset's module names, ``gopen`` and the lazy names
+__all__ = ["CacheError", "ChecksumMismatch", "DecodeError", "FetchError", "IntegrityError", "JournalConfigMismatch",
+           "JournalError", "JournalIncompleteCommit", "MissingKeyError", "PermanentFetchError", "ResumeWDSError",
+           "ShardFormatError", "ShardNotFoundError", "SourceError", "StateError", "TransientFetchError",
+           "UnsafeSourceError"]
+__all__ = sorted({*__all__, *_MODULES, "gopen", *_LAZY})
 
-
-def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        # every submodule is an attribute, as webdataset's are (``wds.handlers``,
-        # ``wds.writer``...) whether or not something imported it first
-        if name not in _MODULES and (name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None):
-            raise AttributeError(f"module 'resumewds' has no attribute {name!r}")
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        m = importlib.import_module(f".{mod}", __name__)
-        value = getattr(m, name)
-    globals()[name] = value  # resolved once
-    return value
-
-
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy.attach(__name__, _LAZY, submodules=_MODULES)

@@ -1,19 +1,16 @@
 """A package face whose names load their modules on first use (PEP 562).
 
-Each subpackage's ``__init__`` lists its names and the private module of
-each; importing the package (or one module of it) loads nothing else of it.
-
-Where webdataset gives one of the engine's modules a name of its own (its
-``cache.FileCache``, its ``autodecode.utils``), the name is *forwarded*:
-the package's top-level face, which may name the WebDataset wing, says
-where it lives (:func:`forward`), so that no engine module names the wing.
+Where webdataset gives an engine module a name of its own (``cache.FileCache``),
+the top-level face says where it lives (:func:`forward`), so that no engine
+module names the WebDataset wing.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Tuple
+from typing import Any, Callable, Collection, Dict, Iterable, List, Optional, Tuple
 
 #: (package, name) -> (the module that holds it, whether the name is that module itself)
 FORWARDS: Dict[Tuple[str, str], Tuple[str, bool]] = {}
@@ -40,9 +37,12 @@ def forwarded(package: str, name: str) -> Any:
     return module if where[1] else getattr(module, name)
 
 
-def attach(package: str, names: Dict[str, str]) -> Tuple[Callable[[str], Any], Callable[[], List[str]]]:
+def attach(package: str, names: Dict[str, str], submodules: Optional[Collection[str]] = None
+           ) -> Tuple[Callable[[str], Any], Callable[[], List[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``names`` maps a name to the module
     (relative to ``package``) that defines it; a forwarded name (:func:`forward`) is found too.
+    With ``submodules``, every public submodule is an attribute too (as webdataset's are),
+    and the names in ``submodules`` whether or not a file holds them.
 
     Example:
         >>> import json.encoder
@@ -55,9 +55,13 @@ def attach(package: str, names: Dict[str, str]) -> Tuple[Callable[[str], Any], C
         module = names.get(name)
         if module is not None:
             value = getattr(importlib.import_module(f"{package}.{module}"), name)
-            setattr(sys.modules[package], name, value)  # (found once)
-            return value
-        return forwarded(package, name)
+        elif submodules is not None and (name in submodules or (
+                not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None)):
+            value = importlib.import_module(f"{package}.{name}")
+        else:
+            return forwarded(package, name)
+        setattr(sys.modules[package], name, value)  # (found once)
+        return value
 
     def __dir__() -> List[str]:
         face = sys.modules[package]

@@ -1,18 +1,10 @@
 """Decoders with webdataset 1.0.2's specs, handlers and protocol.
 
-A *handler* is a callable ``handler(key, data) -> value or None``.  ``key``
-is what webdataset passes: the member's extension with a leading dot
-(``".jpg"``, ``".seg.png"``, ``".json.gz"``); ``data`` is its bytes.  A
-handler returns the decoded value, None to pass the member on to the next
-handler, or :class:`Continue` to hand a new ``(key, data)`` on (that is how
-``*.gz`` members are decompressed and then decoded by their inner
-extension).  A :class:`Decoder` tries ``pre`` (default ``[gzfilter]``), then
-its handlers, then ``post`` (default ``[basichandlers]``); a member no
-handler claims stays bytes.
-
-The key also compares equal to its dotless form (``key == "jpg"`` is True
-for ``".jpg"``): handlers written for resumewds 0.1, which passed the
-extension without the dot, keep working.
+A *handler* is ``handler(key, data) -> value``, None (not mine) or
+:class:`Continue` (a new ``(key, data)``, as ``*.gz`` members are handed on);
+``key`` is the extension with a leading dot (``".seg.png"``), and also equals
+its dotless form.  A :class:`Decoder` tries ``pre`` (``[gzfilter]``), its
+handlers, then ``post`` (``[basichandlers]``); an unclaimed member stays bytes.
 
 Image specs (strings given to ``decode``) are webdataset's:
 
@@ -29,16 +21,11 @@ spec                       result
 ``pill`` / ``pilrgba``     ``PIL.Image`` converted to L / RGBA
 =========================  ===============================================
 
-Members decoded by ``basichandlers``: ``txt text transcript`` (str), ``cls
-cls2 index inx id`` (int), ``json jsn``, ``npy`` and ``npz`` (numpy), ``ten
-tb`` (tenbin: list of arrays), ``mp msg msgpack`` (needs ``msgpack``),
-``cbor`` (needs ``cbor2`` or ``cbor``), ``pth pt`` (``torch.load``).
+The other members ``basichandlers`` decodes are in :data:`decoders`.
 
-Security (a difference from webdataset, which unpickles by default):
-``pkl pickle pyd`` members are decoded only with ``allow_pickle=True``,
-and ``pth`` is loaded with ``weights_only=True`` unless
-``allow_pickle=True``.  With ``resumewds.sources.enforce_security`` (``resumewds.utils``) set
-(env ``WDS_SECURE=1``, as in webdataset) all of them are refused.
+Security (unlike webdataset): ``pkl pickle pyd`` need ``allow_pickle=True``,
+and ``pth`` loads with ``weights_only=True`` without it; ``WDS_SECURE=1``
+refuses all of them.
 
 Example:
     >>> d = Decoder(["rgb8"])
@@ -81,8 +68,6 @@ IMAGE_EXTENSIONS: List[str] = (
 PICKLE_EXTS = frozenset({"pkl", "pickle", "pyd"})
 
 DecodingError = DecodeError  # webdataset's name for a failed decode
-
-
 EnforcedSecurityError = urls.EnforcedSecurityError  # refused under enforce_security (a ValueError)
 
 
@@ -121,32 +106,20 @@ pytorch_weights_only: bool = bool(config.value("pytorch_weights_only"))
 
 
 def torch_loads(data: bytes) -> Any:
-    """``torch.load`` of a member (webdataset's: ``weights_only`` when :data:`pytorch_weights_only`
-    is set, or ``WDS_PYTORCH_WEIGHTS_ONLY=1``).
+    """``torch.load`` of a member (``weights_only`` when :data:`pytorch_weights_only` is set, or
+    ``WDS_PYTORCH_WEIGHTS_ONLY=1``); EnforcedSecurityError under ``enforce_security``."""
+    return _torch_weights(data, pytorch_weights_only or bool(config.value("pytorch_weights_only")))
 
-    Raises:
-        EnforcedSecurityError: ``urls.enforce_security`` is set.
-    """
+
+def _torch_weights(data: bytes, weights_only: bool = True) -> Any:
     _security_check("torch.loads is not allowed for security reasons when enforce_security is set.")
     import torch
 
-    weights_only = pytorch_weights_only or bool(config.value("pytorch_weights_only"))
     return torch.load(io.BytesIO(data), weights_only=weights_only, map_location="cpu")
 
 
-def _torch_weights(data: bytes) -> Any:
-    _security_check("torch.loads is not allowed for security reasons when enforce_security is set.")
-    import torch
-
-    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-
-
 def unpickle_loads(data: bytes) -> Any:
-    """``pickle.loads`` (runs code from the data: only for trusted data).
-
-    Raises:
-        EnforcedSecurityError: ``urls.enforce_security`` is set.
-    """
+    """``pickle.loads`` (runs code from the data); EnforcedSecurityError under ``enforce_security``."""
     _security_check("Unpickling is not allowed for security reasons when enforce_security is set.")
     return pickle.loads(data)
 
@@ -189,14 +162,10 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8")
 
 
-def _json(data: bytes) -> Any:
-    return json.loads(data)
-
-
 decoders: Dict[str, Callable[[bytes], Any]] = {
     "txt": _text, "text": _text, "transcript": _text,
     "cls": int, "cls2": int, "index": int, "inx": int, "id": int,
-    "json": _json, "jsn": _json,
+    "json": json.loads, "jsn": json.loads,
     "pkl": unpickle_loads, "pickle": unpickle_loads, "pyd": unpickle_loads,
     "pth": torch_loads, "pt": torch_loads,
     "ten": tenbin_loads, "tb": tenbin_loads,
@@ -210,8 +179,7 @@ decoders: Dict[str, Callable[[bytes], Any]] = {
 def basichandlers(key: str, data: bytes) -> Any:
     """Decode the basic types by the key's last extension (see :data:`decoders`).
 
-    Inside a :class:`Decoder` this is replaced by a variant that applies the
-    ``allow_pickle`` rule; called directly it decodes whatever it is given.
+    A :class:`Decoder` uses a variant that applies its ``allow_pickle`` rule.
 
     Example:
         >>> basichandlers(".cls", b"7"), basichandlers(".png", b"..")
@@ -256,10 +224,7 @@ def call_extension_handler(key: str, data: bytes, f: Callable[[bytes], Any],
 def handle_extension(extensions: str, f: Callable[[bytes], Any]) -> Handler:
     """A handler that calls ``f(data)`` for members with one of ``extensions``.
 
-    Args:
-        extensions: space-separated, case-insensitive; ``"seg.jpg"`` matches
-            only ``*.seg.jpg`` members.
-        f: decoder of the bytes.
+    ``extensions``: space-separated, case-insensitive; ``"seg.jpg"`` matches only ``*.seg.jpg``.
 
     Example:
         >>> h = handle_extension("txt text", lambda b: b.decode().upper())
@@ -283,18 +248,13 @@ imagespecs: Dict[str, tuple] = {
 }
 """spec -> (array type, element type, colour mode), as in webdataset."""
 
-IMAGE_SPECS = frozenset(imagespecs)
-
 
 _PIL_CHANNELS = {"L": 0, "RGB": 3, "RGBA": 4}  # 8-bit modes packed by _pil_array (0: no channel axis)
 
 
 def _pil_array(img: Any) -> Any:
-    """``numpy.asarray(img)``, the same read-only uint8 array, without its
-    second copy: Pillow's ``tobytes`` packs the pixels in 64 KB pieces and
-    joins them; one piece of the whole image is one copy fewer (about 20 us
-    of a 256x256 RGB image's 700).  Any other mode, or a Pillow whose
-    encoder API differs, takes ``numpy.asarray``."""
+    """``numpy.asarray(img)`` without its second copy (Pillow's ``tobytes`` joins 64 KB pieces;
+    one piece of the whole image is one copy fewer); other modes take ``numpy.asarray``."""
     import numpy as np
 
     ch = _PIL_CHANNELS.get(img.mode)
@@ -319,11 +279,7 @@ def _pil_array(img: Any) -> Any:
 
 
 def decode_image(spec: str, data: bytes) -> Any:
-    """Decode image bytes with PIL into the form named by ``spec`` (see :data:`imagespecs`).
-
-    Raises:
-        ValueError: unknown spec.
-    """
+    """Decode image bytes with PIL into the form named by ``spec`` (:data:`imagespecs`; else ValueError)."""
     try:
         atype, etype, mode = imagespecs[spec]
     except KeyError:
@@ -332,9 +288,7 @@ def decode_image(spec: str, data: bytes) -> Any:
 
     with PIL.Image.open(io.BytesIO(data)) as img:
         img.load()
-        # convert() to the mode the image already has is a plain copy: an
-        # array is copied out of the image anyway, so only "pil" needs it
-        # (it hands out a plain Image, not the file's JpegImageFile)
+        # a convert() to the same mode is a plain copy: only "pil" needs it (a plain Image)
         if atype == "pil" or img.mode != mode.upper():
             img = img.convert(mode.upper())
     if atype == "pil":
@@ -356,12 +310,8 @@ def decode_image(spec: str, data: bytes) -> Any:
 class ImageHandler:
     """Decode images with extension in ``extensions`` by an image spec.
 
-    Args:
-        imagespec: one of :data:`imagespecs` (``"rgb8"``, ``"torchrgb"``, ``"pil"``...).
-        extensions: extensions handled (default: :data:`IMAGE_EXTENSIONS`).
-
-    Raises:
-        ValueError: unknown spec.
+    ``imagespec`` is one of :data:`imagespecs` (else ValueError); ``extensions``
+    defaults to :data:`IMAGE_EXTENSIONS`.
 
     Example:
         >>> ImageHandler("rgb8")(".cls", b"1") is None
@@ -455,18 +405,12 @@ class Decoder:
             ``(key, data) -> value | None | Continue``.
         pre: handlers tried first (default ``[gzfilter]``).
         post: handlers tried last (default ``[basichandlers]``).
-        only: extensions to decode (a list or a space-separated string);
-            other members are left as they are.
-        partial: leave members that are not bytes as they are; without it
-            (the default, as webdataset) such a member is an error.
-        allow_pickle: decode pkl/pickle/pyd and ``pth`` without
-            ``weights_only`` (off by default: unpickling runs code from the
-            shard).
+        only: extensions to decode (a list or a space-separated string).
+        partial: leave members that are not bytes as they are (else an error).
+        allow_pickle: decode pkl/pickle/pyd and ``pth`` without ``weights_only``.
 
     Raises (when called):
-        DecodeError: a member failed, naming the shard, sample and member
-            (attributes ``url``, ``key``, ``k`` as webdataset's
-            ``DecodingError``).
+        DecodeError: naming shard, sample and member (``url``, ``key``, ``k``).
         UnsafeSourceError: a pickle member without ``allow_pickle``.
 
     Example:
@@ -585,6 +529,5 @@ default_decoder = Decoder([])
 
 
 def __getattr__(name: str) -> Any:
-    """webdataset's ``autodecode.utils`` (its module): the WebDataset wing's, forwarded by the
-    package's face (the engine does not use it)."""
+    """webdataset's ``autodecode.utils``, forwarded by the package's face."""
     return _lazy.forwarded(__name__, name)

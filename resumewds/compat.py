@@ -1,7 +1,6 @@
 """webdataset's ``compat``: the module :mod:`resumewds.wds.compat` under webdataset's name."""
 
+import importlib
 import sys
 
-from resumewds.wds import compat  # (absolute: the same module under another package name too)
-
-sys.modules[__name__] = compat
+sys.modules[__name__] = importlib.import_module("resumewds.wds.compat")

@@ -1,18 +1,9 @@
 """Every setting read from the environment, in one place, with one precedence.
 
-A setting's value is, in this order (later wins):
-
-1. the default below;
-2. the environment: our ``RESUMEWDS_*`` variable, else its webdataset alias
-   (``WDS_*``, ``GOPEN_VERBOSE``) when that is set: ours win when both are;
-3. an explicit argument (a constructor keyword, a CLI flag).
-
-Every value is validated whichever way it came, with an error naming the
-variable (or argument) and what is wrong.  Nothing else in resumewds reads
-``RESUMEWDS_*`` itself: the other modules call the functions here
-(:func:`fetch_settings`, :func:`cache_dir`, :func:`cache_size`, ...) or take
-the config objects built from them (:class:`resumewds.fetch.FetchConfig`).
-An empty variable counts as unset.
+Later wins: the default below; the environment (``RESUMEWDS_*``, else its
+webdataset alias); an explicit argument (a keyword, a CLI flag).  An empty
+variable counts as unset; every value is validated, with an error naming the
+variable or argument.  Nothing else in resumewds reads ``RESUMEWDS_*``.
 
 ============================== ============================= ================= =========================================
 Variable                       webdataset alias              Default           Meaning
@@ -66,11 +57,7 @@ RESUMEWDS_WORKER_STALL                                       60                s
                                                                                for it (0: no limit; resumewds.run)
 ============================== ============================= ================= =========================================
 
-For ``s3://`` (:func:`s3_settings`) the standard AWS variables are read here
-too: ``AWS_ENDPOINT_URL_S3`` then ``AWS_ENDPOINT_URL`` (unless
-``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true, as boto3 does), ``AWS_REGION``
-then ``AWS_DEFAULT_REGION``, and ``AWS_PROFILE``; credentials are left to
-boto3's standard chain.
+For ``s3://``, :func:`s3_settings` also reads the standard AWS variables.
 
 Example:
     >>> parse_size("1.5GiB"), parse_size("20GB"), parse_size(512)
@@ -98,11 +85,7 @@ _UNITS = {"": 1, "b": 1,
 def parse_size(s: Union[int, float, str]) -> int:
     """Parse a byte count: ``1234``, ``"500MiB"``, ``"20GB"``, ``"1.5G"``.
 
-    ``KB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` and the bare
-    letters ``K/M/G/T`` powers of 1024.
-
-    Raises:
-        ValueError: not a size.
+    ``KB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` and ``K/M/G/T`` powers of 1024.
 
     Example:
         >>> parse_size("500MiB"), parse_size("1.5G"), parse_size("2kb")
@@ -232,8 +215,7 @@ def value(setting: str, explicit: Any = None) -> Any:
     """One setting: ``explicit`` if not None, else the environment, else the default.
 
     Raises:
-        ValueError: the value (from wherever it came) is not valid; the
-            message names the variable or argument.
+        ValueError: the value is not valid (naming the variable or argument).
 
     Example:
         >>> value("seed", 7)
@@ -255,18 +237,10 @@ def value(setting: str, explicit: Any = None) -> Any:
 def fetch_settings(**explicit: Any) -> Dict[str, Any]:
     """FetchConfig fields: defaults, then ``RESUMEWDS_FETCH_*``, then ``explicit``.
 
-    Only fields in :data:`FETCH_VARS` come from the environment; other
-    ``explicit`` keywords (``sleep``, ``chunk_size``) pass through.
-
-    Raises:
-        ValueError: a variable or argument is out of range or not a number.
+    Other ``explicit`` keywords (``sleep``, ``chunk_size``) pass through.
     """
-    out: Dict[str, Any] = {}
-    for field in FETCH_VARS:
-        out[field] = value(field, explicit.get(field))
-    for k, v in explicit.items():
-        if k not in FETCH_VARS:
-            out[k] = v
+    out = {field: value(field, explicit.get(field)) for field in FETCH_VARS}
+    out.update({k: v for k, v in explicit.items() if k not in FETCH_VARS})
     return out
 
 
@@ -280,14 +254,19 @@ def cache_dir(explicit: Optional[str] = None) -> str:
     return os.path.join(xdg, "resumewds")
 
 
+def _explicit_size(explicit: Union[int, str, None], name: str) -> Optional[int]:
+    if explicit is None:
+        return None
+    try:
+        return parse_size(explicit)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
 def cache_size(explicit: Union[int, str, None] = None) -> Optional[int]:
     """The cache budget in bytes, or None for unlimited."""
-    if explicit is not None:
-        try:
-            return parse_size(explicit)
-        except ValueError as exc:
-            raise ValueError(f"cache_size: {exc}") from None
-    return value("cache_size")
+    size = _explicit_size(explicit, "cache_size")
+    return value("cache_size") if size is None else size
 
 
 def cache_sync(explicit: Optional[str] = None) -> str:
@@ -314,12 +293,7 @@ def seed(explicit: Optional[int] = None) -> int:
 
 def manifest_max_bytes(explicit: Union[int, str, None] = None) -> int:
     """The largest remote manifest accepted, in bytes (``explicit``: bytes or ``"1GiB"``)."""
-    if explicit is not None:
-        try:
-            explicit = parse_size(explicit)
-        except ValueError as exc:
-            raise ValueError(f"manifest_max_bytes: {exc}") from None
-    return int(value("manifest_max_bytes", explicit))
+    return int(value("manifest_max_bytes", _explicit_size(explicit, "manifest_max_bytes")))
 
 
 def allow_remote_local(explicit: Optional[bool] = None) -> bool:
@@ -338,12 +312,8 @@ def s3_settings() -> Dict[str, Any]:
     ``endpoint_url``: ``RESUMEWDS_S3_ENDPOINT_URL``, else (unless
     ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true) ``AWS_ENDPOINT_URL_S3``,
     else ``AWS_ENDPOINT_URL``; ``region``: ``AWS_REGION``, else
-    ``AWS_DEFAULT_REGION``; ``profile``: ``AWS_PROFILE``.
-
-    Raises:
-        ValueError: ``RESUMEWDS_S3_ADDRESSING_STYLE`` or
-            ``RESUMEWDS_S3_ANONYMOUS`` has a value it cannot have (the
-            message names the variable).
+    ``AWS_DEFAULT_REGION``; ``profile``: ``AWS_PROFILE``.  Credentials are
+    boto3's standard chain.
 
     Example:
         >>> sorted(s3_settings())
@@ -363,27 +333,9 @@ def s3_settings() -> Dict[str, Any]:
 
 def all_variables() -> Dict[str, Var]:
     """Every variable this module reads, by variable name (for docs and tests)."""
-    out = {v.name: v for v in FETCH_VARS.values()}
-    out.update({v.name: v for v in VARS.values()})
-    return out
+    return {v.name: v for v in [*FETCH_VARS.values(), *VARS.values()]}
 
 
-__all__ = [
-    "FETCH_VARS",
-    "S3_ADDRESSING",
-    "VARS",
-    "Var",
-    "all_variables",
-    "allow_remote_local",
-    "cache_dir",
-    "cache_size",
-    "cache_sync",
-    "fetch_settings",
-    "manifest_max_bytes",
-    "parse_size",
-    "s3_settings",
-    "seed",
-    "value",
-    "verbose_cache",
-    "verbose_level",
-]
+__all__ = ["FETCH_VARS", "S3_ADDRESSING", "VARS", "Var", "all_variables", "allow_remote_local", "cache_dir",
+           "cache_size", "cache_sync", "fetch_settings", "manifest_max_bytes", "parse_size", "s3_settings", "seed",
+           "value", "verbose_cache", "verbose_level"]

@@ -1,13 +1,8 @@
 """``WebDataset``: the engine's data set with webdataset's constructor and fluent methods.
 
-:class:`WebDataset` (defined in the wing, :mod:`resumewds.wds.webdataset`)
-composes :class:`resumewds.wds._direct.DirectDataset` (the engine's data set,
-:class:`resumewds.read.ShardDataset`, iterable directly) with
-:class:`resumewds.wds.webdataset.WebDatasetAPI` (webdataset 1.0.2's
-constructor arguments and the fluent methods the engine has no name for).
-:func:`build_manifest` and :func:`index_manifest` are :mod:`resumewds.sources`'s.
-This module and the package's ``__init__`` present these names; the core
-imports neither.
+:class:`WebDataset` (:mod:`resumewds.wds.webdataset`) is the engine's
+:class:`resumewds.read.ShardDataset` with webdataset 1.0.2's constructor and
+fluent methods; the core does not import this module.
 
 Example:
     >>> ds = (WebDataset("data/shard-{000000..000003}.tar", seed=7, shuffle=True)  # doctest: +SKIP

@@ -1,9 +1,7 @@
 """The resumewds error tree.
 
-Every failure the library reports is one of these; foreign exceptions
-(``requests``', ``OSError``, ``sqlite3``'s) are translated at the module
-boundary that meets them, with ``raise Ours(msg) from exc``.  Callers can
-decide what is transient by type alone::
+Foreign exceptions are translated where they are met (``raise Ours(msg)
+from exc``); what is transient is told by type alone::
 
     ResumeWDSError                               also a subclass of (webdataset 1.0.2)
     ├── SourceError               bad URL, pattern, manifest or scheme    ValueError
@@ -26,20 +24,9 @@ decide what is transient by type alone::
         ├── JournalConfigMismatch resume with an incompatible configuration
         └── JournalIncompleteCommit a step that not every rank committed
 
-The second column is what webdataset 1.0.2 raises in the same situation
-(checked against the real package in ``tests/test_errors.py``), so code
-written for webdataset keeps catching what it caught: ``tarfile.ReadError``
-for a file that is not a tar or is truncated, ``ValueError`` for a repeated
-extension or a missing ``to_tuple`` field, ``OSError`` for a failed fetch,
-``FileNotFoundError`` for a missing file, ``KeyError`` for ``map_dict`` on
-a missing field.
-
-Every class is *message-first*: ``Cls(message, *, field=value, ...)``, with
-the fields as attributes, so that every error pickles (``args`` is just the
-message; the fields travel in ``__dict__``) and crosses a DataLoader worker
-boundary with its type and fields intact.  The older positional forms
-``ChecksumMismatch(url, expected, actual)`` and
-``ShardFormatError(shard, offset, problem)`` are still accepted.
+The second column is what webdataset 1.0.2 raises there.  Every class is
+``Cls(message, *, field=value)`` and pickles with its fields across a DataLoader
+worker; the older positional forms of ChecksumMismatch and ShardFormatError work.
 
 Example:
     >>> from resumewds.errors import ShardFormatError, ResumeWDSError
@@ -59,10 +46,9 @@ from .redact import redact_text
 class ResumeWDSError(Exception):
     """Base class of every error raised by resumewds.
 
-    Message-first: ``str(exc)`` is the one-line message, ``exc.args`` is
-    ``(message,)``; subclasses add keyword fields as attributes.  The
-    message is redacted (:func:`resumewds.redact.redact_text`: no password
-    or presigned signature of a URL in it); the fields keep what was given.
+    ``str(exc)`` is the one-line message (``exc.args == (message,)``),
+    redacted (:func:`resumewds.redact.redact_text`); the keyword fields are
+    attributes, kept as given.
     """
 
     def __init__(self, msg: str = "", **fields: Any):
@@ -119,9 +105,6 @@ class CorruptSample(TransientFetchError):
     expected: str
     actual: str
 
-    def __init__(self, msg: str = "", url: str = "", status: Optional[int] = None, **fields: Any):
-        super().__init__(msg, url, status, **fields)
-
 
 class PermanentFetchError(FetchError):
     """A failure that retrying will not fix (404, 403, unknown scheme)."""
@@ -152,10 +135,6 @@ class IntegrityError(ResumeWDSError, ValueError):
 class ChecksumMismatch(IntegrityError):
     """Size or xxh3_64 digest of a shard differs from the expected value.
 
-    ``ChecksumMismatch(message, url=, expected=, actual=, what=)``, or the
-    older ``ChecksumMismatch(url, expected, actual, what=)`` which writes
-    the message.
-
     Attributes:
         url: the shard.
         expected: expected digest or size (as text).
@@ -180,9 +159,6 @@ class ChecksumMismatch(IntegrityError):
 
 class ShardFormatError(ResumeWDSError, tarfile.ReadError, ValueError):
     """A shard is not a well-formed tar archive.
-
-    ``ShardFormatError(message, shard=, offset=, problem=)``, or the older
-    ``ShardFormatError(shard, offset, problem)`` which writes the message.
 
     Attributes:
         shard: the shard's URL or path.
@@ -234,9 +210,7 @@ class JournalIncompleteCommit(JournalError):
 
 
 # ---- the one errno table ------------------------------------------------------------
-#: the words an OSError's errno is reported with, where they say more than
-#: ``strerror`` (cache and fetch both phrase disk problems with it; not in
-#: ``__all__``, which lists only the error classes)
+#: the words an OSError's errno is reported with, where they say more than ``strerror``
 OS_PROBLEMS = {
     _errno.ENOSPC: "no space left on device",
     _errno.EDQUOT: "disk quota exceeded",
@@ -276,38 +250,18 @@ def naming(subject: str, problem: object) -> str:
 class HandlerStop(Exception):
     """A handler returned False (``ignore_and_stop``, ``warn_and_stop``): stop iterating.
 
-    Raised where the handler is asked (a stage, a shard read) and caught where
-    the iteration can end quietly (:func:`resumewds.stages.until_stop`).
-    Not a :class:`ResumeWDSError`: it is a signal, not a failure.
+    Caught where the iteration can end quietly (:func:`resumewds.stages.until_stop`);
+    a signal, not a failure (not a :class:`ResumeWDSError`).
 
     Attributes:
-        skipped: raised by a stage's handler: the item's
-            :class:`~resumewds.stages._stages.SkippedSample`, until whatever runs the
-            stage records it (:func:`resumewds.stages._stages.report_stop`); else None.
+        skipped: raised by a stage's handler: the item's ``SkippedSample``, until
+            whatever runs the stage records it; else None.
     """
 
     skipped: Any = None
 
 
-__all__ = [
-    "HandlerStop",
-    "CacheError",
-    "ChecksumMismatch",
-    "CorruptSample",
-    "DecodeError",
-    "FetchError",
-    "IntegrityError",
-    "JournalConfigMismatch",
-    "JournalError",
-    "JournalIncompleteCommit",
-    "MissingKeyError",
-    "PermanentFetchError",
-    "RangeIgnored",
-    "ResumeWDSError",
-    "ShardFormatError",
-    "ShardNotFoundError",
-    "SourceError",
-    "StateError",
-    "TransientFetchError",
-    "UnsafeSourceError",
-]
+__all__ = ["HandlerStop", "CacheError", "ChecksumMismatch", "CorruptSample", "DecodeError", "FetchError",
+           "IntegrityError", "JournalConfigMismatch", "JournalError", "JournalIncompleteCommit", "MissingKeyError",
+           "PermanentFetchError", "RangeIgnored", "ResumeWDSError", "ShardFormatError", "ShardNotFoundError",
+           "SourceError", "StateError", "TransientFetchError", "UnsafeSourceError"]

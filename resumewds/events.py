@@ -6,18 +6,10 @@ Events flow one way::
         --> batch meta["events"] --> WebLoader (main process)
         --> Stats (counters), Journal (events table, shard states), log, report
 
-A producer names a kind with :class:`EventKind`; an event *record* is a
-plain dict ``{"kind": str, "url": str, "ts": float, **detail}`` (the kind
-is stored as its plain string value, so records are JSON and SQLite as
-they always were).  ``EventKind`` is a ``str`` enum: ``EventKind.SKIP ==
-"skip"``, so code comparing with string literals keeps working.
-
-What each kind does is written once, in :data:`EVENTS`; consumers derive
-their tables from it (:func:`stats_counters`, :func:`shard_effects`,
-:func:`info_kinds`, :func:`error_kinds`, :func:`timeline_kinds`,
-:func:`unjournaled_kinds`) instead of keeping string lists of their own.
-``tests/test_events.py`` checks that every kind is produced somewhere in
-the package and has at least one consumer.
+An event record is a plain dict ``{"kind": str, "url": str, "ts": float,
+**detail}``; :class:`EventKind` is a ``str`` enum (``EventKind.SKIP ==
+"skip"``).  What each kind does is written once, in :data:`EVENTS`; the
+consumers derive their tables from it (:func:`stats_counters`, ...).
 
 Example:
     >>> EventKind.SKIP == "skip", EVENTS[EventKind.SKIP].shard_state
@@ -79,9 +71,8 @@ class EventSpec:
         level: the log level :func:`event_record` logs it at.
         lane: its row on the report's timeline (0 = top), or None.
         error: listed among ``status``' ``last_errors``.
-        journaled: written to the journal's ``events`` table (False for the
-            per-open chatter: hits, passed checks, starts; their effect on the
-            shard row is still applied).
+        journaled: written to the journal's ``events`` table (False: per-open
+            chatter, whose effect on the shard row is still applied).
     """
 
     producer: str
@@ -221,10 +212,7 @@ INFO_EVENTS = info_kinds()
 def event_record(kind: str, url: str, detail: Dict[str, Any]) -> Dict[str, Any]:
     """Build the event dict a worker attaches to its batch, and log it.
 
-    ``kind`` is an :class:`EventKind` (or its string);
-    the record holds its plain string value.  Events of a background
-    download carry ``prefetch=True`` (the store adds it; see ``cache_hits``).
-    Logged once, here, in the process where the event happened.
+    The record holds the kind's plain string value; logged once, here, where it happened.
     """
     kind = str(getattr(kind, "value", kind))
     ev: Dict[str, Any] = {"kind": kind, "url": url, "ts": time.time()}
@@ -241,17 +229,18 @@ def _level_from(verbose: bool) -> Optional[int]:
 
 def setup_logging(verbose: bool = False) -> None:
     """Make the ``resumewds`` logger talk: INFO with ``verbose`` or
-    ``RESUMEWDS_VERBOSE=1``, DEBUG with ``RESUMEWDS_VERBOSE=2``.
-
-    Adds one stderr handler only if the application configured none;
-    otherwise records go to the application's handlers.
-    """
+    ``RESUMEWDS_VERBOSE=1``, DEBUG with ``RESUMEWDS_VERBOSE=2``."""
     level = _level_from(verbose)
     if level is None:
         return
     logger = logging.getLogger("resumewds")
     if logger.level == logging.NOTSET or logger.level > level:
         logger.setLevel(level)
+    _stderr_handler(logger)
+
+
+def _stderr_handler(logger: logging.Logger) -> None:
+    """One stderr handler, only if the application configured none."""
     if not logger.handlers and not logging.getLogger().handlers:
         h = logging.StreamHandler()
         h.setFormatter(logging.Formatter(_FORMAT))
@@ -259,19 +248,11 @@ def setup_logging(verbose: bool = False) -> None:
 
 
 def worker_logging(level: int) -> None:
-    """In a DataLoader worker: use the main process's ``resumewds`` level.
-
-    A no-op after ``fork`` (the configuration is inherited); after
-    ``spawn`` the worker starts unconfigured, so this sets the level and a
-    stderr handler.
-    """
+    """In a DataLoader worker: use the main process's ``resumewds`` level (a no-op after ``fork``)."""
     logger = logging.getLogger("resumewds")
     if not level or logger.level != logging.NOTSET:
         return
     logger.setLevel(level)
-    if not logger.handlers and not logging.getLogger().handlers:
-        h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter(_FORMAT))
-        logger.addHandler(h)
+    _stderr_handler(logger)
 
 

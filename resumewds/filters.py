@@ -1,7 +1,6 @@
 """webdataset's ``filters``: the module :mod:`resumewds.wds.filters` under webdataset's name."""
 
+import importlib
 import sys
 
-from resumewds.wds import filters  # (absolute: the same module under another package name too)
-
-sys.modules[__name__] = filters
+sys.modules[__name__] = importlib.import_module("resumewds.wds.filters")

@@ -1,7 +1,6 @@
 """webdataset's ``handlers``: the module :mod:`resumewds.wds.handlers` under webdataset's name."""
 
+import importlib
 import sys
 
-from resumewds.wds import handlers  # (absolute: the same module under another package name too)
-
-sys.modules[__name__] = handlers
+sys.modules[__name__] = importlib.import_module("resumewds.wds.handlers")

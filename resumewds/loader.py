@@ -1,13 +1,8 @@
 """``WebLoader``: the engine's loader with webdataset's fluent loader methods.
 
-:class:`WebLoader` (defined in the wing, :mod:`resumewds.wds.loaderchain`)
-composes :class:`resumewds.run.ShardLoader` (torch's DataLoader with
-an exact, layout-independent resume: ``state_dict``, ``commit``, the
-journal, preemption, stats) with :class:`resumewds.wds.loaderchain.FluentLoader`
-(webdataset's ``.unbatched().shuffle(n).batched(m).with_epoch(k)`` on a
-loader), and takes webdataset's rules for data sets the plan cannot see
-through (:func:`resumewds.wds.loaderchain.route`).  This module and the
-package's ``__init__`` present the wing's names; the core imports neither.
+:class:`WebLoader` (:mod:`resumewds.wds.loaderchain`) is
+:class:`resumewds.run.ShardLoader` (exact, layout-independent resume) with
+webdataset's fluent loader methods; the core does not import this module.
 
 Example:
     >>> import resumewds as rw

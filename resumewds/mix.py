@@ -1,7 +1,6 @@
 """webdataset's ``mix``: the module :mod:`resumewds.wds.mix` under webdataset's name."""
 
+import importlib
 import sys
 
-from resumewds.wds import mix  # (absolute: the same module under another package name too)
-
-sys.modules[__name__] = mix
+sys.modules[__name__] = importlib.import_module("resumewds.wds.mix")

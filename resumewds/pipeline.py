@@ -1,7 +1,6 @@
 """webdataset's ``pipeline``: the module :mod:`resumewds.wds.pipeline` under webdataset's name."""
 
+import importlib
 import sys
 
-from resumewds.wds import pipeline  # (absolute: the same module under another package name too)
-
-sys.modules[__name__] = pipeline
+sys.modules[__name__] = importlib.import_module("resumewds.wds.pipeline")

@@ -1,7 +1,6 @@
 """webdataset's ``pytorch``: the module :mod:`resumewds.wds.pytorch` under webdataset's name."""
 
+import importlib
 import sys
 
-from resumewds.wds import pytorch  # (absolute: the same module under another package name too)
-
-sys.modules[__name__] = pytorch
+sys.modules[__name__] = importlib.import_module("resumewds.wds.pytorch")

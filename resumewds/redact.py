@@ -1,23 +1,11 @@
 """Credentials out of everything resumewds records or prints.
 
-A shard URL may carry secrets: a password (``https://user:pass@host/...``)
-or a presigned signature (``?X-Amz-Signature=...``, ``X-Amz-Credential``,
-``X-Amz-Security-Token``, ``X-Goog-Signature``, Azure's ``sig``,
-``token``, ``access_token``...).  The library fetches with the URL as
-given, but what it *records or prints* goes through :func:`redact_url`
-(one URL) or :func:`redact_text` (a message that may hold URLs anywhere):
-the journal (shard rows, events, consumption, config, stats), the cache's
-``.meta`` files, error messages (every :class:`~resumewds.errors.ResumeWDSError`
-is redacted when it is made), log lines of the ``resumewds`` loggers,
-``status`` and the HTML report (they read the journal).  The user info
-becomes ``***`` and the value of a secret parameter ``REDACTED``, as
-botocore and requests do in their logs; everything else stays, so the
-shard is still recognisable.
-
-The cache is keyed by :func:`cache_key_url`: the URL without its user info
-and without the parameters that sign it (the secret ones, and those that
-change with every signature: ``X-Amz-*``, ``X-Goog-*``, ``Expires``, an
-Azure SAS), so a rotated signature finds the shard already cached.
+A URL is fetched as given, but what is recorded or printed (the journal,
+``.meta`` files, error messages, log lines, status, the report) goes through
+:func:`redact_url` or :func:`redact_text`: user info becomes ``***`` and a
+secret parameter's value ``REDACTED``, as botocore and requests log them.
+The cache is keyed by :func:`cache_key_url` (no user info, no signing
+parameters), so a rotated signature finds the shard already cached.
 
 Example:
     >>> redact_url("https://u:p@h/a.tar?X-Amz-Date=1&X-Amz-Signature=abc")
@@ -28,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -147,7 +136,7 @@ def scrub(exc: BaseException) -> BaseException:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        try:
+        with contextlib.suppress(Exception):  # an exception type that refuses new args: leave it
             args = tuple(redact_text(a) if isinstance(a, str) else a for a in e.args)
             if args != e.args:
                 e.args = args
@@ -155,8 +144,6 @@ def scrub(exc: BaseException) -> BaseException:
                 v = getattr(e, name, None)
                 if isinstance(v, str) and redact_text(v) != v:
                     setattr(e, name, redact_text(v))
-        except Exception:  # an exception type that refuses new args: leave it
-            pass
         todo.extend(a for a in e.args if isinstance(a, BaseException))
         for nxt in (e.__cause__, e.__context__, getattr(e, "reason", None)):
             if isinstance(nxt, BaseException):

@@ -33,23 +33,10 @@ def write_shards(directory: str, shards: int = 4, samples: int = 100,
                  fmt: int = tarfile.USTAR_FORMAT) -> List[str]:
     """Write ``shards`` tar files of ``samples`` samples each; return their paths.
 
-    Each sample has ``.bin`` (random bytes, length in ``size_range``; or
-    ``.jpg`` if ``images``), ``.cls`` (an int) and ``.txt``. The same
-    arguments always give the same bytes.
-
-    Args:
-        directory: where to write (created if missing).
-        shards: number of shards, named ``{prefix}-000000.tar`` and up.
-        samples: samples per shard, keyed ``s{shard:06d}_{sample:06d}``.
-        size_range: inclusive length range of each ``.bin`` payload.
-        seed: seed of the generator.
-        images: write a JPEG (``.jpg``, needs numpy and pillow) instead of ``.bin``.
-        image_side: the JPEG's width and height.
-        prefix: the shards' file name prefix.
-        fmt: the tarfile format (``tarfile.USTAR_FORMAT``, ``GNU_FORMAT``, ``PAX_FORMAT``).
-
-    Returns:
-        The shards' paths, in order.
+    Each sample (key ``s{shard:06d}_{sample:06d}``) has ``.bin`` (random bytes,
+    length in ``size_range``; a ``.jpg`` of ``image_side`` pixels if
+    ``images``), ``.cls`` and ``.txt``; shards are ``{prefix}-000000.tar``
+    and up, in tarfile format ``fmt``.  The same arguments give the same bytes.
 
     Example:
         >>> paths = write_shards("d", shards=1, samples=2, images=True, image_side=8)

@@ -1,18 +1,10 @@
 """webdataset's tenbin format (``.ten`` members): a list of numpy arrays in one buffer.
 
-The buffer is a series of chunks ``b"~TenBin~" | length (int64) | bytes``
-padded to a multiple of 64 bytes; each array is a header chunk (dtype code,
-8-byte info string, ndim, dims, as int64) followed by a data chunk.
-Little-endian, as webdataset writes it on the usual hosts (webdataset uses
-the host's byte order).
-
-The functions are webdataset 1.0.2's, by name and meaning: the buffer
-(:func:`encode_buffer` / :func:`decode_buffer`), its chunks and headers,
-streams (:func:`write` / :func:`read`) and ``.ten`` files (:func:`save` /
-:func:`load`).  Two corrections: ``uint32`` is supported (webdataset's type
-table misspells it), and :func:`check_infos` / :func:`check_acceptable_input_type`
-check what their names say (webdataset's raise for any required info, and
-for every type that is not 64-bit).
+Chunks ``b"~TenBin~" | length (int64) | bytes`` padded to 64 bytes; each
+array is a header chunk (dtype code, 8-byte info, ndim, dims) and a data
+chunk, little-endian.  The functions are webdataset 1.0.2's, with two fixes:
+``uint32`` works, and :func:`check_infos` / :func:`check_acceptable_input_type`
+check what their names say.
 
 Example:
     >>> import numpy as np
@@ -39,11 +31,7 @@ short_to_long: Dict[str, str] = {v: k for k, v in long_to_short.items()}
 
 
 def bytelen(a: Any) -> int:
-    """The size in bytes of an array or a bytes-like object.
-
-    Raises:
-        ValueError: neither.
-    """
+    """The size in bytes of an array or a bytes-like object (ValueError: neither)."""
     if hasattr(a, "nbytes"):
         return int(a.nbytes)
     if isinstance(a, (bytearray, bytes)):
@@ -52,11 +40,7 @@ def bytelen(a: Any) -> int:
 
 
 def bytedata(a: Any) -> Any:
-    """The bytes of an array (its buffer) or of a bytes-like object.
-
-    Raises:
-        ValueError: neither.
-    """
+    """The bytes of an array (its buffer) or of a bytes-like object (ValueError: neither)."""
     if isinstance(a, (bytearray, bytes, memoryview)):
         return a
     if hasattr(a, "data"):
@@ -65,11 +49,7 @@ def bytedata(a: Any) -> Any:
 
 
 def check_acceptable_input_type(data: Sequence[Any], allow64: bool) -> None:
-    """Check that every array has a tenbin type (and is not 64-bit unless ``allow64``).
-
-    Raises:
-        ValueError: an unsupported type, or a 64-bit one without ``allow64``.
-    """
+    """Check that every array has a tenbin type and is not 64-bit unless ``allow64`` (else ValueError)."""
     for a in data:
         if a.dtype.name not in long_to_short:
             raise ValueError(f"unsupported array type {a.dtype.name}")
@@ -94,11 +74,7 @@ def unstr64(i: int) -> str:
 
 def check_infos(data: Any, infos: Sequence[str], required_infos: Any = None) -> Any:
     """``data``; with ``required_infos=True``, ``(data, infos)``; with a list of infos,
-    ``data`` after checking each against the actual one.
-
-    Raises:
-        ValueError: ``required_infos`` of another type, or an info that differs.
-    """
+    ``data`` after checking each against the actual one (ValueError if one differs)."""
     if required_infos is False or required_infos is None:
         return data
     if required_infos is True:
@@ -114,8 +90,7 @@ def check_infos(data: Any, infos: Sequence[str], required_infos: Any = None) -> 
 def encode_header(a: Any, info: str = "") -> Any:
     """The header chunk of an array (dtype code, ``info``, ndim, dims, as int64).
 
-    Raises:
-        ValueError: 10+ dimensions, a non-contiguous size, or an unsupported type.
+    ValueError for 10+ dimensions, a non-contiguous size, or an unsupported type.
     """
     import numpy as np
 
@@ -130,11 +105,7 @@ def encode_header(a: Any, info: str = "") -> Any:
 
 
 def decode_header(h: Any) -> Any:
-    """``(shape, dtype, info)`` of a header chunk.
-
-    Raises:
-        ValueError: an unsupported type code.
-    """
+    """``(shape, dtype, info)`` of a header chunk (ValueError: an unsupported type code)."""
     import numpy as np
 
     hv = np.frombuffer(h, dtype="<i8")
@@ -146,11 +117,7 @@ def decode_header(h: Any) -> Any:
 
 
 def encode_list(arrays: Sequence[Any], infos: Optional[Sequence[str]] = None) -> List[Any]:
-    """Header and data chunks of each array (``infos`` cycled; default ``""``).
-
-    Raises:
-        ValueError: ``infos`` of another length than ``arrays``.
-    """
+    """Header and data chunks of each array (``infos``: one per array; default ``""``)."""
     import numpy as np
 
     if infos is None:
@@ -208,11 +175,7 @@ def encode_chunks(chunks: Sequence[Any]) -> bytearray:
 
 
 def decode_chunks(buf: Union[bytes, bytearray, memoryview]) -> List[Any]:
-    """The chunks of a buffer.
-
-    Raises:
-        ValueError: bad magic bytes.
-    """
+    """The chunks of a buffer (ValueError: bad magic bytes)."""
     buf = bytes(buf)
     result = []
     offset, total = 0, len(buf)
@@ -227,11 +190,7 @@ def decode_chunks(buf: Union[bytes, bytearray, memoryview]) -> List[Any]:
 
 
 def encode_buffer(arrays: List[Any], infos: Optional[Sequence[str]] = None) -> bytes:
-    """Encode a list of numpy arrays into one buffer.
-
-    Raises:
-        ValueError: not a list, an unsupported dtype, or 10+ dimensions.
-    """
+    """Encode a list of numpy arrays into one buffer (ValueError: not a list, or an array tenbin cannot hold)."""
     if not isinstance(arrays, list):
         raise ValueError("requires list")
     if infos is not None and len(infos) != len(arrays):
@@ -242,8 +201,7 @@ def encode_buffer(arrays: List[Any], infos: Optional[Sequence[str]] = None) -> b
 def decode_buffer(buf: Union[bytes, bytearray, memoryview], infos: Any = False) -> Any:
     """Decode a buffer into a list of numpy arrays (``infos=True``: ``(arrays, infos)``).
 
-    Raises:
-        ValueError: bad magic bytes or an unsupported dtype.
+    ValueError for bad magic bytes or an unsupported dtype.
     """
     return decode_list(decode_chunks(buf), infos=infos)
 
@@ -259,11 +217,7 @@ def write_chunk(stream: BinaryIO, buf: Any) -> None:
 
 
 def read_chunk(stream: BinaryIO) -> Optional[bytes]:
-    """Read one chunk from a stream (None at its end).
-
-    Raises:
-        ValueError: bad magic bytes or a negative length.
-    """
+    """Read one chunk from a stream (None at its end) (ValueError: bad magic bytes or a negative length)."""
     head = stream.read(8)
     if head == b"":
         return None
@@ -285,11 +239,7 @@ def write(stream: BinaryIO, arrays: Sequence[Any], infos: Optional[Sequence[str]
 
 
 def read(stream: BinaryIO, n: int = sys.maxsize, infos: Any = False) -> Any:
-    """Read up to ``n`` arrays from a stream.
-
-    Raises:
-        ValueError: the stream ends after a header.
-    """
+    """Read up to ``n`` arrays from a stream (ValueError: the stream ends after a header)."""
     chunks: List[Any] = []
     for _ in range(n):
         header = read_chunk(stream)
@@ -303,11 +253,7 @@ def read(stream: BinaryIO, n: int = sys.maxsize, infos: Any = False) -> Any:
 
 
 def save(fname: str, *args: Any, infos: Optional[Sequence[str]] = None, nocheck: bool = False) -> None:
-    """Save arrays to a ``.ten`` file.
-
-    Raises:
-        ValueError: a name without ``.ten`` (unless ``nocheck``).
-    """
+    """Save arrays to a ``.ten`` file (ValueError: a name without ``.ten`` (unless ``nocheck``))."""
     if not nocheck and not fname.endswith(".ten"):
         raise ValueError("file name should end in .ten")
     with open(fname, "wb") as stream:
@@ -315,11 +261,7 @@ def save(fname: str, *args: Any, infos: Optional[Sequence[str]] = None, nocheck:
 
 
 def load(fname: str, infos: Any = False, nocheck: bool = False) -> Any:
-    """Load the arrays of a ``.ten`` file.
-
-    Raises:
-        ValueError: a name without ``.ten`` (unless ``nocheck``).
-    """
+    """Load the arrays of a ``.ten`` file (ValueError: a name without ``.ten`` (unless ``nocheck``))."""
     if not nocheck and not fname.endswith(".ten"):
         raise ValueError("file name should end in .ten")
     with open(fname, "rb") as stream:

@@ -1,30 +1,20 @@
 """Writing shards: webdataset's ``TarWriter`` / ``ShardWriter``, plus the manifest.
 
-The tar bytes are webdataset 1.0.2's (same encoders, same member order,
-names, modes, owners, tar format and stream padding): with the same
-``mtime=`` the files are byte-identical.  In addition the writers record
-what ``resumewds index`` would compute: each shard's size, xxh3_64 and the
-byte offset of every sample, taken from the stream as it is written, so a
-freshly written data set needs no index pass.  Pass the manifest to
-:class:`resumewds.WebDataset`::
+The tar bytes are webdataset 1.0.2's (with the same ``mtime=``,
+byte-identical).  The writers also record what ``resumewds index`` would
+(size, xxh3_64, sample offsets), so a fresh data set needs no index pass::
 
     with ShardWriter("out/shard-%06d.tar", maxcount=1000) as sink:
         for sample in samples:
             sink.write(sample)
     ds = resumewds.WebDataset("out/manifest.json")
 
-Crash safety (a difference from webdataset, which writes in place): a local
-shard is written to ``<name>.partial`` and renamed to its name once it is
-complete and synced; its manifest entry is added after the rename, and an
-older entry for the same name is dropped before it.  A writer killed at any
-point (SIGKILL included) and run again therefore never leaves a manifest
-entry that does not describe the complete file under that name.  The
-manifest is updated under a lock, so several writers (processes) may add
-shards to one manifest.  Entries are kept sorted by url.
-
-For ``.tgz`` / ``.tar.gz`` output the size and checksum are the compressed
-file's and the offsets are positions in the uncompressed tar stream (what
-the reader uses after decompressing, see :mod:`resumewds.tar`).
+Crash safety (unlike webdataset): a local shard is written to
+``<name>.partial`` and renamed once complete and synced; its manifest entry
+is dropped before and added after the rename (under a lock: several writers
+may share a manifest), so a killed writer never leaves an entry that does not
+describe the complete file.  ``.tar.gz``: the compressed file's size and
+checksum, the uncompressed stream's offsets.
 
 Example:
     >>> import tempfile, os
@@ -37,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import gzip
@@ -49,7 +40,7 @@ import re
 import subprocess
 import tarfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Union, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import xxhash
 
@@ -61,22 +52,15 @@ from .tenbin import encode_buffer
 __all__ = ["ShardWriter", "TarWriter", "add_handlers", "bytestr", "encode_based_on_extension",
            "imageencoder", "make_encoder", "make_handlers", "numpy_dumps", "torch_dumps"]
 
-#: bytes a shard file is written in (what ``TarWriter`` buffers per write).
-#: Large writes make the kernel keep the file in large page-cache folios,
-#: and a ``pread`` of a sample from those costs half what it does from the
-#: 4 KB pages that tarfile's 10 KB writes leave (2.5 vs 5.0 us for 52 KB
-#: here); a shard read soon after it is written is read from that cache.
+#: bytes a shard file is written in: large writes leave large page-cache folios,
+#: from which a ``pread`` of a sample costs half (a fresh shard is read from that cache)
 WRITE_BUFFER = 4 << 20
 
 
 # ---- encoders (webdataset's defaults) -----------------------------------------
 
 def imageencoder(image: Any, format: str = "PNG") -> bytes:
-    """Encode a PIL image or a uint8/float numpy array (values in [0, 1]) as image bytes.
-
-    Raises:
-        ValueError: float values outside [0, 1].
-    """
+    """Encode a PIL image or a uint8/float numpy array (values in [0, 1], else ValueError) as image bytes."""
     import numpy as np
     import PIL.Image
 
@@ -238,11 +222,7 @@ def encode_based_on_extension(sample: Dict[str, Any],
 
 def make_encoder(spec: Union[bool, None, Dict[str, Callable[[Any], bytes]], Callable[[Dict], Dict]]
                  ) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
-    """``True``: default encoders; ``False``/None: none; a dict: ext -> encoder; or a callable.
-
-    Raises:
-        ValueError: an unknown spec.
-    """
+    """``True``: default encoders; ``False``/None: none; a dict: ext -> encoder; or a callable (else ValueError)."""
     if spec is False or spec is None:
         return lambda x: x
     if spec is True:
@@ -319,9 +299,8 @@ def _fsync_dir(path: str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -329,8 +308,7 @@ def _fsync_dir(path: str) -> None:
 def update_manifest(manifest: str, info: Optional[ShardInfo], drop: Optional[str] = None) -> None:
     """Add ``info`` to (or drop the entry ``drop`` from) the manifest file, under a lock.
 
-    Entries are matched by absolute url and kept sorted by url.  A missing
-    or unreadable manifest starts empty.
+    Entries are matched by absolute url, sorted by url; an unreadable manifest starts empty.
     """
     os.makedirs(os.path.dirname(os.path.abspath(manifest)) or ".", exist_ok=True)
     lock = os.open(manifest + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -364,24 +342,19 @@ class TarWriter:
         user, group, mode: owner names and mode of each member.
         compress: True / ``"gz"`` / ``"bz2"`` / ``"xz"``, False for none;
             None picks by the file name.
-        encoder: True (default encoders by extension), False (values must
-            be bytes or str), a dict ext -> encoder, or a callable on the
-            whole sample.
+        encoder: as :func:`make_encoder` (True: the default encoders by extension).
         keep_meta: also write ``_``-prefixed fields.
         mtime: members' mtime (fix it for reproducible files; default now).
-        format: accepted for webdataset compatibility and ignored, as
-            webdataset 1.0.2 does (archives are Python's default, PAX).
+        format: ignored, as webdataset 1.0.2 does (archives are PAX).
         manifest: a manifest.json to add this shard to when it is closed
             (local paths only).
 
     After :meth:`close`, ``shard_info`` is the shard's
-    :class:`~resumewds.manifest.ShardInfo` (size, xxh3_64, samples,
-    offsets), also for a stream or pipe.
+    :class:`~resumewds.manifest.ShardInfo`, also for a stream or pipe.
 
     Raises:
-        EnforcedSecurityError: a path or ``pipe:`` output while
-            ``resumewds.utils.enforce_security`` is on (webdataset's gopen
-            refuses them too); a stream is always accepted.
+        EnforcedSecurityError: a path or ``pipe:`` output under
+            ``enforce_security`` (as webdataset's gopen); a stream is accepted.
 
     Example:
         >>> buf = io.BytesIO()
@@ -393,8 +366,7 @@ class TarWriter:
     def __init__(self, fileobj: Any, user: str = "bigdata", group: str = "bigdata", mode: int = 0o0444,
                  compress: Optional[Union[bool, str]] = None, encoder: Any = True, keep_meta: bool = False,
                  mtime: Optional[float] = None, format: Any = None, manifest: Optional[str] = None):
-        # accepted but, as in webdataset 1.0.2, not passed to tarfile (which
-        # writes its default, PAX): the bytes stay webdataset's
+        # as in webdataset 1.0.2, not passed to tarfile
         self.format = getattr(tarfile, format, format) if format else tarfile.USTAR_FORMAT
         self.mtime = mtime
         tarmode = self.tarmode(fileobj, compress)
@@ -460,13 +432,12 @@ class TarWriter:
             return
         self.close()
 
-    def _plan_members(self, names: List[str]) -> List[bool]:
+    def _plan_members(self, names: List[str]) -> Tuple[List[bool], Optional[str], set]:
         """Mirror the reader's grouping (:func:`resumewds.tar._io._group`) for these
-        member names: which of them starts a new sample.
+        member names: which of them starts a new sample, and the key and extensions after them.
 
         Raises:
-            ValueError: a repeated extension in one sample (the reader would
-                refuse the shard), before anything of the sample is written.
+            ValueError: a repeated extension (readers refuse such a shard), before any is written.
         """
         key, exts = self._key, set(self._exts)
         starts = []
@@ -484,14 +455,13 @@ class TarWriter:
                                      f"{ext!r} twice ({name}); readers refuse such a shard")
                 exts.add(ext)
             starts.append(new)
-        return starts
+        return starts, key, exts
 
     def write(self, obj: Dict[str, Any]) -> int:
         """Encode and write one sample; returns the bytes of member data written.
 
         Raises:
-            ValueError: no ``__key__``, a value that is not bytes after
-                encoding, or a repeated extension in one sample.
+            ValueError: no ``__key__``, a value not bytes after encoding, or a repeated extension.
         """
         obj = self.encoder(obj)
         if "__key__" not in obj:
@@ -502,7 +472,7 @@ class TarWriter:
         key = obj["__key__"]
         fields = [k for k in sorted(obj) if k != "__key__" and (self.keep_meta or k[0] != "_")]
         names = [key + "." + k for k in fields]
-        starts = self._plan_members(names)
+        starts, last_key, last_exts = self._plan_members(names)
         total = 0
         for k, name, new in zip(fields, names, starts):
             v = obj[k]
@@ -520,19 +490,8 @@ class TarWriter:
                     self._tap.start()
             self.tarstream.addfile(ti, io.BytesIO(v))
             total += ti.size
-        self._plan_commit(names)
+        self._key, self._exts = last_key, last_exts
         return total
-
-    def _plan_commit(self, names: List[str]) -> None:
-        for name in names:
-            skip = ("/" not in name and name.startswith("__") and name.endswith("__")) or \
-                tario._META_RE.match(name)
-            k, ext = (None, None) if skip else tario.split_key(name)
-            if k is None:
-                continue
-            if k != self._key:
-                self._key, self._exts = k, set()
-            self._exts.add(ext.lower())  # type: ignore[union-attr]
 
     def close(self) -> None:
         """Finish the archive; publish the file and its manifest entry."""
@@ -575,10 +534,8 @@ class TarWriter:
         if f is not None:
             f.close()
         if self._tmp is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self._tmp)
-            except OSError:
-                pass
         if self._proc is not None:
             self._proc.wait()
 
@@ -589,18 +546,12 @@ class ShardWriter:
     Args:
         pattern: ``%``-format for the shard names (``"out/shard-%06d.tar"``).
         maxcount: samples per shard at most.
-        maxsize: member bytes per shard at most (a shard is closed once it
-            reaches this).
+        maxsize: member bytes per shard at most (closed once it reaches this).
         post: called with each finished shard's name.
-        start_shard: number of the first shard.
-        verbose: print a line per shard.
-        opener: ``opener(name) -> stream`` to open shards yourself (then no
-            manifest unless ``manifest=`` names one... which needs local paths,
-            so it is ignored with an opener).
-        manifest: where to record the shards: default ``manifest.json`` next
-            to the shards (local paths); a path; or False for none.
-        **kw: passed to :class:`TarWriter` (``encoder``, ``compress``,
-            ``mtime``...).
+        opener: ``opener(name) -> stream`` to open shards yourself (no manifest).
+        manifest: default ``manifest.json`` next to the shards (local
+            paths); a path; or False for none.
+        **kw: passed to :class:`TarWriter`.
 
     Example:
         >>> import tempfile, os
@@ -684,9 +635,7 @@ class ShardWriter:
 
 
 def __getattr__(name: str) -> Any:
-    """webdataset's ``writer.gopen`` (its ``gopen`` function, as ``from . import gopen`` finds
-    it there): :func:`resumewds.gopen`, the WebDataset wing's, found by webdataset's name on
-    first use (the writer does not use it)."""
+    """webdataset's ``writer.gopen``: :func:`resumewds.gopen`, found on first use."""
     if name == "gopen":
         return importlib.import_module("resumewds.gopen").gopen
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,18 +1,13 @@
 """``resumewds demo``: generate shards, index, shuffle, interrupt, resume, compare.
 
-Three proofs on data the demo writes itself:
-
-1. In-process: an uninterrupted 2-epoch run (2 workers) against a run that
-   stops after some batches, saves ``state_dict()``, and continues in a
-   fresh loader with a different worker count.
-2. Crash: ``resumewds cat --journal`` is killed with SIGKILL twice at
-   random moments and rerun with the same arguments; the committed output
-   of the three runs, concatenated, equals the uninterrupted output.
-3. Both use a shuffled order, so equality is a real check, not a tautology.
+On a shuffled order: a run stopped, saved with ``state_dict()`` and resumed
+with another worker count; and ``resumewds cat --journal`` killed with SIGKILL
+twice and rerun.  Each must equal the uninterrupted sequence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -29,10 +24,6 @@ from ..dataset import WebDataset, build_manifest
 from ..journal import resolve_resume, run_journal_paths
 from ..synth import write_shards
 from ._out import quiet_numpy_warning
-
-
-def _say(msg: str) -> None:
-    click.echo(msg)
 
 
 def _keys(batch: dict) -> List[str]:
@@ -56,25 +47,25 @@ def run_demo(directory: Optional[str] = None, shards: int = 16, samples: int = 2
     try:
         os.environ.setdefault("RESUMEWDS_CACHE_DIR", os.path.join(directory, "cache"))
         data = os.path.join(directory, "data")
-        _say(f"1. writing {shards} shards x {samples} samples to {data}")
+        click.echo(f"1. writing {shards} shards x {samples} samples to {data}")
         write_shards(data, shards=shards, samples=samples, size_range=(500, 5000), seed=seed)
         manifest = os.path.join(data, "manifest.json")
         m = build_manifest(os.path.join(data, f"shard-{{000000..{shards - 1:06d}}}.tar"), manifest)
-        _say(f"   indexed: {len(m.shards)} shards, {m.total_samples} samples -> {manifest}")
+        click.echo(f"   indexed: {len(m.shards)} shards, {m.total_samples} samples -> {manifest}")
 
         def loader(workers: int) -> WebLoader:
             ds = WebDataset(manifest, seed=seed, shuffle=True, shuffle_window=4)
             return WebLoader(ds, batch_size=64, num_workers=workers, collate_fn=_collate)
 
-        _say("2. uninterrupted: 2 epochs, shuffled, batch 64, 2 workers")
+        click.echo("2. uninterrupted: 2 epochs, shuffled, batch 64, 2 workers")
         full: List[List[str]] = []
         ref = loader(2)
         while ref.epoch < 2:
             full.extend(_keys(b) for b in ref)
-        _say(f"   {len(full)} batches; first keys {full[0][:3]}")
+        click.echo(f"   {len(full)} batches; first keys {full[0][:3]}")
 
         stop = len(full) // 2 + 3  # past the epoch boundary's neighbourhood
-        _say(f"3. interrupted: stop after {stop} batches, save state_dict(), resume with 0 workers")
+        click.echo(f"3. interrupted: stop after {stop} batches, save state_dict(), resume with 0 workers")
         first = loader(2)
         got: List[List[str]] = []
         it = iter(first)
@@ -85,17 +76,17 @@ def run_demo(directory: Optional[str] = None, shards: int = 16, samples: int = 2
                 it = iter(first)
         del it
         state = first.state_dict()
-        _say(f"   state: epoch {state['epoch']}, position {state['position']}")
+        click.echo(f"   state: epoch {state['epoch']}, position {state['position']}")
         second = loader(0)
         second.load_state_dict(state)
         while second.epoch < 2:
             got.extend(_keys(b) for b in second)
         ok1 = got == full
-        _say(f"   resumed sequence == uninterrupted: {ok1}")
+        click.echo(f"   resumed sequence == uninterrupted: {ok1}")
 
-        _say("4. crash: `resumewds cat --journal` killed with SIGKILL twice, rerun each time")
+        click.echo("4. crash: `resumewds cat --journal` killed with SIGKILL twice, rerun each time")
         ok2 = _crash_demo(directory, manifest, seed)
-        _say(f"done in {time.time() - t_start:.1f}s: " + ("sequences match" if ok1 and ok2 else "MISMATCH"))
+        click.echo(f"done in {time.time() - t_start:.1f}s: " + ("sequences match" if ok1 and ok2 else "MISMATCH"))
         return ok1 and ok2
     finally:
         if tmp is not None:
@@ -119,10 +110,8 @@ def _remove_run(journal: str) -> None:
     """Delete the journal files of an earlier demo run (every rank, SQLite's side files, the lock)."""
     for path in run_journal_paths(journal):
         for suffix in ("", "-wal", "-shm", "-journal", ".lock"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path + suffix)
-            except FileNotFoundError:
-                pass
 
 
 def _crash_demo(directory: str, manifest: str, seed: int) -> bool:
@@ -153,7 +142,7 @@ def _crash_demo(directory: str, manifest: str, seed: int) -> bool:
             lines = f.read().splitlines()
         kept.extend(lines[:after - before])
         how = "killed (SIGKILL)" if attempt < 2 else "finished"
-        _say(f"   run {attempt + 1}: {how} after {len(lines)} lines; committed {before} -> {after}")
+        click.echo(f"   run {attempt + 1}: {how} after {len(lines)} lines; committed {before} -> {after}")
     ok = kept == ref_lines
-    _say(f"   committed output of 3 runs == uninterrupted ({len(ref_lines)} lines): {ok}")
+    click.echo(f"   committed output of 3 runs == uninterrupted ({len(ref_lines)} lines): {ok}")
     return ok

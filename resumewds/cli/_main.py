@@ -4,30 +4,10 @@ Commands: ``index``, ``cat``, ``status``, ``verify``, ``prefetch``,
 ``report``, ``demo``.  Start-up does not import torch; only commands that
 run a loader do.
 
-The ``cat`` line format is a public contract::
-
-    SHARD<TAB>KEY<TAB>DIGEST
-
-SHARD is the basename of the shard's URL, KEY the sample's ``__key__``,
-DIGEST the xxh3_64 hex digest of the sample's member bytes concatenated in
-ascending order of extension name (:func:`resumewds.tar.sample_digest`).
-
-SHARD and KEY are escaped so that a line always has exactly three fields
-(:func:`escape_field`): a backslash becomes ``\\``, TAB ``\t``, newline
-``\n``, carriage return ``\r``, NUL ``\0``, and a byte of a tar member
-name that is not UTF-8 ``\xHH`` (its hex value).  A name with none of
-these (every name WebDataset's writers produce) is printed byte-identical;
-:func:`unescape_field` inverts the escaping.
-
-Errors: bad input (a missing or unreadable file, a directory where a shard
-is expected, a malformed manifest or shard, a bad option or environment
-variable) ends with one line ``Error: <what>: <problem>`` on stderr and exit
-status 1 (2 for a bad option), never a traceback.  Set ``RESUMEWDS_DEBUG=1``
-to see the traceback of an unexpected error.
-
-Ctrl-C (SIGINT) at any moment, start-up included, ends a command with
-``Aborted!`` on stderr and exit status 130; what a journal holds stays (a rerun
-of ``cat --journal`` continues after its last commit).  See :class:`_Interrupt`.
+The ``cat`` line format (a public contract) is in :func:`cat`'s help and
+:func:`escape_field`.  Bad input ends with one ``Error: <what>: <problem>``
+line and status 1 (2 for a bad option), never a traceback
+(``RESUMEWDS_DEBUG=1`` shows it); Ctrl-C ends with ``Aborted!`` and 130.
 """
 
 from __future__ import annotations
@@ -37,7 +17,7 @@ import os
 import re
 import signal
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import click
 
@@ -58,16 +38,10 @@ from ._progress import progress_bar as _progress
 class _Interrupt:
     """Ctrl-C (SIGINT) of the ``resumewds`` process: never lost, whatever swallows it.
 
-    Python's own handler raises ``KeyboardInterrupt`` wherever the main
-    thread is; code that catches every error there loses it.  torch's
-    start-up imports numpy from C and clears any error that import raised, so
-    a Ctrl-C in that moment (about 0.1 s of ``cat``'s start-up) vanished and
-    the run went on to its end with status 0.  :func:`main` (the owner of this
-    process) installs :meth:`handler` instead, which raises the same way and
-    remembers the signal: :meth:`check` raises it again at the next step
-    (after the torch import, at each sample ``cat`` prints), and ``main``
-    ends with status 130 however the command ended.  Started with SIGINT
-    ignored (a background job), the process keeps ignoring it.
+    torch's start-up imports numpy from C and clears any error raised meanwhile,
+    so a plain ``KeyboardInterrupt`` can vanish.  :meth:`handler` also remembers
+    the signal; :meth:`check` raises it again at the next step, and :func:`main`
+    ends with status 130 however the command ended.
     """
 
     seen = False
@@ -85,15 +59,9 @@ class _Interrupt:
 
 
 class _Group(click.Group):
-    """Maps errors to one ``Error:`` line (never a traceback).
+    """Maps errors to one ``Error:`` line; a closed stdout ends quietly with status 1.
 
-    A closed stdout (the reader of a pipe left) ends the command quietly
-    with status 1, as Python's documentation recommends.
-
-    ResumeWDSError is the library's own error tree; OSError and ValueError
-    that escape are last-resort mappings (a file that cannot be written, a
-    bad setting) so that bad input never shows a traceback; with
-    ``RESUMEWDS_DEBUG=1`` they propagate with theirs.
+    OSError/ValueError are last-resort mappings; ``RESUMEWDS_DEBUG=1`` lets them propagate.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -126,31 +94,8 @@ def _describe_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-# ---------------------------------------------------------------------------
-# Checking what the user passed, before any work (one clear line each)
-# ---------------------------------------------------------------------------
-
-def check_sources(sources: Sequence[str]) -> None:
-    """Refuse sources that cannot be shards, with a hint, before any work
-    (:func:`resumewds.sources.check_sources`).
-
-    Raises:
-        click.ClickException: naming the source and what to do instead.
-    """
-    from ..sources import check_sources as check  # lazy: imports resumewds.fetch (+25 ms on --help)
-
-    try:
-        check(sources)
-    except ResumeWDSError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
 def check_output(path: str, option: str = "-o") -> None:
-    """The directory of an output file must exist and be writable.
-
-    Raises:
-        click.BadParameter: naming the path and the problem.
-    """
+    """The directory of an output file must exist and be writable (``click.BadParameter``)."""
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise click.BadParameter(f"{path}: directory {d} does not exist", param_hint=option)
@@ -161,24 +106,18 @@ def check_output(path: str, option: str = "-o") -> None:
 
 
 def _cache_size_option(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
-    """Validate ``--cache-size`` at parse time (the parser lives in cache.py)."""
+    """Validate ``--cache-size`` at parse time."""
     if value is None:
         return None
-    from ..config import parse_size  # lazy: the cache package and resumewds.fetch (+55 ms on --help)
-
     try:
-        parse_size(value)
+        config.parse_size(value)
     except (ValueError, ResumeWDSError) as exc:
         raise click.BadParameter(str(exc)) from None
     return value
 
 
 def check_environment() -> None:
-    """Validate the environment variables the CLI's commands read, by name.
-
-    Raises:
-        click.ClickException: ``NAME=value: problem``.
-    """
+    """Validate the environment variables the CLI's commands read (``NAME=value: problem``)."""
     for setting in list(config.VARS) + list(config.FETCH_VARS):
         try:
             config.value(setting)
@@ -187,11 +126,7 @@ def check_environment() -> None:
 
 
 def refuse_duplicate_shards(manifest: Any) -> None:
-    """The same shard twice (``cat m.json m.json``) would deliver its samples twice per epoch.
-
-    Raises:
-        click.ClickException: naming the shard.
-    """
+    """Refuse the same shard twice (``cat m.json m.json``): its samples twice per epoch."""
     seen: Dict[str, int] = {}
     for i, s in enumerate(manifest.shards):
         j = seen.setdefault(s.url, i)
@@ -248,12 +183,8 @@ def index(sources: List[str], output: str, cache_dir: Optional[str], cache_size:
         resumewds index 'http://host/d/shard-{0000..0099}.tar' -o manifest.json -j 16
         resumewds index data/wids-index.json -o data/manifest.json --counts-only
     """
-    from ..sources import (  # lazy: the dataset stack and resumewds.fetch (+90 ms on --help)
-        default_jobs,
-        resolve_sources,  # lazy: imports resumewds.fetch (+25 ms on --help)
-        run_index,
-        warn_duplicate_content,  # lazy: imports resumewds.fetch (+25 ms on --help)
-    )
+    # lazy, as every import in a function here: --help stays fast
+    from ..sources import check_sources, default_jobs, resolve_sources, run_index, warn_duplicate_content
 
     check_sources(sources)
     check_output(output)
@@ -287,12 +218,11 @@ def _escape_char(m: re.Match[str]) -> str:
 
 
 def escape_field(text: str) -> str:
-    r"""Escape a SHARD or KEY field of a ``resumewds cat`` line.
+    r"""Escape a SHARD or KEY field of a ``resumewds cat`` line (so a line has exactly three fields).
 
     Backslash, TAB, newline, carriage return and NUL become ``\\``, ``\t``,
-    ``\n``, ``\r``, ``\0``; a byte of a tar name that is not UTF-8 (held as
-    a surrogate escape, as :mod:`resumewds.tar` decodes names) becomes
-    ``\xHH``.  Anything else, so every plain key, is unchanged.
+    ``\n``, ``\r``, ``\0``; a byte of a tar name that is not UTF-8 (a
+    surrogate escape) becomes ``\xHH``.  Every plain key is unchanged.
 
     Example:
         >>> escape_field("dir/sample-0001")
@@ -333,46 +263,58 @@ def cat_line(sample: dict) -> str:
         >>> cat_line({"__url__": "/d/s-0.tar", "__key__": "k\t1", "txt": b"x"}).split("\t")[:2]
         ['s-0.tar', 'k\\t1']
     """
-    from ..manifest import shard_basename  # lazy: imports resumewds.fetch (+25 ms on --help)
+    from ..manifest import shard_basename
 
     return (f"{escape_field(shard_basename(sample['__url__']))}\t{escape_field(sample['__key__'])}\t"
             f"{sample_digest(sample)}")
 
 
-def _dataset_options(f: Callable) -> Callable:
-    opts = [
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the order."),
-        click.option("--shuffle", "shuffle", flag_value="window", default=None,
-                     help="Shuffle: shard order per epoch and samples within windows of shards."),
-        click.option("--shuffle-mode", "shuffle_mode", type=click.Choice(["window", "shards", "none"]),
-                     default=None, help="Explicit order algorithm (overrides --shuffle)."),
-        click.option("--shuffle-window", type=click.IntRange(min=1), default=8, show_default=True,
-                     help="Shards per shuffle window."),
-        click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR)."),
-        click.option("--cache-size", default=None, callback=_cache_size_option,
-                     help='Cache size limit, e.g. "20GB" (RESUMEWDS_CACHE_SIZE).'),
-        click.option("--verify", type=click.Choice(["once", "always", "never"]), default="once",
-                     show_default=True, help="When to verify shard checksums."),
-        click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
-                     help="A shard that cannot be fetched or verified: stop, or skip it (and say so)."),
-        click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
-        click.option("--allow-remote-local", is_flag=True, default=None,
-                     help="Allow a remote manifest to name local files (RESUMEWDS_ALLOW_REMOTE_LOCAL)."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-                     help="Read timeout in seconds for http."),
-        click.option("--attempts", type=click.IntRange(min=1), default=None, help="Fetch attempts per shard."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+def _options(*opts: Callable) -> Callable[[Callable], Callable]:
+    """One decorator for several click options, applied in the order listed."""
+
+    def apply(f: Callable) -> Callable:
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return apply
+
+
+_CACHE_DIR = click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR).")
+_ALLOW_REMOTE = (
+    click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
+    click.option("--allow-remote-local", is_flag=True, default=None,
+                 help="Allow a remote manifest to name local files (RESUMEWDS_ALLOW_REMOTE_LOCAL)."),
+)
+
+_dataset_options = _options(
+    click.option("--seed", type=int, default=0, show_default=True, help="Seed of the order."),
+    click.option("--shuffle", "shuffle", flag_value="window", default=None,
+                 help="Shuffle: shard order per epoch and samples within windows of shards."),
+    click.option("--shuffle-mode", "shuffle_mode", type=click.Choice(["window", "shards", "none"]),
+                 default=None, help="Explicit order algorithm (overrides --shuffle)."),
+    click.option("--shuffle-window", type=click.IntRange(min=1), default=8, show_default=True,
+                 help="Shards per shuffle window."),
+    _CACHE_DIR,
+    click.option("--cache-size", default=None, callback=_cache_size_option,
+                 help='Cache size limit, e.g. "20GB" (RESUMEWDS_CACHE_SIZE).'),
+    click.option("--verify", type=click.Choice(["once", "always", "never"]), default="once",
+                 show_default=True, help="When to verify shard checksums."),
+    click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+                 help="A shard that cannot be fetched or verified: stop, or skip it (and say so)."),
+    *_ALLOW_REMOTE,
+    click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+                 help="Read timeout in seconds for http."),
+    click.option("--attempts", type=click.IntRange(min=1), default=None, help="Fetch attempts per shard."),
+)
 
 
 def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle_mode: Optional[str],
                   shuffle_window: int, cache_dir: Optional[str], cache_size: Optional[str], verify: str,
                   on_error: str, allow_remote_pipe: bool, allow_remote_local: Optional[bool],
                   timeout: Optional[float], attempts: Optional[int]) -> Any:
-    from ..dataset import WebDataset  # lazy: the dataset stack and resumewds.fetch (+90 ms on --help)
-    from ..sources import resolve_sources  # lazy: imports resumewds.fetch (+25 ms on --help)
+    from ..dataset import WebDataset
+    from ..sources import check_sources, resolve_sources
 
     check_sources(sources)
     check_environment()
@@ -387,8 +329,7 @@ def _make_dataset(sources: List[str], seed: int, shuffle: Optional[str], shuffle
 
 
 def _fetch_config(timeout: Optional[float], attempts: Optional[int]) -> Any:
-    """The fetch settings for ``cat``: defaults, then arguments."""
-    from ..fetch import FetchConfig  # lazy: imports resumewds.fetch (+25 ms on --help)
+    from ..fetch import FetchConfig
 
     if attempts is not None and attempts < 1:
         raise click.BadParameter(f"must be >= 1, got {attempts}", param_hint="--attempts")
@@ -526,23 +467,18 @@ def status(journal: str, as_json: bool) -> None:
         resumewds status run.db
         resumewds status run.db --json | jq .latest
     """
-    st = _full_status(journal)
+    from ..report import full_status  # (the journal's sqlite_utils imports numpy)
+
+    st = full_status(journal)
     if as_json:
         click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
     else:
-        from ..journal import format_status  # lazy: the journal's sqlite_utils imports numpy (+100 ms on --help)
+        from ..journal import format_status
 
         click.echo(format_status(st))
         if st.get("consumption", {}).get("complete"):
             click.echo(f"complete: epoch {st['consumption']['epoch']} was delivered in full "
                        f"({st['consumption']['samples']} samples)")
-
-
-def _full_status(journal: str) -> Dict[str, Any]:
-    """``journal.status()`` completed for display (local shards, finished epochs, evictions)."""
-    from ..report import full_status  # lazy: the journal's sqlite_utils imports numpy (+100 ms on --help)
-
-    return full_status(journal)
 
 
 @cli.command()
@@ -560,76 +496,53 @@ def report(journal: str, output: str) -> None:
     Example:
         resumewds report run.db -o report.html
     """
-    from ..report import write_report  # lazy: the journal's sqlite_utils imports numpy (+100 ms on --help)
+    from ..report import write_report
 
     check_output(output)
     write_report(journal, output)
     click.echo(f"wrote {output}", err=True)
 
 
-def _store_and_shards(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
-                      allow_remote_pipe: bool, allow_remote_local: Optional[bool]) -> Any:
-    from ..cache import ShardStore  # lazy: the cache package and resumewds.fetch (+55 ms on --help)
-    from ..sources import resolve_sources  # lazy: imports resumewds.fetch (+25 ms on --help)
-
-    m = resolve_sources(list(sources), allow_remote_pipe=allow_remote_pipe, cache_dir=cache_dir,
-                        allow_remote_local=allow_remote_local)
-    return ShardStore(cache_dir=cache_dir, cache_size=cache_size, verify="always"), m
-
-
-def _cache_pass_options(f: Callable) -> Callable:
-    """The arguments shared by ``verify`` and ``prefetch``."""
-    opts = [
-        click.argument("sources", nargs=-1, required=True),
-        click.option("--cache-dir", default=None, help="Shard cache directory (RESUMEWDS_CACHE_DIR)."),
-        click.option("--cache-size", default=None, callback=_cache_size_option,
-                     help='Cache size limit, e.g. "20GB".'),
-        click.option("--allow-remote-pipe", is_flag=True, help="Allow pipe: urls from a remote manifest."),
-        click.option("--allow-remote-local", is_flag=True, default=None,
-                     help="Allow a remote manifest to name local files (RESUMEWDS_ALLOW_REMOTE_LOCAL)."),
-        click.option("--progress/--no-progress", default=None,
-                     help="Progress bar (default: when stderr is a terminal)."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+#: the arguments shared by ``verify`` and ``prefetch``
+_cache_pass_options = _options(
+    click.argument("sources", nargs=-1, required=True),
+    _CACHE_DIR,
+    click.option("--cache-size", default=None, callback=_cache_size_option, help='Cache size limit, e.g. "20GB".'),
+    *_ALLOW_REMOTE,
+    click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal)."),
+)
 
 
 def _cache_pass(sources: List[str], cache_dir: Optional[str], cache_size: Optional[str],
                 allow_remote_pipe: bool, allow_remote_local: Optional[bool], progress: Optional[bool],
                 verb: str) -> None:
     """Run ``verify_all`` or ``prefetch_all`` over the sources with a byte progress bar."""
+    from ..cache import ShardStore
+    from ..sources import check_results, check_sources, echo_range_repairs, resolve_sources
+
     check_sources(sources)
     check_environment()
-    store, m = _store_and_shards(sources, cache_dir, cache_size, allow_remote_pipe, allow_remote_local)
+    m = resolve_sources(list(sources), allow_remote_pipe=allow_remote_pipe, cache_dir=cache_dir,
+                        allow_remote_local=allow_remote_local)
+    store = ShardStore(cache_dir=cache_dir, cache_size=cache_size, verify="always")
     if verb == "verify":
-        from ..sources import echo_range_repairs  # lazy: imports resumewds.fetch (+25 ms on --help)
-
         store.on_event = echo_range_repairs(lambda line: click.echo(line, err=True))
     run = store.verify_all if verb == "verify" else store.prefetch_all
     with _progress(sum(s.size or 0 for s in m.shards), verb + "ing", progress, unit="bytes") as bar:
         results = run(m.shards, progress=bar.update)
     if verb == "verify":
         results = [(s, ok, e) if not ok else (s, *check_structure(store, s)) for s, ok, e in results]
-        from ..sources import check_results  # lazy: imports resumewds.fetch (+25 ms on --help)
-
         results = check_results(store, results, lambda line: click.echo(line, err=True))
     _report_results(results, verb)
 
 
 def check_structure(store: Any, shard: Any) -> Tuple[bool, Optional[BaseException]]:
-    """Read a shard that passed :meth:`ShardStore.verify_all` through the tar framer.
+    """``(ok, error)`` of a shard that passed :meth:`ShardStore.verify_all`, read through the tar framer.
 
-    A checksum proves a file is the one the manifest was made from; without
-    one (loose shards, a manifest without ``xxh3_64``) the bytes are only
-    known to be a whole tar archive once the framer has walked them, so an
-    empty file, a directory, a gzip or a text file is never "ok".  When the
-    manifest has an index, the shard must also match it.
-
-    Returns:
-        ``(ok, error)``.
+    Without a checksum the bytes are a whole tar archive only once the framer has
+    walked them (an empty file or a gzip is never "ok"); a manifest's index must match.
     """
-    from ..fetch import is_remote_url, local_path  # lazy: imports resumewds.fetch (+25 ms on --help)
+    from ..fetch import is_remote_url, local_path
 
     path = store.entry_path(shard.url) if is_remote_url(shard.url) else local_path(shard.url)
     if shard.xxh3_64 is not None and not is_remote_url(shard.url):
@@ -707,7 +620,7 @@ def demo(directory: Optional[str], shards: int, samples: int) -> None:
     Example:
         resumewds demo
     """
-    from ._demo import run_demo  # lazy: the journal (numpy), the dataset stack and, when run, torch
+    from ._demo import run_demo
 
     ok = run_demo(directory, shards=shards, samples=samples)
     if not ok:
@@ -715,11 +628,7 @@ def demo(directory: Optional[str], shards: int, samples: int) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Console entry point (``resumewds`` and ``python -m resumewds``).
-
-    Owns this process's SIGINT while the command runs (:class:`_Interrupt`):
-    a Ctrl-C ends it with ``Aborted!`` and status 130.
-    """
+    """Console entry point (``resumewds`` and ``python -m resumewds``); owns SIGINT (:class:`_Interrupt`)."""
     own = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not when started ignoring it
     previous = signal.signal(signal.SIGINT, _Interrupt.handler) if own else None
     _Interrupt.seen = False

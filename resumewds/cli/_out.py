@@ -1,12 +1,8 @@
-"""What ``resumewds cat`` writes besides its data lines, and how stdout fails.
-
-Writing to stdout can fail for reasons that are not data errors (a full
-disk, a closed file, a reader that left the pipe); :class:`SkipLines`
-says, once per shard, which shards ``--on-error skip`` left out.
-"""
+"""What ``resumewds cat`` writes besides its data lines, and how stdout fails."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -41,21 +37,14 @@ def flush(out: Any) -> None:
 
 def detach_stdout() -> None:
     """Point fd 1 at /dev/null so the interpreter's final flush cannot fail again."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 def quiet_numpy_warning() -> None:
-    """Silence torch's "Failed to initialize NumPy" warning (call before importing torch).
-
-    The minimal install (``pip install resumewds``) has no numpy and needs
-    none; torch warns on import when it is missing, which on every
-    ``resumewds cat`` is noise.  Only that message is filtered.
-    """
+    """Silence torch's "Failed to initialize NumPy" warning (the minimal install has no numpy)."""
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
@@ -72,15 +61,9 @@ class _DropSkipRecords(logging.Filter):
 class SkipLines:
     """One line per shard skipped after an error (``--on-error skip``).
 
-    While it is open, the library's own warnings about skipped shards (one
-    when the shard fails, one summing up the epoch) are left out, so that
-    each skipped shard is named once, with its problem: ``resumewds:
-    skipped shard URL: problem``.  :meth:`poll` says what is new (cheap
-    when nothing is); :meth:`close` says the rest.
-
-    Args:
-        failed: the loader's ``{url: error}`` of failed shards (``loader.stats_.failed``).
-        echo: writes one line (to stderr).
+    While open, the library's own skip warnings are left out, so that each
+    skipped shard is named once: ``resumewds: skipped shard URL: problem``.
+    ``failed`` is the loader's ``{url: error}`` (``loader.stats_.failed``).
     """
 
     def __init__(self, failed: dict, echo: Callable[[str], Any]):

@@ -1,16 +1,10 @@
 """MixedDataset / RandomMix: several WebDatasets mixed by weight, exactly resumable.
 
-A :class:`MixedDataset` composes :class:`~resumewds.dataset.WebDataset`
-objects.  Each keeps its own manifest, cache, verification, ``on_error``
-policy and stages; the mixture decides only *which source* feeds each
-position (:class:`~resumewds.mixing._plan.MixPlan`, a pure function of seed and
-position) and which sample of that source's endless stream it is
-(:class:`~resumewds.mixing._plan.SourceStream`).  It speaks the interface
-:class:`~resumewds.loader.WebLoader` uses (``iter_steps``, ``config``,
-``take_events``, ``manifest``, ``plan``, ``batch_size``/``collate_fn``), so
-``WebLoader(RandomMix([a, b], [0.7, 0.3]), batch_size=32, num_workers=4,
-journal="run.db", resume=True)`` resumes exactly at any worker count and
-world size.
+Each source keeps its own manifest, cache, ``on_error`` and stages; the
+mixture decides only which source feeds each position (:class:`MixPlan`) and
+which sample of its endless stream (:class:`SourceStream`).  It speaks the
+interface :class:`~resumewds.loader.WebLoader` uses, so a loader over it
+resumes exactly at any worker count and world size.
 
 Example:
     >>> web = rw.WebDataset("data/shard-{000000..000002}.tar", seed=1, shuffle=True)
@@ -71,14 +65,6 @@ class _MixManifest:
         return h.hexdigest()
 
 
-class _MixEpoch:
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-
 class _MixPlanView:
     """What the loader reads of ``dataset.plan``: ``len(plan.epoch(e))``, the same
     for every epoch."""
@@ -88,8 +74,8 @@ class _MixPlanView:
     def __init__(self, n: int):
         self.n = n
 
-    def epoch(self, e: int) -> _MixEpoch:
-        return _MixEpoch(self.n)
+    def epoch(self, e: int) -> range:
+        return range(self.n)
 
 
 class _MixSteps(StepPlan):
@@ -155,40 +141,21 @@ class MixedDataset:
     Args:
         datasets: the sources (each a :class:`~resumewds.dataset.WebDataset`,
             not ``batched``: the mixture batches).
-        weights: relative weights (any scale); None: see ``repeat``/``choose``
-            (a source with neither counts once per epoch: ``choose=size``).
-        repeat: per source, times its size per epoch (Streaming's ``repeat``).
-        choose: per source, samples per epoch (Streaming's ``choose``).
+        weights, repeat, choose, epoch_size, block: as :class:`MixPlan`'s
+            (``epoch_size`` also ``.with_epoch(n)``).
         resampled: per source (or one bool for all): draw its shards with
-            replacement (webdataset's ``resampled=True``).  Default: the
-            source's own ``resampled`` attribute, else False.
-        epoch_size: positions per epoch (also ``.with_epoch(n)``); default:
-            the sum of the per-source counts (one pass over every source
-            when only weights are given).
-        seed: seed of the interleave; None: :func:`resumewds.config.seed`
-            (``RESUMEWDS_SEED``, ``WDS_SEED``, 0), as a single data set's.
-        phases: curriculum: ``[(global_position, weights), ...]`` with
-            ``global_position = epoch * epoch_size + position`` (for a
-            step-based change: ``step * batch_size * world_size``; see
-            :func:`at_step`).  Adding a phase at or after the resume point of
-            an existing journal is a recorded, explicit change; any other
-            change of sources or weights is refused (JournalConfigMismatch).
+            replacement.  Default: the source's own ``resampled``.
+        seed: seed of the interleave; None: :func:`resumewds.config.seed`.
+        phases: curriculum: ``[(global_position, weights), ...]`` (a step's
+            position: :func:`at_step`).  Adding a phase at or after a
+            journal's resume point is a recorded change; any other change of
+            sources or weights is refused (JournalConfigMismatch).
         names: a name per source (stats and samples' ``__source__``).
-        block: > 1 shuffles positions within blocks of that many (a random-
-            looking source pattern, bound ``3d + B w (1-w)``; see
-            :class:`~resumewds.mixing._plan.MixPlan`).
-        partitions: node-local partitions, as a single data set's
-            (:class:`~resumewds.plan.Plan`): every source is cut into
-            ``partitions`` parts of its shards and position ``p`` of the
-            mixture is fed by the mixture of partition ``p % partitions``, so a
-            node (positions ``p % nodes == n``) reads only its partitions of
-            every source when ``nodes`` divides ``partitions``.  None (default):
-            the number of nodes at the run's start; a resume keeps the run's.
+        partitions: node-local partitions, as a single data set's; None: the
+            number of nodes at the run's start (a resume keeps the run's).
 
-    Sources are endless: each continues its own deterministic stream
-    (epochs of its own order, or resampled draws) across mixed epochs, so
-    every sample of a source is delivered once before any is delivered twice
-    (without resampling).
+    Sources are endless: each continues its own stream across mixed epochs,
+    so (without resampling) no sample of a source comes twice before all came once.
 
     Example:
         >>> web, code = rw.WebDataset("data/shard-{000000..000002}.tar"), rw.WebDataset("data/shard-000003.tar")
@@ -334,9 +301,7 @@ class MixedDataset:
 
     # ---- node partitions (resumewds.plan) ----------------------------------
     def use_partitions(self, partitions: int) -> None:
-        """Set the partition count (the loader resolves None to the node count,
-        or to the run's on a resume).  The sources' readers follow it (one open
-        window per partition of the node, as a single data set's).
+        """Set the partition count (the loader resolves None); the sources' readers follow it.
 
         Example:
             >>> mixed = MixedDataset([rw.WebDataset("data/shard-000000.tar")] * 2, weights=[1, 1])
@@ -359,9 +324,7 @@ class MixedDataset:
         """
         mp = self.mixplan
         d = mp.describe()
-        # "manifest" (also checked by load_state_dict) covers the sources, the
-        # interleave seed, the epoch size and the first phase's weights; later
-        # phases are only in mixture_phases (the journal checks them)
+        # "manifest" covers all but the later phases (mixture_phases: the journal checks them)
         h = xxhash.xxh3_64(self.manifest.digest().encode())
         h.update(repr((self._sources_config(), self.seed, mp.epoch_size, d["phases"][0], mp.block)).encode())
         return {"manifest": h.hexdigest(), "samples": mp.epoch_size,
@@ -373,12 +336,8 @@ class MixedDataset:
     def compatible_config(self, old: Dict[str, Any], point: Optional[Dict[str, Any]]) -> Tuple[str, ...]:
         """Config keys that may differ from the journal's ``old`` config at this resume.
 
-        A phase list that keeps every old phase and only adds phases that
-        start at or after the resume point (``point``: the journal's commit
-        being resumed) is a declared curriculum change: ``mixture_phases``
-        is then compatible (the journal records old and new values in a
-        ``config_change`` event).  Anything else (other weights for a past
-        phase, a phase before the resume point, other sources) is not.
+        ``mixture_phases`` may only gain phases that start at or after the
+        resume point (``point``, the commit being resumed).
         """
         if not old or "mixture_phases" not in old:
             return ()
@@ -394,11 +353,7 @@ class MixedDataset:
         return ("mixture_phases",)
 
     def mixture_stats(self, epoch: int, position: int) -> Dict[str, Any]:
-        """Delivered vs requested proportions, exact, for the whole run so far.
-
-        A pure function of the position (over all ranks), so it holds after
-        any number of resumes.
-        """
+        """Delivered vs requested proportions, exact, for the whole run so far (any resumes)."""
         return _proportions(self.mixplan, self.names, epoch, position)
 
     def cache_dirs(self) -> List[str]:
@@ -406,10 +361,7 @@ class MixedDataset:
         return sorted({d for ds in self.datasets for d in ds.cache_dirs()})
 
     def take_events(self) -> List[Dict[str, Any]]:
-        out: List[Dict[str, Any]] = []
-        for ds in self.datasets:
-            out.extend(ds.take_events())
-        return out
+        return [ev for ds in self.datasets for ev in ds.take_events()]
 
     def __getstate__(self) -> Dict[str, Any]:
         _ = self.manifest  # every source indexed before workers start
@@ -429,10 +381,8 @@ class MixedDataset:
                    ) -> Iterator[Tuple[int, Any, Dict[str, Any]]]:
         """Yield ``(step, batch, meta)`` for this worker's steps, as WebDataset does.
 
-        ``collate_fn`` overrides the mixture's own (the loader passes its
-        ``collate_fn=``).  ``meta`` also has ``sources``: samples per source index.
-        The steps are read by the one step engine (:func:`resumewds.read.run_steps`),
-        each source as a single data set's (its stages, then the mixture's).
+        ``collate_fn`` overrides the mixture's own; ``meta`` also has ``sources``
+        (samples per source index).  Read by :func:`resumewds.read.run_steps`.
         """
         streams = self.streams
         collate_fn = collate_fn or self.collate_fn or default_collate
@@ -465,15 +415,9 @@ def RandomMix(datasets: Sequence[Any], probs: Optional[Sequence[float]] = None,
               longest: bool = False) -> MixedDataset:
     """webdataset's ``RandomMix(datasets, probs=None, longest=False)``, deterministic.
 
-    ``probs`` (default: equal) are the weights.  ``longest=False`` (as
-    webdataset: stop when the first source runs out): an epoch is as long as
-    the weights allow without repeating any source's sample,
-    ``min_i(size_i / p_i)`` positions.  ``longest=True`` (every source runs
-    to its end): every sample of every source once per epoch, interleaved
-    evenly (the probabilities are then the sizes' ratios, where webdataset
-    keeps ``probs`` until a source runs out and then renormalises).  Sources
-    are endless streams, so a later epoch continues each source where it
-    stopped.  The interleave seed is the first dataset's seed.
+    ``probs`` (default: equal) are the weights; an epoch is ``min_i(size_i / p_i)``
+    positions.  ``longest=True``: every sample of every source once per epoch,
+    interleaved evenly (docs/MIXTURES.md).  The seed is the first dataset's.
 
     Example:
         >>> a, b = rw.WebDataset("data/shard-{000000..000002}.tar"), rw.WebDataset("data/shard-000003.tar")

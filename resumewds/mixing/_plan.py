@@ -1,44 +1,14 @@
 """The mixing plan: which source feeds each position of a mixed stream.
 
-A pure function, like :mod:`resumewds.plan`: no I/O, no RNG state, no
-Python :mod:`random`.  Given the sources' sizes, their weights (or per-source
-``repeat`` / ``choose`` counts, as MosaicML Streaming's ``Stream``) and the
-seed, :meth:`MixPlan.locate` maps a position of the mixed stream to
-``(source, q)``: ``q`` is the index in that source's *own* endless stream
-(:class:`SourceStream`: the source's epochs one after another, each its own
-deterministic order, or with ``resampled=True`` its shards drawn with
-replacement).  Resume at any position is therefore O(number of phases +
-log K), whatever the worker count or world size.
-
-**The interleave: a tree of two-way Bresenham splits.**  The active sources
-of a phase (weight > 0) are the leaves of a balanced binary tree; node
-weights are exact integers (the weights as fractions over a common
-denominator).  A node of weight ``B`` whose left child weighs ``A`` sends the
-``j``-th position it receives to the left iff ``floor(((j+1)A + f)/B) >
-floor((jA + f)/B)``, where ``f = xxh3(seed, phase, node) mod B`` is a seeded
-phase offset.  The left child's ``j``-th position is then number
-``floor((jA + f)/B)`` of that child, the right child's number the rest.
-Locating a position walks one root-to-leaf path: O(log K) integer ops.
-
-**The bound (tested in tests/test_mixture.py).**  For every source ``i`` at
-depth ``d_i`` (``d_i <= ceil(log2 K)``; 0 when alone) and every prefix of
-``n`` positions of a phase, the count ``c_i(n)`` of positions given to ``i``
-satisfies ``|c_i(n) - n * w_i| < d_i``, where ``w_i`` is its normalised
-weight: each split adds an error in ``(-1, 1)`` and passes its parent's error
-on scaled by ``A/B <= 1``.  So two sources never differ from the weights by a
-whole sample, five by less than 3 samples over *any* prefix, at any length;
-i.i.d. draws (webdataset's RandomMix) drift by about ``sqrt(n w (1-w))``
-(~500 samples after a million).  With ``repeat``/``choose`` counts the
-integer weights are the per-epoch counts, so every epoch of ``L`` positions
-delivers exactly those counts.
-
-**Phases (curriculum).**  ``phases=[(0, w0), (g1, w1), ...]``: from global
-position ``g1`` (samples delivered over all ranks since the run's start, i.e.
-``epoch * epoch_size + position``) on, the weights are ``w1``.  A source
-stream continues where the previous phase left it (its base is the exact
-count delivered before ``g1``), so no sample is repeated or skipped by a
-change, and positions before ``g1`` map exactly as they did without the
-phase.
+A pure function (no I/O, no RNG state): :meth:`MixPlan.locate` maps a
+position to ``(source, q)``, ``q`` the index in that source's own endless
+stream (:class:`SourceStream`), in O(phases + log K) at any worker count or
+world size.  The interleave is a tree of two-way Bresenham splits
+(:class:`Splitter`; docs/MIXTURES.md), and a source at depth ``d`` is within
+``d`` samples of its weight's share over any prefix.  **Phases**
+(``phases=[(0, w0), (g1, w1), ...]``, ``g`` a global position): a source
+stream continues where the previous phase left it, so a change repeats or
+skips nothing, and positions before ``g1`` map as they did without it.
 
 Example:
     >>> mp = MixPlan([100, 10], weights=[3, 1], seed=1)
@@ -55,7 +25,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from fractions import Fraction
-from math import gcd
+from math import gcd, lcm
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..plan import EpochPlan, FeistelPermutation, Plan, check_partitions, draw_shards, mix
@@ -69,17 +39,11 @@ _TAG_PART = 0x50415254  # "PART"
 Weights = Union[Sequence[float], Dict[int, float]]
 
 
-def _lcm(a: int, b: int) -> int:
-    return a // gcd(a, b) * b
-
-
 def integer_weights(weights: Sequence[Union[int, float, Fraction]]) -> List[int]:
     """Exact integer weights with the same ratios (floats read as short decimals).
 
-    ``[0.3, 0.7] -> [3, 7]``, ``[1, 2] -> [1, 2]``, ``[0.5, 0.5, 0] -> [1, 1, 0]``.
-
-    Raises:
-        ValueError: a weight is negative or not finite, or all are zero.
+    ``[0.3, 0.7] -> [3, 7]``, ``[0.5, 0.5, 0] -> [1, 1, 0]``; ValueError if a weight is
+    negative or not finite, or all are zero.
 
     Example:
         >>> integer_weights([0.25, 0.75])
@@ -96,22 +60,21 @@ def integer_weights(weights: Sequence[Union[int, float, Fraction]]) -> List[int]
         fr.append(f)
     if not any(fr):
         raise ValueError(f"mixture weights {list(weights)!r}: at least one must be positive")
-    den = 1
-    for f in fr:
-        den = _lcm(den, f.denominator)
+    den = lcm(*(f.denominator for f in fr))
     ints = [int(f * den) for f in fr]
-    g = 0
-    for v in ints:
-        g = gcd(g, v)
+    g = gcd(*ints)
     return [v // g for v in ints]
 
 
 class Splitter:
     """The interleave of one phase: position ``j`` -> ``(source, index)``.
 
+    The active sources are the leaves of a balanced binary tree; a node of
+    weight ``B`` whose left child weighs ``A`` sends its ``j``-th position left
+    iff ``floor(((j+1)A + f)/B) > floor((jA + f)/B)``, ``f`` a seeded offset.
+
     Args:
-        weights: integer weight per source (0: the source gets nothing; it
-            is not a leaf, so adding a zero-weight source changes nothing).
+        weights: integer weight per source (0: not a leaf; changes nothing).
         key: seed of the split offsets.
 
     Example:
@@ -184,32 +147,21 @@ class MixPlan:
     Args:
         sizes: samples per (source) epoch of each source.
         weights: relative weights (``probs``); None: see ``repeat``/``choose``.
-        repeat: per source, a multiplier of its size per epoch (Streaming's
-            ``repeat``), or None.
-        choose: per source, samples per epoch (Streaming's ``choose``), or None.
-        epoch_size: positions per mixed epoch (``with_epoch(n)``).  Default:
-            the sum of the per-source epoch counts (``repeat``/``choose``,
-            else its size).
+        repeat: per source, a multiplier of its size per epoch, or None.
+        choose: per source, samples per epoch, or None.
+        epoch_size: positions per mixed epoch; default: the sum of the
+            per-source epoch counts.
         seed: seed of the interleave.
         phases: later phases as ``[(global_position, weights), ...]``;
             ``weights`` is a list (one per source) or a dict ``{index: w}``
             (missing sources: 0).  Positions must increase and be > 0.
-        block: 1 (default): the source pattern is the plain low-discrepancy
-            sequence (1:1 alternates).  ``B > 1``: positions are also
-            shuffled within blocks of ``B`` (a keyed Feistel permutation per
-            block), so the pattern looks random, with the deterministic bound
-            :meth:`prefix_bounds`; a phase then starts at the next block
-            boundary at or after its position.
-        partitions: node-local partitions (``P``, as a single data set's
-            plan): position ``p`` of an epoch belongs to partition ``p % P``,
-            which has its own mixture (:meth:`part`; same weights and phases,
-            its own seed) over partition ``p % P`` of every source
-            (:meth:`SourceStream.at`).  1: the one mixture of earlier versions.
+        block: ``B > 1`` also shuffles positions within blocks of ``B``
+            (bound: :meth:`prefix_bounds`; a phase starts at a block boundary).
+        partitions: node-local partitions (``P``): position ``p`` is fed by
+            partition ``p % P``'s own mixture (:meth:`part`).
 
-    Per-source options: a source with ``repeat`` or ``choose`` has that
-    absolute count per epoch; the other sources share the rest of the epoch
-    by their weights (a source without weight, repeat or choose counts once:
-    ``choose = size``).  All arithmetic is exact (fractions).
+    Sources with ``repeat``/``choose`` have that count per epoch; the others
+    share the rest by weight (none given: ``choose = size``).  docs/MIXTURES.md.
 
     Example:
         >>> MixPlan([10, 20], choose=[5, None], repeat=[None, 2]).epoch_size
@@ -413,11 +365,8 @@ class MixPlan:
     def where(self, epoch: int, position: int) -> Tuple[int, int, int]:
         """``(source, partition, q)`` of ``position`` in mixed epoch ``epoch``.
 
-        ``q`` is the index in partition ``partition`` of the source's stream
-        (:meth:`SourceStream.at`).  One partition: ``(source, 0, q)`` of
-        :meth:`locate`.  With ``P`` partitions, position ``p`` belongs to
-        partition ``r = p % P``, whose own mixture (:meth:`part`) places its
-        ``epoch * part_positions(r) + p // P``-th position.
+        ``q``: the index in that partition of the source's stream
+        (:meth:`SourceStream.at`); partition ``p % P``'s mixture places it.
 
         Example:
             >>> mp = MixPlan([100, 10], weights=[3, 1], seed=1, partitions=2)
@@ -450,14 +399,15 @@ class MixPlan:
     def delivered_global(self, g: int) -> List[int]:
         """Per-source counts of positions ``0 .. g-1`` (all phases)."""
         if self.partitions > 1:
-            out = [0] * len(self.sizes)
-            for r in range(self.partitions):
-                for i, n in enumerate(self.part(r).delivered_global(self.part_count(r, g))):
-                    out[i] += n
-            return out
+            return self._parts_sum("delivered_global", g)
         ph = self.phase_of(max(0, g))
         c = self._phase_counts(ph, max(0, g) - self.phase_starts[ph])
         return [a + b for a, b in zip(self._base(ph), c)]
+
+    def _parts_sum(self, what: str, g: int) -> Any:
+        """The per-source sum over the partitions of their own ``what`` up to global position ``g``."""
+        return [sum(t) for t in zip(*(getattr(self.part(r), what)(self.part_count(r, g))
+                                      for r in range(self.partitions)))]
 
     def delivered(self, epoch: int, position: int) -> List[int]:
         """Per-source counts delivered before ``position`` of ``epoch``."""
@@ -467,11 +417,7 @@ class MixPlan:
         """Per source, what the weights ask of positions ``0 .. g-1``: each phase's
         normalised weights over its span (with partitions: each partition's spans)."""
         if self.partitions > 1:
-            out = [0.0] * len(self.sizes)
-            for r in range(self.partitions):
-                for i, x in enumerate(self.part(r).expected_global(self.part_count(r, g))):
-                    out[i] += x
-            return out
+            return self._parts_sum("expected_global", g)
         ph = self.phase_of(max(0, g))
         want = [0.0] * len(self.sizes)
         for p, start in enumerate(self.phase_starts[:ph + 1]):
@@ -490,18 +436,14 @@ class MixPlan:
     def bounds(self, phase: int = 0) -> List[int]:
         """Per source ``d_i``: within a phase, ``|c_i(n) - n w_i| < d_i`` (0: exact).
 
-        With ``P`` partitions each partition keeps its own bound, so the whole
-        stream's is ``P d_i`` (and a node's, reading ``P / N`` partitions,
-        ``(P / N) d_i``)."""
+        With ``P`` partitions the whole stream's is ``P d_i``."""
         sp = self.splitter(phase)
         return [self.partitions * sp.bound(i) for i in range(len(self.sizes))]
 
     def prefix_bounds(self, phase: int = 0) -> List[float]:
         """Per source, the bound on ``|c_i(n) - n w_i|`` over any prefix of a phase.
 
-        ``d_i`` without blocks; with ``block=B`` (positions shuffled within
-        blocks of ``B``) ``3 d_i + B w_i (1 - w_i)``: exact Bresenham counts at
-        every block boundary, a permuted block in between.
+        ``d_i`` without blocks; with ``block=B``, ``3 d_i + B w_i (1 - w_i)``.
         """
         d = self.bounds(phase)
         if self.block == 1:
@@ -520,24 +462,17 @@ class MixPlan:
         return d
 
 
-# ---------------------------------------------------------------------------
-# One source's endless stream.
-# ---------------------------------------------------------------------------
+# ---- one source's endless stream ------------------------------------------
 
 def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool | str = True,
                     window: int = 8) -> Tuple[EpochPlan, List[int]]:
     """One epoch of shards drawn *with replacement* (webdataset's ``resampled=True``).
 
-    Draw ``d`` picks shard ``xxh3(seed, epoch, d) mod S``; draws continue
-    until the epoch holds exactly ``sum(counts)`` samples (the last draw is
-    cut short), so an epoch has the data set's size and position ``q`` of
-    the endless stream is epoch ``q // N``: O(1) to find.  The draws are
-    then read like shards of a normal epoch (windowed sample shuffle with
-    ``shuffle=True``).
+    Draws continue until the epoch holds exactly ``sum(counts)`` samples
+    (the last cut short), so stream position ``q`` is in epoch ``q // N``.
 
-    Returns:
-        The epoch's :class:`~resumewds.plan.EpochPlan` over *draws* and the
-        draws' shard indices: ``draws[d]`` is the shard of draw ``d``.
+    Returns the epoch's :class:`~resumewds.plan.EpochPlan` over *draws*, and ``draws``
+    (``draws[d]``: the shard of draw ``d``).
 
     Example:
         >>> ep, draws = resampled_epoch([3, 3], seed=1, epoch=0, shuffle=False)
@@ -562,9 +497,8 @@ def resampled_epoch(counts: Sequence[int], seed: int, epoch: int, shuffle: bool 
 class SourceStream:
     """A source's endless stream: index ``q`` -> ``(shard, sample_in_shard)``.
 
-    Epoch ``r = q // N`` of the source, position ``q % N`` in it: the
-    source's own deterministic order (:class:`~resumewds.plan.Plan` with its
-    seed and shuffle), or with ``resampled=True`` :func:`resampled_epoch`.
+    Position ``q % N`` of the source's epoch ``q // N``: its own
+    :class:`~resumewds.plan.Plan`, or :func:`resampled_epoch`.
 
     Example:
         >>> st = SourceStream([2, 2], seed=0, shuffle=False)
@@ -611,9 +545,8 @@ class SourceStream:
     def at(self, q: int, part: int = 0) -> Tuple[int, int]:
         """``(shard, sample_in_shard)`` of index ``q`` of the stream of partition ``part``.
 
-        With ``P`` partitions, partition ``part`` is an endless stream of its
-        own: source epoch ``q // size``, its sample ``q % size`` (position
-        ``(q % size) * P + part`` of the source's partitioned plan).
+        Partition ``part``'s index ``q`` is position ``(q % size) * P + part``
+        of source epoch ``q // size`` of the partitioned plan.
 
         Example:
             >>> st = SourceStream([2, 2], seed=0, shuffle=False, partitions=2)

@@ -1,10 +1,7 @@
 """A mixture run's per-source delivered vs requested counts, from its journal alone.
 
-The mixture is a pure function of its stored config, so ``resumewds status``,
-the report and a live :class:`~resumewds.mixing.MixedDataset` compute the
-same per-source numbers from ``(config, epoch, position)`` without the data.
-No I/O: :mod:`resumewds.journal` (its text rendering) and
-:mod:`resumewds.report` import this without loading the dataset stack.
+The mixture is a pure function of its stored config: ``resumewds status``, the
+report and a live MixedDataset compute the same numbers without the data.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ def _proportions(mp: MixPlan, names: Sequence[str], epoch: int, position: int) -
     tot = sum(got)
     req = mp.requested(g)
     ph = mp.phase_of(g)
-    # what was asked for over the run: the weights of each phase for its span
     want = mp.expected_global(g)
     bounds = mp.prefix_bounds(ph)
     return {"phase": ph, "global_position": g, "sources": [
@@ -33,10 +29,8 @@ def _proportions(mp: MixPlan, names: Sequence[str], epoch: int, position: int) -
 def mixture_status(config: Dict[str, Any], epoch: int, position: int) -> Optional[Dict[str, Any]]:
     """Delivered vs requested proportions from a journal's stored config and a commit.
 
-    The mixture is a pure function of its config, so ``resumewds status`` and
-    the report can show exact per-source counts without the data: pass
-    ``status(path)["config"]`` and the latest commit's epoch and position.
-    None when the run is not a mixture.
+    Pass ``status(path)["config"]`` and the latest commit's epoch and
+    position; None when the run is not a mixture.
 
     Example:
         >>> cfg = {"mixture_sources": [{"name": "a", "samples": 10}, {"name": "b", "samples": 5}],

@@ -1,19 +1,8 @@
 """One epoch's sample sequence with random access, and the cut into partitions.
 
-An :class:`EpochPlan` holds an epoch as *segments* (whole shards, or pieces
-of shards where a partition boundary cuts one) grouped into windows; the
-samples of a window are permuted by a :class:`~resumewds.plan.FeistelPermutation`
-evaluated per position, so ``sample_at(p)`` costs O(1) whatever the window's
-size.
-
-**Partitions (node-local plan).**  With ``partitions=P`` > 1 the shards are cut
-once for the whole run into P runs of equal sample counts (``c`` or
-``c + 1``; a shard that straddles a cut is split into two pieces:
-:func:`cut_partitions`).  The epoch lays the partitions' sequences one after
-the other in *local* order, and position ``p`` is sample ``p // P`` of
-partition ``p % P``: the epoch sequence is the round-robin interleave of the
-partitions.  With ``P = 1`` position and local index are the same.  Which
-segments, in which order, is the order's choice (:mod:`resumewds.plan`).
+An epoch is *segments* (whole shards, or pieces where a partition boundary
+cuts one) grouped into windows.  Which segments, in which order, is the
+order's choice (:mod:`resumewds.plan`).
 """
 
 from __future__ import annotations
@@ -33,26 +22,17 @@ Segment = Tuple[int, int, int]  # (shard index, first sample in the shard, sampl
 class EpochPlan:
     """The sample sequence of one epoch, with random access.
 
-    ``sample_at(p)`` returns ``(shard_index, sample_in_shard)`` of the p-th
-    delivered sample.  Within a window the permutation is evaluated per
-    position (:class:`FeistelPermutation`), so any position costs O(1).
-
-    The epoch is ``partitions`` sequences (see :class:`Plan`) laid out one
-    after the other in *local* order (partition 0's windows, then partition
-    1's, ...; ``window_starts`` is in local indices); position ``p`` is local
-    index ``part_start(p % P) + p // P``.  With one partition, local index and
-    position are the same.
+    ``sample_at(p)`` is ``(shard_index, sample_in_shard)`` of the p-th
+    delivered sample, in O(1) (:class:`FeistelPermutation` per position).
+    The partitions are laid out one after the other in *local* order
+    (``window_starts`` is in local indices); position ``p`` is local index
+    ``part_start(p % P) + p // P``.
 
     Args:
-        counts: samples per shard.
-        shard_order: the shards, in epoch order (one partition); ignored when
-            ``parts`` is given.
+        shard_order: the shards, in epoch order (one partition; or ``parts``:
+            the partitions' segments ``(shard, first sample, count)``).
         window: segments (shards, or pieces of shards) per window.
-        window_key: the Feistel key of the epoch; None keeps the samples of a
-            window in order.
-        parts: the partitions' segments ``(shard, first sample, count)`` in
-            epoch order; partition q must hold ``c + 1`` samples for
-            ``q < total % P`` and ``c = total // P`` otherwise.
+        window_key: the Feistel key of the epoch; None keeps a window's samples in order.
     """
 
     def __init__(self, counts: Sequence[int], shard_order: Optional[Sequence[int]], window: int,
@@ -137,28 +117,17 @@ class EpochPlan:
 
     def window_shards(self, w: int) -> List[int]:
         """Shard indices of window ``w`` (in epoch order)."""
-        out: List[int] = []
-        for k in range(self.win_seg[w], self.win_seg[w + 1]):
-            s = self.seg_shard[k]
-            if s not in out:
-                out.append(s)
-        return out
+        return list(dict.fromkeys(self.seg_shard[self.win_seg[w]:self.win_seg[w + 1]]))
 
     @property
     def shard_order(self) -> List[int]:
         """The shards in local epoch order (each once)."""
-        seen: Dict[int, None] = {}
-        for s in self.seg_shard:
-            seen.setdefault(s, None)
-        return list(seen)
+        return list(dict.fromkeys(self.seg_shard))
 
     def partition_shards(self, q: int) -> List[int]:
         """The shards (or pieces of them) partition ``q`` reads this epoch."""
-        out: Dict[int, None] = {}
-        for k in range(self.win_seg[self.part_win[q]], self.win_seg[self.part_win[q + 1]]):
-            if self.seg_count[k]:
-                out.setdefault(self.seg_shard[k], None)
-        return list(out)
+        segs = range(self.win_seg[self.part_win[q]], self.win_seg[self.part_win[q + 1]])
+        return list(dict.fromkeys(self.seg_shard[k] for k in segs if self.seg_count[k]))
 
     def sample_at(self, p: int) -> Tuple[int, int]:
         """``(shard_index, sample_in_shard)`` of position ``p`` of this epoch."""
@@ -217,10 +186,8 @@ class EpochPlan:
 def cut_partitions(counts: Sequence[int], order: Sequence[int], partitions: int) -> List[List[Segment]]:
     """Cut the shards, in ``order``, into ``partitions`` runs of equal sample counts.
 
-    Partition q gets ``c + 1`` samples for ``q < total % P``, else ``c``
-    (``c = total // P``); a shard that straddles a cut is split into two
-    segments, one per side (so each partition boundary splits at most one
-    shard).  Empty shards stay with the partition they fall in.
+    Partition q gets ``c + 1`` samples for ``q < total % P``, else ``c =
+    total // P``; a shard straddling a cut is split in two segments.
 
     Example:
         >>> cut_partitions([3, 3, 3], [0, 1, 2], 2)

@@ -1,12 +1,7 @@
 """Keyed randomness of the order: every random choice is a hash of integers.
 
-The delivered order's random choices all come from here: :func:`mix` (a
-tuple of integers into one 64-bit key), :func:`permutation` (a whole seeded
-permutation), :class:`FeistelPermutation` (a keyed permutation with O(1)
-random access) and :func:`draw_shards` (draws with replacement).  Each is
-xxh3_64 of packed integers: no :mod:`random`, no hidden RNG state, no hash
-randomisation, so the same key gives the same answer on any machine and any
-Python version.  The orders that use them are in :mod:`resumewds.plan`.
+Each is xxh3_64 of packed integers (no :mod:`random`, no RNG state, no hash
+randomisation): the same key gives the same answer on any machine and Python.
 """
 
 from __future__ import annotations
@@ -46,12 +41,9 @@ def permutation(n: int, key: int) -> List[int]:
 class FeistelPermutation:
     """A keyed bijection of ``range(m)`` with O(1) random access.
 
-    A 4-round (possibly unbalanced) Feistel network on the bit width of
-    ``m - 1`` (round function: xxh3_64 of one half, keyed per round),
-    cycle-walked: values ``>= m`` are fed through again until they land in
-    ``range(m)``.  The domain is less than ``2m``, so a lookup takes fewer
-    than two passes on average.  Pure integer arithmetic and xxh3: the same
-    on every machine and Python version.
+    A 4-round Feistel network on the bit width of ``m - 1`` (round function:
+    keyed xxh3_64 of one half), cycle-walked onto ``range(m)`` (fewer than
+    two passes on average).
 
     Example:
         >>> p = FeistelPermutation(10, key=5)
@@ -61,10 +53,8 @@ class FeistelPermutation:
 
     __slots__ = ("m", "a", "b", "keys", "_pack", "_rounds", "_mask_b", "_tables")
     ROUNDS = 4
-    #: with halves of at most this many bits, each round function is tabulated
-    #: when the permutation is made: a half takes 2**bits values, so a window
-    #: of m samples costs about 4 * sqrt(2m) hashes once (~0.1 ms for 10,000
-    #: samples) instead of 4 per lookup (a quarter of a lookup's time is left)
+    #: halves of at most this many bits: each round function is tabulated once
+    #: (about 4 * sqrt(2m) hashes) instead of 4 hashes per lookup
     TABLE_BITS = 12
 
     def __init__(self, m: int, key: int):
@@ -74,13 +64,10 @@ class FeistelPermutation:
         self.b = bits - self.a      # bits of the right half
         self.keys = [mix(key, r) for r in range(self.ROUNDS)]
         self._pack = struct.Struct("<Q").pack
-        # round r's key and the mask of its new right half: the halves swap
-        # widths every round (a bits, then b), and after an even number of
-        # rounds they are back to (a, b)
+        # round r's key and the mask of its new right half (the halves swap widths every round)
         self._mask_b = (1 << self.b) - 1
         self._rounds = [(k, (1 << (self.a if r % 2 == 0 else self.b)) - 1) for r, k in enumerate(self.keys)]
-        # round r's function over every value of its input half (b bits in even
-        # rounds, a in odd ones): the same values __getitem__ would hash
+        # round r's function over every value of its input half (what __getitem__ would hash)
         self._tables: Optional[List[List[int]]] = None
         if self.ROUNDS == 4 and self.m > 1 and max(self.a, self.b) <= self.TABLE_BITS:
             h, pk = xxhash.xxh3_64_intdigest, self._pack
@@ -125,8 +112,7 @@ class FeistelPermutation:
 
 #: the draw hashes of :func:`draw_shards`: ``"seeded"`` is xxh3_64 of the draw
 #: number keyed by ``key`` (single data sets' ``resampled=True``), ``"mixed"`` is
-#: :func:`mix` of ``(key, draw)`` (a mixture's resampled source).  Two hashes
-#: because both orders shipped before the code was shared; each keeps its own.
+#: :func:`mix` of ``(key, draw)`` (a mixture's resampled source); each order keeps its own.
 DRAW_SCHEMES = ("seeded", "mixed")
 
 
@@ -134,17 +120,10 @@ def draw_shards(n: int, key: int, *, sizes: Optional[Sequence[int]] = None,
                 scheme: str = "seeded") -> Tuple[List[int], List[int]]:
     """Draw shards (or any ``n`` units) with replacement: the one resampling routine.
 
-    Draw ``d`` picks unit ``hash(d) mod n`` (the hash by ``scheme``, see
-    :data:`DRAW_SCHEMES`).  Without ``sizes``: ``n`` draws (webdataset's
-    ``resampled=True``: as many draws as shards; the epoch's sample count
-    varies).  With ``sizes`` (samples per unit): draws go on until they hold
-    exactly ``sum(sizes)`` samples; a draw of an empty unit is skipped and
-    the last draw is cut short, so the result has the units' total size.
-
-    Returns:
-        ``(draws, taken)``: the drawn unit indices and, with ``sizes``, the
-        samples taken from each draw (its size, the last one possibly
-        fewer); without ``sizes`` ``taken`` is empty.
+    Draw ``d`` picks unit ``hash(d) mod n`` (:data:`DRAW_SCHEMES`).  Without
+    ``sizes``: ``n`` draws, ``taken`` empty.  With ``sizes``: draws until they
+    hold exactly ``sum(sizes)`` samples (empty units skipped, the last draw
+    cut short); ``taken`` is the samples of each draw.
 
     Example:
         >>> draws, taken = draw_shards(3, key=7, sizes=[2, 0, 5])

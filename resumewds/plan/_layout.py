@@ -1,34 +1,18 @@
 """The world layout: which positions of an epoch each rank delivers at each step.
 
-A *position* ``p`` is how many samples of the epoch sequence have been
-delivered over all ranks.  From a start position ``p0`` a *step* covers
-``batch_size * world_size`` positions, and rank ``r`` takes the r-th
-``batch_size`` slice.  With ``nodes`` (groups of ranks that
-share a cache, ranks numbered node-major) node ``n`` takes the step's
-positions ``p % nodes == n`` and its local ranks slices of those: the step
-still covers the same contiguous positions, and a node whose count divides
-``partitions`` reads only its own partitions' shards.  The final, short step
-is handled by the ``remainder`` policy:
+A *position* ``p`` counts the samples of the epoch sequence delivered over
+all ranks; a *step* covers ``batch_size * world_size`` positions (see
+:class:`Layout`).  The final, short step follows ``remainder``:
 
-* ``"keep"`` (default): the leftover ``m`` samples are split into
-  ``world_size`` parts whose sizes differ by at most one (contiguous with
-  one node; with nodes, each node splits its own positions among its
-  ranks); the ranks that would get nothing get one *padding* sample each
-  (from the start of the epoch, from their node's positions), so that every
-  rank yields the same number of batches.
-* ``"pad"``: the last step is filled to full size with samples from the
-  start of the epoch's sequence, marked as padding.
+* ``"keep"`` (default): the leftover samples are split into ``world_size``
+  parts differing by at most one; a rank that would get nothing gets one
+  *padding* sample, so every rank yields the same number of batches.
+* ``"pad"``: the last step is filled up from the start of the epoch, as padding.
 * ``"drop"``: the leftover samples are not delivered this epoch.
 
-Padding samples carry ``__pad__ = True`` and are counted in stats; they never
-advance the position.
-
-:class:`Layout` is pure arithmetic over positions (the sequence itself is
-:mod:`resumewds.plan`'s); :func:`worker_steps` deals a rank's steps to its
-DataLoader workers.  A layout whose steps depend on the epoch (webdataset's
-shard split, :mod:`resumewds.wds._shardsplit`) is an :class:`EpochLayout`: bound
-to an epoch's plan it gives a :class:`BoundLayout`, the steps of that epoch
-over its own sequence of the epoch's samples.
+Padding samples carry ``__pad__ = True``; they never advance the position.
+An :class:`EpochLayout` (webdataset's shard split) depends on the epoch: bound
+to an epoch's plan it gives a :class:`BoundLayout`.
 """
 
 from __future__ import annotations
@@ -45,19 +29,11 @@ REMAINDERS = ("keep", "pad", "drop")
 class Layout:
     """How an epoch's sequence is cut into steps and split across ranks.
 
-    A step is always a contiguous range of ``batch_size * world_size``
-    positions, whatever the layout.  With ``nodes`` > 1 the ranks are grouped
-    node-major (ranks ``n*L .. n*L+L-1`` are node ``n``, ``L = world_size //
-    nodes``): node ``n`` takes the step's positions ``p % nodes == n`` (exactly
-    ``batch_size * L`` of a full step) and its local rank ``l`` the l-th
-    ``batch_size`` of them.  With one node that is the r-th contiguous slice.
-
-    Attributes:
-        batch_size: samples per rank per step.
-        world_size: number of ranks.
-        rank: this rank.
-        remainder: ``"keep"``, ``"pad"`` or ``"drop"`` (see module docs).
-        nodes: groups of ranks that share a cache (must divide world_size).
+    A step is a contiguous range of ``batch_size * world_size`` positions; rank
+    ``r`` takes its r-th ``batch_size`` slice.  With ``nodes`` (node-major,
+    dividing ``world_size``) node ``n`` takes the positions ``p % nodes == n``
+    and its local rank ``l`` the l-th ``batch_size`` of them.  ``remainder``:
+    ``"keep"``, ``"pad"`` or ``"drop"`` (see the module docs).
 
     Example:
         >>> [Layout(2, 4, r, nodes=2).slots(100, 0, 0) for r in (0, 2)]
@@ -109,9 +85,8 @@ class Layout:
               ) -> List[Tuple[int, bool]]:
         """Positions rank ``rank`` delivers at ``step``: ``[(position, is_pad)]``.
 
-        Padding slots carry a real position to read (a sample from the start
-        of the epoch, of the rank's node when there are nodes) and
-        ``is_pad=True``.
+        A padding slot carries a real position to read (from the start of the
+        epoch, of the rank's node) and ``is_pad=True``.
         """
         r = self.rank if rank is None else rank
         b, N = self.batch_size, self.nodes
@@ -152,12 +127,8 @@ def worker_steps(num_steps: int, worker: int, num_workers: int) -> range:
 class BoundLayout(Protocol):
     """An :class:`EpochLayout` bound to one epoch: its steps over ``sequence``.
 
-    What the engine reads (:meth:`resumewds.read.ShardDataset.iter_steps`, the
-    engine's loader): ``batch_size`` / ``step_size`` (positions per step),
-    ``num_steps`` / ``position_after`` / ``slots`` as :class:`Layout` has them, ``end``
-    (the position after the last sample delivered), and ``sequence``: the epoch as this
-    layout delivers it, read as an :class:`~resumewds.plan.EpochPlan` (``len()``,
-    ``samples_at``, ``window_of``, ``window_shards``, ``shards_from``).
+    As :class:`Layout`, plus ``end`` (the position after the last sample) and
+    ``sequence`` (the epoch as delivered, an :class:`~resumewds.plan.EpochPlan`).
 
     Example:
         >>> from resumewds.plan import Plan
@@ -181,10 +152,8 @@ class BoundLayout(Protocol):
 
 
 class EpochLayout(Protocol):
-    """A layout whose steps depend on the epoch: anything with ``bind(epoch_plan)``
-    returning a :class:`BoundLayout` (and raising there what makes the epoch impossible
-    to lay out, e.g. a DataLoader worker without a shard).  The engine binds it with
-    :meth:`resumewds.read.ShardDataset.steps_of` and reads the bound steps only.
+    """A layout whose steps depend on the epoch: ``bind(epoch_plan)`` gives a
+    :class:`BoundLayout`, or raises what makes the epoch impossible to lay out.
 
     Example:
         >>> from resumewds.plan import Plan

@@ -1,47 +1,18 @@
 """The delivered order: a pure function of (sample counts, seed, epoch, shuffle).
 
-Nothing here does I/O or keeps hidden RNG state, and nothing depends on
-Python's :mod:`random` or on hash randomisation: every random choice is an
-xxh3_64 hash of integers, so the same seed gives the same order on any machine
-and any Python version.
+Every random choice is an xxh3_64 hash of integers (no I/O, no RNG state, no
+:mod:`random`): the same seed gives the same order on any machine and Python.
 
-**The epoch sequence.**  For epoch ``e`` the plan orders all ``N`` samples of
-the manifest:
+**The epoch sequence** of epoch ``e``: the shards sorted by
+``xxh3_64(shard_index, seed=mix(seed, e, "shards"))``, cut into *windows* of
+``window`` shards; window ``w``'s samples permuted by
+:class:`~resumewds.plan.FeistelPermutation` keyed by ``mix(seed, e, "window",
+w)`` (any position in O(1)); the windows one after another.
 
-1. The shard order is a permutation of the shards: shards are sorted by
-   ``xxh3_64(shard_index, seed=mix(seed, e, "shards"))``.
-2. The permuted shards are cut into *windows* of ``window`` consecutive shards.
-3. Within window ``w``, its ``M`` samples (numbered in permuted shard order,
-   then in shard order) are permuted by a keyed *random-access* permutation
-   of ``range(M)`` (:class:`~resumewds.plan.FeistelPermutation`: a 4-round Feistel network
-   whose round function is xxh3_64 keyed by ``mix(seed, e, "window", w)``,
-   cycle-walked onto ``range(M)``).  Any position is computed in O(1)
-   without building the window's permutation, so a rank that needs 32
-   samples of an 80,000-sample window pays for 32, not 80,000.
-4. The epoch sequence is the windows one after another.
-
-**Partitions (node-local plan).**  With ``partitions=P`` > 1 the shards, in
-a seed-only permutation (manifest order without shuffle), are cut once for
-the whole run into P runs of equal sample counts (``c`` or ``c + 1``; a shard
-that straddles a cut is split into two pieces).  Each epoch orders every
-partition on its own exactly as above (its pieces permuted by the epoch's
-shard hash, windows, Feistel), and position ``p`` is sample ``p // P`` of
-partition ``p % P``: the epoch sequence is the round-robin interleave of the
-partitions (as MosaicML Streaming interleaves its canonical nodes).  With
-``P = 1`` it is the sequence above, unchanged.
-
-With ``shuffle=False`` the sequence is manifest order.  The ``"shards"``
-algorithm permutes shards but keeps each shard's samples in order (fully
-sequential reads).  Algorithms are plain callables registered in
-:data:`ORDERS`.
-
-Positions and steps, and how a step's positions are split across nodes,
-ranks and workers (the ``remainder`` policy, padding), are
-:mod:`resumewds.plan`.  The keyed hashes, permutations and draws are
-:mod:`resumewds.plan`; one epoch's sequence with random access and the cut
-into partitions is :mod:`resumewds.plan`.  This module holds the orders
-(one function per ``shuffle`` algorithm) and :class:`Plan` (all epochs of a
-run); every public name of those three modules is importable from here too.
+With ``partitions=P`` > 1 each partition is ordered so, and position ``p`` is
+sample ``p // P`` of partition ``p % P`` (docs/SCALE.md, *The node-local plan*).
+``shuffle=False`` is manifest order; ``"shards"`` permutes shards but keeps
+each shard's samples in order.  The algorithms are registered in :data:`ORDERS`.
 
 Example:
     >>> plan = Plan([3, 2, 4], seed=7, shuffle=True, window=2)
@@ -65,9 +36,8 @@ from ._layout import REMAINDERS, Layout, worker_steps
 
 __all__ = [
     # the orders and the plan of a run (defined here)
-    "ORDERS", "OrderFn", "Plan", "manifest_order", "manifest_window_order", "resampled_order",
-    "resampled_parts", "resampled_shards", "resampled_window_order", "shard_order", "window_order",
-    # from resumewds.plan, resumewds.plan and resumewds.plan
+    "ORDERS", "OrderFn", "Plan", "resampled_parts", "resampled_shards",
+    # from the other modules of resumewds.plan
     "DRAW_SCHEMES", "EpochPlan", "FeistelPermutation", "Layout", "REMAINDERS", "Segment",
     "check_partitions", "cut_partitions", "draw_shards", "mix", "permutation", "worker_steps",
 ]
@@ -75,6 +45,7 @@ __all__ = [
 _TAG_SHARDS = 0x5348415244  # "SHARD"
 _TAG_WINDOW = 0x57494E444F57  # "WINDOW"
 _TAG_PARTS = 0x5041525453  # "PARTS"
+_TAG_RESAMPLE = 0x524553414D50  # "RESAMP"
 
 
 def _epoch_sorted(parts: List[List[Segment]], key: int) -> List[List[Segment]]:
@@ -86,58 +57,6 @@ def _epoch_sorted(parts: List[List[Segment]], key: int) -> List[List[Segment]]:
 
 
 OrderFn = Callable[..., EpochPlan]
-
-
-def window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                 partitions: int = 1) -> EpochPlan:
-    """Permute shards per epoch, shuffle samples within windows of shards.
-
-    With partitions, the shards are cut into partitions once for the run
-    (after a seed-only permutation) and permuted per epoch within each."""
-    if partitions == 1:
-        order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
-        return EpochPlan(counts, order, window, mix(seed, epoch, _TAG_WINDOW))
-    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
-    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
-                     parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
-
-
-def shard_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                partitions: int = 1) -> EpochPlan:
-    """Permute shards per epoch; samples stay in order inside each shard."""
-    if partitions == 1:
-        order = permutation(len(counts), mix(seed, epoch, _TAG_SHARDS))
-        return EpochPlan(counts, order, 1, None)
-    parts = cut_partitions(counts, permutation(len(counts), mix(seed, _TAG_PARTS)), partitions)
-    return EpochPlan(counts, None, 1, None, parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
-
-
-def manifest_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                   partitions: int = 1) -> EpochPlan:
-    """No shuffling: manifest order every epoch (with partitions: the
-    round-robin interleave of ``partitions`` contiguous runs of it)."""
-    if partitions == 1:
-        return EpochPlan(counts, range(len(counts)), 1, None)
-    return EpochPlan(counts, None, 1, None, parts=cut_partitions(counts, range(len(counts)), partitions))
-
-
-# ---- orders for the WebDataset drop-in ---------------------------
-# ``.shuffle(n)`` on a WebDataset is compiled into a windowed order (samples
-# shuffled within windows of whole shards, see resumewds.dataset), and
-# ``resampled=True`` draws each epoch's shards with replacement.  Both are pure
-# functions of (seed, epoch, position), like every order here.
-_TAG_RESAMPLE = 0x524553414D50  # "RESAMP"
-
-
-def manifest_window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                          partitions: int = 1) -> EpochPlan:
-    """Shards in manifest order; samples shuffled within windows of ``window`` shards
-    (with partitions: contiguous runs of manifest order, each windowed on its own)."""
-    if partitions == 1:
-        return EpochPlan(counts, range(len(counts)), window, mix(seed, epoch, _TAG_WINDOW))
-    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
-                     parts=cut_partitions(counts, range(len(counts)), partitions))
-
 
 
 def resampled_shards(n: int, seed: int, epoch: int) -> List[int]:
@@ -154,11 +73,8 @@ def resampled_shards(n: int, seed: int, epoch: int) -> List[int]:
 def resampled_parts(counts: Sequence[int], seed: int, epoch: int, partitions: int) -> List[List[Segment]]:
     """Each partition's draws, with replacement, from its own pieces of shards.
 
-    The partitions are the run's (:func:`cut_partitions` after the seed-only
-    permutation, as the windowed order cuts them); partition ``q`` draws its
-    pieces with :func:`draw_shards` (key ``mix(seed, epoch, "RESAMP", q)``)
-    until it holds its own sample count, so the epoch keeps the data set's
-    size and a node reads only its partitions' shards.
+    Partition ``q`` (the run's cut) draws its pieces until it holds its own
+    sample count: the epoch keeps its size and a node reads only its shards.
 
     Example:
         >>> parts = resampled_parts([4, 4, 4, 4], seed=1, epoch=0, partitions=2)
@@ -174,33 +90,39 @@ def resampled_parts(counts: Sequence[int], seed: int, epoch: int, partitions: in
     return out
 
 
-def resampled_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                    partitions: int = 1) -> EpochPlan:
-    """Shards drawn with replacement per epoch; samples of each draw in shard order.
+def _order(shards: str, windowed: bool) -> OrderFn:
+    """An order of :data:`ORDERS`: the shards ``"permuted"`` per epoch, in ``"manifest"`` order or
+    ``"resampled"`` (drawn with replacement); samples shuffled within windows of ``window`` shards
+    when ``windowed``, else in shard order.  With partitions the shards are cut once for the run
+    (after a seed-only permutation) and each partition is ordered on its own."""
 
-    With partitions: :func:`resampled_parts` (each partition draws from its own shards)."""
-    if partitions == 1:
-        return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), 1, None)
-    return EpochPlan(counts, None, 1, None, parts=resampled_parts(counts, seed, epoch, partitions))
+    def order(counts: Sequence[int], seed: int, epoch: int, window: int, partitions: int = 1) -> EpochPlan:
+        n = len(counts)
+        w, key = (window, mix(seed, epoch, _TAG_WINDOW)) if windowed else (1, None)
+        if shards == "manifest":
+            if partitions == 1:
+                return EpochPlan(counts, range(n), w, key)
+            return EpochPlan(counts, None, w, key, parts=cut_partitions(counts, range(n), partitions))
+        if shards == "resampled":
+            if partitions == 1:
+                return EpochPlan(counts, resampled_shards(n, seed, epoch), w, key)
+            return EpochPlan(counts, None, w, key, parts=resampled_parts(counts, seed, epoch, partitions))
+        if partitions == 1:
+            return EpochPlan(counts, permutation(n, mix(seed, epoch, _TAG_SHARDS)), w, key)
+        parts = cut_partitions(counts, permutation(n, mix(seed, _TAG_PARTS)), partitions)
+        return EpochPlan(counts, None, w, key, parts=_epoch_sorted(parts, mix(seed, epoch, _TAG_SHARDS)))
 
-
-def resampled_window_order(counts: Sequence[int], seed: int, epoch: int, window: int,
-                           partitions: int = 1) -> EpochPlan:
-    """Shards drawn with replacement per epoch; samples shuffled within windows of draws."""
-    if partitions == 1:
-        return EpochPlan(counts, resampled_shards(len(counts), seed, epoch), window,
-                         mix(seed, epoch, _TAG_WINDOW))
-    return EpochPlan(counts, None, window, mix(seed, epoch, _TAG_WINDOW),
-                     parts=resampled_parts(counts, seed, epoch, partitions))
+    return order
 
 
 ORDERS: Dict[str, OrderFn] = {
-    "window": window_order,
-    "shards": shard_order,
-    "none": manifest_order,
-    "manifest_window": manifest_window_order,
-    "resampled": resampled_order,
-    "resampled_window": resampled_window_order,
+    "window": _order("permuted", windowed=True),
+    "shards": _order("permuted", windowed=False),
+    "none": _order("manifest", windowed=False),
+    # the WebDataset drop-in's: ``.shuffle(n)`` and ``resampled=True``
+    "manifest_window": _order("manifest", windowed=True),
+    "resampled": _order("resampled", windowed=False),
+    "resampled_window": _order("resampled", windowed=True),
 }
 
 
@@ -209,19 +131,11 @@ class Plan:
 
     Args:
         counts: samples per shard, in manifest order.
-        seed: the run's seed.
         shuffle: False for manifest order; True (or ``"window"``) for the
             windowed shuffle; ``"shards"`` to shuffle shard order only.
         window: shards per shuffle window (``"window"`` order only).
-        partitions: how many node-local partitions the epoch is cut into
-            (1: one sequence over all shards, the order of earlier versions).
-            The shards are cut once for the run into ``partitions`` runs of
-            equal sample counts; each epoch orders each partition on its own
-            (shards permuted, windows, Feistel) and position ``p`` is sample
-            ``p // P`` of partition ``p % P``.  A node whose ranks take the
-            positions ``p % nodes == node`` (:class:`Layout` with ``nodes``)
-            then reads only its own partitions when ``nodes`` divides
-            ``partitions``.
+        partitions: node-local partitions the epoch is cut into (1: one
+            sequence over all shards); see the module docstring.
 
     Example:
         >>> p = Plan([2, 2], seed=1)

@@ -1,33 +1,11 @@
 """Who this process is in the job: rank, world size and node.
 
-A *node* is a group of ranks that share one shard cache (in practice: one
-machine and one cache directory).  The plan gives each node its own
-partitions of the data set (:mod:`resumewds.plan`), so a node downloads about
-1/nodes of the data instead of all of it; the ranks of one node fetch each
-shard once through the shared cache.
-
-Where the answer comes from, first match wins:
-
-1. explicit arguments (``WebLoader(rank=, world_size=, nodes=)``);
-2. rank and world size from an initialized ``torch.distributed`` group, else
-   ``RANK`` / ``WORLD_SIZE`` (else ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``: one
-   node);
-3. nodes from torchrun's ``LOCAL_WORLD_SIZE`` (ranks per node), checked
-   against ``GROUP_WORLD_SIZE``, ``GROUP_RANK`` or ``NODE_RANK`` and
-   ``LOCAL_RANK`` when they are set (other launchers that set
-   ``LOCAL_WORLD_SIZE`` must give every node the same number of ranks);
-4. without those variables, under ``torch.distributed``: one all-gather of
-   ``hostname:cache directory`` (the data set's, from its ``cache_dir=`` or
-   ``RESUMEWDS_CACHE_DIR``) groups the ranks that share a cache;
-5. else one node.
-
-Nodes must be numbered node-major with the same number of ranks each (rank
-``r`` is node ``r // ranks_per_node``, as torchrun numbers them).  When the
-ranks are laid out otherwise, the loader falls back to one node (correct,
-only without locality) and logs why.
-
-Nothing here imports torch at module level: :func:`detect_world` imports
-``torch.distributed`` only to ask whether a process group exists.
+A *node* is a group of ranks that share one shard cache; the plan gives each
+node its own partitions.  Where the answer comes from (explicit arguments,
+``torch.distributed``, torchrun's variables, an all-gather of
+``hostname:cache directory``, else one node) is docs/SCALE.md, *Node
+identity*.  Nodes must be numbered node-major with equal ranks each, else the
+loader falls back to one node and logs why.  No module-level torch import.
 
 Example:
     >>> w = detect_world(5, 8, nodes=2)
@@ -37,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -54,10 +33,7 @@ class World:
     """This process's place in the job.
 
     Attributes:
-        rank: global rank.
-        world_size: number of ranks.
-        node: this rank's node (``rank // ranks_per_node``).
-        nodes: number of nodes (groups of ranks that share a cache).
+        node: this rank's node (``rank // ranks_per_node``) of ``nodes``.
         source: where the node grouping came from (``"args"``, ``"env"``,
             ``"torch.distributed"``, ``"single"``, or ``"fallback: ..."``).
 
@@ -105,30 +81,20 @@ def _env_int(*names: str, env: Optional[Mapping[str, str]] = None) -> Optional[i
 
 
 def _process_group() -> Any:
-    """``torch.distributed`` if a default process group is initialized, else None.
-
-    A process group is only ever initialized after ``torch.distributed`` was
-    imported, so this never imports torch itself."""
+    """``torch.distributed`` if a default process group is initialized, else None (never imports torch)."""
     dist = sys.modules.get("torch.distributed")
-    try:
+    with contextlib.suppress(Exception):  # torch without distributed
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist
-    except Exception:  # pragma: no cover - torch without distributed
-        pass
     return None
 
 
 def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
     """Rank and world size: explicit arguments, else torch.distributed, else env.
 
-    Each explicit argument overrides on its own.  Without an initialized
-    process group the environment is read: ``RANK`` / ``WORLD_SIZE`` (set by
-    torchrun), else ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (launchers that set
-    only the per-node variables, i.e. a single node); neither means (0, 1).
-
-    Raises:
-        ValueError: an environment variable is not an integer, or the result
-            is not a valid rank in a world of that size.
+    Each explicit argument overrides on its own.  The environment:
+    ``RANK``/``WORLD_SIZE``, else ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (one
+    node), else (0, 1).  ValueError for a non-integer or an invalid rank.
 
     Example:
         >>> world_from_env(1, 4)
@@ -159,11 +125,8 @@ def world_from_env(rank: Optional[int] = None, world_size: Optional[int] = None)
 def node_key(cache_dirs: Union[str, Sequence[str], None] = None) -> str:
     """What identifies a shared cache: ``hostname:directory`` of the cache(s) a rank uses.
 
-    Args:
-        cache_dirs: the directories of the rank's shard caches (its data set's
-            stores: :meth:`resumewds.WebDataset.cache_dirs`), one or several (a
-            mixture); None: the default (``RESUMEWDS_CACHE_DIR``...).  Symbolic
-            links are resolved, so two names of one directory are one cache.
+    ``cache_dirs``: :meth:`resumewds.WebDataset.cache_dirs` (None: the
+    default); symbolic links are resolved, so two names of one directory match.
 
     Example:
         >>> node_key("/a") == node_key(["/a"]) != node_key("/b")
@@ -177,8 +140,7 @@ def node_key(cache_dirs: Union[str, Sequence[str], None] = None) -> str:
 def nodes_from_keys(keys: list[str], rank: int) -> Tuple[int, int, str]:
     """``(node, nodes, why)`` from every rank's :func:`node_key` (rank order).
 
-    ``why`` is empty when the keys form node-major groups of equal size;
-    otherwise ``(0, 1, reason)``: one node.
+    Keys not in node-major groups of equal size give ``(0, 1, reason)``.
 
     Example:
         >>> nodes_from_keys(["a", "a", "b", "b"], 2)
@@ -203,14 +165,8 @@ def detect_world(rank: Optional[int] = None, world_size: Optional[int] = None, *
                  cache_dirs: Union[str, Sequence[str], None] = None) -> World:
     """Rank, world size and node of this process (see the module docs).
 
-    Args:
-        rank, world_size: override torch.distributed / the environment.
-        nodes: the number of nodes (groups of ranks that share a cache);
-            ranks are node-major: rank ``r`` is node ``r // (world_size // nodes)``.
-        env: the environment to read (default ``os.environ``).
-        cache_dirs: the directories of this rank's shard caches (:func:`node_key`),
-            which group the ranks under ``torch.distributed`` without torchrun's
-            variables; None: the default cache directory.
+    ``rank``, ``world_size`` and ``nodes`` (node-major) override what is
+    detected; ``cache_dirs``: this rank's shard caches (:func:`node_key`).
 
     Raises:
         ValueError: a variable is not an integer, the rank is not in the
@@ -283,16 +239,8 @@ def _fallback(rank: int, world_size: int, why: str) -> World:
 def resolve_partitions(requested: Optional[int], nodes: int, stored: Any = None) -> int:
     """The partition count of a run.
 
-    Args:
-        requested: the dataset's ``partitions`` (None: automatic).
-        nodes: nodes of this launch.
-        stored: the run's recorded configuration (journal config or state
-            dict ``config``), or None for a new run.  A recorded run without
-            a ``partitions`` key has one partition.
-
-    Returns:
-        ``requested`` if given; else the recorded count (a resume keeps the
-        run's order, whatever the new node count); else ``nodes``.
+    ``requested`` if given; else the count in ``stored`` (the run's recorded
+    config: a resume keeps the run's order; no key means 1); else ``nodes``.
 
     Example:
         >>> resolve_partitions(None, 4), resolve_partitions(None, 4, {"seed": 1})
@@ -346,22 +294,14 @@ def worker_info(group: Any = None) -> Tuple[int, int, int, int]:
         >>> worker_info()[2:]
         (0, 1)
     """
-    rank, world = node_info(group)
-    worker, nworkers = torch_worker()
-    return rank, world, worker, nworkers
+    return (*node_info(group), *torch_worker())
 
 
 def late_world(built: World, journal_path: Optional[str] = None) -> Optional[World]:
-    """The world of now for a loader built with ``built`` (world size 1, no rank or world size given),
-    or None when there is still no other.
+    """The world of now for a loader built alone (``built``: world size 1, none given), or None.
 
-    A framework may set up the processes after the loader was built (Lightning's
-    DDP does rank 0's inside ``fit``): the loader then takes the world of its first
-    ``len()`` or iteration.  Same nodes as when it was built (no collective call
-    here: the other ranks may not be asking).
-
-    Raises:
-        ValueError: the loader opened a journal as the only rank.
+    A framework may set up the processes later (Lightning's DDP, inside ``fit``).
+    Same nodes as built (no collective call); ValueError if a journal was opened alone.
 
     Example:
         >>> late_world(World(0, 1)) if "WORLD_SIZE" not in os.environ else None

@@ -1,44 +1,19 @@
 """Compressed shards (``.tar.gz`` / ``.tgz``, and ``.tar.zst`` with ``zstandard``).
 
-Random access needs an uncompressed tar, so a compressed shard is
-decompressed once and then read by seeking, like any other shard:
+A compressed shard is decompressed once and then read by seeking.  The
+manifest's ``size``/``xxh3_64`` are the compressed file's, its ``offsets``
+the uncompressed stream's.  :func:`open_view` returns the decompressed copy
+``<cache_dir>/decompressed/<xxh3 of the compressed file>.tar``, made once
+(under a lock, temporary name, synced, renamed) and shared by every process;
+it counts against ``cache_size`` (a view holds its ``.lock`` shared).
+Compression is recognised by magic bytes, not the name.
 
-* The manifest describes the compressed file (``size`` and ``xxh3_64`` are
-  the compressed bytes', which the cache fetches and verifies as usual) and
-  the *uncompressed* stream's sample offsets (``offsets``).  Indexing
-  (:func:`resumewds.tar.scan_file`, through :mod:`resumewds.tar`)
-  hashes the compressed file and scans a decompressed copy.
-* Reading: :meth:`resumewds.cache.ShardStore.acquire` hands the verified
-  compressed file to :func:`open_view`, which returns the decompressed copy
-  under ``<cache_dir>/decompressed/<xxh3 of the compressed file>.tar``,
-  made once (under a lock, written to a temporary name, synced, renamed)
-  and shared by every process; a copy whose size no longer matches its
-  ``.meta`` is made again.
-
-Damaged compressed shards (webdataset's handler semantics):
-:func:`salvage_compressed` decodes a truncated or corrupt ``.tar.gz`` the
-way webdataset 1.0.2 reads it (``tarfile`` stream mode: the same gzip header
-parse, the same 512-byte then 10240-byte input chunks, so a corrupt deflate
-block loses exactly the output tarfile loses) and frames what tarfile would
-deliver from it: the members read whole before the damage (the sample in
-progress keeps the members it has, as webdataset's ``group_by_keys`` yields
-it), and whether webdataset's reader raises there (``raised``) or ends the
-shard quietly (a cut inside a tar header, or damage after the end-of-archive
-blocks).  The same file always gives the same samples, so positions are
-stable across runs.  :func:`open_view` serves such a shard (one whose
-:class:`~resumewds.manifest.ShardInfo` has ``salvaged = True``) from a copy
-named ``...-<size>.prefix.tar`` whose ``.meta`` says ``"complete": false``:
-it is never taken for the complete decompression, which a shard read without
-salvaging still needs (and fails on).  zstd (which webdataset 1.0.2 does not
-read) is salvaged the same way, frame by frame, in 1 MiB input chunks.
-
-Compression is recognised by the file's magic bytes, not its name.
-Decompressed copies count against ``cache_size`` like any entry: room is
-made before one is written, and a copy no reader holds is evicted least
-recently used first (a view holds the copy's ``.lock`` shared while open).
-
-The codecs (magic bytes, gzip/zstd stream readers, whole-file
-decompression) are :mod:`resumewds.tar`, below :mod:`resumewds.tar`.
+:func:`salvage_compressed` reads a truncated or corrupt shard as webdataset
+1.0.2's ``tarfile`` stream mode does (same input chunks, so a corrupt
+deflate block loses exactly what tarfile loses), and says whether
+webdataset raises there (``raised``).  Such a shard (``salvaged = True``) is
+served from a ``...-<size>.prefix.tar`` copy marked ``"complete": false``,
+never taken for the complete decompression.  zstd is salvaged frame by frame.
 """
 
 from __future__ import annotations
@@ -60,7 +35,7 @@ import xxhash
 from ..errors import CacheError, ShardFormatError
 from ..redact import redact_url
 from . import _io as tario
-from ._decompress import _CHUNK, decompress_file, kind_of
+from ._decompress import _CHUNK, decompress_file, kind_of, zstandard_module
 
 # kind_of is resumewds.tar's: the webdataset drop-in's reader asks it here
 __all__ = ["Salvage", "decompress_prefix", "kind_of", "open_view", "salvage_compressed"]
@@ -72,11 +47,9 @@ _META_NAME = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 def _gzip_prefix(f: Any, write: Callable[[bytes], Any]) -> Tuple[int, Optional[str]]:
     """Decode gzip data as ``tarfile.open(mode="r|*")`` does; ``(bytes written, error or None)``.
 
-    A port of tarfile's ``_StreamProxy`` / ``_Stream`` (Python 3.10-3.13):
-    the first read is 512 bytes, then 10240-byte chunks; one gzip member
-    (raw deflate after tarfile's header parse, no CRC check).  ``error`` is
-    None when the data simply ends (truncation, or the member's end), else
-    why tarfile raises (reads past the returned bytes raise there).
+    A port of tarfile's ``_StreamProxy`` / ``_Stream`` (3.10-3.13): a 512-byte
+    read, then 10240-byte chunks; one member, no CRC check.  ``error`` is None
+    when the data simply ends, else why tarfile raises there.
     """
     pending = [f.read(512)]
     buf = b""
@@ -136,11 +109,7 @@ def _gzip_prefix(f: Any, write: Callable[[bytes], Any]) -> Tuple[int, Optional[s
 
 def _zstd_prefix(f: Any, write: Callable[[bytes], Any], shard: str) -> Tuple[int, Optional[str]]:
     """Decode zstd frames in 1 MiB input chunks until the data ends or is corrupt."""
-    try:
-        import zstandard  # lazy: optional dependency (the [formats] extra)
-    except ImportError:
-        raise ShardFormatError(shard, 0, "zstd-compressed shard: install the 'zstandard' package "
-                               "(pip install resumewds[formats]) to read it") from None
+    zstandard = zstandard_module(shard)
     dctx = zstandard.ZstdDecompressor()
     dobj = dctx.decompressobj()
     n = 0
@@ -166,13 +135,11 @@ def decompress_prefix(src: str, dst: Any, kind: str, shard: Optional[str] = None
                       ) -> Tuple[int, str, int, Optional[str]]:
     """Decompress what decodes of a possibly damaged compressed file into ``dst``.
 
-    For gzip, exactly the bytes webdataset 1.0.2's reader (``tarfile`` in
-    stream mode) decodes before it fails; deterministic for a given file.
+    For gzip, exactly what webdataset 1.0.2's reader decodes before it fails.
 
     Returns:
-        ``(compressed size, compressed xxh3_64, good bytes written, error)``:
-        ``error`` is None when the data only ends early (or is whole), else why
-        decoding stops (corrupt data).
+        ``(compressed size, compressed xxh3_64, good bytes written, error)``;
+        ``error`` is None when the data only ends early (or is whole).
 
     Example:
         >>> import gzip, io
@@ -202,8 +169,7 @@ def _hash_file(path: str) -> Tuple[int, str]:
 
 
 class _Replay:
-    """The decoded prefix as tarfile's ``_Stream`` presents it: reads within it
-    succeed; a read past it returns short (the data ended) or raises (corrupt)."""
+    """The decoded prefix as tarfile's ``_Stream`` presents it: a read past it is short or raises."""
 
     def __init__(self, mm: Any, good: int, error: Optional[str]):
         self.mm, self.good, self.error, self.pos = mm, good, error, 0
@@ -235,12 +201,8 @@ class _Replay:
 
 def _frame_prefix(mm: Any, good: int, error: Optional[str], shard: str
                   ) -> Tuple[List[int], List[str], Optional[str]]:
-    """The samples tarfile (as webdataset 1.0.2 drives it) delivers from a decoded prefix.
-
-    Returns:
-        ``(offsets, keys, raised)``: ``raised`` is the error webdataset's reader
-        raises after them, or None when it ends the shard without an error.
-    """
+    """``(offsets, keys, raised)`` of the samples tarfile (as webdataset 1.0.2 drives it) delivers
+    from a decoded prefix; ``raised``: the error its reader raises after them, or None."""
     members: List[Any] = []
     raised: Optional[str] = None
     try:
@@ -278,14 +240,11 @@ class Salvage:
     """What webdataset 1.0.2 reads of a damaged compressed shard (:func:`salvage_compressed`).
 
     Attributes:
-        index: a :class:`resumewds.tar._io.ShardIndex`: ``size`` and ``xxh3_64``
-            of the compressed file (what the cache verifies), ``offsets`` and
-            ``keys`` of the samples read before the damage (the last one may
-            lack members after the damage, as webdataset yields it).
+        index: a ShardIndex: the compressed file's ``size``/``xxh3_64``, the
+            ``offsets``/``keys`` of the samples before the damage.
         good: decompressed bytes that decode before the damage.
-        error: a :class:`ShardFormatError` naming the shard, what is wrong and where.
-        raised: True if webdataset's reader raises after these samples (its
-            handler is called); False if it ends the shard quietly there.
+        error: a :class:`ShardFormatError` naming the shard, what and where.
+        raised: whether webdataset's reader raises after these samples.
     """
 
     index: Any
@@ -320,12 +279,7 @@ def _salvage_into(path: str, out: Any, kind: str, name: str) -> Salvage:
 def salvage_compressed(path: str, shard: Optional[str] = None) -> Optional[Salvage]:
     """What webdataset 1.0.2 would read of a damaged ``.tar.gz`` / ``.tar.zst`` file.
 
-    For a shard without a checksum read under a handler that continues or
-    stops: the samples before the damage and whether webdataset's reader
-    raises after them.  Deterministic for a given file (stable positions).
-
-    Returns:
-        A :class:`Salvage`, or None if ``path`` is not compressed.
+    Deterministic for a given file (stable positions); None if ``path`` is not compressed.
 
     Example:
         >>> sv = salvage_compressed("cut.tgz")          # doctest: +SKIP
@@ -408,9 +362,7 @@ def open_view(store: Any, lease: Any) -> Any:
     try:
         fcntl.flock(lock, fcntl.LOCK_SH)  # the pin: no evictor removes a copy while it is read
         if not _copy_ok(dst, not salvaged):
-            # made under a lock of its own: waiting for the pin's exclusive lock
-            # would wait for every reader of the copy, and a reader may be a
-            # DataLoader worker that waits for this process's next batch
+            # under a lock of its own: the pin's exclusive lock would wait for every reader
             maker = os.open(dst + ".mk", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:
                 fcntl.flock(maker, fcntl.LOCK_EX)

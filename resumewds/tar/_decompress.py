@@ -1,10 +1,6 @@
 """Compressed shard codecs: gzip and zstd by magic bytes, and whole-file decompression.
 
-The bottom of the compressed-shard support: :mod:`resumewds.tar` scans a
-shard through :func:`decompressed` when its first bytes say it is
-compressed, and :mod:`resumewds.tar` (decompressed copies in the
-cache, salvage of damaged files) builds on both.  zstd needs the optional
-``zstandard`` package, imported at the first zstd shard.
+zstd needs the optional ``zstandard`` package, imported at the first zstd shard.
 
 Example:
     >>> kind_of_bytes(b"\\x1f\\x8b\\x08\\x00"), kind_of_bytes(b"ustar")
@@ -45,17 +41,22 @@ def kind_of(path: str) -> Optional[str]:
         return None
 
 
+def zstandard_module(shard: str) -> Any:
+    """The optional ``zstandard`` package (the [formats] extra), or a ShardFormatError naming the fix."""
+    try:
+        import zstandard
+    except ImportError:
+        raise ShardFormatError(shard, 0, "zstd-compressed shard: install the 'zstandard' package "
+                               "(pip install resumewds[formats]) to read it") from None
+    return zstandard
+
+
 def _reader(kind: str, f: Any, shard: str) -> Any:
     if kind == "gzip":
         import gzip  # lazy: only gzip shards need it
 
         return gzip.GzipFile(fileobj=f, mode="rb")
-    try:
-        import zstandard  # lazy: optional dependency (the [formats] extra)
-    except ImportError:
-        raise ShardFormatError(shard, 0, "zstd-compressed shard: install the 'zstandard' package "
-                               "(pip install resumewds[formats]) to read it") from None
-    return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+    return zstandard_module(shard).ZstdDecompressor().stream_reader(f, read_across_frames=True)
 
 
 def decompress_file(src: str, dst: Any, kind: str, shard: Optional[str] = None) -> Tuple[int, str, int, str]:

@@ -1,26 +1,16 @@
 """Strict tar framing: headers checked, members framed, grouped into WebDataset samples.
 
-Why not :mod:`tarfile`: it is slow for many small members (about 9k samples/s
-here), and its stream mode stops quietly at a bad header, which turns a
-corrupt shard into a silently short one.  This framer:
+Not :mod:`tarfile`: it is slow for small members, and its stream mode stops
+quietly at a bad header (a corrupt shard read as a short one).  This framer
+checks every header checksum (unsigned and signed), reads ustar, GNU long
+names and pax ``path``/``size``, requires the end-of-archive marker (a shard
+cut at a member boundary is an error), and never returns a partial member or
+sample: :class:`~resumewds.errors.ShardFormatError` names shard and offset.
 
-* checks every header checksum (unsigned and signed sums, as POSIX allows);
-* understands ustar (name + prefix), GNU long names (``L``/``K``) and pax
-  extended headers (``x``: ``path`` and ``size``; ``g`` is skipped);
-* requires the end-of-archive marker (a zero block) before the end of the
-  data, so a shard cut at a member boundary is an error, not a short shard;
-* never returns a partial member or sample: problems raise
-  :class:`~resumewds.errors.ShardFormatError` with the shard and byte offset.
-
-Grouping follows WebDataset exactly: the key is the path up to the first dot
-of the basename (directory included), the extension is the rest, lowercased;
-only consecutive members with the same key form a sample; non-regular entries,
-names without an extension and top-level ``__*__`` files are skipped; a
-repeated extension in one sample is an error.
-
-:func:`iter_members` frames members and :func:`_group` groups them; whole
-archives are walked by :mod:`resumewds.tar`, one sample's byte range is
-read by :mod:`resumewds.tar`.
+Grouping (:func:`_group`) is WebDataset's: key = path up to the first dot of
+the basename, extension = the rest, lowercased; consecutive members with one
+key form a sample; non-regular entries, names without an extension and
+top-level ``__*__`` files are skipped; a repeated extension is an error.
 """
 
 from __future__ import annotations
@@ -52,10 +42,7 @@ class Member:
 
     Attributes:
         name: full path inside the archive (after pax / GNU long names).
-        header: offset of the member's first header block (extended headers
-            included), relative to the buffer the member was parsed from.
-        data: offset of the member's data.
-        size: data size in bytes.
+        header: offset of its first header block (extended headers included).
         end: offset just past the member's padded data.
     """
 
@@ -112,27 +99,11 @@ def _plain_octal(field: bytes) -> int:
 
 
 def entry_size(blk: bytes, pax: Dict[str, str], shard: str, off: int, avail: int) -> int:
-    """The data size of the tar entry whose header block is ``blk``: the one
-    validated place every size the framer uses comes from.
+    """The data size of the entry with header ``blk``: where every size the framer uses is validated.
 
-    The size is the pax ``size`` record when there is one, else the header's
-    size field (octal or GNU base-256).  It must be a non-negative integer
-    whose padded data fits in the ``avail`` bytes that follow the header, so
-    a caller can advance by it without ever going backwards or past the end.
-
-    Args:
-        blk: the 512-byte header (checksum already checked).
-        pax: the pending pax records for this entry (may be empty).
-        shard: name for error messages.
-        off: absolute offset of the header, for error messages.
-        avail: bytes available after the header block.
-
-    Returns:
-        The size in bytes (``padded(size) <= avail``).
-
-    Raises:
-        ShardFormatError: the size is not an integer, negative, or larger
-            than what follows.
+    The pax ``size`` record, else the header's field; its padded data must
+    fit in the ``avail`` bytes after the header, so a caller can advance by
+    it without going backwards or past the end (else ShardFormatError).
 
     Example:
         >>> blk = bytearray(512); blk[124:136] = b"00000000012 "
@@ -208,26 +179,10 @@ def iter_members(buf: Buffer, shard: str, *, start: int = 0, end: Optional[int] 
                  base: int = 0, archive_end: bool = True) -> Generator[Member, None, Optional[int]]:
     """Yield the regular-file members in ``buf[start:end]``.
 
-    Args:
-        buf: the bytes (a whole archive, or one sample's range).
-        shard: name used in error messages.
-        start: offset of the first header in ``buf``.
-        end: offset to stop at (default: end of ``buf``).
-        base: added to offsets in error messages (the range's offset in the
-            shard) so that errors name the absolute byte.
-        archive_end: require an end-of-archive zero block before ``end``
-            (True for a whole archive; False for a sample range, which must
-            end exactly at a member boundary).
-
-    Raises:
-        ShardFormatError: bad checksum, truncated header or member, missing
-            end-of-archive marker, malformed extended header, a size that
-            is not a non-negative integer fitting in the data (every size
-            comes from :func:`entry_size`).
-
-    Returns:
-        (as the generator's return value) the offset of the end-of-archive
-        marker when ``archive_end`` is True, else None.
+    ``base`` is added to offsets in error messages (the range's offset in the
+    shard).  ``archive_end``: require an end-of-archive zero block before
+    ``end`` (a whole archive), else the range must end at a member boundary.
+    Returns (as the generator's value) the marker's offset, or None.
     """
     n = len(buf) if end is None else end
     off = start

@@ -1,18 +1,8 @@
 """One sample read by its byte range: the loader's seek-and-parse path.
 
-:func:`read_sample` reads one sample given its byte range in a local shard,
-with one ``pread``; :func:`read_samples` reads a run of consecutive samples
-with one.  :func:`parse_sample` frames a range held in memory (a fast path
-for plain ustar members; anything else through the strict framer of
-:mod:`resumewds.tar`), and :func:`parse_sample_as` frames verified bytes
-by the member pattern of an earlier sample of the shard.  Every range must
-hold exactly one whole sample, or :class:`~resumewds.errors.ShardFormatError`
-names the shard and byte.  :func:`sample_digest` is the ``resumewds cat``
-digest of a sample.
-
-Whole archives (a shard's index, streaming all samples) are
-:mod:`resumewds.tar`'s; the names of both modules, and of
-:mod:`resumewds.tar`, are importable from here too.
+One ``pread`` per sample (:func:`read_sample`) or per run of samples
+(:func:`read_samples`); every range must hold exactly one whole sample, or
+:class:`~resumewds.errors.ShardFormatError` names the shard and byte.
 
 Example:
     >>> idx = scan_file("data/shard-000000.tar")
@@ -39,7 +29,7 @@ __all__ = [
     # one sample's byte range (defined here)
     "CHECKED_PREAD", "Members", "PATTERN_MISSES", "learn_pattern", "member_pattern", "parse_sample",
     "parse_sample_as", "read_sample", "read_samples", "sample_digest",
-    # from resumewds.tar and resumewds.tar
+    # from the framer and the scanner
     "BLOCK", "Buffer", "Member", "ShardIndex", "entry_size", "iter_members", "iter_samples_bytes",
     "iter_samples_file", "scan_buffer", "scan_file", "split_key",
 ]
@@ -48,8 +38,7 @@ _NUL = b"\0"
 _USTAR = b"ustar\x00"
 
 
-# name, size, chksum, typeflag, magic and the first prefix byte of a ustar
-# header, in one unpack
+# name, size, chksum, typeflag, magic and the first prefix byte of a ustar header
 _HDR = struct.Struct("100s24x12s12x8sB100x6s82xB166x")
 _FIELD_END = (0, 32)  # NUL, space
 _SP = b" "
@@ -59,24 +48,12 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
                  end: Optional[int] = None, verified: bool = False) -> Dict[str, Any]:
     """Parse one sample's byte range ``buf[start:end]`` (``base`` = its offset in the shard).
 
-    Plain ustar/GNU members take a fast path; anything else (pax or GNU
-    long-name headers, skipped entries, a checksum that needs the signed
-    sum) goes through :func:`iter_members`, which handles every case.
+    Plain ustar/GNU members take a fast path; anything else goes through
+    :func:`iter_members`.  ``verified=True`` (the bytes matched an xxh3_64
+    digest) skips recomputing header checksums; every structural check runs.
 
-    ``verified=True`` says the bytes already matched an xxh3_64 digest (the
-    shard's or the sample's, from a manifest whose offsets our scanner wrote
-    after it checked every header): the fast path then skips recomputing
-    the header checksums (a third of its time), which cannot fail on those
-    bytes.  Every structural check (types, sizes inside the range, one key
-    per sample, no stray bytes) still runs.
-
-    Returns:
-        ``{"__key__": key, ext: bytes, ...}`` (``__url__`` is added by the
-        caller).
-
-    Raises:
-        ShardFormatError: malformed headers, or the range does not hold
-            exactly one sample (a stale manifest).
+    Returns ``{"__key__": key, ext: bytes, ...}``; ShardFormatError when the
+    range does not hold exactly one well-formed sample (a stale manifest).
     """
     n = len(buf) if end is None else end
     if start < 0 or n > len(buf) or start > n:
@@ -105,8 +82,7 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
             # C-level translate), minus the checksum field, plus 8 spaces (256) is exact
             if stored != sum(buf[off:off + BLOCK].translate(None, _NUL)) - sum(chk) + 256:
                 return _parse_sample_slow(buf, shard, base, start, n)
-        # the octal branch of entry_size, inlined (base-256 and pax sizes
-        # take the slow path, which calls entry_size itself)
+        # the octal branch of entry_size, inlined (base-256 takes the slow path)
         if rawsize[0] & 0x80:
             return _parse_sample_slow(buf, shard, base, start, n)
         digits = rawsize[:11]
@@ -125,9 +101,7 @@ def parse_sample(buf: Buffer, shard: str, base: int = 0, start: int = 0,
         if nxt > n:
             return _parse_sample_slow(buf, shard, base, start, n)
         name = rawname.split(_NUL, 1)[0].decode("utf-8", "surrogateescape")
-        # _KEY_RE without the regex: the key ends at the first dot of the
-        # basename; the rare rest (no dot, a dot first, a name that starts
-        # with "_", which may be a "__" entry) goes through _KEY_RE
+        # _KEY_RE without the regex; the rare rest (no dot, a dot or "_" first) goes through it
         slash = name.rfind("/")
         dot = name.find(".", slash + 1)
         if dot > slash + 1 and name[0] != "_":
@@ -156,8 +130,7 @@ Members = Tuple[Tuple[str, bytes], ...]
 
 
 def member_pattern(sample: Dict[str, Any]) -> Members:
-    """What :func:`parse_sample_as` expects of the next samples: ``sample``'s
-    members in order, each as ``(ext, b"." + ext)``.
+    """What :func:`parse_sample_as` expects of the next samples: ``sample``'s members as ``(ext, b"." + ext)``.
 
     Example:
         >>> member_pattern({"cls": b"1", "jpg": b"...", "__key__": "k"})
@@ -172,10 +145,9 @@ PATTERN_MISSES = 16
 
 def learn_pattern(patterns: Dict[Any, Members], misses: Dict[Any, int], key: Any,
                   sample: Dict[str, Any], previous: Optional[Members]) -> None:
-    """What to try next for shard ``key`` once :func:`parse_sample` framed
-    ``sample``: its pattern (``previous`` is None the first time, or the
-    pattern that missed), or ``()`` once the shard missed
-    :data:`PATTERN_MISSES` times (its patterns keep changing: no more tries).
+    """What to try next for shard ``key`` once :func:`parse_sample` framed ``sample``
+    (``previous``: None, or the pattern that missed): its pattern, or ``()`` after
+    :data:`PATTERN_MISSES` misses.
 
     Example:
         >>> pats, misses = {}, {}
@@ -195,17 +167,10 @@ def parse_sample_as(buf: bytes, members: Members, start: int = 0,
     ``members`` (:func:`member_pattern` of an earlier sample of the shard),
     or None when they are not: the caller then takes :func:`parse_sample`.
 
-    Almost every shard holds samples of one pattern (each a ``.cls``, a
-    ``.jpg``, a ``.txt``, in that order).  Knowing it, a member's header
-    is checked with two ``startswith`` (the key and the extension, then a
-    NUL) instead of decoding and splitting its name: the same sample for
-    half the cost of the general path.  Every member is still checked in
-    full otherwise (a regular file, no ustar prefix, the usual 11-digit
-    size field, inside the range; the range ends with the last member).
-    Anything else (another pattern, a name that needs the general rules,
-    pax or GNU headers, an unusual size field) returns None, never a
-    different sample.  For verified bytes only: header checksums are not
-    recomputed, as in :func:`parse_sample` with ``verified=True``.
+    Knowing the pattern, a header's name is checked with two ``startswith``
+    instead of decoded and split (half the cost); everything else about each
+    member is still checked.  Anything unusual returns None, never a
+    different sample.  Verified bytes only (checksums are not recomputed).
 
     Example:
         >>> import io, tarfile
@@ -275,10 +240,8 @@ CHECKED_PREAD = 64 << 20  # ranges above this are checked against the file size 
 
 
 def _pread_range(fd: int, start: int, end: int, shard: str) -> bytes:
-    """``pread`` of ``[start, end)``, checked against the file's real size
-    first: the range comes from a manifest, and ``os.pread`` allocates the
-    whole length before reading (a bad offset of 10^12 was a MemoryError,
-    2^64 an OverflowError)."""
+    """``pread`` of ``[start, end)``, checked against the file's size first (``os.pread``
+    allocates the whole length: a bad manifest offset would be a MemoryError)."""
     if not (0 <= start <= end):
         raise ShardFormatError(shard, max(0, start), f"bad sample range [{start}, {end}) "
                                "(manifest does not match the shard)")
@@ -299,19 +262,14 @@ def read_sample(fd: int, start: int, end: int, shard: str, verified: bool = Fals
     (``verified``: the file matched its digest, see :func:`parse_sample`).
 
     Raises:
-        ShardFormatError: a range that is backwards or past the end of the
-            file (the manifest does not match it), or a malformed sample.
+        ShardFormatError: a range backwards or past the end, or a malformed sample.
     """
     return parse_sample(_pread_range(fd, start, end, shard), shard, base=start, verified=verified)
 
 
 def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: str,
                  verified: bool = False) -> List[Dict[str, Any]]:
-    """Read samples ``first..last`` (inclusive, contiguous) with one ``pread``.
-
-    Raises:
-        ShardFormatError: as :func:`read_sample`.
-    """
+    """Read samples ``first..last`` (inclusive, contiguous) with one ``pread`` (errors: :func:`read_sample`)."""
     lo, hi = int(offsets[first]), int(offsets[last + 1])
     buf = _pread_range(fd, lo, hi, shard)
     out = []
@@ -332,8 +290,7 @@ def read_samples(fd: int, offsets: Sequence[int], first: int, last: int, shard: 
 def sample_digest(sample: Dict[str, Any]) -> str:
     """The ``resumewds cat`` digest: xxh3_64 of member bytes in extension order.
 
-    Only raw members count (keys not starting with ``__``); they are
-    concatenated in ascending order of extension name.
+    Only raw members count (keys not starting with ``__``).
 
     Example:
         >>> sample_digest({"__key__": "a", "txt": b"hi", "cls": b"1"}) == \\

@@ -1,13 +1,7 @@
 """Whole tar archives, walked once: a shard's index, or all of its samples in order.
 
-* :func:`scan_file` walks a whole local shard once (memory-mapped; a gzip or
-  zstd shard through :mod:`resumewds.tar`), and returns its size,
-  xxh3_64 and the byte range of every sample: the index a manifest records.
-* :func:`iter_samples_bytes` / :func:`iter_samples_file` stream every sample
-  of an archive, validated as they go.
-
-The framing and grouping are :mod:`resumewds.tar`'s; reading one sample
-by its byte range (how the loader seeks) is :mod:`resumewds.tar`'s.
+:func:`scan_file` gives the index a manifest records; :func:`iter_samples_bytes`
+and :func:`iter_samples_file` stream every sample, validated as they go.
 
 Example:
     >>> import io, tarfile
@@ -58,11 +52,7 @@ class ShardIndex:
 
 
 def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
-    """Index an archive held in ``buf``: (offsets, keys, end_of_data).
-
-    Raises:
-        ShardFormatError: on any malformation.
-    """
+    """Index an archive held in ``buf``: ``(offsets, keys, end_of_data)``; ShardFormatError on any malformation."""
     starts: List[int] = []
     keys: List[str] = []
     eoa: List[Optional[int]] = []
@@ -76,28 +66,16 @@ def scan_buffer(buf: Buffer, shard: str) -> Tuple[List[int], List[str], int]:
         starts.append(group[0][1].header)
         keys.append(key)
         last_end = group[-1][1].end
-    # The end-of-archive marker's offset closes the last sample's range (past
-    # any trailing skipped entries): iter_members returns it, found by the
-    # same validated walk that framed every member.
+    # the end-of-archive marker closes the last sample's range (past trailing skipped entries)
     end = eoa[0] if eoa and eoa[0] is not None else last_end
-    if not starts:
-        return [end], keys, end
     return starts + [end], keys, end
 
 
 def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
     """Index a local shard: size, xxh3_64 and each sample's byte range.
 
-    Args:
-        path: local file.
-        shard: name for error messages (default: ``path``).
-
-    Returns:
-        A :class:`ShardIndex`.
-
-    Raises:
-        ShardFormatError: the file is not a well-formed tar archive.
-        OSError: the file cannot be read.
+    ``shard``: the name in error messages (default: ``path``).  Raises
+    ShardFormatError (not a well-formed tar) or OSError.
 
     Example:
         >>> idx = scan_file("data/shard-000000.tar")
@@ -127,9 +105,8 @@ def scan_file(path: str, shard: Optional[str] = None) -> ShardIndex:
 def iter_samples_bytes(data: Buffer, shard: str) -> Iterator[Dict[str, Any]]:
     """Stream the samples of a whole archive held in memory (or an mmap).
 
-    The archive is validated as it goes; a malformation raises before any
-    sample of the bad region is yielded (a sample is yielded only once the
-    next sample, or the end-of-archive marker, proves it complete).
+    Validated as it goes: a sample is yielded only once the next sample, or
+    the end-of-archive marker, proves it complete.
     """
     for key, members in _group(iter_members(data, shard), shard):
         sample: Dict[str, Any] = {"__key__": key, "__url__": shard}
