@@ -35,7 +35,7 @@ from ..errors import (
     UnsafeSourceError,
 )
 from ..events import EventKind as K
-from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_local_url, is_remote_url, new_session
+from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_local_url, is_remote_url
 from ..manifest import ShardInfo
 from ..redact import redact_url
 from ..tar import open_view
@@ -43,11 +43,9 @@ from . import _eviction as eviction
 from . import _layout as layout
 from . import _local as local
 from . import _sparse as sparse
-from ._bulk import prefetch_all, verify_all
 from ._layout import EntryState, ProgressFn, cache_error, not_a_complete_tar
 from ._locks import LocalShard, lock_download
 from ._prefetch import Prefetcher
-from ._repair import repair_download, repair_entry
 from ._samplecheck import check_copy
 
 EventFn = Callable[..., None]
@@ -241,6 +239,8 @@ class ShardStore:
         """This thread's HTTP session (a :class:`~resumewds.fetch.Session`, made on first use)."""
         s = getattr(self._tl, "session", None)
         if s is None:
+            from ..fetch import new_session  # lazy: the http client's modules, with the first remote shard
+
             s = self._tl.session = new_session()
         return s
 
@@ -552,6 +552,8 @@ class ShardStore:
             return 0
         if state is not EntryState.CORRUPT:
             return 0
+        from ._repair import repair_entry  # lazy: a remote entry's repair, never a local read's
+
         if (self.max_repairs is None or self.max_repairs >= 1) and \
                 repair_entry(self, shard, base, budget):  # re-fetch only the samples that fail
             self.emit(K.CACHE_HIT, url)
@@ -605,6 +607,8 @@ class ShardStore:
             bad = (str(shard.size), str(res.size), "size")
         elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
             bad = (shard.xxh3_64, actual, "xxh3_64")
+            from ._repair import repair_download  # lazy: a remote download's repair, never a local read's
+
             fixed = repair_download(self, shard, res.path, budget)
             if fixed is not None:
                 actual, bad = fixed, None
@@ -720,12 +724,16 @@ class ShardStore:
                    progress: Optional[ProgressFn] = None) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
         """Hash every shard now (policy "always"), for ``resumewds verify``;
         see :func:`resumewds.cache._bulk.verify_all`."""
+        from ._bulk import verify_all  # lazy: the CLI's pass, never a data set's
+
         return verify_all(self, shards, progress)
 
     def prefetch_all(self, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
                      parallel: int = 2) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
         """Download every remote shard into the cache, for ``resumewds prefetch``;
         see :func:`resumewds.cache._bulk.prefetch_all`."""
+        from ._bulk import prefetch_all  # lazy: the CLI's pass, never a data set's
+
         return prefetch_all(self, shards, progress, parallel)
 
 
