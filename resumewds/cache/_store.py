@@ -42,7 +42,6 @@ from ..tar import open_view
 from . import _eviction as eviction
 from . import _layout as layout
 from . import _local as local
-from . import _sparse as sparse
 from ._layout import EntryState, ProgressFn, cache_error, not_a_complete_tar
 from ._locks import LocalShard, lock_download
 from ._prefetch import Prefetcher
@@ -496,6 +495,8 @@ class ShardStore:
         readers fetched, or streamed whole), checked and published, the server
         asked again after a corrupt download as long as the budget allows.
         """
+        from . import _sparse as sparse  # lazy: sparse partials fill remote shards only
+
         budget = budget or FetchBudget(self.fetch)
         sparse.drop_stale(base)  # a map left by a kill after its sparse file was published
         repaired = self._keep_entry(shard, base, policy, progress, known_bad, budget)
@@ -571,6 +572,8 @@ class ShardStore:
         what readers fetched (a sparse partial), or streamed whole to ``streamed`` (the
         server mishandles ``Range``, its ranges keep arriving corrupt, or a stream was
         started already); the result and the budget the next attempt draws from."""
+        from . import _sparse as sparse  # lazy: sparse partials fill remote shards only
+
         if layout.lstat(streamed) is None:
             layout.remove(streamed + ".etag")
         # the download is about to add up to shard.size bytes: make room first
@@ -633,6 +636,8 @@ class ShardStore:
     def _publish(self, shard: ShardInfo, base: str, partial: str, streamed: str, actual: str, synced: bool) -> None:
         """A download that holds becomes the entry: its samples checked (where they end,
         their digests), renamed (or the sparse partial published) and its meta written."""
+        from . import _sparse as sparse  # lazy: sparse partials fill remote shards only
+
         url = shard.url
         if shard.xxh3_64 is not None:
             try:
