@@ -66,6 +66,30 @@ def test_a_local_loader_without_workers_or_journal_imports_none_of_their_modules
     assert json.loads(got) == [40, []]
 
 
+def test_a_local_read_loads_none_of_the_remote_read_path(tmp_path):
+    """A data set and a WebLoader over local shards (sample digests, prefetch on) load
+    neither the http client, nor ranged reads and sparse partials, nor repairs, nor the
+    CLI's bulk passes, nor DataPipeline's module: the first local sample does not pay
+    for their import."""
+    from resumewds import build_manifest, synth
+
+    synth.write_shards(str(tmp_path / "s"), shards=2, samples=20)
+    build_manifest(str(tmp_path / "s" / "shard-{000000..000001}.tar"), str(tmp_path / "m.json"), digests=True)
+    got = _run(f"""
+        import json, os, sys
+        import torch
+        import resumewds as rw
+        d = {str(tmp_path)!r}
+        ds = rw.WebDataset(os.path.join(d, "m.json"), shuffle=True, cache_dir=os.path.join(d, "c"))
+        n = sum(1 for _ in ds)
+        n += sum(len(b["__key__"]) for b in rw.WebLoader(ds, batch_size=8, num_workers=0))
+        remote = ("fetch._http", "read._ranged", "cache._sparse", "cache._repair", "cache._bulk",
+                  "wds.datapipeline")
+        print(json.dumps([n, sorted(m for m in remote if "resumewds." + m in sys.modules)]))
+    """)
+    assert json.loads(got) == [80, []]
+
+
 def test_local_errors_translate_without_requests(tmp_path):
     """A missing local file still gives our one-line PermanentFetchError, requests still unloaded."""
     got = _run(f"""

@@ -31,7 +31,7 @@ from ..errors import (
     UnsafeSourceError,
 )
 from ..events import EventKind as K
-from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_local_url, is_remote_url, new_session
+from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_local_url, is_remote_url
 from ..fetch._errormap import _SinkError
 from ..fetch._partial import _read_validator, _write_validator
 from ..manifest import ShardInfo
@@ -40,12 +40,9 @@ from ..tar import open_view
 from . import _eviction as eviction
 from . import _layout as layout
 from . import _local as local
-from . import _sparse as sparse
-from ._bulk import prefetch_all, verify_all
 from ._layout import EntryState, ProgressFn, cache_error, not_a_complete_tar
 from ._locks import LocalShard, lock_download
 from ._prefetch import Prefetcher
-from ._repair import repair_download, repair_entry
 from ._samplecheck import check_copy
 
 EventFn = Callable[..., None]
@@ -225,6 +222,8 @@ class ShardStore:
         """This thread's HTTP session (a :class:`~resumewds.fetch.Session`, made on first use)."""
         s = getattr(self._tl, "session", None)
         if s is None:
+            from ..fetch import new_session  # lazy: the http client's modules, with the first remote shard
+
             s = self._tl.session = new_session()
         return s
 
@@ -465,6 +464,8 @@ class ShardStore:
         otherwise the shard is downloaded, checked and published, asked again after
         a corrupt download while the budget allows.
         """
+        from . import _sparse as sparse  # lazy: sparse partials fill remote shards only
+
         budget = budget or FetchBudget(self.fetch)
         sparse.drop_stale(base)  # a map left by a kill after its sparse file was published
         repaired = self._keep_entry(shard, base, policy, progress, known_bad, budget)
@@ -528,6 +529,8 @@ class ShardStore:
             return 0
         if state is not EntryState.CORRUPT:
             return 0
+        from ._repair import repair_entry  # lazy: a remote entry's repair, never a local read's
+
         if (self.max_repairs is None or self.max_repairs >= 1) and \
                 repair_entry(self, shard, base, budget):  # re-fetch only the samples that fail
             self.emit(K.CACHE_HIT, url)
@@ -543,6 +546,8 @@ class ShardStore:
     def _download(self, shard: ShardInfo, base: str, streamed: str, budget: FetchBudget) -> Tuple[Any, FetchBudget]:
         """One download: a sparse partial filled sample by sample, or streamed whole to ``streamed``
         (no Range, ranges corrupt, or a stream started already); the result and the budget next drawn from."""
+        from . import _sparse as sparse  # lazy: sparse partials fill remote shards only
+
         if layout.lstat(streamed) is None:
             budget.saw(_read_validator(streamed))  # what an earlier read of it saw first, if it changed since
             layout.remove(streamed + ".etag")
@@ -579,6 +584,8 @@ class ShardStore:
             bad = (str(shard.size), str(res.size), "size")
         elif shard.xxh3_64 is not None and actual != shard.xxh3_64.lower():
             bad = (shard.xxh3_64, actual, "xxh3_64")
+            from ._repair import repair_download  # lazy: a remote download's repair, never a local read's
+
             fixed = repair_download(self, shard, res.path, budget)
             if fixed is not None:
                 actual, bad = fixed, None
@@ -602,6 +609,8 @@ class ShardStore:
 
     def _publish(self, shard: ShardInfo, base: str, partial: str, streamed: str, actual: str, synced: bool) -> None:
         """A download that holds becomes the entry: its samples checked, renamed, its meta written."""
+        from . import _sparse as sparse  # lazy: sparse partials fill remote shards only
+
         url = shard.url
         if shard.xxh3_64 is not None:
             try:
@@ -685,10 +694,14 @@ class ShardStore:
     def verify_all(self, shards: Sequence[ShardInfo],
                    progress: Optional[ProgressFn] = None) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
         """Hash every shard now (policy "always"), for ``resumewds verify``."""
+        from ._bulk import verify_all  # lazy: the CLI's pass, never a data set's
+
         return verify_all(self, shards, progress)
 
     def prefetch_all(self, shards: Sequence[ShardInfo], progress: Optional[ProgressFn] = None,
                      parallel: int = 2) -> List[Tuple[ShardInfo, bool, Optional[BaseException]]]:
         """Download every remote shard into the cache, for ``resumewds prefetch``."""
+        from ._bulk import prefetch_all  # lazy: the CLI's pass, never a data set's
+
         return prefetch_all(self, shards, progress, parallel)
 

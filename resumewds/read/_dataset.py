@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 from .. import config
 from ..cache import ShardStore
 from ..events import event_record
+from ..fetch import is_remote_url
 from ..manifest import Counted, Manifest, ShardInfo
 from ..plan import EpochLayout, Layout, Plan, check_partitions, worker_steps
 from ..sources import Source, fill_from_beside, index_manifest, index_skipping, resolve_sources
@@ -473,7 +474,9 @@ class ShardDataset:
             windowed = str(self.plan.algo).endswith("window")
             self._reader = _ShardReader(self.store, self.shuffle_window * parts + 2 if windowed else parts + 1,
                                         self.manifest.shards, on_error=self.on_error, handler=self.handler,
-                                        on_event=self._on_event, ranged=self.prefetch_depth > 0,
+                                        on_event=self._on_event,
+                                        ranged=self.prefetch_depth > 0 and any(is_remote_url(s.url)
+                                                                               for s in self.manifest.shards),
                                         run_bytes=_RUN_BYTES)
         return self._reader
 

@@ -23,7 +23,6 @@ from ..errors import ResumeWDSError
 from ..events import EventKind
 from ..manifest import ShardInfo
 from ..stages import OnEvent, apply_stages
-from . import _ranged as reading
 from ._shards import DIGEST_STAGE, run_length
 
 __all__ = ["READ_AHEAD", "Scheduler", "Slots", "Source", "StepBuilder", "StepPlan", "run_steps"]
@@ -34,6 +33,13 @@ Slots = Tuple[List[Tuple[int, bool]], List[Tuple[int, int]], Optional[List[int]]
 
 #: samples whose ranged reads a small step fetches ahead for the steps after it
 READ_AHEAD = 64
+
+
+def _reading() -> Any:
+    """:mod:`resumewds.read._ranged`, for a reader that may read remote shards by range."""
+    from . import _ranged  # lazy: ranged reads and sparse partials, for remote shards only
+
+    return _ranged
 
 
 class Source:
@@ -114,7 +120,8 @@ class Scheduler:
         for s, pairs in _by_source(step).items():
             if n == 0:  # the first step: its reads start at once (cold disk)
                 self.readers[s].hint_pages(pairs)
-            reading.prepare(self.readers[s], pairs)
+            if self.readers[s].can_range:
+                _reading().prepare(self.readers[s], pairs)
         where = step[1]
         if self.upcoming is not None and n >= self.ahead_to and len(where) < READ_AHEAD:
             more: List[Tuple[int, int]] = []
@@ -122,8 +129,8 @@ class Scheduler:
             while self.ahead_to < len(self.upcoming) and len(where) + len(more) < READ_AHEAD:
                 more.extend(self.plan.step(self.upcoming[self.ahead_to])[1])
                 self.ahead_to += 1
-            if more:
-                reading.prepare(self.readers[0], more)
+            if more and self.readers[0].can_range:
+                _reading().prepare(self.readers[0], more)
 
     def first_out(self) -> None:
         """The step's first sample is out: the deferred downloads start."""
@@ -349,4 +356,5 @@ def run_steps(sources: Sequence[Source], plan: StepPlan, epoch: int, worker: int
         if stopped:  # the samples before the stop were delivered: no more steps
             return
     for r in readers:  # the pass is over: every shard read by range is checked whole
-        reading.finish(r)
+        if r.ranged is not None:
+            _reading().finish(r)

@@ -22,7 +22,6 @@ from ._fluent import Cached, FluidInterface
 from ._loader_compat import DataLoaderAttributes
 from ._rotation import RotatingLoader, refuse_rotation
 from ._shardsplit import SHARD_SPLIT
-from .fluid import FluidWrapper
 
 __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPipeline", "WebLoader", "route",
            "stream_loader"]
@@ -837,6 +836,8 @@ def stream_loader(dataset: Any, what: Any, *args: Any, **kw: Any) -> Any:
         ValueError: ``journal=`` / ``resume=``, which need the plan.
     """
     from torch.utils.data import DataLoader
+
+    from .fluid import FluidWrapper  # lazy: DataPipeline and the stream stages, for this fallback only
 
     name = getattr(what, "__name__", None) or repr(what)
     if kw.get("journal") is not None or kw.get("resume"):
