@@ -269,14 +269,19 @@ def _new_version(path: str, seed: int) -> bytes:
     return data
 
 
+def _one_tar(tmp_path):
+    """A server root holding one tar, ``a.tar``: ``(root, its path, its bytes)``."""
+    root = tmp_path / "srv"
+    root.mkdir()
+    path = str(root / "a.tar")
+    return root, path, make_tar(path, seed=1, payload=4 * KB)
+
+
 def test_a_change_one_reader_saw_is_named_to_the_next_reader_of_the_cache(tmp_path):
     """Two stores on one cache (two DataLoader workers): the first sees the object
     replaced between its two requests; the second, which only ever gets the new
     bytes, still says the object changed (at once, not after its whole budget)."""
-    root = tmp_path / "srv"
-    root.mkdir()
-    path = str(root / "a.tar")
-    old = make_tar(path, seed=1, payload=4 * KB)
+    root, path, old = _one_tar(tmp_path)
     cache = str(tmp_path / "cache")
     with FaultServer(str(root)) as srv:
         shard = shard_for(srv.url + "a.tar", old)  # size and xxh3_64, no sample digests: whole GETs
@@ -292,10 +297,7 @@ def test_a_partial_of_a_replaced_object_makes_the_next_reader_name_the_change(tm
     """A reader gives up half way (its partial and validator stay); the object is
     replaced; another reader resumes, the server refuses the old version: the
     error says the object changed, not merely that the checksum differs."""
-    root = tmp_path / "srv"
-    root.mkdir()
-    path = str(root / "a.tar")
-    old = make_tar(path, seed=1, payload=4 * KB)
+    root, path, old = _one_tar(tmp_path)
     cache = str(tmp_path / "cache")
     with FaultServer(str(root)) as srv:
         shard = shard_for(srv.url + "a.tar", old)
