@@ -156,3 +156,24 @@ def test_a_first_step_range_is_kept_in_a_cache_no_download_created_yet(v3, tmp_p
     with open(base + ".sparse", "rb") as f:
         f.seek(lo)
         assert f.read(hi - lo) == data
+
+
+def test_a_published_shard_whose_meta_is_not_written_yet_is_read_from_the_cache(v3, tmp_path):
+    """Between a download's rename into the cache and its ``.meta`` (or after a kill
+    there), the entry holds the shard: a reader takes it from there (adopted by its
+    xxh3_64), and no sample is fetched again by range."""
+    cache = str(tmp_path / "c")
+    shards = os.path.join(cache, "shards")
+    with FaultServer(v3) as srv:
+        url = srv.url.rstrip("/") + "/"
+        first = _keys(url, cache, shuffle=True)
+        metas = [n for n in os.listdir(shards) if n.endswith(".meta")]
+        assert len(metas) == SHARDS
+        for n in metas:
+            os.remove(os.path.join(shards, n))
+        srv.reset_counters()
+        again = _keys(url, cache, shuffle=True)
+        sent = tar_bytes_sent(srv)
+    assert again == first
+    assert sent == 0, f"{sent} bytes fetched again for shards already in the cache"
+    assert sorted(n for n in os.listdir(shards) if n.endswith(".meta")) == sorted(metas)

@@ -148,8 +148,10 @@ class RangedReads:
         return ok
 
     def cached(self, shard: ShardInfo) -> bool:
-        """The shard is a published cache entry (one stat): read it from the cache."""
-        return os.path.exists(self.store.entry_path(shard.url) + ".meta")
+        """The shard is published in the cache (one stat): read it from there.  The entry
+        itself, not its ``.meta``: between a download's rename and its meta, a reader that
+        fetched the shard's samples by range would fetch bytes already in the cache."""
+        return os.path.exists(self.store.entry_path(shard.url))
 
     def session(self) -> Any:
         s = getattr(self._tl, "session", None)
