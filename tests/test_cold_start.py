@@ -68,9 +68,10 @@ def test_a_local_loader_without_workers_or_journal_imports_none_of_their_modules
 
 def test_a_local_read_loads_none_of_the_remote_read_path(tmp_path):
     """A data set and a WebLoader over local shards (sample digests, prefetch on) load
-    neither the http client, nor ranged reads and sparse partials, nor repairs, nor the
-    CLI's bulk passes, nor DataPipeline's module: the first local sample does not pay
-    for their import."""
+    neither the download path (the http client, retries, background downloads), nor
+    ranged reads and sparse partials, nor repairs, nor the CLI's bulk passes, nor
+    DataPipeline's module, and a bare data set none of the stages' decoders: the first
+    local sample does not pay for their import."""
     from resumewds import build_manifest, synth
 
     synth.write_shards(str(tmp_path / "s"), shards=2, samples=20)
@@ -82,12 +83,13 @@ def test_a_local_read_loads_none_of_the_remote_read_path(tmp_path):
         d = {str(tmp_path)!r}
         ds = rw.WebDataset(os.path.join(d, "m.json"), shuffle=True, cache_dir=os.path.join(d, "c"))
         n = sum(1 for _ in ds)
+        bare = sorted(m for m in ("wds.filters", "autodecode") if "resumewds." + m in sys.modules)
         n += sum(len(b["__key__"]) for b in rw.WebLoader(ds, batch_size=8, num_workers=0))
-        remote = ("fetch._http", "read._ranged", "cache._sparse", "cache._repair", "cache._bulk",
-                  "wds.datapipeline")
-        print(json.dumps([n, sorted(m for m in remote if "resumewds." + m in sys.modules)]))
+        remote = ("fetch._http", "fetch._download", "fetch._retry", "cache._prefetch", "read._ranged",
+                  "cache._sparse", "cache._repair", "cache._bulk", "wds.datapipeline")
+        print(json.dumps([n, bare, sorted(m for m in remote if "resumewds." + m in sys.modules)]))
     """)
-    assert json.loads(got) == [80, []]
+    assert json.loads(got) == [80, [], []]
 
 
 def test_local_errors_translate_without_requests(tmp_path):

@@ -47,7 +47,8 @@ if _typing.TYPE_CHECKING:  # (the names as the type checker sees them)
     from ._layout import EntryState, ProgressFn
     from ._local import verify_later
     from ._locks import LocalShard
-    from ._samplecheck import BadSample, SampleSink, bad_samples, check_end_bytes
+    from ._samplecheck import BadSample, bad_samples, check_end_bytes
+    from ._sparse import SampleSink
     from ._store import SYNC_MODES, VERIFY_POLICIES, EventFn, ShardStore, default_cache_dir
 
 # every name loads its module on first use (PEP 562): importing one module of this
@@ -61,7 +62,7 @@ _LAZY: _typing.Dict[str, str] = {
     "EventFn": "_store",
     "LocalShard": "_locks",
     "ProgressFn": "_layout",
-    "SampleSink": "_samplecheck",
+    "SampleSink": "_sparse",
     "ShardStore": "_store",
     "SYNC_MODES": "_store",
     "verify_later": "_local",

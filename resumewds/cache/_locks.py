@@ -10,12 +10,14 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 from ..errors import ResumeWDSError, TransientFetchError
-from ..fetch import FetchBudget
 from ..manifest import ShardInfo
 from . import _layout as layout
+
+if TYPE_CHECKING:
+    from ..fetch import FetchBudget
 
 
 def lock_download(dl: int, url: str, budget: FetchBudget, base: str) -> None:

@@ -25,7 +25,8 @@ import xxhash
 from ..errors import FetchError, IntegrityError
 from ..events import EventKind
 from ..fetch import FetchBudget, fetch_range, is_remote_url
-from ._samplecheck import BadSample, SampleSink, bad_samples
+from ._samplecheck import BadSample, bad_samples
+from ._sparse import SampleSink
 from ._storeapi import StoreAPI
 
 #: above this fraction of the shard failing, a whole-shard fetch is used instead

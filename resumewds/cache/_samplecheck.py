@@ -2,23 +2,22 @@
 
 :func:`check_copy` checks a copy whose whole file passed its xxh3_64: its
 samples end at the end-of-archive marker (:func:`check_end`) and match their
-digests (:func:`check_samples`).  A :class:`SampleSink` checks each sample of
-a ranged read as its last byte arrives, before anything keeps or delivers it.
+digests (:func:`check_samples`).  Bytes on their way in are checked by
+:class:`~resumewds.cache._sparse.SampleSink` (remote reads only).
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 from array import array
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import xxhash
 
-from ..errors import ChecksumMismatch, CorruptSample, ShardFormatError, TransientFetchError
+from ..errors import ChecksumMismatch, ShardFormatError
 from ..events import EventKind
-from ..fetch import RangeSink, is_remote_url
+from ..fetch import is_remote_url
 from ..manifest import COMPRESSED_SUFFIXES, file_sample_digests
 from ..tar import _io as tario
 
@@ -169,121 +168,6 @@ def check_copy(path: str, shard: Any, emit: Any, discard: bool = False) -> None:
             except OSError:
                 pass
         raise
-
-
-class SampleSink(RangeSink):
-    """Bytes ``[start, end)`` of a shard, each sample checked against its digest as it arrives.
-
-    A sample that matches goes to ``on_sample(j, offset, data)`` (progress of
-    the fetch budget); bytes outside every sample go to ``on_raw(offset, data)``
-    (the whole-file checksum covers them).  A sample that fails is left out and
-    named by a :class:`~resumewds.errors.CorruptSample` at the body's end; the
-    retry asks only for what is missing.  Callbacks copy what they keep.
-
-    Example:
-        >>> sink = SampleSink(shard, 0, 4096, budget, keep)       # doctest: +SKIP
-        >>> fetch_range(shard.url, 0, 4096, budget=budget, sink=sink)   # doctest: +SKIP
-        b''
-    """
-
-    def __init__(self, shard: Any, start: int, end: int, budget: Any,
-                 on_sample: Callable[[int, int, memoryview], None],
-                 on_raw: Optional[Callable[[int, memoryview], None]] = None):
-        super().__init__(start, budget)
-        assert shard.offsets is not None and shard.sample_digests is not None
-        self.shard = shard
-        self.on_sample = on_sample
-        self.on_raw = on_raw
-        self.todo: List[List[int]] = [[start, end]]  # what is still wanted, in order
-        self.stop = start  # where the request under way ends
-        self.buf = bytearray()
-        self.bad: Optional[CorruptSample] = None  # the first sample of this request that arrived corrupt
-        off = shard.offsets
-        self.n = len(off) - 1
-        self.first, self.last = int(off[0]), int(off[self.n])
-        self.j = -1
-
-    def wanted(self, end: int) -> Optional[Tuple[int, int]]:
-        if not self.todo:
-            return None
-        self.at, self.stop = self.todo[0]
-        return self.at, self.stop
-
-    def restart(self) -> None:
-        self.buf.clear()  # a retry asks again from the first byte not taken
-        self.bad = None
-
-    def write(self, offset: int, chunk: Any) -> None:
-        self.buf += chunk
-        self._take()
-
-    def _unit(self) -> int:
-        """Where the unit at :attr:`at` ends (a sample, or a run of uncovered bytes)."""
-        at = self.at
-        if at < self.first:
-            return min(self.first, self.stop)
-        if at >= self.last:
-            return self.stop
-        off = self.shard.offsets
-        if self.j < 0 or self.j >= self.n or int(off[self.j]) != at:
-            self.j = bisect.bisect_left(off, at, 0, self.n)
-            if self.j >= self.n or int(off[self.j]) != at:
-                raise ValueError(f"{self.shard.url}: byte {at} is not where a sample starts")
-        return int(off[self.j + 1])
-
-    def _take(self) -> None:
-        used = 0
-        with memoryview(self.buf) as mv:
-            while self.at < self.stop:
-                stop = self._unit()
-                if self.at + (len(mv) - used) < stop:
-                    break
-                with mv[used:used + stop - self.at] as data:  # (the callbacks copy what they keep)
-                    self._one(stop, data)
-                used += stop - self.at
-                self.at = stop
-        if used:
-            del self.buf[:used]
-
-    def _one(self, stop: int, data: memoryview) -> None:
-        """The unit ``[at, stop)``: a sample, checked and handed on, or uncovered bytes."""
-        if not self.first <= self.at < self.last:
-            if self.on_raw is not None:
-                self.on_raw(self.at, data)
-            self._done(self.at, stop)
-            return
-        j = self.j
-        want = int(self.shard.sample_digests[j])
-        got = xxhash.xxh3_64_intdigest(data)
-        if got != want:
-            if self.bad is None:
-                self.bad = CorruptSample(
-                    f"{self.shard.url}: sample {j} (bytes {self.at}-{stop}) arrived corrupt: xxh3_64 "
-                    f"{got:016x}, the manifest says {want:016x}", self.shard.url, sample=j,
-                    expected=format(want, "016x"), actual=format(got, "016x"))
-            return  # still wanted: asked for again
-        self.on_sample(j, self.at, data)
-        self._done(self.at, stop)
-        if self.budget is not None:
-            self.budget.progress()
-
-    def _done(self, a: int, b: int) -> None:
-        """Bytes ``[a, b)`` are taken: out of :attr:`todo`."""
-        k = next(i for i in range(len(self.todo) - 1, -1, -1) if self.todo[i][0] <= a)
-        r = self.todo[k]
-        if a == r[0]:
-            r[0] = b
-            if r[0] >= r[1]:
-                self.todo.pop(k)
-        else:  # a corrupt sample before it stays wanted: split the range
-            self.todo[k:k + 1] = [[r[0], a]] + ([[b, r[1]]] if b < r[1] else [])
-
-    def end(self) -> None:
-        if self.buf:  # (a body of the length asked for always ends on a unit's end)
-            raise TransientFetchError(f"{self.shard.url}: a range ended inside a sample "
-                                      f"(byte {self.at + len(self.buf)})", self.shard.url)
-        if self.bad is not None:
-            raise self.bad
 
 
 def _key_of(path: str, start: int, end: int, url: str) -> str:

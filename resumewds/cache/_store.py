@@ -18,7 +18,7 @@ import stat
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import config as _config
 from ..errors import (
@@ -31,9 +31,7 @@ from ..errors import (
     UnsafeSourceError,
 )
 from ..events import EventKind as K
-from ..fetch import FetchBudget, FetchConfig, boot_id, fetch_to_file, is_local_url, is_remote_url
-from ..fetch._errormap import _SinkError
-from ..fetch._partial import _read_validator, _write_validator
+from ..fetch import FetchConfig, boot_id, is_local_url, is_remote_url
 from ..manifest import ShardInfo
 from ..redact import redact_url
 from ..tar import open_view
@@ -42,8 +40,11 @@ from . import _layout as layout
 from . import _local as local
 from ._layout import EntryState, ProgressFn, cache_error, not_a_complete_tar
 from ._locks import LocalShard, lock_download
-from ._prefetch import Prefetcher
 from ._samplecheck import check_copy
+
+if TYPE_CHECKING:
+    from ..fetch import FetchBudget
+    from ._prefetch import Prefetcher
 
 EventFn = Callable[..., None]
 
@@ -72,7 +73,7 @@ class _Runtime:
         self.pid = os.getpid()
         self.tl = threading.local()
         self.mu = threading.Lock()
-        self.prefetch = Prefetcher(store)
+        self.prefetch: Optional[Prefetcher] = None  # made by the first remote shard's download
         self.dirs_ready = False
         self.budgets: Dict[str, FetchBudget] = {}
         self.validators: Dict[str, Any] = {}  # url -> (first validator seen, (old, new) once it changed)
@@ -155,7 +156,14 @@ class ShardStore:
 
     @property
     def _prefetch(self) -> Prefetcher:
-        return self._runtime().prefetch
+        rt = self._runtime()
+        if rt.prefetch is None:
+            from ._prefetch import Prefetcher  # lazy: background downloads, for remote shards only
+
+            with rt.mu:
+                if rt.prefetch is None:
+                    rt.prefetch = Prefetcher(self)
+        return rt.prefetch
 
     @property
     def _budgets(self) -> Dict[str, FetchBudget]:
@@ -203,6 +211,8 @@ class ShardStore:
 
     def _fresh_budget(self, url: str) -> FetchBudget:
         """A new budget for ``url`` that remembers the validators this process saw of it."""
+        from ..fetch import FetchBudget  # lazy: the retry machinery, for remote shards only
+
         b = FetchBudget(self.fetch)
         b.validator, b.changed = self._runtime().validators.get(url, (None, None))
         return b
@@ -464,7 +474,10 @@ class ShardStore:
         otherwise the shard is downloaded, checked and published, asked again after
         a corrupt download while the budget allows.
         """
-        from . import _sparse as sparse  # lazy: sparse partials fill remote shards only
+        from ..fetch import FetchBudget  # lazy: the download path, for remote shards only
+        from ..fetch._errormap import _SinkError  # lazy: (the same)
+        from ..fetch._partial import _write_validator  # lazy: (the same)
+        from . import _sparse as sparse  # lazy: (the same)
 
         budget = budget or FetchBudget(self.fetch)
         sparse.drop_stale(base)  # a map left by a kill after its sparse file was published
@@ -546,7 +559,9 @@ class ShardStore:
     def _download(self, shard: ShardInfo, base: str, streamed: str, budget: FetchBudget) -> Tuple[Any, FetchBudget]:
         """One download: a sparse partial filled sample by sample, or streamed whole to ``streamed``
         (no Range, ranges corrupt, or a stream started already); the result and the budget next drawn from."""
-        from . import _sparse as sparse  # lazy: sparse partials fill remote shards only
+        from ..fetch import FetchBudget, fetch_to_file  # lazy: the download path, for remote shards only
+        from ..fetch._partial import _read_validator  # lazy: (the same)
+        from . import _sparse as sparse  # lazy: (the same)
 
         if layout.lstat(streamed) is None:
             budget.saw(_read_validator(streamed))  # what an earlier read of it saw first, if it changed since
@@ -656,7 +671,8 @@ class ShardStore:
 
     def _evict_on_release(self) -> None:
         """A pin was released: what is not in use may go, except what prefetch fetched for later."""
-        self.evict(keep=self._prefetch.kept())
+        pf = self._runtime().prefetch
+        self.evict(keep=pf.kept() if pf is not None else None)
 
     # ---- prefetch (resumewds.cache) ------------------------------------------------
     def prefetch(self, shards: Sequence[ShardInfo], depth: int = 2, window: int = 0) -> None:
@@ -672,11 +688,16 @@ class ShardStore:
             window: how many of the first ``shards`` are one shuffle window; if they
                 add up to more than ``cache_size``, a warning says so, once.
         """
+        if self._runtime().prefetch is None and (not window or self.cache_size is None) \
+                and not any(is_remote_url(s.url) for s in shards):
+            return  # nothing to download, no wish list to replace (local shards are read in place)
         self._prefetch.schedule(shards, depth, window)
 
     def close(self) -> None:
         """Stop the prefetch threads and drop this thread's HTTP session."""
-        self._prefetch.stop()
+        pf = self._runtime().prefetch
+        if pf is not None:
+            pf.stop()
         if self.cache_size is not None:
             try:
                 self.evict()  # nothing is wanted for later any more

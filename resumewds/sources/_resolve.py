@@ -15,7 +15,7 @@ from .. import config
 from ..cache import ShardStore
 from ..errors import SourceError, UnsafeSourceError
 from ..events import event_record, setup_logging
-from ..fetch import FetchConfig, fetch_bytes, is_local_url, is_remote_object, is_remote_url
+from ..fetch import FetchConfig, is_local_url, is_remote_object, is_remote_url
 from ..manifest import (
     ArrayFile,
     Counted,
@@ -61,6 +61,8 @@ def _log_manifest_event(kind: str, url: str, **detail: Any) -> None:
 def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
                      cache_dir: Optional[str] = None, allow_remote_local: Optional[bool] = None,
                      manifest_max_bytes: Union[int, str, None] = None) -> Manifest:
+    from ..fetch import fetch_bytes  # lazy: the download path, for remote manifests only
+
     cfg = fetch_config or FetchConfig.from_env()
     raw = fetch_bytes(url, cfg, on_event=_log_manifest_event, max_bytes=config.manifest_max_bytes(manifest_max_bytes))
     m = parse_manifest_bytes(raw, url, trusted=allow_remote_pipe)

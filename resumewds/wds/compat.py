@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from .. import autodecode, cache  # noqa: F401  (webdataset's compat.autodecode, compat.cache)
 from ..read import register_iterable_dataset
 from . import filters, shardlists, utils  # noqa: F401  (webdataset's compat.filters, ...)
-from ._fluent import Cached, FluidInterface
-from .filters import pipelinefilter
+from ._fluent import FluidInterface
+from .filters import Cached, pipelinefilter
 from .handlers import reraise_exception
 from .tariterators import group_by_keys, tar_file_expander
 from .webdataset import WebDataset

@@ -18,10 +18,11 @@ from ..plan import detect_world
 from ..run import STATE_FORMAT, BatchInfo, EmptyBatch, ShardLoader, seal
 from ..stages import BatchRunner, Handled, Stage, UnbatchRunner, apply_stages, default_collation_fn, hide_positions
 from . import filters
-from ._fluent import Cached, FluidInterface
+from ._fluent import FluidInterface
 from ._loader_compat import DataLoaderAttributes
 from ._rotation import RotatingLoader, refuse_rotation
 from ._shardsplit import SHARD_SPLIT
+from .filters import Cached
 
 __all__ = ["STATE_FORMAT", "BatchInfo", "EmptyBatch", "FluentLoader", "LoaderPipeline", "WebLoader", "route",
            "stream_loader"]
