@@ -297,9 +297,17 @@ def _start(rr: RangedReads, si: int, shard: ShardInfo, js: List[int], alone: Opt
 
 def _failed(reader: ShardReader, rr: RangedReads, si: int, shard: ShardInfo, err: BaseException) -> Any:
     """A ranged read of shard ``si`` failed: a range not served, corrupt or cut short sends
-    the shard to the whole-shard path; any other failure follows ``on_error``."""
+    the shard to the whole-shard path, and so does a range that failed ``attempts`` times in
+    a row while the shard's other requests progressed; any other failure follows ``on_error``."""
     rr.forget(si)
     cut = isinstance(err, TransientFetchError) and err.status == 206  # bodies cut short: it answers
+    if isinstance(err, TransientFetchError) and not isinstance(err, CorruptSample) and not cut \
+            and not rr.budget(shard.url).exhausted:
+        # its own faults in a row, but the shard's budget holds (other requests progressed): bad
+        # luck on one small request (at 30% faults, 8 in a row is one range in 15,000), or a range
+        # the server will not serve; the whole-shard path asks for the bytes, with that budget
+        rr.off.add(si)
+        return WHOLE
     if isinstance(err, PermanentFetchError) or not (isinstance(err, (RangeIgnored, CorruptSample)) or cut):
         rr.off.add(si)  # (its later samples: the whole-shard path meets the spent budget at once)
         reader.fail(si, shard, err)
