@@ -146,19 +146,22 @@ class LoopbackFaultServer:
         self._thread: Optional[threading.Thread] = None
 
     # ---- configuration -------------------------------------------------------
-    def script(self, path: str, kinds: Sequence[Optional[str]]) -> None:
+    def script(self, path: str, kinds: Sequence[Optional[str]], range_from: Optional[int] = None) -> None:
         """Force the next requests of ``path`` to these faults, before the profile.
 
         ``None`` means no fault; ``"reset@0.9"`` (a kind and a fraction) cuts
-        the body at that fraction, for the kinds that cut bodies.
+        the body at that fraction, for the kinds that cut bodies.  With
+        ``range_from``, only the requests whose ``Range`` starts at that byte
+        take them (the others go on as before).
         """
         if not path.startswith("/"):
             path = "/" + path
         for k in kinds:
             if k is not None and k.split("@")[0] not in self.all_faults:
                 raise ValueError(f"unknown fault kind {k!r}")
+        key = path if range_from is None else f"{path}@{int(range_from)}"
         with self._lock:
-            self._scripts.setdefault(path, collections.deque()).extend(kinds)
+            self._scripts.setdefault(key, collections.deque()).extend(kinds)
 
     def use_profile(self, name: str) -> Profile:
         """Inject the named profile's faults (see :data:`PROFILES`); returns it.
@@ -289,6 +292,8 @@ class LoopbackFaultServer:
             self.faults["down"] += 1
             return "down", rng
         script = self._scripts.get(path)
+        if attempt and attempt.startswith("bytes="):
+            script = self._scripts.get(f"{path}@{attempt[6:].split('-')[0]}") or script
         if script:
             kind = script.popleft()
             if kind is not None:

@@ -154,6 +154,31 @@ def test_a_reset_during_a_ranged_read_is_retried(v3, tmp_path, monkeypatch):
     assert got == warm
 
 
+def test_a_range_that_fails_its_own_attempts_while_the_shard_progresses_is_read_whole(tmp_path, monkeypatch):
+    """The first sample's range gets ``attempts`` 503s in a row while the step's other
+    ranges of its shard keep bringing verified samples (the shard's budget holds): the
+    shard is read the whole-shard way, and the epoch equals the local one."""
+    root = str(tmp_path / "one")
+    synth.write_shards(root, shards=1, samples=200, size_range=(2000, 4000), seed=3)
+    local = os.path.join(root, "manifest.json")
+    rw.build_manifest(os.path.join(root, "shard-000000.tar"), local, digests=True)
+    ref = [s["__key__"] for s in rw.WebDataset(local, cache_dir=str(tmp_path / "ref"), seed=5, shuffle=True)]
+    keys = [s["__key__"] for s in tario.iter_samples_file(os.path.join(root, "shard-000000.tar"))]
+    first = rw.load_manifest(local).shards[0].offsets[keys.index(ref[0])]
+    monkeypatch.setenv("RESUMEWDS_FETCH_ATTEMPTS", "3")
+    # 503 with Retry-After 1 s: the first range's three attempts span 2 s, while the other
+    # ranges of the step (the read-ahead, ~0.5 MB at 60 kB/s) verify a sample every ~50 ms
+    with FaultServer(root, bytes_per_second=60_000, retry_after=1.0) as srv:
+        srv.script("/shard-000000.tar", ["503"] * 3, range_from=int(first))
+        ds = rw.WebDataset(srv.url + "manifest.json", cache_dir=str(tmp_path / "cold"), seed=5, shuffle=True)
+        try:
+            got = [s["__key__"] for s in ds]
+        finally:
+            ds.close()
+        assert srv.faults["503"] == 3
+    assert got == ref
+
+
 def test_cold_resume_from_a_state_dict_equals_the_uninterrupted_warm_run(v3, tmp_path):
     warm = _warm(v3, tmp_path, shuffle=True)
     with FaultServer(v3, bytes_per_second=4_000_000) as srv:
