@@ -12,6 +12,7 @@ was over before the signal came.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -89,6 +90,34 @@ def test_ctrl_c_while_torch_imports_numpy_stops_the_run(data, tmp_path):
     st = subprocess.run([PY, "-m", "resumewds", "status", "--json", journal], env=subprocess_env(),
                         capture_output=True, text=True, timeout=120)
     assert st.returncode == 0 or "no journal here" in st.stderr, st.stderr
+
+
+def test_a_ctrl_c_during_the_import_of_torch_stops_the_command_right_after_it():
+    """Raised inside a callback of torch's C++ start-up, a ``KeyboardInterrupt``
+    aborts the process (``terminate called after throwing an instance of
+    'pybind11::error_already_set'``, status -6): within :meth:`_Interrupt.deferred`
+    the signal is remembered, the block runs to its end, and the interrupt is
+    raised right after it."""
+    from resumewds.cli._main import _Interrupt
+
+    previous = signal.signal(signal.SIGINT, _Interrupt.handler)
+    _Interrupt.seen = False
+    steps = 0
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _Interrupt.deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(10_000):  # Python code runs: the handler ran in here
+                    steps += 1
+        assert steps == 10_000 and _Interrupt.seen and not _Interrupt.deferring
+        with pytest.raises(KeyboardInterrupt):  # outside the block, at once
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10_000):
+                steps += 1
+        assert steps < 20_000
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _Interrupt.seen = False
 
 
 def _startup_seconds(data) -> float:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -26,6 +27,7 @@ from chaos.faultserver import FaultServer
 from http_fixtures import data_bytes, sparse_records, tar_bytes_sent, write_v3
 from resumewds.cache import ShardStore
 from resumewds.cache import _sparse as sparse
+from resumewds.fetch import FetchConfig
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -183,3 +185,63 @@ def test_a_map_left_by_a_kill_after_publish_is_dropped(v3, tmp_path):
     assert len([n for n in names if n.endswith(".meta")]) == SHARDS
     assert not [n for n in names if n.endswith((".sparse", ".sparse.map"))]  # the stale map is gone
     assert by_path.get("/" + entry.split("-", 1)[1], 0) < os.path.getsize(os.path.join(shards, entry)) // 2  # adopted
+
+
+def test_a_piece_that_fails_its_own_attempts_while_readers_progress_is_asked_for_again(v3, tmp_path):
+    """The download's first piece gets ``attempts`` 503s in a row while the shard's
+    readers keep verifying samples (a thread reports their progress to the shard's
+    budget, as a reader's ranges do): the piece is asked for again, and the shard
+    is published verified."""
+    name = "shard-000000.tar"
+    m = rw.load_manifest(os.path.join(v3, "manifest.json"))
+    with FaultServer(v3, retry_after=0.2) as srv:
+        shard = dataclasses.replace(next(s for s in m.shards if s.url.endswith(name)),
+                                    url=srv.url.rstrip("/") + "/" + name)
+        srv.script("/" + name, ["503"] * 3)
+        store = ShardStore(cache_dir=str(tmp_path / "c"), fetch=FetchConfig(attempts=3))
+        budget = store.budget_for(shard.url)
+        done = threading.Event()
+
+        def readers() -> None:
+            while not done.wait(0.02):
+                budget.progress()
+
+        t = threading.Thread(target=readers)
+        t.start()
+        try:
+            path = store.ensure(shard)
+        finally:
+            done.set()
+            t.join()
+        assert srv.faults["503"] == 3
+    with open(path, "rb") as f:
+        assert xxhash.xxh3_64_hexdigest(f.read()) == shard.xxh3_64
+
+
+def test_a_piece_the_server_never_serves_ends_the_download_once_readers_stop_progressing(v3, tmp_path):
+    """The same piece always refused: asked for again only while the readers
+    progress; after they stop, ``attempts`` faults in a row end the download
+    with an error that names the shard."""
+    name = "shard-000000.tar"
+    m = rw.load_manifest(os.path.join(v3, "manifest.json"))
+    with FaultServer(v3, retry_after=0.05) as srv:
+        shard = dataclasses.replace(next(s for s in m.shards if s.url.endswith(name)),
+                                    url=srv.url.rstrip("/") + "/" + name)
+        srv.script("/" + name, ["503"] * 1000)
+        store = ShardStore(cache_dir=str(tmp_path / "c"), fetch=FetchConfig(attempts=3))
+        budget = store.budget_for(shard.url)
+        t0 = time.monotonic()
+
+        def readers() -> None:  # verified samples for 0.5 s, then none
+            while time.monotonic() - t0 < 0.5:
+                budget.progress()
+                time.sleep(0.02)
+
+        t = threading.Thread(target=readers)
+        t.start()
+        try:
+            with pytest.raises(rw.TransientFetchError, match=name):
+                store.ensure(shard)
+        finally:
+            t.join()
+        assert 4 <= srv.faults["503"] < 1000

@@ -670,7 +670,9 @@ def fill(store: Any, shard: ShardInfo, base: str, budget: FetchBudget) -> Option
 
     Returns the :class:`~resumewds.fetch.FetchResult`, or None when the server
     does not serve ``Range`` (the partial is discarded: download it streamed).
-    Raises what the fetch budget's end raises, or CacheError.
+    A piece that fails its own attempts while the shard's budget holds (its
+    readers progressed) is asked for again.  Raises what the fetch budget's end
+    raises, or CacheError.
     """
     e = entry(store, shard)
     url = shard.url
@@ -708,6 +710,14 @@ def fill(store: Any, shard: ShardInfo, base: str, budget: FetchBudget) -> Option
                 requests += 1
             except _Skip:
                 requests += 1  # the rest of the piece is there already (another process's reader): the next gap
+            except TransientFetchError as exc:
+                requests += 1
+                if isinstance(budget.last_error, CorruptSample) or exc.status == 206 or budget.exhausted:
+                    raise
+                # the piece's own faults in a row, while the shard's readers progressed (its budget
+                # holds): bad luck on one request; the piece again, as a new request
+                store.emit(K.RETRY, url, attempt=0, error=str(exc), wait=0.0)
+                continue
             finally:
                 received += w.kept
                 try:

@@ -12,12 +12,13 @@ line and status 1 (2 for a bad option), never a traceback
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import click
 
@@ -39,17 +40,34 @@ class _Interrupt:
     """Ctrl-C (SIGINT) of the ``resumewds`` process: never lost, whatever swallows it.
 
     torch's start-up imports numpy from C and clears any error raised meanwhile,
-    so a plain ``KeyboardInterrupt`` can vanish.  :meth:`handler` also remembers
-    the signal; :meth:`check` raises it again at the next step, and :func:`main`
-    ends with status 130 however the command ended.
+    so a plain ``KeyboardInterrupt`` can vanish; raised inside a callback that
+    torch's C++ start-up runs, it aborts the process (``terminate called after
+    throwing an instance of 'pybind11::error_already_set'``, status -6).
+    :meth:`handler` remembers the signal and raises it, except within
+    :meth:`deferred` (around the import of torch), which raises it once the
+    import is done; :meth:`check` raises it again at the next step, and
+    :func:`main` ends with status 130 however the command ended.
     """
 
     seen = False
+    deferring = False
 
     @classmethod
     def handler(cls, signum: int, frame: Any) -> None:
         cls.seen = True
-        raise KeyboardInterrupt
+        if not cls.deferring:
+            raise KeyboardInterrupt
+
+    @classmethod
+    @contextlib.contextmanager
+    def deferred(cls) -> Iterator[None]:
+        """A Ctrl-C within the block stops the command right after it, not inside it."""
+        cls.deferring = True
+        try:
+            yield
+        finally:
+            cls.deferring = False
+        cls.check()
 
     @classmethod
     def check(cls) -> None:
@@ -378,9 +396,8 @@ def cat(sources: List[str], epochs: int, limit: Optional[int], workers: int, chu
         resumewds cat data/manifest.json --seed 7 --shuffle --journal run.db --commit-every 100
     """
     quiet_numpy_warning()  # before the loader imports torch
-    from ..loader import WebLoader  # lazy: torch
-
-    _Interrupt.check()  # a Ctrl-C that torch's start-up swallowed
+    with _Interrupt.deferred():  # torch's start-up: a Ctrl-C stops the command right after it
+        from ..loader import WebLoader  # lazy: torch
     if commit_every < 1:
         raise click.BadParameter("must be >= 1", param_hint="--commit-every")
     ds = _make_dataset(list(sources), **dsopts)
@@ -620,7 +637,8 @@ def demo(directory: Optional[str], shards: int, samples: int) -> None:
     Example:
         resumewds demo
     """
-    from ._demo import run_demo
+    with _Interrupt.deferred():  # torch's start-up
+        from ._demo import run_demo
 
     ok = run_demo(directory, shards=shards, samples=samples)
     if not ok:
