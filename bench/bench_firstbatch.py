@@ -9,7 +9,9 @@ connection, cold cache) and from a cold local disk (pages dropped with
 then one cold epoch per resumewds path over http counts the bytes the
 server sent (its counters, printed when it stops) against the shards'
 bytes.  Targets: first sample <= 1.0x webdataset's over http, <= 1.5x
-from a local disk; bytes <= 1.02x.  ``--profile``: cProfile of the
+from a local disk; bytes <= 1.02x.  An info row, "import + first sample",
+adds each side's import (untimed above): webdataset loads its read path in
+``import webdataset``, resumewds with the first call.  ``--profile``: cProfile of the
 first-sample region of each resumewds path instead.
 
     python bench/bench_firstbatch.py --quick            # 32 MB shards, both sources, one repeat (~5 min here)
