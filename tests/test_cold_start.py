@@ -70,7 +70,8 @@ def test_a_local_read_loads_none_of_the_remote_read_path(tmp_path):
     """A data set and a WebLoader over local shards (sample digests, prefetch on) load
     neither the download path (the http client, retries, background downloads), nor
     ranged reads and sparse partials, nor repairs, nor the CLI's bulk passes, nor
-    DataPipeline's module, and a bare data set none of the stages' decoders: the first
+    DataPipeline's module, nor the error map, compressed shards, counts-only sources or
+    manifests beside shards, and a bare data set none of the stages' decoders: the first
     local sample does not pay for their import."""
     from resumewds import build_manifest, synth
 
@@ -86,7 +87,8 @@ def test_a_local_read_loads_none_of_the_remote_read_path(tmp_path):
         bare = sorted(m for m in ("wds.filters", "autodecode") if "resumewds." + m in sys.modules)
         n += sum(len(b["__key__"]) for b in rw.WebLoader(ds, batch_size=8, num_workers=0))
         remote = ("fetch._http", "fetch._download", "fetch._retry", "cache._prefetch", "read._ranged",
-                  "cache._sparse", "cache._repair", "cache._bulk", "wds.datapipeline")
+                  "cache._sparse", "cache._repair", "cache._bulk", "wds.datapipeline", "fetch._errormap",
+                  "tar._compressed", "manifest._foreignindex", "sources._beside")
         print(json.dumps([n, bare, sorted(m for m in remote if "resumewds." + m in sys.modules)]))
     """)
     assert json.loads(got) == [80, [], []]

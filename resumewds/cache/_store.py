@@ -34,7 +34,7 @@ from ..events import EventKind as K
 from ..fetch import FetchConfig, boot_id, is_local_url, is_remote_url
 from ..manifest import ShardInfo
 from ..redact import redact_url
-from ..tar import open_view
+from ..tar import kind_of
 from . import _eviction as eviction
 from . import _layout as layout
 from . import _local as local
@@ -310,7 +310,12 @@ class ShardStore:
                 something that is not a complete tar.
             CacheError: the cache directory is unusable.
         """
-        return open_view(self, self._acquire(shard, pin=True))  # .tar.gz/.tar.zst: its decompressed copy
+        lease = self._acquire(shard, pin=True)
+        if kind_of(lease.path) is None:
+            return lease  # a plain tar
+        from ..tar import open_view  # lazy: compressed shards only
+
+        return open_view(self, lease)  # .tar.gz/.tar.zst: its decompressed copy
 
     def ensure(self, shard: ShardInfo, tar: bool = True, *, policy: Optional[str] = None,
                progress: Optional[ProgressFn] = None, reader: bool = True) -> str:

@@ -20,14 +20,19 @@ from typing import Any, Optional
 
 import xxhash
 
-from ._errormap import _SinkError
-
 _ETAG_SUFFIX = ".etag"
 _HASH_BUF = 1 << 20
 
 
 _UNSET = object()
 _BOOT_ID: object = _UNSET  # boot_id's cache (tests replace it: resumewds.fetch._partial._BOOT_ID)
+
+
+def _sink_error(exc: OSError, path: str) -> Exception:
+    """The error for a failed write of ``path`` (the error map's, loaded with the first one)."""
+    from ._errormap import _SinkError  # lazy: the error map, which a local read never needs
+
+    return _SinkError(exc, path)
 
 
 def boot_id() -> Optional[str]:
@@ -82,7 +87,7 @@ def _write_validator(partial_path: str, value: Optional[str]) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps({"validator": value, "boot": boot_id()}))
     except OSError as exc:
-        raise _SinkError(exc, side) from exc
+        raise _sink_error(exc, side) from exc
 
 
 def _remove_quietly(path: str) -> None:
@@ -119,7 +124,7 @@ class _Partial:
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError as exc:
-            raise _SinkError(exc, self.path) from exc
+            raise _sink_error(exc, self.path) from exc
         try:
             while True:
                 b = os.read(fd, _HASH_BUF)
@@ -128,7 +133,7 @@ class _Partial:
                 self.hasher.update(b)
                 self.hashed += len(b)
         except OSError as exc:
-            raise _SinkError(exc, self.path) from exc
+            raise _sink_error(exc, self.path) from exc
         finally:
             os.close(fd)
 
@@ -154,7 +159,7 @@ class _Sink:
                 _remove_quietly(self.path)
             self.fd = os.open(self.path, flags, 0o666)
         except OSError as exc:
-            raise _SinkError(exc, self.path) from exc
+            raise _sink_error(exc, self.path) from exc
         try:
             if append:
                 state.hash_prefix()
@@ -175,7 +180,7 @@ class _Sink:
         except OSError as exc:
             # what did reach the file is kept (and hashed) for a later resume
             self._account(data[:done])
-            raise _SinkError(exc, self.path) from exc
+            raise _sink_error(exc, self.path) from exc
         self._account(data)
 
     def _account(self, data: memoryview) -> None:

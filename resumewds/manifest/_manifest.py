@@ -42,11 +42,9 @@ import xxhash
 
 from ..errors import SourceError
 from ..fetch import is_remote_object
-from . import _shardindex as shardindex
+from ..tar._decompress import COMPRESSED_SUFFIXES
 from ._arrayfile import ArrayFile, view_item, write_array_file
-from ._foreignindex import is_stats, is_wids, stats_entry, wids_entries
 from ._sampledigests import entry_from_json, entry_to_json, side_file_from_json, write_side_file
-from ._shardindex import COMPRESSED, Counted
 
 FORMAT = "resumewds.manifest"
 VERSION = 4
@@ -142,10 +140,13 @@ class ShardInfo:
 
     num_samples = property(lambda self: self.samples, doc="The number of samples (``samples``).")
 
-    compressed = property(lambda self: self.url.lower().split("?", 1)[0].endswith(COMPRESSED),
+    compressed = property(lambda self: self.url.lower().split("?", 1)[0].endswith(COMPRESSED_SUFFIXES),
                           doc="A ``.tar.gz`` / ``.tar.zst`` shard (offsets in the decompressed tar).")
     offset_bound = property(lambda self: None if self.compressed else self.size,
                             doc="The bound of the offsets: the size, or None for a compressed shard.")
+    counted = property(lambda self: _counted(self.index),
+                       doc="What a counts-only source declared of it (a :class:`~resumewds.manifest.Counted`), "
+                           "or None.")
 
     def sample_range(self, i: int) -> tuple[int, int]:
         """Byte range ``(start, end)`` of sample ``i`` in this shard (a counts-only shard is
@@ -232,7 +233,7 @@ class Manifest:
         refusing a resume on other data; a data set moved elsewhere still matches."""
         h = xxhash.xxh3_64()
         for s in self.shards:
-            c = s.index if isinstance(s.index, Counted) else s  # a counts-only shard: what its source said
+            c = s.counted or s  # a counts-only shard: what its source said
             h.update(f"{s.name}\0{c.size}\0{c.xxh3_64}\0{s.samples}\n".encode())
         return h.hexdigest()
 
@@ -253,8 +254,8 @@ class Manifest:
             if index is not None:
                 if index[2][k] is not None:
                     d["index_xxh3_64"] = index[2][k]
-                elif isinstance(s.index, Counted) and s.index.md5 is not None:
-                    d["md5"] = s.index.md5
+                elif (c := s.counted) is not None and c.md5 is not None:
+                    d["md5"] = c.md5
                 out.append(d)
                 continue
             if s.offsets is not None:
@@ -307,7 +308,11 @@ class Manifest:
             raise ValueError(f"offsets must be 'inline', 'file', 'index' or 'auto', got {offsets!r}")
         base = os.path.dirname(os.path.abspath(path))
         side = side_digest = digests_side = None
-        index = shardindex.write_indexes(self.shards, path + ".index", digests) if offsets == "index" else None
+        index = None
+        if offsets == "index":
+            from ._shardindex import write_indexes  # lazy: version 4's index files
+
+            index = write_indexes(self.shards, path + ".index", digests)
         if offsets == "file":
             side = os.path.basename(path) + ".offsets"
             side_digest = write_array_file(os.path.join(base, side), (s.offsets for s in self.shards), "q")
@@ -337,9 +342,11 @@ class Manifest:
         Raises:
             SourceError: wrong format, newer version, or malformed entries.
         """
-        if is_wids(data) or is_stats(data, location):
-            return cls.from_counts(data, location, trusted)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
+            from ._foreignindex import is_stats, is_wids  # lazy: counts-only sources
+
+            if is_wids(data) or is_stats(data, location):
+                return cls.from_counts(data, location, trusted)
             raise SourceError(f"{location}: not a resumewds manifest (format field is missing or wrong)")
         version = data.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -358,7 +365,11 @@ class Manifest:
                                _opt_int(data.get("offsets_size"), location, "'offsets_size'"),
                                _opt_hex(data.get("offsets_xxh3_64"), location, "'offsets_xxh3_64'"))
         dside = side_file_from_json(data, location, resolve_url) if version >= 3 else None
-        iset = shardindex.index_set_from_json(data, location, resolve_url) if version >= 4 else None
+        iset = None
+        if version >= 4:
+            from ._shardindex import index_from_json, index_set_from_json  # lazy: version 4's index files
+
+            iset = index_set_from_json(data, location, resolve_url)
         ready = [d for d in shards if type(d) is ShardInfo] if built is not None else []
         for d in ready if version < 4 else []:  # an index before version 4 means nothing: ignored
             d.index = d.offsets = None
@@ -376,7 +387,7 @@ class Manifest:
                 info.sample_digests = entry_from_json(d, f"{location}: shard {d['url']}", info.samples,
                                                       version, dside)
             if version >= 4:
-                shardindex.index_from_json(info, d, location, iset)
+                index_from_json(info, d, location, iset)
             out.append(info)
         return cls(out, source=location)
 
@@ -384,6 +395,9 @@ class Manifest:
     def from_counts(cls, data: Any, location: str, trusted: bool = True) -> Manifest:
         """A wids shard index or an img2dataset ``*_stats.json`` (:mod:`resumewds.manifest`)
         as a counts-only manifest (:class:`resumewds.manifest.RecordBook`)."""
+        from ._foreignindex import is_wids, stats_entry, wids_entries  # lazy: counts-only sources
+        from ._shardindex import Counted  # lazy: (the same)
+
         entries = wids_entries(data, location, resolve_url) if is_wids(data) else [stats_entry(data, location)]
         what = "the wids shard index " + location if is_wids(data) else location
         return cls([ShardInfo(url=e.url, size=e.size, samples=e.samples,
@@ -394,9 +408,6 @@ class Manifest:
 #: the largest offset or size a manifest may hold (int64, as in the side file)
 MAX_OFFSET = (1 << 63) - 1
 
-#: names of compressed shards (resumewds.tar): their ``size`` is the
-#: compressed file's, their offsets are positions in the decompressed tar
-COMPRESSED_SUFFIXES = COMPRESSED
 
 
 def _tar_size_bound(url: str, size: Optional[int]) -> Optional[int]:
@@ -548,6 +559,15 @@ def url_resolver(location: str) -> Callable[[str], str]:
     return resolve
 
 
+def _counted(index: Any) -> Any:
+    """``index`` when it is a counts-only shard's :class:`~resumewds.manifest.Counted`, else None."""
+    if index is None:
+        return None
+    from ._shardindex import Counted  # lazy: indexes and counts-only sources
+
+    return index if isinstance(index, Counted) else None
+
+
 def _relative_url(url: str, base: str) -> str:
     if url.startswith("pipe:") or "://" in url:
         return url
@@ -559,7 +579,11 @@ def _relative_url(url: str, base: str) -> str:
 
 def parse_manifest_bytes(raw: bytes, location: str, trusted: bool = True) -> Manifest:
     """Parse manifest JSON bytes, with a clear error for bad JSON."""
-    built = shardindex.EntryBuilder(ShardInfo, url_resolver(location), trusted)
+    built = None
+    if (b"index_xxh3_64" if isinstance(raw, (bytes, bytearray)) else "index_xxh3_64") in raw:
+        from ._shardindex import EntryBuilder  # lazy: version 4's index files
+
+        built = EntryBuilder(ShardInfo, url_resolver(location), trusted)
     try:
         data = json.loads(raw, object_hook=built)  # plain v4 entries become shards as they are parsed
     except ValueError as exc:

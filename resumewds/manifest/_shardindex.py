@@ -30,6 +30,7 @@ import xxhash
 from ..errors import ChecksumMismatch, ShardFormatError, SourceError
 from ..redact import cache_key_url
 from ..tar import scan_file
+from ..tar._decompress import COMPRESSED_SUFFIXES
 from ._sampledigests import file_sample_digests
 
 __all__ = ["COMPRESSED", "Counted", "EntryBuilder", "IndexDigests", "IndexOffsets", "IndexRef", "IndexSet", "MAGIC",
@@ -45,7 +46,7 @@ BUDGET = 64 << 20
 KEEP = 128
 #: names of compressed shards (no sample digests: their offsets are in the decompressed tar;
 #: resumewds.manifest.COMPRESSED_SUFFIXES)
-COMPRESSED = (".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd")
+COMPRESSED = COMPRESSED_SUFFIXES
 
 Arrays = Tuple[array, Optional[array]]
 

@@ -24,9 +24,9 @@ from .. import config
 from ..cache import ShardStore
 from ..events import event_record
 from ..fetch import is_remote_url
-from ..manifest import Counted, Manifest, ShardInfo
+from ..manifest import Manifest, ShardInfo
 from ..plan import EpochLayout, Layout, Plan, check_partitions, worker_steps
-from ..sources import Source, fill_from_beside, index_manifest, index_skipping, resolve_sources
+from ..sources import Source, index_manifest, index_skipping, resolve_sources
 from ..stages import Stage, default_collate, list_collate, reraise_exception
 from ._engine import Slots, StepPlan, run_steps
 from ._engine import Source as _StepSource
@@ -351,9 +351,11 @@ class ShardDataset:
         m = resolve_sources(self.urls, fetch_config=self.fetch, cache_dir=self.cache_dir, **trust)
         # counts-only shards (a wids shard index, img2dataset stats) are recorded when
         # first opened (resumewds.manifest.RecordBook): the plan needs their counts only
-        todo = [s for s in m.shards if not s.indexed and not isinstance(s.index, Counted)]
+        todo = [s for s in m.shards if not s.indexed and s.counted is None]
         if not todo:
             return m, None
+        from ..sources import fill_from_beside  # lazy: shards named one by one, not yet indexed
+
         fill_from_beside(m, fetch_config=self.fetch, cache_dir=self.cache_dir, **trust)
         todo = [s for s in todo if not s.indexed]
         if not todo:

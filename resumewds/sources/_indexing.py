@@ -24,7 +24,7 @@ from ..errors import CacheError, ChecksumMismatch, FetchError, IntegrityError, S
 from ..events import EventKind
 from ..manifest import Manifest
 from ..tar import _io as tario
-from ..tar import kind_of, salvage_compressed
+from ..tar import kind_of
 from ._digests import add_sample_digests
 from ._resolve import Source, resolve_sources
 
@@ -243,6 +243,8 @@ def _salvage(shard: Any, store: Any, exc: BaseException) -> int:
     else:
         # decoded and framed as webdataset's stream reader does (compressed.salvage_compressed);
         # the index is that of the compressed file, and open_view serves the prefix copy
+        from ..tar import salvage_compressed  # lazy: compressed shards only
+
         sv = salvage_compressed(path, shard.url)
         idx = None
         if sv is not None and sv.index.samples:

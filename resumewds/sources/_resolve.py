@@ -9,7 +9,7 @@ files without the user's leave).
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .. import config
 from ..cache import ShardStore
@@ -18,13 +18,9 @@ from ..events import event_record, setup_logging
 from ..fetch import FetchConfig, is_local_url, is_remote_object, is_remote_url
 from ..manifest import (
     ArrayFile,
-    Counted,
-    IndexRef,
-    IndexSet,
     LazyDigests,
     LazyOffsets,
     Manifest,
-    RecordBook,
     ShardInfo,
     concat,
     load_manifest,
@@ -32,6 +28,9 @@ from ..manifest import (
 )
 from ._check import CHECK_LIMIT, check_local_shard, warn_duplicate_content
 from ._urls import check_source_allowed, expand_braces, rewrite_url
+
+if TYPE_CHECKING:
+    from ..manifest import IndexSet, RecordBook
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], Manifest]
 
@@ -92,6 +91,10 @@ def _remote_manifest(url: str, fetch_config: Any, allow_remote_pipe: bool,
 
 def _index_sets(m: Manifest) -> List[IndexSet]:
     """The index file sets of a version-4 manifest's shards."""
+    if all(s.index is None for s in m.shards):
+        return []
+    from ..manifest import IndexRef  # lazy: version 4's index files
+
     return list({id(s.index.set): s.index.set for s in m.shards if isinstance(s.index, IndexRef)}.values())
 
 
@@ -102,7 +105,9 @@ def bind_indexes(m: Manifest, cache_dir: Optional[str] = None, fetch_config: Any
         iset.bind(ShardStore, **kwargs)
     book: Optional[RecordBook] = None
     for s in m.shards:
-        if isinstance(s.index, Counted) and s.offsets is None:
+        if s.offsets is None and s.counted is not None:
+            from ..manifest import RecordBook  # lazy: counts-only sources
+
             book = book or RecordBook(ShardStore, **kwargs)
             s.index.book = book
     return m

@@ -18,7 +18,11 @@ import xxhash
 
 from ..errors import ShardFormatError
 
-__all__ = ["decompress_file", "decompressed", "kind_of", "kind_of_bytes"]
+__all__ = ["COMPRESSED_SUFFIXES", "decompress_file", "decompressed", "kind_of", "kind_of_bytes"]
+
+#: names of compressed shards: their ``size`` in a manifest is the compressed
+#: file's, their offsets are positions in the decompressed tar
+COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd")
 
 _MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
 _CHUNK = 1 << 20
