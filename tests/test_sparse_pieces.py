@@ -187,19 +187,25 @@ def test_a_map_left_by_a_kill_after_publish_is_dropped(v3, tmp_path):
     assert by_path.get("/" + entry.split("-", 1)[1], 0) < os.path.getsize(os.path.join(shards, entry)) // 2  # adopted
 
 
+def _refused_first_shard(v3, srv, tmp_path, refusals):
+    """Shard 0 served by ``srv`` with its first ``refusals`` requests answered 503, a store
+    that tries 3 times, and the shard's budget (what the readers' progress resets)."""
+    name = "shard-000000.tar"
+    m = rw.load_manifest(os.path.join(v3, "manifest.json"))
+    shard = dataclasses.replace(next(s for s in m.shards if s.url.endswith(name)),
+                                url=srv.url.rstrip("/") + "/" + name)
+    srv.script("/" + name, ["503"] * refusals)
+    store = ShardStore(cache_dir=str(tmp_path / "c"), fetch=FetchConfig(attempts=3))
+    return shard, store, store.budget_for(shard.url)
+
+
 def test_a_piece_that_fails_its_own_attempts_while_readers_progress_is_asked_for_again(v3, tmp_path):
     """The download's first piece gets ``attempts`` 503s in a row while the shard's
     readers keep verifying samples (a thread reports their progress to the shard's
     budget, as a reader's ranges do): the piece is asked for again, and the shard
     is published verified."""
-    name = "shard-000000.tar"
-    m = rw.load_manifest(os.path.join(v3, "manifest.json"))
     with FaultServer(v3, retry_after=0.2) as srv:
-        shard = dataclasses.replace(next(s for s in m.shards if s.url.endswith(name)),
-                                    url=srv.url.rstrip("/") + "/" + name)
-        srv.script("/" + name, ["503"] * 3)
-        store = ShardStore(cache_dir=str(tmp_path / "c"), fetch=FetchConfig(attempts=3))
-        budget = store.budget_for(shard.url)
+        shard, store, budget = _refused_first_shard(v3, srv, tmp_path, 3)
         done = threading.Event()
 
         def readers() -> None:
@@ -222,14 +228,8 @@ def test_a_piece_the_server_never_serves_ends_the_download_once_readers_stop_pro
     """The same piece always refused: asked for again only while the readers
     progress; after they stop, ``attempts`` faults in a row end the download
     with an error that names the shard."""
-    name = "shard-000000.tar"
-    m = rw.load_manifest(os.path.join(v3, "manifest.json"))
     with FaultServer(v3, retry_after=0.05) as srv:
-        shard = dataclasses.replace(next(s for s in m.shards if s.url.endswith(name)),
-                                    url=srv.url.rstrip("/") + "/" + name)
-        srv.script("/" + name, ["503"] * 1000)
-        store = ShardStore(cache_dir=str(tmp_path / "c"), fetch=FetchConfig(attempts=3))
-        budget = store.budget_for(shard.url)
+        shard, store, budget = _refused_first_shard(v3, srv, tmp_path, 1000)
         t0 = time.monotonic()
 
         def readers() -> None:  # verified samples for 0.5 s, then none
@@ -240,7 +240,7 @@ def test_a_piece_the_server_never_serves_ends_the_download_once_readers_stop_pro
         t = threading.Thread(target=readers)
         t.start()
         try:
-            with pytest.raises(rw.TransientFetchError, match=name):
+            with pytest.raises(rw.TransientFetchError, match="shard-000000.tar"):
                 store.ensure(shard)
         finally:
             t.join()
