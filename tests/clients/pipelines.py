@@ -890,6 +890,10 @@ class Spec:
     epochs: int = 2
     bad_ext: str = "jpg"
     repeats: bool = False  # also compare which epochs repeat the first one's rows ("sample" mode)
+    # its training pipeline draws shards with unseeded randomness (webdataset's ResampledShards
+    # without deterministic=True): whether an epoch meets a damaged sample is chance on both
+    # sides, so the damaged copy is read through its evaluation pipeline, which meets it every time
+    unseeded: bool = False
 
 
 SPECS: List[Spec] = [
@@ -923,7 +927,7 @@ SPECS: List[Spec] = [
     Spec("dalle2_decoder", dalle2_decoder, "imgtxt", "multiset",
          "lucidrains/DALLE2-pytorch dalle2_pytorch/dataloaders/decoder_loader.py"),
     Spec("ml4m_modalities", ml4m, "modal", "sample",
-         "apple/ml-4m fourm/data/unified_datasets.py build_wds_fm_pretraining_dataloader"),
+         "apple/ml-4m fourm/data/unified_datasets.py build_wds_fm_pretraining_dataloader", unseeded=True),
     Spec("clip_benchmark", clip_benchmark, "imgcls", "ordered",
          "LAION-AI/CLIP_benchmark clip_benchmark/datasets/builder.py build_wds_dataset"),
     Spec("clap", clap, "audio", "sample", "LAION-AI/CLAP src/laion_clap/training/data.py get_wds_dataset",
