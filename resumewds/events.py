@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 from .config import verbose_level  # RESUMEWDS_VERBOSE is read (and checked) there
 
@@ -59,8 +58,7 @@ class EventKind(str, Enum):
         return self.value
 
 
-@dataclass(frozen=True)
-class EventSpec:
+class EventSpec(NamedTuple):
     """What one kind means to each consumer.
 
     Attributes:

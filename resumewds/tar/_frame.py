@@ -18,8 +18,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from dataclasses import dataclass
-from typing import Dict, Generator, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from ..errors import ShardFormatError
 
@@ -36,8 +35,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
 
 
-@dataclass
-class Member:
+class Member(NamedTuple):
     """One regular file in a tar archive.
 
     Attributes:

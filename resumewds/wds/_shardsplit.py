@@ -15,8 +15,7 @@ Example:
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import StateError
 from ..plan import EpochPlan, Layout, mix
@@ -278,15 +277,14 @@ class _Units:
         return [(d, False) for d in range(d0, d1)]
 
 
-@dataclass(frozen=True)
-class ShardSplit:
+class ShardSplit(NamedTuple):
     """webdataset's worker split as a loader's layout (``workers``: ``W``, what a state records)."""
 
     workers: int
     unit: int = 1
     drop: bool = False
     chunk: int = 64
-    check: bool = field(default=False, repr=False)
+    check: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -296,9 +294,17 @@ class ShardSplit:
     def step_size(self) -> int:
         return self.batch_size
 
-    world_size = 1
-    rank = 0
-    nodes = 1
+    @property
+    def world_size(self) -> int:
+        return 1  # one rank: split_layout refuses more
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def nodes(self) -> int:
+        return 1
 
     @property
     def remainder(self) -> str:
@@ -314,15 +320,14 @@ class ShardSplit:
         return Bound(_Units(seq) if self.unit > 1 else Layout(self.chunk), seq)
 
 
-@dataclass(frozen=True)
-class WorkerStream:
+class WorkerStream(NamedTuple):
     """One worker's own stream, cut into steps by ``grid`` (torch interleaves the workers)."""
 
     workers: int
     worker: int
     grid: Any
     keep: Optional[AbstractSet[int]] = None  # the shards split (None: all; see worker_streams)
-    check: bool = field(default=False, repr=False)  # a worker without a shard raises (empty_worker_error)
+    check: bool = False  # a worker without a shard raises (empty_worker_error)
 
     @property
     def step_size(self) -> int:
