@@ -108,34 +108,46 @@ class ShardReader:
             self.ranged.new_pass()
 
 
+    def hit(self, si: int, j: int) -> Optional[Dict[str, Any]]:
+        """Sample ``j`` of shard ``si`` if the shard is open: one ``pread`` and a parse.
+
+        None when it is not open or has failed, or the read is short or malformed:
+        :meth:`read`'s whole path then says what is wrong.
+        """
+        hit = self.fast.get(si)
+        if hit is None or si in self.failed:
+            return None
+        fd, offs, url, verified = hit
+        a = int(offs[j])
+        size = int(offs[j + 1]) - a
+        try:
+            buf = os.pread(fd, size, a) if 0 <= size <= tario.CHECKED_PREAD else b""
+            if len(buf) != size:
+                return None
+            pat = self._patterns.get(si) if verified else ()
+            sample = tario.parse_sample_as(buf, pat) if pat else None
+            if sample is None:
+                sample = tario.parse_sample(buf, url, a, 0, size, verified)
+                if pat != ():  # (): not verified, or no more tries
+                    tario.learn_pattern(self._patterns, self._misses, si, sample, pat)
+        except (OSError, ResumeWDSError):
+            return None
+        sample["__url__"] = url
+        self.open.move_to_end(si)
+        return sample
+
     def read(self, si: int, j: int) -> Optional[Dict[str, Any]]:
         """Sample ``j`` of shard ``si``, with its ``__url__``; None when it is skipped.
 
-        An open shard's sample: one ``pread`` and a parse.  Anything else takes the
-        whole path, which acquires the shard and raises or skips as ``on_error`` /
-        ``handler`` say.  After a handler's stop, None until :meth:`start`.
+        An open shard's sample: :meth:`hit`.  Anything else takes the whole path,
+        which acquires the shard and raises or skips as ``on_error`` / ``handler``
+        say.  After a handler's stop, None until :meth:`start`.
         """
         if self.stopping or si in self.failed:
             return None
-        hit = self.fast.get(si)
-        if hit is not None:
-            fd, offs, url, verified = hit
-            a = int(offs[j])
-            size = int(offs[j + 1]) - a
-            try:
-                buf = os.pread(fd, size, a) if 0 <= size <= tario.CHECKED_PREAD else b""
-                if len(buf) == size:
-                    pat = self._patterns.get(si) if verified else ()
-                    sample = tario.parse_sample_as(buf, pat) if pat else None
-                    if sample is None:
-                        sample = tario.parse_sample(buf, url, a, 0, size, verified)
-                        if pat != ():  # (): not verified, or no more tries
-                            tario.learn_pattern(self._patterns, self._misses, si, sample, pat)
-                    sample["__url__"] = url
-                    self.open.move_to_end(si)
-                    return sample
-            except (OSError, ResumeWDSError):
-                pass  # the whole path says what is wrong
+        sample = self.hit(si, j)
+        if sample is not None:
+            return sample
         try:
             return self._read(si, j)
         except HandlerStop:
