@@ -247,7 +247,7 @@ def run_paths(args: Any, d: str, make_data: Any) -> int:
                                       pre_import=pre)
                         res.setdefault((src, path, system), []).append(out)
                         print(f"#   {mb:3d} MB {src:5s} {path:11s} {system:3s} first sample "
-                              f"{out['first_sample']:6.2f}s  first batch {out['first_batch']:6.2f}s  "
+                              f"{out['first_sample']:7.3f}s  first batch {out['first_batch']:7.3f}s  "
                               f"(construct {out['construct'] * 1e3:6.0f} ms, iter() "
                               f"{out['iter'] * 1e3:6.0f} ms; import {out['import'] * 1e3:5.0f} ms "
                               f"untimed)", flush=True)

@@ -94,6 +94,28 @@ def test_a_local_read_loads_none_of_the_remote_read_path(tmp_path):
     assert json.loads(got) == [80, [], []]
 
 
+def test_a_pipeline_that_does_not_decode_loads_no_decoders(tmp_path):
+    """A DataPipeline over local shards without a decode stage leaves the decoders unloaded;
+    webdataset's ``filters.autodecode`` still names the module, loaded on first use."""
+    from resumewds import synth
+
+    synth.write_shards(str(tmp_path / "s"), shards=2, samples=20)
+    got = _run(f"""
+        import json, os, sys
+        import resumewds as rw
+        d = {str(tmp_path)!r}
+        os.environ["RESUMEWDS_CACHE_DIR"] = os.path.join(d, "c")
+        urls = [os.path.join(d, "s", f"shard-{{i:06d}}.tar") for i in range(2)]
+        p = rw.DataPipeline(rw.SimpleShardList(urls), rw.shuffle(10), rw.split_by_worker,
+                            rw.tarfile_to_samples(), rw.shuffle(20))
+        n = sum(1 for _ in p)
+        before = "resumewds.autodecode" in sys.modules
+        import resumewds.autodecode
+        print(json.dumps([n, before, rw.wds.filters.autodecode is resumewds.autodecode]))
+    """)
+    assert json.loads(got) == [40, False, True]
+
+
 def test_local_errors_translate_without_requests(tmp_path):
     """A missing local file still gives our one-line PermanentFetchError, requests still unloaded."""
     got = _run(f"""
@@ -357,6 +379,47 @@ def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
         time.sleep(0.02)
     os.unlink(path)  # a missing file: no error from the advice
     ds.reader.hint_pages([(0, 1)])
+
+
+def test_first_step_reads_its_first_sample_before_asking_for_the_others(tmp_path):
+    """A cold disk serves the first sample alone: the first step's read-ahead (one
+    ``hint_pages`` of all its samples) is asked for once that sample is out, iterated
+    directly or read as a batch, and later steps ask for none."""
+    from resumewds import WebDataset, WebLoader, build_manifest, synth
+
+    synth.write_shards(str(tmp_path / "s"), shards=2, samples=40)
+    build_manifest(str(tmp_path / "s" / "shard-{000000..000001}.tar"), str(tmp_path / "m.json"), digests=True)
+
+    def traced(ds):
+        calls = []
+        reader = ds.reader
+        for name in ("hit", "read", "read_run", "hint_pages"):
+            method = getattr(reader, name)
+
+            def wrap(*a, _m=method, _n=name, **kw):
+                calls.append((_n, a[0] if _n == "hint_pages" else a[:2]))
+                return _m(*a, **kw)
+
+            setattr(reader, name, wrap)
+        return calls
+
+    ds = WebDataset(str(tmp_path / "m.json"), shuffle=True, seed=3, cache_dir=str(tmp_path / "c1"))
+    calls = traced(ds)
+    keys = [s["__key__"] for s in ds]
+    assert len(keys) == 80
+    hints = [i for i, (n, _) in enumerate(calls) if n == "hint_pages"]
+    assert len(hints) == 1 and hints[0] > 0  # one advice, for the first step, after its first read
+    assert {where for _, where in calls[:hints[0]]} == {calls[0][1]}  # (read calls hit: one sample)
+    assert len(calls[hints[0]][1]) == 64  # the whole first step (64 samples, iterated directly)
+    assert calls[hints[0]][1][0] == calls[0][1]  # whose first sample was the one read
+
+    ds = WebDataset(str(tmp_path / "m.json"), shuffle=True, seed=3, cache_dir=str(tmp_path / "c2"))
+    calls = traced(ds)
+    batches = [b["__key__"] for b in WebLoader(ds, batch_size=16, num_workers=0)]
+    assert sum(batches, []) == keys
+    hints = [i for i, (n, _) in enumerate(calls) if n == "hint_pages"]
+    assert len(hints) == 1 and hints[0] > 0 and calls[hints[0]][1][0] == calls[0][1]
+    assert {where for _, where in calls[:hints[0]]} == {calls[0][1]} and len(calls[hints[0]][1]) == 16
 
 
 def test_header_checksums_are_checked_unless_the_copy_was_verified(tmp_path):

@@ -109,6 +109,7 @@ class Scheduler:
         self.upcoming = order if shuffled_one and isinstance(order, (list, range)) else None
         self.ahead_to = 1  # the steps before this index had their ranges asked for already
         self.deferred: List[Tuple[int, List[ShardInfo], int]] = []
+        self.hints: List[Tuple[int, List[Tuple[int, int]]]] = []
 
     def before(self, n: int, k: int, step: Slots) -> None:
         """Start what step ``k`` (this pass's ``n``-th) needs before its samples are read."""
@@ -118,8 +119,8 @@ class Scheduler:
         else:
             self._prefetch(todo)
         for s, pairs in _by_source(step).items():
-            if n == 0:  # the first step: its reads start at once (cold disk)
-                self.readers[s].hint_pages(pairs)
+            if n == 0:  # the first step's reads start together (cold disk) once its first sample is out
+                self.hints.append((s, pairs))
             if self.readers[s].can_range:
                 _reading().prepare(self.readers[s], pairs)
         where = step[1]
@@ -133,7 +134,12 @@ class Scheduler:
                 _reading().prepare(self.readers[0], more)
 
     def first_out(self) -> None:
-        """The step's first sample is out: the deferred downloads start."""
+        """The step's first sample is out: the kernel's read-ahead of the first step's other
+        samples and the deferred downloads start (a cold disk serves that sample alone first)."""
+        if self.hints:
+            hints, self.hints = self.hints, []
+            for s, pairs in hints:
+                self.readers[s].hint_pages(pairs)
         if self.deferred:
             todo, self.deferred = self.deferred, []
             self._prefetch(todo)

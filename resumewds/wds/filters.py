@@ -21,7 +21,6 @@ import time
 from fnmatch import fnmatch
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
-from .. import autodecode
 from ..errors import HandlerStop
 from ..stages import (
     ExtractKeys,
@@ -223,6 +222,8 @@ def decode(*args: Any, handler: ExnHandler = reraise_exception, **kw: Any) -> Sa
 
     ``kw``: ``pre``, ``post``, ``only``, ``partial``, ``allow_pickle``.
     """
+    from .. import autodecode  # lazy: a pipeline that does not decode does not load the decoders
+
     return _stage("decode", autodecode.Decoder(args, **kw), handler)  # the fluent .decode's decoder
 
 
@@ -238,7 +239,9 @@ def decode_text(stream: Any) -> str:
 
 def decode_pickle(stream: Any) -> Any:
     """A pickle from a stream (an ``xdecode`` decoder, webdataset's; runs code from the data)."""
-    return autodecode.unpickle_loads(stream.read())
+    from ..autodecode import unpickle_loads
+
+    return unpickle_loads(stream.read())
 
 
 default_decoders = [("*.bin", decode_bin), ("*.txt", decode_text), ("*.pyd", decode_pickle)]
@@ -445,7 +448,12 @@ class LMDBCached(PipelineStage):
 
 
 def __getattr__(name: str) -> Any:
-    """``TorchTensor``: torch's ``Tensor``, loaded on first use."""
+    """``TorchTensor``: torch's ``Tensor``; ``autodecode`` (webdataset's ``filters.autodecode``):
+    the module. Each loaded on first use."""
+    if name == "autodecode":
+        from .. import autodecode
+
+        return autodecode
     if name != "TorchTensor":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .pytorch import torch_name  # lazy: imports torch
