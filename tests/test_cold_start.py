@@ -352,7 +352,7 @@ def _resident_pages(path):
 
 
 def test_first_step_asks_the_kernel_for_its_sample_pages(tmp_path):
-    """The first step's sample ranges of a local shard are read ahead at once (posix_fadvise
+    """The first step's sample ranges of a local shard are read ahead together (posix_fadvise
     WILLNEED); advice never raises, for a missing file or a remote url either."""
     import pytest
 

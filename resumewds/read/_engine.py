@@ -95,10 +95,12 @@ class Scheduler:
 
     Before each step (:meth:`before`): the background downloads the plan asks
     for (a shuffled pass's first step defers them until its first sample is
-    out, :meth:`first_out`: they would compete with its reads), the kernel's
-    read-ahead of the first step, and the ranged reads of the step's samples
-    not cached yet; small shuffled steps of one source also those of the next
-    steps, up to :data:`READ_AHEAD` samples together.
+    out, :meth:`first_out`: they would compete with its reads), and the ranged
+    reads of the step's samples not cached yet; small shuffled steps of one
+    source also those of the next steps, up to :data:`READ_AHEAD` samples
+    together.  The kernel's read-ahead of the first step's local samples is
+    asked for once its first sample is out, too (queued before it, it put
+    that sample's read behind the others on a cold disk).
     """
 
     def __init__(self, sources: Sequence[Source], plan: StepPlan, order: Iterable[int]):
