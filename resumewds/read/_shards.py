@@ -107,7 +107,6 @@ class ShardReader:
         if self.ranged is not None:
             self.ranged.new_pass()
 
-
     def hit(self, si: int, j: int) -> Optional[Dict[str, Any]]:
         """Sample ``j`` of shard ``si`` if the shard is open: one ``pread`` and a parse.
 
